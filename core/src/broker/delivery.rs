@@ -1,0 +1,631 @@
+//! The message path: publish and route, dispatch to consumers under prefetch and write-window
+//! credit, basic.get, ack/nack/reject/recover, publisher confirms and transactions.
+//!
+//! Nothing here waits on a round trip (seed 002): a publish is routed, enqueued, dispatched
+//! and confirmed within one `handle` call; prefetch is a counter check per delivery.
+
+use super::session::{TxOp, Unacked};
+use super::{Broker, Consumer, ConsumerId, OpResult};
+use crate::command::{Consume, OpKind, Publish};
+use crate::effect::{Delivery, Effect, Reply};
+use crate::error::{ErrorCode, ProtocolError};
+use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId};
+use crate::message::Message;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// Operations one transaction may buffer: bounds a channel's memory however long the
+/// client keeps a transaction open.
+const MAX_TX_OPS: usize = 65_536;
+
+/// Exchange-to-exchange hops one publish may take: bounds routing work on deep graphs
+/// (cycles are cut by the visited set anyway).
+const MAX_ROUTE_EXCHANGES: usize = 1024;
+
+/// What to do with settled deliveries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settle {
+    Ack,
+    Requeue,
+    /// Rejected without requeue: dropped (dead-lettering comes with queue policies).
+    Discard,
+}
+
+impl Settle {
+    pub(crate) fn reject(requeue: bool) -> Settle {
+        if requeue {
+            Settle::Requeue
+        } else {
+            Settle::Discard
+        }
+    }
+}
+
+impl Broker {
+    pub(super) fn publish(&mut self, ch: ChannelRef, p: Publish) -> OpResult {
+        let op = OpKind::Publish;
+        if p.immediate {
+            return Err(ProtocolError::new(
+                ErrorCode::NotImplemented,
+                op,
+                "immediate=true",
+            ));
+        }
+        let exchange = self.exchange_id(op, &p.exchange)?;
+        if self.exchanges[&exchange].internal {
+            return Err(ProtocolError::new(
+                ErrorCode::AccessRefused,
+                op,
+                format!(
+                    "cannot publish to internal exchange '{}' in vhost '{}'",
+                    p.exchange,
+                    self.vhost_name()
+                ),
+            ));
+        }
+        if let Some(tx) = self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
+            if tx.len() >= MAX_TX_OPS {
+                return Err(too_large_tx(op));
+            }
+            tx.push(TxOp::Publish(p));
+            return Ok(());
+        }
+        self.route_and_enqueue(ch, exchange, p);
+        Ok(())
+    }
+
+    fn route_and_enqueue(&mut self, ch: ChannelRef, exchange: ExchangeId, p: Publish) {
+        let queues = self.route(exchange, &p);
+        let seq = self.channels.get_mut(&ch).and_then(|c| {
+            let seq = c.confirm_next?;
+            c.confirm_next = Some(seq + 1);
+            Some(seq)
+        });
+        let mandatory = p.mandatory;
+        let message = Arc::new(Message {
+            exchange: p.exchange,
+            routing_key: p.routing_key,
+            properties: p.properties,
+            body: p.body,
+        });
+        if queues.is_empty() {
+            if mandatory {
+                self.effects.push(Effect::Return {
+                    ch,
+                    reply_code: ErrorCode::NoRoute.code(),
+                    reply_text: "NO_ROUTE",
+                    message: message.clone(),
+                });
+            }
+        } else {
+            for &q in &queues {
+                if let Some(queue) = self.queues.get_mut(&q) {
+                    queue.messages.push(message.clone());
+                }
+            }
+            for q in queues {
+                self.dispatch(q);
+            }
+        }
+        if let Some(seq) = seq {
+            // Transient queues only, for now: enqueued is as safe as it gets. With storage,
+            // persistent messages on durable queues confirm after the fsync.
+            self.effects.push(Effect::Confirm {
+                ch,
+                seq,
+                multiple: false,
+                ack: true,
+            });
+        }
+    }
+
+    /// Every queue a message published to `exchange` reaches, each once, in id order:
+    /// follows exchange-to-exchange bindings (cycles cut) and alternate exchanges.
+    fn route(&self, exchange: ExchangeId, p: &Publish) -> Vec<QueueId> {
+        let headers = p.properties.headers.as_ref();
+        let mut queues = Vec::new();
+        let mut visited = vec![exchange];
+        let mut work = vec![exchange];
+        let mut matched = Vec::new();
+        while let Some(id) = work.pop() {
+            let Some(x) = self.exchanges.get(&id) else {
+                continue;
+            };
+            matched.clear();
+            if x.is_default {
+                if let Some(&q) = self.vhost.queues.get(p.routing_key.as_ref()) {
+                    matched.push(Destination::Queue(q));
+                }
+            } else {
+                x.bindings.route(&p.routing_key, headers, &mut matched);
+            }
+            if matched.is_empty()
+                && let Some(ae) = x
+                    .alternate
+                    .as_deref()
+                    .and_then(|name| self.vhost.exchanges.get(name))
+            {
+                matched.push(Destination::Exchange(*ae));
+            }
+            for d in &matched {
+                match *d {
+                    Destination::Queue(q) => queues.push(q),
+                    Destination::Exchange(next) => {
+                        if !visited.contains(&next) && visited.len() < MAX_ROUTE_EXCHANGES {
+                            visited.push(next);
+                            work.push(next);
+                        }
+                    }
+                }
+            }
+        }
+        queues.sort_unstable();
+        queues.dedup();
+        queues
+    }
+
+    /// Whether consumer `cid` may receive one more message now.
+    fn can_deliver(&self, cid: ConsumerId) -> bool {
+        let Some(c) = self.consumers.get(&cid) else {
+            return false;
+        };
+        let Some(conn) = self.conns.get(&c.ch.conn) else {
+            return false;
+        };
+        if conn.in_flight >= self.config.write_window {
+            return false;
+        }
+        if c.no_ack {
+            return true;
+        }
+        let Some(channel) = self.channels.get(&c.ch) else {
+            return false;
+        };
+        (c.prefetch == 0 || c.unacked < u32::from(c.prefetch))
+            && (channel.global_prefetch == 0
+                || channel.consumer_unacked < u32::from(channel.global_prefetch))
+    }
+
+    /// Hands ready messages of queue `id` to its consumers, round-robin, while any has credit.
+    pub(super) fn dispatch(&mut self, id: QueueId) {
+        loop {
+            let Some(q) = self.queues.get(&id) else {
+                return;
+            };
+            if q.messages.is_empty() || q.consumers.is_empty() {
+                return;
+            }
+            let n = q.consumers.len();
+            let start = q.rr_next % n;
+            let Some((idx, cid)) = (0..n)
+                .map(|i| (start + i) % n)
+                .map(|idx| (idx, q.consumers[idx]))
+                .find(|&(_, cid)| self.can_deliver(cid))
+            else {
+                return;
+            };
+            let Some(q) = self.queues.get_mut(&id) else {
+                return;
+            };
+            q.rr_next = (idx + 1) % n;
+            let Some(m) = q.messages.pop() else {
+                return;
+            };
+            let Some(c) = self.consumers.get_mut(&cid) else {
+                return;
+            };
+            let (ch, no_ack, tag) = (c.ch, c.no_ack, c.tag.clone());
+            if !no_ack {
+                c.unacked += 1;
+                q.unacked += 1;
+            }
+            let Some(channel) = self.channels.get_mut(&ch) else {
+                return;
+            };
+            let delivery_tag = channel.next_delivery_tag;
+            channel.next_delivery_tag += 1;
+            if !no_ack {
+                channel.consumer_unacked += 1;
+                channel.unacked.insert(
+                    delivery_tag,
+                    Unacked {
+                        queue: id,
+                        seq: m.seq,
+                        message: m.message.clone(),
+                        consumer: Some(cid),
+                    },
+                );
+            }
+            if let Some(conn) = self.conns.get_mut(&ch.conn) {
+                conn.in_flight += 1;
+            }
+            self.effects.push(Effect::Deliver {
+                ch,
+                consumer_tag: tag,
+                delivery: Delivery {
+                    delivery_tag,
+                    redelivered: m.redelivered,
+                    message: m.message,
+                },
+            });
+        }
+    }
+
+    pub(super) fn qos(
+        &mut self,
+        ch: ChannelRef,
+        prefetch_size: u32,
+        prefetch_count: u16,
+        global: bool,
+    ) -> OpResult {
+        if prefetch_size != 0 {
+            return Err(ProtocolError::new(
+                ErrorCode::NotImplemented,
+                OpKind::Qos,
+                format!("prefetch_size!=0 ({prefetch_size})"),
+            ));
+        }
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        if global {
+            channel.global_prefetch = prefetch_count;
+        } else {
+            channel.prefetch_count = prefetch_count;
+        }
+        self.reply(ch, Reply::QosOk);
+        if global {
+            self.dispatch_channel_queues(ch);
+        }
+        Ok(())
+    }
+
+    pub(super) fn consume(&mut self, ch: ChannelRef, c: Consume) -> OpResult {
+        let op = OpKind::Consume;
+        let queue = self.queue_id(ch, op, &c.queue)?;
+        let tag: Arc<str> = if c.consumer_tag.is_empty() {
+            Arc::from(self.names.name("amq.ctag-"))
+        } else {
+            Arc::from(c.consumer_tag.as_str())
+        };
+        let Some(channel) = self.channels.get(&ch) else {
+            return Ok(());
+        };
+        if channel.consumers.contains_key(&tag) {
+            return Err(ProtocolError::new(
+                ErrorCode::NotAllowed,
+                op,
+                format!("attempt to reuse consumer tag '{tag}'"),
+            ));
+        }
+        let prefetch = channel.prefetch_count;
+        let q = &self.queues[&queue];
+        let exclusive_held = q
+            .consumers
+            .iter()
+            .any(|cid| self.consumers.get(cid).is_some_and(|c| c.exclusive));
+        if exclusive_held || (c.exclusive && !q.consumers.is_empty()) {
+            return Err(ProtocolError::new(
+                ErrorCode::AccessRefused,
+                op,
+                format!(
+                    "queue '{}' in vhost '{}' in exclusive use",
+                    q.name,
+                    self.vhost_name()
+                ),
+            ));
+        }
+        let cid = ConsumerId(self.next_id());
+        self.consumers.insert(
+            cid,
+            Consumer {
+                tag: tag.clone(),
+                ch,
+                queue,
+                no_ack: c.no_ack,
+                exclusive: c.exclusive,
+                prefetch,
+                unacked: 0,
+            },
+        );
+        if let Some(channel) = self.channels.get_mut(&ch) {
+            channel.consumers.insert(tag.clone(), cid);
+        }
+        if let Some(q) = self.queues.get_mut(&queue) {
+            q.consumers.push(cid);
+            q.had_consumer = true;
+        }
+        if !c.nowait {
+            self.reply(ch, Reply::ConsumeOk { consumer_tag: tag });
+        }
+        self.dispatch(queue);
+        Ok(())
+    }
+
+    pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {
+        let cid = self
+            .channels
+            .get(&ch)
+            .and_then(|c| c.consumers.get(tag).copied());
+        // Cancelling an unknown tag is not an error (RabbitMQ answers cancel-ok).
+        if let Some(cid) = cid {
+            self.remove_consumer(cid, true);
+        }
+        if !nowait {
+            self.reply(
+                ch,
+                Reply::CancelOk {
+                    consumer_tag: Arc::from(tag),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Removes a consumer from its queue and channel. Its unacked messages stay on the
+    /// channel. With `auto_delete`, an auto-delete queue left without consumers is deleted.
+    pub(super) fn remove_consumer(&mut self, cid: ConsumerId, auto_delete: bool) {
+        let Some(c) = self.consumers.remove(&cid) else {
+            return;
+        };
+        if let Some(channel) = self.channels.get_mut(&c.ch) {
+            channel.consumers.remove(&c.tag);
+        }
+        let Some(q) = self.queues.get_mut(&c.queue) else {
+            return;
+        };
+        if let Some(pos) = q.consumers.iter().position(|&x| x == cid) {
+            q.consumers.remove(pos);
+            if pos < q.rr_next {
+                q.rr_next -= 1;
+            }
+        }
+        // Channel and connection close pass `false` but still delete: RabbitMQ deletes an
+        // auto-delete queue when its last consumer goes, however it goes.
+        let _ = auto_delete;
+        if q.auto_delete && q.had_consumer && q.consumers.is_empty() {
+            self.delete_queue(c.queue);
+        }
+    }
+
+    pub(super) fn get(&mut self, ch: ChannelRef, queue: &str, no_ack: bool) -> OpResult {
+        let id = self.queue_id(ch, OpKind::Get, queue)?;
+        let Some(q) = self.queues.get_mut(&id) else {
+            return Ok(());
+        };
+        let Some(m) = q.messages.pop() else {
+            self.reply(ch, Reply::GetEmpty);
+            return Ok(());
+        };
+        let message_count = u32::try_from(q.messages.len()).unwrap_or(u32::MAX);
+        if !no_ack {
+            q.unacked += 1;
+        }
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        let delivery_tag = channel.next_delivery_tag;
+        channel.next_delivery_tag += 1;
+        if !no_ack {
+            channel.unacked.insert(
+                delivery_tag,
+                Unacked {
+                    queue: id,
+                    seq: m.seq,
+                    message: m.message.clone(),
+                    consumer: None,
+                },
+            );
+        }
+        self.reply(
+            ch,
+            Reply::GetOk {
+                delivery: Delivery {
+                    delivery_tag,
+                    redelivered: m.redelivered,
+                    message: m.message,
+                },
+                message_count,
+            },
+        );
+        Ok(())
+    }
+
+    pub(super) fn settle_op(
+        &mut self,
+        ch: ChannelRef,
+        kind: OpKind,
+        delivery_tag: u64,
+        multiple: bool,
+        settle: Settle,
+    ) -> OpResult {
+        if let Some(tx) = self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
+            if tx.len() >= MAX_TX_OPS {
+                return Err(too_large_tx(kind));
+            }
+            tx.push(TxOp::Settle {
+                kind,
+                delivery_tag,
+                multiple,
+                settle,
+            });
+            return Ok(());
+        }
+        self.settle(ch, kind, delivery_tag, multiple, settle)
+    }
+
+    /// Acks, requeues or drops the deliveries named by (`delivery_tag`, `multiple`), with
+    /// RabbitMQ's rules: tag 0 with `multiple` means all; otherwise the tag must be unacked.
+    fn settle(
+        &mut self,
+        ch: ChannelRef,
+        kind: OpKind,
+        delivery_tag: u64,
+        multiple: bool,
+        settle: Settle,
+    ) -> OpResult {
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        let settled: Vec<Unacked> = if multiple && delivery_tag == 0 {
+            std::mem::take(&mut channel.unacked).into_values().collect()
+        } else if !channel.unacked.contains_key(&delivery_tag) {
+            return Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                kind,
+                format!("unknown delivery tag {delivery_tag}"),
+            ));
+        } else if multiple {
+            let rest = channel.unacked.split_off(&(delivery_tag + 1));
+            std::mem::replace(&mut channel.unacked, rest)
+                .into_values()
+                .collect()
+        } else {
+            channel.unacked.remove(&delivery_tag).into_iter().collect()
+        };
+        self.settle_entries(ch, settled, settle);
+        Ok(())
+    }
+
+    fn settle_entries(&mut self, ch: ChannelRef, settled: Vec<Unacked>, settle: Settle) {
+        let mut touched = BTreeSet::new();
+        for u in settled {
+            if let Some(cid) = u.consumer {
+                if let Some(channel) = self.channels.get_mut(&ch) {
+                    channel.consumer_unacked = channel.consumer_unacked.saturating_sub(1);
+                }
+                if let Some(c) = self.consumers.get_mut(&cid) {
+                    c.unacked = c.unacked.saturating_sub(1);
+                }
+            }
+            if let Some(q) = self.queues.get_mut(&u.queue) {
+                q.unacked = q.unacked.saturating_sub(1);
+                if settle == Settle::Requeue {
+                    q.messages.requeue(u.seq, u.message);
+                    touched.insert(u.queue);
+                }
+            }
+        }
+        for q in touched {
+            self.dispatch(q);
+        }
+        self.dispatch_channel_queues(ch);
+    }
+
+    /// Resumes the queues this channel consumes from (credit was freed on the channel).
+    fn dispatch_channel_queues(&mut self, ch: ChannelRef) {
+        let Some(channel) = self.channels.get(&ch) else {
+            return;
+        };
+        let queues: BTreeSet<QueueId> = channel
+            .consumers
+            .values()
+            .filter_map(|cid| self.consumers.get(cid).map(|c| c.queue))
+            .collect();
+        for q in queues {
+            self.dispatch(q);
+        }
+    }
+
+    pub(super) fn recover(&mut self, ch: ChannelRef, requeue: bool) -> OpResult {
+        if !requeue {
+            return Err(ProtocolError::new(
+                ErrorCode::NotImplemented,
+                OpKind::Recover,
+                "requeue=false",
+            ));
+        }
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        let all: Vec<Unacked> = std::mem::take(&mut channel.unacked).into_values().collect();
+        self.settle_entries(ch, all, Settle::Requeue);
+        self.reply(ch, Reply::RecoverOk);
+        Ok(())
+    }
+
+    pub(super) fn confirm_select(&mut self, ch: ChannelRef, nowait: bool) -> OpResult {
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        if channel.tx.is_some() {
+            return Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                OpKind::ConfirmSelect,
+                "cannot switch from tx to confirm mode",
+            ));
+        }
+        if channel.confirm_next.is_none() {
+            channel.confirm_next = Some(1);
+        }
+        if !nowait {
+            self.reply(ch, Reply::ConfirmSelectOk);
+        }
+        Ok(())
+    }
+
+    pub(super) fn tx_select(&mut self, ch: ChannelRef) -> OpResult {
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        if channel.confirm_next.is_some() {
+            return Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                OpKind::TxSelect,
+                "cannot switch from confirm to tx mode",
+            ));
+        }
+        if channel.tx.is_none() {
+            channel.tx = Some(Vec::new());
+        }
+        self.reply(ch, Reply::TxSelectOk);
+        Ok(())
+    }
+
+    pub(super) fn tx_commit(&mut self, ch: ChannelRef) -> OpResult {
+        let ops = self.take_tx(ch, OpKind::TxCommit)?;
+        for op in ops {
+            match op {
+                TxOp::Publish(p) => {
+                    // The exchange may have gone since the publish was buffered.
+                    let exchange = self.exchange_id(OpKind::Publish, &p.exchange)?;
+                    self.route_and_enqueue(ch, exchange, p);
+                }
+                TxOp::Settle {
+                    kind,
+                    delivery_tag,
+                    multiple,
+                    settle,
+                } => self.settle(ch, kind, delivery_tag, multiple, settle)?,
+            }
+        }
+        self.reply(ch, Reply::TxCommitOk);
+        Ok(())
+    }
+
+    pub(super) fn tx_rollback(&mut self, ch: ChannelRef) -> OpResult {
+        self.take_tx(ch, OpKind::TxRollback)?;
+        self.reply(ch, Reply::TxRollbackOk);
+        Ok(())
+    }
+
+    /// Takes the buffered operations of a transaction, leaving the channel transactional.
+    fn take_tx(&mut self, ch: ChannelRef, kind: OpKind) -> Result<Vec<TxOp>, ProtocolError> {
+        match self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
+            Some(tx) => Ok(std::mem::take(tx)),
+            None => Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                kind,
+                "channel is not transactional",
+            )),
+        }
+    }
+}
+
+fn too_large_tx(op: OpKind) -> ProtocolError {
+    ProtocolError::new(
+        ErrorCode::PreconditionFailed,
+        op,
+        format!("transaction exceeds {MAX_TX_OPS} operations; commit more often"),
+    )
+}

@@ -1,0 +1,330 @@
+//! The broker: one deterministic state machine over vhosts, exchanges, queues, connections,
+//! channels and consumers, with RabbitMQ's semantics.
+//!
+//! `handle` applies one operation; effects accumulate until `poll_effects`. Topology (declares,
+//! bindings, deletes) lives in `topology.rs`; the message path (publish, dispatch, acks, qos,
+//! confirms, transactions) in `delivery.rs`; per-connection and per-channel state in
+//! `session.rs`.
+//!
+//! Invariants (checked by `debug_assert!`s and the simulation tests):
+//! - A message is in exactly one place per queue it was routed to: ready in the queue, or
+//!   unacked on one channel, until acked or dropped.
+//! - `Consumer::unacked`, `Channel::consumer_unacked` and `Queue::unacked` count exactly the
+//!   unacked entries that reference them.
+//! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
+//!   detected by a failed lookup, never aliased.
+
+mod delivery;
+mod session;
+mod topology;
+
+use crate::command::{ExchangeKind, Op, OpKind};
+use crate::config::BrokerConfig;
+use crate::effect::Effect;
+use crate::error::{ErrorCode, ProtocolError};
+use crate::exchange::Bindings;
+use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
+use crate::message::FieldTable;
+use crate::naming::NameGen;
+use crate::queue::classic::MessageQueue;
+use session::{Channel, ChannelState, Conn};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// A consumer, numbered broker-wide so queues can refer to it cheaply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ConsumerId(u64);
+
+pub(crate) struct Exchange {
+    pub(crate) name: Arc<str>,
+    pub(crate) kind: ExchangeKind,
+    pub(crate) durable: bool,
+    pub(crate) auto_delete: bool,
+    pub(crate) internal: bool,
+    #[allow(dead_code)] // Kept for definitions export and list_exchanges (warren ctl).
+    pub(crate) arguments: FieldTable,
+    pub(crate) alternate: Option<String>,
+    pub(crate) bindings: Bindings,
+    /// The default exchange routes to the queue named by the routing key (implicit bindings).
+    pub(crate) is_default: bool,
+    /// Exchanges with bindings to this one, and how many: deletion finds them without a scan.
+    pub(crate) bound_from: BTreeMap<ExchangeId, u32>,
+}
+
+pub(crate) struct Queue {
+    pub(crate) name: Arc<str>,
+    pub(crate) durable: bool,
+    pub(crate) exclusive_owner: Option<ConnId>,
+    pub(crate) auto_delete: bool,
+    pub(crate) arguments: FieldTable,
+    pub(crate) messages: MessageQueue,
+    /// Round-robin order of dispatch.
+    pub(crate) consumers: Vec<ConsumerId>,
+    pub(crate) rr_next: usize,
+    /// Auto-delete applies only to a queue that has had a consumer.
+    pub(crate) had_consumer: bool,
+    pub(crate) unacked: u64,
+    /// Exchanges with bindings to this queue, and how many.
+    pub(crate) bound_from: BTreeMap<ExchangeId, u32>,
+}
+
+pub(crate) struct Consumer {
+    pub(crate) tag: Arc<str>,
+    pub(crate) ch: ChannelRef,
+    pub(crate) queue: QueueId,
+    pub(crate) no_ack: bool,
+    pub(crate) exclusive: bool,
+    /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
+    pub(crate) prefetch: u16,
+    pub(crate) unacked: u32,
+}
+
+/// Names of one vhost's exchanges and queues.
+pub(crate) struct Vhost {
+    pub(crate) name: Arc<str>,
+    pub(crate) exchanges: HashMap<String, ExchangeId>,
+    pub(crate) queues: HashMap<String, QueueId>,
+}
+
+/// The broker state machine. See the module docs.
+pub struct Broker {
+    config: BrokerConfig,
+    now: u64,
+    names: NameGen,
+    next_id: u64,
+    vhost: Vhost,
+    exchanges: HashMap<ExchangeId, Exchange>,
+    queues: HashMap<QueueId, Queue>,
+    consumers: HashMap<ConsumerId, Consumer>,
+    conns: HashMap<ConnId, Conn>,
+    channels: HashMap<ChannelRef, Channel>,
+    effects: Vec<Effect>,
+}
+
+type OpResult = Result<(), ProtocolError>;
+
+impl Broker {
+    pub fn new(config: BrokerConfig) -> Broker {
+        let mut broker = Broker {
+            names: NameGen::new(config.seed),
+            vhost: Vhost {
+                name: Arc::from(config.default_vhost.as_str()),
+                exchanges: HashMap::new(),
+                queues: HashMap::new(),
+            },
+            config,
+            now: 0,
+            next_id: 1,
+            exchanges: HashMap::new(),
+            queues: HashMap::new(),
+            consumers: HashMap::new(),
+            conns: HashMap::new(),
+            channels: HashMap::new(),
+            effects: Vec::new(),
+        };
+        broker.declare_predefined_exchanges();
+        broker
+    }
+
+    /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
+    pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
+        self.now = self.now.max(now);
+        if let Err(error) = self.apply(ch, op) {
+            self.fail(ch, error);
+        }
+    }
+
+    /// Advances time (message TTLs and queue expiry will hang off this).
+    pub fn tick(&mut self, now: u64) {
+        self.now = self.now.max(now);
+    }
+
+    /// When the host should call `tick` next, if ever.
+    pub fn next_deadline(&self) -> Option<u64> {
+        None
+    }
+
+    /// Moves the effects produced so far into `out`, in order.
+    pub fn poll_effects(&mut self, out: &mut Vec<Effect>) {
+        out.append(&mut self.effects);
+    }
+
+    /// Ready messages in a queue of the default vhost (for hosts, tests and admin tools).
+    pub fn queue_len(&self, name: &str) -> Option<usize> {
+        let id = self.vhost.queues.get(name)?;
+        self.queues.get(id).map(|q| q.messages.len())
+    }
+
+    /// Number of queues and exchanges, for admin tools and tests.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.queues.len(), self.exchanges.len())
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn apply(&mut self, ch: ChannelRef, op: Op) -> OpResult {
+        if let Op::ConnectionOpen {
+            vhost,
+            user,
+            cancel_notify,
+        } = op
+        {
+            return self.connection_open(ch.conn, vhost, user, cancel_notify);
+        }
+        if !self.conns.contains_key(&ch.conn) {
+            // A connection that already failed or closed: its late ops are moot.
+            return Ok(());
+        }
+        match op {
+            Op::ConnectionOpen { .. } => Ok(()),
+            Op::ConnectionClose => {
+                self.release_connection(ch.conn);
+                Ok(())
+            }
+            Op::Written { count } => {
+                self.written(ch.conn, count);
+                Ok(())
+            }
+            Op::ChannelOpen => self.channel_open(ch),
+            Op::ChannelCloseOk => {
+                // Either the host confirms a channel error we raised, or it closed the channel
+                // itself after an error of its own: release what is left either way.
+                if self.channels.contains_key(&ch) {
+                    self.release_channel(ch);
+                    self.channels.remove(&ch);
+                    if let Some(conn) = self.conns.get_mut(&ch.conn) {
+                        conn.channels.remove(&ch.channel);
+                    }
+                }
+                Ok(())
+            }
+            op => {
+                match self.channels.get(&ch).map(|c| c.state) {
+                    Some(ChannelState::Open) => {}
+                    // After a channel error everything but the close handshake is dropped.
+                    Some(ChannelState::Closing) => return Ok(()),
+                    None => {
+                        return Err(ProtocolError::new(
+                            ErrorCode::ChannelError,
+                            op.kind(),
+                            format!("expected 'channel.open' on channel {}", ch.channel),
+                        ));
+                    }
+                }
+                self.channel_op(ch, op)
+            }
+        }
+    }
+
+    fn channel_op(&mut self, ch: ChannelRef, op: Op) -> OpResult {
+        match op {
+            Op::ChannelClose => {
+                self.release_channel(ch);
+                self.channels.remove(&ch);
+                if let Some(conn) = self.conns.get_mut(&ch.conn) {
+                    conn.channels.remove(&ch.channel);
+                }
+                self.reply(ch, crate::effect::Reply::ChannelCloseOk);
+                Ok(())
+            }
+            Op::ExchangeDeclare(d) => self.exchange_declare(ch, d),
+            Op::ExchangeDelete {
+                exchange,
+                if_unused,
+                nowait,
+            } => self.exchange_delete(ch, &exchange, if_unused, nowait),
+            Op::ExchangeBind(b) => self.exchange_bind(ch, b, true),
+            Op::ExchangeUnbind(b) => self.exchange_bind(ch, b, false),
+            Op::QueueDeclare(d) => self.queue_declare(ch, d),
+            Op::QueueBind(b) => self.queue_bind(ch, b, true),
+            Op::QueueUnbind(b) => self.queue_bind(ch, b, false),
+            Op::QueuePurge { queue, nowait } => self.queue_purge(ch, &queue, nowait),
+            Op::QueueDelete {
+                queue,
+                if_unused,
+                if_empty,
+                nowait,
+            } => self.queue_delete_op(ch, &queue, if_unused, if_empty, nowait),
+            Op::Qos {
+                prefetch_size,
+                prefetch_count,
+                global,
+            } => self.qos(ch, prefetch_size, prefetch_count, global),
+            Op::Consume(c) => self.consume(ch, c),
+            Op::Cancel {
+                consumer_tag,
+                nowait,
+            } => self.cancel(ch, &consumer_tag, nowait),
+            Op::Get { queue, no_ack } => self.get(ch, &queue, no_ack),
+            Op::Publish(p) => self.publish(ch, p),
+            Op::Ack {
+                delivery_tag,
+                multiple,
+            } => self.settle_op(ch, OpKind::Ack, delivery_tag, multiple, delivery::Settle::Ack),
+            Op::Nack {
+                delivery_tag,
+                multiple,
+                requeue,
+            } => self.settle_op(
+                ch,
+                OpKind::Nack,
+                delivery_tag,
+                multiple,
+                delivery::Settle::reject(requeue),
+            ),
+            Op::Reject {
+                delivery_tag,
+                requeue,
+            } => self.settle_op(
+                ch,
+                OpKind::Reject,
+                delivery_tag,
+                false,
+                delivery::Settle::reject(requeue),
+            ),
+            Op::Recover { requeue } => self.recover(ch, requeue),
+            Op::ConfirmSelect { nowait } => self.confirm_select(ch, nowait),
+            Op::TxSelect => self.tx_select(ch),
+            Op::TxCommit => self.tx_commit(ch),
+            Op::TxRollback => self.tx_rollback(ch),
+            Op::ConnectionOpen { .. }
+            | Op::ConnectionClose
+            | Op::ChannelOpen
+            | Op::ChannelCloseOk
+            | Op::Written { .. } => Ok(()),
+        }
+    }
+
+    /// Reports an error: a channel exception closes the channel, anything else the connection.
+    fn fail(&mut self, ch: ChannelRef, error: ProtocolError) {
+        let channel_open = matches!(
+            self.channels.get(&ch).map(|c| c.state),
+            Some(ChannelState::Open)
+        );
+        if error.code.is_channel_level() && ch.channel != 0 && channel_open {
+            self.release_channel(ch);
+            if let Some(channel) = self.channels.get_mut(&ch) {
+                channel.state = ChannelState::Closing;
+            }
+            self.effects.push(Effect::ChannelError { ch, error });
+        } else if self.conns.contains_key(&ch.conn) {
+            self.release_connection(ch.conn);
+            self.effects.push(Effect::ConnectionError {
+                conn: ch.conn,
+                error,
+            });
+        }
+    }
+
+    fn reply(&mut self, ch: ChannelRef, reply: crate::effect::Reply) {
+        self.effects.push(Effect::Reply { ch, reply });
+    }
+
+    fn vhost_name(&self) -> &str {
+        &self.vhost.name
+    }
+}

@@ -1,0 +1,210 @@
+//! Connections and channels: their state, opening, and release (which hands unacked messages
+//! back to their queues and removes consumers and exclusive queues).
+
+use super::{Broker, ConsumerId, OpResult};
+use crate::command::{OpKind, Publish};
+use crate::effect::Reply;
+use crate::error::{ErrorCode, ProtocolError};
+use crate::ids::{ChannelRef, ConnId, QueueId};
+use crate::message::Message;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+pub(crate) struct Conn {
+    pub(crate) cancel_notify: bool,
+    pub(crate) channels: BTreeSet<u16>,
+    pub(crate) exclusive_queues: BTreeSet<QueueId>,
+    /// Deliveries handed to the host and not yet reported written (`Op::Written`).
+    pub(crate) in_flight: u32,
+    #[allow(dead_code)] // Used by permissions (user) once users exist beyond guest.
+    pub(crate) user: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChannelState {
+    Open,
+    /// A channel error was reported; waiting for the host's `ChannelCloseOk`.
+    Closing,
+}
+
+/// A delivery awaiting its ack.
+pub(crate) struct Unacked {
+    pub(crate) queue: QueueId,
+    pub(crate) seq: u64,
+    pub(crate) message: Arc<Message>,
+    /// Set for consumer deliveries (they count against prefetch); `None` for basic.get.
+    pub(crate) consumer: Option<ConsumerId>,
+}
+
+/// An operation deferred by a transaction until commit.
+pub(crate) enum TxOp {
+    Publish(Publish),
+    Settle {
+        kind: OpKind,
+        delivery_tag: u64,
+        multiple: bool,
+        settle: super::delivery::Settle,
+    },
+}
+
+pub(crate) struct Channel {
+    pub(crate) state: ChannelState,
+    pub(crate) next_delivery_tag: u64,
+    pub(crate) unacked: BTreeMap<u64, Unacked>,
+    /// Unacked consumer deliveries: what `global` prefetch limits.
+    pub(crate) consumer_unacked: u32,
+    /// basic.qos global=false: the limit given to consumers created from now on.
+    pub(crate) prefetch_count: u16,
+    /// basic.qos global=true: one limit shared by all consumers of the channel.
+    pub(crate) global_prefetch: u16,
+    pub(crate) consumers: BTreeMap<Arc<str>, ConsumerId>,
+    /// The next publish sequence number, once in confirm mode.
+    pub(crate) confirm_next: Option<u64>,
+    pub(crate) tx: Option<Vec<TxOp>>,
+    /// The queue `""` refers to (AMQP: the last queue declared on the channel).
+    pub(crate) last_queue: Option<Arc<str>>,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        Channel {
+            state: ChannelState::Open,
+            next_delivery_tag: 1,
+            unacked: BTreeMap::new(),
+            consumer_unacked: 0,
+            prefetch_count: 0,
+            global_prefetch: 0,
+            consumers: BTreeMap::new(),
+            confirm_next: None,
+            tx: None,
+            last_queue: None,
+        }
+    }
+}
+
+impl Broker {
+    pub(super) fn connection_open(
+        &mut self,
+        conn: ConnId,
+        vhost: String,
+        user: String,
+        cancel_notify: bool,
+    ) -> OpResult {
+        if vhost != *self.vhost.name {
+            // Not registered yet, so `fail` cannot find it: report directly.
+            self.effects.push(crate::effect::Effect::ConnectionError {
+                conn,
+                error: ProtocolError::new(
+                    ErrorCode::NotAllowed,
+                    OpKind::ConnectionOpen,
+                    format!("vhost '{vhost}' not found"),
+                ),
+            });
+            return Ok(());
+        }
+        self.conns.entry(conn).or_insert(Conn {
+            cancel_notify,
+            channels: BTreeSet::new(),
+            exclusive_queues: BTreeSet::new(),
+            in_flight: 0,
+            user,
+        });
+        Ok(())
+    }
+
+    pub(super) fn channel_open(&mut self, ch: ChannelRef) -> OpResult {
+        if ch.channel == 0 || self.channels.contains_key(&ch) {
+            return Err(ProtocolError::new(
+                ErrorCode::ChannelError,
+                OpKind::ChannelOpen,
+                format!("second 'channel.open' seen on channel {}", ch.channel),
+            ));
+        }
+        self.channels.insert(ch, Channel::new());
+        if let Some(conn) = self.conns.get_mut(&ch.conn) {
+            conn.channels.insert(ch.channel);
+        }
+        self.reply(ch, Reply::ChannelOpenOk);
+        Ok(())
+    }
+
+    /// Releases a channel's resources: cancels its consumers, requeues its unacked messages
+    /// (at their original positions) and drops an open transaction. The channel entry stays
+    /// (the caller removes it or marks it closing).
+    pub(super) fn release_channel(&mut self, ch: ChannelRef) {
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        channel.tx = None;
+        let consumers: Vec<ConsumerId> = channel.consumers.values().copied().collect();
+        // Consumers go first, so the requeued messages are not dispatched straight back to
+        // this channel.
+        for cid in consumers {
+            self.remove_consumer(cid, false);
+        }
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        let unacked = std::mem::take(&mut channel.unacked);
+        channel.consumer_unacked = 0;
+        let mut touched = BTreeSet::new();
+        for (_, u) in unacked {
+            if let Some(q) = self.queues.get_mut(&u.queue) {
+                q.unacked = q.unacked.saturating_sub(1);
+                q.messages.requeue(u.seq, u.message);
+                touched.insert(u.queue);
+            }
+        }
+        for q in touched {
+            self.dispatch(q);
+        }
+    }
+
+    /// Releases everything a connection holds: its channels and its exclusive queues.
+    pub(super) fn release_connection(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let channels: Vec<u16> = c.channels.iter().copied().collect();
+        for n in channels {
+            let ch = ChannelRef::new(conn, n);
+            self.release_channel(ch);
+            self.channels.remove(&ch);
+        }
+        let exclusive: Vec<QueueId> = self
+            .conns
+            .get(&conn)
+            .map(|c| c.exclusive_queues.iter().copied().collect())
+            .unwrap_or_default();
+        for q in exclusive {
+            self.delete_queue(q);
+        }
+        self.conns.remove(&conn);
+    }
+
+    /// The host wrote `count` deliveries: reopen the window and resume blocked consumers.
+    pub(super) fn written(&mut self, conn: ConnId, count: u32) {
+        let window = self.config.write_window;
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let was_blocked = c.in_flight >= window;
+        c.in_flight = c.in_flight.saturating_sub(count);
+        if was_blocked && c.in_flight < window {
+            let channels: Vec<u16> = c.channels.iter().copied().collect();
+            let mut queues = BTreeSet::new();
+            for n in channels {
+                if let Some(channel) = self.channels.get(&ChannelRef::new(conn, n)) {
+                    for cid in channel.consumers.values() {
+                        if let Some(consumer) = self.consumers.get(cid) {
+                            queues.insert(consumer.queue);
+                        }
+                    }
+                }
+            }
+            for q in queues {
+                self.dispatch(q);
+            }
+        }
+    }
+}

@@ -1,0 +1,651 @@
+//! Exchanges, queues and bindings: declare, bind, unbind, purge, delete, with RabbitMQ's
+//! checks (reserved `amq.` names, equivalence on redeclare, exclusive ownership) and
+//! auto-delete cascades.
+
+use super::{Broker, Exchange, OpResult, Queue};
+use crate::command::{Bind, ExchangeDeclare, ExchangeKind, OpKind, QueueDeclare};
+use crate::effect::{Effect, Reply};
+use crate::error::{ErrorCode, ProtocolError};
+use crate::exchange::Bindings;
+use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId};
+use crate::message::{FieldTable, FieldValue};
+use crate::queue::classic::MessageQueue;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Queue arguments whose values must match on redeclare (as RabbitMQ checks them).
+const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-overflow",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-priority",
+    "x-queue-type",
+    "x-single-active-consumer",
+];
+
+fn describe(v: Option<&FieldValue>) -> String {
+    match v {
+        None => "none".to_string(),
+        Some(v) => match (v.as_str(), v.as_i64(), v.as_bool()) {
+            (Some(s), _, _) => format!("'{s}'"),
+            (_, Some(i), _) => format!("'{i}'"),
+            (_, _, Some(b)) => format!("'{b}'"),
+            _ => format!("{v:?}"),
+        },
+    }
+}
+
+impl Broker {
+    pub(super) fn declare_predefined_exchanges(&mut self) {
+        let predefined: [(&str, ExchangeKind, bool); 7] = [
+            ("", ExchangeKind::Direct, false),
+            ("amq.direct", ExchangeKind::Direct, false),
+            ("amq.fanout", ExchangeKind::Fanout, false),
+            ("amq.topic", ExchangeKind::Topic, false),
+            ("amq.headers", ExchangeKind::Headers, false),
+            ("amq.match", ExchangeKind::Headers, false),
+            ("amq.rabbitmq.trace", ExchangeKind::Topic, true),
+        ];
+        for (name, kind, internal) in predefined {
+            let id = ExchangeId(self.next_id());
+            self.exchanges.insert(
+                id,
+                Exchange {
+                    name: Arc::from(name),
+                    kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal,
+                    arguments: FieldTable::new(),
+                    alternate: None,
+                    bindings: Bindings::new(kind),
+                    is_default: name.is_empty(),
+                    bound_from: BTreeMap::new(),
+                },
+            );
+            self.vhost.exchanges.insert(name.to_string(), id);
+        }
+    }
+
+    fn not_found(&self, op: OpKind, what: &str, name: &str) -> ProtocolError {
+        ProtocolError::new(
+            ErrorCode::NotFound,
+            op,
+            format!("no {what} '{name}' in vhost '{}'", self.vhost_name()),
+        )
+    }
+
+    fn default_exchange_refused(op: OpKind) -> ProtocolError {
+        ProtocolError::new(
+            ErrorCode::AccessRefused,
+            op,
+            "operation not permitted on the default exchange",
+        )
+    }
+
+    pub(super) fn exchange_id(&self, op: OpKind, name: &str) -> Result<ExchangeId, ProtocolError> {
+        self.vhost
+            .exchanges
+            .get(name)
+            .copied()
+            .ok_or_else(|| self.not_found(op, "exchange", name))
+    }
+
+    /// Resolves a queue name (`""` = the channel's last declared queue) and checks that this
+    /// connection may use it.
+    pub(super) fn queue_id(
+        &self,
+        ch: ChannelRef,
+        op: OpKind,
+        name: &str,
+    ) -> Result<QueueId, ProtocolError> {
+        let name = self.resolve_queue_name(ch, op, name)?;
+        let id = self
+            .vhost
+            .queues
+            .get(name.as_ref())
+            .copied()
+            .ok_or_else(|| self.not_found(op, "queue", &name))?;
+        self.check_exclusive(ch, op, id)?;
+        Ok(id)
+    }
+
+    fn resolve_queue_name(
+        &self,
+        ch: ChannelRef,
+        op: OpKind,
+        name: &str,
+    ) -> Result<Arc<str>, ProtocolError> {
+        if !name.is_empty() {
+            return Ok(Arc::from(name));
+        }
+        self.channels
+            .get(&ch)
+            .and_then(|c| c.last_queue.clone())
+            .ok_or_else(|| {
+                ProtocolError::new(ErrorCode::NotFound, op, "no previously declared queue")
+            })
+    }
+
+    fn check_exclusive(&self, ch: ChannelRef, op: OpKind, id: QueueId) -> OpResult {
+        match self.queues.get(&id) {
+            Some(q) if q.exclusive_owner.is_some_and(|o| o != ch.conn) => {
+                Err(ProtocolError::new(
+                    ErrorCode::ResourceLocked,
+                    op,
+                    format!(
+                        "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. \
+                         It could be originally declared on another connection or the \
+                         exclusive property value does not match that of the original \
+                         declaration.",
+                        q.name,
+                        self.vhost_name()
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn exchange_declare(&mut self, ch: ChannelRef, d: ExchangeDeclare) -> OpResult {
+        let op = OpKind::ExchangeDeclare;
+        if d.exchange.is_empty() {
+            return Err(Self::default_exchange_refused(op));
+        }
+        if d.passive {
+            self.exchange_id(op, &d.exchange)?;
+            if !d.nowait {
+                self.reply(ch, Reply::ExchangeDeclareOk);
+            }
+            return Ok(());
+        }
+        let Some(kind) = ExchangeKind::parse(&d.kind) else {
+            return Err(ProtocolError::new(
+                ErrorCode::CommandInvalid,
+                op,
+                format!("invalid exchange type '{}'", d.kind),
+            ));
+        };
+        let alternate = d
+            .arguments
+            .get("alternate-exchange")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
+        if let Some(&id) = self.vhost.exchanges.get(&d.exchange) {
+            let x = &self.exchanges[&id];
+            let mismatch = if x.kind != kind {
+                Some(("type", x.kind.as_str().to_string(), kind.as_str().to_string()))
+            } else if x.durable != d.durable {
+                Some(("durable", x.durable.to_string(), d.durable.to_string()))
+            } else if x.auto_delete != d.auto_delete {
+                Some((
+                    "auto_delete",
+                    x.auto_delete.to_string(),
+                    d.auto_delete.to_string(),
+                ))
+            } else if x.internal != d.internal {
+                Some(("internal", x.internal.to_string(), d.internal.to_string()))
+            } else if x.alternate != alternate {
+                Some((
+                    "alternate-exchange",
+                    format!("{:?}", x.alternate),
+                    format!("{alternate:?}"),
+                ))
+            } else {
+                None
+            };
+            if let Some((arg, current, received)) = mismatch {
+                return Err(ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    op,
+                    format!(
+                        "inequivalent arg '{arg}' for exchange '{}' in vhost '{}': received \
+                         '{received}' but current is '{current}'",
+                        d.exchange,
+                        self.vhost_name()
+                    ),
+                ));
+            }
+        } else {
+            if d.exchange.starts_with("amq.") {
+                return Err(ProtocolError::new(
+                    ErrorCode::AccessRefused,
+                    op,
+                    format!(
+                        "exchange name '{}' contains reserved prefix 'amq.*'",
+                        d.exchange
+                    ),
+                ));
+            }
+            let id = ExchangeId(self.next_id());
+            self.exchanges.insert(
+                id,
+                Exchange {
+                    name: Arc::from(d.exchange.as_str()),
+                    kind,
+                    durable: d.durable,
+                    auto_delete: d.auto_delete,
+                    internal: d.internal,
+                    arguments: d.arguments,
+                    alternate,
+                    bindings: Bindings::new(kind),
+                    is_default: false,
+                    bound_from: BTreeMap::new(),
+                },
+            );
+            self.vhost.exchanges.insert(d.exchange, id);
+        }
+        if !d.nowait {
+            self.reply(ch, Reply::ExchangeDeclareOk);
+        }
+        Ok(())
+    }
+
+    pub(super) fn exchange_delete(
+        &mut self,
+        ch: ChannelRef,
+        name: &str,
+        if_unused: bool,
+        nowait: bool,
+    ) -> OpResult {
+        let op = OpKind::ExchangeDelete;
+        if name.is_empty() {
+            return Err(Self::default_exchange_refused(op));
+        }
+        if name.starts_with("amq.") {
+            return Err(ProtocolError::new(
+                ErrorCode::AccessRefused,
+                op,
+                format!(
+                    "deletion of system exchange '{name}' in vhost '{}' not allowed",
+                    self.vhost_name()
+                ),
+            ));
+        }
+        // Deleting a missing exchange succeeds, as in RabbitMQ 3.x.
+        if let Some(&id) = self.vhost.exchanges.get(name) {
+            if if_unused && !self.exchanges[&id].bindings.is_empty() {
+                return Err(ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    op,
+                    format!("exchange '{name}' in vhost '{}' in use", self.vhost_name()),
+                ));
+            }
+            self.delete_exchange(id);
+        }
+        if !nowait {
+            self.reply(ch, Reply::ExchangeDeleteOk);
+        }
+        Ok(())
+    }
+
+    /// Removes an exchange with all bindings from and to it; auto-delete exchanges that lose
+    /// their last binding this way go too (a worklist, not recursion: bounded by the number
+    /// of exchanges).
+    fn delete_exchange(&mut self, id: ExchangeId) {
+        let mut work = vec![id];
+        while let Some(id) = work.pop() {
+            let Some(x) = self.exchanges.remove(&id) else {
+                continue;
+            };
+            self.vhost.exchanges.remove(x.name.as_ref());
+            for b in x.bindings.list() {
+                self.unlink(id, b.destination);
+            }
+            for (&source, _) in x.bound_from.iter() {
+                if let Some(src) = self.exchanges.get_mut(&source) {
+                    src.bindings.remove_destination(Destination::Exchange(id));
+                    if src.auto_delete && src.bindings.is_empty() {
+                        work.push(source);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets that `source` has a binding to `destination` (one of possibly several).
+    fn unlink(&mut self, source: ExchangeId, destination: Destination) {
+        let bound_from = match destination {
+            Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
+            Destination::Exchange(x) => self.exchanges.get_mut(&x).map(|x| &mut x.bound_from),
+        };
+        if let Some(bound_from) = bound_from
+            && let Some(n) = bound_from.get_mut(&source)
+        {
+            *n -= 1;
+            if *n == 0 {
+                bound_from.remove(&source);
+            }
+        }
+    }
+
+    fn link(&mut self, source: ExchangeId, destination: Destination) {
+        let bound_from = match destination {
+            Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
+            Destination::Exchange(x) => self.exchanges.get_mut(&x).map(|x| &mut x.bound_from),
+        };
+        if let Some(bound_from) = bound_from {
+            *bound_from.entry(source).or_insert(0) += 1;
+        }
+    }
+
+    /// Adds or removes one binding from `source` to `destination`.
+    fn bind(
+        &mut self,
+        source: ExchangeId,
+        destination: Destination,
+        routing_key: &str,
+        arguments: &FieldTable,
+        add: bool,
+    ) {
+        let Some(x) = self.exchanges.get_mut(&source) else {
+            return;
+        };
+        if add {
+            if x.bindings.add(destination, routing_key, arguments) {
+                self.link(source, destination);
+            }
+        } else if x.bindings.remove(destination, routing_key, arguments) {
+            let now_empty = x.auto_delete && x.bindings.is_empty();
+            self.unlink(source, destination);
+            if now_empty {
+                self.delete_exchange(source);
+            }
+        }
+    }
+
+    fn check_binding_arguments(
+        &self,
+        op: OpKind,
+        source: ExchangeId,
+        arguments: &FieldTable,
+    ) -> OpResult {
+        if self.exchanges[&source].kind == ExchangeKind::Headers
+            && let Err(text) = crate::exchange::validate_x_match(arguments)
+        {
+            return Err(ProtocolError::new(ErrorCode::PreconditionFailed, op, text));
+        }
+        Ok(())
+    }
+
+    pub(super) fn exchange_bind(&mut self, ch: ChannelRef, b: Bind, add: bool) -> OpResult {
+        let op = if add {
+            OpKind::ExchangeBind
+        } else {
+            OpKind::ExchangeUnbind
+        };
+        if b.source.is_empty() || b.destination.is_empty() {
+            return Err(Self::default_exchange_refused(op));
+        }
+        let destination = self.exchange_id(op, &b.destination)?;
+        let source = self.exchange_id(op, &b.source)?;
+        if add {
+            self.check_binding_arguments(op, source, &b.arguments)?;
+        }
+        self.bind(
+            source,
+            Destination::Exchange(destination),
+            &b.routing_key,
+            &b.arguments,
+            add,
+        );
+        if !b.nowait {
+            let reply = if add {
+                Reply::ExchangeBindOk
+            } else {
+                Reply::ExchangeUnbindOk
+            };
+            self.reply(ch, reply);
+        }
+        Ok(())
+    }
+
+    pub(super) fn queue_bind(&mut self, ch: ChannelRef, b: Bind, add: bool) -> OpResult {
+        let op = if add {
+            OpKind::QueueBind
+        } else {
+            OpKind::QueueUnbind
+        };
+        let queue = self.queue_id(ch, op, &b.destination)?;
+        if b.source.is_empty() {
+            return Err(Self::default_exchange_refused(op));
+        }
+        let source = self.exchange_id(op, &b.source)?;
+        if add {
+            self.check_binding_arguments(op, source, &b.arguments)?;
+        }
+        // AMQP: an empty queue name and key bind with the last declared queue's name as key.
+        let key: Arc<str> = if b.destination.is_empty() && b.routing_key.is_empty() {
+            self.queues[&queue].name.clone()
+        } else {
+            Arc::from(b.routing_key.as_str())
+        };
+        self.bind(source, Destination::Queue(queue), &key, &b.arguments, add);
+        if !b.nowait {
+            let reply = if add {
+                Reply::QueueBindOk
+            } else {
+                Reply::QueueUnbindOk
+            };
+            self.reply(ch, reply);
+        }
+        Ok(())
+    }
+
+    pub(super) fn queue_declare(&mut self, ch: ChannelRef, d: QueueDeclare) -> OpResult {
+        let op = OpKind::QueueDeclare;
+        let name: Arc<str> = if d.queue.is_empty() && !d.passive {
+            Arc::from(self.names.name("amq.gen-"))
+        } else {
+            self.resolve_queue_name(ch, op, &d.queue)?
+        };
+        let existing = self.vhost.queues.get(name.as_ref()).copied();
+        let id = match existing {
+            Some(id) => {
+                self.check_exclusive(ch, op, id)?;
+                if !d.passive {
+                    self.check_queue_equivalence(id, &d)?;
+                }
+                id
+            }
+            None if d.passive => return Err(self.not_found(op, "queue", &name)),
+            None => {
+                if name.starts_with("amq.") && !d.queue.is_empty() {
+                    return Err(ProtocolError::new(
+                        ErrorCode::AccessRefused,
+                        op,
+                        format!("queue name '{name}' contains reserved prefix 'amq.*'"),
+                    ));
+                }
+                let id = QueueId(self.next_id());
+                let owner = d.exclusive.then_some(ch.conn);
+                self.queues.insert(
+                    id,
+                    Queue {
+                        name: name.clone(),
+                        durable: d.durable,
+                        exclusive_owner: owner,
+                        auto_delete: d.auto_delete,
+                        arguments: d.arguments,
+                        messages: MessageQueue::new(),
+                        consumers: Vec::new(),
+                        rr_next: 0,
+                        had_consumer: false,
+                        unacked: 0,
+                        bound_from: BTreeMap::new(),
+                    },
+                );
+                self.vhost.queues.insert(name.to_string(), id);
+                if let Some(conn) = owner.and_then(|o| self.conns.get_mut(&o)) {
+                    conn.exclusive_queues.insert(id);
+                }
+                id
+            }
+        };
+        if let Some(channel) = self.channels.get_mut(&ch) {
+            channel.last_queue = Some(name.clone());
+        }
+        if !d.nowait {
+            let q = &self.queues[&id];
+            let reply = Reply::QueueDeclareOk {
+                queue: name,
+                message_count: u32::try_from(q.messages.len()).unwrap_or(u32::MAX),
+                consumer_count: u32::try_from(q.consumers.len()).unwrap_or(u32::MAX),
+            };
+            self.reply(ch, reply);
+        }
+        Ok(())
+    }
+
+    fn check_queue_equivalence(&self, id: QueueId, d: &QueueDeclare) -> OpResult {
+        let q = &self.queues[&id];
+        let mismatch = if q.durable != d.durable {
+            Some(("durable", q.durable.to_string(), d.durable.to_string()))
+        } else if q.auto_delete != d.auto_delete {
+            Some((
+                "auto_delete",
+                q.auto_delete.to_string(),
+                d.auto_delete.to_string(),
+            ))
+        } else {
+            EQUIVALENT_QUEUE_ARGS.iter().find_map(|&arg| {
+                let (have, want) = (q.arguments.get(arg), d.arguments.get(arg));
+                let same = match (have, want) {
+                    (Some(a), Some(b)) => {
+                        a == b
+                            || (a.as_i64().is_some() && a.as_i64() == b.as_i64())
+                            || (a.as_str().is_some() && a.as_str() == b.as_str())
+                    }
+                    (None, None) => true,
+                    _ => false,
+                };
+                (!same).then(|| (arg, describe(have), describe(want)))
+            })
+        };
+        match mismatch {
+            None => Ok(()),
+            Some((arg, current, received)) => Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                OpKind::QueueDeclare,
+                format!(
+                    "inequivalent arg '{arg}' for queue '{}' in vhost '{}': received \
+                     {received} but current is {current}",
+                    q.name,
+                    self.vhost_name()
+                ),
+            )),
+        }
+    }
+
+    pub(super) fn queue_purge(&mut self, ch: ChannelRef, name: &str, nowait: bool) -> OpResult {
+        let id = self.queue_id(ch, OpKind::QueuePurge, name)?;
+        let purged = self
+            .queues
+            .get_mut(&id)
+            .map(|q| q.messages.purge())
+            .unwrap_or(0);
+        if !nowait {
+            self.reply(
+                ch,
+                Reply::QueuePurgeOk {
+                    message_count: u32::try_from(purged).unwrap_or(u32::MAX),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn queue_delete_op(
+        &mut self,
+        ch: ChannelRef,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+        nowait: bool,
+    ) -> OpResult {
+        let op = OpKind::QueueDelete;
+        let resolved = self.resolve_queue_name(ch, op, name)?;
+        // Deleting a missing queue succeeds with a count of 0, as in RabbitMQ 3.x.
+        let mut count = 0;
+        if let Some(&id) = self.vhost.queues.get(resolved.as_ref()) {
+            self.check_exclusive(ch, op, id)?;
+            let q = &self.queues[&id];
+            if if_unused && !q.consumers.is_empty() {
+                return Err(ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    op,
+                    format!("queue '{}' in vhost '{}' in use", q.name, self.vhost_name()),
+                ));
+            }
+            if if_empty && !q.messages.is_empty() {
+                return Err(ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    op,
+                    format!(
+                        "queue '{}' in vhost '{}' is not empty",
+                        q.name,
+                        self.vhost_name()
+                    ),
+                ));
+            }
+            count = q.messages.len();
+            self.delete_queue(id);
+        }
+        if !nowait {
+            self.reply(
+                ch,
+                Reply::QueueDeleteOk {
+                    message_count: u32::try_from(count).unwrap_or(u32::MAX),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Removes a queue: its bindings (auto-deleting exchanges left without any), its ready
+    /// messages, and its consumers, who are told (`basic.cancel`) when their client
+    /// understands it. Unacked deliveries stay on their channels; acking them is a no-op.
+    pub(super) fn delete_queue(&mut self, id: QueueId) {
+        let Some(q) = self.queues.remove(&id) else {
+            return;
+        };
+        self.vhost.queues.remove(q.name.as_ref());
+        if let Some(owner) = q.exclusive_owner.and_then(|o| self.conns.get_mut(&o)) {
+            owner.exclusive_queues.remove(&id);
+        }
+        for cid in q.consumers {
+            let Some(consumer) = self.consumers.remove(&cid) else {
+                continue;
+            };
+            if let Some(channel) = self.channels.get_mut(&consumer.ch) {
+                channel.consumers.remove(&consumer.tag);
+            }
+            let notify = self
+                .conns
+                .get(&consumer.ch.conn)
+                .is_some_and(|c| c.cancel_notify);
+            if notify {
+                self.effects.push(Effect::ConsumerCancelled {
+                    ch: consumer.ch,
+                    consumer_tag: consumer.tag,
+                });
+            }
+        }
+        let mut emptied = Vec::new();
+        for (&source, _) in q.bound_from.iter() {
+            if let Some(x) = self.exchanges.get_mut(&source) {
+                x.bindings.remove_destination(Destination::Queue(id));
+                if x.auto_delete && x.bindings.is_empty() {
+                    emptied.push(source);
+                }
+            }
+        }
+        for x in emptied {
+            self.delete_exchange(x);
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Broker settings that change the core's behaviour.
+
+/// Settings of one broker instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerConfig {
+    /// Seed for server-generated names (`amq.gen-...`, `amq.ctag-...`): the core's only
+    /// source of "randomness", so runs are reproducible.
+    pub seed: u64,
+    /// Deliveries a connection may have handed to its host but not yet written to the socket
+    /// (`Op::Written` returns them). Bounds each connection's outbound buffer whatever the
+    /// consumers' prefetch: at 1 kB messages, 2048 deliveries is ~2 MB per connection at most.
+    pub write_window: u32,
+    /// The virtual host every connection gets for now.
+    pub default_vhost: String,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> BrokerConfig {
+        BrokerConfig {
+            seed: 0x5741_5252_454e_0001,
+            write_window: 2048,
+            default_vhost: "/".to_string(),
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Identifiers. All are plain integers chosen by the core or the host, never pointers, so the
+//! effect stream is identical natively and in WebAssembly.
+
+/// A client connection, numbered by the host (gateway). Unique for the broker's lifetime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// A channel of a connection: AMQP's channel number, or 1 for an MQTT session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelRef {
+    pub conn: ConnId,
+    pub channel: u16,
+}
+
+impl ChannelRef {
+    pub fn new(conn: ConnId, channel: u16) -> ChannelRef {
+        ChannelRef { conn, channel }
+    }
+}
+
+/// A queue. Never reused, so a stale id (an unacked delivery of a deleted queue) cannot alias a
+/// newer queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueId(pub u64);
+
+/// An exchange. Never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExchangeId(pub u64);
+
+/// Where a binding leads: a queue or (exchange-to-exchange binding) another exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Destination {
+    Queue(QueueId),
+    Exchange(ExchangeId),
+}

