@@ -328,3 +328,70 @@ impl Broker {
         &self.vhost.name
     }
 }
+
+impl Broker {
+    /// Verifies the cross-references the module docs promise (counters match the unacked
+    /// entries, consumers are where queues and channels say they are). For simulation tests
+    /// and debug builds; O(state).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut queue_unacked: HashMap<QueueId, u64> = HashMap::new();
+        let mut consumer_unacked: HashMap<ConsumerId, u32> = HashMap::new();
+        for (ch, channel) in &self.channels {
+            let mut from_consumers = 0u32;
+            for u in channel.unacked.values() {
+                *queue_unacked.entry(u.queue).or_default() += 1;
+                if let Some(cid) = u.consumer {
+                    from_consumers += 1;
+                    *consumer_unacked.entry(cid).or_default() += 1;
+                }
+            }
+            if channel.state == ChannelState::Open && from_consumers != channel.consumer_unacked
+            {
+                return Err(format!(
+                    "{ch:?}: consumer_unacked {} but {} entries",
+                    channel.consumer_unacked, from_consumers
+                ));
+            }
+            for (tag, cid) in &channel.consumers {
+                let c = self
+                    .consumers
+                    .get(cid)
+                    .ok_or_else(|| format!("{ch:?}: consumer {tag} missing"))?;
+                if c.ch != *ch || c.tag != *tag {
+                    return Err(format!("{ch:?}: consumer {tag} points elsewhere"));
+                }
+            }
+        }
+        for (id, q) in &self.queues {
+            let expected = queue_unacked.get(id).copied().unwrap_or(0);
+            if q.unacked != expected {
+                return Err(format!(
+                    "queue {}: unacked {} but {} entries",
+                    q.name, q.unacked, expected
+                ));
+            }
+            for cid in &q.consumers {
+                let c = self
+                    .consumers
+                    .get(cid)
+                    .ok_or_else(|| format!("queue {}: consumer missing", q.name))?;
+                if c.queue != *id {
+                    return Err(format!("queue {}: consumer of another queue", q.name));
+                }
+            }
+        }
+        for (cid, c) in &self.consumers {
+            let expected = consumer_unacked.get(cid).copied().unwrap_or(0);
+            if c.unacked != expected {
+                return Err(format!(
+                    "consumer {}: unacked {} but {} entries",
+                    c.tag, c.unacked, expected
+                ));
+            }
+            if !self.queues.get(&c.queue).is_some_and(|q| q.consumers.contains(cid)) {
+                return Err(format!("consumer {} not on its queue", c.tag));
+            }
+        }
+        Ok(())
+    }
+}

@@ -132,16 +132,24 @@ impl Broker {
     /// (at their original positions) and drops an open transaction. The channel entry stays
     /// (the caller removes it or marks it closing).
     pub(super) fn release_channel(&mut self, ch: ChannelRef) {
+        // Consumers go first, so the requeued messages are not dispatched straight back to
+        // this channel.
+        self.cancel_channel_consumers(ch);
+        self.requeue_channel(ch);
+    }
+
+    fn cancel_channel_consumers(&mut self, ch: ChannelRef) {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
         channel.tx = None;
         let consumers: Vec<ConsumerId> = channel.consumers.values().copied().collect();
-        // Consumers go first, so the requeued messages are not dispatched straight back to
-        // this channel.
         for cid in consumers {
             self.remove_consumer(cid, false);
         }
+    }
+
+    fn requeue_channel(&mut self, ch: ChannelRef) {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
@@ -160,15 +168,20 @@ impl Broker {
         }
     }
 
-    /// Releases everything a connection holds: its channels and its exclusive queues.
+    /// Releases everything a connection holds: its channels and its exclusive queues. All
+    /// consumers go before any message is requeued, so nothing is dispatched to a channel of
+    /// the dying connection.
     pub(super) fn release_connection(&mut self, conn: ConnId) {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        let channels: Vec<u16> = c.channels.iter().copied().collect();
-        for n in channels {
-            let ch = ChannelRef::new(conn, n);
-            self.release_channel(ch);
+        let channels: Vec<ChannelRef> =
+            c.channels.iter().map(|&n| ChannelRef::new(conn, n)).collect();
+        for &ch in &channels {
+            self.cancel_channel_consumers(ch);
+        }
+        for &ch in &channels {
+            self.requeue_channel(ch);
             self.channels.remove(&ch);
         }
         let exclusive: Vec<QueueId> = self

@@ -1,0 +1,323 @@
+//! RabbitMQ semantics of the core, op by op.
+
+mod common;
+
+use common::*;
+use warren_core::command::{Op, QueueDeclare};
+use warren_core::effect::{Effect, Reply};
+use warren_core::message::FieldTable;
+use warren_core::BrokerConfig;
+
+#[test]
+fn publish_consume_ack_through_default_exchange() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    assert!(h.publish(c, "", "q", "hello").is_empty());
+    let fx = h.consume(c, "q", "t", false);
+    assert_eq!(
+        fx[0],
+        Effect::Reply { ch: c, reply: Reply::ConsumeOk { consumer_tag: "t".into() } }
+    );
+    assert_eq!(deliveries(&fx), vec![("t".into(), 1, false, "hello".into())]);
+    assert!(h.op(c, Op::Ack { delivery_tag: 1, multiple: false }).is_empty());
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+}
+
+#[test]
+fn round_robin_between_consumers() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    h.consume(c, "q", "a", true);
+    h.consume(c, "q", "b", true);
+    let tags: Vec<String> = (0..4)
+        .flat_map(|i| deliveries(&h.publish(c, "", "q", &i.to_string())))
+        .map(|d| d.0)
+        .collect();
+    assert_eq!(tags, ["a", "b", "a", "b"]);
+}
+
+#[test]
+fn per_consumer_prefetch_limits_unacked() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    h.op(c, Op::Qos { prefetch_size: 0, prefetch_count: 2, global: false });
+    for i in 0..5 {
+        h.publish(c, "", "q", &i.to_string());
+    }
+    let fx = h.consume(c, "q", "t", false);
+    assert_eq!(bodies(&fx), ["0", "1"]);
+    let fx = h.op(c, Op::Ack { delivery_tag: 2, multiple: true });
+    assert_eq!(bodies(&fx), ["2", "3"]);
+}
+
+#[test]
+fn global_prefetch_is_shared_by_the_channel() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q1");
+    h.declare(c, "q2");
+    h.op(c, Op::Qos { prefetch_size: 0, prefetch_count: 3, global: true });
+    for i in 0..3 {
+        h.publish(c, "", "q1", &format!("a{i}"));
+        h.publish(c, "", "q2", &format!("b{i}"));
+    }
+    let mut got = bodies(&h.consume(c, "q1", "t1", false));
+    got.extend(bodies(&h.consume(c, "q2", "t2", false)));
+    assert_eq!(got, ["a0", "a1", "a2"]);
+    let fx = h.op(c, Op::Ack { delivery_tag: 1, multiple: false });
+    assert_eq!(bodies(&fx), ["b0"]);
+}
+
+#[test]
+fn requeued_message_returns_to_its_original_position_redelivered() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    for b in ["m1", "m2", "m3"] {
+        h.publish(c, "", "q", b);
+    }
+    for _ in 0..2 {
+        h.op(c, Op::Get { queue: "q".into(), no_ack: false });
+    }
+    // m1 (tag 1) and m2 (tag 2) are out; requeue m2 then m1: order must be m1, m2, m3.
+    h.op(c, Op::Reject { delivery_tag: 2, requeue: true });
+    h.op(c, Op::Nack { delivery_tag: 1, multiple: false, requeue: true });
+    let fx = h.consume(c, "q", "t", true);
+    let d = deliveries(&fx);
+    assert_eq!(
+        d.iter().map(|d| (d.3.as_str(), d.2)).collect::<Vec<_>>(),
+        [("m1", true), ("m2", true), ("m3", false)]
+    );
+}
+
+#[test]
+fn mandatory_unroutable_is_returned_before_its_confirm() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    assert_eq!(
+        h.op(c, Op::ConfirmSelect { nowait: false }),
+        vec![Effect::Reply { ch: c, reply: Reply::ConfirmSelectOk }]
+    );
+    let fx = h.publish_full(c, "amq.direct", "nowhere", "x", true);
+    assert!(matches!(fx[0], Effect::Return { reply_code: 312, reply_text: "NO_ROUTE", .. }));
+    assert_eq!(fx[1], Effect::Confirm { ch: c, seq: 1, multiple: false, ack: true });
+    let fx = h.publish_full(c, "amq.direct", "nowhere", "y", false);
+    assert_eq!(fx, vec![Effect::Confirm { ch: c, seq: 2, multiple: false, ack: true }]);
+}
+
+#[test]
+fn transactions_defer_publishes_and_acks() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    h.op(c, Op::TxSelect);
+    h.publish(c, "", "q", "a");
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+    h.op(c, Op::TxRollback);
+    h.op(c, Op::TxCommit);
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+    h.publish(c, "", "q", "b");
+    assert_eq!(
+        h.op(c, Op::TxCommit),
+        vec![Effect::Reply { ch: c, reply: Reply::TxCommitOk }]
+    );
+    assert_eq!(h.broker.queue_len("q"), Some(1));
+    assert_eq!(error_code(&h.op(c, Op::ConfirmSelect { nowait: false })), Some(406));
+}
+
+#[test]
+fn closing_a_channel_requeues_unacked_as_redelivered() {
+    let mut h = Harness::new();
+    let c1 = h.connect(1);
+    h.declare(c1, "q");
+    h.publish(c1, "", "q", "m");
+    h.consume(c1, "q", "t", false);
+    assert_eq!(
+        h.op(c1, Op::ChannelClose),
+        vec![Effect::Reply { ch: c1, reply: Reply::ChannelCloseOk }]
+    );
+    let c2 = h.connect(2);
+    let fx = h.consume(c2, "q", "t2", false);
+    assert_eq!(deliveries(&fx), vec![("t2".into(), 1, true, "m".into())]);
+}
+
+#[test]
+fn exclusive_queues_are_locked_and_die_with_their_connection() {
+    let mut h = Harness::new();
+    let c1 = h.connect(1);
+    let c2 = h.connect(2);
+    h.declare_with(c1, "ex", false, true, false);
+    let fx = h.consume(c2, "ex", "t", false);
+    assert_eq!(error_code(&fx), Some(405));
+    h.op(ch(1, 0), Op::ConnectionClose);
+    assert_eq!(h.broker.queue_len("ex"), None);
+}
+
+#[test]
+fn auto_delete_queue_goes_with_its_last_consumer() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare_with(c, "ad", false, false, true);
+    h.consume(c, "ad", "t", false);
+    h.op(c, Op::Cancel { consumer_tag: "t".into(), nowait: false });
+    assert_eq!(h.broker.queue_len("ad"), None);
+}
+
+#[test]
+fn deleting_a_queue_cancels_its_consumers() {
+    let mut h = Harness::new();
+    let c1 = h.connect(1);
+    let c2 = h.connect(2);
+    h.declare(c1, "q");
+    h.consume(c2, "q", "t", false);
+    let fx = h.op(
+        c1,
+        Op::QueueDelete { queue: "q".into(), if_unused: false, if_empty: false, nowait: false },
+    );
+    assert!(fx.contains(&Effect::ConsumerCancelled { ch: c2, consumer_tag: "t".into() }));
+    assert!(fx.contains(&Effect::Reply { ch: c1, reply: Reply::QueueDeleteOk { message_count: 0 } }));
+}
+
+#[test]
+fn unknown_delivery_tag_is_a_channel_error_that_leaves_other_channels_alone() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let other = h.open(1, 2);
+    let fx = h.op(c, Op::Ack { delivery_tag: 7, multiple: false });
+    match fx.as_slice() {
+        [Effect::ChannelError { ch: errch, error }] => {
+            assert_eq!(*errch, c);
+            assert_eq!(error.code.code(), 406);
+            assert_eq!(error.text, "PRECONDITION_FAILED - unknown delivery tag 7");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Ops on the failed channel are dropped until the close handshake completes.
+    assert!(h.publish(c, "", "x", "y").is_empty());
+    h.op(c, Op::ChannelCloseOk);
+    h.open(1, 1);
+    assert_eq!(h.declare(other, "still-works"), "still-works");
+}
+
+#[test]
+fn passive_declare_of_a_missing_queue_is_404() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "missing".into(),
+            passive: true,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    match fx.as_slice() {
+        [Effect::ChannelError { error, .. }] => {
+            assert_eq!(error.text, "NOT_FOUND - no queue 'missing' in vhost '/'")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn server_named_queues_and_consumer_tags_are_generated() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let q = h.declare(c, "");
+    assert!(q.starts_with("amq.gen-") && q.len() == 30, "{q}");
+    let fx = h.consume(c, "", "", true);
+    match &fx[0] {
+        Effect::Reply { reply: Reply::ConsumeOk { consumer_tag }, .. } => {
+            assert!(consumer_tag.starts_with("amq.ctag-"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn write_window_holds_deliveries_until_written() {
+    let mut h = Harness::with_config(BrokerConfig { write_window: 2, ..BrokerConfig::default() });
+    let c = h.connect(1);
+    h.declare(c, "q");
+    h.consume(c, "q", "t", true);
+    let mut got = Vec::new();
+    for i in 0..4 {
+        got.extend(bodies(&h.publish(c, "", "q", &i.to_string())));
+    }
+    assert_eq!(got, ["0", "1"]);
+    let fx = h.op(ch(1, 0), Op::Written { count: 2 });
+    assert_eq!(bodies(&fx), ["2", "3"]);
+}
+
+#[test]
+fn reserved_names_and_redeclare_mismatches_are_refused() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "amq.mine".into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    assert_eq!(error_code(&fx), Some(403));
+    let c = h.open(1, 2);
+    h.declare(c, "d");
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "d".into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    assert_eq!(error_code(&fx), Some(406));
+}
+
+#[test]
+fn exchange_to_exchange_and_alternate_exchange_routing() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.exchange(c, "src", "direct", FieldTable::new());
+    h.exchange(c, "dst", "fanout", FieldTable::new());
+    let mut args = FieldTable::new();
+    args.insert(
+        "alternate-exchange".into(),
+        warren_core::message::FieldValue::string("dst"),
+    );
+    h.exchange(c, "with-ae", "direct", args);
+    h.declare(c, "q");
+    h.bind(c, "q", "dst", "");
+    let fx = h.op(
+        c,
+        Op::ExchangeBind(warren_core::command::Bind {
+            destination: "dst".into(),
+            source: "src".into(),
+            routing_key: "k".into(),
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    assert_eq!(fx, vec![Effect::Reply { ch: c, reply: Reply::ExchangeBindOk }]);
+    h.publish(c, "src", "k", "via-e2e");
+    h.publish(c, "src", "other", "dropped");
+    h.publish(c, "with-ae", "any", "via-ae");
+    let fx = h.consume(c, "q", "t", true);
+    assert_eq!(bodies(&fx), ["via-e2e", "via-ae"]);
+}
