@@ -79,14 +79,14 @@ fn main() {
         run(
             &mut broker,
             ch,
-            Op::Publish(Publish {
+            Op::Publish(Box::new(Publish {
                 exchange: "sensors".into(),
                 routing_key: key.into(),
                 mandatory: false,
                 immediate: false,
                 properties: Properties::default(),
                 body: Bytes::from_static(body.as_bytes()),
-            }),
+            })),
         );
     }
     for queue in ["all-kitchen", "all-temps"] {

@@ -24,7 +24,10 @@ pub enum FieldValue {
     I64(i64),
     F32(f32),
     F64(f64),
-    Decimal { scale: u8, value: u32 },
+    Decimal {
+        scale: u8,
+        value: u32,
+    },
     /// A short string (deprecated on the wire, kept for fidelity).
     ShortString(String),
     /// A long string: arbitrary bytes, usually UTF-8.

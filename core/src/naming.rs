@@ -27,7 +27,11 @@ impl NameGen {
         out.push_str(prefix);
         let (a, b) = (self.next_u64(), self.next_u64());
         for i in 0..22 {
-            let bits = if i < 11 { a >> (i * 6) } else { b >> ((i - 11) * 6) };
+            let bits = if i < 11 {
+                a >> (i * 6)
+            } else {
+                b >> ((i - 11) * 6)
+            };
             out.push(char::from(ALPHABET[(bits & 63) as usize]));
         }
         out

@@ -3,10 +3,10 @@
 mod common;
 
 use common::*;
+use warren_core::BrokerConfig;
 use warren_core::command::{Op, QueueDeclare};
 use warren_core::effect::{Effect, Reply};
 use warren_core::message::FieldTable;
-use warren_core::BrokerConfig;
 
 #[test]
 fn publish_consume_ack_through_default_exchange() {
@@ -17,10 +17,27 @@ fn publish_consume_ack_through_default_exchange() {
     let fx = h.consume(c, "q", "t", false);
     assert_eq!(
         fx[0],
-        Effect::Reply { ch: c, reply: Reply::ConsumeOk { consumer_tag: "t".into() } }
+        Effect::Reply {
+            ch: c,
+            reply: Reply::ConsumeOk {
+                consumer_tag: "t".into()
+            }
+        }
     );
-    assert_eq!(deliveries(&fx), vec![("t".into(), 1, false, "hello".into())]);
-    assert!(h.op(c, Op::Ack { delivery_tag: 1, multiple: false }).is_empty());
+    assert_eq!(
+        deliveries(&fx),
+        vec![("t".into(), 1, false, "hello".into())]
+    );
+    assert!(
+        h.op(
+            c,
+            Op::Ack {
+                delivery_tag: 1,
+                multiple: false
+            }
+        )
+        .is_empty()
+    );
     assert_eq!(h.broker.queue_len("q"), Some(0));
 }
 
@@ -43,13 +60,26 @@ fn per_consumer_prefetch_limits_unacked() {
     let mut h = Harness::new();
     let c = h.connect(1);
     h.declare(c, "q");
-    h.op(c, Op::Qos { prefetch_size: 0, prefetch_count: 2, global: false });
+    h.op(
+        c,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 2,
+            global: false,
+        },
+    );
     for i in 0..5 {
         h.publish(c, "", "q", &i.to_string());
     }
     let fx = h.consume(c, "q", "t", false);
     assert_eq!(bodies(&fx), ["0", "1"]);
-    let fx = h.op(c, Op::Ack { delivery_tag: 2, multiple: true });
+    let fx = h.op(
+        c,
+        Op::Ack {
+            delivery_tag: 2,
+            multiple: true,
+        },
+    );
     assert_eq!(bodies(&fx), ["2", "3"]);
 }
 
@@ -59,7 +89,14 @@ fn global_prefetch_is_shared_by_the_channel() {
     let c = h.connect(1);
     h.declare(c, "q1");
     h.declare(c, "q2");
-    h.op(c, Op::Qos { prefetch_size: 0, prefetch_count: 3, global: true });
+    h.op(
+        c,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 3,
+            global: true,
+        },
+    );
     for i in 0..3 {
         h.publish(c, "", "q1", &format!("a{i}"));
         h.publish(c, "", "q2", &format!("b{i}"));
@@ -67,7 +104,13 @@ fn global_prefetch_is_shared_by_the_channel() {
     let mut got = bodies(&h.consume(c, "q1", "t1", false));
     got.extend(bodies(&h.consume(c, "q2", "t2", false)));
     assert_eq!(got, ["a0", "a1", "a2"]);
-    let fx = h.op(c, Op::Ack { delivery_tag: 1, multiple: false });
+    let fx = h.op(
+        c,
+        Op::Ack {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
     assert_eq!(bodies(&fx), ["b0"]);
 }
 
@@ -80,11 +123,30 @@ fn requeued_message_returns_to_its_original_position_redelivered() {
         h.publish(c, "", "q", b);
     }
     for _ in 0..2 {
-        h.op(c, Op::Get { queue: "q".into(), no_ack: false });
+        h.op(
+            c,
+            Op::Get {
+                queue: "q".into(),
+                no_ack: false,
+            },
+        );
     }
     // m1 (tag 1) and m2 (tag 2) are out; requeue m2 then m1: order must be m1, m2, m3.
-    h.op(c, Op::Reject { delivery_tag: 2, requeue: true });
-    h.op(c, Op::Nack { delivery_tag: 1, multiple: false, requeue: true });
+    h.op(
+        c,
+        Op::Reject {
+            delivery_tag: 2,
+            requeue: true,
+        },
+    );
+    h.op(
+        c,
+        Op::Nack {
+            delivery_tag: 1,
+            multiple: false,
+            requeue: true,
+        },
+    );
     let fx = h.consume(c, "q", "t", true);
     let d = deliveries(&fx);
     assert_eq!(
@@ -99,13 +161,39 @@ fn mandatory_unroutable_is_returned_before_its_confirm() {
     let c = h.connect(1);
     assert_eq!(
         h.op(c, Op::ConfirmSelect { nowait: false }),
-        vec![Effect::Reply { ch: c, reply: Reply::ConfirmSelectOk }]
+        vec![Effect::Reply {
+            ch: c,
+            reply: Reply::ConfirmSelectOk
+        }]
     );
     let fx = h.publish_full(c, "amq.direct", "nowhere", "x", true);
-    assert!(matches!(fx[0], Effect::Return { reply_code: 312, reply_text: "NO_ROUTE", .. }));
-    assert_eq!(fx[1], Effect::Confirm { ch: c, seq: 1, multiple: false, ack: true });
+    assert!(matches!(
+        fx[0],
+        Effect::Return {
+            reply_code: 312,
+            reply_text: "NO_ROUTE",
+            ..
+        }
+    ));
+    assert_eq!(
+        fx[1],
+        Effect::Confirm {
+            ch: c,
+            seq: 1,
+            multiple: false,
+            ack: true
+        }
+    );
     let fx = h.publish_full(c, "amq.direct", "nowhere", "y", false);
-    assert_eq!(fx, vec![Effect::Confirm { ch: c, seq: 2, multiple: false, ack: true }]);
+    assert_eq!(
+        fx,
+        vec![Effect::Confirm {
+            ch: c,
+            seq: 2,
+            multiple: false,
+            ack: true
+        }]
+    );
 }
 
 #[test]
@@ -122,10 +210,16 @@ fn transactions_defer_publishes_and_acks() {
     h.publish(c, "", "q", "b");
     assert_eq!(
         h.op(c, Op::TxCommit),
-        vec![Effect::Reply { ch: c, reply: Reply::TxCommitOk }]
+        vec![Effect::Reply {
+            ch: c,
+            reply: Reply::TxCommitOk
+        }]
     );
     assert_eq!(h.broker.queue_len("q"), Some(1));
-    assert_eq!(error_code(&h.op(c, Op::ConfirmSelect { nowait: false })), Some(406));
+    assert_eq!(
+        error_code(&h.op(c, Op::ConfirmSelect { nowait: false })),
+        Some(406)
+    );
 }
 
 #[test]
@@ -137,7 +231,10 @@ fn closing_a_channel_requeues_unacked_as_redelivered() {
     h.consume(c1, "q", "t", false);
     assert_eq!(
         h.op(c1, Op::ChannelClose),
-        vec![Effect::Reply { ch: c1, reply: Reply::ChannelCloseOk }]
+        vec![Effect::Reply {
+            ch: c1,
+            reply: Reply::ChannelCloseOk
+        }]
     );
     let c2 = h.connect(2);
     let fx = h.consume(c2, "q", "t2", false);
@@ -162,7 +259,13 @@ fn auto_delete_queue_goes_with_its_last_consumer() {
     let c = h.connect(1);
     h.declare_with(c, "ad", false, false, true);
     h.consume(c, "ad", "t", false);
-    h.op(c, Op::Cancel { consumer_tag: "t".into(), nowait: false });
+    h.op(
+        c,
+        Op::Cancel {
+            consumer_tag: "t".into(),
+            nowait: false,
+        },
+    );
     assert_eq!(h.broker.queue_len("ad"), None);
 }
 
@@ -175,10 +278,21 @@ fn deleting_a_queue_cancels_its_consumers() {
     h.consume(c2, "q", "t", false);
     let fx = h.op(
         c1,
-        Op::QueueDelete { queue: "q".into(), if_unused: false, if_empty: false, nowait: false },
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
     );
-    assert!(fx.contains(&Effect::ConsumerCancelled { ch: c2, consumer_tag: "t".into() }));
-    assert!(fx.contains(&Effect::Reply { ch: c1, reply: Reply::QueueDeleteOk { message_count: 0 } }));
+    assert!(fx.contains(&Effect::ConsumerCancelled {
+        ch: c2,
+        consumer_tag: "t".into()
+    }));
+    assert!(fx.contains(&Effect::Reply {
+        ch: c1,
+        reply: Reply::QueueDeleteOk { message_count: 0 }
+    }));
 }
 
 #[test]
@@ -186,7 +300,13 @@ fn unknown_delivery_tag_is_a_channel_error_that_leaves_other_channels_alone() {
     let mut h = Harness::new();
     let c = h.connect(1);
     let other = h.open(1, 2);
-    let fx = h.op(c, Op::Ack { delivery_tag: 7, multiple: false });
+    let fx = h.op(
+        c,
+        Op::Ack {
+            delivery_tag: 7,
+            multiple: false,
+        },
+    );
     match fx.as_slice() {
         [Effect::ChannelError { ch: errch, error }] => {
             assert_eq!(*errch, c);
@@ -234,7 +354,10 @@ fn server_named_queues_and_consumer_tags_are_generated() {
     assert!(q.starts_with("amq.gen-") && q.len() == 30, "{q}");
     let fx = h.consume(c, "", "", true);
     match &fx[0] {
-        Effect::Reply { reply: Reply::ConsumeOk { consumer_tag }, .. } => {
+        Effect::Reply {
+            reply: Reply::ConsumeOk { consumer_tag },
+            ..
+        } => {
             assert!(consumer_tag.starts_with("amq.ctag-"))
         }
         other => panic!("{other:?}"),
@@ -243,7 +366,10 @@ fn server_named_queues_and_consumer_tags_are_generated() {
 
 #[test]
 fn write_window_holds_deliveries_until_written() {
-    let mut h = Harness::with_config(BrokerConfig { write_window: 2, ..BrokerConfig::default() });
+    let mut h = Harness::with_config(BrokerConfig {
+        write_window: 2,
+        ..BrokerConfig::default()
+    });
     let c = h.connect(1);
     h.declare(c, "q");
     h.consume(c, "q", "t", true);
@@ -314,7 +440,13 @@ fn exchange_to_exchange_and_alternate_exchange_routing() {
             arguments: FieldTable::new(),
         }),
     );
-    assert_eq!(fx, vec![Effect::Reply { ch: c, reply: Reply::ExchangeBindOk }]);
+    assert_eq!(
+        fx,
+        vec![Effect::Reply {
+            ch: c,
+            reply: Reply::ExchangeBindOk
+        }]
+    );
     h.publish(c, "src", "k", "via-e2e");
     h.publish(c, "src", "other", "dropped");
     h.publish(c, "with-ae", "any", "via-ae");

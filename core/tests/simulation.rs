@@ -19,19 +19,59 @@ const QUEUES: usize = 3;
 
 #[derive(Clone, Debug)]
 enum SimOp {
-    Publish { ch: u8, queue: u8 },
-    Consume { ch: u8, queue: u8, no_ack: bool },
-    Cancel { ch: u8, which: u8 },
-    Get { ch: u8, queue: u8, no_ack: bool },
-    Ack { ch: u8, which: u8, multiple: bool },
-    Nack { ch: u8, which: u8, multiple: bool, requeue: bool },
-    BogusAck { ch: u8 },
-    Recover { ch: u8 },
-    Qos { ch: u8, count: u8, global: bool },
-    CloseChannel { ch: u8 },
-    CloseConnection { conn: u8 },
-    Purge { ch: u8, queue: u8 },
-    Written { conn: u8 },
+    Publish {
+        ch: u8,
+        queue: u8,
+    },
+    Consume {
+        ch: u8,
+        queue: u8,
+        no_ack: bool,
+    },
+    Cancel {
+        ch: u8,
+        which: u8,
+    },
+    Get {
+        ch: u8,
+        queue: u8,
+        no_ack: bool,
+    },
+    Ack {
+        ch: u8,
+        which: u8,
+        multiple: bool,
+    },
+    Nack {
+        ch: u8,
+        which: u8,
+        multiple: bool,
+        requeue: bool,
+    },
+    BogusAck {
+        ch: u8,
+    },
+    Recover {
+        ch: u8,
+    },
+    Qos {
+        ch: u8,
+        count: u8,
+        global: bool,
+    },
+    CloseChannel {
+        ch: u8,
+    },
+    CloseConnection {
+        conn: u8,
+    },
+    Purge {
+        ch: u8,
+        queue: u8,
+    },
+    Written {
+        conn: u8,
+    },
 }
 
 fn sim_op() -> impl Strategy<Value = SimOp> {
@@ -79,7 +119,10 @@ struct Ledger {
 }
 
 fn channel_of(i: u8) -> ChannelRef {
-    ch(1 + u64::from(i) / u64::from(CHANNELS), 1 + u16::from(i) % CHANNELS)
+    ch(
+        1 + u64::from(i) / u64::from(CHANNELS),
+        1 + u16::from(i) % CHANNELS,
+    )
 }
 
 struct Sim {
@@ -92,7 +135,12 @@ struct Sim {
 
 impl Sim {
     fn new() -> Sim {
-        let mut s = Sim { h: Harness::new(), l: Ledger::default(), trace: Vec::new(), get_no_ack: false };
+        let mut s = Sim {
+            h: Harness::new(),
+            l: Ledger::default(),
+            trace: Vec::new(),
+            get_no_ack: false,
+        };
         for conn in 1..=CONNS {
             s.connect(conn);
         }
@@ -106,7 +154,11 @@ impl Sim {
     fn connect(&mut self, conn: u64) {
         self.exec(
             ch(conn, 0),
-            Op::ConnectionOpen { vhost: "/".into(), user: "guest".into(), cancel_notify: true },
+            Op::ConnectionOpen {
+                vhost: "/".into(),
+                user: "guest".into(),
+                cancel_notify: true,
+            },
         );
         self.l.conns.insert(conn);
         for n in 1..=CHANNELS {
@@ -134,37 +186,84 @@ impl Sim {
 
     fn observe(&mut self, e: Effect) {
         match e {
-            Effect::Reply { ch, reply: Reply::ChannelOpenOk } => {
+            Effect::Reply {
+                ch,
+                reply: Reply::ChannelOpenOk,
+            } => {
                 self.l.open.insert(ch);
             }
-            Effect::Reply { ch, reply: Reply::ConsumeOk { consumer_tag } } => {
-                self.l.consumers.entry(ch).or_default().push(consumer_tag.to_string());
+            Effect::Reply {
+                ch,
+                reply: Reply::ConsumeOk { consumer_tag },
+            } => {
+                self.l
+                    .consumers
+                    .entry(ch)
+                    .or_default()
+                    .push(consumer_tag.to_string());
             }
-            Effect::Reply { reply: Reply::QueuePurgeOk { message_count }, .. } => {
+            Effect::Reply {
+                reply: Reply::QueuePurgeOk { message_count },
+                ..
+            } => {
                 self.l.purged += u64::from(message_count);
             }
-            Effect::Reply { ch, reply: Reply::GetOk { delivery, .. } } => {
-                self.delivered(ch, delivery.delivery_tag, delivery.redelivered, &delivery.message.body, None);
+            Effect::Reply {
+                ch,
+                reply: Reply::GetOk { delivery, .. },
+            } => {
+                self.delivered(
+                    ch,
+                    delivery.delivery_tag,
+                    delivery.redelivered,
+                    &delivery.message.body,
+                    None,
+                );
             }
-            Effect::Deliver { ch, consumer_tag, delivery } => {
+            Effect::Deliver {
+                ch,
+                consumer_tag,
+                delivery,
+            } => {
                 *self.l.unwritten.entry(ch.conn.0).or_default() += 1;
                 let no_ack = consumer_tag.ends_with("-noack");
-                self.delivered(ch, delivery.delivery_tag, delivery.redelivered, &delivery.message.body, Some(no_ack));
+                self.delivered(
+                    ch,
+                    delivery.delivery_tag,
+                    delivery.redelivered,
+                    &delivery.message.body,
+                    Some(no_ack),
+                );
             }
             Effect::ChannelError { ch, .. } => {
                 // The core requeued everything outstanding; the client forgets it.
                 self.drop_channel(ch);
                 self.h.op(ch, Op::ChannelCloseOk);
             }
-            Effect::ConnectionError { conn, .. } => panic!("unexpected connection error on {conn:?}"),
+            Effect::ConnectionError { conn, .. } => {
+                panic!("unexpected connection error on {conn:?}")
+            }
             _ => {}
         }
     }
 
-    fn delivered(&mut self, c: ChannelRef, tag: u64, redelivered: bool, body: &[u8], no_ack: Option<bool>) {
-        let id: u64 = std::str::from_utf8(body).ok().and_then(|s| s.parse().ok()).expect("body is an id");
+    fn delivered(
+        &mut self,
+        c: ChannelRef,
+        tag: u64,
+        redelivered: bool,
+        body: &[u8],
+        no_ack: Option<bool>,
+    ) {
+        let id: u64 = std::str::from_utf8(body)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .expect("body is an id");
         assert!(id < self.l.published, "invented message {id}");
-        assert!(redelivered || self.l.seen.insert(id), "message {id} delivered twice without redelivered");
+        assert!(
+            redelivered || self.l.seen.insert(id),
+            "message {id} delivered twice without redelivered"
+        );
         self.l.seen.insert(id);
         let is_no_ack = no_ack.unwrap_or(self.get_no_ack);
         if is_no_ack {
@@ -187,16 +286,23 @@ impl Sim {
                 self.ensure(c);
                 let id = self.l.published;
                 self.l.published += 1;
-                self.exec(c, Op::Publish(Publish {
-                    exchange: "".into(),
-                    routing_key: format!("q{queue}").into(),
-                    mandatory: false,
-                    immediate: false,
-                    properties: Properties::default(),
-                    body: id.to_string().into(),
-                }));
+                self.exec(
+                    c,
+                    Op::Publish(Box::new(Publish {
+                        exchange: "".into(),
+                        routing_key: format!("q{queue}").into(),
+                        mandatory: false,
+                        immediate: false,
+                        properties: Properties::default(),
+                        body: id.to_string().into(),
+                    })),
+                );
             }
-            SimOp::Consume { ch: i, queue, no_ack } => {
+            SimOp::Consume {
+                ch: i,
+                queue,
+                no_ack,
+            } => {
                 let c = channel_of(i);
                 self.ensure(c);
                 self.l.next_tag += 1;
@@ -205,23 +311,58 @@ impl Sim {
             }
             SimOp::Cancel { ch: i, which } => {
                 let c = channel_of(i);
-                let Some(tags) = self.l.consumers.get_mut(&c) else { return };
-                if tags.is_empty() { return; }
+                let Some(tags) = self.l.consumers.get_mut(&c) else {
+                    return;
+                };
+                if tags.is_empty() {
+                    return;
+                }
                 let tag = tags.remove(usize::from(which) % tags.len());
-                self.exec(c, Op::Cancel { consumer_tag: tag, nowait: false });
+                self.exec(
+                    c,
+                    Op::Cancel {
+                        consumer_tag: tag,
+                        nowait: false,
+                    },
+                );
             }
-            SimOp::Get { ch: i, queue, no_ack } => {
+            SimOp::Get {
+                ch: i,
+                queue,
+                no_ack,
+            } => {
                 let c = channel_of(i);
                 self.ensure(c);
                 self.get_no_ack = no_ack;
-                self.exec(c, Op::Get { queue: format!("q{queue}"), no_ack });
+                self.exec(
+                    c,
+                    Op::Get {
+                        queue: format!("q{queue}"),
+                        no_ack,
+                    },
+                );
             }
-            SimOp::Ack { ch: i, which, multiple } => self.settle(i, which, multiple, None),
-            SimOp::Nack { ch: i, which, multiple, requeue } => self.settle(i, which, multiple, Some(requeue)),
+            SimOp::Ack {
+                ch: i,
+                which,
+                multiple,
+            } => self.settle(i, which, multiple, None),
+            SimOp::Nack {
+                ch: i,
+                which,
+                multiple,
+                requeue,
+            } => self.settle(i, which, multiple, Some(requeue)),
             SimOp::BogusAck { ch: i } => {
                 let c = channel_of(i);
                 self.ensure(c);
-                self.exec(c, Op::Ack { delivery_tag: u64::MAX, multiple: false });
+                self.exec(
+                    c,
+                    Op::Ack {
+                        delivery_tag: u64::MAX,
+                        multiple: false,
+                    },
+                );
             }
             SimOp::Recover { ch: i } => {
                 let c = channel_of(i);
@@ -229,10 +370,21 @@ impl Sim {
                 self.l.outstanding.remove(&c);
                 self.exec(c, Op::Recover { requeue: true });
             }
-            SimOp::Qos { ch: i, count, global } => {
+            SimOp::Qos {
+                ch: i,
+                count,
+                global,
+            } => {
                 let c = channel_of(i);
                 self.ensure(c);
-                self.exec(c, Op::Qos { prefetch_size: 0, prefetch_count: u16::from(count), global });
+                self.exec(
+                    c,
+                    Op::Qos {
+                        prefetch_size: 0,
+                        prefetch_count: u16::from(count),
+                        global,
+                    },
+                );
             }
             SimOp::CloseChannel { ch: i } => {
                 let c = channel_of(i);
@@ -254,7 +406,13 @@ impl Sim {
             SimOp::Purge { ch: i, queue } => {
                 let c = channel_of(i);
                 self.ensure(c);
-                self.exec(c, Op::QueuePurge { queue: format!("q{queue}"), nowait: false });
+                self.exec(
+                    c,
+                    Op::QueuePurge {
+                        queue: format!("q{queue}"),
+                        nowait: false,
+                    },
+                );
             }
             SimOp::Written { conn } => {
                 let conn = 1 + u64::from(conn);
@@ -275,8 +433,12 @@ impl Sim {
 
     fn settle(&mut self, i: u8, which: u8, multiple: bool, nack: Option<bool>) {
         let c = channel_of(i);
-        let Some(out) = self.l.outstanding.get_mut(&c) else { return };
-        if out.is_empty() { return; }
+        let Some(out) = self.l.outstanding.get_mut(&c) else {
+            return;
+        };
+        if out.is_empty() {
+            return;
+        }
         let tags: Vec<u64> = out.keys().copied().collect();
         let tag = tags[usize::from(which) % tags.len()];
         let taken: Vec<u64> = if multiple {
@@ -290,8 +452,15 @@ impl Sim {
             _ => self.l.settled.extend(taken),
         }
         let op = match nack {
-            None => Op::Ack { delivery_tag: tag, multiple },
-            Some(requeue) => Op::Nack { delivery_tag: tag, multiple, requeue },
+            None => Op::Ack {
+                delivery_tag: tag,
+                multiple,
+            },
+            Some(requeue) => Op::Nack {
+                delivery_tag: tag,
+                multiple,
+                requeue,
+            },
         };
         self.exec(c, op);
     }
@@ -309,14 +478,24 @@ impl Sim {
         for q in 0..QUEUES {
             loop {
                 let before = self.l.settled.len();
-                self.exec(ch(9, 1), Op::Get { queue: format!("q{q}"), no_ack: true });
+                self.exec(
+                    ch(9, 1),
+                    Op::Get {
+                        queue: format!("q{q}"),
+                        no_ack: true,
+                    },
+                );
                 if self.l.settled.len() == before {
                     break;
                 }
             }
         }
         let unique: BTreeSet<u64> = self.l.settled.iter().copied().collect();
-        assert_eq!(unique.len(), self.l.settled.len(), "a message was settled twice");
+        assert_eq!(
+            unique.len(),
+            self.l.settled.len(),
+            "a message was settled twice"
+        );
         assert_eq!(
             unique.len() as u64 + self.l.purged,
             self.l.published,

@@ -42,7 +42,7 @@ impl Settle {
 }
 
 impl Broker {
-    pub(super) fn publish(&mut self, ch: ChannelRef, p: Publish) -> OpResult {
+    pub(super) fn publish(&mut self, ch: ChannelRef, p: Box<Publish>) -> OpResult {
         let op = OpKind::Publish;
         if p.immediate {
             return Err(ProtocolError::new(
@@ -74,7 +74,7 @@ impl Broker {
         Ok(())
     }
 
-    fn route_and_enqueue(&mut self, ch: ChannelRef, exchange: ExchangeId, p: Publish) {
+    fn route_and_enqueue(&mut self, ch: ChannelRef, exchange: ExchangeId, p: Box<Publish>) {
         let queues = self.route(exchange, &p);
         let seq = self.channels.get_mut(&ch).and_then(|c| {
             let seq = c.confirm_next?;
@@ -82,6 +82,7 @@ impl Broker {
             Some(seq)
         });
         let mandatory = p.mandatory;
+        let p = *p;
         let message = Arc::new(Message {
             exchange: p.exchange,
             routing_key: p.routing_key,

@@ -264,7 +264,13 @@ impl Broker {
             Op::Ack {
                 delivery_tag,
                 multiple,
-            } => self.settle_op(ch, OpKind::Ack, delivery_tag, multiple, delivery::Settle::Ack),
+            } => self.settle_op(
+                ch,
+                OpKind::Ack,
+                delivery_tag,
+                multiple,
+                delivery::Settle::Ack,
+            ),
             Op::Nack {
                 delivery_tag,
                 multiple,
@@ -345,8 +351,7 @@ impl Broker {
                     *consumer_unacked.entry(cid).or_default() += 1;
                 }
             }
-            if channel.state == ChannelState::Open && from_consumers != channel.consumer_unacked
-            {
+            if channel.state == ChannelState::Open && from_consumers != channel.consumer_unacked {
                 return Err(format!(
                     "{ch:?}: consumer_unacked {} but {} entries",
                     channel.consumer_unacked, from_consumers
@@ -388,7 +393,11 @@ impl Broker {
                     c.tag, c.unacked, expected
                 ));
             }
-            if !self.queues.get(&c.queue).is_some_and(|q| q.consumers.contains(cid)) {
+            if !self
+                .queues
+                .get(&c.queue)
+                .is_some_and(|q| q.consumers.contains(cid))
+            {
                 return Err(format!("consumer {} not on its queue", c.tag));
             }
         }

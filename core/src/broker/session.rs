@@ -38,7 +38,7 @@ pub(crate) struct Unacked {
 
 /// An operation deferred by a transaction until commit.
 pub(crate) enum TxOp {
-    Publish(Publish),
+    Publish(Box<Publish>),
     Settle {
         kind: OpKind,
         delivery_tag: u64,
@@ -175,8 +175,11 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        let channels: Vec<ChannelRef> =
-            c.channels.iter().map(|&n| ChannelRef::new(conn, n)).collect();
+        let channels: Vec<ChannelRef> = c
+            .channels
+            .iter()
+            .map(|&n| ChannelRef::new(conn, n))
+            .collect();
         for &ch in &channels {
             self.cancel_channel_consumers(ch);
         }

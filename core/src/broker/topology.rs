@@ -133,20 +133,18 @@ impl Broker {
 
     fn check_exclusive(&self, ch: ChannelRef, op: OpKind, id: QueueId) -> OpResult {
         match self.queues.get(&id) {
-            Some(q) if q.exclusive_owner.is_some_and(|o| o != ch.conn) => {
-                Err(ProtocolError::new(
-                    ErrorCode::ResourceLocked,
-                    op,
-                    format!(
-                        "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. \
+            Some(q) if q.exclusive_owner.is_some_and(|o| o != ch.conn) => Err(ProtocolError::new(
+                ErrorCode::ResourceLocked,
+                op,
+                format!(
+                    "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. \
                          It could be originally declared on another connection or the \
                          exclusive property value does not match that of the original \
                          declaration.",
-                        q.name,
-                        self.vhost_name()
-                    ),
-                ))
-            }
+                    q.name,
+                    self.vhost_name()
+                ),
+            )),
             _ => Ok(()),
         }
     }
@@ -178,7 +176,11 @@ impl Broker {
         if let Some(&id) = self.vhost.exchanges.get(&d.exchange) {
             let x = &self.exchanges[&id];
             let mismatch = if x.kind != kind {
-                Some(("type", x.kind.as_str().to_string(), kind.as_str().to_string()))
+                Some((
+                    "type",
+                    x.kind.as_str().to_string(),
+                    kind.as_str().to_string(),
+                ))
             } else if x.durable != d.durable {
                 Some(("durable", x.durable.to_string(), d.durable.to_string()))
             } else if x.auto_delete != d.auto_delete {

@@ -61,7 +61,13 @@ impl Harness {
     pub fn open(&mut self, conn: u64, channel: u16) -> ChannelRef {
         let c = ch(conn, channel);
         let fx = self.op(c, Op::ChannelOpen);
-        assert_eq!(fx, vec![Effect::Reply { ch: c, reply: Reply::ChannelOpenOk }]);
+        assert_eq!(
+            fx,
+            vec![Effect::Reply {
+                ch: c,
+                reply: Reply::ChannelOpenOk
+            }]
+        );
         c
     }
 
@@ -90,7 +96,12 @@ impl Harness {
             }),
         );
         match fx.as_slice() {
-            [Effect::Reply { reply: Reply::QueueDeclareOk { queue, .. }, .. }] => queue.to_string(),
+            [
+                Effect::Reply {
+                    reply: Reply::QueueDeclareOk { queue, .. },
+                    ..
+                },
+            ] => queue.to_string(),
             other => panic!("declare {queue}: {other:?}"),
         }
     }
@@ -123,7 +134,13 @@ impl Harness {
                 arguments: FieldTable::new(),
             }),
         );
-        assert_eq!(fx, vec![Effect::Reply { ch: c, reply: Reply::QueueBindOk }]);
+        assert_eq!(
+            fx,
+            vec![Effect::Reply {
+                ch: c,
+                reply: Reply::QueueBindOk
+            }]
+        );
     }
 
     pub fn publish(&mut self, c: ChannelRef, exchange: &str, key: &str, body: &str) -> Vec<Effect> {
@@ -140,14 +157,14 @@ impl Harness {
     ) -> Vec<Effect> {
         self.op(
             c,
-            Op::Publish(Publish {
+            Op::Publish(Box::new(Publish {
                 exchange: Arc::from(exchange),
                 routing_key: Arc::from(key),
                 mandatory,
                 immediate: false,
                 properties: Properties::default(),
                 body: Bytes::copy_from_slice(body.as_bytes()),
-            }),
+            })),
         )
     }
 
@@ -171,7 +188,11 @@ impl Harness {
 pub fn deliveries(fx: &[Effect]) -> Vec<(String, u64, bool, String)> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::Deliver { consumer_tag, delivery, .. } => Some((
+            Effect::Deliver {
+                consumer_tag,
+                delivery,
+                ..
+            } => Some((
                 consumer_tag.to_string(),
                 delivery.delivery_tag,
                 delivery.redelivered,
