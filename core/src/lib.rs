@@ -11,7 +11,6 @@ pub mod command;
 pub mod config;
 pub mod effect;
 pub mod error;
-#[path = "/tmp/exchange_stub.rs"]
 pub mod exchange;
 pub mod ids;
 pub mod message;

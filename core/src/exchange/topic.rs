@@ -1,0 +1,279 @@
+//! Topic exchange: routing keys are `.`-separated words; in binding patterns `*` matches exactly
+//! one word and `#` matches zero or more.
+//!
+//! The empty key is zero words (pattern `#` and pattern `` match it, `*` does not); empty
+//! words inside a key (`a..b`, `a.`) are ordinary words.
+
+use super::{DestCounts, DestIndex, sort_dedup_tail};
+use crate::ids::Destination;
+use crate::message::FieldTable;
+use std::collections::HashMap;
+use std::fmt;
+
+/// Bindings of a topic exchange: a trie over pattern words.
+///
+/// Routing simulates the pattern automaton one routing-key word at a time over the set of live
+/// trie nodes, de-duplicated after every word. Its cost is O(words x live nodes), independent
+/// of how many bindings exist, and never exponential: patterns like `#.#.#.#` collapse to at
+/// most one state per trie node per word instead of one per way of splitting the key.
+#[derive(Default)]
+pub struct TopicBindings {
+    pub(super) index: DestIndex,
+    root: Node,
+}
+
+/// Rebuilt from the destination index rather than derived: a derived clone would recurse once
+/// per pattern word and could overflow the stack on a hostile, very deep pattern.
+impl Clone for TopicBindings {
+    fn clone(&self) -> TopicBindings {
+        let mut copy = TopicBindings {
+            index: self.index.clone(),
+            root: Node::default(),
+        };
+        for (dest, entries) in self.index.iter() {
+            for e in entries {
+                copy.root.link(dest, &e.key);
+            }
+        }
+        copy
+    }
+}
+
+/// Summarises the trie instead of printing it, for the same depth reason as `Clone`.
+impl fmt::Debug for TopicBindings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopicBindings")
+            .field("index", &self.index)
+            .field("trie_nodes", &self.node_count())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Node {
+    words: HashMap<Box<str>, Node>,
+    star: Option<Box<Node>>,
+    hash: Option<Box<Node>>,
+    /// Destinations whose pattern ends exactly here.
+    dests: DestCounts,
+    /// Reached through a `#` edge, so it may also swallow any number of further words.
+    is_hash: bool,
+}
+
+impl Node {
+    fn is_empty(&self) -> bool {
+        self.dests.is_empty() && self.edge_count() == 0
+    }
+
+    fn edge_count(&self) -> usize {
+        self.words.len() + usize::from(self.star.is_some()) + usize::from(self.hash.is_some())
+    }
+
+    /// The child along pattern word `w` (`*` and `#` are their own edges).
+    fn child(&self, w: &str) -> Option<&Node> {
+        match w {
+            "*" => self.star.as_deref(),
+            "#" => self.hash.as_deref(),
+            _ => self.words.get(w),
+        }
+    }
+
+    fn child_mut(&mut self, w: &str) -> Option<&mut Node> {
+        match w {
+            "*" => self.star.as_deref_mut(),
+            "#" => self.hash.as_deref_mut(),
+            _ => self.words.get_mut(w),
+        }
+    }
+
+    fn child_or_insert(&mut self, w: &str) -> &mut Node {
+        match w {
+            "*" => self.star.get_or_insert_default(),
+            "#" => self.hash.get_or_insert_with(|| {
+                let mut n = Node::default();
+                n.is_hash = true;
+                Box::new(n)
+            }),
+            _ => self.words.entry(Box::from(w)).or_default(),
+        }
+    }
+
+    fn remove_child(&mut self, w: &str) {
+        match w {
+            "*" => self.star = None,
+            "#" => self.hash = None,
+            _ => {
+                self.words.remove(w);
+                if self.words.capacity() > 64 && self.words.len() * 4 < self.words.capacity() {
+                    self.words.shrink_to_fit();
+                }
+            }
+        }
+    }
+}
+
+/// Drops descendants from an explicit stack: the derived drop would recurse once per level.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let mut stack = Vec::new();
+        self.move_children_to(&mut stack);
+        while let Some(mut n) = stack.pop() {
+            // `n` is dropped childless at the end of this iteration, so its own drop is flat.
+            n.move_children_to(&mut stack);
+        }
+    }
+}
+
+impl Node {
+    fn move_children_to(&mut self, stack: &mut Vec<Node>) {
+        stack.extend(self.words.drain().map(|(_, n)| n));
+        stack.extend(self.star.take().map(|b| *b));
+        stack.extend(self.hash.take().map(|b| *b));
+    }
+
+    /// Adds one count of `dest` at the end of `pattern`, creating the path as needed.
+    fn link(&mut self, dest: Destination, pattern: &str) {
+        let mut node = self;
+        for w in words(pattern) {
+            node = node.child_or_insert(w);
+        }
+        node.dests.increment(dest);
+    }
+}
+
+/// The words of a key or pattern; the empty string has none.
+fn words(key: &str) -> impl Iterator<Item = &str> {
+    (!key.is_empty())
+        .then(|| key.split('.'))
+        .into_iter()
+        .flatten()
+}
+
+impl TopicBindings {
+    /// Trie nodes currently allocated, root included: for memory metrics and for checking that
+    /// unbinding returns memory (an empty exchange has exactly 1).
+    pub fn node_count(&self) -> usize {
+        let mut count = 0;
+        let mut stack = vec![&self.root];
+        while let Some(n) = stack.pop() {
+            count += 1;
+            stack.extend(n.words.values());
+            stack.extend(n.star.as_deref());
+            stack.extend(n.hash.as_deref());
+        }
+        count
+    }
+
+    pub(super) fn add(&mut self, dest: Destination, key: &str, args: &FieldTable) -> bool {
+        if !self.index.insert(dest, key, args) {
+            return false;
+        }
+        self.root.link(dest, key);
+        true
+    }
+
+    pub(super) fn remove(&mut self, dest: Destination, key: &str, args: &FieldTable) -> bool {
+        if !self.index.remove(dest, key, args) {
+            return false;
+        }
+        self.unlink(dest, key);
+        true
+    }
+
+    pub(super) fn remove_destination(&mut self, dest: Destination) -> usize {
+        let removed = self.index.take(dest);
+        for e in &removed {
+            self.unlink(dest, &e.key);
+        }
+        removed.len()
+    }
+
+    /// Drops one count of `dest` at the end of `pattern`, then prunes the branch that became
+    /// empty so memory returns. Iterative (two walks from the root) rather than recursive, so
+    /// a pattern with tens of thousands of words cannot overflow the stack.
+    fn unlink(&mut self, dest: Destination, pattern: &str) {
+        let path: Vec<&str> = words(pattern).collect();
+        let mut node = &mut self.root;
+        for w in &path {
+            match node.child_mut(w) {
+                Some(child) => node = child,
+                None => return,
+            }
+        }
+        if !node.dests.decrement(dest) || !node.is_empty() {
+            return;
+        }
+        // The end node is now empty. Find the deepest node on the path that must stay (the
+        // root, or one with destinations or another edge); everything below it on the path
+        // exists only for this pattern.
+        let mut keep = 0;
+        let mut node = &self.root;
+        for (depth, w) in path.iter().enumerate() {
+            if !node.dests.is_empty() || node.edge_count() > 1 {
+                keep = depth;
+            }
+            match node.child(w) {
+                Some(child) => node = child,
+                None => return,
+            }
+        }
+        let Some(cut) = path.get(keep) else {
+            return; // Empty pattern: the root is never removed.
+        };
+        let mut node = &mut self.root;
+        for w in &path[..keep] {
+            match node.child_mut(w) {
+                Some(child) => node = child,
+                None => return,
+            }
+        }
+        node.remove_child(cut);
+    }
+
+    pub(super) fn route(&self, key: &str, out: &mut Vec<Destination>) {
+        let mut live: Vec<&Node> = vec![&self.root];
+        close(&mut live);
+        let mut next: Vec<&Node> = Vec::new();
+        for w in words(key) {
+            next.clear();
+            for &n in &live {
+                if n.is_hash {
+                    next.push(n);
+                }
+                if let Some(c) = n.words.get(w) {
+                    next.push(c);
+                }
+                if let Some(c) = n.star.as_deref() {
+                    next.push(c);
+                }
+            }
+            close(&mut next);
+            std::mem::swap(&mut live, &mut next);
+            if live.is_empty() {
+                return;
+            }
+        }
+        let start = out.len();
+        for n in &live {
+            n.dests.push_all(out);
+        }
+        // Several end nodes may hold the same destination.
+        sort_dedup_tail(out, start);
+    }
+}
+
+/// Adds every node reachable through `#` edges (a `#` may match zero words), then removes
+/// duplicates so each trie node is processed once per word. Node identity is the address,
+/// which only orders this internal set; outputs are sorted by destination afterwards.
+fn close(set: &mut Vec<&Node>) {
+    let mut i = 0;
+    // Bounded: each push is a strictly deeper node, and trie depth is finite.
+    while let Some(&n) = set.get(i) {
+        if let Some(h) = n.hash.as_deref() {
+            set.push(h);
+        }
+        i += 1;
+    }
+    set.sort_unstable_by_key(|n| std::ptr::from_ref::<Node>(n) as usize);
+    set.dedup_by(|a, b| std::ptr::eq(*a, *b));
+}
