@@ -251,13 +251,15 @@ impl Session {
         }
         let mut read_chunk = SMALL_READ;
         loop {
-            if let Some(end) = self.flush_ops().await {
-                return end;
-            }
+            // Write before returning write-window credit (`Op::Written` in `ops`), so the
+            // core never has more than one window of deliveries in flight to this socket.
             if !self.wbuf.is_empty()
                 && let Err(e) = self.write(wr).await
             {
                 return e.into();
+            }
+            if let Some(end) = self.flush_ops().await {
+                return end;
             }
             if let Some((code, text)) = self.closing.clone() {
                 return self.await_close_ok(rd, &mut rbuf, code, text).await;

@@ -1,0 +1,143 @@
+//! `warren`: the broker binary. `warren serve` runs the broker; admin and bench subcommands
+//! grow here.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "warren",
+    version,
+    about = "Warren: an AMQP 0.9.1 and MQTT message broker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// AMQP 0.9.1 listen address, or `none`.
+    #[arg(long, default_value = "127.0.0.1:5672")]
+    amqp: String,
+    /// MQTT listen address, or `none`.
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    mqtt: String,
+    /// Where the broker keeps its data.
+    #[arg(long, default_value = "./warren-data")]
+    data_dir: PathBuf,
+}
+
+/// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration (address, data dir).
+const EXIT_CONFIG: u8 = 2;
+
+fn parse_listen(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if value == "none" {
+        return Ok(None);
+    }
+    value.parse().map(Some).with_context(|| {
+        format!("--{flag} {value:?} is not an address like 127.0.0.1:5672 (or `none`)")
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => match runtime.block_on(serve(args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+            }
+        },
+    }
+}
+
+/// A problem the operator fixes by changing flags or the environment (exit code 2).
+#[derive(Debug)]
+struct ConfigError(String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let amqp = parse_listen("amqp", &args.amqp).map_err(|e| ConfigError(format!("{e:#}")))?;
+    let mqtt = parse_listen("mqtt", &args.mqtt).map_err(|e| ConfigError(format!("{e:#}")))?;
+    std::fs::create_dir_all(&args.data_dir).map_err(|e| {
+        ConfigError(format!(
+            "cannot create data dir {}: {e}; pass --data-dir DIR with a writable path",
+            args.data_dir.display()
+        ))
+    })?;
+    if let Some(addr) = mqtt {
+        tracing::warn!(
+            "MQTT ({addr}) is not available in this build yet; serving AMQP only (pass --mqtt none to silence this)"
+        );
+    }
+    let Some(amqp) = amqp else {
+        return Err(ConfigError("nothing to serve: --amqp none and no MQTT gateway".into()).into());
+    };
+    let listener = TcpListener::bind(amqp).await.map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            "is another broker (RabbitMQ?) running? pass --amqp ADDR"
+        } else {
+            "pass --amqp ADDR with an address this machine has"
+        };
+        ConfigError(format!("cannot listen on {amqp}: {e}; {hint}"))
+    })?;
+    let bound = listener.local_addr()?;
+    let broker = warren_runtime::BrokerHandle::start(warren_core::BrokerConfig::default());
+    let (stop, stopped) = watch::channel(false);
+    let config = Arc::new(warren_amqp::AmqpConfig::default());
+    let server = tokio::spawn(warren_amqp::serve(listener, broker, config, stopped));
+    tracing::info!(data_dir = %args.data_dir.display(), "listening on {bound} (AMQP 0.9.1)");
+    wait_for_signal().await?;
+    tracing::info!("shutting down: closing connections");
+    let _ = stop.send(true);
+    server.await.context("AMQP listener task failed")??;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot watch SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
