@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (idempotent), then runs every check and test
+# suite. Works on a fresh machine with rustup, python3, Java 17 and Maven.
+#   scripts/test.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+passed=0
+broker_pid=""
+port=${WARREN_TEST_PORT:-5679}
+
+cleanup() {
+  if [ -n "$broker_pid" ] && kill -0 "$broker_pid" 2>/dev/null; then
+    kill -TERM "$broker_pid" 2>/dev/null
+    wait "$broker_pid" 2>/dev/null
+  fi
+}
+trap cleanup EXIT
+
+step() { # name command...
+  local name=$1; shift
+  printf '\n=== %s ===\n' "$name"
+  local start=$SECONDS
+  if "$@"; then
+    passed=$((passed + 1))
+    printf -- '--- ok: %s (%ss)\n' "$name" $((SECONDS - start))
+  else
+    printf -- '--- FAILED: %s\n' "$name"
+    echo "steps: $passed passed, 1 failed"
+    exit 1
+  fi
+}
+
+setup_toolchain() {
+  rustup target add wasm32-unknown-unknown
+}
+
+setup_python() {
+  [ -x target/venv/bin/python ] || python3 -m venv target/venv || return 1
+  target/venv/bin/pip install -q --disable-pip-version-check 'pika==1.3.2' 'pytest==8.3.4'
+}
+
+setup_perftest() {
+  ls target/perftest/lib/perf-test-*.jar >/dev/null 2>&1 && return 0
+  mvn -q -B -f scripts/perftest/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory="$root/target/perftest/lib"
+}
+
+wasm_build() {
+  cargo build -p warren-core -p warren-wasm --target wasm32-unknown-unknown
+}
+
+start_broker() {
+  cargo build -p warren-cli || return 1
+  rm -rf target/ci-data
+  target/debug/warren serve --amqp "127.0.0.1:$port" --mqtt none --data-dir target/ci-data \
+    > target/ci-broker.log 2>&1 &
+  broker_pid=$!
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      grep -q "listening on 127.0.0.1:$port" target/ci-broker.log && return 0
+    fi
+    kill -0 "$broker_pid" 2>/dev/null || { cat target/ci-broker.log; return 1; }
+    sleep 0.1
+  done
+  echo "broker did not start listening within 10s"; cat target/ci-broker.log; return 1
+}
+
+pika_tests() {
+  WARREN_AMQP="127.0.0.1:$port" timeout 300 target/venv/bin/pytest -q tests/python
+}
+
+perftest() {
+  timeout 300 scripts/perftest.sh "amqp://guest:guest@127.0.0.1:$port" 20000
+}
+
+stop_broker() {
+  kill -TERM "$broker_pid" || return 1
+  # A clean shutdown exits 0 within the drain timeout.
+  local code=0
+  timeout 15 tail --pid="$broker_pid" -f /dev/null || { echo "broker did not stop on SIGTERM"; return 1; }
+  wait "$broker_pid" || code=$?
+  broker_pid=""
+  grep -q "stopped" target/ci-broker.log || { echo "no clean stop logged"; return 1; }
+  return "$code"
+}
+
+step "install: wasm32 target" setup_toolchain
+step "install: Python clients (pika, pytest)" setup_python
+step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+step "core builds for wasm32-unknown-unknown" wasm_build
+step "cargo test --workspace" cargo test --workspace
+step "start warren serve" start_broker
+step "pika tests" pika_tests
+step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
+step "clean shutdown on SIGTERM" stop_broker
+echo
+echo "steps: $passed passed, 0 failed"

@@ -1,0 +1,105 @@
+"""pika (Python's reference AMQP 0.9.1 client) against a running `warren serve`.
+
+Broker address from WARREN_AMQP (host:port), default 127.0.0.1:5672.
+"""
+import os
+import uuid
+
+import pika
+import pytest
+
+HOST, PORT = os.environ.get("WARREN_AMQP", "127.0.0.1:5672").rsplit(":", 1)
+
+
+@pytest.fixture
+def conn():
+    params = pika.ConnectionParameters(
+        host=HOST, port=int(PORT), blocked_connection_timeout=10, socket_timeout=10
+    )
+    c = pika.BlockingConnection(params)
+    yield c
+    if c.is_open:
+        c.close()
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_declare_bind_publish_consume_ack(conn):
+    ch = conn.channel()
+    ex, q = unique("ex"), unique("q")
+    ch.exchange_declare(ex, exchange_type="topic")
+    declared = ch.queue_declare(q)
+    assert declared.method.queue == q
+    assert declared.method.message_count == 0
+    ch.queue_bind(q, ex, routing_key="logs.*")
+    for i in range(10):
+        ch.basic_publish(ex, f"logs.{i}", f"m{i}".encode())
+    ch.basic_publish(ex, "other.key", b"unrouted")
+    received = []
+    for method, props, body in ch.consume(q, inactivity_timeout=5):
+        assert method is not None, "timed out waiting for messages"
+        received.append(body.decode())
+        ch.basic_ack(method.delivery_tag)
+        if len(received) == 10:
+            break
+    ch.cancel()
+    assert received == [f"m{i}" for i in range(10)]
+    assert ch.queue_declare(q, passive=True).method.message_count == 0
+
+
+def test_mandatory_unroutable_message_is_returned(conn):
+    ch = conn.channel()
+    returned = []
+    ch.add_on_return_callback(lambda _ch, method, props, body: returned.append((method, body)))
+    ch.basic_publish("amq.direct", unique("nobody"), b"lost?", mandatory=True)
+    conn.process_data_events(time_limit=1)
+    assert len(returned) == 1
+    method, body = returned[0]
+    assert method.reply_code == 312
+    assert method.reply_text == "NO_ROUTE"
+    assert body == b"lost?"
+
+
+def test_publisher_confirms(conn):
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = unique("confirmed")
+    ch.queue_declare(q)
+    for i in range(50):
+        # BlockingChannel raises on nack or, with mandatory, on return; success means acked.
+        ch.basic_publish("", q, str(i).encode(), mandatory=True)
+    assert ch.queue_declare(q, passive=True).method.message_count == 50
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("", unique("missing"), b"x", mandatory=True)
+
+
+def test_passive_declare_of_missing_queue_closes_only_that_channel(conn):
+    ok = conn.channel()
+    bad = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        bad.queue_declare(unique("missing"), passive=True)
+    assert err.value.reply_code == 404
+    assert "NOT_FOUND" in err.value.reply_text
+    assert bad.is_closed
+    assert conn.is_open
+    q = unique("still-fine")
+    ok.queue_declare(q)
+    ok.basic_publish("", q, b"alive")
+    method, _props, body = ok.basic_get(q, auto_ack=True)
+    assert body == b"alive"
+
+
+def test_basic_get_and_reject_requeue_marks_redelivered(conn):
+    ch = conn.channel()
+    q = unique("get")
+    ch.queue_declare(q)
+    ch.basic_publish("", q, b"once")
+    method, _props, body = ch.basic_get(q)
+    assert body == b"once" and not method.redelivered
+    ch.basic_reject(method.delivery_tag, requeue=True)
+    method, _props, body = ch.basic_get(q)
+    assert body == b"once" and method.redelivered
+    ch.basic_ack(method.delivery_tag)
+    assert ch.basic_get(q) == (None, None, None)
