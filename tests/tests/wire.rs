@@ -1,0 +1,406 @@
+//! The AMQP wire protocol over raw sockets: handshake, negotiated limits and bad input. A
+//! malformed connection is closed with the right reply code and never disturbs another one.
+
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{AMQPClass, basic, channel, connection};
+use amq_protocol::types::{FieldTable, LongString};
+use bytes::BytesMut;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use warren_amqp::codec::{self, Frame};
+
+const T: Duration = Duration::from_secs(5);
+
+async fn start(
+    config: warren_amqp::AmqpConfig,
+) -> (std::net::SocketAddr, tokio::sync::watch::Sender<bool>) {
+    let broker = warren_runtime::BrokerHandle::start(Default::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(warren_amqp::serve(
+        listener,
+        broker,
+        Arc::new(config),
+        stopped,
+    ));
+    (addr, stop)
+}
+
+struct Raw {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    async fn connect(addr: std::net::SocketAddr) -> Raw {
+        Raw {
+            s: TcpStream::connect(addr).await.expect("connect"),
+            buf: BytesMut::new(),
+        }
+    }
+
+    async fn send(&mut self, frame: AMQPFrame) {
+        let mut b = BytesMut::new();
+        codec::encode_frame(&mut b, &frame);
+        self.s.write_all(&b).await.expect("write");
+    }
+
+    async fn method(&mut self, ch: u16, m: AMQPClass) {
+        self.send(AMQPFrame::Method(ch, m)).await;
+    }
+
+    /// The next frame from the server, skipping heartbeats; None when the socket closed.
+    async fn recv(&mut self) -> Option<Frame> {
+        loop {
+            match codec::decode(&mut self.buf, 1 << 20).expect("server frames decode") {
+                Some(Frame::Heartbeat(_)) => continue,
+                Some(f) => return Some(f),
+                None => {}
+            }
+            let n = tokio::time::timeout(T, self.s.read_buf(&mut self.buf))
+                .await
+                .expect("server answers in time")
+                .unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+        }
+    }
+
+    async fn expect_close(&mut self) -> (u16, String) {
+        match self.recv().await {
+            Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(c)))) => {
+                (c.reply_code, c.reply_text.to_string())
+            }
+            other => panic!("expected connection.close, got {other:?}"),
+        }
+    }
+
+    /// Runs the handshake up to open-ok with frame_max 4096.
+    async fn open(addr: std::net::SocketAddr) -> Raw {
+        let mut r = Raw::connect(addr).await;
+        r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
+        match r.recv().await {
+            Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(s)))) => {
+                assert_eq!((s.version_major, s.version_minor), (0, 9));
+                let caps = s
+                    .server_properties
+                    .inner()
+                    .get("capabilities")
+                    .expect("capabilities");
+                assert!(format!("{caps:?}").contains("publisher_confirms"));
+            }
+            other => panic!("expected connection.start, got {other:?}"),
+        }
+        r.method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+                client_properties: FieldTable::default(),
+                mechanism: "PLAIN".into(),
+                response: LongString::from("\0guest\0guest"),
+                locale: "en_US".into(),
+            })),
+        )
+        .await;
+        match r.recv().await {
+            Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(t)))) => {
+                assert_eq!(
+                    (t.channel_max, t.frame_max, t.heartbeat),
+                    (2047, 131_072, 60)
+                );
+            }
+            other => panic!("expected connection.tune, got {other:?}"),
+        }
+        r.method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
+                channel_max: 10,
+                frame_max: 4096,
+                heartbeat: 0,
+            })),
+        )
+        .await;
+        r.method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
+                virtual_host: "/".into(),
+            })),
+        )
+        .await;
+        assert!(matches!(
+            r.recv().await,
+            Some(Frame::Method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))
+            ))
+        ));
+        r
+    }
+
+    async fn open_channel(&mut self, ch: u16) {
+        self.method(
+            ch,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )
+        .await;
+        assert!(matches!(
+            self.recv().await,
+            Some(Frame::Method(c, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)))) if c == ch
+        ));
+    }
+}
+
+/// A healthy connection, used to show that another one's failure did not affect it.
+async fn still_serves(r: &mut Raw) {
+    r.method(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+            prefetch_count: 5,
+            global: false,
+        })),
+    )
+    .await;
+    assert!(matches!(
+        r.recv().await,
+        Some(Frame::Method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::QosOk(_))
+        ))
+    ));
+}
+
+#[tokio::test]
+async fn wrong_protocol_header_gets_ours_back() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut r = Raw::connect(addr).await;
+    r.s.write_all(b"AMQP\x01\x01\x00\x0a").await.expect("write");
+    let mut got = Vec::new();
+    tokio::time::timeout(T, r.s.read_to_end(&mut got))
+        .await
+        .expect("closed in time")
+        .expect("read");
+    assert_eq!(got, codec::PROTOCOL_HEADER);
+}
+
+#[tokio::test]
+async fn bad_credentials_are_refused_with_403() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut r = Raw::connect(addr).await;
+    r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
+    r.recv().await;
+    r.method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+            client_properties: FieldTable::default(),
+            mechanism: "PLAIN".into(),
+            response: LongString::from("\0guest\0wrong"),
+            locale: "en_US".into(),
+        })),
+    )
+    .await;
+    let (code, text) = r.expect_close().await;
+    assert_eq!(code, 403);
+    assert!(
+        text.starts_with("ACCESS_REFUSED - Login was refused"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn tune_ok_above_the_server_limits_is_refused_with_530() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut r = Raw::connect(addr).await;
+    r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
+    r.recv().await;
+    r.method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+            client_properties: FieldTable::default(),
+            mechanism: "PLAIN".into(),
+            response: LongString::from("\0guest\0guest"),
+            locale: "en_US".into(),
+        })),
+    )
+    .await;
+    r.recv().await;
+    r.method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
+            channel_max: 2047,
+            frame_max: 1 << 20,
+            heartbeat: 0,
+        })),
+    )
+    .await;
+    let (code, text) = r.expect_close().await;
+    assert_eq!(code, 530, "{text}");
+}
+
+#[tokio::test]
+async fn oversized_frame_closes_only_its_connection_with_501() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut good = Raw::open(addr).await;
+    good.open_channel(1).await;
+    let mut bad = Raw::open(addr).await;
+    // A body frame header claiming 1 MiB on a connection that negotiated frame_max 4096.
+    bad.s
+        .write_all(&[3, 0, 1, 0, 0x10, 0, 0])
+        .await
+        .expect("write");
+    let (code, text) = bad.expect_close().await;
+    assert_eq!(code, 501, "{text}");
+    still_serves(&mut good).await;
+}
+
+#[tokio::test]
+async fn garbage_and_unexpected_frames_close_with_the_right_codes() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut good = Raw::open(addr).await;
+    good.open_channel(1).await;
+
+    let mut bad = Raw::open(addr).await;
+    bad.s
+        .write_all(&[1, 0, 1, 0, 0, 0, 4, 0xFF, 0xFF, 0xFF, 0xFF, 0xCE])
+        .await
+        .expect("write");
+    assert_eq!(
+        bad.expect_close().await.0,
+        502,
+        "an undecodable method is a syntax error"
+    );
+
+    let mut bad = Raw::open(addr).await;
+    bad.open_channel(1).await;
+    bad.send(AMQPFrame::Body(1, b"no publish before me".to_vec()))
+        .await;
+    assert_eq!(
+        bad.expect_close().await.0,
+        505,
+        "a body without publish is unexpected"
+    );
+
+    let mut bad = Raw::open(addr).await;
+    bad.method(
+        3,
+        AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+            prefetch_count: 1,
+            global: false,
+        })),
+    )
+    .await;
+    assert_eq!(
+        bad.expect_close().await.0,
+        504,
+        "a method on a channel never opened"
+    );
+
+    let mut bad = Raw::open(addr).await;
+    bad.send(AMQPFrame::InvalidHeartbeat(2)).await;
+    assert_eq!(
+        bad.expect_close().await.0,
+        501,
+        "a heartbeat on a channel other than 0"
+    );
+
+    still_serves(&mut good).await;
+}
+
+#[tokio::test]
+async fn channel_errors_close_the_channel_not_the_connection() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut r = Raw::open(addr).await;
+    r.open_channel(1).await;
+    r.open_channel(2).await;
+    r.method(
+        2,
+        AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+            delivery_tag: 99,
+            multiple: false,
+        })),
+    )
+    .await;
+    match r.recv().await {
+        Some(Frame::Method(2, AMQPClass::Channel(channel::AMQPMethod::Close(c)))) => {
+            assert_eq!(c.reply_code, 406);
+            assert_eq!(
+                c.reply_text.as_str(),
+                "PRECONDITION_FAILED - unknown delivery tag 99"
+            );
+            assert_eq!((c.class_id, c.method_id), (60, 80));
+        }
+        other => panic!("expected channel.close, got {other:?}"),
+    }
+    r.method(
+        2,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    )
+    .await;
+    still_serves(&mut r).await;
+    // The channel number is free again.
+    r.open_channel(2).await;
+}
+
+#[tokio::test]
+async fn dead_peers_are_dropped_after_two_missed_heartbeats() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut r = Raw::connect(addr).await;
+    r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
+    r.recv().await;
+    r.method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+            client_properties: FieldTable::default(),
+            mechanism: "PLAIN".into(),
+            response: LongString::from("\0guest\0guest"),
+            locale: "en_US".into(),
+        })),
+    )
+    .await;
+    r.recv().await;
+    r.method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
+            channel_max: 0,
+            frame_max: 0,
+            heartbeat: 1,
+        })),
+    )
+    .await;
+    r.method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
+            virtual_host: "/".into(),
+        })),
+    )
+    .await;
+    r.recv().await;
+    // Say nothing: the server sends heartbeats, then gives up after 2 s of silence.
+    let start = tokio::time::Instant::now();
+    let mut heartbeats = 0;
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(T, r.s.read(&mut buf))
+            .await
+            .expect("closed in time")
+        {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                heartbeats += buf[..n]
+                    .iter()
+                    .filter(|&&b| b == codec::FRAME_HEARTBEAT)
+                    .count()
+            }
+        }
+    }
+    let waited = start.elapsed();
+    assert!(heartbeats >= 1, "the server sent heartbeats");
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
+}
