@@ -12,6 +12,7 @@ pub mod config;
 pub mod effect;
 pub mod error;
 pub mod exchange;
+pub mod idhash;
 pub mod ids;
 pub mod message;
 pub mod naming;

