@@ -1,1 +1,123 @@
+//! Test harness: a broker with its AMQP listener on an ephemeral loopback port inside the
+//! test's runtime, plus bounded helpers so a broken server fails a test instead of hanging it.
 
+use futures_lite::StreamExt;
+use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, Consumer, ErrorKind, message::Delivery};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long any single expected event may take.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// A running broker; stops (connections get 320) when dropped.
+pub struct TestBroker {
+    pub addr: SocketAddr,
+    pub uri: String,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Starts a broker on 127.0.0.1 with an ephemeral port.
+pub async fn start() -> TestBroker {
+    let broker = warren_runtime::BrokerHandle::start(warren_core::BrokerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("local address");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(warren_amqp::serve(
+        listener,
+        broker,
+        Arc::new(warren_amqp::AmqpConfig::default()),
+        stopped,
+    ));
+    TestBroker {
+        addr,
+        uri: format!("amqp://guest:guest@{addr}/%2f"),
+        stop,
+    }
+}
+
+impl TestBroker {
+    pub async fn connect(&self) -> Connection {
+        bounded(Connection::connect(
+            &self.uri,
+            ConnectionProperties::default(),
+        ))
+        .await
+        .expect("connect")
+    }
+
+    pub async fn channel(&self) -> (Connection, Channel) {
+        let conn = self.connect().await;
+        let ch = bounded(conn.create_channel()).await.expect("open channel");
+        (conn, ch)
+    }
+}
+
+/// Awaits `f` for at most [`WAIT`].
+pub async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .expect("the broker answered within the time limit")
+}
+
+/// Declares a plain queue.
+pub async fn declare(ch: &Channel, name: &str) -> lapin::Queue {
+    bounded(ch.queue_declare(
+        name.into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("queue.declare")
+}
+
+pub async fn consume(ch: &Channel, queue: &str, no_ack: bool) -> Consumer {
+    bounded(ch.basic_consume(
+        queue.into(),
+        "".into(),
+        BasicConsumeOptions {
+            no_ack,
+            ..BasicConsumeOptions::default()
+        },
+        FieldTable::default(),
+    ))
+    .await
+    .expect("basic.consume")
+}
+
+/// The next delivery of `consumer`.
+pub async fn next(consumer: &mut Consumer) -> Delivery {
+    bounded(consumer.next())
+        .await
+        .expect("consumer still open")
+        .expect("a delivery")
+}
+
+/// Asserts no delivery arrives within `quiet`.
+pub async fn nothing_within(consumer: &mut Consumer, quiet: Duration) {
+    if let Ok(Some(d)) = tokio::time::timeout(quiet, consumer.next()).await {
+        panic!("unexpected delivery: {:?}", d.map(|d| d.data));
+    }
+}
+
+/// The AMQP reply code of a broker-reported error.
+pub fn code(err: &lapin::Error) -> u16 {
+    match err.kind() {
+        ErrorKind::ProtocolError(e) => e.get_id(),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+}
+
+pub fn body(d: &Delivery) -> String {
+    String::from_utf8_lossy(&d.data).into_owned()
+}

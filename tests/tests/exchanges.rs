@@ -1,0 +1,455 @@
+//! Exchanges over the wire with lapin: predeclared ones, every type, flags, exchange-to-exchange
+//! bindings, alternate exchanges, topic wildcards, headers matching.
+
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, ExchangeKind};
+use std::time::Duration;
+use warren_tests::*;
+
+fn table(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in pairs {
+        t.insert((*k).into(), v.clone());
+    }
+    t
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predeclared_exchanges_exist() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    for (name, kind) in [
+        ("amq.direct", ExchangeKind::Direct),
+        ("amq.fanout", ExchangeKind::Fanout),
+        ("amq.topic", ExchangeKind::Topic),
+        ("amq.headers", ExchangeKind::Headers),
+        ("amq.match", ExchangeKind::Headers),
+        ("amq.rabbitmq.trace", ExchangeKind::Topic),
+    ] {
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        bounded(ch.exchange_declare(name.into(), kind, passive, FieldTable::default()))
+            .await
+            .unwrap_or_else(|e| panic!("{name} should exist: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passive_declare_of_missing_exchange_is_404_and_redeclare_mismatch_is_406() {
+    let b = start().await;
+    let conn = b.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let err = bounded(ch.exchange_declare(
+        "nope".into(),
+        ExchangeKind::Direct,
+        passive,
+        FieldTable::default(),
+    ))
+    .await
+    .expect_err("missing");
+    assert_eq!(code(&err), 404);
+    let ch = conn.create_channel().await.expect("channel");
+    bounded(ch.exchange_declare(
+        "x".into(),
+        ExchangeKind::Direct,
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("declare");
+    let err = bounded(ch.exchange_declare(
+        "x".into(),
+        ExchangeKind::Fanout,
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect_err("type mismatch");
+    assert_eq!(code(&err), 406);
+    let ch = conn.create_channel().await.expect("channel");
+    let err = bounded(ch.exchange_declare(
+        "amq.mine".into(),
+        ExchangeKind::Direct,
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect_err("reserved prefix");
+    assert_eq!(code(&err), 403);
+    assert!(
+        conn.status().connected(),
+        "channel errors leave the connection open"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_direct_and_internal_exchanges() {
+    let b = start().await;
+    let (conn, ch) = b.channel().await;
+    bounded(ch.exchange_declare(
+        "fan".into(),
+        ExchangeKind::Fanout,
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("fanout");
+    for q in ["f1", "f2"] {
+        declare(&ch, q).await;
+        bounded(ch.queue_bind(
+            q.into(),
+            "fan".into(),
+            "ignored".into(),
+            Default::default(),
+            FieldTable::default(),
+        ))
+        .await
+        .expect("bind");
+    }
+    bounded(ch.basic_publish(
+        "fan".into(),
+        "any".into(),
+        Default::default(),
+        b"to-all",
+        BasicProperties::default(),
+    ))
+    .await
+    .expect("publish");
+    for q in ["f1", "f2"] {
+        let got = bounded(ch.basic_get(q.into(), BasicGetOptions { no_ack: true }))
+            .await
+            .expect("get");
+        assert_eq!(got.expect("a message").delivery.data, b"to-all");
+    }
+    let internal = ExchangeDeclareOptions {
+        internal: true,
+        durable: true,
+        ..Default::default()
+    };
+    bounded(ch.exchange_declare(
+        "inside".into(),
+        ExchangeKind::Direct,
+        internal,
+        FieldTable::default(),
+    ))
+    .await
+    .expect("internal exchange");
+    let ch2 = conn.create_channel().await.expect("channel");
+    ch2.confirm_select(Default::default())
+        .await
+        .expect("confirms");
+    let res = bounded(async {
+        ch2.basic_publish(
+            "inside".into(),
+            "k".into(),
+            Default::default(),
+            b"x",
+            BasicProperties::default(),
+        )
+        .await?
+        .await
+    })
+    .await;
+    assert_eq!(
+        code(&res.expect_err("publishing to an internal exchange")),
+        403
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_wildcards() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    let patterns = [
+        ("star", "a.*.c"),
+        ("hash", "a.#"),
+        ("exact", "a.b.c"),
+        ("all", "#"),
+    ];
+    for (q, p) in patterns {
+        declare(&ch, q).await;
+        bounded(ch.queue_bind(
+            q.into(),
+            "amq.topic".into(),
+            p.into(),
+            Default::default(),
+            FieldTable::default(),
+        ))
+        .await
+        .expect("bind");
+    }
+    for key in ["a.b.c", "a", "a.x.y.z", "b.c"] {
+        bounded(ch.basic_publish(
+            "amq.topic".into(),
+            key.into(),
+            Default::default(),
+            key.as_bytes(),
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("publish");
+    }
+    let drain = |q: &'static str| {
+        let ch = ch.clone();
+        async move {
+            let mut got = Vec::new();
+            while let Some(m) = bounded(ch.basic_get(q.into(), BasicGetOptions { no_ack: true }))
+                .await
+                .expect("get")
+            {
+                got.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
+            }
+            got
+        }
+    };
+    assert_eq!(drain("star").await, ["a.b.c"]);
+    assert_eq!(drain("hash").await, ["a.b.c", "a", "a.x.y.z"]);
+    assert_eq!(drain("exact").await, ["a.b.c"]);
+    assert_eq!(drain("all").await, ["a.b.c", "a", "a.x.y.z", "b.c"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_exchange_all_and_any() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    declare(&ch, "h-all").await;
+    declare(&ch, "h-any").await;
+    let all = table(&[
+        ("x-match", text("all")),
+        ("format", text("pdf")),
+        ("type", text("report")),
+    ]);
+    let any = table(&[
+        ("x-match", text("any")),
+        ("format", text("pdf")),
+        ("type", text("report")),
+    ]);
+    bounded(ch.queue_bind(
+        "h-all".into(),
+        "amq.headers".into(),
+        "".into(),
+        Default::default(),
+        all,
+    ))
+    .await
+    .expect("bind all");
+    bounded(ch.queue_bind(
+        "h-any".into(),
+        "amq.match".into(),
+        "".into(),
+        Default::default(),
+        any.clone(),
+    ))
+    .await
+    .expect("bind any");
+    bounded(ch.exchange_bind(
+        "amq.match".into(),
+        "amq.headers".into(),
+        "".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("e2e bind");
+    let publish = |headers: FieldTable, body: &'static str| {
+        let ch = ch.clone();
+        async move {
+            bounded(ch.basic_publish(
+                "amq.headers".into(),
+                "".into(),
+                Default::default(),
+                body.as_bytes(),
+                BasicProperties::default().with_headers(headers),
+            ))
+            .await
+            .expect("publish");
+        }
+    };
+    publish(
+        table(&[("format", text("pdf")), ("type", text("report"))]),
+        "both",
+    )
+    .await;
+    publish(table(&[("format", text("pdf"))]), "one").await;
+    publish(table(&[("format", text("zip"))]), "none").await;
+    let get = |q: &'static str| {
+        let ch = ch.clone();
+        async move {
+            let mut got = Vec::new();
+            while let Some(m) = bounded(ch.basic_get(q.into(), BasicGetOptions { no_ack: true }))
+                .await
+                .expect("get")
+            {
+                got.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
+            }
+            got
+        }
+    };
+    assert_eq!(get("h-all").await, ["both"]);
+    assert_eq!(get("h-any").await, ["both", "one"]);
+    let err = bounded(ch.queue_bind(
+        "h-all".into(),
+        "amq.headers".into(),
+        "".into(),
+        Default::default(),
+        table(&[("x-match", text("some"))]),
+    ))
+    .await
+    .expect_err("invalid x-match");
+    assert_eq!(code(&err), 406);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exchange_to_exchange_bindings_and_alternate_exchange() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    bounded(ch.exchange_declare(
+        "unrouted".into(),
+        ExchangeKind::Fanout,
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("ae");
+    let args = table(&[("alternate-exchange", text("unrouted"))]);
+    bounded(ch.exchange_declare(
+        "front".into(),
+        ExchangeKind::Direct,
+        Default::default(),
+        args,
+    ))
+    .await
+    .expect("with ae");
+    bounded(ch.exchange_declare(
+        "back".into(),
+        ExchangeKind::Topic,
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("back");
+    bounded(ch.exchange_bind(
+        "back".into(),
+        "front".into(),
+        "orders".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("e2e");
+    declare(&ch, "orders-q").await;
+    declare(&ch, "lost-q").await;
+    bounded(ch.queue_bind(
+        "orders-q".into(),
+        "back".into(),
+        "#".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("bind");
+    bounded(ch.queue_bind(
+        "lost-q".into(),
+        "unrouted".into(),
+        "".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("bind");
+    for (key, body) in [("orders", "via-e2e"), ("refunds", "via-ae")] {
+        bounded(ch.basic_publish(
+            "front".into(),
+            key.into(),
+            Default::default(),
+            body.as_bytes(),
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("publish");
+    }
+    let one = |q: &'static str| {
+        let ch = ch.clone();
+        async move {
+            bounded(ch.basic_get(q.into(), BasicGetOptions { no_ack: true }))
+                .await
+                .expect("get")
+                .map(|m| String::from_utf8_lossy(&m.delivery.data).into_owned())
+        }
+    };
+    assert_eq!(one("orders-q").await.as_deref(), Some("via-e2e"));
+    assert_eq!(one("lost-q").await.as_deref(), Some("via-ae"));
+    assert_eq!(one("orders-q").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_delete_exchange_goes_with_its_last_binding_and_delete_if_unused() {
+    let b = start().await;
+    let (conn, ch) = b.channel().await;
+    let auto = ExchangeDeclareOptions {
+        auto_delete: true,
+        ..Default::default()
+    };
+    bounded(ch.exchange_declare(
+        "ephemeral".into(),
+        ExchangeKind::Direct,
+        auto,
+        FieldTable::default(),
+    ))
+    .await
+    .expect("auto-delete exchange");
+    declare(&ch, "aq").await;
+    bounded(ch.queue_bind(
+        "aq".into(),
+        "ephemeral".into(),
+        "k".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("bind");
+    let err = bounded(ch.exchange_delete(
+        "ephemeral".into(),
+        ExchangeDeleteOptions {
+            if_unused: true,
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect_err("in use");
+    assert_eq!(code(&err), 406);
+    let ch = conn.create_channel().await.expect("channel");
+    bounded(ch.queue_unbind(
+        "aq".into(),
+        "ephemeral".into(),
+        "k".into(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("unbind");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let err = bounded(ch.exchange_declare(
+        "ephemeral".into(),
+        ExchangeKind::Direct,
+        passive,
+        FieldTable::default(),
+    ))
+    .await
+    .expect_err("gone with its last binding");
+    assert_eq!(code(&err), 404);
+}
