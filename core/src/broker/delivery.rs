@@ -540,8 +540,10 @@ impl Broker {
             return Ok(());
         };
         let all: Vec<Unacked> = std::mem::take(&mut channel.unacked).into_values().collect();
-        self.settle_entries(ch, all, Settle::Requeue);
+        // recover-ok goes before the redeliveries, as RabbitMQ orders them: clients (lapin)
+        // discard deliveries they hold when recover-ok arrives.
         self.reply(ch, Reply::RecoverOk);
+        self.settle_entries(ch, all, Settle::Requeue);
         Ok(())
     }
 
