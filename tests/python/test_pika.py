@@ -103,3 +103,58 @@ def test_basic_get_and_reject_requeue_marks_redelivered(conn):
     assert body == b"once" and method.redelivered
     ch.basic_ack(method.delivery_tag)
     assert ch.basic_get(q) == (None, None, None)
+
+
+def test_tutorial_2_work_queue_fair_dispatch_with_persistent_messages(conn):
+    """Durable queue, persistent messages, prefetch 1: each worker holds one task at a time."""
+    ch = conn.channel()
+    q = unique("task_queue")
+    ch.queue_declare(q, durable=True)
+    for i in range(4):
+        ch.basic_publish(
+            "", q, f"task{i}".encode(), pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent)
+        )
+    worker_a, worker_b = conn.channel(), conn.channel()
+    for w in (worker_a, worker_b):
+        w.basic_qos(prefetch_count=1)
+    got = {"a": [], "b": []}
+    worker_a.basic_consume(q, lambda c, m, p, b: got["a"].append((m.delivery_tag, b)))
+    worker_b.basic_consume(q, lambda c, m, p, b: got["b"].append((m.delivery_tag, b)))
+    conn.process_data_events(time_limit=0.5)
+    # Nothing acked yet: each worker holds exactly one task.
+    assert len(got["a"]) == 1 and len(got["b"]) == 1
+    worker_a.basic_ack(got["a"][0][0])
+    conn.process_data_events(time_limit=0.5)
+    assert len(got["a"]) == 2 and len(got["b"]) == 1
+    assert sorted(b for _, b in got["a"] + got["b"]) == [b"task0", b"task1", b"task2"]
+
+
+def test_tutorial_6_rpc_with_reply_to_and_correlation_id(conn):
+    server = conn.channel()
+    rpc_queue = server.queue_declare("", exclusive=True).method.queue  # server-named
+
+    def on_request(ch, method, props, body):
+        reply = str(int(body) * 2).encode()
+        ch.basic_publish(
+            "", props.reply_to, reply, pika.BasicProperties(correlation_id=props.correlation_id)
+        )
+        ch.basic_ack(method.delivery_tag)
+
+    server.basic_consume(rpc_queue, on_request)
+    client = conn.channel()
+    callback_queue = client.queue_declare("", exclusive=True).method.queue
+    responses = {}
+    client.basic_consume(
+        callback_queue,
+        lambda ch, m, p, b: responses.__setitem__(p.correlation_id, b),
+        auto_ack=True,
+    )
+    corr = str(uuid.uuid4())
+    client.basic_publish(
+        "", rpc_queue, b"21", pika.BasicProperties(reply_to=callback_queue, correlation_id=corr)
+    )
+    deadline = 50
+    while corr not in responses and deadline:
+        conn.process_data_events(time_limit=0.1)
+        deadline -= 1
+    assert responses.get(corr) == b"42"
