@@ -121,3 +121,18 @@ pub fn code(err: &lapin::Error) -> u16 {
 pub fn body(d: &Delivery) -> String {
     String::from_utf8_lossy(&d.data).into_owned()
 }
+
+/// Takes every ready message of `queue` with basic.get (no-ack); returns the bodies in order.
+pub async fn drain(ch: &Channel, queue: &str) -> Vec<String> {
+    let mut got = Vec::new();
+    while let Some(m) = bounded(ch.basic_get(
+        queue.into(),
+        lapin::options::BasicGetOptions { no_ack: true },
+    ))
+    .await
+    .expect("basic.get")
+    {
+        got.push(body(&m.delivery));
+    }
+    got
+}

@@ -81,8 +81,8 @@ impl Raw {
         }
     }
 
-    /// Runs the handshake up to open-ok with frame_max 4096.
-    async fn open(addr: std::net::SocketAddr) -> Raw {
+    /// Sends the protocol header and start-ok with PLAIN credentials guest/`password`.
+    async fn start_ok(addr: std::net::SocketAddr, password: &str) -> Raw {
         let mut r = Raw::connect(addr).await;
         r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
         match r.recv().await {
@@ -102,12 +102,17 @@ impl Raw {
             AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
                 client_properties: FieldTable::default(),
                 mechanism: "PLAIN".into(),
-                response: LongString::from("\0guest\0guest"),
+                response: LongString::from(format!("\0guest\0{password}")),
                 locale: "en_US".into(),
             })),
         )
         .await;
-        match r.recv().await {
+        r
+    }
+
+    /// Reads connection.tune (checking the server's proposal) and answers tune-ok.
+    async fn tune_ok(&mut self, channel_max: u16, frame_max: u32, heartbeat: u16) {
+        match self.recv().await {
             Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(t)))) => {
                 assert_eq!(
                     (t.channel_max, t.frame_max, t.heartbeat),
@@ -116,16 +121,20 @@ impl Raw {
             }
             other => panic!("expected connection.tune, got {other:?}"),
         }
-        r.method(
+        self.method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
-                channel_max: 10,
-                frame_max: 4096,
-                heartbeat: 0,
+                channel_max,
+                frame_max,
+                heartbeat,
             })),
         )
         .await;
-        r.method(
+    }
+
+    /// Sends connection.open for `/` and expects open-ok.
+    async fn open_vhost(&mut self) {
+        self.method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
                 virtual_host: "/".into(),
@@ -133,12 +142,19 @@ impl Raw {
         )
         .await;
         assert!(matches!(
-            r.recv().await,
+            self.recv().await,
             Some(Frame::Method(
                 0,
                 AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))
             ))
         ));
+    }
+
+    /// Runs the handshake up to open-ok with frame_max 4096 and no heartbeats.
+    async fn open(addr: std::net::SocketAddr) -> Raw {
+        let mut r = Raw::start_ok(addr, "guest").await;
+        r.tune_ok(10, 4096, 0).await;
+        r.open_vhost().await;
         r
     }
 
@@ -190,19 +206,7 @@ async fn wrong_protocol_header_gets_ours_back() {
 #[tokio::test]
 async fn bad_credentials_are_refused_with_403() {
     let (addr, _stop) = start(Default::default()).await;
-    let mut r = Raw::connect(addr).await;
-    r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
-    r.recv().await;
-    r.method(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
-            client_properties: FieldTable::default(),
-            mechanism: "PLAIN".into(),
-            response: LongString::from("\0guest\0wrong"),
-            locale: "en_US".into(),
-        })),
-    )
-    .await;
+    let mut r = Raw::start_ok(addr, "wrong").await;
     let (code, text) = r.expect_close().await;
     assert_eq!(code, 403);
     assert!(
@@ -214,29 +218,8 @@ async fn bad_credentials_are_refused_with_403() {
 #[tokio::test]
 async fn tune_ok_above_the_server_limits_is_refused_with_530() {
     let (addr, _stop) = start(Default::default()).await;
-    let mut r = Raw::connect(addr).await;
-    r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
-    r.recv().await;
-    r.method(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
-            client_properties: FieldTable::default(),
-            mechanism: "PLAIN".into(),
-            response: LongString::from("\0guest\0guest"),
-            locale: "en_US".into(),
-        })),
-    )
-    .await;
-    r.recv().await;
-    r.method(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
-            channel_max: 2047,
-            frame_max: 1 << 20,
-            heartbeat: 0,
-        })),
-    )
-    .await;
+    let mut r = Raw::start_ok(addr, "guest").await;
+    r.tune_ok(2047, 1 << 20, 0).await;
     let (code, text) = r.expect_close().await;
     assert_eq!(code, 530, "{text}");
 }
@@ -348,37 +331,9 @@ async fn channel_errors_close_the_channel_not_the_connection() {
 #[tokio::test]
 async fn dead_peers_are_dropped_after_two_missed_heartbeats() {
     let (addr, _stop) = start(Default::default()).await;
-    let mut r = Raw::connect(addr).await;
-    r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
-    r.recv().await;
-    r.method(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
-            client_properties: FieldTable::default(),
-            mechanism: "PLAIN".into(),
-            response: LongString::from("\0guest\0guest"),
-            locale: "en_US".into(),
-        })),
-    )
-    .await;
-    r.recv().await;
-    r.method(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
-            channel_max: 0,
-            frame_max: 0,
-            heartbeat: 1,
-        })),
-    )
-    .await;
-    r.method(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-            virtual_host: "/".into(),
-        })),
-    )
-    .await;
-    r.recv().await;
+    let mut r = Raw::start_ok(addr, "guest").await;
+    r.tune_ok(0, 0, 1).await;
+    r.open_vhost().await;
     // Say nothing: the server sends heartbeats, then gives up after 2 s of silence.
     let start = tokio::time::Instant::now();
     let mut heartbeats = 0;
