@@ -10,7 +10,7 @@ count=${2:-20000}
 lib=target/perftest/lib
 if ! ls "$lib"/perf-test-*.jar >/dev/null 2>&1; then
   echo "fetching RabbitMQ PerfTest and its dependencies from Maven Central..."
-  mvn -q -B -f scripts/perftest/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$lib"
+  mvn -q -B -Dstyle.color=never -f scripts/perftest/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$lib"
 fi
 log=target/perftest/ci-run.log
 # -C/-D bound the run by count, -z by time (a stuck broker fails instead of hanging).

@@ -42,7 +42,7 @@ setup_python() {
 
 setup_perftest() {
   ls target/perftest/lib/perf-test-*.jar >/dev/null 2>&1 && return 0
-  mvn -q -B -f scripts/perftest/pom.xml dependency:copy-dependencies \
+  mvn -q -B -Dstyle.color=never -f scripts/perftest/pom.xml dependency:copy-dependencies \
     -DoutputDirectory="$root/target/perftest/lib"
 }
 
