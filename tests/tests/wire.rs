@@ -7,7 +7,7 @@ use amq_protocol::types::{FieldTable, LongString};
 use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use warren_amqp::codec::{self, Frame};
 
@@ -31,8 +31,8 @@ async fn start(
     (addr, stop)
 }
 
-struct Raw {
-    s: TcpStream,
+struct Raw<S = TcpStream> {
+    s: S,
     buf: BytesMut,
 }
 
@@ -44,6 +44,17 @@ impl Raw {
         }
     }
 
+    async fn start_ok(addr: std::net::SocketAddr, password: &str) -> Raw {
+        let s = TcpStream::connect(addr).await.expect("connect");
+        Raw::start_ok_on(s, password).await
+    }
+
+    async fn open(addr: std::net::SocketAddr) -> Raw {
+        Raw::open_on(TcpStream::connect(addr).await.expect("connect")).await
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
     async fn send(&mut self, frame: AMQPFrame) {
         let mut b = BytesMut::new();
         codec::encode_frame(&mut b, &frame);
@@ -82,8 +93,11 @@ impl Raw {
     }
 
     /// Sends the protocol header and start-ok with PLAIN credentials guest/`password`.
-    async fn start_ok(addr: std::net::SocketAddr, password: &str) -> Raw {
-        let mut r = Raw::connect(addr).await;
+    async fn start_ok_on(s: S, password: &str) -> Raw<S> {
+        let mut r = Raw {
+            s,
+            buf: BytesMut::new(),
+        };
         r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
         match r.recv().await {
             Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(s)))) => {
@@ -151,8 +165,8 @@ impl Raw {
     }
 
     /// Runs the handshake up to open-ok with frame_max 4096 and no heartbeats.
-    async fn open(addr: std::net::SocketAddr) -> Raw {
-        let mut r = Raw::start_ok(addr, "guest").await;
+    async fn open_on(s: S) -> Raw<S> {
+        let mut r = Raw::start_ok_on(s, "guest").await;
         r.tune_ok(10, 4096, 0).await;
         r.open_vhost().await;
         r
@@ -172,7 +186,7 @@ impl Raw {
 }
 
 /// A healthy connection, used to show that another one's failure did not affect it.
-async fn still_serves(r: &mut Raw) {
+async fn still_serves<S: AsyncRead + AsyncWrite + Unpin>(r: &mut Raw<S>) {
     r.method(
         1,
         AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
@@ -358,4 +372,26 @@ async fn dead_peers_are_dropped_after_two_missed_heartbeats() {
         waited >= Duration::from_millis(1500) && waited < Duration::from_secs(4),
         "{waited:?}"
     );
+}
+
+#[tokio::test]
+async fn socketless_in_process_connection_speaks_the_same_protocol() {
+    // The gateway is generic over the byte stream: an in-memory duplex stands in for a socket,
+    // which is how benchmarks go past the file-descriptor limit.
+    let broker = warren_runtime::BrokerHandle::start(Default::default());
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(warren_amqp::serve_connection(
+        server,
+        warren_amqp::PeerInfo {
+            addr: "in-process".into(),
+            is_loopback: true,
+        },
+        broker,
+        Arc::new(Default::default()),
+        stopped,
+    ));
+    let mut r = Raw::open_on(client).await;
+    r.open_channel(1).await;
+    still_serves(&mut r).await;
 }
