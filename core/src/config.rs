@@ -12,6 +12,11 @@ pub struct BrokerConfig {
     pub write_window: u32,
     /// The virtual host every connection gets for now.
     pub default_vhost: String,
+    /// Message bytes (bodies held ready or unacked, counted per queue) above which the broker
+    /// raises its memory alarm and publishing connections are blocked, as RabbitMQ's
+    /// `vm_memory_high_watermark` does. The host sizes it (the CLI: a fraction of RAM);
+    /// the core cannot look at the machine.
+    pub memory_high_watermark: u64,
 }
 
 impl Default for BrokerConfig {
@@ -20,6 +25,7 @@ impl Default for BrokerConfig {
             seed: 0x5741_5252_454e_0001,
             write_window: 2048,
             default_vhost: "/".to_string(),
+            memory_high_watermark: u64::MAX,
         }
     }
 }

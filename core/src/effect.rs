@@ -94,6 +94,15 @@ pub enum Effect {
         ch: ChannelRef,
         error: ProtocolError,
     },
+    /// The memory alarm is raised: the host stops reading from this connection once it has
+    /// published (AMQP: `connection.blocked`), until `Unblocked`.
+    Blocked {
+        conn: ConnId,
+    },
+    /// The memory alarm cleared.
+    Unblocked {
+        conn: ConnId,
+    },
     /// A connection exception: the core has released the whole connection. The host sends
     /// `connection.close` and closes the socket.
     ConnectionError {
@@ -112,7 +121,9 @@ impl Effect {
             | Effect::Confirm { ch, .. }
             | Effect::ConsumerCancelled { ch, .. }
             | Effect::ChannelError { ch, .. } => ch.conn,
-            Effect::ConnectionError { conn, .. } => *conn,
+            Effect::ConnectionError { conn, .. }
+            | Effect::Blocked { conn }
+            | Effect::Unblocked { conn } => *conn,
         }
     }
 }

@@ -453,3 +453,53 @@ fn exchange_to_exchange_and_alternate_exchange_routing() {
     let fx = h.consume(c, "q", "t", true);
     assert_eq!(bodies(&fx), ["via-e2e", "via-ae"]);
 }
+
+#[test]
+fn memory_alarm_blocks_every_connection_above_the_watermark_and_clears_below() {
+    let mut h = Harness::with_config(BrokerConfig {
+        memory_high_watermark: 10,
+        ..BrokerConfig::default()
+    });
+    let c1 = h.connect(1);
+    h.connect(2);
+    h.declare(c1, "q");
+    assert!(
+        h.publish(c1, "", "q", "12345678").is_empty(),
+        "8 bytes: under"
+    );
+    let fx = h.publish(c1, "", "q", "123");
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Blocked {
+                conn: ch(1, 0).conn
+            },
+            Effect::Blocked {
+                conn: ch(2, 0).conn
+            }
+        ]
+    );
+    assert_eq!(h.broker.stored_bytes(), 11);
+    // A connection opened during the alarm is blocked at once.
+    let fx = h.op(
+        ch(3, 0),
+        Op::ConnectionOpen {
+            vhost: "/".into(),
+            user: "guest".into(),
+            cancel_notify: true,
+        },
+    );
+    assert_eq!(
+        fx,
+        vec![Effect::Blocked {
+            conn: ch(3, 0).conn
+        }]
+    );
+    // Consuming without ack releases the bytes and clears the alarm.
+    let fx = h.consume(c1, "q", "t", true);
+    assert_eq!(bodies(&fx), ["12345678", "123"]);
+    assert!(fx.contains(&Effect::Unblocked {
+        conn: ch(2, 0).conn
+    }));
+    assert_eq!(h.broker.stored_bytes(), 0);
+}

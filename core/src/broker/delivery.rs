@@ -102,6 +102,7 @@ impl Broker {
             for &q in &queues {
                 if let Some(queue) = self.queues.get_mut(&q) {
                     queue.messages.push(message.clone());
+                    self.hold(message.body_len() as u64);
                 }
             }
             for q in queues {
@@ -239,6 +240,9 @@ impl Broker {
             }
             if let Some(conn) = self.conns.get_mut(&ch.conn) {
                 conn.in_flight += 1;
+            }
+            if no_ack {
+                self.release(m.message.body_len() as u64);
             }
             self.effects.push(Effect::Deliver {
                 ch,
@@ -399,7 +403,9 @@ impl Broker {
             return Ok(());
         };
         let message_count = u32::try_from(q.messages.len()).unwrap_or(u32::MAX);
-        if !no_ack {
+        if no_ack {
+            self.release(m.message.body_len() as u64);
+        } else {
             q.unacked += 1;
         }
         let Some(channel) = self.channels.get_mut(&ch) else {
@@ -499,12 +505,18 @@ impl Broker {
                     c.unacked = c.unacked.saturating_sub(1);
                 }
             }
-            if let Some(q) = self.queues.get_mut(&u.queue) {
-                q.unacked = q.unacked.saturating_sub(1);
-                if settle == Settle::Requeue {
-                    q.messages.requeue(u.seq, u.message);
-                    touched.insert(u.queue);
+            match self.queues.get_mut(&u.queue) {
+                Some(q) => {
+                    q.unacked = q.unacked.saturating_sub(1);
+                    if settle == Settle::Requeue {
+                        q.messages.requeue(u.seq, u.message);
+                        touched.insert(u.queue);
+                    } else {
+                        self.release(u.message.body_len() as u64);
+                    }
                 }
+                // Its queue was deleted while it was out: acked, dropped or requeued, it goes.
+                None => self.release(u.message.body_len() as u64),
             }
         }
         for q in touched {

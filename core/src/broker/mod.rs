@@ -100,6 +100,10 @@ pub struct Broker {
     conns: IdMap<ConnId, Conn>,
     channels: IdMap<ChannelRef, Channel>,
     effects: Vec<Effect>,
+    /// Body bytes in the broker's custody, counted once per queue holding the message
+    /// (ready or unacked). Drives the memory alarm.
+    stored_bytes: u64,
+    alarm: bool,
 }
 
 type OpResult = Result<(), ProtocolError>;
@@ -122,6 +126,8 @@ impl Broker {
             conns: IdMap::default(),
             channels: IdMap::default(),
             effects: Vec::new(),
+            stored_bytes: 0,
+            alarm: false,
         };
         broker.declare_predefined_exchanges();
         broker
@@ -132,6 +138,42 @@ impl Broker {
         self.now = self.now.max(now);
         if let Err(error) = self.apply(ch, op) {
             self.fail(ch, error);
+        }
+        self.update_alarm();
+    }
+
+    /// Body bytes currently held (ready or unacked, once per queue).
+    pub fn stored_bytes(&self) -> u64 {
+        self.stored_bytes
+    }
+
+    /// A message body of `n` bytes entered a queue.
+    fn hold(&mut self, n: u64) {
+        self.stored_bytes += n;
+    }
+
+    /// A message body of `n` bytes left the broker's custody for one queue (acked, dropped,
+    /// delivered without ack, purged, deleted).
+    fn release(&mut self, n: u64) {
+        debug_assert!(self.stored_bytes >= n, "released more than held");
+        self.stored_bytes = self.stored_bytes.saturating_sub(n);
+    }
+
+    /// Raises or clears the memory alarm after an op, telling every connection.
+    fn update_alarm(&mut self) {
+        let over = self.stored_bytes > self.config.memory_high_watermark;
+        if over == self.alarm {
+            return;
+        }
+        self.alarm = over;
+        let mut conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        conns.sort_unstable();
+        for conn in conns {
+            self.effects.push(if over {
+                Effect::Blocked { conn }
+            } else {
+                Effect::Unblocked { conn }
+            });
         }
     }
 
@@ -341,6 +383,23 @@ impl Broker {
     /// entries, consumers are where queues and channels say they are). For simulation tests
     /// and debug builds; O(state).
     pub fn check_invariants(&self) -> Result<(), String> {
+        let held: u64 = self
+            .queues
+            .values()
+            .map(|q| q.messages.bytes())
+            .chain(
+                self.channels
+                    .values()
+                    .flat_map(|c| c.unacked.values())
+                    .map(|u| u.message.body_len() as u64),
+            )
+            .sum();
+        if held != self.stored_bytes {
+            return Err(format!(
+                "stored_bytes {} but queues and unacked hold {held}",
+                self.stored_bytes
+            ));
+        }
         let mut queue_unacked: HashMap<QueueId, u64> = HashMap::new();
         let mut consumer_unacked: HashMap<ConsumerId, u32> = HashMap::new();
         for (ch, channel) in &self.channels {

@@ -109,6 +109,9 @@ impl Broker {
             in_flight: 0,
             user,
         });
+        if self.alarm {
+            self.effects.push(crate::effect::Effect::Blocked { conn });
+        }
         Ok(())
     }
 
@@ -161,6 +164,9 @@ impl Broker {
                 q.unacked = q.unacked.saturating_sub(1);
                 q.messages.requeue(u.seq, u.message);
                 touched.insert(u.queue);
+            } else {
+                // Its queue was deleted while it was out: nothing holds it any more.
+                self.release(u.message.body_len() as u64);
             }
         }
         for q in touched {

@@ -545,11 +545,15 @@ impl Broker {
 
     pub(super) fn queue_purge(&mut self, ch: ChannelRef, name: &str, nowait: bool) -> OpResult {
         let id = self.queue_id(ch, OpKind::QueuePurge, name)?;
-        let purged = self
+        let (purged, bytes) = self
             .queues
             .get_mut(&id)
-            .map(|q| q.messages.purge())
-            .unwrap_or(0);
+            .map(|q| {
+                let bytes = q.messages.bytes();
+                (q.messages.purge(), bytes)
+            })
+            .unwrap_or((0, 0));
+        self.release(bytes);
         if !nowait {
             self.reply(
                 ch,
@@ -615,6 +619,7 @@ impl Broker {
         let Some(q) = self.queues.remove(&id) else {
             return;
         };
+        self.release(q.messages.bytes());
         self.vhost.queues.remove(q.name.as_ref());
         if let Some(owner) = q.exclusive_owner.and_then(|o| self.conns.get_mut(&o)) {
             owner.exclusive_queues.remove(&id);
