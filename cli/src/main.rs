@@ -39,6 +39,37 @@ struct ServeArgs {
     /// Where the broker keeps its data.
     #[arg(long, default_value = "./warren-data")]
     data_dir: PathBuf,
+    /// Message memory, as a fraction of this machine's RAM, above which publishers are
+    /// blocked until consumers catch up (RabbitMQ's vm_memory_high_watermark).
+    #[arg(long, default_value_t = 0.4)]
+    memory_high_watermark: f64,
+}
+
+/// Total RAM in bytes, from /proc/meminfo.
+fn total_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// The memory alarm threshold in bytes for `fraction` of RAM.
+fn watermark_bytes(fraction: f64) -> Result<u64, ConfigError> {
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(ConfigError(format!(
+            "--memory-high-watermark {fraction} must be a fraction of RAM in (0, 1], e.g. 0.4"
+        )));
+    }
+    let total = total_memory().unwrap_or_else(|| {
+        tracing::warn!("cannot read /proc/meminfo; assuming 1 GiB of RAM for the memory alarm");
+        1 << 30
+    });
+    Ok((total as f64 * fraction) as u64)
 }
 
 /// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration (address, data dir).
@@ -96,6 +127,7 @@ impl std::error::Error for ConfigError {}
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let amqp = parse_listen("amqp", &args.amqp).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mqtt = parse_listen("mqtt", &args.mqtt).map_err(|e| ConfigError(format!("{e:#}")))?;
+    let memory_high_watermark = watermark_bytes(args.memory_high_watermark)?;
     std::fs::create_dir_all(&args.data_dir).map_err(|e| {
         ConfigError(format!(
             "cannot create data dir {}: {e}; pass --data-dir DIR with a writable path",
@@ -119,7 +151,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ConfigError(format!("cannot listen on {amqp}: {e}; {hint}"))
     })?;
     let bound = listener.local_addr()?;
-    let broker = warren_runtime::BrokerHandle::start(warren_core::BrokerConfig::default());
+    tracing::info!(
+        "memory alarm at {} MiB of queued message bodies",
+        memory_high_watermark >> 20
+    );
+    let broker = warren_runtime::BrokerHandle::start(warren_core::BrokerConfig {
+        memory_high_watermark,
+        ..warren_core::BrokerConfig::default()
+    });
     let (stop, stopped) = watch::channel(false);
     let config = Arc::new(warren_amqp::AmqpConfig::default());
     let server = tokio::spawn(warren_amqp::serve(listener, broker, config, stopped));

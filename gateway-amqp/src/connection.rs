@@ -200,6 +200,12 @@ struct Session {
     vhost: String,
     user: String,
     cancel_notify: bool,
+    blocked_notify: bool,
+    /// The broker's memory alarm is on.
+    blocked: bool,
+    /// This connection has published: while blocked, it is not read from (RabbitMQ blocks
+    /// publishing connections; consumers keep acking, which is what frees memory).
+    published: bool,
 }
 
 impl Session {
@@ -222,7 +228,15 @@ impl Session {
             vhost: n.vhost,
             user: n.user,
             cancel_notify: n.cancel_notify,
+            blocked_notify: n.blocked_notify,
+            blocked: false,
+            published: false,
         }
+    }
+
+    /// Whether reading is paused by the memory alarm.
+    fn paused(&self) -> bool {
+        self.blocked && self.published
     }
 
     async fn run<R, W>(
@@ -287,7 +301,7 @@ impl Session {
                     let Some(batch) = batch else { return End::BrokerGone };
                     self.on_effects(batch, &mut rx);
                 }
-                read = rd.read_buf(&mut rbuf) => {
+                read = rd.read_buf(&mut rbuf), if !self.paused() => {
                     match read {
                         Ok(0) => return End::Eof,
                         Ok(n) => {
@@ -318,6 +332,11 @@ impl Session {
     fn on_heartbeat_timer(&mut self) -> Option<End> {
         let h = self.heartbeat?;
         let now = Instant::now();
+        if self.paused() {
+            // We are not reading, so the client's heartbeats sit unread in the socket; its
+            // silence proves nothing until we read again.
+            self.last_read = now;
+        }
         if now >= self.last_read + h * 2 {
             let text = format!("missed heartbeats from client, timeout: {}s", h.as_secs());
             tracing::warn!(peer = %self.peer.addr, "{text}");
@@ -605,6 +624,7 @@ impl Session {
             return;
         };
         let properties = content.header.map(|(_, p)| p).unwrap_or_default();
+        self.published = true;
         self.ops.push((
             ch,
             Op::Publish(Box::new(Publish {
@@ -695,7 +715,7 @@ impl Session {
             *delivered += 1;
         }
         let ch = match &effect {
-            Effect::ConnectionError { .. } => 0,
+            Effect::ConnectionError { .. } | Effect::Blocked { .. } | Effect::Unblocked { .. } => 0,
             Effect::Reply { ch, .. }
             | Effect::Deliver { ch, .. }
             | Effect::Return { ch, .. }
@@ -710,6 +730,19 @@ impl Session {
             Effect::ConnectionError { error, .. } => {
                 let ids = methods::method_ids(error.op);
                 self.close_connection(error.code, error.text, ids);
+            }
+            Effect::Blocked { .. } => {
+                self.blocked = true;
+                tracing::info!(peer = %self.peer.addr, "memory alarm: publishing blocked");
+                if self.blocked_notify {
+                    codec::encode_method(&mut self.wbuf, 0, handshake::connection_blocked());
+                }
+            }
+            Effect::Unblocked { .. } => {
+                self.blocked = false;
+                if self.blocked_notify {
+                    codec::encode_method(&mut self.wbuf, 0, handshake::connection_unblocked());
+                }
             }
             // A channel we are closing gets nothing but the close handshake.
             _ if closing && ch != 0 => {}

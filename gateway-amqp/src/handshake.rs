@@ -23,6 +23,8 @@ pub struct Negotiated {
     pub vhost: String,
     pub user: String,
     pub cancel_notify: bool,
+    /// The client understands `connection.blocked` / `unblocked`.
+    pub blocked_notify: bool,
 }
 
 /// Why the handshake ended without a connection.
@@ -49,6 +51,7 @@ fn server_properties() -> FieldTable {
         "consumer_cancel_notify",
         "authentication_failure_close",
         "per_consumer_qos",
+        "connection.blocked",
     ] {
         caps.insert(ShortString::from(cap), AMQPValue::Boolean(true));
     }
@@ -219,13 +222,14 @@ where
         )
         .await);
     }
-    let cancel_notify = match start_ok.client_properties.inner().get("capabilities") {
-        Some(AMQPValue::FieldTable(caps)) => matches!(
-            caps.inner().get("consumer_cancel_notify"),
-            Some(AMQPValue::Boolean(true))
-        ),
+    let capability = |name: &str| match start_ok.client_properties.inner().get("capabilities") {
+        Some(AMQPValue::FieldTable(caps)) => {
+            matches!(caps.inner().get(name), Some(AMQPValue::Boolean(true)))
+        }
         _ => false,
     };
+    let cancel_notify = capability("consumer_cancel_notify");
+    let blocked_notify = capability("connection.blocked");
 
     send(wr, tune_method(config)).await?;
     let tune_ok = match next_method(rd, buf, limit).await? {
@@ -313,5 +317,17 @@ where
         vhost,
         user: credentials.user,
         cancel_notify,
+        blocked_notify,
     })
+}
+
+/// `connection.blocked`, sent while the broker's memory alarm is on.
+pub fn connection_blocked() -> AMQPClass {
+    AMQPClass::Connection(connection::AMQPMethod::Blocked(connection::Blocked {
+        reason: ShortString::from("low on memory"),
+    }))
+}
+
+pub fn connection_unblocked() -> AMQPClass {
+    AMQPClass::Connection(connection::AMQPMethod::Unblocked(connection::Unblocked {}))
 }

@@ -65,6 +65,14 @@ fn connection_frames() {
         "connection_close_ok",
         method(0, handshake::connection_close_ok())
     );
+    insta::assert_snapshot!(
+        "connection_blocked",
+        method(0, handshake::connection_blocked())
+    );
+    insta::assert_snapshot!(
+        "connection_unblocked",
+        method(0, handshake::connection_unblocked())
+    );
     let mut hb = BytesMut::new();
     codec::encode_heartbeat(&mut hb);
     insta::assert_snapshot!("heartbeat", hex(&hb));

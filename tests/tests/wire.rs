@@ -2,8 +2,8 @@
 //! malformed connection is closed with the right reply code and never disturbs another one.
 
 use amq_protocol::frame::AMQPFrame;
-use amq_protocol::protocol::{AMQPClass, basic, channel, connection};
-use amq_protocol::types::{FieldTable, LongString};
+use amq_protocol::protocol::{AMQPClass, basic, channel, connection, queue};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,14 @@ const T: Duration = Duration::from_secs(5);
 async fn start(
     config: warren_amqp::AmqpConfig,
 ) -> (std::net::SocketAddr, tokio::sync::watch::Sender<bool>) {
-    let broker = warren_runtime::BrokerHandle::start(Default::default());
+    start_with(config, Default::default()).await
+}
+
+async fn start_with(
+    config: warren_amqp::AmqpConfig,
+    broker: warren_core::BrokerConfig,
+) -> (std::net::SocketAddr, tokio::sync::watch::Sender<bool>) {
+    let broker = warren_runtime::BrokerHandle::start(broker);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -114,7 +121,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         r.method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
-                client_properties: FieldTable::default(),
+                client_properties: client_properties(),
                 mechanism: "PLAIN".into(),
                 response: LongString::from(format!("\0guest\0{password}")),
                 locale: "en_US".into(),
@@ -183,6 +190,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
             Some(Frame::Method(c, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)))) if c == ch
         ));
     }
+}
+
+/// What real clients announce: they understand server cancels and connection.blocked.
+fn client_properties() -> FieldTable {
+    let mut caps = FieldTable::default();
+    caps.insert("connection.blocked".into(), AMQPValue::Boolean(true));
+    caps.insert("consumer_cancel_notify".into(), AMQPValue::Boolean(true));
+    let mut props = FieldTable::default();
+    props.insert("capabilities".into(), AMQPValue::FieldTable(caps));
+    props
 }
 
 /// A healthy connection, used to show that another one's failure did not affect it.
@@ -394,4 +411,135 @@ async fn socketless_in_process_connection_speaks_the_same_protocol() {
     let mut r = Raw::open_on(client).await;
     r.open_channel(1).await;
     still_serves(&mut r).await;
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
+    async fn publish(&mut self, ch: u16, queue: &str, body: &[u8]) {
+        self.method(
+            ch,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: queue.into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        )
+        .await;
+        let mut b = BytesMut::new();
+        codec::encode_content(
+            &mut b,
+            ch,
+            &Default::default(),
+            &bytes::Bytes::copy_from_slice(body),
+            4096,
+        );
+        self.s.write_all(&b).await.expect("write");
+    }
+
+    async fn declare_queue(&mut self, ch: u16, queue: &str, passive: bool) -> u32 {
+        self.method(
+            ch,
+            AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                queue: queue.into(),
+                passive,
+                durable: false,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        )
+        .await;
+        loop {
+            match self.recv().await {
+                // Memory-alarm notices may arrive at any time on channel 0.
+                Some(Frame::Method(0, AMQPClass::Connection(_))) => continue,
+                Some(Frame::Method(_, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)))) => {
+                    return ok.message_count;
+                }
+                other => panic!("expected queue.declare-ok, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn memory_alarm_blocks_a_publisher_until_consumers_free_memory() {
+    let (addr, _stop) = start_with(
+        Default::default(),
+        warren_core::BrokerConfig {
+            memory_high_watermark: 1500,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut publisher = Raw::open(addr).await;
+    publisher.open_channel(1).await;
+    publisher.declare_queue(1, "alarm", false).await;
+    publisher.publish(1, "alarm", &[1; 1000]).await;
+    publisher.publish(1, "alarm", &[2; 1000]).await;
+    assert!(matches!(
+        publisher.recv().await,
+        Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Blocked(b)))) if b.reason.as_str() == "low on memory"
+    ));
+    // Blocked: this publish stays unread in the socket.
+    publisher.publish(1, "alarm", &[3; 1000]).await;
+    let mut consumer = Raw::open(addr).await;
+    // A connection opened during the alarm hears about it at once; it may still consume.
+    assert!(matches!(
+        consumer.recv().await,
+        Some(Frame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Blocked(_))
+        ))
+    ));
+    consumer.open_channel(1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        consumer.declare_queue(1, "alarm", true).await,
+        2,
+        "the third publish was not read"
+    );
+    // Each get frees 1000 bytes: the alarm clears, the paused publish is read (alarm again),
+    // and the second get clears it for good. The consumer hears every change on channel 0.
+    for _ in 0..2 {
+        consumer
+            .method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
+                    queue: "alarm".into(),
+                    no_ack: true,
+                })),
+            )
+            .await;
+        let mut content = Vec::new();
+        while content.len() < 3 {
+            match consumer.recv().await {
+                Some(Frame::Method(0, AMQPClass::Connection(_))) => {}
+                Some(f) => content.push(f),
+                None => panic!("consumer connection closed"),
+            }
+        }
+        assert!(matches!(
+            content[0],
+            Frame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(_)))
+        ));
+    }
+    assert!(matches!(
+        publisher.recv().await,
+        Some(Frame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Unblocked(_))
+        ))
+    ));
+    // Unblocked, the publisher is read again and its third message arrives.
+    let mut count = 0;
+    for _ in 0..50 {
+        count = consumer.declare_queue(1, "alarm", true).await;
+        if count == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count, 1);
 }
