@@ -17,6 +17,12 @@ pub struct BrokerConfig {
     /// `vm_memory_high_watermark` does. The host sizes it (the CLI: a fraction of RAM);
     /// the core cannot look at the machine.
     pub memory_high_watermark: u64,
+    /// Ready messages in a queue with consumers above which connections publishing into it
+    /// (and consuming nothing themselves) are paused until it drains to half: paces
+    /// publishers to their consumers, as RabbitMQ's credit flow does, so latency stays
+    /// bounded. Connections that consume are never paused: pausing their reads would hold
+    /// back the acks that drain queues.
+    pub flow_ready_high: usize,
 }
 
 impl Default for BrokerConfig {
@@ -26,6 +32,7 @@ impl Default for BrokerConfig {
             write_window: 2048,
             default_vhost: "/".to_string(),
             memory_high_watermark: u64::MAX,
+            flow_ready_high: 4096,
         }
     }
 }

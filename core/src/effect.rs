@@ -103,6 +103,15 @@ pub enum Effect {
     Unblocked {
         conn: ConnId,
     },
+    /// Flow control: stop reading from this connection (it publishes faster than a queue
+    /// it feeds is consumed). Invisible to the client, like RabbitMQ's credit flow.
+    FlowPaused {
+        conn: ConnId,
+    },
+    /// Flow control: read from this connection again.
+    FlowResumed {
+        conn: ConnId,
+    },
     /// A connection exception: the core has released the whole connection. The host sends
     /// `connection.close` and closes the socket.
     ConnectionError {
@@ -123,7 +132,9 @@ impl Effect {
             | Effect::ChannelError { ch, .. } => ch.conn,
             Effect::ConnectionError { conn, .. }
             | Effect::Blocked { conn }
-            | Effect::Unblocked { conn } => *conn,
+            | Effect::Unblocked { conn }
+            | Effect::FlowPaused { conn }
+            | Effect::FlowResumed { conn } => *conn,
         }
     }
 }

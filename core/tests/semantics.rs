@@ -503,3 +503,54 @@ fn memory_alarm_blocks_every_connection_above_the_watermark_and_clears_below() {
     }));
     assert_eq!(h.broker.stored_bytes(), 0);
 }
+
+#[test]
+fn flow_control_paces_pure_publishers_to_their_consumers() {
+    let mut h = Harness::with_config(BrokerConfig {
+        flow_ready_high: 4,
+        write_window: 1,
+        ..BrokerConfig::default()
+    });
+    let publisher = h.connect(1);
+    let consumer = h.connect(2);
+    h.declare(publisher, "q");
+    // No consumer yet: the queue buffers, nobody is paused.
+    for i in 0..6 {
+        assert!(h.publish(publisher, "", "q", &i.to_string()).is_empty());
+    }
+    // A consumer whose write window holds one delivery at a time: the backlog stays.
+    let fx = h.consume(consumer, "q", "t", true);
+    assert_eq!(bodies(&fx), ["0"]);
+    let fx = h.publish(publisher, "", "q", "6");
+    assert_eq!(
+        fx,
+        vec![Effect::FlowPaused {
+            conn: ch(1, 0).conn
+        }]
+    );
+    // A connection that consumes is never paused, whatever it publishes.
+    assert!(
+        !h.publish(consumer, "", "q", "7")
+            .contains(&Effect::FlowResumed {
+                conn: ch(2, 0).conn
+            })
+    );
+    assert!(
+        !h.publish(consumer, "", "q", "8")
+            .iter()
+            .any(|e| matches!(e, Effect::FlowPaused { .. }))
+    );
+    // Draining to half the mark (2) resumes the publisher.
+    let mut resumed = false;
+    for _ in 0..10 {
+        let fx = h.op(ch(2, 0), Op::Written { count: 1 });
+        resumed |= fx.contains(&Effect::FlowResumed {
+            conn: ch(1, 0).conn,
+        });
+        if resumed {
+            break;
+        }
+    }
+    assert!(resumed);
+    assert!(h.broker.queue_len("q").is_some_and(|n| n <= 2));
+}

@@ -136,7 +136,10 @@ struct Sim {
 impl Sim {
     fn new() -> Sim {
         let mut s = Sim {
-            h: Harness::new(),
+            h: Harness::with_config(warren_core::BrokerConfig {
+                flow_ready_high: 3,
+                ..Default::default()
+            }),
             l: Ledger::default(),
             trace: Vec::new(),
             get_no_ack: false,

@@ -206,6 +206,8 @@ struct Session {
     /// This connection has published: while blocked, it is not read from (RabbitMQ blocks
     /// publishing connections; consumers keep acking, which is what frees memory).
     published: bool,
+    /// The core's flow control paused this (publishing) connection.
+    flow_paused: bool,
 }
 
 impl Session {
@@ -231,12 +233,13 @@ impl Session {
             blocked_notify: n.blocked_notify,
             blocked: false,
             published: false,
+            flow_paused: false,
         }
     }
 
-    /// Whether reading is paused by the memory alarm.
+    /// Whether reading is paused: by the memory alarm (publishers only) or by flow control.
     fn paused(&self) -> bool {
-        self.blocked && self.published
+        (self.blocked && self.published) || self.flow_paused
     }
 
     async fn run<R, W>(
@@ -715,7 +718,11 @@ impl Session {
             *delivered += 1;
         }
         let ch = match &effect {
-            Effect::ConnectionError { .. } | Effect::Blocked { .. } | Effect::Unblocked { .. } => 0,
+            Effect::ConnectionError { .. }
+            | Effect::Blocked { .. }
+            | Effect::Unblocked { .. }
+            | Effect::FlowPaused { .. }
+            | Effect::FlowResumed { .. } => 0,
             Effect::Reply { ch, .. }
             | Effect::Deliver { ch, .. }
             | Effect::Return { ch, .. }
@@ -738,6 +745,8 @@ impl Session {
                     codec::encode_method(&mut self.wbuf, 0, handshake::connection_blocked());
                 }
             }
+            Effect::FlowPaused { .. } => self.flow_paused = true,
+            Effect::FlowResumed { .. } => self.flow_paused = false,
             Effect::Unblocked { .. } => {
                 self.blocked = false;
                 if self.blocked_notify {

@@ -9,7 +9,7 @@ use super::{Broker, Consumer, ConsumerId, OpResult};
 use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
-use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId};
+use crate::ids::{ChannelRef, ConnId, Destination, ExchangeId, QueueId};
 use crate::message::Message;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -105,9 +105,10 @@ impl Broker {
                     self.hold(message.body_len() as u64);
                 }
             }
-            for q in queues {
+            for &q in &queues {
                 self.dispatch(q);
             }
+            self.pace(ch.conn, &queues);
         }
         if let Some(seq) = seq {
             // Transient queues only, for now: enqueued is as safe as it gets. With storage,
@@ -188,8 +189,21 @@ impl Broker {
                 || channel.consumer_unacked < u32::from(channel.global_prefetch))
     }
 
-    /// Hands ready messages of queue `id` to its consumers, round-robin, while any has credit.
+    /// Hands ready messages of queue `id` to its consumers, round-robin, while any has credit;
+    /// then resumes the publishers it paused once it has drained to half the flow mark.
     pub(super) fn dispatch(&mut self, id: QueueId) {
+        self.dispatch_ready(id);
+        let low = self.config.flow_ready_high / 2;
+        if self
+            .queues
+            .get(&id)
+            .is_some_and(|q| !q.pausing.is_empty() && q.messages.len() <= low)
+        {
+            self.resume_paused(id);
+        }
+    }
+
+    fn dispatch_ready(&mut self, id: QueueId) {
         loop {
             let Some(q) = self.queues.get(&id) else {
                 return;
@@ -340,6 +354,9 @@ impl Broker {
             q.consumers.push(cid);
             q.had_consumer = true;
         }
+        if let Some(conn) = self.conns.get_mut(&ch.conn) {
+            conn.consumers += 1;
+        }
         if !c.nowait {
             self.reply(ch, Reply::ConsumeOk { consumer_tag: tag });
         }
@@ -373,6 +390,9 @@ impl Broker {
         let Some(c) = self.consumers.remove(&cid) else {
             return;
         };
+        if let Some(conn) = self.conns.get_mut(&c.ch.conn) {
+            conn.consumers = conn.consumers.saturating_sub(1);
+        }
         if let Some(channel) = self.channels.get_mut(&c.ch) {
             channel.consumers.remove(&c.tag);
         }
@@ -388,6 +408,13 @@ impl Broker {
         // Channel and connection close pass `false` but still delete: RabbitMQ deletes an
         // auto-delete queue when its last consumer goes, however it goes.
         let _ = auto_delete;
+        if q.consumers.is_empty() {
+            // Without consumers a queue buffers, as in RabbitMQ: nothing to pace against.
+            self.resume_paused(c.queue);
+        }
+        let Some(q) = self.queues.get(&c.queue) else {
+            return;
+        };
         if q.auto_delete && q.had_consumer && q.consumers.is_empty() {
             self.delete_queue(c.queue);
         }
@@ -643,4 +670,45 @@ fn too_large_tx(op: OpKind) -> ProtocolError {
         op,
         format!("transaction exceeds {MAX_TX_OPS} operations; commit more often"),
     )
+}
+
+impl Broker {
+    /// Pauses publishing connection `conn` for every queue among `queues` that has consumers
+    /// and more than `flow_ready_high` ready messages, unless `conn` consumes itself.
+    fn pace(&mut self, conn: ConnId, queues: &[QueueId]) {
+        if self.conns.get(&conn).is_none_or(|c| c.consumers > 0) {
+            return;
+        }
+        let high = self.config.flow_ready_high;
+        for &id in queues {
+            let Some(q) = self.queues.get_mut(&id) else {
+                continue;
+            };
+            if q.consumers.is_empty() || q.messages.len() <= high || q.pausing.contains(&conn) {
+                continue;
+            }
+            q.pausing.push(conn);
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.paused_by += 1;
+                if c.paused_by == 1 {
+                    self.effects.push(Effect::FlowPaused { conn });
+                }
+            }
+        }
+    }
+
+    /// Lifts the pauses queue `id` holds (it drained, lost its consumers, or is going away).
+    pub(super) fn resume_paused(&mut self, id: QueueId) {
+        let Some(q) = self.queues.get_mut(&id) else {
+            return;
+        };
+        for conn in std::mem::take(&mut q.pausing) {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.paused_by = c.paused_by.saturating_sub(1);
+                if c.paused_by == 0 {
+                    self.effects.push(Effect::FlowResumed { conn });
+                }
+            }
+        }
+    }
 }

@@ -67,6 +67,8 @@ pub(crate) struct Queue {
     pub(crate) unacked: u64,
     /// Exchanges with bindings to this queue, and how many.
     pub(crate) bound_from: BTreeMap<ExchangeId, u32>,
+    /// Publishing connections this queue has paused (flow control), in pause order.
+    pub(crate) pausing: Vec<ConnId>,
 }
 
 pub(crate) struct Consumer {
@@ -443,6 +445,26 @@ impl Broker {
                 if c.queue != *id {
                     return Err(format!("queue {}: consumer of another queue", q.name));
                 }
+            }
+        }
+        for (id, conn) in &self.conns {
+            let consumers = self.consumers.values().filter(|c| c.ch.conn == *id).count();
+            if conn.consumers as usize != consumers {
+                return Err(format!(
+                    "{id:?}: consumers {} but {consumers} exist",
+                    conn.consumers
+                ));
+            }
+            let pausing = self
+                .queues
+                .values()
+                .filter(|q| q.pausing.contains(id))
+                .count();
+            if conn.paused_by as usize != pausing {
+                return Err(format!(
+                    "{id:?}: paused_by {} but {pausing} queues pause it",
+                    conn.paused_by
+                ));
             }
         }
         for (cid, c) in &self.consumers {

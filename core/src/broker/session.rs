@@ -16,6 +16,10 @@ pub(crate) struct Conn {
     pub(crate) exclusive_queues: BTreeSet<QueueId>,
     /// Deliveries handed to the host and not yet reported written (`Op::Written`).
     pub(crate) in_flight: u32,
+    /// Consumers on this connection's channels: a connection with any is never paused.
+    pub(crate) consumers: u32,
+    /// Queues currently pausing this connection (flow control).
+    pub(crate) paused_by: u32,
     #[allow(dead_code)] // Used by permissions (user) once users exist beyond guest.
     pub(crate) user: String,
 }
@@ -107,6 +111,8 @@ impl Broker {
             channels: BTreeSet::new(),
             exclusive_queues: BTreeSet::new(),
             in_flight: 0,
+            consumers: 0,
+            paused_by: 0,
             user,
         });
         if self.alarm {

@@ -479,6 +479,7 @@ impl Broker {
                         had_consumer: false,
                         unacked: 0,
                         bound_from: BTreeMap::new(),
+                        pausing: Vec::new(),
                     },
                 );
                 self.vhost.queues.insert(name.to_string(), id);
@@ -554,6 +555,7 @@ impl Broker {
             })
             .unwrap_or((0, 0));
         self.release(bytes);
+        self.resume_paused(id);
         if !nowait {
             self.reply(
                 ch,
@@ -616,6 +618,7 @@ impl Broker {
     /// messages, and its consumers, who are told (`basic.cancel`) when their client
     /// understands it. Unacked deliveries stay on their channels; acking them is a no-op.
     pub(super) fn delete_queue(&mut self, id: QueueId) {
+        self.resume_paused(id);
         let Some(q) = self.queues.remove(&id) else {
             return;
         };
@@ -628,6 +631,9 @@ impl Broker {
             let Some(consumer) = self.consumers.remove(&cid) else {
                 continue;
             };
+            if let Some(conn) = self.conns.get_mut(&consumer.ch.conn) {
+                conn.consumers = conn.consumers.saturating_sub(1);
+            }
             if let Some(channel) = self.channels.get_mut(&consumer.ch) {
                 channel.consumers.remove(&consumer.tag);
             }
