@@ -689,8 +689,8 @@ impl Broker {
             }
             q.pausing.push(conn);
             if let Some(c) = self.conns.get_mut(&conn) {
-                c.paused_by += 1;
-                if c.paused_by == 1 {
+                c.paused_in.insert(id);
+                if c.paused_in.len() == 1 {
                     self.effects.push(Effect::FlowPaused { conn });
                 }
             }
@@ -703,11 +703,11 @@ impl Broker {
             return;
         };
         for conn in std::mem::take(&mut q.pausing) {
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.paused_by = c.paused_by.saturating_sub(1);
-                if c.paused_by == 0 {
-                    self.effects.push(Effect::FlowResumed { conn });
-                }
+            if let Some(c) = self.conns.get_mut(&conn)
+                && c.paused_in.remove(&id)
+                && c.paused_in.is_empty()
+            {
+                self.effects.push(Effect::FlowResumed { conn });
             }
         }
     }

@@ -455,15 +455,16 @@ impl Broker {
                     conn.consumers
                 ));
             }
-            let pausing = self
+            let pausing: std::collections::BTreeSet<QueueId> = self
                 .queues
-                .values()
-                .filter(|q| q.pausing.contains(id))
-                .count();
-            if conn.paused_by as usize != pausing {
+                .iter()
+                .filter(|(_, q)| q.pausing.contains(id))
+                .map(|(qid, _)| *qid)
+                .collect();
+            if conn.paused_in != pausing {
                 return Err(format!(
-                    "{id:?}: paused_by {} but {pausing} queues pause it",
-                    conn.paused_by
+                    "{id:?}: paused in {:?} but {pausing:?} pause it",
+                    conn.paused_in
                 ));
             }
         }

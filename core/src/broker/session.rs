@@ -19,7 +19,7 @@ pub(crate) struct Conn {
     /// Consumers on this connection's channels: a connection with any is never paused.
     pub(crate) consumers: u32,
     /// Queues currently pausing this connection (flow control).
-    pub(crate) paused_by: u32,
+    pub(crate) paused_in: BTreeSet<QueueId>,
     #[allow(dead_code)] // Used by permissions (user) once users exist beyond guest.
     pub(crate) user: String,
 }
@@ -112,7 +112,7 @@ impl Broker {
             exclusive_queues: BTreeSet::new(),
             in_flight: 0,
             consumers: 0,
-            paused_by: 0,
+            paused_in: BTreeSet::new(),
             user,
         });
         if self.alarm {
@@ -207,7 +207,13 @@ impl Broker {
         for q in exclusive {
             self.delete_queue(q);
         }
-        self.conns.remove(&conn);
+        if let Some(c) = self.conns.remove(&conn) {
+            for id in c.paused_in {
+                if let Some(q) = self.queues.get_mut(&id) {
+                    q.pausing.retain(|&p| p != conn);
+                }
+            }
+        }
     }
 
     /// The host wrote `count` deliveries: reopen the window and resume blocked consumers.
