@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 root=$PWD
 passed=0
 broker_pid=""
-port=${WARREN_TEST_PORT:-5679}
+port=${WARREN_TEST_PORT:-0} # 0: the broker picks a free port and logs it
+python=target/venv/bin/python
 
 cleanup() {
   if [ -n "$broker_pid" ] && kill -0 "$broker_pid" 2>/dev/null; then
@@ -32,12 +33,23 @@ step() { # name command...
 }
 
 setup_toolchain() {
-  rustup target add wasm32-unknown-unknown
+  rustup component add rustfmt clippy && rustup target add wasm32-unknown-unknown
 }
 
 setup_python() {
-  [ -x target/venv/bin/python ] || python3 -m venv target/venv || return 1
-  target/venv/bin/pip install -q --disable-pip-version-check 'pika==1.3.2' 'pytest==8.3.4'
+  local pkgs=('pika==1.3.2' 'pytest==8.3.4')
+  if [ -x target/venv/bin/python ] || python3 -m venv target/venv; then
+    target/venv/bin/python -m pip install -q --disable-pip-version-check "${pkgs[@]}"
+  else
+    # No venv module (Debian without python3-venv): install into a folder of our own.
+    echo "python3 -m venv unavailable; installing into target/pydeps instead"
+    rm -rf target/venv
+    python3 -m pip install -q --disable-pip-version-check --target target/pydeps "${pkgs[@]}" ||
+      return 1
+    python=python3
+    export PYTHONPATH="$root/target/pydeps${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  "$python" -m pytest --version
 }
 
 setup_perftest() {
@@ -56,10 +68,13 @@ start_broker() {
   target/debug/warren serve --amqp "127.0.0.1:$port" --mqtt none --data-dir target/ci-data \
     > target/ci-broker.log 2>&1 &
   broker_pid=$!
+  local line
   for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      grep -q "listening on 127.0.0.1:$port" target/ci-broker.log && return 0
-    fi
+    line=$(grep -o "listening on 127.0.0.1:[0-9]*" target/ci-broker.log) && {
+      port=${line##*:}
+      echo "warren serve (pid $broker_pid) listening on 127.0.0.1:$port"
+      return 0
+    }
     kill -0 "$broker_pid" 2>/dev/null || { cat target/ci-broker.log; return 1; }
     sleep 0.1
   done
@@ -67,11 +82,11 @@ start_broker() {
 }
 
 pika_tests() {
-  WARREN_AMQP="127.0.0.1:$port" timeout 300 target/venv/bin/pytest -q tests/python
+  WARREN_AMQP="127.0.0.1:$port" timeout 300 "$python" -m pytest -q tests/python
 }
 
 perftest() {
-  timeout 300 scripts/perftest.sh "amqp://guest:guest@127.0.0.1:$port" 20000
+  timeout 300 scripts/perftest.sh "amqp://guest:guest@127.0.0.1:$port" 50000
 }
 
 stop_broker() {
@@ -85,7 +100,7 @@ stop_broker() {
   return "$code"
 }
 
-step "install: wasm32 target" setup_toolchain
+step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, pytest)" setup_python
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "cargo fmt --check" cargo fmt --all -- --check

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,7 +16,9 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "warren",
     version,
-    about = "Warren: an AMQP 0.9.1 and MQTT message broker"
+    about = "Warren: an AMQP 0.9.1 and MQTT message broker",
+    after_help = "Exit codes: 0 stopped cleanly (SIGINT/SIGTERM), 1 runtime failure, \
+                  2 bad usage or configuration (flags, address in use, data dir)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -87,6 +90,7 @@ fn parse_listen(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
+        .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
@@ -125,6 +129,9 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Watch the signals before anything else, so that a SIGTERM arriving during start-up
+    // stops the broker cleanly once it is up instead of killing the process.
+    let signals = Signals::watch()?;
     let amqp = parse_listen("amqp", &args.amqp).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mqtt = parse_listen("mqtt", &args.mqtt).map_err(|e| ConfigError(format!("{e:#}")))?;
     let memory_high_watermark = watermark_bytes(args.memory_high_watermark)?;
@@ -163,7 +170,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = Arc::new(warren_amqp::AmqpConfig::default());
     let server = tokio::spawn(warren_amqp::serve(listener, broker, config, stopped));
     tracing::info!(data_dir = %args.data_dir.display(), "listening on {bound} (AMQP 0.9.1)");
-    wait_for_signal().await?;
+    signals.wait().await;
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
     server.await.context("AMQP listener task failed")??;
@@ -171,12 +178,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("cannot watch SIGINT")?,
-        _ = term.recv() => {}
+/// SIGINT (Ctrl-C) and SIGTERM, registered up front.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn watch() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        let name = tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+        };
+        tracing::info!("{name} received");
+    }
 }

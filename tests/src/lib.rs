@@ -136,3 +136,34 @@ pub async fn drain(ch: &Channel, queue: &str) -> Vec<String> {
     }
     got
 }
+
+/// The next `n` deliveries of `consumer`, each within [`WAIT`].
+pub async fn take(consumer: &mut Consumer, n: usize) -> Vec<Delivery> {
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        got.push(next(consumer).await);
+    }
+    got
+}
+
+/// A broker-reported error: reply code, reply text, and whether it was a connection
+/// (hard) error rather than a channel (soft) one.
+pub fn reply(err: &lapin::Error) -> (u16, String, bool) {
+    match err.kind() {
+        ErrorKind::ProtocolError(e) => (
+            e.get_id(),
+            e.get_message().to_string(),
+            matches!(e.kind(), lapin::protocol::AMQPErrorKind::Hard(_)),
+        ),
+        other => panic!("expected a protocol error from the broker, got {other:?}"),
+    }
+}
+
+/// Waits (bounded) until `done()` holds; panics with `what` otherwise.
+pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

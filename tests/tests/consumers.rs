@@ -112,6 +112,9 @@ async fn deleting_a_queue_cancels_its_consumers() {
         "consumer should be cancelled, got {:?}",
         end.map(|d| d.map(|d| d.data))
     );
+    // basic.cancel from the server leaves the channel open.
+    assert!(ch.status().connected(), "the consumer's channel stays open");
+    declare(&ch, "after-cancel").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -417,3 +417,234 @@ async fn auto_delete_exchange_goes_with_its_last_binding_and_delete_if_unused() 
     .expect_err("gone with its last binding");
     assert_eq!(code(&err), 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_exchanges_of_every_type_route_like_rabbitmq() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    for (name, kind) in [
+        ("my.direct", ExchangeKind::Direct),
+        ("my.fanout", ExchangeKind::Fanout),
+        ("my.topic", ExchangeKind::Topic),
+        ("my.headers", ExchangeKind::Headers),
+    ] {
+        bounded(ch.exchange_declare(name.into(), kind.clone(), durable, FieldTable::default()))
+            .await
+            .unwrap_or_else(|e| panic!("declare {name}: {e}"));
+        // Declaring again with the same properties is a no-op; a passive declare finds it.
+        bounded(ch.exchange_declare(name.into(), kind.clone(), durable, FieldTable::default()))
+            .await
+            .unwrap_or_else(|e| panic!("redeclare {name}: {e}"));
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        bounded(ch.exchange_declare(name.into(), kind, passive, FieldTable::default()))
+            .await
+            .unwrap_or_else(|e| panic!("passive {name}: {e}"));
+        let q = format!("{name}.q");
+        declare(&ch, &q).await;
+        let args = if name == "my.headers" {
+            // No x-match: "all" is the default. x- arguments take no part in matching.
+            table(&[("color", text("red")), ("x-note", text("ignored"))])
+        } else {
+            FieldTable::default()
+        };
+        bounded(ch.queue_bind(
+            q.as_str().into(),
+            name.into(),
+            "k.1".into(),
+            Default::default(),
+            args,
+        ))
+        .await
+        .expect("bind");
+    }
+    let send = |exchange: &'static str, key: &'static str, body: &'static str, h: FieldTable| {
+        let ch = ch.clone();
+        async move {
+            bounded(ch.basic_publish(
+                exchange.into(),
+                key.into(),
+                Default::default(),
+                body.as_bytes(),
+                BasicProperties::default().with_headers(h),
+            ))
+            .await
+            .expect("publish");
+        }
+    };
+    send("my.direct", "k.1", "direct-hit", FieldTable::default()).await;
+    send("my.direct", "k.2", "direct-miss", FieldTable::default()).await;
+    send("my.fanout", "whatever", "fanout-hit", FieldTable::default()).await;
+    send("my.topic", "k.1", "topic-hit", FieldTable::default()).await;
+    send("my.topic", "k.1.2", "topic-miss", FieldTable::default()).await;
+    send(
+        "my.headers",
+        "",
+        "headers-hit",
+        table(&[("color", text("red")), ("size", text("xl"))]),
+    )
+    .await;
+    send(
+        "my.headers",
+        "",
+        "headers-miss",
+        table(&[("color", text("blue"))]),
+    )
+    .await;
+    send("my.headers", "", "headers-none", FieldTable::default()).await;
+    assert_eq!(drain(&ch, "my.direct.q").await, ["direct-hit"]);
+    assert_eq!(drain(&ch, "my.fanout.q").await, ["fanout-hit"]);
+    assert_eq!(drain(&ch, "my.topic.q").await, ["topic-hit"]);
+    assert_eq!(drain(&ch, "my.headers.q").await, ["headers-hit"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_exchange_is_reached_through_an_exchange_binding() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    bounded(ch.exchange_declare(
+        "hidden".into(),
+        ExchangeKind::Fanout,
+        ExchangeDeclareOptions {
+            internal: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    ))
+    .await
+    .expect("internal exchange");
+    bounded(ch.exchange_bind(
+        "hidden".into(),
+        "amq.direct".into(),
+        "in".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("bind the internal exchange below amq.direct");
+    declare(&ch, "behind").await;
+    bounded(ch.queue_bind(
+        "behind".into(),
+        "hidden".into(),
+        "".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("bind");
+    bounded(ch.basic_publish(
+        "amq.direct".into(),
+        "in".into(),
+        Default::default(),
+        b"through",
+        BasicProperties::default(),
+    ))
+    .await
+    .expect("publish");
+    assert_eq!(drain(&ch, "behind").await, ["through"]);
+    // Unbinding the exchanges cuts the route.
+    bounded(ch.exchange_unbind(
+        "hidden".into(),
+        "amq.direct".into(),
+        "in".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("exchange.unbind");
+    bounded(ch.basic_publish(
+        "amq.direct".into(),
+        "in".into(),
+        Default::default(),
+        b"dropped",
+        BasicProperties::default(),
+    ))
+    .await
+    .expect("publish");
+    assert!(drain(&ch, "behind").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_hash_in_the_middle_and_alternate_exchange_prevents_returns() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    declare(&ch, "mid").await;
+    bounded(ch.queue_bind(
+        "mid".into(),
+        "amq.topic".into(),
+        "a.#.c".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("bind");
+    for key in ["a.c", "a.b.c", "a.b.b.c", "a.b", "x.a.c", "a.c.d"] {
+        bounded(ch.basic_publish(
+            "amq.topic".into(),
+            key.into(),
+            Default::default(),
+            key.as_bytes(),
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("publish");
+    }
+    assert_eq!(drain(&ch, "mid").await, ["a.c", "a.b.c", "a.b.b.c"]);
+    // A mandatory message that only the alternate exchange routes is not returned.
+    bounded(ch.exchange_declare(
+        "catch-all".into(),
+        ExchangeKind::Fanout,
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("ae");
+    bounded(ch.exchange_declare(
+        "picky".into(),
+        ExchangeKind::Direct,
+        Default::default(),
+        table(&[("alternate-exchange", text("catch-all"))]),
+    ))
+    .await
+    .expect("with ae");
+    declare(&ch, "caught").await;
+    bounded(ch.queue_bind(
+        "caught".into(),
+        "catch-all".into(),
+        "".into(),
+        Default::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("bind");
+    ch.confirm_select(Default::default())
+        .await
+        .expect("confirms");
+    let confirm = bounded(async {
+        ch.basic_publish(
+            "picky".into(),
+            "nobody".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            b"rescued",
+            BasicProperties::default(),
+        )
+        .await?
+        .await
+    })
+    .await
+    .expect("publish");
+    assert!(
+        matches!(confirm, lapin::Confirmation::Ack(None)),
+        "routed through the alternate exchange: acked, not returned; got {confirm:?}"
+    );
+    assert_eq!(drain(&ch, "caught").await, ["rescued"]);
+}
