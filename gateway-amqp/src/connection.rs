@@ -11,7 +11,7 @@ use crate::handshake::{self, Negotiated, Refused};
 use crate::methods::{self, Incoming};
 use amq_protocol::protocol::{AMQPClass, basic, connection};
 use bytes::{Bytes, BytesMut};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -42,6 +42,11 @@ const MAX_WRITE_BYTES: usize = 1024 * 1024;
 /// Bodies are assembled in a buffer this large at first, growing geometrically after, so a
 /// client announcing 128 MiB cannot make us allocate it before sending it.
 const INITIAL_BODY: u64 = 1024 * 1024;
+/// Single-frame bodies shorter than this are copied out of the read buffer. Kept as a slice,
+/// a small body would pin the whole read allocation (up to `READ_CHUNK`) for as long as the
+/// message sits in a queue: a slow publisher's 100-byte messages would hold 4-64 KiB each,
+/// invisible to the core's memory accounting, which counts body bytes.
+const COPY_BODY_BELOW: usize = 32 * 1024;
 /// How long we wait for `connection.close-ok` after sending `connection.close`.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -98,6 +103,10 @@ pub async fn serve_connection<S>(
             "connection closed by the server: {text}"
         ),
         End::BrokerGone => tracing::debug!(peer = %session.peer.addr, "broker stopped"),
+        End::MissedHeartbeats(secs) => tracing::warn!(
+            peer = %session.peer.addr,
+            "missed heartbeats from client, timeout: {secs}s"
+        ),
     }
 }
 
@@ -109,6 +118,8 @@ enum End {
     /// We sent connection.close with this code and text.
     Closed(u16, String),
     BrokerGone,
+    /// Nothing received for two heartbeat intervals (seconds): the socket is just closed.
+    MissedHeartbeats(u64),
 }
 
 impl From<std::io::Error> for End {
@@ -126,9 +137,12 @@ struct Content {
 
 enum Body {
     Empty,
-    /// The whole body arrived in one frame: kept as a slice of the read buffer.
+    /// The whole body arrived in one frame (see `own`).
     One(Bytes),
-    Many(BytesMut),
+    /// Assembled from several frames. Capacity grows geometrically from at most
+    /// `INITIAL_BODY` but never beyond the announced size, so a complete body holds exactly
+    /// its length and a client announcing 128 MiB must send it before we allocate it.
+    Many(Vec<u8>),
 }
 
 impl Body {
@@ -140,22 +154,23 @@ impl Body {
         }
     }
 
+    /// Appends a chunk; the caller has checked that the body stays within `total`.
     fn push(&mut self, chunk: Bytes, total: u64) {
         *self = match std::mem::replace(self, Body::Empty) {
-            Body::Empty if chunk.len() as u64 == total => Body::One(chunk),
+            Body::Empty if chunk.len() as u64 == total => Body::One(own(chunk)),
             Body::Empty => {
-                let mut b = BytesMut::with_capacity(total.min(INITIAL_BODY) as usize);
+                let mut b = Vec::with_capacity(total.min(INITIAL_BODY) as usize);
                 b.extend_from_slice(&chunk);
                 Body::Many(b)
             }
             Body::One(first) => {
-                let mut b = BytesMut::with_capacity(total.min(INITIAL_BODY) as usize);
-                b.extend_from_slice(&first);
-                b.extend_from_slice(&chunk);
+                let mut b = Vec::with_capacity(total.min(INITIAL_BODY) as usize);
+                extend_within(&mut b, &first, total);
+                extend_within(&mut b, &chunk, total);
                 Body::Many(b)
             }
             Body::Many(mut b) => {
-                b.extend_from_slice(&chunk);
+                extend_within(&mut b, &chunk, total);
                 Body::Many(b)
             }
         };
@@ -165,8 +180,32 @@ impl Body {
         match self {
             Body::Empty => Bytes::new(),
             Body::One(b) => b,
-            Body::Many(b) => b.freeze(),
+            Body::Many(b) => Bytes::from(b),
         }
+    }
+}
+
+/// Appends `chunk`, doubling the capacity when it is short but capping it at `total`.
+fn extend_within(b: &mut Vec<u8>, chunk: &[u8], total: u64) {
+    let needed = b.len() + chunk.len();
+    if needed > b.capacity() {
+        let cap = usize::try_from(total).unwrap_or(usize::MAX);
+        let target = b
+            .capacity()
+            .saturating_mul(2)
+            .max(needed)
+            .min(cap.max(needed));
+        b.reserve_exact(target - b.len());
+    }
+    b.extend_from_slice(chunk);
+}
+
+/// A body chunk fit to keep: small ones get their own allocation (see `COPY_BODY_BELOW`).
+fn own(chunk: Bytes) -> Bytes {
+    if chunk.len() < COPY_BODY_BELOW {
+        Bytes::copy_from_slice(&chunk)
+    } else {
+        chunk
     }
 }
 
@@ -175,8 +214,40 @@ struct ChannelState {
     /// We sent channel.close (a channel error) and wait for close-ok; frames are dropped.
     closing: bool,
     content: Option<Content>,
-    /// Highest publisher-confirm sequence number sent, for collapsing acks.
-    confirmed: u64,
+    /// Publisher confirms sent, for collapsing acks.
+    confirmed: Confirmed,
+}
+
+/// The publisher confirms sent on one channel: every sequence number up to `through` has been
+/// confirmed (acked or nacked), `above` holds those confirmed out of order beyond it. A run of
+/// acks may collapse into one `multiple` ack only when it starts right after `through`: a
+/// `multiple` ack would otherwise also confirm a message still in flight.
+#[derive(Default)]
+struct Confirmed {
+    through: u64,
+    /// Empty while the core confirms in order (today it always does).
+    above: BTreeSet<u64>,
+}
+
+impl Confirmed {
+    /// Whether every sequence number before `seq` has been confirmed.
+    fn follows(&self, seq: u64) -> bool {
+        seq == self.through.saturating_add(1)
+    }
+
+    /// Records `first..=last` as confirmed (`first` = 1 for a core-sent `multiple` confirm).
+    fn mark(&mut self, first: u64, last: u64) {
+        if first <= self.through.saturating_add(1) {
+            self.through = self.through.max(last);
+            self.above = self.above.split_off(&self.through.saturating_add(1));
+        } else {
+            self.above.extend(first..=last);
+        }
+        while self.above.first() == Some(&self.through.saturating_add(1)) {
+            self.above.pop_first();
+            self.through += 1;
+        }
+    }
 }
 
 struct Session {
@@ -267,6 +338,7 @@ impl Session {
             self.fail(e);
         }
         let mut read_chunk = SMALL_READ;
+        let mut watching_shutdown = true;
         loop {
             // Write before returning write-window credit (`Op::Written` in `ops`), so the
             // core never has more than one window of deliveries in flight to this socket.
@@ -279,7 +351,7 @@ impl Session {
                 return end;
             }
             if let Some((code, text)) = self.closing.clone() {
-                return self.await_close_ok(rd, &mut rbuf, code, text).await;
+                return self.await_close_ok(rd, wr, &mut rbuf, code, text).await;
             }
             if self.client_closed {
                 return End::ClientClosed;
@@ -290,15 +362,22 @@ impl Session {
             if rbuf.capacity() - rbuf.len() < SMALL_READ {
                 rbuf.reserve(read_chunk);
             }
+            if *shutdown.borrow_and_update() {
+                self.close_connection(
+                    ErrorCode::ConnectionForced,
+                    "CONNECTION_FORCED - broker shutdown".into(),
+                    (0, 0),
+                );
+                continue;
+            }
             let heartbeat_at = self.heartbeat.map(|h| self.next_heartbeat_check(h));
+            // Not biased: under a steady stream of deliveries a biased select would never read
+            // the socket, so the client's acks and heartbeats would go unread.
             tokio::select! {
-                biased;
-                _ = shutdown.changed() => {
-                    self.close_connection(
-                        ErrorCode::ConnectionForced,
-                        "CONNECTION_FORCED - broker shutdown".into(),
-                        (0, 0),
-                    );
+                changed = shutdown.changed(), if watching_shutdown => {
+                    // A dropped sender means nobody can ask us to stop: stop watching (the
+                    // branch would otherwise be ready forever). A change is handled above.
+                    watching_shutdown = changed.is_ok();
                 }
                 batch = rx.recv() => {
                     let Some(batch) = batch else { return End::BrokerGone };
@@ -341,9 +420,7 @@ impl Session {
             self.last_read = now;
         }
         if now >= self.last_read + h * 2 {
-            let text = format!("missed heartbeats from client, timeout: {}s", h.as_secs());
-            tracing::warn!(peer = %self.peer.addr, "{text}");
-            return Some(End::Closed(0, text));
+            return Some(End::MissedHeartbeats(h.as_secs()));
         }
         if now >= self.last_write + h / 2 {
             codec::encode_heartbeat(&mut self.wbuf);
@@ -375,27 +452,54 @@ impl Session {
     }
 
     /// After sending connection.close: ignore everything until close-ok, for a bounded time.
-    async fn await_close_ok<R: AsyncRead + Unpin>(
+    /// A simultaneous close from the client gets its close-ok. Input that no longer frames
+    /// (the error was a framing error) is read and discarded rather than left unread: closing
+    /// a socket with unread input resets it, and the reset can destroy our connection.close
+    /// before the client reads it.
+    async fn await_close_ok<R, W>(
         &mut self,
         rd: &mut R,
+        wr: &mut W,
         rbuf: &mut BytesMut,
         code: u16,
         text: String,
-    ) -> End {
+    ) -> End
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
         let deadline = Instant::now() + CLOSE_TIMEOUT;
         loop {
             loop {
                 match codec::decode(rbuf, self.frame_max) {
                     Ok(Some(Frame::Method(
                         0,
-                        AMQPClass::Connection(
-                            connection::AMQPMethod::CloseOk(_) | connection::AMQPMethod::Close(_),
-                        ),
+                        AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)),
                     ))) => return End::Closed(code, text),
+                    Ok(Some(Frame::Method(
+                        0,
+                        AMQPClass::Connection(connection::AMQPMethod::Close(_)),
+                    ))) => {
+                        let mut buf = BytesMut::new();
+                        codec::encode_method(&mut buf, 0, handshake::connection_close_ok());
+                        let _ =
+                            timeout(deadline.saturating_duration_since(Instant::now()), async {
+                                wr.write_all(&buf).await?;
+                                wr.flush().await
+                            })
+                            .await;
+                        return End::Closed(code, text);
+                    }
                     Ok(Some(_)) => continue,
                     Ok(None) => break,
-                    Err(_) => return End::Closed(code, text),
+                    Err(_) => {
+                        rbuf.clear();
+                        break;
+                    }
                 }
+            }
+            if rbuf.capacity() > IDLE_BUFFER {
+                *rbuf = BytesMut::new();
             }
             rbuf.reserve(SMALL_READ);
             match timeout(
@@ -679,14 +783,14 @@ impl Session {
         let Some(state) = self.channels.get_mut(&ch) else {
             return;
         };
-        if first == state.confirmed + 1 {
+        if state.confirmed.follows(first) {
             codec::encode_confirm(&mut self.wbuf, ch, last, last > first, true);
         } else {
             for seq in first..=last {
                 codec::encode_confirm(&mut self.wbuf, ch, seq, false, true);
             }
         }
-        state.confirmed = state.confirmed.max(last);
+        state.confirmed.mark(first, last);
     }
 
     fn encode_effect(
@@ -830,7 +934,7 @@ impl Session {
             } => {
                 codec::encode_confirm(&mut self.wbuf, ch, seq, multiple, ack);
                 if let Some(s) = self.channels.get_mut(&ch) {
-                    s.confirmed = s.confirmed.max(seq);
+                    s.confirmed.mark(if multiple { 1 } else { seq }, seq);
                 }
             }
             Effect::ConsumerCancelled { consumer_tag, .. } => {
@@ -886,6 +990,54 @@ fn to_snake(s: &str) -> String {
 mod tests {
     use super::*;
     use amq_protocol::protocol::channel;
+
+    #[test]
+    fn acks_collapse_only_when_nothing_before_them_is_outstanding() {
+        let mut c = Confirmed::default();
+        assert!(c.follows(1));
+        c.mark(1, 3);
+        assert!(c.follows(4));
+        // 5 confirmed before 4: a multiple ack at 6 or later would confirm 4 too.
+        c.mark(5, 5);
+        assert!(!c.follows(6));
+        assert_eq!(c.through, 3);
+        c.mark(4, 4);
+        assert_eq!(c.through, 5);
+        assert!(c.follows(6));
+        assert!(c.above.is_empty());
+        // A core-sent multiple confirm covers everything up to its seq.
+        c.mark(9, 9);
+        c.mark(1, 7);
+        assert_eq!(c.through, 7);
+        c.mark(8, 8);
+        assert_eq!(c.through, 9);
+        assert!(c.above.is_empty());
+    }
+
+    #[test]
+    fn bodies_assemble_to_exactly_their_size() {
+        let total = 3 * 1024 * 1024 + 17;
+        let mut body = Body::Empty;
+        let chunk = Bytes::from(vec![7u8; 131_064]);
+        while body.len() + (chunk.len() as u64) <= total {
+            body.push(chunk.clone(), total);
+        }
+        let rest = (total - body.len()) as usize;
+        body.push(chunk.slice(..rest), total);
+        let Body::Many(ref v) = body else {
+            panic!("a multi-frame body")
+        };
+        assert_eq!(v.capacity() as u64, total, "no slack kept past completion");
+        assert_eq!(body.freeze().len() as u64, total);
+
+        // A small single-frame body does not pin the buffer it was read into.
+        let read = Bytes::from(vec![1u8; 65_536]);
+        let mut small = Body::Empty;
+        small.push(read.slice(10..110), 100);
+        let frozen = small.freeze();
+        assert_eq!(frozen.len(), 100);
+        assert!(!read.as_ptr_range().contains(&frozen.as_ptr()));
+    }
 
     #[test]
     fn method_names_read_like_the_spec() {

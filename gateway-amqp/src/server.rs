@@ -41,7 +41,11 @@ pub async fn serve(
                     }
                 };
                 let _ = socket.set_nodelay(true);
-                let peer = PeerInfo { addr: addr.to_string(), is_loopback: addr.ip().is_loopback() };
+                let peer = PeerInfo {
+                    addr: addr.to_string(),
+                    // Canonical: a dual-stack listener sees IPv4 loopback as ::ffff:127.0.0.1.
+                    is_loopback: addr.ip().to_canonical().is_loopback(),
+                };
                 tasks.spawn(serve_connection(
                     socket,
                     peer,
