@@ -23,6 +23,10 @@ pub struct BrokerConfig {
     /// bounded. Connections that consume are never paused: pausing their reads would hold
     /// back the acks that drain queues.
     pub flow_ready_high: usize,
+    /// Ready messages a queue keeps in memory when the broker has a store; the rest wait in
+    /// the store and are read back in batches of this size (RabbitMQ's CQv2 keeps at most
+    /// 2048). At 1 kB messages that is ~2 MB per busy queue.
+    pub queue_window: usize,
 }
 
 impl Default for BrokerConfig {
@@ -33,6 +37,7 @@ impl Default for BrokerConfig {
             default_vhost: "/".to_string(),
             memory_high_watermark: u64::MAX,
             flow_ready_high: 4096,
+            queue_window: 2048,
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod ids;
 pub mod message;
 pub mod naming;
 pub mod queue;
+pub mod store;
 
 pub use broker::Broker;
 pub use config::BrokerConfig;

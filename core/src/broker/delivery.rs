@@ -5,12 +5,13 @@
 //! and confirmed within one `handle` call; prefetch is a counter check per delivery.
 
 use super::session::{TxOp, Unacked};
-use super::{Broker, Consumer, ConsumerId, OpResult};
+use super::{Broker, Consumer, ConsumerId, OpResult, PendingConfirm};
 use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId, Destination, ExchangeId, QueueId};
 use crate::message::Message;
+use crate::queue::classic::QueuedMessage;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -39,6 +40,16 @@ impl Settle {
             Settle::Discard
         }
     }
+}
+
+/// Where `enqueue` put a message.
+enum Enqueued {
+    /// In memory only (or paged out as a transient message): no sync needed.
+    Memory,
+    /// In the store for a durable queue: its confirm waits for a sync.
+    Durable,
+    /// The store refused it: not enqueued.
+    Failed,
 }
 
 impl Broker {
@@ -89,6 +100,7 @@ impl Broker {
             properties: p.properties,
             body: p.body,
         });
+        let (mut wait_sync, mut failed) = (false, false);
         if queues.is_empty() {
             if mandatory {
                 self.effects.push(Effect::Return {
@@ -100,9 +112,10 @@ impl Broker {
             }
         } else {
             for &q in &queues {
-                if let Some(queue) = self.queues.get_mut(&q) {
-                    queue.messages.push(message.clone());
-                    self.hold(message.body_len() as u64);
+                match self.enqueue(q, &message) {
+                    Enqueued::Memory => {}
+                    Enqueued::Durable => wait_sync = true,
+                    Enqueued::Failed => failed = true,
                 }
             }
             for &q in &queues {
@@ -111,14 +124,120 @@ impl Broker {
             self.pace(ch.conn, &queues);
         }
         if let Some(seq) = seq {
-            // Transient queues only, for now: enqueued is as safe as it gets. With storage,
-            // persistent messages on durable queues confirm after the fsync.
+            // A message the store failed to take is nacked: nothing is confirmed that was not
+            // stored. A persistent message on a durable queue is confirmed once it is durable.
+            self.confirm(ch, seq, !failed, wait_sync);
+        }
+    }
+
+    /// Emits a publisher confirm now, or queues it behind the next sync (`wait_sync`) or
+    /// behind confirms of the same channel already waiting (a channel's confirms leave in
+    /// order).
+    fn confirm(&mut self, ch: ChannelRef, seq: u64, ack: bool, wait_sync: bool) {
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        if wait_sync || channel.pending_confirms > 0 {
+            channel.pending_confirms += 1;
+            // A confirm that only waits for its channel's earlier ones needs no sync of its
+            // own: it rides on the newest epoch already waited for.
+            let epoch = if wait_sync {
+                self.epoch
+            } else {
+                self.pending_confirms.back().map_or(self.epoch, |p| p.epoch)
+            };
+            self.pending_confirms.push_back(PendingConfirm {
+                epoch,
+                ch,
+                seq,
+                ack,
+            });
+        } else {
             self.effects.push(Effect::Confirm {
                 ch,
                 seq,
                 multiple: false,
-                ack: true,
+                ack,
             });
+        }
+    }
+
+    /// Appends a routed message to a queue: into the window while it has room and nothing is
+    /// paged out, otherwise (with a store) into the store only. Persistent messages on
+    /// durable queues are stored either way.
+    fn enqueue(&mut self, id: QueueId, message: &Arc<Message>) -> Enqueued {
+        let window = self.config.queue_window;
+        let Some(q) = self.queues.get_mut(&id) else {
+            return Enqueued::Memory;
+        };
+        let len = message.body_len() as u64;
+        let Some(store) = self.store.as_mut() else {
+            let seq = q.messages.next_seq();
+            q.messages.push(seq, message.clone(), false);
+            self.hold(len);
+            return Enqueued::Memory;
+        };
+        let persist = q.durable && message.properties.is_persistent();
+        let page = q.messages.paged().count > 0 || q.messages.in_memory() >= window;
+        if !persist && !page {
+            let seq = q.messages.next_seq();
+            q.messages.push(seq, message.clone(), false);
+            self.hold(len);
+            return Enqueued::Memory;
+        }
+        let seq = q.messages.next_seq();
+        if store.append(id, seq, message).is_err() {
+            // The host logged why. The message is not taken (its publisher gets a nack), and
+            // publishers are blocked for a while.
+            self.store_failed_at = Some(self.now);
+            return Enqueued::Failed;
+        }
+        if page {
+            q.messages.push_paged(seq, len);
+        } else {
+            q.messages.push(seq, message.clone(), true);
+            self.hold(len);
+        }
+        if persist {
+            self.sync_dirty = true;
+            Enqueued::Durable
+        } else {
+            Enqueued::Memory
+        }
+    }
+
+    /// Takes the next ready message of a queue, reading paged-out messages back first when
+    /// the window is empty.
+    pub(super) fn pop_ready(&mut self, id: QueueId) -> Option<QueuedMessage> {
+        let q = self.queues.get_mut(&id)?;
+        if q.messages.needs_load() {
+            let paged = q.messages.paged();
+            let max = self.config.queue_window.max(1);
+            let mut batch = Vec::new();
+            let read = match self.store.as_mut() {
+                Some(store) => store.read(id, paged.from_seq, max, &mut batch),
+                None => Ok(()),
+            };
+            if read.is_err() {
+                self.store_failed_at = Some(self.now);
+                return None;
+            }
+            if batch.is_empty() {
+                // The store has nothing where it reported messages: do not wait forever.
+                q.messages.forget_paged();
+                return None;
+            }
+            let bytes = q.messages.load(batch);
+            self.hold(bytes);
+        }
+        self.queues.get_mut(&id)?.messages.pop()
+    }
+
+    /// A message left queue `id` for good (acked, dropped, delivered without ack).
+    pub(super) fn forget(&mut self, id: QueueId, seq: u64, stored: bool, body_len: usize) {
+        self.release(body_len as u64);
+        if stored && let Some(store) = self.store.as_mut() {
+            store.remove(id, seq);
         }
     }
 
@@ -220,13 +339,13 @@ impl Broker {
             else {
                 return;
             };
+            let Some(m) = self.pop_ready(id) else {
+                return;
+            };
             let Some(q) = self.queues.get_mut(&id) else {
                 return;
             };
             q.rr_next = (idx + 1) % n;
-            let Some(m) = q.messages.pop() else {
-                return;
-            };
             let Some(c) = self.consumers.get_mut(&cid) else {
                 return;
             };
@@ -249,6 +368,7 @@ impl Broker {
                         seq: m.seq,
                         message: m.message.clone(),
                         consumer: Some(cid),
+                        stored: m.stored,
                     },
                 );
             }
@@ -256,7 +376,7 @@ impl Broker {
                 conn.in_flight += 1;
             }
             if no_ack {
-                self.release(m.message.body_len() as u64);
+                self.forget(id, m.seq, m.stored, m.message.body_len());
             }
             self.effects.push(Effect::Deliver {
                 ch,
@@ -422,16 +542,16 @@ impl Broker {
 
     pub(super) fn get(&mut self, ch: ChannelRef, queue: &str, no_ack: bool) -> OpResult {
         let id = self.queue_id(ch, OpKind::Get, queue)?;
-        let Some(q) = self.queues.get_mut(&id) else {
+        let Some(m) = self.pop_ready(id) else {
+            self.reply(ch, Reply::GetEmpty);
             return Ok(());
         };
-        let Some(m) = q.messages.pop() else {
-            self.reply(ch, Reply::GetEmpty);
+        let Some(q) = self.queues.get_mut(&id) else {
             return Ok(());
         };
         let message_count = u32::try_from(q.messages.len()).unwrap_or(u32::MAX);
         if no_ack {
-            self.release(m.message.body_len() as u64);
+            self.forget(id, m.seq, m.stored, m.message.body_len());
         } else {
             q.unacked += 1;
         }
@@ -448,6 +568,7 @@ impl Broker {
                     seq: m.seq,
                     message: m.message.clone(),
                     consumer: None,
+                    stored: m.stored,
                 },
             );
         }
@@ -536,10 +657,10 @@ impl Broker {
                 Some(q) => {
                     q.unacked = q.unacked.saturating_sub(1);
                     if settle == Settle::Requeue {
-                        q.messages.requeue(u.seq, u.message);
+                        q.messages.requeue(u.seq, u.message, u.stored);
                         touched.insert(u.queue);
                     } else {
-                        self.release(u.message.body_len() as u64);
+                        self.forget(u.queue, u.seq, u.stored, u.message.body_len());
                     }
                 }
                 // Its queue was deleted while it was out: acked, dropped or requeued, it goes.

@@ -28,9 +28,26 @@ use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::FieldTable;
 use crate::naming::NameGen;
 use crate::queue::classic::MessageQueue;
+use crate::store::{Definitions, Store};
 use session::{Channel, ChannelState, Conn};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+
+/// How long publishers stay blocked after the store failed a write, before the broker tries
+/// again (the host logs the error; the core only knows that it happened).
+const STORE_RETRY_MS: u64 = 5_000;
+
+/// The connection id the core uses to replay stored definitions; hosts never issue it.
+const RESTORE_CONN: ConnId = ConnId(u64::MAX);
+
+/// A publisher confirm waiting for the sync of `epoch` (or for an earlier confirm of its
+/// channel: a channel's confirms leave in publish order).
+pub(crate) struct PendingConfirm {
+    pub(crate) epoch: u64,
+    pub(crate) ch: ChannelRef,
+    pub(crate) seq: u64,
+    pub(crate) ack: bool,
+}
 
 /// A consumer, numbered broker-wide so queues can refer to it cheaply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,6 +123,21 @@ pub struct Broker {
     /// (ready or unacked). Drives the memory alarm.
     stored_bytes: u64,
     alarm: bool,
+    /// Where durable definitions and messages go; `None`: everything stays in memory.
+    store: Option<Box<dyn Store>>,
+    /// The epoch the next sync will carry; writes made now are covered by it.
+    epoch: u64,
+    /// A sync has started and not yet completed.
+    sync_in_flight: bool,
+    /// Durable writes (persistent messages on durable queues, definitions) since the last
+    /// sync started.
+    sync_dirty: bool,
+    /// Confirms waiting for a sync, in epoch order.
+    pending_confirms: VecDeque<PendingConfirm>,
+    /// When a store write last failed: publishers are blocked for `STORE_RETRY_MS`.
+    store_failed_at: Option<u64>,
+    /// Replaying stored definitions: do not write them back.
+    restoring: bool,
 }
 
 type OpResult = Result<(), ProtocolError>;
@@ -130,9 +162,130 @@ impl Broker {
             effects: Vec::new(),
             stored_bytes: 0,
             alarm: false,
+            store: None,
+            epoch: 1,
+            sync_in_flight: false,
+            sync_dirty: false,
+            pending_confirms: VecDeque::new(),
+            store_failed_at: None,
+            restoring: false,
         };
         broker.declare_predefined_exchanges();
         broker
+    }
+
+    /// A broker that keeps durable definitions and messages in `store`, and pages messages
+    /// out of memory into it. Call [`Broker::restore`] next to bring back what it holds.
+    pub fn with_store(config: BrokerConfig, store: Box<dyn Store>) -> Broker {
+        let mut broker = Broker::new(config);
+        broker.store = Some(store);
+        broker
+    }
+
+    /// Replays stored definitions (exchanges, queues, bindings, in that order); durable
+    /// queues reopen their stored messages. Returns what could not be restored, as
+    /// RabbitMQ-style error texts, for the host to log.
+    pub fn restore(&mut self, now: u64, definitions: &Definitions) -> Vec<String> {
+        self.restoring = true;
+        let ch = ChannelRef::new(RESTORE_CONN, 1);
+        let mark = self.effects.len();
+        self.handle(
+            now,
+            ChannelRef::new(RESTORE_CONN, 0),
+            Op::ConnectionOpen {
+                vhost: self.config.default_vhost.clone(),
+                user: "warren-restore".into(),
+                cancel_notify: false,
+            },
+        );
+        self.handle(now, ch, Op::ChannelOpen);
+        let ops = definitions
+            .exchanges
+            .iter()
+            .map(|x| Op::ExchangeDeclare(x.clone()))
+            .chain(
+                definitions
+                    .queues
+                    .iter()
+                    .map(|q| Op::QueueDeclare(q.clone())),
+            )
+            .chain(definitions.bindings.iter().map(|(b, to_exchange)| {
+                if *to_exchange {
+                    Op::ExchangeBind(b.clone())
+                } else {
+                    Op::QueueBind(b.clone())
+                }
+            }));
+        let mut errors = Vec::new();
+        for op in ops {
+            self.handle(now, ch, op);
+            let failed: Vec<String> =
+                self.effects
+                    .drain(mark..)
+                    .filter_map(|effect| match effect {
+                        Effect::ChannelError { error, .. }
+                        | Effect::ConnectionError { error, .. } => Some(error.to_string()),
+                        _ => None,
+                    })
+                    .collect();
+            if !failed.is_empty() {
+                errors.extend(failed);
+                self.handle(now, ch, Op::ChannelCloseOk);
+                self.handle(now, ch, Op::ChannelOpen);
+                self.effects.truncate(mark);
+            }
+        }
+        self.handle(now, ch, Op::ConnectionClose);
+        self.effects.truncate(mark);
+        self.restoring = false;
+        errors
+    }
+
+    /// Starts a sync of the durable writes made so far, if there are any and no sync is
+    /// running. Hosts call it after applying a batch of ops (group commit: everything
+    /// written meanwhile rides on the next sync). Returns the epoch handed to the store.
+    pub fn start_sync(&mut self) -> Option<u64> {
+        if self.sync_in_flight || !self.sync_dirty {
+            return None;
+        }
+        let store = self.store.as_mut()?;
+        let epoch = self.epoch;
+        self.epoch += 1;
+        self.sync_in_flight = true;
+        self.sync_dirty = false;
+        store.sync(epoch);
+        Some(epoch)
+    }
+
+    /// The store reports that the sync of `epoch` completed: everything written before it
+    /// started is durable, and the confirms waiting for it go out.
+    pub fn synced(&mut self, now: u64, epoch: u64) {
+        self.now = self.now.max(now);
+        debug_assert!(epoch < self.epoch, "synced an epoch never started");
+        self.sync_in_flight = false;
+        while self
+            .pending_confirms
+            .front()
+            .is_some_and(|p| p.epoch <= epoch)
+        {
+            let Some(p) = self.pending_confirms.pop_front() else {
+                break;
+            };
+            if let Some(channel) = self.channels.get_mut(&p.ch) {
+                channel.pending_confirms = channel.pending_confirms.saturating_sub(1);
+                self.effects.push(Effect::Confirm {
+                    ch: p.ch,
+                    seq: p.seq,
+                    multiple: false,
+                    ack: p.ack,
+                });
+            }
+        }
+    }
+
+    /// Confirms waiting for a sync (hosts and tests).
+    pub fn pending_confirms(&self) -> usize {
+        self.pending_confirms.len()
     }
 
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
@@ -163,7 +316,13 @@ impl Broker {
 
     /// Raises or clears the memory alarm after an op, telling every connection.
     fn update_alarm(&mut self) {
-        let over = self.stored_bytes > self.config.memory_high_watermark;
+        let store_failed = self
+            .store_failed_at
+            .is_some_and(|at| self.now < at.saturating_add(STORE_RETRY_MS));
+        if !store_failed {
+            self.store_failed_at = None;
+        }
+        let over = self.stored_bytes > self.config.memory_high_watermark || store_failed;
         if over == self.alarm {
             return;
         }
@@ -182,11 +341,13 @@ impl Broker {
     /// Advances time (message TTLs and queue expiry will hang off this).
     pub fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
+        self.update_alarm();
     }
 
     /// When the host should call `tick` next, if ever.
     pub fn next_deadline(&self) -> Option<u64> {
-        None
+        self.store_failed_at
+            .map(|at| at.saturating_add(STORE_RETRY_MS))
     }
 
     /// Moves the effects produced so far into `out`, in order.
@@ -194,7 +355,8 @@ impl Broker {
         out.append(&mut self.effects);
     }
 
-    /// Ready messages in a queue of the default vhost (for hosts, tests and admin tools).
+    /// Ready messages in a queue of the default vhost, in memory and paged out (for hosts,
+    /// tests and admin tools).
     pub fn queue_len(&self, name: &str) -> Option<usize> {
         let id = self.vhost.queues.get(name)?;
         self.queues.get(id).map(|q| q.messages.len())
@@ -427,6 +589,42 @@ impl Broker {
                 if c.ch != *ch || c.tag != *tag {
                     return Err(format!("{ch:?}: consumer {tag} points elsewhere"));
                 }
+            }
+        }
+        for (ch, channel) in &self.channels {
+            let pending = self.pending_confirms.iter().filter(|p| p.ch == *ch).count();
+            if channel.pending_confirms as usize != pending {
+                return Err(format!(
+                    "{ch:?}: pending_confirms {} but {pending} queued",
+                    channel.pending_confirms
+                ));
+            }
+        }
+        if self
+            .pending_confirms
+            .iter()
+            .zip(self.pending_confirms.iter().skip(1))
+            .any(|(a, b)| a.epoch > b.epoch)
+        {
+            return Err("pending confirms out of epoch order".into());
+        }
+        for q in self.queues.values() {
+            let paged = q.messages.paged();
+            if self.store.is_none() && paged.count > 0 {
+                return Err(format!("queue {}: paged out without a store", q.name));
+            }
+            let mut last = None;
+            for m in q.messages.iter() {
+                if last.is_some_and(|l| l >= m.seq) {
+                    return Err(format!("queue {}: window out of order", q.name));
+                }
+                if paged.count > 0 && m.seq >= paged.from_seq {
+                    return Err(format!(
+                        "queue {}: window overlaps the paged suffix",
+                        q.name
+                    ));
+                }
+                last = Some(m.seq);
             }
         }
         for (id, q) in &self.queues {

@@ -38,6 +38,8 @@ pub(crate) struct Unacked {
     pub(crate) message: Arc<Message>,
     /// Set for consumer deliveries (they count against prefetch); `None` for basic.get.
     pub(crate) consumer: Option<ConsumerId>,
+    /// The store holds it (remove it there when it is acked or dropped).
+    pub(crate) stored: bool,
 }
 
 /// An operation deferred by a transaction until commit.
@@ -64,6 +66,8 @@ pub(crate) struct Channel {
     pub(crate) consumers: BTreeMap<Arc<str>, ConsumerId>,
     /// The next publish sequence number, once in confirm mode.
     pub(crate) confirm_next: Option<u64>,
+    /// Confirms of this channel waiting for a sync: later confirms queue behind them.
+    pub(crate) pending_confirms: u32,
     pub(crate) tx: Option<Vec<TxOp>>,
     /// The queue `""` refers to (AMQP: the last queue declared on the channel).
     pub(crate) last_queue: Option<Arc<str>>,
@@ -80,6 +84,7 @@ impl Channel {
             global_prefetch: 0,
             consumers: BTreeMap::new(),
             confirm_next: None,
+            pending_confirms: 0,
             tx: None,
             last_queue: None,
         }
@@ -145,6 +150,19 @@ impl Broker {
         // this channel.
         self.cancel_channel_consumers(ch);
         self.requeue_channel(ch);
+        self.forget_confirms(ch);
+    }
+
+    /// Drops the confirms a channel still waits for: nobody is left to receive them (and the
+    /// client may reuse the channel number).
+    fn forget_confirms(&mut self, ch: ChannelRef) {
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        if channel.pending_confirms > 0 {
+            channel.pending_confirms = 0;
+            self.pending_confirms.retain(|p| p.ch != ch);
+        }
     }
 
     fn cancel_channel_consumers(&mut self, ch: ChannelRef) {
@@ -168,7 +186,7 @@ impl Broker {
         for (_, u) in unacked {
             if let Some(q) = self.queues.get_mut(&u.queue) {
                 q.unacked = q.unacked.saturating_sub(1);
-                q.messages.requeue(u.seq, u.message);
+                q.messages.requeue(u.seq, u.message, u.stored);
                 touched.insert(u.queue);
             } else {
                 // Its queue was deleted while it was out: nothing holds it any more.
@@ -197,6 +215,7 @@ impl Broker {
         }
         for &ch in &channels {
             self.requeue_channel(ch);
+            self.forget_confirms(ch);
             self.channels.remove(&ch);
         }
         let exclusive: Vec<QueueId> = self

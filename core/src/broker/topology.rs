@@ -223,6 +223,12 @@ impl Broker {
                     ),
                 ));
             }
+            if d.durable && !self.restoring {
+                let mut def = d.clone();
+                def.passive = false;
+                def.nowait = false;
+                self.define(crate::store::DefinitionChange::ExchangeDeclared(&def));
+            }
             let id = ExchangeId(self.next_id());
             self.exchanges.insert(
                 id,
@@ -295,6 +301,9 @@ impl Broker {
                 continue;
             };
             self.vhost.exchanges.remove(x.name.as_ref());
+            if x.durable {
+                self.define(crate::store::DefinitionChange::ExchangeDeleted(&x.name));
+            }
             for b in x.bindings.list() {
                 self.unlink(id, b.destination);
             }
@@ -360,6 +369,60 @@ impl Broker {
         }
     }
 
+    /// Records a durable definition change (no-op without a store or while restoring).
+    fn define(&mut self, change: crate::store::DefinitionChange<'_>) {
+        if self.restoring {
+            return;
+        }
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        if store.define(change).is_err() {
+            self.store_failed_at = Some(self.now);
+        }
+        self.sync_dirty = true;
+    }
+
+    /// Stores a binding change when both ends are durable (as RabbitMQ: a binding is durable
+    /// only between durable entities).
+    fn persist_binding(
+        &mut self,
+        source: ExchangeId,
+        destination: Destination,
+        b: &Bind,
+        add: bool,
+    ) {
+        if self.store.is_none() || self.restoring {
+            return;
+        }
+        let source_durable = self.exchanges.get(&source).is_some_and(|x| x.durable);
+        let (destination_durable, to_exchange) = match destination {
+            Destination::Queue(q) => (
+                self.queues
+                    .get(&q)
+                    .is_some_and(|q| q.durable && q.exclusive_owner.is_none()),
+                false,
+            ),
+            Destination::Exchange(x) => (self.exchanges.get(&x).is_some_and(|x| x.durable), true),
+        };
+        if !(source_durable && destination_durable) {
+            return;
+        }
+        let mut bind = b.clone();
+        bind.nowait = false;
+        self.define(if add {
+            crate::store::DefinitionChange::Bound {
+                bind: &bind,
+                to_exchange,
+            }
+        } else {
+            crate::store::DefinitionChange::Unbound {
+                bind: &bind,
+                to_exchange,
+            }
+        });
+    }
+
     fn check_binding_arguments(
         &self,
         op: OpKind,
@@ -395,6 +458,7 @@ impl Broker {
             &b.arguments,
             add,
         );
+        self.persist_binding(source, Destination::Exchange(destination), &b, add);
         if !b.nowait {
             let reply = if add {
                 Reply::ExchangeBindOk
@@ -427,6 +491,10 @@ impl Broker {
             Arc::from(b.routing_key.as_str())
         };
         self.bind(source, Destination::Queue(queue), &key, &b.arguments, add);
+        let mut resolved = b.clone();
+        resolved.destination = self.queues[&queue].name.to_string();
+        resolved.routing_key = key.to_string();
+        self.persist_binding(source, Destination::Queue(queue), &resolved, add);
         if !b.nowait {
             let reply = if add {
                 Reply::QueueBindOk
@@ -465,6 +533,28 @@ impl Broker {
                 }
                 let id = QueueId(self.next_id());
                 let owner = d.exclusive.then_some(ch.conn);
+                // Exclusive queues die with their connection: nothing of them outlives a
+                // restart, so they are not stored as durable.
+                let stored_durable = d.durable && !d.exclusive;
+                let messages = match self.store.as_mut() {
+                    Some(store) => {
+                        if stored_durable && !self.restoring {
+                            let mut def = d.clone();
+                            def.queue = name.to_string();
+                            def.passive = false;
+                            def.nowait = false;
+                            if store
+                                .define(crate::store::DefinitionChange::QueueDeclared(&def))
+                                .is_err()
+                            {
+                                self.store_failed_at = Some(self.now);
+                            }
+                            self.sync_dirty = true;
+                        }
+                        MessageQueue::recovered(store.open_queue(id, &name, stored_durable))
+                    }
+                    None => MessageQueue::new(),
+                };
                 self.queues.insert(
                     id,
                     Queue {
@@ -473,7 +563,7 @@ impl Broker {
                         exclusive_owner: owner,
                         auto_delete: d.auto_delete,
                         arguments: d.arguments,
-                        messages: MessageQueue::new(),
+                        messages,
                         consumers: Vec::new(),
                         rr_next: 0,
                         had_consumer: false,
@@ -546,15 +636,19 @@ impl Broker {
 
     pub(super) fn queue_purge(&mut self, ch: ChannelRef, name: &str, nowait: bool) -> OpResult {
         let id = self.queue_id(ch, OpKind::QueuePurge, name)?;
-        let (purged, bytes) = self
-            .queues
-            .get_mut(&id)
-            .map(|q| {
-                let bytes = q.messages.bytes();
-                (q.messages.purge(), bytes)
-            })
-            .unwrap_or((0, 0));
-        self.release(bytes);
+        let (window, paged) = match self.queues.get_mut(&id) {
+            Some(q) => q.messages.purge(),
+            None => (Vec::new(), Default::default()),
+        };
+        let purged = window.len() as u64 + paged.count;
+        for m in window {
+            self.forget(id, m.seq, m.stored, m.message.body_len());
+        }
+        if paged.count > 0
+            && let Some(store) = self.store.as_mut()
+        {
+            store.remove_from(id, paged.from_seq);
+        }
         self.resume_paused(id);
         if !nowait {
             self.reply(
@@ -624,6 +718,18 @@ impl Broker {
         };
         self.release(q.messages.bytes());
         self.vhost.queues.remove(q.name.as_ref());
+        if let Some(store) = self.store.as_mut() {
+            if q.durable && q.exclusive_owner.is_none() {
+                if store
+                    .define(crate::store::DefinitionChange::QueueDeleted(&q.name))
+                    .is_err()
+                {
+                    self.store_failed_at = Some(self.now);
+                }
+                self.sync_dirty = true;
+            }
+            store.delete_queue(id);
+        }
         if let Some(owner) = q.exclusive_owner.and_then(|o| self.conns.get_mut(&o)) {
             owner.exclusive_queues.remove(&id);
         }

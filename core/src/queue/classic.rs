@@ -1,28 +1,47 @@
-//! The ready messages of a classic queue.
+//! The ready messages of a classic queue: a bounded window in memory, the rest paged out to
+//! the store (CQv2's "lazy" shape).
 //!
 //! Messages carry the sequence number they were given on enqueue. A requeued message goes back
 //! to the position its sequence number gives it (RabbitMQ's behaviour), not to the tail: the
-//! list stays sorted by sequence number, and a requeue is a binary search plus an insert.
+//! window stays sorted by sequence number, and a requeue is a binary search plus an insert.
+//!
+//! Paged-out messages are a suffix: every stored message of the queue whose sequence number is
+//! at least `paged.from_seq` is ready and on disk only. New messages go to that suffix while it is
+//! non-empty (order), and the window refills from its head. Requeued messages were delivered
+//! from the window, so their sequence numbers are always below the suffix.
 
 use crate::message::Message;
+use crate::store::{QueueRecovery, StoredMessage};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// One ready message.
+/// One ready message in memory.
 #[derive(Clone, Debug)]
 pub struct QueuedMessage {
     pub seq: u64,
     pub message: Arc<Message>,
-    /// It was delivered before and came back (requeue, channel close).
+    /// It was delivered before and came back (requeue, channel close, restart).
     pub redelivered: bool,
+    /// The store holds it: it must be removed from the store when it leaves the queue.
+    pub stored: bool,
 }
 
-/// Ready messages, sorted by `seq`.
+/// Ready messages that are on disk only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Paged {
+    pub count: u64,
+    pub bytes: u64,
+    /// The sequence number the next read starts from.
+    pub from_seq: u64,
+}
+
+/// Ready messages, sorted by `seq`: the window in memory, then the paged-out suffix.
 #[derive(Debug, Default)]
 pub struct MessageQueue {
     ready: VecDeque<QueuedMessage>,
     next_seq: u64,
     ready_bytes: u64,
+    paged: Paged,
 }
 
 impl MessageQueue {
@@ -30,27 +49,66 @@ impl MessageQueue {
         MessageQueue::default()
     }
 
-    /// Appends a newly published message; returns its sequence number.
-    pub fn push(&mut self, message: Arc<Message>) -> u64 {
+    /// A queue whose messages a store recovered: all paged out, read back on demand.
+    pub fn recovered(r: QueueRecovery) -> MessageQueue {
+        debug_assert!(r.count == 0 || r.first_seq < r.next_seq);
+        MessageQueue {
+            ready: VecDeque::new(),
+            next_seq: r.next_seq,
+            ready_bytes: 0,
+            paged: Paged {
+                count: r.count,
+                bytes: r.bytes,
+                from_seq: r.first_seq,
+            },
+        }
+    }
+
+    /// Issues the sequence number of a new message.
+    pub fn next_seq(&mut self) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
+        seq
+    }
+
+    /// Appends a new message to the window. Only while nothing is paged out (order).
+    pub fn push(&mut self, seq: u64, message: Arc<Message>, stored: bool) {
+        debug_assert_eq!(
+            self.paged.count, 0,
+            "push to the window behind paged messages"
+        );
+        debug_assert!(self.ready.back().is_none_or(|m| m.seq < seq));
         self.ready_bytes += message.body_len() as u64;
         self.ready.push_back(QueuedMessage {
             seq,
             message,
             redelivered: false,
+            stored,
         });
-        seq
+    }
+
+    /// Appends a new message that the store holds and memory does not.
+    pub fn push_paged(&mut self, seq: u64, body_len: u64) {
+        if self.paged.count == 0 {
+            self.paged.from_seq = seq;
+        }
+        self.paged.count += 1;
+        self.paged.bytes += body_len;
     }
 
     /// Puts a delivered message back at its original position, marked redelivered.
-    pub fn requeue(&mut self, seq: u64, message: Arc<Message>) {
+    pub fn requeue(&mut self, seq: u64, message: Arc<Message>, stored: bool) {
         debug_assert!(seq < self.next_seq, "requeue of a sequence never issued");
+        debug_assert!(
+            self.paged.count == 0 || seq < self.paged.from_seq,
+            "requeue into the paged-out suffix"
+        );
         self.ready_bytes += message.body_len() as u64;
         let entry = QueuedMessage {
             seq,
             message,
             redelivered: true,
+            stored,
         };
         // Requeues usually go to the head (oldest unacked), so check the ends first.
         match self.ready.front() {
@@ -63,30 +121,82 @@ impl MessageQueue {
         }
     }
 
+    /// Takes the first message of the window.
     pub fn pop(&mut self) -> Option<QueuedMessage> {
         let m = self.ready.pop_front()?;
         self.ready_bytes -= m.message.body_len() as u64;
         Some(m)
     }
 
-    /// Drops every ready message; returns how many there were.
-    pub fn purge(&mut self) -> usize {
-        let n = self.ready.len();
-        self.ready.clear();
-        self.ready_bytes = 0;
-        n
+    /// The window is empty but messages are paged out: read some back first.
+    pub fn needs_load(&self) -> bool {
+        self.ready.is_empty() && self.paged.count > 0
     }
 
+    /// Moves messages read back from the store into the window; returns their body bytes.
+    pub fn load(&mut self, batch: Vec<StoredMessage>) -> u64 {
+        let mut bytes = 0;
+        for m in batch {
+            debug_assert!(m.seq >= self.paged.from_seq, "read before the paged suffix");
+            if self.paged.count == 0 {
+                break;
+            }
+            let len = m.message.body_len() as u64;
+            bytes += len;
+            self.paged.count -= 1;
+            self.paged.bytes = self.paged.bytes.saturating_sub(len);
+            self.paged.from_seq = m.seq + 1;
+            self.ready.push_back(QueuedMessage {
+                seq: m.seq,
+                message: m.message,
+                redelivered: m.redelivered,
+                stored: true,
+            });
+        }
+        self.ready_bytes += bytes;
+        bytes
+    }
+
+    /// The store lost paged messages it reported (a read came back short): forget them, so
+    /// the queue does not wait for messages that will never come.
+    pub fn forget_paged(&mut self) {
+        self.paged = Paged::default();
+    }
+
+    /// Drops every ready message: returns the window's messages and what was paged out.
+    pub fn purge(&mut self) -> (Vec<QueuedMessage>, Paged) {
+        self.ready_bytes = 0;
+        let paged = std::mem::take(&mut self.paged);
+        (self.ready.drain(..).collect(), paged)
+    }
+
+    /// Ready messages, in memory and paged out.
     pub fn len(&self) -> usize {
-        self.ready.len()
+        usize::try_from(self.paged.count)
+            .unwrap_or(usize::MAX)
+            .saturating_add(self.ready.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ready.is_empty()
+        self.ready.is_empty() && self.paged.count == 0
     }
 
-    /// Body bytes of the ready messages.
+    /// Ready messages in memory.
+    pub fn in_memory(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn paged(&self) -> Paged {
+        self.paged
+    }
+
+    /// Body bytes of the ready messages in memory.
     pub fn bytes(&self) -> u64 {
         self.ready_bytes
+    }
+
+    /// The window's messages, in order (invariant checks).
+    pub fn iter(&self) -> impl Iterator<Item = &QueuedMessage> {
+        self.ready.iter()
     }
 }

@@ -1,0 +1,249 @@
+//! A [`Store`] in memory: for WebAssembly hosts without a file system, and for simulation
+//! tests, which use its crash model: [`MemoryStore::crash`] forgets everything not covered by
+//! a completed sync, as a power cut would.
+//!
+//! Clones share one state, so a test keeps a handle while the broker owns another.
+
+use super::{DefinitionChange, Definitions, QueueRecovery, Store, StoreError, StoredMessage};
+use crate::idhash::IdMap;
+use crate::ids::QueueId;
+use crate::message::Message;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Clone, Debug, Default)]
+struct State {
+    definitions: Definitions,
+    /// Messages by queue name, then sequence number: (message, survived a restart).
+    queues: BTreeMap<String, BTreeMap<u64, (Arc<Message>, bool)>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    live: State,
+    /// The state as of the sync in progress (taken when it started).
+    syncing: Option<(u64, State)>,
+    /// The state as of the last completed sync: what survives a crash.
+    durable: State,
+    open: IdMap<QueueId, (String, bool)>,
+    /// When set, appends fail (disk-full simulation).
+    fail_appends: bool,
+}
+
+/// See the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock can only come from a bug in this file; the state is
+        // plain data, so carrying on with it is safe.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The epoch of the sync in progress, if any: the host completes it with
+    /// [`MemoryStore::complete_sync`] and then tells the broker.
+    pub fn sync_in_progress(&self) -> Option<u64> {
+        self.lock().syncing.as_ref().map(|(e, _)| *e)
+    }
+
+    /// Completes the sync in progress: its writes survive a crash from now on.
+    pub fn complete_sync(&self) -> Option<u64> {
+        let mut inner = self.lock();
+        let (epoch, state) = inner.syncing.take()?;
+        inner.durable = state;
+        Some(epoch)
+    }
+
+    /// A crash: everything not covered by a completed sync is lost; recovered messages are
+    /// flagged as possibly delivered.
+    pub fn crash(&self) {
+        let mut inner = self.lock();
+        let mut state = inner.durable.clone();
+        let durable: std::collections::BTreeSet<String> = state
+            .definitions
+            .queues
+            .iter()
+            .map(|q| q.queue.clone())
+            .collect();
+        // Transient queues and what they paged out do not survive.
+        state.queues.retain(|name, _| durable.contains(name));
+        for q in state.queues.values_mut() {
+            for (_, recovered) in q.values_mut() {
+                *recovered = true;
+            }
+            // Transient messages paged out by a durable queue do not survive.
+            q.retain(|_, (m, _)| m.properties.is_persistent());
+        }
+        inner.live = state.clone();
+        inner.durable = state;
+        inner.syncing = None;
+        inner.open = IdMap::default();
+    }
+
+    /// The durable definitions, as a host loads them at start-up.
+    pub fn definitions(&self) -> Definitions {
+        self.lock().live.definitions.clone()
+    }
+
+    /// Makes appends fail (or succeed again), as a full disk would.
+    pub fn set_fail_appends(&self, fail: bool) {
+        self.lock().fail_appends = fail;
+    }
+
+    /// Messages stored for a queue (tests).
+    pub fn stored(&self, name: &str) -> usize {
+        self.lock().live.queues.get(name).map_or(0, |q| q.len())
+    }
+}
+
+fn same_bind(a: &crate::command::Bind, b: &crate::command::Bind) -> bool {
+    a.source == b.source
+        && a.destination == b.destination
+        && a.routing_key == b.routing_key
+        && a.arguments == b.arguments
+}
+
+impl Store for MemoryStore {
+    fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let defs = &mut inner.live.definitions;
+        match change {
+            DefinitionChange::ExchangeDeclared(d) => {
+                defs.exchanges.retain(|x| x.exchange != d.exchange);
+                defs.exchanges.push(d.clone());
+            }
+            DefinitionChange::ExchangeDeleted(name) => {
+                defs.exchanges.retain(|x| x.exchange != name);
+                defs.bindings
+                    .retain(|(b, to_x)| b.source != name && !(*to_x && b.destination == name));
+            }
+            DefinitionChange::QueueDeclared(d) => {
+                defs.queues.retain(|q| q.queue != d.queue);
+                defs.queues.push(d.clone());
+            }
+            DefinitionChange::QueueDeleted(name) => {
+                defs.queues.retain(|q| q.queue != name);
+                defs.bindings
+                    .retain(|(b, to_x)| *to_x || b.destination != name);
+                inner.live.queues.remove(name);
+            }
+            DefinitionChange::Bound { bind, to_exchange } => {
+                if !defs
+                    .bindings
+                    .iter()
+                    .any(|(b, x)| *x == to_exchange && same_bind(b, bind))
+                {
+                    defs.bindings.push((bind.clone(), to_exchange));
+                }
+            }
+            DefinitionChange::Unbound { bind, to_exchange } => {
+                defs.bindings
+                    .retain(|(b, x)| !(*x == to_exchange && same_bind(b, bind)));
+            }
+        }
+        Ok(())
+    }
+
+    fn open_queue(&mut self, queue: QueueId, name: &str, durable: bool) -> QueueRecovery {
+        let mut inner = self.lock();
+        inner.open.insert(queue, (name.to_string(), durable));
+        if !durable {
+            inner.live.queues.remove(name);
+            return QueueRecovery::default();
+        }
+        let Some(q) = inner.live.queues.get(name) else {
+            return QueueRecovery::default();
+        };
+        QueueRecovery {
+            count: q.len() as u64,
+            bytes: q.values().map(|(m, _)| m.body_len() as u64).sum(),
+            first_seq: q.keys().next().copied().unwrap_or(0),
+            next_seq: q.keys().next_back().map_or(0, |s| s + 1),
+        }
+    }
+
+    fn append(
+        &mut self,
+        queue: QueueId,
+        seq: u64,
+        message: &Arc<Message>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if inner.fail_appends {
+            return Err(StoreError("simulated full disk".into()));
+        }
+        let Some((name, _)) = inner.open.get(&queue).cloned() else {
+            return Err(StoreError(format!("queue {} is not open", queue.0)));
+        };
+        inner
+            .live
+            .queues
+            .entry(name)
+            .or_default()
+            .insert(seq, (message.clone(), false));
+        Ok(())
+    }
+
+    fn remove(&mut self, queue: QueueId, seq: u64) {
+        let mut inner = self.lock();
+        if let Some((name, _)) = inner.open.get(&queue).cloned()
+            && let Some(q) = inner.live.queues.get_mut(&name)
+        {
+            q.remove(&seq);
+        }
+    }
+
+    fn remove_from(&mut self, queue: QueueId, from_seq: u64) {
+        let mut inner = self.lock();
+        if let Some((name, _)) = inner.open.get(&queue).cloned()
+            && let Some(q) = inner.live.queues.get_mut(&name)
+        {
+            q.split_off(&from_seq);
+        }
+    }
+
+    fn read(
+        &mut self,
+        queue: QueueId,
+        from_seq: u64,
+        max: usize,
+        out: &mut Vec<StoredMessage>,
+    ) -> Result<(), StoreError> {
+        let inner = self.lock();
+        let Some((name, _)) = inner.open.get(&queue) else {
+            return Err(StoreError(format!("queue {} is not open", queue.0)));
+        };
+        if let Some(q) = inner.live.queues.get(name) {
+            out.extend(
+                q.range(from_seq..)
+                    .take(max)
+                    .map(|(&seq, (m, recovered))| StoredMessage {
+                        seq,
+                        message: m.clone(),
+                        redelivered: *recovered,
+                    }),
+            );
+        }
+        Ok(())
+    }
+
+    fn delete_queue(&mut self, queue: QueueId) {
+        let mut inner = self.lock();
+        if let Some((name, _)) = inner.open.remove(&queue) {
+            inner.live.queues.remove(&name);
+        }
+    }
+
+    fn sync(&mut self, epoch: u64) {
+        let mut inner = self.lock();
+        let snapshot = inner.live.clone();
+        inner.syncing = Some((epoch, snapshot));
+    }
+}

@@ -1,0 +1,125 @@
+//! Storage, injected by the host: the core decides *what* must be stored and *when* it may be
+//! considered safe; the host's [`Store`] decides *how* (segment files natively, memory in the
+//! browser and in simulation tests).
+//!
+//! The contract, which keeps the core deterministic:
+//! - Writes ([`Store::append`], [`Store::define`]) are accepted in call order and are readable
+//!   at once ([`Store::read`]), but durable only once the sync that covers them completes.
+//! - [`Store::sync`] starts a sync of everything written so far under an epoch the core chose;
+//!   the host reports its completion with [`crate::Broker::synced`]. Publisher confirms of
+//!   persistent messages on durable queues wait for it (group commit: one sync covers every
+//!   write made before it started).
+//! - Removals ([`Store::remove`], [`Store::remove_from`], [`Store::delete_queue`]) need no sync:
+//!   losing one in a crash only brings a message back, which at-least-once delivery allows.
+//! - Errors never lose a confirmed message: a failed append nacks the publish instead of
+//!   confirming it, and the message stays in memory.
+
+mod memory;
+
+pub use memory::MemoryStore;
+
+use crate::command::{Bind, ExchangeDeclare, QueueDeclare};
+use crate::ids::QueueId;
+use crate::message::Message;
+use std::sync::Arc;
+
+/// A change to the durable definitions (only durable entities are reported).
+#[derive(Clone, Copy, Debug)]
+pub enum DefinitionChange<'a> {
+    ExchangeDeclared(&'a ExchangeDeclare),
+    /// Also removes every stored binding from or to the exchange.
+    ExchangeDeleted(&'a str),
+    QueueDeclared(&'a QueueDeclare),
+    /// Also removes every stored binding to the queue, and its messages.
+    QueueDeleted(&'a str),
+    /// A binding between two durable ends; `to_exchange` tells what `destination` names.
+    Bound {
+        bind: &'a Bind,
+        to_exchange: bool,
+    },
+    Unbound {
+        bind: &'a Bind,
+        to_exchange: bool,
+    },
+}
+
+/// Durable definitions, as a host loads them at start-up: replayed into the core in this
+/// order (exchanges, queues, then bindings, which refer to both).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Definitions {
+    pub exchanges: Vec<ExchangeDeclare>,
+    pub queues: Vec<QueueDeclare>,
+    /// (binding, destination is an exchange).
+    pub bindings: Vec<(Bind, bool)>,
+}
+
+/// What a store already holds for a queue when the core opens it (recovery).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueRecovery {
+    /// Stored messages still to be delivered.
+    pub count: u64,
+    /// Their body bytes.
+    pub bytes: u64,
+    /// The lowest sequence number among them (0 when there are none).
+    pub first_seq: u64,
+    /// The next sequence number to issue: above every stored one.
+    pub next_seq: u64,
+}
+
+/// A message read back from a store.
+#[derive(Clone, Debug)]
+pub struct StoredMessage {
+    pub seq: u64,
+    pub message: Arc<Message>,
+    /// It survived a restart: it may have been delivered before (delivery is not recorded on
+    /// disk, so every recovered message is flagged, as RabbitMQ's CQv2 does).
+    pub redelivered: bool,
+}
+
+/// Why a store operation failed. The host logs the details; the core only needs to know it
+/// failed, and never confirms what was not stored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("store: {0}")]
+pub struct StoreError(pub String);
+
+/// Where messages and definitions go. See the module docs for the contract.
+pub trait Store: Send {
+    /// Records a change to the durable definitions.
+    fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError>;
+
+    /// Opens the message log of a queue under the core's id `queue`. A durable queue gets back
+    /// what the store holds for `name`; a transient one starts empty (leftovers are dropped).
+    fn open_queue(&mut self, queue: QueueId, name: &str, durable: bool) -> QueueRecovery;
+
+    /// Stores message `seq` of `queue`. Sequence numbers of one queue only grow. A fanout
+    /// appends the same `Arc` to several queues; a store may keep its body once.
+    fn append(
+        &mut self,
+        queue: QueueId,
+        seq: u64,
+        message: &Arc<Message>,
+    ) -> Result<(), StoreError>;
+
+    /// The message left the queue (acked, dropped, purged).
+    fn remove(&mut self, queue: QueueId, seq: u64);
+
+    /// Every stored message of `queue` with a sequence number >= `from_seq` left the queue.
+    fn remove_from(&mut self, queue: QueueId, from_seq: u64);
+
+    /// Reads up to `max` stored messages of `queue` with sequence numbers >= `from_seq`, in
+    /// order, into `out`.
+    fn read(
+        &mut self,
+        queue: QueueId,
+        from_seq: u64,
+        max: usize,
+        out: &mut Vec<StoredMessage>,
+    ) -> Result<(), StoreError>;
+
+    /// The queue is gone with everything it stored.
+    fn delete_queue(&mut self, queue: QueueId);
+
+    /// Starts making every write so far durable; the host calls [`crate::Broker::synced`]
+    /// with `epoch` once it is.
+    fn sync(&mut self, epoch: u64);
+}
