@@ -149,6 +149,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let Some(amqp) = amqp else {
         return Err(ConfigError("nothing to serve: --amqp none and no MQTT gateway".into()).into());
     };
+    // Restore before listening: clients see the stored queues from their first connection.
+    let broker = warren_runtime::BrokerHandle::start_with_store(
+        warren_core::BrokerConfig {
+            memory_high_watermark,
+            ..warren_core::BrokerConfig::default()
+        },
+        &args.data_dir,
+    )
+    .map_err(|e| {
+        ConfigError(format!(
+            "{e}; is another warren using --data-dir {}? pass another --data-dir",
+            args.data_dir.display()
+        ))
+    })?;
     let listener = TcpListener::bind(amqp).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
             "is another broker (RabbitMQ?) running? pass --amqp ADDR"
@@ -162,10 +176,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "memory alarm at {} MiB of queued message bodies",
         memory_high_watermark >> 20
     );
-    let broker = warren_runtime::BrokerHandle::start(warren_core::BrokerConfig {
-        memory_high_watermark,
-        ..warren_core::BrokerConfig::default()
-    });
     let (stop, stopped) = watch::channel(false);
     let config = Arc::new(warren_amqp::AmqpConfig::default());
     let server = tokio::spawn(warren_amqp::serve(listener, broker, config, stopped));

@@ -43,6 +43,11 @@ pub(crate) enum Control {
         effects: mpsc::UnboundedSender<Vec<Effect>>,
     },
     Disconnect(ConnId),
+    /// The store's sync thread finished an epoch.
+    Synced {
+        epoch: u64,
+        result: Result<(), String>,
+    },
 }
 
 struct Shared {
@@ -58,15 +63,52 @@ pub struct BrokerHandle {
 }
 
 impl BrokerHandle {
-    /// Spawns the broker task on the current tokio runtime.
+    /// Spawns the broker task on the current tokio runtime, everything in memory.
     pub fn start(config: BrokerConfig) -> BrokerHandle {
-        let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
         let (control, control_rx) = mpsc::unbounded_channel();
-        tokio::spawn(task::run(
-            warren_core::Broker::new(config),
-            requests_rx,
-            control_rx,
-        ));
+        BrokerHandle::spawn(warren_core::Broker::new(config), control, control_rx)
+    }
+
+    /// Spawns the broker task with durable storage under `data_dir`: restores the stored
+    /// definitions and queues first (blocking; restart time is measured in
+    /// docs/benchmarks.md), then serves.
+    pub fn start_with_store(
+        config: BrokerConfig,
+        data_dir: &std::path::Path,
+    ) -> Result<BrokerHandle, warren_store::OpenError> {
+        let (control, control_rx) = mpsc::unbounded_channel();
+        let synced = control.clone();
+        let (store, definitions) = warren_store::DiskStore::open(
+            data_dir,
+            warren_store::DiskConfig::default(),
+            Box::new(move |epoch, result| {
+                // Fails only when the broker task is gone (shutdown): nothing to confirm then.
+                let _ = synced.send(Control::Synced { epoch, result });
+            }),
+        )?;
+        let started = std::time::Instant::now();
+        let mut broker = warren_core::Broker::with_store(config, Box::new(store));
+        for error in broker.restore(0, &definitions) {
+            tracing::warn!(%error, "a stored definition could not be restored");
+        }
+        tracing::info!(
+            exchanges = definitions.exchanges.len(),
+            queues = definitions.queues.len(),
+            bindings = definitions.bindings.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            dir = %data_dir.display(),
+            "restored definitions"
+        );
+        Ok(BrokerHandle::spawn(broker, control, control_rx))
+    }
+
+    fn spawn(
+        broker: warren_core::Broker,
+        control: mpsc::UnboundedSender<Control>,
+        control_rx: mpsc::UnboundedReceiver<Control>,
+    ) -> BrokerHandle {
+        let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+        tokio::spawn(task::run(broker, requests_rx, control_rx));
         BrokerHandle {
             shared: Arc::new(Shared {
                 requests,

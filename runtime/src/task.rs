@@ -52,6 +52,9 @@ pub(crate) async fn run(
                 broker.tick(now_ms(Instant::now()));
             }
         }
+        // Group commit: everything applied this turn (and while the previous sync ran)
+        // rides on one sync.
+        broker.start_sync();
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
     }
@@ -72,6 +75,10 @@ fn apply_control(
                 broker.handle(now, ChannelRef::new(conn, 0), Op::ConnectionClose);
             }
         }
+        Control::Synced { epoch, result } => match result {
+            Ok(()) => broker.synced(now, epoch),
+            Err(_) => broker.sync_failed(now, epoch),
+        },
     }
 }
 

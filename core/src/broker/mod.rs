@@ -245,10 +245,11 @@ impl Broker {
     /// running. Hosts call it after applying a batch of ops (group commit: everything
     /// written meanwhile rides on the next sync). Returns the epoch handed to the store.
     pub fn start_sync(&mut self) -> Option<u64> {
+        let store = self.store.as_mut()?;
         if self.sync_in_flight || !self.sync_dirty {
+            store.flush();
             return None;
         }
-        let store = self.store.as_mut()?;
         let epoch = self.epoch;
         self.epoch += 1;
         self.sync_in_flight = true;
@@ -281,6 +282,34 @@ impl Broker {
                 });
             }
         }
+    }
+
+    /// The store reports that the sync of `epoch` failed: nothing it covered can be called
+    /// durable, so the confirms waiting for it become nacks, and publishers are blocked for a
+    /// while (as after a failed write).
+    pub fn sync_failed(&mut self, now: u64, epoch: u64) {
+        self.now = self.now.max(now);
+        self.sync_in_flight = false;
+        self.store_failed_at = Some(self.now);
+        while self
+            .pending_confirms
+            .front()
+            .is_some_and(|p| p.epoch <= epoch)
+        {
+            let Some(p) = self.pending_confirms.pop_front() else {
+                break;
+            };
+            if let Some(channel) = self.channels.get_mut(&p.ch) {
+                channel.pending_confirms = channel.pending_confirms.saturating_sub(1);
+                self.effects.push(Effect::Confirm {
+                    ch: p.ch,
+                    seq: p.seq,
+                    multiple: false,
+                    ack: false,
+                });
+            }
+        }
+        self.update_alarm();
     }
 
     /// Confirms waiting for a sync (hosts and tests).

@@ -122,4 +122,9 @@ pub trait Store: Send {
     /// Starts making every write so far durable; the host calls [`crate::Broker::synced`]
     /// with `epoch` once it is.
     fn sync(&mut self, epoch: u64);
+
+    /// Hands buffered writes to the operating system without waiting for the disk (the core
+    /// calls it after each batch that needs no sync), so acks and pages survive a crash of
+    /// the process, if not of the machine.
+    fn flush(&mut self) {}
 }

@@ -1,0 +1,465 @@
+//! `warren-store`: the native [`Store`] behind `warren serve --data-dir`.
+//!
+//! - definitions in redb (`definitions.redb`), see [`definitions`];
+//! - one message log per queue (`queues/<hash>/`, segment files), see [`segment`];
+//! - a sync thread that makes written data durable (fsync of the files written since the
+//!   last sync, their directories, and an `Immediate` redb commit) and reports each epoch
+//!   back through a callback: group commit, so one fsync covers every message written while
+//!   the previous one ran.
+//!
+//! Layout and byte formats: docs/storage.md.
+
+pub mod definitions;
+pub mod record;
+pub mod segment;
+pub mod shared;
+
+use definitions::{DefinitionStore, DefinitionsError};
+use segment::{QueueLog, ReadBack, SegmentFiles};
+use shared::SharedStore;
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+use warren_core::ids::QueueId;
+use warren_core::message::Message;
+use warren_core::store::{
+    DefinitionChange, Definitions, QueueRecovery, Store, StoreError, StoredMessage,
+};
+
+/// Called by the sync thread when the sync of an epoch completed (or failed).
+pub type SyncCallback = Box<dyn Fn(u64, Result<(), String>) + Send>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot use data directory {dir}: {source}; check that it exists and is writable")]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Definitions(#[from] DefinitionsError),
+}
+
+struct SyncJob {
+    epoch: u64,
+    files: Vec<SegmentFiles>,
+    shared: shared::SharedSync,
+    dirs: Vec<PathBuf>,
+    definitions: bool,
+}
+
+/// Storage settings.
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    /// Bodies of at least this many bytes go to the shared store (RabbitMQ's
+    /// `queue_index_embed_msgs_below`, 4096 by default); smaller ones inline in the queue's
+    /// own segment files.
+    pub embed_msgs_below: usize,
+}
+
+impl Default for DiskConfig {
+    fn default() -> DiskConfig {
+        DiskConfig {
+            embed_msgs_below: 4096,
+        }
+    }
+}
+
+struct OpenQueue {
+    log: QueueLog,
+    durable: bool,
+    /// Sequence numbers below this were recovered from an earlier run.
+    recovered_below: u64,
+}
+
+/// See the crate docs.
+pub struct DiskStore {
+    root: PathBuf,
+    config: DiskConfig,
+    shared: SharedStore,
+    definitions: DefinitionStore,
+    definitions_dirty: bool,
+    queues: HashMap<QueueId, OpenQueue>,
+    /// Queues written since the last sync started.
+    dirty: BTreeSet<QueueId>,
+    /// Queues with buffered writes.
+    unflushed: BTreeSet<QueueId>,
+    /// Directories whose entries changed (new queue directories).
+    dirty_dirs: Vec<PathBuf>,
+    sync_tx: mpsc::SyncSender<SyncJob>,
+}
+
+/// FNV-1a: a stable name -> directory hash (std's hasher is randomly seeded per process).
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn dir_err(dir: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
+    move |source| OpenError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    }
+}
+
+impl DiskStore {
+    /// Opens the store under `root` (created if missing) and loads the definitions to
+    /// replay. Messages are recovered queue by queue when the core reopens each queue.
+    pub fn open(
+        root: &Path,
+        config: DiskConfig,
+        on_synced: SyncCallback,
+    ) -> Result<(DiskStore, Definitions), OpenError> {
+        fs::create_dir_all(root.join("queues")).map_err(dir_err(root))?;
+        // Transient queues' pages never outlive the process.
+        let transient = root.join("transient");
+        if transient.exists() {
+            fs::remove_dir_all(&transient).map_err(dir_err(&transient))?;
+        }
+        fs::create_dir_all(&transient).map_err(dir_err(&transient))?;
+        let definitions = DefinitionStore::open(&root.join("definitions.redb"))?;
+        let shared_dir = root.join("shared");
+        let shared = SharedStore::open(&shared_dir).map_err(dir_err(&shared_dir))?;
+        let loaded = definitions.load()?;
+        let (sync_tx, sync_rx) = mpsc::sync_channel::<SyncJob>(4);
+        let defs = definitions.clone();
+        std::thread::Builder::new()
+            .name("warren-sync".into())
+            .spawn(move || sync_thread(sync_rx, defs, on_synced))
+            .map_err(dir_err(root))?;
+        Ok((
+            DiskStore {
+                root: root.to_path_buf(),
+                config,
+                shared,
+                definitions,
+                definitions_dirty: false,
+                queues: HashMap::new(),
+                dirty: BTreeSet::new(),
+                unflushed: BTreeSet::new(),
+                dirty_dirs: Vec::new(),
+                sync_tx,
+            },
+            loaded,
+        ))
+    }
+
+    /// The directory of durable queue `name`: `queues/<fnv64 hex>-<n>`, the first whose
+    /// `name` file matches (or a new one).
+    fn durable_dir(&mut self, name: &str) -> std::io::Result<PathBuf> {
+        let base = format!("{:016x}", fnv64(name.as_bytes()));
+        for n in 0..1024 {
+            let dir = self.root.join("queues").join(format!("{base}-{n}"));
+            let name_file = dir.join("name");
+            match fs::read(&name_file) {
+                Ok(stored) if stored == name.as_bytes() => return Ok(dir),
+                Ok(_) => continue,
+                Err(_) if dir.exists() => {
+                    // A directory without its name file: an interrupted creation.
+                    fs::write(&name_file, name.as_bytes())?;
+                    return Ok(dir);
+                }
+                Err(_) => {
+                    fs::create_dir_all(&dir)?;
+                    fs::write(&name_file, name.as_bytes())?;
+                    File::open(&name_file)?.sync_all()?;
+                    self.dirty_dirs.push(self.root.join("queues"));
+                    self.dirty_dirs.push(dir.clone());
+                    return Ok(dir);
+                }
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "too many hash collisions for queue '{name}'"
+        )))
+    }
+
+    fn fail(&self, what: &str, e: impl std::fmt::Display) -> StoreError {
+        tracing::error!(error = %e, "store: {what} failed; publishers are blocked for a while and unstored messages are nacked");
+        StoreError(format!("{what}: {e}"))
+    }
+}
+
+fn sync_thread(rx: mpsc::Receiver<SyncJob>, defs: DefinitionStore, on_synced: SyncCallback) {
+    while let Ok(job) = rx.recv() {
+        let result = (|| -> Result<(), String> {
+            if job.definitions {
+                defs.commit_durable().map_err(|e| e.to_string())?;
+            }
+            for f in &job.shared.fsync {
+                f.sync_data()
+                    .map_err(|e| format!("fsync shared file: {e}"))?;
+            }
+            for f in &job.files {
+                f.data
+                    .sync_data()
+                    .map_err(|e| format!("fsync data file: {e}"))?;
+                f.index
+                    .sync_data()
+                    .map_err(|e| format!("fsync index file: {e}"))?;
+            }
+            // Compacted shared files go only once their copies are durable (just above).
+            for path in &job.shared.delete {
+                if let Err(e) = fs::remove_file(path) {
+                    tracing::warn!(file = %path.display(), error = %e, "cannot delete a compacted shared file");
+                }
+            }
+            if let Some(d) = &job.shared.dir
+                && let Ok(dir) = File::open(d)
+            {
+                dir.sync_all()
+                    .map_err(|e| format!("fsync {}: {e}", d.display()))?;
+            }
+            for d in &job.dirs {
+                if let Ok(dir) = File::open(d) {
+                    dir.sync_all()
+                        .map_err(|e| format!("fsync {}: {e}", d.display()))?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = &result {
+            tracing::error!(epoch = job.epoch, error = %e, "sync failed: its confirms become nacks");
+        }
+        on_synced(job.epoch, result);
+    }
+}
+
+impl Store for DiskStore {
+    fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError> {
+        self.definitions_dirty = true;
+        self.definitions
+            .apply(change)
+            .map_err(|e| self.fail("definition write", e))
+    }
+
+    fn open_queue(&mut self, queue: QueueId, name: &str, durable: bool) -> QueueRecovery {
+        let dir = if durable {
+            match self.durable_dir(name) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    self.fail("opening a queue directory", e);
+                    return QueueRecovery::default();
+                }
+            }
+        } else {
+            self.root.join("transient").join(queue.0.to_string())
+        };
+        match QueueLog::open(&dir, self.config.embed_msgs_below) {
+            Ok((log, r)) => {
+                let missing = r
+                    .shared_refs
+                    .iter()
+                    .filter(|&&id| !self.shared.add_ref(id))
+                    .count();
+                if missing > 0 {
+                    tracing::warn!(
+                        queue = name,
+                        missing,
+                        "entries refer to shared bodies that are gone; they will be skipped"
+                    );
+                }
+                if r.count > 0 {
+                    tracing::info!(
+                        queue = name,
+                        messages = r.count,
+                        dropped = r.dropped,
+                        "recovered queue"
+                    );
+                }
+                self.queues.insert(
+                    queue,
+                    OpenQueue {
+                        log,
+                        durable,
+                        recovered_below: r.next_seq,
+                    },
+                );
+                QueueRecovery {
+                    count: r.count,
+                    bytes: r.bytes,
+                    first_seq: r.first_seq,
+                    next_seq: r.next_seq,
+                }
+            }
+            Err(e) => {
+                self.fail("opening a queue log", e);
+                QueueRecovery::default()
+            }
+        }
+    }
+
+    fn append(
+        &mut self,
+        queue: QueueId,
+        seq: u64,
+        message: &Arc<Message>,
+    ) -> Result<(), StoreError> {
+        let Some(q) = self.queues.get_mut(&queue) else {
+            return Err(StoreError(format!("queue {} is not open", queue.0)));
+        };
+        let shared = if q.log.shares(message.body_len()) {
+            match self.shared.put(message) {
+                Ok(id) => Some(id),
+                Err(e) => return Err(self.fail("shared body write", e)),
+            }
+        } else {
+            None
+        };
+        let Some(q) = self.queues.get_mut(&queue) else {
+            return Err(StoreError(format!("queue {} is not open", queue.0)));
+        };
+        let result = q.log.append(seq, message, shared);
+        self.unflushed.insert(queue);
+        if q.durable {
+            self.dirty.insert(queue);
+        }
+        result.map_err(|e| self.fail("message write", e))
+    }
+
+    fn remove(&mut self, queue: QueueId, seq: u64) {
+        if let Some(q) = self.queues.get_mut(&queue) {
+            match q.log.remove(seq) {
+                Ok(Some(id)) => self.shared.release(id),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "store: removing a message failed; it may come back after a restart")
+                }
+            }
+            self.unflushed.insert(queue);
+            if q.durable {
+                self.dirty.insert(queue);
+            }
+        }
+    }
+
+    fn remove_from(&mut self, queue: QueueId, from_seq: u64) {
+        if let Some(q) = self.queues.get_mut(&queue) {
+            match q.log.remove_from(from_seq) {
+                Ok(ids) => {
+                    for id in ids {
+                        self.shared.release(id);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "store: purging failed; messages may come back after a restart")
+                }
+            }
+            self.unflushed.insert(queue);
+            if q.durable {
+                self.dirty.insert(queue);
+            }
+        }
+    }
+
+    fn read(
+        &mut self,
+        queue: QueueId,
+        from_seq: u64,
+        max: usize,
+        out: &mut Vec<StoredMessage>,
+    ) -> Result<(), StoreError> {
+        let Some(q) = self.queues.get_mut(&queue) else {
+            return Err(StoreError(format!("queue {} is not open", queue.0)));
+        };
+        let mut back = Vec::new();
+        if let Err(e) = q.log.read(from_seq, max, &mut back) {
+            return Err(self.fail("message read", e));
+        }
+        // Delivery is not recorded on disk: a message from an earlier run may have been
+        // delivered before, so it is flagged (as RabbitMQ's CQv2 does).
+        let recovered_below = q.recovered_below;
+        for b in back {
+            let (seq, message) = match b {
+                ReadBack::Whole(seq, message) => (seq, *message),
+                ReadBack::NeedsBody(seq, record, id) => {
+                    let decoded =
+                        self.shared
+                            .read(id)
+                            .map_err(|e| e.to_string())
+                            .and_then(|body| {
+                                record::decode_message(&record, Some(body))
+                                    .map_err(|e| e.to_string())
+                            });
+                    match decoded {
+                        Ok(m) => (seq, m),
+                        Err(e) => {
+                            tracing::error!(seq, error = %e, "store: a message's shared body is unreadable; skipped");
+                            continue;
+                        }
+                    }
+                }
+            };
+            out.push(StoredMessage {
+                seq,
+                redelivered: seq < recovered_below,
+                message: Arc::new(message),
+            });
+        }
+        Ok(())
+    }
+
+    fn delete_queue(&mut self, queue: QueueId) {
+        self.dirty.remove(&queue);
+        self.unflushed.remove(&queue);
+        if let Some(q) = self.queues.remove(&queue) {
+            for id in q.log.live_shared() {
+                self.shared.release(id);
+            }
+            if let Err(e) = q.log.destroy() {
+                tracing::warn!(error = %e, "store: deleting a queue's files failed");
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        for id in std::mem::take(&mut self.unflushed) {
+            if let Some(q) = self.queues.get_mut(&id)
+                && let Err(e) = q.log.flush()
+            {
+                tracing::warn!(error = %e, "store: writing buffers out failed");
+            }
+        }
+    }
+
+    fn sync(&mut self, epoch: u64) {
+        self.flush();
+        let mut files = Vec::new();
+        let mut dirs = std::mem::take(&mut self.dirty_dirs);
+        let mut failed = None;
+        for id in std::mem::take(&mut self.dirty) {
+            if let Some(q) = self.queues.get_mut(&id) {
+                match q.log.take_dirty() {
+                    Ok((f, dir)) => {
+                        files.extend(f);
+                        dirs.extend(dir);
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        let shared = match self.shared.take_sync() {
+            Ok(s) => s,
+            Err(e) => {
+                failed = Some(e);
+                shared::SharedSync::default()
+            }
+        };
+        if let Some(e) = failed {
+            tracing::error!(error = %e, "store: writing buffers out failed");
+        }
+        let job = SyncJob {
+            epoch,
+            files,
+            shared,
+            dirs,
+            definitions: std::mem::take(&mut self.definitions_dirty),
+        };
+        if self.sync_tx.send(job).is_err() {
+            tracing::error!("store: the sync thread is gone");
+        }
+    }
+}
