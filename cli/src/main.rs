@@ -46,6 +46,15 @@ struct ServeArgs {
     /// blocked until consumers catch up (RabbitMQ's vm_memory_high_watermark).
     #[arg(long, default_value_t = 0.4)]
     memory_high_watermark: f64,
+    /// Whether publisher confirms of persistent messages wait for fsync (`on`, the default:
+    /// confirmed means on disk) or only for the write to the OS (`off`: survives a broker
+    /// crash, not a power cut; lower latency, as RabbitMQ's classic queues).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    fsync: String,
+    /// Message bodies of at least this many bytes are stored once in the shared store;
+    /// smaller ones inline in each queue's segment files.
+    #[arg(long, default_value_t = 4096)]
+    embed_msgs_below: usize,
 }
 
 /// Total RAM in bytes, from /proc/meminfo.
@@ -156,6 +165,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ..warren_core::BrokerConfig::default()
         },
         &args.data_dir,
+        warren_store::DiskConfig {
+            embed_msgs_below: args.embed_msgs_below,
+            fsync: args.fsync == "on",
+        },
     )
     .map_err(|e| {
         ConfigError(format!(

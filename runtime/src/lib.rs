@@ -75,12 +75,13 @@ impl BrokerHandle {
     pub fn start_with_store(
         config: BrokerConfig,
         data_dir: &std::path::Path,
+        storage: warren_store::DiskConfig,
     ) -> Result<BrokerHandle, warren_store::OpenError> {
         let (control, control_rx) = mpsc::unbounded_channel();
         let synced = control.clone();
         let (store, definitions) = warren_store::DiskStore::open(
             data_dir,
-            warren_store::DiskConfig::default(),
+            storage,
             Box::new(move |epoch, result| {
                 // Fails only when the broker task is gone (shutdown): nothing to confirm then.
                 let _ = synced.send(Control::Synced { epoch, result });

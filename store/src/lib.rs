@@ -57,12 +57,17 @@ pub struct DiskConfig {
     /// `queue_index_embed_msgs_below`, 4096 by default); smaller ones inline in the queue's
     /// own segment files.
     pub embed_msgs_below: usize,
+    /// fsync before confirming (the default). Off: confirms go out once the data is written
+    /// to the operating system (it survives a crash of the broker process, not of the
+    /// machine), which is what RabbitMQ's classic queues do; lower latency, weaker promise.
+    pub fsync: bool,
 }
 
 impl Default for DiskConfig {
     fn default() -> DiskConfig {
         DiskConfig {
             embed_msgs_below: 4096,
+            fsync: true,
         }
     }
 }
@@ -126,9 +131,10 @@ impl DiskStore {
         let loaded = definitions.load()?;
         let (sync_tx, sync_rx) = mpsc::sync_channel::<SyncJob>(4);
         let defs = definitions.clone();
+        let fsync = config.fsync;
         std::thread::Builder::new()
             .name("warren-sync".into())
-            .spawn(move || sync_thread(sync_rx, defs, on_synced))
+            .spawn(move || sync_thread(sync_rx, defs, fsync, on_synced))
             .map_err(dir_err(root))?;
         Ok((
             DiskStore {
@@ -183,9 +189,25 @@ impl DiskStore {
     }
 }
 
-fn sync_thread(rx: mpsc::Receiver<SyncJob>, defs: DefinitionStore, on_synced: SyncCallback) {
+fn sync_thread(
+    rx: mpsc::Receiver<SyncJob>,
+    defs: DefinitionStore,
+    fsync: bool,
+    on_synced: SyncCallback,
+) {
     while let Ok(job) = rx.recv() {
         let result = (|| -> Result<(), String> {
+            if !fsync {
+                // Written to the OS already (the broker task wrote the buffers out); the
+                // definitions still get their durable commit, which is rare.
+                if job.definitions {
+                    defs.commit_durable().map_err(|e| e.to_string())?;
+                }
+                for path in &job.shared.delete {
+                    let _ = fs::remove_file(path);
+                }
+                return Ok(());
+            }
             if job.definitions {
                 defs.commit_durable().map_err(|e| e.to_string())?;
             }
