@@ -15,7 +15,7 @@ pub mod segment;
 pub mod shared;
 
 use definitions::{DefinitionStore, DefinitionsError};
-use segment::{QueueLog, ReadBack, SegmentFiles};
+use segment::{QueueLog, ReadBack};
 use shared::SharedStore;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
@@ -27,6 +27,11 @@ use warren_core::message::Message;
 use warren_core::store::{
     DefinitionChange, Definitions, QueueRecovery, Store, StoreError, StoredMessage,
 };
+
+/// Queues whose segment files stay open between batches: each keeps at most 4 segments (8
+/// descriptors) open, so this bounds the store at ~2k descriptors however many queues there
+/// are (the process may hold 20k here, most of them for connections).
+const OPEN_QUEUES: usize = 256;
 
 /// Called by the sync thread when the sync of an epoch completed (or failed).
 pub type SyncCallback = Box<dyn Fn(u64, Result<(), String>) + Send>;
@@ -44,7 +49,7 @@ pub enum OpenError {
 
 struct SyncJob {
     epoch: u64,
-    files: Vec<SegmentFiles>,
+    files: Vec<PathBuf>,
     shared: shared::SharedSync,
     dirs: Vec<PathBuf>,
     definitions: bool,
@@ -91,6 +96,8 @@ pub struct DiskStore {
     dirty: BTreeSet<QueueId>,
     /// Queues with buffered writes.
     unflushed: BTreeSet<QueueId>,
+    /// Queues that may hold open segment files (bounded by `OPEN_QUEUES`).
+    with_files: BTreeSet<QueueId>,
     /// Directories whose entries changed (new queue directories).
     dirty_dirs: Vec<PathBuf>,
     sync_tx: mpsc::SyncSender<SyncJob>,
@@ -146,6 +153,7 @@ impl DiskStore {
                 queues: HashMap::new(),
                 dirty: BTreeSet::new(),
                 unflushed: BTreeSet::new(),
+                with_files: BTreeSet::new(),
                 dirty_dirs: Vec::new(),
                 sync_tx,
             },
@@ -183,6 +191,25 @@ impl DiskStore {
         )))
     }
 
+    /// Notes that `queue` may open segment files now; closes another queue's files when more
+    /// than `OPEN_QUEUES` queues have some, so the descriptor count stays bounded even when
+    /// one batch touches thousands of queues.
+    fn touch(&mut self, queue: QueueId) {
+        self.unflushed.insert(queue);
+        if !self.with_files.insert(queue) || self.with_files.len() <= OPEN_QUEUES {
+            return;
+        }
+        let victim = self.with_files.iter().copied().find(|&id| id != queue);
+        if let Some(id) = victim {
+            self.with_files.remove(&id);
+            if let Some(q) = self.queues.get_mut(&id)
+                && let Err(e) = q.log.close_files()
+            {
+                tracing::warn!(error = %e, "store: writing buffers out failed");
+            }
+        }
+    }
+
     fn fail(&self, what: &str, e: impl std::fmt::Display) -> StoreError {
         tracing::error!(error = %e, "store: {what} failed; publishers are blocked for a while and unstored messages are nacked");
         StoreError(format!("{what}: {e}"))
@@ -215,13 +242,16 @@ fn sync_thread(
                 f.sync_data()
                     .map_err(|e| format!("fsync shared file: {e}"))?;
             }
-            for f in &job.files {
-                f.data
-                    .sync_data()
-                    .map_err(|e| format!("fsync data file: {e}"))?;
-                f.index
-                    .sync_data()
-                    .map_err(|e| format!("fsync index file: {e}"))?;
+            for path in &job.files {
+                // Opened by path: fsync flushes the file's data whatever descriptor wrote it.
+                // A segment deleted since (all acked) needs no sync.
+                match File::open(path) {
+                    Ok(f) => f
+                        .sync_data()
+                        .map_err(|e| format!("fsync {}: {e}", path.display()))?,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("open {} for fsync: {e}", path.display())),
+                }
             }
             // Compacted shared files go only once their copies are durable (just above).
             for path in &job.shared.delete {
@@ -335,10 +365,10 @@ impl Store for DiskStore {
             return Err(StoreError(format!("queue {} is not open", queue.0)));
         };
         let result = q.log.append(seq, message, shared);
-        self.unflushed.insert(queue);
         if q.durable {
             self.dirty.insert(queue);
         }
+        self.touch(queue);
         result.map_err(|e| self.fail("message write", e))
     }
 
@@ -351,10 +381,10 @@ impl Store for DiskStore {
                     tracing::warn!(error = %e, "store: removing a message failed; it may come back after a restart")
                 }
             }
-            self.unflushed.insert(queue);
             if q.durable {
                 self.dirty.insert(queue);
             }
+            self.touch(queue);
         }
     }
 
@@ -370,10 +400,10 @@ impl Store for DiskStore {
                     tracing::warn!(error = %e, "store: purging failed; messages may come back after a restart")
                 }
             }
-            self.unflushed.insert(queue);
             if q.durable {
                 self.dirty.insert(queue);
             }
+            self.touch(queue);
         }
     }
 
@@ -384,6 +414,7 @@ impl Store for DiskStore {
         max: usize,
         out: &mut Vec<StoredMessage>,
     ) -> Result<(), StoreError> {
+        self.touch(queue);
         let Some(q) = self.queues.get_mut(&queue) else {
             return Err(StoreError(format!("queue {} is not open", queue.0)));
         };
@@ -427,6 +458,7 @@ impl Store for DiskStore {
     fn delete_queue(&mut self, queue: QueueId) {
         self.dirty.remove(&queue);
         self.unflushed.remove(&queue);
+        self.with_files.remove(&queue);
         if let Some(q) = self.queues.remove(&queue) {
             for id in q.log.live_shared() {
                 self.shared.release(id);
@@ -438,8 +470,9 @@ impl Store for DiskStore {
     }
 
     fn flush(&mut self) {
-        for id in std::mem::take(&mut self.unflushed) {
-            if let Some(q) = self.queues.get_mut(&id)
+        let touched = std::mem::take(&mut self.unflushed);
+        for id in &touched {
+            if let Some(q) = self.queues.get_mut(id)
                 && let Err(e) = q.log.flush()
             {
                 tracing::warn!(error = %e, "store: writing buffers out failed");

@@ -188,8 +188,10 @@ pub struct QueueLog {
     data_at: u64,
     /// Buffered index writes: sequence number -> entry bytes (zeros: removal).
     index_buf: BTreeMap<u64, [u8; ENTRY_SIZE]>,
-    /// Files written since the last `take_dirty`.
-    dirty: Vec<SegmentFiles>,
+    /// Segments written since the last `take_dirty`. Kept as numbers, not open files: the
+    /// sync thread opens them by path, so a sync covering 10k queues holds no descriptors
+    /// meanwhile.
+    dirty: std::collections::BTreeSet<u64>,
     /// A segment file was created or deleted since the last `take_dirty`: the directory
     /// needs an fsync too.
     dir_dirty: bool,
@@ -213,7 +215,7 @@ impl QueueLog {
             data_seg: 0,
             data_at: 0,
             index_buf: BTreeMap::new(),
-            dirty: Vec::new(),
+            dirty: std::collections::BTreeSet::new(),
             dir_dirty: false,
             scratch: Vec::new(),
         };
@@ -570,7 +572,7 @@ impl QueueLog {
             let files = self.files(self.data_seg)?;
             files.data.write_all_at(&self.data_buf, self.data_at)?;
             self.data_buf.clear();
-            self.mark_dirty(&files);
+            self.dirty.insert(self.data_seg);
         }
         if self.index_buf.is_empty() {
             return Ok(());
@@ -605,26 +607,32 @@ impl QueueLog {
         let files = self.files(seg)?;
         let at = HEADER_SIZE as u64 + (first_seq % ENTRIES) * ENTRY_SIZE as u64;
         files.index.write_all_at(bytes, at)?;
-        self.mark_dirty(&files);
+        self.dirty.insert(seg);
         Ok(())
     }
 
-    fn mark_dirty(&mut self, files: &SegmentFiles) {
-        if !self
-            .dirty
-            .iter()
-            .any(|f| Arc::ptr_eq(&f.index, &files.index))
-        {
-            self.dirty.push(files.clone());
-        }
-    }
-
-    /// Flushes, then hands over the files written since the last call (for the sync thread)
-    /// and whether the directory changed.
-    pub fn take_dirty(&mut self) -> io::Result<(Vec<SegmentFiles>, Option<PathBuf>)> {
+    /// Flushes, then hands over the paths of the files written since the last call (for
+    /// the sync thread; segments deleted meanwhile are left out) and whether the directory
+    /// changed.
+    pub fn take_dirty(&mut self) -> io::Result<(Vec<PathBuf>, Option<PathBuf>)> {
         self.flush()?;
         let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone());
-        Ok((std::mem::take(&mut self.dirty), dir))
+        let mut paths = Vec::new();
+        for seg in std::mem::take(&mut self.dirty) {
+            if self.segments.contains_key(&seg) {
+                paths.push(seg_path(&self.dir, seg, "qd"));
+                paths.push(seg_path(&self.dir, seg, "qi"));
+            }
+        }
+        Ok((paths, dir))
+    }
+
+    /// Closes the open segment files (they reopen on demand): bounds file descriptors when
+    /// many queues hold messages. Buffered writes are written out first.
+    pub fn close_files(&mut self) -> io::Result<()> {
+        self.flush()?;
+        self.open.clear();
+        Ok(())
     }
 
     /// Shared-store ids of the live entries (released when the queue is deleted).
