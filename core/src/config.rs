@@ -27,6 +27,9 @@ pub struct BrokerConfig {
     /// the store and are read back in batches of this size (RabbitMQ's CQv2 keeps at most
     /// 2048). At 1 kB messages that is ~2 MB per busy queue.
     pub queue_window: usize,
+    /// Body bytes a queue keeps in memory when the broker has a store (the window's other
+    /// bound, for big messages): 8 MiB.
+    pub queue_window_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -38,6 +41,7 @@ impl Default for BrokerConfig {
             memory_high_watermark: u64::MAX,
             flow_ready_high: 4096,
             queue_window: 2048,
+            queue_window_bytes: 8 << 20,
         }
     }
 }

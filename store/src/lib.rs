@@ -126,10 +126,12 @@ impl DiskStore {
         on_synced: SyncCallback,
     ) -> Result<(DiskStore, Definitions), OpenError> {
         fs::create_dir_all(root.join("queues")).map_err(dir_err(root))?;
-        // Transient queues' pages never outlive the process.
+        // Transient queues' pages never outlive the process, nor do deleted queues' files.
         let transient = root.join("transient");
-        if transient.exists() {
-            fs::remove_dir_all(&transient).map_err(dir_err(&transient))?;
+        for dir in [&transient, &root.join("trash")] {
+            if dir.exists() {
+                fs::remove_dir_all(dir).map_err(dir_err(dir))?;
+            }
         }
         fs::create_dir_all(&transient).map_err(dir_err(&transient))?;
         let definitions = DefinitionStore::open(&root.join("definitions.redb"))?;
@@ -463,7 +465,7 @@ impl Store for DiskStore {
             for id in q.log.live_shared() {
                 self.shared.release(id);
             }
-            if let Err(e) = q.log.destroy() {
+            if let Err(e) = q.log.destroy(&self.root.join("trash")) {
                 tracing::warn!(error = %e, "store: deleting a queue's files failed");
             }
         }

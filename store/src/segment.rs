@@ -644,8 +644,30 @@ impl QueueLog {
     }
 
     /// Deletes the whole log.
-    pub fn destroy(self) -> io::Result<()> {
-        fs::remove_dir_all(&self.dir)
+    /// Deletes the whole log: the directory is renamed into `trash` (instant, so the queue
+    /// is gone for a restart at once) and removed by a background thread, so deleting a queue
+    /// of 10M messages does not stall the broker for the seconds `unlink` takes.
+    pub fn destroy(self, trash: &Path) -> io::Result<()> {
+        fs::create_dir_all(trash)?;
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let target = trash.join(format!("{name}-{}", std::process::id()));
+        let target = (0..)
+            .map(|n| target.with_extension(n.to_string()))
+            .find(|t| !t.exists())
+            .unwrap_or(target);
+        fs::rename(&self.dir, &target)?;
+        std::thread::Builder::new()
+            .name("warren-trash".into())
+            .spawn(move || {
+                if let Err(e) = fs::remove_dir_all(&target) {
+                    tracing::warn!(dir = %target.display(), error = %e, "cannot delete a deleted queue's files");
+                }
+            })?;
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {

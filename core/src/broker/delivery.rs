@@ -178,7 +178,9 @@ impl Broker {
             return Enqueued::Memory;
         };
         let persist = q.durable && message.properties.is_persistent();
-        let page = q.messages.paged().count > 0 || q.messages.in_memory() >= window;
+        let page = q.messages.paged().count > 0
+            || q.messages.in_memory() >= window
+            || q.messages.bytes() >= self.config.queue_window_bytes;
         if !persist && !page {
             let seq = q.messages.next_seq();
             q.messages.push(seq, message.clone(), false);
@@ -212,7 +214,12 @@ impl Broker {
         let q = self.queues.get_mut(&id)?;
         if q.messages.needs_load() {
             let paged = q.messages.paged();
-            let max = self.config.queue_window.max(1);
+            // Read back a window's worth, by count and by bytes (big messages come fewer at
+            // a time).
+            let average = (paged.bytes / paged.count.max(1)).max(1);
+            let by_bytes =
+                usize::try_from(self.config.queue_window_bytes / average).unwrap_or(usize::MAX);
+            let max = self.config.queue_window.min(by_bytes).max(1);
             let mut batch = Vec::new();
             let read = match self.store.as_mut() {
                 Some(store) => store.read(id, paged.from_seq, max, &mut batch),
