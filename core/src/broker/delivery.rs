@@ -23,6 +23,10 @@ const MAX_TX_OPS: usize = 65_536;
 /// (cycles are cut by the visited set anyway).
 const MAX_ROUTE_EXCHANGES: usize = 1024;
 
+/// How many times the window a queue keeps transient messages in memory before paging
+/// them out (see `enqueue`).
+const TRANSIENT_WINDOW_FACTOR: usize = 4;
+
 /// What to do with settled deliveries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Settle {
@@ -178,9 +182,25 @@ impl Broker {
             return Enqueued::Memory;
         };
         let persist = q.durable && message.properties.is_persistent();
+        // A persistent message is written anyway, so keeping it out of memory costs only the
+        // read back. A transient one would cost a write too: it pages out only at a larger
+        // window (a burst above the flow-control mark stays in memory) or when message
+        // memory passes half the alarm watermark.
+        let (limit, limit_bytes) = if persist {
+            (window, self.config.queue_window_bytes)
+        } else {
+            (
+                window.saturating_mul(TRANSIENT_WINDOW_FACTOR),
+                self.config
+                    .queue_window_bytes
+                    .saturating_mul(TRANSIENT_WINDOW_FACTOR as u64),
+            )
+        };
+        let memory_tight = self.stored_bytes > self.config.memory_high_watermark / 2;
         let page = q.messages.paged().count > 0
-            || q.messages.in_memory() >= window
-            || q.messages.bytes() >= self.config.queue_window_bytes;
+            || q.messages.in_memory() >= limit
+            || q.messages.bytes() >= limit_bytes
+            || (memory_tight && q.messages.in_memory() >= window);
         if !persist && !page {
             let seq = q.messages.next_seq();
             q.messages.push(seq, message.clone(), false);
