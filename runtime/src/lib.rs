@@ -27,6 +27,13 @@ pub use warren_core::BrokerConfig;
 /// `REQUEST_QUEUE * 64 KiB`.
 const REQUEST_QUEUE: usize = 1024;
 
+/// Milliseconds since the Unix epoch: the core's clock in this runtime.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The broker has stopped (the runtime is shutting down).
 #[derive(Debug, thiserror::Error)]
 #[error("broker stopped")]
@@ -89,7 +96,7 @@ impl BrokerHandle {
         )?;
         let started = std::time::Instant::now();
         let mut broker = warren_core::Broker::with_store(config, Box::new(store));
-        for error in broker.restore(0, &definitions) {
+        for error in broker.restore(unix_ms(), &definitions) {
             tracing::warn!(%error, "a stored definition could not be restored");
         }
         tracing::info!(

@@ -18,15 +18,18 @@ pub(crate) async fn run(
     mut requests: mpsc::Receiver<Request>,
     mut control: mpsc::UnboundedReceiver<Control>,
 ) {
+    // The core's clock: wall-clock milliseconds (so message expiries stored on disk mean the
+    // same after a restart), advanced monotonically from one reading at start.
     let epoch = Instant::now();
-    let now_ms = |at: Instant| at.duration_since(epoch).as_millis() as u64;
+    let unix_at_epoch = crate::unix_ms();
+    let now_ms = |at: Instant| unix_at_epoch + at.duration_since(epoch).as_millis() as u64;
     let mut conns: HashMap<ConnId, mpsc::UnboundedSender<Vec<Effect>>> = HashMap::new();
     let mut effects = Vec::new();
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     loop {
         let deadline = broker
             .next_deadline()
-            .map(|ms| epoch + std::time::Duration::from_millis(ms));
+            .map(|ms| epoch + std::time::Duration::from_millis(ms.saturating_sub(unix_at_epoch)));
         tokio::select! {
             biased;
             msg = control.recv() => match msg {

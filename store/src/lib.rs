@@ -15,7 +15,7 @@ pub mod segment;
 pub mod shared;
 
 use definitions::{DefinitionStore, DefinitionsError};
-use segment::{QueueLog, ReadBack};
+use segment::{Body, QueueLog};
 use shared::SharedStore;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
@@ -351,6 +351,7 @@ impl Store for DiskStore {
         queue: QueueId,
         seq: u64,
         message: &Arc<Message>,
+        expires_at: Option<u64>,
     ) -> Result<(), StoreError> {
         let Some(q) = self.queues.get_mut(&queue) else {
             return Err(StoreError(format!("queue {} is not open", queue.0)));
@@ -366,7 +367,7 @@ impl Store for DiskStore {
         let Some(q) = self.queues.get_mut(&queue) else {
             return Err(StoreError(format!("queue {} is not open", queue.0)));
         };
-        let result = q.log.append(seq, message, shared);
+        let result = q.log.append(seq, message, shared, expires_at);
         if q.durable {
             self.dirty.insert(queue);
         }
@@ -428,9 +429,10 @@ impl Store for DiskStore {
         // delivered before, so it is flagged (as RabbitMQ's CQv2 does).
         let recovered_below = q.recovered_below;
         for b in back {
-            let (seq, message) = match b {
-                ReadBack::Whole(seq, message) => (seq, *message),
-                ReadBack::NeedsBody(seq, record, id) => {
+            let (seq, expires_at) = (b.seq, b.expires_at);
+            let message = match b.body {
+                Body::Whole(message) => *message,
+                Body::Shared(record, id) => {
                     let decoded =
                         self.shared
                             .read(id)
@@ -440,7 +442,7 @@ impl Store for DiskStore {
                                     .map_err(|e| e.to_string())
                             });
                     match decoded {
-                        Ok(m) => (seq, m),
+                        Ok(m) => m,
                         Err(e) => {
                             tracing::error!(seq, error = %e, "store: a message's shared body is unreadable; skipped");
                             continue;
@@ -451,6 +453,7 @@ impl Store for DiskStore {
             out.push(StoredMessage {
                 seq,
                 redelivered: seq < recovered_below,
+                expires_at,
                 message: Arc::new(message),
             });
         }

@@ -169,12 +169,21 @@ pub struct Recovered {
     pub dropped: u64,
 }
 
-/// A message read back: sequence number, and either the message or (shared body) the
-/// record plus the body's id in the shared store.
-pub enum ReadBack {
-    Whole(u64, Box<Message>),
-    NeedsBody(u64, Bytes, u64),
+/// A message read back.
+pub struct ReadBack {
+    pub seq: u64,
+    pub expires_at: Option<u64>,
+    pub body: Body,
 }
+
+/// The message itself, or (body in the shared store) its encoded record and the body's id.
+pub enum Body {
+    Whole(Box<Message>),
+    Shared(Bytes, u64),
+}
+
+/// Record payloads start with the message's expiry (u64, `NO_EXPIRY` for none).
+const NO_EXPIRY: u64 = u64::MAX;
 
 /// See the module docs.
 pub struct QueueLog {
@@ -380,7 +389,13 @@ impl QueueLog {
 
     /// Buffers message `seq`. `shared`: the body's id in the shared store (bodies at or above
     /// `embed_below`), which the caller wrote there.
-    pub fn append(&mut self, seq: u64, m: &Message, shared: Option<u64>) -> io::Result<()> {
+    pub fn append(
+        &mut self,
+        seq: u64,
+        m: &Message,
+        shared: Option<u64>,
+        expires_at: Option<u64>,
+    ) -> io::Result<()> {
         let seg = seq / ENTRIES;
         if !self.data_buf.is_empty() && self.data_seg != seg {
             self.flush()?;
@@ -398,6 +413,8 @@ impl QueueLog {
             self.data_at = state.data_len;
         }
         self.scratch.clear();
+        self.scratch
+            .extend_from_slice(&expires_at.unwrap_or(NO_EXPIRY).to_le_bytes());
         encode_message(m, shared.is_none(), &mut self.scratch);
         let offset = state.data_len;
         let before = self.data_buf.len();
@@ -550,15 +567,29 @@ impl QueueLog {
                         tracing::error!(dir = %self.dir.display(), seq, "corrupt record skipped");
                         continue;
                     };
-                    match e.shared {
-                        Some(id) => out.push(ReadBack::NeedsBody(seq, payload, id)),
+                    let Some(expiry) = payload.get(..8) else {
+                        tracing::error!(dir = %self.dir.display(), seq, "short record skipped");
+                        continue;
+                    };
+                    let mut at = [0u8; 8];
+                    at.copy_from_slice(expiry);
+                    let expires_at = Some(u64::from_le_bytes(at)).filter(|&a| a != NO_EXPIRY);
+                    let payload = payload.slice(8..);
+                    let body = match e.shared {
+                        Some(id) => Body::Shared(payload, id),
                         None => match decode_message(&payload, None) {
-                            Ok(m) => out.push(ReadBack::Whole(seq, Box::new(m))),
+                            Ok(m) => Body::Whole(Box::new(m)),
                             Err(err) => {
                                 tracing::error!(dir = %self.dir.display(), seq, %err, "undecodable record skipped");
+                                continue;
                             }
                         },
-                    }
+                    };
+                    out.push(ReadBack {
+                        seq,
+                        expires_at,
+                        body,
+                    });
                 }
             }
             i = j;

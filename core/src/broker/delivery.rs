@@ -4,13 +4,16 @@
 //! Nothing here waits on a round trip (seed 002): a publish is routed, enqueued, dispatched
 //! and confirmed within one `handle` call; prefetch is a counter check per delivery.
 
+use super::dead_letter::DeathReason;
 use super::session::{TxOp, Unacked};
 use super::{Broker, Consumer, ConsumerId, OpResult, PendingConfirm};
 use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
+use crate::idhash::IdMap;
 use crate::ids::{ChannelRef, ConnId, Destination, ExchangeId, QueueId};
 use crate::message::Message;
+use crate::queue::args::Overflow;
 use crate::queue::classic::QueuedMessage;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -47,13 +50,54 @@ impl Settle {
 }
 
 /// Where `enqueue` put a message.
-enum Enqueued {
+pub(super) enum Enqueued {
     /// In memory only (or paged out as a transient message): no sync needed.
     Memory,
     /// In the store for a durable queue: its confirm waits for a sync.
     Durable,
     /// The store refused it: not enqueued.
     Failed,
+    /// The queue is full and refuses publishes (`x-overflow` reject-publish[-dlx]).
+    Rejected,
+}
+
+/// Whether a queue's consumers have different `x-priority` values (dispatch then looks for
+/// the highest; otherwise it takes the first with credit).
+fn mixed_priorities(
+    queue_consumers: &[ConsumerId],
+    consumers: &IdMap<ConsumerId, Consumer>,
+) -> bool {
+    let mut priorities = queue_consumers
+        .iter()
+        .filter_map(|cid| consumers.get(cid).map(|c| c.priority));
+    let Some(first) = priorities.next() else {
+        return false;
+    };
+    priorities.any(|p| p != first)
+}
+
+/// Whether adding a message of `len` body bytes takes the queue over a length limit.
+fn would_overflow(q: &super::Queue, len: u64) -> bool {
+    q.args
+        .max_length
+        .is_some_and(|max| q.messages.len() as u64 >= max)
+        || q.args
+            .max_length_bytes
+            .is_some_and(|max| q.messages.total_bytes() + len > max)
+}
+
+/// When a message enqueued at `now` expires: the lower of the queue's and its own TTL.
+fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
+    let own = m
+        .properties
+        .expiration
+        .as_deref()
+        .and_then(|e| crate::queue::args::parse_expiration(e).ok());
+    let ttl = match (queue_ttl, own) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }?;
+    Some(now.saturating_add(ttl))
 }
 
 impl Broker {
@@ -67,6 +111,11 @@ impl Broker {
             ));
         }
         let exchange = self.exchange_id(op, &p.exchange)?;
+        if let Some(e) = p.properties.expiration.as_deref()
+            && let Err(text) = crate::queue::args::parse_expiration(e)
+        {
+            return Err(ProtocolError::new(ErrorCode::PreconditionFailed, op, text));
+        }
         if self.exchanges[&exchange].internal {
             return Err(ProtocolError::new(
                 ErrorCode::AccessRefused,
@@ -119,7 +168,7 @@ impl Broker {
                 match self.enqueue(q, &message) {
                     Enqueued::Memory => {}
                     Enqueued::Durable => wait_sync = true,
-                    Enqueued::Failed => failed = true,
+                    Enqueued::Failed | Enqueued::Rejected => failed = true,
                 }
             }
             for &q in &queues {
@@ -168,17 +217,32 @@ impl Broker {
 
     /// Appends a routed message to a queue: into the window while it has room and nothing is
     /// paged out, otherwise (with a store) into the store only. Persistent messages on
-    /// durable queues are stored either way.
-    fn enqueue(&mut self, id: QueueId, message: &Arc<Message>) -> Enqueued {
+    /// durable queues are stored either way. Applies the queue's length limit and TTL.
+    pub(super) fn enqueue(&mut self, id: QueueId, message: &Arc<Message>) -> Enqueued {
         let window = self.config.queue_window;
+        let now = self.now;
         let Some(q) = self.queues.get_mut(&id) else {
             return Enqueued::Memory;
         };
         let len = message.body_len() as u64;
+        if q.args.overflow != Overflow::DropHead && would_overflow(q, len) {
+            if q.args.overflow == Overflow::RejectPublishDlx {
+                self.dead_letter(id, message.clone(), DeathReason::MaxLen);
+            }
+            return Enqueued::Rejected;
+        }
+        let expires_at = expiry(now, q.args.message_ttl, message);
+        if expires_at.is_some() {
+            self.expiring.insert(id);
+        }
+        let Some(q) = self.queues.get_mut(&id) else {
+            return Enqueued::Memory;
+        };
         let Some(store) = self.store.as_mut() else {
             let seq = q.messages.next_seq();
-            q.messages.push(seq, message.clone(), false);
+            q.messages.push(seq, message.clone(), false, expires_at);
             self.hold(len);
+            self.drop_overflow(id);
             return Enqueued::Memory;
         };
         let persist = q.durable && message.properties.is_persistent();
@@ -201,14 +265,14 @@ impl Broker {
             || q.messages.in_memory() >= limit
             || q.messages.bytes() >= limit_bytes
             || (memory_tight && q.messages.in_memory() >= window);
+        let seq = q.messages.next_seq();
         if !persist && !page {
-            let seq = q.messages.next_seq();
-            q.messages.push(seq, message.clone(), false);
+            q.messages.push(seq, message.clone(), false, expires_at);
             self.hold(len);
+            self.drop_overflow(id);
             return Enqueued::Memory;
         }
-        let seq = q.messages.next_seq();
-        if store.append(id, seq, message).is_err() {
+        if store.append(id, seq, message, expires_at).is_err() {
             // The host logged why. The message is not taken (its publisher gets a nack), and
             // publishers are blocked for a while.
             self.store_failed_at = Some(self.now);
@@ -217,47 +281,108 @@ impl Broker {
         if page {
             q.messages.push_paged(seq, len);
         } else {
-            q.messages.push(seq, message.clone(), true);
+            q.messages.push(seq, message.clone(), true, expires_at);
             self.hold(len);
         }
         if persist {
             self.sync_dirty = true;
+        }
+        self.drop_overflow(id);
+        if persist {
             Enqueued::Durable
         } else {
             Enqueued::Memory
         }
     }
 
+    /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
+    /// queue fits again.
+    fn drop_overflow(&mut self, id: QueueId) {
+        loop {
+            let Some(q) = self.queues.get(&id) else {
+                return;
+            };
+            let over_count = q
+                .args
+                .max_length
+                .is_some_and(|max| q.messages.len() as u64 > max);
+            let over_bytes = q
+                .args
+                .max_length_bytes
+                .is_some_and(|max| q.messages.total_bytes() > max);
+            if !(over_count || over_bytes) {
+                return;
+            }
+            let Some(m) = self.pop_ready(id) else {
+                return;
+            };
+            self.forget(id, m.seq, m.stored, m.message.body_len());
+            self.dead_letter(id, m.message, DeathReason::MaxLen);
+        }
+    }
+
+    /// Makes sure the window holds the queue's next message when any is paged out.
+    fn fill_window(&mut self, id: QueueId) -> bool {
+        let Some(q) = self.queues.get_mut(&id) else {
+            return false;
+        };
+        if !q.messages.needs_load() {
+            return true;
+        }
+        let paged = q.messages.paged();
+        // Read back a window's worth, by count and by bytes (big messages come fewer at a
+        // time).
+        let average = (paged.bytes / paged.count.max(1)).max(1);
+        let by_bytes =
+            usize::try_from(self.config.queue_window_bytes / average).unwrap_or(usize::MAX);
+        let max = self.config.queue_window.min(by_bytes).max(1);
+        let mut batch = Vec::new();
+        let read = match self.store.as_mut() {
+            Some(store) => store.read(id, paged.from_seq, max, &mut batch),
+            None => Ok(()),
+        };
+        if read.is_err() {
+            self.store_failed_at = Some(self.now);
+            return false;
+        }
+        if batch.is_empty() {
+            // The store has nothing where it reported messages: do not wait forever.
+            q.messages.forget_paged();
+            return false;
+        }
+        let bytes = q.messages.load(batch);
+        self.hold(bytes);
+        true
+    }
+
     /// Takes the next ready message of a queue, reading paged-out messages back first when
     /// the window is empty.
     pub(super) fn pop_ready(&mut self, id: QueueId) -> Option<QueuedMessage> {
-        let q = self.queues.get_mut(&id)?;
-        if q.messages.needs_load() {
-            let paged = q.messages.paged();
-            // Read back a window's worth, by count and by bytes (big messages come fewer at
-            // a time).
-            let average = (paged.bytes / paged.count.max(1)).max(1);
-            let by_bytes =
-                usize::try_from(self.config.queue_window_bytes / average).unwrap_or(usize::MAX);
-            let max = self.config.queue_window.min(by_bytes).max(1);
-            let mut batch = Vec::new();
-            let read = match self.store.as_mut() {
-                Some(store) => store.read(id, paged.from_seq, max, &mut batch),
-                None => Ok(()),
-            };
-            if read.is_err() {
-                self.store_failed_at = Some(self.now);
-                return None;
-            }
-            if batch.is_empty() {
-                // The store has nothing where it reported messages: do not wait forever.
-                q.messages.forget_paged();
-                return None;
-            }
-            let bytes = q.messages.load(batch);
-            self.hold(bytes);
-        }
+        self.fill_window(id);
         self.queues.get_mut(&id)?.messages.pop()
+    }
+
+    /// Dead-letters (or drops) expired messages at the head of a queue: expiry is checked at
+    /// the head only, O(1) per message, as RabbitMQ does. A message expires once `now` passes
+    /// its deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
+    pub(super) fn expire_head(&mut self, id: QueueId) {
+        let now = self.now;
+        while self.fill_window(id) {
+            let expired = self
+                .queues
+                .get(&id)
+                .and_then(|q| q.messages.head())
+                .and_then(|m| m.expires_at)
+                .is_some_and(|at| now > at);
+            if !expired {
+                return;
+            }
+            let Some(m) = self.queues.get_mut(&id).and_then(|q| q.messages.pop()) else {
+                return;
+            };
+            self.forget(id, m.seq, m.stored, m.message.body_len());
+            self.dead_letter(id, m.message, DeathReason::Expired);
+        }
     }
 
     /// A message left queue `id` for good (acked, dropped, delivered without ack).
@@ -270,7 +395,7 @@ impl Broker {
 
     /// Every queue a message published to `exchange` reaches, each once, in id order:
     /// follows exchange-to-exchange bindings (cycles cut) and alternate exchanges.
-    fn route(&self, exchange: ExchangeId, p: &Publish) -> Vec<QueueId> {
+    pub(super) fn route(&self, exchange: ExchangeId, p: &Publish) -> Vec<QueueId> {
         let headers = p.properties.headers.as_ref();
         let mut queues = Vec::new();
         let mut visited = vec![exchange];
@@ -335,6 +460,36 @@ impl Broker {
                 || channel.consumer_unacked < u32::from(channel.global_prefetch))
     }
 
+    /// The consumer the next message goes to: with `x-single-active-consumer`, only the
+    /// first consumer (the next one takes over when it goes); otherwise round-robin among
+    /// the consumers with credit and the highest `x-priority`.
+    fn pick_consumer(&self, q: &super::Queue) -> Option<(usize, ConsumerId)> {
+        if q.args.single_active_consumer {
+            let first = *q.consumers.first()?;
+            return self.can_deliver(first).then_some((0, first));
+        }
+        let n = q.consumers.len();
+        let start = q.rr_next % n;
+        let order = (0..n)
+            .map(|i| (start + i) % n)
+            .map(|idx| (idx, q.consumers[idx]));
+        if !q.mixed_priorities {
+            return order.clone().find(|&(_, cid)| self.can_deliver(cid));
+        }
+        let priority = |cid: ConsumerId| self.consumers.get(&cid).map_or(0, |c| c.priority);
+        let mut best: Option<(i64, usize, ConsumerId)> = None;
+        for (idx, cid) in order {
+            if !self.can_deliver(cid) {
+                continue;
+            }
+            let p = priority(cid);
+            if best.is_none_or(|(bp, _, _)| p > bp) {
+                best = Some((p, idx, cid));
+            }
+        }
+        best.map(|(_, idx, cid)| (idx, cid))
+    }
+
     /// Hands ready messages of queue `id` to its consumers, round-robin, while any has credit;
     /// then resumes the publishers it paused once it has drained to half the flow mark.
     pub(super) fn dispatch(&mut self, id: QueueId) {
@@ -357,15 +512,13 @@ impl Broker {
             if q.messages.is_empty() || q.consumers.is_empty() {
                 return;
             }
-            let n = q.consumers.len();
-            let start = q.rr_next % n;
-            let Some((idx, cid)) = (0..n)
-                .map(|i| (start + i) % n)
-                .map(|idx| (idx, q.consumers[idx]))
-                .find(|&(_, cid)| self.can_deliver(cid))
-            else {
+            let Some((idx, cid)) = self.pick_consumer(q) else {
                 return;
             };
+            let n = q.consumers.len();
+            if !self.expiring.is_empty() && self.expiring.contains(&id) {
+                self.expire_head(id);
+            }
             let Some(m) = self.pop_ready(id) else {
                 return;
             };
@@ -396,6 +549,7 @@ impl Broker {
                         message: m.message.clone(),
                         consumer: Some(cid),
                         stored: m.stored,
+                        expires_at: m.expires_at,
                     },
                 );
             }
@@ -492,14 +646,23 @@ impl Broker {
                 exclusive: c.exclusive,
                 prefetch,
                 unacked: 0,
+                priority: c
+                    .arguments
+                    .get("x-priority")
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or(0),
             },
         );
         if let Some(channel) = self.channels.get_mut(&ch) {
             channel.consumers.insert(tag.clone(), cid);
         }
+        let now = self.now;
+        let consumers = &self.consumers;
         if let Some(q) = self.queues.get_mut(&queue) {
             q.consumers.push(cid);
             q.had_consumer = true;
+            q.last_used = now;
+            q.mixed_priorities = mixed_priorities(&q.consumers, consumers);
         }
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
             conn.consumers += 1;
@@ -552,6 +715,9 @@ impl Broker {
                 q.rr_next -= 1;
             }
         }
+        // x-expires counts from the moment the last consumer left.
+        q.last_used = self.now;
+        q.mixed_priorities = mixed_priorities(&q.consumers, &self.consumers);
         // Channel and connection close pass `false` but still delete: RabbitMQ deletes an
         // auto-delete queue when its last consumer goes, however it goes.
         let _ = auto_delete;
@@ -569,6 +735,13 @@ impl Broker {
 
     pub(super) fn get(&mut self, ch: ChannelRef, queue: &str, no_ack: bool) -> OpResult {
         let id = self.queue_id(ch, OpKind::Get, queue)?;
+        let now = self.now;
+        if let Some(q) = self.queues.get_mut(&id) {
+            q.last_used = now;
+        }
+        if self.expiring.contains(&id) {
+            self.expire_head(id);
+        }
         let Some(m) = self.pop_ready(id) else {
             self.reply(ch, Reply::GetEmpty);
             return Ok(());
@@ -596,6 +769,7 @@ impl Broker {
                     message: m.message.clone(),
                     consumer: None,
                     stored: m.stored,
+                    expires_at: m.expires_at,
                 },
             );
         }
@@ -684,10 +858,13 @@ impl Broker {
                 Some(q) => {
                     q.unacked = q.unacked.saturating_sub(1);
                     if settle == Settle::Requeue {
-                        q.messages.requeue(u.seq, u.message, u.stored);
+                        q.messages.requeue(u.seq, u.message, u.stored, u.expires_at);
                         touched.insert(u.queue);
                     } else {
                         self.forget(u.queue, u.seq, u.stored, u.message.body_len());
+                        if settle == Settle::Discard {
+                            self.dead_letter(u.queue, u.message, DeathReason::Rejected);
+                        }
                     }
                 }
                 // Its queue was deleted while it was out: acked, dropped or requeued, it goes.

@@ -14,6 +14,7 @@
 //! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
 //!   detected by a failed lookup, never aliased.
 
+mod dead_letter;
 mod delivery;
 mod session;
 mod topology;
@@ -86,6 +87,13 @@ pub(crate) struct Queue {
     pub(crate) bound_from: BTreeMap<ExchangeId, u32>,
     /// Publishing connections this queue has paused (flow control), in pause order.
     pub(crate) pausing: Vec<ConnId>,
+    /// The parsed `x-` arguments (TTL, limits, dead-lettering, single active consumer).
+    pub(crate) args: crate::queue::args::QueueArgs,
+    /// Its consumers have different `x-priority` values.
+    pub(crate) mixed_priorities: bool,
+    /// When it was last used (declared, consumed from, read with basic.get): `x-expires`
+    /// counts from here while it has no consumers.
+    pub(crate) last_used: u64,
 }
 
 pub(crate) struct Consumer {
@@ -97,6 +105,8 @@ pub(crate) struct Consumer {
     /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
     pub(crate) prefetch: u16,
     pub(crate) unacked: u32,
+    /// `x-priority`: consumers with a higher priority get messages first.
+    pub(crate) priority: i64,
 }
 
 /// Names of one vhost's exchanges and queues.
@@ -138,6 +148,11 @@ pub struct Broker {
     store_failed_at: Option<u64>,
     /// Replaying stored definitions: do not write them back.
     restoring: bool,
+    /// Messages on their way to a dead-letter exchange.
+    dead_letters: VecDeque<dead_letter::DeadLetter>,
+    /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
+    /// heads and deadlines (not at every queue).
+    expiring: std::collections::BTreeSet<QueueId>,
 }
 
 type OpResult = Result<(), ProtocolError>;
@@ -169,6 +184,8 @@ impl Broker {
             pending_confirms: VecDeque::new(),
             store_failed_at: None,
             restoring: false,
+            dead_letters: VecDeque::new(),
+            expiring: std::collections::BTreeSet::new(),
         };
         broker.declare_predefined_exchanges();
         broker
@@ -323,6 +340,7 @@ impl Broker {
         if let Err(error) = self.apply(ch, op) {
             self.fail(ch, error);
         }
+        self.route_dead_letters();
         self.update_alarm();
     }
 
@@ -370,13 +388,56 @@ impl Broker {
     /// Advances time (message TTLs and queue expiry will hang off this).
     pub fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
+        let expiring: Vec<QueueId> = self.expiring.iter().copied().collect();
+        for id in expiring {
+            let Some(q) = self.queues.get(&id) else {
+                self.expiring.remove(&id);
+                continue;
+            };
+            let unused_since = q
+                .args
+                .expires
+                .filter(|_| q.consumers.is_empty())
+                .map(|e| q.last_used.saturating_add(e));
+            if unused_since.is_some_and(|at| self.now > at) {
+                self.delete_queue(id);
+                continue;
+            }
+            self.expire_head(id);
+            self.dispatch(id);
+        }
+        self.route_dead_letters();
         self.update_alarm();
     }
 
     /// When the host should call `tick` next, if ever.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.store_failed_at
-            .map(|at| at.saturating_add(STORE_RETRY_MS))
+        let mut next = self
+            .store_failed_at
+            .map(|at| at.saturating_add(STORE_RETRY_MS));
+        let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
+        if !self.dead_letters.is_empty() {
+            earliest(self.now);
+        }
+        for id in &self.expiring {
+            let Some(q) = self.queues.get(id) else {
+                continue;
+            };
+            if let Some(e) = q.args.expires.filter(|_| q.consumers.is_empty()) {
+                earliest(q.last_used.saturating_add(e).saturating_add(1));
+            }
+            match q.messages.head() {
+                Some(m) => {
+                    if let Some(at) = m.expires_at {
+                        earliest(at.saturating_add(1));
+                    }
+                }
+                // The head is on disk: read it in at the next tick to learn its deadline.
+                None if q.messages.paged().count > 0 => earliest(self.now.saturating_add(1)),
+                None => {}
+            }
+        }
+        next
     }
 
     /// Moves the effects produced so far into `out`, in order.

@@ -40,6 +40,8 @@ pub(crate) struct Unacked {
     pub(crate) consumer: Option<ConsumerId>,
     /// The store holds it (remove it there when it is acked or dropped).
     pub(crate) stored: bool,
+    /// Its expiry, kept across a requeue (as RabbitMQ does).
+    pub(crate) expires_at: Option<u64>,
 }
 
 /// An operation deferred by a transaction until commit.
@@ -186,7 +188,7 @@ impl Broker {
         for (_, u) in unacked {
             if let Some(q) = self.queues.get_mut(&u.queue) {
                 q.unacked = q.unacked.saturating_sub(1);
-                q.messages.requeue(u.seq, u.message, u.stored);
+                q.messages.requeue(u.seq, u.message, u.stored, u.expires_at);
                 touched.insert(u.queue);
             } else {
                 // Its queue was deleted while it was out: nothing holds it any more.

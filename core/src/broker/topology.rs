@@ -520,6 +520,10 @@ impl Broker {
                 if !d.passive {
                     self.check_queue_equivalence(id, &d)?;
                 }
+                let now = self.now;
+                if let Some(q) = self.queues.get_mut(&id) {
+                    q.last_used = now;
+                }
                 id
             }
             None if d.passive => return Err(self.not_found(op, "queue", &name)),
@@ -531,6 +535,18 @@ impl Broker {
                         format!("queue name '{name}' contains reserved prefix 'amq.*'"),
                     ));
                 }
+                let args = crate::queue::args::QueueArgs::parse(&d.arguments).map_err(
+                    |(arg, reason)| {
+                        ProtocolError::new(
+                            ErrorCode::PreconditionFailed,
+                            op,
+                            format!(
+                                "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
+                                self.vhost_name()
+                            ),
+                        )
+                    },
+                )?;
                 let id = QueueId(self.next_id());
                 let owner = d.exclusive.then_some(ch.conn);
                 // Exclusive queues die with their connection: nothing of them outlives a
@@ -570,9 +586,17 @@ impl Broker {
                         unacked: 0,
                         bound_from: BTreeMap::new(),
                         pausing: Vec::new(),
+                        args,
+                        mixed_priorities: false,
+                        last_used: self.now,
                     },
                 );
                 self.vhost.queues.insert(name.to_string(), id);
+                if self.queues[&id].args.message_ttl.is_some()
+                    || self.queues[&id].args.expires.is_some()
+                {
+                    self.expiring.insert(id);
+                }
                 if let Some(conn) = owner.and_then(|o| self.conns.get_mut(&o)) {
                     conn.exclusive_queues.insert(id);
                 }

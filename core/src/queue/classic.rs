@@ -24,6 +24,8 @@ pub struct QueuedMessage {
     pub redelivered: bool,
     /// The store holds it: it must be removed from the store when it leaves the queue.
     pub stored: bool,
+    /// When it expires (queue or message TTL), in the host's clock.
+    pub expires_at: Option<u64>,
 }
 
 /// Ready messages that are on disk only.
@@ -72,7 +74,7 @@ impl MessageQueue {
     }
 
     /// Appends a new message to the window. Only while nothing is paged out (order).
-    pub fn push(&mut self, seq: u64, message: Arc<Message>, stored: bool) {
+    pub fn push(&mut self, seq: u64, message: Arc<Message>, stored: bool, expires_at: Option<u64>) {
         debug_assert_eq!(
             self.paged.count, 0,
             "push to the window behind paged messages"
@@ -84,6 +86,7 @@ impl MessageQueue {
             message,
             redelivered: false,
             stored,
+            expires_at,
         });
     }
 
@@ -97,7 +100,13 @@ impl MessageQueue {
     }
 
     /// Puts a delivered message back at its original position, marked redelivered.
-    pub fn requeue(&mut self, seq: u64, message: Arc<Message>, stored: bool) {
+    pub fn requeue(
+        &mut self,
+        seq: u64,
+        message: Arc<Message>,
+        stored: bool,
+        expires_at: Option<u64>,
+    ) {
         debug_assert!(seq < self.next_seq, "requeue of a sequence never issued");
         debug_assert!(
             self.paged.count == 0 || seq < self.paged.from_seq,
@@ -109,6 +118,7 @@ impl MessageQueue {
             message,
             redelivered: true,
             stored,
+            expires_at,
         };
         // Requeues usually go to the head (oldest unacked), so check the ends first.
         match self.ready.front() {
@@ -151,6 +161,7 @@ impl MessageQueue {
                 message: m.message,
                 redelivered: m.redelivered,
                 stored: true,
+                expires_at: m.expires_at,
             });
         }
         self.ready_bytes += bytes;
@@ -193,6 +204,16 @@ impl MessageQueue {
     /// Body bytes of the ready messages in memory.
     pub fn bytes(&self) -> u64 {
         self.ready_bytes
+    }
+
+    /// Body bytes of all ready messages, in memory and paged out (length limits).
+    pub fn total_bytes(&self) -> u64 {
+        self.ready_bytes + self.paged.bytes
+    }
+
+    /// The first message of the window, if any.
+    pub fn head(&self) -> Option<&QueuedMessage> {
+        self.ready.front()
     }
 
     /// The window's messages, in order (invariant checks).

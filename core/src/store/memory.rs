@@ -11,11 +11,14 @@ use crate::message::Message;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A stored message: (message, survived a restart, expiry).
+type Entry = (Arc<Message>, bool, Option<u64>);
+
 #[derive(Clone, Debug, Default)]
 struct State {
     definitions: Definitions,
     /// Messages by queue name, then sequence number: (message, survived a restart).
-    queues: BTreeMap<String, BTreeMap<u64, (Arc<Message>, bool)>>,
+    queues: BTreeMap<String, BTreeMap<u64, Entry>>,
 }
 
 #[derive(Debug, Default)]
@@ -75,11 +78,11 @@ impl MemoryStore {
         // Transient queues and what they paged out do not survive.
         state.queues.retain(|name, _| durable.contains(name));
         for q in state.queues.values_mut() {
-            for (_, recovered) in q.values_mut() {
+            for (_, recovered, _) in q.values_mut() {
                 *recovered = true;
             }
             // Transient messages paged out by a durable queue do not survive.
-            q.retain(|_, (m, _)| m.properties.is_persistent());
+            q.retain(|_, (m, _, _)| m.properties.is_persistent());
         }
         inner.live = state.clone();
         inner.durable = state;
@@ -163,7 +166,7 @@ impl Store for MemoryStore {
         };
         QueueRecovery {
             count: q.len() as u64,
-            bytes: q.values().map(|(m, _)| m.body_len() as u64).sum(),
+            bytes: q.values().map(|(m, _, _)| m.body_len() as u64).sum(),
             first_seq: q.keys().next().copied().unwrap_or(0),
             next_seq: q.keys().next_back().map_or(0, |s| s + 1),
         }
@@ -174,6 +177,7 @@ impl Store for MemoryStore {
         queue: QueueId,
         seq: u64,
         message: &Arc<Message>,
+        expires_at: Option<u64>,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
         if inner.fail_appends {
@@ -187,7 +191,7 @@ impl Store for MemoryStore {
             .queues
             .entry(name)
             .or_default()
-            .insert(seq, (message.clone(), false));
+            .insert(seq, (message.clone(), false, expires_at));
         Ok(())
     }
 
@@ -224,10 +228,11 @@ impl Store for MemoryStore {
             out.extend(
                 q.range(from_seq..)
                     .take(max)
-                    .map(|(&seq, (m, recovered))| StoredMessage {
+                    .map(|(&seq, (m, recovered, expires_at))| StoredMessage {
                         seq,
                         message: m.clone(),
                         redelivered: *recovered,
+                        expires_at: *expires_at,
                     }),
             );
         }

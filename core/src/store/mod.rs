@@ -74,6 +74,8 @@ pub struct StoredMessage {
     /// It survived a restart: it may have been delivered before (delivery is not recorded on
     /// disk, so every recovered message is flagged, as RabbitMQ's CQv2 does).
     pub redelivered: bool,
+    /// When it expires (TTL), in the host's clock, as given to `append`.
+    pub expires_at: Option<u64>,
 }
 
 /// Why a store operation failed. The host logs the details; the core only needs to know it
@@ -98,6 +100,7 @@ pub trait Store: Send {
         queue: QueueId,
         seq: u64,
         message: &Arc<Message>,
+        expires_at: Option<u64>,
     ) -> Result<(), StoreError>;
 
     /// The message left the queue (acked, dropped, purged).

@@ -1,0 +1,464 @@
+//! RabbitMQ queue features in the core: message TTL (queue and per message), dead-lettering
+//! with `x-death`, length limits with each overflow mode, queue expiry, single active
+//! consumer, consumer priorities, argument validation.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use std::sync::Arc;
+use warren_core::command::{Consume, Op, Publish, QueueDeclare};
+use warren_core::effect::{Effect, Reply};
+use warren_core::ids::ChannelRef;
+use warren_core::message::{FieldTable, FieldValue, Properties};
+
+fn args(pairs: &[(&str, FieldValue)]) -> FieldTable {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+fn declare(h: &mut Harness, c: ChannelRef, name: &str, arguments: FieldTable) -> Vec<Effect> {
+    h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: name.into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments,
+        }),
+    )
+}
+
+fn publish_with(
+    h: &mut Harness,
+    c: ChannelRef,
+    key: &str,
+    body: &str,
+    properties: Properties,
+) -> Vec<Effect> {
+    h.op(
+        c,
+        Op::Publish(Box::new(Publish {
+            exchange: Arc::from(""),
+            routing_key: Arc::from(key),
+            mandatory: false,
+            immediate: false,
+            properties,
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        })),
+    )
+}
+
+fn get(
+    h: &mut Harness,
+    c: ChannelRef,
+    queue: &str,
+) -> Option<(String, Properties, String, String)> {
+    let fx = h.op(
+        c,
+        Op::Get {
+            queue: queue.into(),
+            no_ack: true,
+        },
+    );
+    fx.into_iter().find_map(|e| match e {
+        Effect::Reply {
+            reply: Reply::GetOk { delivery, .. },
+            ..
+        } => Some((
+            String::from_utf8_lossy(&delivery.message.body).into_owned(),
+            delivery.message.properties.clone(),
+            delivery.message.exchange.to_string(),
+            delivery.message.routing_key.to_string(),
+        )),
+        _ => None,
+    })
+}
+
+/// Advances the clock by `by` ms and ticks.
+fn after(h: &mut Harness, by: u64) -> Vec<Effect> {
+    let to = h.now + by;
+    tick(h, to)
+}
+
+fn tick(h: &mut Harness, to: u64) -> Vec<Effect> {
+    h.now = to;
+    h.broker.tick(to);
+    let mut fx = Vec::new();
+    h.broker.poll_effects(&mut fx);
+    h.broker.check_invariants().expect("invariants");
+    fx
+}
+
+/// A queue `q` dead-lettering to `dlq` through the fanout exchange `dlx`.
+fn with_dlx(h: &mut Harness, c: ChannelRef, extra: &[(&str, FieldValue)]) {
+    h.exchange(c, "dlx", "fanout", FieldTable::new());
+    h.declare(c, "dlq");
+    h.bind(c, "dlq", "dlx", "");
+    let mut a = vec![("x-dead-letter-exchange", FieldValue::string("dlx"))];
+    a.extend(extra.iter().cloned());
+    let fx = declare(h, c, "q", args(&a));
+    assert!(
+        matches!(
+            fx.as_slice(),
+            [Effect::Reply {
+                reply: Reply::QueueDeclareOk { .. },
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
+}
+
+fn death(props: &Properties) -> FieldTable {
+    match props.headers.as_ref().and_then(|h| h.get("x-death")) {
+        Some(FieldValue::Array(items)) => match items.first() {
+            Some(FieldValue::Table(t)) => t.clone(),
+            other => panic!("x-death entry: {other:?}"),
+        },
+        other => panic!("x-death: {other:?}"),
+    }
+}
+
+#[test]
+fn queue_ttl_expires_at_the_head_and_dead_letters_with_x_death() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    with_dlx(&mut h, c, &[("x-message-ttl", FieldValue::I32(1000))]);
+    h.now = 9_999; // the harness advances the clock by 1 ms per op: published at 10_000
+    publish_with(&mut h, c, "q", "m1", Properties::default());
+    assert_eq!(h.broker.next_deadline(), Some(11_001));
+    assert!(tick(&mut h, 11_000).is_empty());
+    assert_eq!(
+        h.broker.queue_len("q"),
+        Some(1),
+        "not yet expired at the deadline"
+    );
+    tick(&mut h, 11_001);
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.broker.queue_len("dlq"), Some(1));
+    let (body, props, exchange, key) = get(&mut h, c, "dlq").expect("dead-lettered");
+    assert_eq!(
+        (body.as_str(), exchange.as_str(), key.as_str()),
+        ("m1", "dlx", "q")
+    );
+    let d = death(&props);
+    assert_eq!(d.get("reason"), Some(&FieldValue::string("expired")));
+    assert_eq!(d.get("queue"), Some(&FieldValue::string("q")));
+    assert_eq!(d.get("exchange"), Some(&FieldValue::string("")));
+    assert_eq!(d.get("count"), Some(&FieldValue::I64(1)));
+    assert_eq!(d.get("time"), Some(&FieldValue::Timestamp(11)));
+    assert_eq!(
+        d.get("routing-keys"),
+        Some(&FieldValue::Array(vec![FieldValue::string("q")]))
+    );
+    let headers = props.headers.expect("headers");
+    assert_eq!(
+        headers.get("x-first-death-reason"),
+        Some(&FieldValue::string("expired"))
+    );
+    assert_eq!(
+        headers.get("x-first-death-queue"),
+        Some(&FieldValue::string("q"))
+    );
+    assert_eq!(
+        headers.get("x-first-death-exchange"),
+        Some(&FieldValue::string(""))
+    );
+}
+
+#[test]
+fn per_message_expiration_goes_into_original_expiration() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    with_dlx(&mut h, c, &[]);
+    let props = Properties {
+        expiration: Some("50".into()),
+        ..Default::default()
+    };
+    publish_with(&mut h, c, "q", "m1", props);
+    after(&mut h, 51);
+    let (_, props, _, _) = get(&mut h, c, "dlq").expect("dead-lettered");
+    assert_eq!(props.expiration, None, "expiration removed");
+    assert_eq!(
+        death(&props).get("original-expiration"),
+        Some(&FieldValue::string("50"))
+    );
+}
+
+#[test]
+fn a_ttl_of_zero_still_reaches_a_ready_consumer() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    declare(
+        &mut h,
+        c,
+        "q",
+        args(&[("x-message-ttl", FieldValue::I32(0))]),
+    );
+    h.consume(c, "q", "ct", true);
+    let fx = publish_with(&mut h, c, "q", "now", Properties::default());
+    assert_eq!(deliveries(&fx).len(), 1);
+    // Without a consumer it expires right away.
+    h.op(
+        c,
+        Op::Cancel {
+            consumer_tag: "ct".into(),
+            nowait: false,
+        },
+    );
+    publish_with(&mut h, c, "q", "later", Properties::default());
+    after(&mut h, 1);
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+}
+
+#[test]
+fn rejected_messages_dead_letter_and_counts_accumulate() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    with_dlx(&mut h, c, &[]);
+    // dlq dead-letters back to q's exchange path? No: republish by hand twice.
+    for round in 1..=2 {
+        h.consume(c, "q", &format!("c{round}"), false);
+        let body = if round == 1 {
+            "m".to_string()
+        } else {
+            String::new()
+        };
+        let fx = if round == 1 {
+            publish_with(&mut h, c, "q", &body, Properties::default())
+        } else {
+            // Move the dead-lettered message back into q, keeping its headers.
+            let (_, props, _, _) = get(&mut h, c, "dlq").expect("in dlq");
+            publish_with(&mut h, c, "q", "m", props)
+        };
+        let tag = deliveries(&fx)[0].1;
+        h.op(
+            c,
+            Op::Reject {
+                delivery_tag: tag,
+                requeue: false,
+            },
+        );
+        h.op(
+            c,
+            Op::Cancel {
+                consumer_tag: format!("c{round}"),
+                nowait: false,
+            },
+        );
+    }
+    let (_, props, _, _) = get(&mut h, c, "dlq").expect("dead-lettered twice");
+    let d = death(&props);
+    assert_eq!(d.get("reason"), Some(&FieldValue::string("rejected")));
+    assert_eq!(d.get("count"), Some(&FieldValue::I64(2)), "{d:?}");
+    match props.headers.as_ref().and_then(|h| h.get("x-death")) {
+        Some(FieldValue::Array(items)) => {
+            assert_eq!(items.len(), 1, "one entry per (queue, reason)")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn max_length_drop_head_dead_letters_the_oldest() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    with_dlx(&mut h, c, &[("x-max-length", FieldValue::I32(2))]);
+    for m in ["a", "b", "c"] {
+        publish_with(&mut h, c, "q", m, Properties::default());
+    }
+    assert_eq!(h.broker.queue_len("q"), Some(2));
+    let (body, props, _, _) = get(&mut h, c, "dlq").expect("dropped head");
+    assert_eq!(body, "a");
+    assert_eq!(
+        death(&props).get("reason"),
+        Some(&FieldValue::string("maxlen"))
+    );
+    assert_eq!(get(&mut h, c, "q").map(|m| m.0).as_deref(), Some("b"));
+}
+
+#[test]
+fn reject_publish_nacks_and_keeps_the_queue() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.op(c, Op::ConfirmSelect { nowait: false });
+    with_dlx(
+        &mut h,
+        c,
+        &[
+            ("x-max-length-bytes", FieldValue::I32(3)),
+            ("x-overflow", FieldValue::string("reject-publish-dlx")),
+        ],
+    );
+    let fx = publish_with(&mut h, c, "q", "abc", Properties::default());
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Confirm { ack: true, .. }))
+    );
+    let fx = publish_with(&mut h, c, "q", "d", Properties::default());
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Confirm { ack: false, .. })),
+        "over the byte limit: nacked: {fx:?}"
+    );
+    assert_eq!(h.broker.queue_len("q"), Some(1));
+    let (body, props, _, _) = get(&mut h, c, "dlq").expect("refused message dead-lettered");
+    assert_eq!(body, "d");
+    assert_eq!(
+        death(&props).get("reason"),
+        Some(&FieldValue::string("maxlen"))
+    );
+}
+
+#[test]
+fn an_expiry_cycle_without_rejection_is_dropped() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    // q dead-letters to itself through the default exchange.
+    declare(
+        &mut h,
+        c,
+        "q",
+        args(&[
+            ("x-message-ttl", FieldValue::I32(10)),
+            ("x-dead-letter-exchange", FieldValue::string("")),
+        ]),
+    );
+    publish_with(&mut h, c, "q", "loop", Properties::default());
+    after(&mut h, 11);
+    after(&mut h, 11);
+    assert_eq!(h.broker.queue_len("q"), Some(0), "dropped, not looping");
+    assert_eq!(h.broker.next_deadline(), None);
+}
+
+#[test]
+fn unused_queues_expire() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    declare(&mut h, c, "q", args(&[("x-expires", FieldValue::I32(100))]));
+    let start = h.now;
+    h.consume(c, "q", "ct", false);
+    tick(&mut h, start + 1000);
+    assert_eq!(
+        h.broker.queue_len("q"),
+        Some(0),
+        "in use while it has a consumer"
+    );
+    h.op(
+        c,
+        Op::Cancel {
+            consumer_tag: "ct".into(),
+            nowait: false,
+        },
+    );
+    let left = h.now;
+    tick(&mut h, left + 100);
+    assert!(h.broker.queue_len("q").is_some());
+    tick(&mut h, left + 101);
+    assert_eq!(h.broker.queue_len("q"), None, "deleted after 100 ms unused");
+}
+
+#[test]
+fn single_active_consumer_gets_everything_until_it_leaves() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    declare(
+        &mut h,
+        c,
+        "q",
+        args(&[("x-single-active-consumer", FieldValue::Bool(true))]),
+    );
+    h.consume(c, "q", "first", true);
+    h.consume(c, "q", "second", true);
+    let mut tags = Vec::new();
+    for i in 0..4 {
+        let fx = publish_with(&mut h, c, "q", &i.to_string(), Properties::default());
+        tags.extend(deliveries(&fx).into_iter().map(|d| d.0));
+    }
+    assert_eq!(tags, vec!["first"; 4]);
+    h.op(
+        c,
+        Op::Cancel {
+            consumer_tag: "first".into(),
+            nowait: false,
+        },
+    );
+    let fx = publish_with(&mut h, c, "q", "x", Properties::default());
+    assert_eq!(deliveries(&fx)[0].0, "second");
+}
+
+#[test]
+fn higher_priority_consumers_go_first_while_they_have_credit() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    h.op(
+        c,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 1,
+            global: false,
+        },
+    );
+    for (tag, priority) in [("low", 0), ("high", 10)] {
+        h.op(
+            c,
+            Op::Consume(Consume {
+                queue: "q".into(),
+                consumer_tag: tag.into(),
+                no_local: false,
+                no_ack: false,
+                exclusive: false,
+                nowait: false,
+                arguments: args(&[("x-priority", FieldValue::I32(priority))]),
+            }),
+        );
+    }
+    let first = publish_with(&mut h, c, "q", "1", Properties::default());
+    assert_eq!(deliveries(&first)[0].0, "high");
+    let second = publish_with(&mut h, c, "q", "2", Properties::default());
+    assert_eq!(deliveries(&second)[0].0, "low", "high is at its prefetch");
+}
+
+#[test]
+fn invalid_arguments_are_refused_with_rabbitmq_texts() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let fx = declare(
+        &mut h,
+        c,
+        "q",
+        args(&[("x-message-ttl", FieldValue::I32(-5))]),
+    );
+    match fx.as_slice() {
+        [Effect::ChannelError { error, .. }] => {
+            assert_eq!(error.code.code(), 406);
+            assert_eq!(
+                error.to_string(),
+                "PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue 'q' in vhost '/': {value_negative,-5}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let c2 = h.open(1, 2);
+    let fx = publish_with(
+        &mut h,
+        c2,
+        "q",
+        "m",
+        Properties {
+            expiration: Some("soon".into()),
+            ..Default::default()
+        },
+    );
+    assert!(
+        matches!(fx.as_slice(), [Effect::ChannelError { error, .. }] if error.code.code() == 406),
+        "{fx:?}"
+    );
+}
