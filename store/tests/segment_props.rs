@@ -36,7 +36,7 @@ fn message(id: u64, len: usize, persistent: bool) -> Message {
 
 /// The expiry the tests give message `seq` (some have none).
 fn expiry_of(seq: u64) -> Option<u64> {
-    (seq % 3 != 0).then_some(seq * 1000)
+    (!seq.is_multiple_of(3)).then_some(seq * 1000)
 }
 
 fn read_all(log: &mut QueueLog, from: u64) -> Vec<(u64, Message)> {
