@@ -519,10 +519,11 @@ impl Broker {
                 self.check_exclusive(ch, op, id)?;
                 if !d.passive {
                     self.check_queue_equivalence(id, &d)?;
-                }
-                let now = self.now;
-                if let Some(q) = self.queues.get_mut(&id) {
-                    q.last_used = now;
+                    // A redeclare renews an x-expires lease; a passive one only looks.
+                    let now = self.now;
+                    if let Some(q) = self.queues.get_mut(&id) {
+                        q.last_used = now;
+                    }
                 }
                 id
             }
