@@ -158,3 +158,53 @@ def test_tutorial_6_rpc_with_reply_to_and_correlation_id(conn):
         conn.process_data_events(time_limit=0.1)
         deadline -= 1
     assert responses.get(corr) == b"42"
+
+
+def wait_get(ch, queue, attempts=100):
+    """basic.get until a message arrives (bounded: 100 x 20 ms)."""
+    import time
+
+    for _ in range(attempts):
+        method, props, body = ch.basic_get(queue, auto_ack=True)
+        if method is not None:
+            return method, props, body
+        time.sleep(0.02)
+    raise AssertionError(f"nothing arrived in {queue}")
+
+
+def test_ttl_and_dead_lettering_with_x_death(conn):
+    ch = conn.channel()
+    dlx, dlq, q = unique("dlx"), unique("dlq"), unique("ttl")
+    ch.exchange_declare(dlx, exchange_type="fanout")
+    ch.queue_declare(dlq)
+    ch.queue_bind(dlq, dlx)
+    ch.queue_declare(q, arguments={"x-message-ttl": 30, "x-dead-letter-exchange": dlx})
+    ch.basic_publish("", q, b"expiring", pika.BasicProperties(headers={"app": "x"}))
+    method, props, body = wait_get(ch, dlq)
+    assert body == b"expiring"
+    assert method.exchange == dlx and method.routing_key == q
+    death = props.headers["x-death"][0]
+    assert death["reason"] == "expired"
+    assert death["queue"] == q
+    assert death["count"] == 1
+    assert death["routing-keys"] == [q]
+    assert props.headers["x-first-death-reason"] == "expired"
+    assert props.headers["app"] == "x"
+
+
+def test_max_length_and_persistent_messages_on_durable_queues(conn):
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = unique("durable")
+    ch.queue_declare(q, durable=True, arguments={"x-max-length": 3})
+    for i in range(5):
+        ch.basic_publish("", q, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    assert ch.queue_declare(q, passive=True).method.message_count == 3
+    got = []
+    while True:
+        method, _, body = ch.basic_get(q, auto_ack=True)
+        if method is None:
+            break
+        got.append(body)
+    assert got == [b"m2", b"m3", b"m4"]
+    ch.queue_delete(q)
