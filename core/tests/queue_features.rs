@@ -462,3 +462,87 @@ fn invalid_arguments_are_refused_with_rabbitmq_texts() {
         "{fx:?}"
     );
 }
+
+#[test]
+fn priority_queues_deliver_highest_first_and_requeue_in_place() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    declare(
+        &mut h,
+        c,
+        "pq",
+        args(&[("x-max-priority", FieldValue::U8(5))]),
+    );
+    for (body, priority) in [
+        ("low", 1),
+        ("none", 0),
+        ("high", 5),
+        ("capped", 9),
+        ("mid", 3),
+    ] {
+        let props = Properties {
+            priority: (priority > 0).then_some(priority),
+            ..Default::default()
+        };
+        publish_with(&mut h, c, "pq", body, props);
+    }
+    // 9 is capped at the maximum (5) and queues behind "high", which came first.
+    let order: Vec<String> = std::iter::from_fn(|| get(&mut h, c, "pq").map(|m| m.0)).collect();
+    assert_eq!(order, ["high", "capped", "mid", "low", "none"]);
+    let fx = declare(
+        &mut h,
+        c,
+        "bad",
+        args(&[("x-max-priority", FieldValue::I32(300))]),
+    );
+    assert!(
+        matches!(fx.as_slice(), [Effect::ChannelError { error, .. }] if error.to_string().contains("{value_out_of_range,300}")),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_restored_priority_queue_keeps_its_order() {
+    use warren_core::store::MemoryStore;
+    let store = MemoryStore::new();
+    let config = warren_core::BrokerConfig {
+        queue_window: 2,
+        ..Default::default()
+    };
+    let mut h = Harness {
+        broker: warren_core::Broker::with_store(config.clone(), Box::new(store.clone())),
+        now: 0,
+    };
+    let c = h.connect(1);
+    h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "pq".into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: args(&[("x-max-priority", FieldValue::U8(3))]),
+        }),
+    );
+    for (body, priority) in [("a", 0), ("b", 2), ("c", 1), ("d", 2), ("e", 0)] {
+        let props = Properties {
+            priority: Some(priority),
+            delivery_mode: Some(2),
+            ..Default::default()
+        };
+        publish_with(&mut h, c, "pq", body, props);
+    }
+    let epoch = h.broker.start_sync().expect("a sync");
+    assert_eq!(store.complete_sync(), Some(epoch));
+    store.crash();
+    let mut h = Harness {
+        broker: warren_core::Broker::with_store(config, Box::new(store.clone())),
+        now: 100,
+    };
+    assert!(h.broker.restore(100, &store.definitions()).is_empty());
+    let c = h.connect(1);
+    let order: Vec<String> = std::iter::from_fn(|| get(&mut h, c, "pq").map(|m| m.0)).collect();
+    assert_eq!(order, ["b", "d", "c", "a", "e"]);
+}

@@ -344,3 +344,27 @@ async fn unused_queues_expire_and_bad_arguments_are_refused() {
         )
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_queues_deliver_the_highest_priority_first() {
+    let b = start().await;
+    let (_c, ch) = b.channel().await;
+    declare_with(
+        &ch,
+        "prio",
+        table(&[("x-max-priority", AMQPValue::ShortShortUInt(10))]),
+    )
+    .await
+    .expect("declare");
+    for (body, priority) in [("p1", 1u8), ("p9", 9), ("p0", 0), ("p5", 5)] {
+        publish(
+            &ch,
+            "",
+            "prio",
+            body,
+            BasicProperties::default().with_priority(priority),
+        )
+        .await;
+    }
+    assert_eq!(drain(&ch, "prio").await, vec!["p9", "p5", "p1", "p0"]);
+}

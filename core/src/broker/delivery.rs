@@ -261,10 +261,12 @@ impl Broker {
             )
         };
         let memory_tight = self.stored_bytes > self.config.memory_high_watermark / 2;
-        let page = q.messages.paged().count > 0
-            || q.messages.in_memory() >= limit
-            || q.messages.bytes() >= limit_bytes
-            || (memory_tight && q.messages.in_memory() >= window);
+        // Priority queues keep everything in memory (see `MessageQueue`).
+        let page = !q.messages.is_priority()
+            && (q.messages.paged().count > 0
+                || q.messages.in_memory() >= limit
+                || q.messages.bytes() >= limit_bytes
+                || (memory_tight && q.messages.in_memory() >= window));
         let seq = q.messages.next_seq();
         if !persist && !page {
             q.messages.push(seq, message.clone(), false, expires_at);
@@ -323,12 +325,32 @@ impl Broker {
 
     /// Makes sure the window holds the queue's next message when any is paged out.
     fn fill_window(&mut self, id: QueueId) -> bool {
+        // A priority queue reads back everything (bounded by what it holds).
+        loop {
+            match self
+                .queues
+                .get(&id)
+                .map(|q| (q.messages.needs_load(), q.messages.is_priority()))
+            {
+                None => return false,
+                Some((false, _)) => return true,
+                Some((true, priority)) => {
+                    if !self.load_batch(id) {
+                        return false;
+                    }
+                    if !priority {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads one batch of paged-out messages back into memory.
+    fn load_batch(&mut self, id: QueueId) -> bool {
         let Some(q) = self.queues.get_mut(&id) else {
             return false;
         };
-        if !q.messages.needs_load() {
-            return true;
-        }
         let paged = q.messages.paged();
         // Read back a window's worth, by count and by bytes (big messages come fewer at a
         // time).

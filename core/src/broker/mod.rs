@@ -703,18 +703,22 @@ impl Broker {
             if self.store.is_none() && paged.count > 0 {
                 return Err(format!("queue {}: paged out without a store", q.name));
             }
-            let mut last = None;
-            for m in q.messages.iter() {
-                if last.is_some_and(|l| l >= m.seq) {
-                    return Err(format!("queue {}: window out of order", q.name));
+            for deque in q.messages.deques() {
+                let mut last = None;
+                for m in deque {
+                    if last.is_some_and(|l| l >= m.seq) {
+                        return Err(format!("queue {}: window out of order", q.name));
+                    }
+                    // A priority queue reads everything back before popping: its levels
+                    // may hold messages above a partly read suffix meanwhile.
+                    if paged.count > 0 && m.seq >= paged.from_seq && !q.messages.is_priority() {
+                        return Err(format!(
+                            "queue {}: window overlaps the paged suffix",
+                            q.name
+                        ));
+                    }
+                    last = Some(m.seq);
                 }
-                if paged.count > 0 && m.seq >= paged.from_seq {
-                    return Err(format!(
-                        "queue {}: window overlaps the paged suffix",
-                        q.name
-                    ));
-                }
-                last = Some(m.seq);
             }
         }
         for (id, q) in &self.queues {

@@ -568,9 +568,12 @@ impl Broker {
                             }
                             self.sync_dirty = true;
                         }
-                        MessageQueue::recovered(store.open_queue(id, &name, stored_durable))
+                        MessageQueue::recovered(
+                            store.open_queue(id, &name, stored_durable),
+                            args.max_priority,
+                        )
                     }
-                    None => MessageQueue::new(),
+                    None => MessageQueue::recovered(Default::default(), args.max_priority),
                 };
                 self.queues.insert(
                     id,

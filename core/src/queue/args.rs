@@ -28,6 +28,8 @@ pub struct QueueArgs {
     pub dead_letter_exchange: Option<String>,
     pub dead_letter_routing_key: Option<String>,
     pub single_active_consumer: bool,
+    /// `x-max-priority`: a priority queue with levels 0..=max.
+    pub max_priority: Option<u8>,
 }
 
 fn type_name(v: &FieldValue) -> &'static str {
@@ -105,6 +107,12 @@ impl QueueArgs {
                 ));
             }
             a.dead_letter_routing_key = Some(string("x-dead-letter-routing-key", v)?);
+        }
+        if let Some(v) = arguments.get("x-max-priority") {
+            let n = non_negative("x-max-priority", v)?;
+            let max = u8::try_from(n)
+                .map_err(|_| ("x-max-priority", format!("{{value_out_of_range,{n}}}")))?;
+            a.max_priority = Some(max);
         }
         if let Some(v) = arguments.get("x-single-active-consumer") {
             a.single_active_consumer = v.as_bool().ok_or_else(|| {

@@ -38,12 +38,34 @@ pub struct Paged {
 }
 
 /// Ready messages, sorted by `seq`: the window in memory, then the paged-out suffix.
+///
+/// A priority queue (`x-max-priority`) keeps one deque per priority level instead of the
+/// single window, each sorted by `seq`, and pops from the highest non-empty level. It keeps
+/// all its ready messages in memory (persistent ones are also stored, for recovery): a later
+/// message may outrank everything before it, so there is no suffix to leave on disk.
 #[derive(Debug, Default)]
 pub struct MessageQueue {
     ready: VecDeque<QueuedMessage>,
+    /// Priority levels 0..=max (empty for a plain queue).
+    levels: Vec<VecDeque<QueuedMessage>>,
+    /// Messages in memory (the window, or all levels).
+    in_memory: usize,
     next_seq: u64,
     ready_bytes: u64,
     paged: Paged,
+}
+
+/// Inserts a requeued message at the position its sequence number gives it.
+fn insert_by_seq(deque: &mut VecDeque<QueuedMessage>, entry: QueuedMessage) {
+    // Requeues usually go to the head (oldest unacked), so check the ends first.
+    match deque.front() {
+        None => deque.push_back(entry),
+        Some(front) if entry.seq < front.seq => deque.push_front(entry),
+        _ => {
+            let at = deque.partition_point(|m| m.seq < entry.seq);
+            deque.insert(at, entry);
+        }
+    }
 }
 
 impl MessageQueue {
@@ -52,10 +74,14 @@ impl MessageQueue {
     }
 
     /// A queue whose messages a store recovered: all paged out, read back on demand.
-    pub fn recovered(r: QueueRecovery) -> MessageQueue {
+    /// `max_priority`: a priority queue with levels 0..=max.
+    pub fn recovered(r: QueueRecovery, max_priority: Option<u8>) -> MessageQueue {
         debug_assert!(r.count == 0 || r.first_seq < r.next_seq);
         MessageQueue {
             ready: VecDeque::new(),
+            levels: max_priority
+                .map_or_else(Vec::new, |max| (0..=max).map(|_| VecDeque::new()).collect()),
+            in_memory: 0,
             next_seq: r.next_seq,
             ready_bytes: 0,
             paged: Paged {
@@ -73,15 +99,32 @@ impl MessageQueue {
         seq
     }
 
+    pub fn is_priority(&self) -> bool {
+        !self.levels.is_empty()
+    }
+
+    /// The deque a message belongs in: the window, or its priority level (capped at the
+    /// maximum, as RabbitMQ caps it).
+    fn deque_for(&mut self, message: &Message) -> &mut VecDeque<QueuedMessage> {
+        if self.levels.is_empty() {
+            return &mut self.ready;
+        }
+        let top = self.levels.len() - 1;
+        let level = usize::from(message.properties.priority.unwrap_or(0)).min(top);
+        &mut self.levels[level]
+    }
+
     /// Appends a new message to the window. Only while nothing is paged out (order).
     pub fn push(&mut self, seq: u64, message: Arc<Message>, stored: bool, expires_at: Option<u64>) {
         debug_assert_eq!(
             self.paged.count, 0,
             "push to the window behind paged messages"
         );
-        debug_assert!(self.ready.back().is_none_or(|m| m.seq < seq));
         self.ready_bytes += message.body_len() as u64;
-        self.ready.push_back(QueuedMessage {
+        self.in_memory += 1;
+        let deque = self.deque_for(&message);
+        debug_assert!(deque.back().is_none_or(|m| m.seq < seq));
+        deque.push_back(QueuedMessage {
             seq,
             message,
             redelivered: false,
@@ -92,6 +135,7 @@ impl MessageQueue {
 
     /// Appends a new message that the store holds and memory does not.
     pub fn push_paged(&mut self, seq: u64, body_len: u64) {
+        debug_assert!(self.levels.is_empty(), "priority queues do not page out");
         if self.paged.count == 0 {
             self.paged.from_seq = seq;
         }
@@ -113,6 +157,8 @@ impl MessageQueue {
             "requeue into the paged-out suffix"
         );
         self.ready_bytes += message.body_len() as u64;
+        self.in_memory += 1;
+        let deque = self.deque_for(&message);
         let entry = QueuedMessage {
             seq,
             message,
@@ -120,27 +166,33 @@ impl MessageQueue {
             stored,
             expires_at,
         };
-        // Requeues usually go to the head (oldest unacked), so check the ends first.
-        match self.ready.front() {
-            None => self.ready.push_back(entry),
-            Some(front) if seq < front.seq => self.ready.push_front(entry),
-            _ => {
-                let at = self.ready.partition_point(|m| m.seq < seq);
-                self.ready.insert(at, entry);
-            }
-        }
+        insert_by_seq(deque, entry);
     }
 
-    /// Takes the first message of the window.
+    /// The deque the next message comes from.
+    fn front_deque(&self) -> Option<&VecDeque<QueuedMessage>> {
+        if self.levels.is_empty() {
+            return Some(&self.ready);
+        }
+        self.levels.iter().rev().find(|d| !d.is_empty())
+    }
+
+    /// Takes the next message: the first of the window, or of the highest priority level.
     pub fn pop(&mut self) -> Option<QueuedMessage> {
-        let m = self.ready.pop_front()?;
+        let m = if self.levels.is_empty() {
+            self.ready.pop_front()?
+        } else {
+            self.levels.iter_mut().rev().find_map(|d| d.pop_front())?
+        };
+        self.in_memory -= 1;
         self.ready_bytes -= m.message.body_len() as u64;
         Some(m)
     }
 
-    /// The window is empty but messages are paged out: read some back first.
+    /// Messages must be read back before the next pop: the window is empty but messages are
+    /// paged out (a priority queue reads everything back: any of it may outrank the rest).
     pub fn needs_load(&self) -> bool {
-        self.ready.is_empty() && self.paged.count > 0
+        self.paged.count > 0 && (self.in_memory == 0 || !self.levels.is_empty())
     }
 
     /// Moves messages read back from the store into the window; returns their body bytes.
@@ -156,13 +208,18 @@ impl MessageQueue {
             self.paged.count -= 1;
             self.paged.bytes = self.paged.bytes.saturating_sub(len);
             self.paged.from_seq = m.seq + 1;
-            self.ready.push_back(QueuedMessage {
-                seq: m.seq,
-                message: m.message,
-                redelivered: m.redelivered,
-                stored: true,
-                expires_at: m.expires_at,
-            });
+            self.in_memory += 1;
+            let deque = self.deque_for(&m.message);
+            insert_by_seq(
+                deque,
+                QueuedMessage {
+                    seq: m.seq,
+                    message: m.message,
+                    redelivered: m.redelivered,
+                    stored: true,
+                    expires_at: m.expires_at,
+                },
+            );
         }
         self.ready_bytes += bytes;
         bytes
@@ -177,24 +234,29 @@ impl MessageQueue {
     /// Drops every ready message: returns the window's messages and what was paged out.
     pub fn purge(&mut self) -> (Vec<QueuedMessage>, Paged) {
         self.ready_bytes = 0;
+        self.in_memory = 0;
         let paged = std::mem::take(&mut self.paged);
-        (self.ready.drain(..).collect(), paged)
+        let mut all: Vec<QueuedMessage> = self.ready.drain(..).collect();
+        for level in &mut self.levels {
+            all.extend(level.drain(..));
+        }
+        (all, paged)
     }
 
     /// Ready messages, in memory and paged out.
     pub fn len(&self) -> usize {
         usize::try_from(self.paged.count)
             .unwrap_or(usize::MAX)
-            .saturating_add(self.ready.len())
+            .saturating_add(self.in_memory)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ready.is_empty() && self.paged.count == 0
+        self.in_memory == 0 && self.paged.count == 0
     }
 
     /// Ready messages in memory.
     pub fn in_memory(&self) -> usize {
-        self.ready.len()
+        self.in_memory
     }
 
     pub fn paged(&self) -> Paged {
@@ -211,13 +273,14 @@ impl MessageQueue {
         self.ready_bytes + self.paged.bytes
     }
 
-    /// The first message of the window, if any.
+    /// The next message to go, if it is in memory.
     pub fn head(&self) -> Option<&QueuedMessage> {
-        self.ready.front()
+        self.front_deque()?.front()
     }
 
-    /// The window's messages, in order (invariant checks).
-    pub fn iter(&self) -> impl Iterator<Item = &QueuedMessage> {
-        self.ready.iter()
+    /// The in-memory deques (the window, or each priority level), each sorted by sequence
+    /// number (invariant checks).
+    pub fn deques(&self) -> impl Iterator<Item = &VecDeque<QueuedMessage>> {
+        std::iter::once(&self.ready).chain(self.levels.iter())
     }
 }
