@@ -546,3 +546,59 @@ fn a_restored_priority_queue_keeps_its_order() {
     let order: Vec<String> = std::iter::from_fn(|| get(&mut h, c, "pq").map(|m| m.0)).collect();
     assert_eq!(order, ["b", "d", "c", "a", "e"]);
 }
+
+#[test]
+fn direct_reply_to_delivers_replies_without_a_queue() {
+    let mut h = Harness::new();
+    let client = h.connect(1);
+    let server = h.connect(2);
+    h.declare(server, "rpc");
+    // Without a reply consumer, asking for direct reply-to is refused.
+    let refused = publish_with(
+        &mut h,
+        client,
+        "rpc",
+        "req",
+        Properties {
+            reply_to: Some("amq.rabbitmq.reply-to".into()),
+            ..Default::default()
+        },
+    );
+    assert!(
+        matches!(refused.as_slice(), [Effect::ChannelError { error, .. }] if error.to_string().contains("fast reply consumer does not exist")),
+        "{refused:?}"
+    );
+    let client = h.open(1, 2);
+    let fx = h.consume(client, "amq.rabbitmq.reply-to", "replies", true);
+    assert!(
+        matches!(
+            fx.as_slice(),
+            [Effect::Reply {
+                reply: Reply::ConsumeOk { .. },
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
+    publish_with(
+        &mut h,
+        client,
+        "rpc",
+        "req",
+        Properties {
+            reply_to: Some("amq.rabbitmq.reply-to".into()),
+            ..Default::default()
+        },
+    );
+    let (_, props, _, _) = get(&mut h, server, "rpc").expect("request");
+    let address = props.reply_to.expect("rewritten reply-to");
+    assert!(address.starts_with("amq.rabbitmq.reply-to."), "{address}");
+    let fx = publish_with(&mut h, server, &address, "resp", Properties::default());
+    let got = deliveries(&fx);
+    assert_eq!(got.len(), 1, "{fx:?}");
+    assert_eq!((got[0].0.as_str(), got[0].3.as_str()), ("replies", "resp"));
+    // Once the client's channel is gone, replies to it are dropped.
+    h.op(client, Op::ChannelClose);
+    let fx = publish_with(&mut h, server, &address, "late", Properties::default());
+    assert!(deliveries(&fx).is_empty());
+}

@@ -208,3 +208,29 @@ def test_max_length_and_persistent_messages_on_durable_queues(conn):
         got.append(body)
     assert got == [b"m2", b"m3", b"m4"]
     ch.queue_delete(q)
+
+
+def test_direct_reply_to_rpc(conn):
+    server = conn.channel()
+    rpc = unique("rpc")
+    server.queue_declare(rpc)
+    client = conn.channel()
+    replies = []
+    client.basic_consume(
+        "amq.rabbitmq.reply-to",
+        lambda ch, method, props, body: replies.append(body),
+        auto_ack=True,
+    )
+    client.basic_publish(
+        "", rpc, b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to")
+    )
+    method, props, body = wait_get(server, rpc)
+    assert body == b"ping"
+    assert props.reply_to.startswith("amq.rabbitmq.reply-to.")
+    server.basic_publish("", props.reply_to, b"pong")
+    conn.process_data_events(time_limit=1)
+    for _ in range(50):
+        if replies:
+            break
+        conn.process_data_events(time_limit=0.1)
+    assert replies == [b"pong"]

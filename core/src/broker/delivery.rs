@@ -101,7 +101,12 @@ fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
 }
 
 impl Broker {
-    pub(super) fn publish(&mut self, ch: ChannelRef, p: Box<Publish>) -> OpResult {
+    pub(super) fn publish(&mut self, ch: ChannelRef, mut p: Box<Publish>) -> OpResult {
+        if let Some(rt) = p.properties.reply_to.as_deref()
+            && let Some(address) = self.rewrite_reply_to(ch, rt)?
+        {
+            p.properties.reply_to = Some(address);
+        }
         let op = OpKind::Publish;
         if p.immediate {
             return Err(ProtocolError::new(
@@ -155,7 +160,9 @@ impl Broker {
         });
         let (mut wait_sync, mut failed) = (false, false);
         if queues.is_empty() {
-            if mandatory {
+            let is_reply = message.exchange.is_empty()
+                && self.deliver_reply(&message.routing_key.clone(), &message);
+            if mandatory && !is_reply {
                 self.effects.push(Effect::Return {
                     ch,
                     reply_code: ErrorCode::NoRoute.code(),
@@ -623,6 +630,9 @@ impl Broker {
     }
 
     pub(super) fn consume(&mut self, ch: ChannelRef, c: Consume) -> OpResult {
+        if c.queue == super::reply_to::REPLY_TO {
+            return self.consume_reply_to(ch, c);
+        }
         let op = OpKind::Consume;
         let queue = self.queue_id(ch, op, &c.queue)?;
         let tag: Arc<str> = if c.consumer_tag.is_empty() {
@@ -697,6 +707,7 @@ impl Broker {
     }
 
     pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {
+        self.cancel_reply_to(ch, tag);
         let cid = self
             .channels
             .get(&ch)

@@ -16,6 +16,7 @@
 
 mod dead_letter;
 mod delivery;
+mod reply_to;
 mod session;
 mod topology;
 
@@ -148,6 +149,8 @@ pub struct Broker {
     store_failed_at: Option<u64>,
     /// Replaying stored definitions: do not write them back.
     restoring: bool,
+    /// Direct reply-to addresses -> the channel consuming replies (lookup only).
+    reply_addresses: HashMap<Arc<str>, ChannelRef>,
     /// Messages on their way to a dead-letter exchange.
     dead_letters: VecDeque<dead_letter::DeadLetter>,
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
@@ -185,6 +188,7 @@ impl Broker {
             store_failed_at: None,
             restoring: false,
             dead_letters: VecDeque::new(),
+            reply_addresses: HashMap::new(),
             expiring: std::collections::BTreeSet::new(),
         };
         broker.declare_predefined_exchanges();

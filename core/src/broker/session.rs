@@ -71,6 +71,8 @@ pub(crate) struct Channel {
     /// Confirms of this channel waiting for a sync: later confirms queue behind them.
     pub(crate) pending_confirms: u32,
     pub(crate) tx: Option<Vec<TxOp>>,
+    /// The channel's direct reply-to consumer, if any.
+    pub(crate) reply_consumer: Option<super::reply_to::ReplyConsumer>,
     /// The queue `""` refers to (AMQP: the last queue declared on the channel).
     pub(crate) last_queue: Option<Arc<str>>,
 }
@@ -89,6 +91,7 @@ impl Channel {
             pending_confirms: 0,
             tx: None,
             last_queue: None,
+            reply_consumer: None,
         }
     }
 }
@@ -153,6 +156,7 @@ impl Broker {
         self.cancel_channel_consumers(ch);
         self.requeue_channel(ch);
         self.forget_confirms(ch);
+        self.release_reply_to(ch);
     }
 
     /// Drops the confirms a channel still waits for: nobody is left to receive them (and the
@@ -218,6 +222,7 @@ impl Broker {
         for &ch in &channels {
             self.requeue_channel(ch);
             self.forget_confirms(ch);
+            self.release_reply_to(ch);
             self.channels.remove(&ch);
         }
         let exclusive: Vec<QueueId> = self

@@ -508,6 +508,21 @@ impl Broker {
 
     pub(super) fn queue_declare(&mut self, ch: ChannelRef, d: QueueDeclare) -> OpResult {
         let op = OpKind::QueueDeclare;
+        if d.passive && d.queue == super::reply_to::REPLY_TO {
+            // The direct reply-to pseudo-queue exists for every channel (RabbitMQ answers a
+            // passive declare of it).
+            if !d.nowait {
+                self.reply(
+                    ch,
+                    Reply::QueueDeclareOk {
+                        queue: Arc::from(d.queue.as_str()),
+                        message_count: 0,
+                        consumer_count: 0,
+                    },
+                );
+            }
+            return Ok(());
+        }
         let name: Arc<str> = if d.queue.is_empty() && !d.passive {
             Arc::from(self.names.name("amq.gen-"))
         } else {
