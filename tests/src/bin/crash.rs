@@ -19,7 +19,9 @@
 //! - `CRASH_AMQP=HOST:PORT`: test a broker this program does not start (e.g. RabbitMQ). With
 //!   `CRASH_START_CMD` (run with `sh -c`, kept as a child) it is started and, unless
 //!   `CRASH_KILL_CMD` is given, killed with SIGKILL like Warren; with neither, no crash is
-//!   injected and the run only checks the client side.
+//!   injected and the run only checks the client side. The start command's output is
+//!   discarded (redirect it in the command to keep it); a broker started here is killed at
+//!   the end. RabbitMQ example in docs/benchmarks.md ("Crash test").
 
 use futures_lite::StreamExt;
 use futures_lite::future::poll_once;
@@ -494,9 +496,12 @@ impl Broker {
                 addr, start, child, ..
             } => {
                 if let Some(cmd) = start {
+                    // Not our stdout: a broker holding it would keep a `| tee` open forever.
                     let c = Command::new("sh")
                         .args(["-c", cmd])
                         .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
                         .spawn()
                         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
                     *child = Some(c);
@@ -529,7 +534,12 @@ impl Broker {
                 }
                 Ok(())
             }
-            Broker::Command { kill, child, .. } => {
+            Broker::Command {
+                start, kill, child, ..
+            } => {
+                if start.is_some() && child.is_none() {
+                    return Ok(()); // already down: a kill command could hit a reused pid
+                }
                 if let Some(cmd) = kill {
                     let status = Command::new("sh")
                         .args(["-c", cmd])
@@ -566,12 +576,14 @@ impl Broker {
 }
 
 impl Drop for Broker {
+    /// Leaves nothing running that this program started.
     fn drop(&mut self) {
-        if let Broker::Warren { child, .. } = self
-            && let Some(mut c) = child.take()
-        {
-            let _ = c.kill();
-            let _ = c.wait();
+        let started_here = match self {
+            Broker::Warren { .. } => true,
+            Broker::Command { start, .. } => start.is_some(),
+        };
+        if started_here {
+            let _ = self.kill();
         }
     }
 }
