@@ -89,6 +89,14 @@ perftest() {
   timeout 300 scripts/perftest.sh "amqp://guest:guest@127.0.0.1:$port" 50000
 }
 
+crash_test() {
+  # The crash test starts, SIGKILLs and restarts its own broker (fresh data dir, free port);
+  # `timeout` is the outer bound, the test's own deadline (CRASH_DEADLINE_SECS) the inner one.
+  cargo build -p warren-cli && cargo build -p warren-tests --bin crash-test || return 1
+  WARREN_BIN=target/debug/warren CRASH_CYCLES=${CRASH_CYCLES:-20} \
+    timeout 180 target/debug/crash-test
+}
+
 stop_broker() {
   kill -TERM "$broker_pid" || return 1
   # A clean shutdown exits 0 within the drain timeout.
@@ -111,5 +119,6 @@ step "start warren serve" start_broker
 step "pika tests" pika_tests
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
 step "clean shutdown on SIGTERM" stop_broker
+step "crash test: SIGKILL and restart under confirmed publishing, ${CRASH_CYCLES:-20} cycles" crash_test
 echo
 echo "steps: $passed passed, 0 failed"
