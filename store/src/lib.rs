@@ -100,6 +100,8 @@ pub struct DiskStore {
     with_files: BTreeSet<QueueId>,
     /// Directories whose entries changed (new queue directories).
     dirty_dirs: Vec<PathBuf>,
+    /// New queue `name` files.
+    dirty_names: Vec<PathBuf>,
     sync_tx: mpsc::SyncSender<SyncJob>,
 }
 
@@ -157,6 +159,7 @@ impl DiskStore {
                 unflushed: BTreeSet::new(),
                 with_files: BTreeSet::new(),
                 dirty_dirs: Vec::new(),
+                dirty_names: Vec::new(),
                 sync_tx,
             },
             loaded,
@@ -181,7 +184,9 @@ impl DiskStore {
                 Err(_) => {
                     fs::create_dir_all(&dir)?;
                     fs::write(&name_file, name.as_bytes())?;
-                    File::open(&name_file)?.sync_all()?;
+                    // Made durable by the next sync (with the definitions that name the
+                    // queue), not here: a declare costs no fsync of its own.
+                    self.dirty_names.push(name_file);
                     self.dirty_dirs.push(self.root.join("queues"));
                     self.dirty_dirs.push(dir.clone());
                     return Ok(dir);
@@ -487,8 +492,10 @@ impl Store for DiskStore {
 
     fn sync(&mut self, epoch: u64) {
         self.flush();
-        let mut files = Vec::new();
+        let mut files = std::mem::take(&mut self.dirty_names);
         let mut dirs = std::mem::take(&mut self.dirty_dirs);
+        dirs.sort();
+        dirs.dedup();
         let mut failed = None;
         for id in std::mem::take(&mut self.dirty) {
             if let Some(q) = self.queues.get_mut(&id) {
