@@ -13,6 +13,8 @@
 //! Environment (all optional):
 //! - `WARREN_BIN`: the broker binary (default `target/debug/warren` of this workspace).
 //! - `CRASH_CYCLES` (20), `CRASH_QUEUES` (3), `CRASH_RATE` (messages/s per publisher, 500),
+//!   `CRASH_CONSUME_RATE` (per consumer, 400, 0 = unlimited: slower than publishers, so the
+//!   queues hold a growing backlog at every kill), `CRASH_REQUEUE_PERCENT` (1),
 //!   `CRASH_MIN_UP_MS` / `CRASH_MAX_UP_MS` (300 / 1500: how long the broker runs between
 //!   kills), `CRASH_SEED` (to replay a run's kill timings), `CRASH_DEADLINE_SECS` (120).
 //! - `CRASH_DATA_DIR`: where the broker keeps its data (default `target/crash-data`, wiped).
@@ -71,6 +73,7 @@ struct Config {
     deadline: Duration,
     start_timeout: Duration,
     requeue_percent: u64,
+    consume_rate: u64,
 }
 
 /// xorshift64*: the kill timings only need to be varied and replayable, not good.
@@ -334,17 +337,35 @@ async fn publish_session(
     Ok(())
 }
 
+/// How a consumer behaves: it requeues `requeue_percent` of its deliveries and takes at most
+/// `rate` per second (0: no limit).
+#[derive(Clone, Copy)]
+struct Pace {
+    requeue_percent: u64,
+    rate: u64,
+}
+
 async fn consumer(
     q: usize,
     uri: String,
-    requeue_percent: u64,
+    pace: Pace,
     seed: u64,
     ledger: Shared,
     mut phase: watch::Receiver<Phase>,
 ) {
     let mut rng = Rng(seed | 1);
+    let (started, mut taken) = (Instant::now(), 0u64);
     while let Some(generation) = wait_up(&mut phase).await {
-        let result = consume_session(q, &uri, requeue_percent, &mut rng, &ledger, &phase).await;
+        let result = consume_session(
+            q,
+            &uri,
+            pace,
+            (started, &mut taken),
+            &mut rng,
+            &ledger,
+            &phase,
+        )
+        .await;
         if let Err(e) = result
             && phase.borrow().up
             && phase.borrow().generation == generation
@@ -358,7 +379,8 @@ async fn consumer(
 async fn consume_session(
     q: usize,
     uri: &str,
-    requeue_percent: u64,
+    pace: Pace,
+    (started, taken): (Instant, &mut u64),
     rng: &mut Rng,
     ledger: &Shared,
     phase: &watch::Receiver<Phase>,
@@ -388,9 +410,10 @@ async fn consume_session(
             Ok(Some(Ok(d))) => d,
         };
         record_delivery(ledger, q, &d.data, d.redelivered);
+        *taken += 1;
         // An occasional requeue puts redelivered messages among first deliveries, which the
         // order check must tolerate.
-        if rng.between(1, 100) <= requeue_percent {
+        if rng.between(1, 100) <= pace.requeue_percent {
             within(
                 "basic.nack",
                 d.acker.nack(BasicNackOptions {
@@ -401,6 +424,14 @@ async fn consume_session(
             .await?;
         } else {
             within("basic.ack", d.acker.ack(BasicAckOptions::default())).await?;
+        }
+        // Consuming slower than publishing keeps a backlog in the queues, so that every kill
+        // finds confirmed messages that only storage can bring back.
+        if pace.rate > 0 {
+            let due = started + Duration::from_micros(*taken * 1_000_000 / pace.rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                sleep(wait).await;
+            }
         }
     }
     close(conn).await;
@@ -727,7 +758,10 @@ async fn run(cfg: &Config, broker: &mut Broker, ledger: &Shared) -> Result<u32, 
         clients.push(tokio::spawn(consumer(
             q,
             uri.clone(),
-            cfg.requeue_percent,
+            Pace {
+                requeue_percent: cfg.requeue_percent,
+                rate: cfg.consume_rate,
+            },
             rng.next(),
             ledger.clone(),
             phase_rx.clone(),
@@ -911,6 +945,7 @@ fn main() {
         deadline: Duration::from_secs(env_or("CRASH_DEADLINE_SECS", 120)),
         start_timeout: Duration::from_secs(env_or("CRASH_START_TIMEOUT_SECS", 30)),
         requeue_percent: env_or("CRASH_REQUEUE_PERCENT", 1),
+        consume_rate: env_or("CRASH_CONSUME_RATE", 400),
     };
     if cfg.min_up > cfg.max_up || cfg.queues == 0 {
         fail("need CRASH_MIN_UP_MS <= CRASH_MAX_UP_MS and CRASH_QUEUES >= 1");
