@@ -1030,3 +1030,77 @@ fn main() {
     eprintln!("crash-test: broker was {description}; replay with CRASH_SEED={seed}");
     std::process::exit(1);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One queue: `published` ids handed out, `confirmed` acked, `deliveries` in arrival order.
+    fn ledger(published: u64, confirmed: &[u64], deliveries: &[(u64, bool)]) -> Ledger {
+        Ledger {
+            queues: vec![QueueLedger {
+                published,
+                confirmed: confirmed.iter().copied().collect(),
+                deliveries: deliveries.to_vec(),
+                ..QueueLedger::default()
+            }],
+            ..Ledger::default()
+        }
+    }
+
+    fn problems(l: &Ledger) -> String {
+        verify(l, 1).join("\n")
+    }
+
+    #[test]
+    fn a_clean_run_passes_with_duplicates_requeues_and_unconfirmed_messages() {
+        // 2 was requeued (flagged), 3 was redelivered after a crash that lost the flag,
+        // 5 was never confirmed and never delivered, 6 unconfirmed but delivered.
+        let l = ledger(
+            7,
+            &[0, 1, 2, 3, 4],
+            &[
+                (0, false),
+                (1, false),
+                (2, false),
+                (3, false),
+                (2, true),
+                (3, false),
+                (4, false),
+                (6, false),
+            ],
+        );
+        assert_eq!(problems(&l), "");
+    }
+
+    #[test]
+    fn a_confirmed_message_never_delivered_is_lost() {
+        let l = ledger(3, &[0, 1, 2], &[(0, false), (2, false)]);
+        assert!(problems(&l).contains("1 confirmed messages never delivered (lost), e.g. ids [1]"));
+    }
+
+    #[test]
+    fn a_delivery_never_published_is_invented() {
+        let l = ledger(2, &[0, 1], &[(0, false), (1, false), (7, false)]);
+        assert!(problems(&l).contains("never published (invented), e.g. [7]"));
+        let mut l = ledger(1, &[0], &[(0, false)]);
+        l.malformed.push("crash-q0: \"junk\"".into());
+        assert!(problems(&l).contains("bodies no publisher wrote"));
+    }
+
+    #[test]
+    fn first_deliveries_out_of_order_fail_unless_flagged_redelivered() {
+        let l = ledger(3, &[0, 1, 2], &[(0, false), (2, false), (1, false)]);
+        assert!(problems(&l).contains("out of order, e.g. (after, got) [(2, 1)]"));
+        let l = ledger(3, &[0, 1, 2], &[(0, false), (2, false), (1, true)]);
+        assert_eq!(problems(&l), "");
+    }
+
+    #[test]
+    fn a_missing_queue_or_an_idle_run_fails() {
+        let mut l = ledger(1, &[0], &[(0, false)]);
+        l.queues_lost.push("crash-q0 after restart 1".into());
+        assert!(problems(&l).contains("missing after a restart"));
+        assert!(problems(&ledger(0, &[], &[])).contains("no message was confirmed"));
+    }
+}
