@@ -427,11 +427,11 @@ async fn consume_session(
         }
         // Consuming slower than publishing keeps a backlog in the queues, so that every kill
         // finds confirmed messages that only storage can bring back.
-        if pace.rate > 0 {
-            let due = started + Duration::from_micros(*taken * 1_000_000 / pace.rate);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                sleep(wait).await;
-            }
+        if let Some(micros) = (*taken * 1_000_000).checked_div(pace.rate)
+            && let Some(wait) =
+                (started + Duration::from_micros(micros)).checked_duration_since(Instant::now())
+        {
+            sleep(wait).await;
         }
     }
     close(conn).await;
