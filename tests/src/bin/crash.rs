@@ -16,7 +16,8 @@
 //!   `CRASH_CONSUME_RATE` (per consumer, 400, 0 = unlimited: slower than publishers, so the
 //!   queues hold a growing backlog at every kill), `CRASH_REQUEUE_PERCENT` (1),
 //!   `CRASH_MIN_UP_MS` / `CRASH_MAX_UP_MS` (300 / 1500: how long the broker runs between
-//!   kills), `CRASH_SEED` (to replay a run's kill timings), `CRASH_DEADLINE_SECS` (120).
+//!   kills), `CRASH_SEED` (to replay a run's kill timings), `CRASH_DEADLINE_SECS` (120: the
+//!   whole run), `CRASH_START_TIMEOUT_SECS` (30: each start until it accepts connections).
 //! - `CRASH_DATA_DIR`: where the broker keeps its data (default `target/crash-data`, wiped).
 //! - `CRASH_AMQP=HOST:PORT`: test a broker this program does not start (e.g. RabbitMQ). With
 //!   `CRASH_START_CMD` (run with `sh -c`, kept as a child) it is started and, unless
