@@ -13,8 +13,11 @@
 //! Environment (all optional):
 //! - `WARREN_BIN`: the broker binary (default `target/debug/warren` of this workspace).
 //! - `CRASH_CYCLES` (20), `CRASH_QUEUES` (3), `CRASH_RATE` (messages/s per publisher, 500),
+//!   `CRASH_CONSUME_RATE` (per consumer, 400, 0 = unlimited: slower than publishers, so the
+//!   queues hold a growing backlog at every kill), `CRASH_REQUEUE_PERCENT` (1),
 //!   `CRASH_MIN_UP_MS` / `CRASH_MAX_UP_MS` (300 / 1500: how long the broker runs between
-//!   kills), `CRASH_SEED` (to replay a run's kill timings), `CRASH_DEADLINE_SECS` (120).
+//!   kills), `CRASH_SEED` (to replay a run's kill timings), `CRASH_DEADLINE_SECS` (120: the
+//!   whole run), `CRASH_START_TIMEOUT_SECS` (30: each start until it accepts connections).
 //! - `CRASH_DATA_DIR`: where the broker keeps its data (default `target/crash-data`, wiped).
 //! - `CRASH_AMQP=HOST:PORT`: test a broker this program does not start (e.g. RabbitMQ). With
 //!   `CRASH_START_CMD` (run with `sh -c`, kept as a child) it is started and, unless
@@ -71,6 +74,7 @@ struct Config {
     deadline: Duration,
     start_timeout: Duration,
     requeue_percent: u64,
+    consume_rate: u64,
 }
 
 /// xorshift64*: the kill timings only need to be varied and replayable, not good.
@@ -334,17 +338,35 @@ async fn publish_session(
     Ok(())
 }
 
+/// How a consumer behaves: it requeues `requeue_percent` of its deliveries and takes at most
+/// `rate` per second (0: no limit).
+#[derive(Clone, Copy)]
+struct Pace {
+    requeue_percent: u64,
+    rate: u64,
+}
+
 async fn consumer(
     q: usize,
     uri: String,
-    requeue_percent: u64,
+    pace: Pace,
     seed: u64,
     ledger: Shared,
     mut phase: watch::Receiver<Phase>,
 ) {
     let mut rng = Rng(seed | 1);
+    let (started, mut taken) = (Instant::now(), 0u64);
     while let Some(generation) = wait_up(&mut phase).await {
-        let result = consume_session(q, &uri, requeue_percent, &mut rng, &ledger, &phase).await;
+        let result = consume_session(
+            q,
+            &uri,
+            pace,
+            (started, &mut taken),
+            &mut rng,
+            &ledger,
+            &phase,
+        )
+        .await;
         if let Err(e) = result
             && phase.borrow().up
             && phase.borrow().generation == generation
@@ -358,7 +380,8 @@ async fn consumer(
 async fn consume_session(
     q: usize,
     uri: &str,
-    requeue_percent: u64,
+    pace: Pace,
+    (started, taken): (Instant, &mut u64),
     rng: &mut Rng,
     ledger: &Shared,
     phase: &watch::Receiver<Phase>,
@@ -388,9 +411,10 @@ async fn consume_session(
             Ok(Some(Ok(d))) => d,
         };
         record_delivery(ledger, q, &d.data, d.redelivered);
+        *taken += 1;
         // An occasional requeue puts redelivered messages among first deliveries, which the
         // order check must tolerate.
-        if rng.between(1, 100) <= requeue_percent {
+        if rng.between(1, 100) <= pace.requeue_percent {
             within(
                 "basic.nack",
                 d.acker.nack(BasicNackOptions {
@@ -401,6 +425,14 @@ async fn consume_session(
             .await?;
         } else {
             within("basic.ack", d.acker.ack(BasicAckOptions::default())).await?;
+        }
+        // Consuming slower than publishing keeps a backlog in the queues, so that every kill
+        // finds confirmed messages that only storage can bring back.
+        if let Some(micros) = (*taken * 1_000_000).checked_div(pace.rate)
+            && let Some(wait) =
+                (started + Duration::from_micros(micros)).checked_duration_since(Instant::now())
+        {
+            sleep(wait).await;
         }
     }
     close(conn).await;
@@ -727,7 +759,10 @@ async fn run(cfg: &Config, broker: &mut Broker, ledger: &Shared) -> Result<u32, 
         clients.push(tokio::spawn(consumer(
             q,
             uri.clone(),
-            cfg.requeue_percent,
+            Pace {
+                requeue_percent: cfg.requeue_percent,
+                rate: cfg.consume_rate,
+            },
             rng.next(),
             ledger.clone(),
             phase_rx.clone(),
@@ -911,6 +946,7 @@ fn main() {
         deadline: Duration::from_secs(env_or("CRASH_DEADLINE_SECS", 120)),
         start_timeout: Duration::from_secs(env_or("CRASH_START_TIMEOUT_SECS", 30)),
         requeue_percent: env_or("CRASH_REQUEUE_PERCENT", 1),
+        consume_rate: env_or("CRASH_CONSUME_RATE", 400),
     };
     if cfg.min_up > cfg.max_up || cfg.queues == 0 {
         fail("need CRASH_MIN_UP_MS <= CRASH_MAX_UP_MS and CRASH_QUEUES >= 1");
@@ -994,4 +1030,78 @@ fn main() {
     }
     eprintln!("crash-test: broker was {description}; replay with CRASH_SEED={seed}");
     std::process::exit(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One queue: `published` ids handed out, `confirmed` acked, `deliveries` in arrival order.
+    fn ledger(published: u64, confirmed: &[u64], deliveries: &[(u64, bool)]) -> Ledger {
+        Ledger {
+            queues: vec![QueueLedger {
+                published,
+                confirmed: confirmed.iter().copied().collect(),
+                deliveries: deliveries.to_vec(),
+                ..QueueLedger::default()
+            }],
+            ..Ledger::default()
+        }
+    }
+
+    fn problems(l: &Ledger) -> String {
+        verify(l, 1).join("\n")
+    }
+
+    #[test]
+    fn a_clean_run_passes_with_duplicates_requeues_and_unconfirmed_messages() {
+        // 2 was requeued (flagged), 3 was redelivered after a crash that lost the flag,
+        // 5 was never confirmed and never delivered, 6 unconfirmed but delivered.
+        let l = ledger(
+            7,
+            &[0, 1, 2, 3, 4],
+            &[
+                (0, false),
+                (1, false),
+                (2, false),
+                (3, false),
+                (2, true),
+                (3, false),
+                (4, false),
+                (6, false),
+            ],
+        );
+        assert_eq!(problems(&l), "");
+    }
+
+    #[test]
+    fn a_confirmed_message_never_delivered_is_lost() {
+        let l = ledger(3, &[0, 1, 2], &[(0, false), (2, false)]);
+        assert!(problems(&l).contains("1 confirmed messages never delivered (lost), e.g. ids [1]"));
+    }
+
+    #[test]
+    fn a_delivery_never_published_is_invented() {
+        let l = ledger(2, &[0, 1], &[(0, false), (1, false), (7, false)]);
+        assert!(problems(&l).contains("never published (invented), e.g. [7]"));
+        let mut l = ledger(1, &[0], &[(0, false)]);
+        l.malformed.push("crash-q0: \"junk\"".into());
+        assert!(problems(&l).contains("bodies no publisher wrote"));
+    }
+
+    #[test]
+    fn first_deliveries_out_of_order_fail_unless_flagged_redelivered() {
+        let l = ledger(3, &[0, 1, 2], &[(0, false), (2, false), (1, false)]);
+        assert!(problems(&l).contains("out of order, e.g. (after, got) [(2, 1)]"));
+        let l = ledger(3, &[0, 1, 2], &[(0, false), (2, false), (1, true)]);
+        assert_eq!(problems(&l), "");
+    }
+
+    #[test]
+    fn a_missing_queue_or_an_idle_run_fails() {
+        let mut l = ledger(1, &[0], &[(0, false)]);
+        l.queues_lost.push("crash-q0 after restart 1".into());
+        assert!(problems(&l).contains("missing after a restart"));
+        assert!(problems(&ledger(0, &[], &[])).contains("no message was confirmed"));
+    }
 }
