@@ -49,6 +49,8 @@ pub enum OpenError {
 
 struct SyncJob {
     epoch: u64,
+    /// A write this sync was to cover failed: report the epoch failed, fsync nothing.
+    failed: Option<String>,
     files: Vec<PathBuf>,
     shared: shared::SharedSync,
     dirs: Vec<PathBuf>,
@@ -96,6 +98,9 @@ pub struct DiskStore {
     dirty: BTreeSet<QueueId>,
     /// Queues with buffered writes.
     unflushed: BTreeSet<QueueId>,
+    /// A write failed since the last sync: the next sync must report failure (its confirms
+    /// become nacks), whatever fsync says about the bytes that did get written.
+    write_failed: Option<String>,
     /// Queues that may hold open segment files (bounded by `OPEN_QUEUES`).
     with_files: BTreeSet<QueueId>,
     /// Directories whose entries changed (new queue directories).
@@ -157,6 +162,7 @@ impl DiskStore {
                 queues: HashMap::new(),
                 dirty: BTreeSet::new(),
                 unflushed: BTreeSet::new(),
+                write_failed: None,
                 with_files: BTreeSet::new(),
                 dirty_dirs: Vec::new(),
                 dirty_names: Vec::new(),
@@ -231,6 +237,9 @@ fn sync_thread(
 ) {
     while let Ok(job) = rx.recv() {
         let result = (|| -> Result<(), String> {
+            if let Some(e) = &job.failed {
+                return Err(format!("a write failed before this sync: {e}"));
+            }
             if !fsync {
                 // Written to the OS already (the broker task wrote the buffers out); the
                 // definitions still get their durable commit, which is rare.
@@ -485,7 +494,10 @@ impl Store for DiskStore {
             if let Some(q) = self.queues.get_mut(id)
                 && let Err(e) = q.log.flush()
             {
-                tracing::warn!(error = %e, "store: writing buffers out failed");
+                tracing::warn!(error = %e, "store: writing buffers out failed; retried at the next flush, confirms waiting for the next sync become nacks");
+                self.write_failed.get_or_insert_with(|| e.to_string());
+                // Still buffered: try again at the next flush.
+                self.unflushed.insert(*id);
             }
         }
     }
@@ -494,9 +506,7 @@ impl Store for DiskStore {
         self.flush();
         let mut files = std::mem::take(&mut self.dirty_names);
         let mut dirs = std::mem::take(&mut self.dirty_dirs);
-        dirs.sort();
-        dirs.dedup();
-        let mut failed = None;
+        let mut failed = self.write_failed.take();
         for id in std::mem::take(&mut self.dirty) {
             if let Some(q) = self.queues.get_mut(&id) {
                 match q.log.take_dirty() {
@@ -504,26 +514,41 @@ impl Store for DiskStore {
                         files.extend(f);
                         dirs.extend(dir);
                     }
-                    Err(e) => failed = Some(e),
+                    Err(e) => {
+                        // Its segments stay dirty; a later sync covers them once writes work.
+                        self.dirty.insert(id);
+                        failed.get_or_insert_with(|| e.to_string());
+                    }
                 }
             }
         }
         let shared = match self.shared.take_sync() {
             Ok(s) => s,
             Err(e) => {
-                failed = Some(e);
+                failed.get_or_insert_with(|| e.to_string());
                 shared::SharedSync::default()
             }
         };
-        if let Some(e) = failed {
-            tracing::error!(error = %e, "store: writing buffers out failed");
+        dirs.sort();
+        dirs.dedup();
+        if let Some(e) = &failed {
+            tracing::error!(epoch, error = %e, "store: a write failed: this sync's confirms become nacks and publishers are blocked for a while");
+            // Nothing of this epoch is promised; what is pending stays for the next sync.
+            self.dirty_names.extend(files.drain(..));
+            self.dirty_dirs.extend(dirs.drain(..));
         }
+        let definitions = if failed.is_some() {
+            false
+        } else {
+            std::mem::take(&mut self.definitions_dirty)
+        };
         let job = SyncJob {
             epoch,
+            failed,
             files,
             shared,
             dirs,
-            definitions: std::mem::take(&mut self.definitions_dirty),
+            definitions,
         };
         if self.sync_tx.send(job).is_err() {
             tracing::error!("store: the sync thread is gone");

@@ -608,24 +608,24 @@ impl QueueLog {
         if self.index_buf.is_empty() {
             return Ok(());
         }
+        // Runs of consecutive entries go out in one write each. On an error, the entries not
+        // yet written stay buffered for the next flush (a retry rewrites the same bytes).
         let writes = std::mem::take(&mut self.index_buf);
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u64;
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut prev: Option<u64> = None;
-        for (seq, bytes) in writes {
-            let contiguous = prev.is_some_and(|p| p + 1 == seq && p / ENTRIES == seq / ENTRIES);
-            if !contiguous && !run.is_empty() {
-                self.write_index(run_start, &run)?;
-                run.clear();
+        for (seq, bytes) in &writes {
+            let contiguous = prev.is_some_and(|p| p + 1 == *seq && p / ENTRIES == seq / ENTRIES);
+            match runs.last_mut() {
+                Some((_, run)) if contiguous => run.extend_from_slice(bytes),
+                _ => runs.push((*seq, bytes.to_vec())),
             }
-            if run.is_empty() {
-                run_start = seq;
-            }
-            run.extend_from_slice(&bytes);
-            prev = Some(seq);
+            prev = Some(*seq);
         }
-        if !run.is_empty() {
-            self.write_index(run_start, &run)?;
+        for (first, run) in runs {
+            if let Err(e) = self.write_index(first, &run) {
+                self.index_buf.extend(writes.range(first..));
+                return Err(e);
+            }
         }
         Ok(())
     }
