@@ -534,8 +534,8 @@ impl Store for DiskStore {
         if let Some(e) = &failed {
             tracing::error!(epoch, error = %e, "store: a write failed: this sync's confirms become nacks and publishers are blocked for a while");
             // Nothing of this epoch is promised; what is pending stays for the next sync.
-            self.dirty_names.extend(files.drain(..));
-            self.dirty_dirs.extend(dirs.drain(..));
+            self.dirty_names.append(&mut files);
+            self.dirty_dirs.append(&mut dirs);
         }
         let definitions = if failed.is_some() {
             false
