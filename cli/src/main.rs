@@ -1,6 +1,10 @@
 //! `warren`: the broker binary. `warren serve` runs the broker; admin and bench subcommands
 //! grow here.
 
+mod admin;
+mod ctl;
+mod json;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
@@ -29,6 +33,9 @@ struct Cli {
 enum Command {
     /// Run the broker.
     Serve(ServeArgs),
+    /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
+    /// in its data directory.
+    Ctl(ctl::CtlArgs),
 }
 
 #[derive(clap::Args)]
@@ -122,6 +129,13 @@ fn main() -> ExitCode {
                 ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
             }
         },
+        Command::Ctl(args) => match ctl::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -190,6 +204,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         memory_high_watermark >> 20
     );
     let (stop, stopped) = watch::channel(false);
+    let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
+    tokio::spawn(admin::serve(admin, broker.clone(), stopped.clone()));
     let config = Arc::new(warren_amqp::AmqpConfig::default());
     let server = tokio::spawn(warren_amqp::serve(listener, broker, config, stopped));
     tracing::info!(data_dir = %args.data_dir.display(), "listening on {bound} (AMQP 0.9.1)");

@@ -55,6 +55,41 @@ pub(crate) enum Control {
         epoch: u64,
         result: Result<(), String>,
     },
+    /// An operator's request (`warren ctl`).
+    Admin {
+        request: AdminRequest,
+        reply: tokio::sync::oneshot::Sender<AdminResponse>,
+    },
+}
+
+/// What `warren ctl` can ask the broker.
+#[derive(Debug)]
+pub enum AdminRequest {
+    ListQueues,
+    ListExchanges,
+    ListBindings,
+    ListConnections,
+    ListConsumers,
+    /// The durable definitions, for export.
+    Definitions,
+    /// One operation on the broker's admin channel (purge, delete, declare, bind).
+    Op(Op),
+    /// Declares everything in the definitions; answers with the errors.
+    Import(warren_core::store::Definitions),
+}
+
+/// The broker's answer to an [`AdminRequest`].
+#[derive(Debug)]
+pub enum AdminResponse {
+    Queues(Vec<warren_core::broker::admin::QueueInfo>),
+    Exchanges(Vec<warren_core::broker::admin::ExchangeInfo>),
+    Bindings(Vec<warren_core::broker::admin::BindingInfo>),
+    Connections(Vec<warren_core::broker::admin::ConnectionInfo>),
+    Consumers(Vec<warren_core::broker::admin::ConsumerInfo>),
+    Definitions(warren_core::store::Definitions),
+    Op(Result<Option<warren_core::effect::Reply>, warren_core::error::ProtocolError>),
+    /// What could not be imported, as RabbitMQ-style error texts.
+    Imported(Vec<String>),
 }
 
 struct Shared {
@@ -124,6 +159,16 @@ impl BrokerHandle {
                 next_conn: AtomicU64::new(1),
             }),
         }
+    }
+
+    /// Runs an operator's request on the broker task.
+    pub async fn admin(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.shared
+            .control
+            .send(Control::Admin { request, reply })
+            .map_err(|_| BrokerGone)?;
+        answer.await.map_err(|_| BrokerGone)
     }
 
     /// Registers a new connection with a fresh id.

@@ -1,6 +1,6 @@
 //! The broker task: applies op batches to the core and routes effects to connections.
 
-use crate::{Control, Request};
+use crate::{AdminRequest, AdminResponse, Control, Request};
 use std::collections::HashMap;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
@@ -78,10 +78,44 @@ fn apply_control(
                 broker.handle(now, ChannelRef::new(conn, 0), Op::ConnectionClose);
             }
         }
+        Control::Admin { request, reply } => {
+            // The requester may have given up (ctl timed out): nothing to do then.
+            let _ = reply.send(admin(broker, request, now));
+        }
         Control::Synced { epoch, result } => match result {
             Ok(()) => broker.synced(now, epoch),
             Err(_) => broker.sync_failed(now, epoch),
         },
+    }
+}
+
+fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse {
+    match request {
+        AdminRequest::ListQueues => AdminResponse::Queues(broker.list_queues()),
+        AdminRequest::ListExchanges => AdminResponse::Exchanges(broker.list_exchanges()),
+        AdminRequest::ListBindings => AdminResponse::Bindings(broker.list_bindings()),
+        AdminRequest::ListConnections => AdminResponse::Connections(broker.list_connections()),
+        AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
+        AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
+        AdminRequest::Op(op) => AdminResponse::Op(broker.admin(now, op)),
+        AdminRequest::Import(defs) => {
+            let ops = defs
+                .exchanges
+                .into_iter()
+                .map(Op::ExchangeDeclare)
+                .chain(defs.queues.into_iter().map(Op::QueueDeclare))
+                .chain(defs.bindings.into_iter().map(|(b, to_exchange)| {
+                    if to_exchange {
+                        Op::ExchangeBind(b)
+                    } else {
+                        Op::QueueBind(b)
+                    }
+                }));
+            let errors = ops
+                .filter_map(|op| broker.admin(now, op).err().map(|e| e.to_string()))
+                .collect();
+            AdminResponse::Imported(errors)
+        }
     }
 }
 

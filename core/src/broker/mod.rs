@@ -14,6 +14,7 @@
 //! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
 //!   detected by a failed lookup, never aliased.
 
+pub mod admin;
 mod dead_letter;
 mod delivery;
 mod reply_to;
@@ -61,7 +62,6 @@ pub(crate) struct Exchange {
     pub(crate) durable: bool,
     pub(crate) auto_delete: bool,
     pub(crate) internal: bool,
-    #[allow(dead_code)] // Kept for definitions export and list_exchanges (warren ctl).
     pub(crate) arguments: FieldTable,
     pub(crate) alternate: Option<String>,
     pub(crate) bindings: Bindings,

@@ -20,7 +20,6 @@ pub(crate) struct Conn {
     pub(crate) consumers: u32,
     /// Queues currently pausing this connection (flow control).
     pub(crate) paused_in: BTreeSet<QueueId>,
-    #[allow(dead_code)] // Used by permissions (user) once users exist beyond guest.
     pub(crate) user: String,
 }
 

@@ -1,0 +1,247 @@
+//! The admin channel `warren ctl` talks to: a Unix socket `<data-dir>/warren.sock` (mode 0600:
+//! only the broker's own user can use it, which is the access control), one JSON request line
+//! in, one JSON response line out:
+//!
+//! ```text
+//! -> {"verb": "list_queues", "args": {}}
+//! <- {"ok": true, "result": [{"name": "q", "messages": 3, ...}]}
+//! <- {"ok": false, "error": "NOT_FOUND - no queue 'x' in vhost '/'"}
+//! ```
+
+use crate::json;
+use anyhow::{Context, anyhow, bail};
+use serde_json::{Value, json};
+use std::path::Path;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use warren_core::command::Op;
+use warren_core::effect::Reply;
+use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
+
+/// Longest request accepted (an imported definitions file travels in one line).
+const MAX_REQUEST: u64 = 64 << 20;
+/// Admin connections served at once; more wait in the listen backlog.
+const MAX_CLIENTS: usize = 16;
+
+/// Binds the socket (replacing a stale one: the data dir's lock, taken before, proves no
+/// other broker uses it).
+pub fn bind(data_dir: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = data_dir.join("warren.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .with_context(|| format!("cannot create the admin socket {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", path.display()))?;
+    Ok(listener)
+}
+
+pub async fn serve(
+    listener: UnixListener,
+    broker: BrokerHandle,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopped.changed() => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            continue;
+        };
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            if let Err(e) = client(stream, &broker).await {
+                tracing::warn!(error = %e, "admin request failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn client(stream: UnixStream, broker: &BrokerHandle) -> anyhow::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
+    reader.read_line(&mut line).await?;
+    let response = match handle(&line, broker).await {
+        Ok(result) => json!({"ok": true, "result": result}),
+        Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+    };
+    let mut out = serde_json::to_vec(&response)?;
+    out.push(b'\n');
+    write.write_all(&out).await?;
+    Ok(())
+}
+
+fn arg<'a>(args: &'a Value, key: &str) -> anyhow::Result<&'a str> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("missing argument '{key}'"))
+}
+
+async fn ask(broker: &BrokerHandle, request: AdminRequest) -> anyhow::Result<AdminResponse> {
+    broker
+        .admin(request)
+        .await
+        .map_err(|_| anyhow!("the broker is shutting down"))
+}
+
+async fn op(broker: &BrokerHandle, op: Op) -> anyhow::Result<Option<Reply>> {
+    match ask(broker, AdminRequest::Op(op)).await? {
+        AdminResponse::Op(Ok(reply)) => Ok(reply),
+        AdminResponse::Op(Err(e)) => bail!("{e}"),
+        other => bail!("unexpected answer {other:?}"),
+    }
+}
+
+async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
+    let request: Value = serde_json::from_str(line).context("the request is not JSON")?;
+    let verb = request
+        .get("verb")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("the request has no verb"))?;
+    let args = request.get("args").cloned().unwrap_or(Value::Null);
+    Ok(match verb {
+        "list_queues" => match ask(broker, AdminRequest::ListQueues).await? {
+            AdminResponse::Queues(qs) => qs
+                .iter()
+                .map(|q| {
+                    json!({
+                        "name": q.name, "messages": q.messages_ready + q.messages_unacked,
+                        "messages_ready": q.messages_ready,
+                        "messages_unacknowledged": q.messages_unacked,
+                        "consumers": q.consumers, "memory": q.memory, "paged_out": q.paged_out,
+                        "durable": q.durable, "auto_delete": q.auto_delete,
+                        "exclusive": q.exclusive, "arguments": json::table(&q.arguments),
+                    })
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "list_exchanges" => match ask(broker, AdminRequest::ListExchanges).await? {
+            AdminResponse::Exchanges(xs) => xs
+                .iter()
+                .map(|x| {
+                    json!({
+                        "name": x.name, "type": x.kind, "durable": x.durable,
+                        "auto_delete": x.auto_delete, "internal": x.internal,
+                        "arguments": json::table(&x.arguments),
+                    })
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "list_bindings" => match ask(broker, AdminRequest::ListBindings).await? {
+            AdminResponse::Bindings(bs) => bs
+                .iter()
+                .map(|b| {
+                    json!({
+                        "source_name": b.source, "destination_name": b.destination,
+                        "destination_kind": if b.destination_is_exchange { "exchange" } else { "queue" },
+                        "routing_key": b.routing_key, "arguments": json::table(&b.arguments),
+                    })
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "list_connections" => match ask(broker, AdminRequest::ListConnections).await? {
+            AdminResponse::Connections(cs) => cs
+                .iter()
+                .map(|c| {
+                    json!({
+                        "id": c.conn.0, "user": c.user, "channels": c.channels,
+                        "consumers": c.consumers, "in_flight": c.in_flight,
+                        "state": if c.paused_by > 0 { "flow" } else { "running" },
+                    })
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "list_consumers" => match ask(broker, AdminRequest::ListConsumers).await? {
+            AdminResponse::Consumers(cs) => cs
+                .iter()
+                .map(|c| {
+                    json!({
+                        "queue_name": c.queue, "consumer_tag": c.tag,
+                        "connection": c.conn.0, "channel": c.channel,
+                        "ack_required": c.ack_required, "exclusive": c.exclusive,
+                        "prefetch_count": c.prefetch, "priority": c.priority,
+                        "unacked": c.unacked,
+                    })
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "purge_queue" => {
+            let reply = op(
+                broker,
+                Op::QueuePurge {
+                    queue: arg(&args, "name")?.to_string(),
+                    nowait: false,
+                },
+            )
+            .await?;
+            match reply {
+                Some(Reply::QueuePurgeOk { message_count }) => json!({"messages": message_count}),
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+        "delete_queue" => {
+            let name = arg(&args, "name")?.to_string();
+            // queue.delete of a missing queue succeeds in AMQP; an operator wants to know.
+            let exists = match ask(broker, AdminRequest::ListQueues).await? {
+                AdminResponse::Queues(qs) => qs.iter().any(|q| q.name == name),
+                _ => true,
+            };
+            if !exists {
+                bail!("NOT_FOUND - no queue '{name}' in vhost '/'");
+            }
+            let flag = |k: &str| args.get(k).and_then(Value::as_bool).unwrap_or(false);
+            let reply = op(
+                broker,
+                Op::QueueDelete {
+                    queue: name,
+                    if_unused: flag("if_unused"),
+                    if_empty: flag("if_empty"),
+                    nowait: false,
+                },
+            )
+            .await?;
+            match reply {
+                Some(Reply::QueueDeleteOk { message_count }) => json!({"messages": message_count}),
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+        "export_definitions" => match ask(broker, AdminRequest::Definitions).await? {
+            AdminResponse::Definitions(defs) => json::export(&defs),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "import_definitions" => {
+            let doc = args
+                .get("definitions")
+                .ok_or_else(|| anyhow!("missing argument 'definitions'"))?;
+            let imported = json::import(doc)?;
+            let d = &imported.definitions;
+            let counts = json!({
+                "exchanges": d.exchanges.len(), "queues": d.queues.len(),
+                "bindings": d.bindings.len(),
+            });
+            match ask(broker, AdminRequest::Import(imported.definitions)).await? {
+                AdminResponse::Imported(errors) => {
+                    json!({"declared": counts, "errors": errors, "skipped": imported.skipped})
+                }
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
+        other => bail!(
+            "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
+             list_consumers, purge_queue, delete_queue, export_definitions, import_definitions)"
+        ),
+    })
+}

@@ -1,0 +1,312 @@
+//! What operators see and do (`warren ctl`): read-only listings of queues, exchanges,
+//! bindings, connections and consumers, the definitions for export, and operations run on the
+//! broker's own admin channel (purge, delete, declare for import), which go through the same
+//! checks as a client's.
+
+use super::{Broker, RESTORE_CONN};
+use crate::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
+use crate::effect::{Effect, Reply};
+use crate::error::ProtocolError;
+use crate::ids::{ChannelRef, ConnId, Destination};
+use crate::message::FieldTable;
+use crate::store::Definitions;
+
+/// The channel admin operations run on (the restore connection, never a host's).
+const ADMIN_CHANNEL: u16 = 2;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueInfo {
+    pub name: String,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub exclusive: bool,
+    pub arguments: FieldTable,
+    /// Ready messages (in memory and paged out).
+    pub messages_ready: u64,
+    pub messages_unacked: u64,
+    pub consumers: usize,
+    /// Body bytes of the ready messages held in memory.
+    pub memory: u64,
+    /// Ready messages only on disk.
+    pub paged_out: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExchangeInfo {
+    pub name: String,
+    pub kind: &'static str,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub internal: bool,
+    pub arguments: FieldTable,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct BindingInfo {
+    pub source: String,
+    pub destination: String,
+    pub destination_is_exchange: bool,
+    pub routing_key: String,
+    pub arguments: FieldTable,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectionInfo {
+    pub conn: ConnId,
+    pub user: String,
+    pub channels: usize,
+    pub consumers: u32,
+    /// Deliveries handed to the host and not yet written.
+    pub in_flight: u32,
+    /// Queues pausing it (flow control).
+    pub paused_by: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsumerInfo {
+    pub queue: String,
+    pub tag: String,
+    pub conn: ConnId,
+    pub channel: u16,
+    pub ack_required: bool,
+    pub exclusive: bool,
+    pub prefetch: u16,
+    pub priority: i64,
+    pub unacked: u32,
+}
+
+impl Broker {
+    /// Every queue, by name.
+    pub fn list_queues(&self) -> Vec<QueueInfo> {
+        let mut out: Vec<QueueInfo> = self
+            .queues
+            .values()
+            .map(|q| QueueInfo {
+                name: q.name.to_string(),
+                durable: q.durable,
+                auto_delete: q.auto_delete,
+                exclusive: q.exclusive_owner.is_some(),
+                arguments: q.arguments.clone(),
+                messages_ready: q.messages.len() as u64,
+                messages_unacked: q.unacked,
+                consumers: q.consumers.len(),
+                memory: q.messages.bytes(),
+                paged_out: q.messages.paged().count,
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Every exchange, by name (the default exchange is `""`).
+    pub fn list_exchanges(&self) -> Vec<ExchangeInfo> {
+        let mut out: Vec<ExchangeInfo> = self
+            .exchanges
+            .values()
+            .map(|x| ExchangeInfo {
+                name: x.name.to_string(),
+                kind: x.kind.as_str(),
+                durable: x.durable,
+                auto_delete: x.auto_delete,
+                internal: x.internal,
+                arguments: x.arguments.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Every explicit binding (not the default exchange's implicit ones), by source.
+    pub fn list_bindings(&self) -> Vec<BindingInfo> {
+        let mut out = Vec::new();
+        for x in self.exchanges.values() {
+            for b in x.bindings.list() {
+                let (destination, destination_is_exchange) = match b.destination {
+                    Destination::Queue(q) => match self.queues.get(&q) {
+                        Some(q) => (q.name.to_string(), false),
+                        None => continue,
+                    },
+                    Destination::Exchange(d) => match self.exchanges.get(&d) {
+                        Some(d) => (d.name.to_string(), true),
+                        None => continue,
+                    },
+                };
+                out.push(BindingInfo {
+                    source: x.name.to_string(),
+                    destination,
+                    destination_is_exchange,
+                    routing_key: b.routing_key.to_string(),
+                    arguments: b.arguments,
+                });
+            }
+        }
+        out.sort_by(|a, b| {
+            (&a.source, &a.destination, &a.routing_key).cmp(&(
+                &b.source,
+                &b.destination,
+                &b.routing_key,
+            ))
+        });
+        out
+    }
+
+    /// Every client connection, by id.
+    pub fn list_connections(&self) -> Vec<ConnectionInfo> {
+        let mut out: Vec<ConnectionInfo> = self
+            .conns
+            .iter()
+            .filter(|(id, _)| **id != RESTORE_CONN)
+            .map(|(id, c)| ConnectionInfo {
+                conn: *id,
+                user: c.user.clone(),
+                channels: c.channels.len(),
+                consumers: c.consumers,
+                in_flight: c.in_flight,
+                paused_by: c.paused_in.len(),
+            })
+            .collect();
+        out.sort_by_key(|c| c.conn);
+        out
+    }
+
+    /// Every consumer, by queue then tag.
+    pub fn list_consumers(&self) -> Vec<ConsumerInfo> {
+        let mut out: Vec<ConsumerInfo> = self
+            .consumers
+            .values()
+            .filter_map(|c| {
+                Some(ConsumerInfo {
+                    queue: self.queues.get(&c.queue)?.name.to_string(),
+                    tag: c.tag.to_string(),
+                    conn: c.ch.conn,
+                    channel: c.ch.channel,
+                    ack_required: !c.no_ack,
+                    exclusive: c.exclusive,
+                    prefetch: c.prefetch,
+                    priority: c.priority,
+                    unacked: c.unacked,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.queue, &a.tag).cmp(&(&b.queue, &b.tag)));
+        out
+    }
+
+    /// The durable definitions as they are now (for export): durable exchanges other than
+    /// the predeclared ones, durable non-exclusive queues, bindings between durable ends.
+    pub fn durable_definitions(&self) -> Definitions {
+        let mut defs = Definitions::default();
+        for x in self.list_exchanges() {
+            if !x.durable || x.name.is_empty() || x.name.starts_with("amq.") {
+                continue;
+            }
+            defs.exchanges.push(ExchangeDeclare {
+                exchange: x.name,
+                kind: x.kind.to_string(),
+                passive: false,
+                durable: true,
+                auto_delete: x.auto_delete,
+                internal: x.internal,
+                nowait: false,
+                arguments: x.arguments,
+            });
+        }
+        for q in self.list_queues() {
+            if !q.durable || q.exclusive {
+                continue;
+            }
+            defs.queues.push(QueueDeclare {
+                queue: q.name,
+                passive: false,
+                durable: true,
+                exclusive: false,
+                auto_delete: q.auto_delete,
+                nowait: false,
+                arguments: q.arguments,
+            });
+        }
+        let durable_exchange = |name: &str| {
+            self.vhost
+                .exchanges
+                .get(name)
+                .and_then(|id| self.exchanges.get(id))
+                .is_some_and(|x| x.durable)
+        };
+        let durable_queue = |name: &str| {
+            self.vhost
+                .queues
+                .get(name)
+                .and_then(|id| self.queues.get(id))
+                .is_some_and(|q| q.durable && q.exclusive_owner.is_none())
+        };
+        for b in self.list_bindings() {
+            let destination_durable = if b.destination_is_exchange {
+                durable_exchange(&b.destination)
+            } else {
+                durable_queue(&b.destination)
+            };
+            if !durable_exchange(&b.source) || !destination_durable {
+                continue;
+            }
+            defs.bindings.push((
+                Bind {
+                    destination: b.destination,
+                    source: b.source,
+                    routing_key: b.routing_key,
+                    nowait: false,
+                    arguments: b.arguments,
+                },
+                b.destination_is_exchange,
+            ));
+        }
+        defs
+    }
+
+    /// Runs one operation on the broker's admin channel with a client's checks; returns its
+    /// reply, or the error a client would have got (the admin channel reopens after it).
+    pub fn admin(&mut self, now: u64, op: Op) -> Result<Option<Reply>, ProtocolError> {
+        let ch = ChannelRef::new(RESTORE_CONN, ADMIN_CHANNEL);
+        let mark = self.effects.len();
+        if !self.conns.contains_key(&RESTORE_CONN) {
+            self.handle(
+                now,
+                ChannelRef::new(RESTORE_CONN, 0),
+                Op::ConnectionOpen {
+                    vhost: self.config.default_vhost.clone(),
+                    user: "warren-admin".into(),
+                    cancel_notify: false,
+                },
+            );
+        }
+        if !self.channels.contains_key(&ch) {
+            self.handle(now, ch, Op::ChannelOpen);
+        }
+        self.handle(now, ch, op);
+        let mut reply = None;
+        let mut error = None;
+        for effect in self.effects.drain(mark..).collect::<Vec<_>>() {
+            match effect {
+                Effect::Reply { ch: c, reply: r } if c == ch && r != Reply::ChannelOpenOk => {
+                    reply = Some(r);
+                }
+                Effect::ChannelError { ch: c, error: e } if c == ch => error = Some(e),
+                Effect::ConnectionError { conn, error: e } if conn == RESTORE_CONN => {
+                    error = Some(e)
+                }
+                // Effects for clients (deliveries after a purge freed credit, cancels after a
+                // delete) go out as usual.
+                other if other.conn() != RESTORE_CONN => self.effects.push(other),
+                _ => {}
+            }
+        }
+        match error {
+            Some(e) => {
+                if self.channels.contains_key(&ch) {
+                    self.handle(now, ch, Op::ChannelCloseOk);
+                }
+                Err(e)
+            }
+            None => Ok(reply),
+        }
+    }
+}
