@@ -218,6 +218,37 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
                 other => bail!("unexpected reply {other:?}"),
             }
         }
+        "set_policy" => {
+            let p = args
+                .as_object()
+                .ok_or_else(|| anyhow!("set_policy takes an object"))?;
+            match ask(broker, AdminRequest::SetPolicy(json::policy(p)?)).await? {
+                AdminResponse::Policy(Ok(())) => json!({}),
+                AdminResponse::Policy(Err(e)) => bail!("{e}"),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
+        "clear_policy" => {
+            let name = arg(&args, "name")?.to_string();
+            match ask(broker, AdminRequest::ClearPolicy(name)).await? {
+                AdminResponse::Policy(Ok(())) => json!({}),
+                AdminResponse::Policy(Err(e)) => bail!("{e}"),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
+        "list_policies" => match ask(broker, AdminRequest::ListPolicies).await? {
+            AdminResponse::Policies(ps) => ps
+                .iter()
+                .map(|p| {
+                    json!({
+                        "vhost": "/", "name": p.name, "pattern": p.pattern,
+                        "apply-to": p.apply_to.as_str(),
+                        "definition": json::table(&p.definition), "priority": p.priority,
+                    })
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
         "export_definitions" => match ask(broker, AdminRequest::Definitions).await? {
             AdminResponse::Definitions(defs) => json::export(&defs),
             other => bail!("unexpected answer {other:?}"),
@@ -241,7 +272,8 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         }
         other => bail!(
             "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
-             list_consumers, purge_queue, delete_queue, export_definitions, import_definitions)"
+             list_consumers, purge_queue, delete_queue, set_policy, clear_policy, list_policies, \
+             export_definitions, import_definitions)"
         ),
     })
 }

@@ -40,6 +40,21 @@ enum Verb {
         #[arg(long)]
         if_empty: bool,
     },
+    /// Adds or replaces a policy, as rabbitmqctl set_policy: DEFINITION is JSON, e.g.
+    /// '{"max-length": 1000, "dead-letter-exchange": "dlx"}'.
+    SetPolicy {
+        name: String,
+        pattern: String,
+        definition: String,
+        #[arg(long, default_value_t = 0)]
+        priority: i64,
+        #[arg(long, default_value = "all", value_parser = ["all", "queues", "exchanges"])]
+        apply_to: String,
+    },
+    ClearPolicy {
+        name: String,
+    },
+    ListPolicies,
     /// Writes the durable definitions in RabbitMQ's format to FILE (`-`: standard output).
     ExportDefinitions {
         file: String,
@@ -71,6 +86,7 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "ack_required",
             "prefetch_count",
         ],
+        "list_policies" => &["name", "pattern", "apply-to", "definition", "priority"],
         _ => &[],
     }
 }
@@ -178,6 +194,23 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             "delete_queue",
             json!({"name": name, "if_unused": if_unused, "if_empty": if_empty}),
         ),
+        Verb::SetPolicy {
+            name,
+            pattern,
+            definition,
+            priority,
+            apply_to,
+        } => {
+            let definition: Value = serde_json::from_str(definition)
+                .with_context(|| format!("the policy definition is not JSON: {definition}"))?;
+            (
+                "set_policy",
+                json!({"name": name, "pattern": pattern, "definition": definition,
+                       "priority": priority, "apply-to": apply_to}),
+            )
+        }
+        Verb::ClearPolicy { name } => ("clear_policy", json!({"name": name})),
+        Verb::ListPolicies => ("list_policies", json!({})),
         Verb::ExportDefinitions { .. } => ("export_definitions", json!({})),
         Verb::ImportDefinitions { file } => {
             let text = std::fs::read_to_string(file)
@@ -206,6 +239,10 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
                 cell(result.get("messages"))
             );
         }
+        Verb::SetPolicy { name, pattern, .. } => {
+            println!("Set policy '{name}' for pattern '{pattern}'");
+        }
+        Verb::ClearPolicy { name } => println!("Cleared policy '{name}'"),
         Verb::DeleteQueue { name, .. } => {
             println!(
                 "Deleted queue '{name}' ({} messages)",

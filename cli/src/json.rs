@@ -5,6 +5,7 @@ use anyhow::{Context, bail};
 use serde_json::{Map, Value, json};
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
 use warren_core::message::{FieldTable, FieldValue};
+use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_core::store::Definitions;
 
 /// A field value as JSON (lossless for what JSON can hold; byte strings as UTF-8 text,
@@ -79,6 +80,23 @@ fn flag(o: &Map<String, Value>, key: &str, default: bool) -> bool {
     o.get(key).and_then(Value::as_bool).unwrap_or(default)
 }
 
+/// A policy from its JSON form (as in definitions files and `warren ctl set-policy`).
+pub fn policy(p: &Map<String, Value>) -> anyhow::Result<PolicyDef> {
+    let apply_to = p.get("apply-to").and_then(Value::as_str).unwrap_or("all");
+    Ok(PolicyDef {
+        name: text(p, "name")?.to_string(),
+        pattern: text(p, "pattern")?.to_string(),
+        apply_to: ApplyTo::parse(apply_to).with_context(|| {
+            format!("apply-to '{apply_to}' is not one of all, queues, exchanges")
+        })?,
+        priority: p.get("priority").and_then(Value::as_i64).unwrap_or(0),
+        definition: match p.get("definition") {
+            Some(Value::Object(m)) => field_table(m),
+            _ => bail!("policy '{}' has no definition object", text(p, "name")?),
+        },
+    })
+}
+
 /// Definitions in RabbitMQ's export format (vhost `/`; users, permissions and policies come
 /// with their own issue and are exported empty).
 pub fn export(defs: &Definitions) -> Value {
@@ -114,12 +132,23 @@ pub fn export(defs: &Definitions) -> Value {
             })
         })
         .collect();
+    let policies: Vec<Value> = defs
+        .policies
+        .iter()
+        .map(|p| {
+            json!({
+                "vhost": "/", "name": p.name, "pattern": p.pattern,
+                "apply-to": p.apply_to.as_str(), "priority": p.priority,
+                "definition": table(&p.definition),
+            })
+        })
+        .collect();
     json!({
         "product_name": "Warren",
         "product_version": env!("CARGO_PKG_VERSION"),
         "rabbit_version": "3.10.8",
         "users": [], "vhosts": [{"name": "/"}], "permissions": [], "topic_permissions": [],
-        "parameters": [], "global_parameters": [], "policies": [],
+        "parameters": [], "global_parameters": [], "policies": policies,
         "queues": queues, "exchanges": exchanges, "bindings": bindings,
     })
 }
@@ -217,13 +246,14 @@ pub fn import(doc: &Value) -> anyhow::Result<Imported> {
             to_exchange,
         ));
     }
-    for key in [
-        "users",
-        "permissions",
-        "topic_permissions",
-        "policies",
-        "parameters",
-    ] {
+    for p in list("policies") {
+        let name = text(p, "name")?;
+        if !in_default_vhost(p, &mut skipped, format!("policy '{name}'")) {
+            continue;
+        }
+        defs.policies.push(policy(p)?);
+    }
+    for key in ["users", "permissions", "topic_permissions", "parameters"] {
         let n = list(key).len();
         if n > 0 {
             skipped.push(format!("{n} {key} (not supported yet)"));

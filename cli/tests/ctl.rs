@@ -210,6 +210,48 @@ async fn ctl_imports_rabbitmq_definitions_lists_purges_deletes_and_exports() {
     );
     assert_eq!(exported["bindings"].as_array().map(Vec::len), Some(5));
 
+    // A policy caps the existing queue at once; list, then clear it.
+    publish(b.port, "orders", "order.created.us", 4).await;
+    publish(b.port, "orders.dlx", "", 4).await;
+    let set = ok(
+        &b,
+        &[
+            "set-policy",
+            "cap",
+            "^orders\\.",
+            r#"{"max-length": 2}"#,
+            "--apply-to",
+            "queues",
+            "--priority",
+            "1",
+        ],
+    );
+    assert_eq!(set.trim(), "Set policy 'cap' for pattern '^orders\\.'");
+    let queues = json(&b, &["list-queues"]);
+    assert_eq!(
+        find(&queues, "name", "orders.dead")["messages"],
+        2,
+        "capped at once"
+    );
+    assert_eq!(
+        find(&queues, "name", "orders.created")["messages"],
+        4,
+        "its own x-max-length (10000) wins"
+    );
+    let policies = json(&b, &["list-policies"]);
+    assert_eq!(
+        find(&policies, "name", "cap")["definition"]["max-length"],
+        2
+    );
+    assert_eq!(
+        json(&b, &["export-definitions", "-"])["policies"][0]["apply-to"],
+        "queues"
+    );
+    let bad = ctl(&b, &["set-policy", "bad", ".*", r#"{"max-lenght": 1}"#]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unrecognised policy key 'max-lenght'"));
+    ok(&b, &["clear-policy", "cap"]);
+    assert_eq!(json(&b, &["list-policies"]), serde_json::json!([]));
+
     ok(&b, &["delete-queue", "jobs"]);
     let missing = ctl(&b, &["delete-queue", "jobs"]);
     assert!(!missing.status.success());

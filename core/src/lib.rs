@@ -16,6 +16,7 @@ pub mod idhash;
 pub mod ids;
 pub mod message;
 pub mod naming;
+pub mod policy;
 pub mod queue;
 pub mod store;
 

@@ -602,3 +602,121 @@ fn direct_reply_to_delivers_replies_without_a_queue() {
     let fx = publish_with(&mut h, server, &address, "late", Properties::default());
     assert!(deliveries(&fx).is_empty());
 }
+
+fn policy(
+    name: &str,
+    pattern: &str,
+    pairs: &[(&str, FieldValue)],
+) -> warren_core::policy::PolicyDef {
+    warren_core::policy::PolicyDef {
+        name: name.into(),
+        pattern: pattern.into(),
+        apply_to: warren_core::policy::ApplyTo::Queues,
+        priority: 0,
+        definition: args(pairs),
+    }
+}
+
+#[test]
+fn policies_apply_to_existing_queues_at_once_and_arguments_win() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "orders.a");
+    declare(
+        &mut h,
+        c,
+        "orders.b",
+        args(&[("x-max-length", FieldValue::I32(5))]),
+    );
+    h.declare(c, "other");
+    for q in ["orders.a", "orders.b", "other"] {
+        for i in 0..4 {
+            publish_with(&mut h, c, q, &i.to_string(), Properties::default());
+        }
+    }
+    h.broker
+        .set_policy(
+            h.now,
+            policy("cap", "^orders\\.", &[("max-length", FieldValue::I64(2))]),
+        )
+        .expect("valid policy");
+    assert_eq!(
+        h.broker.queue_len("orders.a"),
+        Some(2),
+        "applied without a redeclare"
+    );
+    assert_eq!(
+        h.broker.queue_len("orders.b"),
+        Some(4),
+        "its own x-max-length (5) wins"
+    );
+    assert_eq!(
+        h.broker.queue_len("other"),
+        Some(4),
+        "pattern does not match"
+    );
+    assert_eq!(h.broker.queue_policy("orders.a").as_deref(), Some("cap"));
+    h.broker.clear_policy(h.now, "cap").expect("exists");
+    for i in 0..3 {
+        publish_with(&mut h, c, "orders.a", &i.to_string(), Properties::default());
+    }
+    assert_eq!(
+        h.broker.queue_len("orders.a"),
+        Some(5),
+        "no limit once cleared"
+    );
+    assert!(h.broker.clear_policy(h.now, "cap").is_err());
+    let err = h
+        .broker
+        .set_policy(
+            h.now,
+            policy("bad", ".*", &[("max-length", FieldValue::I64(-3))]),
+        )
+        .expect_err("refused");
+    assert_eq!(
+        err,
+        "invalid value for policy key 'max-length': {value_negative,-3}"
+    );
+    h.broker.check_invariants().expect("invariants");
+}
+
+#[test]
+fn a_ttl_policy_dead_letters_and_policies_survive_a_restart() {
+    use warren_core::store::MemoryStore;
+    let store = MemoryStore::new();
+    let mut h = Harness {
+        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        now: 0,
+    };
+    let c = h.connect(1);
+    h.exchange(c, "dlx", "fanout", FieldTable::new());
+    h.declare(c, "dlq");
+    h.bind(c, "dlq", "dlx", "");
+    h.broker
+        .set_policy(
+            h.now,
+            policy(
+                "ttl",
+                "^work$",
+                &[
+                    ("message-ttl", FieldValue::I64(10)),
+                    ("dead-letter-exchange", FieldValue::string("dlx")),
+                ],
+            ),
+        )
+        .expect("valid");
+    h.declare(c, "work");
+    publish_with(&mut h, c, "work", "job", Properties::default());
+    after(&mut h, 11);
+    assert_eq!(
+        h.broker.queue_len("dlq"),
+        Some(1),
+        "expired through the policy's DLX"
+    );
+    let defs = store.definitions();
+    assert_eq!(defs.policies.len(), 1, "stored");
+    let mut restarted =
+        warren_core::Broker::with_store(Default::default(), Box::new(store.clone()));
+    assert!(restarted.restore(100, &defs).is_empty());
+    assert_eq!(restarted.list_policies().len(), 1);
+}

@@ -76,6 +76,9 @@ pub enum AdminRequest {
     Op(Op),
     /// Declares everything in the definitions; answers with the errors.
     Import(warren_core::store::Definitions),
+    SetPolicy(warren_core::policy::PolicyDef),
+    ClearPolicy(String),
+    ListPolicies,
 }
 
 /// The broker's answer to an [`AdminRequest`].
@@ -90,6 +93,9 @@ pub enum AdminResponse {
     Op(Result<Option<warren_core::effect::Reply>, warren_core::error::ProtocolError>),
     /// What could not be imported, as RabbitMQ-style error texts.
     Imported(Vec<String>),
+    /// A policy was set or cleared, or why not.
+    Policy(Result<(), String>),
+    Policies(Vec<warren_core::policy::PolicyDef>),
 }
 
 struct Shared {

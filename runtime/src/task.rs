@@ -98,7 +98,21 @@ fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse 
         AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
         AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
         AdminRequest::Op(op) => AdminResponse::Op(broker.admin(now, op)),
+        AdminRequest::SetPolicy(p) => AdminResponse::Policy(broker.set_policy(now, p)),
+        AdminRequest::ClearPolicy(name) => AdminResponse::Policy(broker.clear_policy(now, &name)),
+        AdminRequest::ListPolicies => AdminResponse::Policies(broker.list_policies()),
         AdminRequest::Import(defs) => {
+            let mut errors: Vec<String> = defs
+                .policies
+                .into_iter()
+                .filter_map(|p| {
+                    let name = p.name.clone();
+                    broker
+                        .set_policy(now, p)
+                        .err()
+                        .map(|e| format!("policy '{name}': {e}"))
+                })
+                .collect();
             let ops = defs
                 .exchanges
                 .into_iter()
@@ -111,9 +125,7 @@ fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse 
                         Op::QueueBind(b)
                     }
                 }));
-            let errors = ops
-                .filter_map(|op| broker.admin(now, op).err().map(|e| e.to_string()))
-                .collect();
+            errors.extend(ops.filter_map(|op| broker.admin(now, op).err().map(|e| e.to_string())));
             AdminResponse::Imported(errors)
         }
     }

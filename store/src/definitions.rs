@@ -9,12 +9,14 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use std::path::Path;
 use std::sync::Arc;
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
+use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_core::store::{DefinitionChange, Definitions};
 
 const EXCHANGES: TableDefinition<&str, &[u8]> = TableDefinition::new("exchanges");
 const QUEUES: TableDefinition<&str, &[u8]> = TableDefinition::new("queues");
 /// Key: the encoded binding; value: unused (1).
 const BINDINGS: TableDefinition<&[u8], u8> = TableDefinition::new("bindings");
+const POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("policies");
 /// Format version of the values, under key "version".
 const META: TableDefinition<&str, u32> = TableDefinition::new("meta");
 const VERSION: u32 = 1;
@@ -88,6 +90,30 @@ fn decode_queue(name: &str, v: &[u8]) -> Result<QueueDeclare, DecodeError> {
     })
 }
 
+fn encode_policy(p: &PolicyDef) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = Writer(&mut out);
+    w.bytes(p.pattern.as_bytes());
+    w.bytes(p.apply_to.as_str().as_bytes());
+    w.u64(p.priority as u64);
+    w.table(&p.definition);
+    out
+}
+
+fn decode_policy(name: &str, v: &[u8]) -> Result<PolicyDef, DecodeError> {
+    let b = Bytes::copy_from_slice(v);
+    let mut r = Reader::new(&b);
+    let pattern = r.string()?;
+    let apply_to = ApplyTo::parse(&r.string()?).unwrap_or_default();
+    Ok(PolicyDef {
+        name: name.to_string(),
+        pattern,
+        apply_to,
+        priority: r.u64()? as i64,
+        definition: r.table(0)?,
+    })
+}
+
 fn encode_binding(b: &Bind, to_exchange: bool) -> Vec<u8> {
     let mut out = Vec::new();
     let mut w = Writer(&mut out);
@@ -136,6 +162,7 @@ impl DefinitionStore {
             tx.open_table(EXCHANGES).map_err(dberr)?;
             tx.open_table(QUEUES).map_err(dberr)?;
             tx.open_table(BINDINGS).map_err(dberr)?;
+            tx.open_table(POLICIES).map_err(dberr)?;
         }
         tx.commit().map_err(dberr)?;
         Ok(store)
@@ -164,6 +191,15 @@ impl DefinitionStore {
             defs.queues.push(decode_queue(k.value(), v.value())?);
         }
         for row in tx
+            .open_table(POLICIES)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            defs.policies.push(decode_policy(k.value(), v.value())?);
+        }
+        for row in tx
             .open_table(BINDINGS)
             .map_err(dberr)?
             .iter()
@@ -183,6 +219,7 @@ impl DefinitionStore {
             let mut exchanges = tx.open_table(EXCHANGES).map_err(dberr)?;
             let mut queues = tx.open_table(QUEUES).map_err(dberr)?;
             let mut bindings = tx.open_table(BINDINGS).map_err(dberr)?;
+            let mut policies = tx.open_table(POLICIES).map_err(dberr)?;
             let mut drop_bindings =
                 |pred: &dyn Fn(&Bind, bool) -> bool| -> Result<(), DefinitionsError> {
                     let mut doomed = Vec::new();
@@ -221,6 +258,14 @@ impl DefinitionStore {
                     bindings
                         .insert(encode_binding(bind, to_exchange).as_slice(), 1)
                         .map_err(dberr)?;
+                }
+                DefinitionChange::PolicySet(p) => {
+                    policies
+                        .insert(p.name.as_str(), encode_policy(p).as_slice())
+                        .map_err(dberr)?;
+                }
+                DefinitionChange::PolicyCleared(name) => {
+                    policies.remove(name).map_err(dberr)?;
                 }
                 DefinitionChange::Unbound { bind, to_exchange } => {
                     bindings

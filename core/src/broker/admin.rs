@@ -195,7 +195,10 @@ impl Broker {
     /// The durable definitions as they are now (for export): durable exchanges other than
     /// the predeclared ones, durable non-exclusive queues, bindings between durable ends.
     pub fn durable_definitions(&self) -> Definitions {
-        let mut defs = Definitions::default();
+        let mut defs = Definitions {
+            policies: self.list_policies(),
+            ..Definitions::default()
+        };
         for x in self.list_exchanges() {
             if !x.durable || x.name.is_empty() || x.name.starts_with("amq.") {
                 continue;

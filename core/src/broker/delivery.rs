@@ -306,7 +306,7 @@ impl Broker {
 
     /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
     /// queue fits again.
-    fn drop_overflow(&mut self, id: QueueId) {
+    pub(super) fn drop_overflow(&mut self, id: QueueId) {
         loop {
             let Some(q) = self.queues.get(&id) else {
                 return;

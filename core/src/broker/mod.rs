@@ -17,6 +17,7 @@
 pub mod admin;
 mod dead_letter;
 mod delivery;
+mod policies;
 mod reply_to;
 mod session;
 mod topology;
@@ -149,6 +150,8 @@ pub struct Broker {
     store_failed_at: Option<u64>,
     /// Replaying stored definitions: do not write them back.
     restoring: bool,
+    /// Policies by name.
+    policies: BTreeMap<String, crate::policy::Policy>,
     /// Direct reply-to addresses -> the channel consuming replies (lookup only).
     reply_addresses: HashMap<Arc<str>, ChannelRef>,
     /// Messages on their way to a dead-letter exchange.
@@ -189,6 +192,7 @@ impl Broker {
             restoring: false,
             dead_letters: VecDeque::new(),
             reply_addresses: HashMap::new(),
+            policies: BTreeMap::new(),
             expiring: std::collections::BTreeSet::new(),
         };
         broker.declare_predefined_exchanges();
@@ -220,6 +224,12 @@ impl Broker {
             },
         );
         self.handle(now, ch, Op::ChannelOpen);
+        let mut errors = Vec::new();
+        for p in &definitions.policies {
+            if let Err(e) = self.set_policy(now, p.clone()) {
+                errors.push(format!("policy '{}': {e}", p.name));
+            }
+        }
         let ops = definitions
             .exchanges
             .iter()
@@ -237,7 +247,6 @@ impl Broker {
                     Op::QueueBind(b.clone())
                 }
             }));
-        let mut errors = Vec::new();
         for op in ops {
             self.handle(now, ch, op);
             let failed: Vec<String> =

@@ -27,6 +27,14 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-single-active-consumer",
 ];
 
+/// An exchange's own `alternate-exchange` argument.
+fn own_alternate(arguments: &FieldTable) -> Option<String> {
+    arguments
+        .get("alternate-exchange")
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+}
+
 fn describe(v: Option<&FieldValue>) -> String {
     match v {
         None => "none".to_string(),
@@ -191,10 +199,12 @@ impl Broker {
                 ))
             } else if x.internal != d.internal {
                 Some(("internal", x.internal.to_string(), d.internal.to_string()))
-            } else if x.alternate != alternate {
+            } else if own_alternate(&x.arguments) != alternate {
+                // Compared with its own argument: a policy's alternate exchange is not part
+                // of what clients declare.
                 Some((
                     "alternate-exchange",
-                    format!("{:?}", x.alternate),
+                    format!("{:?}", own_alternate(&x.arguments)),
                     format!("{alternate:?}"),
                 ))
             } else {
@@ -239,7 +249,10 @@ impl Broker {
                     auto_delete: d.auto_delete,
                     internal: d.internal,
                     arguments: d.arguments,
-                    alternate,
+                    alternate: crate::policy::alternate_exchange(
+                        alternate.as_deref(),
+                        crate::policy::applicable(self.policies.values(), &d.exchange, false),
+                    ),
                     bindings: Bindings::new(kind),
                     is_default: false,
                     bound_from: BTreeMap::new(),
@@ -551,8 +564,12 @@ impl Broker {
                         format!("queue name '{name}' contains reserved prefix 'amq.*'"),
                     ));
                 }
-                let args = crate::queue::args::QueueArgs::parse(&d.arguments).map_err(
-                    |(arg, reason)| {
+                let effective = crate::policy::queue_arguments(
+                    &d.arguments,
+                    crate::policy::applicable(self.policies.values(), &name, true),
+                );
+                let args =
+                    crate::queue::args::QueueArgs::parse(&effective).map_err(|(arg, reason)| {
                         ProtocolError::new(
                             ErrorCode::PreconditionFailed,
                             op,
@@ -561,8 +578,7 @@ impl Broker {
                                 self.vhost_name()
                             ),
                         )
-                    },
-                )?;
+                    })?;
                 let id = QueueId(self.next_id());
                 let owner = d.exclusive.then_some(ch.conn);
                 // Exclusive queues die with their connection: nothing of them outlives a

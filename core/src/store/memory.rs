@@ -146,6 +146,13 @@ impl Store for MemoryStore {
                     defs.bindings.push((bind.clone(), to_exchange));
                 }
             }
+            DefinitionChange::PolicySet(p) => {
+                defs.policies.retain(|x| x.name != p.name);
+                defs.policies.push(p.clone());
+            }
+            DefinitionChange::PolicyCleared(name) => {
+                defs.policies.retain(|x| x.name != name);
+            }
             DefinitionChange::Unbound { bind, to_exchange } => {
                 defs.bindings
                     .retain(|(b, x)| !(*x == to_exchange && same_bind(b, bind)));

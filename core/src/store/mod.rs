@@ -41,12 +41,15 @@ pub enum DefinitionChange<'a> {
         bind: &'a Bind,
         to_exchange: bool,
     },
+    PolicySet(&'a crate::policy::PolicyDef),
+    PolicyCleared(&'a str),
 }
 
 /// Durable definitions, as a host loads them at start-up: replayed into the core in this
-/// order (exchanges, queues, then bindings, which refer to both).
+/// order (policies, exchanges, queues, then bindings, which refer to both).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Definitions {
+    pub policies: Vec<crate::policy::PolicyDef>,
     pub exchanges: Vec<ExchangeDeclare>,
     pub queues: Vec<QueueDeclare>,
     /// (binding, destination is an exchange).
