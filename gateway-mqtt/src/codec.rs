@@ -53,7 +53,9 @@ pub fn frame_len(buf: &[u8]) -> Result<Option<(usize, usize)>, CodecError> {
             return Ok(Some((header, header + remaining)));
         }
     }
-    Err(CodecError::Malformed("remaining length over 4 bytes".into()))
+    Err(CodecError::Malformed(
+        "remaining length over 4 bytes".into(),
+    ))
 }
 
 /// Decodes the next complete packet from `buf` (consuming it), `None` when more bytes are
@@ -116,7 +118,11 @@ fn connect_level(frame: &[u8]) -> Result<Level, CodecError> {
     let body = &frame[header..];
     let name_len = match body {
         [hi, lo, ..] => usize::from(u16::from_be_bytes([*hi, *lo])),
-        _ => return Err(CodecError::Malformed("CONNECT without protocol name".into())),
+        _ => {
+            return Err(CodecError::Malformed(
+                "CONNECT without protocol name".into(),
+            ));
+        }
     };
     let level = *body
         .get(2 + name_len)
@@ -173,7 +179,18 @@ fn lift(p: v3::Packet) -> v5::Packet {
             s.pid,
             s.topics
                 .into_iter()
-                .map(|(f, qos)| (f, v5::SubscriptionOptions::new(qos)))
+                .map(|(f, qos)| {
+                    (
+                        f,
+                        v5::SubscriptionOptions {
+                            max_qos: qos,
+                            no_local: false,
+                            // v3 subscribers always get live messages without the retain flag.
+                            retain_as_published: false,
+                            retain_handling: v5::RetainHandling::SendAtSubscribe,
+                        },
+                    )
+                })
                 .collect(),
         )),
         v3::Packet::Suback(s) => P::Suback(v5::Suback::new(s.pid, Vec::new())),

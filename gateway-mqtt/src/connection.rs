@@ -22,6 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout};
+use warren_core::command::Op;
+use warren_core::effect::Effect;
 use warren_runtime::{BrokerHandle, CommandSender};
 
 /// Who is on the other end, for authentication and logs.
@@ -37,6 +39,9 @@ const STACK_READ: usize = 4096;
 const MAX_BATCHES: usize = 64;
 /// How long a new connection waits for the previous owner of its client id to close.
 const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A channel opened only to learn that earlier ops were applied (see the end of
+/// [`serve_connection`]).
+const BARRIER_CHANNEL: u16 = 2;
 /// How long closing writes may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -205,9 +210,9 @@ pub async fn serve_connection<S>(
         if session.disconnected() {
             break End::Disconnected;
         }
-        let deadline = session.deadline().map(|d| {
-            Instant::now() + Duration::from_millis(d.saturating_sub(now_ms()))
-        });
+        let deadline = session
+            .deadline()
+            .map(|d| Instant::now() + Duration::from_millis(d.saturating_sub(now_ms())));
         let reading = !session.read_paused();
         tokio::select! {
             biased;
@@ -281,13 +286,17 @@ pub async fn serve_connection<S>(
         End::Eof => {
             tracing::debug!(peer = %peer.addr, client_id = %client_id, "MQTT client went away without DISCONNECT")
         }
-        End::Io(e) => tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection I/O error: {e}"),
+        End::Io(e) => {
+            tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection I/O error: {e}")
+        }
         End::BrokerGone => tracing::debug!(peer = %peer.addr, "broker stopped"),
         End::Close(e) => match e.reason {
             DisconnectReasonCode::SessionTakenOver | DisconnectReasonCode::ServerShuttingDown => {
                 tracing::info!(peer = %peer.addr, client_id = %client_id, "MQTT connection closed: {e}")
             }
-            _ => tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection closed: {e}"),
+            _ => {
+                tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection closed: {e}")
+            }
         },
     }
     let now = now_ms();
@@ -296,10 +305,28 @@ pub async fn serve_connection<S>(
         last.extend(session.disconnect_packet(e.reason));
     }
     let record = session.close(now, &registry);
-    let ops = session.take_ops();
+    // The runtime applies a dropped connection's disconnect ahead of requests still queued
+    // (it drains control messages first), which would lose the will and even earlier
+    // bindings. A channel.open on a spare channel is a barrier: once its reply is back, every
+    // op sent before it has been applied.
+    let mut ops = session.take_ops();
+    ops.push((BARRIER_CHANNEL, Op::ChannelOpen));
+    if tx.send(ops).await.is_ok() {
+        let _ = timeout(CLOSE_TIMEOUT, async {
+            while let Some(batch) = rx.recv().await {
+                if batch.iter().any(|e| {
+                    matches!(e, Effect::Reply { ch, .. } if ch.channel == BARRIER_CHANNEL)
+                        || matches!(e, Effect::ConnectionError { .. })
+                }) {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
     // The core releases the session (requeueing unacked deliveries) before a new owner of the
     // client id, waiting on `takeover`, declares the same queue.
-    let _ = tx.send(ops).await;
+    let _ = tx.send(vec![(0, Op::ConnectionClose)]).await;
     if let Some(r) = record {
         registry.store_session(client_id.clone(), r);
     }

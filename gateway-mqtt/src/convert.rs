@@ -52,10 +52,7 @@ pub fn to_core(
     let mut properties = Properties {
         delivery_mode: Some(if qos == QoS::Level0 { 1 } else { 2 }),
         content_type: props.content_type.as_deref().map(str::to_string),
-        reply_to: props
-            .response_topic
-            .as_ref()
-            .map(|t| topic_to_amqp_key(t)),
+        reply_to: props.response_topic.as_ref().map(|t| topic_to_amqp_key(t)),
         ..Properties::default()
     };
     if let Some(secs) = props.message_expiry_interval {
@@ -139,7 +136,8 @@ pub fn from_core(m: &Message, now_ms: u64) -> Option<Outgoing> {
         if left == 0 {
             expired = true;
         }
-        props.message_expiry_interval = Some(u32::try_from(left.div_ceil(1000)).unwrap_or(u32::MAX));
+        props.message_expiry_interval =
+            Some(u32::try_from(left.div_ceil(1000)).unwrap_or(u32::MAX));
     }
     props.content_type = m.properties.content_type.as_deref().map(Arc::from);
     props.response_topic = m

@@ -66,7 +66,10 @@ impl Registry {
 
     /// A client id for a client that sent an empty one.
     pub fn assign_id(&self) -> String {
-        format!("warren-{}", self.next_id.fetch_add(1, Ordering::Relaxed) + 1)
+        format!(
+            "warren-{}",
+            self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+        )
     }
 
     /// Connected clients.

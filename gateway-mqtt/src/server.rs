@@ -21,7 +21,14 @@ pub async fn serve(
     config: Arc<MqttConfig>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    serve_with(listener, broker, Arc::new(Registry::new()), config, shutdown).await
+    serve_with(
+        listener,
+        broker,
+        Arc::new(Registry::new()),
+        config,
+        shutdown,
+    )
+    .await
 }
 
 /// As [`serve`], with a registry shared with other listeners (or in-process connections).

@@ -455,7 +455,9 @@ impl Session {
             | v5::Packet::Suback(_)
             | v5::Packet::Unsuback(_)
             | v5::Packet::Pingresp => {
-                return Err(CloseError::protocol("server-to-client packet from a client"));
+                return Err(CloseError::protocol(
+                    "server-to-client packet from a client",
+                ));
             }
         }
         Ok(())
@@ -475,9 +477,10 @@ impl Session {
                 ));
             }
             if p.topic_name.is_empty() {
-                p.topic_name = self.aliases.get(&alias).cloned().ok_or_else(|| {
-                    CloseError::protocol(format!("unknown topic alias {alias}"))
-                })?;
+                p.topic_name =
+                    self.aliases.get(&alias).cloned().ok_or_else(|| {
+                        CloseError::protocol(format!("unknown topic alias {alias}"))
+                    })?;
             } else {
                 self.aliases.insert(alias, p.topic_name.clone());
             }
@@ -737,7 +740,8 @@ impl Session {
                     } else {
                         PubackReasonCode::UnspecifiedError
                     };
-                    self.out.push(v5::Packet::Puback(v5::Puback::new(pid, code)));
+                    self.out
+                        .push(v5::Packet::Puback(v5::Puback::new(pid, code)));
                 }
                 PendingAck::Pubrec(pid) => {
                     let code = if ack {
@@ -746,7 +750,8 @@ impl Session {
                         self.inbound_qos2.remove(&pid.value());
                         PubrecReasonCode::UnspecifiedError
                     };
-                    self.out.push(v5::Packet::Pubrec(v5::Pubrec::new(pid, code)));
+                    self.out
+                        .push(v5::Packet::Pubrec(v5::Pubrec::new(pid, code)));
                 }
             }
         }
@@ -770,8 +775,7 @@ impl Session {
             self.ack_core(Some(tag));
             return;
         };
-        let own = self.stamp_publisher
-            && convert::publisher(&d.message) == Some(&*self.client_id);
+        let own = self.stamp_publisher && convert::publisher(&d.message) == Some(&*self.client_id);
         let mut granted: Option<QoS> = None;
         let mut rap = false;
         let mut sub_id = None;
@@ -883,9 +887,9 @@ impl Session {
         (self.level == 5).then(|| v5::Packet::Disconnect(v5::Disconnect::new(reason)))
     }
 
-    /// Ends the session: publishes the will unless the client disconnected normally, releases
-    /// the connection in the core (unacked deliveries go back to the queue), and returns what a
-    /// persistent session keeps.
+    /// Ends the session: publishes the will unless the client disconnected normally and
+    /// returns what a persistent session keeps. The host then sends `Op::ConnectionClose`
+    /// (once these ops are applied): the core puts unacked deliveries back in the queue.
     pub fn close(&mut self, now: u64, registry: &Registry) -> Option<SessionRecord> {
         if let Some(w) = self.will.take() {
             let props = v5::PublishProperties {
@@ -920,8 +924,10 @@ impl Session {
                 );
             }
             self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
+            self.confirms
+                .push_back((self.confirm_next, PendingAck::None));
+            self.confirm_next += 1;
         }
-        self.ops.push((0, Op::ConnectionClose));
         (self.session_expiry_s > 0 && self.persistent).then(|| SessionRecord {
             subs: std::mem::take(&mut self.subs),
             awaiting_comp: self
@@ -941,4 +947,3 @@ impl Session {
         self.waiting.len()
     }
 }
-

@@ -1,0 +1,215 @@
+//! The sans-IO session driven against an in-process core broker, no sockets: persistent
+//! sessions, QoS 2 state, topic aliases.
+
+use bytes::Bytes;
+use mqtt_proto::v5::{self, Packet};
+use mqtt_proto::{Pid, Protocol, QoS, QosPid, TopicFilter, TopicName};
+use std::sync::Arc;
+use warren_core::Broker;
+use warren_core::effect::Effect;
+use warren_core::ids::{ChannelRef, ConnId};
+use warren_mqtt::Registry;
+use warren_mqtt::session::{ConnectInfo, Session, check_connect};
+
+struct World {
+    broker: Broker,
+    registry: Registry,
+    config: Arc<warren_mqtt::MqttConfig>,
+    now: u64,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            broker: Broker::new(Default::default()),
+            registry: Registry::new(),
+            config: Arc::new(Default::default()),
+            now: 1_000,
+        }
+    }
+
+    fn info(&self, id: &str, level: u8, clean: bool) -> ConnectInfo {
+        let protocol = if level == 5 {
+            Protocol::V500
+        } else {
+            Protocol::V311
+        };
+        let mut c = v5::Connect::new(Arc::from(id), 30);
+        c.protocol = protocol;
+        c.clean_start = clean;
+        c.properties.session_expiry_interval = Some(if clean { 0 } else { u32::MAX });
+        check_connect(&c, true, &self.config, || "gen".into()).expect("accepted")
+    }
+
+    /// Applies the session's ops to the core and feeds the effects back until quiet.
+    fn pump(&mut self, conn: u64, s: &mut Session) -> Vec<Packet> {
+        let mut packets = Vec::new();
+        loop {
+            let ops = s.take_ops();
+            packets.extend(s.take_packets());
+            if ops.is_empty() {
+                return packets;
+            }
+            for (ch, op) in ops {
+                self.broker
+                    .handle(self.now, ChannelRef::new(ConnId(conn), ch), op);
+            }
+            let mut effects = Vec::new();
+            self.broker.poll_effects(&mut effects);
+            for e in effects {
+                assert_eq!(
+                    e.conn(),
+                    ConnId(conn),
+                    "effect for another connection: {e:?}"
+                );
+                s.handle_effect(self.now, e).expect("no error");
+            }
+            s.flushed();
+            packets.extend(s.take_packets());
+        }
+    }
+
+    /// Routes effects to two sessions.
+    fn pump2(
+        &mut self,
+        a: (u64, &mut Session),
+        b: (u64, &mut Session),
+    ) -> (Vec<Packet>, Vec<Packet>) {
+        let (ca, sa) = a;
+        let (cb, sb) = b;
+        let mut pa = Vec::new();
+        let mut pb = Vec::new();
+        loop {
+            let mut ops: Vec<(u64, u16, warren_core::command::Op)> = Vec::new();
+            ops.extend(sa.take_ops().into_iter().map(|(c, o)| (ca, c, o)));
+            ops.extend(sb.take_ops().into_iter().map(|(c, o)| (cb, c, o)));
+            pa.extend(sa.take_packets());
+            pb.extend(sb.take_packets());
+            if ops.is_empty() {
+                return (pa, pb);
+            }
+            for (conn, ch, op) in ops {
+                self.broker
+                    .handle(self.now, ChannelRef::new(ConnId(conn), ch), op);
+            }
+            let mut effects = Vec::new();
+            self.broker.poll_effects(&mut effects);
+            for e in effects {
+                let target = if e.conn() == ConnId(ca) {
+                    &mut *sa
+                } else {
+                    &mut *sb
+                };
+                target.handle_effect(self.now, e).expect("no error");
+            }
+            sa.flushed();
+            sb.flushed();
+        }
+    }
+}
+
+fn subscribe(pid: u16, filter: &str, qos: QoS) -> Packet {
+    Packet::Subscribe(v5::Subscribe::new(
+        Pid::try_from(pid).expect("pid"),
+        vec![(
+            TopicFilter::try_from(filter).expect("filter"),
+            v5::SubscriptionOptions {
+                max_qos: qos,
+                no_local: false,
+                retain_as_published: false,
+                retain_handling: v5::RetainHandling::SendAtSubscribe,
+            },
+        )],
+    ))
+}
+
+fn publish(topic: &str, qos_pid: QosPid, payload: &str) -> Packet {
+    Packet::Publish(v5::Publish::new(
+        qos_pid,
+        TopicName::try_from(topic).expect("topic"),
+        Bytes::copy_from_slice(payload.as_bytes()),
+    ))
+}
+
+fn pid(n: u16) -> Pid {
+    Pid::try_from(n).expect("pid")
+}
+
+fn payloads(packets: &[Packet]) -> Vec<(String, bool)> {
+    packets
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some((String::from_utf8_lossy(&p.payload).into_owned(), p.dup)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn persistent_session_queues_while_offline_and_resends_unacked_with_dup() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut keeper = Session::new(w.info("keeper", 4, false), None, w.now, cfg.clone());
+    w.pump(1, &mut keeper);
+    keeper
+        .handle_packet(w.now, subscribe(1, "p/#", QoS::Level1), &w.registry)
+        .expect("subscribe");
+    w.pump(1, &mut keeper);
+    let mut publisher = Session::new(w.info("pub", 4, true), None, w.now, cfg.clone());
+    w.pump(2, &mut publisher);
+    // One message reaches the keeper but is never acked.
+    publisher
+        .handle_packet(
+            w.now,
+            publish("p/x", QosPid::Level1(pid(1)), "a"),
+            &w.registry,
+        )
+        .expect("publish");
+    let (got, _) = w.pump2((1, &mut keeper), (2, &mut publisher));
+    assert_eq!(payloads(&got), [("a".to_string(), false)]);
+    keeper
+        .handle_packet(
+            w.now,
+            Packet::Disconnect(v5::Disconnect::new_normal()),
+            &w.registry,
+        )
+        .expect("disconnect");
+    let record = keeper.close(w.now, &w.registry).expect("persistent");
+    w.pump(1, &mut keeper);
+    w.broker.handle(
+        w.now,
+        ChannelRef::new(ConnId(1), 0),
+        warren_core::command::Op::ConnectionClose,
+    );
+    let mut effects = Vec::new();
+    w.broker.poll_effects(&mut effects);
+    assert!(effects.is_empty(), "{effects:?}");
+    // Offline: two more.
+    for (i, m) in ["b", "c"].into_iter().enumerate() {
+        publisher
+            .handle_packet(
+                w.now,
+                publish("p/y", QosPid::Level1(pid(2 + i as u16)), m),
+                &w.registry,
+            )
+            .expect("publish");
+    }
+    let acks = w.pump(2, &mut publisher);
+    assert_eq!(acks.len(), 2, "{acks:?}");
+    assert_eq!(w.broker.queue_len("mqtt-subscription-keeperqos1"), Some(3));
+
+    let mut back = Session::new(w.info("keeper", 4, false), Some(record), w.now, cfg);
+    let got = w.pump(3, &mut back);
+    assert!(
+        matches!(&got[0], Packet::Connack(c) if c.session_present),
+        "{got:?}"
+    );
+    assert_eq!(
+        payloads(&got),
+        [
+            ("a".to_string(), true),
+            ("b".to_string(), false),
+            ("c".to_string(), false)
+        ]
+    );
+}
