@@ -9,7 +9,7 @@
 
 use bytes::{Buf, BytesMut};
 use mqtt_proto::v5::{self, DisconnectReasonCode};
-use mqtt_proto::{QoS, v3};
+use mqtt_proto::{Pid, QoS, TopicFilter, v3};
 
 /// MQTT protocol levels: 3 = MQTT 3.1, 4 = 3.1.1, 5 = 5.0.
 pub type Level = u8;
@@ -39,6 +39,35 @@ impl CodecError {
     }
 }
 
+/// A decoded client packet. SUBSCRIBE is special: `mqtt-proto` rejects a whole SUBSCRIBE when
+/// one filter is invalid, but MQTT wants that filter refused in the SUBACK (0x80 / 0x8F) and the
+/// others granted, so such packets are parsed here with the invalid filters kept as `None`.
+// Unboxed: a decoded packet lives on the stack only until the session consumes it.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    Packet(v5::Packet),
+    Subscribe(Subscribe),
+}
+
+/// A SUBSCRIBE whose invalid filters are `None`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subscribe {
+    pub pid: Pid,
+    pub subscription_id: Option<u32>,
+    pub entries: Vec<(Option<TopicFilter>, v5::SubscriptionOptions)>,
+}
+
+impl From<v5::Subscribe> for Subscribe {
+    fn from(s: v5::Subscribe) -> Subscribe {
+        Subscribe {
+            pid: s.pid,
+            subscription_id: s.properties.subscription_id.map(|v| v.value()),
+            entries: s.topics.into_iter().map(|(f, o)| (Some(f), o)).collect(),
+        }
+    }
+}
+
 /// The length of the fixed header and of the whole packet at the start of `buf`, or `None`
 /// when the fixed header is still incomplete.
 pub fn frame_len(buf: &[u8]) -> Result<Option<(usize, usize)>, CodecError> {
@@ -64,7 +93,7 @@ pub fn decode(
     buf: &mut BytesMut,
     level: Option<Level>,
     max_packet: usize,
-) -> Result<Option<v5::Packet>, CodecError> {
+) -> Result<Option<Decoded>, CodecError> {
     let Some((_, total)) = frame_len(buf)? else {
         return Ok(None);
     };
@@ -95,21 +124,125 @@ pub fn decode(
     if level != 5 && packet_type == 15 {
         return Err(CodecError::Malformed("AUTH before MQTT 5".into()));
     }
+    let bad_filter = |e: &mqtt_proto::Error| matches!(e, mqtt_proto::Error::InvalidTopicFilter(_));
     let packet = if level == 5 {
         match v5::Packet::decode(frame) {
             Ok(Some(p)) => p,
             Ok(None) => return Err(CodecError::Malformed("truncated packet body".into())),
+            Err(v5::ErrorV5::Common(e)) if packet_type == 8 && bad_filter(&e) => {
+                let s = lenient_subscribe(frame, level)?;
+                buf.advance(total);
+                return Ok(Some(Decoded::Subscribe(s)));
+            }
             Err(e) => return Err(CodecError::Malformed(e.to_string())),
         }
     } else {
         match v3::Packet::decode(frame) {
             Ok(Some(p)) => lift(p),
             Ok(None) => return Err(CodecError::Malformed("truncated packet body".into())),
+            Err(e) if packet_type == 8 && bad_filter(&e) => {
+                let s = lenient_subscribe(frame, level)?;
+                buf.advance(total);
+                return Ok(Some(Decoded::Subscribe(s)));
+            }
             Err(e) => return Err(CodecError::Malformed(e.to_string())),
         }
     };
     buf.advance(total);
-    Ok(Some(packet))
+    Ok(Some(match packet {
+        v5::Packet::Subscribe(s) => Decoded::Subscribe(s.into()),
+        p => Decoded::Packet(p),
+    }))
+}
+
+fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], CodecError> {
+    if b.len() < n {
+        return Err(CodecError::Malformed("SUBSCRIBE truncated".into()));
+    }
+    let (head, rest) = b.split_at(n);
+    *b = rest;
+    Ok(head)
+}
+
+fn take_u16(b: &mut &[u8]) -> Result<u16, CodecError> {
+    let x = take(b, 2)?;
+    Ok(u16::from_be_bytes([x[0], x[1]]))
+}
+
+fn take_var_int(b: &mut &[u8]) -> Result<u32, CodecError> {
+    let mut v: u32 = 0;
+    for i in 0..4 {
+        let byte = take(b, 1)?[0];
+        v |= u32::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(CodecError::Malformed(
+        "variable byte integer over 4 bytes".into(),
+    ))
+}
+
+fn take_str<'a>(b: &mut &'a [u8]) -> Result<&'a str, CodecError> {
+    let n = usize::from(take_u16(b)?);
+    std::str::from_utf8(take(b, n)?).map_err(|_| CodecError::Malformed("invalid UTF-8".into()))
+}
+
+/// Parses a SUBSCRIBE that `mqtt-proto` refused because of an invalid filter. Everything
+/// else is checked as strictly as `mqtt-proto` does (flags, UTF-8, option bits).
+fn lenient_subscribe(frame: &[u8], level: Level) -> Result<Subscribe, CodecError> {
+    if frame[0] != 0x82 {
+        return Err(CodecError::Malformed("SUBSCRIBE flags".into()));
+    }
+    let (header, _) = frame_len(frame)?.ok_or_else(|| CodecError::Malformed("SUBSCRIBE".into()))?;
+    let mut b = &frame[header..];
+    let pid = Pid::try_from(take_u16(&mut b)?)
+        .map_err(|_| CodecError::Malformed("packet id 0".into()))?;
+    let mut subscription_id = None;
+    if level == 5 {
+        let len = take_var_int(&mut b)? as usize;
+        let mut props = take(&mut b, len)?;
+        while !props.is_empty() {
+            match take(&mut props, 1)?[0] {
+                0x0B => subscription_id = Some(take_var_int(&mut props)?),
+                0x26 => {
+                    take_str(&mut props)?;
+                    take_str(&mut props)?;
+                }
+                id => return Err(CodecError::Malformed(format!("SUBSCRIBE property {id:#x}"))),
+            }
+        }
+    }
+    let mut entries = Vec::new();
+    while !b.is_empty() {
+        let filter = take_str(&mut b)?;
+        let opts = take(&mut b, 1)?[0];
+        let reserved = if level == 5 { 0xC0 } else { 0xFC };
+        if opts & reserved != 0 || opts & 0x03 == 3 || (opts >> 4) & 0x03 == 3 {
+            return Err(CodecError::Malformed(format!(
+                "subscription options {opts:#x}"
+            )));
+        }
+        let options = v5::SubscriptionOptions {
+            max_qos: qos_from(opts & 0x03),
+            no_local: level == 5 && opts & 0x04 != 0,
+            retain_as_published: level == 5 && opts & 0x08 != 0,
+            retain_handling: match (opts >> 4) & 0x03 {
+                0 => v5::RetainHandling::SendAtSubscribe,
+                1 => v5::RetainHandling::SendAtSubscribeIfNotExist,
+                _ => v5::RetainHandling::DoNotSend,
+            },
+        };
+        entries.push((TopicFilter::try_from(filter).ok(), options));
+    }
+    if entries.is_empty() {
+        return Err(CodecError::Protocol("SUBSCRIBE without filters".into()));
+    }
+    Ok(Subscribe {
+        pid,
+        subscription_id,
+        entries,
+    })
 }
 
 /// The protocol level byte of a complete CONNECT frame.
@@ -260,6 +393,12 @@ pub fn v3_return_code(code: v5::ConnectReasonCode) -> v3::ConnectReturnCode {
 /// Appends the encoding of `p` for a client at `level`. Returns false when the packet has no
 /// encoding at that level (it is skipped) or cannot be encoded.
 pub fn encode(p: &v5::Packet, level: Level, out: &mut BytesMut) -> bool {
+    if level != 5
+        && let v5::Packet::Suback(s) = p
+    {
+        encode_v3_suback(s, out);
+        return true;
+    }
     let bytes = if level == 5 {
         p.encode()
     } else {
@@ -278,6 +417,33 @@ pub fn encode(p: &v5::Packet, level: Level, out: &mut BytesMut) -> bool {
             false
         }
     }
+}
+
+/// mqtt-proto 0.4 encodes the v3 SUBACK failure code as its enum discriminant (3) instead of
+/// 0x80 (MQTT-3.9.3), which clients read as an invalid QoS: v3 SUBACKs are encoded here.
+fn encode_v3_suback(s: &v5::Suback, out: &mut BytesMut) {
+    let codes = s.topics.iter().map(|c| match c {
+        v5::SubscribeReasonCode::GrantedQoS0 => 0x00,
+        v5::SubscribeReasonCode::GrantedQoS1 => 0x01,
+        v5::SubscribeReasonCode::GrantedQoS2 => 0x02,
+        _ => 0x80,
+    });
+    let mut remaining = 2 + s.topics.len();
+    out.extend_from_slice(&[0x90]);
+    // Variable byte integer (a SUBACK answers a SUBSCRIBE that fit the packet limit).
+    loop {
+        let mut byte = (remaining % 128) as u8;
+        remaining /= 128;
+        if remaining > 0 {
+            byte |= 0x80;
+        }
+        out.extend_from_slice(&[byte]);
+        if remaining == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&s.pid.value().to_be_bytes());
+    out.extend(codes);
 }
 
 /// The encoded size of `p` at `level` (for the client's maximum packet size).

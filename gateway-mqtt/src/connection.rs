@@ -119,7 +119,7 @@ async fn read_connect<S: AsyncRead + Unpin>(
     loop {
         if let Some(p) = codec::decode(buf, None, max)? {
             return match p {
-                v5::Packet::Connect(c) => Ok(c),
+                codec::Decoded::Packet(v5::Packet::Connect(c)) => Ok(c),
                 _ => Err(CloseError::protocol("first packet is not CONNECT").into()),
             };
         }
@@ -258,7 +258,7 @@ pub async fn serve_connection<S>(
                     loop {
                         match codec::decode(&mut rbuf, Some(level), max) {
                             Ok(Some(p)) => {
-                                if let Err(e) = session.handle_packet(now, p, &registry) {
+                                if let Err(e) = session.handle(now, p, &registry) {
                                     break 'run e.into();
                                 }
                                 if session.disconnected() {

@@ -11,7 +11,7 @@
 //! persistent ones a durable queue that outlives it, so messages published while the client is
 //! away wait there and unacknowledged ones come back (redelivered, hence DUP) in order.
 
-use crate::codec::{Level, qos_from};
+use crate::codec::{self, Level, qos_from};
 use crate::config::MqttConfig;
 use crate::convert::{self, EXCHANGE};
 use crate::error::CloseError;
@@ -360,6 +360,26 @@ impl Session {
         }
     }
 
+    /// Handles one decoded packet from the client.
+    pub fn handle(
+        &mut self,
+        now: u64,
+        decoded: codec::Decoded,
+        registry: &Registry,
+    ) -> Result<(), CloseError> {
+        match decoded {
+            codec::Decoded::Packet(p) => self.handle_packet(now, p, registry),
+            codec::Decoded::Subscribe(s) => {
+                self.last_rx = now;
+                if self.disconnected {
+                    return Err(CloseError::protocol("packet after DISCONNECT"));
+                }
+                self.on_subscribe(now, s, registry);
+                Ok(())
+            }
+        }
+    }
+
     /// Handles one packet from the client.
     pub fn handle_packet(
         &mut self,
@@ -428,7 +448,7 @@ impl Session {
                     self.send_waiting();
                 }
             }
-            v5::Packet::Subscribe(s) => self.on_subscribe(now, s, registry),
+            v5::Packet::Subscribe(s) => self.on_subscribe(now, s.into(), registry),
             v5::Packet::Unsubscribe(u) => self.on_unsubscribe(u),
             v5::Packet::Pingreq => self.out.push(v5::Packet::Pingresp),
             v5::Packet::Disconnect(d) => {
@@ -591,11 +611,16 @@ impl Session {
         }
     }
 
-    fn on_subscribe(&mut self, now: u64, s: v5::Subscribe, registry: &Registry) {
-        let sub_id = s.properties.subscription_id.map(|v| v.value());
-        let mut codes = Vec::with_capacity(s.topics.len());
+    /// Handles a SUBSCRIBE (filters `mqtt-proto` found invalid arrive as `None`).
+    pub fn on_subscribe(&mut self, now: u64, s: codec::Subscribe, registry: &Registry) {
+        let sub_id = s.subscription_id;
+        let mut codes = Vec::with_capacity(s.entries.len());
         let mut retained = Vec::new();
-        for (filter, opts) in s.topics {
+        for (filter, opts) in s.entries {
+            let Some(filter) = filter else {
+                codes.push(SubscribeReasonCode::TopicFilterInvalid);
+                continue;
+            };
             let plain = match validate_filter(&filter) {
                 Ok((None, plain)) => plain,
                 Ok((Some(_), _)) => {

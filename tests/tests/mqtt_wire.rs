@@ -186,3 +186,50 @@ async fn takeover_sends_0x8e_to_v5_client() {
     let _second = open(&b, 5, "twin", 60).await;
     assert_eq!(until_closed(&mut first).await, [0xE0, 0x01, 0x8E]);
 }
+
+fn subscribe_packet(level: u8, filters: &[(&str, u8)]) -> Vec<u8> {
+    let mut body = vec![0x00, 0x0A];
+    if level == 5 {
+        body.push(0);
+    }
+    for (f, qos) in filters {
+        body.extend_from_slice(&(f.len() as u16).to_be_bytes());
+        body.extend_from_slice(f.as_bytes());
+        body.push(*qos);
+    }
+    let mut p = vec![0x82, body.len() as u8];
+    p.extend(body);
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_filters_refused_in_suback_valid_ones_granted() {
+    let b = start().await;
+    // v3: 0x80 for each refused filter; v5: 0x8F (topic filter invalid).
+    for (level, refused) in [(4u8, 0x80u8), (5, 0x8F)] {
+        let mut s = open(&b, level, "filters", 60).await;
+        s.write_all(&subscribe_packet(
+            level,
+            &[("a/#/b", 1), ("ok/+", 1), ("x+", 0), ("$share/g", 1)],
+        ))
+        .await
+        .expect("write");
+        let mut head = [0u8; 2];
+        tokio::time::timeout(WAIT, s.read_exact(&mut head))
+            .await
+            .expect("SUBACK in time")
+            .expect("read");
+        assert_eq!(head[0], 0x90);
+        let mut rest = vec![0u8; usize::from(head[1])];
+        s.read_exact(&mut rest).await.expect("read");
+        assert_eq!(&rest[..2], [0x00, 0x0A], "packet id");
+        let codes = if level == 5 {
+            assert_eq!(rest[2], 0, "no SUBACK properties");
+            &rest[3..]
+        } else {
+            &rest[2..]
+        };
+        assert_eq!(codes, [refused, 0x01, refused, refused], "level {level}");
+        ping(&mut s).await;
+    }
+}
