@@ -6,7 +6,6 @@ use mqtt_proto::v5::{self, Packet};
 use mqtt_proto::{Pid, Protocol, QoS, QosPid, TopicFilter, TopicName};
 use std::sync::Arc;
 use warren_core::Broker;
-use warren_core::effect::Effect;
 use warren_core::ids::{ChannelRef, ConnId};
 use warren_mqtt::Registry;
 use warren_mqtt::session::{ConnectInfo, Session, check_connect};
