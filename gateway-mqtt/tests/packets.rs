@@ -26,7 +26,10 @@ fn both(p: &Packet) -> String {
     let mut v3 = BytesMut::new();
     let mut v5 = BytesMut::new();
     let has3 = codec::encode(p, 4, &mut v3);
-    assert!(codec::encode(p, 5, &mut v5), "every server packet encodes in v5");
+    assert!(
+        codec::encode(p, 5, &mut v5),
+        "every server packet encodes in v5"
+    );
     let v3 = if has3 { hex(&v3) } else { "(not sent)".into() };
     format!("v3.1.1:\n{v3}\nv5:\n{}", hex(&v5))
 }
@@ -99,7 +102,10 @@ fn publish_variants() {
 
 #[test]
 fn acks() {
-    insta::assert_snapshot!("puback", both(&Packet::Puback(v5::Puback::new_success(pid(1)))));
+    insta::assert_snapshot!(
+        "puback",
+        both(&Packet::Puback(v5::Puback::new_success(pid(1))))
+    );
     insta::assert_snapshot!(
         "puback_unspecified_error",
         both(&Packet::Puback(v5::Puback::new(
@@ -107,7 +113,10 @@ fn acks() {
             v5::PubackReasonCode::UnspecifiedError
         )))
     );
-    insta::assert_snapshot!("pubrec", both(&Packet::Pubrec(v5::Pubrec::new_success(pid(2)))));
+    insta::assert_snapshot!(
+        "pubrec",
+        both(&Packet::Pubrec(v5::Pubrec::new_success(pid(2))))
+    );
     insta::assert_snapshot!(
         "pubrec_unspecified_error",
         both(&Packet::Pubrec(v5::Pubrec::new(
@@ -115,7 +124,10 @@ fn acks() {
             v5::PubrecReasonCode::UnspecifiedError
         )))
     );
-    insta::assert_snapshot!("pubrel", both(&Packet::Pubrel(v5::Pubrel::new_success(pid(3)))));
+    insta::assert_snapshot!(
+        "pubrel",
+        both(&Packet::Pubrel(v5::Pubrel::new_success(pid(3))))
+    );
     insta::assert_snapshot!(
         "pubrel_not_found",
         both(&Packet::Pubrel(v5::Pubrel::new(
@@ -211,7 +223,11 @@ fn decoder_round_trip_of_client_packets() {
         assert!(buf.is_empty());
     }
     // Split anywhere: nothing until the last byte.
-    let p = Packet::Publish(v5::Publish::new(QosPid::Level0, topic, Bytes::from_static(b"abc")));
+    let p = Packet::Publish(v5::Publish::new(
+        QosPid::Level0,
+        topic,
+        Bytes::from_static(b"abc"),
+    ));
     let bytes = p.encode().expect("encode").as_ref().to_vec();
     let mut buf = BytesMut::new();
     for (i, b) in bytes.iter().enumerate() {
