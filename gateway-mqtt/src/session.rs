@@ -126,6 +126,19 @@ pub fn check_connect(
     })
 }
 
+/// The queue of share group `group` for `filter` (one per group and filter, per vhost).
+fn shared_queue(group: &str, filter: &str) -> String {
+    format!("mqtt-shared-{group}-{filter}")
+}
+
+fn granted_code(qos: QoS) -> SubscribeReasonCode {
+    match qos {
+        QoS::Level0 => SubscribeReasonCode::GrantedQoS0,
+        QoS::Level1 => SubscribeReasonCode::GrantedQoS1,
+        QoS::Level2 => SubscribeReasonCode::GrantedQoS2,
+    }
+}
+
 /// A v3 or v5 CONNACK refusing a connection.
 pub fn refusal(code: ConnectReasonCode) -> v5::Packet {
     v5::Packet::Connack(v5::Connack::new(false, code))
@@ -267,6 +280,17 @@ impl Session {
                 if r.has_queue {
                     s.ensure_queue();
                 }
+                let shared: Vec<(Arc<str>, String)> = s
+                    .subs
+                    .keys()
+                    .filter_map(|f| match validate_filter(f) {
+                        Ok((Some(group), plain)) => Some((f.clone(), shared_queue(group, plain))),
+                        _ => None,
+                    })
+                    .collect();
+                for (filter, queue) in shared {
+                    s.join_share(&filter, queue);
+                }
                 for pid in r.awaiting_comp {
                     if let Ok(p) = Pid::try_from(pid) {
                         s.outbound.insert(
@@ -292,7 +316,7 @@ impl Session {
             p.retain_available = Some(true);
             p.wildcard_subscription_available = Some(true);
             p.subscription_id_available = Some(true);
-            p.shared_subscription_available = Some(false);
+            p.shared_subscription_available = Some(true);
             p.server_keep_alive = info.server_keep_alive;
             if info.assigned_id {
                 p.assigned_client_id = Some(info.client_id.clone());
@@ -623,8 +647,25 @@ impl Session {
             };
             let plain = match validate_filter(&filter) {
                 Ok((None, plain)) => plain,
-                Ok((Some(_), _)) => {
-                    codes.push(SubscribeReasonCode::SharedSubscriptionNotSupported);
+                Ok((Some(group), plain)) => {
+                    let queue = shared_queue(group, plain);
+                    if queue.len() > 255 {
+                        codes.push(SubscribeReasonCode::QuotaExceeded);
+                        continue;
+                    }
+                    let key: Arc<str> = Arc::from(&*filter);
+                    let opts = SubOpts {
+                        qos: opts.max_qos,
+                        no_local: false,
+                        retain_as_published: opts.retain_as_published,
+                        id: sub_id,
+                    };
+                    let qos = opts.qos;
+                    if self.subs.insert(key.clone(), opts).is_none() {
+                        self.join_share(&key, queue);
+                    }
+                    // No retained messages for shared subscriptions (MQTT 5, 4.8.2).
+                    codes.push(granted_code(qos));
                     continue;
                 }
                 Err(_) => {
@@ -651,11 +692,7 @@ impl Session {
                 self.ops.push((CHANNEL, Op::QueueBind(bind)));
             }
             self.stamp_publisher |= opts.no_local;
-            codes.push(match opts.max_qos {
-                QoS::Level0 => SubscribeReasonCode::GrantedQoS0,
-                QoS::Level1 => SubscribeReasonCode::GrantedQoS1,
-                QoS::Level2 => SubscribeReasonCode::GrantedQoS2,
-            });
+            codes.push(granted_code(opts.max_qos));
             let send = match opts.retain_handling {
                 RetainHandling::SendAtSubscribe => true,
                 RetainHandling::SendAtSubscribeIfNotExist => !existed,
@@ -701,8 +738,19 @@ impl Session {
         let mut codes = Vec::with_capacity(u.topics.len());
         for filter in u.topics {
             if self.subs.remove(&*filter).is_some() {
-                let bind = self.bind_op(&filter);
-                self.ops.push((CHANNEL, Op::QueueUnbind(bind)));
+                if filter.is_shared() {
+                    // The group's queue is auto-delete: it goes with its last member.
+                    self.ops.push((
+                        CHANNEL,
+                        Op::Cancel {
+                            consumer_tag: filter.to_string(),
+                            nowait: true,
+                        },
+                    ));
+                } else {
+                    let bind = self.bind_op(&filter);
+                    self.ops.push((CHANNEL, Op::QueueUnbind(bind)));
+                }
                 codes.push(UnsubscribeReasonCode::Success);
             } else {
                 codes.push(UnsubscribeReasonCode::NoSubscriptionExisted);
@@ -715,9 +763,17 @@ impl Session {
     /// Handles one effect the core addressed to this connection.
     pub fn handle_effect(&mut self, now: u64, effect: Effect) -> Result<(), CloseError> {
         match effect {
-            Effect::Deliver { delivery, .. } => {
+            Effect::Deliver {
+                delivery,
+                consumer_tag,
+                ..
+            } => {
                 self.delivered += 1;
-                self.on_deliver(now, delivery);
+                if &*consumer_tag == CONSUMER_TAG {
+                    self.on_deliver(now, delivery);
+                } else {
+                    self.on_shared_deliver(now, &consumer_tag, delivery);
+                }
             }
             Effect::Confirm {
                 seq, multiple, ack, ..
@@ -805,7 +861,8 @@ impl Session {
         let mut rap = false;
         let mut sub_id = None;
         for (filter, opts) in &self.subs {
-            if !matches(filter, &o.topic) || (own && opts.no_local) {
+            if filter.starts_with("$share/") || !matches(filter, &o.topic) || (own && opts.no_local)
+            {
                 continue;
             }
             granted = Some(granted.map_or(opts.qos, |g| g.max(opts.qos)));
@@ -832,6 +889,78 @@ impl Session {
             properties: props,
         };
         self.send_publish(publish, o.qos.min(granted), Some(tag));
+    }
+
+    /// Joins a share group: its queue (auto-delete, shared by the group's members, who get its
+    /// messages round-robin) bound like a plain subscription, consumed under the full filter
+    /// as consumer tag.
+    fn join_share(&mut self, filter: &Arc<str>, queue: String) {
+        let plain = match validate_filter(filter) {
+            Ok((Some(_), plain)) => plain.to_string(),
+            _ => return,
+        };
+        self.ops.push((
+            CHANNEL,
+            Op::QueueDeclare(QueueDeclare {
+                queue: queue.clone(),
+                passive: false,
+                durable: false,
+                exclusive: false,
+                auto_delete: true,
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+        self.ops.push((
+            CHANNEL,
+            Op::QueueBind(Bind {
+                destination: queue.clone(),
+                source: EXCHANGE.to_string(),
+                routing_key: filter_to_amqp_pattern(&plain),
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+        self.ops.push((
+            CHANNEL,
+            Op::Consume(Consume {
+                queue,
+                consumer_tag: filter.to_string(),
+                no_local: false,
+                no_ack: false,
+                exclusive: false,
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+    }
+
+    fn on_shared_deliver(&mut self, now: u64, filter: &str, d: Delivery) {
+        let tag = d.delivery_tag;
+        let (Some(opts), Some(o)) = (
+            self.subs.get(filter).cloned(),
+            convert::from_core(&d.message, now),
+        ) else {
+            self.ack_core(Some(tag));
+            return;
+        };
+        let plain_matches =
+            matches!(validate_filter(filter), Ok((_, plain)) if matches(plain, &o.topic));
+        if !plain_matches || o.expired {
+            self.ack_core(Some(tag));
+            return;
+        }
+        let mut props = o.properties;
+        props.subscription_id = opts.id.and_then(|id| v5::VarByteInt::try_from(id).ok());
+        let publish = v5::Publish {
+            dup: d.redelivered,
+            retain: opts.retain_as_published && o.retain,
+            qos_pid: QosPid::Level0,
+            topic_name: o.topic,
+            payload: d.message.body.clone(),
+            properties: props,
+        };
+        self.send_publish(publish, o.qos.min(opts.qos), Some(tag));
     }
 
     /// Sends a PUBLISH at `qos` (0: at once, acking the core; 1/2: under a packet id, or queued

@@ -22,7 +22,7 @@ async fn empty_client_id_is_assigned_and_limits_announced() {
     assert!(id.starts_with("warren-"), "{id}");
     assert_eq!(p.receive_max, Some(1024));
     assert_eq!(p.topic_alias_max, Some(64));
-    assert_eq!(p.shared_subscription_available, Some(0));
+    assert_eq!(p.shared_subscription_available, Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,4 +243,64 @@ async fn expired_messages_are_not_delivered_to_returning_sessions() {
     let p = c.next_publish().await;
     assert_eq!(&p.payload[..], b"forever");
     c.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_subscriptions_split_messages_within_a_group() {
+    let b = start().await;
+    let mut m1 = b.connect5("member-1").await;
+    m1.subscribe("$share/workers/jobs/#", QoS::AtLeastOnce)
+        .await;
+    let mut m2 = b.connect5("member-2").await;
+    m2.subscribe("$share/workers/jobs/#", QoS::AtLeastOnce)
+        .await;
+    let mut plain = b.connect5("plain").await;
+    plain.subscribe("jobs/#", QoS::AtLeastOnce).await;
+    let publisher = b.connect5("pub").await;
+    for i in 0..10u8 {
+        publisher
+            .client
+            .publish("jobs/x", QoS::AtLeastOnce, false, vec![i])
+            .await
+            .expect("queue publish");
+    }
+    for i in 0..10u8 {
+        assert_eq!(&plain.next_publish().await.payload[..], [i]);
+    }
+    let mut got = Vec::new();
+    let mut per_member = [0; 2];
+    for (n, m) in [&mut m1, &mut m2].into_iter().enumerate() {
+        while let Ok(p) = tokio::time::timeout(QUIET, m.next_publish()).await {
+            got.push(p.payload[0]);
+            per_member[n] += 1;
+        }
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        (0..10).collect::<Vec<u8>>(),
+        "each message to exactly one member"
+    );
+    assert!(
+        per_member.iter().all(|&n| n > 0),
+        "both members served: {per_member:?}"
+    );
+    // Leaving the group: the other member gets everything.
+    m1.client
+        .unsubscribe("$share/workers/jobs/#")
+        .await
+        .expect("queue unsubscribe");
+    m1.wait(|p| matches!(p, Packet5::UnsubAck(_)).then_some(()))
+        .await;
+    for i in 0..4u8 {
+        publisher
+            .client
+            .publish("jobs/y", QoS::AtLeastOnce, false, vec![i])
+            .await
+            .expect("queue publish");
+    }
+    for i in 0..4u8 {
+        assert_eq!(&m2.next_publish().await.payload[..], [i]);
+    }
+    m1.no_publish(QUIET).await;
 }
