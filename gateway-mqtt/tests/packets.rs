@@ -3,7 +3,7 @@
 
 use bytes::{Bytes, BytesMut};
 use mqtt_proto::v5::{self, Packet};
-use mqtt_proto::{Pid, Protocol, QoS, QosPid, TopicName};
+use mqtt_proto::{Pid, Protocol, QosPid, TopicName};
 use std::sync::Arc;
 use warren_mqtt::codec::{self, Decoded};
 use warren_mqtt::session::{Session, check_connect, refusal};
@@ -217,7 +217,7 @@ fn decoder_round_trip_of_client_packets() {
         Packet::Disconnect(v5::Disconnect::new_normal()),
     ];
     for p in packets {
-        let mut buf = BytesMut::from(&p.encode().expect("encode").as_ref()[..]);
+        let mut buf = BytesMut::from(p.encode().expect("encode").as_ref());
         let got = codec::decode(&mut buf, Some(5), 1 << 20).expect("decodes");
         assert_eq!(got, Some(Decoded::Packet(p)));
         assert!(buf.is_empty());
@@ -235,5 +235,4 @@ fn decoder_round_trip_of_client_packets() {
         let got = codec::decode(&mut buf, Some(4), 1 << 20).expect("no error");
         assert_eq!(got.is_some(), i + 1 == bytes.len());
     }
-    let _ = QoS::Level0;
 }

@@ -84,7 +84,7 @@ async fn retained_messages_on_subscribe_including_wildcards_and_cleared() {
 
     let mut sub = b.connect("sub").await;
     sub.subscribe("r/+", QoS::AtLeastOnce).await;
-    let mut got = vec![sub.next_publish().await, sub.next_publish().await];
+    let mut got = [sub.next_publish().await, sub.next_publish().await];
     got.sort_by(|a, b| a.topic.cmp(&b.topic));
     assert_eq!(&got[0].payload[..], b"one");
     assert_eq!(got[0].qos, QoS::AtLeastOnce);
