@@ -200,7 +200,12 @@ pub async fn serve_connection<S>(
     let tx = link.tx;
     let mut takeover: Option<oneshot::Sender<()>> = None;
     let mut kick_open = true;
+    // Clients may send packets right behind CONNECT without waiting for the CONNACK.
+    let mut pipelined = process_input(&mut rbuf, level, max, &mut session, &registry).err();
     let end: End = 'run: loop {
+        if let Some(e) = pipelined.take() {
+            break e;
+        }
         if let Err(e) = flush(&mut session, &tx, &mut stream).await {
             break e;
         }
@@ -254,20 +259,8 @@ pub async fn serve_connection<S>(
             read = read_some(&mut stream, &mut rbuf), if reading => match read {
                 Ok(0) => break End::Eof,
                 Ok(_) => {
-                    let now = now_ms();
-                    loop {
-                        match codec::decode(&mut rbuf, Some(level), max) {
-                            Ok(Some(p)) => {
-                                if let Err(e) = session.handle(now, p, &registry) {
-                                    break 'run e.into();
-                                }
-                                if session.disconnected() {
-                                    break;
-                                }
-                            }
-                            Ok(None) => break,
-                            Err(e) => break 'run e.into(),
-                        }
+                    if let Err(e) = process_input(&mut rbuf, level, max, &mut session, &registry) {
+                        break e;
                     }
                 }
                 Err(e) => break End::Io(e),
@@ -341,6 +334,24 @@ pub async fn serve_connection<S>(
         })
         .await;
     }
+}
+
+/// Decodes and handles every complete packet in `rbuf`.
+fn process_input(
+    rbuf: &mut BytesMut,
+    level: Level,
+    max: usize,
+    session: &mut Session,
+    registry: &Registry,
+) -> Result<(), End> {
+    let now = now_ms();
+    while let Some(p) = codec::decode(rbuf, Some(level), max)? {
+        session.handle(now, p, registry)?;
+        if session.disconnected() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Sends the session's ops, then writes its packets, then returns write-window credit.

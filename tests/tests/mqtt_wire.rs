@@ -233,3 +233,26 @@ async fn invalid_filters_refused_in_suback_valid_ones_granted() {
         ping(&mut s).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packets_pipelined_behind_connect_are_handled() {
+    let b = start().await;
+    let mut s = TcpStream::connect(b.mqtt).await.expect("connect");
+    let mut bytes = connect_packet(4, "eager", 60);
+    bytes.extend(subscribe_packet(4, &[("eager/t", 0)]));
+    bytes.extend([0x30, 0x0A, 0x00, 0x07]);
+    bytes.extend(b"eager/t");
+    bytes.push(b'!');
+    s.write_all(&bytes).await.expect("write");
+    // CONNACK, SUBACK, then our own message back.
+    let want = [
+        0x20, 0x02, 0x00, 0x00, 0x90, 0x03, 0x00, 0x0A, 0x00, 0x30, 0x0A, 0x00, 0x07, b'e', b'a',
+        b'g', b'e', b'r', b'/', b't', b'!',
+    ];
+    let mut got = vec![0u8; want.len()];
+    tokio::time::timeout(WAIT, s.read_exact(&mut got))
+        .await
+        .expect("answers in time")
+        .expect("read");
+    assert_eq!(got, want);
+}
