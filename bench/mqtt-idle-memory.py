@@ -2,7 +2,7 @@
 """Broker memory per idle MQTT connection: opens N raw MQTT 3.1.1 connections to a running
 broker, each with one QoS 1 subscription, and reports the growth of the broker's RSS.
 
-    bench/mqtt-idle-memory.py PID PORT [N]
+    bench/mqtt-idle-memory.py PID PORT [N] [SUBSCRIPTIONS]
 
 PID is the broker process (its RSS is read from /proc/PID/status), PORT its MQTT port on
 127.0.0.1. Needs a file-descriptor limit above N (ulimit -n).
@@ -32,14 +32,18 @@ def subscribe_packet(topic):
     return bytes([0x82, len(body)]) + body
 
 
+SUBSCRIBE = True
+
+
 async def one(port, i, conns):
     r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(connect_packet(f"idle-{i}") + subscribe_packet(f"devices/{i}/cmd"))
+    w.write(connect_packet(f"idle-{i}") + (subscribe_packet(f"devices/{i}/cmd") if SUBSCRIBE else b""))
     await w.drain()
     ack = await r.readexactly(4)
     assert ack == b"\x20\x02\x00\x00", ack
-    suback = await r.readexactly(5)
-    assert suback[0] == 0x90 and suback[4] == 1, suback
+    if SUBSCRIBE:
+        suback = await r.readexactly(5)
+        assert suback[0] == 0x90 and suback[4] == 1, suback
     conns.append((r, w))
 
 
@@ -58,11 +62,13 @@ async def main(pid, port, n):
     await asyncio.sleep(2)
     after = rss_kib(pid)
     per = (after - before) * 1024 / n
-    print(f"{n} idle connections, one subscription each: broker RSS {before} KiB -> {after} KiB, "
+    what = "one subscription each" if SUBSCRIBE else "no subscription"
+    print(f"{n} idle connections, {what}: broker RSS {before} KiB -> {after} KiB, "
           f"{per:.0f} bytes per connection")
     for _, w in conns:
         w.close()
 
 
 if __name__ == "__main__":
+    SUBSCRIBE = len(sys.argv) <= 4 or sys.argv[4] != "0"
     asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 10000))
