@@ -54,6 +54,20 @@ pub struct SessionRecord {
     pub inbound_qos2: BTreeSet<u16>,
     pub has_queue: bool,
     pub expiry_s: u32,
+    /// When the client went away (unix ms).
+    pub stored_at: u64,
+}
+
+impl SessionRecord {
+    /// Whether the session expiry interval has run out at `now` (u32::MAX: never, MQTT 5
+    /// 3.1.2.11.2). Checked when the client comes back; until then the queue keeps messages.
+    pub fn expired(&self, now: u64) -> bool {
+        self.expiry_s != u32::MAX
+            && now
+                >= self
+                    .stored_at
+                    .saturating_add(u64::from(self.expiry_s) * 1000)
+    }
 }
 
 /// An accepted CONNECT, as the session needs it.
@@ -260,7 +274,7 @@ impl Session {
         ));
         let mut session_present = false;
         match record {
-            Some(r) if info.clean_start && r.has_queue => {
+            Some(r) if (info.clean_start || r.expired(now)) && r.has_queue => {
                 s.ops.push((
                     CHANNEL,
                     Op::QueueDelete {
@@ -271,7 +285,7 @@ impl Session {
                     },
                 ));
             }
-            Some(_) if info.clean_start => {}
+            Some(r) if info.clean_start || r.expired(now) => {}
             Some(r) => {
                 session_present = true;
                 s.subs = r.subs;
@@ -1093,6 +1107,7 @@ impl Session {
             inbound_qos2: std::mem::take(&mut self.inbound_qos2),
             has_queue: self.queue_ready,
             expiry_s: self.session_expiry_s,
+            stored_at: now,
         })
     }
 

@@ -212,3 +212,33 @@ fn persistent_session_queues_while_offline_and_resends_unacked_with_dup() {
         ]
     );
 }
+
+#[test]
+fn expired_session_starts_clean_and_drops_its_queue() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut info = w.info("brief", 5, false);
+    info.session_expiry_s = 2;
+    let mut s = Session::new(info.clone(), None, w.now, cfg.clone());
+    w.pump(1, &mut s);
+    s.handle_packet(w.now, subscribe(1, "e/#", QoS::Level1), &w.registry)
+        .expect("subscribe");
+    w.pump(1, &mut s);
+    let record = s.close(w.now, &w.registry).expect("persistent");
+    w.pump(1, &mut s);
+    w.broker.handle(
+        w.now,
+        ChannelRef::new(ConnId(1), 0),
+        warren_core::command::Op::ConnectionClose,
+    );
+    assert!(!record.expired(w.now + 1_999));
+    assert!(record.expired(w.now + 2_000));
+    w.now += 2_000;
+    let mut back = Session::new(info, Some(record), w.now, cfg);
+    let got = w.pump(2, &mut back);
+    assert!(
+        matches!(&got[0], Packet::Connack(c) if !c.session_present),
+        "{got:?}"
+    );
+    assert_eq!(w.broker.queue_len("mqtt-subscription-briefqos1"), None);
+}
