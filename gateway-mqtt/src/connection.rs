@@ -323,6 +323,18 @@ pub async fn serve_connection<S>(
     if let Some(r) = record {
         registry.store_session(client_id.clone(), r);
     }
+    if let Some((delay, will)) = session.take_delayed_will() {
+        registry.delay_will(client_id.clone(), tx.conn());
+        tokio::spawn(publish_delayed_will(
+            delay,
+            will,
+            client_id.clone(),
+            tx.conn(),
+            broker.clone(),
+            registry.clone(),
+            config.clone(),
+        ));
+    }
     registry.release(&client_id, tx.conn());
     if let Some(done) = takeover {
         let _ = done.send(());
@@ -334,6 +346,56 @@ pub async fn serve_connection<S>(
         })
         .await;
     }
+}
+
+/// Publishes a will after its delay, through a connection of its own (the client's is gone),
+/// unless the client id connected again meanwhile.
+async fn publish_delayed_will(
+    delay_s: u32,
+    will: v5::LastWill,
+    client_id: Arc<str>,
+    left_by: warren_core::ids::ConnId,
+    broker: BrokerHandle,
+    registry: Arc<Registry>,
+    config: Arc<MqttConfig>,
+) {
+    tokio::time::sleep(Duration::from_secs(u64::from(delay_s))).await;
+    if !registry.take_will(&client_id, left_by) {
+        return;
+    }
+    let link = broker.connect();
+    let mut rx = link.rx;
+    let publish = crate::session::will_publish(&will, &config.vhost, now_ms(), &registry);
+    let ops = vec![
+        (
+            0,
+            Op::ConnectionOpen {
+                vhost: config.vhost.clone(),
+                user: "guest".into(),
+                cancel_notify: false,
+            },
+        ),
+        (crate::session::CHANNEL, Op::ChannelOpen),
+        (crate::session::CHANNEL, Op::Publish(Box::new(publish))),
+        (BARRIER_CHANNEL, Op::ChannelOpen),
+    ];
+    if link.tx.send(ops).await.is_err() {
+        return;
+    }
+    // As at the end of a connection: wait until the publish was applied.
+    let _ = timeout(CLOSE_TIMEOUT, async {
+        while let Some(batch) = rx.recv().await {
+            if batch
+                .iter()
+                .any(|e| matches!(e, Effect::Reply { ch, .. } if ch.channel == BARRIER_CHANNEL))
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    let _ = link.tx.send(vec![(0, Op::ConnectionClose)]).await;
+    tracing::debug!(client_id = %client_id, "delayed will published");
 }
 
 /// Decodes and handles every complete packet in `rbuf`.

@@ -24,6 +24,8 @@ pub struct Registry {
     sessions: Mutex<HashMap<Arc<str>, SessionRecord>>,
     retained: Mutex<RetainedStore>,
     next_id: AtomicU64,
+    /// Delayed wills by client id, with the token of the connection that left them.
+    wills: Mutex<HashMap<Arc<str>, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -37,8 +39,10 @@ impl Registry {
         Registry::default()
     }
 
-    /// Makes `conn` the owner of `client_id`; returns the previous owner's kick, if any.
+    /// Makes `conn` the owner of `client_id`; returns the previous owner's kick, if any. A
+    /// delayed will of that client id is cancelled (MQTT 5 3.1.3.2.2).
     pub fn claim(&self, client_id: &Arc<str>, conn: ConnId, kick: Kick) -> Option<Kick> {
+        lock(&self.wills).remove(client_id);
         lock(&self.owners)
             .insert(client_id.clone(), Owner { conn, kick })
             .map(|o| o.kick)
@@ -62,6 +66,23 @@ impl Registry {
 
     pub fn retained(&self) -> MutexGuard<'_, RetainedStore> {
         lock(&self.retained)
+    }
+
+    /// Registers a delayed will of `client_id` left by connection `conn`.
+    pub fn delay_will(&self, client_id: Arc<str>, conn: ConnId) {
+        lock(&self.wills).insert(client_id, conn.0);
+    }
+
+    /// Whether the delayed will left by `conn` is still due (not cancelled by a reconnect);
+    /// removes it.
+    pub fn take_will(&self, client_id: &str, conn: ConnId) -> bool {
+        let mut wills = lock(&self.wills);
+        if wills.get(client_id) == Some(&conn.0) {
+            wills.remove(client_id);
+            true
+        } else {
+            false
+        }
     }
 
     /// A client id for a client that sent an empty one.

@@ -203,6 +203,7 @@ pub struct Session {
     /// Set once a subscription asks for no-local: this session's publishes then carry its
     /// client id, so its own deliveries can be recognised.
     stamp_publisher: bool,
+    delayed_will: Option<(u32, v5::LastWill)>,
     /// Deliveries received from the core since the last flush (write-window credit).
     delivered: u32,
     disconnected: bool,
@@ -245,6 +246,7 @@ impl Session {
             aliases: HashMap::new(),
             will: info.will.clone(),
             stamp_publisher: false,
+            delayed_will: None,
             delivered: 0,
             disconnected: false,
             paused: false,
@@ -1060,41 +1062,24 @@ impl Session {
     /// (once these ops are applied): the core puts unacked deliveries back in the queue.
     pub fn close(&mut self, now: u64, registry: &Registry) -> Option<SessionRecord> {
         if let Some(w) = self.will.take() {
-            let props = v5::PublishProperties {
-                payload_is_utf8: w.properties.payload_is_utf8,
-                message_expiry_interval: w.properties.message_expiry_interval,
-                content_type: w.properties.content_type.clone(),
-                response_topic: w.properties.response_topic.clone(),
-                correlation_data: w.properties.correlation_data.clone(),
-                user_properties: w.properties.user_properties.clone(),
-                ..Default::default()
+            // MQTT 5 3.1.3.2.2: the will waits for its delay, or until the session ends if
+            // that comes first; a clean session ends now.
+            let delay = w.properties.delay_interval.unwrap_or(0);
+            let ends = if self.persistent {
+                self.session_expiry_s
+            } else {
+                0
             };
-            let publish = convert::to_core(
-                &w.topic_name,
-                w.qos,
-                w.retain,
-                w.payload.clone(),
-                &props,
-                now,
-                None,
-            );
-            if w.retain {
-                registry.retained().set(
-                    &self.config.vhost,
-                    RetainedMessage {
-                        topic: Arc::from(&*w.topic_name),
-                        qos: w.qos as u8,
-                        payload: publish.body.clone(),
-                        properties: publish.properties.clone(),
-                        stored_at: now,
-                        expiry_ms: props.message_expiry_interval.map(|s| u64::from(s) * 1000),
-                    },
-                );
+            let delay = delay.min(ends);
+            if delay > 0 {
+                self.delayed_will = Some((delay, w));
+            } else {
+                let publish = will_publish(&w, &self.config.vhost, now, registry);
+                self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
+                self.confirms
+                    .push_back((self.confirm_next, PendingAck::None));
+                self.confirm_next += 1;
             }
-            self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
-            self.confirms
-                .push_back((self.confirm_next, PendingAck::None));
-            self.confirm_next += 1;
         }
         (self.session_expiry_s > 0 && self.persistent).then(|| SessionRecord {
             subs: std::mem::take(&mut self.subs),
@@ -1115,4 +1100,52 @@ impl Session {
     pub fn waiting_len(&self) -> usize {
         self.waiting.len()
     }
+
+    /// A will that [`Session::close`] left for later: (delay in seconds, will). The host
+    /// publishes it after the delay unless the client id connects again meanwhile.
+    pub fn take_delayed_will(&mut self) -> Option<(u32, v5::LastWill)> {
+        self.delayed_will.take()
+    }
+}
+
+/// The core publish of a will (and its retained copy, stored at once when it has the retain
+/// flag).
+pub fn will_publish(
+    w: &v5::LastWill,
+    vhost: &str,
+    now: u64,
+    registry: &Registry,
+) -> warren_core::command::Publish {
+    let props = v5::PublishProperties {
+        payload_is_utf8: w.properties.payload_is_utf8,
+        message_expiry_interval: w.properties.message_expiry_interval,
+        content_type: w.properties.content_type.clone(),
+        response_topic: w.properties.response_topic.clone(),
+        correlation_data: w.properties.correlation_data.clone(),
+        user_properties: w.properties.user_properties.clone(),
+        ..Default::default()
+    };
+    let publish = convert::to_core(
+        &w.topic_name,
+        w.qos,
+        w.retain,
+        w.payload.clone(),
+        &props,
+        now,
+        None,
+    );
+    if w.retain {
+        registry.retained().set(
+            vhost,
+            RetainedMessage {
+                topic: Arc::from(&*w.topic_name),
+                qos: w.qos as u8,
+                payload: publish.body.clone(),
+                properties: publish.properties.clone(),
+                stored_at: now,
+                expiry_ms: props.message_expiry_interval.map(|s| u64::from(s) * 1000),
+            },
+        );
+    }
+    publish
 }

@@ -304,3 +304,58 @@ async fn shared_subscriptions_split_messages_within_a_group() {
     }
     m1.no_publish(QUIET).await;
 }
+
+fn delayed_will_options(b: &warren_tests::mqtt::MqttBroker, id: &str) -> rumqttc::v5::MqttOptions {
+    use rumqttc::v5::mqttbytes::v5::{LastWill, LastWillProperties};
+    let mut o = b.options5(id);
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(60));
+    o.set_last_will(LastWill::new(
+        format!("wills/{id}"),
+        "gone",
+        QoS::AtLeastOnce,
+        false,
+        Some(LastWillProperties {
+            delay_interval: Some(1),
+            payload_format_indicator: None,
+            message_expiry_interval: None,
+            content_type: Some("text/plain".into()),
+            response_topic: None,
+            correlation_data: None,
+            user_properties: vec![("why".into(), "lost".into())],
+        }),
+    ));
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn will_delay_interval_and_cancel_on_reconnect() {
+    let b = start().await;
+    let mut watcher = b.connect5("watcher").await;
+    watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
+
+    let (dev, _) = b.connect5_with(delayed_will_options(&b, "late-will")).await;
+    dev.kill();
+    let gone = tokio::time::Instant::now();
+    watcher.no_publish(Duration::from_millis(700)).await;
+    let p = watcher.next_publish().await;
+    assert!(
+        gone.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        gone.elapsed()
+    );
+    assert_eq!(&p.topic[..], b"wills/late-will");
+    let props = p.properties.expect("will properties");
+    assert_eq!(props.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(
+        props.user_properties,
+        [("why".to_string(), "lost".to_string())]
+    );
+
+    // Back within the delay: no will.
+    let (dev, _) = b.connect5_with(delayed_will_options(&b, "back-soon")).await;
+    dev.kill();
+    let (_again, ack) = b.connect5_with(delayed_will_options(&b, "back-soon")).await;
+    assert!(ack.session_present);
+    watcher.no_publish(Duration::from_millis(1500)).await;
+}
