@@ -84,6 +84,7 @@ pub struct ConnectInfo {
     pub user: String,
     pub client_receive_max: u16,
     pub client_max_packet: Option<u32>,
+    pub client_topic_alias_max: u16,
 }
 
 /// Checks a CONNECT: protocol level, client id rules, credentials (only `guest`/`guest`, from
@@ -137,6 +138,7 @@ pub fn check_connect(
         user: user.to_string(),
         client_receive_max: c.properties.receive_max.unwrap_or(u16::MAX).max(1),
         client_max_packet: c.properties.max_packet_size,
+        client_topic_alias_max: c.properties.topic_alias_max.unwrap_or(0),
     })
 }
 
@@ -199,6 +201,10 @@ pub struct Session {
     next_pid: u16,
     waiting: VecDeque<Waiting>,
     aliases: HashMap<u16, TopicName>,
+    /// Topic aliases towards the client (MQTT 5 3.3.2.3.4), first come first served up to
+    /// `out_alias_max`.
+    out_aliases: HashMap<TopicName, u16>,
+    out_alias_max: u16,
     will: Option<v5::LastWill>,
     /// Set once a subscription asks for no-local: this session's publishes then carry its
     /// client id, so its own deliveries can be recognised.
@@ -244,6 +250,12 @@ impl Session {
             next_pid: 1,
             waiting: VecDeque::new(),
             aliases: HashMap::new(),
+            out_aliases: HashMap::new(),
+            out_alias_max: if info.level == 5 {
+                info.client_topic_alias_max.min(config.topic_alias_max)
+            } else {
+                0
+            },
             will: info.will.clone(),
             stamp_publisher: false,
             delayed_will: None,
@@ -992,7 +1004,7 @@ impl Session {
         }
         if qos == QoS::Level0 {
             publish.dup = false;
-            self.out.push(v5::Packet::Publish(publish));
+            self.push_publish(publish);
             self.ack_core(tag);
             return;
         }
@@ -1023,7 +1035,24 @@ impl Session {
                 released: false,
             },
         );
-        self.out.push(v5::Packet::Publish(publish));
+        self.push_publish(publish);
+    }
+
+    /// Queues a PUBLISH, replacing its topic by an alias when the client takes aliases.
+    fn push_publish(&mut self, mut p: v5::Publish) {
+        if self.out_alias_max > 0 {
+            if let Some(&alias) = self.out_aliases.get(&p.topic_name) {
+                p.properties.topic_alias = Some(alias);
+                if let Ok(empty) = TopicName::try_from("") {
+                    p.topic_name = empty;
+                }
+            } else if self.out_aliases.len() < usize::from(self.out_alias_max) {
+                let alias = self.out_aliases.len() as u16 + 1;
+                self.out_aliases.insert(p.topic_name.clone(), alias);
+                p.properties.topic_alias = Some(alias);
+            }
+        }
+        self.out.push(v5::Packet::Publish(p));
     }
 
     fn send_waiting(&mut self) {

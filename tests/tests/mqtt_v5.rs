@@ -359,3 +359,48 @@ async fn will_delay_interval_and_cancel_on_reconnect() {
     assert!(ack.session_present);
     watcher.no_publish(Duration::from_millis(1500)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_aliases_towards_the_client() {
+    let b = start().await;
+    let mut o = b.options5("aliased");
+    o.set_topic_alias_max(Some(2));
+    let (mut sub, _) = b.connect5_with(o).await;
+    sub.subscribe("ta/#", QoS::AtMostOnce).await;
+    let publisher = b.connect5("pub").await;
+    for t in ["ta/1", "ta/1", "ta/2", "ta/3", "ta/1"] {
+        publisher
+            .client
+            .publish(t, QoS::AtLeastOnce, false, t)
+            .await
+            .expect("queue publish");
+    }
+    // rumqttc's events show the packets as sent: resolve the aliases here.
+    let mut seen = Vec::new();
+    let mut aliases = std::collections::HashMap::new();
+    for want in ["ta/1", "ta/1", "ta/2", "ta/3", "ta/1"] {
+        let p = sub.next_publish().await;
+        let alias = p.properties.and_then(|p| p.topic_alias);
+        let topic = match alias {
+            Some(a) if p.topic.is_empty() => aliases.get(&a).cloned().expect("known alias"),
+            Some(a) => {
+                aliases.insert(a, p.topic.clone());
+                p.topic.clone()
+            }
+            None => p.topic.clone(),
+        };
+        assert_eq!(&topic[..], want.as_bytes());
+        assert_eq!(&p.payload[..], want.as_bytes());
+        seen.push((alias, p.topic.is_empty()));
+    }
+    assert_eq!(
+        seen,
+        [
+            (Some(1), false),
+            (Some(1), true),
+            (Some(2), false),
+            (None, false),
+            (Some(1), true)
+        ]
+    );
+}
