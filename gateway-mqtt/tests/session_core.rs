@@ -242,3 +242,127 @@ fn expired_session_starts_clean_and_drops_its_queue() {
     );
     assert_eq!(w.broker.queue_len("mqtt-subscription-briefqos1"), None);
 }
+
+fn kinds(packets: &[Packet]) -> Vec<String> {
+    packets
+        .iter()
+        .map(|p| match p {
+            Packet::Publish(p) => format!("publish {:?} dup={}", p.qos_pid, p.dup),
+            Packet::Pubrec(r) => format!("pubrec {} {:?}", r.pid.value(), r.reason_code),
+            Packet::Pubrel(r) => format!("pubrel {} {:?}", r.pid.value(), r.reason_code),
+            Packet::Pubcomp(r) => format!("pubcomp {} {:?}", r.pid.value(), r.reason_code),
+            Packet::Puback(r) => format!("puback {} {:?}", r.pid.value(), r.reason_code),
+            other => format!("{:?}", other.get_type()),
+        })
+        .collect()
+}
+
+#[test]
+fn exactly_once_inbound_and_outbound() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut sub = Session::new(w.info("sub", 5, true), None, w.now, cfg.clone());
+    w.pump(1, &mut sub);
+    sub.handle_packet(w.now, subscribe(1, "q2/#", QoS::Level2), &w.registry)
+        .expect("subscribe");
+    w.pump(1, &mut sub);
+    let mut publisher = Session::new(w.info("pub", 5, true), None, w.now, cfg);
+    w.pump(2, &mut publisher);
+
+    // The same QoS 2 packet id twice before PUBREL: routed once, PUBREC twice.
+    for _ in 0..2 {
+        publisher
+            .handle_packet(
+                w.now,
+                publish("q2/a", QosPid::Level2(pid(9)), "once"),
+                &w.registry,
+            )
+            .expect("publish");
+    }
+    let (got, acks) = w.pump2((1, &mut sub), (2, &mut publisher));
+    assert_eq!(payloads(&got), [("once".to_string(), false)]);
+    assert_eq!(kinds(&acks), ["pubrec 9 Success", "pubrec 9 Success"]);
+    publisher
+        .handle_packet(
+            w.now,
+            Packet::Pubrel(v5::Pubrel::new_success(pid(9))),
+            &w.registry,
+        )
+        .expect("pubrel");
+    publisher
+        .handle_packet(
+            w.now,
+            Packet::Pubrel(v5::Pubrel::new_success(pid(9))),
+            &w.registry,
+        )
+        .expect("pubrel again");
+    assert_eq!(
+        kinds(&publisher.take_packets()),
+        ["pubcomp 9 Success", "pubcomp 9 PacketIdentifierNotFound"]
+    );
+    // After PUBREL the id is free again: a new message under it is routed.
+    publisher
+        .handle_packet(
+            w.now,
+            publish("q2/a", QosPid::Level2(pid(9)), "twice"),
+            &w.registry,
+        )
+        .expect("publish");
+    let (got, _) = w.pump2((1, &mut sub), (2, &mut publisher));
+    assert_eq!(payloads(&got), [("twice".to_string(), false)]);
+
+    // Outbound: PUBREC acks the core and sends PUBREL; PUBCOMP frees the id.
+    let Packet::Publish(p) = &got[0] else {
+        panic!("{got:?}")
+    };
+    let out_pid = p.qos_pid.pid().expect("QoS 2 has a packet id");
+    sub.handle_packet(
+        w.now,
+        Packet::Pubrec(v5::Pubrec::new_success(out_pid)),
+        &w.registry,
+    )
+    .expect("pubrec");
+    let ops = sub.take_ops();
+    assert!(
+        matches!(ops[..], [(_, warren_core::command::Op::Ack { .. })]),
+        "{ops:?}"
+    );
+    assert_eq!(
+        kinds(&sub.take_packets()),
+        [format!("pubrel {} Success", out_pid.value())]
+    );
+    sub.handle_packet(
+        w.now,
+        Packet::Pubcomp(v5::Pubcomp::new_success(out_pid)),
+        &w.registry,
+    )
+    .expect("pubcomp");
+    assert!(sub.take_packets().is_empty());
+}
+
+#[test]
+fn receive_maximum_exceeded_closes_with_0x93() {
+    let mut w = World::new();
+    let cfg = Arc::new(warren_mqtt::MqttConfig {
+        max_inflight: 2,
+        ..Default::default()
+    });
+    w.config = cfg.clone();
+    let mut s = Session::new(w.info("greedy", 5, true), None, w.now, cfg);
+    for n in 1..=2 {
+        s.handle_packet(
+            w.now,
+            publish("g", QosPid::Level1(pid(n)), "x"),
+            &w.registry,
+        )
+        .expect("within the limit");
+    }
+    let err = s
+        .handle_packet(
+            w.now,
+            publish("g", QosPid::Level1(pid(3)), "x"),
+            &w.registry,
+        )
+        .expect_err("over the limit");
+    assert_eq!(err.reason, v5::DisconnectReasonCode::ReceiveMaximumExceeded);
+}
