@@ -564,6 +564,26 @@ impl Session {
             ));
         }
         let qos = p.qos_pid.qos();
+        if p.properties.payload_is_utf8 == Some(true) && std::str::from_utf8(&p.payload).is_err() {
+            // MQTT 5 3.3.2.3.2: refuse it with 0x99 where there is an ack to carry it.
+            match p.qos_pid {
+                QosPid::Level0 => {
+                    return Err(CloseError::new(
+                        DisconnectReasonCode::PayloadFormatInvalid,
+                        "payload announced as UTF-8 is not",
+                    ));
+                }
+                QosPid::Level1(pid) => self.out.push(v5::Packet::Puback(v5::Puback::new(
+                    pid,
+                    PubackReasonCode::PayloadFormatInvalid,
+                ))),
+                QosPid::Level2(pid) => self.out.push(v5::Packet::Pubrec(v5::Pubrec::new(
+                    pid,
+                    PubrecReasonCode::PayloadFormatInvalid,
+                ))),
+            }
+            return Ok(());
+        }
         let in_flight = self.inbound_qos2.len()
             + self
                 .confirms

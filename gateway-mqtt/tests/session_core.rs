@@ -366,3 +366,40 @@ fn receive_maximum_exceeded_closes_with_0x93() {
         .expect_err("over the limit");
     assert_eq!(err.reason, v5::DisconnectReasonCode::ReceiveMaximumExceeded);
 }
+
+#[test]
+fn payload_announced_as_utf8_must_be() {
+    let w = World::new();
+    let cfg = w.config.clone();
+    let mut s = Session::new(w.info("fmt", 5, true), None, w.now, cfg);
+    s.take_packets();
+    let bad = |qos_pid| {
+        let mut p = v5::Publish::new(
+            qos_pid,
+            TopicName::try_from("f").expect("topic"),
+            Bytes::from_static(b"\xff\xfe"),
+        );
+        p.properties.payload_is_utf8 = Some(true);
+        Packet::Publish(p)
+    };
+    s.handle_packet(w.now, bad(QosPid::Level1(pid(1))), &w.registry)
+        .expect("answered");
+    s.handle_packet(w.now, bad(QosPid::Level2(pid(2))), &w.registry)
+        .expect("answered");
+    assert_eq!(
+        kinds(&s.take_packets()),
+        [
+            "puback 1 PayloadFormatInvalid",
+            "pubrec 2 PayloadFormatInvalid"
+        ]
+    );
+    assert!(
+        s.take_ops()
+            .iter()
+            .all(|(_, op)| !matches!(op, warren_core::command::Op::Publish(_)))
+    );
+    let err = s
+        .handle_packet(w.now, bad(QosPid::Level0), &w.registry)
+        .expect_err("QoS 0 has no ack to refuse it with");
+    assert_eq!(err.reason, v5::DisconnectReasonCode::PayloadFormatInvalid);
+}
