@@ -8,6 +8,7 @@ root=$PWD
 passed=0
 broker_pid=""
 port=${WARREN_TEST_PORT:-0} # 0: the broker picks a free port and logs it
+mqtt_port=${WARREN_TEST_MQTT_PORT:-0}
 python=target/venv/bin/python
 
 cleanup() {
@@ -37,7 +38,7 @@ setup_toolchain() {
 }
 
 setup_python() {
-  local pkgs=('pika==1.3.2' 'pytest==8.3.4')
+  local pkgs=('pika==1.3.2' 'pytest==8.3.4' 'paho-mqtt==2.1.0')
   if [ -x target/venv/bin/python ] || python3 -m venv target/venv; then
     target/venv/bin/python -m pip install -q --disable-pip-version-check "${pkgs[@]}"
   else
@@ -50,6 +51,14 @@ setup_python() {
     export PYTHONPATH="$root/target/pydeps${PYTHONPATH:+:$PYTHONPATH}"
   fi
   "$python" -m pytest --version
+}
+
+setup_mosquitto_clients() {
+  command -v mosquitto_pub >/dev/null && command -v mosquitto_sub >/dev/null && return 0
+  # Debian's mosquitto-clients: the reference MQTT command-line clients (we run as root in CI).
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q mosquitto-clients
 }
 
 setup_perftest() {
@@ -65,14 +74,18 @@ wasm_build() {
 start_broker() {
   cargo build -p warren-cli || return 1
   rm -rf target/ci-data
-  target/debug/warren serve --amqp "127.0.0.1:$port" --mqtt none --data-dir target/ci-data \
-    > target/ci-broker.log 2>&1 &
+  target/debug/warren serve --amqp "127.0.0.1:$port" --mqtt "127.0.0.1:$mqtt_port" \
+    --data-dir target/ci-data > target/ci-broker.log 2>&1 &
   broker_pid=$!
-  local line
+  local line mline
   for _ in $(seq 1 100); do
-    line=$(grep -o "listening on 127.0.0.1:[0-9]*" target/ci-broker.log) && {
+    line=$(grep -o "listening on 127.0.0.1:[0-9]* (AMQP" target/ci-broker.log) &&
+      mline=$(grep -o "listening on 127.0.0.1:[0-9]* (MQTT" target/ci-broker.log) && {
+      line=${line% (AMQP}
+      mline=${mline% (MQTT}
       port=${line##*:}
-      echo "warren serve (pid $broker_pid) listening on 127.0.0.1:$port"
+      mqtt_port=${mline##*:}
+      echo "warren serve (pid $broker_pid) listening on 127.0.0.1:$port (AMQP), 127.0.0.1:$mqtt_port (MQTT)"
       return 0
     }
     kill -0 "$broker_pid" 2>/dev/null || { cat target/ci-broker.log; return 1; }
@@ -81,8 +94,23 @@ start_broker() {
   echo "broker did not start listening within 10s"; cat target/ci-broker.log; return 1
 }
 
-pika_tests() {
-  WARREN_AMQP="127.0.0.1:$port" timeout 300 "$python" -m pytest -q tests/python
+python_tests() {
+  WARREN_AMQP="127.0.0.1:$port" WARREN_MQTT="127.0.0.1:$mqtt_port" \
+    timeout 300 "$python" -m pytest -q tests/python
+}
+
+mosquitto_smoke() {
+  # QoS 1 and a retained message with Debian's mosquitto_pub/mosquitto_sub, v3.1.1 and v5.
+  local v out
+  for v in mqttv311 mqttv5; do
+    mosquitto_pub -h 127.0.0.1 -p "$mqtt_port" -V "$v" -q 1 -r -t "smoke/$v/retained" -m kept ||
+      return 1
+    out=$(timeout 10 mosquitto_sub -h 127.0.0.1 -p "$mqtt_port" -V "$v" -q 1 -t "smoke/$v/#" -C 2 -v \
+      -W 10 & sleep 0.5; mosquitto_pub -h 127.0.0.1 -p "$mqtt_port" -V "$v" -q 1 -t "smoke/$v/live" -m hello; wait)
+    echo "$out"
+    grep -qx "smoke/$v/retained kept" <<<"$out" && grep -qx "smoke/$v/live hello" <<<"$out" || {
+      echo "mosquitto_sub ($v) did not get both messages"; return 1; }
+  done
 }
 
 perftest() {
@@ -109,14 +137,16 @@ stop_broker() {
 }
 
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
-step "install: Python clients (pika, pytest)" setup_python
+step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
+step "install: mosquitto-clients (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "core builds for wasm32-unknown-unknown" wasm_build
 step "cargo test --workspace" cargo test --workspace
 step "start warren serve" start_broker
-step "pika tests" pika_tests
+step "Python tests (pika, paho-mqtt)" python_tests
+step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
 step "clean shutdown on SIGTERM" stop_broker
 step "crash test: SIGKILL and restart under confirmed publishing, ${CRASH_CYCLES:-20} cycles" crash_test

@@ -164,13 +164,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.data_dir.display()
         ))
     })?;
-    if let Some(addr) = mqtt {
-        tracing::warn!(
-            "MQTT ({addr}) is not available in this build yet; serving AMQP only (pass --mqtt none to silence this)"
-        );
+    if amqp.is_none() && mqtt.is_none() {
+        return Err(ConfigError("nothing to serve: --amqp none and --mqtt none".into()).into());
     }
-    let Some(amqp) = amqp else {
-        return Err(ConfigError("nothing to serve: --amqp none and no MQTT gateway".into()).into());
+    let amqp_listener = match amqp {
+        Some(addr) => Some(bind(addr, "amqp", "RabbitMQ").await?),
+        None => None,
+    };
+    let mqtt_listener = match mqtt {
+        Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
+        None => None,
     };
     // Restore before listening: clients see the stored queues from their first connection.
     let broker = warren_runtime::BrokerHandle::start_with_store(
@@ -190,15 +193,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.data_dir.display()
         ))
     })?;
-    let listener = TcpListener::bind(amqp).await.map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-            "is another broker (RabbitMQ?) running? pass --amqp ADDR"
-        } else {
-            "pass --amqp ADDR with an address this machine has"
-        };
-        ConfigError(format!("cannot listen on {amqp}: {e}; {hint}"))
-    })?;
-    let bound = listener.local_addr()?;
     tracing::info!(
         "memory alarm at {} MiB of queued message bodies",
         memory_high_watermark >> 20
@@ -206,15 +200,57 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
     tokio::spawn(admin::serve(admin, broker.clone(), stopped.clone()));
-    let config = Arc::new(warren_amqp::AmqpConfig::default());
-    let server = tokio::spawn(warren_amqp::serve(listener, broker, config, stopped));
-    tracing::info!(data_dir = %args.data_dir.display(), "listening on {bound} (AMQP 0.9.1)");
+    let mut servers = Vec::new();
+    if let Some(listener) = amqp_listener {
+        let bound = listener.local_addr()?;
+        let config = Arc::new(warren_amqp::AmqpConfig::default());
+        servers.push((
+            "AMQP",
+            tokio::spawn(warren_amqp::serve(
+                listener,
+                broker.clone(),
+                config,
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!(data_dir = %args.data_dir.display(), "listening on {bound} (AMQP 0.9.1)");
+    }
+    if let Some(listener) = mqtt_listener {
+        let bound = listener.local_addr()?;
+        let config = Arc::new(warren_mqtt::MqttConfig::default());
+        servers.push((
+            "MQTT",
+            tokio::spawn(warren_mqtt::serve(
+                listener,
+                broker.clone(),
+                config,
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!("listening on {bound} (MQTT 3.1, 3.1.1, 5.0)");
+    }
     signals.wait().await;
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
-    server.await.context("AMQP listener task failed")??;
+    for (name, server) in servers {
+        server
+            .await
+            .with_context(|| format!("{name} listener task failed"))??;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds a listener for `--{flag}`, with a hint when the address is taken.
+async fn bind(addr: SocketAddr, flag: &str, usual: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            format!("is another broker ({usual}?) running? pass --{flag} ADDR or --{flag} none")
+        } else {
+            format!("pass --{flag} ADDR with an address this machine has")
+        };
+        ConfigError(format!("cannot listen on {addr}: {e}; {hint}")).into()
+    })
 }
 
 /// SIGINT (Ctrl-C) and SIGTERM, registered up front.

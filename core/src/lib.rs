@@ -15,6 +15,7 @@ pub mod exchange;
 pub mod idhash;
 pub mod ids;
 pub mod message;
+pub mod mqtt;
 pub mod naming;
 pub mod policy;
 pub mod queue;

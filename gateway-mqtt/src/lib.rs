@@ -1,4 +1,20 @@
-//! `warren-mqtt`: the MQTT 3.1.1 / 5.0 gateway over `warren-core`.
+//! `warren-mqtt`: the MQTT 3.1, 3.1.1 and 5.0 gateway over `warren-core`.
 //!
-//! Reserved by the workspace layout; the gateway itself is the MQTT issue's work. Until it
-//! lands, `warren serve --mqtt ADDR` logs that MQTT is unavailable in this build.
+//! Code map: `codec` (framing over `mqtt-proto`, v3 <-> v5 bridge), `session` (the sans-IO
+//! protocol state machine of one connection), `convert` (MQTT publish <-> core message),
+//! `connection` (the tokio shell of one connection), `registry` (client ids, offline
+//! sessions, retained messages), `server` (TCP accept loop), `config`, `error`.
+
+pub mod codec;
+pub mod config;
+pub mod connection;
+pub mod convert;
+pub mod error;
+pub mod registry;
+pub mod server;
+pub mod session;
+
+pub use config::MqttConfig;
+pub use connection::{PeerInfo, serve_connection};
+pub use registry::Registry;
+pub use server::{serve, serve_with};

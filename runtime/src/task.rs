@@ -46,7 +46,14 @@ pub(crate) async fn run(
                 apply(&mut broker, &conns, req, now);
                 for _ in 1..BATCHES_PER_TURN {
                     match requests.try_recv() {
-                        Ok(req) => apply(&mut broker, &conns, req, now),
+                        Ok(req) => {
+                            // A connection registered after the drain above may have sent
+                            // this batch: its registration must be applied first too.
+                            while let Ok(msg) = control.try_recv() {
+                                apply_control(&mut broker, &mut conns, msg, now);
+                            }
+                            apply(&mut broker, &conns, req, now)
+                        }
                         Err(_) => break,
                     }
                 }

@@ -1,6 +1,8 @@
 //! Test harness: a broker with its AMQP listener on an ephemeral loopback port inside the
 //! test's runtime, plus bounded helpers so a broken server fails a test instead of hanging it.
 
+pub mod mqtt;
+
 use futures_lite::StreamExt;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -16,7 +18,7 @@ pub const WAIT: Duration = Duration::from_secs(5);
 pub struct TestBroker {
     pub addr: SocketAddr,
     pub uri: String,
-    stop: tokio::sync::watch::Sender<bool>,
+    pub(crate) stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Drop for TestBroker {

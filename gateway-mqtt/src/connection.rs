@@ -1,0 +1,434 @@
+//! One MQTT connection: the tokio shell around [`Session`]. Reads packets, feeds the session,
+//! sends its ops to the broker and writes its packets; keep-alive from the session's deadline;
+//! takeover and shutdown requests end it with the v5 reason.
+//!
+//! Generic over the byte stream (TCP in `warren serve`, in-process duplex streams for
+//! socketless load). Memory while idle: the read buffer is released whenever it is empty, and
+//! reads into an empty buffer go through a stack chunk, so an idle connection holds no heap
+//! buffer at all; writes build one buffer per flush and drop it.
+
+use crate::codec::{self, CodecError, Level};
+use crate::config::MqttConfig;
+use crate::error::CloseError;
+use crate::registry::Registry;
+use crate::session::{Session, check_connect, refusal};
+use bytes::{BufMut, BytesMut};
+use mqtt_proto::v5::{self, DisconnectReasonCode};
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::{oneshot, watch};
+use tokio::time::{Instant, sleep_until, timeout};
+use warren_core::command::Op;
+use warren_core::effect::Effect;
+use warren_runtime::{BrokerHandle, CommandSender};
+
+/// Who is on the other end, for authentication and logs.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub addr: String,
+    pub is_loopback: bool,
+}
+
+/// Bytes read per call when no packet is in progress (from a stack chunk).
+const STACK_READ: usize = 4096;
+/// Effect batches handled before writing.
+const MAX_BATCHES: usize = 64;
+/// How long a new connection waits for the previous owner of its client id to close.
+const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A channel opened only to learn that earlier ops were applied (see the end of
+/// [`serve_connection`]).
+const BARRIER_CHANNEL: u16 = 2;
+/// How long closing writes may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Unix time in ms: the session's clock (also used for message expiry across connections).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+enum End {
+    /// The client sent DISCONNECT.
+    Disconnected,
+    Eof,
+    Io(std::io::Error),
+    BrokerGone,
+    /// We close, telling a v5 client why.
+    Close(CloseError),
+}
+
+impl From<CloseError> for End {
+    fn from(e: CloseError) -> End {
+        End::Close(e)
+    }
+}
+
+impl From<CodecError> for End {
+    fn from(e: CodecError) -> End {
+        End::Close(CloseError::new(e.reason(), e.to_string()))
+    }
+}
+
+/// Reads what is available into `buf`. An empty buffer is filled through a stack chunk, so no
+/// heap buffer is held while waiting for an idle client.
+async fn read_some<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() >= STACK_READ {
+        return s.read_buf(buf).await;
+    }
+    poll_fn(|cx| {
+        let mut chunk = [0u8; STACK_READ];
+        let mut rb = ReadBuf::new(&mut chunk);
+        match Pin::new(&mut *s).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) => {
+                buf.put_slice(rb.filled());
+                Poll::Ready(Ok(rb.filled().len()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+async fn write_packets<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    packets: &[v5::Packet],
+    level: Level,
+) -> std::io::Result<()> {
+    if packets.is_empty() {
+        return Ok(());
+    }
+    let mut w = BytesMut::new();
+    for p in packets {
+        codec::encode(p, level, &mut w);
+    }
+    s.write_all(&w).await
+}
+
+/// Reads until CONNECT.
+async fn read_connect<S: AsyncRead + Unpin>(
+    s: &mut S,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Result<v5::Connect, End> {
+    loop {
+        if let Some(p) = codec::decode(buf, None, max)? {
+            return match p {
+                codec::Decoded::Packet(v5::Packet::Connect(c)) => Ok(c),
+                _ => Err(CloseError::protocol("first packet is not CONNECT").into()),
+            };
+        }
+        match read_some(s, buf).await {
+            Ok(0) => return Err(End::Eof),
+            Ok(_) => {}
+            Err(e) => return Err(End::Io(e)),
+        }
+    }
+}
+
+/// Serves one connection until it closes.
+pub async fn serve_connection<S>(
+    mut stream: S,
+    peer: PeerInfo,
+    broker: BrokerHandle,
+    registry: Arc<Registry>,
+    config: Arc<MqttConfig>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let max = config.max_packet_size as usize;
+    let mut rbuf = BytesMut::new();
+    let connect = match timeout(
+        config.connect_timeout,
+        read_connect(&mut stream, &mut rbuf, max),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(End::Close(e))) => {
+            if let Some(level) = e.text.strip_prefix("unsupported protocol level ") {
+                // MQTT-3.1.2-2: CONNACK 0x01 (v3 framing: the client is no v5 client).
+                tracing::warn!(peer = %peer.addr, "MQTT CONNECT refused: protocol level {level}");
+                let _ = timeout(CLOSE_TIMEOUT, stream.write_all(&[0x20, 2, 0, 1])).await;
+            } else {
+                tracing::warn!(peer = %peer.addr, "MQTT connection closed before CONNECT: {e}");
+            }
+            return;
+        }
+        Ok(Err(_)) => {
+            tracing::debug!(peer = %peer.addr, "MQTT socket closed before CONNECT");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(peer = %peer.addr, "no MQTT CONNECT within {:?}; closing", config.connect_timeout);
+            return;
+        }
+    };
+    let (_, level) = connect.protocol.to_pair();
+    let info = match check_connect(&connect, peer.is_loopback, &config, || registry.assign_id()) {
+        Ok(i) => i,
+        Err(code) => {
+            tracing::warn!(peer = %peer.addr, client_id = %connect.client_id, "MQTT CONNECT refused: {code:?}");
+            let _ = timeout(
+                CLOSE_TIMEOUT,
+                write_packets(&mut stream, &[refusal(code)], level),
+            )
+            .await;
+            return;
+        }
+    };
+    drop(connect);
+    let link = broker.connect();
+    let client_id = info.client_id.clone();
+    let (kick_tx, mut kick_rx) = oneshot::channel();
+    if let Some(prev) = registry.claim(&client_id, link.id, kick_tx) {
+        let (done_tx, done_rx) = oneshot::channel();
+        if prev.send(done_tx).is_ok() {
+            let _ = timeout(TAKEOVER_TIMEOUT, done_rx).await;
+        }
+    }
+    let record = registry.take_session(&client_id);
+    let mut session = Session::new(info, record, now_ms(), config.clone());
+    tracing::debug!(peer = %peer.addr, client_id = %client_id, level, "accepted MQTT connection");
+    let mut rx = link.rx;
+    let tx = link.tx;
+    let mut takeover: Option<oneshot::Sender<()>> = None;
+    let mut kick_open = true;
+    // Clients may send packets right behind CONNECT without waiting for the CONNACK.
+    let mut pipelined = process_input(&mut rbuf, level, max, &mut session, &registry).err();
+    let end: End = 'run: loop {
+        if let Some(e) = pipelined.take() {
+            break e;
+        }
+        if let Err(e) = flush(&mut session, &tx, &mut stream).await {
+            break e;
+        }
+        if rbuf.is_empty() && rbuf.capacity() > 0 {
+            rbuf = BytesMut::new();
+        }
+        if session.disconnected() {
+            break End::Disconnected;
+        }
+        let deadline = session
+            .deadline()
+            .map(|d| Instant::now() + Duration::from_millis(d.saturating_sub(now_ms())));
+        let reading = !session.read_paused();
+        tokio::select! {
+            biased;
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    break End::Close(CloseError::new(
+                        DisconnectReasonCode::ServerShuttingDown,
+                        "server shutting down",
+                    ));
+                }
+            }
+            kick = &mut kick_rx, if kick_open => match kick {
+                Ok(done) => {
+                    takeover = Some(done);
+                    break End::Close(CloseError::new(
+                        DisconnectReasonCode::SessionTakenOver,
+                        "session taken over by a new connection with the same client id",
+                    ));
+                }
+                Err(_) => kick_open = false,
+            },
+            batch = rx.recv() => {
+                let Some(batch) = batch else { break End::BrokerGone };
+                let now = now_ms();
+                let mut next = Some(batch);
+                let mut n = 0;
+                while let Some(batch) = next.take() {
+                    for effect in batch {
+                        if let Err(e) = session.handle_effect(now, effect) {
+                            break 'run e.into();
+                        }
+                    }
+                    n += 1;
+                    if n < MAX_BATCHES {
+                        next = rx.try_recv();
+                    }
+                }
+            }
+            read = read_some(&mut stream, &mut rbuf), if reading => match read {
+                Ok(0) => break End::Eof,
+                Ok(_) => {
+                    if let Err(e) = process_input(&mut rbuf, level, max, &mut session, &registry) {
+                        break e;
+                    }
+                }
+                Err(e) => break End::Io(e),
+            },
+            _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                if let Err(e) = session.on_timeout(now_ms()) {
+                    break e.into();
+                }
+            }
+        }
+    };
+    match &end {
+        End::Disconnected => {
+            tracing::debug!(peer = %peer.addr, client_id = %client_id, "MQTT client disconnected")
+        }
+        End::Eof => {
+            tracing::debug!(peer = %peer.addr, client_id = %client_id, "MQTT client went away without DISCONNECT")
+        }
+        End::Io(e) => {
+            tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection I/O error: {e}")
+        }
+        End::BrokerGone => tracing::debug!(peer = %peer.addr, "broker stopped"),
+        End::Close(e) => match e.reason {
+            DisconnectReasonCode::SessionTakenOver | DisconnectReasonCode::ServerShuttingDown => {
+                tracing::info!(peer = %peer.addr, client_id = %client_id, "MQTT connection closed: {e}")
+            }
+            _ => {
+                tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection closed: {e}")
+            }
+        },
+    }
+    let now = now_ms();
+    let mut last = session.take_packets();
+    if let End::Close(e) = &end {
+        last.extend(session.disconnect_packet(e.reason));
+    }
+    let record = session.close(now, &registry);
+    // The runtime applies a dropped connection's disconnect ahead of requests still queued
+    // (it drains control messages first), which would lose the will and even earlier
+    // bindings. A channel.open on a spare channel is a barrier: once its reply is back, every
+    // op sent before it has been applied.
+    let mut ops = session.take_ops();
+    ops.push((BARRIER_CHANNEL, Op::ChannelOpen));
+    if tx.send(ops).await.is_ok() {
+        let _ = timeout(CLOSE_TIMEOUT, async {
+            while let Some(batch) = rx.recv().await {
+                if batch.iter().any(|e| {
+                    matches!(e, Effect::Reply { ch, .. } if ch.channel == BARRIER_CHANNEL)
+                        || matches!(e, Effect::ConnectionError { .. })
+                }) {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+    // The core releases the session (requeueing unacked deliveries) before a new owner of the
+    // client id, waiting on `takeover`, declares the same queue.
+    let _ = tx.send(vec![(0, Op::ConnectionClose)]).await;
+    if let Some(r) = record {
+        registry.store_session(client_id.clone(), r);
+    }
+    if let Some((delay, will)) = session.take_delayed_will() {
+        registry.delay_will(client_id.clone(), tx.conn());
+        tokio::spawn(publish_delayed_will(
+            delay,
+            will,
+            client_id.clone(),
+            tx.conn(),
+            broker.clone(),
+            registry.clone(),
+            config.clone(),
+        ));
+    }
+    registry.release(&client_id, tx.conn());
+    if let Some(done) = takeover {
+        let _ = done.send(());
+    }
+    if !matches!(end, End::Eof | End::Io(_)) {
+        let _ = timeout(CLOSE_TIMEOUT, async {
+            write_packets(&mut stream, &last, level).await?;
+            stream.shutdown().await
+        })
+        .await;
+    }
+}
+
+/// Publishes a will after its delay, through a connection of its own (the client's is gone),
+/// unless the client id connected again meanwhile.
+async fn publish_delayed_will(
+    delay_s: u32,
+    will: v5::LastWill,
+    client_id: Arc<str>,
+    left_by: warren_core::ids::ConnId,
+    broker: BrokerHandle,
+    registry: Arc<Registry>,
+    config: Arc<MqttConfig>,
+) {
+    tokio::time::sleep(Duration::from_secs(u64::from(delay_s))).await;
+    if !registry.take_will(&client_id, left_by) {
+        return;
+    }
+    let link = broker.connect();
+    let mut rx = link.rx;
+    let publish = crate::session::will_publish(&will, &config.vhost, now_ms(), &registry);
+    let ops = vec![
+        (
+            0,
+            Op::ConnectionOpen {
+                vhost: config.vhost.clone(),
+                user: "guest".into(),
+                cancel_notify: false,
+            },
+        ),
+        (crate::session::CHANNEL, Op::ChannelOpen),
+        (crate::session::CHANNEL, Op::Publish(Box::new(publish))),
+        (BARRIER_CHANNEL, Op::ChannelOpen),
+    ];
+    if link.tx.send(ops).await.is_err() {
+        return;
+    }
+    // As at the end of a connection: wait until the publish was applied.
+    let _ = timeout(CLOSE_TIMEOUT, async {
+        while let Some(batch) = rx.recv().await {
+            if batch
+                .iter()
+                .any(|e| matches!(e, Effect::Reply { ch, .. } if ch.channel == BARRIER_CHANNEL))
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    let _ = link.tx.send(vec![(0, Op::ConnectionClose)]).await;
+    tracing::debug!(client_id = %client_id, "delayed will published");
+}
+
+/// Decodes and handles every complete packet in `rbuf`.
+fn process_input(
+    rbuf: &mut BytesMut,
+    level: Level,
+    max: usize,
+    session: &mut Session,
+    registry: &Registry,
+) -> Result<(), End> {
+    let now = now_ms();
+    while let Some(p) = codec::decode(rbuf, Some(level), max)? {
+        session.handle(now, p, registry)?;
+        if session.disconnected() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Sends the session's ops, then writes its packets, then returns write-window credit.
+async fn flush<S: AsyncWrite + Unpin>(
+    session: &mut Session,
+    tx: &CommandSender,
+    stream: &mut S,
+) -> Result<(), End> {
+    let ops = session.take_ops();
+    tx.send(ops).await.map_err(|_| End::BrokerGone)?;
+    let packets = session.take_packets();
+    write_packets(stream, &packets, session.level())
+        .await
+        .map_err(End::Io)?;
+    session.flushed();
+    let ops = session.take_ops();
+    tx.send(ops).await.map_err(|_| End::BrokerGone)
+}

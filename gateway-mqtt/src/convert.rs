@@ -1,0 +1,192 @@
+//! MQTT publish <-> core message. The mapping (ARCHITECTURE.md, "MQTT <-> AMQP mapping"):
+//!
+//! | MQTT | AMQP message |
+//! |---|---|
+//! | topic `a/b` | routing key `a.b` on `amq.topic` |
+//! | QoS | header `x-mqtt-publish-qos`; delivery mode 2 for QoS 1/2, 1 for QoS 0 |
+//! | retain flag | header `x-mqtt-retain` (for retain-as-published) |
+//! | message expiry interval (s) | `expiration` (ms) + header `x-mqtt-published-at` (unix ms) |
+//! | user properties | headers (long strings), in order, last one wins on duplicates |
+//! | content type | `content_type` |
+//! | response topic | `reply_to` (as an AMQP routing key) |
+//! | correlation data | `correlation_id` when UTF-8, else header `x-correlation-data` (bytes) |
+//! | payload format indicator | header `x-mqtt-payload-format` |
+//!
+//! An AMQP message without `x-mqtt-publish-qos` counts as QoS 1 when persistent, else QoS 0.
+
+use bytes::Bytes;
+use mqtt_proto::v5::{PublishProperties, UserProperty};
+use mqtt_proto::{QoS, TopicName};
+use std::sync::Arc;
+use warren_core::command::Publish;
+use warren_core::message::{FieldTable, FieldValue, Message, Properties};
+use warren_core::mqtt::{amqp_key_to_topic, topic_to_amqp_key};
+
+pub const EXCHANGE: &str = "amq.topic";
+pub const H_QOS: &str = "x-mqtt-publish-qos";
+pub const H_RETAIN: &str = "x-mqtt-retain";
+pub const H_PUBLISHED_AT: &str = "x-mqtt-published-at";
+pub const H_CORRELATION: &str = "x-correlation-data";
+pub const H_FORMAT: &str = "x-mqtt-payload-format";
+/// The publishing client id, set only by sessions that have a no-local subscription.
+pub const H_PUBLISHER: &str = "x-mqtt-publisher";
+
+/// The core publish for an MQTT PUBLISH. `now_ms` is unix time (for expiry).
+pub fn to_core(
+    topic: &str,
+    qos: QoS,
+    retain: bool,
+    payload: Bytes,
+    props: &PublishProperties,
+    now_ms: u64,
+    publisher: Option<&Arc<str>>,
+) -> Publish {
+    let mut headers = FieldTable::new();
+    headers.insert(H_QOS.into(), FieldValue::U8(qos as u8));
+    if retain {
+        headers.insert(H_RETAIN.into(), FieldValue::Bool(true));
+    }
+    for up in &props.user_properties {
+        headers.insert(up.name.to_string(), FieldValue::string(&up.value));
+    }
+    let mut properties = Properties {
+        delivery_mode: Some(if qos == QoS::Level0 { 1 } else { 2 }),
+        content_type: props.content_type.as_deref().map(str::to_string),
+        reply_to: props.response_topic.as_ref().map(|t| topic_to_amqp_key(t)),
+        ..Properties::default()
+    };
+    if let Some(secs) = props.message_expiry_interval {
+        properties.expiration = Some((u64::from(secs) * 1000).to_string());
+        headers.insert(H_PUBLISHED_AT.into(), FieldValue::Timestamp(now_ms));
+    }
+    if let Some(cd) = &props.correlation_data {
+        match std::str::from_utf8(cd) {
+            Ok(s) if s.len() <= 255 => properties.correlation_id = Some(s.to_string()),
+            _ => {
+                headers.insert(H_CORRELATION.into(), FieldValue::ByteArray(cd.clone()));
+            }
+        }
+    }
+    if let Some(utf8) = props.payload_is_utf8 {
+        headers.insert(H_FORMAT.into(), FieldValue::U8(u8::from(utf8)));
+    }
+    if let Some(p) = publisher {
+        headers.insert(H_PUBLISHER.into(), FieldValue::string(p));
+    }
+    properties.headers = Some(headers);
+    Publish {
+        exchange: Arc::from(EXCHANGE),
+        routing_key: Arc::from(topic_to_amqp_key(topic)),
+        mandatory: false,
+        immediate: false,
+        properties,
+        body: payload,
+    }
+}
+
+/// What a subscriber needs from a core message.
+pub struct Outgoing {
+    pub topic: TopicName,
+    pub qos: QoS,
+    pub retain: bool,
+    pub properties: PublishProperties,
+    /// Unix ms after which the message must not be sent.
+    pub expired: bool,
+}
+
+fn header<'a>(m: &'a Message, name: &str) -> Option<&'a FieldValue> {
+    m.properties.headers.as_ref()?.get(name)
+}
+
+/// The publishing client id recorded in the message, if any.
+pub fn publisher(m: &Message) -> Option<&str> {
+    header(m, H_PUBLISHER)?.as_str()
+}
+
+/// The MQTT view of a core message; `None` when its routing key is no valid MQTT topic.
+pub fn from_core(m: &Message, now_ms: u64) -> Option<Outgoing> {
+    let topic = amqp_key_to_topic(&m.routing_key);
+    let topic = TopicName::try_from(topic.as_str()).ok()?;
+    if topic.is_empty() {
+        return None;
+    }
+    let qos = match header(m, H_QOS).and_then(FieldValue::as_i64) {
+        Some(0) => QoS::Level0,
+        Some(1) => QoS::Level1,
+        Some(_) => QoS::Level2,
+        None if m.properties.is_persistent() => QoS::Level1,
+        None => QoS::Level0,
+    };
+    let retain = header(m, H_RETAIN)
+        .and_then(FieldValue::as_bool)
+        .unwrap_or(false);
+    let mut props = PublishProperties::default();
+    let mut expired = false;
+    if let Some(ttl) = m
+        .properties
+        .expiration
+        .as_deref()
+        .and_then(|e| e.parse::<u64>().ok())
+    {
+        // MQTT 5 (3.3.2.3.3): the forwarded interval is what is left of it.
+        let at = header(m, H_PUBLISHED_AT)
+            .and_then(FieldValue::as_i64)
+            .map_or(now_ms, |v| v as u64);
+        let left = (at + ttl).saturating_sub(now_ms);
+        if left == 0 {
+            expired = true;
+        }
+        props.message_expiry_interval =
+            Some(u32::try_from(left.div_ceil(1000)).unwrap_or(u32::MAX));
+    }
+    props.content_type = m.properties.content_type.as_deref().map(Arc::from);
+    props.response_topic = m
+        .properties
+        .reply_to
+        .as_deref()
+        .and_then(|r| TopicName::try_from(amqp_key_to_topic(r).as_str()).ok());
+    props.correlation_data = m
+        .properties
+        .correlation_id
+        .as_deref()
+        .map(|c| Bytes::copy_from_slice(c.as_bytes()));
+    if let Some(headers) = &m.properties.headers {
+        for (k, v) in headers {
+            match k.as_str() {
+                H_QOS | H_RETAIN | H_PUBLISHED_AT | H_PUBLISHER => {}
+                H_CORRELATION => {
+                    if let FieldValue::ByteArray(b) | FieldValue::LongString(b) = v {
+                        props.correlation_data = Some(b.clone());
+                    }
+                }
+                H_FORMAT => props.payload_is_utf8 = v.as_i64().map(|n| n == 1),
+                _ => {
+                    if let Some(s) = field_text(v) {
+                        props.user_properties.push(UserProperty {
+                            name: Arc::from(k.as_str()),
+                            value: Arc::from(s.as_str()),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Some(Outgoing {
+        topic,
+        qos,
+        retain,
+        properties: props,
+        expired,
+    })
+}
+
+/// An AMQP header value as MQTT user-property text.
+fn field_text(v: &FieldValue) -> Option<String> {
+    if let Some(s) = v.as_str() {
+        return Some(s.to_string());
+    }
+    if let Some(i) = v.as_i64() {
+        return Some(i.to_string());
+    }
+    v.as_bool().map(|b| b.to_string())
+}

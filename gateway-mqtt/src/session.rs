@@ -1,0 +1,1200 @@
+//! The per-connection MQTT state machine, sans-IO: packets and core effects in (with the current
+//! unix time in ms), packets and core ops out, plus a keep-alive deadline. The tokio shell
+//! (`connection.rs`) moves bytes and time; everything the protocol decides is here, so it is
+//! tested without sockets.
+//!
+//! A session is backed by the core like RabbitMQ's MQTT plugin backs it: one queue per client
+//! id (`mqtt-subscription-{id}qos1`) bound to `amq.topic` with the translated filters, consumed
+//! on channel 1 with manual acks and a prefetch equal to the in-flight limit, and published
+//! into `amq.topic` in confirm mode (a PUBACK/PUBREC leaves only once the core has routed the
+//! message). Clean sessions use an exclusive queue that the core deletes with the connection;
+//! persistent ones a durable queue that outlives it, so messages published while the client is
+//! away wait there and unacknowledged ones come back (redelivered, hence DUP) in order.
+
+use crate::codec::{self, Level, qos_from};
+use crate::config::MqttConfig;
+use crate::convert::{self, EXCHANGE};
+use crate::error::CloseError;
+use crate::registry::Registry;
+use mqtt_proto::v5::{
+    self, ConnectReasonCode, DisconnectReasonCode, PubackReasonCode, PubcompReasonCode,
+    PubrecReasonCode, RetainHandling, SubscribeReasonCode, UnsubscribeReasonCode,
+};
+use mqtt_proto::{Pid, QoS, QosPid, TopicName};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use warren_core::command::{Bind, Consume, Op, QueueDeclare};
+use warren_core::effect::{Delivery, Effect};
+use warren_core::message::{FieldTable, Message};
+use warren_core::mqtt::{
+    RetainedMessage, filter_to_amqp_pattern, matches, validate_filter, validate_topic,
+};
+
+/// The core channel every MQTT session uses.
+pub const CHANNEL: u16 = 1;
+const CONSUMER_TAG: &str = "mqtt";
+
+/// One subscription's options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubOpts {
+    pub qos: QoS,
+    pub no_local: bool,
+    pub retain_as_published: bool,
+    pub id: Option<u32>,
+}
+
+/// What a persistent session keeps while its client is away. The messages themselves wait in
+/// the session's core queue.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SessionRecord {
+    pub subs: BTreeMap<Arc<str>, SubOpts>,
+    /// Outbound QoS 2 packet ids that got PUBREC but not yet PUBCOMP: PUBREL is resent.
+    pub awaiting_comp: BTreeSet<u16>,
+    /// Inbound QoS 2 packet ids routed but not yet released by PUBREL.
+    pub inbound_qos2: BTreeSet<u16>,
+    pub has_queue: bool,
+    pub expiry_s: u32,
+    /// When the client went away (unix ms).
+    pub stored_at: u64,
+}
+
+impl SessionRecord {
+    /// Whether the session expiry interval has run out at `now` (u32::MAX: never, MQTT 5
+    /// 3.1.2.11.2). Checked when the client comes back; until then the queue keeps messages.
+    pub fn expired(&self, now: u64) -> bool {
+        self.expiry_s != u32::MAX
+            && now
+                >= self
+                    .stored_at
+                    .saturating_add(u64::from(self.expiry_s) * 1000)
+    }
+}
+
+/// An accepted CONNECT, as the session needs it.
+#[derive(Clone, Debug)]
+pub struct ConnectInfo {
+    pub level: Level,
+    pub client_id: Arc<str>,
+    pub assigned_id: bool,
+    pub clean_start: bool,
+    pub session_expiry_s: u32,
+    pub keep_alive_s: u16,
+    pub server_keep_alive: Option<u16>,
+    pub will: Option<v5::LastWill>,
+    pub user: String,
+    pub client_receive_max: u16,
+    pub client_max_packet: Option<u32>,
+    pub client_topic_alias_max: u16,
+}
+
+/// Checks a CONNECT: protocol level, client id rules, credentials (only `guest`/`guest`, from
+/// loopback, as RabbitMQ's default user; no credentials means guest). `assign` names clients
+/// that sent an empty id.
+pub fn check_connect(
+    c: &v5::Connect,
+    peer_is_loopback: bool,
+    config: &MqttConfig,
+    assign: impl FnOnce() -> String,
+) -> Result<ConnectInfo, ConnectReasonCode> {
+    let (_, level) = c.protocol.to_pair();
+    if c.properties.auth_method.is_some() {
+        return Err(ConnectReasonCode::BadAuthMethod);
+    }
+    let user = c.username.as_deref().unwrap_or("guest");
+    let password = c.password.as_deref().unwrap_or(b"guest");
+    if c.username.is_some() && !(user == "guest" && password == b"guest") {
+        return Err(ConnectReasonCode::BadUserNameOrPassword);
+    }
+    if user == "guest" && !peer_is_loopback {
+        return Err(ConnectReasonCode::NotAuthorized);
+    }
+    let (client_id, assigned_id): (Arc<str>, bool) = if c.client_id.is_empty() {
+        // 3.1 has no empty ids; 3.1.1 only with a clean session (MQTT-3.1.3-8); v5 assigns.
+        if level == 3 || (level == 4 && !c.clean_start) {
+            return Err(ConnectReasonCode::ClientIdentifierNotValid);
+        }
+        (Arc::from(assign()), level == 5)
+    } else {
+        (c.client_id.clone(), false)
+    };
+    if let Some(w) = &c.last_will
+        && validate_topic(&w.topic_name).is_err()
+    {
+        return Err(ConnectReasonCode::TopicNameInvalid);
+    }
+    let keep_alive_s = match config.server_keep_alive {
+        Some(k) if c.keep_alive == 0 || c.keep_alive > k => k,
+        _ => c.keep_alive,
+    };
+    Ok(ConnectInfo {
+        level,
+        client_id,
+        assigned_id,
+        clean_start: c.clean_start,
+        session_expiry_s: c.properties.session_expiry_interval.unwrap_or(0),
+        keep_alive_s,
+        server_keep_alive: (keep_alive_s != c.keep_alive).then_some(keep_alive_s),
+        will: c.last_will.clone(),
+        user: user.to_string(),
+        client_receive_max: c.properties.receive_max.unwrap_or(u16::MAX).max(1),
+        client_max_packet: c.properties.max_packet_size,
+        client_topic_alias_max: c.properties.topic_alias_max.unwrap_or(0),
+    })
+}
+
+/// The queue of share group `group` for `filter` (one per group and filter, per vhost).
+fn shared_queue(group: &str, filter: &str) -> String {
+    format!("mqtt-shared-{group}-{filter}")
+}
+
+fn granted_code(qos: QoS) -> SubscribeReasonCode {
+    match qos {
+        QoS::Level0 => SubscribeReasonCode::GrantedQoS0,
+        QoS::Level1 => SubscribeReasonCode::GrantedQoS1,
+        QoS::Level2 => SubscribeReasonCode::GrantedQoS2,
+    }
+}
+
+/// A v3 or v5 CONNACK refusing a connection.
+pub fn refusal(code: ConnectReasonCode) -> v5::Packet {
+    v5::Packet::Connack(v5::Connack::new(false, code))
+}
+
+enum PendingAck {
+    None,
+    Puback(Pid),
+    Pubrec(Pid),
+}
+
+struct Inflight {
+    /// The core delivery to ack; `None` for retained messages (not from the queue) and once
+    /// acked at PUBREC.
+    tag: Option<u64>,
+    qos: QoS,
+    /// PUBREC received and PUBREL sent (QoS 2).
+    released: bool,
+}
+
+/// An outbound QoS 1/2 message waiting for a free packet id (the client's Receive Maximum).
+struct Waiting {
+    publish: v5::Publish,
+    tag: Option<u64>,
+}
+
+pub struct Session {
+    config: Arc<MqttConfig>,
+    level: Level,
+    client_id: Arc<str>,
+    queue: Arc<str>,
+    persistent: bool,
+    session_expiry_s: u32,
+    subs: BTreeMap<Arc<str>, SubOpts>,
+    queue_ready: bool,
+    keep_alive_ms: u64,
+    last_rx: u64,
+    client_receive_max: u16,
+    client_max_packet: Option<u32>,
+    confirm_next: u64,
+    confirms: VecDeque<(u64, PendingAck)>,
+    inbound_qos2: BTreeSet<u16>,
+    outbound: BTreeMap<u16, Inflight>,
+    next_pid: u16,
+    waiting: VecDeque<Waiting>,
+    aliases: HashMap<u16, TopicName>,
+    /// Topic aliases towards the client (MQTT 5 3.3.2.3.4), first come first served up to
+    /// `out_alias_max`.
+    out_aliases: HashMap<TopicName, u16>,
+    out_alias_max: u16,
+    will: Option<v5::LastWill>,
+    /// Set once a subscription asks for no-local: this session's publishes then carry its
+    /// client id, so its own deliveries can be recognised.
+    stamp_publisher: bool,
+    delayed_will: Option<(u32, v5::LastWill)>,
+    /// Deliveries received from the core since the last flush (write-window credit).
+    delivered: u32,
+    disconnected: bool,
+    paused: bool,
+    blocked: bool,
+    published: bool,
+    out: Vec<v5::Packet>,
+    ops: Vec<(u16, Op)>,
+}
+
+impl Session {
+    /// Starts a session after a successful CONNECT (and any takeover). Queues the CONNACK and the
+    /// core ops that open the session.
+    pub fn new(
+        info: ConnectInfo,
+        record: Option<SessionRecord>,
+        now: u64,
+        config: Arc<MqttConfig>,
+    ) -> Session {
+        let persistent = info.session_expiry_s > 0;
+        let prefetch = info.client_receive_max.min(config.max_inflight);
+        let mut s = Session {
+            level: info.level,
+            queue: Arc::from(format!("mqtt-subscription-{}qos1", info.client_id)),
+            client_id: info.client_id.clone(),
+            persistent,
+            session_expiry_s: info.session_expiry_s,
+            subs: BTreeMap::new(),
+            queue_ready: false,
+            keep_alive_ms: u64::from(info.keep_alive_s) * 1000,
+            last_rx: now,
+            client_receive_max: info.client_receive_max,
+            client_max_packet: info.client_max_packet,
+            confirm_next: 1,
+            confirms: VecDeque::new(),
+            inbound_qos2: BTreeSet::new(),
+            outbound: BTreeMap::new(),
+            next_pid: 1,
+            waiting: VecDeque::new(),
+            aliases: HashMap::new(),
+            out_aliases: HashMap::new(),
+            out_alias_max: if info.level == 5 {
+                info.client_topic_alias_max.min(config.topic_alias_max)
+            } else {
+                0
+            },
+            will: info.will.clone(),
+            stamp_publisher: false,
+            delayed_will: None,
+            delivered: 0,
+            disconnected: false,
+            paused: false,
+            blocked: false,
+            published: false,
+            out: Vec::new(),
+            ops: Vec::new(),
+            config: config.clone(),
+        };
+        s.ops.push((
+            0,
+            Op::ConnectionOpen {
+                vhost: config.vhost.clone(),
+                user: info.user.clone(),
+                cancel_notify: true,
+            },
+        ));
+        s.ops.push((CHANNEL, Op::ChannelOpen));
+        s.ops.push((CHANNEL, Op::ConfirmSelect { nowait: true }));
+        s.ops.push((
+            CHANNEL,
+            Op::Qos {
+                prefetch_size: 0,
+                prefetch_count: prefetch,
+                global: false,
+            },
+        ));
+        let mut session_present = false;
+        match record {
+            Some(r) if (info.clean_start || r.expired(now)) && r.has_queue => {
+                s.ops.push((
+                    CHANNEL,
+                    Op::QueueDelete {
+                        queue: s.queue.to_string(),
+                        if_unused: false,
+                        if_empty: false,
+                        nowait: true,
+                    },
+                ));
+            }
+            Some(r) if info.clean_start || r.expired(now) => {}
+            Some(r) => {
+                session_present = true;
+                s.subs = r.subs;
+                s.stamp_publisher = s.subs.values().any(|o| o.no_local);
+                s.inbound_qos2 = r.inbound_qos2;
+                if r.has_queue {
+                    s.ensure_queue();
+                }
+                let shared: Vec<(Arc<str>, String)> = s
+                    .subs
+                    .keys()
+                    .filter_map(|f| match validate_filter(f) {
+                        Ok((Some(group), plain)) => Some((f.clone(), shared_queue(group, plain))),
+                        _ => None,
+                    })
+                    .collect();
+                for (filter, queue) in shared {
+                    s.join_share(&filter, queue);
+                }
+                for pid in r.awaiting_comp {
+                    if let Ok(p) = Pid::try_from(pid) {
+                        s.outbound.insert(
+                            pid,
+                            Inflight {
+                                tag: None,
+                                qos: QoS::Level2,
+                                released: true,
+                            },
+                        );
+                        s.out.push(v5::Packet::Pubrel(v5::Pubrel::new_success(p)));
+                    }
+                }
+            }
+            None => {}
+        }
+        let mut ack = v5::Connack::new(session_present, ConnectReasonCode::Success);
+        if s.level == 5 {
+            let p = &mut ack.properties;
+            p.receive_max = Some(config.max_inflight);
+            p.max_packet_size = Some(config.max_packet_size);
+            p.topic_alias_max = Some(config.topic_alias_max);
+            p.retain_available = Some(true);
+            p.wildcard_subscription_available = Some(true);
+            p.subscription_id_available = Some(true);
+            p.shared_subscription_available = Some(true);
+            p.server_keep_alive = info.server_keep_alive;
+            if info.assigned_id {
+                p.assigned_client_id = Some(info.client_id.clone());
+            }
+        }
+        // The CONNACK goes first: PUBRELs resent above must follow it.
+        s.out.insert(0, v5::Packet::Connack(ack));
+        s
+    }
+
+    pub fn level(&self) -> Level {
+        self.level
+    }
+
+    pub fn client_id(&self) -> &Arc<str> {
+        &self.client_id
+    }
+
+    /// Packets to send, in order.
+    pub fn take_packets(&mut self) -> Vec<v5::Packet> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// Core ops to send, in order, before the packets (a SUBACK leaves after its bindings).
+    pub fn take_ops(&mut self) -> Vec<(u16, Op)> {
+        std::mem::take(&mut self.ops)
+    }
+
+    /// Deliveries now written to the socket: returns their write-window credit to the core.
+    pub fn flushed(&mut self) {
+        if self.delivered > 0 {
+            self.ops.push((
+                CHANNEL,
+                Op::Written {
+                    count: self.delivered,
+                },
+            ));
+            self.delivered = 0;
+        }
+    }
+
+    /// The client sent DISCONNECT.
+    pub fn disconnected(&self) -> bool {
+        self.disconnected
+    }
+
+    /// Whether the shell should stop reading from the socket (core flow control, or the memory
+    /// alarm once this session has published).
+    pub fn read_paused(&self) -> bool {
+        self.paused || (self.blocked && self.published)
+    }
+
+    /// When the client has been silent for 1.5 times its keep-alive (MQTT-3.1.2-24).
+    pub fn deadline(&self) -> Option<u64> {
+        (self.keep_alive_ms > 0).then(|| self.last_rx + self.keep_alive_ms * 3 / 2)
+    }
+
+    pub fn on_timeout(&mut self, now: u64) -> Result<(), CloseError> {
+        match self.deadline() {
+            Some(d) if now >= d => Err(CloseError::new(
+                DisconnectReasonCode::KeepAliveTimeout,
+                "keep-alive timeout",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Handles one decoded packet from the client.
+    pub fn handle(
+        &mut self,
+        now: u64,
+        decoded: codec::Decoded,
+        registry: &Registry,
+    ) -> Result<(), CloseError> {
+        match decoded {
+            codec::Decoded::Packet(p) => self.handle_packet(now, p, registry),
+            codec::Decoded::Subscribe(s) => {
+                self.last_rx = now;
+                if self.disconnected {
+                    return Err(CloseError::protocol("packet after DISCONNECT"));
+                }
+                self.on_subscribe(now, s, registry);
+                Ok(())
+            }
+        }
+    }
+
+    /// Handles one packet from the client.
+    pub fn handle_packet(
+        &mut self,
+        now: u64,
+        packet: v5::Packet,
+        registry: &Registry,
+    ) -> Result<(), CloseError> {
+        self.last_rx = now;
+        if self.disconnected {
+            return Err(CloseError::protocol("packet after DISCONNECT"));
+        }
+        match packet {
+            v5::Packet::Connect(_) => return Err(CloseError::protocol("second CONNECT")),
+            v5::Packet::Publish(p) => self.on_publish(now, p, registry)?,
+            v5::Packet::Puback(a) => {
+                if self
+                    .outbound
+                    .get(&a.pid.value())
+                    .is_some_and(|f| f.qos == QoS::Level1)
+                {
+                    let f = self.outbound.remove(&a.pid.value());
+                    self.ack_core(f.and_then(|f| f.tag));
+                    self.send_waiting();
+                }
+            }
+            v5::Packet::Pubrec(a) => {
+                let pid = a.pid.value();
+                match self.outbound.get_mut(&pid) {
+                    Some(f) if f.qos == QoS::Level2 => {
+                        // The client owns the message now: ack the core so a reconnect does
+                        // not send it again, and remember the id to resend PUBREL.
+                        let tag = f.tag.take();
+                        if (a.reason_code as u8) >= 0x80 {
+                            self.outbound.remove(&pid);
+                            self.ack_core(tag);
+                            self.send_waiting();
+                        } else {
+                            f.released = true;
+                            self.ack_core(tag);
+                            self.out
+                                .push(v5::Packet::Pubrel(v5::Pubrel::new_success(a.pid)));
+                        }
+                    }
+                    _ => self.out.push(v5::Packet::Pubrel(v5::Pubrel::new(
+                        a.pid,
+                        v5::PubrelReasonCode::PacketIdentifierNotFound,
+                    ))),
+                }
+            }
+            v5::Packet::Pubrel(r) => {
+                let code = if self.inbound_qos2.remove(&r.pid.value()) {
+                    PubcompReasonCode::Success
+                } else {
+                    PubcompReasonCode::PacketIdentifierNotFound
+                };
+                self.out
+                    .push(v5::Packet::Pubcomp(v5::Pubcomp::new(r.pid, code)));
+            }
+            v5::Packet::Pubcomp(c) => {
+                if self
+                    .outbound
+                    .get(&c.pid.value())
+                    .is_some_and(|f| f.released)
+                {
+                    self.outbound.remove(&c.pid.value());
+                    self.send_waiting();
+                }
+            }
+            v5::Packet::Subscribe(s) => self.on_subscribe(now, s.into(), registry),
+            v5::Packet::Unsubscribe(u) => self.on_unsubscribe(u),
+            v5::Packet::Pingreq => self.out.push(v5::Packet::Pingresp),
+            v5::Packet::Disconnect(d) => {
+                if let Some(e) = d.properties.session_expiry_interval {
+                    if self.session_expiry_s == 0 && e != 0 {
+                        // MQTT-3.14.2-2.
+                        return Err(CloseError::protocol(
+                            "session expiry set on DISCONNECT after 0 at CONNECT",
+                        ));
+                    }
+                    self.session_expiry_s = e;
+                }
+                if d.reason_code != DisconnectReasonCode::DisconnectWithWillMessage {
+                    self.will = None;
+                }
+                self.disconnected = true;
+            }
+            v5::Packet::Auth(_) => {
+                return Err(CloseError::protocol(
+                    "AUTH is not supported (no authentication method was accepted)",
+                ));
+            }
+            v5::Packet::Connack(_)
+            | v5::Packet::Suback(_)
+            | v5::Packet::Unsuback(_)
+            | v5::Packet::Pingresp => {
+                return Err(CloseError::protocol(
+                    "server-to-client packet from a client",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_publish(
+        &mut self,
+        now: u64,
+        mut p: v5::Publish,
+        registry: &Registry,
+    ) -> Result<(), CloseError> {
+        if let Some(alias) = p.properties.topic_alias.take() {
+            if alias == 0 || alias > self.config.topic_alias_max {
+                return Err(CloseError::new(
+                    DisconnectReasonCode::TopicAliasInvalid,
+                    format!("topic alias {alias} out of range"),
+                ));
+            }
+            if p.topic_name.is_empty() {
+                p.topic_name =
+                    self.aliases.get(&alias).cloned().ok_or_else(|| {
+                        CloseError::protocol(format!("unknown topic alias {alias}"))
+                    })?;
+            } else {
+                self.aliases.insert(alias, p.topic_name.clone());
+            }
+        }
+        if let Err(e) = validate_topic(&p.topic_name) {
+            return Err(CloseError::new(
+                DisconnectReasonCode::TopicNameInvalid,
+                format!("PUBLISH topic: {e}"),
+            ));
+        }
+        let qos = p.qos_pid.qos();
+        if p.properties.payload_is_utf8 == Some(true) && std::str::from_utf8(&p.payload).is_err() {
+            // MQTT 5 3.3.2.3.2: refuse it with 0x99 where there is an ack to carry it.
+            match p.qos_pid {
+                QosPid::Level0 => {
+                    return Err(CloseError::new(
+                        DisconnectReasonCode::PayloadFormatInvalid,
+                        "payload announced as UTF-8 is not",
+                    ));
+                }
+                QosPid::Level1(pid) => self.out.push(v5::Packet::Puback(v5::Puback::new(
+                    pid,
+                    PubackReasonCode::PayloadFormatInvalid,
+                ))),
+                QosPid::Level2(pid) => self.out.push(v5::Packet::Pubrec(v5::Pubrec::new(
+                    pid,
+                    PubrecReasonCode::PayloadFormatInvalid,
+                ))),
+            }
+            return Ok(());
+        }
+        let in_flight = self.inbound_qos2.len()
+            + self
+                .confirms
+                .iter()
+                .filter(|(_, a)| !matches!(a, PendingAck::None))
+                .count();
+        if qos != QoS::Level0 && in_flight >= usize::from(self.config.max_inflight) {
+            return Err(CloseError::new(
+                DisconnectReasonCode::ReceiveMaximumExceeded,
+                "more unacknowledged QoS 1/2 publishes than Receive Maximum",
+            ));
+        }
+        let ack = match p.qos_pid {
+            QosPid::Level0 => PendingAck::None,
+            QosPid::Level1(pid) => PendingAck::Puback(pid),
+            QosPid::Level2(pid) => {
+                if !self.inbound_qos2.insert(pid.value()) {
+                    // A resend of a message already routed: exactly once means not again.
+                    self.out
+                        .push(v5::Packet::Pubrec(v5::Pubrec::new_success(pid)));
+                    return Ok(());
+                }
+                PendingAck::Pubrec(pid)
+            }
+        };
+        let publisher = self.stamp_publisher.then_some(&self.client_id);
+        let publish = convert::to_core(
+            &p.topic_name,
+            qos,
+            p.retain,
+            p.payload,
+            &p.properties,
+            now,
+            publisher,
+        );
+        if p.retain {
+            registry.retained().set(
+                &self.config.vhost,
+                RetainedMessage {
+                    topic: Arc::from(&*p.topic_name),
+                    qos: qos as u8,
+                    payload: publish.body.clone(),
+                    properties: publish.properties.clone(),
+                    stored_at: now,
+                    expiry_ms: p
+                        .properties
+                        .message_expiry_interval
+                        .map(|s| u64::from(s) * 1000),
+                },
+            );
+        }
+        self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
+        self.published = true;
+        self.confirms.push_back((self.confirm_next, ack));
+        self.confirm_next += 1;
+        Ok(())
+    }
+
+    fn ensure_queue(&mut self) {
+        if self.queue_ready {
+            return;
+        }
+        self.queue_ready = true;
+        self.ops.push((
+            CHANNEL,
+            Op::QueueDeclare(QueueDeclare {
+                queue: self.queue.to_string(),
+                passive: false,
+                durable: self.persistent,
+                exclusive: !self.persistent,
+                auto_delete: false,
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+        self.ops.push((
+            CHANNEL,
+            Op::Consume(Consume {
+                queue: self.queue.to_string(),
+                consumer_tag: CONSUMER_TAG.to_string(),
+                no_local: false,
+                no_ack: false,
+                exclusive: false,
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+    }
+
+    fn bind_op(&self, filter: &str) -> Bind {
+        Bind {
+            destination: self.queue.to_string(),
+            source: EXCHANGE.to_string(),
+            routing_key: filter_to_amqp_pattern(filter),
+            nowait: true,
+            arguments: FieldTable::new(),
+        }
+    }
+
+    /// Handles a SUBSCRIBE (filters `mqtt-proto` found invalid arrive as `None`).
+    pub fn on_subscribe(&mut self, now: u64, s: codec::Subscribe, registry: &Registry) {
+        let sub_id = s.subscription_id;
+        let mut codes = Vec::with_capacity(s.entries.len());
+        let mut retained = Vec::new();
+        for (filter, opts) in s.entries {
+            let Some(filter) = filter else {
+                codes.push(SubscribeReasonCode::TopicFilterInvalid);
+                continue;
+            };
+            let plain = match validate_filter(&filter) {
+                Ok((None, plain)) => plain,
+                Ok((Some(group), plain)) => {
+                    let queue = shared_queue(group, plain);
+                    if queue.len() > 255 {
+                        codes.push(SubscribeReasonCode::QuotaExceeded);
+                        continue;
+                    }
+                    let key: Arc<str> = Arc::from(&*filter);
+                    let opts = SubOpts {
+                        qos: opts.max_qos,
+                        no_local: false,
+                        retain_as_published: opts.retain_as_published,
+                        id: sub_id,
+                    };
+                    let qos = opts.qos;
+                    if self.subs.insert(key.clone(), opts).is_none() {
+                        self.join_share(&key, queue);
+                    }
+                    // No retained messages for shared subscriptions (MQTT 5, 4.8.2).
+                    codes.push(granted_code(qos));
+                    continue;
+                }
+                Err(_) => {
+                    codes.push(SubscribeReasonCode::TopicFilterInvalid);
+                    continue;
+                }
+            };
+            self.ensure_queue();
+            let key: Arc<str> = Arc::from(plain);
+            let existed = self
+                .subs
+                .insert(
+                    key,
+                    SubOpts {
+                        qos: opts.max_qos,
+                        no_local: opts.no_local,
+                        retain_as_published: opts.retain_as_published,
+                        id: sub_id,
+                    },
+                )
+                .is_some();
+            if !existed {
+                let bind = self.bind_op(plain);
+                self.ops.push((CHANNEL, Op::QueueBind(bind)));
+            }
+            self.stamp_publisher |= opts.no_local;
+            codes.push(granted_code(opts.max_qos));
+            let send = match opts.retain_handling {
+                RetainHandling::SendAtSubscribe => true,
+                RetainHandling::SendAtSubscribeIfNotExist => !existed,
+                RetainHandling::DoNotSend => false,
+            };
+            if send {
+                let mut found = registry.retained().matching(&self.config.vhost, plain, now);
+                found.truncate(self.config.max_retained_per_subscribe);
+                retained.extend(found.into_iter().map(|m| (m, opts.max_qos)));
+            }
+        }
+        self.out
+            .push(v5::Packet::Suback(v5::Suback::new(s.pid, codes)));
+        for (m, granted) in retained {
+            let message = Message {
+                exchange: Arc::from(EXCHANGE),
+                routing_key: Arc::from(warren_core::mqtt::topic_to_amqp_key(&m.topic)),
+                properties: m.properties,
+                body: m.payload,
+            };
+            let Some(o) = convert::from_core(&message, now) else {
+                continue;
+            };
+            if o.expired {
+                continue;
+            }
+            let mut props = o.properties;
+            props.subscription_id = sub_id.and_then(|id| v5::VarByteInt::try_from(id).ok());
+            let publish = v5::Publish {
+                dup: false,
+                // Messages sent because of a new subscription carry the retain flag.
+                retain: true,
+                qos_pid: QosPid::Level0,
+                topic_name: o.topic,
+                payload: message.body,
+                properties: props,
+            };
+            self.send_publish(publish, qos_from((m.qos).min(granted as u8)), None);
+        }
+    }
+
+    fn on_unsubscribe(&mut self, u: v5::Unsubscribe) {
+        let mut codes = Vec::with_capacity(u.topics.len());
+        for filter in u.topics {
+            if self.subs.remove(&*filter).is_some() {
+                if filter.is_shared() {
+                    // The group's queue is auto-delete: it goes with its last member.
+                    self.ops.push((
+                        CHANNEL,
+                        Op::Cancel {
+                            consumer_tag: filter.to_string(),
+                            nowait: true,
+                        },
+                    ));
+                } else {
+                    let bind = self.bind_op(&filter);
+                    self.ops.push((CHANNEL, Op::QueueUnbind(bind)));
+                }
+                codes.push(UnsubscribeReasonCode::Success);
+            } else {
+                codes.push(UnsubscribeReasonCode::NoSubscriptionExisted);
+            }
+        }
+        self.out
+            .push(v5::Packet::Unsuback(v5::Unsuback::new(u.pid, codes)));
+    }
+
+    /// Handles one effect the core addressed to this connection.
+    pub fn handle_effect(&mut self, now: u64, effect: Effect) -> Result<(), CloseError> {
+        match effect {
+            Effect::Deliver {
+                delivery,
+                consumer_tag,
+                ..
+            } => {
+                self.delivered += 1;
+                if &*consumer_tag == CONSUMER_TAG {
+                    self.on_deliver(now, delivery);
+                } else {
+                    self.on_shared_deliver(now, &consumer_tag, delivery);
+                }
+            }
+            Effect::Confirm {
+                seq, multiple, ack, ..
+            } => self.on_confirm(seq, multiple, ack),
+            Effect::ChannelError { error, .. } | Effect::ConnectionError { error, .. } => {
+                return Err(CloseError::new(
+                    DisconnectReasonCode::ImplementationSpecificError,
+                    format!("broker error {}: {}", error.code.code(), error.text),
+                ));
+            }
+            Effect::ConsumerCancelled { .. } => {
+                return Err(CloseError::new(
+                    DisconnectReasonCode::AdministrativeAction,
+                    "the session queue was deleted",
+                ));
+            }
+            Effect::FlowPaused { .. } => self.paused = true,
+            Effect::FlowResumed { .. } => self.paused = false,
+            Effect::Blocked { .. } => self.blocked = true,
+            Effect::Unblocked { .. } => self.blocked = false,
+            Effect::Reply { .. } | Effect::Return { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn on_confirm(&mut self, seq: u64, multiple: bool, ack: bool) {
+        let mut done = Vec::new();
+        if multiple {
+            while self.confirms.front().is_some_and(|(s, _)| *s <= seq) {
+                if let Some(c) = self.confirms.pop_front() {
+                    done.push(c.1);
+                }
+            }
+        } else if let Some(i) = self.confirms.iter().position(|(s, _)| *s == seq)
+            && let Some(c) = self.confirms.remove(i)
+        {
+            done.push(c.1);
+        }
+        for a in done {
+            match a {
+                PendingAck::None => {}
+                PendingAck::Puback(pid) => {
+                    let code = if ack {
+                        PubackReasonCode::Success
+                    } else {
+                        PubackReasonCode::UnspecifiedError
+                    };
+                    self.out
+                        .push(v5::Packet::Puback(v5::Puback::new(pid, code)));
+                }
+                PendingAck::Pubrec(pid) => {
+                    let code = if ack {
+                        PubrecReasonCode::Success
+                    } else {
+                        self.inbound_qos2.remove(&pid.value());
+                        PubrecReasonCode::UnspecifiedError
+                    };
+                    self.out
+                        .push(v5::Packet::Pubrec(v5::Pubrec::new(pid, code)));
+                }
+            }
+        }
+    }
+
+    fn ack_core(&mut self, tag: Option<u64>) {
+        if let Some(delivery_tag) = tag {
+            self.ops.push((
+                CHANNEL,
+                Op::Ack {
+                    delivery_tag,
+                    multiple: false,
+                },
+            ));
+        }
+    }
+
+    fn on_deliver(&mut self, now: u64, d: Delivery) {
+        let tag = d.delivery_tag;
+        let Some(o) = convert::from_core(&d.message, now) else {
+            self.ack_core(Some(tag));
+            return;
+        };
+        let own = self.stamp_publisher && convert::publisher(&d.message) == Some(&*self.client_id);
+        let mut granted: Option<QoS> = None;
+        let mut rap = false;
+        let mut sub_id = None;
+        for (filter, opts) in &self.subs {
+            if filter.starts_with("$share/") || !matches(filter, &o.topic) || (own && opts.no_local)
+            {
+                continue;
+            }
+            granted = Some(granted.map_or(opts.qos, |g| g.max(opts.qos)));
+            rap |= opts.retain_as_published;
+            sub_id = sub_id.or(opts.id);
+        }
+        let Some(granted) = granted else {
+            // Unsubscribed meanwhile, or only no-local subscriptions match its own message.
+            self.ack_core(Some(tag));
+            return;
+        };
+        if o.expired {
+            self.ack_core(Some(tag));
+            return;
+        }
+        let mut props = o.properties;
+        props.subscription_id = sub_id.and_then(|id| v5::VarByteInt::try_from(id).ok());
+        let publish = v5::Publish {
+            dup: d.redelivered,
+            retain: rap && o.retain,
+            qos_pid: QosPid::Level0,
+            topic_name: o.topic,
+            payload: d.message.body.clone(),
+            properties: props,
+        };
+        self.send_publish(publish, o.qos.min(granted), Some(tag));
+    }
+
+    /// Joins a share group: its queue (auto-delete, shared by the group's members, who get its
+    /// messages round-robin) bound like a plain subscription, consumed under the full filter
+    /// as consumer tag.
+    fn join_share(&mut self, filter: &Arc<str>, queue: String) {
+        let plain = match validate_filter(filter) {
+            Ok((Some(_), plain)) => plain.to_string(),
+            _ => return,
+        };
+        self.ops.push((
+            CHANNEL,
+            Op::QueueDeclare(QueueDeclare {
+                queue: queue.clone(),
+                passive: false,
+                durable: false,
+                exclusive: false,
+                auto_delete: true,
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+        self.ops.push((
+            CHANNEL,
+            Op::QueueBind(Bind {
+                destination: queue.clone(),
+                source: EXCHANGE.to_string(),
+                routing_key: filter_to_amqp_pattern(&plain),
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+        self.ops.push((
+            CHANNEL,
+            Op::Consume(Consume {
+                queue,
+                consumer_tag: filter.to_string(),
+                no_local: false,
+                no_ack: false,
+                exclusive: false,
+                nowait: true,
+                arguments: FieldTable::new(),
+            }),
+        ));
+    }
+
+    fn on_shared_deliver(&mut self, now: u64, filter: &str, d: Delivery) {
+        let tag = d.delivery_tag;
+        let (Some(opts), Some(o)) = (
+            self.subs.get(filter).cloned(),
+            convert::from_core(&d.message, now),
+        ) else {
+            self.ack_core(Some(tag));
+            return;
+        };
+        let plain_matches =
+            matches!(validate_filter(filter), Ok((_, plain)) if matches(plain, &o.topic));
+        if !plain_matches || o.expired {
+            self.ack_core(Some(tag));
+            return;
+        }
+        let mut props = o.properties;
+        props.subscription_id = opts.id.and_then(|id| v5::VarByteInt::try_from(id).ok());
+        let publish = v5::Publish {
+            dup: d.redelivered,
+            retain: opts.retain_as_published && o.retain,
+            qos_pid: QosPid::Level0,
+            topic_name: o.topic,
+            payload: d.message.body.clone(),
+            properties: props,
+        };
+        self.send_publish(publish, o.qos.min(opts.qos), Some(tag));
+    }
+
+    /// Sends a PUBLISH at `qos` (0: at once, acking the core; 1/2: under a packet id, or queued
+    /// until one is free).
+    fn send_publish(&mut self, mut publish: v5::Publish, qos: QoS, tag: Option<u64>) {
+        if let Some(max) = self.client_max_packet {
+            let size = crate::codec::encoded_len(&v5::Packet::Publish(publish.clone()), self.level);
+            if size > max as usize {
+                // MQTT-3.1.2-25: discard what the client said it cannot take.
+                self.ack_core(tag);
+                return;
+            }
+        }
+        if qos == QoS::Level0 {
+            publish.dup = false;
+            self.push_publish(publish);
+            self.ack_core(tag);
+            return;
+        }
+        publish.qos_pid = match qos {
+            QoS::Level1 => QosPid::Level1(Pid::default()),
+            _ => QosPid::Level2(Pid::default()),
+        };
+        if self.waiting.is_empty()
+            && let Some(pid) = self.alloc_pid()
+        {
+            self.send_inflight(publish, pid, tag);
+            return;
+        }
+        self.waiting.push_back(Waiting { publish, tag });
+    }
+
+    fn send_inflight(&mut self, mut publish: v5::Publish, pid: Pid, tag: Option<u64>) {
+        let qos = publish.qos_pid.qos();
+        publish.qos_pid = match qos {
+            QoS::Level1 => QosPid::Level1(pid),
+            _ => QosPid::Level2(pid),
+        };
+        self.outbound.insert(
+            pid.value(),
+            Inflight {
+                tag,
+                qos,
+                released: false,
+            },
+        );
+        self.push_publish(publish);
+    }
+
+    /// Queues a PUBLISH, replacing its topic by an alias when the client takes aliases.
+    fn push_publish(&mut self, mut p: v5::Publish) {
+        if self.out_alias_max > 0 {
+            if let Some(&alias) = self.out_aliases.get(&p.topic_name) {
+                p.properties.topic_alias = Some(alias);
+                if let Ok(empty) = TopicName::try_from("") {
+                    p.topic_name = empty;
+                }
+            } else if self.out_aliases.len() < usize::from(self.out_alias_max) {
+                let alias = self.out_aliases.len() as u16 + 1;
+                self.out_aliases.insert(p.topic_name.clone(), alias);
+                p.properties.topic_alias = Some(alias);
+            }
+        }
+        self.out.push(v5::Packet::Publish(p));
+    }
+
+    fn send_waiting(&mut self) {
+        while !self.waiting.is_empty() {
+            let Some(pid) = self.alloc_pid() else { return };
+            let Some(w) = self.waiting.pop_front() else {
+                return;
+            };
+            self.send_inflight(w.publish, pid, w.tag);
+        }
+    }
+
+    /// A free packet id, if the client's Receive Maximum allows another message in flight.
+    fn alloc_pid(&mut self) -> Option<Pid> {
+        if self.outbound.len() >= usize::from(self.client_receive_max) {
+            return None;
+        }
+        // At most 65535 ids, fewer in use than that: the scan ends.
+        for _ in 0..u16::MAX {
+            let id = self.next_pid;
+            self.next_pid = if id == u16::MAX { 1 } else { id + 1 };
+            if !self.outbound.contains_key(&id) {
+                return Pid::try_from(id).ok();
+            }
+        }
+        None
+    }
+
+    /// The DISCONNECT a v5 client gets when the server closes for `reason`.
+    pub fn disconnect_packet(&self, reason: DisconnectReasonCode) -> Option<v5::Packet> {
+        (self.level == 5).then(|| v5::Packet::Disconnect(v5::Disconnect::new(reason)))
+    }
+
+    /// Ends the session: publishes the will unless the client disconnected normally and
+    /// returns what a persistent session keeps. The host then sends `Op::ConnectionClose`
+    /// (once these ops are applied): the core puts unacked deliveries back in the queue.
+    pub fn close(&mut self, now: u64, registry: &Registry) -> Option<SessionRecord> {
+        if let Some(w) = self.will.take() {
+            // MQTT 5 3.1.3.2.2: the will waits for its delay, or until the session ends if
+            // that comes first; a clean session ends now.
+            let delay = w.properties.delay_interval.unwrap_or(0);
+            let ends = if self.persistent {
+                self.session_expiry_s
+            } else {
+                0
+            };
+            let delay = delay.min(ends);
+            if delay > 0 {
+                self.delayed_will = Some((delay, w));
+            } else {
+                let publish = will_publish(&w, &self.config.vhost, now, registry);
+                self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
+                self.confirms
+                    .push_back((self.confirm_next, PendingAck::None));
+                self.confirm_next += 1;
+            }
+        }
+        (self.session_expiry_s > 0 && self.persistent).then(|| SessionRecord {
+            subs: std::mem::take(&mut self.subs),
+            awaiting_comp: self
+                .outbound
+                .iter()
+                .filter(|(_, f)| f.released)
+                .map(|(pid, _)| *pid)
+                .collect(),
+            inbound_qos2: std::mem::take(&mut self.inbound_qos2),
+            has_queue: self.queue_ready,
+            expiry_s: self.session_expiry_s,
+            stored_at: now,
+        })
+    }
+
+    /// Outbound QoS 1/2 messages waiting for a packet id (the client's Receive Maximum).
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// A will that [`Session::close`] left for later: (delay in seconds, will). The host
+    /// publishes it after the delay unless the client id connects again meanwhile.
+    pub fn take_delayed_will(&mut self) -> Option<(u32, v5::LastWill)> {
+        self.delayed_will.take()
+    }
+}
+
+/// The core publish of a will (and its retained copy, stored at once when it has the retain
+/// flag).
+pub fn will_publish(
+    w: &v5::LastWill,
+    vhost: &str,
+    now: u64,
+    registry: &Registry,
+) -> warren_core::command::Publish {
+    let props = v5::PublishProperties {
+        payload_is_utf8: w.properties.payload_is_utf8,
+        message_expiry_interval: w.properties.message_expiry_interval,
+        content_type: w.properties.content_type.clone(),
+        response_topic: w.properties.response_topic.clone(),
+        correlation_data: w.properties.correlation_data.clone(),
+        user_properties: w.properties.user_properties.clone(),
+        ..Default::default()
+    };
+    let publish = convert::to_core(
+        &w.topic_name,
+        w.qos,
+        w.retain,
+        w.payload.clone(),
+        &props,
+        now,
+        None,
+    );
+    if w.retain {
+        registry.retained().set(
+            vhost,
+            RetainedMessage {
+                topic: Arc::from(&*w.topic_name),
+                qos: w.qos as u8,
+                payload: publish.body.clone(),
+                properties: publish.properties.clone(),
+                stored_at: now,
+                expiry_ms: props.message_expiry_interval.map(|s| u64::from(s) * 1000),
+            },
+        );
+    }
+    publish
+}

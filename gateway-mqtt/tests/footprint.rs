@@ -1,0 +1,27 @@
+//! The per-connection footprint the gateway controls: the connection task's future and the
+//! session state, bounded so an idle connection stays small (1M-connection target).
+
+use std::sync::Arc;
+
+#[tokio::test]
+async fn connection_future_and_session_stay_small() {
+    let broker = warren_runtime::BrokerHandle::start(Default::default());
+    let (a, _b) = tokio::io::duplex(64);
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let fut = warren_mqtt::serve_connection(
+        a,
+        warren_mqtt::PeerInfo {
+            addr: "test".into(),
+            is_loopback: true,
+        },
+        broker,
+        Arc::new(warren_mqtt::Registry::new()),
+        Arc::new(warren_mqtt::MqttConfig::default()),
+        stopped,
+    );
+    let future = std::mem::size_of_val(&fut);
+    let session = std::mem::size_of::<warren_mqtt::session::Session>();
+    println!("connection future: {future} bytes, session: {session} bytes");
+    assert!(future <= 4096, "connection future {future} bytes");
+    assert!(session <= 1024, "session {session} bytes");
+}

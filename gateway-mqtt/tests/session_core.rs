@@ -1,0 +1,405 @@
+//! The sans-IO session driven against an in-process core broker, no sockets: persistent
+//! sessions, QoS 2 state, topic aliases.
+
+use bytes::Bytes;
+use mqtt_proto::v5::{self, Packet};
+use mqtt_proto::{Pid, Protocol, QoS, QosPid, TopicFilter, TopicName};
+use std::sync::Arc;
+use warren_core::Broker;
+use warren_core::ids::{ChannelRef, ConnId};
+use warren_mqtt::Registry;
+use warren_mqtt::session::{ConnectInfo, Session, check_connect};
+
+struct World {
+    broker: Broker,
+    registry: Registry,
+    config: Arc<warren_mqtt::MqttConfig>,
+    now: u64,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            broker: Broker::new(Default::default()),
+            registry: Registry::new(),
+            config: Arc::new(Default::default()),
+            now: 1_000,
+        }
+    }
+
+    fn info(&self, id: &str, level: u8, clean: bool) -> ConnectInfo {
+        let protocol = if level == 5 {
+            Protocol::V500
+        } else {
+            Protocol::V311
+        };
+        let mut c = v5::Connect::new(Arc::from(id), 30);
+        c.protocol = protocol;
+        c.clean_start = clean;
+        c.properties.session_expiry_interval = Some(if clean { 0 } else { u32::MAX });
+        check_connect(&c, true, &self.config, || "gen".into()).expect("accepted")
+    }
+
+    /// Applies the session's ops to the core and feeds the effects back until quiet.
+    fn pump(&mut self, conn: u64, s: &mut Session) -> Vec<Packet> {
+        let mut packets = Vec::new();
+        loop {
+            let ops = s.take_ops();
+            packets.extend(s.take_packets());
+            if ops.is_empty() {
+                return packets;
+            }
+            for (ch, op) in ops {
+                self.broker
+                    .handle(self.now, ChannelRef::new(ConnId(conn), ch), op);
+            }
+            let mut effects = Vec::new();
+            self.broker.poll_effects(&mut effects);
+            for e in effects {
+                assert_eq!(
+                    e.conn(),
+                    ConnId(conn),
+                    "effect for another connection: {e:?}"
+                );
+                s.handle_effect(self.now, e).expect("no error");
+            }
+            s.flushed();
+            packets.extend(s.take_packets());
+        }
+    }
+
+    /// Routes effects to two sessions.
+    fn pump2(
+        &mut self,
+        a: (u64, &mut Session),
+        b: (u64, &mut Session),
+    ) -> (Vec<Packet>, Vec<Packet>) {
+        let (ca, sa) = a;
+        let (cb, sb) = b;
+        let mut pa = Vec::new();
+        let mut pb = Vec::new();
+        loop {
+            let mut ops: Vec<(u64, u16, warren_core::command::Op)> = Vec::new();
+            ops.extend(sa.take_ops().into_iter().map(|(c, o)| (ca, c, o)));
+            ops.extend(sb.take_ops().into_iter().map(|(c, o)| (cb, c, o)));
+            pa.extend(sa.take_packets());
+            pb.extend(sb.take_packets());
+            if ops.is_empty() {
+                return (pa, pb);
+            }
+            for (conn, ch, op) in ops {
+                self.broker
+                    .handle(self.now, ChannelRef::new(ConnId(conn), ch), op);
+            }
+            let mut effects = Vec::new();
+            self.broker.poll_effects(&mut effects);
+            for e in effects {
+                let target = if e.conn() == ConnId(ca) {
+                    &mut *sa
+                } else {
+                    &mut *sb
+                };
+                target.handle_effect(self.now, e).expect("no error");
+            }
+            sa.flushed();
+            sb.flushed();
+        }
+    }
+}
+
+fn subscribe(pid: u16, filter: &str, qos: QoS) -> Packet {
+    Packet::Subscribe(v5::Subscribe::new(
+        Pid::try_from(pid).expect("pid"),
+        vec![(
+            TopicFilter::try_from(filter).expect("filter"),
+            v5::SubscriptionOptions {
+                max_qos: qos,
+                no_local: false,
+                retain_as_published: false,
+                retain_handling: v5::RetainHandling::SendAtSubscribe,
+            },
+        )],
+    ))
+}
+
+fn publish(topic: &str, qos_pid: QosPid, payload: &str) -> Packet {
+    Packet::Publish(v5::Publish::new(
+        qos_pid,
+        TopicName::try_from(topic).expect("topic"),
+        Bytes::copy_from_slice(payload.as_bytes()),
+    ))
+}
+
+fn pid(n: u16) -> Pid {
+    Pid::try_from(n).expect("pid")
+}
+
+fn payloads(packets: &[Packet]) -> Vec<(String, bool)> {
+    packets
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some((String::from_utf8_lossy(&p.payload).into_owned(), p.dup)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn persistent_session_queues_while_offline_and_resends_unacked_with_dup() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut keeper = Session::new(w.info("keeper", 4, false), None, w.now, cfg.clone());
+    w.pump(1, &mut keeper);
+    keeper
+        .handle_packet(w.now, subscribe(1, "p/#", QoS::Level1), &w.registry)
+        .expect("subscribe");
+    w.pump(1, &mut keeper);
+    let mut publisher = Session::new(w.info("pub", 4, true), None, w.now, cfg.clone());
+    w.pump(2, &mut publisher);
+    // One message reaches the keeper but is never acked.
+    publisher
+        .handle_packet(
+            w.now,
+            publish("p/x", QosPid::Level1(pid(1)), "a"),
+            &w.registry,
+        )
+        .expect("publish");
+    let (got, _) = w.pump2((1, &mut keeper), (2, &mut publisher));
+    assert_eq!(payloads(&got), [("a".to_string(), false)]);
+    keeper
+        .handle_packet(
+            w.now,
+            Packet::Disconnect(v5::Disconnect::new_normal()),
+            &w.registry,
+        )
+        .expect("disconnect");
+    let record = keeper.close(w.now, &w.registry).expect("persistent");
+    w.pump(1, &mut keeper);
+    w.broker.handle(
+        w.now,
+        ChannelRef::new(ConnId(1), 0),
+        warren_core::command::Op::ConnectionClose,
+    );
+    let mut effects = Vec::new();
+    w.broker.poll_effects(&mut effects);
+    assert!(effects.is_empty(), "{effects:?}");
+    // Offline: two more.
+    for (i, m) in ["b", "c"].into_iter().enumerate() {
+        publisher
+            .handle_packet(
+                w.now,
+                publish("p/y", QosPid::Level1(pid(2 + i as u16)), m),
+                &w.registry,
+            )
+            .expect("publish");
+    }
+    let acks = w.pump(2, &mut publisher);
+    assert_eq!(acks.len(), 2, "{acks:?}");
+    assert_eq!(w.broker.queue_len("mqtt-subscription-keeperqos1"), Some(3));
+
+    let mut back = Session::new(w.info("keeper", 4, false), Some(record), w.now, cfg);
+    let got = w.pump(3, &mut back);
+    assert!(
+        matches!(&got[0], Packet::Connack(c) if c.session_present),
+        "{got:?}"
+    );
+    assert_eq!(
+        payloads(&got),
+        [
+            ("a".to_string(), true),
+            ("b".to_string(), false),
+            ("c".to_string(), false)
+        ]
+    );
+}
+
+#[test]
+fn expired_session_starts_clean_and_drops_its_queue() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut info = w.info("brief", 5, false);
+    info.session_expiry_s = 2;
+    let mut s = Session::new(info.clone(), None, w.now, cfg.clone());
+    w.pump(1, &mut s);
+    s.handle_packet(w.now, subscribe(1, "e/#", QoS::Level1), &w.registry)
+        .expect("subscribe");
+    w.pump(1, &mut s);
+    let record = s.close(w.now, &w.registry).expect("persistent");
+    w.pump(1, &mut s);
+    w.broker.handle(
+        w.now,
+        ChannelRef::new(ConnId(1), 0),
+        warren_core::command::Op::ConnectionClose,
+    );
+    assert!(!record.expired(w.now + 1_999));
+    assert!(record.expired(w.now + 2_000));
+    w.now += 2_000;
+    let mut back = Session::new(info, Some(record), w.now, cfg);
+    let got = w.pump(2, &mut back);
+    assert!(
+        matches!(&got[0], Packet::Connack(c) if !c.session_present),
+        "{got:?}"
+    );
+    assert_eq!(w.broker.queue_len("mqtt-subscription-briefqos1"), None);
+}
+
+fn kinds(packets: &[Packet]) -> Vec<String> {
+    packets
+        .iter()
+        .map(|p| match p {
+            Packet::Publish(p) => format!("publish {:?} dup={}", p.qos_pid, p.dup),
+            Packet::Pubrec(r) => format!("pubrec {} {:?}", r.pid.value(), r.reason_code),
+            Packet::Pubrel(r) => format!("pubrel {} {:?}", r.pid.value(), r.reason_code),
+            Packet::Pubcomp(r) => format!("pubcomp {} {:?}", r.pid.value(), r.reason_code),
+            Packet::Puback(r) => format!("puback {} {:?}", r.pid.value(), r.reason_code),
+            other => format!("{:?}", other.get_type()),
+        })
+        .collect()
+}
+
+#[test]
+fn exactly_once_inbound_and_outbound() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut sub = Session::new(w.info("sub", 5, true), None, w.now, cfg.clone());
+    w.pump(1, &mut sub);
+    sub.handle_packet(w.now, subscribe(1, "q2/#", QoS::Level2), &w.registry)
+        .expect("subscribe");
+    w.pump(1, &mut sub);
+    let mut publisher = Session::new(w.info("pub", 5, true), None, w.now, cfg);
+    w.pump(2, &mut publisher);
+
+    // The same QoS 2 packet id twice before PUBREL: routed once, PUBREC twice.
+    for _ in 0..2 {
+        publisher
+            .handle_packet(
+                w.now,
+                publish("q2/a", QosPid::Level2(pid(9)), "once"),
+                &w.registry,
+            )
+            .expect("publish");
+    }
+    let (got, acks) = w.pump2((1, &mut sub), (2, &mut publisher));
+    assert_eq!(payloads(&got), [("once".to_string(), false)]);
+    assert_eq!(kinds(&acks), ["pubrec 9 Success", "pubrec 9 Success"]);
+    publisher
+        .handle_packet(
+            w.now,
+            Packet::Pubrel(v5::Pubrel::new_success(pid(9))),
+            &w.registry,
+        )
+        .expect("pubrel");
+    publisher
+        .handle_packet(
+            w.now,
+            Packet::Pubrel(v5::Pubrel::new_success(pid(9))),
+            &w.registry,
+        )
+        .expect("pubrel again");
+    assert_eq!(
+        kinds(&publisher.take_packets()),
+        ["pubcomp 9 Success", "pubcomp 9 PacketIdentifierNotFound"]
+    );
+    // After PUBREL the id is free again: a new message under it is routed.
+    publisher
+        .handle_packet(
+            w.now,
+            publish("q2/a", QosPid::Level2(pid(9)), "twice"),
+            &w.registry,
+        )
+        .expect("publish");
+    let (got, _) = w.pump2((1, &mut sub), (2, &mut publisher));
+    assert_eq!(payloads(&got), [("twice".to_string(), false)]);
+
+    // Outbound: PUBREC acks the core and sends PUBREL; PUBCOMP frees the id.
+    let Packet::Publish(p) = &got[0] else {
+        panic!("{got:?}")
+    };
+    let out_pid = p.qos_pid.pid().expect("QoS 2 has a packet id");
+    sub.handle_packet(
+        w.now,
+        Packet::Pubrec(v5::Pubrec::new_success(out_pid)),
+        &w.registry,
+    )
+    .expect("pubrec");
+    let ops = sub.take_ops();
+    assert!(
+        matches!(ops[..], [(_, warren_core::command::Op::Ack { .. })]),
+        "{ops:?}"
+    );
+    assert_eq!(
+        kinds(&sub.take_packets()),
+        [format!("pubrel {} Success", out_pid.value())]
+    );
+    sub.handle_packet(
+        w.now,
+        Packet::Pubcomp(v5::Pubcomp::new_success(out_pid)),
+        &w.registry,
+    )
+    .expect("pubcomp");
+    assert!(sub.take_packets().is_empty());
+}
+
+#[test]
+fn receive_maximum_exceeded_closes_with_0x93() {
+    let mut w = World::new();
+    let cfg = Arc::new(warren_mqtt::MqttConfig {
+        max_inflight: 2,
+        ..Default::default()
+    });
+    w.config = cfg.clone();
+    let mut s = Session::new(w.info("greedy", 5, true), None, w.now, cfg);
+    for n in 1..=2 {
+        s.handle_packet(
+            w.now,
+            publish("g", QosPid::Level1(pid(n)), "x"),
+            &w.registry,
+        )
+        .expect("within the limit");
+    }
+    let err = s
+        .handle_packet(
+            w.now,
+            publish("g", QosPid::Level1(pid(3)), "x"),
+            &w.registry,
+        )
+        .expect_err("over the limit");
+    assert_eq!(err.reason, v5::DisconnectReasonCode::ReceiveMaximumExceeded);
+}
+
+#[test]
+fn payload_announced_as_utf8_must_be() {
+    let w = World::new();
+    let cfg = w.config.clone();
+    let mut s = Session::new(w.info("fmt", 5, true), None, w.now, cfg);
+    s.take_packets();
+    let bad = |qos_pid| {
+        let mut p = v5::Publish::new(
+            qos_pid,
+            TopicName::try_from("f").expect("topic"),
+            Bytes::from_static(b"\xff\xfe"),
+        );
+        p.properties.payload_is_utf8 = Some(true);
+        Packet::Publish(p)
+    };
+    s.handle_packet(w.now, bad(QosPid::Level1(pid(1))), &w.registry)
+        .expect("answered");
+    s.handle_packet(w.now, bad(QosPid::Level2(pid(2))), &w.registry)
+        .expect("answered");
+    assert_eq!(
+        kinds(&s.take_packets()),
+        [
+            "puback 1 PayloadFormatInvalid",
+            "pubrec 2 PayloadFormatInvalid"
+        ]
+    );
+    assert!(
+        s.take_ops()
+            .iter()
+            .all(|(_, op)| !matches!(op, warren_core::command::Op::Publish(_)))
+    );
+    let err = s
+        .handle_packet(w.now, bad(QosPid::Level0), &w.registry)
+        .expect_err("QoS 0 has no ack to refuse it with");
+    assert_eq!(err.reason, v5::DisconnectReasonCode::PayloadFormatInvalid);
+}

@@ -1,0 +1,276 @@
+//! MQTT 3.1.1 with rumqttc over loopback: QoS 0/1/2 both ways, retained messages, wills,
+//! session takeover, persistent sessions, `$` topics.
+
+use rumqttc::{ConnectReturnCode, LastWill, QoS};
+use std::time::Duration;
+use warren_tests::mqtt::start;
+
+const QUIET: Duration = Duration::from_millis(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_0_1_2_delivered_at_min_of_publish_and_granted() {
+    let b = start().await;
+    let mut sub2 = b.connect("sub2").await;
+    sub2.subscribe("a/+", QoS::ExactlyOnce).await;
+    let mut sub1 = b.connect("sub1").await;
+    sub1.subscribe("a/#", QoS::AtLeastOnce).await;
+    let publisher = b.connect("pub").await;
+    for (i, qos) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce]
+        .into_iter()
+        .enumerate()
+    {
+        publisher
+            .publish("a/b", qos, false, format!("m{i}").as_bytes())
+            .await;
+        let p = sub2.next_publish().await;
+        assert_eq!(
+            (p.topic.as_str(), &p.payload[..]),
+            ("a/b", format!("m{i}").as_bytes()),
+            "message {i} at {qos:?}"
+        );
+        assert_eq!(p.qos, qos, "granted 2: the publish QoS");
+        assert!(!p.retain);
+        let p = sub1.next_publish().await;
+        assert_eq!(
+            &p.payload[..],
+            format!("m{i}").as_bytes(),
+            "message {i} at {qos:?}"
+        );
+        let capped = if qos == QoS::ExactlyOnce {
+            QoS::AtLeastOnce
+        } else {
+            qos
+        };
+        assert_eq!(p.qos, capped, "granted 1 caps QoS 2");
+    }
+    sub2.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_qos1_messages_in_order() {
+    let b = start().await;
+    let mut sub = b.connect("sub").await;
+    sub.subscribe("load/#", QoS::AtLeastOnce).await;
+    let publisher = b.connect("pub").await;
+    for i in 0..3000u32 {
+        publisher
+            .publish("load/x", QoS::AtLeastOnce, false, &i.to_be_bytes())
+            .await;
+    }
+    for i in 0..3000u32 {
+        let p = sub.next_publish().await;
+        assert_eq!(&p.payload[..], i.to_be_bytes());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_messages_on_subscribe_including_wildcards_and_cleared() {
+    let b = start().await;
+    let publisher = b.connect("pub").await;
+    publisher
+        .publish("r/1", QoS::AtLeastOnce, true, b"one")
+        .await;
+    publisher
+        .publish("r/2", QoS::AtMostOnce, true, b"two")
+        .await;
+    publisher
+        .publish("r/2", QoS::AtMostOnce, true, b"two'")
+        .await;
+    let mut publisher = publisher;
+    publisher
+        .publish("other", QoS::AtLeastOnce, true, b"x")
+        .await;
+    // The PUBACK of the last publish (the second QoS 1 one) means the earlier ones were
+    // handled too.
+    publisher.puback().await;
+    publisher.puback().await;
+    let mut probe = b.connect("probe").await;
+    probe.subscribe("other", QoS::AtMostOnce).await;
+    assert!(probe.next_publish().await.retain);
+
+    let mut sub = b.connect("sub").await;
+    sub.subscribe("r/+", QoS::AtLeastOnce).await;
+    let mut got = [sub.next_publish().await, sub.next_publish().await];
+    got.sort_by(|a, b| a.topic.cmp(&b.topic));
+    assert_eq!(&got[0].payload[..], b"one");
+    assert_eq!(got[0].qos, QoS::AtLeastOnce);
+    assert_eq!(&got[1].payload[..], b"two'");
+    assert_eq!(got[1].qos, QoS::AtMostOnce);
+    assert!(got.iter().all(|p| p.retain));
+    sub.no_publish(QUIET).await;
+
+    // Live messages to the subscriber are not flagged retained.
+    publisher
+        .publish("r/1", QoS::AtLeastOnce, true, b"live")
+        .await;
+    let p = sub.next_publish().await;
+    assert!(!p.retain);
+
+    // An empty retained payload clears the topic.
+    publisher.publish("r/1", QoS::AtLeastOnce, true, b"").await;
+    publisher.publish("r/2", QoS::AtLeastOnce, true, b"").await;
+    assert!(sub.next_publish().await.payload.is_empty());
+    assert!(sub.next_publish().await.payload.is_empty());
+    let mut late = b.connect("late").await;
+    late.subscribe("r/#", QoS::AtLeastOnce).await;
+    late.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn will_sent_on_abrupt_close_not_after_disconnect() {
+    let b = start().await;
+    let mut watcher = b.connect("watcher").await;
+    watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
+
+    let mut o = b.options("device-1");
+    o.set_last_will(LastWill::new(
+        "wills/device-1",
+        "gone",
+        QoS::AtLeastOnce,
+        false,
+    ));
+    let (dev, _) = b.connect_with(o).await;
+    dev.kill();
+    let p = watcher.next_publish().await;
+    assert_eq!(p.topic, "wills/device-1");
+    assert_eq!(&p.payload[..], b"gone");
+    assert_eq!(p.qos, QoS::AtLeastOnce);
+
+    let mut o = b.options("device-2");
+    o.set_last_will(LastWill::new(
+        "wills/device-2",
+        "gone",
+        QoS::AtLeastOnce,
+        false,
+    ));
+    let (mut dev, _) = b.connect_with(o).await;
+    dev.client.disconnect().await.expect("queue disconnect");
+    dev.closed().await;
+    watcher.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_connection_with_same_client_id_takes_over() {
+    let b = start().await;
+    let mut first = b.connect("same").await;
+    let mut second = b.connect("same").await;
+    first.closed().await;
+    // The new connection works.
+    second.subscribe("t", QoS::AtLeastOnce).await;
+    second.publish("t", QoS::AtLeastOnce, false, b"hi").await;
+    assert_eq!(&second.next_publish().await.payload[..], b"hi");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_session_keeps_subscriptions_and_queues_while_offline() {
+    let b = start().await;
+    let mut o = b.options("keeper");
+    o.set_clean_session(false);
+    let (mut c, ack) = b.connect_with(o.clone()).await;
+    assert!(!ack.session_present);
+    c.subscribe("p/#", QoS::AtLeastOnce).await;
+    c.client.disconnect().await.expect("queue disconnect");
+    c.closed().await;
+
+    let publisher = b.connect("pub").await;
+    for i in 0..5u8 {
+        publisher
+            .publish("p/x", QoS::AtLeastOnce, false, &[i])
+            .await;
+    }
+    publisher
+        .publish("p/x", QoS::AtMostOnce, false, b"q0")
+        .await;
+    // Let the publishes reach the queue before the client comes back.
+    let mut probe = b.connect("probe").await;
+    probe.subscribe("p/x", QoS::AtMostOnce).await;
+    publisher
+        .publish("p/x", QoS::AtLeastOnce, false, b"marker")
+        .await;
+    while probe.next_publish().await.payload != b"marker"[..] {}
+
+    let (mut c, ack) = b.connect_with(o.clone()).await;
+    assert!(ack.session_present);
+    for i in 0..5u8 {
+        let p = c.next_publish().await;
+        assert_eq!(&p.payload[..], [i]);
+        assert_eq!(p.qos, QoS::AtLeastOnce);
+    }
+    assert_eq!(&c.next_publish().await.payload[..], b"q0");
+    assert_eq!(&c.next_publish().await.payload[..], b"marker");
+    c.client.disconnect().await.expect("queue disconnect");
+    c.closed().await;
+
+    // A clean session drops it all.
+    let mut o2 = o.clone();
+    o2.set_clean_session(true);
+    let (mut c, ack) = b.connect_with(o2).await;
+    assert!(!ack.session_present);
+    publisher
+        .publish("p/x", QoS::AtLeastOnce, false, b"after")
+        .await;
+    c.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dollar_topics_not_matched_by_leading_wildcards() {
+    let b = start().await;
+    let mut all = b.connect("all").await;
+    all.subscribe("#", QoS::AtMostOnce).await;
+    let mut plus = b.connect("plus").await;
+    plus.subscribe("+/x", QoS::AtMostOnce).await;
+    let mut sys = b.connect("sys").await;
+    sys.subscribe("$SYS/#", QoS::AtMostOnce).await;
+    let publisher = b.connect("pub").await;
+    publisher
+        .publish("$SYS/x", QoS::AtMostOnce, false, b"s")
+        .await;
+    assert_eq!(&sys.next_publish().await.payload[..], b"s");
+    all.no_publish(QUIET).await;
+    plus.no_publish(QUIET).await;
+    // The literal `.` survives the AMQP key mapping.
+    publisher
+        .publish("v1.2/x", QoS::AtMostOnce, false, b"d")
+        .await;
+    let p = plus.next_publish().await;
+    assert_eq!(p.topic, "v1.2/x");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsubscribe_stops_delivery() {
+    let b = start().await;
+    let mut c = b.connect("c").await;
+    c.subscribe("u/1", QoS::AtLeastOnce).await;
+    c.client
+        .unsubscribe("u/1")
+        .await
+        .expect("queue unsubscribe");
+    c.wait(|p| matches!(p, rumqttc::Packet::UnsubAck(_)).then_some(()))
+        .await;
+    c.publish("u/1", QoS::AtLeastOnce, false, b"x").await;
+    c.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_refused() {
+    let b = start().await;
+    let mut o = b.options("c");
+    o.set_credentials("guest", "wrong");
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(o, 10);
+    let err = tokio::time::timeout(warren_tests::WAIT, eventloop.poll())
+        .await
+        .expect("answered in time")
+        .expect_err("refused");
+    drop(client);
+    assert!(
+        matches!(
+            err,
+            rumqttc::ConnectionError::ConnectionRefused(ConnectReturnCode::BadUserNamePassword)
+        ),
+        "{err:?}"
+    );
+    let mut o = b.options("c");
+    o.set_credentials("guest", "guest");
+    let (_c, ack) = b.connect_with(o).await;
+    assert_eq!(ack.code, ConnectReturnCode::Success);
+}

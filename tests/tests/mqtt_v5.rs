@@ -1,0 +1,406 @@
+//! MQTT 5 with rumqttc's v5 client over loopback: assigned client ids, properties passed
+//! through, topic aliases, no-local, retain handling and retain-as-published, subscription
+//! identifiers, session takeover with reason 0x8E, message expiry.
+
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{
+    ConnectReturnCode, Filter, PublishProperties, RetainForwardRule, SubscribeProperties,
+};
+use std::time::Duration;
+use warren_tests::mqtt::{Packet5, start};
+
+const QUIET: Duration = Duration::from_millis(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_client_id_is_assigned_and_limits_announced() {
+    let b = start().await;
+    let (_c, ack) = b.connect5_with(b.options5("")).await;
+    assert_eq!(ack.code, ConnectReturnCode::Success);
+    let p = ack.properties.expect("CONNACK properties");
+    let id = p.assigned_client_identifier.expect("assigned id");
+    assert!(id.starts_with("warren-"), "{id}");
+    assert_eq!(p.receive_max, Some(1024));
+    assert_eq!(p.topic_alias_max, Some(64));
+    assert_eq!(p.shared_subscription_available, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_properties_pass_through() {
+    let b = start().await;
+    let mut sub = b.connect5("sub").await;
+    sub.subscribe("req/#", QoS::AtLeastOnce).await;
+    let publisher = b.connect5("pub").await;
+    let props = PublishProperties {
+        payload_format_indicator: Some(1),
+        message_expiry_interval: Some(60),
+        response_topic: Some("resp/a.b".into()),
+        correlation_data: Some(Bytes::from_static(b"\x00\x01corr")),
+        user_properties: vec![("k".into(), "v".into()), ("tenant".into(), "42".into())],
+        content_type: Some("application/json".into()),
+        ..Default::default()
+    };
+    publisher
+        .client
+        .publish_with_properties("req/x", QoS::AtLeastOnce, false, "{}", props)
+        .await
+        .expect("queue publish");
+    let p = sub.next_publish().await;
+    let got = p.properties.expect("properties");
+    assert_eq!(got.payload_format_indicator, Some(1));
+    let expiry = got.message_expiry_interval.expect("expiry");
+    assert!((59..=60).contains(&expiry), "{expiry}");
+    assert_eq!(got.response_topic.as_deref(), Some("resp/a.b"));
+    assert_eq!(got.correlation_data.as_deref(), Some(&b"\x00\x01corr"[..]));
+    assert_eq!(got.content_type.as_deref(), Some("application/json"));
+    let mut ups = got.user_properties.clone();
+    ups.sort();
+    assert_eq!(
+        ups,
+        [
+            ("k".to_string(), "v".to_string()),
+            ("tenant".into(), "42".into())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_alias_from_client() {
+    let b = start().await;
+    let mut sub = b.connect5("sub").await;
+    sub.subscribe("alias/#", QoS::AtMostOnce).await;
+    let publisher = b.connect5("pub").await;
+    let with_alias = PublishProperties {
+        topic_alias: Some(3),
+        ..Default::default()
+    };
+    publisher
+        .client
+        .publish_with_properties(
+            "alias/long/topic",
+            QoS::AtLeastOnce,
+            false,
+            "1",
+            with_alias.clone(),
+        )
+        .await
+        .expect("queue publish");
+    publisher
+        .client
+        .publish_with_properties("", QoS::AtLeastOnce, false, "2", with_alias)
+        .await
+        .expect("queue publish");
+    for want in ["1", "2"] {
+        let p = sub.next_publish().await;
+        assert_eq!(&p.topic[..], b"alias/long/topic");
+        assert_eq!(&p.payload[..], want.as_bytes());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_local_and_subscription_identifiers() {
+    let b = start().await;
+    let mut c = b.connect5("self").await;
+    let mut f = Filter::new("chat/#", QoS::AtLeastOnce);
+    f.nolocal = true;
+    c.client
+        .subscribe_many_with_properties(
+            [f],
+            SubscribeProperties {
+                id: Some(7),
+                user_properties: vec![],
+            },
+        )
+        .await
+        .expect("queue subscribe");
+    c.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
+        .await;
+    c.client
+        .publish("chat/room", QoS::AtLeastOnce, false, "mine")
+        .await
+        .expect("queue publish");
+    let other = b.connect5("other").await;
+    other
+        .client
+        .publish("chat/room", QoS::AtLeastOnce, false, "theirs")
+        .await
+        .expect("queue publish");
+    let p = c.next_publish().await;
+    assert_eq!(
+        &p.payload[..],
+        b"theirs",
+        "own message not delivered (no-local)"
+    );
+    let props = p.properties.expect("properties");
+    assert_eq!(props.subscription_identifiers, [7]);
+    c.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retain_handling_and_retain_as_published() {
+    let b = start().await;
+    let mut publisher = b.connect5("pub").await;
+    publisher
+        .client
+        .publish("rh/1", QoS::AtLeastOnce, true, "kept")
+        .await
+        .expect("queue publish");
+    publisher
+        .wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
+        .await;
+
+    let mut never = b.connect5("never").await;
+    let mut f = Filter::new("rh/#", QoS::AtLeastOnce);
+    f.retain_forward_rule = RetainForwardRule::Never;
+    never.client.subscribe_many([f]).await.expect("queue");
+    never
+        .wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
+        .await;
+    never.no_publish(QUIET).await;
+
+    let mut once = b.connect5("once").await;
+    let mut f = Filter::new("rh/#", QoS::AtLeastOnce);
+    f.retain_forward_rule = RetainForwardRule::OnNewSubscribe;
+    f.preserve_retain = true;
+    once.client
+        .subscribe_many([f.clone()])
+        .await
+        .expect("queue");
+    once.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
+        .await;
+    let p = once.next_publish().await;
+    assert!(p.retain);
+    assert_eq!(&p.payload[..], b"kept");
+    // Subscribing again to the same filter sends nothing with rule 1.
+    once.client.subscribe_many([f]).await.expect("queue");
+    once.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
+        .await;
+    once.no_publish(QUIET).await;
+    // Retain-as-published keeps the flag on live messages.
+    publisher
+        .client
+        .publish("rh/2", QoS::AtLeastOnce, true, "live")
+        .await
+        .expect("queue publish");
+    let p = once.next_publish().await;
+    assert!(p.retain);
+    let p = never.next_publish().await;
+    assert!(
+        !p.retain,
+        "without retain-as-published the live flag is cleared"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_closes_the_first_connection() {
+    // The 0x8E reason byte itself is checked on the wire in mqtt_wire.rs.
+    let b = start().await;
+    let mut first = b.connect5("dup").await;
+    let mut second = b.connect5("dup").await;
+    first.closed().await;
+    second.subscribe("t", QoS::AtLeastOnce).await;
+    second
+        .client
+        .publish("t", QoS::AtLeastOnce, false, "still here")
+        .await
+        .expect("queue publish");
+    assert_eq!(&second.next_publish().await.payload[..], b"still here");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_messages_are_not_delivered_to_returning_sessions() {
+    let b = start().await;
+    let mut o = b.options5("late");
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(3600));
+    let (mut c, _) = b.connect5_with(o.clone()).await;
+    c.subscribe("exp/#", QoS::AtLeastOnce).await;
+    c.client.disconnect().await.expect("queue disconnect");
+    c.closed().await;
+    let mut publisher = b.connect5("pub").await;
+    let short = PublishProperties {
+        message_expiry_interval: Some(1),
+        ..Default::default()
+    };
+    publisher
+        .client
+        .publish_with_properties("exp/a", QoS::AtLeastOnce, false, "short", short)
+        .await
+        .expect("queue publish");
+    publisher
+        .client
+        .publish("exp/a", QoS::AtLeastOnce, false, "forever")
+        .await
+        .expect("queue publish");
+    for _ in 0..2 {
+        publisher
+            .wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (mut c, ack) = b.connect5_with(o).await;
+    assert!(ack.session_present);
+    let p = c.next_publish().await;
+    assert_eq!(&p.payload[..], b"forever");
+    c.no_publish(QUIET).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_subscriptions_split_messages_within_a_group() {
+    let b = start().await;
+    let mut m1 = b.connect5("member-1").await;
+    m1.subscribe("$share/workers/jobs/#", QoS::AtLeastOnce)
+        .await;
+    let mut m2 = b.connect5("member-2").await;
+    m2.subscribe("$share/workers/jobs/#", QoS::AtLeastOnce)
+        .await;
+    let mut plain = b.connect5("plain").await;
+    plain.subscribe("jobs/#", QoS::AtLeastOnce).await;
+    let publisher = b.connect5("pub").await;
+    for i in 0..10u8 {
+        publisher
+            .client
+            .publish("jobs/x", QoS::AtLeastOnce, false, vec![i])
+            .await
+            .expect("queue publish");
+    }
+    for i in 0..10u8 {
+        assert_eq!(&plain.next_publish().await.payload[..], [i]);
+    }
+    let mut got = Vec::new();
+    let mut per_member = [0; 2];
+    for (n, m) in [&mut m1, &mut m2].into_iter().enumerate() {
+        while let Ok(p) = tokio::time::timeout(QUIET, m.next_publish()).await {
+            got.push(p.payload[0]);
+            per_member[n] += 1;
+        }
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        (0..10).collect::<Vec<u8>>(),
+        "each message to exactly one member"
+    );
+    assert!(
+        per_member.iter().all(|&n| n > 0),
+        "both members served: {per_member:?}"
+    );
+    // Leaving the group: the other member gets everything.
+    m1.client
+        .unsubscribe("$share/workers/jobs/#")
+        .await
+        .expect("queue unsubscribe");
+    m1.wait(|p| matches!(p, Packet5::UnsubAck(_)).then_some(()))
+        .await;
+    for i in 0..4u8 {
+        publisher
+            .client
+            .publish("jobs/y", QoS::AtLeastOnce, false, vec![i])
+            .await
+            .expect("queue publish");
+    }
+    for i in 0..4u8 {
+        assert_eq!(&m2.next_publish().await.payload[..], [i]);
+    }
+    m1.no_publish(QUIET).await;
+}
+
+fn delayed_will_options(b: &warren_tests::mqtt::MqttBroker, id: &str) -> rumqttc::v5::MqttOptions {
+    use rumqttc::v5::mqttbytes::v5::{LastWill, LastWillProperties};
+    let mut o = b.options5(id);
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(60));
+    o.set_last_will(LastWill::new(
+        format!("wills/{id}"),
+        "gone",
+        QoS::AtLeastOnce,
+        false,
+        Some(LastWillProperties {
+            delay_interval: Some(1),
+            payload_format_indicator: None,
+            message_expiry_interval: None,
+            content_type: Some("text/plain".into()),
+            response_topic: None,
+            correlation_data: None,
+            user_properties: vec![("why".into(), "lost".into())],
+        }),
+    ));
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn will_delay_interval_and_cancel_on_reconnect() {
+    let b = start().await;
+    let mut watcher = b.connect5("watcher").await;
+    watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
+
+    let (dev, _) = b.connect5_with(delayed_will_options(&b, "late-will")).await;
+    dev.kill();
+    let gone = tokio::time::Instant::now();
+    watcher.no_publish(Duration::from_millis(700)).await;
+    let p = watcher.next_publish().await;
+    assert!(
+        gone.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        gone.elapsed()
+    );
+    assert_eq!(&p.topic[..], b"wills/late-will");
+    let props = p.properties.expect("will properties");
+    assert_eq!(props.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(
+        props.user_properties,
+        [("why".to_string(), "lost".to_string())]
+    );
+
+    // Back within the delay: no will.
+    let (dev, _) = b.connect5_with(delayed_will_options(&b, "back-soon")).await;
+    dev.kill();
+    let (_again, ack) = b.connect5_with(delayed_will_options(&b, "back-soon")).await;
+    assert!(ack.session_present);
+    watcher.no_publish(Duration::from_millis(1500)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_aliases_towards_the_client() {
+    let b = start().await;
+    let mut o = b.options5("aliased");
+    o.set_topic_alias_max(Some(2));
+    let (mut sub, _) = b.connect5_with(o).await;
+    sub.subscribe("ta/#", QoS::AtMostOnce).await;
+    let publisher = b.connect5("pub").await;
+    for t in ["ta/1", "ta/1", "ta/2", "ta/3", "ta/1"] {
+        publisher
+            .client
+            .publish(t, QoS::AtLeastOnce, false, t)
+            .await
+            .expect("queue publish");
+    }
+    // rumqttc's events show the packets as sent: resolve the aliases here.
+    let mut seen = Vec::new();
+    let mut aliases = std::collections::HashMap::new();
+    for want in ["ta/1", "ta/1", "ta/2", "ta/3", "ta/1"] {
+        let p = sub.next_publish().await;
+        let alias = p.properties.and_then(|p| p.topic_alias);
+        let topic = match alias {
+            Some(a) if p.topic.is_empty() => aliases.get(&a).cloned().expect("known alias"),
+            Some(a) => {
+                aliases.insert(a, p.topic.clone());
+                p.topic.clone()
+            }
+            None => p.topic.clone(),
+        };
+        assert_eq!(&topic[..], want.as_bytes());
+        assert_eq!(&p.payload[..], want.as_bytes());
+        seen.push((alias, p.topic.is_empty()));
+    }
+    assert_eq!(
+        seen,
+        [
+            (Some(1), false),
+            (Some(1), true),
+            (Some(2), false),
+            (None, false),
+            (Some(1), true)
+        ]
+    );
+}
