@@ -295,10 +295,8 @@ impl Inner {
             nowait: false,
             arguments: FieldTable::new(),
         });
-        if let Err(e) = self.run(channel, op) {
-            // recover_channel already dropped the subscription and freed the channel.
-            return Err(e);
-        }
+        // On error, recover_channel has already dropped the subscription and freed the channel.
+        self.run(channel, op)?;
         Ok(tag)
     }
 

@@ -259,7 +259,8 @@ impl Scenario {
             t.insert("k".into(), FieldValue::I32(self.rng.below(3) as i32));
         }
         if self.rng.chance(30) {
-            t.insert("s".into(), FieldValue::string(*self.rng.pick(&KEYS)));
+            let key: &str = KEYS[self.rng.below(KEYS.len() as u64) as usize];
+            t.insert("s".into(), FieldValue::string(key));
         }
         t
     }
