@@ -80,13 +80,18 @@ setup_chromium() {
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 }
 
-setup_playwright() {
-  # playwright-core only (no bundled browsers): it drives Debian's chromium.
-  local want have
-  want=$(node -p 'require("./examples/browser/package-lock.json").packages["node_modules/playwright-core"].version')
-  have=$(node -p 'try { require("./examples/browser/node_modules/playwright-core/package.json").version } catch { "" }')
-  if [ "$want" = "$have" ]; then
-    echo "playwright-core $have already installed"
+setup_npm() {
+  # examples/browser's lockfile: playwright-core (no bundled browsers: it drives Debian's
+  # chromium) and typescript (checks the generated types). npm ci only when something differs.
+  if (cd examples/browser && node -e '
+    const lock = require("./package-lock.json").packages;
+    for (const [path, { version }] of Object.entries(lock)) {
+      if (!path) continue;
+      let have;
+      try { have = require("./" + path + "/package.json").version; } catch { process.exit(1); }
+      if (have !== version) process.exit(1);
+    }'); then
+    echo "examples/browser: node_modules match package-lock.json"
     return 0
   fi
   (cd examples/browser && npm ci --no-audit --no-fund)
@@ -104,6 +109,10 @@ wasmtime_demo() {
 
 node_tests() {
   node --test wasm/js/test/
+}
+
+ts_types() {
+  examples/browser/node_modules/.bin/tsc -p wasm/js/test/tsconfig.json
 }
 
 browser_e2e() {
@@ -153,7 +162,7 @@ step "install: Python clients (pika, pytest)" setup_python
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
 step "install: chromium (Debian)" setup_chromium
-step "install: playwright-core (npm ci)" setup_playwright
+step "install: playwright-core, typescript (npm ci)" setup_npm
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "core and guest module build for wasm32-unknown-unknown" wasm_build
@@ -162,6 +171,7 @@ step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differentia
 step "wasmtime: host example" wasmtime_demo
 step "JS package: wasm-bindgen build, size <= 400 KB" scripts/build-js.sh
 step "JS package: Node tests" node_tests
+step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "start warren serve" start_broker
 step "pika tests" pika_tests

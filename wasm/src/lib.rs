@@ -17,7 +17,7 @@ mod convert;
 mod mqtt;
 
 use convert::{err, get_bool, get_uint};
-use js_sys::Function;
+use js_sys::{Function, Object};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
@@ -386,6 +386,11 @@ impl Broker {
     }
 }
 
+/// An optional options object as a plain value (`undefined` when absent).
+fn opt(o: Option<Object>) -> JsValue {
+    o.map_or(JsValue::UNDEFINED, JsValue::from)
+}
+
 fn bind(destination: &str, source: &str, key: &str, args: &JsValue) -> Res<Bind> {
     Ok(Bind {
         destination: destination.into(),
@@ -446,8 +451,9 @@ impl Broker {
         &self,
         name: &str,
         kind: &str,
-        #[wasm_bindgen(unchecked_param_type = "ExchangeOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExchangeOptions")] options: Option<Object>,
     ) -> Res<()> {
+        let options = opt(options);
         self.with(|i| {
             let op = Op::ExchangeDeclare(ExchangeDeclare {
                 exchange: name.into(),
@@ -480,8 +486,9 @@ impl Broker {
     pub fn declare_queue(
         &self,
         name: &str,
-        #[wasm_bindgen(unchecked_param_type = "QueueOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "QueueOptions")] options: Option<Object>,
     ) -> Res<String> {
+        let options = opt(options);
         self.with(|i| {
             let op = Op::QueueDeclare(QueueDeclare {
                 queue: name.into(),
@@ -535,8 +542,11 @@ impl Broker {
         queue: &str,
         exchange: &str,
         routing_key: &str,
-        #[wasm_bindgen(unchecked_param_type = "Record<string, FieldValue>")] args: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "Record<string, FieldValue>")] args: Option<
+            Object,
+        >,
     ) -> Res<()> {
+        let args = opt(args);
         self.with(|i| {
             let op = Op::QueueBind(bind(queue, exchange, routing_key, &args)?);
             i.run(CONTROL, op).map(|_| ())
@@ -549,8 +559,11 @@ impl Broker {
         queue: &str,
         exchange: &str,
         routing_key: &str,
-        #[wasm_bindgen(unchecked_param_type = "Record<string, FieldValue>")] args: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "Record<string, FieldValue>")] args: Option<
+            Object,
+        >,
     ) -> Res<()> {
+        let args = opt(args);
         self.with(|i| {
             let op = Op::QueueUnbind(bind(queue, exchange, routing_key, &args)?);
             i.run(CONTROL, op).map(|_| ())
@@ -564,8 +577,11 @@ impl Broker {
         destination: &str,
         source: &str,
         routing_key: &str,
-        #[wasm_bindgen(unchecked_param_type = "Record<string, FieldValue>")] args: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "Record<string, FieldValue>")] args: Option<
+            Object,
+        >,
     ) -> Res<()> {
+        let args = opt(args);
         self.with(|i| {
             let op = Op::ExchangeBind(bind(destination, source, routing_key, &args)?);
             i.run(CONTROL, op).map(|_| ())
@@ -578,8 +594,9 @@ impl Broker {
         exchange: &str,
         routing_key: &str,
         #[wasm_bindgen(unchecked_param_type = "Uint8Array | string")] body: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "PublishOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "PublishOptions")] options: Option<Object>,
     ) -> Res<bool> {
+        let options = opt(options);
         self.with(|i| i.publish(exchange, routing_key, &body, &options))
     }
 
@@ -589,8 +606,9 @@ impl Broker {
         &self,
         queue: &str,
         #[wasm_bindgen(unchecked_param_type = "(message: Message) => void")] callback: Function,
-        #[wasm_bindgen(unchecked_param_type = "ConsumeOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ConsumeOptions")] options: Option<Object>,
     ) -> Res<String> {
+        let options = opt(options);
         self.with(|i| i.consume(queue, callback, &options, None))
     }
 
@@ -600,8 +618,9 @@ impl Broker {
     pub fn messages(
         &self,
         queue: &str,
-        #[wasm_bindgen(unchecked_param_type = "ConsumeOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ConsumeOptions")] options: Option<Object>,
     ) -> Res<JsValue> {
+        let options = opt(options);
         let tag: Rc<RefCell<Option<String>>> = Rc::default();
         let (weak, tag2) = (Rc::downgrade(&self.inner), tag.clone());
         let cancel = Closure::<dyn FnMut()>::new(move || {
@@ -627,8 +646,11 @@ impl Broker {
     pub fn get(
         &self,
         queue: &str,
-        #[wasm_bindgen(unchecked_param_type = "{ noAck?: boolean }")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "{ noAck?: boolean }")] options: Option<
+            Object,
+        >,
     ) -> Res<JsValue> {
+        let options = opt(options);
         self.with(|i| {
             let op = Op::Get {
                 queue: queue.into(),
@@ -710,8 +732,11 @@ impl Broker {
         &self,
         topic: &str,
         #[wasm_bindgen(unchecked_param_type = "Uint8Array | string")] payload: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "{ retain?: boolean }")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "{ retain?: boolean }")] options: Option<
+            Object,
+        >,
     ) -> Res<bool> {
+        let options = opt(options);
         if get_bool(&options, "retain") {
             return Err(err("retained messages are not supported yet"));
         }
@@ -749,7 +774,7 @@ impl Broker {
                 .ok_or_else(|| err("no queue.declare-ok"))?;
             let op = Op::QueueBind(bind(&queue, "amq.topic", &key, &JsValue::UNDEFINED)?);
             i.run(CONTROL, op)?;
-            let no_ack = js_sys::Object::new();
+            let no_ack = Object::new();
             let _ = js_sys::Reflect::set(&no_ack, &"noAck".into(), &JsValue::TRUE);
             i.consume(&queue, callback, &no_ack, Some(queue.clone()))
         })
