@@ -432,11 +432,14 @@ impl Broker {
 
     /// Advances the broker's clock (milliseconds; it never goes backwards).
     #[wasm_bindgen(js_name = setTime)]
-    pub fn set_time(&self, now_ms: f64) {
-        let mut i = self.inner.borrow_mut();
-        i.now = i.now.max(now_ms.max(0.0) as u64);
-        let now = i.now;
-        i.core.tick(now);
+    pub fn set_time(&self, now_ms: f64) -> Res<()> {
+        self.with(|i| {
+            i.now = i.now.max(now_ms.max(0.0) as u64);
+            let now = i.now;
+            i.core.tick(now);
+            // Timers (TTL expiry, once the core has it) produce effects from `tick`.
+            i.pump(CONTROL).map(|_| ()).map_err(err)
+        })
     }
 
     /// The broker's clock in milliseconds.

@@ -54,9 +54,6 @@ pub fn filter_to_key(filter: &str) -> Result<String, TopicError> {
             l => level(l),
         });
     }
-    if out.last().is_some_and(|l| l == "#") && levels.len() == 1 {
-        return Ok("#".into());
-    }
     Ok(out.join("."))
 }
 
