@@ -97,14 +97,21 @@ setup_npm() {
   (cd examples/browser && npm ci --no-audit --no-fund)
 }
 
+guest_wasm() {
+  local dir
+  dir=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+  echo "$dir/wasm32-unknown-unknown/release/warren_guest.wasm"
+}
+
 wasm_differential() {
   # Fails loudly (does not skip) when the guest .wasm is missing.
-  WARREN_DIFF_SEEDS=${WARREN_DIFF_SEEDS:-1000} \
+  WARREN_GUEST_WASM=$(guest_wasm) WARREN_DIFF_SEEDS=${WARREN_DIFF_SEEDS:-1000} \
     cargo test -p warren-wasmtime-host --test differential -- --ignored --nocapture
 }
 
 wasmtime_demo() {
-  cargo run -p warren-wasmtime-host
+  cargo run -p warren-wasmtime-host -- "$(guest_wasm)"
 }
 
 node_tests() {
