@@ -6,26 +6,19 @@
 //! messages) and this one is swapped for it then.
 
 /// Why a topic or filter is not valid MQTT.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TopicError {
+    #[error("empty topic")]
     Empty,
     /// A wildcard in a topic name (only filters may have them).
+    #[error("wildcards are only allowed in subscriptions")]
     WildcardInName,
     /// `+`/`#` not alone in its level, or `#` not last.
+    #[error("'+' and '#' must fill a whole level, '#' only the last")]
     BadWildcard,
     /// MQTT forbids U+0000 in topics.
+    #[error("topic contains U+0000")]
     Nul,
-}
-
-impl std::fmt::Display for TopicError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TopicError::Empty => "empty topic",
-            TopicError::WildcardInName => "wildcards are only allowed in subscriptions",
-            TopicError::BadWildcard => "'+' and '#' must fill a whole level, '#' only the last",
-            TopicError::Nul => "topic contains U+0000",
-        })
-    }
 }
 
 fn level(l: &str) -> String {
