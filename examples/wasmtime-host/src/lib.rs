@@ -77,6 +77,8 @@ impl GuestModule {
             poll: instance.get_typed_func(&mut store, "warren_poll_effects")?,
             effects_ptr: instance.get_typed_func(&mut store, "warren_effects_ptr")?,
             check: instance.get_typed_func(&mut store, "warren_check_invariants")?,
+            tick: instance.get_typed_func(&mut store, "warren_tick")?,
+            deadline: instance.get_typed_func(&mut store, "warren_next_deadline")?,
             store,
             memory,
             broker,
@@ -97,6 +99,8 @@ pub struct WasmBroker {
     poll: TypedFunc<u32, u32>,
     effects_ptr: TypedFunc<u32, u32>,
     check: TypedFunc<u32, u32>,
+    tick: TypedFunc<(u32, u64), ()>,
+    deadline: TypedFunc<u32, u64>,
     /// Guest buffer the op bytes are copied into; grown as needed, reused across calls.
     op_buf: u32,
     op_cap: u32,
@@ -148,6 +152,16 @@ impl WasmBroker {
             .ok_or(HostError::OutOfBounds { ptr, len })?;
         out.extend_from_slice(bytes);
         Ok(())
+    }
+
+    /// Advances time with no op (timers fire; poll for their effects).
+    pub fn tick(&mut self, now: u64) -> Result<(), HostError> {
+        Ok(self.tick.call(&mut self.store, (self.broker, now))?)
+    }
+
+    /// When to tick next (`u64::MAX`: never).
+    pub fn next_deadline(&mut self) -> Result<u64, HostError> {
+        Ok(self.deadline.call(&mut self.store, self.broker)?)
     }
 
     /// Whether the core's invariants hold inside the guest.

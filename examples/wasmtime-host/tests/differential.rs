@@ -45,6 +45,25 @@ fn run(module: &GuestModule, seed: u64, guest_seed: u64, steps: u64) -> Result<u
         let step = scenario.next_step();
         op.clear();
         encode_op(&step.op, &mut op);
+        // Time first, with no op: timers (TTL, queue expiry) must fire identically too.
+        native.tick(step.now);
+        wasm.tick(step.now)
+            .map_err(|e| format!("step {i}: tick: {e}"))?;
+        wasm_fx.clear();
+        wasm.poll_effects(&mut wasm_fx)
+            .map_err(|e| format!("step {i}: poll: {e}"))?;
+        let native_fx = native.poll_effects();
+        if native_fx != wasm_fx.as_slice() {
+            return Err(format!(
+                "step {i}: tick to {}\n  native effects {:?}\n  wasm   effects {:?}",
+                step.now,
+                decode_effects(native_fx),
+                decode_effects(&wasm_fx),
+            ));
+        }
+        compared += native_fx.len();
+        let ticked = decode_effects(native_fx).map_err(|e| format!("step {i}: decode: {e}"))?;
+        scenario.observe(&ticked);
         let channel = u32::from(step.channel);
         let native_status = match native.handle(step.now, step.conn, channel, &op) {
             Ok(()) => 0,
@@ -68,6 +87,16 @@ fn run(module: &GuestModule, seed: u64, guest_seed: u64, steps: u64) -> Result<u
         compared += native_fx.len();
         let effects = decode_effects(native_fx).map_err(|e| format!("step {i}: decode: {e}"))?;
         scenario.observe(&effects);
+        let deadlines = (
+            native.next_deadline(),
+            wasm.next_deadline().map_err(|e| format!("step {i}: {e}"))?,
+        );
+        if deadlines.0 != deadlines.1 {
+            return Err(format!(
+                "step {i}: next deadline native {} wasm {}",
+                deadlines.0, deadlines.1
+            ));
+        }
         native
             .check_invariants()
             .map_err(|e| format!("step {i}: native invariants: {e}"))?;

@@ -11,6 +11,8 @@
 //! | `warren_broker_new` | `(seed: u64) -> broker` | a broker with the default config and this naming seed |
 //! | `warren_broker_free` | `(broker)` | drops a broker |
 //! | `warren_handle` | `(broker, now: u64, conn: u64, channel: u32, ptr, len: u32) -> i32` | decodes and applies one op; 0 ok, -1 undecodable op, -2 channel > 65535 |
+//! | `warren_tick` | `(broker, now: u64)` | advances time with no op (timers fire) |
+//! | `warren_next_deadline` | `(broker) -> u64` | when to tick next; `u64::MAX` for never |
 //! | `warren_poll_effects` | `(broker) -> u32` | encodes the pending effects; returns the batch length |
 //! | `warren_effects_ptr` | `(broker) -> ptr` | where that batch is; valid until the next call on `broker` |
 //! | `warren_check_invariants` | `(broker) -> u32` | 0 when the core's invariants hold, else 1 |
@@ -81,6 +83,17 @@ impl GuestBroker {
         self.broker
             .handle(now, ChannelRef::new(ConnId(conn), channel), op);
         Ok(())
+    }
+
+    /// Advances time without an op: timers (message TTL, queue expiry, in cores that have
+    /// them) fire here. Effects are polled as usual.
+    pub fn tick(&mut self, now: u64) {
+        self.broker.tick(now);
+    }
+
+    /// When the host should call [`GuestBroker::tick`] next (`u64::MAX`: no timer pending).
+    pub fn next_deadline(&self) -> u64 {
+        self.broker.next_deadline().unwrap_or(u64::MAX)
     }
 
     /// Encodes every pending effect as one batch and returns it.
@@ -171,6 +184,22 @@ mod exports {
             Ok(()) => 0,
             Err(e) => e.status(),
         }
+    }
+
+    /// # Safety
+    /// `b` is a live broker.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn warren_tick(b: *mut GuestBroker, now: u64) {
+        // SAFETY: per the contract.
+        unsafe { (*b).tick(now) }
+    }
+
+    /// # Safety
+    /// `b` is a live broker.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn warren_next_deadline(b: *const GuestBroker) -> u64 {
+        // SAFETY: per the contract.
+        unsafe { (*b).next_deadline() }
     }
 
     /// # Safety

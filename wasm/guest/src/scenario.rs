@@ -110,9 +110,11 @@ impl Scenario {
 
     /// The next op, given what the effects so far have shown.
     pub fn next_step(&mut self) -> Step {
+        // Mostly small steps; sometimes past a 100 ms message TTL; rarely past queue expiry.
         self.now += match self.rng.below(20) {
             0 => 1000 + self.rng.below(60_000),
-            1..=9 => 0,
+            1..=2 => 50 + self.rng.below(200),
+            3..=10 => 0,
             _ => 1 + self.rng.below(5),
         };
         let conn = 1 + self.rng.below(CONNS);
@@ -265,6 +267,37 @@ impl Scenario {
         t
     }
 
+    /// Each queue name has its own arguments (TTL with dead-lettering, a length limit,
+    /// expiry and a byte limit), so redeclares agree; 5% of declares use another queue's
+    /// (406 PRECONDITION_FAILED on an existing queue). Cores without these features ignore
+    /// them; cores with them get their timers and limits exercised.
+    fn queue_arguments(&mut self, queue: &str) -> FieldTable {
+        let as_queue = if self.rng.chance(5) {
+            (*self.rng.pick(&QUEUES)).to_string()
+        } else {
+            queue.to_string()
+        };
+        let mut t = FieldTable::new();
+        match as_queue.as_str() {
+            "q1" => {
+                t.insert("x-message-ttl".into(), FieldValue::I64(100));
+                t.insert(
+                    "x-dead-letter-exchange".into(),
+                    FieldValue::string("x.fanout"),
+                );
+            }
+            "q2" => {
+                t.insert("x-max-length".into(), FieldValue::I64(3));
+            }
+            "q3" => {
+                t.insert("x-expires".into(), FieldValue::I64(2000));
+                t.insert("x-max-length-bytes".into(), FieldValue::I64(64));
+            }
+            _ => {}
+        }
+        t
+    }
+
     fn properties(&mut self) -> Properties {
         let mut p = Properties::default();
         if self.rng.chance(30) {
@@ -388,19 +421,23 @@ impl Scenario {
                 delivery_tag: self.tag(ch),
                 requeue: self.rng.chance(60),
             },
-            59..=62 => Op::QueueDeclare(QueueDeclare {
-                queue: if self.rng.chance(10) {
+            59..=62 => {
+                let queue = if self.rng.chance(10) {
                     String::new()
                 } else {
                     self.queue()
-                },
-                passive: self.rng.chance(5),
-                durable: false,
-                exclusive: self.rng.chance(5),
-                auto_delete: self.rng.chance(5),
-                nowait: self.nowait(),
-                arguments: FieldTable::new(),
-            }),
+                };
+                let arguments = self.queue_arguments(&queue);
+                Op::QueueDeclare(QueueDeclare {
+                    queue,
+                    passive: self.rng.chance(5),
+                    durable: false,
+                    exclusive: self.rng.chance(5),
+                    auto_delete: self.rng.chance(5),
+                    nowait: self.nowait(),
+                    arguments,
+                })
+            }
             63..=65 => {
                 let (exchange, kind) = self.exchange();
                 Op::ExchangeDeclare(ExchangeDeclare {
