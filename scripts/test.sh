@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (idempotent), then runs every check and test
-# suite. Works on a fresh machine with rustup, python3, Java 17 and Maven.
+# suite. Works on a fresh machine with rustup, python3, Java 17, Maven and Node 18+ (root, for
+# apt-get install chromium).
 #   scripts/test.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +69,70 @@ setup_perftest() {
 }
 
 wasm_build() {
-  cargo build -p warren-core -p warren-wasm --target wasm32-unknown-unknown
+  cargo build -p warren-core --target wasm32-unknown-unknown &&
+    cargo build -p warren-guest --target wasm32-unknown-unknown --release
+}
+
+setup_wasm_bindgen() {
+  # The CLI must match the wasm-bindgen crate exactly (pinned in wasm/Cargo.toml).
+  local want
+  want=$(grep -o 'wasm-bindgen = "=[0-9.]*"' wasm/Cargo.toml | grep -o '[0-9][0-9.]*')
+  if [ "$(wasm-bindgen --version 2>/dev/null)" = "wasm-bindgen $want" ]; then
+    echo "wasm-bindgen $want already installed"
+    return 0
+  fi
+  cargo install wasm-bindgen-cli --version "$want"
+}
+
+setup_chromium() {
+  [ -x /usr/bin/chromium ] && { /usr/bin/chromium --version; return 0; }
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+}
+
+setup_npm() {
+  # examples/browser's lockfile: playwright-core (no bundled browsers: it drives Debian's
+  # chromium) and typescript (checks the generated types). npm ci only when something differs.
+  if (cd examples/browser && node -e '
+    const lock = require("./package-lock.json").packages;
+    for (const [path, { version }] of Object.entries(lock)) {
+      if (!path) continue;
+      let have;
+      try { have = require("./" + path + "/package.json").version; } catch { process.exit(1); }
+      if (have !== version) process.exit(1);
+    }'); then
+    echo "examples/browser: node_modules match package-lock.json"
+    return 0
+  fi
+  (cd examples/browser && npm ci --no-audit --no-fund)
+}
+
+guest_wasm() {
+  local dir
+  dir=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+  echo "$dir/wasm32-unknown-unknown/release/warren_guest.wasm"
+}
+
+wasm_differential() {
+  # Fails loudly (does not skip) when the guest .wasm is missing.
+  WARREN_GUEST_WASM=$(guest_wasm) WARREN_DIFF_SEEDS=${WARREN_DIFF_SEEDS:-1000} \
+    cargo test -p warren-wasmtime-host --test differential -- --ignored --nocapture
+}
+
+wasmtime_demo() {
+  cargo run -p warren-wasmtime-host -- "$(guest_wasm)"
+}
+
+node_tests() {
+  node --test wasm/js/test/
+}
+
+ts_types() {
+  examples/browser/node_modules/.bin/tsc -p wasm/js/test/tsconfig.json
+}
+
+browser_e2e() {
+  (cd examples/browser && timeout 120 node e2e.mjs "$root/target/browser-e2e.png")
 }
 
 start_broker() {
@@ -140,10 +204,19 @@ step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto-clients (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
+step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
+step "install: chromium (Debian)" setup_chromium
+step "install: playwright-core, typescript (npm ci)" setup_npm
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
-step "core builds for wasm32-unknown-unknown" wasm_build
+step "core and guest module build for wasm32-unknown-unknown" wasm_build
 step "cargo test --workspace" cargo test --workspace
+step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential
+step "wasmtime: host example" wasmtime_demo
+step "JS package: wasm-bindgen build, size <= 400 KB" scripts/build-js.sh
+step "JS package: Node tests" node_tests
+step "JS package: TypeScript types check" ts_types
+step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "start warren serve" start_broker
 step "Python tests (pika, paho-mqtt)" python_tests
 step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke

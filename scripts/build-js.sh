@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the npm package in wasm/js: the warren-wasm crate for wasm32 (size-optimised
+# profile), then the JS glue and TypeScript types with wasm-bindgen-cli (whose version must
+# equal the wasm-bindgen crate's, pinned in wasm/Cargo.toml). Fails if the .wasm exceeds
+# 400 KB. wasm-opt is used when it is on PATH (optional).
+#   scripts/build-js.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want=$(grep -o 'wasm-bindgen = "=[0-9.]*"' wasm/Cargo.toml | grep -o '[0-9][0-9.]*')
+have=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}' || true)
+if [ "$have" != "$want" ]; then
+  echo "wasm-bindgen-cli $want needed (found: ${have:-none}): cargo install wasm-bindgen-cli --version $want" >&2
+  exit 1
+fi
+cargo build -p warren-wasm --target wasm32-unknown-unknown --profile wasm-release
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+rm -rf wasm/js/dist
+wasm-bindgen --target web --remove-name-section --remove-producers-section --out-dir wasm/js/dist \
+  "$target_dir/wasm32-unknown-unknown/wasm-release/warren_wasm.wasm"
+wasm=wasm/js/dist/warren_wasm_bg.wasm
+if command -v wasm-opt >/dev/null; then
+  wasm-opt -Os --enable-bulk-memory --enable-nontrapping-float-to-int --enable-sign-ext \
+    --enable-mutable-globals -o "$wasm.opt" "$wasm" && mv "$wasm.opt" "$wasm"
+fi
+raw=$(wc -c < "$wasm")
+gz=$(gzip -9c "$wasm" | wc -c)
+echo "warren_wasm_bg.wasm: $raw bytes raw, $gz bytes gzipped"
+if [ "$raw" -gt 409600 ]; then
+  echo "the .wasm exceeds 400 KB" >&2
+  exit 1
+fi

@@ -1,0 +1,9 @@
+// Node: the module is instantiated synchronously at import, so `new Broker()` works at once.
+import { readFileSync } from "node:fs";
+import { initSync } from "./dist/warren_wasm.js";
+
+initSync({ module: readFileSync(new URL("./dist/warren_wasm_bg.wasm", import.meta.url)) });
+
+export * from "./dist/warren_wasm.js";
+// Same shape as the browser entry: `await init()` is a no-op here.
+export async function init() {}
