@@ -176,7 +176,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     // Restore before listening: clients see the stored queues from their first connection.
-    let broker = warren_runtime::BrokerHandle::start_with_store(
+    let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store(
         warren_core::BrokerConfig {
             memory_high_watermark,
             ..warren_core::BrokerConfig::default()
@@ -218,11 +218,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listener) = mqtt_listener {
         let bound = listener.local_addr()?;
         let config = Arc::new(warren_mqtt::MqttConfig::default());
+        let registry = mqtt_registry(definitions_db)?;
         servers.push((
             "MQTT",
-            tokio::spawn(warren_mqtt::serve(
+            tokio::spawn(warren_mqtt::serve_with(
                 listener,
                 broker.clone(),
+                Arc::new(registry),
                 config,
                 stopped.clone(),
             )),
@@ -239,6 +241,30 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The MQTT session registry, with the retained messages stored under the data dir and a
+/// writer that stores every later change.
+fn mqtt_registry(
+    defs: warren_store::definitions::DefinitionStore,
+) -> anyhow::Result<warren_mqtt::Registry> {
+    let mut retained = warren_core::mqtt::RetainedStore::new();
+    let stored = defs
+        .load_retained()
+        .context("cannot read the stored MQTT retained messages")?;
+    let count = stored.len();
+    for (vhost, m) in stored {
+        retained.set(&vhost, m);
+    }
+    if count > 0 {
+        tracing::info!(count, "restored MQTT retained messages");
+    }
+    let writer = warren_store::retained::RetainedWriter::start(defs)
+        .context("cannot start the retained-message writer")?;
+    Ok(warren_mqtt::Registry::with_retained(
+        retained,
+        Box::new(move |vhost, m| writer.set(vhost, m)),
+    ))
 }
 
 /// Binds a listener for `--{flag}`, with a hint when the address is taken.

@@ -14,6 +14,7 @@ struct Broker {
     child: Child,
     dir: PathBuf,
     port: u16,
+    mqtt_port: u16,
 }
 
 impl Drop for Broker {
@@ -27,13 +28,18 @@ impl Drop for Broker {
 fn start(tag: &str) -> Broker {
     let dir = std::env::temp_dir().join(format!("warren-ctl-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    start_in(dir)
+}
+
+/// Starts `warren serve` (AMQP and MQTT on free ports) on `dir`, keeping what is there.
+fn start_in(dir: PathBuf) -> Broker {
     let mut child = Command::new(BIN)
         .args([
             "serve",
             "--amqp",
             "127.0.0.1:0",
             "--mqtt",
-            "none",
+            "127.0.0.1:0",
             "--data-dir",
         ])
         .arg(&dir)
@@ -48,16 +54,23 @@ fn start(tag: &str) -> Broker {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                let _ = tx.send(port.parse::<u16>().ok());
+                let _ = tx.send((rest.contains("(MQTT"), port.parse::<u16>().ok()));
             }
         }
     });
-    let port = rx
-        .recv_timeout(Duration::from_secs(20))
-        .ok()
-        .flatten()
-        .expect("warren serve logs its port within 20 s");
-    Broker { child, dir, port }
+    let (mut port, mut mqtt_port) = (None, None);
+    while port.is_none() || mqtt_port.is_none() {
+        let (mqtt, p) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("warren serve logs its ports within 20 s");
+        *(if mqtt { &mut mqtt_port } else { &mut port }) = p;
+    }
+    Broker {
+        child,
+        dir,
+        port: port.expect("AMQP port"),
+        mqtt_port: mqtt_port.expect("MQTT port"),
+    }
 }
 
 fn ctl(b: &Broker, args: &[&str]) -> Output {
@@ -285,4 +298,100 @@ fn ctl_without_a_broker_says_what_to_do() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// An MQTT 3.1.1 packet: fixed-header byte, remaining length, body.
+fn mqtt_packet(first: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    let mut len = body.len();
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+fn mqtt_str(s: &str) -> Vec<u8> {
+    let mut out = (s.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(s.as_bytes());
+    out
+}
+
+/// Connects with MQTT 3.1.1 (clean session) and returns the stream after CONNACK.
+fn mqtt_connect(port: u16, client: &str) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("MQTT connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut body = mqtt_str("MQTT");
+    body.extend_from_slice(&[4, 0x02, 0, 60]);
+    body.extend(mqtt_str(client));
+    s.write_all(&mqtt_packet(0x10, &body)).expect("CONNECT");
+    let mut connack = [0u8; 4];
+    s.read_exact(&mut connack).expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+    s
+}
+
+#[test]
+fn retained_mqtt_messages_survive_sigkill() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("warren-ctl-retained-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut b = start_in(dir.clone());
+    let mut publisher = mqtt_connect(b.mqtt_port, "pub");
+    for (topic, payload) in [("home/kitchen/temp", "21.5"), ("home/hall/temp", "19")] {
+        let mut body = mqtt_str(topic);
+        body.extend_from_slice(payload.as_bytes());
+        publisher
+            .write_all(&mqtt_packet(0x31, &body))
+            .expect("PUBLISH retain");
+    }
+    // An empty retained payload clears the topic.
+    publisher
+        .write_all(&mqtt_packet(0x31, &mqtt_str("home/hall/temp")))
+        .expect("clear");
+    // A PINGRESP after them: the broker has handled the publishes (the writer stores within
+    // milliseconds; give it a moment before the kill).
+    publisher.write_all(&[0xC0, 0]).expect("PINGREQ");
+    let mut pong = [0u8; 2];
+    publisher.read_exact(&mut pong).expect("PINGRESP");
+    std::thread::sleep(Duration::from_millis(300));
+    b.child.kill().expect("SIGKILL");
+    let _ = b.child.wait();
+    let b2 = start_in(dir);
+    let mut sub = mqtt_connect(b2.mqtt_port, "sub");
+    let mut body = vec![0, 1];
+    body.extend(mqtt_str("home/#"));
+    body.push(0);
+    sub.write_all(&mqtt_packet(0x82, &body)).expect("SUBSCRIBE");
+    let mut suback = [0u8; 5];
+    sub.read_exact(&mut suback).expect("SUBACK");
+    assert_eq!(suback, [0x90, 3, 0, 1, 0]);
+    let mut head = [0u8; 2];
+    sub.read_exact(&mut head)
+        .expect("a retained PUBLISH after the restart");
+    assert_eq!(head[0], 0x31, "PUBLISH, QoS 0, retain");
+    let mut rest = vec![0u8; usize::from(head[1])];
+    sub.read_exact(&mut rest).expect("body");
+    let topic_len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+    assert_eq!(&rest[2..2 + topic_len], b"home/kitchen/temp");
+    assert_eq!(&rest[2 + topic_len..], b"21.5");
+    // Nothing else: the cleared topic stayed cleared.
+    sub.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let mut more = [0u8; 1];
+    assert!(
+        sub.read_exact(&mut more).is_err(),
+        "only one retained message"
+    );
+    drop(b);
 }

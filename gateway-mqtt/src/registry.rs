@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use warren_core::ids::ConnId;
-use warren_core::mqtt::RetainedStore;
+use warren_core::mqtt::{RetainedMessage, RetainedStore};
 
 /// Asks a connection to close for a takeover; it answers on the enclosed sender once its
 /// session is released in the core and stored here.
@@ -26,7 +26,12 @@ pub struct Registry {
     next_id: AtomicU64,
     /// Delayed wills by client id, with the token of the connection that left them.
     wills: Mutex<HashMap<Arc<str>, u64>>,
+    /// Told of every retained-message change (persistence), before it is applied.
+    retained_hook: Option<RetainedHook>,
 }
+
+/// Receives retained-message changes: (vhost, message); an empty payload clears the topic.
+pub type RetainedHook = Box<dyn Fn(&str, &RetainedMessage) + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks cannot leave them half-updated (each critical section
@@ -37,6 +42,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Registry {
     pub fn new() -> Registry {
         Registry::default()
+    }
+
+    /// A registry starting with `retained` (recovered from storage) that reports every
+    /// retained change to `hook` (which stores it).
+    pub fn with_retained(retained: RetainedStore, hook: RetainedHook) -> Registry {
+        Registry {
+            retained: Mutex::new(retained),
+            retained_hook: Some(hook),
+            ..Registry::default()
+        }
+    }
+
+    /// Sets (or, with an empty payload, clears) the retained message of a topic.
+    pub fn set_retained(&self, vhost: &str, msg: RetainedMessage) {
+        if let Some(hook) = &self.retained_hook {
+            hook(vhost, &msg);
+        }
+        lock(&self.retained).set(vhost, msg);
     }
 
     /// Makes `conn` the owner of `client_id`; returns the previous owner's kick, if any. A

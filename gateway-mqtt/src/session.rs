@@ -620,7 +620,7 @@ impl Session {
             publisher,
         );
         if p.retain {
-            registry.retained().set(
+            registry.set_retained(
                 &self.config.vhost,
                 RetainedMessage {
                     topic: Arc::from(&*p.topic_name),
@@ -1184,7 +1184,7 @@ pub fn will_publish(
         None,
     );
     if w.retain {
-        registry.retained().set(
+        registry.set_retained(
             vhost,
             RetainedMessage {
                 topic: Arc::from(&*w.topic_name),

@@ -124,7 +124,8 @@ impl BrokerHandle {
         config: BrokerConfig,
         data_dir: &std::path::Path,
         storage: warren_store::DiskConfig,
-    ) -> Result<BrokerHandle, warren_store::OpenError> {
+    ) -> Result<(BrokerHandle, warren_store::definitions::DefinitionStore), warren_store::OpenError>
+    {
         let (control, control_rx) = mpsc::unbounded_channel();
         let synced = control.clone();
         let (store, definitions) = warren_store::DiskStore::open(
@@ -136,6 +137,7 @@ impl BrokerHandle {
             }),
         )?;
         let started = std::time::Instant::now();
+        let definitions_db = store.definitions();
         let mut broker = warren_core::Broker::with_store(config, Box::new(store));
         for error in broker.restore(unix_ms(), &definitions) {
             tracing::warn!(%error, "a stored definition could not be restored");
@@ -148,7 +150,10 @@ impl BrokerHandle {
             dir = %data_dir.display(),
             "restored definitions"
         );
-        Ok(BrokerHandle::spawn(broker, control, control_rx))
+        Ok((
+            BrokerHandle::spawn(broker, control, control_rx),
+            definitions_db,
+        ))
     }
 
     fn spawn(

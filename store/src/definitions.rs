@@ -17,6 +17,8 @@ const QUEUES: TableDefinition<&str, &[u8]> = TableDefinition::new("queues");
 /// Key: the encoded binding; value: unused (1).
 const BINDINGS: TableDefinition<&[u8], u8> = TableDefinition::new("bindings");
 const POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("policies");
+/// MQTT retained messages: key vhost NUL topic (see `retained.rs`).
+const RETAINED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("retained");
 /// Format version of the values, under key "version".
 const META: TableDefinition<&str, u32> = TableDefinition::new("meta");
 const VERSION: u32 = 1;
@@ -163,6 +165,7 @@ impl DefinitionStore {
             tx.open_table(QUEUES).map_err(dberr)?;
             tx.open_table(BINDINGS).map_err(dberr)?;
             tx.open_table(POLICIES).map_err(dberr)?;
+            tx.open_table(RETAINED).map_err(dberr)?;
         }
         tx.commit().map_err(dberr)?;
         Ok(store)
@@ -270,6 +273,50 @@ impl DefinitionStore {
                 DefinitionChange::Unbound { bind, to_exchange } => {
                     bindings
                         .remove(encode_binding(bind, to_exchange).as_slice())
+                        .map_err(dberr)?;
+                }
+            }
+        }
+        tx.commit().map_err(dberr)
+    }
+
+    /// Every stored retained message, with its vhost.
+    pub fn load_retained(
+        &self,
+    ) -> Result<Vec<(String, warren_core::mqtt::RetainedMessage)>, DefinitionsError> {
+        let tx = self.db.begin_read().map_err(dberr)?;
+        let mut out = Vec::new();
+        for row in tx
+            .open_table(RETAINED)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            let Some((vhost, _)) = crate::retained::split_key(k.value()) else {
+                continue;
+            };
+            out.push((vhost, crate::retained::decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Applies retained-message changes in order, in one durable commit.
+    pub fn write_retained(
+        &self,
+        changes: &[(String, warren_core::mqtt::RetainedMessage)],
+    ) -> Result<(), DefinitionsError> {
+        let mut tx = self.db.begin_write().map_err(dberr)?;
+        tx.set_durability(Durability::Immediate).map_err(dberr)?;
+        {
+            let mut table = tx.open_table(RETAINED).map_err(dberr)?;
+            for (vhost, m) in changes {
+                let key = crate::retained::key(vhost, &m.topic);
+                if m.payload.is_empty() {
+                    table.remove(key.as_slice()).map_err(dberr)?;
+                } else {
+                    table
+                        .insert(key.as_slice(), crate::retained::encode(m).as_slice())
                         .map_err(dberr)?;
                 }
             }

@@ -11,6 +11,7 @@
 
 pub mod definitions;
 pub mod record;
+pub mod retained;
 pub mod segment;
 pub mod shared;
 
@@ -221,6 +222,12 @@ impl DiskStore {
                 tracing::warn!(error = %e, "store: writing buffers out failed");
             }
         }
+    }
+
+    /// The definitions database, for what lives beside the broker core (MQTT retained
+    /// messages).
+    pub fn definitions(&self) -> DefinitionStore {
+        self.definitions.clone()
     }
 
     fn fail(&self, what: &str, e: impl std::fmt::Display) -> StoreError {
