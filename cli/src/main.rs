@@ -218,6 +218,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listener) = mqtt_listener {
         let bound = listener.local_addr()?;
         let config = Arc::new(warren_mqtt::MqttConfig::default());
+        // Bounded offline queues for persistent sessions, as a policy operators can see.
+        match broker
+            .admin(warren_runtime::AdminRequest::SetPolicy(
+                config.offline_policy(),
+            ))
+            .await
+        {
+            Ok(warren_runtime::AdminResponse::Policy(Ok(()))) => {}
+            other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
+        }
         let registry = mqtt_registry(definitions_db)?;
         servers.push((
             "MQTT",

@@ -18,10 +18,38 @@ pub struct MqttConfig {
     pub server_keep_alive: Option<u16>,
     /// The vhost MQTT sessions live in.
     pub vhost: String,
-    /// Messages a persistent session's queue keeps while the client is away is unbounded
-    /// in the core today (queue length limits are not implemented yet); this caps retained
-    /// messages sent on one SUBSCRIBE instead.
+    /// Retained messages sent on one SUBSCRIBE at most.
     pub max_retained_per_subscribe: usize,
+    /// Messages a persistent session's queue keeps while its client is away; the oldest are
+    /// dropped beyond it (Mosquitto's `max_queued_messages`). Applied by the host as a policy
+    /// on the session queues (`offline_policy`), so operators can see and override it.
+    pub max_offline_messages: u64,
+}
+
+/// The name of the policy bounding offline session queues.
+pub const OFFLINE_POLICY: &str = "mqtt-offline-limit";
+/// The session queues' names start with this.
+pub const SESSION_QUEUE_PREFIX: &str = "mqtt-subscription-";
+
+impl MqttConfig {
+    /// The policy that bounds persistent sessions' queues (lowest priority: an operator's own
+    /// policy for these queues wins).
+    pub fn offline_policy(&self) -> warren_core::policy::PolicyDef {
+        let mut definition = warren_core::message::FieldTable::new();
+        definition.insert(
+            "max-length".into(),
+            warren_core::message::FieldValue::I64(
+                i64::try_from(self.max_offline_messages).unwrap_or(i64::MAX),
+            ),
+        );
+        warren_core::policy::PolicyDef {
+            name: OFFLINE_POLICY.into(),
+            pattern: format!("^{SESSION_QUEUE_PREFIX}"),
+            apply_to: warren_core::policy::ApplyTo::Queues,
+            priority: -1000,
+            definition,
+        }
+    }
 }
 
 impl Default for MqttConfig {
@@ -34,6 +62,7 @@ impl Default for MqttConfig {
             server_keep_alive: None,
             vhost: "/".to_string(),
             max_retained_per_subscribe: 10_000,
+            max_offline_messages: 100_000,
         }
     }
 }

@@ -233,7 +233,11 @@ impl Session {
         let prefetch = info.client_receive_max.min(config.max_inflight);
         let mut s = Session {
             level: info.level,
-            queue: Arc::from(format!("mqtt-subscription-{}qos1", info.client_id)),
+            queue: Arc::from(format!(
+                "{}{}qos1",
+                crate::config::SESSION_QUEUE_PREFIX,
+                info.client_id
+            )),
             client_id: info.client_id.clone(),
             persistent,
             session_expiry_s: info.session_expiry_s,
