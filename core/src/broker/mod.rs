@@ -294,24 +294,7 @@ impl Broker {
         self.now = self.now.max(now);
         debug_assert!(epoch < self.epoch, "synced an epoch never started");
         self.sync_in_flight = false;
-        while self
-            .pending_confirms
-            .front()
-            .is_some_and(|p| p.epoch <= epoch)
-        {
-            let Some(p) = self.pending_confirms.pop_front() else {
-                break;
-            };
-            if let Some(channel) = self.channels.get_mut(&p.ch) {
-                channel.pending_confirms = channel.pending_confirms.saturating_sub(1);
-                self.effects.push(Effect::Confirm {
-                    ch: p.ch,
-                    seq: p.seq,
-                    multiple: false,
-                    ack: p.ack,
-                });
-            }
-        }
+        self.release_confirms(epoch, true);
     }
 
     /// The store reports that the sync of `epoch` failed: nothing it covered can be called
@@ -321,6 +304,13 @@ impl Broker {
         self.now = self.now.max(now);
         self.sync_in_flight = false;
         self.store_failed_at = Some(self.now);
+        self.release_confirms(epoch, false);
+        self.update_alarm();
+    }
+
+    /// Sends the confirms waiting for syncs up to `epoch`: as decided at publish when the
+    /// sync succeeded (`durable`), as nacks when it failed.
+    fn release_confirms(&mut self, epoch: u64, durable: bool) {
         while self
             .pending_confirms
             .front()
@@ -335,11 +325,10 @@ impl Broker {
                     ch: p.ch,
                     seq: p.seq,
                     multiple: false,
-                    ack: false,
+                    ack: p.ack && durable,
                 });
             }
         }
-        self.update_alarm();
     }
 
     /// Confirms waiting for a sync (hosts and tests).
