@@ -92,8 +92,51 @@ async fn ask(broker: &BrokerHandle, request: AdminRequest) -> anyhow::Result<Adm
         .map_err(|_| anyhow!("the broker is shutting down"))
 }
 
-async fn op(broker: &BrokerHandle, op: Op) -> anyhow::Result<Option<Reply>> {
-    match ask(broker, AdminRequest::Op(op)).await? {
+/// The vhost a request is about (`-p`), `/` by default as in rabbitmqctl.
+fn vhost(args: &Value) -> String {
+    args.get("vhost")
+        .and_then(Value::as_str)
+        .unwrap_or("/")
+        .to_string()
+}
+
+/// Whether a listed row belongs to the requested vhost.
+fn in_vhost(args: &Value, row_vhost: &str) -> bool {
+    args.get("vhost").and_then(Value::as_str).unwrap_or("/") == row_vhost
+}
+
+async fn done(broker: &BrokerHandle, request: AdminRequest) -> anyhow::Result<Value> {
+    match ask(broker, request).await? {
+        AdminResponse::Done(Ok(())) => Ok(json!({})),
+        AdminResponse::Done(Err(e)) => bail!("{e}"),
+        other => bail!("unexpected answer {other:?}"),
+    }
+}
+
+/// A password hash as RabbitMQ makes it, with a fresh random salt.
+fn hash_password(password: &str) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut salt = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut salt))
+        .context("cannot read /dev/urandom for a password salt")?;
+    Ok(warren_core::access::hash_password(salt, password))
+}
+
+fn tags(args: &Value) -> Vec<String> {
+    args.get("tags")
+        .and_then(Value::as_array)
+        .map(|t| {
+            t.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn op(broker: &BrokerHandle, vhost: String, op: Op) -> anyhow::Result<Option<Reply>> {
+    match ask(broker, AdminRequest::Op { vhost, op }).await? {
         AdminResponse::Op(Ok(reply)) => Ok(reply),
         AdminResponse::Op(Err(e)) => bail!("{e}"),
         other => bail!("unexpected answer {other:?}"),
@@ -111,9 +154,10 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         "list_queues" => match ask(broker, AdminRequest::ListQueues).await? {
             AdminResponse::Queues(qs) => qs
                 .iter()
+                .filter(|q| in_vhost(&args, &q.vhost))
                 .map(|q| {
                     json!({
-                        "name": q.name, "messages": q.messages_ready + q.messages_unacked,
+                        "vhost": q.vhost, "name": q.name, "messages": q.messages_ready + q.messages_unacked,
                         "messages_ready": q.messages_ready,
                         "messages_unacknowledged": q.messages_unacked,
                         "consumers": q.consumers, "memory": q.memory, "paged_out": q.paged_out,
@@ -127,9 +171,10 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         "list_exchanges" => match ask(broker, AdminRequest::ListExchanges).await? {
             AdminResponse::Exchanges(xs) => xs
                 .iter()
+                .filter(|x| in_vhost(&args, &x.vhost))
                 .map(|x| {
                     json!({
-                        "name": x.name, "type": x.kind, "durable": x.durable,
+                        "vhost": x.vhost, "name": x.name, "type": x.kind, "durable": x.durable,
                         "auto_delete": x.auto_delete, "internal": x.internal,
                         "arguments": json::table(&x.arguments),
                     })
@@ -140,9 +185,10 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         "list_bindings" => match ask(broker, AdminRequest::ListBindings).await? {
             AdminResponse::Bindings(bs) => bs
                 .iter()
+                .filter(|b| in_vhost(&args, &b.vhost))
                 .map(|b| {
                     json!({
-                        "source_name": b.source, "destination_name": b.destination,
+                        "vhost": b.vhost, "source_name": b.source, "destination_name": b.destination,
                         "destination_kind": if b.destination_is_exchange { "exchange" } else { "queue" },
                         "routing_key": b.routing_key, "arguments": json::table(&b.arguments),
                     })
@@ -155,7 +201,8 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
                 .iter()
                 .map(|c| {
                     json!({
-                        "id": c.conn.0, "user": c.user, "channels": c.channels,
+                        "id": c.conn.0, "vhost": c.vhost, "user": c.user,
+                        "channels": c.channels,
                         "consumers": c.consumers, "in_flight": c.in_flight,
                         "state": if c.paused_by > 0 { "flow" } else { "running" },
                     })
@@ -166,9 +213,10 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         "list_consumers" => match ask(broker, AdminRequest::ListConsumers).await? {
             AdminResponse::Consumers(cs) => cs
                 .iter()
+                .filter(|c| in_vhost(&args, &c.vhost))
                 .map(|c| {
                     json!({
-                        "queue_name": c.queue, "consumer_tag": c.tag,
+                        "vhost": c.vhost, "queue_name": c.queue, "consumer_tag": c.tag,
                         "connection": c.conn.0, "channel": c.channel,
                         "ack_required": c.ack_required, "exclusive": c.exclusive,
                         "prefetch_count": c.prefetch, "priority": c.priority,
@@ -181,6 +229,7 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         "purge_queue" => {
             let reply = op(
                 broker,
+                vhost(&args),
                 Op::QueuePurge {
                     queue: arg(&args, "name")?.to_string(),
                     nowait: false,
@@ -194,17 +243,19 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         }
         "delete_queue" => {
             let name = arg(&args, "name")?.to_string();
+            let vh = vhost(&args);
             // queue.delete of a missing queue succeeds in AMQP; an operator wants to know.
             let exists = match ask(broker, AdminRequest::ListQueues).await? {
-                AdminResponse::Queues(qs) => qs.iter().any(|q| q.name == name),
+                AdminResponse::Queues(qs) => qs.iter().any(|q| q.name == name && q.vhost == vh),
                 _ => true,
             };
             if !exists {
-                bail!("NOT_FOUND - no queue '{name}' in vhost '/'");
+                bail!("NOT_FOUND - no queue '{name}' in vhost '{vh}'");
             }
             let flag = |k: &str| args.get(k).and_then(Value::as_bool).unwrap_or(false);
             let reply = op(
                 broker,
+                vh,
                 Op::QueueDelete {
                     queue: name,
                     if_unused: flag("if_unused"),
@@ -222,26 +273,26 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
             let p = args
                 .as_object()
                 .ok_or_else(|| anyhow!("set_policy takes an object"))?;
-            match ask(broker, AdminRequest::SetPolicy(json::policy(p)?)).await? {
-                AdminResponse::Policy(Ok(())) => json!({}),
-                AdminResponse::Policy(Err(e)) => bail!("{e}"),
-                other => bail!("unexpected answer {other:?}"),
-            }
+            done(broker, AdminRequest::SetPolicy(json::policy(p)?)).await?
         }
         "clear_policy" => {
             let name = arg(&args, "name")?.to_string();
-            match ask(broker, AdminRequest::ClearPolicy(name)).await? {
-                AdminResponse::Policy(Ok(())) => json!({}),
-                AdminResponse::Policy(Err(e)) => bail!("{e}"),
-                other => bail!("unexpected answer {other:?}"),
-            }
+            done(
+                broker,
+                AdminRequest::ClearPolicy {
+                    vhost: vhost(&args),
+                    name,
+                },
+            )
+            .await?
         }
         "list_policies" => match ask(broker, AdminRequest::ListPolicies).await? {
             AdminResponse::Policies(ps) => ps
                 .iter()
+                .filter(|p| in_vhost(&args, &p.vhost))
                 .map(|p| {
                     json!({
-                        "vhost": "/", "name": p.name, "pattern": p.pattern,
+                        "vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                         "apply-to": p.apply_to.as_str(),
                         "definition": json::table(&p.definition), "priority": p.priority,
                     })
@@ -260,6 +311,8 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
             let imported = json::import(doc)?;
             let d = &imported.definitions;
             let counts = json!({
+                "vhosts": d.vhosts.len(), "users": d.users.len(),
+                "permissions": d.permissions.len(), "policies": d.policies.len(),
                 "exchanges": d.exchanges.len(), "queues": d.queues.len(),
                 "bindings": d.bindings.len(),
             });
@@ -270,10 +323,99 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
                 other => bail!("unexpected answer {other:?}"),
             }
         }
+        "add_vhost" => {
+            let def = warren_core::access::VhostDef {
+                name: arg(&args, "name")?.to_string(),
+                description: args
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            };
+            done(broker, AdminRequest::AddVhost(def)).await?
+        }
+        "delete_vhost" => {
+            done(broker, AdminRequest::DeleteVhost(arg(&args, "name")?.into())).await?
+        }
+        "list_vhosts" => match ask(broker, AdminRequest::ListVhosts).await? {
+            AdminResponse::Vhosts(vs) => vs
+                .iter()
+                .map(|v| json!({"name": v.name, "description": v.description}))
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "add_user" => {
+            let user = warren_core::access::UserDef {
+                name: arg(&args, "name")?.to_string(),
+                password_hash: hash_password(arg(&args, "password")?)?,
+                tags: tags(&args),
+            };
+            done(broker, AdminRequest::AddUser(user)).await?
+        }
+        "change_password" => {
+            let request = AdminRequest::ChangePassword {
+                user: arg(&args, "name")?.to_string(),
+                password_hash: hash_password(arg(&args, "password")?)?,
+            };
+            done(broker, request).await?
+        }
+        "set_user_tags" => {
+            let request = AdminRequest::SetUserTags {
+                user: arg(&args, "name")?.to_string(),
+                tags: tags(&args),
+            };
+            done(broker, request).await?
+        }
+        "delete_user" => done(broker, AdminRequest::DeleteUser(arg(&args, "name")?.into())).await?,
+        "list_users" => match ask(broker, AdminRequest::ListUsers).await? {
+            AdminResponse::Users(us) => us
+                .iter()
+                .map(|u| json!({"user": u.name, "tags": u.tags}))
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "set_permissions" => {
+            let p = warren_core::access::PermissionDef {
+                vhost: vhost(&args),
+                user: arg(&args, "user")?.to_string(),
+                configure: arg(&args, "configure")?.to_string(),
+                write: arg(&args, "write")?.to_string(),
+                read: arg(&args, "read")?.to_string(),
+            };
+            done(broker, AdminRequest::SetPermissions(p)).await?
+        }
+        "clear_permissions" => {
+            let request = AdminRequest::ClearPermissions {
+                vhost: vhost(&args),
+                user: arg(&args, "user")?.to_string(),
+            };
+            done(broker, request).await?
+        }
+        "list_permissions" | "list_user_permissions" => {
+            let user = args.get("user").and_then(Value::as_str);
+            match ask(broker, AdminRequest::ListPermissions).await? {
+                AdminResponse::Permissions(ps) => ps
+                    .iter()
+                    .filter(|p| match user {
+                        Some(u) => p.user == u,
+                        None => in_vhost(&args, &p.vhost),
+                    })
+                    .map(|p| {
+                        json!({
+                            "vhost": p.vhost, "user": p.user, "configure": p.configure,
+                            "write": p.write, "read": p.read,
+                        })
+                    })
+                    .collect(),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
         other => bail!(
             "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
              list_consumers, purge_queue, delete_queue, set_policy, clear_policy, list_policies, \
-             export_definitions, import_definitions)"
+             export_definitions, import_definitions, add_vhost, delete_vhost, list_vhosts, \
+             add_user, delete_user, change_password, set_user_tags, list_users, set_permissions, \
+             clear_permissions, list_permissions, list_user_permissions)"
         ),
     })
 }

@@ -17,6 +17,10 @@ pub struct CtlArgs {
     /// `table` (aligned columns) or `json`.
     #[arg(long, default_value = "table", value_parser = ["table", "json"])]
     format: String,
+    /// The vhost of vhost-scoped verbs (queues, exchanges, bindings, consumers, policies,
+    /// permissions), as rabbitmqctl's `-p`.
+    #[arg(short = 'p', long = "vhost", default_value = "/", global = true)]
+    vhost: String,
     #[command(subcommand)]
     verb: Verb,
 }
@@ -64,6 +68,51 @@ enum Verb {
     ImportDefinitions {
         file: PathBuf,
     },
+    AddVhost {
+        name: String,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Deletes a vhost with everything in it; its connections are closed.
+    DeleteVhost {
+        name: String,
+    },
+    ListVhosts,
+    /// Adds a user (password stored as a salted SHA-256 hash, as RabbitMQ).
+    AddUser {
+        name: String,
+        password: String,
+    },
+    /// Deletes a user with its permissions; its connections are closed.
+    DeleteUser {
+        name: String,
+    },
+    ChangePassword {
+        name: String,
+        password: String,
+    },
+    /// Replaces a user's tags (e.g. administrator, monitoring); none clears them.
+    SetUserTags {
+        name: String,
+        tags: Vec<String>,
+    },
+    ListUsers,
+    /// Sets a user's configure, write and read permission patterns in the vhost (`-p`).
+    SetPermissions {
+        user: String,
+        configure: String,
+        write: String,
+        read: String,
+    },
+    ClearPermissions {
+        user: String,
+    },
+    /// Permissions in the vhost (`-p`).
+    ListPermissions,
+    /// A user's permissions in every vhost.
+    ListUserPermissions {
+        user: String,
+    },
 }
 
 /// Columns shown by default in table format, per listing (all fields with `--format json`).
@@ -87,6 +136,10 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "prefetch_count",
         ],
         "list_policies" => &["name", "pattern", "apply-to", "definition", "priority"],
+        "list_vhosts" => &["name", "description"],
+        "list_users" => &["user", "tags"],
+        "list_permissions" => &["user", "configure", "write", "read"],
+        "list_user_permissions" => &["vhost", "configure", "write", "read"],
         _ => &[],
     }
 }
@@ -179,13 +232,42 @@ fn table(rows: &[Value], cols: &[&str]) -> String {
 
 pub fn run(args: CtlArgs) -> anyhow::Result<()> {
     let json_out = args.format == "json";
-    let (verb, params) = match &args.verb {
+    let vhost = args.vhost.as_str();
+    let (verb, mut params) = match &args.verb {
         Verb::ListQueues => ("list_queues", json!({})),
         Verb::ListExchanges => ("list_exchanges", json!({})),
         Verb::ListBindings => ("list_bindings", json!({})),
         Verb::ListConnections => ("list_connections", json!({})),
         Verb::ListConsumers => ("list_consumers", json!({})),
         Verb::PurgeQueue { name } => ("purge_queue", json!({"name": name})),
+        Verb::AddVhost { name, description } => (
+            "add_vhost",
+            json!({"name": name, "description": description}),
+        ),
+        Verb::DeleteVhost { name } => ("delete_vhost", json!({"name": name})),
+        Verb::ListVhosts => ("list_vhosts", json!({})),
+        Verb::AddUser { name, password } => {
+            ("add_user", json!({"name": name, "password": password}))
+        }
+        Verb::DeleteUser { name } => ("delete_user", json!({"name": name})),
+        Verb::ChangePassword { name, password } => (
+            "change_password",
+            json!({"name": name, "password": password}),
+        ),
+        Verb::SetUserTags { name, tags } => ("set_user_tags", json!({"name": name, "tags": tags})),
+        Verb::ListUsers => ("list_users", json!({})),
+        Verb::SetPermissions {
+            user,
+            configure,
+            write,
+            read,
+        } => (
+            "set_permissions",
+            json!({"user": user, "configure": configure, "write": write, "read": read}),
+        ),
+        Verb::ClearPermissions { user } => ("clear_permissions", json!({"user": user})),
+        Verb::ListPermissions => ("list_permissions", json!({})),
+        Verb::ListUserPermissions { user } => ("list_user_permissions", json!({"user": user})),
         Verb::DeleteQueue {
             name,
             if_unused,
@@ -220,6 +302,9 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             ("import_definitions", json!({"definitions": doc}))
         }
     };
+    if let Some(p) = params.as_object_mut() {
+        p.insert("vhost".into(), json!(vhost));
+    }
     let result = request(&args, verb, params)?;
     match &args.verb {
         Verb::ExportDefinitions { file } => {
@@ -243,6 +328,20 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             println!("Set policy '{name}' for pattern '{pattern}'");
         }
         Verb::ClearPolicy { name } => println!("Cleared policy '{name}'"),
+        Verb::AddVhost { name, .. } => println!("Added vhost '{name}'"),
+        Verb::DeleteVhost { name } => println!("Deleted vhost '{name}'"),
+        Verb::AddUser { name, .. } => println!("Added user '{name}'"),
+        Verb::DeleteUser { name } => println!("Deleted user '{name}'"),
+        Verb::ChangePassword { name, .. } => println!("Changed the password of user '{name}'"),
+        Verb::SetUserTags { name, tags } => {
+            println!("Set the tags of user '{name}' to [{}]", tags.join(", "));
+        }
+        Verb::SetPermissions { user, .. } => {
+            println!("Set permissions of user '{user}' in vhost '{vhost}'");
+        }
+        Verb::ClearPermissions { user } => {
+            println!("Cleared permissions of user '{user}' in vhost '{vhost}'");
+        }
         Verb::DeleteQueue { name, .. } => {
             println!(
                 "Deleted queue '{name}' ({} messages)",
@@ -252,8 +351,13 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ImportDefinitions { file } => {
             let d = &result["declared"];
             println!(
-                "Imported {}: {} exchanges, {} queues, {} bindings",
+                "Imported {}: {} vhosts, {} users, {} permissions, {} policies, {} exchanges, \
+                 {} queues, {} bindings",
                 file.display(),
+                cell(d.get("vhosts")),
+                cell(d.get("users")),
+                cell(d.get("permissions")),
+                cell(d.get("policies")),
                 cell(d.get("exchanges")),
                 cell(d.get("queues")),
                 cell(d.get("bindings"))

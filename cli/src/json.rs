@@ -84,6 +84,7 @@ fn flag(o: &Map<String, Value>, key: &str, default: bool) -> bool {
 pub fn policy(p: &Map<String, Value>) -> anyhow::Result<PolicyDef> {
     let apply_to = p.get("apply-to").and_then(Value::as_str).unwrap_or("all");
     Ok(PolicyDef {
+        vhost: vhost_of(p).to_string(),
         name: text(p, "name")?.to_string(),
         pattern: text(p, "pattern")?.to_string(),
         apply_to: ApplyTo::parse(apply_to).with_context(|| {
@@ -97,15 +98,53 @@ pub fn policy(p: &Map<String, Value>) -> anyhow::Result<PolicyDef> {
     })
 }
 
-/// Definitions in RabbitMQ's export format (vhost `/`; users, permissions and policies come
-/// with their own issue and are exported empty).
+fn vhost_of(o: &Map<String, Value>) -> &str {
+    o.get("vhost").and_then(Value::as_str).unwrap_or("/")
+}
+
+/// Definitions in RabbitMQ's export format: vhosts, users (password hashes as RabbitMQ
+/// writes them: base64 of salt and SHA-256 digest), permissions, policies, exchanges,
+/// queues, bindings.
 pub fn export(defs: &Definitions) -> Value {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let vhosts: Vec<Value> = defs
+        .vhosts
+        .iter()
+        .map(|v| {
+            json!({
+                "name": v.name, "limits": [],
+                "metadata": {"description": v.description, "tags": []},
+            })
+        })
+        .collect();
+    let users: Vec<Value> = defs
+        .users
+        .iter()
+        .map(|u| {
+            json!({
+                "name": u.name, "password_hash": b64.encode(&u.password_hash),
+                "hashing_algorithm": warren_core::access::HASHING_ALGORITHM,
+                "tags": u.tags, "limits": {},
+            })
+        })
+        .collect();
+    let permissions: Vec<Value> = defs
+        .permissions
+        .iter()
+        .map(|p| {
+            json!({
+                "user": p.user, "vhost": p.vhost, "configure": p.configure,
+                "write": p.write, "read": p.read,
+            })
+        })
+        .collect();
     let exchanges: Vec<Value> = defs
         .exchanges
         .iter()
-        .map(|x| {
+        .map(|(vhost, x)| {
             json!({
-                "name": x.exchange, "vhost": "/", "type": x.kind, "durable": x.durable,
+                "name": x.exchange, "vhost": vhost, "type": x.kind, "durable": x.durable,
                 "auto_delete": x.auto_delete, "internal": x.internal,
                 "arguments": table(&x.arguments),
             })
@@ -114,9 +153,9 @@ pub fn export(defs: &Definitions) -> Value {
     let queues: Vec<Value> = defs
         .queues
         .iter()
-        .map(|q| {
+        .map(|(vhost, q)| {
             json!({
-                "name": q.queue, "vhost": "/", "durable": q.durable,
+                "name": q.queue, "vhost": vhost, "durable": q.durable,
                 "auto_delete": q.auto_delete, "arguments": table(&q.arguments),
             })
         })
@@ -124,9 +163,9 @@ pub fn export(defs: &Definitions) -> Value {
     let bindings: Vec<Value> = defs
         .bindings
         .iter()
-        .map(|(b, to_exchange)| {
+        .map(|(vhost, b, to_exchange)| {
             json!({
-                "source": b.source, "vhost": "/", "destination": b.destination,
+                "source": b.source, "vhost": vhost, "destination": b.destination,
                 "destination_type": if *to_exchange { "exchange" } else { "queue" },
                 "routing_key": b.routing_key, "arguments": table(&b.arguments),
             })
@@ -137,7 +176,7 @@ pub fn export(defs: &Definitions) -> Value {
         .iter()
         .map(|p| {
             json!({
-                "vhost": "/", "name": p.name, "pattern": p.pattern,
+                "vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                 "apply-to": p.apply_to.as_str(), "priority": p.priority,
                 "definition": table(&p.definition),
             })
@@ -147,7 +186,7 @@ pub fn export(defs: &Definitions) -> Value {
         "product_name": "Warren",
         "product_version": env!("CARGO_PKG_VERSION"),
         "rabbit_version": "3.10.8",
-        "users": [], "vhosts": [{"name": "/"}], "permissions": [], "topic_permissions": [],
+        "users": users, "vhosts": vhosts, "permissions": permissions, "topic_permissions": [],
         "parameters": [], "global_parameters": [], "policies": policies,
         "queues": queues, "exchanges": exchanges, "bindings": bindings,
     })
@@ -159,9 +198,11 @@ pub struct Imported {
     pub skipped: Vec<String>,
 }
 
-/// Reads RabbitMQ's definitions format. Entities of other vhosts, and users, permissions,
-/// policies and parameters, are listed as skipped (not yet supported) rather than failing.
+/// Reads RabbitMQ's definitions format. What Warren does not have (topic permissions,
+/// runtime parameters such as shovels and federation, users hashed with another algorithm)
+/// is listed as skipped rather than failing the import.
 pub fn import(doc: &Value) -> anyhow::Result<Imported> {
+    use base64::Engine;
     let Some(doc) = doc.as_object() else {
         bail!("a definitions file is a JSON object (as rabbitmqctl export_definitions writes)");
     };
@@ -173,56 +214,101 @@ pub fn import(doc: &Value) -> anyhow::Result<Imported> {
             .map(|a| a.iter().filter_map(Value::as_object).collect())
             .unwrap_or_default()
     };
-    let in_default_vhost = |o: &Map<String, Value>, skipped: &mut Vec<String>, what: String| {
-        let vhost = o.get("vhost").and_then(Value::as_str).unwrap_or("/");
-        if vhost != "/" {
-            skipped.push(format!("{what} in vhost '{vhost}' (only '/' exists yet)"));
+    for v in list("vhosts") {
+        defs.vhosts.push(warren_core::access::VhostDef {
+            name: text(v, "name")?.to_string(),
+            description: v
+                .get("metadata")
+                .and_then(|m| m.get("description"))
+                .or_else(|| v.get("description"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        });
+    }
+    for u in list("users") {
+        let name = text(u, "name")?;
+        let algorithm = u
+            .get("hashing_algorithm")
+            .and_then(Value::as_str)
+            .unwrap_or(warren_core::access::HASHING_ALGORITHM);
+        if algorithm != warren_core::access::HASHING_ALGORITHM {
+            skipped.push(format!(
+                "user '{name}': password hashing '{algorithm}' (Warren reads \
+                 {}; set a new password with `warren ctl change-password`)",
+                warren_core::access::HASHING_ALGORITHM
+            ));
+            continue;
         }
-        vhost == "/"
-    };
+        let hash = u.get("password_hash").and_then(Value::as_str).unwrap_or("");
+        let password_hash = base64::engine::general_purpose::STANDARD
+            .decode(hash)
+            .with_context(|| format!("user '{name}': password_hash is not base64"))?;
+        // RabbitMQ 3.10 writes tags as a list; older versions as one comma-separated string.
+        let tags = match u.get("tags") {
+            Some(Value::Array(t)) => t
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect(),
+            Some(Value::String(s)) => s
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        };
+        defs.users.push(warren_core::access::UserDef {
+            name: name.to_string(),
+            password_hash,
+            tags,
+        });
+    }
+    for p in list("permissions") {
+        defs.permissions.push(warren_core::access::PermissionDef {
+            user: text(p, "user")?.to_string(),
+            vhost: vhost_of(p).to_string(),
+            configure: text(p, "configure")?.to_string(),
+            write: text(p, "write")?.to_string(),
+            read: text(p, "read")?.to_string(),
+        });
+    }
     for x in list("exchanges") {
         let name = text(x, "name")?;
         if name.is_empty() || name.starts_with("amq.") {
             continue; // predeclared
         }
-        if !in_default_vhost(x, &mut skipped, format!("exchange '{name}'")) {
-            continue;
-        }
-        defs.exchanges.push(ExchangeDeclare {
-            exchange: name.to_string(),
-            kind: text(x, "type")?.to_string(),
-            passive: false,
-            durable: flag(x, "durable", true),
-            auto_delete: flag(x, "auto_delete", false),
-            internal: flag(x, "internal", false),
-            nowait: false,
-            arguments: arguments(x),
-        });
+        defs.exchanges.push((
+            vhost_of(x).to_string(),
+            ExchangeDeclare {
+                exchange: name.to_string(),
+                kind: text(x, "type")?.to_string(),
+                passive: false,
+                durable: flag(x, "durable", true),
+                auto_delete: flag(x, "auto_delete", false),
+                internal: flag(x, "internal", false),
+                nowait: false,
+                arguments: arguments(x),
+            },
+        ));
     }
     for q in list("queues") {
-        let name = text(q, "name")?;
-        if !in_default_vhost(q, &mut skipped, format!("queue '{name}'")) {
-            continue;
-        }
-        defs.queues.push(QueueDeclare {
-            queue: name.to_string(),
-            passive: false,
-            durable: flag(q, "durable", true),
-            exclusive: false,
-            auto_delete: flag(q, "auto_delete", false),
-            nowait: false,
-            arguments: arguments(q),
-        });
+        defs.queues.push((
+            vhost_of(q).to_string(),
+            QueueDeclare {
+                queue: text(q, "name")?.to_string(),
+                passive: false,
+                durable: flag(q, "durable", true),
+                exclusive: false,
+                auto_delete: flag(q, "auto_delete", false),
+                nowait: false,
+                arguments: arguments(q),
+            },
+        ));
     }
     for b in list("bindings") {
         let (source, destination) = (text(b, "source")?, text(b, "destination")?);
-        if !in_default_vhost(
-            b,
-            &mut skipped,
-            format!("binding {source} -> {destination}"),
-        ) {
-            continue;
-        }
         if source.is_empty() {
             continue; // the default exchange's implicit bindings
         }
@@ -232,6 +318,7 @@ pub fn import(doc: &Value) -> anyhow::Result<Imported> {
             other => bail!("binding {source} -> {destination}: unknown destination_type '{other}'"),
         };
         defs.bindings.push((
+            vhost_of(b).to_string(),
             Bind {
                 destination: destination.to_string(),
                 source: source.to_string(),
@@ -247,25 +334,13 @@ pub fn import(doc: &Value) -> anyhow::Result<Imported> {
         ));
     }
     for p in list("policies") {
-        let name = text(p, "name")?;
-        if !in_default_vhost(p, &mut skipped, format!("policy '{name}'")) {
-            continue;
-        }
         defs.policies.push(policy(p)?);
     }
-    for key in ["users", "permissions", "topic_permissions", "parameters"] {
+    for key in ["topic_permissions", "parameters", "global_parameters"] {
         let n = list(key).len();
         if n > 0 {
-            skipped.push(format!("{n} {key} (not supported yet)"));
+            skipped.push(format!("{n} {key} (not supported)"));
         }
-    }
-    let vhosts: Vec<&str> = list("vhosts")
-        .iter()
-        .filter_map(|v| v.get("name").and_then(Value::as_str))
-        .filter(|v| *v != "/")
-        .collect();
-    if !vhosts.is_empty() {
-        skipped.push(format!("vhosts {vhosts:?} (only '/' exists yet)"));
     }
     Ok(Imported {
         definitions: defs,
@@ -294,8 +369,14 @@ mod tests {
     #[test]
     fn definitions_round_trip() {
         let doc = json!({
-            "vhosts": [{"name": "/"}, {"name": "other"}],
-            "users": [{"name": "guest"}],
+            "vhosts": [{"name": "/"}, {"name": "other", "metadata": {"description": "d"}}],
+            "users": [
+                {"name": "guest", "password_hash": "J1ZwQ3vBE3H+30BpDw3MU9ijys8asoxcmC7PcGsJqeLXzltz",
+                 "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"]},
+                {"name": "old", "password_hash": "", "tags": "monitoring, management"},
+                {"name": "md5", "password_hash": "", "hashing_algorithm": "rabbit_password_hashing_md5"}
+            ],
+            "permissions": [{"user": "guest", "vhost": "other", "configure": "", "write": ".*", "read": "^q$"}],
             "exchanges": [
                 {"name": "x", "vhost": "/", "type": "topic", "durable": true, "auto_delete": false, "internal": false, "arguments": {}},
                 {"name": "amq.direct", "vhost": "/", "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}
@@ -306,18 +387,28 @@ mod tests {
             ],
             "bindings": [
                 {"source": "x", "vhost": "/", "destination": "q", "destination_type": "queue", "routing_key": "a.#", "arguments": {}}
-            ]
+            ],
+            "parameters": [{"name": "shovel"}]
         });
         let imported = import(&doc).expect("valid");
         let d = &imported.definitions;
         assert_eq!(d.exchanges.len(), 1, "amq.* skipped");
-        assert_eq!(d.queues.len(), 1);
+        assert_eq!(d.queues.len(), 2);
+        assert_eq!(d.queues[1].0, "other");
         assert_eq!(
-            d.queues[0].arguments.get("x-max-length"),
+            d.queues[0].1.arguments.get("x-max-length"),
             Some(&FieldValue::I64(5))
         );
-        assert_eq!(d.bindings[0].0.routing_key, "a.#");
-        assert_eq!(imported.skipped.len(), 3, "{:?}", imported.skipped);
+        assert_eq!(d.bindings[0].1.routing_key, "a.#");
+        assert_eq!(d.vhosts[1].description, "d");
+        assert_eq!(d.users.len(), 2, "the md5 user is skipped");
+        assert!(warren_core::access::verify_password(
+            &d.users[0].password_hash,
+            "guest"
+        ));
+        assert_eq!(d.users[1].tags, vec!["monitoring", "management"]);
+        assert_eq!(d.permissions[0].read, "^q$");
+        assert_eq!(imported.skipped.len(), 2, "{:?}", imported.skipped);
         let again = import(&export(d)).expect("our export imports");
         assert_eq!(&again.definitions, d);
         assert!(again.skipped.is_empty());

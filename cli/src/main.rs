@@ -225,7 +225,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ))
             .await
         {
-            Ok(warren_runtime::AdminResponse::Policy(Ok(()))) => {}
+            Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
         let registry = mqtt_registry(definitions_db)?;

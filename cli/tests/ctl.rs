@@ -151,7 +151,7 @@ async fn ctl_imports_rabbitmq_definitions_lists_purges_deletes_and_exports() {
     );
     assert!(out.contains("Imported"), "{out}");
     assert!(
-        out.contains("skipped: 1 users (not supported yet)"),
+        out.contains("1 vhosts, 1 users, 1 permissions") && !out.contains("skipped"),
         "{out}"
     );
 
@@ -292,6 +292,145 @@ async fn ctl_imports_rabbitmq_definitions_lists_purges_deletes_and_exports() {
         json(&fresh, &["list-bindings"]).as_array().map(Vec::len),
         Some(5)
     );
+}
+
+/// Connects over AMQP as `user` to `vhost`; the broker's reply code on refusal.
+async fn amqp_login(
+    port: u16,
+    user: &str,
+    password: &str,
+    vhost: &str,
+) -> Result<lapin::Connection, u16> {
+    let vhost = vhost.replace('/', "%2f");
+    let uri = format!("amqp://{user}:{password}@127.0.0.1:{port}/{vhost}");
+    let connect = lapin::Connection::connect(&uri, lapin::ConnectionProperties::default());
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => match e.kind() {
+            lapin::ErrorKind::ProtocolError(p) => Err(p.get_id()),
+            // lapin reports a refused login (connection.close 403 after start-ok) this way.
+            lapin::ErrorKind::InvalidConnectionState(_) | lapin::ErrorKind::IOError(_) => Err(0),
+            other => panic!("unexpected error {other:?}"),
+        },
+        Err(_) => panic!("no answer to the login within 10 s"),
+    }
+}
+
+async fn declare(conn: &lapin::Connection, queue: &str) -> Result<(), u16> {
+    let ch = conn.create_channel().await.expect("channel");
+    ch.queue_declare(
+        queue.into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        lapin::types::FieldTable::default(),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| match e.kind() {
+        lapin::ErrorKind::ProtocolError(p) => p.get_id(),
+        other => panic!("unexpected error {other:?}"),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_users_vhosts_and_permissions_apply_at_once_and_survive_sigkill() {
+    let b = start("users");
+    ok(&b, &["add-vhost", "dev", "--description", "development"]);
+    ok(&b, &["add-user", "bob", "s3cret"]);
+    ok(&b, &["set-user-tags", "bob", "monitoring", "management"]);
+    ok(
+        &b,
+        &["-p", "dev", "set-permissions", "bob", "^bob-.*", ".*", ".*"],
+    );
+    let dup = ctl(&b, &["add-user", "bob", "x"]);
+    assert!(!dup.status.success());
+    assert!(String::from_utf8_lossy(&dup.stderr).contains("already exists"));
+
+    let users = json(&b, &["list-users"]);
+    assert_eq!(
+        find(&users, "user", "bob")["tags"],
+        serde_json::json!(["monitoring", "management"])
+    );
+    assert_eq!(
+        find(&users, "user", "guest")["tags"],
+        serde_json::json!(["administrator"])
+    );
+    let perms = json(&b, &["-p", "dev", "list-permissions"]);
+    assert_eq!(find(&perms, "user", "bob")["configure"], "^bob-.*");
+    let vhosts = json(&b, &["list-vhosts"]);
+    assert_eq!(find(&vhosts, "name", "dev")["description"], "development");
+
+    // Permissions: bob may configure only bob-* in dev, and may not open /.
+    let bob = amqp_login(b.port, "bob", "s3cret", "dev")
+        .await
+        .expect("bob logs in to dev");
+    assert_eq!(declare(&bob, "bob-work").await, Ok(()));
+    assert_eq!(declare(&bob, "alice-work").await, Err(403));
+    assert_eq!(
+        amqp_login(b.port, "bob", "s3cret", "/").await.err(),
+        Some(530)
+    );
+    assert!(amqp_login(b.port, "bob", "wrong", "dev").await.is_err());
+    // The queue lives in dev only.
+    let in_dev = json(&b, &["-p", "dev", "list-queues"]);
+    find(&in_dev, "name", "bob-work");
+    assert!(
+        json(&b, &["list-queues"])
+            .as_array()
+            .is_some_and(|q| q.iter().all(|q| q["name"] != "bob-work"))
+    );
+
+    // A change of permissions applies to the open connection at once.
+    ok(
+        &b,
+        &["-p", "dev", "set-permissions", "bob", ".*", ".*", ".*"],
+    );
+    assert_eq!(declare(&bob, "alice-work").await, Ok(()));
+
+    // Everything survives kill -9.
+    drop(bob);
+    let dir = b.dir.clone();
+    let mut b = b;
+    let _ = b.child.kill();
+    let _ = b.child.wait();
+    std::mem::forget(b);
+    let b = start_in(dir);
+    let bob = amqp_login(b.port, "bob", "s3cret", "dev")
+        .await
+        .expect("bob after restart");
+    assert_eq!(declare(&bob, "alice-work").await, Ok(()));
+    find(&json(&b, &["-p", "dev", "list-queues"]), "name", "bob-work");
+    drop(bob);
+
+    // A new password replaces the old; deleting the user closes its connections.
+    ok(&b, &["change-password", "bob", "n3w"]);
+    assert!(amqp_login(b.port, "bob", "s3cret", "dev").await.is_err());
+    let bob = amqp_login(b.port, "bob", "n3w", "dev")
+        .await
+        .expect("new password");
+    let exported = json(&b, &["export-definitions", "-"]);
+    let user = find(&exported["users"], "name", "bob");
+    assert_eq!(user["hashing_algorithm"], "rabbit_password_hashing_sha256");
+    assert!(exported["vhosts"].as_array().is_some_and(|v| v.len() == 2));
+    ok(&b, &["delete-user", "bob"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while bob.status().connected() {
+        assert!(
+            Instant::now() < deadline,
+            "a deleted user's connection stays open"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        json(&b, &["list-users"])
+            .as_array()
+            .is_some_and(|u| u.iter().all(|u| u["user"] != "bob"))
+    );
+    ok(&b, &["delete-vhost", "dev"]);
+    let vhosts = json(&b, &["list-vhosts"]);
+    assert_eq!(vhosts.as_array().map(Vec::len), Some(1), "{vhosts}");
 }
 
 #[test]

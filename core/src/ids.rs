@@ -23,6 +23,10 @@ impl ChannelRef {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueId(pub u64);
 
+/// A vhost. Never reused, so a connection of a deleted vhost cannot reach its successor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VhostId(pub u64);
+
 /// An exchange. Never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExchangeId(pub u64);

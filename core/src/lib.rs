@@ -6,6 +6,7 @@
 //! order reach its outputs: the same inputs give byte-identical effects natively and in
 //! WebAssembly. See ARCHITECTURE.md for the code map and invariants.
 
+pub mod access;
 pub mod broker;
 pub mod command;
 pub mod config;

@@ -34,8 +34,10 @@ impl ApplyTo {
 }
 
 /// A policy as operators define it (and as stores keep it).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PolicyDef {
+    /// The vhost it applies in.
+    pub vhost: String,
     pub name: String,
     pub pattern: String,
     pub apply_to: ApplyTo,
@@ -154,6 +156,7 @@ mod tests {
         let mut definition = FieldTable::new();
         definition.insert(key.into(), v);
         PolicyDef {
+            vhost: "/".into(),
             name: name.into(),
             pattern: pattern.into(),
             apply_to: ApplyTo::Queues,

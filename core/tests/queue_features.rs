@@ -609,6 +609,7 @@ fn policy(
     pairs: &[(&str, FieldValue)],
 ) -> warren_core::policy::PolicyDef {
     warren_core::policy::PolicyDef {
+        vhost: "/".into(),
         name: name.into(),
         pattern: pattern.into(),
         apply_to: warren_core::policy::ApplyTo::Queues,
@@ -655,8 +656,11 @@ fn policies_apply_to_existing_queues_at_once_and_arguments_win() {
         Some(4),
         "pattern does not match"
     );
-    assert_eq!(h.broker.queue_policy("orders.a").as_deref(), Some("cap"));
-    h.broker.clear_policy(h.now, "cap").expect("exists");
+    assert_eq!(
+        h.broker.queue_policy("/", "orders.a").as_deref(),
+        Some("cap")
+    );
+    h.broker.clear_policy(h.now, "/", "cap").expect("exists");
     for i in 0..3 {
         publish_with(&mut h, c, "orders.a", &i.to_string(), Properties::default());
     }
@@ -665,7 +669,7 @@ fn policies_apply_to_existing_queues_at_once_and_arguments_win() {
         Some(5),
         "no limit once cleared"
     );
-    assert!(h.broker.clear_policy(h.now, "cap").is_err());
+    assert!(h.broker.clear_policy(h.now, "/", "cap").is_err());
     let err = h
         .broker
         .set_policy(

@@ -1,4 +1,5 @@
-//! SASL mechanisms of `connection.start-ok`: PLAIN and AMQPLAIN, and the user check.
+//! SASL mechanisms of `connection.start-ok`: PLAIN and AMQPLAIN. The user check is the
+//! broker's (`BrokerHandle::authenticate`).
 
 use amq_protocol::types::AMQPValue;
 use amq_protocol::types::parsing::parse_field_table;
@@ -46,12 +47,6 @@ pub fn parse_response(mechanism: &str, response: &[u8]) -> Option<Credentials> {
     }
 }
 
-/// Whether these credentials may log in from this peer. Only the default user exists for now,
-/// and, as in RabbitMQ, it may only connect from loopback.
-pub fn authorize(c: &Credentials, peer_is_loopback: bool) -> bool {
-    c.user == "guest" && c.password == "guest" && peer_is_loopback
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,8 +74,8 @@ mod tests {
             body.extend_from_slice(v.as_bytes());
         }
         let c = parse_response("AMQPLAIN", &body).expect("valid");
-        assert!(authorize(&c, true));
-        assert!(!authorize(&c, false));
+        assert_eq!(c.user, "guest");
+        assert_eq!(c.password, "guest");
         assert!(parse_response("AMQPLAIN", &body[..body.len() - 1]).is_none());
     }
 }

@@ -64,7 +64,7 @@ pub async fn serve_connection<S>(
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
     let negotiated = match timeout(
         config.handshake_timeout,
-        handshake::run(&mut rd, &mut wr, &mut rbuf, &peer, &config),
+        handshake::run(&mut rd, &mut wr, &mut rbuf, &peer, &config, &broker),
     )
     .await
     {

@@ -153,6 +153,7 @@ pub async fn run<R, W>(
     buf: &mut BytesMut,
     peer: &PeerInfo,
     config: &AmqpConfig,
+    broker: &warren_runtime::BrokerHandle,
 ) -> Result<Negotiated, Refused>
 where
     R: AsyncRead + Unpin,
@@ -204,13 +205,17 @@ where
         )
         .await);
     };
-    if !auth::authorize(&credentials, peer.is_loopback) {
-        tracing::warn!(
-            peer = %peer.addr,
-            user = %credentials.user,
-            "login refused: unknown user or wrong password (the default user guest may only \
-             connect from loopback)"
-        );
+    let login = broker
+        .authenticate(
+            &credentials.user,
+            &credentials.password,
+            peer.is_loopback,
+            None,
+        )
+        .await
+        .map_err(|_| std::io::Error::other("broker stopped"))?;
+    if let Err(e) = login {
+        tracing::warn!(peer = %peer.addr, user = %credentials.user, "login refused: {e}");
         return Err(refuse(
             wr,
             ErrorCode::AccessRefused,
@@ -296,11 +301,21 @@ where
         Err(e) => return Err(refuse(wr, e.code(), e.to_string(), (10, 40)).await),
     };
     let vhost = open.virtual_host.to_string();
-    if vhost != "/" {
+    let access = broker
+        .authenticate(
+            &credentials.user,
+            &credentials.password,
+            peer.is_loopback,
+            Some(&vhost),
+        )
+        .await
+        .map_err(|_| std::io::Error::other("broker stopped"))?;
+    if let Err(e) = access {
+        tracing::warn!(peer = %peer.addr, user = %credentials.user, "connection.open refused: {e}");
         return Err(refuse(
             wr,
             ErrorCode::NotAllowed,
-            format!("NOT_ALLOWED - vhost '{}' not found", truncate(&vhost)),
+            format!("NOT_ALLOWED - {}", truncate(&e.to_string())),
             (10, 40),
         )
         .await);

@@ -43,6 +43,7 @@ impl MqttConfig {
             ),
         );
         warren_core::policy::PolicyDef {
+            vhost: self.vhost.clone(),
             name: OFFLINE_POLICY.into(),
             pattern: format!("^{SESSION_QUEUE_PREFIX}"),
             apply_to: warren_core::policy::ApplyTo::Queues,

@@ -11,8 +11,9 @@ use crate::codec::{self, CodecError, Level};
 use crate::config::MqttConfig;
 use crate::error::CloseError;
 use crate::registry::Registry;
-use crate::session::{Session, check_connect, refusal};
+use crate::session::{Session, check_connect, credentials, refusal};
 use bytes::{BufMut, BytesMut};
+use mqtt_proto::v5::ConnectReasonCode;
 use mqtt_proto::v5::{self, DisconnectReasonCode};
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -24,7 +25,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use warren_core::command::Op;
 use warren_core::effect::Effect;
-use warren_runtime::{BrokerHandle, CommandSender};
+use warren_runtime::{BrokerHandle, CommandSender, LoginError};
 
 /// Who is on the other end, for authentication and logs.
 #[derive(Clone, Debug)]
@@ -183,6 +184,32 @@ pub async fn serve_connection<S>(
             return;
         }
     };
+    let login = match credentials(&connect) {
+        Ok((user, password)) => broker
+            .authenticate(user, password, peer.is_loopback, Some(&config.vhost))
+            .await
+            .map_err(|_| None)
+            .and_then(|r| r.map_err(Some)),
+        Err(_) => Err(None),
+    };
+    if let Err(e) = login {
+        let code = match e {
+            Some(
+                LoginError::LoopbackOnly(_)
+                | LoginError::VhostRefused { .. }
+                | LoginError::NoSuchVhost(_),
+            ) => ConnectReasonCode::NotAuthorized,
+            _ => ConnectReasonCode::BadUserNameOrPassword,
+        };
+        let why = e.map_or_else(|| "malformed credentials".to_string(), |e| e.to_string());
+        tracing::warn!(peer = %peer.addr, client_id = %connect.client_id, "MQTT login refused: {why}");
+        let _ = timeout(
+            CLOSE_TIMEOUT,
+            write_packets(&mut stream, &[refusal(code)], level),
+        )
+        .await;
+        return;
+    }
     drop(connect);
     let link = broker.connect();
     let client_id = info.client_id.clone();
@@ -194,6 +221,8 @@ pub async fn serve_connection<S>(
         }
     }
     let record = registry.take_session(&client_id);
+    // A delayed will is published as this user, after the session is gone.
+    let user: Box<str> = info.user.as_str().into();
     let mut session = Session::new(info, record, now_ms(), config.clone());
     tracing::debug!(peer = %peer.addr, client_id = %client_id, level, "accepted MQTT connection");
     let mut rx = link.rx;
@@ -326,8 +355,11 @@ pub async fn serve_connection<S>(
     if let Some((delay, will)) = session.take_delayed_will() {
         registry.delay_will(client_id.clone(), tx.conn());
         tokio::spawn(publish_delayed_will(
-            delay,
-            will,
+            DelayedWill {
+                delay_s: delay,
+                will,
+                user: user.into(),
+            },
             client_id.clone(),
             tx.conn(),
             broker.clone(),
@@ -348,11 +380,22 @@ pub async fn serve_connection<S>(
     }
 }
 
+/// A will left for later by a closed session.
+struct DelayedWill {
+    delay_s: u32,
+    will: v5::LastWill,
+    /// Published as the user the client logged in as.
+    user: String,
+}
+
 /// Publishes a will after its delay, through a connection of its own (the client's is gone),
 /// unless the client id connected again meanwhile.
 async fn publish_delayed_will(
-    delay_s: u32,
-    will: v5::LastWill,
+    DelayedWill {
+        delay_s,
+        will,
+        user,
+    }: DelayedWill,
     client_id: Arc<str>,
     left_by: warren_core::ids::ConnId,
     broker: BrokerHandle,
@@ -371,7 +414,7 @@ async fn publish_delayed_will(
             0,
             Op::ConnectionOpen {
                 vhost: config.vhost.clone(),
-                user: "guest".into(),
+                user,
                 cancel_notify: false,
             },
         ),

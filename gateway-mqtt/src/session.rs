@@ -87,9 +87,9 @@ pub struct ConnectInfo {
     pub client_topic_alias_max: u16,
 }
 
-/// Checks a CONNECT: protocol level, client id rules, credentials (only `guest`/`guest`, from
-/// loopback, as RabbitMQ's default user; no credentials means guest). `assign` names clients
-/// that sent an empty id.
+/// Checks a CONNECT: protocol level, client id rules, the user name (no credentials means
+/// guest, as RabbitMQ's `mqtt.default_user`; the password is the broker's to check, see
+/// [`credentials`]). `assign` names clients that sent an empty id.
 pub fn check_connect(
     c: &v5::Connect,
     peer_is_loopback: bool,
@@ -100,11 +100,7 @@ pub fn check_connect(
     if c.properties.auth_method.is_some() {
         return Err(ConnectReasonCode::BadAuthMethod);
     }
-    let user = c.username.as_deref().unwrap_or("guest");
-    let password = c.password.as_deref().unwrap_or(b"guest");
-    if c.username.is_some() && !(user == "guest" && password == b"guest") {
-        return Err(ConnectReasonCode::BadUserNameOrPassword);
-    }
+    let (user, _) = credentials(c)?;
     if user == "guest" && !peer_is_loopback {
         return Err(ConnectReasonCode::NotAuthorized);
     }
@@ -140,6 +136,21 @@ pub fn check_connect(
         client_max_packet: c.properties.max_packet_size,
         client_topic_alias_max: c.properties.topic_alias_max.unwrap_or(0),
     })
+}
+
+/// The user name and password of a CONNECT: anonymous clients are `guest`/`guest` (as
+/// RabbitMQ's MQTT plugin with `allow_anonymous`); a password that is not UTF-8 cannot match
+/// any stored one.
+pub fn credentials(c: &v5::Connect) -> Result<(&str, &str), ConnectReasonCode> {
+    match (c.username.as_deref(), c.password.as_deref()) {
+        (None, None) => Ok(("guest", "guest")),
+        (Some(user), password) => {
+            let password = std::str::from_utf8(password.unwrap_or(b""))
+                .map_err(|_| ConnectReasonCode::BadUserNameOrPassword)?;
+            Ok((user, password))
+        }
+        (None, Some(_)) => Err(ConnectReasonCode::BadUserNameOrPassword),
+    }
 }
 
 /// The queue of share group `group` for `filter` (one per group and filter, per vhost).
@@ -831,8 +842,15 @@ impl Session {
                 seq, multiple, ack, ..
             } => self.on_confirm(seq, multiple, ack),
             Effect::ChannelError { error, .. } | Effect::ConnectionError { error, .. } => {
+                // A permission refusal (403) closes the connection as "not authorized", as
+                // RabbitMQ's MQTT plugin does on a denied publish or subscribe.
+                let reason = if error.code == warren_core::error::ErrorCode::AccessRefused {
+                    DisconnectReasonCode::NotAuthorized
+                } else {
+                    DisconnectReasonCode::ImplementationSpecificError
+                };
                 return Err(CloseError::new(
-                    DisconnectReasonCode::ImplementationSpecificError,
+                    reason,
                     format!("broker error {}: {}", error.code.code(), error.text),
                 ));
             }

@@ -21,6 +21,8 @@ use warren_core::effect::Effect;
 use warren_core::ids::ConnId;
 
 pub use warren_core::BrokerConfig;
+pub use warren_core::access::{Login, LoginError};
+use warren_core::access::{PermissionDef, UserDef, VhostDef};
 
 /// Operation batches in flight from all connections to the broker task. Each batch holds up to
 /// one socket read's worth of frames, so this bounds queued input at roughly
@@ -60,6 +62,14 @@ pub(crate) enum Control {
         request: AdminRequest,
         reply: tokio::sync::oneshot::Sender<AdminResponse>,
     },
+    /// A client logs in (AMQP start-ok, MQTT CONNECT).
+    Authenticate {
+        user: String,
+        password: String,
+        from_loopback: bool,
+        vhost: Option<String>,
+        reply: tokio::sync::oneshot::Sender<Result<Login, LoginError>>,
+    },
 }
 
 /// What `warren ctl` can ask the broker.
@@ -72,13 +82,41 @@ pub enum AdminRequest {
     ListConsumers,
     /// The durable definitions, for export.
     Definitions,
-    /// One operation on the broker's admin channel (purge, delete, declare, bind).
-    Op(Op),
+    /// One operation in a vhost on the broker's admin channel (purge, delete, declare, bind).
+    Op {
+        vhost: String,
+        op: Op,
+    },
     /// Declares everything in the definitions; answers with the errors.
     Import(warren_core::store::Definitions),
     SetPolicy(warren_core::policy::PolicyDef),
-    ClearPolicy(String),
+    ClearPolicy {
+        vhost: String,
+        name: String,
+    },
     ListPolicies,
+    AddVhost(VhostDef),
+    DeleteVhost(String),
+    ListVhosts,
+    /// Adds a user; refused when it exists.
+    AddUser(UserDef),
+    /// Replaces the password hash of an existing user.
+    ChangePassword {
+        user: String,
+        password_hash: Vec<u8>,
+    },
+    SetUserTags {
+        user: String,
+        tags: Vec<String>,
+    },
+    DeleteUser(String),
+    ListUsers,
+    SetPermissions(PermissionDef),
+    ClearPermissions {
+        vhost: String,
+        user: String,
+    },
+    ListPermissions,
 }
 
 /// The broker's answer to an [`AdminRequest`].
@@ -93,9 +131,12 @@ pub enum AdminResponse {
     Op(Result<Option<warren_core::effect::Reply>, warren_core::error::ProtocolError>),
     /// What could not be imported, as RabbitMQ-style error texts.
     Imported(Vec<String>),
-    /// A policy was set or cleared, or why not.
-    Policy(Result<(), String>),
+    /// A change (policy, vhost, user, permissions) was made, or why not.
+    Done(Result<(), String>),
     Policies(Vec<warren_core::policy::PolicyDef>),
+    Vhosts(Vec<VhostDef>),
+    Users(Vec<UserDef>),
+    Permissions(Vec<PermissionDef>),
 }
 
 struct Shared {
@@ -178,6 +219,29 @@ impl BrokerHandle {
         self.shared
             .control
             .send(Control::Admin { request, reply })
+            .map_err(|_| BrokerGone)?;
+        answer.await.map_err(|_| BrokerGone)
+    }
+
+    /// Checks a client's credentials (RabbitMQ's internal auth backend: salted SHA-256,
+    /// `guest` only from loopback) and, given a vhost, the user's access to it.
+    pub async fn authenticate(
+        &self,
+        user: &str,
+        password: &str,
+        from_loopback: bool,
+        vhost: Option<&str>,
+    ) -> Result<Result<Login, LoginError>, BrokerGone> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.shared
+            .control
+            .send(Control::Authenticate {
+                user: user.to_string(),
+                password: password.to_string(),
+                from_loopback,
+                vhost: vhost.map(str::to_string),
+                reply,
+            })
             .map_err(|_| BrokerGone)?;
         answer.await.map_err(|_| BrokerGone)
     }

@@ -89,6 +89,16 @@ fn apply_control(
             // The requester may have given up (ctl timed out): nothing to do then.
             let _ = reply.send(admin(broker, request, now));
         }
+        Control::Authenticate {
+            user,
+            password,
+            from_loopback,
+            vhost,
+            reply,
+        } => {
+            let _ =
+                reply.send(broker.authenticate(&user, &password, from_loopback, vhost.as_deref()));
+        }
         Control::Synced { epoch, result } => match result {
             Ok(()) => broker.synced(now, epoch),
             Err(_) => broker.sync_failed(now, epoch),
@@ -97,6 +107,7 @@ fn apply_control(
 }
 
 fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse {
+    use AdminResponse::Done;
     match request {
         AdminRequest::ListQueues => AdminResponse::Queues(broker.list_queues()),
         AdminRequest::ListExchanges => AdminResponse::Exchanges(broker.list_exchanges()),
@@ -104,37 +115,43 @@ fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse 
         AdminRequest::ListConnections => AdminResponse::Connections(broker.list_connections()),
         AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
         AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
-        AdminRequest::Op(op) => AdminResponse::Op(broker.admin(now, op)),
-        AdminRequest::SetPolicy(p) => AdminResponse::Policy(broker.set_policy(now, p)),
-        AdminRequest::ClearPolicy(name) => AdminResponse::Policy(broker.clear_policy(now, &name)),
+        AdminRequest::Op { vhost, op } => AdminResponse::Op(broker.admin(now, &vhost, op)),
+        AdminRequest::SetPolicy(p) => Done(broker.set_policy(now, p)),
+        AdminRequest::ClearPolicy { vhost, name } => Done(broker.clear_policy(now, &vhost, &name)),
         AdminRequest::ListPolicies => AdminResponse::Policies(broker.list_policies()),
-        AdminRequest::Import(defs) => {
-            let mut errors: Vec<String> = defs
-                .policies
-                .into_iter()
-                .filter_map(|p| {
-                    let name = p.name.clone();
-                    broker
-                        .set_policy(now, p)
-                        .err()
-                        .map(|e| format!("policy '{name}': {e}"))
-                })
-                .collect();
-            let ops = defs
-                .exchanges
-                .into_iter()
-                .map(Op::ExchangeDeclare)
-                .chain(defs.queues.into_iter().map(Op::QueueDeclare))
-                .chain(defs.bindings.into_iter().map(|(b, to_exchange)| {
-                    if to_exchange {
-                        Op::ExchangeBind(b)
-                    } else {
-                        Op::QueueBind(b)
-                    }
-                }));
-            errors.extend(ops.filter_map(|op| broker.admin(now, op).err().map(|e| e.to_string())));
-            AdminResponse::Imported(errors)
+        AdminRequest::Import(defs) => AdminResponse::Imported(broker.import(now, &defs)),
+        AdminRequest::AddVhost(v) => Done(broker.add_vhost(now, v)),
+        AdminRequest::DeleteVhost(name) => Done(broker.delete_vhost(now, &name)),
+        AdminRequest::ListVhosts => AdminResponse::Vhosts(broker.list_vhosts()),
+        AdminRequest::AddUser(u) => Done(if broker.user(&u.name).is_some() {
+            Err(format!("user '{}' already exists", u.name))
+        } else {
+            broker.put_user(now, u)
+        }),
+        AdminRequest::ChangePassword {
+            user,
+            password_hash,
+        } => Done(match broker.user(&user).cloned() {
+            Some(mut u) => {
+                u.password_hash = password_hash;
+                broker.put_user(now, u)
+            }
+            None => Err(format!("user '{user}' does not exist")),
+        }),
+        AdminRequest::SetUserTags { user, tags } => Done(match broker.user(&user).cloned() {
+            Some(mut u) => {
+                u.tags = tags;
+                broker.put_user(now, u)
+            }
+            None => Err(format!("user '{user}' does not exist")),
+        }),
+        AdminRequest::DeleteUser(name) => Done(broker.delete_user(now, &name)),
+        AdminRequest::ListUsers => AdminResponse::Users(broker.list_users()),
+        AdminRequest::SetPermissions(p) => Done(broker.set_permissions(now, p)),
+        AdminRequest::ClearPermissions { vhost, user } => {
+            Done(broker.clear_permissions(now, &vhost, &user))
         }
+        AdminRequest::ListPermissions => AdminResponse::Permissions(broker.list_permissions()),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Durable definitions (exchanges, queues, bindings) in redb. Changes are committed with
+//! Durable definitions (vhosts, users, permissions, policies, exchanges, queues, bindings)
+//! in redb. Changes are committed with
 //! `Durability::None` as they happen and made durable by the next sync's
 //! `Durability::Immediate` commit (group commit, as for messages): a declare costs no fsync
 //! of its own. Value encodings: docs/storage.md ("Definitions").
@@ -8,20 +9,29 @@ use bytes::Bytes;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
+use warren_core::access::{PermissionDef, UserDef, VhostDef};
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
 use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_core::store::{DefinitionChange, Definitions};
 
+/// Keys of exchanges, queues and policies: vhost NUL name (see [`scoped`]).
 const EXCHANGES: TableDefinition<&str, &[u8]> = TableDefinition::new("exchanges");
 const QUEUES: TableDefinition<&str, &[u8]> = TableDefinition::new("queues");
-/// Key: the encoded binding; value: unused (1).
+/// Key: the encoded binding, vhost first; value: unused (1).
 const BINDINGS: TableDefinition<&[u8], u8> = TableDefinition::new("bindings");
 const POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("policies");
+/// Key: vhost name; value: its description (UTF-8).
+const VHOSTS: TableDefinition<&str, &[u8]> = TableDefinition::new("vhosts");
+/// Key: user name; value: password hash and tags.
+const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
+/// Key: vhost NUL user; value: the configure, write and read patterns.
+const PERMISSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("permissions");
 /// MQTT retained messages: key vhost NUL topic (see `retained.rs`).
 const RETAINED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("retained");
 /// Format version of the values, under key "version".
 const META: TableDefinition<&str, u32> = TableDefinition::new("meta");
-const VERSION: u32 = 1;
+/// 1: one vhost, keys were bare names. 2: keys scoped by vhost; vhosts, users, permissions.
+const VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DefinitionsError {
@@ -102,12 +112,13 @@ fn encode_policy(p: &PolicyDef) -> Vec<u8> {
     out
 }
 
-fn decode_policy(name: &str, v: &[u8]) -> Result<PolicyDef, DecodeError> {
+fn decode_policy(vhost: &str, name: &str, v: &[u8]) -> Result<PolicyDef, DecodeError> {
     let b = Bytes::copy_from_slice(v);
     let mut r = Reader::new(&b);
     let pattern = r.string()?;
     let apply_to = ApplyTo::parse(&r.string()?).unwrap_or_default();
     Ok(PolicyDef {
+        vhost: vhost.to_string(),
         name: name.to_string(),
         pattern,
         apply_to,
@@ -116,9 +127,20 @@ fn decode_policy(name: &str, v: &[u8]) -> Result<PolicyDef, DecodeError> {
     })
 }
 
-fn encode_binding(b: &Bind, to_exchange: bool) -> Vec<u8> {
+/// The key of an entity `name` of `vhost`: vhost NUL name (NUL cannot occur in a vhost name
+/// that came through `warren ctl` or AMQP's connection.open as a usable name).
+fn scoped(vhost: &str, name: &str) -> String {
+    format!("{vhost}\0{name}")
+}
+
+fn split_scoped(key: &str) -> Result<(&str, &str), DecodeError> {
+    key.split_once('\0').ok_or(DecodeError::Truncated)
+}
+
+fn encode_binding(vhost: &str, b: &Bind, to_exchange: bool) -> Vec<u8> {
     let mut out = Vec::new();
     let mut w = Writer(&mut out);
+    w.bytes(vhost.as_bytes());
     w.u8(u8::from(to_exchange));
     w.bytes(b.source.as_bytes());
     w.bytes(b.destination.as_bytes());
@@ -127,11 +149,13 @@ fn encode_binding(b: &Bind, to_exchange: bool) -> Vec<u8> {
     out
 }
 
-fn decode_binding(v: &[u8]) -> Result<(Bind, bool), DecodeError> {
+fn decode_binding(v: &[u8]) -> Result<(String, Bind, bool), DecodeError> {
     let b = Bytes::copy_from_slice(v);
     let mut r = Reader::new(&b);
+    let vhost = r.string()?;
     let to_exchange = r.u8()? != 0;
     Ok((
+        vhost,
         Bind {
             source: r.string()?,
             destination: r.string()?,
@@ -141,6 +165,88 @@ fn decode_binding(v: &[u8]) -> Result<(Bind, bool), DecodeError> {
         },
         to_exchange,
     ))
+}
+
+fn encode_user(u: &UserDef) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = Writer(&mut out);
+    w.bytes(&u.password_hash);
+    w.u32(u32::try_from(u.tags.len()).unwrap_or(u32::MAX));
+    for t in &u.tags {
+        w.bytes(t.as_bytes());
+    }
+    out
+}
+
+fn decode_user(name: &str, v: &[u8]) -> Result<UserDef, DecodeError> {
+    let b = Bytes::copy_from_slice(v);
+    let mut r = Reader::new(&b);
+    let password_hash = r.bytes()?.to_vec();
+    let n = r.u32()?;
+    let mut tags = Vec::new();
+    for _ in 0..n.min(1024) {
+        tags.push(r.string()?);
+    }
+    Ok(UserDef {
+        name: name.to_string(),
+        password_hash,
+        tags,
+    })
+}
+
+fn encode_permission(p: &PermissionDef) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = Writer(&mut out);
+    w.bytes(p.configure.as_bytes());
+    w.bytes(p.write.as_bytes());
+    w.bytes(p.read.as_bytes());
+    out
+}
+
+fn decode_permission(key: &str, v: &[u8]) -> Result<PermissionDef, DecodeError> {
+    let (vhost, user) = split_scoped(key)?;
+    let b = Bytes::copy_from_slice(v);
+    let mut r = Reader::new(&b);
+    Ok(PermissionDef {
+        vhost: vhost.to_string(),
+        user: user.to_string(),
+        configure: r.string()?,
+        write: r.string()?,
+        read: r.string()?,
+    })
+}
+
+/// Rewrites a version-1 database (one vhost, bare-name keys) into version 2: every
+/// exchange, queue, policy and binding moves into vhost `/`.
+fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), DefinitionsError> {
+    for table in [EXCHANGES, QUEUES, POLICIES] {
+        let mut t = tx.open_table(table).map_err(dberr)?;
+        let mut rows = Vec::new();
+        for row in t.iter().map_err(dberr)? {
+            let (k, v) = row.map_err(dberr)?;
+            rows.push((k.value().to_string(), v.value().to_vec()));
+        }
+        for (k, v) in rows {
+            t.remove(k.as_str()).map_err(dberr)?;
+            t.insert(scoped("/", &k).as_str(), v.as_slice())
+                .map_err(dberr)?;
+        }
+    }
+    let mut t = tx.open_table(BINDINGS).map_err(dberr)?;
+    let mut keys = Vec::new();
+    for row in t.iter().map_err(dberr)? {
+        let (k, _) = row.map_err(dberr)?;
+        keys.push(k.value().to_vec());
+    }
+    for k in keys {
+        t.remove(k.as_slice()).map_err(dberr)?;
+        // Version 1 keys are a version 2 key without the vhost in front.
+        let mut v2 = Vec::with_capacity(k.len() + 5);
+        Writer(&mut v2).bytes(b"/");
+        v2.extend_from_slice(&k);
+        t.insert(v2.as_slice(), 1).map_err(dberr)?;
+    }
+    Ok(())
 }
 
 impl DefinitionStore {
@@ -159,8 +265,16 @@ impl DefinitionStore {
                     meta.insert("version", VERSION).map_err(dberr)?;
                 }
                 Some(VERSION) => {}
+                Some(1) => {
+                    migrate_v1(&tx)?;
+                    meta.insert("version", VERSION).map_err(dberr)?;
+                    tracing::info!("definitions database migrated from format 1 to {VERSION}");
+                }
                 Some(v) => return Err(DefinitionsError::Version(v)),
             }
+            tx.open_table(VHOSTS).map_err(dberr)?;
+            tx.open_table(USERS).map_err(dberr)?;
+            tx.open_table(PERMISSIONS).map_err(dberr)?;
             tx.open_table(EXCHANGES).map_err(dberr)?;
             tx.open_table(QUEUES).map_err(dberr)?;
             tx.open_table(BINDINGS).map_err(dberr)?;
@@ -176,13 +290,41 @@ impl DefinitionStore {
         let tx = self.db.begin_read().map_err(dberr)?;
         let mut defs = Definitions::default();
         for row in tx
+            .open_table(VHOSTS)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            defs.vhosts.push(VhostDef {
+                name: k.value().to_string(),
+                description: String::from_utf8_lossy(v.value()).into_owned(),
+            });
+        }
+        for row in tx.open_table(USERS).map_err(dberr)?.iter().map_err(dberr)? {
+            let (k, v) = row.map_err(dberr)?;
+            defs.users.push(decode_user(k.value(), v.value())?);
+        }
+        for row in tx
+            .open_table(PERMISSIONS)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            defs.permissions
+                .push(decode_permission(k.value(), v.value())?);
+        }
+        for row in tx
             .open_table(EXCHANGES)
             .map_err(dberr)?
             .iter()
             .map_err(dberr)?
         {
             let (k, v) = row.map_err(dberr)?;
-            defs.exchanges.push(decode_exchange(k.value(), v.value())?);
+            let (vhost, name) = split_scoped(k.value())?;
+            defs.exchanges
+                .push((vhost.to_string(), decode_exchange(name, v.value())?));
         }
         for row in tx
             .open_table(QUEUES)
@@ -191,7 +333,9 @@ impl DefinitionStore {
             .map_err(dberr)?
         {
             let (k, v) = row.map_err(dberr)?;
-            defs.queues.push(decode_queue(k.value(), v.value())?);
+            let (vhost, name) = split_scoped(k.value())?;
+            defs.queues
+                .push((vhost.to_string(), decode_queue(name, v.value())?));
         }
         for row in tx
             .open_table(POLICIES)
@@ -200,7 +344,8 @@ impl DefinitionStore {
             .map_err(dberr)?
         {
             let (k, v) = row.map_err(dberr)?;
-            defs.policies.push(decode_policy(k.value(), v.value())?);
+            let (vhost, name) = split_scoped(k.value())?;
+            defs.policies.push(decode_policy(vhost, name, v.value())?);
         }
         for row in tx
             .open_table(BINDINGS)
@@ -223,13 +368,16 @@ impl DefinitionStore {
             let mut queues = tx.open_table(QUEUES).map_err(dberr)?;
             let mut bindings = tx.open_table(BINDINGS).map_err(dberr)?;
             let mut policies = tx.open_table(POLICIES).map_err(dberr)?;
+            let mut vhosts = tx.open_table(VHOSTS).map_err(dberr)?;
+            let mut users = tx.open_table(USERS).map_err(dberr)?;
+            let mut permissions = tx.open_table(PERMISSIONS).map_err(dberr)?;
             let mut drop_bindings =
-                |pred: &dyn Fn(&Bind, bool) -> bool| -> Result<(), DefinitionsError> {
+                |pred: &dyn Fn(&str, &Bind, bool) -> bool| -> Result<(), DefinitionsError> {
                     let mut doomed = Vec::new();
                     for row in bindings.iter().map_err(dberr)? {
                         let (k, _) = row.map_err(dberr)?;
-                        let (b, to_x) = decode_binding(k.value())?;
-                        if pred(&b, to_x) {
+                        let (v, b, to_x) = decode_binding(k.value())?;
+                        if pred(&v, &b, to_x) {
                             doomed.push(k.value().to_vec());
                         }
                     }
@@ -239,40 +387,102 @@ impl DefinitionStore {
                     Ok(())
                 };
             match change {
-                DefinitionChange::ExchangeDeclared(d) => {
+                DefinitionChange::VhostAdded(v) => {
+                    vhosts
+                        .insert(v.name.as_str(), v.description.as_bytes())
+                        .map_err(dberr)?;
+                }
+                DefinitionChange::VhostDeleted(name) => {
+                    vhosts.remove(name).map_err(dberr)?;
+                }
+                DefinitionChange::UserPut(u) => {
+                    users
+                        .insert(u.name.as_str(), encode_user(u).as_slice())
+                        .map_err(dberr)?;
+                }
+                DefinitionChange::UserDeleted(name) => {
+                    users.remove(name).map_err(dberr)?;
+                    let mut doomed = Vec::new();
+                    for row in permissions.iter().map_err(dberr)? {
+                        let (k, _) = row.map_err(dberr)?;
+                        if split_scoped(k.value()).is_ok_and(|(_, u)| u == name) {
+                            doomed.push(k.value().to_string());
+                        }
+                    }
+                    for k in doomed {
+                        permissions.remove(k.as_str()).map_err(dberr)?;
+                    }
+                }
+                DefinitionChange::PermissionSet(p) => {
+                    permissions
+                        .insert(
+                            scoped(&p.vhost, &p.user).as_str(),
+                            encode_permission(p).as_slice(),
+                        )
+                        .map_err(dberr)?;
+                }
+                DefinitionChange::PermissionCleared { vhost, user } => {
+                    permissions
+                        .remove(scoped(vhost, user).as_str())
+                        .map_err(dberr)?;
+                }
+                DefinitionChange::ExchangeDeclared { vhost, def } => {
                     exchanges
-                        .insert(d.exchange.as_str(), encode_exchange(d).as_slice())
+                        .insert(
+                            scoped(vhost, &def.exchange).as_str(),
+                            encode_exchange(def).as_slice(),
+                        )
                         .map_err(dberr)?;
                 }
-                DefinitionChange::ExchangeDeleted(name) => {
-                    exchanges.remove(name).map_err(dberr)?;
-                    drop_bindings(&|b, to_x| b.source == name || (to_x && b.destination == name))?;
+                DefinitionChange::ExchangeDeleted { vhost, name } => {
+                    exchanges
+                        .remove(scoped(vhost, name).as_str())
+                        .map_err(dberr)?;
+                    drop_bindings(&|v, b, to_x| {
+                        v == vhost && (b.source == name || (to_x && b.destination == name))
+                    })?;
                 }
-                DefinitionChange::QueueDeclared(d) => {
+                DefinitionChange::QueueDeclared { vhost, def } => {
                     queues
-                        .insert(d.queue.as_str(), encode_queue(d).as_slice())
+                        .insert(
+                            scoped(vhost, &def.queue).as_str(),
+                            encode_queue(def).as_slice(),
+                        )
                         .map_err(dberr)?;
                 }
-                DefinitionChange::QueueDeleted(name) => {
-                    queues.remove(name).map_err(dberr)?;
-                    drop_bindings(&|b, to_x| !to_x && b.destination == name)?;
+                DefinitionChange::QueueDeleted { vhost, name } => {
+                    queues.remove(scoped(vhost, name).as_str()).map_err(dberr)?;
+                    drop_bindings(&|v, b, to_x| v == vhost && !to_x && b.destination == name)?;
                 }
-                DefinitionChange::Bound { bind, to_exchange } => {
+                DefinitionChange::Bound {
+                    vhost,
+                    bind,
+                    to_exchange,
+                } => {
                     bindings
-                        .insert(encode_binding(bind, to_exchange).as_slice(), 1)
+                        .insert(encode_binding(vhost, bind, to_exchange).as_slice(), 1)
                         .map_err(dberr)?;
                 }
                 DefinitionChange::PolicySet(p) => {
                     policies
-                        .insert(p.name.as_str(), encode_policy(p).as_slice())
+                        .insert(
+                            scoped(&p.vhost, &p.name).as_str(),
+                            encode_policy(p).as_slice(),
+                        )
                         .map_err(dberr)?;
                 }
-                DefinitionChange::PolicyCleared(name) => {
-                    policies.remove(name).map_err(dberr)?;
+                DefinitionChange::PolicyCleared { vhost, name } => {
+                    policies
+                        .remove(scoped(vhost, name).as_str())
+                        .map_err(dberr)?;
                 }
-                DefinitionChange::Unbound { bind, to_exchange } => {
+                DefinitionChange::Unbound {
+                    vhost,
+                    bind,
+                    to_exchange,
+                } => {
                     bindings
-                        .remove(encode_binding(bind, to_exchange).as_slice())
+                        .remove(encode_binding(vhost, bind, to_exchange).as_slice())
                         .map_err(dberr)?;
                 }
             }

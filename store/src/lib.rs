@@ -175,22 +175,24 @@ impl DiskStore {
 
     /// The directory of durable queue `name`: `queues/<fnv64 hex>-<n>`, the first whose
     /// `name` file matches (or a new one).
-    fn durable_dir(&mut self, name: &str) -> std::io::Result<PathBuf> {
-        let base = format!("{:016x}", fnv64(name.as_bytes()));
+    fn durable_dir(&mut self, vhost: &str, name: &str) -> std::io::Result<PathBuf> {
+        let identity = queue_identity(vhost, name);
+        let name = identity.as_slice();
+        let base = format!("{:016x}", fnv64(name));
         for n in 0..1024 {
             let dir = self.root.join("queues").join(format!("{base}-{n}"));
             let name_file = dir.join("name");
             match fs::read(&name_file) {
-                Ok(stored) if stored == name.as_bytes() => return Ok(dir),
+                Ok(stored) if stored == name => return Ok(dir),
                 Ok(_) => continue,
                 Err(_) if dir.exists() => {
                     // A directory without its name file: an interrupted creation.
-                    fs::write(&name_file, name.as_bytes())?;
+                    fs::write(&name_file, name)?;
                     return Ok(dir);
                 }
                 Err(_) => {
                     fs::create_dir_all(&dir)?;
-                    fs::write(&name_file, name.as_bytes())?;
+                    fs::write(&name_file, name)?;
                     // Made durable by the next sync (with the definitions that name the
                     // queue), not here: a declare costs no fsync of its own.
                     self.dirty_names.push(name_file);
@@ -201,7 +203,8 @@ impl DiskStore {
             }
         }
         Err(std::io::Error::other(format!(
-            "too many hash collisions for queue '{name}'"
+            "too many hash collisions for queue '{}'",
+            String::from_utf8_lossy(name)
         )))
     }
 
@@ -303,6 +306,20 @@ fn sync_thread(
     }
 }
 
+/// What a durable queue's `name` file holds: the queue name for vhost `/` (as before vhosts
+/// existed), else NUL, the vhost, NUL, the name (no queue name of `/` starts with NUL).
+fn queue_identity(vhost: &str, name: &str) -> Vec<u8> {
+    if vhost == "/" {
+        return name.as_bytes().to_vec();
+    }
+    let mut id = Vec::with_capacity(vhost.len() + name.len() + 2);
+    id.push(0);
+    id.extend_from_slice(vhost.as_bytes());
+    id.push(0);
+    id.extend_from_slice(name.as_bytes());
+    id
+}
+
 impl Store for DiskStore {
     fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError> {
         self.definitions_dirty = true;
@@ -311,9 +328,15 @@ impl Store for DiskStore {
             .map_err(|e| self.fail("definition write", e))
     }
 
-    fn open_queue(&mut self, queue: QueueId, name: &str, durable: bool) -> QueueRecovery {
+    fn open_queue(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        durable: bool,
+    ) -> QueueRecovery {
         let dir = if durable {
-            match self.durable_dir(name) {
+            match self.durable_dir(vhost, name) {
                 Ok(dir) => dir,
                 Err(e) => {
                     self.fail("opening a queue directory", e);

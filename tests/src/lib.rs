@@ -7,6 +7,7 @@ use futures_lite::StreamExt;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, Consumer, ErrorKind, message::Delivery};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,8 @@ pub const WAIT: Duration = Duration::from_secs(5);
 /// A running broker; stops (connections get 320) when dropped.
 pub struct TestBroker {
     pub addr: SocketAddr,
+    /// The broker behind the listener, for admin requests (users, vhosts, permissions).
+    pub broker: warren_runtime::BrokerHandle,
     pub uri: String,
     pub(crate) stop: tokio::sync::watch::Sender<bool>,
 }
@@ -37,12 +40,13 @@ pub async fn start() -> TestBroker {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(warren_amqp::serve(
         listener,
-        broker,
+        broker.clone(),
         Arc::new(warren_amqp::AmqpConfig::default()),
         stopped,
     ));
     TestBroker {
         addr,
+        broker,
         uri: format!("amqp://guest:guest@{addr}/%2f"),
         stop,
     }
@@ -159,6 +163,62 @@ pub fn reply(err: &lapin::Error) -> (u16, String, bool) {
         ),
         other => panic!("expected a protocol error from the broker, got {other:?}"),
     }
+}
+
+/// Runs `op` on a fresh channel of `conn` and checks that the broker closed that channel, and
+/// only it, with `code`; the reply text must start with `name - ` and mention `mentions`.
+pub async fn channel_error<T, F, Fut>(
+    conn: &Connection,
+    code: u16,
+    name: &str,
+    mentions: &str,
+    op: F,
+) where
+    T: std::fmt::Debug,
+    F: FnOnce(Channel) -> Fut,
+    Fut: Future<Output = lapin::Result<T>>,
+{
+    let ch = bounded(conn.create_channel()).await.expect("open channel");
+    let mut events = Box::pin(conn.events_listener());
+    let res = bounded(op(ch.clone())).await;
+    let err = match res {
+        Ok(v) => panic!("expected {code} {name} ({mentions}), got success: {v:?}"),
+        Err(e) if e.is_amqp_error() => e,
+        // A method without a reply (basic.ack) fails later: the operation after it finds the
+        // channel already closing, and the broker's reason comes as a connection event (the
+        // first one on that connection: use a fresh connection for such cases).
+        Err(_) => {
+            bounded(async {
+                loop {
+                    match events.next().await {
+                        Some(lapin::Event::Error(e)) if e.is_amqp_error() => break e,
+                        Some(_) => continue,
+                        None => panic!("no channel.close from the broker"),
+                    }
+                }
+            })
+            .await
+        }
+    };
+    let (got_code, text, hard) = reply(&err);
+    assert_eq!(
+        (got_code, hard),
+        (code, false),
+        "expected channel error {code} {name} ({mentions}); got {got_code} {text:?} (hard={hard})"
+    );
+    assert!(
+        text.starts_with(&format!("{name} - ")),
+        "reply text {text:?} should start with `{name} - `"
+    );
+    assert!(
+        text.contains(mentions),
+        "reply text {text:?} should mention {mentions:?}"
+    );
+    eventually("the failed channel is closed", || !ch.status().connected()).await;
+    assert!(
+        conn.status().connected(),
+        "a channel error ({code} {name}) must not close the connection"
+    );
 }
 
 /// Waits (bounded) until `done()` holds; panics with `what` otherwise.

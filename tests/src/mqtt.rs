@@ -38,11 +38,17 @@ pub async fn start_with(config: warren_mqtt::MqttConfig) -> MqttBroker {
         Arc::new(warren_amqp::AmqpConfig::default()),
         stopped.clone(),
     ));
-    tokio::spawn(warren_mqtt::serve(mqtt, broker, Arc::new(config), stopped));
+    tokio::spawn(warren_mqtt::serve(
+        mqtt,
+        broker.clone(),
+        Arc::new(config),
+        stopped,
+    ));
     MqttBroker {
         mqtt: mqtt_addr,
         amqp: crate::TestBroker {
             addr: amqp_addr,
+            broker,
             uri: format!("amqp://guest:guest@{amqp_addr}/%2f"),
             stop,
         },

@@ -5,11 +5,9 @@
 //! NOT_ALLOWED) closes the connection with every channel on it. Reply texts read
 //! `NAME - detail`, as RabbitMQ writes them.
 
-use futures_lite::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
-use std::future::Future;
 use warren_tests::*;
 
 async fn publish(ch: &Channel, exchange: &str, key: &str, body: &str) {
@@ -22,57 +20,6 @@ async fn publish(ch: &Channel, exchange: &str, key: &str, body: &str) {
     ))
     .await
     .expect("publish");
-}
-
-/// Runs `op` on a fresh channel of `conn` and checks that the broker closed that channel, and
-/// only it, with `code`; the reply text must start with `name - ` and mention `mentions`.
-async fn channel_error<T, F, Fut>(conn: &Connection, code: u16, name: &str, mentions: &str, op: F)
-where
-    T: std::fmt::Debug,
-    F: FnOnce(Channel) -> Fut,
-    Fut: Future<Output = lapin::Result<T>>,
-{
-    let ch = bounded(conn.create_channel()).await.expect("open channel");
-    let mut events = Box::pin(conn.events_listener());
-    let res = bounded(op(ch.clone())).await;
-    let err = match res {
-        Ok(v) => panic!("expected {code} {name} ({mentions}), got success: {v:?}"),
-        Err(e) if e.is_amqp_error() => e,
-        // A method without a reply (basic.ack) fails later: the operation after it finds the
-        // channel already closing, and the broker's reason comes as a connection event (the
-        // first one on that connection: use a fresh connection for such cases).
-        Err(_) => {
-            bounded(async {
-                loop {
-                    match events.next().await {
-                        Some(lapin::Event::Error(e)) if e.is_amqp_error() => break e,
-                        Some(_) => continue,
-                        None => panic!("no channel.close from the broker"),
-                    }
-                }
-            })
-            .await
-        }
-    };
-    let (got_code, text, hard) = reply(&err);
-    assert_eq!(
-        (got_code, hard),
-        (code, false),
-        "expected channel error {code} {name} ({mentions}); got {got_code} {text:?} (hard={hard})"
-    );
-    assert!(
-        text.starts_with(&format!("{name} - ")),
-        "reply text {text:?} should start with `{name} - `"
-    );
-    assert!(
-        text.contains(mentions),
-        "reply text {text:?} should mention {mentions:?}"
-    );
-    eventually("the failed channel is closed", || !ch.status().connected()).await;
-    assert!(
-        conn.status().connected(),
-        "a channel error ({code} {name}) must not close the connection"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -226,7 +226,7 @@ impl Inner {
             Self::ch(0),
             Op::ConnectionOpen {
                 vhost: "/".into(),
-                user: "js".into(),
+                user: "guest".into(),
                 cancel_notify: true,
             },
         );

@@ -16,6 +16,7 @@ const ADMIN_CHANNEL: u16 = 2;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueInfo {
+    pub vhost: String,
     pub name: String,
     pub durable: bool,
     pub auto_delete: bool,
@@ -33,6 +34,7 @@ pub struct QueueInfo {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExchangeInfo {
+    pub vhost: String,
     pub name: String,
     pub kind: &'static str,
     pub durable: bool,
@@ -43,6 +45,7 @@ pub struct ExchangeInfo {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct BindingInfo {
+    pub vhost: String,
     pub source: String,
     pub destination: String,
     pub destination_is_exchange: bool,
@@ -53,6 +56,7 @@ pub struct BindingInfo {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConnectionInfo {
     pub conn: ConnId,
+    pub vhost: String,
     pub user: String,
     pub channels: usize,
     pub consumers: u32,
@@ -64,6 +68,7 @@ pub struct ConnectionInfo {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConsumerInfo {
+    pub vhost: String,
     pub queue: String,
     pub tag: String,
     pub conn: ConnId,
@@ -76,12 +81,13 @@ pub struct ConsumerInfo {
 }
 
 impl Broker {
-    /// Every queue, by name.
+    /// Every queue, by vhost and name.
     pub fn list_queues(&self) -> Vec<QueueInfo> {
         let mut out: Vec<QueueInfo> = self
             .queues
             .values()
             .map(|q| QueueInfo {
+                vhost: self.vhost_name(q.vhost).to_string(),
                 name: q.name.to_string(),
                 durable: q.durable,
                 auto_delete: q.auto_delete,
@@ -94,16 +100,17 @@ impl Broker {
                 paged_out: q.messages.paged().count,
             })
             .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
         out
     }
 
-    /// Every exchange, by name (the default exchange is `""`).
+    /// Every exchange, by vhost and name (the default exchange is `""`).
     pub fn list_exchanges(&self) -> Vec<ExchangeInfo> {
         let mut out: Vec<ExchangeInfo> = self
             .exchanges
             .values()
             .map(|x| ExchangeInfo {
+                vhost: self.vhost_name(x.vhost).to_string(),
                 name: x.name.to_string(),
                 kind: x.kind.as_str(),
                 durable: x.durable,
@@ -112,7 +119,7 @@ impl Broker {
                 arguments: x.arguments.clone(),
             })
             .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
         out
     }
 
@@ -132,6 +139,7 @@ impl Broker {
                     },
                 };
                 out.push(BindingInfo {
+                    vhost: self.vhost_name(x.vhost).to_string(),
                     source: x.name.to_string(),
                     destination,
                     destination_is_exchange,
@@ -141,7 +149,8 @@ impl Broker {
             }
         }
         out.sort_by(|a, b| {
-            (&a.source, &a.destination, &a.routing_key).cmp(&(
+            (&a.vhost, &a.source, &a.destination, &a.routing_key).cmp(&(
+                &b.vhost,
                 &b.source,
                 &b.destination,
                 &b.routing_key,
@@ -158,6 +167,7 @@ impl Broker {
             .filter(|(id, _)| **id != RESTORE_CONN)
             .map(|(id, c)| ConnectionInfo {
                 conn: *id,
+                vhost: self.vhost_name(c.vhost).to_string(),
                 user: c.user.clone(),
                 channels: c.channels.len(),
                 consumers: c.consumers,
@@ -175,8 +185,10 @@ impl Broker {
             .consumers
             .values()
             .filter_map(|c| {
+                let q = self.queues.get(&c.queue)?;
                 Some(ConsumerInfo {
-                    queue: self.queues.get(&c.queue)?.name.to_string(),
+                    vhost: self.vhost_name(q.vhost).to_string(),
+                    queue: q.name.to_string(),
                     tag: c.tag.to_string(),
                     conn: c.ch.conn,
                     channel: c.ch.channel,
@@ -188,14 +200,18 @@ impl Broker {
                 })
             })
             .collect();
-        out.sort_by(|a, b| (&a.queue, &a.tag).cmp(&(&b.queue, &b.tag)));
+        out.sort_by(|a, b| (&a.vhost, &a.queue, &a.tag).cmp(&(&b.vhost, &b.queue, &b.tag)));
         out
     }
 
-    /// The durable definitions as they are now (for export): durable exchanges other than
-    /// the predeclared ones, durable non-exclusive queues, bindings between durable ends.
+    /// The durable definitions as they are now (for export): vhosts, users, permissions,
+    /// policies, durable exchanges other than the predeclared ones, durable non-exclusive
+    /// queues, bindings between durable ends.
     pub fn durable_definitions(&self) -> Definitions {
         let mut defs = Definitions {
+            vhosts: self.list_vhosts(),
+            users: self.list_users(),
+            permissions: self.list_permissions(),
             policies: self.list_policies(),
             ..Definitions::default()
         };
@@ -203,55 +219,60 @@ impl Broker {
             if !x.durable || x.name.is_empty() || x.name.starts_with("amq.") {
                 continue;
             }
-            defs.exchanges.push(ExchangeDeclare {
-                exchange: x.name,
-                kind: x.kind.to_string(),
-                passive: false,
-                durable: true,
-                auto_delete: x.auto_delete,
-                internal: x.internal,
-                nowait: false,
-                arguments: x.arguments,
-            });
+            defs.exchanges.push((
+                x.vhost,
+                ExchangeDeclare {
+                    exchange: x.name,
+                    kind: x.kind.to_string(),
+                    passive: false,
+                    durable: true,
+                    auto_delete: x.auto_delete,
+                    internal: x.internal,
+                    nowait: false,
+                    arguments: x.arguments,
+                },
+            ));
         }
         for q in self.list_queues() {
             if !q.durable || q.exclusive {
                 continue;
             }
-            defs.queues.push(QueueDeclare {
-                queue: q.name,
-                passive: false,
-                durable: true,
-                exclusive: false,
-                auto_delete: q.auto_delete,
-                nowait: false,
-                arguments: q.arguments,
-            });
+            defs.queues.push((
+                q.vhost,
+                QueueDeclare {
+                    queue: q.name,
+                    passive: false,
+                    durable: true,
+                    exclusive: false,
+                    auto_delete: q.auto_delete,
+                    nowait: false,
+                    arguments: q.arguments,
+                },
+            ));
         }
-        let durable_exchange = |name: &str| {
-            self.vhost
-                .exchanges
-                .get(name)
-                .and_then(|id| self.exchanges.get(id))
+        let durable_exchange = |vhost: &str, name: &str| {
+            self.vhost_id(vhost)
+                .and_then(|vh| self.find_exchange(vh, name))
+                .and_then(|id| self.exchanges.get(&id))
                 .is_some_and(|x| x.durable)
         };
-        let durable_queue = |name: &str| {
-            self.vhost
-                .queues
-                .get(name)
-                .and_then(|id| self.queues.get(id))
+        let durable_queue = |vhost: &str, name: &str| {
+            self.vhost_id(vhost)
+                .and_then(|vh| self.find_queue(vh, name))
+                .and_then(|id| self.queues.get(&id))
                 .is_some_and(|q| q.durable && q.exclusive_owner.is_none())
         };
         for b in self.list_bindings() {
             let destination_durable = if b.destination_is_exchange {
-                durable_exchange(&b.destination)
+                durable_exchange(&b.vhost, &b.destination)
             } else {
-                durable_queue(&b.destination)
+                durable_queue(&b.vhost, &b.destination)
             };
-            if !durable_exchange(&b.source) || !destination_durable {
+            if !durable_exchange(&b.vhost, &b.source) || !destination_durable {
                 continue;
             }
             defs.bindings.push((
+                b.vhost,
                 Bind {
                     destination: b.destination,
                     source: b.source,
@@ -265,17 +286,82 @@ impl Broker {
         defs
     }
 
-    /// Runs one operation on the broker's admin channel with a client's checks; returns its
-    /// reply, or the error a client would have got (the admin channel reopens after it).
-    pub fn admin(&mut self, now: u64, op: Op) -> Result<Option<Reply>, ProtocolError> {
+    /// Imports definitions (RabbitMQ's `import_definitions`): adds their vhosts, users (with
+    /// their password hashes), permissions and policies, then declares their exchanges,
+    /// queues and bindings in each vhost with a client's checks. What exists stays; the
+    /// answer lists what could not be imported, as RabbitMQ-style texts.
+    pub fn import(&mut self, now: u64, defs: &Definitions) -> Vec<String> {
+        let mut errors = Vec::new();
+        for v in &defs.vhosts {
+            if let Err(e) = self.add_vhost(now, v.clone()) {
+                errors.push(format!("vhost '{}': {e}", v.name));
+            }
+        }
+        for u in &defs.users {
+            if let Err(e) = self.put_user(now, u.clone()) {
+                errors.push(format!("user '{}': {e}", u.name));
+            }
+        }
+        for p in &defs.permissions {
+            if let Err(e) = self.set_permissions(now, p.clone()) {
+                errors.push(format!(
+                    "permissions of '{}' in vhost '{}': {e}",
+                    p.user, p.vhost
+                ));
+            }
+        }
+        for p in &defs.policies {
+            if let Err(e) = self.set_policy(now, p.clone()) {
+                errors.push(format!("policy '{}' in vhost '{}': {e}", p.name, p.vhost));
+            }
+        }
+        let ops = defs
+            .exchanges
+            .iter()
+            .map(|(v, x)| (v, Op::ExchangeDeclare(x.clone())))
+            .chain(
+                defs.queues
+                    .iter()
+                    .map(|(v, q)| (v, Op::QueueDeclare(q.clone()))),
+            )
+            .chain(defs.bindings.iter().map(|(v, b, to_exchange)| {
+                let op = if *to_exchange {
+                    Op::ExchangeBind(b.clone())
+                } else {
+                    Op::QueueBind(b.clone())
+                };
+                (v, op)
+            }));
+        for (vhost, op) in ops {
+            if let Err(e) = self.admin(now, vhost, op) {
+                errors.push(e.to_string());
+            }
+        }
+        errors
+    }
+
+    /// Runs one operation in `vhost` on the broker's admin channel with a client's checks;
+    /// returns its reply, or the error a client would have got (the admin channel reopens
+    /// after it).
+    pub fn admin(&mut self, now: u64, vhost: &str, op: Op) -> Result<Option<Reply>, ProtocolError> {
         let ch = ChannelRef::new(RESTORE_CONN, ADMIN_CHANNEL);
         let mark = self.effects.len();
+        let Some(vh) = self.vhost_id(vhost) else {
+            return Err(ProtocolError::new(
+                crate::error::ErrorCode::NotFound,
+                op.kind(),
+                format!("vhost '{vhost}' does not exist"),
+            ));
+        };
+        if self.conns.get(&RESTORE_CONN).is_some_and(|c| c.vhost != vh) {
+            self.release_connection(RESTORE_CONN);
+        }
         if !self.conns.contains_key(&RESTORE_CONN) {
             self.handle(
                 now,
                 ChannelRef::new(RESTORE_CONN, 0),
                 Op::ConnectionOpen {
-                    vhost: self.config.default_vhost.clone(),
+                    vhost: vhost.to_string(),
                     user: "warren-admin".into(),
                     cancel_notify: false,
                 },

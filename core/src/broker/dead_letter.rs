@@ -34,6 +34,8 @@ impl DeathReason {
 
 /// A message on its way to a dead-letter exchange.
 pub(crate) struct DeadLetter {
+    /// The vhost of the queue it died in: the dead-letter exchange is looked up there.
+    vhost: crate::ids::VhostId,
     exchange: String,
     routing_key: Option<String>,
     queue: Arc<str>,
@@ -151,6 +153,7 @@ impl Broker {
             return;
         };
         self.dead_letters.push_back(DeadLetter {
+            vhost: q.vhost,
             exchange,
             routing_key: q.args.dead_letter_routing_key.clone(),
             queue: q.name.clone(),
@@ -166,7 +169,7 @@ impl Broker {
                 return;
             };
             // A missing dead-letter exchange drops the message (RabbitMQ logs nothing either).
-            let Some(&exchange) = self.vhost.exchanges.get(&d.exchange) else {
+            let Some(exchange) = self.find_exchange(d.vhost, &d.exchange) else {
                 continue;
             };
             let message = Arc::new(dead_lettered(&d, self.now));

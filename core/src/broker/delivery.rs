@@ -7,6 +7,7 @@
 use super::dead_letter::DeathReason;
 use super::session::{TxOp, Unacked};
 use super::{Broker, Consumer, ConsumerId, OpResult, PendingConfirm};
+use crate::access::{Perm, Resource};
 use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
@@ -115,7 +116,8 @@ impl Broker {
                 "immediate=true",
             ));
         }
-        let exchange = self.exchange_id(op, &p.exchange)?;
+        let exchange = self.exchange_id(ch, op, &p.exchange)?;
+        self.check_access(ch, op, Perm::Write, Resource::Exchange, &p.exchange)?;
         if let Some(e) = p.properties.expiration.as_deref()
             && let Err(text) = crate::queue::args::parse_expiration(e)
         {
@@ -128,7 +130,7 @@ impl Broker {
                 format!(
                     "cannot publish to internal exchange '{}' in vhost '{}'",
                     p.exchange,
-                    self.vhost_name()
+                    self.vhost_name(self.exchanges[&exchange].vhost)
                 ),
             ));
         }
@@ -436,7 +438,7 @@ impl Broker {
             };
             matched.clear();
             if x.is_default {
-                if let Some(&q) = self.vhost.queues.get(p.routing_key.as_ref()) {
+                if let Some(q) = self.find_queue(x.vhost, &p.routing_key) {
                     matched.push(Destination::Queue(q));
                 }
             } else {
@@ -446,9 +448,9 @@ impl Broker {
                 && let Some(ae) = x
                     .alternate
                     .as_deref()
-                    .and_then(|name| self.vhost.exchanges.get(name))
+                    .and_then(|name| self.find_exchange(x.vhost, name))
             {
-                matched.push(Destination::Exchange(*ae));
+                matched.push(Destination::Exchange(ae));
             }
             for d in &matched {
                 match *d {
@@ -635,6 +637,8 @@ impl Broker {
         }
         let op = OpKind::Consume;
         let queue = self.queue_id(ch, op, &c.queue)?;
+        let queue_name = self.queues[&queue].name.clone();
+        self.check_access(ch, op, Perm::Read, Resource::Queue, &queue_name)?;
         let tag: Arc<str> = if c.consumer_tag.is_empty() {
             Arc::from(self.names.name("amq.ctag-"))
         } else {
@@ -663,7 +667,7 @@ impl Broker {
                 format!(
                     "queue '{}' in vhost '{}' in exclusive use",
                     q.name,
-                    self.vhost_name()
+                    self.vhost_name(q.vhost)
                 ),
             ));
         }
@@ -768,6 +772,8 @@ impl Broker {
 
     pub(super) fn get(&mut self, ch: ChannelRef, queue: &str, no_ack: bool) -> OpResult {
         let id = self.queue_id(ch, OpKind::Get, queue)?;
+        let queue_name = self.queues[&id].name.clone();
+        self.check_access(ch, OpKind::Get, Perm::Read, Resource::Queue, &queue_name)?;
         let now = self.now;
         if let Some(q) = self.queues.get_mut(&id) {
             q.last_used = now;
@@ -988,7 +994,7 @@ impl Broker {
             match op {
                 TxOp::Publish(p) => {
                     // The exchange may have gone since the publish was buffered.
-                    let exchange = self.exchange_id(OpKind::Publish, &p.exchange)?;
+                    let exchange = self.exchange_id(ch, OpKind::Publish, &p.exchange)?;
                     self.route_and_enqueue(ch, exchange, p);
                 }
                 TxOp::Settle {

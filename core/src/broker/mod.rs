@@ -14,6 +14,7 @@
 //! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
 //!   detected by a failed lookup, never aliased.
 
+mod access;
 pub mod admin;
 mod dead_letter;
 mod delivery;
@@ -21,6 +22,7 @@ mod policies;
 mod reply_to;
 mod session;
 mod topology;
+mod vhosts;
 
 use crate::command::{ExchangeKind, Op, OpKind};
 use crate::config::BrokerConfig;
@@ -28,7 +30,7 @@ use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::exchange::Bindings;
 use crate::idhash::IdMap;
-use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
+use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId, VhostId};
 use crate::message::FieldTable;
 use crate::naming::NameGen;
 use crate::queue::classic::MessageQueue;
@@ -58,6 +60,7 @@ pub(crate) struct PendingConfirm {
 pub(crate) struct ConsumerId(u64);
 
 pub(crate) struct Exchange {
+    pub(crate) vhost: VhostId,
     pub(crate) name: Arc<str>,
     pub(crate) kind: ExchangeKind,
     pub(crate) durable: bool,
@@ -73,6 +76,7 @@ pub(crate) struct Exchange {
 }
 
 pub(crate) struct Queue {
+    pub(crate) vhost: VhostId,
     pub(crate) name: Arc<str>,
     pub(crate) durable: bool,
     pub(crate) exclusive_owner: Option<ConnId>,
@@ -111,11 +115,14 @@ pub(crate) struct Consumer {
     pub(crate) priority: i64,
 }
 
-/// Names of one vhost's exchanges and queues.
+/// A vhost: its name, and the names of its exchanges, queues and policies.
 pub(crate) struct Vhost {
     pub(crate) name: Arc<str>,
+    pub(crate) description: String,
     pub(crate) exchanges: HashMap<String, ExchangeId>,
     pub(crate) queues: HashMap<String, QueueId>,
+    /// Policies by name.
+    pub(crate) policies: BTreeMap<String, crate::policy::Policy>,
 }
 
 /// The broker state machine. See the module docs.
@@ -124,7 +131,12 @@ pub struct Broker {
     now: u64,
     names: NameGen,
     next_id: u64,
-    vhost: Vhost,
+    vhosts: IdMap<VhostId, Vhost>,
+    vhost_ids: BTreeMap<Arc<str>, VhostId>,
+    /// The vhost of `BrokerConfig::default_vhost` as created at start (internal connections
+    /// that name no vhost use it).
+    default_vhost: VhostId,
+    users: crate::access::Users,
     exchanges: IdMap<ExchangeId, Exchange>,
     queues: IdMap<QueueId, Queue>,
     consumers: IdMap<ConsumerId, Consumer>,
@@ -150,8 +162,6 @@ pub struct Broker {
     store_failed_at: Option<u64>,
     /// Replaying stored definitions: do not write them back.
     restoring: bool,
-    /// Policies by name.
-    policies: BTreeMap<String, crate::policy::Policy>,
     /// Direct reply-to addresses -> the channel consuming replies (lookup only).
     reply_addresses: HashMap<Arc<str>, ChannelRef>,
     /// Messages on their way to a dead-letter exchange.
@@ -167,11 +177,10 @@ impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
         let mut broker = Broker {
             names: NameGen::new(config.seed),
-            vhost: Vhost {
-                name: Arc::from(config.default_vhost.as_str()),
-                exchanges: HashMap::new(),
-                queues: HashMap::new(),
-            },
+            vhosts: IdMap::default(),
+            vhost_ids: BTreeMap::new(),
+            default_vhost: VhostId(0),
+            users: crate::access::Users::new(),
             config,
             now: 0,
             next_id: 1,
@@ -192,10 +201,9 @@ impl Broker {
             restoring: false,
             dead_letters: VecDeque::new(),
             reply_addresses: HashMap::new(),
-            policies: BTreeMap::new(),
             expiring: std::collections::BTreeSet::new(),
         };
-        broker.declare_predefined_exchanges();
+        broker.create_defaults();
         broker
     }
 
@@ -207,46 +215,119 @@ impl Broker {
         broker
     }
 
-    /// Replays stored definitions (exchanges, queues, bindings, in that order); durable
-    /// queues reopen their stored messages. Returns what could not be restored, as
+    /// Replays stored definitions (vhosts, users, permissions, policies, then per vhost
+    /// exchanges, queues, bindings); durable queues reopen their stored messages. A store
+    /// without vhosts and users (a fresh data directory, or one written before they were
+    /// stored) gets the defaults written into it. Returns what could not be restored, as
     /// RabbitMQ-style error texts, for the host to log.
     pub fn restore(&mut self, now: u64, definitions: &Definitions) -> Vec<String> {
-        self.restoring = true;
-        let ch = ChannelRef::new(RESTORE_CONN, 1);
-        let mark = self.effects.len();
-        self.handle(
-            now,
-            ChannelRef::new(RESTORE_CONN, 0),
-            Op::ConnectionOpen {
-                vhost: self.config.default_vhost.clone(),
-                user: "warren-restore".into(),
-                cancel_notify: false,
-            },
-        );
-        self.handle(now, ch, Op::ChannelOpen);
+        self.now = self.now.max(now);
         let mut errors = Vec::new();
+        if definitions.vhosts.is_empty() && definitions.users.is_empty() {
+            self.store_defaults();
+        }
+        self.restoring = true;
+        if !definitions.vhosts.is_empty() || !definitions.users.is_empty() {
+            // The stored ones replace the defaults (an operator may have deleted guest).
+            self.users.clear();
+            let stored: std::collections::BTreeSet<&str> =
+                definitions.vhosts.iter().map(|v| v.name.as_str()).collect();
+            let defaults: Vec<String> = self.vhost_ids.keys().map(|v| v.to_string()).collect();
+            for v in defaults {
+                if !stored.contains(v.as_str()) {
+                    let _ = self.delete_vhost(now, &v);
+                }
+            }
+            for v in &definitions.vhosts {
+                if let Err(e) = self.add_vhost(now, v.clone()) {
+                    errors.push(format!("vhost '{}': {e}", v.name));
+                }
+            }
+            for u in &definitions.users {
+                self.users.put(u.clone());
+            }
+            for p in &definitions.permissions {
+                if let Err(e) = self.set_permissions(now, p.clone()) {
+                    errors.push(format!("permissions of '{}' in '{}': {e}", p.user, p.vhost));
+                }
+            }
+        }
         for p in &definitions.policies {
             if let Err(e) = self.set_policy(now, p.clone()) {
                 errors.push(format!("policy '{}': {e}", p.name));
             }
         }
-        let ops = definitions
-            .exchanges
-            .iter()
-            .map(|x| Op::ExchangeDeclare(x.clone()))
-            .chain(
-                definitions
-                    .queues
-                    .iter()
-                    .map(|q| Op::QueueDeclare(q.clone())),
-            )
-            .chain(definitions.bindings.iter().map(|(b, to_exchange)| {
-                if *to_exchange {
-                    Op::ExchangeBind(b.clone())
-                } else {
-                    Op::QueueBind(b.clone())
-                }
-            }));
+        let vhosts: Vec<String> = self.vhost_ids.keys().map(|v| v.to_string()).collect();
+        for vhost in &vhosts {
+            let in_vhost = |v: &String| v == vhost;
+            let ops = definitions
+                .exchanges
+                .iter()
+                .filter(|(v, _)| in_vhost(v))
+                .map(|(_, x)| Op::ExchangeDeclare(x.clone()))
+                .chain(
+                    definitions
+                        .queues
+                        .iter()
+                        .filter(|(v, _)| in_vhost(v))
+                        .map(|(_, q)| Op::QueueDeclare(q.clone())),
+                )
+                .chain(
+                    definitions
+                        .bindings
+                        .iter()
+                        .filter(|(v, _, _)| in_vhost(v))
+                        .map(|(_, b, to_exchange)| {
+                            if *to_exchange {
+                                Op::ExchangeBind(b.clone())
+                            } else {
+                                Op::QueueBind(b.clone())
+                            }
+                        }),
+                );
+            self.replay(now, vhost, ops, &mut errors);
+        }
+        for (v, x) in &definitions.exchanges {
+            if !vhosts.contains(v) {
+                errors.push(format!(
+                    "exchange '{}': vhost '{v}' does not exist",
+                    x.exchange
+                ));
+            }
+        }
+        for (v, q) in &definitions.queues {
+            if !vhosts.contains(v) {
+                errors.push(format!("queue '{}': vhost '{v}' does not exist", q.queue));
+            }
+        }
+        self.restoring = false;
+        errors
+    }
+
+    /// Applies `ops` in `vhost` on the restore connection, collecting their errors (a failed
+    /// op reopens the channel, so the rest still apply).
+    fn replay(
+        &mut self,
+        now: u64,
+        vhost: &str,
+        ops: impl Iterator<Item = Op>,
+        errors: &mut Vec<String>,
+    ) {
+        let ch = ChannelRef::new(RESTORE_CONN, 1);
+        let mark = self.effects.len();
+        if self.conns.contains_key(&RESTORE_CONN) {
+            self.release_connection(RESTORE_CONN);
+        }
+        self.handle(
+            now,
+            ChannelRef::new(RESTORE_CONN, 0),
+            Op::ConnectionOpen {
+                vhost: vhost.to_string(),
+                user: "warren-restore".into(),
+                cancel_notify: false,
+            },
+        );
+        self.handle(now, ch, Op::ChannelOpen);
         for op in ops {
             self.handle(now, ch, op);
             let failed: Vec<String> =
@@ -267,8 +348,6 @@ impl Broker {
         }
         self.handle(now, ch, Op::ConnectionClose);
         self.effects.truncate(mark);
-        self.restoring = false;
-        errors
     }
 
     /// Starts a sync of the durable writes made so far, if there are any and no sync is
@@ -450,7 +529,7 @@ impl Broker {
     /// Ready messages in a queue of the default vhost, in memory and paged out (for hosts,
     /// tests and admin tools).
     pub fn queue_len(&self, name: &str) -> Option<usize> {
-        let id = self.vhost.queues.get(name)?;
+        let id = self.vhosts.get(&self.default_vhost)?.queues.get(name)?;
         self.queues.get(id).map(|q| q.messages.len())
     }
 
@@ -629,8 +708,15 @@ impl Broker {
         self.effects.push(Effect::Reply { ch, reply });
     }
 
-    fn vhost_name(&self) -> &str {
-        &self.vhost.name
+    /// The vhost of a connection (internal connections without one: the default vhost).
+    fn conn_vhost(&self, conn: ConnId) -> VhostId {
+        self.conns
+            .get(&conn)
+            .map_or(self.default_vhost, |c| c.vhost)
+    }
+
+    fn vhost_name(&self, vhost: VhostId) -> &str {
+        self.vhosts.get(&vhost).map_or("", |v| &v.name)
     }
 }
 

@@ -7,53 +7,49 @@ use crate::policy::{self, Policy, PolicyDef};
 use crate::store::DefinitionChange;
 
 impl Broker {
-    /// Adds or replaces a policy; the error says why it is refused.
+    /// Adds or replaces a policy in its vhost; the error says why it is refused.
     pub fn set_policy(&mut self, now: u64, def: PolicyDef) -> Result<(), String> {
         self.now = self.now.max(now);
+        let vh = self
+            .vhost_id(&def.vhost)
+            .ok_or_else(|| format!("vhost '{}' does not exist", def.vhost))?;
         let compiled = Policy::new(def)?;
-        if !self.restoring
-            && let Some(store) = self.store.as_mut()
-        {
-            if store
-                .define(DefinitionChange::PolicySet(&compiled.def))
-                .is_err()
-            {
-                self.store_failed_at = Some(self.now);
-            }
-            self.sync_dirty = true;
+        self.define(DefinitionChange::PolicySet(&compiled.def));
+        if let Some(v) = self.vhosts.get_mut(&vh) {
+            v.policies.insert(compiled.def.name.clone(), compiled);
         }
-        self.policies.insert(compiled.def.name.clone(), compiled);
         self.apply_policies();
         Ok(())
     }
 
-    /// Removes a policy; the error names a missing one.
-    pub fn clear_policy(&mut self, now: u64, name: &str) -> Result<(), String> {
+    /// Removes a policy of a vhost; the error names a missing one.
+    pub fn clear_policy(&mut self, now: u64, vhost: &str, name: &str) -> Result<(), String> {
         self.now = self.now.max(now);
-        if self.policies.remove(name).is_none() {
-            return Err(format!(
-                "policy '{name}' not found in vhost '{}'",
-                self.vhost_name()
-            ));
+        let removed = self
+            .vhost_id(vhost)
+            .and_then(|vh| self.vhosts.get_mut(&vh))
+            .and_then(|v| v.policies.remove(name));
+        if removed.is_none() {
+            return Err(format!("policy '{name}' not found in vhost '{vhost}'"));
         }
-        if let Some(store) = self.store.as_mut() {
-            if store.define(DefinitionChange::PolicyCleared(name)).is_err() {
-                self.store_failed_at = Some(self.now);
-            }
-            self.sync_dirty = true;
-        }
+        self.define(DefinitionChange::PolicyCleared { vhost, name });
         self.apply_policies();
         Ok(())
     }
 
-    /// Every policy, by name.
+    /// Every policy, by vhost and name.
     pub fn list_policies(&self) -> Vec<PolicyDef> {
-        self.policies.values().map(|p| p.def.clone()).collect()
+        self.vhost_ids
+            .values()
+            .filter_map(|id| self.vhosts.get(id))
+            .flat_map(|v| v.policies.values().map(|p| p.def.clone()))
+            .collect()
     }
 
-    /// The name of the policy applying to a queue of the default vhost, if any (admin tools).
-    pub fn queue_policy(&self, queue: &str) -> Option<String> {
-        policy::applicable(self.policies.values(), queue, true).map(|p| p.def.name.clone())
+    /// The name of the policy applying to a queue, if any (admin tools).
+    pub fn queue_policy(&self, vhost: &str, queue: &str) -> Option<String> {
+        let v = self.vhosts.get(&self.vhost_id(vhost)?)?;
+        policy::applicable(v.policies.values(), queue, true).map(|p| p.def.name.clone())
     }
 
     /// Recomputes every queue's and exchange's effective settings from its own arguments
@@ -65,10 +61,11 @@ impl Broker {
             let Some(q) = self.queues.get(&id) else {
                 continue;
             };
-            let merged = policy::queue_arguments(
-                &q.arguments,
-                policy::applicable(self.policies.values(), &q.name, true),
-            );
+            let applicable = self
+                .vhosts
+                .get(&q.vhost)
+                .and_then(|v| policy::applicable(v.policies.values(), &q.name, true));
+            let merged = policy::queue_arguments(&q.arguments, applicable);
             // Policies were validated when set; the queue's own arguments when declared.
             let Ok(mut args) = crate::queue::args::QueueArgs::parse(&merged) else {
                 continue;
@@ -101,10 +98,11 @@ impl Broker {
                 .get("alternate-exchange")
                 .and_then(|v| v.as_str())
                 .map(str::to_string);
-            let alternate = policy::alternate_exchange(
-                own.as_deref(),
-                policy::applicable(self.policies.values(), &x.name, false),
-            );
+            let applicable = self
+                .vhosts
+                .get(&x.vhost)
+                .and_then(|v| policy::applicable(v.policies.values(), &x.name, false));
+            let alternate = policy::alternate_exchange(own.as_deref(), applicable);
             if let Some(x) = self.exchanges.get_mut(&id) {
                 x.alternate = alternate;
             }

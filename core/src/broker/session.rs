@@ -5,7 +5,7 @@ use super::{Broker, ConsumerId, OpResult};
 use crate::command::{OpKind, Publish};
 use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
-use crate::ids::{ChannelRef, ConnId, QueueId};
+use crate::ids::{ChannelRef, ConnId, QueueId, VhostId};
 use crate::message::Message;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,6 +21,10 @@ pub(crate) struct Conn {
     /// Queues currently pausing this connection (flow control).
     pub(crate) paused_in: BTreeSet<QueueId>,
     pub(crate) user: String,
+    pub(crate) vhost: VhostId,
+    /// What the user may do in the vhost; `None` for the broker's internal connections
+    /// (restore, admin), which may do anything.
+    pub(crate) perms: Option<Arc<crate::access::Permissions>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,19 +107,28 @@ impl Broker {
         user: String,
         cancel_notify: bool,
     ) -> OpResult {
-        if vhost != *self.vhost.name {
-            // Not registered yet, so `fail` cannot find it: report directly.
-            self.effects.push(crate::effect::Effect::ConnectionError {
-                conn,
-                error: ProtocolError::new(
-                    ErrorCode::NotAllowed,
-                    OpKind::ConnectionOpen,
-                    format!("vhost '{vhost}' not found"),
-                ),
-            });
-            return Ok(());
-        }
+        let internal = conn == super::RESTORE_CONN;
+        let access = match self.vhost_id(&vhost) {
+            None => Err(ProtocolError::new(
+                ErrorCode::NotAllowed,
+                OpKind::ConnectionOpen,
+                format!("vhost '{vhost}' not found"),
+            )),
+            Some(id) if internal => Ok((id, None)),
+            Some(id) => self.vhost_access(&vhost, &user).map(|p| (id, Some(p))),
+        };
+        let (vhost, perms) = match access {
+            Ok(a) => a,
+            Err(error) => {
+                // Not registered yet, so `fail` cannot find it: report directly.
+                self.effects
+                    .push(crate::effect::Effect::ConnectionError { conn, error });
+                return Ok(());
+            }
+        };
         self.conns.entry(conn).or_insert(Conn {
+            vhost,
+            perms,
             cancel_notify,
             channels: BTreeSet::new(),
             exclusive_queues: BTreeSet::new(),

@@ -3,11 +3,12 @@
 //! auto-delete cascades.
 
 use super::{Broker, Exchange, OpResult, Queue};
+use crate::access::{Perm, Resource};
 use crate::command::{Bind, ExchangeDeclare, ExchangeKind, OpKind, QueueDeclare};
 use crate::effect::{Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::exchange::Bindings;
-use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId};
+use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::{FieldTable, FieldValue};
 use crate::queue::classic::MessageQueue;
 use std::collections::BTreeMap;
@@ -48,7 +49,7 @@ fn describe(v: Option<&FieldValue>) -> String {
 }
 
 impl Broker {
-    pub(super) fn declare_predefined_exchanges(&mut self) {
+    pub(super) fn declare_predefined_exchanges(&mut self, vhost: VhostId) {
         let predefined: [(&str, ExchangeKind, bool); 7] = [
             ("", ExchangeKind::Direct, false),
             ("amq.direct", ExchangeKind::Direct, false),
@@ -63,6 +64,7 @@ impl Broker {
             self.exchanges.insert(
                 id,
                 Exchange {
+                    vhost,
                     name: Arc::from(name),
                     kind,
                     durable: true,
@@ -75,16 +77,28 @@ impl Broker {
                     bound_from: BTreeMap::new(),
                 },
             );
-            self.vhost.exchanges.insert(name.to_string(), id);
+            if let Some(v) = self.vhosts.get_mut(&vhost) {
+                v.exchanges.insert(name.to_string(), id);
+            }
         }
     }
 
-    fn not_found(&self, op: OpKind, what: &str, name: &str) -> ProtocolError {
+    fn not_found(&self, vh: VhostId, op: OpKind, what: &str, name: &str) -> ProtocolError {
         ProtocolError::new(
             ErrorCode::NotFound,
             op,
-            format!("no {what} '{name}' in vhost '{}'", self.vhost_name()),
+            format!("no {what} '{name}' in vhost '{}'", self.vhost_name(vh)),
         )
+    }
+
+    /// The exchange `name` in vhost `vh`, if it exists.
+    pub(super) fn find_exchange(&self, vh: VhostId, name: &str) -> Option<ExchangeId> {
+        self.vhosts.get(&vh)?.exchanges.get(name).copied()
+    }
+
+    /// The queue `name` in vhost `vh`, if it exists.
+    pub(super) fn find_queue(&self, vh: VhostId, name: &str) -> Option<QueueId> {
+        self.vhosts.get(&vh)?.queues.get(name).copied()
     }
 
     fn default_exchange_refused(op: OpKind) -> ProtocolError {
@@ -95,12 +109,16 @@ impl Broker {
         )
     }
 
-    pub(super) fn exchange_id(&self, op: OpKind, name: &str) -> Result<ExchangeId, ProtocolError> {
-        self.vhost
-            .exchanges
-            .get(name)
-            .copied()
-            .ok_or_else(|| self.not_found(op, "exchange", name))
+    /// The exchange `name` in the vhost of the connection of `ch`, or 404.
+    pub(super) fn exchange_id(
+        &self,
+        ch: ChannelRef,
+        op: OpKind,
+        name: &str,
+    ) -> Result<ExchangeId, ProtocolError> {
+        let vh = self.conn_vhost(ch.conn);
+        self.find_exchange(vh, name)
+            .ok_or_else(|| self.not_found(vh, op, "exchange", name))
     }
 
     /// Resolves a queue name (`""` = the channel's last declared queue) and checks that this
@@ -112,12 +130,10 @@ impl Broker {
         name: &str,
     ) -> Result<QueueId, ProtocolError> {
         let name = self.resolve_queue_name(ch, op, name)?;
+        let vh = self.conn_vhost(ch.conn);
         let id = self
-            .vhost
-            .queues
-            .get(name.as_ref())
-            .copied()
-            .ok_or_else(|| self.not_found(op, "queue", &name))?;
+            .find_queue(vh, &name)
+            .ok_or_else(|| self.not_found(vh, op, "queue", &name))?;
         self.check_exclusive(ch, op, id)?;
         Ok(id)
     }
@@ -150,7 +166,7 @@ impl Broker {
                          exclusive property value does not match that of the original \
                          declaration.",
                     q.name,
-                    self.vhost_name()
+                    self.vhost_name(q.vhost)
                 ),
             )),
             _ => Ok(()),
@@ -163,7 +179,7 @@ impl Broker {
             return Err(Self::default_exchange_refused(op));
         }
         if d.passive {
-            self.exchange_id(op, &d.exchange)?;
+            self.exchange_id(ch, op, &d.exchange)?;
             if !d.nowait {
                 self.reply(ch, Reply::ExchangeDeclareOk);
             }
@@ -181,7 +197,9 @@ impl Broker {
             .get("alternate-exchange")
             .and_then(|v| v.as_str())
             .map(str::to_string);
-        if let Some(&id) = self.vhost.exchanges.get(&d.exchange) {
+        self.check_access(ch, op, Perm::Configure, Resource::Exchange, &d.exchange)?;
+        let vh = self.conn_vhost(ch.conn);
+        if let Some(id) = self.find_exchange(vh, &d.exchange) {
             let x = &self.exchanges[&id];
             let mismatch = if x.kind != kind {
                 Some((
@@ -218,7 +236,7 @@ impl Broker {
                         "inequivalent arg '{arg}' for exchange '{}' in vhost '{}': received \
                          '{received}' but current is '{current}'",
                         d.exchange,
-                        self.vhost_name()
+                        self.vhost_name(vh)
                     ),
                 ));
             }
@@ -237,28 +255,37 @@ impl Broker {
                 let mut def = d.clone();
                 def.passive = false;
                 def.nowait = false;
-                self.define(crate::store::DefinitionChange::ExchangeDeclared(&def));
+                let vhost = self.vhost_name(vh).to_string();
+                self.define(crate::store::DefinitionChange::ExchangeDeclared {
+                    vhost: &vhost,
+                    def: &def,
+                });
             }
             let id = ExchangeId(self.next_id());
+            let policy = self
+                .vhosts
+                .get(&vh)
+                .and_then(|v| crate::policy::applicable(v.policies.values(), &d.exchange, false));
+            let alternate = crate::policy::alternate_exchange(alternate.as_deref(), policy);
             self.exchanges.insert(
                 id,
                 Exchange {
+                    vhost: vh,
                     name: Arc::from(d.exchange.as_str()),
                     kind,
                     durable: d.durable,
                     auto_delete: d.auto_delete,
                     internal: d.internal,
                     arguments: d.arguments,
-                    alternate: crate::policy::alternate_exchange(
-                        alternate.as_deref(),
-                        crate::policy::applicable(self.policies.values(), &d.exchange, false),
-                    ),
+                    alternate,
                     bindings: Bindings::new(kind),
                     is_default: false,
                     bound_from: BTreeMap::new(),
                 },
             );
-            self.vhost.exchanges.insert(d.exchange, id);
+            if let Some(v) = self.vhosts.get_mut(&vh) {
+                v.exchanges.insert(d.exchange, id);
+            }
         }
         if !d.nowait {
             self.reply(ch, Reply::ExchangeDeclareOk);
@@ -277,23 +304,28 @@ impl Broker {
         if name.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
+        let vh = self.conn_vhost(ch.conn);
         if name.starts_with("amq.") {
             return Err(ProtocolError::new(
                 ErrorCode::AccessRefused,
                 op,
                 format!(
                     "deletion of system exchange '{name}' in vhost '{}' not allowed",
-                    self.vhost_name()
+                    self.vhost_name(vh)
                 ),
             ));
         }
+        self.check_access(ch, op, Perm::Configure, Resource::Exchange, name)?;
         // Deleting a missing exchange succeeds, as in RabbitMQ 3.x.
-        if let Some(&id) = self.vhost.exchanges.get(name) {
+        if let Some(id) = self.find_exchange(vh, name) {
             if if_unused && !self.exchanges[&id].bindings.is_empty() {
                 return Err(ProtocolError::new(
                     ErrorCode::PreconditionFailed,
                     op,
-                    format!("exchange '{name}' in vhost '{}' in use", self.vhost_name()),
+                    format!(
+                        "exchange '{name}' in vhost '{}' in use",
+                        self.vhost_name(vh)
+                    ),
                 ));
             }
             self.delete_exchange(id);
@@ -307,15 +339,24 @@ impl Broker {
     /// Removes an exchange with all bindings from and to it; auto-delete exchanges that lose
     /// their last binding this way go too (a worklist, not recursion: bounded by the number
     /// of exchanges).
-    fn delete_exchange(&mut self, id: ExchangeId) {
+    pub(super) fn delete_exchange(&mut self, id: ExchangeId) {
         let mut work = vec![id];
         while let Some(id) = work.pop() {
             let Some(x) = self.exchanges.remove(&id) else {
                 continue;
             };
-            self.vhost.exchanges.remove(x.name.as_ref());
+            let vhost = match self.vhosts.get_mut(&x.vhost) {
+                Some(v) => {
+                    v.exchanges.remove(x.name.as_ref());
+                    v.name.clone()
+                }
+                None => Arc::from(""),
+            };
             if x.durable {
-                self.define(crate::store::DefinitionChange::ExchangeDeleted(&x.name));
+                self.define(crate::store::DefinitionChange::ExchangeDeleted {
+                    vhost: &vhost,
+                    name: &x.name,
+                });
             }
             for b in x.bindings.list() {
                 self.unlink(id, b.destination);
@@ -383,7 +424,7 @@ impl Broker {
     }
 
     /// Records a durable definition change (no-op without a store or while restoring).
-    fn define(&mut self, change: crate::store::DefinitionChange<'_>) {
+    pub(super) fn define(&mut self, change: crate::store::DefinitionChange<'_>) {
         if self.restoring {
             return;
         }
@@ -423,13 +464,20 @@ impl Broker {
         }
         let mut bind = b.clone();
         bind.nowait = false;
+        let vhost = self
+            .exchanges
+            .get(&source)
+            .and_then(|x| self.vhosts.get(&x.vhost))
+            .map_or_else(|| Arc::from(""), |v| v.name.clone());
         self.define(if add {
             crate::store::DefinitionChange::Bound {
+                vhost: &vhost,
                 bind: &bind,
                 to_exchange,
             }
         } else {
             crate::store::DefinitionChange::Unbound {
+                vhost: &vhost,
                 bind: &bind,
                 to_exchange,
             }
@@ -459,8 +507,10 @@ impl Broker {
         if b.source.is_empty() || b.destination.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
-        let destination = self.exchange_id(op, &b.destination)?;
-        let source = self.exchange_id(op, &b.source)?;
+        let destination = self.exchange_id(ch, op, &b.destination)?;
+        let source = self.exchange_id(ch, op, &b.source)?;
+        self.check_access(ch, op, Perm::Write, Resource::Exchange, &b.destination)?;
+        self.check_access(ch, op, Perm::Read, Resource::Exchange, &b.source)?;
         if add {
             self.check_binding_arguments(op, source, &b.arguments)?;
         }
@@ -493,7 +543,10 @@ impl Broker {
         if b.source.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
-        let source = self.exchange_id(op, &b.source)?;
+        let source = self.exchange_id(ch, op, &b.source)?;
+        let queue_name = self.queues[&queue].name.clone();
+        self.check_access(ch, op, Perm::Write, Resource::Queue, &queue_name)?;
+        self.check_access(ch, op, Perm::Read, Resource::Exchange, &b.source)?;
         if add {
             self.check_binding_arguments(op, source, &b.arguments)?;
         }
@@ -541,7 +594,20 @@ impl Broker {
         } else {
             self.resolve_queue_name(ch, op, &d.queue)?
         };
-        let existing = self.vhost.queues.get(name.as_ref()).copied();
+        let vh = self.conn_vhost(ch.conn);
+        if !d.passive {
+            self.check_access(ch, op, Perm::Configure, Resource::Queue, &name)?;
+            // Dead-lettering publishes as this user: RabbitMQ checks it at declare.
+            if let Some(dlx) = d
+                .arguments
+                .get("x-dead-letter-exchange")
+                .and_then(|v| v.as_str())
+            {
+                self.check_access(ch, op, Perm::Read, Resource::Queue, &name)?;
+                self.check_access(ch, op, Perm::Write, Resource::Exchange, dlx)?;
+            }
+        }
+        let existing = self.find_queue(vh, &name);
         let id = match existing {
             Some(id) => {
                 self.check_exclusive(ch, op, id)?;
@@ -555,7 +621,7 @@ impl Broker {
                 }
                 id
             }
-            None if d.passive => return Err(self.not_found(op, "queue", &name)),
+            None if d.passive => return Err(self.not_found(vh, op, "queue", &name)),
             None => {
                 if name.starts_with("amq.") && !d.queue.is_empty() {
                     return Err(ProtocolError::new(
@@ -564,10 +630,11 @@ impl Broker {
                         format!("queue name '{name}' contains reserved prefix 'amq.*'"),
                     ));
                 }
-                let effective = crate::policy::queue_arguments(
-                    &d.arguments,
-                    crate::policy::applicable(self.policies.values(), &name, true),
-                );
+                let policy = self
+                    .vhosts
+                    .get(&vh)
+                    .and_then(|v| crate::policy::applicable(v.policies.values(), &name, true));
+                let effective = crate::policy::queue_arguments(&d.arguments, policy);
                 let args =
                     crate::queue::args::QueueArgs::parse(&effective).map_err(|(arg, reason)| {
                         ProtocolError::new(
@@ -575,7 +642,7 @@ impl Broker {
                             op,
                             format!(
                                 "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
-                                self.vhost_name()
+                                self.vhost_name(vh)
                             ),
                         )
                     })?;
@@ -584,6 +651,10 @@ impl Broker {
                 // Exclusive queues die with their connection: nothing of them outlives a
                 // restart, so they are not stored as durable.
                 let stored_durable = d.durable && !d.exclusive;
+                let vhost_name = self
+                    .vhosts
+                    .get(&vh)
+                    .map_or_else(|| Arc::from(""), |v| v.name.clone());
                 let messages = match self.store.as_mut() {
                     Some(store) => {
                         if stored_durable && !self.restoring {
@@ -592,7 +663,10 @@ impl Broker {
                             def.passive = false;
                             def.nowait = false;
                             if store
-                                .define(crate::store::DefinitionChange::QueueDeclared(&def))
+                                .define(crate::store::DefinitionChange::QueueDeclared {
+                                    vhost: &vhost_name,
+                                    def: &def,
+                                })
                                 .is_err()
                             {
                                 self.store_failed_at = Some(self.now);
@@ -600,7 +674,7 @@ impl Broker {
                             self.sync_dirty = true;
                         }
                         MessageQueue::recovered(
-                            store.open_queue(id, &name, stored_durable),
+                            store.open_queue(id, &vhost_name, &name, stored_durable),
                             args.max_priority,
                         )
                     }
@@ -609,6 +683,7 @@ impl Broker {
                 self.queues.insert(
                     id,
                     Queue {
+                        vhost: vh,
                         name: name.clone(),
                         durable: d.durable,
                         exclusive_owner: owner,
@@ -626,7 +701,9 @@ impl Broker {
                         last_used: self.now,
                     },
                 );
-                self.vhost.queues.insert(name.to_string(), id);
+                if let Some(v) = self.vhosts.get_mut(&vh) {
+                    v.queues.insert(name.to_string(), id);
+                }
                 if self.queues[&id].args.message_ttl.is_some()
                     || self.queues[&id].args.expires.is_some()
                 {
@@ -687,7 +764,7 @@ impl Broker {
                     "inequivalent arg '{arg}' for queue '{}' in vhost '{}': received \
                      {received} but current is {current}",
                     q.name,
-                    self.vhost_name()
+                    self.vhost_name(q.vhost)
                 ),
             )),
         }
@@ -695,6 +772,14 @@ impl Broker {
 
     pub(super) fn queue_purge(&mut self, ch: ChannelRef, name: &str, nowait: bool) -> OpResult {
         let id = self.queue_id(ch, OpKind::QueuePurge, name)?;
+        let queue_name = self.queues[&id].name.clone();
+        self.check_access(
+            ch,
+            OpKind::QueuePurge,
+            Perm::Read,
+            Resource::Queue,
+            &queue_name,
+        )?;
         let (window, paged) = match self.queues.get_mut(&id) {
             Some(q) => q.messages.purge(),
             None => (Vec::new(), Default::default()),
@@ -732,14 +817,20 @@ impl Broker {
         let resolved = self.resolve_queue_name(ch, op, name)?;
         // Deleting a missing queue succeeds with a count of 0, as in RabbitMQ 3.x.
         let mut count = 0;
-        if let Some(&id) = self.vhost.queues.get(resolved.as_ref()) {
+        let vh = self.conn_vhost(ch.conn);
+        self.check_access(ch, op, Perm::Configure, Resource::Queue, &resolved)?;
+        if let Some(id) = self.find_queue(vh, &resolved) {
             self.check_exclusive(ch, op, id)?;
             let q = &self.queues[&id];
             if if_unused && !q.consumers.is_empty() {
                 return Err(ProtocolError::new(
                     ErrorCode::PreconditionFailed,
                     op,
-                    format!("queue '{}' in vhost '{}' in use", q.name, self.vhost_name()),
+                    format!(
+                        "queue '{}' in vhost '{}' in use",
+                        q.name,
+                        self.vhost_name(vh)
+                    ),
                 ));
             }
             if if_empty && !q.messages.is_empty() {
@@ -749,7 +840,7 @@ impl Broker {
                     format!(
                         "queue '{}' in vhost '{}' is not empty",
                         q.name,
-                        self.vhost_name()
+                        self.vhost_name(vh)
                     ),
                 ));
             }
@@ -776,11 +867,20 @@ impl Broker {
             return;
         };
         self.release(q.messages.bytes());
-        self.vhost.queues.remove(q.name.as_ref());
+        let vhost = match self.vhosts.get_mut(&q.vhost) {
+            Some(v) => {
+                v.queues.remove(q.name.as_ref());
+                v.name.clone()
+            }
+            None => Arc::from(""),
+        };
         if let Some(store) = self.store.as_mut() {
             if q.durable && q.exclusive_owner.is_none() {
                 if store
-                    .define(crate::store::DefinitionChange::QueueDeleted(&q.name))
+                    .define(crate::store::DefinitionChange::QueueDeleted {
+                        vhost: &vhost,
+                        name: &q.name,
+                    })
                     .is_err()
                 {
                     self.store_failed_at = Some(self.now);

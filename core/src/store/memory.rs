@@ -13,12 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A stored message: (message, survived a restart, expiry).
 type Entry = (Arc<Message>, bool, Option<u64>);
+/// A queue: (vhost, name).
+type QueueKey = (String, String);
 
 #[derive(Clone, Debug, Default)]
 struct State {
     definitions: Definitions,
-    /// Messages by queue name, then sequence number: (message, survived a restart).
-    queues: BTreeMap<String, BTreeMap<u64, Entry>>,
+    /// Messages by (vhost, queue name), then sequence number.
+    queues: BTreeMap<QueueKey, BTreeMap<u64, Entry>>,
 }
 
 #[derive(Debug, Default)]
@@ -28,7 +30,7 @@ struct Inner {
     syncing: Option<(u64, State)>,
     /// The state as of the last completed sync: what survives a crash.
     durable: State,
-    open: IdMap<QueueId, (String, bool)>,
+    open: IdMap<QueueId, (QueueKey, bool)>,
     /// When set, appends fail (disk-full simulation).
     fail_appends: bool,
 }
@@ -69,11 +71,11 @@ impl MemoryStore {
     pub fn crash(&self) {
         let mut inner = self.lock();
         let mut state = inner.durable.clone();
-        let durable: std::collections::BTreeSet<String> = state
+        let durable: std::collections::BTreeSet<QueueKey> = state
             .definitions
             .queues
             .iter()
-            .map(|q| q.queue.clone())
+            .map(|(v, q)| (v.clone(), q.queue.clone()))
             .collect();
         // Transient queues and what they paged out do not survive.
         state.queues.retain(|name, _| durable.contains(name));
@@ -100,9 +102,13 @@ impl MemoryStore {
         self.lock().fail_appends = fail;
     }
 
-    /// Messages stored for a queue (tests).
+    /// Messages stored for a queue of vhost `/` (tests).
     pub fn stored(&self, name: &str) -> usize {
-        self.lock().live.queues.get(name).map_or(0, |q| q.len())
+        self.lock()
+            .live
+            .queues
+            .get(&("/".to_string(), name.to_string()))
+            .map_or(0, |q| q.len())
     }
 }
 
@@ -118,57 +124,107 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         let defs = &mut inner.live.definitions;
         match change {
-            DefinitionChange::ExchangeDeclared(d) => {
-                defs.exchanges.retain(|x| x.exchange != d.exchange);
-                defs.exchanges.push(d.clone());
+            DefinitionChange::VhostAdded(v) => {
+                defs.vhosts.retain(|x| x.name != v.name);
+                defs.vhosts.push(v.clone());
             }
-            DefinitionChange::ExchangeDeleted(name) => {
-                defs.exchanges.retain(|x| x.exchange != name);
+            DefinitionChange::VhostDeleted(name) => {
+                defs.vhosts.retain(|x| x.name != name);
+            }
+            DefinitionChange::UserPut(u) => {
+                defs.users.retain(|x| x.name != u.name);
+                defs.users.push(u.clone());
+            }
+            DefinitionChange::UserDeleted(name) => {
+                defs.users.retain(|x| x.name != name);
+                defs.permissions.retain(|p| p.user != name);
+            }
+            DefinitionChange::PermissionSet(p) => {
+                defs.permissions
+                    .retain(|x| !(x.vhost == p.vhost && x.user == p.user));
+                defs.permissions.push(p.clone());
+            }
+            DefinitionChange::PermissionCleared { vhost, user } => {
+                defs.permissions
+                    .retain(|x| !(x.vhost == vhost && x.user == user));
+            }
+            DefinitionChange::ExchangeDeclared { vhost, def } => {
+                defs.exchanges
+                    .retain(|(v, x)| !(v == vhost && x.exchange == def.exchange));
+                defs.exchanges.push((vhost.to_string(), def.clone()));
+            }
+            DefinitionChange::ExchangeDeleted { vhost, name } => {
+                defs.exchanges
+                    .retain(|(v, x)| !(v == vhost && x.exchange == name));
+                defs.bindings.retain(|(v, b, to_x)| {
+                    v != vhost || (b.source != name && !(*to_x && b.destination == name))
+                });
+            }
+            DefinitionChange::QueueDeclared { vhost, def } => {
+                defs.queues
+                    .retain(|(v, q)| !(v == vhost && q.queue == def.queue));
+                defs.queues.push((vhost.to_string(), def.clone()));
+            }
+            DefinitionChange::QueueDeleted { vhost, name } => {
+                defs.queues
+                    .retain(|(v, q)| !(v == vhost && q.queue == name));
                 defs.bindings
-                    .retain(|(b, to_x)| b.source != name && !(*to_x && b.destination == name));
+                    .retain(|(v, b, to_x)| v != vhost || *to_x || b.destination != name);
+                inner
+                    .live
+                    .queues
+                    .remove(&(vhost.to_string(), name.to_string()));
             }
-            DefinitionChange::QueueDeclared(d) => {
-                defs.queues.retain(|q| q.queue != d.queue);
-                defs.queues.push(d.clone());
-            }
-            DefinitionChange::QueueDeleted(name) => {
-                defs.queues.retain(|q| q.queue != name);
-                defs.bindings
-                    .retain(|(b, to_x)| *to_x || b.destination != name);
-                inner.live.queues.remove(name);
-            }
-            DefinitionChange::Bound { bind, to_exchange } => {
+            DefinitionChange::Bound {
+                vhost,
+                bind,
+                to_exchange,
+            } => {
                 if !defs
                     .bindings
                     .iter()
-                    .any(|(b, x)| *x == to_exchange && same_bind(b, bind))
+                    .any(|(v, b, x)| v == vhost && *x == to_exchange && same_bind(b, bind))
                 {
-                    defs.bindings.push((bind.clone(), to_exchange));
+                    defs.bindings
+                        .push((vhost.to_string(), bind.clone(), to_exchange));
                 }
             }
             DefinitionChange::PolicySet(p) => {
-                defs.policies.retain(|x| x.name != p.name);
+                defs.policies
+                    .retain(|x| !(x.vhost == p.vhost && x.name == p.name));
                 defs.policies.push(p.clone());
             }
-            DefinitionChange::PolicyCleared(name) => {
-                defs.policies.retain(|x| x.name != name);
+            DefinitionChange::PolicyCleared { vhost, name } => {
+                defs.policies
+                    .retain(|x| !(x.vhost == vhost && x.name == name));
             }
-            DefinitionChange::Unbound { bind, to_exchange } => {
+            DefinitionChange::Unbound {
+                vhost,
+                bind,
+                to_exchange,
+            } => {
                 defs.bindings
-                    .retain(|(b, x)| !(*x == to_exchange && same_bind(b, bind)));
+                    .retain(|(v, b, x)| !(v == vhost && *x == to_exchange && same_bind(b, bind)));
             }
         }
         Ok(())
     }
 
-    fn open_queue(&mut self, queue: QueueId, name: &str, durable: bool) -> QueueRecovery {
+    fn open_queue(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        durable: bool,
+    ) -> QueueRecovery {
         let mut inner = self.lock();
-        inner.open.insert(queue, (name.to_string(), durable));
+        let key = (vhost.to_string(), name.to_string());
+        inner.open.insert(queue, (key.clone(), durable));
         if !durable {
-            inner.live.queues.remove(name);
+            inner.live.queues.remove(&key);
             return QueueRecovery::default();
         }
-        let Some(q) = inner.live.queues.get(name) else {
+        let Some(q) = inner.live.queues.get(&key) else {
             return QueueRecovery::default();
         };
         QueueRecovery {

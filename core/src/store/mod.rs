@@ -18,42 +18,78 @@ mod memory;
 
 pub use memory::MemoryStore;
 
+use crate::access::{PermissionDef, UserDef, VhostDef};
 use crate::command::{Bind, ExchangeDeclare, QueueDeclare};
 use crate::ids::QueueId;
 use crate::message::Message;
 use std::sync::Arc;
 
-/// A change to the durable definitions (only durable entities are reported).
+/// A change to the durable definitions (only durable entities are reported). Exchanges,
+/// queues, bindings and policies are named within their vhost.
 #[derive(Clone, Copy, Debug)]
 pub enum DefinitionChange<'a> {
-    ExchangeDeclared(&'a ExchangeDeclare),
+    VhostAdded(&'a VhostDef),
+    /// Its exchanges, queues, bindings, policies and permissions were deleted before (each
+    /// reported on its own).
+    VhostDeleted(&'a str),
+    /// A user was added or changed (password, tags).
+    UserPut(&'a UserDef),
+    /// Also removes the user's permissions.
+    UserDeleted(&'a str),
+    PermissionSet(&'a PermissionDef),
+    PermissionCleared {
+        vhost: &'a str,
+        user: &'a str,
+    },
+    ExchangeDeclared {
+        vhost: &'a str,
+        def: &'a ExchangeDeclare,
+    },
     /// Also removes every stored binding from or to the exchange.
-    ExchangeDeleted(&'a str),
-    QueueDeclared(&'a QueueDeclare),
+    ExchangeDeleted {
+        vhost: &'a str,
+        name: &'a str,
+    },
+    QueueDeclared {
+        vhost: &'a str,
+        def: &'a QueueDeclare,
+    },
     /// Also removes every stored binding to the queue, and its messages.
-    QueueDeleted(&'a str),
+    QueueDeleted {
+        vhost: &'a str,
+        name: &'a str,
+    },
     /// A binding between two durable ends; `to_exchange` tells what `destination` names.
     Bound {
+        vhost: &'a str,
         bind: &'a Bind,
         to_exchange: bool,
     },
     Unbound {
+        vhost: &'a str,
         bind: &'a Bind,
         to_exchange: bool,
     },
     PolicySet(&'a crate::policy::PolicyDef),
-    PolicyCleared(&'a str),
+    PolicyCleared {
+        vhost: &'a str,
+        name: &'a str,
+    },
 }
 
 /// Durable definitions, as a host loads them at start-up: replayed into the core in this
-/// order (policies, exchanges, queues, then bindings, which refer to both).
+/// order (vhosts, users, permissions, policies, exchanges, queues, then bindings, which refer
+/// to both). Exchanges, queues and bindings come with their vhost's name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Definitions {
+    pub vhosts: Vec<VhostDef>,
+    pub users: Vec<UserDef>,
+    pub permissions: Vec<PermissionDef>,
     pub policies: Vec<crate::policy::PolicyDef>,
-    pub exchanges: Vec<ExchangeDeclare>,
-    pub queues: Vec<QueueDeclare>,
-    /// (binding, destination is an exchange).
-    pub bindings: Vec<(Bind, bool)>,
+    pub exchanges: Vec<(String, ExchangeDeclare)>,
+    pub queues: Vec<(String, QueueDeclare)>,
+    /// (vhost, binding, destination is an exchange).
+    pub bindings: Vec<(String, Bind, bool)>,
 }
 
 /// What a store already holds for a queue when the core opens it (recovery).
@@ -93,8 +129,15 @@ pub trait Store: Send {
     fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError>;
 
     /// Opens the message log of a queue under the core's id `queue`. A durable queue gets back
-    /// what the store holds for `name`; a transient one starts empty (leftovers are dropped).
-    fn open_queue(&mut self, queue: QueueId, name: &str, durable: bool) -> QueueRecovery;
+    /// what the store holds for `name` in `vhost`; a transient one starts empty (leftovers
+    /// are dropped).
+    fn open_queue(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        durable: bool,
+    ) -> QueueRecovery;
 
     /// Stores message `seq` of `queue`. Sequence numbers of one queue only grow. A fanout
     /// appends the same `Arc` to several queues; a store may keep its body once.

@@ -1,0 +1,181 @@
+//! Vhosts: creating one (with its predeclared exchanges), deleting one (closing its
+//! connections and deleting everything in it), and the defaults a new broker starts with
+//! (vhost `/`, user `guest` with full permissions there, as a fresh RabbitMQ node).
+
+use super::{Broker, Vhost};
+use crate::access::{PermissionDef, UserDef, VhostDef};
+use crate::command::OpKind;
+use crate::effect::Effect;
+use crate::error::{ErrorCode, ProtocolError};
+use crate::ids::{ConnId, ExchangeId, QueueId, VhostId};
+use crate::store::DefinitionChange;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+impl Broker {
+    /// The default vhost and user, in memory (a store gets them from [`Broker::restore`]
+    /// when it holds none yet).
+    pub(super) fn create_defaults(&mut self) {
+        let name = self.config.default_vhost.clone();
+        self.default_vhost = self.insert_vhost(VhostDef {
+            name: name.clone(),
+            description: "Default virtual host".into(),
+        });
+        let salt = (self.names.next_u64() as u32).to_be_bytes();
+        self.users.put(UserDef {
+            name: "guest".into(),
+            password_hash: crate::access::hash_password(salt, "guest"),
+            tags: vec!["administrator".into()],
+        });
+        let full = PermissionDef {
+            user: "guest".into(),
+            vhost: name,
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: ".*".into(),
+        };
+        if let Ok(p) = crate::access::Permissions::compile(full) {
+            self.users.set_permissions(p);
+        }
+    }
+
+    /// Writes the in-memory defaults to the store (a fresh data directory).
+    pub(super) fn store_defaults(&mut self) {
+        let vhosts: Vec<VhostDef> = self.list_vhosts();
+        for v in &vhosts {
+            self.define(DefinitionChange::VhostAdded(v));
+        }
+        let users: Vec<UserDef> = self.users.list().cloned().collect();
+        for u in &users {
+            self.define(DefinitionChange::UserPut(u));
+        }
+        let perms: Vec<PermissionDef> = self.users.list_permissions().cloned().collect();
+        for p in &perms {
+            self.define(DefinitionChange::PermissionSet(p));
+        }
+    }
+
+    fn insert_vhost(&mut self, def: VhostDef) -> VhostId {
+        let id = VhostId(self.next_id());
+        let name: Arc<str> = Arc::from(def.name.as_str());
+        self.vhosts.insert(
+            id,
+            Vhost {
+                name: name.clone(),
+                description: def.description,
+                exchanges: HashMap::new(),
+                queues: HashMap::new(),
+                policies: BTreeMap::new(),
+            },
+        );
+        self.vhost_ids.insert(name, id);
+        self.declare_predefined_exchanges(id);
+        id
+    }
+
+    /// The id of a vhost by name.
+    pub(super) fn vhost_id(&self, name: &str) -> Option<VhostId> {
+        self.vhost_ids.get(name).copied()
+    }
+
+    /// Creates a vhost; an existing one is left as it is (as `rabbitmqctl add_vhost` on an
+    /// existing name, which is idempotent).
+    pub fn add_vhost(&mut self, now: u64, def: VhostDef) -> Result<(), String> {
+        self.now = self.now.max(now);
+        if def.name.is_empty() {
+            return Err("a vhost name must not be empty".into());
+        }
+        if self.vhost_ids.contains_key(def.name.as_str()) {
+            return Ok(());
+        }
+        self.define(DefinitionChange::VhostAdded(&def));
+        self.insert_vhost(def);
+        Ok(())
+    }
+
+    /// Deletes a vhost: its connections are closed (320), its queues with their messages,
+    /// its exchanges, policies and permissions are gone.
+    pub fn delete_vhost(&mut self, now: u64, name: &str) -> Result<(), String> {
+        self.now = self.now.max(now);
+        let id = self
+            .vhost_id(name)
+            .ok_or_else(|| format!("vhost '{name}' does not exist"))?;
+        let mut conns: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(c, conn)| conn.vhost == id && **c != super::RESTORE_CONN)
+            .map(|(c, _)| *c)
+            .collect();
+        conns.sort_unstable();
+        for conn in conns {
+            self.force_close(conn, format!("vhost '{name}' is deleted"));
+        }
+        if self
+            .conns
+            .get(&super::RESTORE_CONN)
+            .is_some_and(|c| c.vhost == id)
+        {
+            self.release_connection(super::RESTORE_CONN);
+        }
+        let mut queues: Vec<QueueId> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| q.vhost == id)
+            .map(|(q, _)| *q)
+            .collect();
+        queues.sort_unstable();
+        for q in queues {
+            self.delete_queue(q);
+        }
+        let mut exchanges: Vec<ExchangeId> = self
+            .exchanges
+            .iter()
+            .filter(|(_, x)| x.vhost == id)
+            .map(|(x, _)| *x)
+            .collect();
+        exchanges.sort_unstable();
+        for x in exchanges {
+            self.delete_exchange(x);
+        }
+        let policies: Vec<String> = self
+            .vhosts
+            .get(&id)
+            .map(|v| v.policies.keys().cloned().collect())
+            .unwrap_or_default();
+        for p in policies {
+            self.define(DefinitionChange::PolicyCleared {
+                vhost: name,
+                name: &p,
+            });
+        }
+        self.users.forget_vhost(name);
+        self.vhosts.remove(&id);
+        self.vhost_ids.remove(name);
+        self.define(DefinitionChange::VhostDeleted(name));
+        Ok(())
+    }
+
+    /// Every vhost, by name.
+    pub fn list_vhosts(&self) -> Vec<VhostDef> {
+        self.vhost_ids
+            .values()
+            .filter_map(|id| self.vhosts.get(id))
+            .map(|v| VhostDef {
+                name: v.name.to_string(),
+                description: v.description.clone(),
+            })
+            .collect()
+    }
+
+    /// Closes a connection from the broker's side with CONNECTION_FORCED.
+    pub(super) fn force_close(&mut self, conn: ConnId, reason: String) {
+        if !self.conns.contains_key(&conn) {
+            return;
+        }
+        self.release_connection(conn);
+        self.effects.push(Effect::ConnectionError {
+            conn,
+            error: ProtocolError::new(ErrorCode::ConnectionForced, OpKind::ConnectionOpen, reason),
+        });
+    }
+}
