@@ -160,6 +160,7 @@ start_broker() {
 
 python_tests() {
   WARREN_AMQP="127.0.0.1:$port" WARREN_MQTT="127.0.0.1:$mqtt_port" \
+    WARREN_CTL="$root/target/debug/warren ctl --data-dir $root/target/ci-data" \
     timeout 300 "$python" -m pytest -q tests/python
 }
 
@@ -179,6 +180,13 @@ mosquitto_smoke() {
 
 perftest() {
   timeout 300 scripts/perftest.sh "amqp://guest:guest@127.0.0.1:$port" 50000
+}
+
+perftest_suite() {
+  # RabbitMQ's 14-workload suite, scaled down (700 producers instead of 7000, 100 queues
+  # instead of 1000, 5 s each): every workload must complete without errors.
+  CTL="target/debug/warren ctl --data-dir target/ci-data" SCALE=0.1 \
+    timeout 900 bench/suite.sh 5 "amqp://guest:guest@127.0.0.1:$port"
 }
 
 crash_test() {
@@ -221,6 +229,7 @@ step "start warren serve" start_broker
 step "Python tests (pika, paho-mqtt)" python_tests
 step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
+step "RabbitMQ PerfTest: the 14-workload suite (scaled down)" perftest_suite
 step "clean shutdown on SIGTERM" stop_broker
 step "crash test: SIGKILL and restart under confirmed publishing, ${CRASH_CYCLES:-20} cycles" crash_test
 echo

@@ -541,3 +541,157 @@ impl DefinitionStore {
         tx.commit().map_err(dberr)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_core::message::FieldTable;
+
+    fn temp_db(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("warren-defs-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        dir.join("definitions.redb")
+    }
+
+    fn bind(source: &str, destination: &str) -> Bind {
+        Bind {
+            source: source.into(),
+            destination: destination.into(),
+            routing_key: "k".into(),
+            nowait: false,
+            arguments: FieldTable::new(),
+        }
+    }
+
+    #[test]
+    fn a_version_1_database_moves_into_vhost_slash() {
+        let path = temp_db("v1");
+        {
+            // Written as format 1 did: bare names as keys, bindings without a vhost.
+            let db = Database::create(&path).expect("create");
+            let tx = db.begin_write().expect("tx");
+            {
+                tx.open_table(META)
+                    .expect("meta")
+                    .insert("version", 1)
+                    .expect("version");
+                let q = QueueDeclare {
+                    queue: "orders".into(),
+                    passive: false,
+                    durable: true,
+                    exclusive: false,
+                    auto_delete: false,
+                    nowait: false,
+                    arguments: FieldTable::new(),
+                };
+                tx.open_table(QUEUES)
+                    .expect("queues")
+                    .insert("orders", encode_queue(&q).as_slice())
+                    .expect("queue");
+                let x = ExchangeDeclare {
+                    exchange: "ex".into(),
+                    kind: "topic".into(),
+                    passive: false,
+                    durable: true,
+                    auto_delete: false,
+                    internal: false,
+                    nowait: false,
+                    arguments: FieldTable::new(),
+                };
+                tx.open_table(EXCHANGES)
+                    .expect("exchanges")
+                    .insert("ex", encode_exchange(&x).as_slice())
+                    .expect("exchange");
+                let v2 = encode_binding("/", &bind("ex", "orders"), false);
+                // Format 1 is format 2 without the length-prefixed vhost in front.
+                tx.open_table(BINDINGS)
+                    .expect("bindings")
+                    .insert(&v2[4 + 1..], 1)
+                    .expect("binding");
+            }
+            tx.commit().expect("commit");
+        }
+        let store = DefinitionStore::open(&path).expect("migrates");
+        let defs = store.load().expect("load");
+        assert_eq!(defs.queues.len(), 1);
+        assert_eq!(
+            (defs.queues[0].0.as_str(), defs.queues[0].1.queue.as_str()),
+            ("/", "orders")
+        );
+        assert_eq!(
+            (
+                defs.exchanges[0].0.as_str(),
+                defs.exchanges[0].1.exchange.as_str()
+            ),
+            ("/", "ex")
+        );
+        assert_eq!(
+            defs.bindings,
+            vec![("/".into(), bind("ex", "orders"), false)]
+        );
+        assert!(defs.vhosts.is_empty() && defs.users.is_empty());
+        drop(store);
+        // Opening again finds format 2 and changes nothing.
+        let again = DefinitionStore::open(&path)
+            .expect("reopen")
+            .load()
+            .expect("load");
+        assert_eq!(again, defs);
+    }
+
+    #[test]
+    fn vhosts_users_and_permissions_round_trip() {
+        let path = temp_db("users");
+        let store = DefinitionStore::open(&path).expect("open");
+        let vhost = VhostDef {
+            name: "dev".into(),
+            description: "d".into(),
+        };
+        let user = UserDef {
+            name: "bob".into(),
+            password_hash: warren_core::access::hash_password([1, 2, 3, 4], "pw"),
+            tags: vec!["monitoring".into()],
+        };
+        let perm = PermissionDef {
+            user: "bob".into(),
+            vhost: "dev".into(),
+            configure: "^bob".into(),
+            write: ".*".into(),
+            read: "".into(),
+        };
+        store
+            .apply(DefinitionChange::VhostAdded(&vhost))
+            .expect("vhost");
+        store.apply(DefinitionChange::UserPut(&user)).expect("user");
+        store
+            .apply(DefinitionChange::PermissionSet(&perm))
+            .expect("perm");
+        let b = bind("ex", "q");
+        store
+            .apply(DefinitionChange::Bound {
+                vhost: "dev",
+                bind: &b,
+                to_exchange: false,
+            })
+            .expect("bind");
+        let defs = store.load().expect("load");
+        assert_eq!(defs.vhosts, vec![vhost]);
+        assert_eq!(defs.users, vec![user]);
+        assert_eq!(defs.permissions, vec![perm]);
+        assert_eq!(defs.bindings, vec![("dev".into(), b.clone(), false)]);
+        // A queue deleted in another vhost leaves dev's binding alone.
+        store
+            .apply(DefinitionChange::QueueDeleted {
+                vhost: "/",
+                name: "q",
+            })
+            .expect("delete");
+        assert_eq!(store.load().expect("load").bindings.len(), 1);
+        store
+            .apply(DefinitionChange::UserDeleted("bob"))
+            .expect("delete user");
+        let defs = store.load().expect("load");
+        assert!(defs.users.is_empty() && defs.permissions.is_empty());
+    }
+}

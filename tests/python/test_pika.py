@@ -234,3 +234,59 @@ def test_direct_reply_to_rpc(conn):
             break
         conn.process_data_events(time_limit=0.1)
     assert replies == [b"pong"]
+
+
+def ctl(*args):
+    """Runs `warren ctl` against the broker under test (WARREN_CTL)."""
+    import shlex
+    import subprocess
+
+    command = os.environ.get("WARREN_CTL")
+    if not command:
+        pytest.skip("WARREN_CTL (the warren ctl command for this broker) is not set")
+    subprocess.run(shlex.split(command) + list(args), check=True, timeout=30)
+
+
+def test_users_vhosts_and_permission_refusals():
+    vhost, user = unique("vh"), unique("user")
+    ctl("add-vhost", vhost)
+    ctl("add-user", user, "s3cret")
+    ctl("-p", vhost, "set-permissions", user, f"^{user}-.*", ".*", ".*")
+
+    def connect(password, vh=vhost):
+        return pika.BlockingConnection(
+            pika.ConnectionParameters(
+                host=HOST,
+                port=int(PORT),
+                virtual_host=vh,
+                credentials=pika.PlainCredentials(user, password),
+                socket_timeout=10,
+            )
+        )
+
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        connect("wrong")
+    # pika reports a connection.close during connection.open as a probable access denial.
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+        connect("s3cret", vh="/")
+    assert "(530)" in str(refused.value)
+    assert f"access to vhost '/' refused for user '{user}'" in str(refused.value)
+    c = connect("s3cret")
+    try:
+        ch = c.channel()
+        ch.queue_declare(f"{user}-work")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as denied:
+            ch.queue_declare("someone-else")
+        assert denied.value.reply_code == 403
+        assert denied.value.reply_text == (
+            f"ACCESS_REFUSED - access to queue 'someone-else' in vhost '{vhost}' "
+            f"refused for user '{user}'"
+        )
+        ch = c.channel()
+        ch.basic_publish("", f"{user}-work", b"in the vhost")
+        method, _, body = ch.basic_get(f"{user}-work", auto_ack=True)
+        assert body == b"in the vhost"
+    finally:
+        c.close()
+    ctl("delete-user", user)
+    ctl("delete-vhost", vhost)
