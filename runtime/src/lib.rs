@@ -8,7 +8,8 @@
 //! write window (`BrokerConfig::write_window`) plus consumer prefetch.
 //!
 //! Invariants:
-//! - Every op of a connection is applied in the order the connection sent it.
+//! - Every op of a connection is applied in the order the connection sent it, and its
+//!   disconnect (the last sender dropped) after all of them.
 //! - A connection's ops are ignored once it has disconnected, so a late op cannot resurrect it.
 
 mod task;
@@ -51,7 +52,9 @@ pub(crate) enum Control {
         conn: ConnId,
         effects: mpsc::UnboundedSender<Vec<Effect>>,
     },
-    Disconnect(ConnId),
+    /// The connection's last `CommandSender` is gone. `after`: how many op batches it had
+    /// sent; the disconnect is applied only after those, so it never overtakes them.
+    Disconnect { conn: ConnId, after: u64 },
     /// The store's sync thread finished an epoch.
     Synced {
         epoch: u64,
@@ -262,6 +265,7 @@ impl BrokerHandle {
                 guard: Arc::new(ConnGuard {
                     conn: id,
                     shared: self.shared.clone(),
+                    sent: AtomicU64::new(0),
                 }),
             },
             rx: EffectReceiver { rx },
@@ -279,13 +283,18 @@ pub struct Connection {
 struct ConnGuard {
     conn: ConnId,
     shared: Arc<Shared>,
+    /// Op batches handed to the request channel.
+    sent: AtomicU64,
 }
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         // Safety net: a gateway that dies without sending ConnectionClose still releases its
         // channels, consumers and exclusive queues.
-        let _ = self.shared.control.send(Control::Disconnect(self.conn));
+        let _ = self.shared.control.send(Control::Disconnect {
+            conn: self.conn,
+            after: self.sent.load(Ordering::Acquire),
+        });
     }
 }
 
@@ -309,7 +318,9 @@ impl CommandSender {
                 ops,
             })
             .await
-            .map_err(|_| BrokerGone)
+            .map_err(|_| BrokerGone)?;
+        self.guard.sent.fetch_add(1, Ordering::Release);
+        Ok(())
     }
 
     /// The connection these operations belong to.

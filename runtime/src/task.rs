@@ -23,7 +23,7 @@ pub(crate) async fn run(
     let epoch = Instant::now();
     let unix_at_epoch = crate::unix_ms();
     let now_ms = |at: Instant| unix_at_epoch + at.duration_since(epoch).as_millis() as u64;
-    let mut conns: HashMap<ConnId, mpsc::UnboundedSender<Vec<Effect>>> = HashMap::new();
+    let mut conns: HashMap<ConnId, Link> = HashMap::new();
     let mut effects = Vec::new();
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     loop {
@@ -43,7 +43,7 @@ pub(crate) async fn run(
                     apply_control(&mut broker, &mut conns, msg, now_ms(Instant::now()));
                 }
                 let now = now_ms(Instant::now());
-                apply(&mut broker, &conns, req, now);
+                apply(&mut broker, &mut conns, req, now);
                 for _ in 1..BATCHES_PER_TURN {
                     match requests.try_recv() {
                         Ok(req) => {
@@ -52,7 +52,7 @@ pub(crate) async fn run(
                             while let Ok(msg) = control.try_recv() {
                                 apply_control(&mut broker, &mut conns, msg, now);
                             }
-                            apply(&mut broker, &conns, req, now)
+                            apply(&mut broker, &mut conns, req, now)
                         }
                         Err(_) => break,
                     }
@@ -70,17 +70,36 @@ pub(crate) async fn run(
     }
 }
 
-fn apply_control(
-    broker: &mut Broker,
-    conns: &mut HashMap<ConnId, mpsc::UnboundedSender<Vec<Effect>>>,
-    msg: Control,
-    now: u64,
-) {
+/// A registered connection, as the broker task knows it.
+pub(crate) struct Link {
+    effects: mpsc::UnboundedSender<Vec<Effect>>,
+    /// Op batches of this connection applied so far.
+    applied: u64,
+    /// Its sender is gone after sending this many batches: disconnect once they are applied
+    /// (the control channel may deliver the news before the last batches).
+    disconnect_after: Option<u64>,
+}
+
+fn apply_control(broker: &mut Broker, conns: &mut HashMap<ConnId, Link>, msg: Control, now: u64) {
     match msg {
         Control::Register { conn, effects } => {
-            conns.insert(conn, effects);
+            conns.insert(
+                conn,
+                Link {
+                    effects,
+                    applied: 0,
+                    disconnect_after: None,
+                },
+            );
         }
-        Control::Disconnect(conn) => {
+        Control::Disconnect { conn, after } => {
+            let Some(link) = conns.get_mut(&conn) else {
+                return;
+            };
+            if link.applied < after {
+                link.disconnect_after = Some(after);
+                return;
+            }
             if conns.remove(&conn).is_some() {
                 broker.handle(now, ChannelRef::new(conn, 0), Op::ConnectionClose);
             }
@@ -155,24 +174,27 @@ fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse 
     }
 }
 
-fn apply(
-    broker: &mut Broker,
-    conns: &HashMap<ConnId, mpsc::UnboundedSender<Vec<Effect>>>,
-    req: Request,
-    now: u64,
-) {
-    if !conns.contains_key(&req.conn) {
+fn apply(broker: &mut Broker, conns: &mut HashMap<ConnId, Link>, req: Request, now: u64) {
+    let Some(link) = conns.get_mut(&req.conn) else {
         return;
-    }
+    };
+    link.applied += 1;
+    let done = link
+        .disconnect_after
+        .is_some_and(|after| link.applied >= after);
     for (channel, op) in req.ops {
         broker.handle(now, ChannelRef::new(req.conn, channel), op);
+    }
+    if done {
+        conns.remove(&req.conn);
+        broker.handle(now, ChannelRef::new(req.conn, 0), Op::ConnectionClose);
     }
 }
 
 fn flush(
     effects: &mut Vec<Effect>,
     outboxes: &mut HashMap<ConnId, Vec<Effect>>,
-    conns: &HashMap<ConnId, mpsc::UnboundedSender<Vec<Effect>>>,
+    conns: &HashMap<ConnId, Link>,
 ) {
     if effects.is_empty() {
         return;
@@ -187,8 +209,8 @@ fn flush(
         let batch = std::mem::take(batch);
         // A send fails only when the connection task is gone; its Disconnect follows and
         // releases the connection in the core.
-        if let Some(tx) = conns.get(conn) {
-            let _ = tx.send(batch);
+        if let Some(link) = conns.get(conn) {
+            let _ = link.effects.send(batch);
         }
     }
     // Keep the map from growing with connections that come and go.
