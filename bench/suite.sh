@@ -100,10 +100,12 @@ run publish_to_nack 1 1 -x 1 -y 1 -c 100 -na -re false -u suite-nack \
   -qa x-dead-letter-exchange=amq.fanout
 # A backlog first, then a consumer that nacks it into the dead-letter exchange.
 secs_backlog=$((secs / 2 > 1 ? secs / 2 : 1))
-timeout $((secs + 60)) java -cp "$lib/*" com.rabbitmq.perf.PerfTest --uri "$uri" \
-  --id nack-backlog -s "$size" -f persistent -ad false -z "$secs_backlog" -x 1 -y 0 -c 100 \
-  -u suite-nack-backlog -qa x-dead-letter-exchange=amq.fanout >"$logs/nack-backlog.log" 2>&1 ||
-  true
+if [ -z "${ONLY:-}" ] || grep -qw nack_published <<<"$ONLY"; then
+  timeout $((secs + 60)) java -cp "$lib/*" com.rabbitmq.perf.PerfTest --uri "$uri" \
+    --id nack-backlog -s "$size" -f persistent -ad false -z "$secs_backlog" -x 1 -y 0 -c 100 \
+    -u suite-nack-backlog -qa x-dead-letter-exchange=amq.fanout >"$logs/nack-backlog.log" 2>&1 ||
+    true
+fi
 run nack_published 0 1 -x 0 -y 1 -na -re false -u suite-nack-backlog \
   -qa x-dead-letter-exchange=amq.fanout
 

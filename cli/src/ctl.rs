@@ -126,7 +126,7 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "destination_kind",
             "routing_key",
         ],
-        "list_connections" => &["id", "user", "channels", "consumers", "state"],
+        "list_connections" => &["id", "vhost", "user", "channels", "consumers", "state"],
         "list_consumers" => &[
             "queue_name",
             "consumer_tag",
