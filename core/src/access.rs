@@ -12,6 +12,15 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// `guest`'s password hash in a new broker: the one a fresh RabbitMQ 3.10 node exported
+/// (salt `27 56 70 43`). Its password is public anyway, so a fixed salt loses nothing, and
+/// a new broker then needs no SHA-256 (hosts that never log users in leave it out).
+pub const DEFAULT_GUEST_HASH: [u8; 36] = [
+    0x27, 0x56, 0x70, 0x43, 0x7b, 0xc1, 0x13, 0x71, 0xfe, 0xdf, 0x40, 0x69, 0x0f, 0x0d, 0xcc, 0x53,
+    0xd8, 0xa3, 0xca, 0xcf, 0x1a, 0xb2, 0x8c, 0x5c, 0x98, 0x2e, 0xcf, 0x70, 0x6b, 0x09, 0xa9, 0xe2,
+    0xd7, 0xce, 0x5b, 0x73,
+];
+
 /// The hashing algorithm name RabbitMQ writes into definitions.
 pub const HASHING_ALGORITHM: &str = "rabbit_password_hashing_sha256";
 
@@ -98,7 +107,7 @@ pub fn verify_password(hash: &[u8], password: &str) -> bool {
 enum Pattern {
     All,
     Nothing,
-    Regex(regex::Regex),
+    Regex(regex_lite::Regex),
 }
 
 impl Pattern {
@@ -109,7 +118,7 @@ impl Pattern {
             // Anchored as RabbitMQ's `re:run` with `anchored`-free semantics: a match anywhere
             // counts, so operators write `^...$` themselves.
             s => Pattern::Regex(
-                regex::Regex::new(s)
+                regex_lite::Regex::new(s)
                     .map_err(|e| format!("invalid regular expression '{s}': {e}"))?,
             ),
         })
@@ -141,6 +150,24 @@ impl Permissions {
             read: Pattern::compile(&def.read)?,
             def,
         })
+    }
+
+    /// Everything (`.*` for configure, write and read), as the default user has on the
+    /// default vhost. Built without the regex compiler, which hosts that never set
+    /// permissions (the JS package) then leave out of their binary.
+    pub fn full(vhost: &str, user: &str) -> Permissions {
+        Permissions {
+            def: PermissionDef {
+                user: user.to_string(),
+                vhost: vhost.to_string(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: ".*".into(),
+            },
+            configure: Pattern::All,
+            write: Pattern::All,
+            read: Pattern::All,
+        }
     }
 
     /// No access at all (permissions cleared while connections are open).
@@ -293,11 +320,7 @@ mod tests {
     #[test]
     fn rabbitmq_exported_hash_verifies() {
         // guest/guest as RabbitMQ 3.10.8 exported it (tests/fixtures): base64 of salt + digest.
-        let hash = [
-            0x27, 0x56, 0x70, 0x43, 0x7b, 0xc1, 0x13, 0x71, 0xfe, 0xdf, 0x40, 0x69, 0x0f, 0x0d,
-            0xcc, 0x53, 0xd8, 0xa3, 0xca, 0xcf, 0x1a, 0xb2, 0x8c, 0x5c, 0x98, 0x2e, 0xcf, 0x70,
-            0x6b, 0x09, 0xa9, 0xe2, 0xd7, 0xce, 0x5b, 0x73,
-        ];
+        let hash = DEFAULT_GUEST_HASH;
         assert!(verify_password(&hash, "guest"));
         assert!(!verify_password(&hash, "guesT"));
         assert!(!verify_password(&hash[..35], "guest"));

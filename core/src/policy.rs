@@ -65,13 +65,13 @@ const EXCHANGE_KEYS: &[(&str, &str)] = &[("alternate-exchange", "alternate-excha
 #[derive(Clone, Debug)]
 pub(crate) struct Policy {
     pub(crate) def: PolicyDef,
-    regex: regex::Regex,
+    regex: regex_lite::Regex,
 }
 
 impl Policy {
     /// Validates and compiles a policy; the error says what is wrong, as rabbitmqctl does.
     pub(crate) fn new(def: PolicyDef) -> Result<Policy, String> {
-        let regex = regex::Regex::new(&def.pattern)
+        let regex = regex_lite::Regex::new(&def.pattern)
             .map_err(|e| format!("invalid pattern '{}': {e}", def.pattern))?;
         if def.definition.is_empty() {
             return Err("a policy definition must not be empty".into());

@@ -21,22 +21,13 @@ impl Broker {
             name: name.clone(),
             description: "Default virtual host".into(),
         });
-        let salt = (self.names.next_u64() as u32).to_be_bytes();
         self.users.put(UserDef {
             name: "guest".into(),
-            password_hash: crate::access::hash_password(salt, "guest"),
+            password_hash: crate::access::DEFAULT_GUEST_HASH.to_vec(),
             tags: vec!["administrator".into()],
         });
-        let full = PermissionDef {
-            user: "guest".into(),
-            vhost: name,
-            configure: ".*".into(),
-            write: ".*".into(),
-            read: ".*".into(),
-        };
-        if let Ok(p) = crate::access::Permissions::compile(full) {
-            self.users.set_permissions(p);
-        }
+        self.users
+            .set_permissions(crate::access::Permissions::full(&name, "guest"));
     }
 
     /// Writes the in-memory defaults to the store (a fresh data directory).
