@@ -51,6 +51,21 @@ async fn bob(broker: &BrokerHandle) {
     .await;
 }
 
+/// Publishes one message in confirm mode and waits for its confirm (so a refusal surfaces).
+async fn publish_confirmed(c: lapin::Channel, exchange: &str, key: &str) -> lapin::Result<()> {
+    c.confirm_select(ConfirmSelectOptions::default()).await?;
+    c.basic_publish(
+        exchange.into(),
+        key.into(),
+        BasicPublishOptions::default(),
+        b"m",
+        BasicProperties::default(),
+    )
+    .await?
+    .await?;
+    Ok(())
+}
+
 async fn login(
     b: &TestBroker,
     user: &str,
@@ -140,19 +155,7 @@ async fn every_operation_checks_its_permission() {
         403,
         "ACCESS_REFUSED",
         "access to exchange 'amq.topic' in vhost 'dev' refused for user 'bob'",
-        |c| async move {
-            c.confirm_select(ConfirmSelectOptions::default()).await?;
-            c.basic_publish(
-                "amq.topic".into(),
-                "k".into(),
-                BasicPublishOptions::default(),
-                b"m",
-                BasicProperties::default(),
-            )
-            .await?
-            .await?;
-            Ok(())
-        },
+        |c| publish_confirmed(c, "amq.topic", "k"),
     )
     .await;
     // Binding reads from the source exchange: amq.topic is not readable for bob.
@@ -228,19 +231,7 @@ async fn read_and_write_refusals_and_runtime_changes() {
         403,
         "ACCESS_REFUSED",
         "access to exchange 'amq.default' in vhost 'dev' refused for user 'bob'",
-        |c| async move {
-            c.confirm_select(ConfirmSelectOptions::default()).await?;
-            c.basic_publish(
-                "".into(),
-                "bob-q".into(),
-                BasicPublishOptions::default(),
-                b"m",
-                BasicProperties::default(),
-            )
-            .await?
-            .await?;
-            Ok(())
-        },
+        |c| publish_confirmed(c, "", "bob-q"),
     )
     .await;
     // Read granted: consume and get work.
