@@ -100,7 +100,11 @@ impl EffectReceiver {
             if state.sender_gone {
                 return Poll::Ready(None);
             }
-            if !state.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            if !state
+                .waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
                 state.waker = Some(cx.waker().clone());
             }
             Poll::Pending

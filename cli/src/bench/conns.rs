@@ -180,7 +180,10 @@ fn progress(len: u64, what: &str) -> ProgressBar {
 
 /// VmRSS of a process in bytes.
 fn rss(pid: Option<u32>) -> anyhow::Result<u64> {
-    let path = pid.map_or_else(|| "/proc/self/status".into(), |p| format!("/proc/{p}/status"));
+    let path = pid.map_or_else(
+        || "/proc/self/status".into(),
+        |p| format!("/proc/{p}/status"),
+    );
     let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let kib: u64 = status
         .lines()
@@ -370,7 +373,8 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         bar.inc(1);
         if let Some(r) = holders.try_join_next() {
             bar.finish_and_clear();
-            r.context("holder task")?.context("a held connection failed")?;
+            r.context("holder task")?
+                .context("a held connection failed")?;
         }
     }
     bar.finish_and_clear();
@@ -406,10 +410,9 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
             format!(
                 "{n} (+{WARM_UP} warm-up) from {} source addresses, {}",
                 args.sources,
-                subscription(args, "")
-                    .map_or("no subscription".to_string(), |(_, q)| format!(
-                        "one QoS {q} subscription each"
-                    ))
+                subscription(args, "").map_or("no subscription".to_string(), |(_, q)| format!(
+                    "one QoS {q} subscription each"
+                ))
             ),
         ),
         (
@@ -485,9 +488,8 @@ async fn live_pair(args: &ConnsArgs) -> anyhow::Result<String> {
     let receiver = async {
         let mut lat = Vec::with_capacity(count as usize);
         let mut buf = Vec::with_capacity(4096);
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_secs(args.latency_secs)
-            + EXCHANGE_TIMEOUT;
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_secs(args.latency_secs) + EXCHANGE_TIMEOUT;
         while (lat.len() as u64) < count {
             let mut chunk = [0u8; 4096];
             let n = tokio::time::timeout_at(deadline, sub.read(&mut chunk))
@@ -673,7 +675,13 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
         let qos = subscription(args, "").map(|(_, q)| q);
         let keep_alive = args.keep_alive;
         async move {
-            handshake(&mut client, &id, keep_alive, qos.map(|q| (filter.as_str(), q))).await?;
+            handshake(
+                &mut client,
+                &id,
+                keep_alive,
+                qos.map(|q| (filter.as_str(), q)),
+            )
+            .await?;
             anyhow::Ok(client)
         }
     };
@@ -699,15 +707,17 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let heap = per_conn(heap_after - heap_before, n);
     let rows = vec![
-        ("broker", "in-process, real MQTT gateway over in-memory streams".to_string()),
+        (
+            "broker",
+            "in-process, real MQTT gateway over in-memory streams".to_string(),
+        ),
         (
             "connections",
             format!(
                 "{n} (+{WARM_UP} warm-up), {}",
-                subscription(args, "")
-                    .map_or("no subscription".to_string(), |(_, q)| format!(
-                        "one QoS {q} subscription each"
-                    ))
+                subscription(args, "").map_or("no subscription".to_string(), |(_, q)| format!(
+                    "one QoS {q} subscription each"
+                ))
             ),
         ),
         (
