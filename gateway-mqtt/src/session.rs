@@ -43,11 +43,74 @@ pub struct SubOpts {
     pub id: Option<u32>,
 }
 
+/// A session's subscriptions by filter, in filter order. A sorted vector sized exactly: most
+/// clients hold one or two filters, and a `BTreeMap` node for one entry is ~300 bytes of a
+/// ~4 KiB idle-connection budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubMap(Vec<(Arc<str>, SubOpts)>);
+
+impl SubMap {
+    fn find(&self, filter: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(f, _)| (**f).cmp(filter))
+    }
+
+    /// Adds or replaces; returns the options replaced.
+    pub fn insert(&mut self, filter: Arc<str>, opts: SubOpts) -> Option<SubOpts> {
+        match self.find(&filter) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, opts)),
+            Err(i) => {
+                self.0.reserve_exact(1);
+                self.0.insert(i, (filter, opts));
+                None
+            }
+        }
+    }
+
+    pub fn remove(&mut self, filter: &str) -> Option<SubOpts> {
+        let i = self.find(filter).ok()?;
+        let (_, opts) = self.0.remove(i);
+        self.0.shrink_to_fit();
+        Some(opts)
+    }
+
+    pub fn get(&self, filter: &str) -> Option<&SubOpts> {
+        self.find(filter).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.0.iter().map(|(f, _)| f)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &SubOpts> {
+        self.0.iter().map(|(_, o)| o)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a SubMap {
+    type Item = (&'a Arc<str>, &'a SubOpts);
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (Arc<str>, SubOpts)>,
+        fn(&'a (Arc<str>, SubOpts)) -> (&'a Arc<str>, &'a SubOpts),
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(f, o)| (f, o))
+    }
+}
+
 /// What a persistent session keeps while its client is away. The messages themselves wait in
 /// the session's core queue.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SessionRecord {
-    pub subs: BTreeMap<Arc<str>, SubOpts>,
+    pub subs: SubMap,
     /// Outbound QoS 2 packet ids that got PUBREC but not yet PUBCOMP: PUBREL is resent.
     pub awaiting_comp: BTreeSet<u16>,
     /// Inbound QoS 2 packet ids routed but not yet released by PUBREL.
@@ -199,7 +262,7 @@ pub struct Session {
     queue: Arc<str>,
     persistent: bool,
     session_expiry_s: u32,
-    subs: BTreeMap<Arc<str>, SubOpts>,
+    subs: SubMap,
     queue_ready: bool,
     keep_alive_ms: u64,
     last_rx: u64,
@@ -252,7 +315,7 @@ impl Session {
             client_id: info.client_id.clone(),
             persistent,
             session_expiry_s: info.session_expiry_s,
-            subs: BTreeMap::new(),
+            subs: SubMap::default(),
             queue_ready: false,
             keep_alive_ms: u64::from(info.keep_alive_s) * 1000,
             last_rx: now,
