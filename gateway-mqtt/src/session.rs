@@ -863,7 +863,7 @@ impl Session {
     fn on_unsubscribe(&mut self, u: v5::Unsubscribe) {
         let mut codes = Vec::with_capacity(u.topics.len());
         for filter in u.topics {
-            if self.subs.remove(&*filter).is_some() {
+            if self.subs.remove(&filter).is_some() {
                 if filter.is_shared() {
                     // The group's queue is auto-delete: it goes with its last member.
                     self.ops.push((

@@ -242,6 +242,13 @@ fn per_conn(delta: i64, n: usize) -> f64 {
     delta as f64 / n.max(1) as f64
 }
 
+/// "one QoS 1 subscription each" or "no subscription", for the report.
+fn what_each(args: &ConnsArgs) -> String {
+    subscription(args, "").map_or("no subscription".to_string(), |(_, q)| {
+        format!("one QoS {q} subscription each")
+    })
+}
+
 fn subscription<'a>(args: &ConnsArgs, filter: &'a str) -> Option<(&'a str, u8)> {
     (!args.no_subscribe).then_some((filter, args.qos))
 }
@@ -410,9 +417,7 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
             format!(
                 "{n} (+{WARM_UP} warm-up) from {} source addresses, {}",
                 args.sources,
-                subscription(args, "").map_or("no subscription".to_string(), |(_, q)| format!(
-                    "one QoS {q} subscription each"
-                ))
+                what_each(args)
             ),
         ),
         (
@@ -713,12 +718,7 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
         ),
         (
             "connections",
-            format!(
-                "{n} (+{WARM_UP} warm-up), {}",
-                subscription(args, "").map_or("no subscription".to_string(), |(_, q)| format!(
-                    "one QoS {q} subscription each"
-                ))
-            ),
+            format!("{n} (+{WARM_UP} warm-up), {}", what_each(args)),
         ),
         (
             "connects/s",
