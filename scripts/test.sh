@@ -204,7 +204,7 @@ idle_conns() {
   # memory or timing thresholds: the debug build on a shared CI machine is no measurement.
   timeout 120 target/debug/warren bench conns --mqtt "127.0.0.1:$mqtt_port" --pid "$broker_pid" \
     -n 300 --keep-alive 2 --hold 5 --latency-secs 2 --rate 200 --prefix ci-idle- || return 1
-  timeout 180 target/debug/warren bench conns --socketless -n 10000
+  timeout 180 target/debug/warren bench conns --socketless -n 10000 --keep-alive 600
 }
 
 stop_broker() {

@@ -57,7 +57,9 @@ pub struct ConnsArgs {
     /// Connect without subscribing.
     #[arg(long)]
     no_subscribe: bool,
-    /// Keep-alive announced in CONNECT, seconds; each client pings at this interval.
+    /// Keep-alive announced in CONNECT, seconds; each client pings at this interval (over
+    /// sockets; socketless clients ping once at the end, so give them a keep-alive longer
+    /// than the whole run, e.g. 600, or the broker rightly drops them).
     #[arg(long, default_value_t = 30)]
     keep_alive: u16,
     /// Seconds the idle connections are held while the broker's CPU is measured.
