@@ -2,8 +2,14 @@
 //! grow here.
 
 mod admin;
+mod alloc;
+mod bench;
 mod ctl;
 mod json;
+
+/// Counts live heap bytes when `warren bench conns --socketless` turns it on.
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -36,6 +42,11 @@ enum Command {
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
+    /// Load generators and measurements.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -127,6 +138,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+            }
+        },
+        Command::Bench { command } => match runtime.block_on(bench::run(command)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
             }
         },
         Command::Ctl(args) => match ctl::run(args) {
