@@ -26,6 +26,7 @@ pub(crate) async fn run(
     let mut conns: HashMap<ConnId, Link> = HashMap::new();
     let mut effects = Vec::new();
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
+    let mut held = HeldAnswers::default();
     loop {
         let deadline = broker
             .next_deadline()
@@ -33,14 +34,16 @@ pub(crate) async fn run(
         tokio::select! {
             biased;
             msg = control.recv() => match msg {
-                Some(msg) => apply_control(&mut broker, &mut conns, msg, now_ms(Instant::now())),
+                Some(msg) => {
+                    apply_control(&mut broker, &mut conns, &mut held, msg, now_ms(Instant::now()))
+                }
                 None => return,
             },
             req = requests.recv() => {
                 let Some(req) = req else { return };
                 // Registrations sent before these ops must be applied first.
                 while let Ok(msg) = control.try_recv() {
-                    apply_control(&mut broker, &mut conns, msg, now_ms(Instant::now()));
+                    apply_control(&mut broker, &mut conns, &mut held, msg, now_ms(Instant::now()));
                 }
                 let now = now_ms(Instant::now());
                 apply(&mut broker, &mut conns, req, now);
@@ -50,7 +53,7 @@ pub(crate) async fn run(
                             // A connection registered after the drain above may have sent
                             // this batch: its registration must be applied first too.
                             while let Ok(msg) = control.try_recv() {
-                                apply_control(&mut broker, &mut conns, msg, now);
+                                apply_control(&mut broker, &mut conns, &mut held, msg, now);
                             }
                             apply(&mut broker, &mut conns, req, now)
                         }
@@ -70,6 +73,34 @@ pub(crate) async fn run(
     }
 }
 
+/// Answers to operators held until the sync that makes their change durable completes.
+#[derive(Default)]
+struct HeldAnswers(
+    Vec<(
+        u64,
+        tokio::sync::oneshot::Sender<AdminResponse>,
+        AdminResponse,
+    )>,
+);
+
+impl HeldAnswers {
+    fn release(&mut self, epoch: u64, durable: bool) {
+        let (due, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.0)
+            .into_iter()
+            .partition(|(e, _, _)| *e <= epoch);
+        self.0 = rest;
+        for (_, reply, answer) in due {
+            let answer = match answer {
+                AdminResponse::Done(Ok(())) if !durable => AdminResponse::Done(Err(
+                    "applied, but the store could not make it durable (see the broker log)".into(),
+                )),
+                other => other,
+            };
+            let _ = reply.send(answer);
+        }
+    }
+}
+
 /// A registered connection, as the broker task knows it.
 pub(crate) struct Link {
     effects: crate::mailbox::MailboxSender,
@@ -80,7 +111,13 @@ pub(crate) struct Link {
     disconnect_after: Option<u64>,
 }
 
-fn apply_control(broker: &mut Broker, conns: &mut HashMap<ConnId, Link>, msg: Control, now: u64) {
+fn apply_control(
+    broker: &mut Broker,
+    conns: &mut HashMap<ConnId, Link>,
+    held: &mut HeldAnswers,
+    msg: Control,
+    now: u64,
+) {
     match msg {
         Control::Register { conn, effects } => {
             conns.insert(
@@ -105,8 +142,15 @@ fn apply_control(broker: &mut Broker, conns: &mut HashMap<ConnId, Link>, msg: Co
             }
         }
         Control::Admin { request, reply } => {
-            // The requester may have given up (ctl timed out): nothing to do then.
-            let _ = reply.send(admin(broker, request, now));
+            let answer = admin(broker, request, now);
+            // A change answers once it is durable (the sync starts at the end of this turn).
+            match broker.unsynced_epoch() {
+                Some(epoch) => held.0.push((epoch, reply, answer)),
+                // The requester may have given up (ctl timed out): nothing to do then.
+                None => {
+                    let _ = reply.send(answer);
+                }
+            }
         }
         Control::Authenticate {
             user,
@@ -118,10 +162,13 @@ fn apply_control(broker: &mut Broker, conns: &mut HashMap<ConnId, Link>, msg: Co
             let _ =
                 reply.send(broker.authenticate(&user, &password, from_loopback, vhost.as_deref()));
         }
-        Control::Synced { epoch, result } => match result {
-            Ok(()) => broker.synced(now, epoch),
-            Err(_) => broker.sync_failed(now, epoch),
-        },
+        Control::Synced { epoch, result } => {
+            match result {
+                Ok(()) => broker.synced(now, epoch),
+                Err(_) => broker.sync_failed(now, epoch),
+            }
+            held.release(epoch, result.is_ok());
+        }
     }
 }
 

@@ -413,6 +413,20 @@ impl Broker {
         }
     }
 
+    /// The epoch whose completed sync makes every write so far durable, if some write is not
+    /// durable yet (`None` without a store). Hosts hold answers to operators (a user added, a
+    /// policy set) until then, so "done" means it survives a crash.
+    pub fn unsynced_epoch(&self) -> Option<u64> {
+        self.store.as_ref()?;
+        if self.sync_dirty {
+            Some(self.epoch)
+        } else if self.sync_in_flight {
+            Some(self.epoch - 1)
+        } else {
+            None
+        }
+    }
+
     /// Confirms waiting for a sync (hosts and tests).
     pub fn pending_confirms(&self) -> usize {
         self.pending_confirms.len()
