@@ -2,6 +2,7 @@
 //! grow here.
 
 mod admin;
+mod bench;
 mod ctl;
 mod json;
 
@@ -36,6 +37,8 @@ enum Command {
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
+    /// Load a broker (any address) with a workload and report rates, latency, memory, CPU.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -127,6 +130,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+            }
+        },
+        Command::Bench(args) => match runtime.block_on(bench::run(args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
             }
         },
         Command::Ctl(args) => match ctl::run(args) {
