@@ -424,14 +424,15 @@ async fn publish_loop(
         for _ in 0..n {
             tpl.put(&mut wr.buf, now_nanos());
         }
+        // Counted when handed to the socket, so that `sent` is never below `received`.
+        published += n;
+        counters.sent.fetch_add(n, Ordering::Relaxed);
         tokio::select! {
             r = wr.flush() => r?,
             _ = sleep_until(deadline) => { clean = false; break; }
             r = &mut reader => return r.map_err(anyhow::Error::from).and_then(|r| r)
                 .and_then(|()| Err(anyhow::anyhow!("the broker closed the connection"))),
         }
-        published += n;
-        counters.sent.fetch_add(n, Ordering::Relaxed);
     }
     let nacked = confirms.nacked.load(Ordering::Relaxed);
     if clean {
