@@ -78,10 +78,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::PrefetchSweep(a) => ("prefetch-sweep", a),
         BenchCommand::All(a) => ("all", a),
     };
-    if let Some(pid) = a.broker_pid {
-        if report::sample_proc(pid).is_none() {
-            bail!("--broker-pid {pid}: cannot read /proc/{pid}/stat and status");
-        }
+    if let Some(pid) = a.broker_pid
+        && report::sample_proc(pid).is_none()
+    {
+        bail!("--broker-pid {pid}: cannot read /proc/{pid}/stat and status");
     }
     let options = workloads::Options {
         uri: client::Uri::parse(&a.uri)?,

@@ -488,13 +488,14 @@ async fn consume_loop(
                     }
                 }
                 Frame::Body(_, b) => {
-                    if first && latency {
-                        if let Some(stamp) = b.get(..8) {
-                            let mut s = [0u8; 8];
-                            s.copy_from_slice(stamp);
-                            let sent = u64::from_be_bytes(s);
-                            hist.record(now_nanos().saturating_sub(sent) / 1000);
-                        }
+                    if first
+                        && latency
+                        && let Some(stamp) = b.get(..8)
+                    {
+                        let mut s = [0u8; 8];
+                        s.copy_from_slice(stamp);
+                        let sent = u64::from_be_bytes(s);
+                        hist.record(now_nanos().saturating_sub(sent) / 1000);
                     }
                     first = false;
                     remaining = remaining.saturating_sub(b.len() as u64);
