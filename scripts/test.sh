@@ -214,6 +214,16 @@ crash_test() {
     timeout 180 target/debug/crash-test
 }
 
+idle_conns() {
+  # Issue 7, bounded: 300 idle MQTT connections (one QoS 1 subscription each) held over
+  # sockets through two keep-alive intervals while a live pair measures latency, then 10k
+  # in-process connections through the real gateway; every connection must stay alive. No
+  # memory or timing thresholds: the debug build on a shared CI machine is no measurement.
+  timeout 120 target/debug/warren bench conns --mqtt "127.0.0.1:$mqtt_port" --pid "$broker_pid" \
+    -n 300 --keep-alive 2 --hold 5 --latency-secs 2 --rate 200 --prefix ci-idle- || return 1
+  timeout 180 target/debug/warren bench conns --socketless -n 10000 --keep-alive 600
+}
+
 stop_broker() {
   kill -TERM "$broker_pid" || return 1
   # A clean shutdown exits 0 within the drain timeout.
@@ -248,6 +258,7 @@ step "Python tests (pika, paho-mqtt)" python_tests
 step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
 step "RabbitMQ PerfTest: the 14-workload suite (scaled down)" perftest_suite
+step "idle connections: 300 over sockets, 10k socketless, all stay alive" idle_conns
 step "clean shutdown on SIGTERM" stop_broker
 step "crash test: SIGKILL and restart under confirmed publishing, ${CRASH_CYCLES:-20} cycles" crash_test
 echo

@@ -2,9 +2,14 @@
 //! grow here.
 
 mod admin;
+mod alloc;
 mod bench;
 mod ctl;
 mod json;
+
+/// Counts live heap bytes when `warren bench conns --socketless` turns it on.
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -37,8 +42,12 @@ enum Command {
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
-    /// Load a broker (any address) with a workload and report rates, latency, memory, CPU.
-    Bench(bench::BenchArgs),
+    /// Load generators and measurements: AMQP workloads against any broker address, idle
+    /// MQTT connections.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -132,7 +141,7 @@ fn main() -> ExitCode {
                 ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
             }
         },
-        Command::Bench(args) => match runtime.block_on(bench::run(args)) {
+        Command::Bench { command } => match runtime.block_on(bench::run(command)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");

@@ -25,7 +25,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use warren_core::command::Op;
 use warren_core::effect::Effect;
-use warren_runtime::{BrokerHandle, CommandSender, LoginError};
+use warren_runtime::{BrokerHandle, CommandSender, EffectReceiver, LoginError};
 
 /// Who is on the other end, for authentication and logs.
 #[derive(Clone, Debug)]
@@ -132,15 +132,54 @@ async fn read_connect<S: AsyncRead + Unpin>(
     }
 }
 
+/// A connection past CONNECT: what the running loop and the close sequence share.
+struct Live<S> {
+    stream: S,
+    rbuf: BytesMut,
+    session: Session,
+    tx: CommandSender,
+    rx: EffectReceiver,
+    kick_rx: oneshot::Receiver<oneshot::Sender<()>>,
+    client_id: Arc<str>,
+    /// A delayed will is published as this user, after the session is gone.
+    user: Box<str>,
+}
+
 /// Serves one connection until it closes.
+///
+/// The CONNECT phase and the close sequence run as boxed futures: their timeouts, login and
+/// buffers would otherwise size the connection's future (held for its whole life) by their
+/// largest state; boxed, they cost heap only while they run.
 pub async fn serve_connection<S>(
-    mut stream: S,
+    stream: S,
     peer: PeerInfo,
     broker: BrokerHandle,
     registry: Arc<Registry>,
     config: Arc<MqttConfig>,
     mut shutdown: watch::Receiver<bool>,
 ) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Some(mut live) = Box::pin(accept(stream, &peer, &broker, &registry, &config)).await else {
+        return;
+    };
+    let max = config.max_packet_size as usize;
+    let (end, takeover) = run(&mut live, max, &registry, &mut shutdown).await;
+    Box::pin(close(
+        live, end, takeover, &peer, &broker, &registry, &config,
+    ))
+    .await;
+}
+
+/// Reads CONNECT, checks it and logs in; `None` when the connection was refused or closed.
+async fn accept<S>(
+    mut stream: S,
+    peer: &PeerInfo,
+    broker: &BrokerHandle,
+    registry: &Arc<Registry>,
+    config: &Arc<MqttConfig>,
+) -> Option<Live<S>>
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let max = config.max_packet_size as usize;
@@ -160,19 +199,19 @@ pub async fn serve_connection<S>(
             } else {
                 tracing::warn!(peer = %peer.addr, "MQTT connection closed before CONNECT: {e}");
             }
-            return;
+            return None;
         }
         Ok(Err(_)) => {
             tracing::debug!(peer = %peer.addr, "MQTT socket closed before CONNECT");
-            return;
+            return None;
         }
         Err(_) => {
             tracing::warn!(peer = %peer.addr, "no MQTT CONNECT within {:?}; closing", config.connect_timeout);
-            return;
+            return None;
         }
     };
     let (_, level) = connect.protocol.to_pair();
-    let info = match check_connect(&connect, peer.is_loopback, &config, || registry.assign_id()) {
+    let info = match check_connect(&connect, peer.is_loopback, config, || registry.assign_id()) {
         Ok(i) => i,
         Err(code) => {
             tracing::warn!(peer = %peer.addr, client_id = %connect.client_id, "MQTT CONNECT refused: {code:?}");
@@ -181,7 +220,7 @@ pub async fn serve_connection<S>(
                 write_packets(&mut stream, &[refusal(code)], level),
             )
             .await;
-            return;
+            return None;
         }
     };
     let login = match credentials(&connect) {
@@ -208,12 +247,12 @@ pub async fn serve_connection<S>(
             write_packets(&mut stream, &[refusal(code)], level),
         )
         .await;
-        return;
+        return None;
     }
     drop(connect);
     let link = broker.connect();
     let client_id = info.client_id.clone();
-    let (kick_tx, mut kick_rx) = oneshot::channel();
+    let (kick_tx, kick_rx) = oneshot::channel();
     if let Some(prev) = registry.claim(&client_id, link.id, kick_tx) {
         let (done_tx, done_rx) = oneshot::channel();
         if prev.send(done_tx).is_ok() {
@@ -221,25 +260,55 @@ pub async fn serve_connection<S>(
         }
     }
     let record = registry.take_session(&client_id);
-    // A delayed will is published as this user, after the session is gone.
     let user: Box<str> = info.user.as_str().into();
-    let mut session = Session::new(info, record, now_ms(), config.clone());
+    let session = Session::new(info, record, now_ms(), config.clone());
     tracing::debug!(peer = %peer.addr, client_id = %client_id, level, "accepted MQTT connection");
-    let mut rx = link.rx;
-    let tx = link.tx;
+    Some(Live {
+        stream,
+        rbuf,
+        session,
+        tx: link.tx,
+        rx: link.rx,
+        kick_rx,
+        client_id,
+        user,
+    })
+}
+
+/// The connection's life after CONNECT: packets in, ops out, effects in, packets out, until
+/// it ends. Returns why, and the new owner's "done" signal on a takeover.
+async fn run<S>(
+    live: &mut Live<S>,
+    max: usize,
+    registry: &Registry,
+    shutdown: &mut watch::Receiver<bool>,
+) -> (End, Option<oneshot::Sender<()>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let Live {
+        stream,
+        rbuf,
+        session,
+        tx,
+        rx,
+        kick_rx,
+        ..
+    } = live;
+    let level = session.level();
     let mut takeover: Option<oneshot::Sender<()>> = None;
     let mut kick_open = true;
     // Clients may send packets right behind CONNECT without waiting for the CONNACK.
-    let mut pipelined = process_input(&mut rbuf, level, max, &mut session, &registry).err();
+    let mut pipelined = process_input(rbuf, level, max, session, registry).err();
     let end: End = 'run: loop {
         if let Some(e) = pipelined.take() {
             break e;
         }
-        if let Err(e) = flush(&mut session, &tx, &mut stream).await {
+        if let Err(e) = flush(session, tx, stream).await {
             break e;
         }
         if rbuf.is_empty() && rbuf.capacity() > 0 {
-            rbuf = BytesMut::new();
+            *rbuf = BytesMut::new();
         }
         if session.disconnected() {
             break End::Disconnected;
@@ -258,7 +327,7 @@ pub async fn serve_connection<S>(
                     ));
                 }
             }
-            kick = &mut kick_rx, if kick_open => match kick {
+            kick = &mut *kick_rx, if kick_open => match kick {
                 Ok(done) => {
                     takeover = Some(done);
                     break End::Close(CloseError::new(
@@ -285,10 +354,10 @@ pub async fn serve_connection<S>(
                     }
                 }
             }
-            read = read_some(&mut stream, &mut rbuf), if reading => match read {
+            read = read_some(stream, rbuf), if reading => match read {
                 Ok(0) => break End::Eof,
                 Ok(_) => {
-                    if let Err(e) = process_input(&mut rbuf, level, max, &mut session, &registry) {
+                    if let Err(e) = process_input(rbuf, level, max, session, registry) {
                         break e;
                     }
                 }
@@ -301,6 +370,31 @@ pub async fn serve_connection<S>(
             }
         }
     };
+    (end, takeover)
+}
+
+/// The close sequence: will, last ops, barrier, release, goodbye packets.
+async fn close<S>(
+    live: Live<S>,
+    end: End,
+    takeover: Option<oneshot::Sender<()>>,
+    peer: &PeerInfo,
+    broker: &BrokerHandle,
+    registry: &Arc<Registry>,
+    config: &Arc<MqttConfig>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let Live {
+        mut stream,
+        mut session,
+        tx,
+        mut rx,
+        client_id,
+        user,
+        ..
+    } = live;
+    let level = session.level();
     match &end {
         End::Disconnected => {
             tracing::debug!(peer = %peer.addr, client_id = %client_id, "MQTT client disconnected")
@@ -326,7 +420,7 @@ pub async fn serve_connection<S>(
     if let End::Close(e) = &end {
         last.extend(session.disconnect_packet(e.reason));
     }
-    let record = session.close(now, &registry);
+    let record = session.close(now, registry);
     // The runtime applies a dropped connection's disconnect ahead of requests still queued
     // (it drains control messages first), which would lose the will and even earlier
     // bindings. A channel.open on a spare channel is a barrier: once its reply is back, every

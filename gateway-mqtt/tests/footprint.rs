@@ -22,6 +22,6 @@ async fn connection_future_and_session_stay_small() {
     let future = std::mem::size_of_val(&fut);
     let session = std::mem::size_of::<warren_mqtt::session::Session>();
     println!("connection future: {future} bytes, session: {session} bytes");
-    assert!(future <= 4096, "connection future {future} bytes");
-    assert!(session <= 1024, "session {session} bytes");
+    assert!(future <= 1536, "connection future {future} bytes");
+    assert!(session <= 512, "session {session} bytes");
 }

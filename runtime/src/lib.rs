@@ -12,13 +12,15 @@
 //!   disconnect (the last sender dropped) after all of them.
 //! - A connection's ops are ignored once it has disconnected, so a late op cannot resurrect it.
 
+mod mailbox;
 mod task;
+
+pub use mailbox::EffectReceiver;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 use warren_core::command::Op;
-use warren_core::effect::Effect;
 use warren_core::ids::ConnId;
 
 pub use warren_core::BrokerConfig;
@@ -50,7 +52,7 @@ pub(crate) struct Request {
 pub(crate) enum Control {
     Register {
         conn: ConnId,
-        effects: mpsc::UnboundedSender<Vec<Effect>>,
+        effects: mailbox::MailboxSender,
     },
     /// The connection's last `CommandSender` is gone. `after`: how many op batches it had
     /// sent; the disconnect is applied only after those, so it never overtakes them.
@@ -252,7 +254,7 @@ impl BrokerHandle {
     /// Registers a new connection with a fresh id.
     pub fn connect(&self) -> Connection {
         let id = ConnId(self.shared.next_conn.fetch_add(1, Ordering::Relaxed));
-        let (effects, rx) = mpsc::unbounded_channel();
+        let (effects, rx) = mailbox::mailbox();
         // Sent before any op of this connection can be, and the task drains control messages
         // before applying a request batch, so the registration is always seen first.
         let _ = self
@@ -268,7 +270,7 @@ impl BrokerHandle {
                     sent: AtomicU64::new(0),
                 }),
             },
-            rx: EffectReceiver { rx },
+            rx,
         }
     }
 }
@@ -326,22 +328,5 @@ impl CommandSender {
     /// The connection these operations belong to.
     pub fn conn(&self) -> ConnId {
         self.guard.conn
-    }
-}
-
-/// Receives the effects addressed to one connection, in order.
-pub struct EffectReceiver {
-    rx: mpsc::UnboundedReceiver<Vec<Effect>>,
-}
-
-impl EffectReceiver {
-    /// The next batch; `None` once the broker has dropped this connection.
-    pub async fn recv(&mut self) -> Option<Vec<Effect>> {
-        self.rx.recv().await
-    }
-
-    /// The next batch if one is ready.
-    pub fn try_recv(&mut self) -> Option<Vec<Effect>> {
-        self.rx.try_recv().ok()
     }
 }

@@ -72,7 +72,7 @@ pub(crate) async fn run(
 
 /// A registered connection, as the broker task knows it.
 pub(crate) struct Link {
-    effects: mpsc::UnboundedSender<Vec<Effect>>,
+    effects: crate::mailbox::MailboxSender,
     /// Op batches of this connection applied so far.
     applied: u64,
     /// Its sender is gone after sending this many batches: disconnect once they are applied
@@ -210,7 +210,7 @@ fn flush(
         // A send fails only when the connection task is gone; its Disconnect follows and
         // releases the connection in the core.
         if let Some(link) = conns.get(conn) {
-            let _ = link.effects.send(batch);
+            link.effects.send(batch);
         }
     }
     // Keep the map from growing with connections that come and go.

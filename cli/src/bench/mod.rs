@@ -3,21 +3,16 @@
 //!
 //! Code map: `client` (a lean AMQP 0.9.1 client for load generation), `workloads` (the AMQP
 //! workloads as plans of queues, producers and consumers), `report` (latency histogram,
-//! /proc sampling, table/JSON/CSV output). New kinds of bench (e.g. MQTT) are one more
-//! `BenchCommand` variant with their own args and module.
+//! /proc sampling, table/JSON/CSV output); `conns` (idle MQTT connections). Each kind of
+//! bench is one `BenchCommand` variant with its own args and module.
 
 mod client;
+pub mod conns;
 mod report;
 mod workloads;
 
 use anyhow::bail;
 use report::Format;
-
-#[derive(clap::Args)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub command: BenchCommand,
-}
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
@@ -35,6 +30,9 @@ pub enum BenchCommand {
     PrefetchSweep(AmqpArgs),
     /// Every AMQP workload above, one after the other.
     All(AmqpArgs),
+    /// Many idle MQTT connections: broker memory per connection, connects per second,
+    /// keep-alive CPU and publish -> deliver latency while they are held.
+    Conns(conns::ConnsArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -68,8 +66,9 @@ pub struct AmqpArgs {
     format: Format,
 }
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let (workload, a) = match args.command {
+pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+    let (workload, a) = match command {
+        BenchCommand::Conns(args) => return conns::run(args).await,
         BenchCommand::OneFast(a) => ("one-fast", a),
         BenchCommand::TwoPublishers(a) => ("two-publishers", a),
         BenchCommand::Drain(a) => ("drain", a),

@@ -126,16 +126,18 @@ impl Broker {
                 return Ok(());
             }
         };
-        self.conns.entry(conn).or_insert(Conn {
-            vhost,
-            perms,
-            cancel_notify,
-            channels: BTreeSet::new(),
-            exclusive_queues: BTreeSet::new(),
-            in_flight: 0,
-            consumers: 0,
-            paused_in: BTreeSet::new(),
-            user,
+        self.conns.entry(conn).or_insert_with(|| {
+            Box::new(Conn {
+                vhost,
+                perms,
+                cancel_notify,
+                channels: BTreeSet::new(),
+                exclusive_queues: BTreeSet::new(),
+                in_flight: 0,
+                consumers: 0,
+                paused_in: BTreeSet::new(),
+                user,
+            })
         });
         if self.alarm {
             self.effects.push(crate::effect::Effect::Blocked { conn });
@@ -151,7 +153,7 @@ impl Broker {
                 format!("second 'channel.open' seen on channel {}", ch.channel),
             ));
         }
-        self.channels.insert(ch, Channel::new());
+        self.channels.insert(ch, Box::new(Channel::new()));
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
             conn.channels.insert(ch.channel);
         }

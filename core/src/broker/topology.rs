@@ -682,7 +682,7 @@ impl Broker {
                 };
                 self.queues.insert(
                     id,
-                    Queue {
+                    Box::new(Queue {
                         vhost: vh,
                         name: name.clone(),
                         durable: d.durable,
@@ -699,7 +699,7 @@ impl Broker {
                         args,
                         mixed_priorities: false,
                         last_used: self.now,
-                    },
+                    }),
                 );
                 if let Some(v) = self.vhosts.get_mut(&vh) {
                     v.queues.insert(name.to_string(), id);
