@@ -158,6 +158,23 @@ start_broker() {
   echo "broker did not start listening within 10s"; cat target/ci-broker.log; return 1
 }
 
+warren_bench() {
+  # warren bench's own AMQP client against the CI broker, with confirms and acks: messages
+  # flow and no client reports an error (no timing thresholds).
+  local out
+  out=$(timeout 60 target/debug/warren bench one-fast --seconds 2 --confirm 100 --format json \
+    --uri "amqp://guest:guest@127.0.0.1:$port" --broker-pid "$broker_pid") || { echo "$out"; return 1; }
+  echo "$out"
+  python3 -c '
+import json, sys
+rows = json.load(sys.stdin)
+assert rows, "no result rows"
+for r in rows:
+    assert r["sent"] > 0 and r["received"] > 0, r
+    assert not r["errors"], r["errors"]
+print("warren bench: %d received, no errors" % sum(r["received"] for r in rows))' <<<"$out"
+}
+
 python_tests() {
   WARREN_AMQP="127.0.0.1:$port" WARREN_MQTT="127.0.0.1:$mqtt_port" \
     WARREN_CTL="$root/target/debug/warren ctl --data-dir $root/target/ci-data" \
@@ -236,6 +253,7 @@ step "JS package: Node tests" node_tests
 step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "start warren serve" start_broker
+step "warren bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt)" python_tests
 step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest

@@ -42,7 +42,8 @@ enum Command {
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
-    /// Load generators and measurements.
+    /// Load generators and measurements: AMQP workloads against any broker address, idle
+    /// MQTT connections.
     Bench {
         #[command(subcommand)]
         command: bench::BenchCommand,

@@ -1,0 +1,546 @@
+//! The AMQP workloads: each is a plan (queues, producers, consumers) run for a fixed time
+//! with the lean client, measured into one report row.
+
+use super::client::{self, CH, Conn, PublishTemplate, Uri, check_close};
+use super::report::{self, Histogram, Row};
+use amq_protocol::protocol::{AMQPClass, basic, connection};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+use warren_amqp::codec::Frame;
+
+/// Publish batches stop growing at this many bytes: large writes without unbounded buffers.
+const BATCH_BYTES: usize = 64 * 1024;
+/// Tasks get this long past the deadline to stop and close before they are abandoned.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// Send timestamps are nanoseconds since this process-wide instant; producers and consumers
+/// run in the same process, so no clock agreement is needed.
+fn now_nanos() -> u64 {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+/// What every workload takes from the command line.
+#[derive(Clone)]
+pub struct Options {
+    pub uri: Uri,
+    pub seconds: u64,
+    pub size: usize,
+    pub confirm: u32,
+    pub autoack: bool,
+    pub prefetch: u16,
+    pub persistent: bool,
+    pub broker_pid: Option<u32>,
+}
+
+#[derive(Default)]
+struct Counters {
+    sent: AtomicU64,
+    received: AtomicU64,
+}
+
+/// One run: which queues, who publishes where, who consumes what.
+struct Plan {
+    name: String,
+    queues: Vec<String>,
+    bind_to: Option<&'static str>,
+    producers: usize,
+    exchange: &'static str,
+    routing_key: String,
+    confirm: u32,
+    consumers: Vec<String>,
+    prefetch: u16,
+    autoack: bool,
+    /// drain: stop once this many messages arrived.
+    until: Option<u64>,
+    latency: bool,
+    keep_queues: bool,
+}
+
+fn queue_name(workload: &str, i: usize) -> String {
+    format!("warren-bench-{workload}-{}-{i}", std::process::id())
+}
+
+/// The queue two-publishers fills and drain empties (shared between the two runs).
+const BACKLOG: &str = "warren-bench-backlog";
+
+fn one_fast(name: String, prefetch: u16, autoack: bool, confirm: u32) -> Plan {
+    let q = queue_name("one-fast", 0);
+    Plan {
+        name,
+        queues: vec![q.clone()],
+        bind_to: None,
+        producers: 1,
+        exchange: "",
+        routing_key: q.clone(),
+        confirm,
+        consumers: vec![q],
+        prefetch,
+        autoack,
+        until: None,
+        latency: true,
+        keep_queues: false,
+    }
+}
+
+pub async fn run(workload: &str, o: &Options) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let all = workload == "all";
+    if all || workload == "one-fast" {
+        let p = one_fast("one-fast".into(), o.prefetch, o.autoack, o.confirm);
+        rows.push(execute(p, o).await?);
+    }
+    if all || workload == "two-publishers" {
+        rows.push(execute(two_publishers(o, "two-publishers"), o).await?);
+    }
+    if all || workload == "drain" {
+        rows.push(drain(o).await?);
+    }
+    if all || workload == "fanout10" {
+        let queues: Vec<String> = (0..10).map(|i| queue_name("fanout10", i)).collect();
+        let p = Plan {
+            name: "fanout10".into(),
+            queues: queues.clone(),
+            bind_to: Some("amq.fanout"),
+            producers: 1,
+            exchange: "amq.fanout",
+            routing_key: String::new(),
+            confirm: o.confirm,
+            consumers: queues,
+            prefetch: o.prefetch,
+            autoack: o.autoack,
+            until: None,
+            latency: true,
+            keep_queues: false,
+        };
+        rows.push(execute(p, o).await?);
+    }
+    if all || workload == "one-one-one" {
+        // One message in flight: confirm window 1, acks (PerfTest's -c 1).
+        let p = one_fast("one-one-one".into(), o.prefetch, false, 1);
+        rows.push(execute(p, o).await?);
+    }
+    if all || workload == "prefetch-sweep" {
+        for prefetch in [1u16, 10, 100, 1000, 0] {
+            let label = if prefetch == 0 {
+                "unlimited".to_string()
+            } else {
+                prefetch.to_string()
+            };
+            let p = one_fast(
+                format!("prefetch-sweep {label}"),
+                prefetch,
+                false,
+                o.confirm,
+            );
+            rows.push(execute(p, o).await?);
+        }
+    }
+    Ok(rows)
+}
+
+fn two_publishers(o: &Options, name: &str) -> Plan {
+    Plan {
+        name: name.into(),
+        queues: vec![BACKLOG.into()],
+        bind_to: None,
+        producers: 2,
+        exchange: "",
+        routing_key: BACKLOG.into(),
+        confirm: o.confirm,
+        consumers: vec![],
+        prefetch: 0,
+        autoack: false,
+        until: None,
+        latency: false,
+        keep_queues: true,
+    }
+}
+
+/// One consumer empties the backlog queue (filling it first, unmeasured, when empty), then
+/// deletes it.
+async fn drain(o: &Options) -> anyhow::Result<Row> {
+    let mut ctl = Conn::open(&o.uri, "warren bench control").await?;
+    let mut count = ctl.declare_queue(BACKLOG, o.persistent).await?;
+    if count == 0 {
+        let fill = two_publishers(o, "drain (filling)");
+        execute(fill, o).await?;
+        count = ctl.declare_queue(BACKLOG, o.persistent).await?;
+    }
+    let plan = Plan {
+        name: "drain".into(),
+        queues: vec![BACKLOG.into()],
+        bind_to: None,
+        producers: 0,
+        exchange: "",
+        routing_key: String::new(),
+        confirm: 0,
+        consumers: vec![BACKLOG.into()],
+        prefetch: o.prefetch,
+        autoack: o.autoack,
+        until: Some(u64::from(count)),
+        // The backlog's age, not the broker's latency: not reported.
+        latency: false,
+        keep_queues: false,
+    };
+    let row = execute(plan, o).await;
+    ctl.close().await.ok();
+    row
+}
+
+async fn execute(plan: Plan, o: &Options) -> anyhow::Result<Row> {
+    let mut ctl = Conn::open(&o.uri, "warren bench control").await?;
+    for q in &plan.queues {
+        ctl.declare_queue(q, o.persistent).await?;
+        if let Some(x) = plan.bind_to {
+            ctl.bind_queue(q, x).await?;
+        }
+    }
+    let counters = Arc::new(Counters::default());
+    // Set everything up before the clock starts: consumers first, so none of the first
+    // messages wait in the queue.
+    let mut consumers = Vec::new();
+    for (i, q) in plan.consumers.iter().enumerate() {
+        let mut c = Conn::open(&o.uri, &format!("warren bench consumer {i}")).await?;
+        c.consume(q, plan.prefetch, plan.autoack).await?;
+        consumers.push(c);
+    }
+    let mut producers = Vec::new();
+    for i in 0..plan.producers {
+        let mut c = Conn::open(&o.uri, &format!("warren bench producer {i}")).await?;
+        if plan.confirm > 0 {
+            c.confirm_select().await?;
+        }
+        let t = PublishTemplate::new(
+            plan.exchange,
+            &plan.routing_key,
+            o.size,
+            o.persistent,
+            c.frame_max,
+        )?;
+        producers.push((c, t));
+    }
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(o.seconds);
+    let cpu_start = o.broker_pid.and_then(report::sample_proc);
+    let mut tasks: Vec<JoinHandle<anyhow::Result<Option<Histogram>>>> = Vec::new();
+    for c in consumers {
+        let counters = counters.clone();
+        let (until, latency, autoack) = (plan.until, plan.latency, plan.autoack);
+        tasks.push(tokio::spawn(async move {
+            consume_loop(c, counters, deadline, until, latency, autoack)
+                .await
+                .map(Some)
+        }));
+    }
+    for (c, t) in producers {
+        let counters = counters.clone();
+        let confirm = plan.confirm;
+        tasks.push(tokio::spawn(async move {
+            publish_loop(c, t, confirm, counters, deadline)
+                .await
+                .map(|()| None)
+        }));
+    }
+
+    let bar = ProgressBar::new(o.seconds);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>26} [{bar:30}] {pos:>3}/{len}s {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(plan.name.clone());
+    let mut rss_peak = None;
+    let mut last = (start, 0u64, 0u64);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    // Sample once a second until the deadline, or until every task is done (drain).
+    let end = loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = sleep_until(deadline) => break deadline,
+        }
+        if tasks.iter().all(JoinHandle::is_finished) {
+            break Instant::now();
+        }
+        let now = Instant::now();
+        let (s, r) = (
+            counters.sent.load(Ordering::Relaxed),
+            counters.received.load(Ordering::Relaxed),
+        );
+        let dt = now.duration_since(last.0).as_secs_f64().max(1e-3);
+        bar.set_position(now.duration_since(start).as_secs());
+        bar.set_message(format!(
+            "sent {:.0}/s, received {:.0}/s",
+            (s - last.1) as f64 / dt,
+            (r - last.2) as f64 / dt
+        ));
+        last = (now, s, r);
+        if let Some(p) = o.broker_pid.and_then(report::sample_proc) {
+            rss_peak = Some(rss_peak.unwrap_or(0).max(p.rss_bytes));
+        }
+    };
+    let mut end = end;
+    let cpu_end = o.broker_pid.and_then(report::sample_proc);
+    if let Some(p) = &cpu_end {
+        rss_peak = Some(rss_peak.unwrap_or(0).max(p.rss_bytes));
+    }
+    bar.finish_and_clear();
+
+    let mut latency = Histogram::default();
+    let mut errors = Vec::new();
+    for t in tasks {
+        let abort = t.abort_handle();
+        match tokio::time::timeout_at(deadline.max(Instant::now()) + GRACE, t).await {
+            Ok(Ok(Ok(Some(h)))) => latency.merge(&h),
+            Ok(Ok(Ok(None))) => {}
+            Ok(Ok(Err(e))) => errors.push(format!("{e:#}")),
+            Ok(Err(e)) => errors.push(format!("task failed: {e}")),
+            Err(_) => {
+                abort.abort();
+                errors.push("a client did not stop within 5 s of the deadline".into());
+            }
+        }
+    }
+    if plan.until.is_some() {
+        // drain: the rate is over the time the queue took to empty.
+        end = end.min(Instant::now());
+    }
+    let seconds = end.duration_since(start).as_secs_f64();
+    let cpu_pct = match (cpu_start, cpu_end) {
+        (Some(a), Some(b)) if seconds > 0.0 => Some(
+            (b.cpu_ticks.saturating_sub(a.cpu_ticks)) as f64 / report::TICKS_PER_SEC / seconds
+                * 100.0,
+        ),
+        _ => None,
+    };
+    if !plan.keep_queues {
+        for q in &plan.queues {
+            if let Err(e) = ctl.delete_queue(q).await {
+                errors.push(format!("deleting {q}: {e:#}"));
+            }
+        }
+    }
+    ctl.close().await.ok();
+    Ok(Row {
+        workload: plan.name,
+        seconds,
+        sent: counters.sent.load(Ordering::Relaxed),
+        received: counters.received.load(Ordering::Relaxed),
+        latency: plan.latency.then_some(latency),
+        rss_peak,
+        cpu_pct,
+        errors,
+    })
+}
+
+/// Confirms as the broker sends them: `multiple` acks cover every tag up to theirs, single
+/// ones may arrive out of order. Out-of-order tags wait in a set bounded by the window.
+#[derive(Default)]
+struct Confirms {
+    done: AtomicU64,
+    nacked: AtomicU64,
+    notify: Notify,
+}
+
+async fn confirm_reader(mut rd: client::Reader, confirms: Arc<Confirms>) -> anyhow::Result<()> {
+    let mut upto = 0u64;
+    let mut pending = BTreeSet::new();
+    loop {
+        let (tag, multiple, nack) = match rd.frame().await? {
+            Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Ack(a))) => {
+                (a.delivery_tag, a.multiple, false)
+            }
+            Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Nack(n))) => {
+                (n.delivery_tag, n.multiple, true)
+            }
+            Frame::Method(_, AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))) => {
+                return Ok(());
+            }
+            Frame::Method(_, m) => {
+                check_close(&m)?;
+                continue;
+            }
+            _ => continue,
+        };
+        let before = upto + pending.len() as u64;
+        if multiple {
+            upto = upto.max(tag);
+            pending = pending.split_off(&(upto + 1));
+        } else if tag > upto {
+            pending.insert(tag);
+        }
+        while pending.remove(&(upto + 1)) {
+            upto += 1;
+        }
+        let after = upto + pending.len() as u64;
+        if nack {
+            confirms.nacked.fetch_add(after - before, Ordering::Relaxed);
+        }
+        confirms.done.store(after, Ordering::Release);
+        confirms.notify.notify_one();
+    }
+}
+
+async fn publish_loop(
+    conn: Conn,
+    tpl: PublishTemplate,
+    window: u32,
+    counters: Arc<Counters>,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    let Conn { rd, mut wr, .. } = conn;
+    let confirms = Arc::new(Confirms::default());
+    let mut reader = tokio::spawn(confirm_reader(rd, confirms.clone()));
+    let batch_max = (BATCH_BYTES / tpl.wire_len()).max(1) as u64;
+    let mut published = 0u64;
+    // A write cut off at the deadline leaves half a frame on the wire: then we just drop the
+    // connection instead of sending connection.close after it.
+    let mut clean = true;
+    while Instant::now() < deadline {
+        let mut n = batch_max;
+        if window > 0 {
+            let outstanding = published - confirms.done.load(Ordering::Acquire);
+            let room = u64::from(window).saturating_sub(outstanding);
+            if room == 0 {
+                tokio::select! {
+                    _ = confirms.notify.notified() => {}
+                    _ = sleep_until(deadline) => break,
+                    r = &mut reader => return r.map_err(anyhow::Error::from).and_then(|r| r)
+                        .and_then(|()| Err(anyhow::anyhow!("the broker closed the connection"))),
+                }
+                continue;
+            }
+            n = n.min(room);
+        }
+        for _ in 0..n {
+            tpl.put(&mut wr.buf, now_nanos());
+        }
+        // Counted when handed to the socket, so that `sent` is never below `received`.
+        published += n;
+        counters.sent.fetch_add(n, Ordering::Relaxed);
+        tokio::select! {
+            r = wr.flush() => r?,
+            _ = sleep_until(deadline) => { clean = false; break; }
+            r = &mut reader => return r.map_err(anyhow::Error::from).and_then(|r| r)
+                .and_then(|()| Err(anyhow::anyhow!("the broker closed the connection"))),
+        }
+    }
+    let nacked = confirms.nacked.load(Ordering::Relaxed);
+    if clean {
+        wr.buf.clear();
+        client::close_with(&mut wr).await?;
+        match tokio::time::timeout(Duration::from_secs(2), &mut reader).await {
+            Ok(r) => r??,
+            Err(_) => reader.abort(),
+        }
+    } else {
+        reader.abort();
+    }
+    if nacked > 0 {
+        anyhow::bail!("the broker nacked {nacked} messages");
+    }
+    Ok(())
+}
+
+async fn consume_loop(
+    conn: Conn,
+    counters: Arc<Counters>,
+    deadline: Instant,
+    until: Option<u64>,
+    latency: bool,
+    autoack: bool,
+) -> anyhow::Result<Histogram> {
+    let Conn { mut rd, mut wr, .. } = conn;
+    let mut hist = Histogram::default();
+    let mut last_tag = 0u64;
+    let mut acked = 0u64;
+    let mut received = 0u64;
+    // Bytes of the current message's body still to come; `first` marks its first body frame
+    // (where the timestamp is).
+    let mut remaining = 0u64;
+    let mut first = false;
+    let mut clean = true;
+    'run: loop {
+        let mut batch = 0u64;
+        while let Some(f) = rd.try_frame()? {
+            match f {
+                Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                    last_tag = d.delivery_tag;
+                }
+                Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Cancel(_))) => {
+                    anyhow::bail!("the broker cancelled the consumer");
+                }
+                Frame::Method(_, m) => check_close(&m)?,
+                Frame::Header(_, h) => {
+                    remaining = h.body_size;
+                    first = true;
+                    if remaining == 0 {
+                        batch += 1;
+                    }
+                }
+                Frame::Body(_, b) => {
+                    if first
+                        && latency
+                        && let Some(stamp) = b.get(..8)
+                    {
+                        let mut s = [0u8; 8];
+                        s.copy_from_slice(stamp);
+                        let sent = u64::from_be_bytes(s);
+                        hist.record(now_nanos().saturating_sub(sent) / 1000);
+                    }
+                    first = false;
+                    remaining = remaining.saturating_sub(b.len() as u64);
+                    if remaining == 0 {
+                        batch += 1;
+                    }
+                }
+                Frame::Heartbeat(_) => {}
+            }
+        }
+        received += batch;
+        counters.received.fetch_add(batch, Ordering::Relaxed);
+        // One `multiple` ack per read covers everything delivered so far.
+        if !autoack && last_tag > acked {
+            wr.ack(CH, last_tag, true);
+            acked = last_tag;
+            tokio::select! {
+                r = wr.flush() => r?,
+                _ = sleep_until(deadline) => { clean = false; break 'run; }
+            }
+        }
+        if until.is_some_and(|n| received >= n) {
+            break;
+        }
+        tokio::select! {
+            r = rd.fill() => r?,
+            _ = sleep_until(deadline) => break,
+        }
+    }
+    if clean {
+        wr.buf.clear();
+        client::close_with(&mut wr).await?;
+        // Deliveries still in flight are skipped until close-ok (bounded by the timeout).
+        let wait = async {
+            loop {
+                if let Frame::Method(_, AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))) =
+                    rd.frame().await?
+                {
+                    return anyhow::Ok(());
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), wait)
+            .await
+            .ok();
+    }
+    Ok(hist)
+}
