@@ -32,6 +32,10 @@ pub struct PeerInfo {
 /// A read buffer larger than this is released when it empties: idle connections hold no
 /// big buffers.
 const IDLE_BUFFER: usize = 64 * 1024;
+/// After a client's connection.close, how long we keep reading (and discarding) until the
+/// client closes the socket, and how much we read at most meanwhile.
+const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+const CLOSE_LINGER_BYTES: usize = 1024 * 1024;
 /// Read chunk for an active connection.
 const READ_CHUNK: usize = 64 * 1024;
 /// Read chunk for a connection that sends little.
@@ -91,6 +95,22 @@ pub async fn serve_connection<S>(
     let mut session = Session::new(negotiated, link.tx, peer, config);
     let end = session.run(&mut rd, &mut wr, rbuf, link.rx, shutdown).await;
     let _ = session.tx.send(vec![(0, Op::ConnectionClose)]).await;
+    if matches!(end, End::ClientClosed) {
+        // The client closes the socket once it has our close-ok. Frames it wrote meanwhile
+        // (an ack racing its own close, as PerfTest's consumers do) must not meet a closed
+        // socket: the client would log a broken pipe. Read them away first, bounded.
+        let _ = timeout(CLOSE_LINGER, async {
+            let mut discard = [0u8; 4096];
+            let mut read = 0;
+            while read < CLOSE_LINGER_BYTES {
+                match rd.read(&mut discard).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
+            }
+        })
+        .await;
+    }
     match end {
         End::ClientClosed => {
             tracing::info!(peer = %session.peer.addr, "connection closed by client")
