@@ -204,6 +204,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         warren_store::DiskConfig {
             embed_msgs_below: args.embed_msgs_below,
             fsync: args.fsync == "on",
+            ..warren_store::DiskConfig::default()
         },
     )
     .map_err(|e| {

@@ -10,6 +10,7 @@
 //! Layout and byte formats: docs/storage.md.
 
 pub mod definitions;
+pub mod journal;
 pub mod record;
 pub mod retained;
 pub mod segment;
@@ -56,6 +57,9 @@ struct SyncJob {
     shared: shared::SharedSync,
     dirs: Vec<PathBuf>,
     definitions: bool,
+    /// With the journal: the one file whose fdatasync covers every queue write of the epoch,
+    /// and a finished generation to checkpoint after.
+    journal: Option<journal::JournalSync>,
 }
 
 /// Storage settings.
@@ -69,6 +73,8 @@ pub struct DiskConfig {
     /// to the operating system (it survives a crash of the broker process, not of the
     /// machine), which is what RabbitMQ's classic queues do; lower latency, weaker promise.
     pub fsync: bool,
+    /// A journal generation this large is checkpointed (its files fsynced, then deleted).
+    pub journal_checkpoint_bytes: u64,
 }
 
 impl Default for DiskConfig {
@@ -76,6 +82,7 @@ impl Default for DiskConfig {
         DiskConfig {
             embed_msgs_below: 4096,
             fsync: true,
+            journal_checkpoint_bytes: journal::CHECKPOINT_BYTES,
         }
     }
 }
@@ -109,6 +116,22 @@ pub struct DiskStore {
     /// New queue `name` files.
     dirty_names: Vec<PathBuf>,
     sync_tx: mpsc::SyncSender<SyncJob>,
+    /// The write-ahead journal durable queues write through (`None` with `--fsync off`:
+    /// nothing is fsynced then, so recording writes twice would buy nothing).
+    journal: Option<journal::SharedJournal>,
+    sync_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for DiskStore {
+    /// Lets the sync thread finish what it was given (a sync, a checkpoint) and release the
+    /// definitions database, so the same directory can be opened again at once.
+    fn drop(&mut self) {
+        let (closed, _) = mpsc::sync_channel(1);
+        drop(std::mem::replace(&mut self.sync_tx, closed));
+        if let Some(t) = self.sync_thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// FNV-1a: a stable name -> directory hash (std's hasher is randomly seeded per process).
@@ -142,6 +165,14 @@ impl DiskStore {
             }
         }
         fs::create_dir_all(&transient).map_err(dir_err(&transient))?;
+        // Before anything reads a queue's files: redo what the journal promised.
+        let journal = if config.fsync {
+            let (j, _) = journal::Journal::open(root, config.journal_checkpoint_bytes)
+                .map_err(dir_err(root))?;
+            Some(Arc::new(std::sync::Mutex::new(j)))
+        } else {
+            None
+        };
         let definitions = DefinitionStore::open(&root.join("definitions.redb"))?;
         let shared_dir = root.join("shared");
         let shared = SharedStore::open(&shared_dir).map_err(dir_err(&shared_dir))?;
@@ -149,7 +180,7 @@ impl DiskStore {
         let (sync_tx, sync_rx) = mpsc::sync_channel::<SyncJob>(4);
         let defs = definitions.clone();
         let fsync = config.fsync;
-        std::thread::Builder::new()
+        let sync_thread = std::thread::Builder::new()
             .name("warren-sync".into())
             .spawn(move || sync_thread(sync_rx, defs, fsync, on_synced))
             .map_err(dir_err(root))?;
@@ -168,6 +199,8 @@ impl DiskStore {
                 dirty_dirs: Vec::new(),
                 dirty_names: Vec::new(),
                 sync_tx,
+                journal,
+                sync_thread: Some(sync_thread),
             },
             loaded,
         ))
@@ -187,10 +220,14 @@ impl DiskStore {
                 Ok(_) => continue,
                 Err(_) if dir.exists() => {
                     // A directory without its name file: an interrupted creation.
+                    journal::with(self.journal.as_ref(), |j| j.write(&name_file, 0, name))?;
                     fs::write(&name_file, name)?;
                     return Ok(dir);
                 }
                 Err(_) => {
+                    // Journalled too: replaying the deletion of an earlier queue of the same
+                    // directory must not leave this one without its name.
+                    journal::with(self.journal.as_ref(), |j| j.write(&name_file, 0, name))?;
                     fs::create_dir_all(&dir)?;
                     fs::write(&name_file, name)?;
                     // Made durable by the next sync (with the definitions that name the
@@ -261,6 +298,11 @@ fn sync_thread(
                 }
                 return Ok(());
             }
+            if let Some(j) = &job.journal {
+                j.file
+                    .sync_data()
+                    .map_err(|e| format!("fsync the journal: {e}"))?;
+            }
             if job.definitions {
                 defs.commit_durable().map_err(|e| e.to_string())?;
             }
@@ -302,7 +344,16 @@ fn sync_thread(
         if let Err(e) = &result {
             tracing::error!(epoch = job.epoch, error = %e, "sync failed: its confirms become nacks");
         }
+        let ok = result.is_ok();
         on_synced(job.epoch, result);
+        // After the report: a checkpoint's fsyncs delay the next sync, not this confirm.
+        if let Some(cp) = job.journal.and_then(|j| j.checkpoint)
+            && ok
+            && let Err(e) = cp.run()
+        {
+            // The old generation stays and is replayed at the next start; nothing is lost.
+            tracing::error!(error = %e, "journal checkpoint failed; the journal is kept for replay");
+        }
     }
 }
 
@@ -346,7 +397,8 @@ impl Store for DiskStore {
         } else {
             self.root.join("transient").join(queue.0.to_string())
         };
-        match QueueLog::open(&dir, self.config.embed_msgs_below) {
+        let journal = if durable { self.journal.clone() } else { None };
+        match QueueLog::open(&dir, self.config.embed_msgs_below, journal) {
             Ok((log, r)) => {
                 let missing = r
                     .shared_refs
@@ -512,8 +564,14 @@ impl Store for DiskStore {
             for id in q.log.live_shared() {
                 self.shared.release(id);
             }
+            let durable = q.durable;
             if let Err(e) = q.log.destroy(&self.root.join("trash")) {
                 tracing::warn!(error = %e, "store: deleting a queue's files failed");
+            }
+            if durable {
+                // The rename must be durable too, or a crash could bring the files back
+                // for a queue the definitions no longer have.
+                self.dirty_dirs.push(self.root.join("queues"));
             }
         }
     }
@@ -541,7 +599,11 @@ impl Store for DiskStore {
             if let Some(q) = self.queues.get_mut(&id) {
                 match q.log.take_dirty() {
                     Ok((f, dir)) => {
-                        files.extend(f);
+                        // With the journal, the journal's fsync covers the segment files
+                        // (they are fsynced at checkpoints).
+                        if self.journal.is_none() {
+                            files.extend(f);
+                        }
                         dirs.extend(dir);
                     }
                     Err(e) => {
@@ -572,6 +634,21 @@ impl Store for DiskStore {
         } else {
             std::mem::take(&mut self.definitions_dirty)
         };
+        let journal = match (&failed, &self.journal) {
+            (None, Some(j)) => match j
+                .lock()
+                .map_err(|_| "journal lock poisoned".to_string())
+                .and_then(|mut j| j.cut().map_err(|e| e.to_string()))
+            {
+                Ok(js) => Some(js),
+                Err(e) => {
+                    tracing::error!(epoch, error = %e, "store: a journal write failed: this sync's confirms become nacks");
+                    failed = Some(e);
+                    None
+                }
+            },
+            _ => None,
+        };
         let job = SyncJob {
             epoch,
             failed,
@@ -579,6 +656,7 @@ impl Store for DiskStore {
             shared,
             dirs,
             definitions,
+            journal,
         };
         if self.sync_tx.send(job).is_err() {
             tracing::error!("store: the sync thread is gone");

@@ -8,6 +8,7 @@
 //! and when the buffers pass `FLUSH_BYTES`), so a burst of publishes costs a few large
 //! writes, not two syscalls per message.
 
+use crate::journal::{self, SharedJournal};
 use crate::record::{DecodeError, decode_message, encode_message};
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -205,6 +206,9 @@ pub struct QueueLog {
     /// needs an fsync too.
     dir_dirty: bool,
     scratch: Vec<u8>,
+    /// Durable queues write through the journal (every write recorded there first, so a
+    /// sync is one fdatasync of the journal); transient queues' pages do not.
+    journal: Option<SharedJournal>,
 }
 
 fn seg_path(dir: &Path, seg: u64, ext: &str) -> PathBuf {
@@ -213,7 +217,11 @@ fn seg_path(dir: &Path, seg: u64, ext: &str) -> PathBuf {
 
 impl QueueLog {
     /// Opens (creating if needed) the log in `dir`, recovering what it holds.
-    pub fn open(dir: &Path, embed_below: usize) -> io::Result<(QueueLog, Recovered)> {
+    pub fn open(
+        dir: &Path,
+        embed_below: usize,
+        journal: Option<SharedJournal>,
+    ) -> io::Result<(QueueLog, Recovered)> {
         fs::create_dir_all(dir)?;
         let mut log = QueueLog {
             dir: dir.to_path_buf(),
@@ -227,6 +235,7 @@ impl QueueLog {
             dirty: std::collections::BTreeSet::new(),
             dir_dirty: false,
             scratch: Vec::new(),
+            journal,
         };
         let recovered = log.recover()?;
         Ok((log, recovered))
@@ -368,8 +377,9 @@ impl QueueLog {
         let index = opts.open(&index_path)?;
         let data = opts.open(&data_path)?;
         if fresh {
-            index.write_all_at(&header(INDEX_MAGIC), 0)?;
-            data.write_all_at(&header(DATA_MAGIC), 0)?;
+            let j = self.journal.as_ref();
+            journal::write_at(j, &index, &index_path, 0, &header(INDEX_MAGIC))?;
+            journal::write_at(j, &data, &data_path, 0, &header(DATA_MAGIC))?;
             self.dir_dirty = true;
         }
         let files = SegmentFiles {
@@ -484,8 +494,11 @@ impl QueueLog {
         if self.data_seg == seg {
             self.data_buf.clear();
         }
-        fs::remove_file(seg_path(&self.dir, seg, "qi"))?;
-        fs::remove_file(seg_path(&self.dir, seg, "qd"))?;
+        for ext in ["qi", "qd"] {
+            let path = seg_path(&self.dir, seg, ext);
+            journal::with(self.journal.as_ref(), |j| j.delete_file(&path))?;
+            fs::remove_file(&path)?;
+        }
         self.dir_dirty = true;
         Ok(())
     }
@@ -601,7 +614,14 @@ impl QueueLog {
     pub fn flush(&mut self) -> io::Result<()> {
         if !self.data_buf.is_empty() {
             let files = self.files(self.data_seg)?;
-            files.data.write_all_at(&self.data_buf, self.data_at)?;
+            let path = seg_path(&self.dir, self.data_seg, "qd");
+            journal::write_at(
+                self.journal.as_ref(),
+                &files.data,
+                &path,
+                self.data_at,
+                &self.data_buf,
+            )?;
             self.data_buf.clear();
             self.dirty.insert(self.data_seg);
         }
@@ -637,7 +657,8 @@ impl QueueLog {
         }
         let files = self.files(seg)?;
         let at = HEADER_SIZE as u64 + (first_seq % ENTRIES) * ENTRY_SIZE as u64;
-        files.index.write_all_at(bytes, at)?;
+        let path = seg_path(&self.dir, seg, "qi");
+        journal::write_at(self.journal.as_ref(), &files.index, &path, at, bytes)?;
         self.dirty.insert(seg);
         Ok(())
     }
@@ -674,11 +695,11 @@ impl QueueLog {
             .collect()
     }
 
-    /// Deletes the whole log.
     /// Deletes the whole log: the directory is renamed into `trash` (instant, so the queue
     /// is gone for a restart at once) and removed by a background thread, so deleting a queue
     /// of 10M messages does not stall the broker for the seconds `unlink` takes.
     pub fn destroy(self, trash: &Path) -> io::Result<()> {
+        journal::with(self.journal.as_ref(), |j| j.delete_dir(&self.dir))?;
         fs::create_dir_all(trash)?;
         let name = self
             .dir

@@ -81,7 +81,7 @@ proptest! {
     #[test]
     fn segment_log_matches_a_model(ops in prop::collection::vec(log_op(), 1..200), jump in 0u64..3) {
         let dir = temp_dir("seg");
-        let (mut log, _) = QueueLog::open(&dir, usize::MAX).expect("open");
+        let (mut log, _) = QueueLog::open(&dir, usize::MAX, None).expect("open");
         let mut model: BTreeMap<u64, Message> = BTreeMap::new();
         // Start near a segment boundary sometimes, so runs cross segments.
         let mut next = jump * (ENTRIES - 3);
@@ -120,7 +120,7 @@ proptest! {
                 LogOp::Reopen => {
                     log.flush().expect("flush");
                     drop(log);
-                    let (reopened, r) = QueueLog::open(&dir, usize::MAX).expect("reopen");
+                    let (reopened, r) = QueueLog::open(&dir, usize::MAX, None).expect("reopen");
                     log = reopened;
                     // Transient entries do not survive a restart.
                     model.retain(|_, m| m.properties.is_persistent());
@@ -147,7 +147,7 @@ proptest! {
 fn a_data_file_cut_anywhere_in_its_last_record_recovers_the_rest() {
     let dir = temp_dir("torn");
     let n = 5u64;
-    let (mut log, _) = QueueLog::open(&dir, usize::MAX).expect("open");
+    let (mut log, _) = QueueLog::open(&dir, usize::MAX, None).expect("open");
     for seq in 0..n {
         log.append(seq, &message(seq, 40, true), None, expiry_of(seq))
             .expect("append");
@@ -164,7 +164,7 @@ fn a_data_file_cut_anywhere_in_its_last_record_recovers_the_rest() {
     for cut in last_start..full.len() {
         std::fs::write(&data, &full[..cut]).expect("cut");
         std::fs::write(dir.join(format!("{:016x}.qi", 0)), &index).expect("restore index");
-        let (mut log, r) = QueueLog::open(&dir, usize::MAX).expect("recovery never fails");
+        let (mut log, r) = QueueLog::open(&dir, usize::MAX, None).expect("recovery never fails");
         let got = read_all(&mut log, 0);
         let seqs: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
         assert_eq!(seqs, (0..n - 1).collect::<Vec<_>>(), "cut at {cut}");
@@ -183,7 +183,7 @@ fn a_data_file_cut_anywhere_in_its_last_record_recovers_the_rest() {
     flipped[at] ^= 0xff;
     std::fs::write(&data, &flipped).expect("flip");
     std::fs::write(dir.join(format!("{:016x}.qi", 0)), &index).expect("restore index");
-    let (mut log, r) = QueueLog::open(&dir, usize::MAX).expect("recovery never fails");
+    let (mut log, r) = QueueLog::open(&dir, usize::MAX, None).expect("recovery never fails");
     assert_eq!(r.count, n - 1);
     assert_eq!(read_all(&mut log, 0).len() as u64, n - 1);
     let _ = std::fs::remove_dir_all(&dir);
