@@ -313,24 +313,32 @@ impl Journal {
         let file = Arc::clone(&self.file);
         let checkpoint =
             if self.len >= self.checkpoint_bytes || self.written.len() >= CHECKPOINT_FILES {
-                let next = Journal::create_generation(&self.dir, self.generation + 1)?;
-                let retire = generation_path(&self.dir, self.generation);
-                self.generation += 1;
-                self.file = Arc::new(next);
-                self.len = HEADER_SIZE;
-                let mut dirs: Vec<PathBuf> = std::mem::take(&mut self.dirs).into_iter().collect();
-                // The new generation's directory entry, and queue directories renamed away.
-                dirs.push(self.dir.clone());
-                dirs.push(self.root.join("queues"));
-                Some(Checkpoint {
-                    files: std::mem::take(&mut self.written).into_iter().collect(),
-                    dirs,
-                    retire,
-                })
+                Some(self.cut_now()?.0)
             } else {
                 None
             };
         Ok(JournalSync { file, checkpoint })
+    }
+
+    /// Starts a new generation now; returns the old one's checkpoint and its file (which
+    /// still needs an fsync for what was written since the last sync).
+    pub fn cut_now(&mut self) -> io::Result<(Checkpoint, Arc<File>)> {
+        self.flush()?;
+        let next = Journal::create_generation(&self.dir, self.generation + 1)?;
+        let retire = generation_path(&self.dir, self.generation);
+        self.generation += 1;
+        let old = std::mem::replace(&mut self.file, Arc::new(next));
+        self.len = HEADER_SIZE;
+        let mut dirs: Vec<PathBuf> = std::mem::take(&mut self.dirs).into_iter().collect();
+        // The new generation's directory entry, and queue directories renamed away.
+        dirs.push(self.dir.clone());
+        dirs.push(self.root.join("queues"));
+        let cp = Checkpoint {
+            files: std::mem::take(&mut self.written).into_iter().collect(),
+            dirs,
+            retire,
+        };
+        Ok((cp, old))
     }
 
     /// Bytes in the current generation.

@@ -49,6 +49,14 @@ pub enum OpenError {
     Definitions(#[from] DefinitionsError),
 }
 
+/// Work for the sync thread, done in order.
+enum Job {
+    Sync(SyncJob),
+    /// A journal generation cut between syncs (it grew past its bound while nothing asked
+    /// for a sync: acks, transient page-outs): fsync it and its files, then delete it.
+    Checkpoint(journal::Checkpoint, Arc<File>),
+}
+
 struct SyncJob {
     epoch: u64,
     /// A write this sync was to cover failed: report the epoch failed, fsync nothing.
@@ -115,7 +123,7 @@ pub struct DiskStore {
     dirty_dirs: Vec<PathBuf>,
     /// New queue `name` files.
     dirty_names: Vec<PathBuf>,
-    sync_tx: mpsc::SyncSender<SyncJob>,
+    sync_tx: mpsc::SyncSender<Job>,
     /// The write-ahead journal durable queues write through (`None` with `--fsync off`:
     /// nothing is fsynced then, so recording writes twice would buy nothing).
     journal: Option<journal::SharedJournal>,
@@ -177,7 +185,7 @@ impl DiskStore {
         let shared_dir = root.join("shared");
         let shared = SharedStore::open(&shared_dir).map_err(dir_err(&shared_dir))?;
         let loaded = definitions.load()?;
-        let (sync_tx, sync_rx) = mpsc::sync_channel::<SyncJob>(4);
+        let (sync_tx, sync_rx) = mpsc::sync_channel::<Job>(4);
         let defs = definitions.clone();
         let fsync = config.fsync;
         let sync_thread = std::thread::Builder::new()
@@ -277,15 +285,34 @@ impl DiskStore {
 }
 
 fn sync_thread(
-    rx: mpsc::Receiver<SyncJob>,
+    rx: mpsc::Receiver<Job>,
     defs: DefinitionStore,
     fsync: bool,
     on_synced: SyncCallback,
 ) {
+    // A checkpoint between syncs failed: the next sync cannot promise what it covered.
+    let mut poisoned: Option<String> = None;
     while let Ok(job) = rx.recv() {
+        let job = match job {
+            Job::Sync(job) => job,
+            Job::Checkpoint(cp, file) => {
+                let done = file
+                    .sync_data()
+                    .map_err(|e| format!("fsync the journal: {e}"))
+                    .and_then(|()| cp.run());
+                if let Err(e) = done {
+                    tracing::error!(error = %e, "journal checkpoint failed; the next sync reports failure");
+                    poisoned = Some(e);
+                }
+                continue;
+            }
+        };
         let result = (|| -> Result<(), String> {
             if let Some(e) = &job.failed {
                 return Err(format!("a write failed before this sync: {e}"));
+            }
+            if let Some(e) = poisoned.take() {
+                return Err(format!("a journal checkpoint failed before this sync: {e}"));
             }
             if !fsync {
                 // Written to the OS already (the broker task wrote the buffers out); the
@@ -577,21 +604,29 @@ impl Store for DiskStore {
     }
 
     fn flush(&mut self) {
-        let touched = std::mem::take(&mut self.unflushed);
-        for id in &touched {
-            if let Some(q) = self.queues.get_mut(id)
-                && let Err(e) = q.log.flush()
-            {
-                tracing::warn!(error = %e, "store: writing buffers out failed; retried at the next flush, confirms waiting for the next sync become nacks");
+        self.flush_queues();
+        // Writes no sync asks for (acks, transient page-outs in durable queues) still go
+        // through the journal: cut it here too, or it would grow without bound.
+        let Some(j) = &self.journal else { return };
+        let cut = match j.lock() {
+            Ok(mut j) if j.len() >= self.config.journal_checkpoint_bytes => j.cut_now(),
+            _ => return,
+        };
+        match cut {
+            Ok((cp, file)) => {
+                if self.sync_tx.send(Job::Checkpoint(cp, file)).is_err() {
+                    tracing::error!("store: the sync thread is gone");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store: a journal write failed");
                 self.write_failed.get_or_insert_with(|| e.to_string());
-                // Still buffered: try again at the next flush.
-                self.unflushed.insert(*id);
             }
         }
     }
 
     fn sync(&mut self, epoch: u64) {
-        self.flush();
+        self.flush_queues();
         let mut files = std::mem::take(&mut self.dirty_names);
         let mut dirs = std::mem::take(&mut self.dirty_dirs);
         let mut failed = self.write_failed.take();
@@ -658,8 +693,24 @@ impl Store for DiskStore {
             definitions,
             journal,
         };
-        if self.sync_tx.send(job).is_err() {
+        if self.sync_tx.send(Job::Sync(job)).is_err() {
             tracing::error!("store: the sync thread is gone");
+        }
+    }
+}
+
+impl DiskStore {
+    fn flush_queues(&mut self) {
+        let touched = std::mem::take(&mut self.unflushed);
+        for id in &touched {
+            if let Some(q) = self.queues.get_mut(id)
+                && let Err(e) = q.log.flush()
+            {
+                tracing::warn!(error = %e, "store: writing buffers out failed; retried at the next flush, confirms waiting for the next sync become nacks");
+                self.write_failed.get_or_insert_with(|| e.to_string());
+                // Still buffered: try again at the next flush.
+                self.unflushed.insert(*id);
+            }
         }
     }
 }

@@ -224,3 +224,54 @@ fn a_checkpoint_makes_segment_files_durable_and_retires_the_generation() {
     assert_eq!(s.ids(Q), (0..201).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn writes_no_sync_asks_for_still_keep_the_journal_bounded() {
+    let dir = temp_dir("unsynced");
+    let mut s = open(&dir, 64 << 10);
+    s.store.open_queue(Q, "/", "q", true);
+    // Transient messages paged out of a durable queue, and their acks: the core never asks
+    // for a sync for them, only flushes.
+    let mut transient = (*message(0, 1000)).clone();
+    transient.properties.delivery_mode = Some(1);
+    let transient = Arc::new(transient);
+    for seq in 0..1000 {
+        s.store.append(Q, seq, &transient, None).expect("append");
+        if seq % 10 == 9 {
+            for gone in seq - 9..=seq {
+                s.store.remove(Q, gone);
+            }
+            s.store.flush();
+        }
+    }
+    // The generation being written was cut recently (older ones wait for their checkpoint).
+    let newest = std::fs::read_dir(dir.join("journal"))
+        .expect("journal dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wj"))
+        .max()
+        .expect("a generation");
+    let newest_bytes = std::fs::metadata(&newest).expect("metadata").len();
+    assert!(
+        newest_bytes < 2 * (64 << 10),
+        "{newest_bytes} bytes in the current generation after 1 MB of unsynced writes"
+    );
+    // The sync thread works in order: once this sync is reported, the checkpoints queued
+    // before it are done.
+    s.store
+        .append(Q, 1000, &message(1000, 100), None)
+        .expect("append");
+    s.sync(1);
+    assert_eq!(journal_generations(&dir), 1);
+    let journal_bytes: u64 = std::fs::read_dir(dir.join("journal"))
+        .expect("journal dir")
+        .filter_map(Result::ok)
+        .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .sum();
+    assert!(
+        journal_bytes < 2 * (64 << 10),
+        "{journal_bytes} journal bytes after 1 MB of unsynced writes"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
