@@ -2,10 +2,11 @@
 //!
 //! - definitions in redb (`definitions.redb`), see [`definitions`];
 //! - one message log per queue (`queues/<hash>/`, segment files), see [`segment`];
-//! - a sync thread that makes written data durable (fsync of the files written since the
-//!   last sync, their directories, and an `Immediate` redb commit) and reports each epoch
-//!   back through a callback: group commit, so one fsync covers every message written while
-//!   the previous one ran.
+//! - a write-ahead journal every durable segment write is recorded in, see [`journal`];
+//! - a sync thread that makes written data durable (fdatasync of the journal, shared bodies,
+//!   new directories, and an `Immediate` redb commit) and reports each epoch back through a
+//!   callback: group commit, so one fsync covers every message written while the previous
+//!   one ran. Segment files are fsynced at journal checkpoints.
 //!
 //! Layout and byte formats: docs/storage.md.
 
