@@ -39,6 +39,8 @@ pub const CHECKPOINT_BYTES: u64 = 64 << 20;
 /// Files one generation may name before it is checkpointed: bounds the set kept in memory
 /// and the fsyncs one checkpoint does.
 const CHECKPOINT_FILES: usize = 4096;
+/// The generation file is extended with zeros this much at a time.
+const PREALLOCATE: u64 = 1 << 20;
 /// Buffered record bytes written out without waiting for the sync.
 const FLUSH_BYTES: usize = 1 << 20;
 /// A record longer than this is corrupt (the largest write is a flush of one queue's buffer:
@@ -116,6 +118,8 @@ pub struct Journal {
     /// Directories this generation changed (a queue's files deleted or the queue deleted).
     dirs: BTreeSet<PathBuf>,
     checkpoint_bytes: u64,
+    /// The generation file's length: zeros beyond `len`.
+    allocated: u64,
 }
 
 fn generation_path(dir: &Path, generation: u64) -> PathBuf {
@@ -206,6 +210,7 @@ impl Journal {
                 written: BTreeSet::new(),
                 dirs: BTreeSet::new(),
                 checkpoint_bytes,
+                allocated: HEADER_SIZE,
             },
             replayed,
         ))
@@ -301,6 +306,15 @@ impl Journal {
             return Ok(());
         }
         let at = self.len - self.buf.len() as u64;
+        if self.len > self.allocated {
+            // Zeros written ahead: a sync then flushes data only, not the file's new size
+            // (an fdatasync that changes the size also commits the filesystem's journal:
+            // ~190-220 us against ~130-175 us here). Replay stops at the zeros.
+            let target = self.len.div_ceil(PREALLOCATE) * PREALLOCATE;
+            let zeros = vec![0u8; (target - self.allocated) as usize];
+            self.file.write_all_at(&zeros, self.allocated)?;
+            self.allocated = target;
+        }
         self.file.write_all_at(&self.buf, at)?;
         self.buf.clear();
         Ok(())
@@ -329,6 +343,7 @@ impl Journal {
         self.generation += 1;
         let old = std::mem::replace(&mut self.file, Arc::new(next));
         self.len = HEADER_SIZE;
+        self.allocated = HEADER_SIZE;
         let mut dirs: Vec<PathBuf> = std::mem::take(&mut self.dirs).into_iter().collect();
         // The new generation's directory entry, and queue directories renamed away.
         dirs.push(self.dir.clone());
