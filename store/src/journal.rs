@@ -39,6 +39,8 @@ pub const CHECKPOINT_BYTES: u64 = 64 << 20;
 /// Files one generation may name before it is checkpointed: bounds the set kept in memory
 /// and the fsyncs one checkpoint does.
 const CHECKPOINT_FILES: usize = 4096;
+/// No segment file comes near this (a data file holds 4096 records of at most 128 MiB).
+const MAX_FILE: u64 = 1 << 40;
 /// The generation file is extended with zeros this much at a time.
 const PREALLOCATE: u64 = 1 << 20;
 /// Buffered record bytes written out without waiting for the sync.
@@ -424,13 +426,23 @@ fn decode(payload: &[u8]) -> Option<Op<'_>> {
         return None;
     }
     let rest = &payload[3 + path_len..];
+    // The store journals nothing but `queues/<queue>/<file>` writes and deletions and
+    // `queues/<queue>` deletions: anything else is corruption, even with a good CRC.
+    let depth = path.components().count();
+    if path.components().next() != Some(Component::Normal("queues".as_ref())) {
+        return None;
+    }
     match kind {
-        KIND_WRITE => {
+        KIND_WRITE if depth == 3 => {
             let offset = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
-            Some(Op::Write(path, offset, &rest[8..]))
+            let bytes = &rest[8..];
+            offset
+                .checked_add(bytes.len() as u64)
+                .filter(|&end| end <= MAX_FILE)?;
+            Some(Op::Write(path, offset, bytes))
         }
-        KIND_DELETE_FILE if rest.is_empty() => Some(Op::DeleteFile(path)),
-        KIND_DELETE_DIR if rest.is_empty() => Some(Op::DeleteDir(path)),
+        KIND_DELETE_FILE if depth == 3 && rest.is_empty() => Some(Op::DeleteFile(path)),
+        KIND_DELETE_DIR if depth == 2 && rest.is_empty() => Some(Op::DeleteDir(path)),
         _ => None,
     }
 }

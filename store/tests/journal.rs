@@ -413,3 +413,51 @@ fn rand_tag(steps: &[Step]) -> String {
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     )
 }
+
+/// A journal record with a valid CRC, as an attacker or a bug could write it.
+fn framed(kind: u8, path: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut payload = vec![kind];
+    payload.extend_from_slice(&(path.len() as u16).to_le_bytes());
+    payload.extend_from_slice(path);
+    payload.extend_from_slice(body);
+    let mut rec = (payload.len() as u32).to_le_bytes().to_vec();
+    rec.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    rec.extend_from_slice(&payload);
+    rec
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Whatever a journal holds (random bytes, records naming `..`, absolute paths, unknown
+    /// kinds), opening the store never panics and never touches a file outside the data
+    /// directory.
+    #[test]
+    fn a_hostile_journal_never_escapes_the_data_directory(
+        records in proptest::collection::vec(
+            (0u8..5, proptest::sample::select(vec![
+                b"../outside/x".to_vec(), b"/tmp/warren-abs-escape".to_vec(),
+                b"queues/q/0000000000000000.qi".to_vec(), b"queues/../../outside/y".to_vec(),
+                b"".to_vec(), b"queues/q".to_vec(), vec![0xff, 0xfe],
+            ]), proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24)),
+            0..12),
+        garbage in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+    ) {
+        let top = temp_dir(&format!("hostile-{}", rand_tag(&[])));
+        let dir = top.join("data");
+        let outside = top.join("outside");
+        std::fs::create_dir_all(dir.join("journal")).expect("mkdir");
+        std::fs::create_dir_all(&outside).expect("mkdir");
+        let mut bytes = b"WARRENWJ\x01\0\0\0\0\0\0\0".to_vec();
+        for (kind, path, body) in &records {
+            bytes.extend(framed(*kind, path, body));
+        }
+        bytes.extend_from_slice(&garbage);
+        std::fs::write(dir.join("journal").join("0000000000000001.wj"), &bytes).expect("write");
+        let s = open(&dir, 1 << 40);
+        drop(s);
+        proptest::prop_assert_eq!(std::fs::read_dir(&outside).expect("outside").count(), 0);
+        proptest::prop_assert!(!Path::new("/tmp/warren-abs-escape").exists());
+        let _ = std::fs::remove_dir_all(&top);
+    }
+}
