@@ -254,7 +254,7 @@ impl BrokerHandle {
     /// Registers a new connection with a fresh id.
     pub fn connect(&self) -> Connection {
         let id = ConnId(self.shared.next_conn.fetch_add(1, Ordering::Relaxed));
-        let (effects, rx) = mailbox::mailbox();
+        let (effects, rx, credit) = mailbox::mailbox();
         // Sent before any op of this connection can be, and the task drains control messages
         // before applying a request batch, so the registration is always seen first.
         let _ = self
@@ -268,12 +268,18 @@ impl BrokerHandle {
                     conn: id,
                     shared: self.shared.clone(),
                     sent: AtomicU64::new(0),
+                    credit,
                 }),
             },
             rx,
         }
     }
 }
+
+/// Op batches one connection may have sent and the broker not yet applied: enough to keep
+/// the broker busy (each batch is one socket read, up to 64 KiB of frames), few enough that
+/// a flow-control pause takes effect within a few thousand messages.
+const MAX_IN_FLIGHT: u64 = 4;
 
 /// One connection's link to the broker.
 pub struct Connection {
@@ -287,6 +293,7 @@ struct ConnGuard {
     shared: Arc<Shared>,
     /// Op batches handed to the request channel.
     sent: AtomicU64,
+    credit: mailbox::Credit,
 }
 
 impl Drop for ConnGuard {
@@ -312,6 +319,8 @@ impl CommandSender {
         if ops.is_empty() {
             return Ok(());
         }
+        let sent = self.guard.sent.load(Ordering::Acquire);
+        self.guard.credit.wait(sent, MAX_IN_FLIGHT).await;
         self.guard
             .shared
             .requests

@@ -232,6 +232,7 @@ fn apply(broker: &mut Broker, conns: &mut HashMap<ConnId, Link>, req: Request, n
     for (channel, op) in req.ops {
         broker.handle(now, ChannelRef::new(req.conn, channel), op);
     }
+    link.effects.applied(link.applied);
     if done {
         conns.remove(&req.conn);
         broker.handle(now, ChannelRef::new(req.conn, 0), Op::ConnectionClose);
