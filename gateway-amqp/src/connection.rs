@@ -236,6 +236,9 @@ struct ChannelState {
     content: Option<Content>,
     /// Publisher confirms sent, for collapsing acks.
     confirmed: Confirmed,
+    /// The exchange and routing key of the last publish: publishers mostly repeat them, and
+    /// sharing the `Arc` saves two allocations and copies per message.
+    last_address: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// The publisher confirms sent on one channel: every sequence number up to `through` has been
@@ -752,11 +755,31 @@ impl Session {
         };
         let properties = content.header.map(|(_, p)| p).unwrap_or_default();
         self.published = true;
+        let (exchange, routing_key) = match self.channels.get_mut(&ch) {
+            Some(state) => {
+                let (e, k) = (
+                    content.publish.exchange.as_str(),
+                    content.publish.routing_key.as_str(),
+                );
+                match &state.last_address {
+                    Some((le, lk)) if **le == *e && **lk == *k => (le.clone(), lk.clone()),
+                    _ => {
+                        let address = (Arc::<str>::from(e), Arc::<str>::from(k));
+                        state.last_address = Some(address.clone());
+                        address
+                    }
+                }
+            }
+            None => (
+                Arc::from(content.publish.exchange.as_str()),
+                Arc::from(content.publish.routing_key.as_str()),
+            ),
+        };
         self.ops.push((
             ch,
             Op::Publish(Box::new(Publish {
-                exchange: Arc::from(content.publish.exchange.as_str()),
-                routing_key: Arc::from(content.publish.routing_key.as_str()),
+                exchange,
+                routing_key,
                 mandatory: content.publish.mandatory,
                 immediate: content.publish.immediate,
                 properties,
