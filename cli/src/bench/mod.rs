@@ -100,10 +100,17 @@ pub struct RunArgs {
     /// Publisher confirms with at most N unconfirmed messages per producer (0: no confirms).
     #[arg(long, default_value_t = 0)]
     confirm: u32,
-    /// Consumers use automatic acknowledgement (PerfTest -a); default: manual acks, one
-    /// `multiple` ack per socket read.
+    /// Consumers use automatic acknowledgement (PerfTest -a); default: manual acks.
     #[arg(long)]
     autoack: bool,
+    /// Manual acks: 0 acks each message (PerfTest's default); N sends one `multiple` ack
+    /// per N messages and at the end of each socket read (PerfTest -A N, roughly).
+    #[arg(long, default_value_t = 0)]
+    multi_ack_every: u64,
+    /// AMQP publishes per socket write; 0: as many as fit 64 KiB. PerfTest's Java client
+    /// writes each publish on its own (1), which costs a broker more reads per message.
+    #[arg(long, default_value_t = 0)]
+    flush_every: u64,
     /// Consumer prefetch (basic.qos); 0 means unlimited.
     #[arg(long, default_value_t = 0)]
     prefetch: u16,
@@ -156,6 +163,8 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
             rate: a.rate,
             count: a.count,
             queues: a.queues as usize,
+            multi_ack_every: a.multi_ack_every,
+            flush_every: a.flush_every,
         };
         rows = workloads::run(workload, &options).await?;
     }

@@ -37,6 +37,12 @@ pub struct Options {
     pub count: u64,
     /// Queues of many-queues.
     pub queues: usize,
+    /// Consumers' acks: 0 = one per message (PerfTest's default), N = one `multiple` ack
+    /// per N messages and at the end of each socket read.
+    pub multi_ack_every: u64,
+    /// Messages per socket write (0: as many as fit 64 KiB). The Java client flushes after
+    /// every publish: 1 loads a broker as PerfTest does.
+    pub flush_every: u64,
 }
 
 /// One run: which queues, who publishes where, who consumes what.
@@ -99,22 +105,9 @@ pub async fn run(workload: &str, o: &Options) -> anyhow::Result<Vec<Row>> {
         rows.push(drain(o).await?);
     }
     if all || workload == "fanout10" {
-        let queues: Vec<String> = (0..10).map(|i| queue_name("fanout10", i)).collect();
-        let p = Plan {
-            name: "fanout10".into(),
-            queues: queues.clone(),
-            bind_to: Some("amq.fanout"),
-            producers: vec![("amq.fanout", String::new())],
-            fan_in: 1,
-            rate: o.rate,
-            confirm: o.confirm,
-            consumers: queues,
-            prefetch: o.prefetch,
-            autoack: o.autoack,
-            until: None,
-            latency: true,
-            keep_queues: false,
-        };
+        let mut p = queue_per_producer("fanout10", 10, o.rate, o);
+        p.bind_to = Some("amq.fanout");
+        p.producers = vec![("amq.fanout", String::new())];
         rows.push(execute(p, o).await?);
     }
     if all || workload == "fivers" {
@@ -264,9 +257,10 @@ async fn execute(plan: Plan, o: &Options) -> anyhow::Result<Row> {
     for c in consumers {
         let counters = counters.clone();
         let rec = Recorder::new(timeline.clone());
-        let (latency, autoack) = (plan.latency, plan.autoack);
+        let latency = plan.latency;
+        let acks = (!plan.autoack).then_some(o.multi_ack_every);
         tasks.push(tokio::spawn(async move {
-            consume_loop(c, counters, rec, deadline, until, latency, autoack)
+            consume_loop(c, counters, rec, deadline, until, latency, acks)
                 .await
                 .map(Some)
         }));
@@ -274,8 +268,9 @@ async fn execute(plan: Plan, o: &Options) -> anyhow::Result<Row> {
     for (c, t) in producers {
         let counters = counters.clone();
         let (confirm, pace) = (plan.confirm, Pace::new(plan.rate, o.count));
+        let flush_every = o.flush_every;
         tasks.push(tokio::spawn(async move {
-            publish_loop(c, t, confirm, pace, counters, deadline)
+            publish_loop(c, t, confirm, pace, flush_every, counters, deadline)
                 .await
                 .map(|()| None)
         }));
@@ -357,13 +352,17 @@ async fn publish_loop(
     tpl: PublishTemplate,
     window: u32,
     pace: Pace,
+    flush_every: u64,
     counters: Arc<Counters>,
     deadline: Instant,
 ) -> anyhow::Result<()> {
     let Conn { rd, mut wr, .. } = conn;
     let confirms = Arc::new(Confirms::default());
     let mut reader = tokio::spawn(confirm_reader(rd, confirms.clone()));
-    let batch_max = (BATCH_BYTES / tpl.wire_len()).max(1) as u64;
+    let mut batch_max = (BATCH_BYTES / tpl.wire_len()).max(1) as u64;
+    if flush_every > 0 {
+        batch_max = batch_max.min(flush_every);
+    }
     let mut published = 0u64;
     // A write cut off at the deadline leaves half a frame on the wire: then we just drop the
     // connection instead of sending connection.close after it.
@@ -427,7 +426,8 @@ async fn consume_loop(
     deadline: Instant,
     until: Option<u64>,
     latency: bool,
-    autoack: bool,
+    // None: automatic acks; Some(every) as `Options::multi_ack_every`.
+    acks: Option<u64>,
 ) -> anyhow::Result<Histogram> {
     let Conn { mut rd, mut wr, .. } = conn;
     let mut hist = Histogram::default();
@@ -445,6 +445,17 @@ async fn consume_loop(
             match f {
                 Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
                     last_tag = d.delivery_tag;
+                    match acks {
+                        Some(0) => {
+                            wr.ack(CH, last_tag, false);
+                            acked = last_tag;
+                        }
+                        Some(n) if last_tag - acked >= n => {
+                            wr.ack(CH, last_tag, true);
+                            acked = last_tag;
+                        }
+                        _ => {}
+                    }
                 }
                 Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Cancel(_))) => {
                     anyhow::bail!("the broker cancelled the consumer");
@@ -483,10 +494,12 @@ async fn consume_loop(
         if batch > 0 {
             rec.received(now_nanos(), batch);
         }
-        // One `multiple` ack per read covers everything delivered so far.
-        if !autoack && last_tag > acked {
+        // A `multiple` ack at the end of a read covers everything delivered so far.
+        if acks.is_some_and(|n| n > 0) && last_tag > acked {
             wr.ack(CH, last_tag, true);
             acked = last_tag;
+        }
+        if !wr.buf.is_empty() {
             tokio::select! {
                 r = wr.flush() => r?,
                 _ = sleep_until(deadline) => { clean = false; break 'run; }
