@@ -1,46 +1,144 @@
 #!/usr/bin/env bash
-# Runs `warren bench all` against Warren and then RabbitMQ on this machine and prints both
-# received rates, latencies and the ratio per workload.
+# Warren vs RabbitMQ 3.10 (AMQP) and Warren vs Mosquitto 2.0 (MQTT) with `warren bench`, in
+# one run: starts each broker itself on side ports (one at a time, so an idle broker does
+# not share the cores with the one under load), runs the workloads, stops it, and prints the
+# rates and ratios. Fails if any workload reports an error or moved no messages.
 #   bench/compare.sh [SECONDS] [-- extra warren bench flags]
-# Expects both brokers running (the numbers in docs/benchmarks.md used):
-#   target/release/warren serve --amqp 127.0.0.1:5682 --mqtt none --data-dir /tmp/wb-data
-#   RABBITMQ_NODE_PORT=5683 RABBITMQ_NODENAME=rabbit-bench@localhost RABBITMQ_DIST_PORT=25683 \
-#     RABBITMQ_MNESIA_BASE=/tmp/rmq-bench RABBITMQ_LOG_BASE=/tmp/rmq-bench-log rabbitmq-server
-# Env: WARREN_URI, RABBIT_URI (defaults: ports 5682 and 5683), WARREN_PID and RABBIT_PID
-# (optional: broker RSS and CPU), BENCH (default target/release/warren).
+# Env:
+#   BROKERS   which brokers to run (default "warren rabbitmq mosquitto")
+#   BENCH     the warren binary (default target/release/warren; CI passes target/debug/warren)
+#   OUT       where JSON results, logs and SVG plots go (default target/bench/compare)
+#   WARREN_AMQP_PORT 5782, WARREN_MQTT_PORT 1892, RABBIT_PORT 5783, MOSQUITTO_PORT 1893
+#   STARTUP_TIMEOUT   seconds a broker may take to accept connections (default 60)
+# Mosquitto runs with max_inflight_messages 1000 (Warren's outbound window is 1024; the
+# default 20 would throttle QoS 1/2 deliveries) and max_queued_messages 100000 (the default
+# 1000 drops QoS 1 messages a slow subscriber has not taken yet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}; shift || true
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
 bench=${BENCH:-target/release/warren}
-mkdir -p target/bench
-run() { # name uri pid
-  local pid=()
-  [ -n "$3" ] && pid=(--broker-pid "$3")
-  "$bench" bench all --seconds "$secs" --uri "$2" "${pid[@]}" "${extra[@]}" --format json \
-    > "target/bench/$1.json"
+brokers=${BROKERS:-warren rabbitmq mosquitto}
+out=${OUT:-target/bench/compare}
+wa=${WARREN_AMQP_PORT:-5782}; wm=${WARREN_MQTT_PORT:-1892}
+rp=${RABBIT_PORT:-5783}; mp=${MOSQUITTO_PORT:-1893}
+startup=${STARTUP_TIMEOUT:-60}
+node="rabbit-compare-$rp@localhost"
+[ -x "$bench" ] || { echo "$bench not found: cargo build --release -p warren-cli"; exit 2; }
+rm -rf "$out" && mkdir -p "$out"
+# RabbitMQ's start script drops to the rabbitmq user: its directories must be writable.
+scratch=$(mktemp -d /tmp/warren-compare.XXXXXX)
+chmod 777 "$scratch"
+
+pid=""
+rabbit_up=""
+stop() {
+  if [ -n "$rabbit_up" ]; then
+    rabbitmqctl -n "$node" stop >/dev/null 2>&1 || true
+    rabbit_up=""
+  fi
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    timeout 20 tail --pid="$pid" -f /dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  pid=""
 }
-run warren "${WARREN_URI:-amqp://guest:guest@127.0.0.1:5682}" "${WARREN_PID:-}"
-run rabbitmq "${RABBIT_URI:-amqp://guest:guest@127.0.0.1:5683}" "${RABBIT_PID:-}"
-python3 - target/bench/warren.json target/bench/rabbitmq.json <<'PY'
-import json, sys
-w = {r["workload"]: r for r in json.load(open(sys.argv[1]))}
-r = {x["workload"]: x for x in json.load(open(sys.argv[2]))}
-def rate(x):
-    return x["received_per_sec"] if x["received"] else x["sent_per_sec"]
-def p50(x):
-    v = x["latency_us"]["p50"]
+cleanup() { stop; rm -rf "$scratch"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_port() { # port log
+  local t=$((SECONDS + startup))
+  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+    if [ "$SECONDS" -ge "$t" ]; then
+      echo "nothing accepts connections on 127.0.0.1:$1 after ${startup}s; log:"
+      tail -20 "$2"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+run() { # name args...
+  local name=$1; shift
+  echo "== $name: warren bench $* (${secs}s per workload)"
+  "$bench" bench "$@" --seconds "$secs" "${extra[@]}" --broker-pid "$pid" --format json \
+    --svg "$out/svg-$name" > "$out/$name.json"
+}
+
+for b in $brokers; do
+  case $b in
+    warren)
+      "$bench" serve --amqp "127.0.0.1:$wa" --mqtt "127.0.0.1:$wm" \
+        --data-dir "$scratch/warren-data" > "$out/warren.log" 2>&1 &
+      pid=$!
+      wait_port "$wa" "$out/warren.log" && wait_port "$wm" "$out/warren.log"
+      run warren all --uri "amqp://guest:guest@127.0.0.1:$wa" --mqtt "127.0.0.1:$wm"
+      ;;
+    rabbitmq)
+      echo '[].' > "$scratch/plugins"  # no management listener to clash with another node
+      chmod 666 "$scratch/plugins"
+      RABBITMQ_NODE_PORT=$rp RABBITMQ_NODENAME=$node RABBITMQ_DIST_PORT=$((rp + 20000)) \
+        RABBITMQ_MNESIA_BASE=$scratch/rmq RABBITMQ_LOG_BASE=$scratch/rmq-log \
+        RABBITMQ_PID_FILE=$scratch/rmq.pid RABBITMQ_ENABLED_PLUGINS_FILE=$scratch/plugins \
+        rabbitmq-server > "$out/rabbitmq.log" 2>&1 &
+      rabbit_up=1
+      wait_port "$rp" "$out/rabbitmq.log"
+      pid=$(cat "$scratch/rmq.pid")
+      run rabbitmq all --uri "amqp://guest:guest@127.0.0.1:$rp"
+      ;;
+    mosquitto)
+      printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 1000\nmax_queued_messages 100000\n' \
+        "$mp" > "$scratch/mosquitto.conf"
+      mosquitto -c "$scratch/mosquitto.conf" > "$out/mosquitto.log" 2>&1 &
+      pid=$!
+      wait_port "$mp" "$out/mosquitto.log"
+      run mosquitto mqtt-all --mqtt "127.0.0.1:$mp"
+      ;;
+    *) echo "unknown broker $b"; exit 2 ;;
+  esac
+  stop
+done
+
+python3 - "$out" $brokers <<'PY'
+import json, os, sys
+out, brokers = sys.argv[1], sys.argv[2:]
+res = {b: {r["workload"]: r for r in json.load(open(os.path.join(out, b + ".json")))}
+       for b in brokers}
+bad = []
+for b, rows in res.items():
+    for name, r in rows.items():
+        moved = r["sent"] if name == "two-publishers" else r["received"]
+        if r["errors"] or not moved:
+            bad.append("%s %s: %s" % (b, name, r["errors"] or "no messages moved"))
+def rate(r):
+    return r["sent_per_sec"] if r["workload"] == "two-publishers" else r["received_per_sec"]
+def ms(r):
+    v = r["latency_us"]["p50"]
     return "-" if v is None else "%.2f" % (v / 1000)
-print("%-26s %14s %14s %7s %12s" % ("workload", "warren msg/s", "rabbitmq msg/s", "ratio",
-                                     "p50 ms w/r"))
-for name, a in w.items():
-    b = r.get(name)
-    if b is None:
-        continue
-    ratio = rate(a) / rate(b) if rate(b) else float("nan")
-    print("%-26s %14.0f %14.0f %6.2fx %12s" % (name, rate(a), rate(b), ratio,
-                                                 p50(a) + " / " + p50(b)))
-    for e in a["errors"] + b["errors"]:
-        print("  error:", e)
+w = res.get("warren", {})
+other_names = [b for b in brokers if b != "warren"]
+print("\nreceived msg/s (two-publishers: sent), p50 latency ms")
+print("%-28s %12s %12s %12s %8s  %s" % ("workload", "warren", "rabbitmq", "mosquitto", "ratio",
+                                         "p50 warren/other"))
+names = list(w) or [n for b in other_names for n in res[b]]
+for name in names:
+    cells, ratio, lat = [], "", ""
+    a = w.get(name)
+    other = None
+    for b in ("rabbitmq", "mosquitto"):
+        r = res.get(b, {}).get(name)
+        cells.append("%12.0f" % rate(r) if r else "%12s" % "-")
+        other = other or r
+    if a and other:
+        ratio = "%7.2fx" % (rate(a) / rate(other)) if rate(other) else "    inf"
+        lat = ms(a) + " / " + ms(other)
+    print("%-28s %12s %s %8s  %s" % (name, "%.0f" % rate(a) if a else "-", " ".join(cells),
+                                     ratio, lat))
+if bad:
+    print("\nFAILED:")
+    for b in bad:
+        print("  " + b)
+    sys.exit(1)
 PY

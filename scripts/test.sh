@@ -224,6 +224,19 @@ idle_conns() {
   timeout 180 target/debug/warren bench conns --socketless -n 10000 --keep-alive 600
 }
 
+bench_compare() {
+  # bench/compare.sh in short mode: every `warren bench` workload (AMQP and MQTT) against
+  # Warren (debug build) and the MQTT ones against Mosquitto 2.0, both started by the script
+  # on side ports and stopped after; 1 s each, producers paced at 1000 msg/s (unthrottled
+  # publishers fill a debug broker's buffers and starve the next workload). Fails on a client
+  # error or a workload that moved nothing; no rate thresholds. RabbitMQ is left out here:
+  # with it the run took 91 s (its boot alone 13-30 s), too close to the 2-minute budget to
+  # be reliable; `BROKERS="warren rabbitmq mosquitto"` runs it too.
+  cargo build -p warren-cli || return 1
+  BROKERS="warren mosquitto" BENCH=target/debug/warren OUT=target/bench/ci-compare \
+    timeout 180 bench/compare.sh 1 -- --rate 1000
+}
+
 stop_broker() {
   kill -TERM "$broker_pid" || return 1
   # A clean shutdown exits 0 within the drain timeout.
@@ -260,6 +273,7 @@ step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
 step "RabbitMQ PerfTest: the 14-workload suite (scaled down)" perftest_suite
 step "idle connections: 300 over sockets, 10k socketless, all stay alive" idle_conns
 step "clean shutdown on SIGTERM" stop_broker
+step "bench/compare.sh short: warren bench against Warren and Mosquitto, no errors" bench_compare
 step "crash test: SIGKILL and restart under confirmed publishing, ${CRASH_CYCLES:-20} cycles" crash_test
 echo
 echo "steps: $passed passed, 0 failed"

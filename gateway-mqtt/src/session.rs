@@ -270,6 +270,9 @@ pub struct Session {
     client_max_packet: Option<u32>,
     confirm_next: u64,
     confirms: VecDeque<(u64, PendingAck)>,
+    /// Entries of `confirms` that are PUBACKs: the QoS 1 share of the inbound window, kept
+    /// as a count so a publish does not scan up to 1024 pending confirms.
+    pending_pubacks: u32,
     inbound_qos2: BTreeSet<u16>,
     outbound: BTreeMap<u16, Inflight>,
     next_pid: u16,
@@ -325,6 +328,7 @@ impl Session {
             client_max_packet: info.client_max_packet,
             confirm_next: 1,
             confirms: VecDeque::new(),
+            pending_pubacks: 0,
             inbound_qos2: BTreeSet::new(),
             outbound: BTreeMap::new(),
             next_pid: 1,
@@ -664,12 +668,10 @@ impl Session {
             }
             return Ok(());
         }
-        let in_flight = self.inbound_qos2.len()
-            + self
-                .confirms
-                .iter()
-                .filter(|(_, a)| !matches!(a, PendingAck::None))
-                .count();
+        // A QoS 2 publish awaiting its confirm is already in `inbound_qos2` (from PUBLISH
+        // to PUBREL): counting its pending PUBREC too halved the window (a publisher with
+        // 1000 in flight, under the 1024 announced, was disconnected).
+        let in_flight = self.inbound_qos2.len() + self.pending_pubacks as usize;
         if qos != QoS::Level0 && in_flight >= usize::from(self.config.max_inflight) {
             return Err(CloseError::new(
                 DisconnectReasonCode::ReceiveMaximumExceeded,
@@ -717,6 +719,7 @@ impl Session {
         }
         self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
         self.published = true;
+        self.pending_pubacks += u32::from(matches!(ack, PendingAck::Puback(_)));
         self.confirms.push_back((self.confirm_next, ack));
         self.confirm_next += 1;
         Ok(())
@@ -951,6 +954,7 @@ impl Session {
             match a {
                 PendingAck::None => {}
                 PendingAck::Puback(pid) => {
+                    self.pending_pubacks = self.pending_pubacks.saturating_sub(1);
                     let code = if ack {
                         PubackReasonCode::Success
                     } else {

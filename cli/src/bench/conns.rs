@@ -23,6 +23,8 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::mqtt_client::{PUBLISH, handshake_bytes, packet, parse_header, publish_stamp, put_str};
+
 /// Largest number of connections one run opens (bounds the client's own memory).
 const MAX_CONNECTIONS: usize = 4_000_000;
 /// How long one CONNECT/SUBSCRIBE exchange or one PINGREQ may take.
@@ -95,43 +97,6 @@ pub async fn run(args: ConnsArgs) -> anyhow::Result<()> {
     }
 }
 
-/// CONNECT (MQTT 3.1.1, clean session) followed by an optional SUBSCRIBE, in one write.
-fn handshake_bytes(client_id: &str, keep_alive: u16, subscribe: Option<(&str, u8)>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + client_id.len());
-    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02];
-    body.extend_from_slice(&keep_alive.to_be_bytes());
-    put_str(&mut body, client_id);
-    packet(&mut out, 0x10, &body);
-    if let Some((filter, qos)) = subscribe {
-        let mut body = vec![0, 1];
-        put_str(&mut body, filter);
-        body.push(qos);
-        packet(&mut out, 0x82, &body);
-    }
-    out
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    // Client ids and topics here are short (prefix + number); MQTT caps strings at 65535.
-    let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&s.as_bytes()[..usize::from(len)]);
-}
-
-fn packet(out: &mut Vec<u8>, header: u8, body: &[u8]) {
-    out.push(header);
-    let mut len = body.len();
-    loop {
-        let byte = (len % 128) as u8;
-        len /= 128;
-        out.push(if len > 0 { byte | 0x80 } else { byte });
-        if len == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(body);
-}
-
 /// Sends CONNECT (+ SUBSCRIBE) and checks CONNACK (+ SUBACK).
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
@@ -139,7 +104,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     keep_alive: u16,
     subscribe: Option<(&str, u8)>,
 ) -> anyhow::Result<()> {
-    s.write_all(&handshake_bytes(client_id, keep_alive, subscribe))
+    s.write_all(&handshake_bytes(client_id, keep_alive, None, subscribe))
         .await?;
     let mut connack = [0u8; 4];
     s.read_exact(&mut connack).await.context("CONNACK")?;
@@ -528,41 +493,16 @@ async fn live_pair(args: &ConnsArgs) -> anyhow::Result<String> {
 /// Calls `on` with the timestamp of each complete PUBLISH in `buf`; returns the bytes used.
 fn parse_publishes(buf: &[u8], mut on: impl FnMut(u64)) -> anyhow::Result<usize> {
     let mut at = 0;
-    loop {
-        let Some(&header) = buf.get(at) else {
-            return Ok(at);
+    while let Some((header, hl, len)) = parse_header(&buf[at..])? {
+        let Some(body) = buf.get(at + hl..at + hl + len) else {
+            break;
         };
-        let mut len = 0usize;
-        let mut i = at + 1;
-        let mut shift = 0;
-        loop {
-            let Some(&b) = buf.get(i) else { return Ok(at) };
-            ensure!(shift <= 21, "bad remaining length");
-            len |= usize::from(b & 0x7f) << shift;
-            shift += 7;
-            i += 1;
-            if b & 0x80 == 0 {
-                break;
-            }
+        if header >> 4 == PUBLISH {
+            on(publish_stamp(header, body).context("short PUBLISH")?);
         }
-        let Some(body) = buf.get(i..i + len) else {
-            return Ok(at);
-        };
-        if header >> 4 == 3 {
-            let topic = usize::from(u16::from_be_bytes([
-                *body.first().context("short PUBLISH")?,
-                *body.get(1).context("short PUBLISH")?,
-            ]));
-            let pid = if (header >> 1) & 3 > 0 { 2 } else { 0 };
-            let stamp = body
-                .get(2 + topic + pid..2 + topic + pid + 8)
-                .context("short PUBLISH payload")?;
-            let mut b = [0u8; 8];
-            b.copy_from_slice(stamp);
-            on(u64::from_be_bytes(b));
-        }
-        at = i + len;
+        at += hl + len;
     }
+    Ok(at)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -635,6 +575,7 @@ async fn transport_cost(args: &ConnsArgs) -> anyhow::Result<f64> {
         let hello = handshake_bytes(
             &format!("{}{i}", args.prefix),
             args.keep_alive,
+            None,
             subscription(args, &format!("{}{i}/cmd", args.prefix)),
         );
         client.write_all(&hello).await?;

@@ -2,44 +2,95 @@
 //! latency and (with `--broker-pid`) the broker's memory and CPU.
 //!
 //! Code map: `client` (a lean AMQP 0.9.1 client for load generation), `workloads` (the AMQP
-//! workloads as plans of queues, producers and consumers), `report` (latency histogram,
-//! /proc sampling, table/JSON/CSV output); `conns` (idle MQTT connections). Each kind of
-//! bench is one `BenchCommand` variant with its own args and module.
+//! workloads as plans of queues, producers and consumers), `mqtt_client` and
+//! `mqtt_workloads` (the same for MQTT 3.1.1), `runner` (what every workload shares:
+//! timestamps, counters, timeline, progress and /proc sampling), `report` (latency
+//! histogram, table/JSON/CSV output), `svg` (plots over time); `conns` (idle MQTT
+//! connections). Each kind of bench is one `BenchCommand` variant.
 
 mod client;
 pub mod conns;
+mod mqtt_client;
+mod mqtt_workloads;
 mod report;
+mod runner;
+mod svg;
 mod workloads;
 
 use anyhow::bail;
 use report::Format;
+use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
     /// 1 producer, 1 consumer, one queue (PerfTest -x 1 -y 1).
-    OneFast(AmqpArgs),
+    #[command(alias = "one_fast")]
+    OneFast(RunArgs),
     /// 2 producers, no consumers: builds a backlog in `warren-bench-backlog` (kept for drain).
-    TwoPublishers(AmqpArgs),
+    #[command(alias = "two_publishers_no_consumers")]
+    TwoPublishers(RunArgs),
     /// 1 consumer empties `warren-bench-backlog` (filled first when empty), then deletes it.
-    Drain(AmqpArgs),
+    #[command(alias = "one_consumer_no_publishers")]
+    Drain(RunArgs),
+    /// 5 queues with a producer (10k msg/s unless --rate) and a consumer each.
+    Fivers(RunArgs),
     /// 1 producer to amq.fanout, 10 queues with a consumer each.
-    Fanout10(AmqpArgs),
+    Fanout10(RunArgs),
     /// Confirm latency: 1 producer with 1 message in flight, 1 acking consumer.
-    OneOneOne(AmqpArgs),
+    #[command(alias = "one_one_one")]
+    OneOneOne(RunArgs),
     /// one-fast with acks at prefetch 1, 10, 100, 1000 and unlimited.
-    PrefetchSweep(AmqpArgs),
-    /// Every AMQP workload above, one after the other.
-    All(AmqpArgs),
+    PrefetchSweep(RunArgs),
+    /// --queues queues (default 100), each with its own producer and consumer connection
+    /// (confirm window 100 unless --confirm).
+    ManyQueues(RunArgs),
+    /// MQTT QoS 0, one publisher -> one subscriber on one topic.
+    MqttQos0(RunArgs),
+    /// MQTT QoS 1 one-to-one (publisher window --window, subscriber PUBACKs).
+    MqttQos1(RunArgs),
+    /// MQTT QoS 2 one-to-one (PUBREC/PUBREL/PUBCOMP both ways).
+    MqttQos2(RunArgs),
+    /// MQTT: 10 publishers -> 1 subscriber at --qos.
+    MqttFanIn(RunArgs),
+    /// MQTT: 1 publisher -> 10 subscribers at --qos.
+    MqttFanOut(RunArgs),
+    /// Every MQTT workload above.
+    MqttAll(RunArgs),
+    /// Every AMQP workload above, then every MQTT one when --mqtt is given.
+    All(RunArgs),
     /// Many idle MQTT connections: broker memory per connection, connects per second,
     /// keep-alive CPU and publish -> deliver latency while they are held.
     Conns(conns::ConnsArgs),
 }
 
 #[derive(clap::Args, Clone)]
-pub struct AmqpArgs {
-    /// The broker to load.
+pub struct RunArgs {
+    /// The broker to load (AMQP workloads).
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
     uri: String,
+    /// The broker's MQTT address, `host:port` or `mqtt://[user:pass@]host:port` (MQTT
+    /// workloads; default 127.0.0.1:1883 for them; `all` runs them only when given).
+    #[arg(long)]
+    mqtt: Option<String>,
+    /// QoS of mqtt-fan-in and mqtt-fan-out.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
+    qos: u8,
+    /// MQTT QoS 1/2 messages in flight per publisher (as a Receive Maximum would allow).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=32768))]
+    window: u32,
+    /// Messages per second per producer (PerfTest -r); 0: as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Messages per producer (PerfTest -C); 0: until --seconds. A run ends at whichever
+    /// comes first.
+    #[arg(long, default_value_t = 0)]
+    count: u64,
+    /// Queues of many-queues.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    queues: u64,
+    /// Write one SVG per workload (received rate and latency over time) into this directory.
+    #[arg(long)]
+    svg: Option<PathBuf>,
     /// How long each run publishes and consumes.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     seconds: u64,
@@ -49,10 +100,17 @@ pub struct AmqpArgs {
     /// Publisher confirms with at most N unconfirmed messages per producer (0: no confirms).
     #[arg(long, default_value_t = 0)]
     confirm: u32,
-    /// Consumers use automatic acknowledgement (PerfTest -a); default: manual acks, one
-    /// `multiple` ack per socket read.
+    /// Consumers use automatic acknowledgement (PerfTest -a); default: manual acks.
     #[arg(long)]
     autoack: bool,
+    /// Manual acks: 0 acks each message (PerfTest's default); N sends one `multiple` ack
+    /// per N messages and at the end of each socket read (PerfTest -A N, roughly).
+    #[arg(long, default_value_t = 0)]
+    multi_ack_every: u64,
+    /// AMQP publishes per socket write; 0: as many as fit 64 KiB. PerfTest's Java client
+    /// writes each publish on its own (1), which costs a broker more reads per message.
+    #[arg(long, default_value_t = 0)]
+    flush_every: u64,
     /// Consumer prefetch (basic.qos); 0 means unlimited.
     #[arg(long, default_value_t = 0)]
     prefetch: u16,
@@ -72,9 +130,17 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::OneFast(a) => ("one-fast", a),
         BenchCommand::TwoPublishers(a) => ("two-publishers", a),
         BenchCommand::Drain(a) => ("drain", a),
+        BenchCommand::Fivers(a) => ("fivers", a),
         BenchCommand::Fanout10(a) => ("fanout10", a),
         BenchCommand::OneOneOne(a) => ("one-one-one", a),
         BenchCommand::PrefetchSweep(a) => ("prefetch-sweep", a),
+        BenchCommand::ManyQueues(a) => ("many-queues", a),
+        BenchCommand::MqttQos0(a) => ("mqtt-qos0", a),
+        BenchCommand::MqttQos1(a) => ("mqtt-qos1", a),
+        BenchCommand::MqttQos2(a) => ("mqtt-qos2", a),
+        BenchCommand::MqttFanIn(a) => ("mqtt-fan-in", a),
+        BenchCommand::MqttFanOut(a) => ("mqtt-fan-out", a),
+        BenchCommand::MqttAll(a) => ("mqtt-all", a),
         BenchCommand::All(a) => ("all", a),
     };
     if let Some(pid) = a.broker_pid
@@ -82,18 +148,54 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     {
         bail!("--broker-pid {pid}: cannot read /proc/{pid}/stat and status");
     }
-    let options = workloads::Options {
-        uri: client::Uri::parse(&a.uri)?,
-        seconds: a.seconds,
-        size: a.size as usize,
-        confirm: a.confirm,
-        autoack: a.autoack,
-        prefetch: a.prefetch,
-        persistent: a.persistent,
-        broker_pid: a.broker_pid,
+    let mqtt_only = workload.starts_with("mqtt-");
+    let mut rows = Vec::new();
+    if !mqtt_only {
+        let options = workloads::Options {
+            uri: client::Uri::parse(&a.uri)?,
+            seconds: a.seconds,
+            size: a.size as usize,
+            confirm: a.confirm,
+            autoack: a.autoack,
+            prefetch: a.prefetch,
+            persistent: a.persistent,
+            broker_pid: a.broker_pid,
+            rate: a.rate,
+            count: a.count,
+            queues: a.queues as usize,
+            multi_ack_every: a.multi_ack_every,
+            flush_every: a.flush_every,
+        };
+        rows = workloads::run(workload, &options).await?;
+    }
+    let mqtt = match (&a.mqtt, mqtt_only) {
+        (Some(m), _) => Some(m.as_str()),
+        (None, true) => Some("127.0.0.1:1883"),
+        (None, false) => None,
     };
-    let rows = workloads::run(workload, &options).await?;
+    if let Some(m) = mqtt {
+        let options = mqtt_workloads::MqttOptions {
+            target: mqtt_client::Target::parse(m)?,
+            seconds: a.seconds,
+            size: a.size as usize,
+            qos: a.qos,
+            window: a.window,
+            rate: a.rate,
+            count: a.count,
+            broker_pid: a.broker_pid,
+        };
+        let which = match workload {
+            "all" | "mqtt-all" => "all",
+            w => w,
+        };
+        rows.extend(mqtt_workloads::run(which, &options).await?);
+    }
     print!("{}", report::render(&rows, a.format));
+    if let Some(dir) = &a.svg {
+        for p in svg::write_all(dir, &rows)? {
+            eprintln!("wrote {}", p.display());
+        }
+    }
     let failed: usize = rows.iter().map(|r| r.errors.len()).sum();
     if failed > 0 {
         bail!("{failed} client error(s); see the errors above");

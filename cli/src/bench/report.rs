@@ -111,6 +111,14 @@ pub fn sample_proc(pid: u32) -> Option<ProcSample> {
     })
 }
 
+/// One slot of a run's timeline (the SVG plots): `t` is the slot's end, seconds from start.
+pub struct Point {
+    pub t: f64,
+    pub received_per_sec: f64,
+    pub p50_us: Option<u64>,
+    pub p99_us: Option<u64>,
+}
+
 /// One result line.
 pub struct Row {
     pub workload: String,
@@ -121,6 +129,7 @@ pub struct Row {
     pub rss_peak: Option<u64>,
     pub cpu_pct: Option<f64>,
     pub errors: Vec<String>,
+    pub timeline: Vec<Point>,
 }
 
 impl Row {

@@ -2,32 +2,23 @@
 //! with the lean client, measured into one report row.
 
 use super::client::{self, CH, Conn, PublishTemplate, Uri, check_close};
-use super::report::{self, Histogram, Row};
+use super::report::{Histogram, Row};
+use super::runner::{self, Counters, Pace, Recorder, Task, Timeline, now_nanos};
 use amq_protocol::protocol::{AMQPClass, basic, connection};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use warren_amqp::codec::Frame;
 
 /// Publish batches stop growing at this many bytes: large writes without unbounded buffers.
-const BATCH_BYTES: usize = 64 * 1024;
-/// Tasks get this long past the deadline to stop and close before they are abandoned.
-const GRACE: Duration = Duration::from_secs(5);
-
-/// Send timestamps are nanoseconds since this process-wide instant; producers and consumers
-/// run in the same process, so no clock agreement is needed.
-fn now_nanos() -> u64 {
-    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
-    EPOCH
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
-}
+pub const BATCH_BYTES: usize = 64 * 1024;
+/// fivers publishes at PerfTest's `-r 10000` per producer unless `--rate` says otherwise.
+const FIVERS_RATE: u64 = 10_000;
+/// many-queues' confirm window per producer unless `--confirm` says otherwise.
+const MANY_QUEUES_CONFIRM: u32 = 100;
 
 /// What every workload takes from the command line.
 #[derive(Clone)]
@@ -40,12 +31,18 @@ pub struct Options {
     pub prefetch: u16,
     pub persistent: bool,
     pub broker_pid: Option<u32>,
-}
-
-#[derive(Default)]
-struct Counters {
-    sent: AtomicU64,
-    received: AtomicU64,
+    /// Messages per second per producer (0: as fast as possible).
+    pub rate: u64,
+    /// Messages per producer (0: until the deadline).
+    pub count: u64,
+    /// Queues of many-queues.
+    pub queues: usize,
+    /// Consumers' acks: 0 = one per message (PerfTest's default), N = one `multiple` ack
+    /// per N messages and at the end of each socket read.
+    pub multi_ack_every: u64,
+    /// Messages per socket write (0: as many as fit 64 KiB). The Java client flushes after
+    /// every publish: 1 loads a broker as PerfTest does.
+    pub flush_every: u64,
 }
 
 /// One run: which queues, who publishes where, who consumes what.
@@ -53,9 +50,11 @@ struct Plan {
     name: String,
     queues: Vec<String>,
     bind_to: Option<&'static str>,
-    producers: usize,
-    exchange: &'static str,
-    routing_key: String,
+    /// One producer per entry: (exchange, routing key).
+    producers: Vec<(&'static str, String)>,
+    /// How many producers' messages each consumer gets (for `--count`).
+    fan_in: u64,
+    rate: u64,
     confirm: u32,
     consumers: Vec<String>,
     prefetch: u16,
@@ -73,15 +72,15 @@ fn queue_name(workload: &str, i: usize) -> String {
 /// The queue two-publishers fills and drain empties (shared between the two runs).
 const BACKLOG: &str = "warren-bench-backlog";
 
-fn one_fast(name: String, prefetch: u16, autoack: bool, confirm: u32) -> Plan {
+fn one_fast(name: String, prefetch: u16, autoack: bool, confirm: u32, rate: u64) -> Plan {
     let q = queue_name("one-fast", 0);
     Plan {
         name,
         queues: vec![q.clone()],
         bind_to: None,
-        producers: 1,
-        exchange: "",
-        routing_key: q.clone(),
+        producers: vec![("", q.clone())],
+        fan_in: 1,
+        rate,
         confirm,
         consumers: vec![q],
         prefetch,
@@ -96,7 +95,7 @@ pub async fn run(workload: &str, o: &Options) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     let all = workload == "all";
     if all || workload == "one-fast" {
-        let p = one_fast("one-fast".into(), o.prefetch, o.autoack, o.confirm);
+        let p = one_fast("one-fast".into(), o.prefetch, o.autoack, o.confirm, o.rate);
         rows.push(execute(p, o).await?);
     }
     if all || workload == "two-publishers" {
@@ -106,27 +105,30 @@ pub async fn run(workload: &str, o: &Options) -> anyhow::Result<Vec<Row>> {
         rows.push(drain(o).await?);
     }
     if all || workload == "fanout10" {
-        let queues: Vec<String> = (0..10).map(|i| queue_name("fanout10", i)).collect();
-        let p = Plan {
-            name: "fanout10".into(),
-            queues: queues.clone(),
-            bind_to: Some("amq.fanout"),
-            producers: 1,
-            exchange: "amq.fanout",
-            routing_key: String::new(),
-            confirm: o.confirm,
-            consumers: queues,
-            prefetch: o.prefetch,
-            autoack: o.autoack,
-            until: None,
-            latency: true,
-            keep_queues: false,
-        };
+        let mut p = queue_per_producer("fanout10", 10, o.rate, o);
+        p.bind_to = Some("amq.fanout");
+        p.producers = vec![("amq.fanout", String::new())];
+        rows.push(execute(p, o).await?);
+    }
+    if all || workload == "fivers" {
+        // PerfTest's fivers, as the brief describes it: five queues, a producer and a
+        // consumer each, 10k msg/s per producer (latency at 50k msg/s in all).
+        let rate = if o.rate > 0 { o.rate } else { FIVERS_RATE };
+        rows.push(execute(queue_per_producer("fivers", 5, rate, o), o).await?);
+    }
+    if all || workload == "many-queues" {
+        // Without confirms, 100 unthrottled producers only fill their sockets' kernel
+        // buffers (hundreds of MB "sent" that no broker has seen): confirm windows make the
+        // producers move at the broker's pace.
+        let mut p = queue_per_producer("many-queues", o.queues, o.rate, o);
+        if p.confirm == 0 {
+            p.confirm = MANY_QUEUES_CONFIRM;
+        }
         rows.push(execute(p, o).await?);
     }
     if all || workload == "one-one-one" {
         // One message in flight: confirm window 1, acks (PerfTest's -c 1).
-        let p = one_fast("one-one-one".into(), o.prefetch, false, 1);
+        let p = one_fast("one-one-one".into(), o.prefetch, false, 1, o.rate);
         rows.push(execute(p, o).await?);
     }
     if all || workload == "prefetch-sweep" {
@@ -141,6 +143,7 @@ pub async fn run(workload: &str, o: &Options) -> anyhow::Result<Vec<Row>> {
                 prefetch,
                 false,
                 o.confirm,
+                o.rate,
             );
             rows.push(execute(p, o).await?);
         }
@@ -148,14 +151,34 @@ pub async fn run(workload: &str, o: &Options) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// `n` queues, each with its own producer and consumer.
+fn queue_per_producer(name: &str, n: usize, rate: u64, o: &Options) -> Plan {
+    let queues: Vec<String> = (0..n).map(|i| queue_name(name, i)).collect();
+    Plan {
+        name: name.into(),
+        queues: queues.clone(),
+        bind_to: None,
+        producers: queues.iter().map(|q| ("", q.clone())).collect(),
+        fan_in: 1,
+        rate,
+        confirm: o.confirm,
+        consumers: queues,
+        prefetch: o.prefetch,
+        autoack: o.autoack,
+        until: None,
+        latency: true,
+        keep_queues: false,
+    }
+}
+
 fn two_publishers(o: &Options, name: &str) -> Plan {
     Plan {
         name: name.into(),
         queues: vec![BACKLOG.into()],
         bind_to: None,
-        producers: 2,
-        exchange: "",
-        routing_key: BACKLOG.into(),
+        producers: vec![("", BACKLOG.into()); 2],
+        fan_in: 2,
+        rate: o.rate,
         confirm: o.confirm,
         consumers: vec![],
         prefetch: 0,
@@ -180,9 +203,9 @@ async fn drain(o: &Options) -> anyhow::Result<Row> {
         name: "drain".into(),
         queues: vec![BACKLOG.into()],
         bind_to: None,
-        producers: 0,
-        exchange: "",
-        routing_key: String::new(),
+        producers: vec![],
+        fan_in: 0,
+        rate: 0,
         confirm: 0,
         consumers: vec![BACKLOG.into()],
         prefetch: o.prefetch,
@@ -206,6 +229,7 @@ async fn execute(plan: Plan, o: &Options) -> anyhow::Result<Row> {
         }
     }
     let counters = Arc::new(Counters::default());
+    let timeline = Timeline::new(o.seconds);
     // Set everything up before the clock starts: consumers first, so none of the first
     // messages wait in the queue.
     let mut consumers = Vec::new();
@@ -215,131 +239,64 @@ async fn execute(plan: Plan, o: &Options) -> anyhow::Result<Row> {
         consumers.push(c);
     }
     let mut producers = Vec::new();
-    for i in 0..plan.producers {
+    for (i, (exchange, key)) in plan.producers.iter().enumerate() {
         let mut c = Conn::open(&o.uri, &format!("warren bench producer {i}")).await?;
         if plan.confirm > 0 {
             c.confirm_select().await?;
         }
-        let t = PublishTemplate::new(
-            plan.exchange,
-            &plan.routing_key,
-            o.size,
-            o.persistent,
-            c.frame_max,
-        )?;
+        let t = PublishTemplate::new(exchange, key, o.size, o.persistent, c.frame_max)?;
         producers.push((c, t));
     }
+    // A count-bounded run ends when every consumer has what was sent to it.
+    let until = plan
+        .until
+        .or((o.count > 0).then_some(o.count * plan.fan_in));
     let start = Instant::now();
     let deadline = start + Duration::from_secs(o.seconds);
-    let cpu_start = o.broker_pid.and_then(report::sample_proc);
-    let mut tasks: Vec<JoinHandle<anyhow::Result<Option<Histogram>>>> = Vec::new();
+    let mut tasks: Vec<Task> = Vec::new();
     for c in consumers {
         let counters = counters.clone();
-        let (until, latency, autoack) = (plan.until, plan.latency, plan.autoack);
+        let rec = Recorder::new(timeline.clone());
+        let latency = plan.latency;
+        let acks = (!plan.autoack).then_some(o.multi_ack_every);
         tasks.push(tokio::spawn(async move {
-            consume_loop(c, counters, deadline, until, latency, autoack)
+            consume_loop(c, counters, rec, deadline, until, latency, acks)
                 .await
                 .map(Some)
         }));
     }
     for (c, t) in producers {
         let counters = counters.clone();
-        let confirm = plan.confirm;
+        let (confirm, pace) = (plan.confirm, Pace::new(plan.rate, o.count));
+        let flush_every = o.flush_every;
         tasks.push(tokio::spawn(async move {
-            publish_loop(c, t, confirm, counters, deadline)
+            publish_loop(c, t, confirm, pace, flush_every, counters, deadline)
                 .await
                 .map(|()| None)
         }));
     }
-
-    let bar = ProgressBar::new(o.seconds);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>26} [{bar:30}] {pos:>3}/{len}s {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_prefix(plan.name.clone());
-    let mut rss_peak = None;
-    let mut last = (start, 0u64, 0u64);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.tick().await;
-    // Sample once a second until the deadline, or until every task is done (drain).
-    let end = loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = sleep_until(deadline) => break deadline,
-        }
-        if tasks.iter().all(JoinHandle::is_finished) {
-            break Instant::now();
-        }
-        let now = Instant::now();
-        let (s, r) = (
-            counters.sent.load(Ordering::Relaxed),
-            counters.received.load(Ordering::Relaxed),
-        );
-        let dt = now.duration_since(last.0).as_secs_f64().max(1e-3);
-        bar.set_position(now.duration_since(start).as_secs());
-        bar.set_message(format!(
-            "sent {:.0}/s, received {:.0}/s",
-            (s - last.1) as f64 / dt,
-            (r - last.2) as f64 / dt
-        ));
-        last = (now, s, r);
-        if let Some(p) = o.broker_pid.and_then(report::sample_proc) {
-            rss_peak = Some(rss_peak.unwrap_or(0).max(p.rss_bytes));
-        }
-    };
-    let mut end = end;
-    let cpu_end = o.broker_pid.and_then(report::sample_proc);
-    if let Some(p) = &cpu_end {
-        rss_peak = Some(rss_peak.unwrap_or(0).max(p.rss_bytes));
+    let mut row = runner::supervise(
+        plan.name,
+        (start, deadline),
+        o.broker_pid,
+        &counters,
+        &timeline,
+        tasks,
+    )
+    .await;
+    if !plan.latency {
+        // drain: the backlog's age, not the broker's latency.
+        row.latency = None;
     }
-    bar.finish_and_clear();
-
-    let mut latency = Histogram::default();
-    let mut errors = Vec::new();
-    for t in tasks {
-        let abort = t.abort_handle();
-        match tokio::time::timeout_at(deadline.max(Instant::now()) + GRACE, t).await {
-            Ok(Ok(Ok(Some(h)))) => latency.merge(&h),
-            Ok(Ok(Ok(None))) => {}
-            Ok(Ok(Err(e))) => errors.push(format!("{e:#}")),
-            Ok(Err(e)) => errors.push(format!("task failed: {e}")),
-            Err(_) => {
-                abort.abort();
-                errors.push("a client did not stop within 5 s of the deadline".into());
-            }
-        }
-    }
-    if plan.until.is_some() {
-        // drain: the rate is over the time the queue took to empty.
-        end = end.min(Instant::now());
-    }
-    let seconds = end.duration_since(start).as_secs_f64();
-    let cpu_pct = match (cpu_start, cpu_end) {
-        (Some(a), Some(b)) if seconds > 0.0 => Some(
-            (b.cpu_ticks.saturating_sub(a.cpu_ticks)) as f64 / report::TICKS_PER_SEC / seconds
-                * 100.0,
-        ),
-        _ => None,
-    };
     if !plan.keep_queues {
         for q in &plan.queues {
             if let Err(e) = ctl.delete_queue(q).await {
-                errors.push(format!("deleting {q}: {e:#}"));
+                row.errors.push(format!("deleting {q}: {e:#}"));
             }
         }
     }
     ctl.close().await.ok();
-    Ok(Row {
-        workload: plan.name,
-        seconds,
-        sent: counters.sent.load(Ordering::Relaxed),
-        received: counters.received.load(Ordering::Relaxed),
-        latency: plan.latency.then_some(latency),
-        rss_peak,
-        cpu_pct,
-        errors,
-    })
+    Ok(row)
 }
 
 /// Confirms as the broker sends them: `multiple` acks cover every tag up to theirs, single
@@ -394,19 +351,30 @@ async fn publish_loop(
     conn: Conn,
     tpl: PublishTemplate,
     window: u32,
+    pace: Pace,
+    flush_every: u64,
     counters: Arc<Counters>,
     deadline: Instant,
 ) -> anyhow::Result<()> {
     let Conn { rd, mut wr, .. } = conn;
     let confirms = Arc::new(Confirms::default());
     let mut reader = tokio::spawn(confirm_reader(rd, confirms.clone()));
-    let batch_max = (BATCH_BYTES / tpl.wire_len()).max(1) as u64;
+    let mut batch_max = (BATCH_BYTES / tpl.wire_len()).max(1) as u64;
+    if flush_every > 0 {
+        batch_max = batch_max.min(flush_every);
+    }
     let mut published = 0u64;
     // A write cut off at the deadline leaves half a frame on the wire: then we just drop the
     // connection instead of sending connection.close after it.
     let mut clean = true;
-    while Instant::now() < deadline {
-        let mut n = batch_max;
+    while Instant::now() < deadline && !pace.done(published) {
+        let mut n = batch_max.min(pace.room(published));
+        if n == 0 {
+            tokio::select! {
+                _ = sleep_until(pace.next_due(published)) => continue,
+                _ = sleep_until(deadline) => break,
+            }
+        }
         if window > 0 {
             let outstanding = published - confirms.done.load(Ordering::Acquire);
             let room = u64::from(window).saturating_sub(outstanding);
@@ -454,10 +422,12 @@ async fn publish_loop(
 async fn consume_loop(
     conn: Conn,
     counters: Arc<Counters>,
+    mut rec: Recorder,
     deadline: Instant,
     until: Option<u64>,
     latency: bool,
-    autoack: bool,
+    // None: automatic acks; Some(every) as `Options::multi_ack_every`.
+    acks: Option<u64>,
 ) -> anyhow::Result<Histogram> {
     let Conn { mut rd, mut wr, .. } = conn;
     let mut hist = Histogram::default();
@@ -475,6 +445,17 @@ async fn consume_loop(
             match f {
                 Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
                     last_tag = d.delivery_tag;
+                    match acks {
+                        Some(0) => {
+                            wr.ack(CH, last_tag, false);
+                            acked = last_tag;
+                        }
+                        Some(n) if last_tag - acked >= n => {
+                            wr.ack(CH, last_tag, true);
+                            acked = last_tag;
+                        }
+                        _ => {}
+                    }
                 }
                 Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Cancel(_))) => {
                     anyhow::bail!("the broker cancelled the consumer");
@@ -494,8 +475,10 @@ async fn consume_loop(
                     {
                         let mut s = [0u8; 8];
                         s.copy_from_slice(stamp);
-                        let sent = u64::from_be_bytes(s);
-                        hist.record(now_nanos().saturating_sub(sent) / 1000);
+                        let now = now_nanos();
+                        let us = now.saturating_sub(u64::from_be_bytes(s)) / 1000;
+                        hist.record(us);
+                        rec.latency(now, us);
                     }
                     first = false;
                     remaining = remaining.saturating_sub(b.len() as u64);
@@ -508,10 +491,15 @@ async fn consume_loop(
         }
         received += batch;
         counters.received.fetch_add(batch, Ordering::Relaxed);
-        // One `multiple` ack per read covers everything delivered so far.
-        if !autoack && last_tag > acked {
+        if batch > 0 {
+            rec.received(now_nanos(), batch);
+        }
+        // A `multiple` ack at the end of a read covers everything delivered so far.
+        if acks.is_some_and(|n| n > 0) && last_tag > acked {
             wr.ack(CH, last_tag, true);
             acked = last_tag;
+        }
+        if !wr.buf.is_empty() {
             tokio::select! {
                 r = wr.flush() => r?,
                 _ = sleep_until(deadline) => { clean = false; break 'run; }
