@@ -3,11 +3,13 @@
 //!
 //! Code map: `client` (a lean AMQP 0.9.1 client for load generation), `workloads` (the AMQP
 //! workloads as plans of queues, producers and consumers), `report` (latency histogram,
-//! /proc sampling, table/JSON/CSV output); `conns` (idle MQTT connections). Each kind of
+//! /proc sampling, table/JSON/CSV output); `conns` (idle MQTT or AMQP connections; the AMQP
+//! side in `idle_amqp`). Each kind of
 //! bench is one `BenchCommand` variant with its own args and module.
 
 mod client;
 pub mod conns;
+mod idle_amqp;
 mod report;
 mod workloads;
 
