@@ -428,6 +428,9 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
     let rss_before = args.pid.map(|p| rss(Some(p))).transpose()?;
 
     let bar = progress(args.connections as u64, "connecting");
+    // Where the connect time goes: on 2 shared cores the client may be the bottleneck.
+    let own_pid = std::process::id();
+    let cpu_at_start = (args.pid.map(cpu_time).transpose()?, cpu_time(own_pid)?);
     let started = Instant::now();
     let mut opening = JoinSet::new();
     let mut next = WARM_UP;
@@ -444,6 +447,18 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         }
     }
     let connect_time = started.elapsed();
+    let cores = |used: Duration| used.as_secs_f64() / connect_time.as_secs_f64();
+    let connect_cpu = format!(
+        "client {:.2} cores{}",
+        cores(cpu_time(own_pid)?.saturating_sub(cpu_at_start.1)),
+        match (args.pid, cpu_at_start.0) {
+            (Some(p), Some(b)) => format!(
+                ", broker {:.2} cores",
+                cores(cpu_time(p)?.saturating_sub(b))
+            ),
+            _ => String::new(),
+        }
+    );
     bar.finish_and_clear();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_after = args.pid.map(|p| rss(Some(p))).transpose()?;
@@ -506,6 +521,7 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
                 args.concurrency
             ),
         ),
+        ("CPU connecting", connect_cpu),
     ];
     if let (Some(b), Some(a)) = (rss_before, rss_after) {
         rows.push((
