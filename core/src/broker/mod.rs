@@ -94,7 +94,7 @@ pub(crate) struct Queue {
     /// Publishing connections this queue has paused (flow control), in pause order.
     pub(crate) pausing: Vec<ConnId>,
     /// The parsed `x-` arguments (TTL, limits, dead-lettering, single active consumer).
-    pub(crate) args: crate::queue::args::QueueArgs,
+    pub(crate) args: crate::queue::args::HeldArgs,
     /// Its consumers have different `x-priority` values.
     pub(crate) mixed_priorities: bool,
     /// When it was last used (declared, consumed from, read with basic.get): `x-expires`

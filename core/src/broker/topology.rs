@@ -690,7 +690,7 @@ impl Broker {
                         unacked: 0,
                         bound_from: Default::default(),
                         pausing: Vec::new(),
-                        args,
+                        args: args.into(),
                         mixed_priorities: false,
                         last_used: self.now,
                     }),
