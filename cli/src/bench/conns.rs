@@ -11,7 +11,12 @@
 //! (`warren_mqtt::serve_connection`) over in-memory duplex streams, past the file-descriptor
 //! cap. Heap is counted exactly (counting allocator); the duplex transport's own cost is
 //! measured on its own first and subtracted.
+//!
+//! `--protocol amqp`: the same over AMQP 0.9.1 (`idle_amqp.rs`): each connection opens a
+//! channel, an exclusive server-named queue bound to `amq.topic` and a consumer on it
+//! (through `warren_amqp::serve_connection` when socketless).
 
+use super::idle_amqp;
 use anyhow::{Context, bail, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -39,14 +44,26 @@ const TRANSPORT_SAMPLE: usize = 10_000;
 /// Topic of the live latency pair.
 const LIVE_TOPIC: &str = "warren-bench/live";
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Mqtt,
+    Amqp,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct ConnsArgs {
+    /// The protocol of the idle connections.
+    #[arg(long, value_enum, default_value = "mqtt")]
+    protocol: Protocol,
     /// Connections to open and hold (besides 100 warm-up connections).
     #[arg(short = 'n', long, default_value_t = 1000)]
     connections: usize,
     /// The broker's MQTT address (sockets mode).
     #[arg(long, default_value = "127.0.0.1:1883")]
     mqtt: SocketAddr,
+    /// The broker's AMQP address (sockets mode, `--protocol amqp`).
+    #[arg(long, default_value = "127.0.0.1:5672")]
+    amqp: SocketAddr,
     /// The broker's process id: its RSS and CPU are read from /proc (sockets mode).
     #[arg(long)]
     pid: Option<u32>,
@@ -59,9 +76,10 @@ pub struct ConnsArgs {
     /// Connect without subscribing.
     #[arg(long)]
     no_subscribe: bool,
-    /// Keep-alive announced in CONNECT, seconds; each client pings at this interval (over
-    /// sockets; socketless clients ping once at the end, so give them a keep-alive longer
-    /// than the whole run, e.g. 600, or the broker rightly drops them).
+    /// Keep-alive announced in CONNECT (AMQP: the heartbeat in tune-ok), seconds; each
+    /// client pings (sends a heartbeat) at this interval (over sockets; socketless clients
+    /// ping once at the end, so give them a keep-alive longer than the whole run, e.g. 600,
+    /// or the broker rightly drops them).
     #[arg(long, default_value_t = 30)]
     keep_alive: u16,
     /// Seconds the idle connections are held while the broker's CPU is measured.
@@ -97,15 +115,16 @@ pub async fn run(args: ConnsArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Sends CONNECT (+ SUBSCRIBE) and checks CONNACK (+ SUBACK).
+/// Sends CONNECT (+ SUBSCRIBE) and checks CONNACK (+ SUBACK); returns the bytes each side
+/// wrote.
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     client_id: &str,
     keep_alive: u16,
     subscribe: Option<(&str, u8)>,
-) -> anyhow::Result<()> {
-    s.write_all(&handshake_bytes(client_id, keep_alive, None, subscribe))
-        .await?;
+) -> anyhow::Result<(usize, usize)> {
+    let hello = handshake_bytes(client_id, keep_alive, None, subscribe);
+    s.write_all(&hello).await?;
     let mut connack = [0u8; 4];
     s.read_exact(&mut connack).await.context("CONNACK")?;
     ensure!(
@@ -119,8 +138,44 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             suback[0] == 0x90 && suback[4] <= 2,
             "{client_id}: SUBACK {suback:02x?}"
         );
+        return Ok((hello.len(), connack.len() + suback.len()));
     }
-    Ok(())
+    Ok((hello.len(), connack.len()))
+}
+
+/// One connection's greeting: MQTT CONNECT (+ SUBSCRIBE to `<id>/cmd`), or the AMQP
+/// handshake (+ queue bound with key `<id>.cmd`, consumer). Returns the bytes each side
+/// wrote per round trip.
+async fn greet<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    protocol: Protocol,
+    id: &str,
+    keep_alive: u16,
+    subscribe: Option<u8>,
+) -> anyhow::Result<idle_amqp::Exchange> {
+    match protocol {
+        Protocol::Mqtt => {
+            let filter = format!("{id}/cmd");
+            let sizes =
+                handshake(s, id, keep_alive, subscribe.map(|q| (filter.as_str(), q))).await?;
+            Ok(vec![sizes])
+        }
+        Protocol::Amqp => {
+            let key = format!("{id}.cmd");
+            idle_amqp::handshake(s, keep_alive, subscribe.map(|_| key.as_str())).await
+        }
+    }
+}
+
+/// A request the broker must answer: PINGREQ, or an AMQP basic.qos on the consumer's channel.
+async fn check_alive<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    protocol: Protocol,
+) -> anyhow::Result<()> {
+    match protocol {
+        Protocol::Mqtt => ping(s).await,
+        Protocol::Amqp => idle_amqp::ping(s).await,
+    }
 }
 
 /// One PINGREQ, answered by PINGRESP.
@@ -209,15 +264,28 @@ fn per_conn(delta: i64, n: usize) -> f64 {
     delta as f64 / n.max(1) as f64
 }
 
-/// "one QoS 1 subscription each" or "no subscription", for the report.
+/// What each connection holds, for the report.
 fn what_each(args: &ConnsArgs) -> String {
-    subscription(args, "").map_or("no subscription".to_string(), |(_, q)| {
-        format!("one QoS {q} subscription each")
-    })
+    match (args.protocol, subscription(args)) {
+        (_, None) => "no subscription".to_string(),
+        (Protocol::Mqtt, Some(q)) => format!("one QoS {q} subscription each"),
+        (Protocol::Amqp, Some(_)) => {
+            "AMQP: a channel, an exclusive queue bound to amq.topic and a consumer each".to_string()
+        }
+    }
 }
 
-fn subscription<'a>(args: &ConnsArgs, filter: &'a str) -> Option<(&'a str, u8)> {
-    (!args.no_subscribe).then_some((filter, args.qos))
+/// The QoS of each connection's subscription, `None` without one.
+fn subscription(args: &ConnsArgs) -> Option<u8> {
+    (!args.no_subscribe).then_some(args.qos)
+}
+
+/// The broker address the connections go to (sockets mode).
+fn target(args: &ConnsArgs) -> SocketAddr {
+    match args.protocol {
+        Protocol::Mqtt => args.mqtt,
+        Protocol::Amqp => args.amqp,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -238,25 +306,32 @@ fn source_of(i: usize, sources: u8) -> Ipv4Addr {
 /// Holds one connection: pings at the keep-alive interval until `stop`, counting answers.
 async fn hold(
     mut s: TcpStream,
+    protocol: Protocol,
     first_ping: Duration,
     every: Duration,
     mut stop: watch::Receiver<bool>,
     pings: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
     let mut next = tokio::time::Instant::now() + first_ping;
-    let mut one = [0u8; 1];
+    let mut got = [0u8; 64];
     loop {
         tokio::select! {
             _ = stop.changed() => return Ok(()),
             _ = tokio::time::sleep_until(next) => {
-                ping(&mut s).await?;
+                match protocol {
+                    Protocol::Mqtt => ping(&mut s).await?,
+                    // AMQP heartbeats are not answered: the broker drops a silent client.
+                    Protocol::Amqp => s.write_all(&idle_amqp::HEARTBEAT).await?,
+                }
                 pings.fetch_add(1, Relaxed);
                 next += every;
             }
-            // Nothing is expected between pings: any byte or EOF here means trouble.
-            r = s.read(&mut one) => match r {
+            // Nothing is expected between pings but AMQP heartbeats: anything else or EOF
+            // means trouble.
+            r = s.read(&mut got) => match r {
                 Ok(0) => bail!("closed by the broker"),
-                Ok(_) => bail!("unexpected byte {:#04x} from the broker", one[0]),
+                Ok(n) if protocol == Protocol::Amqp && idle_amqp::only_heartbeats(&got[..n]) => {}
+                Ok(n) => bail!("unexpected bytes {:02x?} from the broker", &got[..n]),
                 Err(e) => return Err(e.into()),
             },
         }
@@ -278,23 +353,21 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
     let every = Duration::from_secs(u64::from(args.keep_alive.max(1)));
 
     let open = |i: usize| {
-        let addr = args.mqtt;
+        let addr = target(args);
         let source = source_of(i, args.sources);
         let id = format!("{}{i}", args.prefix);
-        let filter = format!("{}{i}/cmd", args.prefix);
-        let sub = subscription(args, "").map(|(_, q)| q);
-        let keep_alive = args.keep_alive;
+        let sub = subscription(args);
+        let (keep_alive, protocol) = (args.keep_alive, args.protocol);
         async move {
             let mut s = open_tcp(addr, source)
                 .await
                 .with_context(|| format!("connecting from {source}"))?;
-            let subscribe = sub.map(|q| (filter.as_str(), q));
             tokio::time::timeout(
                 EXCHANGE_TIMEOUT,
-                handshake(&mut s, &id, keep_alive, subscribe),
+                greet(&mut s, protocol, &id, keep_alive, sub),
             )
             .await
-            .context("CONNECT timed out")??;
+            .context("handshake timed out")??;
             anyhow::Ok(s)
         }
     };
@@ -304,6 +377,7 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         spread = (spread + 7919) % every.as_millis().max(1) as u64;
         holders.spawn(hold(
             s,
+            args.protocol,
             Duration::from_millis(spread),
             every,
             stop.clone(),
@@ -319,6 +393,9 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
     let rss_before = args.pid.map(|p| rss(Some(p))).transpose()?;
 
     let bar = progress(args.connections as u64, "connecting");
+    // Where the connect time goes: on 2 shared cores the client may be the bottleneck.
+    let own_pid = std::process::id();
+    let cpu_at_start = (args.pid.map(cpu_time).transpose()?, cpu_time(own_pid)?);
     let started = Instant::now();
     let mut opening = JoinSet::new();
     let mut next = WARM_UP;
@@ -335,6 +412,18 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         }
     }
     let connect_time = started.elapsed();
+    let cores = |used: Duration| used.as_secs_f64() / connect_time.as_secs_f64();
+    let connect_cpu = format!(
+        "client {:.2} cores{}",
+        cores(cpu_time(own_pid)?.saturating_sub(cpu_at_start.1)),
+        match (args.pid, cpu_at_start.0) {
+            (Some(p), Some(b)) => format!(
+                ", broker {:.2} cores",
+                cores(cpu_time(p)?.saturating_sub(b))
+            ),
+            _ => String::new(),
+        }
+    );
     bar.finish_and_clear();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_after = args.pid.map(|p| rss(Some(p))).transpose()?;
@@ -357,7 +446,8 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         _ => None,
     };
 
-    let latency = if args.latency_secs > 0 {
+    // The live pair speaks MQTT (an AMQP-only broker has no MQTT port to pair on).
+    let latency = if args.latency_secs > 0 && args.protocol == Protocol::Mqtt {
         Some(live_pair(args).await?)
     } else {
         None
@@ -378,7 +468,7 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
 
     let n = args.connections;
     let mut rows = vec![
-        ("broker", format!("{} (sockets)", args.mqtt)),
+        ("broker", format!("{} (sockets)", target(args))),
         (
             "connections",
             format!(
@@ -396,6 +486,7 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
                 args.concurrency
             ),
         ),
+        ("CPU connecting", connect_cpu),
     ];
     if let (Some(b), Some(a)) = (rss_before, rss_after) {
         rows.push((
@@ -519,7 +610,9 @@ async fn open_all<F, Fut>(
 ) -> anyhow::Result<()>
 where
     F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<DuplexStream>> + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<(DuplexStream, idle_amqp::Exchange)>>
+        + Send
+        + 'static,
 {
     let mut set = JoinSet::new();
     let mut next = first;
@@ -530,7 +623,7 @@ where
             next += 1;
         }
         if let Some(done) = set.join_next().await {
-            out.push(done.context("connect task")??);
+            out.push(done.context("connect task")??.0);
             if let Some(b) = bar {
                 b.inc(1);
             }
@@ -540,7 +633,11 @@ where
 }
 
 /// Pings every connection once; returns how many answered.
-async fn ping_all(conns: Vec<DuplexStream>, concurrency: usize) -> (usize, Vec<DuplexStream>) {
+async fn ping_all(
+    conns: Vec<DuplexStream>,
+    protocol: Protocol,
+    concurrency: usize,
+) -> (usize, Vec<DuplexStream>) {
     let mut ok = 0;
     let mut back = Vec::with_capacity(conns.len());
     let mut set = JoinSet::new();
@@ -549,7 +646,7 @@ async fn ping_all(conns: Vec<DuplexStream>, concurrency: usize) -> (usize, Vec<D
         while set.len() < concurrency {
             let Some(mut s) = it.next() else { break };
             set.spawn(async move {
-                let r = ping(&mut s).await;
+                let r = check_alive(&mut s, protocol).await;
                 (r.is_ok(), s)
             });
         }
@@ -564,79 +661,88 @@ async fn ping_all(conns: Vec<DuplexStream>, concurrency: usize) -> (usize, Vec<D
     (ok, back)
 }
 
-/// The heap one duplex pair costs after carrying the same handshake bytes as a connection.
-async fn transport_cost(args: &ConnsArgs) -> anyhow::Result<f64> {
-    let sample = args.connections.min(TRANSPORT_SAMPLE);
+/// The heap one duplex pair costs after carrying the bytes of one connection's handshake
+/// (`steps`, as the real one wrote them, round trip by round trip).
+async fn transport_cost(n: usize, steps: &[(usize, usize)]) -> anyhow::Result<f64> {
+    let sample = n.min(TRANSPORT_SAMPLE);
+    let largest = steps.iter().map(|&(a, b)| a.max(b)).max().unwrap_or(0);
+    let bytes = vec![0u8; largest];
+    let mut got = vec![0u8; largest];
     let mut held = Vec::with_capacity(sample);
-    let mut servers = Vec::with_capacity(sample);
     let before = crate::alloc::live();
-    for i in 0..sample {
+    for _ in 0..sample {
         let (mut client, mut server) = tokio::io::duplex(DUPLEX_BUF);
-        let hello = handshake_bytes(
-            &format!("{}{i}", args.prefix),
-            args.keep_alive,
-            None,
-            subscription(args, &format!("{}{i}/cmd", args.prefix)),
-        );
-        client.write_all(&hello).await?;
-        let mut got = vec![0u8; hello.len()];
-        server.read_exact(&mut got).await?;
-        let reply: &[u8] = if args.no_subscribe {
-            &[0x20, 2, 0, 0]
-        } else {
-            &[0x20, 2, 0, 0, 0x90, 3, 0, 1, 1]
-        };
-        server.write_all(reply).await?;
-        let mut got = vec![0u8; reply.len()];
-        client.read_exact(&mut got).await?;
-        held.push(client);
-        servers.push(server);
+        for &(up, down) in steps {
+            // Concurrently: a step may exceed the duplex buffer.
+            let (w, r) = tokio::join!(
+                client.write_all(&bytes[..up]),
+                server.read_exact(&mut got[..up])
+            );
+            w?;
+            r?;
+            let (w, r) = tokio::join!(
+                server.write_all(&bytes[..down]),
+                client.read_exact(&mut got[..down])
+            );
+            w?;
+            r?;
+        }
+        held.push((client, server));
     }
     let cost = per_conn(crate::alloc::live() - before, sample);
-    drop((held, servers));
+    drop(held);
     Ok(cost)
 }
 
 async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
     crate::alloc::enable();
-    let transport = transport_cost(args).await?;
-
     let broker = warren_runtime::BrokerHandle::start(warren_runtime::BrokerConfig::default());
     let registry = Arc::new(warren_mqtt::Registry::new());
-    let config = Arc::new(warren_mqtt::MqttConfig::default());
+    let mqtt_config = Arc::new(warren_mqtt::MqttConfig::default());
+    let amqp_config = Arc::new(warren_amqp::AmqpConfig::default());
     let (stop_tx, stop) = watch::channel(false);
     let open = |i: usize| {
         let (mut client, server) = tokio::io::duplex(DUPLEX_BUF);
-        tokio::spawn(warren_mqtt::serve_connection(
-            server,
-            warren_mqtt::PeerInfo {
-                addr: "in-process".into(),
-                is_loopback: true,
-            },
-            broker.clone(),
-            registry.clone(),
-            config.clone(),
-            stop.clone(),
-        ));
+        let addr = "in-process".to_string();
+        match args.protocol {
+            Protocol::Mqtt => tokio::spawn(warren_mqtt::serve_connection(
+                server,
+                warren_mqtt::PeerInfo {
+                    addr,
+                    is_loopback: true,
+                },
+                broker.clone(),
+                registry.clone(),
+                mqtt_config.clone(),
+                stop.clone(),
+            )),
+            Protocol::Amqp => tokio::spawn(warren_amqp::serve_connection(
+                server,
+                warren_amqp::PeerInfo {
+                    addr,
+                    is_loopback: true,
+                },
+                broker.clone(),
+                amqp_config.clone(),
+                stop.clone(),
+            )),
+        };
         let id = format!("{}{i}", args.prefix);
-        let filter = format!("{}{i}/cmd", args.prefix);
-        let qos = subscription(args, "").map(|(_, q)| q);
-        let keep_alive = args.keep_alive;
+        let (protocol, sub, keep_alive) = (args.protocol, subscription(args), args.keep_alive);
         async move {
-            handshake(
-                &mut client,
-                &id,
-                keep_alive,
-                qos.map(|q| (filter.as_str(), q)),
-            )
-            .await?;
-            anyhow::Ok(client)
+            let steps = greet(&mut client, protocol, &id, keep_alive, sub).await?;
+            anyhow::Ok((client, steps))
         }
     };
 
     let n = args.connections;
     let mut conns = Vec::with_capacity(n + WARM_UP);
-    open_all(WARM_UP, 0, args.concurrency, None, &mut conns, open).await?;
+    // The first connection shows what a handshake writes, so the transport's own cost can be
+    // measured with the same bytes.
+    let (first, steps) = open(0).await?;
+    conns.push(first);
+    let transport = transport_cost(n, &steps).await?;
+    open_all(WARM_UP - 1, 1, args.concurrency, None, &mut conns, open).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let heap_before = crate::alloc::live();
     let rss_before = rss(None)?;
@@ -651,13 +757,19 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
     let heap_after = crate::alloc::live();
     let rss_after = rss(None)?;
 
-    let (alive, conns) = ping_all(conns, args.concurrency).await;
+    let (alive, conns) = ping_all(conns, args.protocol, args.concurrency).await;
     let _ = stop_tx.send(true);
     let heap = per_conn(heap_after - heap_before, n);
     let rows = vec![
         (
             "broker",
-            "in-process, real MQTT gateway over in-memory streams".to_string(),
+            format!(
+                "in-process, real {} gateway over in-memory streams",
+                match args.protocol {
+                    Protocol::Mqtt => "MQTT",
+                    Protocol::Amqp => "AMQP",
+                }
+            ),
         ),
         (
             "connections",

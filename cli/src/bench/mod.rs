@@ -5,11 +5,13 @@
 //! workloads as plans of queues, producers and consumers), `mqtt_client` and
 //! `mqtt_workloads` (the same for MQTT 3.1.1), `runner` (what every workload shares:
 //! timestamps, counters, timeline, progress and /proc sampling), `report` (latency
-//! histogram, table/JSON/CSV output), `svg` (plots over time); `conns` (idle MQTT
-//! connections). Each kind of bench is one `BenchCommand` variant.
+//! histogram, table/JSON/CSV output), `svg` (plots over time); `conns` (idle MQTT or AMQP
+//! connections; the AMQP side in `idle_amqp`). Each kind of bench is one `BenchCommand`
+//! variant.
 
 mod client;
 pub mod conns;
+mod idle_amqp;
 mod mqtt_client;
 mod mqtt_workloads;
 mod report;

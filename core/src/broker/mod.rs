@@ -72,7 +72,7 @@ pub(crate) struct Exchange {
     /// The default exchange routes to the queue named by the routing key (implicit bindings).
     pub(crate) is_default: bool,
     /// Exchanges with bindings to this one, and how many: deletion finds them without a scan.
-    pub(crate) bound_from: BTreeMap<ExchangeId, u32>,
+    pub(crate) bound_from: crate::exchange::Counts<ExchangeId>,
 }
 
 pub(crate) struct Queue {
@@ -90,11 +90,11 @@ pub(crate) struct Queue {
     pub(crate) had_consumer: bool,
     pub(crate) unacked: u64,
     /// Exchanges with bindings to this queue, and how many.
-    pub(crate) bound_from: BTreeMap<ExchangeId, u32>,
+    pub(crate) bound_from: crate::exchange::Counts<ExchangeId>,
     /// Publishing connections this queue has paused (flow control), in pause order.
     pub(crate) pausing: Vec<ConnId>,
     /// The parsed `x-` arguments (TTL, limits, dead-lettering, single active consumer).
-    pub(crate) args: crate::queue::args::QueueArgs,
+    pub(crate) args: crate::queue::args::HeldArgs,
     /// Its consumers have different `x-priority` values.
     pub(crate) mixed_priorities: bool,
     /// When it was last used (declared, consumed from, read with basic.get): `x-expires`

@@ -72,14 +72,14 @@ impl Broker {
             };
             // The priority levels are the queue's shape: only its own argument sets them.
             args.max_priority = q.args.max_priority;
-            if args == q.args {
+            if args == *q.args {
                 continue;
             }
             if args.message_ttl.is_some() || args.expires.is_some() {
                 self.expiring.insert(id);
             }
             if let Some(q) = self.queues.get_mut(&id) {
-                q.args = args;
+                q.args = args.into();
             }
             touched.push(id);
         }

@@ -11,7 +11,6 @@ use crate::exchange::Bindings;
 use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::{FieldTable, FieldValue};
 use crate::queue::classic::MessageQueue;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Queue arguments whose values must match on redeclare (as RabbitMQ checks them).
@@ -74,7 +73,7 @@ impl Broker {
                     alternate: None,
                     bindings: Bindings::new(kind),
                     is_default: name.is_empty(),
-                    bound_from: BTreeMap::new(),
+                    bound_from: Default::default(),
                 },
             );
             if let Some(v) = self.vhosts.get_mut(&vhost) {
@@ -280,7 +279,7 @@ impl Broker {
                     alternate,
                     bindings: Bindings::new(kind),
                     is_default: false,
-                    bound_from: BTreeMap::new(),
+                    bound_from: Default::default(),
                 },
             );
             if let Some(v) = self.vhosts.get_mut(&vh) {
@@ -361,7 +360,7 @@ impl Broker {
             for b in x.bindings.list() {
                 self.unlink(id, b.destination);
             }
-            for (&source, _) in x.bound_from.iter() {
+            for source in x.bound_from.keys() {
                 if let Some(src) = self.exchanges.get_mut(&source) {
                     src.bindings.remove_destination(Destination::Exchange(id));
                     if src.auto_delete && src.bindings.is_empty() {
@@ -378,13 +377,8 @@ impl Broker {
             Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
             Destination::Exchange(x) => self.exchanges.get_mut(&x).map(|x| &mut x.bound_from),
         };
-        if let Some(bound_from) = bound_from
-            && let Some(n) = bound_from.get_mut(&source)
-        {
-            *n -= 1;
-            if *n == 0 {
-                bound_from.remove(&source);
-            }
+        if let Some(bound_from) = bound_from {
+            bound_from.decrement(source);
         }
     }
 
@@ -394,7 +388,7 @@ impl Broker {
             Destination::Exchange(x) => self.exchanges.get_mut(&x).map(|x| &mut x.bound_from),
         };
         if let Some(bound_from) = bound_from {
-            *bound_from.entry(source).or_insert(0) += 1;
+            bound_from.increment(source);
         }
     }
 
@@ -694,9 +688,9 @@ impl Broker {
                         rr_next: 0,
                         had_consumer: false,
                         unacked: 0,
-                        bound_from: BTreeMap::new(),
+                        bound_from: Default::default(),
                         pausing: Vec::new(),
-                        args,
+                        args: args.into(),
                         mixed_priorities: false,
                         last_used: self.now,
                     }),
@@ -914,7 +908,7 @@ impl Broker {
             }
         }
         let mut emptied = Vec::new();
-        for (&source, _) in q.bound_from.iter() {
+        for source in q.bound_from.keys() {
             if let Some(x) = self.exchanges.get_mut(&source) {
                 x.bindings.remove_destination(Destination::Queue(id));
                 if x.auto_delete && x.bindings.is_empty() {

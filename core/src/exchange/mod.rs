@@ -215,6 +215,7 @@ impl DestIndex {
         match entries.binary_search_by(|e| e.cmp_to(&key, args)) {
             Ok(_) => false,
             Err(i) => {
+                room_for_one(entries);
                 entries.insert(
                     i,
                     KeyArgs {
@@ -277,19 +278,33 @@ impl DestIndex {
 ///
 /// A count rather than a set because a destination can be bound with the same key several times
 /// under different arguments; it must keep matching until the last of those is removed.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct DestCounts(Vec<(Destination, usize)>);
+pub(crate) type DestCounts = Counts<Destination>;
 
-impl DestCounts {
-    pub(crate) fn increment(&mut self, dest: Destination) {
-        match self.0.binary_search_by_key(&dest, |e| e.0) {
+/// A multiset as a vector of (key, count) sorted by key: most hold one or two keys (one MQTT
+/// client's filter, one queue's source exchange), where a `BTreeMap` node costs ~150-300 B
+/// and this one exact allocation of 16-24 B.
+#[derive(Clone, Debug)]
+pub(crate) struct Counts<K>(Vec<(K, usize)>);
+
+impl<K> Default for Counts<K> {
+    fn default() -> Counts<K> {
+        Counts(Vec::new())
+    }
+}
+
+impl<K: Ord + Copy> Counts<K> {
+    pub(crate) fn increment(&mut self, key: K) {
+        match self.0.binary_search_by_key(&key, |e| e.0) {
             Ok(i) => self.0[i].1 += 1,
-            Err(i) => self.0.insert(i, (dest, 1)),
+            Err(i) => {
+                room_for_one(&mut self.0);
+                self.0.insert(i, (key, 1))
+            }
         }
     }
 
-    /// Returns false if `dest` was not counted (the indexes disagree, which is a bug upstream).
-    pub(crate) fn decrement(&mut self, dest: Destination) -> bool {
+    /// Returns false if `key` was not counted (the indexes disagree, which is a bug upstream).
+    pub(crate) fn decrement(&mut self, dest: K) -> bool {
         let Ok(i) = self.0.binary_search_by_key(&dest, |e| e.0) else {
             return false;
         };
@@ -305,9 +320,23 @@ impl DestCounts {
         self.0.is_empty()
     }
 
-    /// Appends the destinations, ascending, each once.
-    pub(crate) fn push_all(&self, out: &mut Vec<Destination>) {
+    /// Appends the keys, ascending, each once.
+    pub(crate) fn push_all(&self, out: &mut Vec<K>) {
         out.extend(self.0.iter().map(|e| e.0));
+    }
+
+    /// The keys, ascending, each once.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = K> + '_ {
+        self.0.iter().map(|e| e.0)
+    }
+}
+
+/// Makes room for one more element, exactly while the vector is small: most binding lists
+/// and counts hold one entry (a queue bound once), where a vector's first growth would
+/// reserve four (a destination's bindings: 160 B instead of 40).
+fn room_for_one<T>(v: &mut Vec<T>) {
+    if v.len() == v.capacity() && v.len() < 4 {
+        v.reserve_exact(1);
     }
 }
 

@@ -51,7 +51,10 @@ impl fmt::Debug for TopicBindings {
 
 #[derive(Default)]
 struct Node {
-    words: HashMap<Box<str>, Node>,
+    /// Children boxed: a hash table keeps up to half its slots empty after growing, and most
+    /// nodes have one child (an MQTT client's own filter `client/cmd`); inline, every slot
+    /// cost a whole node (112 B), boxed it costs 24 B (idle MQTT connection: ~350 B less).
+    words: HashMap<Box<str>, Box<Node>>,
     star: Option<Box<Node>>,
     hash: Option<Box<Node>>,
     /// Destinations whose pattern ends exactly here.
@@ -74,7 +77,7 @@ impl Node {
         match w {
             "*" => self.star.as_deref(),
             "#" => self.hash.as_deref(),
-            _ => self.words.get(w),
+            _ => self.words.get(w).map(|n| &**n),
         }
     }
 
@@ -82,7 +85,7 @@ impl Node {
         match w {
             "*" => self.star.as_deref_mut(),
             "#" => self.hash.as_deref_mut(),
-            _ => self.words.get_mut(w),
+            _ => self.words.get_mut(w).map(|n| &mut **n),
         }
     }
 
@@ -126,7 +129,7 @@ impl Drop for Node {
 
 impl Node {
     fn move_children_to(&mut self, stack: &mut Vec<Node>) {
-        stack.extend(self.words.drain().map(|(_, n)| n));
+        stack.extend(self.words.drain().map(|(_, n)| *n));
         stack.extend(self.star.take().map(|b| *b));
         stack.extend(self.hash.take().map(|b| *b));
     }
@@ -157,7 +160,7 @@ impl TopicBindings {
         let mut stack = vec![&self.root];
         while let Some(n) = stack.pop() {
             count += 1;
-            stack.extend(n.words.values());
+            stack.extend(n.words.values().map(|n| &**n));
             stack.extend(n.star.as_deref());
             stack.extend(n.hash.as_deref());
         }
@@ -240,7 +243,7 @@ impl TopicBindings {
                 if n.is_hash {
                     next.push(n);
                 }
-                if let Some(c) = n.words.get(w) {
+                if let Some(c) = n.words.get(w).map(|c| &**c) {
                     next.push(c);
                 }
                 if let Some(c) = n.star.as_deref() {

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Idle MQTT connections, one subscription each, against Warren, Mosquitto and RabbitMQ (with
+# rabbitmq_mqtt) in one run: `warren bench conns` against each broker in turn, started here
+# on loopback and stopped afterwards; prints RSS per connection, connects/s, idle CPU and
+# publish -> deliver latency side by side.
+#   bench/conns-compare.sh [N] [RABBITMQ_N] [HOLD_SECONDS]
+# Defaults: 18000 connections (Warren, Mosquitto), 5000 for RabbitMQ (~240 KiB each; its
+# handshakes time out with 256 in flight, so it gets 32), 30 s idle hold, keep-alive 30 s.
+# Ports: Warren MQTT 1992 / AMQP 5882, Mosquitto 1993, RabbitMQ MQTT 1994 / AMQP 5883 (node
+# rabbit-i7@localhost, dist port 25883). Needs target/release/warren (cargo build --release
+# -p warren-cli), mosquitto, rabbitmq-server 3.10; set SKIP_RABBITMQ=1 to leave it out.
+# Measurements are serialised with other engineers' through /tmp/warren-measure.lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-18000}
+rn=${2:-5000}
+hold=${3:-30}
+warren=target/release/warren
+[ -x "$warren" ] || { echo "build first: cargo build --release -p warren-cli" >&2; exit 2; }
+tmp=$(mktemp -d /tmp/conns-compare.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ -n "${rmq_node:-}" ]; then
+    /usr/lib/rabbitmq/bin/rabbitmqctl -n "$rmq_node" stop >/dev/null 2>&1 || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+# Each connection is a descriptor in the broker and in the client; 20,000 is the cap here.
+ulimit -n 20000
+
+wait_port() { # port seconds
+  for _ in $(seq 1 "$(( $2 * 10 ))"); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nothing listens on 127.0.0.1:$1 after $2 s" >&2
+  return 1
+}
+
+measure() { # name port pid count concurrency
+  echo "== $1: $4 connections" >&2
+  RUST_LOG=warn flock /tmp/warren-measure.lock "$warren" bench conns --mqtt "127.0.0.1:$2" \
+    --pid "$3" -n "$4" --concurrency "$5" --keep-alive 30 --hold "$hold" \
+    --latency-secs 10 --rate 1000 --prefix "cmp-$1-" 2>&1 | tee "$tmp/$1.out" >&2 ||
+    echo "  ($1: the run failed; its row shows what was measured)" >&2
+}
+
+field() { # name label: the value column of that row of the bench's table
+  sed -n "s#^  $2  *##p" "$tmp/$1.out" | head -1
+}
+
+# Warren
+RUST_LOG=warn "$warren" serve --amqp 127.0.0.1:5882 --mqtt 127.0.0.1:1992 \
+  --data-dir "$tmp/warren-data" >"$tmp/warren.log" 2>&1 &
+pids+=($!)
+wait_port 1992 30
+measure warren 1992 "${pids[-1]}" "$n" 256
+kill "${pids[-1]}"
+
+# Mosquitto
+cat >"$tmp/mosquitto.conf" <<EOF
+listener 1993 127.0.0.1
+allow_anonymous true
+max_connections -1
+persistence false
+log_dest none
+EOF
+mosquitto -c "$tmp/mosquitto.conf" >"$tmp/mosquitto.log" 2>&1 &
+pids+=($!)
+wait_port 1993 10
+measure mosquitto 1993 "${pids[-1]}" "$n" 256
+kill "${pids[-1]}"
+
+# RabbitMQ with its MQTT plugin, a node of its own under $tmp. Debian's wrapper resets the
+# descriptor limit to 1024 and runs the CLI as the rabbitmq user (another Erlang cookie), so
+# the scripts under /usr/lib/rabbitmq/bin are run directly.
+if [ -z "${SKIP_RABBITMQ:-}" ]; then
+  rmq_node=rabbit-i7@localhost
+  echo '[rabbitmq_mqtt].' >"$tmp/enabled_plugins"
+  cat >"$tmp/rabbitmq.conf" <<EOF
+listeners.tcp.default = 5883
+mqtt.listeners.tcp.default = 1994
+mqtt.allow_anonymous = true
+EOF
+  RABBITMQ_NODENAME=$rmq_node RABBITMQ_DIST_PORT=25883 RABBITMQ_NODE_PORT=5883 \
+    RABBITMQ_MNESIA_BASE=$tmp/rmq RABBITMQ_LOG_BASE=$tmp/rmq-log \
+    RABBITMQ_ENABLED_PLUGINS_FILE=$tmp/enabled_plugins RABBITMQ_CONFIG_FILE=$tmp/rabbitmq.conf \
+    /usr/lib/rabbitmq/bin/rabbitmq-server >"$tmp/rabbitmq.log" 2>&1 &
+  wait_port 1994 120
+  rmq_pid=$(/usr/lib/rabbitmq/bin/rabbitmqctl -n "$rmq_node" eval 'list_to_integer(os:getpid()).')
+  measure rabbitmq 1994 "$rmq_pid" "$rn" 32
+  /usr/lib/rabbitmq/bin/rabbitmqctl -n "$rmq_node" stop >/dev/null 2>&1 || true
+  rmq_node=
+fi
+
+echo
+echo "Idle MQTT connections, one QoS 1 subscription each, keep-alive 30 s, hold ${hold} s ($(date -u +%Y-%m-%dT%H:%MZ))"
+echo
+echo "| broker | connections | RSS per connection | connects/s | idle CPU | publish -> deliver | alive |"
+echo "|---|---:|---:|---:|---:|---|---|"
+for b in warren mosquitto rabbitmq; do
+  [ -f "$tmp/$b.out" ] || continue
+  conns=$(field "$b" connections | cut -d' ' -f1)
+  rss=$(field "$b" "broker RSS" | grep -o "[0-9]* bytes per connection" | cut -d" " -f1 || true)
+  rate=$(field "$b" "connects/s" | cut -d' ' -f1)
+  cpu=$(field "$b" "idle CPU" | grep -o "^[0-9.]* %" || true)
+  lat=$(field "$b" "publish->deliver" | cut -d'(' -f1)
+  alive=$(field "$b" "alive at the end")
+  echo "| $b | $conns | $rss B | $rate | $cpu | $lat | $alive |"
+done
