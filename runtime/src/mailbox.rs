@@ -28,6 +28,13 @@ struct State {
 
 type Shared = Arc<Mutex<State>>;
 
+/// Leaves the task's waker in `slot` (cloned only when it differs from the one there).
+fn park(slot: &mut Option<Waker>, cx: &std::task::Context<'_>) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        *slot = Some(cx.waker().clone());
+    }
+}
+
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
     // No code panics while holding the lock; a poisoned state is still consistent.
     shared.lock().unwrap_or_else(PoisonError::into_inner)
@@ -66,13 +73,7 @@ impl Credit {
             if sent.saturating_sub(state.applied) < max || state.sender_gone {
                 return Poll::Ready(());
             }
-            if !state
-                .credit_waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                state.credit_waker = Some(cx.waker().clone());
-            }
+            park(&mut state.credit_waker, cx);
             Poll::Pending
         })
         .await
@@ -153,13 +154,7 @@ impl EffectReceiver {
             if state.sender_gone {
                 return Poll::Ready(None);
             }
-            if !state
-                .waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                state.waker = Some(cx.waker().clone());
-            }
+            park(&mut state.waker, cx);
             Poll::Pending
         })
         .await

@@ -68,6 +68,15 @@ impl Opened {
         result.expect("the sync succeeds");
     }
 
+    /// Appends one message per sequence number in `seqs`, the id being the sequence number.
+    fn append(&mut self, queue: QueueId, seqs: std::ops::Range<u64>, len: usize) {
+        for seq in seqs {
+            self.store
+                .append(queue, seq, &message(seq, len), None)
+                .expect("append");
+        }
+    }
+
     fn ids(&mut self, queue: QueueId) -> Vec<u64> {
         let mut out = Vec::new();
         self.store
@@ -128,11 +137,7 @@ fn synced_messages_survive_the_loss_of_unsynced_segment_writes() {
     let dir = temp_dir("power-cut");
     let mut s = open(&dir, 64 << 20);
     s.store.open_queue(Q, "/", "q", true);
-    for seq in 0..300 {
-        s.store
-            .append(Q, seq, &message(seq, 100), None)
-            .expect("append");
-    }
+    s.append(Q, 0..300, 100);
     // Acks are journalled too: they must not come back.
     for seq in 0..100 {
         s.store.remove(Q, seq);
@@ -157,11 +162,7 @@ fn a_replay_does_not_resurrect_a_deleted_queue_into_its_successor() {
     let dir = temp_dir("redeclare");
     let mut s = open(&dir, 64 << 20);
     s.store.open_queue(Q, "/", "q", true);
-    for seq in 0..50 {
-        s.store
-            .append(Q, seq, &message(seq, 100), None)
-            .expect("append");
-    }
+    s.append(Q, 0..50, 100);
     s.sync(1);
     s.store.delete_queue(Q);
     let q2 = QueueId(8);
@@ -183,11 +184,7 @@ fn a_torn_journal_tail_is_ignored() {
     let dir = temp_dir("torn");
     let mut s = open(&dir, 64 << 20);
     s.store.open_queue(Q, "/", "q", true);
-    for seq in 0..20 {
-        s.store
-            .append(Q, seq, &message(seq, 100), None)
-            .expect("append");
-    }
+    s.append(Q, 0..20, 100);
     s.sync(1);
     drop(s);
     // A record cut in the middle, as a crash during a write leaves it.
@@ -221,11 +218,7 @@ fn a_checkpoint_makes_segment_files_durable_and_retires_the_generation() {
     // 64 KiB generations: a few hundred 1000-byte messages pass it.
     let mut s = open(&dir, 64 << 10);
     s.store.open_queue(Q, "/", "q", true);
-    for seq in 0..200 {
-        s.store
-            .append(Q, seq, &message(seq, 1000), None)
-            .expect("append");
-    }
+    s.append(Q, 0..200, 1000);
     s.sync(1);
     // The checkpoint runs after epoch 1 is reported; epoch 2's sync waits for it.
     s.store
