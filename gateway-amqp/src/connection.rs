@@ -750,31 +750,26 @@ impl Session {
     }
 
     fn complete_publish(&mut self, ch: u16) {
-        let Some(content) = self.channels.get_mut(&ch).and_then(|s| s.content.take()) else {
+        let Some(state) = self.channels.get_mut(&ch) else {
             return;
+        };
+        let Some(content) = state.content.take() else {
+            return;
+        };
+        let (e, k) = (
+            content.publish.exchange.as_str(),
+            content.publish.routing_key.as_str(),
+        );
+        let (exchange, routing_key) = match &state.last_address {
+            Some((le, lk)) if **le == *e && **lk == *k => (le.clone(), lk.clone()),
+            _ => {
+                let address = (Arc::<str>::from(e), Arc::<str>::from(k));
+                state.last_address = Some(address.clone());
+                address
+            }
         };
         let properties = content.header.map(|(_, p)| p).unwrap_or_default();
         self.published = true;
-        let (exchange, routing_key) = match self.channels.get_mut(&ch) {
-            Some(state) => {
-                let (e, k) = (
-                    content.publish.exchange.as_str(),
-                    content.publish.routing_key.as_str(),
-                );
-                match &state.last_address {
-                    Some((le, lk)) if **le == *e && **lk == *k => (le.clone(), lk.clone()),
-                    _ => {
-                        let address = (Arc::<str>::from(e), Arc::<str>::from(k));
-                        state.last_address = Some(address.clone());
-                        address
-                    }
-                }
-            }
-            None => (
-                Arc::from(content.publish.exchange.as_str()),
-                Arc::from(content.publish.routing_key.as_str()),
-            ),
-        };
         self.ops.push((
             ch,
             Op::Publish(Box::new(Publish {
