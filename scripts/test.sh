@@ -55,11 +55,16 @@ setup_python() {
 }
 
 setup_mosquitto_clients() {
-  command -v mosquitto_pub >/dev/null && command -v mosquitto_sub >/dev/null && return 0
-  # Debian's mosquitto-clients: the reference MQTT command-line clients (we run as root in CI).
+  command -v mosquitto_pub >/dev/null && command -v mosquitto_sub >/dev/null &&
+    command -v mosquitto >/dev/null && return 0
+  # Debian's mosquitto-clients (the reference MQTT command-line clients) and mosquitto (the
+  # broker bench/compare.sh measures against); we run as root in CI.
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q mosquitto-clients
+  $sudo apt-get update -q &&
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q mosquitto mosquitto-clients || return 1
+  # The package may start its own daemon on 1883; compare.sh runs its own on a side port.
+  $sudo service mosquitto stop >/dev/null 2>&1 || true
 }
 
 setup_perftest() {
@@ -250,7 +255,7 @@ stop_broker() {
 
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
-step "install: mosquitto-clients (Debian)" setup_mosquitto_clients
+step "install: mosquitto and mosquitto-clients (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
 step "install: chromium (Debian)" setup_chromium
