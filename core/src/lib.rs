@@ -18,6 +18,7 @@ pub mod ids;
 pub mod message;
 pub mod mqtt;
 pub mod naming;
+pub mod pmap;
 pub mod policy;
 pub mod queue;
 pub mod store;
