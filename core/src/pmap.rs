@@ -37,7 +37,9 @@ impl<K, V> Default for PMap<K, V> {
 
 impl<K: std::fmt::Debug + Ord, V: std::fmt::Debug> std::fmt::Debug for PMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_map().entries(self.iter()).finish()
+        f.debug_map()
+            .entries(self.inner.iter().flat_map(|m| m.iter()))
+            .finish()
     }
 }
 
