@@ -3,17 +3,33 @@
 use super::{DestCounts, DestIndex};
 use crate::ids::Destination;
 use crate::message::FieldTable;
-use std::collections::HashMap;
+use crate::pmap::PMap;
 use std::sync::Arc;
 
 /// Bindings of a direct exchange.
 ///
-/// Routing is one hash lookup. The hash map is never iterated, so its (seeded) order cannot
-/// reach an output; each entry's destinations are kept sorted instead.
+/// Routing is one hash lookup. The map is never iterated, so its (seeded) order cannot reach
+/// an output; each entry's destinations are kept sorted instead. The map is persistent, so a
+/// routing snapshot ([`DirectBindings::router`]) costs O(1) and a later change copies only
+/// its own path.
 #[derive(Clone, Debug, Default)]
 pub struct DirectBindings {
     pub(super) index: DestIndex,
-    by_key: HashMap<Arc<str>, DestCounts>,
+    by_key: PMap<Arc<str>, DestCounts>,
+}
+
+/// An immutable snapshot of a direct exchange's routing keys.
+#[derive(Clone, Debug, Default)]
+pub struct DirectRouter {
+    by_key: PMap<Arc<str>, DestCounts>,
+}
+
+impl DirectRouter {
+    pub(super) fn route(&self, key: &str, out: &mut Vec<Destination>) {
+        if let Some(dests) = self.by_key.get(key) {
+            dests.push_all(out);
+        }
+    }
 }
 
 impl DirectBindings {
@@ -27,8 +43,7 @@ impl DirectBindings {
             None => Arc::from(key),
         };
         self.by_key
-            .entry(Arc::clone(&shared))
-            .or_default()
+            .get_or_insert_with(Arc::clone(&shared), DestCounts::default)
             .increment(dest);
         self.index.insert_shared(dest, shared, args)
     }
@@ -55,6 +70,12 @@ impl DirectBindings {
         }
     }
 
+    pub(super) fn router(&self) -> DirectRouter {
+        DirectRouter {
+            by_key: self.by_key.clone(),
+        }
+    }
+
     fn uncount(&mut self, dest: Destination, key: &str) {
         let Some(dests) = self.by_key.get_mut(key) else {
             return;
@@ -62,11 +83,6 @@ impl DirectBindings {
         dests.decrement(dest);
         if dests.is_empty() {
             self.by_key.remove(key);
-            // Give memory back after mass unbinding (e.g. many auto-delete queues going away);
-            // the factor-4 hysteresis keeps shrink/grow cycles amortised O(1).
-            if self.by_key.capacity() > 64 && self.by_key.len() * 4 < self.by_key.capacity() {
-                self.by_key.shrink_to_fit();
-            }
         }
     }
 }

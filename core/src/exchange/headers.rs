@@ -5,23 +5,30 @@
 use super::DestIndex;
 use crate::ids::Destination;
 use crate::message::{FieldTable, FieldValue};
+use std::sync::Arc;
 
 /// Bindings of a headers exchange.
 ///
 /// Matching depends on arbitrary argument/header combinations, so routing evaluates every
 /// binding (as RabbitMQ does); walking the destination index in order yields ascending,
 /// de-duplicated output for free, stopping at a destination's first matching binding.
+/// Shared (`Arc`) with routing snapshots: a change while a snapshot lives copies the index,
+/// O(bindings), as one publish through it costs anyway.
 #[derive(Clone, Debug, Default)]
 pub struct HeadersBindings {
-    pub(super) index: DestIndex,
+    pub(super) index: Arc<DestIndex>,
 }
 
 impl HeadersBindings {
     pub(super) fn route(&self, headers: Option<&FieldTable>, out: &mut Vec<Destination>) {
-        for (dest, entries) in self.index.iter() {
-            if entries.iter().any(|e| matches(&e.args, headers)) {
-                out.push(dest);
-            }
+        route(&self.index, headers, out);
+    }
+}
+
+pub(super) fn route(index: &DestIndex, headers: Option<&FieldTable>, out: &mut Vec<Destination>) {
+    for (dest, entries) in index.iter() {
+        if entries.iter().any(|e| matches(&e.args, headers)) {
+            out.push(dest);
         }
     }
 }

@@ -77,9 +77,15 @@ impl Bindings {
     ) -> bool {
         match self {
             Bindings::Direct(b) => b.add(destination, routing_key, arguments),
-            Bindings::Fanout(b) => b.index.insert(destination, routing_key, arguments),
+            Bindings::Fanout(b) => {
+                !b.index.contains(destination, routing_key, arguments)
+                    && Arc::make_mut(&mut b.index).insert(destination, routing_key, arguments)
+            }
             Bindings::Topic(b) => b.add(destination, routing_key, arguments),
-            Bindings::Headers(b) => b.index.insert(destination, routing_key, arguments),
+            Bindings::Headers(b) => {
+                !b.index.contains(destination, routing_key, arguments)
+                    && Arc::make_mut(&mut b.index).insert(destination, routing_key, arguments)
+            }
         }
     }
 
@@ -92,9 +98,15 @@ impl Bindings {
     ) -> bool {
         match self {
             Bindings::Direct(b) => b.remove(destination, routing_key, arguments),
-            Bindings::Fanout(b) => b.index.remove(destination, routing_key, arguments),
+            Bindings::Fanout(b) => {
+                b.index.contains(destination, routing_key, arguments)
+                    && Arc::make_mut(&mut b.index).remove(destination, routing_key, arguments)
+            }
             Bindings::Topic(b) => b.remove(destination, routing_key, arguments),
-            Bindings::Headers(b) => b.index.remove(destination, routing_key, arguments),
+            Bindings::Headers(b) => {
+                b.index.contains(destination, routing_key, arguments)
+                    && Arc::make_mut(&mut b.index).remove(destination, routing_key, arguments)
+            }
         }
     }
 
@@ -103,9 +115,9 @@ impl Bindings {
     pub fn remove_destination(&mut self, destination: Destination) -> usize {
         match self {
             Bindings::Direct(b) => b.remove_destination(destination),
-            Bindings::Fanout(b) => b.index.take(destination).len(),
+            Bindings::Fanout(b) => take_shared(&mut b.index, destination),
             Bindings::Topic(b) => b.remove_destination(destination),
-            Bindings::Headers(b) => b.index.take(destination).len(),
+            Bindings::Headers(b) => take_shared(&mut b.index, destination),
         }
     }
 
@@ -131,6 +143,17 @@ impl Bindings {
         }
     }
 
+    /// An immutable snapshot of the routing structure, O(1): what [`Router::route`] reads
+    /// outside the broker (see `routing::RouteTable`).
+    pub fn router(&self) -> Router {
+        Router(match self {
+            Bindings::Direct(b) => RouterKind::Direct(b.router()),
+            Bindings::Fanout(b) => RouterKind::Fanout(Arc::clone(&b.index)),
+            Bindings::Topic(b) => RouterKind::Topic(b.router()),
+            Bindings::Headers(b) => RouterKind::Headers(Arc::clone(&b.index)),
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.index().len()
     }
@@ -150,6 +173,45 @@ impl Bindings {
             Bindings::Fanout(b) => &b.index,
             Bindings::Topic(b) => &b.index,
             Bindings::Headers(b) => &b.index,
+        }
+    }
+}
+
+/// Removes every binding to `dest` from an index shared with snapshots (copying it only if
+/// there is something to remove); returns how many.
+fn take_shared(index: &mut Arc<DestIndex>, dest: Destination) -> usize {
+    if !index.contains_destination(dest) {
+        return 0;
+    }
+    Arc::make_mut(index).take(dest).len()
+}
+
+/// An immutable snapshot of one exchange's routing structure ([`Bindings::router`]): routes
+/// exactly as the bindings did when it was taken, however they change afterwards.
+#[derive(Clone, Debug)]
+pub struct Router(RouterKind);
+
+#[derive(Clone, Debug)]
+enum RouterKind {
+    Direct(direct::DirectRouter),
+    Fanout(Arc<DestIndex>),
+    Topic(topic::TopicRouter),
+    Headers(Arc<DestIndex>),
+}
+
+impl Router {
+    /// As [`Bindings::route`].
+    pub fn route(
+        &self,
+        routing_key: &str,
+        headers: Option<&FieldTable>,
+        out: &mut Vec<Destination>,
+    ) {
+        match &self.0 {
+            RouterKind::Direct(r) => r.route(routing_key, out),
+            RouterKind::Fanout(index) => out.extend(index.destinations()),
+            RouterKind::Topic(r) => r.route(routing_key, out),
+            RouterKind::Headers(index) => headers::route(index, headers, out),
         }
     }
 }

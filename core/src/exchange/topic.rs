@@ -7,8 +7,9 @@
 use super::{DestCounts, DestIndex, sort_dedup_tail};
 use crate::ids::Destination;
 use crate::message::FieldTable;
-use std::collections::HashMap;
+use crate::pmap::PMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// Bindings of a topic exchange: a trie over pattern words.
 ///
@@ -16,30 +17,18 @@ use std::fmt;
 /// trie nodes, de-duplicated after every word. Its cost is O(words x live nodes), independent
 /// of how many bindings exist, and never exponential: patterns like `#.#.#.#` collapse to at
 /// most one state per trie node per word instead of one per way of splitting the key.
-#[derive(Default)]
+///
+/// The trie is persistent: nodes are shared (`Arc`) and children sit in a [`PMap`], so
+/// [`TopicBindings::router`] hands out an immutable snapshot in O(1), and a change after a
+/// snapshot copies only the nodes on its path (and the map path to each), never the trie.
+#[derive(Default, Clone)]
 pub struct TopicBindings {
     pub(super) index: DestIndex,
-    root: Node,
+    root: Arc<Node>,
 }
 
-/// Rebuilt from the destination index rather than derived: a derived clone would recurse once
-/// per pattern word and could overflow the stack on a hostile, very deep pattern.
-impl Clone for TopicBindings {
-    fn clone(&self) -> TopicBindings {
-        let mut copy = TopicBindings {
-            index: self.index.clone(),
-            root: Node::default(),
-        };
-        for (dest, entries) in self.index.iter() {
-            for e in entries {
-                copy.root.link(dest, &e.key);
-            }
-        }
-        copy
-    }
-}
-
-/// Summarises the trie instead of printing it, for the same depth reason as `Clone`.
+/// Summarises the trie instead of printing it: a derived `Debug` would recurse once per
+/// pattern word and could overflow the stack on a hostile, very deep pattern.
 impl fmt::Debug for TopicBindings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TopicBindings")
@@ -49,14 +38,26 @@ impl fmt::Debug for TopicBindings {
     }
 }
 
-#[derive(Default)]
+/// An immutable snapshot of a topic exchange's trie, for routing outside the broker.
+#[derive(Clone, Default)]
+pub struct TopicRouter {
+    root: Arc<Node>,
+}
+
+impl fmt::Debug for TopicRouter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TopicRouter")
+    }
+}
+
+#[derive(Default, Clone)]
 struct Node {
-    /// Children boxed: a hash table keeps up to half its slots empty after growing, and most
-    /// nodes have one child (an MQTT client's own filter `client/cmd`); inline, every slot
-    /// cost a whole node (112 B), boxed it costs 24 B (idle MQTT connection: ~350 B less).
-    words: HashMap<Box<str>, Box<Node>>,
-    star: Option<Box<Node>>,
-    hash: Option<Box<Node>>,
+    /// Children by word. A persistent map: most nodes have none or one child (an MQTT
+    /// client's own filter `client/cmd`), a few have a million (`client/<id>/cmd`), and a
+    /// change must not copy those siblings while a snapshot shares them.
+    words: PMap<Arc<str>, Arc<Node>>,
+    star: Option<Arc<Node>>,
+    hash: Option<Arc<Node>>,
     /// Destinations whose pattern ends exactly here.
     dests: DestCounts,
     /// Reached through a `#` edge, so it may also swallow any number of further words.
@@ -81,24 +82,27 @@ impl Node {
         }
     }
 
+    /// The child along `w`, copied first if a snapshot shares it.
     fn child_mut(&mut self, w: &str) -> Option<&mut Node> {
-        match w {
-            "*" => self.star.as_deref_mut(),
-            "#" => self.hash.as_deref_mut(),
-            _ => self.words.get_mut(w).map(|n| &mut **n),
-        }
+        let child = match w {
+            "*" => self.star.as_mut(),
+            "#" => self.hash.as_mut(),
+            _ => self.words.get_mut(w),
+        }?;
+        Some(Arc::make_mut(child))
     }
 
     fn child_or_insert(&mut self, w: &str) -> &mut Node {
-        match w {
+        let child = match w {
             "*" => self.star.get_or_insert_default(),
             "#" => self.hash.get_or_insert_with(|| {
                 let mut n = Node::default();
                 n.is_hash = true;
-                Box::new(n)
+                Arc::new(n)
             }),
-            _ => self.words.entry(Box::from(w)).or_default(),
-        }
+            _ => self.words.get_or_insert_with(Arc::from(w), Arc::default),
+        };
+        Arc::make_mut(child)
     }
 
     fn remove_child(&mut self, w: &str) {
@@ -107,15 +111,15 @@ impl Node {
             "#" => self.hash = None,
             _ => {
                 self.words.remove(w);
-                if self.words.capacity() > 64 && self.words.len() * 4 < self.words.capacity() {
-                    self.words.shrink_to_fit();
-                }
             }
         }
     }
 }
 
 /// Drops descendants from an explicit stack: the derived drop would recurse once per level.
+/// A child still shared with a snapshot is only released (`Arc::into_inner` gives back the
+/// node only to its last owner), so the snapshot's owner does that part of the work later,
+/// just as flat.
 impl Drop for Node {
     fn drop(&mut self) {
         let mut stack = Vec::new();
@@ -129,9 +133,10 @@ impl Drop for Node {
 
 impl Node {
     fn move_children_to(&mut self, stack: &mut Vec<Node>) {
-        stack.extend(self.words.drain().map(|(_, n)| *n));
-        stack.extend(self.star.take().map(|b| *b));
-        stack.extend(self.hash.take().map(|b| *b));
+        let words = std::mem::take(&mut self.words);
+        stack.extend(words.into_values().into_iter().filter_map(Arc::into_inner));
+        stack.extend(self.star.take().and_then(Arc::into_inner));
+        stack.extend(self.hash.take().and_then(Arc::into_inner));
     }
 
     /// Adds one count of `dest` at the end of `pattern`, creating the path as needed.
@@ -157,7 +162,7 @@ impl TopicBindings {
     /// unbinding returns memory (an empty exchange has exactly 1).
     pub fn node_count(&self) -> usize {
         let mut count = 0;
-        let mut stack = vec![&self.root];
+        let mut stack: Vec<&Node> = vec![&self.root];
         while let Some(n) = stack.pop() {
             count += 1;
             stack.extend(n.words.values().map(|n| &**n));
@@ -171,7 +176,7 @@ impl TopicBindings {
         if !self.index.insert(dest, key, args) {
             return false;
         }
-        self.root.link(dest, key);
+        Arc::make_mut(&mut self.root).link(dest, key);
         true
     }
 
@@ -196,7 +201,7 @@ impl TopicBindings {
     /// a pattern with tens of thousands of words cannot overflow the stack.
     fn unlink(&mut self, dest: Destination, pattern: &str) {
         let path: Vec<&str> = words(pattern).collect();
-        let mut node = &mut self.root;
+        let mut node = Arc::make_mut(&mut self.root);
         for w in &path {
             match node.child_mut(w) {
                 Some(child) => node = child,
@@ -210,7 +215,7 @@ impl TopicBindings {
         // root, or one with destinations or another edge); everything below it on the path
         // exists only for this pattern.
         let mut keep = 0;
-        let mut node = &self.root;
+        let mut node: &Node = &self.root;
         for (depth, w) in path.iter().enumerate() {
             if !node.dests.is_empty() || node.edge_count() > 1 {
                 keep = depth;
@@ -223,7 +228,7 @@ impl TopicBindings {
         let Some(cut) = path.get(keep) else {
             return; // Empty pattern: the root is never removed.
         };
-        let mut node = &mut self.root;
+        let mut node = Arc::make_mut(&mut self.root);
         for w in &path[..keep] {
             match node.child_mut(w) {
                 Some(child) => node = child,
@@ -234,7 +239,26 @@ impl TopicBindings {
     }
 
     pub(super) fn route(&self, key: &str, out: &mut Vec<Destination>) {
-        let mut live: Vec<&Node> = vec![&self.root];
+        route(&self.root, key, out);
+    }
+
+    /// An immutable snapshot of the trie, O(1).
+    pub(super) fn router(&self) -> TopicRouter {
+        TopicRouter {
+            root: Arc::clone(&self.root),
+        }
+    }
+}
+
+impl TopicRouter {
+    pub(super) fn route(&self, key: &str, out: &mut Vec<Destination>) {
+        route(&self.root, key, out);
+    }
+}
+
+fn route(root: &Node, key: &str, out: &mut Vec<Destination>) {
+    {
+        let mut live: Vec<&Node> = vec![root];
         close(&mut live);
         let mut next: Vec<&Node> = Vec::new();
         for w in words(key) {
