@@ -21,6 +21,7 @@ pub mod naming;
 pub mod pmap;
 pub mod policy;
 pub mod queue;
+pub mod routing;
 pub mod store;
 
 pub use broker::Broker;

@@ -12,7 +12,7 @@ use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::idhash::IdMap;
-use crate::ids::{ChannelRef, ConnId, Destination, ExchangeId, QueueId};
+use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::Message;
 use crate::queue::args::Overflow;
 use crate::queue::classic::QueuedMessage;
@@ -22,10 +22,6 @@ use std::sync::Arc;
 /// Operations one transaction may buffer: bounds a channel's memory however long the
 /// client keeps a transaction open.
 const MAX_TX_OPS: usize = 65_536;
-
-/// Exchange-to-exchange hops one publish may take: bounds routing work on deep graphs
-/// (cycles are cut by the visited set anyway).
-const MAX_ROUTE_EXCHANGES: usize = 1024;
 
 /// How many times the window a queue keeps transient messages in memory before paging
 /// them out (see `enqueue`).
@@ -424,49 +420,11 @@ impl Broker {
         }
     }
 
-    /// Every queue a message published to `exchange` reaches, each once, in id order:
-    /// follows exchange-to-exchange bindings (cycles cut) and alternate exchanges.
+    /// Every queue a message published to `exchange` reaches, each once, in id order
+    /// (through the routing table, as hosts that route outside the broker do).
     pub(super) fn route(&self, exchange: ExchangeId, p: &Publish) -> Vec<QueueId> {
-        let headers = p.properties.headers.as_ref();
-        let mut queues = Vec::new();
-        let mut visited = vec![exchange];
-        let mut work = vec![exchange];
-        let mut matched = Vec::new();
-        while let Some(id) = work.pop() {
-            let Some(x) = self.exchanges.get(&id) else {
-                continue;
-            };
-            matched.clear();
-            if x.is_default {
-                if let Some(q) = self.find_queue(x.vhost, &p.routing_key) {
-                    matched.push(Destination::Queue(q));
-                }
-            } else {
-                x.bindings.route(&p.routing_key, headers, &mut matched);
-            }
-            if matched.is_empty()
-                && let Some(ae) = x
-                    .alternate
-                    .as_deref()
-                    .and_then(|name| self.find_exchange(x.vhost, name))
-            {
-                matched.push(Destination::Exchange(ae));
-            }
-            for d in &matched {
-                match *d {
-                    Destination::Queue(q) => queues.push(q),
-                    Destination::Exchange(next) => {
-                        if !visited.contains(&next) && visited.len() < MAX_ROUTE_EXCHANGES {
-                            visited.push(next);
-                            work.push(next);
-                        }
-                    }
-                }
-            }
-        }
-        queues.sort_unstable();
-        queues.dedup();
-        queues
+        self.routes
+            .route(exchange, &p.routing_key, p.properties.headers.as_ref())
     }
 
     /// Whether consumer `cid` may receive one more message now.

@@ -67,10 +67,9 @@ pub(crate) struct Exchange {
     pub(crate) auto_delete: bool,
     pub(crate) internal: bool,
     pub(crate) arguments: FieldTable,
-    pub(crate) alternate: Option<String>,
+    /// The routing half lives in `Broker::routes` too (a snapshot of `bindings.router()`,
+    /// refreshed by every change), with the effective alternate exchange.
     pub(crate) bindings: Bindings,
-    /// The default exchange routes to the queue named by the routing key (implicit bindings).
-    pub(crate) is_default: bool,
     /// Exchanges with bindings to this one, and how many: deletion finds them without a scan.
     pub(crate) bound_from: crate::exchange::Counts<ExchangeId>,
 }
@@ -115,12 +114,11 @@ pub(crate) struct Consumer {
     pub(crate) priority: i64,
 }
 
-/// A vhost: its name, and the names of its exchanges, queues and policies.
+/// A vhost: its name and policies (the names of its exchanges and queues are in
+/// `Broker::routes`).
 pub(crate) struct Vhost {
     pub(crate) name: Arc<str>,
     pub(crate) description: String,
-    pub(crate) exchanges: HashMap<String, ExchangeId>,
-    pub(crate) queues: HashMap<String, QueueId>,
     /// Policies by name.
     pub(crate) policies: BTreeMap<String, crate::policy::Policy>,
 }
@@ -138,6 +136,9 @@ pub struct Broker {
     default_vhost: VhostId,
     users: crate::access::Users,
     exchanges: IdMap<ExchangeId, Exchange>,
+    /// What routing reads, shared with hosts as immutable snapshots (`routing.rs`). Every
+    /// change goes through `routes_mut`.
+    routes: Arc<crate::routing::RouteTable>,
     // Records boxed: a hash table keeps up to half its slots empty after growing, and an
     // empty slot of a boxed map costs a pointer instead of a whole record (a queue is ~400
     // bytes); with one queue, channel and connection per idle MQTT client this matters.
@@ -177,6 +178,29 @@ pub struct Broker {
 type OpResult = Result<(), ProtocolError>;
 
 impl Broker {
+    /// The current routing table: clone the `Arc` to route publishes outside the broker
+    /// (see `routing.rs` for what the broker guarantees about such publishes).
+    pub fn routes(&self) -> &Arc<crate::routing::RouteTable> {
+        &self.routes
+    }
+
+    /// The routing table for a change: copied first if a snapshot shares it (O(1): its maps
+    /// are persistent), and its version bumped.
+    fn routes_mut(&mut self) -> &mut crate::routing::RouteTable {
+        let table = Arc::make_mut(&mut self.routes);
+        table.bump();
+        table
+    }
+
+    /// Refreshes the table's snapshot of exchange `id`'s bindings after they changed.
+    fn refresh_router(&mut self, id: ExchangeId) {
+        if let Some(router) = self.exchanges.get(&id).map(|x| x.bindings.router()) {
+            self.routes_mut().set_router(id, router);
+        }
+    }
+}
+
+impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
         let mut broker = Broker {
             names: NameGen::new(config.seed),
@@ -188,6 +212,7 @@ impl Broker {
             now: 0,
             next_id: 1,
             exchanges: IdMap::default(),
+            routes: Arc::default(),
             queues: IdMap::default(),
             consumers: IdMap::default(),
             conns: IdMap::default(),
@@ -546,8 +571,8 @@ impl Broker {
     /// Ready messages in a queue of the default vhost, in memory and paged out (for hosts,
     /// tests and admin tools).
     pub fn queue_len(&self, name: &str) -> Option<usize> {
-        let id = self.vhosts.get(&self.default_vhost)?.queues.get(name)?;
-        self.queues.get(id).map(|q| q.messages.len())
+        let id = self.routes.queue(self.default_vhost, name)?;
+        self.queues.get(&id).map(|q| q.messages.len())
     }
 
     /// Number of queues and exchanges, for admin tools and tests.

@@ -103,8 +103,8 @@ impl Broker {
                 .get(&x.vhost)
                 .and_then(|v| policy::applicable(v.policies.values(), &x.name, false));
             let alternate = policy::alternate_exchange(own.as_deref(), applicable);
-            if let Some(x) = self.exchanges.get_mut(&id) {
-                x.alternate = alternate;
+            if self.exchanges.contains_key(&id) {
+                self.routes_mut().set_alternate(id, alternate.as_deref());
             }
         }
         self.route_dead_letters();

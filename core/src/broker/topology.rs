@@ -70,15 +70,13 @@ impl Broker {
                     auto_delete: false,
                     internal,
                     arguments: FieldTable::new(),
-                    alternate: None,
                     bindings: Bindings::new(kind),
-                    is_default: name.is_empty(),
                     bound_from: Default::default(),
                 },
             );
-            if let Some(v) = self.vhosts.get_mut(&vhost) {
-                v.exchanges.insert(name.to_string(), id);
-            }
+            let router = (!name.is_empty()).then(|| Bindings::new(kind).router());
+            self.routes_mut()
+                .add_exchange(id, vhost, Arc::from(name), internal, None, router);
         }
     }
 
@@ -92,12 +90,12 @@ impl Broker {
 
     /// The exchange `name` in vhost `vh`, if it exists.
     pub(super) fn find_exchange(&self, vh: VhostId, name: &str) -> Option<ExchangeId> {
-        self.vhosts.get(&vh)?.exchanges.get(name).copied()
+        self.routes.exchange(vh, name)
     }
 
     /// The queue `name` in vhost `vh`, if it exists.
     pub(super) fn find_queue(&self, vh: VhostId, name: &str) -> Option<QueueId> {
-        self.vhosts.get(&vh)?.queues.get(name).copied()
+        self.routes.queue(vh, name)
     }
 
     fn default_exchange_refused(op: OpKind) -> ProtocolError {
@@ -266,25 +264,31 @@ impl Broker {
                 .get(&vh)
                 .and_then(|v| crate::policy::applicable(v.policies.values(), &d.exchange, false));
             let alternate = crate::policy::alternate_exchange(alternate.as_deref(), policy);
+            let name: Arc<str> = Arc::from(d.exchange.as_str());
+            let bindings = Bindings::new(kind);
+            let router = bindings.router();
             self.exchanges.insert(
                 id,
                 Exchange {
                     vhost: vh,
-                    name: Arc::from(d.exchange.as_str()),
+                    name: name.clone(),
                     kind,
                     durable: d.durable,
                     auto_delete: d.auto_delete,
                     internal: d.internal,
                     arguments: d.arguments,
-                    alternate,
-                    bindings: Bindings::new(kind),
-                    is_default: false,
+                    bindings,
                     bound_from: Default::default(),
                 },
             );
-            if let Some(v) = self.vhosts.get_mut(&vh) {
-                v.exchanges.insert(d.exchange, id);
-            }
+            self.routes_mut().add_exchange(
+                id,
+                vh,
+                name,
+                d.internal,
+                alternate.as_deref(),
+                Some(router),
+            );
         }
         if !d.nowait {
             self.reply(ch, Reply::ExchangeDeclareOk);
@@ -344,11 +348,9 @@ impl Broker {
             let Some(x) = self.exchanges.remove(&id) else {
                 continue;
             };
-            let vhost = match self.vhosts.get_mut(&x.vhost) {
-                Some(v) => {
-                    v.exchanges.remove(x.name.as_ref());
-                    v.name.clone()
-                }
+            self.routes_mut().remove_exchange(id, &x.name);
+            let vhost = match self.vhosts.get(&x.vhost) {
+                Some(v) => v.name.clone(),
                 None => Arc::from(""),
             };
             if x.durable {
@@ -366,6 +368,7 @@ impl Broker {
                     if src.auto_delete && src.bindings.is_empty() {
                         work.push(source);
                     }
+                    self.refresh_router(source);
                 }
             }
         }
@@ -407,10 +410,12 @@ impl Broker {
         if add {
             if x.bindings.add(destination, routing_key, arguments) {
                 self.link(source, destination);
+                self.refresh_router(source);
             }
         } else if x.bindings.remove(destination, routing_key, arguments) {
             let now_empty = x.auto_delete && x.bindings.is_empty();
             self.unlink(source, destination);
+            self.refresh_router(source);
             if now_empty {
                 self.delete_exchange(source);
             }
@@ -695,9 +700,8 @@ impl Broker {
                         last_used: self.now,
                     }),
                 );
-                if let Some(v) = self.vhosts.get_mut(&vh) {
-                    v.queues.insert(name.to_string(), id);
-                }
+                let name = self.queues[&id].name.clone();
+                self.routes_mut().add_queue(vh, name, id);
                 if self.queues[&id].args.message_ttl.is_some()
                     || self.queues[&id].args.expires.is_some()
                 {
@@ -861,11 +865,9 @@ impl Broker {
             return;
         };
         self.release(q.messages.bytes());
-        let vhost = match self.vhosts.get_mut(&q.vhost) {
-            Some(v) => {
-                v.queues.remove(q.name.as_ref());
-                v.name.clone()
-            }
+        self.routes_mut().remove_queue(q.vhost, &q.name);
+        let vhost = match self.vhosts.get(&q.vhost) {
+            Some(v) => v.name.clone(),
             None => Arc::from(""),
         };
         if let Some(store) = self.store.as_mut() {
@@ -914,6 +916,7 @@ impl Broker {
                 if x.auto_delete && x.bindings.is_empty() {
                     emptied.push(source);
                 }
+                self.refresh_router(source);
             }
         }
         for x in emptied {

@@ -9,7 +9,7 @@ use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ConnId, ExchangeId, QueueId, VhostId};
 use crate::store::DefinitionChange;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 impl Broker {
@@ -54,12 +54,11 @@ impl Broker {
             Vhost {
                 name: name.clone(),
                 description: def.description,
-                exchanges: HashMap::new(),
-                queues: HashMap::new(),
                 policies: BTreeMap::new(),
             },
         );
-        self.vhost_ids.insert(name, id);
+        self.vhost_ids.insert(name.clone(), id);
+        self.routes_mut().add_vhost(id, name);
         self.declare_predefined_exchanges(id);
         id
     }
@@ -142,6 +141,7 @@ impl Broker {
         self.users.forget_vhost(name);
         self.vhosts.remove(&id);
         self.vhost_ids.remove(name);
+        self.routes_mut().remove_vhost(id, name);
         self.define(DefinitionChange::VhostDeleted(name));
         Ok(())
     }

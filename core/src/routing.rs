@@ -1,0 +1,228 @@
+//! The routing table: an immutable snapshot of what routing reads (each vhost's exchange and
+//! queue names, every exchange's bindings, alternate exchange and `internal` flag).
+//!
+//! The broker owns one `Arc<RouteTable>` and is the only writer: every change to routing goes
+//! through [`crate::Broker::routes`]'s mutators, which bump [`RouteTable::version`]. A host
+//! may clone the `Arc` (O(1)) and route publishes on other threads, before they reach the
+//! broker (`Publish::routed`). Every map inside is persistent ([`PMap`], [`Router`]), so the
+//! broker's next change copies only its own path, never the table, whatever snapshots live.
+//!
+//! Consistency (the broker enforces it, hosts need not): a pre-routed publish is used only if
+//! its table is at least as new as the last routing change made by its own connection, so a
+//! client always sees its own binds and declares; other clients' changes are concurrent with
+//! it unless it learned of them through a reply, and hosts publish a new table before they
+//! send the replies of the turn that changed it.
+
+use crate::exchange::Router;
+use crate::ids::{Destination, ExchangeId, QueueId, VhostId};
+use crate::message::FieldTable;
+use crate::pmap::PMap;
+use std::sync::Arc;
+
+/// Exchange-to-exchange hops one publish may take: bounds routing work on deep graphs
+/// (cycles are cut by the visited set anyway).
+const MAX_ROUTE_EXCHANGES: usize = 1024;
+
+/// See the module docs.
+#[derive(Clone, Default, Debug)]
+pub struct RouteTable {
+    version: u64,
+    vhost_ids: PMap<Arc<str>, VhostId>,
+    vhosts: PMap<VhostId, VhostRoutes>,
+    exchanges: PMap<ExchangeId, ExchangeRoute>,
+}
+
+/// One vhost's names.
+#[derive(Clone, Default, Debug)]
+struct VhostRoutes {
+    exchanges: PMap<Arc<str>, ExchangeId>,
+    /// Queue names: the default exchange's implicit bindings.
+    queues: PMap<Arc<str>, QueueId>,
+}
+
+#[derive(Clone, Debug)]
+struct ExchangeRoute {
+    vhost: VhostId,
+    internal: bool,
+    /// The effective alternate exchange (own argument or policy), by name: it may be
+    /// declared after this exchange.
+    alternate: Option<Arc<str>>,
+    /// `None`: the default exchange, which routes to the queue named by the routing key.
+    router: Option<Router>,
+}
+
+/// What a host may route before the broker sees a publish: the exchange it was routed
+/// through, the table version, and every queue reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routed {
+    pub version: u64,
+    pub exchange: ExchangeId,
+    pub queues: Vec<QueueId>,
+}
+
+impl RouteTable {
+    /// Bumped by every change; a snapshot with a higher version saw every change a lower one
+    /// saw.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn vhost(&self, name: &str) -> Option<VhostId> {
+        self.vhost_ids.get(name).copied()
+    }
+
+    pub fn exchange(&self, vhost: VhostId, name: &str) -> Option<ExchangeId> {
+        self.vhosts.get(&vhost)?.exchanges.get(name).copied()
+    }
+
+    pub fn queue(&self, vhost: VhostId, name: &str) -> Option<QueueId> {
+        self.vhosts.get(&vhost)?.queues.get(name).copied()
+    }
+
+    /// Routes a publish to exchange `name` of `vhost` as the broker would, for a host that
+    /// routes outside it. `None` when the broker must see the publish unrouted (no such
+    /// exchange, or an internal one: the broker reports the error).
+    pub fn route_publish(
+        &self,
+        vhost: VhostId,
+        name: &str,
+        routing_key: &str,
+        headers: Option<&FieldTable>,
+    ) -> Option<Routed> {
+        let exchange = self.exchange(vhost, name)?;
+        if self.exchanges.get(&exchange)?.internal {
+            return None;
+        }
+        Some(Routed {
+            version: self.version,
+            exchange,
+            queues: self.route(exchange, routing_key, headers),
+        })
+    }
+
+    /// Every queue a message published to `exchange` reaches, each once, in id order:
+    /// follows exchange-to-exchange bindings (cycles cut) and alternate exchanges.
+    pub fn route(
+        &self,
+        exchange: ExchangeId,
+        routing_key: &str,
+        headers: Option<&FieldTable>,
+    ) -> Vec<QueueId> {
+        let mut queues = Vec::new();
+        let mut visited = vec![exchange];
+        let mut work = vec![exchange];
+        let mut matched = Vec::new();
+        while let Some(id) = work.pop() {
+            let Some(x) = self.exchanges.get(&id) else {
+                continue;
+            };
+            matched.clear();
+            match &x.router {
+                Some(router) => router.route(routing_key, headers, &mut matched),
+                None => {
+                    if let Some(q) = self.queue(x.vhost, routing_key) {
+                        matched.push(Destination::Queue(q));
+                    }
+                }
+            }
+            if matched.is_empty()
+                && let Some(ae) = x
+                    .alternate
+                    .as_deref()
+                    .and_then(|name| self.exchange(x.vhost, name))
+            {
+                matched.push(Destination::Exchange(ae));
+            }
+            for d in &matched {
+                match *d {
+                    Destination::Queue(q) => queues.push(q),
+                    Destination::Exchange(next) => {
+                        if !visited.contains(&next) && visited.len() < MAX_ROUTE_EXCHANGES {
+                            visited.push(next);
+                            work.push(next);
+                        }
+                    }
+                }
+            }
+        }
+        queues.sort_unstable();
+        queues.dedup();
+        queues
+    }
+
+    // The broker's mutators. Each is called through `Broker::routes_mut`, which bumps the
+    // version once per change.
+
+    pub(crate) fn bump(&mut self) {
+        self.version += 1;
+    }
+
+    pub(crate) fn add_vhost(&mut self, id: VhostId, name: Arc<str>) {
+        self.vhost_ids.insert(name, id);
+        self.vhosts.insert(id, VhostRoutes::default());
+    }
+
+    /// Forgets a vhost and its names (its exchanges are removed one by one before).
+    pub(crate) fn remove_vhost(&mut self, id: VhostId, name: &str) {
+        self.vhost_ids.remove(name);
+        self.vhosts.remove(&id);
+    }
+
+    pub(crate) fn add_exchange(
+        &mut self,
+        id: ExchangeId,
+        vhost: VhostId,
+        name: Arc<str>,
+        internal: bool,
+        alternate: Option<&str>,
+        router: Option<Router>,
+    ) {
+        if let Some(v) = self.vhosts.get_mut(&vhost) {
+            v.exchanges.insert(name, id);
+        }
+        self.exchanges.insert(
+            id,
+            ExchangeRoute {
+                vhost,
+                internal,
+                alternate: alternate.map(Arc::from),
+                router,
+            },
+        );
+    }
+
+    pub(crate) fn remove_exchange(&mut self, id: ExchangeId, name: &str) {
+        if let Some(x) = self.exchanges.remove(&id)
+            && let Some(v) = self.vhosts.get_mut(&x.vhost)
+        {
+            v.exchanges.remove(name);
+        }
+    }
+
+    /// After a binding change: the exchange's new router snapshot.
+    pub(crate) fn set_router(&mut self, id: ExchangeId, router: Router) {
+        if let Some(x) = self.exchanges.get_mut(&id)
+            && x.router.is_some()
+        {
+            x.router = Some(router);
+        }
+    }
+
+    pub(crate) fn set_alternate(&mut self, id: ExchangeId, alternate: Option<&str>) {
+        if let Some(x) = self.exchanges.get_mut(&id) {
+            x.alternate = alternate.map(Arc::from);
+        }
+    }
+
+    pub(crate) fn add_queue(&mut self, vhost: VhostId, name: Arc<str>, id: QueueId) {
+        if let Some(v) = self.vhosts.get_mut(&vhost) {
+            v.queues.insert(name, id);
+        }
+    }
+
+    pub(crate) fn remove_queue(&mut self, vhost: VhostId, name: &str) {
+        if let Some(v) = self.vhosts.get_mut(&vhost) {
+            v.queues.remove(name);
+        }
+    }
+}
