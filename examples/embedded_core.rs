@@ -86,6 +86,7 @@ fn main() {
                 immediate: false,
                 properties: Properties::default(),
                 body: Bytes::from_static(body.as_bytes()),
+                routed: None,
             })),
         );
     }

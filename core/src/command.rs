@@ -90,6 +90,10 @@ pub struct Publish {
     pub immediate: bool,
     pub properties: Properties,
     pub body: Bytes,
+    /// Routed by the host against a snapshot of the routing table (`routing.rs`), so the
+    /// broker need not route it. The broker uses it only if the snapshot saw every routing
+    /// change of the publishing connection, and drops queues deleted since.
+    pub routed: Option<crate::routing::Routed>,
 }
 
 /// One operation on one channel. Connection-level operations use channel 0.

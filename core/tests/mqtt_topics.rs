@@ -101,6 +101,7 @@ fn routes(filter: &str, topic: &str) -> bool {
             immediate: false,
             properties: Default::default(),
             body: Bytes::from_static(b"m"),
+            routed: None,
         })),
     );
     b.queue_len("q") == Some(1)

@@ -50,6 +50,7 @@ fn publish_with(
             immediate: false,
             properties,
             body: Bytes::copy_from_slice(body.as_bytes()),
+            routed: None,
         })),
     )
 }

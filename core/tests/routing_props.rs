@@ -269,6 +269,9 @@ fn check_against_model(kind: ExchangeKind, ops: &[Op]) -> Result<(), TestCaseErr
     let mut real = Bindings::new(kind);
     let mut model = Model::new(kind);
     prop_assert_eq!(real.kind(), kind);
+    // Router snapshots taken along the way, with what they routed then: later changes must
+    // not reach them (the broker hands them to other threads).
+    let mut snapshots = Vec::new();
     for op in ops {
         match op {
             Op::Add(d, k, a) => {
@@ -287,6 +290,11 @@ fn check_against_model(kind: ExchangeKind, ops: &[Op]) -> Result<(), TestCaseErr
                 prop_assert_eq!(out.first(), Some(&sentinel), "route must only append");
                 let expected = model.route(k, h.as_ref());
                 prop_assert_eq!(&out[1..], expected.as_slice(), "route({:?}, {:?})", k, h);
+                let router = real.router();
+                let mut snap = Vec::new();
+                router.route(k, h.as_ref(), &mut snap);
+                prop_assert_eq!(&snap, &expected, "router({:?}, {:?})", k, h);
+                snapshots.push((router, k.clone(), h.clone(), expected));
             }
         }
         prop_assert_eq!(real.len(), model.bindings.len());
@@ -299,17 +307,35 @@ fn check_against_model(kind: ExchangeKind, ops: &[Op]) -> Result<(), TestCaseErr
         }
         check_list(&real.list(), &model)?;
     }
-    // A clone (topic rebuilds its trie from the index) routes and lists identically.
-    let copy = real.clone();
-    prop_assert_eq!(copy.list(), real.list());
-    for op in ops {
-        if let Op::Route(k, h) = op {
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            real.route(k, h.as_ref(), &mut a);
-            copy.route(k, h.as_ref(), &mut b);
-            prop_assert_eq!(a, b);
-        }
+    for (router, k, h, expected) in &snapshots {
+        let mut out = Vec::new();
+        router.route(k, h.as_ref(), &mut out);
+        prop_assert_eq!(&out, expected, "snapshot changed: route({:?}, {:?})", k, h);
     }
+    // A clone shares structure but not changes: it routes and lists identically, and
+    // emptying it leaves the original as it was.
+    let mut copy = real.clone();
+    prop_assert_eq!(copy.list(), real.list());
+    let routes = |b: &Bindings| -> Vec<Vec<Destination>> {
+        ops.iter()
+            .filter_map(|op| match op {
+                Op::Route(k, h) => {
+                    let mut out = Vec::new();
+                    b.route(k, h.as_ref(), &mut out);
+                    Some(out)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let before = routes(&real);
+    prop_assert_eq!(routes(&copy), before.clone());
+    for d in all_dests() {
+        copy.remove_destination(d);
+    }
+    prop_assert!(copy.is_empty());
+    prop_assert_eq!(routes(&real), before);
+    prop_assert_eq!(real.len(), model.bindings.len());
     Ok(())
 }
 

@@ -298,6 +298,7 @@ impl Sim {
                         immediate: false,
                         properties: Properties::default(),
                         body: id.to_string().into(),
+                        routed: None,
                     })),
                 );
             }

@@ -263,6 +263,7 @@ impl Sim {
                         immediate: false,
                         properties,
                         body: id.to_string().into(),
+                        routed: None,
                     })),
                     false,
                 );
@@ -477,6 +478,7 @@ fn a_failing_store_nacks_and_blocks_then_recovers() {
                 ..Default::default()
             },
             body: id.to_string().into(),
+            routed: None,
         })),
     );
     let mut fx = Vec::new();

@@ -779,6 +779,7 @@ impl Session {
                 immediate: content.publish.immediate,
                 properties,
                 body: content.body.freeze(),
+                routed: None,
             })),
         ));
     }

@@ -81,6 +81,7 @@ pub fn to_core(
         immediate: false,
         properties,
         body: payload,
+        routed: None,
     }
 }
 

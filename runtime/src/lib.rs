@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 use warren_core::command::Op;
 use warren_core::ids::ConnId;
+use warren_core::routing::RouteTable;
 
 pub use warren_core::BrokerConfig;
 pub use warren_core::access::{Login, LoginError};
@@ -148,7 +149,13 @@ struct Shared {
     requests: mpsc::Sender<Request>,
     control: mpsc::UnboundedSender<Control>,
     next_conn: AtomicU64,
+    /// The routing table as of the broker's last turn: connection tasks route publishes on
+    /// it (lock-free reads), so routing runs on their threads, not the broker's.
+    routes: Routes,
 }
+
+/// The published routing snapshot (see `warren_core::routing`).
+pub(crate) type Routes = Arc<arc_swap::ArcSwap<RouteTable>>;
 
 /// A cheap, clonable handle to the running broker.
 #[derive(Clone)]
@@ -208,12 +215,19 @@ impl BrokerHandle {
         control_rx: mpsc::UnboundedReceiver<Control>,
     ) -> BrokerHandle {
         let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
-        tokio::spawn(task::run(broker, requests_rx, control_rx));
+        let routes: Routes = Arc::new(arc_swap::ArcSwap::new(Arc::clone(broker.routes())));
+        tokio::spawn(task::run(
+            broker,
+            requests_rx,
+            control_rx,
+            Arc::clone(&routes),
+        ));
         BrokerHandle {
             shared: Arc::new(Shared {
                 requests,
                 control,
                 next_conn: AtomicU64::new(1),
+                routes,
             }),
         }
     }
@@ -269,6 +283,7 @@ impl BrokerHandle {
                     shared: self.shared.clone(),
                     sent: AtomicU64::new(0),
                     credit,
+                    vhost: std::sync::OnceLock::new(),
                 }),
             },
             rx,
@@ -294,6 +309,8 @@ struct ConnGuard {
     /// Op batches handed to the request channel.
     sent: AtomicU64,
     credit: mailbox::Credit,
+    /// The connection's vhost, once it opened (publishes are routed in its table).
+    vhost: std::sync::OnceLock<warren_core::ids::VhostId>,
 }
 
 impl Drop for ConnGuard {
@@ -315,10 +332,14 @@ pub struct CommandSender {
 
 impl CommandSender {
     /// Sends a batch of `(channel, op)` pairs. Waits while the broker is saturated.
-    pub async fn send(&self, ops: Vec<(u16, Op)>) -> Result<(), BrokerGone> {
+    ///
+    /// Publishes are routed here first, on the connection's task, against the broker's
+    /// latest routing table (`Publish::routed`), so the broker task only enqueues them.
+    pub async fn send(&self, mut ops: Vec<(u16, Op)>) -> Result<(), BrokerGone> {
         if ops.is_empty() {
             return Ok(());
         }
+        self.route(&mut ops);
         let sent = self.guard.sent.load(Ordering::Acquire);
         self.guard.credit.wait(sent, MAX_IN_FLIGHT).await;
         self.guard
@@ -337,5 +358,37 @@ impl CommandSender {
     /// The connection these operations belong to.
     pub fn conn(&self) -> ConnId {
         self.guard.conn
+    }
+
+    /// Routes the batch's publishes on the latest table (one lock-free load per batch, not
+    /// held past it: a held snapshot keeps the broker's replaced paths alive). A publish
+    /// the table cannot route (unknown exchange or vhost) goes unrouted: the broker reports
+    /// the error.
+    fn route(&self, ops: &mut [(u16, Op)]) {
+        let mut table = None;
+        for (_, op) in ops.iter_mut() {
+            match op {
+                Op::ConnectionOpen { vhost, .. } => {
+                    // The vhost's id: looked up once, when the connection opens.
+                    let table = table.get_or_insert_with(|| self.guard.shared.routes.load());
+                    if let Some(id) = table.vhost(vhost) {
+                        let _ = self.guard.vhost.set(id);
+                    }
+                }
+                Op::Publish(p) if p.routed.is_none() => {
+                    let Some(&vhost) = self.guard.vhost.get() else {
+                        continue;
+                    };
+                    let table = table.get_or_insert_with(|| self.guard.shared.routes.load());
+                    p.routed = table.route_publish(
+                        vhost,
+                        &p.exchange,
+                        &p.routing_key,
+                        p.properties.headers.as_ref(),
+                    );
+                }
+                _ => {}
+            }
+        }
     }
 }

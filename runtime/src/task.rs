@@ -17,6 +17,7 @@ pub(crate) async fn run(
     mut broker: Broker,
     mut requests: mpsc::Receiver<Request>,
     mut control: mpsc::UnboundedReceiver<Control>,
+    routes: crate::Routes,
 ) {
     // The core's clock: wall-clock milliseconds (so message expiries stored on disk mean the
     // same after a restart), advanced monotonically from one reading at start.
@@ -68,6 +69,11 @@ pub(crate) async fn run(
         // Group commit: everything applied this turn (and while the previous sync ran)
         // rides on one sync.
         broker.start_sync();
+        // Publish the routing changes of this turn before its replies leave: a client that
+        // saw a bind-ok (or told another client of it) routes on a table holding the bind.
+        if broker.routes().version() != routes.load().version() {
+            routes.store(std::sync::Arc::clone(broker.routes()));
+        }
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
     }

@@ -39,6 +39,7 @@ async fn a_disconnect_never_overtakes_the_ops_sent_before_it() {
             immediate: false,
             properties: Properties::default(),
             body: Bytes::from(format!("m{i}")),
+            routed: None,
         };
         let ops = vec![
             (

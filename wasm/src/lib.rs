@@ -334,6 +334,7 @@ impl Inner {
             immediate: false,
             properties: convert::properties_from_js(options)?,
             body: convert::body_bytes(body)?,
+            routed: None,
         }));
         self.run(CONTROL, op)?;
         Ok(!self.returned)

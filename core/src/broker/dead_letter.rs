@@ -181,6 +181,7 @@ impl Broker {
                 immediate: false,
                 properties: message.properties.clone(),
                 body: message.body.clone(),
+                routed: None,
             };
             let mut queues = self.route(exchange, &probe);
             if !rejected {

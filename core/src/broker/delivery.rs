@@ -134,6 +134,8 @@ impl Broker {
             if tx.len() >= MAX_TX_OPS {
                 return Err(too_large_tx(op));
             }
+            // Routed at commit, against the table of that moment.
+            p.routed = None;
             tx.push(TxOp::Publish(p));
             return Ok(());
         }
@@ -141,8 +143,18 @@ impl Broker {
         Ok(())
     }
 
-    fn route_and_enqueue(&mut self, ch: ChannelRef, exchange: ExchangeId, p: Box<Publish>) {
-        let queues = self.route(exchange, &p);
+    fn route_and_enqueue(&mut self, ch: ChannelRef, exchange: ExchangeId, mut p: Box<Publish>) {
+        let (queues, routed_any) = match p.routed.take() {
+            Some(routed) if self.usable(ch, exchange, &routed) => {
+                let routed_any = !routed.queues.is_empty();
+                (self.still_routable(exchange, routed.queues), routed_any)
+            }
+            _ => {
+                let queues = self.route(exchange, &p);
+                let routed_any = !queues.is_empty();
+                (queues, routed_any)
+            }
+        };
         let seq = self.channels.get_mut(&ch).and_then(|c| {
             let seq = c.confirm_next?;
             c.confirm_next = Some(seq + 1);
@@ -157,7 +169,7 @@ impl Broker {
             body: p.body,
         });
         let (mut wait_sync, mut failed) = (false, false);
-        if queues.is_empty() {
+        if !routed_any {
             let is_reply = message.exchange.is_empty()
                 && self.deliver_reply(&message.routing_key.clone(), &message);
             if mandatory && !is_reply {
@@ -418,6 +430,33 @@ impl Broker {
         if stored && let Some(store) = self.store.as_mut() {
             store.remove(id, seq);
         }
+    }
+
+    /// Whether a publish routed by the host (`Publish::routed`) may be used as routed: through
+    /// the same exchange (not one deleted and declared again), on a table that saw every
+    /// routing change of the publishing connection (a client sees its own binds).
+    fn usable(
+        &self,
+        ch: ChannelRef,
+        exchange: ExchangeId,
+        routed: &crate::routing::Routed,
+    ) -> bool {
+        routed.exchange == exchange
+            && self
+                .conns
+                .get(&ch.conn)
+                .is_some_and(|c| routed.version >= c.routes_seen)
+    }
+
+    /// The queues of a host-routed publish that still exist, each once, in id order. A queue
+    /// deleted since the snapshot is dropped: the publish happened before the deletion, which
+    /// took the message with it (so a mandatory publish is not returned either).
+    fn still_routable(&self, exchange: ExchangeId, mut queues: Vec<QueueId>) -> Vec<QueueId> {
+        let vhost = self.exchanges.get(&exchange).map(|x| x.vhost);
+        queues.sort_unstable();
+        queues.dedup();
+        queues.retain(|q| self.queues.get(q).map(|q| q.vhost) == vhost);
+        queues
     }
 
     /// Every queue a message published to `exchange` reaches, each once, in id order

@@ -460,11 +460,18 @@ impl Broker {
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
     pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
         self.now = self.now.max(now);
+        let routes_before = self.routes.version();
         if let Err(error) = self.apply(ch, op) {
             self.fail(ch, error);
         }
         self.route_dead_letters();
         self.update_alarm();
+        let routes_after = self.routes.version();
+        if routes_after != routes_before
+            && let Some(conn) = self.conns.get_mut(&ch.conn)
+        {
+            conn.routes_seen = routes_after;
+        }
     }
 
     /// Body bytes currently held (ready or unacked, once per queue).

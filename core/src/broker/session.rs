@@ -25,6 +25,9 @@ pub(crate) struct Conn {
     /// What the user may do in the vhost; `None` for the broker's internal connections
     /// (restore, admin), which may do anything.
     pub(crate) perms: Option<Arc<crate::access::Permissions>>,
+    /// The routing table's version after this connection's last routing change: its
+    /// pre-routed publishes must come from a snapshot at least this new (`Publish::routed`).
+    pub(crate) routes_seen: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +140,8 @@ impl Broker {
                 consumers: 0,
                 paused_in: BTreeSet::new(),
                 user,
+                // A connection opened after a change may not use a snapshot from before it.
+                routes_seen: self.routes.version(),
             })
         });
         if self.alarm {

@@ -164,6 +164,7 @@ impl Harness {
                 immediate: false,
                 properties: Properties::default(),
                 body: Bytes::copy_from_slice(body.as_bytes()),
+                routed: None,
             })),
         )
     }

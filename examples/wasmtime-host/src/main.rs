@@ -86,6 +86,7 @@ fn scenario() -> Vec<(u16, Op)> {
                     ..Properties::default()
                 },
                 body: Bytes::from_static(body.as_bytes()),
+                routed: None,
             })),
         ));
     }

@@ -700,6 +700,7 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
                 immediate,
                 properties: get_properties(r)?,
                 body: Bytes::copy_from_slice(r.bytes()?),
+                routed: None,
             }))
         }
         0x14 => Op::Ack {

@@ -374,6 +374,7 @@ impl Scenario {
                 immediate: false,
                 properties: self.properties(),
                 body: self.body(),
+                routed: None,
             })),
             30..=35 => {
                 self.next_consumer += 1;

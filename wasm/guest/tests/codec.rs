@@ -197,6 +197,7 @@ fn malformed_input_is_an_error_not_a_panic() {
             ..Default::default()
         },
         body: bytes::Bytes::from_static(b"hello"),
+        routed: None,
     })));
     assert!(decode_op(&publish).is_ok());
     for n in 0..publish.len() {

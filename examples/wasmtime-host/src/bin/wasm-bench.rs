@@ -111,6 +111,7 @@ fn pubsub(side: &mut dyn Side, n: u64) -> Result<(f64, usize), HostError> {
         immediate: false,
         properties: Properties::default(),
         body: bytes::Bytes::from(vec![0x2a; 100]),
+        routed: None,
     })));
     let written = enc(Op::Written { count: 50 });
     let start = Instant::now();

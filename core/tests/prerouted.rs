@@ -1,0 +1,192 @@
+//! Publishes routed by the host on a snapshot of the routing table (`Publish::routed`): the
+//! broker uses them as routed unless that would hide the publishing connection's own routing
+//! changes, and drops what was deleted since.
+
+mod common;
+
+use bytes::Bytes;
+use common::Harness;
+use std::sync::Arc;
+use warren_core::command::{Op, Publish};
+use warren_core::effect::Effect;
+use warren_core::ids::ChannelRef;
+use warren_core::message::{FieldTable, Properties};
+use warren_core::routing::{RouteTable, Routed};
+
+fn route(table: &RouteTable, exchange: &str, key: &str) -> Option<Routed> {
+    let vhost = table.vhost("/").expect("vhost /");
+    table.route_publish(vhost, exchange, key, None)
+}
+
+fn publish_routed(
+    h: &mut Harness,
+    c: ChannelRef,
+    exchange: &str,
+    key: &str,
+    routed: Option<Routed>,
+) -> Vec<Effect> {
+    h.op(
+        c,
+        Op::Publish(Box::new(Publish {
+            exchange: Arc::from(exchange),
+            routing_key: Arc::from(key),
+            mandatory: true,
+            immediate: false,
+            properties: Properties::default(),
+            body: Bytes::from_static(b"m"),
+            routed,
+        })),
+    )
+}
+
+fn returned(fx: &[Effect]) -> bool {
+    fx.iter().any(|e| matches!(e, Effect::Return { .. }))
+}
+
+#[test]
+fn a_connection_sees_its_own_bind_even_on_a_stale_snapshot() {
+    let mut h = Harness::new();
+    let a = h.connect(1);
+    h.declare(a, "q");
+    let stale = Arc::clone(h.broker.routes());
+    h.bind(a, "q", "amq.direct", "k");
+    let routed = route(&stale, "amq.direct", "k");
+    assert_eq!(routed.as_ref().map(|r| r.queues.len()), Some(0));
+    let fx = publish_routed(&mut h, a, "amq.direct", "k", routed);
+    assert!(!returned(&fx), "{fx:?}");
+    assert_eq!(h.broker.queue_len("q"), Some(1));
+}
+
+#[test]
+fn another_connections_later_bind_is_concurrent_so_the_snapshot_routing_stands() {
+    let mut h = Harness::new();
+    let a = h.connect(1);
+    let b = h.connect(2);
+    h.declare(b, "q");
+    let snapshot = Arc::clone(h.broker.routes());
+    h.bind(b, "q", "amq.direct", "k");
+    // Routed before b's bind reached the table: the broker does not route it again.
+    let fx = publish_routed(
+        &mut h,
+        a,
+        "amq.direct",
+        "k",
+        route(&snapshot, "amq.direct", "k"),
+    );
+    assert!(returned(&fx), "mandatory and routed nowhere: {fx:?}");
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+    // On the current table it arrives.
+    let current = Arc::clone(h.broker.routes());
+    let fx = publish_routed(
+        &mut h,
+        a,
+        "amq.direct",
+        "k",
+        route(&current, "amq.direct", "k"),
+    );
+    assert!(!returned(&fx), "{fx:?}");
+    assert_eq!(h.broker.queue_len("q"), Some(1));
+}
+
+#[test]
+fn a_queue_deleted_since_the_snapshot_is_dropped_not_returned() {
+    let mut h = Harness::new();
+    let a = h.connect(1);
+    let b = h.connect(2);
+    h.declare(b, "q");
+    h.bind(b, "q", "amq.direct", "k");
+    let snapshot = Arc::clone(h.broker.routes());
+    h.op(
+        b,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    h.declare(b, "q");
+    h.bind(b, "q", "amq.direct", "k");
+    let fx = publish_routed(
+        &mut h,
+        a,
+        "amq.direct",
+        "k",
+        route(&snapshot, "amq.direct", "k"),
+    );
+    // It reached the old queue, which was deleted with it; the new queue of the same name
+    // is another queue.
+    assert!(!returned(&fx), "{fx:?}");
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+}
+
+#[test]
+fn an_exchange_declared_again_is_routed_by_the_broker() {
+    let mut h = Harness::new();
+    let a = h.connect(1);
+    let b = h.connect(2);
+    h.declare(b, "old");
+    h.declare(b, "new");
+    h.exchange(b, "x", "direct", FieldTable::new());
+    h.bind(b, "old", "x", "k");
+    let snapshot = Arc::clone(h.broker.routes());
+    h.op(
+        b,
+        Op::ExchangeDelete {
+            exchange: "x".into(),
+            if_unused: false,
+            nowait: false,
+        },
+    );
+    h.exchange(b, "x", "fanout", FieldTable::new());
+    h.bind(b, "new", "x", "");
+    let fx = publish_routed(&mut h, a, "x", "k", route(&snapshot, "x", "k"));
+    assert!(!returned(&fx), "{fx:?}");
+    assert_eq!(h.broker.queue_len("old"), Some(0));
+    assert_eq!(h.broker.queue_len("new"), Some(1));
+}
+
+#[test]
+fn the_table_routes_exchange_to_exchange_and_alternate_exchanges_as_the_broker_does() {
+    let mut h = Harness::new();
+    let a = h.connect(1);
+    h.declare(a, "via-e2e");
+    h.declare(a, "via-ae");
+    h.exchange(a, "ae", "fanout", FieldTable::new());
+    h.bind(a, "via-ae", "ae", "");
+    let mut args = FieldTable::new();
+    args.insert(
+        "alternate-exchange".into(),
+        warren_core::message::FieldValue::string("ae"),
+    );
+    h.exchange(a, "front", "topic", args);
+    h.exchange(a, "inner", "direct", FieldTable::new());
+    h.op(
+        a,
+        Op::ExchangeBind(warren_core::command::Bind {
+            destination: "inner".into(),
+            source: "front".into(),
+            routing_key: "a.*".into(),
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    h.bind(a, "via-e2e", "inner", "a.b");
+    let table = Arc::clone(h.broker.routes());
+    let queue_of = |name: &str| table.queue(table.vhost("/").unwrap(), name).unwrap();
+    assert_eq!(
+        route(&table, "front", "a.b").map(|r| r.queues),
+        Some(vec![queue_of("via-e2e")])
+    );
+    assert_eq!(
+        route(&table, "front", "zzz").map(|r| r.queues),
+        Some(vec![queue_of("via-ae")])
+    );
+    // The default exchange routes by queue name; unknown exchanges are left to the broker.
+    assert_eq!(
+        route(&table, "", "via-ae").map(|r| r.queues),
+        Some(vec![queue_of("via-ae")])
+    );
+    assert_eq!(route(&table, "nope", "k"), None);
+    assert_eq!(route(&table, "amq.rabbitmq.trace", "k"), None, "internal");
+}
