@@ -131,6 +131,9 @@ struct Sim {
     trace: Vec<String>,
     /// The mode of the basic.get in flight (get-ok does not say).
     get_no_ack: bool,
+    /// Publishes arrive routed by the host on the broker's current table, as the native
+    /// runtime sends them (`Publish::routed`).
+    host_routes: bool,
 }
 
 impl Sim {
@@ -143,6 +146,7 @@ impl Sim {
             l: Ledger::default(),
             trace: Vec::new(),
             get_no_ack: false,
+            host_routes: false,
         };
         for conn in 1..=CONNS {
             s.connect(conn);
@@ -289,16 +293,22 @@ impl Sim {
                 self.ensure(c);
                 let id = self.l.published;
                 self.l.published += 1;
+                let key = format!("q{queue}");
+                let routed = self.host_routes.then(|| {
+                    let table = self.h.broker.routes();
+                    let vhost = table.vhost("/").expect("vhost /");
+                    table.route_publish(vhost, "", &key, None)
+                });
                 self.exec(
                     c,
                     Op::Publish(Box::new(Publish {
                         exchange: "".into(),
-                        routing_key: format!("q{queue}").into(),
+                        routing_key: key.into(),
                         mandatory: false,
                         immediate: false,
                         properties: Properties::default(),
                         body: id.to_string().into(),
-                        routed: None,
+                        routed: routed.flatten(),
                     })),
                 );
             }
@@ -534,5 +544,20 @@ proptest! {
             sim.finish()
         };
         prop_assert_eq!(run(&ops), run(&ops));
+    }
+
+    /// The two compositions agree: publishes routed by the host on the table give the same
+    /// effects, in the same order, as publishes the broker routes itself.
+    #[test]
+    fn host_routing_gives_the_same_effects(ops in prop::collection::vec(sim_op(), 1..150)) {
+        let run = |ops: &[SimOp], host_routes: bool| {
+            let mut sim = Sim::new();
+            sim.host_routes = host_routes;
+            for op in ops.iter().cloned() {
+                sim.step(op);
+            }
+            sim.finish()
+        };
+        prop_assert_eq!(run(&ops, true), run(&ops, false));
     }
 }
