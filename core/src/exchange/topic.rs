@@ -134,7 +134,12 @@ impl Drop for Node {
 impl Node {
     fn move_children_to(&mut self, stack: &mut Vec<Node>) {
         let words = std::mem::take(&mut self.words);
-        stack.extend(words.into_values().into_iter().filter_map(Arc::into_inner));
+        stack.extend(
+            words
+                .into_unique_values()
+                .into_iter()
+                .filter_map(Arc::into_inner),
+        );
         stack.extend(self.star.take().and_then(Arc::into_inner));
         stack.extend(self.hash.take().and_then(Arc::into_inner));
     }
