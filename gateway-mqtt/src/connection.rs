@@ -140,9 +140,6 @@ struct Live<S> {
     tx: CommandSender,
     rx: EffectReceiver,
     kick_rx: oneshot::Receiver<oneshot::Sender<()>>,
-    client_id: Arc<str>,
-    /// A delayed will is published as this user, after the session is gone.
-    user: Box<str>,
 }
 
 /// Serves one connection until it closes.
@@ -260,7 +257,6 @@ where
         }
     }
     let record = registry.take_session(&client_id);
-    let user: Box<str> = info.user.as_str().into();
     let session = Session::new(info, record, now_ms(), config.clone());
     tracing::debug!(peer = %peer.addr, client_id = %client_id, level, "accepted MQTT connection");
     Some(Live {
@@ -270,8 +266,6 @@ where
         tx: link.tx,
         rx: link.rx,
         kick_rx,
-        client_id,
-        user,
     })
 }
 
@@ -390,10 +384,9 @@ async fn close<S>(
         mut session,
         tx,
         mut rx,
-        client_id,
-        user,
         ..
     } = live;
+    let client_id = session.client_id().clone();
     let level = session.level();
     match &end {
         End::Disconnected => {
@@ -446,13 +439,13 @@ async fn close<S>(
     if let Some(r) = record {
         registry.store_session(client_id.clone(), r);
     }
-    if let Some((delay, will)) = session.take_delayed_will() {
+    if let Some((delay, will, user)) = session.take_delayed_will() {
         registry.delay_will(client_id.clone(), tx.conn());
         tokio::spawn(publish_delayed_will(
             DelayedWill {
                 delay_s: delay,
                 will,
-                user: user.into(),
+                user,
             },
             client_id.clone(),
             tx.conn(),
