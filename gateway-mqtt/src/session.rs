@@ -492,6 +492,10 @@ impl Session {
         self.level
     }
 
+    pub fn config(&self) -> &Arc<MqttConfig> {
+        &self.config
+    }
+
     pub fn client_id(&self) -> &Arc<str> {
         &self.client_id
     }
