@@ -255,11 +255,65 @@ struct Waiting {
     tag: Option<u64>,
 }
 
+/// A will with the user its publish runs as (the login is gone by the time a delayed will is
+/// published). The user is kept only here: a client without a will never needs it.
+struct Will {
+    will: v5::LastWill,
+    user: Box<str>,
+}
+
+/// The protocol state an idle subscriber never touches: confirms of its publishes, QoS 2
+/// packet ids, outbound messages in flight or waiting for a packet id, topic aliases, a
+/// delayed will. Inline it was more than half of `Session` (~230 bytes in every idle
+/// connection); boxed, it is allocated on first use and then kept, so a busy session pays
+/// one pointer hop and no allocation per message.
+struct Rare {
+    confirm_next: u64,
+    confirms: VecDeque<(u64, PendingAck)>,
+    /// Entries of `confirms` that are PUBACKs: the QoS 1 share of the inbound window, kept
+    /// as a count so a publish does not scan up to 1024 pending confirms.
+    pending_pubacks: u32,
+    next_pid: u16,
+    inbound_qos2: BTreeSet<u16>,
+    outbound: BTreeMap<u16, Inflight>,
+    waiting: VecDeque<Waiting>,
+    aliases: HashMap<u16, TopicName>,
+    /// Topic aliases towards the client (MQTT 5 3.3.2.3.4), first come first served up to
+    /// `out_alias_max`.
+    out_aliases: HashMap<TopicName, u16>,
+    delayed_will: Option<(u32, Box<Will>)>,
+}
+
+impl Rare {
+    fn push_confirm(&mut self, ack: PendingAck) {
+        self.pending_pubacks += u32::from(matches!(ack, PendingAck::Puback(_)));
+        self.confirms.push_back((self.confirm_next, ack));
+        self.confirm_next += 1;
+    }
+}
+
+impl Default for Rare {
+    fn default() -> Rare {
+        Rare {
+            // The core numbers a channel's confirms from 1, as does MQTT its packet ids.
+            confirm_next: 1,
+            confirms: VecDeque::new(),
+            pending_pubacks: 0,
+            next_pid: 1,
+            inbound_qos2: BTreeSet::new(),
+            outbound: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            aliases: HashMap::new(),
+            out_aliases: HashMap::new(),
+            delayed_will: None,
+        }
+    }
+}
+
 pub struct Session {
     config: Arc<MqttConfig>,
     level: Level,
     client_id: Arc<str>,
-    queue: Arc<str>,
     persistent: bool,
     session_expiry_s: u32,
     subs: SubMap,
@@ -268,27 +322,14 @@ pub struct Session {
     last_rx: u64,
     client_receive_max: u16,
     client_max_packet: Option<u32>,
-    confirm_next: u64,
-    confirms: VecDeque<(u64, PendingAck)>,
-    /// Entries of `confirms` that are PUBACKs: the QoS 1 share of the inbound window, kept
-    /// as a count so a publish does not scan up to 1024 pending confirms.
-    pending_pubacks: u32,
-    inbound_qos2: BTreeSet<u16>,
-    outbound: BTreeMap<u16, Inflight>,
-    next_pid: u16,
-    waiting: VecDeque<Waiting>,
-    aliases: HashMap<u16, TopicName>,
-    /// Topic aliases towards the client (MQTT 5 3.3.2.3.4), first come first served up to
-    /// `out_alias_max`.
-    out_aliases: HashMap<TopicName, u16>,
+    rare: Option<Box<Rare>>,
     out_alias_max: u16,
-    // Boxed, as the delayed will: most clients set none, and inline they cost ~2x the size
-    // of a will in every idle session.
-    will: Option<Box<v5::LastWill>>,
+    // Boxed, as `Rare`: most clients set none, and inline a will costs ~2x its size in every
+    // idle session.
+    will: Option<Box<Will>>,
     /// Set once a subscription asks for no-local: this session's publishes then carry its
     /// client id, so its own deliveries can be recognised.
     stamp_publisher: bool,
-    delayed_will: Option<(u32, Box<v5::LastWill>)>,
     /// Deliveries received from the core since the last flush (write-window credit).
     delivered: u32,
     disconnected: bool,
@@ -312,11 +353,6 @@ impl Session {
         let prefetch = info.client_receive_max.min(config.max_inflight);
         let mut s = Session {
             level: info.level,
-            queue: Arc::from(format!(
-                "{}{}qos1",
-                crate::config::SESSION_QUEUE_PREFIX,
-                info.client_id
-            )),
             client_id: info.client_id.clone(),
             persistent,
             session_expiry_s: info.session_expiry_s,
@@ -326,23 +362,19 @@ impl Session {
             last_rx: now,
             client_receive_max: info.client_receive_max,
             client_max_packet: info.client_max_packet,
-            confirm_next: 1,
-            confirms: VecDeque::new(),
-            pending_pubacks: 0,
-            inbound_qos2: BTreeSet::new(),
-            outbound: BTreeMap::new(),
-            next_pid: 1,
-            waiting: VecDeque::new(),
-            aliases: HashMap::new(),
-            out_aliases: HashMap::new(),
+            rare: None,
             out_alias_max: if info.level == 5 {
                 info.client_topic_alias_max.min(config.topic_alias_max)
             } else {
                 0
             },
-            will: info.will.clone().map(Box::new),
+            will: info.will.clone().map(|will| {
+                Box::new(Will {
+                    will,
+                    user: info.user.as_str().into(),
+                })
+            }),
             stamp_publisher: false,
-            delayed_will: None,
             delivered: 0,
             disconnected: false,
             paused: false,
@@ -376,7 +408,7 @@ impl Session {
                 s.ops.push((
                     CHANNEL,
                     Op::QueueDelete {
-                        queue: s.queue.to_string(),
+                        queue: s.queue(),
                         if_unused: false,
                         if_empty: false,
                         nowait: true,
@@ -388,7 +420,9 @@ impl Session {
                 session_present = true;
                 s.subs = r.subs;
                 s.stamp_publisher = s.subs.values().any(|o| o.no_local);
-                s.inbound_qos2 = r.inbound_qos2;
+                if !r.inbound_qos2.is_empty() {
+                    s.rare().inbound_qos2 = r.inbound_qos2;
+                }
                 if r.has_queue {
                     s.ensure_queue();
                 }
@@ -405,7 +439,7 @@ impl Session {
                 }
                 for pid in r.awaiting_comp {
                     if let Ok(p) = Pid::try_from(pid) {
-                        s.outbound.insert(
+                        s.rare().outbound.insert(
                             pid,
                             Inflight {
                                 tag: None,
@@ -439,8 +473,27 @@ impl Session {
         s
     }
 
+    /// The session's core queue. Built when an op needs it (CONNECT, SUBSCRIBE, UNSUBSCRIBE)
+    /// rather than held: kept, it cost every idle connection a ~50-byte allocation.
+    fn queue(&self) -> String {
+        format!(
+            "{}{}qos1",
+            crate::config::SESSION_QUEUE_PREFIX,
+            self.client_id
+        )
+    }
+
+    /// The rarely used state, allocated on first use.
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
     pub fn level(&self) -> Level {
         self.level
+    }
+
+    pub fn config(&self) -> &Arc<MqttConfig> {
+        &self.config
     }
 
     pub fn client_id(&self) -> &Arc<str> {
@@ -531,25 +584,27 @@ impl Session {
             v5::Packet::Connect(_) => return Err(CloseError::protocol("second CONNECT")),
             v5::Packet::Publish(p) => self.on_publish(now, p, registry)?,
             v5::Packet::Puback(a) => {
-                if self
-                    .outbound
-                    .get(&a.pid.value())
-                    .is_some_and(|f| f.qos == QoS::Level1)
+                let outbound = self.rare.as_deref_mut().map(|r| &mut r.outbound);
+                if let Some(outbound) = outbound
+                    && outbound
+                        .get(&a.pid.value())
+                        .is_some_and(|f| f.qos == QoS::Level1)
                 {
-                    let f = self.outbound.remove(&a.pid.value());
+                    let f = outbound.remove(&a.pid.value());
                     self.ack_core(f.and_then(|f| f.tag));
                     self.send_waiting();
                 }
             }
             v5::Packet::Pubrec(a) => {
                 let pid = a.pid.value();
-                match self.outbound.get_mut(&pid) {
+                let outbound = self.rare.as_deref_mut().map(|r| &mut r.outbound);
+                match outbound.and_then(|o| o.get_mut(&pid)) {
                     Some(f) if f.qos == QoS::Level2 => {
                         // The client owns the message now: ack the core so a reconnect does
                         // not send it again, and remember the id to resend PUBREL.
                         let tag = f.tag.take();
                         if (a.reason_code as u8) >= 0x80 {
-                            self.outbound.remove(&pid);
+                            self.rare().outbound.remove(&pid);
                             self.ack_core(tag);
                             self.send_waiting();
                         } else {
@@ -566,7 +621,11 @@ impl Session {
                 }
             }
             v5::Packet::Pubrel(r) => {
-                let code = if self.inbound_qos2.remove(&r.pid.value()) {
+                let released = self
+                    .rare
+                    .as_deref_mut()
+                    .is_some_and(|rare| rare.inbound_qos2.remove(&r.pid.value()));
+                let code = if released {
                     PubcompReasonCode::Success
                 } else {
                     PubcompReasonCode::PacketIdentifierNotFound
@@ -575,12 +634,11 @@ impl Session {
                     .push(v5::Packet::Pubcomp(v5::Pubcomp::new(r.pid, code)));
             }
             v5::Packet::Pubcomp(c) => {
-                if self
-                    .outbound
-                    .get(&c.pid.value())
-                    .is_some_and(|f| f.released)
+                let outbound = self.rare.as_deref_mut().map(|r| &mut r.outbound);
+                if let Some(outbound) = outbound
+                    && outbound.get(&c.pid.value()).is_some_and(|f| f.released)
                 {
-                    self.outbound.remove(&c.pid.value());
+                    outbound.remove(&c.pid.value());
                     self.send_waiting();
                 }
             }
@@ -632,13 +690,14 @@ impl Session {
                     format!("topic alias {alias} out of range"),
                 ));
             }
+            let aliases = &mut self.rare().aliases;
             if p.topic_name.is_empty() {
-                p.topic_name =
-                    self.aliases.get(&alias).cloned().ok_or_else(|| {
-                        CloseError::protocol(format!("unknown topic alias {alias}"))
-                    })?;
+                p.topic_name = aliases
+                    .get(&alias)
+                    .cloned()
+                    .ok_or_else(|| CloseError::protocol(format!("unknown topic alias {alias}")))?;
             } else {
-                self.aliases.insert(alias, p.topic_name.clone());
+                aliases.insert(alias, p.topic_name.clone());
             }
         }
         if let Err(e) = validate_topic(&p.topic_name) {
@@ -671,8 +730,10 @@ impl Session {
         // A QoS 2 publish awaiting its confirm is already in `inbound_qos2` (from PUBLISH
         // to PUBREL): counting its pending PUBREC too halved the window (a publisher with
         // 1000 in flight, under the 1024 announced, was disconnected).
-        let in_flight = self.inbound_qos2.len() + self.pending_pubacks as usize;
-        if qos != QoS::Level0 && in_flight >= usize::from(self.config.max_inflight) {
+        let max_inflight = usize::from(self.config.max_inflight);
+        let rare = self.rare();
+        let in_flight = rare.inbound_qos2.len() + rare.pending_pubacks as usize;
+        if qos != QoS::Level0 && in_flight >= max_inflight {
             return Err(CloseError::new(
                 DisconnectReasonCode::ReceiveMaximumExceeded,
                 "more unacknowledged QoS 1/2 publishes than Receive Maximum",
@@ -682,7 +743,7 @@ impl Session {
             QosPid::Level0 => PendingAck::None,
             QosPid::Level1(pid) => PendingAck::Puback(pid),
             QosPid::Level2(pid) => {
-                if !self.inbound_qos2.insert(pid.value()) {
+                if !rare.inbound_qos2.insert(pid.value()) {
                     // A resend of a message already routed: exactly once means not again.
                     self.out
                         .push(v5::Packet::Pubrec(v5::Pubrec::new_success(pid)));
@@ -719,9 +780,7 @@ impl Session {
         }
         self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
         self.published = true;
-        self.pending_pubacks += u32::from(matches!(ack, PendingAck::Puback(_)));
-        self.confirms.push_back((self.confirm_next, ack));
-        self.confirm_next += 1;
+        self.rare().push_confirm(ack);
         Ok(())
     }
 
@@ -733,7 +792,7 @@ impl Session {
         self.ops.push((
             CHANNEL,
             Op::QueueDeclare(QueueDeclare {
-                queue: self.queue.to_string(),
+                queue: self.queue(),
                 passive: false,
                 durable: self.persistent,
                 exclusive: !self.persistent,
@@ -745,7 +804,7 @@ impl Session {
         self.ops.push((
             CHANNEL,
             Op::Consume(Consume {
-                queue: self.queue.to_string(),
+                queue: self.queue(),
                 consumer_tag: CONSUMER_TAG.to_string(),
                 no_local: false,
                 no_ack: false,
@@ -758,7 +817,7 @@ impl Session {
 
     fn bind_op(&self, filter: &str) -> Bind {
         Bind {
-            destination: self.queue.to_string(),
+            destination: self.queue(),
             source: EXCHANGE.to_string(),
             routing_key: filter_to_amqp_pattern(filter),
             nowait: true,
@@ -938,15 +997,19 @@ impl Session {
     }
 
     fn on_confirm(&mut self, seq: u64, multiple: bool, ack: bool) {
+        let Some(rare) = self.rare.as_deref_mut() else {
+            return;
+        };
+        let confirms = &mut rare.confirms;
         let mut done = Vec::new();
         if multiple {
-            while self.confirms.front().is_some_and(|(s, _)| *s <= seq) {
-                if let Some(c) = self.confirms.pop_front() {
+            while confirms.front().is_some_and(|(s, _)| *s <= seq) {
+                if let Some(c) = confirms.pop_front() {
                     done.push(c.1);
                 }
             }
-        } else if let Some(i) = self.confirms.iter().position(|(s, _)| *s == seq)
-            && let Some(c) = self.confirms.remove(i)
+        } else if let Some(i) = confirms.iter().position(|(s, _)| *s == seq)
+            && let Some(c) = confirms.remove(i)
         {
             done.push(c.1);
         }
@@ -954,7 +1017,7 @@ impl Session {
             match a {
                 PendingAck::None => {}
                 PendingAck::Puback(pid) => {
-                    self.pending_pubacks = self.pending_pubacks.saturating_sub(1);
+                    rare.pending_pubacks = rare.pending_pubacks.saturating_sub(1);
                     let code = if ack {
                         PubackReasonCode::Success
                     } else {
@@ -967,7 +1030,7 @@ impl Session {
                     let code = if ack {
                         PubrecReasonCode::Success
                     } else {
-                        self.inbound_qos2.remove(&pid.value());
+                        rare.inbound_qos2.remove(&pid.value());
                         PubrecReasonCode::UnspecifiedError
                     };
                     self.out
@@ -1123,13 +1186,13 @@ impl Session {
             QoS::Level1 => QosPid::Level1(Pid::default()),
             _ => QosPid::Level2(Pid::default()),
         };
-        if self.waiting.is_empty()
+        if self.rare().waiting.is_empty()
             && let Some(pid) = self.alloc_pid()
         {
             self.send_inflight(publish, pid, tag);
             return;
         }
-        self.waiting.push_back(Waiting { publish, tag });
+        self.rare().waiting.push_back(Waiting { publish, tag });
     }
 
     fn send_inflight(&mut self, mut publish: v5::Publish, pid: Pid, tag: Option<u64>) {
@@ -1138,7 +1201,7 @@ impl Session {
             QoS::Level1 => QosPid::Level1(pid),
             _ => QosPid::Level2(pid),
         };
-        self.outbound.insert(
+        self.rare().outbound.insert(
             pid.value(),
             Inflight {
                 tag,
@@ -1151,15 +1214,17 @@ impl Session {
 
     /// Queues a PUBLISH, replacing its topic by an alias when the client takes aliases.
     fn push_publish(&mut self, mut p: v5::Publish) {
-        if self.out_alias_max > 0 {
-            if let Some(&alias) = self.out_aliases.get(&p.topic_name) {
+        let max = usize::from(self.out_alias_max);
+        if max > 0 {
+            let out_aliases = &mut self.rare().out_aliases;
+            if let Some(&alias) = out_aliases.get(&p.topic_name) {
                 p.properties.topic_alias = Some(alias);
                 if let Ok(empty) = TopicName::try_from("") {
                     p.topic_name = empty;
                 }
-            } else if self.out_aliases.len() < usize::from(self.out_alias_max) {
-                let alias = self.out_aliases.len() as u16 + 1;
-                self.out_aliases.insert(p.topic_name.clone(), alias);
+            } else if out_aliases.len() < max {
+                let alias = out_aliases.len() as u16 + 1;
+                out_aliases.insert(p.topic_name.clone(), alias);
                 p.properties.topic_alias = Some(alias);
             }
         }
@@ -1167,9 +1232,9 @@ impl Session {
     }
 
     fn send_waiting(&mut self) {
-        while !self.waiting.is_empty() {
+        while self.waiting_len() > 0 {
             let Some(pid) = self.alloc_pid() else { return };
-            let Some(w) = self.waiting.pop_front() else {
+            let Some(w) = self.rare().waiting.pop_front() else {
                 return;
             };
             self.send_inflight(w.publish, pid, w.tag);
@@ -1178,14 +1243,16 @@ impl Session {
 
     /// A free packet id, if the client's Receive Maximum allows another message in flight.
     fn alloc_pid(&mut self) -> Option<Pid> {
-        if self.outbound.len() >= usize::from(self.client_receive_max) {
+        let max = usize::from(self.client_receive_max);
+        let rare = self.rare();
+        if rare.outbound.len() >= max {
             return None;
         }
         // At most 65535 ids, fewer in use than that: the scan ends.
         for _ in 0..u16::MAX {
-            let id = self.next_pid;
-            self.next_pid = if id == u16::MAX { 1 } else { id + 1 };
-            if !self.outbound.contains_key(&id) {
+            let id = rare.next_pid;
+            rare.next_pid = if id == u16::MAX { 1 } else { id + 1 };
+            if !rare.outbound.contains_key(&id) {
                 return Pid::try_from(id).ok();
             }
         }
@@ -1204,7 +1271,7 @@ impl Session {
         if let Some(w) = self.will.take() {
             // MQTT 5 3.1.3.2.2: the will waits for its delay, or until the session ends if
             // that comes first; a clean session ends now.
-            let delay = w.properties.delay_interval.unwrap_or(0);
+            let delay = w.will.properties.delay_interval.unwrap_or(0);
             let ends = if self.persistent {
                 self.session_expiry_s
             } else {
@@ -1212,24 +1279,24 @@ impl Session {
             };
             let delay = delay.min(ends);
             if delay > 0 {
-                self.delayed_will = Some((delay, w));
+                self.rare().delayed_will = Some((delay, w));
             } else {
-                let publish = will_publish(&w, &self.config.vhost, now, registry);
+                let publish = will_publish(&w.will, &self.config.vhost, now, registry);
                 self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
-                self.confirms
-                    .push_back((self.confirm_next, PendingAck::None));
-                self.confirm_next += 1;
+                self.rare().push_confirm(PendingAck::None);
             }
         }
+        let rare = self.rare.as_deref_mut();
         (self.session_expiry_s > 0 && self.persistent).then(|| SessionRecord {
             subs: std::mem::take(&mut self.subs),
-            awaiting_comp: self
-                .outbound
-                .iter()
-                .filter(|(_, f)| f.released)
-                .map(|(pid, _)| *pid)
-                .collect(),
-            inbound_qos2: std::mem::take(&mut self.inbound_qos2),
+            awaiting_comp: rare.as_ref().map_or_else(BTreeSet::new, |r| {
+                r.outbound
+                    .iter()
+                    .filter(|(_, f)| f.released)
+                    .map(|(pid, _)| *pid)
+                    .collect()
+            }),
+            inbound_qos2: rare.map_or_else(BTreeSet::new, |r| std::mem::take(&mut r.inbound_qos2)),
             has_queue: self.queue_ready,
             expiry_s: self.session_expiry_s,
             stored_at: now,
@@ -1238,13 +1305,16 @@ impl Session {
 
     /// Outbound QoS 1/2 messages waiting for a packet id (the client's Receive Maximum).
     pub fn waiting_len(&self) -> usize {
-        self.waiting.len()
+        self.rare.as_ref().map_or(0, |r| r.waiting.len())
     }
 
-    /// A will that [`Session::close`] left for later: (delay in seconds, will). The host
-    /// publishes it after the delay unless the client id connects again meanwhile.
-    pub fn take_delayed_will(&mut self) -> Option<(u32, v5::LastWill)> {
-        self.delayed_will.take().map(|(delay, will)| (delay, *will))
+    /// A will that [`Session::close`] left for later: (delay in seconds, will, the user to
+    /// publish it as). The host publishes it after the delay unless the client id connects
+    /// again meanwhile.
+    pub fn take_delayed_will(&mut self) -> Option<(u32, v5::LastWill, String)> {
+        let (delay, w) = self.rare.as_mut()?.delayed_will.take()?;
+        let Will { will, user } = *w;
+        Some((delay, will, user.into()))
     }
 }
 

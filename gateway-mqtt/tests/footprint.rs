@@ -22,6 +22,8 @@ async fn connection_future_and_session_stay_small() {
     let future = std::mem::size_of_val(&fut);
     let session = std::mem::size_of::<warren_mqtt::session::Session>();
     println!("connection future: {future} bytes, session: {session} bytes");
-    assert!(future <= 1536, "connection future {future} bytes");
-    assert!(session <= 512, "session {session} bytes");
+    // 672 and 160 bytes when set: the margin is for tokio and compiler layout changes, not
+    // for new inline state (rarely used session state belongs in its boxed part).
+    assert!(future <= 768, "connection future {future} bytes");
+    assert!(session <= 192, "session {session} bytes");
 }
