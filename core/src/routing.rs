@@ -27,7 +27,10 @@ const MAX_ROUTE_EXCHANGES: usize = 1024;
 #[derive(Clone, Default, Debug)]
 pub struct RouteTable {
     version: u64,
-    vhost_ids: PMap<Arc<str>, VhostId>,
+    /// Names map to the raw id (`u64`) in every `PMap` of names, whatever the id's type:
+    /// one instantiation of the map's code instead of three (the JS `.wasm` has a size
+    /// budget).
+    vhost_ids: PMap<Arc<str>, u64>,
     vhosts: PMap<VhostId, VhostRoutes>,
     exchanges: PMap<ExchangeId, ExchangeRoute>,
 }
@@ -35,9 +38,9 @@ pub struct RouteTable {
 /// One vhost's names.
 #[derive(Clone, Default, Debug)]
 struct VhostRoutes {
-    exchanges: PMap<Arc<str>, ExchangeId>,
+    exchanges: PMap<Arc<str>, u64>,
     /// Queue names: the default exchange's implicit bindings.
-    queues: PMap<Arc<str>, QueueId>,
+    queues: PMap<Arc<str>, u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -68,15 +71,25 @@ impl RouteTable {
     }
 
     pub fn vhost(&self, name: &str) -> Option<VhostId> {
-        self.vhost_ids.get(name).copied()
+        self.vhost_ids.get(name).copied().map(VhostId)
     }
 
     pub fn exchange(&self, vhost: VhostId, name: &str) -> Option<ExchangeId> {
-        self.vhosts.get(&vhost)?.exchanges.get(name).copied()
+        self.vhosts
+            .get(&vhost)?
+            .exchanges
+            .get(name)
+            .copied()
+            .map(ExchangeId)
     }
 
     pub fn queue(&self, vhost: VhostId, name: &str) -> Option<QueueId> {
-        self.vhosts.get(&vhost)?.queues.get(name).copied()
+        self.vhosts
+            .get(&vhost)?
+            .queues
+            .get(name)
+            .copied()
+            .map(QueueId)
     }
 
     /// Routes a publish to exchange `name` of `vhost` as the broker would, for a host that
@@ -158,7 +171,7 @@ impl RouteTable {
     }
 
     pub(crate) fn add_vhost(&mut self, id: VhostId, name: Arc<str>) {
-        self.vhost_ids.insert(name, id);
+        self.vhost_ids.insert(name, id.0);
         self.vhosts.insert(id, VhostRoutes::default());
     }
 
@@ -178,7 +191,7 @@ impl RouteTable {
         router: Option<Router>,
     ) {
         if let Some(v) = self.vhosts.get_mut(&vhost) {
-            v.exchanges.insert(name, id);
+            v.exchanges.insert(name, id.0);
         }
         self.exchanges.insert(
             id,
@@ -216,7 +229,7 @@ impl RouteTable {
 
     pub(crate) fn add_queue(&mut self, vhost: VhostId, name: Arc<str>, id: QueueId) {
         if let Some(v) = self.vhosts.get_mut(&vhost) {
-            v.queues.insert(name, id);
+            v.queues.insert(name, id.0);
         }
     }
 
