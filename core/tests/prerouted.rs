@@ -18,13 +18,15 @@ fn route(table: &RouteTable, exchange: &str, key: &str) -> Option<Routed> {
     table.route_publish(vhost, exchange, key, None)
 }
 
-fn publish_routed(
+/// Publishes (mandatory) to `exchange` with `key`, routed by the host on `table`.
+fn publish_via(
     h: &mut Harness,
     c: ChannelRef,
+    table: &RouteTable,
     exchange: &str,
     key: &str,
-    routed: Option<Routed>,
 ) -> Vec<Effect> {
+    let routed = route(table, exchange, key);
     h.op(
         c,
         Op::Publish(Box::new(Publish {
@@ -51,8 +53,12 @@ fn a_connection_sees_its_own_bind_even_on_a_stale_snapshot() {
     let stale = Arc::clone(h.broker.routes());
     h.bind(a, "q", "amq.direct", "k");
     let routed = route(&stale, "amq.direct", "k");
-    assert_eq!(routed.as_ref().map(|r| r.queues.len()), Some(0));
-    let fx = publish_routed(&mut h, a, "amq.direct", "k", routed);
+    assert_eq!(
+        routed.map(|r| r.queues.len()),
+        Some(0),
+        "the stale table misses the bind"
+    );
+    let fx = publish_via(&mut h, a, &stale, "amq.direct", "k");
     assert!(!returned(&fx), "{fx:?}");
     assert_eq!(h.broker.queue_len("q"), Some(1));
 }
@@ -66,24 +72,12 @@ fn another_connections_later_bind_is_concurrent_so_the_snapshot_routing_stands()
     let snapshot = Arc::clone(h.broker.routes());
     h.bind(b, "q", "amq.direct", "k");
     // Routed before b's bind reached the table: the broker does not route it again.
-    let fx = publish_routed(
-        &mut h,
-        a,
-        "amq.direct",
-        "k",
-        route(&snapshot, "amq.direct", "k"),
-    );
+    let fx = publish_via(&mut h, a, &snapshot, "amq.direct", "k");
     assert!(returned(&fx), "mandatory and routed nowhere: {fx:?}");
     assert_eq!(h.broker.queue_len("q"), Some(0));
     // On the current table it arrives.
     let current = Arc::clone(h.broker.routes());
-    let fx = publish_routed(
-        &mut h,
-        a,
-        "amq.direct",
-        "k",
-        route(&current, "amq.direct", "k"),
-    );
+    let fx = publish_via(&mut h, a, &current, "amq.direct", "k");
     assert!(!returned(&fx), "{fx:?}");
     assert_eq!(h.broker.queue_len("q"), Some(1));
 }
@@ -107,13 +101,7 @@ fn a_queue_deleted_since_the_snapshot_is_dropped_not_returned() {
     );
     h.declare(b, "q");
     h.bind(b, "q", "amq.direct", "k");
-    let fx = publish_routed(
-        &mut h,
-        a,
-        "amq.direct",
-        "k",
-        route(&snapshot, "amq.direct", "k"),
-    );
+    let fx = publish_via(&mut h, a, &snapshot, "amq.direct", "k");
     // It reached the old queue, which was deleted with it; the new queue of the same name
     // is another queue.
     assert!(!returned(&fx), "{fx:?}");
@@ -140,7 +128,7 @@ fn an_exchange_declared_again_is_routed_by_the_broker() {
     );
     h.exchange(b, "x", "fanout", FieldTable::new());
     h.bind(b, "new", "x", "");
-    let fx = publish_routed(&mut h, a, "x", "k", route(&snapshot, "x", "k"));
+    let fx = publish_via(&mut h, a, &snapshot, "x", "k");
     assert!(!returned(&fx), "{fx:?}");
     assert_eq!(h.broker.queue_len("old"), Some(0));
     assert_eq!(h.broker.queue_len("new"), Some(1));
