@@ -182,22 +182,20 @@ impl Broker {
     /// Every consumer, by queue then tag.
     pub fn list_consumers(&self) -> Vec<ConsumerInfo> {
         let mut out: Vec<ConsumerInfo> = self
-            .consumers
+            .queues
             .values()
-            .filter_map(|c| {
-                let q = self.queues.get(&c.queue)?;
-                Some(ConsumerInfo {
-                    vhost: self.vhost_name(q.vhost).to_string(),
-                    queue: q.name.to_string(),
-                    tag: c.tag.to_string(),
-                    conn: c.ch.conn,
-                    channel: c.ch.channel,
-                    ack_required: !c.no_ack,
-                    exclusive: c.exclusive,
-                    prefetch: c.prefetch,
-                    priority: c.priority,
-                    unacked: c.unacked,
-                })
+            .flat_map(|q| q.consumers.iter().map(move |c| (q, c)))
+            .map(|(q, c)| ConsumerInfo {
+                vhost: self.vhost_name(q.vhost).to_string(),
+                queue: q.name.to_string(),
+                tag: c.tag.to_string(),
+                conn: c.ch.conn,
+                channel: c.ch.channel,
+                ack_required: !c.no_ack,
+                exclusive: c.exclusive,
+                prefetch: c.prefetch,
+                priority: c.priority,
+                unacked: c.unacked,
             })
             .collect();
         out.sort_by(|a, b| (&a.vhost, &a.queue, &a.tag).cmp(&(&b.vhost, &b.queue, &b.tag)));

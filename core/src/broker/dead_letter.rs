@@ -9,28 +9,11 @@ use super::Broker;
 use crate::command::Publish;
 use crate::ids::QueueId;
 use crate::message::{FieldTable, FieldValue, Message};
+pub(crate) use crate::queue::state::DeathReason;
 use std::sync::Arc;
 
 /// Dead letters routed per `handle`/`tick` call; the rest wait for the next call.
 const MAX_DEAD_LETTERS_PER_CALL: usize = 10_000;
-
-/// Why a message was dead-lettered (`x-death` `reason`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DeathReason {
-    Rejected,
-    Expired,
-    MaxLen,
-}
-
-impl DeathReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            DeathReason::Rejected => "rejected",
-            DeathReason::Expired => "expired",
-            DeathReason::MaxLen => "maxlen",
-        }
-    }
-}
 
 /// A message on its way to a dead-letter exchange.
 pub(crate) struct DeadLetter {

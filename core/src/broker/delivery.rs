@@ -4,98 +4,21 @@
 //! Nothing here waits on a round trip (seed 002): a publish is routed, enqueued, dispatched
 //! and confirmed within one `handle` call; prefetch is a counter check per delivery.
 
-use super::dead_letter::DeathReason;
-use super::session::{TxOp, Unacked};
-use super::{Broker, Consumer, ConsumerId, OpResult, PendingConfirm};
+use super::session::TxOp;
+use super::{Broker, OpResult, PendingConfirm};
 use crate::access::{Perm, Resource};
 use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
-use crate::idhash::IdMap;
 use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::Message;
-use crate::queue::args::Overflow;
-use crate::queue::classic::QueuedMessage;
+use crate::queue::state::{ConsumerId, Enqueued, QueueConsumer, QueueIo, Settle, Unacked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// Operations one transaction may buffer: bounds a channel's memory however long the
 /// client keeps a transaction open.
 const MAX_TX_OPS: usize = 65_536;
-
-/// How many times the window a queue keeps transient messages in memory before paging
-/// them out (see `enqueue`).
-const TRANSIENT_WINDOW_FACTOR: usize = 4;
-
-/// What to do with settled deliveries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settle {
-    Ack,
-    Requeue,
-    /// Rejected without requeue: dropped (dead-lettering comes with queue policies).
-    Discard,
-}
-
-impl Settle {
-    pub(crate) fn reject(requeue: bool) -> Settle {
-        if requeue {
-            Settle::Requeue
-        } else {
-            Settle::Discard
-        }
-    }
-}
-
-/// Where `enqueue` put a message.
-pub(super) enum Enqueued {
-    /// In memory only (or paged out as a transient message): no sync needed.
-    Memory,
-    /// In the store for a durable queue: its confirm waits for a sync.
-    Durable,
-    /// The store refused it: not enqueued.
-    Failed,
-    /// The queue is full and refuses publishes (`x-overflow` reject-publish[-dlx]).
-    Rejected,
-}
-
-/// Whether a queue's consumers have different `x-priority` values (dispatch then looks for
-/// the highest; otherwise it takes the first with credit).
-fn mixed_priorities(
-    queue_consumers: &[ConsumerId],
-    consumers: &IdMap<ConsumerId, Consumer>,
-) -> bool {
-    let mut priorities = queue_consumers
-        .iter()
-        .filter_map(|cid| consumers.get(cid).map(|c| c.priority));
-    let Some(first) = priorities.next() else {
-        return false;
-    };
-    priorities.any(|p| p != first)
-}
-
-/// Whether adding a message of `len` body bytes takes the queue over a length limit.
-fn would_overflow(q: &super::Queue, len: u64) -> bool {
-    q.args
-        .max_length
-        .is_some_and(|max| q.messages.len() as u64 >= max)
-        || q.args
-            .max_length_bytes
-            .is_some_and(|max| q.messages.total_bytes() + len > max)
-}
-
-/// When a message enqueued at `now` expires: the lower of the queue's and its own TTL.
-fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
-    let own = m
-        .properties
-        .expiration
-        .as_deref()
-        .and_then(|e| crate::queue::args::parse_expiration(e).ok());
-    let ttl = match (queue_ttl, own) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }?;
-    Some(now.saturating_add(ttl))
-}
 
 impl Broker {
     pub(super) fn publish(&mut self, ch: ChannelRef, mut p: Box<Publish>) -> OpResult {
@@ -232,204 +155,15 @@ impl Broker {
         }
     }
 
-    /// Appends a routed message to a queue: into the window while it has room and nothing is
-    /// paged out, otherwise (with a store) into the store only. Persistent messages on
-    /// durable queues are stored either way. Applies the queue's length limit and TTL.
+    /// Appends a routed message to queue `id` (see `QueueState::enqueue`).
     pub(super) fn enqueue(&mut self, id: QueueId, message: &Arc<Message>) -> Enqueued {
-        let window = self.config.queue_window;
-        let now = self.now;
-        let Some(q) = self.queues.get_mut(&id) else {
-            return Enqueued::Memory;
-        };
-        let len = message.body_len() as u64;
-        if q.args.overflow != Overflow::DropHead && would_overflow(q, len) {
-            if q.args.overflow == Overflow::RejectPublishDlx {
-                self.dead_letter(id, message.clone(), DeathReason::MaxLen);
-            }
-            return Enqueued::Rejected;
-        }
-        let expires_at = expiry(now, q.args.message_ttl, message);
-        if expires_at.is_some() {
-            self.expiring.insert(id);
-        }
-        let Some(q) = self.queues.get_mut(&id) else {
-            return Enqueued::Memory;
-        };
-        let Some(store) = self.store.as_mut() else {
-            let seq = q.messages.next_seq();
-            q.messages.push(seq, message.clone(), false, expires_at);
-            self.hold(len);
-            self.drop_overflow(id);
-            return Enqueued::Memory;
-        };
-        let persist = q.durable && message.properties.is_persistent();
-        // A persistent message is written anyway, so keeping it out of memory costs only the
-        // read back. A transient one would cost a write too: it pages out only at a larger
-        // window (a burst above the flow-control mark stays in memory) or when message
-        // memory passes half the alarm watermark.
-        let (limit, limit_bytes) = if persist {
-            (window, self.config.queue_window_bytes)
-        } else {
-            (
-                window.saturating_mul(TRANSIENT_WINDOW_FACTOR),
-                self.config
-                    .queue_window_bytes
-                    .saturating_mul(TRANSIENT_WINDOW_FACTOR as u64),
-            )
-        };
-        let memory_tight = self.stored_bytes > self.config.memory_high_watermark / 2;
-        // Priority queues keep everything in memory (see `MessageQueue`).
-        let page = !q.messages.is_priority()
-            && (q.messages.paged().count > 0
-                || q.messages.in_memory() >= limit
-                || q.messages.bytes() >= limit_bytes
-                || (memory_tight && q.messages.in_memory() >= window));
-        let seq = q.messages.next_seq();
-        if !persist && !page {
-            q.messages.push(seq, message.clone(), false, expires_at);
-            self.hold(len);
-            self.drop_overflow(id);
-            return Enqueued::Memory;
-        }
-        if store.append(id, seq, message, expires_at).is_err() {
-            // The host logged why. The message is not taken (its publisher gets a nack), and
-            // publishers are blocked for a while.
-            self.store_failed_at = Some(self.now);
-            return Enqueued::Failed;
-        }
-        if page {
-            q.messages.push_paged(seq, len);
-        } else {
-            q.messages.push(seq, message.clone(), true, expires_at);
-            self.hold(len);
-        }
-        if persist {
-            self.sync_dirty = true;
-        }
-        self.drop_overflow(id);
-        if persist {
-            Enqueued::Durable
-        } else {
-            Enqueued::Memory
-        }
+        self.with_queue(id, |q, io| q.enqueue(io, message))
+            .unwrap_or(Enqueued::Memory)
     }
 
-    /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
-    /// queue fits again.
-    pub(super) fn drop_overflow(&mut self, id: QueueId) {
-        loop {
-            let Some(q) = self.queues.get(&id) else {
-                return;
-            };
-            let over_count = q
-                .args
-                .max_length
-                .is_some_and(|max| q.messages.len() as u64 > max);
-            let over_bytes = q
-                .args
-                .max_length_bytes
-                .is_some_and(|max| q.messages.total_bytes() > max);
-            if !(over_count || over_bytes) {
-                return;
-            }
-            let Some(m) = self.pop_ready(id) else {
-                return;
-            };
-            self.forget(id, m.seq, m.stored, m.message.body_len());
-            self.dead_letter(id, m.message, DeathReason::MaxLen);
-        }
-    }
-
-    /// Makes sure the window holds the queue's next message when any is paged out.
-    fn fill_window(&mut self, id: QueueId) -> bool {
-        // A priority queue reads back everything (bounded by what it holds).
-        loop {
-            match self
-                .queues
-                .get(&id)
-                .map(|q| (q.messages.needs_load(), q.messages.is_priority()))
-            {
-                None => return false,
-                Some((false, _)) => return true,
-                Some((true, priority)) => {
-                    if !self.load_batch(id) {
-                        return false;
-                    }
-                    if !priority {
-                        return true;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Reads one batch of paged-out messages back into memory.
-    fn load_batch(&mut self, id: QueueId) -> bool {
-        let Some(q) = self.queues.get_mut(&id) else {
-            return false;
-        };
-        let paged = q.messages.paged();
-        // Read back a window's worth, by count and by bytes (big messages come fewer at a
-        // time).
-        let average = (paged.bytes / paged.count.max(1)).max(1);
-        let by_bytes =
-            usize::try_from(self.config.queue_window_bytes / average).unwrap_or(usize::MAX);
-        let max = self.config.queue_window.min(by_bytes).max(1);
-        let mut batch = Vec::new();
-        let read = match self.store.as_mut() {
-            Some(store) => store.read(id, paged.from_seq, max, &mut batch),
-            None => Ok(()),
-        };
-        if read.is_err() {
-            self.store_failed_at = Some(self.now);
-            return false;
-        }
-        if batch.is_empty() {
-            // The store has nothing where it reported messages: do not wait forever.
-            q.messages.forget_paged();
-            return false;
-        }
-        let bytes = q.messages.load(batch);
-        self.hold(bytes);
-        true
-    }
-
-    /// Takes the next ready message of a queue, reading paged-out messages back first when
-    /// the window is empty.
-    pub(super) fn pop_ready(&mut self, id: QueueId) -> Option<QueuedMessage> {
-        self.fill_window(id);
-        self.queues.get_mut(&id)?.messages.pop()
-    }
-
-    /// Dead-letters (or drops) expired messages at the head of a queue: expiry is checked at
-    /// the head only, O(1) per message, as RabbitMQ does. A message expires once `now` passes
-    /// its deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
+    /// Dead-letters (or drops) expired messages at the head of queue `id`.
     pub(super) fn expire_head(&mut self, id: QueueId) {
-        let now = self.now;
-        while self.fill_window(id) {
-            let expired = self
-                .queues
-                .get(&id)
-                .and_then(|q| q.messages.head())
-                .and_then(|m| m.expires_at)
-                .is_some_and(|at| now > at);
-            if !expired {
-                return;
-            }
-            let Some(m) = self.queues.get_mut(&id).and_then(|q| q.messages.pop()) else {
-                return;
-            };
-            self.forget(id, m.seq, m.stored, m.message.body_len());
-            self.dead_letter(id, m.message, DeathReason::Expired);
-        }
-    }
-
-    /// A message left queue `id` for good (acked, dropped, delivered without ack).
-    pub(super) fn forget(&mut self, id: QueueId, seq: u64, stored: bool, body_len: usize) {
-        self.release(body_len as u64);
-        if stored && let Some(store) = self.store.as_mut() {
-            store.remove(id, seq);
-        }
+        self.with_queue(id, |q, io| q.expire_head(io));
     }
 
     /// Whether a publish routed by the host (`Publish::routed`) may be used as routed: through
@@ -466,58 +200,6 @@ impl Broker {
             .route(exchange, &p.routing_key, p.properties.headers.as_ref())
     }
 
-    /// Whether consumer `cid` may receive one more message now.
-    fn can_deliver(&self, cid: ConsumerId) -> bool {
-        let Some(c) = self.consumers.get(&cid) else {
-            return false;
-        };
-        let Some(conn) = self.conns.get(&c.ch.conn) else {
-            return false;
-        };
-        if conn.in_flight >= self.config.write_window {
-            return false;
-        }
-        if c.no_ack {
-            return true;
-        }
-        let Some(channel) = self.channels.get(&c.ch) else {
-            return false;
-        };
-        (c.prefetch == 0 || c.unacked < u32::from(c.prefetch))
-            && (channel.global_prefetch == 0
-                || channel.consumer_unacked < u32::from(channel.global_prefetch))
-    }
-
-    /// The consumer the next message goes to: with `x-single-active-consumer`, only the
-    /// first consumer (the next one takes over when it goes); otherwise round-robin among
-    /// the consumers with credit and the highest `x-priority`.
-    fn pick_consumer(&self, q: &super::Queue) -> Option<(usize, ConsumerId)> {
-        if q.args.single_active_consumer {
-            let first = *q.consumers.first()?;
-            return self.can_deliver(first).then_some((0, first));
-        }
-        let n = q.consumers.len();
-        let start = q.rr_next % n;
-        let order = (0..n)
-            .map(|i| (start + i) % n)
-            .map(|idx| (idx, q.consumers[idx]));
-        if !q.mixed_priorities {
-            return order.clone().find(|&(_, cid)| self.can_deliver(cid));
-        }
-        let priority = |cid: ConsumerId| self.consumers.get(&cid).map_or(0, |c| c.priority);
-        let mut best: Option<(i64, usize, ConsumerId)> = None;
-        for (idx, cid) in order {
-            if !self.can_deliver(cid) {
-                continue;
-            }
-            let p = priority(cid);
-            if best.is_none_or(|(bp, _, _)| p > bp) {
-                best = Some((p, idx, cid));
-            }
-        }
-        best.map(|(_, idx, cid)| (idx, cid))
-    }
-
     /// Hands ready messages of queue `id` to its consumers, round-robin, while any has credit;
     /// then resumes the publishers it paused once it has drained to half the flow mark.
     pub(super) fn dispatch(&mut self, id: QueueId) {
@@ -533,41 +215,36 @@ impl Broker {
     }
 
     fn dispatch_ready(&mut self, id: QueueId) {
+        let may_expire = self.expiring.contains(&id);
         loop {
-            let Some(q) = self.queues.get(&id) else {
-                return;
-            };
-            if q.messages.is_empty() || q.consumers.is_empty() {
-                return;
-            }
-            let Some((idx, cid)) = self.pick_consumer(q) else {
-                return;
-            };
-            let n = q.consumers.len();
-            if !self.expiring.is_empty() && self.expiring.contains(&id) {
-                self.expire_head(id);
-            }
-            let Some(m) = self.pop_ready(id) else {
-                return;
-            };
+            let memory_tight = self.memory_tight();
             let Some(q) = self.queues.get_mut(&id) else {
                 return;
             };
-            q.rr_next = (idx + 1) % n;
-            let Some(c) = self.consumers.get_mut(&cid) else {
+            let mut io = QueueIo::new(
+                self.store.as_deref_mut(),
+                &self.config,
+                self.now,
+                memory_tight,
+            );
+            let credit = super::ChannelCredit {
+                conns: &self.conns,
+                channels: &self.channels,
+                write_window: self.config.write_window,
+            };
+            let picked = q.next_delivery(&mut io, &credit, may_expire);
+            let out = io.out;
+            self.absorb(id, out);
+            let Some(p) = picked else {
                 return;
             };
-            let (ch, no_ack, tag) = (c.ch, c.no_ack, c.tag.clone());
-            if !no_ack {
-                c.unacked += 1;
-                q.unacked += 1;
-            }
-            let Some(channel) = self.channels.get_mut(&ch) else {
+            let Some(channel) = self.channels.get_mut(&p.ch) else {
                 return;
             };
             let delivery_tag = channel.next_delivery_tag;
             channel.next_delivery_tag += 1;
-            if !no_ack {
+            let m = p.message;
+            if !p.no_ack {
                 channel.consumer_unacked += 1;
                 channel.unacked.insert(
                     delivery_tag,
@@ -575,21 +252,18 @@ impl Broker {
                         queue: id,
                         seq: m.seq,
                         message: m.message.clone(),
-                        consumer: Some(cid),
+                        consumer: Some(p.consumer),
                         stored: m.stored,
                         expires_at: m.expires_at,
                     },
                 );
             }
-            if let Some(conn) = self.conns.get_mut(&ch.conn) {
+            if let Some(conn) = self.conns.get_mut(&p.ch.conn) {
                 conn.in_flight += 1;
             }
-            if no_ack {
-                self.forget(id, m.seq, m.stored, m.message.body_len());
-            }
             self.effects.push(Effect::Deliver {
-                ch,
-                consumer_tag: tag,
+                ch: p.ch,
+                consumer_tag: p.tag,
                 delivery: Delivery {
                     delivery_tag,
                     redelivered: m.redelivered,
@@ -653,11 +327,7 @@ impl Broker {
         }
         let prefetch = channel.prefetch_count;
         let q = &self.queues[&queue];
-        let exclusive_held = q
-            .consumers
-            .iter()
-            .any(|cid| self.consumers.get(cid).is_some_and(|c| c.exclusive));
-        if exclusive_held || (c.exclusive && !q.consumers.is_empty()) {
+        if q.in_exclusive_use(c.exclusive) {
             return Err(ProtocolError::new(
                 ErrorCode::AccessRefused,
                 op,
@@ -669,33 +339,26 @@ impl Broker {
             ));
         }
         let cid = ConsumerId(self.next_id());
-        self.consumers.insert(
-            cid,
-            Consumer {
-                tag: tag.clone(),
-                ch,
-                queue,
-                no_ack: c.no_ack,
-                exclusive: c.exclusive,
-                prefetch,
-                unacked: 0,
-                priority: c
-                    .arguments
-                    .get("x-priority")
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or(0),
-            },
-        );
-        if let Some(channel) = self.channels.get_mut(&ch) {
-            channel.consumers.insert(tag.clone(), cid);
-        }
+        let consumer = QueueConsumer {
+            id: cid,
+            tag: tag.clone(),
+            ch,
+            no_ack: c.no_ack,
+            exclusive: c.exclusive,
+            prefetch,
+            unacked: 0,
+            priority: c
+                .arguments
+                .get("x-priority")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0),
+        };
         let now = self.now;
-        let consumers = &self.consumers;
         if let Some(q) = self.queues.get_mut(&queue) {
-            q.consumers.push(cid);
-            q.had_consumer = true;
-            q.last_used = now;
-            q.mixed_priorities = mixed_priorities(&q.consumers, consumers);
+            q.add_consumer(now, consumer);
+        }
+        if let Some(channel) = self.channels.get_mut(&ch) {
+            channel.consumers.insert(tag.clone(), (cid, queue));
         }
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
             conn.consumers += 1;
@@ -709,13 +372,13 @@ impl Broker {
 
     pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {
         self.cancel_reply_to(ch, tag);
-        let cid = self
+        let consumer = self
             .channels
             .get(&ch)
             .and_then(|c| c.consumers.get(tag).copied());
         // Cancelling an unknown tag is not an error (RabbitMQ answers cancel-ok).
-        if let Some(cid) = cid {
-            self.remove_consumer(cid, true);
+        if let Some((cid, queue)) = consumer {
+            self.remove_consumer(queue, cid);
         }
         if !nowait {
             self.reply(
@@ -729,41 +392,29 @@ impl Broker {
     }
 
     /// Removes a consumer from its queue and channel. Its unacked messages stay on the
-    /// channel. With `auto_delete`, an auto-delete queue left without consumers is deleted.
-    pub(super) fn remove_consumer(&mut self, cid: ConsumerId, auto_delete: bool) {
-        let Some(c) = self.consumers.remove(&cid) else {
+    /// channel. An auto-delete queue left without consumers is deleted: RabbitMQ deletes it
+    /// when its last consumer goes, however it goes (cancel, channel or connection close).
+    pub(super) fn remove_consumer(&mut self, queue: QueueId, cid: ConsumerId) {
+        let now = self.now;
+        let Some(q) = self.queues.get_mut(&queue) else {
             return;
         };
+        let Some(c) = q.remove_consumer(now, cid) else {
+            return;
+        };
+        let (emptied, auto_delete) = (q.consumers.is_empty(), q.auto_delete && q.had_consumer);
         if let Some(conn) = self.conns.get_mut(&c.ch.conn) {
             conn.consumers = conn.consumers.saturating_sub(1);
         }
         if let Some(channel) = self.channels.get_mut(&c.ch) {
             channel.consumers.remove(&c.tag);
         }
-        let Some(q) = self.queues.get_mut(&c.queue) else {
-            return;
-        };
-        if let Some(pos) = q.consumers.iter().position(|&x| x == cid) {
-            q.consumers.remove(pos);
-            if pos < q.rr_next {
-                q.rr_next -= 1;
-            }
-        }
-        // x-expires counts from the moment the last consumer left.
-        q.last_used = self.now;
-        q.mixed_priorities = mixed_priorities(&q.consumers, &self.consumers);
-        // Channel and connection close pass `false` but still delete: RabbitMQ deletes an
-        // auto-delete queue when its last consumer goes, however it goes.
-        let _ = auto_delete;
-        if q.consumers.is_empty() {
+        if emptied {
             // Without consumers a queue buffers, as in RabbitMQ: nothing to pace against.
-            self.resume_paused(c.queue);
-        }
-        let Some(q) = self.queues.get(&c.queue) else {
-            return;
-        };
-        if q.auto_delete && q.had_consumer && q.consumers.is_empty() {
-            self.delete_queue(c.queue);
+            self.resume_paused(queue);
+            if auto_delete {
+                self.delete_queue(queue);
+            }
         }
     }
 
@@ -771,26 +422,12 @@ impl Broker {
         let id = self.queue_id(ch, OpKind::Get, queue)?;
         let queue_name = self.queues[&id].name.clone();
         self.check_access(ch, OpKind::Get, Perm::Read, Resource::Queue, &queue_name)?;
-        let now = self.now;
-        if let Some(q) = self.queues.get_mut(&id) {
-            q.last_used = now;
-        }
-        if self.expiring.contains(&id) {
-            self.expire_head(id);
-        }
-        let Some(m) = self.pop_ready(id) else {
+        let may_expire = self.expiring.contains(&id);
+        let got = self.with_queue(id, |q, io| q.get(io, no_ack, may_expire));
+        let Some((m, message_count)) = got.flatten() else {
             self.reply(ch, Reply::GetEmpty);
             return Ok(());
         };
-        let Some(q) = self.queues.get_mut(&id) else {
-            return Ok(());
-        };
-        let message_count = u32::try_from(q.messages.len()).unwrap_or(u32::MAX);
-        if no_ack {
-            self.forget(id, m.seq, m.stored, m.message.body_len());
-        } else {
-            q.unacked += 1;
-        }
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
@@ -882,29 +519,20 @@ impl Broker {
     fn settle_entries(&mut self, ch: ChannelRef, settled: Vec<Unacked>, settle: Settle) {
         let mut touched = BTreeSet::new();
         for u in settled {
-            if let Some(cid) = u.consumer {
-                if let Some(channel) = self.channels.get_mut(&ch) {
-                    channel.consumer_unacked = channel.consumer_unacked.saturating_sub(1);
-                }
-                if let Some(c) = self.consumers.get_mut(&cid) {
-                    c.unacked = c.unacked.saturating_sub(1);
-                }
+            if u.consumer.is_some()
+                && let Some(channel) = self.channels.get_mut(&ch)
+            {
+                channel.consumer_unacked = channel.consumer_unacked.saturating_sub(1);
             }
-            match self.queues.get_mut(&u.queue) {
-                Some(q) => {
-                    q.unacked = q.unacked.saturating_sub(1);
-                    if settle == Settle::Requeue {
-                        q.messages.requeue(u.seq, u.message, u.stored, u.expires_at);
-                        touched.insert(u.queue);
-                    } else {
-                        self.forget(u.queue, u.seq, u.stored, u.message.body_len());
-                        if settle == Settle::Discard {
-                            self.dead_letter(u.queue, u.message, DeathReason::Rejected);
-                        }
-                    }
+            let queue = u.queue;
+            let len = u.message.body_len() as u64;
+            match self.with_queue(queue, |q, io| q.settle(io, u, settle)) {
+                Some(true) => {
+                    touched.insert(queue);
                 }
+                Some(false) => {}
                 // Its queue was deleted while it was out: acked, dropped or requeued, it goes.
-                None => self.release(u.message.body_len() as u64),
+                None => self.release(len),
             }
         }
         for q in touched {
@@ -918,11 +546,7 @@ impl Broker {
         let Some(channel) = self.channels.get(&ch) else {
             return;
         };
-        let queues: BTreeSet<QueueId> = channel
-            .consumers
-            .values()
-            .filter_map(|cid| self.consumers.get(cid).map(|c| c.queue))
-            .collect();
+        let queues: BTreeSet<QueueId> = channel.consumers.values().map(|&(_, q)| q).collect();
         for q in queues {
             self.dispatch(q);
         }

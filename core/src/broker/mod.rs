@@ -9,7 +9,7 @@
 //! Invariants (checked by `debug_assert!`s and the simulation tests):
 //! - A message is in exactly one place per queue it was routed to: ready in the queue, or
 //!   unacked on one channel, until acked or dropped.
-//! - `Consumer::unacked`, `Channel::consumer_unacked` and `Queue::unacked` count exactly the
+//! - `QueueConsumer::unacked`, `Channel::consumer_unacked` and `QueueState::unacked` count exactly the
 //!   unacked entries that reference them.
 //! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
 //!   detected by a failed lookup, never aliased.
@@ -33,7 +33,7 @@ use crate::idhash::IdMap;
 use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId, VhostId};
 use crate::message::FieldTable;
 use crate::naming::NameGen;
-use crate::queue::classic::MessageQueue;
+use crate::queue::state::{ConsumerId, Credit, QueueIo, QueueOut, QueueState};
 use crate::store::{Definitions, Store};
 use session::{Channel, ChannelState, Conn};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -55,10 +55,6 @@ pub(crate) struct PendingConfirm {
     pub(crate) ack: bool,
 }
 
-/// A consumer, numbered broker-wide so queues can refer to it cheaply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ConsumerId(u64);
-
 pub(crate) struct Exchange {
     pub(crate) vhost: VhostId,
     pub(crate) name: Arc<str>,
@@ -72,46 +68,6 @@ pub(crate) struct Exchange {
     pub(crate) bindings: Bindings,
     /// Exchanges with bindings to this one, and how many: deletion finds them without a scan.
     pub(crate) bound_from: crate::exchange::Counts<ExchangeId>,
-}
-
-pub(crate) struct Queue {
-    pub(crate) vhost: VhostId,
-    pub(crate) name: Arc<str>,
-    pub(crate) durable: bool,
-    pub(crate) exclusive_owner: Option<ConnId>,
-    pub(crate) auto_delete: bool,
-    pub(crate) arguments: FieldTable,
-    pub(crate) messages: MessageQueue,
-    /// Round-robin order of dispatch.
-    pub(crate) consumers: Vec<ConsumerId>,
-    pub(crate) rr_next: usize,
-    /// Auto-delete applies only to a queue that has had a consumer.
-    pub(crate) had_consumer: bool,
-    pub(crate) unacked: u64,
-    /// Exchanges with bindings to this queue, and how many.
-    pub(crate) bound_from: crate::exchange::Counts<ExchangeId>,
-    /// Publishing connections this queue has paused (flow control), in pause order.
-    pub(crate) pausing: Vec<ConnId>,
-    /// The parsed `x-` arguments (TTL, limits, dead-lettering, single active consumer).
-    pub(crate) args: crate::queue::args::HeldArgs,
-    /// Its consumers have different `x-priority` values.
-    pub(crate) mixed_priorities: bool,
-    /// When it was last used (declared, consumed from, read with basic.get): `x-expires`
-    /// counts from here while it has no consumers.
-    pub(crate) last_used: u64,
-}
-
-pub(crate) struct Consumer {
-    pub(crate) tag: Arc<str>,
-    pub(crate) ch: ChannelRef,
-    pub(crate) queue: QueueId,
-    pub(crate) no_ack: bool,
-    pub(crate) exclusive: bool,
-    /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
-    pub(crate) prefetch: u16,
-    pub(crate) unacked: u32,
-    /// `x-priority`: consumers with a higher priority get messages first.
-    pub(crate) priority: i64,
 }
 
 /// A vhost: its name and policies (the names of its exchanges and queues are in
@@ -142,8 +98,7 @@ pub struct Broker {
     // Records boxed: a hash table keeps up to half its slots empty after growing, and an
     // empty slot of a boxed map costs a pointer instead of a whole record (a queue is ~400
     // bytes); with one queue, channel and connection per idle MQTT client this matters.
-    queues: IdMap<QueueId, Box<Queue>>,
-    consumers: IdMap<ConsumerId, Consumer>,
+    queues: IdMap<QueueId, Box<QueueState>>,
     conns: IdMap<ConnId, Box<Conn>>,
     channels: IdMap<ChannelRef, Box<Channel>>,
     effects: Vec<Effect>,
@@ -200,6 +155,77 @@ impl Broker {
     }
 }
 
+/// The limits that span queues, as `QueueState` dispatch asks for them (see `Credit`).
+pub(crate) struct ChannelCredit<'a> {
+    pub(crate) conns: &'a IdMap<ConnId, Box<Conn>>,
+    pub(crate) channels: &'a IdMap<ChannelRef, Box<Channel>>,
+    pub(crate) write_window: u32,
+}
+
+impl Credit for ChannelCredit<'_> {
+    fn may_deliver(&self, ch: ChannelRef, ack_required: bool) -> bool {
+        if self
+            .conns
+            .get(&ch.conn)
+            .is_none_or(|c| c.in_flight >= self.write_window)
+        {
+            return false;
+        }
+        if !ack_required {
+            return true;
+        }
+        self.channels.get(&ch).is_some_and(|c| {
+            c.global_prefetch == 0 || c.consumer_unacked < u32::from(c.global_prefetch)
+        })
+    }
+}
+
+impl Broker {
+    /// Message memory is past half the alarm watermark (transient messages page out early).
+    fn memory_tight(&self) -> bool {
+        self.stored_bytes > self.config.memory_high_watermark / 2
+    }
+
+    /// Runs a queue operation on queue `id` with what it needs from the broker, then does
+    /// what it asks of the broker (`absorb`). `None` if there is no such queue.
+    fn with_queue<R>(
+        &mut self,
+        id: QueueId,
+        f: impl FnOnce(&mut QueueState, &mut QueueIo<'_>) -> R,
+    ) -> Option<R> {
+        let memory_tight = self.memory_tight();
+        let q = self.queues.get_mut(&id)?;
+        let mut io = QueueIo::new(
+            self.store.as_deref_mut(),
+            &self.config,
+            self.now,
+            memory_tight,
+        );
+        let result = f(q, &mut io);
+        let out = io.out;
+        self.absorb(id, out);
+        Some(result)
+    }
+
+    /// Applies what an operation on queue `id` asks of the rest of the broker.
+    fn absorb(&mut self, id: QueueId, out: QueueOut) {
+        self.hold(out.held);
+        self.release(out.released);
+        if out.store_failed {
+            self.store_failed_at = Some(self.now);
+        }
+        if out.durable_write {
+            self.sync_dirty = true;
+        }
+        if out.expiring {
+            self.expiring.insert(id);
+        }
+        for (message, reason) in out.dead {
+            self.dead_letter(id, message, reason);
+        }
+    }
+}
+
 impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
         let mut broker = Broker {
@@ -214,7 +240,6 @@ impl Broker {
             exchanges: IdMap::default(),
             routes: Arc::default(),
             queues: IdMap::default(),
-            consumers: IdMap::default(),
             conns: IdMap::default(),
             channels: IdMap::default(),
             effects: Vec::new(),
@@ -696,7 +721,7 @@ impl Broker {
                 OpKind::Ack,
                 delivery_tag,
                 multiple,
-                delivery::Settle::Ack,
+                crate::queue::state::Settle::Ack,
             ),
             Op::Nack {
                 delivery_tag,
@@ -707,7 +732,7 @@ impl Broker {
                 OpKind::Nack,
                 delivery_tag,
                 multiple,
-                delivery::Settle::reject(requeue),
+                crate::queue::state::Settle::reject(requeue),
             ),
             Op::Reject {
                 delivery_tag,
@@ -717,7 +742,7 @@ impl Broker {
                 OpKind::Reject,
                 delivery_tag,
                 false,
-                delivery::Settle::reject(requeue),
+                crate::queue::state::Settle::reject(requeue),
             ),
             Op::Recover { requeue } => self.recover(ch, requeue),
             Op::ConfirmSelect { nowait } => self.confirm_select(ch, nowait),
@@ -808,11 +833,12 @@ impl Broker {
                     channel.consumer_unacked, from_consumers
                 ));
             }
-            for (tag, cid) in &channel.consumers {
+            for (tag, (cid, queue)) in &channel.consumers {
                 let c = self
-                    .consumers
-                    .get(cid)
-                    .ok_or_else(|| format!("{ch:?}: consumer {tag} missing"))?;
+                    .queues
+                    .get(queue)
+                    .and_then(|q| q.consumer(*cid))
+                    .ok_or_else(|| format!("{ch:?}: consumer {tag} missing from its queue"))?;
                 if c.ch != *ch || c.tag != *tag {
                     return Err(format!("{ch:?}: consumer {tag} points elsewhere"));
                 }
@@ -866,18 +892,37 @@ impl Broker {
                     q.name, q.unacked, expected
                 ));
             }
-            for cid in &q.consumers {
-                let c = self
-                    .consumers
-                    .get(cid)
-                    .ok_or_else(|| format!("queue {}: consumer missing", q.name))?;
-                if c.queue != *id {
-                    return Err(format!("queue {}: consumer of another queue", q.name));
+            if q.consumers
+                .iter()
+                .zip(q.consumers.iter().skip(1))
+                .any(|(a, b)| a.id >= b.id)
+            {
+                return Err(format!("queue {}: consumers out of id order", q.name));
+            }
+            for c in &q.consumers {
+                let expected = consumer_unacked.get(&c.id).copied().unwrap_or(0);
+                if c.unacked != expected {
+                    return Err(format!(
+                        "consumer {}: unacked {} but {} entries",
+                        c.tag, c.unacked, expected
+                    ));
+                }
+                let listed = self
+                    .channels
+                    .get(&c.ch)
+                    .and_then(|channel| channel.consumers.get(&c.tag));
+                if listed != Some(&(c.id, *id)) {
+                    return Err(format!("consumer {} not on its channel", c.tag));
                 }
             }
         }
         for (id, conn) in &self.conns {
-            let consumers = self.consumers.values().filter(|c| c.ch.conn == *id).count();
+            let consumers = self
+                .queues
+                .values()
+                .flat_map(|q| &q.consumers)
+                .filter(|c| c.ch.conn == *id)
+                .count();
             if conn.consumers as usize != consumers {
                 return Err(format!(
                     "{id:?}: consumers {} but {consumers} exist",
@@ -895,22 +940,6 @@ impl Broker {
                     "{id:?}: paused in {:?} but {pausing:?} pause it",
                     conn.paused_in
                 ));
-            }
-        }
-        for (cid, c) in &self.consumers {
-            let expected = consumer_unacked.get(cid).copied().unwrap_or(0);
-            if c.unacked != expected {
-                return Err(format!(
-                    "consumer {}: unacked {} but {} entries",
-                    c.tag, c.unacked, expected
-                ));
-            }
-            if !self
-                .queues
-                .get(&c.queue)
-                .is_some_and(|q| q.consumers.contains(cid))
-            {
-                return Err(format!("consumer {} not on its queue", c.tag));
             }
         }
         Ok(())

@@ -84,7 +84,7 @@ impl Broker {
             touched.push(id);
         }
         for id in touched {
-            self.drop_overflow(id);
+            self.with_queue(id, |q, io| q.drop_overflow(io));
             self.expire_head(id);
             self.dispatch(id);
         }

@@ -1,12 +1,12 @@
 //! Connections and channels: their state, opening, and release (which hands unacked messages
 //! back to their queues and removes consumers and exclusive queues).
 
-use super::{Broker, ConsumerId, OpResult};
+use super::{Broker, OpResult};
 use crate::command::{OpKind, Publish};
 use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId, QueueId, VhostId};
-use crate::message::Message;
+use crate::queue::state::{ConsumerId, Settle, Unacked};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -37,19 +37,6 @@ pub(crate) enum ChannelState {
     Closing,
 }
 
-/// A delivery awaiting its ack.
-pub(crate) struct Unacked {
-    pub(crate) queue: QueueId,
-    pub(crate) seq: u64,
-    pub(crate) message: Arc<Message>,
-    /// Set for consumer deliveries (they count against prefetch); `None` for basic.get.
-    pub(crate) consumer: Option<ConsumerId>,
-    /// The store holds it (remove it there when it is acked or dropped).
-    pub(crate) stored: bool,
-    /// Its expiry, kept across a requeue (as RabbitMQ does).
-    pub(crate) expires_at: Option<u64>,
-}
-
 /// An operation deferred by a transaction until commit.
 pub(crate) enum TxOp {
     Publish(Box<Publish>),
@@ -57,7 +44,7 @@ pub(crate) enum TxOp {
         kind: OpKind,
         delivery_tag: u64,
         multiple: bool,
-        settle: super::delivery::Settle,
+        settle: Settle,
     },
 }
 
@@ -71,7 +58,8 @@ pub(crate) struct Channel {
     pub(crate) prefetch_count: u16,
     /// basic.qos global=true: one limit shared by all consumers of the channel.
     pub(crate) global_prefetch: u16,
-    pub(crate) consumers: BTreeMap<Arc<str>, ConsumerId>,
+    /// Consumer tag -> the consumer and the queue it consumes from.
+    pub(crate) consumers: BTreeMap<Arc<str>, (ConsumerId, QueueId)>,
     /// The next publish sequence number, once in confirm mode.
     pub(crate) confirm_next: Option<u64>,
     /// Confirms of this channel waiting for a sync: later confirms queue behind them.
@@ -195,9 +183,9 @@ impl Broker {
             return;
         };
         channel.tx = None;
-        let consumers: Vec<ConsumerId> = channel.consumers.values().copied().collect();
-        for cid in consumers {
-            self.remove_consumer(cid, false);
+        let consumers: Vec<(ConsumerId, QueueId)> = channel.consumers.values().copied().collect();
+        for (cid, queue) in consumers {
+            self.remove_consumer(queue, cid);
         }
     }
 
@@ -209,13 +197,15 @@ impl Broker {
         channel.consumer_unacked = 0;
         let mut touched = BTreeSet::new();
         for (_, u) in unacked {
-            if let Some(q) = self.queues.get_mut(&u.queue) {
-                q.unacked = q.unacked.saturating_sub(1);
-                q.messages.requeue(u.seq, u.message, u.stored, u.expires_at);
-                touched.insert(u.queue);
+            let (queue, len) = (u.queue, u.message.body_len() as u64);
+            if self
+                .with_queue(queue, |q, io| q.settle(io, u, Settle::Requeue))
+                .is_some()
+            {
+                touched.insert(queue);
             } else {
                 // Its queue was deleted while it was out: nothing holds it any more.
-                self.release(u.message.body_len() as u64);
+                self.release(len);
             }
         }
         for q in touched {
@@ -274,11 +264,7 @@ impl Broker {
             let mut queues = BTreeSet::new();
             for n in channels {
                 if let Some(channel) = self.channels.get(&ChannelRef::new(conn, n)) {
-                    for cid in channel.consumers.values() {
-                        if let Some(consumer) = self.consumers.get(cid) {
-                            queues.insert(consumer.queue);
-                        }
-                    }
+                    queues.extend(channel.consumers.values().map(|&(_, q)| q));
                 }
             }
             for q in queues {

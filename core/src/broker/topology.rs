@@ -2,7 +2,7 @@
 //! checks (reserved `amq.` names, equivalence on redeclare, exclusive ownership) and
 //! auto-delete cascades.
 
-use super::{Broker, Exchange, OpResult, Queue};
+use super::{Broker, Exchange, OpResult};
 use crate::access::{Perm, Resource};
 use crate::command::{Bind, ExchangeDeclare, ExchangeKind, OpKind, QueueDeclare};
 use crate::effect::{Effect, Reply};
@@ -11,6 +11,7 @@ use crate::exchange::Bindings;
 use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::{FieldTable, FieldValue};
 use crate::queue::classic::MessageQueue;
+use crate::queue::state::QueueState;
 use std::sync::Arc;
 
 /// Queue arguments whose values must match on redeclare (as RabbitMQ checks them).
@@ -681,7 +682,8 @@ impl Broker {
                 };
                 self.queues.insert(
                     id,
-                    Box::new(Queue {
+                    Box::new(QueueState {
+                        id,
                         vhost: vh,
                         name: name.clone(),
                         durable: d.durable,
@@ -778,19 +780,7 @@ impl Broker {
             Resource::Queue,
             &queue_name,
         )?;
-        let (window, paged) = match self.queues.get_mut(&id) {
-            Some(q) => q.messages.purge(),
-            None => (Vec::new(), Default::default()),
-        };
-        let purged = window.len() as u64 + paged.count;
-        for m in window {
-            self.forget(id, m.seq, m.stored, m.message.body_len());
-        }
-        if paged.count > 0
-            && let Some(store) = self.store.as_mut()
-        {
-            store.remove_from(id, paged.from_seq);
-        }
+        let purged = self.with_queue(id, |q, io| q.purge(io)).unwrap_or(0);
         self.resume_paused(id);
         if !nowait {
             self.reply(
@@ -888,10 +878,7 @@ impl Broker {
         if let Some(owner) = q.exclusive_owner.and_then(|o| self.conns.get_mut(&o)) {
             owner.exclusive_queues.remove(&id);
         }
-        for cid in q.consumers {
-            let Some(consumer) = self.consumers.remove(&cid) else {
-                continue;
-            };
+        for consumer in q.consumers {
             if let Some(conn) = self.conns.get_mut(&consumer.ch.conn) {
                 conn.consumers = conn.consumers.saturating_sub(1);
             }

@@ -1,0 +1,572 @@
+//! One queue's state and every operation that needs nothing but the queue: enqueue under
+//! length limits and TTLs, paging to and from the store, picking the consumer the next
+//! message goes to, settling deliveries, purge.
+//!
+//! This is the unit that gets an owner of its own (ARCHITECTURE.md, "warren-runtime"), so it
+//! holds no reference to the rest of the broker:
+//! - what it needs from outside comes in as arguments: `QueueIo` (the store, the clock, the
+//!   limits) and `Credit` (whether a channel may take one more delivery: the shared
+//!   prefetch of a channel and the write window of a connection span several queues);
+//! - what the broker must do elsewhere goes out in `QueueOut` (bytes held and released for
+//!   the memory alarm, a failed store write, a durable write to sync, dead letters).
+//!
+//! Consumers live in the queue they consume from: the queue keeps their per-consumer credit
+//! (prefetch and unacked count), so dispatch reads nothing outside the queue but `Credit`.
+
+use crate::config::BrokerConfig;
+use crate::ids::{ChannelRef, QueueId};
+use crate::message::{FieldTable, Message};
+use crate::queue::args::{HeldArgs, Overflow};
+use crate::queue::classic::{MessageQueue, QueuedMessage};
+use crate::store::Store;
+use std::sync::Arc;
+
+/// How many times the window a queue keeps transient messages in memory before paging
+/// them out (see `enqueue`).
+const TRANSIENT_WINDOW_FACTOR: usize = 4;
+
+/// A consumer, numbered broker-wide so channels and deliveries can refer to it cheaply.
+/// Ids only grow, so a queue's consumers in arrival order are also in id order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ConsumerId(pub(crate) u64);
+
+/// A consumer as its queue holds it.
+pub(crate) struct QueueConsumer {
+    pub(crate) id: ConsumerId,
+    pub(crate) tag: Arc<str>,
+    pub(crate) ch: ChannelRef,
+    pub(crate) no_ack: bool,
+    pub(crate) exclusive: bool,
+    /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
+    pub(crate) prefetch: u16,
+    pub(crate) unacked: u32,
+    /// `x-priority`: consumers with a higher priority get messages first.
+    pub(crate) priority: i64,
+}
+
+/// Whether a channel may take one more delivery now, by the limits that span queues: the
+/// channel's shared (global) prefetch, counted only for deliveries that need an ack, and
+/// its connection's write window.
+pub(crate) trait Credit {
+    fn may_deliver(&self, ch: ChannelRef, ack_required: bool) -> bool;
+}
+
+/// What to do with settled deliveries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settle {
+    Ack,
+    Requeue,
+    /// Rejected without requeue: dropped, or dead-lettered if the queue says so.
+    Discard,
+}
+
+impl Settle {
+    pub(crate) fn reject(requeue: bool) -> Settle {
+        if requeue {
+            Settle::Requeue
+        } else {
+            Settle::Discard
+        }
+    }
+}
+
+/// Why a message was dead-lettered (`x-death` `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeathReason {
+    Rejected,
+    Expired,
+    MaxLen,
+}
+
+impl DeathReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DeathReason::Rejected => "rejected",
+            DeathReason::Expired => "expired",
+            DeathReason::MaxLen => "maxlen",
+        }
+    }
+}
+
+/// Where `enqueue` put a message.
+pub(crate) enum Enqueued {
+    /// In memory only (or paged out as a transient message): no sync needed.
+    Memory,
+    /// In the store for a durable queue: its confirm waits for a sync.
+    Durable,
+    /// The store refused it: not enqueued.
+    Failed,
+    /// The queue is full and refuses publishes (`x-overflow` reject-publish[-dlx]).
+    Rejected,
+}
+
+/// A delivery awaiting its ack (held by the channel it went to).
+pub(crate) struct Unacked {
+    pub(crate) queue: QueueId,
+    pub(crate) seq: u64,
+    pub(crate) message: Arc<Message>,
+    /// Set for consumer deliveries (they count against prefetch); `None` for basic.get.
+    pub(crate) consumer: Option<ConsumerId>,
+    /// The store holds it (remove it there when it is acked or dropped).
+    pub(crate) stored: bool,
+    /// Its expiry, kept across a requeue (as RabbitMQ does).
+    pub(crate) expires_at: Option<u64>,
+}
+
+/// What a queue operation needs from outside the queue.
+pub(crate) struct QueueIo<'a> {
+    pub(crate) store: Option<&'a mut (dyn Store + 'static)>,
+    pub(crate) config: &'a BrokerConfig,
+    pub(crate) now: u64,
+    /// Message memory is past half the alarm watermark: transient messages page out early.
+    pub(crate) memory_tight: bool,
+    pub(crate) out: QueueOut,
+}
+
+/// What a queue operation asks the rest of the broker to do.
+#[derive(Default)]
+pub(crate) struct QueueOut {
+    /// Body bytes that entered the broker's custody (memory alarm accounting).
+    pub(crate) held: u64,
+    /// Body bytes that left it.
+    pub(crate) released: u64,
+    /// A store write or read failed (publishers are blocked for a while).
+    pub(crate) store_failed: bool,
+    /// A durable write happened: the next sync must cover it.
+    pub(crate) durable_write: bool,
+    /// The queue now holds a message with a deadline: `tick` must look at it.
+    pub(crate) expiring: bool,
+    /// Messages to dead-letter (or drop, without a dead-letter exchange), in order.
+    pub(crate) dead: Vec<(Arc<Message>, DeathReason)>,
+}
+
+impl<'a> QueueIo<'a> {
+    pub(crate) fn new(
+        store: Option<&'a mut (dyn Store + 'static)>,
+        config: &'a BrokerConfig,
+        now: u64,
+        memory_tight: bool,
+    ) -> QueueIo<'a> {
+        QueueIo {
+            store,
+            config,
+            now,
+            memory_tight,
+            out: QueueOut::default(),
+        }
+    }
+}
+
+/// A delivery picked by `next_delivery`: the message and who it goes to.
+pub(crate) struct Picked {
+    pub(crate) consumer: ConsumerId,
+    pub(crate) ch: ChannelRef,
+    pub(crate) tag: Arc<str>,
+    pub(crate) no_ack: bool,
+    pub(crate) message: QueuedMessage,
+}
+
+pub(crate) struct QueueState {
+    pub(crate) id: QueueId,
+    pub(crate) vhost: crate::ids::VhostId,
+    pub(crate) name: Arc<str>,
+    pub(crate) durable: bool,
+    pub(crate) exclusive_owner: Option<crate::ids::ConnId>,
+    pub(crate) auto_delete: bool,
+    pub(crate) arguments: FieldTable,
+    pub(crate) messages: MessageQueue,
+    /// In arrival order, which is round-robin order (and id order).
+    pub(crate) consumers: Vec<QueueConsumer>,
+    pub(crate) rr_next: usize,
+    /// Auto-delete applies only to a queue that has had a consumer.
+    pub(crate) had_consumer: bool,
+    pub(crate) unacked: u64,
+    /// Exchanges with bindings to this queue, and how many.
+    pub(crate) bound_from: crate::exchange::Counts<crate::ids::ExchangeId>,
+    /// Publishing connections this queue has paused (flow control), in pause order.
+    pub(crate) pausing: Vec<crate::ids::ConnId>,
+    /// The parsed `x-` arguments (TTL, limits, dead-lettering, single active consumer).
+    pub(crate) args: HeldArgs,
+    /// Its consumers have different `x-priority` values (dispatch then looks for the
+    /// highest; otherwise it takes the first with credit).
+    pub(crate) mixed_priorities: bool,
+    /// When it was last used (declared, consumed from, read with basic.get): `x-expires`
+    /// counts from here while it has no consumers.
+    pub(crate) last_used: u64,
+}
+
+/// When a message enqueued at `now` expires: the lower of the queue's and its own TTL.
+fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
+    let own = m
+        .properties
+        .expiration
+        .as_deref()
+        .and_then(|e| crate::queue::args::parse_expiration(e).ok());
+    let ttl = match (queue_ttl, own) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }?;
+    Some(now.saturating_add(ttl))
+}
+
+impl QueueState {
+    /// Whether adding a message of `len` body bytes takes the queue over a length limit.
+    fn would_overflow(&self, len: u64) -> bool {
+        self.args
+            .max_length
+            .is_some_and(|max| self.messages.len() as u64 >= max)
+            || self
+                .args
+                .max_length_bytes
+                .is_some_and(|max| self.messages.total_bytes() + len > max)
+    }
+
+    /// Appends a routed message: into the window while it has room and nothing is paged
+    /// out, otherwise (with a store) into the store only. Persistent messages on durable
+    /// queues are stored either way. Applies the queue's length limit and TTL.
+    pub(crate) fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
+        let len = message.body_len() as u64;
+        if self.args.overflow != Overflow::DropHead && self.would_overflow(len) {
+            if self.args.overflow == Overflow::RejectPublishDlx {
+                io.out.dead.push((message.clone(), DeathReason::MaxLen));
+            }
+            return Enqueued::Rejected;
+        }
+        let expires_at = expiry(io.now, self.args.message_ttl, message);
+        if expires_at.is_some() {
+            io.out.expiring = true;
+        }
+        let Some(store) = io.store.as_deref_mut() else {
+            let seq = self.messages.next_seq();
+            self.messages.push(seq, message.clone(), false, expires_at);
+            io.out.held += len;
+            self.drop_overflow(io);
+            return Enqueued::Memory;
+        };
+        let window = io.config.queue_window;
+        let persist = self.durable && message.properties.is_persistent();
+        // A persistent message is written anyway, so keeping it out of memory costs only the
+        // read back. A transient one would cost a write too: it pages out only at a larger
+        // window (a burst above the flow-control mark stays in memory) or when message
+        // memory passes half the alarm watermark.
+        let (limit, limit_bytes) = if persist {
+            (window, io.config.queue_window_bytes)
+        } else {
+            (
+                window.saturating_mul(TRANSIENT_WINDOW_FACTOR),
+                io.config
+                    .queue_window_bytes
+                    .saturating_mul(TRANSIENT_WINDOW_FACTOR as u64),
+            )
+        };
+        let m = &self.messages;
+        // Priority queues keep everything in memory (see `MessageQueue`).
+        let page = !m.is_priority()
+            && (m.paged().count > 0
+                || m.in_memory() >= limit
+                || m.bytes() >= limit_bytes
+                || (io.memory_tight && m.in_memory() >= window));
+        let seq = self.messages.next_seq();
+        if !persist && !page {
+            self.messages.push(seq, message.clone(), false, expires_at);
+            io.out.held += len;
+            self.drop_overflow(io);
+            return Enqueued::Memory;
+        }
+        if store.append(self.id, seq, message, expires_at).is_err() {
+            // The host logged why. The message is not taken (its publisher gets a nack), and
+            // publishers are blocked for a while.
+            io.out.store_failed = true;
+            return Enqueued::Failed;
+        }
+        if page {
+            self.messages.push_paged(seq, len);
+        } else {
+            self.messages.push(seq, message.clone(), true, expires_at);
+            io.out.held += len;
+        }
+        if persist {
+            io.out.durable_write = true;
+        }
+        self.drop_overflow(io);
+        if persist {
+            Enqueued::Durable
+        } else {
+            Enqueued::Memory
+        }
+    }
+
+    /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
+    /// queue fits again.
+    pub(crate) fn drop_overflow(&mut self, io: &mut QueueIo<'_>) {
+        loop {
+            let over_count = self
+                .args
+                .max_length
+                .is_some_and(|max| self.messages.len() as u64 > max);
+            let over_bytes = self
+                .args
+                .max_length_bytes
+                .is_some_and(|max| self.messages.total_bytes() > max);
+            if !(over_count || over_bytes) {
+                return;
+            }
+            let Some(m) = self.pop_ready(io) else {
+                return;
+            };
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+            io.out.dead.push((m.message, DeathReason::MaxLen));
+        }
+    }
+
+    /// Makes sure the window holds the queue's next message when any is paged out.
+    fn fill_window(&mut self, io: &mut QueueIo<'_>) -> bool {
+        // A priority queue reads back everything (bounded by what it holds).
+        while self.messages.needs_load() {
+            if !self.load_batch(io) {
+                return false;
+            }
+            if !self.messages.is_priority() {
+                return true;
+            }
+        }
+        true
+    }
+
+    /// Reads one batch of paged-out messages back into memory.
+    fn load_batch(&mut self, io: &mut QueueIo<'_>) -> bool {
+        let paged = self.messages.paged();
+        // Read back a window's worth, by count and by bytes (big messages come fewer at a
+        // time).
+        let average = (paged.bytes / paged.count.max(1)).max(1);
+        let by_bytes =
+            usize::try_from(io.config.queue_window_bytes / average).unwrap_or(usize::MAX);
+        let max = io.config.queue_window.min(by_bytes).max(1);
+        let mut batch = Vec::new();
+        let read = match io.store.as_deref_mut() {
+            Some(store) => store.read(self.id, paged.from_seq, max, &mut batch),
+            None => Ok(()),
+        };
+        if read.is_err() {
+            io.out.store_failed = true;
+            return false;
+        }
+        if batch.is_empty() {
+            // The store has nothing where it reported messages: do not wait forever.
+            self.messages.forget_paged();
+            return false;
+        }
+        io.out.held += self.messages.load(batch);
+        true
+    }
+
+    /// Takes the next ready message, reading paged-out messages back first when the window
+    /// is empty.
+    pub(crate) fn pop_ready(&mut self, io: &mut QueueIo<'_>) -> Option<QueuedMessage> {
+        self.fill_window(io);
+        self.messages.pop()
+    }
+
+    /// Dead-letters (or drops) expired messages at the head: expiry is checked at the head
+    /// only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
+    /// deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
+    pub(crate) fn expire_head(&mut self, io: &mut QueueIo<'_>) {
+        while self.fill_window(io) {
+            let expired = self
+                .messages
+                .head()
+                .and_then(|m| m.expires_at)
+                .is_some_and(|at| io.now > at);
+            if !expired {
+                return;
+            }
+            let Some(m) = self.messages.pop() else {
+                return;
+            };
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+            io.out.dead.push((m.message, DeathReason::Expired));
+        }
+    }
+
+    /// A message left the queue for good (acked, dropped, delivered without ack).
+    fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
+        io.out.released += body_len as u64;
+        if stored && let Some(store) = io.store.as_deref_mut() {
+            store.remove(self.id, seq);
+        }
+    }
+
+    /// Empties the ready messages (in memory and paged out); returns how many there were.
+    pub(crate) fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
+        let (window, paged) = self.messages.purge();
+        let purged = window.len() as u64 + paged.count;
+        for m in window {
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+        }
+        if paged.count > 0
+            && let Some(store) = io.store.as_deref_mut()
+        {
+            store.remove_from(self.id, paged.from_seq);
+        }
+        purged
+    }
+
+    /// Whether consumer `c` may receive one more message now.
+    fn can_deliver(c: &QueueConsumer, credit: &impl Credit) -> bool {
+        (c.no_ack || c.prefetch == 0 || c.unacked < u32::from(c.prefetch))
+            && credit.may_deliver(c.ch, !c.no_ack)
+    }
+
+    /// The index of the consumer the next message goes to: with `x-single-active-consumer`,
+    /// only the first consumer (the next one takes over when it goes); otherwise
+    /// round-robin among the consumers with credit and the highest `x-priority`.
+    fn pick_consumer(&self, credit: &impl Credit) -> Option<usize> {
+        if self.args.single_active_consumer {
+            let first = self.consumers.first()?;
+            return Self::can_deliver(first, credit).then_some(0);
+        }
+        let n = self.consumers.len();
+        let start = self.rr_next % n.max(1);
+        let mut order = (0..n).map(|i| (start + i) % n);
+        if !self.mixed_priorities {
+            return order.find(|&idx| Self::can_deliver(&self.consumers[idx], credit));
+        }
+        let mut best: Option<(i64, usize)> = None;
+        for idx in order {
+            let c = &self.consumers[idx];
+            if Self::can_deliver(c, credit) && best.is_none_or(|(bp, _)| c.priority > bp) {
+                best = Some((c.priority, idx));
+            }
+        }
+        best.map(|(_, idx)| idx)
+    }
+
+    /// Takes the next message for the next consumer with credit, if there are both, and
+    /// counts it against the consumer (a delivery without ack leaves the queue for good).
+    /// With `may_expire`, expired messages at the head are dead-lettered first.
+    pub(crate) fn next_delivery(
+        &mut self,
+        io: &mut QueueIo<'_>,
+        credit: &impl Credit,
+        may_expire: bool,
+    ) -> Option<Picked> {
+        if self.messages.is_empty() || self.consumers.is_empty() {
+            return None;
+        }
+        let idx = self.pick_consumer(credit)?;
+        if may_expire {
+            self.expire_head(io);
+        }
+        let m = self.pop_ready(io)?;
+        let n = self.consumers.len();
+        self.rr_next = (idx + 1) % n;
+        let c = &mut self.consumers[idx];
+        let picked = Picked {
+            consumer: c.id,
+            ch: c.ch,
+            tag: c.tag.clone(),
+            no_ack: c.no_ack,
+            message: m,
+        };
+        if picked.no_ack {
+            let m = &picked.message;
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+        } else {
+            c.unacked += 1;
+            self.unacked += 1;
+        }
+        Some(picked)
+    }
+
+    /// basic.get: the next ready message (with `may_expire`, expired ones are dead-lettered
+    /// first) and how many stay ready.
+    pub(crate) fn get(
+        &mut self,
+        io: &mut QueueIo<'_>,
+        no_ack: bool,
+        may_expire: bool,
+    ) -> Option<(QueuedMessage, u32)> {
+        self.last_used = io.now;
+        if may_expire {
+            self.expire_head(io);
+        }
+        let m = self.pop_ready(io)?;
+        let ready = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
+        if no_ack {
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+        } else {
+            self.unacked += 1;
+        }
+        Some((m, ready))
+    }
+
+    /// Whether a new consumer (exclusive or not) is refused because the queue is in
+    /// exclusive use.
+    pub(crate) fn in_exclusive_use(&self, exclusive: bool) -> bool {
+        self.consumers.iter().any(|c| c.exclusive) || (exclusive && !self.consumers.is_empty())
+    }
+
+    pub(crate) fn add_consumer(&mut self, now: u64, c: QueueConsumer) {
+        debug_assert!(
+            self.consumers.last().is_none_or(|last| last.id < c.id),
+            "consumer ids only grow"
+        );
+        if self.consumers.is_empty() {
+            // Most queues have one consumer (an idle MQTT subscriber's): size it exactly.
+            self.consumers.reserve_exact(1);
+        }
+        self.consumers.push(c);
+        self.had_consumer = true;
+        self.last_used = now;
+        self.refresh_priorities();
+    }
+
+    /// Removes a consumer (its unacked messages stay on their channel).
+    pub(crate) fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
+        let pos = self.consumer_index(id)?;
+        let c = self.consumers.remove(pos);
+        if pos < self.rr_next {
+            self.rr_next -= 1;
+        }
+        // x-expires counts from the moment the last consumer left.
+        self.last_used = now;
+        self.refresh_priorities();
+        Some(c)
+    }
+
+    fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
+        self.consumers.binary_search_by_key(&id, |c| c.id).ok()
+    }
+
+    pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
+        self.consumer_index(id).map(|i| &self.consumers[i])
+    }
+
+    fn refresh_priorities(&mut self) {
+        let mut priorities = self.consumers.iter().map(|c| c.priority);
+        self.mixed_priorities = match priorities.next() {
+            Some(first) => priorities.any(|p| p != first),
+            None => false,
+        };
+    }
+
+    /// A delivery of this queue was acked, requeued or rejected. Returns whether a message
+    /// went back to the ready list (dispatch may be due).
+    pub(crate) fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
+        if let Some(i) = u.consumer.and_then(|id| self.consumer_index(id)) {
+            let c = &mut self.consumers[i];
+            c.unacked = c.unacked.saturating_sub(1);
+        }
+        self.unacked = self.unacked.saturating_sub(1);
+        if settle == Settle::Requeue {
+            self.messages
+                .requeue(u.seq, u.message, u.stored, u.expires_at);
+            return true;
+        }
+        self.forget(io, u.seq, u.stored, u.message.body_len());
+        if settle == Settle::Discard {
+            io.out.dead.push((u.message, DeathReason::Rejected));
+        }
+        false
+    }
+}
