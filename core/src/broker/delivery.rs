@@ -358,7 +358,7 @@ impl Broker {
             q.add_consumer(now, consumer);
         }
         if let Some(channel) = self.channels.get_mut(&ch) {
-            channel.consumers.insert(tag.clone(), (cid, queue));
+            channel.consumers.insert(tag.clone(), cid, queue);
         }
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
             conn.consumers += 1;
@@ -372,10 +372,7 @@ impl Broker {
 
     pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {
         self.cancel_reply_to(ch, tag);
-        let consumer = self
-            .channels
-            .get(&ch)
-            .and_then(|c| c.consumers.get(tag).copied());
+        let consumer = self.channels.get(&ch).and_then(|c| c.consumers.get(tag));
         // Cancelling an unknown tag is not an error (RabbitMQ answers cancel-ok).
         if let Some((cid, queue)) = consumer {
             self.remove_consumer(queue, cid);
@@ -546,7 +543,7 @@ impl Broker {
         let Some(channel) = self.channels.get(&ch) else {
             return;
         };
-        let queues: BTreeSet<QueueId> = channel.consumers.values().map(|&(_, q)| q).collect();
+        let queues: BTreeSet<QueueId> = channel.consumers.values().map(|(_, q)| q).collect();
         for q in queues {
             self.dispatch(q);
         }

@@ -833,11 +833,11 @@ impl Broker {
                     channel.consumer_unacked, from_consumers
                 ));
             }
-            for (tag, (cid, queue)) in &channel.consumers {
+            for (tag, cid, queue) in channel.consumers.iter() {
                 let c = self
                     .queues
-                    .get(queue)
-                    .and_then(|q| q.consumer(*cid))
+                    .get(&queue)
+                    .and_then(|q| q.consumer(cid))
                     .ok_or_else(|| format!("{ch:?}: consumer {tag} missing from its queue"))?;
                 if c.ch != *ch || c.tag != *tag {
                     return Err(format!("{ch:?}: consumer {tag} points elsewhere"));
@@ -911,7 +911,7 @@ impl Broker {
                     .channels
                     .get(&c.ch)
                     .and_then(|channel| channel.consumers.get(&c.tag));
-                if listed != Some(&(c.id, *id)) {
+                if listed != Some((c.id, *id)) {
                     return Err(format!("consumer {} not on its channel", c.tag));
                 }
             }

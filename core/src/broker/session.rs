@@ -37,6 +37,58 @@ pub(crate) enum ChannelState {
     Closing,
 }
 
+/// A channel's consumers by tag, with the queue each consumes from: a vector sorted by tag,
+/// sized exactly while small. Most channels have one consumer (every idle MQTT subscriber's
+/// has), and a `BTreeMap` leaf would hold room for eleven.
+#[derive(Default)]
+pub(crate) struct ConsumerTags(Vec<(Arc<str>, ConsumerId, QueueId)>);
+
+/// Up to this many consumers a channel's tag list grows one slot at a time.
+const EXACT_CONSUMERS: usize = 4;
+
+impl ConsumerTags {
+    fn find(&self, tag: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(t, _, _)| (**t).cmp(tag))
+    }
+
+    pub(crate) fn contains_key(&self, tag: &str) -> bool {
+        self.find(tag).is_ok()
+    }
+
+    pub(crate) fn get(&self, tag: &str) -> Option<(ConsumerId, QueueId)> {
+        let i = self.find(tag).ok()?;
+        let (_, cid, queue) = self.0[i];
+        Some((cid, queue))
+    }
+
+    /// Adds a consumer under a tag the channel does not use yet (the caller checked).
+    pub(crate) fn insert(&mut self, tag: Arc<str>, cid: ConsumerId, queue: QueueId) {
+        match self.find(&tag) {
+            Ok(_) => debug_assert!(false, "consumer tag {tag} reused"),
+            Err(at) => {
+                if self.0.len() < EXACT_CONSUMERS {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(at, (tag, cid, queue));
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, tag: &str) {
+        if let Ok(i) = self.find(tag) {
+            self.0.remove(i);
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Arc<str>, ConsumerId, QueueId)> {
+        self.0.iter().map(|(tag, cid, queue)| (tag, *cid, *queue))
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = (ConsumerId, QueueId)> + '_ {
+        self.0.iter().map(|&(_, cid, queue)| (cid, queue))
+    }
+}
+
 /// An operation deferred by a transaction until commit.
 pub(crate) enum TxOp {
     Publish(Box<Publish>),
@@ -58,8 +110,7 @@ pub(crate) struct Channel {
     pub(crate) prefetch_count: u16,
     /// basic.qos global=true: one limit shared by all consumers of the channel.
     pub(crate) global_prefetch: u16,
-    /// Consumer tag -> the consumer and the queue it consumes from.
-    pub(crate) consumers: BTreeMap<Arc<str>, (ConsumerId, QueueId)>,
+    pub(crate) consumers: ConsumerTags,
     /// The next publish sequence number, once in confirm mode.
     pub(crate) confirm_next: Option<u64>,
     /// Confirms of this channel waiting for a sync: later confirms queue behind them.
@@ -80,7 +131,7 @@ impl Channel {
             consumer_unacked: 0,
             prefetch_count: 0,
             global_prefetch: 0,
-            consumers: BTreeMap::new(),
+            consumers: ConsumerTags::default(),
             confirm_next: None,
             pending_confirms: 0,
             tx: None,
@@ -183,7 +234,7 @@ impl Broker {
             return;
         };
         channel.tx = None;
-        let consumers: Vec<(ConsumerId, QueueId)> = channel.consumers.values().copied().collect();
+        let consumers: Vec<(ConsumerId, QueueId)> = channel.consumers.values().collect();
         for (cid, queue) in consumers {
             self.remove_consumer(queue, cid);
         }
@@ -264,7 +315,7 @@ impl Broker {
             let mut queues = BTreeSet::new();
             for n in channels {
                 if let Some(channel) = self.channels.get(&ChannelRef::new(conn, n)) {
-                    queues.extend(channel.consumers.values().map(|&(_, q)| q));
+                    queues.extend(channel.consumers.values().map(|(_, q)| q));
                 }
             }
             for q in queues {
