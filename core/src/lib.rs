@@ -22,6 +22,7 @@ pub mod pmap;
 pub mod policy;
 pub mod queue;
 pub mod routing;
+pub(crate) mod sorted_vec;
 pub mod store;
 
 pub use broker::Broker;

@@ -929,7 +929,7 @@ impl Broker {
                     conn.consumers
                 ));
             }
-            let pausing: std::collections::BTreeSet<QueueId> = self
+            let pausing: crate::sorted_vec::SortedSet<QueueId> = self
                 .queues
                 .iter()
                 .filter(|(_, q)| q.pausing.contains(id))

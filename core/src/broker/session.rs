@@ -7,19 +7,20 @@ use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId, QueueId, VhostId};
 use crate::queue::state::{ConsumerId, Settle, Unacked};
+use crate::sorted_vec::SortedSet;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub(crate) struct Conn {
     pub(crate) cancel_notify: bool,
-    pub(crate) channels: BTreeSet<u16>,
-    pub(crate) exclusive_queues: BTreeSet<QueueId>,
+    pub(crate) channels: SortedSet<u16>,
+    pub(crate) exclusive_queues: SortedSet<QueueId>,
     /// Deliveries handed to the host and not yet reported written (`Op::Written`).
     pub(crate) in_flight: u32,
     /// Consumers on this connection's channels: a connection with any is never paused.
     pub(crate) consumers: u32,
     /// Queues currently pausing this connection (flow control).
-    pub(crate) paused_in: BTreeSet<QueueId>,
+    pub(crate) paused_in: SortedSet<QueueId>,
     pub(crate) user: String,
     pub(crate) vhost: VhostId,
     /// What the user may do in the vhost; `None` for the broker's internal connections
@@ -38,13 +39,10 @@ pub(crate) enum ChannelState {
 }
 
 /// A channel's consumers by tag, with the queue each consumes from: a vector sorted by tag,
-/// sized exactly while small. Most channels have one consumer (every idle MQTT subscriber's
+/// sized exactly while small (`sorted_vec`). Most channels have one consumer (every idle MQTT subscriber's
 /// has), and a `BTreeMap` leaf would hold room for eleven.
 #[derive(Default)]
 pub(crate) struct ConsumerTags(Vec<(Arc<str>, ConsumerId, QueueId)>);
-
-/// Up to this many consumers a channel's tag list grows one slot at a time.
-const EXACT_CONSUMERS: usize = 4;
 
 impl ConsumerTags {
     fn find(&self, tag: &str) -> Result<usize, usize> {
@@ -66,9 +64,7 @@ impl ConsumerTags {
         match self.find(&tag) {
             Ok(_) => debug_assert!(false, "consumer tag {tag} reused"),
             Err(at) => {
-                if self.0.len() < EXACT_CONSUMERS {
-                    self.0.reserve_exact(1);
-                }
+                crate::sorted_vec::room_for_one(&mut self.0);
                 self.0.insert(at, (tag, cid, queue));
             }
         }
@@ -173,11 +169,11 @@ impl Broker {
                 vhost,
                 perms,
                 cancel_notify,
-                channels: BTreeSet::new(),
-                exclusive_queues: BTreeSet::new(),
+                channels: SortedSet::default(),
+                exclusive_queues: SortedSet::default(),
                 in_flight: 0,
                 consumers: 0,
-                paused_in: BTreeSet::new(),
+                paused_in: SortedSet::default(),
                 user,
                 // A connection opened after a change may not use a snapshot from before it.
                 routes_seen: self.routes.version(),

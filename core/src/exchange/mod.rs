@@ -277,7 +277,7 @@ impl DestIndex {
         match entries.binary_search_by(|e| e.cmp_to(&key, args)) {
             Ok(_) => false,
             Err(i) => {
-                room_for_one(entries);
+                crate::sorted_vec::room_for_one(entries);
                 entries.insert(
                     i,
                     KeyArgs {
@@ -359,7 +359,7 @@ impl<K: Ord + Copy> Counts<K> {
         match self.0.binary_search_by_key(&key, |e| e.0) {
             Ok(i) => self.0[i].1 += 1,
             Err(i) => {
-                room_for_one(&mut self.0);
+                crate::sorted_vec::room_for_one(&mut self.0);
                 self.0.insert(i, (key, 1))
             }
         }
@@ -390,15 +390,6 @@ impl<K: Ord + Copy> Counts<K> {
     /// The keys, ascending, each once.
     pub(crate) fn keys(&self) -> impl Iterator<Item = K> + '_ {
         self.0.iter().map(|e| e.0)
-    }
-}
-
-/// Makes room for one more element, exactly while the vector is small: most binding lists
-/// and counts hold one entry (a queue bound once), where a vector's first growth would
-/// reserve four (a destination's bindings: 160 B instead of 40).
-fn room_for_one<T>(v: &mut Vec<T>) {
-    if v.len() == v.capacity() && v.len() < 4 {
-        v.reserve_exact(1);
     }
 }
 
