@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod broker;
+pub(crate) mod channel;
 pub mod command;
 pub mod config;
 pub mod effect;

@@ -4,9 +4,9 @@
 //! Nothing here waits on a round trip (seed 002): a publish is routed, enqueued, dispatched
 //! and confirmed within one `handle` call; prefetch is a counter check per delivery.
 
-use super::session::TxOp;
 use super::{Broker, OpResult, PendingConfirm};
 use crate::access::{Perm, Resource};
+use crate::channel::TxOp;
 use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
@@ -15,10 +15,6 @@ use crate::message::Message;
 use crate::queue::state::{ConsumerId, Enqueued, QueueConsumer, QueueIo, Settle, Unacked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-
-/// Operations one transaction may buffer: bounds a channel's memory however long the
-/// client keeps a transaction open.
-const MAX_TX_OPS: usize = 65_536;
 
 impl Broker {
     pub(super) fn publish(&mut self, ch: ChannelRef, mut p: Box<Publish>) -> OpResult {
@@ -53,16 +49,16 @@ impl Broker {
                 ),
             ));
         }
-        if let Some(tx) = self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
-            if tx.len() >= MAX_TX_OPS {
-                return Err(too_large_tx(op));
-            }
+        if self.channels.get(&ch).is_some_and(|c| c.tx.is_some()) {
             // Routed at commit, against the table of that moment.
             p.routed = None;
-            tx.push(TxOp::Publish(p));
-            return Ok(());
         }
-        self.route_and_enqueue(ch, exchange, p);
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        if let Some(TxOp::Publish(p)) = channel.buffer(op, TxOp::Publish(p))? {
+            self.route_and_enqueue(ch, exchange, p);
+        }
         Ok(())
     }
 
@@ -78,11 +74,10 @@ impl Broker {
                 (queues, routed_any)
             }
         };
-        let seq = self.channels.get_mut(&ch).and_then(|c| {
-            let seq = c.confirm_next?;
-            c.confirm_next = Some(seq + 1);
-            Some(seq)
-        });
+        let seq = self
+            .channels
+            .get_mut(&ch)
+            .and_then(|c| c.next_publish_seq());
         let mandatory = p.mandatory;
         let p = *p;
         let message = Arc::new(Message {
@@ -241,23 +236,15 @@ impl Broker {
             let Some(channel) = self.channels.get_mut(&p.ch) else {
                 return;
             };
-            let delivery_tag = channel.next_delivery_tag;
-            channel.next_delivery_tag += 1;
             let m = p.message;
-            if !p.no_ack {
-                channel.consumer_unacked += 1;
-                channel.unacked.insert(
-                    delivery_tag,
-                    Unacked {
-                        queue: id,
-                        seq: m.seq,
-                        message: m.message.clone(),
-                        consumer: Some(p.consumer),
-                        stored: m.stored,
-                        expires_at: m.expires_at,
-                    },
-                );
-            }
+            let delivery_tag = channel.deliver((!p.no_ack).then(|| Unacked {
+                queue: id,
+                seq: m.seq,
+                message: m.message.clone(),
+                consumer: Some(p.consumer),
+                stored: m.stored,
+                expires_at: m.expires_at,
+            }));
             if let Some(conn) = self.conns.get_mut(&p.ch.conn) {
                 conn.in_flight += 1;
             }
@@ -290,11 +277,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
-        if global {
-            channel.global_prefetch = prefetch_count;
-        } else {
-            channel.prefetch_count = prefetch_count;
-        }
+        channel.set_prefetch(prefetch_count, global);
         self.reply(ch, Reply::QosOk);
         if global {
             self.dispatch_channel_queues(ch);
@@ -428,21 +411,14 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
-        let delivery_tag = channel.next_delivery_tag;
-        channel.next_delivery_tag += 1;
-        if !no_ack {
-            channel.unacked.insert(
-                delivery_tag,
-                Unacked {
-                    queue: id,
-                    seq: m.seq,
-                    message: m.message.clone(),
-                    consumer: None,
-                    stored: m.stored,
-                    expires_at: m.expires_at,
-                },
-            );
-        }
+        let delivery_tag = channel.deliver((!no_ack).then(|| Unacked {
+            queue: id,
+            seq: m.seq,
+            message: m.message.clone(),
+            consumer: None,
+            stored: m.stored,
+            expires_at: m.expires_at,
+        }));
         self.reply(
             ch,
             Reply::GetOk {
@@ -465,23 +441,22 @@ impl Broker {
         multiple: bool,
         settle: Settle,
     ) -> OpResult {
-        if let Some(tx) = self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
-            if tx.len() >= MAX_TX_OPS {
-                return Err(too_large_tx(kind));
-            }
-            tx.push(TxOp::Settle {
-                kind,
-                delivery_tag,
-                multiple,
-                settle,
-            });
+        let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
+        };
+        let op = TxOp::Settle {
+            kind,
+            delivery_tag,
+            multiple,
+            settle,
+        };
+        if channel.buffer(kind, op)?.is_some() {
+            self.settle(ch, kind, delivery_tag, multiple, settle)?;
         }
-        self.settle(ch, kind, delivery_tag, multiple, settle)
+        Ok(())
     }
 
-    /// Acks, requeues or drops the deliveries named by (`delivery_tag`, `multiple`), with
-    /// RabbitMQ's rules: tag 0 with `multiple` means all; otherwise the tag must be unacked.
+    /// Acks, requeues or drops the deliveries named by (`delivery_tag`, `multiple`).
     fn settle(
         &mut self,
         ch: ChannelRef,
@@ -493,22 +468,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
-        let settled: Vec<Unacked> = if multiple && delivery_tag == 0 {
-            std::mem::take(&mut channel.unacked).into_values().collect()
-        } else if !channel.unacked.contains_key(&delivery_tag) {
-            return Err(ProtocolError::new(
-                ErrorCode::PreconditionFailed,
-                kind,
-                format!("unknown delivery tag {delivery_tag}"),
-            ));
-        } else if multiple {
-            let rest = channel.unacked.split_off(&(delivery_tag + 1));
-            std::mem::replace(&mut channel.unacked, rest)
-                .into_values()
-                .collect()
-        } else {
-            channel.unacked.remove(&delivery_tag).into_iter().collect()
-        };
+        let settled = channel.take_settled(kind, delivery_tag, multiple)?;
         self.settle_entries(ch, settled, settle);
         Ok(())
     }
@@ -516,11 +476,6 @@ impl Broker {
     fn settle_entries(&mut self, ch: ChannelRef, settled: Vec<Unacked>, settle: Settle) {
         let mut touched = BTreeSet::new();
         for u in settled {
-            if u.consumer.is_some()
-                && let Some(channel) = self.channels.get_mut(&ch)
-            {
-                channel.consumer_unacked = channel.consumer_unacked.saturating_sub(1);
-            }
             let queue = u.queue;
             let len = u.message.body_len() as u64;
             match self.with_queue(queue, |q, io| q.settle(io, u, settle)) {
@@ -560,7 +515,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
-        let all: Vec<Unacked> = std::mem::take(&mut channel.unacked).into_values().collect();
+        let all = channel.take_all_unacked();
         // recover-ok goes before the redeliveries, as RabbitMQ orders them: clients (lapin)
         // discard deliveries they hold when recover-ok arrives.
         self.reply(ch, Reply::RecoverOk);
@@ -572,16 +527,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
-        if channel.tx.is_some() {
-            return Err(ProtocolError::new(
-                ErrorCode::PreconditionFailed,
-                OpKind::ConfirmSelect,
-                "cannot switch from tx to confirm mode",
-            ));
-        }
-        if channel.confirm_next.is_none() {
-            channel.confirm_next = Some(1);
-        }
+        channel.select_confirms()?;
         if !nowait {
             self.reply(ch, Reply::ConfirmSelectOk);
         }
@@ -592,16 +538,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
-        if channel.confirm_next.is_some() {
-            return Err(ProtocolError::new(
-                ErrorCode::PreconditionFailed,
-                OpKind::TxSelect,
-                "cannot switch from confirm to tx mode",
-            ));
-        }
-        if channel.tx.is_none() {
-            channel.tx = Some(Vec::new());
-        }
+        channel.select_tx()?;
         self.reply(ch, Reply::TxSelectOk);
         Ok(())
     }
@@ -635,8 +572,8 @@ impl Broker {
 
     /// Takes the buffered operations of a transaction, leaving the channel transactional.
     fn take_tx(&mut self, ch: ChannelRef, kind: OpKind) -> Result<Vec<TxOp>, ProtocolError> {
-        match self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
-            Some(tx) => Ok(std::mem::take(tx)),
+        match self.channels.get_mut(&ch) {
+            Some(channel) => channel.take_tx(kind),
             None => Err(ProtocolError::new(
                 ErrorCode::PreconditionFailed,
                 kind,
@@ -644,14 +581,6 @@ impl Broker {
             )),
         }
     }
-}
-
-fn too_large_tx(op: OpKind) -> ProtocolError {
-    ProtocolError::new(
-        ErrorCode::PreconditionFailed,
-        op,
-        format!("transaction exceeds {MAX_TX_OPS} operations; commit more often"),
-    )
 }
 
 impl Broker {

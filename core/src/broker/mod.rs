@@ -19,11 +19,12 @@ pub mod admin;
 mod dead_letter;
 mod delivery;
 mod policies;
-mod reply_to;
+pub(crate) mod reply_to;
 mod session;
 mod topology;
 mod vhosts;
 
+use crate::channel::{ChannelState, Phase};
 use crate::command::{ExchangeKind, Op, OpKind};
 use crate::config::BrokerConfig;
 use crate::effect::Effect;
@@ -35,7 +36,7 @@ use crate::message::FieldTable;
 use crate::naming::NameGen;
 use crate::queue::state::{ConsumerId, Credit, QueueIo, QueueOut, QueueState};
 use crate::store::{Definitions, Store};
-use session::{Channel, ChannelState, Conn};
+use session::Conn;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -100,7 +101,7 @@ pub struct Broker {
     // bytes); with one queue, channel and connection per idle MQTT client this matters.
     queues: IdMap<QueueId, Box<QueueState>>,
     conns: IdMap<ConnId, Box<Conn>>,
-    channels: IdMap<ChannelRef, Box<Channel>>,
+    channels: IdMap<ChannelRef, Box<ChannelState>>,
     effects: Vec<Effect>,
     /// Body bytes in the broker's custody, counted once per queue holding the message
     /// (ready or unacked). Drives the memory alarm.
@@ -158,7 +159,7 @@ impl Broker {
 /// The limits that span queues, as `QueueState` dispatch asks for them (see `Credit`).
 pub(crate) struct ChannelCredit<'a> {
     pub(crate) conns: &'a IdMap<ConnId, Box<Conn>>,
-    pub(crate) channels: &'a IdMap<ChannelRef, Box<Channel>>,
+    pub(crate) channels: &'a IdMap<ChannelRef, Box<ChannelState>>,
     pub(crate) write_window: u32,
 }
 
@@ -174,9 +175,9 @@ impl Credit for ChannelCredit<'_> {
         if !ack_required {
             return true;
         }
-        self.channels.get(&ch).is_some_and(|c| {
-            c.global_prefetch == 0 || c.consumer_unacked < u32::from(c.global_prefetch)
-        })
+        self.channels
+            .get(&ch)
+            .is_some_and(|c| c.has_shared_credit())
     }
 }
 
@@ -655,10 +656,10 @@ impl Broker {
                 Ok(())
             }
             op => {
-                match self.channels.get(&ch).map(|c| c.state) {
-                    Some(ChannelState::Open) => {}
+                match self.channels.get(&ch).map(|c| c.phase) {
+                    Some(Phase::Open) => {}
                     // After a channel error everything but the close handshake is dropped.
-                    Some(ChannelState::Closing) => return Ok(()),
+                    Some(Phase::Closing) => return Ok(()),
                     None => {
                         return Err(ProtocolError::new(
                             ErrorCode::ChannelError,
@@ -759,14 +760,11 @@ impl Broker {
 
     /// Reports an error: a channel exception closes the channel, anything else the connection.
     fn fail(&mut self, ch: ChannelRef, error: ProtocolError) {
-        let channel_open = matches!(
-            self.channels.get(&ch).map(|c| c.state),
-            Some(ChannelState::Open)
-        );
+        let channel_open = matches!(self.channels.get(&ch).map(|c| c.phase), Some(Phase::Open));
         if error.code.is_channel_level() && ch.channel != 0 && channel_open {
             self.release_channel(ch);
             if let Some(channel) = self.channels.get_mut(&ch) {
-                channel.state = ChannelState::Closing;
+                channel.phase = Phase::Closing;
             }
             self.effects.push(Effect::ChannelError { ch, error });
         } else if self.conns.contains_key(&ch.conn) {
@@ -827,7 +825,7 @@ impl Broker {
                     *consumer_unacked.entry(cid).or_default() += 1;
                 }
             }
-            if channel.state == ChannelState::Open && from_consumers != channel.consumer_unacked {
+            if channel.phase == Phase::Open && from_consumers != channel.consumer_unacked {
                 return Err(format!(
                     "{ch:?}: consumer_unacked {} but {} entries",
                     channel.consumer_unacked, from_consumers

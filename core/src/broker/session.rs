@@ -1,14 +1,15 @@
-//! Connections and channels: their state, opening, and release (which hands unacked messages
+//! Connections (their state) and channels: opening, and release (which hands unacked messages
 //! back to their queues and removes consumers and exclusive queues).
 
 use super::{Broker, OpResult};
-use crate::command::{OpKind, Publish};
+use crate::channel::ChannelState;
+use crate::command::OpKind;
 use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId, QueueId, VhostId};
-use crate::queue::state::{ConsumerId, Settle, Unacked};
+use crate::queue::state::{ConsumerId, Settle};
 use crate::sorted_vec::SortedSet;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 pub(crate) struct Conn {
@@ -29,112 +30,6 @@ pub(crate) struct Conn {
     /// The routing table's version after this connection's last routing change: its
     /// pre-routed publishes must come from a snapshot at least this new (`Publish::routed`).
     pub(crate) routes_seen: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ChannelState {
-    Open,
-    /// A channel error was reported; waiting for the host's `ChannelCloseOk`.
-    Closing,
-}
-
-/// A channel's consumers by tag, with the queue each consumes from: a vector sorted by tag,
-/// sized exactly while small (`sorted_vec`). Most channels have one consumer (every idle MQTT subscriber's
-/// has), and a `BTreeMap` leaf would hold room for eleven.
-#[derive(Default)]
-pub(crate) struct ConsumerTags(Vec<(Arc<str>, ConsumerId, QueueId)>);
-
-impl ConsumerTags {
-    fn find(&self, tag: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(t, _, _)| (**t).cmp(tag))
-    }
-
-    pub(crate) fn contains_key(&self, tag: &str) -> bool {
-        self.find(tag).is_ok()
-    }
-
-    pub(crate) fn get(&self, tag: &str) -> Option<(ConsumerId, QueueId)> {
-        let i = self.find(tag).ok()?;
-        let (_, cid, queue) = self.0[i];
-        Some((cid, queue))
-    }
-
-    /// Adds a consumer under a tag the channel does not use yet (the caller checked).
-    pub(crate) fn insert(&mut self, tag: Arc<str>, cid: ConsumerId, queue: QueueId) {
-        match self.find(&tag) {
-            Ok(_) => debug_assert!(false, "consumer tag {tag} reused"),
-            Err(at) => {
-                crate::sorted_vec::room_for_one(&mut self.0);
-                self.0.insert(at, (tag, cid, queue));
-            }
-        }
-    }
-
-    pub(crate) fn remove(&mut self, tag: &str) {
-        if let Ok(i) = self.find(tag) {
-            self.0.remove(i);
-        }
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Arc<str>, ConsumerId, QueueId)> {
-        self.0.iter().map(|(tag, cid, queue)| (tag, *cid, *queue))
-    }
-
-    pub(crate) fn values(&self) -> impl Iterator<Item = (ConsumerId, QueueId)> + '_ {
-        self.0.iter().map(|&(_, cid, queue)| (cid, queue))
-    }
-}
-
-/// An operation deferred by a transaction until commit.
-pub(crate) enum TxOp {
-    Publish(Box<Publish>),
-    Settle {
-        kind: OpKind,
-        delivery_tag: u64,
-        multiple: bool,
-        settle: Settle,
-    },
-}
-
-pub(crate) struct Channel {
-    pub(crate) state: ChannelState,
-    pub(crate) next_delivery_tag: u64,
-    pub(crate) unacked: BTreeMap<u64, Unacked>,
-    /// Unacked consumer deliveries: what `global` prefetch limits.
-    pub(crate) consumer_unacked: u32,
-    /// basic.qos global=false: the limit given to consumers created from now on.
-    pub(crate) prefetch_count: u16,
-    /// basic.qos global=true: one limit shared by all consumers of the channel.
-    pub(crate) global_prefetch: u16,
-    pub(crate) consumers: ConsumerTags,
-    /// The next publish sequence number, once in confirm mode.
-    pub(crate) confirm_next: Option<u64>,
-    /// Confirms of this channel waiting for a sync: later confirms queue behind them.
-    pub(crate) pending_confirms: u32,
-    pub(crate) tx: Option<Vec<TxOp>>,
-    /// The channel's direct reply-to consumer, if any.
-    pub(crate) reply_consumer: Option<super::reply_to::ReplyConsumer>,
-    /// The queue `""` refers to (AMQP: the last queue declared on the channel).
-    pub(crate) last_queue: Option<Arc<str>>,
-}
-
-impl Channel {
-    fn new() -> Channel {
-        Channel {
-            state: ChannelState::Open,
-            next_delivery_tag: 1,
-            unacked: BTreeMap::new(),
-            consumer_unacked: 0,
-            prefetch_count: 0,
-            global_prefetch: 0,
-            consumers: ConsumerTags::default(),
-            confirm_next: None,
-            pending_confirms: 0,
-            tx: None,
-            last_queue: None,
-            reply_consumer: None,
-        }
-    }
 }
 
 impl Broker {
@@ -193,7 +88,7 @@ impl Broker {
                 format!("second 'channel.open' seen on channel {}", ch.channel),
             ));
         }
-        self.channels.insert(ch, Box::new(Channel::new()));
+        self.channels.insert(ch, Box::new(ChannelState::new()));
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
             conn.channels.insert(ch.channel);
         }
@@ -240,10 +135,9 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
-        let unacked = std::mem::take(&mut channel.unacked);
-        channel.consumer_unacked = 0;
+        let unacked = channel.take_all_unacked();
         let mut touched = BTreeSet::new();
-        for (_, u) in unacked {
+        for u in unacked {
             let (queue, len) = (u.queue, u.message.body_len() as u64);
             if self
                 .with_queue(queue, |q, io| q.settle(io, u, Settle::Requeue))
