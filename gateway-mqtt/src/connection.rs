@@ -194,7 +194,7 @@ where
                 break 'run (e, None);
             }
             loop {
-                // Ops first (a SUBACK leaves after its bindings), then packets, then the
+                // Ops first (a SUBACK waits for its bindings' bind-ok), then packets, then the
                 // write-window credit of what was written.
                 if tx.send(session.take_ops()).await.is_err() {
                     break 'run (End::BrokerGone, None);
@@ -431,7 +431,9 @@ where
         },
     }
     let now = now_ms();
-    let mut last = session.take_packets();
+    // Held SUBACKs too: these packets are written after the barrier below, by which their
+    // bindings were applied.
+    let mut last = session.take_all_packets();
     if let End::Close(e) = &end {
         last.extend(session.disconnect_packet(e.reason));
     }

@@ -24,7 +24,7 @@ use mqtt_proto::{Pid, QoS, QosPid, TopicName};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use warren_core::command::{Bind, Consume, Op, QueueDeclare};
-use warren_core::effect::{Delivery, Effect};
+use warren_core::effect::{Delivery, Effect, Reply};
 use warren_core::message::{FieldTable, Message};
 use warren_core::mqtt::{
     RetainedMessage, filter_to_amqp_pattern, matches, validate_filter, validate_topic,
@@ -262,6 +262,10 @@ struct Will {
     user: Box<str>,
 }
 
+/// Positions in `Session::out` of the SUBACKs waiting for a bind-ok, oldest first.
+#[derive(Default)]
+struct Held(VecDeque<usize>);
+
 /// The protocol state an idle subscriber never touches: confirms of its publishes, QoS 2
 /// packet ids, outbound messages in flight or waiting for a packet id, topic aliases, a
 /// delayed will. Inline it was more than half of `Session` (~230 bytes in every idle
@@ -337,6 +341,10 @@ pub struct Session {
     blocked: bool,
     published: bool,
     out: Vec<v5::Packet>,
+    /// Positions in `out` of SUBACKs waiting for their bindings to be applied, oldest first
+    /// (see [`Session::on_subscribe`]); `None` when none waits, so an idle subscriber holds
+    /// no allocation for it.
+    held: Option<Box<Held>>,
     ops: Vec<(u16, Op)>,
 }
 
@@ -381,6 +389,7 @@ impl Session {
             blocked: false,
             published: false,
             out: Vec::new(),
+            held: None,
             ops: Vec::new(),
             config: config.clone(),
         };
@@ -500,12 +509,41 @@ impl Session {
         &self.client_id
     }
 
-    /// Packets to send, in order.
+    /// Packets to send, in order: those queued before the first SUBACK still waiting for its
+    /// bindings (everything after it waits too, so the client sees packets in the order
+    /// they were queued, topic alias assignments included).
     pub fn take_packets(&mut self) -> Vec<v5::Packet> {
+        let Some(Held(held)) = self.held.as_deref_mut() else {
+            return std::mem::take(&mut self.out);
+        };
+        let n = held
+            .front()
+            .map_or(self.out.len(), |&at| at.min(self.out.len()));
+        for at in held.iter_mut() {
+            *at -= n;
+        }
+        self.out.drain(..n).collect()
+    }
+
+    /// Every queued packet, held SUBACKs included: for the close sequence, which writes them
+    /// only after its barrier, i.e. once the bindings were applied.
+    pub fn take_all_packets(&mut self) -> Vec<v5::Packet> {
+        self.held = None;
         std::mem::take(&mut self.out)
     }
 
-    /// Core ops to send, in order, before the packets (a SUBACK leaves after its bindings).
+    /// A bind-ok: the oldest held SUBACK's bindings are applied, and the routing table holding
+    /// them was published before this reply left the broker.
+    fn release_suback(&mut self) {
+        if let Some(Held(held)) = self.held.as_deref_mut() {
+            held.pop_front();
+            if held.is_empty() {
+                self.held = None;
+            }
+        }
+    }
+
+    /// Core ops to send, in order, before the packets (a SUBACK waits for its bindings).
     pub fn take_ops(&mut self) -> Vec<(u16, Op)> {
         std::mem::take(&mut self.ops)
     }
@@ -828,6 +866,7 @@ impl Session {
     /// Handles a SUBSCRIBE (filters `mqtt-proto` found invalid arrive as `None`).
     pub fn on_subscribe(&mut self, now: u64, s: codec::Subscribe, registry: &Registry) {
         let sub_id = s.subscription_id;
+        let ops_start = self.ops.len();
         let mut codes = Vec::with_capacity(s.entries.len());
         let mut retained = Vec::new();
         for (filter, opts) in s.entries {
@@ -893,6 +932,23 @@ impl Session {
                 found.truncate(self.config.max_retained_per_subscribe);
                 retained.extend(found.into_iter().map(|m| (m, opts.max_qos)));
             }
+        }
+        // The SUBACK promises that what others publish from now on reaches the subscription.
+        // Other connections route their publishes on the broker's published routing table,
+        // which holds a bind only once the broker applied it, and the binds above are only
+        // sent, not applied, when the connection writes its packets: so the last bind asks for
+        // a bind-ok, and the SUBACK (with everything queued after it) waits for that reply.
+        let last_bind = self.ops[ops_start..]
+            .iter_mut()
+            .rev()
+            .find_map(|(_, op)| match op {
+                Op::QueueBind(b) => Some(b),
+                _ => None,
+            });
+        if let Some(bind) = last_bind {
+            bind.nowait = false;
+            let at = self.out.len();
+            self.held.get_or_insert_with(Box::default).0.push_back(at);
         }
         self.out
             .push(v5::Packet::Suback(v5::Suback::new(s.pid, codes)));
@@ -991,6 +1047,10 @@ impl Session {
             Effect::FlowResumed { .. } => self.paused = false,
             Effect::Blocked { .. } => self.blocked = true,
             Effect::Unblocked { .. } => self.blocked = false,
+            Effect::Reply {
+                ch,
+                reply: Reply::QueueBindOk,
+            } if ch.channel == CHANNEL => self.release_suback(),
             Effect::Reply { .. } | Effect::Return { .. } => {}
         }
         Ok(())

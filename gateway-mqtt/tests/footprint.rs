@@ -22,8 +22,10 @@ async fn connection_future_and_session_stay_small() {
     let future = std::mem::size_of_val(&fut);
     let session = std::mem::size_of::<warren_mqtt::session::Session>();
     println!("connection future: {future} bytes, session: {session} bytes");
-    // 672 and 160 bytes when set: the margin is for tokio and compiler layout changes, not
-    // for new inline state (rarely used session state belongs in its boxed part).
+    // 680 and 168 bytes when set (672 and 160 before the pointer to held SUBACKs, inline
+    // because boxing it in `Rare` would allocate `Rare` for every subscriber): the margin is
+    // for tokio and compiler layout changes, not for new inline state (rarely used session
+    // state belongs in its boxed part).
     assert!(future <= 768, "connection future {future} bytes");
     assert!(session <= 192, "session {session} bytes");
 }

@@ -403,3 +403,43 @@ fn payload_announced_as_utf8_must_be() {
         .expect_err("QoS 0 has no ack to refuse it with");
     assert_eq!(err.reason, v5::DisconnectReasonCode::PayloadFormatInvalid);
 }
+
+#[test]
+fn suback_waits_for_its_bindings_and_what_follows_waits_with_it() {
+    // Other connections route on the broker's published table, which holds a bind only once
+    // the broker applied it: a SUBACK written when the binds were merely sent would let a
+    // client's peer publish into a table without the subscription.
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut s = Session::new(w.info("sub", 4, true), None, w.now, cfg);
+    w.pump(1, &mut s);
+    s.handle_packet(w.now, subscribe(1, "s/#", QoS::Level1), &w.registry)
+        .expect("subscribe");
+    s.handle_packet(w.now, Packet::Pingreq, &w.registry)
+        .expect("ping");
+    let ops = s.take_ops();
+    let binds: Vec<bool> = ops
+        .iter()
+        .filter_map(|(_, op)| match op {
+            warren_core::command::Op::QueueBind(b) => Some(b.nowait),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(binds, [false], "the bind asks for a bind-ok");
+    assert!(s.take_packets().is_empty(), "SUBACK and PINGRESP wait");
+    for (ch, op) in ops {
+        w.broker.handle(w.now, ChannelRef::new(ConnId(1), ch), op);
+    }
+    let mut effects = Vec::new();
+    w.broker.poll_effects(&mut effects);
+    for e in effects {
+        s.handle_effect(w.now, e).expect("no error");
+    }
+    assert_eq!(kinds(&s.take_packets()), ["Suback", "Pingresp"]);
+
+    // A SUBACK with nothing to bind (the filter is already bound) leaves at once.
+    s.handle_packet(w.now, subscribe(2, "s/#", QoS::Level1), &w.registry)
+        .expect("subscribe");
+    assert!(s.take_ops().is_empty());
+    assert_eq!(kinds(&s.take_packets()), ["Suback"]);
+}

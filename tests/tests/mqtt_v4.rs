@@ -274,3 +274,43 @@ async fn bad_credentials_refused() {
     let (_c, ack) = b.connect_with(o).await;
     assert_eq!(ack.code, ConnectReturnCode::Success);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suback_means_publishes_of_other_clients_reach_the_subscription() {
+    // A SUBACK tells the client its subscription is in place, so a message another client
+    // publishes after it (here: as soon as the test saw the SUBACK) must be delivered. The
+    // load keeps the broker task busy, so a bind still queued behind it when the SUBACK
+    // leaves would be missing from the routing table the publisher routes on.
+    let b = start().await;
+    let mut o = b.options("sink");
+    o.set_clean_session(false);
+    let (mut sink, _) = b.connect_with(o).await;
+    sink.subscribe("load/#", QoS::AtMostOnce).await;
+    sink.client.disconnect().await.expect("queue disconnect");
+    sink.closed().await;
+    let mut loaders = Vec::new();
+    for n in 0..2 {
+        let loader = b.connect(&format!("loader-{n}")).await;
+        loaders.push(tokio::spawn(async move {
+            loop {
+                loader
+                    .publish("load/x", QoS::AtMostOnce, false, &[0; 16])
+                    .await;
+            }
+        }));
+    }
+    let mut probe = b.connect("probe").await;
+    let publisher = b.connect("pub").await;
+    for i in 0..30 {
+        let topic = format!("fresh/{i}");
+        probe.subscribe(&topic, QoS::AtMostOnce).await;
+        publisher
+            .publish(&topic, QoS::AtMostOnce, false, b"after suback")
+            .await;
+        let p = probe.next_publish().await;
+        assert_eq!(p.topic, topic, "round {i}");
+    }
+    for l in loaders {
+        l.abort();
+    }
+}
