@@ -98,9 +98,15 @@ pub(crate) struct ChannelState {
     pub(crate) confirm_next: Option<u64>,
     /// Confirms of this channel waiting for a sync: later confirms queue behind them.
     pub(crate) pending_confirms: u32,
-    pub(crate) tx: Option<Vec<TxOp>>,
+    /// Boxed, as the reply consumer: few channels are transactional, and every idle MQTT
+    /// connection has a channel.
+    #[expect(
+        clippy::box_collection,
+        reason = "one word inline instead of three in every channel"
+    )]
+    pub(crate) tx: Option<Box<Vec<TxOp>>>,
     /// The channel's direct reply-to consumer, if any.
-    pub(crate) reply_consumer: Option<crate::broker::reply_to::ReplyConsumer>,
+    pub(crate) reply_consumer: Option<Box<crate::broker::reply_to::ReplyConsumer>>,
     /// The queue `""` refers to (AMQP: the last queue declared on the channel).
     pub(crate) last_queue: Option<Arc<str>>,
 }
@@ -222,7 +228,7 @@ impl ChannelState {
             ));
         }
         if self.tx.is_none() {
-            self.tx = Some(Vec::new());
+            self.tx = Some(Box::default());
         }
         Ok(())
     }
@@ -247,7 +253,7 @@ impl ChannelState {
     /// Takes the buffered operations of a transaction, leaving the channel transactional.
     pub(crate) fn take_tx(&mut self, kind: OpKind) -> Result<Vec<TxOp>, ProtocolError> {
         match self.tx.as_mut() {
-            Some(tx) => Ok(std::mem::take(tx)),
+            Some(tx) => Ok(std::mem::take(&mut **tx)),
             None => Err(ProtocolError::new(
                 ErrorCode::PreconditionFailed,
                 kind,

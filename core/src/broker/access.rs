@@ -58,7 +58,7 @@ impl Broker {
         let mut conns: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.perms.is_some() && c.user == name)
+            .filter(|(_, c)| c.perms.is_some() && c.user() == name)
             .map(|(id, _)| *id)
             .collect();
         conns.sort_unstable();
@@ -126,7 +126,7 @@ impl Broker {
             .cloned()
             .unwrap_or_else(|| Arc::new(Permissions::deny_all(&name, user)));
         for conn in self.conns.values_mut() {
-            if conn.vhost == vhost && conn.user == user && conn.perms.is_some() {
+            if conn.vhost == vhost && conn.user() == user && conn.perms.is_some() {
                 conn.perms = Some(current.clone());
             }
         }
@@ -175,7 +175,7 @@ impl Broker {
                 "access to {} '{shown}' in vhost '{}' refused for user '{}'",
                 resource.as_str(),
                 self.vhost_name(conn.vhost),
-                conn.user
+                conn.user()
             ),
         ))
     }

@@ -92,7 +92,7 @@ impl Broker {
                 durable: q.durable,
                 auto_delete: q.auto_delete,
                 exclusive: q.exclusive_owner.is_some(),
-                arguments: q.arguments.clone(),
+                arguments: q.arguments().clone(),
                 messages_ready: q.messages.len() as u64,
                 messages_unacked: q.unacked,
                 consumers: q.consumers.len(),
@@ -168,7 +168,7 @@ impl Broker {
             .map(|(id, c)| ConnectionInfo {
                 conn: *id,
                 vhost: self.vhost_name(c.vhost).to_string(),
-                user: c.user.clone(),
+                user: c.user().to_string(),
                 channels: c.channels.len(),
                 consumers: c.consumers,
                 in_flight: c.in_flight,

@@ -613,7 +613,7 @@ impl Broker {
         let Some(q) = self.queues.get_mut(&id) else {
             return;
         };
-        for conn in std::mem::take(&mut q.pausing) {
+        for conn in q.pausing.take() {
             if let Some(c) = self.conns.get_mut(&conn)
                 && c.paused_in.remove(&id)
                 && c.paused_in.is_empty()

@@ -21,6 +21,7 @@ mod delivery;
 mod policies;
 pub(crate) mod reply_to;
 mod session;
+
 mod topology;
 mod vhosts;
 

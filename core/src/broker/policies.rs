@@ -65,7 +65,7 @@ impl Broker {
                 .vhosts
                 .get(&q.vhost)
                 .and_then(|v| policy::applicable(v.policies.values(), &q.name, true));
-            let merged = policy::queue_arguments(&q.arguments, applicable);
+            let merged = policy::queue_arguments(q.arguments(), applicable);
             // Policies were validated when set; the queue's own arguments when declared.
             let Ok(mut args) = crate::queue::args::QueueArgs::parse(&merged) else {
                 continue;

@@ -54,10 +54,10 @@ impl Broker {
                 format!("attempt to reuse consumer tag '{tag}'"),
             ));
         }
-        channel.reply_consumer = Some(ReplyConsumer {
+        channel.reply_consumer = Some(Box::new(ReplyConsumer {
             tag: tag.clone(),
             address: address.clone(),
-        });
+        }));
         self.reply_addresses.insert(address, ch);
         if !c.nowait {
             self.reply(ch, Reply::ConsumeOk { consumer_tag: tag });

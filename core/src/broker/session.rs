@@ -22,14 +22,20 @@ pub(crate) struct Conn {
     pub(crate) consumers: u32,
     /// Queues currently pausing this connection (flow control).
     pub(crate) paused_in: SortedSet<QueueId>,
-    pub(crate) user: String,
     pub(crate) vhost: VhostId,
-    /// What the user may do in the vhost; `None` for the broker's internal connections
-    /// (restore, admin), which may do anything.
+    /// What the user may do in the vhost (it names the user too); `None` for the broker's
+    /// internal connection (restore, admin), which may do anything.
     pub(crate) perms: Option<Arc<crate::access::Permissions>>,
     /// The routing table's version after this connection's last routing change: its
     /// pre-routed publishes must come from a snapshot at least this new (`Publish::routed`).
     pub(crate) routes_seen: u64,
+}
+
+impl Conn {
+    /// The user the connection logged in as (`""` for the internal connection).
+    pub(crate) fn user(&self) -> &str {
+        self.perms.as_ref().map_or("", |p| p.def.user.as_str())
+    }
 }
 
 impl Broker {
@@ -69,7 +75,6 @@ impl Broker {
                 in_flight: 0,
                 consumers: 0,
                 paused_in: SortedSet::default(),
-                user,
                 // A connection opened after a change may not use a snapshot from before it.
                 routes_seen: self.routes.version(),
             })
@@ -186,7 +191,7 @@ impl Broker {
         if let Some(c) = self.conns.remove(&conn) {
             for id in c.paused_in {
                 if let Some(q) = self.queues.get_mut(&id) {
-                    q.pausing.retain(|&p| p != conn);
+                    q.pausing.remove(conn);
                 }
             }
         }

@@ -680,28 +680,27 @@ impl Broker {
                     }
                     None => MessageQueue::recovered(Default::default(), args.max_priority),
                 };
-                self.queues.insert(
+                let mut queue = QueueState {
                     id,
-                    Box::new(QueueState {
-                        id,
-                        vhost: vh,
-                        name: name.clone(),
-                        durable: d.durable,
-                        exclusive_owner: owner,
-                        auto_delete: d.auto_delete,
-                        arguments: d.arguments,
-                        messages,
-                        consumers: Vec::new(),
-                        rr_next: 0,
-                        had_consumer: false,
-                        unacked: 0,
-                        bound_from: Default::default(),
-                        pausing: Vec::new(),
-                        args: args.into(),
-                        mixed_priorities: false,
-                        last_used: self.now,
-                    }),
-                );
+                    vhost: vh,
+                    name: name.clone(),
+                    durable: d.durable,
+                    exclusive_owner: owner,
+                    auto_delete: d.auto_delete,
+                    arguments: None,
+                    messages,
+                    consumers: Vec::new(),
+                    rr_next: 0,
+                    had_consumer: false,
+                    unacked: 0,
+                    bound_from: Default::default(),
+                    pausing: Default::default(),
+                    args: args.into(),
+                    mixed_priorities: false,
+                    last_used: self.now,
+                };
+                queue.set_arguments(d.arguments);
+                self.queues.insert(id, Box::new(queue));
                 let name = self.queues[&id].name.clone();
                 self.routes_mut().add_queue(vh, name, id);
                 if self.queues[&id].args.message_ttl.is_some()
@@ -742,7 +741,7 @@ impl Broker {
             ))
         } else {
             EQUIVALENT_QUEUE_ARGS.iter().find_map(|&arg| {
-                let (have, want) = (q.arguments.get(arg), d.arguments.get(arg));
+                let (have, want) = (q.arguments().get(arg), d.arguments.get(arg));
                 let same = match (have, want) {
                     (Some(a), Some(b)) => {
                         a == b

@@ -46,8 +46,9 @@ pub struct Paged {
 #[derive(Debug, Default)]
 pub struct MessageQueue {
     ready: VecDeque<QueuedMessage>,
-    /// Priority levels 0..=max (empty for a plain queue).
-    levels: Vec<VecDeque<QueuedMessage>>,
+    /// Priority levels 0..=max (empty for a plain queue; a boxed slice, not a `Vec`: one
+    /// word less in every queue).
+    levels: Box<[VecDeque<QueuedMessage>]>,
     /// Messages in memory (the window, or all levels).
     in_memory: usize,
     next_seq: u64,
@@ -79,8 +80,9 @@ impl MessageQueue {
         debug_assert!(r.count == 0 || r.first_seq < r.next_seq);
         MessageQueue {
             ready: VecDeque::new(),
-            levels: max_priority
-                .map_or_else(Vec::new, |max| (0..=max).map(|_| VecDeque::new()).collect()),
+            levels: max_priority.map_or_else(Box::default, |max| {
+                (0..=max).map(|_| VecDeque::new()).collect()
+            }),
             in_memory: 0,
             next_seq: r.next_seq,
             ready_bytes: 0,
@@ -237,7 +239,7 @@ impl MessageQueue {
         self.in_memory = 0;
         let paged = std::mem::take(&mut self.paged);
         let mut all: Vec<QueuedMessage> = self.ready.drain(..).collect();
-        for level in &mut self.levels {
+        for level in self.levels.iter_mut() {
             all.extend(level.drain(..));
         }
         (all, paged)

@@ -173,7 +173,9 @@ pub(crate) struct QueueState {
     pub(crate) durable: bool,
     pub(crate) exclusive_owner: Option<crate::ids::ConnId>,
     pub(crate) auto_delete: bool,
-    pub(crate) arguments: FieldTable,
+    /// The arguments as declared (for equivalence checks and export); boxed and `None` when
+    /// empty, as for most queues.
+    pub(crate) arguments: Option<Box<FieldTable>>,
     pub(crate) messages: MessageQueue,
     /// In arrival order, which is round-robin order (and id order).
     pub(crate) consumers: Vec<QueueConsumer>,
@@ -183,8 +185,8 @@ pub(crate) struct QueueState {
     pub(crate) unacked: u64,
     /// Exchanges with bindings to this queue, and how many.
     pub(crate) bound_from: crate::exchange::Counts<crate::ids::ExchangeId>,
-    /// Publishing connections this queue has paused (flow control), in pause order.
-    pub(crate) pausing: Vec<crate::ids::ConnId>,
+    /// Publishing connections this queue has paused (flow control).
+    pub(crate) pausing: Pausing,
     /// The parsed `x-` arguments (TTL, limits, dead-lettering, single active consumer).
     pub(crate) args: HeldArgs,
     /// Its consumers have different `x-priority` values (dispatch then looks for the
@@ -194,6 +196,48 @@ pub(crate) struct QueueState {
     /// counts from here while it has no consumers.
     pub(crate) last_used: u64,
 }
+
+/// Publishing connections a queue has paused (flow control), in pause order: boxed, since
+/// few queues ever pause anyone.
+#[derive(Default)]
+pub(crate) struct Pausing(
+    #[expect(
+        clippy::box_collection,
+        reason = "one word inline instead of three in every queue"
+    )]
+    Option<Box<Vec<crate::ids::ConnId>>>,
+);
+
+impl Pausing {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub(crate) fn contains(&self, conn: &crate::ids::ConnId) -> bool {
+        self.0.as_ref().is_some_and(|v| v.contains(conn))
+    }
+
+    pub(crate) fn push(&mut self, conn: crate::ids::ConnId) {
+        self.0.get_or_insert_with(Box::default).push(conn);
+    }
+
+    pub(crate) fn remove(&mut self, conn: crate::ids::ConnId) {
+        if let Some(v) = self.0.as_mut() {
+            v.retain(|&c| c != conn);
+            if v.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+
+    /// Every paused connection, in pause order, leaving none.
+    pub(crate) fn take(&mut self) -> Vec<crate::ids::ConnId> {
+        self.0.take().map(|v| *v).unwrap_or_default()
+    }
+}
+
+/// The arguments of a queue that declares none.
+static NO_ARGUMENTS: FieldTable = FieldTable::new();
 
 /// When a message enqueued at `now` expires: the lower of the queue's and its own TTL.
 fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
@@ -210,6 +254,15 @@ fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
 }
 
 impl QueueState {
+    pub(crate) fn set_arguments(&mut self, arguments: FieldTable) {
+        self.arguments = (!arguments.is_empty()).then(|| Box::new(arguments));
+    }
+
+    /// The arguments as declared.
+    pub(crate) fn arguments(&self) -> &FieldTable {
+        self.arguments.as_deref().unwrap_or(&NO_ARGUMENTS)
+    }
+
     /// Whether adding a message of `len` body bytes takes the queue over a length limit.
     fn would_overflow(&self, len: u64) -> bool {
         self.args
