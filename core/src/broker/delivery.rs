@@ -296,7 +296,7 @@ impl Broker {
         let tag: Arc<str> = if c.consumer_tag.is_empty() {
             Arc::from(self.names.name("amq.ctag-"))
         } else {
-            Arc::from(c.consumer_tag.as_str())
+            self.shared_tag(&c.consumer_tag)
         };
         let Some(channel) = self.channels.get(&ch) else {
             return Ok(());
@@ -351,6 +351,20 @@ impl Broker {
         }
         self.dispatch(queue);
         Ok(())
+    }
+
+    /// A client's consumer tag as an `Arc`, shared with the previous consumer's if it is
+    /// the same string: many connections use one tag (every MQTT session does), and one
+    /// allocation per consumer would cost each of a million idle subscribers a malloc chunk.
+    fn shared_tag(&mut self, tag: &str) -> Arc<str> {
+        match &self.last_tag {
+            Some(last) if **last == *tag => last.clone(),
+            _ => {
+                let tag: Arc<str> = Arc::from(tag);
+                self.last_tag = Some(tag.clone());
+                tag
+            }
+        }
     }
 
     pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {

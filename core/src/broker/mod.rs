@@ -125,6 +125,8 @@ pub struct Broker {
     restoring: bool,
     /// Direct reply-to addresses -> the channel consuming replies (lookup only).
     reply_addresses: HashMap<Arc<str>, ChannelRef>,
+    /// The last client-chosen consumer tag (`shared_tag`).
+    last_tag: Option<Arc<str>>,
     /// Messages on their way to a dead-letter exchange.
     dead_letters: VecDeque<dead_letter::DeadLetter>,
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
@@ -254,6 +256,7 @@ impl Broker {
             pending_confirms: VecDeque::new(),
             store_failed_at: None,
             restoring: false,
+            last_tag: None,
             dead_letters: VecDeque::new(),
             reply_addresses: HashMap::new(),
             expiring: std::collections::BTreeSet::new(),
