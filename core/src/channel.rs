@@ -9,7 +9,7 @@ use crate::command::{OpKind, Publish};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::QueueId;
 use crate::queue::state::{ConsumerId, Settle, Unacked};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Operations one transaction may buffer: bounds a channel's memory however long the
@@ -81,6 +81,17 @@ pub(crate) enum TxOp {
     },
 }
 
+/// A publish in confirm mode whose confirm has not gone out.
+struct Unconfirmed {
+    seq: u64,
+    /// Queues that have not answered yet.
+    waiting: u32,
+    /// No queue refused it so far.
+    ack: bool,
+    /// The sync it waits for: the newest epoch among the durable answers.
+    epoch: Option<u64>,
+}
+
 /// One channel's state: its deliveries awaiting acks (by delivery tag), prefetch, consumers,
 /// confirm and transaction mode.
 pub(crate) struct ChannelState {
@@ -94,10 +105,16 @@ pub(crate) struct ChannelState {
     /// basic.qos global=true: one limit shared by all consumers of the channel.
     pub(crate) global_prefetch: u16,
     pub(crate) consumers: ConsumerTags,
-    /// The next publish sequence number, once in confirm mode.
-    pub(crate) confirm_next: Option<u64>,
-    /// Confirms of this channel waiting for a sync: later confirms queue behind them.
-    pub(crate) pending_confirms: u32,
+    /// The next publish sequence number in confirm mode; 0 before confirm.select (numbers
+    /// start at 1).
+    confirm_next: u64,
+    /// Publishes in confirm mode not confirmed yet, in publish order (`None` while there
+    /// are none: most confirms go out at once and never wait here).
+    #[expect(
+        clippy::box_collection,
+        reason = "one word inline instead of four in every channel"
+    )]
+    unconfirmed: Option<Box<VecDeque<Unconfirmed>>>,
     /// Boxed, as the reply consumer: few channels are transactional, and every idle MQTT
     /// connection has a channel.
     #[expect(
@@ -121,8 +138,8 @@ impl ChannelState {
             prefetch_count: 0,
             global_prefetch: 0,
             consumers: ConsumerTags::default(),
-            confirm_next: None,
-            pending_confirms: 0,
+            confirm_next: 0,
+            unconfirmed: None,
             tx: None,
             last_queue: None,
             reply_consumer: None,
@@ -198,9 +215,89 @@ impl ChannelState {
 
     /// The sequence number of the next publish, in confirm mode.
     pub(crate) fn next_publish_seq(&mut self) -> Option<u64> {
-        let seq = self.confirm_next?;
-        self.confirm_next = Some(seq + 1);
+        if self.confirm_next == 0 {
+            return None;
+        }
+        let seq = self.confirm_next;
+        self.confirm_next += 1;
         Some(seq)
+    }
+
+    /// Publish `seq` went to `queues` queues; each answers once (`answered`). With none, it
+    /// is confirmed (as an ack) once the publishes before it are.
+    pub(crate) fn expect_answers(&mut self, seq: u64, queues: u32) {
+        let list = self.unconfirmed.get_or_insert_with(Box::default);
+        debug_assert!(list.back().is_none_or(|u| u.seq < seq), "publish order");
+        list.push_back(Unconfirmed {
+            seq,
+            waiting: queues,
+            ack: true,
+            epoch: None,
+        });
+    }
+
+    /// A queue's answer for publish `seq`: it took the message (`taken`; durable once the
+    /// sync of `durable_at` completes) or refused it (store failure, `x-overflow`).
+    pub(crate) fn answered(&mut self, seq: u64, taken: bool, durable_at: Option<u64>) {
+        let Some(u) = self
+            .unconfirmed
+            .as_deref_mut()
+            .and_then(|list| list.iter_mut().rev().find(|u| u.seq == seq))
+        else {
+            return;
+        };
+        debug_assert!(u.waiting > 0, "more answers than queues");
+        u.waiting = u.waiting.saturating_sub(1);
+        u.ack &= taken;
+        if let Some(e) = durable_at {
+            u.epoch = Some(u.epoch.map_or(e, |old| old.max(e)));
+        }
+    }
+
+    /// The sync of every epoch up to `epoch` failed: what waits for one of them is not
+    /// durable and is nacked.
+    pub(crate) fn sync_failed(&mut self, epoch: u64) {
+        for u in self.unconfirmed.iter_mut().flat_map(|list| list.iter_mut()) {
+            if u.epoch.is_some_and(|e| e <= epoch) {
+                u.ack = false;
+                u.epoch = None;
+            }
+        }
+    }
+
+    /// Takes the confirms that may go out now, in publish order, into `out` as (seq, ack):
+    /// every queue answered, and the sync the publish waits for (if any) completed, where
+    /// `synced` is the newest epoch whose sync completed.
+    pub(crate) fn take_confirms(&mut self, synced: Option<u64>, out: &mut Vec<(u64, bool)>) {
+        let Some(list) = self.unconfirmed.as_deref_mut() else {
+            return;
+        };
+        while let Some(u) = list.front() {
+            let durable = u.epoch.is_none_or(|e| synced.is_some_and(|s| e <= s));
+            if u.waiting > 0 || !durable {
+                break;
+            }
+            out.push((u.seq, u.ack));
+            list.pop_front();
+        }
+        if list.is_empty() {
+            self.unconfirmed = None;
+        }
+    }
+
+    /// Publishes whose confirm has not gone out (they wait for answers, a sync, or an
+    /// earlier publish).
+    pub(crate) fn unconfirmed(&self) -> impl Iterator<Item = (u64, u32, Option<u64>)> + '_ {
+        self.unconfirmed
+            .iter()
+            .flat_map(|list| list.iter())
+            .map(|u| (u.seq, u.waiting, u.epoch))
+    }
+
+    /// Drops the confirms still owed: nobody is left to receive them (the channel closes,
+    /// and the client may reuse its number).
+    pub(crate) fn forget_confirms(&mut self) {
+        self.unconfirmed = None;
     }
 
     /// confirm.select (a channel in tx mode cannot switch).
@@ -212,15 +309,15 @@ impl ChannelState {
                 "cannot switch from tx to confirm mode",
             ));
         }
-        if self.confirm_next.is_none() {
-            self.confirm_next = Some(1);
+        if self.confirm_next == 0 {
+            self.confirm_next = 1;
         }
         Ok(())
     }
 
     /// tx.select (a channel in confirm mode cannot switch).
     pub(crate) fn select_tx(&mut self) -> Result<(), ProtocolError> {
-        if self.confirm_next.is_some() {
+        if self.confirm_next != 0 {
             return Err(ProtocolError::new(
                 ErrorCode::PreconditionFailed,
                 OpKind::TxSelect,
@@ -260,5 +357,69 @@ impl ChannelState {
                 "channel is not transactional",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChannelState;
+
+    fn confirms(c: &mut ChannelState, synced: Option<u64>) -> Vec<(u64, bool)> {
+        let mut out = Vec::new();
+        c.take_confirms(synced, &mut out);
+        out
+    }
+
+    /// The countdown the owner-task composition needs: a publish to three queues is
+    /// confirmed once all three answered, in publish order, after the sync its durable
+    /// answers wait for, and nacked if any queue refused it.
+    #[test]
+    fn a_confirm_waits_for_every_queue_its_sync_and_the_publishes_before_it() {
+        let mut c = ChannelState::new();
+        c.select_confirms().expect("confirm mode");
+        let (a, b) = (
+            c.next_publish_seq().expect("seq"),
+            c.next_publish_seq().expect("seq"),
+        );
+        c.expect_answers(a, 3);
+        c.expect_answers(b, 1);
+        c.answered(b, true, None);
+        c.answered(a, true, None);
+        c.answered(a, true, Some(7));
+        assert_eq!(
+            confirms(&mut c, None),
+            [],
+            "a still waits for a queue; b waits for a"
+        );
+        c.answered(a, true, None);
+        assert_eq!(
+            confirms(&mut c, Some(6)),
+            [],
+            "a waits for the sync of epoch 7"
+        );
+        assert_eq!(confirms(&mut c, Some(7)), [(a, true), (b, true)]);
+        assert_eq!(c.unconfirmed().count(), 0);
+
+        let d = c.next_publish_seq().expect("seq");
+        c.expect_answers(d, 2);
+        c.answered(d, false, None);
+        c.answered(d, true, Some(8));
+        c.sync_failed(8);
+        assert_eq!(
+            confirms(&mut c, Some(7)),
+            [(d, false)],
+            "refused and not durable"
+        );
+
+        let e = c.next_publish_seq().expect("seq");
+        c.expect_answers(e, 2);
+        c.answered(e, true, None);
+        assert_eq!(
+            confirms(&mut c, Some(100)),
+            [],
+            "one queue has not answered"
+        );
+        c.answered(e, true, None);
+        assert_eq!(confirms(&mut c, Some(100)), [(e, true)]);
     }
 }

@@ -4,7 +4,7 @@
 //! Nothing here waits on a round trip (seed 002): a publish is routed, enqueued, dispatched
 //! and confirmed within one `handle` call; prefetch is a counter check per delivery.
 
-use super::{Broker, OpResult, PendingConfirm};
+use super::{Broker, OpResult};
 use crate::access::{Perm, Resource};
 use crate::channel::TxOp;
 use crate::command::{Consume, OpKind, Publish};
@@ -86,7 +86,11 @@ impl Broker {
             properties: p.properties,
             body: p.body,
         });
-        let (mut wait_sync, mut failed) = (false, false);
+        if let Some(seq) = seq
+            && let Some(channel) = self.channels.get_mut(&ch)
+        {
+            channel.expect_answers(seq, u32::try_from(queues.len()).unwrap_or(u32::MAX));
+        }
         if !routed_any {
             let is_reply = message.exchange.is_empty()
                 && self.deliver_reply(&message.routing_key.clone(), &message);
@@ -100,10 +104,16 @@ impl Broker {
             }
         } else {
             for &q in &queues {
-                match self.enqueue(q, &message) {
-                    Enqueued::Memory => {}
-                    Enqueued::Durable => wait_sync = true,
-                    Enqueued::Failed | Enqueued::Rejected => failed = true,
+                // A message the store failed to take is nacked: nothing is confirmed that
+                // was not stored. A persistent message on a durable queue is confirmed once
+                // it is durable.
+                let (taken, durable) = match self.enqueue(q, &message) {
+                    Enqueued::Memory => (true, false),
+                    Enqueued::Durable => (true, true),
+                    Enqueued::Failed | Enqueued::Rejected => (false, false),
+                };
+                if let Some(seq) = seq {
+                    self.answer(ch, seq, taken, durable);
                 }
             }
             for &q in &queues {
@@ -111,42 +121,23 @@ impl Broker {
             }
             self.pace(ch.conn, &queues);
         }
-        if let Some(seq) = seq {
-            // A message the store failed to take is nacked: nothing is confirmed that was not
-            // stored. A persistent message on a durable queue is confirmed once it is durable.
-            self.confirm(ch, seq, !failed, wait_sync);
+        if seq.is_some() {
+            self.send_confirms(ch);
         }
     }
 
-    /// Emits a publisher confirm now, or queues it behind the next sync (`wait_sync`) or
-    /// behind confirms of the same channel already waiting (a channel's confirms leave in
-    /// order).
-    fn confirm(&mut self, ch: ChannelRef, seq: u64, ack: bool, wait_sync: bool) {
+    /// A queue's answer to publish `seq` of channel `ch` (see `ChannelState::answered`); a
+    /// durable one waits for the sync of the current epoch.
+    fn answer(&mut self, ch: ChannelRef, seq: u64, taken: bool, durable: bool) {
+        let epoch = durable.then_some(self.epoch);
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
-        if wait_sync || channel.pending_confirms > 0 {
-            channel.pending_confirms += 1;
-            // A confirm that only waits for its channel's earlier ones needs no sync of its
-            // own: it rides on the newest epoch already waited for.
-            let epoch = if wait_sync {
-                self.epoch
-            } else {
-                self.pending_confirms.back().map_or(self.epoch, |p| p.epoch)
-            };
-            self.pending_confirms.push_back(PendingConfirm {
-                epoch,
-                ch,
-                seq,
-                ack,
-            });
-        } else {
-            self.effects.push(Effect::Confirm {
-                ch,
-                seq,
-                multiple: false,
-                ack,
-            });
+        channel.answered(seq, taken, epoch);
+        if let Some(e) = epoch
+            && self.confirm_waiters.back() != Some(&(e, ch))
+        {
+            self.confirm_waiters.push_back((e, ch));
         }
     }
 

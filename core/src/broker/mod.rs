@@ -48,15 +48,6 @@ const STORE_RETRY_MS: u64 = 5_000;
 /// The connection id the core uses to replay stored definitions; hosts never issue it.
 const RESTORE_CONN: ConnId = ConnId(u64::MAX);
 
-/// A publisher confirm waiting for the sync of `epoch` (or for an earlier confirm of its
-/// channel: a channel's confirms leave in publish order).
-pub(crate) struct PendingConfirm {
-    pub(crate) epoch: u64,
-    pub(crate) ch: ChannelRef,
-    pub(crate) seq: u64,
-    pub(crate) ack: bool,
-}
-
 pub(crate) struct Exchange {
     pub(crate) vhost: VhostId,
     pub(crate) name: Arc<str>,
@@ -117,8 +108,11 @@ pub struct Broker {
     /// Durable writes (persistent messages on durable queues, definitions) since the last
     /// sync started.
     sync_dirty: bool,
-    /// Confirms waiting for a sync, in epoch order.
-    pending_confirms: VecDeque<PendingConfirm>,
+    /// Channels with a confirm waiting for the sync of an epoch, in epoch order (a channel
+    /// may be listed more than once; the confirms themselves are in `ChannelState`).
+    confirm_waiters: VecDeque<(u64, ChannelRef)>,
+    /// The newest epoch whose sync completed.
+    synced_epoch: Option<u64>,
     /// When a store write last failed: publishers are blocked for `STORE_RETRY_MS`.
     store_failed_at: Option<u64>,
     /// Replaying stored definitions: do not write them back.
@@ -253,7 +247,8 @@ impl Broker {
             epoch: 1,
             sync_in_flight: false,
             sync_dirty: false,
-            pending_confirms: VecDeque::new(),
+            confirm_waiters: VecDeque::new(),
+            synced_epoch: None,
             store_failed_at: None,
             restoring: false,
             last_tag: None,
@@ -445,26 +440,40 @@ impl Broker {
         self.update_alarm();
     }
 
-    /// Sends the confirms waiting for syncs up to `epoch`: as decided at publish when the
-    /// sync succeeded (`durable`), as nacks when it failed.
+    /// The sync of `epoch` completed (`durable`) or failed: the confirms waiting for it go
+    /// out, as decided at publish if it completed, as nacks if it failed.
     fn release_confirms(&mut self, epoch: u64, durable: bool) {
-        while self
-            .pending_confirms
-            .front()
-            .is_some_and(|p| p.epoch <= epoch)
-        {
-            let Some(p) = self.pending_confirms.pop_front() else {
-                break;
-            };
-            if let Some(channel) = self.channels.get_mut(&p.ch) {
-                channel.pending_confirms = channel.pending_confirms.saturating_sub(1);
-                self.effects.push(Effect::Confirm {
-                    ch: p.ch,
-                    seq: p.seq,
-                    multiple: false,
-                    ack: p.ack && durable,
-                });
+        if durable {
+            self.synced_epoch = Some(self.synced_epoch.map_or(epoch, |s| s.max(epoch)));
+        }
+        let mut channels = std::collections::BTreeSet::new();
+        while self.confirm_waiters.front().is_some_and(|w| w.0 <= epoch) {
+            if let Some((_, ch)) = self.confirm_waiters.pop_front() {
+                channels.insert(ch);
             }
+        }
+        for ch in channels {
+            if !durable && let Some(channel) = self.channels.get_mut(&ch) {
+                channel.sync_failed(epoch);
+            }
+            self.send_confirms(ch);
+        }
+    }
+
+    /// Sends the confirms of channel `ch` that may go out now, in publish order.
+    fn send_confirms(&mut self, ch: ChannelRef) {
+        let Some(channel) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        let mut ready = Vec::new();
+        channel.take_confirms(self.synced_epoch, &mut ready);
+        for (seq, ack) in ready {
+            self.effects.push(Effect::Confirm {
+                ch,
+                seq,
+                multiple: false,
+                ack,
+            });
         }
     }
 
@@ -484,7 +493,10 @@ impl Broker {
 
     /// Confirms waiting for a sync (hosts and tests).
     pub fn pending_confirms(&self) -> usize {
-        self.pending_confirms.len()
+        self.channels
+            .values()
+            .map(|c| c.unconfirmed().count())
+            .sum()
     }
 
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
@@ -847,21 +859,32 @@ impl Broker {
             }
         }
         for (ch, channel) in &self.channels {
-            let pending = self.pending_confirms.iter().filter(|p| p.ch == *ch).count();
-            if channel.pending_confirms as usize != pending {
-                return Err(format!(
-                    "{ch:?}: pending_confirms {} but {pending} queued",
-                    channel.pending_confirms
-                ));
+            let mut last = 0;
+            for (seq, waiting, epoch) in channel.unconfirmed() {
+                if seq <= last {
+                    return Err(format!("{ch:?}: confirms out of publish order"));
+                }
+                last = seq;
+                // The synchronous composition answers for every queue at publish.
+                if waiting > 0 {
+                    return Err(format!("{ch:?}: publish {seq} waits for {waiting} queues"));
+                }
+                if let Some(e) = epoch
+                    && !self.confirm_waiters.contains(&(e, *ch))
+                {
+                    return Err(format!(
+                        "{ch:?}: publish {seq} waits for epoch {e} unlisted"
+                    ));
+                }
             }
         }
         if self
-            .pending_confirms
+            .confirm_waiters
             .iter()
-            .zip(self.pending_confirms.iter().skip(1))
-            .any(|(a, b)| a.epoch > b.epoch)
+            .zip(self.confirm_waiters.iter().skip(1))
+            .any(|(a, b)| a.0 > b.0)
         {
-            return Err("pending confirms out of epoch order".into());
+            return Err("confirm waiters out of epoch order".into());
         }
         for q in self.queues.values() {
             let paged = q.messages.paged();

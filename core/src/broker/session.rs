@@ -116,12 +116,8 @@ impl Broker {
     /// Drops the confirms a channel still waits for: nobody is left to receive them (and the
     /// client may reuse the channel number).
     fn forget_confirms(&mut self, ch: ChannelRef) {
-        let Some(channel) = self.channels.get_mut(&ch) else {
-            return;
-        };
-        if channel.pending_confirms > 0 {
-            channel.pending_confirms = 0;
-            self.pending_confirms.retain(|p| p.ch != ch);
+        if let Some(channel) = self.channels.get_mut(&ch) {
+            channel.forget_confirms();
         }
     }
 
