@@ -146,15 +146,13 @@ impl ChannelState {
         }
     }
 
-    /// Gives a delivery its tag. A delivery that needs an ack is held until settled; one
-    /// from a consumer also counts against the shared prefetch.
+    /// Gives a delivery its tag. A delivery that needs an ack is held until settled (one
+    /// from a consumer counted against the shared prefetch already, when its queue took
+    /// the credit: `queue::state::Credit`).
     pub(crate) fn deliver(&mut self, unacked: Option<Unacked>) -> u64 {
         let tag = self.next_delivery_tag;
         self.next_delivery_tag += 1;
         if let Some(u) = unacked {
-            if u.consumer.is_some() {
-                self.consumer_unacked += 1;
-            }
             self.unacked.insert(tag, u);
         }
         tag

@@ -213,12 +213,12 @@ impl Broker {
                 self.now,
                 memory_tight,
             );
-            let credit = super::ChannelCredit {
-                conns: &self.conns,
-                channels: &self.channels,
+            let mut credit = super::ChannelCredit {
+                conns: &mut self.conns,
+                channels: &mut self.channels,
                 write_window: self.config.write_window,
             };
-            let picked = q.next_delivery(&mut io, &credit, may_expire);
+            let picked = q.next_delivery(&mut io, &mut credit, may_expire);
             let out = io.out;
             self.absorb(id, out);
             let Some(p) = picked else {
@@ -236,9 +236,6 @@ impl Broker {
                 stored: m.stored,
                 expires_at: m.expires_at,
             }));
-            if let Some(conn) = self.conns.get_mut(&p.ch.conn) {
-                conn.in_flight += 1;
-            }
             self.effects.push(Effect::Deliver {
                 ch: p.ch,
                 consumer_tag: p.tag,

@@ -155,8 +155,8 @@ impl Broker {
 
 /// The limits that span queues, as `QueueState` dispatch asks for them (see `Credit`).
 pub(crate) struct ChannelCredit<'a> {
-    pub(crate) conns: &'a IdMap<ConnId, Box<Conn>>,
-    pub(crate) channels: &'a IdMap<ChannelRef, Box<ChannelState>>,
+    pub(crate) conns: &'a mut IdMap<ConnId, Box<Conn>>,
+    pub(crate) channels: &'a mut IdMap<ChannelRef, Box<ChannelState>>,
     pub(crate) write_window: u32,
 }
 
@@ -175,6 +175,28 @@ impl Credit for ChannelCredit<'_> {
         self.channels
             .get(&ch)
             .is_some_and(|c| c.has_shared_credit())
+    }
+
+    fn take(&mut self, ch: ChannelRef, ack_required: bool) -> bool {
+        if !self.may_deliver(ch, ack_required) {
+            return false;
+        }
+        if ack_required && let Some(c) = self.channels.get_mut(&ch) {
+            c.consumer_unacked += 1;
+        }
+        if let Some(c) = self.conns.get_mut(&ch.conn) {
+            c.in_flight += 1;
+        }
+        true
+    }
+
+    fn give_back(&mut self, ch: ChannelRef, ack_required: bool) {
+        if ack_required && let Some(c) = self.channels.get_mut(&ch) {
+            c.consumer_unacked = c.consumer_unacked.saturating_sub(1);
+        }
+        if let Some(c) = self.conns.get_mut(&ch.conn) {
+            c.in_flight = c.in_flight.saturating_sub(1);
+        }
     }
 }
 

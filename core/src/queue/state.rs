@@ -48,7 +48,17 @@ pub(crate) struct QueueConsumer {
 /// channel's shared (global) prefetch, counted only for deliveries that need an ack, and
 /// its connection's write window.
 pub(crate) trait Credit {
+    /// Whether `ch` may take one more delivery now: a check, since dispatch may look at
+    /// several consumers before it picks one.
     fn may_deliver(&self, ch: ChannelRef, ack_required: bool) -> bool;
+
+    /// Takes the credit of one delivery to `ch` for the consumer dispatch picked. False
+    /// if it is gone: owners running side by side can race for a channel's shared limit,
+    /// and the loser stops dispatching until credit comes back.
+    fn take(&mut self, ch: ChannelRef, ack_required: bool) -> bool;
+
+    /// Returns credit taken for a delivery that did not happen.
+    fn give_back(&mut self, ch: ChannelRef, ack_required: bool);
 }
 
 /// What to do with settled deliveries.
@@ -495,12 +505,13 @@ impl QueueState {
     }
 
     /// Takes the next message for the next consumer with credit, if there are both, and
-    /// counts it against the consumer (a delivery without ack leaves the queue for good).
+    /// counts it against the consumer and, through `Credit::take`, against the limits that
+    /// span queues (a delivery without ack leaves the queue for good).
     /// With `may_expire`, expired messages at the head are dead-lettered first.
     pub(crate) fn next_delivery(
         &mut self,
         io: &mut QueueIo<'_>,
-        credit: &impl Credit,
+        credit: &mut impl Credit,
         may_expire: bool,
     ) -> Option<Picked> {
         if self.messages.is_empty() || self.consumers.is_empty() {
@@ -509,8 +520,18 @@ impl QueueState {
         let idx = self.pick_consumer(credit)?;
         if may_expire {
             self.expire_head(io);
+            if self.messages.is_empty() {
+                return None;
+            }
         }
-        let m = self.pop_ready(io)?;
+        let (ch, ack_required) = (self.consumers[idx].ch, !self.consumers[idx].no_ack);
+        if !credit.take(ch, ack_required) {
+            return None;
+        }
+        let Some(m) = self.pop_ready(io) else {
+            credit.give_back(ch, ack_required);
+            return None;
+        };
         let n = self.consumers.len();
         self.rr_next = (idx + 1) % n;
         let c = &mut self.consumers[idx];
@@ -643,6 +664,12 @@ mod tests {
         fn may_deliver(&self, _: ChannelRef, _: bool) -> bool {
             true
         }
+
+        fn take(&mut self, _: ChannelRef, _: bool) -> bool {
+            true
+        }
+
+        fn give_back(&mut self, _: ChannelRef, _: bool) {}
     }
 
     #[derive(Clone, Debug)]
@@ -754,7 +781,7 @@ mod tests {
                         let eligible = consumers
                             .iter()
                             .any(|c| c.prefetch == 0 || c.out < u32::from(c.prefetch));
-                        let picked = q.next_delivery(&mut io, &NoSharedLimits, false);
+                        let picked = q.next_delivery(&mut io, &mut NoSharedLimits, false);
                         match (ready.first_key_value(), eligible, picked) {
                             (Some((&head, _)), true, Some(p)) => {
                                 prop_assert_eq!(id_of(&p.message.message), head, "oldest first");
