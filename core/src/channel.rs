@@ -108,8 +108,8 @@ pub(crate) struct ChannelState {
     /// The next publish sequence number in confirm mode; 0 before confirm.select (numbers
     /// start at 1).
     confirm_next: u64,
-    /// Publishes in confirm mode not confirmed yet, in publish order (`None` while there
-    /// are none: most confirms go out at once and never wait here).
+    /// Publishes in confirm mode not confirmed yet, in publish order (`None` until the
+    /// channel's first publish in confirm mode: an idle subscriber's channel holds nothing).
     #[expect(
         clippy::box_collection,
         reason = "one word inline instead of four in every channel"
@@ -278,9 +278,8 @@ impl ChannelState {
             out.push((u.seq, u.ack));
             list.pop_front();
         }
-        if list.is_empty() {
-            self.unconfirmed = None;
-        }
+        // The list stays allocated while the channel lives: a publisher in confirm mode
+        // would otherwise allocate and free it for every publish.
     }
 
     /// Publishes whose confirm has not gone out (they wait for answers, a sync, or an

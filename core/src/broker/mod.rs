@@ -178,15 +178,19 @@ impl Credit for ChannelCredit<'_> {
     }
 
     fn take(&mut self, ch: ChannelRef, ack_required: bool) -> bool {
-        if !self.may_deliver(ch, ack_required) {
+        let Some(conn) = self.conns.get_mut(&ch.conn) else {
+            return false;
+        };
+        if conn.in_flight >= self.write_window {
             return false;
         }
-        if ack_required && let Some(c) = self.channels.get_mut(&ch) {
-            c.consumer_unacked += 1;
+        if ack_required {
+            match self.channels.get_mut(&ch) {
+                Some(c) if c.has_shared_credit() => c.consumer_unacked += 1,
+                _ => return false,
+            }
         }
-        if let Some(c) = self.conns.get_mut(&ch.conn) {
-            c.in_flight += 1;
-        }
+        conn.in_flight += 1;
         true
     }
 
