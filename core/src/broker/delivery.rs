@@ -12,7 +12,7 @@ use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::Message;
-use crate::queue::state::{ConsumerId, Enqueued, QueueConsumer, QueueIo, Settle, Unacked};
+use crate::queue::state::{ConsumerId, Enqueued, QueueConsumer, Settle, Unacked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -49,13 +49,13 @@ impl Broker {
                 ),
             ));
         }
-        if self.channels.get(&ch).is_some_and(|c| c.tx.is_some()) {
-            // Routed at commit, against the table of that moment.
-            p.routed = None;
-        }
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
+        if channel.tx.is_some() {
+            // Routed at commit, against the table of that moment.
+            p.routed = None;
+        }
         if let Some(TxOp::Publish(p)) = channel.buffer(op, TxOp::Publish(p))? {
             self.route_and_enqueue(ch, exchange, p);
         }
@@ -74,10 +74,12 @@ impl Broker {
                 (queues, routed_any)
             }
         };
-        let seq = self
-            .channels
-            .get_mut(&ch)
-            .and_then(|c| c.next_publish_seq());
+        let answers = u32::try_from(queues.len()).unwrap_or(u32::MAX);
+        let seq = self.channels.get_mut(&ch).and_then(|c| {
+            let seq = c.next_publish_seq()?;
+            c.expect_answers(seq, answers);
+            Some(seq)
+        });
         let mandatory = p.mandatory;
         let p = *p;
         let message = Arc::new(Message {
@@ -86,11 +88,6 @@ impl Broker {
             properties: p.properties,
             body: p.body,
         });
-        if let Some(seq) = seq
-            && let Some(channel) = self.channels.get_mut(&ch)
-        {
-            channel.expect_answers(seq, u32::try_from(queues.len()).unwrap_or(u32::MAX));
-        }
         if !routed_any {
             let is_reply = message.exchange.is_empty()
                 && self.deliver_reply(&message.routing_key.clone(), &message);
@@ -203,39 +200,17 @@ impl Broker {
     fn dispatch_ready(&mut self, id: QueueId) {
         let may_expire = self.expiring.contains(&id);
         loop {
-            let memory_tight = self.memory_tight();
-            let Some(q) = self.queues.get_mut(&id) else {
-                return;
-            };
-            let mut io = QueueIo::new(
-                self.store.as_deref_mut(),
-                &self.config,
-                self.now,
-                memory_tight,
-            );
-            let mut credit = super::ChannelCredit {
-                conns: &mut self.conns,
-                channels: &mut self.channels,
-                write_window: self.config.write_window,
-            };
-            let picked = q.next_delivery(&mut io, &mut credit, may_expire);
-            let out = io.out;
-            self.absorb(id, out);
-            let Some(p) = picked else {
+            let picked = self
+                .with_queue_and_credit(id, |q, io, credit| q.next_delivery(io, credit, may_expire));
+            let Some(p) = picked.flatten() else {
                 return;
             };
             let Some(channel) = self.channels.get_mut(&p.ch) else {
                 return;
             };
             let m = p.message;
-            let delivery_tag = channel.deliver((!p.no_ack).then(|| Unacked {
-                queue: id,
-                seq: m.seq,
-                message: m.message.clone(),
-                consumer: Some(p.consumer),
-                stored: m.stored,
-                expires_at: m.expires_at,
-            }));
+            let delivery_tag =
+                channel.deliver((!p.no_ack).then(|| Unacked::of(id, &m, Some(p.consumer))));
             self.effects.push(Effect::Deliver {
                 ch: p.ch,
                 consumer_tag: p.tag,
@@ -413,14 +388,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
-        let delivery_tag = channel.deliver((!no_ack).then(|| Unacked {
-            queue: id,
-            seq: m.seq,
-            message: m.message.clone(),
-            consumer: None,
-            stored: m.stored,
-            expires_at: m.expires_at,
-        }));
+        let delivery_tag = channel.deliver((!no_ack).then(|| Unacked::of(id, &m, None)));
         self.reply(
             ch,
             Reply::GetOk {

@@ -9,8 +9,8 @@
 //! Invariants (checked by `debug_assert!`s and the simulation tests):
 //! - A message is in exactly one place per queue it was routed to: ready in the queue, or
 //!   unacked on one channel, until acked or dropped.
-//! - `QueueConsumer::unacked`, `Channel::consumer_unacked` and `QueueState::unacked` count exactly the
-//!   unacked entries that reference them.
+//! - `QueueConsumer::unacked`, `ChannelState::consumer_unacked` and `QueueState::unacked`
+//!   count exactly the unacked entries that reference them.
 //! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
 //!   detected by a failed lookup, never aliased.
 
@@ -217,6 +217,15 @@ impl Broker {
         id: QueueId,
         f: impl FnOnce(&mut QueueState, &mut QueueIo<'_>) -> R,
     ) -> Option<R> {
+        self.with_queue_and_credit(id, |q, io, _| f(q, io))
+    }
+
+    /// `with_queue` for operations that also take cross-queue credit (dispatch).
+    fn with_queue_and_credit<R>(
+        &mut self,
+        id: QueueId,
+        f: impl FnOnce(&mut QueueState, &mut QueueIo<'_>, &mut ChannelCredit<'_>) -> R,
+    ) -> Option<R> {
         let memory_tight = self.memory_tight();
         let q = self.queues.get_mut(&id)?;
         let mut io = QueueIo::new(
@@ -225,7 +234,12 @@ impl Broker {
             self.now,
             memory_tight,
         );
-        let result = f(q, &mut io);
+        let mut credit = ChannelCredit {
+            conns: &mut self.conns,
+            channels: &mut self.channels,
+            write_window: self.config.write_window,
+        };
+        let result = f(q, &mut io, &mut credit);
         let out = io.out;
         self.absorb(id, out);
         Some(result)

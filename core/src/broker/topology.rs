@@ -680,25 +680,11 @@ impl Broker {
                     }
                     None => MessageQueue::recovered(Default::default(), args.max_priority),
                 };
-                let mut queue = QueueState {
-                    id,
-                    vhost: vh,
-                    name: name.clone(),
-                    durable: d.durable,
-                    exclusive_owner: owner,
-                    auto_delete: d.auto_delete,
-                    arguments: None,
-                    messages,
-                    consumers: Vec::new(),
-                    rr_next: 0,
-                    had_consumer: false,
-                    unacked: 0,
-                    bound_from: Default::default(),
-                    pausing: Default::default(),
-                    args: args.into(),
-                    mixed_priorities: false,
-                    last_used: self.now,
-                };
+                let mut queue = QueueState::new(id, vh, name.clone(), messages, self.now);
+                queue.durable = d.durable;
+                queue.exclusive_owner = owner;
+                queue.auto_delete = d.auto_delete;
+                queue.args = args.into();
                 queue.set_arguments(d.arguments);
                 self.queues.insert(id, Box::new(queue));
                 let name = self.queues[&id].name.clone();

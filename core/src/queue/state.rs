@@ -123,6 +123,20 @@ pub(crate) struct Unacked {
     pub(crate) expires_at: Option<u64>,
 }
 
+impl Unacked {
+    /// Message `m` of queue `queue`, delivered to `consumer` (`None`: basic.get).
+    pub(crate) fn of(queue: QueueId, m: &QueuedMessage, consumer: Option<ConsumerId>) -> Unacked {
+        Unacked {
+            queue,
+            seq: m.seq,
+            message: m.message.clone(),
+            consumer,
+            stored: m.stored,
+            expires_at: m.expires_at,
+        }
+    }
+}
+
 /// What a queue operation needs from outside the queue.
 pub(crate) struct QueueIo<'a> {
     pub(crate) store: Option<&'a mut (dyn Store + 'static)>,
@@ -264,6 +278,36 @@ fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
 }
 
 impl QueueState {
+    /// A queue with no consumers, bindings or pauses yet: transient, not exclusive, not
+    /// auto-delete and without arguments until the caller says otherwise.
+    pub(crate) fn new(
+        id: QueueId,
+        vhost: crate::ids::VhostId,
+        name: Arc<str>,
+        messages: MessageQueue,
+        now: u64,
+    ) -> QueueState {
+        QueueState {
+            id,
+            vhost,
+            name,
+            durable: false,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: None,
+            messages,
+            consumers: Vec::new(),
+            rr_next: 0,
+            had_consumer: false,
+            unacked: 0,
+            bound_from: Default::default(),
+            pausing: Pausing::default(),
+            args: HeldArgs::default(),
+            mixed_priorities: false,
+            last_used: now,
+        }
+    }
+
     pub(crate) fn set_arguments(&mut self, arguments: FieldTable) {
         self.arguments = (!arguments.is_empty()).then(|| Box::new(arguments));
     }
@@ -717,25 +761,10 @@ mod tests {
     fn new_queue(store: &mut MemoryStore) -> QueueState {
         let id = QueueId(1);
         let recovery = store.open_queue(id, "/", "q", true);
-        QueueState {
-            id,
-            vhost: VhostId(0),
-            name: Arc::from("q"),
-            durable: true,
-            exclusive_owner: None,
-            auto_delete: false,
-            arguments: None,
-            messages: MessageQueue::recovered(recovery, None),
-            consumers: Vec::new(),
-            rr_next: 0,
-            had_consumer: false,
-            unacked: 0,
-            bound_from: Default::default(),
-            pausing: Default::default(),
-            args: HeldArgs::default(),
-            mixed_priorities: false,
-            last_used: 0,
-        }
+        let messages = MessageQueue::recovered(recovery, None);
+        let mut q = QueueState::new(id, VhostId(0), Arc::from("q"), messages, 0);
+        q.durable = true;
+        q
     }
 
     /// A consumer as the model sees it: id, prefetch, deliveries out.
@@ -792,14 +821,7 @@ mod tests {
                                 prop_assert!(c.prefetch == 0 || c.out < u32::from(c.prefetch));
                                 c.out += 1;
                                 ready.remove(&head);
-                                out.push(Unacked {
-                                    queue: q.id,
-                                    seq: p.message.seq,
-                                    message: p.message.message,
-                                    consumer: Some(p.consumer),
-                                    stored: p.message.stored,
-                                    expires_at: p.message.expires_at,
-                                });
+                                out.push(Unacked::of(q.id, &p.message, Some(p.consumer)));
                             }
                             (None, _, None) | (_, false, None) => {}
                             (head, eligible, picked) => {
