@@ -25,6 +25,7 @@ pub mod queue;
 pub mod routing;
 pub(crate) mod sorted_vec;
 pub mod store;
+pub(crate) mod topology;
 
 pub use broker::Broker;
 pub use config::BrokerConfig;

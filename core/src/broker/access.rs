@@ -21,12 +21,15 @@ impl Broker {
         from_loopback: bool,
         vhost: Option<&str>,
     ) -> Result<Login, LoginError> {
-        let login = self.users.authenticate(user, password, from_loopback)?;
+        let login = self
+            .topo
+            .users
+            .authenticate(user, password, from_loopback)?;
         if let Some(vhost) = vhost {
             if self.vhost_id(vhost).is_none() {
                 return Err(LoginError::NoSuchVhost(vhost.to_string()));
             }
-            if self.users.permissions(vhost, user).is_none() {
+            if self.topo.users.permissions(vhost, user).is_none() {
                 return Err(LoginError::VhostRefused {
                     user: user.to_string(),
                     vhost: vhost.to_string(),
@@ -44,14 +47,14 @@ impl Broker {
             return Err("a user name must not be empty".into());
         }
         self.define(DefinitionChange::UserPut(&user));
-        self.users.put(user);
+        self.topo.users.put(user);
         Ok(())
     }
 
     /// Deletes a user with its permissions and closes its connections (320).
     pub fn delete_user(&mut self, now: u64, name: &str) -> Result<(), String> {
         self.now = self.now.max(now);
-        if !self.users.remove(name) {
+        if !self.topo.users.remove(name) {
             return Err(format!("user '{name}' does not exist"));
         }
         self.define(DefinitionChange::UserDeleted(name));
@@ -70,18 +73,18 @@ impl Broker {
 
     /// A user, if it exists.
     pub fn user(&self, name: &str) -> Option<&UserDef> {
-        self.users.get(name)
+        self.topo.users.get(name)
     }
 
     /// Every user, by name.
     pub fn list_users(&self) -> Vec<UserDef> {
-        self.users.list().cloned().collect()
+        self.topo.users.list().cloned().collect()
     }
 
     /// Sets a user's permissions in a vhost; they apply to its open connections at once.
     pub fn set_permissions(&mut self, now: u64, def: PermissionDef) -> Result<(), String> {
         self.now = self.now.max(now);
-        if self.users.get(&def.user).is_none() {
+        if self.topo.users.get(&def.user).is_none() {
             return Err(format!("user '{}' does not exist", def.user));
         }
         let vhost = self
@@ -90,7 +93,7 @@ impl Broker {
         let compiled = Permissions::compile(def)?;
         self.define(DefinitionChange::PermissionSet(&compiled.def));
         let user = compiled.def.user.clone();
-        self.users.set_permissions(compiled);
+        self.topo.users.set_permissions(compiled);
         self.refresh_permissions(vhost, &user);
         Ok(())
     }
@@ -102,7 +105,7 @@ impl Broker {
         let id = self
             .vhost_id(vhost)
             .ok_or_else(|| format!("vhost '{vhost}' does not exist"))?;
-        if !self.users.clear_permissions(vhost, user) {
+        if !self.topo.users.clear_permissions(vhost, user) {
             return Err(format!(
                 "user '{user}' has no permissions in vhost '{vhost}'"
             ));
@@ -114,13 +117,14 @@ impl Broker {
 
     /// Every (vhost, user) permission, by vhost then user.
     pub fn list_permissions(&self) -> Vec<PermissionDef> {
-        self.users.list_permissions().cloned().collect()
+        self.topo.users.list_permissions().cloned().collect()
     }
 
     /// Re-resolves the permissions of `user`'s connections in `vhost` after a change.
     fn refresh_permissions(&mut self, vhost: crate::ids::VhostId, user: &str) {
         let name = self.vhost_name(vhost).to_string();
         let current = self
+            .topo
             .users
             .permissions(&name, user)
             .cloned()
@@ -139,13 +143,17 @@ impl Broker {
         vhost: &str,
         user: &str,
     ) -> Result<Arc<Permissions>, ProtocolError> {
-        self.users.permissions(vhost, user).cloned().ok_or_else(|| {
-            ProtocolError::new(
-                ErrorCode::NotAllowed,
-                OpKind::ConnectionOpen,
-                format!("access to vhost '{vhost}' refused for user '{user}'"),
-            )
-        })
+        self.topo
+            .users
+            .permissions(vhost, user)
+            .cloned()
+            .ok_or_else(|| {
+                ProtocolError::new(
+                    ErrorCode::NotAllowed,
+                    OpKind::ConnectionOpen,
+                    format!("access to vhost '{vhost}' refused for user '{user}'"),
+                )
+            })
     }
 
     /// Whether the connection of `ch` may `perm` the resource `name`; internal connections

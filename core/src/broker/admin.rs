@@ -107,9 +107,9 @@ impl Broker {
     /// Every exchange, by vhost and name (the default exchange is `""`).
     pub fn list_exchanges(&self) -> Vec<ExchangeInfo> {
         let mut out: Vec<ExchangeInfo> = self
-            .exchanges
-            .values()
-            .map(|x| ExchangeInfo {
+            .topo
+            .exchanges()
+            .map(|(_, x)| ExchangeInfo {
                 vhost: self.vhost_name(x.vhost).to_string(),
                 name: x.name.to_string(),
                 kind: x.kind.as_str(),
@@ -126,14 +126,14 @@ impl Broker {
     /// Every explicit binding (not the default exchange's implicit ones), by source.
     pub fn list_bindings(&self) -> Vec<BindingInfo> {
         let mut out = Vec::new();
-        for x in self.exchanges.values() {
+        for (_, x) in self.topo.exchanges() {
             for b in x.bindings.list() {
                 let (destination, destination_is_exchange) = match b.destination {
                     Destination::Queue(q) => match self.queues.get(&q) {
                         Some(q) => (q.name.to_string(), false),
                         None => continue,
                     },
-                    Destination::Exchange(d) => match self.exchanges.get(&d) {
+                    Destination::Exchange(d) => match self.topo.exchange(d) {
                         Some(d) => (d.name.to_string(), true),
                         None => continue,
                     },
@@ -251,7 +251,7 @@ impl Broker {
         let durable_exchange = |vhost: &str, name: &str| {
             self.vhost_id(vhost)
                 .and_then(|vh| self.find_exchange(vh, name))
-                .and_then(|id| self.exchanges.get(&id))
+                .and_then(|id| self.topo.exchange(id))
                 .is_some_and(|x| x.durable)
         };
         let durable_queue = |vhost: &str, name: &str| {

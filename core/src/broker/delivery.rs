@@ -38,14 +38,16 @@ impl Broker {
         {
             return Err(ProtocolError::new(ErrorCode::PreconditionFailed, op, text));
         }
-        if self.exchanges[&exchange].internal {
+        if let Some(x) = self.topo.exchange(exchange)
+            && x.internal
+        {
             return Err(ProtocolError::new(
                 ErrorCode::AccessRefused,
                 op,
                 format!(
                     "cannot publish to internal exchange '{}' in vhost '{}'",
                     p.exchange,
-                    self.vhost_name(self.exchanges[&exchange].vhost)
+                    self.vhost_name(x.vhost)
                 ),
             ));
         }
@@ -169,7 +171,7 @@ impl Broker {
     /// deleted since the snapshot is dropped: the publish happened before the deletion, which
     /// took the message with it (so a mandatory publish is not returned either).
     fn still_routable(&self, exchange: ExchangeId, mut queues: Vec<QueueId>) -> Vec<QueueId> {
-        let vhost = self.exchanges.get(&exchange).map(|x| x.vhost);
+        let vhost = self.topo.exchange(exchange).map(|x| x.vhost);
         queues.sort_unstable();
         queues.dedup();
         queues.retain(|q| self.queues.get(q).map(|q| q.vhost) == vhost);
@@ -179,7 +181,8 @@ impl Broker {
     /// Every queue a message published to `exchange` reaches, each once, in id order
     /// (through the routing table, as hosts that route outside the broker do).
     pub(super) fn route(&self, exchange: ExchangeId, p: &Publish) -> Vec<QueueId> {
-        self.routes
+        self.topo
+            .routes()
             .route(exchange, &p.routing_key, p.properties.headers.as_ref())
     }
 

@@ -22,23 +22,22 @@ mod policies;
 pub(crate) mod reply_to;
 mod session;
 
-mod topology;
+mod declare;
 mod vhosts;
 
 use crate::channel::{ChannelState, Phase};
-use crate::command::{ExchangeKind, Op, OpKind};
+use crate::command::{Op, OpKind};
 use crate::config::BrokerConfig;
 use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
-use crate::exchange::Bindings;
 use crate::idhash::IdMap;
-use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId, VhostId};
-use crate::message::FieldTable;
+use crate::ids::{ChannelRef, ConnId, QueueId, VhostId};
 use crate::naming::NameGen;
 use crate::queue::state::{ConsumerId, Credit, QueueIo, QueueOut, QueueState};
 use crate::store::{Definitions, Store};
+use crate::topology::Topology;
 use session::Conn;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 /// How long publishers stay blocked after the store failed a write, before the broker tries
@@ -48,46 +47,14 @@ const STORE_RETRY_MS: u64 = 5_000;
 /// The connection id the core uses to replay stored definitions; hosts never issue it.
 const RESTORE_CONN: ConnId = ConnId(u64::MAX);
 
-pub(crate) struct Exchange {
-    pub(crate) vhost: VhostId,
-    pub(crate) name: Arc<str>,
-    pub(crate) kind: ExchangeKind,
-    pub(crate) durable: bool,
-    pub(crate) auto_delete: bool,
-    pub(crate) internal: bool,
-    pub(crate) arguments: FieldTable,
-    /// The routing half lives in `Broker::routes` too (a snapshot of `bindings.router()`,
-    /// refreshed by every change), with the effective alternate exchange.
-    pub(crate) bindings: Bindings,
-    /// Exchanges with bindings to this one, and how many: deletion finds them without a scan.
-    pub(crate) bound_from: crate::exchange::Counts<ExchangeId>,
-}
-
-/// A vhost: its name and policies (the names of its exchanges and queues are in
-/// `Broker::routes`).
-pub(crate) struct Vhost {
-    pub(crate) name: Arc<str>,
-    pub(crate) description: String,
-    /// Policies by name.
-    pub(crate) policies: BTreeMap<String, crate::policy::Policy>,
-}
-
 /// The broker state machine. See the module docs.
 pub struct Broker {
     config: BrokerConfig,
     now: u64,
     names: NameGen,
     next_id: u64,
-    vhosts: IdMap<VhostId, Vhost>,
-    vhost_ids: BTreeMap<Arc<str>, VhostId>,
-    /// The vhost of `BrokerConfig::default_vhost` as created at start (internal connections
-    /// that name no vhost use it).
-    default_vhost: VhostId,
-    users: crate::access::Users,
-    exchanges: IdMap<ExchangeId, Exchange>,
-    /// What routing reads, shared with hosts as immutable snapshots (`routing.rs`). Every
-    /// change goes through `routes_mut`.
-    routes: Arc<crate::routing::RouteTable>,
+    /// Vhosts, users, exchanges, bindings and the routing table (`topology.rs`).
+    topo: Topology,
     // Records boxed: a hash table keeps up to half its slots empty after growing, and an
     // empty slot of a boxed map costs a pointer instead of a whole record (a queue is ~400
     // bytes); with one queue, channel and connection per idle MQTT client this matters.
@@ -134,22 +101,7 @@ impl Broker {
     /// The current routing table: clone the `Arc` to route publishes outside the broker
     /// (see `routing.rs` for what the broker guarantees about such publishes).
     pub fn routes(&self) -> &Arc<crate::routing::RouteTable> {
-        &self.routes
-    }
-
-    /// The routing table for a change: copied first if a snapshot shares it (O(1): its maps
-    /// are persistent), and its version bumped.
-    fn routes_mut(&mut self) -> &mut crate::routing::RouteTable {
-        let table = Arc::make_mut(&mut self.routes);
-        table.bump();
-        table
-    }
-
-    /// Refreshes the table's snapshot of exchange `id`'s bindings after they changed.
-    fn refresh_router(&mut self, id: ExchangeId) {
-        if let Some(router) = self.exchanges.get(&id).map(|x| x.bindings.router()) {
-            self.routes_mut().set_router(id, router);
-        }
+        self.topo.routes()
     }
 }
 
@@ -268,15 +220,10 @@ impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
         let mut broker = Broker {
             names: NameGen::new(config.seed),
-            vhosts: IdMap::default(),
-            vhost_ids: BTreeMap::new(),
-            default_vhost: VhostId(0),
-            users: crate::access::Users::new(),
+            topo: Topology::new(),
             config,
             now: 0,
             next_id: 1,
-            exchanges: IdMap::default(),
-            routes: Arc::default(),
             queues: IdMap::default(),
             conns: IdMap::default(),
             channels: IdMap::default(),
@@ -322,10 +269,15 @@ impl Broker {
         self.restoring = true;
         if !definitions.vhosts.is_empty() || !definitions.users.is_empty() {
             // The stored ones replace the defaults (an operator may have deleted guest).
-            self.users.clear();
+            self.topo.users.clear();
             let stored: std::collections::BTreeSet<&str> =
                 definitions.vhosts.iter().map(|v| v.name.as_str()).collect();
-            let defaults: Vec<String> = self.vhost_ids.keys().map(|v| v.to_string()).collect();
+            let defaults: Vec<String> = self
+                .topo
+                .list_vhosts()
+                .into_iter()
+                .map(|v| v.name)
+                .collect();
             for v in defaults {
                 if !stored.contains(v.as_str()) {
                     let _ = self.delete_vhost(now, &v);
@@ -337,7 +289,7 @@ impl Broker {
                 }
             }
             for u in &definitions.users {
-                self.users.put(u.clone());
+                self.topo.users.put(u.clone());
             }
             for p in &definitions.permissions {
                 if let Err(e) = self.set_permissions(now, p.clone()) {
@@ -350,7 +302,12 @@ impl Broker {
                 errors.push(format!("policy '{}': {e}", p.name));
             }
         }
-        let vhosts: Vec<String> = self.vhost_ids.keys().map(|v| v.to_string()).collect();
+        let vhosts: Vec<String> = self
+            .topo
+            .list_vhosts()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
         for vhost in &vhosts {
             let in_vhost = |v: &String| v == vhost;
             let ops = definitions
@@ -542,13 +499,13 @@ impl Broker {
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
     pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
         self.now = self.now.max(now);
-        let routes_before = self.routes.version();
+        let routes_before = self.topo.routes().version();
         if let Err(error) = self.apply(ch, op) {
             self.fail(ch, error);
         }
         self.route_dead_letters();
         self.update_alarm();
-        let routes_after = self.routes.version();
+        let routes_after = self.topo.routes().version();
         if routes_after != routes_before
             && let Some(conn) = self.conns.get_mut(&ch.conn)
         {
@@ -660,13 +617,13 @@ impl Broker {
     /// Ready messages in a queue of the default vhost, in memory and paged out (for hosts,
     /// tests and admin tools).
     pub fn queue_len(&self, name: &str) -> Option<usize> {
-        let id = self.routes.queue(self.default_vhost, name)?;
+        let id = self.topo.routes().queue(self.topo.default_vhost, name)?;
         self.queues.get(&id).map(|q| q.messages.len())
     }
 
     /// Number of queues and exchanges, for admin tools and tests.
     pub fn counts(&self) -> (usize, usize) {
-        (self.queues.len(), self.exchanges.len())
+        (self.queues.len(), self.topo.exchange_count())
     }
 
     fn next_id(&mut self) -> u64 {
@@ -840,11 +797,11 @@ impl Broker {
     fn conn_vhost(&self, conn: ConnId) -> VhostId {
         self.conns
             .get(&conn)
-            .map_or(self.default_vhost, |c| c.vhost)
+            .map_or(self.topo.default_vhost, |c| c.vhost)
     }
 
     fn vhost_name(&self, vhost: VhostId) -> &str {
-        self.vhosts.get(&vhost).map_or("", |v| &v.name)
+        self.topo.vhost_name(vhost)
     }
 }
 
@@ -853,6 +810,19 @@ impl Broker {
     /// entries, consumers are where queues and channels say they are). For simulation tests
     /// and debug builds; O(state).
     pub fn check_invariants(&self) -> Result<(), String> {
+        let mut bound = self.topo.check_invariants()?;
+        for (&id, q) in self.queues.iter() {
+            let expected = bound.remove(&id).unwrap_or_default();
+            if q.bound_from.entries() != expected.as_slice() {
+                return Err(format!(
+                    "queue {id:?} bound_from {:?} but bindings say {expected:?}",
+                    q.bound_from.entries()
+                ));
+            }
+        }
+        if let Some((q, _)) = bound.first_key_value() {
+            return Err(format!("a binding to missing queue {q:?}"));
+        }
         let held: u64 = self
             .queues
             .values()

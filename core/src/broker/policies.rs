@@ -15,9 +15,7 @@ impl Broker {
             .ok_or_else(|| format!("vhost '{}' does not exist", def.vhost))?;
         let compiled = Policy::new(def)?;
         self.define(DefinitionChange::PolicySet(&compiled.def));
-        if let Some(v) = self.vhosts.get_mut(&vh) {
-            v.policies.insert(compiled.def.name.clone(), compiled);
-        }
+        self.topo.set_policy(vh, compiled);
         self.apply_policies();
         Ok(())
     }
@@ -27,9 +25,8 @@ impl Broker {
         self.now = self.now.max(now);
         let removed = self
             .vhost_id(vhost)
-            .and_then(|vh| self.vhosts.get_mut(&vh))
-            .and_then(|v| v.policies.remove(name));
-        if removed.is_none() {
+            .is_some_and(|vh| self.topo.clear_policy(vh, name));
+        if !removed {
             return Err(format!("policy '{name}' not found in vhost '{vhost}'"));
         }
         self.define(DefinitionChange::PolicyCleared { vhost, name });
@@ -39,17 +36,15 @@ impl Broker {
 
     /// Every policy, by vhost and name.
     pub fn list_policies(&self) -> Vec<PolicyDef> {
-        self.vhost_ids
-            .values()
-            .filter_map(|id| self.vhosts.get(id))
-            .flat_map(|v| v.policies.values().map(|p| p.def.clone()))
-            .collect()
+        self.topo.list_policies()
     }
 
     /// The name of the policy applying to a queue, if any (admin tools).
     pub fn queue_policy(&self, vhost: &str, queue: &str) -> Option<String> {
-        let v = self.vhosts.get(&self.vhost_id(vhost)?)?;
-        policy::applicable(v.policies.values(), queue, true).map(|p| p.def.name.clone())
+        let vh = self.vhost_id(vhost)?;
+        self.topo
+            .policy(vh, queue, true)
+            .map(|p| p.def.name.clone())
     }
 
     /// Recomputes every queue's and exchange's effective settings from its own arguments
@@ -61,10 +56,7 @@ impl Broker {
             let Some(q) = self.queues.get(&id) else {
                 continue;
             };
-            let applicable = self
-                .vhosts
-                .get(&q.vhost)
-                .and_then(|v| policy::applicable(v.policies.values(), &q.name, true));
+            let applicable = self.topo.policy(q.vhost, &q.name, true);
             let merged = policy::queue_arguments(q.arguments(), applicable);
             // Policies were validated when set; the queue's own arguments when declared.
             let Ok(mut args) = crate::queue::args::QueueArgs::parse(&merged) else {
@@ -88,25 +80,7 @@ impl Broker {
             self.expire_head(id);
             self.dispatch(id);
         }
-        let exchanges: Vec<_> = self.exchanges.keys().copied().collect();
-        for id in exchanges {
-            let Some(x) = self.exchanges.get(&id) else {
-                continue;
-            };
-            let own = x
-                .arguments
-                .get("alternate-exchange")
-                .and_then(|v| v.as_str())
-                .map(str::to_string);
-            let applicable = self
-                .vhosts
-                .get(&x.vhost)
-                .and_then(|v| policy::applicable(v.policies.values(), &x.name, false));
-            let alternate = policy::alternate_exchange(own.as_deref(), applicable);
-            if self.exchanges.contains_key(&id) {
-                self.routes_mut().set_alternate(id, alternate.as_deref());
-            }
-        }
+        self.topo.apply_exchange_policies();
         self.route_dead_letters();
         self.update_alarm();
     }

@@ -76,7 +76,7 @@ impl Broker {
                 consumers: 0,
                 paused_in: SortedSet::default(),
                 // A connection opened after a change may not use a snapshot from before it.
-                routes_seen: self.routes.version(),
+                routes_seen: self.topo.routes().version(),
             })
         });
         if self.alarm {

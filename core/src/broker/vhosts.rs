@@ -2,31 +2,30 @@
 //! connections and deleting everything in it), and the defaults a new broker starts with
 //! (vhost `/`, user `guest` with full permissions there, as a fresh RabbitMQ node).
 
-use super::{Broker, Vhost};
+use super::Broker;
 use crate::access::{PermissionDef, UserDef, VhostDef};
 use crate::command::OpKind;
 use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ConnId, ExchangeId, QueueId, VhostId};
 use crate::store::DefinitionChange;
-use std::collections::BTreeMap;
-use std::sync::Arc;
 
 impl Broker {
     /// The default vhost and user, in memory (a store gets them from [`Broker::restore`]
     /// when it holds none yet).
     pub(super) fn create_defaults(&mut self) {
         let name = self.config.default_vhost.clone();
-        self.default_vhost = self.insert_vhost(VhostDef {
+        self.topo.default_vhost = self.insert_vhost(VhostDef {
             name: name.clone(),
             description: "Default virtual host".into(),
         });
-        self.users.put(UserDef {
+        self.topo.users.put(UserDef {
             name: "guest".into(),
             password_hash: crate::access::DEFAULT_GUEST_HASH.to_vec(),
             tags: vec!["administrator".into()],
         });
-        self.users
+        self.topo
+            .users
             .set_permissions(crate::access::Permissions::full(&name, "guest"));
     }
 
@@ -36,11 +35,11 @@ impl Broker {
         for v in &vhosts {
             self.define(DefinitionChange::VhostAdded(v));
         }
-        let users: Vec<UserDef> = self.users.list().cloned().collect();
+        let users: Vec<UserDef> = self.topo.users.list().cloned().collect();
         for u in &users {
             self.define(DefinitionChange::UserPut(u));
         }
-        let perms: Vec<PermissionDef> = self.users.list_permissions().cloned().collect();
+        let perms: Vec<PermissionDef> = self.topo.users.list_permissions().cloned().collect();
         for p in &perms {
             self.define(DefinitionChange::PermissionSet(p));
         }
@@ -48,24 +47,18 @@ impl Broker {
 
     fn insert_vhost(&mut self, def: VhostDef) -> VhostId {
         let id = VhostId(self.next_id());
-        let name: Arc<str> = Arc::from(def.name.as_str());
-        self.vhosts.insert(
-            id,
-            Vhost {
-                name: name.clone(),
-                description: def.description,
-                policies: BTreeMap::new(),
-            },
-        );
-        self.vhost_ids.insert(name.clone(), id);
-        self.routes_mut().add_vhost(id, name);
-        self.declare_predefined_exchanges(id);
+        let next_id = &mut self.next_id;
+        self.topo.insert_vhost(id, def, || {
+            let n = *next_id;
+            *next_id += 1;
+            n
+        });
         id
     }
 
     /// The id of a vhost by name.
     pub(super) fn vhost_id(&self, name: &str) -> Option<VhostId> {
-        self.vhost_ids.get(name).copied()
+        self.topo.vhost_id(name)
     }
 
     /// Creates a vhost; an existing one is left as it is (as `rabbitmqctl add_vhost` on an
@@ -75,7 +68,7 @@ impl Broker {
         if def.name.is_empty() {
             return Err("a vhost name must not be empty".into());
         }
-        if self.vhost_ids.contains_key(def.name.as_str()) {
+        if self.topo.vhost_id(&def.name).is_some() {
             return Ok(());
         }
         self.define(DefinitionChange::VhostAdded(&def));
@@ -118,44 +111,28 @@ impl Broker {
             self.delete_queue(q);
         }
         let mut exchanges: Vec<ExchangeId> = self
-            .exchanges
-            .iter()
+            .topo
+            .exchanges()
             .filter(|(_, x)| x.vhost == id)
-            .map(|(x, _)| *x)
+            .map(|(x, _)| x)
             .collect();
         exchanges.sort_unstable();
         for x in exchanges {
             self.delete_exchange(x);
         }
-        let policies: Vec<String> = self
-            .vhosts
-            .get(&id)
-            .map(|v| v.policies.keys().cloned().collect())
-            .unwrap_or_default();
-        for p in policies {
+        for p in self.topo.remove_vhost(id) {
             self.define(DefinitionChange::PolicyCleared {
                 vhost: name,
                 name: &p,
             });
         }
-        self.users.forget_vhost(name);
-        self.vhosts.remove(&id);
-        self.vhost_ids.remove(name);
-        self.routes_mut().remove_vhost(id, name);
         self.define(DefinitionChange::VhostDeleted(name));
         Ok(())
     }
 
     /// Every vhost, by name.
     pub fn list_vhosts(&self) -> Vec<VhostDef> {
-        self.vhost_ids
-            .values()
-            .filter_map(|id| self.vhosts.get(id))
-            .map(|v| VhostDef {
-                name: v.name.to_string(),
-                description: v.description.clone(),
-            })
-            .collect()
+        self.topo.list_vhosts()
     }
 
     /// Closes a connection from the broker's side with CONNECTION_FORCED.

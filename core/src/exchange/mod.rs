@@ -391,6 +391,11 @@ impl<K: Ord + Copy> Counts<K> {
     pub(crate) fn keys(&self) -> impl Iterator<Item = K> + '_ {
         self.0.iter().map(|e| e.0)
     }
+
+    /// (key, count), ascending by key.
+    pub(crate) fn entries(&self) -> &[(K, usize)] {
+        &self.0
+    }
 }
 
 /// Sorts `out[start..]` and removes duplicates from it, leaving `out[..start]` untouched.

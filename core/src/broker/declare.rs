@@ -2,16 +2,16 @@
 //! checks (reserved `amq.` names, equivalence on redeclare, exclusive ownership) and
 //! auto-delete cascades.
 
-use super::{Broker, Exchange, OpResult};
+use super::{Broker, OpResult};
 use crate::access::{Perm, Resource};
 use crate::command::{Bind, ExchangeDeclare, ExchangeKind, OpKind, QueueDeclare};
 use crate::effect::{Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
-use crate::exchange::Bindings;
 use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::{FieldTable, FieldValue};
 use crate::queue::classic::MessageQueue;
 use crate::queue::state::QueueState;
+use crate::topology::BindChange;
 use std::sync::Arc;
 
 /// Queue arguments whose values must match on redeclare (as RabbitMQ checks them).
@@ -28,14 +28,6 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-single-active-consumer",
 ];
 
-/// An exchange's own `alternate-exchange` argument.
-fn own_alternate(arguments: &FieldTable) -> Option<String> {
-    arguments
-        .get("alternate-exchange")
-        .and_then(|v| v.as_str())
-        .map(str::to_string)
-}
-
 fn describe(v: Option<&FieldValue>) -> String {
     match v {
         None => "none".to_string(),
@@ -49,38 +41,6 @@ fn describe(v: Option<&FieldValue>) -> String {
 }
 
 impl Broker {
-    pub(super) fn declare_predefined_exchanges(&mut self, vhost: VhostId) {
-        let predefined: [(&str, ExchangeKind, bool); 7] = [
-            ("", ExchangeKind::Direct, false),
-            ("amq.direct", ExchangeKind::Direct, false),
-            ("amq.fanout", ExchangeKind::Fanout, false),
-            ("amq.topic", ExchangeKind::Topic, false),
-            ("amq.headers", ExchangeKind::Headers, false),
-            ("amq.match", ExchangeKind::Headers, false),
-            ("amq.rabbitmq.trace", ExchangeKind::Topic, true),
-        ];
-        for (name, kind, internal) in predefined {
-            let id = ExchangeId(self.next_id());
-            self.exchanges.insert(
-                id,
-                Exchange {
-                    vhost,
-                    name: Arc::from(name),
-                    kind,
-                    durable: true,
-                    auto_delete: false,
-                    internal,
-                    arguments: FieldTable::new(),
-                    bindings: Bindings::new(kind),
-                    bound_from: Default::default(),
-                },
-            );
-            let router = (!name.is_empty()).then(|| Bindings::new(kind).router());
-            self.routes_mut()
-                .add_exchange(id, vhost, Arc::from(name), internal, None, router);
-        }
-    }
-
     fn not_found(&self, vh: VhostId, op: OpKind, what: &str, name: &str) -> ProtocolError {
         ProtocolError::new(
             ErrorCode::NotFound,
@@ -91,12 +51,12 @@ impl Broker {
 
     /// The exchange `name` in vhost `vh`, if it exists.
     pub(super) fn find_exchange(&self, vh: VhostId, name: &str) -> Option<ExchangeId> {
-        self.routes.exchange(vh, name)
+        self.topo.find_exchange(vh, name)
     }
 
     /// The queue `name` in vhost `vh`, if it exists.
     pub(super) fn find_queue(&self, vh: VhostId, name: &str) -> Option<QueueId> {
-        self.routes.queue(vh, name)
+        self.topo.find_queue(vh, name)
     }
 
     fn default_exchange_refused(op: OpKind) -> ProtocolError {
@@ -197,8 +157,10 @@ impl Broker {
             .map(str::to_string);
         self.check_access(ch, op, Perm::Configure, Resource::Exchange, &d.exchange)?;
         let vh = self.conn_vhost(ch.conn);
-        if let Some(id) = self.find_exchange(vh, &d.exchange) {
-            let x = &self.exchanges[&id];
+        if let Some(x) = self
+            .find_exchange(vh, &d.exchange)
+            .and_then(|id| self.topo.exchange(id))
+        {
             let mismatch = if x.kind != kind {
                 Some((
                     "type",
@@ -215,12 +177,12 @@ impl Broker {
                 ))
             } else if x.internal != d.internal {
                 Some(("internal", x.internal.to_string(), d.internal.to_string()))
-            } else if own_alternate(&x.arguments) != alternate {
+            } else if x.own_alternate() != alternate.as_deref() {
                 // Compared with its own argument: a policy's alternate exchange is not part
                 // of what clients declare.
                 Some((
                     "alternate-exchange",
-                    format!("{:?}", own_alternate(&x.arguments)),
+                    format!("{:?}", x.own_alternate()),
                     format!("{alternate:?}"),
                 ))
             } else {
@@ -260,36 +222,7 @@ impl Broker {
                 });
             }
             let id = ExchangeId(self.next_id());
-            let policy = self
-                .vhosts
-                .get(&vh)
-                .and_then(|v| crate::policy::applicable(v.policies.values(), &d.exchange, false));
-            let alternate = crate::policy::alternate_exchange(alternate.as_deref(), policy);
-            let name: Arc<str> = Arc::from(d.exchange.as_str());
-            let bindings = Bindings::new(kind);
-            let router = bindings.router();
-            self.exchanges.insert(
-                id,
-                Exchange {
-                    vhost: vh,
-                    name: name.clone(),
-                    kind,
-                    durable: d.durable,
-                    auto_delete: d.auto_delete,
-                    internal: d.internal,
-                    arguments: d.arguments,
-                    bindings,
-                    bound_from: Default::default(),
-                },
-            );
-            self.routes_mut().add_exchange(
-                id,
-                vh,
-                name,
-                d.internal,
-                alternate.as_deref(),
-                Some(router),
-            );
+            self.topo.add_exchange(id, vh, kind, d.clone());
         }
         if !d.nowait {
             self.reply(ch, Reply::ExchangeDeclareOk);
@@ -322,7 +255,12 @@ impl Broker {
         self.check_access(ch, op, Perm::Configure, Resource::Exchange, name)?;
         // Deleting a missing exchange succeeds, as in RabbitMQ 3.x.
         if let Some(id) = self.find_exchange(vh, name) {
-            if if_unused && !self.exchanges[&id].bindings.is_empty() {
+            if if_unused
+                && self
+                    .topo
+                    .exchange(id)
+                    .is_some_and(|x| !x.bindings.is_empty())
+            {
                 return Err(ProtocolError::new(
                     ErrorCode::PreconditionFailed,
                     op,
@@ -341,58 +279,23 @@ impl Broker {
     }
 
     /// Removes an exchange with all bindings from and to it; auto-delete exchanges that lose
-    /// their last binding this way go too (a worklist, not recursion: bounded by the number
-    /// of exchanges).
+    /// their last binding this way go too (`Topology::delete_exchange`).
     pub(super) fn delete_exchange(&mut self, id: ExchangeId) {
-        let mut work = vec![id];
-        while let Some(id) = work.pop() {
-            let Some(x) = self.exchanges.remove(&id) else {
-                continue;
-            };
-            self.routes_mut().remove_exchange(id, &x.name);
-            let vhost = match self.vhosts.get(&x.vhost) {
-                Some(v) => v.name.clone(),
-                None => Arc::from(""),
-            };
+        for (id, x) in self.topo.delete_exchange(id) {
             if x.durable {
+                let vhost = self.topo.vhost_name_arc(x.vhost);
                 self.define(crate::store::DefinitionChange::ExchangeDeleted {
                     vhost: &vhost,
                     name: &x.name,
                 });
             }
             for b in x.bindings.list() {
-                self.unlink(id, b.destination);
-            }
-            for source in x.bound_from.keys() {
-                if let Some(src) = self.exchanges.get_mut(&source) {
-                    src.bindings.remove_destination(Destination::Exchange(id));
-                    if src.auto_delete && src.bindings.is_empty() {
-                        work.push(source);
-                    }
-                    self.refresh_router(source);
+                if let Destination::Queue(q) = b.destination
+                    && let Some(q) = self.queues.get_mut(&q)
+                {
+                    q.bound_from.decrement(id);
                 }
             }
-        }
-    }
-
-    /// Forgets that `source` has a binding to `destination` (one of possibly several).
-    fn unlink(&mut self, source: ExchangeId, destination: Destination) {
-        let bound_from = match destination {
-            Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
-            Destination::Exchange(x) => self.exchanges.get_mut(&x).map(|x| &mut x.bound_from),
-        };
-        if let Some(bound_from) = bound_from {
-            bound_from.decrement(source);
-        }
-    }
-
-    fn link(&mut self, source: ExchangeId, destination: Destination) {
-        let bound_from = match destination {
-            Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
-            Destination::Exchange(x) => self.exchanges.get_mut(&x).map(|x| &mut x.bound_from),
-        };
-        if let Some(bound_from) = bound_from {
-            bound_from.increment(source);
         }
     }
 
@@ -405,20 +308,27 @@ impl Broker {
         arguments: &FieldTable,
         add: bool,
     ) {
-        let Some(x) = self.exchanges.get_mut(&source) else {
-            return;
+        let change = self
+            .topo
+            .bind(source, destination, routing_key, arguments, add);
+        let bound_from = match destination {
+            Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
+            Destination::Exchange(_) => None,
         };
-        if add {
-            if x.bindings.add(destination, routing_key, arguments) {
-                self.link(source, destination);
-                self.refresh_router(source);
+        match change {
+            BindChange::Unchanged => {}
+            BindChange::Added => {
+                if let Some(b) = bound_from {
+                    b.increment(source);
+                }
             }
-        } else if x.bindings.remove(destination, routing_key, arguments) {
-            let now_empty = x.auto_delete && x.bindings.is_empty();
-            self.unlink(source, destination);
-            self.refresh_router(source);
-            if now_empty {
-                self.delete_exchange(source);
+            BindChange::Removed { emptied } => {
+                if let Some(b) = bound_from {
+                    b.decrement(source);
+                }
+                if emptied {
+                    self.delete_exchange(source);
+                }
             }
         }
     }
@@ -449,7 +359,10 @@ impl Broker {
         if self.store.is_none() || self.restoring {
             return;
         }
-        let source_durable = self.exchanges.get(&source).is_some_and(|x| x.durable);
+        let Some(source) = self.topo.exchange(source) else {
+            return;
+        };
+        let (source_durable, vhost) = (source.durable, self.topo.vhost_name_arc(source.vhost));
         let (destination_durable, to_exchange) = match destination {
             Destination::Queue(q) => (
                 self.queues
@@ -457,18 +370,13 @@ impl Broker {
                     .is_some_and(|q| q.durable && q.exclusive_owner.is_none()),
                 false,
             ),
-            Destination::Exchange(x) => (self.exchanges.get(&x).is_some_and(|x| x.durable), true),
+            Destination::Exchange(x) => (self.topo.exchange(x).is_some_and(|x| x.durable), true),
         };
         if !(source_durable && destination_durable) {
             return;
         }
         let mut bind = b.clone();
         bind.nowait = false;
-        let vhost = self
-            .exchanges
-            .get(&source)
-            .and_then(|x| self.vhosts.get(&x.vhost))
-            .map_or_else(|| Arc::from(""), |v| v.name.clone());
         self.define(if add {
             crate::store::DefinitionChange::Bound {
                 vhost: &vhost,
@@ -490,7 +398,10 @@ impl Broker {
         source: ExchangeId,
         arguments: &FieldTable,
     ) -> OpResult {
-        if self.exchanges[&source].kind == ExchangeKind::Headers
+        if self
+            .topo
+            .exchange(source)
+            .is_some_and(|x| x.kind == ExchangeKind::Headers)
             && let Err(text) = crate::exchange::validate_x_match(arguments)
         {
             return Err(ProtocolError::new(ErrorCode::PreconditionFailed, op, text));
@@ -630,10 +541,7 @@ impl Broker {
                         format!("queue name '{name}' contains reserved prefix 'amq.*'"),
                     ));
                 }
-                let policy = self
-                    .vhosts
-                    .get(&vh)
-                    .and_then(|v| crate::policy::applicable(v.policies.values(), &name, true));
+                let policy = self.topo.policy(vh, &name, true);
                 let effective = crate::policy::queue_arguments(&d.arguments, policy);
                 let args =
                     crate::queue::args::QueueArgs::parse(&effective).map_err(|(arg, reason)| {
@@ -651,10 +559,7 @@ impl Broker {
                 // Exclusive queues die with their connection: nothing of them outlives a
                 // restart, so they are not stored as durable.
                 let stored_durable = d.durable && !d.exclusive;
-                let vhost_name = self
-                    .vhosts
-                    .get(&vh)
-                    .map_or_else(|| Arc::from(""), |v| v.name.clone());
+                let vhost_name = self.topo.vhost_name_arc(vh);
                 let messages = match self.store.as_mut() {
                     Some(store) => {
                         if stored_durable && !self.restoring {
@@ -688,7 +593,7 @@ impl Broker {
                 queue.set_arguments(d.arguments);
                 self.queues.insert(id, Box::new(queue));
                 let name = self.queues[&id].name.clone();
-                self.routes_mut().add_queue(vh, name, id);
+                self.topo.routes_mut().add_queue(vh, name, id);
                 if self.queues[&id].args.message_ttl.is_some()
                     || self.queues[&id].args.expires.is_some()
                 {
@@ -840,11 +745,8 @@ impl Broker {
             return;
         };
         self.release(q.messages.bytes());
-        self.routes_mut().remove_queue(q.vhost, &q.name);
-        let vhost = match self.vhosts.get(&q.vhost) {
-            Some(v) => v.name.clone(),
-            None => Arc::from(""),
-        };
+        self.topo.routes_mut().remove_queue(q.vhost, &q.name);
+        let vhost = self.topo.vhost_name_arc(q.vhost);
         if let Some(store) = self.store.as_mut() {
             if q.durable && q.exclusive_owner.is_none() {
                 if store
@@ -881,16 +783,7 @@ impl Broker {
                 });
             }
         }
-        let mut emptied = Vec::new();
-        for source in q.bound_from.keys() {
-            if let Some(x) = self.exchanges.get_mut(&source) {
-                x.bindings.remove_destination(Destination::Queue(id));
-                if x.auto_delete && x.bindings.is_empty() {
-                    emptied.push(source);
-                }
-                self.refresh_router(source);
-            }
-        }
+        let emptied = self.topo.unbind_queue(id, q.bound_from.keys());
         for x in emptied {
             self.delete_exchange(x);
         }
