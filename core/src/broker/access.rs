@@ -68,6 +68,7 @@ impl Broker {
         for conn in conns {
             self.force_close(conn, format!("user '{name}' was deleted"));
         }
+        self.after_op();
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! Nothing here waits on a round trip (seed 002): a publish is routed, enqueued, dispatched
 //! and confirmed within one `handle` call; prefetch is a counter check per delivery.
 
+use super::mail::{Mail, Publisher};
 use super::{Broker, OpResult};
 use crate::access::{Perm, Resource};
 use crate::channel::TxOp;
@@ -12,7 +13,7 @@ use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::Message;
-use crate::queue::state::{ConsumerId, Enqueued, QueueConsumer, Settle, Unacked};
+use crate::queue::state::{ConsumerId, Credit, Enqueued, Picked, QueueConsumer, Settle, Unacked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -102,32 +103,24 @@ impl Broker {
                 });
             }
         } else {
-            for &q in &queues {
-                // A message the store failed to take is nacked: nothing is confirmed that
-                // was not stored. A persistent message on a durable queue is confirmed once
-                // it is durable.
-                let (taken, durable) = match self.enqueue(q, &message) {
-                    Enqueued::Memory => (true, false),
-                    Enqueued::Durable => (true, true),
-                    Enqueued::Failed | Enqueued::Rejected => (false, false),
-                };
-                if let Some(seq) = seq {
-                    self.answer(ch, seq, taken, durable);
-                }
+            let consumes = self.conns.get(&ch.conn).is_none_or(|c| c.consumers > 0);
+            for &queue in &queues {
+                self.mail.push_back(Mail::Enqueue {
+                    queue,
+                    message: message.clone(),
+                    publisher: Publisher { ch, seq, consumes },
+                });
             }
-            for &q in &queues {
-                self.dispatch(q);
-            }
-            self.pace(ch.conn, &queues);
         }
         if seq.is_some() {
+            // Unrouted: confirmed at once (the queues' answers confirm a routed one).
             self.send_confirms(ch);
         }
     }
 
     /// A queue's answer to publish `seq` of channel `ch` (see `ChannelState::answered`); a
     /// durable one waits for the sync of the current epoch.
-    fn answer(&mut self, ch: ChannelRef, seq: u64, taken: bool, durable: bool) {
+    pub(super) fn answer(&mut self, ch: ChannelRef, seq: u64, taken: bool, durable: bool) {
         let epoch = durable.then_some(self.epoch);
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
@@ -205,25 +198,45 @@ impl Broker {
         loop {
             let picked = self
                 .with_queue_and_credit(id, |q, io, credit| q.next_delivery(io, credit, may_expire));
-            let Some(p) = picked.flatten() else {
+            let Some(picked) = picked.flatten() else {
                 return;
             };
-            let Some(channel) = self.channels.get_mut(&p.ch) else {
-                return;
-            };
-            let m = p.message;
-            let delivery_tag =
-                channel.deliver((!p.no_ack).then(|| Unacked::of(id, &m, Some(p.consumer))));
-            self.effects.push(Effect::Deliver {
-                ch: p.ch,
-                consumer_tag: p.tag,
-                delivery: Delivery {
-                    delivery_tag,
-                    redelivered: m.redelivered,
-                    message: m.message,
-                },
-            });
+            self.mail.push_back(Mail::Deliver { queue: id, picked });
         }
+    }
+
+    /// The channel side of a delivery a queue picked: the channel tags it. A channel gone
+    /// meanwhile (with shards, it may close while the delivery travels) gives it back: the
+    /// credit it took, and the message to its queue (a no-ack one is lost with the channel,
+    /// as RabbitMQ loses autoack deliveries in flight to a closed channel).
+    pub(super) fn deliver_mail(&mut self, queue: QueueId, p: Picked) {
+        let m = p.message;
+        let Some(channel) = self.channels.get_mut(&p.ch) else {
+            let ack_required = !p.no_ack;
+            let mut credit = super::ChannelCredit {
+                conns: &mut self.conns,
+                channels: &mut self.channels,
+                write_window: self.config.write_window,
+            };
+            credit.give_back(p.ch, ack_required);
+            if ack_required {
+                let u = Unacked::of(queue, &m, Some(p.consumer));
+                self.with_queue(queue, |q, io| q.settle(io, u, Settle::Requeue));
+                self.dispatch(queue);
+            }
+            return;
+        };
+        let delivery_tag =
+            channel.deliver((!p.no_ack).then(|| Unacked::of(queue, &m, Some(p.consumer))));
+        self.effects.push(Effect::Deliver {
+            ch: p.ch,
+            consumer_tag: p.tag,
+            delivery: Delivery {
+                delivery_tag,
+                redelivered: m.redelivered,
+                message: m.message,
+            },
+        });
     }
 
     pub(super) fn qos(
@@ -447,23 +460,52 @@ impl Broker {
     }
 
     fn settle_entries(&mut self, ch: ChannelRef, settled: Vec<Unacked>, settle: Settle) {
-        let mut touched = BTreeSet::new();
-        for u in settled {
-            let queue = u.queue;
-            let len = u.message.body_len() as u64;
-            match self.with_queue(queue, |q, io| q.settle(io, u, settle)) {
-                Some(true) => {
-                    touched.insert(queue);
+        self.send_settles(settled, settle);
+        self.dispatch_channel_queues(ch);
+    }
+
+    /// Sends settled deliveries to their queues: one `Settle` per queue, in queue id order,
+    /// each keeping the deliveries' order.
+    pub(super) fn send_settles(&mut self, settled: Vec<Unacked>, how: Settle) {
+        let mut groups: Vec<(QueueId, Vec<Unacked>)> = Vec::new();
+        let mut settled = settled.into_iter().peekable();
+        // Most settles name one queue: no grouping work then.
+        while let Some(u) = settled.next() {
+            match groups.iter_mut().find(|(q, _)| *q == u.queue) {
+                Some((_, entries)) => entries.push(u),
+                None => {
+                    let mut entries = Vec::with_capacity(1 + settled.len());
+                    let queue = u.queue;
+                    entries.push(u);
+                    groups.push((queue, entries));
                 }
+            }
+        }
+        groups.sort_unstable_by_key(|(q, _)| *q);
+        for (queue, entries) in groups {
+            self.mail.push_back(Mail::Settle {
+                queue,
+                entries,
+                how,
+            });
+        }
+    }
+
+    /// The queue side of settled deliveries: acked, dropped or requeued (then dispatched).
+    pub(super) fn settle_in_queue(&mut self, queue: QueueId, entries: Vec<Unacked>, how: Settle) {
+        let mut requeued = false;
+        for u in entries {
+            let len = u.message.body_len() as u64;
+            match self.with_queue(queue, |q, io| q.settle(io, u, how)) {
+                Some(true) => requeued = true,
                 Some(false) => {}
                 // Its queue was deleted while it was out: acked, dropped or requeued, it goes.
                 None => self.release(len),
             }
         }
-        for q in touched {
-            self.dispatch(q);
+        if requeued {
+            self.dispatch(queue);
         }
-        self.dispatch_channel_queues(ch);
     }
 
     /// Resumes the queues this channel consumes from (credit was freed on the channel).
@@ -472,8 +514,8 @@ impl Broker {
             return;
         };
         let queues: BTreeSet<QueueId> = channel.consumers.values().map(|(_, q)| q).collect();
-        for q in queues {
-            self.dispatch(q);
+        for queue in queues {
+            self.mail.push_back(Mail::Dispatch { queue });
         }
     }
 
@@ -532,6 +574,8 @@ impl Broker {
                     settle,
                 } => self.settle(ch, kind, delivery_tag, multiple, settle)?,
             }
+            // Each operation reaches its queues before the next, and all before commit-ok.
+            self.pump();
         }
         self.reply(ch, Reply::TxCommitOk);
         Ok(())
@@ -557,28 +601,18 @@ impl Broker {
 }
 
 impl Broker {
-    /// Pauses publishing connection `conn` for every queue among `queues` that has consumers
-    /// and more than `flow_ready_high` ready messages, unless `conn` consumes itself.
-    fn pace(&mut self, conn: ConnId, queues: &[QueueId]) {
-        if self.conns.get(&conn).is_none_or(|c| c.consumers > 0) {
+    /// Pauses publishing connection `conn` if queue `id` has consumers and more than
+    /// `flow_ready_high` ready messages (the caller knows `conn` does not consume itself).
+    pub(super) fn pace(&mut self, conn: ConnId, id: QueueId) {
+        let high = self.config.flow_ready_high;
+        let Some(q) = self.queues.get_mut(&id) else {
+            return;
+        };
+        if q.consumers.is_empty() || q.messages.len() <= high || q.pausing.contains(&conn) {
             return;
         }
-        let high = self.config.flow_ready_high;
-        for &id in queues {
-            let Some(q) = self.queues.get_mut(&id) else {
-                continue;
-            };
-            if q.consumers.is_empty() || q.messages.len() <= high || q.pausing.contains(&conn) {
-                continue;
-            }
-            q.pausing.push(conn);
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.paused_in.insert(id);
-                if c.paused_in.len() == 1 {
-                    self.effects.push(Effect::FlowPaused { conn });
-                }
-            }
-        }
+        q.pausing.push(conn);
+        self.mail.push_back(Mail::Paused { conn, queue: id });
     }
 
     /// Lifts the pauses queue `id` holds (it drained, lost its consumers, or is going away).
@@ -587,12 +621,7 @@ impl Broker {
             return;
         };
         for conn in q.pausing.take() {
-            if let Some(c) = self.conns.get_mut(&conn)
-                && c.paused_in.remove(&id)
-                && c.paused_in.is_empty()
-            {
-                self.effects.push(Effect::FlowResumed { conn });
-            }
+            self.mail.push_back(Mail::Resumed { conn, queue: id });
         }
     }
 }

@@ -18,6 +18,7 @@ mod access;
 pub mod admin;
 mod dead_letter;
 mod delivery;
+mod mail;
 mod policies;
 pub(crate) mod reply_to;
 mod session;
@@ -90,6 +91,9 @@ pub struct Broker {
     last_tag: Option<Arc<str>>,
     /// Messages on their way to a dead-letter exchange.
     dead_letters: VecDeque<dead_letter::DeadLetter>,
+    /// Mail between the queue and channel sides, delivered at the end of each operation
+    /// (`mail.rs`).
+    mail: VecDeque<mail::Mail>,
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
     /// heads and deadlines (not at every queue).
     expiring: std::collections::BTreeSet<QueueId>,
@@ -240,6 +244,7 @@ impl Broker {
             restoring: false,
             last_tag: None,
             dead_letters: VecDeque::new(),
+            mail: VecDeque::new(),
             reply_addresses: HashMap::new(),
             expiring: std::collections::BTreeSet::new(),
         };
@@ -503,8 +508,7 @@ impl Broker {
         if let Err(error) = self.apply(ch, op) {
             self.fail(ch, error);
         }
-        self.route_dead_letters();
-        self.update_alarm();
+        self.after_op();
         let routes_after = self.topo.routes().version();
         if routes_after != routes_before
             && let Some(conn) = self.conns.get_mut(&ch.conn)
@@ -575,7 +579,15 @@ impl Broker {
             self.expire_head(id);
             self.dispatch(id);
         }
+        self.after_op();
+    }
+
+    /// What every entry point does last: delivers the mail, routes the dead letters (whose
+    /// enqueues send mail again), and updates the memory alarm.
+    fn after_op(&mut self) {
+        self.pump();
         self.route_dead_letters();
+        self.pump();
         self.update_alarm();
     }
 
@@ -611,6 +623,7 @@ impl Broker {
 
     /// Moves the effects produced so far into `out`, in order.
     pub fn poll_effects(&mut self, out: &mut Vec<Effect>) {
+        debug_assert!(self.mail.is_empty(), "an entry point left mail undelivered");
         out.append(&mut self.effects);
     }
 

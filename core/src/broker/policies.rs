@@ -81,7 +81,6 @@ impl Broker {
             self.dispatch(id);
         }
         self.topo.apply_exchange_policies();
-        self.route_dead_letters();
-        self.update_alarm();
+        self.after_op();
     }
 }

@@ -137,22 +137,7 @@ impl Broker {
             return;
         };
         let unacked = channel.take_all_unacked();
-        let mut touched = BTreeSet::new();
-        for u in unacked {
-            let (queue, len) = (u.queue, u.message.body_len() as u64);
-            if self
-                .with_queue(queue, |q, io| q.settle(io, u, Settle::Requeue))
-                .is_some()
-            {
-                touched.insert(queue);
-            } else {
-                // Its queue was deleted while it was out: nothing holds it any more.
-                self.release(len);
-            }
-        }
-        for q in touched {
-            self.dispatch(q);
-        }
+        self.send_settles(unacked, Settle::Requeue);
     }
 
     /// Releases everything a connection holds: its channels and its exclusive queues. All

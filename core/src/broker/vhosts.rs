@@ -127,6 +127,7 @@ impl Broker {
             });
         }
         self.define(DefinitionChange::VhostDeleted(name));
+        self.after_op();
         Ok(())
     }
 

@@ -1,0 +1,220 @@
+//! Mail between the queue side and the channel side of the broker: the messages that will
+//! cross shards in the sharded design (ARCHITECTURE.md, "warren-runtime"), already used as
+//! the only way the two sides talk on the paths converted so far.
+//!
+//! A handler touches one side only: `Enqueue` and its pacing run on the queue's state,
+//! `Answered` and `Paused` on the channel's and connection's. The synchronous composition
+//! delivers mail in FIFO order at the end of each operation (`pump`), so effects come out in
+//! the order they did when the sides called each other directly.
+
+use super::Broker;
+use crate::effect::Effect;
+use crate::ids::{ChannelRef, ConnId, QueueId};
+use crate::message::Message;
+use crate::queue::state::{Enqueued, Picked, Settle, Unacked};
+use std::sync::Arc;
+
+/// Who published a message being enqueued, as the queue needs to know it.
+pub(crate) struct Publisher {
+    pub(crate) ch: ChannelRef,
+    /// The publish's confirm sequence number, in confirm mode: the queue answers it.
+    pub(crate) seq: Option<u64>,
+    /// The publishing connection consumes itself, so flow control must not pause it (it
+    /// could never drain what it waits for).
+    pub(crate) consumes: bool,
+}
+
+pub(crate) enum Mail {
+    /// Channel -> queue: a routed publish.
+    Enqueue {
+        queue: QueueId,
+        message: Arc<Message>,
+        publisher: Publisher,
+    },
+    /// Queue -> channel: the queue's answer to publish `seq` (see `ChannelState::answered`).
+    Answered {
+        ch: ChannelRef,
+        seq: u64,
+        /// The queue took the message (not refused by its store or by `x-overflow`).
+        taken: bool,
+        /// Persistent on a durable queue: it waits for the sync of the current epoch.
+        durable: bool,
+    },
+    /// Channel -> queue: deliveries of this queue settled on a channel, in delivery order.
+    Settle {
+        queue: QueueId,
+        entries: Vec<Unacked>,
+        how: Settle,
+    },
+    /// Channel -> queue: the channel freed credit the queue may be waiting for (its shared
+    /// prefetch): dispatch.
+    Dispatch { queue: QueueId },
+    /// Queue -> channel: a delivery the queue's dispatch picked, its credit taken.
+    Deliver { queue: QueueId, picked: Picked },
+    /// Queue -> connection: the queue has paused the publishing connection (flow control).
+    Paused { conn: ConnId, queue: QueueId },
+    /// Queue -> connection: the queue lifted its pause (it drained, lost its consumers, or
+    /// went away). Sent after the `Paused` it lifts, so the connection never stays paused by
+    /// a queue that no longer pauses it.
+    Resumed { conn: ConnId, queue: QueueId },
+}
+
+/// Mail handled per operation can only come from the operation's own mail, which is bounded
+/// by the queues one publish reaches; this many means a handler loops.
+const MAX_MAIL_PER_PUMP: usize = 1 << 24;
+
+impl Broker {
+    /// Delivers queued mail until none is left.
+    pub(super) fn pump(&mut self) {
+        let mut handled = 0usize;
+        while let Some(mail) = self.mail.pop_front() {
+            handled += 1;
+            assert!(handled < MAX_MAIL_PER_PUMP, "mail loop");
+            match mail {
+                Mail::Enqueue {
+                    queue,
+                    message,
+                    publisher,
+                } => self.enqueue_mail(queue, &message, publisher),
+                Mail::Answered {
+                    ch,
+                    seq,
+                    taken,
+                    durable,
+                } => {
+                    self.answer(ch, seq, taken, durable);
+                    self.send_confirms(ch);
+                }
+                Mail::Settle {
+                    queue,
+                    entries,
+                    how,
+                } => self.settle_in_queue(queue, entries, how),
+                Mail::Dispatch { queue } => self.dispatch(queue),
+                Mail::Deliver { queue, picked } => self.deliver_mail(queue, picked),
+                Mail::Paused { conn, queue } => {
+                    if let Some(c) = self.conns.get_mut(&conn)
+                        && c.paused_in.insert(queue)
+                        && c.paused_in.len() == 1
+                    {
+                        self.effects.push(Effect::FlowPaused { conn });
+                    }
+                }
+                Mail::Resumed { conn, queue } => {
+                    if let Some(c) = self.conns.get_mut(&conn)
+                        && c.paused_in.remove(&queue)
+                        && c.paused_in.is_empty()
+                    {
+                        self.effects.push(Effect::FlowResumed { conn });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The queue side of a publish: enqueue, answer, dispatch, pace.
+    fn enqueue_mail(&mut self, queue: QueueId, message: &Arc<Message>, publisher: Publisher) {
+        // A message the store failed to take is nacked: nothing is confirmed that was not
+        // stored. A persistent message on a durable queue is confirmed once it is durable.
+        let (taken, durable) = match self.enqueue(queue, message) {
+            Enqueued::Memory => (true, false),
+            Enqueued::Durable => (true, true),
+            Enqueued::Failed | Enqueued::Rejected => (false, false),
+        };
+        if let Some(seq) = publisher.seq {
+            self.mail.push_back(Mail::Answered {
+                ch: publisher.ch,
+                seq,
+                taken,
+                durable,
+            });
+        }
+        self.dispatch(queue);
+        if !publisher.consumes {
+            self.pace(publisher.ch.conn, queue);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Consume, Op, Publish, QueueDeclare};
+    use crate::message::{FieldTable, Properties};
+    use crate::{Broker, BrokerConfig};
+
+    fn ops(b: &mut Broker, ch: ChannelRef, ops: Vec<Op>) -> Vec<Effect> {
+        for op in ops {
+            b.handle(1, ch, op);
+        }
+        let mut out = Vec::new();
+        b.poll_effects(&mut out);
+        out
+    }
+
+    /// A delivery whose channel closed while it travelled (with shards, the close can come
+    /// first) goes back to its queue with its credit, and nothing is delivered.
+    #[test]
+    fn a_delivery_to_a_closed_channel_returns_to_its_queue() {
+        let mut b = Broker::new(BrokerConfig::default());
+        let conn = ChannelRef::new(ConnId(1), 0);
+        let ch = ChannelRef::new(ConnId(1), 1);
+        ops(
+            &mut b,
+            conn,
+            vec![Op::ConnectionOpen {
+                vhost: "/".into(),
+                user: "guest".into(),
+                cancel_notify: true,
+            }],
+        );
+        ops(
+            &mut b,
+            ch,
+            vec![
+                Op::ChannelOpen,
+                Op::QueueDeclare(QueueDeclare {
+                    queue: "q".into(),
+                    passive: false,
+                    durable: false,
+                    exclusive: false,
+                    auto_delete: false,
+                    nowait: false,
+                    arguments: FieldTable::new(),
+                }),
+                Op::Publish(Box::new(Publish {
+                    exchange: "".into(),
+                    routing_key: "q".into(),
+                    mandatory: false,
+                    immediate: false,
+                    properties: Properties::default(),
+                    body: bytes::Bytes::from_static(b"hello"),
+                    routed: None,
+                })),
+            ],
+        );
+        assert_eq!(b.queue_len("q"), Some(1));
+        // The consume picks the message and mails the delivery; the channel closes before
+        // the mail is delivered.
+        let consume = Consume {
+            queue: "q".into(),
+            consumer_tag: "c".into(),
+            no_local: false,
+            no_ack: false,
+            exclusive: false,
+            nowait: true,
+            arguments: FieldTable::new(),
+        };
+        assert!(b.consume(ch, consume).is_ok());
+        assert!(matches!(b.mail.back(), Some(Mail::Deliver { .. })));
+        let effects = ops(&mut b, ch, vec![Op::ChannelClose]);
+        assert!(
+            !effects.iter().any(|e| matches!(e, Effect::Deliver { .. })),
+            "{effects:?}"
+        );
+        assert_eq!(b.queue_len("q"), Some(1), "the message is back in its queue");
+        assert_eq!(b.conns[&ConnId(1)].in_flight, 0, "its write credit is back");
+        assert_eq!(b.stored_bytes(), 5);
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+}
