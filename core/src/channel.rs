@@ -55,10 +55,11 @@ impl ConsumerTags {
         }
     }
 
-    pub(crate) fn remove(&mut self, tag: &str) {
-        if let Ok(i) = self.find(tag) {
-            self.0.remove(i);
-        }
+    /// Removes a tag; the consumer it named, if it was there.
+    pub(crate) fn remove(&mut self, tag: &str) -> Option<(ConsumerId, QueueId)> {
+        let i = self.find(tag).ok()?;
+        let (_, cid, queue) = self.0.remove(i);
+        Some((cid, queue))
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&Arc<str>, ConsumerId, QueueId)> {

@@ -13,7 +13,7 @@ pub struct ChannelRef {
 }
 
 impl ChannelRef {
-    pub fn new(conn: ConnId, channel: u16) -> ChannelRef {
+    pub const fn new(conn: ConnId, channel: u16) -> ChannelRef {
         ChannelRef { conn, channel }
     }
 }

@@ -670,17 +670,24 @@ impl Broker {
             Resource::Queue,
             &queue_name,
         )?;
-        let purged = self.with_queue(id, |q, io| q.purge(io)).unwrap_or(0);
-        self.resume_paused(id);
-        if !nowait {
-            self.reply(
-                ch,
-                Reply::QueuePurgeOk {
-                    message_count: u32::try_from(purged).unwrap_or(u32::MAX),
-                },
-            );
-        }
+        self.mail.push_back(super::mail::Mail::Purge {
+            queue: id,
+            reply: (!nowait).then_some(ch),
+        });
         Ok(())
+    }
+
+    /// The queue side of queue.purge: its ready messages go (unacked ones stay out), and
+    /// the publishers it paused resume.
+    pub(super) fn purge_in_queue(&mut self, queue: QueueId, reply: Option<ChannelRef>) {
+        let purged = self.with_queue(queue, |q, io| q.purge(io)).unwrap_or(0);
+        self.resume_paused(queue);
+        if let Some(ch) = reply {
+            self.mail.push_back(super::mail::Mail::Purged {
+                ch,
+                message_count: u32::try_from(purged).unwrap_or(u32::MAX),
+            });
+        }
     }
 
     pub(super) fn queue_delete_op(

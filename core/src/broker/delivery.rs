@@ -13,6 +13,7 @@ use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::Message;
+use crate::queue::classic::QueuedMessage;
 use crate::queue::state::{ConsumerId, Credit, Enqueued, Picked, QueueConsumer, Settle, Unacked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -288,22 +289,10 @@ impl Broker {
             ));
         }
         let prefetch = channel.prefetch_count;
-        let q = &self.queues[&queue];
-        if q.in_exclusive_use(c.exclusive) {
-            return Err(ProtocolError::new(
-                ErrorCode::AccessRefused,
-                op,
-                format!(
-                    "queue '{}' in vhost '{}' in exclusive use",
-                    q.name,
-                    self.vhost_name(q.vhost)
-                ),
-            ));
-        }
         let cid = ConsumerId(self.next_id());
         let consumer = QueueConsumer {
             id: cid,
-            tag: tag.clone(),
+            tag,
             ch,
             no_ack: c.no_ack,
             exclusive: c.exclusive,
@@ -315,21 +304,88 @@ impl Broker {
                 .and_then(|v| v.as_i64())
                 .unwrap_or(0),
         };
-        let now = self.now;
-        if let Some(q) = self.queues.get_mut(&queue) {
-            q.add_consumer(now, consumer);
-        }
-        if let Some(channel) = self.channels.get_mut(&ch) {
-            channel.consumers.insert(tag.clone(), cid, queue);
-        }
-        if let Some(conn) = self.conns.get_mut(&ch.conn) {
-            conn.consumers += 1;
-        }
-        if !c.nowait {
-            self.reply(ch, Reply::ConsumeOk { consumer_tag: tag });
-        }
-        self.dispatch(queue);
+        self.mail.push_back(Mail::Consume {
+            queue,
+            consumer: Box::new(consumer),
+            nowait: c.nowait,
+        });
         Ok(())
+    }
+
+    /// The queue side of basic.consume: refused if the queue is in exclusive use (or gone),
+    /// else the consumer is added and served at once; the channel registers it on
+    /// `ConsumeOk`.
+    pub(super) fn consume_in_queue(
+        &mut self,
+        queue: QueueId,
+        consumer: QueueConsumer,
+        nowait: bool,
+    ) {
+        let (ch, cid, tag) = (consumer.ch, consumer.id, consumer.tag.clone());
+        let now = self.now;
+        let refused = match self.queues.get_mut(&queue) {
+            None => Some(ProtocolError::new(
+                ErrorCode::NotFound,
+                OpKind::Consume,
+                "the queue was deleted",
+            )),
+            Some(q) if q.in_exclusive_use(consumer.exclusive) => {
+                let (name, vhost) = (q.name.clone(), q.vhost);
+                Some(ProtocolError::new(
+                    ErrorCode::AccessRefused,
+                    OpKind::Consume,
+                    format!(
+                        "queue '{name}' in vhost '{}' in exclusive use",
+                        self.vhost_name(vhost)
+                    ),
+                ))
+            }
+            Some(q) => {
+                q.add_consumer(now, consumer);
+                None
+            }
+        };
+        match refused {
+            Some(error) => self.mail.push_back(Mail::Refused { ch, error }),
+            None => {
+                self.mail.push_back(Mail::ConsumeOk {
+                    ch,
+                    queue,
+                    consumer: cid,
+                    tag,
+                    nowait,
+                });
+                self.dispatch(queue);
+            }
+        }
+    }
+
+    /// The channel side of a consumer the queue took: registered, and told to the client.
+    /// A channel that closed meanwhile cancels it again.
+    pub(super) fn consume_ok(
+        &mut self,
+        ch: ChannelRef,
+        queue: QueueId,
+        cid: ConsumerId,
+        tag: Arc<str>,
+        nowait: bool,
+    ) {
+        match self.channels.get_mut(&ch) {
+            Some(channel) if channel.phase == crate::channel::Phase::Open => {
+                channel.consumers.insert(tag.clone(), cid, queue);
+                if let Some(conn) = self.conns.get_mut(&ch.conn) {
+                    conn.consumers += 1;
+                }
+                if !nowait {
+                    self.reply(ch, Reply::ConsumeOk { consumer_tag: tag });
+                }
+            }
+            _ => self.mail.push_back(Mail::Cancel {
+                queue,
+                consumer: cid,
+                reply: None,
+            }),
+        }
     }
 
     /// A client's consumer tag as an `Arc`, shared with the previous consumer's if it is
@@ -349,45 +405,60 @@ impl Broker {
     pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {
         self.cancel_reply_to(ch, tag);
         let consumer = self.channels.get(&ch).and_then(|c| c.consumers.get(tag));
-        // Cancelling an unknown tag is not an error (RabbitMQ answers cancel-ok).
-        if let Some((cid, queue)) = consumer {
-            self.remove_consumer(queue, cid);
-        }
-        if !nowait {
-            self.reply(
-                ch,
-                Reply::CancelOk {
-                    consumer_tag: Arc::from(tag),
-                },
-            );
+        let reply = (!nowait).then(|| (ch, Arc::<str>::from(tag)));
+        match consumer {
+            Some((cid, queue)) => {
+                self.forget_consumer(ch, tag);
+                // cancel-ok comes from the queue, after the deliveries it sent before.
+                self.mail.push_back(Mail::Cancel {
+                    queue,
+                    consumer: cid,
+                    reply,
+                });
+            }
+            // Cancelling an unknown tag is not an error (RabbitMQ answers cancel-ok).
+            None => {
+                if let Some((ch, consumer_tag)) = reply {
+                    self.reply(ch, Reply::CancelOk { consumer_tag });
+                }
+            }
         }
         Ok(())
     }
 
-    /// Removes a consumer from its queue and channel. Its unacked messages stay on the
-    /// channel. An auto-delete queue left without consumers is deleted: RabbitMQ deletes it
-    /// when its last consumer goes, however it goes (cancel, channel or connection close).
-    pub(super) fn remove_consumer(&mut self, queue: QueueId, cid: ConsumerId) {
-        let now = self.now;
-        let Some(q) = self.queues.get_mut(&queue) else {
-            return;
-        };
-        let Some(c) = q.remove_consumer(now, cid) else {
-            return;
-        };
-        let (emptied, auto_delete) = (q.consumers.is_empty(), q.auto_delete && q.had_consumer);
-        if let Some(conn) = self.conns.get_mut(&c.ch.conn) {
+    /// The channel side of a consumer going: its tag, and its count on the connection.
+    pub(super) fn forget_consumer(&mut self, ch: ChannelRef, tag: &str) {
+        if let Some(channel) = self.channels.get_mut(&ch)
+            && channel.consumers.remove(tag).is_some()
+            && let Some(conn) = self.conns.get_mut(&ch.conn)
+        {
             conn.consumers = conn.consumers.saturating_sub(1);
         }
-        if let Some(channel) = self.channels.get_mut(&c.ch) {
-            channel.consumers.remove(&c.tag);
-        }
-        if emptied {
+    }
+
+    /// The queue side of a consumer going. Its unacked messages stay on the channel. An
+    /// auto-delete queue left without consumers is deleted: RabbitMQ deletes it when its
+    /// last consumer goes, however it goes (cancel, channel or connection close).
+    pub(super) fn cancel_in_queue(
+        &mut self,
+        queue: QueueId,
+        cid: ConsumerId,
+        reply: Option<(ChannelRef, Arc<str>)>,
+    ) {
+        let now = self.now;
+        if let Some(q) = self.queues.get_mut(&queue)
+            && q.remove_consumer(now, cid).is_some()
+            && q.consumers.is_empty()
+        {
+            let auto_delete = q.auto_delete && q.had_consumer;
             // Without consumers a queue buffers, as in RabbitMQ: nothing to pace against.
             self.resume_paused(queue);
             if auto_delete {
                 self.delete_queue(queue);
             }
+        }
+        if let Some((ch, consumer_tag)) = reply {
+            self.mail.push_back(Mail::Cancelled { ch, consumer_tag });
         }
     }
 
@@ -395,16 +466,50 @@ impl Broker {
         let id = self.queue_id(ch, OpKind::Get, queue)?;
         let queue_name = self.queues[&id].name.clone();
         self.check_access(ch, OpKind::Get, Perm::Read, Resource::Queue, &queue_name)?;
-        let may_expire = self.expiring.contains(&id);
-        let got = self.with_queue(id, |q, io| q.get(io, no_ack, may_expire));
-        let Some((m, message_count)) = got.flatten() else {
+        self.mail.push_back(Mail::Get {
+            queue: id,
+            ch,
+            no_ack,
+        });
+        Ok(())
+    }
+
+    /// The queue side of basic.get: the next ready message, if any.
+    pub(super) fn get_in_queue(&mut self, queue: QueueId, ch: ChannelRef, no_ack: bool) {
+        let may_expire = self.expiring.contains(&queue);
+        let got = self
+            .with_queue(queue, |q, io| q.get(io, no_ack, may_expire))
+            .flatten();
+        self.mail.push_back(Mail::Got {
+            queue,
+            ch,
+            no_ack,
+            got,
+        });
+    }
+
+    /// The channel side of basic.get: get-ok with a delivery tag, or get-empty. A channel
+    /// gone meanwhile gives the message back (a no-ack one is lost with it).
+    pub(super) fn got(
+        &mut self,
+        queue: QueueId,
+        ch: ChannelRef,
+        no_ack: bool,
+        got: Option<(QueuedMessage, u32)>,
+    ) {
+        let Some((m, message_count)) = got else {
             self.reply(ch, Reply::GetEmpty);
-            return Ok(());
+            return;
         };
         let Some(channel) = self.channels.get_mut(&ch) else {
-            return Ok(());
+            if !no_ack {
+                let u = Unacked::of(queue, &m, None);
+                self.with_queue(queue, |q, io| q.settle(io, u, Settle::Requeue));
+                self.dispatch(queue);
+            }
+            return;
         };
-        let delivery_tag = channel.deliver((!no_ack).then(|| Unacked::of(id, &m, None)));
+        let delivery_tag = channel.deliver((!no_ack).then(|| Unacked::of(queue, &m, None)));
         self.reply(
             ch,
             Reply::GetOk {
@@ -416,7 +521,6 @@ impl Broker {
                 message_count,
             },
         );
-        Ok(())
     }
 
     pub(super) fn settle_op(

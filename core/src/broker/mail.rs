@@ -9,9 +9,12 @@
 
 use super::Broker;
 use crate::effect::Effect;
+use crate::effect::Reply;
+use crate::error::ProtocolError;
 use crate::ids::{ChannelRef, ConnId, QueueId};
 use crate::message::Message;
-use crate::queue::state::{Enqueued, Picked, Settle, Unacked};
+use crate::queue::classic::QueuedMessage;
+use crate::queue::state::{ConsumerId, Enqueued, Picked, QueueConsumer, Settle, Unacked};
 use std::sync::Arc;
 
 /// Who published a message being enqueued, as the queue needs to know it.
@@ -49,6 +52,57 @@ pub(crate) enum Mail {
     /// Channel -> queue: the channel freed credit the queue may be waiting for (its shared
     /// prefetch): dispatch.
     Dispatch { queue: QueueId },
+    /// Channel -> queue: basic.consume (the channel checked the tag and the permission).
+    Consume {
+        queue: QueueId,
+        consumer: Box<QueueConsumer>,
+        nowait: bool,
+    },
+    /// Queue -> channel: the queue took the consumer.
+    ConsumeOk {
+        ch: ChannelRef,
+        queue: QueueId,
+        consumer: ConsumerId,
+        tag: Arc<str>,
+        nowait: bool,
+    },
+    /// Queue -> channel: the queue refused a request; a channel error.
+    Refused {
+        ch: ChannelRef,
+        error: ProtocolError,
+    },
+    /// Channel -> queue: a consumer goes (basic.cancel, or its channel closed); `reply`:
+    /// answer cancel-ok to this channel once it is gone.
+    Cancel {
+        queue: QueueId,
+        consumer: ConsumerId,
+        reply: Option<(ChannelRef, Arc<str>)>,
+    },
+    /// Queue -> channel: the consumer is gone (after every delivery the queue sent it).
+    Cancelled {
+        ch: ChannelRef,
+        consumer_tag: Arc<str>,
+    },
+    /// Channel -> queue: basic.get.
+    Get {
+        queue: QueueId,
+        ch: ChannelRef,
+        no_ack: bool,
+    },
+    /// Queue -> channel: what basic.get found (the message and how many stay ready).
+    Got {
+        queue: QueueId,
+        ch: ChannelRef,
+        no_ack: bool,
+        got: Option<(QueuedMessage, u32)>,
+    },
+    /// Channel -> queue: queue.purge; `reply`: answer purge-ok to this channel.
+    Purge {
+        queue: QueueId,
+        reply: Option<ChannelRef>,
+    },
+    /// Queue -> channel: purge-ok.
+    Purged { ch: ChannelRef, message_count: u32 },
     /// Queue -> channel: a delivery the queue's dispatch picked, its credit taken.
     Deliver { queue: QueueId, picked: Picked },
     /// Queue -> connection: the queue has paused the publishing connection (flow control).
@@ -70,43 +124,80 @@ impl Broker {
         while let Some(mail) = self.mail.pop_front() {
             handled += 1;
             assert!(handled < MAX_MAIL_PER_PUMP, "mail loop");
-            match mail {
-                Mail::Enqueue {
-                    queue,
-                    message,
-                    publisher,
-                } => self.enqueue_mail(queue, &message, publisher),
-                Mail::Answered {
-                    ch,
-                    seq,
-                    taken,
-                    durable,
-                } => {
-                    self.answer(ch, seq, taken, durable);
-                    self.send_confirms(ch);
+            self.deliver_one(mail);
+        }
+    }
+
+    /// Hands one piece of mail to its handler.
+    fn deliver_one(&mut self, mail: Mail) {
+        match mail {
+            Mail::Enqueue {
+                queue,
+                message,
+                publisher,
+            } => self.enqueue_mail(queue, &message, publisher),
+            Mail::Answered {
+                ch,
+                seq,
+                taken,
+                durable,
+            } => {
+                self.answer(ch, seq, taken, durable);
+                self.send_confirms(ch);
+            }
+            Mail::Settle {
+                queue,
+                entries,
+                how,
+            } => self.settle_in_queue(queue, entries, how),
+            Mail::Dispatch { queue } => self.dispatch(queue),
+            Mail::Deliver { queue, picked } => self.deliver_mail(queue, picked),
+            Mail::Consume {
+                queue,
+                consumer,
+                nowait,
+            } => self.consume_in_queue(queue, *consumer, nowait),
+            Mail::ConsumeOk {
+                ch,
+                queue,
+                consumer,
+                tag,
+                nowait,
+            } => self.consume_ok(ch, queue, consumer, tag, nowait),
+            Mail::Refused { ch, error } => self.fail(ch, error),
+            Mail::Cancel {
+                queue,
+                consumer,
+                reply,
+            } => self.cancel_in_queue(queue, consumer, reply),
+            Mail::Cancelled { ch, consumer_tag } => {
+                self.reply(ch, Reply::CancelOk { consumer_tag });
+            }
+            Mail::Get { queue, ch, no_ack } => self.get_in_queue(queue, ch, no_ack),
+            Mail::Got {
+                queue,
+                ch,
+                no_ack,
+                got,
+            } => self.got(queue, ch, no_ack, got),
+            Mail::Purge { queue, reply } => self.purge_in_queue(queue, reply),
+            Mail::Purged { ch, message_count } => {
+                self.reply(ch, Reply::QueuePurgeOk { message_count });
+            }
+            Mail::Paused { conn, queue } => {
+                if let Some(c) = self.conns.get_mut(&conn)
+                    && c.paused_in.insert(queue)
+                    && c.paused_in.len() == 1
+                {
+                    self.effects.push(Effect::FlowPaused { conn });
                 }
-                Mail::Settle {
-                    queue,
-                    entries,
-                    how,
-                } => self.settle_in_queue(queue, entries, how),
-                Mail::Dispatch { queue } => self.dispatch(queue),
-                Mail::Deliver { queue, picked } => self.deliver_mail(queue, picked),
-                Mail::Paused { conn, queue } => {
-                    if let Some(c) = self.conns.get_mut(&conn)
-                        && c.paused_in.insert(queue)
-                        && c.paused_in.len() == 1
-                    {
-                        self.effects.push(Effect::FlowPaused { conn });
-                    }
-                }
-                Mail::Resumed { conn, queue } => {
-                    if let Some(c) = self.conns.get_mut(&conn)
-                        && c.paused_in.remove(&queue)
-                        && c.paused_in.is_empty()
-                    {
-                        self.effects.push(Effect::FlowResumed { conn });
-                    }
+            }
+            Mail::Resumed { conn, queue } => {
+                if let Some(c) = self.conns.get_mut(&conn)
+                    && c.paused_in.remove(&queue)
+                    && c.paused_in.is_empty()
+                {
+                    self.effects.push(Effect::FlowResumed { conn });
                 }
             }
         }
@@ -138,10 +229,15 @@ impl Broker {
 
 #[cfg(test)]
 mod tests {
+    //! The paths the synchronous composition never takes, since it delivers mail within
+    //! the operation that sent it: with shards, a channel may close while mail for it
+    //! travels. Each test stops the pump at the mail in question and closes the channel.
     use super::*;
     use crate::command::{Consume, Op, Publish, QueueDeclare};
     use crate::message::{FieldTable, Properties};
     use crate::{Broker, BrokerConfig};
+
+    const CH: ChannelRef = ChannelRef::new(ConnId(1), 1);
 
     fn ops(b: &mut Broker, ch: ChannelRef, ops: Vec<Op>) -> Vec<Effect> {
         for op in ops {
@@ -152,50 +248,47 @@ mod tests {
         out
     }
 
-    /// A delivery whose channel closed while it travelled (with shards, the close can come
-    /// first) goes back to its queue with its credit, and nothing is delivered.
-    #[test]
-    fn a_delivery_to_a_closed_channel_returns_to_its_queue() {
+    /// A broker with queue `q` holding one message, and channel `CH` open.
+    fn one_message() -> Broker {
         let mut b = Broker::new(BrokerConfig::default());
-        let conn = ChannelRef::new(ConnId(1), 0);
-        let ch = ChannelRef::new(ConnId(1), 1);
+        let open = Op::ConnectionOpen {
+            vhost: "/".into(),
+            user: "guest".into(),
+            cancel_notify: true,
+        };
+        ops(&mut b, ChannelRef::new(ConnId(1), 0), vec![open]);
+        let declare = QueueDeclare {
+            queue: "q".into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        };
+        let publish = Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            mandatory: false,
+            immediate: false,
+            properties: Properties::default(),
+            body: bytes::Bytes::from_static(b"hello"),
+            routed: None,
+        };
         ops(
             &mut b,
-            conn,
-            vec![Op::ConnectionOpen {
-                vhost: "/".into(),
-                user: "guest".into(),
-                cancel_notify: true,
-            }],
-        );
-        ops(
-            &mut b,
-            ch,
+            CH,
             vec![
                 Op::ChannelOpen,
-                Op::QueueDeclare(QueueDeclare {
-                    queue: "q".into(),
-                    passive: false,
-                    durable: false,
-                    exclusive: false,
-                    auto_delete: false,
-                    nowait: false,
-                    arguments: FieldTable::new(),
-                }),
-                Op::Publish(Box::new(Publish {
-                    exchange: "".into(),
-                    routing_key: "q".into(),
-                    mandatory: false,
-                    immediate: false,
-                    properties: Properties::default(),
-                    body: bytes::Bytes::from_static(b"hello"),
-                    routed: None,
-                })),
+                Op::QueueDeclare(declare),
+                Op::Publish(Box::new(publish)),
             ],
         );
         assert_eq!(b.queue_len("q"), Some(1));
-        // The consume picks the message and mails the delivery; the channel closes before
-        // the mail is delivered.
+        b
+    }
+
+    fn consume(b: &mut Broker) {
         let consume = Consume {
             queue: "q".into(),
             consumer_tag: "c".into(),
@@ -205,16 +298,58 @@ mod tests {
             nowait: true,
             arguments: FieldTable::new(),
         };
-        assert!(b.consume(ch, consume).is_ok());
-        assert!(matches!(b.mail.back(), Some(Mail::Deliver { .. })));
-        let effects = ops(&mut b, ch, vec![Op::ChannelClose]);
-        assert!(
-            !effects.iter().any(|e| matches!(e, Effect::Deliver { .. })),
-            "{effects:?}"
+        assert!(b.consume(CH, consume).is_ok());
+    }
+
+    /// Delivers mail until the next one matches `stop`.
+    fn pump_until(b: &mut Broker, stop: impl Fn(&Mail) -> bool) {
+        while !b.mail.front().is_some_and(&stop) {
+            let mail = b.mail.pop_front().expect("the awaited mail comes");
+            b.deliver_one(mail);
+        }
+    }
+
+    /// Closes `CH` (delivering the mail left) and checks that the message is back in its
+    /// queue with everything it held, and that nothing reached the closed channel.
+    fn close_and_check(b: &mut Broker) {
+        let effects = ops(b, CH, vec![Op::ChannelClose]);
+        let close_ok = Effect::Reply {
+            ch: CH,
+            reply: Reply::ChannelCloseOk,
+        };
+        assert_eq!(effects, vec![close_ok], "nothing but close-ok reaches the channel");
+        assert_eq!(
+            b.queue_len("q"),
+            Some(1),
+            "the message is back in its queue"
         );
-        assert_eq!(b.queue_len("q"), Some(1), "the message is back in its queue");
         assert_eq!(b.conns[&ConnId(1)].in_flight, 0, "its write credit is back");
         assert_eq!(b.stored_bytes(), 5);
         assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn a_delivery_to_a_closed_channel_returns_to_its_queue() {
+        let mut b = one_message();
+        consume(&mut b);
+        pump_until(&mut b, |m| matches!(m, Mail::Deliver { .. }));
+        close_and_check(&mut b);
+    }
+
+    #[test]
+    fn a_consumer_taken_for_a_closed_channel_is_cancelled() {
+        let mut b = one_message();
+        consume(&mut b);
+        pump_until(&mut b, |m| matches!(m, Mail::ConsumeOk { .. }));
+        close_and_check(&mut b);
+        assert!(b.queues.values().all(|q| q.consumers.is_empty()));
+    }
+
+    #[test]
+    fn a_get_for_a_closed_channel_returns_to_its_queue() {
+        let mut b = one_message();
+        assert!(b.get(CH, "q", false).is_ok());
+        pump_until(&mut b, |m| matches!(m, Mail::Got { .. }));
+        close_and_check(&mut b);
     }
 }

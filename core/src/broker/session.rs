@@ -126,9 +126,18 @@ impl Broker {
             return;
         };
         channel.tx = None;
-        let consumers: Vec<(ConsumerId, QueueId)> = channel.consumers.values().collect();
-        for (cid, queue) in consumers {
-            self.remove_consumer(queue, cid);
+        let consumers: Vec<(Arc<str>, ConsumerId, QueueId)> = channel
+            .consumers
+            .iter()
+            .map(|(tag, cid, queue)| (tag.clone(), cid, queue))
+            .collect();
+        for (tag, cid, queue) in consumers {
+            self.forget_consumer(ch, &tag);
+            self.mail.push_back(super::mail::Mail::Cancel {
+                queue,
+                consumer: cid,
+                reply: None,
+            });
         }
     }
 
