@@ -5,7 +5,7 @@
 use super::{Broker, OpResult};
 use crate::access::{Perm, Resource};
 use crate::command::{Bind, ExchangeDeclare, ExchangeKind, OpKind, QueueDeclare};
-use crate::effect::{Effect, Reply};
+use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::{FieldTable, FieldValue};
@@ -773,22 +773,10 @@ impl Broker {
             owner.exclusive_queues.remove(&id);
         }
         for consumer in q.consumers {
-            if let Some(conn) = self.conns.get_mut(&consumer.ch.conn) {
-                conn.consumers = conn.consumers.saturating_sub(1);
-            }
-            if let Some(channel) = self.channels.get_mut(&consumer.ch) {
-                channel.consumers.remove(&consumer.tag);
-            }
-            let notify = self
-                .conns
-                .get(&consumer.ch.conn)
-                .is_some_and(|c| c.cancel_notify);
-            if notify {
-                self.effects.push(Effect::ConsumerCancelled {
-                    ch: consumer.ch,
-                    consumer_tag: consumer.tag,
-                });
-            }
+            self.mail.push_back(super::mail::Mail::ConsumerGone {
+                ch: consumer.ch,
+                consumer_tag: consumer.tag,
+            });
         }
         let emptied = self.topo.unbind_queue(id, q.bound_from.keys());
         for x in emptied {

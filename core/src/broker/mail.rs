@@ -83,6 +83,12 @@ pub(crate) enum Mail {
         ch: ChannelRef,
         consumer_tag: Arc<str>,
     },
+    /// Queue -> channel: the queue was deleted under this consumer (the client hears of it
+    /// if it understands `basic.cancel` from the server).
+    ConsumerGone {
+        ch: ChannelRef,
+        consumer_tag: Arc<str>,
+    },
     /// Channel -> queue: basic.get.
     Get {
         queue: QueueId,
@@ -172,6 +178,13 @@ impl Broker {
             } => self.cancel_in_queue(queue, consumer, reply),
             Mail::Cancelled { ch, consumer_tag } => {
                 self.reply(ch, Reply::CancelOk { consumer_tag });
+            }
+            Mail::ConsumerGone { ch, consumer_tag } => {
+                self.forget_consumer(ch, &consumer_tag);
+                if self.conns.get(&ch.conn).is_some_and(|c| c.cancel_notify) {
+                    self.effects
+                        .push(Effect::ConsumerCancelled { ch, consumer_tag });
+                }
             }
             Mail::Get { queue, ch, no_ack } => self.get_in_queue(queue, ch, no_ack),
             Mail::Got {
@@ -317,7 +330,11 @@ mod tests {
             ch: CH,
             reply: Reply::ChannelCloseOk,
         };
-        assert_eq!(effects, vec![close_ok], "nothing but close-ok reaches the channel");
+        assert_eq!(
+            effects,
+            vec![close_ok],
+            "nothing but close-ok reaches the channel"
+        );
         assert_eq!(
             b.queue_len("q"),
             Some(1),

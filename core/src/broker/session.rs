@@ -203,8 +203,8 @@ impl Broker {
                     queues.extend(channel.consumers.values().map(|(_, q)| q));
                 }
             }
-            for q in queues {
-                self.dispatch(q);
+            for queue in queues {
+                self.mail.push_back(super::mail::Mail::Dispatch { queue });
             }
         }
     }
