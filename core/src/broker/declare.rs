@@ -80,20 +80,20 @@ impl Broker {
     }
 
     /// Resolves a queue name (`""` = the channel's last declared queue) and checks that this
-    /// connection may use it.
+    /// connection may use it; returns its id and resolved name.
     pub(super) fn queue_id(
         &self,
         ch: ChannelRef,
         op: OpKind,
         name: &str,
-    ) -> Result<QueueId, ProtocolError> {
+    ) -> Result<(QueueId, Arc<str>), ProtocolError> {
         let name = self.resolve_queue_name(ch, op, name)?;
         let vh = self.conn_vhost(ch.conn);
         let id = self
             .find_queue(vh, &name)
             .ok_or_else(|| self.not_found(vh, op, "queue", &name))?;
         self.check_exclusive(ch, op, id)?;
-        Ok(id)
+        Ok((id, name))
     }
 
     fn resolve_queue_name(
@@ -450,12 +450,11 @@ impl Broker {
         } else {
             OpKind::QueueUnbind
         };
-        let queue = self.queue_id(ch, op, &b.destination)?;
+        let (queue, queue_name) = self.queue_id(ch, op, &b.destination)?;
         if b.source.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
         let source = self.exchange_id(ch, op, &b.source)?;
-        let queue_name = self.queues[&queue].name.clone();
         self.check_access(ch, op, Perm::Write, Resource::Queue, &queue_name)?;
         self.check_access(ch, op, Perm::Read, Resource::Exchange, &b.source)?;
         if add {
@@ -463,13 +462,13 @@ impl Broker {
         }
         // AMQP: an empty queue name and key bind with the last declared queue's name as key.
         let key: Arc<str> = if b.destination.is_empty() && b.routing_key.is_empty() {
-            self.queues[&queue].name.clone()
+            queue_name.clone()
         } else {
             Arc::from(b.routing_key.as_str())
         };
         self.bind(source, Destination::Queue(queue), &key, &b.arguments, add);
         let mut resolved = b.clone();
-        resolved.destination = self.queues[&queue].name.to_string();
+        resolved.destination = queue_name.to_string();
         resolved.routing_key = key.to_string();
         self.persist_binding(source, Destination::Queue(queue), &resolved, add);
         if !b.nowait {
@@ -661,8 +660,7 @@ impl Broker {
     }
 
     pub(super) fn queue_purge(&mut self, ch: ChannelRef, name: &str, nowait: bool) -> OpResult {
-        let id = self.queue_id(ch, OpKind::QueuePurge, name)?;
-        let queue_name = self.queues[&id].name.clone();
+        let (id, queue_name) = self.queue_id(ch, OpKind::QueuePurge, name)?;
         self.check_access(
             ch,
             OpKind::QueuePurge,

@@ -270,8 +270,7 @@ impl Broker {
             return self.consume_reply_to(ch, c);
         }
         let op = OpKind::Consume;
-        let queue = self.queue_id(ch, op, &c.queue)?;
-        let queue_name = self.queues[&queue].name.clone();
+        let (queue, queue_name) = self.queue_id(ch, op, &c.queue)?;
         self.check_access(ch, op, Perm::Read, Resource::Queue, &queue_name)?;
         let tag: Arc<str> = if c.consumer_tag.is_empty() {
             Arc::from(self.names.name("amq.ctag-"))
@@ -463,8 +462,7 @@ impl Broker {
     }
 
     pub(super) fn get(&mut self, ch: ChannelRef, queue: &str, no_ack: bool) -> OpResult {
-        let id = self.queue_id(ch, OpKind::Get, queue)?;
-        let queue_name = self.queues[&id].name.clone();
+        let (id, queue_name) = self.queue_id(ch, OpKind::Get, queue)?;
         self.check_access(ch, OpKind::Get, Perm::Read, Resource::Queue, &queue_name)?;
         self.mail.push_back(Mail::Get {
             queue: id,

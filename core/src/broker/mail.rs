@@ -113,6 +113,8 @@ pub(crate) enum Mail {
     Deliver { queue: QueueId, picked: Picked },
     /// Queue -> connection: the queue has paused the publishing connection (flow control).
     Paused { conn: ConnId, queue: QueueId },
+    /// Connection -> queue: a connection the queue paused is gone: forget it.
+    PublisherGone { queue: QueueId, conn: ConnId },
     /// Queue -> connection: the queue lifted its pause (it drained, lost its consumers, or
     /// went away). Sent after the `Paused` it lifts, so the connection never stays paused by
     /// a queue that no longer pauses it.
@@ -203,6 +205,11 @@ impl Broker {
                     && c.paused_in.len() == 1
                 {
                     self.effects.push(Effect::FlowPaused { conn });
+                }
+            }
+            Mail::PublisherGone { queue, conn } => {
+                if let Some(q) = self.queues.get_mut(&queue) {
+                    q.pausing.remove(conn);
                 }
             }
             Mail::Resumed { conn, queue } => {

@@ -179,10 +179,9 @@ impl Broker {
             self.delete_queue(q);
         }
         if let Some(c) = self.conns.remove(&conn) {
-            for id in c.paused_in {
-                if let Some(q) = self.queues.get_mut(&id) {
-                    q.pausing.remove(conn);
-                }
+            for queue in c.paused_in {
+                self.mail
+                    .push_back(super::mail::Mail::PublisherGone { queue, conn });
             }
         }
     }
