@@ -569,18 +569,23 @@ impl Broker {
     /// Sends settled deliveries to their queues: one `Settle` per queue, in queue id order,
     /// each keeping the deliveries' order.
     pub(super) fn send_settles(&mut self, settled: Vec<Unacked>, how: Settle) {
+        let Some(first) = settled.first().map(|u| u.queue) else {
+            return;
+        };
+        // Most settles name one queue: their list is the mail, as it is.
+        if settled.iter().all(|u| u.queue == first) {
+            self.mail.push_back(Mail::Settle {
+                queue: first,
+                entries: settled,
+                how,
+            });
+            return;
+        }
         let mut groups: Vec<(QueueId, Vec<Unacked>)> = Vec::new();
-        let mut settled = settled.into_iter().peekable();
-        // Most settles name one queue: no grouping work then.
-        while let Some(u) = settled.next() {
+        for u in settled {
             match groups.iter_mut().find(|(q, _)| *q == u.queue) {
                 Some((_, entries)) => entries.push(u),
-                None => {
-                    let mut entries = Vec::with_capacity(1 + settled.len());
-                    let queue = u.queue;
-                    entries.push(u);
-                    groups.push((queue, entries));
-                }
+                None => groups.push((u.queue, vec![u])),
             }
         }
         groups.sort_unstable_by_key(|(q, _)| *q);
