@@ -109,6 +109,41 @@ fn a_queue_deleted_since_the_snapshot_is_dropped_not_returned() {
 }
 
 #[test]
+fn a_publish_whose_queues_were_all_deleted_is_still_confirmed() {
+    let mut h = Harness::new();
+    let a = h.connect(1);
+    let b = h.connect(2);
+    h.op(a, Op::ConfirmSelect { nowait: true });
+    h.declare(b, "q");
+    h.bind(b, "q", "amq.direct", "k");
+    let snapshot = Arc::clone(h.broker.routes());
+    h.op(
+        b,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    let fx = publish_via(&mut h, a, &snapshot, "amq.direct", "k");
+    let confirmed = fx.iter().any(|e| {
+        matches!(
+            e,
+            Effect::Confirm {
+                seq: 1,
+                ack: true,
+                ..
+            }
+        )
+    });
+    assert!(
+        confirmed,
+        "no queue left to answer, confirmed at once: {fx:?}"
+    );
+}
+
+#[test]
 fn an_exchange_declared_again_is_routed_by_the_broker() {
     let mut h = Harness::new();
     let a = h.connect(1);

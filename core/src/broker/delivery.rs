@@ -113,8 +113,9 @@ impl Broker {
                 });
             }
         }
-        if seq.is_some() {
-            // Unrouted: confirmed at once (the queues' answers confirm a routed one).
+        if seq.is_some() && queues.is_empty() {
+            // Reached no queue (unrouted, or its queues were deleted since the host routed
+            // it): confirmed at once, after any return. The queues' answers confirm the rest.
             self.send_confirms(ch);
         }
     }
