@@ -87,12 +87,24 @@ impl Broker {
         op: OpKind,
         name: &str,
     ) -> Result<(QueueId, Arc<str>), ProtocolError> {
+        let (id, name) = self.find_named_queue(ch, op, name)?;
+        self.check_exclusive(ch, op, id)?;
+        Ok((id, name))
+    }
+
+    /// Resolves a queue name (`""` = the channel's last declared queue) to its id, or 404;
+    /// the ops that go to the queue leave its exclusive-use check to the queue.
+    pub(super) fn find_named_queue(
+        &self,
+        ch: ChannelRef,
+        op: OpKind,
+        name: &str,
+    ) -> Result<(QueueId, Arc<str>), ProtocolError> {
         let name = self.resolve_queue_name(ch, op, name)?;
         let vh = self.conn_vhost(ch.conn);
         let id = self
             .find_queue(vh, &name)
             .ok_or_else(|| self.not_found(vh, op, "queue", &name))?;
-        self.check_exclusive(ch, op, id)?;
         Ok((id, name))
     }
 
@@ -113,7 +125,7 @@ impl Broker {
             })
     }
 
-    fn check_exclusive(&self, ch: ChannelRef, op: OpKind, id: QueueId) -> OpResult {
+    pub(super) fn check_exclusive(&self, ch: ChannelRef, op: OpKind, id: QueueId) -> OpResult {
         match self.queues.get(&id) {
             Some(q) if q.exclusive_owner.is_some_and(|o| o != ch.conn) => Err(ProtocolError::new(
                 ErrorCode::ResourceLocked,
@@ -660,7 +672,7 @@ impl Broker {
     }
 
     pub(super) fn queue_purge(&mut self, ch: ChannelRef, name: &str, nowait: bool) -> OpResult {
-        let (id, queue_name) = self.queue_id(ch, OpKind::QueuePurge, name)?;
+        let (id, queue_name) = self.find_named_queue(ch, OpKind::QueuePurge, name)?;
         self.check_access(
             ch,
             OpKind::QueuePurge,
@@ -670,14 +682,22 @@ impl Broker {
         )?;
         self.mail.push_back(super::mail::Mail::Purge {
             queue: id,
-            reply: (!nowait).then_some(ch),
+            ch,
+            nowait,
         });
         Ok(())
     }
 
-    /// The queue side of queue.purge: its ready messages go (unacked ones stay out), and
-    /// the publishers it paused resume.
-    pub(super) fn purge_in_queue(&mut self, queue: QueueId, reply: Option<ChannelRef>) {
+    /// The queue side of queue.purge: refused if another connection holds the queue
+    /// exclusively; else its ready messages go (unacked ones stay out), and the publishers
+    /// it paused resume.
+    pub(super) fn purge_in_queue(&mut self, queue: QueueId, ch: ChannelRef, nowait: bool) {
+        if let Err(error) = self.check_exclusive(ch, OpKind::QueuePurge, queue) {
+            self.mail
+                .push_back(super::mail::Mail::Refused { ch, error });
+            return;
+        }
+        let reply = (!nowait).then_some(ch);
         let purged = self.with_queue(queue, |q, io| q.purge(io)).unwrap_or(0);
         self.resume_paused(queue);
         if let Some(ch) = reply {

@@ -271,7 +271,7 @@ impl Broker {
             return self.consume_reply_to(ch, c);
         }
         let op = OpKind::Consume;
-        let (queue, queue_name) = self.queue_id(ch, op, &c.queue)?;
+        let (queue, queue_name) = self.find_named_queue(ch, op, &c.queue)?;
         self.check_access(ch, op, Perm::Read, Resource::Queue, &queue_name)?;
         let tag: Arc<str> = if c.consumer_tag.is_empty() {
             Arc::from(self.names.name("amq.ctag-"))
@@ -312,9 +312,9 @@ impl Broker {
         Ok(())
     }
 
-    /// The queue side of basic.consume: refused if the queue is in exclusive use (or gone),
-    /// else the consumer is added and served at once; the channel registers it on
-    /// `ConsumeOk`.
+    /// The queue side of basic.consume: refused if another connection holds the queue
+    /// exclusively, if a consumer holds it exclusively, or if it is gone; else the consumer
+    /// is added and served at once (the channel registers it on `ConsumeOk`).
     pub(super) fn consume_in_queue(
         &mut self,
         queue: QueueId,
@@ -322,6 +322,10 @@ impl Broker {
         nowait: bool,
     ) {
         let (ch, cid, tag) = (consumer.ch, consumer.id, consumer.tag.clone());
+        if let Err(error) = self.check_exclusive(ch, OpKind::Consume, queue) {
+            self.mail.push_back(Mail::Refused { ch, error });
+            return;
+        }
         let now = self.now;
         let refused = match self.queues.get_mut(&queue) {
             None => Some(ProtocolError::new(
@@ -463,7 +467,7 @@ impl Broker {
     }
 
     pub(super) fn get(&mut self, ch: ChannelRef, queue: &str, no_ack: bool) -> OpResult {
-        let (id, queue_name) = self.queue_id(ch, OpKind::Get, queue)?;
+        let (id, queue_name) = self.find_named_queue(ch, OpKind::Get, queue)?;
         self.check_access(ch, OpKind::Get, Perm::Read, Resource::Queue, &queue_name)?;
         self.mail.push_back(Mail::Get {
             queue: id,
@@ -473,8 +477,13 @@ impl Broker {
         Ok(())
     }
 
-    /// The queue side of basic.get: the next ready message, if any.
+    /// The queue side of basic.get: refused if another connection holds the queue
+    /// exclusively, else the next ready message, if any.
     pub(super) fn get_in_queue(&mut self, queue: QueueId, ch: ChannelRef, no_ack: bool) {
+        if let Err(error) = self.check_exclusive(ch, OpKind::Get, queue) {
+            self.mail.push_back(Mail::Refused { ch, error });
+            return;
+        }
         let may_expire = self.expiring.contains(&queue);
         let got = self
             .with_queue(queue, |q, io| q.get(io, no_ack, may_expire))

@@ -102,10 +102,11 @@ pub(crate) enum Mail {
         no_ack: bool,
         got: Option<(QueuedMessage, u32)>,
     },
-    /// Channel -> queue: queue.purge; `reply`: answer purge-ok to this channel.
+    /// Channel -> queue: queue.purge (purge-ok unless `nowait`).
     Purge {
         queue: QueueId,
-        reply: Option<ChannelRef>,
+        ch: ChannelRef,
+        nowait: bool,
     },
     /// Queue -> channel: purge-ok.
     Purged { ch: ChannelRef, message_count: u32 },
@@ -195,7 +196,7 @@ impl Broker {
                 no_ack,
                 got,
             } => self.got(queue, ch, no_ack, got),
-            Mail::Purge { queue, reply } => self.purge_in_queue(queue, reply),
+            Mail::Purge { queue, ch, nowait } => self.purge_in_queue(queue, ch, nowait),
             Mail::Purged { ch, message_count } => {
                 self.reply(ch, Reply::QueuePurgeOk { message_count });
             }
