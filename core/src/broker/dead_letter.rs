@@ -6,6 +6,7 @@
 //! number per call, so a chain of dead-lettering queues cannot recurse or run unbounded.
 
 use super::Broker;
+use super::mail::Mail;
 use crate::command::Publish;
 use crate::ids::QueueId;
 use crate::message::{FieldTable, FieldValue, Message};
@@ -169,18 +170,19 @@ impl Broker {
             let mut queues = self.route(exchange, &probe);
             if !rejected {
                 // Back to a queue it already died in, with no client decision in between:
-                // a cycle, dropped.
-                queues.retain(|q| {
-                    self.queues
-                        .get(q)
-                        .is_some_and(|q| !seen.iter().any(|s| **s == *q.name))
+                // a cycle, dropped. (Names are unique in the vhost, where routing stays.)
+                let died_in: Vec<QueueId> = seen
+                    .iter()
+                    .filter_map(|name| self.find_queue(d.vhost, name))
+                    .collect();
+                queues.retain(|q| !died_in.contains(q));
+            }
+            for queue in queues {
+                self.mail.push_back(Mail::Enqueue {
+                    queue,
+                    message: message.clone(),
+                    publisher: None,
                 });
-            }
-            for &q in &queues {
-                self.enqueue(q, &message);
-            }
-            for &q in &queues {
-                self.dispatch(q);
             }
         }
     }

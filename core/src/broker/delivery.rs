@@ -109,7 +109,7 @@ impl Broker {
                 self.mail.push_back(Mail::Enqueue {
                     queue,
                     message: message.clone(),
-                    publisher: Publisher { ch, seq, consumes },
+                    publisher: Some(Publisher { ch, seq, consumes }),
                 });
             }
         }

@@ -18,6 +18,7 @@ use crate::queue::state::{ConsumerId, Enqueued, Picked, QueueConsumer, Settle, U
 use std::sync::Arc;
 
 /// Who published a message being enqueued, as the queue needs to know it.
+#[derive(Clone, Copy)]
 pub(crate) struct Publisher {
     pub(crate) ch: ChannelRef,
     /// The publish's confirm sequence number, in confirm mode: the queue answers it.
@@ -32,7 +33,8 @@ pub(crate) enum Mail {
     Enqueue {
         queue: QueueId,
         message: Arc<Message>,
-        publisher: Publisher,
+        /// `None` for a dead letter: nobody to answer or to pace.
+        publisher: Option<Publisher>,
     },
     /// Queue -> channel: the queue's answer to publish `seq` (see `ChannelState::answered`).
     Answered {
@@ -225,7 +227,12 @@ impl Broker {
     }
 
     /// The queue side of a publish: enqueue, answer, dispatch, pace.
-    fn enqueue_mail(&mut self, queue: QueueId, message: &Arc<Message>, publisher: Publisher) {
+    fn enqueue_mail(
+        &mut self,
+        queue: QueueId,
+        message: &Arc<Message>,
+        publisher: Option<Publisher>,
+    ) {
         // A message the store failed to take is nacked: nothing is confirmed that was not
         // stored. A persistent message on a durable queue is confirmed once it is durable.
         let (taken, durable) = match self.enqueue(queue, message) {
@@ -233,17 +240,22 @@ impl Broker {
             Enqueued::Durable => (true, true),
             Enqueued::Failed | Enqueued::Rejected => (false, false),
         };
-        if let Some(seq) = publisher.seq {
+        if let Some(Publisher {
+            ch, seq: Some(seq), ..
+        }) = publisher
+        {
             self.mail.push_back(Mail::Answered {
-                ch: publisher.ch,
+                ch,
                 seq,
                 taken,
                 durable,
             });
         }
         self.dispatch(queue);
-        if !publisher.consumes {
-            self.pace(publisher.ch.conn, queue);
+        if let Some(p) = publisher
+            && !p.consumes
+        {
+            self.pace(p.ch.conn, queue);
         }
     }
 }
