@@ -1,15 +1,17 @@
 //! Mail between the queue side and the channel side of the broker: the messages that will
-//! cross shards in the sharded design (ARCHITECTURE.md, "warren-runtime"), already used as
-//! the only way the two sides talk on the paths converted so far.
+//! cross shards in the sharded design (ARCHITECTURE.md, "warren-runtime"). Publish,
+//! dispatch, acks, consume, cancel, get, purge, queue deletion, flow control and dead letters
+//! already go only this way; what the channel side still reads of a queue directly is listed
+//! in ARCHITECTURE.md.
 //!
-//! A handler touches one side only: `Enqueue` and its pacing run on the queue's state,
-//! `Answered` and `Paused` on the channel's and connection's. The synchronous composition
-//! delivers mail in FIFO order at the end of each operation (`pump`), so effects come out in
-//! the order they did when the sides called each other directly.
+//! A handler touches one side only (`Enqueue` runs on the queue's state, `Answered` on the
+//! channel's). The synchronous composition delivers mail in FIFO order at the end of each
+//! operation (`pump`), so effects come out in the order they did when the sides called each
+//! other directly. With shards, mail may find its channel closed: the handlers give back
+//! what it carried.
 
 use super::Broker;
-use crate::effect::Effect;
-use crate::effect::Reply;
+use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
 use crate::ids::{ChannelRef, ConnId, QueueId};
 use crate::message::Message;
@@ -124,8 +126,9 @@ pub(crate) enum Mail {
     Resumed { conn: ConnId, queue: QueueId },
 }
 
-/// Mail handled per operation can only come from the operation's own mail, which is bounded
-/// by the queues one publish reaches; this many means a handler loops.
+/// The mail of one operation is bounded by what it touches (the queues a publish reaches, the
+/// unacked deliveries of a closing connection, the consumers of a deleted queue), each piece
+/// answered at most once; this many means a handler loops.
 const MAX_MAIL_PER_PUMP: usize = 1 << 24;
 
 impl Broker {
