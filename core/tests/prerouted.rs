@@ -41,6 +41,18 @@ fn publish_via(
     )
 }
 
+fn delete_queue(h: &mut Harness, c: ChannelRef, queue: &str) {
+    h.op(
+        c,
+        Op::QueueDelete {
+            queue: queue.into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+}
+
 fn returned(fx: &[Effect]) -> bool {
     fx.iter().any(|e| matches!(e, Effect::Return { .. }))
 }
@@ -90,15 +102,7 @@ fn a_queue_deleted_since_the_snapshot_is_dropped_not_returned() {
     h.declare(b, "q");
     h.bind(b, "q", "amq.direct", "k");
     let snapshot = Arc::clone(h.broker.routes());
-    h.op(
-        b,
-        Op::QueueDelete {
-            queue: "q".into(),
-            if_unused: false,
-            if_empty: false,
-            nowait: false,
-        },
-    );
+    delete_queue(&mut h, b, "q");
     h.declare(b, "q");
     h.bind(b, "q", "amq.direct", "k");
     let fx = publish_via(&mut h, a, &snapshot, "amq.direct", "k");
@@ -117,15 +121,7 @@ fn a_publish_whose_queues_were_all_deleted_is_still_confirmed() {
     h.declare(b, "q");
     h.bind(b, "q", "amq.direct", "k");
     let snapshot = Arc::clone(h.broker.routes());
-    h.op(
-        b,
-        Op::QueueDelete {
-            queue: "q".into(),
-            if_unused: false,
-            if_empty: false,
-            nowait: false,
-        },
-    );
+    delete_queue(&mut h, b, "q");
     let fx = publish_via(&mut h, a, &snapshot, "amq.direct", "k");
     let confirmed = fx.iter().any(|e| {
         matches!(

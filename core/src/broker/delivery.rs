@@ -223,8 +223,7 @@ impl Broker {
             credit.give_back(p.ch, ack_required);
             if ack_required {
                 let u = Unacked::of(queue, &m, Some(p.consumer));
-                self.with_queue(queue, |q, io| q.settle(io, u, Settle::Requeue));
-                self.dispatch(queue);
+                self.send_settles(vec![u], Settle::Requeue);
             }
             return;
         };
@@ -511,9 +510,7 @@ impl Broker {
         };
         let Some(channel) = self.channels.get_mut(&ch) else {
             if !no_ack {
-                let u = Unacked::of(queue, &m, None);
-                self.with_queue(queue, |q, io| q.settle(io, u, Settle::Requeue));
-                self.dispatch(queue);
+                self.send_settles(vec![Unacked::of(queue, &m, None)], Settle::Requeue);
             }
             return;
         };
