@@ -127,11 +127,19 @@ pub(crate) struct ChannelState {
     pub(crate) reply_consumer: Option<Box<crate::broker::reply_to::ReplyConsumer>>,
     /// The queue `""` refers to (AMQP: the last queue declared on the channel).
     pub(crate) last_queue: Option<Arc<str>>,
+    /// Which opening of this channel number this is (`ChannelAddr`): a client may close a
+    /// channel and open the same number while mail for the old one travels.
+    pub(crate) serial: u32,
+    /// A request of this channel went to a queue by mail and is not answered yet: what the
+    /// client sends meanwhile waits (`broker/hold.rs`).
+    pub(crate) awaiting: bool,
 }
 
 impl ChannelState {
-    pub(crate) fn new() -> ChannelState {
+    pub(crate) fn new(serial: u32) -> ChannelState {
         ChannelState {
+            serial,
+            awaiting: false,
             phase: Phase::Open,
             next_delivery_tag: 1,
             unacked: BTreeMap::new(),
@@ -206,10 +214,15 @@ impl ChannelState {
         Ok(settled)
     }
 
-    /// Takes every delivery awaiting an ack (recover, channel close).
+    /// Takes every delivery awaiting an ack (recover, channel close). Deliveries still on
+    /// their way keep the credit their queue took for them.
     pub(crate) fn take_all_unacked(&mut self) -> Vec<Unacked> {
-        self.consumer_unacked = 0;
-        std::mem::take(&mut self.unacked).into_values().collect()
+        let all: Vec<Unacked> = std::mem::take(&mut self.unacked).into_values().collect();
+        let from_consumers = all.iter().filter(|u| u.consumer.is_some()).count();
+        self.consumer_unacked = self
+            .consumer_unacked
+            .saturating_sub(u32::try_from(from_consumers).unwrap_or(u32::MAX));
+        all
     }
 
     /// The sequence number of the next publish, in confirm mode.
@@ -373,7 +386,7 @@ mod tests {
     /// answers wait for, and nacked if any queue refused it.
     #[test]
     fn a_confirm_waits_for_every_queue_its_sync_and_the_publishes_before_it() {
-        let mut c = ChannelState::new();
+        let mut c = ChannelState::new(0);
         c.select_confirms().expect("confirm mode");
         let (a, b) = (
             c.next_publish_seq().expect("seq"),

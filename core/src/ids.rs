@@ -18,6 +18,15 @@ impl ChannelRef {
     }
 }
 
+/// A channel as mail and credit address it: its number, and which opening of that number
+/// (`ChannelState::serial`). A client may close a channel and open the same number again
+/// while mail for the old one travels; the serial tells the two apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChannelAddr {
+    pub(crate) ch: ChannelRef,
+    pub(crate) serial: u32,
+}
+
 /// A queue. Never reused, so a stale id (an unacked delivery of a deleted queue) cannot alias a
 /// newer queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

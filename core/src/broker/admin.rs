@@ -194,7 +194,7 @@ impl Broker {
                 ack_required: !c.no_ack,
                 exclusive: c.exclusive,
                 prefetch: c.prefetch,
-                priority: c.priority,
+                priority: i64::from(c.priority),
                 unacked: c.unacked,
             })
             .collect();

@@ -682,30 +682,34 @@ impl Broker {
         )?;
         self.mail.push_back(super::mail::Mail::Purge {
             queue: id,
-            ch,
+            to: self.addr(ch),
             nowait,
         });
+        self.await_answer(ch);
         Ok(())
     }
 
     /// The queue side of queue.purge: refused if another connection holds the queue
     /// exclusively; else its ready messages go (unacked ones stay out), and the publishers
     /// it paused resume.
-    pub(super) fn purge_in_queue(&mut self, queue: QueueId, ch: ChannelRef, nowait: bool) {
-        if let Err(error) = self.check_exclusive(ch, OpKind::QueuePurge, queue) {
+    pub(super) fn purge_in_queue(
+        &mut self,
+        queue: QueueId,
+        to: crate::ids::ChannelAddr,
+        nowait: bool,
+    ) {
+        if let Err(error) = self.check_exclusive(to.ch, OpKind::QueuePurge, queue) {
             self.mail
-                .push_back(super::mail::Mail::Refused { ch, error });
+                .push_back(super::mail::Mail::Refused { to, error });
             return;
         }
-        let reply = (!nowait).then_some(ch);
         let purged = self.with_queue(queue, |q, io| q.purge(io)).unwrap_or(0);
         self.resume_paused(queue);
-        if let Some(ch) = reply {
-            self.mail.push_back(super::mail::Mail::Purged {
-                ch,
-                message_count: u32::try_from(purged).unwrap_or(u32::MAX),
-            });
-        }
+        self.mail.push_back(super::mail::Mail::Purged {
+            to,
+            message_count: u32::try_from(purged).unwrap_or(u32::MAX),
+            nowait,
+        });
     }
 
     pub(super) fn queue_delete_op(
@@ -793,6 +797,7 @@ impl Broker {
         for consumer in q.consumers {
             self.mail.push_back(super::mail::Mail::ConsumerGone {
                 ch: consumer.ch,
+                consumer: consumer.id,
                 consumer_tag: consumer.tag,
             });
         }

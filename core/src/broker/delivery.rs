@@ -11,7 +11,7 @@ use crate::channel::TxOp;
 use crate::command::{Consume, OpKind, Publish};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
-use crate::ids::{ChannelRef, ConnId, ExchangeId, QueueId};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::Message;
 use crate::queue::classic::QueuedMessage;
 use crate::queue::state::{ConsumerId, Credit, Enqueued, Picked, QueueConsumer, Settle, Unacked};
@@ -79,11 +79,16 @@ impl Broker {
             }
         };
         let answers = u32::try_from(queues.len()).unwrap_or(u32::MAX);
-        let seq = self.channels.get_mut(&ch).and_then(|c| {
-            let seq = c.next_publish_seq()?;
-            c.expect_answers(seq, answers);
-            Some(seq)
-        });
+        let (seq, serial) = match self.channels.get_mut(&ch) {
+            Some(c) => {
+                let seq = c.next_publish_seq();
+                if let Some(seq) = seq {
+                    c.expect_answers(seq, answers);
+                }
+                (seq, c.serial)
+            }
+            None => (None, 0),
+        };
         let mandatory = p.mandatory;
         let p = *p;
         let message = Arc::new(Message {
@@ -105,11 +110,12 @@ impl Broker {
             }
         } else {
             let consumes = self.conns.get(&ch.conn).is_none_or(|c| c.consumers > 0);
+            let to = ChannelAddr { ch, serial };
             for &queue in &queues {
                 self.mail.push_back(Mail::Enqueue {
                     queue,
                     message: message.clone(),
-                    publisher: Some(Publisher { ch, seq, consumes }),
+                    publisher: Some(Publisher { to, seq, consumes }),
                 });
             }
         }
@@ -211,26 +217,36 @@ impl Broker {
     /// meanwhile (with shards, it may close while the delivery travels) gives it back: the
     /// credit it took, and the message to its queue (a no-ack one is lost with the channel,
     /// as RabbitMQ loses autoack deliveries in flight to a closed channel).
-    pub(super) fn deliver_mail(&mut self, queue: QueueId, p: Picked) {
+    /// The channel side of a delivery. One whose channel closed (or closed and opened
+    /// again) while it travelled goes back to its queue with its credit; a no-ack one is
+    /// lost with the channel, as in RabbitMQ. A consumer cancelled on a live channel still
+    /// gets what its queue sent before the cancel arrived (cancel-ok follows it).
+    pub(super) fn deliver_picked(&mut self, queue: QueueId, p: Picked) {
         let m = p.message;
-        let Some(channel) = self.channels.get_mut(&p.ch) else {
-            let ack_required = !p.no_ack;
-            let mut credit = super::ChannelCredit {
-                conns: &mut self.conns,
-                channels: &mut self.channels,
-                write_window: self.config.write_window,
-            };
-            credit.give_back(p.ch, ack_required);
-            if ack_required {
-                let u = Unacked::of(queue, &m, Some(p.consumer));
-                self.send_settles(vec![u], Settle::Requeue);
+        let live = self.is_live(p.to);
+        let channel = match self.channels.get_mut(&p.to.ch) {
+            Some(channel) if live => channel,
+            _ => {
+                let ack_required = !p.no_ack;
+                let mut credit = super::ChannelCredit {
+                    conns: &mut self.conns,
+                    channels: &mut self.channels,
+                    write_window: self.config.write_window,
+                };
+                credit.give_back(p.to, ack_required);
+                if ack_required {
+                    let u = Unacked::of(queue, &m, Some(p.consumer));
+                    self.send_settles(vec![u], Settle::Requeue);
+                } else {
+                    self.lost_in_flight += 1;
+                }
+                return;
             }
-            return;
         };
         let delivery_tag =
             channel.deliver((!p.no_ack).then(|| Unacked::of(queue, &m, Some(p.consumer))));
         self.effects.push(Effect::Deliver {
-            ch: p.ch,
+            ch: p.to.ch,
             consumer_tag: p.tag,
             delivery: Delivery {
                 delivery_tag,
@@ -287,27 +303,34 @@ impl Broker {
                 format!("attempt to reuse consumer tag '{tag}'"),
             ));
         }
-        let prefetch = channel.prefetch_count;
+        let (prefetch, serial) = (channel.prefetch_count, channel.serial);
         let cid = ConsumerId(self.next_id());
+        let priority = c
+            .arguments
+            .get("x-priority")
+            .and_then(|v| v.as_i64())
+            .unwrap_or(0);
         let consumer = QueueConsumer {
             id: cid,
             tag,
             ch,
+            serial,
             no_ack: c.no_ack,
             exclusive: c.exclusive,
             prefetch,
             unacked: 0,
-            priority: c
-                .arguments
-                .get("x-priority")
-                .and_then(|v| v.as_i64())
-                .unwrap_or(0),
+            priority: i32::try_from(priority).unwrap_or(if priority < 0 {
+                i32::MIN
+            } else {
+                i32::MAX
+            }),
         };
         self.mail.push_back(Mail::Consume {
             queue,
             consumer: Box::new(consumer),
             nowait: c.nowait,
         });
+        self.await_answer(ch);
         Ok(())
     }
 
@@ -320,9 +343,9 @@ impl Broker {
         consumer: QueueConsumer,
         nowait: bool,
     ) {
-        let (ch, cid, tag) = (consumer.ch, consumer.id, consumer.tag.clone());
-        if let Err(error) = self.check_exclusive(ch, OpKind::Consume, queue) {
-            self.mail.push_back(Mail::Refused { ch, error });
+        let (to, cid, tag) = (consumer.addr(), consumer.id, consumer.tag.clone());
+        if let Err(error) = self.check_exclusive(to.ch, OpKind::Consume, queue) {
+            self.mail.push_back(Mail::Refused { to, error });
             return;
         }
         let now = self.now;
@@ -349,10 +372,10 @@ impl Broker {
             }
         };
         match refused {
-            Some(error) => self.mail.push_back(Mail::Refused { ch, error }),
+            Some(error) => self.mail.push_back(Mail::Refused { to, error }),
             None => {
                 self.mail.push_back(Mail::ConsumeOk {
-                    ch,
+                    to,
                     queue,
                     consumer: cid,
                     tag,
@@ -364,9 +387,10 @@ impl Broker {
     }
 
     /// The channel side of a consumer the queue took: registered, and told to the client.
-    /// A channel that closed meanwhile cancels it again.
+    /// A channel that closed meanwhile (not `live`) cancels it again.
     pub(super) fn consume_ok(
         &mut self,
+        live: bool,
         ch: ChannelRef,
         queue: QueueId,
         cid: ConsumerId,
@@ -374,7 +398,7 @@ impl Broker {
         nowait: bool,
     ) {
         match self.channels.get_mut(&ch) {
-            Some(channel) if channel.phase == crate::channel::Phase::Open => {
+            Some(channel) if live => {
                 channel.consumers.insert(tag.clone(), cid, queue);
                 if let Some(conn) = self.conns.get_mut(&ch.conn) {
                     conn.consumers += 1;
@@ -408,23 +432,28 @@ impl Broker {
     pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {
         self.cancel_reply_to(ch, tag);
         let consumer = self.channels.get(&ch).and_then(|c| c.consumers.get(tag));
-        let reply = (!nowait).then(|| (ch, Arc::<str>::from(tag)));
         match consumer {
             Some((cid, queue)) => {
                 self.forget_consumer(ch, tag);
                 // cancel-ok comes from the queue, after the deliveries it sent before.
+                let reply = super::mail::CancelReply {
+                    to: self.addr(ch),
+                    consumer_tag: Arc::from(tag),
+                    nowait,
+                };
                 self.mail.push_back(Mail::Cancel {
                     queue,
                     consumer: cid,
-                    reply,
+                    reply: Some(reply),
                 });
+                self.await_answer(ch);
             }
             // Cancelling an unknown tag is not an error (RabbitMQ answers cancel-ok).
-            None => {
-                if let Some((ch, consumer_tag)) = reply {
-                    self.reply(ch, Reply::CancelOk { consumer_tag });
-                }
+            None if !nowait => {
+                let consumer_tag = Arc::from(tag);
+                self.reply(ch, Reply::CancelOk { consumer_tag });
             }
+            None => {}
         }
         Ok(())
     }
@@ -446,7 +475,7 @@ impl Broker {
         &mut self,
         queue: QueueId,
         cid: ConsumerId,
-        reply: Option<(ChannelRef, Arc<str>)>,
+        reply: Option<super::mail::CancelReply>,
     ) {
         let now = self.now;
         if let Some(q) = self.queues.get_mut(&queue)
@@ -460,8 +489,8 @@ impl Broker {
                 self.delete_queue(queue);
             }
         }
-        if let Some((ch, consumer_tag)) = reply {
-            self.mail.push_back(Mail::Cancelled { ch, consumer_tag });
+        if let Some(reply) = reply {
+            self.mail.push_back(Mail::Cancelled { reply });
         }
     }
 
@@ -470,17 +499,18 @@ impl Broker {
         self.check_access(ch, OpKind::Get, Perm::Read, Resource::Queue, &queue_name)?;
         self.mail.push_back(Mail::Get {
             queue: id,
-            ch,
+            to: self.addr(ch),
             no_ack,
         });
+        self.await_answer(ch);
         Ok(())
     }
 
     /// The queue side of basic.get: refused if another connection holds the queue
     /// exclusively, else the next ready message, if any.
-    pub(super) fn get_in_queue(&mut self, queue: QueueId, ch: ChannelRef, no_ack: bool) {
-        if let Err(error) = self.check_exclusive(ch, OpKind::Get, queue) {
-            self.mail.push_back(Mail::Refused { ch, error });
+    pub(super) fn get_in_queue(&mut self, queue: QueueId, to: ChannelAddr, no_ack: bool) {
+        if let Err(error) = self.check_exclusive(to.ch, OpKind::Get, queue) {
+            self.mail.push_back(Mail::Refused { to, error });
             return;
         }
         let may_expire = self.expiring.contains(&queue);
@@ -489,29 +519,38 @@ impl Broker {
             .flatten();
         self.mail.push_back(Mail::Got {
             queue,
-            ch,
+            to,
             no_ack,
             got,
         });
     }
 
     /// The channel side of basic.get: get-ok with a delivery tag, or get-empty. A channel
-    /// gone meanwhile gives the message back (a no-ack one is lost with it).
+    /// gone meanwhile (not `live`) gives the message back (a no-ack one is lost with it).
     pub(super) fn got(
         &mut self,
+        live: bool,
         queue: QueueId,
         ch: ChannelRef,
         no_ack: bool,
         got: Option<(QueuedMessage, u32)>,
     ) {
+        let channel = match (got.is_some(), self.channels.get_mut(&ch)) {
+            (_, Some(channel)) if live => channel,
+            (false, _) => return,
+            (true, _) => {
+                if let Some((m, _)) = got {
+                    if no_ack {
+                        self.lost_in_flight += 1;
+                    } else {
+                        self.send_settles(vec![Unacked::of(queue, &m, None)], Settle::Requeue);
+                    }
+                }
+                return;
+            }
+        };
         let Some((m, message_count)) = got else {
             self.reply(ch, Reply::GetEmpty);
-            return;
-        };
-        let Some(channel) = self.channels.get_mut(&ch) else {
-            if !no_ack {
-                self.send_settles(vec![Unacked::of(queue, &m, None)], Settle::Requeue);
-            }
             return;
         };
         let delivery_tag = channel.deliver((!no_ack).then(|| Unacked::of(queue, &m, None)));

@@ -13,7 +13,7 @@
 use super::Broker;
 use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
-use crate::ids::{ChannelRef, ConnId, QueueId};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId};
 use crate::message::Message;
 use crate::queue::classic::QueuedMessage;
 use crate::queue::state::{ConsumerId, Enqueued, Picked, QueueConsumer, Settle, Unacked};
@@ -22,7 +22,7 @@ use std::sync::Arc;
 /// Who published a message being enqueued, as the queue needs to know it.
 #[derive(Clone, Copy)]
 pub(crate) struct Publisher {
-    pub(crate) ch: ChannelRef,
+    pub(crate) to: ChannelAddr,
     /// The publish's confirm sequence number, in confirm mode: the queue answers it.
     pub(crate) seq: Option<u64>,
     /// The publishing connection consumes itself, so flow control must not pause it (it
@@ -40,7 +40,7 @@ pub(crate) enum Mail {
     },
     /// Queue -> channel: the queue's answer to publish `seq` (see `ChannelState::answered`).
     Answered {
-        ch: ChannelRef,
+        to: ChannelAddr,
         seq: u64,
         /// The queue took the message (not refused by its store or by `x-overflow`).
         taken: bool,
@@ -57,6 +57,7 @@ pub(crate) enum Mail {
     /// prefetch): dispatch.
     Dispatch { queue: QueueId },
     /// Channel -> queue: basic.consume (the channel checked the tag and the permission).
+    /// Always answered (`ConsumeOk` or `Refused`), `nowait` or not: the channel waits.
     Consume {
         queue: QueueId,
         consumer: Box<QueueConsumer>,
@@ -64,7 +65,7 @@ pub(crate) enum Mail {
     },
     /// Queue -> channel: the queue took the consumer.
     ConsumeOk {
-        ch: ChannelRef,
+        to: ChannelAddr,
         queue: QueueId,
         consumer: ConsumerId,
         tag: Arc<str>,
@@ -72,48 +73,50 @@ pub(crate) enum Mail {
     },
     /// Queue -> channel: the queue refused a request; a channel error.
     Refused {
-        ch: ChannelRef,
+        to: ChannelAddr,
         error: ProtocolError,
     },
-    /// Channel -> queue: a consumer goes (basic.cancel, or its channel closed); `reply`:
-    /// answer cancel-ok to this channel once it is gone.
+    /// Channel -> queue: a consumer goes (basic.cancel, or its channel closed, then
+    /// without `reply`).
     Cancel {
         queue: QueueId,
         consumer: ConsumerId,
-        reply: Option<(ChannelRef, Arc<str>)>,
+        reply: Option<CancelReply>,
     },
     /// Queue -> channel: the consumer is gone (after every delivery the queue sent it).
-    Cancelled {
-        ch: ChannelRef,
-        consumer_tag: Arc<str>,
-    },
+    Cancelled { reply: CancelReply },
     /// Queue -> channel: the queue was deleted under this consumer (the client hears of it
     /// if it understands `basic.cancel` from the server).
     ConsumerGone {
         ch: ChannelRef,
+        consumer: ConsumerId,
         consumer_tag: Arc<str>,
     },
     /// Channel -> queue: basic.get.
     Get {
         queue: QueueId,
-        ch: ChannelRef,
+        to: ChannelAddr,
         no_ack: bool,
     },
     /// Queue -> channel: what basic.get found (the message and how many stay ready).
     Got {
         queue: QueueId,
-        ch: ChannelRef,
+        to: ChannelAddr,
         no_ack: bool,
         got: Option<(QueuedMessage, u32)>,
     },
-    /// Channel -> queue: queue.purge (purge-ok unless `nowait`).
+    /// Channel -> queue: queue.purge (always answered: the channel waits).
     Purge {
         queue: QueueId,
-        ch: ChannelRef,
+        to: ChannelAddr,
         nowait: bool,
     },
-    /// Queue -> channel: purge-ok.
-    Purged { ch: ChannelRef, message_count: u32 },
+    /// Queue -> channel: the purge is done (purge-ok unless `nowait`).
+    Purged {
+        to: ChannelAddr,
+        message_count: u32,
+        nowait: bool,
+    },
     /// Queue -> channel: a delivery the queue's dispatch picked, its credit taken.
     Deliver { queue: QueueId, picked: Picked },
     /// Queue -> connection: the queue has paused the publishing connection (flow control).
@@ -124,6 +127,46 @@ pub(crate) enum Mail {
     /// went away). Sent after the `Paused` it lifts, so the connection never stays paused by
     /// a queue that no longer pauses it.
     Resumed { conn: ConnId, queue: QueueId },
+}
+
+/// Where a basic.cancel is answered (always, `nowait` or not: the channel waits for it).
+pub(crate) struct CancelReply {
+    pub(crate) to: ChannelAddr,
+    pub(crate) consumer_tag: Arc<str>,
+    /// No cancel-ok for the client.
+    pub(crate) nowait: bool,
+}
+
+/// Where a piece of mail goes: mail to one destination keeps its order (a link between
+/// two shards is FIFO); mail to different ones may interleave.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dest {
+    Queue(QueueId),
+    Conn(ConnId),
+}
+
+impl Mail {
+    fn dest(&self) -> Dest {
+        match self {
+            Mail::Enqueue { queue, .. }
+            | Mail::Settle { queue, .. }
+            | Mail::Dispatch { queue }
+            | Mail::Consume { queue, .. }
+            | Mail::Cancel { queue, .. }
+            | Mail::Get { queue, .. }
+            | Mail::Purge { queue, .. }
+            | Mail::PublisherGone { queue, .. } => Dest::Queue(*queue),
+            Mail::Answered { to, .. }
+            | Mail::ConsumeOk { to, .. }
+            | Mail::Refused { to, .. }
+            | Mail::Got { to, .. }
+            | Mail::Purged { to, .. } => Dest::Conn(to.ch.conn),
+            Mail::Cancelled { reply } => Dest::Conn(reply.to.ch.conn),
+            Mail::ConsumerGone { ch, .. } => Dest::Conn(ch.conn),
+            Mail::Deliver { picked, .. } => Dest::Conn(picked.to.ch.conn),
+            Mail::Paused { conn, .. } | Mail::Resumed { conn, .. } => Dest::Conn(*conn),
+        }
+    }
 }
 
 /// The mail of one operation is bounded by what it touches (the queues a publish reaches, the
@@ -142,7 +185,8 @@ impl Broker {
         }
     }
 
-    /// Hands one piece of mail to its handler.
+    /// Hands one piece of mail to its handler. An answer to a channel's request lets
+    /// what the channel held run (`hold.rs`).
     fn deliver_one(&mut self, mail: Mail) {
         match mail {
             Mail::Enqueue {
@@ -151,13 +195,15 @@ impl Broker {
                 publisher,
             } => self.enqueue_mail(queue, &message, publisher),
             Mail::Answered {
-                ch,
+                to,
                 seq,
                 taken,
                 durable,
             } => {
-                self.answer(ch, seq, taken, durable);
-                self.send_confirms(ch);
+                if self.is_live(to) {
+                    self.answer(to.ch, seq, taken, durable);
+                    self.send_confirms(to.ch);
+                }
             }
             Mail::Settle {
                 queue,
@@ -165,54 +211,90 @@ impl Broker {
                 how,
             } => self.settle_in_queue(queue, entries, how),
             Mail::Dispatch { queue } => self.dispatch(queue),
-            Mail::Deliver { queue, picked } => self.deliver_mail(queue, picked),
+            Mail::Deliver { queue, picked } => self.deliver_picked(queue, picked),
             Mail::Consume {
                 queue,
                 consumer,
                 nowait,
             } => self.consume_in_queue(queue, *consumer, nowait),
             Mail::ConsumeOk {
-                ch,
+                to,
                 queue,
                 consumer,
                 tag,
                 nowait,
-            } => self.consume_ok(ch, queue, consumer, tag, nowait),
-            Mail::Refused { ch, error } => self.fail(ch, error),
+            } => {
+                let live = self.take_answer(to);
+                self.consume_ok(live, to.ch, queue, consumer, tag, nowait);
+                self.run_held(to.ch);
+            }
+            Mail::Refused { to, error } => {
+                if self.take_answer(to) {
+                    self.fail(to.ch, error);
+                }
+                self.run_held(to.ch);
+            }
             Mail::Cancel {
                 queue,
                 consumer,
                 reply,
             } => self.cancel_in_queue(queue, consumer, reply),
-            Mail::Cancelled { ch, consumer_tag } => {
-                self.reply(ch, Reply::CancelOk { consumer_tag });
+            Mail::Cancelled { reply } => {
+                if self.take_answer(reply.to) && !reply.nowait {
+                    let consumer_tag = reply.consumer_tag;
+                    self.reply(reply.to.ch, Reply::CancelOk { consumer_tag });
+                }
+                self.run_held(reply.to.ch);
             }
-            Mail::ConsumerGone { ch, consumer_tag } => {
-                self.forget_consumer(ch, &consumer_tag);
-                if self.conns.get(&ch.conn).is_some_and(|c| c.cancel_notify) {
-                    self.effects
-                        .push(Effect::ConsumerCancelled { ch, consumer_tag });
+            Mail::ConsumerGone {
+                ch,
+                consumer,
+                consumer_tag,
+            } => {
+                // The tag may name a newer consumer by now (of a newer opening, even).
+                let current = self
+                    .channels
+                    .get(&ch)
+                    .and_then(|c| c.consumers.get(&consumer_tag));
+                if current.is_some_and(|(cid, _)| cid == consumer) {
+                    self.forget_consumer(ch, &consumer_tag);
+                    if self.conns.get(&ch.conn).is_some_and(|c| c.cancel_notify) {
+                        self.effects
+                            .push(Effect::ConsumerCancelled { ch, consumer_tag });
+                    }
                 }
             }
-            Mail::Get { queue, ch, no_ack } => self.get_in_queue(queue, ch, no_ack),
+            Mail::Get { queue, to, no_ack } => self.get_in_queue(queue, to, no_ack),
             Mail::Got {
                 queue,
-                ch,
+                to,
                 no_ack,
                 got,
-            } => self.got(queue, ch, no_ack, got),
-            Mail::Purge { queue, ch, nowait } => self.purge_in_queue(queue, ch, nowait),
-            Mail::Purged { ch, message_count } => {
-                self.reply(ch, Reply::QueuePurgeOk { message_count });
+            } => {
+                let live = self.take_answer(to);
+                self.got(live, queue, to.ch, no_ack, got);
+                self.run_held(to.ch);
             }
-            Mail::Paused { conn, queue } => {
-                if let Some(c) = self.conns.get_mut(&conn)
-                    && c.paused_in.insert(queue)
-                    && c.paused_in.len() == 1
-                {
-                    self.effects.push(Effect::FlowPaused { conn });
+            Mail::Purge { queue, to, nowait } => self.purge_in_queue(queue, to, nowait),
+            Mail::Purged {
+                to,
+                message_count,
+                nowait,
+            } => {
+                if self.take_answer(to) && !nowait {
+                    self.reply(to.ch, Reply::QueuePurgeOk { message_count });
                 }
+                self.run_held(to.ch);
             }
+            Mail::Paused { conn, queue } => match self.conns.get_mut(&conn) {
+                Some(c) => {
+                    if c.paused_in.insert(queue) && c.paused_in.len() == 1 {
+                        self.effects.push(Effect::FlowPaused { conn });
+                    }
+                }
+                // The connection went while the pause travelled: the queue forgets it.
+                None => self.mail.push_back(Mail::PublisherGone { queue, conn }),
+            },
             Mail::PublisherGone { queue, conn } => {
                 if let Some(q) = self.queues.get_mut(&queue) {
                     q.pausing.remove(conn);
@@ -227,6 +309,49 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// Makes mail wait for `deliver_mail` instead of arriving within the operation that
+    /// sent it: the multi-shard simulation's model of mail that takes time (a channel's
+    /// requests are then answered later, and what it sends meanwhile waits, as it will
+    /// with shards). Hosts leave it off. Turning it off delivers what is pending.
+    pub fn set_mail_scheduled(&mut self, on: bool) {
+        self.mail_scheduled = on;
+        if !on {
+            self.after_op();
+        }
+    }
+
+    /// Mail sent and not delivered yet (always 0 unless `set_mail_scheduled`).
+    pub fn mail_pending(&self) -> usize {
+        self.mail.len()
+    }
+
+    /// Delivers one piece of scheduled mail at time `now`: the oldest one going where the
+    /// `pick`-th pending piece (modulo their number) goes. So mail to one queue or
+    /// connection arrives in the order it was sent, and mail to different ones in any
+    /// order the caller picks. False if no mail is pending.
+    pub fn deliver_mail(&mut self, now: u64, pick: usize) -> bool {
+        let n = self.mail.len();
+        if n == 0 {
+            return false;
+        }
+        self.now = self.now.max(now);
+        let dest = self.mail[pick % n].dest();
+        let Some(first) = self.mail.iter().position(|m| m.dest() == dest) else {
+            return false;
+        };
+        if let Some(mail) = self.mail.remove(first) {
+            self.deliver_one(mail);
+        }
+        self.after_op();
+        true
+    }
+
+    /// No-ack deliveries and basic.get messages lost because their channel closed while
+    /// they travelled to it (as RabbitMQ loses them); 0 unless mail is scheduled.
+    pub fn lost_in_flight(&self) -> u64 {
+        self.lost_in_flight
     }
 
     /// The queue side of a publish: enqueue, answer, dispatch, pace.
@@ -244,11 +369,11 @@ impl Broker {
             Enqueued::Failed | Enqueued::Rejected => (false, false),
         };
         if let Some(Publisher {
-            ch, seq: Some(seq), ..
+            to, seq: Some(seq), ..
         }) = publisher
         {
             self.mail.push_back(Mail::Answered {
-                ch,
+                to,
                 seq,
                 taken,
                 durable,
@@ -258,7 +383,7 @@ impl Broker {
         if let Some(p) = publisher
             && !p.consumes
         {
-            self.pace(p.ch.conn, queue);
+            self.pace(p.to.ch.conn, queue);
         }
     }
 }
@@ -386,10 +511,136 @@ mod tests {
     }
 
     #[test]
-    fn a_get_for_a_closed_channel_returns_to_its_queue() {
+    fn a_get_whose_connection_closed_returns_to_its_queue() {
         let mut b = one_message();
         assert!(b.get(CH, "q", false).is_ok());
         pump_until(&mut b, |m| matches!(m, Mail::Got { .. }));
-        close_and_check(&mut b);
+        let effects = ops(
+            &mut b,
+            ChannelRef::new(ConnId(1), 0),
+            vec![Op::ConnectionClose],
+        );
+        assert_eq!(effects, vec![], "nothing reaches the closed connection");
+        assert_eq!(
+            b.queue_len("q"),
+            Some(1),
+            "the message is back in its queue"
+        );
+        assert_eq!(b.stored_bytes(), 5);
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    fn deliver_all(b: &mut Broker) -> Vec<Effect> {
+        while b.deliver_mail(1, 0) {}
+        let mut out = Vec::new();
+        b.poll_effects(&mut out);
+        out
+    }
+
+    fn reply(reply: Reply) -> Effect {
+        Effect::Reply { ch: CH, reply }
+    }
+
+    /// With mail that takes time, a channel's later ops wait for its request's answer, so
+    /// replies keep request order.
+    #[test]
+    fn ops_after_a_request_wait_for_its_answer() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let get = Op::Get {
+            queue: "q".into(),
+            no_ack: true,
+        };
+        let qos = Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 5,
+            global: false,
+        };
+        assert_eq!(
+            ops(&mut b, CH, vec![get, qos]),
+            vec![],
+            "qos-ok waits for get-ok"
+        );
+        let effects = deliver_all(&mut b);
+        assert!(
+            matches!(effects.as_slice(), [Effect::Reply { reply: Reply::GetOk { .. }, .. }, qos_ok] if *qos_ok == reply(Reply::QosOk)),
+            "get-ok, then qos-ok: {effects:?}"
+        );
+        assert_eq!(b.held_channels(), 0);
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// A delivery that travelled while its channel closed and the client opened the same
+    /// channel number again goes back to its queue, and takes nothing of the new opening.
+    #[test]
+    fn a_delivery_for_a_reopened_channel_returns_to_its_queue() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        consume(&mut b);
+        // Consume, then consume-ok and the delivery, in that order.
+        assert!(b.deliver_mail(1, 0));
+        assert!(b.deliver_mail(1, 0));
+        assert!(matches!(b.mail.front(), Some(Mail::Deliver { .. })));
+        let effects = ops(&mut b, CH, vec![Op::ChannelClose, Op::ChannelOpen]);
+        assert_eq!(
+            effects,
+            vec![reply(Reply::ChannelCloseOk), reply(Reply::ChannelOpenOk)]
+        );
+        assert_eq!(deliver_all(&mut b), vec![], "the new opening gets nothing");
+        assert_eq!(
+            b.queue_len("q"),
+            Some(1),
+            "the message is back in its queue"
+        );
+        assert_eq!(b.channels[&CH].consumer_unacked, 0);
+        assert_eq!(b.conns[&ConnId(1)].in_flight, 0);
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// A queue's answer to a publish of a closed opening of the channel does not confirm the
+    /// publish with the same number on the new opening.
+    #[test]
+    fn an_answer_for_a_closed_opening_confirms_nothing() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let select = Op::ConfirmSelect { nowait: true };
+        let publish = || {
+            Op::Publish(Box::new(Publish {
+                exchange: "".into(),
+                routing_key: "q".into(),
+                mandatory: false,
+                immediate: false,
+                properties: Properties::default(),
+                body: bytes::Bytes::from_static(b"again"),
+                routed: None,
+            }))
+        };
+        ops(&mut b, CH, vec![select.clone(), publish()]);
+        // The queue takes the old publish; its answer travels.
+        assert!(b.deliver_mail(1, 0));
+        assert!(matches!(b.mail.front(), Some(Mail::Answered { .. })));
+        ops(
+            &mut b,
+            CH,
+            vec![Op::ChannelClose, Op::ChannelOpen, select, publish()],
+        );
+        // Deliver the old answer only (mail to the connection, ahead of the new enqueue).
+        assert!(b.deliver_mail(1, 0));
+        let mut effects = Vec::new();
+        b.poll_effects(&mut effects);
+        assert!(
+            !effects.iter().any(|e| matches!(e, Effect::Confirm { .. })),
+            "publish 1 of the new opening is not confirmed before its queue answered: {effects:?}"
+        );
+        let effects = deliver_all(&mut b);
+        assert_eq!(
+            effects
+                .iter()
+                .filter(|e| matches!(e, Effect::Confirm { .. }))
+                .count(),
+            1,
+            "the new publish is confirmed once its queue answered: {effects:?}"
+        );
+        assert_eq!(b.check_invariants(), Ok(()));
     }
 }

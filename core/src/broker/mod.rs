@@ -18,6 +18,7 @@ mod access;
 pub mod admin;
 mod dead_letter;
 mod delivery;
+mod hold;
 mod mail;
 mod policies;
 pub(crate) mod reply_to;
@@ -32,7 +33,7 @@ use crate::config::BrokerConfig;
 use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::idhash::IdMap;
-use crate::ids::{ChannelRef, ConnId, QueueId, VhostId};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
 use crate::naming::NameGen;
 use crate::queue::state::{ConsumerId, Credit, QueueIo, QueueOut, QueueState};
 use crate::store::{Definitions, Store};
@@ -94,6 +95,18 @@ pub struct Broker {
     /// Mail between the queue and channel sides, delivered at the end of each operation
     /// (`mail.rs`).
     mail: VecDeque<mail::Mail>,
+    /// The host delivers mail (`deliver_mail`) instead of each operation: the multi-shard
+    /// simulation's model of mail that takes time (`set_mail_scheduled`).
+    mail_scheduled: bool,
+    /// What channels whose request is not answered yet received meanwhile (`hold.rs`).
+    holds: IdMap<ChannelRef, hold::Hold>,
+    /// Channels with `ChannelState::awaiting` set: while none are, no op can wait, and
+    /// `hold_op` costs two compares.
+    awaiting: usize,
+    /// The serial of the next channel opened (`ChannelAddr`).
+    next_channel_serial: u32,
+    /// No-ack deliveries whose channel closed while they travelled (lost, as in RabbitMQ).
+    lost_in_flight: u64,
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
     /// heads and deadlines (not at every queue).
     expiring: std::collections::BTreeSet<QueueId>,
@@ -116,45 +129,51 @@ pub(crate) struct ChannelCredit<'a> {
     pub(crate) write_window: u32,
 }
 
+impl ChannelCredit<'_> {
+    /// The channel `to` names, if that opening of it is still open: a consumer whose
+    /// channel closed or failed stays in its queue until its cancel arrives.
+    fn open_channel(&self, to: ChannelAddr) -> Option<&ChannelState> {
+        self.channels
+            .get(&to.ch)
+            .map(|c| &**c)
+            .filter(|c| c.serial == to.serial && c.phase == Phase::Open)
+    }
+}
+
 impl Credit for ChannelCredit<'_> {
-    fn may_deliver(&self, ch: ChannelRef, ack_required: bool) -> bool {
+    fn may_deliver(&self, to: ChannelAddr, ack_required: bool) -> bool {
         if self
             .conns
-            .get(&ch.conn)
+            .get(&to.ch.conn)
             .is_none_or(|c| c.in_flight >= self.write_window)
         {
             return false;
         }
-        if !ack_required {
-            return true;
-        }
-        self.channels
-            .get(&ch)
-            .is_some_and(|c| c.has_shared_credit())
+        self.open_channel(to)
+            .is_some_and(|c| !ack_required || c.has_shared_credit())
     }
 
-    fn take(&mut self, ch: ChannelRef, ack_required: bool) -> bool {
-        let Some(conn) = self.conns.get_mut(&ch.conn) else {
-            return false;
-        };
-        if conn.in_flight >= self.write_window {
+    fn take(&mut self, to: ChannelAddr, ack_required: bool) -> bool {
+        if !self.may_deliver(to, ack_required) {
             return false;
         }
-        if ack_required {
-            match self.channels.get_mut(&ch) {
-                Some(c) if c.has_shared_credit() => c.consumer_unacked += 1,
-                _ => return false,
-            }
+        if ack_required && let Some(c) = self.channels.get_mut(&to.ch) {
+            c.consumer_unacked += 1;
         }
-        conn.in_flight += 1;
+        if let Some(conn) = self.conns.get_mut(&to.ch.conn) {
+            conn.in_flight += 1;
+        }
         true
     }
 
-    fn give_back(&mut self, ch: ChannelRef, ack_required: bool) {
-        if ack_required && let Some(c) = self.channels.get_mut(&ch) {
+    fn give_back(&mut self, to: ChannelAddr, ack_required: bool) {
+        if ack_required
+            && let Some(c) = self.channels.get_mut(&to.ch)
+            && c.serial == to.serial
+        {
             c.consumer_unacked = c.consumer_unacked.saturating_sub(1);
         }
-        if let Some(c) = self.conns.get_mut(&ch.conn) {
+        if let Some(c) = self.conns.get_mut(&to.ch.conn) {
             c.in_flight = c.in_flight.saturating_sub(1);
         }
     }
@@ -245,6 +264,11 @@ impl Broker {
             last_tag: None,
             dead_letters: VecDeque::new(),
             mail: VecDeque::new(),
+            mail_scheduled: false,
+            holds: IdMap::default(),
+            awaiting: 0,
+            next_channel_serial: 0,
+            lost_in_flight: 0,
             reply_addresses: HashMap::new(),
             expiring: std::collections::BTreeSet::new(),
         };
@@ -504,11 +528,21 @@ impl Broker {
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
     pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
         self.now = self.now.max(now);
+        if self.must_hold(ch) {
+            self.hold_op(ch, op);
+        } else {
+            self.run_op(ch, op);
+        }
+        self.after_op();
+    }
+
+    /// Applies one operation now (it did not wait, or stopped waiting: `hold.rs`).
+    #[inline]
+    fn run_op(&mut self, ch: ChannelRef, op: Op) {
         let routes_before = self.topo.routes().version();
         if let Err(error) = self.apply(ch, op) {
             self.fail(ch, error);
         }
-        self.after_op();
         let routes_after = self.topo.routes().version();
         if routes_after != routes_before
             && let Some(conn) = self.conns.get_mut(&ch.conn)
@@ -585,9 +619,13 @@ impl Broker {
     /// What every entry point does last: delivers the mail, routes the dead letters (whose
     /// enqueues send mail again), and updates the memory alarm.
     fn after_op(&mut self) {
-        self.pump();
+        if !self.mail_scheduled {
+            self.pump();
+        }
         self.route_dead_letters();
-        self.pump();
+        if !self.mail_scheduled {
+            self.pump();
+        }
         self.update_alarm();
     }
 
@@ -623,7 +661,11 @@ impl Broker {
 
     /// Moves the effects produced so far into `out`, in order.
     pub fn poll_effects(&mut self, out: &mut Vec<Effect>) {
-        debug_assert!(self.mail.is_empty(), "an entry point left mail undelivered");
+        debug_assert!(
+            self.mail_scheduled
+                || (self.mail.is_empty() && self.awaiting == 0 && self.holds.is_empty()),
+            "an entry point left mail undelivered or a request unanswered"
+        );
         out.append(&mut self.effects);
     }
 
@@ -661,6 +703,7 @@ impl Broker {
         match op {
             Op::ConnectionOpen { .. } => Ok(()),
             Op::ConnectionClose => {
+                self.flush_holds(ch.conn);
                 self.release_connection(ch.conn);
                 Ok(())
             }
@@ -674,7 +717,7 @@ impl Broker {
                 // itself after an error of its own: release what is left either way.
                 if self.channels.contains_key(&ch) {
                     self.release_channel(ch);
-                    self.channels.remove(&ch);
+                    self.remove_channel(ch);
                     if let Some(conn) = self.conns.get_mut(&ch.conn) {
                         conn.channels.remove(&ch.channel);
                     }
@@ -703,7 +746,7 @@ impl Broker {
         match op {
             Op::ChannelClose => {
                 self.release_channel(ch);
-                self.channels.remove(&ch);
+                self.remove_channel(ch);
                 if let Some(conn) = self.conns.get_mut(&ch.conn) {
                     conn.channels.remove(&ch.channel);
                 }
@@ -788,6 +831,7 @@ impl Broker {
     fn fail(&mut self, ch: ChannelRef, error: ProtocolError) {
         let channel_open = matches!(self.channels.get(&ch).map(|c| c.phase), Some(Phase::Open));
         if error.code.is_channel_level() && ch.channel != 0 && channel_open {
+            self.drop_hold(ch);
             self.release_channel(ch);
             if let Some(channel) = self.channels.get_mut(&ch) {
                 channel.phase = Phase::Closing;
@@ -835,6 +879,24 @@ impl Broker {
         }
         if let Some((q, _)) = bound.first_key_value() {
             return Err(format!("a binding to missing queue {q:?}"));
+        }
+        // What follows compares the queue side with the channel side, which agree only
+        // once the mail between them has arrived (with scheduled mail, not after every op).
+        if !self.mail.is_empty() {
+            return Ok(());
+        }
+        let awaiting = self.channels.values().filter(|c| c.awaiting).count();
+        if awaiting != self.awaiting {
+            return Err(format!(
+                "{awaiting} channels await an answer but the count says {}",
+                self.awaiting
+            ));
+        }
+        if self.held_channels() > 0 {
+            return Err(format!(
+                "{} channels hold ops with no mail left to answer them",
+                self.held_channels()
+            ));
         }
         let held: u64 = self
             .queues
@@ -888,7 +950,7 @@ impl Broker {
                     return Err(format!("{ch:?}: confirms out of publish order"));
                 }
                 last = seq;
-                // The synchronous composition answers for every queue at publish.
+                // Every queue answers (by mail) once the mail has arrived.
                 if waiting > 0 {
                     return Err(format!("{ch:?}: publish {seq} waits for {waiting} queues"));
                 }

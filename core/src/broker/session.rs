@@ -93,7 +93,12 @@ impl Broker {
                 format!("second 'channel.open' seen on channel {}", ch.channel),
             ));
         }
-        self.channels.insert(ch, Box::new(ChannelState::new()));
+        let serial = self.next_channel_serial;
+        // Wrapping: an opening is told from the one 2^32 openings earlier only if mail for
+        // that one is still on its way.
+        self.next_channel_serial = serial.wrapping_add(1);
+        self.channels
+            .insert(ch, Box::new(ChannelState::new(serial)));
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
             conn.channels.insert(ch.channel);
         }
@@ -153,6 +158,7 @@ impl Broker {
     /// consumers go before any message is requeued, so nothing is dispatched to a channel of
     /// the dying connection.
     pub(super) fn release_connection(&mut self, conn: ConnId) {
+        self.drop_holds(conn);
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
@@ -168,7 +174,7 @@ impl Broker {
             self.requeue_channel(ch);
             self.forget_confirms(ch);
             self.release_reply_to(ch);
-            self.channels.remove(&ch);
+            self.remove_channel(ch);
         }
         let exclusive: Vec<QueueId> = self
             .conns

@@ -14,7 +14,7 @@
 //! (prefetch and unacked count), so dispatch reads nothing outside the queue but `Credit`.
 
 use crate::config::BrokerConfig;
-use crate::ids::{ChannelRef, QueueId};
+use crate::ids::{ChannelAddr, ChannelRef, QueueId};
 use crate::message::{FieldTable, Message};
 use crate::queue::args::{HeldArgs, Overflow};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
@@ -35,30 +35,44 @@ pub(crate) struct QueueConsumer {
     pub(crate) id: ConsumerId,
     pub(crate) tag: Arc<str>,
     pub(crate) ch: ChannelRef,
+    /// The opening of `ch` that consumes (`ChannelAddr`): a consumer whose channel closed
+    /// may stay here until its cancel arrives, and must not take a newer opening's credit.
+    pub(crate) serial: u32,
     pub(crate) no_ack: bool,
     pub(crate) exclusive: bool,
     /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
     pub(crate) prefetch: u16,
     pub(crate) unacked: u32,
-    /// `x-priority`: consumers with a higher priority get messages first.
-    pub(crate) priority: i64,
+    /// `x-priority`: consumers with a higher priority get messages first. 32 bits, as
+    /// RabbitMQ's (a wider client value is clamped), so the serial fits in the record.
+    pub(crate) priority: i32,
+}
+
+impl QueueConsumer {
+    pub(crate) fn addr(&self) -> ChannelAddr {
+        ChannelAddr {
+            ch: self.ch,
+            serial: self.serial,
+        }
+    }
 }
 
 /// Whether a channel may take one more delivery now, by the limits that span queues: the
 /// channel's shared (global) prefetch, counted only for deliveries that need an ack, and
 /// its connection's write window.
 pub(crate) trait Credit {
-    /// Whether `ch` may take one more delivery now: a check, since dispatch may look at
-    /// several consumers before it picks one.
-    fn may_deliver(&self, ch: ChannelRef, ack_required: bool) -> bool;
+    /// Whether `to` may take one more delivery now: a check, since dispatch may look at
+    /// several consumers before it picks one. False if that opening of the channel is
+    /// gone or closing (its consumers' cancels are on their way).
+    fn may_deliver(&self, to: ChannelAddr, ack_required: bool) -> bool;
 
-    /// Takes the credit of one delivery to `ch` for the consumer dispatch picked. False
+    /// Takes the credit of one delivery to `to` for the consumer dispatch picked. False
     /// if it is gone: owners running side by side can race for a channel's shared limit,
     /// and the loser stops dispatching until credit comes back.
-    fn take(&mut self, ch: ChannelRef, ack_required: bool) -> bool;
+    fn take(&mut self, to: ChannelAddr, ack_required: bool) -> bool;
 
     /// Returns credit taken for a delivery that did not happen.
-    fn give_back(&mut self, ch: ChannelRef, ack_required: bool);
+    fn give_back(&mut self, to: ChannelAddr, ack_required: bool);
 }
 
 /// What to do with settled deliveries.
@@ -184,7 +198,7 @@ impl<'a> QueueIo<'a> {
 /// A delivery picked by `next_delivery`: the message and who it goes to.
 pub(crate) struct Picked {
     pub(crate) consumer: ConsumerId,
-    pub(crate) ch: ChannelRef,
+    pub(crate) to: ChannelAddr,
     pub(crate) tag: Arc<str>,
     pub(crate) no_ack: bool,
     pub(crate) message: QueuedMessage,
@@ -521,7 +535,7 @@ impl QueueState {
     /// Whether consumer `c` may receive one more message now.
     fn can_deliver(c: &QueueConsumer, credit: &impl Credit) -> bool {
         (c.no_ack || c.prefetch == 0 || c.unacked < u32::from(c.prefetch))
-            && credit.may_deliver(c.ch, !c.no_ack)
+            && credit.may_deliver(c.addr(), !c.no_ack)
     }
 
     /// The index of the consumer the next message goes to: with `x-single-active-consumer`,
@@ -538,7 +552,7 @@ impl QueueState {
         if !self.mixed_priorities {
             return order.find(|&idx| Self::can_deliver(&self.consumers[idx], credit));
         }
-        let mut best: Option<(i64, usize)> = None;
+        let mut best: Option<(i32, usize)> = None;
         for idx in order {
             let c = &self.consumers[idx];
             if Self::can_deliver(c, credit) && best.is_none_or(|(bp, _)| c.priority > bp) {
@@ -568,12 +582,12 @@ impl QueueState {
                 return None;
             }
         }
-        let (ch, ack_required) = (self.consumers[idx].ch, !self.consumers[idx].no_ack);
-        if !credit.take(ch, ack_required) {
+        let (to, ack_required) = (self.consumers[idx].addr(), !self.consumers[idx].no_ack);
+        if !credit.take(to, ack_required) {
             return None;
         }
         let Some(m) = self.pop_ready(io) else {
-            credit.give_back(ch, ack_required);
+            credit.give_back(to, ack_required);
             return None;
         };
         let n = self.consumers.len();
@@ -581,7 +595,7 @@ impl QueueState {
         let c = &mut self.consumers[idx];
         let picked = Picked {
             consumer: c.id,
-            ch: c.ch,
+            to,
             tag: c.tag.clone(),
             no_ack: c.no_ack,
             message: m,
@@ -705,15 +719,15 @@ mod tests {
     struct NoSharedLimits;
 
     impl Credit for NoSharedLimits {
-        fn may_deliver(&self, _: ChannelRef, _: bool) -> bool {
+        fn may_deliver(&self, _: ChannelAddr, _: bool) -> bool {
             true
         }
 
-        fn take(&mut self, _: ChannelRef, _: bool) -> bool {
+        fn take(&mut self, _: ChannelAddr, _: bool) -> bool {
             true
         }
 
-        fn give_back(&mut self, _: ChannelRef, _: bool) {}
+        fn give_back(&mut self, _: ChannelAddr, _: bool) {}
     }
 
     #[derive(Clone, Debug)]
@@ -857,6 +871,7 @@ mod tests {
                             id,
                             tag: Arc::from("c"),
                             ch: ChannelRef::new(crate::ids::ConnId(1), 1),
+                            serial: 0,
                             no_ack: false,
                             exclusive: false,
                             prefetch: u16::from(prefetch),

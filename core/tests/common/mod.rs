@@ -41,6 +41,21 @@ impl Harness {
         out
     }
 
+    /// Delivers one piece of scheduled mail (`Broker::deliver_mail`); `None` if none was
+    /// pending. Invariants are checked as after an op.
+    pub fn deliver_mail(&mut self, pick: usize) -> Option<Vec<Effect>> {
+        self.now += 1;
+        if !self.broker.deliver_mail(self.now, pick) {
+            return None;
+        }
+        let mut out = Vec::new();
+        self.broker.poll_effects(&mut out);
+        if let Err(e) = self.broker.check_invariants() {
+            panic!("invariant broken: {e}");
+        }
+        Some(out)
+    }
+
     /// Opens connection `conn` with channel 1.
     pub fn connect(&mut self, conn: u64) -> ChannelRef {
         let c = ch(conn, 0);
