@@ -618,8 +618,8 @@ impl Sim {
             SimOp::Confirm { ch: i } => {
                 let c = channel_of(i);
                 self.ensure(c);
-                if !self.l.confirms.contains_key(&c) {
-                    self.l.confirms.insert(c, (0, 0));
+                if let std::collections::btree_map::Entry::Vacant(e) = self.l.confirms.entry(c) {
+                    e.insert((0, 0));
                     let select = Op::ConfirmSelect { nowait: false };
                     self.send(c, select, Some(Expect::ConfirmSelectOk));
                 }
