@@ -213,14 +213,12 @@ impl Broker {
         }
     }
 
-    /// The channel side of a delivery a queue picked: the channel tags it. A channel gone
-    /// meanwhile (with shards, it may close while the delivery travels) gives it back: the
-    /// credit it took, and the message to its queue (a no-ack one is lost with the channel,
-    /// as RabbitMQ loses autoack deliveries in flight to a closed channel).
-    /// The channel side of a delivery. One whose channel closed (or closed and opened
-    /// again) while it travelled goes back to its queue with its credit; a no-ack one is
-    /// lost with the channel, as in RabbitMQ. A consumer cancelled on a live channel still
-    /// gets what its queue sent before the cancel arrived (cancel-ok follows it).
+    /// The channel side of a delivery a queue picked: the channel tags it. One whose
+    /// channel closed (or closed and opened again) while it travelled goes back: the credit
+    /// it took, and the message to its queue (a no-ack one is lost with the channel, as
+    /// RabbitMQ loses autoack deliveries in flight to a closed channel; `lost_in_flight`).
+    /// A consumer cancelled on a live channel still gets what its queue sent before the
+    /// cancel arrived (cancel-ok follows it).
     pub(super) fn deliver_picked(&mut self, queue: QueueId, p: Picked) {
         let m = p.message;
         let live = self.is_live(p.to);

@@ -7,8 +7,12 @@
 //! A handler touches one side only (`Enqueue` runs on the queue's state, `Answered` on the
 //! channel's). The synchronous composition delivers mail in FIFO order at the end of each
 //! operation (`pump`), so effects come out in the order they did when the sides called each
-//! other directly. With shards, mail may find its channel closed: the handlers give back
-//! what it carried.
+//! other directly. With shards, mail may find its channel closed, or closed and opened
+//! again: mail to a channel names the opening it is for (`ChannelAddr`), and the handlers
+//! give back what it carried. `set_mail_scheduled` hands delivery to the host (the
+//! simulation), FIFO per destination and in any order across destinations, as between
+//! shards; a channel's requests are then answered later, and `hold.rs` keeps its replies in
+//! order.
 
 use super::Broker;
 use crate::effect::{Effect, Reply};
