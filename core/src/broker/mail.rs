@@ -574,6 +574,47 @@ mod tests {
         assert_eq!(b.check_invariants(), Ok(()));
     }
 
+    /// What a channel may pipeline behind an unanswered request is bounded: past
+    /// `MAX_HELD_OPS` the connection is closed with 506, and nothing stays held.
+    #[test]
+    fn a_channel_holds_a_bounded_number_of_ops() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let get = Op::Get {
+            queue: "q".into(),
+            no_ack: false,
+        };
+        assert_eq!(ops(&mut b, CH, vec![get]), vec![]);
+        let qos = Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 1,
+            global: false,
+        };
+        for _ in 0..super::super::hold::MAX_HELD_OPS {
+            b.handle(1, CH, qos.clone());
+        }
+        let mut effects = Vec::new();
+        b.poll_effects(&mut effects);
+        assert_eq!(effects, vec![], "up to the bound, ops wait");
+        let effects = ops(&mut b, CH, vec![qos]);
+        assert!(
+            matches!(effects.as_slice(), [Effect::ConnectionError { error, .. }] if error.code.code() == 506),
+            "one more closes the connection: {effects:?}"
+        );
+        assert_eq!(b.held_channels(), 0);
+        assert_eq!(
+            deliver_all(&mut b),
+            vec![],
+            "the get's answer finds no channel"
+        );
+        assert_eq!(
+            b.queue_len("q"),
+            Some(1),
+            "the message is back in its queue"
+        );
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
     /// A delivery that travelled while its channel closed and the client opened the same
     /// channel number again goes back to its queue, and takes nothing of the new opening.
     #[test]
