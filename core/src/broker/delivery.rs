@@ -302,14 +302,14 @@ impl Broker {
             ));
         }
         let (prefetch, serial) = (channel.prefetch_count, channel.serial);
-        let cid = ConsumerId(self.next_id());
         let priority = c
             .arguments
             .get("x-priority")
             .and_then(|v| v.as_i64())
             .unwrap_or(0);
         let consumer = QueueConsumer {
-            id: cid,
+            // The queue numbers it when it arrives (`consume_in_queue`).
+            id: ConsumerId(0),
             tag,
             ch,
             serial,
@@ -334,13 +334,17 @@ impl Broker {
 
     /// The queue side of basic.consume: refused if another connection holds the queue
     /// exclusively, if a consumer holds it exclusively, or if it is gone; else the consumer
-    /// is added and served at once (the channel registers it on `ConsumeOk`).
+    /// is numbered, added and served at once (the channel registers it on `ConsumeOk`).
+    /// Numbered here, on arrival, not by the channel: consumers from different channels
+    /// may arrive in any order, and a queue keeps its consumers in arrival order (the
+    /// single active consumer is the first to arrive) and looks them up by id.
     pub(super) fn consume_in_queue(
         &mut self,
         queue: QueueId,
-        consumer: QueueConsumer,
+        mut consumer: QueueConsumer,
         nowait: bool,
     ) {
+        consumer.id = ConsumerId(self.next_id());
         let (to, cid, tag) = (consumer.addr(), consumer.id, consumer.tag.clone());
         if let Err(error) = self.check_exclusive(to.ch, OpKind::Consume, queue) {
             self.mail.push_back(Mail::Refused { to, error });

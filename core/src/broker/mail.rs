@@ -21,6 +21,7 @@ use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId};
 use crate::message::Message;
 use crate::queue::classic::QueuedMessage;
 use crate::queue::state::{ConsumerId, Enqueued, Picked, QueueConsumer, Settle, Unacked};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Who published a message being enqueued, as the queue needs to know it.
@@ -141,12 +142,78 @@ pub(crate) struct CancelReply {
     pub(crate) nowait: bool,
 }
 
-/// Where a piece of mail goes: mail to one destination keeps its order (a link between
-/// two shards is FIFO); mail to different ones may interleave.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Dest {
+/// Where a piece of mail goes, or comes from: a queue, a connection (its channels), or the
+/// host (admin ops, restore, dead-letter routing).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Dest {
     Queue(QueueId),
     Conn(ConnId),
+    #[default]
+    Host,
+}
+
+/// Mail sent and not delivered yet. With scheduled mail it also keeps where each piece
+/// came from, so `deliver_mail` keeps the order of each (source, destination) pair only,
+/// as FIFO links between shards do (they keep more order than that: a link carries the
+/// mail of many pairs).
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    queue: VecDeque<Mail>,
+    /// Scheduled mail only: each piece's source, in step with `queue`.
+    sources: Option<VecDeque<Dest>>,
+    /// The source of what is sent now.
+    from: Dest,
+}
+
+impl Mailbox {
+    pub(super) fn push_back(&mut self, mail: Mail) {
+        if let Some(sources) = &mut self.sources {
+            sources.push_back(self.from);
+        }
+        self.queue.push_back(mail);
+    }
+
+    pub(super) fn pop_front(&mut self) -> Option<Mail> {
+        if let Some(sources) = &mut self.sources {
+            sources.pop_front();
+        }
+        self.queue.pop_front()
+    }
+
+    #[cfg(test)]
+    pub(super) fn front(&self) -> Option<&Mail> {
+        self.queue.front()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Who sends what is pushed from now on.
+    pub(super) fn from(&mut self, source: Dest) {
+        self.from = source;
+    }
+
+    fn set_scheduled(&mut self, on: bool) {
+        self.sources = on.then(|| self.queue.iter().map(|_| Dest::Host).collect());
+    }
+
+    /// The oldest piece with the source and destination of the `pick`-th one.
+    fn take(&mut self, pick: usize) -> Option<Mail> {
+        let n = self.queue.len();
+        let sources = self.sources.as_mut()?;
+        if n == 0 {
+            return None;
+        }
+        let key = (sources[pick % n], self.queue[pick % n].dest());
+        let first = (0..n).find(|&i| (sources[i], self.queue[i].dest()) == key)?;
+        sources.remove(first);
+        self.queue.remove(first)
+    }
 }
 
 impl Mail {
@@ -192,6 +259,7 @@ impl Broker {
     /// Hands one piece of mail to its handler. An answer to a channel's request lets
     /// what the channel held run (`hold.rs`).
     fn deliver_one(&mut self, mail: Mail) {
+        self.mail.from(mail.dest());
         match mail {
             Mail::Enqueue {
                 queue,
@@ -321,6 +389,7 @@ impl Broker {
     /// with shards). Hosts leave it off. Turning it off delivers what is pending.
     pub fn set_mail_scheduled(&mut self, on: bool) {
         self.mail_scheduled = on;
+        self.mail.set_scheduled(on);
         if !on {
             self.after_op();
         }
@@ -331,23 +400,16 @@ impl Broker {
         self.mail.len()
     }
 
-    /// Delivers one piece of scheduled mail at time `now`: the oldest one going where the
-    /// `pick`-th pending piece (modulo their number) goes. So mail to one queue or
-    /// connection arrives in the order it was sent, and mail to different ones in any
-    /// order the caller picks. False if no mail is pending.
+    /// Delivers one piece of scheduled mail at time `now`: the oldest one with the source
+    /// and destination of the `pick`-th pending piece (modulo their number). So what one
+    /// queue or connection sends another arrives in the order it was sent, and the rest
+    /// in any order the caller picks. False if no mail is pending (or it is not scheduled).
     pub fn deliver_mail(&mut self, now: u64, pick: usize) -> bool {
-        let n = self.mail.len();
-        if n == 0 {
-            return false;
-        }
-        self.now = self.now.max(now);
-        let dest = self.mail[pick % n].dest();
-        let Some(first) = self.mail.iter().position(|m| m.dest() == dest) else {
+        let Some(mail) = self.mail.take(pick) else {
             return false;
         };
-        if let Some(mail) = self.mail.remove(first) {
-            self.deliver_one(mail);
-        }
+        self.now = self.now.max(now);
+        self.deliver_one(mail);
         self.after_op();
         true
     }

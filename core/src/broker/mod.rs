@@ -94,7 +94,7 @@ pub struct Broker {
     dead_letters: VecDeque<dead_letter::DeadLetter>,
     /// Mail between the queue and channel sides, delivered at the end of each operation
     /// (`mail.rs`).
-    mail: VecDeque<mail::Mail>,
+    mail: mail::Mailbox,
     /// The host delivers mail (`deliver_mail`) instead of each operation: the multi-shard
     /// simulation's model of mail that takes time (`set_mail_scheduled`).
     mail_scheduled: bool,
@@ -263,7 +263,7 @@ impl Broker {
             restoring: false,
             last_tag: None,
             dead_letters: VecDeque::new(),
-            mail: VecDeque::new(),
+            mail: mail::Mailbox::default(),
             mail_scheduled: false,
             holds: IdMap::default(),
             awaiting: 0,
@@ -528,6 +528,7 @@ impl Broker {
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
     pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
         self.now = self.now.max(now);
+        self.mail.from(mail::Dest::Conn(ch.conn));
         if self.must_hold(ch) {
             self.hold_op(ch, op);
         } else {
@@ -597,6 +598,7 @@ impl Broker {
         self.now = self.now.max(now);
         let expiring: Vec<QueueId> = self.expiring.iter().copied().collect();
         for id in expiring {
+            self.mail.from(mail::Dest::Queue(id));
             let Some(q) = self.queues.get(&id) else {
                 self.expiring.remove(&id);
                 continue;
@@ -622,6 +624,7 @@ impl Broker {
         if !self.mail_scheduled {
             self.pump();
         }
+        self.mail.from(mail::Dest::Host);
         self.route_dead_letters();
         if !self.mail_scheduled {
             self.pump();
