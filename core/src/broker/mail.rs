@@ -166,6 +166,7 @@ pub(crate) struct Mailbox {
 }
 
 impl Mailbox {
+    #[inline]
     pub(super) fn push_back(&mut self, mail: Mail) {
         if let Some(sources) = &mut self.sources {
             sources.push_back(self.from);
@@ -173,6 +174,7 @@ impl Mailbox {
         self.queue.push_back(mail);
     }
 
+    #[inline]
     pub(super) fn pop_front(&mut self) -> Option<Mail> {
         if let Some(sources) = &mut self.sources {
             sources.pop_front();
@@ -185,15 +187,18 @@ impl Mailbox {
         self.queue.front()
     }
 
+    #[inline]
     pub(super) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
+    #[inline]
     pub(super) fn len(&self) -> usize {
         self.queue.len()
     }
 
     /// Who sends what is pushed from now on.
+    #[inline]
     pub(super) fn from(&mut self, source: Dest) {
         self.from = source;
     }
