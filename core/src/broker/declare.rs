@@ -722,47 +722,69 @@ impl Broker {
     ) -> OpResult {
         let op = OpKind::QueueDelete;
         let resolved = self.resolve_queue_name(ch, op, name)?;
-        // Deleting a missing queue succeeds with a count of 0, as in RabbitMQ 3.x.
-        let mut count = 0;
         let vh = self.conn_vhost(ch.conn);
         self.check_access(ch, op, Perm::Configure, Resource::Queue, &resolved)?;
-        if let Some(id) = self.find_queue(vh, &resolved) {
-            self.check_exclusive(ch, op, id)?;
-            let q = &self.queues[&id];
-            if if_unused && !q.consumers.is_empty() {
-                return Err(ProtocolError::new(
-                    ErrorCode::PreconditionFailed,
-                    op,
-                    format!(
-                        "queue '{}' in vhost '{}' in use",
-                        q.name,
-                        self.vhost_name(vh)
-                    ),
-                ));
+        match self.find_queue(vh, &resolved) {
+            Some(queue) => {
+                let to = self.addr(ch);
+                self.mail.push_back(super::mail::Mail::Delete {
+                    queue,
+                    to,
+                    if_unused,
+                    if_empty,
+                    nowait,
+                });
+                self.await_answer(ch);
             }
-            if if_empty && !q.messages.is_empty() {
-                return Err(ProtocolError::new(
-                    ErrorCode::PreconditionFailed,
-                    op,
-                    format!(
-                        "queue '{}' in vhost '{}' is not empty",
-                        q.name,
-                        self.vhost_name(vh)
-                    ),
-                ));
-            }
-            count = q.messages.len();
-            self.delete_queue(id);
-        }
-        if !nowait {
-            self.reply(
-                ch,
-                Reply::QueueDeleteOk {
-                    message_count: u32::try_from(count).unwrap_or(u32::MAX),
-                },
-            );
+            // Deleting a missing queue succeeds with a count of 0, as in RabbitMQ 3.x.
+            None if !nowait => self.reply(ch, Reply::QueueDeleteOk { message_count: 0 }),
+            None => {}
         }
         Ok(())
+    }
+
+    /// The queue side of queue.delete: refused if another connection holds the queue
+    /// exclusively, or by `if-unused` / `if-empty`; else delete-ok goes to the channel
+    /// (before the consumers' cancels, as RabbitMQ orders them) and the queue goes. A queue
+    /// gone meanwhile counts 0, as a missing one does.
+    pub(super) fn delete_in_queue(
+        &mut self,
+        queue: QueueId,
+        to: crate::ids::ChannelAddr,
+        if_unused: bool,
+        if_empty: bool,
+        nowait: bool,
+    ) {
+        let op = OpKind::QueueDelete;
+        if let Err(error) = self.check_exclusive(to.ch, op, queue) {
+            self.mail
+                .push_back(super::mail::Mail::Refused { to, error });
+            return;
+        }
+        let refused = self.queues.get(&queue).and_then(|q| {
+            let why = if if_unused && !q.consumers.is_empty() {
+                "in use"
+            } else if if_empty && !q.messages.is_empty() {
+                "is not empty"
+            } else {
+                return None;
+            };
+            let vhost = self.vhost_name(q.vhost);
+            Some(format!("queue '{}' in vhost '{vhost}' {why}", q.name))
+        });
+        if let Some(text) = refused {
+            let error = ProtocolError::new(ErrorCode::PreconditionFailed, op, text);
+            self.mail
+                .push_back(super::mail::Mail::Refused { to, error });
+            return;
+        }
+        let count = self.queues.get(&queue).map_or(0, |q| q.messages.len());
+        self.mail.push_back(super::mail::Mail::Deleted {
+            to,
+            message_count: u32::try_from(count).unwrap_or(u32::MAX),
+            nowait,
+        });
+        self.delete_queue(queue);
     }
 
     /// Removes a queue: its bindings (auto-deleting exchanges left without any), its ready

@@ -1,6 +1,7 @@
 //! The per-channel hold. AMQP answers a channel's requests in the order the client sent
 //! them, so a channel whose request went to a queue by mail (basic.consume, basic.cancel,
-//! basic.get, queue.purge) keeps what the client sends after it until the queue answers.
+//! basic.get, queue.purge, queue.delete) keeps what the client sends after it until the
+//! queue answers.
 //!
 //! With one shard the answer comes within the operation that asked, and nothing is ever
 //! held (`poll_effects` asserts it). With shards, or with the simulation's scheduled mail

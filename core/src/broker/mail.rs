@@ -116,6 +116,20 @@ pub(crate) enum Mail {
         to: ChannelAddr,
         nowait: bool,
     },
+    /// Channel -> queue: queue.delete (always answered: the channel waits).
+    Delete {
+        queue: QueueId,
+        to: ChannelAddr,
+        if_unused: bool,
+        if_empty: bool,
+        nowait: bool,
+    },
+    /// Queue -> channel: the queue is deleted (delete-ok unless `nowait`).
+    Deleted {
+        to: ChannelAddr,
+        message_count: u32,
+        nowait: bool,
+    },
     /// Queue -> channel: the purge is done (purge-ok unless `nowait`).
     Purged {
         to: ChannelAddr,
@@ -231,12 +245,14 @@ impl Mail {
             | Mail::Cancel { queue, .. }
             | Mail::Get { queue, .. }
             | Mail::Purge { queue, .. }
+            | Mail::Delete { queue, .. }
             | Mail::PublisherGone { queue, .. } => Dest::Queue(*queue),
             Mail::Answered { to, .. }
             | Mail::ConsumeOk { to, .. }
             | Mail::Refused { to, .. }
             | Mail::Got { to, .. }
-            | Mail::Purged { to, .. } => Dest::Conn(to.ch.conn),
+            | Mail::Purged { to, .. }
+            | Mail::Deleted { to, .. } => Dest::Conn(to.ch.conn),
             Mail::Cancelled { reply } => Dest::Conn(reply.to.ch.conn),
             Mail::ConsumerGone { ch, .. } => Dest::Conn(ch.conn),
             Mail::Deliver { picked, .. } => Dest::Conn(picked.to.ch.conn),
@@ -360,6 +376,23 @@ impl Broker {
             } => {
                 if self.take_answer(to) && !nowait {
                     self.reply(to.ch, Reply::QueuePurgeOk { message_count });
+                }
+                self.run_held(to.ch);
+            }
+            Mail::Delete {
+                queue,
+                to,
+                if_unused,
+                if_empty,
+                nowait,
+            } => self.delete_in_queue(queue, to, if_unused, if_empty, nowait),
+            Mail::Deleted {
+                to,
+                message_count,
+                nowait,
+            } => {
+                if self.take_answer(to) && !nowait {
+                    self.reply(to.ch, Reply::QueueDeleteOk { message_count });
                 }
                 self.run_held(to.ch);
             }
@@ -638,6 +671,63 @@ mod tests {
             "get-ok, then qos-ok: {effects:?}"
         );
         assert_eq!(b.held_channels(), 0);
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// queue.delete goes to the queue and back, and what the channel sends meanwhile waits;
+    /// `if-unused` is the queue's to check.
+    #[test]
+    fn queue_delete_is_answered_by_the_queue() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let delete = |if_unused| Op::QueueDelete {
+            queue: "q".into(),
+            if_unused,
+            if_empty: false,
+            nowait: false,
+        };
+        consume(&mut b);
+        deliver_all(&mut b);
+        let qos = Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 5,
+            global: false,
+        };
+        assert_eq!(ops(&mut b, CH, vec![delete(true), qos]), vec![]);
+        let effects = deliver_all(&mut b);
+        assert!(
+            matches!(effects.as_slice(), [Effect::ChannelError { error, .. }] if error.code.code() == 406),
+            "the queue refuses: it has a consumer; the qos after it is dropped: {effects:?}"
+        );
+        let ch2 = ChannelRef::new(ConnId(1), 2);
+        ops(&mut b, ch2, vec![Op::ChannelOpen]);
+        assert_eq!(
+            ops(
+                &mut b,
+                ch2,
+                vec![
+                    delete(false),
+                    Op::Qos {
+                        prefetch_size: 0,
+                        prefetch_count: 1,
+                        global: false
+                    }
+                ]
+            ),
+            vec![]
+        );
+        let effects = deliver_all(&mut b);
+        let delete_ok = Effect::Reply {
+            ch: ch2,
+            // The message went back when the failed channel's delivery was requeued.
+            reply: Reply::QueueDeleteOk { message_count: 1 },
+        };
+        let qos_ok = Effect::Reply {
+            ch: ch2,
+            reply: Reply::QosOk,
+        };
+        assert_eq!(effects, vec![delete_ok, qos_ok], "delete-ok, then qos-ok");
+        assert_eq!(b.queue_len("q"), None);
         assert_eq!(b.check_invariants(), Ok(()));
     }
 
