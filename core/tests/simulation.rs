@@ -15,10 +15,10 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use warren_core::command::{Op, Publish};
+use warren_core::command::{Op, Publish, QueueDeclare};
 use warren_core::effect::{Effect, Reply};
 use warren_core::ids::ChannelRef;
-use warren_core::message::Properties;
+use warren_core::message::{FieldTable, Properties};
 
 const CONNS: u64 = 3;
 const CHANNELS: u16 = 2;
@@ -83,6 +83,12 @@ enum SimOp {
     Confirm {
         ch: u8,
     },
+    /// queue.declare of an existing queue (equivalent, or passive).
+    Redeclare {
+        ch: u8,
+        queue: u8,
+        passive: bool,
+    },
     /// Scheduled mail: deliver up to `count` pieces, picked from `pick` on.
     Mail {
         count: u8,
@@ -105,6 +111,7 @@ enum Expect {
     QosOk,
     RecoverOk,
     ConfirmSelectOk,
+    DeclareOk,
 }
 
 fn scheduled_op() -> impl Strategy<Value = SimOp> {
@@ -135,6 +142,8 @@ fn sim_op() -> impl Strategy<Value = SimOp> {
             .prop_map(|(ch, count, global)| SimOp::Qos { ch, count, global }),
         1 => ch.clone().prop_map(|ch| SimOp::CloseChannel { ch }),
         1 => ch.clone().prop_map(|ch| SimOp::Confirm { ch }),
+        1 => (ch.clone(), q.clone(), any::<bool>())
+            .prop_map(|(ch, queue, passive)| SimOp::Redeclare { ch, queue, passive }),
         1 => (0u8..CONNS as u8).prop_map(|conn| SimOp::CloseConnection { conn }),
         1 => (ch, q).prop_map(|(ch, queue)| SimOp::Purge { ch, queue }),
         3 => (0u8..CONNS as u8).prop_map(|conn| SimOp::Written { conn }),
@@ -266,6 +275,7 @@ impl Sim {
                 | (Some(Expect::QosOk), Reply::QosOk)
                 | (Some(Expect::RecoverOk), Reply::RecoverOk)
                 | (Some(Expect::ConfirmSelectOk), Reply::ConfirmSelectOk)
+                | (Some(Expect::DeclareOk), Reply::QueueDeclareOk { .. })
         );
         assert!(fits, "{c:?}: {got:?} came while waiting for {expected:?}");
         expected
@@ -443,6 +453,7 @@ impl Sim {
             | SimOp::Qos { ch, .. }
             | SimOp::CloseChannel { ch }
             | SimOp::Confirm { ch }
+            | SimOp::Redeclare { ch, .. }
             | SimOp::Purge { ch, .. } => self.l.doomed.contains(&on(*ch)),
             SimOp::CloseConnection { .. } | SimOp::Written { .. } | SimOp::Mail { .. } => false,
         };
@@ -623,6 +634,24 @@ impl Sim {
                     let select = Op::ConfirmSelect { nowait: false };
                     self.send(c, select, Some(Expect::ConfirmSelectOk));
                 }
+            }
+            SimOp::Redeclare {
+                ch: i,
+                queue,
+                passive,
+            } => {
+                let c = channel_of(i);
+                self.ensure(c);
+                let declare = QueueDeclare {
+                    queue: format!("q{queue}"),
+                    passive,
+                    durable: false,
+                    exclusive: false,
+                    auto_delete: false,
+                    nowait: false,
+                    arguments: FieldTable::new(),
+                };
+                self.send(c, Op::QueueDeclare(declare), Some(Expect::DeclareOk));
             }
             SimOp::Mail { count, pick } => self.mail(count, pick),
         }

@@ -531,17 +531,21 @@ impl Broker {
         }
         let existing = self.find_queue(vh, &name);
         let id = match existing {
-            Some(id) => {
-                self.check_exclusive(ch, op, id)?;
-                if !d.passive {
-                    self.check_queue_equivalence(id, &d)?;
-                    // A redeclare renews an x-expires lease; a passive one only looks.
-                    let now = self.now;
-                    if let Some(q) = self.queues.get_mut(&id) {
-                        q.last_used = now;
-                    }
+            Some(queue) => {
+                // The queue decides (exclusive use, equivalence, its counts) and answers.
+                let mut d = d;
+                d.queue = name.to_string();
+                if let Some(channel) = self.channels.get_mut(&ch) {
+                    channel.last_queue = Some(name);
                 }
-                id
+                let to = self.addr(ch);
+                self.mail.push_back(super::mail::Mail::Redeclare {
+                    queue,
+                    to,
+                    declare: Box::new(d),
+                });
+                self.await_answer(ch);
+                return Ok(());
             }
             None if d.passive => return Err(self.not_found(vh, op, "queue", &name)),
             None => {
@@ -629,6 +633,50 @@ impl Broker {
             self.reply(ch, reply);
         }
         Ok(())
+    }
+
+    /// The queue side of a declare of an existing queue: refused if another connection
+    /// holds it exclusively or (unless passive) if the declare is not equivalent; else a
+    /// redeclare renews its `x-expires` lease (a passive one only looks), and declare-ok
+    /// carries its counts. A queue deleted while the declare travelled is not found.
+    pub(super) fn redeclare_in_queue(
+        &mut self,
+        queue: QueueId,
+        to: crate::ids::ChannelAddr,
+        d: &QueueDeclare,
+    ) {
+        let op = OpKind::QueueDeclare;
+        let checked = self.check_exclusive(to.ch, op, queue).and_then(|()| {
+            if !self.queues.contains_key(&queue) {
+                let vh = self.conn_vhost(to.ch.conn);
+                let mut error = self.not_found(vh, op, "queue", &d.queue);
+                error.text = format!("{}; it was deleted while being declared", error.text);
+                return Err(error);
+            }
+            if d.passive {
+                return Ok(());
+            }
+            self.check_queue_equivalence(queue, d)
+        });
+        if let Err(error) = checked {
+            self.mail
+                .push_back(super::mail::Mail::Refused { to, error });
+            return;
+        }
+        let now = self.now;
+        let Some(q) = self.queues.get_mut(&queue) else {
+            return;
+        };
+        if !d.passive {
+            q.last_used = now;
+        }
+        self.mail.push_back(super::mail::Mail::Declared {
+            to,
+            queue: q.name.clone(),
+            message_count: u32::try_from(q.messages.len()).unwrap_or(u32::MAX),
+            consumer_count: u32::try_from(q.consumers.len()).unwrap_or(u32::MAX),
+            nowait: d.nowait,
+        });
     }
 
     fn check_queue_equivalence(&self, id: QueueId, d: &QueueDeclare) -> OpResult {

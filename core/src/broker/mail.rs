@@ -15,6 +15,7 @@
 //! order.
 
 use super::Broker;
+use crate::command::QueueDeclare;
 use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId};
@@ -114,6 +115,21 @@ pub(crate) enum Mail {
     Purge {
         queue: QueueId,
         to: ChannelAddr,
+        nowait: bool,
+    },
+    /// Channel -> queue: queue.declare of a queue that exists (always answered: the
+    /// channel waits).
+    Redeclare {
+        queue: QueueId,
+        to: ChannelAddr,
+        declare: Box<QueueDeclare>,
+    },
+    /// Queue -> channel: declare-ok (unless `nowait`) with the queue's counts.
+    Declared {
+        to: ChannelAddr,
+        queue: Arc<str>,
+        message_count: u32,
+        consumer_count: u32,
         nowait: bool,
     },
     /// Channel -> queue: queue.delete (always answered: the channel waits).
@@ -246,13 +262,15 @@ impl Mail {
             | Mail::Get { queue, .. }
             | Mail::Purge { queue, .. }
             | Mail::Delete { queue, .. }
+            | Mail::Redeclare { queue, .. }
             | Mail::PublisherGone { queue, .. } => Dest::Queue(*queue),
             Mail::Answered { to, .. }
             | Mail::ConsumeOk { to, .. }
             | Mail::Refused { to, .. }
             | Mail::Got { to, .. }
             | Mail::Purged { to, .. }
-            | Mail::Deleted { to, .. } => Dest::Conn(to.ch.conn),
+            | Mail::Deleted { to, .. }
+            | Mail::Declared { to, .. } => Dest::Conn(to.ch.conn),
             Mail::Cancelled { reply } => Dest::Conn(reply.to.ch.conn),
             Mail::ConsumerGone { ch, .. } => Dest::Conn(ch.conn),
             Mail::Deliver { picked, .. } => Dest::Conn(picked.to.ch.conn),
@@ -376,6 +394,26 @@ impl Broker {
             } => {
                 if self.take_answer(to) && !nowait {
                     self.reply(to.ch, Reply::QueuePurgeOk { message_count });
+                }
+                self.run_held(to.ch);
+            }
+            Mail::Redeclare { queue, to, declare } => {
+                self.redeclare_in_queue(queue, to, &declare);
+            }
+            Mail::Declared {
+                to,
+                queue,
+                message_count,
+                consumer_count,
+                nowait,
+            } => {
+                if self.take_answer(to) && !nowait {
+                    let reply = Reply::QueueDeclareOk {
+                        queue,
+                        message_count,
+                        consumer_count,
+                    };
+                    self.reply(to.ch, reply);
                 }
                 self.run_held(to.ch);
             }
@@ -728,6 +766,57 @@ mod tests {
         };
         assert_eq!(effects, vec![delete_ok, qos_ok], "delete-ok, then qos-ok");
         assert_eq!(b.queue_len("q"), None);
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// A declare of an existing queue is the queue's to answer (its counts, equivalence),
+    /// after what the channel sent it before, and ahead of what the channel sends next.
+    #[test]
+    fn a_redeclare_is_answered_by_the_queue() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let declare = |durable| {
+            Op::QueueDeclare(QueueDeclare {
+                queue: "q".into(),
+                passive: false,
+                durable,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments: FieldTable::new(),
+            })
+        };
+        let publish = Op::Publish(Box::new(Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            mandatory: false,
+            immediate: false,
+            properties: Properties::default(),
+            body: bytes::Bytes::from_static(b"again"),
+            routed: None,
+        }));
+        let qos = Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 5,
+            global: false,
+        };
+        assert_eq!(ops(&mut b, CH, vec![publish, declare(false), qos]), vec![]);
+        let declare_ok = reply(Reply::QueueDeclareOk {
+            queue: "q".into(),
+            message_count: 2,
+            consumer_count: 0,
+        });
+        assert_eq!(
+            deliver_all(&mut b),
+            vec![declare_ok, reply(Reply::QosOk)],
+            "the count includes the publish sent before; qos-ok waits"
+        );
+        ops(&mut b, CH, vec![declare(true)]);
+        let effects = deliver_all(&mut b);
+        assert!(
+            matches!(effects.as_slice(), [Effect::ChannelError { error, .. }] if error.code.code() == 406),
+            "the queue finds the redeclare inequivalent: {effects:?}"
+        );
         assert_eq!(b.check_invariants(), Ok(()));
     }
 
