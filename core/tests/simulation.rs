@@ -2,7 +2,8 @@
 //! after every step the core's internal invariants and, at the end, message conservation:
 //! every published message is acked, dropped, purged or still in its queue, exactly once,
 //! and only a message delivered before is ever flagged redelivered. Every channel's replies
-//! come in the order of its requests.
+//! come in the order of its requests. Queue `q0` has a message TTL and dead-letters (expired
+//! or rejected messages) to `dlq`, so dead letters are part of the flow.
 //!
 //! With scheduled mail (`Broker::set_mail_scheduled`), the mail between the queue side and
 //! the channel side takes random time, as it will between shards: the ops interleave with
@@ -16,13 +17,40 @@ use common::*;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use warren_core::command::{Op, Publish, QueueDeclare};
-use warren_core::effect::{Effect, Reply};
+use warren_core::effect::{Delivery, Effect, Reply};
 use warren_core::ids::ChannelRef;
-use warren_core::message::{FieldTable, Properties};
+use warren_core::message::{FieldTable, FieldValue, Properties};
 
 const CONNS: u64 = 3;
 const CHANNELS: u16 = 2;
+/// Queues publishes go to (`q0`..); consumers and gets also use the dead-letter queue,
+/// index `QUEUES`.
 const QUEUES: usize = 3;
+/// `q0`'s message TTL (sim time: each op is 1 ms).
+const Q0_TTL_MS: i32 = 40;
+
+fn queue_name(i: u8) -> String {
+    if usize::from(i) == QUEUES {
+        "dlq".into()
+    } else {
+        format!("q{i}")
+    }
+}
+
+/// `q0` dead-letters to `dlq` through the default exchange; the others have no arguments.
+fn queue_args(i: u8) -> FieldTable {
+    if i != 0 {
+        return FieldTable::new();
+    }
+    [
+        ("x-dead-letter-exchange", FieldValue::string("")),
+        ("x-dead-letter-routing-key", FieldValue::string("dlq")),
+        ("x-message-ttl", FieldValue::I32(Q0_TTL_MS)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
 
 #[derive(Clone, Debug)]
 enum SimOp {
@@ -79,6 +107,10 @@ enum SimOp {
     Written {
         conn: u8,
     },
+    /// Time passes: the broker's tick (message TTLs).
+    Tick {
+        ms: u8,
+    },
     /// confirm.select: every later publish on the channel must be confirmed, in order.
     Confirm {
         ch: u8,
@@ -123,9 +155,9 @@ fn scheduled_op() -> impl Strategy<Value = SimOp> {
 
 fn sim_op() -> impl Strategy<Value = SimOp> {
     let ch = 0u8..(CONNS as u8 * CHANNELS as u8);
-    let q = 0u8..QUEUES as u8;
+    let q = 0u8..=QUEUES as u8;
     prop_oneof![
-        6 => (ch.clone(), q.clone()).prop_map(|(ch, queue)| SimOp::Publish { ch, queue }),
+        6 => (ch.clone(), 0u8..QUEUES as u8).prop_map(|(ch, queue)| SimOp::Publish { ch, queue }),
         2 => (ch.clone(), q.clone(), any::<bool>())
             .prop_map(|(ch, queue, no_ack)| SimOp::Consume { ch, queue, no_ack }),
         1 => (ch.clone(), any::<u8>()).prop_map(|(ch, which)| SimOp::Cancel { ch, which }),
@@ -147,6 +179,7 @@ fn sim_op() -> impl Strategy<Value = SimOp> {
         1 => (0u8..CONNS as u8).prop_map(|conn| SimOp::CloseConnection { conn }),
         1 => (ch, q).prop_map(|(ch, queue)| SimOp::Purge { ch, queue }),
         3 => (0u8..CONNS as u8).prop_map(|conn| SimOp::Written { conn }),
+        1 => (1u8..60).prop_map(|ms| SimOp::Tick { ms }),
     ]
 }
 
@@ -157,10 +190,13 @@ struct Ledger {
     /// Message ids settled for good (acked, delivered without ack, dropped by nack/reject).
     settled: Vec<u64>,
     purged: u64,
-    /// Ids ever delivered (to catch a first delivery flagged redelivered).
-    seen: BTreeSet<u64>,
-    /// Per channel: outstanding delivery tag -> message id.
-    outstanding: BTreeMap<ChannelRef, BTreeMap<u64, u64>>,
+    /// Ids ever delivered, and whether from `dlq` (to catch a first delivery flagged
+    /// redelivered; a dead letter is a new message in `dlq`).
+    seen: BTreeSet<(bool, u64)>,
+    /// The queue each message was published to, by id.
+    origin: Vec<u8>,
+    /// Per channel: outstanding delivery tag -> (message id, delivered from `dlq`).
+    outstanding: BTreeMap<ChannelRef, BTreeMap<u64, (u64, bool)>>,
     consumers: BTreeMap<ChannelRef, Vec<String>>,
     open: BTreeSet<ChannelRef>,
     conns: BTreeSet<u64>,
@@ -214,8 +250,17 @@ impl Sim {
             s.connect(conn);
         }
         let c = ch(1, 1);
-        for q in 0..QUEUES {
-            s.h.declare(c, &format!("q{q}"));
+        for q in 0..=QUEUES as u8 {
+            let declare = QueueDeclare {
+                queue: queue_name(q),
+                passive: false,
+                durable: false,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments: queue_args(q),
+            };
+            s.send(c, Op::QueueDeclare(declare), Some(Expect::DeclareOk));
         }
         s
     }
@@ -345,13 +390,7 @@ impl Sim {
                             // it with the connection (`lost_in_flight`).
                             unreachable!("get-ok on a closed connection");
                         };
-                        self.delivered(
-                            ch,
-                            delivery.delivery_tag,
-                            delivery.redelivered,
-                            &delivery.message.body,
-                            no_ack,
-                        );
+                        self.delivered(ch, &delivery, no_ack);
                     }
                     _ => {}
                 }
@@ -363,13 +402,7 @@ impl Sim {
             } => {
                 *self.l.unwritten.entry(ch.conn.0).or_default() += 1;
                 let no_ack = consumer_tag.ends_with("-noack");
-                self.delivered(
-                    ch,
-                    delivery.delivery_tag,
-                    delivery.redelivered,
-                    &delivery.message.body,
-                    no_ack,
-                );
+                self.delivered(ch, &delivery, no_ack);
             }
             Effect::Confirm {
                 ch,
@@ -414,22 +447,32 @@ impl Sim {
         }
     }
 
-    fn delivered(&mut self, c: ChannelRef, tag: u64, redelivered: bool, body: &[u8], no_ack: bool) {
-        let id: u64 = std::str::from_utf8(body)
+    fn delivered(&mut self, c: ChannelRef, delivery: &Delivery, no_ack: bool) {
+        let id: u64 = std::str::from_utf8(&delivery.message.body)
             .ok()
             .and_then(|s| s.parse().ok())
             .expect("body is an id");
         assert!(id < self.l.published, "invented message {id}");
+        let dead = &*delivery.message.routing_key == "dlq";
         assert!(
-            redelivered || self.l.seen.insert(id),
+            !dead || self.l.origin[id as usize] == 0,
+            "message {id} dead-lettered from a queue without a dead-letter exchange"
+        );
+        assert!(
+            delivery.redelivered || self.l.seen.insert((dead, id)),
             "message {id} delivered twice without redelivered"
         );
-        self.l.seen.insert(id);
+        self.l.seen.insert((dead, id));
         let requeued_later = self.stale(c) || self.l.recovering.get(&c).is_some_and(|&n| n > 0);
         if no_ack {
             self.l.settled.push(id);
         } else if !requeued_later {
-            self.l.outstanding.entry(c).or_default().insert(tag, id);
+            let tag = delivery.delivery_tag;
+            self.l
+                .outstanding
+                .entry(c)
+                .or_default()
+                .insert(tag, (id, dead));
         }
     }
 
@@ -455,7 +498,10 @@ impl Sim {
             | SimOp::Confirm { ch }
             | SimOp::Redeclare { ch, .. }
             | SimOp::Purge { ch, .. } => self.l.doomed.contains(&on(*ch)),
-            SimOp::CloseConnection { .. } | SimOp::Written { .. } | SimOp::Mail { .. } => false,
+            SimOp::CloseConnection { .. }
+            | SimOp::Written { .. }
+            | SimOp::Tick { .. }
+            | SimOp::Mail { .. } => false,
         };
         if doomed {
             return;
@@ -466,6 +512,7 @@ impl Sim {
                 self.ensure(c);
                 let id = self.l.published;
                 self.l.published += 1;
+                self.l.origin.push(queue);
                 if let Some((sent, _)) = self.l.confirms.get_mut(&c) {
                     *sent += 1;
                 }
@@ -497,7 +544,7 @@ impl Sim {
                 self.ensure(c);
                 self.l.next_tag += 1;
                 let tag = format!("c{}{}", self.l.next_tag, if no_ack { "-noack" } else { "" });
-                self.h_consume(c, &format!("q{queue}"), &tag, no_ack);
+                self.h_consume(c, &queue_name(queue), &tag, no_ack);
             }
             SimOp::Cancel { ch: i, which } => {
                 let c = channel_of(i);
@@ -527,7 +574,7 @@ impl Sim {
                 self.send(
                     c,
                     Op::Get {
-                        queue: format!("q{queue}"),
+                        queue: queue_name(queue),
                         no_ack,
                     },
                     Some(Expect::Get { no_ack }),
@@ -614,7 +661,7 @@ impl Sim {
                 self.send(
                     c,
                     Op::QueuePurge {
-                        queue: format!("q{queue}"),
+                        queue: queue_name(queue),
                         nowait: false,
                     },
                     Some(Expect::PurgeOk),
@@ -643,15 +690,21 @@ impl Sim {
                 let c = channel_of(i);
                 self.ensure(c);
                 let declare = QueueDeclare {
-                    queue: format!("q{queue}"),
+                    queue: queue_name(queue),
                     passive,
                     durable: false,
                     exclusive: false,
                     auto_delete: false,
                     nowait: false,
-                    arguments: FieldTable::new(),
+                    arguments: queue_args(queue),
                 };
                 self.send(c, Op::QueueDeclare(declare), Some(Expect::DeclareOk));
+            }
+            SimOp::Tick { ms } => {
+                for e in self.h.tick(u64::from(ms)) {
+                    self.trace.push(format!("{e:?}"));
+                    self.observe(e);
+                }
             }
             SimOp::Mail { count, pick } => self.mail(count, pick),
         }
@@ -680,15 +733,19 @@ impl Sim {
         }
         let tags: Vec<u64> = out.keys().copied().collect();
         let tag = tags[usize::from(which) % tags.len()];
-        let taken: Vec<u64> = if multiple {
+        let taken: Vec<(u64, bool)> = if multiple {
             let rest = out.split_off(&(tag + 1));
             std::mem::replace(out, rest).into_values().collect()
         } else {
             out.remove(&tag).into_iter().collect()
         };
-        match nack {
-            Some(true) => {} // back in the queue
-            _ => self.l.settled.extend(taken),
+        for (id, dead) in taken {
+            match nack {
+                Some(true) => {} // back in its queue
+                // Rejected from q0: dead-lettered to dlq, where the drain finds it.
+                Some(false) if !dead && self.l.origin[id as usize] == 0 => {}
+                _ => self.l.settled.push(id),
+            }
         }
         let op = match nack {
             None => Op::Ack {
@@ -726,13 +783,13 @@ impl Sim {
         self.h.broker.set_mail_scheduled(false);
         self.l.outstanding.clear();
         self.connect(9);
-        for q in 0..QUEUES {
+        for q in 0..=QUEUES as u8 {
             loop {
                 let before = self.l.settled.len();
                 self.send(
                     ch(9, 1),
                     Op::Get {
-                        queue: format!("q{q}"),
+                        queue: queue_name(q),
                         no_ack: true,
                     },
                     Some(Expect::Get { no_ack: true }),

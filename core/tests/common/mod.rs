@@ -56,6 +56,18 @@ impl Harness {
         Some(out)
     }
 
+    /// Advances the clock by `ms` and ticks (TTLs); invariants are checked as after an op.
+    pub fn tick(&mut self, ms: u64) -> Vec<Effect> {
+        self.now += ms;
+        self.broker.tick(self.now);
+        let mut out = Vec::new();
+        self.broker.poll_effects(&mut out);
+        if let Err(e) = self.broker.check_invariants() {
+            panic!("invariant broken: {e}");
+        }
+        out
+    }
+
     /// Opens connection `conn` with channel 1.
     pub fn connect(&mut self, conn: u64) -> ChannelRef {
         let c = ch(conn, 0);
