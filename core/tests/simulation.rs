@@ -107,6 +107,11 @@ enum SimOp {
     Written {
         conn: u8,
     },
+    /// tx.select, tx.commit, tx.rollback (`what` 0, 1, 2).
+    Tx {
+        ch: u8,
+        what: u8,
+    },
     /// Time passes: the broker's tick (message TTLs).
     Tick {
         ms: u8,
@@ -144,6 +149,9 @@ enum Expect {
     RecoverOk,
     ConfirmSelectOk,
     DeclareOk,
+    TxSelectOk,
+    TxCommitOk,
+    TxRollbackOk,
 }
 
 fn scheduled_op() -> impl Strategy<Value = SimOp> {
@@ -177,9 +185,10 @@ fn sim_op() -> impl Strategy<Value = SimOp> {
         1 => (ch.clone(), q.clone(), any::<bool>())
             .prop_map(|(ch, queue, passive)| SimOp::Redeclare { ch, queue, passive }),
         1 => (0u8..CONNS as u8).prop_map(|conn| SimOp::CloseConnection { conn }),
-        1 => (ch, q).prop_map(|(ch, queue)| SimOp::Purge { ch, queue }),
+        1 => (ch.clone(), q).prop_map(|(ch, queue)| SimOp::Purge { ch, queue }),
         3 => (0u8..CONNS as u8).prop_map(|conn| SimOp::Written { conn }),
         1 => (1u8..60).prop_map(|ms| SimOp::Tick { ms }),
+        2 => (ch, 0u8..3).prop_map(|(ch, what)| SimOp::Tx { ch, what }),
     ]
 }
 
@@ -217,6 +226,10 @@ struct Ledger {
     unanswered_purges: usize,
     /// Channels in confirm mode (this opening): (publishes sent, confirmed up to).
     confirms: BTreeMap<ChannelRef, (u64, u64)>,
+    /// Channels in tx mode (this opening), with the ids published since the last commit.
+    tx: BTreeMap<ChannelRef, Vec<u64>>,
+    /// Ids of publishes rolled back (or never committed): they must never arrive.
+    rolled_back: BTreeSet<u64>,
 }
 
 fn channel_of(i: u8) -> ChannelRef {
@@ -321,6 +334,9 @@ impl Sim {
                 | (Some(Expect::RecoverOk), Reply::RecoverOk)
                 | (Some(Expect::ConfirmSelectOk), Reply::ConfirmSelectOk)
                 | (Some(Expect::DeclareOk), Reply::QueueDeclareOk { .. })
+                | (Some(Expect::TxSelectOk), Reply::TxSelectOk)
+                | (Some(Expect::TxCommitOk), Reply::TxCommitOk)
+                | (Some(Expect::TxRollbackOk), Reply::TxRollbackOk)
         );
         assert!(fits, "{c:?}: {got:?} came while waiting for {expected:?}");
         expected
@@ -453,6 +469,10 @@ impl Sim {
             .and_then(|s| s.parse().ok())
             .expect("body is an id");
         assert!(id < self.l.published, "invented message {id}");
+        assert!(
+            !self.l.rolled_back.contains(&id),
+            "message {id} was rolled back"
+        );
         let dead = &*delivery.message.routing_key == "dlq";
         assert!(
             !dead || self.l.origin[id as usize] == 0,
@@ -477,6 +497,10 @@ impl Sim {
     }
 
     fn drop_channel(&mut self, c: ChannelRef) {
+        // A closed or failed channel's open transaction is rolled back.
+        if let Some(ids) = self.l.tx.remove(&c) {
+            self.l.rolled_back.extend(ids);
+        }
         self.l.outstanding.remove(&c);
         self.l.consumers.remove(&c);
         self.l.open.remove(&c);
@@ -497,6 +521,7 @@ impl Sim {
             | SimOp::CloseChannel { ch }
             | SimOp::Confirm { ch }
             | SimOp::Redeclare { ch, .. }
+            | SimOp::Tx { ch, .. }
             | SimOp::Purge { ch, .. } => self.l.doomed.contains(&on(*ch)),
             SimOp::CloseConnection { .. }
             | SimOp::Written { .. }
@@ -513,6 +538,9 @@ impl Sim {
                 let id = self.l.published;
                 self.l.published += 1;
                 self.l.origin.push(queue);
+                if let Some(ids) = self.l.tx.get_mut(&c) {
+                    ids.push(id);
+                }
                 if let Some((sent, _)) = self.l.confirms.get_mut(&c) {
                     *sent += 1;
                 }
@@ -594,6 +622,10 @@ impl Sim {
             SimOp::BogusAck { ch: i } => {
                 let c = channel_of(i);
                 self.ensure(c);
+                if self.l.tx.contains_key(&c) {
+                    // Buffered until commit; the model keeps settles out of transactions.
+                    return;
+                }
                 self.l.doomed.insert(c);
                 self.exec(
                     c,
@@ -676,6 +708,9 @@ impl Sim {
             SimOp::Confirm { ch: i } => {
                 let c = channel_of(i);
                 self.ensure(c);
+                if self.l.tx.contains_key(&c) {
+                    return;
+                }
                 if let std::collections::btree_map::Entry::Vacant(e) = self.l.confirms.entry(c) {
                     e.insert((0, 0));
                     let select = Op::ConfirmSelect { nowait: false };
@@ -699,6 +734,26 @@ impl Sim {
                     arguments: queue_args(queue),
                 };
                 self.send(c, Op::QueueDeclare(declare), Some(Expect::DeclareOk));
+            }
+            SimOp::Tx { ch: i, what } => {
+                let c = channel_of(i);
+                self.ensure(c);
+                match (what, self.l.tx.get_mut(&c)) {
+                    (0, None) if !self.l.confirms.contains_key(&c) => {
+                        self.l.tx.insert(c, Vec::new());
+                        self.send(c, Op::TxSelect, Some(Expect::TxSelectOk));
+                    }
+                    (1, Some(ids)) => {
+                        ids.clear();
+                        self.send(c, Op::TxCommit, Some(Expect::TxCommitOk));
+                    }
+                    (2, Some(ids)) => {
+                        let ids = std::mem::take(ids);
+                        self.l.rolled_back.extend(ids);
+                        self.send(c, Op::TxRollback, Some(Expect::TxRollbackOk));
+                    }
+                    _ => {}
+                }
             }
             SimOp::Tick { ms } => {
                 for e in self.h.tick(u64::from(ms)) {
@@ -725,6 +780,10 @@ impl Sim {
 
     fn settle(&mut self, i: u8, which: u8, multiple: bool, nack: Option<bool>) {
         let c = channel_of(i);
+        if self.l.tx.contains_key(&c) {
+            // A transaction's settles wait for its commit; the model keeps them out.
+            return;
+        }
         let Some(out) = self.l.outstanding.get_mut(&c) else {
             return;
         };
@@ -777,6 +836,9 @@ impl Sim {
         }
         for conn in 1..=CONNS {
             if self.l.conns.remove(&conn) {
+                for n in 1..=CHANNELS {
+                    self.drop_channel(ch(conn, n));
+                }
                 self.exec(ch(conn, 0), Op::ConnectionClose);
             }
         }
@@ -806,7 +868,8 @@ impl Sim {
             "a message was settled twice"
         );
         let lost = self.h.broker.lost_in_flight();
-        let accounted = unique.len() as u64 + self.l.purged + lost;
+        let rolled_back = self.l.rolled_back.len() as u64;
+        let accounted = unique.len() as u64 + self.l.purged + lost + rolled_back;
         if self.l.unanswered_purges > 0 {
             // Some purges took an unknown number: nothing may be invented, at least.
             assert!(
@@ -820,7 +883,7 @@ impl Sim {
             accounted,
             self.l.published,
             "messages lost or invented (settled {}, purged {}, lost with a closed channel {}, \
-             published {})",
+             rolled back {rolled_back}, published {})",
             unique.len(),
             self.l.purged,
             lost,

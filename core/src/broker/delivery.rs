@@ -66,7 +66,13 @@ impl Broker {
         Ok(())
     }
 
-    fn route_and_enqueue(&mut self, ch: ChannelRef, exchange: ExchangeId, mut p: Box<Publish>) {
+    /// Routes a publish and sends it to the queues it reaches; returns them.
+    fn route_and_enqueue(
+        &mut self,
+        ch: ChannelRef,
+        exchange: ExchangeId,
+        mut p: Box<Publish>,
+    ) -> Vec<QueueId> {
         let (queues, routed_any) = match p.routed.take() {
             Some(routed) if self.usable(ch, exchange, &routed) => {
                 let routed_any = !routed.queues.is_empty();
@@ -124,6 +130,7 @@ impl Broker {
             // it): confirmed at once, after any return. The queues' answers confirm the rest.
             self.send_confirms(ch);
         }
+        queues
     }
 
     /// A queue's answer to publish `seq` of channel `ch` (see `ChannelState::answered`); a
@@ -713,27 +720,66 @@ impl Broker {
         Ok(())
     }
 
+    /// tx.commit: the buffered publishes and settles go to their queues, in order; then
+    /// each queue the transaction touched is asked to confirm it has them (`TxFlush`, after
+    /// them on the same link), and commit-ok waits for every answer (`TxFlushed`).
     pub(super) fn tx_commit(&mut self, ch: ChannelRef) -> OpResult {
         let ops = self.take_tx(ch, OpKind::TxCommit)?;
+        let mut touched = BTreeSet::new();
         for op in ops {
             match op {
                 TxOp::Publish(p) => {
                     // The exchange may have gone since the publish was buffered.
                     let exchange = self.exchange_id(ch, OpKind::Publish, &p.exchange)?;
-                    self.route_and_enqueue(ch, exchange, p);
+                    touched.extend(self.route_and_enqueue(ch, exchange, p));
                 }
                 TxOp::Settle {
                     kind,
                     delivery_tag,
                     multiple,
                     settle,
-                } => self.settle(ch, kind, delivery_tag, multiple, settle)?,
+                } => {
+                    let Some(channel) = self.channels.get_mut(&ch) else {
+                        return Ok(());
+                    };
+                    let settled = channel.take_settled(kind, delivery_tag, multiple)?;
+                    touched.extend(settled.iter().map(|u| u.queue));
+                    self.settle_entries(ch, settled, settle);
+                }
             }
-            // Each operation reaches its queues before the next, and all before commit-ok.
-            self.pump();
         }
-        self.reply(ch, Reply::TxCommitOk);
+        if touched.is_empty() {
+            self.reply(ch, Reply::TxCommitOk);
+            return Ok(());
+        }
+        let to = self.addr(ch);
+        let answers = u32::try_from(touched.len()).unwrap_or(u32::MAX);
+        for queue in touched {
+            self.mail.push_back(Mail::TxFlush { queue, to });
+        }
+        self.tx_flushes.insert(ch, answers);
+        self.await_answer(ch);
         Ok(())
+    }
+
+    /// A queue the commit of channel `to` touched has what the commit sent it: commit-ok
+    /// once every such queue answered.
+    pub(super) fn tx_flushed(&mut self, to: ChannelAddr) {
+        if !self.is_live(to) {
+            return;
+        }
+        let Some(left) = self.tx_flushes.get_mut(&to.ch) else {
+            return;
+        };
+        *left = left.saturating_sub(1);
+        if *left > 0 {
+            return;
+        }
+        self.tx_flushes.remove(&to.ch);
+        if self.take_answer(to) {
+            self.reply(to.ch, Reply::TxCommitOk);
+        }
+        self.run_held(to.ch);
     }
 
     pub(super) fn tx_rollback(&mut self, ch: ChannelRef) -> OpResult {

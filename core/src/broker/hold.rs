@@ -66,6 +66,7 @@ impl Broker {
 
     /// Removes channel `ch`'s state (closed, or its connection gone).
     pub(super) fn remove_channel(&mut self, ch: ChannelRef) {
+        self.tx_flushes.remove(&ch);
         if let Some(c) = self.channels.remove(&ch)
             && c.awaiting
         {
@@ -167,9 +168,11 @@ impl Broker {
     }
 
     /// A channel failed: what it held is dropped, as AMQP discards a failed channel's
-    /// operations until its close-ok.
+    /// operations until its close-ok, and it awaits no answer (late ones find it closing).
     pub(super) fn drop_hold(&mut self, ch: ChannelRef) {
         self.holds.remove(&ch);
+        self.tx_flushes.remove(&ch);
+        self.set_awaiting(ch, false);
     }
 
     /// A connection is gone: so is everything its channels held.

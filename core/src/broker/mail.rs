@@ -132,6 +132,11 @@ pub(crate) enum Mail {
         consumer_count: u32,
         nowait: bool,
     },
+    /// Channel -> queue: a transaction's commit sent this queue what it touched here
+    /// (before this, on the same link): answer when it is done.
+    TxFlush { queue: QueueId, to: ChannelAddr },
+    /// Queue -> channel: the commit's operations on this queue are done.
+    TxFlushed { to: ChannelAddr },
     /// Channel -> queue: queue.delete (always answered: the channel waits).
     Delete {
         queue: QueueId,
@@ -263,6 +268,7 @@ impl Mail {
             | Mail::Purge { queue, .. }
             | Mail::Delete { queue, .. }
             | Mail::Redeclare { queue, .. }
+            | Mail::TxFlush { queue, .. }
             | Mail::PublisherGone { queue, .. } => Dest::Queue(*queue),
             Mail::Answered { to, .. }
             | Mail::ConsumeOk { to, .. }
@@ -270,7 +276,8 @@ impl Mail {
             | Mail::Got { to, .. }
             | Mail::Purged { to, .. }
             | Mail::Deleted { to, .. }
-            | Mail::Declared { to, .. } => Dest::Conn(to.ch.conn),
+            | Mail::Declared { to, .. }
+            | Mail::TxFlushed { to } => Dest::Conn(to.ch.conn),
             Mail::Cancelled { reply } => Dest::Conn(reply.to.ch.conn),
             Mail::ConsumerGone { ch, .. } => Dest::Conn(ch.conn),
             Mail::Deliver { picked, .. } => Dest::Conn(picked.to.ch.conn),
@@ -397,6 +404,8 @@ impl Broker {
                 }
                 self.run_held(to.ch);
             }
+            Mail::TxFlush { to, .. } => self.mail.push_back(Mail::TxFlushed { to }),
+            Mail::TxFlushed { to } => self.tx_flushed(to),
             Mail::Redeclare { queue, to, declare } => {
                 self.redeclare_in_queue(queue, to, &declare);
             }
@@ -817,6 +826,35 @@ mod tests {
             matches!(effects.as_slice(), [Effect::ChannelError { error, .. }] if error.code.code() == 406),
             "the queue finds the redeclare inequivalent: {effects:?}"
         );
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// tx.commit-ok comes once every queue the transaction touched has what it sent.
+    #[test]
+    fn commit_ok_waits_for_the_queues() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let publish = Op::Publish(Box::new(Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            mandatory: false,
+            immediate: false,
+            properties: Properties::default(),
+            body: bytes::Bytes::from_static(b"in tx"),
+            routed: None,
+        }));
+        let effects = ops(&mut b, CH, vec![Op::TxSelect, publish, Op::TxCommit]);
+        assert_eq!(effects, vec![reply(Reply::TxSelectOk)], "commit-ok waits");
+        let mut committed = false;
+        while b.deliver_mail(1, 0) {
+            let mut effects = Vec::new();
+            b.poll_effects(&mut effects);
+            if effects.contains(&reply(Reply::TxCommitOk)) {
+                assert_eq!(b.queue_len("q"), Some(2), "the queue has the message");
+                committed = true;
+            }
+        }
+        assert!(committed, "commit-ok came");
         assert_eq!(b.check_invariants(), Ok(()));
     }
 

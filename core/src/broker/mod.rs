@@ -100,6 +100,8 @@ pub struct Broker {
     mail_scheduled: bool,
     /// What channels whose request is not answered yet received meanwhile (`hold.rs`).
     holds: IdMap<ChannelRef, hold::Hold>,
+    /// Channels whose tx.commit waits for this many queues to answer (`TxFlushed`).
+    tx_flushes: IdMap<ChannelRef, u32>,
     /// Channels with `ChannelState::awaiting` set: while none are, no op can wait, and
     /// `hold_op` costs two compares.
     awaiting: usize,
@@ -266,6 +268,7 @@ impl Broker {
             mail: mail::Mailbox::default(),
             mail_scheduled: false,
             holds: IdMap::default(),
+            tx_flushes: IdMap::default(),
             awaiting: 0,
             next_channel_serial: 0,
             lost_in_flight: 0,
