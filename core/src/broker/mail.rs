@@ -569,32 +569,10 @@ mod tests {
             cancel_notify: true,
         };
         ops(&mut b, ChannelRef::new(ConnId(1), 0), vec![open]);
-        let declare = QueueDeclare {
-            queue: "q".into(),
-            passive: false,
-            durable: false,
-            exclusive: false,
-            auto_delete: false,
-            nowait: false,
-            arguments: FieldTable::new(),
-        };
-        let publish = Publish {
-            exchange: "".into(),
-            routing_key: "q".into(),
-            mandatory: false,
-            immediate: false,
-            properties: Properties::default(),
-            body: bytes::Bytes::from_static(b"hello"),
-            routed: None,
-        };
         ops(
             &mut b,
             CH,
-            vec![
-                Op::ChannelOpen,
-                Op::QueueDeclare(declare),
-                Op::Publish(Box::new(publish)),
-            ],
+            vec![Op::ChannelOpen, declare_op(false), publish_op(b"hello")],
         );
         assert_eq!(b.queue_len("q"), Some(1));
         b
@@ -681,6 +659,46 @@ mod tests {
         assert_eq!(b.check_invariants(), Ok(()));
     }
 
+    /// queue.declare of `q`, durable or not.
+    fn declare_op(durable: bool) -> Op {
+        Op::QueueDeclare(QueueDeclare {
+            queue: "q".into(),
+            passive: false,
+            durable,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        })
+    }
+
+    /// A publish to queue `q` through the default exchange.
+    fn publish_op(body: &'static [u8]) -> Op {
+        Op::Publish(Box::new(Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            mandatory: false,
+            immediate: false,
+            properties: Properties::default(),
+            body: bytes::Bytes::from_static(body),
+            routed: None,
+        }))
+    }
+
+    /// basic.qos with a per-consumer prefetch: an op with a reply and no other effect.
+    fn qos_op(prefetch_count: u16) -> Op {
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count,
+            global: false,
+        }
+    }
+
+    /// Whether `effects` is exactly one channel error with `code`.
+    fn channel_error(effects: &[Effect], code: u16) -> bool {
+        matches!(effects, [Effect::ChannelError { error, .. }] if error.code.code() == code)
+    }
+
     fn deliver_all(b: &mut Broker) -> Vec<Effect> {
         while b.deliver_mail(1, 0) {}
         let mut out = Vec::new();
@@ -702,11 +720,7 @@ mod tests {
             queue: "q".into(),
             no_ack: true,
         };
-        let qos = Op::Qos {
-            prefetch_size: 0,
-            prefetch_count: 5,
-            global: false,
-        };
+        let qos = qos_op(5);
         assert_eq!(
             ops(&mut b, CH, vec![get, qos]),
             vec![],
@@ -735,15 +749,11 @@ mod tests {
         };
         consume(&mut b);
         deliver_all(&mut b);
-        let qos = Op::Qos {
-            prefetch_size: 0,
-            prefetch_count: 5,
-            global: false,
-        };
+        let qos = qos_op(5);
         assert_eq!(ops(&mut b, CH, vec![delete(true), qos]), vec![]);
         let effects = deliver_all(&mut b);
         assert!(
-            matches!(effects.as_slice(), [Effect::ChannelError { error, .. }] if error.code.code() == 406),
+            channel_error(&effects, 406),
             "the queue refuses: it has a consumer; the qos after it is dropped: {effects:?}"
         );
         let ch2 = ChannelRef::new(ConnId(1), 2);
@@ -784,32 +794,12 @@ mod tests {
     fn a_redeclare_is_answered_by_the_queue() {
         let mut b = one_message();
         b.set_mail_scheduled(true);
-        let declare = |durable| {
-            Op::QueueDeclare(QueueDeclare {
-                queue: "q".into(),
-                passive: false,
-                durable,
-                exclusive: false,
-                auto_delete: false,
-                nowait: false,
-                arguments: FieldTable::new(),
-            })
-        };
-        let publish = Op::Publish(Box::new(Publish {
-            exchange: "".into(),
-            routing_key: "q".into(),
-            mandatory: false,
-            immediate: false,
-            properties: Properties::default(),
-            body: bytes::Bytes::from_static(b"again"),
-            routed: None,
-        }));
-        let qos = Op::Qos {
-            prefetch_size: 0,
-            prefetch_count: 5,
-            global: false,
-        };
-        assert_eq!(ops(&mut b, CH, vec![publish, declare(false), qos]), vec![]);
+        let publish = publish_op(b"again");
+        let qos = qos_op(5);
+        assert_eq!(
+            ops(&mut b, CH, vec![publish, declare_op(false), qos]),
+            vec![]
+        );
         let declare_ok = reply(Reply::QueueDeclareOk {
             queue: "q".into(),
             message_count: 2,
@@ -820,10 +810,10 @@ mod tests {
             vec![declare_ok, reply(Reply::QosOk)],
             "the count includes the publish sent before; qos-ok waits"
         );
-        ops(&mut b, CH, vec![declare(true)]);
+        ops(&mut b, CH, vec![declare_op(true)]);
         let effects = deliver_all(&mut b);
         assert!(
-            matches!(effects.as_slice(), [Effect::ChannelError { error, .. }] if error.code.code() == 406),
+            channel_error(&effects, 406),
             "the queue finds the redeclare inequivalent: {effects:?}"
         );
         assert_eq!(b.check_invariants(), Ok(()));
@@ -834,15 +824,7 @@ mod tests {
     fn commit_ok_waits_for_the_queues() {
         let mut b = one_message();
         b.set_mail_scheduled(true);
-        let publish = Op::Publish(Box::new(Publish {
-            exchange: "".into(),
-            routing_key: "q".into(),
-            mandatory: false,
-            immediate: false,
-            properties: Properties::default(),
-            body: bytes::Bytes::from_static(b"in tx"),
-            routed: None,
-        }));
+        let publish = publish_op(b"in tx");
         let effects = ops(&mut b, CH, vec![Op::TxSelect, publish, Op::TxCommit]);
         assert_eq!(effects, vec![reply(Reply::TxSelectOk)], "commit-ok waits");
         let mut committed = false;
@@ -869,11 +851,7 @@ mod tests {
             no_ack: false,
         };
         assert_eq!(ops(&mut b, CH, vec![get]), vec![]);
-        let qos = Op::Qos {
-            prefetch_size: 0,
-            prefetch_count: 1,
-            global: false,
-        };
+        let qos = qos_op(1);
         for _ in 0..super::super::hold::MAX_HELD_OPS {
             b.handle(1, CH, qos.clone());
         }
@@ -933,17 +911,7 @@ mod tests {
         let mut b = one_message();
         b.set_mail_scheduled(true);
         let select = Op::ConfirmSelect { nowait: true };
-        let publish = || {
-            Op::Publish(Box::new(Publish {
-                exchange: "".into(),
-                routing_key: "q".into(),
-                mandatory: false,
-                immediate: false,
-                properties: Properties::default(),
-                body: bytes::Bytes::from_static(b"again"),
-                routed: None,
-            }))
-        };
+        let publish = || publish_op(b"again");
         ops(&mut b, CH, vec![select.clone(), publish()]);
         // The queue takes the old publish; its answer travels.
         assert!(b.deliver_mail(1, 0));
