@@ -196,6 +196,93 @@ fn mandatory_unroutable_is_returned_before_its_confirm() {
     );
 }
 
+/// A commit that published a persistent message to a durable queue is answered once the
+/// sync that makes it durable completed (RabbitMQ's tx.commit-ok means on disk); a commit of
+/// transient messages is answered at once; a failed sync closes the connection (541).
+#[test]
+fn commit_ok_of_persistent_messages_waits_for_the_sync() {
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use warren_core::command::Publish;
+    use warren_core::message::Properties;
+    let mut h = Harness {
+        broker: warren_core::Broker::with_store(
+            BrokerConfig::default(),
+            Box::new(warren_core::store::MemoryStore::new()),
+        ),
+        now: 0,
+    };
+    let c = h.connect(1);
+    h.declare_with(c, "q", true, false, false);
+    while let Some(epoch) = h.broker.start_sync() {
+        h.broker.synced(h.now, epoch);
+    }
+    h.op(c, Op::TxSelect);
+    let publish = |persistent: bool| {
+        Op::Publish(Box::new(Publish {
+            exchange: Arc::from(""),
+            routing_key: Arc::from("q"),
+            mandatory: false,
+            immediate: false,
+            properties: Properties {
+                delivery_mode: Some(if persistent { 2 } else { 1 }),
+                ..Properties::default()
+            },
+            body: Bytes::from_static(b"m"),
+            routed: None,
+        }))
+    };
+    let commit_ok = Effect::Reply {
+        ch: c,
+        reply: Reply::TxCommitOk,
+    };
+    h.op(c, publish(false));
+    assert_eq!(
+        h.op(c, Op::TxCommit),
+        vec![commit_ok.clone()],
+        "transient: at once"
+    );
+    h.op(c, publish(true));
+    assert_eq!(
+        h.op(c, Op::TxCommit),
+        vec![],
+        "persistent: waits for the sync"
+    );
+    assert_eq!(
+        h.op(
+            c,
+            Op::Qos {
+                prefetch_size: 0,
+                prefetch_count: 1,
+                global: false
+            }
+        ),
+        vec![],
+        "and so does what follows"
+    );
+    let epoch = h.broker.start_sync().expect("a sync is due");
+    let mut fx = Vec::new();
+    h.broker.poll_effects(&mut fx);
+    assert_eq!(fx, vec![], "not before it completes");
+    h.broker.synced(h.now, epoch);
+    h.broker.poll_effects(&mut fx);
+    let qos_ok = Effect::Reply {
+        ch: c,
+        reply: Reply::QosOk,
+    };
+    assert_eq!(fx, vec![commit_ok, qos_ok]);
+    h.op(c, publish(true));
+    h.op(c, Op::TxCommit);
+    let epoch = h.broker.start_sync().expect("a sync is due");
+    h.broker.sync_failed(h.now, epoch);
+    fx.clear();
+    h.broker.poll_effects(&mut fx);
+    assert!(
+        matches!(fx.as_slice(), [Effect::ConnectionError { error, .. }] if error.code.code() == 541),
+        "{fx:?}"
+    );
+}
+
 #[test]
 fn transactions_defer_publishes_and_acks() {
     let mut h = Harness::new();

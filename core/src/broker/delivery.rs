@@ -722,13 +722,16 @@ impl Broker {
 
     /// tx.commit: the buffered publishes and settles go to their queues, in order; then
     /// each queue the transaction touched is asked to confirm it has them (`TxFlush`, after
-    /// them on the same link), and commit-ok waits for every answer (`TxFlushed`).
+    /// them on the same link), and commit-ok waits for every answer (`TxFlushed`) and, if
+    /// the transaction published a persistent message, for the sync that makes it durable.
     pub(super) fn tx_commit(&mut self, ch: ChannelRef) -> OpResult {
         let ops = self.take_tx(ch, OpKind::TxCommit)?;
         let mut touched = BTreeSet::new();
+        let mut persistent = false;
         for op in ops {
             match op {
                 TxOp::Publish(p) => {
+                    persistent |= p.properties.is_persistent();
                     // The exchange may have gone since the publish was buffered.
                     let exchange = self.exchange_id(ch, OpKind::Publish, &p.exchange)?;
                     touched.extend(self.route_and_enqueue(ch, exchange, p));
@@ -757,29 +760,53 @@ impl Broker {
         for queue in touched {
             self.mail.push_back(Mail::TxFlush { queue, to });
         }
-        self.tx_flushes.insert(ch, answers);
+        self.tx_flushes.insert(ch, (answers, persistent));
         self.await_answer(ch);
         Ok(())
     }
 
-    /// A queue the commit of channel `to` touched has what the commit sent it: commit-ok
-    /// once every such queue answered.
+    /// A queue the commit of channel `to` touched has what the commit sent it. Once every
+    /// such queue answered: commit-ok, or, if the commit published a persistent message and
+    /// writes are waiting for a sync, a wait for that sync (`tx_synced`). The wait is
+    /// conservative (the writes may be another client's): at most one sync more.
     pub(super) fn tx_flushed(&mut self, to: ChannelAddr) {
         if !self.is_live(to) {
             return;
         }
-        let Some(left) = self.tx_flushes.get_mut(&to.ch) else {
+        let Some((left, persistent)) = self.tx_flushes.get_mut(&to.ch) else {
             return;
         };
         *left = left.saturating_sub(1);
         if *left > 0 {
             return;
         }
+        let persistent = *persistent;
         self.tx_flushes.remove(&to.ch);
-        if self.take_answer(to) {
-            self.reply(to.ch, Reply::TxCommitOk);
+        if persistent && let Some(epoch) = self.unsynced_epoch() {
+            self.tx_sync_waiters.push_back((epoch, to));
+            return;
         }
-        self.run_held(to.ch);
+        self.tx_synced(to, true);
+    }
+
+    /// The commit of channel `to` is durable (`durable`), or its sync failed: commit-ok,
+    /// or the connection closes (541), since the client cannot know what survived.
+    pub(super) fn tx_synced(&mut self, to: ChannelAddr, durable: bool) {
+        if !self.take_answer(to) {
+            return;
+        }
+        if durable {
+            self.reply(to.ch, Reply::TxCommitOk);
+            self.run_held(to.ch);
+        } else {
+            let error = ProtocolError::new(
+                ErrorCode::InternalError,
+                OpKind::TxCommit,
+                "the store failed to sync the transaction; its messages may be lost, \
+                 check the broker's log and disk",
+            );
+            self.fail(ChannelRef::new(to.ch.conn, 0), error);
+        }
     }
 
     pub(super) fn tx_rollback(&mut self, ch: ChannelRef) -> OpResult {

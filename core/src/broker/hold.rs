@@ -181,6 +181,7 @@ impl Broker {
     }
 
     /// Channels waiting for an answer or holding ops (none once all mail is delivered).
+    #[cfg(test)]
     pub(super) fn held_channels(&self) -> usize {
         self.awaiting + self.holds.len()
     }

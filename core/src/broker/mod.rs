@@ -100,8 +100,11 @@ pub struct Broker {
     mail_scheduled: bool,
     /// What channels whose request is not answered yet received meanwhile (`hold.rs`).
     holds: IdMap<ChannelRef, hold::Hold>,
-    /// Channels whose tx.commit waits for this many queues to answer (`TxFlushed`).
-    tx_flushes: IdMap<ChannelRef, u32>,
+    /// Channels whose tx.commit waits for this many queues to answer (`TxFlushed`), and
+    /// whether it published a persistent message.
+    tx_flushes: IdMap<ChannelRef, (u32, bool)>,
+    /// Commits waiting for the sync of an epoch, in epoch order.
+    tx_sync_waiters: VecDeque<(u64, ChannelAddr)>,
     /// Channels with `ChannelState::awaiting` set: while none are, no op can wait, and
     /// `hold_op` costs two compares.
     awaiting: usize,
@@ -269,6 +272,7 @@ impl Broker {
             mail_scheduled: false,
             holds: IdMap::default(),
             tx_flushes: IdMap::default(),
+            tx_sync_waiters: VecDeque::new(),
             awaiting: 0,
             next_channel_serial: 0,
             lost_in_flight: 0,
@@ -456,6 +460,7 @@ impl Broker {
         debug_assert!(epoch < self.epoch, "synced an epoch never started");
         self.sync_in_flight = false;
         self.release_confirms(epoch, true);
+        self.after_op();
     }
 
     /// The store reports that the sync of `epoch` failed: nothing it covered can be called
@@ -466,7 +471,7 @@ impl Broker {
         self.sync_in_flight = false;
         self.store_failed_at = Some(self.now);
         self.release_confirms(epoch, false);
-        self.update_alarm();
+        self.after_op();
     }
 
     /// The sync of `epoch` completed (`durable`) or failed: the confirms waiting for it go
@@ -486,6 +491,11 @@ impl Broker {
                 channel.sync_failed(epoch);
             }
             self.send_confirms(ch);
+        }
+        while self.tx_sync_waiters.front().is_some_and(|w| w.0 <= epoch) {
+            if let Some((_, to)) = self.tx_sync_waiters.pop_front() {
+                self.tx_synced(to, durable);
+            }
         }
     }
 
@@ -668,9 +678,13 @@ impl Broker {
     /// Moves the effects produced so far into `out`, in order.
     pub fn poll_effects(&mut self, out: &mut Vec<Effect>) {
         debug_assert!(
-            self.mail_scheduled
-                || (self.mail.is_empty() && self.awaiting == 0 && self.holds.is_empty()),
-            "an entry point left mail undelivered or a request unanswered"
+            self.mail_scheduled || self.mail.is_empty(),
+            "an entry point left mail undelivered"
+        );
+        debug_assert!(
+            self.mail_scheduled || self.stuck_channel().is_none(),
+            "{:?}",
+            self.stuck_channel()
         );
         out.append(&mut self.effects);
     }
@@ -869,6 +883,35 @@ impl Broker {
 }
 
 impl Broker {
+    /// With no mail left, a channel waits only for a sync (its commit), and holds ops only
+    /// while it waits: the first channel that breaks this, described.
+    fn stuck_channel(&self) -> Option<String> {
+        if !self.mail.is_empty() || (self.awaiting == 0 && self.holds.is_empty()) {
+            return None;
+        }
+        let syncing: std::collections::BTreeSet<ChannelRef> = self
+            .tx_sync_waiters
+            .iter()
+            .filter(|(_, to)| {
+                self.channels
+                    .get(&to.ch)
+                    .is_some_and(|c| c.serial == to.serial)
+            })
+            .map(|(_, to)| to.ch)
+            .collect();
+        if let Some((ch, _)) = self
+            .channels
+            .iter()
+            .find(|(ch, c)| c.awaiting && !syncing.contains(ch))
+        {
+            return Some(format!("{ch:?} waits for an answer with no mail left"));
+        }
+        self.holds
+            .keys()
+            .find(|ch| !syncing.contains(ch))
+            .map(|ch| format!("{ch:?} holds ops with nothing to wait for"))
+    }
+
     /// Verifies the cross-references the module docs promise (counters match the unacked
     /// entries, consumers are where queues and channels say they are). For simulation tests
     /// and debug builds; O(state).
@@ -898,11 +941,8 @@ impl Broker {
                 self.awaiting
             ));
         }
-        if self.held_channels() > 0 {
-            return Err(format!(
-                "{} channels hold ops with no mail left to answer them",
-                self.held_channels()
-            ));
+        if let Some(stuck) = self.stuck_channel() {
+            return Err(stuck);
         }
         let held: u64 = self
             .queues
