@@ -82,6 +82,16 @@ pub(crate) enum TxOp {
     },
 }
 
+/// A transactional channel's state.
+#[derive(Default)]
+pub(crate) struct TxState {
+    /// The operations buffered since the last commit or rollback.
+    ops: Vec<TxOp>,
+    /// A commit in progress: the queues that have yet to answer (`TxFlushed`), and whether
+    /// it published a persistent message (then commit-ok waits for a sync too).
+    pub(crate) commit: Option<(u32, bool)>,
+}
+
 /// A publish in confirm mode whose confirm has not gone out.
 struct Unconfirmed {
     seq: u64,
@@ -118,11 +128,7 @@ pub(crate) struct ChannelState {
     unconfirmed: Option<Box<VecDeque<Unconfirmed>>>,
     /// Boxed, as the reply consumer: few channels are transactional, and every idle MQTT
     /// connection has a channel.
-    #[expect(
-        clippy::box_collection,
-        reason = "one word inline instead of three in every channel"
-    )]
-    pub(crate) tx: Option<Box<Vec<TxOp>>>,
+    pub(crate) tx: Option<Box<TxState>>,
     /// The channel's direct reply-to consumer, if any.
     pub(crate) reply_consumer: Option<Box<crate::broker::reply_to::ReplyConsumer>>,
     /// The queue `""` refers to (AMQP: the last queue declared on the channel).
@@ -347,21 +353,21 @@ impl ChannelState {
         let Some(tx) = self.tx.as_mut() else {
             return Ok(Some(op));
         };
-        if tx.len() >= MAX_TX_OPS {
+        if tx.ops.len() >= MAX_TX_OPS {
             return Err(ProtocolError::new(
                 ErrorCode::PreconditionFailed,
                 kind,
                 format!("transaction exceeds {MAX_TX_OPS} operations; commit more often"),
             ));
         }
-        tx.push(op);
+        tx.ops.push(op);
         Ok(None)
     }
 
     /// Takes the buffered operations of a transaction, leaving the channel transactional.
     pub(crate) fn take_tx(&mut self, kind: OpKind) -> Result<Vec<TxOp>, ProtocolError> {
         match self.tx.as_mut() {
-            Some(tx) => Ok(std::mem::take(&mut **tx)),
+            Some(tx) => Ok(std::mem::take(&mut tx.ops)),
             None => Err(ProtocolError::new(
                 ErrorCode::PreconditionFailed,
                 kind,

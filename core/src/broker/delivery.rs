@@ -760,7 +760,9 @@ impl Broker {
         for queue in touched {
             self.mail.push_back(Mail::TxFlush { queue, to });
         }
-        self.tx_flushes.insert(ch, (answers, persistent));
+        if let Some(tx) = self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
+            tx.commit = Some((answers, persistent));
+        }
         self.await_answer(ch);
         Ok(())
     }
@@ -773,7 +775,10 @@ impl Broker {
         if !self.is_live(to) {
             return;
         }
-        let Some((left, persistent)) = self.tx_flushes.get_mut(&to.ch) else {
+        let Some(tx) = self.channels.get_mut(&to.ch).and_then(|c| c.tx.as_mut()) else {
+            return;
+        };
+        let Some((left, persistent)) = tx.commit.as_mut() else {
             return;
         };
         *left = left.saturating_sub(1);
@@ -781,7 +786,7 @@ impl Broker {
             return;
         }
         let persistent = *persistent;
-        self.tx_flushes.remove(&to.ch);
+        tx.commit = None;
         if persistent && let Some(epoch) = self.unsynced_epoch() {
             self.tx_sync_waiters.push_back((epoch, to));
             return;

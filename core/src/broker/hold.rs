@@ -66,7 +66,6 @@ impl Broker {
 
     /// Removes channel `ch`'s state (closed, or its connection gone).
     pub(super) fn remove_channel(&mut self, ch: ChannelRef) {
-        self.tx_flushes.remove(&ch);
         if let Some(c) = self.channels.remove(&ch)
             && c.awaiting
         {
@@ -151,14 +150,13 @@ impl Broker {
     /// Connection `conn` closes: what its channels held runs first (the client sent it
     /// before the close), without waiting for answers nobody will read.
     pub(super) fn flush_holds(&mut self, conn: ConnId) {
-        let mut held: Vec<ChannelRef> = self
+        let held: crate::sorted_vec::SortedSet<u16> = self
             .holds
             .keys()
             .filter(|c| c.conn == conn)
-            .copied()
+            .map(|c| c.channel)
             .collect();
-        held.sort_unstable();
-        for ch in held {
+        for ch in held.into_iter().map(|n| ChannelRef::new(conn, n)) {
             while let Some(op) = self.holds.get_mut(&ch).and_then(|h| h.later.pop_front()) {
                 self.set_awaiting(ch, false);
                 self.run_op(ch, op);
@@ -171,7 +169,6 @@ impl Broker {
     /// operations until its close-ok, and it awaits no answer (late ones find it closing).
     pub(super) fn drop_hold(&mut self, ch: ChannelRef) {
         self.holds.remove(&ch);
-        self.tx_flushes.remove(&ch);
         self.set_awaiting(ch, false);
     }
 

@@ -100,9 +100,6 @@ pub struct Broker {
     mail_scheduled: bool,
     /// What channels whose request is not answered yet received meanwhile (`hold.rs`).
     holds: IdMap<ChannelRef, hold::Hold>,
-    /// Channels whose tx.commit waits for this many queues to answer (`TxFlushed`), and
-    /// whether it published a persistent message.
-    tx_flushes: IdMap<ChannelRef, (u32, bool)>,
     /// Commits waiting for the sync of an epoch, in epoch order.
     tx_sync_waiters: VecDeque<(u64, ChannelAddr)>,
     /// Channels with `ChannelState::awaiting` set: while none are, no op can wait, and
@@ -271,7 +268,6 @@ impl Broker {
             mail: mail::Mailbox::default(),
             mail_scheduled: false,
             holds: IdMap::default(),
-            tx_flushes: IdMap::default(),
             tx_sync_waiters: VecDeque::new(),
             awaiting: 0,
             next_channel_serial: 0,
@@ -889,26 +885,23 @@ impl Broker {
         if !self.mail.is_empty() || (self.awaiting == 0 && self.holds.is_empty()) {
             return None;
         }
-        let syncing: std::collections::BTreeSet<ChannelRef> = self
-            .tx_sync_waiters
-            .iter()
-            .filter(|(_, to)| {
-                self.channels
-                    .get(&to.ch)
-                    .is_some_and(|c| c.serial == to.serial)
-            })
-            .map(|(_, to)| to.ch)
-            .collect();
+        // O(channels x waiters): for checks only.
+        let syncing = |ch: &ChannelRef| {
+            let serial = self.channels.get(ch).map(|c| c.serial);
+            self.tx_sync_waiters
+                .iter()
+                .any(|(_, to)| to.ch == *ch && Some(to.serial) == serial)
+        };
         if let Some((ch, _)) = self
             .channels
             .iter()
-            .find(|(ch, c)| c.awaiting && !syncing.contains(ch))
+            .find(|(ch, c)| c.awaiting && !syncing(ch))
         {
             return Some(format!("{ch:?} waits for an answer with no mail left"));
         }
         self.holds
             .keys()
-            .find(|ch| !syncing.contains(ch))
+            .find(|ch| !syncing(ch))
             .map(|ch| format!("{ch:?} holds ops with nothing to wait for"))
     }
 
