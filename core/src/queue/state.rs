@@ -43,8 +43,8 @@ pub(crate) struct QueueConsumer {
     /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
     pub(crate) prefetch: u16,
     pub(crate) unacked: u32,
-    /// `x-priority`: consumers with a higher priority get messages first. 32 bits, as
-    /// RabbitMQ's (a wider client value is clamped), so the serial fits in the record.
+    /// `x-priority`: consumers with a higher priority get messages first. Stored in 32
+    /// bits (a wider client value is clamped) so that the serial fits in the record.
     pub(crate) priority: i32,
 }
 
