@@ -213,22 +213,29 @@ impl ChannelState {
         } else {
             self.unacked.remove(&delivery_tag).into_iter().collect()
         };
-        let from_consumers = settled.iter().filter(|u| u.consumer.is_some()).count();
-        self.consumer_unacked = self
-            .consumer_unacked
-            .saturating_sub(u32::try_from(from_consumers).unwrap_or(u32::MAX));
-        Ok(settled)
+        Ok(self.release_shared_credit(settled))
     }
 
-    /// Takes every delivery awaiting an ack (recover, channel close). Deliveries still on
-    /// their way keep the credit their queue took for them.
-    pub(crate) fn take_all_unacked(&mut self) -> Vec<Unacked> {
-        let all: Vec<Unacked> = std::mem::take(&mut self.unacked).into_values().collect();
-        let from_consumers = all.iter().filter(|u| u.consumer.is_some()).count();
+    /// Deliveries leave the channel: the shared prefetch they held is free again (only
+    /// theirs: deliveries still on their way keep the credit their queue took for them).
+    fn release_shared_credit(&mut self, taken: Vec<Unacked>) -> Vec<Unacked> {
+        let from_consumers = taken.iter().filter(|u| u.consumer.is_some()).count();
         self.consumer_unacked = self
             .consumer_unacked
             .saturating_sub(u32::try_from(from_consumers).unwrap_or(u32::MAX));
-        all
+        taken
+    }
+
+    /// Whether this is opening `serial` of the channel, and open: what mail and credit
+    /// addressed to a `ChannelAddr` may reach.
+    pub(crate) fn is_open_as(&self, serial: u32) -> bool {
+        self.serial == serial && self.phase == Phase::Open
+    }
+
+    /// Takes every delivery awaiting an ack (recover, channel close).
+    pub(crate) fn take_all_unacked(&mut self) -> Vec<Unacked> {
+        let all = std::mem::take(&mut self.unacked).into_values().collect();
+        self.release_shared_credit(all)
     }
 
     /// The sequence number of the next publish, in confirm mode.

@@ -228,9 +228,8 @@ impl Broker {
     /// cancel arrived (cancel-ok follows it).
     pub(super) fn deliver_picked(&mut self, queue: QueueId, p: Picked) {
         let m = p.message;
-        let live = self.is_live(p.to);
         let channel = match self.channels.get_mut(&p.to.ch) {
-            Some(channel) if live => channel,
+            Some(channel) if channel.is_open_as(p.to.serial) => channel,
             _ => {
                 let ack_required = !p.no_ack;
                 let mut credit = super::ChannelCredit {
@@ -544,22 +543,21 @@ impl Broker {
         no_ack: bool,
         got: Option<(QueuedMessage, u32)>,
     ) {
-        let channel = match (got.is_some(), self.channels.get_mut(&ch)) {
-            (_, Some(channel)) if live => channel,
-            (false, _) => return,
-            (true, _) => {
-                if let Some((m, _)) = got {
-                    if no_ack {
-                        self.lost_in_flight += 1;
-                    } else {
-                        self.send_settles(vec![Unacked::of(queue, &m, None)], Settle::Requeue);
-                    }
+        if !live {
+            match got {
+                Some(_) if no_ack => self.lost_in_flight += 1,
+                Some((m, _)) => {
+                    self.send_settles(vec![Unacked::of(queue, &m, None)], Settle::Requeue);
                 }
-                return;
+                None => {}
             }
-        };
+            return;
+        }
         let Some((m, message_count)) = got else {
             self.reply(ch, Reply::GetEmpty);
+            return;
+        };
+        let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
         let delivery_tag = channel.deliver((!no_ack).then(|| Unacked::of(queue, &m, None)));

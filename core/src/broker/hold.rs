@@ -13,7 +13,6 @@
 //! opening that closed meanwhile finds no hold to release.
 
 use super::Broker;
-use crate::channel::Phase;
 use crate::command::Op;
 use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
@@ -43,7 +42,7 @@ impl Broker {
     pub(super) fn is_live(&self, to: ChannelAddr) -> bool {
         self.channels
             .get(&to.ch)
-            .is_some_and(|c| c.serial == to.serial && c.phase == Phase::Open)
+            .is_some_and(|c| c.is_open_as(to.serial))
     }
 
     fn awaiting(&self, ch: ChannelRef) -> bool {
@@ -64,12 +63,16 @@ impl Broker {
         }
     }
 
-    /// Removes channel `ch`'s state (closed, or its connection gone).
+    /// Removes channel `ch`'s state and its number from its connection (closed, or its
+    /// connection gone).
     pub(super) fn remove_channel(&mut self, ch: ChannelRef) {
         if let Some(c) = self.channels.remove(&ch)
             && c.awaiting
         {
             self.awaiting -= 1;
+        }
+        if let Some(conn) = self.conns.get_mut(&ch.conn) {
+            conn.channels.remove(&ch.channel);
         }
     }
 

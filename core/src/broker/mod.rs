@@ -138,7 +138,7 @@ impl ChannelCredit<'_> {
         self.channels
             .get(&to.ch)
             .map(|c| &**c)
-            .filter(|c| c.serial == to.serial && c.phase == Phase::Open)
+            .filter(|c| c.is_open_as(to.serial))
     }
 }
 
@@ -156,15 +156,22 @@ impl Credit for ChannelCredit<'_> {
     }
 
     fn take(&mut self, to: ChannelAddr, ack_required: bool) -> bool {
-        if !self.may_deliver(to, ack_required) {
+        let Some(conn) = self.conns.get_mut(&to.ch.conn) else {
+            return false;
+        };
+        let Some(channel) = self.channels.get_mut(&to.ch) else {
+            return false;
+        };
+        if conn.in_flight >= self.write_window
+            || !channel.is_open_as(to.serial)
+            || (ack_required && !channel.has_shared_credit())
+        {
             return false;
         }
-        if ack_required && let Some(c) = self.channels.get_mut(&to.ch) {
-            c.consumer_unacked += 1;
+        if ack_required {
+            channel.consumer_unacked += 1;
         }
-        if let Some(conn) = self.conns.get_mut(&to.ch.conn) {
-            conn.in_flight += 1;
-        }
+        conn.in_flight += 1;
         true
     }
 
@@ -538,26 +545,38 @@ impl Broker {
     pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
         self.now = self.now.max(now);
         self.mail.from(mail::Dest::Conn(ch.conn));
+        let routes_before = self.topo.routes().version();
         if self.must_hold(ch) {
             self.hold_op(ch, op);
         } else {
-            self.run_op(ch, op);
+            self.apply_now(ch, op);
         }
+        // What the op's mail changed (an auto-delete its cancel caused) counts as its own.
         self.after_op();
+        self.saw_routes(ch.conn, routes_before);
     }
 
-    /// Applies one operation now (it did not wait, or stopped waiting: `hold.rs`).
-    #[inline]
+    /// Applies an op that waited on its channel (`hold.rs`), once its turn came.
     fn run_op(&mut self, ch: ChannelRef, op: Op) {
         let routes_before = self.topo.routes().version();
+        self.apply_now(ch, op);
+        self.saw_routes(ch.conn, routes_before);
+    }
+
+    #[inline]
+    fn apply_now(&mut self, ch: ChannelRef, op: Op) {
         if let Err(error) = self.apply(ch, op) {
             self.fail(ch, error);
         }
-        let routes_after = self.topo.routes().version();
-        if routes_after != routes_before
-            && let Some(conn) = self.conns.get_mut(&ch.conn)
+    }
+
+    /// Connection `conn` saw its own routing changes since `before` (`routes_seen`).
+    fn saw_routes(&mut self, conn: ConnId, before: u64) {
+        let after = self.topo.routes().version();
+        if after != before
+            && let Some(c) = self.conns.get_mut(&conn)
         {
-            conn.routes_seen = routes_after;
+            c.routes_seen = after;
         }
     }
 
@@ -734,9 +753,6 @@ impl Broker {
                 if self.channels.contains_key(&ch) {
                     self.release_channel(ch);
                     self.remove_channel(ch);
-                    if let Some(conn) = self.conns.get_mut(&ch.conn) {
-                        conn.channels.remove(&ch.channel);
-                    }
                 }
                 Ok(())
             }
@@ -763,9 +779,6 @@ impl Broker {
             Op::ChannelClose => {
                 self.release_channel(ch);
                 self.remove_channel(ch);
-                if let Some(conn) = self.conns.get_mut(&ch.conn) {
-                    conn.channels.remove(&ch.channel);
-                }
                 self.reply(ch, crate::effect::Reply::ChannelCloseOk);
                 Ok(())
             }
