@@ -2,16 +2,20 @@
 //! routing table (`routing.rs`) that publishes them to hosts.
 //!
 //! It is one of the three kinds of state machine the broker composes (with
-//! `queue::state::QueueState` and `channel::ChannelState`): it knows queues only by id and
-//! name (through the routing table) and never touches their messages, consumers or
-//! channels. What a change means for queues (a binding's `bound_from` count, definitions to
-//! store) comes back to the caller as return values.
+//! `queue::state::QueueState` and `channel::ChannelState`): of a queue it knows only what
+//! binding it and routing to it need (`QueueEntry`: its name, vhost, exclusive owner and
+//! whether its bindings are stored, all fixed for the queue's life, and the exchanges that
+//! bind it), and never touches its messages, consumers or channels. So a bind is decided
+//! here alone: with shards, by shard 0 without asking the queue's owner. Definitions to
+//! store come back to the caller as return values.
 //!
 //! Invariants:
 //! - Every change to what routing reads goes through `routes_mut` (copy on write of a
 //!   shared snapshot plus a version bump), so a host never sees a half-made change.
-//! - `Exchange::bound_from` of an exchange counts exactly the bindings other exchanges hold
-//!   to it (deletion finds them without a scan).
+//! - `bound_from` of an exchange or of a queue entry counts exactly the bindings exchanges
+//!   hold to it (deletion finds them without a scan).
+//! - Every binding's destination exists: removing a queue (`remove_queue`) or an exchange
+//!   removes the bindings to it in the same call.
 //! - Deleting an exchange removes every binding from and to it; auto-delete exchanges left
 //!   without bindings go too, through a worklist (bounded by the number of exchanges).
 
@@ -19,7 +23,7 @@ use crate::access::{Users, VhostDef};
 use crate::command::{ExchangeDeclare, ExchangeKind};
 use crate::exchange::{Bindings, Counts};
 use crate::idhash::IdMap;
-use crate::ids::{Destination, ExchangeId, QueueId, VhostId};
+use crate::ids::{ConnId, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::FieldTable;
 use crate::policy::{Policy, PolicyDef};
 use crate::routing::RouteTable;
@@ -49,6 +53,19 @@ impl Exchange {
             .get("alternate-exchange")
             .and_then(|v| v.as_str())
     }
+}
+
+/// What topology knows of a queue (see the module docs).
+pub(crate) struct QueueEntry {
+    pub(crate) vhost: VhostId,
+    pub(crate) name: Arc<str>,
+    /// The connection that declared it exclusive: only it may bind it.
+    pub(crate) exclusive_owner: Option<ConnId>,
+    /// Its bindings are stored: it is durable and not exclusive (RabbitMQ stores a binding
+    /// only between durable entities, and an exclusive queue dies with its connection).
+    pub(crate) stored: bool,
+    /// Exchanges with bindings to it, and how many.
+    pub(crate) bound_from: Counts<ExchangeId>,
 }
 
 /// A vhost: its name and policies (the names of its exchanges and queues are in the
@@ -81,6 +98,7 @@ pub(crate) struct Topology {
     pub(crate) default_vhost: VhostId,
     pub(crate) users: Users,
     exchanges: IdMap<ExchangeId, Exchange>,
+    queues: IdMap<QueueId, QueueEntry>,
     /// What routing reads, shared with hosts as immutable snapshots.
     routes: Arc<RouteTable>,
 }
@@ -104,6 +122,7 @@ impl Topology {
             default_vhost: VhostId(0),
             users: Users::new(),
             exchanges: IdMap::default(),
+            queues: IdMap::default(),
             routes: Arc::default(),
         }
     }
@@ -328,8 +347,74 @@ impl Topology {
         );
     }
 
-    /// Adds (`add`) or removes one binding from `source` to `destination`. An exchange
-    /// destination's `bound_from` is kept here; a queue's is the caller's to keep.
+    // ----- queues -----
+
+    /// What topology knows of queue `id`, if it exists.
+    pub(crate) fn queue(&self, id: QueueId) -> Option<&QueueEntry> {
+        self.queues.get(&id)
+    }
+
+    pub(crate) fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Adds queue `id` (the caller checked that its name is free in its vhost), routable by
+    /// name through the default exchange.
+    pub(crate) fn add_queue(
+        &mut self,
+        id: QueueId,
+        vhost: VhostId,
+        name: Arc<str>,
+        exclusive_owner: Option<ConnId>,
+        stored: bool,
+    ) {
+        debug_assert!(self.find_queue(vhost, &name).is_none());
+        self.routes_mut().add_queue(vhost, name.clone(), id);
+        self.queues.insert(
+            id,
+            QueueEntry {
+                vhost,
+                name,
+                exclusive_owner,
+                stored,
+                bound_from: Counts::default(),
+            },
+        );
+    }
+
+    /// Removes queue `id`, its name and every binding to it; returns the auto-delete
+    /// exchanges left without bindings, which must go.
+    pub(crate) fn remove_queue(&mut self, id: QueueId) -> Vec<ExchangeId> {
+        let Some(q) = self.queues.remove(&id) else {
+            return Vec::new();
+        };
+        self.routes_mut().remove_queue(q.vhost, &q.name);
+        let mut emptied = Vec::new();
+        self.unlink(Destination::Queue(id), &q.bound_from, &mut emptied);
+        emptied
+    }
+
+    /// Removes every binding to `destination` from `sources` (its `bound_from`), adding the
+    /// auto-delete sources left without bindings to `emptied`.
+    fn unlink(
+        &mut self,
+        destination: Destination,
+        sources: &Counts<ExchangeId>,
+        emptied: &mut Vec<ExchangeId>,
+    ) {
+        for source in sources.keys() {
+            if let Some(x) = self.exchanges.get_mut(&source) {
+                x.bindings.remove_destination(destination);
+                if x.auto_delete && x.bindings.is_empty() {
+                    emptied.push(source);
+                }
+                self.refresh_router(source);
+            }
+        }
+    }
+
+    /// Adds (`add`) or removes one binding from `source` to `destination`, keeping the
+    /// destination's `bound_from`.
     pub(crate) fn bind(
         &mut self,
         source: ExchangeId,
@@ -354,43 +439,24 @@ impl Topology {
                 emptied: x.auto_delete && x.bindings.is_empty(),
             }
         };
-        if let Destination::Exchange(d) = destination
-            && let Some(d) = self.exchanges.get_mut(&d)
-        {
+        let bound_from = match destination {
+            Destination::Exchange(d) => self.exchanges.get_mut(&d).map(|d| &mut d.bound_from),
+            Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
+        };
+        if let Some(bound_from) = bound_from {
             if add {
-                d.bound_from.increment(source);
+                bound_from.increment(source);
             } else {
-                d.bound_from.decrement(source);
+                bound_from.decrement(source);
             }
         }
         self.refresh_router(source);
         change
     }
 
-    /// Removes every binding of queue `queue` from `sources` (the exchanges that bind it:
-    /// its `bound_from`); returns the auto-delete exchanges left without bindings, which
-    /// must go.
-    pub(crate) fn unbind_queue(
-        &mut self,
-        queue: QueueId,
-        sources: impl Iterator<Item = ExchangeId>,
-    ) -> Vec<ExchangeId> {
-        let mut emptied = Vec::new();
-        for source in sources {
-            if let Some(x) = self.exchanges.get_mut(&source) {
-                x.bindings.remove_destination(Destination::Queue(queue));
-                if x.auto_delete && x.bindings.is_empty() {
-                    emptied.push(source);
-                }
-                self.refresh_router(source);
-            }
-        }
-        emptied
-    }
-
     /// Removes exchange `id` with every binding from and to it, and the auto-delete
     /// exchanges that lose their last binding that way. Returns the removed exchanges, in
-    /// removal order: the caller unlinks their queue destinations and stores the deletions.
+    /// removal order: the caller stores the deletions.
     pub(crate) fn delete_exchange(&mut self, id: ExchangeId) -> Vec<(ExchangeId, Exchange)> {
         let mut removed = Vec::new();
         let mut work = vec![id];
@@ -400,32 +466,24 @@ impl Topology {
             };
             self.routes_mut().remove_exchange(id, &x.name);
             for b in x.bindings.list() {
-                if let Destination::Exchange(d) = b.destination
-                    && let Some(d) = self.exchanges.get_mut(&d)
-                {
-                    d.bound_from.decrement(id);
-                }
-            }
-            for source in x.bound_from.keys() {
-                if let Some(src) = self.exchanges.get_mut(&source) {
-                    src.bindings.remove_destination(Destination::Exchange(id));
-                    if src.auto_delete && src.bindings.is_empty() {
-                        work.push(source);
+                let bound_from = match b.destination {
+                    Destination::Exchange(d) => {
+                        self.exchanges.get_mut(&d).map(|d| &mut d.bound_from)
                     }
-                    self.refresh_router(source);
+                    Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
+                };
+                if let Some(bound_from) = bound_from {
+                    bound_from.decrement(id);
                 }
             }
+            self.unlink(Destination::Exchange(id), &x.bound_from, &mut work);
             removed.push((id, x));
         }
         removed
     }
 
-    /// Checks the invariants in the module docs; returns, per queue with bindings, how many
-    /// bindings each exchange holds to it (for the caller to compare with the queue's
-    /// `bound_from`).
-    pub(crate) fn check_invariants(
-        &self,
-    ) -> Result<BTreeMap<QueueId, Vec<(ExchangeId, usize)>>, String> {
+    /// Checks the invariants in the module docs.
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let mut to_exchanges: BTreeMap<ExchangeId, BTreeMap<ExchangeId, usize>> = BTreeMap::new();
         let mut to_queues: BTreeMap<QueueId, BTreeMap<ExchangeId, usize>> = BTreeMap::new();
         for (&id, x) in self.exchanges.iter() {
@@ -444,10 +502,7 @@ impl Topology {
             }
         }
         for (&id, x) in self.exchanges.iter() {
-            let expected: Vec<(ExchangeId, usize)> = to_exchanges
-                .remove(&id)
-                .map(|m| m.into_iter().collect())
-                .unwrap_or_default();
+            let expected = counted(&mut to_exchanges, id);
             if x.bound_from.entries() != expected.as_slice() {
                 return Err(format!(
                     "exchange {id:?} bound_from {:?} but bindings say {expected:?}",
@@ -455,12 +510,38 @@ impl Topology {
                 ));
             }
         }
+        for (&id, q) in self.queues.iter() {
+            if self.routes.queue(q.vhost, &q.name) != Some(id) {
+                return Err(format!(
+                    "queue {id:?} '{}' not in the routing table",
+                    q.name
+                ));
+            }
+            let expected = counted(&mut to_queues, id);
+            if q.bound_from.entries() != expected.as_slice() {
+                return Err(format!(
+                    "queue {id:?} bound_from {:?} but bindings say {expected:?}",
+                    q.bound_from.entries()
+                ));
+            }
+        }
         if let Some((d, _)) = to_exchanges.first_key_value() {
             return Err(format!("a binding to missing exchange {d:?}"));
         }
-        Ok(to_queues
-            .into_iter()
-            .map(|(q, m)| (q, m.into_iter().collect()))
-            .collect())
+        if let Some((q, _)) = to_queues.first_key_value() {
+            return Err(format!("a binding to missing queue {q:?}"));
+        }
+        Ok(())
     }
+}
+
+/// The (source, count) pairs counted for `id`, ascending, leaving them out of `counts`.
+fn counted<K: Ord>(
+    counts: &mut BTreeMap<K, BTreeMap<ExchangeId, usize>>,
+    id: K,
+) -> Vec<(ExchangeId, usize)> {
+    counts
+        .remove(&id)
+        .map(|m| m.into_iter().collect())
+        .unwrap_or_default()
 }

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use warren_core::BrokerConfig;
-use warren_core::command::{Op, QueueDeclare};
+use warren_core::command::{Bind, Op, QueueDeclare};
 use warren_core::effect::{Effect, Reply};
 use warren_core::message::FieldTable;
 
@@ -336,8 +336,32 @@ fn exclusive_queues_are_locked_and_die_with_their_connection() {
     h.declare_with(c1, "ex", false, true, false);
     let fx = h.consume(c2, "ex", "t", false);
     assert_eq!(error_code(&fx), Some(405));
+    // Binding is decided by topology's copy of the queue's owner, not the queue.
+    let bind = |queue: &str| {
+        Op::QueueBind(Bind {
+            destination: queue.into(),
+            source: "amq.fanout".into(),
+            routing_key: String::new(),
+            nowait: false,
+            arguments: FieldTable::new(),
+        })
+    };
+    let other = h.open(2, 2);
+    assert_eq!(error_code(&h.op(other, bind("ex"))), Some(405));
+    let fx = h.op(c1, bind("ex"));
+    assert_eq!(
+        fx,
+        vec![Effect::Reply {
+            ch: c1,
+            reply: Reply::QueueBindOk
+        }]
+    );
+    h.publish(c1, "amq.fanout", "", "m");
+    assert_eq!(h.broker.queue_len("ex"), Some(1));
     h.op(ch(1, 0), Op::ConnectionClose);
     assert_eq!(h.broker.queue_len("ex"), None);
+    // Its binding went with it.
+    assert!(h.broker.list_bindings().is_empty());
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //! every published message is acked, dropped, purged or still in its queue, exactly once,
 //! and only a message delivered before is ever flagged redelivered. Every channel's replies
 //! come in the order of its requests. Queue `q0` has a message TTL and dead-letters (expired
-//! or rejected messages) to `dlq`, so dead letters are part of the flow.
+//! or rejected messages) to `dlq`, so dead letters are part of the flow. Queues bind and
+//! unbind themselves to `amq.direct` (queue `qN` with key `kN`), and mandatory publishes
+//! there either reach the queue or come back (basic.return), whichever the bindings say
+//! when topology routes them.
 //!
 //! With scheduled mail (`Broker::set_mail_scheduled`), the mail between the queue side and
 //! the channel side takes random time, as it will between shards: the ops interleave with
@@ -16,7 +19,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use warren_core::command::{Op, Publish, QueueDeclare};
+use warren_core::command::{Bind, Op, Publish, QueueDeclare};
 use warren_core::effect::{Delivery, Effect, Reply};
 use warren_core::ids::ChannelRef;
 use warren_core::message::{FieldTable, FieldValue, Properties};
@@ -54,9 +57,23 @@ fn queue_args(i: u8) -> FieldTable {
 
 #[derive(Clone, Debug)]
 enum SimOp {
+    /// To `qN` through the default exchange, or (`direct`) mandatory through `amq.direct`
+    /// with key `kN`, which reaches `qN` only while it is bound.
     Publish {
         ch: u8,
         queue: u8,
+        direct: bool,
+    },
+    /// queue.bind (`add`) or queue.unbind of `qN` to `amq.direct` with key `kN`.
+    Bind {
+        ch: u8,
+        queue: u8,
+        add: bool,
+    },
+    /// A bind from an exchange that does not exist: topology refuses it (404), which
+    /// closes the channel after the replies to its earlier requests.
+    BogusBind {
+        ch: u8,
     },
     Consume {
         ch: u8,
@@ -152,6 +169,8 @@ enum Expect {
     TxSelectOk,
     TxCommitOk,
     TxRollbackOk,
+    BindOk,
+    UnbindOk,
 }
 
 fn scheduled_op() -> impl Strategy<Value = SimOp> {
@@ -165,7 +184,11 @@ fn sim_op() -> impl Strategy<Value = SimOp> {
     let ch = 0u8..(CONNS as u8 * CHANNELS as u8);
     let q = 0u8..=QUEUES as u8;
     prop_oneof![
-        6 => (ch.clone(), 0u8..QUEUES as u8).prop_map(|(ch, queue)| SimOp::Publish { ch, queue }),
+        6 => (ch.clone(), 0u8..QUEUES as u8, prop::bool::weighted(0.3))
+            .prop_map(|(ch, queue, direct)| SimOp::Publish { ch, queue, direct }),
+        2 => (ch.clone(), 0u8..QUEUES as u8, prop::bool::weighted(0.6))
+            .prop_map(|(ch, queue, add)| SimOp::Bind { ch, queue, add }),
+        1 => ch.clone().prop_map(|ch| SimOp::BogusBind { ch }),
         2 => (ch.clone(), q.clone(), any::<bool>())
             .prop_map(|(ch, queue, no_ack)| SimOp::Consume { ch, queue, no_ack }),
         1 => (ch.clone(), any::<u8>()).prop_map(|(ch, which)| SimOp::Cancel { ch, which }),
@@ -230,6 +253,21 @@ struct Ledger {
     tx: BTreeMap<ChannelRef, Vec<u64>>,
     /// Ids of publishes rolled back (or never committed): they must never arrive.
     rolled_back: BTreeSet<u64>,
+    /// Per channel: its binds not answered yet, in order: the queue, and `unbinds_sent`
+    /// when the bind was sent if no unbind of the queue could still be applied after it.
+    binding: BTreeMap<ChannelRef, VecDeque<(u8, Option<u32>)>>,
+    /// Per channel: the queues of its unbinds not answered yet, in order.
+    unbinding: BTreeMap<ChannelRef, VecDeque<u8>>,
+    /// Per queue: unbinds sent (by anyone) so far, and those not answered yet.
+    unbinds_sent: [u32; QUEUES],
+    unbinds_pending: [u32; QUEUES],
+    /// Per queue: an unbind's connection closed before its answer came, so when (or
+    /// whether) it was applied is unknown.
+    unbind_unknown: [bool; QUEUES],
+    /// Per (connection, queue): a bind-ok reached the connection, of a bind sent when no
+    /// unbind was pending, and `unbinds_sent` then. While no unbind was sent since, the
+    /// binding exists, and a client sees its own binds: its publishes must not come back.
+    bound_seen: BTreeMap<(u64, u8), u32>,
 }
 
 fn channel_of(i: u8) -> ChannelRef {
@@ -337,6 +375,8 @@ impl Sim {
                 | (Some(Expect::TxSelectOk), Reply::TxSelectOk)
                 | (Some(Expect::TxCommitOk), Reply::TxCommitOk)
                 | (Some(Expect::TxRollbackOk), Reply::TxRollbackOk)
+                | (Some(Expect::BindOk), Reply::QueueBindOk)
+                | (Some(Expect::UnbindOk), Reply::QueueUnbindOk)
         );
         assert!(fits, "{c:?}: {got:?} came while waiting for {expected:?}");
         expected
@@ -397,6 +437,18 @@ impl Sim {
                             .or_default()
                             .push(consumer_tag.to_string());
                     }
+                    Reply::QueueBindOk if self.l.conns.contains(&ch.conn.0) => {
+                        let b = self.l.binding.get_mut(&ch).and_then(|b| b.pop_front());
+                        let (q, stamp) = b.expect("a bind-ok answers a bind");
+                        if let Some(n) = stamp {
+                            self.l.bound_seen.insert((ch.conn.0, q), n);
+                        }
+                    }
+                    Reply::QueueUnbindOk if self.l.conns.contains(&ch.conn.0) => {
+                        let q = self.l.unbinding.get_mut(&ch).and_then(|b| b.pop_front());
+                        let q = q.expect("an unbind-ok answers an unbind");
+                        self.l.unbinds_pending[usize::from(q)] -= 1;
+                    }
                     Reply::QueuePurgeOk { message_count } => {
                         self.l.purged += u64::from(message_count);
                     }
@@ -443,9 +495,30 @@ impl Sim {
                 }
                 *confirmed = seq;
             }
+            Effect::Return { ch, message, .. } => {
+                // Settled for good: the publisher has it back (even if it closed the
+                // channel meanwhile, the publish was applied before the close).
+                let id: u64 = std::str::from_utf8(&message.body)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .expect("body is an id");
+                assert!(
+                    &*message.exchange == "amq.direct",
+                    "message {id} returned but published to the default exchange"
+                );
+                let q = self.l.origin[id as usize];
+                if let Some(&n) = self.l.bound_seen.get(&(ch.conn.0, q)) {
+                    assert!(
+                        n != self.l.unbinds_sent[usize::from(q)]
+                            || self.l.unbind_unknown[usize::from(q)],
+                        "message {id} returned though its connection saw q{q} bound"
+                    );
+                }
+                self.l.settled.push(id);
+            }
             Effect::ChannelError { ch, .. } => {
-                // Only the bad ack fails a channel here, and the client sent nothing after
-                // it: every earlier request was answered first.
+                // Only the bad ack and the bad bind fail a channel here, and the client sent
+                // nothing after them: every earlier request was answered first.
                 assert!(
                     self.l.expect.get(&ch).is_none_or(|q| q.is_empty()),
                     "{ch:?}: channel error before the replies to earlier requests"
@@ -522,6 +595,8 @@ impl Sim {
             | SimOp::Confirm { ch }
             | SimOp::Redeclare { ch, .. }
             | SimOp::Tx { ch, .. }
+            | SimOp::Bind { ch, .. }
+            | SimOp::BogusBind { ch }
             | SimOp::Purge { ch, .. } => self.l.doomed.contains(&on(*ch)),
             SimOp::CloseConnection { .. }
             | SimOp::Written { .. }
@@ -532,7 +607,11 @@ impl Sim {
             return;
         }
         match op {
-            SimOp::Publish { ch: i, queue } => {
+            SimOp::Publish {
+                ch: i,
+                queue,
+                direct,
+            } => {
                 let c = channel_of(i);
                 self.ensure(c);
                 let id = self.l.published;
@@ -544,18 +623,22 @@ impl Sim {
                 if let Some((sent, _)) = self.l.confirms.get_mut(&c) {
                     *sent += 1;
                 }
-                let key = format!("q{queue}");
+                let (exchange, key) = if direct {
+                    ("amq.direct", format!("k{queue}"))
+                } else {
+                    ("", format!("q{queue}"))
+                };
                 let routed = self.host_routes.then(|| {
                     let table = self.h.broker.routes();
                     let vhost = table.vhost("/").expect("vhost /");
-                    table.route_publish(vhost, "", &key, None)
+                    table.route_publish(vhost, exchange, &key, None)
                 });
                 self.exec(
                     c,
                     Op::Publish(Box::new(Publish {
-                        exchange: "".into(),
+                        exchange: exchange.into(),
                         routing_key: key.into(),
-                        mandatory: false,
+                        mandatory: direct,
                         immediate: false,
                         properties: Properties::default(),
                         body: id.to_string().into(),
@@ -675,6 +758,11 @@ impl Sim {
                         let c = ch(conn, n);
                         self.drop_channel(c);
                         let waiting = self.l.expect.remove(&c).unwrap_or_default();
+                        self.l.binding.remove(&c);
+                        for q in self.l.unbinding.remove(&c).unwrap_or_default() {
+                            self.l.unbinds_pending[usize::from(q)] -= 1;
+                            self.l.unbind_unknown[usize::from(q)] = true;
+                        }
                         // A purge answered to nobody: how much it took is not known.
                         self.l.unanswered_purges +=
                             waiting.iter().filter(|e| **e == Expect::PurgeOk).count();
@@ -760,6 +848,50 @@ impl Sim {
                     self.trace.push(format!("{e:?}"));
                     self.observe(e);
                 }
+            }
+            SimOp::Bind { ch: i, queue, add } => {
+                let c = channel_of(i);
+                self.ensure(c);
+                let bind = Bind {
+                    destination: queue_name(queue),
+                    source: "amq.direct".into(),
+                    routing_key: format!("k{queue}"),
+                    nowait: false,
+                    arguments: FieldTable::new(),
+                };
+                let qi = usize::from(queue);
+                if add {
+                    let stamp =
+                        (self.l.unbinds_pending[qi] == 0).then_some(self.l.unbinds_sent[qi]);
+                    self.l
+                        .binding
+                        .entry(c)
+                        .or_default()
+                        .push_back((queue, stamp));
+                    self.send(c, Op::QueueBind(bind), Some(Expect::BindOk));
+                } else {
+                    self.l.unbinds_sent[qi] += 1;
+                    self.l.unbinds_pending[qi] += 1;
+                    self.l.unbinding.entry(c).or_default().push_back(queue);
+                    self.send(c, Op::QueueUnbind(bind), Some(Expect::UnbindOk));
+                }
+            }
+            SimOp::BogusBind { ch: i } => {
+                let c = channel_of(i);
+                self.ensure(c);
+                if self.l.tx.contains_key(&c) {
+                    // Its failure would roll the transaction back; the model keeps it simple.
+                    return;
+                }
+                self.l.doomed.insert(c);
+                let bind = Bind {
+                    destination: queue_name(0),
+                    source: "no-such-exchange".into(),
+                    routing_key: String::new(),
+                    nowait: false,
+                    arguments: FieldTable::new(),
+                };
+                self.exec(c, Op::QueueBind(bind));
             }
             SimOp::Mail { count, pick } => self.mail(count, pick),
         }
@@ -905,12 +1037,15 @@ proptest! {
         sim.finish();
     }
 
-    /// The same, with the mail between queues and channels taking random time.
+    /// The same, with the mail between queues, channels and topology taking random time,
+    /// publishes routed by the broker or by the host.
     #[test]
     fn mail_in_flight_conserves_messages_and_reply_order(
         ops in prop::collection::vec(scheduled_op(), 1..300),
+        host_routes in any::<bool>(),
     ) {
         let mut sim = Sim::new();
+        sim.host_routes = host_routes;
         sim.h.broker.set_mail_scheduled(true);
         for op in ops.iter().cloned() {
             sim.step(op);

@@ -129,7 +129,7 @@ impl Broker {
         for (_, x) in self.topo.exchanges() {
             for b in x.bindings.list() {
                 let (destination, destination_is_exchange) = match b.destination {
-                    Destination::Queue(q) => match self.queues.get(&q) {
+                    Destination::Queue(q) => match self.topo.queue(q) {
                         Some(q) => (q.name.to_string(), false),
                         None => continue,
                     },
@@ -257,8 +257,8 @@ impl Broker {
         let durable_queue = |vhost: &str, name: &str| {
             self.vhost_id(vhost)
                 .and_then(|vh| self.find_queue(vh, name))
-                .and_then(|id| self.queues.get(&id))
-                .is_some_and(|q| q.durable && q.exclusive_owner.is_none())
+                .and_then(|id| self.topo.queue(id))
+                .is_some_and(|q| q.stored)
         };
         for b in self.list_bindings() {
             let destination_durable = if b.destination_is_exchange {

@@ -2,12 +2,13 @@
 //! checks (reserved `amq.` names, equivalence on redeclare, exclusive ownership) and
 //! auto-delete cascades.
 
+use super::mail::TopologyRequest;
 use super::{Broker, OpResult};
 use crate::access::{Perm, Resource};
 use crate::command::{Bind, ExchangeDeclare, ExchangeKind, OpKind, QueueDeclare};
 use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
-use crate::ids::{ChannelRef, Destination, ExchangeId, QueueId, VhostId};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::{FieldTable, FieldValue};
 use crate::queue::classic::MessageQueue;
 use crate::queue::state::QueueState;
@@ -79,19 +80,6 @@ impl Broker {
             .ok_or_else(|| self.not_found(vh, op, "exchange", name))
     }
 
-    /// Resolves a queue name (`""` = the channel's last declared queue) and checks that this
-    /// connection may use it; returns its id and resolved name.
-    pub(super) fn queue_id(
-        &self,
-        ch: ChannelRef,
-        op: OpKind,
-        name: &str,
-    ) -> Result<(QueueId, Arc<str>), ProtocolError> {
-        let (id, name) = self.find_named_queue(ch, op, name)?;
-        self.check_exclusive(ch, op, id)?;
-        Ok((id, name))
-    }
-
     /// Resolves a queue name (`""` = the channel's last declared queue) to its id, or 404;
     /// the ops that go to the queue leave its exclusive-use check to the queue.
     pub(super) fn find_named_queue(
@@ -125,35 +113,70 @@ impl Broker {
             })
     }
 
+    /// The queue side's exclusive-use check: refused if another connection declared queue
+    /// `id` exclusive.
     pub(super) fn check_exclusive(&self, ch: ChannelRef, op: OpKind, id: QueueId) -> OpResult {
         match self.queues.get(&id) {
-            Some(q) if q.exclusive_owner.is_some_and(|o| o != ch.conn) => Err(ProtocolError::new(
-                ErrorCode::ResourceLocked,
-                op,
-                format!(
-                    "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. \
-                         It could be originally declared on another connection or the \
-                         exclusive property value does not match that of the original \
-                         declaration.",
-                    q.name,
-                    self.vhost_name(q.vhost)
-                ),
-            )),
-            _ => Ok(()),
+            Some(q) => self.exclusive_use(ch.conn, op, q.exclusive_owner, &q.name, q.vhost),
+            None => Ok(()),
         }
     }
 
+    /// Refused (405) unless connection `conn` may use a queue held by `owner`.
+    fn exclusive_use(
+        &self,
+        conn: ConnId,
+        op: OpKind,
+        owner: Option<ConnId>,
+        name: &str,
+        vhost: VhostId,
+    ) -> OpResult {
+        if owner.is_none_or(|o| o == conn) {
+            return Ok(());
+        }
+        Err(ProtocolError::new(
+            ErrorCode::ResourceLocked,
+            op,
+            format!(
+                "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'. \
+                 It could be originally declared on another connection or the \
+                 exclusive property value does not match that of the original \
+                 declaration.",
+                self.vhost_name(vhost)
+            ),
+        ))
+    }
+
+    /// The channel side of exchange.declare: the checks that need no topology (the default
+    /// exchange, the type, permissions); topology decides the rest and answers.
     pub(super) fn exchange_declare(&mut self, ch: ChannelRef, d: ExchangeDeclare) -> OpResult {
         let op = OpKind::ExchangeDeclare;
         if d.exchange.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
-        if d.passive {
-            self.exchange_id(ch, op, &d.exchange)?;
-            if !d.nowait {
-                self.reply(ch, Reply::ExchangeDeclareOk);
+        if !d.passive {
+            if ExchangeKind::parse(&d.kind).is_none() {
+                return Err(ProtocolError::new(
+                    ErrorCode::CommandInvalid,
+                    op,
+                    format!("invalid exchange type '{}'", d.kind),
+                ));
             }
-            return Ok(());
+            self.check_access(ch, op, Perm::Configure, Resource::Exchange, &d.exchange)?;
+        }
+        self.send_to_topology(ch, TopologyRequest::DeclareExchange(d));
+        Ok(())
+    }
+
+    /// The topology side of exchange.declare in vhost `vh`: a passive one only looks; else
+    /// an existing exchange must be equivalent, and a new one is created (and stored).
+    fn declare_exchange_in_topology(&mut self, vh: VhostId, d: &ExchangeDeclare) -> OpResult {
+        let op = OpKind::ExchangeDeclare;
+        if d.passive {
+            return match self.find_exchange(vh, &d.exchange) {
+                Some(_) => Ok(()),
+                None => Err(self.not_found(vh, op, "exchange", &d.exchange)),
+            };
         }
         let Some(kind) = ExchangeKind::parse(&d.kind) else {
             return Err(ProtocolError::new(
@@ -167,8 +190,6 @@ impl Broker {
             .get("alternate-exchange")
             .and_then(|v| v.as_str())
             .map(str::to_string);
-        self.check_access(ch, op, Perm::Configure, Resource::Exchange, &d.exchange)?;
-        let vh = self.conn_vhost(ch.conn);
         if let Some(x) = self
             .find_exchange(vh, &d.exchange)
             .and_then(|id| self.topo.exchange(id))
@@ -236,16 +257,15 @@ impl Broker {
             let id = ExchangeId(self.next_id());
             self.topo.add_exchange(id, vh, kind, d.clone());
         }
-        if !d.nowait {
-            self.reply(ch, Reply::ExchangeDeclareOk);
-        }
         Ok(())
     }
 
+    /// The channel side of exchange.delete: the checks that need no topology (the default
+    /// and system exchanges, permissions); topology deletes and answers.
     pub(super) fn exchange_delete(
         &mut self,
         ch: ChannelRef,
-        name: &str,
+        name: String,
         if_unused: bool,
         nowait: bool,
     ) -> OpResult {
@@ -264,7 +284,24 @@ impl Broker {
                 ),
             ));
         }
-        self.check_access(ch, op, Perm::Configure, Resource::Exchange, name)?;
+        self.check_access(ch, op, Perm::Configure, Resource::Exchange, &name)?;
+        let request = TopologyRequest::DeleteExchange {
+            name,
+            if_unused,
+            nowait,
+        };
+        self.send_to_topology(ch, request);
+        Ok(())
+    }
+
+    /// The topology side of exchange.delete in vhost `vh`.
+    fn delete_exchange_in_topology(
+        &mut self,
+        vh: VhostId,
+        name: &str,
+        if_unused: bool,
+    ) -> OpResult {
+        let op = OpKind::ExchangeDelete;
         // Deleting a missing exchange succeeds, as in RabbitMQ 3.x.
         if let Some(id) = self.find_exchange(vh, name) {
             if if_unused
@@ -284,29 +321,19 @@ impl Broker {
             }
             self.delete_exchange(id);
         }
-        if !nowait {
-            self.reply(ch, Reply::ExchangeDeleteOk);
-        }
         Ok(())
     }
 
     /// Removes an exchange with all bindings from and to it; auto-delete exchanges that lose
     /// their last binding this way go too (`Topology::delete_exchange`).
     pub(super) fn delete_exchange(&mut self, id: ExchangeId) {
-        for (id, x) in self.topo.delete_exchange(id) {
+        for (_, x) in self.topo.delete_exchange(id) {
             if x.durable {
                 let vhost = self.topo.vhost_name_arc(x.vhost);
                 self.define(crate::store::DefinitionChange::ExchangeDeleted {
                     vhost: &vhost,
                     name: &x.name,
                 });
-            }
-            for b in x.bindings.list() {
-                if let Destination::Queue(q) = b.destination
-                    && let Some(q) = self.queues.get_mut(&q)
-                {
-                    q.bound_from.decrement(id);
-                }
             }
         }
     }
@@ -323,25 +350,8 @@ impl Broker {
         let change = self
             .topo
             .bind(source, destination, routing_key, arguments, add);
-        let bound_from = match destination {
-            Destination::Queue(q) => self.queues.get_mut(&q).map(|q| &mut q.bound_from),
-            Destination::Exchange(_) => None,
-        };
-        match change {
-            BindChange::Unchanged => {}
-            BindChange::Added => {
-                if let Some(b) = bound_from {
-                    b.increment(source);
-                }
-            }
-            BindChange::Removed { emptied } => {
-                if let Some(b) = bound_from {
-                    b.decrement(source);
-                }
-                if emptied {
-                    self.delete_exchange(source);
-                }
-            }
+        if change == (BindChange::Removed { emptied: true }) {
+            self.delete_exchange(source);
         }
     }
 
@@ -376,12 +386,7 @@ impl Broker {
         };
         let (source_durable, vhost) = (source.durable, self.topo.vhost_name_arc(source.vhost));
         let (destination_durable, to_exchange) = match destination {
-            Destination::Queue(q) => (
-                self.queues
-                    .get(&q)
-                    .is_some_and(|q| q.durable && q.exclusive_owner.is_none()),
-                false,
-            ),
+            Destination::Queue(q) => (self.topo.queue(q).is_some_and(|q| q.stored), false),
             Destination::Exchange(x) => (self.topo.exchange(x).is_some_and(|x| x.durable), true),
         };
         if !(source_durable && destination_durable) {
@@ -421,76 +426,127 @@ impl Broker {
         Ok(())
     }
 
+    /// The channel side of exchange.bind/unbind: the permission checks (RabbitMQ checks
+    /// them before it looks anything up), then the bind goes to topology, which answers.
     pub(super) fn exchange_bind(&mut self, ch: ChannelRef, b: Bind, add: bool) -> OpResult {
         let op = if add {
             OpKind::ExchangeBind
         } else {
             OpKind::ExchangeUnbind
         };
+        self.check_access(ch, op, Perm::Write, Resource::Exchange, &b.destination)?;
         if b.source.is_empty() || b.destination.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
-        let destination = self.exchange_id(ch, op, &b.destination)?;
-        let source = self.exchange_id(ch, op, &b.source)?;
-        self.check_access(ch, op, Perm::Write, Resource::Exchange, &b.destination)?;
         self.check_access(ch, op, Perm::Read, Resource::Exchange, &b.source)?;
-        if add {
-            self.check_binding_arguments(op, source, &b.arguments)?;
-        }
-        self.bind(
-            source,
-            Destination::Exchange(destination),
-            &b.routing_key,
-            &b.arguments,
-            add,
-        );
-        self.persist_binding(source, Destination::Exchange(destination), &b, add);
-        if !b.nowait {
-            let reply = if add {
-                Reply::ExchangeBindOk
-            } else {
-                Reply::ExchangeUnbindOk
-            };
-            self.reply(ch, reply);
-        }
+        self.send_to_topology(ch, TopologyRequest::Bind { op, bind: b });
         Ok(())
     }
 
-    pub(super) fn queue_bind(&mut self, ch: ChannelRef, b: Bind, add: bool) -> OpResult {
+    /// The channel side of queue.bind/unbind: resolves the queue name (`""` = the channel's
+    /// last declared queue, whose name is then also the key if none is given) and checks
+    /// permissions; topology decides the rest and answers.
+    pub(super) fn queue_bind(&mut self, ch: ChannelRef, mut b: Bind, add: bool) -> OpResult {
         let op = if add {
             OpKind::QueueBind
         } else {
             OpKind::QueueUnbind
         };
-        let (queue, queue_name) = self.queue_id(ch, op, &b.destination)?;
+        let queue_name = self.resolve_queue_name(ch, op, &b.destination)?;
+        self.check_access(ch, op, Perm::Write, Resource::Queue, &queue_name)?;
         if b.source.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
-        let source = self.exchange_id(ch, op, &b.source)?;
-        self.check_access(ch, op, Perm::Write, Resource::Queue, &queue_name)?;
         self.check_access(ch, op, Perm::Read, Resource::Exchange, &b.source)?;
+        if b.destination.is_empty() && b.routing_key.is_empty() {
+            b.routing_key = queue_name.to_string();
+        }
+        b.destination = queue_name.to_string();
+        self.send_to_topology(ch, TopologyRequest::Bind { op, bind: b });
+        Ok(())
+    }
+
+    /// Sends a channel's topology request (always answered: the channel waits).
+    fn send_to_topology(&mut self, ch: ChannelRef, request: TopologyRequest) {
+        let to = self.addr(ch);
+        let vhost = self.conn_vhost(ch.conn);
+        self.mail.push_back(super::mail::Mail::Topology {
+            to,
+            vhost,
+            request: Box::new(request),
+        });
+        self.await_answer(ch);
+    }
+
+    /// The topology side of a channel's request in `vhost`: answers `TopologyDone` with
+    /// the routing table version that holds the change, or `Refused`.
+    pub(super) fn topology_request(
+        &mut self,
+        to: ChannelAddr,
+        vhost: VhostId,
+        request: &TopologyRequest,
+    ) {
+        let (result, reply, nowait) = match request {
+            TopologyRequest::Bind { op, bind } => {
+                let reply = match op {
+                    OpKind::ExchangeBind => Reply::ExchangeBindOk,
+                    OpKind::ExchangeUnbind => Reply::ExchangeUnbindOk,
+                    OpKind::QueueBind => Reply::QueueBindOk,
+                    _ => Reply::QueueUnbindOk,
+                };
+                let result = self.apply_bind(to.ch.conn, vhost, *op, bind);
+                (result, reply, bind.nowait)
+            }
+            TopologyRequest::DeclareExchange(d) => (
+                self.declare_exchange_in_topology(vhost, d),
+                Reply::ExchangeDeclareOk,
+                d.nowait,
+            ),
+            TopologyRequest::DeleteExchange {
+                name,
+                if_unused,
+                nowait,
+            } => (
+                self.delete_exchange_in_topology(vhost, name, *if_unused),
+                Reply::ExchangeDeleteOk,
+                *nowait,
+            ),
+        };
+        let mail = match result {
+            Ok(()) => super::mail::Mail::TopologyDone {
+                to,
+                reply: (!nowait).then_some(reply),
+                version: self.topo.routes().version(),
+            },
+            Err(error) => super::mail::Mail::Refused { to, error },
+        };
+        self.mail.push_back(mail);
+    }
+
+    fn apply_bind(&mut self, conn: ConnId, vh: VhostId, op: OpKind, b: &Bind) -> OpResult {
+        let add = matches!(op, OpKind::ExchangeBind | OpKind::QueueBind);
+        let destination = if matches!(op, OpKind::ExchangeBind | OpKind::ExchangeUnbind) {
+            let id = self
+                .find_exchange(vh, &b.destination)
+                .ok_or_else(|| self.not_found(vh, op, "exchange", &b.destination))?;
+            Destination::Exchange(id)
+        } else {
+            let id = self
+                .find_queue(vh, &b.destination)
+                .ok_or_else(|| self.not_found(vh, op, "queue", &b.destination))?;
+            if let Some(q) = self.topo.queue(id) {
+                self.exclusive_use(conn, op, q.exclusive_owner, &q.name, q.vhost)?;
+            }
+            Destination::Queue(id)
+        };
+        let source = self
+            .find_exchange(vh, &b.source)
+            .ok_or_else(|| self.not_found(vh, op, "exchange", &b.source))?;
         if add {
             self.check_binding_arguments(op, source, &b.arguments)?;
         }
-        // AMQP: an empty queue name and key bind with the last declared queue's name as key.
-        let key: Arc<str> = if b.destination.is_empty() && b.routing_key.is_empty() {
-            queue_name.clone()
-        } else {
-            Arc::from(b.routing_key.as_str())
-        };
-        self.bind(source, Destination::Queue(queue), &key, &b.arguments, add);
-        let mut resolved = b.clone();
-        resolved.destination = queue_name.to_string();
-        resolved.routing_key = key.to_string();
-        self.persist_binding(source, Destination::Queue(queue), &resolved, add);
-        if !b.nowait {
-            let reply = if add {
-                Reply::QueueBindOk
-            } else {
-                Reply::QueueUnbindOk
-            };
-            self.reply(ch, reply);
-        }
+        self.bind(source, destination, &b.routing_key, &b.arguments, add);
+        self.persist_binding(source, destination, b, add);
         Ok(())
     }
 
@@ -608,7 +664,7 @@ impl Broker {
                 queue.set_arguments(d.arguments);
                 self.queues.insert(id, Box::new(queue));
                 let name = self.queues[&id].name.clone();
-                self.topo.routes_mut().add_queue(vh, name, id);
+                self.topo.add_queue(id, vh, name, owner, stored_durable);
                 if self.queues[&id].args.message_ttl.is_some()
                     || self.queues[&id].args.expires.is_some()
                 {
@@ -844,7 +900,7 @@ impl Broker {
             return;
         };
         self.release(q.messages.bytes());
-        self.topo.routes_mut().remove_queue(q.vhost, &q.name);
+        let emptied = self.topo.remove_queue(id);
         let vhost = self.topo.vhost_name_arc(q.vhost);
         if let Some(store) = self.store.as_mut() {
             if q.durable && q.exclusive_owner.is_none() {
@@ -871,7 +927,6 @@ impl Broker {
                 consumer_tag: consumer.tag,
             });
         }
-        let emptied = self.topo.unbind_queue(id, q.bound_from.keys());
         for x in emptied {
             self.delete_exchange(x);
         }

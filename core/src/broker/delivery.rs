@@ -182,7 +182,7 @@ impl Broker {
         let vhost = self.topo.exchange(exchange).map(|x| x.vhost);
         queues.sort_unstable();
         queues.dedup();
-        queues.retain(|q| self.queues.get(q).map(|q| q.vhost) == vhost);
+        queues.retain(|q| self.topo.queue(*q).map(|q| q.vhost) == vhost);
         queues
     }
 

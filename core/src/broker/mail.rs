@@ -1,11 +1,11 @@
-//! Mail between the queue side and the channel side of the broker: the messages that will
+//! Mail between the queue side, the channel side and topology: the messages that will
 //! cross shards in the sharded design (ARCHITECTURE.md, "warren-runtime"). Publish,
-//! dispatch, acks, consume, cancel, get, purge, queue deletion, flow control and dead letters
-//! already go only this way; what the channel side still reads of a queue directly is listed
-//! in ARCHITECTURE.md.
+//! dispatch, acks, consume, cancel, get, purge, queue deletion, bindings, flow control and
+//! dead letters already go only this way; what is still called directly is listed in
+//! ARCHITECTURE.md.
 //!
 //! A handler touches one side only (`Enqueue` runs on the queue's state, `Answered` on the
-//! channel's). The synchronous composition delivers mail in FIFO order at the end of each
+//! channel's, `Bind` on topology). The synchronous composition delivers mail in FIFO order at the end of each
 //! operation (`pump`), so effects come out in the order they did when the sides called each
 //! other directly. With shards, mail may find its channel closed, or closed and opened
 //! again: mail to a channel names the opening it is for (`ChannelAddr`), and the handlers
@@ -15,10 +15,10 @@
 //! order.
 
 use super::Broker;
-use crate::command::QueueDeclare;
+use crate::command::{Bind, ExchangeDeclare, OpKind, QueueDeclare};
 use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
-use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
 use crate::message::Message;
 use crate::queue::classic::QueuedMessage;
 use crate::queue::state::{ConsumerId, Enqueued, Picked, QueueConsumer, Settle, Unacked};
@@ -163,10 +163,39 @@ pub(crate) enum Mail {
     Paused { conn: ConnId, queue: QueueId },
     /// Connection -> queue: a connection the queue paused is gone: forget it.
     PublisherGone { queue: QueueId, conn: ConnId },
+    /// Channel -> topology: a request in `vhost`, permissions checked by the channel
+    /// (always answered: the channel waits).
+    Topology {
+        to: ChannelAddr,
+        vhost: VhostId,
+        request: Box<TopologyRequest>,
+    },
+    /// Topology -> channel: the request is done (its ok, unless `nowait`), on routing table
+    /// `version` and later: the channel's connection routes on no older table from now on.
+    TopologyDone {
+        to: ChannelAddr,
+        reply: Option<Reply>,
+        version: u64,
+    },
     /// Queue -> connection: the queue lifted its pause (it drained, lost its consumers, or
     /// went away). Sent after the `Paused` it lifts, so the connection never stays paused by
     /// a queue that no longer pauses it.
     Resumed { conn: ConnId, queue: QueueId },
+}
+
+/// What a channel asks of topology.
+pub(crate) enum TopologyRequest {
+    /// exchange.bind/unbind or queue.bind/unbind (`op`), the queue name resolved.
+    Bind {
+        op: OpKind,
+        bind: Bind,
+    },
+    DeclareExchange(ExchangeDeclare),
+    DeleteExchange {
+        name: String,
+        if_unused: bool,
+        nowait: bool,
+    },
 }
 
 /// Where a basic.cancel is answered (always, `nowait` or not: the channel waits for it).
@@ -177,12 +206,14 @@ pub(crate) struct CancelReply {
     pub(crate) nowait: bool,
 }
 
-/// Where a piece of mail goes, or comes from: a queue, a connection (its channels), or the
-/// host (admin ops, restore, dead-letter routing).
+/// Where a piece of mail goes, or comes from: a queue, a connection (its channels),
+/// topology (shard 0's part, with shards), or the host (admin ops, restore, dead-letter
+/// routing).
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum Dest {
     Queue(QueueId),
     Conn(ConnId),
+    Topology,
     #[default]
     Host,
 }
@@ -270,6 +301,7 @@ impl Mail {
             | Mail::Redeclare { queue, .. }
             | Mail::TxFlush { queue, .. }
             | Mail::PublisherGone { queue, .. } => Dest::Queue(*queue),
+            Mail::Topology { .. } => Dest::Topology,
             Mail::Answered { to, .. }
             | Mail::ConsumeOk { to, .. }
             | Mail::Refused { to, .. }
@@ -277,6 +309,7 @@ impl Mail {
             | Mail::Purged { to, .. }
             | Mail::Deleted { to, .. }
             | Mail::Declared { to, .. }
+            | Mail::TopologyDone { to, .. }
             | Mail::TxFlushed { to } => Dest::Conn(to.ch.conn),
             Mail::Cancelled { reply } => Dest::Conn(reply.to.ch.conn),
             Mail::ConsumerGone { ch, .. } => Dest::Conn(ch.conn),
@@ -440,6 +473,18 @@ impl Broker {
             } => {
                 if self.take_answer(to) && !nowait {
                     self.reply(to.ch, Reply::QueueDeleteOk { message_count });
+                }
+                self.run_held(to.ch);
+            }
+            Mail::Topology { to, vhost, request } => self.topology_request(to, vhost, &request),
+            Mail::TopologyDone { to, reply, version } => {
+                if self.take_answer(to) {
+                    if let Some(c) = self.conns.get_mut(&to.ch.conn) {
+                        c.routes_seen = c.routes_seen.max(version);
+                    }
+                    if let Some(reply) = reply {
+                        self.reply(to.ch, reply);
+                    }
                 }
                 self.run_held(to.ch);
             }

@@ -787,7 +787,7 @@ impl Broker {
                 exchange,
                 if_unused,
                 nowait,
-            } => self.exchange_delete(ch, &exchange, if_unused, nowait),
+            } => self.exchange_delete(ch, exchange, if_unused, nowait),
             Op::ExchangeBind(b) => self.exchange_bind(ch, b, true),
             Op::ExchangeUnbind(b) => self.exchange_bind(ch, b, false),
             Op::QueueDeclare(d) => self.queue_declare(ch, d),
@@ -922,18 +922,30 @@ impl Broker {
     /// entries, consumers are where queues and channels say they are). For simulation tests
     /// and debug builds; O(state).
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut bound = self.topo.check_invariants()?;
+        self.topo.check_invariants()?;
+        // Topology's copy of each queue's fixed facts matches the queue.
         for (&id, q) in self.queues.iter() {
-            let expected = bound.remove(&id).unwrap_or_default();
-            if q.bound_from.entries() != expected.as_slice() {
-                return Err(format!(
-                    "queue {id:?} bound_from {:?} but bindings say {expected:?}",
-                    q.bound_from.entries()
-                ));
+            let entry = self
+                .topo
+                .queue(id)
+                .ok_or_else(|| format!("queue {id:?} '{}' unknown to topology", q.name))?;
+            let stored = q.durable && q.exclusive_owner.is_none();
+            if (
+                entry.vhost,
+                &entry.name,
+                entry.exclusive_owner,
+                entry.stored,
+            ) != (q.vhost, &q.name, q.exclusive_owner, stored)
+            {
+                return Err(format!("topology's entry of queue {id:?} differs from it"));
             }
         }
-        if let Some((q, _)) = bound.first_key_value() {
-            return Err(format!("a binding to missing queue {q:?}"));
+        if self.topo.queue_count() != self.queues.len() {
+            return Err(format!(
+                "topology knows {} queues, the broker has {}",
+                self.topo.queue_count(),
+                self.queues.len()
+            ));
         }
         // What follows compares the queue side with the channel side, which agree only
         // once the mail between them has arrived (with scheduled mail, not after every op).

@@ -221,8 +221,6 @@ pub(crate) struct QueueState {
     /// Auto-delete applies only to a queue that has had a consumer.
     pub(crate) had_consumer: bool,
     pub(crate) unacked: u64,
-    /// Exchanges with bindings to this queue, and how many.
-    pub(crate) bound_from: crate::exchange::Counts<crate::ids::ExchangeId>,
     /// Publishing connections this queue has paused (flow control).
     pub(crate) pausing: Pausing,
     /// The parsed `x-` arguments (TTL, limits, dead-lettering, single active consumer).
@@ -314,7 +312,6 @@ impl QueueState {
             rr_next: 0,
             had_consumer: false,
             unacked: 0,
-            bound_from: Default::default(),
             pausing: Pausing::default(),
             args: HeldArgs::default(),
             mixed_priorities: false,
