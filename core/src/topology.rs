@@ -16,6 +16,8 @@
 //!   hold to it (deletion finds them without a scan).
 //! - Every binding's destination exists: removing a queue (`remove_queue`) or an exchange
 //!   removes the bindings to it in the same call.
+//! - A queue in the directory is either routable (in the routing table) or being created
+//!   (`creating`: reserved, its owner has not confirmed it), never both.
 //! - Deleting an exchange removes every binding from and to it; auto-delete exchanges left
 //!   without bindings go too, through a worklist (bounded by the number of exchanges).
 
@@ -99,6 +101,11 @@ pub(crate) struct Topology {
     pub(crate) users: Users,
     exchanges: IdMap<ExchangeId, Exchange>,
     queues: IdMap<QueueId, QueueEntry>,
+    /// Queues in the directory whose owner has not confirmed them yet: named (a declare of
+    /// the name goes to them) but not routable. At most one per channel with a declare out,
+    /// and one at a time without shards, so a scan (and no map type of its own: the wasm
+    /// build is size-bounded).
+    creating: Vec<QueueId>,
     /// What routing reads, shared with hosts as immutable snapshots.
     routes: Arc<RouteTable>,
 }
@@ -123,6 +130,7 @@ impl Topology {
             users: Users::new(),
             exchanges: IdMap::default(),
             queues: IdMap::default(),
+            creating: Vec::new(),
             routes: Arc::default(),
         }
     }
@@ -358,9 +366,20 @@ impl Topology {
         self.queues.len()
     }
 
-    /// Adds queue `id` (the caller checked that its name is free in its vhost), routable by
-    /// name through the default exchange.
-    pub(crate) fn add_queue(
+    /// The queue `name` in vhost `vh`, routable or being created.
+    pub(crate) fn find_queue_or_creating(&self, vh: VhostId, name: &str) -> Option<QueueId> {
+        self.find_queue(vh, name).or_else(|| {
+            self.creating.iter().copied().find(|id| {
+                self.queues
+                    .get(id)
+                    .is_some_and(|q| q.vhost == vh && *q.name == *name)
+            })
+        })
+    }
+
+    /// Adds queue `id` to the directory (the caller checked that its name is free in its
+    /// vhost), not routable until `publish_queue`.
+    pub(crate) fn reserve_queue(
         &mut self,
         id: QueueId,
         vhost: VhostId,
@@ -368,8 +387,8 @@ impl Topology {
         exclusive_owner: Option<ConnId>,
         stored: bool,
     ) {
-        debug_assert!(self.find_queue(vhost, &name).is_none());
-        self.routes_mut().add_queue(vhost, name.clone(), id);
+        debug_assert!(self.find_queue_or_creating(vhost, &name).is_none());
+        self.creating.push(id);
         self.queues.insert(
             id,
             QueueEntry {
@@ -382,13 +401,35 @@ impl Topology {
         );
     }
 
+    /// Makes reserved queue `id` routable by name through the default exchange; its name,
+    /// or `None` if it is not reserved (it went meanwhile).
+    pub(crate) fn publish_queue(&mut self, id: QueueId) -> Option<Arc<str>> {
+        let (vhost, name) = self.queues.get(&id).map(|q| (q.vhost, q.name.clone()))?;
+        if !self.stop_creating(id) {
+            return None;
+        }
+        self.routes_mut().add_queue(vhost, name.clone(), id);
+        Some(name)
+    }
+
+    /// Takes `id` out of `creating`; whether it was there.
+    fn stop_creating(&mut self, id: QueueId) -> bool {
+        let Some(i) = self.creating.iter().position(|c| *c == id) else {
+            return false;
+        };
+        self.creating.swap_remove(i);
+        true
+    }
+
     /// Removes queue `id`, its name and every binding to it; returns the auto-delete
     /// exchanges left without bindings, which must go.
     pub(crate) fn remove_queue(&mut self, id: QueueId) -> Vec<ExchangeId> {
         let Some(q) = self.queues.remove(&id) else {
             return Vec::new();
         };
-        self.routes_mut().remove_queue(q.vhost, &q.name);
+        if !self.stop_creating(id) {
+            self.routes_mut().remove_queue(q.vhost, &q.name);
+        }
         let mut emptied = Vec::new();
         self.unlink(Destination::Queue(id), &q.bound_from, &mut emptied);
         emptied
@@ -510,10 +551,18 @@ impl Topology {
                 ));
             }
         }
-        for (&id, q) in self.queues.iter() {
-            if self.routes.queue(q.vhost, &q.name) != Some(id) {
+        for id in &self.creating {
+            if !self.queues.contains_key(id) {
                 return Err(format!(
-                    "queue {id:?} '{}' not in the routing table",
+                    "queue {id:?} being created is not in the directory"
+                ));
+            }
+        }
+        for (&id, q) in self.queues.iter() {
+            let creating = self.creating.contains(&id);
+            if creating == (self.routes.queue(q.vhost, &q.name) == Some(id)) {
+                return Err(format!(
+                    "queue {id:?} '{}' must be either routable or being created",
                     q.name
                 ));
             }

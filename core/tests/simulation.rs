@@ -6,7 +6,9 @@
 //! or rejected messages) to `dlq`, so dead letters are part of the flow. Queues bind and
 //! unbind themselves to `amq.direct` (queue `qN` with key `kN`), and mandatory publishes
 //! there either reach the queue or come back (basic.return), whichever the bindings say
-//! when topology routes them.
+//! when topology routes them. Queue `t` is deleted and declared again while mandatory
+//! publishes go to it: each reaches the queue (and is counted by its delete-ok or the final
+//! drain), comes back, or reaches a `t` deleted on its way (`Broker::routed_to_deleted`).
 //!
 //! With scheduled mail (`Broker::set_mail_scheduled`), the mail between the queue side and
 //! the channel side takes random time, as it will between shards: the ops interleave with
@@ -73,6 +75,17 @@ enum SimOp {
     /// A bind from an exchange that does not exist: topology refuses it (404), which
     /// closes the channel after the replies to its earlier requests.
     BogusBind {
+        ch: u8,
+    },
+    /// queue.declare of `t` (creating it if it is gone), or queue.delete of it.
+    DeclareT {
+        ch: u8,
+    },
+    DeleteT {
+        ch: u8,
+    },
+    /// A mandatory publish to `t` through the default exchange.
+    PublishT {
         ch: u8,
     },
     Consume {
@@ -171,6 +184,26 @@ enum Expect {
     TxRollbackOk,
     BindOk,
     UnbindOk,
+    /// declare-ok of `t`.
+    DeclareTOk,
+    DeleteOk,
+}
+
+/// The name of the queue that is deleted and declared again, and the origin its messages
+/// are recorded with.
+const T: &str = "t";
+const T_ORIGIN: u8 = 9;
+
+fn declare_t() -> Op {
+    Op::QueueDeclare(QueueDeclare {
+        queue: T.into(),
+        passive: false,
+        durable: false,
+        exclusive: false,
+        auto_delete: false,
+        nowait: false,
+        arguments: FieldTable::new(),
+    })
 }
 
 fn scheduled_op() -> impl Strategy<Value = SimOp> {
@@ -189,6 +222,9 @@ fn sim_op() -> impl Strategy<Value = SimOp> {
         2 => (ch.clone(), 0u8..QUEUES as u8, prop::bool::weighted(0.6))
             .prop_map(|(ch, queue, add)| SimOp::Bind { ch, queue, add }),
         1 => ch.clone().prop_map(|ch| SimOp::BogusBind { ch }),
+        1 => ch.clone().prop_map(|ch| SimOp::DeclareT { ch }),
+        1 => ch.clone().prop_map(|ch| SimOp::DeleteT { ch }),
+        2 => ch.clone().prop_map(|ch| SimOp::PublishT { ch }),
         2 => (ch.clone(), q.clone(), any::<bool>())
             .prop_map(|(ch, queue, no_ack)| SimOp::Consume { ch, queue, no_ack }),
         1 => (ch.clone(), any::<u8>()).prop_map(|(ch, which)| SimOp::Cancel { ch, which }),
@@ -245,8 +281,25 @@ struct Ledger {
     /// Channels sent a bad ack whose channel error has not come yet: the client sends
     /// nothing more on them (the broker would drop it).
     doomed: BTreeSet<ChannelRef>,
-    /// Purges whose purge-ok never came (their connection closed first).
+    /// Purges and deletes of `t` whose purge-ok or delete-ok never came (their connection
+    /// closed first): how many messages they took is not known.
     unanswered_purges: usize,
+    /// Messages `t` held when it was deleted (delete-ok counts).
+    deleted: u64,
+    /// Declares of `t` sent so far, and those not answered yet; `t_unknown`: one's
+    /// connection closed before its answer came (when it was applied is unknown).
+    t_declares_sent: u32,
+    t_declares_pending: u32,
+    t_unknown: bool,
+    /// Per channel: its deletes of `t` not answered yet, each with `t_declares_sent` when it
+    /// was sent if no declare of `t` was pending then.
+    deleting_t: BTreeMap<ChannelRef, VecDeque<Option<u32>>>,
+    /// Per connection: a delete-ok of `t` reached it, stamped as above. While no declare of
+    /// `t` was sent since, `t` does not exist, and a client sees its own deletes: its
+    /// mandatory publishes to `t` must come back.
+    t_deleted_seen: BTreeMap<u64, u32>,
+    /// Ids that must come back for that reason.
+    must_return: BTreeSet<u64>,
     /// Channels in confirm mode (this opening): (publishes sent, confirmed up to).
     confirms: BTreeMap<ChannelRef, (u64, u64)>,
     /// Channels in tx mode (this opening), with the ids published since the last commit.
@@ -371,12 +424,16 @@ impl Sim {
                 | (Some(Expect::QosOk), Reply::QosOk)
                 | (Some(Expect::RecoverOk), Reply::RecoverOk)
                 | (Some(Expect::ConfirmSelectOk), Reply::ConfirmSelectOk)
-                | (Some(Expect::DeclareOk), Reply::QueueDeclareOk { .. })
+                | (
+                    Some(Expect::DeclareOk | Expect::DeclareTOk),
+                    Reply::QueueDeclareOk { .. }
+                )
                 | (Some(Expect::TxSelectOk), Reply::TxSelectOk)
                 | (Some(Expect::TxCommitOk), Reply::TxCommitOk)
                 | (Some(Expect::TxRollbackOk), Reply::TxRollbackOk)
                 | (Some(Expect::BindOk), Reply::QueueBindOk)
                 | (Some(Expect::UnbindOk), Reply::QueueUnbindOk)
+                | (Some(Expect::DeleteOk), Reply::QueueDeleteOk { .. })
         );
         assert!(fits, "{c:?}: {got:?} came while waiting for {expected:?}");
         expected
@@ -452,6 +509,19 @@ impl Sim {
                     Reply::QueuePurgeOk { message_count } => {
                         self.l.purged += u64::from(message_count);
                     }
+                    Reply::QueueDeleteOk { message_count } => {
+                        self.l.deleted += u64::from(message_count);
+                        if self.l.conns.contains(&ch.conn.0) {
+                            let d = self.l.deleting_t.get_mut(&ch).and_then(|d| d.pop_front());
+                            let stamp = d.expect("a delete-ok answers a delete");
+                            if let Some(n) = stamp {
+                                self.l.t_deleted_seen.insert(ch.conn.0, n);
+                            }
+                        }
+                    }
+                    Reply::QueueDeclareOk { .. } if expected == Some(Expect::DeclareTOk) => {
+                        self.l.t_declares_pending -= 1;
+                    }
                     Reply::GetOk { delivery, .. } => {
                         let Some(Expect::Get { no_ack }) = expected else {
                             // A closing connection's get: the broker requeued it or lost
@@ -502,11 +572,11 @@ impl Sim {
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .expect("body is an id");
-                assert!(
-                    &*message.exchange == "amq.direct",
-                    "message {id} returned but published to the default exchange"
-                );
                 let q = self.l.origin[id as usize];
+                assert!(
+                    &*message.exchange == "amq.direct" || q == T_ORIGIN,
+                    "message {id} returned but published to an existing queue"
+                );
                 if let Some(&n) = self.l.bound_seen.get(&(ch.conn.0, q)) {
                     assert!(
                         n != self.l.unbinds_sent[usize::from(q)]
@@ -514,6 +584,7 @@ impl Sim {
                         "message {id} returned though its connection saw q{q} bound"
                     );
                 }
+                self.l.must_return.remove(&id);
                 self.l.settled.push(id);
             }
             Effect::ChannelError { ch, .. } => {
@@ -597,6 +668,9 @@ impl Sim {
             | SimOp::Tx { ch, .. }
             | SimOp::Bind { ch, .. }
             | SimOp::BogusBind { ch }
+            | SimOp::DeclareT { ch }
+            | SimOp::DeleteT { ch }
+            | SimOp::PublishT { ch }
             | SimOp::Purge { ch, .. } => self.l.doomed.contains(&on(*ch)),
             SimOp::CloseConnection { .. }
             | SimOp::Written { .. }
@@ -614,37 +688,11 @@ impl Sim {
             } => {
                 let c = channel_of(i);
                 self.ensure(c);
-                let id = self.l.published;
-                self.l.published += 1;
-                self.l.origin.push(queue);
-                if let Some(ids) = self.l.tx.get_mut(&c) {
-                    ids.push(id);
-                }
-                if let Some((sent, _)) = self.l.confirms.get_mut(&c) {
-                    *sent += 1;
-                }
-                let (exchange, key) = if direct {
-                    ("amq.direct", format!("k{queue}"))
+                if direct {
+                    self.publish(c, queue, "amq.direct", format!("k{queue}"), true);
                 } else {
-                    ("", format!("q{queue}"))
-                };
-                let routed = self.host_routes.then(|| {
-                    let table = self.h.broker.routes();
-                    let vhost = table.vhost("/").expect("vhost /");
-                    table.route_publish(vhost, exchange, &key, None)
-                });
-                self.exec(
-                    c,
-                    Op::Publish(Box::new(Publish {
-                        exchange: exchange.into(),
-                        routing_key: key.into(),
-                        mandatory: direct,
-                        immediate: false,
-                        properties: Properties::default(),
-                        body: id.to_string().into(),
-                        routed: routed.flatten(),
-                    })),
-                );
+                    self.publish(c, queue, "", format!("q{queue}"), false);
+                }
             }
             SimOp::Consume {
                 ch: i,
@@ -759,13 +807,21 @@ impl Sim {
                         self.drop_channel(c);
                         let waiting = self.l.expect.remove(&c).unwrap_or_default();
                         self.l.binding.remove(&c);
+                        self.l.deleting_t.remove(&c);
+                        if waiting.contains(&Expect::DeclareTOk) {
+                            self.l.t_unknown = true;
+                            self.l.t_declares_pending -=
+                                waiting.iter().filter(|e| **e == Expect::DeclareTOk).count() as u32;
+                        }
                         for q in self.l.unbinding.remove(&c).unwrap_or_default() {
                             self.l.unbinds_pending[usize::from(q)] -= 1;
                             self.l.unbind_unknown[usize::from(q)] = true;
                         }
                         // A purge answered to nobody: how much it took is not known.
-                        self.l.unanswered_purges +=
-                            waiting.iter().filter(|e| **e == Expect::PurgeOk).count();
+                        self.l.unanswered_purges += waiting
+                            .iter()
+                            .filter(|e| matches!(e, Expect::PurgeOk | Expect::DeleteOk))
+                            .count();
                         self.l.closing.remove(&c);
                         self.l.recovering.remove(&c);
                         self.l.doomed.remove(&c);
@@ -893,8 +949,73 @@ impl Sim {
                 };
                 self.exec(c, Op::QueueBind(bind));
             }
+            SimOp::DeclareT { ch: i } => {
+                let c = channel_of(i);
+                self.ensure(c);
+                self.l.t_declares_sent += 1;
+                self.l.t_declares_pending += 1;
+                // A publish that must come back and has not yet was not applied yet (a
+                // return is seen as it is applied): it may now reach the new `t`.
+                self.l.must_return.clear();
+                self.send(c, declare_t(), Some(Expect::DeclareTOk));
+            }
+            SimOp::DeleteT { ch: i } => {
+                let c = channel_of(i);
+                self.ensure(c);
+                let stamp = (self.l.t_declares_pending == 0).then_some(self.l.t_declares_sent);
+                self.l.deleting_t.entry(c).or_default().push_back(stamp);
+                let delete = Op::QueueDelete {
+                    queue: T.into(),
+                    if_unused: false,
+                    if_empty: false,
+                    nowait: false,
+                };
+                self.send(c, delete, Some(Expect::DeleteOk));
+            }
+            SimOp::PublishT { ch: i } => {
+                let c = channel_of(i);
+                self.ensure(c);
+                let seen_gone = self.l.t_deleted_seen.get(&c.conn.0);
+                if seen_gone == Some(&self.l.t_declares_sent)
+                    && !self.l.t_unknown
+                    && !self.l.tx.contains_key(&c)
+                {
+                    self.l.must_return.insert(self.l.published);
+                }
+                self.publish(c, T_ORIGIN, "", T.into(), true);
+            }
             SimOp::Mail { count, pick } => self.mail(count, pick),
         }
+    }
+
+    /// Publishes the next message id on `c`, recorded with `origin`.
+    fn publish(&mut self, c: ChannelRef, origin: u8, exchange: &str, key: String, mandatory: bool) {
+        let id = self.l.published;
+        self.l.published += 1;
+        self.l.origin.push(origin);
+        if let Some(ids) = self.l.tx.get_mut(&c) {
+            ids.push(id);
+        }
+        if let Some((sent, _)) = self.l.confirms.get_mut(&c) {
+            *sent += 1;
+        }
+        let routed = self.host_routes.then(|| {
+            let table = self.h.broker.routes();
+            let vhost = table.vhost("/").expect("vhost /");
+            table.route_publish(vhost, exchange, &key, None)
+        });
+        self.exec(
+            c,
+            Op::Publish(Box::new(Publish {
+                exchange: exchange.into(),
+                routing_key: key.into(),
+                mandatory,
+                immediate: false,
+                properties: Properties::default(),
+                body: id.to_string().into(),
+                routed: routed.flatten(),
+            })),
+        );
     }
 
     fn h_consume(&mut self, c: ChannelRef, queue: &str, tag: &str, no_ack: bool) {
@@ -966,6 +1087,11 @@ impl Sim {
         for (c, (sent, confirmed)) in &self.l.confirms {
             assert_eq!(sent, confirmed, "{c:?}: publishes left unconfirmed");
         }
+        assert!(
+            self.l.must_return.is_empty(),
+            "publishes to t after their connection saw it deleted, not returned: {:?}",
+            self.l.must_return
+        );
         for conn in 1..=CONNS {
             if self.l.conns.remove(&conn) {
                 for n in 1..=CHANNELS {
@@ -977,13 +1103,15 @@ impl Sim {
         self.h.broker.set_mail_scheduled(false);
         self.l.outstanding.clear();
         self.connect(9);
-        for q in 0..=QUEUES as u8 {
+        self.send(ch(9, 1), declare_t(), Some(Expect::DeclareOk));
+        let names = (0..=QUEUES as u8).map(queue_name).chain([T.to_string()]);
+        for name in names {
             loop {
                 let before = self.l.settled.len();
                 self.send(
                     ch(9, 1),
                     Op::Get {
-                        queue: queue_name(q),
+                        queue: name.clone(),
                         no_ack: true,
                     },
                     Some(Expect::Get { no_ack: true }),
@@ -1001,7 +1129,8 @@ impl Sim {
         );
         let lost = self.h.broker.lost_in_flight();
         let rolled_back = self.l.rolled_back.len() as u64;
-        let accounted = unique.len() as u64 + self.l.purged + lost + rolled_back;
+        let gone = self.l.deleted + self.h.broker.routed_to_deleted();
+        let accounted = unique.len() as u64 + self.l.purged + lost + rolled_back + gone;
         if self.l.unanswered_purges > 0 {
             // Some purges took an unknown number: nothing may be invented, at least.
             assert!(
@@ -1015,7 +1144,7 @@ impl Sim {
             accounted,
             self.l.published,
             "messages lost or invented (settled {}, purged {}, lost with a closed channel {}, \
-             rolled back {rolled_back}, published {})",
+             rolled back {rolled_back}, deleted with t {gone}, published {})",
             unique.len(),
             self.l.purged,
             lost,

@@ -486,31 +486,43 @@ impl Broker {
         vhost: VhostId,
         request: &TopologyRequest,
     ) {
-        let (result, reply, nowait) = match request {
-            TopologyRequest::Bind { op, bind } => {
+        let (result, reply, nowait) = match *request {
+            TopologyRequest::Bind { op, ref bind } => {
                 let reply = match op {
                     OpKind::ExchangeBind => Reply::ExchangeBindOk,
                     OpKind::ExchangeUnbind => Reply::ExchangeUnbindOk,
                     OpKind::QueueBind => Reply::QueueBindOk,
                     _ => Reply::QueueUnbindOk,
                 };
-                let result = self.apply_bind(to.ch.conn, vhost, *op, bind);
+                let result = self.apply_bind(to.ch.conn, vhost, op, bind);
                 (result, reply, bind.nowait)
             }
-            TopologyRequest::DeclareExchange(d) => (
+            TopologyRequest::DeclareExchange(ref d) => (
                 self.declare_exchange_in_topology(vhost, d),
                 Reply::ExchangeDeclareOk,
                 d.nowait,
             ),
             TopologyRequest::DeleteExchange {
-                name,
+                ref name,
                 if_unused,
                 nowait,
             } => (
-                self.delete_exchange_in_topology(vhost, name, *if_unused),
+                self.delete_exchange_in_topology(vhost, name, if_unused),
                 Reply::ExchangeDeleteOk,
-                *nowait,
+                nowait,
             ),
+            TopologyRequest::DeclareQueue {
+                ref declare,
+                server_named,
+            } => {
+                // Answered later, by the queue (redeclare) or once its owner created it.
+                if let Err(error) = self.declare_queue_in_topology(to, vhost, declare, server_named)
+                {
+                    self.mail
+                        .push_back(super::mail::Mail::Refused { to, error });
+                }
+                return;
+            }
         };
         let mail = match result {
             Ok(()) => super::mail::Mail::TopologyDone {
@@ -572,7 +584,6 @@ impl Broker {
         } else {
             self.resolve_queue_name(ch, op, &d.queue)?
         };
-        let vh = self.conn_vhost(ch.conn);
         if !d.passive {
             self.check_access(ch, op, Perm::Configure, Resource::Queue, &name)?;
             // Dead-lettering publishes as this user: RabbitMQ checks it at declare.
@@ -585,110 +596,179 @@ impl Broker {
                 self.check_access(ch, op, Perm::Write, Resource::Exchange, dlx)?;
             }
         }
-        let existing = self.find_queue(vh, &name);
-        let id = match existing {
-            Some(queue) => {
-                // The queue decides (exclusive use, equivalence, its counts) and answers.
-                let mut d = d;
-                d.queue = name.to_string();
-                if let Some(channel) = self.channels.get_mut(&ch) {
-                    channel.last_queue = Some(name);
-                }
-                let to = self.addr(ch);
-                self.mail.push_back(super::mail::Mail::Redeclare {
-                    queue,
-                    to,
-                    declare: Box::new(d),
-                });
-                self.await_answer(ch);
-                return Ok(());
-            }
-            None if d.passive => return Err(self.not_found(vh, op, "queue", &name)),
-            None => {
-                if name.starts_with("amq.") && !d.queue.is_empty() {
-                    return Err(ProtocolError::new(
-                        ErrorCode::AccessRefused,
-                        op,
-                        format!("queue name '{name}' contains reserved prefix 'amq.*'"),
-                    ));
-                }
-                let policy = self.topo.policy(vh, &name, true);
-                let effective = crate::policy::queue_arguments(&d.arguments, policy);
-                let args =
-                    crate::queue::args::QueueArgs::parse(&effective).map_err(|(arg, reason)| {
-                        ProtocolError::new(
-                            ErrorCode::PreconditionFailed,
-                            op,
-                            format!(
-                                "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
-                                self.vhost_name(vh)
-                            ),
-                        )
-                    })?;
-                let id = QueueId(self.next_id());
-                let owner = d.exclusive.then_some(ch.conn);
-                // Exclusive queues die with their connection: nothing of them outlives a
-                // restart, so they are not stored as durable.
-                let stored_durable = d.durable && !d.exclusive;
-                let vhost_name = self.topo.vhost_name_arc(vh);
-                let messages = match self.store.as_mut() {
-                    Some(store) => {
-                        if stored_durable && !self.restoring {
-                            let mut def = d.clone();
-                            def.queue = name.to_string();
-                            def.passive = false;
-                            def.nowait = false;
-                            if store
-                                .define(crate::store::DefinitionChange::QueueDeclared {
-                                    vhost: &vhost_name,
-                                    def: &def,
-                                })
-                                .is_err()
-                            {
-                                self.store_failed_at = Some(self.now);
-                            }
-                            self.sync_dirty = true;
-                        }
-                        MessageQueue::recovered(
-                            store.open_queue(id, &vhost_name, &name, stored_durable),
-                            args.max_priority,
-                        )
-                    }
-                    None => MessageQueue::recovered(Default::default(), args.max_priority),
-                };
-                let mut queue = QueueState::new(id, vh, name.clone(), messages, self.now);
-                queue.durable = d.durable;
-                queue.exclusive_owner = owner;
-                queue.auto_delete = d.auto_delete;
-                queue.args = args.into();
-                queue.set_arguments(d.arguments);
-                self.queues.insert(id, Box::new(queue));
-                let name = self.queues[&id].name.clone();
-                self.topo.add_queue(id, vh, name, owner, stored_durable);
-                if self.queues[&id].args.message_ttl.is_some()
-                    || self.queues[&id].args.expires.is_some()
-                {
-                    self.expiring.insert(id);
-                }
-                if let Some(conn) = owner.and_then(|o| self.conns.get_mut(&o)) {
-                    conn.exclusive_queues.insert(id);
-                }
-                id
-            }
-        };
         if let Some(channel) = self.channels.get_mut(&ch) {
             channel.last_queue = Some(name.clone());
         }
-        if !d.nowait {
-            let q = &self.queues[&id];
-            let reply = Reply::QueueDeclareOk {
-                queue: name,
-                message_count: u32::try_from(q.messages.len()).unwrap_or(u32::MAX),
-                consumer_count: u32::try_from(q.consumers.len()).unwrap_or(u32::MAX),
-            };
-            self.reply(ch, reply);
-        }
+        let server_named = d.queue.is_empty();
+        let mut declare = d;
+        declare.queue = name.to_string();
+        self.send_to_topology(
+            ch,
+            TopologyRequest::DeclareQueue {
+                declare,
+                server_named,
+            },
+        );
         Ok(())
+    }
+
+    /// The topology side of queue.declare of channel `to` in vhost `vh`: an existing queue
+    /// (or one being created) decides itself (`Redeclare`); a new one is named here, stored,
+    /// and created by its owner (`CreateQueue`), which tells topology (`QueueCreated`);
+    /// only then is it routable and declare-ok sent, so a publish after declare-ok reaches
+    /// it.
+    fn declare_queue_in_topology(
+        &mut self,
+        to: ChannelAddr,
+        vh: VhostId,
+        d: &QueueDeclare,
+        server_named: bool,
+    ) -> OpResult {
+        let op = OpKind::QueueDeclare;
+        let name = d.queue.as_str();
+        if let Some(queue) = self.topo.find_queue_or_creating(vh, name) {
+            // The queue decides (exclusive use, equivalence, its counts) and answers.
+            self.mail.push_back(super::mail::Mail::Redeclare {
+                queue,
+                to,
+                vhost: vh,
+                declare: Box::new(d.clone()),
+            });
+            return Ok(());
+        }
+        if d.passive {
+            return Err(self.not_found(vh, op, "queue", name));
+        }
+        if name.starts_with("amq.") && !server_named {
+            return Err(ProtocolError::new(
+                ErrorCode::AccessRefused,
+                op,
+                format!("queue name '{name}' contains reserved prefix 'amq.*'"),
+            ));
+        }
+        let policy = self.topo.policy(vh, name, true);
+        let effective = crate::policy::queue_arguments(&d.arguments, policy);
+        let args = crate::queue::args::QueueArgs::parse(&effective).map_err(|(arg, reason)| {
+            ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                op,
+                format!(
+                    "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
+                    self.vhost_name(vh)
+                ),
+            )
+        })?;
+        let id = QueueId(self.next_id());
+        let owner = d.exclusive.then_some(to.ch.conn);
+        // Exclusive queues die with their connection: nothing of them outlives a restart,
+        // so they are not stored as durable.
+        let stored = d.durable && !d.exclusive;
+        let vhost = self.topo.vhost_name_arc(vh);
+        if stored && !self.restoring {
+            let mut def = d.clone();
+            def.passive = false;
+            def.nowait = false;
+            self.define(crate::store::DefinitionChange::QueueDeclared {
+                vhost: &vhost,
+                def: &def,
+            });
+        }
+        self.topo
+            .reserve_queue(id, vh, Arc::from(name), owner, stored);
+        self.mail.push_back(super::mail::Mail::CreateQueue {
+            queue: id,
+            to,
+            create: Box::new(super::mail::CreateQueue {
+                vhost: vh,
+                vhost_name: vhost,
+                declare: d.clone(),
+                args,
+            }),
+        });
+        Ok(())
+    }
+
+    /// The owner's side of a new queue: creates it with its store log. An exclusive queue
+    /// whose connection closed meanwhile is not created (it would outlive its owner).
+    pub(super) fn create_queue(
+        &mut self,
+        id: QueueId,
+        to: ChannelAddr,
+        c: super::mail::CreateQueue,
+    ) {
+        let d = c.declare;
+        let owner = d.exclusive.then_some(to.ch.conn);
+        if owner.is_some_and(|o| !self.conns.contains_key(&o)) {
+            let gone = super::mail::Mail::QueueGone {
+                queue: id,
+                answer: None,
+            };
+            self.mail.push_back(gone);
+            return;
+        }
+        let stored = d.durable && !d.exclusive;
+        let name: Arc<str> = Arc::from(d.queue.as_str());
+        let messages = match self.store.as_mut() {
+            Some(store) => MessageQueue::recovered(
+                store.open_queue(id, &c.vhost_name, &name, stored),
+                c.args.max_priority,
+            ),
+            None => MessageQueue::recovered(Default::default(), c.args.max_priority),
+        };
+        let mut queue = QueueState::new(id, c.vhost, name, messages, self.now);
+        queue.durable = d.durable;
+        queue.exclusive_owner = owner;
+        queue.auto_delete = d.auto_delete;
+        queue.args = c.args.into();
+        queue.set_arguments(d.arguments);
+        let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
+        self.queues.insert(id, Box::new(queue));
+        if expiring {
+            self.expiring.insert(id);
+        }
+        if let Some(conn) = owner.and_then(|o| self.conns.get_mut(&o)) {
+            conn.exclusive_queues.insert(id);
+        }
+        self.mail.push_back(super::mail::Mail::QueueCreated {
+            queue: id,
+            to,
+            nowait: d.nowait,
+        });
+    }
+
+    /// Topology learns that queue `id` exists: it becomes routable, and its declarer gets
+    /// declare-ok with the routing table version that holds it.
+    pub(super) fn queue_created(&mut self, id: QueueId, to: ChannelAddr, nowait: bool) {
+        let Some(name) = self.topo.publish_queue(id) else {
+            return;
+        };
+        let version = self.topo.routes().version();
+        self.mail.push_back(super::mail::Mail::Declared {
+            to,
+            queue: name,
+            message_count: 0,
+            consumer_count: 0,
+            nowait,
+            version,
+        });
+    }
+
+    /// Topology learns that queue `id` is gone: its name, directory entry and bindings go,
+    /// and the auto-delete exchanges that lose their last binding that way; then the
+    /// queue.delete that removed it (if one did) is answered, with the routing table version
+    /// that no longer has it.
+    pub(super) fn queue_gone(&mut self, id: QueueId, answer: Option<super::mail::DeleteAnswer>) {
+        for x in self.topo.remove_queue(id) {
+            self.delete_exchange(x);
+        }
+        if let Some(a) = answer {
+            self.mail.push_back(super::mail::Mail::Deleted {
+                to: a.to,
+                message_count: a.message_count,
+                nowait: a.nowait,
+                version: self.topo.routes().version(),
+            });
+        }
     }
 
     /// The queue side of a declare of an existing queue: refused if another connection
@@ -698,21 +778,31 @@ impl Broker {
     pub(super) fn redeclare_in_queue(
         &mut self,
         queue: QueueId,
-        to: crate::ids::ChannelAddr,
-        d: &QueueDeclare,
+        to: ChannelAddr,
+        vhost: VhostId,
+        d: QueueDeclare,
     ) {
         let op = OpKind::QueueDeclare;
+        if !self.queues.contains_key(&queue) {
+            // Deleted while the declare travelled: topology hears of that (`QueueGone`,
+            // sent before this on the same link) before it sees the declare again, and
+            // then creates the queue anew (or answers 404 to a passive declare).
+            let request = TopologyRequest::DeclareQueue {
+                declare: d,
+                server_named: false,
+            };
+            self.mail.push_back(super::mail::Mail::Topology {
+                to,
+                vhost,
+                request: Box::new(request),
+            });
+            return;
+        }
         let checked = self.check_exclusive(to.ch, op, queue).and_then(|()| {
-            if !self.queues.contains_key(&queue) {
-                let vh = self.conn_vhost(to.ch.conn);
-                let mut error = self.not_found(vh, op, "queue", &d.queue);
-                error.text = format!("{}; it was deleted while being declared", error.text);
-                return Err(error);
-            }
             if d.passive {
                 return Ok(());
             }
-            self.check_queue_equivalence(queue, d)
+            self.check_queue_equivalence(queue, &d)
         });
         if let Err(error) = checked {
             self.mail
@@ -732,6 +822,7 @@ impl Broker {
             message_count: u32::try_from(q.messages.len()).unwrap_or(u32::MAX),
             consumer_count: u32::try_from(q.consumers.len()).unwrap_or(u32::MAX),
             nowait: d.nowait,
+            version: 0,
         });
     }
 
@@ -883,24 +974,39 @@ impl Broker {
             return;
         }
         let count = self.queues.get(&queue).map_or(0, |q| q.messages.len());
-        self.mail.push_back(super::mail::Mail::Deleted {
+        let answer = super::mail::DeleteAnswer {
             to,
             message_count: u32::try_from(count).unwrap_or(u32::MAX),
             nowait,
-        });
-        self.delete_queue(queue);
+        };
+        self.remove_queue(queue, Some(answer));
     }
 
     /// Removes a queue: its bindings (auto-deleting exchanges left without any), its ready
     /// messages, and its consumers, who are told (`basic.cancel`) when their client
     /// understands it. Unacked deliveries stay on their channels; acking them is a no-op.
     pub(super) fn delete_queue(&mut self, id: QueueId) {
+        self.remove_queue(id, None);
+    }
+
+    /// `delete_queue`, for a queue.delete whose answer topology sends once the queue's name
+    /// and bindings are gone (so a publish after delete-ok is not routed to it).
+    fn remove_queue(&mut self, id: QueueId, answer: Option<super::mail::DeleteAnswer>) {
         self.resume_paused(id);
         let Some(q) = self.queues.remove(&id) else {
+            // Deleted by an earlier op while this delete travelled: topology heard of that
+            // on this link already, and answers after it.
+            if answer.is_some() {
+                let gone = super::mail::Mail::QueueGone { queue: id, answer };
+                self.mail.push_from(super::mail::Dest::Queue(id), gone);
+            }
             return;
         };
         self.release(q.messages.bytes());
-        let emptied = self.topo.remove_queue(id);
+        // Topology removes its name and bindings (from this queue's link, so a declare the
+        // queue sends back to topology arrives after it).
+        let gone = super::mail::Mail::QueueGone { queue: id, answer };
+        self.mail.push_from(super::mail::Dest::Queue(id), gone);
         let vhost = self.topo.vhost_name_arc(q.vhost);
         if let Some(store) = self.store.as_mut() {
             if q.durable && q.exclusive_owner.is_none() {
@@ -926,9 +1032,6 @@ impl Broker {
                 consumer: consumer.id,
                 consumer_tag: consumer.tag,
             });
-        }
-        for x in emptied {
-            self.delete_exchange(x);
         }
     }
 }

@@ -177,12 +177,15 @@ impl Broker {
 
     /// The queues of a host-routed publish that still exist, each once, in id order. A queue
     /// deleted since the snapshot is dropped: the publish happened before the deletion, which
-    /// took the message with it (so a mandatory publish is not returned either).
-    fn still_routable(&self, exchange: ExchangeId, mut queues: Vec<QueueId>) -> Vec<QueueId> {
+    /// took the message with it (so a mandatory publish is not returned either; counted in
+    /// `routed_to_deleted`).
+    fn still_routable(&mut self, exchange: ExchangeId, mut queues: Vec<QueueId>) -> Vec<QueueId> {
         let vhost = self.topo.exchange(exchange).map(|x| x.vhost);
         queues.sort_unstable();
         queues.dedup();
+        let routed = queues.len();
         queues.retain(|q| self.topo.queue(*q).map(|q| q.vhost) == vhost);
+        self.routed_to_deleted += (routed - queues.len()) as u64;
         queues
     }
 

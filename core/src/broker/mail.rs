@@ -122,15 +122,38 @@ pub(crate) enum Mail {
     Redeclare {
         queue: QueueId,
         to: ChannelAddr,
+        vhost: VhostId,
         declare: Box<QueueDeclare>,
     },
-    /// Queue -> channel: declare-ok (unless `nowait`) with the queue's counts.
+    /// Queue or topology -> channel: declare-ok (unless `nowait`) with the queue's counts;
+    /// from topology, of a new queue, with the routing table version that holds it (as
+    /// `TopologyDone`).
     Declared {
         to: ChannelAddr,
         queue: Arc<str>,
         message_count: u32,
         consumer_count: u32,
         nowait: bool,
+        version: u64,
+    },
+    /// Topology -> the new queue's owner: create it (named, stored and in topology's
+    /// directory already, not routable yet).
+    CreateQueue {
+        queue: QueueId,
+        to: ChannelAddr,
+        create: Box<CreateQueue>,
+    },
+    /// Owner -> topology: the queue exists; make it routable and answer its declarer.
+    QueueCreated {
+        queue: QueueId,
+        to: ChannelAddr,
+        nowait: bool,
+    },
+    /// Owner -> topology: the queue is gone (or was never created): forget its name and
+    /// bindings, then answer the queue.delete that removed it, if one did.
+    QueueGone {
+        queue: QueueId,
+        answer: Option<DeleteAnswer>,
     },
     /// Channel -> queue: a transaction's commit sent this queue what it touched here
     /// (before this, on the same link): answer when it is done.
@@ -145,11 +168,13 @@ pub(crate) enum Mail {
         if_empty: bool,
         nowait: bool,
     },
-    /// Queue -> channel: the queue is deleted (delete-ok unless `nowait`).
+    /// Topology -> channel: the queue is deleted and unroutable (delete-ok unless
+    /// `nowait`), from routing table `version` on.
     Deleted {
         to: ChannelAddr,
         message_count: u32,
         nowait: bool,
+        version: u64,
     },
     /// Queue -> channel: the purge is done (purge-ok unless `nowait`).
     Purged {
@@ -183,6 +208,25 @@ pub(crate) enum Mail {
     Resumed { conn: ConnId, queue: QueueId },
 }
 
+/// The answer a queue.delete gets once topology has forgotten the queue.
+#[derive(Clone, Copy)]
+pub(crate) struct DeleteAnswer {
+    pub(crate) to: ChannelAddr,
+    /// The messages the queue held.
+    pub(crate) message_count: u32,
+    pub(crate) nowait: bool,
+}
+
+/// What the owner of a new queue needs to create it.
+pub(crate) struct CreateQueue {
+    pub(crate) vhost: VhostId,
+    pub(crate) vhost_name: Arc<str>,
+    /// The declare, its name resolved.
+    pub(crate) declare: QueueDeclare,
+    /// Its arguments with the policy applied, parsed.
+    pub(crate) args: crate::queue::args::QueueArgs,
+}
+
 /// What a channel asks of topology.
 pub(crate) enum TopologyRequest {
     /// exchange.bind/unbind or queue.bind/unbind (`op`), the queue name resolved.
@@ -195,6 +239,11 @@ pub(crate) enum TopologyRequest {
         name: String,
         if_unused: bool,
         nowait: bool,
+    },
+    /// queue.declare, its name resolved (`server_named`: the client gave none).
+    DeclareQueue {
+        declare: QueueDeclare,
+        server_named: bool,
     },
 }
 
@@ -246,6 +295,14 @@ impl Mailbox {
             sources.pop_front();
         }
         self.queue.pop_front()
+    }
+
+    /// Sends `mail` as `source` (with scheduled mail, it keeps order with what `source`
+    /// sends, whoever runs now).
+    pub(super) fn push_from(&mut self, source: Dest, mail: Mail) {
+        let now = std::mem::replace(&mut self.from, source);
+        self.push_back(mail);
+        self.from = now;
     }
 
     #[cfg(test)]
@@ -300,8 +357,11 @@ impl Mail {
             | Mail::Delete { queue, .. }
             | Mail::Redeclare { queue, .. }
             | Mail::TxFlush { queue, .. }
-            | Mail::PublisherGone { queue, .. } => Dest::Queue(*queue),
-            Mail::Topology { .. } => Dest::Topology,
+            | Mail::PublisherGone { queue, .. }
+            | Mail::CreateQueue { queue, .. } => Dest::Queue(*queue),
+            Mail::Topology { .. } | Mail::QueueCreated { .. } | Mail::QueueGone { .. } => {
+                Dest::Topology
+            }
             Mail::Answered { to, .. }
             | Mail::ConsumeOk { to, .. }
             | Mail::Refused { to, .. }
@@ -439,26 +499,36 @@ impl Broker {
             }
             Mail::TxFlush { to, .. } => self.mail.push_back(Mail::TxFlushed { to }),
             Mail::TxFlushed { to } => self.tx_flushed(to),
-            Mail::Redeclare { queue, to, declare } => {
-                self.redeclare_in_queue(queue, to, &declare);
-            }
+            Mail::Redeclare {
+                queue,
+                to,
+                vhost,
+                declare,
+            } => self.redeclare_in_queue(queue, to, vhost, *declare),
             Mail::Declared {
                 to,
                 queue,
                 message_count,
                 consumer_count,
                 nowait,
+                version,
             } => {
-                if self.take_answer(to) && !nowait {
-                    let reply = Reply::QueueDeclareOk {
-                        queue,
-                        message_count,
-                        consumer_count,
-                    };
-                    self.reply(to.ch, reply);
+                if self.take_answer(to) {
+                    self.saw_version(to.ch.conn, version);
+                    if !nowait {
+                        let reply = Reply::QueueDeclareOk {
+                            queue,
+                            message_count,
+                            consumer_count,
+                        };
+                        self.reply(to.ch, reply);
+                    }
                 }
                 self.run_held(to.ch);
             }
+            Mail::CreateQueue { queue, to, create } => self.create_queue(queue, to, *create),
+            Mail::QueueCreated { queue, to, nowait } => self.queue_created(queue, to, nowait),
+            Mail::QueueGone { queue, answer } => self.queue_gone(queue, answer),
             Mail::Delete {
                 queue,
                 to,
@@ -470,18 +540,20 @@ impl Broker {
                 to,
                 message_count,
                 nowait,
+                version,
             } => {
-                if self.take_answer(to) && !nowait {
-                    self.reply(to.ch, Reply::QueueDeleteOk { message_count });
+                if self.take_answer(to) {
+                    self.saw_version(to.ch.conn, version);
+                    if !nowait {
+                        self.reply(to.ch, Reply::QueueDeleteOk { message_count });
+                    }
                 }
                 self.run_held(to.ch);
             }
             Mail::Topology { to, vhost, request } => self.topology_request(to, vhost, &request),
             Mail::TopologyDone { to, reply, version } => {
                 if self.take_answer(to) {
-                    if let Some(c) = self.conns.get_mut(&to.ch.conn) {
-                        c.routes_seen = c.routes_seen.max(version);
-                    }
+                    self.saw_version(to.ch.conn, version);
                     if let Some(reply) = reply {
                         self.reply(to.ch, reply);
                     }
@@ -544,10 +616,25 @@ impl Broker {
         true
     }
 
+    /// Connection `conn` was answered on routing table `version`: it routes on no older
+    /// one from now on (a client sees its own topology changes).
+    fn saw_version(&mut self, conn: ConnId, version: u64) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.routes_seen = c.routes_seen.max(version);
+        }
+    }
+
     /// No-ack deliveries and basic.get messages lost because their channel closed while
     /// they travelled to it (as RabbitMQ loses them); 0 unless mail is scheduled.
     pub fn lost_in_flight(&self) -> u64 {
         self.lost_in_flight
+    }
+
+    /// Messages routed to a queue that was deleted before they reached it (the deletion
+    /// took them, as if they had arrived just before it). With mail delivered within the
+    /// operation, only a queue deleted by the operation that routed to it does this.
+    pub fn routed_to_deleted(&self) -> u64 {
+        self.routed_to_deleted
     }
 
     /// The queue side of a publish: enqueue, answer, dispatch, pace.
@@ -557,6 +644,11 @@ impl Broker {
         message: &Arc<Message>,
         publisher: Option<Publisher>,
     ) {
+        if !self.queues.contains_key(&queue) {
+            // Deleted since the publish was routed: the deletion took it (confirmed, as
+            // the publish came before the deletion).
+            self.routed_to_deleted += 1;
+        }
         // A message the store failed to take is nacked: nothing is confirmed that was not
         // stored. A persistent message on a durable queue is confirmed once it is durable.
         let (taken, durable) = match self.enqueue(queue, message) {
@@ -861,6 +953,124 @@ mod tests {
             channel_error(&effects, 406),
             "the queue finds the redeclare inequivalent: {effects:?}"
         );
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// A declare that reaches a queue deleted while it travelled creates the queue anew
+    /// (topology hears of the deletion first), instead of answering 404 to a declare that
+    /// would have created it a moment later.
+    #[test]
+    fn a_declare_racing_a_delete_creates_the_queue_anew() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let ch2 = ChannelRef::new(ConnId(1), 2);
+        ops(&mut b, ch2, vec![Op::ChannelOpen]);
+        deliver_all(&mut b);
+        let delete = Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        };
+        ops(&mut b, ch2, vec![delete]);
+        ops(&mut b, CH, vec![declare_op(false)]);
+        // The delete reaches the queue first; the declare reaches topology before the
+        // queue's `QueueGone` does, so topology still sends it to the queue.
+        let effects = deliver_all(&mut b);
+        let delete_ok = Effect::Reply {
+            ch: ch2,
+            reply: Reply::QueueDeleteOk { message_count: 1 },
+        };
+        let declare_ok = reply(Reply::QueueDeclareOk {
+            queue: "q".into(),
+            message_count: 0,
+            consumer_count: 0,
+        });
+        assert_eq!(effects, vec![delete_ok, declare_ok]);
+        assert_eq!(b.queue_len("q"), Some(0), "a new, empty queue");
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// A new queue is routable only once its owner created it: a publish that races the
+    /// declare is unroutable (returned), never routed to a queue that does not exist yet;
+    /// one after declare-ok reaches it.
+    #[test]
+    fn a_new_queue_is_routable_once_it_exists() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let declare = Op::QueueDeclare(QueueDeclare {
+            queue: "n".into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        });
+        let ch2 = ChannelRef::new(ConnId(1), 2);
+        ops(&mut b, ch2, vec![Op::ChannelOpen]);
+        deliver_all(&mut b);
+        ops(&mut b, CH, vec![declare]);
+        // Topology names it and sends `CreateQueue`; the owner has not created it yet.
+        assert!(b.deliver_mail(1, 0));
+        assert!(matches!(b.mail.front(), Some(Mail::CreateQueue { .. })));
+        let publish = |body| {
+            Op::Publish(Box::new(Publish {
+                exchange: "".into(),
+                routing_key: "n".into(),
+                mandatory: true,
+                immediate: false,
+                properties: Properties::default(),
+                body: bytes::Bytes::from_static(body),
+                routed: None,
+            }))
+        };
+        let effects = ops(&mut b, ch2, vec![publish(b"early")]);
+        assert!(
+            matches!(effects.as_slice(), [Effect::Return { .. }]),
+            "not routable before it exists: {effects:?}"
+        );
+        let effects = deliver_all(&mut b);
+        assert_eq!(
+            effects,
+            vec![reply(Reply::QueueDeclareOk {
+                queue: "n".into(),
+                message_count: 0,
+                consumer_count: 0,
+            })]
+        );
+        ops(&mut b, ch2, vec![publish(b"later")]);
+        deliver_all(&mut b);
+        assert_eq!(b.queue_len("n"), Some(1));
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    /// An exclusive queue whose connection closed while its creation travelled is not
+    /// created (it would outlive its owner), and its name is free again.
+    #[test]
+    fn an_exclusive_queue_of_a_closed_connection_is_not_created() {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        let declare = Op::QueueDeclare(QueueDeclare {
+            queue: "x".into(),
+            passive: false,
+            durable: false,
+            exclusive: true,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        });
+        ops(&mut b, CH, vec![declare]);
+        assert!(b.deliver_mail(1, 0));
+        assert!(matches!(b.mail.front(), Some(Mail::CreateQueue { .. })));
+        ops(
+            &mut b,
+            ChannelRef::new(ConnId(1), 0),
+            vec![Op::ConnectionClose],
+        );
+        deliver_all(&mut b);
+        assert_eq!(b.queue_len("x"), None);
+        assert_eq!(b.topo.queue_count(), 1, "only q is left in the directory");
         assert_eq!(b.check_invariants(), Ok(()));
     }
 

@@ -109,6 +109,8 @@ pub struct Broker {
     next_channel_serial: u32,
     /// No-ack deliveries whose channel closed while they travelled (lost, as in RabbitMQ).
     lost_in_flight: u64,
+    /// Messages routed to a queue that was deleted before they reached it.
+    routed_to_deleted: u64,
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
     /// heads and deadlines (not at every queue).
     expiring: std::collections::BTreeSet<QueueId>,
@@ -279,6 +281,7 @@ impl Broker {
             awaiting: 0,
             next_channel_serial: 0,
             lost_in_flight: 0,
+            routed_to_deleted: 0,
             reply_addresses: HashMap::new(),
             expiring: std::collections::BTreeSet::new(),
         };
@@ -923,7 +926,14 @@ impl Broker {
     /// and debug builds; O(state).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.topo.check_invariants()?;
-        // Topology's copy of each queue's fixed facts matches the queue.
+        // What follows compares the queue side with the channel side and with topology,
+        // which agree only once the mail between them has arrived (with scheduled mail, not
+        // after every op).
+        if !self.mail.is_empty() {
+            return Ok(());
+        }
+        // Topology's copy of each queue's fixed facts matches the queue (a queue being
+        // created or removed differs only while the mail about it travels).
         for (&id, q) in self.queues.iter() {
             let entry = self
                 .topo
@@ -946,11 +956,6 @@ impl Broker {
                 self.topo.queue_count(),
                 self.queues.len()
             ));
-        }
-        // What follows compares the queue side with the channel side, which agree only
-        // once the mail between them has arrived (with scheduled mail, not after every op).
-        if !self.mail.is_empty() {
-            return Ok(());
         }
         let awaiting = self.channels.values().filter(|c| c.awaiting).count();
         if awaiting != self.awaiting {
