@@ -513,10 +513,13 @@ impl Broker {
             ),
             TopologyRequest::DeclareQueue {
                 ref declare,
+                ref name,
                 server_named,
             } => {
                 // Answered later, by the queue (redeclare) or once its owner created it.
-                if let Err(error) = self.declare_queue_in_topology(to, vhost, declare, server_named)
+                let name = name.clone();
+                if let Err(error) =
+                    self.declare_queue_in_topology(to, vhost, declare, name, server_named)
                 {
                     self.mail
                         .push_back(super::mail::Mail::Refused { to, error });
@@ -606,6 +609,7 @@ impl Broker {
             ch,
             TopologyRequest::DeclareQueue {
                 declare,
+                name,
                 server_named,
             },
         );
@@ -622,6 +626,7 @@ impl Broker {
         to: ChannelAddr,
         vh: VhostId,
         d: &QueueDeclare,
+        shared_name: Arc<str>,
         server_named: bool,
     ) -> OpResult {
         let op = OpKind::QueueDeclare;
@@ -674,13 +679,14 @@ impl Broker {
             });
         }
         self.topo
-            .reserve_queue(id, vh, Arc::from(name), owner, stored);
+            .reserve_queue(id, vh, shared_name.clone(), owner, stored);
         self.mail.push_back(super::mail::Mail::CreateQueue {
             queue: id,
             to,
             create: Box::new(super::mail::CreateQueue {
                 vhost: vh,
                 vhost_name: vhost,
+                name: shared_name,
                 declare: d.clone(),
                 args,
             }),
@@ -707,7 +713,8 @@ impl Broker {
             return;
         }
         let stored = d.durable && !d.exclusive;
-        let name: Arc<str> = Arc::from(d.queue.as_str());
+        // One allocation of the name for the queue, topology and the routing table.
+        let name = c.name;
         let messages = match self.store.as_mut() {
             Some(store) => MessageQueue::recovered(
                 store.open_queue(id, &c.vhost_name, &name, stored),
@@ -788,6 +795,7 @@ impl Broker {
             // sent before this on the same link) before it sees the declare again, and
             // then creates the queue anew (or answers 404 to a passive declare).
             let request = TopologyRequest::DeclareQueue {
+                name: Arc::from(d.queue.as_str()),
                 declare: d,
                 server_named: false,
             };

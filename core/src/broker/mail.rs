@@ -221,6 +221,8 @@ pub(crate) struct DeleteAnswer {
 pub(crate) struct CreateQueue {
     pub(crate) vhost: VhostId,
     pub(crate) vhost_name: Arc<str>,
+    /// The queue's name, shared with topology's directory.
+    pub(crate) name: Arc<str>,
     /// The declare, its name resolved.
     pub(crate) declare: QueueDeclare,
     /// Its arguments with the policy applied, parsed.
@@ -240,9 +242,11 @@ pub(crate) enum TopologyRequest {
         if_unused: bool,
         nowait: bool,
     },
-    /// queue.declare, its name resolved (`server_named`: the client gave none).
+    /// queue.declare, its name resolved (`server_named`: the client gave none); `name` is
+    /// the same name, allocated once for the channel's last queue, topology and the queue.
     DeclareQueue {
         declare: QueueDeclare,
+        name: Arc<str>,
         server_named: bool,
     },
 }
