@@ -729,6 +729,8 @@ impl Broker {
         queue.args = c.args.into();
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
+        // Messages a durable queue's log already holds (a restore) count in declare-ok.
+        let message_count = u32::try_from(queue.messages.len()).unwrap_or(u32::MAX);
         self.queues.insert(id, Box::new(queue));
         if expiring {
             self.expiring.insert(id);
@@ -739,21 +741,31 @@ impl Broker {
         self.mail.push_back(super::mail::Mail::QueueCreated {
             queue: id,
             to,
+            message_count,
             nowait: d.nowait,
         });
     }
 
     /// Topology learns that queue `id` exists: it becomes routable, and its declarer gets
     /// declare-ok with the routing table version that holds it.
-    pub(super) fn queue_created(&mut self, id: QueueId, to: ChannelAddr, nowait: bool) {
+    pub(super) fn queue_created(
+        &mut self,
+        id: QueueId,
+        to: ChannelAddr,
+        message_count: u32,
+        nowait: bool,
+    ) {
+        // Only its own `QueueGone` takes a reserved queue out, and that comes after this on
+        // the owner's link.
         let Some(name) = self.topo.publish_queue(id) else {
+            debug_assert!(false, "queue {id:?} created but not reserved");
             return;
         };
         let version = self.topo.routes().version();
         self.mail.push_back(super::mail::Mail::Declared {
             to,
             queue: name,
-            message_count: 0,
+            message_count,
             consumer_count: 0,
             nowait,
             version,

@@ -147,6 +147,7 @@ pub(crate) enum Mail {
     QueueCreated {
         queue: QueueId,
         to: ChannelAddr,
+        message_count: u32,
         nowait: bool,
     },
     /// Owner -> topology: the queue is gone (or was never created): forget its name and
@@ -531,7 +532,12 @@ impl Broker {
                 self.run_held(to.ch);
             }
             Mail::CreateQueue { queue, to, create } => self.create_queue(queue, to, *create),
-            Mail::QueueCreated { queue, to, nowait } => self.queue_created(queue, to, nowait),
+            Mail::QueueCreated {
+                queue,
+                to,
+                message_count,
+                nowait,
+            } => self.queue_created(queue, to, message_count, nowait),
             Mail::QueueGone { queue, answer } => self.queue_gone(queue, answer),
             Mail::Delete {
                 queue,
