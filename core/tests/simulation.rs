@@ -7,8 +7,11 @@
 //! unbind themselves to `amq.direct` (queue `qN` with key `kN`), and mandatory publishes
 //! there either reach the queue or come back (basic.return), whichever the bindings say
 //! when topology routes them. Queue `t` is deleted and declared again while mandatory
-//! publishes go to it: each reaches the queue (and is counted by its delete-ok or the final
-//! drain), comes back, or reaches a `t` deleted on its way (`Broker::routed_to_deleted`).
+//! publishes, consumers and gets use it: each message reaches the queue (and is consumed,
+//! counted by its delete-ok or drained at the end), comes back, reaches a `t` deleted on
+//! its way (`Broker::routed_to_deleted`), or is requeued to a deleted `t`
+//! (`Broker::requeued_to_deleted`); a consume or get that finds `t` gone fails its channel
+//! with 404, and `t`'s consumers are cancelled when it goes.
 //!
 //! With scheduled mail (`Broker::set_mail_scheduled`), the mail between the queue side and
 //! the channel side takes random time, as it will between shards: the ops interleave with
@@ -34,9 +37,14 @@ const QUEUES: usize = 3;
 /// `q0`'s message TTL (sim time: each op is 1 ms).
 const Q0_TTL_MS: i32 = 40;
 
+/// Consumers and gets also use `t` (index `QUEUES + 1`), which may not exist.
+const T_INDEX: u8 = QUEUES as u8 + 1;
+
 fn queue_name(i: u8) -> String {
     if usize::from(i) == QUEUES {
         "dlq".into()
+    } else if i == T_INDEX {
+        T.into()
     } else {
         format!("q{i}")
     }
@@ -216,6 +224,7 @@ fn scheduled_op() -> impl Strategy<Value = SimOp> {
 fn sim_op() -> impl Strategy<Value = SimOp> {
     let ch = 0u8..(CONNS as u8 * CHANNELS as u8);
     let q = 0u8..=QUEUES as u8;
+    let qt = 0u8..=T_INDEX;
     prop_oneof![
         6 => (ch.clone(), 0u8..QUEUES as u8, prop::bool::weighted(0.3))
             .prop_map(|(ch, queue, direct)| SimOp::Publish { ch, queue, direct }),
@@ -225,10 +234,10 @@ fn sim_op() -> impl Strategy<Value = SimOp> {
         1 => ch.clone().prop_map(|ch| SimOp::DeclareT { ch }),
         1 => ch.clone().prop_map(|ch| SimOp::DeleteT { ch }),
         2 => ch.clone().prop_map(|ch| SimOp::PublishT { ch }),
-        2 => (ch.clone(), q.clone(), any::<bool>())
+        2 => (ch.clone(), qt.clone(), any::<bool>())
             .prop_map(|(ch, queue, no_ack)| SimOp::Consume { ch, queue, no_ack }),
         1 => (ch.clone(), any::<u8>()).prop_map(|(ch, which)| SimOp::Cancel { ch, which }),
-        1 => (ch.clone(), q.clone(), any::<bool>())
+        1 => (ch.clone(), qt, any::<bool>())
             .prop_map(|(ch, queue, no_ack)| SimOp::Get { ch, queue, no_ack }),
         4 => (ch.clone(), any::<u8>(), any::<bool>())
             .prop_map(|(ch, which, multiple)| SimOp::Ack { ch, which, multiple }),
@@ -300,6 +309,9 @@ struct Ledger {
     t_deleted_seen: BTreeMap<u64, u32>,
     /// Ids that must come back for that reason.
     must_return: BTreeSet<u64>,
+    /// Channels whose last request is a consume or get on `t` (also `doomed` until its
+    /// answer: a 404 if `t` is gone).
+    risky: BTreeSet<ChannelRef>,
     /// Channels in confirm mode (this opening): (publishes sent, confirmed up to).
     confirms: BTreeMap<ChannelRef, (u64, u64)>,
     /// Channels in tx mode (this opening), with the ids published since the last commit.
@@ -410,6 +422,10 @@ impl Sim {
             return None;
         }
         let expected = self.l.expect.get_mut(&c).and_then(|q| q.pop_front());
+        if self.l.expect.get(&c).is_none_or(|q| q.is_empty()) && self.l.risky.remove(&c) {
+            // The op on `t` succeeded: the channel is usable again.
+            self.l.doomed.remove(&c);
+        }
         let fits = matches!(
             (expected, got),
             (Some(Expect::OpenOk), Reply::ChannelOpenOk)
@@ -587,13 +603,17 @@ impl Sim {
                 self.l.must_return.remove(&id);
                 self.l.settled.push(id);
             }
-            Effect::ChannelError { ch, .. } => {
-                // Only the bad ack and the bad bind fail a channel here, and the client sent
-                // nothing after them: every earlier request was answered first.
+            Effect::ChannelError { ch, error } => {
+                // Only the bad ack, the bad bind and an op on a missing `t` fail a channel
+                // here, and the client sent nothing after them: every earlier request was
+                // answered first.
+                let waiting = self.l.expect.get(&ch).map_or(0, |q| q.len());
+                let risky = self.l.risky.remove(&ch);
                 assert!(
-                    self.l.expect.get(&ch).is_none_or(|q| q.is_empty()),
-                    "{ch:?}: channel error before the replies to earlier requests"
+                    waiting == 0 || (risky && waiting == 1 && error.code.code() == 404),
+                    "{ch:?}: channel error {error:?} before the replies to earlier requests"
                 );
+                self.l.expect.remove(&ch);
                 self.l.doomed.remove(&ch);
                 self.l.confirms.remove(&ch);
                 // The core requeued everything outstanding; the client forgets it.
@@ -602,6 +622,12 @@ impl Sim {
             }
             Effect::ConnectionError { conn, .. } => {
                 panic!("unexpected connection error on {conn:?}")
+            }
+            Effect::ConsumerCancelled { ch, consumer_tag } => {
+                // `t` was deleted under its consumer; its unacked deliveries stay out.
+                if let Some(tags) = self.l.consumers.get_mut(&ch) {
+                    tags.retain(|t| **t != *consumer_tag);
+                }
             }
             _ => {}
         }
@@ -637,6 +663,15 @@ impl Sim {
                 .entry(c)
                 .or_default()
                 .insert(tag, (id, dead));
+        }
+    }
+
+    /// An op on `t`, which may be gone (404, closing the channel): the client sends nothing
+    /// more on `c` until its answer (`risky`) comes.
+    fn risk(&mut self, c: ChannelRef, queue: u8) {
+        if queue == T_INDEX {
+            self.l.doomed.insert(c);
+            self.l.risky.insert(c);
         }
     }
 
@@ -703,6 +738,7 @@ impl Sim {
                 self.ensure(c);
                 self.l.next_tag += 1;
                 let tag = format!("c{}{}", self.l.next_tag, if no_ack { "-noack" } else { "" });
+                self.risk(c, queue);
                 self.h_consume(c, &queue_name(queue), &tag, no_ack);
             }
             SimOp::Cancel { ch: i, which } => {
@@ -730,6 +766,7 @@ impl Sim {
             } => {
                 let c = channel_of(i);
                 self.ensure(c);
+                self.risk(c, queue);
                 self.send(
                     c,
                     Op::Get {
@@ -808,6 +845,7 @@ impl Sim {
                         let waiting = self.l.expect.remove(&c).unwrap_or_default();
                         self.l.binding.remove(&c);
                         self.l.deleting_t.remove(&c);
+                        self.l.risky.remove(&c);
                         if waiting.contains(&Expect::DeclareTOk) {
                             self.l.t_unknown = true;
                             self.l.t_declares_pending -=
@@ -1129,7 +1167,9 @@ impl Sim {
         );
         let lost = self.h.broker.lost_in_flight();
         let rolled_back = self.l.rolled_back.len() as u64;
-        let gone = self.l.deleted + self.h.broker.routed_to_deleted();
+        let gone = self.l.deleted
+            + self.h.broker.routed_to_deleted()
+            + self.h.broker.requeued_to_deleted();
         let accounted = unique.len() as u64 + self.l.purged + lost + rolled_back + gone;
         if self.l.unanswered_purges > 0 {
             // Some purges took an unknown number: nothing may be invented, at least.

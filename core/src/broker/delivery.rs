@@ -663,7 +663,12 @@ impl Broker {
                 Some(true) => requeued = true,
                 Some(false) => {}
                 // Its queue was deleted while it was out: acked, dropped or requeued, it goes.
-                None => self.release(len),
+                None => {
+                    if how == Settle::Requeue {
+                        self.requeued_to_deleted += 1;
+                    }
+                    self.release(len);
+                }
             }
         }
         if requeued {

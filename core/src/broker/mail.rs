@@ -647,6 +647,12 @@ impl Broker {
         self.routed_to_deleted
     }
 
+    /// Deliveries requeued (rejected with requeue, recovered, or left by a closed channel)
+    /// after their queue was deleted: the deletion took them.
+    pub fn requeued_to_deleted(&self) -> u64 {
+        self.requeued_to_deleted
+    }
+
     /// The queue side of a publish: enqueue, answer, dispatch, pace.
     fn enqueue_mail(
         &mut self,

@@ -111,6 +111,9 @@ pub struct Broker {
     lost_in_flight: u64,
     /// Messages routed to a queue that was deleted before they reached it.
     routed_to_deleted: u64,
+    /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
+    /// queue was deleted: they went with it.
+    requeued_to_deleted: u64,
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
     /// heads and deadlines (not at every queue).
     expiring: std::collections::BTreeSet<QueueId>,
@@ -282,6 +285,7 @@ impl Broker {
             next_channel_serial: 0,
             lost_in_flight: 0,
             routed_to_deleted: 0,
+            requeued_to_deleted: 0,
             reply_addresses: HashMap::new(),
             expiring: std::collections::BTreeSet::new(),
         };
