@@ -203,14 +203,19 @@ const T: &str = "t";
 const T_ORIGIN: u8 = 9;
 
 fn declare_t() -> Op {
+    declare(T.into(), false, FieldTable::new())
+}
+
+/// queue.declare of a transient, shared queue.
+fn declare(queue: String, passive: bool, arguments: FieldTable) -> Op {
     Op::QueueDeclare(QueueDeclare {
-        queue: T.into(),
-        passive: false,
+        queue,
+        passive,
         durable: false,
         exclusive: false,
         auto_delete: false,
         nowait: false,
-        arguments: FieldTable::new(),
+        arguments,
     })
 }
 
@@ -367,16 +372,8 @@ impl Sim {
         }
         let c = ch(1, 1);
         for q in 0..=QUEUES as u8 {
-            let declare = QueueDeclare {
-                queue: queue_name(q),
-                passive: false,
-                durable: false,
-                exclusive: false,
-                auto_delete: false,
-                nowait: false,
-                arguments: queue_args(q),
-            };
-            s.send(c, Op::QueueDeclare(declare), Some(Expect::DeclareOk));
+            let op = declare(queue_name(q), false, queue_args(q));
+            s.send(c, op, Some(Expect::DeclareOk));
         }
         s
     }
@@ -906,16 +903,8 @@ impl Sim {
             } => {
                 let c = channel_of(i);
                 self.ensure(c);
-                let declare = QueueDeclare {
-                    queue: queue_name(queue),
-                    passive,
-                    durable: false,
-                    exclusive: false,
-                    auto_delete: false,
-                    nowait: false,
-                    arguments: queue_args(queue),
-                };
-                self.send(c, Op::QueueDeclare(declare), Some(Expect::DeclareOk));
+                let op = declare(queue_name(queue), passive, queue_args(queue));
+                self.send(c, op, Some(Expect::DeclareOk));
             }
             SimOp::Tx { ch: i, what } => {
                 let c = channel_of(i);

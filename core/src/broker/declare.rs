@@ -154,36 +154,40 @@ impl Broker {
         if d.exchange.is_empty() {
             return Err(Self::default_exchange_refused(op));
         }
-        if !d.passive {
-            if ExchangeKind::parse(&d.kind).is_none() {
+        // A passive declare only looks: its type is not checked.
+        let kind = if d.passive {
+            None
+        } else {
+            let Some(kind) = ExchangeKind::parse(&d.kind) else {
                 return Err(ProtocolError::new(
                     ErrorCode::CommandInvalid,
                     op,
                     format!("invalid exchange type '{}'", d.kind),
                 ));
-            }
+            };
             self.check_access(ch, op, Perm::Configure, Resource::Exchange, &d.exchange)?;
-        }
-        self.send_to_topology(ch, TopologyRequest::DeclareExchange(d));
+            Some(kind)
+        };
+        let request = TopologyRequest::DeclareExchange { declare: d, kind };
+        self.send_to_topology(ch, request);
         Ok(())
     }
 
-    /// The topology side of exchange.declare in vhost `vh`: a passive one only looks; else
-    /// an existing exchange must be equivalent, and a new one is created (and stored).
-    fn declare_exchange_in_topology(&mut self, vh: VhostId, d: &ExchangeDeclare) -> OpResult {
+    /// The topology side of exchange.declare in vhost `vh`: a passive one (`kind` `None`)
+    /// only looks; else an existing exchange must be equivalent, and a new one is created
+    /// (and stored).
+    fn declare_exchange_in_topology(
+        &mut self,
+        vh: VhostId,
+        d: &ExchangeDeclare,
+        kind: Option<ExchangeKind>,
+    ) -> OpResult {
         let op = OpKind::ExchangeDeclare;
-        if d.passive {
+        let Some(kind) = kind else {
             return match self.find_exchange(vh, &d.exchange) {
                 Some(_) => Ok(()),
                 None => Err(self.not_found(vh, op, "exchange", &d.exchange)),
             };
-        }
-        let Some(kind) = ExchangeKind::parse(&d.kind) else {
-            return Err(ProtocolError::new(
-                ErrorCode::CommandInvalid,
-                op,
-                format!("invalid exchange type '{}'", d.kind),
-            ));
         };
         let alternate = d
             .arguments
@@ -497,10 +501,10 @@ impl Broker {
                 let result = self.apply_bind(to.ch.conn, vhost, op, bind);
                 (result, reply, bind.nowait)
             }
-            TopologyRequest::DeclareExchange(ref d) => (
-                self.declare_exchange_in_topology(vhost, d),
+            TopologyRequest::DeclareExchange { ref declare, kind } => (
+                self.declare_exchange_in_topology(vhost, declare, kind),
                 Reply::ExchangeDeclareOk,
-                d.nowait,
+                declare.nowait,
             ),
             TopologyRequest::DeleteExchange {
                 ref name,
@@ -999,19 +1003,20 @@ impl Broker {
             message_count: u32::try_from(count).unwrap_or(u32::MAX),
             nowait,
         };
-        self.remove_queue(queue, Some(answer));
+        self.delete_queue_answering(queue, Some(answer));
     }
 
-    /// Removes a queue: its bindings (auto-deleting exchanges left without any), its ready
+    /// Removes a queue: its name and bindings (topology's, told by `QueueGone`; auto-delete
+    /// exchanges left without bindings go too), its ready
     /// messages, and its consumers, who are told (`basic.cancel`) when their client
     /// understands it. Unacked deliveries stay on their channels; acking them is a no-op.
     pub(super) fn delete_queue(&mut self, id: QueueId) {
-        self.remove_queue(id, None);
+        self.delete_queue_answering(id, None);
     }
 
     /// `delete_queue`, for a queue.delete whose answer topology sends once the queue's name
     /// and bindings are gone (so a publish after delete-ok is not routed to it).
-    fn remove_queue(&mut self, id: QueueId, answer: Option<super::mail::DeleteAnswer>) {
+    fn delete_queue_answering(&mut self, id: QueueId, answer: Option<super::mail::DeleteAnswer>) {
         self.resume_paused(id);
         let Some(q) = self.queues.remove(&id) else {
             // Deleted by an earlier op while this delete travelled: topology heard of that

@@ -233,11 +233,12 @@ pub(crate) struct CreateQueue {
 /// What a channel asks of topology.
 pub(crate) enum TopologyRequest {
     /// exchange.bind/unbind or queue.bind/unbind (`op`), the queue name resolved.
-    Bind {
-        op: OpKind,
-        bind: Bind,
+    Bind { op: OpKind, bind: Bind },
+    /// exchange.declare; `kind` is its parsed type, `None` for a passive one.
+    DeclareExchange {
+        declare: ExchangeDeclare,
+        kind: Option<crate::command::ExchangeKind>,
     },
-    DeclareExchange(ExchangeDeclare),
     DeleteExchange {
         name: String,
         if_unused: bool,
@@ -497,10 +498,8 @@ impl Broker {
                 message_count,
                 nowait,
             } => {
-                if self.take_answer(to) && !nowait {
-                    self.reply(to.ch, Reply::QueuePurgeOk { message_count });
-                }
-                self.run_held(to.ch);
+                let reply = (!nowait).then_some(Reply::QueuePurgeOk { message_count });
+                self.answered(to, 0, reply);
             }
             Mail::TxFlush { to, .. } => self.mail.push_back(Mail::TxFlushed { to }),
             Mail::TxFlushed { to } => self.tx_flushed(to),
@@ -518,18 +517,12 @@ impl Broker {
                 nowait,
                 version,
             } => {
-                if self.take_answer(to) {
-                    self.saw_version(to.ch.conn, version);
-                    if !nowait {
-                        let reply = Reply::QueueDeclareOk {
-                            queue,
-                            message_count,
-                            consumer_count,
-                        };
-                        self.reply(to.ch, reply);
-                    }
-                }
-                self.run_held(to.ch);
+                let reply = (!nowait).then_some(Reply::QueueDeclareOk {
+                    queue,
+                    message_count,
+                    consumer_count,
+                });
+                self.answered(to, version, reply);
             }
             Mail::CreateQueue { queue, to, create } => self.create_queue(queue, to, *create),
             Mail::QueueCreated {
@@ -552,24 +545,11 @@ impl Broker {
                 nowait,
                 version,
             } => {
-                if self.take_answer(to) {
-                    self.saw_version(to.ch.conn, version);
-                    if !nowait {
-                        self.reply(to.ch, Reply::QueueDeleteOk { message_count });
-                    }
-                }
-                self.run_held(to.ch);
+                let reply = (!nowait).then_some(Reply::QueueDeleteOk { message_count });
+                self.answered(to, version, reply);
             }
             Mail::Topology { to, vhost, request } => self.topology_request(to, vhost, &request),
-            Mail::TopologyDone { to, reply, version } => {
-                if self.take_answer(to) {
-                    self.saw_version(to.ch.conn, version);
-                    if let Some(reply) = reply {
-                        self.reply(to.ch, reply);
-                    }
-                }
-                self.run_held(to.ch);
-            }
+            Mail::TopologyDone { to, reply, version } => self.answered(to, version, reply),
             Mail::Paused { conn, queue } => match self.conns.get_mut(&conn) {
                 Some(c) => {
                     if c.paused_in.insert(queue) && c.paused_in.len() == 1 {
@@ -593,6 +573,18 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// A request of `to` is answered, on routing table `version` (0 when the answer changed
+    /// no routing): `reply` goes out if `to` is still live, then what the channel held runs.
+    fn answered(&mut self, to: ChannelAddr, version: u64, reply: Option<Reply>) {
+        if self.take_answer(to) {
+            self.saw_version(to.ch.conn, version);
+            if let Some(reply) = reply {
+                self.reply(to.ch, reply);
+            }
+        }
+        self.run_held(to.ch);
     }
 
     /// Makes mail wait for `deliver_mail` instead of arriving within the operation that
@@ -624,14 +616,6 @@ impl Broker {
         self.deliver_one(mail);
         self.after_op();
         true
-    }
-
-    /// Connection `conn` was answered on routing table `version`: it routes on no older
-    /// one from now on (a client sees its own topology changes).
-    fn saw_version(&mut self, conn: ConnId, version: u64) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.routes_seen = c.routes_seen.max(version);
-        }
     }
 
     /// No-ack deliveries and basic.get messages lost because their channel closed while
@@ -731,6 +715,13 @@ mod tests {
         b
     }
 
+    /// `one_message`, with mail that waits for `deliver_mail`.
+    fn scheduled() -> Broker {
+        let mut b = one_message();
+        b.set_mail_scheduled(true);
+        b
+    }
+
     fn consume(b: &mut Broker) {
         let consume = Consume {
             queue: "q".into(),
@@ -814,23 +805,49 @@ mod tests {
 
     /// queue.declare of `q`, durable or not.
     fn declare_op(durable: bool) -> Op {
+        declare_queue("q", durable, false)
+    }
+
+    fn declare_queue(name: &str, durable: bool, exclusive: bool) -> Op {
         Op::QueueDeclare(QueueDeclare {
-            queue: "q".into(),
+            queue: name.into(),
             passive: false,
             durable,
-            exclusive: false,
+            exclusive,
             auto_delete: false,
             nowait: false,
             arguments: FieldTable::new(),
         })
     }
 
+    /// queue.delete of `q`.
+    fn delete_op(if_unused: bool) -> Op {
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused,
+            if_empty: false,
+            nowait: false,
+        }
+    }
+
+    /// Opens channel 2 of the connection of `CH`.
+    fn open_ch2(b: &mut Broker) -> ChannelRef {
+        let ch2 = ChannelRef::new(ConnId(1), 2);
+        ops(b, ch2, vec![Op::ChannelOpen]);
+        ch2
+    }
+
     /// A publish to queue `q` through the default exchange.
     fn publish_op(body: &'static [u8]) -> Op {
+        publish_to("q", false, body)
+    }
+
+    /// A publish to queue `queue` through the default exchange.
+    fn publish_to(queue: &str, mandatory: bool, body: &'static [u8]) -> Op {
         Op::Publish(Box::new(Publish {
             exchange: "".into(),
-            routing_key: "q".into(),
-            mandatory: false,
+            routing_key: queue.into(),
+            mandatory,
             immediate: false,
             properties: Properties::default(),
             body: bytes::Bytes::from_static(body),
@@ -867,8 +884,7 @@ mod tests {
     /// replies keep request order.
     #[test]
     fn ops_after_a_request_wait_for_its_answer() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
+        let mut b = scheduled();
         let get = Op::Get {
             queue: "q".into(),
             no_ack: true,
@@ -892,14 +908,8 @@ mod tests {
     /// `if-unused` is the queue's to check.
     #[test]
     fn queue_delete_is_answered_by_the_queue() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
-        let delete = |if_unused| Op::QueueDelete {
-            queue: "q".into(),
-            if_unused,
-            if_empty: false,
-            nowait: false,
-        };
+        let mut b = scheduled();
+        let delete = delete_op;
         consume(&mut b);
         deliver_all(&mut b);
         let qos = qos_op(5);
@@ -909,8 +919,7 @@ mod tests {
             channel_error(&effects, 406),
             "the queue refuses: it has a consumer; the qos after it is dropped: {effects:?}"
         );
-        let ch2 = ChannelRef::new(ConnId(1), 2);
-        ops(&mut b, ch2, vec![Op::ChannelOpen]);
+        let ch2 = open_ch2(&mut b);
         assert_eq!(
             ops(
                 &mut b,
@@ -945,8 +954,7 @@ mod tests {
     /// after what the channel sent it before, and ahead of what the channel sends next.
     #[test]
     fn a_redeclare_is_answered_by_the_queue() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
+        let mut b = scheduled();
         let publish = publish_op(b"again");
         let qos = qos_op(5);
         assert_eq!(
@@ -977,18 +985,10 @@ mod tests {
     /// would have created it a moment later.
     #[test]
     fn a_declare_racing_a_delete_creates_the_queue_anew() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
-        let ch2 = ChannelRef::new(ConnId(1), 2);
-        ops(&mut b, ch2, vec![Op::ChannelOpen]);
+        let mut b = scheduled();
+        let ch2 = open_ch2(&mut b);
         deliver_all(&mut b);
-        let delete = Op::QueueDelete {
-            queue: "q".into(),
-            if_unused: false,
-            if_empty: false,
-            nowait: false,
-        };
-        ops(&mut b, ch2, vec![delete]);
+        ops(&mut b, ch2, vec![delete_op(false)]);
         ops(&mut b, CH, vec![declare_op(false)]);
         // The delete reaches the queue first; the declare reaches topology before the
         // queue's `QueueGone` does, so topology still sends it to the queue.
@@ -1012,35 +1012,15 @@ mod tests {
     /// one after declare-ok reaches it.
     #[test]
     fn a_new_queue_is_routable_once_it_exists() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
-        let declare = Op::QueueDeclare(QueueDeclare {
-            queue: "n".into(),
-            passive: false,
-            durable: false,
-            exclusive: false,
-            auto_delete: false,
-            nowait: false,
-            arguments: FieldTable::new(),
-        });
-        let ch2 = ChannelRef::new(ConnId(1), 2);
-        ops(&mut b, ch2, vec![Op::ChannelOpen]);
+        let mut b = scheduled();
+        let declare = declare_queue("n", false, false);
+        let ch2 = open_ch2(&mut b);
         deliver_all(&mut b);
         ops(&mut b, CH, vec![declare]);
         // Topology names it and sends `CreateQueue`; the owner has not created it yet.
         assert!(b.deliver_mail(1, 0));
         assert!(matches!(b.mail.front(), Some(Mail::CreateQueue { .. })));
-        let publish = |body| {
-            Op::Publish(Box::new(Publish {
-                exchange: "".into(),
-                routing_key: "n".into(),
-                mandatory: true,
-                immediate: false,
-                properties: Properties::default(),
-                body: bytes::Bytes::from_static(body),
-                routed: None,
-            }))
-        };
+        let publish = |body| publish_to("n", true, body);
         let effects = ops(&mut b, ch2, vec![publish(b"early")]);
         assert!(
             matches!(effects.as_slice(), [Effect::Return { .. }]),
@@ -1065,17 +1045,8 @@ mod tests {
     /// created (it would outlive its owner), and its name is free again.
     #[test]
     fn an_exclusive_queue_of_a_closed_connection_is_not_created() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
-        let declare = Op::QueueDeclare(QueueDeclare {
-            queue: "x".into(),
-            passive: false,
-            durable: false,
-            exclusive: true,
-            auto_delete: false,
-            nowait: false,
-            arguments: FieldTable::new(),
-        });
+        let mut b = scheduled();
+        let declare = declare_queue("x", false, true);
         ops(&mut b, CH, vec![declare]);
         assert!(b.deliver_mail(1, 0));
         assert!(matches!(b.mail.front(), Some(Mail::CreateQueue { .. })));
@@ -1093,8 +1064,7 @@ mod tests {
     /// tx.commit-ok comes once every queue the transaction touched has what it sent.
     #[test]
     fn commit_ok_waits_for_the_queues() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
+        let mut b = scheduled();
         let publish = publish_op(b"in tx");
         let effects = ops(&mut b, CH, vec![Op::TxSelect, publish, Op::TxCommit]);
         assert_eq!(effects, vec![reply(Reply::TxSelectOk)], "commit-ok waits");
@@ -1115,8 +1085,7 @@ mod tests {
     /// `MAX_HELD_OPS` the connection is closed with 506, and nothing stays held.
     #[test]
     fn a_channel_holds_a_bounded_number_of_ops() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
+        let mut b = scheduled();
         let get = Op::Get {
             queue: "q".into(),
             no_ack: false,
@@ -1152,8 +1121,7 @@ mod tests {
     /// channel number again goes back to its queue, and takes nothing of the new opening.
     #[test]
     fn a_delivery_for_a_reopened_channel_returns_to_its_queue() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
+        let mut b = scheduled();
         consume(&mut b);
         // Consume, then consume-ok and the delivery, in that order.
         assert!(b.deliver_mail(1, 0));
@@ -1179,8 +1147,7 @@ mod tests {
     /// publish with the same number on the new opening.
     #[test]
     fn an_answer_for_a_closed_opening_confirms_nothing() {
-        let mut b = one_message();
-        b.set_mail_scheduled(true);
+        let mut b = scheduled();
         let select = Op::ConfirmSelect { nowait: true };
         let publish = || publish_op(b"again");
         ops(&mut b, CH, vec![select.clone(), publish()]);

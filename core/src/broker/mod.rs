@@ -580,10 +580,16 @@ impl Broker {
     /// Connection `conn` saw its own routing changes since `before` (`routes_seen`).
     fn saw_routes(&mut self, conn: ConnId, before: u64) {
         let after = self.topo.routes().version();
-        if after != before
-            && let Some(c) = self.conns.get_mut(&conn)
-        {
-            c.routes_seen = after;
+        if after != before {
+            self.saw_version(conn, after);
+        }
+    }
+
+    /// Connection `conn` was answered on routing table `version`: it routes on no older
+    /// one from now on (a client sees its own topology changes).
+    fn saw_version(&mut self, conn: ConnId, version: u64) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.routes_seen = c.routes_seen.max(version);
         }
     }
 
