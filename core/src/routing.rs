@@ -92,6 +92,11 @@ impl RouteTable {
             .map(QueueId)
     }
 
+    /// Exchange `id`'s vhost, and whether it is internal (clients may not publish to it).
+    pub(crate) fn exchange_facts(&self, id: ExchangeId) -> Option<(VhostId, bool)> {
+        self.exchanges.get(&id).map(|x| (x.vhost, x.internal))
+    }
+
     /// Routes a publish to exchange `name` of `vhost` as the broker would, for a host that
     /// routes outside it. `None` when the broker must see the publish unrouted (no such
     /// exchange, or an internal one: the broker reports the error).

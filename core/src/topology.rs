@@ -142,6 +142,12 @@ impl Topology {
 
     /// The routing table for a change: copied first if a snapshot shares it (O(1): its maps
     /// are persistent), and its version bumped.
+    /// Another shard's table replaces this one (a shard other than 0 keeps no topology of
+    /// its own: see `Broker::adopt_routes`).
+    pub(crate) fn adopt_routes(&mut self, routes: Arc<RouteTable>) {
+        self.routes = routes;
+    }
+
     pub(crate) fn routes_mut(&mut self) -> &mut RouteTable {
         let table = Arc::make_mut(&mut self.routes);
         table.bump();

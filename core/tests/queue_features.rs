@@ -511,6 +511,7 @@ fn a_restored_priority_queue_keeps_its_order() {
         ..Default::default()
     };
     let mut h = Harness {
+        shards: Shards::default(),
         broker: warren_core::Broker::with_store(config.clone(), Box::new(store.clone())),
         now: 0,
     };
@@ -539,6 +540,7 @@ fn a_restored_priority_queue_keeps_its_order() {
     assert_eq!(store.complete_sync(), Some(epoch));
     store.crash();
     let mut h = Harness {
+        shards: Shards::default(),
         broker: warren_core::Broker::with_store(config, Box::new(store.clone())),
         now: 100,
     };
@@ -690,6 +692,7 @@ fn a_ttl_policy_dead_letters_and_policies_survive_a_restart() {
     use warren_core::store::MemoryStore;
     let store = MemoryStore::new();
     let mut h = Harness {
+        shards: Shards::default(),
         broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
         now: 0,
     };

@@ -206,6 +206,7 @@ fn commit_ok_of_persistent_messages_waits_for_the_sync() {
     use warren_core::command::Publish;
     use warren_core::message::Properties;
     let mut h = Harness {
+        shards: Shards::default(),
         broker: warren_core::Broker::with_store(
             BrokerConfig::default(),
             Box::new(warren_core::store::MemoryStore::new()),

@@ -667,7 +667,15 @@ impl Broker {
                 ),
             )
         })?;
-        let id = QueueId(self.next_id());
+        // A queue lives on the shard of the connection that declares it (an MQTT session's
+        // queue, an RPC client's reply queue stay with their connection); restored ones
+        // spread round-robin.
+        let id = if to.ch.conn == super::RESTORE_CONN {
+            let n = self.next_id();
+            QueueId(n * u64::from(self.shards) + n % u64::from(self.shards))
+        } else {
+            QueueId(self.id_on(self.conn_shard(to.ch.conn)))
+        };
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
         // so they are not stored as durable.

@@ -40,16 +40,15 @@ impl Broker {
         {
             return Err(ProtocolError::new(ErrorCode::PreconditionFailed, op, text));
         }
-        if let Some(x) = self.topo.exchange(exchange)
-            && x.internal
-        {
+        // Through the routing table, which every shard has (topology is shard 0's).
+        if let Some((vhost, true)) = self.topo.routes().exchange_facts(exchange) {
             return Err(ProtocolError::new(
                 ErrorCode::AccessRefused,
                 op,
                 format!(
                     "cannot publish to internal exchange '{}' in vhost '{}'",
                     p.exchange,
-                    self.vhost_name(x.vhost)
+                    self.vhost_name(vhost)
                 ),
             ));
         }
@@ -180,9 +179,13 @@ impl Broker {
     /// took the message with it (so a mandatory publish is not returned either; counted in
     /// `routed_to_deleted`).
     fn still_routable(&mut self, exchange: ExchangeId, mut queues: Vec<QueueId>) -> Vec<QueueId> {
-        let vhost = self.topo.exchange(exchange).map(|x| x.vhost);
         queues.sort_unstable();
         queues.dedup();
+        if self.shard != 0 {
+            // No queue directory here: the owner finds the queue gone and counts it.
+            return queues;
+        }
+        let vhost = self.topo.exchange(exchange).map(|x| x.vhost);
         let routed = queues.len();
         queues.retain(|q| self.topo.queue(*q).map(|q| q.vhost) == vhost);
         self.routed_to_deleted += (routed - queues.len()) as u64;
@@ -353,7 +356,7 @@ impl Broker {
         mut consumer: QueueConsumer,
         nowait: bool,
     ) {
-        consumer.id = ConsumerId(self.next_id());
+        consumer.id = ConsumerId(self.id_on(self.shard));
         let (to, cid, tag) = (consumer.addr(), consumer.id, consumer.tag.clone());
         if let Err(error) = self.check_exclusive(to.ch, OpKind::Consume, queue) {
             self.mail.push_back(Mail::Refused { to, error });

@@ -264,12 +264,11 @@ pub(crate) struct CancelReply {
 /// Where a piece of mail goes, or comes from: a queue, a connection (its channels),
 /// topology (shard 0's part, with shards), or the host (admin ops, restore, dead-letter
 /// routing).
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Dest {
     Queue(QueueId),
     Conn(ConnId),
     Topology,
-    #[default]
     Host,
 }
 
@@ -277,18 +276,84 @@ pub(super) enum Dest {
 /// came from, so `deliver_mail` keeps the order of each (source, destination) pair only,
 /// as FIFO links between shards do (they keep more order than that: a link carries the
 /// mail of many pairs).
-#[derive(Default)]
 pub(crate) struct Mailbox {
     queue: VecDeque<Mail>,
     /// Scheduled mail only: each piece's source, in step with `queue`.
     sources: Option<VecDeque<Dest>>,
     /// The source of what is sent now.
     from: Dest,
+    /// This broker's shard, and how many there are: mail for a queue or connection of
+    /// another shard, or for topology (shard 0's), waits in `outbox` for the host.
+    shard: u32,
+    shards: u32,
+    outbox: Vec<ShardMail>,
+}
+
+impl Default for Mailbox {
+    fn default() -> Mailbox {
+        Mailbox {
+            queue: VecDeque::new(),
+            sources: None,
+            from: Dest::Host,
+            shard: 0,
+            shards: 1,
+            outbox: Vec::new(),
+        }
+    }
+}
+
+/// Mail from one shard to another (ARCHITECTURE.md, "warren-runtime"). The host takes it
+/// from the sender's outbox (`Broker::take_outbox`) and hands it to shard [`Self::shard`]
+/// (`Broker::receive_mail`), in the order sent between each pair of shards.
+pub struct ShardMail {
+    shard: u32,
+    mail: Mail,
+}
+
+impl ShardMail {
+    /// The shard it goes to.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
 }
 
 impl Mailbox {
+    /// Makes this the mailbox of shard `shard` of `shards`.
+    pub(super) fn set_shard(&mut self, shard: u32, shards: u32) {
+        assert!(shards >= 1 && shard < shards, "shard {shard} of {shards}");
+        self.shard = shard;
+        self.shards = shards;
+    }
+
+    /// The shard that owns `dest`: a queue's or connection's id says it (`id % shards`);
+    /// topology is shard 0's; the host (and the restore connection) is everyone's own.
+    pub(super) fn shard_of(&self, dest: Dest) -> u32 {
+        let k = u64::from(self.shards);
+        match dest {
+            Dest::Queue(q) => (q.0 % k) as u32,
+            Dest::Conn(c) if c != super::RESTORE_CONN => (c.0 % k) as u32,
+            Dest::Topology => 0,
+            Dest::Conn(_) | Dest::Host => self.shard,
+        }
+    }
+
+    pub(super) fn outbox_len(&self) -> usize {
+        self.outbox.len()
+    }
+
+    pub(super) fn take_outbox(&mut self, out: &mut Vec<ShardMail>) {
+        out.append(&mut self.outbox);
+    }
+
     #[inline]
     pub(super) fn push_back(&mut self, mail: Mail) {
+        if self.shards > 1 {
+            let shard = self.shard_of(mail.dest());
+            if shard != self.shard {
+                self.outbox.push(ShardMail { shard, mail });
+                return;
+            }
+        }
         if let Some(sources) = &mut self.sources {
             sources.push_back(self.from);
         }
@@ -616,6 +681,22 @@ impl Broker {
         self.deliver_one(mail);
         self.after_op();
         true
+    }
+
+    /// Mail for other shards sent since the last call, in the order sent: the host hands
+    /// each piece to its shard's `receive_mail`, keeping that order between each pair of
+    /// shards. Always empty with one shard.
+    pub fn take_outbox(&mut self, out: &mut Vec<ShardMail>) {
+        self.mail.take_outbox(out);
+    }
+
+    /// Delivers mail another shard sent here, at time `now` (ARCHITECTURE.md,
+    /// "warren-runtime"): it arrives now, whether this shard's own mail is scheduled or not.
+    pub fn receive_mail(&mut self, now: u64, mail: ShardMail) {
+        debug_assert_eq!(mail.shard, self.mail.shard, "mail for another shard");
+        self.now = self.now.max(now);
+        self.deliver_one(mail.mail);
+        self.after_op();
     }
 
     /// No-ack deliveries and basic.get messages lost because their channel closed while

@@ -20,6 +20,7 @@ mod dead_letter;
 mod delivery;
 mod hold;
 mod mail;
+pub use mail::ShardMail;
 mod policies;
 pub(crate) mod reply_to;
 mod session;
@@ -114,6 +115,9 @@ pub struct Broker {
     /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
     /// queue was deleted: they went with it.
     requeued_to_deleted: u64,
+    /// This broker's shard and the number of shards (`set_shard`).
+    shard: u32,
+    shards: u32,
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
     /// heads and deadlines (not at every queue).
     expiring: std::collections::BTreeSet<QueueId>,
@@ -288,6 +292,8 @@ impl Broker {
             requeued_to_deleted: 0,
             reply_addresses: HashMap::new(),
             expiring: std::collections::BTreeSet::new(),
+            shard: 0,
+            shards: 1,
         };
         broker.create_defaults();
         broker
@@ -710,7 +716,7 @@ impl Broker {
             "an entry point left mail undelivered"
         );
         debug_assert!(
-            self.mail_scheduled || self.stuck_channel().is_none(),
+            self.mail_scheduled || self.shards > 1 || self.stuck_channel().is_none(),
             "{:?}",
             self.stuck_channel()
         );
@@ -733,6 +739,54 @@ impl Broker {
         let id = self.next_id;
         self.next_id += 1;
         id
+    }
+
+    /// A new id that says it belongs to `shard` (`id % shards == shard`), never reused:
+    /// queues (on their owner's shard) and consumers (on their channel's), which shards
+    /// allocate side by side.
+    fn id_on(&mut self, shard: u32) -> u64 {
+        let n = self.next_id();
+        n * u64::from(self.shards) + u64::from(shard)
+    }
+
+    /// Makes this broker shard `shard` of `shards` (ARCHITECTURE.md, "warren-runtime"):
+    /// it owns the connections and queues whose ids are `shard` modulo `shards`, sends
+    /// mail for the others to its outbox (`take_outbox`), and only shard 0 keeps topology;
+    /// the others route on the table shard 0 publishes (`adopt_routes`). Call it on a new
+    /// broker, before any connection.
+    pub fn set_shard(&mut self, shard: u32, shards: u32) {
+        assert!(
+            self.conns.is_empty() && self.queues.is_empty(),
+            "set_shard on a used broker"
+        );
+        self.mail.set_shard(shard, shards);
+        self.shard = shard;
+        self.shards = shards;
+    }
+
+    /// This broker's shard (0 unless `set_shard`).
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Shard 0's routing table, on another shard: its channels route on it and resolve
+    /// names through it. The host adopts every table shard 0 publishes, before it hands
+    /// this shard mail that shard 0 sent after publishing it (a client sees its own binds).
+    pub fn adopt_routes(&mut self, routes: Arc<crate::routing::RouteTable>) {
+        assert_ne!(self.shard, 0, "shard 0 owns the routing table");
+        if routes.version() >= self.topo.routes().version() {
+            self.topo.adopt_routes(routes);
+        }
+    }
+
+    /// The shard of connection `conn` (the restore connection is every shard's own).
+    fn conn_shard(&self, conn: ConnId) -> u32 {
+        self.mail.shard_of(mail::Dest::Conn(conn))
+    }
+
+    /// The shard that owns queue `id`.
+    fn queue_shard(&self, id: QueueId) -> u32 {
+        self.mail.shard_of(mail::Dest::Queue(id))
     }
 
     fn apply(&mut self, ch: ChannelRef, op: Op) -> OpResult {
@@ -935,18 +989,43 @@ impl Broker {
     /// entries, consumers are where queues and channels say they are). For simulation tests
     /// and debug builds; O(state).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.topo.check_invariants()?;
+        Broker::check_shards(&[self])
+    }
+
+    /// `check_invariants` over every shard of a sharded broker, in shard order: the queue
+    /// side, the channel side and topology agree across shards once no mail travels.
+    pub fn check_shards(shards: &[&Broker]) -> Result<(), String> {
+        let Some(first) = shards.first() else {
+            return Ok(());
+        };
+        for (i, b) in shards.iter().enumerate() {
+            if b.shard as usize != i || b.shards as usize != shards.len() {
+                return Err(format!("shard {} of {} given as {i}", b.shard, b.shards));
+            }
+        }
+        let topo = &first.topo;
+        topo.check_invariants()?;
         // What follows compares the queue side with the channel side and with topology,
         // which agree only once the mail between them has arrived (with scheduled mail, not
         // after every op).
-        if !self.mail.is_empty() {
+        if shards
+            .iter()
+            .any(|b| !b.mail.is_empty() || b.mail.outbox_len() > 0)
+        {
             return Ok(());
         }
+        let owner = |id: QueueId| &shards[(id.0 % shards.len() as u64) as usize];
+        let queue = |id: QueueId| owner(id).queues.get(&id).map(|q| &**q);
+        let channel = |ch: &ChannelRef| {
+            let b = &shards[first.conn_shard(ch.conn) as usize];
+            b.channels.get(ch).map(|c| &**c)
+        };
+        let queues = || shards.iter().flat_map(|b| b.queues.iter());
+        let channels = || shards.iter().flat_map(|b| b.channels.iter());
         // Topology's copy of each queue's fixed facts matches the queue (a queue being
         // created or removed differs only while the mail about it travels).
-        for (&id, q) in self.queues.iter() {
-            let entry = self
-                .topo
+        for (&id, q) in queues() {
+            let entry = topo
                 .queue(id)
                 .ok_or_else(|| format!("queue {id:?} '{}' unknown to topology", q.name))?;
             let stored = q.durable && q.exclusive_owner.is_none();
@@ -960,43 +1039,48 @@ impl Broker {
                 return Err(format!("topology's entry of queue {id:?} differs from it"));
             }
         }
-        if self.topo.queue_count() != self.queues.len() {
+        let total: usize = shards.iter().map(|b| b.queues.len()).sum();
+        if topo.queue_count() != total {
             return Err(format!(
-                "topology knows {} queues, the broker has {}",
-                self.topo.queue_count(),
-                self.queues.len()
+                "topology knows {} queues, the shards have {total}",
+                topo.queue_count()
             ));
         }
-        let awaiting = self.channels.values().filter(|c| c.awaiting).count();
-        if awaiting != self.awaiting {
-            return Err(format!(
-                "{awaiting} channels await an answer but the count says {}",
-                self.awaiting
-            ));
+        for b in shards {
+            let awaiting = b.channels.values().filter(|c| c.awaiting).count();
+            if awaiting != b.awaiting {
+                return Err(format!(
+                    "{awaiting} channels await an answer but the count says {}",
+                    b.awaiting
+                ));
+            }
+            if let Some(stuck) = b.stuck_channel() {
+                return Err(stuck);
+            }
+            if let Some(q) = b.queues.values().find(|q| b.queue_shard(q.id) != b.shard) {
+                return Err(format!(
+                    "queue {} on shard {}, not its own",
+                    q.name, b.shard
+                ));
+            }
         }
-        if let Some(stuck) = self.stuck_channel() {
-            return Err(stuck);
-        }
-        let held: u64 = self
-            .queues
-            .values()
-            .map(|q| q.messages.bytes())
+        let held: u64 = queues()
+            .map(|(_, q)| q.messages.bytes())
             .chain(
-                self.channels
-                    .values()
-                    .flat_map(|c| c.unacked.values())
+                channels()
+                    .flat_map(|(_, c)| c.unacked.values())
                     .map(|u| u.message.body_len() as u64),
             )
             .sum();
-        if held != self.stored_bytes {
+        let stored_bytes: u64 = shards.iter().map(|b| b.stored_bytes).sum();
+        if held != stored_bytes {
             return Err(format!(
-                "stored_bytes {} but queues and unacked hold {held}",
-                self.stored_bytes
+                "stored_bytes {stored_bytes} but queues and unacked hold {held}"
             ));
         }
         let mut queue_unacked: HashMap<QueueId, u64> = HashMap::new();
         let mut consumer_unacked: HashMap<ConsumerId, u32> = HashMap::new();
-        for (ch, channel) in &self.channels {
+        for (ch, channel) in channels() {
             let mut from_consumers = 0u32;
             for u in channel.unacked.values() {
                 *queue_unacked.entry(u.queue).or_default() += 1;
@@ -1011,10 +1095,8 @@ impl Broker {
                     channel.consumer_unacked, from_consumers
                 ));
             }
-            for (tag, cid, queue) in channel.consumers.iter() {
-                let c = self
-                    .queues
-                    .get(&queue)
+            for (tag, cid, q) in channel.consumers.iter() {
+                let c = queue(q)
                     .and_then(|q| q.consumer(cid))
                     .ok_or_else(|| format!("{ch:?}: consumer {tag} missing from its queue"))?;
                 if c.ch != *ch || c.tag != *tag {
@@ -1022,58 +1104,59 @@ impl Broker {
                 }
             }
         }
-        for (ch, channel) in &self.channels {
-            let mut last = 0;
-            for (seq, waiting, epoch) in channel.unconfirmed() {
-                if seq <= last {
-                    return Err(format!("{ch:?}: confirms out of publish order"));
-                }
-                last = seq;
-                // Every queue answers (by mail) once the mail has arrived.
-                if waiting > 0 {
-                    return Err(format!("{ch:?}: publish {seq} waits for {waiting} queues"));
-                }
-                if let Some(e) = epoch
-                    && !self.confirm_waiters.contains(&(e, *ch))
-                {
-                    return Err(format!(
-                        "{ch:?}: publish {seq} waits for epoch {e} unlisted"
-                    ));
-                }
-            }
-        }
-        if self
-            .confirm_waiters
-            .iter()
-            .zip(self.confirm_waiters.iter().skip(1))
-            .any(|(a, b)| a.0 > b.0)
-        {
-            return Err("confirm waiters out of epoch order".into());
-        }
-        for q in self.queues.values() {
-            let paged = q.messages.paged();
-            if self.store.is_none() && paged.count > 0 {
-                return Err(format!("queue {}: paged out without a store", q.name));
-            }
-            for deque in q.messages.deques() {
-                let mut last = None;
-                for m in deque {
-                    if last.is_some_and(|l| l >= m.seq) {
-                        return Err(format!("queue {}: window out of order", q.name));
+        for b in shards {
+            for (ch, channel) in &b.channels {
+                let mut last = 0;
+                for (seq, waiting, epoch) in channel.unconfirmed() {
+                    if seq <= last {
+                        return Err(format!("{ch:?}: confirms out of publish order"));
                     }
-                    // A priority queue reads everything back before popping: its levels
-                    // may hold messages above a partly read suffix meanwhile.
-                    if paged.count > 0 && m.seq >= paged.from_seq && !q.messages.is_priority() {
+                    last = seq;
+                    // Every queue answers (by mail) once the mail has arrived.
+                    if waiting > 0 {
+                        return Err(format!("{ch:?}: publish {seq} waits for {waiting} queues"));
+                    }
+                    if let Some(e) = epoch
+                        && !b.confirm_waiters.contains(&(e, *ch))
+                    {
                         return Err(format!(
-                            "queue {}: window overlaps the paged suffix",
-                            q.name
+                            "{ch:?}: publish {seq} waits for epoch {e} unlisted"
                         ));
                     }
-                    last = Some(m.seq);
+                }
+            }
+            if b.confirm_waiters
+                .iter()
+                .zip(b.confirm_waiters.iter().skip(1))
+                .any(|(a, b)| a.0 > b.0)
+            {
+                return Err("confirm waiters out of epoch order".into());
+            }
+            for q in b.queues.values() {
+                let paged = q.messages.paged();
+                if b.store.is_none() && paged.count > 0 {
+                    return Err(format!("queue {}: paged out without a store", q.name));
+                }
+                for deque in q.messages.deques() {
+                    let mut last = None;
+                    for m in deque {
+                        if last.is_some_and(|l| l >= m.seq) {
+                            return Err(format!("queue {}: window out of order", q.name));
+                        }
+                        // A priority queue reads everything back before popping: its levels
+                        // may hold messages above a partly read suffix meanwhile.
+                        if paged.count > 0 && m.seq >= paged.from_seq && !q.messages.is_priority() {
+                            return Err(format!(
+                                "queue {}: window overlaps the paged suffix",
+                                q.name
+                            ));
+                        }
+                        last = Some(m.seq);
+                    }
                 }
             }
         }
-        for (id, q) in &self.queues {
+        for (id, q) in queues() {
             let expected = queue_unacked.get(id).copied().unwrap_or(0);
             if q.unacked != expected {
                 return Err(format!(
@@ -1096,20 +1179,15 @@ impl Broker {
                         c.tag, c.unacked, expected
                     ));
                 }
-                let listed = self
-                    .channels
-                    .get(&c.ch)
-                    .and_then(|channel| channel.consumers.get(&c.tag));
+                let listed = channel(&c.ch).and_then(|channel| channel.consumers.get(&c.tag));
                 if listed != Some((c.id, *id)) {
                     return Err(format!("consumer {} not on its channel", c.tag));
                 }
             }
         }
-        for (id, conn) in &self.conns {
-            let consumers = self
-                .queues
-                .values()
-                .flat_map(|q| &q.consumers)
+        for (id, conn) in shards.iter().flat_map(|b| b.conns.iter()) {
+            let consumers = queues()
+                .flat_map(|(_, q)| &q.consumers)
                 .filter(|c| c.ch.conn == *id)
                 .count();
             if conn.consumers as usize != consumers {
@@ -1118,9 +1196,7 @@ impl Broker {
                     conn.consumers
                 ));
             }
-            let pausing: crate::sorted_vec::SortedSet<QueueId> = self
-                .queues
-                .iter()
+            let pausing: crate::sorted_vec::SortedSet<QueueId> = queues()
                 .filter(|(_, q)| q.pausing.contains(id))
                 .map(|(qid, _)| *qid)
                 .collect();

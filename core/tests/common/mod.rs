@@ -2,16 +2,30 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use warren_core::command::{Bind, Consume, ExchangeDeclare, Op, Publish, QueueDeclare};
 use warren_core::effect::{Effect, Reply};
 use warren_core::ids::{ChannelRef, ConnId};
 use warren_core::message::{FieldTable, Properties};
-use warren_core::{Broker, BrokerConfig};
+use warren_core::{Broker, BrokerConfig, ShardMail};
 
 pub struct Harness {
+    /// The broker, or shard 0 of a sharded one.
     pub broker: Broker,
     pub now: u64,
+    /// Shards 1.. of a sharded broker, and the mail between shards.
+    pub shards: Shards,
+}
+
+/// The other shards of a sharded broker (ARCHITECTURE.md, "warren-runtime") run in one
+/// thread: mail between shards waits on FIFO links, one per (from, to) pair.
+#[derive(Default)]
+pub struct Shards {
+    pub others: Vec<Broker>,
+    links: BTreeMap<(u32, u32), VecDeque<ShardMail>>,
+    /// Mail within each shard waits too (`Broker::set_mail_scheduled`).
+    scheduled: bool,
 }
 
 pub fn ch(conn: u64, channel: u16) -> ChannelRef {
@@ -27,45 +41,182 @@ impl Harness {
         Harness {
             broker: Broker::new(config),
             now: 0,
+            shards: Shards::default(),
         }
     }
 
-    pub fn op(&mut self, ch: ChannelRef, op: Op) -> Vec<Effect> {
-        self.now += 1;
-        self.broker.handle(self.now, ch, op);
+    /// A broker of `k` shards, connection `n` on shard `n % k`.
+    pub fn sharded(config: BrokerConfig, k: u32) -> Harness {
+        let mut h = Harness::with_config(config.clone());
+        h.broker.set_shard(0, k);
+        for i in 1..k {
+            let mut b = Broker::new(config.clone());
+            b.set_shard(i, k);
+            b.adopt_routes(h.broker.routes().clone());
+            h.shards.others.push(b);
+        }
+        h
+    }
+
+    /// The number of shards.
+    pub fn k(&self) -> u32 {
+        1 + self.shards.others.len() as u32
+    }
+
+    pub fn shard(&mut self, i: u32) -> &mut Broker {
+        match i {
+            0 => &mut self.broker,
+            _ => &mut self.shards.others[i as usize - 1],
+        }
+    }
+
+    pub fn all(&self) -> Vec<&Broker> {
+        std::iter::once(&self.broker)
+            .chain(self.shards.others.iter())
+            .collect()
+    }
+
+    fn shard_of(&self, ch: ChannelRef) -> u32 {
+        (ch.conn.0 % u64::from(self.k())) as u32
+    }
+
+    /// Moves shard `i`'s outbox onto the links; what shard 0 sends goes after the routing
+    /// table it published (the other shards adopt it first, as the runtime does).
+    fn collect(&mut self, i: u32) {
+        if self.k() == 1 {
+            return;
+        }
+        if i == 0 {
+            let routes = self.broker.routes().clone();
+            for b in &mut self.shards.others {
+                b.adopt_routes(routes.clone());
+            }
+        }
         let mut out = Vec::new();
-        self.broker.poll_effects(&mut out);
-        if let Err(e) = self.broker.check_invariants() {
+        self.shard(i).take_outbox(&mut out);
+        for m in out {
+            let link = self.shards.links.entry((i, m.shard())).or_default();
+            link.push_back(m);
+        }
+    }
+
+    /// Delivers the front of link `(from, to)`.
+    fn deliver_link(&mut self, link: (u32, u32)) {
+        let Some(m) = self.shards.links.get_mut(&link).and_then(|l| l.pop_front()) else {
+            return;
+        };
+        let now = self.now;
+        self.shard(link.1).receive_mail(now, m);
+        self.collect(link.1);
+    }
+
+    /// Without scheduled mail, mail between shards arrives before the op returns.
+    fn drain_links(&mut self) {
+        if self.shards.scheduled {
+            return;
+        }
+        let mut rounds = 0u32;
+        while let Some(&link) = self
+            .shards
+            .links
+            .iter()
+            .find(|(_, l)| !l.is_empty())
+            .map(|(k, _)| k)
+        {
+            rounds += 1;
+            assert!(rounds < 1 << 20, "mail between shards loops");
+            self.deliver_link(link);
+        }
+    }
+
+    fn links_pending(&self) -> usize {
+        self.shards.links.values().map(VecDeque::len).sum()
+    }
+
+    /// Every shard's effects, then the invariants across shards (once no mail travels
+    /// between them).
+    fn effects(&mut self) -> Vec<Effect> {
+        let mut out = Vec::new();
+        for i in 0..self.k() {
+            self.shard(i).poll_effects(&mut out);
+        }
+        if self.links_pending() == 0
+            && let Err(e) = Broker::check_shards(&self.all())
+        {
             panic!("invariant broken: {e}");
         }
         out
     }
 
-    /// Delivers one piece of scheduled mail (`Broker::deliver_mail`); `None` if none was
-    /// pending. Invariants are checked as after an op.
+    pub fn op(&mut self, ch: ChannelRef, op: Op) -> Vec<Effect> {
+        self.now += 1;
+        let (i, now) = (self.shard_of(ch), self.now);
+        self.shard(i).handle(now, ch, op);
+        self.collect(i);
+        self.drain_links();
+        self.effects()
+    }
+
+    /// Delivers one piece of scheduled mail: within a shard (`Broker::deliver_mail`) or
+    /// between two; `pick` chooses among the shards and links with mail. `None` if none
+    /// was pending. Invariants are checked as after an op.
     pub fn deliver_mail(&mut self, pick: usize) -> Option<Vec<Effect>> {
         self.now += 1;
-        if !self.broker.deliver_mail(self.now, pick) {
+        let now = self.now;
+        let mut places: Vec<Result<u32, (u32, u32)>> = (0..self.k())
+            .filter(|&i| self.all()[i as usize].mail_pending() > 0)
+            .map(Ok)
+            .collect();
+        places.extend(
+            self.shards
+                .links
+                .iter()
+                .filter(|(_, l)| !l.is_empty())
+                .map(|(k, _)| Err(*k)),
+        );
+        if places.is_empty() {
             return None;
         }
-        let mut out = Vec::new();
-        self.broker.poll_effects(&mut out);
-        if let Err(e) = self.broker.check_invariants() {
-            panic!("invariant broken: {e}");
+        match places[pick % places.len()] {
+            Ok(i) => {
+                assert!(self.shard(i).deliver_mail(now, pick / places.len()));
+                self.collect(i);
+            }
+            Err(link) => self.deliver_link(link),
         }
-        Some(out)
+        Some(self.effects())
+    }
+
+    /// Mail not delivered yet, within shards and between them.
+    pub fn mail_pending(&self) -> usize {
+        self.all().iter().map(|b| b.mail_pending()).sum::<usize>() + self.links_pending()
+    }
+
+    /// `Broker::set_mail_scheduled` on every shard, and for the links between them.
+    pub fn set_mail_scheduled(&mut self, on: bool) {
+        self.shards.scheduled = on;
+        for i in 0..self.k() {
+            self.shard(i).set_mail_scheduled(on);
+            self.collect(i);
+        }
+        self.drain_links();
+    }
+
+    /// A counter summed over the shards.
+    pub fn sum(&self, f: impl Fn(&Broker) -> u64) -> u64 {
+        self.all().into_iter().map(f).sum()
     }
 
     /// Advances the clock by `ms` and ticks (TTLs); invariants are checked as after an op.
     pub fn tick(&mut self, ms: u64) -> Vec<Effect> {
         self.now += ms;
-        self.broker.tick(self.now);
-        let mut out = Vec::new();
-        self.broker.poll_effects(&mut out);
-        if let Err(e) = self.broker.check_invariants() {
-            panic!("invariant broken: {e}");
+        let now = self.now;
+        for i in 0..self.k() {
+            self.shard(i).tick(now);
+            self.collect(i);
         }
-        out
+        self.drain_links();
+        self.effects()
     }
 
     /// Opens connection `conn` with channel 1.
