@@ -11,6 +11,7 @@ use crate::ids::QueueId;
 use crate::queue::state::{ConsumerId, Settle, Unacked};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Operations one transaction may buffer: bounds a channel's memory however long the
 /// client keeps a transaction open.
@@ -110,7 +111,10 @@ pub(crate) struct ChannelState {
     pub(crate) next_delivery_tag: u64,
     pub(crate) unacked: BTreeMap<u64, Unacked>,
     /// Unacked consumer deliveries: what `global` prefetch limits.
-    pub(crate) consumer_unacked: u32,
+    pub(crate) consumer_unacked: crate::broker::Counter,
+    /// This opening's limits, shared with queues on other shards it consumes from
+    /// (`broker/credit.rs`); `None` while it consumes from its own shard only.
+    shared: Option<Arc<crate::broker::SharedCredit>>,
     /// basic.qos global=false: the limit given to consumers created from now on.
     pub(crate) prefetch_count: u16,
     /// basic.qos global=true: one limit shared by all consumers of the channel.
@@ -141,6 +145,14 @@ pub(crate) struct ChannelState {
     pub(crate) awaiting: bool,
 }
 
+impl Drop for ChannelState {
+    fn drop(&mut self) {
+        if let Some(s) = &self.shared {
+            s.open.store(false, Ordering::Release);
+        }
+    }
+}
+
 impl ChannelState {
     pub(crate) fn new(serial: u32) -> ChannelState {
         ChannelState {
@@ -149,7 +161,8 @@ impl ChannelState {
             phase: Phase::Open,
             next_delivery_tag: 1,
             unacked: BTreeMap::new(),
-            consumer_unacked: 0,
+            consumer_unacked: crate::broker::Counter::default(),
+            shared: None,
             prefetch_count: 0,
             global_prefetch: 0,
             consumers: ConsumerTags::default(),
@@ -176,7 +189,7 @@ impl ChannelState {
     /// Whether the shared (global) prefetch allows one more consumer delivery that needs an
     /// ack.
     pub(crate) fn has_shared_credit(&self) -> bool {
-        self.global_prefetch == 0 || self.consumer_unacked < u32::from(self.global_prefetch)
+        self.global_prefetch == 0 || self.consumer_unacked.get() < u32::from(self.global_prefetch)
     }
 
     /// basic.qos: `global` sets the limit all consumers of the channel share; otherwise the
@@ -184,6 +197,10 @@ impl ChannelState {
     pub(crate) fn set_prefetch(&mut self, prefetch_count: u16, global: bool) {
         if global {
             self.global_prefetch = prefetch_count;
+            if let Some(s) = &self.shared {
+                s.global_prefetch
+                    .store(u32::from(prefetch_count), Ordering::Release);
+            }
         } else {
             self.prefetch_count = prefetch_count;
         }
@@ -220,10 +237,39 @@ impl ChannelState {
     /// theirs: deliveries still on their way keep the credit their queue took for them).
     fn release_shared_credit(&mut self, taken: Vec<Unacked>) -> Vec<Unacked> {
         let from_consumers = taken.iter().filter(|u| u.consumer.is_some()).count();
-        self.consumer_unacked = self
-            .consumer_unacked
-            .saturating_sub(u32::try_from(from_consumers).unwrap_or(u32::MAX));
+        self.consumer_unacked
+            .sub(u32::try_from(from_consumers).unwrap_or(u32::MAX));
         taken
+    }
+
+    /// The channel closes (client close, or a channel error): queues on other shards
+    /// take no more credit for it.
+    pub(crate) fn close(&mut self) {
+        self.phase = Phase::Closing;
+        if let Some(s) = &self.shared {
+            s.open.store(false, Ordering::Release);
+        }
+    }
+
+    /// This opening's shared record (made now if it has none, its counter moved into
+    /// it), with its connection's in-flight counter, already shared.
+    pub(crate) fn share_credit(
+        &mut self,
+        in_flight: Arc<AtomicU32>,
+        write_window: u32,
+    ) -> Arc<crate::broker::SharedCredit> {
+        if let Some(s) = &self.shared {
+            return s.clone();
+        }
+        let s = Arc::new(crate::broker::SharedCredit {
+            open: AtomicBool::new(self.phase == Phase::Open),
+            global_prefetch: AtomicU32::new(u32::from(self.global_prefetch)),
+            consumer_unacked: self.consumer_unacked.share(),
+            in_flight,
+            write_window,
+        });
+        self.shared = Some(s.clone());
+        s
     }
 
     /// Whether this is opening `serial` of the channel, and open: what mail and credit

@@ -171,7 +171,7 @@ impl Broker {
                 user: c.user().to_string(),
                 channels: c.channels.len(),
                 consumers: c.consumers,
-                in_flight: c.in_flight,
+                in_flight: c.in_flight.get(),
                 paused_by: c.paused_in.len(),
             })
             .collect();

@@ -14,7 +14,7 @@ use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, ExchangeId, QueueId};
 use crate::message::Message;
 use crate::queue::classic::QueuedMessage;
-use crate::queue::state::{ConsumerId, Credit, Enqueued, Picked, QueueConsumer, Settle, Unacked};
+use crate::queue::state::{ConsumerId, Enqueued, Picked, QueueConsumer, Settle, Unacked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -243,7 +243,7 @@ impl Broker {
                     channels: &mut self.channels,
                     write_window: self.config.write_window,
                 };
-                credit.give_back(p.to, ack_required);
+                credit.give_back_to(p.to, ack_required);
                 if ack_required {
                     let u = Unacked::of(queue, &m, Some(p.consumer));
                     self.send_settles(vec![u], Settle::Requeue);
@@ -334,6 +334,12 @@ impl Broker {
             } else {
                 i32::MAX
             }),
+            // A queue on another shard takes the channel's credit through a shared record.
+            shared: if self.queue_shard(queue) == self.shard {
+                None
+            } else {
+                self.share_credit(ch)
+            },
         };
         self.mail.push_back(Mail::Consume {
             queue,

@@ -842,7 +842,11 @@ mod tests {
             Some(1),
             "the message is back in its queue"
         );
-        assert_eq!(b.conns[&ConnId(1)].in_flight, 0, "its write credit is back");
+        assert_eq!(
+            b.conns[&ConnId(1)].in_flight.get(),
+            0,
+            "its write credit is back"
+        );
         assert_eq!(b.stored_bytes(), 5);
         assert_eq!(b.check_invariants(), Ok(()));
     }
@@ -1219,8 +1223,8 @@ mod tests {
             Some(1),
             "the message is back in its queue"
         );
-        assert_eq!(b.channels[&CH].consumer_unacked, 0);
-        assert_eq!(b.conns[&ConnId(1)].in_flight, 0);
+        assert_eq!(b.channels[&CH].consumer_unacked.get(), 0);
+        assert_eq!(b.conns[&ConnId(1)].in_flight.get(), 0);
         assert_eq!(b.check_invariants(), Ok(()));
     }
 

@@ -16,10 +16,12 @@
 
 mod access;
 pub mod admin;
+mod credit;
 mod dead_letter;
 mod delivery;
 mod hold;
 mod mail;
+pub(crate) use credit::{ChannelCredit, Counter, SharedCredit};
 pub use mail::ShardMail;
 mod policies;
 pub(crate) mod reply_to;
@@ -36,7 +38,7 @@ use crate::error::{ErrorCode, ProtocolError};
 use crate::idhash::IdMap;
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
 use crate::naming::NameGen;
-use crate::queue::state::{ConsumerId, Credit, QueueIo, QueueOut, QueueState};
+use crate::queue::state::{ConsumerId, QueueIo, QueueOut, QueueState};
 use crate::store::{Definitions, Store};
 use crate::topology::Topology;
 use session::Conn;
@@ -130,70 +132,6 @@ impl Broker {
     /// (see `routing.rs` for what the broker guarantees about such publishes).
     pub fn routes(&self) -> &Arc<crate::routing::RouteTable> {
         self.topo.routes()
-    }
-}
-
-/// The limits that span queues, as `QueueState` dispatch asks for them (see `Credit`).
-pub(crate) struct ChannelCredit<'a> {
-    pub(crate) conns: &'a mut IdMap<ConnId, Box<Conn>>,
-    pub(crate) channels: &'a mut IdMap<ChannelRef, Box<ChannelState>>,
-    pub(crate) write_window: u32,
-}
-
-impl ChannelCredit<'_> {
-    /// The channel `to` names, if that opening of it is still open: a consumer whose
-    /// channel closed or failed stays in its queue until its cancel arrives.
-    fn open_channel(&self, to: ChannelAddr) -> Option<&ChannelState> {
-        self.channels
-            .get(&to.ch)
-            .map(|c| &**c)
-            .filter(|c| c.is_open_as(to.serial))
-    }
-}
-
-impl Credit for ChannelCredit<'_> {
-    fn may_deliver(&self, to: ChannelAddr, ack_required: bool) -> bool {
-        if self
-            .conns
-            .get(&to.ch.conn)
-            .is_none_or(|c| c.in_flight >= self.write_window)
-        {
-            return false;
-        }
-        self.open_channel(to)
-            .is_some_and(|c| !ack_required || c.has_shared_credit())
-    }
-
-    fn take(&mut self, to: ChannelAddr, ack_required: bool) -> bool {
-        let Some(conn) = self.conns.get_mut(&to.ch.conn) else {
-            return false;
-        };
-        let Some(channel) = self.channels.get_mut(&to.ch) else {
-            return false;
-        };
-        if conn.in_flight >= self.write_window
-            || !channel.is_open_as(to.serial)
-            || (ack_required && !channel.has_shared_credit())
-        {
-            return false;
-        }
-        if ack_required {
-            channel.consumer_unacked += 1;
-        }
-        conn.in_flight += 1;
-        true
-    }
-
-    fn give_back(&mut self, to: ChannelAddr, ack_required: bool) {
-        if ack_required
-            && let Some(c) = self.channels.get_mut(&to.ch)
-            && c.serial == to.serial
-        {
-            c.consumer_unacked = c.consumer_unacked.saturating_sub(1);
-        }
-        if let Some(c) = self.conns.get_mut(&to.ch.conn) {
-            c.in_flight = c.in_flight.saturating_sub(1);
-        }
     }
 }
 
@@ -930,7 +868,7 @@ impl Broker {
             self.drop_hold(ch);
             self.release_channel(ch);
             if let Some(channel) = self.channels.get_mut(&ch) {
-                channel.phase = Phase::Closing;
+                channel.close();
             }
             self.effects.push(Effect::ChannelError { ch, error });
         } else if self.conns.contains_key(&ch.conn) {
@@ -1089,10 +1027,11 @@ impl Broker {
                     *consumer_unacked.entry(cid).or_default() += 1;
                 }
             }
-            if channel.phase == Phase::Open && from_consumers != channel.consumer_unacked {
+            if channel.phase == Phase::Open && from_consumers != channel.consumer_unacked.get() {
                 return Err(format!(
                     "{ch:?}: consumer_unacked {} but {} entries",
-                    channel.consumer_unacked, from_consumers
+                    channel.consumer_unacked.get(),
+                    from_consumers
                 ));
             }
             for (tag, cid, q) in channel.consumers.iter() {

@@ -136,7 +136,7 @@ impl Broker {
         let delivery_tag = channel.next_delivery_tag;
         channel.next_delivery_tag += 1;
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
-            conn.in_flight += 1;
+            conn.in_flight.add(1);
         }
         self.effects.push(Effect::Deliver {
             ch,

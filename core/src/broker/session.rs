@@ -17,7 +17,7 @@ pub(crate) struct Conn {
     pub(crate) channels: SortedSet<u16>,
     pub(crate) exclusive_queues: SortedSet<QueueId>,
     /// Deliveries handed to the host and not yet reported written (`Op::Written`).
-    pub(crate) in_flight: u32,
+    pub(crate) in_flight: super::Counter,
     /// Consumers on this connection's channels: a connection with any is never paused.
     pub(crate) consumers: u32,
     /// Queues currently pausing this connection (flow control).
@@ -72,7 +72,7 @@ impl Broker {
                 cancel_notify,
                 channels: SortedSet::default(),
                 exclusive_queues: SortedSet::default(),
-                in_flight: 0,
+                in_flight: super::Counter::default(),
                 consumers: 0,
                 paused_in: SortedSet::default(),
                 // A connection opened after a change may not use a snapshot from before it.
@@ -192,15 +192,24 @@ impl Broker {
         }
     }
 
+    /// The shared record of channel `ch`'s limits, for a queue on another shard it
+    /// consumes from (made now if it has none: its counters and its connection's move
+    /// into it).
+    pub(super) fn share_credit(&mut self, ch: ChannelRef) -> Option<Arc<super::SharedCredit>> {
+        let write_window = self.config.write_window;
+        let in_flight = self.conns.get_mut(&ch.conn)?.in_flight.share();
+        let channel = self.channels.get_mut(&ch)?;
+        Some(channel.share_credit(in_flight, write_window))
+    }
+
     /// The host wrote `count` deliveries: reopen the window and resume blocked consumers.
     pub(super) fn written(&mut self, conn: ConnId, count: u32) {
         let window = self.config.write_window;
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        let was_blocked = c.in_flight >= window;
-        c.in_flight = c.in_flight.saturating_sub(count);
-        if was_blocked && c.in_flight < window {
+        let before = c.in_flight.sub(count);
+        if before >= window && before.saturating_sub(count) < window {
             let channels: Vec<u16> = c.channels.iter().copied().collect();
             let mut queues = BTreeSet::new();
             for n in channels {

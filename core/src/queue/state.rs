@@ -46,6 +46,8 @@ pub(crate) struct QueueConsumer {
     /// `x-priority`: consumers with a higher priority get messages first. Stored in 32
     /// bits (a wider client value is clamped) so that the serial fits in the record.
     pub(crate) priority: i32,
+    /// The channel's limits, when the channel is on another shard (`broker/credit.rs`).
+    pub(crate) shared: Option<std::sync::Arc<crate::broker::SharedCredit>>,
 }
 
 impl QueueConsumer {
@@ -61,18 +63,18 @@ impl QueueConsumer {
 /// channel's shared (global) prefetch, counted only for deliveries that need an ack, and
 /// its connection's write window.
 pub(crate) trait Credit {
-    /// Whether `to` may take one more delivery now: a check, since dispatch may look at
-    /// several consumers before it picks one. False if that opening of the channel is
-    /// gone or closing (its consumers' cancels are on their way).
-    fn may_deliver(&self, to: ChannelAddr, ack_required: bool) -> bool;
+    /// Whether consumer `c`'s channel may take one more delivery now: a check, since
+    /// dispatch may look at several consumers before it picks one. False if that opening
+    /// of the channel is gone or closing (its consumers' cancels are on their way).
+    fn may_deliver(&self, c: &QueueConsumer) -> bool;
 
-    /// Takes the credit of one delivery to `to` for the consumer dispatch picked. False
-    /// if it is gone: owners running side by side can race for a channel's shared limit,
-    /// and the loser stops dispatching until credit comes back.
-    fn take(&mut self, to: ChannelAddr, ack_required: bool) -> bool;
+    /// Takes the credit of one delivery to consumer `c`, the one dispatch picked. False if
+    /// it is gone: owners running side by side can race for a channel's shared limit, and
+    /// the loser stops dispatching until credit comes back.
+    fn take(&mut self, c: &QueueConsumer) -> bool;
 
     /// Returns credit taken for a delivery that did not happen.
-    fn give_back(&mut self, to: ChannelAddr, ack_required: bool);
+    fn give_back(&mut self, c: &QueueConsumer);
 }
 
 /// What to do with settled deliveries.
@@ -531,8 +533,7 @@ impl QueueState {
 
     /// Whether consumer `c` may receive one more message now.
     fn can_deliver(c: &QueueConsumer, credit: &impl Credit) -> bool {
-        (c.no_ack || c.prefetch == 0 || c.unacked < u32::from(c.prefetch))
-            && credit.may_deliver(c.addr(), !c.no_ack)
+        (c.no_ack || c.prefetch == 0 || c.unacked < u32::from(c.prefetch)) && credit.may_deliver(c)
     }
 
     /// The index of the consumer the next message goes to: with `x-single-active-consumer`,
@@ -579,12 +580,12 @@ impl QueueState {
                 return None;
             }
         }
-        let (to, ack_required) = (self.consumers[idx].addr(), !self.consumers[idx].no_ack);
-        if !credit.take(to, ack_required) {
+        let to = self.consumers[idx].addr();
+        if !credit.take(&self.consumers[idx]) {
             return None;
         }
         let Some(m) = self.pop_ready(io) else {
-            credit.give_back(to, ack_required);
+            credit.give_back(&self.consumers[idx]);
             return None;
         };
         let n = self.consumers.len();
@@ -716,15 +717,15 @@ mod tests {
     struct NoSharedLimits;
 
     impl Credit for NoSharedLimits {
-        fn may_deliver(&self, _: ChannelAddr, _: bool) -> bool {
+        fn may_deliver(&self, _: &QueueConsumer) -> bool {
             true
         }
 
-        fn take(&mut self, _: ChannelAddr, _: bool) -> bool {
+        fn take(&mut self, _: &QueueConsumer) -> bool {
             true
         }
 
-        fn give_back(&mut self, _: ChannelAddr, _: bool) {}
+        fn give_back(&mut self, _: &QueueConsumer) {}
     }
 
     #[derive(Clone, Debug)]
@@ -874,6 +875,7 @@ mod tests {
                             prefetch: u16::from(prefetch),
                             unacked: 0,
                             priority: 0,
+                            shared: None,
                         });
                         consumers.push(ModelConsumer { id, prefetch: u16::from(prefetch), out: 0 });
                     }

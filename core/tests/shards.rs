@@ -1,0 +1,138 @@
+//! A broker of several shards run in one thread (ARCHITECTURE.md, "warren-runtime"): a
+//! queue lives on the shard of the connection that declared it, and a consumer on another
+//! shard takes its channel's limits that span queues (global prefetch, the connection's
+//! write window) through the channel's shared record.
+
+mod common;
+
+use common::*;
+use warren_core::command::Op;
+use warren_core::effect::Effect;
+use warren_core::{Broker, BrokerConfig};
+
+/// Two shards: connection 2 (shard 0) declares `q` and publishes `n` messages to it;
+/// connection 1 (shard 1) is the consumer's.
+fn two_shards(config: BrokerConfig, n: usize) -> (Harness, warren_core::ids::ChannelRef) {
+    let mut h = Harness::sharded(config, 2);
+    let owner = h.connect(2);
+    h.declare(owner, "q");
+    for i in 0..n {
+        h.publish(owner, "", "q", &i.to_string());
+    }
+    assert_eq!(h.broker.queue_len("q"), Some(n), "q lives on shard 0");
+    let c = h.connect(1);
+    (h, c)
+}
+
+fn qos(h: &mut Harness, c: warren_core::ids::ChannelRef, count: u16, global: bool) {
+    let fx = h.op(
+        c,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: count,
+            global,
+        },
+    );
+    assert_eq!(fx.len(), 1, "qos-ok: {fx:?}");
+}
+
+#[test]
+fn a_consumer_on_another_shard_gets_messages_within_its_global_prefetch() {
+    let (mut h, c) = two_shards(BrokerConfig::default(), 5);
+    qos(&mut h, c, 2, true);
+    let fx = h.consume(c, "q", "remote", false);
+    let got = deliveries(&fx);
+    assert_eq!(
+        got.len(),
+        2,
+        "the global prefetch holds on shard 0: {got:?}"
+    );
+    assert_eq!(bodies(&fx), ["0", "1"]);
+    // An ack frees one: the queue on shard 0 hears of it and sends one more.
+    let fx = h.op(
+        c,
+        Op::Ack {
+            delivery_tag: got[0].1,
+            multiple: false,
+        },
+    );
+    assert_eq!(bodies(&fx), ["2"]);
+    // A second consumer on the same channel, of a queue on its own shard, shares the
+    // limit: nothing more while two are unacked.
+    h.declare(c, "local");
+    h.publish(c, "", "local", "x");
+    let fx = h.consume(c, "local", "local", false);
+    assert!(
+        deliveries(&fx).is_empty(),
+        "over the shared prefetch: {fx:?}"
+    );
+    let fx = h.op(
+        c,
+        Op::Ack {
+            delivery_tag: 0,
+            multiple: true,
+        },
+    );
+    assert_eq!(
+        deliveries(&fx).len(),
+        2,
+        "both queues fill the freed credit: {fx:?}"
+    );
+}
+
+#[test]
+fn a_remote_no_ack_consumer_stops_at_its_connections_write_window() {
+    let config = BrokerConfig {
+        write_window: 3,
+        ..Default::default()
+    };
+    let (mut h, c) = two_shards(config, 5);
+    let fx = h.consume(c, "q", "remote", true);
+    assert_eq!(bodies(&fx), ["0", "1", "2"], "three written at most");
+    let fx = h.op(ch(1, 0), Op::Written { count: 2 });
+    assert_eq!(
+        bodies(&fx),
+        ["3", "4"],
+        "the window reopened on shard 1 reaches shard 0"
+    );
+    assert_eq!(h.broker.queue_len("q"), Some(0));
+}
+
+#[test]
+fn a_closed_remote_channel_takes_no_more_credit_and_its_deliveries_go_back() {
+    let (mut h, c) = two_shards(BrokerConfig::default(), 3);
+    qos(&mut h, c, 1, true);
+    let fx = h.consume(c, "q", "remote", false);
+    assert_eq!(bodies(&fx), ["0"]);
+    // With mail that takes time, the channel closes (its unacked delivery requeued, its
+    // shared prefetch free again) while its consumer's cancel travels to shard 0. A
+    // publish there makes q dispatch before the cancel arrives: the closed opening must
+    // take nothing (a delivery sent to it would bounce back flagged redelivered).
+    h.set_mail_scheduled(true);
+    h.op(c, Op::ChannelClose);
+    let owner = ch(2, 1);
+    h.publish(owner, "", "q", "3");
+    let mut fx = Vec::new();
+    while let Some(more) = h.deliver_mail(0) {
+        fx.extend(more);
+    }
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::Deliver { .. })),
+        "nothing for a closed channel: {fx:?}"
+    );
+    h.set_mail_scheduled(false);
+    assert_eq!(h.broker.queue_len("q"), Some(4), "all back in q on shard 0");
+    let again = h.open(1, 2);
+    let fx = h.consume(again, "q", "again", true);
+    let got: Vec<(String, bool)> = deliveries(&fx)
+        .into_iter()
+        .map(|(_, _, redelivered, body)| (body, redelivered))
+        .collect();
+    let expected = [("0", true), ("1", false), ("2", false), ("3", false)];
+    let expected: Vec<(String, bool)> = expected.iter().map(|(b, r)| (b.to_string(), *r)).collect();
+    assert_eq!(
+        got, expected,
+        "only the delivery the close requeued is redelivered"
+    );
+    assert_eq!(h.sum(Broker::lost_in_flight), 0);
+}
