@@ -74,6 +74,17 @@ struct ServeArgs {
     /// smaller ones inline in each queue's segment files.
     #[arg(long, default_value_t = 4096)]
     embed_msgs_below: usize,
+    /// Keep everything in memory: no message log, no stored definitions (nothing survives
+    /// a restart, and a confirm does not mean on disk). The data dir holds only the admin
+    /// socket.
+    #[arg(long)]
+    in_memory: bool,
+    /// Broker shards, each a task owning the queues its connections declare
+    /// (ARCHITECTURE.md, "warren-runtime"): queue work spreads over up to this many cores.
+    /// Experimental: more than 1 needs --in-memory (per-shard message logs are not built
+    /// yet), and users, vhosts and policies changed with `warren ctl` reach shard 0 only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    shards: u32,
 }
 
 /// Total RAM in bytes, from /proc/meminfo.
@@ -194,25 +205,46 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
         None => None,
     };
-    // Restore before listening: clients see the stored queues from their first connection.
-    let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store(
-        warren_core::BrokerConfig {
-            memory_high_watermark,
-            ..warren_core::BrokerConfig::default()
-        },
-        &args.data_dir,
-        warren_store::DiskConfig {
-            embed_msgs_below: args.embed_msgs_below,
-            fsync: args.fsync == "on",
-            ..warren_store::DiskConfig::default()
-        },
-    )
-    .map_err(|e| {
-        ConfigError(format!(
-            "{e}; is another warren using --data-dir {}? pass another --data-dir",
-            args.data_dir.display()
+    if args.shards > 1 && !args.in_memory {
+        return Err(ConfigError(format!(
+            "--shards {} needs --in-memory for now: per-shard message logs are not built yet",
+            args.shards
         ))
-    })?;
+        .into());
+    }
+    let config = warren_core::BrokerConfig {
+        memory_high_watermark,
+        ..warren_core::BrokerConfig::default()
+    };
+    let (broker, definitions_db) = if args.in_memory {
+        tracing::warn!(
+            shards = args.shards,
+            "--in-memory: nothing survives a restart, and a confirm does not mean on disk"
+        );
+        (
+            warren_runtime::BrokerHandle::start_sharded(config, args.shards),
+            None,
+        )
+    } else {
+        // Restore before listening: clients see the stored queues from their first
+        // connection.
+        let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store(
+            config,
+            &args.data_dir,
+            warren_store::DiskConfig {
+                embed_msgs_below: args.embed_msgs_below,
+                fsync: args.fsync == "on",
+                ..warren_store::DiskConfig::default()
+            },
+        )
+        .map_err(|e| {
+            ConfigError(format!(
+                "{e}; is another warren using --data-dir {}? pass another --data-dir",
+                args.data_dir.display()
+            ))
+        })?;
+        (broker, Some(definitions_db))
+    };
     tracing::info!(
         "memory alarm at {} MiB of queued message bodies",
         memory_high_watermark >> 20
@@ -248,7 +280,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
-        let registry = mqtt_registry(definitions_db)?;
+        let registry = match definitions_db {
+            Some(db) => mqtt_registry(db)?,
+            None => warren_mqtt::Registry::new(),
+        };
         servers.push((
             "MQTT",
             tokio::spawn(warren_mqtt::serve_with(

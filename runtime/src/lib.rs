@@ -146,12 +146,29 @@ pub enum AdminResponse {
 }
 
 struct Shared {
-    requests: mpsc::Sender<Request>,
-    control: mpsc::UnboundedSender<Control>,
+    /// One per shard, by shard index: connection `n` is shard `n % shards.len()`'s.
+    shards: Vec<ShardLink>,
     next_conn: AtomicU64,
     /// The routing table as of the broker's last turn: connection tasks route publishes on
     /// it (lock-free reads), so routing runs on their threads, not the broker's.
     routes: Routes,
+}
+
+/// Where a shard's task reads what connections and the host send it.
+struct ShardLink {
+    requests: mpsc::Sender<Request>,
+    control: mpsc::UnboundedSender<Control>,
+}
+
+impl Shared {
+    fn shard(&self, conn: ConnId) -> &ShardLink {
+        &self.shards[(conn.0 % self.shards.len() as u64) as usize]
+    }
+
+    /// Shard 0: topology, users, vhosts and policies (ARCHITECTURE.md, "warren-runtime").
+    fn first(&self) -> &ShardLink {
+        &self.shards[0]
+    }
 }
 
 /// The published routing snapshot (see `warren_core::routing`).
@@ -209,33 +226,77 @@ impl BrokerHandle {
         ))
     }
 
+    /// Spawns `shards` broker tasks, everything in memory (ARCHITECTURE.md,
+    /// "warren-runtime"): connections spread over them at connect, and each queue lives on
+    /// the shard of the connection that declared it, so queue work runs on up to `shards`
+    /// cores. Users, vhosts and policies an operator changes reach shard 0 only for now:
+    /// with more than one shard, clients use the defaults (`guest` on `/`).
+    pub fn start_sharded(config: BrokerConfig, shards: u32) -> BrokerHandle {
+        let shards = shards.max(1);
+        let brokers = (0..shards)
+            .map(|i| {
+                let mut broker = warren_core::Broker::new(config.clone());
+                broker.set_shard(i, shards);
+                let (control, control_rx) = mpsc::unbounded_channel();
+                (broker, control, control_rx)
+            })
+            .collect();
+        BrokerHandle::spawn_shards(brokers)
+    }
+
     fn spawn(
         broker: warren_core::Broker,
         control: mpsc::UnboundedSender<Control>,
         control_rx: mpsc::UnboundedReceiver<Control>,
     ) -> BrokerHandle {
-        let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
-        let routes: Routes = Arc::new(arc_swap::ArcSwap::new(Arc::clone(broker.routes())));
-        tokio::spawn(task::run(
-            broker,
-            requests_rx,
-            control_rx,
-            Arc::clone(&routes),
-        ));
+        BrokerHandle::spawn_shards(vec![(broker, control, control_rx)])
+    }
+
+    fn spawn_shards(
+        brokers: Vec<(
+            warren_core::Broker,
+            mpsc::UnboundedSender<Control>,
+            mpsc::UnboundedReceiver<Control>,
+        )>,
+    ) -> BrokerHandle {
+        let first = brokers.first().map(|(b, _, _)| Arc::clone(b.routes()));
+        let routes: Routes = Arc::new(arc_swap::ArcSwap::new(first.unwrap_or_default()));
+        // Mail between shards: unbounded, so two shards never wait on each other; what
+        // travels is bounded by what makes it (publishes by each connection's in-flight
+        // batches and flow control, deliveries by credit, answers by requests).
+        let (inboxes, mut mail_rxs): (Vec<_>, Vec<_>) =
+            brokers.iter().map(|_| mpsc::unbounded_channel()).unzip();
+        let mut shards = Vec::new();
+        for (broker, control, control_rx) in brokers.into_iter().rev() {
+            let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+            let io = task::ShardIo {
+                mail: mail_rxs.pop().expect("one inbox per shard"),
+                peers: inboxes.clone(),
+            };
+            tokio::spawn(task::run(
+                broker,
+                requests_rx,
+                control_rx,
+                Arc::clone(&routes),
+                io,
+            ));
+            shards.push(ShardLink { requests, control });
+        }
+        shards.reverse();
         BrokerHandle {
             shared: Arc::new(Shared {
-                requests,
-                control,
+                shards,
                 next_conn: AtomicU64::new(1),
                 routes,
             }),
         }
     }
 
-    /// Runs an operator's request on the broker task.
+    /// Runs an operator's request on the broker task (shard 0's).
     pub async fn admin(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.shared
+            .first()
             .control
             .send(Control::Admin { request, reply })
             .map_err(|_| BrokerGone)?;
@@ -253,6 +314,7 @@ impl BrokerHandle {
     ) -> Result<Result<Login, LoginError>, BrokerGone> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.shared
+            .first()
             .control
             .send(Control::Authenticate {
                 user: user.to_string(),
@@ -273,6 +335,7 @@ impl BrokerHandle {
         // before applying a request batch, so the registration is always seen first.
         let _ = self
             .shared
+            .shard(id)
             .control
             .send(Control::Register { conn: id, effects });
         Connection {
@@ -317,10 +380,14 @@ impl Drop for ConnGuard {
     fn drop(&mut self) {
         // Safety net: a gateway that dies without sending ConnectionClose still releases its
         // channels, consumers and exclusive queues.
-        let _ = self.shared.control.send(Control::Disconnect {
-            conn: self.conn,
-            after: self.sent.load(Ordering::Acquire),
-        });
+        let _ = self
+            .shared
+            .shard(self.conn)
+            .control
+            .send(Control::Disconnect {
+                conn: self.conn,
+                after: self.sent.load(Ordering::Acquire),
+            });
     }
 }
 
@@ -344,6 +411,7 @@ impl CommandSender {
         self.guard.credit.wait(sent, MAX_IN_FLIGHT).await;
         self.guard
             .shared
+            .shard(self.guard.conn)
             .requests
             .send(Request {
                 conn: self.guard.conn,

@@ -4,20 +4,29 @@ use crate::{AdminRequest, AdminResponse, Control, Request};
 use std::collections::HashMap;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
-use warren_core::Broker;
 use warren_core::command::Op;
 use warren_core::effect::Effect;
 use warren_core::ids::{ChannelRef, ConnId};
+use warren_core::{Broker, ShardMail};
 
 /// Request batches applied before effects are flushed: bounds the latency a busy broker adds
 /// to replies while still amortising the flush over many publishes.
 const BATCHES_PER_TURN: usize = 64;
+
+/// A shard's links to the other shards (ARCHITECTURE.md, "warren-runtime"): the mail they
+/// send it, and where to send its own (`peers[i]` is shard `i`'s inbox; with one shard, only
+/// its own, never used).
+pub(crate) struct ShardIo {
+    pub(crate) mail: mpsc::UnboundedReceiver<Vec<ShardMail>>,
+    pub(crate) peers: Vec<mpsc::UnboundedSender<Vec<ShardMail>>>,
+}
 
 pub(crate) async fn run(
     mut broker: Broker,
     mut requests: mpsc::Receiver<Request>,
     mut control: mpsc::UnboundedReceiver<Control>,
     routes: crate::Routes,
+    mut io: ShardIo,
 ) {
     // The core's clock: wall-clock milliseconds (so message expiries stored on disk mean the
     // same after a restart), advanced monotonically from one reading at start.
@@ -28,6 +37,7 @@ pub(crate) async fn run(
     let mut effects = Vec::new();
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     let mut held = HeldAnswers::default();
+    let mut outbox = Vec::new();
     loop {
         let deadline = broker
             .next_deadline()
@@ -40,8 +50,25 @@ pub(crate) async fn run(
                 }
                 None => return,
             },
+            mail = io.mail.recv() => {
+                // Every shard holds a sender of every inbox (its own too): never closed
+                // while this task runs.
+                let Some(batch) = mail else { return };
+                adopt_routes(&mut broker, &routes);
+                let now = now_ms(Instant::now());
+                for m in batch {
+                    broker.receive_mail(now, m);
+                }
+                for _ in 1..BATCHES_PER_TURN {
+                    let Ok(batch) = io.mail.try_recv() else { break };
+                    for m in batch {
+                        broker.receive_mail(now, m);
+                    }
+                }
+            }
             req = requests.recv() => {
                 let Some(req) = req else { return };
+                adopt_routes(&mut broker, &routes);
                 // Registrations sent before these ops must be applied first.
                 while let Ok(msg) = control.try_recv() {
                     apply_control(&mut broker, &mut conns, &mut held, msg, now_ms(Instant::now()));
@@ -71,11 +98,49 @@ pub(crate) async fn run(
         broker.start_sync();
         // Publish the routing changes of this turn before its replies leave: a client that
         // saw a bind-ok (or told another client of it) routes on a table holding the bind.
-        if broker.routes().version() != routes.load().version() {
+        if broker.shard() == 0 && broker.routes().version() != routes.load().version() {
             routes.store(std::sync::Arc::clone(broker.routes()));
         }
+        // After the table: a shard adopts the published table before it reads mail that
+        // shard 0 sent after publishing it.
+        send_mail(&mut broker, &mut outbox, &io.peers);
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
+    }
+}
+
+/// A shard other than 0 routes, and resolves names, on the table shard 0 published last.
+fn adopt_routes(broker: &mut Broker, routes: &crate::Routes) {
+    if broker.shard() == 0 {
+        return;
+    }
+    let published = routes.load();
+    if published.version() > broker.routes().version() {
+        broker.adopt_routes(arc_swap::Guard::into_inner(published));
+    }
+}
+
+/// Sends the turn's mail for other shards, one batch per shard, in the order sent.
+fn send_mail(
+    broker: &mut Broker,
+    outbox: &mut Vec<ShardMail>,
+    peers: &[mpsc::UnboundedSender<Vec<ShardMail>>],
+) {
+    broker.take_outbox(outbox);
+    if outbox.is_empty() {
+        return;
+    }
+    let mut batches: Vec<Vec<ShardMail>> = peers.iter().map(|_| Vec::new()).collect();
+    for m in outbox.drain(..) {
+        if let Some(batch) = batches.get_mut(m.shard() as usize) {
+            batch.push(m);
+        }
+    }
+    for (peer, batch) in peers.iter().zip(batches) {
+        if !batch.is_empty() {
+            // Fails only when that shard's task is gone (shutdown).
+            let _ = peer.send(batch);
+        }
     }
 }
 

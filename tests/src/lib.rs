@@ -32,7 +32,23 @@ impl Drop for TestBroker {
 
 /// Starts a broker on 127.0.0.1 with an ephemeral port.
 pub async fn start() -> TestBroker {
-    let broker = warren_runtime::BrokerHandle::start(warren_core::BrokerConfig::default());
+    serve(warren_runtime::BrokerHandle::start(
+        warren_core::BrokerConfig::default(),
+    ))
+    .await
+}
+
+/// Starts a broker of `shards` shards (connections and their queues spread over them) on
+/// 127.0.0.1 with an ephemeral port.
+pub async fn start_sharded(shards: u32) -> TestBroker {
+    serve(warren_runtime::BrokerHandle::start_sharded(
+        warren_core::BrokerConfig::default(),
+        shards,
+    ))
+    .await
+}
+
+async fn serve(broker: warren_runtime::BrokerHandle) -> TestBroker {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");

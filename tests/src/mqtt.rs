@@ -23,6 +23,20 @@ pub async fn start() -> MqttBroker {
 
 pub async fn start_with(config: warren_mqtt::MqttConfig) -> MqttBroker {
     let broker = warren_runtime::BrokerHandle::start(warren_core::BrokerConfig::default());
+    serve(broker, config).await
+}
+
+/// Starts a broker of `shards` shards with both listeners.
+pub async fn start_sharded(shards: u32) -> MqttBroker {
+    let broker =
+        warren_runtime::BrokerHandle::start_sharded(warren_core::BrokerConfig::default(), shards);
+    serve(broker, warren_mqtt::MqttConfig::default()).await
+}
+
+async fn serve(
+    broker: warren_runtime::BrokerHandle,
+    config: warren_mqtt::MqttConfig,
+) -> MqttBroker {
     let amqp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");

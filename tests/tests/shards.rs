@@ -1,0 +1,341 @@
+//! A broker of several shards (ARCHITECTURE.md, "warren-runtime") with lapin over real
+//! sockets: connections take turns over the shards (connection ids are numbered in
+//! connect order), and a queue lives on the shard of the connection that declared it, so
+//! these clients publish, route, consume and ack across shards.
+
+use futures_lite::StreamExt;
+use lapin::BasicProperties;
+use lapin::options::*;
+use lapin::types::{FieldTable, ShortString};
+use std::collections::BTreeSet;
+use std::time::Duration;
+use warren_tests::*;
+
+/// A work queue declared on one shard, a confirming producer on another, and three
+/// consumers spread over the shards with prefetch 1: every message is confirmed and
+/// delivered exactly once, and every consumer works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_queue_across_shards() {
+    for shards in [2, 3] {
+        let b = start_sharded(shards).await;
+        let (_owner, owner) = b.channel().await;
+        declare(&owner, "work").await;
+        let mut workers = Vec::new();
+        for _ in 0..3 {
+            let (conn, ch) = b.channel().await;
+            bounded(ch.basic_qos(1, BasicQosOptions::default()))
+                .await
+                .expect("qos");
+            let consumer = consume(&ch, "work", false).await;
+            workers.push((conn, ch, consumer));
+        }
+        let (_p, producer) = b.channel().await;
+        bounded(producer.confirm_select(ConfirmSelectOptions::default()))
+            .await
+            .expect("confirm.select");
+        const N: usize = 300;
+        for i in 0..N {
+            let confirm = bounded(producer.basic_publish(
+                "".into(),
+                "work".into(),
+                BasicPublishOptions::default(),
+                i.to_string().as_bytes(),
+                BasicProperties::default(),
+            ))
+            .await
+            .expect("publish");
+            if i % 50 == 49 {
+                assert!(bounded(confirm).await.expect("confirm").is_ack());
+            }
+        }
+        let returned = bounded(producer.wait_for_confirms())
+            .await
+            .expect("every publish confirmed");
+        assert!(returned.is_empty(), "nothing returned: {returned:?}");
+        let mut seen = BTreeSet::new();
+        let mut per_worker = vec![0usize; workers.len()];
+        while seen.len() < N {
+            for (w, (_, _, consumer)) in workers.iter_mut().enumerate() {
+                let Ok(Some(d)) =
+                    tokio::time::timeout(Duration::from_millis(20), consumer.next()).await
+                else {
+                    continue;
+                };
+                let d = d.expect("a delivery");
+                assert!(seen.insert(body(&d)), "delivered twice: {}", body(&d));
+                per_worker[w] += 1;
+                bounded(d.ack(BasicAckOptions::default()))
+                    .await
+                    .expect("ack");
+            }
+        }
+        assert!(
+            per_worker.iter().all(|&n| n > 0),
+            "{shards} shards: every worker got some: {per_worker:?}"
+        );
+        assert!(drain(&owner, "work").await.is_empty(), "nothing left");
+    }
+}
+
+/// Queues declared on different shards, bound to a topic exchange declared on another:
+/// a publish reaches every matching queue, and a mandatory one that matches none comes
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_routing_reaches_queues_on_every_shard() {
+    let b = start_sharded(3).await;
+    let (_x, xch) = b.channel().await;
+    bounded(xch.exchange_declare(
+        "logs".into(),
+        lapin::ExchangeKind::Topic,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .expect("exchange.declare");
+    let mut chans = Vec::new();
+    for (queue, key) in [("all", "#"), ("errors", "*.error"), ("kern", "kern.*")] {
+        let (conn, ch) = b.channel().await;
+        declare(&ch, queue).await;
+        bounded(ch.queue_bind(
+            queue.into(),
+            "logs".into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ))
+        .await
+        .expect("queue.bind");
+        chans.push((conn, ch, queue));
+    }
+    let (_p, p) = b.channel().await;
+    bounded(p.confirm_select(ConfirmSelectOptions::default()))
+        .await
+        .expect("confirm.select");
+    for key in ["kern.error", "app.error", "kern.info", "app.info"] {
+        bounded(p.basic_publish(
+            "logs".into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            key.as_bytes(),
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("publish");
+    }
+    // Every key matches "#" on logs: the mandatory publish that comes back goes through
+    // amq.direct, where nothing is bound.
+    let confirm = bounded(p.basic_publish(
+        "amq.direct".into(),
+        "nobody".into(),
+        BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        },
+        b"lost",
+        BasicProperties::default(),
+    ))
+    .await
+    .expect("publish");
+    match bounded(confirm).await.expect("confirm") {
+        lapin::Confirmation::Ack(Some(returned)) => assert_eq!(returned.reply_code, 312),
+        other => panic!("expected the publish back (312), got {other:?}"),
+    }
+    // Confirms go out in publish order: once all are in, every publish above reached
+    // its queues, whichever shard holds them.
+    let returned = bounded(p.wait_for_confirms()).await.expect("confirms");
+    assert!(returned.is_empty(), "{returned:?}");
+    let mut got = Vec::new();
+    for (_, ch, queue) in &chans {
+        got.push((queue.to_string(), drain(ch, queue).await));
+    }
+    let want = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "all".to_string(),
+                want(&["kern.error", "app.error", "kern.info", "app.info"])
+            ),
+            ("errors".to_string(), want(&["kern.error", "app.error"])),
+            ("kern".to_string(), want(&["kern.error", "kern.info"])),
+        ]
+    );
+}
+
+/// RabbitMQ tutorial 6 (RPC) across shards: the client's exclusive, server-named reply
+/// queue lives on its shard; the server consumes `rpc_queue` on another and replies to
+/// `reply_to` with the `correlation_id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_across_shards() {
+    let b = start_sharded(2).await;
+    let (_s, server) = b.channel().await;
+    declare(&server, "rpc_queue").await;
+    let mut requests = consume(&server, "rpc_queue", false).await;
+    let (_c, client) = b.channel().await;
+    let reply_queue = bounded(client.queue_declare(
+        "".into(),
+        QueueDeclareOptions {
+            exclusive: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    ))
+    .await
+    .expect("reply queue");
+    let mut replies = consume(&client, reply_queue.name().as_str(), true).await;
+    for n in 0..5u32 {
+        let id = format!("req-{n}");
+        bounded(
+            client.basic_publish(
+                "".into(),
+                "rpc_queue".into(),
+                BasicPublishOptions::default(),
+                n.to_string().as_bytes(),
+                BasicProperties::default()
+                    .with_reply_to(reply_queue.name().clone())
+                    .with_correlation_id(ShortString::from(id.clone())),
+            ),
+        )
+        .await
+        .expect("request");
+        let req = next(&mut requests).await;
+        let reply_to = req.properties.reply_to().clone().expect("reply_to");
+        let square = body(&req).parse::<u32>().expect("a number").pow(2);
+        bounded(
+            server.basic_publish(
+                "".into(),
+                reply_to.as_str().into(),
+                BasicPublishOptions::default(),
+                square.to_string().as_bytes(),
+                BasicProperties::default()
+                    .with_correlation_id(req.properties.correlation_id().clone().expect("id")),
+            ),
+        )
+        .await
+        .expect("reply");
+        bounded(req.ack(BasicAckOptions::default()))
+            .await
+            .expect("ack");
+        let reply = next(&mut replies).await;
+        assert_eq!(body(&reply), (n * n).to_string());
+        assert_eq!(
+            reply
+                .properties
+                .correlation_id()
+                .as_ref()
+                .map(|s| s.as_str()),
+            Some(id.as_str())
+        );
+    }
+}
+
+/// A channel's global prefetch spans queues on two shards: with a limit of 2, two
+/// deliveries in all are unacked, whichever queues they come from, and each ack lets one
+/// more come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_prefetch_spans_queues_on_two_shards() {
+    let b = start_sharded(2).await;
+    let (_a, a) = b.channel().await;
+    declare(&a, "left").await;
+    let (_z, z) = b.channel().await;
+    declare(&z, "right").await;
+    for (ch, queue) in [(&a, "left"), (&z, "right")] {
+        for i in 0..5 {
+            bounded(ch.basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                format!("{queue}-{i}").as_bytes(),
+                BasicProperties::default(),
+            ))
+            .await
+            .expect("publish");
+        }
+    }
+    let (_c, c) = b.channel().await;
+    bounded(c.basic_qos(2, BasicQosOptions { global: true }))
+        .await
+        .expect("qos global");
+    let mut left = consume(&c, "left", false).await;
+    let mut right = consume(&c, "right", false).await;
+    let mut unacked = Vec::new();
+    let (mut total, mut idle) = (0, 0);
+    while total < 10 {
+        let mut got_one = false;
+        for consumer in [&mut left, &mut right] {
+            if let Ok(Some(d)) =
+                tokio::time::timeout(Duration::from_millis(30), consumer.next()).await
+            {
+                unacked.push(d.expect("a delivery"));
+                total += 1;
+                got_one = true;
+            }
+        }
+        assert!(
+            unacked.len() <= 2,
+            "the global prefetch of 2 holds across shards: {} unacked",
+            unacked.len()
+        );
+        idle = if got_one { 0 } else { idle + 1 };
+        assert!(idle < 50, "stalled with {total} of 10 delivered");
+        if unacked.len() == 2 || (!got_one && !unacked.is_empty()) {
+            let d = unacked.remove(0);
+            bounded(d.ack(BasicAckOptions::default()))
+                .await
+                .expect("ack");
+        }
+    }
+}
+
+/// MQTT sessions on different shards: each session's queue lives on its connection's
+/// shard, and QoS 1 publishes from another shard (MQTT and AMQP) reach every matching
+/// subscriber in publish order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_subscribers_on_every_shard() {
+    let b = warren_tests::mqtt::start_sharded(3).await;
+    let mut subscribers = Vec::new();
+    for (id, filter) in [
+        ("s1", "sensors/+/temp"),
+        ("s2", "sensors/#"),
+        ("s3", "sensors/hall/temp"),
+    ] {
+        let mut c = b.connect(id).await;
+        c.subscribe(filter, rumqttc::QoS::AtLeastOnce).await;
+        subscribers.push(c);
+    }
+    let mut publisher = b.connect("pub").await;
+    for i in 0..10 {
+        publisher
+            .publish(
+                "sensors/hall/temp",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                i.to_string().as_bytes(),
+            )
+            .await;
+        publisher.puback().await;
+    }
+    let (_conn, ch) = b.amqp.channel().await;
+    bounded(ch.basic_publish(
+        "amq.topic".into(),
+        "sensors.hall.temp".into(),
+        BasicPublishOptions::default(),
+        b"amqp",
+        BasicProperties::default().with_delivery_mode(2),
+    ))
+    .await
+    .expect("basic.publish");
+    for s in &mut subscribers {
+        let mut got = Vec::new();
+        for _ in 0..11 {
+            let p = s.next_publish().await;
+            assert_eq!(p.topic, "sensors/hall/temp");
+            got.push(String::from_utf8_lossy(&p.payload).into_owned());
+        }
+        let want: Vec<String> = (0..10)
+            .map(|i| i.to_string())
+            .chain(["amqp".to_string()])
+            .collect();
+        assert_eq!(got, want);
+    }
+}
