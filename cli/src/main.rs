@@ -82,7 +82,7 @@ struct ServeArgs {
     /// Broker shards, each a task owning the queues its connections declare
     /// (ARCHITECTURE.md, "warren-runtime"): queue work spreads over up to this many cores.
     /// Experimental: more than 1 needs --in-memory (per-shard message logs are not built
-    /// yet), and users, vhosts and policies changed with `warren ctl` reach shard 0 only.
+    /// yet), and vhosts and policies changed with `warren ctl` reach shard 0 only.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     shards: u32,
 }

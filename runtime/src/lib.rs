@@ -125,6 +125,35 @@ pub enum AdminRequest {
     ListPermissions,
 }
 
+impl AdminRequest {
+    /// The same request, for the other shards, if every shard must apply it: users and
+    /// permissions, which every shard checks at connection.open. (Vhosts and policies
+    /// are shard 0's only for now: ARCHITECTURE.md, "warren-runtime".)
+    fn replica(&self) -> Option<AdminRequest> {
+        Some(match self {
+            AdminRequest::AddUser(u) => AdminRequest::AddUser(u.clone()),
+            AdminRequest::ChangePassword {
+                user,
+                password_hash,
+            } => AdminRequest::ChangePassword {
+                user: user.clone(),
+                password_hash: password_hash.clone(),
+            },
+            AdminRequest::SetUserTags { user, tags } => AdminRequest::SetUserTags {
+                user: user.clone(),
+                tags: tags.clone(),
+            },
+            AdminRequest::DeleteUser(name) => AdminRequest::DeleteUser(name.clone()),
+            AdminRequest::SetPermissions(p) => AdminRequest::SetPermissions(p.clone()),
+            AdminRequest::ClearPermissions { vhost, user } => AdminRequest::ClearPermissions {
+                vhost: vhost.clone(),
+                user: user.clone(),
+            },
+            _ => return None,
+        })
+    }
+}
+
 /// The broker's answer to an [`AdminRequest`].
 #[derive(Debug)]
 pub enum AdminResponse {
@@ -148,6 +177,9 @@ pub enum AdminResponse {
 struct Shared {
     /// One per shard, by shard index: connection `n` is shard `n % shards.len()`'s.
     shards: Vec<ShardLink>,
+    /// Held while an operator's change is sent to every shard, so all shards see the
+    /// changes in one order (never held across an await).
+    admin_order: std::sync::Mutex<()>,
     next_conn: AtomicU64,
     /// The routing table as of the broker's last turn: connection tasks route publishes on
     /// it (lock-free reads), so routing runs on their threads, not the broker's.
@@ -229,8 +261,8 @@ impl BrokerHandle {
     /// Spawns `shards` broker tasks, everything in memory (ARCHITECTURE.md,
     /// "warren-runtime"): connections spread over them at connect, and each queue lives on
     /// the shard of the connection that declared it, so queue work runs on up to `shards`
-    /// cores. Users, vhosts and policies an operator changes reach shard 0 only for now:
-    /// with more than one shard, clients use the defaults (`guest` on `/`).
+    /// cores. Users and permissions an operator changes reach every shard; vhosts and
+    /// policies shard 0 only, for now.
     pub fn start_sharded(config: BrokerConfig, shards: u32) -> BrokerHandle {
         let shards = shards.max(1);
         let brokers = (0..shards)
@@ -286,20 +318,38 @@ impl BrokerHandle {
         BrokerHandle {
             shared: Arc::new(Shared {
                 shards,
+                admin_order: std::sync::Mutex::new(()),
                 next_conn: AtomicU64::new(1),
                 routes,
             }),
         }
     }
 
-    /// Runs an operator's request on the broker task (shard 0's).
+    /// Runs an operator's request on the broker task (shard 0's). Changes to users and
+    /// permissions go to every shard, in the same order on each (a connection on any
+    /// shard logs in with them); shard 0 answers.
     pub async fn admin(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.shared
-            .first()
-            .control
-            .send(Control::Admin { request, reply })
-            .map_err(|_| BrokerGone)?;
+        {
+            let _order = self
+                .shared
+                .admin_order
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for shard in &self.shared.shards[1..] {
+                let Some(request) = request.replica() else {
+                    break;
+                };
+                // The other shards' answers are the same as shard 0's: nobody waits.
+                let (reply, _) = tokio::sync::oneshot::channel();
+                let _ = shard.control.send(Control::Admin { request, reply });
+            }
+            self.shared
+                .first()
+                .control
+                .send(Control::Admin { request, reply })
+                .map_err(|_| BrokerGone)?;
+        }
         answer.await.map_err(|_| BrokerGone)
     }
 

@@ -339,3 +339,64 @@ async fn mqtt_subscribers_on_every_shard() {
         assert_eq!(got, want);
     }
 }
+
+/// Users and permissions an operator adds reach every shard: a user's connections log in
+/// and work whichever shard they land on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_user_works_on_every_shard() {
+    use warren_core::access::{PermissionDef, UserDef, hash_password};
+    use warren_runtime::{AdminRequest, AdminResponse};
+    let b = start_sharded(2).await;
+    for request in [
+        AdminRequest::AddUser(UserDef {
+            name: "alice".into(),
+            password_hash: hash_password([1, 2, 3, 4], "pw"),
+            tags: vec![],
+        }),
+        AdminRequest::SetPermissions(PermissionDef {
+            user: "alice".into(),
+            vhost: "/".into(),
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: ".*".into(),
+        }),
+    ] {
+        match b.broker.admin(request).await.expect("broker up") {
+            AdminResponse::Done(Ok(())) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let uri = format!("amqp://alice:pw@{}/%2f", b.addr);
+    let mut chans = Vec::new();
+    for _ in 0..4 {
+        let conn = bounded(lapin::Connection::connect(
+            &uri,
+            lapin::ConnectionProperties::default(),
+        ))
+        .await
+        .expect("alice logs in on every shard");
+        let ch = bounded(conn.create_channel()).await.expect("channel");
+        chans.push((conn, ch));
+    }
+    for (i, (_, ch)) in chans.iter().enumerate() {
+        declare(ch, &format!("alice-{i}")).await;
+    }
+    // Deleted on every shard too: a new connection is refused, wherever it lands.
+    match b
+        .broker
+        .admin(AdminRequest::DeleteUser("alice".into()))
+        .await
+        .expect("broker up")
+    {
+        AdminResponse::Done(Ok(())) => {}
+        other => panic!("{other:?}"),
+    }
+    for _ in 0..2 {
+        let refused = bounded(lapin::Connection::connect(
+            &uri,
+            lapin::ConnectionProperties::default(),
+        ))
+        .await;
+        assert!(refused.is_err(), "a deleted user is refused on every shard");
+    }
+}
