@@ -136,3 +136,67 @@ fn a_closed_remote_channel_takes_no_more_credit_and_its_deliveries_go_back() {
     );
     assert_eq!(h.sum(Broker::lost_in_flight), 0);
 }
+
+/// An operator's op runs on shard 0 (`Broker::admin`); one on a queue of another shard is
+/// answered there later, and the admin channel is not left waiting: the next admin op
+/// runs at once.
+#[test]
+fn admin_ops_on_a_queue_of_another_shard_do_not_wedge_the_admin_channel() {
+    let mut h = Harness::sharded(BrokerConfig::default(), 2);
+    let c = h.connect(1);
+    h.declare(c, "q");
+    for i in 0..3 {
+        h.publish(c, "", "q", &i.to_string());
+    }
+    let now = h.now;
+    let purge = Op::QueuePurge {
+        queue: "q".into(),
+        nowait: false,
+    };
+    // Answered later, by mail from shard 1.
+    assert_eq!(h.broker.admin(now, "/", purge), Ok(None));
+    h.settle();
+    assert_eq!(h.shard(1).queue_len("q"), Some(0), "purged on shard 1");
+    h.publish(c, "", "q", "x");
+    let declare = Op::QueueDeclare(warren_core::command::QueueDeclare {
+        queue: "fresh".into(),
+        passive: false,
+        durable: false,
+        exclusive: false,
+        auto_delete: false,
+        nowait: false,
+        arguments: Default::default(),
+    });
+    let reply = h.broker.admin(now, "/", declare);
+    assert!(
+        matches!(
+            reply,
+            Ok(Some(warren_core::effect::Reply::QueueDeclareOk { .. })) | Ok(None)
+        ),
+        "{reply:?}"
+    );
+    h.settle();
+    let again = h.open(1, 2);
+    let fx = h.op(
+        again,
+        Op::QueueDeclare(warren_core::command::QueueDeclare {
+            queue: "fresh".into(),
+            passive: true,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: Default::default(),
+        }),
+    );
+    assert!(
+        matches!(
+            fx.as_slice(),
+            [Effect::Reply {
+                reply: warren_core::effect::Reply::QueueDeclareOk { .. },
+                ..
+            }]
+        ),
+        "the admin declare after the purge ran: {fx:?}"
+    );
+}

@@ -326,14 +326,15 @@ impl Mailbox {
     }
 
     /// The shard that owns `dest`: a queue's or connection's id says it (`id % shards`);
-    /// topology is shard 0's; the host (and the restore connection) is everyone's own.
+    /// topology, and the internal connection that restores definitions and runs admin
+    /// ops, are shard 0's; the host is everyone's own.
     pub(super) fn shard_of(&self, dest: Dest) -> u32 {
         let k = u64::from(self.shards);
         match dest {
             Dest::Queue(q) => (q.0 % k) as u32,
             Dest::Conn(c) if c != super::RESTORE_CONN => (c.0 % k) as u32,
-            Dest::Topology => 0,
-            Dest::Conn(_) | Dest::Host => self.shard,
+            Dest::Topology | Dest::Conn(_) => 0,
+            Dest::Host => self.shard,
         }
     }
 

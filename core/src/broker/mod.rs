@@ -494,6 +494,11 @@ impl Broker {
 
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
     pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
+        debug_assert_eq!(
+            self.conn_shard(ch.conn),
+            self.shard,
+            "{ch:?} is another shard's"
+        );
         self.now = self.now.max(now);
         self.mail.from(mail::Dest::Conn(ch.conn));
         let routes_before = self.topo.routes().version();

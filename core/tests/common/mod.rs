@@ -187,6 +187,16 @@ impl Harness {
         Some(self.effects())
     }
 
+    /// Carries what the shards sent outside an op (`Broker::admin` on shard 0, say) and,
+    /// without scheduled mail, delivers it; returns the effects.
+    pub fn settle(&mut self) -> Vec<Effect> {
+        for i in 0..self.k() {
+            self.collect(i);
+        }
+        self.drain_links();
+        self.effects()
+    }
+
     /// Mail not delivered yet, within shards and between them.
     pub fn mail_pending(&self) -> usize {
         self.all().iter().map(|b| b.mail_pending()).sum::<usize>() + self.links_pending()
