@@ -126,6 +126,17 @@ pub enum AdminRequest {
 }
 
 impl AdminRequest {
+    /// The same request, if each shard answers it for what it owns (queues and their
+    /// consumers live on their owners' shards, connections on theirs).
+    fn gathered(&self) -> Option<AdminRequest> {
+        match self {
+            AdminRequest::ListQueues => Some(AdminRequest::ListQueues),
+            AdminRequest::ListConsumers => Some(AdminRequest::ListConsumers),
+            AdminRequest::ListConnections => Some(AdminRequest::ListConnections),
+            _ => None,
+        }
+    }
+
     /// The same request, for the other shards, if every shard must apply it: users and
     /// permissions, which every shard checks at connection.open. (Vhosts and policies
     /// are shard 0's only for now: ARCHITECTURE.md, "warren-runtime".)
@@ -329,6 +340,9 @@ impl BrokerHandle {
     /// permissions go to every shard, in the same order on each (a connection on any
     /// shard logs in with them); shard 0 answers.
     pub async fn admin(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
+        if self.shared.shards.len() > 1 && request.gathered().is_some() {
+            return self.gather(request).await;
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         {
             let _order = self
@@ -351,6 +365,48 @@ impl BrokerHandle {
                 .map_err(|_| BrokerGone)?;
         }
         answer.await.map_err(|_| BrokerGone)
+    }
+
+    /// A listing of what lives on every shard (queues, their consumers, connections):
+    /// asked of each, merged in the order one shard lists them.
+    async fn gather(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
+        let mut answers = Vec::new();
+        for shard in &self.shared.shards {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let Some(request) = request.gathered() else {
+                break;
+            };
+            shard
+                .control
+                .send(Control::Admin { request, reply })
+                .map_err(|_| BrokerGone)?;
+            answers.push(answer);
+        }
+        let (mut queues, mut consumers, mut connections) = (Vec::new(), Vec::new(), Vec::new());
+        for answer in answers {
+            match answer.await.map_err(|_| BrokerGone)? {
+                AdminResponse::Queues(q) => queues.extend(q),
+                AdminResponse::Consumers(c) => consumers.extend(c),
+                AdminResponse::Connections(c) => connections.extend(c),
+                other => return Ok(other),
+            }
+        }
+        Ok(match request {
+            AdminRequest::ListQueues => {
+                queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+                AdminResponse::Queues(queues)
+            }
+            AdminRequest::ListConsumers => {
+                consumers.sort_by(|a, b| {
+                    (&a.vhost, &a.queue, &a.tag).cmp(&(&b.vhost, &b.queue, &b.tag))
+                });
+                AdminResponse::Consumers(consumers)
+            }
+            _ => {
+                connections.sort_by_key(|c| c.conn);
+                AdminResponse::Connections(connections)
+            }
+        })
     }
 
     /// Checks a client's credentials (RabbitMQ's internal auth backend: salted SHA-256,

@@ -400,3 +400,45 @@ async fn a_new_user_works_on_every_shard() {
         assert!(refused.is_err(), "a deleted user is refused on every shard");
     }
 }
+
+/// `warren ctl list-queues` (and consumers, connections) on a sharded broker lists what
+/// every shard holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_gather_every_shard() {
+    use warren_runtime::{AdminRequest, AdminResponse};
+    let b = start_sharded(3).await;
+    let mut chans = Vec::new();
+    for i in 0..3 {
+        let (conn, ch) = b.channel().await;
+        declare(&ch, &format!("q{i}")).await;
+        let consumer = consume(&ch, &format!("q{i}"), true).await;
+        chans.push((conn, ch, consumer));
+    }
+    let names = match b.broker.admin(AdminRequest::ListQueues).await.expect("up") {
+        AdminResponse::Queues(q) => q.into_iter().map(|q| q.name).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        names,
+        ["q0", "q1", "q2"],
+        "queues of all three shards, sorted"
+    );
+    match b
+        .broker
+        .admin(AdminRequest::ListConsumers)
+        .await
+        .expect("up")
+    {
+        AdminResponse::Consumers(c) => assert_eq!(c.len(), 3, "{c:?}"),
+        other => panic!("{other:?}"),
+    }
+    match b
+        .broker
+        .admin(AdminRequest::ListConnections)
+        .await
+        .expect("up")
+    {
+        AdminResponse::Connections(c) => assert_eq!(c.len(), 3, "{c:?}"),
+        other => panic!("{other:?}"),
+    }
+}
