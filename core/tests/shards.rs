@@ -6,8 +6,10 @@
 mod common;
 
 use common::*;
-use warren_core::command::Op;
+use std::sync::Arc;
+use warren_core::command::{Op, Publish};
 use warren_core::effect::Effect;
+use warren_core::message::Properties;
 use warren_core::{Broker, BrokerConfig};
 
 /// Two shards: connection 2 (shard 0) declares `q` and publishes `n` messages to it;
@@ -199,4 +201,93 @@ fn admin_ops_on_a_queue_of_another_shard_do_not_wedge_the_admin_channel() {
         ),
         "the admin declare after the purge ran: {fx:?}"
     );
+}
+
+/// Publishes a persistent message to `queue` through the default exchange.
+fn publish_persistent(
+    h: &mut Harness,
+    c: warren_core::ids::ChannelRef,
+    queue: &str,
+) -> Vec<Effect> {
+    h.op(
+        c,
+        Op::Publish(Box::new(Publish {
+            exchange: Arc::from(""),
+            routing_key: Arc::from(queue),
+            mandatory: false,
+            immediate: false,
+            properties: Properties {
+                delivery_mode: Some(2),
+                ..Properties::default()
+            },
+            body: bytes::Bytes::from_static(b"p"),
+            routed: None,
+        })),
+    )
+}
+
+fn confirms(fx: &[Effect]) -> Vec<(u64, bool)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Confirm { seq, ack, .. } => Some((*seq, *ack)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A persistent message on a durable queue of another shard is confirmed once that
+/// shard's sync covers it, not the publisher's; a failed sync there nacks it.
+#[test]
+fn a_remote_durable_publish_is_confirmed_after_the_owners_sync() {
+    let mut h = Harness::sharded_with_stores(BrokerConfig::default(), 2);
+    let owner = h.connect(2);
+    h.declare_with(owner, "d", true, false, false);
+    h.sync(0, true);
+    let c = h.connect(1);
+    h.op(c, Op::ConfirmSelect { nowait: false });
+    let fx = publish_persistent(&mut h, c, "d");
+    assert!(confirms(&fx).is_empty(), "not durable yet: {fx:?}");
+    assert!(
+        confirms(&h.sync(1, true)).is_empty(),
+        "the publisher's sync covers nothing"
+    );
+    assert_eq!(
+        confirms(&h.sync(0, true)),
+        [(1, true)],
+        "the owner's sync does"
+    );
+    publish_persistent(&mut h, c, "d");
+    assert_eq!(
+        confirms(&h.sync(0, false)),
+        [(2, false)],
+        "a failed sync nacks"
+    );
+}
+
+/// A transaction's commit-ok waits for the sync of every shard its persistent messages
+/// went to.
+#[test]
+fn a_remote_durable_commit_waits_for_the_owners_sync() {
+    let mut h = Harness::sharded_with_stores(BrokerConfig::default(), 2);
+    let owner = h.connect(2);
+    h.declare_with(owner, "d", true, false, false);
+    h.sync(0, true);
+    let c = h.connect(1);
+    h.op(c, Op::TxSelect);
+    publish_persistent(&mut h, c, "d");
+    let commit_ok = |fx: &[Effect]| {
+        fx.iter().any(|e| {
+            matches!(
+                e,
+                Effect::Reply {
+                    reply: warren_core::effect::Reply::TxCommitOk,
+                    ..
+                }
+            )
+        })
+    };
+    let fx = h.op(c, Op::TxCommit);
+    assert!(!commit_ok(&fx), "not durable yet: {fx:?}");
+    assert!(!commit_ok(&h.sync(1, true)));
+    assert!(commit_ok(&h.sync(0, true)), "durable on shard 0");
 }

@@ -159,8 +159,9 @@ pub(crate) enum Mail {
     /// Channel -> queue: a transaction's commit sent this queue what it touched here
     /// (before this, on the same link): answer when it is done.
     TxFlush { queue: QueueId, to: ChannelAddr },
-    /// Queue -> channel: the commit's operations on this queue are done.
-    TxFlushed { to: ChannelAddr },
+    /// Queue -> channel: the commit's operations on this queue are done (and, from a
+    /// queue on another shard, durable: `durable` false if that shard's sync failed).
+    TxFlushed { to: ChannelAddr, durable: bool },
     /// Channel -> queue: queue.delete (always answered: the channel waits).
     Delete {
         queue: QueueId,
@@ -442,7 +443,7 @@ impl Mail {
             | Mail::Deleted { to, .. }
             | Mail::Declared { to, .. }
             | Mail::TopologyDone { to, .. }
-            | Mail::TxFlushed { to } => Dest::Conn(to.ch.conn),
+            | Mail::TxFlushed { to, .. } => Dest::Conn(to.ch.conn),
             Mail::Cancelled { reply } => Dest::Conn(reply.to.ch.conn),
             Mail::ConsumerGone { ch, .. } => Dest::Conn(ch.conn),
             Mail::Deliver { picked, .. } => Dest::Conn(picked.to.ch.conn),
@@ -567,8 +568,20 @@ impl Broker {
                 let reply = (!nowait).then_some(Reply::QueuePurgeOk { message_count });
                 self.answered(to, 0, reply);
             }
-            Mail::TxFlush { to, .. } => self.mail.push_back(Mail::TxFlushed { to }),
-            Mail::TxFlushed { to } => self.tx_flushed(to),
+            Mail::TxFlush { to, .. } => {
+                let flushed = Mail::TxFlushed { to, durable: true };
+                match self.unsynced_epoch() {
+                    // The commit's persistent messages here are durable once this shard's
+                    // sync covers them, which the channel's shard cannot see: the answer
+                    // waits for it (conservatively: the writes may be another client's).
+                    Some(epoch) if self.conn_shard(to.ch.conn) != self.shard => {
+                        self.remote_answers.push_back((epoch, flushed));
+                    }
+                    _ => self.mail.push_back(flushed),
+                }
+            }
+            Mail::TxFlushed { to, durable: true } => self.tx_flushed(to),
+            Mail::TxFlushed { to, durable: false } => self.tx_synced(to, false),
             Mail::Redeclare {
                 queue,
                 to,
@@ -742,12 +755,20 @@ impl Broker {
             to, seq: Some(seq), ..
         }) = publisher
         {
-            self.mail.push_back(Mail::Answered {
+            let answer = Mail::Answered {
                 to,
                 seq,
                 taken,
                 durable,
-            });
+            };
+            if durable && self.conn_shard(to.ch.conn) != self.shard {
+                // Durable once this shard's sync covers it, which the publisher's shard
+                // cannot see: the answer waits here for that sync (`release_confirms`),
+                // then goes as a plain one.
+                self.remote_answers.push_back((self.epoch, answer));
+            } else {
+                self.mail.push_back(answer);
+            }
         }
         self.dispatch(queue);
         if let Some(p) = publisher

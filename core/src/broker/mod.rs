@@ -83,6 +83,9 @@ pub struct Broker {
     /// Channels with a confirm waiting for the sync of an epoch, in epoch order (a channel
     /// may be listed more than once; the confirms themselves are in `ChannelState`).
     confirm_waiters: VecDeque<(u64, ChannelRef)>,
+    /// Answers to publishes from other shards that a sync of this shard must cover first
+    /// (persistent messages on durable queues), in epoch order.
+    remote_answers: VecDeque<(u64, mail::Mail)>,
     /// The newest epoch whose sync completed.
     synced_epoch: Option<u64>,
     /// When a store write last failed: publishers are blocked for `STORE_RETRY_MS`.
@@ -214,6 +217,7 @@ impl Broker {
             sync_in_flight: false,
             sync_dirty: false,
             confirm_waiters: VecDeque::new(),
+            remote_answers: VecDeque::new(),
             synced_epoch: None,
             store_failed_at: None,
             restoring: false,
@@ -445,6 +449,22 @@ impl Broker {
                 channel.sync_failed(epoch);
             }
             self.send_confirms(ch);
+        }
+        while self.remote_answers.front().is_some_and(|w| w.0 <= epoch) {
+            let answer = match self.remote_answers.pop_front() {
+                Some((_, mail::Mail::Answered { to, seq, taken, .. })) => mail::Mail::Answered {
+                    to,
+                    seq,
+                    // A failed sync makes the message not durable: nacked.
+                    taken: taken && durable,
+                    durable: false,
+                },
+                Some((_, mail::Mail::TxFlushed { to, .. })) => {
+                    mail::Mail::TxFlushed { to, durable }
+                }
+                _ => continue,
+            };
+            self.mail.push_back(answer);
         }
         while self.tx_sync_waiters.front().is_some_and(|w| w.0 <= epoch) {
             if let Some((_, to)) = self.tx_sync_waiters.pop_front() {
@@ -905,15 +925,23 @@ impl Broker {
     /// With no mail left, a channel waits only for a sync (its commit), and holds ops only
     /// while it waits: the first channel that breaks this, described.
     fn stuck_channel(&self) -> Option<String> {
+        self.stuck_channel_but(&|_| false)
+    }
+
+    /// `stuck_channel`, where `synced_elsewhere` says which channels wait for another
+    /// shard's sync (an answer held in its `remote_answers`).
+    fn stuck_channel_but(&self, synced_elsewhere: &dyn Fn(&ChannelRef) -> bool) -> Option<String> {
         if !self.mail.is_empty() || (self.awaiting == 0 && self.holds.is_empty()) {
             return None;
         }
         // O(channels x waiters): for checks only.
         let syncing = |ch: &ChannelRef| {
             let serial = self.channels.get(ch).map(|c| c.serial);
-            self.tx_sync_waiters
-                .iter()
-                .any(|(_, to)| to.ch == *ch && Some(to.serial) == serial)
+            synced_elsewhere(ch)
+                || self
+                    .tx_sync_waiters
+                    .iter()
+                    .any(|(_, to)| to.ch == *ch && Some(to.serial) == serial)
         };
         if let Some((ch, _)) = self
             .channels
@@ -989,6 +1017,22 @@ impl Broker {
                 topo.queue_count()
             ));
         }
+        // Answers held until their queue's shard syncs (`remote_answers`), by channel.
+        let mut held_answers: HashMap<(ChannelRef, u64), u32> = HashMap::new();
+        let mut held_flushes: std::collections::BTreeSet<ChannelRef> = Default::default();
+        for b in shards {
+            for (_, m) in &b.remote_answers {
+                match m {
+                    mail::Mail::Answered { to, seq, .. } => {
+                        *held_answers.entry((to.ch, *seq)).or_default() += 1;
+                    }
+                    mail::Mail::TxFlushed { to, .. } => {
+                        held_flushes.insert(to.ch);
+                    }
+                    _ => return Err("a held answer that is not one".into()),
+                }
+            }
+        }
         for b in shards {
             let awaiting = b.channels.values().filter(|c| c.awaiting).count();
             if awaiting != b.awaiting {
@@ -997,7 +1041,7 @@ impl Broker {
                     b.awaiting
                 ));
             }
-            if let Some(stuck) = b.stuck_channel() {
+            if let Some(stuck) = b.stuck_channel_but(&|ch| held_flushes.contains(ch)) {
                 return Err(stuck);
             }
             if let Some(q) = b.queues.values().find(|q| b.queue_shard(q.id) != b.shard) {
@@ -1056,8 +1100,9 @@ impl Broker {
                         return Err(format!("{ch:?}: confirms out of publish order"));
                     }
                     last = seq;
-                    // Every queue answers (by mail) once the mail has arrived.
-                    if waiting > 0 {
+                    // Every queue answers (by mail) once the mail has arrived, or holds
+                    // its answer until its shard's sync.
+                    if waiting > held_answers.get(&(*ch, seq)).copied().unwrap_or(0) {
                         return Err(format!("{ch:?}: publish {seq} waits for {waiting} queues"));
                     }
                     if let Some(e) = epoch

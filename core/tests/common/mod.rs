@@ -58,6 +58,35 @@ impl Harness {
         h
     }
 
+    /// A broker of `k` shards, each with its own (in-memory) store: syncs are per shard
+    /// (`sync`).
+    pub fn sharded_with_stores(config: BrokerConfig, k: u32) -> Harness {
+        let store = || Box::new(warren_core::store::MemoryStore::new());
+        let mut h = Harness::with_config(config.clone());
+        h.broker = Broker::with_store(config.clone(), store());
+        h.broker.set_shard(0, k);
+        for i in 1..k {
+            let mut b = Broker::with_store(config.clone(), store());
+            b.set_shard(i, k);
+            b.adopt_routes(h.broker.routes().clone());
+            h.shards.others.push(b);
+        }
+        h
+    }
+
+    /// Shard `i` syncs what it wrote (`ok`), or its sync fails; returns the effects.
+    pub fn sync(&mut self, i: u32, ok: bool) -> Vec<Effect> {
+        let now = self.now;
+        if let Some(epoch) = self.shard(i).start_sync() {
+            if ok {
+                self.shard(i).synced(now, epoch);
+            } else {
+                self.shard(i).sync_failed(now, epoch);
+            }
+        }
+        self.settle()
+    }
+
     /// The number of shards.
     pub fn k(&self) -> u32 {
         1 + self.shards.others.len() as u32
