@@ -79,10 +79,10 @@ struct ServeArgs {
     /// socket.
     #[arg(long)]
     in_memory: bool,
-    /// Broker shards, each a task owning the queues its connections declare
-    /// (ARCHITECTURE.md, "warren-runtime"): queue work spreads over up to this many cores.
-    /// Experimental: more than 1 needs --in-memory (per-shard message logs are not built
-    /// yet), and vhosts and policies changed with `warren ctl` reach shard 0 only.
+    /// Broker shards, each a task owning the queues its connections declare, with its own
+    /// message log (ARCHITECTURE.md, "warren-runtime"): queue work spreads over up to this
+    /// many cores. Fixed for a data directory once it holds queues. Experimental: vhosts
+    /// and policies changed with `warren ctl` reach shard 0 only.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     shards: u32,
 }
@@ -205,13 +205,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
         None => None,
     };
-    if args.shards > 1 && !args.in_memory {
-        return Err(ConfigError(format!(
-            "--shards {} needs --in-memory for now: per-shard message logs are not built yet",
-            args.shards
-        ))
-        .into());
-    }
     let config = warren_core::BrokerConfig {
         memory_high_watermark,
         ..warren_core::BrokerConfig::default()
@@ -228,7 +221,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         // Restore before listening: clients see the stored queues from their first
         // connection.
-        let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store(
+        let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store_sharded(
             config,
             &args.data_dir,
             warren_store::DiskConfig {
@@ -236,12 +229,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 fsync: args.fsync == "on",
                 ..warren_store::DiskConfig::default()
             },
+            args.shards,
         )
-        .map_err(|e| {
-            ConfigError(format!(
+        .map_err(|e| match e {
+            warren_runtime::StartError::Open(e) => ConfigError(format!(
                 "{e}; is another warren using --data-dir {}? pass another --data-dir",
                 args.data_dir.display()
-            ))
+            )),
+            other => ConfigError(other.to_string()),
         })?;
         (broker, Some(definitions_db))
     };

@@ -1,50 +1,32 @@
-//! `warren serve --shards`: more than one shard runs only in memory for now, and says so.
+//! `warren serve --shards N`: queues spread over N shards, each with its own message log;
+//! what was confirmed survives a `kill -9`, and the data directory keeps its shard count.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_warren");
 
-fn data_dir(tag: &str) -> std::path::PathBuf {
+fn data_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("warren-serve-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
-#[test]
-fn shards_without_in_memory_are_refused_with_what_to_do() {
-    let dir = data_dir("refused");
-    let out = Command::new(BIN)
+/// Starts `warren serve` with `args`; returns it and its AMQP port.
+fn serve(dir: &Path, args: &[&str]) -> (Child, u16) {
+    let mut child = Command::new(BIN)
         .args([
             "serve",
             "--amqp",
             "127.0.0.1:0",
             "--mqtt",
             "none",
-            "--shards",
-            "2",
+            "--data-dir",
         ])
-        .arg("--data-dir")
-        .arg(&dir)
-        .output()
-        .expect("run warren serve");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(out.status.code(), Some(2), "a configuration error");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--shards 2 needs --in-memory"),
-        "says what to do: {err}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_memory_shards_serve_amqp_clients() {
-    let dir = data_dir("shards");
-    let mut child = Command::new(BIN)
-        .args(["serve", "--amqp", "127.0.0.1:0", "--mqtt", "none"])
-        .args(["--in-memory", "--shards", "2", "--data-dir"])
-        .arg(&dir)
+        .arg(dir)
+        .args(args)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -64,21 +46,124 @@ async fn in_memory_shards_serve_amqp_clients() {
         .recv_timeout(Duration::from_secs(20))
         .expect("warren serve logs its port within 20 s")
         .expect("a port");
+    (child, port)
+}
+
+async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
     let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let connect = || async {
-        let c = tokio::time::timeout(
-            Duration::from_secs(5),
-            lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+    let c = tokio::time::timeout(
+        Duration::from_secs(5),
+        lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+    )
+    .await
+    .expect("connect in time")
+    .expect("connect");
+    let ch = c.create_channel().await.expect("channel");
+    (c, ch)
+}
+
+async fn drain(ch: &lapin::Channel, queue: &str) -> Vec<String> {
+    let mut got = Vec::new();
+    while let Some(m) = ch
+        .basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
         )
         .await
-        .expect("connect in time")
-        .expect("connect");
-        let ch = c.create_channel().await.expect("channel");
-        (c, ch)
-    };
+        .expect("get")
+    {
+        got.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
+    }
+    got
+}
+
+const QUEUES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_durable_queues_survive_kill_9_and_keep_their_shard_count() {
+    let dir = data_dir("durable");
+    let (mut child, port) = serve(&dir, &["--shards", "2"]);
+    {
+        // Publishers on two connections (two shards), six durable queues spread by name.
+        let (_a, a) = channel(port).await;
+        let (_z, z) = channel(port).await;
+        for q in QUEUES {
+            let args = lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            a.queue_declare(q.into(), args, Default::default())
+                .await
+                .expect("declare");
+        }
+        for ch in [&a, &z] {
+            ch.confirm_select(Default::default())
+                .await
+                .expect("confirms");
+        }
+        for i in 0..60 {
+            let ch = if i % 2 == 0 { &a } else { &z };
+            let q = QUEUES[i % QUEUES.len()];
+            ch.basic_publish(
+                "".into(),
+                q.into(),
+                Default::default(),
+                i.to_string().as_bytes(),
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish");
+        }
+        for ch in [&a, &z] {
+            assert!(ch.wait_for_confirms().await.expect("confirmed").is_empty());
+        }
+    }
+    // Every message is confirmed: none may be lost to a kill -9 now.
+    let _ = child.kill();
+    let _ = child.wait();
+    let queue_dirs = |d: PathBuf| std::fs::read_dir(d.join("queues")).map_or(0, |r| r.count());
+    assert!(
+        queue_dirs(dir.join("shards").join("1")) > 0 && queue_dirs(dir.clone()) > 0,
+        "the queues spread over both shards' message logs"
+    );
+    let refused = Command::new(BIN)
+        .args([
+            "serve",
+            "--amqp",
+            "127.0.0.1:0",
+            "--mqtt",
+            "none",
+            "--shards",
+            "3",
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .output()
+        .expect("run warren serve");
+    assert_eq!(refused.status.code(), Some(2), "a configuration error");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("pass --shards 2"), "says what to do: {err}");
+    let (mut child, port) = serve(&dir, &["--shards", "2"]);
+    let (_c, ch) = channel(port).await;
+    for (n, q) in QUEUES.iter().enumerate() {
+        let want: Vec<String> = (0..60)
+            .filter(|i| i % QUEUES.len() == n)
+            .map(|i| i.to_string())
+            .collect();
+        assert_eq!(drain(&ch, q).await, want, "queue {q} after the restart");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_shards_serve_amqp_clients() {
+    let dir = data_dir("memory");
+    let (mut child, port) = serve(&dir, &["--in-memory", "--shards", "2"]);
     // Two connections, so two shards: the queue is declared on one, used from the other.
-    let (_a, a) = connect().await;
-    let (_z, z) = connect().await;
+    let (_a, a) = channel(port).await;
+    let (_z, z) = channel(port).await;
     a.queue_declare("q".into(), Default::default(), Default::default())
         .await
         .expect("declare");
@@ -97,14 +182,7 @@ async fn in_memory_shards_serve_amqp_clients() {
         .expect("publish");
     }
     assert!(z.wait_for_confirms().await.expect("confirmed").is_empty());
-    let mut got = Vec::new();
-    while let Some(m) = z
-        .basic_get("q".into(), lapin::options::BasicGetOptions { no_ack: true })
-        .await
-        .expect("get")
-    {
-        got.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
-    }
+    let got = drain(&z, "q").await;
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);

@@ -40,6 +40,63 @@ pub(crate) fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Why a broker with a data directory did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Open(#[from] warren_store::OpenError),
+    #[error(
+        "data directory {dir} holds the queues of a broker of {stored} shard(s), not {asked}: \
+         pass --shards {stored} (stored queues live on the shard their name says)"
+    )]
+    ShardCount {
+        dir: std::path::PathBuf,
+        stored: u32,
+        asked: u32,
+    },
+    #[error("cannot use {path}: {source}; check that the data directory is writable")]
+    ShardCountFile {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Checks that `data_dir` was written by a broker of `shards` shards (a directory without
+/// `shard-count` was written by one shard, or is new when it holds no queues), then
+/// records it.
+fn check_shard_count(
+    data_dir: &std::path::Path,
+    shards: u32,
+    holds_queues: bool,
+) -> Result<(), StartError> {
+    let path = data_dir.join("shard-count");
+    let file_err = |source| StartError::ShardCountFile {
+        path: path.clone(),
+        source,
+    };
+    let stored = match std::fs::read_to_string(&path) {
+        Ok(text) => match text.trim().parse::<u32>() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                let invalid = std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+                return Err(file_err(invalid));
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => holds_queues.then_some(1),
+        Err(e) => return Err(file_err(e)),
+    };
+    if let Some(stored) = stored
+        && stored != shards
+    {
+        return Err(StartError::ShardCount {
+            dir: data_dir.to_path_buf(),
+            stored,
+            asked: shards,
+        });
+    }
+    std::fs::write(&path, format!("{shards}\n")).map_err(file_err)
+}
+
 /// The broker has stopped (the runtime is shutting down).
 #[derive(Debug, thiserror::Error)]
 #[error("broker stopped")]
@@ -237,36 +294,72 @@ impl BrokerHandle {
         config: BrokerConfig,
         data_dir: &std::path::Path,
         storage: warren_store::DiskConfig,
-    ) -> Result<(BrokerHandle, warren_store::definitions::DefinitionStore), warren_store::OpenError>
-    {
-        let (control, control_rx) = mpsc::unbounded_channel();
-        let synced = control.clone();
-        let (store, definitions) = warren_store::DiskStore::open(
-            data_dir,
-            storage,
-            Box::new(move |epoch, result| {
-                // Fails only when the broker task is gone (shutdown): nothing to confirm then.
-                let _ = synced.send(Control::Synced { epoch, result });
-            }),
-        )?;
+    ) -> Result<(BrokerHandle, warren_store::definitions::DefinitionStore), StartError> {
+        BrokerHandle::start_with_store_sharded(config, data_dir, storage, 1)
+    }
+
+    /// `start_with_store` over `shards` shards, each with its own message log (shard 0 in
+    /// `data_dir`, with the definitions; shard `i` in `data_dir/shards/i`) and its own
+    /// syncs. A stored queue lives on the shard its name says, so the number of shards is
+    /// fixed for a data directory once it holds queues (`data_dir/shard-count`).
+    pub fn start_with_store_sharded(
+        config: BrokerConfig,
+        data_dir: &std::path::Path,
+        storage: warren_store::DiskConfig,
+        shards: u32,
+    ) -> Result<(BrokerHandle, warren_store::definitions::DefinitionStore), StartError> {
+        let shards = shards.max(1);
+        let mut brokers = Vec::new();
+        let mut controls = Vec::new();
+        let mut first_definitions = None;
+        for i in 0..shards {
+            let (control, control_rx) = mpsc::unbounded_channel();
+            let synced = control.clone();
+            let dir = match i {
+                0 => data_dir.to_path_buf(),
+                i => data_dir.join("shards").join(i.to_string()),
+            };
+            let (store, definitions) = warren_store::DiskStore::open(
+                &dir,
+                storage.clone(),
+                Box::new(move |epoch, result| {
+                    // Fails only when the broker task is gone (shutdown): nothing to
+                    // confirm then.
+                    let _ = synced.send(Control::Synced { epoch, result });
+                }),
+            )?;
+            if i == 0 {
+                first_definitions = Some((definitions, store.definitions()));
+            }
+            let mut broker = warren_core::Broker::with_store(config.clone(), Box::new(store));
+            broker.set_shard(i, shards);
+            brokers.push(broker);
+            controls.push((control, control_rx));
+        }
+        let Some((definitions, definitions_db)) = first_definitions else {
+            unreachable!("at least one shard");
+        };
+        check_shard_count(data_dir, shards, !definitions.queues.is_empty())?;
         let started = std::time::Instant::now();
-        let definitions_db = store.definitions();
-        let mut broker = warren_core::Broker::with_store(config, Box::new(store));
-        for error in broker.restore(unix_ms(), &definitions) {
+        let (first, others) = brokers.split_at_mut(1);
+        for error in first[0].restore_shards(unix_ms(), &definitions, others) {
             tracing::warn!(%error, "a stored definition could not be restored");
         }
         tracing::info!(
             exchanges = definitions.exchanges.len(),
             queues = definitions.queues.len(),
             bindings = definitions.bindings.len(),
+            shards,
             elapsed_ms = started.elapsed().as_millis() as u64,
             dir = %data_dir.display(),
             "restored definitions"
         );
-        Ok((
-            BrokerHandle::spawn(broker, control, control_rx),
-            definitions_db,
-        ))
+        let brokers = brokers
+            .into_iter()
+            .zip(controls)
+            .map(|(broker, (control, control_rx))| (broker, control, control_rx))
+            .collect();
+        Ok((BrokerHandle::spawn_shards(brokers), definitions_db))
     }
 
     /// Spawns `shards` broker tasks, everything in memory (ARCHITECTURE.md,

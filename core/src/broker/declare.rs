@@ -41,6 +41,17 @@ fn describe(v: Option<&FieldValue>) -> String {
     }
 }
 
+/// The shard of a stored queue: FNV-1a of its vhost and name, modulo the shards (stable
+/// across restarts with the same number of shards; the host refuses another number).
+fn stored_queue_shard(vhost: &str, name: &str, shards: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in vhost.bytes().chain([0]).chain(name.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(shards.max(1))) as u32
+}
+
 impl Broker {
     fn not_found(&self, vh: VhostId, op: OpKind, what: &str, name: &str) -> ProtocolError {
         ProtocolError::new(
@@ -667,20 +678,21 @@ impl Broker {
                 ),
             )
         })?;
-        // A queue lives on the shard of the connection that declares it (an MQTT session's
-        // queue, an RPC client's reply queue stay with their connection); restored ones
-        // spread round-robin.
-        let id = if to.ch.conn == super::RESTORE_CONN {
-            let n = self.next_id();
-            QueueId(n * u64::from(self.shards) + n % u64::from(self.shards))
-        } else {
-            QueueId(self.id_on(self.conn_shard(to.ch.conn)))
-        };
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
         // so they are not stored as durable.
         let stored = d.durable && !d.exclusive;
         let vhost = self.topo.vhost_name_arc(vh);
+        // A queue lives on the shard of the connection that declares it (an MQTT session's
+        // queue, an RPC client's reply queue stay with their connection). A stored one
+        // lives where its name says, so that after a restart it is restored on the shard
+        // whose message log holds it.
+        let shard = if stored {
+            stored_queue_shard(&vhost, name, self.shards)
+        } else {
+            self.conn_shard(to.ch.conn)
+        };
+        let id = QueueId(self.id_on(shard));
         if stored && !self.restoring {
             let mut def = d.clone();
             def.passive = false;

@@ -52,6 +52,10 @@ const STORE_RETRY_MS: u64 = 5_000;
 /// The connection id the core uses to replay stored definitions; hosts never issue it.
 const RESTORE_CONN: ConnId = ConnId(u64::MAX);
 
+/// Rounds of mail between shards a sharded restore carries after one op: each round is a
+/// hop (declare -> create -> created -> declare-ok is three), so this only catches a loop.
+const MAX_SETTLE_ROUNDS: usize = 1 << 16;
+
 /// The broker state machine. See the module docs.
 pub struct Broker {
     config: BrokerConfig,
@@ -255,8 +259,116 @@ impl Broker {
     /// stored) gets the defaults written into it. Returns what could not be restored, as
     /// RabbitMQ-style error texts, for the host to log.
     pub fn restore(&mut self, now: u64, definitions: &Definitions) -> Vec<String> {
+        self.restore_shards(now, definitions, &mut [])
+    }
+
+    /// `restore` on shard 0 of a sharded broker, before any shard serves: `others` are
+    /// shards 1.. (in order). Every shard gets the vhosts, users, permissions and policies;
+    /// shard 0 replays exchanges, queues and bindings, and each restored queue is created
+    /// by the shard that owns it, with the messages of that shard's store (the mail between
+    /// them is carried here until none is left).
+    pub fn restore_shards(
+        &mut self,
+        now: u64,
+        definitions: &Definitions,
+        others: &mut [Broker],
+    ) -> Vec<String> {
+        for b in others.iter_mut() {
+            b.now = b.now.max(now);
+            // The same replay from the same start gives the same vhost ids everywhere;
+            // its errors are shard 0's too.
+            b.restoring = true;
+            b.restore_access(now, definitions, &mut Vec::new());
+            b.restoring = false;
+        }
         self.now = self.now.max(now);
         let mut errors = Vec::new();
+        self.restore_access(now, definitions, &mut errors);
+        let vhosts: Vec<String> = self
+            .topo
+            .list_vhosts()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        for vhost in &vhosts {
+            let in_vhost = |v: &String| v == vhost;
+            let ops = definitions
+                .exchanges
+                .iter()
+                .filter(|(v, _)| in_vhost(v))
+                .map(|(_, x)| Op::ExchangeDeclare(x.clone()))
+                .chain(
+                    definitions
+                        .queues
+                        .iter()
+                        .filter(|(v, _)| in_vhost(v))
+                        .map(|(_, q)| Op::QueueDeclare(q.clone())),
+                )
+                .chain(
+                    definitions
+                        .bindings
+                        .iter()
+                        .filter(|(v, _, _)| in_vhost(v))
+                        .map(|(_, b, to_exchange)| {
+                            if *to_exchange {
+                                Op::ExchangeBind(b.clone())
+                            } else {
+                                Op::QueueBind(b.clone())
+                            }
+                        }),
+                );
+            self.replay(now, vhost, ops, &mut errors, others);
+        }
+        for (v, x) in &definitions.exchanges {
+            if !vhosts.contains(v) {
+                errors.push(format!(
+                    "exchange '{}': vhost '{v}' does not exist",
+                    x.exchange
+                ));
+            }
+        }
+        for (v, q) in &definitions.queues {
+            if !vhosts.contains(v) {
+                errors.push(format!("queue '{}': vhost '{v}' does not exist", q.queue));
+            }
+        }
+        self.restoring = false;
+        errors
+    }
+
+    /// Carries mail between this shard (0) and `others` until none is left: the sharded
+    /// restore's stand-in for the runtime, which is not running yet.
+    fn settle_with(&mut self, now: u64, others: &mut [Broker]) {
+        let mut out = Vec::new();
+        // Each round moves what every shard sent; a round bounds by the restore's work.
+        for _ in 0..MAX_SETTLE_ROUNDS {
+            let routes = Arc::clone(self.routes());
+            for b in others.iter_mut() {
+                b.adopt_routes(Arc::clone(&routes));
+            }
+            self.take_outbox(&mut out);
+            for b in others.iter_mut() {
+                b.take_outbox(&mut out);
+            }
+            if out.is_empty() {
+                return;
+            }
+            for m in out.drain(..) {
+                match m.shard() {
+                    0 => self.receive_mail(now, m),
+                    i => match others.get_mut(i as usize - 1) {
+                        Some(b) => b.receive_mail(now, m),
+                        None => debug_assert!(false, "mail for shard {i}, which is not given"),
+                    },
+                }
+            }
+        }
+        debug_assert!(false, "mail between shards does not settle");
+    }
+
+    /// Vhosts, users, permissions and policies of `definitions` (the first part of a
+    /// restore, which every shard does).
+    fn restore_access(&mut self, now: u64, definitions: &Definitions, errors: &mut Vec<String>) {
         if definitions.vhosts.is_empty() && definitions.users.is_empty() {
             self.store_defaults();
         }
@@ -296,56 +408,6 @@ impl Broker {
                 errors.push(format!("policy '{}': {e}", p.name));
             }
         }
-        let vhosts: Vec<String> = self
-            .topo
-            .list_vhosts()
-            .into_iter()
-            .map(|v| v.name)
-            .collect();
-        for vhost in &vhosts {
-            let in_vhost = |v: &String| v == vhost;
-            let ops = definitions
-                .exchanges
-                .iter()
-                .filter(|(v, _)| in_vhost(v))
-                .map(|(_, x)| Op::ExchangeDeclare(x.clone()))
-                .chain(
-                    definitions
-                        .queues
-                        .iter()
-                        .filter(|(v, _)| in_vhost(v))
-                        .map(|(_, q)| Op::QueueDeclare(q.clone())),
-                )
-                .chain(
-                    definitions
-                        .bindings
-                        .iter()
-                        .filter(|(v, _, _)| in_vhost(v))
-                        .map(|(_, b, to_exchange)| {
-                            if *to_exchange {
-                                Op::ExchangeBind(b.clone())
-                            } else {
-                                Op::QueueBind(b.clone())
-                            }
-                        }),
-                );
-            self.replay(now, vhost, ops, &mut errors);
-        }
-        for (v, x) in &definitions.exchanges {
-            if !vhosts.contains(v) {
-                errors.push(format!(
-                    "exchange '{}': vhost '{v}' does not exist",
-                    x.exchange
-                ));
-            }
-        }
-        for (v, q) in &definitions.queues {
-            if !vhosts.contains(v) {
-                errors.push(format!("queue '{}': vhost '{v}' does not exist", q.queue));
-            }
-        }
-        self.restoring = false;
-        errors
     }
 
     /// Applies `ops` in `vhost` on the restore connection, collecting their errors (a failed
@@ -356,6 +418,7 @@ impl Broker {
         vhost: &str,
         ops: impl Iterator<Item = Op>,
         errors: &mut Vec<String>,
+        others: &mut [Broker],
     ) {
         let ch = ChannelRef::new(RESTORE_CONN, 1);
         let mark = self.effects.len();
@@ -374,6 +437,7 @@ impl Broker {
         self.handle(now, ch, Op::ChannelOpen);
         for op in ops {
             self.handle(now, ch, op);
+            self.settle_with(now, others);
             let failed: Vec<String> =
                 self.effects
                     .drain(mark..)
