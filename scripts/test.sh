@@ -219,6 +219,13 @@ crash_test() {
     timeout 180 target/debug/crash-test
 }
 
+crash_test_sharded() {
+  # The same over two shards (queues spread by name over two message logs, publishers and
+  # consumers on both shards).
+  WARREN_BIN=target/debug/warren CRASH_CYCLES=${CRASH_CYCLES:-10} CRASH_SERVE_ARGS="--shards 2" \
+    CRASH_DATA_DIR=target/crash-data-sharded timeout 180 target/debug/crash-test
+}
+
 idle_conns() {
   # Issue 7, bounded: 300 idle MQTT connections (one QoS 1 subscription each) held over
   # sockets through two keep-alive intervals while a live pair measures latency, then 10k
@@ -280,5 +287,6 @@ step "idle connections: 300 over sockets, 10k socketless, all stay alive" idle_c
 step "clean shutdown on SIGTERM" stop_broker
 step "bench/compare.sh short: warren bench against Warren and Mosquitto, no errors" bench_compare
 step "crash test: SIGKILL and restart under confirmed publishing, ${CRASH_CYCLES:-20} cycles" crash_test
+step "crash test over two shards: SIGKILL and restart, ${CRASH_CYCLES:-10} cycles" crash_test_sharded
 echo
 echo "steps: $passed passed, 0 failed"

@@ -19,6 +19,8 @@
 //!   kills), `CRASH_SEED` (to replay a run's kill timings), `CRASH_DEADLINE_SECS` (120: the
 //!   whole run), `CRASH_START_TIMEOUT_SECS` (30: each start until it accepts connections).
 //! - `CRASH_DATA_DIR`: where the broker keeps its data (default `target/crash-data`, wiped).
+//! - `CRASH_SERVE_ARGS`: more `warren serve` arguments, split at whitespace (e.g.
+//!   `--shards 2`).
 //! - `CRASH_AMQP=HOST:PORT`: test a broker this program does not start (e.g. RabbitMQ). With
 //!   `CRASH_START_CMD` (run with `sh -c`, kept as a child) it is started and, unless
 //!   `CRASH_KILL_CMD` is given, killed with SIGKILL like Warren; with neither, no crash is
@@ -494,6 +496,11 @@ impl Broker {
                     .args(["serve", "--amqp", &format!("127.0.0.1:{port}")])
                     .args(["--mqtt", "none", "--data-dir"])
                     .arg(&*data_dir)
+                    .args(
+                        std::env::var("CRASH_SERVE_ARGS")
+                            .unwrap_or_default()
+                            .split_whitespace(),
+                    )
                     .env("NO_COLOR", "1")
                     .stdin(Stdio::null())
                     .stdout(out)
