@@ -442,3 +442,45 @@ async fn listings_gather_every_shard() {
         other => panic!("{other:?}"),
     }
 }
+
+/// RPC with direct reply-to (`amq.rabbitmq.reply-to`) across shards: the reply, published
+/// on the server's shard, reaches the client's reply consumer on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_reply_to_across_shards() {
+    let b = start_sharded(2).await;
+    let (_s, server) = b.channel().await;
+    declare(&server, "rpc").await;
+    let mut requests = consume(&server, "rpc", false).await;
+    let (_c, client) = b.channel().await;
+    let mut replies = consume(&client, "amq.rabbitmq.reply-to", true).await;
+    for n in 0..3u32 {
+        bounded(client.basic_publish(
+            "".into(),
+            "rpc".into(),
+            BasicPublishOptions::default(),
+            n.to_string().as_bytes(),
+            BasicProperties::default().with_reply_to("amq.rabbitmq.reply-to".into()),
+        ))
+        .await
+        .expect("request");
+        let req = next(&mut requests).await;
+        let address = req.properties.reply_to().clone().expect("reply_to");
+        assert!(
+            address.as_str().starts_with("amq.rabbitmq.reply-to."),
+            "{address}"
+        );
+        bounded(server.basic_publish(
+            "".into(),
+            address.as_str().into(),
+            BasicPublishOptions::default(),
+            format!("re {n}").as_bytes(),
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("reply");
+        bounded(req.ack(BasicAckOptions::default()))
+            .await
+            .expect("ack");
+        assert_eq!(body(&next(&mut replies).await), format!("re {n}"));
+    }
+}

@@ -204,6 +204,13 @@ pub(crate) enum Mail {
         reply: Option<Reply>,
         version: u64,
     },
+    /// Channel -> connection: a reply published to the direct reply-to address of a
+    /// consumer on that connection (another shard's).
+    Reply {
+        conn: ConnId,
+        address: Arc<str>,
+        message: Arc<Message>,
+    },
     /// Queue -> connection: the queue lifted its pause (it drained, lost its consumers, or
     /// went away). Sent after the `Paused` it lifts, so the connection never stays paused by
     /// a queue that no longer pauses it.
@@ -447,7 +454,9 @@ impl Mail {
             Mail::Cancelled { reply } => Dest::Conn(reply.to.ch.conn),
             Mail::ConsumerGone { ch, .. } => Dest::Conn(ch.conn),
             Mail::Deliver { picked, .. } => Dest::Conn(picked.to.ch.conn),
-            Mail::Paused { conn, .. } | Mail::Resumed { conn, .. } => Dest::Conn(*conn),
+            Mail::Paused { conn, .. } | Mail::Resumed { conn, .. } | Mail::Reply { conn, .. } => {
+                Dest::Conn(*conn)
+            }
         }
     }
 }
@@ -638,6 +647,11 @@ impl Broker {
                 // The connection went while the pause travelled: the queue forgets it.
                 None => self.mail.push_back(Mail::PublisherGone { queue, conn }),
             },
+            Mail::Reply {
+                address, message, ..
+            } => {
+                self.deliver_reply_here(&address, &message);
+            }
             Mail::PublisherGone { queue, conn } => {
                 if let Some(q) = self.queues.get_mut(&queue) {
                     q.pausing.remove(conn);

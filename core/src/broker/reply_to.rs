@@ -43,7 +43,15 @@ impl Broker {
         } else {
             Arc::from(c.consumer_tag.as_str())
         };
-        let address: Arc<str> = Arc::from(self.names.name(REPLY_TO_PREFIX));
+        let token = self.names.name(REPLY_TO_PREFIX);
+        // With shards, the address names the connection, so that a reply published on
+        // another shard finds the one that holds the consumer.
+        let address: Arc<str> = match token.strip_prefix(REPLY_TO_PREFIX) {
+            Some(rest) if self.shards > 1 => {
+                Arc::from(format!("{REPLY_TO_PREFIX}{}.{rest}", ch.conn.0))
+            }
+            _ => Arc::from(token),
+        };
         let Some(channel) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
@@ -121,10 +129,32 @@ impl Broker {
     /// Delivers a reply published to the default exchange with a reply-to address; false when
     /// `routing_key` is no live address (the caller treats the message as unroutable).
     pub(super) fn deliver_reply(&mut self, routing_key: &str, message: &Arc<Message>) -> bool {
-        if !routing_key.starts_with(REPLY_TO_PREFIX) {
+        let Some(rest) = routing_key.strip_prefix(REPLY_TO_PREFIX) else {
             return false;
+        };
+        if self.shards > 1
+            && let Some(conn) = rest
+                .split_once('.')
+                .and_then(|(conn, _)| conn.parse::<u64>().ok())
+                .map(crate::ids::ConnId)
+            && self.conn_shard(conn) != self.shard
+        {
+            // Its shard delivers it, or drops it if the consumer has gone (a mandatory
+            // reply is not returned then: this shard cannot know).
+            self.mail.push_back(super::mail::Mail::Reply {
+                conn,
+                address: Arc::from(routing_key),
+                message: message.clone(),
+            });
+            return true;
         }
-        let Some(&ch) = self.reply_addresses.get(routing_key) else {
+        self.deliver_reply_here(routing_key, message)
+    }
+
+    /// Delivers a reply to the reply consumer of this shard that `address` names; false if
+    /// there is none.
+    pub(super) fn deliver_reply_here(&mut self, address: &str, message: &Arc<Message>) -> bool {
+        let Some(&ch) = self.reply_addresses.get(address) else {
             return false;
         };
         let Some(channel) = self.channels.get_mut(&ch) else {
