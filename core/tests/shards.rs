@@ -291,3 +291,37 @@ fn a_remote_durable_commit_waits_for_the_owners_sync() {
     assert!(!commit_ok(&h.sync(1, true)));
     assert!(commit_ok(&h.sync(0, true)), "durable on shard 0");
 }
+
+/// The memory alarm counts the bytes of every shard: a publisher on shard 1 filling a queue
+/// on shard 0 past the watermark is blocked, and unblocked once a consumer drains it.
+#[test]
+fn the_memory_alarm_counts_every_shard() {
+    let config = BrokerConfig {
+        memory_high_watermark: 10,
+        ..Default::default()
+    };
+    let mut h = Harness::sharded(config, 2);
+    let owner = h.connect(2);
+    h.declare(owner, "q");
+    let c = h.connect(1);
+    let blocked = |fx: &[Effect], conn: u64| {
+        fx.iter()
+            .any(|e| matches!(e, Effect::Blocked { conn: c } if c.0 == conn))
+    };
+    let mut fx = Vec::new();
+    for i in 0..4 {
+        fx.extend(h.publish(c, "", "q", &format!("body{i}")));
+    }
+    assert!(
+        blocked(&fx, 1),
+        "20 bytes on shard 0 block shard 1's publisher: {fx:?}"
+    );
+    let fx = h.consume(owner, "q", "drain", true);
+    assert_eq!(deliveries(&fx).len(), 4);
+    let fx = h.tick(200);
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Unblocked { conn } if conn.0 == 1)),
+        "drained on shard 0: shard 1 looks again and unblocks: {fx:?}"
+    );
+}

@@ -61,6 +61,21 @@ pub enum StartError {
     },
 }
 
+/// With more than one shard, the memory alarm compares the body bytes of all shards with
+/// the watermark (one shared counter). Idempotent per broker set: call it once.
+fn share_memory_count<'a>(brokers: impl Iterator<Item = &'a mut warren_core::Broker>) {
+    let brokers: Vec<&mut warren_core::Broker> = brokers.collect();
+    if brokers.len() < 2 {
+        return;
+    }
+    let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for b in brokers {
+        if !b.shares_memory_count() {
+            b.share_memory_count(Arc::clone(&count));
+        }
+    }
+}
+
 /// Checks that `data_dir` was written by a broker of `shards` shards (a directory without
 /// `shard-count` was written by one shard, or is new when it holds no queues), then
 /// records it.
@@ -340,6 +355,8 @@ impl BrokerHandle {
             unreachable!("at least one shard");
         };
         check_shard_count(data_dir, shards, !definitions.queues.is_empty())?;
+        // Before the restore: the restored queues' bytes count in the sum.
+        share_memory_count(brokers.iter_mut());
         let started = std::time::Instant::now();
         let (first, others) = brokers.split_at_mut(1);
         for error in first[0].restore_shards(unix_ms(), &definitions, others) {
@@ -389,12 +406,13 @@ impl BrokerHandle {
     }
 
     fn spawn_shards(
-        brokers: Vec<(
+        mut brokers: Vec<(
             warren_core::Broker,
             mpsc::UnboundedSender<Control>,
             mpsc::UnboundedReceiver<Control>,
         )>,
     ) -> BrokerHandle {
+        share_memory_count(brokers.iter_mut().map(|(b, _, _)| b));
         let first = brokers.first().map(|(b, _, _)| Arc::clone(b.routes()));
         let routes: Routes = Arc::new(arc_swap::ArcSwap::new(first.unwrap_or_default()));
         // Mail between shards: unbounded, so two shards never wait on each other; what

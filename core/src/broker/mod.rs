@@ -49,6 +49,9 @@ use std::sync::Arc;
 /// again (the host logs the error; the core only knows that it happened).
 const STORE_RETRY_MS: u64 = 5_000;
 
+/// How often a shard whose memory alarm is raised by the shared count looks at it again.
+const ALARM_RECHECK_MS: u64 = 100;
+
 /// The connection id the core uses to replay stored definitions; hosts never issue it.
 const RESTORE_CONN: ConnId = ConnId(u64::MAX);
 
@@ -74,6 +77,9 @@ pub struct Broker {
     /// Body bytes in the broker's custody, counted once per queue holding the message
     /// (ready or unacked). Drives the memory alarm.
     stored_bytes: u64,
+    /// With shards: the body bytes of every shard, which the memory alarm compares with
+    /// the watermark (`share_memory_count`).
+    shared_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
     alarm: bool,
     /// Where durable definitions and messages go; `None`: everything stays in memory.
     store: Option<Box<dyn Store>>,
@@ -145,7 +151,29 @@ impl Broker {
 impl Broker {
     /// Message memory is past half the alarm watermark (transient messages page out early).
     fn memory_tight(&self) -> bool {
-        self.stored_bytes > self.config.memory_high_watermark / 2
+        self.memory_held() > self.config.memory_high_watermark / 2
+    }
+
+    /// Body bytes held, by this shard or, with a shared count, by every shard.
+    fn memory_held(&self) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.shared_bytes
+            .as_ref()
+            .map_or(self.stored_bytes, |a| a.load(Ordering::Relaxed))
+    }
+
+    /// Whether `share_memory_count` was called.
+    pub fn shares_memory_count(&self) -> bool {
+        self.shared_bytes.is_some()
+    }
+
+    /// Makes the memory alarm count the body bytes of every shard: each shard given the
+    /// same counter adds what it holds, and blocks its publishers when the sum passes the
+    /// watermark. Call it before `restore`.
+    pub fn share_memory_count(&mut self, count: Arc<std::sync::atomic::AtomicU64>) {
+        use std::sync::atomic::Ordering;
+        count.fetch_add(self.stored_bytes, Ordering::Relaxed);
+        self.shared_bytes = Some(count);
     }
 
     /// Runs a queue operation on queue `id` with what it needs from the broker, then does
@@ -215,6 +243,7 @@ impl Broker {
             channels: IdMap::default(),
             effects: Vec::new(),
             stored_bytes: 0,
+            shared_bytes: None,
             alarm: false,
             store: None,
             epoch: 1,
@@ -634,13 +663,21 @@ impl Broker {
     /// A message body of `n` bytes entered a queue.
     fn hold(&mut self, n: u64) {
         self.stored_bytes += n;
+        if let Some(a) = &self.shared_bytes {
+            a.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// A message body of `n` bytes left the broker's custody for one queue (acked, dropped,
     /// delivered without ack, purged, deleted).
     fn release(&mut self, n: u64) {
         debug_assert!(self.stored_bytes >= n, "released more than held");
-        self.stored_bytes = self.stored_bytes.saturating_sub(n);
+        let n = n.min(self.stored_bytes);
+        self.stored_bytes -= n;
+        if let Some(a) = &self.shared_bytes {
+            // This shard added at least `n` of the sum.
+            a.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Raises or clears the memory alarm after an op, telling every connection.
@@ -651,7 +688,7 @@ impl Broker {
         if !store_failed {
             self.store_failed_at = None;
         }
-        let over = self.stored_bytes > self.config.memory_high_watermark || store_failed;
+        let over = self.memory_held() > self.config.memory_high_watermark || store_failed;
         if over == self.alarm {
             return;
         }
@@ -714,6 +751,11 @@ impl Broker {
         let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
         if !self.dead_letters.is_empty() {
             earliest(self.now);
+        }
+        if self.alarm && self.shared_bytes.is_some() {
+            // Other shards' consumers may drain the sum below the watermark while this
+            // shard's publishers, blocked, send nothing: look again soon.
+            earliest(self.now.saturating_add(ALARM_RECHECK_MS));
         }
         for id in &self.expiring {
             let Some(q) = self.queues.get(id) else {

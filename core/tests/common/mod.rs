@@ -55,7 +55,18 @@ impl Harness {
             b.adopt_routes(h.broker.routes().clone());
             h.shards.others.push(b);
         }
+        h.share_memory_count();
         h
+    }
+
+    /// One memory count for every shard (as the runtime gives them).
+    fn share_memory_count(&mut self) {
+        if self.k() > 1 {
+            let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            for i in 0..self.k() {
+                self.shard(i).share_memory_count(count.clone());
+            }
+        }
     }
 
     /// A broker of `k` shards, each with its own (in-memory) store: syncs are per shard
@@ -71,6 +82,7 @@ impl Harness {
             b.adopt_routes(h.broker.routes().clone());
             h.shards.others.push(b);
         }
+        h.share_memory_count();
         h
     }
 
