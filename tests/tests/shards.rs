@@ -122,6 +122,12 @@ async fn topic_routing_reaches_queues_on_every_shard() {
         .await
         .expect("publish");
     }
+    // Confirms go out in publish order: once all are in, every publish above reached its
+    // queues, whichever shard holds them. (Awaited before the mandatory publish below: a
+    // client pairs a basic.return with the next ack, which would otherwise be an earlier
+    // publish's, still waiting for a queue on another shard.)
+    let returned = bounded(p.wait_for_confirms()).await.expect("confirms");
+    assert!(returned.is_empty(), "{returned:?}");
     // Every key matches "#" on logs: the mandatory publish that comes back goes through
     // amq.direct, where nothing is bound.
     let confirm = bounded(p.basic_publish(
@@ -140,10 +146,6 @@ async fn topic_routing_reaches_queues_on_every_shard() {
         lapin::Confirmation::Ack(Some(returned)) => assert_eq!(returned.reply_code, 312),
         other => panic!("expected the publish back (312), got {other:?}"),
     }
-    // Confirms go out in publish order: once all are in, every publish above reached
-    // its queues, whichever shard holds them.
-    let returned = bounded(p.wait_for_confirms()).await.expect("confirms");
-    assert!(returned.is_empty(), "{returned:?}");
     let mut got = Vec::new();
     for (_, ch, queue) in &chans {
         got.push((queue.to_string(), drain(ch, queue).await));
