@@ -108,6 +108,10 @@ pub(crate) struct Topology {
     creating: Vec<QueueId>,
     /// What routing reads, shared with hosts as immutable snapshots.
     routes: Arc<RouteTable>,
+    /// On a shard other than 0: shard 0's table, which its channels route on and resolve
+    /// names through. This shard's own topology stays its own (`routes`): an admin change
+    /// applied here too (a vhost deleted) never touches the adopted table.
+    adopted: Option<Arc<RouteTable>>,
 }
 
 /// The exchanges every vhost has: (name, kind, internal).
@@ -132,22 +136,31 @@ impl Topology {
             queues: IdMap::default(),
             creating: Vec::new(),
             routes: Arc::default(),
+            adopted: None,
         }
     }
 
-    /// The current routing table.
+    /// The routing table channels route on: shard 0's, on another shard.
     pub(crate) fn routes(&self) -> &Arc<RouteTable> {
-        &self.routes
+        self.adopted.as_ref().unwrap_or(&self.routes)
+    }
+
+    /// Shard 0's table, on another shard (see `Broker::adopt_routes`); true if it is newer
+    /// than the one adopted before (an older one is ignored).
+    pub(crate) fn adopt_routes(&mut self, routes: Arc<RouteTable>) -> bool {
+        if self
+            .adopted
+            .as_ref()
+            .is_some_and(|a| a.version() >= routes.version())
+        {
+            return false;
+        }
+        self.adopted = Some(routes);
+        true
     }
 
     /// The routing table for a change: copied first if a snapshot shares it (O(1): its maps
-    /// are persistent), and its version bumped.
-    /// Another shard's table replaces this one (a shard other than 0 keeps no topology of
-    /// its own: see `Broker::adopt_routes`).
-    pub(crate) fn adopt_routes(&mut self, routes: Arc<RouteTable>) {
-        self.routes = routes;
-    }
-
+    /// are persistent), and its version bumped. Always this topology's own.
     pub(crate) fn routes_mut(&mut self) -> &mut RouteTable {
         let table = Arc::make_mut(&mut self.routes);
         table.bump();
@@ -303,12 +316,12 @@ impl Topology {
 
     /// The exchange `name` in vhost `vh`, if it exists.
     pub(crate) fn find_exchange(&self, vh: VhostId, name: &str) -> Option<ExchangeId> {
-        self.routes.exchange(vh, name)
+        self.routes().exchange(vh, name)
     }
 
     /// The queue `name` in vhost `vh`, if it exists.
     pub(crate) fn find_queue(&self, vh: VhostId, name: &str) -> Option<QueueId> {
-        self.routes.queue(vh, name)
+        self.routes().queue(vh, name)
     }
 
     pub(crate) fn exchange(&self, id: ExchangeId) -> Option<&Exchange> {

@@ -209,9 +209,10 @@ impl AdminRequest {
         }
     }
 
-    /// The same request, for the other shards, if every shard must apply it: users and
-    /// permissions, which every shard checks at connection.open. (Vhosts and policies
-    /// are shard 0's only for now: ARCHITECTURE.md, "warren-runtime".)
+    /// The same request, for the other shards, if every shard must apply it: users,
+    /// permissions and vhosts, which every shard checks at connection.open (a deleted
+    /// vhost closes each shard's connections and deletes its queues), and policies, which
+    /// each shard applies to the queues it owns (of an import, those parts).
     fn replica(&self) -> Option<AdminRequest> {
         Some(match self {
             AdminRequest::AddUser(u) => AdminRequest::AddUser(u.clone()),
@@ -231,6 +232,22 @@ impl AdminRequest {
             AdminRequest::ClearPermissions { vhost, user } => AdminRequest::ClearPermissions {
                 vhost: vhost.clone(),
                 user: user.clone(),
+            },
+            // The other shards take an import's vhosts, users, permissions and policies;
+            // its exchanges, queues and bindings are topology's, shard 0's.
+            AdminRequest::Import(d) => AdminRequest::Import(warren_core::store::Definitions {
+                vhosts: d.vhosts.clone(),
+                users: d.users.clone(),
+                permissions: d.permissions.clone(),
+                policies: d.policies.clone(),
+                ..Default::default()
+            }),
+            AdminRequest::AddVhost(v) => AdminRequest::AddVhost(v.clone()),
+            AdminRequest::DeleteVhost(name) => AdminRequest::DeleteVhost(name.clone()),
+            AdminRequest::SetPolicy(p) => AdminRequest::SetPolicy(p.clone()),
+            AdminRequest::ClearPolicy { vhost, name } => AdminRequest::ClearPolicy {
+                vhost: vhost.clone(),
+                name: name.clone(),
             },
             _ => return None,
         })
@@ -382,8 +399,8 @@ impl BrokerHandle {
     /// Spawns `shards` broker tasks, everything in memory (ARCHITECTURE.md,
     /// "warren-runtime"): connections spread over them at connect, and each queue lives on
     /// the shard of the connection that declared it, so queue work runs on up to `shards`
-    /// cores. Users and permissions an operator changes reach every shard; vhosts and
-    /// policies shard 0 only, for now.
+    /// cores. Users, permissions, vhosts and policies an operator changes reach every
+    /// shard.
     pub fn start_sharded(config: BrokerConfig, shards: u32) -> BrokerHandle {
         let shards = shards.max(1);
         let brokers = (0..shards)
@@ -415,17 +432,21 @@ impl BrokerHandle {
         share_memory_count(brokers.iter_mut().map(|(b, _, _)| b));
         let first = brokers.first().map(|(b, _, _)| Arc::clone(b.routes()));
         let routes: Routes = Arc::new(arc_swap::ArcSwap::new(first.unwrap_or_default()));
-        // Mail between shards: unbounded, so two shards never wait on each other; what
-        // travels is bounded by what makes it (publishes by each connection's in-flight
-        // batches and flow control, deliveries by credit, answers by requests).
+        // Mail between shards: unbounded channels, so two shards never wait on each other;
+        // a shard whose mail waits at another beyond a bound stops taking its connections'
+        // requests until that one catches up (`task::ShardIo::backlogged`).
         let (inboxes, mut mail_rxs): (Vec<_>, Vec<_>) =
             brokers.iter().map(|_| mpsc::unbounded_channel()).unzip();
+        let backlog: Arc<Vec<std::sync::atomic::AtomicUsize>> =
+            Arc::new(brokers.iter().map(|_| Default::default()).collect());
         let mut shards = Vec::new();
-        for (broker, control, control_rx) in brokers.into_iter().rev() {
+        for (shard, (broker, control, control_rx)) in brokers.into_iter().enumerate().rev() {
             let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
             let io = task::ShardIo {
                 mail: mail_rxs.pop().expect("one inbox per shard"),
                 peers: inboxes.clone(),
+                backlog: Arc::clone(&backlog),
+                shard,
             };
             tokio::spawn(task::run(
                 broker,
@@ -447,9 +468,9 @@ impl BrokerHandle {
         }
     }
 
-    /// Runs an operator's request on the broker task (shard 0's). Changes to users and
-    /// permissions go to every shard, in the same order on each (a connection on any
-    /// shard logs in with them); shard 0 answers.
+    /// Runs an operator's request on the broker task (shard 0's). Changes to users,
+    /// permissions, vhosts and policies go to every shard, in the same order on each;
+    /// shard 0 answers.
     pub async fn admin(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
         if self.shared.shards.len() > 1 && request.gathered().is_some() {
             return self.gather(request).await;

@@ -9,6 +9,7 @@ use lapin::options::*;
 use lapin::types::{FieldTable, ShortString};
 use std::collections::BTreeSet;
 use std::time::Duration;
+use warren_tests::TestBroker;
 use warren_tests::*;
 
 /// A work queue declared on one shard, a confirming producer on another, and three
@@ -485,4 +486,132 @@ async fn direct_reply_to_across_shards() {
             .expect("ack");
         assert_eq!(body(&next(&mut replies).await), format!("re {n}"));
     }
+}
+
+async fn done(b: &TestBroker, request: warren_runtime::AdminRequest) {
+    match b.broker.admin(request).await.expect("broker up") {
+        warren_runtime::AdminResponse::Done(Ok(())) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A vhost an operator adds works on every shard; deleting it closes its connections on
+/// every shard (320) and takes its queues, wherever they live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vhost_lives_and_dies_on_every_shard() {
+    use warren_core::access::{PermissionDef, VhostDef};
+    use warren_runtime::{AdminRequest, AdminResponse};
+    let b = start_sharded(2).await;
+    done(
+        &b,
+        AdminRequest::AddVhost(VhostDef {
+            name: "dev".into(),
+            description: String::new(),
+        }),
+    )
+    .await;
+    done(
+        &b,
+        AdminRequest::SetPermissions(PermissionDef {
+            user: "guest".into(),
+            vhost: "dev".into(),
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: ".*".into(),
+        }),
+    )
+    .await;
+    let uri = format!("amqp://guest:guest@{}/dev", b.addr);
+    let mut conns = Vec::new();
+    for i in 0..2 {
+        let conn = bounded(lapin::Connection::connect(
+            &uri,
+            lapin::ConnectionProperties::default(),
+        ))
+        .await
+        .expect("vhost dev on every shard");
+        let ch = bounded(conn.create_channel()).await.expect("channel");
+        declare(&ch, &format!("dev-{i}")).await;
+        conns.push((conn, ch));
+    }
+    // Published on one shard, to the other's queue.
+    bounded(conns[1].1.basic_publish(
+        "".into(),
+        "dev-0".into(),
+        BasicPublishOptions::default(),
+        b"hi",
+        BasicProperties::default(),
+    ))
+    .await
+    .expect("publish");
+    let got = bounded(
+        conns[0]
+            .1
+            .basic_get("dev-0".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    .expect("the message");
+    assert_eq!(got.delivery.data, b"hi");
+    done(&b, AdminRequest::DeleteVhost("dev".into())).await;
+    for (conn, _) in &conns {
+        bounded(async {
+            while conn.status().connected() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+    match b.broker.admin(AdminRequest::ListQueues).await.expect("up") {
+        AdminResponse::Queues(q) => {
+            assert!(
+                q.iter().all(|q| q.vhost != "dev"),
+                "dev's queues are gone: {q:?}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A policy set after its queue exists applies on the queue's shard: max-length trims a
+/// queue that lives on shard 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_reaches_queues_on_every_shard() {
+    use warren_core::message::FieldValue;
+    use warren_core::policy::{ApplyTo, PolicyDef};
+    use warren_runtime::AdminRequest;
+    let b = start_sharded(2).await;
+    // Connection 1 is shard 1's: its queue lives there.
+    let (_c, ch) = b.channel().await;
+    declare(&ch, "lim").await;
+    for i in 0..5 {
+        bounded(ch.basic_publish(
+            "".into(),
+            "lim".into(),
+            BasicPublishOptions::default(),
+            i.to_string().as_bytes(),
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("publish");
+    }
+    let mut definition = warren_core::message::FieldTable::new();
+    definition.insert("max-length".into(), FieldValue::I64(2));
+    done(
+        &b,
+        AdminRequest::SetPolicy(PolicyDef {
+            vhost: "/".into(),
+            name: "limit".into(),
+            pattern: "^lim$".into(),
+            apply_to: ApplyTo::Queues,
+            priority: 0,
+            definition,
+        }),
+    )
+    .await;
+    assert_eq!(
+        drain(&ch, "lim").await,
+        ["3", "4"],
+        "trimmed to the newest two"
+    );
 }

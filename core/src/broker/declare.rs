@@ -372,7 +372,9 @@ impl Broker {
 
     /// Records a durable definition change (no-op without a store or while restoring).
     pub(super) fn define(&mut self, change: crate::store::DefinitionChange<'_>) {
-        if self.restoring {
+        // Definitions are shard 0's to keep; the others apply an operator's change too
+        // (users, vhosts, policies) but store nothing of it.
+        if self.restoring || self.shard != 0 {
             return;
         }
         let Some(store) = self.store.as_mut() else {

@@ -721,9 +721,20 @@ impl Broker {
     /// Delivers mail another shard sent here, at time `now` (ARCHITECTURE.md,
     /// "warren-runtime"): it arrives now, whether this shard's own mail is scheduled or not.
     pub fn receive_mail(&mut self, now: u64, mail: ShardMail) {
-        debug_assert_eq!(mail.shard, self.mail.shard, "mail for another shard");
+        self.receive_mails(now, [mail]);
+    }
+
+    /// `receive_mail` of a batch, in order (what each piece causes runs after all of them).
+    pub fn receive_mails(&mut self, now: u64, mails: impl IntoIterator<Item = ShardMail>) {
         self.now = self.now.max(now);
-        self.deliver_one(mail.mail);
+        for mail in mails {
+            debug_assert_eq!(mail.shard, self.mail.shard, "mail for another shard");
+            self.deliver_one(mail.mail);
+            if !self.mail_scheduled {
+                // Each piece's own mail first, as if it had come alone.
+                self.pump();
+            }
+        }
         self.after_op();
     }
 

@@ -65,6 +65,8 @@ pub struct Broker {
     now: u64,
     names: NameGen,
     next_id: u64,
+    /// The last vhost id issued (`insert_vhost`).
+    next_vhost: u64,
     /// Vhosts, users, exchanges, bindings and the routing table (`topology.rs`).
     topo: Topology,
     // Records boxed: a hash table keeps up to half its slots empty after growing, and an
@@ -238,6 +240,7 @@ impl Broker {
             config,
             now: 0,
             next_id: 1,
+            next_vhost: 0,
             queues: IdMap::default(),
             conns: IdMap::default(),
             channels: IdMap::default(),
@@ -843,9 +846,7 @@ impl Broker {
     /// this shard mail that shard 0 sent after publishing it (a client sees its own binds).
     pub fn adopt_routes(&mut self, routes: Arc<crate::routing::RouteTable>) {
         assert_ne!(self.shard, 0, "shard 0 owns the routing table");
-        if routes.version() >= self.topo.routes().version() {
-            self.topo.adopt_routes(routes);
-        }
+        self.topo.adopt_routes(routes);
     }
 
     /// The shard of connection `conn` (the restore connection is every shard's own).

@@ -46,7 +46,10 @@ impl Broker {
     }
 
     fn insert_vhost(&mut self, def: VhostDef) -> VhostId {
-        let id = VhostId(self.next_id());
+        // From a counter of their own: every shard applies the same vhost changes in the
+        // same order, so a vhost has one id on every shard.
+        self.next_vhost += 1;
+        let id = VhostId(self.next_vhost);
         let next_id = &mut self.next_id;
         self.topo.insert_vhost(id, def, || {
             let n = *next_id;
