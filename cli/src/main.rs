@@ -81,8 +81,8 @@ struct ServeArgs {
     in_memory: bool,
     /// Broker shards, each a task owning the queues its connections declare, with its own
     /// message log (ARCHITECTURE.md, "warren-runtime"): queue work spreads over up to this
-    /// many cores. Fixed for a data directory once it holds queues. Experimental: vhosts
-    /// and policies changed with `warren ctl` reach shard 0 only.
+    /// many cores. Fixed for a data directory once it holds queues. Experimental: on a
+    /// small machine one shard is faster (docs/benchmarks.md, "Shards").
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     shards: u32,
 }
