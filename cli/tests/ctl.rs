@@ -3,12 +3,13 @@
 //! (which imports back), and errors that say what to do.
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_warren");
+mod common;
+
+use common::BIN;
 
 struct Broker {
     child: Child,
@@ -33,43 +34,12 @@ fn start(tag: &str) -> Broker {
 
 /// Starts `warren serve` (AMQP and MQTT on free ports) on `dir`, keeping what is there.
 fn start_in(dir: PathBuf) -> Broker {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--amqp",
-            "127.0.0.1:0",
-            "--mqtt",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(&dir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start warren serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                let _ = tx.send((rest.contains("(MQTT"), port.parse::<u16>().ok()));
-            }
-        }
-    });
-    let (mut port, mut mqtt_port) = (None, None);
-    while port.is_none() || mqtt_port.is_none() {
-        let (mqtt, p) = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("warren serve logs its ports within 20 s");
-        *(if mqtt { &mut mqtt_port } else { &mut port }) = p;
-    }
+    let served = common::serve(&dir, true, &[]);
     Broker {
-        child,
+        child: served.child,
         dir,
-        port: port.expect("AMQP port"),
-        mqtt_port: mqtt_port.expect("MQTT port"),
+        port: served.amqp,
+        mqtt_port: served.mqtt.expect("MQTT port"),
     }
 }
 

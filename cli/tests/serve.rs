@@ -1,12 +1,13 @@
 //! `warren serve --shards N`: queues spread over N shards, each with its own message log;
 //! what was confirmed survives a `kill -9`, and the data directory keeps its shard count.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_warren");
+mod common;
+
+use common::BIN;
 
 fn data_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("warren-serve-{tag}-{}", std::process::id()));
@@ -14,39 +15,10 @@ fn data_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Starts `warren serve` with `args`; returns it and its AMQP port.
+/// Starts `warren serve` (AMQP only) with `args`; returns it and its AMQP port.
 fn serve(dir: &Path, args: &[&str]) -> (Child, u16) {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--amqp",
-            "127.0.0.1:0",
-            "--mqtt",
-            "none",
-            "--data-dir",
-        ])
-        .arg(dir)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start warren serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                let _ = tx.send(port.parse::<u16>().ok());
-            }
-        }
-    });
-    let port = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("warren serve logs its port within 20 s")
-        .expect("a port");
-    (child, port)
+    let served = common::serve(dir, false, args);
+    (served.child, served.amqp)
 }
 
 async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
