@@ -57,8 +57,9 @@ fn cons() -> ChannelRef {
 }
 
 struct Sim {
-    store: MemoryStore,
-    broker: Broker,
+    /// One store and one broker per shard (connection `n` on shard `n % k`).
+    stores: Vec<MemoryStore>,
+    brokers: Vec<Broker>,
     now: u64,
     /// Every published message: id -> (queue index, persistent).
     published: Vec<(usize, bool)>,
@@ -88,10 +89,17 @@ fn body_id(body: &[u8]) -> u64 {
 
 impl Sim {
     fn new() -> Sim {
-        let store = MemoryStore::new();
+        Sim::sharded(1)
+    }
+
+    /// Over `k` shards, each with its own store: the publisher (connection 1) and the
+    /// consumer (connection 2) on different shards when `k > 1`, the durable queues where
+    /// their names say.
+    fn sharded(k: u32) -> Sim {
+        let stores: Vec<MemoryStore> = (0..k).map(|_| MemoryStore::new()).collect();
         let mut sim = Sim {
-            broker: Sim::broker(&store),
-            store,
+            brokers: Sim::brokers(&stores),
+            stores,
             now: 0,
             published: Vec::new(),
             confirm_seq: BTreeMap::new(),
@@ -127,13 +135,48 @@ impl Sim {
         sim
     }
 
-    fn broker(store: &MemoryStore) -> Broker {
+    fn brokers(stores: &[MemoryStore]) -> Vec<Broker> {
         let config = BrokerConfig {
             queue_window: 3,
             flow_ready_high: usize::MAX,
             ..Default::default()
         };
-        Broker::with_store(config, Box::new(store.clone()))
+        let k = stores.len() as u32;
+        let mut brokers: Vec<Broker> = stores
+            .iter()
+            .map(|store| Broker::with_store(config.clone(), Box::new(store.clone())))
+            .collect();
+        if k > 1 {
+            for (i, b) in brokers.iter_mut().enumerate() {
+                b.set_shard(i as u32, k);
+            }
+        }
+        brokers
+    }
+
+    fn shard_of(&self, c: ChannelRef) -> usize {
+        (c.conn.0 % self.brokers.len() as u64) as usize
+    }
+
+    /// Carries the mail between shards until none is left (shard 0's routing table first).
+    fn settle(&mut self) {
+        let mut out = Vec::new();
+        loop {
+            let routes = self.brokers[0].routes().clone();
+            for b in self.brokers.iter_mut().skip(1) {
+                b.adopt_routes(routes.clone());
+            }
+            for b in &mut self.brokers {
+                b.take_outbox(&mut out);
+            }
+            if out.is_empty() {
+                return;
+            }
+            for m in out.drain(..) {
+                let now = self.now;
+                self.brokers[m.shard() as usize].receive_mail(now, m);
+            }
+        }
     }
 
     fn connect(&mut self) {
@@ -183,16 +226,21 @@ impl Sim {
 
     fn exec(&mut self, c: ChannelRef, op: Op, from_sync: bool) {
         self.now += 1;
-        self.broker.handle(self.now, c, op);
+        let i = self.shard_of(c);
+        self.brokers[i].handle(self.now, c, op);
         self.drain(from_sync);
     }
 
     fn drain(&mut self, from_sync: bool) {
-        if let Err(e) = self.broker.check_invariants() {
+        self.settle();
+        let all: Vec<&Broker> = self.brokers.iter().collect();
+        if let Err(e) = Broker::check_shards(&all) {
             panic!("invariant broken: {e}");
         }
         let mut fx = Vec::new();
-        self.broker.poll_effects(&mut fx);
+        for b in &mut self.brokers {
+            b.poll_effects(&mut fx);
+        }
         for e in fx {
             self.observe(e, from_sync);
         }
@@ -320,13 +368,17 @@ impl Sim {
                 );
             }
             SimOp::StartSync => {
-                self.broker.start_sync();
+                for b in &mut self.brokers {
+                    b.start_sync();
+                }
             }
             SimOp::CompleteSync => {
-                if let Some(epoch) = self.store.complete_sync() {
-                    self.now += 1;
-                    self.broker.synced(self.now, epoch);
-                    self.drain(true);
+                for i in 0..self.brokers.len() {
+                    if let Some(epoch) = self.stores[i].complete_sync() {
+                        self.now += 1;
+                        self.brokers[i].synced(self.now, epoch);
+                        self.drain(true);
+                    }
                 }
             }
             SimOp::Written => {
@@ -341,9 +393,13 @@ impl Sim {
 
     /// Power cut and restart: a new broker restores from what the store synced.
     fn crash(&mut self) {
-        self.store.crash();
-        self.broker = Sim::broker(&self.store);
-        let errors = self.broker.restore(self.now, &self.store.definitions());
+        for store in &self.stores {
+            store.crash();
+        }
+        self.brokers = Sim::brokers(&self.stores);
+        let definitions = self.stores[0].definitions();
+        let (first, others) = self.brokers.split_at_mut(1);
+        let errors = first[0].restore_shards(self.now, &definitions, others);
         assert!(errors.is_empty(), "restore failed: {errors:?}");
         self.outstanding.clear();
         self.unwritten = 0;
@@ -400,7 +456,8 @@ impl Sim {
             );
         }
         for (name, _) in QUEUES {
-            assert_eq!(self.broker.queue_len(name), Some(0), "{name} drained");
+            let len = self.brokers.iter().find_map(|b| b.queue_len(name));
+            assert_eq!(len, Some(0), "{name} drained");
         }
         for (id, &(queue, persistent)) in self.published.iter().enumerate() {
             let id = id as u64;
@@ -420,7 +477,8 @@ impl Sim {
                 "every publish confirmed"
             );
         }
-        assert_eq!(self.broker.pending_confirms(), 0);
+        let pending: usize = self.brokers.iter().map(Broker::pending_confirms).sum();
+        assert_eq!(pending, 0);
     }
 }
 
@@ -430,6 +488,21 @@ proptest! {
     #[test]
     fn lazy_queues_with_syncs_and_crashes(ops in prop::collection::vec(sim_op(), 1..300)) {
         let mut sim = Sim::new();
+        for op in ops {
+            sim.step(op);
+        }
+        sim.finish();
+    }
+
+    /// The same over 2 or 3 shards, each with its own store and syncs: a persistent message
+    /// on a durable queue of another shard is confirmed only by that shard's sync, and a
+    /// crash of every shard loses nothing confirmed.
+    #[test]
+    fn sharded_queues_with_syncs_and_crashes(
+        ops in prop::collection::vec(sim_op(), 1..300),
+        k in 2u32..=3,
+    ) {
+        let mut sim = Sim::sharded(k);
         for op in ops {
             sim.step(op);
         }
@@ -449,23 +522,23 @@ fn a_backlog_pages_out_and_back_in_order() {
         });
     }
     assert_eq!(
-        sim.store.stored("d0"),
+        sim.stores[0].stored("d0"),
         50,
         "persistent messages on a durable queue are stored"
     );
-    assert_eq!(sim.broker.queue_len("d0"), Some(46));
+    assert_eq!(sim.brokers[0].queue_len("d0"), Some(46));
     sim.finish();
 }
 
 #[test]
 fn a_failing_store_nacks_and_blocks_then_recovers() {
     let mut sim = Sim::new();
-    sim.store.set_fail_appends(true);
+    sim.stores[0].set_fail_appends(true);
     let id = sim.published.len() as u64;
     sim.published.push((0, true));
     sim.confirm_seq.insert(sim.next_confirm, id);
     sim.now += 1;
-    sim.broker.handle(
+    sim.brokers[0].handle(
         sim.now,
         PUB,
         Op::Publish(Box::new(Publish {
@@ -482,7 +555,7 @@ fn a_failing_store_nacks_and_blocks_then_recovers() {
         })),
     );
     let mut fx = Vec::new();
-    sim.broker.poll_effects(&mut fx);
+    sim.brokers[0].poll_effects(&mut fx);
     assert!(
         fx.iter()
             .any(|e| matches!(e, Effect::Confirm { ack: false, .. })),
@@ -492,12 +565,12 @@ fn a_failing_store_nacks_and_blocks_then_recovers() {
         fx.iter().any(|e| matches!(e, Effect::Blocked { .. })),
         "publishers blocked: {fx:?}"
     );
-    assert_eq!(sim.broker.queue_len("d0"), Some(0), "not enqueued");
-    let retry = sim.broker.next_deadline().expect("a retry deadline");
-    sim.store.set_fail_appends(false);
-    sim.broker.tick(retry);
+    assert_eq!(sim.brokers[0].queue_len("d0"), Some(0), "not enqueued");
+    let retry = sim.brokers[0].next_deadline().expect("a retry deadline");
+    sim.stores[0].set_fail_appends(false);
+    sim.brokers[0].tick(retry);
     fx.clear();
-    sim.broker.poll_effects(&mut fx);
+    sim.brokers[0].poll_effects(&mut fx);
     assert!(
         fx.iter().any(|e| matches!(e, Effect::Unblocked { .. })),
         "unblocked after the retry delay: {fx:?}"

@@ -1212,7 +1212,10 @@ impl Broker {
                     if waiting > held_answers.get(&(*ch, seq)).copied().unwrap_or(0) {
                         return Err(format!("{ch:?}: publish {seq} waits for {waiting} queues"));
                     }
+                    // (A publish whose sync is done may still wait, in order, behind
+                    // an earlier one that a queue on another shard has not answered.)
                     if let Some(e) = epoch
+                        && b.synced_epoch.is_none_or(|s| e > s)
                         && !b.confirm_waiters.contains(&(e, *ch))
                     {
                         return Err(format!(

@@ -21,6 +21,9 @@ struct State {
     definitions: Definitions,
     /// Messages by (vhost, queue name), then sequence number.
     queues: BTreeMap<QueueKey, BTreeMap<u64, Entry>>,
+    /// Queues opened as durable here: with shards, a shard's store keeps the messages of
+    /// its durable queues while their definitions are shard 0's (in another store).
+    durable_queues: std::collections::BTreeSet<QueueKey>,
 }
 
 #[derive(Debug, Default)]
@@ -76,6 +79,7 @@ impl MemoryStore {
             .queues
             .iter()
             .map(|(v, q)| (v.clone(), q.queue.clone()))
+            .chain(state.durable_queues.iter().cloned())
             .collect();
         // Transient queues and what they paged out do not survive.
         state.queues.retain(|name, _| durable.contains(name));
@@ -224,6 +228,7 @@ impl Store for MemoryStore {
             inner.live.queues.remove(&key);
             return QueueRecovery::default();
         }
+        inner.live.durable_queues.insert(key.clone());
         let Some(q) = inner.live.queues.get(&key) else {
             return QueueRecovery::default();
         };
@@ -306,6 +311,7 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         if let Some((name, _)) = inner.open.remove(&queue) {
             inner.live.queues.remove(&name);
+            inner.live.durable_queues.remove(&name);
         }
     }
 
