@@ -158,25 +158,10 @@ impl Sim {
         (c.conn.0 % self.brokers.len() as u64) as usize
     }
 
-    /// Carries the mail between shards until none is left (shard 0's routing table first).
+    /// Carries the mail between shards until none is left.
     fn settle(&mut self) {
-        let mut out = Vec::new();
-        loop {
-            let routes = self.brokers[0].routes().clone();
-            for b in self.brokers.iter_mut().skip(1) {
-                b.adopt_routes(routes.clone());
-            }
-            for b in &mut self.brokers {
-                b.take_outbox(&mut out);
-            }
-            if out.is_empty() {
-                return;
-            }
-            for m in out.drain(..) {
-                let now = self.now;
-                self.brokers[m.shard() as usize].receive_mail(now, m);
-            }
-        }
+        let (first, others) = self.brokers.split_at_mut(1);
+        first[0].carry_mail(self.now, others);
     }
 
     fn connect(&mut self) {

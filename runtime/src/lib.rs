@@ -62,7 +62,7 @@ pub enum StartError {
 }
 
 /// With more than one shard, the memory alarm compares the body bytes of all shards with
-/// the watermark (one shared counter). Idempotent per broker set: call it once.
+/// the watermark (one shared counter).
 fn share_memory_count<'a>(brokers: impl Iterator<Item = &'a mut warren_core::Broker>) {
     let brokers: Vec<&mut warren_core::Broker> = brokers.collect();
     if brokers.len() < 2 {
@@ -70,9 +70,7 @@ fn share_memory_count<'a>(brokers: impl Iterator<Item = &'a mut warren_core::Bro
     }
     let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for b in brokers {
-        if !b.shares_memory_count() {
-            b.share_memory_count(Arc::clone(&count));
-        }
+        b.share_memory_count(Arc::clone(&count));
     }
 }
 
@@ -403,7 +401,7 @@ impl BrokerHandle {
     /// shard.
     pub fn start_sharded(config: BrokerConfig, shards: u32) -> BrokerHandle {
         let shards = shards.max(1);
-        let brokers = (0..shards)
+        let mut brokers: Vec<_> = (0..shards)
             .map(|i| {
                 let mut broker = warren_core::Broker::new(config.clone());
                 broker.set_shard(i, shards);
@@ -411,6 +409,7 @@ impl BrokerHandle {
                 (broker, control, control_rx)
             })
             .collect();
+        share_memory_count(brokers.iter_mut().map(|(b, _, _)| b));
         BrokerHandle::spawn_shards(brokers)
     }
 
@@ -423,13 +422,12 @@ impl BrokerHandle {
     }
 
     fn spawn_shards(
-        mut brokers: Vec<(
+        brokers: Vec<(
             warren_core::Broker,
             mpsc::UnboundedSender<Control>,
             mpsc::UnboundedReceiver<Control>,
         )>,
     ) -> BrokerHandle {
-        share_memory_count(brokers.iter_mut().map(|(b, _, _)| b));
         let first = brokers.first().map(|(b, _, _)| Arc::clone(b.routes()));
         let routes: Routes = Arc::new(arc_swap::ArcSwap::new(first.unwrap_or_default()));
         // Mail between shards: unbounded channels, so two shards never wait on each other;

@@ -164,11 +164,6 @@ impl Broker {
             .map_or(self.stored_bytes, |a| a.load(Ordering::Relaxed))
     }
 
-    /// Whether `share_memory_count` was called.
-    pub fn shares_memory_count(&self) -> bool {
-        self.shared_bytes.is_some()
-    }
-
     /// Makes the memory alarm count the body bytes of every shard: each shard given the
     /// same counter adds what it holds, and blocks its publishers when the sum passes the
     /// watermark. Call it before `restore`.
@@ -368,9 +363,11 @@ impl Broker {
         errors
     }
 
-    /// Carries mail between this shard (0) and `others` until none is left: the sharded
-    /// restore's stand-in for the runtime, which is not running yet.
-    fn settle_with(&mut self, now: u64, others: &mut [Broker]) {
+    /// On shard 0: carries mail between this shard and `others` (shards 1.., in order) in
+    /// one thread until none is left, the other shards adopting this one's routing table
+    /// first. The sharded restore's stand-in for the runtime, which is not running yet,
+    /// and a host for tests.
+    pub fn carry_mail(&mut self, now: u64, others: &mut [Broker]) {
         let mut out = Vec::new();
         // Each round moves what every shard sent; a round bounds by the restore's work.
         for _ in 0..MAX_SETTLE_ROUNDS {
@@ -469,7 +466,7 @@ impl Broker {
         self.handle(now, ch, Op::ChannelOpen);
         for op in ops {
             self.handle(now, ch, op);
-            self.settle_with(now, others);
+            self.carry_mail(now, others);
             let failed: Vec<String> =
                 self.effects
                     .drain(mark..)
