@@ -27,5 +27,5 @@ pub(crate) mod sorted_vec;
 pub mod store;
 pub(crate) mod topology;
 
-pub use broker::{Broker, ShardMail};
+pub use broker::{Alarms, Broker, Resources, ShardMail};
 pub use config::BrokerConfig;

@@ -616,6 +616,107 @@ fn memory_alarm_blocks_every_connection_above_the_watermark_and_clears_below() {
     assert_eq!(h.broker.stored_bytes(), 0);
 }
 
+/// Blocked / unblocked effects for connection 1 in `fx`: +1 per block, -1 per unblock.
+fn alarm_changes(fx: &[Effect]) -> Vec<bool> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Blocked { conn } if *conn == ch(1, 0).conn => Some(true),
+            Effect::Unblocked { conn } if *conn == ch(1, 0).conn => Some(false),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn memory_alarm_clears_only_well_below_the_watermark_so_a_draining_queue_does_not_flap() {
+    let mut h = Harness::with_config(BrokerConfig {
+        memory_high_watermark: 100,
+        ..BrokerConfig::default()
+    });
+    let publisher = h.connect(1);
+    let consumer = h.connect(2);
+    h.declare(publisher, "q");
+    let mut changes = Vec::new();
+    for _ in 0..11 {
+        changes.extend(alarm_changes(&h.publish(publisher, "", "q", "0123456789")));
+    }
+    assert_eq!(changes, [true], "110 bytes > 100: raised once");
+    // A consumer takes one message at a time while the publisher (as a blocked client
+    // whose publishes were already read) adds one after each: at the watermark this
+    // flipped the alarm on every message.
+    for _ in 0..20 {
+        let get = Op::Get {
+            queue: "q".into(),
+            no_ack: true,
+        };
+        changes.extend(alarm_changes(&h.op(consumer, get)));
+        changes.extend(alarm_changes(&h.publish(publisher, "", "q", "0123456789")));
+    }
+    assert_eq!(
+        changes,
+        [true],
+        "between 90 and 110 bytes: still raised, no flapping"
+    );
+    // Drained to 90% of the watermark: cleared, once.
+    let mut drained = Vec::new();
+    for _ in 0..2 {
+        let get = Op::Get {
+            queue: "q".into(),
+            no_ack: true,
+        };
+        drained.extend(alarm_changes(&h.op(consumer, get)));
+    }
+    assert_eq!(h.broker.stored_bytes(), 90);
+    assert_eq!(drained, [false], "cleared at 90 bytes");
+    // Refilling to the watermark itself does not raise it again; passing it does.
+    assert!(alarm_changes(&h.publish(publisher, "", "q", "0123456789")).is_empty());
+    assert_eq!(
+        alarm_changes(&h.publish(publisher, "", "q", "0")),
+        [true],
+        "101 bytes"
+    );
+}
+
+#[test]
+fn the_hosts_memory_figure_and_free_disk_space_raise_the_alarm_with_hysteresis() {
+    use warren_core::Resources;
+    let mut h = Harness::with_config(BrokerConfig {
+        memory_high_watermark: 1000,
+        disk_free_limit: 500,
+        ..BrokerConfig::default()
+    });
+    h.connect(1);
+    let mut report = |h: &mut Harness, memory: Option<u64>, disk_free: Option<u64>| {
+        h.broker
+            .report_resources(1, Resources { memory, disk_free });
+        let mut fx = Vec::new();
+        h.broker.poll_effects(&mut fx);
+        (alarm_changes(&fx), h.broker.alarms())
+    };
+    // The queues hold nothing, but the process holds more than the watermark (its RSS):
+    // blocked, until the figure falls to 90% of it.
+    assert_eq!(report(&mut h, Some(1001), None).0, [true]);
+    assert!(h.broker.alarms().memory);
+    assert_eq!(report(&mut h, Some(950), None).0, []);
+    let (changes, alarms) = report(&mut h, Some(900), None);
+    assert_eq!(changes, [false]);
+    assert!(!alarms.any());
+    // Free disk below the limit: blocked until 10% above it.
+    assert_eq!(report(&mut h, Some(0), Some(499)).0, [true]);
+    assert_eq!(report(&mut h, Some(0), Some(540)).0, []);
+    // Both alarms at once are one block; clearing one keeps publishers blocked.
+    let (changes, alarms) = report(&mut h, Some(5000), Some(540));
+    assert_eq!(changes, []);
+    assert!(alarms.memory && alarms.disk);
+    let (changes, alarms) = report(&mut h, Some(5000), Some(550));
+    assert_eq!(changes, []);
+    assert!(alarms.memory && !alarms.disk);
+    assert_eq!(report(&mut h, Some(10), Some(550)).0, [false]);
+    // Not measured (or no limit): no alarm.
+    assert_eq!(report(&mut h, None, Some(0)).0, [true]);
+    assert_eq!(report(&mut h, None, None).0, [false]);
+}
+
 #[test]
 fn flow_control_paces_pure_publishers_to_their_consumers() {
     let mut h = Harness::with_config(BrokerConfig {

@@ -883,7 +883,8 @@ impl Session {
             }
             Effect::Blocked { .. } => {
                 self.blocked = true;
-                tracing::info!(peer = %self.peer.addr, "memory alarm: publishing blocked");
+                // The broker logs the alarm once; per connection it is only a debug line.
+                tracing::debug!(peer = %self.peer.addr, "resource alarm: publishing blocked");
                 if self.blocked_notify {
                     codec::encode_method(&mut self.wbuf, 0, handshake::connection_blocked());
                 }

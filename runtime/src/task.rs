@@ -66,6 +66,7 @@ pub(crate) async fn run(
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     let mut held = HeldAnswers::default();
     let mut outbox = Vec::new();
+    let mut alarms = broker.alarms();
     loop {
         let deadline = broker
             .next_deadline()
@@ -135,6 +136,53 @@ pub(crate) async fn run(
         send_mail(&mut broker, &mut outbox, &io);
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
+        if broker.alarms() != alarms {
+            log_alarms(alarms, broker.alarms(), broker.shard());
+            alarms = broker.alarms();
+        }
+    }
+}
+
+/// One log line per change of the resource alarms (not one per connection told).
+fn log_alarms(before: warren_core::Alarms, now: warren_core::Alarms, shard: u32) {
+    let changes = [
+        (
+            "memory",
+            "memory above the high watermark",
+            before.memory,
+            now.memory,
+        ),
+        (
+            "disk",
+            "free disk space below the limit",
+            before.disk,
+            now.disk,
+        ),
+        ("store", "a store write failed", before.store, now.store),
+    ];
+    for (alarm, why, was, is) in changes {
+        match (was, is) {
+            (false, true) => {
+                tracing::warn!(
+                    alarm,
+                    shard,
+                    blocked = now.any(),
+                    "resource alarm raised: {why}; publishers are blocked"
+                )
+            }
+            (true, false) => tracing::info!(
+                alarm,
+                shard,
+                blocked = now.any(),
+                "resource alarm cleared ({alarm}){}",
+                if now.any() {
+                    "; publishers stay blocked by another alarm"
+                } else {
+                    "; publishers unblocked"
+                }
+            ),
+            _ => {}
+        }
     }
 }
 
@@ -259,6 +307,7 @@ fn apply_control(
             let _ =
                 reply.send(broker.authenticate(&user, &password, from_loopback, vhost.as_deref()));
         }
+        Control::Resources(resources) => broker.report_resources(now, resources),
         Control::Synced { epoch, result } => {
             match result {
                 Ok(()) => broker.synced(now, epoch),

@@ -82,7 +82,12 @@ pub struct Broker {
     /// With shards: the body bytes of every shard, which the memory alarm compares with
     /// the watermark (`share_memory_count`).
     shared_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// Publishers are blocked: one of `alarms` holds.
     alarm: bool,
+    /// Which resource alarms are raised (each with its own hysteresis).
+    alarms: Alarms,
+    /// What the host last measured (`report_resources`).
+    resources: Resources,
     /// Where durable definitions and messages go; `None`: everything stays in memory.
     store: Option<Box<dyn Store>>,
     /// The epoch the next sync will carry; writes made now are covered by it.
@@ -141,6 +146,32 @@ pub struct Broker {
 }
 
 type OpResult = Result<(), ProtocolError>;
+
+/// What the host measured of the machine (`Broker::report_resources`); `None`: not measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Bytes the whole process holds (RSS).
+    pub memory: Option<u64>,
+    /// Free bytes on the disk of the data directory.
+    pub disk_free: Option<u64>,
+}
+
+/// The resource alarms; publishers are blocked while any is raised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Alarms {
+    /// Memory is above the watermark (until it falls to 90% of it).
+    pub memory: bool,
+    /// Free disk space is below the limit (until it is 10% above it).
+    pub disk: bool,
+    /// A store write failed in the last `STORE_RETRY_MS`.
+    pub store: bool,
+}
+
+impl Alarms {
+    pub fn any(self) -> bool {
+        self.memory || self.disk || self.store
+    }
+}
 
 impl Broker {
     /// The current routing table: clone the `Arc` to route publishes outside the broker
@@ -243,6 +274,8 @@ impl Broker {
             stored_bytes: 0,
             shared_bytes: None,
             alarm: false,
+            alarms: Alarms::default(),
+            resources: Resources::default(),
             store: None,
             epoch: 1,
             sync_in_flight: false,
@@ -680,7 +713,13 @@ impl Broker {
         }
     }
 
-    /// Raises or clears the memory alarm after an op, telling every connection.
+    /// Raises or clears the resource alarms after an op (or a report from the host), and
+    /// tells every connection when publishers become blocked or unblocked.
+    ///
+    /// Each alarm has hysteresis: it is raised at its limit and cleared only clearly on the
+    /// other side of it (memory: at 90% of the watermark; disk: 10% above the free-space
+    /// limit). Without it a consumer draining a queue at the watermark flipped the alarm on
+    /// every message (10,051 blocked/unblocked pairs in 10 s).
     fn update_alarm(&mut self) {
         let store_failed = self
             .store_failed_at
@@ -688,7 +727,26 @@ impl Broker {
         if !store_failed {
             self.store_failed_at = None;
         }
-        let over = self.memory_held() > self.config.memory_high_watermark || store_failed;
+        let watermark = self.config.memory_high_watermark;
+        let memory = self.memory_figure();
+        self.alarms.memory = if self.alarms.memory {
+            memory > watermark - watermark / 10
+        } else {
+            memory > watermark
+        };
+        let limit = self.config.disk_free_limit;
+        self.alarms.disk = match self.resources.disk_free {
+            Some(free) if limit > 0 => {
+                if self.alarms.disk {
+                    free < limit.saturating_add(limit / 10)
+                } else {
+                    free < limit
+                }
+            }
+            _ => false,
+        };
+        self.alarms.store = store_failed;
+        let over = self.alarms.any();
         if over == self.alarm {
             return;
         }
@@ -702,6 +760,28 @@ impl Broker {
                 Effect::Unblocked { conn }
             });
         }
+    }
+
+    /// The memory the alarm compares with the watermark: the body bytes the queues hold,
+    /// or what the host measured the process to hold (its RSS), whichever is larger. With
+    /// a store the queues hold little of their messages in memory, yet the process may
+    /// hold much more (buffers, allocator slack): only the host can see that.
+    fn memory_figure(&self) -> u64 {
+        self.memory_held().max(self.resources.memory.unwrap_or(0))
+    }
+
+    /// The host's latest measurements of the machine: the process's memory (RSS) and the
+    /// free space on the data disk. The alarms are re-evaluated at once; the host then
+    /// polls the effects (`Blocked` / `Unblocked`).
+    pub fn report_resources(&mut self, now: u64, resources: Resources) {
+        self.now = self.now.max(now);
+        self.resources = resources;
+        self.update_alarm();
+    }
+
+    /// The resource alarms raised now (hosts log their changes).
+    pub fn alarms(&self) -> Alarms {
+        self.alarms
     }
 
     /// Advances time (message TTLs and queue expiry will hang off this).
