@@ -607,13 +607,20 @@ fn memory_alarm_blocks_every_connection_above_the_watermark_and_clears_below() {
             conn: ch(3, 0).conn
         }]
     );
-    // Consuming without ack releases the bytes and clears the alarm.
+    // Consuming without ack releases the bytes and clears the alarm, once publishers were
+    // blocked for the hold (`ALARM_HOLD_MS`: at most about one change a second).
     let fx = h.consume(c1, "q", "t", true);
     assert_eq!(bodies(&fx), ["12345678", "123"]);
+    assert_eq!(h.broker.stored_bytes(), 0);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Unblocked { .. })));
+    assert!(
+        h.broker.next_deadline().is_some(),
+        "a tick is due when the hold ends"
+    );
+    let fx = h.tick(warren_core::broker::ALARM_HOLD_MS);
     assert!(fx.contains(&Effect::Unblocked {
         conn: ch(2, 0).conn
     }));
-    assert_eq!(h.broker.stored_bytes(), 0);
 }
 
 /// Blocked / unblocked effects for connection 1 in `fx`: +1 per block, -1 per unblock.
@@ -657,7 +664,8 @@ fn memory_alarm_clears_only_well_below_the_watermark_so_a_draining_queue_does_no
         [true],
         "between 90 and 110 bytes: still raised, no flapping"
     );
-    // Drained to 90% of the watermark: cleared, once.
+    // Drained to 90% of the watermark: cleared, once (the hold since the block is over).
+    h.tick(warren_core::broker::ALARM_HOLD_MS);
     let mut drained = Vec::new();
     for _ in 0..2 {
         let get = Op::Get {
@@ -686,9 +694,12 @@ fn the_hosts_memory_figure_and_free_disk_space_raise_the_alarm_with_hysteresis()
         ..BrokerConfig::default()
     });
     h.connect(1);
+    // Each report a second after the last: past the hold (`ALARM_HOLD_MS`).
+    let mut now = 0;
     let mut report = |h: &mut Harness, memory: Option<u64>, disk_free: Option<u64>| {
+        now += warren_core::broker::ALARM_HOLD_MS;
         h.broker
-            .report_resources(1, Resources { memory, disk_free });
+            .report_resources(now, Resources { memory, disk_free });
         let mut fx = Vec::new();
         h.broker.poll_effects(&mut fx);
         (alarm_changes(&fx), h.broker.alarms())
@@ -715,6 +726,50 @@ fn the_hosts_memory_figure_and_free_disk_space_raise_the_alarm_with_hysteresis()
     // Not measured (or no limit): no alarm.
     assert_eq!(report(&mut h, None, Some(0)).0, [true]);
     assert_eq!(report(&mut h, None, None).0, [false]);
+}
+
+#[test]
+fn publishers_stay_blocked_for_the_hold_so_the_alarm_changes_at_most_about_once_a_second() {
+    use warren_core::Resources;
+    use warren_core::broker::ALARM_HOLD_MS;
+    let mut h = Harness::with_config(BrokerConfig {
+        memory_high_watermark: 1000,
+        ..BrokerConfig::default()
+    });
+    h.connect(1);
+    let mut changes = Vec::new();
+    // The figure swings across the watermark every millisecond for 3 s.
+    for ms in 1..=3000u64 {
+        let memory = if ms % 2 == 0 { 2000 } else { 0 };
+        h.broker.report_resources(
+            ms,
+            Resources {
+                memory: Some(memory),
+                disk_free: None,
+            },
+        );
+        let mut fx = Vec::new();
+        h.broker.poll_effects(&mut fx);
+        changes.extend(alarm_changes(&fx));
+    }
+    assert!(
+        changes.len() <= 2 * (3000 / ALARM_HOLD_MS as usize) + 1,
+        "{} changes in 3 s",
+        changes.len()
+    );
+    // Recovered for good: unblocked by the tick the hold asks for.
+    h.broker.report_resources(
+        3001,
+        Resources {
+            memory: Some(0),
+            disk_free: None,
+        },
+    );
+    let due = h.broker.next_deadline().expect("a tick at the hold's end");
+    h.broker.tick(due);
+    let mut fx = Vec::new();
+    h.broker.poll_effects(&mut fx);
+    assert!(!h.broker.publishers_blocked());
 }
 
 #[test]

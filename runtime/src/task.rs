@@ -66,7 +66,7 @@ pub(crate) async fn run(
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     let mut held = HeldAnswers::default();
     let mut outbox = Vec::new();
-    let mut alarms = broker.alarms();
+    let mut alarms = (broker.publishers_blocked(), broker.alarms());
     loop {
         let deadline = broker
             .next_deadline()
@@ -136,53 +136,39 @@ pub(crate) async fn run(
         send_mail(&mut broker, &mut outbox, &io);
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
-        if broker.alarms() != alarms {
-            log_alarms(alarms, broker.alarms(), broker.shard());
-            alarms = broker.alarms();
+        let now_alarms = (broker.publishers_blocked(), broker.alarms());
+        if now_alarms != alarms {
+            log_alarms(alarms, now_alarms, broker.shard());
+            alarms = now_alarms;
         }
     }
 }
 
-/// One log line per change of the resource alarms (not one per connection told).
-fn log_alarms(before: warren_core::Alarms, now: warren_core::Alarms, shard: u32) {
-    let changes = [
-        (
-            "memory",
-            "memory above the high watermark",
-            before.memory,
-            now.memory,
-        ),
-        (
-            "disk",
-            "free disk space below the limit",
-            before.disk,
-            now.disk,
-        ),
-        ("store", "a store write failed", before.store, now.store),
-    ];
-    for (alarm, why, was, is) in changes {
-        match (was, is) {
-            (false, true) => {
-                tracing::warn!(
-                    alarm,
-                    shard,
-                    blocked = now.any(),
-                    "resource alarm raised: {why}; publishers are blocked"
-                )
-            }
-            (true, false) => tracing::info!(
-                alarm,
-                shard,
-                blocked = now.any(),
-                "resource alarm cleared ({alarm}){}",
-                if now.any() {
-                    "; publishers stay blocked by another alarm"
-                } else {
-                    "; publishers unblocked"
-                }
-            ),
-            _ => {}
-        }
+/// One log line per change of the resource alarms or of whether publishers are blocked
+/// (not one per connection told): each changes at most about once a second
+/// (`warren_core::broker::ALARM_HOLD_MS`).
+fn log_alarms(before: (bool, warren_core::Alarms), now: (bool, warren_core::Alarms), shard: u32) {
+    let (blocked, alarms) = now;
+    let (memory, disk, store) = (alarms.memory, alarms.disk, alarms.store);
+    if blocked && !before.0 {
+        tracing::warn!(
+            shard,
+            memory,
+            disk,
+            store,
+            "resource alarm: publishers blocked"
+        );
+    } else if !blocked && before.0 {
+        tracing::info!(shard, "resource alarms cleared: publishers unblocked");
+    } else {
+        tracing::info!(
+            shard,
+            blocked,
+            memory,
+            disk,
+            store,
+            "resource alarms changed"
+        );
     }
 }
 

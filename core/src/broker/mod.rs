@@ -49,6 +49,11 @@ use std::sync::Arc;
 /// again (the host logs the error; the core only knows that it happened).
 const STORE_RETRY_MS: u64 = 5_000;
 
+/// How long publishers stay blocked at least once an alarm blocked them, even if the
+/// resource recovers sooner: bounds alarm changes to about one per second whatever the
+/// traffic (RabbitMQ checks its memory on a timer, with the same effect).
+pub const ALARM_HOLD_MS: u64 = 1_000;
+
 /// How often a shard whose memory alarm is raised by the shared count looks at it again.
 const ALARM_RECHECK_MS: u64 = 100;
 
@@ -84,6 +89,8 @@ pub struct Broker {
     shared_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// Publishers are blocked: one of `alarms` holds.
     alarm: bool,
+    /// When `alarm` last changed (`ALARM_HOLD_MS`).
+    alarm_changed_at: u64,
     /// Which resource alarms are raised (each with its own hysteresis).
     alarms: Alarms,
     /// What the host last measured (`report_resources`).
@@ -274,6 +281,7 @@ impl Broker {
             stored_bytes: 0,
             shared_bytes: None,
             alarm: false,
+            alarm_changed_at: 0,
             alarms: Alarms::default(),
             resources: Resources::default(),
             store: None,
@@ -750,7 +758,13 @@ impl Broker {
         if over == self.alarm {
             return;
         }
+        if !over && self.now < self.alarm_changed_at.saturating_add(ALARM_HOLD_MS) {
+            // Cleared too soon after blocking: publishers stay blocked until the hold
+            // ends (`next_deadline` asks for a tick then).
+            return;
+        }
         self.alarm = over;
+        self.alarm_changed_at = self.now;
         let mut conns: Vec<ConnId> = self.conns.keys().copied().collect();
         conns.sort_unstable();
         for conn in conns {
@@ -782,6 +796,11 @@ impl Broker {
     /// The resource alarms raised now (hosts log their changes).
     pub fn alarms(&self) -> Alarms {
         self.alarms
+    }
+
+    /// Publishers are blocked: an alarm is raised, or one was within `ALARM_HOLD_MS`.
+    pub fn publishers_blocked(&self) -> bool {
+        self.alarm
     }
 
     /// Advances time (message TTLs and queue expiry will hang off this).
@@ -831,6 +850,10 @@ impl Broker {
         let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
         if !self.dead_letters.is_empty() {
             earliest(self.now);
+        }
+        if self.alarm && !self.alarms.any() {
+            // Every alarm cleared during the hold: unblock when it ends.
+            earliest(self.alarm_changed_at.saturating_add(ALARM_HOLD_MS));
         }
         if self.alarm && self.shared_bytes.is_some() {
             // Other shards' consumers may drain the sum below the watermark while this
