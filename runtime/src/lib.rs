@@ -133,6 +133,17 @@ pub(crate) enum Control {
         epoch: u64,
         result: Result<(), String>,
     },
+    /// A clean stop, first step: answer once this shard has nothing left to apply and
+    /// everything it wrote is synced (acks included), with how many pieces of mail it has
+    /// sent other shards so far (`BrokerHandle::stop` asks until the counts settle).
+    Flush {
+        reply: tokio::sync::oneshot::Sender<u64>,
+    },
+    /// A clean stop, last step: the task ends and closes its store (its sync thread
+    /// finishes), then answers.
+    Stop {
+        reply: tokio::sync::oneshot::Sender<()>,
+    },
     /// An operator's request (`warren ctl`).
     Admin {
         request: AdminRequest,
@@ -495,6 +506,39 @@ impl BrokerHandle {
                 .map_err(|_| BrokerGone)?;
         }
         answer.await.map_err(|_| BrokerGone)
+    }
+
+    /// Stops the broker cleanly, once its connections are closed: every shard applies
+    /// what it was sent, makes everything durable (acks, purges and deletes too, so that
+    /// nothing acked comes back after a restart) and closes its store. Mail between shards
+    /// may carry acks, so the shards are asked until none sent mail since the last round.
+    pub async fn stop(&self) {
+        // Each round is one flush of every shard; mail stops once connections are gone,
+        // within a few rounds (the bound is a safety net, not a schedule).
+        let mut last = None;
+        for _ in 0..64 {
+            let mut sent = 0u64;
+            for shard in &self.shared.shards {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                if shard.control.send(Control::Flush { reply }).is_err() {
+                    return;
+                }
+                match answer.await {
+                    Ok(n) => sent += n,
+                    Err(_) => return,
+                }
+            }
+            if last == Some(sent) {
+                break;
+            }
+            last = Some(sent);
+        }
+        for shard in &self.shared.shards {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            if shard.control.send(Control::Stop { reply }).is_ok() {
+                let _ = answer.await;
+            }
+        }
     }
 
     /// A listing of what lives on every shard (queues, their consumers, connections):
