@@ -25,9 +25,20 @@ async fn connect(port: u16) -> lapin::Connection {
     .expect("connect")
 }
 
-/// Whether the broker sends `connection.blocked` within `within`.
+/// Whether the broker sends `connection.blocked` within `within` once `conn` publishes
+/// (as RabbitMQ, only a connection that publishes is blocked and told).
 async fn blocked_within(conn: &lapin::Connection, within: Duration) -> bool {
     let mut events = conn.events_listener();
+    let ch = conn.create_channel().await.expect("channel");
+    ch.basic_publish(
+        "".into(),
+        "nowhere".into(),
+        Default::default(),
+        b"one",
+        Default::default(),
+    )
+    .await
+    .expect("publish");
     if conn.status().blocked() {
         return true;
     }
@@ -92,7 +103,6 @@ async fn a_free_disk_limit_above_the_free_space_blocks_publishers() {
             "1000000GB",
         ],
     );
-    // (lapin then holds back everything it would send, as the spec lets clients do.)
     let conn = connect(served.amqp).await;
     let blocked = blocked_within(&conn, Duration::from_secs(5)).await;
     let _ = served.child.kill();
