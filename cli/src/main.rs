@@ -335,8 +335,12 @@ fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::Di
         && meta.permissions().mode() & 0o077 != 0
     {
         match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
-            Ok(()) => tracing::info!(data_dir = %dir.display(), "data dir restricted to its owner (0700)"),
-            Err(e) => tracing::warn!(data_dir = %dir.display(), error = %e, "cannot restrict the data dir to its owner"),
+            Ok(()) => {
+                tracing::info!(data_dir = %dir.display(), "data dir restricted to its owner (0700)")
+            }
+            Err(e) => {
+                tracing::warn!(data_dir = %dir.display(), error = %e, "cannot restrict the data dir to its owner")
+            }
         }
     }
     Ok(lock)

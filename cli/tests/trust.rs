@@ -225,8 +225,13 @@ async fn acks_are_durable_within_the_sync_bound_of_a_kill_9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_are_durable_within_the_sync_bound_of_a_kill_9_over_two_shards() {
-    nothing_acked_comes_back("ack-kill-2", &["--shards", "2"], false, Stop::Kill9AfterPause)
-        .await;
+    nothing_acked_comes_back(
+        "ack-kill-2",
+        &["--shards", "2"],
+        false,
+        Stop::Kill9AfterPause,
+    )
+    .await;
 }
 
 /// Bytes of every file under `dir`.
@@ -316,10 +321,20 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
     let dir = data_dir("lock");
     let (child, port) = serve(&dir, &[]);
     let (_c, ch) = channel(port).await;
-    declare(&ch, "backlog").await;
-    // More than a queue keeps in memory (2048): the rest is paged out to disk.
+    // A transient queue with more than it keeps in memory (for transient messages: 8192
+    // or 32 MiB): the rest is paged out under `transient/`, which a second broker used to
+    // wipe at start.
+    ch.queue_declare("backlog".into(), Default::default(), FieldTable::default())
+        .await
+        .expect("declare");
     const BACKLOG: usize = 3_000;
-    publish(&ch, "backlog", BACKLOG, 100, true).await;
+    const MORE: usize = 2_000;
+    publish(&ch, "backlog", BACKLOG, 16 << 10, false).await;
+    let before = files(&dir);
+    assert!(
+        before.iter().any(|f| f.starts_with(dir.join("transient"))),
+        "paged out: {before:?}"
+    );
     let second = Command::new(BIN)
         .args(["serve", "--amqp", "127.0.0.1:0", "--mqtt", "none"])
         .arg("--data-dir")
@@ -327,24 +342,47 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         .output()
         .expect("run a second warren serve");
     let err = String::from_utf8_lossy(&second.stderr).into_owned();
-    // A still serves every message and confirms new publishes.
-    publish(&ch, "backlog", 100, 100, true).await;
-    let got = consume_and_ack(&ch, "backlog", BACKLOG + 100).await;
+    let after = files(&dir);
+    // A still confirms publishes (these cross into a new page file) and serves every
+    // message.
+    publish(&ch, "backlog", MORE, 16 << 10, false).await;
+    let got = consume_and_ack(&ch, "backlog", BACKLOG + MORE).await;
     kill9(child);
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(second.status.code(), Some(2), "a configuration error: {err}");
+    assert_eq!(
+        second.status.code(),
+        Some(2),
+        "a configuration error: {err}"
+    );
     assert!(err.contains("in use"), "says why: {err}");
+    assert_eq!(before, after, "the second broker touched nothing");
     let want: Vec<String> = (0..BACKLOG)
-        .chain(0..100)
+        .chain(0..MORE)
         .map(|i| format!("{i:08}"))
         .collect();
     assert_eq!(got, want, "every message, in order");
 }
 
+/// Every file under `dir`, sorted.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    modes(dir, &mut all);
+    let mut files: Vec<PathBuf> = all
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
 /// Every path under `dir` with its mode bits.
 fn modes(dir: &Path, out: &mut Vec<(PathBuf, u32)>) {
     use std::os::unix::fs::PermissionsExt;
-    for e in std::fs::read_dir(dir).expect("read dir").filter_map(Result::ok) {
+    for e in std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(Result::ok)
+    {
         let Ok(m) = e.metadata() else { continue };
         out.push((e.path(), m.permissions().mode() & 0o777));
         if m.is_dir() {

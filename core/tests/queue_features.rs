@@ -798,8 +798,14 @@ fn acks_are_synced_within_the_removal_bound_without_a_publish() {
     // The gets confirm nothing, so they start no sync at once...
     assert_eq!(h.broker.start_sync(), None);
     // ...but one is due `removal_sync_ms` after the first of them.
-    let due = h.broker.next_deadline().expect("a deadline for the removals");
-    assert!(due <= removed_at + bound, "due at {due}, removals at {removed_at}");
+    let due = h
+        .broker
+        .next_deadline()
+        .expect("a deadline for the removals");
+    assert!(
+        due <= removed_at + bound,
+        "due at {due}, removals at {removed_at}"
+    );
     tick(&mut h, due - 1);
     assert_eq!(h.broker.start_sync(), None, "not before the bound");
     tick(&mut h, due);
@@ -809,7 +815,11 @@ fn acks_are_synced_within_the_removal_bound_without_a_publish() {
     assert_eq!(h.broker.next_deadline(), None, "nothing left to sync");
     let mut h = restarted(&store, h.now + 1);
     let c = h.connect(1);
-    assert_eq!(get(&mut h, c, "q").map(|m| m.0), None, "nothing acked comes back");
+    assert_eq!(
+        get(&mut h, c, "q").map(|m| m.0),
+        None,
+        "nothing acked comes back"
+    );
 }
 
 #[test]

@@ -462,7 +462,11 @@ mod tests {
             s.release(id);
         }
         let sync = s.take_sync().expect("sync");
-        assert_eq!(sync.delete, vec![file_path(&dir, first)], "the dead file goes");
+        assert_eq!(
+            sync.delete,
+            vec![file_path(&dir, first)],
+            "the dead file goes"
+        );
         assert_ne!(s.current, first, "a new current file");
         assert_eq!(s.stats(), (0, 1));
         let _ = fs::remove_dir_all(&dir);
