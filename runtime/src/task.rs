@@ -170,7 +170,7 @@ pub(crate) async fn run(
             return;
         }
         if !stopping.flushes.is_empty()
-            && broker.unsynced_epoch().is_none()
+            && broker.all_synced()
             && requests.is_empty()
             && io.mail.is_empty()
             && io.pending() == 0
