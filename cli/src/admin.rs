@@ -56,7 +56,10 @@ pub async fn serve(
         let broker = broker.clone();
         tokio::spawn(async move {
             if let Err(e) = client(stream, &broker).await {
-                tracing::warn!(error = %e, "admin request failed");
+                tracing::warn!(
+                    error = %warren_core::escape::Escaped(&format!("{e:#}")),
+                    "admin request failed"
+                );
             }
             drop(permit);
         });

@@ -200,7 +200,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
         None => None,
     };
+    let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
     let config = warren_core::BrokerConfig {
+        seed,
         memory_high_watermark,
         ..warren_core::BrokerConfig::default()
     };

@@ -40,6 +40,17 @@ pub(crate) fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A seed for the core's name generator (`BrokerConfig::seed`) from the operating system's
+/// randomness, for a host to draw at each start: with a fixed seed every fresh broker hands
+/// out the same `amq.gen-` names, consumer tags and direct reply-to addresses, so a reply
+/// address could be predicted and a restored queue's name drawn again.
+pub fn os_seed() -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
 /// Why a broker with a data directory did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -386,7 +397,10 @@ impl BrokerHandle {
         let started = std::time::Instant::now();
         let (first, others) = brokers.split_at_mut(1);
         for error in first[0].restore_shards(unix_ms(), &definitions, others) {
-            tracing::warn!(%error, "a stored definition could not be restored");
+            tracing::warn!(
+                error = %warren_core::escape::Escaped(&error.to_string()),
+                "a stored definition could not be restored"
+            );
         }
         tracing::info!(
             exchanges = definitions.exchanges.len(),

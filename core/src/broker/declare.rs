@@ -15,6 +15,9 @@ use crate::queue::state::QueueState;
 use crate::topology::BindChange;
 use std::sync::Arc;
 
+/// Draws of a server-generated queue name before taking one unchecked (`fresh_queue_name`).
+const MAX_NAME_DRAWS: usize = 8;
+
 /// Queue arguments whose values must match on redeclare (as RabbitMQ checks them).
 const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-expires",
@@ -122,6 +125,21 @@ impl Broker {
             .ok_or_else(|| {
                 ProtocolError::new(ErrorCode::NotFound, op, "no previously declared queue")
             })
+    }
+
+    /// A server-generated name (`amq.gen-…`) no queue of vhost `vh` has: a queue restored
+    /// from a run with the same seed (a simulation's) or named by another shard may hold
+    /// the one drawn first, and a server-named declare must never land on an existing queue.
+    fn fresh_queue_name(&mut self, vh: VhostId) -> Arc<str> {
+        // 128 bits per draw: a second clash in a row means a broken seed, not bad luck;
+        // the bound keeps the loop finite whatever the seed.
+        for _ in 0..MAX_NAME_DRAWS {
+            let name = self.names.name("amq.gen-");
+            if self.topo.find_queue_or_creating(vh, &name).is_none() {
+                return Arc::from(name);
+            }
+        }
+        Arc::from(self.names.name("amq.gen-"))
     }
 
     /// The queue side's exclusive-use check: refused if another connection declared queue
@@ -600,7 +618,7 @@ impl Broker {
             return Ok(());
         }
         let name: Arc<str> = if d.queue.is_empty() && !d.passive {
-            Arc::from(self.names.name("amq.gen-"))
+            self.fresh_queue_name(self.conn_vhost(ch.conn))
         } else {
             self.resolve_queue_name(ch, op, &d.queue)?
         };
@@ -673,16 +691,25 @@ impl Broker {
         }
         let policy = self.topo.policy(vh, name, true);
         let effective = crate::policy::queue_arguments(&d.arguments, policy);
-        let args = crate::queue::args::QueueArgs::parse(&effective).map_err(|(arg, reason)| {
-            ProtocolError::new(
-                ErrorCode::PreconditionFailed,
-                op,
-                format!(
-                    "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
-                    self.vhost_name(vh)
-                ),
-            )
-        })?;
+        // A restore keeps a queue an older Warren stored with another type: it always was
+        // a classic queue, and its messages are on disk.
+        let checked_type = if self.restoring {
+            Ok(())
+        } else {
+            crate::queue::args::check_queue_type(&d.arguments)
+        };
+        let args = checked_type
+            .and_then(|()| crate::queue::args::QueueArgs::parse(&effective))
+            .map_err(|(arg, reason)| {
+                ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    op,
+                    format!(
+                        "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
+                        self.vhost_name(vh)
+                    ),
+                )
+            })?;
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
         // so they are not stored as durable.

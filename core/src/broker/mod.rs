@@ -876,6 +876,7 @@ impl Broker {
             "set_shard on a used broker"
         );
         self.mail.set_shard(shard, shards);
+        self.names = NameGen::for_shard(self.config.seed, shard);
         self.shard = shard;
         self.shards = shards;
     }
