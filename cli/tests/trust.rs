@@ -429,3 +429,105 @@ async fn the_data_dir_is_its_owners_only() {
             .collect::<Vec<_>>()
     );
 }
+
+/// An MQTT v3.1.1 client on `port` with its events on a channel.
+fn mqtt_client(
+    port: u16,
+    id: &str,
+) -> (
+    rumqttc::AsyncClient,
+    tokio::sync::mpsc::UnboundedReceiver<rumqttc::Event>,
+) {
+    let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
+    o.set_clean_session(false);
+    o.set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(o, 1000);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(ev) = eventloop.poll().await {
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+    (client, rx)
+}
+
+/// Waits (bounded) for an incoming packet `f` accepts.
+async fn mqtt_wait<T>(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::Event>,
+    mut f: impl FnMut(&rumqttc::Packet) -> Option<T>,
+) -> T {
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(20), events.recv())
+            .await
+            .expect("the packet in time")
+            .expect("client running");
+        if let rumqttc::Event::Incoming(p) = ev
+            && let Some(t) = f(&p)
+        {
+            return t;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_pubacked_messages_stay_acked_after_sigterm() {
+    use rumqttc::{Packet, QoS};
+    const COUNT: usize = 1_000;
+    let dir = data_dir("mqtt");
+    let served = common::serve(&dir, true, &[]);
+    let port = served.mqtt.expect("MQTT port");
+    {
+        // A persistent session (clean session off) subscribed at QoS 1: its queue is durable.
+        let (sub, mut sub_events) = mqtt_client(port, "trust-sub");
+        mqtt_wait(&mut sub_events, |p| {
+            matches!(p, Packet::ConnAck(_)).then_some(())
+        })
+        .await;
+        sub.subscribe("trust/#", QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        mqtt_wait(&mut sub_events, |p| {
+            matches!(p, Packet::SubAck(_)).then_some(())
+        })
+        .await;
+        let (publisher, mut pub_events) = mqtt_client(port, "trust-pub");
+        mqtt_wait(&mut pub_events, |p| {
+            matches!(p, Packet::ConnAck(_)).then_some(())
+        })
+        .await;
+        for i in 0..COUNT {
+            publisher
+                .publish("trust/x", QoS::AtLeastOnce, false, i.to_string())
+                .await
+                .expect("publish");
+        }
+        // rumqttc PUBACKs each message as it is polled.
+        let mut got = 0;
+        while got < COUNT {
+            mqtt_wait(&mut sub_events, |p| {
+                matches!(p, Packet::Publish(_)).then_some(())
+            })
+            .await;
+            got += 1;
+        }
+        // A round trip after the PUBACKs: the broker has applied them.
+        sub.publish("elsewhere", QoS::AtLeastOnce, false, "ping")
+            .await
+            .expect("publish");
+        mqtt_wait(&mut sub_events, |p| {
+            matches!(p, Packet::PubAck(_)).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(sigterm(served.child), Some(0), "a clean stop");
+    // The session's durable queue (sessions themselves are not restored): it must hold
+    // none of the PUBACKed messages.
+    let served = common::serve(&dir, true, &[]);
+    let (_c, ch) = channel(served.amqp).await;
+    let back = count(&ch, "mqtt-subscription-trust-subqos1").await;
+    kill9(served.child);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(back, 0, "{back} of {COUNT} PUBACKed messages came back");
+}
