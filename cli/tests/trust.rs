@@ -23,13 +23,24 @@ fn data_dir(tag: &str) -> PathBuf {
     dir
 }
 
-fn serve(dir: &Path, args: &[&str]) -> (Child, u16) {
+/// A started broker, killed (SIGKILL) when dropped: a failing test leaves none running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(dir: &Path, args: &[&str]) -> (Running, u16) {
     let served = common::serve(dir, false, args);
-    (served.child, served.amqp)
+    (Running(served.child), served.amqp)
 }
 
 /// SIGTERM, then the exit code (a clean stop is 0).
-fn sigterm(mut child: Child) -> Option<i32> {
+fn sigterm(mut running: Running) -> Option<i32> {
+    let child = &mut running.0;
     // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
     unsafe {
         libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
@@ -48,9 +59,8 @@ fn sigterm(mut child: Child) -> Option<i32> {
     }
 }
 
-fn kill9(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+fn kill9(running: Running) {
+    drop(running);
 }
 
 async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
