@@ -15,6 +15,7 @@ pub mod journal;
 pub mod record;
 pub mod retained;
 pub mod segment;
+pub mod sessions;
 pub mod shared;
 
 use definitions::{DefinitionStore, DefinitionsError};
