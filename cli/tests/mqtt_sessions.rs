@@ -663,7 +663,7 @@ impl Mosquitto {
         std::fs::write(
             &conf,
             format!(
-                "listener 28830 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nmax_queued_messages 100000\n",
+                "user root\nlistener 28830 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nmax_queued_messages 100000\n",
                 dir.display()
             ),
         )

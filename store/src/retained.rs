@@ -189,9 +189,9 @@ mod tests {
             }],
             ..StoredSession::default()
         };
+        let defs = DefinitionStore::open(&path).expect("open");
         {
-            let defs = DefinitionStore::open(&path).expect("open");
-            let w = MqttWriter::start(defs).expect("writer");
+            let w = MqttWriter::start(defs.clone()).expect("writer");
             w.set_session("/", "gone", Some(session.clone()));
             w.set_session("/", "kept", Some(StoredSession::default()));
             w.set_session("/", "kept", Some(session.clone()));
@@ -209,7 +209,6 @@ mod tests {
             );
             assert!(w.flush(std::time::Duration::from_secs(10)), "flushed");
         }
-        let defs = DefinitionStore::open(&path).expect("reopen");
         let sessions = defs.load_mqtt_sessions().expect("load");
         assert_eq!(sessions, vec![("/".into(), "kept".into(), session)]);
         assert_eq!(defs.load_retained().expect("retained").len(), 1);
