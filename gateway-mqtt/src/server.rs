@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use warren_core::command::Op;
+use warren_core::escape::Escaped;
 use warren_core::mqtt::StoredWill;
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 
@@ -113,7 +114,7 @@ fn schedule_restored_will(
     config: &Arc<MqttConfig>,
 ) {
     let Some(decoded) = decode_will(&will.publish) else {
-        tracing::warn!(client_id = %client_id, "stored will is no MQTT 5 PUBLISH; dropped");
+        tracing::warn!(client_id = %Escaped(&client_id), "stored will is no MQTT 5 PUBLISH; dropped");
         return;
     };
     registry.delay_will(client_id.clone(), EXPIRY_TASK);
@@ -216,5 +217,5 @@ async fn end_session(
         }
     }
     registry.persist_session(client_id, None);
-    tracing::info!(client_id, "MQTT session expired");
+    tracing::info!(client_id = %Escaped(client_id), "MQTT session expired");
 }

@@ -627,7 +627,7 @@ impl Session {
             None => {
                 // A durable queue without a session is adopted by a persistent session that
                 // asked to resume (what a broker without stored sessions left), else deleted.
-                s.purge_queue = !(persistent && !info.clean_start);
+                s.purge_queue = !persistent || info.clean_start;
             }
         }
         let mut ack = v5::Connack::new(session_present, ConnectReasonCode::Success);

@@ -84,7 +84,8 @@ pub enum MqttChange {
 }
 
 enum Job {
-    Change(MqttChange),
+    // Boxed: a session is ~200 bytes, and most jobs are small retained changes.
+    Change(Box<MqttChange>),
     /// Answered once every change queued before it is committed.
     Flush(mpsc::Sender<()>),
 }
@@ -108,7 +109,7 @@ impl MqttWriter {
                     let mut next = Some(first);
                     while let Some(job) = next.take() {
                         match job {
-                            Job::Change(c) => batch.push(c),
+                            Job::Change(c) => batch.push(*c),
                             Job::Flush(done) => flushes.push(done),
                         }
                         if batch.len() < BATCH {
@@ -132,22 +133,25 @@ impl MqttWriter {
     pub fn set(&self, vhost: &str, m: &RetainedMessage) {
         if self
             .tx
-            .try_send(Job::Change(MqttChange::Retained(
+            .try_send(Job::Change(Box::new(MqttChange::Retained(
                 vhost.to_string(),
                 m.clone(),
-            )))
+            ))))
             .is_err()
         {
-            tracing::warn!(topic = %m.topic, "MQTT state writer is behind; this retained-message change is not stored");
+            tracing::warn!(
+                topic = %warren_core::escape::Escaped(&m.topic),
+                "MQTT state writer is behind; this retained-message change is not stored"
+            );
         }
     }
 
     /// Queues a session change (`None`: the session ended).
     pub fn set_session(&self, vhost: &str, client_id: &str, s: Option<StoredSession>) {
         let change = MqttChange::Session(vhost.to_string(), client_id.to_string(), s);
-        if self.tx.try_send(Job::Change(change)).is_err() {
+        if self.tx.try_send(Job::Change(Box::new(change))).is_err() {
             tracing::warn!(
-                client_id,
+                client_id = %warren_core::escape::Escaped(client_id),
                 "MQTT state writer is behind; this session change is not stored"
             );
         }

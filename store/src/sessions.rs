@@ -51,20 +51,34 @@ pub fn encode(s: &StoredSession) -> Vec<u8> {
     let mut w = Writer(&mut out);
     w.u8(SESSION_VERSION);
     w.u8(s.level);
-    w.u8(u8::from(s.has_queue) * FLAG_HAS_QUEUE
-        | u8::from(s.disconnected_at.is_some()) * FLAG_DISCONNECTED
-        | u8::from(s.will.is_some()) * FLAG_WILL);
+    let mut flags = 0;
+    if s.has_queue {
+        flags |= FLAG_HAS_QUEUE;
+    }
+    if s.disconnected_at.is_some() {
+        flags |= FLAG_DISCONNECTED;
+    }
+    if s.will.is_some() {
+        flags |= FLAG_WILL;
+    }
+    w.u8(flags);
     w.u32(s.expiry_s);
     w.u64(s.disconnected_at.unwrap_or(0));
     let n = s.subs.len().min(MAX_SUBS as usize);
     w.u32(n as u32);
     for sub in &s.subs[..n] {
         w.bytes(sub.filter.as_bytes());
-        w.u8((sub.qos & 3)
-            | u8::from(sub.no_local) * SUB_NO_LOCAL
-            | u8::from(sub.retain_as_published) * SUB_RAP
-            | (sub.retain_handling & 3) << 4
-            | u8::from(sub.id.is_some()) * SUB_HAS_ID);
+        let mut opts = (sub.qos & 3) | ((sub.retain_handling & 3) << 4);
+        if sub.no_local {
+            opts |= SUB_NO_LOCAL;
+        }
+        if sub.retain_as_published {
+            opts |= SUB_RAP;
+        }
+        if sub.id.is_some() {
+            opts |= SUB_HAS_ID;
+        }
+        w.u8(opts);
         w.u32(sub.id.unwrap_or(0));
     }
     ids(&mut w, &s.awaiting_comp);
