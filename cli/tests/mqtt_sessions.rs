@@ -698,3 +698,168 @@ impl Drop for Mosquitto {
         let _ = self.child.wait();
     }
 }
+
+/// Raw MQTT 3.1.1 over a blocking socket, for packet ids and flags rumqttc hides.
+mod raw {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    pub struct Raw(TcpStream);
+
+    pub fn str(s: &str) -> Vec<u8> {
+        let mut v = (s.len() as u16).to_be_bytes().to_vec();
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    impl Raw {
+        /// CONNECT (3.1.1, keep-alive 60 s); returns the client and session-present.
+        pub fn connect(addr: SocketAddr, id: &str, clean: bool) -> (Raw, bool) {
+            let s = TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let mut r = Raw(s);
+            let mut body = str("MQTT");
+            body.extend_from_slice(&[4, if clean { 2 } else { 0 }, 0, 60]);
+            body.extend(str(id));
+            r.send(0x10, &body);
+            let (kind, ack) = r.read();
+            assert_eq!((kind, ack[1]), (0x20, 0), "CONNACK accepted");
+            (r, ack[0] & 1 == 1)
+        }
+
+        pub fn send(&mut self, first: u8, body: &[u8]) {
+            let mut p = vec![first];
+            let mut n = body.len();
+            loop {
+                let mut b = (n % 128) as u8;
+                n /= 128;
+                if n > 0 {
+                    b |= 0x80;
+                }
+                p.push(b);
+                if n == 0 {
+                    break;
+                }
+            }
+            p.extend_from_slice(body);
+            self.0.write_all(&p).expect("write");
+        }
+
+        /// The next packet: (first byte, body).
+        pub fn read(&mut self) -> (u8, Vec<u8>) {
+            let mut first = [0u8; 1];
+            self.0.read_exact(&mut first).expect("a packet in time");
+            let (mut len, mut shift) = (0usize, 0);
+            loop {
+                let mut b = [0u8; 1];
+                self.0.read_exact(&mut b).expect("length");
+                len |= usize::from(b[0] & 0x7f) << shift;
+                shift += 7;
+                if b[0] & 0x80 == 0 {
+                    break;
+                }
+            }
+            let mut body = vec![0u8; len];
+            self.0.read_exact(&mut body).expect("body");
+            (first[0], body)
+        }
+
+        /// A QoS 1/2 PUBLISH: (flags, topic, packet id, payload).
+        pub fn publish_in(&mut self) -> (u8, String, u16, Vec<u8>) {
+            let (first, body) = self.read();
+            assert_eq!(first >> 4, 3, "a PUBLISH");
+            let tl = usize::from(u16::from_be_bytes([body[0], body[1]]));
+            let topic = String::from_utf8(body[2..2 + tl].to_vec()).expect("topic");
+            let pid = u16::from_be_bytes([body[2 + tl], body[3 + tl]]);
+            (first & 0x0f, topic, pid, body[4 + tl..].to_vec())
+        }
+
+        pub fn publish(&mut self, topic: &str, qos: u8, pid: u16, dup: bool, payload: &[u8]) {
+            let mut body = str(topic);
+            body.extend_from_slice(&pid.to_be_bytes());
+            body.extend_from_slice(payload);
+            self.send(0x30 | qos << 1 | u8::from(dup) << 3, &body);
+        }
+
+        pub fn subscribe(&mut self, filter: &str, qos: u8) {
+            let mut body = vec![0, 1];
+            body.extend(str(filter));
+            body.push(qos);
+            self.send(0x82, &body);
+            let (kind, ack) = self.read();
+            assert_eq!((kind, ack[2]), (0x90, qos), "SUBACK grants QoS {qos}");
+        }
+
+        pub fn disconnect(mut self) {
+            self.send(0xE0, &[]);
+            let mut rest = Vec::new();
+            let _ = self.0.read_to_end(&mut rest);
+        }
+    }
+}
+
+/// The QoS 1/2 packet state of a session survives SIGTERM: an unacknowledged outbound
+/// message comes back with DUP under its original packet id (MQTT-4.4.0-1), and an inbound
+/// QoS 2 message that got PUBREC but no PUBREL is not routed again when the client resends it
+/// (exactly once across the restart), then completes with PUBREL/PUBCOMP.
+#[test]
+fn qos_packet_state_survives_sigterm() {
+    use raw::Raw;
+    let mut b = Warren::fresh("pids");
+    let (mut w, _) = Raw::connect(b.mqtt(), "pids-watch", false);
+    w.subscribe("r/#", 1);
+    w.disconnect();
+    let (mut s, _) = Raw::connect(b.mqtt(), "pids-sub", false);
+    s.subscribe("q/#", 1);
+    let (mut p, _) = Raw::connect(b.mqtt(), "pids-pub", true);
+    // Three acknowledged deliveries first, so the one left unacknowledged has id 4, not the
+    // 1 a forgetful broker would give it again.
+    for (i, m) in ["a", "b", "c", "one"].iter().enumerate() {
+        p.publish("q/x", 1, i as u16 + 1, false, m.as_bytes());
+        assert_eq!(p.read().0, 0x40, "PUBACK");
+        let (_, _, pid, payload) = s.publish_in();
+        assert_eq!(payload, m.as_bytes());
+        if *m != "one" {
+            s.send(0x40, &pid.to_be_bytes());
+        } else {
+            assert_eq!(pid, 4);
+        }
+    }
+    // Inbound QoS 2: routed and PUBREC'd, never released before the restart.
+    s.publish("r/b", 2, 9, false, b"two");
+    let (kind, rec) = s.read();
+    assert_eq!((kind, &rec[..]), (0x50, &[0, 9][..]), "PUBREC 9");
+    s.disconnect();
+    p.disconnect();
+
+    b.restart(Restart::Term);
+    let (mut s, present) = Raw::connect(b.mqtt(), "pids-sub", false);
+    assert!(present);
+    let (flags, topic, pid, payload) = s.publish_in();
+    assert_eq!((topic.as_str(), &payload[..]), ("q/x", &b"one"[..]));
+    assert_eq!(pid, 4, "the original packet id");
+    assert_eq!(flags & 0x08, 0x08, "DUP");
+    s.send(0x40, &pid.to_be_bytes());
+    s.publish("r/b", 2, 9, true, b"two");
+    let (kind, rec) = s.read();
+    assert_eq!((kind, &rec[..]), (0x50, &[0, 9][..]), "PUBREC 9 again");
+    s.send(0x62, &[0, 9]);
+    let (kind, comp) = s.read();
+    assert_eq!((kind, &comp[..]), (0x70, &[0, 9][..]), "PUBCOMP 9");
+    s.publish("r/end", 1, 10, false, b"end");
+    assert_eq!(s.read().0, 0x40, "PUBACK");
+    s.disconnect();
+    let (mut w, present) = Raw::connect(b.mqtt(), "pids-watch", false);
+    assert!(present);
+    let got: Vec<Vec<u8>> = (0..2)
+        .map(|_| {
+            let (_, _, pid, payload) = w.publish_in();
+            w.send(0x40, &pid.to_be_bytes());
+            payload
+        })
+        .collect();
+    assert_eq!(got, [b"two".to_vec(), b"end".to_vec()], "QoS 2 routed once");
+    w.disconnect();
+}
