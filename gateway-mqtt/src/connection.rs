@@ -468,10 +468,19 @@ where
     // The core releases the session (requeueing unacked deliveries) before a new owner of the
     // client id, waiting on `takeover`, declares the same queue.
     let _ = tx.send(vec![(0, Op::ConnectionClose)]).await;
-    if let Some(r) = record {
+    // Taken over: the session goes on in the new connection, which cancels a delayed will
+    // (MQTT 5 3.1.3.2.2); it claimed the client id before this close, so the will must not
+    // even be scheduled.
+    let taken_over = takeover.is_some();
+    if let Some(mut r) = record {
+        if taken_over {
+            r.will = None;
+        }
         registry.store_session(client_id.clone(), r);
     }
-    if let Some((delay, will, user)) = session.take_delayed_will() {
+    if let Some((delay, will, user)) = session.take_delayed_will()
+        && !taken_over
+    {
         registry.delay_will(client_id.clone(), tx.conn());
         tokio::spawn(publish_delayed_will(
             DelayedWill {

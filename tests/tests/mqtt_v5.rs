@@ -486,3 +486,17 @@ async fn message_expiry_forwarded_with_the_remaining_interval() {
         .expect("expiry forwarded");
     assert!((1..=8).contains(&left), "2 s of 10 spent: {left}");
 }
+
+/// A takeover resumes the session in the new connection, so the first connection's delayed
+/// will is never published (MQTT 5 3.1.3.2.2: a new connection within the delay cancels it),
+/// even though the first connection closes after the new one claimed the client id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_cancels_a_delayed_will() {
+    let b = start().await;
+    let mut watcher = b.connect5("watcher").await;
+    watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
+    let (_first, _) = b.connect5_with(delayed_will_options(&b, "taken")).await;
+    let (_second, ack) = b.connect5_with(delayed_will_options(&b, "taken")).await;
+    assert!(ack.session_present);
+    watcher.no_publish(Duration::from_millis(2000)).await;
+}
