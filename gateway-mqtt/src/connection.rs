@@ -351,7 +351,15 @@ where
             .and_then(|r| r.map_err(Some)),
         Err(_) => Err(None),
     };
-    if let Err(e) = login {
+    let mut info = info;
+    let e = match login {
+        Ok(login) => {
+            info.permissions = login.permissions;
+            None
+        }
+        Err(e) => Some(e),
+    };
+    if let Some(e) = e {
         let code = match e {
             Some(
                 LoginError::LoopbackOnly(_)

@@ -23,6 +23,7 @@ use mqtt_proto::v5::{
 use mqtt_proto::{Pid, QoS, QosPid, TopicName};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
+use warren_core::access::{Perm, Permissions};
 use warren_core::command::{Bind, Consume, Op, QueueDeclare};
 use warren_core::effect::{Delivery, Effect, Reply};
 use warren_core::message::{FieldTable, Message};
@@ -281,6 +282,9 @@ pub struct ConnectInfo {
     pub client_receive_max: u16,
     pub client_max_packet: Option<u32>,
     pub client_topic_alias_max: u16,
+    /// The user's permissions in the vhost as of the login (set after it): a SUBSCRIBE the
+    /// user may not make is refused in the SUBACK.
+    pub permissions: Option<Arc<Permissions>>,
 }
 
 /// Checks a CONNECT: protocol level, client id rules, the user name (no credentials means
@@ -331,6 +335,7 @@ pub fn check_connect(
         client_receive_max: c.properties.receive_max.unwrap_or(u16::MAX).max(1),
         client_max_packet: c.properties.max_packet_size,
         client_topic_alias_max: c.properties.topic_alias_max.unwrap_or(0),
+        permissions: None,
     })
 }
 
@@ -486,6 +491,8 @@ pub struct Session {
     // Boxed, as `Rare`: most clients set none, and inline a will costs ~2x its size in every
     // idle session.
     will: Option<Box<Will>>,
+    /// The user's permissions as of the login (`None`: not known; the core still checks).
+    permissions: Option<Arc<Permissions>>,
     /// Set once a subscription asks for no-local: this session's publishes then carry its
     /// client id, so its own deliveries can be recognised.
     stamp_publisher: bool,
@@ -542,6 +549,7 @@ impl Session {
                 })
             }),
             stamp_publisher: false,
+            permissions: info.permissions.clone(),
             delivered: 0,
             disconnected: false,
             paused: false,
@@ -1039,6 +1047,19 @@ impl Session {
         }
     }
 
+    /// Whether the user may subscribe through `queue`: declare it (configure), bind it (write)
+    /// to `amq.topic` (read), as the core checks them. Answered in the SUBACK (0x80 in 3.1.1,
+    /// 0x87 in MQTT 5) rather than by the core's 403, which would close the connection after
+    /// a granted SUBACK. Permissions are those of the login (RabbitMQ's MQTT plugin caches
+    /// them per connection too); the core still checks every operation.
+    fn may_subscribe(&self, queue: &str) -> bool {
+        self.permissions.as_ref().is_none_or(|p| {
+            p.allows(Perm::Read, EXCHANGE)
+                && p.allows(Perm::Configure, queue)
+                && p.allows(Perm::Write, queue)
+        })
+    }
+
     /// Handles a SUBSCRIBE (filters `mqtt-proto` found invalid arrive as `None`).
     pub fn on_subscribe(&mut self, now: u64, s: codec::Subscribe, registry: &Registry) {
         let sub_id = s.subscription_id;
@@ -1056,6 +1077,10 @@ impl Session {
                     let queue = shared_queue(group, plain);
                     if queue.len() > 255 {
                         codes.push(SubscribeReasonCode::QuotaExceeded);
+                        continue;
+                    }
+                    if !self.may_subscribe(&queue) {
+                        codes.push(SubscribeReasonCode::NotAuthorized);
                         continue;
                     }
                     let key: Arc<str> = Arc::from(&*filter);
@@ -1079,6 +1104,10 @@ impl Session {
                     continue;
                 }
             };
+            if !self.may_subscribe(&self.queue()) {
+                codes.push(SubscribeReasonCode::NotAuthorized);
+                continue;
+            }
             self.ensure_queue();
             let key: Arc<str> = Arc::from(plain);
             let existed = self
