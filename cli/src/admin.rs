@@ -8,7 +8,6 @@
 //! <- {"ok": false, "error": "NOT_FOUND - no queue 'x' in vhost '/'"}
 //! ```
 
-use crate::json;
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -17,6 +16,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use warren_core::command::Op;
 use warren_core::effect::Reply;
+use warren_management::definitions as json;
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 
 /// Longest request accepted (an imported definitions file travels in one line).
@@ -115,12 +115,8 @@ async fn done(broker: &BrokerHandle, request: AdminRequest) -> anyhow::Result<Va
 
 /// A password hash as RabbitMQ makes it, with a fresh random salt.
 fn hash_password(password: &str) -> anyhow::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut salt = [0u8; 4];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut salt))
-        .context("cannot read /dev/urandom for a password salt")?;
-    Ok(warren_core::access::hash_password(salt, password))
+    warren_management::hash_password(password)
+        .context("cannot read /dev/urandom for a password salt")
 }
 
 fn tags(args: &Value) -> Vec<String> {
