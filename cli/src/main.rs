@@ -263,7 +263,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
-    tokio::spawn(admin::serve(admin, broker.clone(), stopped.clone()));
     let mut servers = Vec::new();
     let mut gauges = Vec::new();
     let (mut amqp_bound, mut mqtt_bound) = (None, None);
@@ -337,6 +336,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let data_dir = (!args.in_memory).then(|| args.data_dir.clone());
     let node = warren_management::NodeInfo::local(listeners, data_dir);
     let management = warren_management::Management::new(broker.clone(), node, gauges);
+    tokio::spawn(admin::serve(
+        admin,
+        broker.clone(),
+        management.clone(),
+        stopped.clone(),
+    ));
     if let Some(listener) = management_listener {
         let bound = listener.local_addr()?;
         servers.push((

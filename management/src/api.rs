@@ -908,7 +908,7 @@ pub(crate) fn disk_free(dir: &std::path::Path) -> Option<u64> {
 }
 
 impl Management {
-    async fn node_json(&self) -> ApiResult<Value> {
+    pub(crate) async fn node_json(&self) -> ApiResult<Value> {
         let memory = match self.ask(AdminRequest::MemoryStatus).await? {
             AdminResponse::Memory(m) => m,
             other => return Err(unexpected(other)),

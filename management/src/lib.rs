@@ -92,6 +92,12 @@ impl Management {
     fn uptime_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
+
+    /// The node's status (`warren ctl status`, `/api/nodes`): version, uptime, listeners,
+    /// memory and its alarm, free disk.
+    pub async fn status(&self) -> Result<serde_json::Value, Stopped> {
+        self.node_json().await.map_err(|_| Stopped)
+    }
 }
 
 /// A password hash as RabbitMQ makes it (salted SHA-256), with a fresh random salt.
