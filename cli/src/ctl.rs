@@ -289,7 +289,9 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::Status => ("status", json!({})),
         Verb::Ping => ("ping", json!({})),
         Verb::SetVmMemoryHighWatermark { value, bytes } => match (value.as_str(), bytes) {
-            ("absolute", Some(bytes)) => ("set_vm_memory_high_watermark", json!({"absolute": bytes})),
+            ("absolute", Some(bytes)) => {
+                ("set_vm_memory_high_watermark", json!({"absolute": bytes}))
+            }
             ("absolute", None) => bail!("set-vm-memory-high-watermark absolute takes BYTES"),
             (fraction, _) => {
                 let f: f64 = fraction.parse().with_context(|| {
@@ -510,7 +512,11 @@ fn status_text(s: &Value) -> String {
         (s["uptime"].as_u64().unwrap_or(0) / 1000).to_string(),
     );
     line(&mut out, "Memory used (bytes)", cell(s.get("mem_used")));
-    line(&mut out, "Message bytes held", cell(s.get("message_bytes_held")));
+    line(
+        &mut out,
+        "Message bytes held",
+        cell(s.get("message_bytes_held")),
+    );
     line(&mut out, "Memory alarm at", cell(s.get("mem_limit")));
     line(
         &mut out,

@@ -14,12 +14,23 @@ pub struct Served {
     pub amqp: u16,
     /// `None` when started without MQTT.
     pub mqtt: Option<u16>,
+    /// The HTTP API's port, when `args` asked for it (`--management 127.0.0.1:0`).
+    pub management: Option<u16>,
+    /// The Prometheus port, when `args` asked for it.
+    pub prometheus: Option<u16>,
 }
 
 /// Starts `warren serve` on `dir` with AMQP (and, if `mqtt`, MQTT) on free loopback
-/// ports, plus `args`; waits until it logs them.
+/// ports, plus `args`; waits until it logs them. The HTTP API and Prometheus listeners
+/// are off unless `args` name them (their default ports would collide between tests).
 pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
     let mqtt_addr = if mqtt { "127.0.0.1:0" } else { "none" };
+    let mut off = Vec::new();
+    for flag in ["--management", "--prometheus"] {
+        if !args.contains(&flag) {
+            off.extend([flag, "none"]);
+        }
+    }
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -30,6 +41,7 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
             "--data-dir",
         ])
         .arg(dir)
+        .args(&off)
         .args(args)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -42,20 +54,32 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                let _ = tx.send((rest.contains("(MQTT"), port.parse::<u16>().ok()));
+                let kind = ["(AMQP", "(MQTT", "(HTTP", "(Prometheus"]
+                    .iter()
+                    .position(|k| rest.contains(k));
+                let _ = tx.send((kind, port.parse::<u16>().ok()));
             }
         }
     });
-    let (mut amqp, mut mqtt_port) = (None, None);
-    while amqp.is_none() || (mqtt && mqtt_port.is_none()) {
-        let (is_mqtt, p) = rx
+    let wants = |flag: &str| args.contains(&flag);
+    let mut ports: [Option<u16>; 4] = [None; 4];
+    while ports[0].is_none()
+        || (mqtt && ports[1].is_none())
+        || (wants("--management") && ports[2].is_none())
+        || (wants("--prometheus") && ports[3].is_none())
+    {
+        let (kind, p) = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("warren serve logs its ports within 20 s");
-        *(if is_mqtt { &mut mqtt_port } else { &mut amqp }) = p;
+        if let Some(k) = kind {
+            ports[k] = p;
+        }
     }
     Served {
         child,
-        amqp: amqp.expect("AMQP port"),
-        mqtt: mqtt_port,
+        amqp: ports[0].expect("AMQP port"),
+        mqtt: ports[1],
+        management: ports[2],
+        prometheus: ports[3],
     }
 }
