@@ -18,6 +18,27 @@ pub struct Served {
     pub management: Option<u16>,
     /// The Prometheus port, when `args` asked for it.
     pub prometheus: Option<u16>,
+    /// Every line the broker logged so far (tests look for their log lines here).
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Served {
+    /// Whether a logged line contains every one of `parts`, waiting up to 5 s for it.
+    pub fn logged(&self, parts: &[&str]) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = self
+                .log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .any(|l| parts.iter().all(|p| l.contains(p)));
+            if found || std::time::Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// Starts `warren serve` on `dir` with AMQP (and, if `mqtt`, MQTT) on free loopback
@@ -50,8 +71,14 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
         .expect("start warren serve");
     let stdout = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lines = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            lines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(line.clone());
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
                 let kind = ["(AMQP", "(MQTT", "(HTTP", "(Prometheus"]
@@ -81,5 +108,6 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
         mqtt: ports[1],
         management: ports[2],
         prometheus: ports[3],
+        log,
     }
 }
