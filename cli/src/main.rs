@@ -197,12 +197,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let prometheus =
         parse_listen("prometheus", &args.prometheus).map_err(|e| ConfigError(format!("{e:#}")))?;
     let memory_high_watermark = watermark_bytes(args.memory_high_watermark)?;
-    std::fs::create_dir_all(&args.data_dir).map_err(|e| {
-        ConfigError(format!(
-            "cannot create data dir {}: {e}; pass --data-dir DIR with a writable path",
-            args.data_dir.display()
-        ))
-    })?;
+    let _lock = open_data_dir(&args.data_dir)?;
     if amqp.is_none() && mqtt.is_none() {
         return Err(ConfigError("nothing to serve: --amqp none and --mqtt none".into()).into());
     }
@@ -222,7 +217,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => Some(bind(addr, "prometheus", "RabbitMQ's prometheus plugin").await?),
         None => None,
     };
+    let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
     let config = warren_core::BrokerConfig {
+        seed,
         memory_high_watermark,
         ..warren_core::BrokerConfig::default()
     };
@@ -374,6 +371,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("{name} listener task failed"))??;
     }
+    // Everything acked, purged or deleted is made durable before the process ends, so a
+    // restart after a clean stop redelivers nothing that was acked.
+    tracing::info!("syncing the store");
+    broker.stop().await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -398,6 +399,50 @@ fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_ma
         help: "MQTT retained messages held",
         value: Box::new(move || r.retained().len() as u64),
     });
+}
+
+/// Prepares the data directory before anything reads or writes it: the process creates
+/// everything owner-only from here on (umask 077: directories 0700, files and the admin
+/// socket 0600 from their creation, as RabbitMQ keeps its mnesia directory closed), and
+/// only one broker may use the directory (`warren_store::lock`), so a second one exits
+/// with code 2 before it touches anything.
+fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::DirLock> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            ConfigError(format!(
+                "cannot create data dir {}: {e}; pass --data-dir DIR with a writable path",
+                dir.display()
+            ))
+        })?;
+    let lock = warren_store::lock::DirLock::acquire(dir).map_err(|e| {
+        ConfigError(format!(
+            "{e}; stop it first or pass another --data-dir (nothing in {} was touched)",
+            dir.display()
+        ))
+    })?;
+    // A directory made by an older version (or by hand) readable by others: its files hold
+    // message bodies and password hashes.
+    if let Ok(meta) = std::fs::metadata(dir)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+            Ok(()) => {
+                tracing::info!(data_dir = %dir.display(), "data dir restricted to its owner (0700)")
+            }
+            Err(e) => {
+                tracing::warn!(data_dir = %dir.display(), error = %e, "cannot restrict the data dir to its owner")
+            }
+        }
+    }
+    Ok(lock)
 }
 
 /// The MQTT session registry, with the retained messages stored under the data dir and a

@@ -241,8 +241,10 @@ async fn queues_show_counts_consumers_rates_pages_and_columns() {
     assert_eq!(q1["type"], "classic");
     assert!(q1["message_stats"]["publish_details"]["rate"].is_number());
 
-    // Rates: publish more a second later and the rate is positive.
-    std::thread::sleep(Duration::from_millis(1100));
+    // Rates: sampled before and more than a second after 10 publishes, the rate is
+    // positive.
+    let before = call(port, "GET", "/api/queues/%2F/q2", None).json();
+    assert_eq!(before["message_stats"]["publish"], 0);
     for _ in 0..10 {
         ch.basic_publish(
             "".into(),
@@ -254,7 +256,6 @@ async fn queues_show_counts_consumers_rates_pages_and_columns() {
         .await
         .unwrap();
     }
-    let _ = call(port, "GET", "/api/queues/%2F/q2", None);
     std::thread::sleep(Duration::from_millis(1100));
     let q2 = eventually("a publish rate", || {
         let q = call(port, "GET", "/api/queues/%2F/q2", None).json();

@@ -12,6 +12,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use warren_core::error::ErrorCode;
+use warren_core::escape::Escaped;
 use warren_core::message::FieldValue;
 
 /// What the handshake settled.
@@ -54,6 +55,8 @@ fn server_properties() -> FieldTable {
         "authentication_failure_close",
         "per_consumer_qos",
         "connection.blocked",
+        "consumer_priorities",
+        "direct_reply_to",
     ] {
         caps.insert(ShortString::from(cap), AMQPValue::Boolean(true));
     }
@@ -217,7 +220,7 @@ where
         .await
         .map_err(|_| std::io::Error::other("broker stopped"))?;
     if let Err(e) = login {
-        tracing::warn!(peer = %peer.addr, user = %credentials.user, "login refused: {e}");
+        tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "login refused: {}", Escaped(&e.to_string()));
         return Err(refuse(
             wr,
             ErrorCode::AccessRefused,
@@ -313,7 +316,7 @@ where
         .await
         .map_err(|_| std::io::Error::other("broker stopped"))?;
     if let Err(e) = access {
-        tracing::warn!(peer = %peer.addr, user = %credentials.user, "connection.open refused: {e}");
+        tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "connection.open refused: {}", Escaped(&e.to_string()));
         return Err(refuse(
             wr,
             ErrorCode::NotAllowed,

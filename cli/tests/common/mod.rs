@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_warren");
@@ -19,7 +20,7 @@ pub struct Served {
     /// The Prometheus port, when `args` asked for it.
     pub prometheus: Option<u16>,
     /// Every line the broker logged so far (tests look for their log lines here).
-    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Served {
@@ -45,6 +46,11 @@ impl Served {
 /// ports, plus `args`; waits until it logs them. The HTTP API and Prometheus listeners
 /// are off unless `args` name them (their default ports would collide between tests).
 pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
+    serve_logging(dir, mqtt, args, "info")
+}
+
+/// `serve`, logging at `level` (`RUST_LOG`).
+pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Served {
     let mqtt_addr = if mqtt { "127.0.0.1:0" } else { "none" };
     let mut off = Vec::new();
     for flag in ["--management", "--prometheus"] {
@@ -64,21 +70,20 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
         .arg(dir)
         .args(&off)
         .args(args)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", level)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("start warren serve");
     let stdout = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let lines = log.clone();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            lines
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(line.clone());
+            if let Ok(mut kept) = kept.lock() {
+                kept.push(line.clone());
+            }
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
                 let kind = ["(AMQP", "(MQTT", "(HTTP", "(Prometheus"]
