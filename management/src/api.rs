@@ -105,6 +105,7 @@ pub(crate) fn router(m: Shared) -> Router {
         .route("/api/consumers/{vhost}", get(consumers_in))
         .route("/api/definitions", get(definitions).post(import))
         .route("/api/health/checks/alarms", get(alarms))
+        .route("/api/health/checks/local-alarms", get(alarms))
         .route("/api/aliveness-test/{vhost}", get(aliveness))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(m.clone(), authenticate))
