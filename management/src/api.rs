@@ -2119,7 +2119,7 @@ async fn post_binding(
         .unwrap_or("")
         .to_string();
     let args = arguments(&o)?;
-    let location = format!("{}", properties_key(&routing_key, &args));
+    let location = properties_key(&routing_key, &args);
     let bind = Bind {
         destination,
         source,
