@@ -492,6 +492,9 @@ async fn declare_publish_get_purge_and_delete_through_the_api() {
     assert_eq!(call_as(port, ops, "GET", "/api/users", None).status, 401);
     let policies = call(port, "GET", "/api/policies/dev", None).json();
     assert_eq!(policies[0]["definition"], json!({"message-ttl": 60000}));
+    let q = call(port, "GET", "/api/queues/dev/ops-q", None).json();
+    assert_eq!(q["policy"], "ttl");
+    assert_eq!(q["effective_policy_definition"], json!({"message-ttl": 60000}));
     assert_eq!(
         call(port, "DELETE", "/api/policies/dev/ttl", None).status,
         204

@@ -636,9 +636,35 @@ impl Management {
             "messages_unacknowledged_details": details(r.unacked),
             "messages_paged_out": q.paged_out, "messages_ram": ready - q.paged_out.min(ready),
             "message_bytes_ram": q.memory,
-            "exclusive_consumer_tag": Value::Null, "policy": Value::Null,
+            "exclusive_consumer_tag": Value::Null, "policy": q.policy,
+            "effective_policy_definition": Value::Null, "operator_policy": Value::Null,
+            "single_active_consumer_tag": Value::Null, "head_message_timestamp": Value::Null,
+            "consumer_utilisation": Value::Null,
+            "messages_ready_ram": ready - q.paged_out.min(ready),
+            "messages_unacknowledged_ram": unacked,
             "message_stats": message_stats(&q.stats, &r),
         })
+    }
+
+    /// Queues as JSON, with each policy's definition (`effective_policy_definition`).
+    async fn queues_json(&self, queues: &[QueueInfo]) -> ApiResult<Vec<Value>> {
+        let policies = match self.ask(AdminRequest::ListPolicies).await? {
+            AdminResponse::Policies(p) => p,
+            other => return Err(unexpected(other)),
+        };
+        Ok(queues
+            .iter()
+            .map(|q| {
+                let mut v = self.queue_json(q);
+                if let Some(p) = policies
+                    .iter()
+                    .find(|p| p.vhost == q.vhost && Some(&p.name) == q.policy.as_ref())
+                {
+                    v["effective_policy_definition"] = defs::table(&p.definition);
+                }
+                v
+            })
+            .collect())
     }
 
     fn meta(&self) -> HashMap<u64, Arc<ConnMeta>> {
@@ -700,6 +726,10 @@ impl Management {
             "channels": c.channels, "channel_max": 2047,
             "frame_max": meta.map_or(0, |m| m.frame_max), "timeout": meta.map_or(0, |m| m.heartbeat),
             "connected_at": meta.map_or(0, |m| m.connected_at),
+            "user_provided_name": meta
+                .and_then(|m| m.client_properties.as_deref())
+                .and_then(|p| p.get("connection_name"))
+                .map(defs::value),
             "client_properties": client_properties,
             "client_id": meta.and_then(|m| m.client_id.as_deref()),
             "consumers": c.consumers,
@@ -1073,6 +1103,10 @@ async fn vhosts(
             let r = m.rate(format!("v\0{}", v.name), s, (ready, unacked));
             json!({
                 "name": v.name, "description": v.description, "tags": [],
+                "default_queue_type": "classic",
+                "messages_details": details(r.ready + r.unacked),
+                "messages_ready_details": details(r.ready),
+                "messages_unacknowledged_details": details(r.unacked),
                 "metadata": {"description": v.description, "tags": []},
                 "tracing": false, "cluster_state": {m.node.name.clone(): "running"},
                 "messages": ready + unacked, "messages_ready": ready,
@@ -1751,12 +1785,13 @@ fn properties_json(p: &warren_core::message::Properties) -> Value {
 
 async fn visible_queues(m: &Management, caller: &Caller) -> ApiResult<Vec<Value>> {
     let visible = m.visible(caller).await?;
-    Ok(m.queue_list()
+    let queues: Vec<QueueInfo> = m
+        .queue_list()
         .await?
-        .iter()
+        .into_iter()
         .filter(|q| visible.sees(&q.vhost))
-        .map(|q| m.queue_json(q))
-        .collect())
+        .collect();
+    m.queues_json(&queues).await
 }
 
 async fn queues(

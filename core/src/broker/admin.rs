@@ -33,6 +33,8 @@ pub struct QueueInfo {
     pub paged_out: u64,
     /// Enqueued, delivered, acked (counts since the queue was created).
     pub stats: MessageStats,
+    /// The policy that applies to it, if any.
+    pub policy: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -131,6 +133,10 @@ impl Broker {
                 memory: q.messages.bytes(),
                 paged_out: q.messages.paged().count,
                 stats: q.stats,
+                policy: self
+                    .topo
+                    .policy(q.vhost, &q.name, true)
+                    .map(|p| p.def.name.clone()),
             })
             .collect();
         out.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
