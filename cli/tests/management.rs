@@ -494,7 +494,10 @@ async fn declare_publish_get_purge_and_delete_through_the_api() {
     assert_eq!(policies[0]["definition"], json!({"message-ttl": 60000}));
     let q = call(port, "GET", "/api/queues/dev/ops-q", None).json();
     assert_eq!(q["policy"], "ttl");
-    assert_eq!(q["effective_policy_definition"], json!({"message-ttl": 60000}));
+    assert_eq!(
+        q["effective_policy_definition"],
+        json!({"message-ttl": 60000})
+    );
     assert_eq!(
         call(port, "DELETE", "/api/policies/dev/ttl", None).status,
         204
@@ -843,5 +846,121 @@ async fn prometheus_metrics_count_messages_and_pass_promtool() {
         "promtool check metrics: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Kills a started process when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prometheus_server_scrapes_the_metrics() {
+    use lapin::options::*;
+    if std::process::Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus is not installed (apt-get install prometheus)"
+        );
+        eprintln!("prometheus not installed: skipping");
+        return;
+    }
+    let b = start("scrape");
+    let c = amqp(b.served.amqp, "scraped").await;
+    let ch = c.create_channel().await.unwrap();
+    ch.queue_declare(
+        "scraped".into(),
+        QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        ch.basic_publish(
+            "".into(),
+            "scraped".into(),
+            BasicPublishOptions::default(),
+            b"x",
+            Default::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let target = b.served.prometheus.expect("Prometheus port");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = b.dir.join("prometheus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: warren\n    \
+             static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+        ),
+    )
+    .unwrap();
+    let _server = Killed(
+        std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start prometheus"),
+    );
+    // The server scraped the target and stored the queue's depth under its labels.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| {
+                raw(
+                    port,
+                    "GET",
+                    "/api/v1/query?query=rabbitmq_queue_messages_ready%7Bqueue%3D%22scraped%22%7D",
+                    &[],
+                    b"",
+                )
+            });
+        if let Some(a) = answer.filter(|a| a.status == 200) {
+            let v = a.json();
+            if let Some(sample) = v["data"]["result"].get(0) {
+                assert_eq!(sample["metric"]["vhost"], "/");
+                assert_eq!(sample["metric"]["job"], "warren");
+                assert_eq!(sample["value"][1], "3", "{v}");
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus did not scrape the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let up = raw(port, "GET", "/api/v1/query?query=up", &[], b"").json();
+    assert_eq!(
+        up["data"]["result"][0]["value"][1], "1",
+        "the target is up: {up}"
     );
 }
