@@ -5,7 +5,6 @@ mod admin;
 mod alloc;
 mod bench;
 mod ctl;
-mod json;
 
 /// Counts live heap bytes when `warren bench conns --socketless` turns it on.
 #[global_allocator]
@@ -85,6 +84,12 @@ struct ServeArgs {
     /// small machine one shard is faster (docs/benchmarks.md, "Shards").
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     shards: u32,
+    /// HTTP management API listen address (RabbitMQ's /api, basic auth), or `none`.
+    #[arg(long, default_value = "127.0.0.1:15672")]
+    management: String,
+    /// Prometheus metrics listen address (`/metrics`), or `none`.
+    #[arg(long, default_value = "127.0.0.1:15692")]
+    prometheus: String,
 }
 
 /// Total RAM in bytes, from /proc/meminfo.
@@ -187,6 +192,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let signals = Signals::watch()?;
     let amqp = parse_listen("amqp", &args.amqp).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mqtt = parse_listen("mqtt", &args.mqtt).map_err(|e| ConfigError(format!("{e:#}")))?;
+    let management =
+        parse_listen("management", &args.management).map_err(|e| ConfigError(format!("{e:#}")))?;
+    let prometheus =
+        parse_listen("prometheus", &args.prometheus).map_err(|e| ConfigError(format!("{e:#}")))?;
     let memory_high_watermark = watermark_bytes(args.memory_high_watermark)?;
     let _lock = open_data_dir(&args.data_dir)?;
     if amqp.is_none() && mqtt.is_none() {
@@ -198,6 +207,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mqtt_listener = match mqtt {
         Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
+        None => None,
+    };
+    let management_listener = match management {
+        Some(addr) => Some(bind(addr, "management", "RabbitMQ's management plugin").await?),
+        None => None,
+    };
+    let prometheus_listener = match prometheus {
+        Some(addr) => Some(bind(addr, "prometheus", "RabbitMQ's prometheus plugin").await?),
         None => None,
     };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
@@ -243,11 +260,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
-    tokio::spawn(admin::serve(admin, broker.clone(), stopped.clone()));
     let mut servers = Vec::new();
     let mut mqtt_writer = None;
+    let mut gauges = Vec::new();
+    let (mut amqp_bound, mut mqtt_bound) = (None, None);
     if let Some(listener) = amqp_listener {
         let bound = listener.local_addr()?;
+        amqp_bound = Some(bound);
         let config = Arc::new(warren_amqp::AmqpConfig::default());
         servers.push((
             "AMQP",
@@ -262,6 +281,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(listener) = mqtt_listener {
         let bound = listener.local_addr()?;
+        mqtt_bound = Some(bound);
         let config = Arc::new(warren_mqtt::MqttConfig::default());
         // Bounded offline queues for persistent sessions, as a policy operators can see.
         match broker
@@ -273,25 +293,80 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
-        let registry = match definitions_db {
+        let registry = Arc::new(match definitions_db {
             Some(db) => {
                 let (registry, writer) = mqtt_registry(db, &config.vhost)?;
                 mqtt_writer = Some(writer);
                 registry
             }
             None => warren_mqtt::Registry::new(),
-        };
+        });
+        mqtt_gauges(&registry, &mut gauges);
         servers.push((
             "MQTT",
             tokio::spawn(warren_mqtt::serve_with(
                 listener,
                 broker.clone(),
-                Arc::new(registry),
+                registry,
                 config,
                 stopped.clone(),
             )),
         ));
         tracing::info!("listening on {bound} (MQTT 3.1, 3.1.1, 5.0)");
+    }
+    let mut listeners = Vec::new();
+    for (protocol, listener) in [
+        ("amqp", amqp_bound),
+        ("mqtt", mqtt_bound),
+        (
+            "http",
+            management_listener
+                .as_ref()
+                .and_then(|l| l.local_addr().ok()),
+        ),
+        (
+            "http/prometheus",
+            prometheus_listener
+                .as_ref()
+                .and_then(|l| l.local_addr().ok()),
+        ),
+    ] {
+        if let Some(addr) = listener {
+            listeners.push(warren_management::Listener { protocol, addr });
+        }
+    }
+    let data_dir = (!args.in_memory).then(|| args.data_dir.clone());
+    let node = warren_management::NodeInfo::local(listeners, data_dir);
+    let management = warren_management::Management::new(broker.clone(), node, gauges);
+    tokio::spawn(admin::serve(
+        admin,
+        broker.clone(),
+        management.clone(),
+        stopped.clone(),
+    ));
+    if let Some(listener) = management_listener {
+        let bound = listener.local_addr()?;
+        servers.push((
+            "HTTP API",
+            tokio::spawn(warren_management::serve_api(
+                listener,
+                management.clone(),
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!("listening on {bound} (HTTP management API)");
+    }
+    if let Some(listener) = prometheus_listener {
+        let bound = listener.local_addr()?;
+        servers.push((
+            "Prometheus",
+            tokio::spawn(warren_management::serve_metrics(
+                listener,
+                management,
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!("listening on {bound} (Prometheus metrics)");
     }
     signals.wait().await;
     tracing::info!("shutting down: closing connections");
@@ -318,6 +393,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     broker.stop().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// MQTT gauges for Prometheus: connected clients, stored sessions, retained messages.
+fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_management::Gauge>) {
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_clients",
+        help: "MQTT clients connected (with a claimed client id)",
+        value: Box::new(move || r.clients() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_stored_sessions",
+        help: "Persistent MQTT sessions kept for clients not connected",
+        value: Box::new(move || r.stored_sessions() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_retained_messages",
+        help: "MQTT retained messages held",
+        value: Box::new(move || r.retained().len() as u64),
+    });
 }
 
 /// Prepares the data directory before anything reads or writes it: the process creates

@@ -379,6 +379,21 @@ where
     }
     drop(connect);
     let link = broker.connect();
+    link.tx.describe(warren_runtime::ConnMeta {
+        // CONNECT's protocol level: 3 = 3.1, 4 = 3.1.1, 5 = 5.0.
+        protocol: match level {
+            5 => "MQTT 5-0",
+            4 => "MQTT 3.1.1",
+            _ => "MQTT 3.1",
+        },
+        peer: peer.addr.as_str().into(),
+        tls: false,
+        client_properties: None,
+        client_id: Some(info.client_id.as_ref().into()),
+        heartbeat: info.keep_alive_s,
+        frame_max: 0,
+        connected_at: warren_runtime::unix_ms(),
+    });
     let client_id = info.client_id.clone();
     let (kick_tx, kick_rx) = oneshot::channel();
     if let Some(prev) = registry.claim(&client_id, link.id, kick_tx) {

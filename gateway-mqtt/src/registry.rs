@@ -263,4 +263,9 @@ impl Registry {
     pub fn clients(&self) -> usize {
         lock(&self.owners).len()
     }
+
+    /// Persistent sessions kept for clients that are not connected.
+    pub fn stored_sessions(&self) -> usize {
+        lock(&self.sessions).map.len()
+    }
 }

@@ -375,6 +375,16 @@ fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse 
             Done(broker.clear_permissions(now, &vhost, &user))
         }
         AdminRequest::ListPermissions => AdminResponse::Permissions(broker.list_permissions()),
+        AdminRequest::ListChannels => AdminResponse::Channels(broker.list_channels()),
+        AdminRequest::VhostStats => AdminResponse::VhostStats(broker.vhost_stats()),
+        AdminRequest::MemoryStatus => AdminResponse::Memory(broker.memory_status()),
+        AdminRequest::SetMemoryWatermark(bytes) => {
+            broker.set_memory_high_watermark(now, bytes);
+            Done(Ok(()))
+        }
+        AdminRequest::CloseConnection { conn, reason } => {
+            AdminResponse::Closed(broker.close_connection(conn, &reason))
+        }
     }
 }
 

@@ -134,6 +134,8 @@ pub struct Broker {
     lost_in_flight: u64,
     /// Messages routed to a queue that was deleted before they reached it.
     routed_to_deleted: u64,
+    /// The message counts of closed connections, per vhost (operators' totals never fall).
+    closed_stats: std::collections::BTreeMap<VhostId, crate::stats::MessageStats>,
     /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
     /// queue was deleted: they went with it.
     requeued_to_deleted: u64,
@@ -267,6 +269,7 @@ impl Broker {
             mail_scheduled: false,
             holds: IdMap::default(),
             tx_sync_waiters: VecDeque::new(),
+            closed_stats: std::collections::BTreeMap::new(),
             awaiting: 0,
             next_channel_serial: 0,
             lost_in_flight: 0,

@@ -499,7 +499,15 @@ impl Broker {
                 let err = out.try_clone().map_err(|e| e.to_string())?;
                 let mut c = Command::new(&*bin)
                     .args(["serve", "--amqp", &format!("127.0.0.1:{port}")])
-                    .args(["--mqtt", "none", "--data-dir"])
+                    .args([
+                        "--mqtt",
+                        "none",
+                        "--management",
+                        "none",
+                        "--prometheus",
+                        "none",
+                    ])
+                    .arg("--data-dir")
                     .arg(&*data_dir)
                     .args(
                         std::env::var("CRASH_SERVE_ARGS")
