@@ -261,6 +261,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mut servers = Vec::new();
+    let mut mqtt_writer = None;
     let mut gauges = Vec::new();
     let (mut amqp_bound, mut mqtt_bound) = (None, None);
     if let Some(listener) = amqp_listener {
@@ -293,7 +294,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
         let registry = Arc::new(match definitions_db {
-            Some(db) => mqtt_registry(db)?,
+            Some(db) => {
+                let (registry, writer) = mqtt_registry(db, &config.vhost)?;
+                mqtt_writer = Some(writer);
+                registry
+            }
             None => warren_mqtt::Registry::new(),
         });
         mqtt_gauges(&registry, &mut gauges);
@@ -371,6 +376,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("{name} listener task failed"))??;
     }
+    if let Some(writer) = mqtt_writer {
+        // The sessions the shutdown closed are stored before the process exits, so they
+        // resume (and their expiry counts from now) after the restart.
+        let flushed =
+            tokio::task::spawn_blocking(move || writer.flush(std::time::Duration::from_secs(10)))
+                .await
+                .unwrap_or(false);
+        if !flushed {
+            tracing::warn!("MQTT sessions not all stored at shutdown");
+        }
+    }
     // Everything acked, purged or deleted is made durable before the process ends, so a
     // restart after a clean stop redelivers nothing that was acked.
     tracing::info!("syncing the store");
@@ -445,11 +461,12 @@ fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::Di
     Ok(lock)
 }
 
-/// The MQTT session registry, with the retained messages stored under the data dir and a
-/// writer that stores every later change.
+/// The MQTT session registry, with the retained messages and sessions stored under the data
+/// dir and a writer that stores every later change.
 fn mqtt_registry(
     defs: warren_store::definitions::DefinitionStore,
-) -> anyhow::Result<warren_mqtt::Registry> {
+    vhost: &str,
+) -> anyhow::Result<(warren_mqtt::Registry, warren_store::retained::MqttWriter)> {
     let mut retained = warren_core::mqtt::RetainedStore::new();
     let stored = defs
         .load_retained()
@@ -461,12 +478,35 @@ fn mqtt_registry(
     if count > 0 {
         tracing::info!(count, "restored MQTT retained messages");
     }
-    let writer = warren_store::retained::RetainedWriter::start(defs)
-        .context("cannot start the retained-message writer")?;
-    Ok(warren_mqtt::Registry::with_retained(
+    let now = warren_mqtt::connection::now_ms();
+    let sessions: Vec<_> = defs
+        .load_mqtt_sessions()
+        .context("cannot read the stored MQTT sessions")?
+        .into_iter()
+        .filter(|(v, _, _)| v == vhost)
+        .map(|(_, id, s)| {
+            (
+                std::sync::Arc::from(id),
+                warren_mqtt::session::SessionRecord::from_stored(s, now),
+            )
+        })
+        .collect();
+    if !sessions.is_empty() {
+        tracing::info!(count = sessions.len(), "restored MQTT sessions");
+    }
+    let writer = warren_store::retained::MqttWriter::start(defs)
+        .context("cannot start the MQTT state writer")?;
+    let (retained_writer, session_writer) = (writer.clone(), writer.clone());
+    let session_vhost = vhost.to_string();
+    let registry = warren_mqtt::Registry::with_retained(
         retained,
-        Box::new(move |vhost, m| writer.set(vhost, m)),
-    ))
+        Box::new(move |vhost, m| retained_writer.set(vhost, m)),
+    )
+    .with_sessions(
+        sessions,
+        Box::new(move |client_id, s| session_writer.set_session(&session_vhost, client_id, s)),
+    );
+    Ok((registry, writer))
 }
 
 /// Binds a listener for `--{flag}`, with a hint when the address is taken.
