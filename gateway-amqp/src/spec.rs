@@ -170,7 +170,7 @@ fn first_bad_string(spec: &Method, mut args: &[u8]) -> Option<&'static str> {
     for kind in spec.args.bytes() {
         // Consecutive bits share one octet, up to eight.
         if kind == b'b' {
-            if bits % 8 == 0 {
+            if bits.is_multiple_of(8) {
                 args = args.get(1..)?;
             }
             bits += 1;

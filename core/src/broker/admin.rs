@@ -9,6 +9,7 @@ use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
 use crate::ids::{ChannelRef, ConnId, Destination};
 use crate::message::FieldTable;
+use crate::stats::MessageStats;
 use crate::store::Definitions;
 
 /// What an import did: how many definitions of each kind it imported, and what it could
@@ -44,6 +45,10 @@ pub struct QueueInfo {
     pub memory: u64,
     /// Ready messages only on disk.
     pub paged_out: u64,
+    /// Enqueued, delivered, acked (counts since the queue was created).
+    pub stats: MessageStats,
+    /// The policy that applies to it, if any.
+    pub policy: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -78,6 +83,35 @@ pub struct ConnectionInfo {
     pub in_flight: u32,
     /// Queues pausing it (flow control).
     pub paused_by: usize,
+    /// Published, delivered, acked over its life (its channels', open and closed).
+    pub stats: MessageStats,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChannelInfo {
+    pub conn: ConnId,
+    pub channel: u16,
+    pub vhost: String,
+    pub user: String,
+    pub consumers: usize,
+    /// Deliveries awaiting an ack.
+    pub unacked: usize,
+    /// basic.qos per consumer (global = false) and for the channel (global = true).
+    pub prefetch: u16,
+    pub global_prefetch: u16,
+    pub confirm: bool,
+    pub transactional: bool,
+    pub stats: MessageStats,
+}
+
+/// The memory alarm's state (`rabbitmqctl status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStatus {
+    /// Message body bytes held (by every shard, when they share a count).
+    pub held: u64,
+    /// The alarm's threshold.
+    pub watermark: u64,
+    pub alarm: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -112,6 +146,11 @@ impl Broker {
                 consumers: q.consumers.len(),
                 memory: q.messages.bytes(),
                 paged_out: q.messages.paged().count,
+                stats: q.stats,
+                policy: self
+                    .topo
+                    .policy(q.vhost, &q.name, true)
+                    .map(|p| p.def.name.clone()),
             })
             .collect();
         out.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
@@ -187,10 +226,96 @@ impl Broker {
                 consumers: c.consumers,
                 in_flight: c.in_flight.get(),
                 paused_by: c.paused_in.len(),
+                stats: self.conn_stats(*id, c),
             })
             .collect();
         out.sort_by_key(|c| c.conn);
         out
+    }
+
+    /// A connection's counts: its closed channels' plus its open ones'.
+    fn conn_stats(&self, id: ConnId, c: &super::session::Conn) -> MessageStats {
+        let mut stats = c.closed_stats;
+        for &n in c.channels.iter() {
+            if let Some(ch) = self.channels.get(&ChannelRef::new(id, n)) {
+                stats.add(&ch.stats);
+            }
+        }
+        stats
+    }
+
+    /// Every client channel, by connection and number.
+    pub fn list_channels(&self) -> Vec<ChannelInfo> {
+        let mut out: Vec<ChannelInfo> = self
+            .channels
+            .iter()
+            .filter(|(ch, _)| ch.conn != RESTORE_CONN)
+            .filter_map(|(ch, c)| {
+                let conn = self.conns.get(&ch.conn)?;
+                Some(ChannelInfo {
+                    conn: ch.conn,
+                    channel: ch.channel,
+                    vhost: self.vhost_name(conn.vhost).to_string(),
+                    user: conn.user().to_string(),
+                    consumers: c.consumer_count(),
+                    unacked: c.unacked.len(),
+                    prefetch: c.prefetch_count,
+                    global_prefetch: c.global_prefetch,
+                    confirm: c.confirms(),
+                    transactional: c.tx.is_some(),
+                    stats: c.stats,
+                })
+            })
+            .collect();
+        out.sort_by_key(|c| (c.conn, c.channel));
+        out
+    }
+
+    /// Message counts per vhost over the broker's life (publishes, deliveries and acks of
+    /// every connection, closed ones included; the admin channel's too), by vhost name.
+    pub fn vhost_stats(&self) -> Vec<(String, MessageStats)> {
+        let mut by_vhost = self.closed_stats.clone();
+        for (id, c) in self.conns.iter() {
+            by_vhost
+                .entry(c.vhost)
+                .or_default()
+                .add(&self.conn_stats(*id, c));
+        }
+        let mut out: Vec<(String, MessageStats)> = by_vhost
+            .into_iter()
+            .map(|(vh, s)| (self.vhost_name(vh).to_string(), s))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The memory alarm: bytes held, threshold, raised or not.
+    pub fn memory_status(&self) -> MemoryStatus {
+        MemoryStatus {
+            held: self.memory_held(),
+            watermark: self.config.memory_high_watermark,
+            alarm: self.alarm,
+        }
+    }
+
+    /// Sets the memory alarm's threshold at run time (rabbitmqctl
+    /// set_vm_memory_high_watermark): the alarm is raised or cleared at once.
+    pub fn set_memory_high_watermark(&mut self, now: u64, bytes: u64) {
+        self.now = self.now.max(now);
+        self.config.memory_high_watermark = bytes;
+        self.update_alarm();
+    }
+
+    /// Closes a client connection from the broker's side (320 CONNECTION_FORCED with the
+    /// operator's reason, as rabbitmqctl close_connection). False if there is no such
+    /// connection on this broker.
+    pub fn close_connection(&mut self, conn: ConnId, reason: &str) -> bool {
+        if conn == RESTORE_CONN || !self.conns.contains_key(&conn) {
+            return false;
+        }
+        self.force_close(conn, reason.to_string());
+        self.after_op();
+        true
     }
 
     /// Every consumer, by queue then tag.

@@ -549,12 +549,12 @@ impl Broker {
             TopologyRequest::DeclareQueue {
                 ref declare,
                 ref name,
-                server_named,
+                trusted_name,
             } => {
                 // Answered later, by the queue (redeclare) or once its owner created it.
                 let name = name.clone();
                 if let Err(error) =
-                    self.declare_queue_in_topology(to, vhost, declare, name, server_named)
+                    self.declare_queue_in_topology(to, vhost, declare, name, trusted_name)
                 {
                     self.mail
                         .push_back(super::mail::Mail::Refused { to, error });
@@ -637,7 +637,10 @@ impl Broker {
         if let Some(channel) = self.channels.get_mut(&ch) {
             channel.last_queue = Some(name.clone());
         }
-        let server_named = d.queue.is_empty();
+        // Only clients are kept from `amq.` names: a name the server generates now, or one
+        // the broker's own connection replays (a restored server-named queue, an operator's
+        // import), is the server's.
+        let trusted_name = d.queue.is_empty() || ch.conn == super::RESTORE_CONN;
         let mut declare = d;
         declare.queue = name.to_string();
         self.send_to_topology(
@@ -645,7 +648,7 @@ impl Broker {
             TopologyRequest::DeclareQueue {
                 declare,
                 name,
-                server_named,
+                trusted_name,
             },
         );
         Ok(())
@@ -662,7 +665,7 @@ impl Broker {
         vh: VhostId,
         d: &QueueDeclare,
         shared_name: Arc<str>,
-        server_named: bool,
+        trusted_name: bool,
     ) -> OpResult {
         let op = OpKind::QueueDeclare;
         let name = d.queue.as_str();
@@ -679,7 +682,7 @@ impl Broker {
         if d.passive {
             return Err(self.not_found(vh, op, "queue", name));
         }
-        if name.starts_with("amq.") && !server_named {
+        if name.starts_with("amq.") && !trusted_name {
             return Err(ProtocolError::new(
                 ErrorCode::AccessRefused,
                 op,
@@ -862,7 +865,7 @@ impl Broker {
             let request = TopologyRequest::DeclareQueue {
                 name: Arc::from(d.queue.as_str()),
                 declare: d,
-                server_named: false,
+                trusted_name: false,
             };
             self.mail.push_back(super::mail::Mail::Topology {
                 to,
@@ -1096,6 +1099,8 @@ impl Broker {
                 self.sync_dirty = true;
             }
             store.delete_queue(id);
+            // What it held is dead space for the store to reclaim at the next sync.
+            self.note_removal();
         }
         if let Some(owner) = q.exclusive_owner.and_then(|o| self.conns.get_mut(&o)) {
             owner.exclusive_queues.remove(&id);

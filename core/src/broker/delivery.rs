@@ -86,6 +86,7 @@ impl Broker {
         let answers = u32::try_from(queues.len()).unwrap_or(u32::MAX);
         let (seq, serial) = match self.channels.get_mut(&ch) {
             Some(c) => {
+                c.stats.publish += 1;
                 let seq = c.next_publish_seq();
                 if let Some(seq) = seq {
                     c.expect_answers(seq, answers);
@@ -253,6 +254,7 @@ impl Broker {
                 return;
             }
         };
+        channel.stats.delivered(m.redelivered);
         let delivery_tag =
             channel.deliver((!p.no_ack).then(|| Unacked::of(queue, &m, Some(p.consumer))));
         self.effects.push(Effect::Deliver {
@@ -572,6 +574,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
+        channel.stats.delivered(m.redelivered);
         let delivery_tag = channel.deliver((!no_ack).then(|| Unacked::of(queue, &m, None)));
         self.reply(
             ch,
@@ -627,6 +630,11 @@ impl Broker {
     }
 
     fn settle_entries(&mut self, ch: ChannelRef, settled: Vec<Unacked>, settle: Settle) {
+        if settle == Settle::Ack
+            && let Some(channel) = self.channels.get_mut(&ch)
+        {
+            channel.stats.ack += settled.len() as u64;
+        }
         self.send_settles(settled, settle);
         self.dispatch_channel_queues(ch);
     }

@@ -174,6 +174,9 @@ pub(crate) struct QueueOut {
     pub(crate) store_failed: bool,
     /// A durable write happened: the next sync must cover it.
     pub(crate) durable_write: bool,
+    /// A stored message was removed (acked, dropped, purged): a sync must cover it within
+    /// `BrokerConfig::removal_sync_ms`.
+    pub(crate) removed: bool,
     /// The queue now holds a message with a deadline: `tick` must look at it.
     pub(crate) expiring: bool,
     /// Messages to dead-letter (or drop, without a dead-letter exchange), in order.
@@ -233,6 +236,8 @@ pub(crate) struct QueueState {
     /// When it was last used (declared, consumed from, read with basic.get): `x-expires`
     /// counts from here while it has no consumers.
     pub(crate) last_used: u64,
+    /// Enqueued, delivered, redelivered and acked messages, for operators' rates.
+    pub(crate) stats: crate::stats::MessageStats,
 }
 
 /// Publishing connections a queue has paused (flow control), in pause order: boxed, since
@@ -318,6 +323,7 @@ impl QueueState {
             args: HeldArgs::default(),
             mixed_priorities: false,
             last_used: now,
+            stats: crate::stats::MessageStats::default(),
         }
     }
 
@@ -352,6 +358,7 @@ impl QueueState {
             }
             return Enqueued::Rejected;
         }
+        self.stats.publish += 1;
         let expires_at = expiry(io.now, self.args.message_ttl, message);
         if expires_at.is_some() {
             io.out.expiring = true;
@@ -513,6 +520,7 @@ impl QueueState {
         io.out.released += body_len as u64;
         if stored && let Some(store) = io.store.as_deref_mut() {
             store.remove(self.id, seq);
+            io.out.removed = true;
         }
     }
 
@@ -527,6 +535,7 @@ impl QueueState {
             && let Some(store) = io.store.as_deref_mut()
         {
             store.remove_from(self.id, paged.from_seq);
+            io.out.removed = true;
         }
         purged
     }
@@ -590,6 +599,7 @@ impl QueueState {
         };
         let n = self.consumers.len();
         self.rr_next = (idx + 1) % n;
+        self.stats.delivered(m.redelivered);
         let c = &mut self.consumers[idx];
         let picked = Picked {
             consumer: c.id,
@@ -621,6 +631,7 @@ impl QueueState {
             self.expire_head(io);
         }
         let m = self.pop_ready(io)?;
+        self.stats.delivered(m.redelivered);
         let ready = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
         if no_ack {
             self.forget(io, m.seq, m.stored, m.message.body_len());
@@ -693,6 +704,7 @@ impl QueueState {
                 .requeue(u.seq, u.message, u.stored, u.expires_at);
             return true;
         }
+        self.stats.ack += u64::from(settle == Settle::Ack);
         self.forget(io, u.seq, u.stored, u.message.body_len());
         if settle == Settle::Discard {
             io.out.dead.push((u.message, DeathReason::Rejected));
