@@ -323,8 +323,8 @@ pub enum AdminResponse {
     Consumers(Vec<warren_core::broker::admin::ConsumerInfo>),
     Definitions(warren_core::store::Definitions),
     Op(Result<Option<warren_core::effect::Reply>, warren_core::error::ProtocolError>),
-    /// What could not be imported, as RabbitMQ-style error texts.
-    Imported(Vec<String>),
+    /// What was imported, and what could not be (RabbitMQ-style error texts).
+    Imported(warren_core::broker::admin::ImportReport),
     /// A change (policy, vhost, user, permissions) was made, or why not.
     Done(Result<(), String>),
     Policies(Vec<warren_core::policy::PolicyDef>),
