@@ -74,6 +74,7 @@ pub(crate) async fn run(
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     let mut held = HeldAnswers::default();
     let mut outbox = Vec::new();
+    let mut alarms = (broker.publishers_blocked(), broker.alarms());
     let mut stopping = Stopping::default();
     // Mail pieces sent to other shards so far (a clean stop waits until this settles).
     let mut mail_sent = 0u64;
@@ -163,6 +164,11 @@ pub(crate) async fn run(
         mail_sent += send_mail(&mut broker, &mut outbox, &io);
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
+        let now_alarms = (broker.publishers_blocked(), broker.alarms());
+        if now_alarms != alarms {
+            log_alarms(alarms, now_alarms, broker.shard());
+            alarms = now_alarms;
+        }
         if let Some(reply) = stopping.stop.take() {
             // Closes the store: its sync thread finishes what it was given first.
             drop(broker);
@@ -179,6 +185,34 @@ pub(crate) async fn run(
                 let _ = reply.send(mail_sent);
             }
         }
+    }
+}
+
+/// One log line per change of the resource alarms or of whether publishers are blocked
+/// (not one per connection told): each changes at most about once a second
+/// (`warren_core::broker::ALARM_HOLD_MS`).
+fn log_alarms(before: (bool, warren_core::Alarms), now: (bool, warren_core::Alarms), shard: u32) {
+    let (blocked, alarms) = now;
+    let (memory, disk, store) = (alarms.memory, alarms.disk, alarms.store);
+    if blocked && !before.0 {
+        tracing::warn!(
+            shard,
+            memory,
+            disk,
+            store,
+            "resource alarm: publishers blocked"
+        );
+    } else if !blocked && before.0 {
+        tracing::info!(shard, "resource alarms cleared: publishers unblocked");
+    } else {
+        tracing::info!(
+            shard,
+            blocked,
+            memory,
+            disk,
+            store,
+            "resource alarms changed"
+        );
     }
 }
 
@@ -323,6 +357,7 @@ fn apply_control(
             let _ =
                 reply.send(broker.authenticate(&user, &password, from_loopback, vhost.as_deref()));
         }
+        Control::Resources(resources) => broker.report_resources(now, resources),
         Control::Synced { epoch, result } => {
             match result {
                 Ok(()) => broker.synced(now, epoch),
