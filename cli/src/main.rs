@@ -5,7 +5,6 @@ mod admin;
 mod alloc;
 mod bench;
 mod ctl;
-mod json;
 
 /// Counts live heap bytes when `warren bench conns --socketless` turns it on.
 #[global_allocator]
@@ -92,6 +91,12 @@ struct ServeArgs {
     /// small machine one shard is faster (docs/benchmarks.md, "Shards").
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     shards: u32,
+    /// HTTP management API listen address (RabbitMQ's /api, basic auth), or `none`.
+    #[arg(long, default_value = "127.0.0.1:15672")]
+    management: String,
+    /// Prometheus metrics listen address (`/metrics`), or `none`.
+    #[arg(long, default_value = "127.0.0.1:15692")]
+    prometheus: String,
 }
 
 /// Total RAM in bytes, from /proc/meminfo.
@@ -224,6 +229,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let signals = Signals::watch()?;
     let amqp = parse_listen("amqp", &args.amqp).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mqtt = parse_listen("mqtt", &args.mqtt).map_err(|e| ConfigError(format!("{e:#}")))?;
+    let management =
+        parse_listen("management", &args.management).map_err(|e| ConfigError(format!("{e:#}")))?;
+    let prometheus =
+        parse_listen("prometheus", &args.prometheus).map_err(|e| ConfigError(format!("{e:#}")))?;
     let memory_high_watermark = watermark_bytes(&args.memory_high_watermark)?;
     let disk_free_limit = parse_size(&args.disk_free_limit).ok_or_else(|| {
         ConfigError(format!(
@@ -241,6 +250,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mqtt_listener = match mqtt {
         Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
+        None => None,
+    };
+    let management_listener = match management {
+        Some(addr) => Some(bind(addr, "management", "RabbitMQ's management plugin").await?),
+        None => None,
+    };
+    let prometheus_listener = match prometheus {
+        Some(addr) => Some(bind(addr, "prometheus", "RabbitMQ's prometheus plugin").await?),
         None => None,
     };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
@@ -300,10 +317,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
-    tokio::spawn(admin::serve(admin, broker.clone(), stopped.clone()));
     let mut servers = Vec::new();
+    let mut mqtt_writer = None;
+    let mut gauges = Vec::new();
+    let (mut amqp_bound, mut mqtt_bound) = (None, None);
     if let Some(listener) = amqp_listener {
         let bound = listener.local_addr()?;
+        amqp_bound = Some(bound);
         let config = Arc::new(warren_amqp::AmqpConfig::default());
         servers.push((
             "AMQP",
@@ -318,6 +338,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(listener) = mqtt_listener {
         let bound = listener.local_addr()?;
+        mqtt_bound = Some(bound);
         let config = Arc::new(warren_mqtt::MqttConfig::default());
         // Bounded offline queues for persistent sessions, as a policy operators can see.
         match broker
@@ -329,21 +350,80 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
-        let registry = match definitions_db {
-            Some(db) => mqtt_registry(db)?,
+        let registry = Arc::new(match definitions_db {
+            Some(db) => {
+                let (registry, writer) = mqtt_registry(db, &config.vhost)?;
+                mqtt_writer = Some(writer);
+                registry
+            }
             None => warren_mqtt::Registry::new(),
-        };
+        });
+        mqtt_gauges(&registry, &mut gauges);
         servers.push((
             "MQTT",
             tokio::spawn(warren_mqtt::serve_with(
                 listener,
                 broker.clone(),
-                Arc::new(registry),
+                registry,
                 config,
                 stopped.clone(),
             )),
         ));
         tracing::info!("listening on {bound} (MQTT 3.1, 3.1.1, 5.0)");
+    }
+    let mut listeners = Vec::new();
+    for (protocol, listener) in [
+        ("amqp", amqp_bound),
+        ("mqtt", mqtt_bound),
+        (
+            "http",
+            management_listener
+                .as_ref()
+                .and_then(|l| l.local_addr().ok()),
+        ),
+        (
+            "http/prometheus",
+            prometheus_listener
+                .as_ref()
+                .and_then(|l| l.local_addr().ok()),
+        ),
+    ] {
+        if let Some(addr) = listener {
+            listeners.push(warren_management::Listener { protocol, addr });
+        }
+    }
+    let data_dir = (!args.in_memory).then(|| args.data_dir.clone());
+    let node = warren_management::NodeInfo::local(listeners, data_dir);
+    let management = warren_management::Management::new(broker.clone(), node, gauges);
+    tokio::spawn(admin::serve(
+        admin,
+        broker.clone(),
+        management.clone(),
+        stopped.clone(),
+    ));
+    if let Some(listener) = management_listener {
+        let bound = listener.local_addr()?;
+        servers.push((
+            "HTTP API",
+            tokio::spawn(warren_management::serve_api(
+                listener,
+                management.clone(),
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!("listening on {bound} (HTTP management API)");
+    }
+    if let Some(listener) = prometheus_listener {
+        let bound = listener.local_addr()?;
+        servers.push((
+            "Prometheus",
+            tokio::spawn(warren_management::serve_metrics(
+                listener,
+                management,
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!("listening on {bound} (Prometheus metrics)");
     }
     signals.wait().await;
     tracing::info!("shutting down: closing connections");
@@ -353,12 +433,45 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("{name} listener task failed"))??;
     }
+    if let Some(writer) = mqtt_writer {
+        // The sessions the shutdown closed are stored before the process exits, so they
+        // resume (and their expiry counts from now) after the restart.
+        let flushed =
+            tokio::task::spawn_blocking(move || writer.flush(std::time::Duration::from_secs(10)))
+                .await
+                .unwrap_or(false);
+        if !flushed {
+            tracing::warn!("MQTT sessions not all stored at shutdown");
+        }
+    }
     // Everything acked, purged or deleted is made durable before the process ends, so a
     // restart after a clean stop redelivers nothing that was acked.
     tracing::info!("syncing the store");
     broker.stop().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// MQTT gauges for Prometheus: connected clients, stored sessions, retained messages.
+fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_management::Gauge>) {
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_clients",
+        help: "MQTT clients connected (with a claimed client id)",
+        value: Box::new(move || r.clients() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_stored_sessions",
+        help: "Persistent MQTT sessions kept for clients not connected",
+        value: Box::new(move || r.stored_sessions() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_retained_messages",
+        help: "MQTT retained messages held",
+        value: Box::new(move || r.retained().len() as u64),
+    });
 }
 
 /// Prepares the data directory before anything reads or writes it: the process creates
@@ -405,11 +518,12 @@ fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::Di
     Ok(lock)
 }
 
-/// The MQTT session registry, with the retained messages stored under the data dir and a
-/// writer that stores every later change.
+/// The MQTT session registry, with the retained messages and sessions stored under the data
+/// dir and a writer that stores every later change.
 fn mqtt_registry(
     defs: warren_store::definitions::DefinitionStore,
-) -> anyhow::Result<warren_mqtt::Registry> {
+    vhost: &str,
+) -> anyhow::Result<(warren_mqtt::Registry, warren_store::retained::MqttWriter)> {
     let mut retained = warren_core::mqtt::RetainedStore::new();
     let stored = defs
         .load_retained()
@@ -421,12 +535,35 @@ fn mqtt_registry(
     if count > 0 {
         tracing::info!(count, "restored MQTT retained messages");
     }
-    let writer = warren_store::retained::RetainedWriter::start(defs)
-        .context("cannot start the retained-message writer")?;
-    Ok(warren_mqtt::Registry::with_retained(
+    let now = warren_mqtt::connection::now_ms();
+    let sessions: Vec<_> = defs
+        .load_mqtt_sessions()
+        .context("cannot read the stored MQTT sessions")?
+        .into_iter()
+        .filter(|(v, _, _)| v == vhost)
+        .map(|(_, id, s)| {
+            (
+                std::sync::Arc::from(id),
+                warren_mqtt::session::SessionRecord::from_stored(s, now),
+            )
+        })
+        .collect();
+    if !sessions.is_empty() {
+        tracing::info!(count = sessions.len(), "restored MQTT sessions");
+    }
+    let writer = warren_store::retained::MqttWriter::start(defs)
+        .context("cannot start the MQTT state writer")?;
+    let (retained_writer, session_writer) = (writer.clone(), writer.clone());
+    let session_vhost = vhost.to_string();
+    let registry = warren_mqtt::Registry::with_retained(
         retained,
-        Box::new(move |vhost, m| writer.set(vhost, m)),
-    ))
+        Box::new(move |vhost, m| retained_writer.set(vhost, m)),
+    )
+    .with_sessions(
+        sessions,
+        Box::new(move |client_id, s| session_writer.set_session(&session_vhost, client_id, s)),
+    );
+    Ok((registry, writer))
 }
 
 /// Binds a listener for `--{flag}`, with a hint when the address is taken.

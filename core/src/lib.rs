@@ -25,6 +25,7 @@ pub mod policy;
 pub mod queue;
 pub mod routing;
 pub(crate) mod sorted_vec;
+pub mod stats;
 pub mod store;
 pub(crate) mod topology;
 

@@ -67,7 +67,7 @@ pub async fn serve_connection<S>(
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
-    let negotiated = match timeout(
+    let mut negotiated = match timeout(
         config.handshake_timeout,
         handshake::run(&mut rd, &mut wr, &mut rbuf, &peer, &config, &broker),
     )
@@ -93,6 +93,16 @@ pub async fn serve_connection<S>(
     };
     tracing::info!(peer = %peer.addr, user = %Escaped(&negotiated.user), "accepted AMQP connection");
     let link = broker.connect();
+    link.tx.describe(warren_runtime::ConnMeta {
+        protocol: "AMQP 0-9-1",
+        peer: peer.addr.as_str().into(),
+        tls: false,
+        client_properties: Some(Box::new(std::mem::take(&mut negotiated.client_properties))),
+        client_id: None,
+        heartbeat: negotiated.heartbeat_secs,
+        frame_max: negotiated.frame_max,
+        connected_at: warren_runtime::unix_ms(),
+    });
     let mut session = Session::new(negotiated, link.tx, peer, config, broker.clone());
     let end = session.run(&mut rd, &mut wr, rbuf, link.rx, shutdown).await;
     let _ = session.tx.send(vec![(0, Op::ConnectionClose)]).await;

@@ -175,16 +175,14 @@ pub(crate) async fn run(
             let _ = reply.send(());
             return;
         }
-        if !stopping.flushes.is_empty() {
-            if broker.unsynced_epoch().is_some() {
-                // Removals wait for no timer now: the sync starts at once (or right after
-                // the one in flight).
-                broker.request_sync();
-                broker.start_sync();
-            } else if requests.is_empty() && io.mail.is_empty() && io.pending() == 0 {
-                for reply in stopping.flushes.drain(..) {
-                    let _ = reply.send(mail_sent);
-                }
+        if !stopping.flushes.is_empty()
+            && broker.all_synced()
+            && requests.is_empty()
+            && io.mail.is_empty()
+            && io.pending() == 0
+        {
+            for reply in stopping.flushes.drain(..) {
+                let _ = reply.send(mail_sent);
             }
         }
     }
@@ -308,7 +306,13 @@ fn apply_control(
     now: u64,
 ) {
     match msg {
-        Control::Flush { reply } => stopping.flushes.push(reply),
+        Control::Flush { reply } => {
+            // What was written so far waits for no timer: the sync starts at the end of
+            // this turn (or right after the one in flight). Later removals (requests still
+            // queued) get theirs within `removal_sync_ms`.
+            broker.request_sync();
+            stopping.flushes.push(reply);
+        }
         Control::Stop { reply } => stopping.stop = Some(reply),
         Control::Register { conn, effects } => {
             conns.insert(
@@ -410,6 +414,16 @@ fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse 
             Done(broker.clear_permissions(now, &vhost, &user))
         }
         AdminRequest::ListPermissions => AdminResponse::Permissions(broker.list_permissions()),
+        AdminRequest::ListChannels => AdminResponse::Channels(broker.list_channels()),
+        AdminRequest::VhostStats => AdminResponse::VhostStats(broker.vhost_stats()),
+        AdminRequest::MemoryStatus => AdminResponse::Memory(broker.memory_status()),
+        AdminRequest::SetMemoryWatermark(bytes) => {
+            broker.set_memory_high_watermark(now, bytes);
+            Done(Ok(()))
+        }
+        AdminRequest::CloseConnection { conn, reason } => {
+            AdminResponse::Closed(broker.close_connection(conn, &reason))
+        }
     }
 }
 

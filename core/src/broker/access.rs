@@ -21,7 +21,7 @@ impl Broker {
         from_loopback: bool,
         vhost: Option<&str>,
     ) -> Result<Login, LoginError> {
-        let login = self
+        let mut login = self
             .topo
             .users
             .authenticate(user, password, from_loopback)?;
@@ -29,12 +29,13 @@ impl Broker {
             if self.vhost_id(vhost).is_none() {
                 return Err(LoginError::NoSuchVhost(vhost.to_string()));
             }
-            if self.topo.users.permissions(vhost, user).is_none() {
+            let Some(perms) = self.topo.users.permissions(vhost, user) else {
                 return Err(LoginError::VhostRefused {
                     user: user.to_string(),
                     vhost: vhost.to_string(),
                 });
-            }
+            };
+            login.permissions = Some(perms.clone());
         }
         Ok(login)
     }

@@ -146,6 +146,8 @@ pub struct Broker {
     lost_in_flight: u64,
     /// Messages routed to a queue that was deleted before they reached it.
     routed_to_deleted: u64,
+    /// The message counts of closed connections, per vhost (operators' totals never fall).
+    closed_stats: std::collections::BTreeMap<VhostId, crate::stats::MessageStats>,
     /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
     /// queue was deleted: they went with it.
     requeued_to_deleted: u64,
@@ -308,6 +310,7 @@ impl Broker {
             mail_scheduled: false,
             holds: IdMap::default(),
             tx_sync_waiters: VecDeque::new(),
+            closed_stats: std::collections::BTreeMap::new(),
             awaiting: 0,
             next_channel_serial: 0,
             lost_in_flight: 0,
@@ -558,7 +561,7 @@ impl Broker {
 
     /// Asks for a sync of everything written so far, removals included, at the next
     /// `start_sync` (or right after the one in flight). Hosts call it at a clean stop,
-    /// then wait until `unsynced_epoch` is `None`, so nothing acked comes back after a
+    /// then wait until `all_synced`, so nothing acked comes back after a
     /// restart; and once after a restore, which ends the store's recovery.
     pub fn request_sync(&mut self) {
         if self.store.is_some() {
@@ -658,14 +661,20 @@ impl Broker {
     /// policy set) until then, so "done" means it survives a crash.
     pub fn unsynced_epoch(&self) -> Option<u64> {
         self.store.as_ref()?;
-        // Removals wait for a sync too (at most `removal_sync_ms`; the next epoch's).
-        if self.sync_dirty || self.removed_since.is_some() {
+        if self.sync_dirty {
             Some(self.epoch)
         } else if self.sync_in_flight {
             Some(self.epoch - 1)
         } else {
             None
         }
+    }
+
+    /// Whether everything written so far, removals included, is covered by a completed
+    /// sync (always without a store): a clean stop waits for it after `request_sync`.
+    pub fn all_synced(&self) -> bool {
+        self.store.is_none()
+            || (!self.sync_dirty && !self.sync_in_flight && self.removed_since.is_none())
     }
 
     /// Confirms waiting for a sync (hosts and tests).
