@@ -196,7 +196,7 @@ async fn handle(
                         .get("fraction")
                         .and_then(Value::as_f64)
                         .ok_or_else(|| anyhow!("missing argument 'fraction'"))?;
-                    crate::watermark_bytes(fraction).map_err(|e| anyhow!("{e}"))?
+                    crate::watermark_bytes(&fraction.to_string()).map_err(|e| anyhow!("{e}"))?
                 }
             };
             done(broker, AdminRequest::SetMemoryWatermark(bytes)).await?;

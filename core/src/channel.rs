@@ -373,6 +373,13 @@ impl ChannelState {
         self.unconfirmed = None;
     }
 
+    /// Counts `n` deliveries settled as `how` (acks, for operators' rates).
+    pub(crate) fn count_settled(&mut self, how: Settle, n: usize) {
+        if how == Settle::Ack {
+            self.stats.ack += n as u64;
+        }
+    }
+
     /// Whether confirm.select was sent on it.
     pub(crate) fn confirms(&self) -> bool {
         self.confirm_next != 0

@@ -13,9 +13,11 @@
 //! - A connection's ops are ignored once it has disconnected, so a late op cannot resurrect it.
 
 mod mailbox;
+mod resources;
 mod task;
 
 pub use mailbox::EffectReceiver;
+pub use resources::{ResourceWatch, disk_free, process_rss};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,6 +162,8 @@ pub(crate) enum Control {
         request: AdminRequest,
         reply: tokio::sync::oneshot::Sender<AdminResponse>,
     },
+    /// The host's latest measurements of the machine (`ResourceWatch`).
+    Resources(warren_core::Resources),
     /// A client logs in (AMQP start-ok, MQTT CONNECT).
     Authenticate {
         user: String,

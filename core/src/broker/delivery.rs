@@ -625,16 +625,12 @@ impl Broker {
             return Ok(());
         };
         let settled = channel.take_settled(kind, delivery_tag, multiple)?;
+        channel.count_settled(settle, settled.len());
         self.settle_entries(ch, settled, settle);
         Ok(())
     }
 
     fn settle_entries(&mut self, ch: ChannelRef, settled: Vec<Unacked>, settle: Settle) {
-        if settle == Settle::Ack
-            && let Some(channel) = self.channels.get_mut(&ch)
-        {
-            channel.stats.ack += settled.len() as u64;
-        }
         self.send_settles(settled, settle);
         self.dispatch_channel_queues(ch);
     }
@@ -769,6 +765,7 @@ impl Broker {
                         return Ok(());
                     };
                     let settled = channel.take_settled(kind, delivery_tag, multiple)?;
+                    channel.count_settled(settle, settled.len());
                     touched.extend(settled.iter().map(|u| u.queue));
                     self.settle_entries(ch, settled, settle);
                 }
