@@ -196,7 +196,7 @@ async fn handle(
                         .get("fraction")
                         .and_then(Value::as_f64)
                         .ok_or_else(|| anyhow!("missing argument 'fraction'"))?;
-                    crate::watermark_bytes(fraction).map_err(|e| anyhow!("{e}"))?
+                    crate::watermark_bytes(&fraction.to_string()).map_err(|e| anyhow!("{e}"))?
                 }
             };
             done(broker, AdminRequest::SetMemoryWatermark(bytes)).await?;
@@ -410,17 +410,18 @@ async fn handle(
                 .get("definitions")
                 .ok_or_else(|| anyhow!("missing argument 'definitions'"))?;
             let imported = json::import(doc)?;
-            let d = &imported.definitions;
-            let counts = json!({
-                "vhosts": d.vhosts.len(), "users": d.users.len(),
-                "permissions": d.permissions.len(), "policies": d.policies.len(),
-                "exchanges": d.exchanges.len(), "queues": d.queues.len(),
-                "bindings": d.bindings.len(),
-            });
             match ask(broker, AdminRequest::Import(imported.definitions)).await? {
-                AdminResponse::Imported(errors) => {
-                    json!({"declared": counts, "errors": errors, "skipped": imported.skipped})
-                }
+                // What the broker imported, not what the file held: a refused definition
+                // is an error, not a count.
+                AdminResponse::Imported(r) => json!({
+                    "imported": {
+                        "vhosts": r.vhosts, "users": r.users, "permissions": r.permissions,
+                        "policies": r.policies, "exchanges": r.exchanges, "queues": r.queues,
+                        "bindings": r.bindings,
+                    },
+                    "errors": r.errors,
+                    "skipped": imported.skipped,
+                }),
                 other => bail!("unexpected answer {other:?}"),
             }
         }

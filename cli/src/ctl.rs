@@ -417,7 +417,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             );
         }
         Verb::ImportDefinitions { file } => {
-            let d = &result["declared"];
+            let d = &result["imported"];
             println!(
                 "Imported {}: {} vhosts, {} users, {} permissions, {} policies, {} exchanges, \
                  {} queues, {} bindings",

@@ -60,10 +60,17 @@ struct ServeArgs {
     /// Where the broker keeps its data.
     #[arg(long, default_value = "./warren-data")]
     data_dir: PathBuf,
-    /// Message memory, as a fraction of this machine's RAM, above which publishers are
-    /// blocked until consumers catch up (RabbitMQ's vm_memory_high_watermark).
-    #[arg(long, default_value_t = 0.4)]
-    memory_high_watermark: f64,
+    /// Memory above which publishers are blocked until consumers catch up (RabbitMQ's
+    /// vm_memory_high_watermark): a fraction of this machine's RAM (`0.4`) or an absolute
+    /// size (`512MiB`, `2GB`). Compared with the larger of the queued message bodies and
+    /// the process's resident memory; publishers are unblocked at 90% of it.
+    #[arg(long, default_value = "0.4")]
+    memory_high_watermark: String,
+    /// Free space on the data directory's disk below which publishers are blocked
+    /// (RabbitMQ's disk_free_limit): bytes or a size such as `50MB`, `1GiB`; `0` turns the
+    /// check off. Unblocked once 10% above it. Not checked with `--in-memory`.
+    #[arg(long, default_value = "50MB")]
+    disk_free_limit: String,
     /// Whether publisher confirms of persistent messages wait for fsync (`on`, the default:
     /// confirmed means on disk) or only for the write to the OS (`off`: survives a broker
     /// crash, not a power cut; lower latency, as RabbitMQ's classic queues).
@@ -105,13 +112,43 @@ fn total_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The memory alarm threshold in bytes for `fraction` of RAM.
-fn watermark_bytes(fraction: f64) -> Result<u64, ConfigError> {
-    if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err(ConfigError(format!(
-            "--memory-high-watermark {fraction} must be a fraction of RAM in (0, 1], e.g. 0.4"
-        )));
-    }
+/// A size as RabbitMQ's configuration writes them: bytes, or a number with a unit (`kB`,
+/// `MB`, `GB`: powers of 1000; `KiB`, `MiB`, `GiB`: powers of 1024).
+fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "kB" | "KB" | "k" | "K" => 1_000,
+        "MB" | "M" => 1_000_000,
+        "GB" | "G" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    number.checked_mul(scale)
+}
+
+/// The memory alarm threshold in bytes: `text` is a fraction of RAM or an absolute size.
+fn watermark_bytes(text: &str) -> Result<u64, ConfigError> {
+    let fraction = match text.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => f,
+        // A plain number above 1 is an absolute size in bytes, as RabbitMQ's
+        // `vm_memory_high_watermark.absolute`.
+        _ => {
+            return parse_size(text).filter(|&n| n > 0).ok_or_else(|| {
+                ConfigError(format!(
+                    "--memory-high-watermark {text:?} must be a fraction of RAM in (0, 1] \
+                     (e.g. 0.4) or a size (e.g. 512MiB)"
+                ))
+            });
+        }
+    };
     let total = total_memory().unwrap_or_else(|| {
         tracing::warn!("cannot read /proc/meminfo; assuming 1 GiB of RAM for the memory alarm");
         1 << 30
@@ -196,7 +233,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         parse_listen("management", &args.management).map_err(|e| ConfigError(format!("{e:#}")))?;
     let prometheus =
         parse_listen("prometheus", &args.prometheus).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let memory_high_watermark = watermark_bytes(args.memory_high_watermark)?;
+    let memory_high_watermark = watermark_bytes(&args.memory_high_watermark)?;
+    let disk_free_limit = parse_size(&args.disk_free_limit).ok_or_else(|| {
+        ConfigError(format!(
+            "--disk-free-limit {:?} must be a size, e.g. 50MB or 1GiB (0: no check)",
+            args.disk_free_limit
+        ))
+    })?;
     let _lock = open_data_dir(&args.data_dir)?;
     if amqp.is_none() && mqtt.is_none() {
         return Err(ConfigError("nothing to serve: --amqp none and --mqtt none".into()).into());
@@ -221,6 +264,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = warren_core::BrokerConfig {
         seed,
         memory_high_watermark,
+        disk_free_limit: if args.in_memory { 0 } else { disk_free_limit },
         ..warren_core::BrokerConfig::default()
     };
     let (broker, definitions_db) = if args.in_memory {
@@ -255,9 +299,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (broker, Some(definitions_db))
     };
     tracing::info!(
-        "memory alarm at {} MiB of queued message bodies",
-        memory_high_watermark >> 20
+        "memory alarm at {} MiB (queued message bodies or the process's RSS), free disk limit {} MB",
+        memory_high_watermark >> 20,
+        if args.in_memory {
+            0
+        } else {
+            disk_free_limit / 1_000_000
+        }
     );
+    // Measured on a timer, decided by the core (the alarms' hysteresis is there).
+    broker.watch_resources(warren_runtime::ResourceWatch {
+        interval: std::time::Duration::from_secs(1),
+        memory: true,
+        disk: (!args.in_memory && disk_free_limit > 0).then(|| args.data_dir.clone()),
+        // Freed heap goes back to the OS once RSS nears the point where the alarm clears.
+        trim_above: memory_high_watermark / 10 * 8,
+    });
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mut servers = Vec::new();
@@ -542,5 +599,33 @@ impl Signals {
             _ = self.term.recv() => "SIGTERM",
         };
         tracing::info!("{name} received");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_size, watermark_bytes};
+
+    #[test]
+    fn sizes_read_as_rabbitmq_writes_them() {
+        assert_eq!(parse_size("50MB"), Some(50_000_000));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("0"), Some(0));
+        assert_eq!(parse_size("12 kB"), Some(12_000));
+        assert_eq!(parse_size("MB"), None);
+        assert_eq!(parse_size("5 parsecs"), None);
+        assert_eq!(parse_size("99999999999GB"), None, "overflow is refused");
+    }
+
+    #[test]
+    fn a_watermark_is_a_fraction_of_ram_or_an_absolute_size() {
+        assert_eq!(watermark_bytes("64MiB").ok(), Some(64 << 20));
+        assert_eq!(watermark_bytes("2000000").ok(), Some(2_000_000));
+        let fraction = watermark_bytes("0.5").ok().unwrap_or(0);
+        assert!(fraction > 0, "half of RAM is some bytes");
+        assert!(watermark_bytes("0").is_err());
+        assert!(watermark_bytes("-0.2").is_err());
+        assert!(watermark_bytes("lots").is_err());
     }
 }

@@ -29,5 +29,5 @@ pub mod stats;
 pub mod store;
 pub(crate) mod topology;
 
-pub use broker::{Broker, ShardMail};
+pub use broker::{Alarms, Broker, Resources, ShardMail};
 pub use config::BrokerConfig;

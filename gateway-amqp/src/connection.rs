@@ -314,6 +314,8 @@ struct Session {
     published: bool,
     /// The core's flow control paused this (publishing) connection.
     flow_paused: bool,
+    /// We told the client connection.blocked (and owe it connection.unblocked).
+    blocked_sent: bool,
     /// For `connection.update-secret`: the broker checks the new secret.
     broker: BrokerHandle,
     /// A `connection.update-secret` to answer before reading on (its new secret, its reason).
@@ -350,8 +352,20 @@ impl Session {
             blocked: false,
             published: false,
             flow_paused: false,
+            blocked_sent: false,
             broker,
             new_secret: None,
+        }
+    }
+
+    /// Tells the client connection.blocked once it is blocked: during an alarm and once it
+    /// has published, as RabbitMQ does. A connection that only consumes is never told:
+    /// clients stop sending everything while blocked (lapin does), and a consumer that
+    /// stops acking holds the very memory the alarm waits for.
+    fn notify_blocked(&mut self) {
+        if self.blocked && self.published && self.blocked_notify && !self.blocked_sent {
+            codec::encode_method(&mut self.wbuf, 0, handshake::connection_blocked());
+            self.blocked_sent = true;
         }
     }
 
@@ -450,6 +464,8 @@ impl Session {
                             if let Err(e) = self.on_frames(&mut rbuf) {
                                 self.fail(e);
                             }
+                            // It may have published just now, during an alarm.
+                            self.notify_blocked();
                         }
                         Err(e) => return e.into(),
                     }
@@ -1005,17 +1021,17 @@ impl Session {
             }
             Effect::Blocked { .. } => {
                 self.blocked = true;
-                tracing::info!(peer = %self.peer.addr, "memory alarm: publishing blocked");
-                if self.blocked_notify {
-                    codec::encode_method(&mut self.wbuf, 0, handshake::connection_blocked());
-                }
+                // The broker logs the alarm once; per connection it is only a debug line.
+                tracing::debug!(peer = %self.peer.addr, "resource alarm: publishing blocked");
+                self.notify_blocked();
             }
             Effect::FlowPaused { .. } => self.flow_paused = true,
             Effect::FlowResumed { .. } => self.flow_paused = false,
             Effect::Unblocked { .. } => {
                 self.blocked = false;
-                if self.blocked_notify {
+                if self.blocked_sent {
                     codec::encode_method(&mut self.wbuf, 0, handshake::connection_unblocked());
+                    self.blocked_sent = false;
                 }
             }
             // A channel we are closing gets nothing but the close handshake.

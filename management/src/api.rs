@@ -2411,8 +2411,8 @@ async fn import(
         tracing::warn!("definitions import: skipped {s}");
     }
     match m.ask(AdminRequest::Import(imported.definitions)).await? {
-        AdminResponse::Imported(errors) if errors.is_empty() => Ok(no_content()),
-        AdminResponse::Imported(errors) => Err(ApiError::bad_request(errors.join("; "))),
+        AdminResponse::Imported(report) if report.errors.is_empty() => Ok(no_content()),
+        AdminResponse::Imported(report) => Err(ApiError::bad_request(report.errors.join("; "))),
         other => Err(unexpected(other)),
     }
 }

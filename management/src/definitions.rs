@@ -346,8 +346,44 @@ pub fn import(doc: &Value) -> Result<Imported> {
             to_exchange,
         ));
     }
+    // RabbitMQ's policies carry keys Warren has no use for (ha-mode, ha-params,
+    // queue-mode, ...): import each policy with the keys Warren acts on, warn once per
+    // dropped key, and skip a policy left with none.
+    let mut dropped: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for p in list("policies") {
-        defs.policies.push(policy(p)?);
+        let mut def = policy(p)?;
+        let unsupported: Vec<String> = def
+            .definition
+            .keys()
+            .filter(|k| !warren_core::policy::is_supported_key(k))
+            .cloned()
+            .collect();
+        for key in &unsupported {
+            def.definition.remove(key);
+            dropped
+                .entry(key.clone())
+                .or_default()
+                .push(def.name.clone());
+        }
+        if def.definition.is_empty() {
+            skipped.push(format!(
+                "policy '{}' in vhost '{}' (none of its keys is supported)",
+                def.name, def.vhost
+            ));
+        } else {
+            defs.policies.push(def);
+        }
+    }
+    for (key, policies) in dropped {
+        skipped.push(format!(
+            "policy key '{key}' (not supported), in {}: {}",
+            if policies.len() == 1 {
+                "policy"
+            } else {
+                "policies"
+            },
+            policies.join(", ")
+        ));
     }
     for key in ["topic_permissions", "parameters", "global_parameters"] {
         let n = list(key).len();

@@ -13,9 +13,11 @@
 //! - A connection's ops are ignored once it has disconnected, so a late op cannot resurrect it.
 
 mod mailbox;
+mod resources;
 mod task;
 
 pub use mailbox::EffectReceiver;
+pub use resources::{ResourceWatch, disk_free, process_rss};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,6 +162,8 @@ pub(crate) enum Control {
         request: AdminRequest,
         reply: tokio::sync::oneshot::Sender<AdminResponse>,
     },
+    /// The host's latest measurements of the machine (`ResourceWatch`).
+    Resources(warren_core::Resources),
     /// A client logs in (AMQP start-ok, MQTT CONNECT).
     Authenticate {
         user: String,
@@ -323,8 +327,8 @@ pub enum AdminResponse {
     Consumers(Vec<warren_core::broker::admin::ConsumerInfo>),
     Definitions(warren_core::store::Definitions),
     Op(Result<Option<warren_core::effect::Reply>, warren_core::error::ProtocolError>),
-    /// What could not be imported, as RabbitMQ-style error texts.
-    Imported(Vec<String>),
+    /// What was imported, and what could not be (RabbitMQ-style error texts).
+    Imported(warren_core::broker::admin::ImportReport),
     /// A change (policy, vhost, user, permissions) was made, or why not.
     Done(Result<(), String>),
     Policies(Vec<warren_core::policy::PolicyDef>),

@@ -12,6 +12,20 @@ use crate::message::FieldTable;
 use crate::stats::MessageStats;
 use crate::store::Definitions;
 
+/// What an import did: how many definitions of each kind it imported, and what it could
+/// not, as RabbitMQ-style texts (a summary says what was imported, not what was asked).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportReport {
+    pub vhosts: usize,
+    pub users: usize,
+    pub permissions: usize,
+    pub policies: usize,
+    pub exchanges: usize,
+    pub queues: usize,
+    pub bindings: usize,
+    pub errors: Vec<String>,
+}
+
 /// The channel admin operations run on (the restore connection, never a host's).
 const ADMIN_CHANNEL: u16 = 2;
 
@@ -412,30 +426,36 @@ impl Broker {
     /// Imports definitions (RabbitMQ's `import_definitions`): adds their vhosts, users (with
     /// their password hashes), permissions and policies, then declares their exchanges,
     /// queues and bindings in each vhost with a client's checks. What exists stays; the
-    /// answer lists what could not be imported, as RabbitMQ-style texts.
-    pub fn import(&mut self, now: u64, defs: &Definitions) -> Vec<String> {
-        let mut errors = Vec::new();
+    /// answer counts what was imported and lists what could not be, as RabbitMQ-style
+    /// texts.
+    pub fn import(&mut self, now: u64, defs: &Definitions) -> ImportReport {
+        let mut report = ImportReport::default();
+        let errors = &mut report.errors;
         for v in &defs.vhosts {
-            if let Err(e) = self.add_vhost(now, v.clone()) {
-                errors.push(format!("vhost '{}': {e}", v.name));
+            match self.add_vhost(now, v.clone()) {
+                Ok(()) => report.vhosts += 1,
+                Err(e) => errors.push(format!("vhost '{}': {e}", v.name)),
             }
         }
         for u in &defs.users {
-            if let Err(e) = self.put_user(now, u.clone()) {
-                errors.push(format!("user '{}': {e}", u.name));
+            match self.put_user(now, u.clone()) {
+                Ok(()) => report.users += 1,
+                Err(e) => errors.push(format!("user '{}': {e}", u.name)),
             }
         }
         for p in &defs.permissions {
-            if let Err(e) = self.set_permissions(now, p.clone()) {
-                errors.push(format!(
+            match self.set_permissions(now, p.clone()) {
+                Ok(()) => report.permissions += 1,
+                Err(e) => errors.push(format!(
                     "permissions of '{}' in vhost '{}': {e}",
                     p.user, p.vhost
-                ));
+                )),
             }
         }
         for p in &defs.policies {
-            if let Err(e) = self.set_policy(now, p.clone()) {
-                errors.push(format!("policy '{}' in vhost '{}': {e}", p.name, p.vhost));
+            match self.set_policy(now, p.clone()) {
+                Ok(()) => report.policies += 1,
+                Err(e) => errors.push(format!("policy '{}' in vhost '{}': {e}", p.name, p.vhost)),
             }
         }
         let ops = defs
@@ -456,11 +476,17 @@ impl Broker {
                 (v, op)
             }));
         for (vhost, op) in ops {
-            if let Err(e) = self.admin(now, vhost, op) {
-                errors.push(e.to_string());
+            let count = match op {
+                Op::ExchangeDeclare(_) => &mut report.exchanges,
+                Op::QueueDeclare(_) => &mut report.queues,
+                _ => &mut report.bindings,
+            };
+            match self.admin(now, vhost, op) {
+                Ok(_) => *count += 1,
+                Err(e) => errors.push(e.to_string()),
             }
         }
-        errors
+        report
     }
 
     /// Runs one operation in `vhost` on the broker's admin channel with a client's checks;
