@@ -651,8 +651,9 @@ impl Management {
             "message_bytes_ram": q.memory,
             "exclusive_consumer_tag": Value::Null, "policy": q.policy,
             "effective_policy_definition": Value::Null, "operator_policy": Value::Null,
+            // No consumer_utilisation: Warren does not measure it, and tools read a missing
+            // field as unknown where a null breaks them (rabbitmqadmin 2.x wants a number).
             "single_active_consumer_tag": Value::Null, "head_message_timestamp": Value::Null,
-            "consumer_utilisation": Value::Null,
             "messages_ready_ram": ready - q.paged_out.min(ready),
             "messages_unacknowledged_ram": unacked,
             "message_stats": message_stats(&q.stats, &r),
