@@ -9,9 +9,11 @@
 //! ```
 
 use crate::json;
+use crate::tls::Reloadable;
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use std::path::Path;
+use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
@@ -40,6 +42,7 @@ pub fn bind(data_dir: &Path) -> anyhow::Result<UnixListener> {
 pub async fn serve(
     listener: UnixListener,
     broker: BrokerHandle,
+    tls: Option<Arc<Reloadable>>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
@@ -55,8 +58,9 @@ pub async fn serve(
             return;
         };
         let broker = broker.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = client(stream, &broker).await {
+            if let Err(e) = client(stream, &broker, tls.as_deref()).await {
                 tracing::warn!(error = %e, "admin request failed");
             }
             drop(permit);
@@ -64,12 +68,16 @@ pub async fn serve(
     }
 }
 
-async fn client(stream: UnixStream, broker: &BrokerHandle) -> anyhow::Result<()> {
+async fn client(
+    stream: UnixStream,
+    broker: &BrokerHandle,
+    tls: Option<&Reloadable>,
+) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
     reader.read_line(&mut line).await?;
-    let response = match handle(&line, broker).await {
+    let response = match handle(&line, broker, tls).await {
         Ok(result) => json!({"ok": true, "result": result}),
         Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
     };
@@ -143,7 +151,11 @@ async fn op(broker: &BrokerHandle, vhost: String, op: Op) -> anyhow::Result<Opti
     }
 }
 
-async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
+async fn handle(
+    line: &str,
+    broker: &BrokerHandle,
+    tls: Option<&Reloadable>,
+) -> anyhow::Result<Value> {
     let request: Value = serde_json::from_str(line).context("the request is not JSON")?;
     let verb = request
         .get("verb")
@@ -151,6 +163,15 @@ async fn handle(line: &str, broker: &BrokerHandle) -> anyhow::Result<Value> {
         .ok_or_else(|| anyhow!("the request has no verb"))?;
     let args = request.get("args").cloned().unwrap_or(Value::Null);
     Ok(match verb {
+        // As SIGHUP: new connections get the files' certificate, open ones keep theirs.
+        "reload_tls" => match tls {
+            Some(tls) => {
+                tls.reload()?;
+                tracing::info!("warren ctl reload-tls: TLS certificate files reloaded");
+                json!({})
+            }
+            None => bail!("no TLS listener is configured (--tls-cert, --tls-key)"),
+        },
         "list_queues" => match ask(broker, AdminRequest::ListQueues).await? {
             AdminResponse::Queues(qs) => qs
                 .iter()

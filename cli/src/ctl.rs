@@ -113,6 +113,8 @@ enum Verb {
     ListUserPermissions {
         user: String,
     },
+    /// Reads the TLS certificate, key and CA files again (as SIGHUP); open connections stay.
+    ReloadTls,
 }
 
 /// Columns shown by default in table format, per listing (all fields with `--format json`).
@@ -268,6 +270,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ClearPermissions { user } => ("clear_permissions", json!({"user": user})),
         Verb::ListPermissions => ("list_permissions", json!({})),
         Verb::ListUserPermissions { user } => ("list_user_permissions", json!({"user": user})),
+        Verb::ReloadTls => ("reload_tls", json!({})),
         Verb::DeleteQueue {
             name,
             if_unused,

@@ -6,6 +6,9 @@ mod alloc;
 mod bench;
 mod ctl;
 mod json;
+mod settings;
+mod tls;
+mod ws;
 
 /// Counts live heap bytes when `warren bench conns --socketless` turns it on.
 #[global_allocator]
@@ -52,39 +55,170 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// AMQP 0.9.1 listen address, or `none`.
-    #[arg(long, default_value = "127.0.0.1:5672")]
-    amqp: String,
-    /// MQTT listen address, or `none`.
-    #[arg(long, default_value = "127.0.0.1:1883")]
-    mqtt: String,
-    /// Where the broker keeps its data.
-    #[arg(long, default_value = "./warren-data")]
-    data_dir: PathBuf,
+    /// A TOML file with any of these settings (keys: the flags' names with `_` for `-`; see
+    /// warren.toml in the repository). Flags override it; WARREN_<KEY> variables override both.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// AMQP 0.9.1 listen address, repeatable (`--amqp 0.0.0.0:5672 --amqp [::]:5672`), or
+    /// `none`. Default 127.0.0.1:5672.
+    #[arg(long)]
+    amqp: Vec<String>,
+    /// AMQP over TLS listen address (port 5671 when none is given), repeatable. Needs
+    /// --tls-cert and --tls-key.
+    #[arg(long)]
+    amqps: Vec<String>,
+    /// MQTT listen address, repeatable, or `none`. Default 127.0.0.1:1883.
+    #[arg(long)]
+    mqtt: Vec<String>,
+    /// MQTT over TLS listen address (port 8883 when none is given), repeatable.
+    #[arg(long)]
+    mqtts: Vec<String>,
+    /// MQTT over WebSocket listen address (port 8083 when none is given), repeatable.
+    #[arg(long)]
+    mqtt_ws: Vec<String>,
+    /// MQTT over secure WebSocket listen address (port 8084 when none is given), repeatable.
+    #[arg(long)]
+    mqtt_wss: Vec<String>,
+    /// The HTTP path of the WebSocket listeners (default /mqtt, as EMQX and MQTT.js's
+    /// examples; RabbitMQ's Web MQTT uses /ws).
+    #[arg(long)]
+    mqtt_ws_path: Option<String>,
+    /// PEM certificate chain (server certificate first) of the TLS listeners; re-read on
+    /// SIGHUP.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle client certificates are verified against (with --tls-verify-peer).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Ask TLS clients for a certificate and verify it against --tls-ca (RabbitMQ's
+    /// verify_peer); a verified certificate's subject CN can log in (AMQP EXTERNAL, MQTT
+    /// --mqtt-use-identity-as-username).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    tls_verify_peer: Option<bool>,
+    /// With --tls-verify-peer: refuse TLS clients without a certificate (RabbitMQ's
+    /// fail_if_no_peer_cert).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    tls_fail_if_no_peer_cert: Option<bool>,
+    /// MQTT over TLS: the client certificate's subject CN is the user name, no password
+    /// checked (Mosquitto's use_identity_as_username).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    mqtt_use_identity_as_username: Option<bool>,
+    /// Largest MQTT packet accepted, bytes (default 16 MiB; v5 CONNACK announces it).
+    #[arg(long)]
+    mqtt_max_packet_size: Option<u32>,
+    /// QoS 1/2 messages in flight per MQTT session and direction (v5 Receive Maximum;
+    /// default 1024).
+    #[arg(long)]
+    mqtt_max_inflight: Option<u16>,
+    /// Longest MQTT keep-alive allowed, seconds (v5 Server Keep Alive); default: the
+    /// client's.
+    #[arg(long)]
+    mqtt_server_keep_alive: Option<u16>,
+    /// Messages a persistent MQTT session keeps while its client is away (default 100000).
+    #[arg(long)]
+    mqtt_max_offline_messages: Option<u64>,
+    /// Where the broker keeps its data (default ./warren-data).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
     /// Message memory, as a fraction of this machine's RAM, above which publishers are
-    /// blocked until consumers catch up (RabbitMQ's vm_memory_high_watermark).
-    #[arg(long, default_value_t = 0.4)]
-    memory_high_watermark: f64,
+    /// blocked until consumers catch up (RabbitMQ's vm_memory_high_watermark; default 0.4).
+    #[arg(long)]
+    memory_high_watermark: Option<f64>,
     /// Whether publisher confirms of persistent messages wait for fsync (`on`, the default:
     /// confirmed means on disk) or only for the write to the OS (`off`: survives a broker
     /// crash, not a power cut; lower latency, as RabbitMQ's classic queues).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    fsync: String,
+    #[arg(long, value_enum)]
+    fsync: Option<settings::Fsync>,
     /// Message bodies of at least this many bytes are stored once in the shared store;
-    /// smaller ones inline in each queue's segment files.
-    #[arg(long, default_value_t = 4096)]
-    embed_msgs_below: usize,
+    /// smaller ones inline in each queue's segment files (default 4096).
+    #[arg(long)]
+    embed_msgs_below: Option<usize>,
     /// Keep everything in memory: no message log, no stored definitions (nothing survives
     /// a restart, and a confirm does not mean on disk). The data dir holds only the admin
     /// socket.
-    #[arg(long)]
-    in_memory: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    in_memory: Option<bool>,
     /// Broker shards, each a task owning the queues its connections declare, with its own
     /// message log (ARCHITECTURE.md, "warren-runtime"): queue work spreads over up to this
     /// many cores. Fixed for a data directory once it holds queues. Experimental: on a
-    /// small machine one shard is faster (docs/benchmarks.md, "Shards").
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
-    shards: u32,
+    /// small machine one shard is faster (docs/benchmarks.md, "Shards"). Default 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    shards: Option<u32>,
+    /// Log filter: a level, or per module (`info,warren_mqtt=debug`). Default info, or
+    /// RUST_LOG when set and no level is configured.
+    #[arg(long)]
+    log_level: Option<String>,
+    /// Log lines as text (default) or JSON objects.
+    #[arg(long, value_enum)]
+    log_format: Option<settings::LogFormat>,
+    /// Append logs to this file instead of standard output.
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// The settings: the file's, then these flags, then WARREN_* variables.
+    fn settings(self) -> Result<settings::Settings, settings::SettingsError> {
+        let (mut s, source) = match &self.config {
+            Some(path) => {
+                let (s, text) = settings::Settings::from_file(path)?;
+                (s, Some((path.clone(), text)))
+            }
+            None => (settings::Settings::default(), None),
+        };
+        macro_rules! flag {
+            ($($key:ident),*) => {$(
+                if let Some(v) = self.$key {
+                    s.$key = v;
+                }
+            )*};
+        }
+        macro_rules! list {
+            ($($key:ident),*) => {$(
+                if !self.$key.is_empty() {
+                    s.$key = self.$key;
+                }
+            )*};
+        }
+        macro_rules! optional {
+            ($($key:ident),*) => {$(
+                if self.$key.is_some() {
+                    s.$key = self.$key;
+                }
+            )*};
+        }
+        list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss);
+        flag!(
+            mqtt_ws_path,
+            tls_verify_peer,
+            tls_fail_if_no_peer_cert,
+            mqtt_use_identity_as_username,
+            mqtt_max_packet_size,
+            mqtt_max_inflight,
+            mqtt_max_offline_messages,
+            data_dir,
+            memory_high_watermark,
+            fsync,
+            embed_msgs_below,
+            in_memory,
+            shards,
+            log_format
+        );
+        optional!(
+            tls_cert,
+            tls_key,
+            tls_ca,
+            mqtt_server_keep_alive,
+            log_level,
+            log_file
+        );
+        s.apply_env(|k| std::env::var(k).ok())?;
+        s.validate(source.as_ref().map(|(p, t)| (p.as_path(), t.as_str())))?;
+        Ok(s)
+    }
 }
 
 /// Total RAM in bytes, from /proc/meminfo.
@@ -117,23 +251,59 @@ fn watermark_bytes(fraction: f64) -> Result<u64, ConfigError> {
 /// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration (address, data dir).
 const EXIT_CONFIG: u8 = 2;
 
-fn parse_listen(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
-    if value == "none" {
-        return Ok(None);
-    }
-    value.parse().map(Some).with_context(|| {
-        format!("--{flag} {value:?} is not an address like 127.0.0.1:5672 (or `none`)")
-    })
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// The default logger of the subcommands other than `serve`.
+fn init_default_logs() {
     tracing_subscriber::fmt()
         .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
+}
+
+/// `serve`'s logger, as its settings say.
+fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
+    let filter = match &s.log_level {
+        Some(level) => EnvFilter::try_new(level).map_err(|e| ConfigError(e.to_string()))?,
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let file = match &s.log_file {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    ConfigError(format!(
+                        "cannot open log file {}: {e}; pass --log-file with a writable path",
+                        path.display()
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    let ansi = file.is_none() && std::io::stdout().is_terminal();
+    match (s.log_format, file) {
+        (settings::LogFormat::Text, None) => builder.with_ansi(ansi).init(),
+        (settings::LogFormat::Json, None) => builder.json().init(),
+        (settings::LogFormat::Text, Some(f)) => builder
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(f))
+            .init(),
+        (settings::LogFormat::Json, Some(f)) => {
+            builder.json().with_writer(std::sync::Mutex::new(f)).init()
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // `serve` sets its logger up from its settings.
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_default_logs();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -145,13 +315,27 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Serve(args) => match runtime.block_on(serve(args)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+        Command::Serve(args) => {
+            let settings = match args.settings() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            if let Err(e) = init_serve_logs(&settings) {
+                eprintln!("error: {e}");
+                return ExitCode::from(EXIT_CONFIG);
             }
-        },
+            match runtime.block_on(serve(settings)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+                }
+            }
+        }
         Command::Bench { command } => match runtime.block_on(bench::run(command)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -181,41 +365,285 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+impl From<settings::SettingsError> for ConfigError {
+    fn from(e: settings::SettingsError) -> ConfigError {
+        ConfigError(e.0)
+    }
+}
+
+/// What a listener serves, over what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Listener {
+    Amqp,
+    Amqps,
+    Mqtt,
+    Mqtts,
+    MqttWs,
+    MqttWss,
+}
+
+impl Listener {
+    const ALL: [Listener; 6] = [
+        Listener::Amqp,
+        Listener::Mqtt,
+        Listener::Amqps,
+        Listener::Mqtts,
+        Listener::MqttWs,
+        Listener::MqttWss,
+    ];
+
+    /// The flag (and, with `_`, the config key).
+    fn flag(self) -> &'static str {
+        match self {
+            Listener::Amqp => "amqp",
+            Listener::Amqps => "amqps",
+            Listener::Mqtt => "mqtt",
+            Listener::Mqtts => "mqtts",
+            Listener::MqttWs => "mqtt-ws",
+            Listener::MqttWss => "mqtt-wss",
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Listener::Amqp => 5672,
+            Listener::Amqps => 5671,
+            Listener::Mqtt => 1883,
+            Listener::Mqtts => 8883,
+            Listener::MqttWs => 8083,
+            Listener::MqttWss => 8084,
+        }
+    }
+
+    fn addresses(self, s: &settings::Settings) -> &Vec<String> {
+        match self {
+            Listener::Amqp => &s.amqp,
+            Listener::Amqps => &s.amqps,
+            Listener::Mqtt => &s.mqtt,
+            Listener::Mqtts => &s.mqtts,
+            Listener::MqttWs => &s.mqtt_ws,
+            Listener::MqttWss => &s.mqtt_wss,
+        }
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, Listener::Amqps | Listener::Mqtts | Listener::MqttWss)
+    }
+
+    fn is_amqp(self) -> bool {
+        matches!(self, Listener::Amqp | Listener::Amqps)
+    }
+
+    /// How the start-up log names it (the plain ones as before: scripts parse them).
+    fn describe(self, path: &str) -> String {
+        match self {
+            Listener::Amqp => "(AMQP 0.9.1)".into(),
+            Listener::Mqtt => "(MQTT 3.1, 3.1.1, 5.0)".into(),
+            Listener::Amqps => "for amqps: AMQP 0.9.1 over TLS".into(),
+            Listener::Mqtts => "for mqtts: MQTT over TLS".into(),
+            Listener::MqttWs => format!("for mqtt-ws: MQTT over WebSocket at {path}"),
+            Listener::MqttWss => format!("for mqtt-wss: MQTT over secure WebSocket at {path}"),
+        }
+    }
+}
+
+/// What every connection task of the listeners shares.
+#[derive(Clone)]
+struct Shared {
+    broker: warren_runtime::BrokerHandle,
+    amqp: Arc<warren_amqp::AmqpConfig>,
+    mqtt: Arc<warren_mqtt::MqttConfig>,
+    registry: Arc<warren_mqtt::Registry>,
+    tls: Option<Arc<tls::Reloadable>>,
+    ws_path: Arc<str>,
+    stopped: watch::Receiver<bool>,
+}
+
+/// Runs one listener's accept loop; each connection's task does its own TLS and WebSocket
+/// handshakes (bounded in time, off the broker's task).
+async fn run_listener(
+    kind: Listener,
+    listener: TcpListener,
+    shared: Shared,
+) -> std::io::Result<()> {
+    let stopped = shared.stopped.clone();
+    warren_runtime::listener::accept_loop(listener, stopped, move |socket, addr| {
+        let shared = shared.clone();
+        async move {
+            let peer_addr = addr.to_string();
+            let is_loopback = warren_runtime::listener::is_loopback(&addr);
+            let Shared {
+                broker,
+                amqp,
+                mqtt,
+                registry,
+                tls,
+                ws_path,
+                stopped,
+            } = shared;
+            let mqtt_peer = |identity| warren_mqtt::PeerInfo {
+                addr: peer_addr.clone(),
+                is_loopback,
+                identity,
+            };
+            let ws_max = mqtt.max_packet_size as usize + ws::SLACK;
+            match (kind, tls) {
+                (Listener::Amqp, _) => {
+                    let peer = warren_amqp::PeerInfo {
+                        addr: peer_addr.clone(),
+                        is_loopback,
+                        identity: None,
+                    };
+                    warren_amqp::serve_connection(socket, peer, broker, amqp, stopped).await
+                }
+                (Listener::Mqtt, _) => {
+                    warren_mqtt::serve_connection(
+                        socket,
+                        mqtt_peer(None),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+                (Listener::MqttWs, _) => {
+                    let Some(ws) = ws::accept(socket, &ws_path, ws_max, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    warren_mqtt::serve_connection(
+                        ws,
+                        mqtt_peer(None),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+                (_, None) => {
+                    tracing::error!("{} listener without TLS configuration", kind.flag())
+                }
+                (Listener::Amqps, Some(tls)) => {
+                    let Some((stream, identity)) =
+                        tls::accept(&tls, socket, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    let peer = warren_amqp::PeerInfo {
+                        addr: peer_addr.clone(),
+                        is_loopback,
+                        identity,
+                    };
+                    warren_amqp::serve_connection(stream, peer, broker, amqp, stopped).await
+                }
+                (Listener::Mqtts, Some(tls)) => {
+                    let Some((stream, identity)) =
+                        tls::accept(&tls, socket, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    warren_mqtt::serve_connection(
+                        stream,
+                        mqtt_peer(identity),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+                (Listener::MqttWss, Some(tls)) => {
+                    let Some((stream, identity)) =
+                        tls::accept(&tls, socket, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    let Some(ws) = ws::accept(stream, &ws_path, ws_max, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    warren_mqtt::serve_connection(
+                        ws,
+                        mqtt_peer(identity),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+            }
+        }
+    })
+    .await
+}
+
+async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     // Watch the signals before anything else, so that a SIGTERM arriving during start-up
     // stops the broker cleanly once it is up instead of killing the process.
-    let signals = Signals::watch()?;
-    let amqp = parse_listen("amqp", &args.amqp).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let mqtt = parse_listen("mqtt", &args.mqtt).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let memory_high_watermark = watermark_bytes(args.memory_high_watermark)?;
-    std::fs::create_dir_all(&args.data_dir).map_err(|e| {
+    let mut signals = Signals::watch()?;
+    let mut wanted = Vec::new();
+    for kind in Listener::ALL {
+        for addr in settings::parse_addrs(kind.flag(), kind.addresses(&s), kind.default_port())
+            .map_err(ConfigError::from)?
+        {
+            wanted.push((kind, addr));
+        }
+    }
+    if wanted.is_empty() {
+        return Err(ConfigError(
+            "nothing to serve: every listener is `none` (--amqp none --mqtt none)".into(),
+        )
+        .into());
+    }
+    let memory_high_watermark = watermark_bytes(s.memory_high_watermark)?;
+    let needs_tls = wanted.iter().any(|(kind, _)| kind.tls());
+    let tls = match (&s.tls_cert, &s.tls_key) {
+        (Some(cert), Some(key)) => {
+            let files = tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: s.tls_ca.clone(),
+                verify_peer: s.tls_verify_peer,
+                fail_if_no_peer_cert: s.tls_fail_if_no_peer_cert,
+            };
+            Some(Arc::new(
+                tls::Reloadable::new(files).map_err(|e| ConfigError(e.to_string()))?,
+            ))
+        }
+        _ if needs_tls => {
+            return Err(ConfigError(
+                "the TLS listeners (--amqps, --mqtts, --mqtt-wss) need --tls-cert PEM and \
+                 --tls-key PEM"
+                    .into(),
+            )
+            .into());
+        }
+        _ => None,
+    };
+    std::fs::create_dir_all(&s.data_dir).map_err(|e| {
         ConfigError(format!(
             "cannot create data dir {}: {e}; pass --data-dir DIR with a writable path",
-            args.data_dir.display()
+            s.data_dir.display()
         ))
     })?;
-    if amqp.is_none() && mqtt.is_none() {
-        return Err(ConfigError("nothing to serve: --amqp none and --mqtt none".into()).into());
+    let mut listeners = Vec::new();
+    for (kind, addr) in wanted {
+        listeners.push((kind, bind(addr, kind.flag()).await?));
     }
-    let amqp_listener = match amqp {
-        Some(addr) => Some(bind(addr, "amqp", "RabbitMQ").await?),
-        None => None,
-    };
-    let mqtt_listener = match mqtt {
-        Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
-        None => None,
-    };
     let config = warren_core::BrokerConfig {
         memory_high_watermark,
         ..warren_core::BrokerConfig::default()
     };
-    let (broker, definitions_db) = if args.in_memory {
+    let (broker, definitions_db) = if s.in_memory {
         tracing::warn!(
-            shards = args.shards,
+            shards = s.shards,
             "--in-memory: nothing survives a restart, and a confirm does not mean on disk"
         );
         (
-            warren_runtime::BrokerHandle::start_sharded(config, args.shards),
+            warren_runtime::BrokerHandle::start_sharded(config, s.shards),
             None,
         )
     } else {
@@ -223,18 +651,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // connection.
         let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store_sharded(
             config,
-            &args.data_dir,
+            &s.data_dir,
             warren_store::DiskConfig {
-                embed_msgs_below: args.embed_msgs_below,
-                fsync: args.fsync == "on",
+                embed_msgs_below: s.embed_msgs_below,
+                fsync: s.fsync == settings::Fsync::On,
                 ..warren_store::DiskConfig::default()
             },
-            args.shards,
+            s.shards,
         )
         .map_err(|e| match e {
             warren_runtime::StartError::Open(e) => ConfigError(format!(
                 "{e}; is another warren using --data-dir {}? pass another --data-dir",
-                args.data_dir.display()
+                s.data_dir.display()
             )),
             other => ConfigError(other.to_string()),
         })?;
@@ -245,59 +673,86 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         memory_high_watermark >> 20
     );
     let (stop, stopped) = watch::channel(false);
-    let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
-    tokio::spawn(admin::serve(admin, broker.clone(), stopped.clone()));
-    let mut servers = Vec::new();
-    if let Some(listener) = amqp_listener {
-        let bound = listener.local_addr()?;
-        let config = Arc::new(warren_amqp::AmqpConfig::default());
-        servers.push((
-            "AMQP",
-            tokio::spawn(warren_amqp::serve(
-                listener,
-                broker.clone(),
-                config,
-                stopped.clone(),
-            )),
-        ));
-        tracing::info!(data_dir = %args.data_dir.display(), "listening on {bound} (AMQP 0.9.1)");
-    }
-    if let Some(listener) = mqtt_listener {
-        let bound = listener.local_addr()?;
-        let config = Arc::new(warren_mqtt::MqttConfig::default());
+    let admin = admin::bind(&s.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
+    tokio::spawn(admin::serve(
+        admin,
+        broker.clone(),
+        tls.clone(),
+        stopped.clone(),
+    ));
+    let mqtt_config = warren_mqtt::MqttConfig {
+        max_packet_size: s.mqtt_max_packet_size,
+        max_inflight: s.mqtt_max_inflight,
+        server_keep_alive: s.mqtt_server_keep_alive,
+        max_offline_messages: s.mqtt_max_offline_messages,
+        use_identity_as_username: s.mqtt_use_identity_as_username,
+        ..warren_mqtt::MqttConfig::default()
+    };
+    let serves_mqtt = listeners.iter().any(|(kind, _)| !kind.is_amqp());
+    let registry = if serves_mqtt {
         // Bounded offline queues for persistent sessions, as a policy operators can see.
         match broker
             .admin(warren_runtime::AdminRequest::SetPolicy(
-                config.offline_policy(),
+                mqtt_config.offline_policy(),
             ))
             .await
         {
             Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
-        let registry = match definitions_db {
+        match definitions_db {
             Some(db) => mqtt_registry(db)?,
             None => warren_mqtt::Registry::new(),
-        };
+        }
+    } else {
+        warren_mqtt::Registry::new()
+    };
+    let shared = Shared {
+        broker: broker.clone(),
+        amqp: Arc::new(warren_amqp::AmqpConfig::default()),
+        mqtt: Arc::new(mqtt_config),
+        registry: Arc::new(registry),
+        tls: tls.clone(),
+        ws_path: s.mqtt_ws_path.as_str().into(),
+        stopped: stopped.clone(),
+    };
+    let mut servers = Vec::new();
+    for (kind, listener) in listeners {
+        let bound = listener.local_addr()?;
         servers.push((
-            "MQTT",
-            tokio::spawn(warren_mqtt::serve_with(
-                listener,
-                broker.clone(),
-                Arc::new(registry),
-                config,
-                stopped.clone(),
-            )),
+            kind,
+            tokio::spawn(run_listener(kind, listener, shared.clone())),
         ));
-        tracing::info!("listening on {bound} (MQTT 3.1, 3.1.1, 5.0)");
+        if kind == Listener::Amqp {
+            tracing::info!(data_dir = %s.data_dir.display(), "listening on {bound} {}", kind.describe(&s.mqtt_ws_path));
+        } else {
+            tracing::info!("listening on {bound} {}", kind.describe(&s.mqtt_ws_path));
+        }
     }
-    signals.wait().await;
+    drop(shared);
+    loop {
+        match signals.wait().await {
+            Signal::Stop(name) => {
+                tracing::info!("{name} received");
+                break;
+            }
+            Signal::Reload => match &tls {
+                Some(tls) => match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate files reloaded"),
+                    Err(e) => {
+                        tracing::warn!("SIGHUP: TLS files not reloaded, keeping the old: {e}")
+                    }
+                },
+                None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
+            },
+        }
+    }
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
-    for (name, server) in servers {
+    for (kind, server) in servers {
         server
             .await
-            .with_context(|| format!("{name} listener task failed"))??;
+            .with_context(|| format!("{} listener task failed", kind.flag()))??;
     }
     tracing::info!("stopped");
     Ok(())
@@ -328,21 +783,27 @@ fn mqtt_registry(
 }
 
 /// Binds a listener for `--{flag}`, with a hint when the address is taken.
-async fn bind(addr: SocketAddr, flag: &str, usual: &str) -> anyhow::Result<TcpListener> {
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-            format!("is another broker ({usual}?) running? pass --{flag} ADDR or --{flag} none")
+            format!("is another broker running? pass --{flag} ADDR or --{flag} none")
         } else {
             format!("pass --{flag} ADDR with an address this machine has")
         };
-        ConfigError(format!("cannot listen on {addr}: {e}; {hint}")).into()
+        ConfigError(format!("cannot listen on {addr} (--{flag}): {e}; {hint}")).into()
     })
 }
 
-/// SIGINT (Ctrl-C) and SIGTERM, registered up front.
+enum Signal {
+    Stop(&'static str),
+    Reload,
+}
+
+/// SIGINT (Ctrl-C), SIGTERM and SIGHUP, registered up front.
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -351,14 +812,15 @@ impl Signals {
         Ok(Signals {
             int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
             term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            hup: signal(SignalKind::hangup()).context("cannot watch SIGHUP")?,
         })
     }
 
-    async fn wait(mut self) {
-        let name = tokio::select! {
-            _ = self.int.recv() => "SIGINT",
-            _ = self.term.recv() => "SIGTERM",
-        };
-        tracing::info!("{name} received");
+    async fn wait(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::Stop("SIGINT"),
+            _ = self.term.recv() => Signal::Stop("SIGTERM"),
+            _ = self.hup.recv() => Signal::Reload,
+        }
     }
 }
