@@ -29,14 +29,13 @@ const MAX_CLIENTS: usize = 16;
 /// Binds the socket (replacing a stale one: the data dir's lock, taken before, proves no
 /// other broker uses it).
 pub fn bind(data_dir: &Path) -> anyhow::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
     let path = data_dir.join("warren.sock");
+    // A socket left by an earlier broker of this directory (the caller holds its lock).
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)
-        .with_context(|| format!("cannot create the admin socket {}", path.display()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot restrict {}", path.display()))?;
-    Ok(listener)
+    // Owner-only from its creation: `serve` set the umask to 077 before anything, so no
+    // other user can connect between bind and a chmod.
+    UnixListener::bind(&path)
+        .with_context(|| format!("cannot create the admin socket {}", path.display()))
 }
 
 pub async fn serve(
@@ -61,7 +60,10 @@ pub async fn serve(
         let tls = tls.clone();
         tokio::spawn(async move {
             if let Err(e) = client(stream, &broker, tls.as_deref()).await {
-                tracing::warn!(error = %e, "admin request failed");
+                tracing::warn!(
+                    error = %warren_core::escape::Escaped(&format!("{e:#}")),
+                    "admin request failed"
+                );
             }
             drop(permit);
         });

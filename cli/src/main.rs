@@ -41,7 +41,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
@@ -623,17 +623,14 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    std::fs::create_dir_all(&s.data_dir).map_err(|e| {
-        ConfigError(format!(
-            "cannot create data dir {}: {e}; pass --data-dir DIR with a writable path",
-            s.data_dir.display()
-        ))
-    })?;
+    let _lock = open_data_dir(&s.data_dir)?;
     let mut listeners = Vec::new();
     for (kind, addr) in wanted {
         listeners.push((kind, bind(addr, kind.flag()).await?));
     }
+    let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
     let config = warren_core::BrokerConfig {
+        seed,
         memory_high_watermark,
         ..warren_core::BrokerConfig::default()
     };
@@ -754,8 +751,56 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("{} listener task failed", kind.flag()))??;
     }
+    // Everything acked, purged or deleted is made durable before the process ends, so a
+    // restart after a clean stop redelivers nothing that was acked.
+    tracing::info!("syncing the store");
+    broker.stop().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Prepares the data directory before anything reads or writes it: the process creates
+/// everything owner-only from here on (umask 077: directories 0700, files and the admin
+/// socket 0600 from their creation, as RabbitMQ keeps its mnesia directory closed), and
+/// only one broker may use the directory (`warren_store::lock`), so a second one exits
+/// with code 2 before it touches anything.
+fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::DirLock> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            ConfigError(format!(
+                "cannot create data dir {}: {e}; pass --data-dir DIR with a writable path",
+                dir.display()
+            ))
+        })?;
+    let lock = warren_store::lock::DirLock::acquire(dir).map_err(|e| {
+        ConfigError(format!(
+            "{e}; stop it first or pass another --data-dir (nothing in {} was touched)",
+            dir.display()
+        ))
+    })?;
+    // A directory made by an older version (or by hand) readable by others: its files hold
+    // message bodies and password hashes.
+    if let Ok(meta) = std::fs::metadata(dir)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+            Ok(()) => {
+                tracing::info!(data_dir = %dir.display(), "data dir restricted to its owner (0700)")
+            }
+            Err(e) => {
+                tracing::warn!(data_dir = %dir.display(), error = %e, "cannot restrict the data dir to its owner")
+            }
+        }
+    }
+    Ok(lock)
 }
 
 /// The MQTT session registry, with the retained messages stored under the data dir and a

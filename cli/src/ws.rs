@@ -26,6 +26,8 @@ const SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
 
 /// Upgrades `stream` if the request asks for `path` and offers an MQTT subprotocol; `None`
 /// after one warning naming the peer and the reason (the client got an HTTP error).
+// The handshake callback's error type is tungstenite's (an HTTP response), not ours.
+#[allow(clippy::result_large_err)]
 pub async fn accept<S>(
     stream: S,
     path: &str,

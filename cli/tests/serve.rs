@@ -161,3 +161,58 @@ async fn in_memory_shards_serve_amqp_clients() {
     let want: Vec<String> = (0..10).map(|i| i.to_string()).collect();
     assert_eq!(got, want);
 }
+
+/// The name a server-named exclusive queue and a generated consumer tag get from a fresh
+/// connection to the broker on `port`.
+async fn generated_names(port: u16) -> (String, String) {
+    let (_c, ch) = channel(port).await;
+    let q = ch
+        .queue_declare(
+            "".into(),
+            lapin::options::QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .expect("declare");
+    let consumer = ch
+        .basic_consume(
+            q.name().clone(),
+            "".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .expect("consume");
+    (q.name().to_string(), consumer.tag().to_string())
+}
+
+/// Each start seeds the name generator from the OS: two fresh brokers, and one broker
+/// before and after a restart, hand out different queue names and consumer tags (with a
+/// fixed seed they were the same sequence every time: predictable reply-to addresses, and
+/// a restored `amq.gen-` queue's name drawn again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_start_draws_different_server_generated_names() {
+    let (dir_a, dir_b) = (data_dir("names-a"), data_dir("names-b"));
+    let (mut a, port_a) = serve(&dir_a, &[]);
+    let (mut b, port_b) = serve(&dir_b, &[]);
+    let from_a = generated_names(port_a).await;
+    let from_b = generated_names(port_b).await;
+    let _ = b.kill();
+    let _ = b.wait();
+    a.kill().expect("stop a");
+    let _ = a.wait();
+    let (mut again, port) = serve(&dir_a, &[]);
+    let after_restart = generated_names(port).await;
+    let _ = again.kill();
+    let _ = again.wait();
+    for dir in [dir_a, dir_b] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    assert!(from_a.0.starts_with("amq.gen-") && from_a.1.starts_with("amq.ctag-"));
+    assert_ne!(from_a.0, from_b.0, "two fresh brokers, one queue name");
+    assert_ne!(from_a.1, from_b.1, "two fresh brokers, one consumer tag");
+    assert_ne!(from_a.0, after_restart.0, "the same name after a restart");
+}

@@ -30,6 +30,15 @@ pub struct BrokerConfig {
     /// Body bytes a queue keeps in memory when the broker has a store (the window's other
     /// bound, for big messages): 8 MiB.
     pub queue_window_bytes: u64,
+    /// With a store: the longest a removal (ack, basic.get without ack, purge, drop,
+    /// queue deletion) waits for a sync when nothing else starts one. Persistent publishes
+    /// start a sync at once (their confirms wait for it); removals confirm nothing, so they
+    /// ride on the next sync, and this bounds how long that may take: after a `kill -9`
+    /// at most the removals of the last `removal_sync_ms` come back, and dead space in the
+    /// store is reclaimed at that pace too. 200 ms is RabbitMQ's queue sync interval
+    /// (`rabbit_amqqueue_process`, `SYNC_INTERVAL`); it costs an idle-publisher,
+    /// busy-consumer broker at most 5 syncs a second.
+    pub removal_sync_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -42,6 +51,7 @@ impl Default for BrokerConfig {
             flow_ready_high: 4096,
             queue_window: 2048,
             queue_window_bytes: 8 << 20,
+            removal_sync_ms: 200,
         }
     }
 }

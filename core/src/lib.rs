@@ -13,6 +13,7 @@ pub mod command;
 pub mod config;
 pub mod effect;
 pub mod error;
+pub mod escape;
 pub mod exchange;
 pub mod idhash;
 pub mod ids;

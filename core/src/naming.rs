@@ -13,6 +13,19 @@ impl NameGen {
         NameGen { state: seed }
     }
 
+    /// The generator of shard `shard` of a broker seeded with `seed`: every shard names
+    /// queues and consumers on its own, so each needs its own sequence (one seed for all
+    /// would hand two shards' clients the same `amq.gen-` name).
+    pub fn for_shard(seed: u64, shard: u32) -> NameGen {
+        if shard == 0 {
+            return NameGen::new(seed);
+        }
+        // Mix the shard in through one SplitMix step, so neighbouring shards do not walk
+        // overlapping stretches of one sequence.
+        let mut mixer = NameGen::new(seed ^ u64::from(shard).rotate_left(32));
+        NameGen::new(mixer.next_u64())
+    }
+
     fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
@@ -50,5 +63,16 @@ mod tests {
         assert_eq!(first, b.name("amq.gen-"));
         assert_eq!(first.len(), "amq.gen-".len() + 22);
         assert_ne!(first, a.name("amq.gen-"));
+    }
+
+    #[test]
+    fn shards_draw_different_names() {
+        let first = NameGen::for_shard(7, 0).name("amq.gen-");
+        assert_eq!(first, NameGen::new(7).name("amq.gen-"));
+        assert_ne!(first, NameGen::for_shard(7, 1).name("amq.gen-"));
+        assert_ne!(
+            NameGen::for_shard(7, 1).name("amq.gen-"),
+            NameGen::for_shard(7, 2).name("amq.gen-")
+        );
     }
 }

@@ -728,3 +728,158 @@ fn a_ttl_policy_dead_letters_and_policies_survive_a_restart() {
     assert!(restarted.restore(100, &defs).is_empty());
     assert_eq!(restarted.list_policies().len(), 1);
 }
+
+/// A durable queue `name` (server-named when empty) on `h`; returns its name.
+fn declare_durable(h: &mut Harness, c: ChannelRef, name: &str) -> String {
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: name.into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::default(),
+        }),
+    );
+    fx.into_iter()
+        .find_map(|e| match e {
+            Effect::Reply {
+                reply: Reply::QueueDeclareOk { queue, .. },
+                ..
+            } => Some(queue.to_string()),
+            _ => None,
+        })
+        .expect("declare-ok")
+}
+
+fn persistent() -> Properties {
+    Properties {
+        delivery_mode: Some(2),
+        ..Default::default()
+    }
+}
+
+/// A broker on `store` after a crash of the previous one, restored at `now`.
+fn restarted(store: &warren_core::store::MemoryStore, now: u64) -> Harness {
+    store.crash();
+    let mut h = Harness {
+        shards: Shards::default(),
+        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        now,
+    };
+    let errors = h.broker.restore(now, &store.definitions());
+    assert!(errors.is_empty(), "restore: {errors:?}");
+    h
+}
+
+#[test]
+fn acks_are_synced_within_the_removal_bound_without_a_publish() {
+    use warren_core::store::MemoryStore;
+    let store = MemoryStore::new();
+    let bound = warren_core::BrokerConfig::default().removal_sync_ms;
+    let mut h = Harness {
+        shards: Shards::default(),
+        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        now: 0,
+    };
+    let c = h.connect(1);
+    declare_durable(&mut h, c, "q");
+    for body in ["a", "b", "c"] {
+        publish_with(&mut h, c, "q", body, persistent());
+    }
+    let epoch = h.broker.start_sync().expect("a sync for the publishes");
+    assert_eq!(store.complete_sync(), Some(epoch));
+    h.broker.synced(h.now, epoch);
+    let got: Vec<String> = std::iter::from_fn(|| get(&mut h, c, "q").map(|m| m.0)).collect();
+    assert_eq!(got, ["a", "b", "c"]);
+    let removed_at = h.now;
+    // The gets confirm nothing, so they start no sync at once...
+    assert_eq!(h.broker.start_sync(), None);
+    // ...but one is due `removal_sync_ms` after the first of them.
+    let due = h
+        .broker
+        .next_deadline()
+        .expect("a deadline for the removals");
+    assert!(
+        due <= removed_at + bound,
+        "due at {due}, removals at {removed_at}"
+    );
+    tick(&mut h, due - 1);
+    assert_eq!(h.broker.start_sync(), None, "not before the bound");
+    tick(&mut h, due);
+    let epoch = h.broker.start_sync().expect("a sync for the removals");
+    assert_eq!(store.complete_sync(), Some(epoch));
+    h.broker.synced(h.now, epoch);
+    assert_eq!(h.broker.next_deadline(), None, "nothing left to sync");
+    let mut h = restarted(&store, h.now + 1);
+    let c = h.connect(1);
+    assert_eq!(
+        get(&mut h, c, "q").map(|m| m.0),
+        None,
+        "nothing acked comes back"
+    );
+}
+
+#[test]
+fn a_requested_sync_covers_removals_at_once() {
+    use warren_core::store::MemoryStore;
+    let store = MemoryStore::new();
+    let mut h = Harness {
+        shards: Shards::default(),
+        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        now: 0,
+    };
+    let c = h.connect(1);
+    declare_durable(&mut h, c, "q");
+    publish_with(&mut h, c, "q", "a", persistent());
+    let epoch = h.broker.start_sync().expect("a sync");
+    assert_eq!(store.complete_sync(), Some(epoch));
+    h.broker.synced(h.now, epoch);
+    assert!(get(&mut h, c, "q").is_some());
+    // A clean stop: the host asks for a sync and waits for it.
+    h.broker.request_sync();
+    let epoch = h.broker.start_sync().expect("the requested sync");
+    assert!(h.broker.unsynced_epoch().is_some());
+    assert_eq!(store.complete_sync(), Some(epoch));
+    h.broker.synced(h.now, epoch);
+    assert_eq!(h.broker.unsynced_epoch(), None);
+    let mut h = restarted(&store, h.now + 1);
+    let c = h.connect(1);
+    assert_eq!(get(&mut h, c, "q").map(|m| m.0), None);
+}
+
+#[test]
+fn a_server_named_durable_queue_is_restored_with_its_messages() {
+    use warren_core::store::MemoryStore;
+    let store = MemoryStore::new();
+    let mut h = Harness {
+        shards: Shards::default(),
+        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        now: 0,
+    };
+    let c = h.connect(1);
+    let name = declare_durable(&mut h, c, "");
+    assert!(name.starts_with("amq.gen-"), "{name}");
+    publish_with(&mut h, c, &name, "kept", persistent());
+    let epoch = h.broker.start_sync().expect("a sync");
+    assert_eq!(store.complete_sync(), Some(epoch));
+    let mut h = restarted(&store, h.now + 1);
+    let c = h.connect(1);
+    assert_eq!(get(&mut h, c, &name).map(|m| m.0).as_deref(), Some("kept"));
+    // Clients still may not take the prefix.
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "amq.gen-mine".into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::default(),
+        }),
+    );
+    assert_eq!(error_code(&fx), Some(403), "{fx:?}");
+}

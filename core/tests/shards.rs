@@ -325,3 +325,17 @@ fn the_memory_alarm_counts_every_shard() {
         "drained on shard 0: shard 1 looks again and unblocks: {fx:?}"
     );
 }
+
+/// Each shard names queues on its own: a server-named queue of one shard's client must not
+/// be the one another shard's client was given (a second client would share it, or be
+/// refused its own exclusive queue).
+#[test]
+fn server_named_queues_of_two_shards_differ() {
+    let mut h = Harness::sharded(BrokerConfig::default(), 2);
+    let a = h.connect(2);
+    let b = h.connect(1);
+    let qa = h.declare_with(a, "", false, true, false);
+    let qb = h.declare_with(b, "", false, true, false);
+    assert!(qa.starts_with("amq.gen-") && qb.starts_with("amq.gen-"));
+    assert_ne!(qa, qb, "two shards drew the same name");
+}

@@ -8,9 +8,11 @@
 
 use crate::convert::properties_to_amqp;
 use crate::error::GatewayError;
+use crate::spec::BadMethod;
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, gen_frame, parsing::parse_content_header};
 use amq_protocol::protocol::{AMQPClass, parse_class};
 use bytes::{BufMut, Bytes, BytesMut};
+use warren_core::escape::Escaped;
 use warren_core::message::Properties;
 
 /// What a client must send first.
@@ -74,19 +76,17 @@ pub fn decode(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, Gatew
             Ok(_) => Err(GatewayError::Syntax(
                 "trailing bytes after method arguments".into(),
             )),
-            Err(e) => Err(GatewayError::Syntax(format!(
-                "cannot decode method frame on channel {channel}: {}",
-                describe_parse_error(&e)
-            ))),
+            // The decoder's error is its parser's internals: say what is wrong in the
+            // protocol's terms instead.
+            Err(_) => Err(bad_method(channel, &payload)),
         },
         FRAME_HEADER => match parse_content_header(&payload[..]) {
             Ok(([], h)) => Ok(Some(Frame::Header(channel, h))),
             Ok(_) => Err(GatewayError::Syntax(
                 "trailing bytes after content header".into(),
             )),
-            Err(e) => Err(GatewayError::Syntax(format!(
-                "cannot decode content header on channel {channel}: {}",
-                describe_parse_error(&e)
+            Err(_) => Err(GatewayError::Syntax(format!(
+                "cannot decode the content header on channel {channel}"
             ))),
         },
         FRAME_BODY => Ok(Some(Frame::Body(channel, payload.freeze()))),
@@ -95,11 +95,30 @@ pub fn decode(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, Gatew
     }
 }
 
-fn describe_parse_error<E: std::fmt::Debug>(e: &E) -> String {
-    // nom's errors carry the parser context stack; keep the log line short.
-    let mut s = format!("{e:?}");
-    s.truncate(200);
-    s
+/// The error for a method frame on `channel` whose `payload` did not decode.
+fn bad_method(channel: u16, payload: &[u8]) -> GatewayError {
+    match crate::spec::diagnose(payload) {
+        BadMethod::NoIds => GatewayError::Frame(format!(
+            "method frame of {} bytes on channel {channel} has no class and method ids",
+            payload.len()
+        )),
+        BadMethod::Unknown { class, method } => GatewayError::CommandInvalid(format!(
+            "unknown method (class {class}, method {method}) on channel {channel}"
+        )),
+        BadMethod::NotUtf8 {
+            class,
+            method,
+            name,
+            field,
+        } => GatewayError::NotUtf8 {
+            channel,
+            ids: (class, method),
+            text: format!("invalid UTF-8 in argument '{field}' of {name}"),
+        },
+        BadMethod::Malformed { name, .. } => GatewayError::Syntax(format!(
+            "cannot decode the arguments of {name} on channel {channel}"
+        )),
+    }
 }
 
 /// Encodes any frame with amq-protocol's generator.
@@ -108,7 +127,11 @@ pub fn encode_frame(buf: &mut BytesMut, frame: &AMQPFrame) {
         Ok((bytes, _)) => buf.extend_from_slice(&bytes),
         // Generation into a growable Vec only fails on values the core never produces
         // (e.g. a short string over 255 bytes); losing one frame beats a broker panic.
-        Err(e) => tracing::error!("cannot encode {frame}: {e:?}"),
+        Err(e) => tracing::error!(
+            "cannot encode {}: {}",
+            Escaped(&frame.to_string()),
+            Escaped(&format!("{e:?}"))
+        ),
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use warren_core::command::{Op, Publish};
 use warren_core::effect::{Effect, Reply};
 use warren_core::error::ErrorCode;
+use warren_core::escape::Escaped;
 use warren_runtime::{BrokerHandle, CommandSender};
 
 /// Who is on the other end, for authentication and logs.
@@ -81,7 +82,7 @@ pub async fn serve_connection<S>(
             return;
         }
         Ok(Err(Refused::Closed(code, text))) => {
-            tracing::warn!(peer = %peer.addr, code = code.code(), "handshake refused: {text}");
+            tracing::warn!(peer = %peer.addr, code = code.code(), "handshake refused: {}", Escaped(&text));
             return;
         }
         Err(_) => {
@@ -93,9 +94,9 @@ pub async fn serve_connection<S>(
             return;
         }
     };
-    tracing::info!(peer = %peer.addr, user = %negotiated.user, "accepted AMQP connection");
+    tracing::info!(peer = %peer.addr, user = %Escaped(&negotiated.user), "accepted AMQP connection");
     let link = broker.connect();
-    let mut session = Session::new(negotiated, link.tx, peer, config);
+    let mut session = Session::new(negotiated, link.tx, peer, config, broker.clone());
     let end = session.run(&mut rd, &mut wr, rbuf, link.rx, shutdown).await;
     let _ = session.tx.send(vec![(0, Op::ConnectionClose)]).await;
     if matches!(end, End::ClientClosed) {
@@ -123,7 +124,8 @@ pub async fn serve_connection<S>(
         End::Closed(code, text) => tracing::warn!(
             peer = %session.peer.addr,
             code,
-            "connection closed by the server: {text}"
+            "connection closed by the server: {}",
+            Escaped(&text)
         ),
         End::BrokerGone => tracing::debug!(peer = %session.peer.addr, "broker stopped"),
         End::MissedHeartbeats(secs) => tracing::warn!(
@@ -305,10 +307,20 @@ struct Session {
     published: bool,
     /// The core's flow control paused this (publishing) connection.
     flow_paused: bool,
+    /// For `connection.update-secret`: the broker checks the new secret.
+    broker: BrokerHandle,
+    /// A `connection.update-secret` to answer before reading on (its new secret, its reason).
+    new_secret: Option<(Vec<u8>, String)>,
 }
 
 impl Session {
-    fn new(n: Negotiated, tx: CommandSender, peer: PeerInfo, config: Arc<AmqpConfig>) -> Session {
+    fn new(
+        n: Negotiated,
+        tx: CommandSender,
+        peer: PeerInfo,
+        config: Arc<AmqpConfig>,
+        broker: BrokerHandle,
+    ) -> Session {
         let now = Instant::now();
         Session {
             frame_max: n.frame_max,
@@ -331,6 +343,8 @@ impl Session {
             blocked: false,
             published: false,
             flow_paused: false,
+            broker,
+            new_secret: None,
         }
     }
 
@@ -354,8 +368,9 @@ impl Session {
         self.ops.push((
             0,
             Op::ConnectionOpen {
-                vhost: std::mem::take(&mut self.vhost),
-                user: std::mem::take(&mut self.user),
+                // Kept: connection.update-secret checks the user in its vhost again.
+                vhost: self.vhost.clone(),
+                user: self.user.clone(),
                 cancel_notify: self.cancel_notify,
             },
         ));
@@ -381,6 +396,16 @@ impl Session {
             }
             if self.client_closed {
                 return End::ClientClosed;
+            }
+            if let Some((secret, reason)) = self.new_secret.take() {
+                if let Err(e) = self.update_secret(secret, &reason).await {
+                    return e;
+                }
+                // Then what the client sent behind it.
+                if let Err(e) = self.on_frames(&mut rbuf) {
+                    self.fail(e);
+                }
+                continue;
             }
             if rbuf.is_empty() && rbuf.capacity() > IDLE_BUFFER {
                 rbuf = BytesMut::new();
@@ -540,6 +565,50 @@ impl Session {
         }
     }
 
+    /// `connection.update-secret` (RabbitMQ 3.8+, an OAuth 2 token refresh): the new secret
+    /// is the user's password from now on, so the broker checks it (and the user's access
+    /// to this connection's vhost) again; update-secret-ok if it holds, else the connection
+    /// closes with 530 as RabbitMQ's does when a backend refuses the secret.
+    async fn update_secret(&mut self, secret: Vec<u8>, reason: &str) -> Result<(), End> {
+        let refused = match String::from_utf8(secret) {
+            Ok(password) => self
+                .broker
+                .authenticate(
+                    &self.user,
+                    &password,
+                    self.peer.is_loopback,
+                    Some(&self.vhost),
+                )
+                .await
+                .map_err(|_| End::BrokerGone)?
+                .err()
+                .map(|e| e.to_string()),
+            Err(_) => Some("the new secret is not UTF-8".into()),
+        };
+        let user = Escaped(&self.user);
+        match refused {
+            None => {
+                tracing::info!(peer = %self.peer.addr, %user, reason = %Escaped(reason), "updated secret");
+                codec::encode_method(
+                    &mut self.wbuf,
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(
+                        connection::UpdateSecretOk {},
+                    )),
+                );
+            }
+            Some(why) => {
+                tracing::warn!(peer = %self.peer.addr, %user, "secret update refused: {why}");
+                self.close_connection(
+                    ErrorCode::NotAllowed,
+                    "NOT_ALLOWED - New secret was refused by one of the backends".into(),
+                    (10, 70),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// A connection-level error: send connection.close and stop processing input.
     fn fail(&mut self, e: GatewayError) {
         let text = e.to_string();
@@ -560,12 +629,51 @@ impl Session {
 
     /// Decodes and handles every complete frame in `rbuf`.
     fn on_frames(&mut self, rbuf: &mut BytesMut) -> Result<(), GatewayError> {
-        while self.closing.is_none() && !self.client_closed {
-            let Some(frame) = codec::decode(rbuf, self.frame_max)? else {
-                return Ok(());
+        // An update-secret is answered before anything after it is read.
+        while self.closing.is_none() && !self.client_closed && self.new_secret.is_none() {
+            let frame = match codec::decode(rbuf, self.frame_max) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(()),
+                Err(GatewayError::NotUtf8 { channel, ids, text }) => {
+                    self.on_not_utf8(channel, ids, text)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
             self.on_frame(frame)?;
         }
+        Ok(())
+    }
+
+    /// A method with a short string that is not UTF-8 (a queue or exchange name, a
+    /// routing key): a bad argument, so its channel's error (406) as any other bad
+    /// argument is, and the connection and its other channels carry on. On channel 0, on
+    /// a channel that is not open or inside a message's content, it stays a connection
+    /// error.
+    fn on_not_utf8(&mut self, ch: u16, ids: (u16, u16), text: String) -> Result<(), GatewayError> {
+        let Some(state) = self
+            .channels
+            .get_mut(&ch)
+            .filter(|s| ch != 0 && s.content.is_none())
+        else {
+            return Err(GatewayError::NotUtf8 {
+                channel: ch,
+                ids,
+                text,
+            });
+        };
+        if state.closing {
+            // Only the close handshake matters on a channel we are closing.
+            return Ok(());
+        }
+        state.closing = true;
+        let text = format!("PRECONDITION_FAILED - {text}");
+        tracing::warn!(peer = %self.peer.addr, channel = ch, "{text}");
+        codec::encode_method(
+            &mut self.wbuf,
+            ch,
+            methods::channel_close(ErrorCode::PreconditionFailed.code(), &text, ids),
+        );
         Ok(())
     }
 
@@ -591,6 +699,10 @@ impl Session {
                 Ok(())
             }
             AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)) => Ok(()),
+            AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(u)) => {
+                self.new_secret = Some((u.new_secret.as_bytes().to_vec(), u.reason.to_string()));
+                Ok(())
+            }
             other => Err(GatewayError::CommandInvalid(format!(
                 "unexpected method on channel 0: {}",
                 method_name(&other)
@@ -983,7 +1095,7 @@ impl Session {
                 codec::encode_method(&mut self.wbuf, ch, methods::server_cancel(&consumer_tag));
             }
             Effect::ChannelError { error, .. } => {
-                tracing::debug!(peer = %self.peer.addr, channel = ch, "channel error: {}", error.text);
+                tracing::debug!(peer = %self.peer.addr, channel = ch, "channel error: {}", Escaped(&error.text));
                 codec::encode_method(
                     &mut self.wbuf,
                     ch,

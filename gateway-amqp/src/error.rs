@@ -25,6 +25,14 @@ pub enum GatewayError {
     AccessRefused(String),
     #[error("NOT_IMPLEMENTED - {0}")]
     NotImplemented(String),
+    /// A method whose short string argument is not UTF-8: on an open channel, that
+    /// channel's error (406, as any bad argument); a connection error elsewhere.
+    #[error("SYNTAX_ERROR - {text}")]
+    NotUtf8 {
+        channel: u16,
+        ids: (u16, u16),
+        text: String,
+    },
 }
 
 impl GatewayError {
@@ -39,6 +47,7 @@ impl GatewayError {
             GatewayError::NotAllowed(_) => ErrorCode::NotAllowed,
             GatewayError::AccessRefused(_) => ErrorCode::AccessRefused,
             GatewayError::NotImplemented(_) => ErrorCode::NotImplemented,
+            GatewayError::NotUtf8 { .. } => ErrorCode::SyntaxError,
         }
     }
 }

@@ -12,6 +12,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use warren_core::error::ErrorCode;
+use warren_core::escape::Escaped;
 use warren_core::message::FieldValue;
 
 /// What the handshake settled.
@@ -52,6 +53,8 @@ fn server_properties() -> FieldTable {
         "authentication_failure_close",
         "per_consumer_qos",
         "connection.blocked",
+        "consumer_priorities",
+        "direct_reply_to",
     ] {
         caps.insert(ShortString::from(cap), AMQPValue::Boolean(true));
     }
@@ -234,7 +237,7 @@ where
     };
     let login = check_login(broker, &credentials, certified, peer, None).await?;
     if let Err(e) = login {
-        tracing::warn!(peer = %peer.addr, user = %credentials.user, "login refused: {e}");
+        tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "login refused: {}", Escaped(&e.to_string()));
         return Err(refuse(
             wr,
             ErrorCode::AccessRefused,
@@ -322,7 +325,7 @@ where
     let vhost = open.virtual_host.to_string();
     let access = check_login(broker, &credentials, certified, peer, Some(&vhost)).await?;
     if let Err(e) = access {
-        tracing::warn!(peer = %peer.addr, user = %credentials.user, "connection.open refused: {e}");
+        tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "connection.open refused: {}", Escaped(&e.to_string()));
         return Err(refuse(
             wr,
             ErrorCode::NotAllowed,

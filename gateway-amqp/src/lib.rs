@@ -4,6 +4,7 @@
 //! Code map: `codec` (framing), `handshake` (start/tune/open), `connection` (the
 //! per-connection task), `methods` (AMQP methods <-> core ops and replies), `convert`
 //! (field tables and properties), `auth` (PLAIN, AMQPLAIN), `server` (TCP accept loop),
+//! `spec` (the method table: why a method frame did not decode),
 //! `config`, `error`.
 
 pub mod auth;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod handshake;
 pub mod methods;
 pub mod server;
+pub mod spec;
 
 pub use config::AmqpConfig;
 pub use connection::{PeerInfo, serve_connection};

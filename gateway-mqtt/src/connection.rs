@@ -25,6 +25,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use warren_core::command::Op;
 use warren_core::effect::Effect;
+use warren_core::escape::Escaped;
 use warren_runtime::{BrokerHandle, CommandSender, EffectReceiver, LoginError};
 
 /// Who is on the other end, for authentication and logs.
@@ -315,14 +316,14 @@ where
         Ok(Err(End::Close(e))) => {
             if let Some(level) = e.text.strip_prefix("unsupported protocol level ") {
                 // MQTT-3.1.2-2: CONNACK 0x01 (v3 framing: the client is no v5 client).
-                tracing::warn!(peer = %peer.addr, "MQTT CONNECT refused: protocol level {level}");
+                tracing::warn!(peer = %peer.addr, "MQTT CONNECT refused: protocol level {}", Escaped(level));
                 let _ = timeout(CLOSE_TIMEOUT, async {
                     stream.write_all(&[0x20, 2, 0, 1]).await?;
                     stream.flush().await
                 })
                 .await;
             } else {
-                tracing::warn!(peer = %peer.addr, "MQTT connection closed before CONNECT: {e}");
+                tracing::warn!(peer = %peer.addr, "MQTT connection closed before CONNECT: {}", Escaped(&e.to_string()));
             }
             return None;
         }
@@ -351,7 +352,7 @@ where
     let info = match check_connect(&connect, peer.is_loopback, &config, || registry.assign_id()) {
         Ok(i) => i,
         Err(code) => {
-            tracing::warn!(peer = %peer.addr, client_id = %connect.client_id, "MQTT CONNECT refused: {code:?}");
+            tracing::warn!(peer = %peer.addr, client_id = %Escaped(&connect.client_id), "MQTT CONNECT refused: {code:?}");
             let _ = timeout(
                 CLOSE_TIMEOUT,
                 write_packets(&mut stream, &[refusal(code)], level),
@@ -383,7 +384,7 @@ where
             _ => ConnectReasonCode::BadUserNameOrPassword,
         };
         let why = e.map_or_else(|| "malformed credentials".to_string(), |e| e.to_string());
-        tracing::warn!(peer = %peer.addr, client_id = %connect.client_id, "MQTT login refused: {why}");
+        tracing::warn!(peer = %peer.addr, client_id = %Escaped(&connect.client_id), "MQTT login refused: {}", Escaped(&why));
         let _ = timeout(
             CLOSE_TIMEOUT,
             write_packets(&mut stream, &[refusal(code)], level),
@@ -403,7 +404,7 @@ where
     }
     let record = registry.take_session(&client_id);
     let session = Session::new(info, record, now_ms(), config);
-    tracing::info!(peer = %peer.addr, client_id = %client_id, level, "accepted MQTT connection");
+    tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), level, "accepted MQTT connection");
     Some(Live {
         stream,
         rbuf,
@@ -438,21 +439,21 @@ where
     let level = session.level();
     match &end {
         End::Disconnected => {
-            tracing::info!(peer = %peer.addr, client_id = %client_id, "MQTT client disconnected")
+            tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client disconnected")
         }
         End::Eof => {
-            tracing::info!(peer = %peer.addr, client_id = %client_id, "MQTT client went away without DISCONNECT")
+            tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client went away without DISCONNECT")
         }
         End::Io(e) => {
-            tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection I/O error: {e}")
+            tracing::warn!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT connection I/O error: {}", Escaped(&e.to_string()))
         }
         End::BrokerGone => tracing::debug!(peer = %peer.addr, "broker stopped"),
         End::Close(e) => match e.reason {
             DisconnectReasonCode::SessionTakenOver | DisconnectReasonCode::ServerShuttingDown => {
-                tracing::info!(peer = %peer.addr, client_id = %client_id, "MQTT connection closed: {e}")
+                tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT connection closed: {}", Escaped(&e.to_string()))
             }
             _ => {
-                tracing::warn!(peer = %peer.addr, client_id = %client_id, "MQTT connection closed: {e}")
+                tracing::warn!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT connection closed: {}", Escaped(&e.to_string()))
             }
         },
     }
@@ -575,7 +576,7 @@ async fn publish_delayed_will(
     })
     .await;
     let _ = link.tx.send(vec![(0, Op::ConnectionClose)]).await;
-    tracing::debug!(client_id = %client_id, "delayed will published");
+    tracing::debug!(client_id = %Escaped(&client_id), "delayed will published");
 }
 
 /// Decodes and handles every complete packet in `rbuf`.

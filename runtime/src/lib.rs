@@ -41,6 +41,17 @@ pub(crate) fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A seed for the core's name generator (`BrokerConfig::seed`) from the operating system's
+/// randomness, for a host to draw at each start: with a fixed seed every fresh broker hands
+/// out the same `amq.gen-` names, consumer tags and direct reply-to addresses, so a reply
+/// address could be predicted and a restored queue's name drawn again.
+pub fn os_seed() -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
 /// Why a broker with a data directory did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -133,6 +144,17 @@ pub(crate) enum Control {
     Synced {
         epoch: u64,
         result: Result<(), String>,
+    },
+    /// A clean stop, first step: answer once this shard has nothing left to apply and
+    /// everything it wrote is synced (acks included), with how many pieces of mail it has
+    /// sent other shards so far (`BrokerHandle::stop` asks until the counts settle).
+    Flush {
+        reply: tokio::sync::oneshot::Sender<u64>,
+    },
+    /// A clean stop, last step: the task ends and closes its store (its sync thread
+    /// finishes), then answers.
+    Stop {
+        reply: tokio::sync::oneshot::Sender<()>,
     },
     /// An operator's request (`warren ctl`).
     Admin {
@@ -377,7 +399,10 @@ impl BrokerHandle {
         let started = std::time::Instant::now();
         let (first, others) = brokers.split_at_mut(1);
         for error in first[0].restore_shards(unix_ms(), &definitions, others) {
-            tracing::warn!(%error, "a stored definition could not be restored");
+            tracing::warn!(
+                error = %warren_core::escape::Escaped(&error.to_string()),
+                "a stored definition could not be restored"
+            );
         }
         tracing::info!(
             exchanges = definitions.exchanges.len(),
@@ -497,6 +522,39 @@ impl BrokerHandle {
                 .map_err(|_| BrokerGone)?;
         }
         answer.await.map_err(|_| BrokerGone)
+    }
+
+    /// Stops the broker cleanly, once its connections are closed: every shard applies
+    /// what it was sent, makes everything durable (acks, purges and deletes too, so that
+    /// nothing acked comes back after a restart) and closes its store. Mail between shards
+    /// may carry acks, so the shards are asked until none sent mail since the last round.
+    pub async fn stop(&self) {
+        // Each round is one flush of every shard; mail stops once connections are gone,
+        // within a few rounds (the bound is a safety net, not a schedule).
+        let mut last = None;
+        for _ in 0..64 {
+            let mut sent = 0u64;
+            for shard in &self.shared.shards {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                if shard.control.send(Control::Flush { reply }).is_err() {
+                    return;
+                }
+                match answer.await {
+                    Ok(n) => sent += n,
+                    Err(_) => return,
+                }
+            }
+            if last == Some(sent) {
+                break;
+            }
+            last = Some(sent);
+        }
+        for shard in &self.shared.shards {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            if shard.control.send(Control::Stop { reply }).is_ok() {
+                let _ = answer.await;
+            }
+        }
     }
 
     /// A listing of what lives on every shard (queues, their consumers, connections):

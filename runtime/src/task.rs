@@ -40,6 +40,14 @@ impl ShardIo {
             .any(|(i, n)| i != self.shard && n.load(Ordering::Acquire) > MAX_BACKLOG)
     }
 
+    /// Pieces of mail sent here and not handled yet.
+    fn pending(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        self.backlog
+            .get(self.shard)
+            .map_or(0, |n| n.load(Ordering::Acquire))
+    }
+
     /// Handled `n` pieces of the mail sent here.
     fn handled(&self, n: usize) {
         use std::sync::atomic::Ordering;
@@ -66,6 +74,13 @@ pub(crate) async fn run(
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     let mut held = HeldAnswers::default();
     let mut outbox = Vec::new();
+    let mut stopping = Stopping::default();
+    // Mail pieces sent to other shards so far (a clean stop waits until this settles).
+    let mut mail_sent = 0u64;
+    // A sync right after the restore: it ends the store's recovery (dead space found
+    // there is reclaimed) whether or not a client writes anything.
+    broker.request_sync();
+    broker.start_sync();
     loop {
         let deadline = broker
             .next_deadline()
@@ -73,9 +88,14 @@ pub(crate) async fn run(
         tokio::select! {
             biased;
             msg = control.recv() => match msg {
-                Some(msg) => {
-                    apply_control(&mut broker, &mut conns, &mut held, msg, now_ms(Instant::now()))
-                }
+                Some(msg) => apply_control(
+                    &mut broker,
+                    &mut conns,
+                    &mut held,
+                    &mut stopping,
+                    msg,
+                    now_ms(Instant::now()),
+                ),
                 None => return,
             },
             mail = io.mail.recv() => {
@@ -100,7 +120,8 @@ pub(crate) async fn run(
                 adopt_routes(&mut broker, &routes);
                 // Registrations sent before these ops must be applied first.
                 while let Ok(msg) = control.try_recv() {
-                    apply_control(&mut broker, &mut conns, &mut held, msg, now_ms(Instant::now()));
+                    let now = now_ms(Instant::now());
+                    apply_control(&mut broker, &mut conns, &mut held, &mut stopping, msg, now);
                 }
                 let now = now_ms(Instant::now());
                 apply(&mut broker, &mut conns, req, now);
@@ -110,7 +131,14 @@ pub(crate) async fn run(
                             // A connection registered after the drain above may have sent
                             // this batch: its registration must be applied first too.
                             while let Ok(msg) = control.try_recv() {
-                                apply_control(&mut broker, &mut conns, &mut held, msg, now);
+                                apply_control(
+                                    &mut broker,
+                                    &mut conns,
+                                    &mut held,
+                                    &mut stopping,
+                                    msg,
+                                    now,
+                                );
                             }
                             apply(&mut broker, &mut conns, req, now)
                         }
@@ -132,9 +160,27 @@ pub(crate) async fn run(
         }
         // After the table: a shard adopts the published table before it reads mail that
         // shard 0 sent after publishing it.
-        send_mail(&mut broker, &mut outbox, &io);
+        mail_sent += send_mail(&mut broker, &mut outbox, &io);
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
+        if let Some(reply) = stopping.stop.take() {
+            // Closes the store: its sync thread finishes what it was given first.
+            drop(broker);
+            let _ = reply.send(());
+            return;
+        }
+        if !stopping.flushes.is_empty() {
+            if broker.unsynced_epoch().is_some() {
+                // Removals wait for no timer now: the sync starts at once (or right after
+                // the one in flight).
+                broker.request_sync();
+                broker.start_sync();
+            } else if requests.is_empty() && io.mail.is_empty() && io.pending() == 0 {
+                for reply in stopping.flushes.drain(..) {
+                    let _ = reply.send(mail_sent);
+                }
+            }
+        }
     }
 }
 
@@ -149,12 +195,14 @@ fn adopt_routes(broker: &mut Broker, routes: &crate::Routes) {
     }
 }
 
-/// Sends the turn's mail for other shards, one batch per shard, in the order sent.
-fn send_mail(broker: &mut Broker, outbox: &mut Vec<ShardMail>, io: &ShardIo) {
+/// Sends the turn's mail for other shards, one batch per shard, in the order sent;
+/// returns how many pieces it sent.
+fn send_mail(broker: &mut Broker, outbox: &mut Vec<ShardMail>, io: &ShardIo) -> u64 {
     broker.take_outbox(outbox);
     if outbox.is_empty() {
-        return;
+        return 0;
     }
+    let sent = outbox.len() as u64;
     let mut batches: Vec<Vec<ShardMail>> = io.peers.iter().map(|_| Vec::new()).collect();
     for m in outbox.drain(..) {
         if let Some(batch) = batches.get_mut(m.shard() as usize) {
@@ -168,6 +216,7 @@ fn send_mail(broker: &mut Broker, outbox: &mut Vec<ShardMail>, io: &ShardIo) {
             let _ = peer.send(batch);
         }
     }
+    sent
 }
 
 /// Answers to operators held until the sync that makes their change durable completes.
@@ -208,14 +257,25 @@ pub(crate) struct Link {
     disconnect_after: Option<u64>,
 }
 
+/// A clean stop in progress (`BrokerHandle::stop`): flushes to answer once this shard is
+/// idle and synced, then the stop itself.
+#[derive(Default)]
+struct Stopping {
+    flushes: Vec<tokio::sync::oneshot::Sender<u64>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
 fn apply_control(
     broker: &mut Broker,
     conns: &mut HashMap<ConnId, Link>,
     held: &mut HeldAnswers,
+    stopping: &mut Stopping,
     msg: Control,
     now: u64,
 ) {
     match msg {
+        Control::Flush { reply } => stopping.flushes.push(reply),
+        Control::Stop { reply } => stopping.stop = Some(reply),
         Control::Register { conn, effects } => {
             conns.insert(
                 conn,

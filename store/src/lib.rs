@@ -12,6 +12,7 @@
 
 pub mod definitions;
 pub mod journal;
+pub mod lock;
 pub mod record;
 pub mod retained;
 pub mod segment;
@@ -606,6 +607,7 @@ impl Store for DiskStore {
 
     fn flush(&mut self) {
         self.flush_queues();
+        self.shared.end_window();
         // Writes no sync asks for (acks, transient page-outs in durable queues) still go
         // through the journal: cut it here too, or it would grow without bound.
         let Some(j) = &self.journal else { return };

@@ -104,7 +104,10 @@ impl RetainedWriter {
     /// Queues a change (an empty payload deletes the topic's message).
     pub fn set(&self, vhost: &str, m: &RetainedMessage) {
         if self.tx.try_send((vhost.to_string(), m.clone())).is_err() {
-            tracing::warn!(topic = %m.topic, "retained-message writer is behind; this change is not stored");
+            tracing::warn!(
+                topic = %warren_core::escape::Escaped(&m.topic),
+                "retained-message writer is behind; this change is not stored"
+            );
         }
     }
 }

@@ -4,7 +4,8 @@
 //! on recovery from the queues' index entries.
 //!
 //! Files `shared/<n:016x>.ws` hold framed records `len u32 | crc32 u32 | id u64 | body`;
-//! a new file starts at `FILE_BYTES`. Space comes back two ways: a file whose records are all
+//! a new file starts at `FILE_BYTES`, or at a sync when the current one holds 1 MiB or more
+//! and no live body. Space comes back two ways: a file whose records are all
 //! dead is deleted; a file less than half live is compacted a bounded step per sync (its live
 //! records are copied into the current file; the old file is deleted by the sync thread once
 //! the copies are durable), so publishers never wait for a whole-file rewrite.
@@ -23,6 +24,10 @@ use warren_core::message::Message;
 const FILE_BYTES: u64 = 64 << 20;
 /// Live bytes copied per compaction step (one step per sync).
 const COMPACT_STEP_BYTES: u64 = 4 << 20;
+/// A current file this large without a live body is closed (and deleted) at the next sync
+/// and a new one started: a drained broker's disk use falls to near nothing instead of
+/// keeping up to `FILE_BYTES` of dead bodies until the file fills.
+const ROTATE_DEAD_BYTES: u64 = 1 << 20;
 pub const SHARED_MAGIC: &[u8; 8] = b"WARRENSB";
 
 #[derive(Clone, Copy, Debug)]
@@ -205,9 +210,10 @@ impl SharedStore {
     /// Stores `m`'s body once per sync window and takes a reference; returns its id.
     pub fn put(&mut self, m: &Arc<Message>) -> io::Result<u64> {
         let key = Arc::as_ptr(m) as usize;
-        if let Some((_, id)) = self.recent.get(&key) {
-            let id = *id;
-            self.add_ref(id);
+        // The body may have died since (every reference released): written anew then.
+        if let Some(&(_, id)) = self.recent.get(&key)
+            && self.add_ref(id)
+        {
             return Ok(id);
         }
         let id = self.next_id;
@@ -346,8 +352,18 @@ impl SharedStore {
         Ok(())
     }
 
-    /// Prepares a sync: ends recovery (dead files go), compacts a step, and returns what the
-    /// sync thread must fsync and delete.
+    /// Ends the dedup window (the store calls it after each batch): a fanout appends one
+    /// `Arc` to its queues within one batch, and the window's `Arc`s would otherwise keep
+    /// up to 4096 bodies in memory until the next sync.
+    pub fn end_window(&mut self) {
+        self.recent.clear();
+    }
+
+    /// Prepares a sync: ends recovery (dead files go), starts a new current file if the
+    /// current one holds only dead bodies, compacts a step, and returns what the sync
+    /// thread must fsync and delete. Syncs come at least every
+    /// `BrokerConfig::removal_sync_ms` after a body dies, so dead space is reclaimed
+    /// within that whether or not anything persistent is published.
     pub fn take_sync(&mut self) -> io::Result<SharedSync> {
         if self.recovering {
             self.recovering = false;
@@ -361,6 +377,17 @@ impl SharedStore {
             for n in dead {
                 self.collect(n);
             }
+        }
+        if !self.recovering
+            && self
+                .files
+                .get(&self.current)
+                .is_some_and(|f| f.live_bytes == 0 && f.len >= ROTATE_DEAD_BYTES)
+        {
+            let dead = self.current;
+            self.current += 1;
+            self.new_file()?;
+            self.collect(dead);
         }
         self.compact_step()?;
         self.recent.clear();
@@ -416,6 +443,46 @@ mod tests {
         assert_eq!(s.read(ids[0]).expect("still there").len(), 10_000);
         s.release(ids[0]);
         assert!(s.read(ids[0]).is_err(), "gone with its last reference");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_current_file_of_dead_bodies_is_replaced_and_deleted_at_the_next_sync() {
+        let dir = std::env::temp_dir().join(format!("warren-shared-rot-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut s = SharedStore::open(&dir).expect("open");
+        s.take_sync().expect("end recovery");
+        let first = s.current;
+        let ids: Vec<u64> = (0..40)
+            .map(|i| s.put(&message(&[i as u8; 64 * 1024])).expect("put"))
+            .collect();
+        let sync = s.take_sync().expect("sync");
+        assert!(sync.delete.is_empty(), "live bodies keep their file");
+        for id in ids {
+            s.release(id);
+        }
+        let sync = s.take_sync().expect("sync");
+        assert_eq!(
+            sync.delete,
+            vec![file_path(&dir, first)],
+            "the dead file goes"
+        );
+        assert_ne!(s.current, first, "a new current file");
+        assert_eq!(s.stats(), (0, 1));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_body_put_again_after_it_died_is_written_anew() {
+        let dir = std::env::temp_dir().join(format!("warren-shared-again-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut s = SharedStore::open(&dir).expect("open");
+        s.take_sync().expect("end recovery");
+        let m = message(&[3u8; 8000]);
+        let id = s.put(&m).expect("put");
+        s.release(id);
+        let again = s.put(&m).expect("put again");
+        assert_eq!(s.read(again).expect("readable").len(), 8000);
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -290,3 +290,19 @@ def test_users_vhosts_and_permission_refusals():
         c.close()
     ctl("delete-user", user)
     ctl("delete-vhost", vhost)
+
+
+def test_update_secret_keeps_the_connection_and_queue_types_are_checked(conn):
+    # connection.update-secret (RabbitMQ 3.8+): the new secret is guest's password, so the
+    # broker answers update-secret-ok and the connection carries on.
+    conn.update_secret("guest", "token refresh")
+    ch = conn.channel()
+    q = unique("q")
+    ch.queue_declare(q, arguments={"x-queue-type": "classic"})
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.queue_declare(unique("q"), arguments={"x-queue-type": "quorum"})
+    assert refused.value.reply_code == 406
+    assert "queue type 'quorum' is not supported yet" in refused.value.reply_text
+    assert conn.is_open
+    caps = conn._impl.server_capabilities
+    assert caps.get("consumer_priorities") and caps.get("direct_reply_to")

@@ -283,9 +283,12 @@ async fn garbage_and_unexpected_frames_close_with_the_right_codes() {
         .await
         .expect("write");
     assert_eq!(
-        bad.expect_close().await.0,
-        502,
-        "an undecodable method is a syntax error"
+        bad.expect_close().await,
+        (
+            503,
+            "COMMAND_INVALID - unknown method (class 65535, method 65535) on channel 1".into()
+        ),
+        "a method the protocol does not have"
     );
 
     let mut bad = Raw::open(addr).await;
@@ -543,4 +546,179 @@ async fn memory_alarm_blocks_a_publisher_until_consumers_free_memory() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(count, 1);
+}
+
+/// A method frame on channel `ch` with `payload` (class and method ids, then arguments).
+fn method_frame(ch: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![codec::FRAME_METHOD];
+    f.extend_from_slice(&ch.to_be_bytes());
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    f.extend_from_slice(payload);
+    f.push(codec::FRAME_END);
+    f
+}
+
+/// Method frames that do not decode are answered in the protocol's terms, never with the
+/// decoder's internals (it said `Nom(MapOpt)`): an unknown method is 503 COMMAND_INVALID,
+/// arguments that do not fit are 502 SYNTAX_ERROR naming the method; a name that is not
+/// UTF-8 is a bad argument, so 406 on its channel only (it closed the connection), and the
+/// content of a publish refused that way is skipped.
+#[tokio::test]
+async fn undecodable_methods_get_protocol_texts_and_bad_utf8_closes_only_its_channel() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut bad = Raw::open(addr).await;
+    bad.s
+        .write_all(&method_frame(0, &[0, 99, 0, 7]))
+        .await
+        .expect("write");
+    assert_eq!(
+        bad.expect_close().await,
+        (
+            503,
+            "COMMAND_INVALID - unknown method (class 99, method 7) on channel 0".into()
+        )
+    );
+
+    let mut bad = Raw::open(addr).await;
+    bad.open_channel(1).await;
+    // queue.declare whose queue name claims 5 bytes and has 1.
+    bad.s
+        .write_all(&method_frame(1, &[0, 50, 0, 10, 0, 0, 5, b'q']))
+        .await
+        .expect("write");
+    assert_eq!(
+        bad.expect_close().await,
+        (
+            502,
+            "SYNTAX_ERROR - cannot decode the arguments of queue.declare on channel 1".into()
+        )
+    );
+
+    let mut r = Raw::open(addr).await;
+    r.open_channel(1).await;
+    r.open_channel(2).await;
+    // queue.declare of "q\xC3(" (not UTF-8), passive off, no arguments.
+    let declare = [0, 50, 0, 10, 0, 0, 3, b'q', 0xC3, 0x28, 0, 0, 0, 0, 0];
+    // basic.publish to exchange "" with routing key "\xFF", then its header and body.
+    let publish = [0, 60, 0, 40, 0, 0, 0, 1, 0xFF, 0];
+    let mut frames = method_frame(1, &declare);
+    frames.extend(method_frame(2, &publish));
+    let mut content = BytesMut::new();
+    codec::encode_content(
+        &mut content,
+        2,
+        &Default::default(),
+        &bytes::Bytes::from_static(b"body"),
+        4096,
+    );
+    frames.extend_from_slice(&content);
+    r.s.write_all(&frames).await.expect("write");
+    for (ch, ids, field, name) in [
+        (1, (50, 10), "queue", "queue.declare"),
+        (2, (60, 40), "routing-key", "basic.publish"),
+    ] {
+        match r.recv().await {
+            Some(Frame::Method(c, AMQPClass::Channel(channel::AMQPMethod::Close(close)))) => {
+                assert_eq!(c, ch);
+                assert_eq!(close.reply_code, 406);
+                assert_eq!(
+                    close.reply_text.as_str(),
+                    format!("PRECONDITION_FAILED - invalid UTF-8 in argument '{field}' of {name}")
+                );
+                assert_eq!((close.class_id, close.method_id), ids);
+            }
+            other => panic!("expected channel.close on {ch}, got {other:?}"),
+        }
+        r.method(
+            ch,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+        )
+        .await;
+    }
+    // The connection carries on: channel 1 opens again and serves.
+    r.open_channel(1).await;
+    still_serves(&mut r).await;
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
+    async fn update_secret(&mut self, secret: &str) {
+        self.method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(
+                connection::UpdateSecret {
+                    new_secret: LongString::from(secret),
+                    reason: "token refresh".into(),
+                },
+            )),
+        )
+        .await;
+    }
+}
+
+/// `connection.update-secret` (RabbitMQ 3.8+; OAuth 2 clients refresh their token with it)
+/// is answered with update-secret-ok when the new secret is the user's password (it closed
+/// the connection with 503), and the connection carries on; a secret that no longer
+/// authenticates closes it with 530, as RabbitMQ does. The server properties advertise
+/// every capability Warren has, RabbitMQ 3.10's list.
+#[tokio::test]
+async fn update_secret_rechecks_the_user_and_capabilities_are_advertised() {
+    let (addr, _stop) = start(Default::default()).await;
+    let mut r = Raw::connect(addr).await;
+    r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
+    match r.recv().await {
+        Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(s)))) => {
+            let Some(AMQPValue::FieldTable(caps)) = s.server_properties.inner().get("capabilities")
+            else {
+                panic!("no capabilities table");
+            };
+            for cap in [
+                "publisher_confirms",
+                "exchange_exchange_bindings",
+                "basic.nack",
+                "consumer_cancel_notify",
+                "connection.blocked",
+                "consumer_priorities",
+                "authentication_failure_close",
+                "per_consumer_qos",
+                "direct_reply_to",
+            ] {
+                assert_eq!(
+                    caps.inner().get(cap),
+                    Some(&AMQPValue::Boolean(true)),
+                    "{cap}"
+                );
+            }
+        }
+        other => panic!("expected connection.start, got {other:?}"),
+    }
+
+    let mut r = Raw::open(addr).await;
+    r.open_channel(1).await;
+    r.update_secret("guest").await;
+    assert!(
+        matches!(
+            r.recv().await,
+            Some(Frame::Method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(_))
+            ))
+        ),
+        "update-secret-ok"
+    );
+    still_serves(&mut r).await;
+    r.update_secret("not the password").await;
+    match r.recv().await {
+        Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(c)))) => {
+            assert_eq!(
+                (c.reply_code, c.reply_text.as_str(), c.class_id, c.method_id),
+                (
+                    530,
+                    "NOT_ALLOWED - New secret was refused by one of the backends",
+                    10,
+                    70
+                )
+            );
+        }
+        other => panic!("expected connection.close, got {other:?}"),
+    }
 }

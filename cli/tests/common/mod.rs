@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_warren");
@@ -14,11 +15,18 @@ pub struct Served {
     pub amqp: u16,
     /// `None` when started without MQTT.
     pub mqtt: Option<u16>,
+    /// Every line it logged so far.
+    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 /// Starts `warren serve` on `dir` with AMQP (and, if `mqtt`, MQTT) on free loopback
 /// ports, plus `args`; waits until it logs them.
 pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
+    serve_logging(dir, mqtt, args, "info")
+}
+
+/// `serve`, logging at `level` (`RUST_LOG`).
+pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Served {
     let mqtt_addr = if mqtt { "127.0.0.1:0" } else { "none" };
     let mut child = Command::new(BIN)
         .args([
@@ -31,15 +39,20 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
         ])
         .arg(dir)
         .args(args)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", level)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("start warren serve");
     let stdout = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(mut kept) = kept.lock() {
+                kept.push(line.clone());
+            }
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
                 let _ = tx.send((rest.contains("(MQTT"), port.parse::<u16>().ok()));
@@ -57,5 +70,6 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
         child,
         amqp: amqp.expect("AMQP port"),
         mqtt: mqtt_port,
+        log,
     }
 }

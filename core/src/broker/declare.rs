@@ -15,6 +15,9 @@ use crate::queue::state::QueueState;
 use crate::topology::BindChange;
 use std::sync::Arc;
 
+/// Draws of a server-generated queue name before taking one unchecked (`fresh_queue_name`).
+const MAX_NAME_DRAWS: usize = 8;
+
 /// Queue arguments whose values must match on redeclare (as RabbitMQ checks them).
 const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-expires",
@@ -122,6 +125,21 @@ impl Broker {
             .ok_or_else(|| {
                 ProtocolError::new(ErrorCode::NotFound, op, "no previously declared queue")
             })
+    }
+
+    /// A server-generated name (`amq.gen-…`) no queue of vhost `vh` has: a queue restored
+    /// from a run with the same seed (a simulation's) or named by another shard may hold
+    /// the one drawn first, and a server-named declare must never land on an existing queue.
+    fn fresh_queue_name(&mut self, vh: VhostId) -> Arc<str> {
+        // 128 bits per draw: a second clash in a row means a broken seed, not bad luck;
+        // the bound keeps the loop finite whatever the seed.
+        for _ in 0..MAX_NAME_DRAWS {
+            let name = self.names.name("amq.gen-");
+            if self.topo.find_queue_or_creating(vh, &name).is_none() {
+                return Arc::from(name);
+            }
+        }
+        Arc::from(self.names.name("amq.gen-"))
     }
 
     /// The queue side's exclusive-use check: refused if another connection declared queue
@@ -531,12 +549,12 @@ impl Broker {
             TopologyRequest::DeclareQueue {
                 ref declare,
                 ref name,
-                server_named,
+                trusted_name,
             } => {
                 // Answered later, by the queue (redeclare) or once its owner created it.
                 let name = name.clone();
                 if let Err(error) =
-                    self.declare_queue_in_topology(to, vhost, declare, name, server_named)
+                    self.declare_queue_in_topology(to, vhost, declare, name, trusted_name)
                 {
                     self.mail
                         .push_back(super::mail::Mail::Refused { to, error });
@@ -600,7 +618,7 @@ impl Broker {
             return Ok(());
         }
         let name: Arc<str> = if d.queue.is_empty() && !d.passive {
-            Arc::from(self.names.name("amq.gen-"))
+            self.fresh_queue_name(self.conn_vhost(ch.conn))
         } else {
             self.resolve_queue_name(ch, op, &d.queue)?
         };
@@ -619,7 +637,10 @@ impl Broker {
         if let Some(channel) = self.channels.get_mut(&ch) {
             channel.last_queue = Some(name.clone());
         }
-        let server_named = d.queue.is_empty();
+        // Only clients are kept from `amq.` names: a name the server generates now, or one
+        // the broker's own connection replays (a restored server-named queue, an operator's
+        // import), is the server's.
+        let trusted_name = d.queue.is_empty() || ch.conn == super::RESTORE_CONN;
         let mut declare = d;
         declare.queue = name.to_string();
         self.send_to_topology(
@@ -627,7 +648,7 @@ impl Broker {
             TopologyRequest::DeclareQueue {
                 declare,
                 name,
-                server_named,
+                trusted_name,
             },
         );
         Ok(())
@@ -644,7 +665,7 @@ impl Broker {
         vh: VhostId,
         d: &QueueDeclare,
         shared_name: Arc<str>,
-        server_named: bool,
+        trusted_name: bool,
     ) -> OpResult {
         let op = OpKind::QueueDeclare;
         let name = d.queue.as_str();
@@ -661,7 +682,7 @@ impl Broker {
         if d.passive {
             return Err(self.not_found(vh, op, "queue", name));
         }
-        if name.starts_with("amq.") && !server_named {
+        if name.starts_with("amq.") && !trusted_name {
             return Err(ProtocolError::new(
                 ErrorCode::AccessRefused,
                 op,
@@ -670,16 +691,25 @@ impl Broker {
         }
         let policy = self.topo.policy(vh, name, true);
         let effective = crate::policy::queue_arguments(&d.arguments, policy);
-        let args = crate::queue::args::QueueArgs::parse(&effective).map_err(|(arg, reason)| {
-            ProtocolError::new(
-                ErrorCode::PreconditionFailed,
-                op,
-                format!(
-                    "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
-                    self.vhost_name(vh)
-                ),
-            )
-        })?;
+        // A restore keeps a queue an older Warren stored with another type: it always was
+        // a classic queue, and its messages are on disk.
+        let checked_type = if self.restoring {
+            Ok(())
+        } else {
+            crate::queue::args::check_queue_type(&d.arguments)
+        };
+        let args = checked_type
+            .and_then(|()| crate::queue::args::QueueArgs::parse(&effective))
+            .map_err(|(arg, reason)| {
+                ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    op,
+                    format!(
+                        "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
+                        self.vhost_name(vh)
+                    ),
+                )
+            })?;
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
         // so they are not stored as durable.
@@ -835,7 +865,7 @@ impl Broker {
             let request = TopologyRequest::DeclareQueue {
                 name: Arc::from(d.queue.as_str()),
                 declare: d,
-                server_named: false,
+                trusted_name: false,
             };
             self.mail.push_back(super::mail::Mail::Topology {
                 to,
@@ -1069,6 +1099,8 @@ impl Broker {
                 self.sync_dirty = true;
             }
             store.delete_queue(id);
+            // What it held is dead space for the store to reclaim at the next sync.
+            self.note_removal();
         }
         if let Some(owner) = q.exclusive_owner.and_then(|o| self.conns.get_mut(&o)) {
             owner.exclusive_queues.remove(&id);

@@ -252,12 +252,13 @@ pub(crate) enum TopologyRequest {
         if_unused: bool,
         nowait: bool,
     },
-    /// queue.declare, its name resolved (`server_named`: the client gave none); `name` is
+    /// queue.declare, its name resolved (`trusted_name`: the server's, exempt from the
+    /// reserved-prefix check: generated, or replayed by restore or import); `name` is
     /// the same name, allocated once for the channel's last queue, topology and the queue.
     DeclareQueue {
         declare: QueueDeclare,
         name: Arc<str>,
-        server_named: bool,
+        trusted_name: bool,
     },
 }
 

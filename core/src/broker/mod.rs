@@ -92,6 +92,11 @@ pub struct Broker {
     /// Durable writes (persistent messages on durable queues, definitions) since the last
     /// sync started.
     sync_dirty: bool,
+    /// When the first store removal (ack, purge, drop, queue deletion) that no started
+    /// sync covers was made: `tick` asks for a sync `removal_sync_ms` after it, so removals
+    /// become durable (and dead store space is reclaimed) even when no publish starts a
+    /// sync.
+    removed_since: Option<u64>,
     /// Channels with a confirm waiting for the sync of an epoch, in epoch order (a channel
     /// may be listed more than once; the confirms themselves are in `ChannelState`).
     confirm_waiters: VecDeque<(u64, ChannelRef)>,
@@ -218,6 +223,9 @@ impl Broker {
         if out.durable_write {
             self.sync_dirty = true;
         }
+        if out.removed {
+            self.note_removal();
+        }
         if out.expiring {
             self.expiring.insert(id);
         }
@@ -247,6 +255,7 @@ impl Broker {
             epoch: 1,
             sync_in_flight: false,
             sync_dirty: false,
+            removed_since: None,
             confirm_waiters: VecDeque::new(),
             remote_answers: VecDeque::new(),
             synced_epoch: None,
@@ -500,8 +509,28 @@ impl Broker {
         self.epoch += 1;
         self.sync_in_flight = true;
         self.sync_dirty = false;
+        // Every removal made so far rides on this sync.
+        self.removed_since = None;
         store.sync(epoch);
         Some(epoch)
+    }
+
+    /// Asks for a sync of everything written so far, removals included, at the next
+    /// `start_sync` (or right after the one in flight). Hosts call it at a clean stop,
+    /// then wait until `unsynced_epoch` is `None`, so nothing acked comes back after a
+    /// restart; and once after a restore, which ends the store's recovery.
+    pub fn request_sync(&mut self) {
+        if self.store.is_some() {
+            self.sync_dirty = true;
+        }
+    }
+
+    /// A stored message left a queue (acked, dropped, purged, its queue deleted): a sync
+    /// must cover it within `removal_sync_ms` (`tick`, `next_deadline`).
+    pub(super) fn note_removal(&mut self) {
+        if self.store.is_some() && self.removed_since.is_none() {
+            self.removed_since = Some(self.now);
+        }
     }
 
     /// The store reports that the sync of `epoch` completed: everything written before it
@@ -588,7 +617,8 @@ impl Broker {
     /// policy set) until then, so "done" means it survives a crash.
     pub fn unsynced_epoch(&self) -> Option<u64> {
         self.store.as_ref()?;
-        if self.sync_dirty {
+        // Removals wait for a sync too (at most `removal_sync_ms`; the next epoch's).
+        if self.sync_dirty || self.removed_since.is_some() {
             Some(self.epoch)
         } else if self.sync_in_flight {
             Some(self.epoch - 1)
@@ -707,6 +737,14 @@ impl Broker {
     /// Advances time (message TTLs and queue expiry will hang off this).
     pub fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
+        if self
+            .removed_since
+            .is_some_and(|at| self.now >= at.saturating_add(self.config.removal_sync_ms))
+        {
+            // The host starts it after this tick (or once the sync in flight completes).
+            self.removed_since = None;
+            self.sync_dirty = true;
+        }
         let expiring: Vec<QueueId> = self.expiring.iter().copied().collect();
         for id in expiring {
             self.mail.from(mail::Dest::Queue(id));
@@ -751,6 +789,9 @@ impl Broker {
         let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
         if !self.dead_letters.is_empty() {
             earliest(self.now);
+        }
+        if let Some(at) = self.removed_since {
+            earliest(at.saturating_add(self.config.removal_sync_ms));
         }
         if self.alarm && self.shared_bytes.is_some() {
             // Other shards' consumers may drain the sum below the watermark while this
@@ -829,6 +870,7 @@ impl Broker {
             "set_shard on a used broker"
         );
         self.mail.set_shard(shard, shards);
+        self.names = NameGen::for_shard(self.config.seed, shard);
         self.shard = shard;
         self.shards = shards;
     }

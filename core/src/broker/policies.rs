@@ -50,7 +50,11 @@ impl Broker {
     /// Recomputes every queue's and exchange's effective settings from its own arguments
     /// and the policy that applies now; new limits act at once.
     fn apply_policies(&mut self) {
-        let ids: Vec<QueueId> = self.queues.keys().copied().collect();
+        let mut ids: Vec<QueueId> = self.queues.keys().copied().collect();
+        // Id order, not hash order: the effects of a policy change (overflow drops, dead
+        // letters, expiries, deliveries) come out in the same order on every build (native
+        // and wasm hash differently).
+        ids.sort_unstable();
         let mut touched = Vec::new();
         for id in ids {
             let Some(q) = self.queues.get(&id) else {

@@ -174,6 +174,9 @@ pub(crate) struct QueueOut {
     pub(crate) store_failed: bool,
     /// A durable write happened: the next sync must cover it.
     pub(crate) durable_write: bool,
+    /// A stored message was removed (acked, dropped, purged): a sync must cover it within
+    /// `BrokerConfig::removal_sync_ms`.
+    pub(crate) removed: bool,
     /// The queue now holds a message with a deadline: `tick` must look at it.
     pub(crate) expiring: bool,
     /// Messages to dead-letter (or drop, without a dead-letter exchange), in order.
@@ -513,6 +516,7 @@ impl QueueState {
         io.out.released += body_len as u64;
         if stored && let Some(store) = io.store.as_deref_mut() {
             store.remove(self.id, seq);
+            io.out.removed = true;
         }
     }
 
@@ -527,6 +531,7 @@ impl QueueState {
             && let Some(store) = io.store.as_deref_mut()
         {
             store.remove_from(self.id, paged.from_seq);
+            io.out.removed = true;
         }
         purged
     }

@@ -2,7 +2,9 @@
 //! broker is killed with SIGKILL at random moments and restarted on the same data dir, in a
 //! loop. Afterwards every confirmed message must have been delivered at least once, nothing
 //! delivered may be a message that was never published, and per queue the messages delivered
-//! for the first time without the redelivered flag must arrive in publish order.
+//! for the first time without the redelivered flag must arrive in publish order. Last, after
+//! a drain that takes every message, a clean stop (SIGTERM) and a restart: no message may
+//! come back (an ack lost at a clean stop resurrects its message).
 //!
 //! Written against the AMQP 0.9.1 contract only, so it must pass against RabbitMQ too.
 //!
@@ -115,6 +117,9 @@ struct Ledger {
     malformed: Vec<String>,
     /// Durable queues a passive declare did not find right after a restart.
     queues_lost: Vec<String>,
+    /// Messages back in the queues after the final drain took every one, a clean stop and
+    /// a restart: taken (acked) messages that came back. `None`: no clean stop was made.
+    resurrected: Option<u64>,
 }
 
 type Shared = Arc<Mutex<Ledger>>;
@@ -563,6 +568,39 @@ impl Broker {
         }
     }
 
+    /// SIGTERM and wait for a clean exit (code 0). `Ok(false)`: this broker cannot be
+    /// stopped cleanly from here (one started by a command).
+    async fn stop_cleanly(&mut self, within_time: Duration) -> Result<bool, String> {
+        let Broker::Warren { child, .. } = self else {
+            return Ok(false);
+        };
+        let Some(mut c) = child.take() else {
+            return Ok(false);
+        };
+        let sent = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .map_err(|e| format!("cannot run kill: {e}"))?;
+        if !sent.success() {
+            return Err(format!("kill -TERM failed: {sent}"));
+        }
+        let deadline = Instant::now() + within_time;
+        loop {
+            match c.try_wait().map_err(|e| format!("wait for warren: {e}"))? {
+                Some(status) if status.success() => return Ok(true),
+                Some(status) => return Err(format!("warren stopped with {status} on SIGTERM")),
+                None if Instant::now() > deadline => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    return Err(format!(
+                        "warren did not stop within {within_time:?} of SIGTERM"
+                    ));
+                }
+                None => sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
     /// SIGKILL, and reap the process so the next start finds the port and files free.
     fn kill(&mut self) -> Result<(), String> {
         match self {
@@ -818,7 +856,28 @@ async fn run(cfg: &Config, broker: &mut Broker, ledger: &Shared) -> Result<u32, 
         check_queues(&uri, cfg.queues, ledger, cfg.cycles + 1).await?;
     }
     drain(&uri, cfg.queues, ledger).await?;
+    // Everything was taken: after a clean stop and a restart nothing may come back.
+    if broker.stop_cleanly(cfg.start_timeout).await? {
+        broker.start(cfg.start_timeout).await?;
+        check_queues(&uri, cfg.queues, ledger, cfg.cycles + 2).await?;
+        let back = messages_left(&uri, cfg.queues).await?;
+        ledger.lock().unwrap().resurrected = Some(back);
+    }
     Ok(cycles)
+}
+
+/// Messages the queues hold, by passive declares.
+async fn messages_left(uri: &str, queues: usize) -> Result<u64, String> {
+    let (conn, _) = open(uri).await?;
+    let mut left = 0;
+    for q in 0..queues {
+        let ch = within("channel.open", conn.create_channel()).await?;
+        if let Ok(queue) = declare(&ch, q, true).await {
+            left += u64::from(queue.message_count());
+        }
+    }
+    close(conn).await;
+    Ok(left)
 }
 
 /// Checks the ledger; returns the violations found.
@@ -892,6 +951,14 @@ fn verify(ledger: &Ledger, cycles: u32) -> Vec<String> {
             &ledger.queues_lost[..ledger.queues_lost.len().min(5)]
         ));
     }
+    if let Some(back) = ledger.resurrected
+        && back > 0
+    {
+        problems.push(format!(
+            "{back} messages came back after the final drain took every one, a clean stop \
+             and a restart (acked messages resurrected)"
+        ));
+    }
     // Guard against a run that proves nothing (no broker traffic got through at all).
     if confirmed_total == 0 {
         problems.push("no message was confirmed: the run exercised nothing".into());
@@ -922,10 +989,14 @@ fn summary(ledger: &Ledger, cycles: u32) -> String {
             .len();
         redelivered += ql.deliveries.iter().filter(|d| d.1).count();
     }
+    let back = ledger
+        .resurrected
+        .map_or("not checked (no clean stop)".to_string(), |n| n.to_string());
     format!(
         "cycles {cycles}, queues {}, published {published}, confirmed {confirmed} \
          (nacked {nacked}, returned {returned}), delivered {delivered} ({unique} distinct, \
-         {} duplicates), redelivered flag {redelivered}",
+         {} duplicates), redelivered flag {redelivered}, back after the final clean stop \
+         {back}",
         ledger.queues.len(),
         delivered - unique
     )
