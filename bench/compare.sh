@@ -70,7 +70,7 @@ run() { # name args...
 for b in $brokers; do
   case $b in
     warren)
-      "$bench" serve --amqp "127.0.0.1:$wa" --mqtt "127.0.0.1:$wm" \
+      "$bench" serve --amqp "127.0.0.1:$wa" --mqtt "127.0.0.1:$wm" --management none --prometheus none \
         --data-dir "$scratch/warren-data" > "$out/warren.log" 2>&1 &
       pid=$!
       wait_port "$wa" "$out/warren.log" && wait_port "$wm" "$out/warren.log"

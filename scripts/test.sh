@@ -89,6 +89,28 @@ setup_wasm_bindgen() {
   cargo install wasm-bindgen-cli --version "$want"
 }
 
+setup_rabbitmqadmin() {
+  # RabbitMQ's HTTP API client, for cli/tests/rabbitmqadmin.rs: ~5 min to build here, so
+  # installed once and kept (like wasm-bindgen-cli); pinned so its checks do not drift.
+  local want=2.35.0
+  if [ "$(rabbitmqadmin --version 2>/dev/null)" = "rabbitmqadmin $want" ]; then
+    echo "rabbitmqadmin $want already installed"
+    return 0
+  fi
+  cargo install rabbitmqadmin --version "$want"
+}
+
+setup_prometheus() {
+  # promtool (`promtool check metrics`) for cli/tests/management.rs; Debian's package also
+  # starts a Prometheus server on 9090, which we do not want.
+  command -v promtool >/dev/null && { promtool --version | head -1; return 0; }
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -q &&
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q prometheus || return 1
+  $sudo service prometheus stop >/dev/null 2>&1 || true
+}
+
 setup_chromium() {
   [ -x /usr/bin/chromium ] && { /usr/bin/chromium --version; return 0; }
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
@@ -275,6 +297,8 @@ step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto and mosquitto-clients (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
+step "install: rabbitmqadmin 2.x (RabbitMQ's HTTP API client, cached)" setup_rabbitmqadmin
+step "install: promtool (Debian's prometheus)" setup_prometheus
 step "install: chromium (Debian)" setup_chromium
 step "install: playwright-core, typescript (npm ci)" setup_npm
 step "cargo fmt --check" cargo fmt --all -- --check

@@ -8,7 +8,6 @@
 //! <- {"ok": false, "error": "NOT_FOUND - no queue 'x' in vhost '/'"}
 //! ```
 
-use crate::json;
 use crate::tls::Reloadable;
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
@@ -19,6 +18,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use warren_core::command::Op;
 use warren_core::effect::Reply;
+use warren_management::definitions as json;
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 
 /// Longest request accepted (an imported definitions file travels in one line).
@@ -41,6 +41,7 @@ pub fn bind(data_dir: &Path) -> anyhow::Result<UnixListener> {
 pub async fn serve(
     listener: UnixListener,
     broker: BrokerHandle,
+    management: Arc<warren_management::Management>,
     tls: Option<Arc<Reloadable>>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -57,9 +58,10 @@ pub async fn serve(
             return;
         };
         let broker = broker.clone();
+        let management = management.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = client(stream, &broker, tls.as_deref()).await {
+            if let Err(e) = client(stream, &broker, &management, tls.as_deref()).await {
                 tracing::warn!(
                     error = %warren_core::escape::Escaped(&format!("{e:#}")),
                     "admin request failed"
@@ -73,13 +75,14 @@ pub async fn serve(
 async fn client(
     stream: UnixStream,
     broker: &BrokerHandle,
+    management: &warren_management::Management,
     tls: Option<&Reloadable>,
 ) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
     reader.read_line(&mut line).await?;
-    let response = match handle(&line, broker, tls).await {
+    let response = match handle(&line, broker, management, tls).await {
         Ok(result) => json!({"ok": true, "result": result}),
         Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
     };
@@ -125,12 +128,8 @@ async fn done(broker: &BrokerHandle, request: AdminRequest) -> anyhow::Result<Va
 
 /// A password hash as RabbitMQ makes it, with a fresh random salt.
 fn hash_password(password: &str) -> anyhow::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut salt = [0u8; 4];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut salt))
-        .context("cannot read /dev/urandom for a password salt")?;
-    Ok(warren_core::access::hash_password(salt, password))
+    warren_management::hash_password(password)
+        .context("cannot read /dev/urandom for a password salt")
 }
 
 fn tags(args: &Value) -> Vec<String> {
@@ -153,9 +152,21 @@ async fn op(broker: &BrokerHandle, vhost: String, op: Op) -> anyhow::Result<Opti
     }
 }
 
+/// Verbs whose listing is scoped to a vhost: an unknown vhost is an error, not an empty
+/// table (as rabbitmqctl).
+const VHOST_SCOPED: [&str; 6] = [
+    "list_queues",
+    "list_exchanges",
+    "list_bindings",
+    "list_consumers",
+    "list_policies",
+    "list_permissions",
+];
+
 async fn handle(
     line: &str,
     broker: &BrokerHandle,
+    management: &warren_management::Management,
     tls: Option<&Reloadable>,
 ) -> anyhow::Result<Value> {
     let request: Value = serde_json::from_str(line).context("the request is not JSON")?;
@@ -164,6 +175,16 @@ async fn handle(
         .and_then(Value::as_str)
         .ok_or_else(|| anyhow!("the request has no verb"))?;
     let args = request.get("args").cloned().unwrap_or(Value::Null);
+    if VHOST_SCOPED.contains(&verb) && args.get("user").is_none() {
+        let vh = vhost(&args);
+        let known = match ask(broker, AdminRequest::ListVhosts).await? {
+            AdminResponse::Vhosts(vs) => vs.iter().any(|v| v.name == vh),
+            other => bail!("unexpected answer {other:?}"),
+        };
+        if !known {
+            bail!("Virtual host '{vh}' does not exist");
+        }
+    }
     Ok(match verb {
         // As SIGHUP: new connections get the files' certificate, open ones keep theirs.
         "reload_tls" => match tls {
@@ -173,6 +194,64 @@ async fn handle(
                 json!({})
             }
             None => bail!("no TLS listener is configured (--tls-cert, --tls-key)"),
+        },
+        "ping" => match ask(broker, AdminRequest::MemoryStatus).await? {
+            AdminResponse::Memory(_) => json!("pong"),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "status" => management
+            .status()
+            .await
+            .map_err(|e| anyhow!("{e}"))?,
+        "set_vm_memory_high_watermark" => {
+            let bytes = match args.get("absolute").and_then(Value::as_u64) {
+                Some(bytes) => bytes,
+                None => {
+                    let fraction = args
+                        .get("fraction")
+                        .and_then(Value::as_f64)
+                        .ok_or_else(|| anyhow!("missing argument 'fraction'"))?;
+                    crate::settings::watermark_bytes(&fraction.to_string()).map_err(|e| anyhow!("{e}"))?
+                }
+            };
+            done(broker, AdminRequest::SetMemoryWatermark(bytes)).await?;
+            json!({"bytes": bytes})
+        }
+        "close_connection" => {
+            let id = arg(&args, "id")?;
+            let conn = id
+                .parse::<u64>()
+                .map_err(|_| anyhow!("connection id '{id}' is not a number (see list_connections)"))?;
+            let reason = arg(&args, "reason")?.to_string();
+            match ask(
+                broker,
+                AdminRequest::CloseConnection {
+                    conn: warren_core::ids::ConnId(conn),
+                    reason,
+                },
+            )
+            .await?
+            {
+                AdminResponse::Closed(true) => json!({}),
+                AdminResponse::Closed(false) => bail!("no connection with id {conn}"),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
+        "list_channels" => match ask(broker, AdminRequest::ListChannels).await? {
+            AdminResponse::Channels(cs) => cs
+                .iter()
+                .map(|c| {
+                    json!({
+                        "connection": c.conn.0, "number": c.channel, "vhost": c.vhost,
+                        "user": c.user, "consumer_count": c.consumers,
+                        "messages_unacknowledged": c.unacked, "prefetch_count": c.prefetch,
+                        "global_prefetch_count": c.global_prefetch, "confirm": c.confirm,
+                        "transactional": c.transactional, "published": c.stats.publish,
+                        "delivered": c.stats.deliver_get, "acked": c.stats.ack,
+                    })
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
         },
         "list_queues" => match ask(broker, AdminRequest::ListQueues).await? {
             AdminResponse::Queues(qs) => qs
@@ -220,17 +299,31 @@ async fn handle(
             other => bail!("unexpected answer {other:?}"),
         },
         "list_connections" => match ask(broker, AdminRequest::ListConnections).await? {
-            AdminResponse::Connections(cs) => cs
-                .iter()
-                .map(|c| {
-                    json!({
-                        "id": c.conn.0, "vhost": c.vhost, "user": c.user,
-                        "channels": c.channels,
-                        "consumers": c.consumers, "in_flight": c.in_flight,
-                        "state": if c.paused_by > 0 { "flow" } else { "running" },
+            AdminResponse::Connections(cs) => {
+                let meta: std::collections::HashMap<_, _> =
+                    broker.connection_meta().into_iter().collect();
+                cs.iter()
+                    .map(|c| {
+                        let m = meta.get(&c.conn);
+                        json!({
+                            "id": c.conn.0, "vhost": c.vhost, "user": c.user,
+                            "peer": m.map(|m| &*m.peer),
+                            "protocol": m.map(|m| m.protocol),
+                            "client_id": m.and_then(|m| m.client_id.as_deref()),
+                            "client_name": m
+                                .and_then(|m| m.client_properties.as_deref())
+                                .and_then(|p| p.get("connection_name"))
+                                .map(json::value),
+                            "ssl": m.is_some_and(|m| m.tls),
+                            "channels": c.channels,
+                            "consumers": c.consumers, "in_flight": c.in_flight,
+                            "state": if c.paused_by > 0 { "flow" } else { "running" },
+                            "published": c.stats.publish, "delivered": c.stats.deliver_get,
+                            "acked": c.stats.ack,
+                        })
                     })
-                })
-                .collect(),
+                    .collect()
+            }
             other => bail!("unexpected answer {other:?}"),
         },
         "list_consumers" => match ask(broker, AdminRequest::ListConsumers).await? {
@@ -332,17 +425,18 @@ async fn handle(
                 .get("definitions")
                 .ok_or_else(|| anyhow!("missing argument 'definitions'"))?;
             let imported = json::import(doc)?;
-            let d = &imported.definitions;
-            let counts = json!({
-                "vhosts": d.vhosts.len(), "users": d.users.len(),
-                "permissions": d.permissions.len(), "policies": d.policies.len(),
-                "exchanges": d.exchanges.len(), "queues": d.queues.len(),
-                "bindings": d.bindings.len(),
-            });
             match ask(broker, AdminRequest::Import(imported.definitions)).await? {
-                AdminResponse::Imported(errors) => {
-                    json!({"declared": counts, "errors": errors, "skipped": imported.skipped})
-                }
+                // What the broker imported, not what the file held: a refused definition
+                // is an error, not a count.
+                AdminResponse::Imported(r) => json!({
+                    "imported": {
+                        "vhosts": r.vhosts, "users": r.users, "permissions": r.permissions,
+                        "policies": r.policies, "exchanges": r.exchanges, "queues": r.queues,
+                        "bindings": r.bindings,
+                    },
+                    "errors": r.errors,
+                    "skipped": imported.skipped,
+                }),
                 other => bail!("unexpected answer {other:?}"),
             }
         }
@@ -435,6 +529,7 @@ async fn handle(
         }
         other => bail!(
             "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
+             list_channels, close_connection, status, ping, set_vm_memory_high_watermark, \
              list_consumers, purge_queue, delete_queue, set_policy, clear_policy, list_policies, \
              export_definitions, import_definitions, add_vhost, delete_vhost, list_vhosts, \
              add_user, delete_user, change_password, set_user_tags, list_users, set_permissions, \

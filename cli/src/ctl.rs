@@ -27,16 +27,41 @@ pub struct CtlArgs {
 
 #[derive(clap::Subcommand)]
 enum Verb {
-    /// Queues: name, messages, consumers, memory (bytes of ready bodies in memory).
-    ListQueues,
-    ListExchanges,
-    ListBindings,
-    ListConnections,
-    ListConsumers,
+    /// Queues: name, messages, consumers, memory; or the COLUMNS given (e.g. name
+    /// messages_ready messages_unacknowledged).
+    #[command(alias = "list_queues")]
+    ListQueues { columns: Vec<String> },
+    /// Exchanges: name, type, durable, auto_delete, internal (or the COLUMNS given).
+    #[command(alias = "list_exchanges")]
+    ListExchanges { columns: Vec<String> },
+    /// Bindings: source, destination, routing key (or the COLUMNS given).
+    #[command(alias = "list_bindings")]
+    ListBindings { columns: Vec<String> },
+    /// Client connections: id, peer, protocol, user, client id, channels (or the COLUMNS).
+    #[command(alias = "list_connections")]
+    ListConnections { columns: Vec<String> },
+    /// Channels: connection, number, user, consumers, unacked, prefetch (or the COLUMNS).
+    #[command(alias = "list_channels")]
+    ListChannels { columns: Vec<String> },
+    /// Consumers: queue, tag, connection, channel, ack mode, prefetch (or the COLUMNS).
+    #[command(alias = "list_consumers")]
+    ListConsumers { columns: Vec<String> },
+    /// Closes a client connection (ID from list-connections) with REASON (320
+    /// CONNECTION_FORCED, as rabbitmqctl close_connection).
+    #[command(alias = "close_connection")]
+    CloseConnection { id: String, reason: String },
+    /// The node: version, uptime, listeners, memory and its alarm, free disk.
+    Status,
+    /// Checks that the broker answers.
+    Ping,
+    /// Sets the memory alarm threshold now: a FRACTION of RAM (0.4), or `absolute BYTES`.
+    #[command(alias = "set_vm_memory_high_watermark")]
+    SetVmMemoryHighWatermark { value: String, bytes: Option<u64> },
     /// Drops a queue's ready messages.
-    PurgeQueue {
-        name: String,
-    },
+    #[command(alias = "purge_queue")]
+    PurgeQueue { name: String },
+    /// Deletes a queue (with its messages); `--if-unused`, `--if-empty` as queue.delete.
+    #[command(alias = "delete_queue")]
     DeleteQueue {
         name: String,
         #[arg(long)]
@@ -46,6 +71,7 @@ enum Verb {
     },
     /// Adds or replaces a policy, as rabbitmqctl set_policy: DEFINITION is JSON, e.g.
     /// '{"max-length": 1000, "dead-letter-exchange": "dlx"}'.
+    #[command(alias = "set_policy")]
     SetPolicy {
         name: String,
         pattern: String,
@@ -55,65 +81,66 @@ enum Verb {
         #[arg(long, default_value = "all", value_parser = ["all", "queues", "exchanges"])]
         apply_to: String,
     },
-    ClearPolicy {
-        name: String,
-    },
+    /// Removes a policy.
+    #[command(alias = "clear_policy")]
+    ClearPolicy { name: String },
+    /// Policies in the vhost (`-p`).
+    #[command(alias = "list_policies")]
     ListPolicies,
     /// Writes the durable definitions in RabbitMQ's format to FILE (`-`: standard output).
-    ExportDefinitions {
-        file: String,
-    },
+    #[command(alias = "export_definitions")]
+    ExportDefinitions { file: String },
     /// Declares what a definitions file (RabbitMQ's format, e.g. from rabbitmqctl
     /// export_definitions) holds.
-    ImportDefinitions {
-        file: PathBuf,
-    },
+    #[command(alias = "import_definitions")]
+    ImportDefinitions { file: PathBuf },
+    /// Adds a vhost.
+    #[command(alias = "add_vhost")]
     AddVhost {
         name: String,
         #[arg(long, default_value = "")]
         description: String,
     },
     /// Deletes a vhost with everything in it; its connections are closed.
-    DeleteVhost {
-        name: String,
-    },
+    #[command(alias = "delete_vhost")]
+    DeleteVhost { name: String },
+    /// Vhosts: name, description.
+    #[command(alias = "list_vhosts")]
     ListVhosts,
     /// Adds a user (password stored as a salted SHA-256 hash, as RabbitMQ).
-    AddUser {
-        name: String,
-        password: String,
-    },
+    #[command(alias = "add_user")]
+    AddUser { name: String, password: String },
     /// Deletes a user with its permissions; its connections are closed.
-    DeleteUser {
-        name: String,
-    },
-    ChangePassword {
-        name: String,
-        password: String,
-    },
+    #[command(alias = "delete_user")]
+    DeleteUser { name: String },
+    /// Replaces a user's password.
+    #[command(alias = "change_password")]
+    ChangePassword { name: String, password: String },
     /// Replaces a user's tags (e.g. administrator, monitoring); none clears them.
-    SetUserTags {
-        name: String,
-        tags: Vec<String>,
-    },
+    #[command(alias = "set_user_tags")]
+    SetUserTags { name: String, tags: Vec<String> },
+    /// Users and their tags.
+    #[command(alias = "list_users")]
     ListUsers,
     /// Sets a user's configure, write and read permission patterns in the vhost (`-p`).
+    #[command(alias = "set_permissions")]
     SetPermissions {
         user: String,
         configure: String,
         write: String,
         read: String,
     },
-    ClearPermissions {
-        user: String,
-    },
+    /// Removes a user's permissions in the vhost (`-p`).
+    #[command(alias = "clear_permissions")]
+    ClearPermissions { user: String },
     /// Permissions in the vhost (`-p`).
+    #[command(alias = "list_permissions")]
     ListPermissions,
     /// A user's permissions in every vhost.
-    ListUserPermissions {
-        user: String,
-    },
+    #[command(alias = "list_user_permissions")]
+    ListUserPermissions { user: String },
     /// Reads the TLS certificate, key and CA files again (as SIGHUP); open connections stay.
+    #[command(alias = "reload_tls")]
     ReloadTls,
 }
 
@@ -128,7 +155,24 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "destination_kind",
             "routing_key",
         ],
-        "list_connections" => &["id", "vhost", "user", "channels", "consumers", "state"],
+        "list_connections" => &[
+            "id",
+            "peer",
+            "protocol",
+            "user",
+            "vhost",
+            "client_id",
+            "channels",
+            "state",
+        ],
+        "list_channels" => &[
+            "connection",
+            "number",
+            "user",
+            "consumer_count",
+            "messages_unacknowledged",
+            "prefetch_count",
+        ],
         "list_consumers" => &[
             "queue_name",
             "consumer_tag",
@@ -236,11 +280,29 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
     let json_out = args.format == "json";
     let vhost = args.vhost.as_str();
     let (verb, mut params) = match &args.verb {
-        Verb::ListQueues => ("list_queues", json!({})),
-        Verb::ListExchanges => ("list_exchanges", json!({})),
-        Verb::ListBindings => ("list_bindings", json!({})),
-        Verb::ListConnections => ("list_connections", json!({})),
-        Verb::ListConsumers => ("list_consumers", json!({})),
+        Verb::ListQueues { .. } => ("list_queues", json!({})),
+        Verb::ListExchanges { .. } => ("list_exchanges", json!({})),
+        Verb::ListBindings { .. } => ("list_bindings", json!({})),
+        Verb::ListConnections { .. } => ("list_connections", json!({})),
+        Verb::ListChannels { .. } => ("list_channels", json!({})),
+        Verb::ListConsumers { .. } => ("list_consumers", json!({})),
+        Verb::CloseConnection { id, reason } => {
+            ("close_connection", json!({"id": id, "reason": reason}))
+        }
+        Verb::Status => ("status", json!({})),
+        Verb::Ping => ("ping", json!({})),
+        Verb::SetVmMemoryHighWatermark { value, bytes } => match (value.as_str(), bytes) {
+            ("absolute", Some(bytes)) => {
+                ("set_vm_memory_high_watermark", json!({"absolute": bytes}))
+            }
+            ("absolute", None) => bail!("set-vm-memory-high-watermark absolute takes BYTES"),
+            (fraction, _) => {
+                let f: f64 = fraction.parse().with_context(|| {
+                    format!("'{fraction}' is not a fraction of RAM (e.g. 0.4) or `absolute BYTES`")
+                })?;
+                ("set_vm_memory_high_watermark", json!({"fraction": f}))
+            }
+        },
         Verb::PurgeQueue { name } => ("purge_queue", json!({"name": name})),
         Verb::AddVhost { name, description } => (
             "add_vhost",
@@ -327,6 +389,13 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
                 cell(result.get("messages"))
             );
         }
+        Verb::CloseConnection { id, .. } => println!("Closed connection {id}"),
+        Verb::Ping => println!("Ping succeeded"),
+        Verb::Status => print!("{}", status_text(&result)),
+        Verb::SetVmMemoryHighWatermark { .. } => println!(
+            "Set the memory high watermark to {} bytes",
+            cell(result.get("bytes"))
+        ),
         Verb::SetPolicy { name, pattern, .. } => {
             println!("Set policy '{name}' for pattern '{pattern}'");
         }
@@ -352,7 +421,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             );
         }
         Verb::ImportDefinitions { file } => {
-            let d = &result["declared"];
+            let d = &result["imported"];
             println!(
                 "Imported {}: {} vhosts, {} users, {} permissions, {} policies, {} exchanges, \
                  {} queues, {} bindings",
@@ -384,10 +453,98 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         }
         _ => {
             let rows = result.as_array().cloned().unwrap_or_default();
-            print!("{}", table(&rows, columns(verb)));
+            let chosen = args.verb.columns();
+            if chosen.is_empty() {
+                print!("{}", table(&rows, columns(verb)));
+            } else {
+                let cols: Vec<&str> = chosen.iter().map(String::as_str).collect();
+                check_columns(&rows, &cols)?;
+                print!("{}", table(&rows, &cols));
+            }
         }
     }
     Ok(())
+}
+
+impl Verb {
+    /// The columns a listing verb was asked for (rabbitmqctl's `list_queues name messages`).
+    fn columns(&self) -> &[String] {
+        match self {
+            Verb::ListQueues { columns }
+            | Verb::ListExchanges { columns }
+            | Verb::ListBindings { columns }
+            | Verb::ListConnections { columns }
+            | Verb::ListChannels { columns }
+            | Verb::ListConsumers { columns } => columns,
+            _ => &[],
+        }
+    }
+}
+
+/// An unknown column is an error naming the ones there are.
+fn check_columns(rows: &[Value], cols: &[&str]) -> anyhow::Result<()> {
+    let Some(first) = rows.first().and_then(Value::as_object) else {
+        return Ok(());
+    };
+    let unknown: Vec<&str> = cols
+        .iter()
+        .copied()
+        .filter(|c| !first.contains_key(*c))
+        .collect();
+    if !unknown.is_empty() {
+        let mut known: Vec<&str> = first.keys().map(String::as_str).collect();
+        known.sort_unstable();
+        bail!(
+            "unknown column(s) {}; this listing has: {}",
+            unknown.join(", "),
+            known.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// `warren ctl status` for people.
+fn status_text(s: &Value) -> String {
+    let mut out = String::new();
+    let line = |out: &mut String, k: &str, v: String| out.push_str(&format!("{k:<22}{v}\n"));
+    let app = &s["applications"][0];
+    line(&mut out, "Node", cell(s.get("name")));
+    line(&mut out, "Version", cell(app.get("version")));
+    line(
+        &mut out,
+        "Uptime (seconds)",
+        (s["uptime"].as_u64().unwrap_or(0) / 1000).to_string(),
+    );
+    line(&mut out, "Memory used (bytes)", cell(s.get("mem_used")));
+    line(
+        &mut out,
+        "Message bytes held",
+        cell(s.get("message_bytes_held")),
+    );
+    line(&mut out, "Memory alarm at", cell(s.get("mem_limit")));
+    line(
+        &mut out,
+        "Alarms",
+        if s["mem_alarm"] == true {
+            "memory".to_string()
+        } else {
+            "(none)".to_string()
+        },
+    );
+    line(&mut out, "Disk free (bytes)", cell(s.get("disk_free")));
+    for l in s["listeners"].as_array().into_iter().flatten() {
+        line(
+            &mut out,
+            "Listener",
+            format!(
+                "{}:{} ({})",
+                cell(l.get("ip_address")),
+                cell(l.get("port")),
+                cell(l.get("protocol"))
+            ),
+        );
+    }
+    out
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@ mod admin;
 mod alloc;
 mod bench;
 mod ctl;
-mod json;
 mod settings;
 mod tls;
 mod ws;
@@ -123,10 +122,17 @@ struct ServeArgs {
     /// Where the broker keeps its data (default ./warren-data).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Message memory, as a fraction of this machine's RAM, above which publishers are
-    /// blocked until consumers catch up (RabbitMQ's vm_memory_high_watermark; default 0.4).
+    /// Memory above which publishers are blocked until consumers catch up (RabbitMQ's
+    /// vm_memory_high_watermark): a fraction of this machine's RAM (`0.4`, the default) or an
+    /// absolute size (`512MiB`, `2GB`). Compared with the larger of the queued message bodies
+    /// and the process's resident memory; publishers are unblocked at 90% of it.
     #[arg(long)]
-    memory_high_watermark: Option<f64>,
+    memory_high_watermark: Option<String>,
+    /// Free space on the data directory's disk below which publishers are blocked
+    /// (RabbitMQ's disk_free_limit): bytes or a size such as `50MB` (the default), `1GiB`;
+    /// `0` turns the check off. Unblocked once 10% above it. Not checked with `--in-memory`.
+    #[arg(long)]
+    disk_free_limit: Option<String>,
     /// Whether publisher confirms of persistent messages wait for fsync (`on`, the default:
     /// confirmed means on disk) or only for the write to the OS (`off`: survives a broker
     /// crash, not a power cut; lower latency, as RabbitMQ's classic queues).
@@ -147,6 +153,13 @@ struct ServeArgs {
     /// small machine one shard is faster (docs/benchmarks.md, "Shards"). Default 1.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     shards: Option<u32>,
+    /// HTTP management API listen address (RabbitMQ's /api, basic auth), or `none`. Default
+    /// 127.0.0.1:15672.
+    #[arg(long)]
+    management: Option<String>,
+    /// Prometheus metrics listen address (`/metrics`), or `none`. Default 127.0.0.1:15692.
+    #[arg(long)]
+    prometheus: Option<String>,
     /// Log filter: a level, or per module (`info,warren_mqtt=debug`). Default info, or
     /// RUST_LOG when set and no level is configured.
     #[arg(long)]
@@ -201,10 +214,13 @@ impl ServeArgs {
             mqtt_max_offline_messages,
             data_dir,
             memory_high_watermark,
+            disk_free_limit,
             fsync,
             embed_msgs_below,
             in_memory,
             shards,
+            management,
+            prometheus,
             log_format
         );
         optional!(
@@ -219,33 +235,6 @@ impl ServeArgs {
         s.validate(source.as_ref().map(|(p, t)| (p.as_path(), t.as_str())))?;
         Ok(s)
     }
-}
-
-/// Total RAM in bytes, from /proc/meminfo.
-fn total_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = info
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
-/// The memory alarm threshold in bytes for `fraction` of RAM.
-fn watermark_bytes(fraction: f64) -> Result<u64, ConfigError> {
-    if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err(ConfigError(format!(
-            "--memory-high-watermark {fraction} must be a fraction of RAM in (0, 1], e.g. 0.4"
-        )));
-    }
-    let total = total_memory().unwrap_or_else(|| {
-        tracing::warn!("cannot read /proc/meminfo; assuming 1 GiB of RAM for the memory alarm");
-        1 << 30
-    });
-    Ok((total as f64 * fraction) as u64)
 }
 
 /// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration (address, data dir).
@@ -426,6 +415,18 @@ impl Listener {
         }
     }
 
+    /// RabbitMQ's name of the listener's protocol (the HTTP API's `listeners`).
+    fn protocol(self) -> &'static str {
+        match self {
+            Listener::Amqp => "amqp",
+            Listener::Amqps => "amqp/ssl",
+            Listener::Mqtt => "mqtt",
+            Listener::Mqtts => "mqtt/ssl",
+            Listener::MqttWs => "http/web-mqtt",
+            Listener::MqttWss => "https/web-mqtt",
+        }
+    }
+
     fn tls(self) -> bool {
         matches!(self, Listener::Amqps | Listener::Mqtts | Listener::MqttWss)
     }
@@ -598,7 +599,12 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         )
         .into());
     }
-    let memory_high_watermark = watermark_bytes(s.memory_high_watermark)?;
+    let management = s.management_addr().map_err(ConfigError::from)?;
+    let prometheus = s.prometheus_addr().map_err(ConfigError::from)?;
+    let memory_high_watermark =
+        settings::watermark_bytes(&s.memory_high_watermark).map_err(ConfigError::from)?;
+    let disk_free_limit =
+        settings::disk_free_limit(&s.disk_free_limit).map_err(ConfigError::from)?;
     let needs_tls = wanted.iter().any(|(kind, _)| kind.tls());
     let tls = match (&s.tls_cert, &s.tls_key) {
         (Some(cert), Some(key)) => {
@@ -628,10 +634,19 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     for (kind, addr) in wanted {
         listeners.push((kind, bind(addr, kind.flag()).await?));
     }
+    let management_listener = match management {
+        Some(addr) => Some(bind(addr, "management").await?),
+        None => None,
+    };
+    let prometheus_listener = match prometheus {
+        Some(addr) => Some(bind(addr, "prometheus").await?),
+        None => None,
+    };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
     let config = warren_core::BrokerConfig {
         seed,
         memory_high_watermark,
+        disk_free_limit: if s.in_memory { 0 } else { disk_free_limit },
         ..warren_core::BrokerConfig::default()
     };
     let (broker, definitions_db) = if s.in_memory {
@@ -666,17 +681,24 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         (broker, Some(definitions_db))
     };
     tracing::info!(
-        "memory alarm at {} MiB of queued message bodies",
-        memory_high_watermark >> 20
+        "memory alarm at {} MiB (queued message bodies or the process's RSS), free disk limit {} MB",
+        memory_high_watermark >> 20,
+        if s.in_memory {
+            0
+        } else {
+            disk_free_limit / 1_000_000
+        }
     );
+    // Measured on a timer, decided by the core (the alarms' hysteresis is there).
+    broker.watch_resources(warren_runtime::ResourceWatch {
+        interval: std::time::Duration::from_secs(1),
+        memory: true,
+        disk: (!s.in_memory && disk_free_limit > 0).then(|| s.data_dir.clone()),
+        // Freed heap goes back to the OS once RSS nears the point where the alarm clears.
+        trim_above: memory_high_watermark / 10 * 8,
+    });
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&s.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
-    tokio::spawn(admin::serve(
-        admin,
-        broker.clone(),
-        tls.clone(),
-        stopped.clone(),
-    ));
     let mqtt_config = warren_mqtt::MqttConfig {
         max_packet_size: s.mqtt_max_packet_size,
         max_inflight: s.mqtt_max_inflight,
@@ -685,6 +707,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         use_identity_as_username: s.mqtt_use_identity_as_username,
         ..warren_mqtt::MqttConfig::default()
     };
+    let mut mqtt_writer = None;
     let serves_mqtt = listeners.iter().any(|(kind, _)| !kind.is_amqp());
     let registry = if serves_mqtt {
         // Bounded offline queues for persistent sessions, as a policy operators can see.
@@ -698,7 +721,11 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
         match definitions_db {
-            Some(db) => mqtt_registry(db)?,
+            Some(db) => {
+                let (registry, writer) = mqtt_registry(db, &mqtt_config.vhost)?;
+                mqtt_writer = Some(writer);
+                registry
+            }
             None => warren_mqtt::Registry::new(),
         }
     } else {
@@ -713,11 +740,22 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         ws_path: s.mqtt_ws_path.as_str().into(),
         stopped: stopped.clone(),
     };
+    let mut gauges = Vec::new();
+    // Restored delayed wills and the expiry of offline sessions: once for all MQTT listeners.
+    let mqtt_sessions = serves_mqtt.then(|| {
+        mqtt_gauges(&shared.registry, &mut gauges);
+        warren_mqtt::start_session_tasks(&broker, &shared.registry, &shared.mqtt, &stopped)
+    });
     let mut servers = Vec::new();
+    let mut node_listeners = Vec::new();
     for (kind, listener) in listeners {
         let bound = listener.local_addr()?;
+        node_listeners.push(warren_management::Listener {
+            protocol: kind.protocol(),
+            addr: bound,
+        });
         servers.push((
-            kind,
+            kind.flag(),
             tokio::spawn(run_listener(kind, listener, shared.clone())),
         ));
         if kind == Listener::Amqp {
@@ -727,6 +765,48 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         }
     }
     drop(shared);
+    for (protocol, listener) in [
+        ("http", &management_listener),
+        ("http/prometheus", &prometheus_listener),
+    ] {
+        if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
+            node_listeners.push(warren_management::Listener { protocol, addr });
+        }
+    }
+    let data_dir = (!s.in_memory).then(|| s.data_dir.clone());
+    let node = warren_management::NodeInfo::local(node_listeners, data_dir);
+    let management = warren_management::Management::new(broker.clone(), node, gauges);
+    tokio::spawn(admin::serve(
+        admin,
+        broker.clone(),
+        management.clone(),
+        tls.clone(),
+        stopped.clone(),
+    ));
+    if let Some(listener) = management_listener {
+        let bound = listener.local_addr()?;
+        servers.push((
+            "management",
+            tokio::spawn(warren_management::serve_api(
+                listener,
+                management.clone(),
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!("listening on {bound} (HTTP management API)");
+    }
+    if let Some(listener) = prometheus_listener {
+        let bound = listener.local_addr()?;
+        servers.push((
+            "prometheus",
+            tokio::spawn(warren_management::serve_metrics(
+                listener,
+                management,
+                stopped.clone(),
+            )),
+        ));
+        tracing::info!("listening on {bound} (Prometheus metrics)");
+    }
     loop {
         match signals.wait().await {
             Signal::Stop(name) => {
@@ -746,10 +826,24 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
-    for (kind, server) in servers {
+    for (flag, server) in servers {
         server
             .await
-            .with_context(|| format!("{} listener task failed", kind.flag()))??;
+            .with_context(|| format!("{flag} listener task failed"))??;
+    }
+    if let Some(sessions) = mqtt_sessions {
+        sessions.abort();
+    }
+    if let Some(writer) = mqtt_writer {
+        // The sessions the shutdown closed are stored before the process exits, so they
+        // resume (and their expiry counts from now) after the restart.
+        let flushed =
+            tokio::task::spawn_blocking(move || writer.flush(std::time::Duration::from_secs(10)))
+                .await
+                .unwrap_or(false);
+        if !flushed {
+            tracing::warn!("MQTT sessions not all stored at shutdown");
+        }
     }
     // Everything acked, purged or deleted is made durable before the process ends, so a
     // restart after a clean stop redelivers nothing that was acked.
@@ -803,11 +897,34 @@ fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::Di
     Ok(lock)
 }
 
-/// The MQTT session registry, with the retained messages stored under the data dir and a
-/// writer that stores every later change.
+/// MQTT gauges for Prometheus: connected clients, stored sessions, retained messages.
+fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_management::Gauge>) {
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_clients",
+        help: "MQTT clients connected (with a claimed client id)",
+        value: Box::new(move || r.clients() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_stored_sessions",
+        help: "Persistent MQTT sessions kept for clients not connected",
+        value: Box::new(move || r.stored_sessions() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_retained_messages",
+        help: "MQTT retained messages held",
+        value: Box::new(move || r.retained().len() as u64),
+    });
+}
+
+/// The MQTT session registry, with the retained messages and sessions stored under the data
+/// dir and a writer that stores every later change.
 fn mqtt_registry(
     defs: warren_store::definitions::DefinitionStore,
-) -> anyhow::Result<warren_mqtt::Registry> {
+    vhost: &str,
+) -> anyhow::Result<(warren_mqtt::Registry, warren_store::retained::MqttWriter)> {
     let mut retained = warren_core::mqtt::RetainedStore::new();
     let stored = defs
         .load_retained()
@@ -819,12 +936,35 @@ fn mqtt_registry(
     if count > 0 {
         tracing::info!(count, "restored MQTT retained messages");
     }
-    let writer = warren_store::retained::RetainedWriter::start(defs)
-        .context("cannot start the retained-message writer")?;
-    Ok(warren_mqtt::Registry::with_retained(
+    let now = warren_mqtt::connection::now_ms();
+    let sessions: Vec<_> = defs
+        .load_mqtt_sessions()
+        .context("cannot read the stored MQTT sessions")?
+        .into_iter()
+        .filter(|(v, _, _)| v == vhost)
+        .map(|(_, id, s)| {
+            (
+                std::sync::Arc::from(id),
+                warren_mqtt::session::SessionRecord::from_stored(s, now),
+            )
+        })
+        .collect();
+    if !sessions.is_empty() {
+        tracing::info!(count = sessions.len(), "restored MQTT sessions");
+    }
+    let writer = warren_store::retained::MqttWriter::start(defs)
+        .context("cannot start the MQTT state writer")?;
+    let (retained_writer, session_writer) = (writer.clone(), writer.clone());
+    let session_vhost = vhost.to_string();
+    let registry = warren_mqtt::Registry::with_retained(
         retained,
-        Box::new(move |vhost, m| writer.set(vhost, m)),
-    ))
+        Box::new(move |vhost, m| retained_writer.set(vhost, m)),
+    )
+    .with_sessions(
+        sessions,
+        Box::new(move |client_id, s| session_writer.set_session(&session_vhost, client_id, s)),
+    );
+    Ok((registry, writer))
 }
 
 /// Binds a listener for `--{flag}`, with a hint when the address is taken.

@@ -3,7 +3,7 @@
 //! `WARREN_<KEY>` environment variables override both (`WARREN_AMQP=0.0.0.0:5672`; lists
 //! comma-separated). Unknown keys and bad values are refused with the file, line and a hint.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
@@ -45,11 +45,20 @@ pub struct Settings {
     pub mqtt_server_keep_alive: Option<u16>,
     pub mqtt_max_offline_messages: u64,
     pub data_dir: PathBuf,
-    pub memory_high_watermark: f64,
+    /// A fraction of RAM (`0.4`) or a size (`"512MiB"`); see [`parse_watermark`].
+    #[serde(deserialize_with = "number_or_string")]
+    pub memory_high_watermark: String,
+    /// A size (`"50MB"`, or bytes); `0` turns the check off.
+    #[serde(deserialize_with = "number_or_string")]
+    pub disk_free_limit: String,
     pub fsync: Fsync,
     pub embed_msgs_below: usize,
     pub in_memory: bool,
     pub shards: u32,
+    /// The HTTP management API's address, or `none`.
+    pub management: String,
+    /// The Prometheus metrics' address, or `none`.
+    pub prometheus: String,
     /// `None`: RUST_LOG when set, else `info`.
     pub log_level: Option<String>,
     pub log_format: LogFormat,
@@ -78,11 +87,14 @@ impl Default for Settings {
             mqtt_server_keep_alive: mqtt.server_keep_alive,
             mqtt_max_offline_messages: mqtt.max_offline_messages,
             data_dir: "./warren-data".into(),
-            memory_high_watermark: 0.4,
+            memory_high_watermark: "0.4".into(),
+            disk_free_limit: "50MB".into(),
             fsync: Fsync::On,
             embed_msgs_below: 4096,
             in_memory: false,
             shards: 1,
+            management: "127.0.0.1:15672".into(),
+            prometheus: "127.0.0.1:15692".into(),
             log_level: None,
             log_format: LogFormat::Text,
             log_file: None,
@@ -191,7 +203,8 @@ impl Settings {
         env!(mqtt_server_keep_alive, |n, v| Some(parse(&n, v)?));
         env!(mqtt_max_offline_messages, |n, v| parse(&n, v)?);
         env!(data_dir, |n, v| v.into());
-        env!(memory_high_watermark, |n, v| parse(&n, v)?);
+        env!(memory_high_watermark, |n, v| v.to_string());
+        env!(disk_free_limit, |n, v| v.to_string());
         env!(fsync, |n, v| match v {
             "on" => Fsync::On,
             "off" => Fsync::Off,
@@ -200,6 +213,8 @@ impl Settings {
         env!(embed_msgs_below, |n, v| parse(&n, v)?);
         env!(in_memory, |n, v| boolean(&n, v)?);
         env!(shards, |n, v| parse(&n, v)?);
+        env!(management, |n, v| v.to_string());
+        env!(prometheus, |n, v| v.to_string());
         env!(log_level, |n, v| Some(v.to_string()));
         env!(log_format, |n, v| match v {
             "text" => LogFormat::Text,
@@ -219,12 +234,21 @@ impl Settings {
             },
             None => String::new(),
         };
-        if !(self.memory_high_watermark > 0.0 && self.memory_high_watermark <= 1.0) {
+        if let Err(e) = parse_watermark(&self.memory_high_watermark) {
             return Err(SettingsError(format!(
-                "{}memory_high_watermark {} must be a fraction of RAM in (0, 1], e.g. 0.4",
+                "{}{}",
                 at("memory_high_watermark"),
-                self.memory_high_watermark
+                e.0
             )));
+        }
+        if let Err(e) = disk_free_limit(&self.disk_free_limit) {
+            return Err(SettingsError(format!("{}{}", at("disk_free_limit"), e.0)));
+        }
+        if let Err(e) = self.management_addr() {
+            return Err(SettingsError(format!("{}{}", at("management"), e.0)));
+        }
+        if let Err(e) = self.prometheus_addr() {
+            return Err(SettingsError(format!("{}{}", at("prometheus"), e.0)));
         }
         if !(1..=256).contains(&self.shards) {
             return Err(SettingsError(format!(
@@ -254,6 +278,16 @@ impl Settings {
             }
         }
         Ok(())
+    }
+
+    /// The HTTP management API's address (port 15672 when none is given), `None` for `none`.
+    pub fn management_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        single_addr("management", &self.management, 15672)
+    }
+
+    /// The Prometheus metrics' address (port 15692 when none is given), `None` for `none`.
+    pub fn prometheus_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        single_addr("prometheus", &self.prometheus, 15692)
     }
 
     fn listeners_raw(&self) -> [(&'static str, &Vec<String>); 6] {
@@ -298,6 +332,120 @@ pub fn parse_addrs(
         addrs.push(addr);
     }
     Ok(addrs)
+}
+
+/// One listen address (as [`parse_addrs`]) or `none`.
+fn single_addr(
+    key: &str,
+    value: &str,
+    default_port: u16,
+) -> Result<Option<SocketAddr>, SettingsError> {
+    Ok(parse_addrs(key, &[value.to_string()], default_port)?
+        .into_iter()
+        .next())
+}
+
+/// A TOML value that may be written as a number or a string (`0.4` or `"512MiB"`), kept as
+/// its text. A float keeps its decimal point (`3.0` stays `"3.0"`), so it still reads as a
+/// fraction and is not mistaken for a byte count.
+fn number_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Value {
+        Text(String),
+        Integer(u64),
+        Float(f64),
+    }
+    Ok(match Value::deserialize(d)? {
+        Value::Text(s) => s,
+        Value::Integer(n) => n.to_string(),
+        Value::Float(f) => format!("{f:?}"),
+    })
+}
+
+/// Total RAM in bytes, from /proc/meminfo.
+fn total_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// A size as RabbitMQ's configuration writes them: bytes, or a number with a unit (`kB`,
+/// `MB`, `GB`: powers of 1000; `KiB`, `MiB`, `GiB`: powers of 1024).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "kB" | "KB" | "k" | "K" => 1_000,
+        "MB" | "M" => 1_000_000,
+        "GB" | "G" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    number.checked_mul(scale)
+}
+
+/// A memory watermark as written: a fraction of RAM or an absolute size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Watermark {
+    Fraction(f64),
+    Bytes(u64),
+}
+
+/// Reads `--memory-high-watermark`: a fraction of RAM in (0, 1], or a size.
+pub fn parse_watermark(text: &str) -> Result<Watermark, SettingsError> {
+    match text.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(Watermark::Fraction(f)),
+        // A plain number above 1 is an absolute size in bytes, as RabbitMQ's
+        // `vm_memory_high_watermark.absolute`.
+        _ => parse_size(text)
+            .filter(|&n| n > 0)
+            .map(Watermark::Bytes)
+            .ok_or_else(|| {
+                SettingsError(format!(
+                    "--memory-high-watermark {text:?} must be a fraction of RAM in (0, 1] \
+                     (e.g. 0.4) or a size (e.g. 512MiB)"
+                ))
+            }),
+    }
+}
+
+/// The memory alarm threshold in bytes: `text` is a fraction of RAM or an absolute size.
+pub fn watermark_bytes(text: &str) -> Result<u64, SettingsError> {
+    Ok(match parse_watermark(text)? {
+        Watermark::Bytes(n) => n,
+        Watermark::Fraction(fraction) => {
+            let total = total_memory().unwrap_or_else(|| {
+                tracing::warn!(
+                    "cannot read /proc/meminfo; assuming 1 GiB of RAM for the memory alarm"
+                );
+                1 << 30
+            });
+            (total as f64 * fraction) as u64
+        }
+    })
+}
+
+/// Reads `--disk-free-limit`: a size, `0` for no check.
+pub fn disk_free_limit(text: &str) -> Result<u64, SettingsError> {
+    parse_size(text).ok_or_else(|| {
+        SettingsError(format!(
+            "--disk-free-limit {text:?} must be a size, e.g. 50MB or 1GiB (0: no check)"
+        ))
+    })
 }
 
 fn parse_addr(value: &str, default_port: u16) -> Option<SocketAddr> {
@@ -389,6 +537,87 @@ mod tests {
         assert_eq!(s.shards, 2);
         let e = s.validate(Some((&path, &text))).expect_err("out of range");
         assert!(e.0.contains("warren.toml:2"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_read_as_rabbitmq_writes_them() {
+        assert_eq!(parse_size("50MB"), Some(50_000_000));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("0"), Some(0));
+        assert_eq!(parse_size("12 kB"), Some(12_000));
+        assert_eq!(parse_size("MB"), None);
+        assert_eq!(parse_size("5 parsecs"), None);
+        assert_eq!(parse_size("99999999999GB"), None, "overflow is refused");
+    }
+
+    #[test]
+    fn a_watermark_is_a_fraction_of_ram_or_an_absolute_size() {
+        assert_eq!(watermark_bytes("64MiB").ok(), Some(64 << 20));
+        assert_eq!(watermark_bytes("2000000").ok(), Some(2_000_000));
+        let fraction = watermark_bytes("0.5").ok().unwrap_or(0);
+        assert!(fraction > 0, "half of RAM is some bytes");
+        assert!(watermark_bytes("0").is_err());
+        assert!(watermark_bytes("-0.2").is_err());
+        assert!(watermark_bytes("lots").is_err());
+    }
+
+    /// The limits and the HTTP listeners from the file: numbers or strings, checked with
+    /// the file's line; flags' values from the environment.
+    #[test]
+    fn limits_and_http_listeners_from_file_and_env() {
+        let dir = std::env::temp_dir().join(format!("warren-limits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("warren.toml");
+        std::fs::write(
+            &path,
+            "memory_high_watermark = \"512MiB\"\ndisk_free_limit = 1000000\n\
+             management = \"none\"\nprometheus = \"127.0.0.1\"\n",
+        )
+        .expect("write");
+        let (s, text) = Settings::from_file(&path).expect("parses");
+        s.validate(Some((&path, &text))).expect("valid");
+        assert_eq!(
+            parse_watermark(&s.memory_high_watermark).ok(),
+            Some(Watermark::Bytes(512 << 20))
+        );
+        assert_eq!(disk_free_limit(&s.disk_free_limit).ok(), Some(1_000_000));
+        assert_eq!(s.management_addr().ok(), Some(None));
+        assert_eq!(
+            s.prometheus_addr().ok().flatten(),
+            Some("127.0.0.1:15692".parse().expect("addr"))
+        );
+        std::fs::write(&path, "memory_high_watermark = 0.5\n").expect("write");
+        let (mut s, _) = Settings::from_file(&path).expect("parses");
+        assert_eq!(
+            parse_watermark(&s.memory_high_watermark).ok(),
+            Some(Watermark::Fraction(0.5))
+        );
+        for (text, line) in [
+            ("shards = 1\ndisk_free_limit = \"lots\"\n", ":2"),
+            ("management = \"not an address\"\n", ":1"),
+            ("\nmemory_high_watermark = \"0\"\n", ":2"),
+        ] {
+            std::fs::write(&path, text).expect("write");
+            let (s, text) = Settings::from_file(&path).expect("parses");
+            let e = s.validate(Some((&path, &text))).expect_err("refused");
+            assert!(e.0.contains(&format!("warren.toml{line}")), "{e}");
+        }
+        s.apply_env(|k| match k {
+            "WARREN_DISK_FREE_LIMIT" => Some("2GB".to_string()),
+            "WARREN_MANAGEMENT" => Some("[::1]:0".to_string()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!(
+            disk_free_limit(&s.disk_free_limit).ok(),
+            Some(2_000_000_000)
+        );
+        assert_eq!(
+            s.management_addr().ok(),
+            Some(Some("[::1]:0".parse().expect("addr")))
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

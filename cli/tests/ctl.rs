@@ -514,3 +514,100 @@ fn retained_mqtt_messages_survive_sigkill() {
     );
     drop(b);
 }
+
+/// A RabbitMQ export whose policies mix keys Warren acts on with ones it has no use for
+/// (classic mirroring's ha-mode, ha-params, ha-sync-mode): the policies are imported with
+/// the keys Warren supports, each dropped key is one warning, a policy left with nothing is
+/// skipped, and the summary counts what was imported (it said the policies were imported
+/// while none was, and exited 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_keeps_the_supported_policy_keys_and_warns_once_per_dropped_key() {
+    let b = start("ha-policies");
+    let export = serde_json::json!({
+        "rabbit_version": "3.10.8",
+        "rabbitmq_version": "3.10.8",
+        "product_name": "RabbitMQ",
+        "product_version": "3.10.8",
+        "users": [],
+        "vhosts": [{"name": "/"}],
+        "permissions": [],
+        "topic_permissions": [],
+        "parameters": [],
+        "global_parameters": [
+            {"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-abc"}
+        ],
+        "policies": [
+            {"vhost": "/", "name": "ha-all", "pattern": "^orders\\.", "apply-to": "queues",
+             "definition": {"ha-mode": "all", "ha-sync-mode": "automatic", "max-length": 100},
+             "priority": 0},
+            {"vhost": "/", "name": "ha-two", "pattern": ".*", "apply-to": "all",
+             "definition": {"ha-mode": "exactly", "ha-params": 2}, "priority": 0},
+            {"vhost": "/", "name": "ttl", "pattern": "^jobs$", "apply-to": "queues",
+             "definition": {"message-ttl": 60000}, "priority": 1}
+        ],
+        "queues": [
+            {"name": "orders.new", "vhost": "/", "durable": true, "auto_delete": false,
+             "arguments": {"x-queue-type": "classic"}}
+        ],
+        "exchanges": [],
+        "bindings": []
+    });
+    let path = b.dir.join("rabbitmq-ha-export.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&export).expect("json")).expect("write");
+    let out = ctl(
+        &b,
+        &["import-definitions", path.to_str().expect("utf-8 path")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "import failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("1 vhosts, 0 users, 0 permissions, 2 policies, 0 exchanges, 1 queues"),
+        "{stdout}"
+    );
+    let warnings: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("skipped:"))
+        .collect();
+    for key in ["ha-mode", "ha-params", "ha-sync-mode"] {
+        let about: Vec<&&str> = warnings
+            .iter()
+            .filter(|l| l.contains(&format!("'{key}'")))
+            .collect();
+        assert_eq!(about.len(), 1, "one warning for {key}: {warnings:?}");
+    }
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains("'ha-mode'") && l.contains("ha-all, ha-two")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings.iter().any(|l| l.contains("policy 'ha-two'")),
+        "{warnings:?}"
+    );
+    let policies = json(&b, &["list-policies"]);
+    assert_eq!(
+        find(&policies, "name", "ha-all")["definition"],
+        serde_json::json!({"max-length": 100})
+    );
+    assert_eq!(
+        find(&policies, "name", "ttl")["definition"]["message-ttl"],
+        60000
+    );
+    assert!(
+        policies
+            .as_array()
+            .expect("rows")
+            .iter()
+            .all(|p| p["name"] != "ha-two"),
+        "{policies}"
+    );
+    // The imported policy acts: the queue it matches keeps at most 100 messages.
+    publish(b.port, "", "orders.new", 120).await;
+    let queues = json(&b, &["list-queues"]);
+    assert_eq!(find(&queues, "name", "orders.new")["messages"], 100);
+}

@@ -44,10 +44,19 @@ impl Broker {
     }
 
     fn start_env(dir: &Path, args: &[&str], listeners: usize, env: &[(&str, &str)]) -> Broker {
+        // The HTTP listeners' default ports would collide between tests running at once
+        // (a config file sets its own).
+        let mut off = Vec::new();
+        for flag in ["--management", "--prometheus"] {
+            if !args.contains(&flag) && !args.contains(&"--config") {
+                off.extend([flag, "none"]);
+            }
+        }
         let mut child = Command::new(BIN)
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)
+            .args(&off)
             .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
@@ -1022,22 +1031,47 @@ async fn config_file_with_flags_and_env_over_it() {
         &file,
         format!(
             "# a deployment\namqp = [\"127.0.0.1:0\"]\nmqtt = [\"127.0.0.1:0\", \"[::1]:0\"]\n\
-             data_dir = {:?}\nshards = 1\nlog_format = \"json\"\nmqtt_max_packet_size = 1000\n",
+             data_dir = {:?}\nshards = 1\nlog_format = \"json\"\nmqtt_max_packet_size = 1000\n\
+             management = \"127.0.0.1:0\"\nprometheus = \"none\"\n\
+             memory_high_watermark = \"64MiB\"\ndisk_free_limit = 0\n",
             dir.join("data")
         ),
     )
     .expect("write");
     let config = file.to_str().expect("utf-8");
-    // The file alone: JSON logs, three listeners.
-    let broker = Broker::start(&dir, &["--config", config], 0);
-    let lines = broker.wait_logs(&["listening on", "\"level\":\"INFO\""], 3);
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    // The file alone: JSON logs, three listeners and the HTTP API, the file's limits.
+    let broker = Broker::start(&dir, &["--config", config], 4);
+    let lines = broker.wait_logs(&["listening on", "\"level\":\"INFO\""], 4);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(
+        broker
+            .wait_logs(&["memory alarm at 64 MiB", "free disk limit 0 MB"], 1)
+            .len(),
+        1,
+        "the file's memory_high_watermark and disk_free_limit"
+    );
+    let mut http = tokio::net::TcpStream::connect(broker.addr("(HTTP management API)"))
+        .await
+        .expect("connect to the file's management listener");
+    http.write_all(
+        b"GET /api/overview HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+          Authorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\r\n",
+    )
+    .await
+    .expect("request");
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), http.read_to_end(&mut response)).await;
+    assert!(
+        response.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
     drop(broker);
     // A flag over the file's key, an environment variable over the flag.
     let broker = Broker::start_env(
         &dir,
         &["--config", config, "--log-format", "text", "--mqtt", "none"],
-        2,
+        3,
         &[
             ("WARREN_MQTT", "127.0.0.1:0"),
             ("WARREN_MQTT_MAX_PACKET_SIZE", "64"),
@@ -1076,6 +1110,8 @@ async fn config_file_with_flags_and_env_over_it() {
         ("fsync = \"sometimes\"\n", ":1"),
         ("amqps = [\"not an address\"]\n", ":1"),
         ("log_level = \"info,=[\"\n", ":1"),
+        ("amqp = []\ndisk_free_limit = \"plenty\"\n", ":2"),
+        ("memory_high_watermark = 2.5\n", ":1"),
     ] {
         std::fs::write(&file, text).expect("write");
         let out = Command::new(BIN)

@@ -107,6 +107,10 @@ async fn sharded_durable_queues_survive_kill_9_and_keep_their_shard_count() {
             "none",
             "--shards",
             "3",
+            "--management",
+            "none",
+            "--prometheus",
+            "none",
         ])
         .arg("--data-dir")
         .arg(&dir)

@@ -23,13 +23,24 @@ fn data_dir(tag: &str) -> PathBuf {
     dir
 }
 
-fn serve(dir: &Path, args: &[&str]) -> (Child, u16) {
+/// A started broker, killed (SIGKILL) when dropped: a failing test leaves none running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(dir: &Path, args: &[&str]) -> (Running, u16) {
     let served = common::serve(dir, false, args);
-    (served.child, served.amqp)
+    (Running(served.child), served.amqp)
 }
 
 /// SIGTERM, then the exit code (a clean stop is 0).
-fn sigterm(mut child: Child) -> Option<i32> {
+fn sigterm(mut running: Running) -> Option<i32> {
+    let child = &mut running.0;
     // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
     unsafe {
         libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
@@ -48,9 +59,8 @@ fn sigterm(mut child: Child) -> Option<i32> {
     }
 }
 
-fn kill9(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+fn kill9(running: Running) {
+    drop(running);
 }
 
 async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
@@ -321,10 +331,20 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
     let dir = data_dir("lock");
     let (child, port) = serve(&dir, &[]);
     let (_c, ch) = channel(port).await;
-    declare(&ch, "backlog").await;
-    // More than a queue keeps in memory (2048): the rest is paged out to disk.
+    // A transient queue with more than it keeps in memory (for transient messages: 8192
+    // or 32 MiB): the rest is paged out under `transient/`, which a second broker used to
+    // wipe at start.
+    ch.queue_declare("backlog".into(), Default::default(), FieldTable::default())
+        .await
+        .expect("declare");
     const BACKLOG: usize = 3_000;
-    publish(&ch, "backlog", BACKLOG, 100, true).await;
+    const MORE: usize = 2_000;
+    publish(&ch, "backlog", BACKLOG, 16 << 10, false).await;
+    let before = files(&dir);
+    assert!(
+        before.iter().any(|f| f.starts_with(dir.join("transient"))),
+        "paged out: {before:?}"
+    );
     let second = Command::new(BIN)
         .args(["serve", "--amqp", "127.0.0.1:0", "--mqtt", "none"])
         .arg("--data-dir")
@@ -332,9 +352,11 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         .output()
         .expect("run a second warren serve");
     let err = String::from_utf8_lossy(&second.stderr).into_owned();
-    // A still serves every message and confirms new publishes.
-    publish(&ch, "backlog", 100, 100, true).await;
-    let got = consume_and_ack(&ch, "backlog", BACKLOG + 100).await;
+    let after = files(&dir);
+    // A still confirms publishes (these cross into a new page file) and serves every
+    // message.
+    publish(&ch, "backlog", MORE, 16 << 10, false).await;
+    let got = consume_and_ack(&ch, "backlog", BACKLOG + MORE).await;
     kill9(child);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
@@ -343,11 +365,25 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         "a configuration error: {err}"
     );
     assert!(err.contains("in use"), "says why: {err}");
+    assert_eq!(before, after, "the second broker touched nothing");
     let want: Vec<String> = (0..BACKLOG)
-        .chain(0..100)
+        .chain(0..MORE)
         .map(|i| format!("{i:08}"))
         .collect();
     assert_eq!(got, want, "every message, in order");
+}
+
+/// Every file under `dir`, sorted.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    modes(dir, &mut all);
+    let mut files: Vec<PathBuf> = all
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
 }
 
 /// Every path under `dir` with its mode bits.
@@ -369,6 +405,9 @@ fn modes(dir: &Path, out: &mut Vec<(PathBuf, u32)>) {
 async fn the_data_dir_is_its_owners_only() {
     use std::os::unix::fs::PermissionsExt;
     let dir = data_dir("modes");
+    // Made readable by others beforehand (as an older version did): restricted at start.
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let (child, port) = serve(&dir, &[]);
     {
         let (_c, ch) = channel(port).await;

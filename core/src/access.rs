@@ -133,7 +133,7 @@ impl Pattern {
     }
 }
 
-/// A user's compiled permissions in one vhost.
+/// A user's compiled permissions in one vhost (equal when their definitions are).
 #[derive(Clone, Debug)]
 pub struct Permissions {
     pub def: PermissionDef,
@@ -141,6 +141,14 @@ pub struct Permissions {
     write: Pattern,
     read: Pattern,
 }
+
+impl PartialEq for Permissions {
+    fn eq(&self, other: &Permissions) -> bool {
+        self.def == other.def
+    }
+}
+
+impl Eq for Permissions {}
 
 impl Permissions {
     pub fn compile(def: PermissionDef) -> Result<Permissions, String> {
@@ -216,11 +224,14 @@ pub enum LoginError {
     VhostRefused { user: String, vhost: String },
 }
 
-/// A successful login: who, and their tags.
+/// A successful login: who, their tags, and (when the login named a vhost) their permissions
+/// there as of the login, for gateways that answer refusals in their own protocol's terms
+/// (MQTT's SUBACK failure codes) before the core would refuse the operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Login {
     pub user: String,
     pub tags: Vec<String>,
+    pub permissions: Option<Arc<Permissions>>,
 }
 
 /// The user database: users and, per (vhost, user), permissions.
@@ -282,6 +293,7 @@ impl Users {
         Ok(Login {
             user: user.to_string(),
             tags: u.tags.clone(),
+            permissions: None,
         })
     }
 

@@ -143,6 +143,8 @@ pub(crate) struct ChannelState {
     /// A request of this channel went to a queue by mail and is not answered yet: what the
     /// client sends meanwhile waits (`broker/hold.rs`).
     pub(crate) awaiting: bool,
+    /// Published, delivered, redelivered and acked messages, for operators' rates.
+    pub(crate) stats: crate::stats::MessageStats,
 }
 
 impl Drop for ChannelState {
@@ -171,6 +173,7 @@ impl ChannelState {
             tx: None,
             last_queue: None,
             reply_consumer: None,
+            stats: crate::stats::MessageStats::default(),
         }
     }
 
@@ -368,6 +371,23 @@ impl ChannelState {
     /// and the client may reuse its number).
     pub(crate) fn forget_confirms(&mut self) {
         self.unconfirmed = None;
+    }
+
+    /// Counts `n` deliveries settled as `how` (acks, for operators' rates).
+    pub(crate) fn count_settled(&mut self, how: Settle, n: usize) {
+        if how == Settle::Ack {
+            self.stats.ack += n as u64;
+        }
+    }
+
+    /// Whether confirm.select was sent on it.
+    pub(crate) fn confirms(&self) -> bool {
+        self.confirm_next != 0
+    }
+
+    /// Consumers on the channel.
+    pub(crate) fn consumer_count(&self) -> usize {
+        self.consumers.0.len()
     }
 
     /// confirm.select (a channel in tx mode cannot switch).

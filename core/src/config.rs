@@ -17,6 +17,10 @@ pub struct BrokerConfig {
     /// `vm_memory_high_watermark` does. The host sizes it (the CLI: a fraction of RAM);
     /// the core cannot look at the machine.
     pub memory_high_watermark: u64,
+    /// Free bytes on the host's data disk below which publishers are blocked, as RabbitMQ's
+    /// `disk_free_limit` (default there 50 MB). 0: no limit. The host measures the free
+    /// space and reports it (`Broker::report_resources`); the core cannot look at a disk.
+    pub disk_free_limit: u64,
     /// Ready messages in a queue with consumers above which connections publishing into it
     /// (and consuming nothing themselves) are paused until it drains to half: paces
     /// publishers to their consumers, as RabbitMQ's credit flow does, so latency stays
@@ -48,6 +52,7 @@ impl Default for BrokerConfig {
             write_window: 2048,
             default_vhost: "/".to_string(),
             memory_high_watermark: u64::MAX,
+            disk_free_limit: 0,
             flow_ready_high: 4096,
             queue_window: 2048,
             queue_window_bytes: 8 << 20,

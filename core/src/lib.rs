@@ -25,8 +25,9 @@ pub mod policy;
 pub mod queue;
 pub mod routing;
 pub(crate) mod sorted_vec;
+pub mod stats;
 pub mod store;
 pub(crate) mod topology;
 
-pub use broker::{Broker, ShardMail};
+pub use broker::{Alarms, Broker, Resources, ShardMail};
 pub use config::BrokerConfig;

@@ -61,6 +61,15 @@ const QUEUE_KEYS: &[(&str, &str)] = &[
 /// Policy keys for exchanges.
 const EXCHANGE_KEYS: &[(&str, &str)] = &[("alternate-exchange", "alternate-exchange")];
 
+/// Whether `key` is a policy key Warren acts on (an import drops the others, such as
+/// RabbitMQ's `ha-mode`, instead of refusing the policy).
+pub fn is_supported_key(key: &str) -> bool {
+    QUEUE_KEYS
+        .iter()
+        .chain(EXCHANGE_KEYS)
+        .any(|(k, _)| *k == key)
+}
+
 /// A policy with its pattern compiled.
 #[derive(Clone, Debug)]
 pub(crate) struct Policy {
@@ -77,11 +86,7 @@ impl Policy {
             return Err("a policy definition must not be empty".into());
         }
         for key in def.definition.keys() {
-            let known = QUEUE_KEYS
-                .iter()
-                .chain(EXCHANGE_KEYS)
-                .any(|(k, _)| k == key);
-            if !known {
+            if !is_supported_key(key) {
                 return Err(format!("unrecognised policy key '{key}'"));
             }
         }

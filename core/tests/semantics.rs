@@ -607,13 +607,169 @@ fn memory_alarm_blocks_every_connection_above_the_watermark_and_clears_below() {
             conn: ch(3, 0).conn
         }]
     );
-    // Consuming without ack releases the bytes and clears the alarm.
+    // Consuming without ack releases the bytes and clears the alarm, once publishers were
+    // blocked for the hold (`ALARM_HOLD_MS`: at most about one change a second).
     let fx = h.consume(c1, "q", "t", true);
     assert_eq!(bodies(&fx), ["12345678", "123"]);
+    assert_eq!(h.broker.stored_bytes(), 0);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Unblocked { .. })));
+    assert!(
+        h.broker.next_deadline().is_some(),
+        "a tick is due when the hold ends"
+    );
+    let fx = h.tick(warren_core::broker::ALARM_HOLD_MS);
     assert!(fx.contains(&Effect::Unblocked {
         conn: ch(2, 0).conn
     }));
-    assert_eq!(h.broker.stored_bytes(), 0);
+}
+
+/// Blocked / unblocked effects for connection 1 in `fx`: +1 per block, -1 per unblock.
+fn alarm_changes(fx: &[Effect]) -> Vec<bool> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Blocked { conn } if *conn == ch(1, 0).conn => Some(true),
+            Effect::Unblocked { conn } if *conn == ch(1, 0).conn => Some(false),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn memory_alarm_clears_only_well_below_the_watermark_so_a_draining_queue_does_not_flap() {
+    let mut h = Harness::with_config(BrokerConfig {
+        memory_high_watermark: 100,
+        ..BrokerConfig::default()
+    });
+    let publisher = h.connect(1);
+    let consumer = h.connect(2);
+    h.declare(publisher, "q");
+    let mut changes = Vec::new();
+    for _ in 0..11 {
+        changes.extend(alarm_changes(&h.publish(publisher, "", "q", "0123456789")));
+    }
+    assert_eq!(changes, [true], "110 bytes > 100: raised once");
+    // A consumer takes one message at a time while the publisher (as a blocked client
+    // whose publishes were already read) adds one after each: at the watermark this
+    // flipped the alarm on every message.
+    for _ in 0..20 {
+        let get = Op::Get {
+            queue: "q".into(),
+            no_ack: true,
+        };
+        changes.extend(alarm_changes(&h.op(consumer, get)));
+        changes.extend(alarm_changes(&h.publish(publisher, "", "q", "0123456789")));
+    }
+    assert_eq!(
+        changes,
+        [true],
+        "between 90 and 110 bytes: still raised, no flapping"
+    );
+    // Drained to 90% of the watermark: cleared, once (the hold since the block is over).
+    h.tick(warren_core::broker::ALARM_HOLD_MS);
+    let mut drained = Vec::new();
+    for _ in 0..2 {
+        let get = Op::Get {
+            queue: "q".into(),
+            no_ack: true,
+        };
+        drained.extend(alarm_changes(&h.op(consumer, get)));
+    }
+    assert_eq!(h.broker.stored_bytes(), 90);
+    assert_eq!(drained, [false], "cleared at 90 bytes");
+    // Refilling to the watermark itself does not raise it again; passing it does.
+    assert!(alarm_changes(&h.publish(publisher, "", "q", "0123456789")).is_empty());
+    assert_eq!(
+        alarm_changes(&h.publish(publisher, "", "q", "0")),
+        [true],
+        "101 bytes"
+    );
+}
+
+#[test]
+fn the_hosts_memory_figure_and_free_disk_space_raise_the_alarm_with_hysteresis() {
+    use warren_core::Resources;
+    let mut h = Harness::with_config(BrokerConfig {
+        memory_high_watermark: 1000,
+        disk_free_limit: 500,
+        ..BrokerConfig::default()
+    });
+    h.connect(1);
+    // Each report a second after the last: past the hold (`ALARM_HOLD_MS`).
+    let mut now = 0;
+    let mut report = |h: &mut Harness, memory: Option<u64>, disk_free: Option<u64>| {
+        now += warren_core::broker::ALARM_HOLD_MS;
+        h.broker
+            .report_resources(now, Resources { memory, disk_free });
+        let mut fx = Vec::new();
+        h.broker.poll_effects(&mut fx);
+        (alarm_changes(&fx), h.broker.alarms())
+    };
+    // The queues hold nothing, but the process holds more than the watermark (its RSS):
+    // blocked, until the figure falls to 90% of it.
+    assert_eq!(report(&mut h, Some(1001), None).0, [true]);
+    assert!(h.broker.alarms().memory);
+    assert_eq!(report(&mut h, Some(950), None).0, []);
+    let (changes, alarms) = report(&mut h, Some(900), None);
+    assert_eq!(changes, [false]);
+    assert!(!alarms.any());
+    // Free disk below the limit: blocked until 10% above it.
+    assert_eq!(report(&mut h, Some(0), Some(499)).0, [true]);
+    assert_eq!(report(&mut h, Some(0), Some(540)).0, []);
+    // Both alarms at once are one block; clearing one keeps publishers blocked.
+    let (changes, alarms) = report(&mut h, Some(5000), Some(540));
+    assert_eq!(changes, []);
+    assert!(alarms.memory && alarms.disk);
+    let (changes, alarms) = report(&mut h, Some(5000), Some(550));
+    assert_eq!(changes, []);
+    assert!(alarms.memory && !alarms.disk);
+    assert_eq!(report(&mut h, Some(10), Some(550)).0, [false]);
+    // Not measured (or no limit): no alarm.
+    assert_eq!(report(&mut h, None, Some(0)).0, [true]);
+    assert_eq!(report(&mut h, None, None).0, [false]);
+}
+
+#[test]
+fn publishers_stay_blocked_for_the_hold_so_the_alarm_changes_at_most_about_once_a_second() {
+    use warren_core::Resources;
+    use warren_core::broker::ALARM_HOLD_MS;
+    let mut h = Harness::with_config(BrokerConfig {
+        memory_high_watermark: 1000,
+        ..BrokerConfig::default()
+    });
+    h.connect(1);
+    let mut changes = Vec::new();
+    // The figure swings across the watermark every millisecond for 3 s.
+    for ms in 1..=3000u64 {
+        let memory = if ms % 2 == 0 { 2000 } else { 0 };
+        h.broker.report_resources(
+            ms,
+            Resources {
+                memory: Some(memory),
+                disk_free: None,
+            },
+        );
+        let mut fx = Vec::new();
+        h.broker.poll_effects(&mut fx);
+        changes.extend(alarm_changes(&fx));
+    }
+    assert!(
+        changes.len() <= 2 * (3000 / ALARM_HOLD_MS as usize) + 1,
+        "{} changes in 3 s",
+        changes.len()
+    );
+    // Recovered for good: unblocked by the tick the hold asks for.
+    h.broker.report_resources(
+        3001,
+        Resources {
+            memory: Some(0),
+            disk_free: None,
+        },
+    );
+    let due = h.broker.next_deadline().expect("a tick at the hold's end");
+    h.broker.tick(due);
+    let mut fx = Vec::new();
+    h.broker.poll_effects(&mut fx);
+    assert!(!h.broker.publishers_blocked());
 }
 
 #[test]
@@ -665,4 +821,99 @@ fn flow_control_paces_pure_publishers_to_their_consumers() {
     }
     assert!(resumed);
     assert!(h.broker.queue_len("q").is_some_and(|n| n <= 2));
+}
+
+/// Flow control, the write window and paging together (issue 21, one_fast stalls): a
+/// publisher that obeys `FlowPaused` (with a few publishes already on their way, as the
+/// runtime's in-flight batches allow), an autoack consumer whose host reports writes in
+/// random chunks, a store that pages the queue out. Whatever the interleaving, once the
+/// publisher stops and the host reports every delivery written, the queue drains to empty
+/// and the publisher is resumed: no wake-up is lost between the pause, the window and a
+/// refill from the store.
+#[test]
+fn flow_control_the_write_window_and_paging_never_strand_a_paused_publisher() {
+    for seed in 1..=12u64 {
+        let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n.max(1)
+        };
+        let mut h = Harness::sharded_with_stores(
+            BrokerConfig {
+                flow_ready_high: 64,
+                write_window: 16,
+                queue_window: 8,
+                ..BrokerConfig::default()
+            },
+            1,
+        );
+        let publisher = h.connect(1);
+        let consumer = h.connect(2);
+        h.declare(publisher, "q");
+        let mut unwritten = 0u32;
+        let mut paused = false;
+        let mut published = 0u64;
+        let mut received = 0u64;
+        let count = |fx: &[Effect], unwritten: &mut u32, received: &mut u64, paused: &mut bool| {
+            for e in fx {
+                match e {
+                    Effect::Deliver { .. } => {
+                        *unwritten += 1;
+                        *received += 1;
+                    }
+                    Effect::FlowPaused { conn } if conn.0 == 1 => *paused = true,
+                    Effect::FlowResumed { conn } if conn.0 == 1 => *paused = false,
+                    _ => {}
+                }
+            }
+        };
+        let fx = h.consume(consumer, "q", "c", true);
+        count(&fx, &mut unwritten, &mut received, &mut paused);
+        let mut late = 0;
+        for _ in 0..1000 {
+            match next(3) {
+                // Publishes: while paused, only those already on their way (a few).
+                0 | 1 if !paused || late < 8 => {
+                    if paused {
+                        late += 1;
+                    } else {
+                        late = 0;
+                    }
+                    for _ in 0..=next(10) {
+                        let fx = h.publish(publisher, "", "q", "m");
+                        published += 1;
+                        count(&fx, &mut unwritten, &mut received, &mut paused);
+                    }
+                }
+                _ if unwritten > 0 => {
+                    let n = 1 + next(u64::from(unwritten)) as u32;
+                    unwritten -= n;
+                    let fx = h.op(ch(2, 0), Op::Written { count: n });
+                    count(&fx, &mut unwritten, &mut received, &mut paused);
+                }
+                _ => {}
+            }
+        }
+        // The publisher stops; the host writes everything it is given.
+        let mut rounds = 0;
+        while unwritten > 0 {
+            rounds += 1;
+            assert!(rounds < 100_000, "seed {seed}: does not drain");
+            let n = unwritten;
+            unwritten = 0;
+            let fx = h.op(ch(2, 0), Op::Written { count: n });
+            count(&fx, &mut unwritten, &mut received, &mut paused);
+        }
+        assert_eq!(
+            (received, h.broker.queue_len("q")),
+            (published, Some(0)),
+            "seed {seed}: every message reached the consumer (paused: {paused})"
+        );
+        assert!(
+            !paused,
+            "seed {seed}: the drained queue resumed its publisher"
+        );
+    }
 }

@@ -70,7 +70,7 @@ pub async fn serve_connection<S>(
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
-    let negotiated = match timeout(
+    let mut negotiated = match timeout(
         config.handshake_timeout,
         handshake::run(&mut rd, &mut wr, &mut rbuf, &peer, &config, &broker),
     )
@@ -96,6 +96,16 @@ pub async fn serve_connection<S>(
     };
     tracing::info!(peer = %peer.addr, user = %Escaped(&negotiated.user), "accepted AMQP connection");
     let link = broker.connect();
+    link.tx.describe(warren_runtime::ConnMeta {
+        protocol: "AMQP 0-9-1",
+        peer: peer.addr.as_str().into(),
+        tls: false,
+        client_properties: Some(Box::new(std::mem::take(&mut negotiated.client_properties))),
+        client_id: None,
+        heartbeat: negotiated.heartbeat_secs,
+        frame_max: negotiated.frame_max,
+        connected_at: warren_runtime::unix_ms(),
+    });
     let mut session = Session::new(negotiated, link.tx, peer, config, broker.clone());
     let end = session.run(&mut rd, &mut wr, rbuf, link.rx, shutdown).await;
     let _ = session.tx.send(vec![(0, Op::ConnectionClose)]).await;
@@ -307,6 +317,8 @@ struct Session {
     published: bool,
     /// The core's flow control paused this (publishing) connection.
     flow_paused: bool,
+    /// We told the client connection.blocked (and owe it connection.unblocked).
+    blocked_sent: bool,
     /// For `connection.update-secret`: the broker checks the new secret.
     broker: BrokerHandle,
     /// A `connection.update-secret` to answer before reading on (its new secret, its reason).
@@ -343,8 +355,20 @@ impl Session {
             blocked: false,
             published: false,
             flow_paused: false,
+            blocked_sent: false,
             broker,
             new_secret: None,
+        }
+    }
+
+    /// Tells the client connection.blocked once it is blocked: during an alarm and once it
+    /// has published, as RabbitMQ does. A connection that only consumes is never told:
+    /// clients stop sending everything while blocked (lapin does), and a consumer that
+    /// stops acking holds the very memory the alarm waits for.
+    fn notify_blocked(&mut self) {
+        if self.blocked && self.published && self.blocked_notify && !self.blocked_sent {
+            codec::encode_method(&mut self.wbuf, 0, handshake::connection_blocked());
+            self.blocked_sent = true;
         }
     }
 
@@ -443,6 +467,8 @@ impl Session {
                             if let Err(e) = self.on_frames(&mut rbuf) {
                                 self.fail(e);
                             }
+                            // It may have published just now, during an alarm.
+                            self.notify_blocked();
                         }
                         Err(e) => return e.into(),
                     }
@@ -998,17 +1024,17 @@ impl Session {
             }
             Effect::Blocked { .. } => {
                 self.blocked = true;
-                tracing::info!(peer = %self.peer.addr, "memory alarm: publishing blocked");
-                if self.blocked_notify {
-                    codec::encode_method(&mut self.wbuf, 0, handshake::connection_blocked());
-                }
+                // The broker logs the alarm once; per connection it is only a debug line.
+                tracing::debug!(peer = %self.peer.addr, "resource alarm: publishing blocked");
+                self.notify_blocked();
             }
             Effect::FlowPaused { .. } => self.flow_paused = true,
             Effect::FlowResumed { .. } => self.flow_paused = false,
             Effect::Unblocked { .. } => {
                 self.blocked = false;
-                if self.blocked_notify {
+                if self.blocked_sent {
                     codec::encode_method(&mut self.wbuf, 0, handshake::connection_unblocked());
+                    self.blocked_sent = false;
                 }
             }
             // A channel we are closing gets nothing but the close handshake.

@@ -26,6 +26,8 @@ pub struct Negotiated {
     pub cancel_notify: bool,
     /// The client understands `connection.blocked` / `unblocked`.
     pub blocked_notify: bool,
+    /// start-ok's client properties, for operators' listings.
+    pub client_properties: warren_core::message::FieldTable,
 }
 
 /// Why the handshake ended without a connection.
@@ -347,6 +349,7 @@ where
         user: credentials.user,
         cancel_notify,
         blocked_notify,
+        client_properties: crate::convert::table_from_amqp(&start_ok.client_properties),
     })
 }
 

@@ -200,6 +200,9 @@ where
                 break 'run (e, None);
             }
             loop {
+                if let Some(stored) = session.take_stored() {
+                    registry.persist_session(session.client_id(), stored);
+                }
                 // Ops first (a SUBACK waits for its bindings' bind-ok), then packets, then the
                 // write-window credit of what was written.
                 if tx.send(session.take_ops()).await.is_err() {
@@ -374,7 +377,15 @@ where
             .and_then(|r| r.map_err(Some)),
         (_, Err(_)) => Err(None),
     };
-    if let Err(e) = login {
+    let mut info = info;
+    let e = match login {
+        Ok(login) => {
+            info.permissions = login.permissions;
+            None
+        }
+        Err(e) => Some(e),
+    };
+    if let Some(e) = e {
         let code = match e {
             Some(
                 LoginError::LoopbackOnly(_)
@@ -394,6 +405,21 @@ where
     }
     drop(connect);
     let link = broker.connect();
+    link.tx.describe(warren_runtime::ConnMeta {
+        // CONNECT's protocol level: 3 = 3.1, 4 = 3.1.1, 5 = 5.0.
+        protocol: match level {
+            5 => "MQTT 5-0",
+            4 => "MQTT 3.1.1",
+            _ => "MQTT 3.1",
+        },
+        peer: peer.addr.as_str().into(),
+        tls: false,
+        client_properties: None,
+        client_id: Some(info.client_id.as_ref().into()),
+        heartbeat: info.keep_alive_s,
+        frame_max: 0,
+        connected_at: warren_runtime::unix_ms(),
+    });
     let client_id = info.client_id.clone();
     let (kick_tx, kick_rx) = oneshot::channel();
     if let Some(prev) = registry.claim(&client_id, link.id, kick_tx) {
@@ -465,6 +491,10 @@ where
         last.extend(session.disconnect_packet(e.reason));
     }
     let record = session.close(now, registry);
+    if record.is_none() && session.is_stored() {
+        // The session ended with its connection (expiry 0, maybe set by DISCONNECT).
+        registry.persist_session(&client_id, None);
+    }
     // The runtime applies a dropped connection's disconnect ahead of requests still queued
     // (it drains control messages first), which would lose the will and even earlier
     // bindings. A channel.open on a spare channel is a barrier: once its reply is back, every
@@ -487,14 +517,23 @@ where
     // The core releases the session (requeueing unacked deliveries) before a new owner of the
     // client id, waiting on `takeover`, declares the same queue.
     let _ = tx.send(vec![(0, Op::ConnectionClose)]).await;
-    if let Some(r) = record {
+    // Taken over: the session goes on in the new connection, which cancels a delayed will
+    // (MQTT 5 3.1.3.2.2); it claimed the client id before this close, so the will must not
+    // even be scheduled.
+    let taken_over = takeover.is_some();
+    if let Some(mut r) = record {
+        if taken_over {
+            r.will = None;
+        }
         registry.store_session(client_id.clone(), r);
     }
-    if let Some((delay, will, user)) = session.take_delayed_will() {
+    if let Some((delay, will, user)) = session.take_delayed_will()
+        && !taken_over
+    {
         registry.delay_will(client_id.clone(), tx.conn());
         tokio::spawn(publish_delayed_will(
             DelayedWill {
-                delay_s: delay,
+                delay_ms: u64::from(delay) * 1000,
                 will,
                 user,
             },
@@ -519,18 +558,18 @@ where
 }
 
 /// A will left for later by a closed session.
-struct DelayedWill {
-    delay_s: u32,
-    will: v5::LastWill,
+pub(crate) struct DelayedWill {
+    pub(crate) delay_ms: u64,
+    pub(crate) will: v5::LastWill,
     /// Published as the user the client logged in as.
-    user: String,
+    pub(crate) user: String,
 }
 
 /// Publishes a will after its delay, through a connection of its own (the client's is gone),
 /// unless the client id connected again meanwhile.
-async fn publish_delayed_will(
+pub(crate) async fn publish_delayed_will(
     DelayedWill {
-        delay_s,
+        delay_ms,
         will,
         user,
     }: DelayedWill,
@@ -540,13 +579,27 @@ async fn publish_delayed_will(
     registry: Arc<Registry>,
     config: Arc<MqttConfig>,
 ) {
-    tokio::time::sleep(Duration::from_secs(u64::from(delay_s))).await;
+    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
     if !registry.take_will(&client_id, left_by) {
         return;
     }
+    publish_will(&will, user, &client_id, &broker, &registry, &config).await;
+    registry.will_published(&client_id);
+}
+
+/// Publishes a will now, as `user`, through a connection of its own; returns once the
+/// publish was applied (or after a bounded wait).
+pub(crate) async fn publish_will(
+    will: &v5::LastWill,
+    user: String,
+    client_id: &str,
+    broker: &BrokerHandle,
+    registry: &Registry,
+    config: &MqttConfig,
+) {
     let link = broker.connect();
     let mut rx = link.rx;
-    let publish = crate::session::will_publish(&will, &config.vhost, now_ms(), &registry);
+    let publish = crate::session::will_publish(will, &config.vhost, now_ms(), registry);
     let ops = vec![
         (
             0,
@@ -576,7 +629,7 @@ async fn publish_delayed_will(
     })
     .await;
     let _ = link.tx.send(vec![(0, Op::ConnectionClose)]).await;
-    tracing::debug!(client_id = %Escaped(&client_id), "delayed will published");
+    tracing::debug!(client_id = %Escaped(client_id), "delayed will published");
 }
 
 /// Decodes and handles every complete packet in `rbuf`.

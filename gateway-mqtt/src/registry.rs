@@ -1,13 +1,45 @@
 //! State shared by all MQTT connections of a server: which connection owns each client id
-//! (session takeover), persistent sessions while their client is away, retained messages.
+//! (session takeover), persistent sessions while their client is away (ordered by when they
+//! expire), retained messages, and the hooks that store sessions and retained messages.
 
 use crate::session::SessionRecord;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use warren_core::ids::ConnId;
-use warren_core::mqtt::{RetainedMessage, RetainedStore};
+use warren_core::mqtt::{RetainedMessage, RetainedStore, StoredSession, StoredWill};
+
+/// The owner token of the task that ends expired sessions (no connection has it).
+pub const EXPIRY_TASK: ConnId = ConnId(u64::MAX);
+
+/// Offline sessions, and the expiring ones by when they expire.
+#[derive(Default)]
+struct Sessions {
+    map: HashMap<Arc<str>, SessionRecord>,
+    by_expiry: BTreeSet<(u64, Arc<str>)>,
+}
+
+impl Sessions {
+    fn remove(&mut self, client_id: &str) -> Option<(Arc<str>, SessionRecord)> {
+        let (id, r) = self.map.remove_entry(client_id)?;
+        if let Some(at) = r.expires_at() {
+            self.by_expiry.remove(&(at, id.clone()));
+        }
+        Some((id, r))
+    }
+
+    fn insert(&mut self, client_id: Arc<str>, record: SessionRecord) {
+        self.remove(&client_id);
+        if let Some(at) = record.expires_at() {
+            self.by_expiry.insert((at, client_id.clone()));
+        }
+        self.map.insert(client_id, record);
+    }
+}
+
+/// Receives session changes: (client id, the session; `None` when it ended).
+pub type SessionHook = Box<dyn Fn(&str, Option<StoredSession>) + Send + Sync>;
 
 /// Asks a connection to close for a takeover; it answers on the enclosed sender once its
 /// session is released in the core and stored here.
@@ -21,7 +53,14 @@ struct Owner {
 #[derive(Default)]
 pub struct Registry {
     owners: Mutex<HashMap<Arc<str>, Owner>>,
-    sessions: Mutex<HashMap<Arc<str>, SessionRecord>>,
+    sessions: Mutex<Sessions>,
+    /// Woken when a session that may expire is stored (the expiry task's next deadline may
+    /// be earlier).
+    expiry_changed: tokio::sync::Notify,
+    /// Told of every session change (persistence).
+    session_hook: Option<SessionHook>,
+    /// Delayed wills read back from storage, for the server to schedule.
+    restored_wills: Mutex<Vec<(Arc<str>, StoredWill)>>,
     retained: Mutex<RetainedStore>,
     next_id: AtomicU64,
     /// Delayed wills by client id, with the token of the connection that left them.
@@ -79,12 +118,116 @@ impl Registry {
         }
     }
 
-    pub fn take_session(&self, client_id: &str) -> Option<SessionRecord> {
-        lock(&self.sessions).remove(client_id)
+    /// Adds the sessions read back from storage, stored through `hook` from now on: sessions
+    /// keep their expiry (counted from when their client went away, so the broker's downtime
+    /// counts), and their delayed wills are handed to the server ([`Registry::take_restored_wills`]).
+    pub fn with_sessions(
+        mut self,
+        records: Vec<(Arc<str>, SessionRecord)>,
+        hook: SessionHook,
+    ) -> Registry {
+        {
+            let sessions = self.sessions.get_mut().unwrap_or_else(|e| e.into_inner());
+            let wills = self
+                .restored_wills
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner());
+            for (id, r) in records {
+                if let Some(w) = &r.will {
+                    wills.push((id.clone(), w.clone()));
+                }
+                sessions.insert(id, r);
+            }
+        }
+        self.session_hook = Some(hook);
+        self
     }
 
+    pub fn take_session(&self, client_id: &str) -> Option<SessionRecord> {
+        lock(&self.sessions).remove(client_id).map(|(_, r)| r)
+    }
+
+    /// Keeps (and stores) the session of a client that went away.
     pub fn store_session(&self, client_id: Arc<str>, record: SessionRecord) {
+        self.persist_session(&client_id, Some(record.to_stored(false)));
+        let expires = record.expires_at().is_some();
         lock(&self.sessions).insert(client_id, record);
+        if expires {
+            self.expiry_changed.notify_one();
+        }
+    }
+
+    /// Stores the state of a connected client's session (`None`: it has none to keep).
+    pub fn persist_session(&self, client_id: &str, session: Option<StoredSession>) {
+        if let Some(hook) = &self.session_hook {
+            hook(client_id, session);
+        }
+    }
+
+    /// Offline sessions.
+    pub fn sessions(&self) -> usize {
+        lock(&self.sessions).map.len()
+    }
+
+    /// When the next offline session expires.
+    pub fn next_expiry(&self) -> Option<u64> {
+        lock(&self.sessions).by_expiry.first().map(|(at, _)| *at)
+    }
+
+    /// Waits until a session that may expire was stored.
+    pub async fn expiry_changed(&self) {
+        self.expiry_changed.notified().await
+    }
+
+    /// Takes an offline session expired at `now` whose client id no connection owns, and
+    /// makes the expiry task its owner (a connection arriving meanwhile waits for
+    /// [`Registry::release`] through `kick`, as for a takeover), all under one lock, so a
+    /// returning client either finds the session or waits until its queue is gone.
+    pub fn claim_expired(&self, now: u64, kick: Kick) -> Option<(Arc<str>, SessionRecord)> {
+        let mut owners = lock(&self.owners);
+        let mut sessions = lock(&self.sessions);
+        let id = sessions
+            .by_expiry
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .find(|(_, id)| !owners.contains_key(id))
+            .map(|(_, id)| id.clone())?;
+        let taken = sessions.remove(&id)?;
+        owners.insert(
+            id,
+            Owner {
+                conn: EXPIRY_TASK,
+                kick,
+            },
+        );
+        Some(taken)
+    }
+
+    /// The delayed wills of the restored sessions (once).
+    pub fn take_restored_wills(&self) -> Vec<(Arc<str>, StoredWill)> {
+        std::mem::take(&mut *lock(&self.restored_wills))
+    }
+
+    /// A delayed will was published: the offline session no longer holds it.
+    pub fn will_published(&self, client_id: &str) {
+        let stored = {
+            let mut sessions = lock(&self.sessions);
+            match sessions.map.get_mut(client_id) {
+                Some(r) if r.will.is_some() => {
+                    r.will = None;
+                    Some(r.to_stored(false))
+                }
+                _ => None,
+            }
+        };
+        if let Some(s) = stored {
+            self.persist_session(client_id, Some(s));
+        }
+    }
+
+    /// Cancels a delayed will of `client_id`, whoever left it; whether one was due.
+    pub fn cancel_will(&self, client_id: &str) -> bool {
+        lock(&self.wills).remove(client_id).is_some()
     }
 
     pub fn retained(&self) -> MutexGuard<'_, RetainedStore> {
@@ -119,5 +262,10 @@ impl Registry {
     /// Connected clients.
     pub fn clients(&self) -> usize {
         lock(&self.owners).len()
+    }
+
+    /// Persistent sessions kept for clients that are not connected.
+    pub fn stored_sessions(&self) -> usize {
+        lock(&self.sessions).map.len()
     }
 }

@@ -23,11 +23,13 @@ use mqtt_proto::v5::{
 use mqtt_proto::{Pid, QoS, QosPid, TopicName};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
+use warren_core::access::{Perm, Permissions};
 use warren_core::command::{Bind, Consume, Op, QueueDeclare};
 use warren_core::effect::{Delivery, Effect, Reply};
 use warren_core::message::{FieldTable, Message};
 use warren_core::mqtt::{
-    RetainedMessage, filter_to_amqp_pattern, matches, validate_filter, validate_topic,
+    RetainedMessage, StoredSession, StoredSub, StoredWill, filter_to_amqp_pattern, matches,
+    validate_filter, validate_topic,
 };
 
 /// The core channel every MQTT session uses.
@@ -40,6 +42,9 @@ pub struct SubOpts {
     pub qos: QoS,
     pub no_local: bool,
     pub retain_as_published: bool,
+    /// Retain Handling as subscribed (0..=2); kept so the stored session says what the
+    /// client asked for.
+    pub retain_handling: u8,
     pub id: Option<u32>,
 }
 
@@ -107,30 +112,159 @@ impl<'a> IntoIterator for &'a SubMap {
 }
 
 /// What a persistent session keeps while its client is away. The messages themselves wait in
-/// the session's core queue.
+/// the session's core queue (durable: a stored session's queue always is).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SessionRecord {
+    /// MQTT level of the connection that left it.
+    pub level: Level,
     pub subs: SubMap,
     /// Outbound QoS 2 packet ids that got PUBREC but not yet PUBCOMP: PUBREL is resent.
     pub awaiting_comp: BTreeSet<u16>,
     /// Inbound QoS 2 packet ids routed but not yet released by PUBREL.
     pub inbound_qos2: BTreeSet<u16>,
+    /// Packet ids of outbound QoS 1/2 messages sent and not acknowledged, oldest first: the
+    /// core requeues them in order, and the next connection resends them under these ids
+    /// (MQTT-4.4.0-1).
+    pub outbound: Vec<u16>,
     pub has_queue: bool,
     pub expiry_s: u32,
-    /// When the client went away (unix ms).
+    /// When the client went away (unix ms): the session expiry counts from here.
     pub stored_at: u64,
+    /// A will waiting for its delay.
+    pub will: Option<StoredWill>,
+}
+
+fn qos_u8(q: QoS) -> u8 {
+    q as u8
+}
+
+impl SessionRecord {
+    /// The stored form; `connected`: a client has the session now (its expiry is not
+    /// counting).
+    pub fn to_stored(&self, connected: bool) -> StoredSession {
+        StoredSession {
+            level: self.level,
+            expiry_s: self.expiry_s,
+            disconnected_at: (!connected).then_some(self.stored_at),
+            has_queue: self.has_queue,
+            subs: stored_subs(&self.subs),
+            awaiting_comp: self.awaiting_comp.iter().copied().collect(),
+            inbound_qos2: self.inbound_qos2.iter().copied().collect(),
+            outbound: self.outbound.clone(),
+            will: self.will.clone(),
+        }
+    }
+
+    /// A session read back from storage at `now` (a broker start): one that had a client
+    /// when the broker stopped without closing it (a crash) starts counting now.
+    pub fn from_stored(s: StoredSession, now: u64) -> SessionRecord {
+        let mut subs = SubMap::default();
+        for sub in s.subs {
+            subs.insert(
+                Arc::from(sub.filter),
+                SubOpts {
+                    qos: qos_from(sub.qos.min(2)),
+                    no_local: sub.no_local,
+                    retain_as_published: sub.retain_as_published,
+                    retain_handling: sub.retain_handling,
+                    id: sub.id,
+                },
+            );
+        }
+        SessionRecord {
+            level: s.level,
+            subs,
+            awaiting_comp: s.awaiting_comp.into_iter().collect(),
+            inbound_qos2: s.inbound_qos2.into_iter().collect(),
+            outbound: s.outbound,
+            has_queue: s.has_queue,
+            expiry_s: s.expiry_s,
+            stored_at: s.disconnected_at.unwrap_or(now),
+            will: s.will,
+        }
+    }
+
+    /// Unix ms at which the session expires (`None`: never).
+    pub fn expires_at(&self) -> Option<u64> {
+        (self.expiry_s != u32::MAX).then(|| {
+            self.stored_at
+                .saturating_add(u64::from(self.expiry_s) * 1000)
+        })
+    }
+}
+
+fn stored_subs(subs: &SubMap) -> Vec<StoredSub> {
+    subs.into_iter()
+        .map(|(f, o)| StoredSub {
+            filter: f.to_string(),
+            qos: qos_u8(o.qos),
+            no_local: o.no_local,
+            retain_as_published: o.retain_as_published,
+            retain_handling: o.retain_handling,
+            id: o.id,
+        })
+        .collect()
 }
 
 impl SessionRecord {
     /// Whether the session expiry interval has run out at `now` (u32::MAX: never, MQTT 5
-    /// 3.1.2.11.2). Checked when the client comes back; until then the queue keeps messages.
+    /// 3.1.2.11.2). The registry's expiry task ends such sessions; a client coming back
+    /// first finds it expired here.
     pub fn expired(&self, now: u64) -> bool {
-        self.expiry_s != u32::MAX
-            && now
-                >= self
-                    .stored_at
-                    .saturating_add(u64::from(self.expiry_s) * 1000)
+        self.expires_at().is_some_and(|at| now >= at)
     }
+}
+
+/// A will as an encoded MQTT 5 PUBLISH (its delay left out), for storage.
+pub fn encode_will(w: &v5::LastWill) -> bytes::Bytes {
+    let publish = v5::Publish {
+        dup: false,
+        retain: w.retain,
+        qos_pid: match w.qos {
+            QoS::Level0 => QosPid::Level0,
+            QoS::Level1 => QosPid::Level1(Pid::default()),
+            QoS::Level2 => QosPid::Level2(Pid::default()),
+        },
+        topic_name: w.topic_name.clone(),
+        payload: w.payload.clone(),
+        properties: v5::PublishProperties {
+            payload_is_utf8: w.properties.payload_is_utf8,
+            message_expiry_interval: w.properties.message_expiry_interval,
+            content_type: w.properties.content_type.clone(),
+            response_topic: w.properties.response_topic.clone(),
+            correlation_data: w.properties.correlation_data.clone(),
+            user_properties: w.properties.user_properties.clone(),
+            ..Default::default()
+        },
+    };
+    let mut out = bytes::BytesMut::new();
+    codec::encode(&v5::Packet::Publish(publish), 5, &mut out);
+    out.freeze()
+}
+
+/// A stored will back as a will; `None` when the bytes are no MQTT 5 PUBLISH.
+pub fn decode_will(b: &[u8]) -> Option<v5::LastWill> {
+    let mut buf = bytes::BytesMut::from(b);
+    let Ok(Some(codec::Decoded::Packet(v5::Packet::Publish(p)))) =
+        codec::decode(&mut buf, Some(5), b.len().max(16))
+    else {
+        return None;
+    };
+    Some(v5::LastWill {
+        qos: p.qos_pid.qos(),
+        retain: p.retain,
+        topic_name: p.topic_name,
+        payload: p.payload,
+        properties: v5::WillProperties {
+            delay_interval: None,
+            payload_is_utf8: p.properties.payload_is_utf8,
+            message_expiry_interval: p.properties.message_expiry_interval,
+            content_type: p.properties.content_type,
+            response_topic: p.properties.response_topic,
+            correlation_data: p.properties.correlation_data,
+            user_properties: p.properties.user_properties,
+        },
+    })
 }
 
 /// An accepted CONNECT, as the session needs it.
@@ -148,6 +282,9 @@ pub struct ConnectInfo {
     pub client_receive_max: u16,
     pub client_max_packet: Option<u32>,
     pub client_topic_alias_max: u16,
+    /// The user's permissions in the vhost as of the login (set after it): a SUBSCRIBE the
+    /// user may not make is refused in the SUBACK.
+    pub permissions: Option<Arc<Permissions>>,
 }
 
 /// Checks a CONNECT: protocol level, client id rules, the user name (no credentials means
@@ -198,6 +335,7 @@ pub fn check_connect(
         client_receive_max: c.properties.receive_max.unwrap_or(u16::MAX).max(1),
         client_max_packet: c.properties.max_packet_size,
         client_topic_alias_max: c.properties.topic_alias_max.unwrap_or(0),
+        permissions: None,
     })
 }
 
@@ -214,6 +352,11 @@ pub fn credentials(c: &v5::Connect) -> Result<(&str, &str), ConnectReasonCode> {
         }
         (None, Some(_)) => Err(ConnectReasonCode::BadUserNameOrPassword),
     }
+}
+
+/// The core queue of the session of `client_id`.
+pub fn session_queue(client_id: &str) -> String {
+    format!("{}{client_id}qos1", crate::config::SESSION_QUEUE_PREFIX)
 }
 
 /// The queue of share group `group` for `filter` (one per group and filter, per vhost).
@@ -286,6 +429,9 @@ struct Rare {
     /// `out_alias_max`.
     out_aliases: HashMap<TopicName, u16>,
     delayed_will: Option<(u32, Box<Will>)>,
+    /// Packet ids of the previous connection's unacknowledged outbound messages, oldest
+    /// first: the core redelivers those messages first, and they get these ids again.
+    resume_pids: VecDeque<u16>,
 }
 
 impl Rare {
@@ -310,6 +456,7 @@ impl Default for Rare {
             aliases: HashMap::new(),
             out_aliases: HashMap::new(),
             delayed_will: None,
+            resume_pids: VecDeque::new(),
         }
     }
 }
@@ -319,6 +466,19 @@ pub struct Session {
     level: Level,
     client_id: Arc<str>,
     persistent: bool,
+    /// Whether the session queue is (or will be declared) durable: a persistent session's,
+    /// and a resumed one's whatever the new expiry (MQTT keeps the session; it ends, and the
+    /// queue is deleted, when the connection closes with expiry 0).
+    queue_durable: bool,
+    /// Delete any queue of this client id before declaring the session's: a new session
+    /// must not inherit one left by a crash between a session's end and its queue's
+    /// deletion (or by a broker without stored sessions).
+    purge_queue: bool,
+    /// The registry holds a stored record for this client id (so a session that ends must
+    /// remove it).
+    stored: bool,
+    /// The subscriptions or mode changed since the session was last stored.
+    dirty: bool,
     session_expiry_s: u32,
     subs: SubMap,
     queue_ready: bool,
@@ -331,6 +491,8 @@ pub struct Session {
     // Boxed, as `Rare`: most clients set none, and inline a will costs ~2x its size in every
     // idle session.
     will: Option<Box<Will>>,
+    /// The user's permissions as of the login (`None`: not known; the core still checks).
+    permissions: Option<Arc<Permissions>>,
     /// Set once a subscription asks for no-local: this session's publishes then carry its
     /// client id, so its own deliveries can be recognised.
     stamp_publisher: bool,
@@ -363,6 +525,10 @@ impl Session {
             level: info.level,
             client_id: info.client_id.clone(),
             persistent,
+            queue_durable: persistent,
+            purge_queue: false,
+            stored: record.is_some(),
+            dirty: persistent || record.is_some(),
             session_expiry_s: info.session_expiry_s,
             subs: SubMap::default(),
             queue_ready: false,
@@ -383,6 +549,7 @@ impl Session {
                 })
             }),
             stamp_publisher: false,
+            permissions: info.permissions.clone(),
             delivered: 0,
             disconnected: false,
             paused: false,
@@ -432,7 +599,12 @@ impl Session {
                 if !r.inbound_qos2.is_empty() {
                     s.rare().inbound_qos2 = r.inbound_qos2;
                 }
+                if !r.outbound.is_empty() {
+                    s.rare().resume_pids = r.outbound.into_iter().collect();
+                }
                 if r.has_queue {
+                    // A stored session's queue is durable, whatever this connection's expiry.
+                    s.queue_durable = true;
                     s.ensure_queue();
                 }
                 let shared: Vec<(Arc<str>, String)> = s
@@ -460,7 +632,11 @@ impl Session {
                     }
                 }
             }
-            None => {}
+            None => {
+                // A durable queue without a session is adopted by a persistent session that
+                // asked to resume (what a broker without stored sessions left), else deleted.
+                s.purge_queue = !persistent || info.clean_start;
+            }
         }
         let mut ack = v5::Connack::new(session_present, ConnectReasonCode::Success);
         if s.level == 5 {
@@ -485,11 +661,7 @@ impl Session {
     /// The session's core queue. Built when an op needs it (CONNECT, SUBSCRIBE, UNSUBSCRIBE)
     /// rather than held: kept, it cost every idle connection a ~50-byte allocation.
     fn queue(&self) -> String {
-        format!(
-            "{}{}qos1",
-            crate::config::SESSION_QUEUE_PREFIX,
-            self.client_id
-        )
+        session_queue(&self.client_id)
     }
 
     /// The rarely used state, allocated on first use.
@@ -827,13 +999,25 @@ impl Session {
             return;
         }
         self.queue_ready = true;
+        self.dirty = true;
+        if std::mem::take(&mut self.purge_queue) {
+            self.ops.push((
+                CHANNEL,
+                Op::QueueDelete {
+                    queue: self.queue(),
+                    if_unused: false,
+                    if_empty: false,
+                    nowait: true,
+                },
+            ));
+        }
         self.ops.push((
             CHANNEL,
             Op::QueueDeclare(QueueDeclare {
                 queue: self.queue(),
                 passive: false,
-                durable: self.persistent,
-                exclusive: !self.persistent,
+                durable: self.queue_durable,
+                exclusive: !self.queue_durable,
                 auto_delete: false,
                 nowait: true,
                 arguments: FieldTable::new(),
@@ -863,6 +1047,19 @@ impl Session {
         }
     }
 
+    /// Whether the user may subscribe through `queue`: declare it (configure), bind it (write)
+    /// to `amq.topic` (read), as the core checks them. Answered in the SUBACK (0x80 in 3.1.1,
+    /// 0x87 in MQTT 5) rather than by the core's 403, which would close the connection after
+    /// a granted SUBACK. Permissions are those of the login (RabbitMQ's MQTT plugin caches
+    /// them per connection too); the core still checks every operation.
+    fn may_subscribe(&self, queue: &str) -> bool {
+        self.permissions.as_ref().is_none_or(|p| {
+            p.allows(Perm::Read, EXCHANGE)
+                && p.allows(Perm::Configure, queue)
+                && p.allows(Perm::Write, queue)
+        })
+    }
+
     /// Handles a SUBSCRIBE (filters `mqtt-proto` found invalid arrive as `None`).
     pub fn on_subscribe(&mut self, now: u64, s: codec::Subscribe, registry: &Registry) {
         let sub_id = s.subscription_id;
@@ -882,11 +1079,16 @@ impl Session {
                         codes.push(SubscribeReasonCode::QuotaExceeded);
                         continue;
                     }
+                    if !self.may_subscribe(&queue) {
+                        codes.push(SubscribeReasonCode::NotAuthorized);
+                        continue;
+                    }
                     let key: Arc<str> = Arc::from(&*filter);
                     let opts = SubOpts {
                         qos: opts.max_qos,
                         no_local: false,
                         retain_as_published: opts.retain_as_published,
+                        retain_handling: opts.retain_handling as u8,
                         id: sub_id,
                     };
                     let qos = opts.qos;
@@ -902,6 +1104,10 @@ impl Session {
                     continue;
                 }
             };
+            if !self.may_subscribe(&self.queue()) {
+                codes.push(SubscribeReasonCode::NotAuthorized);
+                continue;
+            }
             self.ensure_queue();
             let key: Arc<str> = Arc::from(plain);
             let existed = self
@@ -912,6 +1118,7 @@ impl Session {
                         qos: opts.max_qos,
                         no_local: opts.no_local,
                         retain_as_published: opts.retain_as_published,
+                        retain_handling: opts.retain_handling as u8,
                         id: sub_id,
                     },
                 )
@@ -950,6 +1157,7 @@ impl Session {
             let at = self.out.len();
             self.held.get_or_insert_with(Box::default).0.push_back(at);
         }
+        self.dirty = true;
         self.out
             .push(v5::Packet::Suback(v5::Suback::new(s.pid, codes)));
         for (m, granted) in retained {
@@ -1002,6 +1210,7 @@ impl Session {
                 codes.push(UnsubscribeReasonCode::NoSubscriptionExisted);
             }
         }
+        self.dirty = true;
         self.out
             .push(v5::Packet::Unsuback(v5::Unsuback::new(u.pid, codes)));
     }
@@ -1308,6 +1517,11 @@ impl Session {
         if rare.outbound.len() >= max {
             return None;
         }
+        while let Some(id) = rare.resume_pids.pop_front() {
+            if !rare.outbound.contains_key(&id) {
+                return Pid::try_from(id).ok();
+            }
+        }
         // At most 65535 ids, fewer in use than that: the scan ends.
         for _ in 0..u16::MAX {
             let id = rare.next_pid;
@@ -1346,21 +1560,89 @@ impl Session {
                 self.rare().push_confirm(PendingAck::None);
             }
         }
+        if self.session_expiry_s == 0 {
+            // The session ends with the connection (MQTT 5 3.1.2.11.2): an exclusive queue
+            // goes with it in the core, a durable one (a resumed session) is deleted here.
+            if self.queue_ready && self.queue_durable {
+                self.ops.push((
+                    CHANNEL,
+                    Op::QueueDelete {
+                        queue: self.queue(),
+                        if_unused: false,
+                        if_empty: false,
+                        nowait: true,
+                    },
+                ));
+            }
+            return None;
+        }
+        let level = self.level;
+        let will = self
+            .rare
+            .as_deref()
+            .and_then(|r| r.delayed_will.as_ref())
+            .map(|(delay, w)| StoredWill {
+                due_at: now.saturating_add(u64::from(*delay) * 1000),
+                user: w.user.to_string(),
+                publish: encode_will(&w.will),
+            });
         let rare = self.rare.as_deref_mut();
-        (self.session_expiry_s > 0 && self.persistent).then(|| SessionRecord {
-            subs: std::mem::take(&mut self.subs),
-            awaiting_comp: rare.as_ref().map_or_else(BTreeSet::new, |r| {
+        let (awaiting_comp, outbound) = rare.as_ref().map_or_else(Default::default, |r| {
+            let mut unacked: Vec<(u64, u16)> = r
+                .outbound
+                .iter()
+                .filter_map(|(pid, f)| Some((f.tag?, *pid)))
+                .collect();
+            unacked.sort_unstable();
+            (
                 r.outbound
                     .iter()
                     .filter(|(_, f)| f.released)
                     .map(|(pid, _)| *pid)
-                    .collect()
-            }),
+                    .collect(),
+                unacked.into_iter().map(|(_, pid)| pid).collect(),
+            )
+        });
+        Some(SessionRecord {
+            level,
+            subs: std::mem::take(&mut self.subs),
+            awaiting_comp,
             inbound_qos2: rare.map_or_else(BTreeSet::new, |r| std::mem::take(&mut r.inbound_qos2)),
+            outbound,
             has_queue: self.queue_ready,
             expiry_s: self.session_expiry_s,
             stored_at: now,
+            will,
         })
+    }
+
+    /// The session as stored while its client is connected, when it changed since last
+    /// stored: `Some(Some(s))` store it, `Some(None)` remove the stored one (the session is
+    /// not persistent), `None` nothing to do.
+    pub fn take_stored(&mut self) -> Option<Option<StoredSession>> {
+        if !std::mem::take(&mut self.dirty) {
+            return None;
+        }
+        if self.session_expiry_s == 0 {
+            return std::mem::take(&mut self.stored).then_some(None);
+        }
+        self.stored = true;
+        Some(Some(StoredSession {
+            level: self.level,
+            expiry_s: self.session_expiry_s,
+            disconnected_at: None,
+            has_queue: self.queue_ready,
+            subs: stored_subs(&self.subs),
+            awaiting_comp: Vec::new(),
+            inbound_qos2: Vec::new(),
+            outbound: Vec::new(),
+            will: None,
+        }))
+    }
+
+    /// Whether a stored record exists for this session's client id.
+    pub fn is_stored(&self) -> bool {
+        self.stored
     }
 
     /// Outbound QoS 1/2 messages waiting for a packet id (the client's Receive Maximum).

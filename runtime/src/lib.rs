@@ -14,9 +14,11 @@
 
 pub mod listener;
 mod mailbox;
+mod resources;
 mod task;
 
 pub use mailbox::EffectReceiver;
+pub use resources::{ResourceWatch, disk_free, process_rss};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +37,7 @@ use warren_core::access::{PermissionDef, UserDef, VhostDef};
 const REQUEST_QUEUE: usize = 1024;
 
 /// Milliseconds since the Unix epoch: the core's clock in this runtime.
-pub(crate) fn unix_ms() -> u64 {
+pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -161,6 +163,8 @@ pub(crate) enum Control {
         request: AdminRequest,
         reply: tokio::sync::oneshot::Sender<AdminResponse>,
     },
+    /// The host's latest measurements of the machine (`ResourceWatch`).
+    Resources(warren_core::Resources),
     /// A client logs in (AMQP start-ok, MQTT CONNECT).
     Authenticate {
         user: String,
@@ -217,6 +221,19 @@ pub enum AdminRequest {
         user: String,
     },
     ListPermissions,
+    /// Every client channel (gathered from every shard).
+    ListChannels,
+    /// Message counts per vhost (summed over the shards).
+    VhostStats,
+    /// The memory alarm's state.
+    MemoryStatus,
+    /// Sets the memory alarm's threshold in bytes, on every shard.
+    SetMemoryWatermark(u64),
+    /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
+    CloseConnection {
+        conn: ConnId,
+        reason: String,
+    },
 }
 
 impl AdminRequest {
@@ -227,6 +244,8 @@ impl AdminRequest {
             AdminRequest::ListQueues => Some(AdminRequest::ListQueues),
             AdminRequest::ListConsumers => Some(AdminRequest::ListConsumers),
             AdminRequest::ListConnections => Some(AdminRequest::ListConnections),
+            AdminRequest::ListChannels => Some(AdminRequest::ListChannels),
+            AdminRequest::VhostStats => Some(AdminRequest::VhostStats),
             _ => None,
         }
     }
@@ -271,9 +290,33 @@ impl AdminRequest {
                 vhost: vhost.clone(),
                 name: name.clone(),
             },
+            AdminRequest::SetMemoryWatermark(bytes) => AdminRequest::SetMemoryWatermark(*bytes),
             _ => return None,
         })
     }
+}
+
+/// What a gateway knows of a connection and the core does not (peer, protocol, client
+/// properties or MQTT client id), for operators' listings (`warren ctl list_connections`,
+/// the HTTP API). Set once per connection (`CommandSender::describe`), dropped with it.
+#[derive(Clone, Debug, Default)]
+pub struct ConnMeta {
+    /// As RabbitMQ names it: `AMQP 0-9-1`, `MQTT 3.1.1`, `MQTT 5-0`.
+    pub protocol: &'static str,
+    /// The client's address, `ip:port`.
+    pub peer: Box<str>,
+    pub tls: bool,
+    /// AMQP: the client properties of connection.start-ok (product, version, capabilities,
+    /// connection_name); empty for MQTT.
+    pub client_properties: Option<Box<warren_core::message::FieldTable>>,
+    /// MQTT: the client identifier.
+    pub client_id: Option<Box<str>>,
+    /// Negotiated heartbeat or keep-alive, seconds.
+    pub heartbeat: u16,
+    /// AMQP frame_max (0 for MQTT).
+    pub frame_max: u32,
+    /// When it connected, ms since the Unix epoch.
+    pub connected_at: u64,
 }
 
 /// The broker's answer to an [`AdminRequest`].
@@ -286,14 +329,19 @@ pub enum AdminResponse {
     Consumers(Vec<warren_core::broker::admin::ConsumerInfo>),
     Definitions(warren_core::store::Definitions),
     Op(Result<Option<warren_core::effect::Reply>, warren_core::error::ProtocolError>),
-    /// What could not be imported, as RabbitMQ-style error texts.
-    Imported(Vec<String>),
+    /// What was imported, and what could not be (RabbitMQ-style error texts).
+    Imported(warren_core::broker::admin::ImportReport),
     /// A change (policy, vhost, user, permissions) was made, or why not.
     Done(Result<(), String>),
     Policies(Vec<warren_core::policy::PolicyDef>),
     Vhosts(Vec<VhostDef>),
     Users(Vec<UserDef>),
     Permissions(Vec<PermissionDef>),
+    Channels(Vec<warren_core::broker::admin::ChannelInfo>),
+    VhostStats(Vec<(String, warren_core::stats::MessageStats)>),
+    Memory(warren_core::broker::admin::MemoryStatus),
+    /// Whether the connection to close existed.
+    Closed(bool),
 }
 
 struct Shared {
@@ -302,6 +350,9 @@ struct Shared {
     /// Held while an operator's change is sent to every shard, so all shards see the
     /// changes in one order (never held across an await).
     admin_order: std::sync::Mutex<()>,
+    /// Gateways' descriptions of their live connections (`ConnMeta`): off the broker task,
+    /// so listing them costs the message path nothing. One entry per live connection.
+    meta: std::sync::Mutex<std::collections::HashMap<ConnId, Arc<ConnMeta>>>,
     next_conn: AtomicU64,
     /// The routing table as of the broker's last turn: connection tasks route publishes on
     /// it (lock-free reads), so routing runs on their threads, not the broker's.
@@ -487,6 +538,7 @@ impl BrokerHandle {
             shared: Arc::new(Shared {
                 shards,
                 admin_order: std::sync::Mutex::new(()),
+                meta: std::sync::Mutex::new(std::collections::HashMap::new()),
                 next_conn: AtomicU64::new(1),
                 routes,
             }),
@@ -501,6 +553,15 @@ impl BrokerHandle {
             return self.gather(request).await;
         }
         let (reply, answer) = tokio::sync::oneshot::channel();
+        if let AdminRequest::CloseConnection { conn, .. } = &request {
+            // A connection lives on its own shard.
+            self.shared
+                .shard(*conn)
+                .control
+                .send(Control::Admin { request, reply })
+                .map_err(|_| BrokerGone)?;
+            return answer.await.map_err(|_| BrokerGone);
+        }
         {
             let _order = self
                 .shared
@@ -573,15 +634,29 @@ impl BrokerHandle {
             answers.push(answer);
         }
         let (mut queues, mut consumers, mut connections) = (Vec::new(), Vec::new(), Vec::new());
+        let mut channels = Vec::new();
+        let mut stats =
+            std::collections::BTreeMap::<String, warren_core::stats::MessageStats>::new();
         for answer in answers {
             match answer.await.map_err(|_| BrokerGone)? {
                 AdminResponse::Queues(q) => queues.extend(q),
                 AdminResponse::Consumers(c) => consumers.extend(c),
                 AdminResponse::Connections(c) => connections.extend(c),
+                AdminResponse::Channels(c) => channels.extend(c),
+                AdminResponse::VhostStats(s) => {
+                    for (vhost, s) in s {
+                        stats.entry(vhost).or_default().add(&s);
+                    }
+                }
                 other => return Ok(other),
             }
         }
         Ok(match request {
+            AdminRequest::ListChannels => {
+                channels.sort_by_key(|c| (c.conn, c.channel));
+                AdminResponse::Channels(channels)
+            }
+            AdminRequest::VhostStats => AdminResponse::VhostStats(stats.into_iter().collect()),
             AdminRequest::ListQueues => {
                 queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
                 AdminResponse::Queues(queues)
@@ -644,6 +719,34 @@ impl BrokerHandle {
         answer.await.map_err(|_| BrokerGone)
     }
 
+    /// Routes a publish on the latest routing table, as a connection would (`None`: no such
+    /// vhost or exchange, or an internal one). For hosts that publish on the admin channel
+    /// and report whether the message reached a queue.
+    pub fn route(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        routing_key: &str,
+        headers: Option<&warren_core::message::FieldTable>,
+    ) -> Option<warren_core::routing::Routed> {
+        let table = self.shared.routes.load();
+        table.route_publish(table.vhost(vhost)?, exchange, routing_key, headers)
+    }
+
+    /// The gateways' descriptions of the live connections that have one, by id.
+    pub fn connection_meta(&self) -> Vec<(ConnId, Arc<ConnMeta>)> {
+        let mut out: Vec<(ConnId, Arc<ConnMeta>)> = self
+            .shared
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(id, m)| (*id, Arc::clone(m)))
+            .collect();
+        out.sort_by_key(|(id, _)| *id);
+        out
+    }
+
     /// Registers a new connection with a fresh id.
     pub fn connect(&self) -> Connection {
         let id = ConnId(self.shared.next_conn.fetch_add(1, Ordering::Relaxed));
@@ -695,6 +798,11 @@ struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
+        self.shared
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.conn);
         // Safety net: a gateway that dies without sending ConnectionClose still releases its
         // channels, consumers and exclusive queues.
         let _ = self
@@ -743,6 +851,16 @@ impl CommandSender {
     /// The connection these operations belong to.
     pub fn conn(&self) -> ConnId {
         self.guard.conn
+    }
+
+    /// Describes the connection for operators' listings (replaces an earlier description).
+    pub fn describe(&self, meta: ConnMeta) {
+        self.guard
+            .shared
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(self.guard.conn, Arc::new(meta));
     }
 
     /// Routes the batch's publishes on the latest table (one lock-free load per batch, not

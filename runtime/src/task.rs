@@ -74,6 +74,7 @@ pub(crate) async fn run(
     let mut outboxes: HashMap<ConnId, Vec<Effect>> = HashMap::new();
     let mut held = HeldAnswers::default();
     let mut outbox = Vec::new();
+    let mut alarms = (broker.publishers_blocked(), broker.alarms());
     let mut stopping = Stopping::default();
     // Mail pieces sent to other shards so far (a clean stop waits until this settles).
     let mut mail_sent = 0u64;
@@ -163,24 +164,55 @@ pub(crate) async fn run(
         mail_sent += send_mail(&mut broker, &mut outbox, &io);
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
+        let now_alarms = (broker.publishers_blocked(), broker.alarms());
+        if now_alarms != alarms {
+            log_alarms(alarms, now_alarms, broker.shard());
+            alarms = now_alarms;
+        }
         if let Some(reply) = stopping.stop.take() {
             // Closes the store: its sync thread finishes what it was given first.
             drop(broker);
             let _ = reply.send(());
             return;
         }
-        if !stopping.flushes.is_empty() {
-            if broker.unsynced_epoch().is_some() {
-                // Removals wait for no timer now: the sync starts at once (or right after
-                // the one in flight).
-                broker.request_sync();
-                broker.start_sync();
-            } else if requests.is_empty() && io.mail.is_empty() && io.pending() == 0 {
-                for reply in stopping.flushes.drain(..) {
-                    let _ = reply.send(mail_sent);
-                }
+        if !stopping.flushes.is_empty()
+            && broker.all_synced()
+            && requests.is_empty()
+            && io.mail.is_empty()
+            && io.pending() == 0
+        {
+            for reply in stopping.flushes.drain(..) {
+                let _ = reply.send(mail_sent);
             }
         }
+    }
+}
+
+/// One log line per change of the resource alarms or of whether publishers are blocked
+/// (not one per connection told): each changes at most about once a second
+/// (`warren_core::broker::ALARM_HOLD_MS`).
+fn log_alarms(before: (bool, warren_core::Alarms), now: (bool, warren_core::Alarms), shard: u32) {
+    let (blocked, alarms) = now;
+    let (memory, disk, store) = (alarms.memory, alarms.disk, alarms.store);
+    if blocked && !before.0 {
+        tracing::warn!(
+            shard,
+            memory,
+            disk,
+            store,
+            "resource alarm: publishers blocked"
+        );
+    } else if !blocked && before.0 {
+        tracing::info!(shard, "resource alarms cleared: publishers unblocked");
+    } else {
+        tracing::info!(
+            shard,
+            blocked,
+            memory,
+            disk,
+            store,
+            "resource alarms changed"
+        );
     }
 }
 
@@ -274,7 +306,13 @@ fn apply_control(
     now: u64,
 ) {
     match msg {
-        Control::Flush { reply } => stopping.flushes.push(reply),
+        Control::Flush { reply } => {
+            // What was written so far waits for no timer: the sync starts at the end of
+            // this turn (or right after the one in flight). Later removals (requests still
+            // queued) get theirs within `removal_sync_ms`.
+            broker.request_sync();
+            stopping.flushes.push(reply);
+        }
         Control::Stop { reply } => stopping.stop = Some(reply),
         Control::Register { conn, effects } => {
             conns.insert(
@@ -324,6 +362,7 @@ fn apply_control(
             };
             let _ = reply.send(login);
         }
+        Control::Resources(resources) => broker.report_resources(now, resources),
         Control::Synced { epoch, result } => {
             match result {
                 Ok(()) => broker.synced(now, epoch),
@@ -380,6 +419,16 @@ fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse 
             Done(broker.clear_permissions(now, &vhost, &user))
         }
         AdminRequest::ListPermissions => AdminResponse::Permissions(broker.list_permissions()),
+        AdminRequest::ListChannels => AdminResponse::Channels(broker.list_channels()),
+        AdminRequest::VhostStats => AdminResponse::VhostStats(broker.vhost_stats()),
+        AdminRequest::MemoryStatus => AdminResponse::Memory(broker.memory_status()),
+        AdminRequest::SetMemoryWatermark(bytes) => {
+            broker.set_memory_high_watermark(now, bytes);
+            Done(Ok(()))
+        }
+        AdminRequest::CloseConnection { conn, reason } => {
+            AdminResponse::Closed(broker.close_connection(conn, &reason))
+        }
     }
 }
 

@@ -28,6 +28,8 @@ const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 const PERMISSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("permissions");
 /// MQTT retained messages: key vhost NUL topic (see `retained.rs`).
 const RETAINED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("retained");
+/// MQTT sessions: key vhost NUL client id (see `sessions.rs`).
+const MQTT_SESSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("mqtt_sessions");
 /// Format version of the values, under key "version".
 const META: TableDefinition<&str, u32> = TableDefinition::new("meta");
 /// 1: one vhost, keys were bare names. 2: keys scoped by vhost; vhosts, users, permissions.
@@ -280,6 +282,7 @@ impl DefinitionStore {
             tx.open_table(BINDINGS).map_err(dberr)?;
             tx.open_table(POLICIES).map_err(dberr)?;
             tx.open_table(RETAINED).map_err(dberr)?;
+            tx.open_table(MQTT_SESSIONS).map_err(dberr)?;
         }
         tx.commit().map_err(dberr)?;
         Ok(store)
@@ -511,23 +514,64 @@ impl DefinitionStore {
         Ok(out)
     }
 
-    /// Applies retained-message changes in order, in one durable commit.
-    pub fn write_retained(
+    /// Every stored MQTT session: (vhost, client id, session).
+    pub fn load_mqtt_sessions(
         &self,
-        changes: &[(String, warren_core::mqtt::RetainedMessage)],
+    ) -> Result<Vec<(String, String, warren_core::mqtt::StoredSession)>, DefinitionsError> {
+        let tx = self.db.begin_read().map_err(dberr)?;
+        let mut out = Vec::new();
+        for row in tx
+            .open_table(MQTT_SESSIONS)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            let Some((vhost, client_id)) = crate::retained::split_key(k.value()) else {
+                continue;
+            };
+            out.push((vhost, client_id, crate::sessions::decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Applies MQTT state changes (retained messages, sessions) in order, in one durable
+    /// commit.
+    pub fn write_mqtt(
+        &self,
+        changes: &[crate::retained::MqttChange],
     ) -> Result<(), DefinitionsError> {
+        use crate::retained::MqttChange;
         let mut tx = self.db.begin_write().map_err(dberr)?;
         tx.set_durability(Durability::Immediate).map_err(dberr)?;
         {
-            let mut table = tx.open_table(RETAINED).map_err(dberr)?;
-            for (vhost, m) in changes {
-                let key = crate::retained::key(vhost, &m.topic);
-                if m.payload.is_empty() {
-                    table.remove(key.as_slice()).map_err(dberr)?;
-                } else {
-                    table
-                        .insert(key.as_slice(), crate::retained::encode(m).as_slice())
-                        .map_err(dberr)?;
+            let mut retained = tx.open_table(RETAINED).map_err(dberr)?;
+            let mut sessions = tx.open_table(MQTT_SESSIONS).map_err(dberr)?;
+            for change in changes {
+                match change {
+                    MqttChange::Retained(vhost, m) => {
+                        let key = crate::retained::key(vhost, &m.topic);
+                        if m.payload.is_empty() {
+                            retained.remove(key.as_slice()).map_err(dberr)?;
+                        } else {
+                            retained
+                                .insert(key.as_slice(), crate::retained::encode(m).as_slice())
+                                .map_err(dberr)?;
+                        }
+                    }
+                    MqttChange::Session(vhost, client_id, session) => {
+                        let key = crate::retained::key(vhost, client_id);
+                        match session {
+                            Some(s) => {
+                                sessions
+                                    .insert(key.as_slice(), crate::sessions::encode(s).as_slice())
+                                    .map_err(dberr)?;
+                            }
+                            None => {
+                                sessions.remove(key.as_slice()).map_err(dberr)?;
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@ pub mod lock;
 pub mod record;
 pub mod retained;
 pub mod segment;
+pub mod sessions;
 pub mod shared;
 
 use definitions::{DefinitionStore, DefinitionsError};

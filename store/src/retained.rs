@@ -1,7 +1,8 @@
-//! MQTT retained messages in redb (table `retained`), written by one thread in arrival order:
-//! gateways hand over changes without waiting, and each batch the thread finds queued is one
-//! durable commit (group commit, as for messages). Retained messages are state, not
-//! deliveries: a publisher is not held back for them, so a crash can lose the last ~ms of
+//! MQTT retained messages in redb (table `retained`), and the writer thread of the gateway's
+//! MQTT state (retained messages and sessions, `sessions.rs`), which commits changes in
+//! arrival order: gateways hand them over without waiting, and each batch the thread finds
+//! queued is one durable commit (group commit, as for messages). This is state, not
+//! deliveries: a publisher is not held back for it, so a crash can lose the last ~ms of
 //! changes, never reorder them.
 
 use crate::definitions::DefinitionStore;
@@ -10,7 +11,7 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::mpsc;
 use warren_core::message::Message;
-use warren_core::mqtt::RetainedMessage;
+use warren_core::mqtt::{RetainedMessage, StoredSession};
 
 /// Changes waiting for the writer; beyond this, `set` drops the change with a warning rather
 /// than block a gateway (the next change of that topic repairs it).
@@ -73,41 +74,148 @@ pub(crate) fn decode(v: &[u8]) -> Result<RetainedMessage, DecodeError> {
     })
 }
 
-/// Hands retained-message changes to the writer thread.
-#[derive(Clone)]
-pub struct RetainedWriter {
-    tx: mpsc::SyncSender<(String, RetainedMessage)>,
+/// One change of the gateway's MQTT state.
+#[derive(Clone, Debug)]
+pub enum MqttChange {
+    /// vhost, message (an empty payload clears the topic).
+    Retained(String, RetainedMessage),
+    /// vhost, client id, the session (`None`: it ended).
+    Session(String, String, Option<StoredSession>),
 }
 
-impl RetainedWriter {
-    pub fn start(defs: DefinitionStore) -> std::io::Result<RetainedWriter> {
-        let (tx, rx) = mpsc::sync_channel::<(String, RetainedMessage)>(QUEUE);
+enum Job {
+    // Boxed: a session is ~200 bytes, and most jobs are small retained changes.
+    Change(Box<MqttChange>),
+    /// Answered once every change queued before it is committed.
+    Flush(mpsc::Sender<()>),
+}
+
+/// Hands MQTT state changes (retained messages, sessions) to the writer thread, which
+/// commits them in arrival order.
+#[derive(Clone)]
+pub struct MqttWriter {
+    tx: mpsc::SyncSender<Job>,
+}
+
+impl MqttWriter {
+    pub fn start(defs: DefinitionStore) -> std::io::Result<MqttWriter> {
+        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
         std::thread::Builder::new()
-            .name("warren-retained".into())
+            .name("warren-mqtt-state".into())
             .spawn(move || {
                 while let Ok(first) = rx.recv() {
-                    let mut batch = vec![first];
-                    while batch.len() < BATCH {
-                        match rx.try_recv() {
-                            Ok(change) => batch.push(change),
-                            Err(_) => break,
+                    let mut batch = Vec::new();
+                    let mut flushes = Vec::new();
+                    let mut next = Some(first);
+                    while let Some(job) = next.take() {
+                        match job {
+                            Job::Change(c) => batch.push(*c),
+                            Job::Flush(done) => flushes.push(done),
+                        }
+                        if batch.len() < BATCH {
+                            next = rx.try_recv().ok();
                         }
                     }
-                    if let Err(e) = defs.write_retained(&batch) {
-                        tracing::error!(error = %e, changes = batch.len(), "cannot store retained messages; they stay in memory");
+                    if !batch.is_empty()
+                        && let Err(e) = defs.write_mqtt(&batch)
+                    {
+                        tracing::error!(error = %e, changes = batch.len(), "cannot store MQTT retained messages or sessions; they stay in memory");
+                    }
+                    for done in flushes {
+                        let _ = done.send(());
                     }
                 }
             })?;
-        Ok(RetainedWriter { tx })
+        Ok(MqttWriter { tx })
     }
 
-    /// Queues a change (an empty payload deletes the topic's message).
+    /// Queues a retained-message change (an empty payload deletes the topic's message).
     pub fn set(&self, vhost: &str, m: &RetainedMessage) {
-        if self.tx.try_send((vhost.to_string(), m.clone())).is_err() {
+        if self
+            .tx
+            .try_send(Job::Change(Box::new(MqttChange::Retained(
+                vhost.to_string(),
+                m.clone(),
+            ))))
+            .is_err()
+        {
             tracing::warn!(
                 topic = %warren_core::escape::Escaped(&m.topic),
-                "retained-message writer is behind; this change is not stored"
+                "MQTT state writer is behind; this retained-message change is not stored"
             );
         }
+    }
+
+    /// Queues a session change (`None`: the session ended).
+    pub fn set_session(&self, vhost: &str, client_id: &str, s: Option<StoredSession>) {
+        let change = MqttChange::Session(vhost.to_string(), client_id.to_string(), s);
+        if self.tx.try_send(Job::Change(Box::new(change))).is_err() {
+            tracing::warn!(
+                client_id = %warren_core::escape::Escaped(client_id),
+                "MQTT state writer is behind; this session change is not stored"
+            );
+        }
+    }
+
+    /// Waits (at most `limit`) until every change queued so far is committed: at shutdown,
+    /// so the sessions closed by it are on disk before the process exits.
+    pub fn flush(&self, limit: std::time::Duration) -> bool {
+        let (done, wait) = mpsc::channel();
+        if self.tx.send(Job::Flush(done)).is_err() {
+            return false;
+        }
+        wait.recv_timeout(limit).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_core::mqtt::StoredSub;
+
+    #[test]
+    fn writer_stores_sessions_and_retained_in_order_and_flushes() {
+        let dir = std::env::temp_dir().join(format!("warren-mqtt-writer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("definitions.redb");
+        let session = StoredSession {
+            level: 4,
+            expiry_s: u32::MAX,
+            has_queue: true,
+            subs: vec![StoredSub {
+                filter: "a/#".into(),
+                qos: 1,
+                no_local: false,
+                retain_as_published: false,
+                retain_handling: 0,
+                id: None,
+            }],
+            ..StoredSession::default()
+        };
+        let defs = DefinitionStore::open(&path).expect("open");
+        {
+            let w = MqttWriter::start(defs.clone()).expect("writer");
+            w.set_session("/", "gone", Some(session.clone()));
+            w.set_session("/", "kept", Some(StoredSession::default()));
+            w.set_session("/", "kept", Some(session.clone()));
+            w.set_session("/", "gone", None);
+            w.set(
+                "/",
+                &RetainedMessage {
+                    topic: Arc::from("t"),
+                    qos: 1,
+                    payload: Bytes::from_static(b"p"),
+                    properties: Default::default(),
+                    stored_at: 5,
+                    expiry_ms: None,
+                },
+            );
+            assert!(w.flush(std::time::Duration::from_secs(10)), "flushed");
+        }
+        let sessions = defs.load_mqtt_sessions().expect("load");
+        assert_eq!(sessions, vec![("/".into(), "kept".into(), session)]);
+        assert_eq!(defs.load_retained().expect("retained").len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -314,3 +314,40 @@ async fn suback_means_publishes_of_other_clients_reach_the_subscription() {
         l.abort();
     }
 }
+
+/// A SUBSCRIBE the user may not make is answered 0x80 in the 3.1.1 SUBACK, and the
+/// connection goes on (it was granted, then closed by the core's 403).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_subscription_gets_0x80_in_suback_and_the_connection_lives() {
+    use warren_core::access::{PermissionDef, UserDef, hash_password};
+    use warren_runtime::AdminRequest;
+    let b = start().await;
+    for request in [
+        AdminRequest::AddUser(UserDef {
+            name: "writer".into(),
+            password_hash: hash_password([1, 2, 3, 4], "pw"),
+            tags: vec![],
+        }),
+        AdminRequest::SetPermissions(PermissionDef {
+            user: "writer".into(),
+            vhost: "/".into(),
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: "^$".into(),
+        }),
+    ] {
+        b.amqp.broker.admin(request).await.expect("admin");
+    }
+    let mut o = b.options("no-read");
+    o.set_credentials("writer", "pw");
+    let (mut c, ack) = b.connect_with(o).await;
+    assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success);
+    c.client
+        .subscribe("d/#", QoS::AtLeastOnce)
+        .await
+        .expect("queue subscribe");
+    assert_eq!(c.suback().await, [rumqttc::SubscribeReasonCode::Failure]);
+    c.publish("d/x", QoS::AtLeastOnce, false, b"still here")
+        .await;
+    c.puback().await;
+}

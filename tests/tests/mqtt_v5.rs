@@ -404,3 +404,152 @@ async fn topic_aliases_towards_the_client() {
         ]
     );
 }
+
+/// A client asking for a longer keep-alive than the broker allows is told the broker's in
+/// CONNACK (Server Keep Alive, MQTT 5 3.2.2.3.14); one within it is not told anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_keep_alive_announced_when_the_broker_overrides() {
+    let b = warren_tests::mqtt::start_with(warren_mqtt::MqttConfig {
+        server_keep_alive: Some(20),
+        ..warren_mqtt::MqttConfig::default()
+    })
+    .await;
+    let (_c, ack) = b.connect5_with(b.options5("long-ka")).await;
+    let p = ack.properties.expect("CONNACK properties");
+    assert_eq!(p.server_keep_alive, Some(20), "30 s asked, 20 s allowed");
+    let mut o = b.options5("short-ka");
+    o.set_keep_alive(Duration::from_secs(10));
+    let (_c, ack) = b.connect5_with(o).await;
+    let p = ack.properties.expect("CONNACK properties");
+    assert_eq!(p.server_keep_alive, None);
+}
+
+/// The client's Receive Maximum bounds the QoS 1 messages the broker has in flight to it
+/// (MQTT 5 4.9): with 2, a third message waits for a PUBACK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_receive_maximum_bounds_outbound_in_flight() {
+    let b = start().await;
+    let mut o = b.options5("slow-reader");
+    o.set_receive_maximum(Some(2));
+    o.set_manual_acks(true);
+    let (mut sub, _) = b.connect5_with(o).await;
+    sub.subscribe("rm/#", QoS::AtLeastOnce).await;
+    let publisher = b.connect5("rm-pub").await;
+    for i in 0..5u8 {
+        publisher
+            .client
+            .publish("rm/x", QoS::AtLeastOnce, false, vec![i])
+            .await
+            .expect("queue publish");
+    }
+    let first = sub.next_publish().await;
+    let second = sub.next_publish().await;
+    assert_eq!(
+        (&first.payload[..], &second.payload[..]),
+        (&[0][..], &[1][..])
+    );
+    sub.no_publish(QUIET).await;
+    sub.client.ack(&first).await.expect("queue PUBACK");
+    assert_eq!(&sub.next_publish().await.payload[..], [2]);
+    sub.no_publish(QUIET).await;
+}
+
+/// A message waiting in an offline session's queue is forwarded with what is left of its
+/// Message Expiry Interval (MQTT 5 3.3.2.3.3), not the interval it was published with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_expiry_forwarded_with_the_remaining_interval() {
+    let b = start().await;
+    let mut o = b.options5("expiry-reader");
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(60));
+    let (mut sub, _) = b.connect5_with(o.clone()).await;
+    sub.subscribe("mx/#", QoS::AtLeastOnce).await;
+    sub.client.disconnect().await.expect("queue DISCONNECT");
+    sub.closed().await;
+    let publisher = b.connect5("mx-pub").await;
+    let props = PublishProperties {
+        message_expiry_interval: Some(10),
+        ..Default::default()
+    };
+    publisher
+        .client
+        .publish_with_properties("mx/a", QoS::AtLeastOnce, false, "x", props)
+        .await
+        .expect("queue publish");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let (mut sub, ack) = b.connect5_with(o).await;
+    assert!(ack.session_present);
+    let p = sub.next_publish().await;
+    let left = p
+        .properties
+        .and_then(|p| p.message_expiry_interval)
+        .expect("expiry forwarded");
+    assert!((1..=8).contains(&left), "2 s of 10 spent: {left}");
+}
+
+/// A takeover resumes the session in the new connection, so the first connection's delayed
+/// will is never published (MQTT 5 3.1.3.2.2: a new connection within the delay cancels it),
+/// even though the first connection closes after the new one claimed the client id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_cancels_a_delayed_will() {
+    let b = start().await;
+    let mut watcher = b.connect5("watcher").await;
+    watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
+    let (_first, _) = b.connect5_with(delayed_will_options(&b, "taken")).await;
+    let (_second, ack) = b.connect5_with(delayed_will_options(&b, "taken")).await;
+    assert!(ack.session_present);
+    watcher.no_publish(Duration::from_millis(2000)).await;
+}
+
+/// A user who may publish but not read `amq.topic`.
+async fn add_writer_only_user(b: &warren_tests::mqtt::MqttBroker) {
+    use warren_core::access::{PermissionDef, UserDef, hash_password};
+    use warren_runtime::AdminRequest;
+    for request in [
+        AdminRequest::AddUser(UserDef {
+            name: "writer".into(),
+            password_hash: hash_password([1, 2, 3, 4], "pw"),
+            tags: vec![],
+        }),
+        AdminRequest::SetPermissions(PermissionDef {
+            user: "writer".into(),
+            vhost: "/".into(),
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: "^$".into(),
+        }),
+    ] {
+        b.amqp.broker.admin(request).await.expect("admin");
+    }
+}
+
+/// A SUBSCRIBE the user may not make is answered 0x87 Not Authorized in the SUBACK, and the
+/// connection goes on (it was granted, then closed by the core's 403): a publish after it
+/// is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_subscription_gets_0x87_in_suback_and_the_connection_lives() {
+    use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
+    let b = start().await;
+    add_writer_only_user(&b).await;
+    let mut o = b.options5("no-read");
+    o.set_credentials("writer", "pw");
+    let (mut c, ack) = b.connect5_with(o).await;
+    assert_eq!(ack.code, ConnectReturnCode::Success);
+    c.client
+        .subscribe("d/#", QoS::AtLeastOnce)
+        .await
+        .expect("queue subscribe");
+    let codes = c
+        .wait(|p| match p {
+            Packet5::SubAck(s) => Some(s.return_codes.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(codes, [SubscribeReasonCode::NotAuthorized]);
+    c.client
+        .publish("d/x", QoS::AtLeastOnce, false, "still here")
+        .await
+        .expect("queue publish");
+    c.wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
+        .await;
+}

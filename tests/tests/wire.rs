@@ -488,15 +488,9 @@ async fn memory_alarm_blocks_a_publisher_until_consumers_free_memory() {
     ));
     // Blocked: this publish stays unread in the socket.
     publisher.publish(1, "alarm", &[3; 1000]).await;
+    // A connection that only consumes is not told (as RabbitMQ): clients stop sending
+    // everything while blocked, and a consumer must keep acking to free memory.
     let mut consumer = Raw::open(addr).await;
-    // A connection opened during the alarm hears about it at once; it may still consume.
-    assert!(matches!(
-        consumer.recv().await,
-        Some(Frame::Method(
-            0,
-            AMQPClass::Connection(connection::AMQPMethod::Blocked(_))
-        ))
-    ));
     consumer.open_channel(1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
@@ -504,8 +498,8 @@ async fn memory_alarm_blocks_a_publisher_until_consumers_free_memory() {
         2,
         "the third publish was not read"
     );
-    // Each get frees 1000 bytes: the alarm clears, the paused publish is read (alarm again),
-    // and the second get clears it for good. The consumer hears every change on channel 0.
+    // Each get frees 1000 bytes; once the hold (1 s) is over the alarm clears, the third
+    // publish is read (1000 bytes, under the watermark: no alarm again).
     for _ in 0..2 {
         consumer
             .method(

@@ -15,12 +15,36 @@ pub struct Served {
     pub amqp: u16,
     /// `None` when started without MQTT.
     pub mqtt: Option<u16>,
-    /// Every line it logged so far.
+    /// The HTTP API's port, when `args` asked for it (`--management 127.0.0.1:0`).
+    pub management: Option<u16>,
+    /// The Prometheus port, when `args` asked for it.
+    pub prometheus: Option<u16>,
+    /// Every line the broker logged so far (tests look for their log lines here).
     pub log: Arc<Mutex<Vec<String>>>,
 }
 
+impl Served {
+    /// Whether a logged line contains every one of `parts`, waiting up to 5 s for it.
+    pub fn logged(&self, parts: &[&str]) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = self
+                .log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .any(|l| parts.iter().all(|p| l.contains(p)));
+            if found || std::time::Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// Starts `warren serve` on `dir` with AMQP (and, if `mqtt`, MQTT) on free loopback
-/// ports, plus `args`; waits until it logs them.
+/// ports, plus `args`; waits until it logs them. The HTTP API and Prometheus listeners
+/// are off unless `args` name them (their default ports would collide between tests).
 pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
     serve_logging(dir, mqtt, args, "info")
 }
@@ -28,6 +52,12 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
 /// `serve`, logging at `level` (`RUST_LOG`).
 pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Served {
     let mqtt_addr = if mqtt { "127.0.0.1:0" } else { "none" };
+    let mut off = Vec::new();
+    for flag in ["--management", "--prometheus"] {
+        if !args.contains(&flag) {
+            off.extend([flag, "none"]);
+        }
+    }
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -38,6 +68,7 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
             "--data-dir",
         ])
         .arg(dir)
+        .args(&off)
         .args(args)
         .env("RUST_LOG", level)
         .stdout(Stdio::piped())
@@ -55,21 +86,33 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
             }
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                let _ = tx.send((rest.contains("(MQTT"), port.parse::<u16>().ok()));
+                let kind = ["(AMQP", "(MQTT", "(HTTP", "(Prometheus"]
+                    .iter()
+                    .position(|k| rest.contains(k));
+                let _ = tx.send((kind, port.parse::<u16>().ok()));
             }
         }
     });
-    let (mut amqp, mut mqtt_port) = (None, None);
-    while amqp.is_none() || (mqtt && mqtt_port.is_none()) {
-        let (is_mqtt, p) = rx
+    let wants = |flag: &str| args.contains(&flag);
+    let mut ports: [Option<u16>; 4] = [None; 4];
+    while ports[0].is_none()
+        || (mqtt && ports[1].is_none())
+        || (wants("--management") && ports[2].is_none())
+        || (wants("--prometheus") && ports[3].is_none())
+    {
+        let (kind, p) = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("warren serve logs its ports within 20 s");
-        *(if is_mqtt { &mut mqtt_port } else { &mut amqp }) = p;
+        if let Some(k) = kind {
+            ports[k] = p;
+        }
     }
     Served {
         child,
-        amqp: amqp.expect("AMQP port"),
-        mqtt: mqtt_port,
+        amqp: ports[0].expect("AMQP port"),
+        mqtt: ports[1],
+        management: ports[2],
+        prometheus: ports[3],
         log,
     }
 }

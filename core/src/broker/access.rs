@@ -43,18 +43,19 @@ impl Broker {
         self.login_vhost(login, vhost)
     }
 
-    fn login_vhost(&self, login: Login, vhost: Option<&str>) -> Result<Login, LoginError> {
+    fn login_vhost(&self, mut login: Login, vhost: Option<&str>) -> Result<Login, LoginError> {
         let user = login.user.as_str();
         if let Some(vhost) = vhost {
             if self.vhost_id(vhost).is_none() {
                 return Err(LoginError::NoSuchVhost(vhost.to_string()));
             }
-            if self.topo.users.permissions(vhost, user).is_none() {
+            let Some(perms) = self.topo.users.permissions(vhost, user) else {
                 return Err(LoginError::VhostRefused {
                     user: user.to_string(),
                     vhost: vhost.to_string(),
                 });
-            }
+            };
+            login.permissions = Some(perms.clone());
         }
         Ok(login)
     }

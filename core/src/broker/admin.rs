@@ -9,7 +9,22 @@ use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
 use crate::ids::{ChannelRef, ConnId, Destination};
 use crate::message::FieldTable;
+use crate::stats::MessageStats;
 use crate::store::Definitions;
+
+/// What an import did: how many definitions of each kind it imported, and what it could
+/// not, as RabbitMQ-style texts (a summary says what was imported, not what was asked).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportReport {
+    pub vhosts: usize,
+    pub users: usize,
+    pub permissions: usize,
+    pub policies: usize,
+    pub exchanges: usize,
+    pub queues: usize,
+    pub bindings: usize,
+    pub errors: Vec<String>,
+}
 
 /// The channel admin operations run on (the restore connection, never a host's).
 const ADMIN_CHANNEL: u16 = 2;
@@ -30,6 +45,10 @@ pub struct QueueInfo {
     pub memory: u64,
     /// Ready messages only on disk.
     pub paged_out: u64,
+    /// Enqueued, delivered, acked (counts since the queue was created).
+    pub stats: MessageStats,
+    /// The policy that applies to it, if any.
+    pub policy: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -64,6 +83,35 @@ pub struct ConnectionInfo {
     pub in_flight: u32,
     /// Queues pausing it (flow control).
     pub paused_by: usize,
+    /// Published, delivered, acked over its life (its channels', open and closed).
+    pub stats: MessageStats,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChannelInfo {
+    pub conn: ConnId,
+    pub channel: u16,
+    pub vhost: String,
+    pub user: String,
+    pub consumers: usize,
+    /// Deliveries awaiting an ack.
+    pub unacked: usize,
+    /// basic.qos per consumer (global = false) and for the channel (global = true).
+    pub prefetch: u16,
+    pub global_prefetch: u16,
+    pub confirm: bool,
+    pub transactional: bool,
+    pub stats: MessageStats,
+}
+
+/// The memory alarm's state (`rabbitmqctl status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStatus {
+    /// Message body bytes held (by every shard, when they share a count).
+    pub held: u64,
+    /// The alarm's threshold.
+    pub watermark: u64,
+    pub alarm: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -98,6 +146,11 @@ impl Broker {
                 consumers: q.consumers.len(),
                 memory: q.messages.bytes(),
                 paged_out: q.messages.paged().count,
+                stats: q.stats,
+                policy: self
+                    .topo
+                    .policy(q.vhost, &q.name, true)
+                    .map(|p| p.def.name.clone()),
             })
             .collect();
         out.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
@@ -173,10 +226,96 @@ impl Broker {
                 consumers: c.consumers,
                 in_flight: c.in_flight.get(),
                 paused_by: c.paused_in.len(),
+                stats: self.conn_stats(*id, c),
             })
             .collect();
         out.sort_by_key(|c| c.conn);
         out
+    }
+
+    /// A connection's counts: its closed channels' plus its open ones'.
+    fn conn_stats(&self, id: ConnId, c: &super::session::Conn) -> MessageStats {
+        let mut stats = c.closed_stats;
+        for &n in c.channels.iter() {
+            if let Some(ch) = self.channels.get(&ChannelRef::new(id, n)) {
+                stats.add(&ch.stats);
+            }
+        }
+        stats
+    }
+
+    /// Every client channel, by connection and number.
+    pub fn list_channels(&self) -> Vec<ChannelInfo> {
+        let mut out: Vec<ChannelInfo> = self
+            .channels
+            .iter()
+            .filter(|(ch, _)| ch.conn != RESTORE_CONN)
+            .filter_map(|(ch, c)| {
+                let conn = self.conns.get(&ch.conn)?;
+                Some(ChannelInfo {
+                    conn: ch.conn,
+                    channel: ch.channel,
+                    vhost: self.vhost_name(conn.vhost).to_string(),
+                    user: conn.user().to_string(),
+                    consumers: c.consumer_count(),
+                    unacked: c.unacked.len(),
+                    prefetch: c.prefetch_count,
+                    global_prefetch: c.global_prefetch,
+                    confirm: c.confirms(),
+                    transactional: c.tx.is_some(),
+                    stats: c.stats,
+                })
+            })
+            .collect();
+        out.sort_by_key(|c| (c.conn, c.channel));
+        out
+    }
+
+    /// Message counts per vhost over the broker's life (publishes, deliveries and acks of
+    /// every connection, closed ones included; the admin channel's too), by vhost name.
+    pub fn vhost_stats(&self) -> Vec<(String, MessageStats)> {
+        let mut by_vhost = self.closed_stats.clone();
+        for (id, c) in self.conns.iter() {
+            by_vhost
+                .entry(c.vhost)
+                .or_default()
+                .add(&self.conn_stats(*id, c));
+        }
+        let mut out: Vec<(String, MessageStats)> = by_vhost
+            .into_iter()
+            .map(|(vh, s)| (self.vhost_name(vh).to_string(), s))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The memory alarm: bytes held, threshold, raised or not.
+    pub fn memory_status(&self) -> MemoryStatus {
+        MemoryStatus {
+            held: self.memory_held(),
+            watermark: self.config.memory_high_watermark,
+            alarm: self.alarm,
+        }
+    }
+
+    /// Sets the memory alarm's threshold at run time (rabbitmqctl
+    /// set_vm_memory_high_watermark): the alarm is raised or cleared at once.
+    pub fn set_memory_high_watermark(&mut self, now: u64, bytes: u64) {
+        self.now = self.now.max(now);
+        self.config.memory_high_watermark = bytes;
+        self.update_alarm();
+    }
+
+    /// Closes a client connection from the broker's side (320 CONNECTION_FORCED with the
+    /// operator's reason, as rabbitmqctl close_connection). False if there is no such
+    /// connection on this broker.
+    pub fn close_connection(&mut self, conn: ConnId, reason: &str) -> bool {
+        if conn == RESTORE_CONN || !self.conns.contains_key(&conn) {
+            return false;
+        }
+        self.force_close(conn, reason.to_string());
+        self.after_op();
+        true
     }
 
     /// Every consumer, by queue then tag.
@@ -287,30 +426,36 @@ impl Broker {
     /// Imports definitions (RabbitMQ's `import_definitions`): adds their vhosts, users (with
     /// their password hashes), permissions and policies, then declares their exchanges,
     /// queues and bindings in each vhost with a client's checks. What exists stays; the
-    /// answer lists what could not be imported, as RabbitMQ-style texts.
-    pub fn import(&mut self, now: u64, defs: &Definitions) -> Vec<String> {
-        let mut errors = Vec::new();
+    /// answer counts what was imported and lists what could not be, as RabbitMQ-style
+    /// texts.
+    pub fn import(&mut self, now: u64, defs: &Definitions) -> ImportReport {
+        let mut report = ImportReport::default();
+        let errors = &mut report.errors;
         for v in &defs.vhosts {
-            if let Err(e) = self.add_vhost(now, v.clone()) {
-                errors.push(format!("vhost '{}': {e}", v.name));
+            match self.add_vhost(now, v.clone()) {
+                Ok(()) => report.vhosts += 1,
+                Err(e) => errors.push(format!("vhost '{}': {e}", v.name)),
             }
         }
         for u in &defs.users {
-            if let Err(e) = self.put_user(now, u.clone()) {
-                errors.push(format!("user '{}': {e}", u.name));
+            match self.put_user(now, u.clone()) {
+                Ok(()) => report.users += 1,
+                Err(e) => errors.push(format!("user '{}': {e}", u.name)),
             }
         }
         for p in &defs.permissions {
-            if let Err(e) = self.set_permissions(now, p.clone()) {
-                errors.push(format!(
+            match self.set_permissions(now, p.clone()) {
+                Ok(()) => report.permissions += 1,
+                Err(e) => errors.push(format!(
                     "permissions of '{}' in vhost '{}': {e}",
                     p.user, p.vhost
-                ));
+                )),
             }
         }
         for p in &defs.policies {
-            if let Err(e) = self.set_policy(now, p.clone()) {
-                errors.push(format!("policy '{}' in vhost '{}': {e}", p.name, p.vhost));
+            match self.set_policy(now, p.clone()) {
+                Ok(()) => report.policies += 1,
+                Err(e) => errors.push(format!("policy '{}' in vhost '{}': {e}", p.name, p.vhost)),
             }
         }
         let ops = defs
@@ -331,11 +476,17 @@ impl Broker {
                 (v, op)
             }));
         for (vhost, op) in ops {
-            if let Err(e) = self.admin(now, vhost, op) {
-                errors.push(e.to_string());
+            let count = match op {
+                Op::ExchangeDeclare(_) => &mut report.exchanges,
+                Op::QueueDeclare(_) => &mut report.queues,
+                _ => &mut report.bindings,
+            };
+            match self.admin(now, vhost, op) {
+                Ok(_) => *count += 1,
+                Err(e) => errors.push(e.to_string()),
             }
         }
-        errors
+        report
     }
 
     /// Runs one operation in `vhost` on the broker's admin channel with a client's checks;

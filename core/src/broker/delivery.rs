@@ -86,6 +86,7 @@ impl Broker {
         let answers = u32::try_from(queues.len()).unwrap_or(u32::MAX);
         let (seq, serial) = match self.channels.get_mut(&ch) {
             Some(c) => {
+                c.stats.publish += 1;
                 let seq = c.next_publish_seq();
                 if let Some(seq) = seq {
                     c.expect_answers(seq, answers);
@@ -253,6 +254,7 @@ impl Broker {
                 return;
             }
         };
+        channel.stats.delivered(m.redelivered);
         let delivery_tag =
             channel.deliver((!p.no_ack).then(|| Unacked::of(queue, &m, Some(p.consumer))));
         self.effects.push(Effect::Deliver {
@@ -572,6 +574,7 @@ impl Broker {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
+        channel.stats.delivered(m.redelivered);
         let delivery_tag = channel.deliver((!no_ack).then(|| Unacked::of(queue, &m, None)));
         self.reply(
             ch,
@@ -622,6 +625,7 @@ impl Broker {
             return Ok(());
         };
         let settled = channel.take_settled(kind, delivery_tag, multiple)?;
+        channel.count_settled(settle, settled.len());
         self.settle_entries(ch, settled, settle);
         Ok(())
     }
@@ -761,6 +765,7 @@ impl Broker {
                         return Ok(());
                     };
                     let settled = channel.take_settled(kind, delivery_tag, multiple)?;
+                    channel.count_settled(settle, settled.len());
                     touched.extend(settled.iter().map(|u| u.queue));
                     self.settle_entries(ch, settled, settle);
                 }

@@ -66,13 +66,16 @@ impl Broker {
     /// Removes channel `ch`'s state and its number from its connection (closed, or its
     /// connection gone).
     pub(super) fn remove_channel(&mut self, ch: ChannelRef) {
-        if let Some(c) = self.channels.remove(&ch)
-            && c.awaiting
-        {
+        let removed = self.channels.remove(&ch);
+        if removed.as_ref().is_some_and(|c| c.awaiting) {
             self.awaiting -= 1;
         }
         if let Some(conn) = self.conns.get_mut(&ch.conn) {
             conn.channels.remove(&ch.channel);
+            // The connection's counts outlive its channels (operators' rates never fall).
+            if let Some(c) = &removed {
+                conn.closed_stats.add(&c.stats);
+            }
         }
     }
 

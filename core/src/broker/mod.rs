@@ -49,6 +49,11 @@ use std::sync::Arc;
 /// again (the host logs the error; the core only knows that it happened).
 const STORE_RETRY_MS: u64 = 5_000;
 
+/// How long publishers stay blocked at least once an alarm blocked them, even if the
+/// resource recovers sooner: bounds alarm changes to about one per second whatever the
+/// traffic (RabbitMQ checks its memory on a timer, with the same effect).
+pub const ALARM_HOLD_MS: u64 = 1_000;
+
 /// How often a shard whose memory alarm is raised by the shared count looks at it again.
 const ALARM_RECHECK_MS: u64 = 100;
 
@@ -82,7 +87,14 @@ pub struct Broker {
     /// With shards: the body bytes of every shard, which the memory alarm compares with
     /// the watermark (`share_memory_count`).
     shared_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// Publishers are blocked: one of `alarms` holds.
     alarm: bool,
+    /// When `alarm` last changed (`ALARM_HOLD_MS`).
+    alarm_changed_at: u64,
+    /// Which resource alarms are raised (each with its own hysteresis).
+    alarms: Alarms,
+    /// What the host last measured (`report_resources`).
+    resources: Resources,
     /// Where durable definitions and messages go; `None`: everything stays in memory.
     store: Option<Box<dyn Store>>,
     /// The epoch the next sync will carry; writes made now are covered by it.
@@ -134,6 +146,8 @@ pub struct Broker {
     lost_in_flight: u64,
     /// Messages routed to a queue that was deleted before they reached it.
     routed_to_deleted: u64,
+    /// The message counts of closed connections, per vhost (operators' totals never fall).
+    closed_stats: std::collections::BTreeMap<VhostId, crate::stats::MessageStats>,
     /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
     /// queue was deleted: they went with it.
     requeued_to_deleted: u64,
@@ -146,6 +160,32 @@ pub struct Broker {
 }
 
 type OpResult = Result<(), ProtocolError>;
+
+/// What the host measured of the machine (`Broker::report_resources`); `None`: not measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Bytes the whole process holds (RSS).
+    pub memory: Option<u64>,
+    /// Free bytes on the disk of the data directory.
+    pub disk_free: Option<u64>,
+}
+
+/// The resource alarms; publishers are blocked while any is raised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Alarms {
+    /// Memory is above the watermark (until it falls to 90% of it).
+    pub memory: bool,
+    /// Free disk space is below the limit (until it is 10% above it).
+    pub disk: bool,
+    /// A store write failed in the last `STORE_RETRY_MS`.
+    pub store: bool,
+}
+
+impl Alarms {
+    pub fn any(self) -> bool {
+        self.memory || self.disk || self.store
+    }
+}
 
 impl Broker {
     /// The current routing table: clone the `Arc` to route publishes outside the broker
@@ -251,6 +291,9 @@ impl Broker {
             stored_bytes: 0,
             shared_bytes: None,
             alarm: false,
+            alarm_changed_at: 0,
+            alarms: Alarms::default(),
+            resources: Resources::default(),
             store: None,
             epoch: 1,
             sync_in_flight: false,
@@ -267,6 +310,7 @@ impl Broker {
             mail_scheduled: false,
             holds: IdMap::default(),
             tx_sync_waiters: VecDeque::new(),
+            closed_stats: std::collections::BTreeMap::new(),
             awaiting: 0,
             next_channel_serial: 0,
             lost_in_flight: 0,
@@ -517,7 +561,7 @@ impl Broker {
 
     /// Asks for a sync of everything written so far, removals included, at the next
     /// `start_sync` (or right after the one in flight). Hosts call it at a clean stop,
-    /// then wait until `unsynced_epoch` is `None`, so nothing acked comes back after a
+    /// then wait until `all_synced`, so nothing acked comes back after a
     /// restart; and once after a restore, which ends the store's recovery.
     pub fn request_sync(&mut self) {
         if self.store.is_some() {
@@ -617,14 +661,20 @@ impl Broker {
     /// policy set) until then, so "done" means it survives a crash.
     pub fn unsynced_epoch(&self) -> Option<u64> {
         self.store.as_ref()?;
-        // Removals wait for a sync too (at most `removal_sync_ms`; the next epoch's).
-        if self.sync_dirty || self.removed_since.is_some() {
+        if self.sync_dirty {
             Some(self.epoch)
         } else if self.sync_in_flight {
             Some(self.epoch - 1)
         } else {
             None
         }
+    }
+
+    /// Whether everything written so far, removals included, is covered by a completed
+    /// sync (always without a store): a clean stop waits for it after `request_sync`.
+    pub fn all_synced(&self) -> bool {
+        self.store.is_none()
+            || (!self.sync_dirty && !self.sync_in_flight && self.removed_since.is_none())
     }
 
     /// Confirms waiting for a sync (hosts and tests).
@@ -710,7 +760,13 @@ impl Broker {
         }
     }
 
-    /// Raises or clears the memory alarm after an op, telling every connection.
+    /// Raises or clears the resource alarms after an op (or a report from the host), and
+    /// tells every connection when publishers become blocked or unblocked.
+    ///
+    /// Each alarm has hysteresis: it is raised at its limit and cleared only clearly on the
+    /// other side of it (memory: at 90% of the watermark; disk: 10% above the free-space
+    /// limit). Without it a consumer draining a queue at the watermark flipped the alarm on
+    /// every message (10,051 blocked/unblocked pairs in 10 s).
     fn update_alarm(&mut self) {
         let store_failed = self
             .store_failed_at
@@ -718,11 +774,36 @@ impl Broker {
         if !store_failed {
             self.store_failed_at = None;
         }
-        let over = self.memory_held() > self.config.memory_high_watermark || store_failed;
+        let watermark = self.config.memory_high_watermark;
+        let memory = self.memory_figure();
+        self.alarms.memory = if self.alarms.memory {
+            memory > watermark - watermark / 10
+        } else {
+            memory > watermark
+        };
+        let limit = self.config.disk_free_limit;
+        self.alarms.disk = match self.resources.disk_free {
+            Some(free) if limit > 0 => {
+                if self.alarms.disk {
+                    free < limit.saturating_add(limit / 10)
+                } else {
+                    free < limit
+                }
+            }
+            _ => false,
+        };
+        self.alarms.store = store_failed;
+        let over = self.alarms.any();
         if over == self.alarm {
             return;
         }
+        if !over && self.now < self.alarm_changed_at.saturating_add(ALARM_HOLD_MS) {
+            // Cleared too soon after blocking: publishers stay blocked until the hold
+            // ends (`next_deadline` asks for a tick then).
+            return;
+        }
         self.alarm = over;
+        self.alarm_changed_at = self.now;
         let mut conns: Vec<ConnId> = self.conns.keys().copied().collect();
         conns.sort_unstable();
         for conn in conns {
@@ -732,6 +813,33 @@ impl Broker {
                 Effect::Unblocked { conn }
             });
         }
+    }
+
+    /// The memory the alarm compares with the watermark: the body bytes the queues hold,
+    /// or what the host measured the process to hold (its RSS), whichever is larger. With
+    /// a store the queues hold little of their messages in memory, yet the process may
+    /// hold much more (buffers, allocator slack): only the host can see that.
+    fn memory_figure(&self) -> u64 {
+        self.memory_held().max(self.resources.memory.unwrap_or(0))
+    }
+
+    /// The host's latest measurements of the machine: the process's memory (RSS) and the
+    /// free space on the data disk. The alarms are re-evaluated at once; the host then
+    /// polls the effects (`Blocked` / `Unblocked`).
+    pub fn report_resources(&mut self, now: u64, resources: Resources) {
+        self.now = self.now.max(now);
+        self.resources = resources;
+        self.update_alarm();
+    }
+
+    /// The resource alarms raised now (hosts log their changes).
+    pub fn alarms(&self) -> Alarms {
+        self.alarms
+    }
+
+    /// Publishers are blocked: an alarm is raised, or one was within `ALARM_HOLD_MS`.
+    pub fn publishers_blocked(&self) -> bool {
+        self.alarm
     }
 
     /// Advances time (message TTLs and queue expiry will hang off this).
@@ -789,6 +897,10 @@ impl Broker {
         let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
         if !self.dead_letters.is_empty() {
             earliest(self.now);
+        }
+        if self.alarm && !self.alarms.any() {
+            // Every alarm cleared during the hold: unblock when it ends.
+            earliest(self.alarm_changed_at.saturating_add(ALARM_HOLD_MS));
         }
         if let Some(at) = self.removed_since {
             earliest(at.saturating_add(self.config.removal_sync_ms));

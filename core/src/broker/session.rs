@@ -29,6 +29,8 @@ pub(crate) struct Conn {
     /// The routing table's version after this connection's last routing change: its
     /// pre-routed publishes must come from a snapshot at least this new (`Publish::routed`).
     pub(crate) routes_seen: u64,
+    /// The message counts of its closed channels.
+    pub(crate) closed_stats: crate::stats::MessageStats,
 }
 
 impl Conn {
@@ -77,6 +79,7 @@ impl Broker {
                 paused_in: SortedSet::default(),
                 // A connection opened after a change may not use a snapshot from before it.
                 routes_seen: self.topo.routes().version(),
+                closed_stats: crate::stats::MessageStats::default(),
             })
         });
         if self.alarm {
@@ -185,6 +188,11 @@ impl Broker {
             self.delete_queue(q);
         }
         if let Some(c) = self.conns.remove(&conn) {
+            // Its vhost's counts keep what it did.
+            self.closed_stats
+                .entry(c.vhost)
+                .or_default()
+                .add(&c.closed_stats);
             for queue in c.paused_in {
                 self.mail
                     .push_back(super::mail::Mail::PublisherGone { queue, conn });

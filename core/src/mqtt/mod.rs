@@ -3,9 +3,11 @@
 //! the wasm JS API share them.
 
 pub mod retained;
+pub mod session;
 pub mod topic;
 
 pub use retained::{RetainedMessage, RetainedStore};
+pub use session::{StoredSession, StoredSub, StoredWill};
 pub use topic::{
     FilterError, TopicError, amqp_key_to_topic, filter_to_amqp_pattern, matches, topic_to_amqp_key,
     validate_filter, validate_topic,

@@ -236,6 +236,8 @@ pub(crate) struct QueueState {
     /// When it was last used (declared, consumed from, read with basic.get): `x-expires`
     /// counts from here while it has no consumers.
     pub(crate) last_used: u64,
+    /// Enqueued, delivered, redelivered and acked messages, for operators' rates.
+    pub(crate) stats: crate::stats::MessageStats,
 }
 
 /// Publishing connections a queue has paused (flow control), in pause order: boxed, since
@@ -321,6 +323,7 @@ impl QueueState {
             args: HeldArgs::default(),
             mixed_priorities: false,
             last_used: now,
+            stats: crate::stats::MessageStats::default(),
         }
     }
 
@@ -355,6 +358,7 @@ impl QueueState {
             }
             return Enqueued::Rejected;
         }
+        self.stats.publish += 1;
         let expires_at = expiry(io.now, self.args.message_ttl, message);
         if expires_at.is_some() {
             io.out.expiring = true;
@@ -595,6 +599,7 @@ impl QueueState {
         };
         let n = self.consumers.len();
         self.rr_next = (idx + 1) % n;
+        self.stats.delivered(m.redelivered);
         let c = &mut self.consumers[idx];
         let picked = Picked {
             consumer: c.id,
@@ -626,6 +631,7 @@ impl QueueState {
             self.expire_head(io);
         }
         let m = self.pop_ready(io)?;
+        self.stats.delivered(m.redelivered);
         let ready = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
         if no_ack {
             self.forget(io, m.seq, m.stored, m.message.body_len());
@@ -698,6 +704,7 @@ impl QueueState {
                 .requeue(u.seq, u.message, u.stored, u.expires_at);
             return true;
         }
+        self.stats.ack += u64::from(settle == Settle::Ack);
         self.forget(io, u.seq, u.stored, u.message.body_len());
         if settle == Settle::Discard {
             io.out.dead.push((u.message, DeathReason::Rejected));

@@ -79,6 +79,7 @@ impl GuestModule {
             check: instance.get_typed_func(&mut store, "warren_check_invariants")?,
             tick: instance.get_typed_func(&mut store, "warren_tick")?,
             deadline: instance.get_typed_func(&mut store, "warren_next_deadline")?,
+            policy: instance.get_typed_func(&mut store, "warren_policy")?,
             store,
             memory,
             broker,
@@ -101,6 +102,7 @@ pub struct WasmBroker {
     check: TypedFunc<u32, u32>,
     tick: TypedFunc<(u32, u64), ()>,
     deadline: TypedFunc<u32, u64>,
+    policy: TypedFunc<(u32, u64, u32, u32), i32>,
     /// Guest buffer the op bytes are copied into; grown as needed, reused across calls.
     op_buf: u32,
     op_cap: u32,
@@ -116,6 +118,24 @@ impl WasmBroker {
         channel: u32,
         op: &[u8],
     ) -> Result<i32, HostError> {
+        let len = self.write_input(op)?;
+        Ok(self.handle.call(
+            &mut self.store,
+            (self.broker, now, conn, channel, self.op_buf, len),
+        )?)
+    }
+
+    /// Applies one encoded policy change (`codec::encode_policy`). Returns the guest's
+    /// status: 0 applied, 1 refused, -1 undecodable (as `GuestBroker::policy`).
+    pub fn policy(&mut self, now: u64, change: &[u8]) -> Result<i32, HostError> {
+        let len = self.write_input(change)?;
+        Ok(self
+            .policy
+            .call(&mut self.store, (self.broker, now, self.op_buf, len))?)
+    }
+
+    /// Copies `input` into the guest's input buffer (grown as needed); returns its length.
+    fn write_input(&mut self, op: &[u8]) -> Result<u32, HostError> {
         let len = u32::try_from(op.len()).map_err(|_| HostError::OutOfBounds {
             ptr: 0,
             len: u32::MAX,
@@ -135,10 +155,7 @@ impl WasmBroker {
                 ptr: self.op_buf,
                 len,
             })?;
-        Ok(self.handle.call(
-            &mut self.store,
-            (self.broker, now, conn, channel, self.op_buf, len),
-        )?)
+        Ok(len)
     }
 
     /// Appends the pending effect batch (encoded by the guest) to `out`.

@@ -11,7 +11,7 @@
 //! `WARREN_DIFF_STEPS` (ops per seed, default 300), `WARREN_GUEST_WASM` (module path).
 
 use warren_guest::GuestBroker;
-use warren_guest::codec::{decode_effects, encode_op};
+use warren_guest::codec::{decode_effects, encode_op, encode_policy};
 use warren_guest::scenario::Scenario;
 use warren_wasmtime_host::{GuestModule, guest_wasm_path};
 
@@ -31,9 +31,14 @@ fn load() -> GuestModule {
 }
 
 /// Runs one scenario on both sides (native naming seed `seed`, guest naming seed
-/// `guest_seed`). Returns the number of effect bytes compared, or a report of the first
-/// difference.
-fn run(module: &GuestModule, seed: u64, guest_seed: u64, steps: u64) -> Result<usize, String> {
+/// `guest_seed`). Returns the number of effect bytes compared and of policy changes
+/// applied, or a report of the first difference.
+fn run(
+    module: &GuestModule,
+    seed: u64,
+    guest_seed: u64,
+    steps: u64,
+) -> Result<(usize, u64), String> {
     let mut native = GuestBroker::new(seed);
     let mut wasm = module
         .instantiate(guest_seed)
@@ -41,7 +46,39 @@ fn run(module: &GuestModule, seed: u64, guest_seed: u64, steps: u64) -> Result<u
     let mut scenario = Scenario::new(seed);
     let (mut op, mut wasm_fx) = (Vec::new(), Vec::new());
     let mut compared = 0;
+    let mut policies = 0u64;
     for i in 0..steps {
+        // An operator's policy change, sometimes, between client ops: its effects (limits
+        // dropping or dead-lettering messages, TTLs) must match too.
+        if let Some(change) = scenario.next_policy() {
+            op.clear();
+            encode_policy(&change, &mut op);
+            let now = scenario.now();
+            let native_status = match native.policy(now, &op) {
+                Ok(applied) => i32::from(!applied),
+                Err(e) => e.status(),
+            };
+            let wasm_status = wasm
+                .policy(now, &op)
+                .map_err(|e| format!("step {i}: {change:?}: guest failed: {e}"))?;
+            wasm_fx.clear();
+            wasm.poll_effects(&mut wasm_fx)
+                .map_err(|e| format!("step {i}: poll: {e}"))?;
+            let native_fx = native.poll_effects();
+            if native_status != wasm_status || native_fx != wasm_fx.as_slice() {
+                return Err(format!(
+                    "step {i}: {change:?}\n  native status {native_status}, effects {:?}\n  \
+                     wasm   status {wasm_status}, effects {:?}",
+                    decode_effects(native_fx),
+                    decode_effects(&wasm_fx),
+                ));
+            }
+            compared += native_fx.len() + 1;
+            let effects =
+                decode_effects(native_fx).map_err(|e| format!("step {i}: decode: {e}"))?;
+            scenario.observe(&effects);
+            policies += 1;
+        }
         let step = scenario.next_step();
         op.clear();
         encode_op(&step.op, &mut op);
@@ -107,7 +144,7 @@ fn run(module: &GuestModule, seed: u64, guest_seed: u64, steps: u64) -> Result<u
             return Err(format!("step {i}: wasm invariants broken"));
         }
     }
-    Ok(compared)
+    Ok((compared, policies))
 }
 
 #[test]
@@ -119,11 +156,14 @@ fn native_and_wasm_effect_streams_are_identical() {
         Ok(_) => vec![env_u64("WARREN_DIFF_SEED", 0)],
         Err(_) => (0..env_u64("WARREN_DIFF_SEEDS", 1000)).collect(),
     };
-    let mut bytes = 0;
+    let (mut bytes, mut policies) = (0, 0);
     let mut failures = Vec::new();
     for &seed in &seeds {
         match run(&module, seed, seed, steps) {
-            Ok(n) => bytes += n,
+            Ok((n, p)) => {
+                bytes += n;
+                policies += p;
+            }
             Err(report) => {
                 eprintln!(
                     "seed {seed} diverged at {report}\nreplay: WARREN_DIFF_SEED={seed} \
@@ -135,11 +175,12 @@ fn native_and_wasm_effect_streams_are_identical() {
         }
     }
     println!(
-        "{} seeds x {steps} ops: {bytes} effect bytes identical",
+        "{} seeds x {steps} ops, {policies} policy changes: {bytes} effect bytes identical",
         seeds.len()
     );
     assert!(failures.is_empty(), "diverging seeds: {failures:?}");
     assert!(bytes > 0, "nothing compared");
+    assert!(policies > 0 || steps < 100, "no policy change was compared");
 }
 
 /// The comparison is not vacuous: a guest with a different naming seed (so different

@@ -12,6 +12,7 @@ use warren_core::effect::{Delivery, Effect, Reply};
 use warren_core::error::{ErrorCode, ProtocolError};
 use warren_core::ids::{ChannelRef, ConnId};
 use warren_core::message::{FieldTable, FieldValue, Message, Properties};
+use warren_core::policy::{ApplyTo, PolicyDef};
 
 /// Field tables nest (tables in arrays in tables); decoding recursion is bounded so hostile
 /// input cannot overflow the guest's small stack.
@@ -437,6 +438,69 @@ fn get_bind(r: &mut Reader) -> Result<Bind> {
         nowait: r.bool()?,
         arguments: get_table(r, 0)?,
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Policies
+
+/// An operator's policy change (`warren_policy`): policies are not client ops, yet they
+/// change what queues do (limits, TTLs, dead-lettering, alternate exchanges), so a host
+/// that wants the whole broker drives them too.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicyChange {
+    Set(PolicyDef),
+    Clear { vhost: String, name: String },
+}
+
+const APPLY_TO: [ApplyTo; 3] = [ApplyTo::All, ApplyTo::Queues, ApplyTo::Exchanges];
+
+/// Appends the encoding of `change` to `out`.
+pub fn encode_policy(change: &PolicyChange, out: &mut Vec<u8>) {
+    let w = &mut Writer(out);
+    match change {
+        PolicyChange::Set(p) => {
+            w.u8(0x01);
+            w.str(&p.vhost);
+            w.str(&p.name);
+            w.str(&p.pattern);
+            let apply_to = APPLY_TO.iter().position(|a| *a == p.apply_to).unwrap_or(0);
+            w.u8(apply_to as u8);
+            w.u64(p.priority as u64);
+            put_table(w, &p.definition);
+        }
+        PolicyChange::Clear { vhost, name } => {
+            w.u8(0x02);
+            w.str(vhost);
+            w.str(name);
+        }
+    }
+}
+
+/// Decodes exactly one policy change; trailing bytes are an error.
+pub fn decode_policy(buf: &[u8]) -> Result<PolicyChange> {
+    let r = &mut Reader::new(buf);
+    let change = match r.u8()? {
+        0x01 => PolicyChange::Set(PolicyDef {
+            vhost: r.string()?,
+            name: r.string()?,
+            pattern: r.string()?,
+            apply_to: {
+                let tag = r.u8()?;
+                *APPLY_TO
+                    .get(usize::from(tag))
+                    .ok_or_else(|| r.bad("apply-to", tag))?
+            },
+            priority: r.u64()? as i64,
+            definition: get_table(r, 0)?,
+        }),
+        0x02 => PolicyChange::Clear {
+            vhost: r.string()?,
+            name: r.string()?,
+        },
+        t => return Err(r.bad("policy change", t)),
+    };
+    r.finish()?;
+    Ok(change)
 }
 
 // ---------------------------------------------------------------------------------------------

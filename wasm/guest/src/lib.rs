@@ -16,6 +16,7 @@
 //! | `warren_poll_effects` | `(broker) -> u32` | encodes the pending effects; returns the batch length |
 //! | `warren_effects_ptr` | `(broker) -> ptr` | where that batch is; valid until the next call on `broker` |
 //! | `warren_check_invariants` | `(broker) -> u32` | 0 when the core's invariants hold, else 1 |
+//! | `warren_policy` | `(broker, now: u64, ptr, len: u32) -> i32` | decodes and applies a policy change; 0 applied, 1 refused, -1 undecodable |
 //!
 //! Everything a host can do goes through [`GuestBroker`], which also runs natively: a host can
 //! feed the same op bytes to both and compare the effect bytes (the differential test in
@@ -29,7 +30,7 @@ use warren_core::ids::{ChannelRef, ConnId};
 use warren_core::{Broker, BrokerConfig};
 
 /// Version of the export set and the byte encoding. Bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Why [`GuestBroker::handle`] refused an op (the broker state is unchanged).
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,18 @@ impl GuestBroker {
         self.broker
             .handle(now, ChannelRef::new(ConnId(conn), channel), op);
         Ok(())
+    }
+
+    /// Decodes a policy change (`codec::encode_policy`) and applies it at `now`: `Ok(true)`
+    /// applied, `Ok(false)` refused (an invalid or unknown policy; the broker is unchanged).
+    pub fn policy(&mut self, now: u64, change: &[u8]) -> Result<bool, HandleError> {
+        let applied = match codec::decode_policy(change)? {
+            codec::PolicyChange::Set(def) => self.broker.set_policy(now, def),
+            codec::PolicyChange::Clear { vhost, name } => {
+                self.broker.clear_policy(now, &vhost, &name)
+            }
+        };
+        Ok(applied.is_ok())
     }
 
     /// Advances time without an op: timers (message TTL, queue expiry, in cores that have
@@ -182,6 +195,24 @@ mod exports {
         let (b, op) = unsafe { (&mut *b, std::slice::from_raw_parts(ptr, len as usize)) };
         match b.handle(now, conn, channel, op) {
             Ok(()) => 0,
+            Err(e) => e.status(),
+        }
+    }
+
+    /// # Safety
+    /// `b` is a live broker; `ptr..ptr+len` is readable guest memory.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn warren_policy(
+        b: *mut GuestBroker,
+        now: u64,
+        ptr: *const u8,
+        len: u32,
+    ) -> i32 {
+        // SAFETY: per the contract.
+        let (b, change) = unsafe { (&mut *b, std::slice::from_raw_parts(ptr, len as usize)) };
+        match b.policy(now, change) {
+            Ok(true) => 0,
+            Ok(false) => 1,
             Err(e) => e.status(),
         }
     }

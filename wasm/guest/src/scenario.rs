@@ -7,13 +7,14 @@
 //!
 //! Same seed, same effects shown -> same ops: the generator has no other input.
 
-use crate::codec::Decoded;
+use crate::codec::{Decoded, PolicyChange};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use warren_core::command::{Bind, Consume, ExchangeDeclare, Op, Publish, QueueDeclare};
 use warren_core::effect::{Effect, Reply};
 use warren_core::message::{FieldTable, FieldValue, Properties};
+use warren_core::policy::{ApplyTo, PolicyDef};
 
 /// splitmix64: tiny, seedable, identical everywhere.
 #[derive(Clone, Debug)]
@@ -108,6 +109,11 @@ impl Scenario {
         }
     }
 
+    /// The time of the last step (ms).
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
     /// The next op, given what the effects so far have shown.
     pub fn next_step(&mut self) -> Step {
         // Mostly small steps; sometimes past a 100 ms message TTL; rarely past queue expiry.
@@ -163,6 +169,63 @@ impl Scenario {
             channel
         };
         step(self.now, channel, op)
+    }
+
+    /// Sometimes (3% of calls) an operator's policy change: a length limit with an
+    /// overflow behaviour, a TTL with dead-lettering, an alternate exchange, a clear, or a
+    /// policy the broker refuses (a bad value, an unknown vhost). A host calls it before
+    /// each step; it draws from the same generator, so the same seed gives the same changes.
+    pub fn next_policy(&mut self) -> Option<PolicyChange> {
+        if !self.rng.chance(3) {
+            return None;
+        }
+        let name = *self.rng.pick(&["p-len", "p-ttl", "p-ae", "p-bad"]);
+        if self.rng.chance(25) {
+            return Some(PolicyChange::Clear {
+                vhost: "/".into(),
+                name: name.into(),
+            });
+        }
+        let mut definition = FieldTable::new();
+        let (pattern, apply_to) = match name {
+            "p-len" => {
+                definition.insert(
+                    "max-length".into(),
+                    FieldValue::I64(self.rng.below(3) as i64),
+                );
+                let overflow = *self.rng.pick(&["drop-head", "reject-publish"]);
+                definition.insert("overflow".into(), FieldValue::string(overflow));
+                ("^q[0-2]$", ApplyTo::Queues)
+            }
+            "p-ttl" => {
+                definition.insert("message-ttl".into(), FieldValue::I64(50));
+                definition.insert(
+                    "dead-letter-exchange".into(),
+                    FieldValue::string("x.fanout"),
+                );
+                ("^q", ApplyTo::All)
+            }
+            "p-ae" => {
+                definition.insert(
+                    "alternate-exchange".into(),
+                    FieldValue::string("amq.fanout"),
+                );
+                ("^x\\.", ApplyTo::Exchanges)
+            }
+            _ => {
+                definition.insert("max-length".into(), FieldValue::I64(-1));
+                (".*", ApplyTo::All)
+            }
+        };
+        let vhost = if self.rng.chance(5) { "/nope" } else { "/" };
+        Some(PolicyChange::Set(PolicyDef {
+            vhost: vhost.into(),
+            name: name.into(),
+            pattern: pattern.into(),
+            apply_to,
+            priority: self.rng.below(3) as i64,
+            definition,
+        }))
     }
 
     /// Learns from the effects of the last step.

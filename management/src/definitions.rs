@@ -1,12 +1,23 @@
-//! JSON for `warren ctl`: field tables both ways, and RabbitMQ's definitions format
-//! (`rabbitmqctl export_definitions`), so a file exported from RabbitMQ imports here and back.
+//! JSON for `warren ctl` and the HTTP API: field tables both ways, and RabbitMQ's
+//! definitions format (`rabbitmqctl export_definitions`, `GET /api/definitions`), so a file
+//! exported from RabbitMQ imports here and back.
 
-use anyhow::{Context, bail};
 use serde_json::{Map, Value, json};
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
 use warren_core::message::{FieldTable, FieldValue};
 use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_core::store::Definitions;
+
+/// A definitions document or policy that cannot be read, and why (RabbitMQ-style text).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DefinitionError(pub String);
+
+type Result<T> = std::result::Result<T, DefinitionError>;
+
+macro_rules! bail {
+    ($($t:tt)*) => { return Err(DefinitionError(format!($($t)*))) };
+}
 
 /// A field value as JSON (lossless for what JSON can hold; byte strings as UTF-8 text,
 /// lossily, as the management API shows them).
@@ -67,12 +78,12 @@ fn arguments(o: &Map<String, Value>) -> FieldTable {
     }
 }
 
-fn text<'a>(o: &'a Map<String, Value>, key: &str) -> anyhow::Result<&'a str> {
-    o.get(key).and_then(Value::as_str).with_context(|| {
-        format!(
+fn text<'a>(o: &'a Map<String, Value>, key: &str) -> Result<&'a str> {
+    o.get(key).and_then(Value::as_str).ok_or_else(|| {
+        DefinitionError(format!(
             "'{key}' missing or not a string in {}",
             Value::Object(o.clone())
-        )
+        ))
     })
 }
 
@@ -81,14 +92,16 @@ fn flag(o: &Map<String, Value>, key: &str, default: bool) -> bool {
 }
 
 /// A policy from its JSON form (as in definitions files and `warren ctl set-policy`).
-pub fn policy(p: &Map<String, Value>) -> anyhow::Result<PolicyDef> {
+pub fn policy(p: &Map<String, Value>) -> Result<PolicyDef> {
     let apply_to = p.get("apply-to").and_then(Value::as_str).unwrap_or("all");
     Ok(PolicyDef {
         vhost: vhost_of(p).to_string(),
         name: text(p, "name")?.to_string(),
         pattern: text(p, "pattern")?.to_string(),
-        apply_to: ApplyTo::parse(apply_to).with_context(|| {
-            format!("apply-to '{apply_to}' is not one of all, queues, exchanges")
+        apply_to: ApplyTo::parse(apply_to).ok_or_else(|| {
+            DefinitionError(format!(
+                "apply-to '{apply_to}' is not one of all, queues, exchanges"
+            ))
         })?,
         priority: p.get("priority").and_then(Value::as_i64).unwrap_or(0),
         definition: match p.get("definition") {
@@ -201,7 +214,7 @@ pub struct Imported {
 /// Reads RabbitMQ's definitions format. What Warren does not have (topic permissions,
 /// runtime parameters such as shovels and federation, users hashed with another algorithm)
 /// is listed as skipped rather than failing the import.
-pub fn import(doc: &Value) -> anyhow::Result<Imported> {
+pub fn import(doc: &Value) -> Result<Imported> {
     use base64::Engine;
     let Some(doc) = doc.as_object() else {
         bail!("a definitions file is a JSON object (as rabbitmqctl export_definitions writes)");
@@ -243,7 +256,7 @@ pub fn import(doc: &Value) -> anyhow::Result<Imported> {
         let hash = u.get("password_hash").and_then(Value::as_str).unwrap_or("");
         let password_hash = base64::engine::general_purpose::STANDARD
             .decode(hash)
-            .with_context(|| format!("user '{name}': password_hash is not base64"))?;
+            .map_err(|_| DefinitionError(format!("user '{name}': password_hash is not base64")))?;
         // RabbitMQ 3.10 writes tags as a list; older versions as one comma-separated string.
         let tags = match u.get("tags") {
             Some(Value::Array(t)) => t
@@ -333,8 +346,44 @@ pub fn import(doc: &Value) -> anyhow::Result<Imported> {
             to_exchange,
         ));
     }
+    // RabbitMQ's policies carry keys Warren has no use for (ha-mode, ha-params,
+    // queue-mode, ...): import each policy with the keys Warren acts on, warn once per
+    // dropped key, and skip a policy left with none.
+    let mut dropped: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for p in list("policies") {
-        defs.policies.push(policy(p)?);
+        let mut def = policy(p)?;
+        let unsupported: Vec<String> = def
+            .definition
+            .keys()
+            .filter(|k| !warren_core::policy::is_supported_key(k))
+            .cloned()
+            .collect();
+        for key in &unsupported {
+            def.definition.remove(key);
+            dropped
+                .entry(key.clone())
+                .or_default()
+                .push(def.name.clone());
+        }
+        if def.definition.is_empty() {
+            skipped.push(format!(
+                "policy '{}' in vhost '{}' (none of its keys is supported)",
+                def.name, def.vhost
+            ));
+        } else {
+            defs.policies.push(def);
+        }
+    }
+    for (key, policies) in dropped {
+        skipped.push(format!(
+            "policy key '{key}' (not supported), in {}: {}",
+            if policies.len() == 1 {
+                "policy"
+            } else {
+                "policies"
+            },
+            policies.join(", ")
+        ));
     }
     for key in ["topic_permissions", "parameters", "global_parameters"] {
         let n = list(key).len();

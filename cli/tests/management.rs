@@ -1,0 +1,966 @@
+//! The HTTP management API (`warren serve --management`) and Prometheus metrics
+//! (`--prometheus`) over real sockets: state made by real AMQP (lapin) and MQTT clients,
+//! read and changed through the API as rabbitmqadmin and Terraform do; bad input answered
+//! with RabbitMQ's status codes, a log line and no effect.
+
+mod common;
+
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+struct Broker {
+    served: common::Served,
+    dir: PathBuf,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.served.child.kill();
+        let _ = self.served.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Broker {
+    fn api(&self) -> u16 {
+        self.served.management.expect("HTTP API port")
+    }
+}
+
+fn start(tag: &str) -> Broker {
+    let dir = std::env::temp_dir().join(format!("warren-mgmt-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let served = common::serve(
+        &dir,
+        true,
+        &["--management", "127.0.0.1:0", "--prometheus", "127.0.0.1:0"],
+    );
+    Broker { served, dir }
+}
+
+/// An HTTP/1.1 answer.
+struct Answer {
+    status: u16,
+    headers: String,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {} {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One request on a fresh connection (`Connection: close`), written as given: the path is
+/// sent exactly (no normalisation of `..`), as an attacker would send it.
+fn raw(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP API");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    // The server may answer (413) before reading a large body: a failed write is fine.
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(&out)));
+    let head = String::from_utf8_lossy(&out[..split]).into_owned();
+    let mut body = out[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    Answer {
+        status,
+        headers: head,
+        body,
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+/// A request as `guest` (an administrator, from loopback).
+fn call(port: u16, method: &str, path: &str, body: Option<Value>) -> Answer {
+    call_as(port, ("guest", "guest"), method, path, body)
+}
+
+fn call_as(port: u16, who: (&str, &str), method: &str, path: &str, body: Option<Value>) -> Answer {
+    let auth = basic(who.0, who.1);
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    raw(
+        port,
+        method,
+        path,
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_bytes(),
+    )
+}
+
+async fn amqp(port: u16, name: &str) -> lapin::Connection {
+    let props = lapin::ConnectionProperties::default().with_connection_name(name.into());
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        lapin::Connection::connect(&format!("amqp://guest:guest@127.0.0.1:{port}/%2f"), props),
+    )
+    .await
+    .expect("connect in time")
+    .expect("connect")
+}
+
+/// An MQTT 3.1.1 CONNECT with `client_id` (clean session, no credentials); waits for the
+/// CONNACK.
+fn mqtt_connect(port: u16, client_id: &str) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect MQTT");
+    let mut var = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
+    var.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
+    var.extend_from_slice(client_id.as_bytes());
+    let mut packet = vec![0x10, var.len() as u8];
+    packet.extend(var);
+    s.write_all(&packet).unwrap();
+    let mut connack = [0u8; 4];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.read_exact(&mut connack).expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0], "connection accepted");
+    s
+}
+
+/// Polls `f` until it returns `Some`, for up to 5 s.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_show_counts_consumers_rates_pages_and_columns() {
+    use lapin::options::*;
+    let b = start("queues");
+    let port = b.api();
+    let c = amqp(b.served.amqp, "counts").await;
+    let ch = c.create_channel().await.unwrap();
+    for q in ["q1", "q2", "q3"] {
+        ch.queue_declare(q.into(), QueueDeclareOptions::default(), Default::default())
+            .await
+            .unwrap();
+    }
+    for i in 0..5 {
+        ch.basic_publish(
+            "".into(),
+            "q1".into(),
+            BasicPublishOptions::default(),
+            format!("m{i}").as_bytes(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let consumer_ch = c.create_channel().await.unwrap();
+    consumer_ch
+        .basic_qos(2, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = consumer_ch
+        .basic_consume(
+            "q1".into(),
+            "watcher".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    use futures_lite::StreamExt;
+    let first = consumer.next().await.expect("a delivery").expect("ok");
+    first.ack(BasicAckOptions::default()).await.unwrap();
+    let q1 = eventually("q1's counts", || {
+        let q = call(port, "GET", "/api/queues/%2F/q1", None).json();
+        (q["messages_unacknowledged"] == 2 && q["message_stats"]["ack"] == 1).then_some(q)
+    });
+    assert_eq!(q1["messages_ready"], 2);
+    assert_eq!(q1["messages"], 4);
+    assert_eq!(q1["consumers"], 1);
+    assert_eq!(q1["message_stats"]["publish"], 5);
+    assert_eq!(q1["message_stats"]["deliver_get"], 3);
+    assert_eq!(q1["vhost"], "/");
+    assert_eq!(q1["type"], "classic");
+    assert!(q1["message_stats"]["publish_details"]["rate"].is_number());
+
+    // Rates: sampled before and more than a second after 10 publishes, the rate is
+    // positive.
+    let before = call(port, "GET", "/api/queues/%2F/q2", None).json();
+    assert_eq!(before["message_stats"]["publish"], 0);
+    for _ in 0..10 {
+        ch.basic_publish(
+            "".into(),
+            "q2".into(),
+            BasicPublishOptions::default(),
+            b"x",
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    let q2 = eventually("a publish rate", || {
+        let q = call(port, "GET", "/api/queues/%2F/q2", None).json();
+        (q["messages"] == 10).then_some(q)
+    });
+    let rate = q2["message_stats"]["publish_details"]["rate"]
+        .as_f64()
+        .unwrap();
+    assert!(rate > 0.0, "publish rate of q2: {q2}");
+
+    // Pagination as RabbitMQ's (page object) and columns.
+    let page = call(port, "GET", "/api/queues?page=2&page_size=2", None).json();
+    assert_eq!(page["total_count"], 3);
+    assert_eq!(page["page_count"], 2);
+    assert_eq!(page["item_count"], 1);
+    assert_eq!(page["items"][0]["name"], "q3");
+    let cols = call(
+        port,
+        "GET",
+        "/api/queues/%2F?columns=name,messages_ready,message_stats.publish",
+        None,
+    )
+    .json();
+    assert_eq!(
+        cols[0],
+        json!({"name": "q1", "messages_ready": 2, "message_stats": {"publish": 5}})
+    );
+    let filtered = call(port, "GET", "/api/queues?name=q2", None).json();
+    assert_eq!(filtered.as_array().unwrap().len(), 1);
+    assert_eq!(
+        call(port, "GET", "/api/queues?page=9", None).status,
+        400,
+        "a page past the end"
+    );
+
+    // Overview totals and the node.
+    let o = call(port, "GET", "/api/overview", None).json();
+    assert_eq!(o["object_totals"]["queues"], 3);
+    assert_eq!(o["object_totals"]["connections"], 1);
+    assert_eq!(o["object_totals"]["channels"], 2);
+    assert_eq!(o["queue_totals"]["messages"], 14);
+    assert_eq!(o["message_stats"]["publish"], 15);
+    let nodes = call(port, "GET", "/api/nodes", None).json();
+    assert_eq!(nodes[0]["name"], o["node"]);
+    assert_eq!(
+        call(port, "GET", "/api/whoami", None).json(),
+        json!({"name": "guest", "tags": ["administrator"]})
+    );
+    let consumers = call(port, "GET", "/api/consumers", None).json();
+    assert_eq!(consumers[0]["consumer_tag"], "watcher");
+    assert_eq!(consumers[0]["queue"], json!({"name": "q1", "vhost": "/"}));
+    assert_eq!(consumers[0]["prefetch_count"], 2);
+    let channels = call(port, "GET", "/api/channels", None).json();
+    let consuming = channels
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["consumer_count"] == 1)
+        .expect("the consumer's channel");
+    assert_eq!(consuming["messages_unacknowledged"], 2);
+    assert_eq!(consuming["message_stats"]["ack"], 1);
+    c.close(200, "bye".into()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declare_publish_get_purge_and_delete_through_the_api() {
+    let b = start("objects");
+    let port = b.api();
+    let created = call(
+        port,
+        "PUT",
+        "/api/exchanges/%2F/orders",
+        Some(json!({"type": "topic", "durable": true})),
+    );
+    assert_eq!(created.status, 201, "{}", created.text());
+    assert_eq!(
+        call(
+            port,
+            "PUT",
+            "/api/queues/%2F/eu",
+            Some(json!({"durable": true, "arguments": {"x-max-length": 100}}))
+        )
+        .status,
+        201
+    );
+    let bound = call(
+        port,
+        "POST",
+        "/api/bindings/%2F/e/orders/q/eu",
+        Some(json!({"routing_key": "eu.*"})),
+    );
+    assert_eq!(bound.status, 201);
+    assert!(
+        bound
+            .headers
+            .to_ascii_lowercase()
+            .contains("location: eu.*")
+    );
+    let listed = call(port, "GET", "/api/bindings/%2F/e/orders/q/eu", None).json();
+    assert_eq!(listed[0]["routing_key"], "eu.*");
+    assert_eq!(listed[0]["properties_key"], "eu.*");
+    let published = call(
+        port,
+        "POST",
+        "/api/exchanges/%2F/orders/publish",
+        Some(
+            json!({"routing_key": "eu.fr", "payload": "bonjour", "payload_encoding": "string",
+                    "properties": {"delivery_mode": 2, "headers": {"k": "v"}}}),
+        ),
+    );
+    assert_eq!(published.json(), json!({"routed": true}));
+    let nowhere = call(
+        port,
+        "POST",
+        "/api/exchanges/%2F/orders/publish",
+        Some(
+            json!({"routing_key": "us.ny", "payload": "hi", "payload_encoding": "string", "properties": {}}),
+        ),
+    );
+    assert_eq!(nowhere.json(), json!({"routed": false}));
+    // get with requeue leaves the message; without, takes it.
+    let got = call(
+        port,
+        "POST",
+        "/api/queues/%2F/eu/get",
+        Some(json!({"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"})),
+    )
+    .json();
+    assert_eq!(got.as_array().unwrap().len(), 1);
+    assert_eq!(got[0]["payload"], "bonjour");
+    assert_eq!(got[0]["routing_key"], "eu.fr");
+    assert_eq!(got[0]["properties"]["headers"], json!({"k": "v"}));
+    assert_eq!(got[0]["properties"]["delivery_mode"], 2);
+    let again = call(
+        port,
+        "POST",
+        "/api/queues/%2F/eu/get",
+        Some(json!({"count": 1, "ackmode": "ack_requeue_false", "encoding": "base64"})),
+    )
+    .json();
+    assert_eq!(again[0]["redelivered"], true);
+    assert_eq!(again[0]["payload_encoding"], "base64");
+    assert_eq!(
+        call(port, "GET", "/api/queues/%2F/eu", None).json()["messages"],
+        0
+    );
+    // purge
+    call(
+        port,
+        "POST",
+        "/api/exchanges/%2F/amq.default/publish",
+        Some(
+            json!({"routing_key": "eu", "payload": "x", "payload_encoding": "string", "properties": {}}),
+        ),
+    );
+    assert_eq!(
+        call(port, "GET", "/api/queues/%2F/eu", None).json()["messages"],
+        1
+    );
+    assert_eq!(
+        call(port, "DELETE", "/api/queues/%2F/eu/contents", None).status,
+        204
+    );
+    assert_eq!(
+        call(port, "GET", "/api/queues/%2F/eu", None).json()["messages"],
+        0
+    );
+    // unbind, delete
+    let unbound = call(port, "DELETE", "/api/bindings/%2F/e/orders/q/eu/eu.*", None);
+    assert_eq!(unbound.status, 204, "{}", unbound.text());
+    assert_eq!(
+        call(port, "GET", "/api/bindings/%2F/e/orders/q/eu", None).json(),
+        json!([])
+    );
+    assert_eq!(call(port, "DELETE", "/api/queues/%2F/eu", None).status, 204);
+    assert_eq!(call(port, "GET", "/api/queues/%2F/eu", None).status, 404);
+    assert_eq!(
+        call(port, "DELETE", "/api/exchanges/%2F/orders", None).status,
+        204
+    );
+    assert_eq!(
+        call(port, "GET", "/api/exchanges/%2F/orders", None).status,
+        404
+    );
+    // vhosts, users, permissions, policies
+    assert_eq!(
+        call(port, "PUT", "/api/vhosts/dev", Some(json!({}))).status,
+        201
+    );
+    assert_eq!(
+        call(
+            port,
+            "PUT",
+            "/api/users/ops",
+            Some(json!({"password": "s3cret", "tags": "management"}))
+        )
+        .status,
+        201
+    );
+    assert_eq!(
+        call(
+            port,
+            "PUT",
+            "/api/permissions/dev/ops",
+            Some(json!({"configure": "^ops-", "write": ".*", "read": ".*"}))
+        )
+        .status,
+        201
+    );
+    assert_eq!(
+        call(
+            port,
+            "PUT",
+            "/api/policies/dev/ttl",
+            Some(json!({"pattern": "^ops-", "definition": {"message-ttl": 60000}, "apply-to": "queues"}))
+        )
+        .status,
+        201
+    );
+    let ops = ("ops", "s3cret");
+    // The management user sees its vhost only, and may configure only what its
+    // permissions allow.
+    let vhosts = call_as(port, ops, "GET", "/api/vhosts", None).json();
+    assert_eq!(vhosts.as_array().unwrap().len(), 1);
+    assert_eq!(vhosts[0]["name"], "dev");
+    assert_eq!(
+        call_as(port, ops, "PUT", "/api/queues/dev/ops-q", Some(json!({}))).status,
+        201
+    );
+    assert_eq!(
+        call_as(port, ops, "PUT", "/api/queues/dev/other", Some(json!({}))).status,
+        401
+    );
+    assert_eq!(call_as(port, ops, "GET", "/api/users", None).status, 401);
+    let policies = call(port, "GET", "/api/policies/dev", None).json();
+    assert_eq!(policies[0]["definition"], json!({"message-ttl": 60000}));
+    let q = call(port, "GET", "/api/queues/dev/ops-q", None).json();
+    assert_eq!(q["policy"], "ttl");
+    assert_eq!(
+        q["effective_policy_definition"],
+        json!({"message-ttl": 60000})
+    );
+    assert_eq!(
+        call(port, "DELETE", "/api/policies/dev/ttl", None).status,
+        204
+    );
+    assert_eq!(call(port, "DELETE", "/api/users/ops", None).status, 204);
+    assert_eq!(call(port, "DELETE", "/api/vhosts/dev", None).status, 204);
+    assert_eq!(call(port, "GET", "/api/vhosts/dev", None).status, 404);
+    assert_eq!(
+        call(port, "GET", "/api/aliveness-test/%2F", None).json(),
+        json!({"status": "ok"})
+    );
+    assert_eq!(
+        call(port, "GET", "/api/health/checks/alarms", None).json(),
+        json!({"status": "ok"})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_show_peer_protocol_and_client_and_close_with_a_reason() {
+    let b = start("conns");
+    let port = b.api();
+    let c = amqp(b.served.amqp, "billing-worker").await;
+    let _mqtt = mqtt_connect(b.served.mqtt.expect("MQTT port"), "sensor-7");
+    let list = eventually("two connections", || {
+        let l = call(port, "GET", "/api/connections", None).json();
+        (l.as_array().map(Vec::len) == Some(2)).then_some(l)
+    });
+    let amqp_conn = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["protocol"] == "AMQP 0-9-1")
+        .expect("the AMQP connection");
+    assert_eq!(
+        amqp_conn["client_properties"]["connection_name"],
+        "billing-worker"
+    );
+    assert_eq!(amqp_conn["peer_host"], "127.0.0.1");
+    assert_eq!(amqp_conn["user"], "guest");
+    assert_eq!(amqp_conn["port"], b.served.amqp);
+    let name = amqp_conn["name"].as_str().unwrap().to_string();
+    assert!(
+        name.ends_with(&format!("-> 127.0.0.1:{}", b.served.amqp)),
+        "{name}"
+    );
+    let mqtt_conn = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["protocol"] == "MQTT 3.1.1")
+        .expect("the MQTT connection");
+    assert_eq!(mqtt_conn["client_properties"]["client_id"], "sensor-7");
+
+    // DELETE closes it with 320 and the X-Reason header's text, as RabbitMQ.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut events = c.events_listener();
+    tokio::spawn(async move {
+        use futures_lite::StreamExt;
+        while let Some(e) = events.next().await {
+            if let lapin::Event::Error(e) = e {
+                let _ = tx.send(e.to_string());
+            }
+        }
+    });
+    let path = format!(
+        "/api/connections/{}",
+        name.replace(' ', "%20").replace('>', "%3E")
+    );
+    let auth = basic("guest", "guest");
+    let closed = raw(
+        port,
+        "DELETE",
+        &path,
+        &[("Authorization", &auth), ("X-Reason", "rolling restart")],
+        b"",
+    );
+    assert_eq!(closed.status, 204, "{}", closed.text());
+    let error = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the client is told");
+    assert!(
+        error.contains("CONNECTION_FORCED") && error.contains("rolling restart"),
+        "{error}"
+    );
+    eventually("one connection left", || {
+        let l = call(port, "GET", "/api/connections", None).json();
+        (l.as_array().map(Vec::len) == Some(1)).then_some(())
+    });
+    assert!(b.served.logged(&["closing connection", "rolling restart"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_its_status_a_log_line_and_no_effect() {
+    let b = start("bad");
+    let port = b.api();
+    let auth = basic("guest", "guest");
+    let queues = || {
+        call(port, "GET", "/api/queues", None)
+            .json()
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    // Malformed JSON: 400.
+    let r = raw(
+        port,
+        "PUT",
+        "/api/queues/%2F/broken",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        b"{\"durable\": tru",
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"], "bad_request");
+    // Wrong content type: 415.
+    let r = raw(
+        port,
+        "PUT",
+        "/api/queues/%2F/typed",
+        &[("Authorization", &auth), ("Content-Type", "text/plain")],
+        b"{}",
+    );
+    assert_eq!(r.status, 415);
+    // A body over the limit: 413, unread.
+    let huge = vec![b' '; 21 << 20];
+    let r = raw(
+        port,
+        "POST",
+        "/api/definitions",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        &huge,
+    );
+    assert_eq!(r.status, 413);
+    assert_eq!(queues(), 0, "nothing was declared");
+    // `..` in paths: no route, nothing touched.
+    call(port, "PUT", "/api/queues/%2F/keep", Some(json!({})));
+    for path in [
+        "/api/../api/queues/%2F/keep",
+        "/api/queues/%2F/..%2F..%2Fetc%2Fpasswd",
+        "/../../etc/passwd",
+    ] {
+        let r = raw(port, "DELETE", path, &[("Authorization", &auth)], b"");
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+    }
+    assert_eq!(queues(), 1, "'keep' is still there");
+    // No or wrong credentials: 401 with a Basic challenge.
+    let r = raw(port, "GET", "/api/queues", &[], b"");
+    assert_eq!(r.status, 401);
+    assert!(
+        r.headers
+            .to_ascii_lowercase()
+            .contains("www-authenticate: basic")
+    );
+    let wrong = basic("guest", "nope");
+    let r = raw(
+        port,
+        "DELETE",
+        "/api/queues/%2F/keep",
+        &[("Authorization", &wrong)],
+        b"",
+    );
+    assert_eq!(r.status, 401);
+    // A monitoring user reads everything, deletes nothing.
+    call(
+        port,
+        "PUT",
+        "/api/users/watcher",
+        Some(json!({"password": "w", "tags": "monitoring"})),
+    );
+    let watcher = ("watcher", "w");
+    assert_eq!(
+        call_as(port, watcher, "GET", "/api/queues", None).status,
+        200
+    );
+    assert_eq!(
+        call_as(port, watcher, "GET", "/api/nodes", None).status,
+        200
+    );
+    assert_eq!(
+        call_as(port, watcher, "DELETE", "/api/queues/%2F/keep", None).status,
+        401
+    );
+    assert_eq!(
+        call_as(port, watcher, "DELETE", "/api/users/guest", None).status,
+        401
+    );
+    assert_eq!(queues(), 1, "'keep' survived the monitoring user");
+    assert_eq!(call(port, "GET", "/api/users/guest", None).status, 200);
+    // A user without a management tag cannot use the API at all.
+    call(
+        port,
+        "PUT",
+        "/api/users/app",
+        Some(json!({"password": "a", "tags": ""})),
+    );
+    assert_eq!(
+        call_as(port, ("app", "a"), "GET", "/api/overview", None).status,
+        401
+    );
+    // Each refusal was logged.
+    for (status, path) in [
+        ("400", "/api/queues/%2F/broken"),
+        ("415", "/api/queues/%2F/typed"),
+        ("413", "/api/definitions"),
+        ("404", "etc%2Fpasswd"),
+        ("401", "/api/users/guest"),
+    ] {
+        assert!(
+            b.served.logged(&["HTTP API request refused", status, path]),
+            "no log line for {status} {path}"
+        );
+    }
+    assert!(
+        b.served
+            .logged(&["HTTP API login refused", "wrong password"])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_export_matches_ctl_and_imports_into_another_broker() {
+    let a = start("defs-a");
+    let port = a.api();
+    call(port, "PUT", "/api/vhosts/shop", Some(json!({})));
+    call(
+        port,
+        "PUT",
+        "/api/exchanges/shop/orders",
+        Some(json!({"type": "direct", "durable": true})),
+    );
+    call(
+        port,
+        "PUT",
+        "/api/queues/shop/invoices",
+        Some(json!({"durable": true})),
+    );
+    call(
+        port,
+        "POST",
+        "/api/bindings/shop/e/orders/q/invoices",
+        Some(json!({"routing_key": "paid"})),
+    );
+    let exported = call(port, "GET", "/api/definitions", None).json();
+    let ctl = std::process::Command::new(common::BIN)
+        .args(["ctl", "--data-dir"])
+        .arg(&a.dir)
+        .args(["export-definitions", "-"])
+        .output()
+        .expect("warren ctl");
+    let from_ctl: Value = serde_json::from_slice(&ctl.stdout).expect("ctl's export is JSON");
+    assert_eq!(exported, from_ctl, "the API's export is ctl's");
+    assert_eq!(exported["queues"][0]["name"], "invoices");
+
+    let b = start("defs-b");
+    let posted = call(b.api(), "POST", "/api/definitions", Some(exported.clone()));
+    assert_eq!(posted.status, 204, "{}", posted.text());
+    let q = call(b.api(), "GET", "/api/queues/shop/invoices", None).json();
+    assert_eq!(q["durable"], true);
+    let bindings = call(
+        b.api(),
+        "GET",
+        "/api/bindings/shop/e/orders/q/invoices",
+        None,
+    )
+    .json();
+    assert_eq!(bindings[0]["routing_key"], "paid");
+    assert_eq!(
+        call(b.api(), "GET", "/api/definitions", None).json(),
+        exported
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_metrics_count_messages_and_pass_promtool() {
+    use lapin::options::*;
+    let b = start("metrics");
+    let c = amqp(b.served.amqp, "metrics").await;
+    let ch = c.create_channel().await.unwrap();
+    ch.queue_declare(
+        "jobs".into(),
+        QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for _ in 0..7 {
+        ch.basic_publish(
+            "".into(),
+            "jobs".into(),
+            BasicPublishOptions::default(),
+            b"work",
+            Default::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let port = b.served.prometheus.expect("Prometheus port");
+    let text = raw(port, "GET", "/metrics", &[], b"").text();
+    for line in [
+        "rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"jobs\"} 7",
+        "rabbitmq_queue_messages_unacked{vhost=\"/\",queue=\"jobs\"} 0",
+        "rabbitmq_global_messages_received_total 7",
+        "rabbitmq_connections 1",
+        "rabbitmq_queues 1",
+        "warren_mqtt_connections 0",
+        "# TYPE rabbitmq_global_messages_received_total counter",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in:\n{text}"
+        );
+    }
+    let promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut promtool) = promtool else {
+        // CI installs Debian's prometheus (scripts/test.sh); elsewhere it may be missing.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is not installed (apt-get install prometheus)"
+        );
+        eprintln!("promtool not installed: skipping `promtool check metrics`");
+        return;
+    };
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Kills a started process when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prometheus_server_scrapes_the_metrics() {
+    use lapin::options::*;
+    if std::process::Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus is not installed (apt-get install prometheus)"
+        );
+        eprintln!("prometheus not installed: skipping");
+        return;
+    }
+    let b = start("scrape");
+    let c = amqp(b.served.amqp, "scraped").await;
+    let ch = c.create_channel().await.unwrap();
+    ch.queue_declare(
+        "scraped".into(),
+        QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        ch.basic_publish(
+            "".into(),
+            "scraped".into(),
+            BasicPublishOptions::default(),
+            b"x",
+            Default::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let target = b.served.prometheus.expect("Prometheus port");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = b.dir.join("prometheus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: warren\n    \
+             static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+        ),
+    )
+    .unwrap();
+    let _server = Killed(
+        std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start prometheus"),
+    );
+    // The server scraped the target and stored the queue's depth under its labels.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| {
+                raw(
+                    port,
+                    "GET",
+                    "/api/v1/query?query=rabbitmq_queue_messages_ready%7Bqueue%3D%22scraped%22%7D",
+                    &[],
+                    b"",
+                )
+            });
+        if let Some(a) = answer.filter(|a| a.status == 200) {
+            let v = a.json();
+            if let Some(sample) = v["data"]["result"].get(0) {
+                assert_eq!(sample["metric"]["vhost"], "/");
+                assert_eq!(sample["metric"]["job"], "warren");
+                assert_eq!(sample["value"][1], "3", "{v}");
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus did not scrape the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let up = raw(port, "GET", "/api/v1/query?query=up", &[], b"").json();
+    assert_eq!(
+        up["data"]["result"][0]["value"][1], "1",
+        "the target is up: {up}"
+    );
+}

@@ -1,0 +1,194 @@
+//! RabbitMQ's own HTTP API client, `rabbitmqadmin` 2.x (`cargo install rabbitmqadmin`,
+//! cached by scripts/test.sh), against `warren serve --management`: list, declare, delete,
+//! publish, get, purge, close a connection, definitions export and import. Its typed
+//! client refuses answers that miss fields it needs, so this checks the JSON shapes too.
+//! The binary is `$RABBITMQADMIN` or `rabbitmqadmin` on PATH; CI fails without it.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+fn binary() -> Option<String> {
+    let bin = std::env::var("RABBITMQADMIN").unwrap_or_else(|_| "rabbitmqadmin".into());
+    match Command::new(&bin).arg("--version").output() {
+        Ok(o) if o.status.success() => Some(bin),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "rabbitmqadmin is not installed (cargo install rabbitmqadmin)"
+            );
+            eprintln!("rabbitmqadmin not installed: skipping");
+            None
+        }
+    }
+}
+
+struct Broker {
+    served: common::Served,
+    dir: PathBuf,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.served.child.kill();
+        let _ = self.served.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs rabbitmqadmin; its standard output, or a panic with what it said.
+fn admin(bin: &str, port: u16, args: &[&str]) -> String {
+    let out = Command::new(bin)
+        .args(["--non-interactive", "-H", "127.0.0.1", "-P"])
+        .arg(port.to_string())
+        .args(["-u", "guest", "-p", "guest"])
+        .args(args)
+        .output()
+        .expect("run rabbitmqadmin");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "rabbitmqadmin {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmqadmin_lists_declares_publishes_gets_closes_and_moves_definitions() {
+    let Some(bin) = binary() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("warren-rmqadmin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let served = common::serve(&dir, true, &["--management", "127.0.0.1:0"]);
+    let b = Broker { served, dir };
+    let port = b.served.management.expect("HTTP API port");
+    let bin = bin.as_str();
+
+    admin(
+        bin,
+        port,
+        &["declare", "exchange", "--name", "orders", "--type", "topic"],
+    );
+    admin(
+        bin,
+        port,
+        &[
+            "declare",
+            "queue",
+            "--name",
+            "invoices",
+            "--durable",
+            "true",
+        ],
+    );
+    admin(
+        bin,
+        port,
+        &[
+            "declare",
+            "binding",
+            "--source",
+            "orders",
+            "--destination-type",
+            "queue",
+            "--destination",
+            "invoices",
+            "--routing-key",
+            "paid.#",
+        ],
+    );
+    let bindings = admin(bin, port, &["list", "bindings"]);
+    assert!(bindings.contains("paid.#"), "{bindings}");
+    let published = admin(
+        bin,
+        port,
+        &[
+            "publish",
+            "message",
+            "--exchange",
+            "orders",
+            "--routing-key",
+            "paid.eu",
+            "--payload",
+            "invoice-42",
+        ],
+    );
+    assert!(published.contains("routed"), "{published}");
+    let queues = admin(bin, port, &["list", "queues"]);
+    assert!(queues.contains("invoices"), "{queues}");
+    let got = admin(
+        bin,
+        port,
+        &[
+            "get",
+            "messages",
+            "--queue",
+            "invoices",
+            "--count",
+            "1",
+            "--ack-mode",
+            "ack_requeue_true",
+        ],
+    );
+    assert!(got.contains("invoice-42"), "{got}");
+    admin(bin, port, &["purge", "queue", "--name", "invoices"]);
+    let got = admin(
+        bin,
+        port,
+        &[
+            "get",
+            "messages",
+            "--queue",
+            "invoices",
+            "--count",
+            "1",
+            "--ack-mode",
+            "ack_requeue_false",
+        ],
+    );
+    assert!(!got.contains("invoice-42"), "purged: {got}");
+    admin(bin, port, &["health_check", "local_alarms"]);
+    admin(bin, port, &["show", "overview"]);
+
+    // A client connection: listed, then closed by name.
+    let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", b.served.amqp);
+    let c = lapin::Connection::connect(
+        &uri,
+        lapin::ConnectionProperties::default().with_connection_name("rmqadmin-probe".into()),
+    )
+    .await
+    .expect("connect");
+    // The only client connection: its row starts with its name, `peer -> listener`.
+    let listed = admin(bin, port, &["list", "connections"]);
+    let suffix = format!("-> 127.0.0.1:{}", b.served.amqp);
+    let conn_name = listed
+        .lines()
+        .find_map(|l| {
+            let end = l.find(&suffix)? + suffix.len();
+            Some(l[..end].trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no connection row in {listed}"));
+    admin(bin, port, &["close", "connection", "--name", &conn_name]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while c.status().connected() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection was not closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Definitions out, queue gone, definitions in: it is back.
+    let file = b.dir.join("exported.json");
+    let file = file.to_str().expect("utf-8 path");
+    admin(bin, port, &["definitions", "export", "--file", file]);
+    admin(bin, port, &["delete", "queue", "--name", "invoices"]);
+    assert!(!admin(bin, port, &["list", "queues"]).contains("invoices"));
+    admin(bin, port, &["definitions", "import", "--file", file]);
+    assert!(admin(bin, port, &["list", "queues"]).contains("invoices"));
+    assert!(admin(bin, port, &["list", "bindings"]).contains("paid.#"));
+}

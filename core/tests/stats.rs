@@ -1,0 +1,158 @@
+//! Operators' message counters (`warren_core::stats`): per queue, channel, connection and
+//! vhost; what closed channels and connections counted stays in their connection's and
+//! vhost's totals, so rates computed from them never go negative. Also the operator's
+//! close of a connection (320 with the reason) and the run-time memory watermark.
+
+mod common;
+
+use common::*;
+use warren_core::command::Op;
+use warren_core::effect::Effect;
+use warren_core::stats::MessageStats;
+
+fn stats(publish: u64, deliver_get: u64, redeliver: u64, ack: u64) -> MessageStats {
+    MessageStats {
+        publish,
+        deliver_get,
+        redeliver,
+        ack,
+    }
+}
+
+#[test]
+fn counters_follow_publishes_deliveries_redeliveries_and_acks() {
+    let mut h = Harness::new();
+    let p = h.connect(1);
+    let c = h.connect(2);
+    h.declare(p, "q");
+    for body in ["a", "b", "c"] {
+        h.publish(p, "", "q", body);
+    }
+    h.publish(p, "", "nowhere", "unrouted");
+    let fx = h.consume(c, "q", "t", false);
+    assert_eq!(deliveries(&fx).len(), 3);
+    // Ack the first, requeue the other two: they come back redelivered.
+    h.op(
+        c,
+        Op::Ack {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
+    let fx = h.op(
+        c,
+        Op::Nack {
+            delivery_tag: 3,
+            multiple: true,
+            requeue: true,
+        },
+    );
+    let again = deliveries(&fx);
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|d| d.2), "redelivered: {again:?}");
+
+    let queue = &h.broker.list_queues()[0];
+    assert_eq!(queue.stats, stats(3, 5, 2, 1), "the queue's");
+    let channels = h.broker.list_channels();
+    let of = |conn: u64| {
+        channels
+            .iter()
+            .find(|i| i.conn.0 == conn)
+            .expect("channel listed")
+            .stats
+    };
+    assert_eq!(
+        of(1),
+        stats(4, 0, 0, 0),
+        "the publisher's channel counts unrouted too"
+    );
+    assert_eq!(of(2), stats(0, 5, 2, 1), "the consumer's channel");
+
+    // A basic.get counts as a delivery; acks of a closed channel stay in its connection.
+    h.declare(p, "r");
+    h.publish(p, "", "r", "got");
+    let g = h.open(2, 2);
+    let fx = h.op(
+        g,
+        Op::Get {
+            queue: "r".into(),
+            no_ack: true,
+        },
+    );
+    assert!(
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::Reply {
+                reply: warren_core::effect::Reply::GetOk { .. },
+                ..
+            }
+        )),
+        "{fx:?}"
+    );
+    h.op(g, Op::ChannelClose);
+    h.op(g, Op::ChannelCloseOk);
+    let conn = |h: &Harness, id: u64| {
+        h.broker
+            .list_connections()
+            .into_iter()
+            .find(|i| i.conn.0 == id)
+            .map(|i| i.stats)
+    };
+    assert_eq!(conn(&h, 2), Some(stats(0, 6, 2, 1)), "closed channel kept");
+    assert_eq!(
+        h.broker.list_queues()[1].stats,
+        stats(1, 1, 0, 0),
+        "queue r's"
+    );
+
+    // A closed connection's counts stay in its vhost's.
+    h.op(ch(1, 0), Op::ConnectionClose);
+    assert_eq!(conn(&h, 1), None);
+    assert_eq!(
+        h.broker.vhost_stats(),
+        vec![("/".to_string(), stats(5, 6, 2, 1))]
+    );
+    h.broker.check_invariants().expect("invariants");
+}
+
+#[test]
+fn an_operator_closes_a_connection_with_320_and_the_reason() {
+    let mut h = Harness::new();
+    let c = h.connect(7);
+    h.declare(c, "q");
+    h.consume(c, "q", "t", false);
+    assert!(h.broker.close_connection(c.conn, "maintenance window"));
+    let mut fx = Vec::new();
+    h.broker.poll_effects(&mut fx);
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::ConnectionError { conn, error }
+            if conn.0 == 7 && error.code.code() == 320
+                && error.text == "CONNECTION_FORCED - maintenance window")),
+        "{fx:?}"
+    );
+    assert!(h.broker.list_connections().is_empty());
+    assert!(h.broker.list_consumers().is_empty(), "its consumer went");
+    assert!(!h.broker.close_connection(c.conn, "again"), "already gone");
+    h.broker.check_invariants().expect("invariants");
+}
+
+#[test]
+fn the_memory_watermark_changes_at_run_time() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    h.publish(c, "", "q", "0123456789");
+    assert!(!h.broker.memory_status().alarm);
+    h.broker.set_memory_high_watermark(h.now, 5);
+    let mut fx = Vec::new();
+    h.broker.poll_effects(&mut fx);
+    assert!(fx.contains(&Effect::Blocked { conn: c.conn }), "{fx:?}");
+    let status = h.broker.memory_status();
+    assert!(status.alarm);
+    assert_eq!((status.held, status.watermark), (10, 5));
+    h.broker.set_memory_high_watermark(h.now, 1 << 30);
+    fx.clear();
+    h.broker.poll_effects(&mut fx);
+    assert!(fx.contains(&Effect::Unblocked { conn: c.conn }), "{fx:?}");
+}

@@ -1,0 +1,144 @@
+//! Warren's management side, served by `warren serve` itself: the HTTP API in RabbitMQ
+//! 3.10's shapes (`/api/...`, basic auth against Warren's users, RabbitMQ's user tags) and
+//! Prometheus metrics (`/metrics`, rabbitmq_prometheus's names).
+//!
+//! Everything here goes through the runtime's admin path (`BrokerHandle::admin`, the one
+//! `warren ctl` uses): listings and changes are answered by the broker task between op
+//! batches, and nothing here runs on the message path. Rates are computed here from
+//! samples of the core's plain counters (`warren_core::stats`).
+
+mod api;
+pub mod definitions;
+mod metrics;
+mod rates;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
+
+/// A listener of the node, as `/api/overview` and `/api/nodes` show it.
+#[derive(Clone, Debug)]
+pub struct Listener {
+    /// RabbitMQ's protocol names: `amqp`, `mqtt`, `http`, `http/prometheus`.
+    pub protocol: &'static str,
+    pub addr: SocketAddr,
+}
+
+/// What the management side knows of the node that the broker task does not.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    /// The node name shown in every object (`warren@<host>`, as RabbitMQ's `rabbit@<host>`).
+    pub name: String,
+    pub listeners: Vec<Listener>,
+    /// Where data lives (disk free space is measured there); `None` in memory.
+    pub data_dir: Option<std::path::PathBuf>,
+}
+
+impl NodeInfo {
+    /// `warren@<hostname>`.
+    pub fn local(listeners: Vec<Listener>, data_dir: Option<std::path::PathBuf>) -> NodeInfo {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into());
+        NodeInfo {
+            name: format!("warren@{host}"),
+            listeners,
+            data_dir,
+        }
+    }
+}
+
+/// A gauge a part of the binary the broker does not see reports (MQTT sessions,
+/// retained messages): read at each scrape.
+pub struct Gauge {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub value: Box<dyn Fn() -> u64 + Send + Sync>,
+}
+
+/// The management side of one broker: shared by the API and metrics servers.
+pub struct Management {
+    broker: BrokerHandle,
+    node: NodeInfo,
+    started: std::time::Instant,
+    started_at_ms: u64,
+    rates: Mutex<rates::Rates>,
+    gauges: Vec<Gauge>,
+}
+
+/// The broker went away while a request was answered.
+#[derive(Debug, thiserror::Error)]
+#[error("the broker is shutting down")]
+pub struct Stopped;
+
+impl Management {
+    pub fn new(broker: BrokerHandle, node: NodeInfo, gauges: Vec<Gauge>) -> Arc<Management> {
+        Arc::new(Management {
+            broker,
+            node,
+            started: std::time::Instant::now(),
+            started_at_ms: warren_runtime::unix_ms(),
+            rates: Mutex::new(rates::Rates::default()),
+            gauges,
+        })
+    }
+
+    async fn ask(&self, request: AdminRequest) -> Result<AdminResponse, Stopped> {
+        self.broker.admin(request).await.map_err(|_| Stopped)
+    }
+
+    fn uptime_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// The node's status (`warren ctl status`, `/api/nodes`): version, uptime, listeners,
+    /// memory and its alarm, free disk.
+    pub async fn status(&self) -> Result<serde_json::Value, Stopped> {
+        self.node_json().await.map_err(|_| Stopped)
+    }
+}
+
+/// A password hash as RabbitMQ makes it (salted SHA-256), with a fresh random salt.
+pub fn hash_password(password: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut salt = [0u8; 4];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut salt))?;
+    Ok(warren_core::access::hash_password(salt, password))
+}
+
+/// Serves the HTTP API on `listener` until `stopped` turns true.
+pub async fn serve_api(
+    listener: TcpListener,
+    management: Arc<Management>,
+    stopped: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let app = api::router(management);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(until(stopped))
+    .await
+}
+
+/// Serves Prometheus metrics (`/metrics`) on `listener` until `stopped` turns true.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    management: Arc<Management>,
+    stopped: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let app = metrics::router(management);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(until(stopped))
+        .await
+}
+
+async fn until(mut stopped: watch::Receiver<bool>) {
+    while !*stopped.borrow() {
+        if stopped.changed().await.is_err() {
+            return;
+        }
+    }
+}
