@@ -204,12 +204,46 @@ async fn every_start_draws_different_server_generated_names() {
     let (mut b, port_b) = serve(&dir_b, &[]);
     let from_a = generated_names(port_a).await;
     let from_b = generated_names(port_b).await;
+    // A durable server-named queue with a confirmed persistent message, to restore.
+    let stored = {
+        let (_c, ch) = channel(port_a).await;
+        let q = ch
+            .queue_declare(
+                "".into(),
+                lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .expect("declare durable");
+        ch.confirm_select(Default::default())
+            .await
+            .expect("confirms");
+        ch.basic_publish(
+            "".into(),
+            q.name().clone(),
+            Default::default(),
+            b"kept",
+            lapin::BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirmed");
+        q.name().to_string()
+    };
     let _ = b.kill();
     let _ = b.wait();
     a.kill().expect("stop a");
     let _ = a.wait();
     let (mut again, port) = serve(&dir_a, &[]);
     let after_restart = generated_names(port).await;
+    let restored = {
+        let (_c, ch) = channel(port).await;
+        drain(&ch, &stored).await
+    };
     let _ = again.kill();
     let _ = again.wait();
     for dir in [dir_a, dir_b] {
@@ -219,4 +253,13 @@ async fn every_start_draws_different_server_generated_names() {
     assert_ne!(from_a.0, from_b.0, "two fresh brokers, one queue name");
     assert_ne!(from_a.1, from_b.1, "two fresh brokers, one consumer tag");
     assert_ne!(from_a.0, after_restart.0, "the same name after a restart");
+    assert_ne!(
+        stored, after_restart.0,
+        "a restored queue's name drawn again"
+    );
+    assert_eq!(
+        restored,
+        ["kept"],
+        "the restored server-named queue keeps its message"
+    );
 }

@@ -624,7 +624,12 @@ impl Session {
                 );
             }
             Some(why) => {
-                tracing::warn!(peer = %self.peer.addr, %user, "secret update refused: {why}");
+                tracing::warn!(
+                    peer = %self.peer.addr,
+                    %user,
+                    "secret update refused: {}",
+                    Escaped(&why)
+                );
                 self.close_connection(
                     ErrorCode::NotAllowed,
                     "NOT_ALLOWED - New secret was refused by one of the backends".into(),

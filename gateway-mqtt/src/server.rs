@@ -196,7 +196,7 @@ async fn end_session(
             Ok(AdminResponse::Op(Ok(_))) => {}
             other => {
                 tracing::warn!(
-                    client_id,
+                    client_id = %Escaped(client_id),
                     ?other,
                     "cannot delete the queue of an expired MQTT session"
                 )

@@ -24,6 +24,7 @@ use warren_core::access::{Perm, PermissionDef, Permissions};
 use warren_core::broker::admin::{ChannelInfo, ConnectionInfo, QueueInfo};
 use warren_core::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
 use warren_core::effect::Reply;
+use warren_core::escape::Escaped;
 use warren_core::stats::MessageStats;
 use warren_runtime::{AdminRequest, AdminResponse, ConnMeta};
 
@@ -203,7 +204,14 @@ async fn log_refusals(request: Request, next: Next) -> Response {
             .get::<Refusal>()
             .map(|r| r.0.clone())
             .unwrap_or_else(|| status.canonical_reason().unwrap_or("").to_string());
-        tracing::warn!(%peer, %method, %path, status = status.as_u16(), "HTTP API request refused: {reason}");
+        tracing::warn!(
+            %peer,
+            %method,
+            path = %Escaped(&path),
+            status = status.as_u16(),
+            "HTTP API request refused: {}",
+            Escaped(&reason)
+        );
     }
     response
 }
@@ -271,7 +279,12 @@ async fn authenticate(
     {
         Ok(Ok(login)) => login,
         Ok(Err(e)) => {
-            tracing::warn!(%peer, %user, "HTTP API login refused: {e}");
+            tracing::warn!(
+                %peer,
+                user = %Escaped(&user),
+                "HTTP API login refused: {}",
+                Escaped(&e.to_string())
+            );
             return ApiError::not_authorised("Login failed").into_response();
         }
         Err(_) => return ApiError::from(Stopped).into_response(),
@@ -2290,7 +2303,12 @@ async fn close_connection(
     let Some(id) = c["id"].as_u64() else {
         return Err(ApiError::not_found());
     };
-    tracing::info!(connection = %name, user = %caller.user, %reason, "closing connection (HTTP API)");
+    tracing::info!(
+        connection = %Escaped(&name),
+        user = %Escaped(&caller.user),
+        reason = %Escaped(&reason),
+        "closing connection (HTTP API)"
+    );
     match m
         .ask(AdminRequest::CloseConnection {
             conn: warren_core::ids::ConnId(id),
@@ -2408,7 +2426,7 @@ async fn import(
     let doc = Value::Object(json_body(&headers, &body)?);
     let imported = defs::import(&doc).map_err(|e| ApiError::bad_request(e.to_string()))?;
     for s in &imported.skipped {
-        tracing::warn!("definitions import: skipped {s}");
+        tracing::warn!("definitions import: skipped {}", Escaped(s));
     }
     match m.ask(AdminRequest::Import(imported.definitions)).await? {
         AdminResponse::Imported(report) if report.errors.is_empty() => Ok(no_content()),
