@@ -848,7 +848,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     // Everything acked, purged or deleted is made durable before the process ends, so a
     // restart after a clean stop redelivers nothing that was acked.
     tracing::info!("syncing the store");
-    broker.stop().await;
+    if !broker.stop().await {
+        anyhow::bail!("stopped without syncing the store (see the error above)");
+    }
     tracing::info!("stopped");
     Ok(())
 }

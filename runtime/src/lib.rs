@@ -385,6 +385,10 @@ pub struct BrokerHandle {
     shared: Arc<Shared>,
 }
 
+/// How long a clean stop waits for every shard to become idle and synced (and then for each
+/// to close its store) before it gives up: well under systemd's 90 s stop timeout.
+const STOP_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl BrokerHandle {
     /// Spawns the broker task on the current tokio runtime, everything in memory.
     pub fn start(config: BrokerConfig) -> BrokerHandle {
@@ -589,7 +593,32 @@ impl BrokerHandle {
     /// what it was sent, makes everything durable (acks, purges and deletes too, so that
     /// nothing acked comes back after a restart) and closes its store. Mail between shards
     /// may carry acks, so the shards are asked until none sent mail since the last round.
-    pub async fn stop(&self) {
+    /// Returns whether every shard became idle and synced within `STOP_FLUSH_TIMEOUT`.
+    pub async fn stop(&self) -> bool {
+        // Bounded: a shard that cannot get idle and synced (a store that keeps failing, work
+        // that keeps arriving) must not keep the process from ending; the host logs that
+        // what was acked since the last sync may come back.
+        let flushed = tokio::time::timeout(STOP_FLUSH_TIMEOUT, self.flush_all())
+            .await
+            .is_ok();
+        if !flushed {
+            tracing::error!(
+                "the store was not synced within {} s of the stop: messages acked since the \
+                 last sync may be delivered again after the restart",
+                STOP_FLUSH_TIMEOUT.as_secs()
+            );
+        }
+        for shard in &self.shared.shards {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            if shard.control.send(Control::Stop { reply }).is_ok() {
+                let _ = tokio::time::timeout(STOP_FLUSH_TIMEOUT, answer).await;
+            }
+        }
+        flushed
+    }
+
+    /// Flush rounds until no shard sent mail since the last (a clean stop's first part).
+    async fn flush_all(&self) {
         // Each round is one flush of every shard; mail stops once connections are gone,
         // within a few rounds (the bound is a safety net, not a schedule).
         let mut last = None;
@@ -609,12 +638,6 @@ impl BrokerHandle {
                 break;
             }
             last = Some(sent);
-        }
-        for shard in &self.shared.shards {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            if shard.control.send(Control::Stop { reply }).is_ok() {
-                let _ = answer.await;
-            }
         }
     }
 
