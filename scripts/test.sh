@@ -118,7 +118,8 @@ setup_chromium() {
 
 setup_npm() {
   # examples/browser's lockfile: playwright-core (no bundled browsers: it drives Debian's
-  # chromium) and typescript (checks the generated types). npm ci only when something differs.
+  # chromium), typescript (checks the generated types), mqtt (MQTT.js: its browser build for
+  # the WebSocket test, and a native client) and amqplib. npm ci only when something differs.
   if (cd examples/browser && node -e '
     const lock = require("./package-lock.json").packages;
     for (const [path, { version }] of Object.entries(lock)) {
@@ -160,6 +161,15 @@ ts_types() {
 
 browser_e2e() {
   (cd examples/browser && timeout 120 node e2e.mjs "$root/target/browser-e2e.png")
+}
+
+browser_ws_e2e() {
+  # MQTT.js in headless Chromium over warren serve's ws and wss listeners.
+  local dir
+  cargo build -p warren-cli || return 1
+  dir=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+  (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ws-e2e.mjs "$root/target/browser-ws-e2e.png")
 }
 
 start_broker() {
@@ -301,6 +311,7 @@ step "JS package: wasm-bindgen build, size <= 400 KB" scripts/build-js.sh
 step "JS package: Node tests" node_tests
 step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
+step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
 step "start warren serve" start_broker
 step "warren bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt)" python_tests

@@ -8,9 +8,11 @@
 //! <- {"ok": false, "error": "NOT_FOUND - no queue 'x' in vhost '/'"}
 //! ```
 
+use crate::tls::Reloadable;
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use std::path::Path;
+use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
@@ -39,7 +41,8 @@ pub fn bind(data_dir: &Path) -> anyhow::Result<UnixListener> {
 pub async fn serve(
     listener: UnixListener,
     broker: BrokerHandle,
-    management: std::sync::Arc<warren_management::Management>,
+    management: Arc<warren_management::Management>,
+    tls: Option<Arc<Reloadable>>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
@@ -56,8 +59,9 @@ pub async fn serve(
         };
         let broker = broker.clone();
         let management = management.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = client(stream, &broker, &management).await {
+            if let Err(e) = client(stream, &broker, &management, tls.as_deref()).await {
                 tracing::warn!(
                     error = %warren_core::escape::Escaped(&format!("{e:#}")),
                     "admin request failed"
@@ -72,12 +76,13 @@ async fn client(
     stream: UnixStream,
     broker: &BrokerHandle,
     management: &warren_management::Management,
+    tls: Option<&Reloadable>,
 ) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
     reader.read_line(&mut line).await?;
-    let response = match handle(&line, broker, management).await {
+    let response = match handle(&line, broker, management, tls).await {
         Ok(result) => json!({"ok": true, "result": result}),
         Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
     };
@@ -162,6 +167,7 @@ async fn handle(
     line: &str,
     broker: &BrokerHandle,
     management: &warren_management::Management,
+    tls: Option<&Reloadable>,
 ) -> anyhow::Result<Value> {
     let request: Value = serde_json::from_str(line).context("the request is not JSON")?;
     let verb = request
@@ -180,6 +186,15 @@ async fn handle(
         }
     }
     Ok(match verb {
+        // As SIGHUP: new connections get the files' certificate, open ones keep theirs.
+        "reload_tls" => match tls {
+            Some(tls) => {
+                tls.reload()?;
+                tracing::info!("warren ctl reload-tls: TLS certificate files reloaded");
+                json!({})
+            }
+            None => bail!("no TLS listener is configured (--tls-cert, --tls-key)"),
+        },
         "ping" => match ask(broker, AdminRequest::MemoryStatus).await? {
             AdminResponse::Memory(_) => json!("pong"),
             other => bail!("unexpected answer {other:?}"),
@@ -196,7 +211,7 @@ async fn handle(
                         .get("fraction")
                         .and_then(Value::as_f64)
                         .ok_or_else(|| anyhow!("missing argument 'fraction'"))?;
-                    crate::watermark_bytes(&fraction.to_string()).map_err(|e| anyhow!("{e}"))?
+                    crate::settings::watermark_bytes(&fraction.to_string()).map_err(|e| anyhow!("{e}"))?
                 }
             };
             done(broker, AdminRequest::SetMemoryWatermark(bytes)).await?;

@@ -139,6 +139,9 @@ enum Verb {
     /// A user's permissions in every vhost.
     #[command(alias = "list_user_permissions")]
     ListUserPermissions { user: String },
+    /// Reads the TLS certificate, key and CA files again (as SIGHUP); open connections stay.
+    #[command(alias = "reload_tls")]
+    ReloadTls,
 }
 
 /// Columns shown by default in table format, per listing (all fields with `--format json`).
@@ -329,6 +332,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ClearPermissions { user } => ("clear_permissions", json!({"user": user})),
         Verb::ListPermissions => ("list_permissions", json!({})),
         Verb::ListUserPermissions { user } => ("list_user_permissions", json!({"user": user})),
+        Verb::ReloadTls => ("reload_tls", json!({})),
         Verb::DeleteQueue {
             name,
             if_unused,

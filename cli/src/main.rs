@@ -5,6 +5,9 @@ mod admin;
 mod alloc;
 mod bench;
 mod ctl;
+mod settings;
+mod tls;
+mod ws;
 
 /// Counts live heap bytes when `warren bench conns --socketless` turns it on.
 #[global_allocator]
@@ -37,7 +40,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
@@ -51,131 +54,245 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// AMQP 0.9.1 listen address, or `none`.
-    #[arg(long, default_value = "127.0.0.1:5672")]
-    amqp: String,
-    /// MQTT listen address, or `none`.
-    #[arg(long, default_value = "127.0.0.1:1883")]
-    mqtt: String,
-    /// Where the broker keeps its data.
-    #[arg(long, default_value = "./warren-data")]
-    data_dir: PathBuf,
+    /// A TOML file with any of these settings (keys: the flags' names with `_` for `-`; see
+    /// warren.toml in the repository). Flags override it; WARREN_<KEY> variables override both.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// AMQP 0.9.1 listen address, repeatable (`--amqp 0.0.0.0:5672 --amqp [::]:5672`), or
+    /// `none`. Default 127.0.0.1:5672.
+    #[arg(long)]
+    amqp: Vec<String>,
+    /// AMQP over TLS listen address (port 5671 when none is given), repeatable. Needs
+    /// --tls-cert and --tls-key.
+    #[arg(long)]
+    amqps: Vec<String>,
+    /// MQTT listen address, repeatable, or `none`. Default 127.0.0.1:1883.
+    #[arg(long)]
+    mqtt: Vec<String>,
+    /// MQTT over TLS listen address (port 8883 when none is given), repeatable.
+    #[arg(long)]
+    mqtts: Vec<String>,
+    /// MQTT over WebSocket listen address (port 8083 when none is given), repeatable.
+    #[arg(long)]
+    mqtt_ws: Vec<String>,
+    /// MQTT over secure WebSocket listen address (port 8084 when none is given), repeatable.
+    #[arg(long)]
+    mqtt_wss: Vec<String>,
+    /// The HTTP path of the WebSocket listeners (default /mqtt, as EMQX and MQTT.js's
+    /// examples; RabbitMQ's Web MQTT uses /ws).
+    #[arg(long)]
+    mqtt_ws_path: Option<String>,
+    /// PEM certificate chain (server certificate first) of the TLS listeners; re-read on
+    /// SIGHUP.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle client certificates are verified against (with --tls-verify-peer).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Ask TLS clients for a certificate and verify it against --tls-ca (RabbitMQ's
+    /// verify_peer); a verified certificate's subject CN can log in (AMQP EXTERNAL, MQTT
+    /// --mqtt-use-identity-as-username).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    tls_verify_peer: Option<bool>,
+    /// With --tls-verify-peer: refuse TLS clients without a certificate (RabbitMQ's
+    /// fail_if_no_peer_cert).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    tls_fail_if_no_peer_cert: Option<bool>,
+    /// MQTT over TLS: the client certificate's subject CN is the user name, no password
+    /// checked (Mosquitto's use_identity_as_username).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    mqtt_use_identity_as_username: Option<bool>,
+    /// Largest MQTT packet accepted, bytes (default 16 MiB; v5 CONNACK announces it).
+    #[arg(long)]
+    mqtt_max_packet_size: Option<u32>,
+    /// QoS 1/2 messages in flight per MQTT session and direction (v5 Receive Maximum;
+    /// default 1024).
+    #[arg(long)]
+    mqtt_max_inflight: Option<u16>,
+    /// Longest MQTT keep-alive allowed, seconds (v5 Server Keep Alive); default: the
+    /// client's.
+    #[arg(long)]
+    mqtt_server_keep_alive: Option<u16>,
+    /// Messages a persistent MQTT session keeps while its client is away (default 100000).
+    #[arg(long)]
+    mqtt_max_offline_messages: Option<u64>,
+    /// Where the broker keeps its data (default ./warren-data).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
     /// Memory above which publishers are blocked until consumers catch up (RabbitMQ's
-    /// vm_memory_high_watermark): a fraction of this machine's RAM (`0.4`) or an absolute
-    /// size (`512MiB`, `2GB`). Compared with the larger of the queued message bodies and
-    /// the process's resident memory; publishers are unblocked at 90% of it.
-    #[arg(long, default_value = "0.4")]
-    memory_high_watermark: String,
+    /// vm_memory_high_watermark): a fraction of this machine's RAM (`0.4`, the default) or an
+    /// absolute size (`512MiB`, `2GB`). Compared with the larger of the queued message bodies
+    /// and the process's resident memory; publishers are unblocked at 90% of it.
+    #[arg(long)]
+    memory_high_watermark: Option<String>,
     /// Free space on the data directory's disk below which publishers are blocked
-    /// (RabbitMQ's disk_free_limit): bytes or a size such as `50MB`, `1GiB`; `0` turns the
-    /// check off. Unblocked once 10% above it. Not checked with `--in-memory`.
-    #[arg(long, default_value = "50MB")]
-    disk_free_limit: String,
+    /// (RabbitMQ's disk_free_limit): bytes or a size such as `50MB` (the default), `1GiB`;
+    /// `0` turns the check off. Unblocked once 10% above it. Not checked with `--in-memory`.
+    #[arg(long)]
+    disk_free_limit: Option<String>,
     /// Whether publisher confirms of persistent messages wait for fsync (`on`, the default:
     /// confirmed means on disk) or only for the write to the OS (`off`: survives a broker
     /// crash, not a power cut; lower latency, as RabbitMQ's classic queues).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    fsync: String,
+    #[arg(long, value_enum)]
+    fsync: Option<settings::Fsync>,
     /// Message bodies of at least this many bytes are stored once in the shared store;
-    /// smaller ones inline in each queue's segment files.
-    #[arg(long, default_value_t = 4096)]
-    embed_msgs_below: usize,
+    /// smaller ones inline in each queue's segment files (default 4096).
+    #[arg(long)]
+    embed_msgs_below: Option<usize>,
     /// Keep everything in memory: no message log, no stored definitions (nothing survives
     /// a restart, and a confirm does not mean on disk). The data dir holds only the admin
     /// socket.
-    #[arg(long)]
-    in_memory: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    in_memory: Option<bool>,
     /// Broker shards, each a task owning the queues its connections declare, with its own
     /// message log (ARCHITECTURE.md, "warren-runtime"): queue work spreads over up to this
     /// many cores. Fixed for a data directory once it holds queues. Experimental: on a
-    /// small machine one shard is faster (docs/benchmarks.md, "Shards").
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
-    shards: u32,
-    /// HTTP management API listen address (RabbitMQ's /api, basic auth), or `none`.
-    #[arg(long, default_value = "127.0.0.1:15672")]
-    management: String,
-    /// Prometheus metrics listen address (`/metrics`), or `none`.
-    #[arg(long, default_value = "127.0.0.1:15692")]
-    prometheus: String,
+    /// small machine one shard is faster (docs/benchmarks.md, "Shards"). Default 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    shards: Option<u32>,
+    /// HTTP management API listen address (RabbitMQ's /api, basic auth), or `none`. Default
+    /// 127.0.0.1:15672.
+    #[arg(long)]
+    management: Option<String>,
+    /// Prometheus metrics listen address (`/metrics`), or `none`. Default 127.0.0.1:15692.
+    #[arg(long)]
+    prometheus: Option<String>,
+    /// Log filter: a level, or per module (`info,warren_mqtt=debug`). Default info, or
+    /// RUST_LOG when set and no level is configured.
+    #[arg(long)]
+    log_level: Option<String>,
+    /// Log lines as text (default) or JSON objects.
+    #[arg(long, value_enum)]
+    log_format: Option<settings::LogFormat>,
+    /// Append logs to this file instead of standard output.
+    #[arg(long)]
+    log_file: Option<PathBuf>,
 }
 
-/// Total RAM in bytes, from /proc/meminfo.
-fn total_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = info
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
-/// A size as RabbitMQ's configuration writes them: bytes, or a number with a unit (`kB`,
-/// `MB`, `GB`: powers of 1000; `KiB`, `MiB`, `GiB`: powers of 1024).
-fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let number: u64 = number.parse().ok()?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "kB" | "KB" | "k" | "K" => 1_000,
-        "MB" | "M" => 1_000_000,
-        "GB" | "G" => 1_000_000_000,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => return None,
-    };
-    number.checked_mul(scale)
-}
-
-/// The memory alarm threshold in bytes: `text` is a fraction of RAM or an absolute size.
-fn watermark_bytes(text: &str) -> Result<u64, ConfigError> {
-    let fraction = match text.trim().parse::<f64>() {
-        Ok(f) if f > 0.0 && f <= 1.0 => f,
-        // A plain number above 1 is an absolute size in bytes, as RabbitMQ's
-        // `vm_memory_high_watermark.absolute`.
-        _ => {
-            return parse_size(text).filter(|&n| n > 0).ok_or_else(|| {
-                ConfigError(format!(
-                    "--memory-high-watermark {text:?} must be a fraction of RAM in (0, 1] \
-                     (e.g. 0.4) or a size (e.g. 512MiB)"
-                ))
-            });
+impl ServeArgs {
+    /// The settings: the file's, then these flags, then WARREN_* variables.
+    fn settings(self) -> Result<settings::Settings, settings::SettingsError> {
+        let (mut s, source) = match &self.config {
+            Some(path) => {
+                let (s, text) = settings::Settings::from_file(path)?;
+                (s, Some((path.clone(), text)))
+            }
+            None => (settings::Settings::default(), None),
+        };
+        macro_rules! flag {
+            ($($key:ident),*) => {$(
+                if let Some(v) = self.$key {
+                    s.$key = v;
+                }
+            )*};
         }
-    };
-    let total = total_memory().unwrap_or_else(|| {
-        tracing::warn!("cannot read /proc/meminfo; assuming 1 GiB of RAM for the memory alarm");
-        1 << 30
-    });
-    Ok((total as f64 * fraction) as u64)
+        macro_rules! list {
+            ($($key:ident),*) => {$(
+                if !self.$key.is_empty() {
+                    s.$key = self.$key;
+                }
+            )*};
+        }
+        macro_rules! optional {
+            ($($key:ident),*) => {$(
+                if self.$key.is_some() {
+                    s.$key = self.$key;
+                }
+            )*};
+        }
+        list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss);
+        flag!(
+            mqtt_ws_path,
+            tls_verify_peer,
+            tls_fail_if_no_peer_cert,
+            mqtt_use_identity_as_username,
+            mqtt_max_packet_size,
+            mqtt_max_inflight,
+            mqtt_max_offline_messages,
+            data_dir,
+            memory_high_watermark,
+            disk_free_limit,
+            fsync,
+            embed_msgs_below,
+            in_memory,
+            shards,
+            management,
+            prometheus,
+            log_format
+        );
+        optional!(
+            tls_cert,
+            tls_key,
+            tls_ca,
+            mqtt_server_keep_alive,
+            log_level,
+            log_file
+        );
+        s.apply_env(|k| std::env::var(k).ok())?;
+        s.validate(source.as_ref().map(|(p, t)| (p.as_path(), t.as_str())))?;
+        Ok(s)
+    }
 }
 
 /// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration (address, data dir).
 const EXIT_CONFIG: u8 = 2;
 
-fn parse_listen(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
-    if value == "none" {
-        return Ok(None);
-    }
-    value.parse().map(Some).with_context(|| {
-        format!("--{flag} {value:?} is not an address like 127.0.0.1:5672 (or `none`)")
-    })
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// The default logger of the subcommands other than `serve`.
+fn init_default_logs() {
     tracing_subscriber::fmt()
         .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
+}
+
+/// `serve`'s logger, as its settings say.
+fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
+    let filter = match &s.log_level {
+        Some(level) => EnvFilter::try_new(level).map_err(|e| ConfigError(e.to_string()))?,
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let file = match &s.log_file {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    ConfigError(format!(
+                        "cannot open log file {}: {e}; pass --log-file with a writable path",
+                        path.display()
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    let ansi = file.is_none() && std::io::stdout().is_terminal();
+    match (s.log_format, file) {
+        (settings::LogFormat::Text, None) => builder.with_ansi(ansi).init(),
+        (settings::LogFormat::Json, None) => builder.json().init(),
+        (settings::LogFormat::Text, Some(f)) => builder
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(f))
+            .init(),
+        (settings::LogFormat::Json, Some(f)) => {
+            builder.json().with_writer(std::sync::Mutex::new(f)).init()
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // `serve` sets its logger up from its settings.
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_default_logs();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -187,13 +304,27 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Serve(args) => match runtime.block_on(serve(args)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+        Command::Serve(args) => {
+            let settings = match args.settings() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            if let Err(e) = init_serve_logs(&settings) {
+                eprintln!("error: {e}");
+                return ExitCode::from(EXIT_CONFIG);
             }
-        },
+            match runtime.block_on(serve(settings)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+                }
+            }
+        }
         Command::Bench { command } => match runtime.block_on(bench::run(command)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -223,57 +354,308 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+impl From<settings::SettingsError> for ConfigError {
+    fn from(e: settings::SettingsError) -> ConfigError {
+        ConfigError(e.0)
+    }
+}
+
+/// What a listener serves, over what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Listener {
+    Amqp,
+    Amqps,
+    Mqtt,
+    Mqtts,
+    MqttWs,
+    MqttWss,
+}
+
+impl Listener {
+    const ALL: [Listener; 6] = [
+        Listener::Amqp,
+        Listener::Mqtt,
+        Listener::Amqps,
+        Listener::Mqtts,
+        Listener::MqttWs,
+        Listener::MqttWss,
+    ];
+
+    /// The flag (and, with `_`, the config key).
+    fn flag(self) -> &'static str {
+        match self {
+            Listener::Amqp => "amqp",
+            Listener::Amqps => "amqps",
+            Listener::Mqtt => "mqtt",
+            Listener::Mqtts => "mqtts",
+            Listener::MqttWs => "mqtt-ws",
+            Listener::MqttWss => "mqtt-wss",
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Listener::Amqp => 5672,
+            Listener::Amqps => 5671,
+            Listener::Mqtt => 1883,
+            Listener::Mqtts => 8883,
+            Listener::MqttWs => 8083,
+            Listener::MqttWss => 8084,
+        }
+    }
+
+    fn addresses(self, s: &settings::Settings) -> &Vec<String> {
+        match self {
+            Listener::Amqp => &s.amqp,
+            Listener::Amqps => &s.amqps,
+            Listener::Mqtt => &s.mqtt,
+            Listener::Mqtts => &s.mqtts,
+            Listener::MqttWs => &s.mqtt_ws,
+            Listener::MqttWss => &s.mqtt_wss,
+        }
+    }
+
+    /// RabbitMQ's name of the listener's protocol (the HTTP API's `listeners`).
+    fn protocol(self) -> &'static str {
+        match self {
+            Listener::Amqp => "amqp",
+            Listener::Amqps => "amqp/ssl",
+            Listener::Mqtt => "mqtt",
+            Listener::Mqtts => "mqtt/ssl",
+            Listener::MqttWs => "http/web-mqtt",
+            Listener::MqttWss => "https/web-mqtt",
+        }
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, Listener::Amqps | Listener::Mqtts | Listener::MqttWss)
+    }
+
+    fn is_amqp(self) -> bool {
+        matches!(self, Listener::Amqp | Listener::Amqps)
+    }
+
+    /// How the start-up log names it (the plain ones as before: scripts parse them).
+    fn describe(self, path: &str) -> String {
+        match self {
+            Listener::Amqp => "(AMQP 0.9.1)".into(),
+            Listener::Mqtt => "(MQTT 3.1, 3.1.1, 5.0)".into(),
+            Listener::Amqps => "for amqps: AMQP 0.9.1 over TLS".into(),
+            Listener::Mqtts => "for mqtts: MQTT over TLS".into(),
+            Listener::MqttWs => format!("for mqtt-ws: MQTT over WebSocket at {path}"),
+            Listener::MqttWss => format!("for mqtt-wss: MQTT over secure WebSocket at {path}"),
+        }
+    }
+}
+
+/// What every connection task of the listeners shares.
+#[derive(Clone)]
+struct Shared {
+    broker: warren_runtime::BrokerHandle,
+    amqp: Arc<warren_amqp::AmqpConfig>,
+    mqtt: Arc<warren_mqtt::MqttConfig>,
+    registry: Arc<warren_mqtt::Registry>,
+    tls: Option<Arc<tls::Reloadable>>,
+    ws_path: Arc<str>,
+    stopped: watch::Receiver<bool>,
+}
+
+/// Runs one listener's accept loop; each connection's task does its own TLS and WebSocket
+/// handshakes (bounded in time, off the broker's task).
+async fn run_listener(
+    kind: Listener,
+    listener: TcpListener,
+    shared: Shared,
+) -> std::io::Result<()> {
+    let stopped = shared.stopped.clone();
+    warren_runtime::listener::accept_loop(listener, stopped, move |socket, addr| {
+        let shared = shared.clone();
+        async move {
+            let peer_addr = addr.to_string();
+            let is_loopback = warren_runtime::listener::is_loopback(&addr);
+            let Shared {
+                broker,
+                amqp,
+                mqtt,
+                registry,
+                tls,
+                ws_path,
+                stopped,
+            } = shared;
+            let mqtt_peer = |identity| warren_mqtt::PeerInfo {
+                addr: peer_addr.clone(),
+                is_loopback,
+                identity,
+            };
+            let ws_max = mqtt.max_packet_size as usize + ws::SLACK;
+            match (kind, tls) {
+                (Listener::Amqp, _) => {
+                    let peer = warren_amqp::PeerInfo {
+                        addr: peer_addr.clone(),
+                        is_loopback,
+                        identity: None,
+                    };
+                    warren_amqp::serve_connection(socket, peer, broker, amqp, stopped).await
+                }
+                (Listener::Mqtt, _) => {
+                    warren_mqtt::serve_connection(
+                        socket,
+                        mqtt_peer(None),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+                (Listener::MqttWs, _) => {
+                    let Some(ws) = ws::accept(socket, &ws_path, ws_max, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    warren_mqtt::serve_connection(
+                        ws,
+                        mqtt_peer(None),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+                (_, None) => {
+                    tracing::error!("{} listener without TLS configuration", kind.flag())
+                }
+                (Listener::Amqps, Some(tls)) => {
+                    let Some((stream, identity)) =
+                        tls::accept(&tls, socket, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    let peer = warren_amqp::PeerInfo {
+                        addr: peer_addr.clone(),
+                        is_loopback,
+                        identity,
+                    };
+                    warren_amqp::serve_connection(stream, peer, broker, amqp, stopped).await
+                }
+                (Listener::Mqtts, Some(tls)) => {
+                    let Some((stream, identity)) =
+                        tls::accept(&tls, socket, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    warren_mqtt::serve_connection(
+                        stream,
+                        mqtt_peer(identity),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+                (Listener::MqttWss, Some(tls)) => {
+                    let Some((stream, identity)) =
+                        tls::accept(&tls, socket, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    let Some(ws) = ws::accept(stream, &ws_path, ws_max, addr, kind.flag()).await
+                    else {
+                        return;
+                    };
+                    warren_mqtt::serve_connection(
+                        ws,
+                        mqtt_peer(identity),
+                        broker,
+                        registry,
+                        mqtt,
+                        stopped,
+                    )
+                    .await
+                }
+            }
+        }
+    })
+    .await
+}
+
+async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     // Watch the signals before anything else, so that a SIGTERM arriving during start-up
     // stops the broker cleanly once it is up instead of killing the process.
-    let signals = Signals::watch()?;
-    let amqp = parse_listen("amqp", &args.amqp).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let mqtt = parse_listen("mqtt", &args.mqtt).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let management =
-        parse_listen("management", &args.management).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let prometheus =
-        parse_listen("prometheus", &args.prometheus).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let memory_high_watermark = watermark_bytes(&args.memory_high_watermark)?;
-    let disk_free_limit = parse_size(&args.disk_free_limit).ok_or_else(|| {
-        ConfigError(format!(
-            "--disk-free-limit {:?} must be a size, e.g. 50MB or 1GiB (0: no check)",
-            args.disk_free_limit
-        ))
-    })?;
-    let _lock = open_data_dir(&args.data_dir)?;
-    if amqp.is_none() && mqtt.is_none() {
-        return Err(ConfigError("nothing to serve: --amqp none and --mqtt none".into()).into());
+    let mut signals = Signals::watch()?;
+    let mut wanted = Vec::new();
+    for kind in Listener::ALL {
+        for addr in settings::parse_addrs(kind.flag(), kind.addresses(&s), kind.default_port())
+            .map_err(ConfigError::from)?
+        {
+            wanted.push((kind, addr));
+        }
     }
-    let amqp_listener = match amqp {
-        Some(addr) => Some(bind(addr, "amqp", "RabbitMQ").await?),
-        None => None,
+    if wanted.is_empty() {
+        return Err(ConfigError(
+            "nothing to serve: every listener is `none` (--amqp none --mqtt none)".into(),
+        )
+        .into());
+    }
+    let management = s.management_addr().map_err(ConfigError::from)?;
+    let prometheus = s.prometheus_addr().map_err(ConfigError::from)?;
+    let memory_high_watermark =
+        settings::watermark_bytes(&s.memory_high_watermark).map_err(ConfigError::from)?;
+    let disk_free_limit =
+        settings::disk_free_limit(&s.disk_free_limit).map_err(ConfigError::from)?;
+    let needs_tls = wanted.iter().any(|(kind, _)| kind.tls());
+    let tls = match (&s.tls_cert, &s.tls_key) {
+        (Some(cert), Some(key)) => {
+            let files = tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: s.tls_ca.clone(),
+                verify_peer: s.tls_verify_peer,
+                fail_if_no_peer_cert: s.tls_fail_if_no_peer_cert,
+            };
+            Some(Arc::new(
+                tls::Reloadable::new(files).map_err(|e| ConfigError(e.to_string()))?,
+            ))
+        }
+        _ if needs_tls => {
+            return Err(ConfigError(
+                "the TLS listeners (--amqps, --mqtts, --mqtt-wss) need --tls-cert PEM and \
+                 --tls-key PEM"
+                    .into(),
+            )
+            .into());
+        }
+        _ => None,
     };
-    let mqtt_listener = match mqtt {
-        Some(addr) => Some(bind(addr, "mqtt", "Mosquitto").await?),
-        None => None,
-    };
+    let _lock = open_data_dir(&s.data_dir)?;
+    let mut listeners = Vec::new();
+    for (kind, addr) in wanted {
+        listeners.push((kind, bind(addr, kind.flag()).await?));
+    }
     let management_listener = match management {
-        Some(addr) => Some(bind(addr, "management", "RabbitMQ's management plugin").await?),
+        Some(addr) => Some(bind(addr, "management").await?),
         None => None,
     };
     let prometheus_listener = match prometheus {
-        Some(addr) => Some(bind(addr, "prometheus", "RabbitMQ's prometheus plugin").await?),
+        Some(addr) => Some(bind(addr, "prometheus").await?),
         None => None,
     };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
     let config = warren_core::BrokerConfig {
         seed,
         memory_high_watermark,
-        disk_free_limit: if args.in_memory { 0 } else { disk_free_limit },
+        disk_free_limit: if s.in_memory { 0 } else { disk_free_limit },
         ..warren_core::BrokerConfig::default()
     };
-    let (broker, definitions_db) = if args.in_memory {
+    let (broker, definitions_db) = if s.in_memory {
         tracing::warn!(
-            shards = args.shards,
+            shards = s.shards,
             "--in-memory: nothing survives a restart, and a confirm does not mean on disk"
         );
         (
-            warren_runtime::BrokerHandle::start_sharded(config, args.shards),
+            warren_runtime::BrokerHandle::start_sharded(config, s.shards),
             None,
         )
     } else {
@@ -281,18 +663,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // connection.
         let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store_sharded(
             config,
-            &args.data_dir,
+            &s.data_dir,
             warren_store::DiskConfig {
-                embed_msgs_below: args.embed_msgs_below,
-                fsync: args.fsync == "on",
+                embed_msgs_below: s.embed_msgs_below,
+                fsync: s.fsync == settings::Fsync::On,
                 ..warren_store::DiskConfig::default()
             },
-            args.shards,
+            s.shards,
         )
         .map_err(|e| match e {
             warren_runtime::StartError::Open(e) => ConfigError(format!(
                 "{e}; is another warren using --data-dir {}? pass another --data-dir",
-                args.data_dir.display()
+                s.data_dir.display()
             )),
             other => ConfigError(other.to_string()),
         })?;
@@ -301,7 +683,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         "memory alarm at {} MiB (queued message bodies or the process's RSS), free disk limit {} MB",
         memory_high_watermark >> 20,
-        if args.in_memory {
+        if s.in_memory {
             0
         } else {
             disk_free_limit / 1_000_000
@@ -311,100 +693,100 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     broker.watch_resources(warren_runtime::ResourceWatch {
         interval: std::time::Duration::from_secs(1),
         memory: true,
-        disk: (!args.in_memory && disk_free_limit > 0).then(|| args.data_dir.clone()),
+        disk: (!s.in_memory && disk_free_limit > 0).then(|| s.data_dir.clone()),
         // Freed heap goes back to the OS once RSS nears the point where the alarm clears.
         trim_above: memory_high_watermark / 10 * 8,
     });
     let (stop, stopped) = watch::channel(false);
-    let admin = admin::bind(&args.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
-    let mut servers = Vec::new();
+    let admin = admin::bind(&s.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
+    let mqtt_config = warren_mqtt::MqttConfig {
+        max_packet_size: s.mqtt_max_packet_size,
+        max_inflight: s.mqtt_max_inflight,
+        server_keep_alive: s.mqtt_server_keep_alive,
+        max_offline_messages: s.mqtt_max_offline_messages,
+        use_identity_as_username: s.mqtt_use_identity_as_username,
+        ..warren_mqtt::MqttConfig::default()
+    };
     let mut mqtt_writer = None;
-    let mut gauges = Vec::new();
-    let (mut amqp_bound, mut mqtt_bound) = (None, None);
-    if let Some(listener) = amqp_listener {
-        let bound = listener.local_addr()?;
-        amqp_bound = Some(bound);
-        let config = Arc::new(warren_amqp::AmqpConfig::default());
-        servers.push((
-            "AMQP",
-            tokio::spawn(warren_amqp::serve(
-                listener,
-                broker.clone(),
-                config,
-                stopped.clone(),
-            )),
-        ));
-        tracing::info!(data_dir = %args.data_dir.display(), "listening on {bound} (AMQP 0.9.1)");
-    }
-    if let Some(listener) = mqtt_listener {
-        let bound = listener.local_addr()?;
-        mqtt_bound = Some(bound);
-        let config = Arc::new(warren_mqtt::MqttConfig::default());
+    let serves_mqtt = listeners.iter().any(|(kind, _)| !kind.is_amqp());
+    let registry = if serves_mqtt {
         // Bounded offline queues for persistent sessions, as a policy operators can see.
         match broker
             .admin(warren_runtime::AdminRequest::SetPolicy(
-                config.offline_policy(),
+                mqtt_config.offline_policy(),
             ))
             .await
         {
             Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
             other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
         }
-        let registry = Arc::new(match definitions_db {
+        match definitions_db {
             Some(db) => {
-                let (registry, writer) = mqtt_registry(db, &config.vhost)?;
+                let (registry, writer) = mqtt_registry(db, &mqtt_config.vhost)?;
                 mqtt_writer = Some(writer);
                 registry
             }
             None => warren_mqtt::Registry::new(),
+        }
+    } else {
+        warren_mqtt::Registry::new()
+    };
+    let shared = Shared {
+        broker: broker.clone(),
+        amqp: Arc::new(warren_amqp::AmqpConfig::default()),
+        mqtt: Arc::new(mqtt_config),
+        registry: Arc::new(registry),
+        tls: tls.clone(),
+        ws_path: s.mqtt_ws_path.as_str().into(),
+        stopped: stopped.clone(),
+    };
+    let mut gauges = Vec::new();
+    // Restored delayed wills and the expiry of offline sessions: once for all MQTT listeners.
+    let mqtt_sessions = serves_mqtt.then(|| {
+        mqtt_gauges(&shared.registry, &mut gauges);
+        warren_mqtt::start_session_tasks(&broker, &shared.registry, &shared.mqtt, &stopped)
+    });
+    let mut servers = Vec::new();
+    let mut node_listeners = Vec::new();
+    for (kind, listener) in listeners {
+        let bound = listener.local_addr()?;
+        node_listeners.push(warren_management::Listener {
+            protocol: kind.protocol(),
+            addr: bound,
         });
-        mqtt_gauges(&registry, &mut gauges);
         servers.push((
-            "MQTT",
-            tokio::spawn(warren_mqtt::serve_with(
-                listener,
-                broker.clone(),
-                registry,
-                config,
-                stopped.clone(),
-            )),
+            kind.flag(),
+            tokio::spawn(run_listener(kind, listener, shared.clone())),
         ));
-        tracing::info!("listening on {bound} (MQTT 3.1, 3.1.1, 5.0)");
-    }
-    let mut listeners = Vec::new();
-    for (protocol, listener) in [
-        ("amqp", amqp_bound),
-        ("mqtt", mqtt_bound),
-        (
-            "http",
-            management_listener
-                .as_ref()
-                .and_then(|l| l.local_addr().ok()),
-        ),
-        (
-            "http/prometheus",
-            prometheus_listener
-                .as_ref()
-                .and_then(|l| l.local_addr().ok()),
-        ),
-    ] {
-        if let Some(addr) = listener {
-            listeners.push(warren_management::Listener { protocol, addr });
+        if kind == Listener::Amqp {
+            tracing::info!(data_dir = %s.data_dir.display(), "listening on {bound} {}", kind.describe(&s.mqtt_ws_path));
+        } else {
+            tracing::info!("listening on {bound} {}", kind.describe(&s.mqtt_ws_path));
         }
     }
-    let data_dir = (!args.in_memory).then(|| args.data_dir.clone());
-    let node = warren_management::NodeInfo::local(listeners, data_dir);
+    drop(shared);
+    for (protocol, listener) in [
+        ("http", &management_listener),
+        ("http/prometheus", &prometheus_listener),
+    ] {
+        if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
+            node_listeners.push(warren_management::Listener { protocol, addr });
+        }
+    }
+    let data_dir = (!s.in_memory).then(|| s.data_dir.clone());
+    let node = warren_management::NodeInfo::local(node_listeners, data_dir);
     let management = warren_management::Management::new(broker.clone(), node, gauges);
     tokio::spawn(admin::serve(
         admin,
         broker.clone(),
         management.clone(),
+        tls.clone(),
         stopped.clone(),
     ));
     if let Some(listener) = management_listener {
         let bound = listener.local_addr()?;
         servers.push((
-            "HTTP API",
+            "management",
             tokio::spawn(warren_management::serve_api(
                 listener,
                 management.clone(),
@@ -416,7 +798,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listener) = prometheus_listener {
         let bound = listener.local_addr()?;
         servers.push((
-            "Prometheus",
+            "prometheus",
             tokio::spawn(warren_management::serve_metrics(
                 listener,
                 management,
@@ -425,13 +807,32 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ));
         tracing::info!("listening on {bound} (Prometheus metrics)");
     }
-    signals.wait().await;
+    loop {
+        match signals.wait().await {
+            Signal::Stop(name) => {
+                tracing::info!("{name} received");
+                break;
+            }
+            Signal::Reload => match &tls {
+                Some(tls) => match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate files reloaded"),
+                    Err(e) => {
+                        tracing::warn!("SIGHUP: TLS files not reloaded, keeping the old: {e}")
+                    }
+                },
+                None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
+            },
+        }
+    }
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
-    for (name, server) in servers {
+    for (flag, server) in servers {
         server
             .await
-            .with_context(|| format!("{name} listener task failed"))??;
+            .with_context(|| format!("{flag} listener task failed"))??;
+    }
+    if let Some(sessions) = mqtt_sessions {
+        sessions.abort();
     }
     if let Some(writer) = mqtt_writer {
         // The sessions the shutdown closed are stored before the process exits, so they
@@ -452,28 +853,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// MQTT gauges for Prometheus: connected clients, stored sessions, retained messages.
-fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_management::Gauge>) {
-    let r = registry.clone();
-    gauges.push(warren_management::Gauge {
-        name: "warren_mqtt_clients",
-        help: "MQTT clients connected (with a claimed client id)",
-        value: Box::new(move || r.clients() as u64),
-    });
-    let r = registry.clone();
-    gauges.push(warren_management::Gauge {
-        name: "warren_mqtt_stored_sessions",
-        help: "Persistent MQTT sessions kept for clients not connected",
-        value: Box::new(move || r.stored_sessions() as u64),
-    });
-    let r = registry.clone();
-    gauges.push(warren_management::Gauge {
-        name: "warren_mqtt_retained_messages",
-        help: "MQTT retained messages held",
-        value: Box::new(move || r.retained().len() as u64),
-    });
 }
 
 /// Prepares the data directory before anything reads or writes it: the process creates
@@ -518,6 +897,28 @@ fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::Di
         }
     }
     Ok(lock)
+}
+
+/// MQTT gauges for Prometheus: connected clients, stored sessions, retained messages.
+fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_management::Gauge>) {
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_clients",
+        help: "MQTT clients connected (with a claimed client id)",
+        value: Box::new(move || r.clients() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_stored_sessions",
+        help: "Persistent MQTT sessions kept for clients not connected",
+        value: Box::new(move || r.stored_sessions() as u64),
+    });
+    let r = registry.clone();
+    gauges.push(warren_management::Gauge {
+        name: "warren_mqtt_retained_messages",
+        help: "MQTT retained messages held",
+        value: Box::new(move || r.retained().len() as u64),
+    });
 }
 
 /// The MQTT session registry, with the retained messages and sessions stored under the data
@@ -569,21 +970,27 @@ fn mqtt_registry(
 }
 
 /// Binds a listener for `--{flag}`, with a hint when the address is taken.
-async fn bind(addr: SocketAddr, flag: &str, usual: &str) -> anyhow::Result<TcpListener> {
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-            format!("is another broker ({usual}?) running? pass --{flag} ADDR or --{flag} none")
+            format!("is another broker running? pass --{flag} ADDR or --{flag} none")
         } else {
             format!("pass --{flag} ADDR with an address this machine has")
         };
-        ConfigError(format!("cannot listen on {addr}: {e}; {hint}")).into()
+        ConfigError(format!("cannot listen on {addr} (--{flag}): {e}; {hint}")).into()
     })
 }
 
-/// SIGINT (Ctrl-C) and SIGTERM, registered up front.
+enum Signal {
+    Stop(&'static str),
+    Reload,
+}
+
+/// SIGINT (Ctrl-C), SIGTERM and SIGHUP, registered up front.
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -592,42 +999,15 @@ impl Signals {
         Ok(Signals {
             int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
             term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            hup: signal(SignalKind::hangup()).context("cannot watch SIGHUP")?,
         })
     }
 
-    async fn wait(mut self) {
-        let name = tokio::select! {
-            _ = self.int.recv() => "SIGINT",
-            _ = self.term.recv() => "SIGTERM",
-        };
-        tracing::info!("{name} received");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{parse_size, watermark_bytes};
-
-    #[test]
-    fn sizes_read_as_rabbitmq_writes_them() {
-        assert_eq!(parse_size("50MB"), Some(50_000_000));
-        assert_eq!(parse_size("1GiB"), Some(1 << 30));
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("0"), Some(0));
-        assert_eq!(parse_size("12 kB"), Some(12_000));
-        assert_eq!(parse_size("MB"), None);
-        assert_eq!(parse_size("5 parsecs"), None);
-        assert_eq!(parse_size("99999999999GB"), None, "overflow is refused");
-    }
-
-    #[test]
-    fn a_watermark_is_a_fraction_of_ram_or_an_absolute_size() {
-        assert_eq!(watermark_bytes("64MiB").ok(), Some(64 << 20));
-        assert_eq!(watermark_bytes("2000000").ok(), Some(2_000_000));
-        let fraction = watermark_bytes("0.5").ok().unwrap_or(0);
-        assert!(fraction > 0, "half of RAM is some bytes");
-        assert!(watermark_bytes("0").is_err());
-        assert!(watermark_bytes("-0.2").is_err());
-        assert!(watermark_bytes("lots").is_err());
+    async fn wait(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::Stop("SIGINT"),
+            _ = self.term.recv() => Signal::Stop("SIGTERM"),
+            _ = self.hup.recv() => Signal::Reload,
+        }
     }
 }

@@ -258,11 +258,33 @@ impl Users {
         password: &str,
         from_loopback: bool,
     ) -> Result<Login, LoginError> {
+        self.login(user, Some(password), from_loopback)
+    }
+
+    /// Logs in a user whose identity the host has already proven (a verified TLS client
+    /// certificate: AMQP EXTERNAL, MQTT `use_identity_as_username`): the user must exist and
+    /// the loopback rule holds, but no password is checked.
+    pub fn authenticate_certified(
+        &self,
+        user: &str,
+        from_loopback: bool,
+    ) -> Result<Login, LoginError> {
+        self.login(user, None, from_loopback)
+    }
+
+    fn login(
+        &self,
+        user: &str,
+        password: Option<&str>,
+        from_loopback: bool,
+    ) -> Result<Login, LoginError> {
         let u = self
             .users
             .get(user)
             .ok_or_else(|| LoginError::NoSuchUser(user.to_string()))?;
-        if !verify_password(&u.password_hash, password) {
+        if let Some(password) = password
+            && !verify_password(&u.password_hash, password)
+        {
             return Err(LoginError::WrongPassword(user.to_string()));
         }
         if !from_loopback && self.loopback_only.iter().any(|l| l == user) {
@@ -357,6 +379,16 @@ mod tests {
             Err(LoginError::LoopbackOnly("guest".into()))
         );
         assert!(users.authenticate("bob", "s3cret", false).is_ok());
+        // A certificate proves who bob is; an unknown name and guest from afar stay refused.
+        assert!(users.authenticate_certified("bob", false).is_ok());
+        assert!(matches!(
+            users.authenticate_certified("mallory", true),
+            Err(LoginError::NoSuchUser(_))
+        ));
+        assert!(matches!(
+            users.authenticate_certified("guest", false),
+            Err(LoginError::LoopbackOnly(_))
+        ));
         assert_eq!(
             users.authenticate("bob", "nope", true),
             Err(LoginError::WrongPassword("bob".into()))

@@ -28,6 +28,9 @@ use warren_runtime::{BrokerHandle, CommandSender};
 pub struct PeerInfo {
     pub addr: String,
     pub is_loopback: bool,
+    /// The subject CN of the client's TLS certificate, when it presented one the listener
+    /// verified: the user name of certificate logins.
+    pub identity: Option<String>,
 }
 
 /// A read buffer larger than this is released when it empties: idle connections hold no

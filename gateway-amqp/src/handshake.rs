@@ -77,11 +77,22 @@ fn server_properties() -> FieldTable {
 
 /// `connection.start` as the server sends it.
 pub fn start_method() -> AMQPClass {
+    start_offering("PLAIN AMQPLAIN")
+}
+
+/// `connection.start` to a client whose TLS certificate was verified: EXTERNAL (log in as
+/// the certificate's subject CN, rabbitmq_auth_mechanism_ssl) first, so that clients
+/// configured for it find it.
+pub fn start_method_certified() -> AMQPClass {
+    start_offering("EXTERNAL PLAIN AMQPLAIN")
+}
+
+fn start_offering(mechanisms: &str) -> AMQPClass {
     AMQPClass::Connection(connection::AMQPMethod::Start(connection::Start {
         version_major: 0,
         version_minor: 9,
         server_properties: server_properties(),
-        mechanisms: LongString::from("PLAIN AMQPLAIN"),
+        mechanisms: LongString::from(mechanisms),
         locales: LongString::from("en_US"),
     }))
 }
@@ -180,7 +191,11 @@ where
         ));
     }
     let _ = buf.split_to(8);
-    send(wr, start_method()).await?;
+    let start = match peer.identity {
+        Some(_) => start_method_certified(),
+        None => start_method(),
+    };
+    send(wr, start).await?;
     let limit = config.frame_max;
 
     let start_ok = match next_method(rd, buf, limit).await? {
@@ -197,7 +212,19 @@ where
         Err(e) => return Err(refuse(wr, e.code(), e.to_string(), (10, 11)).await),
     };
     let mechanism = start_ok.mechanism.as_str();
-    let Some(credentials) = auth::parse_response(mechanism, start_ok.response.as_bytes()) else {
+    // EXTERNAL: the user is the verified certificate's CN (the response, an authorization
+    // identity, is ignored as RabbitMQ does); `password` None means no password to check.
+    let external = match (mechanism, &peer.identity) {
+        ("EXTERNAL", Some(identity)) => Some(auth::Credentials {
+            user: identity.clone(),
+            password: String::new(),
+        }),
+        _ => None,
+    };
+    let certified = external.is_some();
+    let Some(credentials) =
+        external.or_else(|| auth::parse_response(mechanism, start_ok.response.as_bytes()))
+    else {
         return Err(refuse(
             wr,
             ErrorCode::AccessRefused,
@@ -210,15 +237,7 @@ where
         )
         .await);
     };
-    let login = broker
-        .authenticate(
-            &credentials.user,
-            &credentials.password,
-            peer.is_loopback,
-            None,
-        )
-        .await
-        .map_err(|_| std::io::Error::other("broker stopped"))?;
+    let login = check_login(broker, &credentials, certified, peer, None).await?;
     if let Err(e) = login {
         tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "login refused: {}", Escaped(&e.to_string()));
         return Err(refuse(
@@ -306,15 +325,7 @@ where
         Err(e) => return Err(refuse(wr, e.code(), e.to_string(), (10, 40)).await),
     };
     let vhost = open.virtual_host.to_string();
-    let access = broker
-        .authenticate(
-            &credentials.user,
-            &credentials.password,
-            peer.is_loopback,
-            Some(&vhost),
-        )
-        .await
-        .map_err(|_| std::io::Error::other("broker stopped"))?;
+    let access = check_login(broker, &credentials, certified, peer, Some(&vhost)).await?;
     if let Err(e) = access {
         tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "connection.open refused: {}", Escaped(&e.to_string()));
         return Err(refuse(
@@ -340,6 +351,31 @@ where
         blocked_notify,
         client_properties: crate::convert::table_from_amqp(&start_ok.client_properties),
     })
+}
+
+/// Checks the user (by password, or as certified by TLS) and, given a vhost, its access there.
+async fn check_login(
+    broker: &warren_runtime::BrokerHandle,
+    credentials: &auth::Credentials,
+    certified: bool,
+    peer: &PeerInfo,
+    vhost: Option<&str>,
+) -> Result<Result<warren_runtime::Login, warren_runtime::LoginError>, std::io::Error> {
+    let answer = if certified {
+        broker
+            .authenticate_certified(&credentials.user, peer.is_loopback, vhost)
+            .await
+    } else {
+        broker
+            .authenticate(
+                &credentials.user,
+                &credentials.password,
+                peer.is_loopback,
+                vhost,
+            )
+            .await
+    };
+    answer.map_err(|_| std::io::Error::other("broker stopped"))
 }
 
 /// `connection.blocked`, sent while the broker's memory alarm is on.

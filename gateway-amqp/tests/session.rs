@@ -31,6 +31,7 @@ impl Client {
             PeerInfo {
                 addr: "test".into(),
                 is_loopback: true,
+                identity: None,
             },
             broker,
             Arc::new(config),

@@ -24,6 +24,9 @@ pub struct MqttConfig {
     /// dropped beyond it (Mosquitto's `max_queued_messages`). Applied by the host as a policy
     /// on the session queues (`offline_policy`), so operators can see and override it.
     pub max_offline_messages: u64,
+    /// On a TLS listener that verified the client's certificate: its subject CN is the user
+    /// name and no password is checked (Mosquitto's `use_identity_as_username`).
+    pub use_identity_as_username: bool,
 }
 
 /// The name of the policy bounding offline session queues.
@@ -64,6 +67,7 @@ impl Default for MqttConfig {
             vhost: "/".to_string(),
             max_retained_per_subscribe: 10_000,
             max_offline_messages: 100_000,
+            use_identity_as_username: false,
         }
     }
 }

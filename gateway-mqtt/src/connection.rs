@@ -33,6 +33,9 @@ use warren_runtime::{BrokerHandle, CommandSender, EffectReceiver, LoginError};
 pub struct PeerInfo {
     pub addr: String,
     pub is_loopback: bool,
+    /// The subject CN of the client's TLS certificate, when it presented one the listener
+    /// verified: the user name of certificate logins.
+    pub identity: Option<String>,
 }
 
 /// Bytes read per call when no packet is in progress (from a stack chunk).
@@ -109,7 +112,9 @@ async fn write_packets<S: AsyncWrite + Unpin>(
     for p in packets {
         codec::encode(p, level, &mut w);
     }
-    s.write_all(&w).await
+    s.write_all(&w).await?;
+    // A no-op on TCP; TLS and WebSocket streams send what they buffered only on flush.
+    s.flush().await
 }
 
 /// Reads until CONNECT.
@@ -304,7 +309,7 @@ where
 {
     let max = config.max_packet_size as usize;
     let mut rbuf = BytesMut::new();
-    let connect = match timeout(
+    let mut connect = match timeout(
         config.connect_timeout,
         read_connect(&mut stream, &mut rbuf, max),
     )
@@ -315,7 +320,11 @@ where
             if let Some(level) = e.text.strip_prefix("unsupported protocol level ") {
                 // MQTT-3.1.2-2: CONNACK 0x01 (v3 framing: the client is no v5 client).
                 tracing::warn!(peer = %peer.addr, "MQTT CONNECT refused: protocol level {}", Escaped(level));
-                let _ = timeout(CLOSE_TIMEOUT, stream.write_all(&[0x20, 2, 0, 1])).await;
+                let _ = timeout(CLOSE_TIMEOUT, async {
+                    stream.write_all(&[0x20, 2, 0, 1]).await?;
+                    stream.flush().await
+                })
+                .await;
             } else {
                 tracing::warn!(peer = %peer.addr, "MQTT connection closed before CONNECT: {}", Escaped(&e.to_string()));
             }
@@ -331,6 +340,18 @@ where
         }
     };
     let (_, level) = connect.protocol.to_pair();
+    // A verified TLS client certificate names the user (Mosquitto's use_identity_as_username):
+    // the CONNECT's user name and password are replaced, so the session acts as that user.
+    let certified = match &peer.identity {
+        Some(identity) if config.use_identity_as_username => {
+            connect.username = Some(identity.as_str().into());
+            connect.password = None;
+            true
+        }
+        // No verified certificate (a plain listener, or TLS without client certificates):
+        // the CONNECT's own credentials.
+        _ => false,
+    };
     let info = match check_connect(&connect, peer.is_loopback, &config, || registry.assign_id()) {
         Ok(i) => i,
         Err(code) => {
@@ -343,13 +364,18 @@ where
             return None;
         }
     };
-    let login = match credentials(&connect) {
-        Ok((user, password)) => broker
+    let login = match (certified, credentials(&connect)) {
+        (true, Ok((user, _))) => broker
+            .authenticate_certified(user, peer.is_loopback, Some(&config.vhost))
+            .await
+            .map_err(|_| None)
+            .and_then(|r| r.map_err(Some)),
+        (false, Ok((user, password))) => broker
             .authenticate(user, password, peer.is_loopback, Some(&config.vhost))
             .await
             .map_err(|_| None)
             .and_then(|r| r.map_err(Some)),
-        Err(_) => Err(None),
+        (_, Err(_)) => Err(None),
     };
     let mut info = info;
     let e = match login {
@@ -404,7 +430,7 @@ where
     }
     let record = registry.take_session(&client_id);
     let session = Session::new(info, record, now_ms(), config);
-    tracing::debug!(peer = %peer.addr, client_id = %Escaped(&client_id), level, "accepted MQTT connection");
+    tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), level, "accepted MQTT connection");
     Some(Live {
         stream,
         rbuf,
@@ -439,10 +465,10 @@ where
     let level = session.level();
     match &end {
         End::Disconnected => {
-            tracing::debug!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client disconnected")
+            tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client disconnected")
         }
         End::Eof => {
-            tracing::debug!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client went away without DISCONNECT")
+            tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client went away without DISCONNECT")
         }
         End::Io(e) => {
             tracing::warn!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT connection I/O error: {}", Escaped(&e.to_string()))

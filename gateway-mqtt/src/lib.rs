@@ -17,4 +17,4 @@ pub mod session;
 pub use config::MqttConfig;
 pub use connection::{PeerInfo, serve_connection};
 pub use registry::Registry;
-pub use server::{serve, serve_with};
+pub use server::{serve, serve_with, start_session_tasks};

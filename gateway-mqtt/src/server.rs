@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
-use tokio::task::JoinSet;
+use tokio::task::JoinHandle;
 use warren_core::command::Op;
 use warren_core::escape::Escaped;
 use warren_core::mqtt::StoredWill;
+use warren_runtime::listener::{accept_loop, is_loopback};
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 
 /// How long the expiry task sleeps when no session can expire (it is woken earlier when
@@ -21,9 +22,6 @@ use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 const IDLE_EXPIRY_CHECK: Duration = Duration::from_secs(3600);
 /// Sessions ended in one go before the task looks at shutdown again.
 const EXPIRE_BATCH: usize = 1000;
-
-/// How long shutdown waits for connections to say goodbye.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Accepts MQTT connections until `shutdown` turns true, then closes them (v5: DISCONNECT
 /// 0x8B server shutting down) and waits for them, bounded.
@@ -49,59 +47,48 @@ pub async fn serve_with(
     broker: BrokerHandle,
     registry: Arc<Registry>,
     config: Arc<MqttConfig>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let mut tasks = JoinSet::new();
+    let sessions = start_session_tasks(&broker, &registry, &config, &shutdown);
+    let stop = shutdown.clone();
+    let served = accept_loop(listener, shutdown, move |socket, addr| {
+        let peer = PeerInfo {
+            addr: addr.to_string(),
+            is_loopback: is_loopback(&addr),
+            identity: None,
+        };
+        serve_connection(
+            socket,
+            peer,
+            broker.clone(),
+            registry.clone(),
+            config.clone(),
+            stop.clone(),
+        )
+    })
+    .await;
+    sessions.abort();
+    served
+}
+
+/// The work of a registry that no connection does: delayed wills restored from storage,
+/// and the expiry of offline sessions. Started once per registry, however many listeners
+/// serve it; ends at shutdown (or when the handle is aborted).
+pub fn start_session_tasks(
+    broker: &BrokerHandle,
+    registry: &Arc<Registry>,
+    config: &Arc<MqttConfig>,
+    shutdown: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
     for (client_id, will) in registry.take_restored_wills() {
-        schedule_restored_will(client_id, will, &broker, &registry, &config);
+        schedule_restored_will(client_id, will, broker, registry, config);
     }
-    let expiry = tokio::spawn(expire_sessions(
+    tokio::spawn(expire_sessions(
         broker.clone(),
         registry.clone(),
         config.clone(),
         shutdown.clone(),
-    ));
-    loop {
-        while tasks.try_join_next().is_some() {}
-        tokio::select! {
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
-                }
-            }
-            accepted = listener.accept() => {
-                let (socket, addr) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = socket.set_nodelay(true);
-                let peer = PeerInfo {
-                    addr: addr.to_string(),
-                    is_loopback: addr.ip().to_canonical().is_loopback(),
-                };
-                tasks.spawn(serve_connection(
-                    socket,
-                    peer,
-                    broker.clone(),
-                    registry.clone(),
-                    config.clone(),
-                    shutdown.clone(),
-                ));
-            }
-        }
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    tasks.abort_all();
-    expiry.abort();
-    Ok(())
+    ))
 }
 
 /// Schedules a delayed will read back from storage for the time it was due (at once when

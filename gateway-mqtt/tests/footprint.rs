@@ -13,6 +13,7 @@ async fn connection_future_and_session_stay_small() {
         warren_mqtt::PeerInfo {
             addr: "test".into(),
             is_loopback: true,
+            identity: None,
         },
         broker,
         Arc::new(warren_mqtt::Registry::new()),

@@ -12,6 +12,7 @@
 //!   disconnect (the last sender dropped) after all of them.
 //! - A connection's ops are ignored once it has disconnected, so a late op cannot resurrect it.
 
+pub mod listener;
 mod mailbox;
 mod resources;
 mod task;
@@ -167,7 +168,8 @@ pub(crate) enum Control {
     /// A client logs in (AMQP start-ok, MQTT CONNECT).
     Authenticate {
         user: String,
-        password: String,
+        /// `None`: the host proved the user's identity (a verified TLS client certificate).
+        password: Option<String>,
         from_loopback: bool,
         vhost: Option<String>,
         reply: tokio::sync::oneshot::Sender<Result<Login, LoginError>>,
@@ -704,13 +706,34 @@ impl BrokerHandle {
         from_loopback: bool,
         vhost: Option<&str>,
     ) -> Result<Result<Login, LoginError>, BrokerGone> {
+        self.login(user, Some(password), from_loopback, vhost).await
+    }
+
+    /// As [`BrokerHandle::authenticate`] for a user whose TLS client certificate the listener
+    /// verified (AMQP EXTERNAL, MQTT `use_identity_as_username`): no password checked.
+    pub async fn authenticate_certified(
+        &self,
+        user: &str,
+        from_loopback: bool,
+        vhost: Option<&str>,
+    ) -> Result<Result<Login, LoginError>, BrokerGone> {
+        self.login(user, None, from_loopback, vhost).await
+    }
+
+    async fn login(
+        &self,
+        user: &str,
+        password: Option<&str>,
+        from_loopback: bool,
+        vhost: Option<&str>,
+    ) -> Result<Result<Login, LoginError>, BrokerGone> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.shared
             .first()
             .control
             .send(Control::Authenticate {
                 user: user.to_string(),
-                password: password.to_string(),
+                password: password.map(str::to_string),
                 from_loopback,
                 vhost: vhost.map(str::to_string),
                 reply,

@@ -354,8 +354,13 @@ fn apply_control(
             vhost,
             reply,
         } => {
-            let _ =
-                reply.send(broker.authenticate(&user, &password, from_loopback, vhost.as_deref()));
+            let login = match password {
+                Some(password) => {
+                    broker.authenticate(&user, &password, from_loopback, vhost.as_deref())
+                }
+                None => broker.authenticate_certified(&user, from_loopback, vhost.as_deref()),
+            };
+            let _ = reply.send(login);
         }
         Control::Resources(resources) => broker.report_resources(now, resources),
         Control::Synced { epoch, result } => {

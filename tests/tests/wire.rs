@@ -406,6 +406,7 @@ async fn socketless_in_process_connection_speaks_the_same_protocol() {
         warren_amqp::PeerInfo {
             addr: "in-process".into(),
             is_loopback: true,
+            identity: None,
         },
         broker,
         Arc::new(Default::default()),

@@ -710,6 +710,7 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
                 warren_mqtt::PeerInfo {
                     addr,
                     is_loopback: true,
+                    identity: None,
                 },
                 broker.clone(),
                 registry.clone(),
@@ -721,6 +722,7 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
                 warren_amqp::PeerInfo {
                     addr,
                     is_loopback: true,
+                    identity: None,
                 },
                 broker.clone(),
                 amqp_config.clone(),

@@ -21,10 +21,30 @@ impl Broker {
         from_loopback: bool,
         vhost: Option<&str>,
     ) -> Result<Login, LoginError> {
-        let mut login = self
+        let login = self
             .topo
             .users
             .authenticate(user, password, from_loopback)?;
+        self.login_vhost(login, vhost)
+    }
+
+    /// As [`Broker::authenticate`] for a user the host has proven by other means (a verified
+    /// TLS client certificate): no password checked.
+    pub fn authenticate_certified(
+        &self,
+        user: &str,
+        from_loopback: bool,
+        vhost: Option<&str>,
+    ) -> Result<Login, LoginError> {
+        let login = self
+            .topo
+            .users
+            .authenticate_certified(user, from_loopback)?;
+        self.login_vhost(login, vhost)
+    }
+
+    fn login_vhost(&self, mut login: Login, vhost: Option<&str>) -> Result<Login, LoginError> {
+        let user = login.user.as_str();
         if let Some(vhost) = vhost {
             if self.vhost_id(vhost).is_none() {
                 return Err(LoginError::NoSuchVhost(vhost.to_string()));

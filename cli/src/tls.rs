@@ -1,0 +1,284 @@
+//! TLS for the `--amqps`, `--mqtts` and `--mqtt-wss` listeners (rustls, ring provider): the
+//! server configuration from PEM files, optional client certificates (RabbitMQ's
+//! `verify_peer` / `fail_if_no_peer_cert`), reloading on SIGHUP, and the handshake each
+//! connection task runs (bounded in time, one log line when it fails).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::{self, ServerConfig, pki_types};
+
+/// How long a client has to complete the TLS handshake (as plain connections have for theirs).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the operator gave: PEM files and the client-certificate policy.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: Option<PathBuf>,
+    /// Ask clients for a certificate and verify it against `ca`.
+    pub verify_peer: bool,
+    /// With `verify_peer`: refuse clients that present none.
+    pub fail_if_no_peer_cert: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read TLS certificate chain {path}: {reason}")]
+    Cert { path: PathBuf, reason: String },
+    #[error("cannot read TLS private key {path}: {reason}")]
+    Key { path: PathBuf, reason: String },
+    #[error("cannot read TLS CA bundle {path}: {reason}")]
+    Ca { path: PathBuf, reason: String },
+    #[error(
+        "--tls-verify-peer needs --tls-ca: the CA bundle client certificates are checked against"
+    )]
+    NoCa,
+    #[error("invalid TLS configuration: {0}")]
+    Config(String),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Reads the files and builds a server configuration (TLS 1.2 and 1.3).
+pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    use pki_types::pem::PemObject;
+    let chain: Vec<pki_types::CertificateDer<'static>> =
+        pki_types::CertificateDer::pem_file_iter(&files.cert)
+            .and_then(|certs| certs.collect::<Result<_, _>>())
+            .map_err(|e| TlsError::Cert {
+                path: files.cert.clone(),
+                reason: e.to_string(),
+            })?;
+    if chain.is_empty() {
+        return Err(TlsError::Cert {
+            path: files.cert.clone(),
+            reason: "no CERTIFICATE block in it".into(),
+        });
+    }
+    let key = pki_types::PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::Key {
+        path: files.key.clone(),
+        reason: e.to_string(),
+    })?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = if files.verify_peer {
+        let ca = files.ca.as_ref().ok_or(TlsError::NoCa)?;
+        let ca_error = |reason: String| TlsError::Ca {
+            path: ca.clone(),
+            reason,
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in
+            pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| ca_error(e.to_string()))?
+        {
+            let cert = cert.map_err(|e| ca_error(e.to_string()))?;
+            roots.add(cert).map_err(|e| ca_error(e.to_string()))?;
+        }
+        if roots.is_empty() {
+            return Err(ca_error("no CERTIFICATE block in it".into()));
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider(),
+        );
+        let verifier = if files.fail_if_no_peer_cert {
+            verifier
+        } else {
+            verifier.allow_unauthenticated()
+        };
+        let verifier = verifier
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Config(format!("certificate and key do not go together: {e}")))?;
+    Ok(Arc::new(config))
+}
+
+/// A server configuration that SIGHUP (or `warren ctl reload-tls`) replaces: connections
+/// accepted afterwards use the new certificate, open ones keep theirs.
+pub struct Reloadable {
+    files: TlsFiles,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl Reloadable {
+    pub fn new(files: TlsFiles) -> Result<Reloadable, TlsError> {
+        let current = RwLock::new(load(&files)?);
+        Ok(Reloadable { files, current })
+    }
+
+    /// Reads the files again; on failure the previous configuration stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let config = load(&self.files)?;
+        // A poisoned lock only means a panic elsewhere while replacing an Arc: the value is
+        // still a whole configuration.
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        Ok(())
+    }
+
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+}
+
+/// Runs the server side of the handshake on `socket` (in the connection's own task), at most
+/// [`HANDSHAKE_TIMEOUT`]. `None` after one warning naming the peer and the reason.
+pub async fn accept(
+    tls: &Reloadable,
+    socket: TcpStream,
+    peer: SocketAddr,
+    listener: &str,
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<String>)> {
+    let acceptor = tls.acceptor();
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+        Ok(Ok(stream)) => {
+            let identity = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|cert| subject_cn(cert.as_ref()));
+            Some((stream, identity))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, listener, "TLS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                %peer,
+                listener,
+                "TLS handshake not completed within {HANDSHAKE_TIMEOUT:?}; closing"
+            );
+            None
+        }
+    }
+}
+
+/// One DER element: its tag, its contents and what follows it.
+fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+        (len, &rest[n..])
+    };
+    if rest.len() < len {
+        return None;
+    }
+    Some((tag, &rest[..len], &rest[len..]))
+}
+
+const SEQUENCE: u8 = 0x30;
+const SET: u8 = 0x31;
+const OID: u8 = 0x06;
+/// 2.5.4.3, id-at-commonName.
+const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+
+/// The subject's common name of an X.509 certificate (DER), as RabbitMQ's
+/// `ssl_cert_login_from = common_name` and Mosquitto's `use_identity_as_username` take it.
+/// `None` when there is none or the certificate is malformed (it was verified by then, so
+/// only an exotic encoding gets here).
+pub fn subject_cn(cert: &[u8]) -> Option<String> {
+    let (SEQUENCE, cert, _) = der(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = der(cert)? else {
+        return None;
+    };
+    let mut rest = tbs;
+    // [0] version (optional), serial, signature algorithm, issuer, validity, then subject.
+    let (tag, _, after) = der(rest)?;
+    if tag == 0xa0 {
+        rest = after;
+    }
+    for _ in 0..4 {
+        rest = der(rest)?.2;
+    }
+    let (SEQUENCE, mut names, _) = der(rest)? else {
+        return None;
+    };
+    while !names.is_empty() {
+        let (SET, mut set, next) = der(names)? else {
+            return None;
+        };
+        names = next;
+        while !set.is_empty() {
+            let (SEQUENCE, attribute, next) = der(set)? else {
+                return None;
+            };
+            set = next;
+            let (OID, oid, value) = der(attribute)? else {
+                return None;
+            };
+            if oid == COMMON_NAME {
+                let (_, value, _) = der(value)?;
+                return std::str::from_utf8(value).ok().map(str::to_string);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_cn_of_generated_certificates() {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "Warren");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "device-42");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(subject_cn(cert.der()).as_deref(), Some("device-42"));
+
+        let params = rcgen::CertificateParams::new(vec!["localhost".into()]).expect("params");
+        let mut params = params;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(subject_cn(cert.der()), None);
+    }
+
+    #[test]
+    fn subject_cn_of_garbage_is_none() {
+        for input in [
+            &b""[..],
+            b"\x30",
+            b"\x30\x84\xff\xff\xff\xff",
+            b"\x30\x03\x30\x01",
+        ] {
+            assert_eq!(subject_cn(input), None);
+        }
+    }
+}
