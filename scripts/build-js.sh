@@ -14,14 +14,19 @@ if [ "$have" != "$want" ]; then
 fi
 cargo build -p warren-wasm --target wasm32-unknown-unknown --profile wasm-release
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+module="$target_dir/wasm32-unknown-unknown/wasm-release/warren_wasm.wasm"
+if command -v wasm-opt >/dev/null; then
+  # Before wasm-bindgen, not after: Debian's binaryen 108 breaks the table of the glue's
+  # output (Node: "WebAssembly.Table.set(): Argument 1 is invalid for table").
+  mkdir -p "$target_dir/wasm-opt"
+  wasm-opt -Os --enable-reference-types --enable-bulk-memory --enable-nontrapping-float-to-int \
+    --enable-sign-ext --enable-mutable-globals -o "$target_dir/wasm-opt/warren_wasm.wasm" "$module"
+  module="$target_dir/wasm-opt/warren_wasm.wasm"
+fi
 rm -rf wasm/js/dist
 wasm-bindgen --target web --remove-name-section --remove-producers-section --out-dir wasm/js/dist \
-  "$target_dir/wasm32-unknown-unknown/wasm-release/warren_wasm.wasm"
+  "$module"
 wasm=wasm/js/dist/warren_wasm_bg.wasm
-if command -v wasm-opt >/dev/null; then
-  wasm-opt -Os --enable-bulk-memory --enable-nontrapping-float-to-int --enable-sign-ext \
-    --enable-mutable-globals -o "$wasm.opt" "$wasm" && mv "$wasm.opt" "$wasm"
-fi
 raw=$(wc -c < "$wasm")
 gz=$(gzip -9c "$wasm" | wc -c)
 echo "warren_wasm_bg.wasm: $raw bytes raw, $gz bytes gzipped"

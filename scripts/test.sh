@@ -113,7 +113,7 @@ setup_prometheus() {
 
 setup_binaryen() {
   # wasm-opt (Debian's binaryen): scripts/build-js.sh runs it on the JS package's .wasm
-  # (412,947 -> 375,648 bytes on 2026-11-24), as wasm-pack does; the 400 KB gate counts the
+  # (412,947 -> 379,022 bytes on 2026-11-24), as wasm-pack does; the 400 KB gate counts the
   # optimised module, the one the package ships.
   command -v wasm-opt >/dev/null && { wasm-opt --version; return 0; }
   local sudo=""
