@@ -108,9 +108,10 @@ fn a_reader_follows_new_chunks_and_segment_rolls() {
     let dir = temp_dir("follow");
     let mut log = StreamLog::open(
         &dir,
+        // With fsync (the default): syncs, rolls and new directory entries fsynced.
         StreamConfig {
             max_segment_size_bytes: 600,
-            ..config()
+            ..StreamConfig::default()
         },
     )
     .unwrap();
@@ -153,7 +154,9 @@ fn a_torn_or_corrupt_last_chunk_is_cut_at_every_byte_and_appends_continue() {
     let bytes = fs::read(&data).unwrap();
     let chunk = 48 + (4 + 9) + (4 + 30) + (1 + 2 + 1 + 8);
     let last_start = bytes.len() - chunk;
-    let want: Vec<_> = (0..10).map(|o| (o, msg(o, if o % 2 == 0 { 9 } else { 30 }))).collect();
+    let want: Vec<_> = (0..10)
+        .map(|o| (o, msg(o, if o % 2 == 0 { 9 } else { 30 })))
+        .collect();
     for (i, cut) in (last_start..bytes.len()).enumerate() {
         for corrupt in [false, true] {
             let dir = temp_dir("torn");
@@ -215,9 +218,18 @@ fn an_index_behind_ahead_or_garbled_is_rebuilt_and_seeks_still_work() {
     let check = |dir: &Path| {
         let mut log = StreamLog::open(dir, config()).unwrap();
         assert_eq!(log.bounds().next, 50);
-        assert_eq!(read_all(&mut log, OffsetSpec::Offset(37), opts(4096))[0].0, 37);
-        assert_eq!(read_all(&mut log, OffsetSpec::Timestamp(1205), opts(4096))[0].0, 21);
-        assert_eq!(fs::read(segment_files(dir, "si").pop().unwrap()).unwrap(), full);
+        assert_eq!(
+            read_all(&mut log, OffsetSpec::Offset(37), opts(4096))[0].0,
+            37
+        );
+        assert_eq!(
+            read_all(&mut log, OffsetSpec::Timestamp(1205), opts(4096))[0].0,
+            21
+        );
+        assert_eq!(
+            fs::read(segment_files(dir, "si").pop().unwrap()).unwrap(),
+            full
+        );
     };
     // Behind (cut mid-entry), ahead (an entry past the data), garbled (a byte flipped).
     fs::write(&idx, &full[..full.len() - 32 * 7 - 5]).unwrap();
@@ -246,7 +258,10 @@ fn read_ahead_serves_many_small_chunks_per_syscall() {
         let mut r = log.reader(OffsetSpec::First, opts(read_ahead)).unwrap();
         let mut chunks = 0;
         while let Some(c) = r.next_chunk().unwrap() {
-            assert_eq!(chunk_messages(&c), vec![(c.first_offset, msg(c.first_offset, 12))]);
+            assert_eq!(
+                chunk_messages(&c),
+                vec![(c.first_offset, msg(c.first_offset, 12))]
+            );
             chunks += 1;
         }
         assert_eq!(chunks, n);
@@ -289,7 +304,10 @@ fn large_chunks_come_as_file_ranges_small_ones_in_memory() {
     let file = fs::read(segment_files(&dir, "sd").pop().unwrap()).unwrap();
     let on_disk = &file[*offset as usize..*offset as usize + *len as usize];
     assert_eq!(crc32fast::hash(on_disk), b.data_crc);
-    assert_eq!(chunk_messages(&b), vec![(1, msg(1, 10_000)), (2, msg(2, 10))]);
+    assert_eq!(
+        chunk_messages(&b),
+        vec![(1, msg(1, 10_000)), (2, msg(2, 10))]
+    );
     let c = r.next_chunk().unwrap().unwrap();
     assert_eq!(c.first_offset, 3);
     assert!(r.next_chunk().unwrap().is_none());
@@ -315,11 +333,12 @@ fn offset_specs_first_last_next_offset_timestamp_and_clamping() {
     }
     log.sync().unwrap();
     let b = log.bounds();
-    assert!(b.first > 0 && b.first % 3 == 0, "retention kept {b:?}");
+    assert!(
+        b.first > 0 && b.first.is_multiple_of(3),
+        "retention kept {b:?}"
+    );
     assert_eq!(b.next, 90);
-    let first_of = |log: &mut StreamLog, spec| {
-        read_all(log, spec, opts(4096)).first().map(|m| m.0)
-    };
+    let first_of = |log: &mut StreamLog, spec| read_all(log, spec, opts(4096)).first().map(|m| m.0);
     assert_eq!(first_of(&mut log, OffsetSpec::First), Some(b.first));
     assert_eq!(first_of(&mut log, OffsetSpec::Offset(0)), Some(b.first));
     assert_eq!(first_of(&mut log, OffsetSpec::Last), Some(87));
@@ -328,7 +347,9 @@ fn offset_specs_first_last_next_offset_timestamp_and_clamping() {
     // Whole chunks: offset 85 starts the chunk of 84..87.
     assert_eq!(first_of(&mut log, OffsetSpec::Offset(85)), Some(84));
     assert_eq!(
-        log.reader(OffsetSpec::Offset(85), opts(0)).unwrap().start_offset(),
+        log.reader(OffsetSpec::Offset(85), opts(0))
+            .unwrap()
+            .start_offset(),
         85
     );
     assert_eq!(first_of(&mut log, OffsetSpec::Timestamp(1255)), Some(78));
@@ -376,7 +397,10 @@ fn retention_deletes_whole_oldest_segments_never_the_active_one_and_offsets_are_
     let mut log = StreamLog::open(&dir, cfg).unwrap();
     assert_eq!(log.append(&[msg(100, 1)], 0, &[]).unwrap(), 100..101);
     log.sync().unwrap();
-    assert_eq!(read_all(&mut log, OffsetSpec::Last, opts(0)), vec![(100, msg(100, 1))]);
+    assert_eq!(
+        read_all(&mut log, OffsetSpec::Last, opts(0)),
+        vec![(100, msg(100, 1))]
+    );
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -393,7 +417,8 @@ fn publisher_sequences_and_consumer_offsets_survive_reopen_rolls_and_retention()
         .unwrap();
     log.store_offsets(&[("app", 0)], 1).unwrap();
     for o in 1..60u64 {
-        log.append(&[msg(o, 30)], 1 + o, &[("pub-b", o + 1)]).unwrap();
+        log.append(&[msg(o, 30)], 1 + o, &[("pub-b", o + 1)])
+            .unwrap();
     }
     log.store_offsets(&[("app", 42), ("other", 3)], 70).unwrap();
     log.sync().unwrap();
@@ -407,7 +432,10 @@ fn publisher_sequences_and_consumer_offsets_survive_reopen_rolls_and_retention()
     assert_eq!(log.consumer_offset("other"), Some(3));
     // Tracking chunks take no offsets.
     assert_eq!(log.bounds().next, 60);
-    assert_eq!(read_all(&mut log, OffsetSpec::Last, opts(4096)), vec![(59, msg(59, 30))]);
+    assert_eq!(
+        read_all(&mut log, OffsetSpec::Last, opts(4096)),
+        vec![(59, msg(59, 30))]
+    );
     log.store_offsets(&[("app", 59)], 99).unwrap();
     log.sync().unwrap();
     drop(log);
@@ -461,13 +489,19 @@ fn a_full_buffer_refuses_appends_until_flushed_and_bad_batches_are_refused() {
     assert_eq!(log.append(&[msg(1, 5000)], 0, &[]).unwrap(), 1..2);
     assert_eq!(log.sync().unwrap(), Some(1));
     let empty: [&[u8]; 0] = [];
-    assert!(matches!(log.append(&empty, 0, &[]), Err(StreamError::Invalid(_))));
+    assert!(matches!(
+        log.append(&empty, 0, &[]),
+        Err(StreamError::Invalid(_))
+    ));
     assert!(matches!(
         log.append(&[b"x"], 0, &[("", 1)]),
         Err(StreamError::Invalid(_))
     ));
     let too_many = vec![&b""[..]; 65_536];
-    assert!(matches!(log.append(&too_many, 0, &[]), Err(StreamError::Invalid(_))));
+    assert!(matches!(
+        log.append(&too_many, 0, &[]),
+        Err(StreamError::Invalid(_))
+    ));
     assert_eq!(log.bounds().next, 2);
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -97,7 +97,9 @@ pub enum StreamError {
     Backpressure { buffered: usize, limit: usize },
     #[error("invalid append: {0}")]
     Invalid(String),
-    #[error("an earlier write to this stream failed ({0}); reopen it (recovery cuts the torn tail)")]
+    #[error(
+        "an earlier write to this stream failed ({0}); reopen it (recovery cuts the torn tail)"
+    )]
     Failed(String),
 }
 
@@ -255,13 +257,7 @@ impl Tracking {
         self.entries.insert(key, (value, self.stamp));
     }
 
-    fn apply(
-        &mut self,
-        body: &[u8],
-        path: &Path,
-        pos: u64,
-        max: usize,
-    ) -> Result<(), StreamError> {
+    fn apply(&mut self, body: &[u8], path: &Path, pos: u64, max: usize) -> Result<(), StreamError> {
         for e in format::tracking_entries(body) {
             let (kind, name, value) = e.map_err(|e| StreamError::Corrupt {
                 path: path.to_path_buf(),
@@ -753,7 +749,12 @@ impl StreamLog {
             OffsetSpec::First => (first, FILE_HEADER as u64, first, first),
             OffsetSpec::Next | OffsetSpec::Last => {
                 let seg = self.last_segment()?;
-                (seg.first_offset, seg.size, self.next_offset, self.next_offset)
+                (
+                    seg.first_offset,
+                    seg.size,
+                    self.next_offset,
+                    self.next_offset,
+                )
             }
             OffsetSpec::Offset(o) => {
                 let i = self
@@ -782,7 +783,12 @@ impl StreamLog {
                 {
                     None => {
                         let seg = self.last_segment()?;
-                        (seg.first_offset, seg.size, self.next_offset, self.next_offset)
+                        (
+                            seg.first_offset,
+                            seg.size,
+                            self.next_offset,
+                            self.next_offset,
+                        )
                     }
                     Some(i) => {
                         let seg = &self.segments[i];
@@ -818,7 +824,10 @@ impl StreamLog {
         i: usize,
         pred: impl Fn(&IndexEntry) -> bool,
     ) -> Result<Option<u64>, StreamError> {
-        let n = (self.segments[i].index_len.saturating_sub(FILE_HEADER as u64)) / INDEX_ENTRY as u64;
+        let n = (self.segments[i]
+            .index_len
+            .saturating_sub(FILE_HEADER as u64))
+            / INDEX_ENTRY as u64;
         if n == 0 {
             return Ok(None);
         }
@@ -1026,7 +1035,7 @@ fn check_segment(dir: &Path, first: u64) -> Result<Option<Segment>, StreamError>
     if index.read_exact_at(&mut h, 0).is_err()
         || format::decode_file_header(INDEX_MAGIC, &h) != Some(first)
         || index_len < (FILE_HEADER + INDEX_ENTRY) as u64
-        || (index_len - FILE_HEADER as u64) % INDEX_ENTRY as u64 != 0
+        || !(index_len - FILE_HEADER as u64).is_multiple_of(INDEX_ENTRY as u64)
     {
         return Ok(None);
     }

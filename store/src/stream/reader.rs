@@ -6,7 +6,8 @@
 //! lies whole inside those bytes is served from them: a stream of small chunks costs one
 //! system call per `read_ahead` bytes instead of two per chunk. A chunk that does not fit is
 //! large; with `ranges` it is handed out as a (file, offset, length) range so a socket shell
-//! can `sendfile`/`splice` it without copying it through user space.
+//! can `sendfile`/`splice` it without copying it through user space; without, it is read
+//! together with the next `read_ahead` bytes in one call.
 
 use super::format::{self, CHUNK_HEADER, ChunkHeader, ChunkType, FILE_HEADER, FormatError};
 use super::{Shared, StreamError, StreamRead, data_path};
@@ -98,6 +99,8 @@ pub struct StreamReader {
     /// First offset of the next chunk.
     next_offset: u64,
     start_offset: u64,
+    /// The writer's committed offset when last looked at.
+    committed: u64,
     /// Bytes read ahead, from file position `buf_at`.
     buf: Bytes,
     buf_at: u64,
@@ -121,6 +124,7 @@ impl StreamReader {
             pos,
             next_offset,
             start_offset,
+            committed: 0,
             buf: Bytes::new(),
             buf_at: 0,
             syscalls: 0,
@@ -218,16 +222,20 @@ impl StreamReader {
         Ok(b.freeze())
     }
 
-    /// `len` bytes at file position `at`, if the read-ahead buffer holds them.
-    fn buffered(&self, at: u64, len: u64) -> Option<Bytes> {
+    /// Where `len` bytes at file position `at` are in the read-ahead buffer, if it holds them.
+    fn buffered_range(&self, at: u64, len: u64) -> Option<std::ops::Range<usize>> {
         let start = at.checked_sub(self.buf_at)?;
         let end = start.checked_add(len)?;
-        (end <= self.buf.len() as u64).then(|| self.buf.slice(start as usize..end as usize))
+        (end <= self.buf.len() as u64).then_some(start as usize..end as usize)
+    }
+
+    fn buffered(&self, at: u64, len: u64) -> Option<Bytes> {
+        self.buffered_range(at, len).map(|r| self.buf.slice(r))
     }
 
     /// The header at `pos`; `None` at the end of the segment file.
     fn header(&mut self, file: &File) -> Result<Option<ChunkHeader>, StreamError> {
-        let h = match self.buffered(self.pos, CHUNK_HEADER as u64) {
+        let h = match self.buffered_range(self.pos, CHUNK_HEADER as u64) {
             Some(h) => h,
             None => {
                 let len = self.options.read_ahead.max(CHUNK_HEADER);
@@ -237,13 +245,13 @@ impl StreamReader {
                 }
                 self.buf = b;
                 self.buf_at = self.pos;
-                match self.buffered(self.pos, CHUNK_HEADER as u64) {
+                match self.buffered_range(self.pos, CHUNK_HEADER as u64) {
                     Some(h) => h,
                     None => return Err(self.corrupt(self.pos, "short chunk header")),
                 }
             }
         };
-        ChunkHeader::decode(&h)
+        ChunkHeader::decode(&self.buf[h])
             .map(Some)
             .map_err(|e| self.corrupt(self.pos, e))
     }
@@ -259,6 +267,18 @@ impl StreamReader {
                     offset: at,
                     len: h.data_len,
                 });
+            }
+            None if self.options.read_ahead > 0 => {
+                // Read it anyway: from its header, with the read-ahead after it in the same
+                // call, so the chunks that follow come from memory (one call per chunk or
+                // fewer whatever the chunk size, instead of a data read plus a header read).
+                let want = h.total_len() + self.options.read_ahead as u64;
+                self.buf = self.pread(file, self.pos, want as usize)?;
+                self.buf_at = self.pos;
+                match self.buffered(at, len) {
+                    Some(d) => d,
+                    None => return Err(self.corrupt(self.pos, "short chunk data")),
+                }
             }
             None => {
                 let d = self.pread(file, at, len as usize)?;
@@ -296,8 +316,13 @@ impl StreamReader {
     /// The next committed user chunk; `None` once the reader has caught up with `sync`.
     pub fn next_chunk(&mut self) -> Result<Option<ReadChunk>, StreamError> {
         loop {
-            if self.next_offset >= self.shared.committed.load(Ordering::Acquire) {
-                return Ok(None);
+            if self.next_offset >= self.committed {
+                // Only then look at the writer's progress (one shared cache line less per
+                // chunk while there is a backlog).
+                self.committed = self.shared.committed.load(Ordering::Acquire);
+                if self.next_offset >= self.committed {
+                    return Ok(None);
+                }
             }
             let file = self.file()?;
             let Some(h) = self.header(&file)? else {
@@ -307,7 +332,10 @@ impl StreamReader {
             if h.first_offset != self.next_offset {
                 return Err(self.corrupt(
                     self.pos,
-                    format!("chunk offset {} where {} was due", h.first_offset, self.next_offset),
+                    format!(
+                        "chunk offset {} where {} was due",
+                        h.first_offset, self.next_offset
+                    ),
                 ));
             }
             if h.kind != ChunkType::User {
