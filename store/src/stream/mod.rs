@@ -762,11 +762,7 @@ impl StreamLog {
                     .partition_point(|s| s.first_offset <= o)
                     .saturating_sub(1);
                 let seg = &self.segments[i];
-                let entry = self
-                    .search_index(i, |e| e.first_offset <= o)?
-                    .and_then(|k| k.checked_sub(1))
-                    .map(|k| self.index_entry(i, k))
-                    .transpose()?;
+                let (entry, _) = self.search_index(i, |e| e.first_offset <= o)?;
                 match entry {
                     Some(e) => {
                         let start = if last { e.first_offset } else { o };
@@ -792,9 +788,15 @@ impl StreamLog {
                     }
                     Some(i) => {
                         let seg = &self.segments[i];
-                        let k = self.search_index(i, |e| e.timestamp < t)?.unwrap_or(0);
-                        let e = self.index_entry(i, k)?;
-                        (seg.first_offset, e.position, e.first_offset, e.first_offset)
+                        match self.search_index(i, |e| e.timestamp < t)? {
+                            (_, Some(e)) => {
+                                (seg.first_offset, e.position, e.first_offset, e.first_offset)
+                            }
+                            // Not reached: the segment's newest chunk is at or after `t`.
+                            (_, None) => {
+                                (seg.first_offset, seg.size, seg.next_offset, seg.next_offset)
+                            }
+                        }
                     }
                 }
             }
@@ -817,48 +819,46 @@ impl StreamLog {
         })
     }
 
-    /// The number of leading index entries of segment `i` for which `pred` holds (`pred`
-    /// must hold for a prefix: entries are ordered by offset and by timestamp).
+    /// Bisects segment `i`'s index (`pred` must hold for a prefix: entries are ordered by
+    /// offset and by timestamp): the last entry for which `pred` holds and the first for
+    /// which it does not.
     fn search_index(
         &self,
         i: usize,
         pred: impl Fn(&IndexEntry) -> bool,
-    ) -> Result<Option<u64>, StreamError> {
-        let n = (self.segments[i]
-            .index_len
-            .saturating_sub(FILE_HEADER as u64))
-            / INDEX_ENTRY as u64;
-        if n == 0 {
-            return Ok(None);
-        }
+    ) -> Result<(Option<IndexEntry>, Option<IndexEntry>), StreamError> {
+        let seg = &self.segments[i];
+        let path = index_path(&self.shared.dir, seg.first_offset);
+        let opened;
+        let file = if i + 1 == self.segments.len() {
+            &self.active.index
+        } else {
+            opened = File::open(&path).map_err(io_err(&path))?;
+            &opened
+        };
+        let entry = |k: u64| -> Result<IndexEntry, StreamError> {
+            let mut e = [0u8; INDEX_ENTRY];
+            let at = FILE_HEADER as u64 + k * INDEX_ENTRY as u64;
+            file.read_exact_at(&mut e, at).map_err(io_err(&path))?;
+            IndexEntry::decode(&e).ok_or_else(|| StreamError::Corrupt {
+                path: path.clone(),
+                pos: at,
+                reason: "bad index entry".into(),
+            })
+        };
+        let n = seg.index_len.saturating_sub(FILE_HEADER as u64) / INDEX_ENTRY as u64;
         let (mut lo, mut hi) = (0u64, n);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if pred(&self.index_entry(i, mid)?) {
+            if pred(&entry(mid)?) {
                 lo = mid + 1;
             } else {
                 hi = mid;
             }
         }
-        Ok(Some(lo))
-    }
-
-    fn index_entry(&self, i: usize, k: u64) -> Result<IndexEntry, StreamError> {
-        let seg = &self.segments[i];
-        let path = index_path(&self.shared.dir, seg.first_offset);
-        let mut e = [0u8; INDEX_ENTRY];
-        let at = FILE_HEADER as u64 + k * INDEX_ENTRY as u64;
-        if i + 1 == self.segments.len() {
-            self.active.index.read_exact_at(&mut e, at)
-        } else {
-            File::open(&path).and_then(|f| f.read_exact_at(&mut e, at))
-        }
-        .map_err(io_err(&path))?;
-        IndexEntry::decode(&e).ok_or_else(|| StreamError::Corrupt {
-            path,
-            pos: at,
-            reason: "bad index entry".into(),
-        })
+        let before = lo.checked_sub(1).map(&entry).transpose()?;
+        let after = if lo < n { Some(entry(lo)?) } else { None };
+        Ok((before, after))
     }
 
     /// Replays the tracking state: from the newest segment that starts with a snapshot (or
