@@ -300,6 +300,7 @@ fn large_chunks_come_as_file_ranges_small_ones_in_memory() {
         panic!("a 10 kB chunk in memory");
     };
     assert_eq!(*len as usize, 4 + 10_000 + 4 + 10);
+    assert_eq!(b.data_len(), *len);
     // The range is the message section as it is on disk: what sendfile would send.
     let file = fs::read(segment_files(&dir, "sd").pop().unwrap()).unwrap();
     let on_disk = &file[*offset as usize..*offset as usize + *len as usize];
@@ -677,5 +678,51 @@ fn a_reader_on_another_thread_sees_only_committed_chunks_in_order() {
     let got = reader.join().unwrap();
     let want: Vec<_> = (0..n).map(|o| (o, msg(o, 30))).collect();
     assert_eq!(got, want);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Retention deletes the segments a lagging reader is in or heading for: it goes on from the
+/// oldest segment left (the messages in between are gone), whole chunks, in order.
+#[test]
+fn a_reader_behind_retention_continues_from_the_oldest_segment_left() {
+    let dir = temp_dir("lagging");
+    let mut log = StreamLog::open(
+        &dir,
+        StreamConfig {
+            max_segment_size_bytes: 500,
+            max_length_bytes: Some(1200),
+            ..config()
+        },
+    )
+    .unwrap();
+    for o in 0..8u64 {
+        log.append(&[msg(o, 40)], o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    assert_eq!(log.bounds().first, 0);
+    // One reader has its segment file open, one has not touched it yet.
+    let mut open = log.reader(OffsetSpec::First, opts(0)).unwrap();
+    assert_eq!(open.next_chunk().unwrap().unwrap().first_offset, 0);
+    let mut lazy = log.reader(OffsetSpec::First, opts(4096)).unwrap();
+    for o in 8..60u64 {
+        log.append(&[msg(o, 40)], o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    let first = log.bounds().first;
+    assert!(first > 8, "{first}");
+    for r in [&mut open, &mut lazy] {
+        let mut got = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            got.extend(chunk_messages(&c).into_iter().map(|m| m.0));
+        }
+        // Whatever was still readable (an open file outlives its unlink), then from the
+        // oldest retained segment on, without gaps.
+        let resumed = got
+            .iter()
+            .position(|&o| o == first)
+            .expect("oldest retained read");
+        assert_eq!(got[resumed..], (first..60).collect::<Vec<_>>()[..]);
+        assert!(got[..resumed].windows(2).all(|w| w[0] + 1 == w[1]));
+    }
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -64,6 +64,15 @@ pub struct ReadChunk {
 }
 
 impl ReadChunk {
+    /// Length of the messages section: with `first_offset`, `count`, `timestamp` and
+    /// `data_crc`, what a stream protocol `Deliver` chunk header needs.
+    pub fn data_len(&self) -> u32 {
+        match &self.data {
+            ChunkData::Bytes(b) => b.len() as u32,
+            ChunkData::File { len, .. } => *len,
+        }
+    }
+
     /// The data in memory (a `File` range is read with one `pread` and checked).
     pub fn bytes(&self) -> io::Result<Bytes> {
         match &self.data {
