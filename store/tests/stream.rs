@@ -726,3 +726,36 @@ fn a_reader_behind_retention_continues_from_the_oldest_segment_left() {
     }
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_older_segments_missing_or_short_index_is_rebuilt() {
+    let dir = temp_dir("old-index");
+    let cfg = StreamConfig {
+        max_segment_size_bytes: 400,
+        ..config()
+    };
+    let mut log = StreamLog::open(&dir, cfg.clone()).unwrap();
+    for o in 0..30u64 {
+        log.append(&[msg(o, 40)], 100 + o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    drop(log);
+    let indexes = segment_files(&dir, "si");
+    assert!(indexes.len() >= 4);
+    let whole: Vec<_> = indexes.iter().map(|p| fs::read(p).unwrap()).collect();
+    fs::remove_file(&indexes[1]).unwrap();
+    let short = &whole[2][..whole[2].len() - 32];
+    fs::write(&indexes[2], short).unwrap();
+    let mut log = StreamLog::open(&dir, cfg).unwrap();
+    for (p, w) in indexes.iter().zip(&whole) {
+        assert_eq!(&fs::read(p).unwrap(), w, "{}", p.display());
+    }
+    for o in 0..30 {
+        assert_eq!(read_all(&mut log, OffsetSpec::Offset(o), opts(0))[0].0, o);
+        assert_eq!(
+            read_all(&mut log, OffsetSpec::Timestamp(100 + o), opts(64))[0].0,
+            o
+        );
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}
