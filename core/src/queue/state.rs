@@ -14,50 +14,17 @@
 //! (prefetch and unacked count), so dispatch reads nothing outside the queue but `Credit`.
 
 use crate::config::BrokerConfig;
-use crate::ids::{ChannelAddr, ChannelRef, QueueId};
+use crate::ids::QueueId;
+pub(crate) use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
 use crate::message::{FieldTable, Message};
-use crate::queue::args::{HeldArgs, Overflow};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
+use crate::queue_args::{HeldArgs, Overflow};
 use crate::store::Store;
 use std::sync::Arc;
 
 /// How many times the window a queue keeps transient messages in memory before paging
 /// them out (see `enqueue`).
 const TRANSIENT_WINDOW_FACTOR: usize = 4;
-
-/// A consumer, numbered broker-wide so channels and deliveries can refer to it cheaply.
-/// Ids only grow, so a queue's consumers in arrival order are also in id order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ConsumerId(pub(crate) u64);
-
-/// A consumer as its queue holds it.
-pub(crate) struct QueueConsumer {
-    pub(crate) id: ConsumerId,
-    pub(crate) tag: Arc<str>,
-    pub(crate) ch: ChannelRef,
-    /// The opening of `ch` that consumes (`ChannelAddr`): a consumer whose channel closed
-    /// may stay here until its cancel arrives, and must not take a newer opening's credit.
-    pub(crate) serial: u32,
-    pub(crate) no_ack: bool,
-    pub(crate) exclusive: bool,
-    /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
-    pub(crate) prefetch: u16,
-    pub(crate) unacked: u32,
-    /// `x-priority`: consumers with a higher priority get messages first. Stored in 32
-    /// bits (a wider client value is clamped) so that the serial fits in the record.
-    pub(crate) priority: i32,
-    /// The channel's limits, when the channel is on another shard (`broker/credit.rs`).
-    pub(crate) shared: Option<std::sync::Arc<crate::broker::SharedCredit>>,
-}
-
-impl QueueConsumer {
-    pub(crate) fn addr(&self) -> ChannelAddr {
-        ChannelAddr {
-            ch: self.ch,
-            serial: self.serial,
-        }
-    }
-}
 
 /// Whether a channel may take one more delivery now, by the limits that span queues: the
 /// channel's shared (global) prefetch, counted only for deliveries that need an ack, and
@@ -75,25 +42,6 @@ pub(crate) trait Credit {
 
     /// Returns credit taken for a delivery that did not happen.
     fn give_back(&mut self, c: &QueueConsumer);
-}
-
-/// What to do with settled deliveries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settle {
-    Ack,
-    Requeue,
-    /// Rejected without requeue: dropped, or dead-lettered if the queue says so.
-    Discard,
-}
-
-impl Settle {
-    pub(crate) fn reject(requeue: bool) -> Settle {
-        if requeue {
-            Settle::Requeue
-        } else {
-            Settle::Discard
-        }
-    }
 }
 
 /// Why a message was dead-lettered (`x-death` `reason`).
@@ -124,33 +72,6 @@ pub(crate) enum Enqueued {
     Failed,
     /// The queue is full and refuses publishes (`x-overflow` reject-publish[-dlx]).
     Rejected,
-}
-
-/// A delivery awaiting its ack (held by the channel it went to).
-pub(crate) struct Unacked {
-    pub(crate) queue: QueueId,
-    pub(crate) seq: u64,
-    pub(crate) message: Arc<Message>,
-    /// Set for consumer deliveries (they count against prefetch); `None` for basic.get.
-    pub(crate) consumer: Option<ConsumerId>,
-    /// The store holds it (remove it there when it is acked or dropped).
-    pub(crate) stored: bool,
-    /// Its expiry, kept across a requeue (as RabbitMQ does).
-    pub(crate) expires_at: Option<u64>,
-}
-
-impl Unacked {
-    /// Message `m` of queue `queue`, delivered to `consumer` (`None`: basic.get).
-    pub(crate) fn of(queue: QueueId, m: &QueuedMessage, consumer: Option<ConsumerId>) -> Unacked {
-        Unacked {
-            queue,
-            seq: m.seq,
-            message: m.message.clone(),
-            consumer,
-            stored: m.stored,
-            expires_at: m.expires_at,
-        }
-    }
 }
 
 /// What a queue operation needs from outside the queue.
@@ -198,15 +119,6 @@ impl<'a> QueueIo<'a> {
             out: QueueOut::default(),
         }
     }
-}
-
-/// A delivery picked by `next_delivery`: the message and who it goes to.
-pub(crate) struct Picked {
-    pub(crate) consumer: ConsumerId,
-    pub(crate) to: ChannelAddr,
-    pub(crate) tag: Arc<str>,
-    pub(crate) no_ack: bool,
-    pub(crate) message: QueuedMessage,
 }
 
 pub(crate) struct QueueState {
@@ -288,7 +200,7 @@ fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
         .properties
         .expiration
         .as_deref()
-        .and_then(|e| crate::queue::args::parse_expiration(e).ok());
+        .and_then(|e| crate::queue_args::parse_expiration(e).ok());
     let ttl = match (queue_ttl, own) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -720,6 +632,7 @@ mod tests {
     //! consumers coming and going, and purges, with a small window so paging to and from
     //! the store is exercised too.
     use super::*;
+    use crate::ids::ChannelRef;
     use crate::ids::VhostId;
     use crate::store::MemoryStore;
     use proptest::prelude::*;

@@ -63,7 +63,7 @@ impl Broker {
             let applicable = self.topo.policy(q.vhost, &q.name, true);
             let merged = policy::queue_arguments(q.arguments(), applicable);
             // Policies were validated when set; the queue's own arguments when declared.
-            let Ok(mut args) = crate::queue::args::QueueArgs::parse(&merged) else {
+            let Ok(mut args) = crate::queue_args::QueueArgs::parse(&merged) else {
                 continue;
             };
             // The priority levels are the queue's shape: only its own argument sets them.

@@ -5,10 +5,14 @@
 //! Like `queue::state`, this is a unit meant to get an owner of its own (the connection's
 //! task, ARCHITECTURE.md "warren-runtime"): it refers to queues and consumers only by id.
 
+pub(crate) mod conn;
+pub(crate) mod hold;
+pub(crate) mod reply_to;
+
 use crate::command::{OpKind, Publish};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::QueueId;
-use crate::queue::state::{ConsumerId, Settle, Unacked};
+use crate::mail::delivery::{ConsumerId, Settle, Unacked};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -111,10 +115,10 @@ pub(crate) struct ChannelState {
     pub(crate) next_delivery_tag: u64,
     pub(crate) unacked: BTreeMap<u64, Unacked>,
     /// Unacked consumer deliveries: what `global` prefetch limits.
-    pub(crate) consumer_unacked: crate::broker::Counter,
+    pub(crate) consumer_unacked: crate::mail::credit::Counter,
     /// This opening's limits, shared with queues on other shards it consumes from
     /// (`broker/credit.rs`); `None` while it consumes from its own shard only.
-    shared: Option<Arc<crate::broker::SharedCredit>>,
+    shared: Option<Arc<crate::mail::credit::SharedCredit>>,
     /// basic.qos global=false: the limit given to consumers created from now on.
     pub(crate) prefetch_count: u16,
     /// basic.qos global=true: one limit shared by all consumers of the channel.
@@ -134,7 +138,7 @@ pub(crate) struct ChannelState {
     /// connection has a channel.
     pub(crate) tx: Option<Box<TxState>>,
     /// The channel's direct reply-to consumer, if any.
-    pub(crate) reply_consumer: Option<Box<crate::broker::reply_to::ReplyConsumer>>,
+    pub(crate) reply_consumer: Option<Box<crate::channel::reply_to::ReplyConsumer>>,
     /// The queue `""` refers to (AMQP: the last queue declared on the channel).
     pub(crate) last_queue: Option<Arc<str>>,
     /// Which opening of this channel number this is (`ChannelAddr`): a client may close a
@@ -163,7 +167,7 @@ impl ChannelState {
             phase: Phase::Open,
             next_delivery_tag: 1,
             unacked: BTreeMap::new(),
-            consumer_unacked: crate::broker::Counter::default(),
+            consumer_unacked: crate::mail::credit::Counter::default(),
             shared: None,
             prefetch_count: 0,
             global_prefetch: 0,
@@ -260,11 +264,11 @@ impl ChannelState {
         &mut self,
         in_flight: Arc<AtomicU32>,
         write_window: u32,
-    ) -> Arc<crate::broker::SharedCredit> {
+    ) -> Arc<crate::mail::credit::SharedCredit> {
         if let Some(s) = &self.shared {
             return s.clone();
         }
-        let s = Arc::new(crate::broker::SharedCredit {
+        let s = Arc::new(crate::mail::credit::SharedCredit {
             open: AtomicBool::new(self.phase == Phase::Open),
             global_prefetch: AtomicU32::new(u32::from(self.global_prefetch)),
             consumer_unacked: self.consumer_unacked.share(),

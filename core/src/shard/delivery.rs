@@ -36,7 +36,7 @@ impl Broker {
         let exchange = self.exchange_id(ch, op, &p.exchange)?;
         self.check_access(ch, op, Perm::Write, Resource::Exchange, &p.exchange)?;
         if let Some(e) = p.properties.expiration.as_deref()
-            && let Err(text) = crate::queue::args::parse_expiration(e)
+            && let Err(text) = crate::queue_args::parse_expiration(e)
         {
             return Err(ProtocolError::new(ErrorCode::PreconditionFailed, op, text));
         }
@@ -294,7 +294,7 @@ impl Broker {
     }
 
     pub(super) fn consume(&mut self, ch: ChannelRef, c: Consume) -> OpResult {
-        if c.queue == super::reply_to::REPLY_TO {
+        if c.queue == crate::channel::reply_to::REPLY_TO {
             return self.consume_reply_to(ch, c);
         }
         let op = OpKind::Consume;

@@ -89,7 +89,7 @@ impl Broker {
         let mut conns: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(c, conn)| conn.vhost == id && **c != super::RESTORE_CONN)
+            .filter(|(c, conn)| conn.vhost == id && **c != crate::mail::mailbox::RESTORE_CONN)
             .map(|(c, _)| *c)
             .collect();
         conns.sort_unstable();
@@ -98,10 +98,10 @@ impl Broker {
         }
         if self
             .conns
-            .get(&super::RESTORE_CONN)
+            .get(&crate::mail::mailbox::RESTORE_CONN)
             .is_some_and(|c| c.vhost == id)
         {
-            self.release_connection(super::RESTORE_CONN);
+            self.release_connection(crate::mail::mailbox::RESTORE_CONN);
         }
         let mut queues: Vec<QueueId> = self
             .queues

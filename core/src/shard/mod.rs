@@ -20,16 +20,20 @@ mod credit;
 mod dead_letter;
 mod delivery;
 mod hold;
-mod mail;
-pub(crate) use credit::{ChannelCredit, Counter, SharedCredit};
-pub use mail::ShardMail;
+mod post;
+#[cfg(test)]
+mod post_tests;
+use crate::mail;
+pub use crate::mail::ShardMail;
+use credit::ChannelCredit;
 mod policies;
-pub(crate) mod reply_to;
+mod reply_to;
 mod session;
 
 mod declare;
 mod vhosts;
 
+use crate::channel::conn::Conn;
 use crate::channel::{ChannelState, Phase};
 use crate::command::{Op, OpKind};
 use crate::config::BrokerConfig;
@@ -37,11 +41,11 @@ use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::idhash::IdMap;
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
+use crate::mail::mailbox::RESTORE_CONN;
 use crate::naming::NameGen;
 use crate::queue::state::{ConsumerId, QueueIo, QueueOut, QueueState};
 use crate::store::{Definitions, Store};
 use crate::topology::Topology;
-use session::Conn;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -56,9 +60,6 @@ pub const ALARM_HOLD_MS: u64 = 1_000;
 
 /// How often a shard whose memory alarm is raised by the shared count looks at it again.
 const ALARM_RECHECK_MS: u64 = 100;
-
-/// The connection id the core uses to replay stored definitions; hosts never issue it.
-const RESTORE_CONN: ConnId = ConnId(u64::MAX);
 
 /// Rounds of mail between shards a sharded restore carries after one op: each round is a
 /// hop (declare -> create -> created -> declare-ok is three), so this only catches a loop.
@@ -134,7 +135,7 @@ pub struct Broker {
     /// simulation's model of mail that takes time (`set_mail_scheduled`).
     mail_scheduled: bool,
     /// What channels whose request is not answered yet received meanwhile (`hold.rs`).
-    holds: IdMap<ChannelRef, hold::Hold>,
+    holds: IdMap<ChannelRef, crate::channel::hold::Hold>,
     /// Commits waiting for the sync of an epoch, in epoch order.
     tx_sync_waiters: VecDeque<(u64, ChannelAddr)>,
     /// Channels with `ChannelState::awaiting` set: while none are, no op can wait, and

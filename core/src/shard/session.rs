@@ -3,42 +3,15 @@
 
 use super::{Broker, OpResult};
 use crate::channel::ChannelState;
+use crate::channel::conn::Conn;
 use crate::command::OpKind;
 use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
-use crate::ids::{ChannelRef, ConnId, QueueId, VhostId};
+use crate::ids::{ChannelRef, ConnId, QueueId};
 use crate::queue::state::{ConsumerId, Settle};
 use crate::sorted_vec::SortedSet;
 use std::collections::BTreeSet;
 use std::sync::Arc;
-
-pub(crate) struct Conn {
-    pub(crate) cancel_notify: bool,
-    pub(crate) channels: SortedSet<u16>,
-    pub(crate) exclusive_queues: SortedSet<QueueId>,
-    /// Deliveries handed to the host and not yet reported written (`Op::Written`).
-    pub(crate) in_flight: super::Counter,
-    /// Consumers on this connection's channels: a connection with any is never paused.
-    pub(crate) consumers: u32,
-    /// Queues currently pausing this connection (flow control).
-    pub(crate) paused_in: SortedSet<QueueId>,
-    pub(crate) vhost: VhostId,
-    /// What the user may do in the vhost (it names the user too); `None` for the broker's
-    /// internal connection (restore, admin), which may do anything.
-    pub(crate) perms: Option<Arc<crate::access::Permissions>>,
-    /// The routing table's version after this connection's last routing change: its
-    /// pre-routed publishes must come from a snapshot at least this new (`Publish::routed`).
-    pub(crate) routes_seen: u64,
-    /// The message counts of its closed channels.
-    pub(crate) closed_stats: crate::stats::MessageStats,
-}
-
-impl Conn {
-    /// The user the connection logged in as (`""` for the internal connection).
-    pub(crate) fn user(&self) -> &str {
-        self.perms.as_ref().map_or("", |p| p.def.user.as_str())
-    }
-}
 
 impl Broker {
     pub(super) fn connection_open(
@@ -48,7 +21,7 @@ impl Broker {
         user: String,
         cancel_notify: bool,
     ) -> OpResult {
-        let internal = conn == super::RESTORE_CONN;
+        let internal = conn == crate::mail::mailbox::RESTORE_CONN;
         let access = match self.vhost_id(&vhost) {
             None => Err(ProtocolError::new(
                 ErrorCode::NotAllowed,
@@ -74,7 +47,7 @@ impl Broker {
                 cancel_notify,
                 channels: SortedSet::default(),
                 exclusive_queues: SortedSet::default(),
-                in_flight: super::Counter::default(),
+                in_flight: crate::mail::credit::Counter::default(),
                 consumers: 0,
                 paused_in: SortedSet::default(),
                 // A connection opened after a change may not use a snapshot from before it.
@@ -203,7 +176,10 @@ impl Broker {
     /// The shared record of channel `ch`'s limits, for a queue on another shard it
     /// consumes from (made now if it has none: its counters and its connection's move
     /// into it).
-    pub(super) fn share_credit(&mut self, ch: ChannelRef) -> Option<Arc<super::SharedCredit>> {
+    pub(super) fn share_credit(
+        &mut self,
+        ch: ChannelRef,
+    ) -> Option<Arc<crate::mail::credit::SharedCredit>> {
         let write_window = self.config.write_window;
         let in_flight = self.conns.get_mut(&ch.conn)?.in_flight.share();
         let channel = self.channels.get_mut(&ch)?;

@@ -602,7 +602,7 @@ impl Broker {
 
     pub(super) fn queue_declare(&mut self, ch: ChannelRef, d: QueueDeclare) -> OpResult {
         let op = OpKind::QueueDeclare;
-        if d.passive && d.queue == super::reply_to::REPLY_TO {
+        if d.passive && d.queue == crate::channel::reply_to::REPLY_TO {
             // The direct reply-to pseudo-queue exists for every channel (RabbitMQ answers a
             // passive declare of it).
             if !d.nowait {
@@ -640,7 +640,7 @@ impl Broker {
         // Only clients are kept from `amq.` names: a name the server generates now, or one
         // the broker's own connection replays (a restored server-named queue, an operator's
         // import), is the server's.
-        let trusted_name = d.queue.is_empty() || ch.conn == super::RESTORE_CONN;
+        let trusted_name = d.queue.is_empty() || ch.conn == crate::mail::mailbox::RESTORE_CONN;
         let mut declare = d;
         declare.queue = name.to_string();
         self.send_to_topology(
@@ -696,10 +696,10 @@ impl Broker {
         let checked_type = if self.restoring {
             Ok(())
         } else {
-            crate::queue::args::check_queue_type(&d.arguments)
+            crate::queue_args::check_queue_type(&d.arguments)
         };
         let args = checked_type
-            .and_then(|()| crate::queue::args::QueueArgs::parse(&effective))
+            .and_then(|()| crate::queue_args::QueueArgs::parse(&effective))
             .map_err(|(arg, reason)| {
                 ProtocolError::new(
                     ErrorCode::PreconditionFailed,

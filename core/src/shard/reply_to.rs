@@ -6,22 +6,13 @@
 //! consumer that has gone is dropped (or returned, if mandatory).
 
 use super::Broker;
+use crate::channel::reply_to::{REPLY_TO, REPLY_TO_PREFIX, ReplyConsumer};
 use crate::command::{Consume, OpKind};
 use crate::effect::{Delivery, Effect, Reply};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::ChannelRef;
 use crate::message::Message;
 use std::sync::Arc;
-
-pub(crate) const REPLY_TO: &str = "amq.rabbitmq.reply-to";
-const REPLY_TO_PREFIX: &str = "amq.rabbitmq.reply-to.";
-
-/// A channel's direct reply-to consumer.
-pub(crate) struct ReplyConsumer {
-    pub(crate) tag: Arc<str>,
-    /// The routing key replies use: `amq.rabbitmq.reply-to.<token>`.
-    pub(crate) address: Arc<str>,
-}
 
 impl Broker {
     /// basic.consume on `amq.rabbitmq.reply-to`.
