@@ -234,7 +234,7 @@ impl Broker {
     }
 
     /// A connection's counts: its closed channels' plus its open ones'.
-    fn conn_stats(&self, id: ConnId, c: &crate::channel::conn::Conn) -> MessageStats {
+    pub(super) fn conn_stats(&self, id: ConnId, c: &crate::channel::conn::Conn) -> MessageStats {
         let mut stats = c.closed_stats;
         for &n in c.channels.iter() {
             if let Some(ch) = self.channels.get(&ChannelRef::new(id, n)) {

@@ -4,11 +4,8 @@
 
 use super::Broker;
 use crate::effect::{Effect, Reply};
-use crate::ids::{ChannelAddr, QueueId};
-use crate::mail::{Mail, Publisher, ShardMail};
-use crate::message::Message;
-use crate::queue::state::Enqueued;
-use std::sync::Arc;
+use crate::ids::ChannelAddr;
+use crate::mail::{Mail, ShardMail};
 
 /// The mail of one operation is bounded by what it touches (the queues a publish reaches, the
 /// unacked deliveries of a closing connection, the consumers of a deleted queue), each piece
@@ -219,7 +216,7 @@ impl Broker {
 
     /// A request of `to` is answered, on routing table `version` (0 when the answer changed
     /// no routing): `reply` goes out if `to` is still live, then what the channel held runs.
-    fn answered(&mut self, to: ChannelAddr, version: u64, reply: Option<Reply>) {
+    pub(super) fn answered(&mut self, to: ChannelAddr, version: u64, reply: Option<Reply>) {
         if self.take_answer(to) {
             self.saw_version(to.ch.conn, version);
             if let Some(reply) = reply {
@@ -304,51 +301,5 @@ impl Broker {
     /// after their queue was deleted: the deletion took them.
     pub fn requeued_to_deleted(&self) -> u64 {
         self.requeued_to_deleted
-    }
-
-    /// The queue side of a publish: enqueue, answer, dispatch, pace.
-    fn enqueue_mail(
-        &mut self,
-        queue: QueueId,
-        message: &Arc<Message>,
-        publisher: Option<Publisher>,
-    ) {
-        if !self.queues.contains_key(&queue) {
-            // Deleted since the publish was routed: the deletion took it (confirmed, as
-            // the publish came before the deletion).
-            self.routed_to_deleted += 1;
-        }
-        // A message the store failed to take is nacked: nothing is confirmed that was not
-        // stored. A persistent message on a durable queue is confirmed once it is durable.
-        let (taken, durable) = match self.enqueue(queue, message) {
-            Enqueued::Memory => (true, false),
-            Enqueued::Durable => (true, true),
-            Enqueued::Failed | Enqueued::Rejected => (false, false),
-        };
-        if let Some(Publisher {
-            to, seq: Some(seq), ..
-        }) = publisher
-        {
-            let answer = Mail::Answered {
-                to,
-                seq,
-                taken,
-                durable,
-            };
-            if durable && self.conn_shard(to.ch.conn) != self.shard {
-                // Durable once this shard's sync covers it, which the publisher's shard
-                // cannot see: the answer waits here for that sync (`release_confirms`),
-                // then goes as a plain one.
-                self.remote_answers.push_back((self.epoch, answer));
-            } else {
-                self.mail.push_back(answer);
-            }
-        }
-        self.dispatch(queue);
-        if let Some(p) = publisher
-            && !p.consumes
-        {
-            self.pace(p.to.ch.conn, queue);
-        }
     }
 }

@@ -45,7 +45,7 @@ impl Broker {
         }
     }
 
-    fn insert_vhost(&mut self, def: VhostDef) -> VhostId {
+    pub(super) fn insert_vhost(&mut self, def: VhostDef) -> VhostId {
         // From a counter of their own: every shard applies the same vhost changes in the
         // same order, so a vhost has one id on every shard.
         self.next_vhost += 1;

@@ -34,12 +34,12 @@ impl Broker {
             .is_some_and(|c| c.is_open_as(to.serial))
     }
 
-    fn awaiting(&self, ch: ChannelRef) -> bool {
+    pub(super) fn awaiting(&self, ch: ChannelRef) -> bool {
         self.awaiting > 0 && self.channels.get(&ch).is_some_and(|c| c.awaiting)
     }
 
     /// Sets or clears `ChannelState::awaiting`, keeping the count.
-    fn set_awaiting(&mut self, ch: ChannelRef, on: bool) {
+    pub(super) fn set_awaiting(&mut self, ch: ChannelRef, on: bool) {
         if let Some(c) = self.channels.get_mut(&ch)
             && c.awaiting != on
         {

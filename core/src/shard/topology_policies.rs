@@ -49,7 +49,7 @@ impl Broker {
 
     /// Recomputes every queue's and exchange's effective settings from its own arguments
     /// and the policy that applies now; new limits act at once.
-    fn apply_policies(&mut self) {
+    pub(super) fn apply_policies(&mut self) {
         let mut ids: Vec<QueueId> = self.queues.keys().copied().collect();
         // Id order, not hash order: the effects of a policy change (overflow drops, dead
         // letters, expiries, deliveries) come out in the same order on every build (native

@@ -43,7 +43,11 @@ impl Broker {
         self.login_vhost(login, vhost)
     }
 
-    fn login_vhost(&self, mut login: Login, vhost: Option<&str>) -> Result<Login, LoginError> {
+    pub(super) fn login_vhost(
+        &self,
+        mut login: Login,
+        vhost: Option<&str>,
+    ) -> Result<Login, LoginError> {
         let user = login.user.as_str();
         if let Some(vhost) = vhost {
             if self.vhost_id(vhost).is_none() {
@@ -143,7 +147,7 @@ impl Broker {
     }
 
     /// Re-resolves the permissions of `user`'s connections in `vhost` after a change.
-    fn refresh_permissions(&mut self, vhost: crate::ids::VhostId, user: &str) {
+    pub(super) fn refresh_permissions(&mut self, vhost: crate::ids::VhostId, user: &str) {
         let name = self.vhost_name(vhost).to_string();
         let current = self
             .topo

@@ -96,13 +96,13 @@ impl Broker {
 
     /// Drops the confirms a channel still waits for: nobody is left to receive them (and the
     /// client may reuse the channel number).
-    fn forget_confirms(&mut self, ch: ChannelRef) {
+    pub(super) fn forget_confirms(&mut self, ch: ChannelRef) {
         if let Some(channel) = self.channels.get_mut(&ch) {
             channel.forget_confirms();
         }
     }
 
-    fn cancel_channel_consumers(&mut self, ch: ChannelRef) {
+    pub(super) fn cancel_channel_consumers(&mut self, ch: ChannelRef) {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
@@ -122,7 +122,7 @@ impl Broker {
         }
     }
 
-    fn requeue_channel(&mut self, ch: ChannelRef) {
+    pub(super) fn requeue_channel(&mut self, ch: ChannelRef) {
         let Some(channel) = self.channels.get_mut(&ch) else {
             return;
         };
