@@ -7,6 +7,7 @@
 //! WebAssembly. See ARCHITECTURE.md for the code map and invariants.
 
 pub mod access;
+pub mod admin;
 pub(crate) mod channel;
 pub mod command;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod queue;
 pub mod queue_args;
 pub mod routing;
 pub mod shard;
+pub mod shards;
 pub(crate) mod sorted_vec;
 pub mod stats;
 pub mod store;

@@ -75,6 +75,7 @@ impl Mailbox {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn outbox_len(&self) -> usize {
         self.outbox.len()
     }

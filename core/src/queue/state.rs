@@ -591,6 +591,7 @@ impl QueueState {
         self.consumers.binary_search_by_key(&id, |c| c.id).ok()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
         self.consumer_index(id).map(|i| &self.consumers[i])
     }

@@ -4,129 +4,19 @@
 //! checks as a client's.
 
 use super::{Broker, RESTORE_CONN};
+pub use crate::admin::{
+    AdminRequest, AdminResponse, BindingInfo, ChannelInfo, ConnectionInfo, ConsumerInfo,
+    ExchangeInfo, ImportReport, MemoryStatus, QueueInfo,
+};
 use crate::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
 use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
 use crate::ids::{ChannelRef, ConnId, Destination};
-use crate::message::FieldTable;
 use crate::stats::MessageStats;
 use crate::store::Definitions;
 
-/// What an import did: how many definitions of each kind it imported, and what it could
-/// not, as RabbitMQ-style texts (a summary says what was imported, not what was asked).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ImportReport {
-    pub vhosts: usize,
-    pub users: usize,
-    pub permissions: usize,
-    pub policies: usize,
-    pub exchanges: usize,
-    pub queues: usize,
-    pub bindings: usize,
-    pub errors: Vec<String>,
-}
-
 /// The channel admin operations run on (the restore connection, never a host's).
 const ADMIN_CHANNEL: u16 = 2;
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct QueueInfo {
-    pub vhost: String,
-    pub name: String,
-    pub durable: bool,
-    pub auto_delete: bool,
-    pub exclusive: bool,
-    pub arguments: FieldTable,
-    /// Ready messages (in memory and paged out).
-    pub messages_ready: u64,
-    pub messages_unacked: u64,
-    pub consumers: usize,
-    /// Body bytes of the ready messages held in memory.
-    pub memory: u64,
-    /// Ready messages only on disk.
-    pub paged_out: u64,
-    /// Enqueued, delivered, acked (counts since the queue was created).
-    pub stats: MessageStats,
-    /// The policy that applies to it, if any.
-    pub policy: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExchangeInfo {
-    pub vhost: String,
-    pub name: String,
-    pub kind: &'static str,
-    pub durable: bool,
-    pub auto_delete: bool,
-    pub internal: bool,
-    pub arguments: FieldTable,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct BindingInfo {
-    pub vhost: String,
-    pub source: String,
-    pub destination: String,
-    pub destination_is_exchange: bool,
-    pub routing_key: String,
-    pub arguments: FieldTable,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConnectionInfo {
-    pub conn: ConnId,
-    pub vhost: String,
-    pub user: String,
-    pub channels: usize,
-    pub consumers: u32,
-    /// Deliveries handed to the host and not yet written.
-    pub in_flight: u32,
-    /// Queues pausing it (flow control).
-    pub paused_by: usize,
-    /// Published, delivered, acked over its life (its channels', open and closed).
-    pub stats: MessageStats,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChannelInfo {
-    pub conn: ConnId,
-    pub channel: u16,
-    pub vhost: String,
-    pub user: String,
-    pub consumers: usize,
-    /// Deliveries awaiting an ack.
-    pub unacked: usize,
-    /// basic.qos per consumer (global = false) and for the channel (global = true).
-    pub prefetch: u16,
-    pub global_prefetch: u16,
-    pub confirm: bool,
-    pub transactional: bool,
-    pub stats: MessageStats,
-}
-
-/// The memory alarm's state (`rabbitmqctl status`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryStatus {
-    /// Message body bytes held (by every shard, when they share a count).
-    pub held: u64,
-    /// The alarm's threshold.
-    pub watermark: u64,
-    pub alarm: bool,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConsumerInfo {
-    pub vhost: String,
-    pub queue: String,
-    pub tag: String,
-    pub conn: ConnId,
-    pub channel: u16,
-    pub ack_required: bool,
-    pub exclusive: bool,
-    pub prefetch: u16,
-    pub priority: i64,
-    pub unacked: u32,
-}
 
 impl Broker {
     /// Every queue, by vhost and name.
@@ -545,6 +435,71 @@ impl Broker {
                 Err(e)
             }
             None => Ok(reply),
+        }
+    }
+
+    /// Applies an operator's request to this shard and answers it (for the parts of it
+    /// this shard owns: see `AdminRequest::gathered` and `AdminRequest::replica` for how a
+    /// sharded broker sends it to every shard, `crate::shards::Shards::admin`).
+    pub fn apply_admin(&mut self, now: u64, request: AdminRequest) -> AdminResponse {
+        let broker = self;
+        use AdminResponse::Done;
+        match request {
+            AdminRequest::ListQueues => AdminResponse::Queues(broker.list_queues()),
+            AdminRequest::ListExchanges => AdminResponse::Exchanges(broker.list_exchanges()),
+            AdminRequest::ListBindings => AdminResponse::Bindings(broker.list_bindings()),
+            AdminRequest::ListConnections => AdminResponse::Connections(broker.list_connections()),
+            AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
+            AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
+            AdminRequest::Op { vhost, op } => AdminResponse::Op(broker.admin(now, &vhost, op)),
+            AdminRequest::SetPolicy(p) => Done(broker.set_policy(now, p)),
+            AdminRequest::ClearPolicy { vhost, name } => {
+                Done(broker.clear_policy(now, &vhost, &name))
+            }
+            AdminRequest::ListPolicies => AdminResponse::Policies(broker.list_policies()),
+            AdminRequest::Import(defs) => AdminResponse::Imported(broker.import(now, &defs)),
+            AdminRequest::AddVhost(v) => Done(broker.add_vhost(now, v)),
+            AdminRequest::DeleteVhost(name) => Done(broker.delete_vhost(now, &name)),
+            AdminRequest::ListVhosts => AdminResponse::Vhosts(broker.list_vhosts()),
+            AdminRequest::AddUser(u) => Done(if broker.user(&u.name).is_some() {
+                Err(format!("user '{}' already exists", u.name))
+            } else {
+                broker.put_user(now, u)
+            }),
+            AdminRequest::ChangePassword {
+                user,
+                password_hash,
+            } => Done(match broker.user(&user).cloned() {
+                Some(mut u) => {
+                    u.password_hash = password_hash;
+                    broker.put_user(now, u)
+                }
+                None => Err(format!("user '{user}' does not exist")),
+            }),
+            AdminRequest::SetUserTags { user, tags } => Done(match broker.user(&user).cloned() {
+                Some(mut u) => {
+                    u.tags = tags;
+                    broker.put_user(now, u)
+                }
+                None => Err(format!("user '{user}' does not exist")),
+            }),
+            AdminRequest::DeleteUser(name) => Done(broker.delete_user(now, &name)),
+            AdminRequest::ListUsers => AdminResponse::Users(broker.list_users()),
+            AdminRequest::SetPermissions(p) => Done(broker.set_permissions(now, p)),
+            AdminRequest::ClearPermissions { vhost, user } => {
+                Done(broker.clear_permissions(now, &vhost, &user))
+            }
+            AdminRequest::ListPermissions => AdminResponse::Permissions(broker.list_permissions()),
+            AdminRequest::ListChannels => AdminResponse::Channels(broker.list_channels()),
+            AdminRequest::VhostStats => AdminResponse::VhostStats(broker.vhost_stats()),
+            AdminRequest::MemoryStatus => AdminResponse::Memory(broker.memory_status()),
+            AdminRequest::SetMemoryWatermark(bytes) => {
+                broker.set_memory_high_watermark(now, bytes);
+                Done(Ok(()))
+            }
+            AdminRequest::CloseConnection { conn, reason } => {
+                AdminResponse::Closed(broker.close_connection(conn, &reason))
+            }
         }
     }
 }

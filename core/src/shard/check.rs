@@ -2,7 +2,10 @@
 //! the queue side, the channel side and topology agree once no mail travels.
 
 use super::*;
-use crate::ids::{ChannelRef, QueueId};
+use crate::ids::ChannelRef;
+#[cfg(any(test, feature = "testing"))]
+use crate::ids::QueueId;
+#[cfg(any(test, feature = "testing"))]
 use crate::queue::state::ConsumerId;
 
 impl Broker {
@@ -46,12 +49,14 @@ impl Broker {
     /// Verifies the cross-references the module docs promise (counters match the unacked
     /// entries, consumers are where queues and channels say they are). For simulation tests
     /// and debug builds; O(state).
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_invariants(&self) -> Result<(), String> {
         Broker::check_shards(&[self])
     }
 
     /// `check_invariants` over every shard of a sharded broker, in shard order: the queue
     /// side, the channel side and topology agree across shards once no mail travels.
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_shards(shards: &[&Broker]) -> Result<(), String> {
         let Some(first) = shards.first() else {
             return Ok(());

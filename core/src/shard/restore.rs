@@ -4,11 +4,10 @@
 use super::*;
 use crate::effect::Effect;
 use crate::ids::ChannelRef;
-use std::sync::Arc;
 
-/// Rounds of mail between shards a sharded restore carries after one op: each round is a
-/// hop (declare -> create -> created -> declare-ok is three), so this only catches a loop.
-const MAX_SETTLE_ROUNDS: usize = 1 << 16;
+/// How a sharded restore carries the mail between shard 0 (the first) and the others
+/// (`crate::shards::carry`); a no-op with one shard.
+pub(crate) type Carry = fn(u64, &mut Broker, &mut [Broker]);
 
 impl Broker {
     /// Replays stored definitions (vhosts, users, permissions, policies, then per vhost
@@ -17,19 +16,20 @@ impl Broker {
     /// stored) gets the defaults written into it. Returns what could not be restored, as
     /// RabbitMQ-style error texts, for the host to log.
     pub fn restore(&mut self, now: u64, definitions: &Definitions) -> Vec<String> {
-        self.restore_shards(now, definitions, &mut [])
+        self.restore_shards(now, definitions, &mut [], |_, _, _| {})
     }
 
     /// `restore` on shard 0 of a sharded broker, before any shard serves: `others` are
     /// shards 1.. (in order). Every shard gets the vhosts, users, permissions and policies;
     /// shard 0 replays exchanges, queues and bindings, and each restored queue is created
-    /// by the shard that owns it, with the messages of that shard's store (the mail between
-    /// them is carried here until none is left).
-    pub fn restore_shards(
+    /// by the shard that owns it, with the messages of that shard's store (`carry` moves
+    /// the mail between them until none is left: `crate::shards::restore`).
+    pub(crate) fn restore_shards(
         &mut self,
         now: u64,
         definitions: &Definitions,
         others: &mut [Broker],
+        carry: Carry,
     ) -> Vec<String> {
         for b in others.iter_mut() {
             b.now = b.now.max(now);
@@ -75,7 +75,7 @@ impl Broker {
                             }
                         }),
                 );
-            self.replay(now, vhost, ops, &mut errors, others);
+            self.replay(now, vhost, ops, &mut errors, others, carry);
         }
         for (v, x) in &definitions.exchanges {
             if !vhosts.contains(v) {
@@ -92,38 +92,6 @@ impl Broker {
         }
         self.restoring = false;
         errors
-    }
-
-    /// On shard 0: carries mail between this shard and `others` (shards 1.., in order) in
-    /// one thread until none is left, the other shards adopting this one's routing table
-    /// first. The sharded restore's stand-in for the runtime, which is not running yet,
-    /// and a host for tests.
-    pub fn carry_mail(&mut self, now: u64, others: &mut [Broker]) {
-        let mut out = Vec::new();
-        // Each round moves what every shard sent; a round bounds by the restore's work.
-        for _ in 0..MAX_SETTLE_ROUNDS {
-            let routes = Arc::clone(self.routes());
-            for b in others.iter_mut() {
-                b.adopt_routes(Arc::clone(&routes));
-            }
-            self.take_outbox(&mut out);
-            for b in others.iter_mut() {
-                b.take_outbox(&mut out);
-            }
-            if out.is_empty() {
-                return;
-            }
-            for m in out.drain(..) {
-                match m.shard() {
-                    0 => self.receive_mail(now, m),
-                    i => match others.get_mut(i as usize - 1) {
-                        Some(b) => b.receive_mail(now, m),
-                        None => debug_assert!(false, "mail for shard {i}, which is not given"),
-                    },
-                }
-            }
-        }
-        debug_assert!(false, "mail between shards does not settle");
     }
 
     /// Vhosts, users, permissions and policies of `definitions` (the first part of a
@@ -184,6 +152,7 @@ impl Broker {
         ops: impl Iterator<Item = Op>,
         errors: &mut Vec<String>,
         others: &mut [Broker],
+        carry: Carry,
     ) {
         let ch = ChannelRef::new(RESTORE_CONN, 1);
         let mark = self.effects.len();
@@ -202,7 +171,7 @@ impl Broker {
         self.handle(now, ch, Op::ChannelOpen);
         for op in ops {
             self.handle(now, ch, op);
-            self.carry_mail(now, others);
+            carry(now, self, others);
             let failed: Vec<String> =
                 self.effects
                     .drain(mark..)

@@ -381,6 +381,7 @@ impl Topology {
         self.queues.get(&id)
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn queue_count(&self) -> usize {
         self.queues.len()
     }
@@ -543,6 +544,7 @@ impl Topology {
     }
 
     /// Checks the invariants in the module docs.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let mut to_exchanges: BTreeMap<ExchangeId, BTreeMap<ExchangeId, usize>> = BTreeMap::new();
         let mut to_queues: BTreeMap<QueueId, BTreeMap<ExchangeId, usize>> = BTreeMap::new();
@@ -604,6 +606,7 @@ impl Topology {
 }
 
 /// The (source, count) pairs counted for `id`, ascending, leaving them out of `counts`.
+#[cfg(any(test, feature = "testing"))]
 fn counted<K: Ord>(
     counts: &mut BTreeMap<K, BTreeMap<ExchangeId, usize>>,
     id: K,
