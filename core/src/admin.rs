@@ -27,6 +27,8 @@ pub struct ImportReport {
 pub struct QueueInfo {
     pub vhost: String,
     pub name: String,
+    /// Its type (`x-queue-type`).
+    pub queue_type: crate::queue::kind::QueueType,
     pub durable: bool,
     pub auto_delete: bool,
     pub exclusive: bool,

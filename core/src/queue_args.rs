@@ -89,7 +89,7 @@ fn non_negative(name: &'static str, v: &FieldValue) -> Result<u64, ArgError> {
     u64::try_from(n).map_err(|_| (name, format!("{{value_negative,{n}}}")))
 }
 
-fn string(name: &'static str, v: &FieldValue) -> Result<String, ArgError> {
+pub(crate) fn string(name: &'static str, v: &FieldValue) -> Result<String, ArgError> {
     v.as_str()
         .map(str::to_string)
         .ok_or_else(|| (name, format!("{{unacceptable_type,{}}}", type_name(v))))
@@ -158,28 +158,6 @@ impl QueueArgs {
     }
 }
 
-/// Refuses an `x-queue-type` other than `classic`: every Warren queue is classic, and a
-/// client that asked for quorum or stream semantics (delivery limits, replicated logs,
-/// non-destructive reads) must not silently get a classic queue. RabbitMQ's reason for a
-/// type it does not know, a plain one for the types it has and Warren not yet. When quorum
-/// or stream queues land, they replace this check.
-pub fn check_queue_type(arguments: &FieldTable) -> Result<(), ArgError> {
-    let Some(v) = arguments.get("x-queue-type") else {
-        return Ok(());
-    };
-    match string("x-queue-type", v)?.as_str() {
-        "classic" => Ok(()),
-        kind @ ("quorum" | "stream") => Err((
-            "x-queue-type",
-            format!("\"queue type '{kind}' is not supported yet by Warren; use 'classic'\""),
-        )),
-        other => Err((
-            "x-queue-type",
-            format!("\"unsupported queue type '{other}'\""),
-        )),
-    }
-}
-
 /// Parses a per-message `expiration` property (milliseconds as decimal text, as AMQP has it).
 pub fn parse_expiration(text: &str) -> Result<u64, String> {
     text.parse::<u64>()
@@ -189,33 +167,6 @@ pub fn parse_expiration(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_classic_queues_are_accepted() {
-        let with = |v: FieldValue| {
-            let mut t = FieldTable::default();
-            t.insert("x-queue-type".into(), v);
-            check_queue_type(&t)
-        };
-        assert_eq!(check_queue_type(&FieldTable::default()), Ok(()));
-        assert_eq!(with(FieldValue::string("classic")), Ok(()));
-        for kind in ["quorum", "stream"] {
-            let (arg, reason) = with(FieldValue::string(kind)).unwrap_err();
-            assert_eq!(arg, "x-queue-type");
-            assert!(
-                reason.contains(&format!("'{kind}' is not supported yet")),
-                "{reason}"
-            );
-        }
-        assert_eq!(
-            with(FieldValue::string("bogus")),
-            Err(("x-queue-type", "\"unsupported queue type 'bogus'\"".into()))
-        );
-        assert_eq!(
-            with(FieldValue::I32(1)),
-            Err(("x-queue-type", "{unacceptable_type,long}".into()))
-        );
-    }
 
     #[test]
     fn parses_rabbitmq_arguments() {

@@ -238,6 +238,8 @@ pub(crate) struct CreateQueue {
     pub(crate) name: Arc<str>,
     /// The declare, its name resolved.
     pub(crate) declare: QueueDeclare,
+    /// Its type (`x-queue-type`), which decides the state the owner creates.
+    pub(crate) kind: crate::queue::kind::QueueType,
     /// Its arguments with the policy applied, parsed.
     pub(crate) args: crate::queue_args::QueueArgs,
 }

@@ -6,4 +6,5 @@
 /// The queue arguments (parsed where declares are decided, held by the queue).
 pub use crate::queue_args as args;
 pub mod classic;
+pub mod kind;
 pub(crate) mod state;

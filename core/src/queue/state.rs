@@ -18,6 +18,7 @@ use crate::ids::QueueId;
 pub(crate) use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
 use crate::message::{FieldTable, Message};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
+use crate::queue::kind::{QueueBehaviour, QueueType};
 use crate::queue_args::{HeldArgs, Overflow};
 use crate::store::Store;
 use std::sync::Arc;
@@ -259,10 +260,144 @@ impl QueueState {
                 .is_some_and(|max| self.messages.total_bytes() + len > max)
     }
 
-    /// Appends a routed message: into the window while it has room and nothing is paged
-    /// out, otherwise (with a store) into the store only. Persistent messages on durable
-    /// queues are stored either way. Applies the queue's length limit and TTL.
-    pub(crate) fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
+    /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
+    /// queue fits again.
+    pub(crate) fn drop_overflow(&mut self, io: &mut QueueIo<'_>) {
+        loop {
+            let over_count = self
+                .args
+                .max_length
+                .is_some_and(|max| self.messages.len() as u64 > max);
+            let over_bytes = self
+                .args
+                .max_length_bytes
+                .is_some_and(|max| self.messages.total_bytes() > max);
+            if !(over_count || over_bytes) {
+                return;
+            }
+            let Some(m) = self.pop_ready(io) else {
+                return;
+            };
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+            io.out.dead.push((m.message, DeathReason::MaxLen));
+        }
+    }
+
+    /// Makes sure the window holds the queue's next message when any is paged out.
+    fn fill_window(&mut self, io: &mut QueueIo<'_>) -> bool {
+        // A priority queue reads back everything (bounded by what it holds).
+        while self.messages.needs_load() {
+            if !self.load_batch(io) {
+                return false;
+            }
+            if !self.messages.is_priority() {
+                return true;
+            }
+        }
+        true
+    }
+
+    /// Reads one batch of paged-out messages back into memory.
+    fn load_batch(&mut self, io: &mut QueueIo<'_>) -> bool {
+        let paged = self.messages.paged();
+        // Read back a window's worth, by count and by bytes (big messages come fewer at a
+        // time).
+        let average = (paged.bytes / paged.count.max(1)).max(1);
+        let by_bytes =
+            usize::try_from(io.config.queue_window_bytes / average).unwrap_or(usize::MAX);
+        let max = io.config.queue_window.min(by_bytes).max(1);
+        let mut batch = Vec::new();
+        let read = match io.store.as_deref_mut() {
+            Some(store) => store.read(self.id, paged.from_seq, max, &mut batch),
+            None => Ok(()),
+        };
+        if read.is_err() {
+            io.out.store_failed = true;
+            return false;
+        }
+        if batch.is_empty() {
+            // The store has nothing where it reported messages: do not wait forever.
+            self.messages.forget_paged();
+            return false;
+        }
+        io.out.held += self.messages.load(batch);
+        true
+    }
+
+    /// Takes the next ready message, reading paged-out messages back first when the window
+    /// is empty.
+    pub(crate) fn pop_ready(&mut self, io: &mut QueueIo<'_>) -> Option<QueuedMessage> {
+        self.fill_window(io);
+        self.messages.pop()
+    }
+
+    /// A message left the queue for good (acked, dropped, delivered without ack).
+    fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
+        io.out.released += body_len as u64;
+        if stored && let Some(store) = io.store.as_deref_mut() {
+            store.remove(self.id, seq);
+            io.out.removed = true;
+        }
+    }
+
+    /// Whether consumer `c` may receive one more message now.
+    fn can_deliver(c: &QueueConsumer, credit: &impl Credit) -> bool {
+        (c.no_ack || c.prefetch == 0 || c.unacked < u32::from(c.prefetch)) && credit.may_deliver(c)
+    }
+
+    /// The index of the consumer the next message goes to: with `x-single-active-consumer`,
+    /// only the first consumer (the next one takes over when it goes); otherwise
+    /// round-robin among the consumers with credit and the highest `x-priority`.
+    fn pick_consumer(&self, credit: &impl Credit) -> Option<usize> {
+        if self.args.single_active_consumer {
+            let first = self.consumers.first()?;
+            return Self::can_deliver(first, credit).then_some(0);
+        }
+        let n = self.consumers.len();
+        let start = self.rr_next % n.max(1);
+        let mut order = (0..n).map(|i| (start + i) % n);
+        if !self.mixed_priorities {
+            return order.find(|&idx| Self::can_deliver(&self.consumers[idx], credit));
+        }
+        let mut best: Option<(i32, usize)> = None;
+        for idx in order {
+            let c = &self.consumers[idx];
+            if Self::can_deliver(c, credit) && best.is_none_or(|(bp, _)| c.priority > bp) {
+                best = Some((c.priority, idx));
+            }
+        }
+        best.map(|(_, idx)| idx)
+    }
+
+    fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
+        self.consumers.binary_search_by_key(&id, |c| c.id).ok()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
+        self.consumer_index(id).map(|i| &self.consumers[i])
+    }
+
+    fn refresh_priorities(&mut self) {
+        let mut priorities = self.consumers.iter().map(|c| c.priority);
+        self.mixed_priorities = match priorities.next() {
+            Some(first) => priorities.any(|p| p != first),
+            None => false,
+        };
+    }
+}
+
+/// The classic queue on the queue-type seam (`queue::kind`): what it does, beyond the
+/// contract, is in the comments.
+impl QueueBehaviour for QueueState {
+    fn kind(&self) -> QueueType {
+        QueueType::Classic
+    }
+
+    // Appends a routed message: into the window while it has room and nothing is paged
+    // out, otherwise (with a store) into the store only. Persistent messages on durable
+    // queues are stored either way. Applies the queue's length limit and TTL.
+    fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
         let len = message.body_len() as u64;
         if self.args.overflow != Overflow::DropHead && self.would_overflow(len) {
             if self.args.overflow == Overflow::RejectPublishDlx {
@@ -335,81 +470,10 @@ impl QueueState {
         }
     }
 
-    /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
-    /// queue fits again.
-    pub(crate) fn drop_overflow(&mut self, io: &mut QueueIo<'_>) {
-        loop {
-            let over_count = self
-                .args
-                .max_length
-                .is_some_and(|max| self.messages.len() as u64 > max);
-            let over_bytes = self
-                .args
-                .max_length_bytes
-                .is_some_and(|max| self.messages.total_bytes() > max);
-            if !(over_count || over_bytes) {
-                return;
-            }
-            let Some(m) = self.pop_ready(io) else {
-                return;
-            };
-            self.forget(io, m.seq, m.stored, m.message.body_len());
-            io.out.dead.push((m.message, DeathReason::MaxLen));
-        }
-    }
-
-    /// Makes sure the window holds the queue's next message when any is paged out.
-    fn fill_window(&mut self, io: &mut QueueIo<'_>) -> bool {
-        // A priority queue reads back everything (bounded by what it holds).
-        while self.messages.needs_load() {
-            if !self.load_batch(io) {
-                return false;
-            }
-            if !self.messages.is_priority() {
-                return true;
-            }
-        }
-        true
-    }
-
-    /// Reads one batch of paged-out messages back into memory.
-    fn load_batch(&mut self, io: &mut QueueIo<'_>) -> bool {
-        let paged = self.messages.paged();
-        // Read back a window's worth, by count and by bytes (big messages come fewer at a
-        // time).
-        let average = (paged.bytes / paged.count.max(1)).max(1);
-        let by_bytes =
-            usize::try_from(io.config.queue_window_bytes / average).unwrap_or(usize::MAX);
-        let max = io.config.queue_window.min(by_bytes).max(1);
-        let mut batch = Vec::new();
-        let read = match io.store.as_deref_mut() {
-            Some(store) => store.read(self.id, paged.from_seq, max, &mut batch),
-            None => Ok(()),
-        };
-        if read.is_err() {
-            io.out.store_failed = true;
-            return false;
-        }
-        if batch.is_empty() {
-            // The store has nothing where it reported messages: do not wait forever.
-            self.messages.forget_paged();
-            return false;
-        }
-        io.out.held += self.messages.load(batch);
-        true
-    }
-
-    /// Takes the next ready message, reading paged-out messages back first when the window
-    /// is empty.
-    pub(crate) fn pop_ready(&mut self, io: &mut QueueIo<'_>) -> Option<QueuedMessage> {
-        self.fill_window(io);
-        self.messages.pop()
-    }
-
-    /// Dead-letters (or drops) expired messages at the head: expiry is checked at the head
-    /// only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
-    /// deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
-    pub(crate) fn expire_head(&mut self, io: &mut QueueIo<'_>) {
+    // Dead-letters (or drops) expired messages at the head: expiry is checked at the head
+    // only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
+    // deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
+    fn expire_head(&mut self, io: &mut QueueIo<'_>) {
         while self.fill_window(io) {
             let expired = self
                 .messages
@@ -427,17 +491,8 @@ impl QueueState {
         }
     }
 
-    /// A message left the queue for good (acked, dropped, delivered without ack).
-    fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
-        io.out.released += body_len as u64;
-        if stored && let Some(store) = io.store.as_deref_mut() {
-            store.remove(self.id, seq);
-            io.out.removed = true;
-        }
-    }
-
-    /// Empties the ready messages (in memory and paged out); returns how many there were.
-    pub(crate) fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
+    // Empties the ready messages (in memory and paged out); returns how many there were.
+    fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
         let (window, paged) = self.messages.purge();
         let purged = window.len() as u64 + paged.count;
         for m in window {
@@ -452,40 +507,11 @@ impl QueueState {
         purged
     }
 
-    /// Whether consumer `c` may receive one more message now.
-    fn can_deliver(c: &QueueConsumer, credit: &impl Credit) -> bool {
-        (c.no_ack || c.prefetch == 0 || c.unacked < u32::from(c.prefetch)) && credit.may_deliver(c)
-    }
-
-    /// The index of the consumer the next message goes to: with `x-single-active-consumer`,
-    /// only the first consumer (the next one takes over when it goes); otherwise
-    /// round-robin among the consumers with credit and the highest `x-priority`.
-    fn pick_consumer(&self, credit: &impl Credit) -> Option<usize> {
-        if self.args.single_active_consumer {
-            let first = self.consumers.first()?;
-            return Self::can_deliver(first, credit).then_some(0);
-        }
-        let n = self.consumers.len();
-        let start = self.rr_next % n.max(1);
-        let mut order = (0..n).map(|i| (start + i) % n);
-        if !self.mixed_priorities {
-            return order.find(|&idx| Self::can_deliver(&self.consumers[idx], credit));
-        }
-        let mut best: Option<(i32, usize)> = None;
-        for idx in order {
-            let c = &self.consumers[idx];
-            if Self::can_deliver(c, credit) && best.is_none_or(|(bp, _)| c.priority > bp) {
-                best = Some((c.priority, idx));
-            }
-        }
-        best.map(|(_, idx)| idx)
-    }
-
-    /// Takes the next message for the next consumer with credit, if there are both, and
-    /// counts it against the consumer and, through `Credit::take`, against the limits that
-    /// span queues (a delivery without ack leaves the queue for good).
-    /// With `may_expire`, expired messages at the head are dead-lettered first.
-    pub(crate) fn next_delivery(
+    // Takes the next message for the next consumer with credit, if there are both, and
+    // counts it against the consumer and, through `Credit::take`, against the limits that
+    // span queues (a delivery without ack leaves the queue for good).
+    // With `may_expire`, expired messages at the head are dead-lettered first.
+    fn next_delivery(
         &mut self,
         io: &mut QueueIo<'_>,
         credit: &mut impl Credit,
@@ -530,9 +556,9 @@ impl QueueState {
         Some(picked)
     }
 
-    /// basic.get: the next ready message (with `may_expire`, expired ones are dead-lettered
-    /// first) and how many stay ready.
-    pub(crate) fn get(
+    // basic.get: the next ready message (with `may_expire`, expired ones are dead-lettered
+    // first) and how many stay ready.
+    fn get(
         &mut self,
         io: &mut QueueIo<'_>,
         no_ack: bool,
@@ -553,13 +579,13 @@ impl QueueState {
         Some((m, ready))
     }
 
-    /// Whether a new consumer (exclusive or not) is refused because the queue is in
-    /// exclusive use.
-    pub(crate) fn in_exclusive_use(&self, exclusive: bool) -> bool {
+    // Whether a new consumer (exclusive or not) is refused because the queue is in
+    // exclusive use.
+    fn in_exclusive_use(&self, exclusive: bool) -> bool {
         self.consumers.iter().any(|c| c.exclusive) || (exclusive && !self.consumers.is_empty())
     }
 
-    pub(crate) fn add_consumer(&mut self, now: u64, c: QueueConsumer) {
+    fn add_consumer(&mut self, now: u64, c: QueueConsumer) {
         debug_assert!(
             self.consumers.last().is_none_or(|last| last.id < c.id),
             "consumer ids only grow"
@@ -574,8 +600,8 @@ impl QueueState {
         self.refresh_priorities();
     }
 
-    /// Removes a consumer (its unacked messages stay on their channel).
-    pub(crate) fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
+    // Removes a consumer (its unacked messages stay on their channel).
+    fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
         let pos = self.consumer_index(id)?;
         let c = self.consumers.remove(pos);
         if pos < self.rr_next {
@@ -587,26 +613,9 @@ impl QueueState {
         Some(c)
     }
 
-    fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
-        self.consumers.binary_search_by_key(&id, |c| c.id).ok()
-    }
-
-    #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
-        self.consumer_index(id).map(|i| &self.consumers[i])
-    }
-
-    fn refresh_priorities(&mut self) {
-        let mut priorities = self.consumers.iter().map(|c| c.priority);
-        self.mixed_priorities = match priorities.next() {
-            Some(first) => priorities.any(|p| p != first),
-            None => false,
-        };
-    }
-
-    /// A delivery of this queue was acked, requeued or rejected. Returns whether a message
-    /// went back to the ready list (dispatch may be due).
-    pub(crate) fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
+    // A delivery of this queue was acked, requeued or rejected. Returns whether a message
+    // went back to the ready list (dispatch may be due).
+    fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
         if let Some(i) = u.consumer.and_then(|id| self.consumer_index(id)) {
             let c = &mut self.consumers[i];
             c.unacked = c.unacked.saturating_sub(1);

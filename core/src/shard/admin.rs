@@ -12,6 +12,7 @@ use crate::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
 use crate::effect::{Effect, Reply};
 use crate::error::ProtocolError;
 use crate::ids::{ChannelRef, ConnId, Destination};
+use crate::queue::kind::QueueBehaviour;
 use crate::stats::MessageStats;
 use crate::store::Definitions;
 
@@ -27,6 +28,7 @@ impl Broker {
             .map(|q| QueueInfo {
                 vhost: self.vhost_name(q.vhost).to_string(),
                 name: q.name.to_string(),
+                queue_type: q.kind(),
                 durable: q.durable,
                 auto_delete: q.auto_delete,
                 exclusive: q.exclusive_owner.is_some(),

@@ -10,6 +10,7 @@ use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelAddr, ConnId, QueueId, VhostId};
 use crate::message::{FieldValue, Message};
 use crate::queue::classic::MessageQueue;
+use crate::queue::kind::{QueueBehaviour, QueueType};
 use crate::queue::state::{ConsumerId, Enqueued, QueueConsumer, QueueState, Settle, Unacked};
 use std::sync::Arc;
 
@@ -354,7 +355,10 @@ impl Broker {
             ),
             None => MessageQueue::recovered(Default::default(), c.args.max_priority),
         };
-        let mut queue = QueueState::new(id, c.vhost, name, messages, self.now);
+        // The queue-type seam's one match: the state of the queue's type.
+        let mut queue = match c.kind {
+            QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
+        };
         queue.durable = d.durable;
         queue.exclusive_owner = owner;
         queue.auto_delete = d.auto_delete;

@@ -9,6 +9,7 @@ use crate::effect::Reply;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, Destination, ExchangeId, QueueId, VhostId};
 use crate::message::FieldTable;
+use crate::queue::kind::QueueType;
 use crate::topology::BindChange;
 use std::sync::Arc;
 
@@ -510,13 +511,13 @@ impl Broker {
         let effective = crate::policy::queue_arguments(&d.arguments, policy);
         // A restore keeps a queue an older Warren stored with another type: it always was
         // a classic queue, and its messages are on disk.
-        let checked_type = if self.restoring {
-            Ok(())
+        let kind = if self.restoring {
+            Ok(QueueType::Classic)
         } else {
-            crate::queue_args::check_queue_type(&d.arguments)
+            QueueType::from_arguments(&d.arguments)
         };
-        let args = checked_type
-            .and_then(|()| crate::queue_args::QueueArgs::parse(&effective))
+        let (kind, args) = kind
+            .and_then(|kind| Ok((kind, crate::queue_args::QueueArgs::parse(&effective)?)))
             .map_err(|(arg, reason)| {
                 ProtocolError::new(
                     ErrorCode::PreconditionFailed,
@@ -561,6 +562,7 @@ impl Broker {
                 vhost_name: vhost,
                 name: shared_name,
                 declare: d.clone(),
+                kind,
                 args,
             }),
         });
