@@ -1,0 +1,311 @@
+//! The sans-IO session driven directly: bytes and time in, bytes, waits and deadlines out.
+
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+use warren_stream::MemoryBackend;
+use warren_stream::backend::PeerInfo;
+use warren_stream::codec::{self, Entry, Frame, PublishedMessage};
+use warren_stream::frame::{code, key, split_frame};
+use warren_stream::session::{Session, StreamConfig, Wait};
+
+fn frames(s: &mut Session<MemoryBackend>) -> Vec<Frame> {
+    let mut out = s.take_output();
+    let mut v = Vec::new();
+    while let Some(b) = split_frame(&mut out, 0).unwrap() {
+        v.push(codec::decode(b).unwrap());
+    }
+    v
+}
+
+fn feed(s: &mut Session<MemoryBackend>, f: &Frame, now: u64) -> Vec<Frame> {
+    let mut buf = BytesMut::from(&codec::to_bytes(f)[..]);
+    s.handle_input(&mut buf, now);
+    frames(s)
+}
+
+fn opened(heartbeat: u32) -> Session<MemoryBackend> {
+    let peer = PeerInfo {
+        addr: "test".into(),
+        is_loopback: true,
+    };
+    let mut s = Session::new(
+        Arc::new(MemoryBackend::new()),
+        Arc::new(StreamConfig::default()),
+        peer,
+        0,
+    );
+    feed(
+        &mut s,
+        &Frame::PeerProperties {
+            corr: 1,
+            properties: vec![],
+        },
+        0,
+    );
+    feed(&mut s, &Frame::SaslHandshake { corr: 2 }, 0);
+    let f = feed(
+        &mut s,
+        &Frame::SaslAuthenticate {
+            corr: 3,
+            mechanism: "PLAIN".into(),
+            data: Bytes::from_static(b"\0guest\0guest"),
+        },
+        0,
+    );
+    assert!(matches!(
+        f[1],
+        Frame::Tune {
+            frame_max: 1048576,
+            heartbeat: 60
+        }
+    ));
+    feed(
+        &mut s,
+        &Frame::Tune {
+            frame_max: 0,
+            heartbeat,
+        },
+        0,
+    );
+    let f = feed(
+        &mut s,
+        &Frame::Open {
+            corr: 4,
+            vhost: "/".into(),
+        },
+        0,
+    );
+    assert!(matches!(f[0], Frame::OpenResponse { code: 1, .. }));
+    assert!(s.is_open());
+    s
+}
+
+#[test]
+fn heartbeats_are_sent_when_idle_and_silence_closes() {
+    let mut s = opened(10);
+    s.flushed(1_000);
+    assert_eq!(s.next_deadline(), Some(11_000));
+    s.on_timer(11_000);
+    assert_eq!(frames(&mut s), vec![Frame::Heartbeat]);
+    s.flushed(11_000);
+    // Nothing received since Open (t=0) for two intervals: the connection ends.
+    s.on_timer(19_999);
+    assert!(!s.is_closing());
+    s.on_timer(20_000);
+    assert!(s.is_closing());
+}
+
+#[test]
+fn input_resets_the_heartbeat_timeout() {
+    let mut s = opened(10);
+    feed(&mut s, &Frame::Heartbeat, 15_000);
+    s.on_timer(21_000);
+    assert!(!s.is_closing());
+}
+
+#[test]
+fn no_open_within_the_handshake_timeout_closes() {
+    let peer = PeerInfo::default();
+    let mut s = Session::new(
+        Arc::new(MemoryBackend::new()),
+        Arc::new(StreamConfig::default()),
+        peer,
+        0,
+    );
+    assert_eq!(s.next_deadline(), Some(10_000));
+    s.on_timer(9_999);
+    assert!(!s.is_closing());
+    s.on_timer(10_000);
+    assert!(s.is_closing());
+}
+
+#[test]
+fn confirms_wait_for_durability_and_duplicates_wait_with_them() {
+    let mut s = opened(0);
+    feed(
+        &mut s,
+        &Frame::Create {
+            corr: 5,
+            stream: "d".into(),
+            arguments: vec![],
+        },
+        0,
+    );
+    let f = feed(
+        &mut s,
+        &Frame::DeclarePublisher {
+            corr: 6,
+            publisher_id: 1,
+            reference: "w".into(),
+            stream: "d".into(),
+        },
+        0,
+    );
+    assert_eq!(
+        f,
+        vec![Frame::Response {
+            key: key::DECLARE_PUBLISHER,
+            corr: 6,
+            code: code::OK
+        }]
+    );
+    let msg = |id| PublishedMessage {
+        publishing_id: id,
+        filter_value: None,
+        entry: Entry::Simple(Bytes::from_static(b"m")),
+    };
+    let f = feed(
+        &mut s,
+        &Frame::Publish {
+            v2: false,
+            publisher_id: 1,
+            messages: vec![msg(1), msg(2)],
+        },
+        0,
+    );
+    assert!(f.is_empty(), "no confirm before the data is durable");
+    assert_eq!(
+        s.take_waits(),
+        vec![Wait::Durable {
+            vhost: "/".into(),
+            stream: "d".into(),
+            offset: 1
+        }]
+    );
+    // A re-sent id while the first copy is not durable yet: not stored, not confirmed yet.
+    let f = feed(
+        &mut s,
+        &Frame::Publish {
+            v2: false,
+            publisher_id: 1,
+            messages: vec![msg(2), msg(3)],
+        },
+        0,
+    );
+    assert!(f.is_empty());
+    assert!(
+        s.take_waits().is_empty(),
+        "one durability wait per stream at a time"
+    );
+    s.durable("/", "d", 1, Ok(()));
+    assert_eq!(
+        frames(&mut s),
+        vec![Frame::PublishConfirm {
+            publisher_id: 1,
+            publishing_ids: vec![1, 2]
+        }]
+    );
+    assert_eq!(
+        s.take_waits(),
+        vec![Wait::Durable {
+            vhost: "/".into(),
+            stream: "d".into(),
+            offset: 2
+        }]
+    );
+    s.durable("/", "d", 2, Ok(()));
+    assert_eq!(
+        frames(&mut s),
+        vec![Frame::PublishConfirm {
+            publisher_id: 1,
+            publishing_ids: vec![2, 3]
+        }]
+    );
+    // Offsets 0..3 hold 1, 2, 3 once each.
+    let f = feed(
+        &mut s,
+        &Frame::QueryPublisherSequence {
+            corr: 7,
+            reference: "w".into(),
+            stream: "d".into(),
+        },
+        0,
+    );
+    assert_eq!(
+        f,
+        vec![Frame::QueryPublisherSequenceResponse {
+            corr: 7,
+            code: 1,
+            sequence: 3
+        }]
+    );
+}
+
+#[test]
+fn credit_is_per_chunk_and_an_empty_stream_waits() {
+    let mut s = opened(0);
+    feed(
+        &mut s,
+        &Frame::Create {
+            corr: 5,
+            stream: "c".into(),
+            arguments: vec![],
+        },
+        0,
+    );
+    feed(
+        &mut s,
+        &Frame::DeclarePublisher {
+            corr: 6,
+            publisher_id: 0,
+            reference: String::new(),
+            stream: "c".into(),
+        },
+        0,
+    );
+    for i in 0..3u64 {
+        let m = PublishedMessage {
+            publishing_id: i,
+            filter_value: None,
+            entry: Entry::Simple(Bytes::from_static(b"m")),
+        };
+        feed(
+            &mut s,
+            &Frame::Publish {
+                v2: false,
+                publisher_id: 0,
+                messages: vec![m.clone(), m],
+            },
+            0,
+        );
+    }
+    let _ = s.take_waits();
+    let f = feed(
+        &mut s,
+        &Frame::Subscribe {
+            corr: 8,
+            subscription_id: 2,
+            stream: "c".into(),
+            offset: codec::OffsetSpec::First,
+            credit: 2,
+            properties: vec![],
+        },
+        0,
+    );
+    assert_eq!(f.len(), 3, "the OK and two chunks: {f:?}");
+    assert!(
+        s.take_waits().is_empty(),
+        "out of credit, not waiting for data"
+    );
+    let f = feed(
+        &mut s,
+        &Frame::Credit {
+            subscription_id: 2,
+            credit: 5,
+        },
+        0,
+    );
+    assert_eq!(f.len(), 1, "the third chunk");
+    let w = s.take_waits();
+    assert!(
+        matches!(
+            w[..],
+            [Wait::Data {
+                from: 6,
+                subscription_id: 2,
+                ..
+            }]
+        ),
+        "{w:?}"
+    );
+}
