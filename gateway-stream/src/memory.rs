@@ -188,13 +188,13 @@ fn parse_arguments(args: &[(String, String)]) -> Result<(Option<usize>, Option<u
                 Ok(16..=255) => {}
                 _ => return Err(bad(k, v)),
             },
-            "queue-leader-locator" => {
+            "queue-leader-locator"
                 if !matches!(
                     v.as_str(),
                     "client-local" | "balanced" | "least-leaders" | "random"
-                ) {
-                    return Err(bad(k, v));
-                }
+                ) =>
+            {
+                return Err(bad(k, v));
             }
             // RabbitMQ ignores arguments it does not know.
             _ => {}
