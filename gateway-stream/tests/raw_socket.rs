@@ -418,3 +418,51 @@ async fn bad_password_is_authentication_failure_then_close() {
     ));
     assert_eq!(c.recv().await, None);
 }
+
+#[tokio::test]
+async fn deleting_a_stream_tells_its_subscribers_on_other_connections() {
+    let (port, _stop) = start().await;
+    let mut a = Raw::open(port).await;
+    let mut b = Raw::open(port).await;
+    create(&mut a, "doomed").await;
+    let r = a
+        .request(Frame::Subscribe {
+            corr: 20,
+            subscription_id: 4,
+            stream: "doomed".into(),
+            offset: OffsetSpec::Next,
+            credit: 1,
+            properties: vec![],
+        })
+        .await;
+    assert_eq!(r, ok(key::SUBSCRIBE, 20));
+    let r = b
+        .request(Frame::Delete {
+            corr: 21,
+            stream: "doomed".into(),
+        })
+        .await;
+    assert_eq!(r, ok(key::DELETE, 21));
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::MetadataUpdate {
+            code: code::STREAM_NOT_AVAILABLE,
+            stream: "doomed".into()
+        })
+    );
+    // The subscription is gone; the connection is not.
+    let r = a
+        .request(Frame::Unsubscribe {
+            corr: 22,
+            subscription_id: 4,
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::UNSUBSCRIBE,
+            corr: 22,
+            code: code::SUBSCRIPTION_ID_DOES_NOT_EXIST
+        }
+    );
+}

@@ -309,3 +309,136 @@ fn credit_is_per_chunk_and_an_empty_stream_waits() {
         "{w:?}"
     );
 }
+
+#[test]
+fn a_full_outgoing_buffer_stops_reading_and_delivering_until_written() {
+    let peer = PeerInfo {
+        addr: "test".into(),
+        is_loopback: true,
+    };
+    let config = StreamConfig {
+        out_high_water: 300,
+        ..StreamConfig::default()
+    };
+    let mut s = Session::new(Arc::new(MemoryBackend::new()), Arc::new(config), peer, 0);
+    feed(
+        &mut s,
+        &Frame::PeerProperties {
+            corr: 1,
+            properties: vec![],
+        },
+        0,
+    );
+    feed(&mut s, &Frame::SaslHandshake { corr: 2 }, 0);
+    feed(
+        &mut s,
+        &Frame::SaslAuthenticate {
+            corr: 3,
+            mechanism: "PLAIN".into(),
+            data: Bytes::from_static(b"\0guest\0guest"),
+        },
+        0,
+    );
+    feed(
+        &mut s,
+        &Frame::Tune {
+            frame_max: 0,
+            heartbeat: 0,
+        },
+        0,
+    );
+    feed(
+        &mut s,
+        &Frame::Open {
+            corr: 4,
+            vhost: "/".into(),
+        },
+        0,
+    );
+    feed(
+        &mut s,
+        &Frame::Create {
+            corr: 5,
+            stream: "b".into(),
+            arguments: vec![],
+        },
+        0,
+    );
+    feed(
+        &mut s,
+        &Frame::DeclarePublisher {
+            corr: 6,
+            publisher_id: 0,
+            reference: String::new(),
+            stream: "b".into(),
+        },
+        0,
+    );
+    let big = Bytes::from(vec![7u8; 200]);
+    for i in 0..5u64 {
+        let m = PublishedMessage {
+            publishing_id: i,
+            filter_value: None,
+            entry: Entry::Simple(big.clone()),
+        };
+        feed(
+            &mut s,
+            &Frame::Publish {
+                v2: false,
+                publisher_id: 0,
+                messages: vec![m],
+            },
+            0,
+        );
+    }
+    // Subscribe with credit for all five chunks, plus a request queued behind it.
+    let mut buf = BytesMut::new();
+    codec::encode(
+        &Frame::Subscribe {
+            corr: 8,
+            subscription_id: 1,
+            stream: "b".into(),
+            offset: codec::OffsetSpec::First,
+            credit: 5,
+            properties: vec![],
+        },
+        &mut buf,
+    );
+    codec::encode(
+        &Frame::QueryOffset {
+            corr: 9,
+            reference: "r".into(),
+            stream: "b".into(),
+        },
+        &mut buf,
+    );
+    s.handle_input(&mut buf, 0);
+    assert!(!s.wants_read(), "over the high water mark");
+    assert!(!buf.is_empty(), "the next frame waits in the read buffer");
+    let delivered = |f: &[Frame]| {
+        f.iter()
+            .filter(|f| matches!(f, Frame::Deliver { .. }))
+            .count()
+    };
+    let first = frames(&mut s);
+    assert_eq!(
+        delivered(&first),
+        2,
+        "deliveries stop at the mark: {first:?}"
+    );
+    // Written: room again, deliveries resume, then the queued frame is read.
+    s.flushed(1);
+    assert_eq!(delivered(&frames(&mut s)), 2);
+    s.flushed(2);
+    s.handle_input(&mut buf, 2);
+    let last = frames(&mut s);
+    assert_eq!(delivered(&last), 1);
+    assert!(matches!(
+        last.last(),
+        Some(Frame::QueryOffsetResponse {
+            corr: 9,
+            code: 0x13,
+            ..
+        })
+    ));
+}
