@@ -182,6 +182,16 @@ browser_ws_e2e() {
   (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ws-e2e.mjs "$root/target/browser-ws-e2e.png")
 }
 
+browser_ui_e2e() {
+  # The management web UI in headless Chromium: log in, declare, publish, get, rate chart,
+  # close a connection; screenshots target/ui-e2e-*.png.
+  local dir
+  cargo build -p warren-cli || return 1
+  dir=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+  (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ui-e2e.mjs "$root/target/ui-e2e")
+}
+
 start_broker() {
   cargo build -p warren-cli || return 1
   rm -rf target/ci-data
@@ -323,6 +333,7 @@ step "JS package: Node tests" node_tests
 step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
+step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "start warren serve" start_broker
 step "warren bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt)" python_tests
