@@ -13,7 +13,7 @@
 //!   count exactly the unacked entries that reference them.
 //! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
 //!   detected by a failed lookup, never aliased.
-
+//!
 //! Files are named for the side that owns what they handle:
 //! - the composition: `mod.rs` (the state, `handle`, op dispatch), `post.rs` (mail to its
 //!   side), `sync.rs` (epochs), `alarm.rs`, `restore.rs`, `admin.rs`, `dead_letter.rs`,
