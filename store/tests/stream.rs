@@ -55,6 +55,7 @@ fn chunk_messages(c: &ReadChunk) -> Vec<(u64, Vec<u8>)> {
         .collect::<Result<_, _>>()
         .expect("messages");
     assert_eq!(ms.len() as u32, c.count);
+    assert_eq!(u32::from(c.entries), c.count);
     ms.into_iter()
         .enumerate()
         .map(|(i, m)| (c.first_offset + i as u64, m.to_vec()))

@@ -478,6 +478,7 @@ impl StreamLog {
         }
         let header = ChunkHeader {
             kind: ChunkType::User,
+            entries: messages.len() as u16,
             first_offset: first,
             count: messages.len() as u32,
             data_len: data_len as u32,
@@ -560,6 +561,7 @@ impl StreamLog {
         }
         let header = ChunkHeader {
             kind,
+            entries: 0,
             first_offset: self.next_offset,
             count: 0,
             data_len: data_len as u32,

@@ -56,6 +56,9 @@ pub enum ChunkData {
 #[derive(Clone, Debug)]
 pub struct ReadChunk {
     pub first_offset: u64,
+    /// Entries in the data section (the stream protocol's `NumEntries`).
+    pub entries: u16,
+    /// Messages (`NumRecords`).
     pub count: u32,
     pub timestamp: u64,
     /// CRC-32 of the data: the stream protocol's `ChunkCrc`.
@@ -356,6 +359,7 @@ impl StreamReader {
             self.next_offset = h.next_offset();
             return Ok(Some(ReadChunk {
                 first_offset: h.first_offset,
+                entries: h.entries,
                 count: h.count,
                 timestamp: h.timestamp,
                 data_crc: h.data_crc,
