@@ -9,7 +9,7 @@
 
 use bytes::{Buf, BytesMut};
 use mqtt_proto::v5::{self, DisconnectReasonCode};
-use mqtt_proto::{Pid, QoS, TopicFilter, v3};
+use mqtt_proto::{Pid, QoS, QosPid, TopicFilter, v3};
 
 /// MQTT protocol levels: 3 = MQTT 3.1, 4 = 3.1.1, 5 = 5.0.
 pub type Level = u8;
@@ -444,6 +444,124 @@ fn encode_v3_suback(s: &v5::Suback, out: &mut BytesMut) {
     }
     out.extend_from_slice(&s.pid.value().to_be_bytes());
     out.extend(codes);
+}
+
+/// A packet to send. A PUBLISH matching several of the client's subscriptions carries the
+/// Subscription Identifier of each (MQTT-3.3.4-3): `mqtt-proto` 0.4 holds one, in
+/// `subscription_id`; the others ride in `more_sub_ids` and are encoded by [`encode_out`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Out {
+    pub packet: v5::Packet,
+    pub more_sub_ids: Vec<u32>,
+}
+
+impl From<v5::Packet> for Out {
+    fn from(packet: v5::Packet) -> Out {
+        Out {
+            packet,
+            more_sub_ids: Vec::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for Out {
+    type Target = v5::Packet;
+    fn deref(&self) -> &v5::Packet {
+        &self.packet
+    }
+}
+
+/// Appends the encoding of `o` for a client at `level` (see [`encode`]).
+pub fn encode_out(o: &Out, level: Level, out: &mut BytesMut) -> bool {
+    match &o.packet {
+        v5::Packet::Publish(p) if level == 5 && !o.more_sub_ids.is_empty() => {
+            match encode_publish_ids(p, &o.more_sub_ids) {
+                Ok(b) => {
+                    out.extend_from_slice(&b);
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!("cannot encode PUBLISH: {e}");
+                    false
+                }
+            }
+        }
+        p => encode(p, level, out),
+    }
+}
+
+/// The encoded size of `o` at `level` (for the client's maximum packet size).
+pub fn out_len(o: &Out, level: Level) -> usize {
+    match &o.packet {
+        v5::Packet::Publish(p) if level == 5 && !o.more_sub_ids.is_empty() => {
+            encode_publish_ids(p, &o.more_sub_ids).map_or(usize::MAX, |b| b.len())
+        }
+        p => encoded_len(p, level),
+    }
+}
+
+fn put_var_int(out: &mut Vec<u8>, mut n: usize) {
+    loop {
+        let mut byte = (n % 128) as u8;
+        n /= 128;
+        if n > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// A v5 PUBLISH whose properties hold property 0x0B (Subscription Identifier) once per id:
+/// `p`'s own `subscription_id` then `more`. The property may repeat in a PUBLISH (MQTT 5
+/// §3.3.2.3.8), but `mqtt-proto` encodes at most one, so the packet is framed here around
+/// `mqtt-proto`'s encoding of the other properties.
+fn encode_publish_ids(p: &v5::Publish, more: &[u32]) -> Result<Vec<u8>, mqtt_proto::Error> {
+    use mqtt_proto::Encodable;
+    let mut props = p.properties.clone();
+    let first = props.subscription_id.take().map(|v| v.value());
+    let mut encoded = Vec::new();
+    props.encode(&mut encoded)?;
+    // `encoded` is the properties' length (a variable byte integer) then the properties.
+    let mut at = 0;
+    while encoded.get(at).is_some_and(|b| b & 0x80 != 0) {
+        at += 1;
+    }
+    let mut body_props = encoded.get(at + 1..).unwrap_or_default().to_vec();
+    for id in first.into_iter().chain(more.iter().copied()) {
+        if !(1..=268_435_455).contains(&id) {
+            return Err(mqtt_proto::Error::InvalidVarByteInt);
+        }
+        body_props.push(0x0B);
+        put_var_int(&mut body_props, id as usize);
+    }
+    let topic = p.topic_name.as_bytes();
+    let topic_len = u16::try_from(topic.len()).map_err(|_| mqtt_proto::Error::InvalidString)?;
+    let mut var = Vec::with_capacity(2 + topic.len() + 2 + 4 + body_props.len());
+    var.extend_from_slice(&topic_len.to_be_bytes());
+    var.extend_from_slice(topic);
+    let (qos, pid) = match p.qos_pid {
+        QosPid::Level0 => (0u8, None),
+        QosPid::Level1(pid) => (1, Some(pid)),
+        QosPid::Level2(pid) => (2, Some(pid)),
+    };
+    if let Some(pid) = pid {
+        var.extend_from_slice(&pid.value().to_be_bytes());
+    }
+    put_var_int(&mut var, body_props.len());
+    var.extend_from_slice(&body_props);
+    let remaining = var.len() + p.payload.len();
+    if remaining > 268_435_455 {
+        return Err(mqtt_proto::Error::InvalidRemainingLength);
+    }
+    let mut packet = Vec::with_capacity(5 + remaining);
+    packet.push(0x30 | (u8::from(p.dup) << 3) | (qos << 1) | u8::from(p.retain));
+    put_var_int(&mut packet, remaining);
+    packet.extend_from_slice(&var);
+    packet.extend_from_slice(&p.payload);
+    Ok(packet)
 }
 
 /// The encoded size of `p` at `level` (for the client's maximum packet size).

@@ -102,7 +102,7 @@ async fn read_some<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> std::
 
 async fn write_packets<S: AsyncWrite + Unpin>(
     s: &mut S,
-    packets: &[v5::Packet],
+    packets: &[codec::Out],
     level: Level,
 ) -> std::io::Result<()> {
     if packets.is_empty() {
@@ -110,7 +110,7 @@ async fn write_packets<S: AsyncWrite + Unpin>(
     }
     let mut w = BytesMut::new();
     for p in packets {
-        codec::encode(p, level, &mut w);
+        codec::encode_out(p, level, &mut w);
     }
     s.write_all(&w).await?;
     // A no-op on TCP; TLS and WebSocket streams send what they buffered only on flush.
@@ -358,7 +358,7 @@ where
             tracing::warn!(peer = %peer.addr, client_id = %Escaped(&connect.client_id), "MQTT CONNECT refused: {code:?}");
             let _ = timeout(
                 CLOSE_TIMEOUT,
-                write_packets(&mut stream, &[refusal(code)], level),
+                write_packets(&mut stream, &[refusal(code).into()], level),
             )
             .await;
             return None;
@@ -398,7 +398,7 @@ where
         tracing::warn!(peer = %peer.addr, client_id = %Escaped(&connect.client_id), "MQTT login refused: {}", Escaped(&why));
         let _ = timeout(
             CLOSE_TIMEOUT,
-            write_packets(&mut stream, &[refusal(code)], level),
+            write_packets(&mut stream, &[refusal(code).into()], level),
         )
         .await;
         return None;
@@ -488,7 +488,7 @@ where
     // bindings were applied.
     let mut last = session.take_all_packets();
     if let End::Close(e) = &end {
-        last.extend(session.disconnect_packet(e.reason));
+        last.extend(session.disconnect_packet(e.reason).map(codec::Out::from));
     }
     let record = session.close(now, registry);
     if record.is_none() && session.is_stored() {

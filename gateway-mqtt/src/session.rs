@@ -34,6 +34,17 @@ use warren_core::mqtt::{
     validate_topic,
 };
 
+/// Queues a packet without Subscription Identifiers beyond what `mqtt-proto` holds.
+trait PushPacket {
+    fn push_packet(&mut self, p: v5::Packet);
+}
+
+impl PushPacket for Vec<codec::Out> {
+    fn push_packet(&mut self, p: v5::Packet) {
+        self.push(p.into());
+    }
+}
+
 /// The core channel every MQTT session uses.
 pub const CHANNEL: u16 = 1;
 const CONSUMER_TAG: &str = "mqtt";
@@ -166,6 +177,8 @@ struct Inflight {
 /// An outbound QoS 1/2 message waiting for a free packet id (the client's Receive Maximum).
 struct Waiting {
     publish: v5::Publish,
+    /// Subscription Identifiers past the one in `publish` (see [`codec::Out`]).
+    more_sub_ids: Vec<u32>,
     tag: Option<u64>,
 }
 
@@ -273,7 +286,7 @@ pub struct Session {
     paused: bool,
     blocked: bool,
     published: bool,
-    out: Vec<v5::Packet>,
+    out: Vec<codec::Out>,
     /// Positions in `out` of SUBACKs waiting for their bindings to be applied, oldest first
     /// (see [`Session::on_subscribe`]); `None` when none waits, so an idle subscriber holds
     /// no allocation for it.
@@ -399,7 +412,8 @@ impl Session {
                                 released: true,
                             },
                         );
-                        s.out.push(v5::Packet::Pubrel(v5::Pubrel::new_success(p)));
+                        s.out
+                            .push_packet(v5::Packet::Pubrel(v5::Pubrel::new_success(p)));
                     }
                 }
             }
@@ -425,7 +439,7 @@ impl Session {
             }
         }
         // The CONNACK goes first: PUBRELs resent above must follow it.
-        s.out.insert(0, v5::Packet::Connack(ack));
+        s.out.insert(0, v5::Packet::Connack(ack).into());
         s
     }
 
@@ -455,7 +469,7 @@ impl Session {
     /// Packets to send, in order: those queued before the first SUBACK still waiting for its
     /// bindings (everything after it waits too, so the client sees packets in the order
     /// they were queued, topic alias assignments included).
-    pub fn take_packets(&mut self) -> Vec<v5::Packet> {
+    pub fn take_packets(&mut self) -> Vec<codec::Out> {
         let Some(Held(held)) = self.held.as_deref_mut() else {
             return std::mem::take(&mut self.out);
         };
@@ -470,7 +484,7 @@ impl Session {
 
     /// Every queued packet, held SUBACKs included: for the close sequence, which writes them
     /// only after its barrier, i.e. once the bindings were applied.
-    pub fn take_all_packets(&mut self) -> Vec<v5::Packet> {
+    pub fn take_all_packets(&mut self) -> Vec<codec::Out> {
         self.held = None;
         std::mem::take(&mut self.out)
     }
@@ -592,10 +606,10 @@ impl Session {
                             f.released = true;
                             self.ack_core(tag);
                             self.out
-                                .push(v5::Packet::Pubrel(v5::Pubrel::new_success(a.pid)));
+                                .push_packet(v5::Packet::Pubrel(v5::Pubrel::new_success(a.pid)));
                         }
                     }
-                    _ => self.out.push(v5::Packet::Pubrel(v5::Pubrel::new(
+                    _ => self.out.push_packet(v5::Packet::Pubrel(v5::Pubrel::new(
                         a.pid,
                         v5::PubrelReasonCode::PacketIdentifierNotFound,
                     ))),
@@ -612,7 +626,7 @@ impl Session {
                     PubcompReasonCode::PacketIdentifierNotFound
                 };
                 self.out
-                    .push(v5::Packet::Pubcomp(v5::Pubcomp::new(r.pid, code)));
+                    .push_packet(v5::Packet::Pubcomp(v5::Pubcomp::new(r.pid, code)));
             }
             v5::Packet::Pubcomp(c) => {
                 let outbound = self.rare.as_deref_mut().map(|r| &mut r.outbound);
@@ -625,7 +639,7 @@ impl Session {
             }
             v5::Packet::Subscribe(s) => self.on_subscribe(now, s.into(), registry),
             v5::Packet::Unsubscribe(u) => self.on_unsubscribe(u),
-            v5::Packet::Pingreq => self.out.push(v5::Packet::Pingresp),
+            v5::Packet::Pingreq => self.out.push_packet(v5::Packet::Pingresp),
             v5::Packet::Disconnect(d) => {
                 if let Some(e) = d.properties.session_expiry_interval {
                     if self.session_expiry_s == 0 && e != 0 {
@@ -697,11 +711,11 @@ impl Session {
                         "payload announced as UTF-8 is not",
                     ));
                 }
-                QosPid::Level1(pid) => self.out.push(v5::Packet::Puback(v5::Puback::new(
+                QosPid::Level1(pid) => self.out.push_packet(v5::Packet::Puback(v5::Puback::new(
                     pid,
                     PubackReasonCode::PayloadFormatInvalid,
                 ))),
-                QosPid::Level2(pid) => self.out.push(v5::Packet::Pubrec(v5::Pubrec::new(
+                QosPid::Level2(pid) => self.out.push_packet(v5::Packet::Pubrec(v5::Pubrec::new(
                     pid,
                     PubrecReasonCode::PayloadFormatInvalid,
                 ))),
@@ -727,7 +741,7 @@ impl Session {
                 if !rare.inbound_qos2.insert(pid.value()) {
                     // A resend of a message already routed: exactly once means not again.
                     self.out
-                        .push(v5::Packet::Pubrec(v5::Pubrec::new_success(pid)));
+                        .push_packet(v5::Packet::Pubrec(v5::Pubrec::new_success(pid)));
                     return Ok(());
                 }
                 PendingAck::Pubrec(pid)
@@ -930,7 +944,7 @@ impl Session {
         }
         self.dirty = true;
         self.out
-            .push(v5::Packet::Suback(v5::Suback::new(s.pid, codes)));
+            .push_packet(v5::Packet::Suback(v5::Suback::new(s.pid, codes)));
         for (m, granted) in retained {
             let message = Message {
                 exchange: Arc::from(EXCHANGE),
@@ -955,7 +969,12 @@ impl Session {
                 payload: message.body,
                 properties: props,
             };
-            self.send_publish(publish, qos_from((m.qos).min(granted as u8)), None);
+            self.send_publish(
+                publish,
+                Vec::new(),
+                qos_from((m.qos).min(granted as u8)),
+                None,
+            );
         }
     }
 
@@ -983,7 +1002,7 @@ impl Session {
         }
         self.dirty = true;
         self.out
-            .push(v5::Packet::Unsuback(v5::Unsuback::new(u.pid, codes)));
+            .push_packet(v5::Packet::Unsuback(v5::Unsuback::new(u.pid, codes)));
     }
 
     /// Handles one effect the core addressed to this connection.
@@ -1064,7 +1083,7 @@ impl Session {
                         PubackReasonCode::UnspecifiedError
                     };
                     self.out
-                        .push(v5::Packet::Puback(v5::Puback::new(pid, code)));
+                        .push_packet(v5::Packet::Puback(v5::Puback::new(pid, code)));
                 }
                 PendingAck::Pubrec(pid) => {
                     let code = if ack {
@@ -1074,7 +1093,7 @@ impl Session {
                         PubrecReasonCode::UnspecifiedError
                     };
                     self.out
-                        .push(v5::Packet::Pubrec(v5::Pubrec::new(pid, code)));
+                        .push_packet(v5::Packet::Pubrec(v5::Pubrec::new(pid, code)));
                 }
             }
         }
@@ -1101,7 +1120,10 @@ impl Session {
         let own = self.stamp_publisher && convert::publisher(&d.message) == Some(&*self.client_id);
         let mut granted: Option<QoS> = None;
         let mut rap = false;
+        // One copy for all the matching subscriptions, carrying each one's identifier
+        // (MQTT-3.3.4-3/-5); with one match (the usual case) nothing is allocated.
         let mut sub_id = None;
+        let mut more_sub_ids = Vec::new();
         for (filter, opts) in &self.subs {
             if filter.starts_with("$share/") || !matches(filter, &o.topic) || (own && opts.no_local)
             {
@@ -1109,7 +1131,13 @@ impl Session {
             }
             granted = Some(granted.map_or(opts.qos, |g| g.max(opts.qos)));
             rap |= opts.retain_as_published;
-            sub_id = sub_id.or(opts.id);
+            if let Some(id) = opts.id {
+                if sub_id.is_none() {
+                    sub_id = Some(id);
+                } else if sub_id != Some(id) && !more_sub_ids.contains(&id) {
+                    more_sub_ids.push(id);
+                }
+            }
         }
         let Some(granted) = granted else {
             // Unsubscribed meanwhile, or only no-local subscriptions match its own message.
@@ -1130,7 +1158,7 @@ impl Session {
             payload: d.message.body.clone(),
             properties: props,
         };
-        self.send_publish(publish, o.qos.min(granted), Some(tag));
+        self.send_publish(publish, more_sub_ids, o.qos.min(granted), Some(tag));
     }
 
     /// Joins a share group: its queue (auto-delete, shared by the group's members, who get its
@@ -1202,14 +1230,24 @@ impl Session {
             payload: d.message.body.clone(),
             properties: props,
         };
-        self.send_publish(publish, o.qos.min(opts.qos), Some(tag));
+        self.send_publish(publish, Vec::new(), o.qos.min(opts.qos), Some(tag));
     }
 
     /// Sends a PUBLISH at `qos` (0: at once, acking the core; 1/2: under a packet id, or queued
     /// until one is free).
-    fn send_publish(&mut self, mut publish: v5::Publish, qos: QoS, tag: Option<u64>) {
+    fn send_publish(
+        &mut self,
+        mut publish: v5::Publish,
+        more_sub_ids: Vec<u32>,
+        qos: QoS,
+        tag: Option<u64>,
+    ) {
         if let Some(max) = self.client_max_packet {
-            let size = crate::codec::encoded_len(&v5::Packet::Publish(publish.clone()), self.level);
+            let out = codec::Out {
+                packet: v5::Packet::Publish(publish.clone()),
+                more_sub_ids: more_sub_ids.clone(),
+            };
+            let size = codec::out_len(&out, self.level);
             if size > max as usize {
                 // MQTT-3.1.2-25: discard what the client said it cannot take.
                 self.ack_core(tag);
@@ -1218,7 +1256,7 @@ impl Session {
         }
         if qos == QoS::Level0 {
             publish.dup = false;
-            self.push_publish(publish);
+            self.push_publish(publish, more_sub_ids);
             self.ack_core(tag);
             return;
         }
@@ -1229,13 +1267,23 @@ impl Session {
         if self.rare().waiting.is_empty()
             && let Some(pid) = self.alloc_pid()
         {
-            self.send_inflight(publish, pid, tag);
+            self.send_inflight(publish, more_sub_ids, pid, tag);
             return;
         }
-        self.rare().waiting.push_back(Waiting { publish, tag });
+        self.rare().waiting.push_back(Waiting {
+            publish,
+            more_sub_ids,
+            tag,
+        });
     }
 
-    fn send_inflight(&mut self, mut publish: v5::Publish, pid: Pid, tag: Option<u64>) {
+    fn send_inflight(
+        &mut self,
+        mut publish: v5::Publish,
+        more_sub_ids: Vec<u32>,
+        pid: Pid,
+        tag: Option<u64>,
+    ) {
         let qos = publish.qos_pid.qos();
         publish.qos_pid = match qos {
             QoS::Level1 => QosPid::Level1(pid),
@@ -1249,11 +1297,11 @@ impl Session {
                 released: false,
             },
         );
-        self.push_publish(publish);
+        self.push_publish(publish, more_sub_ids);
     }
 
     /// Queues a PUBLISH, replacing its topic by an alias when the client takes aliases.
-    fn push_publish(&mut self, mut p: v5::Publish) {
+    fn push_publish(&mut self, mut p: v5::Publish, more_sub_ids: Vec<u32>) {
         let max = usize::from(self.out_alias_max);
         if max > 0 {
             let out_aliases = &mut self.rare().out_aliases;
@@ -1268,7 +1316,10 @@ impl Session {
                 p.properties.topic_alias = Some(alias);
             }
         }
-        self.out.push(v5::Packet::Publish(p));
+        self.out.push(codec::Out {
+            packet: v5::Packet::Publish(p),
+            more_sub_ids,
+        });
     }
 
     fn send_waiting(&mut self) {
@@ -1277,7 +1328,7 @@ impl Session {
             let Some(w) = self.rare().waiting.pop_front() else {
                 return;
             };
-            self.send_inflight(w.publish, pid, w.tag);
+            self.send_inflight(w.publish, w.more_sub_ids, pid, w.tag);
         }
     }
 

@@ -100,6 +100,51 @@ fn publish_variants() {
     insta::assert_snapshot!("publish_qos2_retain_properties", both(&Packet::Publish(q2)));
 }
 
+/// A PUBLISH matching several subscriptions repeats property 0x0B once per identifier
+/// (MQTT-3.3.4-3), which `mqtt-proto` cannot encode: framed by the gateway around its
+/// encoding of the other properties. rumqttc decodes these bytes in
+/// `mqtt_v5::every_matching_subscription_identifier_is_delivered`.
+#[test]
+fn publish_with_several_subscription_identifiers() {
+    let topic = TopicName::try_from("a/b").expect("topic");
+    let mut p = v5::Publish::new(QosPid::Level1(pid(9)), topic, Bytes::from_static(b"hi"));
+    p.properties.message_expiry_interval = Some(59);
+    p.properties.subscription_id = Some(v5::VarByteInt::try_from(1).expect("id"));
+    p.properties.content_type = Some(Arc::from("t"));
+    let out = codec::Out {
+        packet: Packet::Publish(p.clone()),
+        more_sub_ids: vec![2, 300],
+    };
+    let mut v5b = BytesMut::new();
+    assert!(codec::encode_out(&out, 5, &mut v5b));
+    assert_eq!(codec::out_len(&out, 5), v5b.len());
+    insta::assert_snapshot!("publish_several_subscription_ids", hex(&v5b));
+    // With one id the framing decodes, through the gateway's own decoder, to the same packet
+    // as mqtt-proto's encoding (the properties' order differs, which MQTT allows).
+    let mut one = BytesMut::new();
+    assert!(codec::encode(&Packet::Publish(p.clone()), 5, &mut one));
+    let mut mine = BytesMut::new();
+    let mut without_first = p.clone();
+    without_first.properties.subscription_id = None;
+    let single = codec::Out {
+        packet: Packet::Publish(without_first),
+        more_sub_ids: vec![1],
+    };
+    assert!(codec::encode_out(&single, 5, &mut mine));
+    assert_eq!(one.len(), mine.len());
+    let decoded = |mut b: BytesMut| match codec::decode(&mut b, Some(5), 1 << 20) {
+        Ok(Some(Decoded::Packet(p))) => p,
+        other => panic!("not decoded: {other:?}"),
+    };
+    assert_eq!(decoded(one), decoded(mine));
+    // v3.1.1 has no properties: the identifiers are dropped, the packet unchanged.
+    let mut v3a = BytesMut::new();
+    let mut v3b = BytesMut::new();
+    assert!(codec::encode_out(&out, 4, &mut v3a));
+    assert!(codec::encode(&Packet::Publish(p), 4, &mut v3b));
+    assert_eq!(v3a, v3b);
+}
+
 #[test]
 fn acks() {
     insta::assert_snapshot!(

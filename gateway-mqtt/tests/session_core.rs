@@ -45,7 +45,12 @@ impl World {
         let mut packets = Vec::new();
         loop {
             let ops = s.take_ops();
-            packets.extend(s.take_packets());
+            packets.extend(
+                s.take_packets()
+                    .into_iter()
+                    .map(|o| o.packet)
+                    .collect::<Vec<_>>(),
+            );
             if ops.is_empty() {
                 return packets;
             }
@@ -64,7 +69,12 @@ impl World {
                 s.handle_effect(self.now, e).expect("no error");
             }
             s.flushed();
-            packets.extend(s.take_packets());
+            packets.extend(
+                s.take_packets()
+                    .into_iter()
+                    .map(|o| o.packet)
+                    .collect::<Vec<_>>(),
+            );
         }
     }
 
@@ -82,8 +92,18 @@ impl World {
             let mut ops: Vec<(u64, u16, warren_core::command::Op)> = Vec::new();
             ops.extend(sa.take_ops().into_iter().map(|(c, o)| (ca, c, o)));
             ops.extend(sb.take_ops().into_iter().map(|(c, o)| (cb, c, o)));
-            pa.extend(sa.take_packets());
-            pb.extend(sb.take_packets());
+            pa.extend(
+                sa.take_packets()
+                    .into_iter()
+                    .map(|o| o.packet)
+                    .collect::<Vec<_>>(),
+            );
+            pb.extend(
+                sb.take_packets()
+                    .into_iter()
+                    .map(|o| o.packet)
+                    .collect::<Vec<_>>(),
+            );
             if ops.is_empty() {
                 return (pa, pb);
             }
@@ -297,7 +317,13 @@ fn exactly_once_inbound_and_outbound() {
         )
         .expect("pubrel again");
     assert_eq!(
-        kinds(&publisher.take_packets()),
+        kinds(
+            &publisher
+                .take_packets()
+                .into_iter()
+                .map(|o| o.packet)
+                .collect::<Vec<_>>()
+        ),
         ["pubcomp 9 Success", "pubcomp 9 PacketIdentifierNotFound"]
     );
     // After PUBREL the id is free again: a new message under it is routed.
@@ -328,7 +354,12 @@ fn exactly_once_inbound_and_outbound() {
         "{ops:?}"
     );
     assert_eq!(
-        kinds(&sub.take_packets()),
+        kinds(
+            &sub.take_packets()
+                .into_iter()
+                .map(|o| o.packet)
+                .collect::<Vec<_>>()
+        ),
         [format!("pubrel {} Success", out_pid.value())]
     );
     sub.handle_packet(
@@ -387,7 +418,12 @@ fn payload_announced_as_utf8_must_be() {
     s.handle_packet(w.now, bad(QosPid::Level2(pid(2))), &w.registry)
         .expect("answered");
     assert_eq!(
-        kinds(&s.take_packets()),
+        kinds(
+            &s.take_packets()
+                .into_iter()
+                .map(|o| o.packet)
+                .collect::<Vec<_>>()
+        ),
         [
             "puback 1 PayloadFormatInvalid",
             "pubrec 2 PayloadFormatInvalid"
@@ -435,11 +471,27 @@ fn suback_waits_for_its_bindings_and_what_follows_waits_with_it() {
     for e in effects {
         s.handle_effect(w.now, e).expect("no error");
     }
-    assert_eq!(kinds(&s.take_packets()), ["Suback", "Pingresp"]);
+    assert_eq!(
+        kinds(
+            &s.take_packets()
+                .into_iter()
+                .map(|o| o.packet)
+                .collect::<Vec<_>>()
+        ),
+        ["Suback", "Pingresp"]
+    );
 
     // A SUBACK with nothing to bind (the filter is already bound) leaves at once.
     s.handle_packet(w.now, subscribe(2, "s/#", QoS::Level1), &w.registry)
         .expect("subscribe");
     assert!(s.take_ops().is_empty());
-    assert_eq!(kinds(&s.take_packets()), ["Suback"]);
+    assert_eq!(
+        kinds(
+            &s.take_packets()
+                .into_iter()
+                .map(|o| o.packet)
+                .collect::<Vec<_>>()
+        ),
+        ["Suback"]
+    );
 }

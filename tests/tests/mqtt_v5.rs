@@ -553,3 +553,115 @@ async fn denied_subscription_gets_0x87_in_suback_and_the_connection_lives() {
     c.wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
         .await;
 }
+
+async fn subscribe_with_id(c: &mut warren_tests::mqtt::Client5, filter: &str, id: Option<usize>) {
+    c.client
+        .subscribe_many_with_properties(
+            [Filter::new(filter, QoS::AtLeastOnce)],
+            SubscribeProperties {
+                id,
+                user_properties: vec![],
+            },
+        )
+        .await
+        .expect("queue subscribe");
+    c.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
+        .await;
+}
+
+/// MQTT-3.3.4-3/-5: one copy for overlapping subscriptions, carrying the identifier of every
+/// matching subscription that has one (order not significant), none for one without; a
+/// shared subscription's copy carries its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_matching_subscription_identifier_is_delivered() {
+    let b = start().await;
+    let mut c = b.connect5("ids").await;
+    subscribe_with_id(&mut c, "ids/#", Some(1)).await;
+    subscribe_with_id(&mut c, "ids/+/x", Some(2)).await;
+    subscribe_with_id(&mut c, "ids/a/+", None).await;
+    subscribe_with_id(&mut c, "solo/+", None).await;
+    subscribe_with_id(&mut c, "$share/g/ids/a/x", Some(300)).await;
+    let publisher = b.connect5("ids-pub").await;
+    publisher
+        .client
+        .publish("ids/a/x", QoS::AtLeastOnce, false, "one")
+        .await
+        .expect("queue publish");
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let p = c.next_publish().await;
+        let mut ids = p.properties.expect("properties").subscription_identifiers;
+        ids.sort();
+        got.push(ids);
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        [vec![1, 2], vec![300]],
+        "the session's copy has ids 1 and 2 (not the id-less overlap), the share's 300"
+    );
+    c.no_publish(QUIET).await;
+    publisher
+        .client
+        .publish("solo/x", QoS::AtLeastOnce, false, "plain")
+        .await
+        .expect("queue publish");
+    let p = c.next_publish().await;
+    assert_eq!(&p.payload[..], b"plain");
+    assert_eq!(
+        p.properties
+            .map(|pr| pr.subscription_identifiers)
+            .unwrap_or_default(),
+        Vec::<usize>::new(),
+        "only an id-less subscription matches: no identifier"
+    );
+}
+
+/// The identifiers survive the in-flight path: an unacknowledged QoS 1 message resent after
+/// a reconnect carries all of them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_identifiers_survive_a_resend_after_reconnect() {
+    let b = start().await;
+    let mut o = b.options5("ids-resend");
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(600));
+    o.set_receive_maximum(Some(1));
+    o.set_manual_acks(true);
+    let (mut c, _) = b.connect5_with(o.clone()).await;
+    subscribe_with_id(&mut c, "rs/#", Some(1)).await;
+    subscribe_with_id(&mut c, "rs/+/x", Some(2)).await;
+    let publisher = b.connect5("ids-resend-pub").await;
+    for payload in ["one", "two"] {
+        publisher
+            .client
+            .publish("rs/a/x", QoS::AtLeastOnce, false, payload)
+            .await
+            .expect("queue publish");
+    }
+    let ids = |p: &rumqttc::v5::mqttbytes::v5::Publish| {
+        let mut ids = p
+            .properties
+            .clone()
+            .expect("properties")
+            .subscription_identifiers;
+        ids.sort();
+        ids
+    };
+    let p = c.next_publish().await;
+    assert_eq!((&p.payload[..], ids(&p)), (&b"one"[..], vec![1, 2]));
+    c.client.ack(&p).await.expect("ack");
+    let p = c.next_publish().await;
+    assert_eq!((&p.payload[..], ids(&p)), (&b"two"[..], vec![1, 2]));
+    // Not acked: the session resends it on the next connection.
+    c.kill();
+    let (mut c, ack) = b.connect5_with(o).await;
+    assert!(ack.session_present);
+    let p = c.next_publish().await;
+    assert_eq!(
+        &p.payload[..],
+        b"two",
+        "unacked message resent after reconnect"
+    );
+    assert!(p.dup);
+    assert_eq!(ids(&p), [1, 2], "the resend carries the same identifiers");
+}
