@@ -27,6 +27,9 @@ pub struct MqttConfig {
     /// On a TLS listener that verified the client's certificate: its subject CN is the user
     /// name and no password is checked (Mosquitto's `use_identity_as_username`).
     pub use_identity_as_username: bool,
+    /// How often the `$SYS/broker/...` topics are published (Mosquitto's `sys_interval`);
+    /// `None` disables them.
+    pub sys_interval: Option<Duration>,
 }
 
 /// The name of the policy bounding offline session queues.
@@ -68,6 +71,7 @@ impl Default for MqttConfig {
             max_retained_per_subscribe: 10_000,
             max_offline_messages: 100_000,
             use_identity_as_username: false,
+            sys_interval: Some(Duration::from_secs(10)),
         }
     }
 }

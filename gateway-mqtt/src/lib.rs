@@ -4,7 +4,7 @@
 //! protocol state machine of one connection), `convert` (MQTT publish <-> core message),
 //! `connection` (the tokio shell of one connection), `record` (a persistent
 //! session while its client is away), `registry` (client ids, offline sessions, retained
-//! messages), `server` (TCP accept loop), `config`, `error`.
+//! messages), `server` (TCP accept loop), `sys` (`$SYS/broker` topics), `config`, `error`.
 
 pub mod codec;
 pub mod config;
@@ -15,6 +15,7 @@ pub mod record;
 pub mod registry;
 pub mod server;
 pub mod session;
+pub mod sys;
 
 pub use config::MqttConfig;
 pub use connection::{PeerInfo, serve_connection};

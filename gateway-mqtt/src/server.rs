@@ -84,12 +84,34 @@ pub fn start_session_tasks(
     for (client_id, will) in registry.take_restored_wills() {
         schedule_restored_will(client_id, will, broker, registry, config);
     }
-    tokio::spawn(expire_sessions(
+    let expiry = tokio::spawn(expire_sessions(
         broker.clone(),
         registry.clone(),
         config.clone(),
         shutdown.clone(),
-    ))
+    ));
+    let Some(interval) = config.sys_interval.filter(|i| !i.is_zero()) else {
+        return expiry;
+    };
+    let sys = tokio::spawn(crate::sys::publish_sys_topics(
+        broker.clone(),
+        registry.clone(),
+        config.clone(),
+        interval,
+        shutdown.clone(),
+    ));
+    // One handle for both: aborting it (at shutdown) ends both tasks.
+    tokio::spawn(async move {
+        struct AbortOnDrop(JoinHandle<()>);
+        impl Drop for AbortOnDrop {
+            fn drop(&mut self) {
+                self.0.abort();
+            }
+        }
+        let _sys = AbortOnDrop(sys);
+        let mut expiry = AbortOnDrop(expiry);
+        let _ = (&mut expiry.0).await;
+    })
 }
 
 /// Schedules a delayed will read back from storage for the time it was due (at once when

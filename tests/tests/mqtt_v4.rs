@@ -351,3 +351,43 @@ async fn denied_subscription_gets_0x80_in_suback_and_the_connection_lives() {
         .await;
     c.puback().await;
 }
+
+/// `$SYS/broker/...` as Mosquitto publishes them: every `sys_interval`, retained, to a
+/// subscription naming `$SYS`; the version and a connected-clients count that counts the
+/// connected clients. `#` alone gets none of them (MQTT-4.7.2-1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sys_topics_published_like_mosquitto() {
+    let b = warren_tests::mqtt::start_with(warren_mqtt::MqttConfig {
+        sys_interval: Some(Duration::from_secs(1)),
+        ..Default::default()
+    })
+    .await;
+    let mut all = b.connect("sys-all").await;
+    all.subscribe("#", QoS::AtMostOnce).await;
+    let _others = [b.connect("sys-a").await, b.connect("sys-b").await];
+    let mut sys = b.connect("sys-watch").await;
+    sys.subscribe("$SYS/broker/#", QoS::AtMostOnce).await;
+    let mut version = None;
+    let mut connected = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    // The retained values come at SUBSCRIBE (maybe from before all four connected), then
+    // every second: wait for a count that includes all four clients.
+    while connected != Some(4) || version.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "got {version:?} {connected:?}"
+        );
+        let p = sys.next_publish().await;
+        let value = String::from_utf8_lossy(&p.payload).into_owned();
+        match &*p.topic {
+            "$SYS/broker/version" => version = Some(value),
+            "$SYS/broker/clients/connected" => connected = value.parse().ok(),
+            _ => {}
+        }
+    }
+    assert!(
+        version.is_some_and(|v| v.starts_with("warren version ")),
+        "version names the broker"
+    );
+    all.no_publish(Duration::from_millis(1500)).await;
+}
