@@ -96,7 +96,9 @@ fn parse(out: &str) -> Vec<Node> {
             let mut words = line.split_whitespace();
             let name = words.next().expect("node name").to_string();
             let mut field = |key: &str| {
-                let w = words.next().unwrap_or_else(|| panic!("no {key} in {line:?}"));
+                let w = words
+                    .next()
+                    .unwrap_or_else(|| panic!("no {key} in {line:?}"));
                 let v = w
                     .strip_prefix(key)
                     .and_then(|w| w.strip_prefix('='))
@@ -125,9 +127,12 @@ async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 /// Declares a durable queue on the node, publishes to it and gets the message back.
 async fn amqp_roundtrip(node: &Node, queue: &str) {
     let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
-    let conn = bounded("amqp connect", Connection::connect(&uri, ConnectionProperties::default()))
-        .await
-        .unwrap_or_else(|e| panic!("{}: connect {uri}: {e}", node.name));
+    let conn = bounded(
+        "amqp connect",
+        Connection::connect(&uri, ConnectionProperties::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: connect {uri}: {e}", node.name));
     let ch = conn.create_channel().await.expect("channel");
     let durable = QueueDeclareOptions {
         durable: true,
@@ -224,13 +229,19 @@ fn reaches(from: usize, to: &str) -> bool {
 
 fn leftovers() -> Vec<String> {
     let mut left = Vec::new();
-    let ns = Command::new("ip").args(["netns", "list"]).output().expect("ip");
+    let ns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip");
     for line in String::from_utf8_lossy(&ns.stdout).lines() {
         if line.starts_with(&format!("{BRIDGE}-n")) {
             left.push(format!("namespace {line}"));
         }
     }
-    let links = Command::new("ip").args(["-o", "link", "show"]).output().expect("ip");
+    let links = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip");
     for line in String::from_utf8_lossy(&links.stdout).lines() {
         if line.contains(BRIDGE) {
             left.push(format!("link {line}"));
@@ -294,8 +305,14 @@ async fn up_kill_start_partition_heal_down() {
     // partition: n1 and the others cannot reach each other; the host reaches everyone.
     assert!(reaches(1, &nodes[1].amqp) && reaches(2, &nodes[0].amqp));
     cluster.run(&["partition", "n1"]);
-    assert!(!reaches(1, &nodes[1].amqp), "n1 reaches n2 during the partition");
-    assert!(!reaches(3, &nodes[0].amqp), "n3 reaches n1 during the partition");
+    assert!(
+        !reaches(1, &nodes[1].amqp),
+        "n1 reaches n2 during the partition"
+    );
+    assert!(
+        !reaches(3, &nodes[0].amqp),
+        "n3 reaches n1 during the partition"
+    );
     assert!(reaches(2, &nodes[2].amqp), "n2 and n3 are on the same side");
     amqp_roundtrip(&nodes[0], "script-q").await;
     amqp_roundtrip(&nodes[1], "script-q").await;

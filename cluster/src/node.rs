@@ -1,0 +1,221 @@
+//! A cluster node: the metadata group over the TCP transport, with its files under a data
+//! directory (`<data-dir>/cluster/meta.redb` and `meta.snapshot`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ServerState};
+use tokio::net::TcpListener;
+
+use crate::definitions::{DefCommand, DefReply, Definitions};
+use crate::log_store::LogStore;
+use crate::state_machine::{SnapshotFileError, StateMachineStore};
+use crate::transport::{self, Groups, Peers, Secret};
+use crate::{META_GROUP, NodeId, Raft};
+
+/// How to start a node.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub id: NodeId,
+    /// Where the cluster listener binds (`--cluster`).
+    pub listen: SocketAddr,
+    /// Every member's cluster address by id, this node's included (`--peers` plus itself).
+    pub members: BTreeMap<NodeId, String>,
+    pub secret: Secret,
+    pub data_dir: PathBuf,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+    /// A snapshot after this many applied entries.
+    pub snapshot_every: u64,
+}
+
+impl NodeOptions {
+    /// Timings for a LAN (RabbitMQ's Ra uses similar): a dead leader is replaced within
+    /// about a second.
+    pub fn new(
+        id: NodeId,
+        listen: SocketAddr,
+        members: BTreeMap<NodeId, String>,
+        secret: Secret,
+        data_dir: PathBuf,
+    ) -> Self {
+        Self {
+            id,
+            listen,
+            members,
+            secret,
+            data_dir,
+            heartbeat_ms: 100,
+            election_timeout_ms: 500,
+            snapshot_every: 1000,
+        }
+    }
+}
+
+/// Why a node could not start or a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cluster listener {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error("cluster log: {0}")]
+    Log(#[from] redb::Error),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotFileError),
+    #[error("raft config: {0}")]
+    Config(#[from] openraft::ConfigError),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("not the leader (leader: {0:?})")]
+    NotLeader(Option<NodeId>),
+    #[error("bad reply from the state machine: {0}")]
+    Reply(#[from] serde_json::Error),
+}
+
+/// One member's view in [`Status`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    pub addr: String,
+    /// The last log index the leader knows this member has (leader only).
+    pub matched: Option<u64>,
+    /// Entries it is behind the leader's last log index (leader only).
+    pub lag: Option<u64>,
+}
+
+/// What `warren ctl cluster-status` shows.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Status {
+    pub id: NodeId,
+    pub state: String,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: Option<u64>,
+    pub last_applied: Option<u64>,
+    pub members: Vec<MemberStatus>,
+}
+
+/// A running cluster node.
+pub struct ClusterNode {
+    pub raft: Raft,
+    pub definitions: StateMachineStore<Definitions>,
+    pub addr: SocketAddr,
+    id: NodeId,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl ClusterNode {
+    /// Opens the node's files, binds the cluster listener and starts the metadata group.
+    /// A node with an empty log proposes the configured members as the first membership
+    /// (every fresh node proposes the same one; openraft accepts that).
+    pub async fn start(opts: NodeOptions) -> Result<Self, NodeError> {
+        let dir = opts.data_dir.join("cluster");
+        let log = LogStore::open(&dir.join("meta.redb"))?;
+        let sm = StateMachineStore::open(Some(&dir.join("meta.snapshot")), Definitions::new())?;
+        let config = crate::raft_config(
+            opts.heartbeat_ms,
+            opts.election_timeout_ms,
+            opts.snapshot_every,
+        )?;
+        let listener = TcpListener::bind(opts.listen)
+            .await
+            .map_err(|e| NodeError::Listen(opts.listen, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| NodeError::Listen(opts.listen, e))?;
+        let peers = Peers::new(opts.id, opts.secret.clone());
+        let raft = Raft::new(opts.id, config, peers.network(META_GROUP), log, sm.clone())
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let groups = Groups::default();
+        groups.insert(META_GROUP, raft.clone());
+        let server = tokio::spawn(transport::serve(
+            listener,
+            opts.id,
+            opts.secret.clone(),
+            groups,
+        ));
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        if !initialized {
+            let members: BTreeMap<NodeId, BasicNode> = opts
+                .members
+                .iter()
+                .map(|(id, a)| (*id, BasicNode::new(a)))
+                .collect();
+            match raft.initialize(members).await {
+                Ok(())
+                | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(NodeError::Raft(e.to_string())),
+            }
+        }
+        Ok(Self {
+            raft,
+            definitions: sm,
+            addr,
+            id: opts.id,
+            server,
+        })
+    }
+
+    /// Proposes a change to the definitions; answered once committed and applied here.
+    /// Only the leader accepts writes (forwarding comes with the wiring into the broker).
+    pub async fn write(&self, cmd: &DefCommand) -> Result<DefReply, NodeError> {
+        match self.raft.client_write(cmd.encode()).await {
+            Ok(r) => Ok(DefReply::decode(&r.data)?),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(NodeError::NotLeader(f.leader_id))
+            }
+            Err(e) => Err(NodeError::Raft(e.to_string())),
+        }
+    }
+
+    /// Members, leader, log indexes and each member's lag.
+    pub fn status(&self) -> Status {
+        let m = self.raft.metrics().borrow().clone();
+        let last = m.last_log_index;
+        let replication = m.replication.clone();
+        let members = m
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, n)| {
+                let matched = replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).cloned())
+                    .map(|l| l.map(|l| l.index).unwrap_or(0));
+                MemberStatus {
+                    id: *id,
+                    addr: n.addr.clone(),
+                    matched,
+                    lag: matched.map(|x| last.unwrap_or(0).saturating_sub(x)),
+                }
+            })
+            .collect();
+        Status {
+            id: self.id,
+            state: match m.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            }
+            .into(),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: last,
+            last_applied: m.last_applied.map(|l| l.index),
+            members,
+        }
+    }
+
+    /// Stops the group and the listener (the files stay).
+    pub async fn shutdown(self) {
+        self.server.abort();
+        let _ = self.raft.shutdown().await;
+    }
+}
