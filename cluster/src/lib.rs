@@ -67,6 +67,9 @@ pub fn raft_config(
         // than by a snapshot when they are only a little behind.
         max_in_snapshot_log_to_keep: snapshot_every / 2,
         // Bounded snapshot chunks: each is one frame on the wire (transport::MAX_FRAME).
+        // Purge in batches of a quarter snapshot period (openraft's default, 256, would keep
+        // logs far longer than the snapshot makes necessary for a small period).
+        purge_batch_size: (snapshot_every / 4).max(1),
         snapshot_max_chunk_size: 1024 * 1024,
         max_payload_entries: 256,
         ..Default::default()
