@@ -110,6 +110,15 @@ impl ClusterNode {
     /// A node with an empty log proposes the configured members as the first membership
     /// (every fresh node proposes the same one; openraft accepts that).
     pub async fn start(opts: NodeOptions) -> Result<Self, NodeError> {
+        let listener = TcpListener::bind(opts.listen)
+            .await
+            .map_err(|e| NodeError::Listen(opts.listen, e))?;
+        Self::start_on(opts, listener).await
+    }
+
+    /// As [`ClusterNode::start`] on a listener already bound (tests bind port 0 first to
+    /// learn every member's address).
+    pub async fn start_on(opts: NodeOptions, listener: TcpListener) -> Result<Self, NodeError> {
         let dir = opts.data_dir.join("cluster");
         let log = LogStore::open(&dir.join("meta.redb"))?;
         let sm = StateMachineStore::open(Some(&dir.join("meta.snapshot")), Definitions::new())?;
@@ -118,9 +127,6 @@ impl ClusterNode {
             opts.election_timeout_ms,
             opts.snapshot_every,
         )?;
-        let listener = TcpListener::bind(opts.listen)
-            .await
-            .map_err(|e| NodeError::Listen(opts.listen, e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| NodeError::Listen(opts.listen, e))?;

@@ -289,10 +289,15 @@ impl Groups {
     }
 }
 
-/// Accepts peer connections on `listener` until the task is aborted.
+/// Accepts peer connections on `listener` until the task is aborted; aborting it also ends
+/// every connection it accepted (they live in its JoinSet), so a stopped node's address no
+/// longer answers for it.
 pub async fn serve(listener: TcpListener, me: NodeId, secret: Secret, groups: Groups) {
     let slots = Arc::new(Semaphore::new(MAX_INCOMING));
+    let mut conns = tokio::task::JoinSet::new();
     loop {
+        // Reap finished connections so the set stays as small as the live ones.
+        while conns.try_join_next().is_some() {}
         // Wait for a free slot before accepting: excess peers wait in the backlog.
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -307,7 +312,7 @@ pub async fn serve(listener: TcpListener, me: NodeId, secret: Secret, groups: Gr
             }
         };
         let (secret, groups) = (secret.clone(), groups.clone());
-        tokio::spawn(async move {
+        conns.spawn(async move {
             if let Err(e) = serve_peer(sock, addr, me, &secret, &groups).await {
                 tracing::info!(peer = %addr, error = %e, "cluster connection closed");
             }
