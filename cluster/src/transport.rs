@@ -371,12 +371,15 @@ struct Request {
     reply: oneshot::Sender<Result<RpcReply, TransportError>>,
 }
 
+/// Peer id -> (its address, the sender to its connection task).
+type PeerMap = HashMap<NodeId, (String, mpsc::Sender<Request>)>;
+
 /// Outgoing connections of this node: one task and one connection per peer.
 #[derive(Clone)]
 pub struct Peers {
     me: NodeId,
     secret: Secret,
-    peers: Arc<Mutex<HashMap<NodeId, (String, mpsc::Sender<Request>)>>>,
+    peers: Arc<Mutex<PeerMap>>,
 }
 
 impl Peers {
@@ -391,10 +394,11 @@ impl Peers {
     /// The sender to `target`'s task, started (or restarted for a new address) as needed.
     fn sender(&self, target: NodeId, addr: &str) -> mpsc::Sender<Request> {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((a, tx)) = peers.get(&target) {
-            if a == addr && !tx.is_closed() {
-                return tx.clone();
-            }
+        if let Some((a, tx)) = peers.get(&target)
+            && a == addr
+            && !tx.is_closed()
+        {
+            return tx.clone();
         }
         let (tx, rx) = mpsc::channel(PEER_QUEUE);
         tokio::spawn(peer_task(

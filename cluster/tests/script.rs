@@ -64,7 +64,7 @@ impl Drop for Cluster {
 }
 
 /// Why this machine cannot run the test, if it cannot.
-fn unavailable(bin: &PathBuf) -> Option<String> {
+fn unavailable(bin: &std::path::Path) -> Option<String> {
     let ok = Command::new("ip")
         .args(["netns", "list"])
         .output()
