@@ -199,6 +199,7 @@ async fn handle(
             AdminResponse::Memory(_) => json!("pong"),
             other => bail!("unexpected answer {other:?}"),
         },
+        "cluster_status" => crate::cluster::status()?,
         "status" => management
             .status()
             .await

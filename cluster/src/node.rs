@@ -220,7 +220,7 @@ impl ClusterNode {
     }
 
     /// Stops the group and the listener (the files stay).
-    pub async fn shutdown(self) {
+    pub async fn shutdown(&self) {
         self.server.abort();
         let _ = self.raft.shutdown().await;
     }
