@@ -69,6 +69,8 @@ pub enum NodeError {
     Raft(String),
     #[error("not the leader (leader: {0:?})")]
     NotLeader(Option<NodeId>),
+    #[error("forwarding to the leader {0}: {1}")]
+    Forward(NodeId, transport::TransportError),
     #[error("bad reply from the state machine: {0}")]
     Reply(#[from] serde_json::Error),
 }
@@ -103,7 +105,12 @@ pub struct ClusterNode {
     pub addr: SocketAddr,
     id: NodeId,
     server: tokio::task::JoinHandle<()>,
+    peers: Peers,
 }
+
+/// How long a write forwarded to the leader may take (a commit is a few milliseconds; an
+/// election in between is under a second with the default timings).
+pub const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl ClusterNode {
     /// Opens the node's files, binds the cluster listener and starts the metadata group.
@@ -164,16 +171,28 @@ impl ClusterNode {
             addr,
             id: opts.id,
             server,
+            peers,
         })
     }
 
-    /// Proposes a change to the definitions; answered once committed and applied here.
-    /// Only the leader accepts writes (forwarding comes with the wiring into the broker).
+    /// Proposes a change to the definitions on any node: the leader proposes it, a follower
+    /// forwards it to the leader it knows (one hop). Answered once committed and applied on
+    /// the leader. `NotLeader` when no leader is known (an election is on): retry.
     pub async fn write(&self, cmd: &DefCommand) -> Result<DefReply, NodeError> {
         match self.raft.client_write(cmd.encode()).await {
             Ok(r) => Ok(DefReply::decode(&r.data)?),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(NodeError::NotLeader(f.leader_id))
+                match (f.leader_id, f.leader_node) {
+                    (Some(id), Some(node)) if id != self.id => {
+                        let reply = self
+                            .peers
+                            .forward(META_GROUP, id, &node.addr, cmd.encode(), FORWARD_TIMEOUT)
+                            .await
+                            .map_err(|e| NodeError::Forward(id, e))?;
+                        Ok(DefReply::decode(&reply)?)
+                    }
+                    (leader, _) => Err(NodeError::NotLeader(leader)),
+                }
             }
             Err(e) => Err(NodeError::Raft(e.to_string())),
         }

@@ -80,6 +80,8 @@ pub enum TransportError {
     BackingOff(NodeId),
     #[error("transport closed")]
     Closed,
+    #[error("the peer refused: {0}")]
+    Remote(String),
 }
 
 /// The shared cluster secret (as RabbitMQ's Erlang cookie). Never logged, never sent.
@@ -146,6 +148,9 @@ enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A command a follower forwards to the leader (one hop: the leader proposes it itself
+    /// and never forwards again).
+    Write(crate::Command),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -153,6 +158,8 @@ enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// The forwarded write's reply, or why it failed (e.g. this node no longer leads).
+    Write(Result<crate::Reply, String>),
     /// The envelope named a group this node does not run.
     NoGroup(u64),
 }
@@ -358,6 +365,12 @@ async fn serve_peer(
                 Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
                 Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                 Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+                Rpc::Write(c) => RpcReply::Write(
+                    raft.client_write(c)
+                        .await
+                        .map(|r| r.data)
+                        .map_err(|e| e.to_string()),
+                ),
             },
         };
         write_frame(&mut sock, &reply).await?;
@@ -410,6 +423,36 @@ impl Peers {
         ));
         peers.insert(target, (addr.to_string(), tx.clone()));
         tx
+    }
+
+    /// Sends `command` to `target` (the group's leader) to propose; its reply once committed
+    /// and applied there. Bounded by `timeout`.
+    pub async fn forward(
+        &self,
+        group: u64,
+        target: NodeId,
+        addr: &str,
+        command: crate::Command,
+        timeout: Duration,
+    ) -> Result<crate::Reply, TransportError> {
+        let (tx, rx) = oneshot::channel();
+        let req = Request {
+            group,
+            rpc: Rpc::Write(command),
+            deadline: Instant::now() + timeout,
+            reply: tx,
+        };
+        let sender = self.sender(target, addr);
+        match tokio::time::timeout(timeout, sender.send(req)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(TransportError::Closed),
+            Err(_) => return Err(TransportError::Timeout),
+        }
+        match rx.await.map_err(|_| TransportError::Closed)?? {
+            RpcReply::Write(r) => r.map_err(TransportError::Remote),
+            RpcReply::NoGroup(g) => Err(TransportError::NoGroup(g)),
+            _ => Err(TransportError::Protocol),
+        }
     }
 
     /// A network factory for the group `group`.

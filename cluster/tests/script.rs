@@ -378,7 +378,25 @@ async fn up_kill_start_partition_heal_down() {
     // The majority side (n2, n3) has a leader of its own side.
     agreed_leader(&state, &bin, &[2, 3]);
     cluster.run(&["heal"]);
-    agreed_leader(&state, &bin, &[1, 2, 3]);
+    let (l, _) = agreed_leader(&state, &bin, &[1, 2, 3]);
+    // After the heal every member has applied the leader's whole log (the new terms' entries
+    // included): n1 caught up across the namespaces.
+    let start = std::time::Instant::now();
+    loop {
+        let last =
+            cluster_status(&state, &bin, l as usize).and_then(|s| s["last_log_index"].as_u64());
+        let applied: Vec<Option<u64>> = (1..=3)
+            .map(|i| cluster_status(&state, &bin, i).and_then(|s| s["last_applied"].as_u64()))
+            .collect();
+        if last.is_some() && applied.iter().all(|a| *a >= last) {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "not caught up: last {last:?}, applied {applied:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(reaches(1, &nodes[1].amqp) && reaches(3, &nodes[0].amqp));
     cluster.run(&["heal"]); // idempotent
 

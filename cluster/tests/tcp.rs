@@ -198,6 +198,15 @@ async fn three_nodes_over_tcp_failover_and_catch_up() {
         acked.extend((0..n_conc / 8).map(|i| n_seq + w * 1000 + i));
     }
 
+    // A follower takes writes too: it forwards them to the leader.
+    let follower = *nodes.keys().find(|id| **id != l).expect("a follower");
+    for i in 0..20 {
+        write(&nodes[&follower], 20_000 + i)
+            .await
+            .expect("write through a follower");
+        acked.push(20_000 + i);
+    }
+
     // Stop the leader: the others elect one and take writes again.
     let old = nodes.remove(&l).expect("leader");
     let old_addr = old.addr;
