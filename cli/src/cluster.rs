@@ -107,6 +107,33 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<()> {
     let members = opts.members.len();
     let node = ClusterNode::start(opts).await?;
     tracing::info!(node_id = id, members, "listening on {listen} (cluster)");
+    // One line per change of leader or of this node's role, for operators (openraft's own
+    // logs are filtered to errors by default).
+    let mut metrics = node.raft.metrics();
+    tokio::spawn(async move {
+        let mut seen = None;
+        loop {
+            let now = {
+                let m = metrics.borrow_and_update();
+                (m.current_leader, m.state, m.current_term)
+            };
+            if seen.map(|(l, s, _)| (l, s)) != Some((now.0, now.1)) {
+                tracing::info!(
+                    node_id = id,
+                    leader = ?now.0,
+                    role = ?now.1,
+                    term = now.2,
+                    "cluster: metadata group leader {}",
+                    now.0.map_or("unknown (election)".to_string(), |l| format!("is node {l}"))
+                );
+                seen = Some(now);
+            }
+            // Ends when the group shuts down (the sender is dropped).
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    });
     let _ = NODE.set(node);
     Ok(())
 }

@@ -477,6 +477,18 @@ async fn peer_task(
     let mut conn: Option<TcpStream> = None;
     let mut backoff = BACKOFF_MIN;
     let mut retry_at = Instant::now();
+    // Logged on changes only: a peer that is down for an hour is one line, not thousands.
+    let mut reachable: Option<bool> = None;
+    let mut note = |now_up: bool, why: &dyn std::fmt::Display| {
+        if reachable != Some(now_up) {
+            if now_up {
+                tracing::info!(node = target, %addr, "cluster peer connected");
+            } else {
+                tracing::warn!(node = target, %addr, error = %why, "cluster peer unreachable");
+            }
+            reachable = Some(now_up);
+        }
+    };
     while let Some(req) = rx.recv().await {
         let now = Instant::now();
         if now >= req.deadline {
@@ -502,11 +514,13 @@ async fn peer_task(
                 Ok(Ok(s)) => {
                     conn = Some(s);
                     backoff = BACKOFF_MIN;
+                    note(true, &"");
                 }
                 Ok(Err(e)) => {
                     if matches!(e, TransportError::BadProof) {
                         tracing::warn!(%addr, node = target, "cluster peer failed authentication");
                     }
+                    note(false, &e);
                     retry_at = Instant::now() + backoff;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     let _ = req.reply.send(Err(e));
@@ -515,6 +529,7 @@ async fn peer_task(
                 Err(_) => {
                     retry_at = Instant::now() + backoff;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
+                    note(false, &"connect timed out");
                     let _ = req.reply.send(Err(TransportError::Timeout));
                     continue;
                 }
