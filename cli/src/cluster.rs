@@ -145,6 +145,19 @@ pub async fn stop() {
     }
 }
 
+/// `warren ctl forget-node ID`: removes a member gone for good.
+pub async fn forget(id: u64) -> anyhow::Result<serde_json::Value> {
+    let node = NODE.get().ok_or_else(|| {
+        anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
+    })?;
+    node.forget(id).await?;
+    tracing::info!(
+        node_id = id,
+        "warren ctl forget-node: node removed from the cluster"
+    );
+    Ok(serde_json::json!({}))
+}
+
 /// `warren ctl cluster-status`'s data.
 pub fn status() -> anyhow::Result<serde_json::Value> {
     let node = NODE.get().ok_or_else(|| {

@@ -58,6 +58,10 @@ enum Verb {
     /// index, and each member with how far it lags (known on the leader)
     #[command(alias = "cluster_status")]
     ClusterStatus,
+    /// Removes node ID, gone for good, from the cluster (rabbitmqctl's forget_cluster_node):
+    /// the others stop counting it for a majority
+    #[command(alias = "forget_node")]
+    ForgetNode { id: u64 },
     /// Sets the memory alarm threshold now: a FRACTION of RAM (0.4), or `absolute BYTES`.
     #[command(alias = "set_vm_memory_high_watermark")]
     SetVmMemoryHighWatermark { value: String, bytes: Option<u64> },
@@ -296,6 +300,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::Status => ("status", json!({})),
         Verb::Ping => ("ping", json!({})),
         Verb::ClusterStatus => ("cluster_status", json!({})),
+        Verb::ForgetNode { id } => ("forget_node", json!({"id": id})),
         Verb::SetVmMemoryHighWatermark { value, bytes } => match (value.as_str(), bytes) {
             ("absolute", Some(bytes)) => {
                 ("set_vm_memory_high_watermark", json!({"absolute": bytes}))
@@ -398,6 +403,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::Ping => println!("Ping succeeded"),
         Verb::Status => print!("{}", status_text(&result)),
         Verb::ClusterStatus => print!("{}", cluster_status_text(&result)),
+        Verb::ForgetNode { id } => println!("Removed node {id} from the cluster"),
         Verb::SetVmMemoryHighWatermark { .. } => println!(
             "Set the memory high watermark to {} bytes",
             cell(result.get("bytes"))

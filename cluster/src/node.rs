@@ -75,6 +75,41 @@ pub enum NodeError {
     Reply(#[from] serde_json::Error),
 }
 
+/// Why a member could not be removed here.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    #[error("node {0} is not a member")]
+    NotMember(NodeId),
+    #[error("node {0} is the last member")]
+    LastMember(NodeId),
+    #[error(transparent)]
+    Raft(#[from] Box<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>),
+}
+
+/// Removes `id` from the voters of the group `raft` leads (the membership change is joint
+/// consensus: the old and new majorities both agree).
+pub(crate) async fn forget_here(raft: &Raft, id: NodeId) -> Result<(), ForgetError> {
+    let membership = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .clone();
+    if !membership.nodes().any(|(n, _)| *n == id) {
+        return Err(ForgetError::NotMember(id));
+    }
+    let voters: std::collections::BTreeSet<NodeId> =
+        membership.voter_ids().filter(|v| *v != id).collect();
+    if voters.is_empty() {
+        return Err(ForgetError::LastMember(id));
+    }
+    // retain = false: it does not stay on as a learner either.
+    raft.change_membership(voters, false)
+        .await
+        .map_err(Box::new)?;
+    Ok(())
+}
+
 /// One member's view in [`Status`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MemberStatus {
@@ -191,6 +226,35 @@ impl ClusterNode {
                             .map_err(|e| NodeError::Forward(id, e))?;
                         Ok(DefReply::decode(&reply)?)
                     }
+                    (leader, _) => Err(NodeError::NotLeader(leader)),
+                }
+            }
+            Err(e) => Err(NodeError::Raft(e.to_string())),
+        }
+    }
+
+    /// Removes member `id` from the group (rabbitmqctl's forget_cluster_node): a member gone
+    /// for good, so the rest no longer count it for a majority nor keep log for it. Runs on
+    /// the leader, forwarded there from a follower. The removed node, if it runs, stops
+    /// receiving entries.
+    pub async fn forget(&self, id: NodeId) -> Result<(), NodeError> {
+        match forget_here(&self.raft, id).await {
+            Ok(()) => Ok(()),
+            Err(ForgetError::Raft(e))
+                if matches!(
+                    *e,
+                    RaftError::APIError(ClientWriteError::ForwardToLeader(_))
+                ) =>
+            {
+                let RaftError::APIError(ClientWriteError::ForwardToLeader(f)) = *e else {
+                    return Err(NodeError::NotLeader(None));
+                };
+                match (f.leader_id, f.leader_node) {
+                    (Some(l), Some(node)) if l != self.id => self
+                        .peers
+                        .forward_forget(META_GROUP, l, &node.addr, id, FORWARD_TIMEOUT)
+                        .await
+                        .map_err(|e| NodeError::Forward(l, e)),
                     (leader, _) => Err(NodeError::NotLeader(leader)),
                 }
             }

@@ -151,6 +151,8 @@ enum Rpc {
     /// A command a follower forwards to the leader (one hop: the leader proposes it itself
     /// and never forwards again).
     Write(crate::Command),
+    /// Remove a member from the group (forwarded to the leader, as a write).
+    Forget(NodeId),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -365,6 +367,12 @@ async fn serve_peer(
                 Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
                 Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                 Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+                Rpc::Forget(id) => RpcReply::Write(
+                    crate::node::forget_here(&raft, id)
+                        .await
+                        .map(|()| crate::Reply::default())
+                        .map_err(|e| e.to_string()),
+                ),
                 Rpc::Write(c) => RpcReply::Write(
                     raft.client_write(c)
                         .await
@@ -435,10 +443,36 @@ impl Peers {
         command: crate::Command,
         timeout: Duration,
     ) -> Result<crate::Reply, TransportError> {
+        self.forward_rpc(group, target, addr, Rpc::Write(command), timeout)
+            .await
+    }
+
+    /// Asks `target` (the group's leader) to remove member `id`.
+    pub async fn forward_forget(
+        &self,
+        group: u64,
+        target: NodeId,
+        addr: &str,
+        id: NodeId,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        self.forward_rpc(group, target, addr, Rpc::Forget(id), timeout)
+            .await
+            .map(|_| ())
+    }
+
+    async fn forward_rpc(
+        &self,
+        group: u64,
+        target: NodeId,
+        addr: &str,
+        rpc: Rpc,
+        timeout: Duration,
+    ) -> Result<crate::Reply, TransportError> {
         let (tx, rx) = oneshot::channel();
         let req = Request {
             group,
-            rpc: Rpc::Write(command),
+            rpc,
             deadline: Instant::now() + timeout,
             reply: tx,
         };

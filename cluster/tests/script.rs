@@ -404,6 +404,44 @@ async fn up_kill_start_partition_heal_down() {
     let pids: Vec<String> = (1..=3)
         .map(|i| std::fs::read_to_string(state.join(format!("n{i}/pid"))).expect("pid"))
         .collect();
+    // A node gone for good is forgotten through `warren ctl forget-node` on another node;
+    // the remaining two list only themselves.
+    cluster.run(&["kill", "n3"]);
+    // If n3 led, the change needs the next leader (a forget sent to a dead leader fails).
+    agreed_leader(&state, &bin, &[1, 2]);
+    let out = Command::new(&bin)
+        .args(["ctl", "--data-dir"])
+        .arg(state.join("n1/data"))
+        .args(["forget-node", "3"])
+        .output()
+        .expect("warren ctl");
+    assert!(
+        out.status.success(),
+        "forget-node: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for i in [1, 2] {
+        let members: Vec<u64> = cluster_status(&state, &bin, i).expect("status")["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .filter_map(|m| m["id"].as_u64())
+            .collect();
+        // n2 may apply the change a moment after n1 answered.
+        if members != [1, 2] {
+            let start = std::time::Instant::now();
+            while cluster_status(&state, &bin, i).expect("status")["members"]
+                .as_array()
+                .map(Vec::len)
+                != Some(2)
+            {
+                assert!(start.elapsed() < WAIT, "n{i} still lists {members:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    agreed_leader(&state, &bin, &[1, 2]);
+
     cluster.run(&["down"]);
     assert_eq!(leftovers(), Vec::<String>::new());
     for pid in pids {

@@ -240,6 +240,27 @@ async fn three_nodes_over_tcp_failover_and_catch_up() {
     assert_eq!(status.leader, Some(new));
     assert_eq!(status.members.len(), 3);
     assert!(status.members.iter().all(|m| m.lag.is_some()));
+
+    // A member gone for good is forgotten (asked on a follower: forwarded to the leader);
+    // the other two go on as a 2-node group.
+    let gone = *nodes.keys().find(|id| **id != new).expect("a follower");
+    let asker = *nodes
+        .keys()
+        .find(|id| **id != new && **id != gone)
+        .unwrap_or(&new);
+    nodes.remove(&gone).expect("member").shutdown().await;
+    nodes[&asker].forget(gone).await.expect("forget-node");
+    assert!(matches!(
+        nodes[&asker].forget(gone).await,
+        Err(NodeError::Raft(e)) | Err(NodeError::Forward(_, warren_cluster::transport::TransportError::Remote(e))) if e.contains("not a member")
+    ));
+    let st = nodes[&settle(&nodes, 30_000).await].status();
+    assert_eq!(
+        st.members.iter().map(|m| m.id).collect::<Vec<_>>(),
+        nodes.keys().copied().collect::<Vec<_>>()
+    );
+    acked.push(30_000);
+    converged(&nodes, &acked).await;
     for n in nodes.into_values() {
         n.shutdown().await;
     }
