@@ -529,6 +529,17 @@ async fn peer_task(
             let _ = req.reply.send(Err(TransportError::Timeout));
             continue;
         }
+        // A connection the peer closed meanwhile (it restarted, or closed us as idle) reads
+        // as end-of-file now; sending on it would fail only after the request was written.
+        // Replace it before sending, so no request goes out on a dead connection.
+        if let Some(s) = &conn {
+            let mut probe = [0u8; 1];
+            match s.try_read(&mut probe) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // EOF, an error, or bytes nobody asked for (out of step): start afresh.
+                _ => conn = None,
+            }
+        }
         if conn.is_none() {
             if now < retry_at {
                 let _ = req.reply.send(Err(TransportError::BackingOff(target)));
