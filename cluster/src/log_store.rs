@@ -210,8 +210,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // leader. Losing the latest value in a crash is harmless (the leader tells again),
         // so it costs no fsync of its own: a non-durable commit that the next append's
         // durable commit makes durable with it (redb's Durability::None).
-        let bytes = serde_json::to_vec(&committed)
-            .map_err(|e| StorageIOError::write(AnyError::new(&e)))?;
+        let bytes =
+            serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(AnyError::new(&e)))?;
         self.write_with(Durability::None, move |tx| {
             tx.open_table(META)?.insert("committed", bytes.as_slice())?;
             Ok(())
