@@ -28,7 +28,7 @@ pub struct QueueInfo {
     pub vhost: String,
     pub name: String,
     /// Its type (`x-queue-type`).
-    pub queue_type: crate::queue::kind::QueueType,
+    pub queue_type: crate::queue_type::QueueType,
     pub durable: bool,
     pub auto_delete: bool,
     pub exclusive: bool,

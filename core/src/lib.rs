@@ -25,6 +25,7 @@ pub mod pmap;
 pub mod policy;
 pub mod queue;
 pub mod queue_args;
+pub mod queue_type;
 pub mod routing;
 pub mod shard;
 pub mod shards;
