@@ -126,6 +126,7 @@ pub struct ConsumerInfo {
 
 /// What `warren ctl` can ask the broker.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AdminRequest {
     ListQueues,
     ListExchanges,
@@ -291,6 +292,7 @@ impl AdminRequest {
 
 /// The broker's answer to an [`AdminRequest`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AdminResponse {
     Queues(Vec<QueueInfo>),
     Exchanges(Vec<ExchangeInfo>),

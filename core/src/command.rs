@@ -68,6 +68,8 @@ pub struct Publish {
 }
 
 /// One operation on one channel. Connection-level operations use channel 0.
+/// Exhaustive on purpose: hosts' codecs (the wasm guest's) and gateways match every op,
+/// and a new one must fail their build, not fall into a wildcard arm.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// A client connected and authenticated. `cancel_notify`: the client understands
