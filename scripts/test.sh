@@ -182,6 +182,16 @@ browser_ws_e2e() {
   (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ws-e2e.mjs "$root/target/browser-ws-e2e.png")
 }
 
+browser_ui_e2e() {
+  # The management web UI in headless Chromium: log in, declare, publish, get, rate chart,
+  # close a connection; screenshots target/ui-e2e-*.png.
+  local dir
+  cargo build -p warren-cli || return 1
+  dir=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+  (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ui-e2e.mjs "$root/target/ui-e2e")
+}
+
 start_broker() {
   cargo build -p warren-cli || return 1
   rm -rf target/ci-data
@@ -304,6 +314,12 @@ stop_broker() {
   return "$code"
 }
 
+cluster_script() {
+  # Needs root and `ip netns`; REQUIRE makes the test fail rather than skip without them.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test script
+}
+
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto and mosquitto-clients (Debian)" setup_mosquitto_clients
@@ -325,6 +341,8 @@ step "JS package: Node tests" node_tests
 step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
+step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
+step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt)" python_tests

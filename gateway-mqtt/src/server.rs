@@ -4,8 +4,9 @@ use crate::config::MqttConfig;
 use crate::connection::{
     DelayedWill, PeerInfo, now_ms, publish_delayed_will, publish_will, serve_connection,
 };
+use crate::record::{SessionRecord, decode_will};
 use crate::registry::{EXPIRY_TASK, Registry};
-use crate::session::{SessionRecord, decode_will, session_queue};
+use crate::session::session_queue;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
