@@ -31,6 +31,8 @@ pub struct PeerInfo {
     /// The subject CN of the client's TLS certificate, when it presented one the listener
     /// verified: the user name of certificate logins.
     pub identity: Option<String>,
+    /// Whether the connection came through a TLS listener (the HTTP API's `ssl`).
+    pub tls: bool,
 }
 
 /// A read buffer larger than this is released when it empties: idle connections hold no
@@ -99,7 +101,7 @@ pub async fn serve_connection<S>(
     link.tx.describe(warren_runtime::ConnMeta {
         protocol: "AMQP 0-9-1",
         peer: peer.addr.as_str().into(),
-        tls: false,
+        tls: peer.tls,
         client_properties: Some(Box::new(std::mem::take(&mut negotiated.client_properties))),
         client_id: None,
         heartbeat: negotiated.heartbeat_secs,
