@@ -1,17 +1,11 @@
-//! `warren`: the broker binary. `warren serve` runs the broker; admin and bench subcommands
-//! grow here.
+//! `warren`: the broker binary. `warren serve` runs the broker, `warren ctl` manages a running
+//! one. The load generator is a binary of its own (`warren-bench`, in bench/).
 
 mod admin;
-mod alloc;
-mod bench;
 mod ctl;
 mod settings;
 mod tls;
 mod ws;
-
-/// Counts live heap bytes when `warren bench conns --socketless` turns it on.
-#[global_allocator]
-static ALLOC: alloc::Counting = alloc::Counting;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -44,12 +38,6 @@ enum Command {
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
-    /// Load generators and measurements: AMQP workloads against any broker address, idle
-    /// MQTT connections.
-    Bench {
-        #[command(subcommand)]
-        command: bench::BenchCommand,
-    },
 }
 
 #[derive(clap::Args)]
@@ -325,13 +313,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench { command } => match runtime.block_on(bench::run(command)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
         Command::Ctl(args) => match ctl::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

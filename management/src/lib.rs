@@ -11,6 +11,7 @@ mod api;
 pub mod definitions;
 mod metrics;
 mod rates;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -114,7 +115,8 @@ pub async fn serve_api(
     management: Arc<Management>,
     stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let app = api::router(management);
+    let api = api::router(management).layer(axum::middleware::from_fn(ui::no_browser_prompt));
+    let app = ui::router().merge(api);
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

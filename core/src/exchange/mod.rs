@@ -392,6 +392,7 @@ impl<K: Ord + Copy> Counts<K> {
         self.0.iter().map(|e| e.0)
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// (key, count), ascending by key.
     pub(crate) fn entries(&self) -> &[(K, usize)] {
         &self.0

@@ -14,50 +14,18 @@
 //! (prefetch and unacked count), so dispatch reads nothing outside the queue but `Credit`.
 
 use crate::config::BrokerConfig;
-use crate::ids::{ChannelAddr, ChannelRef, QueueId};
+use crate::ids::QueueId;
+pub(crate) use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
 use crate::message::{FieldTable, Message};
-use crate::queue::args::{HeldArgs, Overflow};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
+use crate::queue::kind::{QueueBehaviour, QueueType};
+use crate::queue_args::{HeldArgs, Overflow};
 use crate::store::Store;
 use std::sync::Arc;
 
 /// How many times the window a queue keeps transient messages in memory before paging
 /// them out (see `enqueue`).
 const TRANSIENT_WINDOW_FACTOR: usize = 4;
-
-/// A consumer, numbered broker-wide so channels and deliveries can refer to it cheaply.
-/// Ids only grow, so a queue's consumers in arrival order are also in id order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ConsumerId(pub(crate) u64);
-
-/// A consumer as its queue holds it.
-pub(crate) struct QueueConsumer {
-    pub(crate) id: ConsumerId,
-    pub(crate) tag: Arc<str>,
-    pub(crate) ch: ChannelRef,
-    /// The opening of `ch` that consumes (`ChannelAddr`): a consumer whose channel closed
-    /// may stay here until its cancel arrives, and must not take a newer opening's credit.
-    pub(crate) serial: u32,
-    pub(crate) no_ack: bool,
-    pub(crate) exclusive: bool,
-    /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
-    pub(crate) prefetch: u16,
-    pub(crate) unacked: u32,
-    /// `x-priority`: consumers with a higher priority get messages first. Stored in 32
-    /// bits (a wider client value is clamped) so that the serial fits in the record.
-    pub(crate) priority: i32,
-    /// The channel's limits, when the channel is on another shard (`broker/credit.rs`).
-    pub(crate) shared: Option<std::sync::Arc<crate::broker::SharedCredit>>,
-}
-
-impl QueueConsumer {
-    pub(crate) fn addr(&self) -> ChannelAddr {
-        ChannelAddr {
-            ch: self.ch,
-            serial: self.serial,
-        }
-    }
-}
 
 /// Whether a channel may take one more delivery now, by the limits that span queues: the
 /// channel's shared (global) prefetch, counted only for deliveries that need an ack, and
@@ -75,25 +43,6 @@ pub(crate) trait Credit {
 
     /// Returns credit taken for a delivery that did not happen.
     fn give_back(&mut self, c: &QueueConsumer);
-}
-
-/// What to do with settled deliveries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settle {
-    Ack,
-    Requeue,
-    /// Rejected without requeue: dropped, or dead-lettered if the queue says so.
-    Discard,
-}
-
-impl Settle {
-    pub(crate) fn reject(requeue: bool) -> Settle {
-        if requeue {
-            Settle::Requeue
-        } else {
-            Settle::Discard
-        }
-    }
 }
 
 /// Why a message was dead-lettered (`x-death` `reason`).
@@ -124,33 +73,6 @@ pub(crate) enum Enqueued {
     Failed,
     /// The queue is full and refuses publishes (`x-overflow` reject-publish[-dlx]).
     Rejected,
-}
-
-/// A delivery awaiting its ack (held by the channel it went to).
-pub(crate) struct Unacked {
-    pub(crate) queue: QueueId,
-    pub(crate) seq: u64,
-    pub(crate) message: Arc<Message>,
-    /// Set for consumer deliveries (they count against prefetch); `None` for basic.get.
-    pub(crate) consumer: Option<ConsumerId>,
-    /// The store holds it (remove it there when it is acked or dropped).
-    pub(crate) stored: bool,
-    /// Its expiry, kept across a requeue (as RabbitMQ does).
-    pub(crate) expires_at: Option<u64>,
-}
-
-impl Unacked {
-    /// Message `m` of queue `queue`, delivered to `consumer` (`None`: basic.get).
-    pub(crate) fn of(queue: QueueId, m: &QueuedMessage, consumer: Option<ConsumerId>) -> Unacked {
-        Unacked {
-            queue,
-            seq: m.seq,
-            message: m.message.clone(),
-            consumer,
-            stored: m.stored,
-            expires_at: m.expires_at,
-        }
-    }
 }
 
 /// What a queue operation needs from outside the queue.
@@ -198,15 +120,6 @@ impl<'a> QueueIo<'a> {
             out: QueueOut::default(),
         }
     }
-}
-
-/// A delivery picked by `next_delivery`: the message and who it goes to.
-pub(crate) struct Picked {
-    pub(crate) consumer: ConsumerId,
-    pub(crate) to: ChannelAddr,
-    pub(crate) tag: Arc<str>,
-    pub(crate) no_ack: bool,
-    pub(crate) message: QueuedMessage,
 }
 
 pub(crate) struct QueueState {
@@ -288,7 +201,7 @@ fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
         .properties
         .expiration
         .as_deref()
-        .and_then(|e| crate::queue::args::parse_expiration(e).ok());
+        .and_then(|e| crate::queue_args::parse_expiration(e).ok());
     let ttl = match (queue_ttl, own) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -345,82 +258,6 @@ impl QueueState {
                 .args
                 .max_length_bytes
                 .is_some_and(|max| self.messages.total_bytes() + len > max)
-    }
-
-    /// Appends a routed message: into the window while it has room and nothing is paged
-    /// out, otherwise (with a store) into the store only. Persistent messages on durable
-    /// queues are stored either way. Applies the queue's length limit and TTL.
-    pub(crate) fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
-        let len = message.body_len() as u64;
-        if self.args.overflow != Overflow::DropHead && self.would_overflow(len) {
-            if self.args.overflow == Overflow::RejectPublishDlx {
-                io.out.dead.push((message.clone(), DeathReason::MaxLen));
-            }
-            return Enqueued::Rejected;
-        }
-        self.stats.publish += 1;
-        let expires_at = expiry(io.now, self.args.message_ttl, message);
-        if expires_at.is_some() {
-            io.out.expiring = true;
-        }
-        let Some(store) = io.store.as_deref_mut() else {
-            let seq = self.messages.next_seq();
-            self.messages.push(seq, message.clone(), false, expires_at);
-            io.out.held += len;
-            self.drop_overflow(io);
-            return Enqueued::Memory;
-        };
-        let window = io.config.queue_window;
-        let persist = self.durable && message.properties.is_persistent();
-        // A persistent message is written anyway, so keeping it out of memory costs only the
-        // read back. A transient one would cost a write too: it pages out only at a larger
-        // window (a burst above the flow-control mark stays in memory) or when message
-        // memory passes half the alarm watermark.
-        let (limit, limit_bytes) = if persist {
-            (window, io.config.queue_window_bytes)
-        } else {
-            (
-                window.saturating_mul(TRANSIENT_WINDOW_FACTOR),
-                io.config
-                    .queue_window_bytes
-                    .saturating_mul(TRANSIENT_WINDOW_FACTOR as u64),
-            )
-        };
-        let m = &self.messages;
-        // Priority queues keep everything in memory (see `MessageQueue`).
-        let page = !m.is_priority()
-            && (m.paged().count > 0
-                || m.in_memory() >= limit
-                || m.bytes() >= limit_bytes
-                || (io.memory_tight && m.in_memory() >= window));
-        let seq = self.messages.next_seq();
-        if !persist && !page {
-            self.messages.push(seq, message.clone(), false, expires_at);
-            io.out.held += len;
-            self.drop_overflow(io);
-            return Enqueued::Memory;
-        }
-        if store.append(self.id, seq, message, expires_at).is_err() {
-            // The host logged why. The message is not taken (its publisher gets a nack), and
-            // publishers are blocked for a while.
-            io.out.store_failed = true;
-            return Enqueued::Failed;
-        }
-        if page {
-            self.messages.push_paged(seq, len);
-        } else {
-            self.messages.push(seq, message.clone(), true, expires_at);
-            io.out.held += len;
-        }
-        if persist {
-            io.out.durable_write = true;
-        }
-        self.drop_overflow(io);
-        if persist {
-            Enqueued::Durable
-        } else {
-            Enqueued::Memory
-        }
     }
 
     /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
@@ -494,27 +331,6 @@ impl QueueState {
         self.messages.pop()
     }
 
-    /// Dead-letters (or drops) expired messages at the head: expiry is checked at the head
-    /// only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
-    /// deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
-    pub(crate) fn expire_head(&mut self, io: &mut QueueIo<'_>) {
-        while self.fill_window(io) {
-            let expired = self
-                .messages
-                .head()
-                .and_then(|m| m.expires_at)
-                .is_some_and(|at| io.now > at);
-            if !expired {
-                return;
-            }
-            let Some(m) = self.messages.pop() else {
-                return;
-            };
-            self.forget(io, m.seq, m.stored, m.message.body_len());
-            io.out.dead.push((m.message, DeathReason::Expired));
-        }
-    }
-
     /// A message left the queue for good (acked, dropped, delivered without ack).
     fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
         io.out.released += body_len as u64;
@@ -522,22 +338,6 @@ impl QueueState {
             store.remove(self.id, seq);
             io.out.removed = true;
         }
-    }
-
-    /// Empties the ready messages (in memory and paged out); returns how many there were.
-    pub(crate) fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
-        let (window, paged) = self.messages.purge();
-        let purged = window.len() as u64 + paged.count;
-        for m in window {
-            self.forget(io, m.seq, m.stored, m.message.body_len());
-        }
-        if paged.count > 0
-            && let Some(store) = io.store.as_deref_mut()
-        {
-            store.remove_from(self.id, paged.from_seq);
-            io.out.removed = true;
-        }
-        purged
     }
 
     /// Whether consumer `c` may receive one more message now.
@@ -569,11 +369,149 @@ impl QueueState {
         best.map(|(_, idx)| idx)
     }
 
-    /// Takes the next message for the next consumer with credit, if there are both, and
-    /// counts it against the consumer and, through `Credit::take`, against the limits that
-    /// span queues (a delivery without ack leaves the queue for good).
-    /// With `may_expire`, expired messages at the head are dead-lettered first.
-    pub(crate) fn next_delivery(
+    fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
+        self.consumers.binary_search_by_key(&id, |c| c.id).ok()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
+        self.consumer_index(id).map(|i| &self.consumers[i])
+    }
+
+    fn refresh_priorities(&mut self) {
+        let mut priorities = self.consumers.iter().map(|c| c.priority);
+        self.mixed_priorities = match priorities.next() {
+            Some(first) => priorities.any(|p| p != first),
+            None => false,
+        };
+    }
+}
+
+/// The classic queue on the queue-type seam (`queue::kind`): what it does, beyond the
+/// contract, is in the comments.
+impl QueueBehaviour for QueueState {
+    fn kind(&self) -> QueueType {
+        QueueType::Classic
+    }
+
+    // Appends a routed message: into the window while it has room and nothing is paged
+    // out, otherwise (with a store) into the store only. Persistent messages on durable
+    // queues are stored either way. Applies the queue's length limit and TTL.
+    fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
+        let len = message.body_len() as u64;
+        if self.args.overflow != Overflow::DropHead && self.would_overflow(len) {
+            if self.args.overflow == Overflow::RejectPublishDlx {
+                io.out.dead.push((message.clone(), DeathReason::MaxLen));
+            }
+            return Enqueued::Rejected;
+        }
+        self.stats.publish += 1;
+        let expires_at = expiry(io.now, self.args.message_ttl, message);
+        if expires_at.is_some() {
+            io.out.expiring = true;
+        }
+        let Some(store) = io.store.as_deref_mut() else {
+            let seq = self.messages.next_seq();
+            self.messages.push(seq, message.clone(), false, expires_at);
+            io.out.held += len;
+            self.drop_overflow(io);
+            return Enqueued::Memory;
+        };
+        let window = io.config.queue_window;
+        let persist = self.durable && message.properties.is_persistent();
+        // A persistent message is written anyway, so keeping it out of memory costs only the
+        // read back. A transient one would cost a write too: it pages out only at a larger
+        // window (a burst above the flow-control mark stays in memory) or when message
+        // memory passes half the alarm watermark.
+        let (limit, limit_bytes) = if persist {
+            (window, io.config.queue_window_bytes)
+        } else {
+            (
+                window.saturating_mul(TRANSIENT_WINDOW_FACTOR),
+                io.config
+                    .queue_window_bytes
+                    .saturating_mul(TRANSIENT_WINDOW_FACTOR as u64),
+            )
+        };
+        let m = &self.messages;
+        // Priority queues keep everything in memory (see `MessageQueue`).
+        let page = !m.is_priority()
+            && (m.paged().count > 0
+                || m.in_memory() >= limit
+                || m.bytes() >= limit_bytes
+                || (io.memory_tight && m.in_memory() >= window));
+        let seq = self.messages.next_seq();
+        if !persist && !page {
+            self.messages.push(seq, message.clone(), false, expires_at);
+            io.out.held += len;
+            self.drop_overflow(io);
+            return Enqueued::Memory;
+        }
+        if store.append(self.id, seq, message, expires_at).is_err() {
+            // The host logged why. The message is not taken (its publisher gets a nack), and
+            // publishers are blocked for a while.
+            io.out.store_failed = true;
+            return Enqueued::Failed;
+        }
+        if page {
+            self.messages.push_paged(seq, len);
+        } else {
+            self.messages.push(seq, message.clone(), true, expires_at);
+            io.out.held += len;
+        }
+        if persist {
+            io.out.durable_write = true;
+        }
+        self.drop_overflow(io);
+        if persist {
+            Enqueued::Durable
+        } else {
+            Enqueued::Memory
+        }
+    }
+
+    // Dead-letters (or drops) expired messages at the head: expiry is checked at the head
+    // only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
+    // deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
+    fn expire_head(&mut self, io: &mut QueueIo<'_>) {
+        while self.fill_window(io) {
+            let expired = self
+                .messages
+                .head()
+                .and_then(|m| m.expires_at)
+                .is_some_and(|at| io.now > at);
+            if !expired {
+                return;
+            }
+            let Some(m) = self.messages.pop() else {
+                return;
+            };
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+            io.out.dead.push((m.message, DeathReason::Expired));
+        }
+    }
+
+    // Empties the ready messages (in memory and paged out); returns how many there were.
+    fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
+        let (window, paged) = self.messages.purge();
+        let purged = window.len() as u64 + paged.count;
+        for m in window {
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+        }
+        if paged.count > 0
+            && let Some(store) = io.store.as_deref_mut()
+        {
+            store.remove_from(self.id, paged.from_seq);
+            io.out.removed = true;
+        }
+        purged
+    }
+
+    // Takes the next message for the next consumer with credit, if there are both, and
+    // counts it against the consumer and, through `Credit::take`, against the limits that
+    // span queues (a delivery without ack leaves the queue for good).
+    // With `may_expire`, expired messages at the head are dead-lettered first.
+    fn next_delivery(
         &mut self,
         io: &mut QueueIo<'_>,
         credit: &mut impl Credit,
@@ -618,9 +556,9 @@ impl QueueState {
         Some(picked)
     }
 
-    /// basic.get: the next ready message (with `may_expire`, expired ones are dead-lettered
-    /// first) and how many stay ready.
-    pub(crate) fn get(
+    // basic.get: the next ready message (with `may_expire`, expired ones are dead-lettered
+    // first) and how many stay ready.
+    fn get(
         &mut self,
         io: &mut QueueIo<'_>,
         no_ack: bool,
@@ -641,13 +579,13 @@ impl QueueState {
         Some((m, ready))
     }
 
-    /// Whether a new consumer (exclusive or not) is refused because the queue is in
-    /// exclusive use.
-    pub(crate) fn in_exclusive_use(&self, exclusive: bool) -> bool {
+    // Whether a new consumer (exclusive or not) is refused because the queue is in
+    // exclusive use.
+    fn in_exclusive_use(&self, exclusive: bool) -> bool {
         self.consumers.iter().any(|c| c.exclusive) || (exclusive && !self.consumers.is_empty())
     }
 
-    pub(crate) fn add_consumer(&mut self, now: u64, c: QueueConsumer) {
+    fn add_consumer(&mut self, now: u64, c: QueueConsumer) {
         debug_assert!(
             self.consumers.last().is_none_or(|last| last.id < c.id),
             "consumer ids only grow"
@@ -662,8 +600,8 @@ impl QueueState {
         self.refresh_priorities();
     }
 
-    /// Removes a consumer (its unacked messages stay on their channel).
-    pub(crate) fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
+    // Removes a consumer (its unacked messages stay on their channel).
+    fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
         let pos = self.consumer_index(id)?;
         let c = self.consumers.remove(pos);
         if pos < self.rr_next {
@@ -675,25 +613,9 @@ impl QueueState {
         Some(c)
     }
 
-    fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
-        self.consumers.binary_search_by_key(&id, |c| c.id).ok()
-    }
-
-    pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
-        self.consumer_index(id).map(|i| &self.consumers[i])
-    }
-
-    fn refresh_priorities(&mut self) {
-        let mut priorities = self.consumers.iter().map(|c| c.priority);
-        self.mixed_priorities = match priorities.next() {
-            Some(first) => priorities.any(|p| p != first),
-            None => false,
-        };
-    }
-
-    /// A delivery of this queue was acked, requeued or rejected. Returns whether a message
-    /// went back to the ready list (dispatch may be due).
-    pub(crate) fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
+    // A delivery of this queue was acked, requeued or rejected. Returns whether a message
+    // went back to the ready list (dispatch may be due).
+    fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
         if let Some(i) = u.consumer.and_then(|id| self.consumer_index(id)) {
             let c = &mut self.consumers[i];
             c.unacked = c.unacked.saturating_sub(1);
@@ -720,6 +642,7 @@ mod tests {
     //! consumers coming and going, and purges, with a small window so paging to and from
     //! the store is exercised too.
     use super::*;
+    use crate::ids::ChannelRef;
     use crate::ids::VhostId;
     use crate::store::MemoryStore;
     use proptest::prelude::*;
