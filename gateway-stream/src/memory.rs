@@ -5,11 +5,11 @@
 //! disk; the file-backed log implements the same trait.
 
 use crate::backend::{
-    Appended, AuthError, Login, PeerInfo, ReadBatch, StreamBackend, StreamError, StreamStats,
+    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, StreamBackend, StreamError,
+    StreamStats,
 };
-use crate::chunk;
+use crate::chunk::{self, Chunk};
 use crate::codec::{Entry, OffsetSpec, PublishedMessage};
-use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,13 +18,6 @@ use tokio::sync::watch;
 /// Stored writer references and consumer offsets per stream (each key at most 255 bytes, as
 /// the protocol's references).
 const MAX_REFERENCES: usize = 100_000;
-
-struct MemChunk {
-    first: u64,
-    records: u32,
-    timestamp: i64,
-    bytes: Bytes,
-}
 
 /// The log's tail as waiters see it.
 #[derive(Clone, Copy, Debug)]
@@ -35,7 +28,7 @@ struct Tail {
 }
 
 struct MemStream {
-    chunks: VecDeque<MemChunk>,
+    chunks: VecDeque<Chunk>,
     bytes: usize,
     next: u64,
     max_bytes: Option<usize>,
@@ -47,13 +40,13 @@ struct MemStream {
 
 impl MemStream {
     fn first_offset(&self) -> u64 {
-        self.chunks.front().map_or(self.next, |c| c.first)
+        self.chunks.front().map_or(self.next, |c| c.first_offset)
     }
 
     /// Index of the chunk holding `offset`, or of the first chunk after it.
     fn chunk_at(&self, offset: u64) -> usize {
         self.chunks
-            .partition_point(|c| c.first + c.records as u64 <= offset)
+            .partition_point(|c| c.first_offset + c.num_records as u64 <= offset)
     }
 
     fn retain(&mut self, now_ms: u64) {
@@ -67,7 +60,7 @@ impl MemStream {
             if !(too_big || too_old) {
                 break;
             }
-            self.bytes -= front.bytes.len();
+            self.bytes -= front.wire_len();
             self.chunks.pop_front();
         }
     }
@@ -203,7 +196,48 @@ fn parse_arguments(args: &[(String, String)]) -> Result<(Option<usize>, Option<u
     Ok((max_bytes, max_age))
 }
 
+/// A [`MemoryBackend`] stream's reader.
+pub struct MemoryReader {
+    backend: MemoryBackend,
+    vhost: String,
+    stream: String,
+    next: u64,
+}
+
+impl ChunkReader for MemoryReader {
+    fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError> {
+        let from = self.next;
+        let batch = self.backend.with_stream(&self.vhost, &self.stream, |s| {
+            let mut batch = ReadBatch {
+                chunks: Vec::new(),
+                committed_chunk_id: s.chunks.back().map_or(0, |c| c.first_offset),
+            };
+            let mut size = 0;
+            for c in s.chunks.range(s.chunk_at(from)..) {
+                if batch.chunks.len() >= max_chunks
+                    || (!batch.chunks.is_empty() && size + c.wire_len() > max_bytes)
+                {
+                    break;
+                }
+                size += c.wire_len();
+                batch.chunks.push(c.clone());
+            }
+            Ok(batch)
+        })?;
+        if let Some(last) = batch.chunks.last() {
+            self.next = last.first_offset + last.num_records as u64;
+        }
+        Ok(batch)
+    }
+
+    fn position(&self) -> u64 {
+        self.next
+    }
+}
+
 impl StreamBackend for MemoryBackend {
+    type Reader = MemoryReader;
+
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         let user = match login {
             Login::Plain { username, password } => {
@@ -280,8 +314,8 @@ impl StreamBackend for MemoryBackend {
     fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError> {
         self.with_stream(vhost, stream, |s| {
             Ok(StreamStats {
-                first_chunk_id: s.chunks.front().map_or(-1, |c| c.first as i64),
-                committed_chunk_id: s.chunks.back().map_or(-1, |c| c.first as i64),
+                first_chunk_id: s.chunks.front().map_or(-1, |c| c.first_offset as i64),
+                committed_chunk_id: s.chunks.back().map_or(-1, |c| c.first_offset as i64),
             })
         })
     }
@@ -307,16 +341,10 @@ impl StreamBackend for MemoryBackend {
             }
             let stored = keep.len();
             for part in keep.chunks(chunk::MAX_ENTRIES) {
-                let records: u32 = part.iter().map(|e| e.records()).sum();
-                let bytes = chunk::build(s.next, now_ms as i64, 1, part);
-                s.bytes += bytes.len();
-                s.chunks.push_back(MemChunk {
-                    first: s.next,
-                    records,
-                    timestamp: now_ms as i64,
-                    bytes,
-                });
-                s.next += records as u64;
+                let c = chunk::build(s.next, now_ms as i64, part);
+                s.bytes += c.wire_len();
+                s.next += c.num_records as u64;
+                s.chunks.push_back(c);
             }
             if let (Some(w), Some(id)) = (writer, max_id)
                 && (s.writers.contains_key(w) || s.writers.len() < MAX_REFERENCES)
@@ -362,7 +390,7 @@ impl StreamBackend for MemoryBackend {
         self.with_stream(vhost, stream, |s| {
             Ok(match spec {
                 OffsetSpec::First => s.first_offset(),
-                OffsetSpec::Last => s.chunks.back().map_or(s.next, |c| c.first),
+                OffsetSpec::Last => s.chunks.back().map_or(s.next, |c| c.first_offset),
                 OffsetSpec::Next => s.next,
                 // Below the first: the first; past the end: next (osiris's clamping).
                 OffsetSpec::Offset(o) => o.clamp(s.first_offset(), s.next),
@@ -371,37 +399,23 @@ impl StreamBackend for MemoryBackend {
                     .chunks
                     .iter()
                     .find(|c| c.timestamp >= ts)
-                    .map_or(s.next, |c| c.first),
+                    .map_or(s.next, |c| c.first_offset),
             })
         })
     }
 
-    fn read(
+    fn open_reader(
         &self,
         vhost: &str,
         stream: &str,
-        from: u64,
-        max_chunks: usize,
-        max_bytes: usize,
-    ) -> Result<ReadBatch, StreamError> {
-        self.with_stream(vhost, stream, |s| {
-            let mut batch = ReadBatch {
-                chunks: Vec::new(),
-                next: from,
-                committed_chunk_id: s.chunks.back().map_or(0, |c| c.first),
-            };
-            let mut size = 0;
-            for c in s.chunks.range(s.chunk_at(from)..) {
-                if batch.chunks.len() >= max_chunks
-                    || (!batch.chunks.is_empty() && size + c.bytes.len() > max_bytes)
-                {
-                    break;
-                }
-                size += c.bytes.len();
-                batch.chunks.push(c.bytes.clone());
-                batch.next = c.first + c.records as u64;
-            }
-            Ok(batch)
+        spec: OffsetSpec,
+    ) -> Result<MemoryReader, StreamError> {
+        let next = self.resolve_offset(vhost, stream, spec)?;
+        Ok(MemoryReader {
+            backend: self.clone(),
+            vhost: vhost.to_string(),
+            stream: stream.to_string(),
+            next,
         })
     }
 

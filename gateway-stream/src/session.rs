@@ -7,7 +7,7 @@
 //! SaslAuthenticate, then the server's Tune, the client's Tune, Open. Until Open succeeds
 //! frames are limited to [`INITIAL_FRAME_MAX`] bytes (RabbitMQ's pre-auth ceiling).
 
-use crate::backend::{AuthError, Login, PeerInfo, StreamBackend, StreamError};
+use crate::backend::{AuthError, ChunkReader, Login, PeerInfo, StreamBackend, StreamError};
 use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use bytes::{Bytes, BytesMut};
@@ -102,9 +102,9 @@ struct Publisher {
     reference: Option<String>,
 }
 
-struct Subscription {
+struct Subscription<R> {
     stream: String,
-    next: u64,
+    reader: R,
     credit: u32,
     /// A `Wait::Data` is outstanding.
     waiting: bool,
@@ -125,7 +125,7 @@ struct StreamPending {
 }
 
 /// One connection's protocol state.
-pub struct Session<B> {
+pub struct Session<B: StreamBackend> {
     backend: Arc<B>,
     config: Arc<StreamConfig>,
     peer: PeerInfo,
@@ -145,7 +145,7 @@ pub struct Session<B> {
     out: BytesMut,
     waits: Vec<Wait>,
     publishers: BTreeMap<u8, Publisher>,
-    subscriptions: BTreeMap<u8, Subscription>,
+    subscriptions: BTreeMap<u8, Subscription<B::Reader>>,
     pending: HashMap<(String, String), StreamPending>,
     unconfirmed: usize,
     generation: u64,
@@ -962,14 +962,14 @@ impl<B: StreamBackend> Session<B> {
             tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: single active consumer is not supported");
             code::PRECONDITION_FAILED
         } else {
-            match self.backend.resolve_offset(&vhost, &stream, offset) {
-                Ok(next) => {
+            match self.backend.open_reader(&vhost, &stream, offset) {
+                Ok(reader) => {
                     self.generation += 1;
                     self.subscriptions.insert(
                         subscription_id,
                         Subscription {
                             stream: stream.clone(),
-                            next,
+                            reader,
                             credit: credit as u32,
                             waiting: false,
                             generation: self.generation,
@@ -1040,16 +1040,13 @@ impl<B: StreamBackend> Session<B> {
                 if s.credit == 0 || s.waiting || room == 0 {
                     break;
                 }
-                match self
-                    .backend
-                    .read(&self.vhost, &s.stream, s.next, s.credit as usize, room)
-                {
+                match s.reader.read(s.credit as usize, room) {
                     Ok(batch) if batch.chunks.is_empty() => {
                         s.waiting = true;
                         self.waits.push(Wait::Data {
                             vhost: self.vhost.clone(),
                             stream: s.stream.clone(),
-                            from: s.next,
+                            from: s.reader.position(),
                             subscription_id: id,
                             generation: s.generation,
                         });
@@ -1057,17 +1054,9 @@ impl<B: StreamBackend> Session<B> {
                     }
                     Ok(batch) => {
                         s.credit -= batch.chunks.len().min(s.credit as usize) as u32;
-                        s.next = batch.next;
                         let committed = self.deliver_v2.then_some(batch.committed_chunk_id);
-                        for chunk in batch.chunks {
-                            codec::encode(
-                                &Frame::Deliver {
-                                    subscription_id: id,
-                                    committed_chunk_id: committed,
-                                    chunk,
-                                },
-                                &mut self.out,
-                            );
+                        for chunk in &batch.chunks {
+                            codec::encode_deliver(id, committed, chunk, &mut self.out);
                         }
                     }
                     Err(e) => {
