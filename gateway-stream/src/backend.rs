@@ -168,6 +168,44 @@ pub trait StreamBackend: Send + Sync + 'static {
         from: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static;
 
+    /// Super streams: a name over partition streams, each bound with a binding key (RabbitMQ
+    /// makes it a direct exchange). Creates the partitions with `arguments`. A name or a
+    /// partition that exists already: `AlreadyExists`; no partitions, or a key count that
+    /// differs from the partition count: `Precondition`. The default: not supported.
+    fn create_super_stream(
+        &self,
+        vhost: &str,
+        name: &str,
+        partitions: &[String],
+        binding_keys: &[String],
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        let _ = (vhost, partitions, binding_keys, arguments);
+        Err(StreamError::Precondition(format!(
+            "super stream {name}: super streams are not supported"
+        )))
+    }
+    /// Deletes a super stream and its partitions; returns the partitions.
+    fn delete_super_stream(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        let _ = (vhost, name);
+        Err(StreamError::DoesNotExist)
+    }
+    /// The partitions, in binding order.
+    fn partitions(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        let _ = (vhost, name);
+        Err(StreamError::DoesNotExist)
+    }
+    /// The partitions bound with exactly `routing_key` (empty: no route).
+    fn route(
+        &self,
+        vhost: &str,
+        name: &str,
+        routing_key: &str,
+    ) -> Result<Vec<String>, StreamError> {
+        let _ = (vhost, name, routing_key);
+        Err(StreamError::DoesNotExist)
+    }
+
     /// Server-side offset tracking.
     fn store_offset(
         &self,

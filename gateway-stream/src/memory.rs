@@ -69,6 +69,8 @@ impl MemStream {
 #[derive(Default)]
 struct Inner {
     streams: HashMap<(String, String), MemStream>,
+    /// Super stream -> (partition, binding key), in binding order.
+    super_streams: HashMap<(String, String), Vec<(String, String)>>,
 }
 
 /// An in-memory stream log with a user table.
@@ -435,6 +437,92 @@ impl StreamBackend for MemoryBackend {
                 _ => Err(StreamError::DoesNotExist),
             }
         }
+    }
+
+    fn create_super_stream(
+        &self,
+        vhost: &str,
+        name: &str,
+        partitions: &[String],
+        binding_keys: &[String],
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        if partitions.is_empty() || partitions.len() != binding_keys.len() {
+            return Err(StreamError::Precondition(format!(
+                "super stream {name}: {} partitions, {} binding keys",
+                partitions.len(),
+                binding_keys.len()
+            )));
+        }
+        parse_arguments(arguments)?;
+        {
+            let inner = self.lock();
+            let key = (vhost.to_string(), name.to_string());
+            if inner.super_streams.contains_key(&key)
+                || partitions
+                    .iter()
+                    .any(|p| inner.streams.contains_key(&(vhost.to_string(), p.clone())))
+            {
+                return Err(StreamError::AlreadyExists);
+            }
+        }
+        for (i, p) in partitions.iter().enumerate() {
+            if let Err(e) = self.create_stream(vhost, p, arguments) {
+                // Undo the partitions made so far: all or nothing.
+                for made in &partitions[..i] {
+                    let _ = self.delete_stream(vhost, made);
+                }
+                return Err(e);
+            }
+        }
+        let bindings = partitions
+            .iter()
+            .cloned()
+            .zip(binding_keys.iter().cloned())
+            .collect();
+        self.lock()
+            .super_streams
+            .insert((vhost.to_string(), name.to_string()), bindings);
+        Ok(())
+    }
+
+    fn delete_super_stream(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        let bindings = self
+            .lock()
+            .super_streams
+            .remove(&(vhost.to_string(), name.to_string()))
+            .ok_or(StreamError::DoesNotExist)?;
+        let partitions: Vec<String> = bindings.into_iter().map(|(p, _)| p).collect();
+        for p in &partitions {
+            let _ = self.delete_stream(vhost, p);
+        }
+        Ok(partitions)
+    }
+
+    fn partitions(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        self.lock()
+            .super_streams
+            .get(&(vhost.to_string(), name.to_string()))
+            .map(|b| b.iter().map(|(p, _)| p.clone()).collect())
+            .ok_or(StreamError::DoesNotExist)
+    }
+
+    fn route(
+        &self,
+        vhost: &str,
+        name: &str,
+        routing_key: &str,
+    ) -> Result<Vec<String>, StreamError> {
+        self.lock()
+            .super_streams
+            .get(&(vhost.to_string(), name.to_string()))
+            .map(|b| {
+                b.iter()
+                    .filter(|(_, k)| k == routing_key)
+                    .map(|(p, _)| p.clone())
+                    .collect()
+            })
+            .ok_or(StreamError::DoesNotExist)
     }
 
     fn store_offset(

@@ -277,10 +277,11 @@ impl<B: StreamBackend> Session<B> {
             return;
         }
         if self.phase == Phase::Opened {
+            // Tell the client, but do not wait for its answer: the server is going away
+            // (and some clients, the Rust one among them, never answer a server's Close).
             self.close_with(code::OK, "server shutdown", now_ms);
-        } else {
-            self.phase = Phase::Closing;
         }
+        self.phase = Phase::Closing;
     }
 
     fn close_with(&mut self, c: u16, reason: &str, now_ms: u64) {
@@ -787,30 +788,71 @@ impl<B: StreamBackend> Session<B> {
                     offset,
                 });
             }
-            // Super streams are not served yet: no super stream exists here.
-            Frame::Route { corr, .. } => self.send(&Frame::RouteResponse {
+            Frame::Route {
                 corr,
-                code: code::STREAM_DOES_NOT_EXIST,
-                streams: vec![],
-            }),
-            Frame::Partitions { corr, .. } => self.send(&Frame::PartitionsResponse {
-                corr,
-                code: code::STREAM_DOES_NOT_EXIST,
-                streams: vec![],
-            }),
-            Frame::CreateSuperStream { corr, name, .. } => {
-                tracing::warn!(peer = %self.peer.addr, %name, "stream connection: super streams are not supported");
-                self.send(&response(
-                    key::CREATE_SUPER_STREAM,
+                routing_key,
+                super_stream,
+            } => {
+                let (c, streams) = match self.backend.route(&vhost, &super_stream, &routing_key) {
+                    Ok(s) => (code::OK, s),
+                    Err(e) => (e.code(), vec![]),
+                };
+                self.send(&Frame::RouteResponse {
                     corr,
-                    code::PRECONDITION_FAILED,
-                ));
+                    code: c,
+                    streams,
+                });
             }
-            Frame::DeleteSuperStream { corr, .. } => self.send(&response(
-                key::DELETE_SUPER_STREAM,
+            Frame::Partitions { corr, super_stream } => {
+                let (c, streams) = match self.backend.partitions(&vhost, &super_stream) {
+                    Ok(s) => (code::OK, s),
+                    Err(e) => (e.code(), vec![]),
+                };
+                self.send(&Frame::PartitionsResponse {
+                    corr,
+                    code: c,
+                    streams,
+                });
+            }
+            Frame::CreateSuperStream {
                 corr,
-                code::STREAM_DOES_NOT_EXIST,
-            )),
+                name,
+                partitions,
+                binding_keys,
+                arguments,
+            } => {
+                let bad_name =
+                    |n: &str| n.is_empty() || n.len() > MAX_REFERENCE_LEN || n.starts_with("amq.");
+                let c = if bad_name(&name) || partitions.iter().any(|p| bad_name(p)) {
+                    code::PRECONDITION_FAILED
+                } else {
+                    match self.backend.create_super_stream(
+                        &vhost,
+                        &name,
+                        &partitions,
+                        &binding_keys,
+                        &arguments,
+                    ) {
+                        Ok(()) => code::OK,
+                        Err(e) => {
+                            tracing::warn!(peer = %self.peer.addr, %name, "stream connection: create super stream: {e}");
+                            e.code()
+                        }
+                    }
+                };
+                self.send(&response(key::CREATE_SUPER_STREAM, corr, c));
+            }
+            Frame::DeleteSuperStream { corr, name } => {
+                match self.backend.delete_super_stream(&vhost, &name) {
+                    Ok(partitions) => {
+                        self.send(&response(key::DELETE_SUPER_STREAM, corr, code::OK));
+                        for p in partitions {
+                            self.stream_gone(&p);
+                        }
+                    }
+                    Err(e) => self.send(&response(key::DELETE_SUPER_STREAM, corr, e.code())),
+                }
+            }
             // We never send ConsumerUpdate (no single active consumer yet).
             Frame::ConsumerUpdateResponse { .. } => {}
             other => {
