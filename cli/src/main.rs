@@ -490,6 +490,7 @@ async fn run_listener(
                 addr: peer_addr.clone(),
                 is_loopback,
                 identity,
+                tls: kind.tls(),
             };
             let ws_max = mqtt.max_packet_size as usize + ws::SLACK;
             match (kind, tls) {
@@ -498,6 +499,7 @@ async fn run_listener(
                         addr: peer_addr.clone(),
                         is_loopback,
                         identity: None,
+                        tls: kind.tls(),
                     };
                     warren_amqp::serve_connection(socket, peer, broker, amqp, stopped).await
                 }
@@ -540,6 +542,7 @@ async fn run_listener(
                         addr: peer_addr.clone(),
                         is_loopback,
                         identity,
+                        tls: kind.tls(),
                     };
                     warren_amqp::serve_connection(stream, peer, broker, amqp, stopped).await
                 }
