@@ -150,11 +150,15 @@ impl Sim {
         let side = self.majority_side();
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            for id in &side {
-                let m = self.live[id].raft.metrics().borrow().clone();
-                if m.state == ServerState::Leader {
-                    return *id;
-                }
+            // The highest term wins: a node restarted a moment ago may still believe in the
+            // leadership of its old term.
+            let best = side
+                .iter()
+                .map(|id| (self.live[id].raft.metrics().borrow().clone(), *id))
+                .filter(|(m, _)| m.state == ServerState::Leader)
+                .max_by_key(|(m, _)| m.current_term);
+            if let Some((_, id)) = best {
+                return id;
             }
             if tokio::time::Instant::now() >= deadline {
                 for (id, n) in &self.live {
@@ -192,7 +196,6 @@ impl Sim {
     /// Proposes `count` new keys through the current leader; remembers the acknowledged ones.
     async fn write(&mut self, count: usize) {
         for _ in 0..count {
-            let leader = self.leader().await;
             self.next_key += 1;
             let key = format!("queue/{}", self.next_key);
             let value = format!("v{}-{}", self.seed, self.next_key).into_bytes();
@@ -200,20 +203,30 @@ impl Sim {
                 key: key.clone(),
                 record: value.clone(),
             };
-            let raft = self.live[&leader].raft.clone();
-            match tokio::time::timeout(WRITE_TIMEOUT, raft.client_write(cmd.encode())).await {
-                Ok(Ok(r)) => {
-                    assert_eq!(
-                        DefReply::decode(&r.data).expect("reply"),
-                        DefReply::Done { previous: None }
-                    );
-                    self.acked.insert(key, value);
+            // A node that answers "not the leader" did not propose it: try the leader again
+            // (a few times: leadership may move while we ask).
+            for _attempt in 0..20 {
+                let leader = self.leader().await;
+                let raft = self.live[&leader].raft.clone();
+                match tokio::time::timeout(WRITE_TIMEOUT, raft.client_write(cmd.encode())).await {
+                    Ok(Ok(r)) => {
+                        assert_eq!(
+                            DefReply::decode(&r.data).expect("reply"),
+                            DefReply::Done { previous: None }
+                        );
+                        self.acked.insert(key, value);
+                        break;
+                    }
+                    Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+                        let mut rx = raft.metrics();
+                        let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
+                    }
+                    Ok(Err(e)) => panic!("seed {}: write failed: {e}", self.seed),
+                    // Proposed but not committed in time (lost leadership meanwhile): the
+                    // outcome is unknown, as a client would see it. Not acknowledged, not
+                    // checked, and not retried (it may yet commit).
+                    Err(_) => break,
                 }
-                // Lost leadership meanwhile, or the write did not commit in time: unknown
-                // outcome, as a client would see it. Not acknowledged, not checked.
-                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {}
-                Ok(Err(e)) => panic!("seed {}: write failed: {e}", self.seed),
-                Err(_) => {}
             }
         }
     }
