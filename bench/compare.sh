@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Warren vs RabbitMQ 3.10 (AMQP) and Warren vs Mosquitto 2.0 (MQTT) with `warren-bench`, in
+# Warren vs RabbitMQ 3.10 (AMQP) and Warren vs Mosquitto 2.0 and rumqttd 0.20 (MQTT) with
+# `warren-bench`, in
 # one run: starts each broker itself on side ports (one at a time, so an idle broker does
 # not share the cores with the one under load), runs the workloads, stops it, and prints the
 # rates and ratios. Fails if any workload reports an error or moved no messages.
 #   bench/compare.sh [SECONDS] [-- extra warren-bench flags]
 # Env:
-#   BROKERS   which brokers to run (default "warren rabbitmq mosquitto")
+#   BROKERS   which brokers to run (default "warren rabbitmq mosquitto", plus rumqttd when
+#             installed: `cargo install rumqttd --version 0.20.0`)
 #   WARREN    the broker binary (default target/release/warren; CI passes target/debug/warren)
 #   BENCH     the load generator (default target/release/warren-bench; CI: target/debug/...)
 #   OUT       where JSON results, logs and SVG plots go (default target/bench/compare)
-#   WARREN_AMQP_PORT 5782, WARREN_MQTT_PORT 1892, RABBIT_PORT 5783, MOSQUITTO_PORT 1893
+#   WARREN_AMQP_PORT 5782, WARREN_MQTT_PORT 1892, RABBIT_PORT 5783, MOSQUITTO_PORT 1893,
+#   RUMQTTD_PORT 1894
+#   MQTT_ONLY=1   Warren runs only the MQTT workloads (mqtt-all), as the MQTT peers do
 #   STARTUP_TIMEOUT   seconds a broker may take to accept connections (default 60)
 # Mosquitto runs with max_inflight_messages 1000 (Warren's outbound window is 1024; the
 # default 20 would throttle QoS 1/2 deliveries) and max_queued_messages 100000 (the default
-# 1000 drops QoS 1 messages a slow subscriber has not taken yet).
+# 1000 drops QoS 1 messages a slow subscriber has not taken yet). rumqttd runs with
+# bench/rumqttd.toml (its port rewritten). The MQTT table adds each broker's RSS peak and its
+# CPU time per delivered message (utime+stime from /proc/PID/stat over the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}; shift || true
@@ -21,10 +27,12 @@ secs=${1:-10}; shift || true
 extra=("$@")
 warren=${WARREN:-target/release/warren}
 bench=${BENCH:-target/release/warren-bench}
-brokers=${BROKERS:-warren rabbitmq mosquitto}
+default_brokers="warren rabbitmq mosquitto"
+command -v rumqttd >/dev/null && default_brokers="$default_brokers rumqttd"
+brokers=${BROKERS:-$default_brokers}
 out=${OUT:-target/bench/compare}
 wa=${WARREN_AMQP_PORT:-5782}; wm=${WARREN_MQTT_PORT:-1892}
-rp=${RABBIT_PORT:-5783}; mp=${MOSQUITTO_PORT:-1893}
+rp=${RABBIT_PORT:-5783}; mp=${MOSQUITTO_PORT:-1893}; qp=${RUMQTTD_PORT:-1894}
 startup=${STARTUP_TIMEOUT:-60}
 node="rabbit-compare-$rp@localhost"
 [ -x "$warren" ] || { echo "$warren not found: cargo build --release -p warren-cli"; exit 2; }
@@ -77,7 +85,11 @@ for b in $brokers; do
         --data-dir "$scratch/warren-data" > "$out/warren.log" 2>&1 &
       pid=$!
       wait_port "$wa" "$out/warren.log" && wait_port "$wm" "$out/warren.log"
-      run warren all --uri "amqp://guest:guest@127.0.0.1:$wa" --mqtt "127.0.0.1:$wm"
+      if [ -n "${MQTT_ONLY:-}" ]; then
+        run warren mqtt-all --mqtt "127.0.0.1:$wm"
+      else
+        run warren all --uri "amqp://guest:guest@127.0.0.1:$wa" --mqtt "127.0.0.1:$wm"
+      fi
       ;;
     rabbitmq)
       echo '[].' > "$scratch/plugins"  # no management listener to clash with another node
@@ -98,6 +110,13 @@ for b in $brokers; do
       pid=$!
       wait_port "$mp" "$out/mosquitto.log"
       run mosquitto mqtt-all --mqtt "127.0.0.1:$mp"
+      ;;
+    rumqttd)
+      sed "s/127.0.0.1:1894/127.0.0.1:$qp/" bench/rumqttd.toml > "$scratch/rumqttd.toml"
+      rumqttd -q -c "$scratch/rumqttd.toml" > "$out/rumqttd.log" 2>&1 &
+      pid=$!
+      wait_port "$qp" "$out/rumqttd.log"
+      run rumqttd mqtt-all --mqtt "127.0.0.1:$qp"
       ;;
     *) echo "unknown broker $b"; exit 2 ;;
   esac
@@ -139,6 +158,35 @@ for name in names:
         lat = ms(a) + " / " + ms(other)
     print("%-28s %12s %s %8s  %s" % (name, "%.0f" % rate(a) if a else "-", " ".join(cells),
                                      ratio, lat))
+mqtt_brokers = [b for b in ("warren", "mosquitto", "rumqttd") if b in res]
+mqtt_names = [n for n in dict.fromkeys(n for b in mqtt_brokers for n in res[b])
+              if n.startswith("mqtt")]
+def cpu_us(r):
+    # The broker's utime+stime over the run (the bench samples /proc/PID/stat at its start
+    # and end) per delivered message.
+    if r.get("broker_cpu_pct") is None or not r["received"]:
+        return "-"
+    return "%.2f" % (r["broker_cpu_pct"] / 100 * r["seconds"] * 1e6 / r["received"])
+def rss(r):
+    v = r.get("broker_rss_bytes")
+    return "-" if v is None else "%.0f" % (v / 1048576)
+if mqtt_names and len(mqtt_brokers) > 1:
+    print("\nMQTT: received msg/s | broker RSS peak MB | broker CPU us per delivered message")
+    print("%-16s" % "workload" + "".join(" %30s" % b for b in mqtt_brokers)
+          + "".join("  warren/%s" % b for b in mqtt_brokers[1:]))
+    for name in mqtt_names:
+        cells, rates = [], {}
+        for b in mqtt_brokers:
+            r = res[b].get(name)
+            if r:
+                rates[b] = r["received_per_sec"]
+                cells.append(" %30s" % ("%.0f | %s | %s" % (r["received_per_sec"], rss(r), cpu_us(r))))
+            else:
+                cells.append(" %30s" % "-")
+        ratios = ["  %9s" % ("%.2fx" % (rates["warren"] / rates[b])
+                            if "warren" in rates and rates.get(b) else "-")
+                  for b in mqtt_brokers[1:]]
+        print("%-16s" % name + "".join(cells) + "".join(ratios))
 if bad:
     print("\nFAILED:")
     for b in bad:

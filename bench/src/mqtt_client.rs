@@ -200,6 +200,9 @@ pub struct Reader {
     rbuf: BytesMut,
 }
 
+/// The keep-alive of load-generator connections: an hour, far beyond any run.
+const BENCH_KEEP_ALIVE_S: u16 = 3600;
+
 /// One connected client, split so reads and writes can be awaited together.
 pub struct MqttConn {
     pub rx: Reader,
@@ -208,8 +211,9 @@ pub struct MqttConn {
 }
 
 impl MqttConn {
-    /// Connects with a clean session (keep-alive off: runs are short and a busy load
-    /// generator must not be dropped for a late ping) and optionally subscribes.
+    /// Connects with a clean session and optionally subscribes. The keep-alive is long
+    /// (runs are short and a busy load generator must not be dropped for a late ping) but
+    /// not off: rumqttd refuses a CONNECT with keep-alive 0.
     pub async fn connect(
         target: &Target,
         client_id: &str,
@@ -221,7 +225,12 @@ impl MqttConn {
             .with_context(|| format!("cannot connect to {}", target.addr))?;
         stream.set_nodelay(true)?;
         let (rd, mut wr) = stream.into_split();
-        let hello = handshake_bytes(client_id, 0, target.login.as_ref(), subscribe);
+        let hello = handshake_bytes(
+            client_id,
+            BENCH_KEEP_ALIVE_S,
+            target.login.as_ref(),
+            subscribe,
+        );
         wr.write_all(&hello).await?;
         let mut c = MqttConn {
             rx: Reader {
