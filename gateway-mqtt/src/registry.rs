@@ -101,6 +101,12 @@ impl Registry {
         lock(&self.retained).set(vhost, msg);
     }
 
+    /// Sets a retained message that is not persisted (the broker's own `$SYS` topics, which
+    /// it publishes again from its counters after a restart, as Mosquitto does).
+    pub fn set_retained_transient(&self, vhost: &str, msg: RetainedMessage) {
+        lock(&self.retained).set(vhost, msg);
+    }
+
     /// Makes `conn` the owner of `client_id`; returns the previous owner's kick, if any. A
     /// delayed will of that client id is cancelled (MQTT 5 3.1.3.2.2).
     pub fn claim(&self, client_id: &Arc<str>, conn: ConnId, kick: Kick) -> Option<Kick> {

@@ -160,7 +160,7 @@ async fn publish(
         now,
         None,
     );
-    registry.set_retained(
+    registry.set_retained_transient(
         &config.vhost,
         RetainedMessage {
             topic: Arc::from(topic),
