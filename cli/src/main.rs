@@ -108,6 +108,10 @@ struct ServeArgs {
     /// Messages a persistent MQTT session keeps while its client is away (default 100000).
     #[arg(long)]
     mqtt_max_offline_messages: Option<u64>,
+    /// Seconds between publications of the MQTT `$SYS/broker/...` topics (Mosquitto's
+    /// sys_interval; default 10, 0 disables them).
+    #[arg(long)]
+    sys_interval: Option<u64>,
     /// Where the broker keeps its data (default ./warren-data).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -216,6 +220,7 @@ impl ServeArgs {
             mqtt_max_packet_size,
             mqtt_max_inflight,
             mqtt_max_offline_messages,
+            sys_interval,
             data_dir,
             memory_high_watermark,
             disk_free_limit,
@@ -713,6 +718,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         server_keep_alive: s.mqtt_server_keep_alive,
         max_offline_messages: s.mqtt_max_offline_messages,
         use_identity_as_username: s.mqtt_use_identity_as_username,
+        sys_interval: (s.sys_interval > 0).then(|| std::time::Duration::from_secs(s.sys_interval)),
         ..warren_mqtt::MqttConfig::default()
     };
     let mut mqtt_writer = None;

@@ -44,6 +44,8 @@ pub struct Settings {
     pub mqtt_max_inflight: u16,
     pub mqtt_server_keep_alive: Option<u16>,
     pub mqtt_max_offline_messages: u64,
+    /// Seconds between publications of the `$SYS/broker/...` topics; 0 disables them.
+    pub sys_interval: u64,
     pub data_dir: PathBuf,
     /// A fraction of RAM (`0.4`) or a size (`"512MiB"`); see [`parse_watermark`].
     #[serde(deserialize_with = "number_or_string")]
@@ -94,6 +96,7 @@ impl Default for Settings {
             mqtt_max_inflight: mqtt.max_inflight,
             mqtt_server_keep_alive: mqtt.server_keep_alive,
             mqtt_max_offline_messages: mqtt.max_offline_messages,
+            sys_interval: mqtt.sys_interval.map_or(0, |d| d.as_secs()),
             data_dir: "./warren-data".into(),
             memory_high_watermark: "0.4".into(),
             disk_free_limit: "50MB".into(),
@@ -214,6 +217,7 @@ impl Settings {
         env!(mqtt_max_inflight, |n, v| parse(&n, v)?);
         env!(mqtt_server_keep_alive, |n, v| Some(parse(&n, v)?));
         env!(mqtt_max_offline_messages, |n, v| parse(&n, v)?);
+        env!(sys_interval, |n, v| parse(&n, v)?);
         env!(data_dir, |n, v| v.into());
         env!(memory_high_watermark, |n, v| v.to_string());
         env!(disk_free_limit, |n, v| v.to_string());
