@@ -6,8 +6,10 @@
 //! order reach its outputs: the same inputs give byte-identical effects natively and in
 //! WebAssembly. See ARCHITECTURE.md for the code map and invariants.
 
+#![warn(unreachable_pub)]
+
 pub mod access;
-pub mod broker;
+pub mod admin;
 pub(crate) mod channel;
 pub mod command;
 pub mod config;
@@ -17,17 +19,24 @@ pub mod escape;
 pub mod exchange;
 pub mod idhash;
 pub mod ids;
+pub(crate) mod mail;
 pub mod message;
 pub mod mqtt;
 pub mod naming;
 pub mod pmap;
 pub mod policy;
 pub mod queue;
+pub mod queue_args;
+pub mod queue_type;
 pub mod routing;
+pub mod shard;
+pub mod shards;
 pub(crate) mod sorted_vec;
 pub mod stats;
 pub mod store;
 pub(crate) mod topology;
 
-pub use broker::{Alarms, Broker, Resources, ShardMail};
 pub use config::BrokerConfig;
+/// The old path of the shard composition (`shard`), kept for hosts.
+pub use shard as broker;
+pub use shard::{Alarms, Broker, Resources, ShardMail};

@@ -125,3 +125,17 @@ impl Message {
         self.body.len()
     }
 }
+
+/// One ready message in memory.
+#[derive(Clone, Debug)]
+pub struct QueuedMessage {
+    /// Its position in its queue, given on enqueue.
+    pub seq: u64,
+    pub message: Arc<Message>,
+    /// It was delivered before and came back (requeue, channel close, restart).
+    pub redelivered: bool,
+    /// The store holds it: it must be removed from the store when it leaves the queue.
+    pub stored: bool,
+    /// When it expires (queue or message TTL), in the host's clock.
+    pub expires_at: Option<u64>,
+}

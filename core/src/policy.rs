@@ -91,7 +91,7 @@ impl Policy {
             }
         }
         // The queue keys must make valid queue arguments (same checks as x- arguments).
-        crate::queue::args::QueueArgs::parse(&as_queue_arguments(&def.definition)).map_err(
+        crate::queue_args::QueueArgs::parse(&as_queue_arguments(&def.definition)).map_err(
             |(arg, reason)| {
                 let key = QUEUE_KEYS
                     .iter()

@@ -62,7 +62,7 @@ fn a_connection_sees_its_own_bind_even_on_a_stale_snapshot() {
     let mut h = Harness::new();
     let a = h.connect(1);
     h.declare(a, "q");
-    let stale = Arc::clone(h.broker.routes());
+    let stale = Arc::clone(h.shards[0].routes());
     h.bind(a, "q", "amq.direct", "k");
     let routed = route(&stale, "amq.direct", "k");
     assert_eq!(
@@ -72,7 +72,7 @@ fn a_connection_sees_its_own_bind_even_on_a_stale_snapshot() {
     );
     let fx = publish_via(&mut h, a, &stale, "amq.direct", "k");
     assert!(!returned(&fx), "{fx:?}");
-    assert_eq!(h.broker.queue_len("q"), Some(1));
+    assert_eq!(h.shards[0].queue_len("q"), Some(1));
 }
 
 #[test]
@@ -81,17 +81,17 @@ fn another_connections_later_bind_is_concurrent_so_the_snapshot_routing_stands()
     let a = h.connect(1);
     let b = h.connect(2);
     h.declare(b, "q");
-    let snapshot = Arc::clone(h.broker.routes());
+    let snapshot = Arc::clone(h.shards[0].routes());
     h.bind(b, "q", "amq.direct", "k");
     // Routed before b's bind reached the table: the broker does not route it again.
     let fx = publish_via(&mut h, a, &snapshot, "amq.direct", "k");
     assert!(returned(&fx), "mandatory and routed nowhere: {fx:?}");
-    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
     // On the current table it arrives.
-    let current = Arc::clone(h.broker.routes());
+    let current = Arc::clone(h.shards[0].routes());
     let fx = publish_via(&mut h, a, &current, "amq.direct", "k");
     assert!(!returned(&fx), "{fx:?}");
-    assert_eq!(h.broker.queue_len("q"), Some(1));
+    assert_eq!(h.shards[0].queue_len("q"), Some(1));
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn a_queue_deleted_since_the_snapshot_is_dropped_not_returned() {
     let b = h.connect(2);
     h.declare(b, "q");
     h.bind(b, "q", "amq.direct", "k");
-    let snapshot = Arc::clone(h.broker.routes());
+    let snapshot = Arc::clone(h.shards[0].routes());
     delete_queue(&mut h, b, "q");
     h.declare(b, "q");
     h.bind(b, "q", "amq.direct", "k");
@@ -109,7 +109,7 @@ fn a_queue_deleted_since_the_snapshot_is_dropped_not_returned() {
     // It reached the old queue, which was deleted with it; the new queue of the same name
     // is another queue.
     assert!(!returned(&fx), "{fx:?}");
-    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn a_publish_whose_queues_were_all_deleted_is_still_confirmed() {
     h.op(a, Op::ConfirmSelect { nowait: true });
     h.declare(b, "q");
     h.bind(b, "q", "amq.direct", "k");
-    let snapshot = Arc::clone(h.broker.routes());
+    let snapshot = Arc::clone(h.shards[0].routes());
     delete_queue(&mut h, b, "q");
     let fx = publish_via(&mut h, a, &snapshot, "amq.direct", "k");
     let confirmed = fx.iter().any(|e| {
@@ -148,7 +148,7 @@ fn an_exchange_declared_again_is_routed_by_the_broker() {
     h.declare(b, "new");
     h.exchange(b, "x", "direct", FieldTable::new());
     h.bind(b, "old", "x", "k");
-    let snapshot = Arc::clone(h.broker.routes());
+    let snapshot = Arc::clone(h.shards[0].routes());
     h.op(
         b,
         Op::ExchangeDelete {
@@ -161,8 +161,8 @@ fn an_exchange_declared_again_is_routed_by_the_broker() {
     h.bind(b, "new", "x", "");
     let fx = publish_via(&mut h, a, &snapshot, "x", "k");
     assert!(!returned(&fx), "{fx:?}");
-    assert_eq!(h.broker.queue_len("old"), Some(0));
-    assert_eq!(h.broker.queue_len("new"), Some(1));
+    assert_eq!(h.shards[0].queue_len("old"), Some(0));
+    assert_eq!(h.shards[0].queue_len("new"), Some(1));
 }
 
 #[test]
@@ -191,7 +191,7 @@ fn the_table_routes_exchange_to_exchange_and_alternate_exchanges_as_the_broker_d
         }),
     );
     h.bind(a, "via-e2e", "inner", "a.b");
-    let table = Arc::clone(h.broker.routes());
+    let table = Arc::clone(h.shards[0].routes());
     let queue_of = |name: &str| table.queue(table.vhost("/").unwrap(), name).unwrap();
     assert_eq!(
         route(&table, "front", "a.b").map(|r| r.queues),

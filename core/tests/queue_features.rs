@@ -89,10 +89,10 @@ fn after(h: &mut Harness, by: u64) -> Vec<Effect> {
 
 fn tick(h: &mut Harness, to: u64) -> Vec<Effect> {
     h.now = to;
-    h.broker.tick(to);
+    h.shards[0].tick(to);
     let mut fx = Vec::new();
-    h.broker.poll_effects(&mut fx);
-    h.broker.check_invariants().expect("invariants");
+    h.shards[0].poll_effects(&mut fx);
+    h.shards[0].check_invariants().expect("invariants");
     fx
 }
 
@@ -133,16 +133,16 @@ fn queue_ttl_expires_at_the_head_and_dead_letters_with_x_death() {
     with_dlx(&mut h, c, &[("x-message-ttl", FieldValue::I32(1000))]);
     h.now = 9_999; // the harness advances the clock by 1 ms per op: published at 10_000
     publish_with(&mut h, c, "q", "m1", Properties::default());
-    assert_eq!(h.broker.next_deadline(), Some(11_001));
+    assert_eq!(h.shards[0].next_deadline(), Some(11_001));
     assert!(tick(&mut h, 11_000).is_empty());
     assert_eq!(
-        h.broker.queue_len("q"),
+        h.shards[0].queue_len("q"),
         Some(1),
         "not yet expired at the deadline"
     );
     tick(&mut h, 11_001);
-    assert_eq!(h.broker.queue_len("q"), Some(0));
-    assert_eq!(h.broker.queue_len("dlq"), Some(1));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("dlq"), Some(1));
     let (body, props, exchange, key) = get(&mut h, c, "dlq").expect("dead-lettered");
     assert_eq!(
         (body.as_str(), exchange.as_str(), key.as_str()),
@@ -215,7 +215,7 @@ fn a_ttl_of_zero_still_reaches_a_ready_consumer() {
     );
     publish_with(&mut h, c, "q", "later", Properties::default());
     after(&mut h, 1);
-    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
 }
 
 #[test]
@@ -274,7 +274,7 @@ fn max_length_drop_head_dead_letters_the_oldest() {
     for m in ["a", "b", "c"] {
         publish_with(&mut h, c, "q", m, Properties::default());
     }
-    assert_eq!(h.broker.queue_len("q"), Some(2));
+    assert_eq!(h.shards[0].queue_len("q"), Some(2));
     let (body, props, _, _) = get(&mut h, c, "dlq").expect("dropped head");
     assert_eq!(body, "a");
     assert_eq!(
@@ -308,7 +308,7 @@ fn reject_publish_nacks_and_keeps_the_queue() {
             .any(|e| matches!(e, Effect::Confirm { ack: false, .. })),
         "over the byte limit: nacked: {fx:?}"
     );
-    assert_eq!(h.broker.queue_len("q"), Some(1));
+    assert_eq!(h.shards[0].queue_len("q"), Some(1));
     let (body, props, _, _) = get(&mut h, c, "dlq").expect("refused message dead-lettered");
     assert_eq!(body, "d");
     assert_eq!(
@@ -334,8 +334,8 @@ fn an_expiry_cycle_without_rejection_is_dropped() {
     publish_with(&mut h, c, "q", "loop", Properties::default());
     after(&mut h, 11);
     after(&mut h, 11);
-    assert_eq!(h.broker.queue_len("q"), Some(0), "dropped, not looping");
-    assert_eq!(h.broker.next_deadline(), None);
+    assert_eq!(h.shards[0].queue_len("q"), Some(0), "dropped, not looping");
+    assert_eq!(h.shards[0].next_deadline(), None);
 }
 
 #[test]
@@ -347,7 +347,7 @@ fn unused_queues_expire() {
     h.consume(c, "q", "ct", false);
     tick(&mut h, start + 1000);
     assert_eq!(
-        h.broker.queue_len("q"),
+        h.shards[0].queue_len("q"),
         Some(0),
         "in use while it has a consumer"
     );
@@ -360,9 +360,13 @@ fn unused_queues_expire() {
     );
     let left = h.now;
     tick(&mut h, left + 100);
-    assert!(h.broker.queue_len("q").is_some());
+    assert!(h.shards[0].queue_len("q").is_some());
     tick(&mut h, left + 101);
-    assert_eq!(h.broker.queue_len("q"), None, "deleted after 100 ms unused");
+    assert_eq!(
+        h.shards[0].queue_len("q"),
+        None,
+        "deleted after 100 ms unused"
+    );
 }
 
 #[test]
@@ -511,8 +515,10 @@ fn a_restored_priority_queue_keeps_its_order() {
         ..Default::default()
     };
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(config.clone(), Box::new(store.clone())),
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
+            config.clone(),
+            Box::new(store.clone()),
+        )]),
         now: 0,
     };
     let c = h.connect(1);
@@ -536,15 +542,17 @@ fn a_restored_priority_queue_keeps_its_order() {
         };
         publish_with(&mut h, c, "pq", body, props);
     }
-    let epoch = h.broker.start_sync().expect("a sync");
+    let epoch = h.shards[0].start_sync().expect("a sync");
     assert_eq!(store.complete_sync(), Some(epoch));
     store.crash();
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(config, Box::new(store.clone())),
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
+            config,
+            Box::new(store.clone()),
+        )]),
         now: 100,
     };
-    assert!(h.broker.restore(100, &store.definitions()).is_empty());
+    assert!(h.shards[0].restore(100, &store.definitions()).is_empty());
     let c = h.connect(1);
     let order: Vec<String> = std::iter::from_fn(|| get(&mut h, c, "pq").map(|m| m.0)).collect();
     assert_eq!(order, ["b", "d", "c", "a", "e"]);
@@ -638,43 +646,42 @@ fn policies_apply_to_existing_queues_at_once_and_arguments_win() {
             publish_with(&mut h, c, q, &i.to_string(), Properties::default());
         }
     }
-    h.broker
+    h.shards[0]
         .set_policy(
             h.now,
             policy("cap", "^orders\\.", &[("max-length", FieldValue::I64(2))]),
         )
         .expect("valid policy");
     assert_eq!(
-        h.broker.queue_len("orders.a"),
+        h.shards[0].queue_len("orders.a"),
         Some(2),
         "applied without a redeclare"
     );
     assert_eq!(
-        h.broker.queue_len("orders.b"),
+        h.shards[0].queue_len("orders.b"),
         Some(4),
         "its own x-max-length (5) wins"
     );
     assert_eq!(
-        h.broker.queue_len("other"),
+        h.shards[0].queue_len("other"),
         Some(4),
         "pattern does not match"
     );
     assert_eq!(
-        h.broker.queue_policy("/", "orders.a").as_deref(),
+        h.shards[0].queue_policy("/", "orders.a").as_deref(),
         Some("cap")
     );
-    h.broker.clear_policy(h.now, "/", "cap").expect("exists");
+    h.shards[0].clear_policy(h.now, "/", "cap").expect("exists");
     for i in 0..3 {
         publish_with(&mut h, c, "orders.a", &i.to_string(), Properties::default());
     }
     assert_eq!(
-        h.broker.queue_len("orders.a"),
+        h.shards[0].queue_len("orders.a"),
         Some(5),
         "no limit once cleared"
     );
-    assert!(h.broker.clear_policy(h.now, "/", "cap").is_err());
-    let err = h
-        .broker
+    assert!(h.shards[0].clear_policy(h.now, "/", "cap").is_err());
+    let err = h.shards[0]
         .set_policy(
             h.now,
             policy("bad", ".*", &[("max-length", FieldValue::I64(-3))]),
@@ -684,7 +691,7 @@ fn policies_apply_to_existing_queues_at_once_and_arguments_win() {
         err,
         "invalid value for policy key 'max-length': {value_negative,-3}"
     );
-    h.broker.check_invariants().expect("invariants");
+    h.shards[0].check_invariants().expect("invariants");
 }
 
 #[test]
@@ -692,15 +699,17 @@ fn a_ttl_policy_dead_letters_and_policies_survive_a_restart() {
     use warren_core::store::MemoryStore;
     let store = MemoryStore::new();
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
+            Default::default(),
+            Box::new(store.clone()),
+        )]),
         now: 0,
     };
     let c = h.connect(1);
     h.exchange(c, "dlx", "fanout", FieldTable::new());
     h.declare(c, "dlq");
     h.bind(c, "dlq", "dlx", "");
-    h.broker
+    h.shards[0]
         .set_policy(
             h.now,
             policy(
@@ -717,7 +726,7 @@ fn a_ttl_policy_dead_letters_and_policies_survive_a_restart() {
     publish_with(&mut h, c, "work", "job", Properties::default());
     after(&mut h, 11);
     assert_eq!(
-        h.broker.queue_len("dlq"),
+        h.shards[0].queue_len("dlq"),
         Some(1),
         "expired through the policy's DLX"
     );
@@ -765,11 +774,13 @@ fn persistent() -> Properties {
 fn restarted(store: &warren_core::store::MemoryStore, now: u64) -> Harness {
     store.crash();
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
+            Default::default(),
+            Box::new(store.clone()),
+        )]),
         now,
     };
-    let errors = h.broker.restore(now, &store.definitions());
+    let errors = h.shards[0].restore(now, &store.definitions());
     assert!(errors.is_empty(), "restore: {errors:?}");
     h
 }
@@ -780,8 +791,10 @@ fn acks_are_synced_within_the_removal_bound_without_a_publish() {
     let store = MemoryStore::new();
     let bound = warren_core::BrokerConfig::default().removal_sync_ms;
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
+            Default::default(),
+            Box::new(store.clone()),
+        )]),
         now: 0,
     };
     let c = h.connect(1);
@@ -789,17 +802,16 @@ fn acks_are_synced_within_the_removal_bound_without_a_publish() {
     for body in ["a", "b", "c"] {
         publish_with(&mut h, c, "q", body, persistent());
     }
-    let epoch = h.broker.start_sync().expect("a sync for the publishes");
+    let epoch = h.shards[0].start_sync().expect("a sync for the publishes");
     assert_eq!(store.complete_sync(), Some(epoch));
-    h.broker.synced(h.now, epoch);
+    h.shards[0].synced(h.now, epoch);
     let got: Vec<String> = std::iter::from_fn(|| get(&mut h, c, "q").map(|m| m.0)).collect();
     assert_eq!(got, ["a", "b", "c"]);
     let removed_at = h.now;
     // The gets confirm nothing, so they start no sync at once...
-    assert_eq!(h.broker.start_sync(), None);
+    assert_eq!(h.shards[0].start_sync(), None);
     // ...but one is due `removal_sync_ms` after the first of them.
-    let due = h
-        .broker
+    let due = h.shards[0]
         .next_deadline()
         .expect("a deadline for the removals");
     assert!(
@@ -807,12 +819,12 @@ fn acks_are_synced_within_the_removal_bound_without_a_publish() {
         "due at {due}, removals at {removed_at}"
     );
     tick(&mut h, due - 1);
-    assert_eq!(h.broker.start_sync(), None, "not before the bound");
+    assert_eq!(h.shards[0].start_sync(), None, "not before the bound");
     tick(&mut h, due);
-    let epoch = h.broker.start_sync().expect("a sync for the removals");
+    let epoch = h.shards[0].start_sync().expect("a sync for the removals");
     assert_eq!(store.complete_sync(), Some(epoch));
-    h.broker.synced(h.now, epoch);
-    assert_eq!(h.broker.next_deadline(), None, "nothing left to sync");
+    h.shards[0].synced(h.now, epoch);
+    assert_eq!(h.shards[0].next_deadline(), None, "nothing left to sync");
     let mut h = restarted(&store, h.now + 1);
     let c = h.connect(1);
     assert_eq!(
@@ -827,25 +839,27 @@ fn a_requested_sync_covers_removals_at_once() {
     use warren_core::store::MemoryStore;
     let store = MemoryStore::new();
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
+            Default::default(),
+            Box::new(store.clone()),
+        )]),
         now: 0,
     };
     let c = h.connect(1);
     declare_durable(&mut h, c, "q");
     publish_with(&mut h, c, "q", "a", persistent());
-    let epoch = h.broker.start_sync().expect("a sync");
+    let epoch = h.shards[0].start_sync().expect("a sync");
     assert_eq!(store.complete_sync(), Some(epoch));
-    h.broker.synced(h.now, epoch);
+    h.shards[0].synced(h.now, epoch);
     assert!(get(&mut h, c, "q").is_some());
-    assert!(!h.broker.all_synced(), "the removal is not synced yet");
+    assert!(!h.shards[0].all_synced(), "the removal is not synced yet");
     // A clean stop: the host asks for a sync and waits for it.
-    h.broker.request_sync();
-    let epoch = h.broker.start_sync().expect("the requested sync");
-    assert!(!h.broker.all_synced());
+    h.shards[0].request_sync();
+    let epoch = h.shards[0].start_sync().expect("the requested sync");
+    assert!(!h.shards[0].all_synced());
     assert_eq!(store.complete_sync(), Some(epoch));
-    h.broker.synced(h.now, epoch);
-    assert!(h.broker.all_synced());
+    h.shards[0].synced(h.now, epoch);
+    assert!(h.shards[0].all_synced());
     let mut h = restarted(&store, h.now + 1);
     let c = h.connect(1);
     assert_eq!(get(&mut h, c, "q").map(|m| m.0), None);
@@ -856,15 +870,17 @@ fn a_server_named_durable_queue_is_restored_with_its_messages() {
     use warren_core::store::MemoryStore;
     let store = MemoryStore::new();
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(Default::default(), Box::new(store.clone())),
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
+            Default::default(),
+            Box::new(store.clone()),
+        )]),
         now: 0,
     };
     let c = h.connect(1);
     let name = declare_durable(&mut h, c, "");
     assert!(name.starts_with("amq.gen-"), "{name}");
     publish_with(&mut h, c, &name, "kept", persistent());
-    let epoch = h.broker.start_sync().expect("a sync");
+    let epoch = h.shards[0].start_sync().expect("a sync");
     assert_eq!(store.complete_sync(), Some(epoch));
     let mut h = restarted(&store, h.now + 1);
     let c = h.connect(1);

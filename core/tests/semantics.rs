@@ -38,7 +38,7 @@ fn publish_consume_ack_through_default_exchange() {
         )
         .is_empty()
     );
-    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
 }
 
 #[test]
@@ -206,17 +206,16 @@ fn commit_ok_of_persistent_messages_waits_for_the_sync() {
     use warren_core::command::Publish;
     use warren_core::message::Properties;
     let mut h = Harness {
-        shards: Shards::default(),
-        broker: warren_core::Broker::with_store(
+        shards: warren_core::shards::Shards::new(vec![warren_core::Broker::with_store(
             BrokerConfig::default(),
             Box::new(warren_core::store::MemoryStore::new()),
-        ),
+        )]),
         now: 0,
     };
     let c = h.connect(1);
     h.declare_with(c, "q", true, false, false);
-    while let Some(epoch) = h.broker.start_sync() {
-        h.broker.synced(h.now, epoch);
+    while let Some(epoch) = h.shards[0].start_sync() {
+        h.shards[0].synced(h.now, epoch);
     }
     h.op(c, Op::TxSelect);
     let publish = |persistent: bool| {
@@ -261,12 +260,12 @@ fn commit_ok_of_persistent_messages_waits_for_the_sync() {
         vec![],
         "and so does what follows"
     );
-    let epoch = h.broker.start_sync().expect("a sync is due");
+    let epoch = h.shards[0].start_sync().expect("a sync is due");
     let mut fx = Vec::new();
-    h.broker.poll_effects(&mut fx);
+    h.shards[0].poll_effects(&mut fx);
     assert_eq!(fx, vec![], "not before it completes");
-    h.broker.synced(h.now, epoch);
-    h.broker.poll_effects(&mut fx);
+    h.shards[0].synced(h.now, epoch);
+    h.shards[0].poll_effects(&mut fx);
     let qos_ok = Effect::Reply {
         ch: c,
         reply: Reply::QosOk,
@@ -274,10 +273,10 @@ fn commit_ok_of_persistent_messages_waits_for_the_sync() {
     assert_eq!(fx, vec![commit_ok, qos_ok]);
     h.op(c, publish(true));
     h.op(c, Op::TxCommit);
-    let epoch = h.broker.start_sync().expect("a sync is due");
-    h.broker.sync_failed(h.now, epoch);
+    let epoch = h.shards[0].start_sync().expect("a sync is due");
+    h.shards[0].sync_failed(h.now, epoch);
     fx.clear();
-    h.broker.poll_effects(&mut fx);
+    h.shards[0].poll_effects(&mut fx);
     assert!(
         matches!(fx.as_slice(), [Effect::ConnectionError { error, .. }] if error.code.code() == 541),
         "{fx:?}"
@@ -291,10 +290,10 @@ fn transactions_defer_publishes_and_acks() {
     h.declare(c, "q");
     h.op(c, Op::TxSelect);
     h.publish(c, "", "q", "a");
-    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
     h.op(c, Op::TxRollback);
     h.op(c, Op::TxCommit);
-    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
     h.publish(c, "", "q", "b");
     assert_eq!(
         h.op(c, Op::TxCommit),
@@ -303,7 +302,7 @@ fn transactions_defer_publishes_and_acks() {
             reply: Reply::TxCommitOk
         }]
     );
-    assert_eq!(h.broker.queue_len("q"), Some(1));
+    assert_eq!(h.shards[0].queue_len("q"), Some(1));
     assert_eq!(
         error_code(&h.op(c, Op::ConfirmSelect { nowait: false })),
         Some(406)
@@ -358,11 +357,11 @@ fn exclusive_queues_are_locked_and_die_with_their_connection() {
         }]
     );
     h.publish(c1, "amq.fanout", "", "m");
-    assert_eq!(h.broker.queue_len("ex"), Some(1));
+    assert_eq!(h.shards[0].queue_len("ex"), Some(1));
     h.op(ch(1, 0), Op::ConnectionClose);
-    assert_eq!(h.broker.queue_len("ex"), None);
+    assert_eq!(h.shards[0].queue_len("ex"), None);
     // Its binding went with it.
-    assert!(h.broker.list_bindings().is_empty());
+    assert!(h.shards[0].list_bindings().is_empty());
 }
 
 #[test]
@@ -378,7 +377,7 @@ fn auto_delete_queue_goes_with_its_last_consumer() {
             nowait: false,
         },
     );
-    assert_eq!(h.broker.queue_len("ad"), None);
+    assert_eq!(h.shards[0].queue_len("ad"), None);
 }
 
 #[test]
@@ -591,7 +590,7 @@ fn memory_alarm_blocks_every_connection_above_the_watermark_and_clears_below() {
             }
         ]
     );
-    assert_eq!(h.broker.stored_bytes(), 11);
+    assert_eq!(h.shards[0].stored_bytes(), 11);
     // A connection opened during the alarm is blocked at once.
     let fx = h.op(
         ch(3, 0),
@@ -611,10 +610,10 @@ fn memory_alarm_blocks_every_connection_above_the_watermark_and_clears_below() {
     // blocked for the hold (`ALARM_HOLD_MS`: at most about one change a second).
     let fx = h.consume(c1, "q", "t", true);
     assert_eq!(bodies(&fx), ["12345678", "123"]);
-    assert_eq!(h.broker.stored_bytes(), 0);
+    assert_eq!(h.shards[0].stored_bytes(), 0);
     assert!(!fx.iter().any(|e| matches!(e, Effect::Unblocked { .. })));
     assert!(
-        h.broker.next_deadline().is_some(),
+        h.shards[0].next_deadline().is_some(),
         "a tick is due when the hold ends"
     );
     let fx = h.tick(warren_core::broker::ALARM_HOLD_MS);
@@ -674,7 +673,7 @@ fn memory_alarm_clears_only_well_below_the_watermark_so_a_draining_queue_does_no
         };
         drained.extend(alarm_changes(&h.op(consumer, get)));
     }
-    assert_eq!(h.broker.stored_bytes(), 90);
+    assert_eq!(h.shards[0].stored_bytes(), 90);
     assert_eq!(drained, [false], "cleared at 90 bytes");
     // Refilling to the watermark itself does not raise it again; passing it does.
     assert!(alarm_changes(&h.publish(publisher, "", "q", "0123456789")).is_empty());
@@ -698,16 +697,15 @@ fn the_hosts_memory_figure_and_free_disk_space_raise_the_alarm_with_hysteresis()
     let mut now = 0;
     let mut report = |h: &mut Harness, memory: Option<u64>, disk_free: Option<u64>| {
         now += warren_core::broker::ALARM_HOLD_MS;
-        h.broker
-            .report_resources(now, Resources { memory, disk_free });
+        h.shards[0].report_resources(now, Resources { memory, disk_free });
         let mut fx = Vec::new();
-        h.broker.poll_effects(&mut fx);
-        (alarm_changes(&fx), h.broker.alarms())
+        h.shards[0].poll_effects(&mut fx);
+        (alarm_changes(&fx), h.shards[0].alarms())
     };
     // The queues hold nothing, but the process holds more than the watermark (its RSS):
     // blocked, until the figure falls to 90% of it.
     assert_eq!(report(&mut h, Some(1001), None).0, [true]);
-    assert!(h.broker.alarms().memory);
+    assert!(h.shards[0].alarms().memory);
     assert_eq!(report(&mut h, Some(950), None).0, []);
     let (changes, alarms) = report(&mut h, Some(900), None);
     assert_eq!(changes, [false]);
@@ -741,7 +739,7 @@ fn publishers_stay_blocked_for_the_hold_so_the_alarm_changes_at_most_about_once_
     // The figure swings across the watermark every millisecond for 3 s.
     for ms in 1..=3000u64 {
         let memory = if ms % 2 == 0 { 2000 } else { 0 };
-        h.broker.report_resources(
+        h.shards[0].report_resources(
             ms,
             Resources {
                 memory: Some(memory),
@@ -749,7 +747,7 @@ fn publishers_stay_blocked_for_the_hold_so_the_alarm_changes_at_most_about_once_
             },
         );
         let mut fx = Vec::new();
-        h.broker.poll_effects(&mut fx);
+        h.shards[0].poll_effects(&mut fx);
         changes.extend(alarm_changes(&fx));
     }
     assert!(
@@ -758,18 +756,20 @@ fn publishers_stay_blocked_for_the_hold_so_the_alarm_changes_at_most_about_once_
         changes.len()
     );
     // Recovered for good: unblocked by the tick the hold asks for.
-    h.broker.report_resources(
+    h.shards[0].report_resources(
         3001,
         Resources {
             memory: Some(0),
             disk_free: None,
         },
     );
-    let due = h.broker.next_deadline().expect("a tick at the hold's end");
-    h.broker.tick(due);
+    let due = h.shards[0]
+        .next_deadline()
+        .expect("a tick at the hold's end");
+    h.shards[0].tick(due);
     let mut fx = Vec::new();
-    h.broker.poll_effects(&mut fx);
-    assert!(!h.broker.publishers_blocked());
+    h.shards[0].poll_effects(&mut fx);
+    assert!(!h.shards[0].publishers_blocked());
 }
 
 #[test]
@@ -820,7 +820,7 @@ fn flow_control_paces_pure_publishers_to_their_consumers() {
         }
     }
     assert!(resumed);
-    assert!(h.broker.queue_len("q").is_some_and(|n| n <= 2));
+    assert!(h.shards[0].queue_len("q").is_some_and(|n| n <= 2));
 }
 
 /// Flow control, the write window and paging together (issue 21, one_fast stalls): a
@@ -907,7 +907,7 @@ fn flow_control_the_write_window_and_paging_never_strand_a_paused_publisher() {
             count(&fx, &mut unwritten, &mut received, &mut paused);
         }
         assert_eq!(
-            (received, h.broker.queue_len("q")),
+            (received, h.shards[0].queue_len("q")),
             (published, Some(0)),
             "seed {seed}: every message reached the consumer (paused: {paused})"
         );

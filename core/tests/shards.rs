@@ -9,7 +9,7 @@ use common::*;
 use std::sync::Arc;
 use warren_core::command::{Op, Publish};
 use warren_core::effect::Effect;
-use warren_core::message::Properties;
+use warren_core::message::{FieldTable, FieldValue, Properties};
 use warren_core::{Broker, BrokerConfig};
 
 /// Two shards: connection 2 (shard 0) declares `q` and publishes `n` messages to it;
@@ -21,7 +21,7 @@ fn two_shards(config: BrokerConfig, n: usize) -> (Harness, warren_core::ids::Cha
     for i in 0..n {
         h.publish(owner, "", "q", &i.to_string());
     }
-    assert_eq!(h.broker.queue_len("q"), Some(n), "q lives on shard 0");
+    assert_eq!(h.shards[0].queue_len("q"), Some(n), "q lives on shard 0");
     let c = h.connect(1);
     (h, c)
 }
@@ -97,7 +97,7 @@ fn a_remote_no_ack_consumer_stops_at_its_connections_write_window() {
         ["3", "4"],
         "the window reopened on shard 1 reaches shard 0"
     );
-    assert_eq!(h.broker.queue_len("q"), Some(0));
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
 }
 
 #[test]
@@ -123,7 +123,11 @@ fn a_closed_remote_channel_takes_no_more_credit_and_its_deliveries_go_back() {
         "nothing for a closed channel: {fx:?}"
     );
     h.set_mail_scheduled(false);
-    assert_eq!(h.broker.queue_len("q"), Some(4), "all back in q on shard 0");
+    assert_eq!(
+        h.shards[0].queue_len("q"),
+        Some(4),
+        "all back in q on shard 0"
+    );
     let again = h.open(1, 2);
     let fx = h.consume(again, "q", "again", true);
     let got: Vec<(String, bool)> = deliveries(&fx)
@@ -156,7 +160,7 @@ fn admin_ops_on_a_queue_of_another_shard_do_not_wedge_the_admin_channel() {
         nowait: false,
     };
     // Answered later, by mail from shard 1.
-    assert_eq!(h.broker.admin(now, "/", purge), Ok(None));
+    assert_eq!(h.shards[0].admin(now, "/", purge), Ok(None));
     h.settle();
     assert_eq!(h.shard(1).queue_len("q"), Some(0), "purged on shard 1");
     h.publish(c, "", "q", "x");
@@ -169,7 +173,7 @@ fn admin_ops_on_a_queue_of_another_shard_do_not_wedge_the_admin_channel() {
         nowait: false,
         arguments: Default::default(),
     });
-    let reply = h.broker.admin(now, "/", declare);
+    let reply = h.shards[0].admin(now, "/", declare);
     assert!(
         matches!(
             reply,
@@ -339,4 +343,69 @@ fn server_named_queues_of_two_shards_differ() {
     let qb = h.declare_with(b, "", false, true, false);
     assert!(qa.starts_with("amq.gen-") && qb.starts_with("amq.gen-"));
     assert_ne!(qa, qb, "two shards drew the same name");
+}
+
+/// The multi-shard composition's admin rule (`AdminRequest::replica`): a vhost, a user's
+/// permissions and a policy an operator adds reach every shard, so a connection on shard 1
+/// may open the vhost and its queue there takes the policy set later; listings gather
+/// every shard's.
+#[test]
+fn an_operators_changes_reach_every_shard_and_listings_gather_them() {
+    use warren_core::access::{PermissionDef, VhostDef};
+    use warren_core::admin::{AdminRequest, AdminResponse};
+    let mut h = Harness::sharded(BrokerConfig::default(), 2);
+    let now = h.now;
+    let done = |r: AdminResponse| matches!(r, AdminResponse::Done(Ok(())));
+    let vhost = VhostDef {
+        name: "v".into(),
+        description: String::new(),
+    };
+    assert!(done(h.shards.admin(now, AdminRequest::AddVhost(vhost))));
+    let perms = PermissionDef {
+        user: "guest".into(),
+        vhost: "v".into(),
+        configure: ".*".into(),
+        write: ".*".into(),
+        read: ".*".into(),
+    };
+    assert!(done(
+        h.shards.admin(now, AdminRequest::SetPermissions(perms))
+    ));
+    // Connection 1 is shard 1's: it opens "v" only if the vhost and the permissions
+    // reached shard 1.
+    let open = Op::ConnectionOpen {
+        vhost: "v".into(),
+        user: "guest".into(),
+        cancel_notify: true,
+    };
+    assert_eq!(h.op(ch(1, 0), open), vec![], "shard 1 knows vhost v");
+    let c = h.open(1, 1);
+    h.declare(c, "capped");
+    let zero = h.connect(2);
+    h.declare(zero, "on-zero");
+    for body in ["a", "b"] {
+        h.publish(c, "", "capped", body);
+    }
+    // The policy comes after the queue: shard 1 applies it to the queue it owns.
+    let policy = warren_core::policy::PolicyDef {
+        vhost: "v".into(),
+        name: "cap".into(),
+        pattern: ".*".into(),
+        apply_to: warren_core::policy::ApplyTo::Queues,
+        priority: 0,
+        definition: FieldTable::from([("max-length".into(), FieldValue::I64(1))]),
+    };
+    assert!(done(h.shards.admin(h.now, AdminRequest::SetPolicy(policy))));
+    let AdminResponse::Queues(queues) = h.shards.admin(h.now, AdminRequest::ListQueues) else {
+        panic!("a queue listing");
+    };
+    let listed: Vec<(&str, &str, u64)> = queues
+        .iter()
+        .map(|q| (q.vhost.as_str(), q.name.as_str(), q.messages_ready))
+        .collect();
+    assert_eq!(
+        listed,
+        [("/", "on-zero", 0), ("v", "capped", 1)],
+        "both shards listed; shard 1's queue got the policy (max-length 1)"
+    );
 }

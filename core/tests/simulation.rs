@@ -1037,7 +1037,7 @@ impl Sim {
         let routed = self.host_routes.then(|| {
             // The host routes on the table of the publisher's shard: shard 0's, which the
             // other shards adopt before they see the mail it sent after it.
-            let table = self.h.broker.routes();
+            let table = self.h.shards[0].routes();
             let vhost = table.vhost("/").expect("vhost /");
             table.route_publish(vhost, exchange, &key, None)
         });

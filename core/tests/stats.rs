@@ -51,9 +51,9 @@ fn counters_follow_publishes_deliveries_redeliveries_and_acks() {
     assert_eq!(again.len(), 2);
     assert!(again.iter().all(|d| d.2), "redelivered: {again:?}");
 
-    let queue = &h.broker.list_queues()[0];
+    let queue = &h.shards[0].list_queues()[0];
     assert_eq!(queue.stats, stats(3, 5, 2, 1), "the queue's");
-    let channels = h.broker.list_channels();
+    let channels = h.shards[0].list_channels();
     let of = |conn: u64| {
         channels
             .iter()
@@ -92,7 +92,7 @@ fn counters_follow_publishes_deliveries_redeliveries_and_acks() {
     h.op(g, Op::ChannelClose);
     h.op(g, Op::ChannelCloseOk);
     let conn = |h: &Harness, id: u64| {
-        h.broker
+        h.shards[0]
             .list_connections()
             .into_iter()
             .find(|i| i.conn.0 == id)
@@ -100,7 +100,7 @@ fn counters_follow_publishes_deliveries_redeliveries_and_acks() {
     };
     assert_eq!(conn(&h, 2), Some(stats(0, 6, 2, 1)), "closed channel kept");
     assert_eq!(
-        h.broker.list_queues()[1].stats,
+        h.shards[0].list_queues()[1].stats,
         stats(1, 1, 0, 0),
         "queue r's"
     );
@@ -109,10 +109,10 @@ fn counters_follow_publishes_deliveries_redeliveries_and_acks() {
     h.op(ch(1, 0), Op::ConnectionClose);
     assert_eq!(conn(&h, 1), None);
     assert_eq!(
-        h.broker.vhost_stats(),
+        h.shards[0].vhost_stats(),
         vec![("/".to_string(), stats(5, 6, 2, 1))]
     );
-    h.broker.check_invariants().expect("invariants");
+    h.shards[0].check_invariants().expect("invariants");
 }
 
 #[test]
@@ -121,9 +121,9 @@ fn an_operator_closes_a_connection_with_320_and_the_reason() {
     let c = h.connect(7);
     h.declare(c, "q");
     h.consume(c, "q", "t", false);
-    assert!(h.broker.close_connection(c.conn, "maintenance window"));
+    assert!(h.shards[0].close_connection(c.conn, "maintenance window"));
     let mut fx = Vec::new();
-    h.broker.poll_effects(&mut fx);
+    h.shards[0].poll_effects(&mut fx);
     assert!(
         fx.iter()
             .any(|e| matches!(e, Effect::ConnectionError { conn, error }
@@ -131,10 +131,13 @@ fn an_operator_closes_a_connection_with_320_and_the_reason() {
                 && error.text == "CONNECTION_FORCED - maintenance window")),
         "{fx:?}"
     );
-    assert!(h.broker.list_connections().is_empty());
-    assert!(h.broker.list_consumers().is_empty(), "its consumer went");
-    assert!(!h.broker.close_connection(c.conn, "again"), "already gone");
-    h.broker.check_invariants().expect("invariants");
+    assert!(h.shards[0].list_connections().is_empty());
+    assert!(h.shards[0].list_consumers().is_empty(), "its consumer went");
+    assert!(
+        !h.shards[0].close_connection(c.conn, "again"),
+        "already gone"
+    );
+    h.shards[0].check_invariants().expect("invariants");
 }
 
 #[test]
@@ -143,18 +146,18 @@ fn the_memory_watermark_changes_at_run_time() {
     let c = h.connect(1);
     h.declare(c, "q");
     h.publish(c, "", "q", "0123456789");
-    assert!(!h.broker.memory_status().alarm);
-    h.broker.set_memory_high_watermark(h.now, 5);
+    assert!(!h.shards[0].memory_status().alarm);
+    h.shards[0].set_memory_high_watermark(h.now, 5);
     let mut fx = Vec::new();
-    h.broker.poll_effects(&mut fx);
+    h.shards[0].poll_effects(&mut fx);
     assert!(fx.contains(&Effect::Blocked { conn: c.conn }), "{fx:?}");
-    let status = h.broker.memory_status();
+    let status = h.shards[0].memory_status();
     assert!(status.alarm);
     assert_eq!((status.held, status.watermark), (10, 5));
     // Cleared once the alarm has been held its minimum time (no flapping).
     let later = h.now + warren_core::broker::ALARM_HOLD_MS;
-    h.broker.set_memory_high_watermark(later, 1 << 30);
+    h.shards[0].set_memory_high_watermark(later, 1 << 30);
     fx.clear();
-    h.broker.poll_effects(&mut fx);
+    h.shards[0].poll_effects(&mut fx);
     assert!(fx.contains(&Effect::Unblocked { conn: c.conn }), "{fx:?}");
 }

@@ -161,7 +161,7 @@ impl Sim {
     /// Carries the mail between shards until none is left.
     fn settle(&mut self) {
         let (first, others) = self.brokers.split_at_mut(1);
-        first[0].carry_mail(self.now, others);
+        warren_core::shards::carry(self.now, &mut first[0], others);
     }
 
     fn connect(&mut self) {
@@ -383,8 +383,7 @@ impl Sim {
         }
         self.brokers = Sim::brokers(&self.stores);
         let definitions = self.stores[0].definitions();
-        let (first, others) = self.brokers.split_at_mut(1);
-        let errors = first[0].restore_shards(self.now, &definitions, others);
+        let errors = warren_core::shards::restore(self.now, &definitions, &mut self.brokers);
         assert!(errors.is_empty(), "restore failed: {errors:?}");
         self.outstanding.clear();
         self.unwritten = 0;

@@ -246,8 +246,7 @@ fn run(ops: &[TopOp]) -> Result<(), TestCaseError> {
             c = h.open(1, c.channel);
         }
         // Bindings as the broker lists them, in the model's terms.
-        let listed: BTreeSet<(u8, Dest, u8)> = h
-            .broker
+        let listed: BTreeSet<(u8, Dest, u8)> = h.shards[0]
             .list_bindings()
             .into_iter()
             .map(|b| {
@@ -262,15 +261,14 @@ fn run(ops: &[TopOp]) -> Result<(), TestCaseError> {
             })
             .collect();
         prop_assert_eq!(&listed, &m.bindings, "after {:?}", op);
-        let exchanges: BTreeSet<u8> = h
-            .broker
+        let exchanges: BTreeSet<u8> = h.shards[0]
             .list_exchanges()
             .into_iter()
             .filter_map(|x| x.name.strip_prefix('x')?.parse().ok())
             .collect();
         prop_assert_eq!(&exchanges, &m.exchanges, "after {:?}", op);
         // Routing on the published table.
-        let routes = h.broker.routes().clone();
+        let routes = h.shards[0].routes().clone();
         let vh = routes.vhost("/").expect("default vhost");
         for x in 0..EXCHANGES {
             for key in 0..2u8 {

@@ -51,7 +51,7 @@ fn dev(broker: &mut Broker) {
 #[test]
 fn names_routing_and_policies_stay_in_their_vhost() {
     let mut h = Harness::new();
-    dev(&mut h.broker);
+    dev(&mut h.shards[0]);
     let slash = h.connect(1);
     assert!(open_in(&mut h, 2, "dev", "guest").is_empty());
     let devc = h.open(2, 1);
@@ -67,7 +67,7 @@ fn names_routing_and_policies_stay_in_their_vhost() {
     let mut ttl = FieldTable::new();
     ttl.insert("dead-letter-exchange".into(), FieldValue::string("dlx"));
     ttl.insert("message-ttl".into(), FieldValue::I64(5));
-    h.broker
+    h.shards[0]
         .set_policy(
             h.now,
             PolicyDef {
@@ -83,11 +83,11 @@ fn names_routing_and_policies_stay_in_their_vhost() {
     h.publish(devc, "", "q", "dev message");
     h.publish(slash, "", "q", "slash message");
     h.now += 100;
-    h.broker.tick(h.now);
+    h.shards[0].tick(h.now);
     // The policy of dev expired dev's message into dev's dead-letter queue only.
-    assert_eq!(h.broker.queue_len("q"), Some(1), "/'s q is untouched");
-    assert_eq!(h.broker.queue_len("dead"), Some(0));
-    let queues = h.broker.list_queues();
+    assert_eq!(h.shards[0].queue_len("q"), Some(1), "/'s q is untouched");
+    assert_eq!(h.shards[0].queue_len("dead"), Some(0));
+    let queues = h.shards[0].list_queues();
     let len = |vhost: &str, name: &str| {
         queues
             .iter()
@@ -97,27 +97,30 @@ fn names_routing_and_policies_stay_in_their_vhost() {
     assert_eq!(len("dev", "q"), Some(0));
     assert_eq!(len("dev", "dead"), Some(1));
     assert_eq!(len("/", "q"), Some(1));
-    assert_eq!(h.broker.queue_policy("dev", "q").as_deref(), Some("expire"));
-    assert_eq!(h.broker.queue_policy("/", "q"), None);
+    assert_eq!(
+        h.shards[0].queue_policy("dev", "q").as_deref(),
+        Some("expire")
+    );
+    assert_eq!(h.shards[0].queue_policy("/", "q"), None);
 
     // Deleting dev closes its connection (320) and leaves / alone.
-    h.broker.delete_vhost(h.now, "dev").expect("delete");
+    h.shards[0].delete_vhost(h.now, "dev").expect("delete");
     let mut fx = Vec::new();
-    h.broker.poll_effects(&mut fx);
+    h.shards[0].poll_effects(&mut fx);
     assert!(
         fx.iter()
             .any(|e| matches!(e, Effect::ConnectionError { error, .. }
             if error.code.code() == 320 && error.text.contains("vhost 'dev' is deleted"))),
         "{fx:?}"
     );
-    assert!(h.broker.list_queues().iter().all(|q| q.vhost == "/"));
-    h.broker.check_invariants().expect("invariants");
+    assert!(h.shards[0].list_queues().iter().all(|q| q.vhost == "/"));
+    h.shards[0].check_invariants().expect("invariants");
 }
 
 #[test]
 fn a_connection_needs_permissions_in_its_vhost() {
     let mut h = Harness::new();
-    h.broker
+    h.shards[0]
         .add_vhost(
             0,
             VhostDef {

@@ -23,13 +23,13 @@ pub use resources::{ResourceWatch, disk_free, process_rss};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
+pub use warren_core::admin::{AdminRequest, AdminResponse};
 use warren_core::command::Op;
 use warren_core::ids::ConnId;
 use warren_core::routing::RouteTable;
 
 pub use warren_core::BrokerConfig;
 pub use warren_core::access::{Login, LoginError};
-use warren_core::access::{PermissionDef, UserDef, VhostDef};
 
 /// Operation batches in flight from all connections to the broker task. Each batch holds up to
 /// one socket read's worth of frames, so this bounds queued input at roughly
@@ -176,126 +176,6 @@ pub(crate) enum Control {
     },
 }
 
-/// What `warren ctl` can ask the broker.
-#[derive(Debug)]
-pub enum AdminRequest {
-    ListQueues,
-    ListExchanges,
-    ListBindings,
-    ListConnections,
-    ListConsumers,
-    /// The durable definitions, for export.
-    Definitions,
-    /// One operation in a vhost on the broker's admin channel (purge, delete, declare, bind).
-    Op {
-        vhost: String,
-        op: Op,
-    },
-    /// Declares everything in the definitions; answers with the errors.
-    Import(warren_core::store::Definitions),
-    SetPolicy(warren_core::policy::PolicyDef),
-    ClearPolicy {
-        vhost: String,
-        name: String,
-    },
-    ListPolicies,
-    AddVhost(VhostDef),
-    DeleteVhost(String),
-    ListVhosts,
-    /// Adds a user; refused when it exists.
-    AddUser(UserDef),
-    /// Replaces the password hash of an existing user.
-    ChangePassword {
-        user: String,
-        password_hash: Vec<u8>,
-    },
-    SetUserTags {
-        user: String,
-        tags: Vec<String>,
-    },
-    DeleteUser(String),
-    ListUsers,
-    SetPermissions(PermissionDef),
-    ClearPermissions {
-        vhost: String,
-        user: String,
-    },
-    ListPermissions,
-    /// Every client channel (gathered from every shard).
-    ListChannels,
-    /// Message counts per vhost (summed over the shards).
-    VhostStats,
-    /// The memory alarm's state.
-    MemoryStatus,
-    /// Sets the memory alarm's threshold in bytes, on every shard.
-    SetMemoryWatermark(u64),
-    /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
-    CloseConnection {
-        conn: ConnId,
-        reason: String,
-    },
-}
-
-impl AdminRequest {
-    /// The same request, if each shard answers it for what it owns (queues and their
-    /// consumers live on their owners' shards, connections on theirs).
-    fn gathered(&self) -> Option<AdminRequest> {
-        match self {
-            AdminRequest::ListQueues => Some(AdminRequest::ListQueues),
-            AdminRequest::ListConsumers => Some(AdminRequest::ListConsumers),
-            AdminRequest::ListConnections => Some(AdminRequest::ListConnections),
-            AdminRequest::ListChannels => Some(AdminRequest::ListChannels),
-            AdminRequest::VhostStats => Some(AdminRequest::VhostStats),
-            _ => None,
-        }
-    }
-
-    /// The same request, for the other shards, if every shard must apply it: users,
-    /// permissions and vhosts, which every shard checks at connection.open (a deleted
-    /// vhost closes each shard's connections and deletes its queues), and policies, which
-    /// each shard applies to the queues it owns (of an import, those parts).
-    fn replica(&self) -> Option<AdminRequest> {
-        Some(match self {
-            AdminRequest::AddUser(u) => AdminRequest::AddUser(u.clone()),
-            AdminRequest::ChangePassword {
-                user,
-                password_hash,
-            } => AdminRequest::ChangePassword {
-                user: user.clone(),
-                password_hash: password_hash.clone(),
-            },
-            AdminRequest::SetUserTags { user, tags } => AdminRequest::SetUserTags {
-                user: user.clone(),
-                tags: tags.clone(),
-            },
-            AdminRequest::DeleteUser(name) => AdminRequest::DeleteUser(name.clone()),
-            AdminRequest::SetPermissions(p) => AdminRequest::SetPermissions(p.clone()),
-            AdminRequest::ClearPermissions { vhost, user } => AdminRequest::ClearPermissions {
-                vhost: vhost.clone(),
-                user: user.clone(),
-            },
-            // The other shards take an import's vhosts, users, permissions and policies;
-            // its exchanges, queues and bindings are topology's, shard 0's.
-            AdminRequest::Import(d) => AdminRequest::Import(warren_core::store::Definitions {
-                vhosts: d.vhosts.clone(),
-                users: d.users.clone(),
-                permissions: d.permissions.clone(),
-                policies: d.policies.clone(),
-                ..Default::default()
-            }),
-            AdminRequest::AddVhost(v) => AdminRequest::AddVhost(v.clone()),
-            AdminRequest::DeleteVhost(name) => AdminRequest::DeleteVhost(name.clone()),
-            AdminRequest::SetPolicy(p) => AdminRequest::SetPolicy(p.clone()),
-            AdminRequest::ClearPolicy { vhost, name } => AdminRequest::ClearPolicy {
-                vhost: vhost.clone(),
-                name: name.clone(),
-            },
-            AdminRequest::SetMemoryWatermark(bytes) => AdminRequest::SetMemoryWatermark(*bytes),
-            _ => return None,
-        })
-    }
-}
-
 /// What a gateway knows of a connection and the core does not (peer, protocol, client
 /// properties or MQTT client id), for operators' listings (`warren ctl list_connections`,
 /// the HTTP API). Set once per connection (`CommandSender::describe`), dropped with it.
@@ -317,31 +197,6 @@ pub struct ConnMeta {
     pub frame_max: u32,
     /// When it connected, ms since the Unix epoch.
     pub connected_at: u64,
-}
-
-/// The broker's answer to an [`AdminRequest`].
-#[derive(Debug)]
-pub enum AdminResponse {
-    Queues(Vec<warren_core::broker::admin::QueueInfo>),
-    Exchanges(Vec<warren_core::broker::admin::ExchangeInfo>),
-    Bindings(Vec<warren_core::broker::admin::BindingInfo>),
-    Connections(Vec<warren_core::broker::admin::ConnectionInfo>),
-    Consumers(Vec<warren_core::broker::admin::ConsumerInfo>),
-    Definitions(warren_core::store::Definitions),
-    Op(Result<Option<warren_core::effect::Reply>, warren_core::error::ProtocolError>),
-    /// What was imported, and what could not be (RabbitMQ-style error texts).
-    Imported(warren_core::broker::admin::ImportReport),
-    /// A change (policy, vhost, user, permissions) was made, or why not.
-    Done(Result<(), String>),
-    Policies(Vec<warren_core::policy::PolicyDef>),
-    Vhosts(Vec<VhostDef>),
-    Users(Vec<UserDef>),
-    Permissions(Vec<PermissionDef>),
-    Channels(Vec<warren_core::broker::admin::ChannelInfo>),
-    VhostStats(Vec<(String, warren_core::stats::MessageStats)>),
-    Memory(warren_core::broker::admin::MemoryStatus),
-    /// Whether the connection to close existed.
-    Closed(bool),
 }
 
 struct Shared {
@@ -452,8 +307,7 @@ impl BrokerHandle {
         // Before the restore: the restored queues' bytes count in the sum.
         share_memory_count(brokers.iter_mut());
         let started = std::time::Instant::now();
-        let (first, others) = brokers.split_at_mut(1);
-        for error in first[0].restore_shards(unix_ms(), &definitions, others) {
+        for error in warren_core::shards::restore(unix_ms(), &definitions, &mut brokers) {
             tracing::warn!(
                 error = %warren_core::escape::Escaped(&error.to_string()),
                 "a stored definition could not be restored"
@@ -656,45 +510,11 @@ impl BrokerHandle {
                 .map_err(|_| BrokerGone)?;
             answers.push(answer);
         }
-        let (mut queues, mut consumers, mut connections) = (Vec::new(), Vec::new(), Vec::new());
-        let mut channels = Vec::new();
-        let mut stats =
-            std::collections::BTreeMap::<String, warren_core::stats::MessageStats>::new();
+        let mut responses = Vec::with_capacity(answers.len());
         for answer in answers {
-            match answer.await.map_err(|_| BrokerGone)? {
-                AdminResponse::Queues(q) => queues.extend(q),
-                AdminResponse::Consumers(c) => consumers.extend(c),
-                AdminResponse::Connections(c) => connections.extend(c),
-                AdminResponse::Channels(c) => channels.extend(c),
-                AdminResponse::VhostStats(s) => {
-                    for (vhost, s) in s {
-                        stats.entry(vhost).or_default().add(&s);
-                    }
-                }
-                other => return Ok(other),
-            }
+            responses.push(answer.await.map_err(|_| BrokerGone)?);
         }
-        Ok(match request {
-            AdminRequest::ListChannels => {
-                channels.sort_by_key(|c| (c.conn, c.channel));
-                AdminResponse::Channels(channels)
-            }
-            AdminRequest::VhostStats => AdminResponse::VhostStats(stats.into_iter().collect()),
-            AdminRequest::ListQueues => {
-                queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
-                AdminResponse::Queues(queues)
-            }
-            AdminRequest::ListConsumers => {
-                consumers.sort_by(|a, b| {
-                    (&a.vhost, &a.queue, &a.tag).cmp(&(&b.vhost, &b.queue, &b.tag))
-                });
-                AdminResponse::Consumers(consumers)
-            }
-            _ => {
-                connections.sort_by_key(|c| c.conn);
-                AdminResponse::Connections(connections)
-            }
-        })
+        Ok(request.merge(responses))
     }
 
     /// Checks a client's credentials (RabbitMQ's internal auth backend: salted SHA-256,

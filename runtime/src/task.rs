@@ -1,6 +1,6 @@
 //! The broker task: applies op batches to the core and routes effects to connections.
 
-use crate::{AdminRequest, AdminResponse, Control, Request};
+use crate::{AdminResponse, Control, Request};
 use std::collections::HashMap;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
@@ -337,7 +337,7 @@ fn apply_control(
             }
         }
         Control::Admin { request, reply } => {
-            let answer = admin(broker, request, now);
+            let answer = broker.apply_admin(now, request);
             // A change answers once it is durable (the sync starts at the end of this turn).
             match broker.unsynced_epoch() {
                 Some(epoch) => held.0.push((epoch, reply, answer)),
@@ -369,65 +369,6 @@ fn apply_control(
                 Err(_) => broker.sync_failed(now, epoch),
             }
             held.release(epoch, result.is_ok());
-        }
-    }
-}
-
-fn admin(broker: &mut Broker, request: AdminRequest, now: u64) -> AdminResponse {
-    use AdminResponse::Done;
-    match request {
-        AdminRequest::ListQueues => AdminResponse::Queues(broker.list_queues()),
-        AdminRequest::ListExchanges => AdminResponse::Exchanges(broker.list_exchanges()),
-        AdminRequest::ListBindings => AdminResponse::Bindings(broker.list_bindings()),
-        AdminRequest::ListConnections => AdminResponse::Connections(broker.list_connections()),
-        AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
-        AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
-        AdminRequest::Op { vhost, op } => AdminResponse::Op(broker.admin(now, &vhost, op)),
-        AdminRequest::SetPolicy(p) => Done(broker.set_policy(now, p)),
-        AdminRequest::ClearPolicy { vhost, name } => Done(broker.clear_policy(now, &vhost, &name)),
-        AdminRequest::ListPolicies => AdminResponse::Policies(broker.list_policies()),
-        AdminRequest::Import(defs) => AdminResponse::Imported(broker.import(now, &defs)),
-        AdminRequest::AddVhost(v) => Done(broker.add_vhost(now, v)),
-        AdminRequest::DeleteVhost(name) => Done(broker.delete_vhost(now, &name)),
-        AdminRequest::ListVhosts => AdminResponse::Vhosts(broker.list_vhosts()),
-        AdminRequest::AddUser(u) => Done(if broker.user(&u.name).is_some() {
-            Err(format!("user '{}' already exists", u.name))
-        } else {
-            broker.put_user(now, u)
-        }),
-        AdminRequest::ChangePassword {
-            user,
-            password_hash,
-        } => Done(match broker.user(&user).cloned() {
-            Some(mut u) => {
-                u.password_hash = password_hash;
-                broker.put_user(now, u)
-            }
-            None => Err(format!("user '{user}' does not exist")),
-        }),
-        AdminRequest::SetUserTags { user, tags } => Done(match broker.user(&user).cloned() {
-            Some(mut u) => {
-                u.tags = tags;
-                broker.put_user(now, u)
-            }
-            None => Err(format!("user '{user}' does not exist")),
-        }),
-        AdminRequest::DeleteUser(name) => Done(broker.delete_user(now, &name)),
-        AdminRequest::ListUsers => AdminResponse::Users(broker.list_users()),
-        AdminRequest::SetPermissions(p) => Done(broker.set_permissions(now, p)),
-        AdminRequest::ClearPermissions { vhost, user } => {
-            Done(broker.clear_permissions(now, &vhost, &user))
-        }
-        AdminRequest::ListPermissions => AdminResponse::Permissions(broker.list_permissions()),
-        AdminRequest::ListChannels => AdminResponse::Channels(broker.list_channels()),
-        AdminRequest::VhostStats => AdminResponse::VhostStats(broker.vhost_stats()),
-        AdminRequest::MemoryStatus => AdminResponse::Memory(broker.memory_status()),
-        AdminRequest::SetMemoryWatermark(bytes) => {
-            broker.set_memory_high_watermark(now, bytes);
-            Done(Ok(()))
-        }
-        AdminRequest::CloseConnection { conn, reason } => {
-            AdminResponse::Closed(broker.close_connection(conn, &reason))
         }
     }
 }

@@ -11,22 +11,10 @@
 //! from the window, so their sequence numbers are always below the suffix.
 
 use crate::message::Message;
+pub use crate::message::QueuedMessage;
 use crate::store::{QueueRecovery, StoredMessage};
 use std::collections::VecDeque;
 use std::sync::Arc;
-
-/// One ready message in memory.
-#[derive(Clone, Debug)]
-pub struct QueuedMessage {
-    pub seq: u64,
-    pub message: Arc<Message>,
-    /// It was delivered before and came back (requeue, channel close, restart).
-    pub redelivered: bool,
-    /// The store holds it: it must be removed from the store when it leaves the queue.
-    pub stored: bool,
-    /// When it expires (queue or message TTL), in the host's clock.
-    pub expires_at: Option<u64>,
-}
 
 /// Ready messages that are on disk only.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

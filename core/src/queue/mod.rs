@@ -3,6 +3,8 @@
 //! single active consumer); `state` is one queue's whole state and the operations that need
 //! nothing outside it.
 
-pub mod args;
+/// The queue arguments (parsed where declares are decided, held by the queue).
+pub use crate::queue_args as args;
 pub mod classic;
+pub mod kind;
 pub(crate) mod state;

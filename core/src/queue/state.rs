@@ -14,50 +14,18 @@
 //! (prefetch and unacked count), so dispatch reads nothing outside the queue but `Credit`.
 
 use crate::config::BrokerConfig;
-use crate::ids::{ChannelAddr, ChannelRef, QueueId};
+use crate::ids::QueueId;
+pub(crate) use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
 use crate::message::{FieldTable, Message};
-use crate::queue::args::{HeldArgs, Overflow};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
+use crate::queue::kind::{QueueBehaviour, QueueType};
+use crate::queue_args::{HeldArgs, Overflow};
 use crate::store::Store;
 use std::sync::Arc;
 
 /// How many times the window a queue keeps transient messages in memory before paging
 /// them out (see `enqueue`).
 const TRANSIENT_WINDOW_FACTOR: usize = 4;
-
-/// A consumer, numbered broker-wide so channels and deliveries can refer to it cheaply.
-/// Ids only grow, so a queue's consumers in arrival order are also in id order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ConsumerId(pub(crate) u64);
-
-/// A consumer as its queue holds it.
-pub(crate) struct QueueConsumer {
-    pub(crate) id: ConsumerId,
-    pub(crate) tag: Arc<str>,
-    pub(crate) ch: ChannelRef,
-    /// The opening of `ch` that consumes (`ChannelAddr`): a consumer whose channel closed
-    /// may stay here until its cancel arrives, and must not take a newer opening's credit.
-    pub(crate) serial: u32,
-    pub(crate) no_ack: bool,
-    pub(crate) exclusive: bool,
-    /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
-    pub(crate) prefetch: u16,
-    pub(crate) unacked: u32,
-    /// `x-priority`: consumers with a higher priority get messages first. Stored in 32
-    /// bits (a wider client value is clamped) so that the serial fits in the record.
-    pub(crate) priority: i32,
-    /// The channel's limits, when the channel is on another shard (`broker/credit.rs`).
-    pub(crate) shared: Option<std::sync::Arc<crate::broker::SharedCredit>>,
-}
-
-impl QueueConsumer {
-    pub(crate) fn addr(&self) -> ChannelAddr {
-        ChannelAddr {
-            ch: self.ch,
-            serial: self.serial,
-        }
-    }
-}
 
 /// Whether a channel may take one more delivery now, by the limits that span queues: the
 /// channel's shared (global) prefetch, counted only for deliveries that need an ack, and
@@ -75,25 +43,6 @@ pub(crate) trait Credit {
 
     /// Returns credit taken for a delivery that did not happen.
     fn give_back(&mut self, c: &QueueConsumer);
-}
-
-/// What to do with settled deliveries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settle {
-    Ack,
-    Requeue,
-    /// Rejected without requeue: dropped, or dead-lettered if the queue says so.
-    Discard,
-}
-
-impl Settle {
-    pub(crate) fn reject(requeue: bool) -> Settle {
-        if requeue {
-            Settle::Requeue
-        } else {
-            Settle::Discard
-        }
-    }
 }
 
 /// Why a message was dead-lettered (`x-death` `reason`).
@@ -124,33 +73,6 @@ pub(crate) enum Enqueued {
     Failed,
     /// The queue is full and refuses publishes (`x-overflow` reject-publish[-dlx]).
     Rejected,
-}
-
-/// A delivery awaiting its ack (held by the channel it went to).
-pub(crate) struct Unacked {
-    pub(crate) queue: QueueId,
-    pub(crate) seq: u64,
-    pub(crate) message: Arc<Message>,
-    /// Set for consumer deliveries (they count against prefetch); `None` for basic.get.
-    pub(crate) consumer: Option<ConsumerId>,
-    /// The store holds it (remove it there when it is acked or dropped).
-    pub(crate) stored: bool,
-    /// Its expiry, kept across a requeue (as RabbitMQ does).
-    pub(crate) expires_at: Option<u64>,
-}
-
-impl Unacked {
-    /// Message `m` of queue `queue`, delivered to `consumer` (`None`: basic.get).
-    pub(crate) fn of(queue: QueueId, m: &QueuedMessage, consumer: Option<ConsumerId>) -> Unacked {
-        Unacked {
-            queue,
-            seq: m.seq,
-            message: m.message.clone(),
-            consumer,
-            stored: m.stored,
-            expires_at: m.expires_at,
-        }
-    }
 }
 
 /// What a queue operation needs from outside the queue.
@@ -198,15 +120,6 @@ impl<'a> QueueIo<'a> {
             out: QueueOut::default(),
         }
     }
-}
-
-/// A delivery picked by `next_delivery`: the message and who it goes to.
-pub(crate) struct Picked {
-    pub(crate) consumer: ConsumerId,
-    pub(crate) to: ChannelAddr,
-    pub(crate) tag: Arc<str>,
-    pub(crate) no_ack: bool,
-    pub(crate) message: QueuedMessage,
 }
 
 pub(crate) struct QueueState {
@@ -288,7 +201,7 @@ fn expiry(now: u64, queue_ttl: Option<u64>, m: &Message) -> Option<u64> {
         .properties
         .expiration
         .as_deref()
-        .and_then(|e| crate::queue::args::parse_expiration(e).ok());
+        .and_then(|e| crate::queue_args::parse_expiration(e).ok());
     let ttl = match (queue_ttl, own) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -345,82 +258,6 @@ impl QueueState {
                 .args
                 .max_length_bytes
                 .is_some_and(|max| self.messages.total_bytes() + len > max)
-    }
-
-    /// Appends a routed message: into the window while it has room and nothing is paged
-    /// out, otherwise (with a store) into the store only. Persistent messages on durable
-    /// queues are stored either way. Applies the queue's length limit and TTL.
-    pub(crate) fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
-        let len = message.body_len() as u64;
-        if self.args.overflow != Overflow::DropHead && self.would_overflow(len) {
-            if self.args.overflow == Overflow::RejectPublishDlx {
-                io.out.dead.push((message.clone(), DeathReason::MaxLen));
-            }
-            return Enqueued::Rejected;
-        }
-        self.stats.publish += 1;
-        let expires_at = expiry(io.now, self.args.message_ttl, message);
-        if expires_at.is_some() {
-            io.out.expiring = true;
-        }
-        let Some(store) = io.store.as_deref_mut() else {
-            let seq = self.messages.next_seq();
-            self.messages.push(seq, message.clone(), false, expires_at);
-            io.out.held += len;
-            self.drop_overflow(io);
-            return Enqueued::Memory;
-        };
-        let window = io.config.queue_window;
-        let persist = self.durable && message.properties.is_persistent();
-        // A persistent message is written anyway, so keeping it out of memory costs only the
-        // read back. A transient one would cost a write too: it pages out only at a larger
-        // window (a burst above the flow-control mark stays in memory) or when message
-        // memory passes half the alarm watermark.
-        let (limit, limit_bytes) = if persist {
-            (window, io.config.queue_window_bytes)
-        } else {
-            (
-                window.saturating_mul(TRANSIENT_WINDOW_FACTOR),
-                io.config
-                    .queue_window_bytes
-                    .saturating_mul(TRANSIENT_WINDOW_FACTOR as u64),
-            )
-        };
-        let m = &self.messages;
-        // Priority queues keep everything in memory (see `MessageQueue`).
-        let page = !m.is_priority()
-            && (m.paged().count > 0
-                || m.in_memory() >= limit
-                || m.bytes() >= limit_bytes
-                || (io.memory_tight && m.in_memory() >= window));
-        let seq = self.messages.next_seq();
-        if !persist && !page {
-            self.messages.push(seq, message.clone(), false, expires_at);
-            io.out.held += len;
-            self.drop_overflow(io);
-            return Enqueued::Memory;
-        }
-        if store.append(self.id, seq, message, expires_at).is_err() {
-            // The host logged why. The message is not taken (its publisher gets a nack), and
-            // publishers are blocked for a while.
-            io.out.store_failed = true;
-            return Enqueued::Failed;
-        }
-        if page {
-            self.messages.push_paged(seq, len);
-        } else {
-            self.messages.push(seq, message.clone(), true, expires_at);
-            io.out.held += len;
-        }
-        if persist {
-            io.out.durable_write = true;
-        }
-        self.drop_overflow(io);
-        if persist {
-            Enqueued::Durable
-        } else {
-            Enqueued::Memory
-        }
     }
 
     /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
@@ -494,27 +331,6 @@ impl QueueState {
         self.messages.pop()
     }
 
-    /// Dead-letters (or drops) expired messages at the head: expiry is checked at the head
-    /// only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
-    /// deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
-    pub(crate) fn expire_head(&mut self, io: &mut QueueIo<'_>) {
-        while self.fill_window(io) {
-            let expired = self
-                .messages
-                .head()
-                .and_then(|m| m.expires_at)
-                .is_some_and(|at| io.now > at);
-            if !expired {
-                return;
-            }
-            let Some(m) = self.messages.pop() else {
-                return;
-            };
-            self.forget(io, m.seq, m.stored, m.message.body_len());
-            io.out.dead.push((m.message, DeathReason::Expired));
-        }
-    }
-
     /// A message left the queue for good (acked, dropped, delivered without ack).
     fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
         io.out.released += body_len as u64;
@@ -522,22 +338,6 @@ impl QueueState {
             store.remove(self.id, seq);
             io.out.removed = true;
         }
-    }
-
-    /// Empties the ready messages (in memory and paged out); returns how many there were.
-    pub(crate) fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
-        let (window, paged) = self.messages.purge();
-        let purged = window.len() as u64 + paged.count;
-        for m in window {
-            self.forget(io, m.seq, m.stored, m.message.body_len());
-        }
-        if paged.count > 0
-            && let Some(store) = io.store.as_deref_mut()
-        {
-            store.remove_from(self.id, paged.from_seq);
-            io.out.removed = true;
-        }
-        purged
     }
 
     /// Whether consumer `c` may receive one more message now.
@@ -569,11 +369,149 @@ impl QueueState {
         best.map(|(_, idx)| idx)
     }
 
-    /// Takes the next message for the next consumer with credit, if there are both, and
-    /// counts it against the consumer and, through `Credit::take`, against the limits that
-    /// span queues (a delivery without ack leaves the queue for good).
-    /// With `may_expire`, expired messages at the head are dead-lettered first.
-    pub(crate) fn next_delivery(
+    fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
+        self.consumers.binary_search_by_key(&id, |c| c.id).ok()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
+        self.consumer_index(id).map(|i| &self.consumers[i])
+    }
+
+    fn refresh_priorities(&mut self) {
+        let mut priorities = self.consumers.iter().map(|c| c.priority);
+        self.mixed_priorities = match priorities.next() {
+            Some(first) => priorities.any(|p| p != first),
+            None => false,
+        };
+    }
+}
+
+/// The classic queue on the queue-type seam (`queue::kind`): what it does, beyond the
+/// contract, is in the comments.
+impl QueueBehaviour for QueueState {
+    fn kind(&self) -> QueueType {
+        QueueType::Classic
+    }
+
+    // Appends a routed message: into the window while it has room and nothing is paged
+    // out, otherwise (with a store) into the store only. Persistent messages on durable
+    // queues are stored either way. Applies the queue's length limit and TTL.
+    fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
+        let len = message.body_len() as u64;
+        if self.args.overflow != Overflow::DropHead && self.would_overflow(len) {
+            if self.args.overflow == Overflow::RejectPublishDlx {
+                io.out.dead.push((message.clone(), DeathReason::MaxLen));
+            }
+            return Enqueued::Rejected;
+        }
+        self.stats.publish += 1;
+        let expires_at = expiry(io.now, self.args.message_ttl, message);
+        if expires_at.is_some() {
+            io.out.expiring = true;
+        }
+        let Some(store) = io.store.as_deref_mut() else {
+            let seq = self.messages.next_seq();
+            self.messages.push(seq, message.clone(), false, expires_at);
+            io.out.held += len;
+            self.drop_overflow(io);
+            return Enqueued::Memory;
+        };
+        let window = io.config.queue_window;
+        let persist = self.durable && message.properties.is_persistent();
+        // A persistent message is written anyway, so keeping it out of memory costs only the
+        // read back. A transient one would cost a write too: it pages out only at a larger
+        // window (a burst above the flow-control mark stays in memory) or when message
+        // memory passes half the alarm watermark.
+        let (limit, limit_bytes) = if persist {
+            (window, io.config.queue_window_bytes)
+        } else {
+            (
+                window.saturating_mul(TRANSIENT_WINDOW_FACTOR),
+                io.config
+                    .queue_window_bytes
+                    .saturating_mul(TRANSIENT_WINDOW_FACTOR as u64),
+            )
+        };
+        let m = &self.messages;
+        // Priority queues keep everything in memory (see `MessageQueue`).
+        let page = !m.is_priority()
+            && (m.paged().count > 0
+                || m.in_memory() >= limit
+                || m.bytes() >= limit_bytes
+                || (io.memory_tight && m.in_memory() >= window));
+        let seq = self.messages.next_seq();
+        if !persist && !page {
+            self.messages.push(seq, message.clone(), false, expires_at);
+            io.out.held += len;
+            self.drop_overflow(io);
+            return Enqueued::Memory;
+        }
+        if store.append(self.id, seq, message, expires_at).is_err() {
+            // The host logged why. The message is not taken (its publisher gets a nack), and
+            // publishers are blocked for a while.
+            io.out.store_failed = true;
+            return Enqueued::Failed;
+        }
+        if page {
+            self.messages.push_paged(seq, len);
+        } else {
+            self.messages.push(seq, message.clone(), true, expires_at);
+            io.out.held += len;
+        }
+        if persist {
+            io.out.durable_write = true;
+        }
+        self.drop_overflow(io);
+        if persist {
+            Enqueued::Durable
+        } else {
+            Enqueued::Memory
+        }
+    }
+
+    // Dead-letters (or drops) expired messages at the head: expiry is checked at the head
+    // only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
+    // deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
+    fn expire_head(&mut self, io: &mut QueueIo<'_>) {
+        while self.fill_window(io) {
+            let expired = self
+                .messages
+                .head()
+                .and_then(|m| m.expires_at)
+                .is_some_and(|at| io.now > at);
+            if !expired {
+                return;
+            }
+            let Some(m) = self.messages.pop() else {
+                return;
+            };
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+            io.out.dead.push((m.message, DeathReason::Expired));
+        }
+    }
+
+    // Empties the ready messages (in memory and paged out); returns how many there were.
+    fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
+        let (window, paged) = self.messages.purge();
+        let purged = window.len() as u64 + paged.count;
+        for m in window {
+            self.forget(io, m.seq, m.stored, m.message.body_len());
+        }
+        if paged.count > 0
+            && let Some(store) = io.store.as_deref_mut()
+        {
+            store.remove_from(self.id, paged.from_seq);
+            io.out.removed = true;
+        }
+        purged
+    }
+
+    // Takes the next message for the next consumer with credit, if there are both, and
+    // counts it against the consumer and, through `Credit::take`, against the limits that
+    // span queues (a delivery without ack leaves the queue for good).
+    // With `may_expire`, expired messages at the head are dead-lettered first.
+    fn next_delivery(
         &mut self,
         io: &mut QueueIo<'_>,
         credit: &mut impl Credit,
@@ -618,9 +556,9 @@ impl QueueState {
         Some(picked)
     }
 
-    /// basic.get: the next ready message (with `may_expire`, expired ones are dead-lettered
-    /// first) and how many stay ready.
-    pub(crate) fn get(
+    // basic.get: the next ready message (with `may_expire`, expired ones are dead-lettered
+    // first) and how many stay ready.
+    fn get(
         &mut self,
         io: &mut QueueIo<'_>,
         no_ack: bool,
@@ -641,13 +579,13 @@ impl QueueState {
         Some((m, ready))
     }
 
-    /// Whether a new consumer (exclusive or not) is refused because the queue is in
-    /// exclusive use.
-    pub(crate) fn in_exclusive_use(&self, exclusive: bool) -> bool {
+    // Whether a new consumer (exclusive or not) is refused because the queue is in
+    // exclusive use.
+    fn in_exclusive_use(&self, exclusive: bool) -> bool {
         self.consumers.iter().any(|c| c.exclusive) || (exclusive && !self.consumers.is_empty())
     }
 
-    pub(crate) fn add_consumer(&mut self, now: u64, c: QueueConsumer) {
+    fn add_consumer(&mut self, now: u64, c: QueueConsumer) {
         debug_assert!(
             self.consumers.last().is_none_or(|last| last.id < c.id),
             "consumer ids only grow"
@@ -662,8 +600,8 @@ impl QueueState {
         self.refresh_priorities();
     }
 
-    /// Removes a consumer (its unacked messages stay on their channel).
-    pub(crate) fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
+    // Removes a consumer (its unacked messages stay on their channel).
+    fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
         let pos = self.consumer_index(id)?;
         let c = self.consumers.remove(pos);
         if pos < self.rr_next {
@@ -675,25 +613,9 @@ impl QueueState {
         Some(c)
     }
 
-    fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
-        self.consumers.binary_search_by_key(&id, |c| c.id).ok()
-    }
-
-    pub(crate) fn consumer(&self, id: ConsumerId) -> Option<&QueueConsumer> {
-        self.consumer_index(id).map(|i| &self.consumers[i])
-    }
-
-    fn refresh_priorities(&mut self) {
-        let mut priorities = self.consumers.iter().map(|c| c.priority);
-        self.mixed_priorities = match priorities.next() {
-            Some(first) => priorities.any(|p| p != first),
-            None => false,
-        };
-    }
-
-    /// A delivery of this queue was acked, requeued or rejected. Returns whether a message
-    /// went back to the ready list (dispatch may be due).
-    pub(crate) fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
+    // A delivery of this queue was acked, requeued or rejected. Returns whether a message
+    // went back to the ready list (dispatch may be due).
+    fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
         if let Some(i) = u.consumer.and_then(|id| self.consumer_index(id)) {
             let c = &mut self.consumers[i];
             c.unacked = c.unacked.saturating_sub(1);
@@ -714,212 +636,5 @@ impl QueueState {
 }
 
 #[cfg(test)]
-mod tests {
-    //! `QueueState` on its own, against a model: what a queue hands out, in which order, to
-    //! whom, and what it holds, over random sequences of publishes, deliveries, settles,
-    //! consumers coming and going, and purges, with a small window so paging to and from
-    //! the store is exercised too.
-    use super::*;
-    use crate::ids::VhostId;
-    use crate::store::MemoryStore;
-    use proptest::prelude::*;
-    use std::collections::BTreeMap;
-
-    /// The limits that span queues are not under test here.
-    struct NoSharedLimits;
-
-    impl Credit for NoSharedLimits {
-        fn may_deliver(&self, _: &QueueConsumer) -> bool {
-            true
-        }
-
-        fn take(&mut self, _: &QueueConsumer) -> bool {
-            true
-        }
-
-        fn give_back(&mut self, _: &QueueConsumer) {}
-    }
-
-    #[derive(Clone, Debug)]
-    enum Step {
-        Publish { persistent: bool, len: u8 },
-        Deliver,
-        Settle { pick: usize, how: u8 },
-        Consume { prefetch: u8 },
-        Cancel { pick: usize },
-        Purge,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            5 => (any::<bool>(), 0u8..32).prop_map(|(persistent, len)| Step::Publish { persistent, len }),
-            5 => Just(Step::Deliver),
-            3 => (any::<usize>(), 0u8..3).prop_map(|(pick, how)| Step::Settle { pick, how }),
-            1 => (0u8..4).prop_map(|prefetch| Step::Consume { prefetch }),
-            1 => any::<usize>().prop_map(|pick| Step::Cancel { pick }),
-            1 => Just(Step::Purge),
-        ]
-    }
-
-    /// A message whose body starts with its id (the model's name for it).
-    fn message(id: u32, len: u8, persistent: bool) -> Arc<Message> {
-        let mut body = id.to_be_bytes().to_vec();
-        body.resize(4 + usize::from(len), 0);
-        Arc::new(Message {
-            exchange: Arc::from(""),
-            routing_key: Arc::from("q"),
-            properties: crate::message::Properties {
-                delivery_mode: persistent.then_some(2),
-                ..Default::default()
-            },
-            body: body.into(),
-        })
-    }
-
-    fn id_of(m: &Message) -> u32 {
-        let mut id = [0u8; 4];
-        id.copy_from_slice(&m.body[..4]);
-        u32::from_be_bytes(id)
-    }
-
-    fn new_queue(store: &mut MemoryStore) -> QueueState {
-        let id = QueueId(1);
-        let recovery = store.open_queue(id, "/", "q", true);
-        let messages = MessageQueue::recovered(recovery, None);
-        let mut q = QueueState::new(id, VhostId(0), Arc::from("q"), messages, 0);
-        q.durable = true;
-        q
-    }
-
-    /// A consumer as the model sees it: id, prefetch, deliveries out.
-    struct ModelConsumer {
-        id: ConsumerId,
-        prefetch: u16,
-        out: u32,
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-        #[test]
-        fn behaves_as_its_model(steps in proptest::collection::vec(step(), 1..200)) {
-            let config = BrokerConfig {
-                queue_window: 3,
-                ..BrokerConfig::default()
-            };
-            let mut store = MemoryStore::new();
-            let mut q = new_queue(&mut store);
-            // The model: ready ids with their body lengths (ids grow with publish order, so
-            // a requeued message's original position is its id's), deliveries out (as a
-            // channel holds them), consumers in arrival order.
-            let mut ready: BTreeMap<u32, u64> = BTreeMap::new();
-            let mut out: Vec<Unacked> = Vec::new();
-            let mut consumers: Vec<ModelConsumer> = Vec::new();
-            let (mut next_id, mut next_consumer) = (0u32, 0u64);
-            let mut held: i64 = 0;
-            for step in steps {
-                let mut io = QueueIo::new(Some(&mut store), &config, 0, false);
-                match step {
-                    Step::Publish { persistent, len } => {
-                        let m = message(next_id, len, persistent);
-                        let outcome = q.enqueue(&mut io, &m);
-                        prop_assert_eq!(
-                            matches!(outcome, Enqueued::Durable),
-                            persistent,
-                            "a persistent message on a durable queue waits for a sync"
-                        );
-                        ready.insert(next_id, m.body_len() as u64);
-                        next_id += 1;
-                    }
-                    Step::Deliver => {
-                        let eligible = consumers
-                            .iter()
-                            .any(|c| c.prefetch == 0 || c.out < u32::from(c.prefetch));
-                        let picked = q.next_delivery(&mut io, &mut NoSharedLimits, false);
-                        match (ready.first_key_value(), eligible, picked) {
-                            (Some((&head, _)), true, Some(p)) => {
-                                prop_assert_eq!(id_of(&p.message.message), head, "oldest first");
-                                let c = consumers
-                                    .iter_mut()
-                                    .find(|c| c.id == p.consumer)
-                                    .ok_or_else(|| TestCaseError::fail("unknown consumer"))?;
-                                prop_assert!(c.prefetch == 0 || c.out < u32::from(c.prefetch));
-                                c.out += 1;
-                                ready.remove(&head);
-                                out.push(Unacked::of(q.id, &p.message, Some(p.consumer)));
-                            }
-                            (None, _, None) | (_, false, None) => {}
-                            (head, eligible, picked) => {
-                                return Err(TestCaseError::fail(format!(
-                                    "head {head:?}, a consumer with credit: {eligible}, \
-                                     delivered: {}",
-                                    picked.is_some()
-                                )));
-                            }
-                        }
-                    }
-                    Step::Settle { pick, how } => {
-                        if out.is_empty() {
-                            continue;
-                        }
-                        let u = out.remove(pick % out.len());
-                        let (id, len) = (id_of(&u.message), u.message.body_len() as u64);
-                        if let Some(c) = consumers.iter_mut().find(|c| Some(c.id) == u.consumer) {
-                            c.out -= 1;
-                        }
-                        let settle = [Settle::Ack, Settle::Requeue, Settle::Discard][usize::from(how)];
-                        let requeued = q.settle(&mut io, u, settle);
-                        prop_assert_eq!(requeued, settle == Settle::Requeue);
-                        if requeued {
-                            ready.insert(id, len);
-                        }
-                        prop_assert_eq!(io.out.dead.len(), usize::from(settle == Settle::Discard));
-                    }
-                    Step::Consume { prefetch } => {
-                        let id = ConsumerId(next_consumer);
-                        next_consumer += 1;
-                        q.add_consumer(0, QueueConsumer {
-                            id,
-                            tag: Arc::from("c"),
-                            ch: ChannelRef::new(crate::ids::ConnId(1), 1),
-                            serial: 0,
-                            no_ack: false,
-                            exclusive: false,
-                            prefetch: u16::from(prefetch),
-                            unacked: 0,
-                            priority: 0,
-                            shared: None,
-                        });
-                        consumers.push(ModelConsumer { id, prefetch: u16::from(prefetch), out: 0 });
-                    }
-                    Step::Cancel { pick } => {
-                        if consumers.is_empty() {
-                            continue;
-                        }
-                        let c = consumers.remove(pick % consumers.len());
-                        let removed = q.remove_consumer(0, c.id);
-                        prop_assert_eq!(removed.map(|r| r.id), Some(c.id));
-                    }
-                    Step::Purge => {
-                        let purged = q.purge(&mut io);
-                        prop_assert_eq!(purged, ready.len() as u64);
-                        ready.clear();
-                    }
-                }
-                let o = std::mem::take(&mut io.out);
-                prop_assert!(!o.store_failed);
-                held += o.held as i64 - o.released as i64;
-                // What the queue holds in memory, plus what is out, is what it reported held.
-                let out_bytes: u64 = out.iter().map(|u| u.message.body_len() as u64).sum();
-                prop_assert_eq!(held, (q.messages.bytes() + out_bytes) as i64);
-                prop_assert_eq!(q.messages.len(), ready.len());
-                prop_assert_eq!(q.messages.total_bytes(), ready.values().sum::<u64>());
-                prop_assert_eq!(q.unacked, out.len() as u64);
-                prop_assert!(q.messages.in_memory() <= config.queue_window * 4 + 1);
-                for c in &consumers {
-                    let queued = q.consumer(c.id).ok_or_else(|| TestCaseError::fail("consumer lost"))?;
-                    prop_assert_eq!(queued.unacked, c.out);
-                }
-            }
-        }
-    }
-}
+#[path = "state_tests.rs"]
+mod tests;

@@ -2,30 +2,19 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use warren_core::command::{Bind, Consume, ExchangeDeclare, Op, Publish, QueueDeclare};
 use warren_core::effect::{Effect, Reply};
 use warren_core::ids::{ChannelRef, ConnId};
 use warren_core::message::{FieldTable, Properties};
-use warren_core::{Broker, BrokerConfig, ShardMail};
+use warren_core::shards::Shards;
+use warren_core::{Broker, BrokerConfig};
 
 pub struct Harness {
-    /// The broker, or shard 0 of a sharded one.
-    pub broker: Broker,
-    pub now: u64,
-    /// Shards 1.. of a sharded broker, and the mail between shards.
+    /// The broker's shards (one, unless `sharded`), composed as the core composes them:
+    /// `shards[0]` is the broker, or shard 0 of a sharded one.
     pub shards: Shards,
-}
-
-/// The other shards of a sharded broker (ARCHITECTURE.md, "warren-runtime") run in one
-/// thread: mail between shards waits on FIFO links, one per (from, to) pair.
-#[derive(Default)]
-pub struct Shards {
-    pub others: Vec<Broker>,
-    links: BTreeMap<(u32, u32), VecDeque<ShardMail>>,
-    /// Mail within each shard waits too (`Broker::set_mail_scheduled`).
-    scheduled: bool,
+    pub now: u64,
 }
 
 pub fn ch(conn: u64, channel: u16) -> ChannelRef {
@@ -38,52 +27,30 @@ impl Harness {
     }
 
     pub fn with_config(config: BrokerConfig) -> Harness {
+        Harness::of(vec![Broker::new(config)])
+    }
+
+    fn of(brokers: Vec<Broker>) -> Harness {
         Harness {
-            broker: Broker::new(config),
+            shards: Shards::new(brokers),
             now: 0,
-            shards: Shards::default(),
         }
     }
 
     /// A broker of `k` shards, connection `n` on shard `n % k`.
     pub fn sharded(config: BrokerConfig, k: u32) -> Harness {
-        let mut h = Harness::with_config(config.clone());
-        h.broker.set_shard(0, k);
-        for i in 1..k {
-            let mut b = Broker::new(config.clone());
-            b.set_shard(i, k);
-            b.adopt_routes(h.broker.routes().clone());
-            h.shards.others.push(b);
-        }
-        h.share_memory_count();
-        h
-    }
-
-    /// One memory count for every shard (as the runtime gives them).
-    fn share_memory_count(&mut self) {
-        if self.k() > 1 {
-            let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            for i in 0..self.k() {
-                self.shard(i).share_memory_count(count.clone());
-            }
-        }
+        Harness::of((0..k).map(|_| Broker::new(config.clone())).collect())
     }
 
     /// A broker of `k` shards, each with its own (in-memory) store: syncs are per shard
     /// (`sync`).
     pub fn sharded_with_stores(config: BrokerConfig, k: u32) -> Harness {
         let store = || Box::new(warren_core::store::MemoryStore::new());
-        let mut h = Harness::with_config(config.clone());
-        h.broker = Broker::with_store(config.clone(), store());
-        h.broker.set_shard(0, k);
-        for i in 1..k {
-            let mut b = Broker::with_store(config.clone(), store());
-            b.set_shard(i, k);
-            b.adopt_routes(h.broker.routes().clone());
-            h.shards.others.push(b);
-        }
-        h.share_memory_count();
-        h
+        Harness::of(
+            (0..k)
+                .map(|_| Broker::with_store(config.clone(), store()))
+                .collect(),
+        )
     }
 
     /// Shard `i` syncs what it wrote (`ok`), or its sync fails; returns the effects.
@@ -101,89 +68,23 @@ impl Harness {
 
     /// The number of shards.
     pub fn k(&self) -> u32 {
-        1 + self.shards.others.len() as u32
+        self.shards.k()
     }
 
     pub fn shard(&mut self, i: u32) -> &mut Broker {
-        match i {
-            0 => &mut self.broker,
-            _ => &mut self.shards.others[i as usize - 1],
-        }
+        &mut self.shards[i as usize]
     }
 
     pub fn all(&self) -> Vec<&Broker> {
-        std::iter::once(&self.broker)
-            .chain(self.shards.others.iter())
-            .collect()
-    }
-
-    fn shard_of(&self, ch: ChannelRef) -> u32 {
-        (ch.conn.0 % u64::from(self.k())) as u32
-    }
-
-    /// Moves shard `i`'s outbox onto the links; what shard 0 sends goes after the routing
-    /// table it published (the other shards adopt it first, as the runtime does).
-    fn collect(&mut self, i: u32) {
-        if self.k() == 1 {
-            return;
-        }
-        if i == 0 {
-            let routes = self.broker.routes().clone();
-            for b in &mut self.shards.others {
-                b.adopt_routes(routes.clone());
-            }
-        }
-        let mut out = Vec::new();
-        self.shard(i).take_outbox(&mut out);
-        for m in out {
-            let link = self.shards.links.entry((i, m.shard())).or_default();
-            link.push_back(m);
-        }
-    }
-
-    /// Delivers the front of link `(from, to)`.
-    fn deliver_link(&mut self, link: (u32, u32)) {
-        let Some(m) = self.shards.links.get_mut(&link).and_then(|l| l.pop_front()) else {
-            return;
-        };
-        let now = self.now;
-        self.shard(link.1).receive_mail(now, m);
-        self.collect(link.1);
-    }
-
-    /// Without scheduled mail, mail between shards arrives before the op returns.
-    fn drain_links(&mut self) {
-        if self.shards.scheduled {
-            return;
-        }
-        let mut rounds = 0u32;
-        while let Some(&link) = self
-            .shards
-            .links
-            .iter()
-            .find(|(_, l)| !l.is_empty())
-            .map(|(k, _)| k)
-        {
-            rounds += 1;
-            assert!(rounds < 1 << 20, "mail between shards loops");
-            self.deliver_link(link);
-        }
-    }
-
-    fn links_pending(&self) -> usize {
-        self.shards.links.values().map(VecDeque::len).sum()
+        self.shards.brokers().iter().collect()
     }
 
     /// Every shard's effects, then the invariants across shards (once no mail travels
     /// between them).
     fn effects(&mut self) -> Vec<Effect> {
         let mut out = Vec::new();
-        for i in 0..self.k() {
-            self.shard(i).poll_effects(&mut out);
-        }
-        if self.links_pending() == 0
-            && let Err(e) = Broker::check_shards(&self.all())
-        {
+        self.shards.poll_effects(&mut out);
+        if let Err(e) = self.shards.check() {
             panic!("invariant broken: {e}");
         }
         out
@@ -191,10 +92,7 @@ impl Harness {
 
     pub fn op(&mut self, ch: ChannelRef, op: Op) -> Vec<Effect> {
         self.now += 1;
-        let (i, now) = (self.shard_of(ch), self.now);
-        self.shard(i).handle(now, ch, op);
-        self.collect(i);
-        self.drain_links();
+        self.shards.handle(self.now, ch, op);
         self.effects()
     }
 
@@ -203,27 +101,8 @@ impl Harness {
     /// was pending. Invariants are checked as after an op.
     pub fn deliver_mail(&mut self, pick: usize) -> Option<Vec<Effect>> {
         self.now += 1;
-        let now = self.now;
-        let mut places: Vec<Result<u32, (u32, u32)>> = (0..self.k())
-            .filter(|&i| self.all()[i as usize].mail_pending() > 0)
-            .map(Ok)
-            .collect();
-        places.extend(
-            self.shards
-                .links
-                .iter()
-                .filter(|(_, l)| !l.is_empty())
-                .map(|(k, _)| Err(*k)),
-        );
-        if places.is_empty() {
+        if !self.shards.deliver_mail(self.now, pick) {
             return None;
-        }
-        match places[pick % places.len()] {
-            Ok(i) => {
-                assert!(self.shard(i).deliver_mail(now, pick / places.len()));
-                self.collect(i);
-            }
-            Err(link) => self.deliver_link(link),
         }
         Some(self.effects())
     }
@@ -231,26 +110,18 @@ impl Harness {
     /// Carries what the shards sent outside an op (`Broker::admin` on shard 0, say) and,
     /// without scheduled mail, delivers it; returns the effects.
     pub fn settle(&mut self) -> Vec<Effect> {
-        for i in 0..self.k() {
-            self.collect(i);
-        }
-        self.drain_links();
+        self.shards.settle(self.now);
         self.effects()
     }
 
     /// Mail not delivered yet, within shards and between them.
     pub fn mail_pending(&self) -> usize {
-        self.all().iter().map(|b| b.mail_pending()).sum::<usize>() + self.links_pending()
+        self.shards.mail_pending()
     }
 
     /// `Broker::set_mail_scheduled` on every shard, and for the links between them.
     pub fn set_mail_scheduled(&mut self, on: bool) {
-        self.shards.scheduled = on;
-        for i in 0..self.k() {
-            self.shard(i).set_mail_scheduled(on);
-            self.collect(i);
-        }
-        self.drain_links();
+        self.shards.set_mail_scheduled(self.now, on);
     }
 
     /// A counter summed over the shards.
@@ -261,12 +132,7 @@ impl Harness {
     /// Advances the clock by `ms` and ticks (TTLs); invariants are checked as after an op.
     pub fn tick(&mut self, ms: u64) -> Vec<Effect> {
         self.now += ms;
-        let now = self.now;
-        for i in 0..self.k() {
-            self.shard(i).tick(now);
-            self.collect(i);
-        }
-        self.drain_links();
+        self.shards.tick(self.now);
         self.effects()
     }
 

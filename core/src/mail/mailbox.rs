@@ -1,0 +1,155 @@
+//! The mailbox: mail sent and not delivered yet, FIFO, and the outbox of mail for other
+//! shards.
+
+use super::{Dest, Mail};
+use crate::ids::ConnId;
+use std::collections::VecDeque;
+
+/// The connection id the core uses to replay stored definitions and run admin ops; hosts
+/// never issue it. It is every shard's own (shard 0's mail).
+pub(crate) const RESTORE_CONN: ConnId = ConnId(u64::MAX);
+
+/// Mail sent and not delivered yet. With scheduled mail it also keeps where each piece
+/// came from, so `deliver_mail` keeps the order of each (source, destination) pair only,
+/// as FIFO links between shards do (they keep more order than that: a link carries the
+/// mail of many pairs).
+pub(crate) struct Mailbox {
+    queue: VecDeque<Mail>,
+    /// Scheduled mail only: each piece's source, in step with `queue`.
+    sources: Option<VecDeque<Dest>>,
+    /// The source of what is sent now.
+    from: Dest,
+    /// This broker's shard, and how many there are: mail for a queue or connection of
+    /// another shard, or for topology (shard 0's), waits in `outbox` for the host.
+    shard: u32,
+    shards: u32,
+    outbox: Vec<ShardMail>,
+}
+
+impl Default for Mailbox {
+    fn default() -> Mailbox {
+        Mailbox {
+            queue: VecDeque::new(),
+            sources: None,
+            from: Dest::Host,
+            shard: 0,
+            shards: 1,
+            outbox: Vec::new(),
+        }
+    }
+}
+
+/// Mail from one shard to another (ARCHITECTURE.md, "warren-runtime"). The host takes it
+/// from the sender's outbox (`Broker::take_outbox`) and hands it to shard [`Self::shard`]
+/// (`Broker::receive_mail`), in the order sent between each pair of shards.
+pub struct ShardMail {
+    pub(crate) shard: u32,
+    pub(crate) mail: Mail,
+}
+
+impl ShardMail {
+    /// The shard it goes to.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+}
+
+impl Mailbox {
+    /// Makes this the mailbox of shard `shard` of `shards`.
+    pub(crate) fn set_shard(&mut self, shard: u32, shards: u32) {
+        assert!(shards >= 1 && shard < shards, "shard {shard} of {shards}");
+        self.shard = shard;
+        self.shards = shards;
+    }
+
+    /// The shard that owns `dest`: a queue's or connection's id says it (`id % shards`);
+    /// topology, and the internal connection that restores definitions and runs admin
+    /// ops, are shard 0's; the host is everyone's own.
+    pub(crate) fn shard_of(&self, dest: Dest) -> u32 {
+        let k = u64::from(self.shards);
+        match dest {
+            Dest::Queue(q) => (q.0 % k) as u32,
+            Dest::Conn(c) if c != RESTORE_CONN => (c.0 % k) as u32,
+            Dest::Topology | Dest::Conn(_) => 0,
+            Dest::Host => self.shard,
+        }
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn outbox_len(&self) -> usize {
+        self.outbox.len()
+    }
+
+    pub(crate) fn take_outbox(&mut self, out: &mut Vec<ShardMail>) {
+        out.append(&mut self.outbox);
+    }
+
+    #[inline]
+    pub(crate) fn push_back(&mut self, mail: Mail) {
+        if self.shards > 1 {
+            let shard = self.shard_of(mail.dest());
+            if shard != self.shard {
+                self.outbox.push(ShardMail { shard, mail });
+                return;
+            }
+        }
+        if let Some(sources) = &mut self.sources {
+            sources.push_back(self.from);
+        }
+        self.queue.push_back(mail);
+    }
+
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> Option<Mail> {
+        if let Some(sources) = &mut self.sources {
+            sources.pop_front();
+        }
+        self.queue.pop_front()
+    }
+
+    /// Sends `mail` as `source` (with scheduled mail, it keeps order with what `source`
+    /// sends, whoever runs now).
+    pub(crate) fn push_from(&mut self, source: Dest, mail: Mail) {
+        let now = std::mem::replace(&mut self.from, source);
+        self.push_back(mail);
+        self.from = now;
+    }
+
+    #[cfg(test)]
+    pub(crate) fn front(&self) -> Option<&Mail> {
+        self.queue.front()
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Who sends what is pushed from now on.
+    #[inline]
+    pub(crate) fn from(&mut self, source: Dest) {
+        self.from = source;
+    }
+
+    pub(crate) fn set_scheduled(&mut self, on: bool) {
+        self.sources = on.then(|| self.queue.iter().map(|_| Dest::Host).collect());
+    }
+
+    /// The oldest piece with the source and destination of the `pick`-th one.
+    pub(crate) fn take(&mut self, pick: usize) -> Option<Mail> {
+        let n = self.queue.len();
+        let sources = self.sources.as_mut()?;
+        if n == 0 {
+            return None;
+        }
+        let key = (sources[pick % n], self.queue[pick % n].dest());
+        let first = (0..n).find(|&i| (sources[i], self.queue[i].dest()) == key)?;
+        sources.remove(first);
+        self.queue.remove(first)
+    }
+}

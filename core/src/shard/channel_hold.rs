@@ -1,0 +1,180 @@
+//! The per-channel hold. AMQP answers a channel's requests in the order the client sent
+//! them, so a channel whose request went to a queue by mail (basic.consume, basic.cancel,
+//! basic.get, queue.purge, queue.delete) keeps what the client sends after it until the
+//! queue answers.
+//!
+//! With one shard the answer comes within the operation that asked, and nothing is ever
+//! held (`poll_effects` asserts it). With shards, or with the simulation's scheduled mail
+//! (`set_mail_scheduled`), an answer takes a while, and the hold is what keeps consume-ok,
+//! get-ok, purge-ok and cancel-ok in request order.
+//!
+//! Each channel has at most one request out: the next one waits here like any other op.
+//! An answer names the opening of the channel it is for (`ChannelAddr`); an answer for an
+//! opening that closed meanwhile finds no hold to release.
+
+use super::Broker;
+use crate::channel::hold::{Hold, MAX_HELD_OPS};
+use crate::command::Op;
+use crate::effect::Effect;
+use crate::error::{ErrorCode, ProtocolError};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId};
+use std::collections::VecDeque;
+
+impl Broker {
+    /// How mail addresses channel `ch` now (its current opening).
+    pub(super) fn addr(&self, ch: ChannelRef) -> ChannelAddr {
+        let serial = self.channels.get(&ch).map_or(0, |c| c.serial);
+        ChannelAddr { ch, serial }
+    }
+
+    /// Whether `to` is the current opening of its channel, and open.
+    pub(super) fn is_live(&self, to: ChannelAddr) -> bool {
+        self.channels
+            .get(&to.ch)
+            .is_some_and(|c| c.is_open_as(to.serial))
+    }
+
+    pub(super) fn awaiting(&self, ch: ChannelRef) -> bool {
+        self.awaiting > 0 && self.channels.get(&ch).is_some_and(|c| c.awaiting)
+    }
+
+    /// Sets or clears `ChannelState::awaiting`, keeping the count.
+    pub(super) fn set_awaiting(&mut self, ch: ChannelRef, on: bool) {
+        if let Some(c) = self.channels.get_mut(&ch)
+            && c.awaiting != on
+        {
+            c.awaiting = on;
+            if on {
+                self.awaiting += 1;
+            } else {
+                self.awaiting -= 1;
+            }
+        }
+    }
+
+    /// Removes channel `ch`'s state and its number from its connection (closed, or its
+    /// connection gone).
+    pub(super) fn remove_channel(&mut self, ch: ChannelRef) {
+        let removed = self.channels.remove(&ch);
+        if removed.as_ref().is_some_and(|c| c.awaiting) {
+            self.awaiting -= 1;
+        }
+        if let Some(conn) = self.conns.get_mut(&ch.conn) {
+            conn.channels.remove(&ch.channel);
+            // The connection's counts outlive its channels (operators' rates never fall).
+            if let Some(c) = &removed {
+                conn.closed_stats.add(&c.stats);
+            }
+        }
+    }
+
+    /// Channel `ch` sent a request by mail: what comes after waits for the answer.
+    pub(super) fn await_answer(&mut self, ch: ChannelRef) {
+        debug_assert!(
+            !self.awaiting(ch),
+            "a channel has one request out at a time"
+        );
+        self.set_awaiting(ch, true);
+    }
+
+    /// The answer to a request of `to` arrived. Whether `to` is still live: if so its
+    /// request is answered, and the caller runs what waited (`run_held`) once the answer
+    /// is handled. An answer for a closed opening releases nothing.
+    pub(super) fn take_answer(&mut self, to: ChannelAddr) -> bool {
+        let live = self.is_live(to);
+        if live {
+            debug_assert!(self.awaiting(to.ch), "an answer without a request");
+            self.set_awaiting(to.ch, false);
+        }
+        live
+    }
+
+    /// Whether an op of channel `ch` must wait: the channel waits for an answer, or
+    /// already keeps earlier ops.
+    #[inline]
+    pub(super) fn must_hold(&self, ch: ChannelRef) -> bool {
+        !(self.awaiting == 0 && self.holds.is_empty())
+            && (self.awaiting(ch) || self.holds.contains_key(&ch))
+    }
+
+    /// Keeps `op` until its channel's request is answered (`must_hold` said it must wait).
+    pub(super) fn hold_op(&mut self, ch: ChannelRef, op: Op) {
+        let hold = self.holds.entry(ch).or_insert_with(|| Hold {
+            later: VecDeque::new(),
+        });
+        if hold.later.len() >= MAX_HELD_OPS {
+            let error = ProtocolError::new(
+                ErrorCode::ResourceError,
+                op.kind(),
+                format!(
+                    "more than {MAX_HELD_OPS} operations sent on channel {} while a request \
+                     was in progress; wait for replies before sending more",
+                    ch.channel
+                ),
+            );
+            self.release_connection(ch.conn);
+            self.effects.push(Effect::ConnectionError {
+                conn: ch.conn,
+                error,
+            });
+            return;
+        }
+        hold.later.push_back(op);
+    }
+
+    /// Runs what waited on channel `ch`, in order, until an op sends a request again or
+    /// nothing is left.
+    pub(super) fn run_held(&mut self, ch: ChannelRef) {
+        // Each turn takes one op out of a list bounded by `MAX_HELD_OPS`.
+        for _ in 0..=MAX_HELD_OPS {
+            if self.awaiting(ch) {
+                return;
+            }
+            let Some(hold) = self.holds.get_mut(&ch) else {
+                return;
+            };
+            let Some(op) = hold.later.pop_front() else {
+                self.holds.remove(&ch);
+                return;
+            };
+            self.run_op(ch, op);
+        }
+        unreachable!("a hold grew while it was run");
+    }
+
+    /// Connection `conn` closes: what its channels held runs first (the client sent it
+    /// before the close), without waiting for answers nobody will read.
+    pub(super) fn flush_holds(&mut self, conn: ConnId) {
+        let held: crate::sorted_vec::SortedSet<u16> = self
+            .holds
+            .keys()
+            .filter(|c| c.conn == conn)
+            .map(|c| c.channel)
+            .collect();
+        for ch in held.into_iter().map(|n| ChannelRef::new(conn, n)) {
+            while let Some(op) = self.holds.get_mut(&ch).and_then(|h| h.later.pop_front()) {
+                self.set_awaiting(ch, false);
+                self.run_op(ch, op);
+            }
+            self.holds.remove(&ch);
+        }
+    }
+
+    /// A channel failed: what it held is dropped, as AMQP discards a failed channel's
+    /// operations until its close-ok, and it awaits no answer (late ones find it closing).
+    pub(super) fn drop_hold(&mut self, ch: ChannelRef) {
+        self.holds.remove(&ch);
+        self.set_awaiting(ch, false);
+    }
+
+    /// A connection is gone: so is everything its channels held.
+    pub(super) fn drop_holds(&mut self, conn: ConnId) {
+        self.holds.retain(|c, _| c.conn != conn);
+    }
+
+    /// Channels waiting for an answer or holding ops (none once all mail is delivered).
+    #[cfg(test)]
+    pub(super) fn held_channels(&self) -> usize {
+        self.awaiting + self.holds.len()
+    }
+}

@@ -1,0 +1,624 @@
+//! One shard of the broker: the deterministic state machine that composes the three sides
+//! (the queue side, the channel side, topology) over vhosts, exchanges, queues, connections,
+//! channels and consumers, with RabbitMQ's semantics.
+//!
+//! `handle` applies one operation; effects accumulate until `poll_effects`. The sides talk
+//! by mail (`crate::mail`), delivered by `post.rs` at the end of each operation, or by the
+//! host between shards (`crate::shards` composes several).
+//!
+//! Invariants (checked by `debug_assert!`s and the simulation tests):
+//! - A message is in exactly one place per queue it was routed to: ready in the queue, or
+//!   unacked on one channel, until acked or dropped.
+//! - `QueueConsumer::unacked`, `ChannelState::consumer_unacked` and `QueueState::unacked`
+//!   count exactly the unacked entries that reference them.
+//! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
+//!   detected by a failed lookup, never aliased.
+//!
+//! Files are named for the side that owns what they handle:
+//! - the composition: `mod.rs` (the state, `handle`, op dispatch), `post.rs` (mail to its
+//!   side), `sync.rs` (epochs), `alarm.rs`, `restore.rs`, `admin.rs`, `dead_letter.rs`,
+//!   `credit.rs` (the one bridge that reads channel records for a queue's dispatch),
+//!   `check.rs` (invariants);
+//! - the queue side: `queue_side.rs`;
+//! - the channel side: `channel_session.rs`, `channel_publish.rs`, `channel_consume.rs`,
+//!   `channel_declare.rs`, `channel_hold.rs`, `channel_reply_to.rs`;
+//! - topology: `topology_declare.rs`, `topology_vhosts.rs`, `topology_access.rs`,
+//!   `topology_policies.rs`.
+
+pub mod admin;
+mod alarm;
+mod channel_consume;
+mod channel_declare;
+mod channel_hold;
+mod channel_publish;
+mod channel_reply_to;
+mod channel_session;
+mod check;
+mod credit;
+mod dead_letter;
+mod post;
+#[cfg(test)]
+mod post_tests;
+mod queue_side;
+mod restore;
+mod sync;
+mod topology_access;
+mod topology_declare;
+mod topology_policies;
+mod topology_vhosts;
+
+use crate::mail;
+pub use crate::mail::ShardMail;
+pub use alarm::{ALARM_HOLD_MS, Alarms, Resources};
+use alarm::{ALARM_RECHECK_MS, STORE_RETRY_MS};
+use credit::ChannelCredit;
+
+use crate::channel::conn::Conn;
+use crate::channel::{ChannelState, Phase};
+use crate::command::{Op, OpKind};
+use crate::config::BrokerConfig;
+use crate::effect::Effect;
+use crate::error::{ErrorCode, ProtocolError};
+use crate::idhash::IdMap;
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
+use crate::mail::mailbox::RESTORE_CONN;
+use crate::naming::NameGen;
+use crate::queue::state::{QueueIo, QueueOut, QueueState};
+use crate::store::{Definitions, Store};
+use crate::topology::Topology;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// The broker state machine. See the module docs.
+pub struct Broker {
+    config: BrokerConfig,
+    now: u64,
+    names: NameGen,
+    next_id: u64,
+    /// The last vhost id issued (`insert_vhost`).
+    next_vhost: u64,
+    /// Vhosts, users, exchanges, bindings and the routing table (`topology.rs`).
+    topo: Topology,
+    // Records boxed: a hash table keeps up to half its slots empty after growing, and an
+    // empty slot of a boxed map costs a pointer instead of a whole record (a queue is ~400
+    // bytes); with one queue, channel and connection per idle MQTT client this matters.
+    queues: IdMap<QueueId, Box<QueueState>>,
+    conns: IdMap<ConnId, Box<Conn>>,
+    channels: IdMap<ChannelRef, Box<ChannelState>>,
+    effects: Vec<Effect>,
+    /// Body bytes in the broker's custody, counted once per queue holding the message
+    /// (ready or unacked). Drives the memory alarm.
+    stored_bytes: u64,
+    /// With shards: the body bytes of every shard, which the memory alarm compares with
+    /// the watermark (`share_memory_count`).
+    shared_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// Publishers are blocked: one of `alarms` holds.
+    alarm: bool,
+    /// When `alarm` last changed (`ALARM_HOLD_MS`).
+    alarm_changed_at: u64,
+    /// Which resource alarms are raised (each with its own hysteresis).
+    alarms: Alarms,
+    /// What the host last measured (`report_resources`).
+    resources: Resources,
+    /// Where durable definitions and messages go; `None`: everything stays in memory.
+    store: Option<Box<dyn Store>>,
+    /// The epoch the next sync will carry; writes made now are covered by it.
+    epoch: u64,
+    /// A sync has started and not yet completed.
+    sync_in_flight: bool,
+    /// Durable writes (persistent messages on durable queues, definitions) since the last
+    /// sync started.
+    sync_dirty: bool,
+    /// When the first store removal (ack, purge, drop, queue deletion) that no started
+    /// sync covers was made: `tick` asks for a sync `removal_sync_ms` after it, so removals
+    /// become durable (and dead store space is reclaimed) even when no publish starts a
+    /// sync.
+    removed_since: Option<u64>,
+    /// Channels with a confirm waiting for the sync of an epoch, in epoch order (a channel
+    /// may be listed more than once; the confirms themselves are in `ChannelState`).
+    confirm_waiters: VecDeque<(u64, ChannelRef)>,
+    /// Answers to publishes from other shards that a sync of this shard must cover first
+    /// (persistent messages on durable queues), in epoch order.
+    remote_answers: VecDeque<(u64, mail::Mail)>,
+    /// The newest epoch whose sync completed.
+    synced_epoch: Option<u64>,
+    /// When a store write last failed: publishers are blocked for `STORE_RETRY_MS`.
+    store_failed_at: Option<u64>,
+    /// Replaying stored definitions: do not write them back.
+    restoring: bool,
+    /// Direct reply-to addresses -> the channel consuming replies (lookup only).
+    reply_addresses: HashMap<Arc<str>, ChannelRef>,
+    /// The last client-chosen consumer tag (`shared_tag`).
+    last_tag: Option<Arc<str>>,
+    /// Messages on their way to a dead-letter exchange.
+    dead_letters: VecDeque<dead_letter::DeadLetter>,
+    /// Mail between the queue and channel sides, delivered at the end of each operation
+    /// (`mail.rs`).
+    mail: mail::Mailbox,
+    /// The host delivers mail (`deliver_mail`) instead of each operation: the multi-shard
+    /// simulation's model of mail that takes time (`set_mail_scheduled`).
+    mail_scheduled: bool,
+    /// What channels whose request is not answered yet received meanwhile (`hold.rs`).
+    holds: IdMap<ChannelRef, crate::channel::hold::Hold>,
+    /// Commits waiting for the sync of an epoch, in epoch order.
+    tx_sync_waiters: VecDeque<(u64, ChannelAddr)>,
+    /// Channels with `ChannelState::awaiting` set: while none are, no op can wait, and
+    /// `hold_op` costs two compares.
+    awaiting: usize,
+    /// The serial of the next channel opened (`ChannelAddr`).
+    next_channel_serial: u32,
+    /// No-ack deliveries whose channel closed while they travelled (lost, as in RabbitMQ).
+    lost_in_flight: u64,
+    /// Messages routed to a queue that was deleted before they reached it.
+    routed_to_deleted: u64,
+    /// The message counts of closed connections, per vhost (operators' totals never fall).
+    closed_stats: std::collections::BTreeMap<VhostId, crate::stats::MessageStats>,
+    /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
+    /// queue was deleted: they went with it.
+    requeued_to_deleted: u64,
+    /// This broker's shard and the number of shards (`set_shard`).
+    shard: u32,
+    shards: u32,
+    /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
+    /// heads and deadlines (not at every queue).
+    expiring: std::collections::BTreeSet<QueueId>,
+}
+
+type OpResult = Result<(), ProtocolError>;
+
+impl Broker {
+    /// The current routing table: clone the `Arc` to route publishes outside the broker
+    /// (see `routing.rs` for what the broker guarantees about such publishes).
+    pub fn routes(&self) -> &Arc<crate::routing::RouteTable> {
+        self.topo.routes()
+    }
+}
+
+impl Broker {}
+
+impl Broker {
+    pub fn new(config: BrokerConfig) -> Broker {
+        let mut broker = Broker {
+            names: NameGen::new(config.seed),
+            topo: Topology::new(),
+            config,
+            now: 0,
+            next_id: 1,
+            next_vhost: 0,
+            queues: IdMap::default(),
+            conns: IdMap::default(),
+            channels: IdMap::default(),
+            effects: Vec::new(),
+            stored_bytes: 0,
+            shared_bytes: None,
+            alarm: false,
+            alarm_changed_at: 0,
+            alarms: Alarms::default(),
+            resources: Resources::default(),
+            store: None,
+            epoch: 1,
+            sync_in_flight: false,
+            sync_dirty: false,
+            removed_since: None,
+            confirm_waiters: VecDeque::new(),
+            remote_answers: VecDeque::new(),
+            synced_epoch: None,
+            store_failed_at: None,
+            restoring: false,
+            last_tag: None,
+            dead_letters: VecDeque::new(),
+            mail: mail::Mailbox::default(),
+            mail_scheduled: false,
+            holds: IdMap::default(),
+            tx_sync_waiters: VecDeque::new(),
+            closed_stats: std::collections::BTreeMap::new(),
+            awaiting: 0,
+            next_channel_serial: 0,
+            lost_in_flight: 0,
+            routed_to_deleted: 0,
+            requeued_to_deleted: 0,
+            reply_addresses: HashMap::new(),
+            expiring: std::collections::BTreeSet::new(),
+            shard: 0,
+            shards: 1,
+        };
+        broker.create_defaults();
+        broker
+    }
+
+    /// A broker that keeps durable definitions and messages in `store`, and pages messages
+    /// out of memory into it. Call [`Broker::restore`] next to bring back what it holds.
+    pub fn with_store(config: BrokerConfig, store: Box<dyn Store>) -> Broker {
+        let mut broker = Broker::new(config);
+        broker.store = Some(store);
+        broker
+    }
+
+    /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
+    pub fn handle(&mut self, now: u64, ch: ChannelRef, op: Op) {
+        debug_assert_eq!(
+            self.conn_shard(ch.conn),
+            self.shard,
+            "{ch:?} is another shard's"
+        );
+        self.now = self.now.max(now);
+        self.mail.from(mail::Dest::Conn(ch.conn));
+        let routes_before = self.topo.routes().version();
+        if self.must_hold(ch) {
+            self.hold_op(ch, op);
+        } else {
+            self.apply_now(ch, op);
+        }
+        // What the op's mail changed (an auto-delete its cancel caused) counts as its own.
+        self.after_op();
+        self.saw_routes(ch.conn, routes_before);
+    }
+
+    /// Applies an op that waited on its channel (`hold.rs`), once its turn came.
+    pub(super) fn run_op(&mut self, ch: ChannelRef, op: Op) {
+        let routes_before = self.topo.routes().version();
+        self.apply_now(ch, op);
+        self.saw_routes(ch.conn, routes_before);
+    }
+
+    #[inline]
+    pub(super) fn apply_now(&mut self, ch: ChannelRef, op: Op) {
+        if let Err(error) = self.apply(ch, op) {
+            self.fail(ch, error);
+        }
+    }
+
+    /// Connection `conn` saw its own routing changes since `before` (`routes_seen`).
+    pub(super) fn saw_routes(&mut self, conn: ConnId, before: u64) {
+        let after = self.topo.routes().version();
+        if after != before {
+            self.saw_version(conn, after);
+        }
+    }
+
+    /// Connection `conn` was answered on routing table `version`: it routes on no older
+    /// one from now on (a client sees its own topology changes).
+    pub(super) fn saw_version(&mut self, conn: ConnId, version: u64) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.routes_seen = c.routes_seen.max(version);
+        }
+    }
+
+    /// Advances time (message TTLs and queue expiry will hang off this).
+    pub fn tick(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        if self
+            .removed_since
+            .is_some_and(|at| self.now >= at.saturating_add(self.config.removal_sync_ms))
+        {
+            // The host starts it after this tick (or once the sync in flight completes).
+            self.removed_since = None;
+            self.sync_dirty = true;
+        }
+        let expiring: Vec<QueueId> = self.expiring.iter().copied().collect();
+        for id in expiring {
+            self.mail.from(mail::Dest::Queue(id));
+            let Some(q) = self.queues.get(&id) else {
+                self.expiring.remove(&id);
+                continue;
+            };
+            let unused_since = q
+                .args
+                .expires
+                .filter(|_| q.consumers.is_empty())
+                .map(|e| q.last_used.saturating_add(e));
+            if unused_since.is_some_and(|at| self.now > at) {
+                self.delete_queue(id);
+                continue;
+            }
+            self.expire_head(id);
+            self.dispatch(id);
+        }
+        self.after_op();
+    }
+
+    /// What every entry point does last: delivers the mail, routes the dead letters (whose
+    /// enqueues send mail again), and updates the memory alarm.
+    pub(super) fn after_op(&mut self) {
+        if !self.mail_scheduled {
+            self.pump();
+        }
+        self.mail.from(mail::Dest::Host);
+        self.route_dead_letters();
+        if !self.mail_scheduled {
+            self.pump();
+        }
+        self.update_alarm();
+    }
+
+    /// When the host should call `tick` next, if ever.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let mut next = self
+            .store_failed_at
+            .map(|at| at.saturating_add(STORE_RETRY_MS));
+        let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
+        if !self.dead_letters.is_empty() {
+            earliest(self.now);
+        }
+        if self.alarm && !self.alarms.any() {
+            // Every alarm cleared during the hold: unblock when it ends.
+            earliest(self.alarm_changed_at.saturating_add(ALARM_HOLD_MS));
+        }
+        if let Some(at) = self.removed_since {
+            earliest(at.saturating_add(self.config.removal_sync_ms));
+        }
+        if self.alarm && self.shared_bytes.is_some() {
+            // Other shards' consumers may drain the sum below the watermark while this
+            // shard's publishers, blocked, send nothing: look again soon.
+            earliest(self.now.saturating_add(ALARM_RECHECK_MS));
+        }
+        for id in &self.expiring {
+            let Some(q) = self.queues.get(id) else {
+                continue;
+            };
+            if let Some(e) = q.args.expires.filter(|_| q.consumers.is_empty()) {
+                earliest(q.last_used.saturating_add(e).saturating_add(1));
+            }
+            match q.messages.head() {
+                Some(m) => {
+                    if let Some(at) = m.expires_at {
+                        earliest(at.saturating_add(1));
+                    }
+                }
+                // The head is on disk: read it in at the next tick to learn its deadline.
+                None if q.messages.paged().count > 0 => earliest(self.now.saturating_add(1)),
+                None => {}
+            }
+        }
+        next
+    }
+
+    /// Moves the effects produced so far into `out`, in order.
+    pub fn poll_effects(&mut self, out: &mut Vec<Effect>) {
+        debug_assert!(
+            self.mail_scheduled || self.mail.is_empty(),
+            "an entry point left mail undelivered"
+        );
+        debug_assert!(
+            self.mail_scheduled || self.shards > 1 || self.stuck_channel().is_none(),
+            "{:?}",
+            self.stuck_channel()
+        );
+        out.append(&mut self.effects);
+    }
+
+    /// Ready messages in a queue of the default vhost, in memory and paged out (for hosts,
+    /// tests and admin tools).
+    pub fn queue_len(&self, name: &str) -> Option<usize> {
+        let id = self.topo.routes().queue(self.topo.default_vhost, name)?;
+        self.queues.get(&id).map(|q| q.messages.len())
+    }
+
+    /// Number of queues and exchanges, for admin tools and tests.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.queues.len(), self.topo.exchange_count())
+    }
+
+    pub(super) fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// A new id that says it belongs to `shard` (`id % shards == shard`), never reused:
+    /// queues (on their owner's shard) and consumers (on their channel's), which shards
+    /// allocate side by side.
+    pub(super) fn id_on(&mut self, shard: u32) -> u64 {
+        let n = self.next_id();
+        n * u64::from(self.shards) + u64::from(shard)
+    }
+
+    /// Makes this broker shard `shard` of `shards` (ARCHITECTURE.md, "warren-runtime"):
+    /// it owns the connections and queues whose ids are `shard` modulo `shards`, sends
+    /// mail for the others to its outbox (`take_outbox`), and only shard 0 keeps topology;
+    /// the others route on the table shard 0 publishes (`adopt_routes`). Call it on a new
+    /// broker, before any connection.
+    pub fn set_shard(&mut self, shard: u32, shards: u32) {
+        assert!(
+            self.conns.is_empty() && self.queues.is_empty(),
+            "set_shard on a used broker"
+        );
+        self.mail.set_shard(shard, shards);
+        self.names = NameGen::for_shard(self.config.seed, shard);
+        self.shard = shard;
+        self.shards = shards;
+    }
+
+    /// This broker's shard (0 unless `set_shard`).
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Shard 0's routing table, on another shard: its channels route on it and resolve
+    /// names through it. The host adopts every table shard 0 publishes, before it hands
+    /// this shard mail that shard 0 sent after publishing it (a client sees its own binds).
+    pub fn adopt_routes(&mut self, routes: Arc<crate::routing::RouteTable>) {
+        assert_ne!(self.shard, 0, "shard 0 owns the routing table");
+        self.topo.adopt_routes(routes);
+    }
+
+    /// The shard of connection `conn` (the restore connection is every shard's own).
+    pub(super) fn conn_shard(&self, conn: ConnId) -> u32 {
+        self.mail.shard_of(mail::Dest::Conn(conn))
+    }
+
+    /// The shard that owns queue `id`.
+    pub(super) fn queue_shard(&self, id: QueueId) -> u32 {
+        self.mail.shard_of(mail::Dest::Queue(id))
+    }
+
+    pub(super) fn apply(&mut self, ch: ChannelRef, op: Op) -> OpResult {
+        if let Op::ConnectionOpen {
+            vhost,
+            user,
+            cancel_notify,
+        } = op
+        {
+            return self.connection_open(ch.conn, vhost, user, cancel_notify);
+        }
+        if !self.conns.contains_key(&ch.conn) {
+            // A connection that already failed or closed: its late ops are moot.
+            return Ok(());
+        }
+        match op {
+            Op::ConnectionOpen { .. } => Ok(()),
+            Op::ConnectionClose => {
+                self.flush_holds(ch.conn);
+                self.release_connection(ch.conn);
+                Ok(())
+            }
+            Op::Written { count } => {
+                self.written(ch.conn, count);
+                Ok(())
+            }
+            Op::ChannelOpen => self.channel_open(ch),
+            Op::ChannelCloseOk => {
+                // Either the host confirms a channel error we raised, or it closed the channel
+                // itself after an error of its own: release what is left either way.
+                if self.channels.contains_key(&ch) {
+                    self.release_channel(ch);
+                    self.remove_channel(ch);
+                }
+                Ok(())
+            }
+            op => {
+                match self.channels.get(&ch).map(|c| c.phase) {
+                    Some(Phase::Open) => {}
+                    // After a channel error everything but the close handshake is dropped.
+                    Some(Phase::Closing) => return Ok(()),
+                    None => {
+                        return Err(ProtocolError::new(
+                            ErrorCode::ChannelError,
+                            op.kind(),
+                            format!("expected 'channel.open' on channel {}", ch.channel),
+                        ));
+                    }
+                }
+                self.channel_op(ch, op)
+            }
+        }
+    }
+
+    pub(super) fn channel_op(&mut self, ch: ChannelRef, op: Op) -> OpResult {
+        match op {
+            Op::ChannelClose => {
+                self.release_channel(ch);
+                self.remove_channel(ch);
+                self.reply(ch, crate::effect::Reply::ChannelCloseOk);
+                Ok(())
+            }
+            Op::ExchangeDeclare(d) => self.exchange_declare(ch, d),
+            Op::ExchangeDelete {
+                exchange,
+                if_unused,
+                nowait,
+            } => self.exchange_delete(ch, exchange, if_unused, nowait),
+            Op::ExchangeBind(b) => self.exchange_bind(ch, b, true),
+            Op::ExchangeUnbind(b) => self.exchange_bind(ch, b, false),
+            Op::QueueDeclare(d) => self.queue_declare(ch, d),
+            Op::QueueBind(b) => self.queue_bind(ch, b, true),
+            Op::QueueUnbind(b) => self.queue_bind(ch, b, false),
+            Op::QueuePurge { queue, nowait } => self.queue_purge(ch, &queue, nowait),
+            Op::QueueDelete {
+                queue,
+                if_unused,
+                if_empty,
+                nowait,
+            } => self.queue_delete_op(ch, &queue, if_unused, if_empty, nowait),
+            Op::Qos {
+                prefetch_size,
+                prefetch_count,
+                global,
+            } => self.qos(ch, prefetch_size, prefetch_count, global),
+            Op::Consume(c) => self.consume(ch, c),
+            Op::Cancel {
+                consumer_tag,
+                nowait,
+            } => self.cancel(ch, &consumer_tag, nowait),
+            Op::Get { queue, no_ack } => self.get(ch, &queue, no_ack),
+            Op::Publish(p) => self.publish(ch, p),
+            Op::Ack {
+                delivery_tag,
+                multiple,
+            } => self.settle_op(
+                ch,
+                OpKind::Ack,
+                delivery_tag,
+                multiple,
+                crate::queue::state::Settle::Ack,
+            ),
+            Op::Nack {
+                delivery_tag,
+                multiple,
+                requeue,
+            } => self.settle_op(
+                ch,
+                OpKind::Nack,
+                delivery_tag,
+                multiple,
+                crate::queue::state::Settle::reject(requeue),
+            ),
+            Op::Reject {
+                delivery_tag,
+                requeue,
+            } => self.settle_op(
+                ch,
+                OpKind::Reject,
+                delivery_tag,
+                false,
+                crate::queue::state::Settle::reject(requeue),
+            ),
+            Op::Recover { requeue } => self.recover(ch, requeue),
+            Op::ConfirmSelect { nowait } => self.confirm_select(ch, nowait),
+            Op::TxSelect => self.tx_select(ch),
+            Op::TxCommit => self.tx_commit(ch),
+            Op::TxRollback => self.tx_rollback(ch),
+            Op::ConnectionOpen { .. }
+            | Op::ConnectionClose
+            | Op::ChannelOpen
+            | Op::ChannelCloseOk
+            | Op::Written { .. } => Ok(()),
+        }
+    }
+
+    /// Reports an error: a channel exception closes the channel, anything else the connection.
+    pub(super) fn fail(&mut self, ch: ChannelRef, error: ProtocolError) {
+        let channel_open = matches!(self.channels.get(&ch).map(|c| c.phase), Some(Phase::Open));
+        if error.code.is_channel_level() && ch.channel != 0 && channel_open {
+            self.drop_hold(ch);
+            self.release_channel(ch);
+            if let Some(channel) = self.channels.get_mut(&ch) {
+                channel.close();
+            }
+            self.effects.push(Effect::ChannelError { ch, error });
+        } else if self.conns.contains_key(&ch.conn) {
+            self.release_connection(ch.conn);
+            self.effects.push(Effect::ConnectionError {
+                conn: ch.conn,
+                error,
+            });
+        }
+    }
+
+    pub(super) fn reply(&mut self, ch: ChannelRef, reply: crate::effect::Reply) {
+        self.effects.push(Effect::Reply { ch, reply });
+    }
+
+    /// The vhost of a connection (internal connections without one: the default vhost).
+    pub(super) fn conn_vhost(&self, conn: ConnId) -> VhostId {
+        self.conns
+            .get(&conn)
+            .map_or(self.topo.default_vhost, |c| c.vhost)
+    }
+
+    pub(super) fn vhost_name(&self, vhost: VhostId) -> &str {
+        self.topo.vhost_name(vhost)
+    }
+}
+
+impl Broker {}
