@@ -28,6 +28,8 @@ pub struct PeerInfo {
     /// The subject CN of the client's TLS certificate, when it presented one the listener
     /// verified: the user name of certificate logins.
     pub identity: Option<String>,
+    /// Whether the connection came through a TLS listener (the HTTP API's `ssl`).
+    pub tls: bool,
 }
 
 /// A read buffer larger than this is released when it empties: idle connections hold no
@@ -93,7 +95,7 @@ pub async fn serve_connection<S>(
             l.tx.describe(warren_runtime::ConnMeta {
                 protocol: "AMQP 0-9-1",
                 peer: peer.addr.as_str().into(),
-                tls: false,
+                tls: peer.tls,
                 client_properties: Some(Box::new(opened.client_properties)),
                 client_id: None,
                 heartbeat: opened.heartbeat_secs,
