@@ -161,6 +161,11 @@ fn gateway_mqtt_has_no_import_circle() {
 }
 
 #[test]
+fn gateway_stream_has_no_import_circle() {
+    check("../gateway-stream");
+}
+
+#[test]
 fn a_circle_is_found() {
     let known: BTreeMap<String, String> = [
         ("a", "use crate::b::X;"),
