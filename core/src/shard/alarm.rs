@@ -40,6 +40,7 @@ pub struct Alarms {
 }
 
 impl Alarms {
+    /// Whether any alarm is raised.
     pub fn any(self) -> bool {
         self.memory || self.disk || self.store
     }

@@ -13,7 +13,7 @@
 //!   count exactly the unacked entries that reference them.
 //! - Ids are never reused, so stale references (an unacked delivery of a deleted queue) are
 //!   detected by a failed lookup, never aliased.
-
+//!
 //! Files are named for the side that owns what they handle:
 //! - the composition: `mod.rs` (the state, `handle`, op dispatch), `post.rs` (mail to its
 //!   side), `sync.rs` (epochs), `alarm.rs`, `restore.rs`, `admin.rs`, `dead_letter.rs`,
@@ -177,6 +177,7 @@ impl Broker {
 impl Broker {}
 
 impl Broker {
+    /// A broker without storage (everything stays in memory), with the default vhost and user.
     pub fn new(config: BrokerConfig) -> Broker {
         let mut broker = Broker {
             names: NameGen::new(config.seed),
