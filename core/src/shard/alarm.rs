@@ -138,7 +138,7 @@ impl Broker {
         }
         self.alarm = over;
         self.alarm_changed_at = self.now;
-        let mut conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        let mut conns: Vec<ConnId> = self.chans.conns.keys().copied().collect();
         conns.sort_unstable();
         for conn in conns {
             self.effects.push(if over {
