@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Warren vs RabbitMQ 3.10 (AMQP) and Warren vs Mosquitto 2.0 (MQTT) with `warren bench`, in
+# Warren vs RabbitMQ 3.10 (AMQP) and Warren vs Mosquitto 2.0 (MQTT) with `warren-bench`, in
 # one run: starts each broker itself on side ports (one at a time, so an idle broker does
 # not share the cores with the one under load), runs the workloads, stops it, and prints the
 # rates and ratios. Fails if any workload reports an error or moved no messages.
-#   bench/compare.sh [SECONDS] [-- extra warren bench flags]
+#   bench/compare.sh [SECONDS] [-- extra warren-bench flags]
 # Env:
 #   BROKERS   which brokers to run (default "warren rabbitmq mosquitto")
-#   BENCH     the warren binary (default target/release/warren; CI passes target/debug/warren)
+#   WARREN    the broker binary (default target/release/warren; CI passes target/debug/warren)
+#   BENCH     the load generator (default target/release/warren-bench; CI: target/debug/...)
 #   OUT       where JSON results, logs and SVG plots go (default target/bench/compare)
 #   WARREN_AMQP_PORT 5782, WARREN_MQTT_PORT 1892, RABBIT_PORT 5783, MOSQUITTO_PORT 1893
 #   STARTUP_TIMEOUT   seconds a broker may take to accept connections (default 60)
@@ -18,14 +19,16 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}; shift || true
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
-bench=${BENCH:-target/release/warren}
+warren=${WARREN:-target/release/warren}
+bench=${BENCH:-target/release/warren-bench}
 brokers=${BROKERS:-warren rabbitmq mosquitto}
 out=${OUT:-target/bench/compare}
 wa=${WARREN_AMQP_PORT:-5782}; wm=${WARREN_MQTT_PORT:-1892}
 rp=${RABBIT_PORT:-5783}; mp=${MOSQUITTO_PORT:-1893}
 startup=${STARTUP_TIMEOUT:-60}
 node="rabbit-compare-$rp@localhost"
-[ -x "$bench" ] || { echo "$bench not found: cargo build --release -p warren-cli"; exit 2; }
+[ -x "$warren" ] || { echo "$warren not found: cargo build --release -p warren-cli"; exit 2; }
+[ -x "$bench" ] || { echo "$bench not found: cargo build --release -p warren-bench"; exit 2; }
 rm -rf "$out" && mkdir -p "$out"
 # RabbitMQ's start script drops to the rabbitmq user: its directories must be writable.
 scratch=$(mktemp -d /tmp/warren-compare.XXXXXX)
@@ -62,15 +65,15 @@ wait_port() { # port log
 
 run() { # name args...
   local name=$1; shift
-  echo "== $name: warren bench $* (${secs}s per workload)"
-  "$bench" bench "$@" --seconds "$secs" "${extra[@]}" --broker-pid "$pid" --format json \
+  echo "== $name: warren-bench $* (${secs}s per workload)"
+  "$bench" "$@" --seconds "$secs" "${extra[@]}" --broker-pid "$pid" --format json \
     --svg "$out/svg-$name" > "$out/$name.json"
 }
 
 for b in $brokers; do
   case $b in
     warren)
-      "$bench" serve --amqp "127.0.0.1:$wa" --mqtt "127.0.0.1:$wm" --management none --prometheus none \
+      "$warren" serve --amqp "127.0.0.1:$wa" --mqtt "127.0.0.1:$wm" --management none --prometheus none \
         --data-dir "$scratch/warren-data" > "$out/warren.log" 2>&1 &
       pid=$!
       wait_port "$wa" "$out/warren.log" && wait_port "$wm" "$out/warren.log"

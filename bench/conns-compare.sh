@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Idle MQTT connections, one subscription each, against Warren, Mosquitto and RabbitMQ (with
-# rabbitmq_mqtt) in one run: `warren bench conns` against each broker in turn, started here
+# rabbitmq_mqtt) in one run: `warren-bench conns` against each broker in turn, started here
 # on loopback and stopped afterwards; prints RSS per connection, connects/s, idle CPU and
 # publish -> deliver latency side by side.
 #   bench/conns-compare.sh [N] [RABBITMQ_N] [HOLD_SECONDS]
 # Defaults: 18000 connections (Warren, Mosquitto), 5000 for RabbitMQ (~240 KiB each; its
 # handshakes time out with 256 in flight, so it gets 32), 30 s idle hold, keep-alive 30 s.
 # Ports: Warren MQTT 1992 / AMQP 5882, Mosquitto 1993, RabbitMQ MQTT 1994 / AMQP 5883 (node
-# rabbit-i7@localhost, dist port 25883). Needs target/release/warren (cargo build --release
-# -p warren-cli), mosquitto, rabbitmq-server 3.10; set SKIP_RABBITMQ=1 to leave it out.
+# rabbit-i7@localhost, dist port 25883). Needs target/release/warren and warren-bench (cargo
+# build --release -p warren-cli -p warren-bench), mosquitto, rabbitmq-server 3.10; set
+# SKIP_RABBITMQ=1 to leave it out.
 # Measurements are serialised with other engineers' through /tmp/warren-measure.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,9 @@ n=${1:-18000}
 rn=${2:-5000}
 hold=${3:-30}
 warren=target/release/warren
-[ -x "$warren" ] || { echo "build first: cargo build --release -p warren-cli" >&2; exit 2; }
+bench=target/release/warren-bench
+[ -x "$warren" ] && [ -x "$bench" ] ||
+  { echo "build first: cargo build --release -p warren-cli -p warren-bench" >&2; exit 2; }
 tmp=$(mktemp -d /tmp/conns-compare.XXXXXX)
 pids=()
 cleanup() {
@@ -41,7 +44,7 @@ wait_port() { # port seconds
 
 measure() { # name port pid count concurrency
   echo "== $1: $4 connections" >&2
-  RUST_LOG=warn flock /tmp/warren-measure.lock "$warren" bench conns --mqtt "127.0.0.1:$2" \
+  RUST_LOG=warn flock /tmp/warren-measure.lock "$bench" conns --mqtt "127.0.0.1:$2" \
     --pid "$3" -n "$4" --concurrency "$5" --keep-alive 30 --hold "$hold" \
     --latency-secs 10 --rate 1000 --prefix "cmp-$1-" 2>&1 | tee "$tmp/$1.out" >&2 ||
     echo "  ($1: the run failed; its row shows what was measured)" >&2

@@ -73,6 +73,21 @@ setup_perftest() {
     -DoutputDirectory="$root/target/perftest/lib"
 }
 
+setup_stream_java() {
+  # RabbitMQ's Java stream client 0.20.0 and its dependencies, for the stream-protocol check.
+  ls target/stream-java/lib/stream-client-*.jar >/dev/null 2>&1 && return 0
+  mvn -q -B -Dstyle.color=never -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory="$root/target/stream-java/lib"
+}
+
+stream_java() {
+  # The Java stream client against warren_stream::serve: 1M messages with confirms, re-sent
+  # publishing ids deduplicated, all consumed from `first` in order (Deliver v2), an offset
+  # stored and read back.
+  STREAM_JAVA_COUNT=1000000 timeout 400 \
+    cargo test -p warren-stream --test java_client -- --ignored --nocapture
+}
+
 wasm_build() {
   cargo build -p warren-core --target wasm32-unknown-unknown &&
     cargo build -p warren-guest --target wasm32-unknown-unknown --release
@@ -216,10 +231,11 @@ start_broker() {
 }
 
 warren_bench() {
-  # warren bench's own AMQP client against the CI broker, with confirms and acks: messages
+  # warren-bench's own AMQP client against the CI broker, with confirms and acks: messages
   # flow and no client reports an error (no timing thresholds).
   local out
-  out=$(timeout 60 target/debug/warren bench one-fast --seconds 2 --confirm 100 --format json \
+  cargo build -p warren-bench || return 1
+  out=$(timeout 60 target/debug/warren-bench one-fast --seconds 2 --confirm 100 --format json \
     --uri "amqp://guest:guest@127.0.0.1:$port" --broker-pid "$broker_pid") || { echo "$out"; return 1; }
   echo "$out"
   python3 -c '
@@ -229,7 +245,7 @@ assert rows, "no result rows"
 for r in rows:
     assert r["sent"] > 0 and r["received"] > 0, r
     assert not r["errors"], r["errors"]
-print("warren bench: %d received, no errors" % sum(r["received"] for r in rows))' <<<"$out"
+print("warren-bench: %d received, no errors" % sum(r["received"] for r in rows))' <<<"$out"
 }
 
 python_tests() {
@@ -283,21 +299,22 @@ idle_conns() {
   # sockets through two keep-alive intervals while a live pair measures latency, then 10k
   # in-process connections through the real gateway; every connection must stay alive. No
   # memory or timing thresholds: the debug build on a shared CI machine is no measurement.
-  timeout 120 target/debug/warren bench conns --mqtt "127.0.0.1:$mqtt_port" --pid "$broker_pid" \
+  cargo build -p warren-bench || return 1
+  timeout 120 target/debug/warren-bench conns --mqtt "127.0.0.1:$mqtt_port" --pid "$broker_pid" \
     -n 300 --keep-alive 2 --hold 5 --latency-secs 2 --rate 200 --prefix ci-idle- || return 1
-  timeout 180 target/debug/warren bench conns --socketless -n 10000 --keep-alive 600
+  timeout 180 target/debug/warren-bench conns --socketless -n 10000 --keep-alive 600
 }
 
 bench_compare() {
-  # bench/compare.sh in short mode: every `warren bench` workload (AMQP and MQTT) against
+  # bench/compare.sh in short mode: every `warren-bench` workload (AMQP and MQTT) against
   # Warren (debug build) and the MQTT ones against Mosquitto 2.0, both started by the script
   # on side ports and stopped after; 1 s each, producers paced at 1000 msg/s (unthrottled
   # publishers fill a debug broker's buffers and starve the next workload). Fails on a client
   # error or a workload that moved nothing; no rate thresholds. RabbitMQ is left out here:
   # with it the run took 91 s (its boot alone 13-30 s), too close to the 2-minute budget to
   # be reliable; `BROKERS="warren rabbitmq mosquitto"` runs it too.
-  cargo build -p warren-cli || return 1
-  BROKERS="warren mosquitto" BENCH=target/debug/warren OUT=target/bench/ci-compare \
+  cargo build -p warren-cli -p warren-bench || return 1
+  BROKERS="warren mosquitto" WARREN=target/debug/warren BENCH=target/debug/warren-bench OUT=target/bench/ci-compare \
     timeout 180 bench/compare.sh 1 -- --rate 1000
 }
 
@@ -312,10 +329,17 @@ stop_broker() {
   return "$code"
 }
 
+cluster_script() {
+  # Needs root and `ip netns`; REQUIRE makes the test fail rather than skip without them.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test script
+}
+
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto and mosquitto-clients (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
+step "install: RabbitMQ Java stream client (Maven Central)" setup_stream_java
 step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
 step "install: rabbitmqadmin 2.x (RabbitMQ's HTTP API client, cached)" setup_rabbitmqadmin
 step "install: promtool (Debian's prometheus)" setup_prometheus
@@ -326,6 +350,7 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "core and guest module build for wasm32-unknown-unknown" wasm_build
 step "cargo test --workspace" cargo test --workspace
+step "stream protocol: RabbitMQ Java stream client, 1M messages" stream_java
 step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential
 step "wasmtime: host example" wasmtime_demo
 step "JS package: wasm-bindgen build, size <= 400 KB" scripts/build-js.sh
@@ -334,15 +359,16 @@ step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
+step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "start warren serve" start_broker
-step "warren bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
+step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt)" python_tests
 step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
 step "RabbitMQ PerfTest: the 14-workload suite (scaled down)" perftest_suite
 step "idle connections: 300 over sockets, 10k socketless, all stay alive" idle_conns
 step "clean shutdown on SIGTERM" stop_broker
-step "bench/compare.sh short: warren bench against Warren and Mosquitto, no errors" bench_compare
+step "bench/compare.sh short: warren-bench against Warren and Mosquitto, no errors" bench_compare
 step "crash test: SIGKILL and restart under confirmed publishing, ${CRASH_CYCLES:-20} cycles" crash_test
 step "crash test over two shards: SIGKILL and restart, ${CRASH_CYCLES:-10} cycles" crash_test_sharded
 echo

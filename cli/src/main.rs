@@ -1,17 +1,12 @@
-//! `warren`: the broker binary. `warren serve` runs the broker; admin and bench subcommands
-//! grow here.
+//! `warren`: the broker binary. `warren serve` runs the broker, `warren ctl` manages a running
+//! one. The load generator is a binary of its own (`warren-bench`, in bench/).
 
 mod admin;
-mod alloc;
-mod bench;
+mod cluster;
 mod ctl;
 mod settings;
 mod tls;
 mod ws;
-
-/// Counts live heap bytes when `warren bench conns --socketless` turns it on.
-#[global_allocator]
-static ALLOC: alloc::Counting = alloc::Counting;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -44,12 +39,6 @@ enum Command {
     /// Inspect and manage a running broker (rabbitmqctl's verbs), through the admin socket
     /// in its data directory.
     Ctl(ctl::CtlArgs),
-    /// Load generators and measurements: AMQP workloads against any broker address, idle
-    /// MQTT connections.
-    Bench {
-        #[command(subcommand)]
-        command: bench::BenchCommand,
-    },
 }
 
 #[derive(clap::Args)]
@@ -170,6 +159,21 @@ struct ServeArgs {
     /// Append logs to this file instead of standard output.
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// This node's id in a cluster (a number, unique and fixed for its data dir); with
+    /// --cluster, --peers and --cluster-secret-file (docs/cluster.md). Default: no cluster
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// The cluster listener: this node's own IP:PORT, which the peers dial (e.g. 10.0.0.1:25672)
+    #[arg(long)]
+    cluster: Option<String>,
+    /// The other members as ID=IP:PORT, repeatable or comma-separated
+    /// (`--peers 2=10.0.0.2:25672,3=10.0.0.3:25672`)
+    #[arg(long)]
+    peers: Vec<String>,
+    /// A file with the shared cluster secret (at least 16 bytes, the same on every node, as
+    /// RabbitMQ's Erlang cookie); peers prove they know it, it never crosses the network
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -203,7 +207,7 @@ impl ServeArgs {
                 }
             )*};
         }
-        list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss);
+        list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss, peers);
         flag!(
             mqtt_ws_path,
             tls_verify_peer,
@@ -229,7 +233,10 @@ impl ServeArgs {
             tls_ca,
             mqtt_server_keep_alive,
             log_level,
-            log_file
+            log_file,
+            node_id,
+            cluster,
+            cluster_secret_file
         );
         s.apply_env(|k| std::env::var(k).ok())?;
         s.validate(source.as_ref().map(|(p, t)| (p.as_path(), t.as_str())))?;
@@ -254,7 +261,10 @@ fn init_default_logs() {
 fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
     let filter = match &s.log_level {
         Some(level) => EnvFilter::try_new(level).map_err(|e| ConfigError(e.to_string()))?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        // openraft warns on every heartbeat to an unreachable member (~20 lines a second
+        // while one is down); Warren logs the cluster's changes itself (cli/src/cluster.rs).
+        None => EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new("info,openraft=error")),
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let file = match &s.log_file {
@@ -325,13 +335,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench { command } => match runtime.block_on(bench::run(command)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
         Command::Ctl(args) => match ctl::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -486,6 +489,7 @@ async fn run_listener(
                 addr: peer_addr.clone(),
                 is_loopback,
                 identity,
+                tls: kind.tls(),
             };
             let ws_max = mqtt.max_packet_size as usize + ws::SLACK;
             match (kind, tls) {
@@ -494,6 +498,7 @@ async fn run_listener(
                         addr: peer_addr.clone(),
                         is_loopback,
                         identity: None,
+                        tls: kind.tls(),
                     };
                     warren_amqp::serve_connection(socket, peer, broker, amqp, stopped).await
                 }
@@ -536,6 +541,7 @@ async fn run_listener(
                         addr: peer_addr.clone(),
                         is_loopback,
                         identity,
+                        tls: kind.tls(),
                     };
                     warren_amqp::serve_connection(stream, peer, broker, amqp, stopped).await
                 }
@@ -629,6 +635,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let cluster_options = cluster::options(&s).map_err(ConfigError::from)?;
     let _lock = open_data_dir(&s.data_dir)?;
     let mut listeners = Vec::new();
     for (kind, addr) in wanted {
@@ -783,6 +790,11 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         tls.clone(),
         stopped.clone(),
     ));
+    if let Some(opts) = cluster_options {
+        cluster::start(opts)
+            .await
+            .map_err(|e| ConfigError(format!("cluster: {e:#}")))?;
+    }
     if let Some(listener) = management_listener {
         let bound = listener.local_addr()?;
         servers.push((
@@ -826,6 +838,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
+    cluster::stop().await;
     for (flag, server) in servers {
         server
             .await

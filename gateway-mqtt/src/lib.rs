@@ -2,14 +2,16 @@
 //!
 //! Code map: `codec` (framing over `mqtt-proto`, v3 <-> v5 bridge), `session` (the sans-IO
 //! protocol state machine of one connection), `convert` (MQTT publish <-> core message),
-//! `connection` (the tokio shell of one connection), `registry` (client ids, offline
-//! sessions, retained messages), `server` (TCP accept loop), `config`, `error`.
+//! `connection` (the tokio shell of one connection), `record` (a persistent
+//! session while its client is away), `registry` (client ids, offline sessions, retained
+//! messages), `server` (TCP accept loop), `config`, `error`.
 
 pub mod codec;
 pub mod config;
 pub mod connection;
 pub mod convert;
 pub mod error;
+pub mod record;
 pub mod registry;
 pub mod server;
 pub mod session;

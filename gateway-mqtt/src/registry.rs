@@ -2,7 +2,7 @@
 //! (session takeover), persistent sessions while their client is away (ordered by when they
 //! expire), retained messages, and the hooks that store sessions and retained messages.
 
-use crate::session::SessionRecord;
+use crate::record::SessionRecord;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

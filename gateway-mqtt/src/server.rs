@@ -4,8 +4,9 @@ use crate::config::MqttConfig;
 use crate::connection::{
     DelayedWill, PeerInfo, now_ms, publish_delayed_will, publish_will, serve_connection,
 };
+use crate::record::{SessionRecord, decode_will};
 use crate::registry::{EXPIRY_TASK, Registry};
-use crate::session::{SessionRecord, decode_will, session_queue};
+use crate::session::session_queue;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -56,6 +57,7 @@ pub async fn serve_with(
             addr: addr.to_string(),
             is_loopback: is_loopback(&addr),
             identity: None,
+            tls: false,
         };
         serve_connection(
             socket,

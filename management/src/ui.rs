@@ -21,7 +21,10 @@ const CSP: &str = "default-src 'self'; style-src 'self' 'unsafe-inline'; \
 
 pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX) }))
+        .route(
+            "/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
+        )
         .route(
             "/ui/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
@@ -36,8 +39,14 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-            (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
-            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CSP),
+            ),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         ],
         body,

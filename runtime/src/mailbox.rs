@@ -57,7 +57,7 @@ pub(crate) fn mailbox() -> (MailboxSender, EffectReceiver, Credit) {
 ///
 /// Without it a publisher could be up to the whole request channel (1024 batches of up to
 /// 64 KiB of frames) ahead of the broker, and a flow-control pause, which reaches it only
-/// after the broker's turn, came ~75k messages late (measured with `warren bench one-fast`:
+/// after the broker's turn, came ~75k messages late (measured with `warren-bench one-fast`:
 /// queue depth swinging 0-75k against a mark of 4096, and every message above the transient
 /// window paged to disk and read back: a third of the broker's CPU).
 pub(crate) struct Credit {

@@ -3,6 +3,7 @@
 //! - definitions in redb (`definitions.redb`), see [`definitions`];
 //! - one message log per queue (`queues/<hash>/`, segment files), see [`segment`];
 //! - a write-ahead journal every durable segment write is recorded in, see [`journal`];
+//! - streams: append-only chunk logs with read-ahead readers, see [`stream`];
 //! - a sync thread that makes written data durable (fdatasync of the journal, shared bodies,
 //!   new directories, and an `Immediate` redb commit) and reports each epoch back through a
 //!   callback: group commit, so one fsync covers every message written while the previous
@@ -18,6 +19,7 @@ pub mod retained;
 pub mod segment;
 pub mod sessions;
 pub mod shared;
+pub mod stream;
 
 use definitions::{DefinitionStore, DefinitionsError};
 use segment::{Body, QueueLog};

@@ -1,16 +1,18 @@
-//! `warren bench`: load generators that run against any broker address and report rates,
-//! latency and (with `--broker-pid`) the broker's memory and CPU.
+//! `warren-bench`: load generators that run against any broker address and report rates,
+//! latency and (with `--broker-pid`) the broker's memory and CPU. A binary of its own so the
+//! `warren` server carries neither the clients nor the counting allocator below.
 //!
 //! Code map: `client` (a lean AMQP 0.9.1 client for load generation), `workloads` (the AMQP
 //! workloads as plans of queues, producers and consumers), `mqtt_client` and
 //! `mqtt_workloads` (the same for MQTT 3.1.1), `runner` (what every workload shares:
 //! timestamps, counters, timeline, progress and /proc sampling), `report` (latency
 //! histogram, table/JSON/CSV output), `svg` (plots over time); `conns` (idle MQTT or AMQP
-//! connections; the AMQP side in `idle_amqp`). Each kind of bench is one `BenchCommand`
-//! variant.
+//! connections; the AMQP side in `idle_amqp`); `alloc` (the counting allocator
+//! `conns --socketless` reads). Each kind of bench is one `BenchCommand` variant.
 
+mod alloc;
 mod client;
-pub mod conns;
+mod conns;
 mod idle_amqp;
 mod mqtt_client;
 mod mqtt_workloads;
@@ -20,11 +22,60 @@ mod svg;
 mod workloads;
 
 use anyhow::bail;
+use clap::Parser;
 use report::Format;
 use std::path::PathBuf;
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
+
+/// Counts live heap bytes (this process's: the client's, and with `conns --socketless` the
+/// in-process broker's) once `conns --socketless` turns it on.
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
+
+#[derive(Parser)]
+#[command(
+    name = "warren-bench",
+    version,
+    about = "Load generators and measurements: AMQP and MQTT workloads against any broker \
+             address, idle connections"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The in-process broker of `conns --socketless` logs through tracing; warnings only by
+    // default, not a line per connection (RUST_LOG=info shows them).
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 #[derive(clap::Subcommand)]
-pub enum BenchCommand {
+enum BenchCommand {
     /// 1 producer, 1 consumer, one queue (PerfTest -x 1 -y 1).
     #[command(alias = "one_fast")]
     OneFast(RunArgs),
@@ -66,7 +117,7 @@ pub enum BenchCommand {
 }
 
 #[derive(clap::Args, Clone)]
-pub struct RunArgs {
+struct RunArgs {
     /// The broker to load (AMQP workloads).
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
     uri: String,
@@ -126,7 +177,7 @@ pub struct RunArgs {
     format: Format,
 }
 
-pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+async fn run(command: BenchCommand) -> anyhow::Result<()> {
     let (workload, a) = match command {
         BenchCommand::Conns(args) => return conns::run(args).await,
         BenchCommand::OneFast(a) => ("one-fast", a),

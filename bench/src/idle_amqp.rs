@@ -1,4 +1,4 @@
-//! The AMQP side of `warren bench conns`: one idle AMQP 0.9.1 connection over any byte
+//! The AMQP side of `warren-bench conns`: one idle AMQP 0.9.1 connection over any byte
 //! stream (a TCP socket, or an in-memory stream into the real gateway): connection.open,
 //! channel 1, an exclusive server-named queue bound to `amq.topic`, and a consumer on it,
 //! the AMQP counterpart of an MQTT client with one subscription.

@@ -192,7 +192,7 @@ fn two_publishers(o: &Options, name: &str) -> Plan {
 /// One consumer empties the backlog queue (filling it first, unmeasured, when empty), then
 /// deletes it.
 async fn drain(o: &Options) -> anyhow::Result<Row> {
-    let mut ctl = Conn::open(&o.uri, "warren bench control").await?;
+    let mut ctl = Conn::open(&o.uri, "warren-bench control").await?;
     let mut count = ctl.declare_queue(BACKLOG, o.persistent).await?;
     if count == 0 {
         let fill = two_publishers(o, "drain (filling)");
@@ -221,7 +221,7 @@ async fn drain(o: &Options) -> anyhow::Result<Row> {
 }
 
 async fn execute(plan: Plan, o: &Options) -> anyhow::Result<Row> {
-    let mut ctl = Conn::open(&o.uri, "warren bench control").await?;
+    let mut ctl = Conn::open(&o.uri, "warren-bench control").await?;
     for q in &plan.queues {
         ctl.declare_queue(q, o.persistent).await?;
         if let Some(x) = plan.bind_to {
@@ -234,13 +234,13 @@ async fn execute(plan: Plan, o: &Options) -> anyhow::Result<Row> {
     // messages wait in the queue.
     let mut consumers = Vec::new();
     for (i, q) in plan.consumers.iter().enumerate() {
-        let mut c = Conn::open(&o.uri, &format!("warren bench consumer {i}")).await?;
+        let mut c = Conn::open(&o.uri, &format!("warren-bench consumer {i}")).await?;
         c.consume(q, plan.prefetch, plan.autoack).await?;
         consumers.push(c);
     }
     let mut producers = Vec::new();
     for (i, (exchange, key)) in plan.producers.iter().enumerate() {
-        let mut c = Conn::open(&o.uri, &format!("warren bench producer {i}")).await?;
+        let mut c = Conn::open(&o.uri, &format!("warren-bench producer {i}")).await?;
         if plan.confirm > 0 {
             c.confirm_select().await?;
         }

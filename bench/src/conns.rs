@@ -1,4 +1,4 @@
-//! `warren bench conns`: how many idle MQTT connections a broker holds, and at what cost.
+//! `warren-bench conns`: how many idle MQTT connections a broker holds, and at what cost.
 //!
 //! Over sockets (any broker: Warren, Mosquitto, RabbitMQ): opens N MQTT 3.1.1 connections
 //! from several source addresses 127.0.0.x (past the ~28k ephemeral ports of one address),
@@ -515,7 +515,7 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         rows.push(("publish->deliver", l.clone()));
     }
     rows.push(("alive at the end", format!("{alive}/{}", total - 2)));
-    println!("warren bench conns");
+    println!("warren-bench conns");
     table(&rows);
     if let Some(e) = first_error {
         bail!("{failed} connections died while held; first: {e:#}");
@@ -711,6 +711,7 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
                     addr,
                     is_loopback: true,
                     identity: None,
+                    tls: false,
                 },
                 broker.clone(),
                 registry.clone(),
@@ -723,6 +724,7 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
                     addr,
                     is_loopback: true,
                     identity: None,
+                    tls: false,
                 },
                 broker.clone(),
                 amqp_config.clone(),
@@ -803,7 +805,7 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
         ),
         ("alive at the end", format!("{alive}/{}", n + WARM_UP)),
     ];
-    println!("warren bench conns --socketless");
+    println!("warren-bench conns --socketless");
     table(&rows);
     ensure!(
         alive == n + WARM_UP,

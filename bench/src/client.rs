@@ -234,7 +234,7 @@ impl Conn {
         let mut props = FieldTable::default();
         props.insert(
             ShortString::from("product"),
-            AMQPValue::LongString(LongString::from("warren bench")),
+            AMQPValue::LongString(LongString::from("warren-bench")),
         );
         props.insert(
             ShortString::from("connection_name"),

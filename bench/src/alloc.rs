@@ -1,24 +1,25 @@
-//! A counting global allocator: exact live heap bytes for `warren bench conns --socketless`.
+//! A counting global allocator: exact live heap bytes for `warren-bench conns --socketless`.
 //!
-//! Counting is off until [`enable`] is called, so `warren serve` pays one relaxed load per
-//! allocation and no shared-counter traffic on its hot path.
+//! Counting is off until [`enable`] is called, so the load generators pay one relaxed load
+//! per allocation and no shared-counter traffic on their hot path. Only this binary has it:
+//! the `warren` server uses the system allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 
-pub struct Counting;
+pub(crate) struct Counting;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static LIVE: AtomicI64 = AtomicI64::new(0);
 
 /// Starts counting. Blocks freed later that were allocated before this call are subtracted
 /// too, so only differences between two [`live`] readings after it are meaningful.
-pub fn enable() {
+pub(crate) fn enable() {
     ENABLED.store(true, Relaxed);
 }
 
 /// Live heap bytes allocated since [`enable`] (may be negative, see there).
-pub fn live() -> i64 {
+pub(crate) fn live() -> i64 {
     LIVE.load(Relaxed)
 }
 

@@ -1,0 +1,170 @@
+//! One stream-protocol connection: the tokio shell around [`Session`]. Reads bytes into the
+//! session, writes what it produces, awaits its [`Wait`]s on the backend (one task each; the
+//! session keeps at most one per stream and one per subscription outstanding) and runs its
+//! timer. Stops reading while the session says so (back-pressure).
+
+use crate::backend::{PeerInfo, StreamBackend, StreamError};
+use crate::session::{Session, StreamConfig, Wait};
+use bytes::BytesMut;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+/// Unix time in ms: the session's clock (chunk timestamps, heartbeats).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How long closing writes may take.
+const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+enum Done {
+    Durable {
+        vhost: String,
+        stream: String,
+        offset: u64,
+        result: Result<(), StreamError>,
+    },
+    Data {
+        subscription_id: u8,
+        generation: u64,
+        result: Result<(), StreamError>,
+    },
+}
+
+fn spawn_wait<B: StreamBackend>(
+    tasks: &mut JoinSet<()>,
+    backend: &Arc<B>,
+    wait: Wait,
+    tx: &mpsc::Sender<Done>,
+) {
+    let tx = tx.clone();
+    match wait {
+        Wait::Durable {
+            vhost,
+            stream,
+            offset,
+        } => {
+            let fut = backend.wait_durable(&vhost, &stream, offset);
+            tasks.spawn(async move {
+                let result = fut.await;
+                let _ = tx
+                    .send(Done::Durable {
+                        vhost,
+                        stream,
+                        offset,
+                        result,
+                    })
+                    .await;
+            });
+        }
+        Wait::Data {
+            vhost,
+            stream,
+            from,
+            subscription_id,
+            generation,
+        } => {
+            let fut = backend.wait_data(&vhost, &stream, from);
+            tasks.spawn(async move {
+                let result = fut.await;
+                let _ = tx
+                    .send(Done::Data {
+                        subscription_id,
+                        generation,
+                        result,
+                    })
+                    .await;
+            });
+        }
+    }
+}
+
+/// Serves one connection until it closes.
+pub async fn serve_connection<S, B>(
+    mut stream: S,
+    peer: PeerInfo,
+    backend: Arc<B>,
+    config: Arc<StreamConfig>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: StreamBackend,
+{
+    let addr = peer.addr.clone();
+    // Outstanding waits are bounded by the session (one per stream with unconfirmed
+    // messages, one per subscription), so this channel never holds more than that.
+    let cap = config.max_subscriptions + config.max_publishers + 16;
+    let (tx, mut rx) = mpsc::channel::<Done>(cap);
+    let mut tasks = JoinSet::new();
+    let mut session = Session::new(backend.clone(), config, peer, now_ms());
+    let mut rbuf = BytesMut::with_capacity(4096);
+    let mut shutting_down = false;
+    loop {
+        for w in session.take_waits() {
+            spawn_wait(&mut tasks, &backend, w, &tx);
+        }
+        if session.has_output() {
+            let out = session.take_output();
+            let written = if session.is_closing() {
+                tokio::time::timeout(CLOSE_WRITE_TIMEOUT, stream.write_all(&out))
+                    .await
+                    .unwrap_or(Ok(()))
+            } else {
+                stream.write_all(&out).await
+            };
+            if let Err(e) = written {
+                tracing::debug!(peer = %addr, "stream connection write: {e}");
+                break;
+            }
+            session.flushed(now_ms());
+            // Frames left unread while the buffer was full.
+            if !rbuf.is_empty() && session.wants_read() {
+                session.handle_input(&mut rbuf, now_ms());
+            }
+            continue;
+        }
+        if session.is_closing() {
+            break;
+        }
+        while tasks.try_join_next().is_some() {}
+        let sleep = session
+            .next_deadline()
+            .map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
+        tokio::select! {
+            read = stream.read_buf(&mut rbuf), if session.wants_read() => {
+                match read {
+                    Ok(0) => break,
+                    Ok(_) => session.handle_input(&mut rbuf, now_ms()),
+                    Err(e) => {
+                        tracing::debug!(peer = %addr, "stream connection read: {e}");
+                        break;
+                    }
+                }
+            }
+            Some(done) = rx.recv() => match done {
+                Done::Durable { vhost, stream, offset, result } => {
+                    session.durable(&vhost, &stream, offset, result)
+                }
+                Done::Data { subscription_id, generation, result } => {
+                    session.data_ready(subscription_id, generation, result)
+                }
+            },
+            _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))), if sleep.is_some() => {
+                session.on_timer(now_ms());
+            }
+            changed = shutdown.changed(), if !shutting_down => {
+                if changed.is_err() || *shutdown.borrow() {
+                    shutting_down = true;
+                    session.shutdown(now_ms());
+                }
+            }
+        }
+    }
+    tasks.abort_all();
+    let _ = tokio::time::timeout(CLOSE_WRITE_TIMEOUT, stream.shutdown()).await;
+}

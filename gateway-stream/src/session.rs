@@ -1,0 +1,1148 @@
+//! The per-connection stream-protocol state machine, sans-IO: bytes in (with the current unix
+//! time in ms), bytes out, [`Wait`]s for the shell to await on the backend, and a timer
+//! deadline (heartbeats, handshake and close timeouts). No socket, clock or runtime in here;
+//! `connection.rs` moves bytes and time.
+//!
+//! Lifecycle (`PROTOCOL.adoc`, "Authentication"): PeerProperties, SaslHandshake,
+//! SaslAuthenticate, then the server's Tune, the client's Tune, Open. Until Open succeeds
+//! frames are limited to [`INITIAL_FRAME_MAX`] bytes (RabbitMQ's pre-auth ceiling).
+
+use crate::backend::{AuthError, ChunkReader, Login, PeerInfo, StreamBackend, StreamError};
+use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
+use crate::frame::{DecodeError, code, key, split_frame};
+use bytes::{Bytes, BytesMut};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Frame-max until Open succeeds.
+pub const INITIAL_FRAME_MAX: u32 = 8192;
+/// Longest publisher / offset reference (RabbitMQ refuses longer ones).
+pub const MAX_REFERENCE_LEN: usize = 255;
+/// Credit a subscription may hold; a grant past it is refused with a CreditResponse.
+pub const MAX_CREDIT: u32 = u16::MAX as u32;
+/// Publishing ids per PublishConfirm frame (fits the smallest frame-max).
+const CONFIRMS_PER_FRAME: usize = 1000;
+
+/// What a listener offers; shared by its connections.
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
+    /// Frame-max the server proposes (0: no limit). RabbitMQ: 1 MiB.
+    pub frame_max: u32,
+    /// Heartbeat the server proposes, in seconds (0: none). RabbitMQ: 60.
+    pub heartbeat: u32,
+    /// Host and port clients are told to connect to (Open's properties, Metadata).
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    pub max_publishers: usize,
+    pub max_subscriptions: usize,
+    /// Unconfirmed publishing ids a connection may have before it stops reading.
+    pub max_unconfirmed: usize,
+    /// Outgoing bytes buffered before the session stops reading and delivering.
+    pub out_high_water: usize,
+    /// Time to reach Open.
+    pub handshake_timeout_ms: u64,
+    /// Time to wait for the client's answer to our Close.
+    pub close_timeout_ms: u64,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            frame_max: 1 << 20,
+            heartbeat: 60,
+            advertised_host: "localhost".into(),
+            advertised_port: 5552,
+            max_publishers: 256,
+            max_subscriptions: 256,
+            max_unconfirmed: 50_000,
+            out_high_water: 1 << 20,
+            handshake_timeout_ms: 10_000,
+            close_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Something the shell awaits on the backend, then reports back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// `backend.wait_durable(vhost, stream, offset)`, then [`Session::durable`].
+    Durable {
+        vhost: String,
+        stream: String,
+        offset: u64,
+    },
+    /// `backend.wait_data(vhost, stream, from)`, then [`Session::data_ready`].
+    Data {
+        vhost: String,
+        stream: String,
+        from: u64,
+        subscription_id: u8,
+        generation: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    PeerProperties,
+    Sasl,
+    Authenticating,
+    Tune,
+    Open,
+    Opened,
+    /// We sent Close; waiting for its response (or the deadline).
+    CloseSent {
+        deadline: u64,
+    },
+    /// Flush what is buffered, then end the connection.
+    Closing,
+}
+
+struct Publisher {
+    stream: String,
+    reference: Option<String>,
+}
+
+struct Subscription<R> {
+    stream: String,
+    reader: R,
+    credit: u32,
+    /// A `Wait::Data` is outstanding.
+    waiting: bool,
+    generation: u64,
+}
+
+struct Pending {
+    offset: u64,
+    publisher_id: u8,
+    ids: Vec<u64>,
+}
+
+#[derive(Default)]
+struct StreamPending {
+    queue: VecDeque<Pending>,
+    /// The offset an outstanding `Wait::Durable` was asked for.
+    waiting_for: Option<u64>,
+}
+
+/// One connection's protocol state.
+pub struct Session<B: StreamBackend> {
+    backend: Arc<B>,
+    config: Arc<StreamConfig>,
+    peer: PeerInfo,
+    phase: Phase,
+    user: Option<String>,
+    vhost: String,
+    started_ms: u64,
+    last_recv_ms: u64,
+    last_sent_ms: u64,
+    /// Frame-max enforced on incoming frames.
+    frame_max_in: u32,
+    /// Frame-max agreed at Tune (in force after Open).
+    frame_max: u32,
+    heartbeat_ms: u64,
+    deliver_v2: bool,
+    next_corr: u32,
+    out: BytesMut,
+    waits: Vec<Wait>,
+    publishers: BTreeMap<u8, Publisher>,
+    subscriptions: BTreeMap<u8, Subscription<B::Reader>>,
+    pending: HashMap<(String, String), StreamPending>,
+    unconfirmed: usize,
+    generation: u64,
+}
+
+fn response(k: u16, corr: u32, c: u16) -> Frame {
+    Frame::Response {
+        key: k,
+        corr,
+        code: c,
+    }
+}
+
+impl<B: StreamBackend> Session<B> {
+    pub fn new(backend: Arc<B>, config: Arc<StreamConfig>, peer: PeerInfo, now_ms: u64) -> Self {
+        Session {
+            backend,
+            config,
+            peer,
+            phase: Phase::PeerProperties,
+            user: None,
+            vhost: String::new(),
+            started_ms: now_ms,
+            last_recv_ms: now_ms,
+            last_sent_ms: now_ms,
+            frame_max_in: INITIAL_FRAME_MAX,
+            frame_max: 0,
+            heartbeat_ms: 0,
+            deliver_v2: false,
+            next_corr: 1,
+            out: BytesMut::new(),
+            waits: Vec::new(),
+            publishers: BTreeMap::new(),
+            subscriptions: BTreeMap::new(),
+            pending: HashMap::new(),
+            unconfirmed: 0,
+            generation: 0,
+        }
+    }
+
+    /// True once the connection is to end (after its buffered output is written).
+    pub fn is_closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.phase == Phase::Opened
+    }
+
+    /// Whether the shell should read more: back-pressure on a full outgoing buffer or too
+    /// many unconfirmed messages.
+    pub fn wants_read(&self) -> bool {
+        self.phase != Phase::Closing
+            && self.out.len() < self.config.out_high_water
+            && self.unconfirmed < self.config.max_unconfirmed
+    }
+
+    /// Bytes to write. The shell writes them and then calls [`Session::flushed`].
+    pub fn take_output(&mut self) -> BytesMut {
+        std::mem::take(&mut self.out)
+    }
+
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    pub fn take_waits(&mut self) -> Vec<Wait> {
+        std::mem::take(&mut self.waits)
+    }
+
+    /// Output was written at `now_ms`: room for more deliveries.
+    pub fn flushed(&mut self, now_ms: u64) {
+        self.last_sent_ms = now_ms;
+        if self.phase == Phase::Opened {
+            self.pump();
+        }
+    }
+
+    fn send(&mut self, frame: &Frame) {
+        codec::encode(frame, &mut self.out);
+    }
+
+    /// The next time [`Session::on_timer`] must run.
+    pub fn next_deadline(&self) -> Option<u64> {
+        match self.phase {
+            Phase::CloseSent { deadline } => Some(deadline),
+            Phase::Closing => None,
+            Phase::Opened if self.heartbeat_ms > 0 => Some(
+                (self.last_sent_ms + self.heartbeat_ms)
+                    .min(self.last_recv_ms + 2 * self.heartbeat_ms),
+            ),
+            Phase::Opened => None,
+            _ => Some(self.started_ms + self.config.handshake_timeout_ms),
+        }
+    }
+
+    pub fn on_timer(&mut self, now_ms: u64) {
+        match self.phase {
+            Phase::CloseSent { deadline } if now_ms >= deadline => {
+                tracing::info!(peer = %self.peer.addr, "stream connection: no answer to close");
+                self.phase = Phase::Closing;
+            }
+            Phase::Opened if self.heartbeat_ms > 0 => {
+                // RabbitMQ's heartbeat monitor: two silent intervals end the connection.
+                if now_ms >= self.last_recv_ms + 2 * self.heartbeat_ms {
+                    tracing::info!(peer = %self.peer.addr, "stream connection: heartbeat timeout");
+                    self.phase = Phase::Closing;
+                } else if now_ms >= self.last_sent_ms + self.heartbeat_ms && self.out.is_empty() {
+                    self.send(&Frame::Heartbeat);
+                }
+            }
+            Phase::PeerProperties
+            | Phase::Sasl
+            | Phase::Authenticating
+            | Phase::Tune
+            | Phase::Open
+                if now_ms >= self.started_ms + self.config.handshake_timeout_ms =>
+            {
+                tracing::info!(peer = %self.peer.addr, "stream connection: handshake timeout");
+                self.phase = Phase::Closing;
+            }
+            _ => {}
+        }
+    }
+
+    /// The server is shutting down: tell the client and close.
+    pub fn shutdown(&mut self, now_ms: u64) {
+        if matches!(self.phase, Phase::Closing | Phase::CloseSent { .. }) {
+            return;
+        }
+        if self.phase == Phase::Opened {
+            // Tell the client, but do not wait for its answer: the server is going away
+            // (and some clients, the Rust one among them, never answer a server's Close).
+            self.close_with(code::OK, "server shutdown", now_ms);
+        }
+        self.phase = Phase::Closing;
+    }
+
+    fn close_with(&mut self, c: u16, reason: &str, now_ms: u64) {
+        let corr = self.corr();
+        self.send(&Frame::Close {
+            corr,
+            code: c,
+            reason: reason.into(),
+        });
+        self.phase = Phase::CloseSent {
+            deadline: now_ms + self.config.close_timeout_ms,
+        };
+    }
+
+    fn corr(&mut self) -> u32 {
+        let c = self.next_corr;
+        self.next_corr = self.next_corr.wrapping_add(1);
+        c
+    }
+
+    /// Consumes whole frames from `buf` (leaving a partial one, and everything while the
+    /// outgoing buffer is full).
+    pub fn handle_input(&mut self, buf: &mut BytesMut, now_ms: u64) {
+        if !buf.is_empty() {
+            self.last_recv_ms = now_ms;
+        }
+        loop {
+            if matches!(self.phase, Phase::Closing) {
+                buf.clear();
+                return;
+            }
+            if !self.wants_read() {
+                return;
+            }
+            let body = match split_frame(buf, self.frame_max_in) {
+                Ok(Some(b)) => b,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(peer = %self.peer.addr, "stream connection: {e}");
+                    // The framing is lost: nothing after this can be read.
+                    buf.clear();
+                    if matches!(self.phase, Phase::CloseSent { .. }) {
+                        self.phase = Phase::Closing;
+                    } else {
+                        self.close_with(code::FRAME_TOO_LARGE, "frame too large", now_ms);
+                        self.phase = Phase::Closing;
+                    }
+                    return;
+                }
+            };
+            match codec::decode(body) {
+                Ok(frame) => self.handle_frame(frame, now_ms),
+                Err(e) => self.bad_frame(e, now_ms),
+            }
+        }
+    }
+
+    fn bad_frame(&mut self, e: DecodeError, now_ms: u64) {
+        match self.phase {
+            Phase::CloseSent { .. } | Phase::Closing => {}
+            _ => {
+                tracing::warn!(peer = %self.peer.addr, "stream connection: unknown frame: {e}");
+                self.close_with(code::UNKNOWN_FRAME, "unknown frame", now_ms);
+            }
+        }
+    }
+
+    fn handle_frame(&mut self, frame: Frame, now_ms: u64) {
+        match (self.phase, frame) {
+            (
+                Phase::CloseSent { .. },
+                Frame::Response {
+                    key: key::CLOSE, ..
+                },
+            ) => {
+                self.phase = Phase::Closing;
+            }
+            (Phase::CloseSent { .. }, _) => {}
+            (_, Frame::Heartbeat) => {}
+            (
+                _,
+                Frame::Close {
+                    corr,
+                    code: c,
+                    reason,
+                },
+            ) => {
+                tracing::debug!(peer = %self.peer.addr, code = c, %reason, "client closes");
+                self.send(&response(key::CLOSE, corr, code::OK));
+                self.phase = Phase::Closing;
+            }
+            (Phase::PeerProperties, Frame::PeerProperties { corr, .. }) => {
+                let properties = vec![
+                    ("product".into(), "Warren".into()),
+                    ("version".into(), env!("CARGO_PKG_VERSION").into()),
+                    ("platform".into(), "Rust".into()),
+                    ("cluster_name".into(), "warren".into()),
+                    ("copyright".into(), "Warren contributors".into()),
+                    ("information".into(), "Licensed under Apache-2.0".into()),
+                ];
+                self.send(&Frame::PeerPropertiesResponse {
+                    corr,
+                    code: code::OK,
+                    properties,
+                });
+                self.phase = Phase::Sasl;
+            }
+            (Phase::Sasl | Phase::Authenticating, Frame::SaslHandshake { corr }) => {
+                self.send(&Frame::SaslHandshakeResponse {
+                    corr,
+                    code: code::OK,
+                    mechanisms: vec!["PLAIN".into(), "ANONYMOUS".into()],
+                });
+                self.phase = Phase::Authenticating;
+            }
+            (
+                Phase::Authenticating,
+                Frame::SaslAuthenticate {
+                    corr,
+                    mechanism,
+                    data,
+                },
+            ) => self.authenticate(corr, &mechanism, &data),
+            (
+                Phase::Tune,
+                Frame::Tune {
+                    frame_max,
+                    heartbeat,
+                },
+            )
+            | (
+                Phase::Tune,
+                Frame::TuneResponse {
+                    frame_max,
+                    heartbeat,
+                },
+            ) => {
+                // 0 on either side means no limit (RabbitMQ's negotiate_frame_max).
+                self.frame_max = match (frame_max, self.config.frame_max) {
+                    (0, s) => s,
+                    (c, 0) => c,
+                    (c, s) => c.min(s),
+                };
+                // The client's answer is what both sides use.
+                self.heartbeat_ms = heartbeat as u64 * 1000;
+                self.phase = Phase::Open;
+            }
+            (Phase::Open, Frame::Open { corr, vhost }) => {
+                let user = self.user.clone().unwrap_or_default();
+                if self.backend.vhost_access(&user, &vhost) {
+                    self.send(&Frame::OpenResponse {
+                        corr,
+                        code: code::OK,
+                        properties: vec![
+                            (
+                                "advertised_host".into(),
+                                self.config.advertised_host.clone(),
+                            ),
+                            (
+                                "advertised_port".into(),
+                                self.config.advertised_port.to_string(),
+                            ),
+                        ],
+                    });
+                    self.vhost = vhost;
+                    self.frame_max_in = self.frame_max;
+                    self.phase = Phase::Opened;
+                } else {
+                    tracing::warn!(peer = %self.peer.addr, user = %user, vhost = %vhost, "stream connection: vhost access refused");
+                    self.send(&Frame::OpenResponse {
+                        corr,
+                        code: code::VIRTUAL_HOST_ACCESS_FAILURE,
+                        properties: vec![],
+                    });
+                    self.phase = Phase::Closing;
+                }
+            }
+            (Phase::Opened, frame) => self.handle_opened(frame, now_ms),
+            (phase, frame) => {
+                tracing::warn!(peer = %self.peer.addr, ?phase, key = frame.key(), "stream connection: unexpected command");
+                if phase == Phase::Opened {
+                    self.close_with(code::UNKNOWN_FRAME, "unknown frame", now_ms);
+                } else {
+                    // Before Open RabbitMQ ends the connection without a word; a Close
+                    // tells the client why.
+                    let corr = self.corr();
+                    self.send(&Frame::Close {
+                        corr,
+                        code: code::UNKNOWN_FRAME,
+                        reason: "unexpected command".into(),
+                    });
+                    self.phase = Phase::Closing;
+                }
+            }
+        }
+    }
+
+    fn authenticate(&mut self, corr: u32, mechanism: &str, data: &[u8]) {
+        let login = match mechanism {
+            "PLAIN" => {
+                // authzid NUL authcid NUL passwd
+                let mut parts = data.split(|b| *b == 0);
+                let (Some(_), Some(user), Some(pass), None) =
+                    (parts.next(), parts.next(), parts.next(), parts.next())
+                else {
+                    tracing::warn!(peer = %self.peer.addr, "stream connection: malformed PLAIN response");
+                    self.refuse_login(corr, code::SASL_ERROR);
+                    return;
+                };
+                let (Ok(username), Ok(password)) = (
+                    String::from_utf8(user.to_vec()),
+                    String::from_utf8(pass.to_vec()),
+                ) else {
+                    self.refuse_login(corr, code::SASL_ERROR);
+                    return;
+                };
+                Login::Plain { username, password }
+            }
+            "ANONYMOUS" => Login::Anonymous,
+            other => {
+                tracing::warn!(peer = %self.peer.addr, mechanism = %other, "stream connection: SASL mechanism not supported");
+                self.refuse_login(corr, code::SASL_MECHANISM_NOT_SUPPORTED);
+                return;
+            }
+        };
+        match self.backend.authenticate(&login, &self.peer) {
+            Ok(user) => {
+                self.send(&Frame::SaslAuthenticateResponse {
+                    corr,
+                    code: code::OK,
+                    challenge: Bytes::new(),
+                });
+                self.user = Some(user);
+                self.send(&Frame::Tune {
+                    frame_max: self.config.frame_max,
+                    heartbeat: self.config.heartbeat,
+                });
+                self.phase = Phase::Tune;
+            }
+            Err(e) => {
+                tracing::warn!(peer = %self.peer.addr, "stream connection: {e}");
+                let c = match e {
+                    AuthError::Refused => code::AUTHENTICATION_FAILURE,
+                    AuthError::Loopback => code::SASL_AUTHENTICATION_FAILURE_LOOPBACK,
+                };
+                self.refuse_login(corr, c);
+            }
+        }
+    }
+
+    fn refuse_login(&mut self, corr: u32, c: u16) {
+        self.send(&Frame::SaslAuthenticateResponse {
+            corr,
+            code: c,
+            challenge: Bytes::new(),
+        });
+        self.phase = Phase::Closing;
+    }
+
+    fn handle_opened(&mut self, frame: Frame, now_ms: u64) {
+        let vhost = self.vhost.clone();
+        match frame {
+            Frame::DeclarePublisher {
+                corr,
+                publisher_id,
+                reference,
+                stream,
+            } => {
+                let taken = self.publishers.contains_key(&publisher_id)
+                    || (!reference.is_empty()
+                        && self.publishers.values().any(|p| {
+                            p.stream == stream && p.reference.as_deref() == Some(&reference)
+                        }));
+                let c = if self.publishers.len() >= self.config.max_publishers
+                    || reference.len() > MAX_REFERENCE_LEN
+                {
+                    code::PRECONDITION_FAILED
+                } else if !self.backend.stream_exists(&vhost, &stream) {
+                    code::STREAM_DOES_NOT_EXIST
+                } else if taken {
+                    code::PRECONDITION_FAILED
+                } else {
+                    self.publishers.insert(
+                        publisher_id,
+                        Publisher {
+                            stream,
+                            reference: (!reference.is_empty()).then_some(reference),
+                        },
+                    );
+                    code::OK
+                };
+                self.send(&response(key::DECLARE_PUBLISHER, corr, c));
+            }
+            Frame::Publish {
+                publisher_id,
+                messages,
+                ..
+            } => self.publish(publisher_id, messages, now_ms),
+            Frame::QueryPublisherSequence {
+                corr,
+                reference,
+                stream,
+            } => {
+                let (c, sequence) =
+                    match self.backend.publisher_sequence(&vhost, &stream, &reference) {
+                        Ok(s) => (code::OK, s),
+                        Err(e) => (e.code(), 0),
+                    };
+                self.send(&Frame::QueryPublisherSequenceResponse {
+                    corr,
+                    code: c,
+                    sequence,
+                });
+            }
+            Frame::DeletePublisher { corr, publisher_id } => {
+                let c = match self.publishers.remove(&publisher_id) {
+                    Some(_) => code::OK,
+                    None => code::PUBLISHER_DOES_NOT_EXIST,
+                };
+                self.send(&response(key::DELETE_PUBLISHER, corr, c));
+            }
+            Frame::Subscribe {
+                corr,
+                subscription_id,
+                stream,
+                offset,
+                credit,
+                properties,
+            } => self.subscribe(corr, subscription_id, stream, offset, credit, &properties),
+            Frame::Credit {
+                subscription_id,
+                credit,
+            } => {
+                let c = match self.subscriptions.get_mut(&subscription_id) {
+                    None => Some(code::SUBSCRIPTION_ID_DOES_NOT_EXIST),
+                    Some(s) if s.credit + credit as u32 > MAX_CREDIT => {
+                        Some(code::PRECONDITION_FAILED)
+                    }
+                    Some(s) => {
+                        s.credit += credit as u32;
+                        None
+                    }
+                };
+                match c {
+                    Some(c) => {
+                        tracing::warn!(peer = %self.peer.addr, subscription_id, credit, code = c, "stream connection: credit refused");
+                        self.send(&Frame::CreditResponse {
+                            code: c,
+                            subscription_id,
+                        });
+                    }
+                    None => self.pump(),
+                }
+            }
+            Frame::StoreOffset {
+                reference,
+                stream,
+                offset,
+            } => {
+                // No response (the command has none): a failure is only logged.
+                let r = if reference.is_empty() || reference.len() > MAX_REFERENCE_LEN {
+                    Err(StreamError::Precondition("bad reference".into()))
+                } else {
+                    self.backend
+                        .store_offset(&vhost, &stream, &reference, offset)
+                };
+                if let Err(e) = r {
+                    tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: store offset: {e}");
+                }
+            }
+            Frame::QueryOffset {
+                corr,
+                reference,
+                stream,
+            } => {
+                let (c, offset) = match self.backend.query_offset(&vhost, &stream, &reference) {
+                    Ok(Some(o)) => (code::OK, o),
+                    Ok(None) => (code::NO_OFFSET, 0),
+                    Err(e) => (e.code(), 0),
+                };
+                self.send(&Frame::QueryOffsetResponse {
+                    corr,
+                    code: c,
+                    offset,
+                });
+            }
+            Frame::Unsubscribe {
+                corr,
+                subscription_id,
+            } => {
+                let c = match self.subscriptions.remove(&subscription_id) {
+                    Some(_) => code::OK,
+                    None => code::SUBSCRIPTION_ID_DOES_NOT_EXIST,
+                };
+                self.send(&response(key::UNSUBSCRIBE, corr, c));
+            }
+            Frame::Create {
+                corr,
+                stream,
+                arguments,
+            } => {
+                let c = if stream.is_empty()
+                    || stream.len() > MAX_REFERENCE_LEN
+                    || stream.starts_with("amq.")
+                {
+                    code::PRECONDITION_FAILED
+                } else {
+                    match self.backend.create_stream(&vhost, &stream, &arguments) {
+                        Ok(()) => code::OK,
+                        Err(e) => {
+                            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: create: {e}");
+                            e.code()
+                        }
+                    }
+                };
+                self.send(&response(key::CREATE, corr, c));
+            }
+            Frame::Delete { corr, stream } => match self.backend.delete_stream(&vhost, &stream) {
+                Ok(()) => {
+                    self.send(&response(key::DELETE, corr, code::OK));
+                    self.stream_gone(&stream);
+                }
+                Err(e) => self.send(&response(key::DELETE, corr, e.code())),
+            },
+            Frame::Metadata { corr, streams } => {
+                let mut any = false;
+                let streams: Vec<StreamMetadata> = streams
+                    .into_iter()
+                    .map(|s| {
+                        let exists = self.backend.stream_exists(&vhost, &s);
+                        any |= exists;
+                        StreamMetadata {
+                            stream: s,
+                            code: if exists {
+                                code::OK
+                            } else {
+                                code::STREAM_DOES_NOT_EXIST
+                            },
+                            leader: if exists { 0 } else { u16::MAX },
+                            replicas: vec![],
+                        }
+                    })
+                    .collect();
+                // As RabbitMQ: only the nodes of the streams found are listed.
+                let brokers = if any {
+                    vec![Broker {
+                        reference: 0,
+                        host: self.config.advertised_host.clone(),
+                        port: self.config.advertised_port as u32,
+                    }]
+                } else {
+                    vec![]
+                };
+                self.send(&Frame::MetadataResponse {
+                    corr,
+                    brokers,
+                    streams,
+                });
+            }
+            Frame::ExchangeCommandVersions { corr, versions } => {
+                if versions
+                    .iter()
+                    .any(|&(k, _, max)| k == key::DELIVER && max >= 2)
+                {
+                    self.deliver_v2 = true;
+                }
+                self.send(&Frame::ExchangeCommandVersionsResponse {
+                    corr,
+                    code: code::OK,
+                    versions: server_versions(),
+                });
+            }
+            Frame::StreamStats { corr, stream } => {
+                let (c, stats) = match self.backend.stream_stats(&vhost, &stream) {
+                    Ok(s) => (
+                        code::OK,
+                        vec![
+                            ("first_chunk_id".into(), s.first_chunk_id),
+                            ("committed_chunk_id".into(), s.committed_chunk_id),
+                        ],
+                    ),
+                    Err(e) => (e.code(), vec![]),
+                };
+                self.send(&Frame::StreamStatsResponse {
+                    corr,
+                    code: c,
+                    stats,
+                });
+            }
+            Frame::ResolveOffsetSpec {
+                corr,
+                stream,
+                offset,
+                ..
+            } => {
+                let (c, offset) = match self.backend.resolve_offset(&vhost, &stream, offset) {
+                    Ok(o) => (code::OK, o),
+                    Err(e) => (e.code(), 0),
+                };
+                self.send(&Frame::ResolveOffsetSpecResponse {
+                    corr,
+                    code: c,
+                    offset_type: 4,
+                    offset,
+                });
+            }
+            Frame::Route {
+                corr,
+                routing_key,
+                super_stream,
+            } => {
+                let (c, streams) = match self.backend.route(&vhost, &super_stream, &routing_key) {
+                    Ok(s) => (code::OK, s),
+                    Err(e) => (e.code(), vec![]),
+                };
+                self.send(&Frame::RouteResponse {
+                    corr,
+                    code: c,
+                    streams,
+                });
+            }
+            Frame::Partitions { corr, super_stream } => {
+                let (c, streams) = match self.backend.partitions(&vhost, &super_stream) {
+                    Ok(s) => (code::OK, s),
+                    Err(e) => (e.code(), vec![]),
+                };
+                self.send(&Frame::PartitionsResponse {
+                    corr,
+                    code: c,
+                    streams,
+                });
+            }
+            Frame::CreateSuperStream {
+                corr,
+                name,
+                partitions,
+                binding_keys,
+                arguments,
+            } => {
+                let bad_name =
+                    |n: &str| n.is_empty() || n.len() > MAX_REFERENCE_LEN || n.starts_with("amq.");
+                let c = if bad_name(&name) || partitions.iter().any(|p| bad_name(p)) {
+                    code::PRECONDITION_FAILED
+                } else {
+                    match self.backend.create_super_stream(
+                        &vhost,
+                        &name,
+                        &partitions,
+                        &binding_keys,
+                        &arguments,
+                    ) {
+                        Ok(()) => code::OK,
+                        Err(e) => {
+                            tracing::warn!(peer = %self.peer.addr, %name, "stream connection: create super stream: {e}");
+                            e.code()
+                        }
+                    }
+                };
+                self.send(&response(key::CREATE_SUPER_STREAM, corr, c));
+            }
+            Frame::DeleteSuperStream { corr, name } => {
+                match self.backend.delete_super_stream(&vhost, &name) {
+                    Ok(partitions) => {
+                        self.send(&response(key::DELETE_SUPER_STREAM, corr, code::OK));
+                        for p in partitions {
+                            self.stream_gone(&p);
+                        }
+                    }
+                    Err(e) => self.send(&response(key::DELETE_SUPER_STREAM, corr, e.code())),
+                }
+            }
+            // We never send ConsumerUpdate (no single active consumer yet).
+            Frame::ConsumerUpdateResponse { .. } => {}
+            other => {
+                tracing::warn!(peer = %self.peer.addr, key = other.key(), "stream connection: command not expected from a client");
+                self.close_with(code::UNKNOWN_FRAME, "unknown frame", now_ms);
+            }
+        }
+    }
+
+    fn publish(&mut self, publisher_id: u8, messages: Vec<codec::PublishedMessage>, now_ms: u64) {
+        let Some(p) = self.publishers.get(&publisher_id) else {
+            tracing::warn!(peer = %self.peer.addr, publisher_id, "stream connection: publish to an undeclared publisher");
+            self.publish_error(publisher_id, &messages, code::PUBLISHER_DOES_NOT_EXIST);
+            return;
+        };
+        if messages.is_empty() {
+            return;
+        }
+        let stream = p.stream.clone();
+        let result = self.backend.append(
+            &self.vhost,
+            &stream,
+            p.reference.as_deref(),
+            &messages,
+            now_ms,
+        );
+        match result {
+            Ok(a) => {
+                let ids: Vec<u64> = messages.iter().map(|m| m.publishing_id).collect();
+                let Some(offset) = a.confirm_at else {
+                    self.confirm(publisher_id, ids);
+                    return;
+                };
+                self.unconfirmed += ids.len();
+                let k = (self.vhost.clone(), stream.clone());
+                let sp = self.pending.entry(k).or_default();
+                sp.queue.push_back(Pending {
+                    offset,
+                    publisher_id,
+                    ids,
+                });
+                if sp.waiting_for.is_none() {
+                    sp.waiting_for = Some(offset);
+                    self.waits.push(Wait::Durable {
+                        vhost: self.vhost.clone(),
+                        stream,
+                        offset,
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: publish: {e}");
+                self.publish_error(publisher_id, &messages, e.code());
+                if e == StreamError::DoesNotExist {
+                    self.stream_gone(&stream);
+                }
+            }
+        }
+    }
+
+    fn publish_error(&mut self, publisher_id: u8, messages: &[codec::PublishedMessage], c: u16) {
+        for part in messages.chunks(CONFIRMS_PER_FRAME) {
+            self.send(&Frame::PublishError {
+                publisher_id,
+                errors: part.iter().map(|m| (m.publishing_id, c)).collect(),
+            });
+        }
+    }
+
+    fn confirm(&mut self, publisher_id: u8, ids: Vec<u64>) {
+        for part in ids.chunks(CONFIRMS_PER_FRAME) {
+            self.send(&Frame::PublishConfirm {
+                publisher_id,
+                publishing_ids: part.to_vec(),
+            });
+        }
+    }
+
+    /// The backend reports `offset` of `stream` durable (or the wait failed).
+    pub fn durable(
+        &mut self,
+        vhost: &str,
+        stream: &str,
+        offset: u64,
+        result: Result<(), StreamError>,
+    ) {
+        let k = (vhost.to_string(), stream.to_string());
+        let Some(sp) = self.pending.get_mut(&k) else {
+            return;
+        };
+        sp.waiting_for = None;
+        let mut ready = Vec::new();
+        let failed = result.is_err();
+        while let Some(p) = sp.queue.front() {
+            if !failed && p.offset > offset {
+                break;
+            }
+            if let Some(p) = sp.queue.pop_front() {
+                ready.push(p);
+            }
+        }
+        let next_wait = sp.queue.back().map(|p| p.offset);
+        if let Some(o) = next_wait {
+            sp.waiting_for = Some(o);
+            self.waits.push(Wait::Durable {
+                vhost: vhost.to_string(),
+                stream: stream.to_string(),
+                offset: o,
+            });
+        } else {
+            self.pending.remove(&k);
+        }
+        for p in ready {
+            self.unconfirmed = self.unconfirmed.saturating_sub(p.ids.len());
+            match &result {
+                Ok(()) => self.confirm(p.publisher_id, p.ids),
+                Err(e) => {
+                    for part in p.ids.chunks(CONFIRMS_PER_FRAME) {
+                        self.send(&Frame::PublishError {
+                            publisher_id: p.publisher_id,
+                            errors: part.iter().map(|id| (*id, e.code())).collect(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn subscribe(
+        &mut self,
+        corr: u32,
+        subscription_id: u8,
+        stream: String,
+        offset: OffsetSpec,
+        credit: u16,
+        properties: &[(String, String)],
+    ) {
+        let vhost = self.vhost.clone();
+        let sac = properties
+            .iter()
+            .any(|(k, v)| k == "single-active-consumer" && v == "true");
+        let c = if self.subscriptions.len() >= self.config.max_subscriptions {
+            code::PRECONDITION_FAILED
+        } else if !self.backend.stream_exists(&vhost, &stream) {
+            code::STREAM_DOES_NOT_EXIST
+        } else if self.subscriptions.contains_key(&subscription_id) {
+            code::SUBSCRIPTION_ID_ALREADY_EXISTS
+        } else if sac {
+            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: single active consumer is not supported");
+            code::PRECONDITION_FAILED
+        } else {
+            match self.backend.open_reader(&vhost, &stream, offset) {
+                Ok(reader) => {
+                    self.generation += 1;
+                    self.subscriptions.insert(
+                        subscription_id,
+                        Subscription {
+                            stream: stream.clone(),
+                            reader,
+                            credit: credit as u32,
+                            waiting: false,
+                            generation: self.generation,
+                        },
+                    );
+                    code::OK
+                }
+                Err(e) => e.code(),
+            }
+        };
+        if c != code::OK {
+            tracing::warn!(peer = %self.peer.addr, %stream, subscription_id, code = c, "stream connection: subscribe refused");
+        }
+        self.send(&response(key::SUBSCRIBE, corr, c));
+        if c == code::OK {
+            self.pump();
+        }
+    }
+
+    /// Data may be there for a subscription that waited.
+    pub fn data_ready(
+        &mut self,
+        subscription_id: u8,
+        generation: u64,
+        result: Result<(), StreamError>,
+    ) {
+        let Some(s) = self.subscriptions.get_mut(&subscription_id) else {
+            return;
+        };
+        if s.generation != generation {
+            return;
+        }
+        s.waiting = false;
+        match result {
+            Ok(()) => self.pump(),
+            Err(_) => {
+                let stream = s.stream.clone();
+                self.stream_gone(&stream);
+            }
+        }
+    }
+
+    /// The stream was deleted: drop this connection's publishers and subscriptions on it and
+    /// tell the client (MetadataUpdate, "stream not available", as RabbitMQ).
+    pub fn stream_gone(&mut self, stream: &str) {
+        let before = self.publishers.len() + self.subscriptions.len();
+        self.publishers.retain(|_, p| p.stream != stream);
+        self.subscriptions.retain(|_, s| s.stream != stream);
+        if self.publishers.len() + self.subscriptions.len() != before {
+            self.send(&Frame::MetadataUpdate {
+                code: code::STREAM_NOT_AVAILABLE,
+                stream: stream.to_string(),
+            });
+        }
+    }
+
+    /// Sends chunks to subscriptions with credit, while the outgoing buffer has room; a
+    /// subscription at the end of its stream asks for a `Wait::Data`.
+    fn pump(&mut self) {
+        let ids: Vec<u8> = self.subscriptions.keys().copied().collect();
+        let mut gone = Vec::new();
+        for id in ids {
+            loop {
+                let room = self.config.out_high_water.saturating_sub(self.out.len());
+                let Some(s) = self.subscriptions.get_mut(&id) else {
+                    break;
+                };
+                if s.credit == 0 || s.waiting || room == 0 {
+                    break;
+                }
+                match s.reader.read(s.credit as usize, room) {
+                    Ok(batch) if batch.chunks.is_empty() => {
+                        s.waiting = true;
+                        self.waits.push(Wait::Data {
+                            vhost: self.vhost.clone(),
+                            stream: s.stream.clone(),
+                            from: s.reader.position(),
+                            subscription_id: id,
+                            generation: s.generation,
+                        });
+                        break;
+                    }
+                    Ok(batch) => {
+                        s.credit -= batch.chunks.len().min(s.credit as usize) as u32;
+                        let committed = self.deliver_v2.then_some(batch.committed_chunk_id);
+                        for chunk in &batch.chunks {
+                            codec::encode_deliver(id, committed, chunk, &mut self.out);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer = %self.peer.addr, stream = %s.stream, "stream connection: read: {e}");
+                        gone.push(s.stream.clone());
+                        break;
+                    }
+                }
+            }
+        }
+        for stream in gone {
+            self.stream_gone(&stream);
+        }
+    }
+}
+
+/// The versions this server speaks (RabbitMQ's list; Deliver v2 is taken when a client
+/// offers it).
+pub fn server_versions() -> Vec<codec::CommandVersion> {
+    let mut v: Vec<codec::CommandVersion> = [
+        key::DECLARE_PUBLISHER,
+        key::PUBLISH,
+        key::QUERY_PUBLISHER_SEQUENCE,
+        key::DELETE_PUBLISHER,
+        key::SUBSCRIBE,
+        key::CREDIT,
+        key::STORE_OFFSET,
+        key::QUERY_OFFSET,
+        key::UNSUBSCRIBE,
+        key::CREATE,
+        key::DELETE,
+        key::METADATA,
+        key::CLOSE,
+        key::HEARTBEAT,
+        key::ROUTE,
+        key::PARTITIONS,
+        key::STREAM_STATS,
+        key::CREATE_SUPER_STREAM,
+        key::DELETE_SUPER_STREAM,
+        key::RESOLVE_OFFSET_SPEC,
+    ]
+    .iter()
+    .map(|&k| (k, 1, 1))
+    .collect();
+    v[1].2 = 2; // publish: v1..v2 (filter values)
+    v
+}

@@ -1,0 +1,578 @@
+//! Bad input and protocol edge cases over a raw TcpStream: the response code RabbitMQ gives,
+//! and the connection (or the others) unaffected where the protocol says so.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use warren_stream::MemoryBackend;
+use warren_stream::codec::{self, Entry, Frame, OffsetSpec, PublishedMessage};
+use warren_stream::frame::{code, key, split_frame};
+
+struct Raw {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    async fn connect(port: u16) -> Raw {
+        Raw {
+            s: TcpStream::connect(("127.0.0.1", port)).await.unwrap(),
+            buf: BytesMut::new(),
+        }
+    }
+
+    async fn send(&mut self, f: &Frame) {
+        self.s.write_all(&codec::to_bytes(f)).await.unwrap();
+    }
+
+    async fn send_raw(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).await.unwrap();
+    }
+
+    /// The next frame, or None on EOF; panics after 5 s.
+    async fn recv(&mut self) -> Option<Frame> {
+        tokio::time::timeout(Duration::from_secs(5), self.recv_inner())
+            .await
+            .expect("a frame within 5 s")
+    }
+
+    async fn recv_inner(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(body) = split_frame(&mut self.buf, 0).unwrap() {
+                return Some(codec::decode(body).expect("server frames decode"));
+            }
+            if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
+                return None;
+            }
+        }
+    }
+
+    /// Nothing arrives within `ms`.
+    async fn quiet(&mut self, ms: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(ms), self.recv_inner())
+            .await
+            .is_err()
+    }
+
+    async fn open(port: u16) -> Raw {
+        let mut c = Raw::connect(port).await;
+        c.send(&Frame::PeerProperties {
+            corr: 1,
+            properties: vec![("product".into(), "raw".into())],
+        })
+        .await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::PeerPropertiesResponse { code: 1, .. })
+        ));
+        c.send(&Frame::SaslHandshake { corr: 2 }).await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::SaslHandshakeResponse { .. })
+        ));
+        c.send(&Frame::SaslAuthenticate {
+            corr: 3,
+            mechanism: "PLAIN".into(),
+            data: Bytes::from_static(b"\0guest\0guest"),
+        })
+        .await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::SaslAuthenticateResponse { code: 1, .. })
+        ));
+        let Some(Frame::Tune { frame_max, .. }) = c.recv().await else {
+            panic!("no tune")
+        };
+        c.send(&Frame::TuneResponse {
+            frame_max,
+            heartbeat: 0,
+        })
+        .await;
+        c.send(&Frame::Open {
+            corr: 4,
+            vhost: "/".into(),
+        })
+        .await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::OpenResponse { code: 1, .. })
+        ));
+        c
+    }
+
+    async fn request(&mut self, f: Frame) -> Frame {
+        self.send(&f).await;
+        self.recv().await.expect("a response")
+    }
+}
+
+async fn start() -> (u16, watch::Sender<bool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, rx) = watch::channel(false);
+    tokio::spawn(warren_stream::serve(
+        listener,
+        Arc::new(MemoryBackend::new()),
+        rx,
+    ));
+    (port, stop)
+}
+
+fn ok(k: u16, corr: u32) -> Frame {
+    Frame::Response {
+        key: k,
+        corr,
+        code: code::OK,
+    }
+}
+
+async fn create(c: &mut Raw, stream: &str) {
+    let r = c
+        .request(Frame::Create {
+            corr: 10,
+            stream: stream.into(),
+            arguments: vec![],
+        })
+        .await;
+    assert_eq!(r, ok(key::CREATE, 10));
+}
+
+/// The connection still answers requests.
+async fn alive(c: &mut Raw) {
+    let r = c
+        .request(Frame::Metadata {
+            corr: 77,
+            streams: vec!["nope".into()],
+        })
+        .await;
+    assert!(
+        matches!(r, Frame::MetadataResponse { corr: 77, .. }),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn frame_over_frame_max_is_closed_with_frame_too_large() {
+    let (port, _stop) = start().await;
+    let mut other = Raw::open(port).await;
+    let mut c = Raw::open(port).await;
+    // 2 MiB declared, over the negotiated 1 MiB: refused before the body is read.
+    let mut f = BytesMut::new();
+    f.put_u32(2 << 20);
+    f.put_u16(key::PUBLISH);
+    c.send_raw(&f).await;
+    match c.recv().await {
+        Some(Frame::Close { code: c, .. }) => assert_eq!(c, code::FRAME_TOO_LARGE),
+        other => panic!("expected close, got {other:?}"),
+    }
+    assert_eq!(c.recv().await, None, "then the connection ends");
+    alive(&mut other).await;
+}
+
+#[tokio::test]
+async fn frame_over_the_pre_open_ceiling_is_refused() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::connect(port).await;
+    // Before Open the ceiling is 8192 bytes whatever Tune says.
+    let mut f = BytesMut::new();
+    f.put_u32(9000);
+    c.send_raw(&f).await;
+    match c.recv().await {
+        Some(Frame::Close { code: c, .. }) => assert_eq!(c, code::FRAME_TOO_LARGE),
+        other => panic!("expected close, got {other:?}"),
+    }
+    assert_eq!(c.recv().await, None);
+}
+
+#[tokio::test]
+async fn string_length_past_the_frame_end_is_an_unknown_frame() {
+    let (port, _stop) = start().await;
+    let mut other = Raw::open(port).await;
+    let mut c = Raw::open(port).await;
+    // Create whose stream name claims 30,000 bytes in a 14-byte frame.
+    let mut body = BytesMut::new();
+    body.put_u16(key::CREATE);
+    body.put_u16(1);
+    body.put_u32(9);
+    body.put_i16(30_000);
+    body.put_slice(b"abcd");
+    let mut f = BytesMut::new();
+    f.put_u32(body.len() as u32);
+    f.put_slice(&body);
+    c.send_raw(&f).await;
+    let Some(Frame::Close { corr, code: cc, .. }) = c.recv().await else {
+        panic!("expected close")
+    };
+    assert_eq!(cc, code::UNKNOWN_FRAME);
+    // The client answers the close; the server then ends the connection.
+    c.send(&ok(key::CLOSE, corr)).await;
+    assert_eq!(c.recv().await, None);
+    alive(&mut other).await;
+}
+
+#[tokio::test]
+async fn unknown_command_key_is_closed_with_unknown_frame() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::open(port).await;
+    let mut f = BytesMut::new();
+    f.put_u32(8);
+    f.put_u16(0x0077);
+    f.put_u16(1);
+    f.put_u32(5);
+    c.send_raw(&f).await;
+    let Some(Frame::Close { corr, code: cc, .. }) = c.recv().await else {
+        panic!("expected close")
+    };
+    assert_eq!(cc, code::UNKNOWN_FRAME);
+    c.send(&ok(key::CLOSE, corr)).await;
+    assert_eq!(c.recv().await, None);
+}
+
+#[tokio::test]
+async fn credit_on_unknown_subscription_and_credit_overflow_answer_and_keep_the_connection() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::open(port).await;
+    c.send(&Frame::Credit {
+        subscription_id: 9,
+        credit: 1,
+    })
+    .await;
+    assert_eq!(
+        c.recv().await,
+        Some(Frame::CreditResponse {
+            code: code::SUBSCRIPTION_ID_DOES_NOT_EXIST,
+            subscription_id: 9
+        })
+    );
+    alive(&mut c).await;
+
+    create(&mut c, "credit").await;
+    let r = c
+        .request(Frame::Subscribe {
+            corr: 11,
+            subscription_id: 1,
+            stream: "credit".into(),
+            offset: OffsetSpec::First,
+            credit: 60_000,
+            properties: vec![],
+        })
+        .await;
+    assert_eq!(r, ok(key::SUBSCRIBE, 11));
+    c.send(&Frame::Credit {
+        subscription_id: 1,
+        credit: 10_000,
+    })
+    .await;
+    assert_eq!(
+        c.recv().await,
+        Some(Frame::CreditResponse {
+            code: code::PRECONDITION_FAILED,
+            subscription_id: 1
+        })
+    );
+    alive(&mut c).await;
+}
+
+#[tokio::test]
+async fn subscribe_to_a_missing_stream_is_stream_does_not_exist() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::open(port).await;
+    let r = c
+        .request(Frame::Subscribe {
+            corr: 5,
+            subscription_id: 0,
+            stream: "missing".into(),
+            offset: OffsetSpec::First,
+            credit: 1,
+            properties: vec![],
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::SUBSCRIBE,
+            corr: 5,
+            code: code::STREAM_DOES_NOT_EXIST
+        }
+    );
+    alive(&mut c).await;
+}
+
+fn msg(id: u64, data: &'static [u8]) -> PublishedMessage {
+    PublishedMessage {
+        publishing_id: id,
+        filter_value: None,
+        entry: Entry::Simple(Bytes::from_static(data)),
+    }
+}
+
+#[tokio::test]
+async fn an_offset_past_the_end_waits_for_data() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::open(port).await;
+    create(&mut c, "tail").await;
+    let r = c
+        .request(Frame::DeclarePublisher {
+            corr: 12,
+            publisher_id: 0,
+            reference: String::new(),
+            stream: "tail".into(),
+        })
+        .await;
+    assert_eq!(r, ok(key::DECLARE_PUBLISHER, 12));
+    c.send(&Frame::Publish {
+        v2: false,
+        publisher_id: 0,
+        messages: vec![msg(1, b"a"), msg(2, b"b")],
+    })
+    .await;
+    assert_eq!(
+        c.recv().await,
+        Some(Frame::PublishConfirm {
+            publisher_id: 0,
+            publishing_ids: vec![1, 2]
+        })
+    );
+    let r = c
+        .request(Frame::Subscribe {
+            corr: 13,
+            subscription_id: 3,
+            stream: "tail".into(),
+            offset: OffsetSpec::Offset(1_000),
+            credit: 5,
+            properties: vec![],
+        })
+        .await;
+    assert_eq!(r, ok(key::SUBSCRIBE, 13));
+    assert!(c.quiet(200).await, "nothing past the end yet");
+    c.send(&Frame::Publish {
+        v2: false,
+        publisher_id: 0,
+        messages: vec![msg(3, b"c")],
+    })
+    .await;
+    let mut delivered = None;
+    for _ in 0..2 {
+        match c.recv().await {
+            Some(Frame::Deliver {
+                subscription_id: 3,
+                chunk,
+                ..
+            }) => delivered = Some(chunk),
+            Some(Frame::PublishConfirm { .. }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let chunk = delivered.expect("a delivery");
+    let h = warren_stream::chunk::verify(&chunk).unwrap();
+    assert_eq!((h.chunk_id, h.num_records), (2, 1), "the next offset, 2");
+}
+
+#[tokio::test]
+async fn publish_to_an_undeclared_publisher_is_a_publish_error() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::open(port).await;
+    c.send(&Frame::Publish {
+        v2: true,
+        publisher_id: 7,
+        messages: vec![msg(1, b"x")],
+    })
+    .await;
+    assert_eq!(
+        c.recv().await,
+        Some(Frame::PublishError {
+            publisher_id: 7,
+            errors: vec![(1, code::PUBLISHER_DOES_NOT_EXIST)]
+        })
+    );
+    alive(&mut c).await;
+}
+
+#[tokio::test]
+async fn bad_password_is_authentication_failure_then_close() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::connect(port).await;
+    c.send(&Frame::PeerProperties {
+        corr: 1,
+        properties: vec![],
+    })
+    .await;
+    c.recv().await;
+    c.send(&Frame::SaslHandshake { corr: 2 }).await;
+    c.recv().await;
+    c.send(&Frame::SaslAuthenticate {
+        corr: 3,
+        mechanism: "PLAIN".into(),
+        data: Bytes::from_static(b"\0guest\0wrong"),
+    })
+    .await;
+    assert!(matches!(
+        c.recv().await,
+        Some(Frame::SaslAuthenticateResponse {
+            code: code::AUTHENTICATION_FAILURE,
+            ..
+        })
+    ));
+    assert_eq!(c.recv().await, None);
+}
+
+#[tokio::test]
+async fn deleting_a_stream_tells_its_subscribers_on_other_connections() {
+    let (port, _stop) = start().await;
+    let mut a = Raw::open(port).await;
+    let mut b = Raw::open(port).await;
+    create(&mut a, "doomed").await;
+    let r = a
+        .request(Frame::Subscribe {
+            corr: 20,
+            subscription_id: 4,
+            stream: "doomed".into(),
+            offset: OffsetSpec::Next,
+            credit: 1,
+            properties: vec![],
+        })
+        .await;
+    assert_eq!(r, ok(key::SUBSCRIBE, 20));
+    let r = b
+        .request(Frame::Delete {
+            corr: 21,
+            stream: "doomed".into(),
+        })
+        .await;
+    assert_eq!(r, ok(key::DELETE, 21));
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::MetadataUpdate {
+            code: code::STREAM_NOT_AVAILABLE,
+            stream: "doomed".into()
+        })
+    );
+    // The subscription is gone; the connection is not.
+    let r = a
+        .request(Frame::Unsubscribe {
+            corr: 22,
+            subscription_id: 4,
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::UNSUBSCRIBE,
+            corr: 22,
+            code: code::SUBSCRIPTION_ID_DOES_NOT_EXIST
+        }
+    );
+}
+
+#[tokio::test]
+async fn super_stream_commands_answer_with_their_codes() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::open(port).await;
+    let r = c
+        .request(Frame::Route {
+            corr: 30,
+            routing_key: "k".into(),
+            super_stream: "none".into(),
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::RouteResponse {
+            corr: 30,
+            code: code::STREAM_DOES_NOT_EXIST,
+            streams: vec![]
+        }
+    );
+    let create = |corr, keys: &[&str]| Frame::CreateSuperStream {
+        corr,
+        name: "ss".into(),
+        partitions: vec!["ss-a".into(), "ss-b".into()],
+        binding_keys: keys.iter().map(|k| k.to_string()).collect(),
+        arguments: vec![],
+    };
+    let r = c.request(create(31, &["a"])).await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::CREATE_SUPER_STREAM,
+            corr: 31,
+            code: code::PRECONDITION_FAILED
+        }
+    );
+    let r = c.request(create(32, &["a", "b"])).await;
+    assert_eq!(r, ok(key::CREATE_SUPER_STREAM, 32));
+    let r = c.request(create(33, &["a", "b"])).await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::CREATE_SUPER_STREAM,
+            corr: 33,
+            code: code::STREAM_ALREADY_EXISTS
+        }
+    );
+    let r = c
+        .request(Frame::Partitions {
+            corr: 34,
+            super_stream: "ss".into(),
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::PartitionsResponse {
+            corr: 34,
+            code: code::OK,
+            streams: vec!["ss-a".into(), "ss-b".into()]
+        }
+    );
+    let r = c
+        .request(Frame::Route {
+            corr: 35,
+            routing_key: "b".into(),
+            super_stream: "ss".into(),
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::RouteResponse {
+            corr: 35,
+            code: code::OK,
+            streams: vec!["ss-b".into()]
+        }
+    );
+    let r = c
+        .request(Frame::DeleteSuperStream {
+            corr: 36,
+            name: "ss".into(),
+        })
+        .await;
+    assert_eq!(r, ok(key::DELETE_SUPER_STREAM, 36));
+    let r = c
+        .request(Frame::Metadata {
+            corr: 37,
+            streams: vec!["ss-a".into()],
+        })
+        .await;
+    let Frame::MetadataResponse { streams, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(streams[0].code, code::STREAM_DOES_NOT_EXIST);
+}
+
+#[tokio::test]
+async fn shutdown_sends_close_and_ends_the_connection() {
+    let (port, stop) = start().await;
+    let mut c = Raw::open(port).await;
+    stop.send(true).unwrap();
+    match c.recv().await {
+        Some(Frame::Close {
+            code: cc, reason, ..
+        }) => {
+            assert_eq!((cc, reason.as_str()), (code::OK, "server shutdown"))
+        }
+        other => panic!("expected close, got {other:?}"),
+    }
+    assert_eq!(c.recv().await, None);
+}

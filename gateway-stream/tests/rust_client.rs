@@ -1,0 +1,346 @@
+//! The Rust `rabbitmq-stream-client` 0.11 against `warren_stream::serve` with the in-memory
+//! backend, over real sockets on 127.0.0.1.
+
+use futures::StreamExt;
+use rabbitmq_stream_client::Environment;
+use rabbitmq_stream_client::types::{ByteCapacity, Message, OffsetSpecification};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use warren_stream::MemoryBackend;
+
+struct Broker {
+    port: u16,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Broker {
+    async fn start(backend: MemoryBackend) -> Broker {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(warren_stream::serve(listener, Arc::new(backend), rx));
+        Broker { port, stop, task }
+    }
+
+    async fn env(&self) -> Environment {
+        Environment::builder()
+            .host("127.0.0.1")
+            .port(self.port)
+            .build()
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
+fn body(i: u64) -> Vec<u8> {
+    format!("message-{i}").into_bytes()
+}
+
+/// Reads `n` deliveries (offset, body) from a consumer, bounded in time.
+async fn take(consumer: &mut rabbitmq_stream_client::Consumer, n: usize) -> Vec<(u64, Vec<u8>)> {
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        let d = tokio::time::timeout(Duration::from_secs(20), consumer.next())
+            .await
+            .expect("delivery within 20 s")
+            .expect("consumer open")
+            .expect("delivery ok");
+        got.push((d.offset(), d.message().data().unwrap_or_default().to_vec()));
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_100k_with_confirms_and_consume_from_first_in_order() {
+    let broker = Broker::start(MemoryBackend::new()).await;
+    let env = broker.env().await;
+    env.stream_creator()
+        .max_length(ByteCapacity::GB(1))
+        .create("s1")
+        .await
+        .unwrap();
+    let producer = env.producer().batch_size(1000).build("s1").await.unwrap();
+    const N: u64 = 100_000;
+    let mut confirmed = 0;
+    for start in (0..N).step_by(1000) {
+        let batch: Vec<Message> = (start..start + 1000)
+            .map(|i| Message::builder().body(body(i)).build())
+            .collect();
+        let statuses = producer.batch_send_with_confirm(batch).await.unwrap();
+        confirmed += statuses.iter().filter(|s| s.confirmed()).count();
+    }
+    assert_eq!(confirmed as u64, N);
+    producer.close().await.unwrap();
+
+    let mut consumer = env
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build("s1")
+        .await
+        .unwrap();
+    let got = take(&mut consumer, N as usize).await;
+    for (i, (offset, data)) in got.iter().enumerate() {
+        assert_eq!(*offset, i as u64);
+        assert_eq!(data, &body(i as u64));
+    }
+    consumer.handle().close().await.unwrap();
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offset_specifications_next_last_offset_timestamp() {
+    let broker = Broker::start(MemoryBackend::new()).await;
+    let env = broker.env().await;
+    env.stream_creator().create("s2").await.unwrap();
+    let producer = env.producer().build("s2").await.unwrap();
+    // Two batches, far apart in time: a timestamp between them selects the second.
+    let first: Vec<Message> = (0..10)
+        .map(|i| Message::builder().body(body(i)).build())
+        .collect();
+    producer.batch_send_with_confirm(first).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let between = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second: Vec<Message> = (10..20)
+        .map(|i| Message::builder().body(body(i)).build())
+        .collect();
+    producer.batch_send_with_confirm(second).await.unwrap();
+
+    // timestamp: the chunk stamped after `between`, i.e. offsets 10..
+    let mut c = env
+        .consumer()
+        .offset(OffsetSpecification::Timestamp(between))
+        .build("s2")
+        .await
+        .unwrap();
+    let got = take(&mut c, 10).await;
+    assert_eq!(got[0].0, 10);
+    assert_eq!(got[9], (19, body(19)));
+    c.handle().close().await.unwrap();
+
+    // offset 15: the chunk holding it (10..20) is delivered; the client skips 10..15.
+    let mut c = env
+        .consumer()
+        .offset(OffsetSpecification::Offset(15))
+        .build("s2")
+        .await
+        .unwrap();
+    let got = take(&mut c, 5).await;
+    assert_eq!(got, (15..20).map(|i| (i, body(i))).collect::<Vec<_>>());
+    c.handle().close().await.unwrap();
+
+    // last: the last chunk (10..20).
+    let mut c = env
+        .consumer()
+        .offset(OffsetSpecification::Last)
+        .build("s2")
+        .await
+        .unwrap();
+    let got = take(&mut c, 10).await;
+    assert_eq!(got[0].0, 10);
+    c.handle().close().await.unwrap();
+
+    // next: nothing until new data, then exactly it. (An offset past the end is checked
+    // at the protocol level in raw_socket.rs: this client drops offsets below the one it
+    // asked for.)
+    let mut next = env
+        .consumer()
+        .offset(OffsetSpecification::Next)
+        .build("s2")
+        .await
+        .unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), next.next())
+            .await
+            .is_err(),
+        "next delivers only new data"
+    );
+    producer
+        .send_with_confirm(Message::builder().body(body(20)).build())
+        .await
+        .unwrap();
+    assert_eq!(take(&mut next, 1).await, vec![(20, body(20))]);
+    next.handle().close().await.unwrap();
+    producer.close().await.unwrap();
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_offset_is_queried_back() {
+    let broker = Broker::start(MemoryBackend::new()).await;
+    let env = broker.env().await;
+    env.stream_creator().create("s3").await.unwrap();
+    let producer = env.producer().build("s3").await.unwrap();
+    let batch: Vec<Message> = (0..5)
+        .map(|i| Message::builder().body(body(i)).build())
+        .collect();
+    producer.batch_send_with_confirm(batch).await.unwrap();
+    let mut c = env
+        .consumer()
+        .name("reader-1")
+        .offset(OffsetSpecification::First)
+        .build("s3")
+        .await
+        .unwrap();
+    assert!(c.query_offset().await.is_err(), "no offset stored yet");
+    let got = take(&mut c, 5).await;
+    c.store_offset(got[3].0).await.unwrap();
+    // StoreOffset has no response: QueryOffset on the same connection comes after it.
+    assert_eq!(c.query_offset().await.unwrap(), 3);
+    c.handle().close().await.unwrap();
+    // Another connection sees it too (server-side tracking).
+    let env2 = broker.env().await;
+    let c2 = env2
+        .consumer()
+        .name("reader-1")
+        .offset(OffsetSpecification::Next)
+        .build("s3")
+        .await
+        .unwrap();
+    assert_eq!(c2.query_offset().await.unwrap(), 3);
+    c2.handle().close().await.unwrap();
+    producer.close().await.unwrap();
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resent_publishing_ids_are_confirmed_and_not_stored_again() {
+    let broker = Broker::start(MemoryBackend::new()).await;
+    let env = broker.env().await;
+    env.stream_creator().create("s4").await.unwrap();
+    let mut producer = env.producer().name("writer-1").build("s4").await.unwrap();
+    let msgs = |r: std::ops::Range<u64>| -> Vec<Message> {
+        r.map(|i| Message::builder().body(body(i)).publishing_id(i).build())
+            .collect()
+    };
+    let s = producer.batch_send_with_confirm(msgs(1..11)).await.unwrap();
+    assert!(s.iter().all(|s| s.confirmed()));
+    // 5..10 again, with 11..15 new: all confirmed, only 11..15 stored.
+    let s = producer.batch_send_with_confirm(msgs(5..16)).await.unwrap();
+    assert_eq!(s.len(), 11);
+    assert!(s.iter().all(|s| s.confirmed()));
+    producer.close().await.unwrap();
+
+    // A new producer with the same reference learns where the writer is.
+    let p2 = env.producer().name("writer-1").build("s4").await.unwrap();
+    p2.close().await.unwrap();
+
+    let mut c = env
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build("s4")
+        .await
+        .unwrap();
+    let got = take(&mut c, 15).await;
+    let bodies: Vec<Vec<u8>> = got.iter().map(|(_, b)| b.clone()).collect();
+    assert_eq!(bodies, (1..16).map(body).collect::<Vec<_>>());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), c.next())
+            .await
+            .is_err(),
+        "nothing stored twice"
+    );
+    c.handle().close().await.unwrap();
+    broker.stop().await;
+}
+
+fn routing_key(m: &Message) -> String {
+    // Bodies are "message-N": key N % 3, the binding keys the client gives partitions 0..3.
+    let body = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
+    let n: u64 = body
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    (n % 3).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn super_stream_routes_by_key_and_is_consumed_whole() {
+    use rabbitmq_stream_client::types::{
+        HashRoutingMurmurStrategy, RoutingKeyRoutingStrategy, RoutingStrategy,
+    };
+    let broker = Broker::start(MemoryBackend::new()).await;
+    let env = broker.env().await;
+    env.stream_creator()
+        .create_super_stream("orders", 3, None)
+        .await
+        .unwrap();
+    // Route: each message to the partition bound with its key.
+    let mut producer = env
+        .super_stream_producer(RoutingStrategy::RoutingKeyStrategy(
+            RoutingKeyRoutingStrategy {
+                routing_extractor: &routing_key,
+            },
+        ))
+        .build("orders")
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..30u64 {
+        let tx = tx.clone();
+        producer
+            .send(Message::builder().body(body(i)).build(), move |r| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(r.map(|s| s.confirmed()).unwrap_or(false));
+                }
+            })
+            .await
+            .unwrap();
+    }
+    for _ in 0..30 {
+        let ok = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(ok, "confirmed");
+    }
+    producer.close().await.unwrap();
+    // Partitions (used by hash routing) lists orders-0..2 in binding order.
+    let mut hashed = env
+        .super_stream_producer(RoutingStrategy::HashRoutingStrategy(
+            HashRoutingMurmurStrategy {
+                routing_extractor: &routing_key,
+            },
+        ))
+        .build("orders")
+        .await
+        .unwrap();
+    hashed
+        .send(Message::builder().body(body(99)).build(), |_| async {})
+        .await
+        .unwrap();
+    hashed.close().await.unwrap();
+
+    for p in 0..3u64 {
+        let mut c = env
+            .consumer()
+            .offset(OffsetSpecification::First)
+            .build(&format!("orders-{p}"))
+            .await
+            .unwrap();
+        let got = take(&mut c, 10).await;
+        let want: Vec<Vec<u8>> = (0..30).filter(|i| i % 3 == p).map(body).collect();
+        let bodies: Vec<Vec<u8>> = got.into_iter().map(|(_, b)| b).collect();
+        assert_eq!(bodies, want, "partition orders-{p}");
+        c.handle().close().await.unwrap();
+    }
+    env.delete_super_stream("orders").await.unwrap();
+    assert!(
+        env.consumer().build("orders-0").await.is_err(),
+        "partitions deleted with the super stream"
+    );
+    broker.stop().await;
+}
