@@ -47,6 +47,7 @@ pub fn value(v: &FieldValue) -> Value {
     }
 }
 
+/// A field table as RabbitMQ's JSON shows it (arguments, client properties).
 pub fn table(t: &FieldTable) -> Value {
     Value::Object(t.iter().map(|(k, v)| (k.clone(), value(v))).collect())
 }
@@ -207,7 +208,9 @@ pub fn export(defs: &Definitions) -> Value {
 
 /// What an import takes and what it leaves out (and why).
 pub struct Imported {
+    /// What the broker applies.
     pub definitions: Definitions,
+    /// What it leaves out, one line each with the reason.
     pub skipped: Vec<String>,
 }
 
