@@ -29,6 +29,19 @@ fn data_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// In memory, AMQP and MQTT each plain and over TLS on free ports (4 listeners).
+const PLAIN_AND_TLS: &[&str] = &[
+    "--in-memory",
+    "--amqp",
+    "127.0.0.1:0",
+    "--mqtt",
+    "127.0.0.1:0",
+    "--amqps",
+    "127.0.0.1:0",
+    "--mqtts",
+    "127.0.0.1:0",
+];
+
 /// A running `warren serve` with every log line it printed so far.
 struct Broker {
     child: Child,
@@ -442,22 +455,7 @@ fn listener_flags_refuse_bad_addresses_and_none_alone_disables() {
 async fn amqps_and_mqtts_with_lapin_and_rumqttc() {
     let dir = data_dir("tls");
     let pki = Pki::new(&dir, "main");
-    let broker = Broker::start_tls(
-        &dir,
-        &pki,
-        &[
-            "--in-memory",
-            "--amqp",
-            "127.0.0.1:0",
-            "--mqtt",
-            "127.0.0.1:0",
-            "--amqps",
-            "127.0.0.1:0",
-            "--mqtts",
-            "127.0.0.1:0",
-        ],
-        4,
-    );
+    let broker = Broker::start_tls(&dir, &pki, PLAIN_AND_TLS, 4);
     let amqps = broker.addr("amqps");
     let mqtts = broker.addr("mqtts");
     // rumqttc over TLS 1.2 subscribes.
@@ -537,19 +535,7 @@ async fn the_http_api_shows_which_connections_are_tls() {
     let broker = Broker::start_tls(
         &dir,
         &pki,
-        &[
-            "--in-memory",
-            "--amqp",
-            "127.0.0.1:0",
-            "--mqtt",
-            "127.0.0.1:0",
-            "--amqps",
-            "127.0.0.1:0",
-            "--mqtts",
-            "127.0.0.1:0",
-            "--management",
-            "127.0.0.1:0",
-        ],
+        &[PLAIN_AND_TLS, &["--management", "127.0.0.1:0"]].concat(),
         5,
     );
     let amqp = |uri: String, name: &'static str, tls| async move {
