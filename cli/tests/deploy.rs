@@ -29,6 +29,19 @@ fn data_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// In memory, AMQP and MQTT each plain and over TLS on free ports (4 listeners).
+const PLAIN_AND_TLS: &[&str] = &[
+    "--in-memory",
+    "--amqp",
+    "127.0.0.1:0",
+    "--mqtt",
+    "127.0.0.1:0",
+    "--amqps",
+    "127.0.0.1:0",
+    "--mqtts",
+    "127.0.0.1:0",
+];
+
 /// A running `warren serve` with every log line it printed so far.
 struct Broker {
     child: Child,
@@ -128,6 +141,24 @@ impl Broker {
     fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on the pid of a child we started and still own.
         unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Broker {
+    /// `start` with TLS: `pki` issues the server's certificate for localhost
+    /// (`server.pem`, `server.key` in `dir`), passed as `--tls-cert` and `--tls-key`.
+    fn start_tls(dir: &Path, pki: &Pki, args: &[&str], listeners: usize) -> Broker {
+        pki.issue("server", "localhost", false);
+        let cert = dir.join("server.pem");
+        let key = dir.join("server.key");
+        let mut all = args.to_vec();
+        all.extend([
+            "--tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--tls-key",
+            key.to_str().expect("utf-8"),
+        ]);
+        Broker::start(dir, &all, listeners)
     }
 }
 
@@ -424,28 +455,7 @@ fn listener_flags_refuse_bad_addresses_and_none_alone_disables() {
 async fn amqps_and_mqtts_with_lapin_and_rumqttc() {
     let dir = data_dir("tls");
     let pki = Pki::new(&dir, "main");
-    pki.issue("server", "localhost", false);
-    let cert = dir.join("server.pem");
-    let key = dir.join("server.key");
-    let broker = Broker::start(
-        &dir,
-        &[
-            "--in-memory",
-            "--amqp",
-            "127.0.0.1:0",
-            "--mqtt",
-            "127.0.0.1:0",
-            "--amqps",
-            "127.0.0.1:0",
-            "--mqtts",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--tls-key",
-            key.to_str().expect("utf-8"),
-        ],
-        4,
-    );
+    let broker = Broker::start_tls(&dir, &pki, PLAIN_AND_TLS, 4);
     let amqps = broker.addr("amqps");
     let mqtts = broker.addr("mqtts");
     // rumqttc over TLS 1.2 subscribes.
@@ -522,28 +532,10 @@ async fn amqps_and_mqtts_with_lapin_and_rumqttc() {
 async fn the_http_api_shows_which_connections_are_tls() {
     let dir = data_dir("ssl-field");
     let pki = Pki::new(&dir, "main");
-    pki.issue("server", "localhost", false);
-    let cert = dir.join("server.pem");
-    let key = dir.join("server.key");
-    let broker = Broker::start(
+    let broker = Broker::start_tls(
         &dir,
-        &[
-            "--in-memory",
-            "--amqp",
-            "127.0.0.1:0",
-            "--mqtt",
-            "127.0.0.1:0",
-            "--amqps",
-            "127.0.0.1:0",
-            "--mqtts",
-            "127.0.0.1:0",
-            "--management",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--tls-key",
-            key.to_str().expect("utf-8"),
-        ],
+        &pki,
+        &[PLAIN_AND_TLS, &["--management", "127.0.0.1:0"]].concat(),
         5,
     );
     let amqp = |uri: String, name: &'static str, tls| async move {
@@ -614,15 +606,13 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
     let dir = data_dir("tlsbad");
     let pki = Pki::new(&dir, "good");
     let rogue = Pki::new(&dir, "rogue");
-    pki.issue("server", "localhost", false);
     let good_client = pki.issue("client", "alice", false);
     let rogue_client = rogue.issue("rogue-client", "alice", false);
     let expired_client = pki.issue("expired-client", "alice", true);
-    let cert = dir.join("server.pem");
-    let key = dir.join("server.key");
     let ca = dir.join("good-ca.pem");
-    let broker = Broker::start(
+    let broker = Broker::start_tls(
         &dir,
+        &pki,
         &[
             "--in-memory",
             "--amqp",
@@ -631,10 +621,6 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
             "127.0.0.1:0",
             "--amqps",
             "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--tls-key",
-            key.to_str().expect("utf-8"),
             "--tls-ca",
             ca.to_str().expect("utf-8"),
             "--tls-verify-peer",
@@ -767,14 +753,12 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
 async fn certificate_logins_amqp_external_and_mqtt_identity() {
     let dir = data_dir("certlogin");
     let pki = Pki::new(&dir, "ca");
-    pki.issue("server", "localhost", false);
     let device = pki.issue("device", "device-42", false);
     pki.issue("stranger", "nobody-here", false);
-    let cert = dir.join("server.pem");
-    let key = dir.join("server.key");
     let ca = dir.join("ca-ca.pem");
-    let broker = Broker::start(
+    let broker = Broker::start_tls(
         &dir,
+        &pki,
         &[
             "--amqp",
             "127.0.0.1:0",
@@ -784,10 +768,6 @@ async fn certificate_logins_amqp_external_and_mqtt_identity() {
             "127.0.0.1:0",
             "--mqtts",
             "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--tls-key",
-            key.to_str().expect("utf-8"),
             "--tls-ca",
             ca.to_str().expect("utf-8"),
             "--tls-verify-peer",
@@ -850,11 +830,10 @@ async fn certificates_reload_on_sighup_without_dropping_connections() {
     let dir = data_dir("reload");
     let first = Pki::new(&dir, "first");
     let second = Pki::new(&dir, "second");
-    first.issue("server", "localhost", false);
-    let cert = dir.join("server.pem");
     let key = dir.join("server.key");
-    let broker = Broker::start(
+    let broker = Broker::start_tls(
         &dir,
+        &first,
         &[
             "--in-memory",
             "--amqp",
@@ -863,10 +842,6 @@ async fn certificates_reload_on_sighup_without_dropping_connections() {
             "none",
             "--mqtts",
             "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--tls-key",
-            key.to_str().expect("utf-8"),
         ],
         1,
     );
@@ -1015,11 +990,9 @@ fn ws_request(
 async fn mqtt_over_websocket_plain_and_tls() {
     let dir = data_dir("ws");
     let pki = Pki::new(&dir, "ws");
-    pki.issue("server", "localhost", false);
-    let cert = dir.join("server.pem");
-    let key = dir.join("server.key");
-    let broker = Broker::start(
+    let broker = Broker::start_tls(
         &dir,
+        &pki,
         &[
             "--in-memory",
             "--amqp",
@@ -1030,10 +1003,6 @@ async fn mqtt_over_websocket_plain_and_tls() {
             "127.0.0.1:0",
             "--mqtt-wss",
             "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--tls-key",
-            key.to_str().expect("utf-8"),
         ],
         3,
     );

@@ -31,6 +31,35 @@ async fn amqp(port: u16, name: &str) -> lapin::Connection {
     .expect("connect")
 }
 
+/// Declares `queue` and publishes `count` copies of `body` to it, each confirmed.
+async fn publish_confirmed(c: &lapin::Connection, queue: &str, count: usize, body: &[u8]) {
+    use lapin::options::*;
+    let ch = c.create_channel().await.expect("channel");
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .expect("declare");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    for _ in 0..count {
+        ch.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body,
+            Default::default(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_show_counts_consumers_rates_pages_and_columns() {
     use lapin::options::*;
@@ -619,41 +648,60 @@ async fn definitions_export_matches_ctl_and_imports_into_another_broker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_metrics_count_messages_and_pass_promtool() {
-    use lapin::options::*;
     let b = start("metrics");
     let c = amqp(b.served.amqp, "metrics").await;
+    publish_confirmed(&c, "jobs", 7, b"work").await;
     let ch = c.create_channel().await.unwrap();
+    ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    // One persistent message on a durable queue: its confirm waits for a group commit.
     ch.queue_declare(
-        "jobs".into(),
-        QueueDeclareOptions::default(),
+        "durable-jobs".into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
         Default::default(),
     )
     .await
     .unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    for _ in 0..7 {
-        ch.basic_publish(
-            "".into(),
-            "jobs".into(),
-            BasicPublishOptions::default(),
-            b"work",
-            Default::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    }
+    ch.basic_publish(
+        "".into(),
+        "durable-jobs".into(),
+        lapin::options::BasicPublishOptions::default(),
+        b"kept",
+        lapin::BasicProperties::default().with_delivery_mode(2),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
     let port = b.served.prometheus.expect("Prometheus port");
     let text = raw(port, "GET", "/metrics", &[], b"").text();
+    // The sync latency histograms: a group commit was counted, buckets end at +Inf.
+    for name in [
+        "warren_storage_sync_seconds",
+        "warren_storage_journal_fsync_seconds",
+    ] {
+        let count = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_count ")))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name}_count in:\n{text}"));
+        assert!(count >= 1, "{name}_count {count}");
+        assert!(
+            text.lines()
+                .any(|l| l == format!("{name}_bucket{{le=\"+Inf\"}} {count}")),
+            "{name}'s +Inf bucket is not its count:\n{text}"
+        );
+    }
     for line in [
         "rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"jobs\"} 7",
         "rabbitmq_queue_messages_unacked{vhost=\"/\",queue=\"jobs\"} 0",
-        "rabbitmq_global_messages_received_total 7",
+        "rabbitmq_global_messages_received_total 8",
         "rabbitmq_connections 1",
-        "rabbitmq_queues 1",
+        "rabbitmq_queues 2",
         "warren_mqtt_connections 0",
         "# TYPE rabbitmq_global_messages_received_total counter",
     ] {
@@ -704,7 +752,6 @@ impl Drop for Killed {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prometheus_server_scrapes_the_metrics() {
-    use lapin::options::*;
     if std::process::Command::new("prometheus")
         .arg("--version")
         .output()
@@ -719,30 +766,7 @@ async fn a_prometheus_server_scrapes_the_metrics() {
     }
     let b = start("scrape");
     let c = amqp(b.served.amqp, "scraped").await;
-    let ch = c.create_channel().await.unwrap();
-    ch.queue_declare(
-        "scraped".into(),
-        QueueDeclareOptions::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    for _ in 0..3 {
-        ch.basic_publish(
-            "".into(),
-            "scraped".into(),
-            BasicPublishOptions::default(),
-            b"x",
-            Default::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    }
+    publish_confirmed(&c, "scraped", 3, b"x").await;
     let target = b.served.prometheus.expect("Prometheus port");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -42,6 +42,21 @@ fn admin(bin: &str, port: u16, args: &[&str]) -> String {
     stdout
 }
 
+/// `rabbitmqadmin get messages` of one message from `queue` with `ack_mode`.
+fn get_one(bin: &str, port: u16, queue: &str, ack_mode: &str) -> String {
+    let args = [
+        "get",
+        "messages",
+        "--queue",
+        queue,
+        "--count",
+        "1",
+        "--ack-mode",
+        ack_mode,
+    ];
+    admin(bin, port, &args)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmqadmin_lists_declares_publishes_gets_closes_and_moves_definitions() {
     let Some(bin) = binary() else {
@@ -103,36 +118,10 @@ async fn rabbitmqadmin_lists_declares_publishes_gets_closes_and_moves_definition
     assert!(published.contains("routed"), "{published}");
     let queues = admin(bin, port, &["list", "queues"]);
     assert!(queues.contains("invoices"), "{queues}");
-    let got = admin(
-        bin,
-        port,
-        &[
-            "get",
-            "messages",
-            "--queue",
-            "invoices",
-            "--count",
-            "1",
-            "--ack-mode",
-            "ack_requeue_true",
-        ],
-    );
+    let got = get_one(bin, port, "invoices", "ack_requeue_true");
     assert!(got.contains("invoice-42"), "{got}");
     admin(bin, port, &["purge", "queue", "--name", "invoices"]);
-    let got = admin(
-        bin,
-        port,
-        &[
-            "get",
-            "messages",
-            "--queue",
-            "invoices",
-            "--count",
-            "1",
-            "--ack-mode",
-            "ack_requeue_false",
-        ],
-    );
+    let got = get_one(bin, port, "invoices", "ack_requeue_false");
     assert!(!got.contains("invoice-42"), "purged: {got}");
     admin(bin, port, &["health_check", "local_alarms"]);
     admin(bin, port, &["show", "overview"]);

@@ -535,6 +535,38 @@ fn compare(a: Option<&Value>, b: Option<&Value>) -> std::cmp::Ordering {
 }
 
 /// Applies the list query: a plain array without `page`, RabbitMQ's page object with it.
+/// The items of `vhost` (named at the JSON pointer `vhost_at` of each) as a listing; 404
+/// when the vhost does not exist, checked before `items` runs.
+async fn listing_in(
+    m: &Management,
+    vhost: &str,
+    vhost_at: &str,
+    items: impl Future<Output = ApiResult<Vec<Value>>>,
+    q: &HashMap<String, String>,
+) -> ApiResult<Json<Value>> {
+    m.vhost_exists(vhost).await?;
+    let items = items
+        .await?
+        .into_iter()
+        .filter(|x| x.pointer(vhost_at).and_then(Value::as_str) == Some(vhost))
+        .collect();
+    listing(items, q)
+}
+
+/// The item named `name` in `vhost`, or 404.
+async fn one_named(
+    items: impl Future<Output = ApiResult<Vec<Value>>>,
+    vhost: &str,
+    name: &str,
+) -> ApiResult<Json<Value>> {
+    items
+        .await?
+        .into_iter()
+        .find(|x| x["vhost"] == vhost && x["name"] == name)
+        .map(Json)
+        .ok_or_else(ApiError::not_found)
+}
+
 fn listing(items: Vec<Value>, q: &HashMap<String, String>) -> ApiResult<Json<Value>> {
     let lq = ListQuery::parse(q)?;
     let total = items.len();
@@ -1222,23 +1254,6 @@ async fn user(
         .ok_or_else(ApiError::not_found)
 }
 
-fn tags_of(o: &Map<String, Value>) -> Vec<String> {
-    match o.get("tags") {
-        Some(Value::Array(t)) => t
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect(),
-        Some(Value::String(s)) => s
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_string)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
 async fn put_user(
     State(m): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -1290,7 +1305,7 @@ async fn put_user(
         }
         m.done(AdminRequest::SetUserTags {
             user: name,
-            tags: tags_of(&o),
+            tags: defs::tags(&o),
         })
         .await?;
         return Ok(no_content());
@@ -1298,7 +1313,7 @@ async fn put_user(
     m.done(AdminRequest::AddUser(warren_core::access::UserDef {
         name,
         password_hash,
-        tags: tags_of(&o),
+        tags: defs::tags(&o),
     }))
     .await?;
     Ok(StatusCode::CREATED)
@@ -1445,13 +1460,7 @@ async fn policies_in(
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    m.vhost_exists(&vhost).await?;
-    let items = policy_list(&m, &caller)
-        .await?
-        .into_iter()
-        .filter(|p| p["vhost"] == vhost.as_str())
-        .collect();
-    listing(items, &q)
+    listing_in(&m, &vhost, "/vhost", policy_list(&m, &caller), &q).await
 }
 
 async fn policy(
@@ -1459,12 +1468,7 @@ async fn policy(
     Extension(caller): Extension<Caller>,
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    policy_list(&m, &caller)
-        .await?
-        .into_iter()
-        .find(|p| p["vhost"] == vhost.as_str() && p["name"] == name.as_str())
-        .map(Json)
-        .ok_or_else(ApiError::not_found)
+    one_named(policy_list(&m, &caller), &vhost, &name).await
 }
 
 async fn may_set_policies(m: &Management, caller: &Caller, vhost: &str) -> ApiResult<()> {
@@ -1561,13 +1565,7 @@ async fn exchanges_in(
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    m.vhost_exists(&vhost).await?;
-    let items = exchange_list(&m, &caller)
-        .await?
-        .into_iter()
-        .filter(|x| x["vhost"] == vhost.as_str())
-        .collect();
-    listing(items, &q)
+    listing_in(&m, &vhost, "/vhost", exchange_list(&m, &caller), &q).await
 }
 
 /// `amq.default` is how the API names the default exchange (`""`).
@@ -1581,12 +1579,7 @@ async fn exchange(
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
     let name = exchange_name(&name);
-    exchange_list(&m, &caller)
-        .await?
-        .into_iter()
-        .find(|x| x["vhost"] == vhost.as_str() && x["name"] == name)
-        .map(Json)
-        .ok_or_else(ApiError::not_found)
+    one_named(exchange_list(&m, &caller), &vhost, name).await
 }
 
 async fn put_exchange(
@@ -1822,13 +1815,7 @@ async fn queues_in(
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    m.vhost_exists(&vhost).await?;
-    let items = visible_queues(&m, &caller)
-        .await?
-        .into_iter()
-        .filter(|x| x["vhost"] == vhost.as_str())
-        .collect();
-    listing(items, &q)
+    listing_in(&m, &vhost, "/vhost", visible_queues(&m, &caller), &q).await
 }
 
 async fn queue(
@@ -1836,12 +1823,7 @@ async fn queue(
     Extension(caller): Extension<Caller>,
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    visible_queues(&m, &caller)
-        .await?
-        .into_iter()
-        .find(|q| q["vhost"] == vhost.as_str() && q["name"] == name.as_str())
-        .map(Json)
-        .ok_or_else(ApiError::not_found)
+    one_named(visible_queues(&m, &caller), &vhost, &name).await
 }
 
 async fn put_queue(
@@ -2093,13 +2075,7 @@ async fn bindings_in(
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    m.vhost_exists(&vhost).await?;
-    let items = binding_list(&m, &caller)
-        .await?
-        .into_iter()
-        .filter(|b| b["vhost"] == vhost.as_str())
-        .collect();
-    listing(items, &q)
+    listing_in(&m, &vhost, "/vhost", binding_list(&m, &caller), &q).await
 }
 
 async fn queue_bindings(
@@ -2393,13 +2369,7 @@ async fn consumers_in(
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    m.vhost_exists(&vhost).await?;
-    let items = consumer_list(&m, &caller)
-        .await?
-        .into_iter()
-        .filter(|c| c["queue"]["vhost"] == vhost.as_str())
-        .collect();
-    listing(items, &q)
+    listing_in(&m, &vhost, "/queue/vhost", consumer_list(&m, &caller), &q).await
 }
 
 // ---------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ pub fn value(v: &FieldValue) -> Value {
     }
 }
 
+/// A field table as RabbitMQ's JSON shows it (arguments, client properties).
 pub fn table(t: &FieldTable) -> Value {
     Value::Object(t.iter().map(|(k, v)| (k.clone(), value(v))).collect())
 }
@@ -109,6 +110,25 @@ pub fn policy(p: &Map<String, Value>) -> Result<PolicyDef> {
             _ => bail!("policy '{}' has no definition object", text(p, "name")?),
         },
     })
+}
+
+/// A user's tags: RabbitMQ 3.10 writes them as a list, older versions (and the HTTP API's
+/// PUT) as one comma-separated string.
+pub(crate) fn tags(o: &Map<String, Value>) -> Vec<String> {
+    match o.get("tags") {
+        Some(Value::Array(t)) => t
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
+        Some(Value::String(s)) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn vhost_of(o: &Map<String, Value>) -> &str {
@@ -207,7 +227,9 @@ pub fn export(defs: &Definitions) -> Value {
 
 /// What an import takes and what it leaves out (and why).
 pub struct Imported {
+    /// What the broker applies.
     pub definitions: Definitions,
+    /// What it leaves out, one line each with the reason.
     pub skipped: Vec<String>,
 }
 
@@ -257,25 +279,10 @@ pub fn import(doc: &Value) -> Result<Imported> {
         let password_hash = base64::engine::general_purpose::STANDARD
             .decode(hash)
             .map_err(|_| DefinitionError(format!("user '{name}': password_hash is not base64")))?;
-        // RabbitMQ 3.10 writes tags as a list; older versions as one comma-separated string.
-        let tags = match u.get("tags") {
-            Some(Value::Array(t)) => t
-                .iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect(),
-            Some(Value::String(s)) => s
-                .split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(str::to_string)
-                .collect(),
-            _ => Vec::new(),
-        };
         defs.users.push(warren_core::access::UserDef {
             name: name.to_string(),
             password_hash,
-            tags,
+            tags: tags(u),
         });
     }
     for p in list("permissions") {

@@ -7,6 +7,8 @@
 //! batches, and nothing here runs on the message path. Rates are computed here from
 //! samples of the core's plain counters (`warren_core::stats`).
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod api;
 pub mod definitions;
 mod metrics;
@@ -24,6 +26,7 @@ use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 pub struct Listener {
     /// RabbitMQ's protocol names: `amqp`, `mqtt`, `http`, `http/prometheus`.
     pub protocol: &'static str,
+    /// The address it listens on.
     pub addr: SocketAddr,
 }
 
@@ -32,6 +35,7 @@ pub struct Listener {
 pub struct NodeInfo {
     /// The node name shown in every object (`warren@<host>`, as RabbitMQ's `rabbit@<host>`).
     pub name: String,
+    /// Every listener of the node (`/api/overview`'s `listeners`).
     pub listeners: Vec<Listener>,
     /// Where data lives (disk free space is measured there); `None` in memory.
     pub data_dir: Option<std::path::PathBuf>,
@@ -54,8 +58,11 @@ impl NodeInfo {
 /// A gauge a part of the binary the broker does not see reports (MQTT sessions,
 /// retained messages): read at each scrape.
 pub struct Gauge {
+    /// The metric's name (`# TYPE` line).
     pub name: &'static str,
+    /// The `# HELP` text.
     pub help: &'static str,
+    /// Reads the current value.
     pub value: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
@@ -75,6 +82,7 @@ pub struct Management {
 pub struct Stopped;
 
 impl Management {
+    /// The management side of `broker`, with what the node knows and the gauges to export.
     pub fn new(broker: BrokerHandle, node: NodeInfo, gauges: Vec<Gauge>) -> Arc<Management> {
         Arc::new(Management {
             broker,

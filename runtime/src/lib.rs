@@ -12,6 +12,8 @@
 //!   disconnect (the last sender dropped) after all of them.
 //! - A connection's ops are ignored once it has disconnected, so a late op cannot resurrect it.
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod listener;
 mod mailbox;
 mod resources;
@@ -19,6 +21,8 @@ mod task;
 
 pub use mailbox::EffectReceiver;
 pub use resources::{ResourceWatch, disk_free, process_rss};
+/// The store's sync latency histograms (Prometheus reads them).
+pub use warren_store::metrics as storage_metrics;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,20 +61,28 @@ pub fn os_seed() -> std::io::Result<u64> {
 /// Why a broker with a data directory did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The store could not open the data directory.
     #[error(transparent)]
     Open(#[from] warren_store::OpenError),
     #[error(
         "data directory {dir} holds the queues of a broker of {stored} shard(s), not {asked}: \
          pass --shards {stored} (stored queues live on the shard their name says)"
     )]
+    /// The data directory was written by a broker of another shard count.
     ShardCount {
+        /// The data directory.
         dir: std::path::PathBuf,
+        /// The shard count it was written with.
         stored: u32,
+        /// The shard count asked for now.
         asked: u32,
     },
     #[error("cannot use {path}: {source}; check that the data directory is writable")]
+    /// The `shard-count` file could not be read or written.
     ShardCountFile {
+        /// The file.
         path: std::path::PathBuf,
+        /// Why.
         source: std::io::Error,
     },
 }
@@ -185,6 +197,7 @@ pub struct ConnMeta {
     pub protocol: &'static str,
     /// The client's address, `ip:port`.
     pub peer: Box<str>,
+    /// Whether it came through a TLS listener (the HTTP API's `ssl`).
     pub tls: bool,
     /// AMQP: the client properties of connection.start-ok (product, version, capabilities,
     /// connection_name); empty for MQTT.
@@ -624,8 +637,11 @@ const MAX_IN_FLIGHT: u64 = 4;
 
 /// One connection's link to the broker.
 pub struct Connection {
+    /// The core's id of the connection.
     pub id: ConnId,
+    /// Sends op batches to the connection's shard.
     pub tx: CommandSender,
+    /// Receives the effect batches the core produced for it.
     pub rx: EffectReceiver,
 }
 

@@ -77,6 +77,28 @@ pub struct Client {
 }
 
 impl MqttBroker {
+    /// Adds the user `writer` (password `pw`), who may publish but not read `amq.topic`.
+    pub async fn add_writer_only_user(&self) {
+        use warren_core::access::{PermissionDef, UserDef, hash_password};
+        use warren_runtime::AdminRequest;
+        for request in [
+            AdminRequest::AddUser(UserDef {
+                name: "writer".into(),
+                password_hash: hash_password([1, 2, 3, 4], "pw"),
+                tags: vec![],
+            }),
+            AdminRequest::SetPermissions(PermissionDef {
+                user: "writer".into(),
+                vhost: "/".into(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: "^$".into(),
+            }),
+        ] {
+            self.amqp.broker.admin(request).await.expect("admin");
+        }
+    }
+
     pub fn options(&self, id: &str) -> MqttOptions {
         let mut o = MqttOptions::new(id, self.mqtt.ip().to_string(), self.mqtt.port());
         o.set_keep_alive(Duration::from_secs(30));

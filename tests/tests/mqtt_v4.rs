@@ -326,25 +326,8 @@ async fn suback_means_publishes_of_other_clients_reach_the_subscription() {
 /// connection goes on (it was granted, then closed by the core's 403).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_subscription_gets_0x80_in_suback_and_the_connection_lives() {
-    use warren_core::access::{PermissionDef, UserDef, hash_password};
-    use warren_runtime::AdminRequest;
     let b = start().await;
-    for request in [
-        AdminRequest::AddUser(UserDef {
-            name: "writer".into(),
-            password_hash: hash_password([1, 2, 3, 4], "pw"),
-            tags: vec![],
-        }),
-        AdminRequest::SetPermissions(PermissionDef {
-            user: "writer".into(),
-            vhost: "/".into(),
-            configure: ".*".into(),
-            write: ".*".into(),
-            read: "^$".into(),
-        }),
-    ] {
-        b.amqp.broker.admin(request).await.expect("admin");
-    }
+    b.add_writer_only_user().await;
     let mut o = b.options("no-read");
     o.set_credentials("writer", "pw");
     let (mut c, ack) = b.connect_with(o).await;

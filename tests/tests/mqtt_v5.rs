@@ -501,28 +501,6 @@ async fn takeover_cancels_a_delayed_will() {
     watcher.no_publish(Duration::from_millis(2000)).await;
 }
 
-/// A user who may publish but not read `amq.topic`.
-async fn add_writer_only_user(b: &warren_tests::mqtt::MqttBroker) {
-    use warren_core::access::{PermissionDef, UserDef, hash_password};
-    use warren_runtime::AdminRequest;
-    for request in [
-        AdminRequest::AddUser(UserDef {
-            name: "writer".into(),
-            password_hash: hash_password([1, 2, 3, 4], "pw"),
-            tags: vec![],
-        }),
-        AdminRequest::SetPermissions(PermissionDef {
-            user: "writer".into(),
-            vhost: "/".into(),
-            configure: ".*".into(),
-            write: ".*".into(),
-            read: "^$".into(),
-        }),
-    ] {
-        b.amqp.broker.admin(request).await.expect("admin");
-    }
-}
-
 /// A SUBSCRIBE the user may not make is answered 0x87 Not Authorized in the SUBACK, and the
 /// connection goes on (it was granted, then closed by the core's 403): a publish after it
 /// is acknowledged.
@@ -530,7 +508,7 @@ async fn add_writer_only_user(b: &warren_tests::mqtt::MqttBroker) {
 async fn denied_subscription_gets_0x87_in_suback_and_the_connection_lives() {
     use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
     let b = start().await;
-    add_writer_only_user(&b).await;
+    b.add_writer_only_user().await;
     let mut o = b.options5("no-read");
     o.set_credentials("writer", "pw");
     let (mut c, ack) = b.connect5_with(o).await;
