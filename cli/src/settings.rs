@@ -59,6 +59,10 @@ pub struct Settings {
     pub management: String,
     /// The Prometheus metrics' address, or `none`.
     pub prometheus: String,
+    /// The stream protocol's address (RabbitMQ's 5552), or `none`.
+    pub stream: String,
+    /// Bytes a stream reader reads ahead past a small chunk (0: off).
+    pub stream_read_ahead: usize,
     /// `None`: RUST_LOG when set, else `info`.
     pub log_level: Option<String>,
     pub log_format: LogFormat,
@@ -95,6 +99,8 @@ impl Default for Settings {
             shards: 1,
             management: "127.0.0.1:15672".into(),
             prometheus: "127.0.0.1:15692".into(),
+            stream: "127.0.0.1:5552".into(),
+            stream_read_ahead: 4096,
             log_level: None,
             log_format: LogFormat::Text,
             log_file: None,
@@ -215,6 +221,8 @@ impl Settings {
         env!(shards, |n, v| parse(&n, v)?);
         env!(management, |n, v| v.to_string());
         env!(prometheus, |n, v| v.to_string());
+        env!(stream, |n, v| v.to_string());
+        env!(stream_read_ahead, |n, v| parse(&n, v)?);
         env!(log_level, |n, v| Some(v.to_string()));
         env!(log_format, |n, v| match v {
             "text" => LogFormat::Text,
@@ -249,6 +257,9 @@ impl Settings {
         }
         if let Err(e) = self.prometheus_addr() {
             return Err(SettingsError(format!("{}{}", at("prometheus"), e.0)));
+        }
+        if let Err(e) = self.stream_addr() {
+            return Err(SettingsError(format!("{}{}", at("stream"), e.0)));
         }
         if !(1..=256).contains(&self.shards) {
             return Err(SettingsError(format!(
@@ -288,6 +299,11 @@ impl Settings {
     /// The Prometheus metrics' address (port 15692 when none is given), `None` for `none`.
     pub fn prometheus_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
         single_addr("prometheus", &self.prometheus, 15692)
+    }
+
+    /// The stream protocol's address (port 5552 when none is given), `None` for `none`.
+    pub fn stream_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        single_addr("stream", &self.stream, 5552)
     }
 
     fn listeners_raw(&self) -> [(&'static str, &Vec<String>); 6] {

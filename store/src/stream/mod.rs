@@ -748,11 +748,7 @@ impl StreamLog {
         self.shared
             .committed
             .fetch_max(pending.next, Ordering::AcqRel);
-        Ok(self
-            .shared
-            .committed
-            .load(Ordering::Acquire)
-            .checked_sub(1))
+        Ok(self.shared.committed.load(Ordering::Acquire).checked_sub(1))
     }
 
     /// Deletes whole oldest segments, never the active one, while the stream is larger than
