@@ -585,15 +585,16 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             wanted.push((kind, addr));
         }
     }
-    if wanted.is_empty() {
+    let stream = s.stream_addr().map_err(ConfigError::from)?;
+    if wanted.is_empty() && stream.is_none() {
         return Err(ConfigError(
-            "nothing to serve: every listener is `none` (--amqp none --mqtt none)".into(),
+            "nothing to serve: every listener is `none` (--amqp none --mqtt none --stream none)"
+                .into(),
         )
         .into());
     }
     let management = s.management_addr().map_err(ConfigError::from)?;
     let prometheus = s.prometheus_addr().map_err(ConfigError::from)?;
-    let stream = s.stream_addr().map_err(ConfigError::from)?;
     let memory_high_watermark =
         settings::watermark_bytes(&s.memory_high_watermark).map_err(ConfigError::from)?;
     let disk_free_limit =

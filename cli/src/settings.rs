@@ -589,7 +589,8 @@ mod tests {
         std::fs::write(
             &path,
             "memory_high_watermark = \"512MiB\"\ndisk_free_limit = 1000000\n\
-             management = \"none\"\nprometheus = \"127.0.0.1\"\n",
+             management = \"none\"\nprometheus = \"127.0.0.1\"\nstream = \"127.0.0.1\"\n\
+             stream_read_ahead = 0\n",
         )
         .expect("write");
         let (s, text) = Settings::from_file(&path).expect("parses");
@@ -600,6 +601,11 @@ mod tests {
         );
         assert_eq!(disk_free_limit(&s.disk_free_limit).ok(), Some(1_000_000));
         assert_eq!(s.management_addr().ok(), Some(None));
+        assert_eq!(
+            s.stream_addr().ok().flatten(),
+            Some("127.0.0.1:5552".parse().expect("addr"))
+        );
+        assert_eq!(s.stream_read_ahead, 0);
         assert_eq!(
             s.prometheus_addr().ok().flatten(),
             Some("127.0.0.1:15692".parse().expect("addr"))
@@ -613,6 +619,7 @@ mod tests {
         for (text, line) in [
             ("shards = 1\ndisk_free_limit = \"lots\"\n", ":2"),
             ("management = \"not an address\"\n", ":1"),
+            ("\nstream = \"127.0.0.1:99999\"\n", ":2"),
             ("\nmemory_high_watermark = \"0\"\n", ":2"),
         ] {
             std::fs::write(&path, text).expect("write");
@@ -623,6 +630,7 @@ mod tests {
         s.apply_env(|k| match k {
             "WARREN_DISK_FREE_LIMIT" => Some("2GB".to_string()),
             "WARREN_MANAGEMENT" => Some("[::1]:0".to_string()),
+            "WARREN_STREAM" => Some("none".to_string()),
             _ => None,
         })
         .expect("valid");
@@ -634,6 +642,7 @@ mod tests {
             s.management_addr().ok(),
             Some(Some("[::1]:0".parse().expect("addr")))
         );
+        assert_eq!(s.stream_addr().ok(), Some(None));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

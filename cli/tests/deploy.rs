@@ -399,7 +399,7 @@ fn listener_flags_refuse_bad_addresses_and_none_alone_disables() {
     let dir = data_dir("badflags");
     for (args, want) in [
         (
-            &["--amqp", "none", "--mqtt", "none"][..],
+            &["--amqp", "none", "--mqtt", "none", "--stream", "none"][..],
             "nothing to serve",
         ),
         (&["--amqp", "none", "--amqp", "127.0.0.1:0"][..], "`none`"),
