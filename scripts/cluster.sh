@@ -192,7 +192,8 @@ cmd_up() {
     die "usage: cluster.sh up N (1..$MAX_NODES)"
   need_netns
   local old; old=$(size)
-  if [ "$old" -gt "$n" ]; then
+  if [ "$old" -ne 0 ] && [ "$old" -ne "$n" ]; then
+    # The members' --peers lists are fixed at first start: another size is another cluster.
     die "a $old-node cluster is up; run 'cluster.sh down' first"
   fi
   mkdir -p "$STATE"

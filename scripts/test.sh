@@ -73,6 +73,21 @@ setup_perftest() {
     -DoutputDirectory="$root/target/perftest/lib"
 }
 
+setup_stream_java() {
+  # RabbitMQ's Java stream client 0.20.0 and its dependencies, for the stream-protocol check.
+  ls target/stream-java/lib/stream-client-*.jar >/dev/null 2>&1 && return 0
+  mvn -q -B -Dstyle.color=never -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory="$root/target/stream-java/lib"
+}
+
+stream_java() {
+  # The Java stream client against warren_stream::serve: 1M messages with confirms, re-sent
+  # publishing ids deduplicated, all consumed from `first` in order (Deliver v2), an offset
+  # stored and read back.
+  STREAM_JAVA_COUNT=1000000 timeout 400 \
+    cargo test -p warren-stream --test java_client -- --ignored --nocapture
+}
+
 wasm_build() {
   cargo build -p warren-core --target wasm32-unknown-unknown &&
     cargo build -p warren-guest --target wasm32-unknown-unknown --release
@@ -324,6 +339,7 @@ step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto and mosquitto-clients (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
+step "install: RabbitMQ Java stream client (Maven Central)" setup_stream_java
 step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
 step "install: rabbitmqadmin 2.x (RabbitMQ's HTTP API client, cached)" setup_rabbitmqadmin
 step "install: promtool (Debian's prometheus)" setup_prometheus
@@ -334,6 +350,7 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "core and guest module build for wasm32-unknown-unknown" wasm_build
 step "cargo test --workspace" cargo test --workspace
+step "stream protocol: RabbitMQ Java stream client, 1M messages" stream_java
 step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential
 step "wasmtime: host example" wasmtime_demo
 step "JS package: wasm-bindgen build, size <= 400 KB" scripts/build-js.sh

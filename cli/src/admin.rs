@@ -199,6 +199,14 @@ async fn handle(
             AdminResponse::Memory(_) => json!("pong"),
             other => bail!("unexpected answer {other:?}"),
         },
+        "cluster_status" => crate::cluster::status()?,
+        "forget_node" => {
+            let id = args
+                .get("id")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| anyhow!("missing argument 'id' (a node id)"))?;
+            crate::cluster::forget(id).await?
+        }
         "status" => management
             .status()
             .await

@@ -54,6 +54,14 @@ enum Verb {
     Status,
     /// Checks that the broker answers.
     Ping,
+    /// The cluster as this node sees it: its role and term, the leader, its last log
+    /// index, and each member with how far it lags (known on the leader)
+    #[command(alias = "cluster_status")]
+    ClusterStatus,
+    /// Removes node ID, gone for good, from the cluster (rabbitmqctl's forget_cluster_node):
+    /// the others stop counting it for a majority
+    #[command(alias = "forget_node")]
+    ForgetNode { id: u64 },
     /// Sets the memory alarm threshold now: a FRACTION of RAM (0.4), or `absolute BYTES`.
     #[command(alias = "set_vm_memory_high_watermark")]
     SetVmMemoryHighWatermark { value: String, bytes: Option<u64> },
@@ -291,6 +299,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         }
         Verb::Status => ("status", json!({})),
         Verb::Ping => ("ping", json!({})),
+        Verb::ClusterStatus => ("cluster_status", json!({})),
+        Verb::ForgetNode { id } => ("forget_node", json!({"id": id})),
         Verb::SetVmMemoryHighWatermark { value, bytes } => match (value.as_str(), bytes) {
             ("absolute", Some(bytes)) => {
                 ("set_vm_memory_high_watermark", json!({"absolute": bytes}))
@@ -392,6 +402,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::CloseConnection { id, .. } => println!("Closed connection {id}"),
         Verb::Ping => println!("Ping succeeded"),
         Verb::Status => print!("{}", status_text(&result)),
+        Verb::ClusterStatus => print!("{}", cluster_status_text(&result)),
+        Verb::ForgetNode { id } => println!("Removed node {id} from the cluster"),
         Verb::SetVmMemoryHighWatermark { .. } => println!(
             "Set the memory high watermark to {} bytes",
             cell(result.get("bytes"))
@@ -504,6 +516,32 @@ fn check_columns(rows: &[Value], cols: &[&str]) -> anyhow::Result<()> {
 }
 
 /// `warren ctl status` for people.
+fn cluster_status_text(s: &Value) -> String {
+    let mut out = format!(
+        "Node {}: {}, term {}, leader {}, last log index {}, applied {}\n",
+        cell(s.get("id")),
+        cell(s.get("state")),
+        cell(s.get("term")),
+        cell(s.get("leader")),
+        cell(s.get("last_log_index")),
+        cell(s.get("last_applied")),
+    );
+    out.push_str(&format!(
+        "{:<6}{:<24}{:<10}{}\n",
+        "id", "address", "matched", "lag"
+    ));
+    for m in s["members"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<6}{:<24}{:<10}{}\n",
+            cell(m.get("id")),
+            cell(m.get("addr")),
+            cell(m.get("matched")),
+            cell(m.get("lag")),
+        ));
+    }
+    out
+}
+
 fn status_text(s: &Value) -> String {
     let mut out = String::new();
     let line = |out: &mut String, k: &str, v: String| out.push_str(&format!("{k:<22}{v}\n"));

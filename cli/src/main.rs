@@ -2,6 +2,7 @@
 //! one. The load generator is a binary of its own (`warren-bench`, in bench/).
 
 mod admin;
+mod cluster;
 mod ctl;
 mod settings;
 mod streams;
@@ -167,6 +168,21 @@ struct ServeArgs {
     /// Append logs to this file instead of standard output.
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// This node's id in a cluster (a number, unique and fixed for its data dir); with
+    /// --cluster, --peers and --cluster-secret-file (docs/cluster.md). Default: no cluster
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// The cluster listener: this node's own IP:PORT, which the peers dial (e.g. 10.0.0.1:25672)
+    #[arg(long)]
+    cluster: Option<String>,
+    /// The other members as ID=IP:PORT, repeatable or comma-separated
+    /// (`--peers 2=10.0.0.2:25672,3=10.0.0.3:25672`)
+    #[arg(long)]
+    peers: Vec<String>,
+    /// A file with the shared cluster secret (at least 16 bytes, the same on every node, as
+    /// RabbitMQ's Erlang cookie); peers prove they know it, it never crosses the network
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -200,7 +216,7 @@ impl ServeArgs {
                 }
             )*};
         }
-        list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss);
+        list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss, peers);
         flag!(
             mqtt_ws_path,
             tls_verify_peer,
@@ -228,7 +244,10 @@ impl ServeArgs {
             tls_ca,
             mqtt_server_keep_alive,
             log_level,
-            log_file
+            log_file,
+            node_id,
+            cluster,
+            cluster_secret_file
         );
         s.apply_env(|k| std::env::var(k).ok())?;
         s.validate(source.as_ref().map(|(p, t)| (p.as_path(), t.as_str())))?;
@@ -253,7 +272,10 @@ fn init_default_logs() {
 fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
     let filter = match &s.log_level {
         Some(level) => EnvFilter::try_new(level).map_err(|e| ConfigError(e.to_string()))?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        // openraft warns on every heartbeat to an unreachable member (~20 lines a second
+        // while one is down); Warren logs the cluster's changes itself (cli/src/cluster.rs).
+        None => EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new("info,openraft=error")),
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let file = match &s.log_file {
@@ -478,6 +500,7 @@ async fn run_listener(
                 addr: peer_addr.clone(),
                 is_loopback,
                 identity,
+                tls: kind.tls(),
             };
             let ws_max = mqtt.max_packet_size as usize + ws::SLACK;
             match (kind, tls) {
@@ -486,6 +509,7 @@ async fn run_listener(
                         addr: peer_addr.clone(),
                         is_loopback,
                         identity: None,
+                        tls: kind.tls(),
                     };
                     warren_amqp::serve_connection(socket, peer, broker, amqp, stopped).await
                 }
@@ -528,6 +552,7 @@ async fn run_listener(
                         addr: peer_addr.clone(),
                         is_loopback,
                         identity,
+                        tls: kind.tls(),
                     };
                     warren_amqp::serve_connection(stream, peer, broker, amqp, stopped).await
                 }
@@ -623,6 +648,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let cluster_options = cluster::options(&s).map_err(ConfigError::from)?;
     let _lock = open_data_dir(&s.data_dir)?;
     let mut listeners = Vec::new();
     for (kind, addr) in wanted {
@@ -782,6 +808,11 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         tls.clone(),
         stopped.clone(),
     ));
+    if let Some(opts) = cluster_options {
+        cluster::start(opts)
+            .await
+            .map_err(|e| ConfigError(format!("cluster: {e:#}")))?;
+    }
     if let Some(listener) = management_listener {
         let bound = listener.local_addr()?;
         servers.push((
@@ -846,6 +877,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
+    cluster::stop().await;
     for (flag, server) in servers {
         server
             .await

@@ -67,6 +67,14 @@ pub struct Settings {
     pub log_level: Option<String>,
     pub log_format: LogFormat,
     pub log_file: Option<PathBuf>,
+    /// This node's id in a cluster (docs/cluster.md); none: a single node.
+    pub node_id: Option<u64>,
+    /// The cluster listener's address (this node's own IP: peers dial it).
+    pub cluster: Option<String>,
+    /// The other members, `ID=IP:PORT` each.
+    pub peers: Vec<String>,
+    /// A file holding the shared cluster secret.
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -104,6 +112,10 @@ impl Default for Settings {
             log_level: None,
             log_format: LogFormat::Text,
             log_file: None,
+            node_id: None,
+            cluster: None,
+            peers: Vec::new(),
+            cluster_secret_file: None,
         }
     }
 }
@@ -230,6 +242,10 @@ impl Settings {
             _ => return Err(SettingsError(format!("{n}={v:?}: expected text or json"))),
         });
         env!(log_file, |n, v| Some(v.into()));
+        env!(node_id, |n, v| Some(parse(&n, v)?));
+        env!(cluster, |n, v| Some(v.to_string()));
+        env!(peers, |n, v| list(v));
+        env!(cluster_secret_file, |n, v| Some(v.into()));
         Ok(())
     }
 

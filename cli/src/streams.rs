@@ -11,8 +11,8 @@
 //!   a timer.
 //! - Logins and vhost access through the broker's users.
 
-use bytes::{Bytes, BytesMut};
-use std::collections::{HashMap, VecDeque};
+use bytes::Bytes;
+use std::collections::HashMap;
 use std::fs;
 use std::future::Future;
 use std::io::Write;
@@ -24,17 +24,14 @@ use warren_store::stream::{
     self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
 };
 use warren_stream::backend::{
-    Appended, AuthError, Login, PeerInfo, ReadBatch, StreamBackend, StreamError, StreamStats,
+    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, StreamBackend, StreamError,
+    StreamStats,
 };
-use warren_stream::chunk::{CHUNK_USER, ChunkHeader};
+use warren_stream::chunk::Chunk;
 use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
 
 /// Streams one node holds (each has a task and open files).
 pub const MAX_STREAMS: usize = 1000;
-/// Readers kept open per stream between reads (a subscription's reader keeps its position
-/// and read-ahead buffer; beyond this the least recently used is dropped and reopened by a
-/// seek when needed).
-const MAX_CACHED_READERS: usize = 64;
 /// How often retention by age runs besides at segment rolls.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(30);
 /// Bytes a stream's writer buffers before an append writes them out itself.
@@ -94,17 +91,46 @@ struct Tail {
     deleted: bool,
 }
 
-/// A reader parked between reads, with the chunk it read but could not hand out.
-struct Parked {
+/// A subscription's reader: the log's reader (its read-ahead buffer kept between reads) and
+/// the chunk it read but could not hand out within the byte limit.
+pub struct DiskReader {
+    stream: Arc<Stream>,
     reader: StreamReader,
-    pending: Option<(Bytes, u64)>,
+    pending: Option<Chunk>,
 }
 
-impl Parked {
-    /// The first offset of the next chunk it hands out.
+impl ChunkReader for DiskReader {
+    fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError> {
+        let tail = *self.stream.tail.borrow();
+        if tail.deleted {
+            return Err(StreamError::DoesNotExist);
+        }
+        let mut batch = ReadBatch {
+            chunks: Vec::new(),
+            committed_chunk_id: tail.last_chunk.unwrap_or(0),
+        };
+        let mut size = 0;
+        while batch.chunks.len() < max_chunks {
+            let chunk = match self.pending.take() {
+                Some(c) => c,
+                None => match self.reader.next_chunk().map_err(internal)? {
+                    Some(c) => to_chunk(&c)?,
+                    None => break,
+                },
+            };
+            if !batch.chunks.is_empty() && size + chunk.wire_len() > max_bytes {
+                self.pending = Some(chunk);
+                break;
+            }
+            size += chunk.wire_len();
+            batch.chunks.push(chunk);
+        }
+        Ok(batch)
+    }
+
     fn position(&self) -> u64 {
         match &self.pending {
-            Some((chunk, _)) => ChunkHeader::parse(chunk).map_or(0, |h| h.chunk_id),
+            Some(c) => c.first_offset,
             None => self.reader.next_offset(),
         }
     }
@@ -118,7 +144,6 @@ struct Writer {
 
 struct Stream {
     writer: Mutex<Option<Writer>>,
-    readers: Mutex<VecDeque<Parked>>,
     tail: watch::Sender<Tail>,
     dirty: Notify,
     read_ahead: usize,
@@ -341,7 +366,6 @@ impl DiskStreams {
                 log,
                 last_chunk: None,
             })),
-            readers: Mutex::new(VecDeque::new()),
             tail,
             dirty: Notify::new(),
             read_ahead: self.read_ahead,
@@ -386,29 +410,23 @@ fn spec(spec: OffsetSpec) -> LogSpec {
     }
 }
 
-/// One stored chunk in osiris's layout: the 48-byte header, then the log's data section as
-/// it is on disk (the same simple-entry layout, so the CRC is the log's).
-fn osiris_chunk(c: &log::ReadChunk) -> Result<Bytes, StreamError> {
-    let data = c.bytes().map_err(internal)?;
-    let header = ChunkHeader {
-        chunk_type: CHUNK_USER,
+/// A stored chunk as the session sends it: the log's data section is the stream protocol's
+/// simple-entry layout, so data and CRC go out as stored.
+fn to_chunk(c: &log::ReadChunk) -> Result<Chunk, StreamError> {
+    Ok(Chunk {
+        first_offset: c.first_offset,
+        // One entry per message (the log holds no sub-batches).
         num_entries: c.count.min(u16::MAX as u32) as u16,
         num_records: c.count,
         timestamp: c.timestamp as i64,
-        epoch: 1,
-        chunk_id: c.first_offset,
         crc: c.data_crc,
-        data_len: data.len() as u32,
-        trailer_len: 0,
-        bloom_size: 0,
-    };
-    let mut out = BytesMut::with_capacity(warren_stream::chunk::HEADER_LEN + data.len());
-    header.put(&mut out);
-    out.extend_from_slice(&data);
-    Ok(out.freeze())
+        data: c.bytes().map_err(internal)?,
+    })
 }
 
 impl StreamBackend for DiskStreams {
+    type Reader = DiskReader;
+
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         let Login::Plain { username, password } = login else {
             return Err(AuthError::Refused);
@@ -475,7 +493,6 @@ impl StreamBackend for DiskStreams {
             .remove(&(vhost.to_string(), stream.to_string()))
             .ok_or(StreamError::DoesNotExist)?;
         let writer = lock(&s.writer).take();
-        lock(&s.readers).clear();
         s.tail.send_modify(|t| t.deleted = true);
         s.dirty.notify_one();
         if let Some(w) = writer {
@@ -627,91 +644,23 @@ impl StreamBackend for DiskStreams {
         })
     }
 
-    fn read(
+    fn open_reader(
         &self,
         vhost: &str,
         stream: &str,
-        from: u64,
-        max_chunks: usize,
-        max_bytes: usize,
-    ) -> Result<ReadBatch, StreamError> {
+        offset: OffsetSpec,
+    ) -> Result<DiskReader, StreamError> {
         let s = self.get(vhost, stream)?;
-        let tail = *s.tail.borrow();
-        let mut batch = ReadBatch {
-            chunks: Vec::new(),
-            next: from,
-            committed_chunk_id: tail.last_chunk.unwrap_or(0),
+        let options = ReaderOptions {
+            read_ahead: s.read_ahead,
+            ranges: false,
         };
-        if from >= tail.committed || max_chunks == 0 {
-            return Ok(batch);
-        }
-        // A parked reader at `from` keeps its read-ahead; otherwise seek.
-        let parked = {
-            let mut readers = lock(&s.readers);
-            readers
-                .iter()
-                .position(|p| p.position() == from)
-                .and_then(|i| readers.remove(i))
-        };
-        let mut parked = match parked {
-            Some(p) => p,
-            None => {
-                let options = ReaderOptions {
-                    read_ahead: s.read_ahead,
-                    ranges: false,
-                };
-                let reader = s.with_writer(|w| {
-                    w.log
-                        .reader(LogSpec::Offset(from), options)
-                        .map_err(internal)
-                })?;
-                Parked {
-                    reader,
-                    pending: None,
-                }
-            }
-        };
-        let mut size = 0;
-        let result = loop {
-            if batch.chunks.len() >= max_chunks {
-                break Ok(());
-            }
-            let (chunk, next) = match parked.pending.take() {
-                Some(p) => p,
-                None => match parked.reader.next_chunk() {
-                    Ok(Some(c)) => {
-                        let next = c.first_offset + c.count as u64;
-                        match osiris_chunk(&c) {
-                            Ok(b) => (b, next),
-                            Err(e) => break Err(e),
-                        }
-                    }
-                    Ok(None) => break Ok(()),
-                    Err(e) => break Err(internal(e)),
-                },
-            };
-            if next <= from {
-                // Whole chunk before the asked offset (a reader reopened mid-stream).
-                continue;
-            }
-            if !batch.chunks.is_empty() && size + chunk.len() > max_bytes {
-                parked.pending = Some((chunk, next));
-                break Ok(());
-            }
-            size += chunk.len();
-            batch.chunks.push(chunk);
-            batch.next = next;
-        };
-        if let Err(e) = result {
-            tracing::warn!(vhost, stream, "stream read failed: {e}");
-            return Err(e);
-        }
-        let mut readers = lock(&s.readers);
-        if readers.len() >= MAX_CACHED_READERS {
-            readers.pop_front();
-        }
-        readers.push_back(parked);
-        Ok(batch)
+        let reader = s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
+        Ok(DiskReader {
+            stream: s,
+            reader,
+            pending: None,
+        })
     }
 
     fn wait_data(

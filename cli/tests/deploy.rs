@@ -516,6 +516,97 @@ async fn amqps_and_mqtts_with_lapin_and_rumqttc() {
     assert_eq!(got, b"from mqtt");
 }
 
+/// The HTTP API's `ssl` of a connection is what its listener is: true for clients on the
+/// AMQPS and MQTTS listeners, false for the same clients on the plain ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_shows_which_connections_are_tls() {
+    let dir = data_dir("ssl-field");
+    let pki = Pki::new(&dir, "main");
+    pki.issue("server", "localhost", false);
+    let cert = dir.join("server.pem");
+    let key = dir.join("server.key");
+    let broker = Broker::start(
+        &dir,
+        &[
+            "--in-memory",
+            "--amqp",
+            "127.0.0.1:0",
+            "--mqtt",
+            "127.0.0.1:0",
+            "--amqps",
+            "127.0.0.1:0",
+            "--mqtts",
+            "127.0.0.1:0",
+            "--management",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--tls-key",
+            key.to_str().expect("utf-8"),
+        ],
+        5,
+    );
+    let amqp = |uri: String, name: &'static str, tls| async move {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            lapin::Connection::connect_with_config(
+                &uri,
+                lapin::ConnectionProperties::default().with_connection_name(name.into()),
+                tls,
+                lapin::runtime::default_runtime().expect("runtime"),
+            ),
+        )
+        .await
+        .expect("lapin connects within 10 s")
+        .unwrap_or_else(|e| panic!("{name} connects: {e}"))
+    };
+    let _tls_amqp = amqp(
+        format!(
+            "amqps://guest:guest@localhost:{}/%2f",
+            broker.addr("amqps").port()
+        ),
+        "over-tls",
+        lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain: Some(pki.ca_pem()),
+        },
+    )
+    .await;
+    let _plain_amqp = amqp(
+        format!("amqp://guest:guest@{}/%2f", broker.addr("(AMQP")),
+        "in-clear",
+        lapin::tcp::OwnedTLSConfig::default(),
+    )
+    .await;
+    let mut tls_mqtt = mqtt_options("mqtt-over-tls", broker.addr("mqtts"));
+    tls_mqtt.set_transport(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Rustls(client_config(pki.roots(), None, false)),
+    ));
+    let _tls_sub = mqtt_subscribed(tls_mqtt, "t/#").await;
+    let _plain_sub =
+        mqtt_subscribed(mqtt_options("mqtt-in-clear", broker.addr("(MQTT")), "t/#").await;
+
+    let api = broker.addr("HTTP").port();
+    let ssl_of = common::eventually("four connections in /api/connections", || {
+        let list = common::http::call(api, "GET", "/api/connections", None).json();
+        let by_name: std::collections::BTreeMap<String, serde_json::Value> = list
+            .as_array()?
+            .iter()
+            .filter_map(|c| {
+                let name = c["user_provided_name"]
+                    .as_str()
+                    .or(c["client_id"].as_str())?;
+                Some((name.to_string(), c["ssl"].clone()))
+            })
+            .collect();
+        (by_name.len() == 4).then_some(by_name)
+    });
+    assert_eq!(ssl_of["over-tls"], true, "{ssl_of:?}");
+    assert_eq!(ssl_of["mqtt-over-tls"], true, "{ssl_of:?}");
+    assert_eq!(ssl_of["in-clear"], false, "{ssl_of:?}");
+    assert_eq!(ssl_of["mqtt-in-clear"], false, "{ssl_of:?}");
+}
+
 /// Bad input on the TLS and plain ports: each is one log line naming the peer and the
 /// reason, and an established TLS connection carries on meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,146 +5,18 @@
 
 mod common;
 
+use common::http::{basic, call, call_as, raw};
+use common::{Broker, eventually, mqtt_connect};
+
 use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::PathBuf;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
-struct Broker {
-    served: common::Served,
-    dir: PathBuf,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.served.child.kill();
-        let _ = self.served.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Broker {
-    fn api(&self) -> u16 {
-        self.served.management.expect("HTTP API port")
-    }
-}
-
 fn start(tag: &str) -> Broker {
-    let dir = std::env::temp_dir().join(format!("warren-mgmt-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let served = common::serve(
-        &dir,
-        true,
+    Broker::start(
+        "mgmt",
+        tag,
         &["--management", "127.0.0.1:0", "--prometheus", "127.0.0.1:0"],
-    );
-    Broker { served, dir }
-}
-
-/// An HTTP/1.1 answer.
-struct Answer {
-    status: u16,
-    headers: String,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {} {}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// One request on a fresh connection (`Connection: close`), written as given: the path is
-/// sent exactly (no normalisation of `..`), as an attacker would send it.
-fn raw(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP API");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req =
-        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    s.write_all(req.as_bytes()).unwrap();
-    // The server may answer (413) before reading a large body: a failed write is fine.
-    let _ = s.write_all(body);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let split = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(&out)));
-    let head = String::from_utf8_lossy(&out[..split]).into_owned();
-    let mut body = out[split + 4..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body = dechunk(&body);
-    }
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    Answer {
-        status,
-        headers: head,
-        body,
-    }
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
-            return out;
-        };
-        let size =
-            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
-        b = &b[eol + 2 + size + 2..];
-    }
-}
-
-fn basic(user: &str, password: &str) -> String {
-    use base64::Engine;
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-    )
-}
-
-/// A request as `guest` (an administrator, from loopback).
-fn call(port: u16, method: &str, path: &str, body: Option<Value>) -> Answer {
-    call_as(port, ("guest", "guest"), method, path, body)
-}
-
-fn call_as(port: u16, who: (&str, &str), method: &str, path: &str, body: Option<Value>) -> Answer {
-    let auth = basic(who.0, who.1);
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    raw(
-        port,
-        method,
-        path,
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body.as_bytes(),
     )
 }
 
@@ -157,35 +29,6 @@ async fn amqp(port: u16, name: &str) -> lapin::Connection {
     .await
     .expect("connect in time")
     .expect("connect")
-}
-
-/// An MQTT 3.1.1 CONNECT with `client_id` (clean session, no credentials); waits for the
-/// CONNACK.
-fn mqtt_connect(port: u16, client_id: &str) -> TcpStream {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect MQTT");
-    let mut var = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
-    var.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
-    var.extend_from_slice(client_id.as_bytes());
-    let mut packet = vec![0x10, var.len() as u8];
-    packet.extend(var);
-    s.write_all(&packet).unwrap();
-    let mut connack = [0u8; 4];
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.read_exact(&mut connack).expect("CONNACK");
-    assert_eq!(connack, [0x20, 2, 0, 0], "connection accepted");
-    s
-}
-
-/// Polls `f` until it returns `Some`, for up to 5 s.
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

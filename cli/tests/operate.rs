@@ -5,30 +5,15 @@
 
 mod common;
 
+use common::{Broker, mqtt_connect};
+
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-struct Broker {
-    served: common::Served,
-    dir: PathBuf,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.served.child.kill();
-        let _ = self.served.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn start(tag: &str) -> Broker {
-    let dir = std::env::temp_dir().join(format!("warren-operate-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let served = common::serve(&dir, true, &["--management", "127.0.0.1:0"]);
-    Broker { served, dir }
+    Broker::start("operate", tag, &["--management", "127.0.0.1:0"])
 }
 
 /// `warren ctl ARGS`: (success, stdout, stderr).
@@ -57,20 +42,6 @@ fn json(b: &Broker, args: &[&str]) -> Value {
     let mut all = vec!["--format", "json"];
     all.extend_from_slice(args);
     serde_json::from_str(&ok(b, &all)).expect("JSON output")
-}
-
-fn mqtt_connect(port: u16, client_id: &str) -> std::net::TcpStream {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect MQTT");
-    let mut var = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
-    var.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
-    var.extend_from_slice(client_id.as_bytes());
-    let mut packet = vec![0x10, var.len() as u8];
-    packet.extend(var);
-    s.write_all(&packet).unwrap();
-    let mut connack = [0u8; 4];
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.read_exact(&mut connack).expect("CONNACK");
-    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -22,19 +21,6 @@ fn binary() -> Option<String> {
             eprintln!("rabbitmqadmin not installed: skipping");
             None
         }
-    }
-}
-
-struct Broker {
-    served: common::Served,
-    dir: PathBuf,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.served.child.kill();
-        let _ = self.served.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -61,11 +47,8 @@ async fn rabbitmqadmin_lists_declares_publishes_gets_closes_and_moves_definition
     let Some(bin) = binary() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("warren-rmqadmin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let served = common::serve(&dir, true, &["--management", "127.0.0.1:0"]);
-    let b = Broker { served, dir };
-    let port = b.served.management.expect("HTTP API port");
+    let b = common::Broker::start("rmqadmin", "all", &["--management", "127.0.0.1:0"]);
+    let port = b.api();
     let bin = bin.as_str();
 
     admin(

@@ -227,6 +227,47 @@ fn reaches(from: usize, to: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Node `i`'s `warren ctl cluster-status`, if it answers.
+fn cluster_status(
+    state: &std::path::Path,
+    bin: &std::path::Path,
+    i: usize,
+) -> Option<serde_json::Value> {
+    let out = Command::new(bin)
+        .args(["ctl", "--format", "json", "--data-dir"])
+        .arg(state.join(format!("n{i}/data")))
+        .arg("cluster-status")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Polls until nodes `ids` all name the same leader, one of `ids`; returns it and how long
+/// that took.
+fn agreed_leader(state: &std::path::Path, bin: &std::path::Path, ids: &[usize]) -> (u64, Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let leaders: Vec<Option<u64>> = ids
+            .iter()
+            .map(|i| cluster_status(state, bin, *i).and_then(|s| s["leader"].as_u64()))
+            .collect();
+        if let Some(Some(l)) = leaders.first()
+            && leaders.iter().all(|x| *x == Some(*l))
+            && ids.contains(&(*l as usize))
+        {
+            return (*l, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "nodes {ids:?} agree on no leader among them: {leaders:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn leftovers() -> Vec<String> {
     let mut left = Vec::new();
     let ns = Command::new("ip")
@@ -275,6 +316,12 @@ async fn up_kill_start_partition_heal_down() {
         assert_eq!(n.name, format!("n{}", i + 1));
         assert!(n.amqp.starts_with(NET) && n.mqtt.starts_with(NET) && n.http.starts_with(NET));
     }
+    // The three nodes form one cluster: they agree on a leader, which sees all three members
+    // with no lag once the first entries are replicated.
+    let bin = cluster.bin.clone();
+    let (leader, _) = agreed_leader(&state, &bin, &[1, 2, 3]);
+    let st = cluster_status(&state, &bin, leader as usize).expect("leader status");
+    assert_eq!(st["members"].as_array().map(Vec::len), Some(3), "{st}");
     // Each node is its own broker on its own address.
     for n in &nodes {
         amqp_roundtrip(n, "script-q").await;
@@ -288,6 +335,17 @@ async fn up_kill_start_partition_heal_down() {
         std::fs::read_to_string(state.join("n1/pid")).expect("pid"),
         pid_before
     );
+
+    // SIGKILL the leader: the other two elect a new one.
+    cluster.run(&["kill", &format!("n{leader}")]);
+    let rest: Vec<usize> = (1..=3).filter(|i| *i as u64 != leader).collect();
+    let (new, took) = agreed_leader(&state, &bin, &rest);
+    eprintln!(
+        "cluster.sh: leader n{leader} SIGKILLed, n{new} leads after {took:?} (polled every 50 ms)"
+    );
+    assert_ne!(new, leader);
+    cluster.run(&["start", &format!("n{leader}")]);
+    agreed_leader(&state, &bin, &[1, 2, 3]);
 
     // kill is a SIGKILL of that node only; start brings it back on the same data dir.
     cluster.run(&["kill", "n2"]);
@@ -317,7 +375,28 @@ async fn up_kill_start_partition_heal_down() {
     amqp_roundtrip(&nodes[0], "script-q").await;
     amqp_roundtrip(&nodes[1], "script-q").await;
     cluster.run(&["partition", "n1"]); // idempotent
+    // The majority side (n2, n3) has a leader of its own side.
+    agreed_leader(&state, &bin, &[2, 3]);
     cluster.run(&["heal"]);
+    let (l, _) = agreed_leader(&state, &bin, &[1, 2, 3]);
+    // After the heal every member has applied the leader's whole log (the new terms' entries
+    // included): n1 caught up across the namespaces.
+    let start = std::time::Instant::now();
+    loop {
+        let last =
+            cluster_status(&state, &bin, l as usize).and_then(|s| s["last_log_index"].as_u64());
+        let applied: Vec<Option<u64>> = (1..=3)
+            .map(|i| cluster_status(&state, &bin, i).and_then(|s| s["last_applied"].as_u64()))
+            .collect();
+        if last.is_some() && applied.iter().all(|a| *a >= last) {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "not caught up: last {last:?}, applied {applied:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(reaches(1, &nodes[1].amqp) && reaches(3, &nodes[0].amqp));
     cluster.run(&["heal"]); // idempotent
 
@@ -325,6 +404,44 @@ async fn up_kill_start_partition_heal_down() {
     let pids: Vec<String> = (1..=3)
         .map(|i| std::fs::read_to_string(state.join(format!("n{i}/pid"))).expect("pid"))
         .collect();
+    // A node gone for good is forgotten through `warren ctl forget-node` on another node;
+    // the remaining two list only themselves.
+    cluster.run(&["kill", "n3"]);
+    // If n3 led, the change needs the next leader (a forget sent to a dead leader fails).
+    agreed_leader(&state, &bin, &[1, 2]);
+    let out = Command::new(&bin)
+        .args(["ctl", "--data-dir"])
+        .arg(state.join("n1/data"))
+        .args(["forget-node", "3"])
+        .output()
+        .expect("warren ctl");
+    assert!(
+        out.status.success(),
+        "forget-node: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for i in [1, 2] {
+        let members: Vec<u64> = cluster_status(&state, &bin, i).expect("status")["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .filter_map(|m| m["id"].as_u64())
+            .collect();
+        // n2 may apply the change a moment after n1 answered.
+        if members != [1, 2] {
+            let start = std::time::Instant::now();
+            while cluster_status(&state, &bin, i).expect("status")["members"]
+                .as_array()
+                .map(Vec::len)
+                != Some(2)
+            {
+                assert!(start.elapsed() < WAIT, "n{i} still lists {members:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    agreed_leader(&state, &bin, &[1, 2]);
+
     cluster.run(&["down"]);
     assert_eq!(leftovers(), Vec::<String>::new());
     for pid in pids {

@@ -28,7 +28,7 @@ pub struct QueueInfo {
     pub vhost: String,
     pub name: String,
     /// Its type (`x-queue-type`).
-    pub queue_type: crate::queue::kind::QueueType,
+    pub queue_type: crate::queue_type::QueueType,
     pub durable: bool,
     pub auto_delete: bool,
     pub exclusive: bool,
@@ -126,6 +126,7 @@ pub struct ConsumerInfo {
 
 /// What `warren ctl` can ask the broker.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AdminRequest {
     ListQueues,
     ListExchanges,
@@ -291,6 +292,7 @@ impl AdminRequest {
 
 /// The broker's answer to an [`AdminRequest`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AdminResponse {
     Queues(Vec<QueueInfo>),
     Exchanges(Vec<ExchangeInfo>),

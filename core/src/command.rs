@@ -4,36 +4,7 @@ use crate::message::{FieldTable, Properties};
 use bytes::Bytes;
 use std::sync::Arc;
 
-/// Kinds of exchange.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ExchangeKind {
-    Direct,
-    Fanout,
-    Topic,
-    Headers,
-}
-
-impl ExchangeKind {
-    /// Parses the AMQP type name (`direct`, `fanout`, `topic`, `headers`).
-    pub fn parse(name: &str) -> Option<ExchangeKind> {
-        match name {
-            "direct" => Some(ExchangeKind::Direct),
-            "fanout" => Some(ExchangeKind::Fanout),
-            "topic" => Some(ExchangeKind::Topic),
-            "headers" => Some(ExchangeKind::Headers),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExchangeKind::Direct => "direct",
-            ExchangeKind::Fanout => "fanout",
-            ExchangeKind::Topic => "topic",
-            ExchangeKind::Headers => "headers",
-        }
-    }
-}
+pub use crate::exchange::ExchangeKind;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExchangeDeclare {
@@ -97,6 +68,8 @@ pub struct Publish {
 }
 
 /// One operation on one channel. Connection-level operations use channel 0.
+/// Exhaustive on purpose: hosts' codecs (the wasm guest's) and gateways match every op,
+/// and a new one must fail their build, not fall into a wildcard arm.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// A client connected and authenticated. `cancel_notify`: the client understands

@@ -16,6 +16,7 @@ pub struct Delivery {
 }
 
 /// Synchronous replies, one per request that has one (none when the request said `nowait`).
+/// Exhaustive on purpose: the gateways and the wasm codec encode every reply.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
     ChannelOpenOk,
@@ -57,6 +58,8 @@ pub enum Reply {
     TxRollbackOk,
 }
 
+/// Exhaustive on purpose: every host must handle every effect (a new one must fail its
+/// build, not be dropped by a wildcard arm).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
     Reply {

@@ -6,6 +6,7 @@ use crate::command::OpKind;
 /// Reply codes, as AMQP 0.9.1 and RabbitMQ define them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
+#[non_exhaustive]
 pub enum ErrorCode {
     ContentTooLarge = 311,
     NoRoute = 312,

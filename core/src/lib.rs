@@ -6,6 +6,8 @@
 //! order reach its outputs: the same inputs give byte-identical effects natively and in
 //! WebAssembly. See ARCHITECTURE.md for the code map and invariants.
 
+#![warn(unreachable_pub)]
+
 pub mod access;
 pub mod admin;
 pub(crate) mod channel;
@@ -25,6 +27,7 @@ pub mod pmap;
 pub mod policy;
 pub mod queue;
 pub mod queue_args;
+pub mod queue_type;
 pub mod routing;
 pub mod shard;
 pub mod shards;

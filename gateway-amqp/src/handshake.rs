@@ -1,16 +1,18 @@
-//! The opening of an AMQP connection: protocol header, start/start-ok (authentication),
-//! tune/tune-ok (limits), open/open-ok (vhost).
+//! The opening of an AMQP connection, sans-IO: protocol header, start/start-ok
+//! (authentication), tune/tune-ok (limits), open/open-ok (vhost). Bytes in, frames out, and
+//! two login checks asked of whoever drives it (the broker's user database is behind an
+//! async call the shell makes).
 
 use crate::auth;
 use crate::codec::{self, Frame, PROTOCOL_HEADER};
 use crate::config::{AmqpConfig, FRAME_MIN_SIZE};
-use crate::connection::PeerInfo;
 use crate::convert::value_to_amqp;
+use crate::error::GatewayError;
 use crate::methods::truncate;
 use amq_protocol::protocol::{AMQPClass, connection};
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::sync::Arc;
 use warren_core::error::ErrorCode;
 use warren_core::escape::Escaped;
 use warren_core::message::FieldValue;
@@ -30,19 +32,54 @@ pub struct Negotiated {
     pub client_properties: warren_core::message::FieldTable,
 }
 
-/// Why the handshake ended without a connection.
-#[derive(Debug)]
-pub enum Refused {
-    /// The peer went away or the socket failed.
-    Io(std::io::Error),
-    /// We refused it (and told the peer): code and reason, for the log.
-    Closed(ErrorCode, String),
+/// A login check the driver must make and answer with [`Handshake::on_login`] (or
+/// `Session::on_login`): the user by password, or as certified by TLS when `password` is
+/// `None`; given a vhost, also the user's access there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Login {
+    pub user: String,
+    pub password: Option<String>,
+    pub vhost: Option<String>,
 }
 
-impl From<std::io::Error> for Refused {
-    fn from(e: std::io::Error) -> Refused {
-        Refused::Io(e)
-    }
+/// What the handshake needs or settled after some input or a login answer.
+#[derive(Debug)]
+pub enum Step {
+    /// Waiting for more bytes.
+    More,
+    /// Waiting for this check's answer; input is not read meanwhile.
+    Login(Login),
+    /// `connection.open-ok` is written: the connection is open.
+    Done(Box<Negotiated>),
+    /// We refused the connection (and told the peer, if it speaks AMQP): code and reason,
+    /// for the log.
+    Refused(ErrorCode, String),
+}
+
+/// Where the handshake is.
+enum State {
+    Header,
+    StartOk,
+    /// start-ok's login is being checked.
+    CheckingUser(Box<Client>),
+    TuneOk(Box<Client>),
+    Open(Box<Client>),
+    /// connection.open's vhost access is being checked.
+    CheckingVhost(Box<Client>, Box<Negotiated>),
+    Finished,
+}
+
+/// What start-ok told us, kept to the end of the handshake.
+struct Client {
+    credentials: auth::Credentials,
+    certified: bool,
+    mechanism: String,
+    cancel_notify: bool,
+    blocked_notify: bool,
+    client_properties: warren_core::message::FieldTable,
+    frame_max: u32,
+    channel_max: u16,
+    heartbeat_secs: u16,
 }
 
 fn server_properties() -> FieldTable {
@@ -118,264 +155,275 @@ pub fn connection_close_ok() -> AMQPClass {
     AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {}))
 }
 
-async fn send<W: AsyncWrite + Unpin>(wr: &mut W, method: AMQPClass) -> std::io::Result<()> {
-    let mut buf = BytesMut::new();
-    codec::encode_method(&mut buf, 0, method);
-    wr.write_all(&buf).await?;
-    wr.flush().await
+/// The server side of the handshake.
+pub struct Handshake {
+    config: Arc<AmqpConfig>,
+    /// The subject CN of a verified TLS client certificate: EXTERNAL is offered.
+    identity: Option<String>,
+    /// For log lines.
+    peer: Arc<str>,
+    state: State,
 }
 
-/// Sends connection.close and reports the refusal.
-async fn refuse<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    code: ErrorCode,
-    text: String,
-    ids: (u16, u16),
-) -> Refused {
-    let _ = send(wr, connection_close(code.code(), &text, ids)).await;
-    Refused::Closed(code, text)
-}
+impl Handshake {
+    pub fn new(config: Arc<AmqpConfig>, identity: Option<String>, peer: Arc<str>) -> Handshake {
+        Handshake {
+            config,
+            identity,
+            peer,
+            state: State::Header,
+        }
+    }
 
-/// Reads the next connection-level method, skipping heartbeats.
-async fn next_method<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    buf: &mut BytesMut,
-    frame_max: u32,
-) -> Result<Result<AMQPClass, crate::error::GatewayError>, std::io::Error> {
-    loop {
-        match codec::decode(buf, frame_max) {
-            Ok(Some(Frame::Heartbeat(_))) => continue,
-            Ok(Some(Frame::Method(0, m))) => return Ok(Ok(m)),
-            Ok(Some(_)) => {
-                return Ok(Err(crate::error::GatewayError::Unexpected(
-                    "only connection methods are allowed during the handshake".into(),
-                )));
+    /// The largest frame accepted in the current state.
+    fn frame_max(&self) -> u32 {
+        match &self.state {
+            State::Open(c) | State::CheckingVhost(c, _) => c.frame_max,
+            _ => self.config.frame_max,
+        }
+    }
+
+    /// Consumes what it can of `input`, writing frames to `out`. Returns at the first step
+    /// that is not `More`; bytes behind connection.open stay in `input`.
+    pub fn handle_input(&mut self, input: &mut BytesMut, out: &mut BytesMut) -> Step {
+        loop {
+            if matches!(self.state, State::Header) {
+                let Some(header) = input.get(..PROTOCOL_HEADER.len()) else {
+                    return Step::More;
+                };
+                if header != PROTOCOL_HEADER {
+                    // The spec's answer to an unsupported protocol: our header, then close.
+                    out.extend_from_slice(PROTOCOL_HEADER);
+                    self.state = State::Finished;
+                    return Step::Refused(
+                        ErrorCode::FrameError,
+                        format!("unsupported protocol header {header:?}"),
+                    );
+                }
+                let _ = input.split_to(PROTOCOL_HEADER.len());
+                let start = match self.identity {
+                    Some(_) => start_method_certified(),
+                    None => start_method(),
+                };
+                codec::encode_method(out, 0, start);
+                self.state = State::StartOk;
+                continue;
             }
-            Ok(None) => {}
-            Err(e) => return Ok(Err(e)),
-        }
-        buf.reserve(1024);
-        if rd.read_buf(buf).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+            let ids = match self.state {
+                State::StartOk => (10, 11),
+                State::TuneOk(_) => (10, 31),
+                State::Open(_) => (10, 40),
+                // Waiting for a login answer, or done: input waits.
+                _ => return Step::More,
+            };
+            let method = match codec::decode(input, self.frame_max()) {
+                Ok(Some(Frame::Heartbeat(_))) => continue,
+                Ok(Some(Frame::Method(0, m))) => m,
+                Ok(Some(_)) => {
+                    let e = GatewayError::Unexpected(
+                        "only connection methods are allowed during the handshake".into(),
+                    );
+                    return self.refuse(out, e.code(), e.to_string(), ids);
+                }
+                Ok(None) => return Step::More,
+                Err(e) => return self.refuse(out, e.code(), e.to_string(), ids),
+            };
+            let step = match std::mem::replace(&mut self.state, State::Finished) {
+                State::StartOk => self.on_start_ok(method, out),
+                State::TuneOk(client) => self.on_tune_ok(*client, method, out),
+                State::Open(client) => self.on_open(*client, method, out),
+                _ => Step::More,
+            };
+            if !matches!(step, Step::More) {
+                return step;
+            }
         }
     }
-}
 
-/// Runs the handshake. On success the connection is open; `buf` keeps any bytes the client
-/// pipelined after `connection.open`.
-pub async fn run<R, W>(
-    rd: &mut R,
-    wr: &mut W,
-    buf: &mut BytesMut,
-    peer: &PeerInfo,
-    config: &AmqpConfig,
-    broker: &warren_runtime::BrokerHandle,
-) -> Result<Negotiated, Refused>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    while buf.len() < PROTOCOL_HEADER.len() {
-        buf.reserve(64);
-        if rd.read_buf(buf).await? == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-        }
-    }
-    if &buf[..8] != PROTOCOL_HEADER {
-        // The spec's answer to an unsupported protocol: our header, then close.
-        wr.write_all(PROTOCOL_HEADER).await?;
-        wr.flush().await?;
-        return Err(Refused::Closed(
-            ErrorCode::FrameError,
-            format!("unsupported protocol header {:?}", &buf[..8]),
-        ));
-    }
-    let _ = buf.split_to(8);
-    let start = match peer.identity {
-        Some(_) => start_method_certified(),
-        None => start_method(),
-    };
-    send(wr, start).await?;
-    let limit = config.frame_max;
-
-    let start_ok = match next_method(rd, buf, limit).await? {
-        Ok(AMQPClass::Connection(connection::AMQPMethod::StartOk(s))) => s,
-        Ok(_) => {
-            return Err(refuse(
-                wr,
+    fn on_start_ok(&mut self, method: AMQPClass, out: &mut BytesMut) -> Step {
+        let AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)) = method else {
+            return self.refuse(
+                out,
                 ErrorCode::CommandInvalid,
                 "COMMAND_INVALID - expected 'connection.start_ok'".into(),
                 (10, 11),
-            )
-            .await);
-        }
-        Err(e) => return Err(refuse(wr, e.code(), e.to_string(), (10, 11)).await),
-    };
-    let mechanism = start_ok.mechanism.as_str();
-    // EXTERNAL: the user is the verified certificate's CN (the response, an authorization
-    // identity, is ignored as RabbitMQ does); `password` None means no password to check.
-    let external = match (mechanism, &peer.identity) {
-        ("EXTERNAL", Some(identity)) => Some(auth::Credentials {
-            user: identity.clone(),
-            password: String::new(),
-        }),
-        _ => None,
-    };
-    let certified = external.is_some();
-    let Some(credentials) =
-        external.or_else(|| auth::parse_response(mechanism, start_ok.response.as_bytes()))
-    else {
-        return Err(refuse(
-            wr,
-            ErrorCode::AccessRefused,
-            format!(
-                "ACCESS_REFUSED - Login was refused using authentication mechanism {}. \
-                 For details see the broker logfile.",
-                truncate(mechanism)
-            ),
-            (10, 11),
-        )
-        .await);
-    };
-    let login = check_login(broker, &credentials, certified, peer, None).await?;
-    if let Err(e) = login {
-        tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "login refused: {}", Escaped(&e.to_string()));
-        return Err(refuse(
-            wr,
-            ErrorCode::AccessRefused,
-            format!(
-                "ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}. \
-                 For details see the broker logfile."
-            ),
-            (10, 11),
-        )
-        .await);
+            );
+        };
+        let mechanism = start_ok.mechanism.as_str();
+        // EXTERNAL: the user is the verified certificate's CN (the response, an authorization
+        // identity, is ignored as RabbitMQ does).
+        let external = match (mechanism, &self.identity) {
+            ("EXTERNAL", Some(identity)) => Some(auth::Credentials {
+                user: identity.clone(),
+                password: String::new(),
+            }),
+            _ => None,
+        };
+        let certified = external.is_some();
+        let Some(credentials) =
+            external.or_else(|| auth::parse_response(mechanism, start_ok.response.as_bytes()))
+        else {
+            return self.refuse(
+                out,
+                ErrorCode::AccessRefused,
+                format!(
+                    "ACCESS_REFUSED - Login was refused using authentication mechanism {}. \
+                     For details see the broker logfile.",
+                    truncate(mechanism)
+                ),
+                (10, 11),
+            );
+        };
+        let capability = |name: &str| match start_ok.client_properties.inner().get("capabilities") {
+            Some(AMQPValue::FieldTable(caps)) => {
+                matches!(caps.inner().get(name), Some(AMQPValue::Boolean(true)))
+            }
+            _ => false,
+        };
+        let client = Client {
+            certified,
+            mechanism: mechanism.to_string(),
+            cancel_notify: capability("consumer_cancel_notify"),
+            blocked_notify: capability("connection.blocked"),
+            client_properties: crate::convert::table_from_amqp(&start_ok.client_properties),
+            frame_max: 0,
+            channel_max: 0,
+            heartbeat_secs: 0,
+            credentials,
+        };
+        let login = client.login(None);
+        self.state = State::CheckingUser(Box::new(client));
+        Step::Login(login)
     }
-    let capability = |name: &str| match start_ok.client_properties.inner().get("capabilities") {
-        Some(AMQPValue::FieldTable(caps)) => {
-            matches!(caps.inner().get(name), Some(AMQPValue::Boolean(true)))
-        }
-        _ => false,
-    };
-    let cancel_notify = capability("consumer_cancel_notify");
-    let blocked_notify = capability("connection.blocked");
 
-    send(wr, tune_method(config)).await?;
-    let tune_ok = match next_method(rd, buf, limit).await? {
-        Ok(AMQPClass::Connection(connection::AMQPMethod::TuneOk(t))) => t,
-        Ok(_) => {
-            return Err(refuse(
-                wr,
+    fn on_tune_ok(&mut self, mut client: Client, method: AMQPClass, out: &mut BytesMut) -> Step {
+        let AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok)) = method else {
+            return self.refuse(
+                out,
                 ErrorCode::CommandInvalid,
                 "COMMAND_INVALID - expected 'connection.tune_ok'".into(),
                 (10, 31),
-            )
-            .await);
-        }
-        Err(e) => return Err(refuse(wr, e.code(), e.to_string(), (10, 31)).await),
-    };
-    let frame_max = if tune_ok.frame_max == 0 {
-        config.frame_max
-    } else {
-        tune_ok.frame_max
-    };
-    if frame_max > config.frame_max || frame_max < FRAME_MIN_SIZE {
-        return Err(refuse(
-            wr,
-            ErrorCode::NotAllowed,
-            format!(
+            );
+        };
+        let config = &self.config;
+        let frame_max = if tune_ok.frame_max == 0 {
+            config.frame_max
+        } else {
+            tune_ok.frame_max
+        };
+        if frame_max > config.frame_max || frame_max < FRAME_MIN_SIZE {
+            let text = format!(
                 "NOT_ALLOWED - negotiated frame_max = {frame_max} is outside the allowed \
                  range [{FRAME_MIN_SIZE}, {}]",
                 config.frame_max
-            ),
-            (10, 31),
-        )
-        .await);
-    }
-    let channel_max = if tune_ok.channel_max == 0 {
-        config.channel_max
-    } else {
-        tune_ok.channel_max
-    };
-    if channel_max > config.channel_max {
-        return Err(refuse(
-            wr,
-            ErrorCode::NotAllowed,
-            format!(
+            );
+            return self.refuse(out, ErrorCode::NotAllowed, text, (10, 31));
+        }
+        let channel_max = if tune_ok.channel_max == 0 {
+            config.channel_max
+        } else {
+            tune_ok.channel_max
+        };
+        if channel_max > config.channel_max {
+            let text = format!(
                 "NOT_ALLOWED - negotiated channel_max = {channel_max} is higher than the \
                  maximum allowed value ({})",
                 config.channel_max
-            ),
-            (10, 31),
-        )
-        .await);
+            );
+            return self.refuse(out, ErrorCode::NotAllowed, text, (10, 31));
+        }
+        client.frame_max = frame_max;
+        client.channel_max = channel_max;
+        client.heartbeat_secs = tune_ok.heartbeat;
+        self.state = State::Open(Box::new(client));
+        Step::More
     }
 
-    let open = match next_method(rd, buf, frame_max).await? {
-        Ok(AMQPClass::Connection(connection::AMQPMethod::Open(o))) => o,
-        Ok(_) => {
-            return Err(refuse(
-                wr,
+    fn on_open(&mut self, mut client: Client, method: AMQPClass, out: &mut BytesMut) -> Step {
+        let AMQPClass::Connection(connection::AMQPMethod::Open(open)) = method else {
+            return self.refuse(
+                out,
                 ErrorCode::CommandInvalid,
                 "COMMAND_INVALID - expected 'connection.open'".into(),
                 (10, 40),
-            )
-            .await);
-        }
-        Err(e) => return Err(refuse(wr, e.code(), e.to_string(), (10, 40)).await),
-    };
-    let vhost = open.virtual_host.to_string();
-    let access = check_login(broker, &credentials, certified, peer, Some(&vhost)).await?;
-    if let Err(e) = access {
-        tracing::warn!(peer = %peer.addr, user = %Escaped(&credentials.user), "connection.open refused: {}", Escaped(&e.to_string()));
-        return Err(refuse(
-            wr,
-            ErrorCode::NotAllowed,
-            format!("NOT_ALLOWED - {}", truncate(&e.to_string())),
-            (10, 40),
-        )
-        .await);
+            );
+        };
+        let vhost = open.virtual_host.to_string();
+        let login = client.login(Some(vhost.clone()));
+        let negotiated = Negotiated {
+            frame_max: client.frame_max,
+            channel_max: client.channel_max,
+            heartbeat_secs: client.heartbeat_secs,
+            vhost,
+            user: client.credentials.user.clone(),
+            cancel_notify: client.cancel_notify,
+            blocked_notify: client.blocked_notify,
+            client_properties: std::mem::take(&mut client.client_properties),
+        };
+        self.state = State::CheckingVhost(Box::new(client), Box::new(negotiated));
+        Step::Login(login)
     }
-    send(
-        wr,
-        AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
-    )
-    .await?;
-    Ok(Negotiated {
-        frame_max,
-        channel_max,
-        heartbeat_secs: tune_ok.heartbeat,
-        vhost,
-        user: credentials.user,
-        cancel_notify,
-        blocked_notify,
-        client_properties: crate::convert::table_from_amqp(&start_ok.client_properties),
-    })
+
+    /// The answer to the last [`Step::Login`]: `Err` carries why the broker refused it.
+    pub fn on_login(&mut self, answer: Result<(), String>, out: &mut BytesMut) -> Step {
+        match (std::mem::replace(&mut self.state, State::Finished), answer) {
+            (State::CheckingUser(client), Ok(())) => {
+                codec::encode_method(out, 0, tune_method(&self.config));
+                self.state = State::TuneOk(client);
+                Step::More
+            }
+            (State::CheckingUser(client), Err(e)) => {
+                tracing::warn!(peer = %self.peer, user = %Escaped(&client.credentials.user), "login refused: {}", Escaped(&e));
+                let text = format!(
+                    "ACCESS_REFUSED - Login was refused using authentication mechanism {}. \
+                     For details see the broker logfile.",
+                    client.mechanism
+                );
+                self.refuse(out, ErrorCode::AccessRefused, text, (10, 11))
+            }
+            (State::CheckingVhost(_, negotiated), Ok(())) => {
+                codec::encode_method(
+                    out,
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+                );
+                Step::Done(negotiated)
+            }
+            (State::CheckingVhost(client, _), Err(e)) => {
+                tracing::warn!(peer = %self.peer, user = %Escaped(&client.credentials.user), "connection.open refused: {}", Escaped(&e));
+                let text = format!("NOT_ALLOWED - {}", truncate(&e));
+                self.refuse(out, ErrorCode::NotAllowed, text, (10, 40))
+            }
+            (state, _) => {
+                // No check was asked for: nothing to resume.
+                self.state = state;
+                Step::More
+            }
+        }
+    }
+
+    /// Writes connection.close and reports the refusal; the handshake is over.
+    fn refuse(
+        &mut self,
+        out: &mut BytesMut,
+        code: ErrorCode,
+        text: String,
+        ids: (u16, u16),
+    ) -> Step {
+        codec::encode_method(out, 0, connection_close(code.code(), &text, ids));
+        self.state = State::Finished;
+        Step::Refused(code, text)
+    }
 }
 
-/// Checks the user (by password, or as certified by TLS) and, given a vhost, its access there.
-async fn check_login(
-    broker: &warren_runtime::BrokerHandle,
-    credentials: &auth::Credentials,
-    certified: bool,
-    peer: &PeerInfo,
-    vhost: Option<&str>,
-) -> Result<Result<warren_runtime::Login, warren_runtime::LoginError>, std::io::Error> {
-    let answer = if certified {
-        broker
-            .authenticate_certified(&credentials.user, peer.is_loopback, vhost)
-            .await
-    } else {
-        broker
-            .authenticate(
-                &credentials.user,
-                &credentials.password,
-                peer.is_loopback,
-                vhost,
-            )
-            .await
-    };
-    answer.map_err(|_| std::io::Error::other("broker stopped"))
+impl Client {
+    fn login(&self, vhost: Option<String>) -> Login {
+        Login {
+            user: self.credentials.user.clone(),
+            password: (!self.certified).then(|| self.credentials.password.clone()),
+            vhost,
+        }
+    }
 }
 
 /// `connection.blocked`, sent while the broker's memory alarm is on.

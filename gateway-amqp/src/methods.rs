@@ -327,3 +327,40 @@ pub fn truncate(text: &str) -> &str {
     }
     &text[..end]
 }
+
+/// A short name for a method, for error texts and logs (`basic.publish`).
+pub fn method_name(m: &AMQPClass) -> String {
+    let s = format!("{m:?}");
+    // Debug prints `Basic(Publish(Publish { .. }))`: keep the first two names.
+    let mut parts = s.split(['(', ' ', '{']).filter(|p| !p.is_empty());
+    match (parts.next(), parts.next()) {
+        (Some(class), Some(method)) => format!("{}.{}", class.to_lowercase(), to_snake(method)),
+        _ => "unknown method".into(),
+    }
+}
+
+fn to_snake(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 4);
+    for (i, c) in s.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('-');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn method_names_read_like_the_spec() {
+        let m = AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {}));
+        assert_eq!(method_name(&m), "channel.close-ok");
+    }
+}

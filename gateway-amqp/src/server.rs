@@ -22,6 +22,7 @@ pub async fn serve(
             addr: addr.to_string(),
             is_loopback: is_loopback(&addr),
             identity: None,
+            tls: false,
         };
         serve_connection(socket, peer, broker.clone(), config.clone(), stop.clone())
     })

@@ -32,6 +32,7 @@ impl Client {
                 addr: "test".into(),
                 is_loopback: true,
                 identity: None,
+                tls: false,
             },
             broker,
             Arc::new(config),

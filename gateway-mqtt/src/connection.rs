@@ -36,6 +36,8 @@ pub struct PeerInfo {
     /// The subject CN of the client's TLS certificate, when it presented one the listener
     /// verified: the user name of certificate logins.
     pub identity: Option<String>,
+    /// Whether the connection came through a TLS listener (the HTTP API's `ssl`).
+    pub tls: bool,
 }
 
 /// Bytes read per call when no packet is in progress (from a stack chunk).
@@ -413,7 +415,7 @@ where
             _ => "MQTT 3.1",
         },
         peer: peer.addr.as_str().into(),
-        tls: false,
+        tls: peer.tls,
         client_properties: None,
         client_id: Some(info.client_id.as_ref().into()),
         heartbeat: info.keep_alive_s,

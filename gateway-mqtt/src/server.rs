@@ -57,6 +57,7 @@ pub async fn serve_with(
             addr: addr.to_string(),
             is_loopback: is_loopback(&addr),
             identity: None,
+            tls: false,
         };
         serve_connection(
             socket,

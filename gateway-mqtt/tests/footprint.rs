@@ -14,6 +14,7 @@ async fn connection_future_and_session_stay_small() {
             addr: "test".into(),
             is_loopback: true,
             identity: None,
+            tls: false,
         },
         broker,
         Arc::new(warren_mqtt::Registry::new()),

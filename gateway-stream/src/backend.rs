@@ -5,8 +5,8 @@
 //! offset, read chunks from an offset, stored offsets and writer sequences) implements it
 //! directly; a core that owns stream queues can implement it by forwarding.
 
+use crate::chunk::Chunk;
 use crate::codec::{OffsetSpec, PublishedMessage};
-use bytes::Bytes;
 use std::future::Future;
 
 /// How the client authenticates (SASL).
@@ -73,14 +73,24 @@ pub struct Appended {
     pub confirm_at: Option<u64>,
 }
 
-/// Chunks read from a stream, each in osiris's layout (see [`crate::chunk`]).
+/// Committed chunks read from a stream.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadBatch {
-    pub chunks: Vec<Bytes>,
-    /// Where the next read starts (the offset after the last chunk returned).
-    pub next: u64,
+    pub chunks: Vec<Chunk>,
     /// The id of the last committed chunk (Deliver v2).
     pub committed_chunk_id: u64,
+}
+
+/// A subscription's reader: a position in one stream that moves forward as it reads. Held by
+/// the session (one per subscription) and used from its thread only.
+pub trait ChunkReader: Send + 'static {
+    /// Committed chunks from the position on, at most `max_chunks` and, past the first, at
+    /// most `max_bytes` in all; empty when the reader has caught up. The chunk holding the
+    /// position comes first (whole: clients drop the records before the offset they asked
+    /// for). An error when the stream is gone.
+    fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError>;
+    /// The offset the next read starts from (what [`StreamBackend::wait_data`] waits past).
+    fn position(&self) -> u64;
 }
 
 /// `StreamStats`' figures (RabbitMQ sends osiris's counters; -1 when there is none).
@@ -92,6 +102,8 @@ pub struct StreamStats {
 
 /// The broker side of the stream protocol. Names are `(vhost, stream)`.
 pub trait StreamBackend: Send + Sync + 'static {
+    type Reader: ChunkReader;
+
     /// SASL: checks a login; returns the user name.
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError>;
     /// Whether `user` may open `vhost`.
@@ -138,16 +150,15 @@ pub trait StreamBackend: Send + Sync + 'static {
         stream: &str,
         spec: OffsetSpec,
     ) -> Result<u64, StreamError>;
-    /// Committed chunks holding offsets >= `from` (the chunk holding `from` first), at most
-    /// `max_chunks` and, past the first, at most `max_bytes`. Empty when nothing is there yet.
-    fn read(
+    /// A reader positioned as `spec` resolves: `first`, `last` (the last chunk), `next`, an
+    /// offset (clamped into the retained range; past the end: `next`), a timestamp (the first
+    /// chunk stamped at or after it; none: `next`).
+    fn open_reader(
         &self,
         vhost: &str,
         stream: &str,
-        from: u64,
-        max_chunks: usize,
-        max_bytes: usize,
-    ) -> Result<ReadBatch, StreamError>;
+        spec: OffsetSpec,
+    ) -> Result<Self::Reader, StreamError>;
     /// Resolves once a committed chunk holds an offset >= `from`, or with an error if the
     /// stream goes away.
     fn wait_data(
@@ -156,6 +167,44 @@ pub trait StreamBackend: Send + Sync + 'static {
         stream: &str,
         from: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static;
+
+    /// Super streams: a name over partition streams, each bound with a binding key (RabbitMQ
+    /// makes it a direct exchange). Creates the partitions with `arguments`. A name or a
+    /// partition that exists already: `AlreadyExists`; no partitions, or a key count that
+    /// differs from the partition count: `Precondition`. The default: not supported.
+    fn create_super_stream(
+        &self,
+        vhost: &str,
+        name: &str,
+        partitions: &[String],
+        binding_keys: &[String],
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        let _ = (vhost, partitions, binding_keys, arguments);
+        Err(StreamError::Precondition(format!(
+            "super stream {name}: super streams are not supported"
+        )))
+    }
+    /// Deletes a super stream and its partitions; returns the partitions.
+    fn delete_super_stream(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        let _ = (vhost, name);
+        Err(StreamError::DoesNotExist)
+    }
+    /// The partitions, in binding order.
+    fn partitions(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        let _ = (vhost, name);
+        Err(StreamError::DoesNotExist)
+    }
+    /// The partitions bound with exactly `routing_key` (empty: no route).
+    fn route(
+        &self,
+        vhost: &str,
+        name: &str,
+        routing_key: &str,
+    ) -> Result<Vec<String>, StreamError> {
+        let _ = (vhost, name, routing_key);
+        Err(StreamError::DoesNotExist)
+    }
 
     /// Server-side offset tracking.
     fn store_offset(

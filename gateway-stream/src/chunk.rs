@@ -101,32 +101,73 @@ impl ChunkHeader {
     }
 }
 
-/// Builds a user chunk (no bloom filter, no trailer) from at most [`MAX_ENTRIES`] entries.
-pub fn build(chunk_id: u64, timestamp: i64, epoch: u64, entries: &[&Entry]) -> Bytes {
+/// A user chunk as a backend hands it to a session: what its header needs, and its data
+/// entries (the session writes the 48-byte header, without bloom filter or trailer, then the
+/// data). A log whose data section is osiris's entries serves it without re-encoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Offset of its first record (the chunk id).
+    pub first_offset: u64,
+    pub num_entries: u16,
+    pub num_records: u32,
+    /// ms since the epoch.
+    pub timestamp: i64,
+    /// CRC-32 (IEEE) of `data`.
+    pub crc: u32,
+    /// The data entries.
+    pub data: Bytes,
+}
+
+impl Chunk {
+    pub fn header(&self) -> ChunkHeader {
+        ChunkHeader {
+            chunk_type: CHUNK_USER,
+            num_entries: self.num_entries,
+            num_records: self.num_records,
+            timestamp: self.timestamp,
+            epoch: 1,
+            chunk_id: self.first_offset,
+            crc: self.crc,
+            data_len: self.data.len() as u32,
+            trailer_len: 0,
+            bloom_size: 0,
+        }
+    }
+
+    /// Bytes on the wire: header and data.
+    pub fn wire_len(&self) -> usize {
+        HEADER_LEN + self.data.len()
+    }
+
+    /// Header then data, as a Deliver frame carries it.
+    pub fn put(&self, out: &mut BytesMut) {
+        self.header().put(out);
+        out.put_slice(&self.data);
+    }
+
+    pub fn to_bytes(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.wire_len());
+        self.put(&mut out);
+        out.freeze()
+    }
+}
+
+/// Builds a user chunk from at most [`MAX_ENTRIES`] entries.
+pub fn build(first_offset: u64, timestamp: i64, entries: &[&Entry]) -> Chunk {
     debug_assert!(entries.len() <= MAX_ENTRIES);
     let data_len: usize = entries.iter().map(|e| e.encoded_len()).sum();
-    let mut out = BytesMut::with_capacity(HEADER_LEN + data_len);
-    out.resize(HEADER_LEN, 0);
+    let mut data = BytesMut::with_capacity(data_len);
     for e in entries {
-        e.put(&mut out);
+        e.put(&mut data);
     }
-    let crc = crc32fast::hash(&out[HEADER_LEN..]);
-    let header = ChunkHeader {
-        chunk_type: CHUNK_USER,
+    Chunk {
+        first_offset,
         num_entries: entries.len() as u16,
         num_records: entries.iter().map(|e| e.records()).sum(),
         timestamp,
-        epoch,
-        chunk_id,
-        crc,
-        data_len: data_len as u32,
-        trailer_len: 0,
-        bloom_size: 0,
-    };
-    let mut h = BytesMut::with_capacity(HEADER_LEN);
-    header.put(&mut h);
-    out[..HEADER_LEN].copy_from_slice(&h);
-    out.freeze()
+        crc: crc32fast::hash(&data),
+        data: data.freeze(),
+    }
 }
 
 /// Checks a whole chunk (sizes and CRC) and returns its header.
@@ -156,7 +197,7 @@ mod tests {
             uncompressed_size: 9,
             data: Bytes::from_static(b"abcdefghi"),
         };
-        let c = build(42, 1_700_000_000_000, 1, &[&a, &b]);
+        let c = build(42, 1_700_000_000_000, &[&a, &b]).to_bytes();
         let h = verify(&c).unwrap();
         assert_eq!(h.chunk_id, 42);
         assert_eq!(h.num_entries, 2);
@@ -164,7 +205,7 @@ mod tests {
         assert_eq!(h.data_len as usize, 4 + 5 + 11 + 9);
         assert_eq!(c.len(), h.total_len());
         // The CRC is zlib's CRC-32 over the entries: "hello" with its size prefix.
-        let only = build(0, 0, 1, &[&a]);
+        let only = build(0, 0, &[&a]).to_bytes();
         assert_eq!(
             ChunkHeader::parse(&only).unwrap().crc,
             crc32fast::hash(b"\x00\x00\x00\x05hello")

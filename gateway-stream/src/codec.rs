@@ -493,6 +493,27 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
     out[start..start + 4].copy_from_slice(&size.to_be_bytes());
 }
 
+/// Appends a Deliver frame for `chunk` (v2 when `committed_chunk_id` is given), writing the
+/// chunk header and data straight into `out` (the same bytes as [`Frame::Deliver`] with
+/// `chunk.to_bytes()`).
+pub fn encode_deliver(
+    subscription_id: u8,
+    committed_chunk_id: Option<u64>,
+    chunk: &crate::chunk::Chunk,
+    out: &mut BytesMut,
+) {
+    let size = 4 + 1 + committed_chunk_id.map_or(0, |_| 8) + chunk.wire_len();
+    out.reserve(4 + size);
+    out.put_u32(size as u32);
+    out.put_u16(key::DELIVER);
+    out.put_u16(if committed_chunk_id.is_some() { 2 } else { 1 });
+    out.put_u8(subscription_id);
+    if let Some(c) = committed_chunk_id {
+        out.put_u64(c);
+    }
+    chunk.put(out);
+}
+
 /// The encoding of one frame, as a buffer of its own.
 pub fn to_bytes(frame: &Frame) -> Bytes {
     let mut out = BytesMut::new();

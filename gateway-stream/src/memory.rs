@@ -5,11 +5,11 @@
 //! disk; the file-backed log implements the same trait.
 
 use crate::backend::{
-    Appended, AuthError, Login, PeerInfo, ReadBatch, StreamBackend, StreamError, StreamStats,
+    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, StreamBackend, StreamError,
+    StreamStats,
 };
-use crate::chunk;
+use crate::chunk::{self, Chunk};
 use crate::codec::{Entry, OffsetSpec, PublishedMessage};
-use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,13 +18,6 @@ use tokio::sync::watch;
 /// Stored writer references and consumer offsets per stream (each key at most 255 bytes, as
 /// the protocol's references).
 const MAX_REFERENCES: usize = 100_000;
-
-struct MemChunk {
-    first: u64,
-    records: u32,
-    timestamp: i64,
-    bytes: Bytes,
-}
 
 /// The log's tail as waiters see it.
 #[derive(Clone, Copy, Debug)]
@@ -35,7 +28,7 @@ struct Tail {
 }
 
 struct MemStream {
-    chunks: VecDeque<MemChunk>,
+    chunks: VecDeque<Chunk>,
     bytes: usize,
     next: u64,
     max_bytes: Option<usize>,
@@ -47,13 +40,13 @@ struct MemStream {
 
 impl MemStream {
     fn first_offset(&self) -> u64 {
-        self.chunks.front().map_or(self.next, |c| c.first)
+        self.chunks.front().map_or(self.next, |c| c.first_offset)
     }
 
     /// Index of the chunk holding `offset`, or of the first chunk after it.
     fn chunk_at(&self, offset: u64) -> usize {
         self.chunks
-            .partition_point(|c| c.first + c.records as u64 <= offset)
+            .partition_point(|c| c.first_offset + c.num_records as u64 <= offset)
     }
 
     fn retain(&mut self, now_ms: u64) {
@@ -67,7 +60,7 @@ impl MemStream {
             if !(too_big || too_old) {
                 break;
             }
-            self.bytes -= front.bytes.len();
+            self.bytes -= front.wire_len();
             self.chunks.pop_front();
         }
     }
@@ -76,6 +69,8 @@ impl MemStream {
 #[derive(Default)]
 struct Inner {
     streams: HashMap<(String, String), MemStream>,
+    /// Super stream -> (partition, binding key), in binding order.
+    super_streams: HashMap<(String, String), Vec<(String, String)>>,
 }
 
 /// An in-memory stream log with a user table.
@@ -203,7 +198,48 @@ fn parse_arguments(args: &[(String, String)]) -> Result<(Option<usize>, Option<u
     Ok((max_bytes, max_age))
 }
 
+/// A [`MemoryBackend`] stream's reader.
+pub struct MemoryReader {
+    backend: MemoryBackend,
+    vhost: String,
+    stream: String,
+    next: u64,
+}
+
+impl ChunkReader for MemoryReader {
+    fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError> {
+        let from = self.next;
+        let batch = self.backend.with_stream(&self.vhost, &self.stream, |s| {
+            let mut batch = ReadBatch {
+                chunks: Vec::new(),
+                committed_chunk_id: s.chunks.back().map_or(0, |c| c.first_offset),
+            };
+            let mut size = 0;
+            for c in s.chunks.range(s.chunk_at(from)..) {
+                if batch.chunks.len() >= max_chunks
+                    || (!batch.chunks.is_empty() && size + c.wire_len() > max_bytes)
+                {
+                    break;
+                }
+                size += c.wire_len();
+                batch.chunks.push(c.clone());
+            }
+            Ok(batch)
+        })?;
+        if let Some(last) = batch.chunks.last() {
+            self.next = last.first_offset + last.num_records as u64;
+        }
+        Ok(batch)
+    }
+
+    fn position(&self) -> u64 {
+        self.next
+    }
+}
+
 impl StreamBackend for MemoryBackend {
+    type Reader = MemoryReader;
+
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         let user = match login {
             Login::Plain { username, password } => {
@@ -280,8 +316,8 @@ impl StreamBackend for MemoryBackend {
     fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError> {
         self.with_stream(vhost, stream, |s| {
             Ok(StreamStats {
-                first_chunk_id: s.chunks.front().map_or(-1, |c| c.first as i64),
-                committed_chunk_id: s.chunks.back().map_or(-1, |c| c.first as i64),
+                first_chunk_id: s.chunks.front().map_or(-1, |c| c.first_offset as i64),
+                committed_chunk_id: s.chunks.back().map_or(-1, |c| c.first_offset as i64),
             })
         })
     }
@@ -307,16 +343,10 @@ impl StreamBackend for MemoryBackend {
             }
             let stored = keep.len();
             for part in keep.chunks(chunk::MAX_ENTRIES) {
-                let records: u32 = part.iter().map(|e| e.records()).sum();
-                let bytes = chunk::build(s.next, now_ms as i64, 1, part);
-                s.bytes += bytes.len();
-                s.chunks.push_back(MemChunk {
-                    first: s.next,
-                    records,
-                    timestamp: now_ms as i64,
-                    bytes,
-                });
-                s.next += records as u64;
+                let c = chunk::build(s.next, now_ms as i64, part);
+                s.bytes += c.wire_len();
+                s.next += c.num_records as u64;
+                s.chunks.push_back(c);
             }
             if let (Some(w), Some(id)) = (writer, max_id)
                 && (s.writers.contains_key(w) || s.writers.len() < MAX_REFERENCES)
@@ -362,7 +392,7 @@ impl StreamBackend for MemoryBackend {
         self.with_stream(vhost, stream, |s| {
             Ok(match spec {
                 OffsetSpec::First => s.first_offset(),
-                OffsetSpec::Last => s.chunks.back().map_or(s.next, |c| c.first),
+                OffsetSpec::Last => s.chunks.back().map_or(s.next, |c| c.first_offset),
                 OffsetSpec::Next => s.next,
                 // Below the first: the first; past the end: next (osiris's clamping).
                 OffsetSpec::Offset(o) => o.clamp(s.first_offset(), s.next),
@@ -371,37 +401,23 @@ impl StreamBackend for MemoryBackend {
                     .chunks
                     .iter()
                     .find(|c| c.timestamp >= ts)
-                    .map_or(s.next, |c| c.first),
+                    .map_or(s.next, |c| c.first_offset),
             })
         })
     }
 
-    fn read(
+    fn open_reader(
         &self,
         vhost: &str,
         stream: &str,
-        from: u64,
-        max_chunks: usize,
-        max_bytes: usize,
-    ) -> Result<ReadBatch, StreamError> {
-        self.with_stream(vhost, stream, |s| {
-            let mut batch = ReadBatch {
-                chunks: Vec::new(),
-                next: from,
-                committed_chunk_id: s.chunks.back().map_or(0, |c| c.first),
-            };
-            let mut size = 0;
-            for c in s.chunks.range(s.chunk_at(from)..) {
-                if batch.chunks.len() >= max_chunks
-                    || (!batch.chunks.is_empty() && size + c.bytes.len() > max_bytes)
-                {
-                    break;
-                }
-                size += c.bytes.len();
-                batch.chunks.push(c.bytes.clone());
-                batch.next = c.first + c.records as u64;
-            }
-            Ok(batch)
+        spec: OffsetSpec,
+    ) -> Result<MemoryReader, StreamError> {
+        let next = self.resolve_offset(vhost, stream, spec)?;
+        Ok(MemoryReader {
+            backend: self.clone(),
+            vhost: vhost.to_string(),
+            stream: stream.to_string(),
+            next,
         })
     }
 
@@ -421,6 +437,92 @@ impl StreamBackend for MemoryBackend {
                 _ => Err(StreamError::DoesNotExist),
             }
         }
+    }
+
+    fn create_super_stream(
+        &self,
+        vhost: &str,
+        name: &str,
+        partitions: &[String],
+        binding_keys: &[String],
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        if partitions.is_empty() || partitions.len() != binding_keys.len() {
+            return Err(StreamError::Precondition(format!(
+                "super stream {name}: {} partitions, {} binding keys",
+                partitions.len(),
+                binding_keys.len()
+            )));
+        }
+        parse_arguments(arguments)?;
+        {
+            let inner = self.lock();
+            let key = (vhost.to_string(), name.to_string());
+            if inner.super_streams.contains_key(&key)
+                || partitions
+                    .iter()
+                    .any(|p| inner.streams.contains_key(&(vhost.to_string(), p.clone())))
+            {
+                return Err(StreamError::AlreadyExists);
+            }
+        }
+        for (i, p) in partitions.iter().enumerate() {
+            if let Err(e) = self.create_stream(vhost, p, arguments) {
+                // Undo the partitions made so far: all or nothing.
+                for made in &partitions[..i] {
+                    let _ = self.delete_stream(vhost, made);
+                }
+                return Err(e);
+            }
+        }
+        let bindings = partitions
+            .iter()
+            .cloned()
+            .zip(binding_keys.iter().cloned())
+            .collect();
+        self.lock()
+            .super_streams
+            .insert((vhost.to_string(), name.to_string()), bindings);
+        Ok(())
+    }
+
+    fn delete_super_stream(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        let bindings = self
+            .lock()
+            .super_streams
+            .remove(&(vhost.to_string(), name.to_string()))
+            .ok_or(StreamError::DoesNotExist)?;
+        let partitions: Vec<String> = bindings.into_iter().map(|(p, _)| p).collect();
+        for p in &partitions {
+            let _ = self.delete_stream(vhost, p);
+        }
+        Ok(partitions)
+    }
+
+    fn partitions(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        self.lock()
+            .super_streams
+            .get(&(vhost.to_string(), name.to_string()))
+            .map(|b| b.iter().map(|(p, _)| p.clone()).collect())
+            .ok_or(StreamError::DoesNotExist)
+    }
+
+    fn route(
+        &self,
+        vhost: &str,
+        name: &str,
+        routing_key: &str,
+    ) -> Result<Vec<String>, StreamError> {
+        self.lock()
+            .super_streams
+            .get(&(vhost.to_string(), name.to_string()))
+            .map(|b| {
+                b.iter()
+                    .filter(|(_, k)| k == routing_key)
+                    .map(|(p, _)| p.clone())
+                    .collect()
+            })
+            .ok_or(StreamError::DoesNotExist)
     }
 
     fn store_offset(

@@ -7,7 +7,7 @@
 //! SaslAuthenticate, then the server's Tune, the client's Tune, Open. Until Open succeeds
 //! frames are limited to [`INITIAL_FRAME_MAX`] bytes (RabbitMQ's pre-auth ceiling).
 
-use crate::backend::{AuthError, Login, PeerInfo, StreamBackend, StreamError};
+use crate::backend::{AuthError, ChunkReader, Login, PeerInfo, StreamBackend, StreamError};
 use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use bytes::{Bytes, BytesMut};
@@ -102,9 +102,9 @@ struct Publisher {
     reference: Option<String>,
 }
 
-struct Subscription {
+struct Subscription<R> {
     stream: String,
-    next: u64,
+    reader: R,
     credit: u32,
     /// A `Wait::Data` is outstanding.
     waiting: bool,
@@ -125,7 +125,7 @@ struct StreamPending {
 }
 
 /// One connection's protocol state.
-pub struct Session<B> {
+pub struct Session<B: StreamBackend> {
     backend: Arc<B>,
     config: Arc<StreamConfig>,
     peer: PeerInfo,
@@ -145,7 +145,7 @@ pub struct Session<B> {
     out: BytesMut,
     waits: Vec<Wait>,
     publishers: BTreeMap<u8, Publisher>,
-    subscriptions: BTreeMap<u8, Subscription>,
+    subscriptions: BTreeMap<u8, Subscription<B::Reader>>,
     pending: HashMap<(String, String), StreamPending>,
     unconfirmed: usize,
     generation: u64,
@@ -277,10 +277,11 @@ impl<B: StreamBackend> Session<B> {
             return;
         }
         if self.phase == Phase::Opened {
+            // Tell the client, but do not wait for its answer: the server is going away
+            // (and some clients, the Rust one among them, never answer a server's Close).
             self.close_with(code::OK, "server shutdown", now_ms);
-        } else {
-            self.phase = Phase::Closing;
         }
+        self.phase = Phase::Closing;
     }
 
     fn close_with(&mut self, c: u16, reason: &str, now_ms: u64) {
@@ -787,30 +788,71 @@ impl<B: StreamBackend> Session<B> {
                     offset,
                 });
             }
-            // Super streams are not served yet: no super stream exists here.
-            Frame::Route { corr, .. } => self.send(&Frame::RouteResponse {
+            Frame::Route {
                 corr,
-                code: code::STREAM_DOES_NOT_EXIST,
-                streams: vec![],
-            }),
-            Frame::Partitions { corr, .. } => self.send(&Frame::PartitionsResponse {
-                corr,
-                code: code::STREAM_DOES_NOT_EXIST,
-                streams: vec![],
-            }),
-            Frame::CreateSuperStream { corr, name, .. } => {
-                tracing::warn!(peer = %self.peer.addr, %name, "stream connection: super streams are not supported");
-                self.send(&response(
-                    key::CREATE_SUPER_STREAM,
+                routing_key,
+                super_stream,
+            } => {
+                let (c, streams) = match self.backend.route(&vhost, &super_stream, &routing_key) {
+                    Ok(s) => (code::OK, s),
+                    Err(e) => (e.code(), vec![]),
+                };
+                self.send(&Frame::RouteResponse {
                     corr,
-                    code::PRECONDITION_FAILED,
-                ));
+                    code: c,
+                    streams,
+                });
             }
-            Frame::DeleteSuperStream { corr, .. } => self.send(&response(
-                key::DELETE_SUPER_STREAM,
+            Frame::Partitions { corr, super_stream } => {
+                let (c, streams) = match self.backend.partitions(&vhost, &super_stream) {
+                    Ok(s) => (code::OK, s),
+                    Err(e) => (e.code(), vec![]),
+                };
+                self.send(&Frame::PartitionsResponse {
+                    corr,
+                    code: c,
+                    streams,
+                });
+            }
+            Frame::CreateSuperStream {
                 corr,
-                code::STREAM_DOES_NOT_EXIST,
-            )),
+                name,
+                partitions,
+                binding_keys,
+                arguments,
+            } => {
+                let bad_name =
+                    |n: &str| n.is_empty() || n.len() > MAX_REFERENCE_LEN || n.starts_with("amq.");
+                let c = if bad_name(&name) || partitions.iter().any(|p| bad_name(p)) {
+                    code::PRECONDITION_FAILED
+                } else {
+                    match self.backend.create_super_stream(
+                        &vhost,
+                        &name,
+                        &partitions,
+                        &binding_keys,
+                        &arguments,
+                    ) {
+                        Ok(()) => code::OK,
+                        Err(e) => {
+                            tracing::warn!(peer = %self.peer.addr, %name, "stream connection: create super stream: {e}");
+                            e.code()
+                        }
+                    }
+                };
+                self.send(&response(key::CREATE_SUPER_STREAM, corr, c));
+            }
+            Frame::DeleteSuperStream { corr, name } => {
+                match self.backend.delete_super_stream(&vhost, &name) {
+                    Ok(partitions) => {
+                        self.send(&response(key::DELETE_SUPER_STREAM, corr, code::OK));
+                        for p in partitions {
+                            self.stream_gone(&p);
+                        }
+                    }
+                    Err(e) => self.send(&response(key::DELETE_SUPER_STREAM, corr, e.code())),
+                }
+            }
             // We never send ConsumerUpdate (no single active consumer yet).
             Frame::ConsumerUpdateResponse { .. } => {}
             other => {
@@ -962,14 +1004,14 @@ impl<B: StreamBackend> Session<B> {
             tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: single active consumer is not supported");
             code::PRECONDITION_FAILED
         } else {
-            match self.backend.resolve_offset(&vhost, &stream, offset) {
-                Ok(next) => {
+            match self.backend.open_reader(&vhost, &stream, offset) {
+                Ok(reader) => {
                     self.generation += 1;
                     self.subscriptions.insert(
                         subscription_id,
                         Subscription {
                             stream: stream.clone(),
-                            next,
+                            reader,
                             credit: credit as u32,
                             waiting: false,
                             generation: self.generation,
@@ -1040,16 +1082,13 @@ impl<B: StreamBackend> Session<B> {
                 if s.credit == 0 || s.waiting || room == 0 {
                     break;
                 }
-                match self
-                    .backend
-                    .read(&self.vhost, &s.stream, s.next, s.credit as usize, room)
-                {
+                match s.reader.read(s.credit as usize, room) {
                     Ok(batch) if batch.chunks.is_empty() => {
                         s.waiting = true;
                         self.waits.push(Wait::Data {
                             vhost: self.vhost.clone(),
                             stream: s.stream.clone(),
-                            from: s.next,
+                            from: s.reader.position(),
                             subscription_id: id,
                             generation: s.generation,
                         });
@@ -1057,17 +1096,9 @@ impl<B: StreamBackend> Session<B> {
                     }
                     Ok(batch) => {
                         s.credit -= batch.chunks.len().min(s.credit as usize) as u32;
-                        s.next = batch.next;
                         let committed = self.deliver_v2.then_some(batch.committed_chunk_id);
-                        for chunk in batch.chunks {
-                            codec::encode(
-                                &Frame::Deliver {
-                                    subscription_id: id,
-                                    committed_chunk_id: committed,
-                                    chunk,
-                                },
-                                &mut self.out,
-                            );
+                        for chunk in &batch.chunks {
+                            codec::encode_deliver(id, committed, chunk, &mut self.out);
                         }
                     }
                     Err(e) => {

@@ -543,12 +543,23 @@ fn snapshots_of_server_frames() {
             versions: warren_stream::session::server_versions()
         })
     );
-    let chunk = warren_stream::chunk::build(
+    let built = warren_stream::chunk::build(
         10,
         1_700_000_000_000,
-        1,
         &[&Entry::Simple(Bytes::from_static(b"hi"))],
     );
+    let chunk = built.to_bytes();
+    // The session's direct encoder writes the same bytes as the Deliver value.
+    for committed in [None, Some(10)] {
+        let mut direct = BytesMut::new();
+        codec::encode_deliver(1, committed, &built, &mut direct);
+        let value = codec::to_bytes(&Frame::Deliver {
+            subscription_id: 1,
+            committed_chunk_id: committed,
+            chunk: chunk.clone(),
+        });
+        assert_eq!(&direct[..], &value[..]);
+    }
     insta::assert_snapshot!(
         "deliver_v1",
         hex(&Frame::Deliver {

@@ -466,3 +466,113 @@ async fn deleting_a_stream_tells_its_subscribers_on_other_connections() {
         }
     );
 }
+
+#[tokio::test]
+async fn super_stream_commands_answer_with_their_codes() {
+    let (port, _stop) = start().await;
+    let mut c = Raw::open(port).await;
+    let r = c
+        .request(Frame::Route {
+            corr: 30,
+            routing_key: "k".into(),
+            super_stream: "none".into(),
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::RouteResponse {
+            corr: 30,
+            code: code::STREAM_DOES_NOT_EXIST,
+            streams: vec![]
+        }
+    );
+    let create = |corr, keys: &[&str]| Frame::CreateSuperStream {
+        corr,
+        name: "ss".into(),
+        partitions: vec!["ss-a".into(), "ss-b".into()],
+        binding_keys: keys.iter().map(|k| k.to_string()).collect(),
+        arguments: vec![],
+    };
+    let r = c.request(create(31, &["a"])).await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::CREATE_SUPER_STREAM,
+            corr: 31,
+            code: code::PRECONDITION_FAILED
+        }
+    );
+    let r = c.request(create(32, &["a", "b"])).await;
+    assert_eq!(r, ok(key::CREATE_SUPER_STREAM, 32));
+    let r = c.request(create(33, &["a", "b"])).await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::CREATE_SUPER_STREAM,
+            corr: 33,
+            code: code::STREAM_ALREADY_EXISTS
+        }
+    );
+    let r = c
+        .request(Frame::Partitions {
+            corr: 34,
+            super_stream: "ss".into(),
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::PartitionsResponse {
+            corr: 34,
+            code: code::OK,
+            streams: vec!["ss-a".into(), "ss-b".into()]
+        }
+    );
+    let r = c
+        .request(Frame::Route {
+            corr: 35,
+            routing_key: "b".into(),
+            super_stream: "ss".into(),
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::RouteResponse {
+            corr: 35,
+            code: code::OK,
+            streams: vec!["ss-b".into()]
+        }
+    );
+    let r = c
+        .request(Frame::DeleteSuperStream {
+            corr: 36,
+            name: "ss".into(),
+        })
+        .await;
+    assert_eq!(r, ok(key::DELETE_SUPER_STREAM, 36));
+    let r = c
+        .request(Frame::Metadata {
+            corr: 37,
+            streams: vec!["ss-a".into()],
+        })
+        .await;
+    let Frame::MetadataResponse { streams, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(streams[0].code, code::STREAM_DOES_NOT_EXIST);
+}
+
+#[tokio::test]
+async fn shutdown_sends_close_and_ends_the_connection() {
+    let (port, stop) = start().await;
+    let mut c = Raw::open(port).await;
+    stop.send(true).unwrap();
+    match c.recv().await {
+        Some(Frame::Close {
+            code: cc, reason, ..
+        }) => {
+            assert_eq!((cc, reason.as_str()), (code::OK, "server shutdown"))
+        }
+        other => panic!("expected close, got {other:?}"),
+    }
+    assert_eq!(c.recv().await, None);
+}

@@ -254,3 +254,93 @@ async fn resent_publishing_ids_are_confirmed_and_not_stored_again() {
     c.handle().close().await.unwrap();
     broker.stop().await;
 }
+
+fn routing_key(m: &Message) -> String {
+    // Bodies are "message-N": key N % 3, the binding keys the client gives partitions 0..3.
+    let body = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
+    let n: u64 = body
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    (n % 3).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn super_stream_routes_by_key_and_is_consumed_whole() {
+    use rabbitmq_stream_client::types::{
+        HashRoutingMurmurStrategy, RoutingKeyRoutingStrategy, RoutingStrategy,
+    };
+    let broker = Broker::start(MemoryBackend::new()).await;
+    let env = broker.env().await;
+    env.stream_creator()
+        .create_super_stream("orders", 3, None)
+        .await
+        .unwrap();
+    // Route: each message to the partition bound with its key.
+    let mut producer = env
+        .super_stream_producer(RoutingStrategy::RoutingKeyStrategy(
+            RoutingKeyRoutingStrategy {
+                routing_extractor: &routing_key,
+            },
+        ))
+        .build("orders")
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..30u64 {
+        let tx = tx.clone();
+        producer
+            .send(Message::builder().body(body(i)).build(), move |r| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(r.map(|s| s.confirmed()).unwrap_or(false));
+                }
+            })
+            .await
+            .unwrap();
+    }
+    for _ in 0..30 {
+        let ok = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(ok, "confirmed");
+    }
+    producer.close().await.unwrap();
+    // Partitions (used by hash routing) lists orders-0..2 in binding order.
+    let mut hashed = env
+        .super_stream_producer(RoutingStrategy::HashRoutingStrategy(
+            HashRoutingMurmurStrategy {
+                routing_extractor: &routing_key,
+            },
+        ))
+        .build("orders")
+        .await
+        .unwrap();
+    hashed
+        .send(Message::builder().body(body(99)).build(), |_| async {})
+        .await
+        .unwrap();
+    hashed.close().await.unwrap();
+
+    for p in 0..3u64 {
+        let mut c = env
+            .consumer()
+            .offset(OffsetSpecification::First)
+            .build(&format!("orders-{p}"))
+            .await
+            .unwrap();
+        let got = take(&mut c, 10).await;
+        let want: Vec<Vec<u8>> = (0..30).filter(|i| i % 3 == p).map(body).collect();
+        let bodies: Vec<Vec<u8>> = got.into_iter().map(|(_, b)| b).collect();
+        assert_eq!(bodies, want, "partition orders-{p}");
+        c.handle().close().await.unwrap();
+    }
+    env.delete_super_stream("orders").await.unwrap();
+    assert!(
+        env.consumer().build("orders-0").await.is_err(),
+        "partitions deleted with the super stream"
+    );
+    broker.stop().await;
+}

@@ -14,6 +14,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
+    group_commit();
     println!("stream read-ahead, {n} messages per stream, read from `first`");
     println!(
         "| msg bytes | chunk msgs | fill msg/s | off msg/s | off preads | on msg/s | on preads | on/off |"
@@ -88,4 +89,31 @@ fn main() {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
+}
+
+/// What a confirm costs at the storage level: append one 100-byte message and `sync` (one
+/// fdatasync), 200 times; then 200 groups of 100 messages per sync (group commit).
+fn group_commit() {
+    let dir = std::env::temp_dir().join(format!("warren-stream-bench-sync-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut log = StreamLog::open(&dir, StreamConfig::default()).expect("open");
+    let body = [7u8; 100];
+    for per_sync in [1usize, 100] {
+        let rounds = 200;
+        let started = Instant::now();
+        for i in 0..rounds {
+            for _ in 0..per_sync {
+                log.append(&[&body[..]], i as u64, &[]).expect("append");
+            }
+            log.sync().expect("sync");
+        }
+        let t = started.elapsed().as_secs_f64();
+        println!(
+            "append + fsync'd sync, {per_sync} message(s) per sync: {:.0} us per sync, {:.0} msg/s",
+            t / rounds as f64 * 1e6,
+            (rounds * per_sync) as f64 / t
+        );
+    }
+    drop(log);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -55,6 +55,7 @@ fn chunk_messages(c: &ReadChunk) -> Vec<(u64, Vec<u8>)> {
         .collect::<Result<_, _>>()
         .expect("messages");
     assert_eq!(ms.len() as u32, c.count);
+    assert_eq!(u32::from(c.entries), c.count);
     ms.into_iter()
         .enumerate()
         .map(|(i, m)| (c.first_offset + i as u64, m.to_vec()))
@@ -300,6 +301,7 @@ fn large_chunks_come_as_file_ranges_small_ones_in_memory() {
         panic!("a 10 kB chunk in memory");
     };
     assert_eq!(*len as usize, 4 + 10_000 + 4 + 10);
+    assert_eq!(b.data_len(), *len);
     // The range is the message section as it is on disk: what sendfile would send.
     let file = fs::read(segment_files(&dir, "sd").pop().unwrap()).unwrap();
     let on_disk = &file[*offset as usize..*offset as usize + *len as usize];
@@ -715,5 +717,84 @@ fn a_split_sync_commits_only_what_was_flushed_at_its_begin_while_appends_go_on()
         Err(StreamError::Failed(_))
     ));
     drop(log);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Retention deletes the segments a lagging reader is in or heading for: it goes on from the
+/// oldest segment left (the messages in between are gone), whole chunks, in order.
+#[test]
+fn a_reader_behind_retention_continues_from_the_oldest_segment_left() {
+    let dir = temp_dir("lagging");
+    let mut log = StreamLog::open(
+        &dir,
+        StreamConfig {
+            max_segment_size_bytes: 500,
+            max_length_bytes: Some(1200),
+            ..config()
+        },
+    )
+    .unwrap();
+    for o in 0..8u64 {
+        log.append(&[msg(o, 40)], o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    assert_eq!(log.bounds().first, 0);
+    // One reader has its segment file open, one has not touched it yet.
+    let mut open = log.reader(OffsetSpec::First, opts(0)).unwrap();
+    assert_eq!(open.next_chunk().unwrap().unwrap().first_offset, 0);
+    let mut lazy = log.reader(OffsetSpec::First, opts(4096)).unwrap();
+    for o in 8..60u64 {
+        log.append(&[msg(o, 40)], o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    let first = log.bounds().first;
+    assert!(first > 8, "{first}");
+    for r in [&mut open, &mut lazy] {
+        let mut got = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            got.extend(chunk_messages(&c).into_iter().map(|m| m.0));
+        }
+        // Whatever was still readable (an open file outlives its unlink), then from the
+        // oldest retained segment on, without gaps.
+        let resumed = got
+            .iter()
+            .position(|&o| o == first)
+            .expect("oldest retained read");
+        assert_eq!(got[resumed..], (first..60).collect::<Vec<_>>()[..]);
+        assert!(got[..resumed].windows(2).all(|w| w[0] + 1 == w[1]));
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_older_segments_missing_or_short_index_is_rebuilt() {
+    let dir = temp_dir("old-index");
+    let cfg = StreamConfig {
+        max_segment_size_bytes: 400,
+        ..config()
+    };
+    let mut log = StreamLog::open(&dir, cfg.clone()).unwrap();
+    for o in 0..30u64 {
+        log.append(&[msg(o, 40)], 100 + o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    drop(log);
+    let indexes = segment_files(&dir, "si");
+    assert!(indexes.len() >= 4);
+    let whole: Vec<_> = indexes.iter().map(|p| fs::read(p).unwrap()).collect();
+    fs::remove_file(&indexes[1]).unwrap();
+    let short = &whole[2][..whole[2].len() - 32];
+    fs::write(&indexes[2], short).unwrap();
+    let mut log = StreamLog::open(&dir, cfg).unwrap();
+    for (p, w) in indexes.iter().zip(&whole) {
+        assert_eq!(&fs::read(p).unwrap(), w, "{}", p.display());
+    }
+    for o in 0..30 {
+        assert_eq!(read_all(&mut log, OffsetSpec::Offset(o), opts(0))[0].0, o);
+        assert_eq!(
+            read_all(&mut log, OffsetSpec::Timestamp(100 + o), opts(64))[0].0,
+            o
+        );
+    }
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -407,6 +407,7 @@ async fn socketless_in_process_connection_speaks_the_same_protocol() {
             addr: "in-process".into(),
             is_loopback: true,
             identity: None,
+            tls: false,
         },
         broker,
         Arc::new(Default::default()),

@@ -1,11 +1,14 @@
-//! Starting a real `warren serve` for the CLI's tests.
+//! Starting a real `warren serve` for the CLI's tests, and the clients several of them share.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
+pub mod http;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_warren");
 
@@ -118,5 +121,65 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
         prometheus: ports[3],
         stream: ports[4],
         log,
+    }
+}
+
+/// A `warren serve` (AMQP and MQTT on free ports, plus `args`) on a scratch data directory,
+/// killed and removed when dropped.
+pub struct Broker {
+    pub served: Served,
+    pub dir: PathBuf,
+}
+
+impl Broker {
+    /// Starts one on `$TMP/warren-{suite}-{tag}-{pid}` (emptied first).
+    pub fn start(suite: &str, tag: &str, args: &[&str]) -> Broker {
+        let dir = std::env::temp_dir().join(format!("warren-{suite}-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let served = serve(&dir, true, args);
+        Broker { served, dir }
+    }
+
+    /// The HTTP API's port (started with `--management 127.0.0.1:0`).
+    pub fn api(&self) -> u16 {
+        self.served.management.expect("HTTP API port")
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.served.child.kill();
+        let _ = self.served.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An MQTT 3.1.1 CONNECT with `client_id` (clean session, no credentials); waits for the
+/// CONNACK and checks it accepts.
+pub fn mqtt_connect(port: u16, client_id: &str) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect MQTT");
+    let mut var = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
+    var.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
+    var.extend_from_slice(client_id.as_bytes());
+    let mut packet = vec![0x10, var.len() as u8];
+    packet.extend(var);
+    s.write_all(&packet).expect("CONNECT");
+    let mut connack = [0u8; 4];
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    s.read_exact(&mut connack).expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0], "connection accepted");
+    s
+}
+
+/// Polls `f` until it returns `Some`, for up to 5 s.
+pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

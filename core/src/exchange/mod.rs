@@ -22,7 +22,6 @@ pub mod fanout;
 pub mod headers;
 pub mod topic;
 
-pub use crate::command::ExchangeKind;
 pub use headers::validate_x_match;
 
 use crate::ids::Destination;
@@ -30,6 +29,37 @@ use crate::message::{FieldTable, FieldValue};
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Kinds of exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExchangeKind {
+    Direct,
+    Fanout,
+    Topic,
+    Headers,
+}
+
+impl ExchangeKind {
+    /// Parses the AMQP type name (`direct`, `fanout`, `topic`, `headers`).
+    pub fn parse(name: &str) -> Option<ExchangeKind> {
+        match name {
+            "direct" => Some(ExchangeKind::Direct),
+            "fanout" => Some(ExchangeKind::Fanout),
+            "topic" => Some(ExchangeKind::Topic),
+            "headers" => Some(ExchangeKind::Headers),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExchangeKind::Direct => "direct",
+            ExchangeKind::Fanout => "fanout",
+            ExchangeKind::Topic => "topic",
+            ExchangeKind::Headers => "headers",
+        }
+    }
+}
 
 /// One binding as stored (for listing, later for `warren ctl list_bindings`).
 #[derive(Clone, Debug, PartialEq)]

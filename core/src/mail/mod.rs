@@ -239,7 +239,7 @@ pub(crate) struct CreateQueue {
     /// The declare, its name resolved.
     pub(crate) declare: QueueDeclare,
     /// Its type (`x-queue-type`), which decides the state the owner creates.
-    pub(crate) kind: crate::queue::kind::QueueType,
+    pub(crate) kind: crate::queue_type::QueueType,
     /// Its arguments with the policy applied, parsed.
     pub(crate) args: crate::queue_args::QueueArgs,
 }

@@ -76,7 +76,12 @@ impl TrackingKind {
 pub struct ChunkHeader {
     pub kind: ChunkType,
     pub first_offset: u64,
-    /// Messages: offsets this chunk consumes (0 for tracking chunks).
+    /// Entries in the data section (user chunks; 0 for tracking chunks). Today every entry
+    /// is one message; the stream protocol's sub-batch entries (several records, possibly
+    /// compressed, in one entry) would make it smaller than `count`, as osiris's
+    /// `num_entries` / `num_records`.
+    pub entries: u16,
+    /// Messages (records): offsets this chunk consumes (0 for tracking chunks).
     pub count: u32,
     pub data_len: u32,
     pub trailer_len: u32,
@@ -136,6 +141,7 @@ impl ChunkHeader {
         h[0..4].copy_from_slice(CHUNK_MAGIC);
         h[4] = CHUNK_VERSION;
         h[5] = self.kind as u8;
+        h[6..8].copy_from_slice(&self.entries.to_le_bytes());
         h[8..16].copy_from_slice(&self.first_offset.to_le_bytes());
         h[16..20].copy_from_slice(&self.count.to_le_bytes());
         h[20..24].copy_from_slice(&self.data_len.to_le_bytes());
@@ -162,6 +168,7 @@ impl ChunkHeader {
         let kind = ChunkType::from_u8(h[5]).ok_or(FormatError::Type(h[5]))?;
         let header = ChunkHeader {
             kind,
+            entries: u16::from_le_bytes([h[6], h[7]]),
             first_offset: u64_at(h, 8),
             count: u32_at(h, 16),
             data_len: u32_at(h, 20),
@@ -171,8 +178,8 @@ impl ChunkHeader {
             trailer_crc: u32_at(h, 40),
         };
         let count_ok = match kind {
-            ChunkType::User => header.count >= 1 && header.count as usize <= MAX_CHUNK_MESSAGES,
-            _ => header.count == 0,
+            ChunkType::User => header.entries >= 1 && u32::from(header.entries) <= header.count,
+            _ => header.count == 0 && header.entries == 0,
         };
         if !count_ok {
             return Err(FormatError::Count(header.count));
@@ -377,6 +384,7 @@ mod tests {
     fn header_round_trips_and_detects_any_flipped_bit() {
         let h = ChunkHeader {
             kind: ChunkType::User,
+            entries: 3,
             first_offset: 42,
             count: 3,
             data_len: 100,

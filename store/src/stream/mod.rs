@@ -315,7 +315,8 @@ pub struct StreamLog {
 impl StreamLog {
     /// Opens the stream in `dir` (created if missing), recovering it: the newest segment is
     /// verified chunk by chunk and a torn tail cut off, indexes missing or behind are rebuilt,
-    /// the tracking state replayed.
+    /// the tracking state replayed. One writer per directory: the caller holds the data
+    /// directory's lock (`lock::DirLock`), as for every other file of the store.
     pub fn open(dir: &Path, config: StreamConfig) -> Result<StreamLog, StreamError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let mut firsts = Vec::new();
@@ -398,7 +399,8 @@ impl StreamLog {
         }
         log.shared
             .set_segments(log.segments.iter().map(|s| s.first_offset).collect());
-        // Everything recovered is on disk (fsynced by recovery or before the crash).
+        // What recovery kept may have reached only the page cache before a crash of the
+        // process: make it durable before readers see it as committed.
         log.sync()?;
         Ok(log)
     }
@@ -504,6 +506,7 @@ impl StreamLog {
         }
         let header = ChunkHeader {
             kind: ChunkType::User,
+            entries: messages.len() as u16,
             first_offset: first,
             count: messages.len() as u32,
             data_len: data_len as u32,
@@ -586,6 +589,7 @@ impl StreamLog {
         }
         let header = ChunkHeader {
             kind,
+            entries: 0,
             first_offset: self.next_offset,
             count: 0,
             data_len: data_len as u32,

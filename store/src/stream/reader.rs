@@ -56,6 +56,9 @@ pub enum ChunkData {
 #[derive(Clone, Debug)]
 pub struct ReadChunk {
     pub first_offset: u64,
+    /// Entries in the data section (the stream protocol's `NumEntries`).
+    pub entries: u16,
+    /// Messages (`NumRecords`).
     pub count: u32,
     pub timestamp: u64,
     /// CRC-32 of the data: the stream protocol's `ChunkCrc`.
@@ -64,6 +67,15 @@ pub struct ReadChunk {
 }
 
 impl ReadChunk {
+    /// Length of the messages section: with `first_offset`, `count`, `timestamp` and
+    /// `data_crc`, what a stream protocol `Deliver` chunk header needs.
+    pub fn data_len(&self) -> u32 {
+        match &self.data {
+            ChunkData::Bytes(b) => b.len() as u32,
+            ChunkData::File { len, .. } => *len,
+        }
+    }
+
     /// The data in memory (a `File` range is read with one `pread` and checked).
     pub fn bytes(&self) -> io::Result<Bytes> {
         match &self.data {
@@ -347,6 +359,7 @@ impl StreamReader {
             self.next_offset = h.next_offset();
             return Ok(Some(ReadChunk {
                 first_offset: h.first_offset,
+                entries: h.entries,
                 count: h.count,
                 timestamp: h.timestamp,
                 data_crc: h.data_crc,

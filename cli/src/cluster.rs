@@ -1,0 +1,220 @@
+//! `warren serve --node-id N --cluster ADDR --peers ID=ADDR,... --cluster-secret-file FILE`:
+//! the cluster node (warren-cluster's metadata group) beside the broker, and what
+//! `warren ctl cluster-status` shows. The group replicates the definitions map; wiring it
+//! into the broker's topology comes with the core's queue-type seam (docs/cluster.md).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use crate::settings::{Settings, SettingsError};
+use warren_cluster::node::{ClusterNode, NodeOptions};
+use warren_cluster::transport::Secret;
+
+/// The running node, for the admin socket's `cluster_status` (set once by `serve`; a
+/// static keeps the admin module's signature, shared with other work, unchanged).
+static NODE: OnceLock<ClusterNode> = OnceLock::new();
+
+/// The cluster settings, checked; `None` when `--node-id` is not given (a single node).
+pub fn options(s: &Settings) -> Result<Option<NodeOptions>, SettingsError> {
+    let Some(id) = s.node_id else {
+        if s.cluster.is_some() || !s.peers.is_empty() || s.cluster_secret_file.is_some() {
+            return Err(SettingsError(
+                "--cluster, --peers and --cluster-secret-file need --node-id".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if s.in_memory {
+        return Err(SettingsError(
+            "--node-id: a cluster node keeps its Raft log in the data dir; not with --in-memory"
+                .into(),
+        ));
+    }
+    let listen: SocketAddr = s
+        .cluster
+        .as_deref()
+        .ok_or_else(|| SettingsError("--node-id needs --cluster ADDR (this node's cluster listener, e.g. 10.0.0.1:25672)".into()))?
+        .parse()
+        .map_err(|e| SettingsError(format!("--cluster: {e}; expected IP:PORT")))?;
+    if listen.ip().is_unspecified() {
+        return Err(SettingsError(format!(
+            "--cluster {listen}: peers dial this address, so it must be this node's own IP, not {}",
+            listen.ip()
+        )));
+    }
+    let mut members = BTreeMap::new();
+    members.insert(id, listen.to_string());
+    for entry in s
+        .peers
+        .iter()
+        .flat_map(|p| p.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let (pid, addr) = entry.split_once('=').ok_or_else(|| {
+            SettingsError(format!(
+                "--peers {entry:?}: expected ID=IP:PORT, e.g. 2=10.0.0.2:25672"
+            ))
+        })?;
+        let pid: u64 = pid
+            .parse()
+            .map_err(|e| SettingsError(format!("--peers {entry:?}: node id: {e}")))?;
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|e| SettingsError(format!("--peers {entry:?}: address: {e}")))?;
+        if members.insert(pid, addr.to_string()).is_some() {
+            return Err(SettingsError(format!(
+                "--peers: node {pid} given twice (or is this node)"
+            )));
+        }
+    }
+    let file = s.cluster_secret_file.as_deref().ok_or_else(|| {
+        SettingsError(
+            "--node-id needs --cluster-secret-file FILE (the same secret on every node)".into(),
+        )
+    })?;
+    let secret = read_secret(file)?;
+    Ok(Some(NodeOptions::new(
+        id,
+        listen,
+        members,
+        Secret::new(secret),
+        s.data_dir.clone(),
+    )))
+}
+
+/// The secret file's contents without surrounding whitespace (a trailing newline from an
+/// editor or `echo` must not change the secret).
+fn read_secret(path: &Path) -> Result<Vec<u8>, SettingsError> {
+    let text = std::fs::read(path)
+        .map_err(|e| SettingsError(format!("--cluster-secret-file {}: {e}", path.display())))?;
+    let trimmed = text.trim_ascii();
+    if trimmed.len() < 16 {
+        return Err(SettingsError(format!(
+            "--cluster-secret-file {}: the secret must be at least 16 bytes (e.g. `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'`)",
+            path.display()
+        )));
+    }
+    Ok(trimmed.to_vec())
+}
+
+/// Starts the node; its status is served on the admin socket from then on.
+pub async fn start(opts: NodeOptions) -> anyhow::Result<()> {
+    let listen = opts.listen;
+    let id = opts.id;
+    let members = opts.members.len();
+    let node = ClusterNode::start(opts).await?;
+    tracing::info!(node_id = id, members, "listening on {listen} (cluster)");
+    // One line per change of leader or of this node's role, for operators (openraft's own
+    // logs are filtered to errors by default).
+    let mut metrics = node.raft.metrics();
+    tokio::spawn(async move {
+        let mut seen = None;
+        loop {
+            let now = {
+                let m = metrics.borrow_and_update();
+                (m.current_leader, m.state, m.current_term)
+            };
+            if seen.map(|(l, s, _)| (l, s)) != Some((now.0, now.1)) {
+                tracing::info!(
+                    node_id = id,
+                    leader = ?now.0,
+                    role = ?now.1,
+                    term = now.2,
+                    "cluster: metadata group leader {}",
+                    now.0.map_or("unknown (election)".to_string(), |l| format!("is node {l}"))
+                );
+                seen = Some(now);
+            }
+            // Ends when the group shuts down (the sender is dropped).
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let _ = NODE.set(node);
+    Ok(())
+}
+
+/// Stops the node (before the process exits).
+pub async fn stop() {
+    if let Some(node) = NODE.get() {
+        node.shutdown().await;
+    }
+}
+
+/// `warren ctl forget-node ID`: removes a member gone for good.
+pub async fn forget(id: u64) -> anyhow::Result<serde_json::Value> {
+    let node = NODE.get().ok_or_else(|| {
+        anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
+    })?;
+    node.forget(id).await?;
+    tracing::info!(
+        node_id = id,
+        "warren ctl forget-node: node removed from the cluster"
+    );
+    Ok(serde_json::json!({}))
+}
+
+/// `warren ctl cluster-status`'s data.
+pub fn status() -> anyhow::Result<serde_json::Value> {
+    let node = NODE.get().ok_or_else(|| {
+        anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
+    })?;
+    Ok(serde_json::to_value(node.status())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dir: &Path, secret: &str) -> Settings {
+        let file = dir.join("secret");
+        std::fs::write(&file, secret).expect("write secret");
+        let toml = format!(
+            "node_id = 1\ncluster = \"10.0.0.1:25672\"\npeers = [\"2=10.0.0.2:25672\", \"3=10.0.0.3:25672\"]\ncluster_secret_file = {:?}\ndata_dir = {:?}\n",
+            file, dir
+        );
+        let path = dir.join("warren.toml");
+        std::fs::write(&path, toml).expect("write config");
+        Settings::from_file(&path).expect("config parses").0
+    }
+
+    #[test]
+    fn cluster_keys_from_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("warren-cluster-opts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let s = settings(&dir, "0123456789abcdef0123\n");
+        let o = options(&s).expect("valid").expect("a cluster node");
+        assert_eq!(o.id, 1);
+        assert_eq!(o.members.len(), 3);
+        assert_eq!(o.members[&3], "10.0.0.3:25672");
+
+        // Each mistake is named, never a panic or a silent single node.
+        let mut bad = s.clone();
+        bad.peers = vec!["2:10.0.0.2:25672".into()];
+        assert!(options(&bad).unwrap_err().0.contains("ID=IP:PORT"));
+        let mut bad = s.clone();
+        bad.peers = vec!["1=10.0.0.9:25672".into()];
+        assert!(options(&bad).unwrap_err().0.contains("twice"));
+        let mut bad = s.clone();
+        bad.cluster = Some("0.0.0.0:25672".into());
+        assert!(options(&bad).unwrap_err().0.contains("own IP"));
+        let mut bad = s.clone();
+        bad.cluster_secret_file = None;
+        assert!(
+            options(&bad)
+                .unwrap_err()
+                .0
+                .contains("--cluster-secret-file")
+        );
+        let mut bad = s.clone();
+        bad.node_id = None;
+        assert!(options(&bad).unwrap_err().0.contains("need --node-id"));
+        let short = settings(&dir, "short\n");
+        assert!(options(&short).unwrap_err().0.contains("at least 16 bytes"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,310 @@
+//! A cluster node: the metadata group over the TCP transport, with its files under a data
+//! directory (`<data-dir>/cluster/meta.redb` and `meta.snapshot`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ServerState};
+use tokio::net::TcpListener;
+
+use crate::definitions::{DefCommand, DefReply, Definitions};
+use crate::log_store::LogStore;
+use crate::state_machine::{SnapshotFileError, StateMachineStore};
+use crate::transport::{self, Groups, Peers, Secret};
+use crate::{META_GROUP, NodeId, Raft};
+
+/// How to start a node.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub id: NodeId,
+    /// Where the cluster listener binds (`--cluster`).
+    pub listen: SocketAddr,
+    /// Every member's cluster address by id, this node's included (`--peers` plus itself).
+    pub members: BTreeMap<NodeId, String>,
+    pub secret: Secret,
+    pub data_dir: PathBuf,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+    /// A snapshot after this many applied entries.
+    pub snapshot_every: u64,
+}
+
+impl NodeOptions {
+    /// Timings for a LAN (RabbitMQ's Ra uses similar): a dead leader is replaced within
+    /// about a second.
+    pub fn new(
+        id: NodeId,
+        listen: SocketAddr,
+        members: BTreeMap<NodeId, String>,
+        secret: Secret,
+        data_dir: PathBuf,
+    ) -> Self {
+        Self {
+            id,
+            listen,
+            members,
+            secret,
+            data_dir,
+            heartbeat_ms: 100,
+            election_timeout_ms: 500,
+            snapshot_every: 1000,
+        }
+    }
+}
+
+/// Why a node could not start or a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cluster listener {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error("cluster log: {0}")]
+    Log(#[from] redb::Error),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotFileError),
+    #[error("raft config: {0}")]
+    Config(#[from] openraft::ConfigError),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("not the leader (leader: {0:?})")]
+    NotLeader(Option<NodeId>),
+    #[error("forwarding to the leader {0}: {1}")]
+    Forward(NodeId, transport::TransportError),
+    #[error("bad reply from the state machine: {0}")]
+    Reply(#[from] serde_json::Error),
+}
+
+/// Why a member could not be removed here.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    #[error("node {0} is not a member")]
+    NotMember(NodeId),
+    #[error("node {0} is the last member")]
+    LastMember(NodeId),
+    #[error(transparent)]
+    Raft(#[from] Box<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>),
+}
+
+/// Removes `id` from the voters of the group `raft` leads (the membership change is joint
+/// consensus: the old and new majorities both agree).
+pub(crate) async fn forget_here(raft: &Raft, id: NodeId) -> Result<(), ForgetError> {
+    let membership = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .clone();
+    if !membership.nodes().any(|(n, _)| *n == id) {
+        return Err(ForgetError::NotMember(id));
+    }
+    let voters: std::collections::BTreeSet<NodeId> =
+        membership.voter_ids().filter(|v| *v != id).collect();
+    if voters.is_empty() {
+        return Err(ForgetError::LastMember(id));
+    }
+    // retain = false: it does not stay on as a learner either.
+    raft.change_membership(voters, false)
+        .await
+        .map_err(Box::new)?;
+    Ok(())
+}
+
+/// One member's view in [`Status`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    pub addr: String,
+    /// The last log index the leader knows this member has (leader only).
+    pub matched: Option<u64>,
+    /// Entries it is behind the leader's last log index (leader only).
+    pub lag: Option<u64>,
+}
+
+/// What `warren ctl cluster-status` shows.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Status {
+    pub id: NodeId,
+    pub state: String,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: Option<u64>,
+    pub last_applied: Option<u64>,
+    pub members: Vec<MemberStatus>,
+}
+
+/// A running cluster node.
+pub struct ClusterNode {
+    pub raft: Raft,
+    pub definitions: StateMachineStore<Definitions>,
+    pub addr: SocketAddr,
+    id: NodeId,
+    server: tokio::task::JoinHandle<()>,
+    peers: Peers,
+}
+
+/// How long a write forwarded to the leader may take (a commit is a few milliseconds; an
+/// election in between is under a second with the default timings).
+pub const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl ClusterNode {
+    /// Opens the node's files, binds the cluster listener and starts the metadata group.
+    /// A node with an empty log proposes the configured members as the first membership
+    /// (every fresh node proposes the same one; openraft accepts that).
+    pub async fn start(opts: NodeOptions) -> Result<Self, NodeError> {
+        let listener = TcpListener::bind(opts.listen)
+            .await
+            .map_err(|e| NodeError::Listen(opts.listen, e))?;
+        Self::start_on(opts, listener).await
+    }
+
+    /// As [`ClusterNode::start`] on a listener already bound (tests bind port 0 first to
+    /// learn every member's address).
+    pub async fn start_on(opts: NodeOptions, listener: TcpListener) -> Result<Self, NodeError> {
+        let dir = opts.data_dir.join("cluster");
+        let log = LogStore::open(&dir.join("meta.redb"))?;
+        let sm = StateMachineStore::open(Some(&dir.join("meta.snapshot")), Definitions::new())?;
+        let config = crate::raft_config(
+            opts.heartbeat_ms,
+            opts.election_timeout_ms,
+            opts.snapshot_every,
+        )?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| NodeError::Listen(opts.listen, e))?;
+        let peers = Peers::new(opts.id, opts.secret.clone());
+        let raft = Raft::new(opts.id, config, peers.network(META_GROUP), log, sm.clone())
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let groups = Groups::default();
+        groups.insert(META_GROUP, raft.clone());
+        let server = tokio::spawn(transport::serve(
+            listener,
+            opts.id,
+            opts.secret.clone(),
+            groups,
+        ));
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        if !initialized {
+            let members: BTreeMap<NodeId, BasicNode> = opts
+                .members
+                .iter()
+                .map(|(id, a)| (*id, BasicNode::new(a)))
+                .collect();
+            match raft.initialize(members).await {
+                Ok(())
+                | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(NodeError::Raft(e.to_string())),
+            }
+        }
+        Ok(Self {
+            raft,
+            definitions: sm,
+            addr,
+            id: opts.id,
+            server,
+            peers,
+        })
+    }
+
+    /// Proposes a change to the definitions on any node: the leader proposes it, a follower
+    /// forwards it to the leader it knows (one hop). Answered once committed and applied on
+    /// the leader. `NotLeader` when no leader is known (an election is on): retry.
+    pub async fn write(&self, cmd: &DefCommand) -> Result<DefReply, NodeError> {
+        match self.raft.client_write(cmd.encode()).await {
+            Ok(r) => Ok(DefReply::decode(&r.data)?),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                match (f.leader_id, f.leader_node) {
+                    (Some(id), Some(node)) if id != self.id => {
+                        let reply = self
+                            .peers
+                            .forward(META_GROUP, id, &node.addr, cmd.encode(), FORWARD_TIMEOUT)
+                            .await
+                            .map_err(|e| NodeError::Forward(id, e))?;
+                        Ok(DefReply::decode(&reply)?)
+                    }
+                    (leader, _) => Err(NodeError::NotLeader(leader)),
+                }
+            }
+            Err(e) => Err(NodeError::Raft(e.to_string())),
+        }
+    }
+
+    /// Removes member `id` from the group (rabbitmqctl's forget_cluster_node): a member gone
+    /// for good, so the rest no longer count it for a majority nor keep log for it. Runs on
+    /// the leader, forwarded there from a follower. The removed node, if it runs, stops
+    /// receiving entries.
+    pub async fn forget(&self, id: NodeId) -> Result<(), NodeError> {
+        match forget_here(&self.raft, id).await {
+            Ok(()) => Ok(()),
+            Err(ForgetError::Raft(e))
+                if matches!(
+                    *e,
+                    RaftError::APIError(ClientWriteError::ForwardToLeader(_))
+                ) =>
+            {
+                let RaftError::APIError(ClientWriteError::ForwardToLeader(f)) = *e else {
+                    return Err(NodeError::NotLeader(None));
+                };
+                match (f.leader_id, f.leader_node) {
+                    (Some(l), Some(node)) if l != self.id => self
+                        .peers
+                        .forward_forget(META_GROUP, l, &node.addr, id, FORWARD_TIMEOUT)
+                        .await
+                        .map_err(|e| NodeError::Forward(l, e)),
+                    (leader, _) => Err(NodeError::NotLeader(leader)),
+                }
+            }
+            Err(e) => Err(NodeError::Raft(e.to_string())),
+        }
+    }
+
+    /// Members, leader, log indexes and each member's lag.
+    pub fn status(&self) -> Status {
+        let m = self.raft.metrics().borrow().clone();
+        let last = m.last_log_index;
+        let replication = m.replication.clone();
+        let members = m
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, n)| {
+                let matched = replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).cloned())
+                    .map(|l| l.map(|l| l.index).unwrap_or(0));
+                MemberStatus {
+                    id: *id,
+                    addr: n.addr.clone(),
+                    matched,
+                    lag: matched.map(|x| last.unwrap_or(0).saturating_sub(x)),
+                }
+            })
+            .collect();
+        Status {
+            id: self.id,
+            state: match m.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            }
+            .into(),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: last,
+            last_applied: m.last_applied.map(|l| l.index),
+            members,
+        }
+    }
+
+    /// Stops the group and the listener (the files stay).
+    pub async fn shutdown(&self) {
+        self.server.abort();
+        let _ = self.raft.shutdown().await;
+    }
+}

@@ -1,0 +1,788 @@
+//! The TCP transport between cluster nodes (docs/cluster.md, "Transport").
+//!
+//! Frames: a 4-byte big-endian length, then that many bytes of JSON; a frame over
+//! [`MAX_FRAME`] closes the connection. A connection starts with a mutual challenge-response
+//! over a shared cluster secret (the secret itself never crosses the wire):
+//!
+//! 1. client -> server `Hello { version, from, nonce_c }`
+//! 2. server -> client `Challenge { from, nonce_s, proof_s = HMAC(secret, "server" | nonce_c | nonce_s | from_s) }`
+//! 3. client checks `proof_s` (constant time), sends `Proof { proof_c = HMAC(secret, "client" | nonce_s | nonce_c | from_c) }`
+//! 4. server checks `proof_c` (constant time): the connection then carries RPCs.
+//!
+//! After that the client sends `Envelope { group, rpc }` frames and reads one reply frame per
+//! request, in order. Each peer has one outgoing connection owned by one task that takes
+//! requests from a bounded channel (openraft's replication waits when it is full: back-pressure)
+//! and reconnects with exponential backoff after a failure.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use openraft::BasicNode;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::{NodeId, Raft, TypeConfig};
+
+/// The largest frame either side accepts: a snapshot chunk (1 MiB, `raft_config`) or an
+/// append of up to `max_payload_entries` metadata entries fits with room to spare.
+pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+/// Protocol version in the handshake; a node of another version is refused.
+pub const VERSION: u32 = 1;
+/// Requests queued for one peer before callers wait.
+pub const PEER_QUEUE: usize = 64;
+/// Incoming connections served at once; more wait in the listen backlog.
+pub const MAX_INCOMING: usize = 256;
+/// The handshake must finish within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// An incoming connection with no request for this long is closed (peers send heartbeats
+/// many times a second).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest a request waits for its reply when openraft gives no deadline.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Transport failures.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("frame of {0} bytes is over the {MAX_FRAME}-byte limit")]
+    FrameTooBig(usize),
+    #[error("bad frame: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("peer failed authentication (wrong cluster secret?)")]
+    BadProof,
+    #[error("peer speaks protocol version {0}, this node {VERSION}")]
+    Version(u32),
+    #[error("unexpected message during the handshake")]
+    Protocol,
+    #[error("timed out")]
+    Timeout,
+    #[error("no group {0} on this node")]
+    NoGroup(u64),
+    #[error("peer {0} unreachable (backing off)")]
+    BackingOff(NodeId),
+    #[error("transport closed")]
+    Closed,
+    #[error("the peer refused: {0}")]
+    Remote(String),
+}
+
+/// The shared cluster secret (as RabbitMQ's Erlang cookie). Never logged, never sent.
+#[derive(Clone)]
+pub struct Secret(Arc<Vec<u8>>);
+
+impl Secret {
+    pub fn new(bytes: Vec<u8>) -> Self {
+        Self(Arc::new(bytes))
+    }
+    fn proof(&self, role: &[u8], a: &[u8; 32], b: &[u8; 32], id: NodeId) -> [u8; 32] {
+        // HMAC accepts keys of any length; new_from_slice cannot fail for it.
+        let mut m = match Hmac::<Sha256>::new_from_slice(&self.0) {
+            Ok(m) => m,
+            Err(_) => return [0; 32],
+        };
+        m.update(b"warren-cluster-v1 ");
+        m.update(role);
+        m.update(a);
+        m.update(b);
+        m.update(&id.to_be_bytes());
+        m.finalize().into_bytes().into()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+fn nonce() -> Result<[u8; 32], TransportError> {
+    let mut n = [0u8; 32];
+    getrandom::getrandom(&mut n).map_err(|e| TransportError::Io(std::io::Error::other(e)))?;
+    Ok(n)
+}
+
+#[derive(Serialize, Deserialize)]
+enum Handshake {
+    Hello {
+        version: u32,
+        from: NodeId,
+        nonce: [u8; 32],
+    },
+    Challenge {
+        from: NodeId,
+        nonce: [u8; 32],
+        proof: [u8; 32],
+    },
+    Proof {
+        proof: [u8; 32],
+    },
+    Welcome,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    group: u64,
+    rpc: Rpc,
+}
+
+#[derive(Serialize, Deserialize)]
+enum Rpc {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A command a follower forwards to the leader (one hop: the leader proposes it itself
+    /// and never forwards again).
+    Write(crate::Command),
+    /// Remove a member from the group (forwarded to the leader, as a write).
+    Forget(NodeId),
+}
+
+#[derive(Serialize, Deserialize)]
+enum RpcReply {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// The forwarded write's reply, or why it failed (e.g. this node no longer leads).
+    Write(Result<crate::Reply, String>),
+    /// The envelope named a group this node does not run.
+    NoGroup(u64),
+}
+
+async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    msg: &T,
+) -> Result<(), TransportError> {
+    let body = serde_json::to_vec(msg)?;
+    if body.len() > MAX_FRAME {
+        return Err(TransportError::FrameTooBig(body.len()));
+    }
+    // Length and body in one write: one segment for small frames.
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&body);
+    w.write_all(&buf).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+) -> Result<T, TransportError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(TransportError::FrameTooBig(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// Client side of the handshake; returns the server's node id.
+async fn client_handshake(
+    s: &mut TcpStream,
+    me: NodeId,
+    secret: &Secret,
+) -> Result<NodeId, TransportError> {
+    let nonce_c = nonce()?;
+    write_frame(
+        s,
+        &Handshake::Hello {
+            version: VERSION,
+            from: me,
+            nonce: nonce_c,
+        },
+    )
+    .await?;
+    let Handshake::Challenge {
+        from,
+        nonce: nonce_s,
+        proof,
+    } = read_frame(s).await?
+    else {
+        return Err(TransportError::Protocol);
+    };
+    let want = secret.proof(b"server", &nonce_c, &nonce_s, from);
+    if !bool::from(want.ct_eq(&proof)) {
+        return Err(TransportError::BadProof);
+    }
+    let proof = secret.proof(b"client", &nonce_s, &nonce_c, me);
+    write_frame(s, &Handshake::Proof { proof }).await?;
+    match read_frame(s).await? {
+        Handshake::Welcome => Ok(from),
+        _ => Err(TransportError::Protocol),
+    }
+}
+
+/// Server side of the handshake; returns the client's node id.
+async fn server_handshake(
+    s: &mut TcpStream,
+    me: NodeId,
+    secret: &Secret,
+) -> Result<NodeId, TransportError> {
+    let Handshake::Hello {
+        version,
+        from,
+        nonce: nonce_c,
+    } = read_frame(s).await?
+    else {
+        return Err(TransportError::Protocol);
+    };
+    if version != VERSION {
+        return Err(TransportError::Version(version));
+    }
+    let nonce_s = nonce()?;
+    let proof = secret.proof(b"server", &nonce_c, &nonce_s, me);
+    write_frame(
+        s,
+        &Handshake::Challenge {
+            from: me,
+            nonce: nonce_s,
+            proof,
+        },
+    )
+    .await?;
+    let Handshake::Proof { proof } = read_frame(s).await? else {
+        return Err(TransportError::Protocol);
+    };
+    let want = secret.proof(b"client", &nonce_s, &nonce_c, from);
+    if !bool::from(want.ct_eq(&proof)) {
+        return Err(TransportError::BadProof);
+    }
+    write_frame(s, &Handshake::Welcome).await?;
+    Ok(from)
+}
+
+/// The groups this node serves, by group id.
+#[derive(Clone, Default)]
+pub struct Groups(Arc<Mutex<HashMap<u64, Raft>>>);
+
+impl Groups {
+    pub fn insert(&self, group: u64, raft: Raft) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(group, raft);
+    }
+    pub fn remove(&self, group: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&group);
+    }
+    fn get(&self, group: u64) -> Option<Raft> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&group)
+            .cloned()
+    }
+}
+
+/// Accepts peer connections on `listener` until the task is aborted; aborting it also ends
+/// every connection it accepted (they live in its JoinSet), so a stopped node's address no
+/// longer answers for it.
+pub async fn serve(listener: TcpListener, me: NodeId, secret: Secret, groups: Groups) {
+    let slots = Arc::new(Semaphore::new(MAX_INCOMING));
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        // Reap finished connections so the set stays as small as the live ones.
+        while conns.try_join_next().is_some() {}
+        // Wait for a free slot before accepting: excess peers wait in the backlog.
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (sock, addr) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster listener: accept failed");
+                // Out of file descriptors and the like: do not spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (secret, groups) = (secret.clone(), groups.clone());
+        conns.spawn(async move {
+            if let Err(e) = serve_peer(sock, addr, me, &secret, &groups).await {
+                tracing::info!(peer = %addr, error = %e, "cluster connection closed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_peer(
+    mut sock: TcpStream,
+    addr: SocketAddr,
+    me: NodeId,
+    secret: &Secret,
+    groups: &Groups,
+) -> Result<(), TransportError> {
+    let _ = sock.set_nodelay(true);
+    let peer = match tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        server_handshake(&mut sock, me, secret),
+    )
+    .await
+    {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            tracing::warn!(peer = %addr, error = %e, "cluster peer refused");
+            return Err(e);
+        }
+        Err(_) => return Err(TransportError::Timeout),
+    };
+    tracing::debug!(peer = %addr, node = peer, "cluster peer authenticated");
+    loop {
+        let env: Envelope = match tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut sock)).await {
+            Ok(Ok(e)) => e,
+            Ok(Err(TransportError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Ok(());
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(TransportError::Timeout),
+        };
+        let reply = match groups.get(env.group) {
+            None => RpcReply::NoGroup(env.group),
+            Some(raft) => match env.rpc {
+                Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+                Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
+                Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+                Rpc::Forget(id) => RpcReply::Write(
+                    crate::node::forget_here(&raft, id)
+                        .await
+                        .map(|()| crate::Reply::default())
+                        .map_err(|e| e.to_string()),
+                ),
+                Rpc::Write(c) => RpcReply::Write(
+                    raft.client_write(c)
+                        .await
+                        .map(|r| r.data)
+                        .map_err(|e| e.to_string()),
+                ),
+            },
+        };
+        write_frame(&mut sock, &reply).await?;
+    }
+}
+
+struct Request {
+    group: u64,
+    rpc: Rpc,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<RpcReply, TransportError>>,
+}
+
+/// Peer id -> (its address, the sender to its connection task).
+type PeerMap = HashMap<NodeId, (String, mpsc::Sender<Request>)>;
+
+/// Outgoing connections of this node: one task and one connection per peer.
+#[derive(Clone)]
+pub struct Peers {
+    me: NodeId,
+    secret: Secret,
+    peers: Arc<Mutex<PeerMap>>,
+}
+
+impl Peers {
+    pub fn new(me: NodeId, secret: Secret) -> Self {
+        Self {
+            me,
+            secret,
+            peers: Arc::default(),
+        }
+    }
+
+    /// The sender to `target`'s task, started (or restarted for a new address) as needed.
+    fn sender(&self, target: NodeId, addr: &str) -> mpsc::Sender<Request> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((a, tx)) = peers.get(&target)
+            && a == addr
+            && !tx.is_closed()
+        {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(PEER_QUEUE);
+        tokio::spawn(peer_task(
+            self.me,
+            target,
+            addr.to_string(),
+            self.secret.clone(),
+            rx,
+        ));
+        peers.insert(target, (addr.to_string(), tx.clone()));
+        tx
+    }
+
+    /// Sends `command` to `target` (the group's leader) to propose; its reply once committed
+    /// and applied there. Bounded by `timeout`.
+    pub async fn forward(
+        &self,
+        group: u64,
+        target: NodeId,
+        addr: &str,
+        command: crate::Command,
+        timeout: Duration,
+    ) -> Result<crate::Reply, TransportError> {
+        self.forward_rpc(group, target, addr, Rpc::Write(command), timeout)
+            .await
+    }
+
+    /// Asks `target` (the group's leader) to remove member `id`.
+    pub async fn forward_forget(
+        &self,
+        group: u64,
+        target: NodeId,
+        addr: &str,
+        id: NodeId,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        self.forward_rpc(group, target, addr, Rpc::Forget(id), timeout)
+            .await
+            .map(|_| ())
+    }
+
+    async fn forward_rpc(
+        &self,
+        group: u64,
+        target: NodeId,
+        addr: &str,
+        rpc: Rpc,
+        timeout: Duration,
+    ) -> Result<crate::Reply, TransportError> {
+        let (tx, rx) = oneshot::channel();
+        let req = Request {
+            group,
+            rpc,
+            deadline: Instant::now() + timeout,
+            reply: tx,
+        };
+        let sender = self.sender(target, addr);
+        match tokio::time::timeout(timeout, sender.send(req)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(TransportError::Closed),
+            Err(_) => return Err(TransportError::Timeout),
+        }
+        match rx.await.map_err(|_| TransportError::Closed)?? {
+            RpcReply::Write(r) => r.map_err(TransportError::Remote),
+            RpcReply::NoGroup(g) => Err(TransportError::NoGroup(g)),
+            _ => Err(TransportError::Protocol),
+        }
+    }
+
+    /// A network factory for the group `group`.
+    pub fn network(&self, group: u64) -> Network {
+        Network {
+            peers: self.clone(),
+            group,
+        }
+    }
+}
+
+/// Owns the connection to one peer: requests one at a time, in order; reconnects after a
+/// failure no sooner than the backoff allows (requests meanwhile fail at once, which tells
+/// openraft the peer is unreachable so it backs off too). Ends when every sender is gone.
+async fn peer_task(
+    me: NodeId,
+    target: NodeId,
+    addr: String,
+    secret: Secret,
+    mut rx: mpsc::Receiver<Request>,
+) {
+    let mut conn: Option<TcpStream> = None;
+    let mut backoff = BACKOFF_MIN;
+    let mut retry_at = Instant::now();
+    // Logged on changes only: a peer that is down for an hour is one line, not thousands.
+    let mut reachable: Option<bool> = None;
+    let mut note = |now_up: bool, why: &dyn std::fmt::Display| {
+        if reachable != Some(now_up) {
+            if now_up {
+                tracing::info!(node = target, %addr, "cluster peer connected");
+            } else {
+                tracing::warn!(node = target, %addr, error = %why, "cluster peer unreachable");
+            }
+            reachable = Some(now_up);
+        }
+    };
+    while let Some(req) = rx.recv().await {
+        let now = Instant::now();
+        if now >= req.deadline {
+            let _ = req.reply.send(Err(TransportError::Timeout));
+            continue;
+        }
+        if conn.is_none() {
+            if now < retry_at {
+                let _ = req.reply.send(Err(TransportError::BackingOff(target)));
+                continue;
+            }
+            let connect = async {
+                let mut s = TcpStream::connect(&addr).await?;
+                let _ = s.set_nodelay(true);
+                let peer = client_handshake(&mut s, me, &secret).await?;
+                if peer != target {
+                    tracing::warn!(%addr, expected = target, got = peer, "cluster peer has another node id");
+                    return Err(TransportError::Protocol);
+                }
+                Ok::<_, TransportError>(s)
+            };
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT.min(req.deadline - now), connect).await {
+                Ok(Ok(s)) => {
+                    conn = Some(s);
+                    backoff = BACKOFF_MIN;
+                    note(true, &"");
+                }
+                Ok(Err(e)) => {
+                    if matches!(e, TransportError::BadProof) {
+                        tracing::warn!(%addr, node = target, "cluster peer failed authentication");
+                    }
+                    note(false, &e);
+                    retry_at = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    let _ = req.reply.send(Err(e));
+                    continue;
+                }
+                Err(_) => {
+                    retry_at = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    note(false, &"connect timed out");
+                    let _ = req.reply.send(Err(TransportError::Timeout));
+                    continue;
+                }
+            }
+        }
+        let Some(s) = conn.as_mut() else { continue };
+        let exchange = async {
+            write_frame(
+                s,
+                &Envelope {
+                    group: req.group,
+                    rpc: req.rpc,
+                },
+            )
+            .await?;
+            read_frame::<_, RpcReply>(s).await
+        };
+        let left = req.deadline.saturating_duration_since(Instant::now());
+        let r = match tokio::time::timeout(left, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(TransportError::Timeout),
+        };
+        if r.is_err() {
+            // The stream may hold half a frame or a late reply: never reuse it.
+            conn = None;
+        }
+        let _ = req.reply.send(r);
+    }
+}
+
+/// The network factory of one group over [`Peers`].
+pub struct Network {
+    peers: Peers,
+    group: u64,
+}
+
+/// A client of one peer for one group.
+pub struct Client {
+    peers: Peers,
+    group: u64,
+    target: NodeId,
+    addr: String,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Client;
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Client {
+        Client {
+            peers: self.peers.clone(),
+            group: self.group,
+            target,
+            addr: node.addr.clone(),
+        }
+    }
+}
+
+type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+
+impl Client {
+    async fn call(&self, rpc: Rpc, option: &RPCOption) -> Result<RpcReply, TransportError> {
+        let ttl = option.hard_ttl().min(RPC_TIMEOUT);
+        let (tx, rx) = oneshot::channel();
+        let req = Request {
+            group: self.group,
+            rpc,
+            deadline: Instant::now() + ttl,
+            reply: tx,
+        };
+        let sender = self.peers.sender(self.target, &self.addr);
+        // Bounded: waits while the peer's queue is full.
+        match tokio::time::timeout(ttl, sender.send(req)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(TransportError::Closed),
+            Err(_) => return Err(TransportError::Timeout),
+        }
+        rx.await.map_err(|_| TransportError::Closed)?
+    }
+
+    fn error<E: std::error::Error>(&self, e: TransportError) -> RpcErr<E> {
+        match e {
+            TransportError::Io(_) | TransportError::BackingOff(_) | TransportError::Timeout => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            _ => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+}
+
+fn unexpected<E: std::error::Error>(got: RpcReply) -> RpcErr<E> {
+    let e = match got {
+        RpcReply::NoGroup(g) => TransportError::NoGroup(g),
+        _ => TransportError::Protocol,
+    };
+    RPCError::Network(NetworkError::new(&e))
+}
+
+impl RaftNetwork<TypeConfig> for Client {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
+        match self.call(Rpc::Append(rpc), &option).await {
+            Ok(RpcReply::Append(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
+        match self.call(Rpc::Snapshot(rpc), &option).await {
+            Ok(RpcReply::Snapshot(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr> {
+        match self.call(Rpc::Vote(rpc), &option).await {
+            Ok(RpcReply::Vote(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn pair(
+        a: Secret,
+        b: Secret,
+    ) -> (
+        Result<NodeId, TransportError>,
+        Result<NodeId, TransportError>,
+    ) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            server_handshake(&mut s, 1, &a).await
+        });
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let client = client_handshake(&mut c, 2, &b).await;
+        // A refused client hangs up; the server must see that rather than wait for a proof.
+        drop(c);
+        (server.await.unwrap(), client)
+    }
+
+    #[tokio::test]
+    async fn handshake_needs_the_same_secret_on_both_sides() {
+        let s = Secret::new(b"cookie".to_vec());
+        let (server, client) = pair(s.clone(), s).await;
+        assert_eq!((server.unwrap(), client.unwrap()), (2, 1));
+        // A client with another secret is refused by the server's check of its challenge:
+        // the client itself notices first (the server's proof does not verify).
+        let (_, client) = pair(
+            Secret::new(b"cookie".to_vec()),
+            Secret::new(b"other".to_vec()),
+        )
+        .await;
+        assert!(matches!(client, Err(TransportError::BadProof)));
+    }
+
+    #[tokio::test]
+    async fn server_refuses_a_client_that_cannot_prove_the_secret() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let secret = Secret::new(b"cookie".to_vec());
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            server_handshake(&mut s, 1, &secret).await
+        });
+        // A client that skips checking the server and answers with a made-up proof (say,
+        // replaying one from another connection): refused, no Welcome.
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        write_frame(
+            &mut c,
+            &Handshake::Hello {
+                version: VERSION,
+                from: 2,
+                nonce: [7; 32],
+            },
+        )
+        .await
+        .unwrap();
+        let _: Handshake = read_frame(&mut c).await.unwrap();
+        write_frame(&mut c, &Handshake::Proof { proof: [0; 32] })
+            .await
+            .unwrap();
+        assert!(matches!(
+            server.await.unwrap(),
+            Err(TransportError::BadProof)
+        ));
+        assert!(read_frame::<_, Handshake>(&mut c).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn oversized_frame_is_refused_before_reading_it() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        a.write_all(&((MAX_FRAME as u32) + 1).to_be_bytes())
+            .await
+            .unwrap();
+        let r: Result<Handshake, _> = read_frame(&mut b).await;
+        assert!(matches!(r, Err(TransportError::FrameTooBig(_))));
+    }
+}
