@@ -207,7 +207,35 @@ async fn kill_9_keeps_confirmed_messages_offsets_stored_offsets_and_deduplicatio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_codes() {
     let dir = data_dir("delete");
-    let (served, port) = serve(&dir);
+    let served = common::serve(
+        &dir,
+        false,
+        &["--stream", "127.0.0.1:0", "--management", "127.0.0.1:0"],
+    );
+    let port = served.stream.expect("stream port");
+    // Listed by the management API as RabbitMQ lists its stream listener.
+    let http = served.management.expect("management port");
+    let overview = tokio::task::spawn_blocking(move || {
+        common::http::call(http, "GET", "/api/overview", None).json()
+    })
+    .await
+    .unwrap();
+    assert!(
+        overview["listeners"]
+            .as_array()
+            .expect("listeners")
+            .iter()
+            .any(|l| l["protocol"] == "stream" && l["port"] == port),
+        "{overview}"
+    );
+    // Logins are the broker's users: a wrong password is refused.
+    let refused = Environment::builder()
+        .host("127.0.0.1")
+        .port(port)
+        .password("wrong")
+        .build()
+        .await;
+    assert!(refused.is_err(), "a wrong password is refused");
     let env = env(port).await;
     env.stream_creator().create("s").await.unwrap();
     let producer = env.producer().build("s").await.unwrap();
