@@ -10,6 +10,8 @@
 #   scripts/cluster.sh status        the same lines for the running nodes
 #   scripts/cluster.sh kill NODE     SIGKILL one node (NODE: n2 or 2)
 #   scripts/cluster.sh start NODE    start a stopped node again (same data dir); prints its line
+#   scripts/cluster.sh pause NODE    SIGSTOP it (a node that hangs: sockets open, no answers)
+#   scripts/cluster.sh resume NODE   SIGCONT it
 #   scripts/cluster.sh partition NODE...  cut these nodes off from the others (blackhole routes
 #                                    on both sides; the host still reaches everyone)
 #   scripts/cluster.sh heal          remove every partition
@@ -176,6 +178,8 @@ kill_node() { # i sig
   local pid deadline=$((SECONDS + WAIT))
   pid=$(pid_of "$1") || return 0
   kill "-$2" "$pid" 2>/dev/null
+  # A paused node (SIGSTOP) handles SIGTERM only once it runs again.
+  kill -CONT "$pid" 2>/dev/null
   while kill -0 "$pid" 2>/dev/null; do
     if [ $SECONDS -ge $deadline ]; then
       kill -KILL "$pid" 2>/dev/null
@@ -229,6 +233,13 @@ cmd_start() {
   ensure_netns "$i"
   start_node "$i"
   wait_ready "$i" && line_of "$i"
+}
+
+cmd_signal() { # SIG NODE
+  [ $# -ge 2 ] || die "usage: cluster.sh pause|resume NODE"
+  local i pid; i=$(node_index "$2") || exit 1
+  pid=$(pid_of "$i") || die "node n$i is not running"
+  kill "-$1" "$pid"
 }
 
 cmd_partition() {
@@ -286,8 +297,10 @@ case "$cmd" in
   status) cmd_status ;;
   kill) cmd_kill "$@" ;;
   start) cmd_start "$@" ;;
+  pause) cmd_signal STOP "$@" ;;
+  resume) cmd_signal CONT "$@" ;;
   partition) cmd_partition "$@" ;;
   heal) cmd_heal ;;
   down) cmd_down ;;
-  *) die "usage: cluster.sh up N | status | kill NODE | start NODE | partition NODE... | heal | down" ;;
+  *) die "usage: cluster.sh up N | status | kill NODE | start NODE | pause NODE | resume NODE | partition NODE... | heal | down" ;;
 esac

@@ -272,10 +272,11 @@ fn init_default_logs() {
 fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
     let filter = match &s.log_level {
         Some(level) => EnvFilter::try_new(level).map_err(|e| ConfigError(e.to_string()))?,
-        // openraft warns on every heartbeat to an unreachable member (~20 lines a second
-        // while one is down); Warren logs the cluster's changes itself (cli/src/cluster.rs).
+        // openraft logs every failed RPC to an unreachable member (~20 lines a second while
+        // one is down, errors among them); Warren logs the cluster's changes itself, once
+        // per change (cli/src/cluster.rs, warren_cluster::transport).
         None => EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| EnvFilter::new("info,openraft=error")),
+            .unwrap_or_else(|_| EnvFilter::new("info,openraft=off")),
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let file = match &s.log_file {

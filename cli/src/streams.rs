@@ -24,8 +24,8 @@ use warren_store::stream::{
     self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
 };
 use warren_stream::backend::{
-    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, StreamBackend, StreamError,
-    StreamStats,
+    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, ReaderFilter, StreamBackend,
+    StreamError, StreamStats,
 };
 use warren_stream::chunk::Chunk;
 use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
@@ -649,6 +649,9 @@ impl StreamBackend for DiskStreams {
         vhost: &str,
         stream: &str,
         offset: OffsetSpec,
+        // The log keeps no Bloom filter per chunk, so every chunk is sent and clients filter
+        // (the protocol allows skipping chunks, never requires it).
+        _filter: Option<ReaderFilter>,
     ) -> Result<DiskReader, StreamError> {
         let s = self.get(vhost, stream)?;
         let options = ReaderOptions {

@@ -56,10 +56,18 @@ impl LogStore {
     where
         F: FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error> + Send + 'static,
     {
+        self.write_with(Durability::Immediate, f).await
+    }
+
+    /// Runs `f` in one write transaction of the given durability on the blocking pool.
+    async fn write_with<F>(&self, durability: Durability, f: F) -> Result<(), AnyError>
+    where
+        F: FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error> + Send + 'static,
+    {
         let db = self.db.clone();
         let r = tokio::task::spawn_blocking(move || -> Result<(), redb::Error> {
             let mut tx = db.begin_write()?;
-            tx.set_durability(Durability::Immediate)?;
+            tx.set_durability(durability)?;
             f(&tx)?;
             tx.commit()?;
             Ok(())
@@ -199,11 +207,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SErr> {
         // Lets a restarted node apply what it knows is committed without waiting for a
-        // leader; losing it is harmless (the leader tells again), so it shares the log's
-        // durability rather than needing its own fsync ordering.
-        self.write_meta("committed", &committed)
-            .await
-            .map_err(|e| StorageIOError::write(e).into())
+        // leader. Losing the latest value in a crash is harmless (the leader tells again),
+        // so it costs no fsync of its own: a non-durable commit that the next append's
+        // durable commit makes durable with it (redb's Durability::None).
+        let bytes =
+            serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(AnyError::new(&e)))?;
+        self.write_with(Durability::None, move |tx| {
+            tx.open_table(META)?.insert("committed", bytes.as_slice())?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| StorageIOError::write(e).into())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SErr> {

@@ -162,7 +162,18 @@ impl ClusterNode {
     /// learn every member's address).
     pub async fn start_on(opts: NodeOptions, listener: TcpListener) -> Result<Self, NodeError> {
         let dir = opts.data_dir.join("cluster");
-        let log = LogStore::open(&dir.join("meta.redb"))?;
+        // A group stopped in this process a moment ago may still have a task of its old
+        // Raft holding the file (openraft's tasks end asynchronously after shutdown).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let log = loop {
+            match LogStore::open(&dir.join("meta.redb")) {
+                Ok(log) => break log,
+                Err(redb::Error::DatabaseAlreadyOpen) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let sm = StateMachineStore::open(Some(&dir.join("meta.snapshot")), Definitions::new())?;
         let config = crate::raft_config(
             opts.heartbeat_ms,

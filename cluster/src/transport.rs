@@ -41,6 +41,9 @@ use crate::{NodeId, Raft, TypeConfig};
 /// The largest frame either side accepts: a snapshot chunk (1 MiB, `raft_config`) or an
 /// append of up to `max_payload_entries` metadata entries fits with room to spare.
 pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+/// The largest handshake frame: before a peer has proved the secret it cannot make this node
+/// allocate more than this per connection (a 16 MiB frame times 256 connections would be 4 GiB).
+pub const MAX_HANDSHAKE_FRAME: usize = 1024;
 /// Protocol version in the handshake; a node of another version is refused.
 pub const VERSION: u32 = 1;
 /// Requests queued for one peer before callers wait.
@@ -62,7 +65,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 pub enum TransportError {
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
-    #[error("frame of {0} bytes is over the {MAX_FRAME}-byte limit")]
+    #[error("frame of {0} bytes is over the limit")]
     FrameTooBig(usize),
     #[error("bad frame: {0}")]
     Decode(#[from] serde_json::Error),
@@ -186,10 +189,22 @@ async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
 async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
     r: &mut R,
 ) -> Result<T, TransportError> {
+    read_frame_max(r, MAX_FRAME).await
+}
+
+/// A handshake frame: bounded by [`MAX_HANDSHAKE_FRAME`].
+async fn read_hello<R: AsyncRead + Unpin>(r: &mut R) -> Result<Handshake, TransportError> {
+    read_frame_max(r, MAX_HANDSHAKE_FRAME).await
+}
+
+async fn read_frame_max<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+    max: usize,
+) -> Result<T, TransportError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > max {
         return Err(TransportError::FrameTooBig(len));
     }
     let mut body = vec![0u8; len];
@@ -217,7 +232,7 @@ async fn client_handshake(
         from,
         nonce: nonce_s,
         proof,
-    } = read_frame(s).await?
+    } = read_hello(s).await?
     else {
         return Err(TransportError::Protocol);
     };
@@ -227,7 +242,7 @@ async fn client_handshake(
     }
     let proof = secret.proof(b"client", &nonce_s, &nonce_c, me);
     write_frame(s, &Handshake::Proof { proof }).await?;
-    match read_frame(s).await? {
+    match read_hello(s).await? {
         Handshake::Welcome => Ok(from),
         _ => Err(TransportError::Protocol),
     }
@@ -243,7 +258,7 @@ async fn server_handshake(
         version,
         from,
         nonce: nonce_c,
-    } = read_frame(s).await?
+    } = read_hello(s).await?
     else {
         return Err(TransportError::Protocol);
     };
@@ -261,7 +276,7 @@ async fn server_handshake(
         },
     )
     .await?;
-    let Handshake::Proof { proof } = read_frame(s).await? else {
+    let Handshake::Proof { proof } = read_hello(s).await? else {
         return Err(TransportError::Protocol);
     };
     let want = secret.proof(b"client", &nonce_s, &nonce_c, from);
@@ -529,6 +544,17 @@ async fn peer_task(
             let _ = req.reply.send(Err(TransportError::Timeout));
             continue;
         }
+        // A connection the peer closed meanwhile (it restarted, or closed us as idle) reads
+        // as end-of-file now; sending on it would fail only after the request was written.
+        // Replace it before sending, so no request goes out on a dead connection.
+        if let Some(s) = &conn {
+            let mut probe = [0u8; 1];
+            match s.try_read(&mut probe) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // EOF, an error, or bytes nobody asked for (out of step): start afresh.
+                _ => conn = None,
+            }
+        }
         if conn.is_none() {
             if now < retry_at {
                 let _ = req.reply.send(Err(TransportError::BackingOff(target)));
@@ -774,6 +800,25 @@ mod tests {
             Err(TransportError::BadProof)
         ));
         assert!(read_frame::<_, Handshake>(&mut c).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn handshake_frames_are_small_before_the_peer_is_authenticated() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            server_handshake(&mut s, 1, &Secret::new(b"cookie".to_vec())).await
+        });
+        // An unauthenticated client announcing a 1 MiB hello: refused from the length alone.
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&(1u32 << 20).to_be_bytes()).await.unwrap();
+        // Hang up: a server that waited for the body would see end-of-file instead.
+        drop(c);
+        assert!(matches!(
+            server.await.unwrap(),
+            Err(TransportError::FrameTooBig(n)) if n == 1 << 20
+        ));
     }
 
     #[tokio::test]

@@ -58,7 +58,17 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // A failed assertion must not leave namespaces or brokers behind.
+        // A failed assertion must not leave namespaces or brokers behind; the nodes' logs
+        // are kept for the post-mortem (the state dir goes with `down`).
+        if std::thread::panicking() {
+            let keep = std::env::temp_dir().join("warren-cluster-test-logs");
+            let _ = std::fs::create_dir_all(&keep);
+            for i in 1..=3 {
+                let log = self.state.path().join(format!("cluster/n{i}/log"));
+                let _ = std::fs::copy(&log, keep.join(format!("n{i}.log")));
+            }
+            eprintln!("node logs kept in {}", keep.display());
+        }
         let _ = self.command(&["down"]).output();
     }
 }
@@ -345,6 +355,15 @@ async fn up_kill_start_partition_heal_down() {
     );
     assert_ne!(new, leader);
     cluster.run(&["start", &format!("n{leader}")]);
+    let (leader, _) = agreed_leader(&state, &bin, &[1, 2, 3]);
+
+    // SIGSTOP the leader (a hung node: its sockets stay open): the others move on without
+    // it; SIGCONT, and it follows the new leader.
+    cluster.run(&["pause", &format!("n{leader}")]);
+    let rest: Vec<usize> = (1..=3).filter(|i| *i as u64 != leader).collect();
+    let (new, _) = agreed_leader(&state, &bin, &rest);
+    assert_ne!(new, leader);
+    cluster.run(&["resume", &format!("n{leader}")]);
     agreed_leader(&state, &bin, &[1, 2, 3]);
 
     // kill is a SIGKILL of that node only; start brings it back on the same data dir.

@@ -2,7 +2,8 @@
 //! semantics live in `warren-core`, this crate only speaks the protocol.
 //!
 //! Code map: `codec` (framing), `session` (the sans-IO protocol state machine of one
-//! connection: bytes, effects and time in; bytes, ops, login checks and a deadline out), with
+//! connection: bytes, effects and time in; bytes, ops, login checks and a deadline out;
+//! `session::effects`: core effects -> frames), with
 //! its parts `handshake` (start/tune/open), `channels` (the channel table and what arrives on
 //! channels), `content` (frame assembly of published messages), `confirms` (publisher
 //! confirms out, ack collapsing), `heartbeat` (heartbeats as deadlines); `connection` (the

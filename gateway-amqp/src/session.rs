@@ -5,7 +5,7 @@
 //! sockets (tests/session_sans_io.rs), as `warren-mqtt`'s session is.
 //!
 //! Phases: the handshake (`handshake.rs`), open (frames to ops through the channel table,
-//! `channels.rs`; effects to frames here), closing (we sent connection.close and wait for
+//! `channels.rs`; effects to frames in `session/effects.rs`), closing (we sent connection.close and wait for
 //! close-ok, bounded), ended.
 
 use crate::channels::{Channels, Done, Out};
@@ -15,14 +15,16 @@ use crate::confirms::PendingAcks;
 use crate::error::GatewayError;
 use crate::handshake::{self, Handshake, Login, Negotiated, Step};
 use crate::heartbeat::{Beat, Heartbeat};
-use crate::methods::{self, method_name};
+use crate::methods::method_name;
 use amq_protocol::protocol::{AMQPClass, connection};
 use bytes::BytesMut;
 use std::sync::Arc;
 use warren_core::command::Op;
-use warren_core::effect::{Effect, Reply};
+use warren_core::effect::Effect;
 use warren_core::error::ErrorCode;
 use warren_core::escape::Escaped;
+
+mod effects;
 
 /// How long we wait for `connection.close-ok` after sending `connection.close`.
 const CLOSE_TIMEOUT_MS: u64 = 3_000;
@@ -586,168 +588,6 @@ impl Session {
         if self.blocked && self.published && self.conn.blocked_notify && !self.blocked_sent {
             codec::encode_method(&mut self.out, 0, handshake::connection_blocked());
             self.blocked_sent = true;
-        }
-    }
-
-    fn flush_acks_of(&mut self, ch: u16) {
-        if let Some((ch, first, last)) = self.pending_acks.take(ch) {
-            self.emit_acks(ch, first, last);
-        }
-    }
-
-    fn emit_acks(&mut self, ch: u16, first: u64, last: u64) {
-        if let Some(state) = self.channels.get_mut(ch) {
-            state.confirmed.emit_acks(&mut self.out, ch, first, last);
-        }
-    }
-
-    fn encode_effect(&mut self, now: u64, effect: Effect, delivered: &mut u32) {
-        if let Effect::Confirm {
-            ch,
-            seq,
-            multiple: false,
-            ack: true,
-        } = effect
-        {
-            if let Some((c, first, last)) = self.pending_acks.add(ch.channel, seq) {
-                self.emit_acks(c, first, last);
-            }
-            return;
-        }
-        if let Effect::Deliver { .. } = effect {
-            // Counted even if dropped below: the core's write window must get it back.
-            *delivered += 1;
-        }
-        let ch = match &effect {
-            Effect::ConnectionError { .. }
-            | Effect::Blocked { .. }
-            | Effect::Unblocked { .. }
-            | Effect::FlowPaused { .. }
-            | Effect::FlowResumed { .. } => 0,
-            Effect::Reply { ch, .. }
-            | Effect::Deliver { ch, .. }
-            | Effect::Return { ch, .. }
-            | Effect::Confirm { ch, .. }
-            | Effect::ConsumerCancelled { ch, .. }
-            | Effect::ChannelError { ch, .. } => ch.channel,
-        };
-        self.flush_acks_of(ch);
-        let closing = self.channels.get(ch).is_none_or(|s| s.closing);
-        let frame_max = self.conn.frame_max;
-        let out = &mut self.out;
-        match effect {
-            Effect::ConnectionError { error, .. } => {
-                let ids = methods::method_ids(error.op);
-                self.close_connection(now, error.code, error.text, ids);
-            }
-            Effect::Blocked { .. } => {
-                self.blocked = true;
-                // The broker logs the alarm once; per connection it is only a debug line.
-                tracing::debug!(peer = %self.peer, "resource alarm: publishing blocked");
-                self.notify_blocked();
-            }
-            Effect::FlowPaused { .. } => self.flow_paused = true,
-            Effect::FlowResumed { .. } => self.flow_paused = false,
-            Effect::Unblocked { .. } => {
-                self.blocked = false;
-                if self.blocked_sent {
-                    codec::encode_method(out, 0, handshake::connection_unblocked());
-                    self.blocked_sent = false;
-                }
-            }
-            // A channel we are closing gets nothing but the close handshake.
-            _ if closing && ch != 0 => {}
-            Effect::Reply { reply, .. } => match reply {
-                Reply::GetOk {
-                    delivery,
-                    message_count,
-                } => {
-                    let m = &delivery.message;
-                    codec::encode_method(
-                        out,
-                        ch,
-                        methods::get_ok(
-                            delivery.delivery_tag,
-                            delivery.redelivered,
-                            &m.exchange,
-                            &m.routing_key,
-                            message_count,
-                        ),
-                    );
-                    codec::encode_content(out, ch, &m.properties, &m.body, frame_max);
-                }
-                Reply::ChannelCloseOk => {
-                    self.channels.remove(ch);
-                    codec::encode_method(out, ch, methods::channel_close_ok());
-                }
-                other => {
-                    if let Some(method) = methods::reply_method(&other) {
-                        codec::encode_method(out, ch, method);
-                    }
-                }
-            },
-            Effect::Deliver {
-                consumer_tag,
-                delivery,
-                ..
-            } => {
-                let m = &delivery.message;
-                codec::encode_deliver(
-                    out,
-                    ch,
-                    &consumer_tag,
-                    delivery.delivery_tag,
-                    delivery.redelivered,
-                    &m.exchange,
-                    &m.routing_key,
-                );
-                codec::encode_content(out, ch, &m.properties, &m.body, frame_max);
-            }
-            Effect::Return {
-                reply_code,
-                reply_text,
-                message,
-                ..
-            } => {
-                codec::encode_method(
-                    out,
-                    ch,
-                    methods::basic_return(
-                        reply_code,
-                        reply_text,
-                        &message.exchange,
-                        &message.routing_key,
-                    ),
-                );
-                codec::encode_content(out, ch, &message.properties, &message.body, frame_max);
-            }
-            Effect::Confirm {
-                seq, multiple, ack, ..
-            } => {
-                codec::encode_confirm(out, ch, seq, multiple, ack);
-                if let Some(s) = self.channels.get_mut(ch) {
-                    s.confirmed.mark(if multiple { 1 } else { seq }, seq);
-                }
-            }
-            Effect::ConsumerCancelled { consumer_tag, .. } => {
-                codec::encode_method(out, ch, methods::server_cancel(&consumer_tag));
-            }
-            Effect::ChannelError { error, .. } => {
-                tracing::debug!(peer = %self.peer, channel = ch, "channel error: {}", Escaped(&error.text));
-                codec::encode_method(
-                    out,
-                    ch,
-                    methods::channel_close(
-                        error.code.code(),
-                        &error.text,
-                        methods::method_ids(error.op),
-                    ),
-                );
-                if let Some(s) = self.channels.get_mut(ch) {
-                    s.closing = true;
-                    s.content = None;
-                }
-            }
         }
     }
 }

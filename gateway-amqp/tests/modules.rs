@@ -1,6 +1,7 @@
-//! No import circles between the modules of the two gateway crates: a part must not import
-//! the composition built on it (issue 25). Reads each module's source, collects the modules
-//! it names through `crate::` and `super::` paths, and fails on any cycle, naming it.
+//! No import circles between the modules of the AMQP and MQTT gateway crates: a part
+//! must not import the composition built on it (issue 25). Reads each module's source,
+//! collects the modules it names through `crate::` and `super::` paths, and fails on any
+//! cycle, naming it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -157,6 +158,11 @@ fn gateway_amqp_has_no_import_circle() {
 #[test]
 fn gateway_mqtt_has_no_import_circle() {
     check("../gateway-mqtt");
+}
+
+#[test]
+fn gateway_stream_has_no_import_circle() {
+    check("../gateway-stream");
 }
 
 #[test]

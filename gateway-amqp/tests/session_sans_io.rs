@@ -15,8 +15,9 @@ use warren_amqp::codec::{self, Frame};
 use warren_amqp::handshake::Login;
 use warren_amqp::{AmqpConfig, Ended, Session};
 use warren_core::command::Op;
+use warren_core::command::OpKind;
 use warren_core::effect::Effect;
-use warren_core::error::ErrorCode;
+use warren_core::error::{ErrorCode, ProtocolError};
 use warren_core::ids::{ChannelRef, ConnId};
 
 const FRAME_MAX: u32 = 4096;
@@ -356,6 +357,29 @@ fn a_method_on_a_channel_that_is_not_open_is_a_channel_error() {
         })),
     );
     closes_with(&mut d, &declare, "method_on_closed_channel");
+}
+
+#[test]
+fn a_channel_closed_for_an_error_drops_all_but_its_close_handshake() {
+    let mut d = Driver::opened(0);
+    let ch = ChannelRef {
+        conn: ConnId(1),
+        channel: 1,
+    };
+    let error = ProtocolError::new(ErrorCode::NotFound, OpKind::QueueDeclare, "no queue 'x'");
+    d.s.handle_effects(0, vec![Effect::ChannelError { ch, error }], || None);
+    insta::assert_snapshot!("channel_error_close", transcript(&d.out()));
+    // Dropped while closing: a publish and its content.
+    d.feed(&publish(1));
+    d.feed(&header(1, 0));
+    assert!(d.ops.is_empty() && d.out().is_empty());
+    d.feed(&method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    ));
+    assert_eq!(d.op_names(), ["1:ChannelCloseOk"]);
+    // The channel is gone: a method on it now is a connection error (504).
+    closes_with(&mut d, &publish(1), "method_on_closed_channel_after_error");
 }
 
 #[test]

@@ -93,6 +93,37 @@ pub trait ChunkReader: Send + 'static {
     fn position(&self) -> u64;
 }
 
+/// Stream filtering (RabbitMQ 3.13): a subscription's `filter.N` values and
+/// `match-unfiltered`. A chunk is delivered when it holds a message with one of the values,
+/// or, with `match_unfiltered`, a message without a filter value. Best effort, as osiris's
+/// bloom filter: a backend may deliver more (clients filter messages themselves), never less.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReaderFilter {
+    pub values: Vec<String>,
+    pub match_unfiltered: bool,
+}
+
+impl ReaderFilter {
+    /// From Subscribe properties; `None` when there is no `filter.` value.
+    pub fn from_properties(properties: &[(String, String)]) -> Option<ReaderFilter> {
+        let values: Vec<String> = properties
+            .iter()
+            .filter(|(k, _)| k.starts_with("filter."))
+            .map(|(_, v)| v.clone())
+            .collect();
+        if values.is_empty() {
+            return None;
+        }
+        let match_unfiltered = properties
+            .iter()
+            .any(|(k, v)| k == "match-unfiltered" && v == "true");
+        Some(ReaderFilter {
+            values,
+            match_unfiltered,
+        })
+    }
+}
+
 /// `StreamStats`' figures (RabbitMQ sends osiris's counters; -1 when there is none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamStats {
@@ -152,12 +183,14 @@ pub trait StreamBackend: Send + Sync + 'static {
     ) -> Result<u64, StreamError>;
     /// A reader positioned as `spec` resolves: `first`, `last` (the last chunk), `next`, an
     /// offset (clamped into the retained range; past the end: `next`), a timestamp (the first
-    /// chunk stamped at or after it; none: `next`).
+    /// chunk stamped at or after it; none: `next`). With a filter, chunks that hold none of
+    /// its values may be skipped (see [`ReaderFilter`]).
     fn open_reader(
         &self,
         vhost: &str,
         stream: &str,
         spec: OffsetSpec,
+        filter: Option<ReaderFilter>,
     ) -> Result<Self::Reader, StreamError>;
     /// Resolves once a committed chunk holds an offset >= `from`, or with an error if the
     /// stream goes away.

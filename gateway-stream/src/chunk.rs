@@ -18,7 +18,7 @@
 //! 45  u24  reserved (0)
 //! ```
 
-use crate::codec::Entry;
+use crate::frame::{DecodeError, Reader};
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const HEADER_LEN: usize = 48;
@@ -182,6 +182,85 @@ pub fn verify(chunk: &[u8]) -> Result<ChunkHeader, ChunkError> {
         return Err(ChunkError::Crc);
     }
     Ok(h)
+}
+
+/// A data entry as osiris stores it: one message, or a sub-batch of (possibly compressed)
+/// messages that counts as `count` records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Simple(Bytes),
+    SubBatch {
+        /// 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd (opaque to the broker).
+        compression: u8,
+        count: u16,
+        uncompressed_size: u32,
+        data: Bytes,
+    },
+}
+
+impl Entry {
+    /// Records this entry accounts for (offsets it takes).
+    pub fn records(&self) -> u32 {
+        match self {
+            Entry::Simple(_) => 1,
+            Entry::SubBatch { count, .. } => *count as u32,
+        }
+    }
+
+    /// Bytes it takes in a chunk's data section.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            Entry::Simple(b) => 4 + b.len(),
+            Entry::SubBatch { data, .. } => 11 + data.len(),
+        }
+    }
+
+    /// The osiris entry layout (also the Publish layout after the publishing id).
+    pub fn put(&self, out: &mut BytesMut) {
+        match self {
+            Entry::Simple(b) => {
+                out.put_u32(b.len() as u32 & 0x7fff_ffff);
+                out.put_slice(b);
+            }
+            Entry::SubBatch {
+                compression,
+                count,
+                uncompressed_size,
+                data,
+            } => {
+                out.put_u8(0x80 | ((compression & 0x07) << 4));
+                out.put_u16(*count);
+                out.put_u32(*uncompressed_size);
+                out.put_u32(data.len() as u32);
+                out.put_slice(data);
+            }
+        }
+    }
+
+    pub fn read(r: &mut Reader) -> Result<Entry, DecodeError> {
+        let first = r.u8("entry header")?;
+        if first & 0x80 == 0 {
+            let rest = [
+                r.u8("entry size")?,
+                r.u8("entry size")?,
+                r.u8("entry size")?,
+            ];
+            let len = u32::from_be_bytes([first, rest[0], rest[1], rest[2]]) as usize;
+            Ok(Entry::Simple(r.take(len, "entry")?))
+        } else {
+            let compression = (first >> 4) & 0x07;
+            let count = r.u16("sub-batch count")?;
+            let uncompressed_size = r.u32("sub-batch size")?;
+            let len = r.u32("sub-batch length")? as usize;
+            let data = r.take(len, "sub-batch")?;
+            Ok(Entry::SubBatch {
+                compression,
+                count,
+                uncompressed_size,
+                data,
+            })
+        }
+    }
 }
 
 #[cfg(test)]

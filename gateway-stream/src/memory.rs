@@ -5,12 +5,12 @@
 //! disk; the file-backed log implements the same trait.
 
 use crate::backend::{
-    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, StreamBackend, StreamError,
-    StreamStats,
+    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, ReaderFilter, StreamBackend,
+    StreamError, StreamStats,
 };
 use crate::chunk::{self, Chunk};
 use crate::codec::{Entry, OffsetSpec, PublishedMessage};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
@@ -18,6 +18,26 @@ use tokio::sync::watch;
 /// Stored writer references and consumer offsets per stream (each key at most 255 bytes, as
 /// the protocol's references).
 const MAX_REFERENCES: usize = 100_000;
+
+/// Chunks a filtered read may pass over in one call (the reader's position still moves, and
+/// the session reads again).
+const MAX_SKIPPED: usize = 10_000;
+
+/// A stored chunk and the filter values of its messages ("" for a message without one), as
+/// osiris's bloom filter records them (here exactly: no false positives).
+struct MemChunk {
+    chunk: Chunk,
+    filters: BTreeSet<String>,
+}
+
+impl MemChunk {
+    fn matches(&self, f: &ReaderFilter) -> bool {
+        f.values
+            .iter()
+            .any(|v| !v.is_empty() && self.filters.contains(v))
+            || (f.match_unfiltered && self.filters.contains(""))
+    }
+}
 
 /// The log's tail as waiters see it.
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +48,7 @@ struct Tail {
 }
 
 struct MemStream {
-    chunks: VecDeque<Chunk>,
+    chunks: VecDeque<MemChunk>,
     bytes: usize,
     next: u64,
     max_bytes: Option<usize>,
@@ -40,19 +60,21 @@ struct MemStream {
 
 impl MemStream {
     fn first_offset(&self) -> u64 {
-        self.chunks.front().map_or(self.next, |c| c.first_offset)
+        self.chunks
+            .front()
+            .map_or(self.next, |c| c.chunk.first_offset)
     }
 
     /// Index of the chunk holding `offset`, or of the first chunk after it.
     fn chunk_at(&self, offset: u64) -> usize {
         self.chunks
-            .partition_point(|c| c.first_offset + c.num_records as u64 <= offset)
+            .partition_point(|c| c.chunk.first_offset + c.chunk.num_records as u64 <= offset)
     }
 
     fn retain(&mut self, now_ms: u64) {
         // Keep at least the last chunk: retention never empties a stream that has data.
         while self.chunks.len() > 1 {
-            let front = &self.chunks[0];
+            let front = &self.chunks[0].chunk;
             let too_big = self.max_bytes.is_some_and(|m| self.bytes > m);
             let too_old = self
                 .max_age_ms
@@ -204,31 +226,39 @@ pub struct MemoryReader {
     vhost: String,
     stream: String,
     next: u64,
+    filter: Option<ReaderFilter>,
 }
 
 impl ChunkReader for MemoryReader {
     fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError> {
         let from = self.next;
-        let batch = self.backend.with_stream(&self.vhost, &self.stream, |s| {
+        let filter = self.filter.as_ref();
+        let (batch, next) = self.backend.with_stream(&self.vhost, &self.stream, |s| {
             let mut batch = ReadBatch {
                 chunks: Vec::new(),
-                committed_chunk_id: s.chunks.back().map_or(0, |c| c.first_offset),
+                committed_chunk_id: s.chunks.back().map_or(0, |c| c.chunk.first_offset),
             };
+            let mut next = from;
             let mut size = 0;
+            let mut skipped = 0;
             for c in s.chunks.range(s.chunk_at(from)..) {
                 if batch.chunks.len() >= max_chunks
-                    || (!batch.chunks.is_empty() && size + c.wire_len() > max_bytes)
+                    || (!batch.chunks.is_empty() && size + c.chunk.wire_len() > max_bytes)
+                    || skipped >= MAX_SKIPPED
                 {
                     break;
                 }
-                size += c.wire_len();
-                batch.chunks.push(c.clone());
+                next = c.chunk.first_offset + c.chunk.num_records as u64;
+                if filter.is_some_and(|f| !c.matches(f)) {
+                    skipped += 1;
+                    continue;
+                }
+                size += c.chunk.wire_len();
+                batch.chunks.push(c.chunk.clone());
             }
-            Ok(batch)
+            Ok((batch, next))
         })?;
-        if let Some(last) = batch.chunks.last() {
-            self.next = last.first_offset + last.num_records as u64;
-        }
+        self.next = self.next.max(next);
         Ok(batch)
     }
 
@@ -316,8 +346,8 @@ impl StreamBackend for MemoryBackend {
     fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError> {
         self.with_stream(vhost, stream, |s| {
             Ok(StreamStats {
-                first_chunk_id: s.chunks.front().map_or(-1, |c| c.first_offset as i64),
-                committed_chunk_id: s.chunks.back().map_or(-1, |c| c.first_offset as i64),
+                first_chunk_id: s.chunks.front().map_or(-1, |c| c.chunk.first_offset as i64),
+                committed_chunk_id: s.chunks.back().map_or(-1, |c| c.chunk.first_offset as i64),
             })
         })
     }
@@ -332,21 +362,26 @@ impl StreamBackend for MemoryBackend {
     ) -> Result<Appended, StreamError> {
         self.with_stream(vhost, stream, |s| {
             let last = writer.and_then(|w| s.writers.get(w).copied());
-            let mut keep: Vec<&Entry> = Vec::with_capacity(messages.len());
+            let mut keep: Vec<&PublishedMessage> = Vec::with_capacity(messages.len());
             let mut max_id = last;
             for m in messages {
                 if last.is_some_and(|l| m.publishing_id <= l) {
                     continue;
                 }
                 max_id = Some(max_id.map_or(m.publishing_id, |x| x.max(m.publishing_id)));
-                keep.push(&m.entry);
+                keep.push(m);
             }
             let stored = keep.len();
             for part in keep.chunks(chunk::MAX_ENTRIES) {
-                let c = chunk::build(s.next, now_ms as i64, part);
+                let entries: Vec<&Entry> = part.iter().map(|m| &m.entry).collect();
+                let c = chunk::build(s.next, now_ms as i64, &entries);
+                let filters = part
+                    .iter()
+                    .map(|m| m.filter_value.clone().unwrap_or_default())
+                    .collect();
                 s.bytes += c.wire_len();
                 s.next += c.num_records as u64;
-                s.chunks.push_back(c);
+                s.chunks.push_back(MemChunk { chunk: c, filters });
             }
             if let (Some(w), Some(id)) = (writer, max_id)
                 && (s.writers.contains_key(w) || s.writers.len() < MAX_REFERENCES)
@@ -392,7 +427,7 @@ impl StreamBackend for MemoryBackend {
         self.with_stream(vhost, stream, |s| {
             Ok(match spec {
                 OffsetSpec::First => s.first_offset(),
-                OffsetSpec::Last => s.chunks.back().map_or(s.next, |c| c.first_offset),
+                OffsetSpec::Last => s.chunks.back().map_or(s.next, |c| c.chunk.first_offset),
                 OffsetSpec::Next => s.next,
                 // Below the first: the first; past the end: next (osiris's clamping).
                 OffsetSpec::Offset(o) => o.clamp(s.first_offset(), s.next),
@@ -400,8 +435,8 @@ impl StreamBackend for MemoryBackend {
                 OffsetSpec::Timestamp(ts) => s
                     .chunks
                     .iter()
-                    .find(|c| c.timestamp >= ts)
-                    .map_or(s.next, |c| c.first_offset),
+                    .find(|c| c.chunk.timestamp >= ts)
+                    .map_or(s.next, |c| c.chunk.first_offset),
             })
         })
     }
@@ -411,6 +446,7 @@ impl StreamBackend for MemoryBackend {
         vhost: &str,
         stream: &str,
         spec: OffsetSpec,
+        filter: Option<ReaderFilter>,
     ) -> Result<MemoryReader, StreamError> {
         let next = self.resolve_offset(vhost, stream, spec)?;
         Ok(MemoryReader {
@@ -418,6 +454,7 @@ impl StreamBackend for MemoryBackend {
             vhost: vhost.to_string(),
             stream: stream.to_string(),
             next,
+            filter,
         })
     }
 

@@ -7,7 +7,9 @@
 //! SaslAuthenticate, then the server's Tune, the client's Tune, Open. Until Open succeeds
 //! frames are limited to [`INITIAL_FRAME_MAX`] bytes (RabbitMQ's pre-auth ceiling).
 
-use crate::backend::{AuthError, ChunkReader, Login, PeerInfo, StreamBackend, StreamError};
+use crate::backend::{
+    AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
+};
 use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use bytes::{Bytes, BytesMut};
@@ -1004,7 +1006,8 @@ impl<B: StreamBackend> Session<B> {
             tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: single active consumer is not supported");
             code::PRECONDITION_FAILED
         } else {
-            match self.backend.open_reader(&vhost, &stream, offset) {
+            let filter = ReaderFilter::from_properties(properties);
+            match self.backend.open_reader(&vhost, &stream, offset, filter) {
                 Ok(reader) => {
                     self.generation += 1;
                     self.subscriptions.insert(

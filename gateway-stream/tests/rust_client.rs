@@ -50,7 +50,7 @@ async fn take(consumer: &mut rabbitmq_stream_client::Consumer, n: usize) -> Vec<
     while got.len() < n {
         let d = tokio::time::timeout(Duration::from_secs(20), consumer.next())
             .await
-            .expect("delivery within 20 s")
+            .unwrap_or_else(|_| panic!("delivery {} of {n} within 20 s", got.len()))
             .expect("consumer open")
             .expect("delivery ok");
         got.push((d.offset(), d.message().data().unwrap_or_default().to_vec()));
@@ -116,39 +116,42 @@ async fn offset_specifications_next_last_offset_timestamp() {
         .map(|i| Message::builder().body(body(i)).build())
         .collect();
     producer.batch_send_with_confirm(second).await.unwrap();
+    // A message on its own: one frame, so the last chunk is exactly it (a batch may be
+    // split over several frames by the client).
+    producer
+        .send_with_confirm(Message::builder().body(body(20)).build())
+        .await
+        .unwrap();
+    let range = |r: std::ops::RangeInclusive<u64>| r.map(|i| (i, body(i))).collect::<Vec<_>>();
 
-    // timestamp: the chunk stamped after `between`, i.e. offsets 10..
+    // timestamp: the chunks stamped after `between`, i.e. offsets 10..
     let mut c = env
         .consumer()
         .offset(OffsetSpecification::Timestamp(between))
         .build("s2")
         .await
         .unwrap();
-    let got = take(&mut c, 10).await;
-    assert_eq!(got[0].0, 10);
-    assert_eq!(got[9], (19, body(19)));
+    assert_eq!(take(&mut c, 11).await, range(10..=20));
     c.handle().close().await.unwrap();
 
-    // offset 15: the chunk holding it (10..20) is delivered; the client skips 10..15.
+    // offset 15: the chunk holding it is delivered; the client skips the records before 15.
     let mut c = env
         .consumer()
         .offset(OffsetSpecification::Offset(15))
         .build("s2")
         .await
         .unwrap();
-    let got = take(&mut c, 5).await;
-    assert_eq!(got, (15..20).map(|i| (i, body(i))).collect::<Vec<_>>());
+    assert_eq!(take(&mut c, 6).await, range(15..=20));
     c.handle().close().await.unwrap();
 
-    // last: the last chunk (10..20).
+    // last: the last chunk.
     let mut c = env
         .consumer()
         .offset(OffsetSpecification::Last)
         .build("s2")
         .await
         .unwrap();
-    let got = take(&mut c, 10).await;
-    assert_eq!(got[0].0, 10);
+    assert_eq!(take(&mut c, 1).await, range(20..=20));
     c.handle().close().await.unwrap();
 
     // next: nothing until new data, then exactly it. (An offset past the end is checked
@@ -167,10 +170,10 @@ async fn offset_specifications_next_last_offset_timestamp() {
         "next delivers only new data"
     );
     producer
-        .send_with_confirm(Message::builder().body(body(20)).build())
+        .send_with_confirm(Message::builder().body(body(21)).build())
         .await
         .unwrap();
-    assert_eq!(take(&mut next, 1).await, vec![(20, body(20))]);
+    assert_eq!(take(&mut next, 1).await, range(21..=21));
     next.handle().close().await.unwrap();
     producer.close().await.unwrap();
     broker.stop().await;
@@ -342,5 +345,71 @@ async fn super_stream_routes_by_key_and_is_consumed_whole() {
         env.consumer().build("orders-0").await.is_err(),
         "partitions deleted with the super stream"
     );
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filtered_subscription_gets_only_chunks_with_its_values() {
+    use rabbitmq_stream_client::FilterConfiguration;
+    let broker = Broker::start(MemoryBackend::new()).await;
+    let env = broker.env().await;
+    env.stream_creator().create("colours").await.unwrap();
+    // Filter values from the body: "red-N", "blue-N"; "plain-N" has none.
+    let producer = env
+        .producer()
+        .filter_value_extractor(|m: &Message| {
+            let b = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
+            let colour = b.split('-').next().unwrap_or_default();
+            if colour == "plain" {
+                String::new()
+            } else {
+                colour.to_string()
+            }
+        })
+        .build("colours")
+        .await
+        .unwrap();
+    // One batch (one chunk) per colour, unfiltered last.
+    for colour in ["red", "blue", "red", "plain"] {
+        let batch: Vec<Message> = (0..5)
+            .map(|i| Message::builder().body(format!("{colour}-{i}")).build())
+            .collect();
+        producer.batch_send_with_confirm(batch).await.unwrap();
+    }
+    producer.close().await.unwrap();
+
+    let read = |values: Vec<String>, unfiltered: bool| {
+        let env = env.clone();
+        async move {
+            let mut c = env
+                .consumer()
+                .offset(OffsetSpecification::First)
+                .filter_input(Some(FilterConfiguration::new(values, unfiltered)))
+                .build("colours")
+                .await
+                .unwrap();
+            let mut got = Vec::new();
+            while let Ok(Some(Ok(d))) =
+                tokio::time::timeout(Duration::from_millis(500), c.next()).await
+            {
+                got.push(
+                    String::from_utf8_lossy(d.message().data().unwrap_or_default()).into_owned(),
+                );
+            }
+            c.handle().close().await.unwrap();
+            got
+        }
+    };
+    // No client-side predicate: whatever arrives is what the server chose to send.
+    let blue = read(vec!["blue".into()], false).await;
+    assert_eq!(
+        blue,
+        (0..5).map(|i| format!("blue-{i}")).collect::<Vec<_>>()
+    );
+    let blue_and_plain = read(vec!["blue".into()], true).await;
+    assert_eq!(blue_and_plain.len(), 10, "{blue_and_plain:?}");
+    assert!(blue_and_plain[5..].iter().all(|b| b.starts_with("plain-")));
+    let red = read(vec!["red".into()], false).await;
+    assert_eq!(red.len(), 10);
     broker.stop().await;
 }
