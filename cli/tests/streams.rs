@@ -20,11 +20,21 @@ fn data_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A started broker, SIGKILLed when dropped (also when a test fails midway).
+struct Broker(common::Served);
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
 /// `warren serve` with the stream listener on a free port; returns it and that port.
-fn serve(dir: &std::path::Path) -> (common::Served, u16) {
+fn serve(dir: &std::path::Path) -> (Broker, u16) {
     let served = common::serve(dir, false, &["--stream", "127.0.0.1:0"]);
     let port = served.stream.expect("stream port logged");
-    (served, port)
+    (Broker(served), port)
 }
 
 async fn env(port: u16) -> Environment {
@@ -79,7 +89,7 @@ async fn publish(
 async fn a_million_messages_with_confirms_come_back_from_first_in_order() {
     let dir = data_dir("million");
     let (served, port) = serve(&dir);
-    assert!(served.logged(&["listening on", "(stream)"]));
+    assert!(served.0.logged(&["listening on", "(stream)"]));
     let env = env(port).await;
     env.stream_creator().create("big").await.expect("create");
     let producer = env.producer().batch_size(1000).build("big").await.unwrap();
@@ -103,9 +113,7 @@ async fn a_million_messages_with_confirms_come_back_from_first_in_order() {
     consumer.handle().close().await.unwrap();
     // On disk under the escaped names (vhost `/` is `%2F`).
     assert!(dir.join("streams").join("%2F").join("big").is_dir());
-    let mut child = served.child;
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -150,14 +158,12 @@ async fn kill_9_keeps_confirmed_messages_offsets_stored_offsets_and_deduplicatio
         .await
         .unwrap();
     assert!(s[0].confirmed());
-    // SIGKILL: no shutdown, no flush.
-    let mut child = served.child;
-    child.kill().expect("kill -9");
-    let _ = child.wait();
+    // SIGKILL (the drop): no shutdown, no flush.
+    drop(served);
     drop((c, producer, env1));
 
     let (served, port) = serve(&dir);
-    assert!(served.logged(&["stream recovered", "durable"]));
+    assert!(served.0.logged(&["stream recovered", "durable"]));
     let env2 = env(port).await;
     let mut c = env2
         .consumer()
@@ -198,23 +204,21 @@ async fn kill_9_keeps_confirmed_messages_offsets_stored_offsets_and_deduplicatio
     );
     producer.close().await.unwrap();
     c.handle().close().await.unwrap();
-    let mut child = served.child;
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_codes() {
     let dir = data_dir("delete");
-    let served = common::serve(
+    let served = Broker(common::serve(
         &dir,
         false,
         &["--stream", "127.0.0.1:0", "--management", "127.0.0.1:0"],
-    );
-    let port = served.stream.expect("stream port");
+    ));
+    let port = served.0.stream.expect("stream port");
     // Listed by the management API as RabbitMQ lists its stream listener.
-    let http = served.management.expect("management port");
+    let http = served.0.management.expect("management port");
     let overview = tokio::task::spawn_blocking(move || {
         common::http::call(http, "GET", "/api/overview", None).json()
     })
@@ -277,8 +281,6 @@ async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_co
     );
     c.handle().close().await.unwrap();
     producer.close().await.unwrap();
-    let mut child = served.child;
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
