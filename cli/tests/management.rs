@@ -646,14 +646,53 @@ async fn prometheus_metrics_count_messages_and_pass_promtool() {
         .await
         .unwrap();
     }
+    // One persistent message on a durable queue: its confirm waits for a group commit.
+    ch.queue_declare(
+        "durable-jobs".into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    ch.basic_publish(
+        "".into(),
+        "durable-jobs".into(),
+        BasicPublishOptions::default(),
+        b"kept",
+        lapin::BasicProperties::default().with_delivery_mode(2),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
     let port = b.served.prometheus.expect("Prometheus port");
     let text = raw(port, "GET", "/metrics", &[], b"").text();
+    // The sync latency histograms: a group commit was counted, buckets end at +Inf.
+    for name in [
+        "warren_storage_sync_seconds",
+        "warren_storage_journal_fsync_seconds",
+    ] {
+        let count = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_count ")))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name}_count in:\n{text}"));
+        assert!(count >= 1, "{name}_count {count}");
+        assert!(
+            text.lines()
+                .any(|l| l == format!("{name}_bucket{{le=\"+Inf\"}} {count}")),
+            "{name}'s +Inf bucket is not its count:\n{text}"
+        );
+    }
     for line in [
         "rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"jobs\"} 7",
         "rabbitmq_queue_messages_unacked{vhost=\"/\",queue=\"jobs\"} 0",
-        "rabbitmq_global_messages_received_total 7",
+        "rabbitmq_global_messages_received_total 8",
         "rabbitmq_connections 1",
-        "rabbitmq_queues 1",
+        "rabbitmq_queues 2",
         "warren_mqtt_connections 0",
         "# TYPE rabbitmq_global_messages_received_total counter",
     ] {

@@ -27,46 +27,61 @@ pub const HASHING_ALGORITHM: &str = "rabbit_password_hashing_sha256";
 /// A user as operators define it and stores keep it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UserDef {
+    /// The user's name.
     pub name: String,
     /// Salt (4 bytes) followed by the SHA-256 digest; empty: no password login (as a
     /// RabbitMQ user created without a password).
     pub password_hash: Vec<u8>,
+    /// Management tags (`administrator`, `monitoring`, ...), as RabbitMQ's.
     pub tags: Vec<String>,
 }
 
 /// A user's permissions in one vhost, as regular expressions over resource names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PermissionDef {
+    /// The user they apply to.
     pub user: String,
+    /// The vhost they apply in.
     pub vhost: String,
+    /// Regex of the resources the user may declare and delete.
     pub configure: String,
+    /// Regex of the resources the user may publish to (and bind from).
     pub write: String,
+    /// Regex of the resources the user may consume from (and bind to).
     pub read: String,
 }
 
 /// A vhost as operators define it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VhostDef {
+    /// The vhost's name.
     pub name: String,
+    /// Free text for operators.
     pub description: String,
 }
 
 /// The kind of access an operation needs on a resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Perm {
+    /// Declare, delete (and bind, for the destination's side).
     Configure,
+    /// Publish to, bind from.
     Write,
+    /// Consume, get, purge, bind to.
     Read,
 }
 
 /// The kind of resource a permission is checked on (for the error text).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resource {
+    /// An exchange.
     Exchange,
+    /// A queue.
     Queue,
 }
 
 impl Resource {
+    /// RabbitMQ's name of the permission (`configure`, `write`, `read`).
     pub fn as_str(self) -> &'static str {
         match self {
             Resource::Exchange => "exchange",
@@ -136,6 +151,7 @@ impl Pattern {
 /// A user's compiled permissions in one vhost (equal when their definitions are).
 #[derive(Clone, Debug)]
 pub struct Permissions {
+    /// The permissions as defined.
     pub def: PermissionDef,
     configure: Pattern,
     write: Pattern,
@@ -151,6 +167,7 @@ impl PartialEq for Permissions {
 impl Eq for Permissions {}
 
 impl Permissions {
+    /// Compiles the regexes of `def`; an error names the one that does not compile.
     pub fn compile(def: PermissionDef) -> Result<Permissions, String> {
         Ok(Permissions {
             configure: Pattern::compile(&def.configure)?,
@@ -209,19 +226,29 @@ impl Permissions {
 /// tells clients only "login refused").
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LoginError {
+    /// No user of that name.
     #[error("user '{0}' does not exist")]
     NoSuchUser(String),
+    /// The password does not match the stored hash.
     #[error("wrong password for user '{0}'")]
     WrongPassword(String),
     #[error(
         "user '{0}' can only connect via localhost (as RabbitMQ's loopback_users; create \
          another user with `warren ctl add_user` for remote clients)"
     )]
+    /// The user may connect from loopback only (`guest`).
     LoopbackOnly(String),
+    /// The login named a vhost that does not exist.
     #[error("vhost '{0}' not found")]
     NoSuchVhost(String),
+    /// The user has no permissions in the vhost.
     #[error("access to vhost '{vhost}' refused for user '{user}'")]
-    VhostRefused { user: String, vhost: String },
+    VhostRefused {
+        /// The user.
+        user: String,
+        /// The vhost.
+        vhost: String,
+    },
 }
 
 /// A successful login: who, their tags, and (when the login named a vhost) their permissions
@@ -229,8 +256,11 @@ pub enum LoginError {
 /// (MQTT's SUBACK failure codes) before the core would refuse the operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Login {
+    /// The user's name.
     pub user: String,
+    /// Its management tags.
     pub tags: Vec<String>,
+    /// Its permissions in the vhost the login named, if it named one.
     pub permissions: Option<Arc<Permissions>>,
 }
 
@@ -245,6 +275,7 @@ pub struct Users {
 }
 
 impl Users {
+    /// No users.
     pub fn new() -> Users {
         Users {
             loopback_only: vec!["guest".to_string()],
@@ -252,6 +283,8 @@ impl Users {
         }
     }
 
+    /// Checks a password (RabbitMQ's salted SHA-256; `None`: the host proved the
+    /// identity) and the loopback rule.
     pub fn authenticate(
         &self,
         user: &str,
@@ -297,10 +330,12 @@ impl Users {
         })
     }
 
+    /// The user named `user`.
     pub fn get(&self, user: &str) -> Option<&UserDef> {
         self.users.get(user)
     }
 
+    /// Adds or replaces a user.
     pub fn put(&mut self, user: UserDef) {
         self.users.insert(user.name.clone(), user);
     }
@@ -311,14 +346,17 @@ impl Users {
         self.users.remove(user).is_some()
     }
 
+    /// Every user, by name.
     pub fn list(&self) -> impl Iterator<Item = &UserDef> {
         self.users.values()
     }
 
+    /// The user's permissions in `vhost`.
     pub fn permissions(&self, vhost: &str, user: &str) -> Option<&Arc<Permissions>> {
         self.permissions.get(&(vhost.to_string(), user.to_string()))
     }
 
+    /// Sets a user's permissions in a vhost (replacing any).
     pub fn set_permissions(&mut self, p: Permissions) {
         self.permissions
             .insert((p.def.vhost.clone(), p.def.user.clone()), Arc::new(p));
@@ -336,6 +374,7 @@ impl Users {
         self.permissions.retain(|(v, _), _| v != vhost);
     }
 
+    /// Every permission definition, by vhost then user.
     pub fn list_permissions(&self) -> impl Iterator<Item = &PermissionDef> {
         self.permissions.values().map(|p| &p.def)
     }

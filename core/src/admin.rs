@@ -13,29 +13,46 @@ use crate::stats::MessageStats;
 /// not, as RabbitMQ-style texts (a summary says what was imported, not what was asked).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImportReport {
+    /// Vhosts imported.
     pub vhosts: usize,
+    /// Users imported.
     pub users: usize,
+    /// Permissions imported.
     pub permissions: usize,
+    /// Policies imported.
     pub policies: usize,
+    /// Exchanges imported.
     pub exchanges: usize,
+    /// Queues imported.
     pub queues: usize,
+    /// Bindings imported.
     pub bindings: usize,
+    /// What could not be imported, as RabbitMQ-style texts.
     pub errors: Vec<String>,
 }
 
+/// A queue, as `list_queues` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueInfo {
+    /// The vhost.
     pub vhost: String,
+    /// Its name.
     pub name: String,
     /// Its type (`x-queue-type`).
     pub queue_type: crate::queue_type::QueueType,
+    /// It survives a restart.
     pub durable: bool,
+    /// Deleted with its last consumer (queue) or binding (exchange).
     pub auto_delete: bool,
+    /// It is exclusive to its connection (a queue), or an exclusive consumer.
     pub exclusive: bool,
+    /// Its arguments.
     pub arguments: FieldTable,
     /// Ready messages (in memory and paged out).
     pub messages_ready: u64,
+    /// Deliveries awaiting an ack.
     pub messages_unacked: u64,
+    /// Consumers.
     pub consumers: usize,
     /// Body bytes of the ready messages held in memory.
     pub memory: u64,
@@ -47,33 +64,54 @@ pub struct QueueInfo {
     pub policy: Option<String>,
 }
 
+/// An exchange, as `list_exchanges` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExchangeInfo {
+    /// The vhost.
     pub vhost: String,
+    /// Its name.
     pub name: String,
+    /// Its type.
     pub kind: &'static str,
+    /// It survives a restart.
     pub durable: bool,
+    /// Deleted with its last consumer (queue) or binding (exchange).
     pub auto_delete: bool,
+    /// Clients may not publish to it.
     pub internal: bool,
+    /// Its arguments.
     pub arguments: FieldTable,
 }
 
+/// A binding, as `list_bindings` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BindingInfo {
+    /// The vhost.
     pub vhost: String,
+    /// The exchange bound from.
     pub source: String,
+    /// The queue or exchange bound.
     pub destination: String,
+    /// `destination` names an exchange.
     pub destination_is_exchange: bool,
+    /// The routing key.
     pub routing_key: String,
+    /// Its arguments.
     pub arguments: FieldTable,
 }
 
+/// A client connection, as `list_connections` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConnectionInfo {
+    /// The connection.
     pub conn: ConnId,
+    /// The vhost.
     pub vhost: String,
+    /// The user.
     pub user: String,
+    /// Open channels.
     pub channels: usize,
+    /// Consumers.
     pub consumers: u32,
     /// Deliveries handed to the host and not yet written.
     pub in_flight: u32,
@@ -83,20 +121,30 @@ pub struct ConnectionInfo {
     pub stats: MessageStats,
 }
 
+/// A client channel, as `list_channels` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChannelInfo {
+    /// The connection.
     pub conn: ConnId,
+    /// The channel number.
     pub channel: u16,
+    /// The vhost.
     pub vhost: String,
+    /// The user.
     pub user: String,
+    /// Consumers.
     pub consumers: usize,
     /// Deliveries awaiting an ack.
     pub unacked: usize,
     /// basic.qos per consumer (global = false) and for the channel (global = true).
     pub prefetch: u16,
+    /// basic.qos global.
     pub global_prefetch: u16,
+    /// In confirm mode.
     pub confirm: bool,
+    /// In transaction mode.
     pub transactional: bool,
+    /// Message counts.
     pub stats: MessageStats,
 }
 
@@ -107,20 +155,32 @@ pub struct MemoryStatus {
     pub held: u64,
     /// The alarm's threshold.
     pub watermark: u64,
+    /// The memory alarm is raised.
     pub alarm: bool,
 }
 
+/// A consumer, as `list_consumers` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConsumerInfo {
+    /// The vhost.
     pub vhost: String,
+    /// The queue, by name (`""`: the channel's last declared queue).
     pub queue: String,
+    /// The consumer tag.
     pub tag: String,
+    /// The connection.
     pub conn: ConnId,
+    /// The channel number.
     pub channel: u16,
+    /// Deliveries need an ack.
     pub ack_required: bool,
+    /// It is exclusive to its connection (a queue), or an exclusive consumer.
     pub exclusive: bool,
+    /// Its prefetch.
     pub prefetch: u16,
+    /// Its priority (`x-priority` for a consumer; the message priority).
     pub priority: i64,
+    /// Deliveries awaiting an ack.
     pub unacked: u32,
 }
 
@@ -128,47 +188,74 @@ pub struct ConsumerInfo {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum AdminRequest {
+    /// Every queue.
     ListQueues,
+    /// Every exchange.
     ListExchanges,
+    /// Every binding.
     ListBindings,
+    /// Every client connection.
     ListConnections,
+    /// Every consumer.
     ListConsumers,
     /// The durable definitions, for export.
     Definitions,
     /// One operation in a vhost on the broker's admin channel (purge, delete, declare, bind).
     Op {
+        /// The vhost.
         vhost: String,
+        /// The operation.
         op: Op,
     },
     /// Declares everything in the definitions; answers with the errors.
     Import(crate::store::Definitions),
+    /// Sets a policy.
     SetPolicy(crate::policy::PolicyDef),
+    /// Clears a policy.
     ClearPolicy {
+        /// The vhost.
         vhost: String,
+        /// Its name.
         name: String,
     },
+    /// Every policy.
     ListPolicies,
+    /// Adds a vhost.
     AddVhost(VhostDef),
+    /// Deletes a vhost and everything in it.
     DeleteVhost(String),
+    /// Every vhost.
     ListVhosts,
     /// Adds a user; refused when it exists.
     AddUser(UserDef),
     /// Replaces the password hash of an existing user.
     ChangePassword {
+        /// The user.
         user: String,
+        /// The new hash (RabbitMQ's salted SHA-256).
         password_hash: Vec<u8>,
     },
+    /// Replaces the tags of an existing user.
     SetUserTags {
+        /// The user.
         user: String,
+        /// The new tags.
         tags: Vec<String>,
     },
+    /// Deletes a user.
     DeleteUser(String),
+    /// Every user.
     ListUsers,
+    /// Sets a user's permissions in a vhost.
     SetPermissions(PermissionDef),
+    /// Clears a user's permissions in a vhost.
     ClearPermissions {
+        /// The vhost.
         vhost: String,
+        /// The user.
         user: String,
     },
+    /// Every permission.
     ListPermissions,
     /// Every client channel (gathered from every shard).
     ListChannels,
@@ -180,7 +267,9 @@ pub enum AdminRequest {
     SetMemoryWatermark(u64),
     /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
     CloseConnection {
+        /// The connection.
         conn: ConnId,
+        /// Why (sent to the client with 320 CONNECTION_FORCED).
         reason: String,
     },
 }
@@ -294,23 +383,37 @@ impl AdminRequest {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum AdminResponse {
+    /// The queues.
     Queues(Vec<QueueInfo>),
+    /// The exchanges.
     Exchanges(Vec<ExchangeInfo>),
+    /// The bindings.
     Bindings(Vec<BindingInfo>),
+    /// The connections.
     Connections(Vec<ConnectionInfo>),
+    /// The consumers.
     Consumers(Vec<ConsumerInfo>),
+    /// The durable definitions.
     Definitions(crate::store::Definitions),
+    /// The admin op's reply, or its error.
     Op(Result<Option<crate::effect::Reply>, crate::error::ProtocolError>),
     /// What was imported, and what could not be (RabbitMQ-style error texts).
     Imported(ImportReport),
     /// A change (policy, vhost, user, permissions) was made, or why not.
     Done(Result<(), String>),
+    /// The policies.
     Policies(Vec<crate::policy::PolicyDef>),
+    /// The vhosts.
     Vhosts(Vec<VhostDef>),
+    /// The users.
     Users(Vec<UserDef>),
+    /// The permissions.
     Permissions(Vec<PermissionDef>),
+    /// The channels.
     Channels(Vec<ChannelInfo>),
+    /// Message counts per vhost.
     VhostStats(Vec<(String, crate::stats::MessageStats)>),
+    /// The memory alarm's state.
     Memory(MemoryStatus),
     /// Whether the connection to close existed.
     Closed(bool),

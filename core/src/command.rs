@@ -6,60 +6,94 @@ use std::sync::Arc;
 
 pub use crate::exchange::ExchangeKind;
 
+/// `exchange.declare`'s fields.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExchangeDeclare {
+    /// The exchange, by name (`""`: the default exchange).
     pub exchange: String,
     /// The AMQP type name; validated by the core (unknown -> 503 COMMAND_INVALID).
     pub kind: String,
+    /// Only check that it exists (404 otherwise).
     pub passive: bool,
+    /// It survives a restart.
     pub durable: bool,
+    /// It is deleted once its last consumer (queue) or binding (exchange) goes.
     pub auto_delete: bool,
+    /// Clients may not publish to it directly.
     pub internal: bool,
+    /// No reply is wanted (`no-wait`).
     pub nowait: bool,
+    /// Its arguments (`x-...`).
     pub arguments: FieldTable,
 }
 
+/// `queue.declare`'s fields.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueDeclare {
     /// Empty: the server names the queue `amq.gen-...`.
     pub queue: String,
+    /// Only check that it exists (404 otherwise).
     pub passive: bool,
+    /// It survives a restart.
     pub durable: bool,
+    /// Only the declaring connection may use the queue.
     pub exclusive: bool,
+    /// It is deleted once its last consumer (queue) or binding (exchange) goes.
     pub auto_delete: bool,
+    /// No reply is wanted (`no-wait`).
     pub nowait: bool,
+    /// Its arguments (`x-...`).
     pub arguments: FieldTable,
 }
 
 /// A binding between an exchange (`source`) and a queue or exchange (`destination`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bind {
+    /// The queue or exchange bound.
     pub destination: String,
+    /// The exchange bound from.
     pub source: String,
+    /// The routing key.
     pub routing_key: String,
+    /// No reply is wanted (`no-wait`).
     pub nowait: bool,
+    /// Its arguments (`x-...`).
     pub arguments: FieldTable,
 }
 
+/// `basic.consume`'s fields.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Consume {
+    /// The queue, by name (`""`: the channel's last declared queue).
     pub queue: String,
     /// Empty: the server generates `amq.ctag-...`.
     pub consumer_tag: String,
+    /// Do not deliver this connection's own publishes (accepted, as RabbitMQ, and not enforced).
     pub no_local: bool,
+    /// Deliveries need no ack.
     pub no_ack: bool,
+    /// No other consumer may consume from the queue.
     pub exclusive: bool,
+    /// No reply is wanted (`no-wait`).
     pub nowait: bool,
+    /// Its arguments (`x-...`).
     pub arguments: FieldTable,
 }
 
+/// `basic.publish`'s fields, and a host's routing of it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Publish {
+    /// The exchange, by name (`""`: the default exchange).
     pub exchange: Arc<str>,
+    /// The routing key.
     pub routing_key: Arc<str>,
+    /// Return the message if it reaches no queue.
     pub mandatory: bool,
+    /// Deliver at once or return: RabbitMQ dropped it; refused with 540 NOT_IMPLEMENTED.
     pub immediate: bool,
+    /// Its basic properties.
     pub properties: Properties,
+    /// Its body.
     pub body: Bytes,
     /// Routed by the host against a snapshot of the routing table (`routing.rs`), so the
     /// broker need not route it. The broker uses it only if the snapshot saw every routing
@@ -75,81 +109,132 @@ pub enum Op {
     /// A client connected and authenticated. `cancel_notify`: the client understands
     /// server-sent consumer cancellation (AMQP capability `consumer_cancel_notify`).
     ConnectionOpen {
+        /// The vhost.
         vhost: String,
+        /// The user.
         user: String,
+        /// The client understands a server's `basic.cancel` (`consumer_cancel_notify`).
         cancel_notify: bool,
     },
     /// The connection is gone: its channels close, exclusive queues are deleted.
     ConnectionClose,
+    /// `channel.open`.
     ChannelOpen,
     /// Client-initiated close; the core answers `Reply::ChannelCloseOk`.
     ChannelClose,
     /// The host's acknowledgement of `channel.close-ok` after a channel error: the channel
     /// number may be reused from now on.
     ChannelCloseOk,
+    /// `exchange.declare`.
     ExchangeDeclare(ExchangeDeclare),
+    /// `exchange.delete`.
     ExchangeDelete {
+        /// The exchange, by name (`""`: the default exchange).
         exchange: String,
+        /// Only if it has no consumers (queue) or bindings (exchange).
         if_unused: bool,
+        /// No reply is wanted (`no-wait`).
         nowait: bool,
     },
+    /// `exchange.bind`.
     ExchangeBind(Bind),
+    /// `exchange.unbind`.
     ExchangeUnbind(Bind),
+    /// `queue.declare`.
     QueueDeclare(QueueDeclare),
+    /// `queue.bind`.
     QueueBind(Bind),
+    /// `queue.unbind`.
     QueueUnbind(Bind),
+    /// `queue.purge`.
     QueuePurge {
+        /// The queue, by name (`""`: the channel's last declared queue).
         queue: String,
+        /// No reply is wanted (`no-wait`).
         nowait: bool,
     },
+    /// `queue.delete`.
     QueueDelete {
+        /// The queue, by name (`""`: the channel's last declared queue).
         queue: String,
+        /// Only if it has no consumers (queue) or bindings (exchange).
         if_unused: bool,
+        /// Only if it has no ready messages.
         if_empty: bool,
+        /// No reply is wanted (`no-wait`).
         nowait: bool,
     },
+    /// `basic.qos`.
     Qos {
+        /// Prefetch in bytes (0: none; others are refused as by RabbitMQ).
         prefetch_size: u32,
+        /// Unacked deliveries at most (0: no limit).
         prefetch_count: u16,
+        /// Shared by all the channel's consumers (RabbitMQ's meaning), or per consumer.
         global: bool,
     },
+    /// `basic.consume`.
     Consume(Consume),
+    /// `basic.cancel`.
     Cancel {
+        /// The consumer tag.
         consumer_tag: String,
+        /// No reply is wanted (`no-wait`).
         nowait: bool,
     },
+    /// `basic.get`.
     Get {
+        /// The queue, by name (`""`: the channel's last declared queue).
         queue: String,
+        /// Deliveries need no ack.
         no_ack: bool,
     },
     /// Boxed: the properties make a publish ~370 bytes, and every other op (acks above all)
     /// would pay that size in the op batches.
     Publish(Box<Publish>),
+    /// `basic.ack`.
     Ack {
+        /// The delivery tag.
         delivery_tag: u64,
+        /// Also every earlier delivery tag on the channel.
         multiple: bool,
     },
+    /// `basic.nack`.
     Nack {
+        /// The delivery tag.
         delivery_tag: u64,
+        /// Also every earlier delivery tag on the channel.
         multiple: bool,
+        /// Requeue rather than discard (or dead-letter).
         requeue: bool,
     },
+    /// `basic.reject`.
     Reject {
+        /// The delivery tag.
         delivery_tag: u64,
+        /// Requeue rather than discard (or dead-letter).
         requeue: bool,
     },
+    /// `basic.recover`.
     Recover {
+        /// Requeue rather than discard (or dead-letter).
         requeue: bool,
     },
+    /// `confirm.select`.
     ConfirmSelect {
+        /// No reply is wanted (`no-wait`).
         nowait: bool,
     },
+    /// `tx.select`.
     TxSelect,
+    /// `tx.commit`.
     TxCommit,
+    /// `tx.rollback`.
     TxRollback,
     /// The host wrote `count` deliveries of this connection to its socket: they no longer
     /// occupy the connection's write window (see `BrokerConfig::write_window`).
     Written {
+        /// How many deliveries the host wrote to the socket.
         count: u32,
     },
 }
@@ -158,37 +243,66 @@ pub enum Op {
 /// (AMQP's class-id and method-id in `channel.close`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {
+    /// `connection.open`.
     ConnectionOpen,
+    /// `connection.close`.
     ConnectionClose,
+    /// `channel.open`.
     ChannelOpen,
+    /// `channel.close`.
     ChannelClose,
+    /// `channel.close-ok`.
     ChannelCloseOk,
+    /// `exchange.declare`.
     ExchangeDeclare,
+    /// `exchange.delete`.
     ExchangeDelete,
+    /// `exchange.bind`.
     ExchangeBind,
+    /// `exchange.unbind`.
     ExchangeUnbind,
+    /// `queue.declare`.
     QueueDeclare,
+    /// `queue.bind`.
     QueueBind,
+    /// `queue.unbind`.
     QueueUnbind,
+    /// `queue.purge`.
     QueuePurge,
+    /// `queue.delete`.
     QueueDelete,
+    /// `basic.qos`.
     Qos,
+    /// `basic.consume`.
     Consume,
+    /// `basic.cancel`.
     Cancel,
+    /// `basic.get`.
     Get,
+    /// `basic.publish`.
     Publish,
+    /// `basic.ack`.
     Ack,
+    /// `basic.nack`.
     Nack,
+    /// `basic.reject`.
     Reject,
+    /// `basic.recover`.
     Recover,
+    /// `confirm.select`.
     ConfirmSelect,
+    /// `tx.select`.
     TxSelect,
+    /// `tx.commit`.
     TxCommit,
+    /// `tx.rollback`.
     TxRollback,
+    /// The host wrote `count` deliveries of this connection to its socket (write-window credit).
     Written,
 }
 
 impl Op {
+    /// Its type name (`direct`, `fanout`, `topic`, `headers`, or a plugin's).
     pub fn kind(&self) -> OpKind {
         match self {
             Op::ConnectionOpen { .. } => OpKind::ConnectionOpen,

@@ -8,23 +8,41 @@ use crate::command::OpKind;
 #[repr(u16)]
 #[non_exhaustive]
 pub enum ErrorCode {
+    /// 311 CONTENT_TOO_LARGE.
     ContentTooLarge = 311,
+    /// 312 NO_ROUTE.
     NoRoute = 312,
+    /// 313 NO_CONSUMERS.
     NoConsumers = 313,
+    /// 320 CONNECTION_FORCED.
     ConnectionForced = 320,
+    /// 402 INVALID_PATH.
     InvalidPath = 402,
+    /// 403 ACCESS_REFUSED.
     AccessRefused = 403,
+    /// 404 NOT_FOUND.
     NotFound = 404,
+    /// 405 RESOURCE_LOCKED.
     ResourceLocked = 405,
+    /// 406 PRECONDITION_FAILED.
     PreconditionFailed = 406,
+    /// 501 FRAME_ERROR.
     FrameError = 501,
+    /// 502 SYNTAX_ERROR.
     SyntaxError = 502,
+    /// 503 COMMAND_INVALID.
     CommandInvalid = 503,
+    /// 504 CHANNEL_ERROR.
     ChannelError = 504,
+    /// 505 UNEXPECTED_FRAME.
     UnexpectedFrame = 505,
+    /// 506 RESOURCE_ERROR.
     ResourceError = 506,
+    /// 530 NOT_ALLOWED.
     NotAllowed = 530,
+    /// 540 NOT_IMPLEMENTED.
     NotImplemented = 540,
+    /// 541 INTERNAL_ERROR.
     InternalError = 541,
 }
 
@@ -78,12 +96,16 @@ impl ErrorCode {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{text}")]
 pub struct ProtocolError {
+    /// The AMQP reply code.
     pub code: ErrorCode,
+    /// RabbitMQ-style text.
     pub text: String,
+    /// The operation.
     pub op: OpKind,
 }
 
 impl ProtocolError {
+    /// An error of `code` on `op`.
     pub fn new(code: ErrorCode, op: OpKind, detail: impl AsRef<str>) -> ProtocolError {
         ProtocolError {
             code,

@@ -8,11 +8,14 @@ pub struct ConnId(pub u64);
 /// A channel of a connection: AMQP's channel number, or 1 for an MQTT session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChannelRef {
+    /// The connection.
     pub conn: ConnId,
+    /// The channel number (0: the connection itself).
     pub channel: u16,
 }
 
 impl ChannelRef {
+    /// Channel `channel` of connection `conn`.
     pub const fn new(conn: ConnId, channel: u16) -> ChannelRef {
         ChannelRef { conn, channel }
     }
@@ -43,6 +46,8 @@ pub struct ExchangeId(pub u64);
 /// Where a binding leads: a queue or (exchange-to-exchange binding) another exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Destination {
+    /// A queue.
     Queue(QueueId),
+    /// An exchange (exchange-to-exchange bindings).
     Exchange(ExchangeId),
 }

@@ -6,7 +6,7 @@
 //! order reach its outputs: the same inputs give byte-identical effects natively and in
 //! WebAssembly. See ARCHITECTURE.md for the code map and invariants.
 
-#![warn(unreachable_pub)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod access;
 pub mod admin;

@@ -14,28 +14,46 @@ pub type FieldTable = BTreeMap<String, FieldValue>;
 /// One value of a field table, covering every AMQP 0.9.1 / RabbitMQ field type.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FieldValue {
+    /// Boolean (`t`).
     Bool(bool),
+    /// Signed 8-bit (`b`).
     I8(i8),
+    /// Unsigned 8-bit (`B`).
     U8(u8),
+    /// Signed 16-bit (`s`).
     I16(i16),
+    /// Unsigned 16-bit (`u`).
     U16(u16),
+    /// Signed 32-bit (`I`).
     I32(i32),
+    /// Unsigned 32-bit (`i`).
     U32(u32),
+    /// Signed 64-bit (`l`).
     I64(i64),
+    /// 32-bit float (`f`).
     F32(f32),
+    /// 64-bit float (`d`).
     F64(f64),
+    /// Decimal (`D`): `value` / 10^`scale`.
     Decimal {
+        /// Decimal places.
         scale: u8,
+        /// The unscaled value.
         value: u32,
     },
     /// A short string (deprecated on the wire, kept for fidelity).
     ShortString(String),
     /// A long string: arbitrary bytes, usually UTF-8.
     LongString(Bytes),
+    /// Array (`A`).
     Array(Vec<FieldValue>),
+    /// Timestamp, seconds (`T`).
     Timestamp(u64),
+    /// Nested table (`F`).
     Table(FieldTable),
+    /// Byte array (`x`).
     ByteArray(Bytes),
+    /// No value (`V`).
     Void,
 }
 
@@ -81,22 +99,33 @@ impl FieldValue {
 /// Message properties (AMQP 0.9.1 basic properties, all optional).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Properties {
+    /// MIME content type.
     pub content_type: Option<String>,
+    /// MIME content encoding.
     pub content_encoding: Option<String>,
+    /// Application headers.
     pub headers: Option<FieldTable>,
     /// 1 = transient, 2 = persistent.
     pub delivery_mode: Option<u8>,
+    /// Message priority (0-9 as RabbitMQ).
     pub priority: Option<u8>,
+    /// Correlates a reply with its request.
     pub correlation_id: Option<String>,
+    /// Where replies go.
     pub reply_to: Option<String>,
     /// Per-message TTL in milliseconds, as a decimal string (AMQP's odd choice).
     pub expiration: Option<String>,
+    /// Application message id.
     pub message_id: Option<String>,
+    /// Application timestamp.
     pub timestamp: Option<u64>,
     /// AMQP's `type` property.
     pub kind: Option<String>,
+    /// The publishing user, as the client set it.
     pub user_id: Option<String>,
+    /// Publishing application.
     pub app_id: Option<String>,
+    /// Deprecated by AMQP 0-9-1.
     pub cluster_id: Option<String>,
 }
 
@@ -113,9 +142,13 @@ impl Properties {
 /// reference-counted, never copied on the way through the core.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Message {
+    /// The exchange it was published to.
     pub exchange: Arc<str>,
+    /// The routing key it was published with.
     pub routing_key: Arc<str>,
+    /// Its basic properties.
     pub properties: Properties,
+    /// Its body.
     pub body: Bytes,
 }
 
@@ -131,6 +164,7 @@ impl Message {
 pub struct QueuedMessage {
     /// Its position in its queue, given on enqueue.
     pub seq: u64,
+    /// The message.
     pub message: Arc<Message>,
     /// It was delivered before and came back (requeue, channel close, restart).
     pub redelivered: bool,

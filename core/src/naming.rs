@@ -9,6 +9,7 @@ pub struct NameGen {
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 impl NameGen {
+    /// A generator seeded with `seed` (shard 0's sequence).
     pub fn new(seed: u64) -> NameGen {
         NameGen { state: seed }
     }

@@ -116,18 +116,22 @@ where
     K: Hash + Eq + Clone,
     V: Clone,
 {
+    /// An empty map.
     pub fn new() -> Self {
         PMap::default()
     }
 
+    /// The number of entries.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// No entries.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The value of `key`.
     pub fn get<Q>(&self, key: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
@@ -136,6 +140,7 @@ where
         self.get_key_value(key).map(|(_, v)| v)
     }
 
+    /// The entry of `key`.
     pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &V)>
     where
         K: Borrow<Q>,
@@ -171,6 +176,7 @@ where
         }
     }
 
+    /// Whether `key` has an entry.
     pub fn contains_key<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -246,6 +252,7 @@ where
         }
     }
 
+    /// Removes `key`'s entry, copying only its path; returns its value.
     pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
     where
         K: Borrow<Q>,
@@ -273,6 +280,7 @@ where
         entries.into_iter()
     }
 
+    /// The values, in no particular order.
     pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
         self.iter().map(|(_, v)| v)
     }

@@ -8,13 +8,17 @@ use crate::message::{FieldTable, FieldValue};
 /// What a policy applies to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ApplyTo {
+    /// Queues and exchanges.
     #[default]
     All,
+    /// Queues only.
     Queues,
+    /// Exchanges only.
     Exchanges,
 }
 
 impl ApplyTo {
+    /// Parses RabbitMQ's `apply-to` value.
     pub fn parse(s: &str) -> Option<ApplyTo> {
         match s {
             "all" => Some(ApplyTo::All),
@@ -24,6 +28,7 @@ impl ApplyTo {
         }
     }
 
+    /// RabbitMQ's `apply-to` value.
     pub fn as_str(self) -> &'static str {
         match self {
             ApplyTo::All => "all",
@@ -38,9 +43,13 @@ impl ApplyTo {
 pub struct PolicyDef {
     /// The vhost it applies in.
     pub vhost: String,
+    /// Its name, unique in its vhost.
     pub name: String,
+    /// The regex of the names it applies to.
     pub pattern: String,
+    /// Which kind of resource it applies to.
     pub apply_to: ApplyTo,
+    /// The highest priority among the matching policies wins.
     pub priority: i64,
     /// Keys as RabbitMQ names them: `message-ttl`, `expires`, `max-length`,
     /// `max-length-bytes`, `overflow`, `dead-letter-exchange`, `dead-letter-routing-key`,

@@ -22,11 +22,17 @@ pub struct QueueArgs {
     pub message_ttl: Option<u64>,
     /// `x-expires`: the queue is deleted after this many milliseconds unused.
     pub expires: Option<u64>,
+    /// `x-max-length`: ready messages at most.
     pub max_length: Option<u64>,
+    /// `x-max-length-bytes`: ready body bytes at most.
     pub max_length_bytes: Option<u64>,
+    /// `x-overflow`: what a full queue does.
     pub overflow: Overflow,
+    /// `x-dead-letter-exchange`.
     pub dead_letter_exchange: Option<String>,
+    /// `x-dead-letter-routing-key`.
     pub dead_letter_routing_key: Option<String>,
+    /// `x-single-active-consumer`.
     pub single_active_consumer: bool,
     /// `x-max-priority`: a priority queue with levels 0..=max.
     pub max_priority: Option<u8>,

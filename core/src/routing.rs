@@ -58,8 +58,11 @@ struct ExchangeRoute {
 /// through, the table version, and every queue reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Routed {
+    /// The table's version it was routed on.
     pub version: u64,
+    /// The exchange it was published to.
     pub exchange: ExchangeId,
+    /// The queues it reaches.
     pub queues: Vec<QueueId>,
 }
 
@@ -70,10 +73,12 @@ impl RouteTable {
         self.version
     }
 
+    /// The vhost named `name`.
     pub fn vhost(&self, name: &str) -> Option<VhostId> {
         self.vhost_ids.get(name).copied().map(VhostId)
     }
 
+    /// The exchange `name` in `vhost`.
     pub fn exchange(&self, vhost: VhostId, name: &str) -> Option<ExchangeId> {
         self.vhosts
             .get(&vhost)?
@@ -83,6 +88,7 @@ impl RouteTable {
             .map(ExchangeId)
     }
 
+    /// The queue `name` in `vhost`.
     pub fn queue(&self, vhost: VhostId, name: &str) -> Option<QueueId> {
         self.vhosts
             .get(&vhost)?

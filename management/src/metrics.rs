@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::fmt::Write;
 use std::sync::Arc;
+use warren_runtime::storage_metrics::HistogramSnapshot;
 use warren_runtime::{AdminRequest, AdminResponse};
 
 pub(crate) fn router(m: Arc<Management>) -> Router {
@@ -58,6 +59,19 @@ fn gauge(out: &mut String, name: &'static str, help: &str, value: impl std::fmt:
 
 fn counter(out: &mut String, name: &'static str, help: &str, value: u64) {
     Family::new(out, name, "counter", help).sample(&[], value);
+}
+
+/// A histogram in Prometheus' text format: cumulative `_bucket{le=...}` samples, `+Inf`,
+/// `_sum` and `_count`.
+fn histogram(out: &mut String, name: &'static str, help: &str, h: &HistogramSnapshot) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (le, n) in &h.buckets {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {n}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum_seconds);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
 /// Bytes of the files under `dir` (at most `MAX_FILES` entries: a bound on the walk).
@@ -319,6 +333,18 @@ async fn render(m: &Management) -> Option<String> {
             "warren_storage_bytes",
             "Bytes of the files in the data directory (message logs, definitions)",
             bytes_on_disk(dir),
+        );
+        histogram(
+            o,
+            "warren_storage_sync_seconds",
+            "Duration of each group commit: everything it covers durable (journal, definitions, bodies, segments)",
+            &warren_runtime::storage_metrics::SYNC.snapshot(),
+        );
+        histogram(
+            o,
+            "warren_storage_journal_fsync_seconds",
+            "Duration of the journal's fdatasync in each group commit",
+            &warren_runtime::storage_metrics::JOURNAL_FSYNC.snapshot(),
         );
     }
     let mut by_protocol: std::collections::BTreeMap<&str, usize> = Default::default();

@@ -19,6 +19,8 @@ mod task;
 
 pub use mailbox::EffectReceiver;
 pub use resources::{ResourceWatch, disk_free, process_rss};
+/// The store's sync latency histograms (Prometheus reads them).
+pub use warren_store::metrics as storage_metrics;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

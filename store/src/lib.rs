@@ -14,6 +14,7 @@
 pub mod definitions;
 pub mod journal;
 pub mod lock;
+pub mod metrics;
 pub mod record;
 pub mod retained;
 pub mod segment;
@@ -312,6 +313,7 @@ fn sync_thread(
                 continue;
             }
         };
+        let started = std::time::Instant::now();
         let result = (|| -> Result<(), String> {
             if let Some(e) = &job.failed {
                 return Err(format!("a write failed before this sync: {e}"));
@@ -331,9 +333,11 @@ fn sync_thread(
                 return Ok(());
             }
             if let Some(j) = &job.journal {
+                let t = std::time::Instant::now();
                 j.file
                     .sync_data()
                     .map_err(|e| format!("fsync the journal: {e}"))?;
+                metrics::JOURNAL_FSYNC.observe(t.elapsed());
             }
             if job.definitions {
                 defs.commit_durable().map_err(|e| e.to_string())?;
@@ -373,6 +377,9 @@ fn sync_thread(
             }
             Ok(())
         })();
+        if fsync {
+            metrics::SYNC.observe(started.elapsed());
+        }
         if let Err(e) = &result {
             tracing::error!(epoch = job.epoch, error = %e, "sync failed: its confirms become nacks");
         }

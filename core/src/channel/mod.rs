@@ -8,6 +8,7 @@
 pub(crate) mod conn;
 pub(crate) mod hold;
 pub(crate) mod reply_to;
+pub(crate) mod side;
 
 use crate::command::{OpKind, Publish};
 use crate::error::{ErrorCode, ProtocolError};

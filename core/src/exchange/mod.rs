@@ -33,9 +33,13 @@ use std::sync::Arc;
 /// Kinds of exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExchangeKind {
+    /// Routes by exact routing key.
     Direct,
+    /// Routes to every binding.
     Fanout,
+    /// Routes by routing-key pattern (`*`, `#`).
     Topic,
+    /// Routes by message headers (`x-match`).
     Headers,
 }
 
@@ -51,6 +55,7 @@ impl ExchangeKind {
         }
     }
 
+    /// Its AMQP type name.
     pub fn as_str(self) -> &'static str {
         match self {
             ExchangeKind::Direct => "direct",
@@ -64,21 +69,29 @@ impl ExchangeKind {
 /// One binding as stored (for listing, later for `warren ctl list_bindings`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BindingKey {
+    /// The queue or exchange bound.
     pub destination: Destination,
+    /// The binding key.
     pub routing_key: Arc<str>,
+    /// The binding arguments (headers exchanges match on them).
     pub arguments: FieldTable,
 }
 
 /// The bindings of one exchange, indexed for its kind.
 #[derive(Clone, Debug)]
 pub enum Bindings {
+    /// A direct exchange's bindings.
     Direct(direct::DirectBindings),
+    /// A fanout exchange's bindings.
     Fanout(fanout::FanoutBindings),
+    /// A topic exchange's bindings.
     Topic(topic::TopicBindings),
+    /// A headers exchange's bindings.
     Headers(headers::HeadersBindings),
 }
 
 impl Bindings {
+    /// No bindings, for an exchange of `kind`.
     pub fn new(kind: ExchangeKind) -> Bindings {
         match kind {
             ExchangeKind::Direct => Bindings::Direct(direct::DirectBindings::default()),
@@ -88,6 +101,7 @@ impl Bindings {
         }
     }
 
+    /// The exchange kind.
     pub fn kind(&self) -> ExchangeKind {
         match self {
             Bindings::Direct(_) => ExchangeKind::Direct,
@@ -184,10 +198,12 @@ impl Bindings {
         })
     }
 
+    /// The number of bindings.
     pub fn len(&self) -> usize {
         self.index().len()
     }
 
+    /// No bindings.
     pub fn is_empty(&self) -> bool {
         self.index().len() == 0
     }

@@ -11,11 +11,17 @@ use std::sync::Arc;
 /// expiry interval and drop expired messages without a timer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetainedMessage {
+    /// The topic it was published to.
     pub topic: Arc<str>,
+    /// Its QoS.
     pub qos: u8,
+    /// Its payload.
     pub payload: Bytes,
+    /// Its properties (MQTT 5).
     pub properties: Properties,
+    /// When it was stored (host ms).
     pub stored_at: u64,
+    /// Its message expiry interval, if any (ms).
     pub expiry_ms: Option<u64>,
 }
 
@@ -36,6 +42,7 @@ pub struct RetainedStore {
 }
 
 impl RetainedStore {
+    /// No retained messages.
     pub fn new() -> RetainedStore {
         RetainedStore::default()
     }
@@ -93,6 +100,7 @@ impl RetainedStore {
         self.vhosts.values().map(BTreeMap::len).sum()
     }
 
+    /// No retained messages.
     pub fn is_empty(&self) -> bool {
         self.vhosts.is_empty()
     }

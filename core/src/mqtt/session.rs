@@ -12,7 +12,9 @@ pub struct StoredSub {
     pub filter: String,
     /// Maximum QoS granted (0..=2).
     pub qos: u8,
+    /// MQTT 5 no-local: the session's own publishes are not delivered to it.
     pub no_local: bool,
+    /// MQTT 5 retain-as-published.
     pub retain_as_published: bool,
     /// Retain Handling (0..=2) as subscribed.
     pub retain_handling: u8,
@@ -44,6 +46,7 @@ pub struct StoredSession {
     pub disconnected_at: Option<u64>,
     /// Whether the session's durable queue exists.
     pub has_queue: bool,
+    /// Its subscriptions.
     pub subs: Vec<StoredSub>,
     /// Outbound QoS 2 packet ids that got PUBREC but no PUBCOMP (PUBREL is resent).
     pub awaiting_comp: Vec<u16>,
@@ -52,6 +55,7 @@ pub struct StoredSession {
     /// Packet ids of outbound QoS 1/2 messages sent but not acknowledged, oldest first: the
     /// core requeues those messages in order, and they are resent under these ids.
     pub outbound: Vec<u16>,
+    /// The will to publish when it ends, if any.
     pub will: Option<StoredWill>,
 }
 

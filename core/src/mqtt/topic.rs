@@ -14,17 +14,24 @@ pub const MAX_TOPIC_LEN: usize = 65_535;
 /// Why a topic name is not valid for PUBLISH.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TopicError {
+    /// The topic is empty.
     Empty,
+    /// Longer than MQTT allows (65,535 bytes).
     TooLong,
+    /// A wildcard in a topic name.
     Wildcard,
+    /// A NUL character.
     Nul,
 }
 
 /// Why a topic filter is not valid for SUBSCRIBE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FilterError {
+    /// The filter is empty.
     Empty,
+    /// Longer than MQTT allows (65,535 bytes).
     TooLong,
+    /// A NUL character.
     Nul,
     /// `#` not alone in the last level, or `+` not alone in its level.
     MisplacedWildcard,

@@ -19,7 +19,9 @@ use std::sync::Arc;
 /// Ready messages that are on disk only.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Paged {
+    /// Messages on disk only.
     pub count: u64,
+    /// Their body bytes.
     pub bytes: u64,
     /// The sequence number the next read starts from.
     pub from_seq: u64,
@@ -58,6 +60,7 @@ fn insert_by_seq(deque: &mut VecDeque<QueuedMessage>, entry: QueuedMessage) {
 }
 
 impl MessageQueue {
+    /// An empty queue.
     pub fn new() -> MessageQueue {
         MessageQueue::default()
     }
@@ -89,6 +92,7 @@ impl MessageQueue {
         seq
     }
 
+    /// Whether it is a priority queue (`x-max-priority`).
     pub fn is_priority(&self) -> bool {
         !self.levels.is_empty()
     }
@@ -240,6 +244,7 @@ impl MessageQueue {
             .saturating_add(self.in_memory)
     }
 
+    /// No ready messages.
     pub fn is_empty(&self) -> bool {
         self.in_memory == 0 && self.paged.count == 0
     }
@@ -249,6 +254,7 @@ impl MessageQueue {
         self.in_memory
     }
 
+    /// What is on disk only.
     pub fn paged(&self) -> Paged {
         self.paged
     }

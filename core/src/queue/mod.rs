@@ -7,4 +7,5 @@
 pub use crate::queue_args as args;
 pub mod classic;
 pub mod kind;
+pub(crate) mod side;
 pub(crate) mod state;

@@ -23,6 +23,7 @@ impl Broker {
     /// Every queue, by vhost and name.
     pub fn list_queues(&self) -> Vec<QueueInfo> {
         let mut out: Vec<QueueInfo> = self
+            .qs
             .queues
             .values()
             .map(|q| QueueInfo {
@@ -107,6 +108,7 @@ impl Broker {
     /// Every client connection, by id.
     pub fn list_connections(&self) -> Vec<ConnectionInfo> {
         let mut out: Vec<ConnectionInfo> = self
+            .chans
             .conns
             .iter()
             .filter(|(id, _)| **id != RESTORE_CONN)
@@ -129,7 +131,7 @@ impl Broker {
     pub(super) fn conn_stats(&self, id: ConnId, c: &crate::channel::conn::Conn) -> MessageStats {
         let mut stats = c.closed_stats;
         for &n in c.channels.iter() {
-            if let Some(ch) = self.channels.get(&ChannelRef::new(id, n)) {
+            if let Some(ch) = self.chans.channels.get(&ChannelRef::new(id, n)) {
                 stats.add(&ch.stats);
             }
         }
@@ -139,11 +141,12 @@ impl Broker {
     /// Every client channel, by connection and number.
     pub fn list_channels(&self) -> Vec<ChannelInfo> {
         let mut out: Vec<ChannelInfo> = self
+            .chans
             .channels
             .iter()
             .filter(|(ch, _)| ch.conn != RESTORE_CONN)
             .filter_map(|(ch, c)| {
-                let conn = self.conns.get(&ch.conn)?;
+                let conn = self.chans.conns.get(&ch.conn)?;
                 Some(ChannelInfo {
                     conn: ch.conn,
                     channel: ch.channel,
@@ -167,7 +170,7 @@ impl Broker {
     /// every connection, closed ones included; the admin channel's too), by vhost name.
     pub fn vhost_stats(&self) -> Vec<(String, MessageStats)> {
         let mut by_vhost = self.closed_stats.clone();
-        for (id, c) in self.conns.iter() {
+        for (id, c) in self.chans.conns.iter() {
             by_vhost
                 .entry(c.vhost)
                 .or_default()
@@ -202,7 +205,7 @@ impl Broker {
     /// operator's reason, as rabbitmqctl close_connection). False if there is no such
     /// connection on this broker.
     pub fn close_connection(&mut self, conn: ConnId, reason: &str) -> bool {
-        if conn == RESTORE_CONN || !self.conns.contains_key(&conn) {
+        if conn == RESTORE_CONN || !self.chans.conns.contains_key(&conn) {
             return false;
         }
         self.force_close(conn, reason.to_string());
@@ -213,6 +216,7 @@ impl Broker {
     /// Every consumer, by queue then tag.
     pub fn list_consumers(&self) -> Vec<ConsumerInfo> {
         let mut out: Vec<ConsumerInfo> = self
+            .qs
             .queues
             .values()
             .flat_map(|q| q.consumers.iter().map(move |c| (q, c)))
@@ -394,10 +398,15 @@ impl Broker {
                 format!("vhost '{vhost}' does not exist"),
             ));
         };
-        if self.conns.get(&RESTORE_CONN).is_some_and(|c| c.vhost != vh) {
+        if self
+            .chans
+            .conns
+            .get(&RESTORE_CONN)
+            .is_some_and(|c| c.vhost != vh)
+        {
             self.release_connection(RESTORE_CONN);
         }
-        if !self.conns.contains_key(&RESTORE_CONN) {
+        if !self.chans.conns.contains_key(&RESTORE_CONN) {
             self.handle(
                 now,
                 ChannelRef::new(RESTORE_CONN, 0),
@@ -408,7 +417,7 @@ impl Broker {
                 },
             );
         }
-        if !self.channels.contains_key(&ch) {
+        if !self.chans.channels.contains_key(&ch) {
             self.handle(now, ch, Op::ChannelOpen);
         }
         self.handle(now, ch, op);
@@ -431,7 +440,7 @@ impl Broker {
         }
         match error {
             Some(e) => {
-                if self.channels.contains_key(&ch) {
+                if self.chans.channels.contains_key(&ch) {
                     self.handle(now, ch, Op::ChannelCloseOk);
                 }
                 Err(e)

@@ -40,6 +40,7 @@ pub struct Alarms {
 }
 
 impl Alarms {
+    /// Whether any alarm is raised.
     pub fn any(self) -> bool {
         self.memory || self.disk || self.store
     }
@@ -137,7 +138,7 @@ impl Broker {
         }
         self.alarm = over;
         self.alarm_changed_at = self.now;
-        let mut conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        let mut conns: Vec<ConnId> = self.chans.conns.keys().copied().collect();
         conns.sort_unstable();
         for conn in conns {
             self.effects.push(if over {

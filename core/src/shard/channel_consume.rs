@@ -24,13 +24,13 @@ impl Broker {
     /// cancel arrived (cancel-ok follows it).
     pub(super) fn deliver_picked(&mut self, queue: QueueId, p: Picked) {
         let m = p.message;
-        let channel = match self.channels.get_mut(&p.to.ch) {
+        let channel = match self.chans.channels.get_mut(&p.to.ch) {
             Some(channel) if channel.is_open_as(p.to.serial) => channel,
             _ => {
                 let ack_required = !p.no_ack;
                 let mut credit = super::ChannelCredit {
-                    conns: &mut self.conns,
-                    channels: &mut self.channels,
+                    conns: &mut self.chans.conns,
+                    channels: &mut self.chans.channels,
                     write_window: self.config.write_window,
                 };
                 credit.give_back_to(p.to, ack_required);
@@ -71,7 +71,7 @@ impl Broker {
                 format!("prefetch_size!=0 ({prefetch_size})"),
             ));
         }
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         channel.set_prefetch(prefetch_count, global);
@@ -94,7 +94,7 @@ impl Broker {
         } else {
             self.shared_tag(&c.consumer_tag)
         };
-        let Some(channel) = self.channels.get(&ch) else {
+        let Some(channel) = self.chans.channels.get(&ch) else {
             return Ok(());
         };
         if channel.consumers.contains_key(&tag) {
@@ -152,10 +152,10 @@ impl Broker {
         tag: Arc<str>,
         nowait: bool,
     ) {
-        match self.channels.get_mut(&ch) {
+        match self.chans.channels.get_mut(&ch) {
             Some(channel) if live => {
                 channel.consumers.insert(tag.clone(), cid, queue);
-                if let Some(conn) = self.conns.get_mut(&ch.conn) {
+                if let Some(conn) = self.chans.conns.get_mut(&ch.conn) {
                     conn.consumers += 1;
                 }
                 if !nowait {
@@ -174,11 +174,11 @@ impl Broker {
     /// the same string: many connections use one tag (every MQTT session does), and one
     /// allocation per consumer would cost each of a million idle subscribers a malloc chunk.
     pub(super) fn shared_tag(&mut self, tag: &str) -> Arc<str> {
-        match &self.last_tag {
+        match &self.chans.last_tag {
             Some(last) if **last == *tag => last.clone(),
             _ => {
                 let tag: Arc<str> = Arc::from(tag);
-                self.last_tag = Some(tag.clone());
+                self.chans.last_tag = Some(tag.clone());
                 tag
             }
         }
@@ -186,13 +186,17 @@ impl Broker {
 
     pub(super) fn cancel(&mut self, ch: ChannelRef, tag: &str, nowait: bool) -> OpResult {
         self.cancel_reply_to(ch, tag);
-        let consumer = self.channels.get(&ch).and_then(|c| c.consumers.get(tag));
+        let consumer = self
+            .chans
+            .channels
+            .get(&ch)
+            .and_then(|c| c.consumers.get(tag));
         match consumer {
             Some((cid, queue)) => {
                 self.forget_consumer(ch, tag);
                 // cancel-ok comes from the queue, after the deliveries it sent before.
                 let reply = super::mail::CancelReply {
-                    to: self.addr(ch),
+                    to: self.chans.addr(ch),
                     consumer_tag: Arc::from(tag),
                     nowait,
                 };
@@ -215,9 +219,9 @@ impl Broker {
 
     /// The channel side of a consumer going: its tag, and its count on the connection.
     pub(super) fn forget_consumer(&mut self, ch: ChannelRef, tag: &str) {
-        if let Some(channel) = self.channels.get_mut(&ch)
+        if let Some(channel) = self.chans.channels.get_mut(&ch)
             && channel.consumers.remove(tag).is_some()
-            && let Some(conn) = self.conns.get_mut(&ch.conn)
+            && let Some(conn) = self.chans.conns.get_mut(&ch.conn)
         {
             conn.consumers = conn.consumers.saturating_sub(1);
         }
@@ -228,7 +232,7 @@ impl Broker {
         self.check_access(ch, OpKind::Get, Perm::Read, Resource::Queue, &queue_name)?;
         self.mail.push_back(Mail::Get {
             queue: id,
-            to: self.addr(ch),
+            to: self.chans.addr(ch),
             no_ack,
         });
         self.await_answer(ch);
@@ -259,7 +263,7 @@ impl Broker {
             self.reply(ch, Reply::GetEmpty);
             return;
         };
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return;
         };
         channel.stats.delivered(m.redelivered);
@@ -285,7 +289,7 @@ impl Broker {
         multiple: bool,
         settle: Settle,
     ) -> OpResult {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         let op = TxOp::Settle {
@@ -309,7 +313,7 @@ impl Broker {
         multiple: bool,
         settle: Settle,
     ) -> OpResult {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         let settled = channel.take_settled(kind, delivery_tag, multiple)?;
@@ -357,7 +361,7 @@ impl Broker {
 
     /// Resumes the queues this channel consumes from (credit was freed on the channel).
     pub(super) fn dispatch_channel_queues(&mut self, ch: ChannelRef) {
-        let Some(channel) = self.channels.get(&ch) else {
+        let Some(channel) = self.chans.channels.get(&ch) else {
             return;
         };
         let queues: BTreeSet<QueueId> = channel.consumers.values().map(|(_, q)| q).collect();
@@ -374,7 +378,7 @@ impl Broker {
                 "requeue=false",
             ));
         }
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         let all = channel.take_all_unacked();

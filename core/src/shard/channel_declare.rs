@@ -113,7 +113,7 @@ impl Broker {
 
     /// Sends a channel's topology request (always answered: the channel waits).
     pub(super) fn send_to_topology(&mut self, ch: ChannelRef, request: TopologyRequest) {
-        let to = self.addr(ch);
+        let to = self.chans.addr(ch);
         let vhost = self.conn_vhost(ch.conn);
         self.mail.push_back(super::mail::Mail::Topology {
             to,
@@ -157,7 +157,7 @@ impl Broker {
                 self.check_access(ch, op, Perm::Write, Resource::Exchange, dlx)?;
             }
         }
-        if let Some(channel) = self.channels.get_mut(&ch) {
+        if let Some(channel) = self.chans.channels.get_mut(&ch) {
             channel.last_queue = Some(name.clone());
         }
         // Only clients are kept from `amq.` names: a name the server generates now, or one
@@ -188,7 +188,7 @@ impl Broker {
         )?;
         self.mail.push_back(super::mail::Mail::Purge {
             queue: id,
-            to: self.addr(ch),
+            to: self.chans.addr(ch),
             nowait,
         });
         self.await_answer(ch);
@@ -209,7 +209,7 @@ impl Broker {
         self.check_access(ch, op, Perm::Configure, Resource::Queue, &resolved)?;
         match self.find_queue(vh, &resolved) {
             Some(queue) => {
-                let to = self.addr(ch);
+                let to = self.chans.addr(ch);
                 self.mail.push_back(super::mail::Mail::Delete {
                     queue,
                     to,

@@ -21,70 +21,23 @@ use crate::ids::{ChannelAddr, ChannelRef, ConnId};
 use std::collections::VecDeque;
 
 impl Broker {
-    /// How mail addresses channel `ch` now (its current opening).
-    pub(super) fn addr(&self, ch: ChannelRef) -> ChannelAddr {
-        let serial = self.channels.get(&ch).map_or(0, |c| c.serial);
-        ChannelAddr { ch, serial }
-    }
-
-    /// Whether `to` is the current opening of its channel, and open.
-    pub(super) fn is_live(&self, to: ChannelAddr) -> bool {
-        self.channels
-            .get(&to.ch)
-            .is_some_and(|c| c.is_open_as(to.serial))
-    }
-
-    pub(super) fn awaiting(&self, ch: ChannelRef) -> bool {
-        self.awaiting > 0 && self.channels.get(&ch).is_some_and(|c| c.awaiting)
-    }
-
-    /// Sets or clears `ChannelState::awaiting`, keeping the count.
-    pub(super) fn set_awaiting(&mut self, ch: ChannelRef, on: bool) {
-        if let Some(c) = self.channels.get_mut(&ch)
-            && c.awaiting != on
-        {
-            c.awaiting = on;
-            if on {
-                self.awaiting += 1;
-            } else {
-                self.awaiting -= 1;
-            }
-        }
-    }
-
-    /// Removes channel `ch`'s state and its number from its connection (closed, or its
-    /// connection gone).
-    pub(super) fn remove_channel(&mut self, ch: ChannelRef) {
-        let removed = self.channels.remove(&ch);
-        if removed.as_ref().is_some_and(|c| c.awaiting) {
-            self.awaiting -= 1;
-        }
-        if let Some(conn) = self.conns.get_mut(&ch.conn) {
-            conn.channels.remove(&ch.channel);
-            // The connection's counts outlive its channels (operators' rates never fall).
-            if let Some(c) = &removed {
-                conn.closed_stats.add(&c.stats);
-            }
-        }
-    }
-
     /// Channel `ch` sent a request by mail: what comes after waits for the answer.
     pub(super) fn await_answer(&mut self, ch: ChannelRef) {
         debug_assert!(
-            !self.awaiting(ch),
+            !self.chans.awaiting(ch),
             "a channel has one request out at a time"
         );
-        self.set_awaiting(ch, true);
+        self.chans.set_awaiting(ch, true);
     }
 
     /// The answer to a request of `to` arrived. Whether `to` is still live: if so its
     /// request is answered, and the caller runs what waited (`run_held`) once the answer
     /// is handled. An answer for a closed opening releases nothing.
     pub(super) fn take_answer(&mut self, to: ChannelAddr) -> bool {
-        let live = self.is_live(to);
+        let live = self.chans.is_live(to);
         if live {
-            debug_assert!(self.awaiting(to.ch), "an answer without a request");
-            self.set_awaiting(to.ch, false);
+            debug_assert!(self.chans.awaiting(to.ch), "an answer without a request");
+            self.chans.set_awaiting(to.ch, false);
         }
         live
     }
@@ -93,13 +46,13 @@ impl Broker {
     /// already keeps earlier ops.
     #[inline]
     pub(super) fn must_hold(&self, ch: ChannelRef) -> bool {
-        !(self.awaiting == 0 && self.holds.is_empty())
-            && (self.awaiting(ch) || self.holds.contains_key(&ch))
+        !(self.chans.awaiting == 0 && self.chans.holds.is_empty())
+            && (self.chans.awaiting(ch) || self.chans.holds.contains_key(&ch))
     }
 
     /// Keeps `op` until its channel's request is answered (`must_hold` said it must wait).
     pub(super) fn hold_op(&mut self, ch: ChannelRef, op: Op) {
-        let hold = self.holds.entry(ch).or_insert_with(|| Hold {
+        let hold = self.chans.holds.entry(ch).or_insert_with(|| Hold {
             later: VecDeque::new(),
         });
         if hold.later.len() >= MAX_HELD_OPS {
@@ -127,14 +80,14 @@ impl Broker {
     pub(super) fn run_held(&mut self, ch: ChannelRef) {
         // Each turn takes one op out of a list bounded by `MAX_HELD_OPS`.
         for _ in 0..=MAX_HELD_OPS {
-            if self.awaiting(ch) {
+            if self.chans.awaiting(ch) {
                 return;
             }
-            let Some(hold) = self.holds.get_mut(&ch) else {
+            let Some(hold) = self.chans.holds.get_mut(&ch) else {
                 return;
             };
             let Some(op) = hold.later.pop_front() else {
-                self.holds.remove(&ch);
+                self.chans.holds.remove(&ch);
                 return;
             };
             self.run_op(ch, op);
@@ -146,35 +99,41 @@ impl Broker {
     /// before the close), without waiting for answers nobody will read.
     pub(super) fn flush_holds(&mut self, conn: ConnId) {
         let held: crate::sorted_vec::SortedSet<u16> = self
+            .chans
             .holds
             .keys()
             .filter(|c| c.conn == conn)
             .map(|c| c.channel)
             .collect();
         for ch in held.into_iter().map(|n| ChannelRef::new(conn, n)) {
-            while let Some(op) = self.holds.get_mut(&ch).and_then(|h| h.later.pop_front()) {
-                self.set_awaiting(ch, false);
+            while let Some(op) = self
+                .chans
+                .holds
+                .get_mut(&ch)
+                .and_then(|h| h.later.pop_front())
+            {
+                self.chans.set_awaiting(ch, false);
                 self.run_op(ch, op);
             }
-            self.holds.remove(&ch);
+            self.chans.holds.remove(&ch);
         }
     }
 
     /// A channel failed: what it held is dropped, as AMQP discards a failed channel's
     /// operations until its close-ok, and it awaits no answer (late ones find it closing).
     pub(super) fn drop_hold(&mut self, ch: ChannelRef) {
-        self.holds.remove(&ch);
-        self.set_awaiting(ch, false);
+        self.chans.holds.remove(&ch);
+        self.chans.set_awaiting(ch, false);
     }
 
     /// A connection is gone: so is everything its channels held.
     pub(super) fn drop_holds(&mut self, conn: ConnId) {
-        self.holds.retain(|c, _| c.conn != conn);
+        self.chans.holds.retain(|c, _| c.conn != conn);
     }
 
     /// Channels waiting for an answer or holding ops (none once all mail is delivered).
     #[cfg(test)]
     pub(super) fn held_channels(&self) -> usize {
-        self.awaiting + self.holds.len()
+        self.chans.awaiting + self.chans.holds.len()
     }
 }

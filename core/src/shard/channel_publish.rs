@@ -50,7 +50,7 @@ impl Broker {
                 ),
             ));
         }
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         if channel.tx.is_some() {
@@ -82,7 +82,7 @@ impl Broker {
             }
         };
         let answers = u32::try_from(queues.len()).unwrap_or(u32::MAX);
-        let (seq, serial) = match self.channels.get_mut(&ch) {
+        let (seq, serial) = match self.chans.channels.get_mut(&ch) {
             Some(c) => {
                 c.stats.publish += 1;
                 let seq = c.next_publish_seq();
@@ -113,7 +113,11 @@ impl Broker {
                 });
             }
         } else {
-            let consumes = self.conns.get(&ch.conn).is_none_or(|c| c.consumers > 0);
+            let consumes = self
+                .chans
+                .conns
+                .get(&ch.conn)
+                .is_none_or(|c| c.consumers > 0);
             let to = ChannelAddr { ch, serial };
             for &queue in &queues {
                 self.mail.push_back(Mail::Enqueue {
@@ -135,7 +139,7 @@ impl Broker {
     /// durable one waits for the sync of the current epoch.
     pub(super) fn answer(&mut self, ch: ChannelRef, seq: u64, taken: bool, durable: bool) {
         let epoch = durable.then_some(self.epoch);
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return;
         };
         channel.answered(seq, taken, epoch);
@@ -157,6 +161,7 @@ impl Broker {
     ) -> bool {
         routed.exchange == exchange
             && self
+                .chans
                 .conns
                 .get(&ch.conn)
                 .is_some_and(|c| routed.version >= c.routes_seen)
@@ -193,7 +198,7 @@ impl Broker {
     }
 
     pub(super) fn confirm_select(&mut self, ch: ChannelRef, nowait: bool) -> OpResult {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         channel.select_confirms()?;
@@ -204,7 +209,7 @@ impl Broker {
     }
 
     pub(super) fn tx_select(&mut self, ch: ChannelRef) -> OpResult {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         channel.select_tx()?;
@@ -234,7 +239,7 @@ impl Broker {
                     multiple,
                     settle,
                 } => {
-                    let Some(channel) = self.channels.get_mut(&ch) else {
+                    let Some(channel) = self.chans.channels.get_mut(&ch) else {
                         return Ok(());
                     };
                     let settled = channel.take_settled(kind, delivery_tag, multiple)?;
@@ -248,12 +253,12 @@ impl Broker {
             self.reply(ch, Reply::TxCommitOk);
             return Ok(());
         }
-        let to = self.addr(ch);
+        let to = self.chans.addr(ch);
         let answers = u32::try_from(touched.len()).unwrap_or(u32::MAX);
         for queue in touched {
             self.mail.push_back(Mail::TxFlush { queue, to });
         }
-        if let Some(tx) = self.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
+        if let Some(tx) = self.chans.channels.get_mut(&ch).and_then(|c| c.tx.as_mut()) {
             tx.commit = Some((answers, persistent));
         }
         self.await_answer(ch);
@@ -265,10 +270,15 @@ impl Broker {
     /// writes are waiting for a sync, a wait for that sync (`tx_synced`). The wait is
     /// conservative (the writes may be another client's): at most one sync more.
     pub(super) fn tx_flushed(&mut self, to: ChannelAddr) {
-        if !self.is_live(to) {
+        if !self.chans.is_live(to) {
             return;
         }
-        let Some(tx) = self.channels.get_mut(&to.ch).and_then(|c| c.tx.as_mut()) else {
+        let Some(tx) = self
+            .chans
+            .channels
+            .get_mut(&to.ch)
+            .and_then(|c| c.tx.as_mut())
+        else {
             return;
         };
         let Some((left, persistent)) = tx.commit.as_mut() else {
@@ -319,7 +329,7 @@ impl Broker {
         ch: ChannelRef,
         kind: OpKind,
     ) -> Result<Vec<TxOp>, ProtocolError> {
-        match self.channels.get_mut(&ch) {
+        match self.chans.channels.get_mut(&ch) {
             Some(channel) => channel.take_tx(kind),
             None => Err(ProtocolError::new(
                 ErrorCode::PreconditionFailed,

@@ -43,7 +43,7 @@ impl Broker {
             }
             _ => Arc::from(token),
         };
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return Ok(());
         };
         if channel.reply_consumer.is_some() || channel.consumers.contains_key(&tag) {
@@ -57,7 +57,7 @@ impl Broker {
             tag: tag.clone(),
             address: address.clone(),
         }));
-        self.reply_addresses.insert(address, ch);
+        self.chans.reply_addresses.insert(address, ch);
         if !c.nowait {
             self.reply(ch, Reply::ConsumeOk { consumer_tag: tag });
         }
@@ -66,7 +66,7 @@ impl Broker {
 
     /// basic.cancel of a channel's reply consumer; false when `tag` is not it.
     pub(super) fn cancel_reply_to(&mut self, ch: ChannelRef, tag: &str) -> bool {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return false;
         };
         if channel
@@ -77,7 +77,7 @@ impl Broker {
             return false;
         }
         if let Some(r) = channel.reply_consumer.take() {
-            self.reply_addresses.remove(&r.address);
+            self.chans.reply_addresses.remove(&r.address);
         }
         true
     }
@@ -85,11 +85,12 @@ impl Broker {
     /// Forgets a closing channel's reply consumer.
     pub(super) fn release_reply_to(&mut self, ch: ChannelRef) {
         if let Some(r) = self
+            .chans
             .channels
             .get_mut(&ch)
             .and_then(|c| c.reply_consumer.take())
         {
-            self.reply_addresses.remove(&r.address);
+            self.chans.reply_addresses.remove(&r.address);
         }
     }
 
@@ -104,6 +105,7 @@ impl Broker {
             return Ok(None);
         }
         match self
+            .chans
             .channels
             .get(&ch)
             .and_then(|c| c.reply_consumer.as_ref())
@@ -145,10 +147,10 @@ impl Broker {
     /// Delivers a reply to the reply consumer of this shard that `address` names; false if
     /// there is none.
     pub(super) fn deliver_reply_here(&mut self, address: &str, message: &Arc<Message>) -> bool {
-        let Some(&ch) = self.reply_addresses.get(address) else {
+        let Some(&ch) = self.chans.reply_addresses.get(address) else {
             return false;
         };
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return false;
         };
         let Some(tag) = channel.reply_consumer.as_ref().map(|r| r.tag.clone()) else {
@@ -156,7 +158,7 @@ impl Broker {
         };
         let delivery_tag = channel.next_delivery_tag;
         channel.next_delivery_tag += 1;
-        if let Some(conn) = self.conns.get_mut(&ch.conn) {
+        if let Some(conn) = self.chans.conns.get_mut(&ch.conn) {
             conn.in_flight.add(1);
         }
         self.effects.push(Effect::Deliver {

@@ -40,7 +40,7 @@ impl Broker {
                 return Ok(());
             }
         };
-        self.conns.entry(conn).or_insert_with(|| {
+        self.chans.conns.entry(conn).or_insert_with(|| {
             Box::new(Conn {
                 vhost,
                 perms,
@@ -62,20 +62,21 @@ impl Broker {
     }
 
     pub(super) fn channel_open(&mut self, ch: ChannelRef) -> OpResult {
-        if ch.channel == 0 || self.channels.contains_key(&ch) {
+        if ch.channel == 0 || self.chans.channels.contains_key(&ch) {
             return Err(ProtocolError::new(
                 ErrorCode::ChannelError,
                 OpKind::ChannelOpen,
                 format!("second 'channel.open' seen on channel {}", ch.channel),
             ));
         }
-        let serial = self.next_channel_serial;
+        let serial = self.chans.next_channel_serial;
         // Wrapping: an opening is told from the one 2^32 openings earlier only if mail for
         // that one is still on its way.
-        self.next_channel_serial = serial.wrapping_add(1);
-        self.channels
+        self.chans.next_channel_serial = serial.wrapping_add(1);
+        self.chans
+            .channels
             .insert(ch, Box::new(ChannelState::new(serial)));
-        if let Some(conn) = self.conns.get_mut(&ch.conn) {
+        if let Some(conn) = self.chans.conns.get_mut(&ch.conn) {
             conn.channels.insert(ch.channel);
         }
         self.reply(ch, Reply::ChannelOpenOk);
@@ -97,13 +98,13 @@ impl Broker {
     /// Drops the confirms a channel still waits for: nobody is left to receive them (and the
     /// client may reuse the channel number).
     pub(super) fn forget_confirms(&mut self, ch: ChannelRef) {
-        if let Some(channel) = self.channels.get_mut(&ch) {
+        if let Some(channel) = self.chans.channels.get_mut(&ch) {
             channel.forget_confirms();
         }
     }
 
     pub(super) fn cancel_channel_consumers(&mut self, ch: ChannelRef) {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return;
         };
         channel.tx = None;
@@ -123,7 +124,7 @@ impl Broker {
     }
 
     pub(super) fn requeue_channel(&mut self, ch: ChannelRef) {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return;
         };
         let unacked = channel.take_all_unacked();
@@ -135,7 +136,7 @@ impl Broker {
     /// the dying connection.
     pub(super) fn release_connection(&mut self, conn: ConnId) {
         self.drop_holds(conn);
-        let Some(c) = self.conns.get(&conn) else {
+        let Some(c) = self.chans.conns.get(&conn) else {
             return;
         };
         let channels: Vec<ChannelRef> = c
@@ -150,9 +151,10 @@ impl Broker {
             self.requeue_channel(ch);
             self.forget_confirms(ch);
             self.release_reply_to(ch);
-            self.remove_channel(ch);
+            self.chans.remove_channel(ch);
         }
         let exclusive: Vec<QueueId> = self
+            .chans
             .conns
             .get(&conn)
             .map(|c| c.exclusive_queues.iter().copied().collect())
@@ -160,7 +162,7 @@ impl Broker {
         for q in exclusive {
             self.delete_queue(q);
         }
-        if let Some(c) = self.conns.remove(&conn) {
+        if let Some(c) = self.chans.conns.remove(&conn) {
             // Its vhost's counts keep what it did.
             self.closed_stats
                 .entry(c.vhost)
@@ -181,15 +183,15 @@ impl Broker {
         ch: ChannelRef,
     ) -> Option<Arc<crate::mail::credit::SharedCredit>> {
         let write_window = self.config.write_window;
-        let in_flight = self.conns.get_mut(&ch.conn)?.in_flight.share();
-        let channel = self.channels.get_mut(&ch)?;
+        let in_flight = self.chans.conns.get_mut(&ch.conn)?.in_flight.share();
+        let channel = self.chans.channels.get_mut(&ch)?;
         Some(channel.share_credit(in_flight, write_window))
     }
 
     /// The host wrote `count` deliveries: reopen the window and resume blocked consumers.
     pub(super) fn written(&mut self, conn: ConnId, count: u32) {
         let window = self.config.write_window;
-        let Some(c) = self.conns.get_mut(&conn) else {
+        let Some(c) = self.chans.conns.get_mut(&conn) else {
             return;
         };
         let before = c.in_flight.sub(count);
@@ -197,7 +199,7 @@ impl Broker {
             let channels: Vec<u16> = c.channels.iter().copied().collect();
             let mut queues = BTreeSet::new();
             for n in channels {
-                if let Some(channel) = self.channels.get(&ChannelRef::new(conn, n)) {
+                if let Some(channel) = self.chans.channels.get(&ChannelRef::new(conn, n)) {
                     queues.extend(channel.consumers.values().map(|(_, q)| q));
                 }
             }

@@ -7,6 +7,8 @@ use crate::ids::ChannelRef;
 use crate::ids::QueueId;
 #[cfg(any(test, feature = "testing"))]
 use crate::queue::state::ConsumerId;
+#[cfg(any(test, feature = "testing"))]
+use std::collections::HashMap;
 
 impl Broker {
     /// With no mail left, a channel waits only for a sync (its commit), and holds ops only
@@ -21,12 +23,12 @@ impl Broker {
         &self,
         synced_elsewhere: &dyn Fn(&ChannelRef) -> bool,
     ) -> Option<String> {
-        if !self.mail.is_empty() || (self.awaiting == 0 && self.holds.is_empty()) {
+        if !self.mail.is_empty() || (self.chans.awaiting == 0 && self.chans.holds.is_empty()) {
             return None;
         }
         // O(channels x waiters): for checks only.
         let syncing = |ch: &ChannelRef| {
-            let serial = self.channels.get(ch).map(|c| c.serial);
+            let serial = self.chans.channels.get(ch).map(|c| c.serial);
             synced_elsewhere(ch)
                 || self
                     .tx_sync_waiters
@@ -34,13 +36,15 @@ impl Broker {
                     .any(|(_, to)| to.ch == *ch && Some(to.serial) == serial)
         };
         if let Some((ch, _)) = self
+            .chans
             .channels
             .iter()
             .find(|(ch, c)| c.awaiting && !syncing(ch))
         {
             return Some(format!("{ch:?} waits for an answer with no mail left"));
         }
-        self.holds
+        self.chans
+            .holds
             .keys()
             .find(|ch| !syncing(ch))
             .map(|ch| format!("{ch:?} holds ops with nothing to wait for"))
@@ -78,13 +82,13 @@ impl Broker {
             return Ok(());
         }
         let owner = |id: QueueId| &shards[(id.0 % shards.len() as u64) as usize];
-        let queue = |id: QueueId| owner(id).queues.get(&id).map(|q| &**q);
+        let queue = |id: QueueId| owner(id).qs.queues.get(&id).map(|q| &**q);
         let channel = |ch: &ChannelRef| {
             let b = &shards[first.conn_shard(ch.conn) as usize];
-            b.channels.get(ch).map(|c| &**c)
+            b.chans.channels.get(ch).map(|c| &**c)
         };
-        let queues = || shards.iter().flat_map(|b| b.queues.iter());
-        let channels = || shards.iter().flat_map(|b| b.channels.iter());
+        let queues = || shards.iter().flat_map(|b| b.qs.queues.iter());
+        let channels = || shards.iter().flat_map(|b| b.chans.channels.iter());
         // Topology's copy of each queue's fixed facts matches the queue (a queue being
         // created or removed differs only while the mail about it travels).
         for (&id, q) in queues() {
@@ -102,7 +106,7 @@ impl Broker {
                 return Err(format!("topology's entry of queue {id:?} differs from it"));
             }
         }
-        let total: usize = shards.iter().map(|b| b.queues.len()).sum();
+        let total: usize = shards.iter().map(|b| b.qs.queues.len()).sum();
         if topo.queue_count() != total {
             return Err(format!(
                 "topology knows {} queues, the shards have {total}",
@@ -126,17 +130,21 @@ impl Broker {
             }
         }
         for b in shards {
-            let awaiting = b.channels.values().filter(|c| c.awaiting).count();
-            if awaiting != b.awaiting {
+            let awaiting = b.chans.channels.values().filter(|c| c.awaiting).count();
+            if awaiting != b.chans.awaiting {
                 return Err(format!(
                     "{awaiting} channels await an answer but the count says {}",
-                    b.awaiting
+                    b.chans.awaiting
                 ));
             }
             if let Some(stuck) = b.stuck_channel_but(&|ch| held_flushes.contains(ch)) {
                 return Err(stuck);
             }
-            if let Some(q) = b.queues.values().find(|q| b.queue_shard(q.id) != b.shard) {
+            if let Some(q) =
+                b.qs.queues
+                    .values()
+                    .find(|q| b.queue_shard(q.id) != b.shard)
+            {
                 return Err(format!(
                     "queue {} on shard {}, not its own",
                     q.name, b.shard
@@ -185,7 +193,7 @@ impl Broker {
             }
         }
         for b in shards {
-            for (ch, channel) in &b.channels {
+            for (ch, channel) in &b.chans.channels {
                 let mut last = 0;
                 for (seq, waiting, epoch) in channel.unconfirmed() {
                     if seq <= last {
@@ -216,7 +224,7 @@ impl Broker {
             {
                 return Err("confirm waiters out of epoch order".into());
             }
-            for q in b.queues.values() {
+            for q in b.qs.queues.values() {
                 let paged = q.messages.paged();
                 if b.store.is_none() && paged.count > 0 {
                     return Err(format!("queue {}: paged out without a store", q.name));
@@ -269,7 +277,7 @@ impl Broker {
                 }
             }
         }
-        for (id, conn) in shards.iter().flat_map(|b| b.conns.iter()) {
+        for (id, conn) in shards.iter().flat_map(|b| b.chans.conns.iter()) {
             let consumers = queues()
                 .flat_map(|(_, q)| &q.consumers)
                 .filter(|c| c.ch.conn == *id)

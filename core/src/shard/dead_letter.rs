@@ -130,7 +130,7 @@ impl Broker {
         message: Arc<Message>,
         reason: DeathReason,
     ) {
-        let Some(q) = self.queues.get(&from) else {
+        let Some(q) = self.qs.queues.get(&from) else {
             return;
         };
         let Some(exchange) = q.args.dead_letter_exchange.clone() else {

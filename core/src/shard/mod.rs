@@ -53,20 +53,20 @@ pub use alarm::{ALARM_HOLD_MS, Alarms, Resources};
 use alarm::{ALARM_RECHECK_MS, STORE_RETRY_MS};
 use credit::ChannelCredit;
 
-use crate::channel::conn::Conn;
-use crate::channel::{ChannelState, Phase};
+use crate::channel::Phase;
+use crate::channel::side::ChannelSide;
 use crate::command::{Op, OpKind};
 use crate::config::BrokerConfig;
 use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
-use crate::idhash::IdMap;
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
 use crate::mail::mailbox::RESTORE_CONN;
 use crate::naming::NameGen;
-use crate::queue::state::{QueueIo, QueueOut, QueueState};
+use crate::queue::side::QueueSide;
+use crate::queue::state::{QueueIo, QueueOut};
 use crate::store::{Definitions, Store};
 use crate::topology::Topology;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// The broker state machine. See the module docs.
@@ -79,12 +79,11 @@ pub struct Broker {
     next_vhost: u64,
     /// Vhosts, users, exchanges, bindings and the routing table (`topology.rs`).
     topo: Topology,
-    // Records boxed: a hash table keeps up to half its slots empty after growing, and an
-    // empty slot of a boxed map costs a pointer instead of a whole record (a queue is ~400
-    // bytes); with one queue, channel and connection per idle MQTT client this matters.
-    queues: IdMap<QueueId, Box<QueueState>>,
-    conns: IdMap<ConnId, Box<Conn>>,
-    channels: IdMap<ChannelRef, Box<ChannelState>>,
+    /// The queue side's state: the queues this shard owns (`crate::queue::side`).
+    qs: QueueSide,
+    /// The channel side's state: connections, channels, holds, reply-to addresses
+    /// (`crate::channel::side`).
+    chans: ChannelSide,
     effects: Vec<Effect>,
     /// Body bytes in the broker's custody, counted once per queue holding the message
     /// (ready or unacked). Drives the memory alarm.
@@ -126,10 +125,6 @@ pub struct Broker {
     store_failed_at: Option<u64>,
     /// Replaying stored definitions: do not write them back.
     restoring: bool,
-    /// Direct reply-to addresses -> the channel consuming replies (lookup only).
-    reply_addresses: HashMap<Arc<str>, ChannelRef>,
-    /// The last client-chosen consumer tag (`shared_tag`).
-    last_tag: Option<Arc<str>>,
     /// Messages on their way to a dead-letter exchange.
     dead_letters: VecDeque<dead_letter::DeadLetter>,
     /// Mail between the queue and channel sides, delivered at the end of each operation
@@ -138,15 +133,8 @@ pub struct Broker {
     /// The host delivers mail (`deliver_mail`) instead of each operation: the multi-shard
     /// simulation's model of mail that takes time (`set_mail_scheduled`).
     mail_scheduled: bool,
-    /// What channels whose request is not answered yet received meanwhile (`hold.rs`).
-    holds: IdMap<ChannelRef, crate::channel::hold::Hold>,
     /// Commits waiting for the sync of an epoch, in epoch order.
     tx_sync_waiters: VecDeque<(u64, ChannelAddr)>,
-    /// Channels with `ChannelState::awaiting` set: while none are, no op can wait, and
-    /// `hold_op` costs two compares.
-    awaiting: usize,
-    /// The serial of the next channel opened (`ChannelAddr`).
-    next_channel_serial: u32,
     /// No-ack deliveries whose channel closed while they travelled (lost, as in RabbitMQ).
     lost_in_flight: u64,
     /// Messages routed to a queue that was deleted before they reached it.
@@ -159,9 +147,6 @@ pub struct Broker {
     /// This broker's shard and the number of shards (`set_shard`).
     shard: u32,
     shards: u32,
-    /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
-    /// heads and deadlines (not at every queue).
-    expiring: std::collections::BTreeSet<QueueId>,
 }
 
 type OpResult = Result<(), ProtocolError>;
@@ -177,17 +162,17 @@ impl Broker {
 impl Broker {}
 
 impl Broker {
+    /// A broker without storage (everything stays in memory), with the default vhost and user.
     pub fn new(config: BrokerConfig) -> Broker {
         let mut broker = Broker {
             names: NameGen::new(config.seed),
             topo: Topology::new(),
+            qs: QueueSide::default(),
+            chans: ChannelSide::default(),
             config,
             now: 0,
             next_id: 1,
             next_vhost: 0,
-            queues: IdMap::default(),
-            conns: IdMap::default(),
-            channels: IdMap::default(),
             effects: Vec::new(),
             stored_bytes: 0,
             shared_bytes: None,
@@ -205,20 +190,14 @@ impl Broker {
             synced_epoch: None,
             store_failed_at: None,
             restoring: false,
-            last_tag: None,
             dead_letters: VecDeque::new(),
             mail: mail::Mailbox::default(),
             mail_scheduled: false,
-            holds: IdMap::default(),
             tx_sync_waiters: VecDeque::new(),
             closed_stats: std::collections::BTreeMap::new(),
-            awaiting: 0,
-            next_channel_serial: 0,
             lost_in_flight: 0,
             routed_to_deleted: 0,
             requeued_to_deleted: 0,
-            reply_addresses: HashMap::new(),
-            expiring: std::collections::BTreeSet::new(),
             shard: 0,
             shards: 1,
         };
@@ -279,7 +258,7 @@ impl Broker {
     /// Connection `conn` was answered on routing table `version`: it routes on no older
     /// one from now on (a client sees its own topology changes).
     pub(super) fn saw_version(&mut self, conn: ConnId, version: u64) {
-        if let Some(c) = self.conns.get_mut(&conn) {
+        if let Some(c) = self.chans.conns.get_mut(&conn) {
             c.routes_seen = c.routes_seen.max(version);
         }
     }
@@ -295,11 +274,11 @@ impl Broker {
             self.removed_since = None;
             self.sync_dirty = true;
         }
-        let expiring: Vec<QueueId> = self.expiring.iter().copied().collect();
+        let expiring: Vec<QueueId> = self.qs.expiring.iter().copied().collect();
         for id in expiring {
             self.mail.from(mail::Dest::Queue(id));
-            let Some(q) = self.queues.get(&id) else {
-                self.expiring.remove(&id);
+            let Some(q) = self.qs.queues.get(&id) else {
+                self.qs.expiring.remove(&id);
                 continue;
             };
             let unused_since = q
@@ -352,8 +331,8 @@ impl Broker {
             // shard's publishers, blocked, send nothing: look again soon.
             earliest(self.now.saturating_add(ALARM_RECHECK_MS));
         }
-        for id in &self.expiring {
-            let Some(q) = self.queues.get(id) else {
+        for id in &self.qs.expiring {
+            let Some(q) = self.qs.queues.get(id) else {
                 continue;
             };
             if let Some(e) = q.args.expires.filter(|_| q.consumers.is_empty()) {
@@ -391,12 +370,12 @@ impl Broker {
     /// tests and admin tools).
     pub fn queue_len(&self, name: &str) -> Option<usize> {
         let id = self.topo.routes().queue(self.topo.default_vhost, name)?;
-        self.queues.get(&id).map(|q| q.messages.len())
+        self.qs.queues.get(&id).map(|q| q.messages.len())
     }
 
     /// Number of queues and exchanges, for admin tools and tests.
     pub fn counts(&self) -> (usize, usize) {
-        (self.queues.len(), self.topo.exchange_count())
+        (self.qs.queues.len(), self.topo.exchange_count())
     }
 
     pub(super) fn next_id(&mut self) -> u64 {
@@ -420,7 +399,7 @@ impl Broker {
     /// broker, before any connection.
     pub fn set_shard(&mut self, shard: u32, shards: u32) {
         assert!(
-            self.conns.is_empty() && self.queues.is_empty(),
+            self.chans.conns.is_empty() && self.qs.queues.is_empty(),
             "set_shard on a used broker"
         );
         self.mail.set_shard(shard, shards);
@@ -461,7 +440,7 @@ impl Broker {
         {
             return self.connection_open(ch.conn, vhost, user, cancel_notify);
         }
-        if !self.conns.contains_key(&ch.conn) {
+        if !self.chans.conns.contains_key(&ch.conn) {
             // A connection that already failed or closed: its late ops are moot.
             return Ok(());
         }
@@ -480,14 +459,14 @@ impl Broker {
             Op::ChannelCloseOk => {
                 // Either the host confirms a channel error we raised, or it closed the channel
                 // itself after an error of its own: release what is left either way.
-                if self.channels.contains_key(&ch) {
+                if self.chans.channels.contains_key(&ch) {
                     self.release_channel(ch);
-                    self.remove_channel(ch);
+                    self.chans.remove_channel(ch);
                 }
                 Ok(())
             }
             op => {
-                match self.channels.get(&ch).map(|c| c.phase) {
+                match self.chans.channels.get(&ch).map(|c| c.phase) {
                     Some(Phase::Open) => {}
                     // After a channel error everything but the close handshake is dropped.
                     Some(Phase::Closing) => return Ok(()),
@@ -508,7 +487,7 @@ impl Broker {
         match op {
             Op::ChannelClose => {
                 self.release_channel(ch);
-                self.remove_channel(ch);
+                self.chans.remove_channel(ch);
                 self.reply(ch, crate::effect::Reply::ChannelCloseOk);
                 Ok(())
             }
@@ -588,15 +567,18 @@ impl Broker {
 
     /// Reports an error: a channel exception closes the channel, anything else the connection.
     pub(super) fn fail(&mut self, ch: ChannelRef, error: ProtocolError) {
-        let channel_open = matches!(self.channels.get(&ch).map(|c| c.phase), Some(Phase::Open));
+        let channel_open = matches!(
+            self.chans.channels.get(&ch).map(|c| c.phase),
+            Some(Phase::Open)
+        );
         if error.code.is_channel_level() && ch.channel != 0 && channel_open {
             self.drop_hold(ch);
             self.release_channel(ch);
-            if let Some(channel) = self.channels.get_mut(&ch) {
+            if let Some(channel) = self.chans.channels.get_mut(&ch) {
                 channel.close();
             }
             self.effects.push(Effect::ChannelError { ch, error });
-        } else if self.conns.contains_key(&ch.conn) {
+        } else if self.chans.conns.contains_key(&ch.conn) {
             self.release_connection(ch.conn);
             self.effects.push(Effect::ConnectionError {
                 conn: ch.conn,
@@ -611,7 +593,8 @@ impl Broker {
 
     /// The vhost of a connection (internal connections without one: the default vhost).
     pub(super) fn conn_vhost(&self, conn: ConnId) -> VhostId {
-        self.conns
+        self.chans
+            .conns
             .get(&conn)
             .map_or(self.topo.default_vhost, |c| c.vhost)
     }

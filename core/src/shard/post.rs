@@ -39,7 +39,7 @@ impl Broker {
                 taken,
                 durable,
             } => {
-                if self.is_live(to) {
+                if self.chans.is_live(to) {
                     self.answer(to.ch, seq, taken, durable);
                     self.send_confirms(to.ch);
                 }
@@ -92,12 +92,18 @@ impl Broker {
             } => {
                 // The tag may name a newer consumer by now (of a newer opening, even).
                 let current = self
+                    .chans
                     .channels
                     .get(&ch)
                     .and_then(|c| c.consumers.get(&consumer_tag));
                 if current.is_some_and(|(cid, _)| cid == consumer) {
                     self.forget_consumer(ch, &consumer_tag);
-                    if self.conns.get(&ch.conn).is_some_and(|c| c.cancel_notify) {
+                    if self
+                        .chans
+                        .conns
+                        .get(&ch.conn)
+                        .is_some_and(|c| c.cancel_notify)
+                    {
                         self.effects
                             .push(Effect::ConsumerCancelled { ch, consumer_tag });
                     }
@@ -184,7 +190,7 @@ impl Broker {
             }
             Mail::Topology { to, vhost, request } => self.topology_request(to, vhost, &request),
             Mail::TopologyDone { to, reply, version } => self.answered(to, version, reply),
-            Mail::Paused { conn, queue } => match self.conns.get_mut(&conn) {
+            Mail::Paused { conn, queue } => match self.chans.conns.get_mut(&conn) {
                 Some(c) => {
                     if c.paused_in.insert(queue) && c.paused_in.len() == 1 {
                         self.effects.push(Effect::FlowPaused { conn });
@@ -199,12 +205,12 @@ impl Broker {
                 self.deliver_reply_here(&address, &message);
             }
             Mail::PublisherGone { queue, conn } => {
-                if let Some(q) = self.queues.get_mut(&queue) {
+                if let Some(q) = self.qs.queues.get_mut(&queue) {
                     q.pausing.remove(conn);
                 }
             }
             Mail::Resumed { conn, queue } => {
-                if let Some(c) = self.conns.get_mut(&conn)
+                if let Some(c) = self.chans.conns.get_mut(&conn)
                     && c.paused_in.remove(&queue)
                     && c.paused_in.is_empty()
                 {

@@ -85,7 +85,7 @@ fn close_and_check(b: &mut Broker) {
         "the message is back in its queue"
     );
     assert_eq!(
-        b.conns[&ConnId(1)].in_flight.get(),
+        b.chans.conns[&ConnId(1)].in_flight.get(),
         0,
         "its write credit is back"
     );
@@ -107,7 +107,7 @@ fn a_consumer_taken_for_a_closed_channel_is_cancelled() {
     consume(&mut b);
     pump_until(&mut b, |m| matches!(m, Mail::ConsumeOk { .. }));
     close_and_check(&mut b);
-    assert!(b.queues.values().all(|q| q.consumers.is_empty()));
+    assert!(b.qs.queues.values().all(|q| q.consumers.is_empty()));
 }
 
 #[test]
@@ -465,8 +465,8 @@ fn a_delivery_for_a_reopened_channel_returns_to_its_queue() {
         Some(1),
         "the message is back in its queue"
     );
-    assert_eq!(b.channels[&CH].consumer_unacked.get(), 0);
-    assert_eq!(b.conns[&ConnId(1)].in_flight.get(), 0);
+    assert_eq!(b.chans.channels[&CH].consumer_unacked.get(), 0);
+    assert_eq!(b.chans.conns[&ConnId(1)].in_flight.get(), 0);
     assert_eq!(b.check_invariants(), Ok(()));
 }
 

@@ -58,7 +58,7 @@ impl Broker {
         f: impl FnOnce(&mut QueueState, &mut QueueIo<'_>, &mut ChannelCredit<'_>) -> R,
     ) -> Option<R> {
         let memory_tight = self.memory_tight();
-        let q = self.queues.get_mut(&id)?;
+        let q = self.qs.queues.get_mut(&id)?;
         let mut io = QueueIo::new(
             self.store.as_deref_mut(),
             &self.config,
@@ -66,8 +66,8 @@ impl Broker {
             memory_tight,
         );
         let mut credit = ChannelCredit {
-            conns: &mut self.conns,
-            channels: &mut self.channels,
+            conns: &mut self.chans.conns,
+            channels: &mut self.chans.channels,
             write_window: self.config.write_window,
         };
         let result = f(q, &mut io, &mut credit);
@@ -90,7 +90,7 @@ impl Broker {
             self.note_removal();
         }
         if out.expiring {
-            self.expiring.insert(id);
+            self.qs.expiring.insert(id);
         }
         for (message, reason) in out.dead {
             self.dead_letter(id, message, reason);
@@ -104,7 +104,7 @@ impl Broker {
         message: &Arc<Message>,
         publisher: Option<Publisher>,
     ) {
-        if !self.queues.contains_key(&queue) {
+        if !self.qs.queues.contains_key(&queue) {
             // Deleted since the publish was routed: the deletion took it (confirmed, as
             // the publish came before the deletion).
             self.routed_to_deleted += 1;
@@ -160,6 +160,7 @@ impl Broker {
         self.dispatch_ready(id);
         let low = self.config.flow_ready_high / 2;
         if self
+            .qs
             .queues
             .get(&id)
             .is_some_and(|q| !q.pausing.is_empty() && q.messages.len() <= low)
@@ -169,7 +170,7 @@ impl Broker {
     }
 
     pub(super) fn dispatch_ready(&mut self, id: QueueId) {
-        let may_expire = self.expiring.contains(&id);
+        let may_expire = self.qs.expiring.contains(&id);
         loop {
             let picked = self
                 .with_queue_and_credit(id, |q, io, credit| q.next_delivery(io, credit, may_expire));
@@ -199,7 +200,7 @@ impl Broker {
             return;
         }
         let now = self.now;
-        let refused = match self.queues.get_mut(&queue) {
+        let refused = match self.qs.queues.get_mut(&queue) {
             None => Some(ProtocolError::new(
                 ErrorCode::NotFound,
                 OpKind::Consume,
@@ -246,7 +247,7 @@ impl Broker {
         reply: Option<super::mail::CancelReply>,
     ) {
         let now = self.now;
-        if let Some(q) = self.queues.get_mut(&queue)
+        if let Some(q) = self.qs.queues.get_mut(&queue)
             && q.remove_consumer(now, cid).is_some()
             && q.consumers.is_empty()
         {
@@ -269,7 +270,7 @@ impl Broker {
             self.mail.push_back(Mail::Refused { to, error });
             return;
         }
-        let may_expire = self.expiring.contains(&queue);
+        let may_expire = self.qs.expiring.contains(&queue);
         let got = self
             .with_queue(queue, |q, io| q.get(io, no_ack, may_expire))
             .flatten();
@@ -307,7 +308,7 @@ impl Broker {
     /// `flow_ready_high` ready messages (the caller knows `conn` does not consume itself).
     pub(super) fn pace(&mut self, conn: ConnId, id: QueueId) {
         let high = self.config.flow_ready_high;
-        let Some(q) = self.queues.get_mut(&id) else {
+        let Some(q) = self.qs.queues.get_mut(&id) else {
             return;
         };
         if q.consumers.is_empty() || q.messages.len() <= high || q.pausing.contains(&conn) {
@@ -319,7 +320,7 @@ impl Broker {
 
     /// Lifts the pauses queue `id` holds (it drained, lost its consumers, or is going away).
     pub(super) fn resume_paused(&mut self, id: QueueId) {
-        let Some(q) = self.queues.get_mut(&id) else {
+        let Some(q) = self.qs.queues.get_mut(&id) else {
             return;
         };
         for conn in q.pausing.take() {
@@ -337,7 +338,7 @@ impl Broker {
     ) {
         let d = c.declare;
         let owner = d.exclusive.then_some(to.ch.conn);
-        if owner.is_some_and(|o| !self.conns.contains_key(&o)) {
+        if owner.is_some_and(|o| !self.chans.conns.contains_key(&o)) {
             let gone = super::mail::Mail::QueueGone {
                 queue: id,
                 answer: None,
@@ -367,11 +368,11 @@ impl Broker {
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
         // Messages a durable queue's log already holds (a restore) count in declare-ok.
         let message_count = u32::try_from(queue.messages.len()).unwrap_or(u32::MAX);
-        self.queues.insert(id, Box::new(queue));
+        self.qs.queues.insert(id, Box::new(queue));
         if expiring {
-            self.expiring.insert(id);
+            self.qs.expiring.insert(id);
         }
-        if let Some(conn) = owner.and_then(|o| self.conns.get_mut(&o)) {
+        if let Some(conn) = owner.and_then(|o| self.chans.conns.get_mut(&o)) {
             conn.exclusive_queues.insert(id);
         }
         self.mail.push_back(super::mail::Mail::QueueCreated {
@@ -394,7 +395,7 @@ impl Broker {
         d: QueueDeclare,
     ) {
         let op = OpKind::QueueDeclare;
-        if !self.queues.contains_key(&queue) {
+        if !self.qs.queues.contains_key(&queue) {
             // Deleted while the declare travelled: topology hears of that (`QueueGone`,
             // sent before this on the same link) before it sees the declare again, and
             // then creates the queue anew (or answers 404 to a passive declare).
@@ -422,7 +423,7 @@ impl Broker {
             return;
         }
         let now = self.now;
-        let Some(q) = self.queues.get_mut(&queue) else {
+        let Some(q) = self.qs.queues.get_mut(&queue) else {
             return;
         };
         if !d.passive {
@@ -439,7 +440,7 @@ impl Broker {
     }
 
     pub(super) fn check_queue_equivalence(&self, id: QueueId, d: &QueueDeclare) -> OpResult {
-        let q = &self.queues[&id];
+        let q = &self.qs.queues[&id];
         let mismatch = if q.durable != d.durable {
             Some(("durable", q.durable.to_string(), d.durable.to_string()))
         } else if q.auto_delete != d.auto_delete {
@@ -519,7 +520,7 @@ impl Broker {
                 .push_back(super::mail::Mail::Refused { to, error });
             return;
         }
-        let refused = self.queues.get(&queue).and_then(|q| {
+        let refused = self.qs.queues.get(&queue).and_then(|q| {
             let why = if if_unused && !q.consumers.is_empty() {
                 "in use"
             } else if if_empty && !q.messages.is_empty() {
@@ -536,7 +537,7 @@ impl Broker {
                 .push_back(super::mail::Mail::Refused { to, error });
             return;
         }
-        let count = self.queues.get(&queue).map_or(0, |q| q.messages.len());
+        let count = self.qs.queues.get(&queue).map_or(0, |q| q.messages.len());
         let answer = super::mail::DeleteAnswer {
             to,
             message_count: u32::try_from(count).unwrap_or(u32::MAX),
@@ -561,7 +562,7 @@ impl Broker {
         answer: Option<super::mail::DeleteAnswer>,
     ) {
         self.resume_paused(id);
-        let Some(q) = self.queues.remove(&id) else {
+        let Some(q) = self.qs.queues.remove(&id) else {
             // Deleted by an earlier op while this delete travelled: topology heard of that
             // on this link already, and answers after it.
             if answer.is_some() {
@@ -593,7 +594,7 @@ impl Broker {
             // What it held is dead space for the store to reclaim at the next sync.
             self.note_removal();
         }
-        if let Some(owner) = q.exclusive_owner.and_then(|o| self.conns.get_mut(&o)) {
+        if let Some(owner) = q.exclusive_owner.and_then(|o| self.chans.conns.get_mut(&o)) {
             owner.exclusive_queues.remove(&id);
         }
         for consumer in q.consumers {

@@ -156,7 +156,7 @@ impl Broker {
     ) {
         let ch = ChannelRef::new(RESTORE_CONN, 1);
         let mark = self.effects.len();
-        if self.conns.contains_key(&RESTORE_CONN) {
+        if self.chans.conns.contains_key(&RESTORE_CONN) {
             self.release_connection(RESTORE_CONN);
         }
         self.handle(

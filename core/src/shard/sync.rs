@@ -78,7 +78,7 @@ impl Broker {
             }
         }
         for ch in channels {
-            if !durable && let Some(channel) = self.channels.get_mut(&ch) {
+            if !durable && let Some(channel) = self.chans.channels.get_mut(&ch) {
                 channel.sync_failed(epoch);
             }
             self.send_confirms(ch);
@@ -108,7 +108,7 @@ impl Broker {
 
     /// Sends the confirms of channel `ch` that may go out now, in publish order.
     pub(super) fn send_confirms(&mut self, ch: ChannelRef) {
-        let Some(channel) = self.channels.get_mut(&ch) else {
+        let Some(channel) = self.chans.channels.get_mut(&ch) else {
             return;
         };
         let mut ready = Vec::new();
@@ -146,7 +146,8 @@ impl Broker {
 
     /// Confirms waiting for a sync (hosts and tests).
     pub fn pending_confirms(&self) -> usize {
-        self.channels
+        self.chans
+            .channels
             .values()
             .map(|c| c.unconfirmed().count())
             .sum()

@@ -84,6 +84,7 @@ impl Broker {
         }
         self.define(DefinitionChange::UserDeleted(name));
         let mut conns: Vec<ConnId> = self
+            .chans
             .conns
             .iter()
             .filter(|(_, c)| c.perms.is_some() && c.user() == name)
@@ -155,7 +156,7 @@ impl Broker {
             .permissions(&name, user)
             .cloned()
             .unwrap_or_else(|| Arc::new(Permissions::deny_all(&name, user)));
-        for conn in self.conns.values_mut() {
+        for conn in self.chans.conns.values_mut() {
             if conn.vhost == vhost && conn.user() == user && conn.perms.is_some() {
                 conn.perms = Some(current.clone());
             }
@@ -192,7 +193,7 @@ impl Broker {
         resource: Resource,
         name: &str,
     ) -> OpResult {
-        let Some(conn) = self.conns.get(&ch.conn) else {
+        let Some(conn) = self.chans.conns.get(&ch.conn) else {
             return Ok(());
         };
         let Some(perms) = &conn.perms else {

@@ -97,7 +97,8 @@ impl Broker {
         if !name.is_empty() {
             return Ok(Arc::from(name));
         }
-        self.channels
+        self.chans
+            .channels
             .get(&ch)
             .and_then(|c| c.last_queue.clone())
             .ok_or_else(|| {
@@ -123,7 +124,7 @@ impl Broker {
     /// The queue side's exclusive-use check: refused if another connection declared queue
     /// `id` exclusive.
     pub(super) fn check_exclusive(&self, ch: ChannelRef, op: OpKind, id: QueueId) -> OpResult {
-        match self.queues.get(&id) {
+        match self.qs.queues.get(&id) {
             Some(q) => self.exclusive_use(ch.conn, op, q.exclusive_owner, &q.name, q.vhost),
             None => Ok(()),
         }

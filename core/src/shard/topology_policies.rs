@@ -50,14 +50,14 @@ impl Broker {
     /// Recomputes every queue's and exchange's effective settings from its own arguments
     /// and the policy that applies now; new limits act at once.
     pub(super) fn apply_policies(&mut self) {
-        let mut ids: Vec<QueueId> = self.queues.keys().copied().collect();
+        let mut ids: Vec<QueueId> = self.qs.queues.keys().copied().collect();
         // Id order, not hash order: the effects of a policy change (overflow drops, dead
         // letters, expiries, deliveries) come out in the same order on every build (native
         // and wasm hash differently).
         ids.sort_unstable();
         let mut touched = Vec::new();
         for id in ids {
-            let Some(q) = self.queues.get(&id) else {
+            let Some(q) = self.qs.queues.get(&id) else {
                 continue;
             };
             let applicable = self.topo.policy(q.vhost, &q.name, true);
@@ -72,9 +72,9 @@ impl Broker {
                 continue;
             }
             if args.message_ttl.is_some() || args.expires.is_some() {
-                self.expiring.insert(id);
+                self.qs.expiring.insert(id);
             }
-            if let Some(q) = self.queues.get_mut(&id) {
+            if let Some(q) = self.qs.queues.get_mut(&id) {
                 q.args = args.into();
             }
             touched.push(id);

@@ -87,6 +87,7 @@ impl Broker {
             .vhost_id(name)
             .ok_or_else(|| format!("vhost '{name}' does not exist"))?;
         let mut conns: Vec<ConnId> = self
+            .chans
             .conns
             .iter()
             .filter(|(c, conn)| conn.vhost == id && **c != crate::mail::mailbox::RESTORE_CONN)
@@ -97,6 +98,7 @@ impl Broker {
             self.force_close(conn, format!("vhost '{name}' is deleted"));
         }
         if self
+            .chans
             .conns
             .get(&crate::mail::mailbox::RESTORE_CONN)
             .is_some_and(|c| c.vhost == id)
@@ -104,6 +106,7 @@ impl Broker {
             self.release_connection(crate::mail::mailbox::RESTORE_CONN);
         }
         let mut queues: Vec<QueueId> = self
+            .qs
             .queues
             .iter()
             .filter(|(_, q)| q.vhost == id)
@@ -141,7 +144,7 @@ impl Broker {
 
     /// Closes a connection from the broker's side with CONNECTION_FORCED.
     pub(super) fn force_close(&mut self, conn: ConnId, reason: String) {
-        if !self.conns.contains_key(&conn) {
+        if !self.chans.conns.contains_key(&conn) {
             return;
         }
         self.release_connection(conn);

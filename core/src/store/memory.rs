@@ -45,6 +45,7 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
+    /// An empty store.
     pub fn new() -> MemoryStore {
         MemoryStore::default()
     }

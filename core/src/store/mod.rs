@@ -28,6 +28,7 @@ use std::sync::Arc;
 /// queues, bindings and policies are named within their vhost.
 #[derive(Clone, Copy, Debug)]
 pub enum DefinitionChange<'a> {
+    /// A vhost was added.
     VhostAdded(&'a VhostDef),
     /// Its exchanges, queues, bindings, policies and permissions were deleted before (each
     /// reported on its own).
@@ -36,43 +37,68 @@ pub enum DefinitionChange<'a> {
     UserPut(&'a UserDef),
     /// Also removes the user's permissions.
     UserDeleted(&'a str),
+    /// A user's permissions in a vhost were set.
     PermissionSet(&'a PermissionDef),
+    /// A user's permissions in a vhost were cleared.
     PermissionCleared {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// The user.
         user: &'a str,
     },
+    /// A durable exchange was declared.
     ExchangeDeclared {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// The declare, as replayed at restore.
         def: &'a ExchangeDeclare,
     },
     /// Also removes every stored binding from or to the exchange.
     ExchangeDeleted {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// Its name.
         name: &'a str,
     },
+    /// A durable queue was declared.
     QueueDeclared {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// The declare, as replayed at restore.
         def: &'a QueueDeclare,
     },
     /// Also removes every stored binding to the queue, and its messages.
     QueueDeleted {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// Its name.
         name: &'a str,
     },
     /// A binding between two durable ends; `to_exchange` tells what `destination` names.
     Bound {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// The binding.
         bind: &'a Bind,
+        /// The destination is an exchange.
         to_exchange: bool,
     },
+    /// A stored binding was removed.
     Unbound {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// The binding.
         bind: &'a Bind,
+        /// The destination is an exchange.
         to_exchange: bool,
     },
+    /// A policy was set.
     PolicySet(&'a crate::policy::PolicyDef),
+    /// A policy was cleared.
     PolicyCleared {
+        /// The vhost it is in.
         vhost: &'a str,
+        /// Its name.
         name: &'a str,
     },
 }
@@ -82,11 +108,17 @@ pub enum DefinitionChange<'a> {
 /// to both). Exchanges, queues and bindings come with their vhost's name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Definitions {
+    /// Vhosts.
     pub vhosts: Vec<VhostDef>,
+    /// Users.
     pub users: Vec<UserDef>,
+    /// Permissions.
     pub permissions: Vec<PermissionDef>,
+    /// Policies.
     pub policies: Vec<crate::policy::PolicyDef>,
+    /// Durable exchanges, with their vhost.
     pub exchanges: Vec<(String, ExchangeDeclare)>,
+    /// Durable queues, with their vhost.
     pub queues: Vec<(String, QueueDeclare)>,
     /// (vhost, binding, destination is an exchange).
     pub bindings: Vec<(String, Bind, bool)>,
@@ -108,7 +140,9 @@ pub struct QueueRecovery {
 /// A message read back from a store.
 #[derive(Clone, Debug)]
 pub struct StoredMessage {
+    /// Its position in its queue.
     pub seq: u64,
+    /// The message.
     pub message: Arc<Message>,
     /// It survived a restart: it may have been delivered before (delivery is not recorded on
     /// disk, so every recovered message is flagged, as RabbitMQ's CQv2 does).

@@ -1,0 +1,18 @@
+//! The queue side's state: the queues a shard owns, by id. Its handlers are the
+//! composition's (`shard/queue_side.rs`); what it holds is reached through this record only.
+
+use crate::idhash::IdMap;
+use crate::ids::QueueId;
+use crate::queue::state::QueueState;
+
+/// The queues of one shard.
+#[derive(Default)]
+pub(crate) struct QueueSide {
+    // Records boxed: a hash table keeps up to half its slots empty after growing, and an
+    // empty slot of a boxed map costs a pointer instead of a whole record (a queue is ~400
+    // bytes); with one queue, channel and connection per idle MQTT client this matters.
+    pub(crate) queues: IdMap<QueueId, Box<QueueState>>,
+    /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
+    /// heads and deadlines (not at every queue).
+    pub(crate) expiring: std::collections::BTreeSet<QueueId>,
+}
