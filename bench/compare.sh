@@ -81,7 +81,7 @@ run() { # name args...
 for b in $brokers; do
   case $b in
     warren)
-      "$warren" serve --amqp "127.0.0.1:$wa" --mqtt "127.0.0.1:$wm" --management none --prometheus none \
+      "$warren" serve --amqp "127.0.0.1:$wa" --mqtt "127.0.0.1:$wm" --management none --prometheus none --stream none \
         --data-dir "$scratch/warren-data" > "$out/warren.log" 2>&1 &
       pid=$!
       wait_port "$wa" "$out/warren.log" && wait_port "$wm" "$out/warren.log"

@@ -55,7 +55,7 @@ field() { # name label: the value column of that row of the bench's table
 }
 
 # Warren
-RUST_LOG=warn "$warren" serve --amqp 127.0.0.1:5882 --mqtt 127.0.0.1:1992 --management none --prometheus none \
+RUST_LOG=warn "$warren" serve --amqp 127.0.0.1:5882 --mqtt 127.0.0.1:1992 --management none --prometheus none --stream none \
   --data-dir "$tmp/warren-data" >"$tmp/warren.log" 2>&1 &
 pids+=($!)
 wait_port 1992 30

@@ -41,7 +41,7 @@ start_broker() {
   local from
   from=$(stat -c %s "$log" 2>/dev/null || echo 0)
   started_ms=$(now_ms)
-  "$warren" serve --amqp "127.0.0.1:$port" --mqtt none --management none --prometheus none --data-dir "$data" >> "$log" 2>&1 &
+  "$warren" serve --amqp "127.0.0.1:$port" --mqtt none --management none --prometheus none --stream none --data-dir "$data" >> "$log" 2>&1 &
   pid=$!
   local deadline=$((SECONDS + wait_secs)) line
   while [ $SECONDS -lt $deadline ]; do

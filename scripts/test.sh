@@ -211,7 +211,7 @@ start_broker() {
   cargo build -p warren-cli || return 1
   rm -rf target/ci-data
   target/debug/warren serve --amqp "127.0.0.1:$port" --mqtt "127.0.0.1:$mqtt_port" \
-    --data-dir target/ci-data > target/ci-broker.log 2>&1 &
+    --stream none --data-dir target/ci-data > target/ci-broker.log 2>&1 &
   broker_pid=$!
   local line mline
   for _ in $(seq 1 100); do

@@ -8,7 +8,8 @@
 //! timestamps, counters, timeline, progress and /proc sampling), `report` (latency
 //! histogram, table/JSON/CSV output), `svg` (plots over time); `conns` (idle MQTT or AMQP
 //! connections; the AMQP side in `idle_amqp`); `alloc` (the counting allocator
-//! `conns --socketless` reads). Each kind of bench is one `BenchCommand` variant.
+//! `conns --socketless` reads); `streams` (seed 003's stream table over the stream
+//! protocol). Each kind of bench is one `BenchCommand` variant.
 
 mod alloc;
 mod client;
@@ -18,6 +19,7 @@ mod mqtt_client;
 mod mqtt_workloads;
 mod report;
 mod runner;
+mod streams;
 mod svg;
 mod workloads;
 
@@ -114,6 +116,9 @@ enum BenchCommand {
     /// Many idle MQTT connections: broker memory per connection, connects per second,
     /// keep-alive CPU and publish -> deliver latency while they are held.
     Conns(conns::ConnsArgs),
+    /// Streams (seed 003): fill one stream per (message size, chunk size) with confirms,
+    /// then consume each from `first` over the stream protocol; msg/s per cell.
+    Stream(streams::StreamArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -180,6 +185,7 @@ struct RunArgs {
 async fn run(command: BenchCommand) -> anyhow::Result<()> {
     let (workload, a) = match command {
         BenchCommand::Conns(args) => return conns::run(args).await,
+        BenchCommand::Stream(args) => return streams::run(args).await,
         BenchCommand::OneFast(a) => ("one-fast", a),
         BenchCommand::TwoPublishers(a) => ("two-publishers", a),
         BenchCommand::Drain(a) => ("drain", a),

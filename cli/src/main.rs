@@ -5,6 +5,7 @@ mod admin;
 mod cluster;
 mod ctl;
 mod settings;
+mod streams;
 mod tls;
 mod ws;
 
@@ -153,6 +154,14 @@ struct ServeArgs {
     /// Prometheus metrics listen address (`/metrics`), or `none`. Default 127.0.0.1:15692.
     #[arg(long)]
     prometheus: Option<String>,
+    /// RabbitMQ's stream protocol listen address, or `none`. Default 127.0.0.1:5552. Streams
+    /// live under <data-dir>/streams (with --in-memory: in memory, user guest only). No TLS.
+    #[arg(long)]
+    stream: Option<String>,
+    /// Bytes a stream reader reads ahead past a small chunk, to serve several chunks per
+    /// system call (RabbitMQ 4.2's read-ahead); 0 turns it off. Default 4096.
+    #[arg(long)]
+    stream_read_ahead: Option<usize>,
     /// Log filter: a level, or per module (`info,warren_mqtt=debug`). Default info, or
     /// RUST_LOG when set and no level is configured.
     #[arg(long)]
@@ -230,6 +239,8 @@ impl ServeArgs {
             shards,
             management,
             prometheus,
+            stream,
+            stream_read_ahead,
             log_format
         );
         optional!(
@@ -605,9 +616,11 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             wanted.push((kind, addr));
         }
     }
-    if wanted.is_empty() {
+    let stream = s.stream_addr().map_err(ConfigError::from)?;
+    if wanted.is_empty() && stream.is_none() {
         return Err(ConfigError(
-            "nothing to serve: every listener is `none` (--amqp none --mqtt none)".into(),
+            "nothing to serve: every listener is `none` (--amqp none --mqtt none --stream none)"
+                .into(),
         )
         .into());
     }
@@ -653,6 +666,10 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     };
     let prometheus_listener = match prometheus {
         Some(addr) => Some(bind(addr, "prometheus").await?),
+        None => None,
+    };
+    let stream_listener = match stream {
+        Some(addr) => Some(bind(addr, "stream").await?),
         None => None,
     };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
@@ -782,6 +799,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     for (protocol, listener) in [
         ("http", &management_listener),
         ("http/prometheus", &prometheus_listener),
+        ("stream", &stream_listener),
     ] {
         if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
             node_listeners.push(warren_management::Listener { protocol, addr });
@@ -813,6 +831,27 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             )),
         ));
         tracing::info!("listening on {bound} (HTTP management API)");
+    }
+    if let Some(listener) = stream_listener {
+        let bound = listener.local_addr()?;
+        let task = if s.in_memory {
+            tokio::spawn(warren_stream::serve(
+                listener,
+                Arc::new(warren_stream::MemoryBackend::new()),
+                stopped.clone(),
+            ))
+        } else {
+            let backend = streams::DiskStreams::open(
+                &s.data_dir,
+                broker.clone(),
+                s.stream_read_ahead,
+                s.fsync == settings::Fsync::On,
+            )
+            .map_err(|e| ConfigError(format!("cannot open the streams: {e:#}")))?;
+            tokio::spawn(warren_stream::serve(listener, backend, stopped.clone()))
+        };
+        servers.push(("stream", task));
+        tracing::info!("listening on {bound} (stream)");
     }
     if let Some(listener) = prometheus_listener {
         let bound = listener.local_addr()?;

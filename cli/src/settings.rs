@@ -61,6 +61,10 @@ pub struct Settings {
     pub management: String,
     /// The Prometheus metrics' address, or `none`.
     pub prometheus: String,
+    /// The stream protocol's address (RabbitMQ's 5552), or `none`.
+    pub stream: String,
+    /// Bytes a stream reader reads ahead past a small chunk (0: off).
+    pub stream_read_ahead: usize,
     /// `None`: RUST_LOG when set, else `info`.
     pub log_level: Option<String>,
     pub log_format: LogFormat,
@@ -106,6 +110,8 @@ impl Default for Settings {
             shards: 1,
             management: "127.0.0.1:15672".into(),
             prometheus: "127.0.0.1:15692".into(),
+            stream: "127.0.0.1:5552".into(),
+            stream_read_ahead: 4096,
             log_level: None,
             log_format: LogFormat::Text,
             log_file: None,
@@ -231,6 +237,8 @@ impl Settings {
         env!(shards, |n, v| parse(&n, v)?);
         env!(management, |n, v| v.to_string());
         env!(prometheus, |n, v| v.to_string());
+        env!(stream, |n, v| v.to_string());
+        env!(stream_read_ahead, |n, v| parse(&n, v)?);
         env!(log_level, |n, v| Some(v.to_string()));
         env!(log_format, |n, v| match v {
             "text" => LogFormat::Text,
@@ -270,6 +278,9 @@ impl Settings {
         if let Err(e) = self.prometheus_addr() {
             return Err(SettingsError(format!("{}{}", at("prometheus"), e.0)));
         }
+        if let Err(e) = self.stream_addr() {
+            return Err(SettingsError(format!("{}{}", at("stream"), e.0)));
+        }
         if !(1..=256).contains(&self.shards) {
             return Err(SettingsError(format!(
                 "{}shards {} must be in 1..=256",
@@ -308,6 +319,11 @@ impl Settings {
     /// The Prometheus metrics' address (port 15692 when none is given), `None` for `none`.
     pub fn prometheus_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
         single_addr("prometheus", &self.prometheus, 15692)
+    }
+
+    /// The stream protocol's address (port 5552 when none is given), `None` for `none`.
+    pub fn stream_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        single_addr("stream", &self.stream, 5552)
     }
 
     fn listeners_raw(&self) -> [(&'static str, &Vec<String>); 6] {
@@ -593,7 +609,8 @@ mod tests {
         std::fs::write(
             &path,
             "memory_high_watermark = \"512MiB\"\ndisk_free_limit = 1000000\n\
-             management = \"none\"\nprometheus = \"127.0.0.1\"\n",
+             management = \"none\"\nprometheus = \"127.0.0.1\"\nstream = \"127.0.0.1\"\n\
+             stream_read_ahead = 0\n",
         )
         .expect("write");
         let (s, text) = Settings::from_file(&path).expect("parses");
@@ -604,6 +621,11 @@ mod tests {
         );
         assert_eq!(disk_free_limit(&s.disk_free_limit).ok(), Some(1_000_000));
         assert_eq!(s.management_addr().ok(), Some(None));
+        assert_eq!(
+            s.stream_addr().ok().flatten(),
+            Some("127.0.0.1:5552".parse().expect("addr"))
+        );
+        assert_eq!(s.stream_read_ahead, 0);
         assert_eq!(
             s.prometheus_addr().ok().flatten(),
             Some("127.0.0.1:15692".parse().expect("addr"))
@@ -617,6 +639,7 @@ mod tests {
         for (text, line) in [
             ("shards = 1\ndisk_free_limit = \"lots\"\n", ":2"),
             ("management = \"not an address\"\n", ":1"),
+            ("\nstream = \"127.0.0.1:99999\"\n", ":2"),
             ("\nmemory_high_watermark = \"0\"\n", ":2"),
         ] {
             std::fs::write(&path, text).expect("write");
@@ -627,6 +650,7 @@ mod tests {
         s.apply_env(|k| match k {
             "WARREN_DISK_FREE_LIMIT" => Some("2GB".to_string()),
             "WARREN_MANAGEMENT" => Some("[::1]:0".to_string()),
+            "WARREN_STREAM" => Some("none".to_string()),
             _ => None,
         })
         .expect("valid");
@@ -638,6 +662,7 @@ mod tests {
             s.management_addr().ok(),
             Some(Some("[::1]:0".parse().expect("addr")))
         );
+        assert_eq!(s.stream_addr().ok(), Some(None));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -60,7 +60,7 @@ impl Broker {
         // The HTTP listeners' default ports would collide between tests running at once
         // (a config file sets its own).
         let mut off = Vec::new();
-        for flag in ["--management", "--prometheus"] {
+        for flag in ["--management", "--prometheus", "--stream"] {
             if !args.contains(&flag) && !args.contains(&"--config") {
                 off.extend([flag, "none"]);
             }
@@ -430,7 +430,7 @@ fn listener_flags_refuse_bad_addresses_and_none_alone_disables() {
     let dir = data_dir("badflags");
     for (args, want) in [
         (
-            &["--amqp", "none", "--mqtt", "none"][..],
+            &["--amqp", "none", "--mqtt", "none", "--stream", "none"][..],
             "nothing to serve",
         ),
         (&["--amqp", "none", "--amqp", "127.0.0.1:0"][..], "`none`"),
@@ -1092,17 +1092,19 @@ async fn config_file_with_flags_and_env_over_it() {
         format!(
             "# a deployment\namqp = [\"127.0.0.1:0\"]\nmqtt = [\"127.0.0.1:0\", \"[::1]:0\"]\n\
              data_dir = {:?}\nshards = 1\nlog_format = \"json\"\nmqtt_max_packet_size = 1000\n\
-             management = \"127.0.0.1:0\"\nprometheus = \"none\"\n\
+             management = \"127.0.0.1:0\"\nprometheus = \"none\"\nstream = \"127.0.0.1:0\"\n\
              memory_high_watermark = \"64MiB\"\ndisk_free_limit = 0\n",
             dir.join("data")
         ),
     )
     .expect("write");
     let config = file.to_str().expect("utf-8");
-    // The file alone: JSON logs, three listeners and the HTTP API, the file's limits.
-    let broker = Broker::start(&dir, &["--config", config], 4);
-    let lines = broker.wait_logs(&["listening on", "\"level\":\"INFO\""], 4);
-    assert_eq!(lines.len(), 4, "{lines:?}");
+    // The file alone: JSON logs, three listeners, the HTTP API and the stream listener, the
+    // file's limits.
+    let broker = Broker::start(&dir, &["--config", config], 5);
+    let lines = broker.wait_logs(&["listening on", "\"level\":\"INFO\""], 5);
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    assert_eq!(broker.addrs("(stream)").len(), 1, "the file's stream key");
     assert_eq!(
         broker
             .wait_logs(&["memory alarm at 64 MiB", "free disk limit 0 MB"], 1)

@@ -111,6 +111,8 @@ async fn sharded_durable_queues_survive_kill_9_and_keep_their_shard_count() {
             "none",
             "--prometheus",
             "none",
+            "--stream",
+            "none",
         ])
         .arg("--data-dir")
         .arg(&dir)

@@ -346,7 +346,15 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         "paged out: {before:?}"
     );
     let second = Command::new(BIN)
-        .args(["serve", "--amqp", "127.0.0.1:0", "--mqtt", "none"])
+        .args([
+            "serve",
+            "--amqp",
+            "127.0.0.1:0",
+            "--mqtt",
+            "none",
+            "--stream",
+            "none",
+        ])
         .arg("--data-dir")
         .arg(&dir)
         .output()

@@ -682,6 +682,44 @@ fn a_reader_on_another_thread_sees_only_committed_chunks_in_order() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_split_sync_commits_only_what_was_flushed_at_its_begin_while_appends_go_on() {
+    let dir = temp_dir("split-sync");
+    let mut log = StreamLog::open(
+        &dir,
+        StreamConfig {
+            fsync: true,
+            ..StreamConfig::default()
+        },
+    )
+    .unwrap();
+    log.append(&[msg(0, 10), msg(1, 10)], 100, &[]).unwrap();
+    let pending = log.begin_sync().unwrap();
+    assert_eq!(pending.next_offset(), 2);
+    // Appended while the fsync runs: not covered by it, so not visible after it.
+    log.append(&[msg(2, 10)], 101, &[]).unwrap();
+    pending.wait().unwrap();
+    assert_eq!(log.end_sync(&pending, Ok(())).unwrap(), Some(1));
+    assert_eq!(log.bounds().committed, 2);
+    assert_eq!(read_all(&mut log, OffsetSpec::First, opts(4096)).len(), 2);
+    let pending = log.begin_sync().unwrap();
+    pending.wait().unwrap();
+    assert_eq!(log.end_sync(&pending, Ok(())).unwrap(), Some(2));
+    assert_eq!(read_all(&mut log, OffsetSpec::First, opts(4096)).len(), 3);
+    // A failed fsync fails the log: nothing more is accepted until it is reopened.
+    log.append(&[msg(3, 10)], 102, &[]).unwrap();
+    let pending = log.begin_sync().unwrap();
+    let err = StreamError::Invalid("simulated fsync failure".into());
+    assert!(log.end_sync(&pending, Err(err)).is_err());
+    assert_eq!(log.bounds().committed, 3);
+    assert!(matches!(
+        log.append(&[msg(4, 10)], 103, &[]),
+        Err(StreamError::Failed(_))
+    ));
+    drop(log);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Retention deletes the segments a lagging reader is in or heading for: it goes on from the
 /// oldest segment left (the messages in between are gone), whole chunks, in order.
 #[test]

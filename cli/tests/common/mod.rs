@@ -22,6 +22,8 @@ pub struct Served {
     pub management: Option<u16>,
     /// The Prometheus port, when `args` asked for it.
     pub prometheus: Option<u16>,
+    /// The stream protocol's port, when `args` asked for it (`--stream 127.0.0.1:0`).
+    pub stream: Option<u16>,
     /// Every line the broker logged so far (tests look for their log lines here).
     pub log: Arc<Mutex<Vec<String>>>,
 }
@@ -47,7 +49,7 @@ impl Served {
 
 /// Starts `warren serve` on `dir` with AMQP (and, if `mqtt`, MQTT) on free loopback
 /// ports, plus `args`; waits until it logs them. The HTTP API and Prometheus listeners
-/// are off unless `args` name them (their default ports would collide between tests).
+/// and stream listeners are off unless `args` name them (their default ports would collide between tests).
 pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
     serve_logging(dir, mqtt, args, "info")
 }
@@ -56,7 +58,7 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
 pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Served {
     let mqtt_addr = if mqtt { "127.0.0.1:0" } else { "none" };
     let mut off = Vec::new();
-    for flag in ["--management", "--prometheus"] {
+    for flag in ["--management", "--prometheus", "--stream"] {
         if !args.contains(&flag) {
             off.extend([flag, "none"]);
         }
@@ -89,7 +91,7 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
             }
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                let kind = ["(AMQP", "(MQTT", "(HTTP", "(Prometheus"]
+                let kind = ["(AMQP", "(MQTT", "(HTTP", "(Prometheus", "(stream"]
                     .iter()
                     .position(|k| rest.contains(k));
                 let _ = tx.send((kind, port.parse::<u16>().ok()));
@@ -97,11 +99,12 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
         }
     });
     let wants = |flag: &str| args.contains(&flag);
-    let mut ports: [Option<u16>; 4] = [None; 4];
+    let mut ports: [Option<u16>; 5] = [None; 5];
     while ports[0].is_none()
         || (mqtt && ports[1].is_none())
         || (wants("--management") && ports[2].is_none())
         || (wants("--prometheus") && ports[3].is_none())
+        || (wants("--stream") && ports[4].is_none())
     {
         let (kind, p) = rx
             .recv_timeout(Duration::from_secs(20))
@@ -116,6 +119,7 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
         mqtt: ports[1],
         management: ports[2],
         prometheus: ports[3],
+        stream: ports[4],
         log,
     }
 }

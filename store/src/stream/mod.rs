@@ -270,6 +270,34 @@ impl Tracking {
     }
 }
 
+/// A sync begun by [`StreamLog::begin_sync`]: the fsyncs to run outside the writer's lock.
+pub struct PendingSync {
+    data: Option<Arc<File>>,
+    path: PathBuf,
+    dir: Option<PathBuf>,
+    next: u64,
+}
+
+impl PendingSync {
+    /// Offsets below this are durable once [`PendingSync::wait`] returns.
+    pub fn next_offset(&self) -> u64 {
+        self.next
+    }
+
+    /// Runs the fsyncs (blocking: call it off the async executor).
+    pub fn wait(&self) -> Result<(), StreamError> {
+        if let Some(data) = &self.data {
+            data.sync_data().map_err(io_err(&self.path))?;
+        }
+        if let Some(dir) = &self.dir {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(dir))?;
+        }
+        Ok(())
+    }
+}
+
 /// See the module docs.
 pub struct StreamLog {
     config: StreamConfig,
@@ -690,6 +718,41 @@ impl StreamLog {
             .committed
             .store(self.next_offset, Ordering::Release);
         Ok(self.next_offset.checked_sub(1))
+    }
+
+    /// Group commit in two steps, so the fsync runs without the writer's lock: writes the
+    /// buffers out and returns what [`PendingSync::wait`] must fsync; appends may go on
+    /// meanwhile (a roll fsyncs the segment it closes itself); [`StreamLog::end_sync`] then
+    /// lets readers see the offsets the pending sync covered. [`StreamLog::sync`] in one call.
+    pub fn begin_sync(&mut self) -> Result<PendingSync, StreamError> {
+        self.flush()?;
+        let first = self.segments.last().map_or(0, |s| s.first_offset);
+        let dir = (self.config.fsync && std::mem::take(&mut self.dir_dirty))
+            .then(|| self.shared.dir.clone());
+        Ok(PendingSync {
+            data: self.config.fsync.then(|| self.active.data.clone()),
+            path: data_path(&self.shared.dir, first),
+            dir,
+            next: self.next_offset,
+        })
+    }
+
+    /// Completes a [`StreamLog::begin_sync`] with its [`PendingSync::wait`] result: the
+    /// highest durable offset, or the error (the log then refuses further writes).
+    pub fn end_sync(
+        &mut self,
+        pending: &PendingSync,
+        waited: Result<(), StreamError>,
+    ) -> Result<Option<u64>, StreamError> {
+        if let Err(e) = waited {
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
+        self.check_ok()?;
+        self.shared
+            .committed
+            .fetch_max(pending.next, Ordering::AcqRel);
+        Ok(self.shared.committed.load(Ordering::Acquire).checked_sub(1))
     }
 
     /// Deletes whole oldest segments, never the active one, while the stream is larger than

@@ -506,6 +506,8 @@ impl Broker {
                         "none",
                         "--prometheus",
                         "none",
+                        "--stream",
+                        "none",
                     ])
                     .arg("--data-dir")
                     .arg(&*data_dir)

@@ -1,0 +1,753 @@
+//! The stream protocol's backend over the native stream log (`warren_store::stream`): the
+//! gateway (`warren-stream`) must not depend on the store, so the binary joins them, as
+//! RabbitMQ's stream plugin talks to osiris directly.
+//!
+//! - A catalog of streams under `<data-dir>/streams/<vhost>/<stream>/` (names escaped, see
+//!   [`escape`]), reopened at start (recovery is the log's torn-tail cut).
+//! - Group commit: appends go to the log's buffer under the stream's lock; one sync task per
+//!   stream writes out, fsyncs outside the lock, then publishes the new durable offset on a
+//!   `watch` that both `wait_durable` (confirms) and `wait_data` (subscribers) wait on.
+//! - Retention (`max-length-bytes`, `max-age`) at every segment roll (the log does it) and on
+//!   a timer.
+//! - Logins and vhost access through the broker's users.
+
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::fs;
+use std::future::Future;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use warren_store::stream::{
+    self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
+};
+use warren_stream::backend::{
+    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, ReaderFilter, StreamBackend,
+    StreamError, StreamStats,
+};
+use warren_stream::chunk::Chunk;
+use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
+
+/// Streams one node holds (each has a task and open files).
+pub const MAX_STREAMS: usize = 1000;
+/// How often retention by age runs besides at segment rolls.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(30);
+/// Bytes a stream's writer buffers before an append writes them out itself.
+const WRITE_BUFFER: usize = 1 << 20;
+/// The file in a stream's directory holding its arguments (`key=value` lines, validated).
+const ARGUMENTS: &str = "arguments";
+/// Escaped names longer than this are refused (file names are at most 255 bytes).
+const MAX_ESCAPED: usize = 240;
+
+/// A directory name for a client-chosen name: bytes outside `[A-Za-z0-9_-]` become `%XX`
+/// (so `.`, `..`, `/` and NUL cannot reach the file system as themselves), and the empty
+/// name is `%`. Injective, and never starts with `.` (temporary names do).
+pub fn escape(name: &str) -> String {
+    if name.is_empty() {
+        return "%".into();
+    }
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The inverse of [`escape`]; `None` for a name it cannot have made.
+pub fn unescape(s: &str) -> Option<String> {
+    if s == "%" {
+        return Some(String::new());
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let name = String::from_utf8(out).ok()?;
+    (escape(&name) == s).then_some(name)
+}
+
+/// The durable tail, as waiters see it.
+#[derive(Clone, Copy, Debug)]
+struct Tail {
+    /// Offsets below this are durable and readable.
+    committed: u64,
+    /// First offset of the last durable chunk.
+    last_chunk: Option<u64>,
+    deleted: bool,
+}
+
+/// A subscription's reader: the log's reader (its read-ahead buffer kept between reads) and
+/// the chunk it read but could not hand out within the byte limit.
+pub struct DiskReader {
+    stream: Arc<Stream>,
+    reader: StreamReader,
+    pending: Option<Chunk>,
+}
+
+impl ChunkReader for DiskReader {
+    fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError> {
+        let tail = *self.stream.tail.borrow();
+        if tail.deleted {
+            return Err(StreamError::DoesNotExist);
+        }
+        let mut batch = ReadBatch {
+            chunks: Vec::new(),
+            committed_chunk_id: tail.last_chunk.unwrap_or(0),
+        };
+        let mut size = 0;
+        while batch.chunks.len() < max_chunks {
+            let chunk = match self.pending.take() {
+                Some(c) => c,
+                None => match self.reader.next_chunk().map_err(internal)? {
+                    Some(c) => to_chunk(&c)?,
+                    None => break,
+                },
+            };
+            if !batch.chunks.is_empty() && size + chunk.wire_len() > max_bytes {
+                self.pending = Some(chunk);
+                break;
+            }
+            size += chunk.wire_len();
+            batch.chunks.push(chunk);
+        }
+        Ok(batch)
+    }
+
+    fn position(&self) -> u64 {
+        match &self.pending {
+            Some(c) => c.first_offset,
+            None => self.reader.next_offset(),
+        }
+    }
+}
+
+struct Writer {
+    log: StreamLog,
+    /// First offset of the last chunk appended.
+    last_chunk: Option<u64>,
+}
+
+struct Stream {
+    writer: Mutex<Option<Writer>>,
+    tail: watch::Sender<Tail>,
+    dirty: Notify,
+    read_ahead: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Data under these locks stays consistent at every step, so a poisoned lock is used.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn internal(e: impl std::fmt::Display) -> StreamError {
+    StreamError::Internal(e.to_string())
+}
+
+impl Stream {
+    fn with_writer<T>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<T, StreamError>,
+    ) -> Result<T, StreamError> {
+        match lock(&self.writer).as_mut() {
+            Some(w) => f(w),
+            None => Err(StreamError::DoesNotExist),
+        }
+    }
+
+    /// Group commit: waits for appends, writes them out, fsyncs off the executor without
+    /// the lock, publishes the durable offset. Also runs retention by age on a timer.
+    async fn sync_task(self: Arc<Stream>, name: String) {
+        let mut retention = tokio::time::interval(RETENTION_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = self.dirty.notified() => {}
+                _ = retention.tick() => {
+                    let now = warren_runtime::unix_ms();
+                    if let Err(e) = self.with_writer(|w| w.log.retain(now).map_err(internal)) {
+                        if e == StreamError::DoesNotExist {
+                            return;
+                        }
+                        tracing::warn!(stream = %name, "stream retention: {e}");
+                    }
+                    continue;
+                }
+            }
+            let begun = self.with_writer(|w| {
+                let last = w.last_chunk;
+                w.log.begin_sync().map(|p| (p, last)).map_err(internal)
+            });
+            let (pending, last_chunk) = match begun {
+                Ok(p) => p,
+                Err(StreamError::DoesNotExist) => return,
+                Err(e) => {
+                    tracing::error!(stream = %name, "stream write failed: {e}");
+                    continue;
+                }
+            };
+            let (pending, waited) = match tokio::task::spawn_blocking(move || {
+                let r = pending.wait();
+                (pending, r)
+            })
+            .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(stream = %name, "stream fsync task failed: {e}");
+                    continue;
+                }
+            };
+            let ended = self.with_writer(|w| w.log.end_sync(&pending, waited).map_err(internal));
+            match ended {
+                Ok(_) => {
+                    let committed = pending.next_offset();
+                    self.tail.send_if_modified(|t| {
+                        let moved = committed > t.committed;
+                        if moved {
+                            t.committed = committed;
+                            t.last_chunk = last_chunk.filter(|&c| c < committed).or(t.last_chunk);
+                        }
+                        moved
+                    });
+                }
+                Err(StreamError::DoesNotExist) => return,
+                // Confirms stop: the publishers' unconfirmed ids time out on the client side,
+                // which is what a failed disk must look like.
+                Err(e) => tracing::error!(stream = %name, "stream fsync failed: {e}"),
+            }
+        }
+    }
+}
+
+/// The catalog: see the module docs.
+pub struct DiskStreams {
+    root: PathBuf,
+    broker: warren_runtime::BrokerHandle,
+    read_ahead: usize,
+    fsync: bool,
+    streams: Mutex<HashMap<(String, String), Arc<Stream>>>,
+}
+
+/// A stream's settings from its protocol arguments (unknown ones ignored, as RabbitMQ).
+fn parse_arguments(args: &[(String, String)]) -> Result<Vec<(String, String)>, StreamError> {
+    let bad = |k: &str, v: &str| StreamError::Precondition(format!("invalid {k}: {v}"));
+    let mut kept = Vec::new();
+    for (k, v) in args {
+        match k.as_str() {
+            "max-length-bytes" | "stream-max-segment-size-bytes" => {
+                v.parse::<u64>().map_err(|_| bad(k, v))?;
+                kept.push((k.clone(), v.clone()));
+            }
+            "max-age" => {
+                warren_stream::memory::parse_max_age(v).ok_or_else(|| bad(k, v))?;
+                kept.push((k.clone(), v.clone()));
+            }
+            "initial-cluster-size" => {
+                v.parse::<u64>().map_err(|_| bad(k, v))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(kept)
+}
+
+fn stream_config(args: &[(String, String)], fsync: bool) -> StreamConfig {
+    let mut c = StreamConfig {
+        buffer_limit_bytes: WRITE_BUFFER,
+        fsync,
+        ..StreamConfig::default()
+    };
+    for (k, v) in args {
+        match k.as_str() {
+            "max-length-bytes" => c.max_length_bytes = v.parse().ok(),
+            "stream-max-segment-size-bytes" => {
+                if let Ok(n) = v.parse::<u64>() {
+                    c.max_segment_size_bytes = n.max(1);
+                }
+            }
+            "max-age" => c.max_age_ms = warren_stream::memory::parse_max_age(v),
+            _ => {}
+        }
+    }
+    c
+}
+
+impl DiskStreams {
+    /// Opens every stream under `<data_dir>/streams` (recovering each), and starts their
+    /// sync tasks.
+    pub fn open(
+        data_dir: &Path,
+        broker: warren_runtime::BrokerHandle,
+        read_ahead: usize,
+        fsync: bool,
+    ) -> anyhow::Result<Arc<DiskStreams>> {
+        let root = data_dir.join("streams");
+        fs::create_dir_all(&root)?;
+        let me = Arc::new(DiskStreams {
+            root: root.clone(),
+            broker,
+            read_ahead,
+            fsync,
+            streams: Mutex::new(HashMap::new()),
+        });
+        for vdir in fs::read_dir(&root)? {
+            let vdir = vdir?;
+            let vname = vdir.file_name();
+            let vname = vname.to_string_lossy();
+            if vname.starts_with('.') {
+                // A deletion the process did not finish.
+                fs::remove_dir_all(vdir.path())?;
+                continue;
+            }
+            let Some(vhost) = unescape(&vname) else {
+                tracing::warn!(dir = %vdir.path().display(), "streams: not a vhost directory; ignored");
+                continue;
+            };
+            for sdir in fs::read_dir(vdir.path())? {
+                let sdir = sdir?;
+                let sname = sdir.file_name();
+                let sname = sname.to_string_lossy();
+                let Some(stream) = unescape(&sname) else {
+                    tracing::warn!(dir = %sdir.path().display(), "streams: not a stream directory; ignored");
+                    continue;
+                };
+                let args = match fs::read_to_string(sdir.path().join(ARGUMENTS)) {
+                    Ok(text) => text
+                        .lines()
+                        .filter_map(|l| l.split_once('='))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect::<Vec<_>>(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        // Created up to its directory only: never acknowledged.
+                        fs::remove_dir_all(sdir.path())?;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let log = StreamLog::open(&sdir.path(), stream_config(&args, fsync))?;
+                tracing::info!(vhost = %vhost, stream = %stream, next = log.bounds().next, "stream recovered");
+                me.insert(&mut lock(&me.streams), vhost.clone(), stream, log);
+            }
+        }
+        Ok(me)
+    }
+
+    fn insert(
+        &self,
+        streams: &mut HashMap<(String, String), Arc<Stream>>,
+        vhost: String,
+        name: String,
+        log: StreamLog,
+    ) {
+        let b = log.bounds();
+        let (tail, _) = watch::channel(Tail {
+            committed: b.committed,
+            // Not known after a restart until the next append; the first retained chunk is
+            // a lower bound good enough for Deliver v2's hint.
+            last_chunk: (b.committed > b.first).then_some(b.first),
+            deleted: false,
+        });
+        let stream = Arc::new(Stream {
+            writer: Mutex::new(Some(Writer {
+                log,
+                last_chunk: None,
+            })),
+            tail,
+            dirty: Notify::new(),
+            read_ahead: self.read_ahead,
+        });
+        tokio::spawn(stream.clone().sync_task(format!("{vhost}/{name}")));
+        streams.insert((vhost, name), stream);
+    }
+
+    fn get(&self, vhost: &str, stream: &str) -> Result<Arc<Stream>, StreamError> {
+        lock(&self.streams)
+            .get(&(vhost.to_string(), stream.to_string()))
+            .cloned()
+            .ok_or(StreamError::DoesNotExist)
+    }
+
+    fn dir(&self, vhost: &str, stream: &str) -> Result<PathBuf, StreamError> {
+        let (v, s) = (escape(vhost), escape(stream));
+        if v.len() > MAX_ESCAPED || s.len() > MAX_ESCAPED {
+            return Err(StreamError::Precondition(
+                "name too long for this node's stream directory".into(),
+            ));
+        }
+        Ok(self.root.join(v).join(s))
+    }
+
+    /// Runs a broker call from the session's synchronous backend methods. The stream
+    /// session is sans-IO and asks its backend inline; the broker's user table lives in its
+    /// task, so the worker thread blocks for one round trip (the runtime is multi-threaded).
+    fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+    }
+}
+
+fn spec(spec: OffsetSpec) -> LogSpec {
+    match spec {
+        OffsetSpec::First => LogSpec::First,
+        OffsetSpec::Last => LogSpec::Last,
+        OffsetSpec::Next => LogSpec::Next,
+        OffsetSpec::Offset(o) => LogSpec::Offset(o),
+        OffsetSpec::Timestamp(t) if t <= 0 => LogSpec::First,
+        OffsetSpec::Timestamp(t) => LogSpec::Timestamp(t as u64),
+    }
+}
+
+/// A stored chunk as the session sends it: the log's data section is the stream protocol's
+/// simple-entry layout, so data and CRC go out as stored.
+fn to_chunk(c: &log::ReadChunk) -> Result<Chunk, StreamError> {
+    Ok(Chunk {
+        first_offset: c.first_offset,
+        // One entry per message (the log holds no sub-batches).
+        num_entries: c.count.min(u16::MAX as u32) as u16,
+        num_records: c.count,
+        timestamp: c.timestamp as i64,
+        crc: c.data_crc,
+        data: c.bytes().map_err(internal)?,
+    })
+}
+
+impl StreamBackend for DiskStreams {
+    type Reader = DiskReader;
+
+    fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
+        let Login::Plain { username, password } = login else {
+            return Err(AuthError::Refused);
+        };
+        match self.block_on(
+            self.broker
+                .authenticate(username, password, peer.is_loopback, None),
+        ) {
+            Ok(Ok(login)) => Ok(login.user),
+            Ok(Err(warren_runtime::LoginError::LoopbackOnly(_))) => Err(AuthError::Loopback),
+            Ok(Err(_)) | Err(_) => Err(AuthError::Refused),
+        }
+    }
+
+    fn vhost_access(&self, user: &str, vhost: &str) -> bool {
+        // The password was checked at SASL (and the loopback rule with it): this asks only
+        // whether the user may open the vhost.
+        matches!(
+            self.block_on(self.broker.authenticate_certified(user, true, Some(vhost))),
+            Ok(Ok(_))
+        )
+    }
+
+    fn create_stream(
+        &self,
+        vhost: &str,
+        stream: &str,
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        let args = parse_arguments(arguments)?;
+        let dir = self.dir(vhost, stream)?;
+        // Held across the creation so two creates of one name cannot both succeed.
+        let mut streams = lock(&self.streams);
+        if streams.contains_key(&(vhost.to_string(), stream.to_string())) {
+            return Err(StreamError::AlreadyExists);
+        }
+        if streams.len() >= MAX_STREAMS {
+            return Err(StreamError::Precondition(format!(
+                "this node holds {MAX_STREAMS} streams, its limit"
+            )));
+        }
+        // Arguments first, durably: a directory without them is a create that never
+        // finished (removed at start).
+        let created = (|| -> std::io::Result<()> {
+            fs::create_dir_all(&dir)?;
+            let mut f = fs::File::create(dir.join(ARGUMENTS))?;
+            for (k, v) in &args {
+                writeln!(f, "{k}={v}")?;
+            }
+            f.sync_all()?;
+            if let Some(parent) = dir.parent() {
+                fs::File::open(parent)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        created.map_err(internal)?;
+        let log = StreamLog::open(&dir, stream_config(&args, self.fsync)).map_err(internal)?;
+        self.insert(&mut streams, vhost.to_string(), stream.to_string(), log);
+        Ok(())
+    }
+
+    fn delete_stream(&self, vhost: &str, stream: &str) -> Result<(), StreamError> {
+        let s = lock(&self.streams)
+            .remove(&(vhost.to_string(), stream.to_string()))
+            .ok_or(StreamError::DoesNotExist)?;
+        let writer = lock(&s.writer).take();
+        s.tail.send_modify(|t| t.deleted = true);
+        s.dirty.notify_one();
+        if let Some(w) = writer {
+            // Renamed first (atomic), then removed: a crash in between leaves a `.deleted`
+            // directory that the next start removes, never half a stream.
+            let dir = w.log.dir().to_path_buf();
+            drop(w);
+            let tomb = self.root.join(format!(
+                ".deleted-{}-{}",
+                std::process::id(),
+                warren_runtime::unix_ms()
+            ));
+            fs::rename(&dir, &tomb).map_err(internal)?;
+            fs::remove_dir_all(&tomb).map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    fn stream_exists(&self, vhost: &str, stream: &str) -> bool {
+        self.get(vhost, stream).is_ok()
+    }
+
+    fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError> {
+        let s = self.get(vhost, stream)?;
+        let first = s.with_writer(|w| Ok(w.log.bounds()))?;
+        let tail = *s.tail.borrow();
+        Ok(StreamStats {
+            first_chunk_id: if tail.committed > first.first {
+                first.first as i64
+            } else {
+                -1
+            },
+            committed_chunk_id: tail.last_chunk.map_or(-1, |c| c as i64),
+        })
+    }
+
+    fn append(
+        &self,
+        vhost: &str,
+        stream: &str,
+        writer: Option<&str>,
+        messages: &[PublishedMessage],
+        now_ms: u64,
+    ) -> Result<Appended, StreamError> {
+        let s = self.get(vhost, stream)?;
+        let appended = s.with_writer(|w| {
+            let last = writer.and_then(|r| w.log.publisher_sequence(r));
+            let mut keep: Vec<(u64, &Bytes)> = Vec::with_capacity(messages.len());
+            for m in messages {
+                if last.is_some_and(|l| m.publishing_id <= l) {
+                    continue;
+                }
+                match &m.entry {
+                    Entry::Simple(b) => keep.push((m.publishing_id, b)),
+                    Entry::SubBatch { .. } => {
+                        return Err(StreamError::Precondition(
+                            "sub-batch entries are not supported by this node's streams".into(),
+                        ));
+                    }
+                }
+            }
+            let stored = keep.len();
+            let mut rest = &keep[..];
+            while !rest.is_empty() {
+                // A chunk: at most the log's message count and about the write buffer.
+                let mut n = 0;
+                let mut bytes = 0;
+                while n < rest.len()
+                    && n < log::format::MAX_CHUNK_MESSAGES
+                    && (n == 0 || bytes + rest[n].1.len() <= WRITE_BUFFER)
+                {
+                    bytes += rest[n].1.len() + 4;
+                    n += 1;
+                }
+                let (part, tail) = rest.split_at(n);
+                rest = tail;
+                let bodies: Vec<&[u8]> = part.iter().map(|(_, b)| &b[..]).collect();
+                let max_id = part.iter().map(|(id, _)| *id).max().unwrap_or(0);
+                let publishers: Vec<(&str, u64)> = writer
+                    .filter(|r| !r.is_empty())
+                    .map(|r| (r, max_id.max(last.unwrap_or(0))))
+                    .into_iter()
+                    .collect();
+                let range = match w.log.append(&bodies, now_ms, &publishers) {
+                    Err(log::StreamError::Backpressure { .. }) => {
+                        // The buffer is full: write it out (to the OS, not fsynced) and
+                        // append again; the sync task fsyncs both.
+                        w.log.flush().map_err(internal)?;
+                        w.log.append(&bodies, now_ms, &publishers)
+                    }
+                    other => other,
+                }
+                .map_err(|e| match e {
+                    log::StreamError::Invalid(m) => StreamError::Precondition(m),
+                    other => internal(other),
+                })?;
+                w.last_chunk = Some(range.start);
+            }
+            Ok(Appended {
+                stored,
+                duplicates: messages.len() - stored,
+                confirm_at: w.log.bounds().next.checked_sub(1),
+            })
+        })?;
+        if appended.stored > 0 {
+            s.dirty.notify_one();
+        }
+        Ok(appended)
+    }
+
+    fn wait_durable(
+        &self,
+        vhost: &str,
+        stream: &str,
+        offset: u64,
+    ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
+        let rx = self.get(vhost, stream).map(|s| s.tail.subscribe());
+        async move {
+            let mut rx = rx?;
+            match rx.wait_for(|t| t.deleted || t.committed > offset).await {
+                Ok(t) if !t.deleted => Ok(()),
+                _ => Err(StreamError::DoesNotExist),
+            }
+        }
+    }
+
+    fn resolve_offset(
+        &self,
+        vhost: &str,
+        stream: &str,
+        offset: OffsetSpec,
+    ) -> Result<u64, StreamError> {
+        let s = self.get(vhost, stream)?;
+        s.with_writer(|w| {
+            let b = w.log.bounds();
+            Ok(match offset {
+                OffsetSpec::First => b.first,
+                OffsetSpec::Next => b.next,
+                // Below the first: the first; past the end: next (osiris's clamping).
+                OffsetSpec::Offset(o) => o.clamp(b.first, b.next),
+                other => {
+                    let r = w
+                        .log
+                        .reader(spec(other), ReaderOptions::default())
+                        .map_err(internal)?;
+                    r.next_offset()
+                }
+            })
+        })
+    }
+
+    fn open_reader(
+        &self,
+        vhost: &str,
+        stream: &str,
+        offset: OffsetSpec,
+        // The log keeps no Bloom filter per chunk, so every chunk is sent and clients filter
+        // (the protocol allows skipping chunks, never requires it).
+        _filter: Option<ReaderFilter>,
+    ) -> Result<DiskReader, StreamError> {
+        let s = self.get(vhost, stream)?;
+        let options = ReaderOptions {
+            read_ahead: s.read_ahead,
+            ranges: false,
+        };
+        let reader = s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
+        Ok(DiskReader {
+            stream: s,
+            reader,
+            pending: None,
+        })
+    }
+
+    fn wait_data(
+        &self,
+        vhost: &str,
+        stream: &str,
+        from: u64,
+    ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
+        self.wait_durable(vhost, stream, from)
+    }
+
+    fn store_offset(
+        &self,
+        vhost: &str,
+        stream: &str,
+        reference: &str,
+        offset: u64,
+    ) -> Result<(), StreamError> {
+        let s = self.get(vhost, stream)?;
+        s.with_writer(|w| {
+            w.log
+                .store_offsets(&[(reference, offset)], warren_runtime::unix_ms())
+                .map_err(|e| match e {
+                    log::StreamError::Invalid(m) => StreamError::Precondition(m),
+                    other => internal(other),
+                })
+        })?;
+        // Durable with the next group commit.
+        s.dirty.notify_one();
+        Ok(())
+    }
+
+    fn query_offset(
+        &self,
+        vhost: &str,
+        stream: &str,
+        reference: &str,
+    ) -> Result<Option<u64>, StreamError> {
+        self.get(vhost, stream)?
+            .with_writer(|w| Ok(w.log.consumer_offset(reference)))
+    }
+
+    fn publisher_sequence(
+        &self,
+        vhost: &str,
+        stream: &str,
+        reference: &str,
+    ) -> Result<u64, StreamError> {
+        self.get(vhost, stream)?
+            .with_writer(|w| Ok(w.log.publisher_sequence(reference).unwrap_or(0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaped_names_are_plain_file_names_and_round_trip() {
+        for name in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../../etc",
+            "x\0y",
+            "héllo",
+            "%",
+            "%41",
+            "ok-name_1",
+        ] {
+            let e = escape(name);
+            assert!(
+                !e.contains('/') && !e.contains('\0') && !e.starts_with('.'),
+                "{e}"
+            );
+            assert!(e != "." && e != "..");
+            assert_eq!(unescape(&e).as_deref(), Some(name), "{name:?} -> {e}");
+        }
+        // Distinct names never share a directory.
+        assert_ne!(escape("%41"), escape("A"));
+        // Names escape() cannot have produced are not taken for streams.
+        for odd in ["a.b", "%4", "%zz", "%41x%", ".deleted-1"] {
+            assert_eq!(unescape(odd), None, "{odd}");
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! `warren serve --stream`: RabbitMQ's stream protocol over the native stream log, with the
+//! Rust `rabbitmq-stream-client` over real sockets against the `warren` binary: a million
+//! messages with confirms read back in order, kill -9 with confirmed messages, stored
+//! offsets and deduplication surviving, delete then recreate, bad input answered with the
+//! protocol's codes.
+
+use futures::StreamExt;
+use rabbitmq_stream_client::Environment;
+use rabbitmq_stream_client::error::{ConsumerCreateError, StreamCreateError};
+use rabbitmq_stream_client::types::{Message, OffsetSpecification, ResponseCode};
+use std::path::PathBuf;
+use std::time::Duration;
+
+mod common;
+
+fn data_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("warren-streams-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// A started broker, SIGKILLed when dropped (also when a test fails midway).
+struct Broker(common::Served);
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
+/// `warren serve` with the stream listener on a free port; returns it and that port.
+fn serve(dir: &std::path::Path) -> (Broker, u16) {
+    let served = common::serve(dir, false, &["--stream", "127.0.0.1:0"]);
+    let port = served.stream.expect("stream port logged");
+    (Broker(served), port)
+}
+
+async fn env(port: u16) -> Environment {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        Environment::builder().host("127.0.0.1").port(port).build(),
+    )
+    .await
+    .expect("connect in time")
+    .expect("connect")
+}
+
+fn body(i: u64) -> Vec<u8> {
+    format!("m{i}").into_bytes()
+}
+
+/// Reads `n` deliveries (offset, body), bounded in time.
+async fn take(consumer: &mut rabbitmq_stream_client::Consumer, n: usize) -> Vec<(u64, Vec<u8>)> {
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        let d = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("delivery {} of {n} within 30 s", got.len()))
+            .expect("consumer open")
+            .expect("delivery ok");
+        got.push((d.offset(), d.message().data().unwrap_or_default().to_vec()));
+    }
+    got
+}
+
+/// Publishes `range` in batches of `batch` with confirms; the count confirmed.
+async fn publish(
+    producer: &rabbitmq_stream_client::Producer<rabbitmq_stream_client::NoDedup>,
+    range: std::ops::Range<u64>,
+    batch: u64,
+) -> usize {
+    let mut confirmed = 0;
+    let mut start = range.start;
+    while start < range.end {
+        let end = (start + batch).min(range.end);
+        let msgs: Vec<Message> = (start..end)
+            .map(|i| Message::builder().body(body(i)).build())
+            .collect();
+        let statuses = producer.batch_send_with_confirm(msgs).await.expect("send");
+        confirmed += statuses.iter().filter(|s| s.confirmed()).count();
+        start = end;
+    }
+    confirmed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_messages_with_confirms_come_back_from_first_in_order() {
+    let dir = data_dir("million");
+    let (served, port) = serve(&dir);
+    assert!(served.0.logged(&["listening on", "(stream)"]));
+    let env = env(port).await;
+    env.stream_creator().create("big").await.expect("create");
+    let producer = env.producer().batch_size(1000).build("big").await.unwrap();
+    const N: u64 = 1_000_000;
+    assert_eq!(publish(&producer, 0..N, 5000).await as u64, N);
+    producer.close().await.unwrap();
+    let mut consumer = env
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build("big")
+        .await
+        .unwrap();
+    let mut want = 0u64;
+    while want < N {
+        for (offset, data) in take(&mut consumer, 10_000.min((N - want) as usize)).await {
+            assert_eq!(offset, want, "offsets dense and in order");
+            assert_eq!(data, body(want));
+            want += 1;
+        }
+    }
+    consumer.handle().close().await.unwrap();
+    // On disk under the escaped names (vhost `/` is `%2F`).
+    assert!(dir.join("streams").join("%2F").join("big").is_dir());
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_keeps_confirmed_messages_offsets_stored_offsets_and_deduplication() {
+    let dir = data_dir("kill9");
+    let (served, port) = serve(&dir);
+    let env1 = env(port).await;
+    env1.stream_creator().create("durable").await.unwrap();
+    let mut producer = env1
+        .producer()
+        .name("writer-1")
+        .build("durable")
+        .await
+        .unwrap();
+    let msgs = |r: std::ops::Range<u64>| -> Vec<Message> {
+        r.map(|i| Message::builder().body(body(i)).publishing_id(i).build())
+            .collect()
+    };
+    const N: u64 = 20_000;
+    for start in (1..=N).step_by(1000) {
+        let s = producer
+            .batch_send_with_confirm(msgs(start..start + 1000))
+            .await
+            .unwrap();
+        assert!(s.iter().all(|s| s.confirmed()), "confirmed (after fsync)");
+    }
+    let mut c = env1
+        .consumer()
+        .name("reader-1")
+        .offset(OffsetSpecification::First)
+        .build("durable")
+        .await
+        .unwrap();
+    let got = take(&mut c, 100).await;
+    c.store_offset(got[41].0).await.unwrap();
+    // Answered after the store on the same connection: the offset is in the log's buffer,
+    // durable with the next group commit, which the publish below waits for.
+    assert_eq!(c.query_offset().await.unwrap(), 41);
+    let s = producer
+        .batch_send_with_confirm(msgs(N + 1..N + 2))
+        .await
+        .unwrap();
+    assert!(s[0].confirmed());
+    // SIGKILL (the drop): no shutdown, no flush.
+    drop(served);
+    drop((c, producer, env1));
+
+    let (served, port) = serve(&dir);
+    assert!(served.0.logged(&["stream recovered", "durable"]));
+    let env2 = env(port).await;
+    let mut c = env2
+        .consumer()
+        .name("reader-1")
+        .offset(OffsetSpecification::First)
+        .build("durable")
+        .await
+        .unwrap();
+    assert_eq!(c.query_offset().await.unwrap(), 41, "stored offset kept");
+    let got = take(&mut c, (N + 1) as usize).await;
+    for (i, (offset, data)) in got.iter().enumerate() {
+        assert_eq!(*offset, i as u64, "offsets unchanged");
+        assert_eq!(data, &body(i as u64 + 1), "every confirmed message");
+    }
+    // The named producer's sequence survived: re-sent ids are confirmed, not stored.
+    let mut producer = env2
+        .producer()
+        .name("writer-1")
+        .build("durable")
+        .await
+        .unwrap();
+    let s = producer
+        .batch_send_with_confirm(msgs(N - 9..N + 6))
+        .await
+        .unwrap();
+    assert!(s.iter().all(|s| s.confirmed()));
+    let fresh = take(&mut c, 4).await;
+    assert_eq!(
+        fresh,
+        (N + 2..N + 6).map(|i| (i - 1, body(i))).collect::<Vec<_>>(),
+        "only the ids past the stored sequence were appended"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), c.next())
+            .await
+            .is_err(),
+        "nothing stored twice"
+    );
+    producer.close().await.unwrap();
+    c.handle().close().await.unwrap();
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_codes() {
+    let dir = data_dir("delete");
+    let served = Broker(common::serve(
+        &dir,
+        false,
+        &["--stream", "127.0.0.1:0", "--management", "127.0.0.1:0"],
+    ));
+    let port = served.0.stream.expect("stream port");
+    // Listed by the management API as RabbitMQ lists its stream listener.
+    let http = served.0.management.expect("management port");
+    let overview = tokio::task::spawn_blocking(move || {
+        common::http::call(http, "GET", "/api/overview", None).json()
+    })
+    .await
+    .unwrap();
+    assert!(
+        overview["listeners"]
+            .as_array()
+            .expect("listeners")
+            .iter()
+            .any(|l| l["protocol"] == "stream" && l["port"] == port),
+        "{overview}"
+    );
+    // Logins are the broker's users: a wrong password is refused.
+    let refused = Environment::builder()
+        .host("127.0.0.1")
+        .port(port)
+        .password("wrong")
+        .build()
+        .await;
+    assert!(refused.is_err(), "a wrong password is refused");
+    let env = env(port).await;
+    env.stream_creator().create("s").await.unwrap();
+    let producer = env.producer().build("s").await.unwrap();
+    assert_eq!(publish(&producer, 0..10, 10).await, 10);
+    producer.close().await.unwrap();
+    // Creating it again: STREAM_ALREADY_EXISTS.
+    match env.stream_creator().create("s").await {
+        Err(StreamCreateError::Create { status, .. }) => {
+            assert_eq!(status, ResponseCode::StreamAlreadyExists)
+        }
+        other => panic!("second create: {other:?}"),
+    }
+    env.delete_stream("s").await.unwrap();
+    // A subscription to a missing stream: STREAM_DOES_NOT_EXIST.
+    match env.consumer().build("s").await {
+        Err(ConsumerCreateError::StreamDoesNotExist { .. }) => {}
+        Err(ConsumerCreateError::Create { status, .. }) => {
+            assert_eq!(status, ResponseCode::StreamDoesNotExist)
+        }
+        other => panic!("subscribe to a deleted stream: {:?}", other.map(|_| ())),
+    }
+    env.stream_creator().create("s").await.unwrap();
+    let producer = env.producer().build("s").await.unwrap();
+    assert_eq!(publish(&producer, 100..101, 1).await, 1);
+    let mut c = env
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build("s")
+        .await
+        .unwrap();
+    assert_eq!(take(&mut c, 1).await, vec![(0, body(100))], "starts empty");
+    // Names that are paths stay inside the data directory.
+    env.stream_creator().create("../../escape").await.unwrap();
+    assert!(
+        dir.join("streams")
+            .join("%2F")
+            .join("%2E%2E%2F%2E%2E%2Fescape")
+            .is_dir()
+    );
+    c.handle().close().await.unwrap();
+    producer.close().await.unwrap();
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
