@@ -37,7 +37,7 @@ enum Verb {
     /// Bindings: source, destination, routing key (or the COLUMNS given).
     #[command(alias = "list_bindings")]
     ListBindings { columns: Vec<String> },
-    /// Client connections: id, peer, protocol, user, client id, channels (or the COLUMNS).
+    /// Client connections: id, peer, protocol, user, client id, TLS, channels (or the COLUMNS).
     #[command(alias = "list_connections")]
     ListConnections { columns: Vec<String> },
     /// Channels: connection, number, user, consumers, unacked, prefetch (or the COLUMNS).
@@ -170,6 +170,7 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "user",
             "vhost",
             "client_id",
+            "ssl",
             "channels",
             "state",
         ],

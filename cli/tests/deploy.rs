@@ -805,6 +805,14 @@ async fn certificate_logins_amqp_external_and_mqtt_identity() {
         .expect("EXTERNAL login");
     let listed = ctl(&["list-connections"]);
     assert!(listed.contains("device-42"), "{listed}");
+    // The TLS column (`ssl`) is in the default listing and true for this connection.
+    assert!(
+        listed.lines().next().is_some_and(|h| h.contains("ssl"))
+            && listed
+                .lines()
+                .any(|l| l.contains("device-42") && l.split_whitespace().any(|w| w == "true")),
+        "{listed}"
+    );
     drop(conn);
     let refused = lapin_connect(&uri, tls("stranger")).await;
     assert!(refused.is_err(), "a CN that is no user is refused");
