@@ -110,7 +110,7 @@ struct ServeArgs {
     #[arg(long)]
     mqtt_max_offline_messages: Option<u64>,
     /// Seconds between publications of the MQTT `$SYS/broker/...` topics (Mosquitto's
-    /// sys_interval; default 10, 0 disables them).
+    /// sys_interval, e.g. 10; default 0: off, as their publishes count in the vhost's stats).
     #[arg(long)]
     sys_interval: Option<u64>,
     /// Where the broker keeps its data (default ./warren-data).
