@@ -95,6 +95,7 @@ async fn an_operator_sees_and_closes_connections_and_channels() {
             "user",
             "vhost",
             "client_id",
+            "ssl",
             "channels",
             "state"
         ]
