@@ -331,6 +331,9 @@ stop_broker() {
 
 cluster_script() {
   # Needs root and `ip netns`; REQUIRE makes the test fail rather than skip without them.
+  command -v ip >/dev/null || {
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2
+  } || return 1
   cargo build -p warren-cli &&
     WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test script
 }
