@@ -265,6 +265,8 @@ pub enum AdminRequest {
     MemoryStatus,
     /// Sets the memory alarm's threshold in bytes, on every shard.
     SetMemoryWatermark(u64),
+    /// MQTT retained messages per vhost (topology's: shard 0 answers).
+    RetainedStats,
     /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
     CloseConnection {
         /// The connection.
@@ -417,4 +419,6 @@ pub enum AdminResponse {
     Memory(MemoryStatus),
     /// Whether the connection to close existed.
     Closed(bool),
+    /// MQTT retained messages per vhost: (vhost, messages, payload bytes), by vhost name.
+    Retained(Vec<(String, u64, u64)>),
 }

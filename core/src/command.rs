@@ -237,6 +237,27 @@ pub enum Op {
         /// How many deliveries the host wrote to the socket.
         count: u32,
     },
+    /// MQTT: `message` becomes the retained message of its topic in the connection's vhost
+    /// (an empty payload clears the topic), for later `RetainedGet`s; the publish itself is
+    /// a separate `Publish`. Needs write access to `amq.topic`; answered by
+    /// `Reply::RetainOk`. Topology keeps retained messages, bounded per vhost
+    /// (`BrokerConfig::max_retained_messages`, `max_retained_bytes`), and with `durable`
+    /// stores them (the broker's own `$SYS` topics are not durable).
+    Retain {
+        /// The message (its `stored_at` is replaced by the op's time).
+        message: Box<crate::mqtt::RetainedMessage>,
+        /// Kept across restarts.
+        durable: bool,
+    },
+    /// MQTT: the retained messages of the connection's vhost whose topics `filter` (a plain
+    /// MQTT filter, no `$share/`) matches, unexpired, in topic order, at most `max`. Needs
+    /// read access to `amq.topic`; answered by `Reply::Retained`.
+    RetainedGet {
+        /// The filter.
+        filter: String,
+        /// Messages at most.
+        max: u32,
+    },
 }
 
 /// The kind of an [`Op`], carried by errors so a gateway can name the failing method
@@ -299,6 +320,10 @@ pub enum OpKind {
     TxRollback,
     /// The host wrote `count` deliveries of this connection to its socket (write-window credit).
     Written,
+    /// MQTT: set a retained message.
+    Retain,
+    /// MQTT: the retained messages a subscription gets.
+    RetainedGet,
 }
 
 impl Op {
@@ -333,6 +358,8 @@ impl Op {
             Op::TxCommit => OpKind::TxCommit,
             Op::TxRollback => OpKind::TxRollback,
             Op::Written { .. } => OpKind::Written,
+            Op::Retain { .. } => OpKind::Retain,
+            Op::RetainedGet { .. } => OpKind::RetainedGet,
         }
     }
 }

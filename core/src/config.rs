@@ -43,6 +43,16 @@ pub struct BrokerConfig {
     /// (`rabbit_amqqueue_process`, `SYNC_INTERVAL`); it costs an idle-publisher,
     /// busy-consumer broker at most 5 syncs a second.
     pub removal_sync_ms: u64,
+    /// MQTT retained messages a vhost holds at most (`Op::Retain`): beyond it a retained
+    /// publish to a new topic is routed but not retained (a topic that has one may still
+    /// replace it), as EMQX's `max_retained_messages`. Mosquitto has no bound and EMQX's
+    /// is 0 (none) by default; unbounded, a client publishing to ever-new topics grows the
+    /// broker's memory without limit, so 100,000 (the first EMQ retainer's default).
+    pub max_retained_messages: usize,
+    /// MQTT retained payload bytes a vhost holds at most: the other bound, for big
+    /// payloads (a retained message that would exceed it is routed but not retained).
+    /// 256 MiB.
+    pub max_retained_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -57,6 +67,8 @@ impl Default for BrokerConfig {
             queue_window: 2048,
             queue_window_bytes: 8 << 20,
             removal_sync_ms: 200,
+            max_retained_messages: 100_000,
+            max_retained_bytes: 256 << 20,
         }
     }
 }

@@ -88,6 +88,17 @@ pub enum Reply {
     TxCommitOk,
     /// `tx.rollback-ok`.
     TxRollbackOk,
+    /// `Op::Retain` is done: `stored` false when the vhost's bound refused it (the host
+    /// says so in its log; the publish is routed all the same).
+    RetainOk {
+        /// The message is now its topic's (or the topic was cleared).
+        stored: bool,
+    },
+    /// `Op::RetainedGet`'s messages.
+    Retained {
+        /// In topic order.
+        messages: Vec<crate::mqtt::RetainedMessage>,
+    },
 }
 
 /// Exhaustive on purpose: every host must handle every effect (a new one must fail its

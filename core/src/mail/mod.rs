@@ -266,6 +266,13 @@ pub(crate) enum TopologyRequest {
         name: Arc<str>,
         trusted_name: bool,
     },
+    /// MQTT: a retained message for the vhost's topic (`Op::Retain`), its time set.
+    Retain {
+        message: crate::mqtt::RetainedMessage,
+        durable: bool,
+    },
+    /// MQTT: the retained messages a new subscription gets (`Op::RetainedGet`).
+    RetainedGet { filter: String, max: u32 },
 }
 
 /// Where a basic.cancel is answered (always, `nowait` or not: the channel waits for it).

@@ -1,5 +1,7 @@
-//! Retained messages (MQTT 3.3.1.3): the last retained PUBLISH per topic, per vhost, handed to
-//! every new subscription whose filter matches, wildcard filters included.
+//! Retained messages (MQTT 3.3.1.3): the last retained PUBLISH per topic of one vhost, handed
+//! to every new subscription whose filter matches, wildcard filters included. Topology keeps
+//! one [`RetainedTopics`] per vhost (`Op::Retain`, `Op::RetainedGet`); this is the data
+//! structure, with its bounds and MQTT 5 expiry.
 
 use super::topic::matches;
 use crate::message::Properties;
@@ -15,11 +17,11 @@ pub struct RetainedMessage {
     pub topic: Arc<str>,
     /// Its QoS.
     pub qos: u8,
-    /// Its payload.
+    /// Its payload (empty in an `Op::Retain`: clear the topic).
     pub payload: Bytes,
-    /// Its properties (MQTT 5).
+    /// Its properties (the core message's: MQTT 5 properties travel in headers).
     pub properties: Properties,
-    /// When it was stored (host ms).
+    /// When it was stored (host ms; the core sets it to the time of the `Op::Retain`).
     pub stored_at: u64,
     /// Its message expiry interval, if any (ms).
     pub expiry_ms: Option<u64>,
@@ -33,81 +35,161 @@ impl RetainedMessage {
     }
 }
 
-/// Retained messages of all vhosts. `BTreeMap`s so that lookups return messages in topic order,
-/// deterministically.
-#[derive(Debug, Default)]
-pub struct RetainedStore {
-    vhosts: BTreeMap<String, BTreeMap<Arc<str>, RetainedMessage>>,
-    bytes: usize,
+/// What [`RetainedTopics::set`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RetainOutcome {
+    /// The message is now the topic's (it replaced `replaced_durable`'s message, if any,
+    /// stored or not).
+    Stored {
+        /// The topic's previous message was kept across restarts.
+        replaced_durable: bool,
+    },
+    /// The topic's message was removed (an empty payload); `durable`: it was kept across
+    /// restarts, so the store must forget it too.
+    Cleared {
+        /// The removed message was kept across restarts.
+        durable: bool,
+    },
+    /// An empty payload for a topic with no message: nothing to do.
+    Unchanged,
+    /// Over the vhost's bound (`BrokerConfig::max_retained_messages` or
+    /// `max_retained_bytes`): not retained (the publish itself is still routed), and the
+    /// topic's previous message, if any, stays.
+    Full,
 }
 
-impl RetainedStore {
+struct Entry {
+    msg: RetainedMessage,
+    /// Kept across restarts (the broker's own `$SYS` topics are not).
+    durable: bool,
+}
+
+/// The retained messages of one vhost, by topic. A `BTreeMap` so that lookups return
+/// messages in topic order, deterministically.
+#[derive(Default)]
+pub struct RetainedTopics {
+    topics: BTreeMap<Arc<str>, Entry>,
+    /// Payload bytes held.
+    bytes: u64,
+}
+
+impl RetainedTopics {
     /// No retained messages.
-    pub fn new() -> RetainedStore {
-        RetainedStore::default()
+    pub fn new() -> RetainedTopics {
+        RetainedTopics::default()
     }
 
     /// Stores `msg` for its topic, replacing the previous one; an empty payload clears the
-    /// topic instead (MQTT-3.3.1-10/11).
-    pub fn set(&mut self, vhost: &str, msg: RetainedMessage) {
-        let topics = self.vhosts.entry(vhost.to_string()).or_default();
-        if let Some(old) = topics.remove(&msg.topic) {
-            self.bytes -= old.payload.len();
+    /// topic instead (MQTT-3.3.1-10/11). A new topic beyond `max_messages`, or a payload
+    /// that would take the vhost beyond `max_bytes`, is refused (`Full`) once expired
+    /// messages are dropped (their topics go to `expired`, for the store).
+    pub fn set(
+        &mut self,
+        msg: RetainedMessage,
+        durable: bool,
+        max_messages: usize,
+        max_bytes: u64,
+        expired: &mut Vec<(Arc<str>, bool)>,
+    ) -> RetainOutcome {
+        if msg.payload.is_empty() {
+            return match self.remove(&msg.topic) {
+                Some(e) => RetainOutcome::Cleared { durable: e.durable },
+                None => RetainOutcome::Unchanged,
+            };
         }
-        if !msg.payload.is_empty() {
-            self.bytes += msg.payload.len();
-            topics.insert(msg.topic.clone(), msg);
+        let size = msg.payload.len() as u64;
+        let fits = |t: &RetainedTopics| {
+            let old = t.topics.get(&msg.topic).map(|e| e.msg.payload.len() as u64);
+            let count_ok = old.is_some() || t.topics.len() < max_messages;
+            count_ok && t.bytes - old.unwrap_or(0) + size <= max_bytes
+        };
+        if !fits(self) {
+            self.drop_expired(msg.stored_at, expired);
+            if !fits(self) {
+                return RetainOutcome::Full;
+            }
         }
-        if topics.is_empty() {
-            self.vhosts.remove(vhost);
-        }
+        let replaced_durable = self.remove(&msg.topic).is_some_and(|e| e.durable);
+        self.bytes += size;
+        self.topics.insert(msg.topic.clone(), Entry { msg, durable });
+        RetainOutcome::Stored { replaced_durable }
     }
 
-    /// The unexpired retained messages whose topics `filter` (a plain, valid MQTT filter)
-    /// matches, in topic order. Expired ones are removed on the way.
-    pub fn matching(&mut self, vhost: &str, filter: &str, now: u64) -> Vec<RetainedMessage> {
-        let Some(topics) = self.vhosts.get_mut(vhost) else {
-            return Vec::new();
-        };
-        let mut expired = 0;
-        topics.retain(|_, m| {
-            let keep = !m.expired(now);
+    fn remove(&mut self, topic: &str) -> Option<Entry> {
+        let e = self.topics.remove(topic)?;
+        self.bytes -= e.msg.payload.len() as u64;
+        Some(e)
+    }
+
+    /// Drops the messages expired at `now`; their topics (and whether each was durable)
+    /// go to `expired`.
+    pub fn drop_expired(&mut self, now: u64, expired: &mut Vec<(Arc<str>, bool)>) {
+        let mut freed = 0;
+        self.topics.retain(|topic, e| {
+            let keep = !e.msg.expired(now);
             if !keep {
-                expired += m.payload.len();
+                freed += e.msg.payload.len() as u64;
+                expired.push((topic.clone(), e.durable));
             }
             keep
         });
-        self.bytes -= expired;
-        let mut out = Vec::new();
+        self.bytes -= freed;
+    }
+
+    /// Up to `max` unexpired retained messages whose topics `filter` (a plain, valid MQTT
+    /// filter) matches, in topic order. Expired ones are dropped on the way (into
+    /// `expired`, as [`RetainedTopics::drop_expired`]).
+    pub fn matching(
+        &mut self,
+        filter: &str,
+        now: u64,
+        max: usize,
+        expired: &mut Vec<(Arc<str>, bool)>,
+    ) -> Vec<RetainedMessage> {
         // Without wildcards the filter is one topic: a map lookup, not a scan.
         if !filter.contains(['+', '#']) {
-            if let Some(m) = topics.get(filter) {
-                out.push(m.clone());
+            let Some(e) = self.topics.get(filter) else {
+                return Vec::new();
+            };
+            if e.msg.expired(now) {
+                if let Some(e) = self.remove(filter) {
+                    expired.push((e.msg.topic, e.durable));
+                }
+                return Vec::new();
             }
-            return out;
+            return if max > 0 {
+                vec![e.msg.clone()]
+            } else {
+                Vec::new()
+            };
         }
-        out.extend(
-            topics
-                .values()
-                .filter(|m| matches(filter, &m.topic))
-                .cloned(),
-        );
-        out
+        self.drop_expired(now, expired);
+        self.topics
+            .values()
+            .filter(|e| matches(filter, &e.msg.topic))
+            .take(max)
+            .map(|e| e.msg.clone())
+            .collect()
     }
 
-    /// Retained messages in all vhosts.
+    /// Messages held.
     pub fn len(&self) -> usize {
-        self.vhosts.values().map(BTreeMap::len).sum()
+        self.topics.len()
     }
 
-    /// No retained messages.
+    /// No messages held.
     pub fn is_empty(&self) -> bool {
-        self.vhosts.is_empty()
+        self.topics.is_empty()
     }
 
     /// Payload bytes held.
-    pub fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Every topic with whether its message is durable (when the vhost goes).
+    pub fn topics(&self) -> impl Iterator<Item = (&Arc<str>, bool)> {
+        self.topics.iter().map(|(t, e)| (t, e.durable))
     }
 }
 
@@ -126,38 +208,90 @@ mod tests {
         }
     }
 
+    const NO_LIMIT: (usize, u64) = (usize::MAX, u64::MAX);
+
+    fn set(s: &mut RetainedTopics, m: RetainedMessage) -> RetainOutcome {
+        s.set(m, true, NO_LIMIT.0, NO_LIMIT.1, &mut Vec::new())
+    }
+
     #[test]
     fn set_replace_clear() {
-        let mut s = RetainedStore::new();
-        s.set("/", msg("a/b", "1"));
-        s.set("/", msg("a/b", "22"));
-        s.set("/", msg("a/c", "3"));
-        s.set("other", msg("a/b", "x"));
-        assert_eq!(s.len(), 3);
-        assert_eq!(s.bytes(), 4);
-        let got = s.matching("/", "a/+", 0);
+        let mut s = RetainedTopics::new();
+        set(&mut s, msg("a/b", "1"));
+        assert_eq!(
+            set(&mut s, msg("a/b", "22")),
+            RetainOutcome::Stored {
+                replaced_durable: true
+            }
+        );
+        set(&mut s, msg("a/c", "3"));
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.bytes(), 3);
+        let got = s.matching("a/+", 0, usize::MAX, &mut Vec::new());
         assert_eq!(
             got.iter().map(|m| &m.payload[..]).collect::<Vec<_>>(),
             [&b"22"[..], b"3"]
         );
-        assert_eq!(s.matching("/", "a/b", 0).len(), 1);
-        s.set("/", msg("a/b", ""));
-        assert_eq!(s.matching("/", "#", 0).len(), 1);
-        assert_eq!(s.bytes(), 2);
+        assert_eq!(s.matching("a/b", 0, 10, &mut Vec::new()).len(), 1);
+        assert_eq!(s.matching("a/#", 0, 1, &mut Vec::new()).len(), 1, "max");
+        assert_eq!(
+            set(&mut s, msg("a/b", "")),
+            RetainOutcome::Cleared { durable: true }
+        );
+        assert_eq!(set(&mut s, msg("a/b", "")), RetainOutcome::Unchanged);
+        assert_eq!(s.matching("#", 0, 10, &mut Vec::new()).len(), 1);
+        assert_eq!(s.bytes(), 1);
     }
 
     #[test]
     fn dollar_topics_and_expiry() {
-        let mut s = RetainedStore::new();
-        s.set("/", msg("$SYS/x", "1"));
-        assert!(s.matching("/", "#", 0).is_empty());
-        assert_eq!(s.matching("/", "$SYS/#", 0).len(), 1);
+        let mut s = RetainedTopics::new();
+        set(&mut s, msg("$SYS/x", "1"));
+        assert!(s.matching("#", 0, 10, &mut Vec::new()).is_empty());
+        assert_eq!(s.matching("$SYS/#", 0, 10, &mut Vec::new()).len(), 1);
         let mut m = msg("t", "v");
         m.stored_at = 100;
         m.expiry_ms = Some(50);
-        s.set("/", m);
-        assert_eq!(s.matching("/", "t", 149).len(), 1);
-        assert!(s.matching("/", "t", 150).is_empty());
+        set(&mut s, m);
+        assert_eq!(s.matching("t", 149, 10, &mut Vec::new()).len(), 1);
+        let mut expired = Vec::new();
+        assert!(s.matching("t", 150, 10, &mut expired).is_empty());
+        assert_eq!(expired, vec![(Arc::from("t"), true)]);
         assert_eq!(s.len(), 1);
+    }
+
+    /// A new topic beyond the count bound, or a payload beyond the byte bound, is refused
+    /// and the topic keeps its message; replacing within the bounds works; expired
+    /// messages make room.
+    #[test]
+    fn bounds_refuse_new_topics_and_expired_messages_make_room() {
+        let mut s = RetainedTopics::new();
+        let mut exp = Vec::new();
+        assert!(matches!(
+            s.set(msg("a", "12"), true, 2, 5, &mut exp),
+            RetainOutcome::Stored { .. }
+        ));
+        let mut short = msg("b", "1");
+        short.expiry_ms = Some(10);
+        assert!(matches!(
+            s.set(short, false, 2, 5, &mut exp),
+            RetainOutcome::Stored { .. }
+        ));
+        assert_eq!(s.set(msg("c", "1"), true, 2, 5, &mut exp), RetainOutcome::Full);
+        assert_eq!(s.set(msg("a", "12345"), true, 2, 5, &mut exp), RetainOutcome::Full);
+        assert_eq!(s.matching("a", 0, 10, &mut exp)[0].payload, "12");
+        assert!(matches!(
+            s.set(msg("a", "1234"), true, 2, 5, &mut exp),
+            RetainOutcome::Stored { .. }
+        ));
+        // At 10 ms "b" expired: "c" takes its place.
+        let mut later = msg("c", "1");
+        later.stored_at = 10;
+        assert!(matches!(
+            s.set(later, true, 2, 5, &mut exp),
+            RetainOutcome::Stored { .. }
+        ));
+        assert_eq!(exp, vec![(Arc::from("b"), false)]);
+        assert_eq!((s.len(), s.bytes()), (2, 5));
     }
 }

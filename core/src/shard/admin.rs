@@ -511,6 +511,7 @@ impl Broker {
             AdminRequest::CloseConnection { conn, reason } => {
                 AdminResponse::Closed(broker.close_connection(conn, &reason))
             }
+            AdminRequest::RetainedStats => AdminResponse::Retained(broker.retained_stats()),
         }
     }
 }

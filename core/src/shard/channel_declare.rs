@@ -111,6 +111,19 @@ impl Broker {
         Ok(())
     }
 
+    /// The channel side of `Op::Retain` and `Op::RetainedGet`: MQTT publishes retained
+    /// messages through `amq.topic` and subscribes from it, so the same permissions apply
+    /// (write to set one, read to get them); topology keeps them and answers.
+    pub(super) fn retained_op(&mut self, ch: ChannelRef, request: TopologyRequest) -> OpResult {
+        let (op, perm) = match request {
+            TopologyRequest::RetainedGet { .. } => (OpKind::RetainedGet, Perm::Read),
+            _ => (OpKind::Retain, Perm::Write),
+        };
+        self.check_access(ch, op, perm, Resource::Exchange, crate::mqtt::EXCHANGE)?;
+        self.send_to_topology(ch, request);
+        Ok(())
+    }
+
     /// Sends a channel's topology request (always answered: the channel waits).
     pub(super) fn send_to_topology(&mut self, ch: ChannelRef, request: TopologyRequest) {
         let to = self.chans.addr(ch);

@@ -23,7 +23,7 @@
 //! - the channel side: `channel_session.rs`, `channel_publish.rs`, `channel_consume.rs`,
 //!   `channel_declare.rs`, `channel_hold.rs`, `channel_reply_to.rs`;
 //! - topology: `topology_declare.rs`, `topology_vhosts.rs`, `topology_access.rs`,
-//!   `topology_policies.rs`.
+//!   `topology_policies.rs`, `topology_retained.rs`.
 
 pub mod admin;
 mod alarm;
@@ -45,6 +45,7 @@ mod sync;
 mod topology_access;
 mod topology_declare;
 mod topology_policies;
+mod topology_retained;
 mod topology_vhosts;
 
 use crate::mail;
@@ -557,6 +558,14 @@ impl Broker {
             Op::TxSelect => self.tx_select(ch),
             Op::TxCommit => self.tx_commit(ch),
             Op::TxRollback => self.tx_rollback(ch),
+            Op::Retain { message, durable } => {
+                let mut message = *message;
+                message.stored_at = self.now;
+                self.retained_op(ch, mail::TopologyRequest::Retain { message, durable })
+            }
+            Op::RetainedGet { filter, max } => {
+                self.retained_op(ch, mail::TopologyRequest::RetainedGet { filter, max })
+            }
             Op::ConnectionOpen { .. }
             | Op::ConnectionClose
             | Op::ChannelOpen

@@ -90,6 +90,7 @@ impl Broker {
                 errors.push(format!("queue '{}': vhost '{v}' does not exist", q.queue));
             }
         }
+        self.restore_retained(&definitions.retained, &mut errors);
         self.restoring = false;
         errors
     }

@@ -428,6 +428,17 @@ impl Broker {
                 }
                 return;
             }
+            TopologyRequest::Retain {
+                ref message,
+                durable,
+            } => {
+                let stored = self.retain(vhost, message.clone(), durable);
+                (Ok(()), Reply::RetainOk { stored }, false)
+            }
+            TopologyRequest::RetainedGet { ref filter, max } => {
+                let messages = self.retained_get(vhost, filter, max);
+                (Ok(()), Reply::Retained { messages }, false)
+            }
         };
         let mail = match result {
             Ok(()) => super::mail::Mail::TopologyDone {

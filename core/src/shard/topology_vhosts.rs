@@ -9,6 +9,7 @@ use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ConnId, ExchangeId, QueueId, VhostId};
 use crate::store::DefinitionChange;
+use std::sync::Arc;
 
 impl Broker {
     /// The default vhost and user, in memory (a store gets them from [`Broker::restore`]
@@ -126,6 +127,12 @@ impl Broker {
         for x in exchanges {
             self.delete_exchange(x);
         }
+        let retained: Vec<(Arc<str>, bool)> = self
+            .topo
+            .retained_mut(id)
+            .map(|r| r.topics().map(|(t, d)| (t.clone(), d)).collect())
+            .unwrap_or_default();
+        self.forget_retained(name, &retained);
         for p in self.topo.remove_vhost(id) {
             self.define(DefinitionChange::PolicyCleared {
                 vhost: name,

@@ -211,6 +211,16 @@ impl Store for MemoryStore {
                 defs.bindings
                     .retain(|(v, b, x)| !(v == vhost && *x == to_exchange && same_bind(b, bind)));
             }
+            // A scan per change: this store serves simulations and small wasm hosts.
+            DefinitionChange::RetainedSet { vhost, message } => {
+                defs.retained
+                    .retain(|(v, m)| !(v == vhost && m.topic == message.topic));
+                defs.retained.push((vhost.to_string(), message.clone()));
+            }
+            DefinitionChange::RetainedCleared { vhost, topic } => {
+                defs.retained
+                    .retain(|(v, m)| !(v == vhost && &*m.topic == topic));
+            }
         }
         Ok(())
     }

@@ -101,6 +101,20 @@ pub enum DefinitionChange<'a> {
         /// Its name.
         name: &'a str,
     },
+    /// An MQTT retained message was set (replacing its topic's previous one).
+    RetainedSet {
+        /// The vhost it is in.
+        vhost: &'a str,
+        /// The message.
+        message: &'a crate::mqtt::RetainedMessage,
+    },
+    /// An MQTT retained message is gone (cleared, expired, or its vhost deleted).
+    RetainedCleared {
+        /// The vhost it was in.
+        vhost: &'a str,
+        /// Its topic.
+        topic: &'a str,
+    },
 }
 
 /// Durable definitions, as a host loads them at start-up: replayed into the core in this
@@ -122,6 +136,8 @@ pub struct Definitions {
     pub queues: Vec<(String, QueueDeclare)>,
     /// (vhost, binding, destination is an exchange).
     pub bindings: Vec<(String, Bind, bool)>,
+    /// MQTT retained messages, with their vhost (restored last, into topology).
+    pub retained: Vec<(String, crate::mqtt::RetainedMessage)>,
 }
 
 /// What a store already holds for a queue when the core opens it (recovery).

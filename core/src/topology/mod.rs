@@ -77,6 +77,8 @@ pub(crate) struct Vhost {
     pub(crate) description: String,
     /// Policies by name.
     pub(crate) policies: BTreeMap<String, Policy>,
+    /// MQTT retained messages by topic (`Op::Retain`): the vhost's, so they go with it.
+    pub(crate) retained: crate::mqtt::RetainedTopics,
 }
 
 /// What a binding change did to the binding set of its source.
@@ -220,6 +222,7 @@ impl Topology {
                 name: name.clone(),
                 description: def.description,
                 policies: BTreeMap::new(),
+                retained: crate::mqtt::RetainedTopics::new(),
             },
         );
         self.vhost_ids.insert(name.clone(), id);
@@ -261,6 +264,20 @@ impl Topology {
         self.users.forget_vhost(&v.name);
         self.routes_mut().remove_vhost(id, &v.name);
         v.policies.into_keys().collect()
+    }
+
+    /// The MQTT retained messages of vhost `id` (`None` if it is gone).
+    pub(crate) fn retained_mut(&mut self, id: VhostId) -> Option<&mut crate::mqtt::RetainedTopics> {
+        self.vhosts.get_mut(&id).map(|v| &mut v.retained)
+    }
+
+    /// Every vhost's retained messages: (vhost, messages, payload bytes), by vhost name.
+    pub(crate) fn retained_stats(&self) -> Vec<(String, u64, u64)> {
+        self.vhost_ids
+            .iter()
+            .filter_map(|(name, id)| Some((name, &self.vhosts.get(id)?.retained)))
+            .map(|(name, r)| (name.to_string(), r.len() as u64, r.bytes()))
+            .collect()
     }
 
     // ----- policies -----
