@@ -26,7 +26,8 @@ const VHOSTS: TableDefinition<&str, &[u8]> = TableDefinition::new("vhosts");
 const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 /// Key: vhost NUL user; value: the configure, write and read patterns.
 const PERMISSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("permissions");
-/// MQTT retained messages: key vhost NUL topic (see `retained.rs`).
+/// MQTT retained messages (the core's `DefinitionChange::RetainedSet`/`RetainedCleared`):
+/// key vhost NUL topic, value in `retained.rs`.
 const RETAINED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("retained");
 /// MQTT sessions: key vhost NUL client id (see `sessions.rs`).
 const MQTT_SESSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("mqtt_sessions");
@@ -359,6 +360,20 @@ impl DefinitionStore {
             let (k, _) = row.map_err(dberr)?;
             defs.bindings.push(decode_binding(k.value())?);
         }
+        for row in tx
+            .open_table(RETAINED)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            // A key that is not vhost NUL topic in UTF-8 was never written by Warren.
+            let Some((vhost, _)) = crate::retained::split_key(k.value()) else {
+                continue;
+            };
+            defs.retained
+                .push((vhost, crate::retained::decode(v.value())?));
+        }
         Ok(defs)
     }
 
@@ -374,6 +389,7 @@ impl DefinitionStore {
             let mut vhosts = tx.open_table(VHOSTS).map_err(dberr)?;
             let mut users = tx.open_table(USERS).map_err(dberr)?;
             let mut permissions = tx.open_table(PERMISSIONS).map_err(dberr)?;
+            let mut retained = tx.open_table(RETAINED).map_err(dberr)?;
             let mut drop_bindings =
                 |pred: &dyn Fn(&str, &Bind, bool) -> bool| -> Result<(), DefinitionsError> {
                     let mut doomed = Vec::new();
@@ -488,30 +504,22 @@ impl DefinitionStore {
                         .remove(encode_binding(vhost, bind, to_exchange).as_slice())
                         .map_err(dberr)?;
                 }
+                DefinitionChange::RetainedSet { vhost, message } => {
+                    retained
+                        .insert(
+                            crate::retained::key(vhost, &message.topic).as_slice(),
+                            crate::retained::encode(message).as_slice(),
+                        )
+                        .map_err(dberr)?;
+                }
+                DefinitionChange::RetainedCleared { vhost, topic } => {
+                    retained
+                        .remove(crate::retained::key(vhost, topic).as_slice())
+                        .map_err(dberr)?;
+                }
             }
         }
         tx.commit().map_err(dberr)
-    }
-
-    /// Every stored retained message, with its vhost.
-    pub fn load_retained(
-        &self,
-    ) -> Result<Vec<(String, warren_core::mqtt::RetainedMessage)>, DefinitionsError> {
-        let tx = self.db.begin_read().map_err(dberr)?;
-        let mut out = Vec::new();
-        for row in tx
-            .open_table(RETAINED)
-            .map_err(dberr)?
-            .iter()
-            .map_err(dberr)?
-        {
-            let (k, v) = row.map_err(dberr)?;
-            let Some((vhost, _)) = crate::retained::split_key(k.value()) else {
-                continue;
-            };
-            out.push((vhost, crate::retained::decode(v.value())?));
-        }
-        Ok(out)
     }
 
     /// Every stored MQTT session: (vhost, client id, session).
@@ -535,8 +543,7 @@ impl DefinitionStore {
         Ok(out)
     }
 
-    /// Applies MQTT state changes (retained messages, sessions) in order, in one durable
-    /// commit.
+    /// Applies MQTT session changes in order, in one durable commit.
     pub fn write_mqtt(
         &self,
         changes: &[crate::retained::MqttChange],
@@ -545,20 +552,9 @@ impl DefinitionStore {
         let mut tx = self.db.begin_write().map_err(dberr)?;
         tx.set_durability(Durability::Immediate).map_err(dberr)?;
         {
-            let mut retained = tx.open_table(RETAINED).map_err(dberr)?;
             let mut sessions = tx.open_table(MQTT_SESSIONS).map_err(dberr)?;
             for change in changes {
                 match change {
-                    MqttChange::Retained(vhost, m) => {
-                        let key = crate::retained::key(vhost, &m.topic);
-                        if m.payload.is_empty() {
-                            retained.remove(key.as_slice()).map_err(dberr)?;
-                        } else {
-                            retained
-                                .insert(key.as_slice(), crate::retained::encode(m).as_slice())
-                                .map_err(dberr)?;
-                        }
-                    }
                     MqttChange::Session(vhost, client_id, session) => {
                         let key = crate::retained::key(vhost, client_id);
                         match session {
@@ -606,6 +602,74 @@ mod tests {
             nowait: false,
             arguments: FieldTable::new(),
         }
+    }
+
+    /// Retained messages go through `apply` (the core's `Store::define`) into the
+    /// `retained` table and come back with `load`; a row in the documented layout (as the
+    /// gateway's writer wrote it before the core owned retained messages) is read as is.
+    #[test]
+    fn retained_messages_round_trip_and_the_documented_row_reads() {
+        use warren_core::mqtt::RetainedMessage;
+        let path = temp_db("retained");
+        let store = DefinitionStore::open(&path).expect("open");
+        let m = RetainedMessage {
+            topic: Arc::from("a/b"),
+            qos: 1,
+            payload: Bytes::from_static(b"hi"),
+            properties: Default::default(),
+            stored_at: 7,
+            expiry_ms: Some(60_000),
+        };
+        store
+            .apply(DefinitionChange::RetainedSet {
+                vhost: "/",
+                message: &m,
+            })
+            .expect("set");
+        store
+            .apply(DefinitionChange::RetainedSet {
+                vhost: "dev",
+                message: &m,
+            })
+            .expect("set");
+        store
+            .apply(DefinitionChange::RetainedCleared {
+                vhost: "dev",
+                topic: "a/b",
+            })
+            .expect("clear");
+        // A row written byte by byte as docs/storage.md describes it.
+        let mut row = vec![2u8];
+        row.extend_from_slice(&5u64.to_le_bytes());
+        row.extend_from_slice(&u64::MAX.to_le_bytes());
+        row.push(1); // message record version
+        row.extend_from_slice(&0u32.to_le_bytes()); // exchange ""
+        row.extend_from_slice(&3u32.to_le_bytes());
+        row.extend_from_slice(b"c/d"); // routing key = topic
+        row.extend_from_slice(&[0, 0, 0, 0, 0]); // content type/encoding, headers, mode, priority
+        row.extend_from_slice(&[0, 0, 0, 0, 0]); // correlation id .. timestamp
+        row.extend_from_slice(&[0, 0, 0, 0]); // type, user id, app id, cluster id
+        row.push(1);
+        row.extend_from_slice(&1u32.to_le_bytes());
+        row.push(b'x');
+        {
+            let tx = store.db.begin_write().expect("tx");
+            tx.open_table(RETAINED)
+                .expect("table")
+                .insert(b"/\0c/d".as_slice(), row.as_slice())
+                .expect("insert");
+            tx.commit().expect("commit");
+        }
+        let mut got = store.load().expect("load").retained;
+        got.sort_by(|a, b| a.1.topic.cmp(&b.1.topic));
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], ("/".to_string(), m));
+        let old = &got[1].1;
+        assert_eq!(
+            (&*old.topic, old.qos, old.stored_at, old.expiry_ms, &old.payload[..]),
+            ("c/d", 2, 5, None, &b"x"[..])
+        );
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
     #[test]

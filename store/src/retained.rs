@@ -1,9 +1,9 @@
-//! MQTT retained messages in redb (table `retained`), and the writer thread of the gateway's
-//! MQTT state (retained messages and sessions, `sessions.rs`), which commits changes in
-//! arrival order: gateways hand them over without waiting, and each batch the thread finds
-//! queued is one durable commit (group commit, as for messages). This is state, not
-//! deliveries: a publisher is not held back for it, so a crash can lose the last ~ms of
-//! changes, never reorder them.
+//! MQTT retained messages in redb (table `retained`, written through the core's `Store` as
+//! definitions: `DefinitionStore::apply`), and the writer thread of the gateway's MQTT
+//! sessions (`sessions.rs`), which commits changes in arrival order: gateways hand them over
+//! without waiting, and each batch the thread finds queued is one durable commit (group
+//! commit, as for messages). Sessions are state, not deliveries: a client is not held back
+//! for them, so a crash can lose the last ~ms of changes, never reorder them.
 
 use crate::definitions::DefinitionStore;
 use crate::record::{DecodeError, Reader, Writer, decode_message, encode_message};
@@ -13,8 +13,8 @@ use std::sync::mpsc;
 use warren_core::message::Message;
 use warren_core::mqtt::{RetainedMessage, StoredSession};
 
-/// Changes waiting for the writer; beyond this, `set` drops the change with a warning rather
-/// than block a gateway (the next change of that topic repairs it).
+/// Changes waiting for the writer; beyond this, `set_session` drops the change with a warning
+/// rather than block a gateway (the next change of that session repairs it).
 const QUEUE: usize = 65_536;
 /// Changes committed together at most.
 const BATCH: usize = 4096;
@@ -77,8 +77,6 @@ pub(crate) fn decode(v: &[u8]) -> Result<RetainedMessage, DecodeError> {
 /// One change of the gateway's MQTT state.
 #[derive(Clone, Debug)]
 pub enum MqttChange {
-    /// vhost, message (an empty payload clears the topic).
-    Retained(String, RetainedMessage),
     /// vhost, client id, the session (`None`: it ended).
     Session(String, String, Option<StoredSession>),
 }
@@ -90,7 +88,7 @@ enum Job {
     Flush(mpsc::Sender<()>),
 }
 
-/// Hands MQTT state changes (retained messages, sessions) to the writer thread, which
+/// Hands MQTT session changes to the writer thread, which
 /// commits them in arrival order.
 #[derive(Clone)]
 pub struct MqttWriter {
@@ -119,7 +117,7 @@ impl MqttWriter {
                     if !batch.is_empty()
                         && let Err(e) = defs.write_mqtt(&batch)
                     {
-                        tracing::error!(error = %e, changes = batch.len(), "cannot store MQTT retained messages or sessions; they stay in memory");
+                        tracing::error!(error = %e, changes = batch.len(), "cannot store MQTT sessions; they stay in memory");
                     }
                     for done in flushes {
                         let _ = done.send(());
@@ -127,23 +125,6 @@ impl MqttWriter {
                 }
             })?;
         Ok(MqttWriter { tx })
-    }
-
-    /// Queues a retained-message change (an empty payload deletes the topic's message).
-    pub fn set(&self, vhost: &str, m: &RetainedMessage) {
-        if self
-            .tx
-            .try_send(Job::Change(Box::new(MqttChange::Retained(
-                vhost.to_string(),
-                m.clone(),
-            ))))
-            .is_err()
-        {
-            tracing::warn!(
-                topic = %warren_core::escape::Escaped(&m.topic),
-                "MQTT state writer is behind; this retained-message change is not stored"
-            );
-        }
     }
 
     /// Queues a session change (`None`: the session ended).
@@ -174,7 +155,7 @@ mod tests {
     use warren_core::mqtt::StoredSub;
 
     #[test]
-    fn writer_stores_sessions_and_retained_in_order_and_flushes() {
+    fn writer_stores_sessions_in_order_and_flushes() {
         let dir = std::env::temp_dir().join(format!("warren-mqtt-writer-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -200,22 +181,10 @@ mod tests {
             w.set_session("/", "kept", Some(StoredSession::default()));
             w.set_session("/", "kept", Some(session.clone()));
             w.set_session("/", "gone", None);
-            w.set(
-                "/",
-                &RetainedMessage {
-                    topic: Arc::from("t"),
-                    qos: 1,
-                    payload: Bytes::from_static(b"p"),
-                    properties: Default::default(),
-                    stored_at: 5,
-                    expiry_ms: None,
-                },
-            );
             assert!(w.flush(std::time::Duration::from_secs(10)), "flushed");
         }
         let sessions = defs.load_mqtt_sessions().expect("load");
         assert_eq!(sessions, vec![("/".into(), "kept".into(), session)]);
-        assert_eq!(defs.load_retained().expect("retained").len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
