@@ -83,7 +83,10 @@ fn set_replace_clear_and_filters() {
         get(&mut h, c, "home/+/temp", 10),
         ["home/hall/temp=19", "home/kitchen/temp=22"]
     );
-    assert_eq!(get(&mut h, c, "home/kitchen/temp", 10), ["home/kitchen/temp=22"]);
+    assert_eq!(
+        get(&mut h, c, "home/kitchen/temp", 10),
+        ["home/kitchen/temp=22"]
+    );
     assert_eq!(get(&mut h, c, "#", 10).len(), 2, "# does not match $SYS");
     assert_eq!(get(&mut h, c, "#", 1), ["home/hall/temp=19"], "max");
     // An empty payload clears the topic.

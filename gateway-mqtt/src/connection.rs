@@ -198,7 +198,7 @@ where
         let mut kick_open = true;
         let (end, takeover) = 'run: {
             // Clients may send packets right behind CONNECT without waiting for the CONNACK.
-            if let Err(e) = process_input(&mut rbuf, level, max, &mut session, &registry) {
+            if let Err(e) = process_input(&mut rbuf, level, max, &mut session) {
                 break 'run (e, None);
             }
             loop {
@@ -269,7 +269,7 @@ where
                     read = read_some(&mut stream, &mut rbuf), if reading => match read {
                         Ok(0) => break 'run (End::Eof, None),
                         Ok(_) => {
-                            if let Err(e) = process_input(&mut rbuf, level, max, &mut session, &registry) {
+                            if let Err(e) = process_input(&mut rbuf, level, max, &mut session) {
                                 break 'run (e, None);
                             }
                         }
@@ -492,7 +492,7 @@ where
     if let End::Close(e) = &end {
         last.extend(session.disconnect_packet(e.reason).map(codec::Out::from));
     }
-    let record = session.close(now, registry);
+    let record = session.close(now);
     if record.is_none() && session.is_stored() {
         // The session ended with its connection (expiry 0, maybe set by DISCONNECT).
         registry.persist_session(&client_id, None);
@@ -585,7 +585,7 @@ pub(crate) async fn publish_delayed_will(
     if !registry.take_will(&client_id, left_by) {
         return;
     }
-    publish_will(&will, user, &client_id, &broker, &registry, &config).await;
+    publish_will(&will, user, &client_id, &broker, &config).await;
     registry.will_published(&client_id);
 }
 
@@ -596,13 +596,11 @@ pub(crate) async fn publish_will(
     user: String,
     client_id: &str,
     broker: &BrokerHandle,
-    registry: &Registry,
     config: &MqttConfig,
 ) {
     let link = broker.connect();
     let mut rx = link.rx;
-    let publish = crate::session::will_publish(will, &config.vhost, now_ms(), registry);
-    let ops = vec![
+    let mut ops = vec![
         (
             0,
             Op::ConnectionOpen {
@@ -612,9 +610,11 @@ pub(crate) async fn publish_will(
             },
         ),
         (crate::session::CHANNEL, Op::ChannelOpen),
-        (crate::session::CHANNEL, Op::Publish(Box::new(publish))),
-        (BARRIER_CHANNEL, Op::ChannelOpen),
     ];
+    for op in crate::session::will_ops(will, now_ms()) {
+        ops.push((crate::session::CHANNEL, op));
+    }
+    ops.push((BARRIER_CHANNEL, Op::ChannelOpen));
     if link.tx.send(ops).await.is_err() {
         return;
     }
@@ -640,11 +640,10 @@ fn process_input(
     level: Level,
     max: usize,
     session: &mut Session,
-    registry: &Registry,
 ) -> Result<(), End> {
     let now = now_ms();
     while let Some(p) = codec::decode(rbuf, Some(level), max)? {
-        session.handle(now, p, registry)?;
+        session.handle(now, p)?;
         if session.disconnected() {
             break;
         }

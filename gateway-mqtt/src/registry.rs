@@ -1,6 +1,7 @@
 //! State shared by all MQTT connections of a server: which connection owns each client id
 //! (session takeover), persistent sessions while their client is away (ordered by when they
-//! expire), retained messages, and the hooks that store sessions and retained messages.
+//! expire), and the hook that stores sessions. Retained messages are the core's
+//! (`Op::Retain`, `Op::RetainedGet`).
 
 use crate::record::SessionRecord;
 use std::collections::{BTreeSet, HashMap};
@@ -8,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use warren_core::ids::ConnId;
-use warren_core::mqtt::{RetainedMessage, RetainedStore, StoredSession, StoredWill};
+use warren_core::mqtt::{StoredSession, StoredWill};
 
 /// The owner token of the task that ends expired sessions (no connection has it).
 pub const EXPIRY_TASK: ConnId = ConnId(u64::MAX);
@@ -61,16 +62,10 @@ pub struct Registry {
     session_hook: Option<SessionHook>,
     /// Delayed wills read back from storage, for the server to schedule.
     restored_wills: Mutex<Vec<(Arc<str>, StoredWill)>>,
-    retained: Mutex<RetainedStore>,
     next_id: AtomicU64,
     /// Delayed wills by client id, with the token of the connection that left them.
     wills: Mutex<HashMap<Arc<str>, u64>>,
-    /// Told of every retained-message change (persistence), before it is applied.
-    retained_hook: Option<RetainedHook>,
 }
-
-/// Receives retained-message changes: (vhost, message); an empty payload clears the topic.
-pub type RetainedHook = Box<dyn Fn(&str, &RetainedMessage) + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks cannot leave them half-updated (each critical section
@@ -81,30 +76,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Registry {
     pub fn new() -> Registry {
         Registry::default()
-    }
-
-    /// A registry starting with `retained` (recovered from storage) that reports every
-    /// retained change to `hook` (which stores it).
-    pub fn with_retained(retained: RetainedStore, hook: RetainedHook) -> Registry {
-        Registry {
-            retained: Mutex::new(retained),
-            retained_hook: Some(hook),
-            ..Registry::default()
-        }
-    }
-
-    /// Sets (or, with an empty payload, clears) the retained message of a topic.
-    pub fn set_retained(&self, vhost: &str, msg: RetainedMessage) {
-        if let Some(hook) = &self.retained_hook {
-            hook(vhost, &msg);
-        }
-        lock(&self.retained).set(vhost, msg);
-    }
-
-    /// Sets a retained message that is not persisted (the broker's own `$SYS` topics, which
-    /// it publishes again from its counters after a restart, as Mosquitto does).
-    pub fn set_retained_transient(&self, vhost: &str, msg: RetainedMessage) {
-        lock(&self.retained).set(vhost, msg);
     }
 
     /// Makes `conn` the owner of `client_id`; returns the previous owner's kick, if any. A
@@ -234,10 +205,6 @@ impl Registry {
     /// Cancels a delayed will of `client_id`, whoever left it; whether one was due.
     pub fn cancel_will(&self, client_id: &str) -> bool {
         lock(&self.wills).remove(client_id).is_some()
-    }
-
-    pub fn retained(&self) -> MutexGuard<'_, RetainedStore> {
-        lock(&self.retained)
     }
 
     /// Registers a delayed will of `client_id` left by connection `conn`.

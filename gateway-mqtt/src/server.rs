@@ -203,7 +203,7 @@ async fn end_session(
         && let Some(will) = decode_will(&w.publish)
     {
         // The will waits for its delay or the session's end, whichever comes first.
-        publish_will(&will, w.user.clone(), client_id, broker, registry, config).await;
+        publish_will(&will, w.user.clone(), client_id, broker, config).await;
     }
     if record.has_queue {
         let op = Op::QueueDelete {

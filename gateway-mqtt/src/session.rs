@@ -17,7 +17,6 @@ use crate::convert::{self, EXCHANGE};
 use crate::error::CloseError;
 use crate::record::stored_subs;
 pub use crate::record::{SessionRecord, SubMap, SubOpts, decode_will, encode_will};
-use crate::registry::Registry;
 use mqtt_proto::v5::{
     self, ConnectReasonCode, DisconnectReasonCode, PubackReasonCode, PubcompReasonCode,
     PubrecReasonCode, RetainHandling, SubscribeReasonCode, UnsubscribeReasonCode,
@@ -216,6 +215,9 @@ struct Rare {
     /// Packet ids of the previous connection's unacknowledged outbound messages, oldest
     /// first: the core redelivers those messages first, and they get these ids again.
     resume_pids: VecDeque<u16>,
+    /// `Op::RetainedGet`s sent and not answered, oldest first (the core answers a channel's
+    /// requests in order): the subscription identifier and granted QoS of each.
+    retained_gets: VecDeque<(Option<u32>, QoS)>,
 }
 
 impl Rare {
@@ -241,6 +243,7 @@ impl Default for Rare {
             out_aliases: HashMap::new(),
             delayed_will: None,
             resume_pids: VecDeque::new(),
+            retained_gets: VecDeque::new(),
         }
     }
 }
@@ -545,39 +548,29 @@ impl Session {
     }
 
     /// Handles one decoded packet from the client.
-    pub fn handle(
-        &mut self,
-        now: u64,
-        decoded: codec::Decoded,
-        registry: &Registry,
-    ) -> Result<(), CloseError> {
+    pub fn handle(&mut self, now: u64, decoded: codec::Decoded) -> Result<(), CloseError> {
         match decoded {
-            codec::Decoded::Packet(p) => self.handle_packet(now, p, registry),
+            codec::Decoded::Packet(p) => self.handle_packet(now, p),
             codec::Decoded::Subscribe(s) => {
                 self.last_rx = now;
                 if self.disconnected {
                     return Err(CloseError::protocol("packet after DISCONNECT"));
                 }
-                self.on_subscribe(now, s, registry);
+                self.on_subscribe(s);
                 Ok(())
             }
         }
     }
 
     /// Handles one packet from the client.
-    pub fn handle_packet(
-        &mut self,
-        now: u64,
-        packet: v5::Packet,
-        registry: &Registry,
-    ) -> Result<(), CloseError> {
+    pub fn handle_packet(&mut self, now: u64, packet: v5::Packet) -> Result<(), CloseError> {
         self.last_rx = now;
         if self.disconnected {
             return Err(CloseError::protocol("packet after DISCONNECT"));
         }
         match packet {
             v5::Packet::Connect(_) => return Err(CloseError::protocol("second CONNECT")),
-            v5::Packet::Publish(p) => self.on_publish(now, p, registry)?,
+            v5::Packet::Publish(p) => self.on_publish(now, p)?,
             v5::Packet::Puback(a) => {
                 let outbound = self.rare.as_deref_mut().map(|r| &mut r.outbound);
                 if let Some(outbound) = outbound
@@ -637,7 +630,7 @@ impl Session {
                     self.send_waiting();
                 }
             }
-            v5::Packet::Subscribe(s) => self.on_subscribe(now, s.into(), registry),
+            v5::Packet::Subscribe(s) => self.on_subscribe(s.into()),
             v5::Packet::Unsubscribe(u) => self.on_unsubscribe(u),
             v5::Packet::Pingreq => self.out.push_packet(v5::Packet::Pingresp),
             v5::Packet::Disconnect(d) => {
@@ -672,12 +665,7 @@ impl Session {
         Ok(())
     }
 
-    fn on_publish(
-        &mut self,
-        now: u64,
-        mut p: v5::Publish,
-        registry: &Registry,
-    ) -> Result<(), CloseError> {
+    fn on_publish(&mut self, now: u64, mut p: v5::Publish) -> Result<(), CloseError> {
         if let Some(alias) = p.properties.topic_alias.take() {
             if alias == 0 || alias > self.config.topic_alias_max {
                 return Err(CloseError::new(
@@ -758,20 +746,15 @@ impl Session {
             publisher,
         );
         if p.retain {
-            registry.set_retained(
-                &self.config.vhost,
-                RetainedMessage {
-                    topic: Arc::from(&*p.topic_name),
-                    qos: qos as u8,
-                    payload: publish.body.clone(),
-                    properties: publish.properties.clone(),
-                    stored_at: now,
-                    expiry_ms: p
-                        .properties
-                        .message_expiry_interval
-                        .map(|s| u64::from(s) * 1000),
-                },
+            // Before the publish: the core answers it first, so the PUBACK (after the
+            // publish's confirm) means new subscribers get the message.
+            let retain = retain_op(
+                &p.topic_name,
+                qos,
+                &publish,
+                p.properties.message_expiry_interval,
             );
+            self.ops.push((CHANNEL, retain));
         }
         self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
         self.published = true;
@@ -846,11 +829,10 @@ impl Session {
     }
 
     /// Handles a SUBSCRIBE (filters `mqtt-proto` found invalid arrive as `None`).
-    pub fn on_subscribe(&mut self, now: u64, s: codec::Subscribe, registry: &Registry) {
+    pub fn on_subscribe(&mut self, s: codec::Subscribe) {
         let sub_id = s.subscription_id;
         let ops_start = self.ops.len();
         let mut codes = Vec::with_capacity(s.entries.len());
-        let mut retained = Vec::new();
         for (filter, opts) in s.entries {
             let Some(filter) = filter else {
                 codes.push(SubscribeReasonCode::TopicFilterInvalid);
@@ -920,9 +902,18 @@ impl Session {
                 RetainHandling::DoNotSend => false,
             };
             if send {
-                let mut found = registry.retained().matching(&self.config.vhost, plain, now);
-                found.truncate(self.config.max_retained_per_subscribe);
-                retained.extend(found.into_iter().map(|m| (m, opts.max_qos)));
+                // After the bind: a message published in between comes twice (retained and
+                // routed) rather than not at all. Answered in order, after the SUBACK is
+                // queued (`on_retained`).
+                let max = u32::try_from(self.config.max_retained_per_subscribe).unwrap_or(u32::MAX);
+                self.ops.push((
+                    CHANNEL,
+                    Op::RetainedGet {
+                        filter: plain.to_string(),
+                        max,
+                    },
+                ));
+                self.rare().retained_gets.push_back((sub_id, opts.max_qos));
             }
         }
         // The SUBACK promises that what others publish from now on reaches the subscription.
@@ -945,7 +936,20 @@ impl Session {
         self.dirty = true;
         self.out
             .push_packet(v5::Packet::Suback(v5::Suback::new(s.pid, codes)));
-        for (m, granted) in retained {
+    }
+
+    /// The core's answer to the oldest `Op::RetainedGet`: its messages go out after the
+    /// SUBACK (queued before the request was answered), with the retain flag, at the lower
+    /// of their QoS and the subscription's.
+    fn on_retained(&mut self, now: u64, messages: Vec<RetainedMessage>) {
+        let Some((sub_id, granted)) = self
+            .rare
+            .as_deref_mut()
+            .and_then(|r| r.retained_gets.pop_front())
+        else {
+            return;
+        };
+        for m in messages {
             let message = Message {
                 exchange: Arc::from(EXCHANGE),
                 routing_key: Arc::from(warren_core::mqtt::topic_to_amqp_key(&m.topic)),
@@ -1050,6 +1054,18 @@ impl Session {
                 ch,
                 reply: Reply::QueueBindOk,
             } if ch.channel == CHANNEL => self.release_suback(),
+            Effect::Reply {
+                ch,
+                reply: Reply::Retained { messages },
+            } if ch.channel == CHANNEL => self.on_retained(now, messages),
+            Effect::Reply {
+                reply: Reply::RetainOk { stored: false },
+                ..
+            } => tracing::warn!(
+                client_id = %warren_core::escape::Escaped(&self.client_id),
+                "the vhost holds as many retained messages as it may (max_retained_messages/bytes): \
+                 this retained publish was routed but not retained"
+            ),
             Effect::Reply { .. } | Effect::Return { .. } => {}
         }
         Ok(())
@@ -1363,7 +1379,7 @@ impl Session {
     /// Ends the session: publishes the will unless the client disconnected normally and
     /// returns what a persistent session keeps. The host then sends `Op::ConnectionClose`
     /// (once these ops are applied): the core puts unacked deliveries back in the queue.
-    pub fn close(&mut self, now: u64, registry: &Registry) -> Option<SessionRecord> {
+    pub fn close(&mut self, now: u64) -> Option<SessionRecord> {
         if let Some(w) = self.will.take() {
             // MQTT 5 3.1.3.2.2: the will waits for its delay, or until the session ends if
             // that comes first; a clean session ends now.
@@ -1377,8 +1393,9 @@ impl Session {
             if delay > 0 {
                 self.rare().delayed_will = Some((delay, w));
             } else {
-                let publish = will_publish(&w.will, &self.config.vhost, now, registry);
-                self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
+                for op in will_ops(&w.will, now) {
+                    self.ops.push((CHANNEL, op));
+                }
                 self.rare().push_confirm(PendingAck::None);
             }
         }
@@ -1482,14 +1499,29 @@ impl Session {
     }
 }
 
-/// The core publish of a will (and its retained copy, stored at once when it has the retain
-/// flag).
-pub fn will_publish(
-    w: &v5::LastWill,
-    vhost: &str,
-    now: u64,
-    registry: &Registry,
-) -> warren_core::command::Publish {
+/// The `Op::Retain` of a retained publish (the core sets its time).
+fn retain_op(
+    topic: &str,
+    qos: QoS,
+    publish: &warren_core::command::Publish,
+    expiry_s: Option<u32>,
+) -> Op {
+    Op::Retain {
+        message: Box::new(RetainedMessage {
+            topic: Arc::from(topic),
+            qos: qos as u8,
+            payload: publish.body.clone(),
+            properties: publish.properties.clone(),
+            stored_at: 0,
+            expiry_ms: expiry_s.map(|s| u64::from(s) * 1000),
+        }),
+        durable: true,
+    }
+}
+
+/// The core ops of a will: its retained copy first when it has the retain flag, then its
+/// publish.
+pub fn will_ops(w: &v5::LastWill, now: u64) -> Vec<Op> {
     let props = v5::PublishProperties {
         payload_is_utf8: w.properties.payload_is_utf8,
         message_expiry_interval: w.properties.message_expiry_interval,
@@ -1508,18 +1540,15 @@ pub fn will_publish(
         now,
         None,
     );
+    let mut ops = Vec::with_capacity(2);
     if w.retain {
-        registry.set_retained(
-            vhost,
-            RetainedMessage {
-                topic: Arc::from(&*w.topic_name),
-                qos: w.qos as u8,
-                payload: publish.body.clone(),
-                properties: publish.properties.clone(),
-                stored_at: now,
-                expiry_ms: props.message_expiry_interval.map(|s| u64::from(s) * 1000),
-            },
-        );
+        ops.push(retain_op(
+            &w.topic_name,
+            w.qos,
+            &publish,
+            props.message_expiry_interval,
+        ));
     }
-    publish
+    ops.push(Op::Publish(Box::new(publish)));
+    ops
 }

@@ -77,7 +77,13 @@ pub async fn publish_sys_topics(
         let published = stats.publish.saturating_sub(own_publishes);
         received.update(published, elapsed);
         sent.update(stats.deliver_get, elapsed);
-        let retained = registry.retained().len();
+        let retained = match broker.admin(AdminRequest::RetainedStats).await {
+            Ok(AdminResponse::Retained(r)) => r
+                .into_iter()
+                .find(|(v, _, _)| *v == config.vhost)
+                .map_or(0, |(_, n, _)| n),
+            _ => 0,
+        };
         let mut topics: Vec<(String, String)> = vec![
             (
                 "version".into(),
@@ -119,14 +125,7 @@ pub async fn publish_sys_topics(
         }
         own_publishes += topics.len() as u64;
         for (topic, value) in topics {
-            publish(
-                &broker,
-                &registry,
-                &config,
-                &format!("$SYS/broker/{topic}"),
-                value,
-            )
-            .await;
+            publish(&broker, &config, &format!("$SYS/broker/{topic}"), value).await;
         }
         tokio::select! {
             biased;
@@ -140,16 +139,10 @@ pub async fn publish_sys_topics(
     }
 }
 
-/// Retains `value` on `topic` and routes it to the current subscribers, through the
-/// broker's internal admin connection (no user's permissions apply to the broker's own
-/// status).
-async fn publish(
-    broker: &BrokerHandle,
-    registry: &Registry,
-    config: &MqttConfig,
-    topic: &str,
-    value: String,
-) {
+/// Retains `value` on `topic` (not durably: the task publishes it again after a restart, as
+/// Mosquitto does) and routes it to the current subscribers, through the broker's internal
+/// admin connection (no user's permissions apply to the broker's own status).
+async fn publish(broker: &BrokerHandle, config: &MqttConfig, topic: &str, value: String) {
     let now = now_ms();
     let payload = Bytes::from(value);
     let publish = convert::to_core(
@@ -161,23 +154,25 @@ async fn publish(
         now,
         None,
     );
-    registry.set_retained_transient(
-        &config.vhost,
-        RetainedMessage {
+    let retain = Op::Retain {
+        message: Box::new(RetainedMessage {
             topic: Arc::from(topic),
             qos: 0,
             payload,
             properties: publish.properties.clone(),
             stored_at: now,
             expiry_ms: None,
-        },
-    );
-    let request = AdminRequest::Op {
-        vhost: config.vhost.clone(),
-        op: Op::Publish(Box::new(publish)),
+        }),
+        durable: false,
     };
-    match broker.admin(request).await {
-        Ok(AdminResponse::Op(Ok(_))) => {}
-        other => tracing::debug!(topic, ?other, "cannot publish a $SYS topic"),
+    for op in [retain, Op::Publish(Box::new(publish))] {
+        let request = AdminRequest::Op {
+            vhost: config.vhost.clone(),
+            op,
+        };
+        match broker.admin(request).await {
+            Ok(AdminResponse::Op(Ok(_))) => {}
+            other => tracing::debug!(topic, ?other, "cannot publish a $SYS topic"),
+        }
     }
 }

@@ -5,7 +5,6 @@
 use bytes::BytesMut;
 use proptest::prelude::*;
 use std::sync::Arc;
-use warren_mqtt::Registry;
 use warren_mqtt::codec;
 use warren_mqtt::session::{Session, check_connect};
 
@@ -60,14 +59,13 @@ proptest! {
         }
         bytes.truncate(cut % (bytes.len() + 1));
         let config = Arc::new(warren_mqtt::MqttConfig::default());
-        let registry = Registry::new();
         for level in [4u8, 5] {
             let mut c = mqtt_proto::v5::Connect::new(Arc::from("fuzz"), 30);
             c.protocol = if level == 5 { mqtt_proto::Protocol::V500 } else { mqtt_proto::Protocol::V311 };
             let info = check_connect(&c, true, &config, || "x".into()).expect("accepted");
             let mut s = Session::new(info, None, 0, config.clone());
             for p in drain(&bytes, Some(level), 1 << 20) {
-                if s.handle(1, p, &registry).is_err() {
+                if s.handle(1, p).is_err() {
                     break;
                 }
             }

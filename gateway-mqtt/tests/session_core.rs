@@ -7,12 +7,10 @@ use mqtt_proto::{Pid, Protocol, QoS, QosPid, TopicFilter, TopicName};
 use std::sync::Arc;
 use warren_core::Broker;
 use warren_core::ids::{ChannelRef, ConnId};
-use warren_mqtt::Registry;
 use warren_mqtt::session::{ConnectInfo, Session, check_connect};
 
 struct World {
     broker: Broker,
-    registry: Registry,
     config: Arc<warren_mqtt::MqttConfig>,
     now: u64,
 }
@@ -21,7 +19,6 @@ impl World {
     fn new() -> World {
         World {
             broker: Broker::new(Default::default()),
-            registry: Registry::new(),
             config: Arc::new(Default::default()),
             now: 1_000,
         }
@@ -171,29 +168,21 @@ fn persistent_session_queues_while_offline_and_resends_unacked_with_dup() {
     let mut keeper = Session::new(w.info("keeper", 4, false), None, w.now, cfg.clone());
     w.pump(1, &mut keeper);
     keeper
-        .handle_packet(w.now, subscribe(1, "p/#", QoS::Level1), &w.registry)
+        .handle_packet(w.now, subscribe(1, "p/#", QoS::Level1))
         .expect("subscribe");
     w.pump(1, &mut keeper);
     let mut publisher = Session::new(w.info("pub", 4, true), None, w.now, cfg.clone());
     w.pump(2, &mut publisher);
     // One message reaches the keeper but is never acked.
     publisher
-        .handle_packet(
-            w.now,
-            publish("p/x", QosPid::Level1(pid(1)), "a"),
-            &w.registry,
-        )
+        .handle_packet(w.now, publish("p/x", QosPid::Level1(pid(1)), "a"))
         .expect("publish");
     let (got, _) = w.pump2((1, &mut keeper), (2, &mut publisher));
     assert_eq!(payloads(&got), [("a".to_string(), false)]);
     keeper
-        .handle_packet(
-            w.now,
-            Packet::Disconnect(v5::Disconnect::new_normal()),
-            &w.registry,
-        )
+        .handle_packet(w.now, Packet::Disconnect(v5::Disconnect::new_normal()))
         .expect("disconnect");
-    let record = keeper.close(w.now, &w.registry).expect("persistent");
+    let record = keeper.close(w.now).expect("persistent");
     w.pump(1, &mut keeper);
     w.broker.handle(
         w.now,
@@ -206,11 +195,7 @@ fn persistent_session_queues_while_offline_and_resends_unacked_with_dup() {
     // Offline: two more.
     for (i, m) in ["b", "c"].into_iter().enumerate() {
         publisher
-            .handle_packet(
-                w.now,
-                publish("p/y", QosPid::Level1(pid(2 + i as u16)), m),
-                &w.registry,
-            )
+            .handle_packet(w.now, publish("p/y", QosPid::Level1(pid(2 + i as u16)), m))
             .expect("publish");
     }
     let acks = w.pump(2, &mut publisher);
@@ -241,10 +226,10 @@ fn expired_session_starts_clean_and_drops_its_queue() {
     info.session_expiry_s = 2;
     let mut s = Session::new(info.clone(), None, w.now, cfg.clone());
     w.pump(1, &mut s);
-    s.handle_packet(w.now, subscribe(1, "e/#", QoS::Level1), &w.registry)
+    s.handle_packet(w.now, subscribe(1, "e/#", QoS::Level1))
         .expect("subscribe");
     w.pump(1, &mut s);
-    let record = s.close(w.now, &w.registry).expect("persistent");
+    let record = s.close(w.now).expect("persistent");
     w.pump(1, &mut s);
     w.broker.handle(
         w.now,
@@ -283,7 +268,7 @@ fn exactly_once_inbound_and_outbound() {
     let cfg = w.config.clone();
     let mut sub = Session::new(w.info("sub", 5, true), None, w.now, cfg.clone());
     w.pump(1, &mut sub);
-    sub.handle_packet(w.now, subscribe(1, "q2/#", QoS::Level2), &w.registry)
+    sub.handle_packet(w.now, subscribe(1, "q2/#", QoS::Level2))
         .expect("subscribe");
     w.pump(1, &mut sub);
     let mut publisher = Session::new(w.info("pub", 5, true), None, w.now, cfg);
@@ -292,29 +277,17 @@ fn exactly_once_inbound_and_outbound() {
     // The same QoS 2 packet id twice before PUBREL: routed once, PUBREC twice.
     for _ in 0..2 {
         publisher
-            .handle_packet(
-                w.now,
-                publish("q2/a", QosPid::Level2(pid(9)), "once"),
-                &w.registry,
-            )
+            .handle_packet(w.now, publish("q2/a", QosPid::Level2(pid(9)), "once"))
             .expect("publish");
     }
     let (got, acks) = w.pump2((1, &mut sub), (2, &mut publisher));
     assert_eq!(payloads(&got), [("once".to_string(), false)]);
     assert_eq!(kinds(&acks), ["pubrec 9 Success", "pubrec 9 Success"]);
     publisher
-        .handle_packet(
-            w.now,
-            Packet::Pubrel(v5::Pubrel::new_success(pid(9))),
-            &w.registry,
-        )
+        .handle_packet(w.now, Packet::Pubrel(v5::Pubrel::new_success(pid(9))))
         .expect("pubrel");
     publisher
-        .handle_packet(
-            w.now,
-            Packet::Pubrel(v5::Pubrel::new_success(pid(9))),
-            &w.registry,
-        )
+        .handle_packet(w.now, Packet::Pubrel(v5::Pubrel::new_success(pid(9))))
         .expect("pubrel again");
     assert_eq!(
         kinds(
@@ -328,11 +301,7 @@ fn exactly_once_inbound_and_outbound() {
     );
     // After PUBREL the id is free again: a new message under it is routed.
     publisher
-        .handle_packet(
-            w.now,
-            publish("q2/a", QosPid::Level2(pid(9)), "twice"),
-            &w.registry,
-        )
+        .handle_packet(w.now, publish("q2/a", QosPid::Level2(pid(9)), "twice"))
         .expect("publish");
     let (got, _) = w.pump2((1, &mut sub), (2, &mut publisher));
     assert_eq!(payloads(&got), [("twice".to_string(), false)]);
@@ -342,12 +311,8 @@ fn exactly_once_inbound_and_outbound() {
         panic!("{got:?}")
     };
     let out_pid = p.qos_pid.pid().expect("QoS 2 has a packet id");
-    sub.handle_packet(
-        w.now,
-        Packet::Pubrec(v5::Pubrec::new_success(out_pid)),
-        &w.registry,
-    )
-    .expect("pubrec");
+    sub.handle_packet(w.now, Packet::Pubrec(v5::Pubrec::new_success(out_pid)))
+        .expect("pubrec");
     let ops = sub.take_ops();
     assert!(
         matches!(ops[..], [(_, warren_core::command::Op::Ack { .. })]),
@@ -362,12 +327,8 @@ fn exactly_once_inbound_and_outbound() {
         ),
         [format!("pubrel {} Success", out_pid.value())]
     );
-    sub.handle_packet(
-        w.now,
-        Packet::Pubcomp(v5::Pubcomp::new_success(out_pid)),
-        &w.registry,
-    )
-    .expect("pubcomp");
+    sub.handle_packet(w.now, Packet::Pubcomp(v5::Pubcomp::new_success(out_pid)))
+        .expect("pubcomp");
     assert!(sub.take_packets().is_empty());
 }
 
@@ -381,19 +342,11 @@ fn receive_maximum_exceeded_closes_with_0x93() {
     w.config = cfg.clone();
     let mut s = Session::new(w.info("greedy", 5, true), None, w.now, cfg);
     for n in 1..=2 {
-        s.handle_packet(
-            w.now,
-            publish("g", QosPid::Level1(pid(n)), "x"),
-            &w.registry,
-        )
-        .expect("within the limit");
+        s.handle_packet(w.now, publish("g", QosPid::Level1(pid(n)), "x"))
+            .expect("within the limit");
     }
     let err = s
-        .handle_packet(
-            w.now,
-            publish("g", QosPid::Level1(pid(3)), "x"),
-            &w.registry,
-        )
+        .handle_packet(w.now, publish("g", QosPid::Level1(pid(3)), "x"))
         .expect_err("over the limit");
     assert_eq!(err.reason, v5::DisconnectReasonCode::ReceiveMaximumExceeded);
 }
@@ -413,9 +366,9 @@ fn payload_announced_as_utf8_must_be() {
         p.properties.payload_is_utf8 = Some(true);
         Packet::Publish(p)
     };
-    s.handle_packet(w.now, bad(QosPid::Level1(pid(1))), &w.registry)
+    s.handle_packet(w.now, bad(QosPid::Level1(pid(1))))
         .expect("answered");
-    s.handle_packet(w.now, bad(QosPid::Level2(pid(2))), &w.registry)
+    s.handle_packet(w.now, bad(QosPid::Level2(pid(2))))
         .expect("answered");
     assert_eq!(
         kinds(
@@ -435,7 +388,7 @@ fn payload_announced_as_utf8_must_be() {
             .all(|(_, op)| !matches!(op, warren_core::command::Op::Publish(_)))
     );
     let err = s
-        .handle_packet(w.now, bad(QosPid::Level0), &w.registry)
+        .handle_packet(w.now, bad(QosPid::Level0))
         .expect_err("QoS 0 has no ack to refuse it with");
     assert_eq!(err.reason, v5::DisconnectReasonCode::PayloadFormatInvalid);
 }
@@ -449,10 +402,9 @@ fn suback_waits_for_its_bindings_and_what_follows_waits_with_it() {
     let cfg = w.config.clone();
     let mut s = Session::new(w.info("sub", 4, true), None, w.now, cfg);
     w.pump(1, &mut s);
-    s.handle_packet(w.now, subscribe(1, "s/#", QoS::Level1), &w.registry)
+    s.handle_packet(w.now, subscribe(1, "s/#", QoS::Level1))
         .expect("subscribe");
-    s.handle_packet(w.now, Packet::Pingreq, &w.registry)
-        .expect("ping");
+    s.handle_packet(w.now, Packet::Pingreq).expect("ping");
     let ops = s.take_ops();
     let binds: Vec<bool> = ops
         .iter()
@@ -482,9 +434,13 @@ fn suback_waits_for_its_bindings_and_what_follows_waits_with_it() {
     );
 
     // A SUBACK with nothing to bind (the filter is already bound) leaves at once.
-    s.handle_packet(w.now, subscribe(2, "s/#", QoS::Level1), &w.registry)
+    s.handle_packet(w.now, subscribe(2, "s/#", QoS::Level1))
         .expect("subscribe");
-    assert!(s.take_ops().is_empty());
+    // Only the retained messages are asked for (Retain Handling 0 sends them again).
+    assert!(matches!(
+        s.take_ops().as_slice(),
+        [(_, warren_core::command::Op::RetainedGet { .. })]
+    ));
     assert_eq!(
         kinds(
             &s.take_packets()
@@ -494,4 +450,109 @@ fn suback_waits_for_its_bindings_and_what_follows_waits_with_it() {
         ),
         ["Suback"]
     );
+}
+
+fn subscribe_with(
+    pid: u16,
+    filter: &str,
+    qos: QoS,
+    handling: v5::RetainHandling,
+    rap: bool,
+) -> Packet {
+    Packet::Subscribe(v5::Subscribe::new(
+        Pid::try_from(pid).expect("pid"),
+        vec![(
+            TopicFilter::try_from(filter).expect("filter"),
+            v5::SubscriptionOptions {
+                max_qos: qos,
+                no_local: false,
+                retain_as_published: rap,
+                retain_handling: handling,
+            },
+        )],
+    ))
+}
+
+fn retained_publish(topic: &str, qos_pid: QosPid, payload: &str) -> Packet {
+    let mut p = v5::Publish::new(
+        qos_pid,
+        TopicName::try_from(topic).expect("topic"),
+        Bytes::copy_from_slice(payload.as_bytes()),
+    );
+    p.retain = true;
+    Packet::Publish(p)
+}
+
+/// Retained messages live in the core: a session's retained publish is stored there
+/// (`Op::Retain`) before its PUBACK, and a later session's SUBSCRIBE gets it after the SUBACK
+/// with the retain flag, at the lower QoS, per Retain Handling (0 always, 1 only for a new
+/// subscription, 2 never); an empty retained payload clears the topic.
+#[test]
+fn retained_messages_come_from_the_core_after_the_suback() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut publisher = Session::new(w.info("pub", 5, true), None, w.now, cfg.clone());
+    w.pump(1, &mut publisher);
+    publisher
+        .handle_packet(w.now, retained_publish("r/a", QosPid::Level1(pid(1)), "A"))
+        .expect("publish");
+    publisher
+        .handle_packet(w.now, retained_publish("r/b", QosPid::Level0, "B"))
+        .expect("publish");
+    let acks = kinds(&w.pump(1, &mut publisher));
+    assert_eq!(acks, ["puback 1 Success"]);
+    assert_eq!(w.broker.retained_stats(), [("/".to_string(), 2, 2)]);
+
+    let mut sub = Session::new(w.info("sub", 5, true), None, w.now, cfg.clone());
+    w.pump(2, &mut sub);
+    sub.handle_packet(w.now, subscribe(1, "r/#", QoS::Level0))
+        .expect("subscribe");
+    let got = w.pump(2, &mut sub);
+    assert_eq!(
+        kinds(&got),
+        [
+            "Suback",
+            "publish Level0 dup=false",
+            "publish Level0 dup=false"
+        ]
+    );
+    for p in &got[1..] {
+        let Packet::Publish(p) = p else {
+            unreachable!()
+        };
+        assert!(p.retain, "sent because of a new subscription: retain set");
+        assert_eq!(p.qos_pid, QosPid::Level0, "the lower QoS");
+    }
+    assert_eq!(payloads(&got), [("A".into(), false), ("B".into(), false)]);
+    // Retain Handling 1: the subscription exists, nothing is sent; 2: never.
+    sub.handle_packet(
+        w.now,
+        subscribe_with(
+            2,
+            "r/#",
+            QoS::Level0,
+            v5::RetainHandling::SendAtSubscribeIfNotExist,
+            false,
+        ),
+    )
+    .expect("subscribe");
+    assert_eq!(kinds(&w.pump(2, &mut sub)), ["Suback"]);
+    sub.handle_packet(
+        w.now,
+        subscribe_with(3, "r/a", QoS::Level0, v5::RetainHandling::DoNotSend, false),
+    )
+    .expect("subscribe");
+    assert_eq!(kinds(&w.pump(2, &mut sub)), ["Suback"]);
+    // Cleared by an empty retained payload.
+    publisher
+        .handle_packet(w.now, retained_publish("r/a", QosPid::Level0, ""))
+        .expect("clear");
+    w.pump2((1, &mut publisher), (2, &mut sub));
+    let mut late = Session::new(w.info("late", 5, true), None, w.now, cfg);
+    w.pump(3, &mut late);
+    late.handle_packet(w.now, subscribe(1, "r/+", QoS::Level1))
+        .expect("subscribe");
+    let got = w.pump(3, &mut late);
+    assert_eq!(kinds(&got), ["Suback", "publish Level0 dup=false"]);
+    assert_eq!(payloads(&got), [("B".into(), false)]);
 }

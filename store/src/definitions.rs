@@ -666,7 +666,13 @@ mod tests {
         assert_eq!(got[0], ("/".to_string(), m));
         let old = &got[1].1;
         assert_eq!(
-            (&*old.topic, old.qos, old.stored_at, old.expiry_ms, &old.payload[..]),
+            (
+                &*old.topic,
+                old.qos,
+                old.stored_at,
+                old.expiry_ms,
+                &old.payload[..]
+            ),
             ("c/d", 2, 5, None, &b"x"[..])
         );
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));

@@ -111,7 +111,8 @@ impl RetainedTopics {
         }
         let replaced_durable = self.remove(&msg.topic).is_some_and(|e| e.durable);
         self.bytes += size;
-        self.topics.insert(msg.topic.clone(), Entry { msg, durable });
+        self.topics
+            .insert(msg.topic.clone(), Entry { msg, durable });
         RetainOutcome::Stored { replaced_durable }
     }
 
@@ -277,8 +278,14 @@ mod tests {
             s.set(short, false, 2, 5, &mut exp),
             RetainOutcome::Stored { .. }
         ));
-        assert_eq!(s.set(msg("c", "1"), true, 2, 5, &mut exp), RetainOutcome::Full);
-        assert_eq!(s.set(msg("a", "12345"), true, 2, 5, &mut exp), RetainOutcome::Full);
+        assert_eq!(
+            s.set(msg("c", "1"), true, 2, 5, &mut exp),
+            RetainOutcome::Full
+        );
+        assert_eq!(
+            s.set(msg("a", "12345"), true, 2, 5, &mut exp),
+            RetainOutcome::Full
+        );
         assert_eq!(s.matching("a", 0, 10, &mut exp)[0].payload, "12");
         assert!(matches!(
             s.set(msg("a", "1234"), true, 2, 5, &mut exp),
