@@ -958,7 +958,8 @@ fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<warren_store::lock::Di
     Ok(lock)
 }
 
-/// MQTT gauges for Prometheus: connected clients, stored sessions, retained messages.
+/// MQTT gauges for Prometheus: connected clients, stored sessions (retained messages are the
+/// core's: `warren_mqtt_retained_messages` in metrics.rs).
 fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_management::Gauge>) {
     let r = registry.clone();
     gauges.push(warren_management::Gauge {
@@ -972,31 +973,14 @@ fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_ma
         help: "Persistent MQTT sessions kept for clients not connected",
         value: Box::new(move || r.stored_sessions() as u64),
     });
-    let r = registry.clone();
-    gauges.push(warren_management::Gauge {
-        name: "warren_mqtt_retained_messages",
-        help: "MQTT retained messages held",
-        value: Box::new(move || r.retained().len() as u64),
-    });
 }
 
-/// The MQTT session registry, with the retained messages and sessions stored under the data
-/// dir and a writer that stores every later change.
+/// The MQTT session registry, with the sessions stored under the data dir and a writer that
+/// stores every later change.
 fn mqtt_registry(
     defs: warren_store::definitions::DefinitionStore,
     vhost: &str,
 ) -> anyhow::Result<(warren_mqtt::Registry, warren_store::retained::MqttWriter)> {
-    let mut retained = warren_core::mqtt::RetainedStore::new();
-    let stored = defs
-        .load_retained()
-        .context("cannot read the stored MQTT retained messages")?;
-    let count = stored.len();
-    for (vhost, m) in stored {
-        retained.set(&vhost, m);
-    }
-    if count > 0 {
-        tracing::info!(count, "restored MQTT retained messages");
-    }
     let now = warren_mqtt::connection::now_ms();
     let sessions: Vec<_> = defs
         .load_mqtt_sessions()
@@ -1015,13 +999,9 @@ fn mqtt_registry(
     }
     let writer = warren_store::retained::MqttWriter::start(defs)
         .context("cannot start the MQTT state writer")?;
-    let (retained_writer, session_writer) = (writer.clone(), writer.clone());
+    let session_writer = writer.clone();
     let session_vhost = vhost.to_string();
-    let registry = warren_mqtt::Registry::with_retained(
-        retained,
-        Box::new(move |vhost, m| retained_writer.set(vhost, m)),
-    )
-    .with_sessions(
+    let registry = warren_mqtt::Registry::new().with_sessions(
         sessions,
         Box::new(move |client_id, s| session_writer.set_session(&session_vhost, client_id, s)),
     );

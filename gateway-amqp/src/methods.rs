@@ -263,6 +263,8 @@ pub fn reply_method(reply: &Reply) -> Option<AMQPClass> {
         Reply::TxSelectOk => AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),
         Reply::TxCommitOk => AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
         Reply::TxRollbackOk => AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
+        // MQTT's retained-message ops have no AMQP method; this gateway never sends them.
+        Reply::RetainOk { .. } | Reply::Retained { .. } => return None,
     })
 }
 

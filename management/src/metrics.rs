@@ -371,6 +371,14 @@ async fn render(m: &Management) -> Option<String> {
     for g in &m.gauges {
         gauge(o, g.name, g.help, (g.value)());
     }
+    if let Ok(AdminResponse::Retained(retained)) = m.ask(AdminRequest::RetainedStats).await {
+        gauge(
+            o,
+            "warren_mqtt_retained_messages",
+            "MQTT retained messages held (every vhost)",
+            retained.iter().map(|(_, n, _)| n).sum::<u64>(),
+        );
+    }
     gauge(
         o,
         "warren_uptime_seconds",

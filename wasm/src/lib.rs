@@ -10,8 +10,8 @@
 //! broker (ack, publish) without re-entrancy errors, and deliveries reach callbacks in the
 //! order the core produced them.
 //!
-//! Not yet here: MQTT retained messages (the core's MQTT work brings the store) and
-//! TTL/length limits (the core has none yet).
+//! MQTT-style publish and subscribe map topics onto `amq.topic`; retained messages are the
+//! core's (`Op::Retain`, `Op::RetainedGet`), as for the native MQTT gateway.
 
 mod convert;
 mod mqtt;
@@ -26,6 +26,7 @@ use warren_core::command::{Bind, Consume, ExchangeDeclare, Op, Publish, QueueDec
 use warren_core::effect::{Effect, Reply};
 use warren_core::ids::{ChannelRef, ConnId};
 use warren_core::message::FieldTable;
+use warren_core::mqtt::RetainedMessage;
 use warren_core::{Broker as Core, BrokerConfig};
 use wasm_bindgen::prelude::*;
 
@@ -49,6 +50,8 @@ export interface Message {
   deliveryTag: number; channel: number; redelivered: boolean; consumerTag?: string;
   /** MQTT-style subscriptions only. */
   topic?: string; payload?: Uint8Array;
+  /** MQTT-style: a retained message, sent because the subscription is new. */
+  retain?: boolean;
 }
 "#;
 
@@ -86,6 +89,8 @@ extern "C" {
 const CONN: ConnId = ConnId(1);
 /// Declarations, publishes and `get` run on this channel.
 const CONTROL: u16 = 1;
+/// Retained messages one `mqttSubscribe` gets at most (as the MQTT gateway's default).
+const MAX_RETAINED_PER_SUBSCRIBE: u32 = 10_000;
 
 struct Subscription {
     channel: u16,
@@ -730,7 +735,8 @@ impl Broker {
     }
 
     /// MQTT-style publish on `amq.topic`: `a/b` is routing key `a.b`. Returns whether any
-    /// subscription matched.
+    /// subscription matched. With `retain`, the message also becomes the topic's retained
+    /// message (an empty payload clears it), which later `mqttSubscribe`s get first.
     #[wasm_bindgen(js_name = mqttPublish)]
     pub fn mqtt_publish(
         &self,
@@ -741,15 +747,38 @@ impl Broker {
         >,
     ) -> Res<bool> {
         let options = opt(options);
-        if get_bool(&options, "retain") {
-            return Err(err("retained messages are not supported yet"));
-        }
         let key = mqtt::name_to_key(topic).map_err(|e| err(format!("topic '{topic}': {e}")))?;
-        self.with(|i| i.publish("amq.topic", &key, &payload, &JsValue::UNDEFINED))
+        let retain = get_bool(&options, "retain");
+        self.with(|i| {
+            if retain {
+                let op = Op::Retain {
+                    message: Box::new(RetainedMessage {
+                        topic: Arc::from(topic),
+                        qos: 0,
+                        payload: convert::body_bytes(&payload)?,
+                        properties: Default::default(),
+                        stored_at: i.now,
+                        expiry_ms: None,
+                    }),
+                    durable: true,
+                };
+                let stored = i
+                    .run(CONTROL, op)?
+                    .into_iter()
+                    .any(|r| matches!(r, Reply::RetainOk { stored: true }));
+                if !stored {
+                    return Err(err(
+                        "too many retained messages (max_retained_messages/bytes)",
+                    ));
+                }
+            }
+            i.publish("amq.topic", &key, &payload, &JsValue::UNDEFINED)
+        })
     }
 
     /// MQTT-style subscription (`+` one level, `#` the rest): `callback(message)` gets
-    /// messages with `topic` and `payload`. Returns the id for `mqttUnsubscribe`.
+    /// messages with `topic` and `payload`, the matching retained messages first (with
+    /// `retain: true`). Returns the id for `mqttUnsubscribe`.
     #[wasm_bindgen(js_name = mqttSubscribe)]
     pub fn mqtt_subscribe(
         &self,
@@ -780,7 +809,31 @@ impl Broker {
             i.run(CONTROL, op)?;
             let no_ack = Object::new();
             let _ = js_sys::Reflect::set(&no_ack, &"noAck".into(), &JsValue::TRUE);
-            i.consume(&queue, callback, &no_ack, Some(queue.clone()))
+            let id = i.consume(&queue, callback.clone(), &no_ack, Some(queue.clone()))?;
+            // After the bind, as the MQTT gateway: a message published in between comes
+            // twice rather than not at all.
+            let op = Op::RetainedGet {
+                filter: filter.to_string(),
+                max: MAX_RETAINED_PER_SUBSCRIBE,
+            };
+            for reply in i.run(CONTROL, op)? {
+                let Reply::Retained { messages } = reply else {
+                    continue;
+                };
+                for m in messages {
+                    let message = warren_core::message::Message {
+                        exchange: Arc::from("amq.topic"),
+                        routing_key: Arc::from(warren_core::mqtt::topic_to_amqp_key(&m.topic)),
+                        properties: m.properties,
+                        body: m.payload,
+                    };
+                    let js =
+                        convert::message_to_js(&message, None, None, Some(m.topic.to_string()));
+                    let _ = js_sys::Reflect::set(&js, &"retain".into(), &JsValue::TRUE);
+                    i.pending.push_back((callback.clone(), js));
+                }
+            }
+            Ok(id)
         })
     }
 

@@ -12,6 +12,7 @@ use warren_core::effect::{Delivery, Effect, Reply};
 use warren_core::error::{ErrorCode, ProtocolError};
 use warren_core::ids::{ChannelRef, ConnId};
 use warren_core::message::{FieldTable, FieldValue, Message, Properties};
+use warren_core::mqtt::RetainedMessage;
 use warren_core::policy::{ApplyTo, PolicyDef};
 
 /// Field tables nest (tables in arrays in tables); decoding recursion is bounded so hostile
@@ -655,7 +656,44 @@ pub fn encode_op(op: &Op, out: &mut Vec<u8>) {
             w.u8(0x1c);
             w.u32(*count);
         }
+        Op::Retain { message, durable } => {
+            w.u8(0x1d);
+            put_retained(w, message);
+            w.bool(*durable);
+        }
+        Op::RetainedGet { filter, max } => {
+            w.u8(0x1e);
+            w.str(filter);
+            w.u32(*max);
+        }
     }
+}
+
+/// An MQTT retained message: `str` topic, `u8` QoS (0-2), `props`, `bytes` payload, `u64`
+/// stored_at, `u64` expiry in ms (`u64::MAX`: none).
+fn put_retained(w: &mut Writer, m: &RetainedMessage) {
+    w.str(&m.topic);
+    w.u8(m.qos);
+    put_properties(w, &m.properties);
+    w.bytes(&m.payload);
+    w.u64(m.stored_at);
+    w.u64(m.expiry_ms.unwrap_or(u64::MAX));
+}
+
+fn get_retained(r: &mut Reader) -> Result<RetainedMessage> {
+    let topic = Arc::from(r.string()?);
+    let qos = r.u8()?;
+    if qos > 2 {
+        return Err(r.bad("qos", qos));
+    }
+    Ok(RetainedMessage {
+        topic,
+        qos,
+        properties: get_properties(r)?,
+        payload: Bytes::copy_from_slice(r.bytes()?),
+        stored_at: r.u64()?,
+        expiry_ms: Some(r.u64()?).filter(|&e| e != u64::MAX),
+    })
 }
 
 /// Decodes exactly one op; trailing bytes are an error.
@@ -790,6 +828,14 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
         0x1a => Op::TxCommit,
         0x1b => Op::TxRollback,
         0x1c => Op::Written { count: r.u32()? },
+        0x1d => Op::Retain {
+            message: Box::new(get_retained(r)?),
+            durable: r.bool()?,
+        },
+        0x1e => Op::RetainedGet {
+            filter: r.string()?,
+            max: r.u32()?,
+        },
         t => return Err(r.bad("op", t)),
     };
     r.finish()?;
@@ -800,7 +846,7 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
 // Effects
 
 /// `OpKind` in declaration order, so its wire number is its index + 1.
-const OP_KINDS: [OpKind; 28] = [
+const OP_KINDS: [OpKind; 30] = [
     OpKind::ConnectionOpen,
     OpKind::ConnectionClose,
     OpKind::ChannelOpen,
@@ -829,6 +875,8 @@ const OP_KINDS: [OpKind; 28] = [
     OpKind::TxCommit,
     OpKind::TxRollback,
     OpKind::Written,
+    OpKind::Retain,
+    OpKind::RetainedGet,
 ];
 
 const ERROR_CODES: [ErrorCode; 18] = [
@@ -954,6 +1002,17 @@ fn put_reply(w: &mut Writer, reply: &Reply) {
         Reply::TxSelectOk => w.u8(19),
         Reply::TxCommitOk => w.u8(20),
         Reply::TxRollbackOk => w.u8(21),
+        Reply::RetainOk { stored } => {
+            w.u8(22);
+            w.bool(*stored);
+        }
+        Reply::Retained { messages } => {
+            w.u8(23);
+            w.u32(u32::try_from(messages.len()).unwrap_or(u32::MAX));
+            for m in messages {
+                put_retained(w, m);
+            }
+        }
     }
 }
 
@@ -995,6 +1054,16 @@ fn get_reply(r: &mut Reader) -> Result<Reply> {
         19 => Reply::TxSelectOk,
         20 => Reply::TxCommitOk,
         21 => Reply::TxRollbackOk,
+        22 => Reply::RetainOk { stored: r.bool()? },
+        23 => {
+            let n = r.u32()?;
+            // No capacity from the count: it is input; each message takes bytes to decode.
+            let mut messages = Vec::new();
+            for _ in 0..n {
+                messages.push(get_retained(r)?);
+            }
+            Reply::Retained { messages }
+        }
         t => return Err(r.bad("reply", t)),
     })
 }

@@ -30,7 +30,7 @@ use warren_core::ids::{ChannelRef, ConnId};
 use warren_core::{Broker, BrokerConfig};
 
 /// Version of the export set and the byte encoding. Bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Why [`GuestBroker::handle`] refused an op (the broker state is unchanged).
 #[derive(Debug, thiserror::Error)]

@@ -556,6 +556,25 @@ impl Scenario {
             },
             92..=94 => Op::ChannelClose,
             95 => Op::ConnectionClose,
+            96..=97 => Op::Retain {
+                message: Box::new(warren_core::mqtt::RetainedMessage {
+                    topic: Arc::from(*self.rng.pick(&["a/b", "a/c", "$SYS/x"])),
+                    qos: self.rng.below(3) as u8,
+                    payload: if self.rng.chance(20) {
+                        bytes::Bytes::new()
+                    } else {
+                        self.body()
+                    },
+                    properties: self.properties(),
+                    stored_at: 0,
+                    expiry_ms: self.rng.chance(30).then_some(self.rng.below(50)),
+                }),
+                durable: self.rng.chance(80),
+            },
+            98 => Op::RetainedGet {
+                filter: (*self.rng.pick(&["a/+", "#", "a/b", "$SYS/#"])).to_string(),
+                max: self.rng.below(3) as u32,
+            },
             _ => Op::Ack {
                 delivery_tag: 0,
                 multiple: true,

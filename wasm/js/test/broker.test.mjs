@@ -171,7 +171,28 @@ test("MQTT-style topics: + and # wildcards over amq.topic", () => {
   assert.equal(plus.length, 2);
   assert.throws(() => b.mqttPublish("home/+", "x"), /wildcards/);
   assert.throws(() => b.mqttSubscribe("home/#/x", () => {}), /whole level/);
-  assert.throws(() => b.mqttPublish("a", "x", { retain: true }), /retained/);
+});
+
+test("MQTT-style retained messages: kept by the core, sent first to new subscriptions", () => {
+  const b = new Broker(11, 1000);
+  assert.equal(b.mqttPublish("home/kitchen/temp", "21", { retain: true }), false);
+  b.mqttPublish("home/kitchen/temp", "22", { retain: true });
+  b.mqttPublish("home/hall/temp", "19", { retain: true });
+  b.mqttPublish("home/hall/hum", "40");
+  const got = [];
+  b.mqttSubscribe("home/+/temp", (m) => got.push([m.topic, text(m), m.retain === true]));
+  assert.deepEqual(got, [
+    ["home/hall/temp", "19", true],
+    ["home/kitchen/temp", "22", true],
+  ]);
+  // Live messages after that, without the retain flag.
+  b.mqttPublish("home/hall/temp", "20");
+  assert.deepEqual(got[2], ["home/hall/temp", "20", false]);
+  // An empty retained payload clears the topic.
+  b.mqttPublish("home/kitchen/temp", "", { retain: true });
+  const later = [];
+  b.mqttSubscribe("home/#", (m) => later.push(text(m)));
+  assert.deepEqual(later, ["19"]);
 });
 
 test("deterministic: same seed, same server-generated names", () => {
