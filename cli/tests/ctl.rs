@@ -460,58 +460,101 @@ fn mqtt_connect(port: u16, client: &str) -> std::net::TcpStream {
     s
 }
 
-#[test]
-fn retained_mqtt_messages_survive_sigkill() {
+/// Reads one QoS 0 PUBLISH: (first byte, topic, payload).
+fn mqtt_read_publish(s: &mut std::net::TcpStream) -> (u8, String, Vec<u8>) {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).expect("a PUBLISH");
+    let mut rest = vec![0u8; usize::from(head[1])];
+    s.read_exact(&mut rest).expect("its body");
+    let topic_len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+    let topic = String::from_utf8_lossy(&rest[2..2 + topic_len]).into_owned();
+    (head[0], topic, rest[2 + topic_len..].to_vec())
+}
+
+/// Subscribes to `filter` (QoS 0) and returns the retained messages that follow the SUBACK
+/// as (topic, payload), checking nothing else comes.
+fn mqtt_retained(port: u16, client: &str, filter: &str) -> Vec<(String, String)> {
     use std::io::{Read, Write};
-    let dir = std::env::temp_dir().join(format!("warren-ctl-retained-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut b = start_in(dir.clone());
-    let mut publisher = mqtt_connect(b.mqtt_port, "pub");
-    for (topic, payload) in [("home/kitchen/temp", "21.5"), ("home/hall/temp", "19")] {
+    let mut sub = mqtt_connect(port, client);
+    let mut body = vec![0, 1];
+    body.extend(mqtt_str(filter));
+    body.push(0);
+    sub.write_all(&mqtt_packet(0x82, &body)).expect("SUBSCRIBE");
+    let mut suback = [0u8; 5];
+    sub.read_exact(&mut suback).expect("SUBACK");
+    assert_eq!(suback, [0x90, 3, 0, 1, 0]);
+    sub.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    loop {
+        let mut first = [0u8; 1];
+        if sub.peek(&mut first).is_err() {
+            return got;
+        }
+        let (kind, topic, payload) = mqtt_read_publish(&mut sub);
+        assert_eq!(kind, 0x31, "PUBLISH, QoS 0, retain");
+        got.push((topic, String::from_utf8_lossy(&payload).into_owned()));
+    }
+}
+
+/// Publishes retained QoS 0 messages (an empty payload clears the topic), then waits for a
+/// PINGRESP: the broker has handled them.
+fn mqtt_retain(port: u16, client: &str, messages: &[(&str, &str)]) {
+    use std::io::{Read, Write};
+    let mut publisher = mqtt_connect(port, client);
+    for (topic, payload) in messages {
         let mut body = mqtt_str(topic);
         body.extend_from_slice(payload.as_bytes());
         publisher
             .write_all(&mqtt_packet(0x31, &body))
             .expect("PUBLISH retain");
     }
-    // An empty retained payload clears the topic.
-    publisher
-        .write_all(&mqtt_packet(0x31, &mqtt_str("home/hall/temp")))
-        .expect("clear");
-    // A PINGRESP after them: the broker has handled the publishes (the writer stores within
-    // milliseconds; give it a moment before the kill).
     publisher.write_all(&[0xC0, 0]).expect("PINGREQ");
     let mut pong = [0u8; 2];
     publisher.read_exact(&mut pong).expect("PINGRESP");
+}
+
+/// Retained messages are the core's, stored through its `Store` with the definitions: they
+/// survive a `kill -9` once the sync after them completed, and a SIGTERM right after the
+/// publish (the clean stop syncs); a cleared topic stays cleared.
+#[test]
+fn retained_mqtt_messages_survive_sigkill_and_sigterm() {
+    let dir = std::env::temp_dir().join(format!("warren-ctl-retained-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut b = start_in(dir.clone());
+    mqtt_retain(
+        b.mqtt_port,
+        "pub",
+        &[
+            ("home/kitchen/temp", "21.5"),
+            ("home/hall/temp", "19"),
+            ("home/hall/temp", ""),
+        ],
+    );
+    // The sync after the turn takes milliseconds.
     std::thread::sleep(Duration::from_millis(300));
     b.child.kill().expect("SIGKILL");
     let _ = b.child.wait();
-    let b2 = start_in(dir);
-    let mut sub = mqtt_connect(b2.mqtt_port, "sub");
-    let mut body = vec![0, 1];
-    body.extend(mqtt_str("home/#"));
-    body.push(0);
-    sub.write_all(&mqtt_packet(0x82, &body)).expect("SUBSCRIBE");
-    let mut suback = [0u8; 5];
-    sub.read_exact(&mut suback).expect("SUBACK");
-    assert_eq!(suback, [0x90, 3, 0, 1, 0]);
-    let mut head = [0u8; 2];
-    sub.read_exact(&mut head)
-        .expect("a retained PUBLISH after the restart");
-    assert_eq!(head[0], 0x31, "PUBLISH, QoS 0, retain");
-    let mut rest = vec![0u8; usize::from(head[1])];
-    sub.read_exact(&mut rest).expect("body");
-    let topic_len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
-    assert_eq!(&rest[2..2 + topic_len], b"home/kitchen/temp");
-    assert_eq!(&rest[2 + topic_len..], b"21.5");
-    // Nothing else: the cleared topic stayed cleared.
-    sub.set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("timeout");
-    let mut more = [0u8; 1];
-    assert!(
-        sub.read_exact(&mut more).is_err(),
-        "only one retained message"
+    let mut b2 = start_in(dir.clone());
+    assert_eq!(
+        mqtt_retained(b2.mqtt_port, "sub", "home/#"),
+        [("home/kitchen/temp".to_string(), "21.5".to_string())]
     );
+    mqtt_retain(b2.mqtt_port, "pub2", &[("home/garage/temp", "7")]);
+    unsafe { libc::kill(b2.child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = b2.child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "a clean stop");
+    let b3 = start_in(dir);
+    assert_eq!(
+        mqtt_retained(b3.mqtt_port, "sub", "home/+/temp"),
+        [
+            ("home/garage/temp".to_string(), "7".to_string()),
+            ("home/kitchen/temp".to_string(), "21.5".to_string())
+        ]
+    );
+    drop(b3);
+    drop(b2);
     drop(b);
 }
 

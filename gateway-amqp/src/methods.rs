@@ -194,7 +194,8 @@ pub fn method_ids(kind: OpKind) -> (u16, u16) {
         OpKind::TxSelect => (90, 10),
         OpKind::TxCommit => (90, 20),
         OpKind::TxRollback => (90, 30),
-        OpKind::Written => (0, 0),
+        // Not AMQP methods (host bookkeeping, MQTT's retained messages).
+        OpKind::Written | OpKind::Retain | OpKind::RetainedGet => (0, 0),
     }
 }
 
@@ -203,7 +204,8 @@ fn ss(s: &str) -> ShortString {
 }
 
 /// The method frame of a synchronous reply. `GetOk` is encoded by the caller (it carries
-/// content) and returns `None` here.
+/// content) and returns `None` here, as do MQTT's retained-message replies (never asked for
+/// over AMQP).
 pub fn reply_method(reply: &Reply) -> Option<AMQPClass> {
     Some(match reply {
         Reply::ChannelOpenOk => AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
