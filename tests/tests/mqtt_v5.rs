@@ -8,7 +8,7 @@ use rumqttc::v5::mqttbytes::v5::{
     ConnectReturnCode, Filter, PublishProperties, RetainForwardRule, SubscribeProperties,
 };
 use std::time::Duration;
-use warren_tests::mqtt::{Packet5, start};
+use warren_tests::mqtt::{Packet5, start, start_sharded};
 
 const QUIET: Duration = Duration::from_millis(300);
 
@@ -642,4 +642,50 @@ async fn subscription_identifiers_survive_a_resend_after_reconnect() {
     );
     assert!(p.dup);
     assert_eq!(ids(&p), [1, 2], "the resend carries the same identifiers");
+}
+
+/// Retained messages are the core's (topology, shard 0): with the publisher and the
+/// subscribers on other shards they still meet, a retained message keeps its MQTT 5 expiry
+/// (the remaining interval is forwarded; once it passed, a new subscriber gets nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_messages_across_shards_with_message_expiry() {
+    let b = start_sharded(3).await;
+    let mut publisher = b.connect5("pub").await;
+    let short = PublishProperties {
+        message_expiry_interval: Some(1),
+        ..Default::default()
+    };
+    publisher
+        .client
+        .publish_with_properties("rx/short", QoS::AtLeastOnce, true, "short", short)
+        .await
+        .expect("queue publish");
+    publisher
+        .client
+        .publish("rx/long", QoS::AtLeastOnce, true, "long")
+        .await
+        .expect("queue publish");
+    for _ in 0..2 {
+        publisher
+            .wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
+            .await;
+    }
+    let mut early = b.connect5("early").await;
+    early.subscribe("rx/#", QoS::AtLeastOnce).await;
+    let first = early.next_publish().await;
+    let second = early.next_publish().await;
+    assert!(first.retain && second.retain);
+    assert_eq!(&first.payload[..], b"long");
+    assert_eq!(&second.payload[..], b"short");
+    let left = second
+        .properties
+        .and_then(|p| p.message_expiry_interval)
+        .expect("the remaining expiry interval");
+    assert!(left <= 1, "{left}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut late = b.connect5("late").await;
+    late.subscribe("rx/#", QoS::AtLeastOnce).await;
+    let p = late.next_publish().await;
+    assert_eq!(&p.payload[..], b"long");
+    late.no_publish(QUIET).await;
 }
