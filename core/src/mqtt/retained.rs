@@ -6,7 +6,6 @@
 use super::topic::matches;
 use crate::message::Properties;
 use bytes::Bytes;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// One retained message. `stored_at` and `expiry_ms` let readers decrement the MQTT 5 message
@@ -64,11 +63,14 @@ struct Entry {
     durable: bool,
 }
 
-/// The retained messages of one vhost, by topic. A `BTreeMap` so that lookups return
-/// messages in topic order, deterministically.
+/// The retained messages of one vhost, sorted by topic, so lookups return messages in topic
+/// order, deterministically. A sorted vector of boxes rather than a `BTreeMap`: a new topic
+/// moves one pointer per later topic (~0.1 ms at the default bound of 100,000), replacing a
+/// topic's message (what sensors do) moves nothing, and the JS `.wasm` (400 KB budget)
+/// does not carry a B-tree's code for one more key and value type (~9 KB).
 #[derive(Default)]
 pub struct RetainedTopics {
-    topics: BTreeMap<Arc<str>, Entry>,
+    topics: Vec<Box<Entry>>,
     /// Payload bytes held.
     bytes: u64,
 }
@@ -99,7 +101,10 @@ impl RetainedTopics {
         }
         let size = msg.payload.len() as u64;
         let fits = |t: &RetainedTopics| {
-            let old = t.topics.get(&msg.topic).map(|e| e.msg.payload.len() as u64);
+            let old = t
+                .find(&msg.topic)
+                .ok()
+                .map(|i| t.topics[i].msg.payload.len() as u64);
             let count_ok = old.is_some() || t.topics.len() < max_messages;
             count_ok && t.bytes - old.unwrap_or(0) + size <= max_bytes
         };
@@ -109,15 +114,31 @@ impl RetainedTopics {
                 return RetainOutcome::Full;
             }
         }
-        let replaced_durable = self.remove(&msg.topic).is_some_and(|e| e.durable);
         self.bytes += size;
-        self.topics
-            .insert(msg.topic.clone(), Entry { msg, durable });
-        RetainOutcome::Stored { replaced_durable }
+        match self.find(&msg.topic) {
+            Ok(i) => {
+                let old = std::mem::replace(&mut *self.topics[i], Entry { msg, durable });
+                self.bytes -= old.msg.payload.len() as u64;
+                RetainOutcome::Stored {
+                    replaced_durable: old.durable,
+                }
+            }
+            Err(i) => {
+                self.topics.insert(i, Box::new(Entry { msg, durable }));
+                RetainOutcome::Stored {
+                    replaced_durable: false,
+                }
+            }
+        }
     }
 
-    fn remove(&mut self, topic: &str) -> Option<Entry> {
-        let e = self.topics.remove(topic)?;
+    /// Where `topic` is (or would be).
+    fn find(&self, topic: &str) -> Result<usize, usize> {
+        self.topics.binary_search_by(|e| (*e.msg.topic).cmp(topic))
+    }
+
+    fn remove(&mut self, topic: &str) -> Option<Box<Entry>> {
+        let e = self.topics.remove(self.find(topic).ok()?);
         self.bytes -= e.msg.payload.len() as u64;
         Some(e)
     }
@@ -126,11 +147,11 @@ impl RetainedTopics {
     /// go to `expired`.
     pub fn drop_expired(&mut self, now: u64, expired: &mut Vec<(Arc<str>, bool)>) {
         let mut freed = 0;
-        self.topics.retain(|topic, e| {
+        self.topics.retain(|e| {
             let keep = !e.msg.expired(now);
             if !keep {
                 freed += e.msg.payload.len() as u64;
-                expired.push((topic.clone(), e.durable));
+                expired.push((e.msg.topic.clone(), e.durable));
             }
             keep
         });
@@ -149,9 +170,10 @@ impl RetainedTopics {
     ) -> Vec<RetainedMessage> {
         // Without wildcards the filter is one topic: a map lookup, not a scan.
         if !filter.contains(['+', '#']) {
-            let Some(e) = self.topics.get(filter) else {
+            let Ok(i) = self.find(filter) else {
                 return Vec::new();
             };
+            let e = &self.topics[i];
             if e.msg.expired(now) {
                 if let Some(e) = self.remove(filter) {
                     expired.push((e.msg.topic, e.durable));
@@ -166,7 +188,7 @@ impl RetainedTopics {
         }
         self.drop_expired(now, expired);
         self.topics
-            .values()
+            .iter()
             .filter(|e| matches(filter, &e.msg.topic))
             .take(max)
             .map(|e| e.msg.clone())
@@ -190,7 +212,7 @@ impl RetainedTopics {
 
     /// Every topic with whether its message is durable (when the vhost goes).
     pub fn topics(&self) -> impl Iterator<Item = (&Arc<str>, bool)> {
-        self.topics.iter().map(|(t, e)| (t, e.durable))
+        self.topics.iter().map(|e| (&e.msg.topic, e.durable))
     }
 }
 
