@@ -256,3 +256,57 @@ fn policy_changes_round_trip_and_apply() {
         "no policy 'p' to clear"
     );
 }
+
+/// The retained-message ops and replies (ABI 3) round-trip, and a QoS above 2 is refused.
+#[test]
+fn retained_ops_and_replies_round_trip() {
+    use warren_core::effect::Reply;
+    use warren_core::mqtt::RetainedMessage;
+    let m = RetainedMessage {
+        topic: Arc::from("a/b"),
+        qos: 2,
+        payload: bytes::Bytes::from_static(b"p"),
+        properties: Default::default(),
+        stored_at: 9,
+        expiry_ms: Some(5),
+    };
+    let retain = Op::Retain {
+        message: Box::new(m.clone()),
+        durable: true,
+    };
+    assert_eq!(decode_op(&op_bytes(&retain)).expect("decodes"), retain);
+    let get = Op::RetainedGet {
+        filter: "a/#".into(),
+        max: 3,
+    };
+    assert_eq!(op_bytes(&get), [0x1e, 3, 0, 0, 0, b'a', b'/', b'#', 3, 0, 0, 0]);
+    assert_eq!(decode_op(&op_bytes(&get)).expect("decodes"), get);
+    let ch = ChannelRef::new(ConnId(1), 1);
+    let effects = vec![
+        Effect::Reply {
+            ch,
+            reply: Reply::RetainOk { stored: false },
+        },
+        Effect::Reply {
+            ch,
+            reply: Reply::Retained {
+                messages: vec![m.clone(), RetainedMessage { expiry_ms: None, ..m }],
+            },
+        },
+    ];
+    let mut out = Vec::new();
+    encode_effects(&effects, &mut out);
+    let back: Vec<Effect> = decode_effects(&out)
+        .expect("decodes")
+        .into_iter()
+        .map(|d| match d {
+            Decoded::Effect(e) => e,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(back, effects);
+    // QoS 3 (byte 1 + 4 + 3 = after the topic) is refused, not taken.
+    let mut bad = op_bytes(&retain);
+    bad[1 + 4 + 3] = 3;
+    assert!(decode_op(&bad).is_err());
+}
