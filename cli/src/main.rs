@@ -109,6 +109,13 @@ struct ServeArgs {
     /// Messages a persistent MQTT session keeps while its client is away (default 100000).
     #[arg(long)]
     mqtt_max_offline_messages: Option<u64>,
+    /// MQTT retained messages a vhost holds at most; a retained publish to a new topic
+    /// beyond it is routed but not retained (default 100000).
+    #[arg(long)]
+    mqtt_max_retained: Option<usize>,
+    /// MQTT retained payload bytes a vhost holds at most (default 268435456, 256 MiB).
+    #[arg(long)]
+    mqtt_max_retained_bytes: Option<u64>,
     /// Seconds between publications of the MQTT `$SYS/broker/...` topics (Mosquitto's
     /// sys_interval, e.g. 10; default 0: off, as their publishes count in the vhost's stats).
     #[arg(long)]
@@ -229,6 +236,8 @@ impl ServeArgs {
             mqtt_max_packet_size,
             mqtt_max_inflight,
             mqtt_max_offline_messages,
+            mqtt_max_retained,
+            mqtt_max_retained_bytes,
             sys_interval,
             data_dir,
             memory_high_watermark,
@@ -677,6 +686,8 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         seed,
         memory_high_watermark,
         disk_free_limit: if s.in_memory { 0 } else { disk_free_limit },
+        max_retained_messages: s.mqtt_max_retained,
+        max_retained_bytes: s.mqtt_max_retained_bytes,
         ..warren_core::BrokerConfig::default()
     };
     let (broker, definitions_db) = if s.in_memory {

@@ -44,6 +44,10 @@ pub struct Settings {
     pub mqtt_max_inflight: u16,
     pub mqtt_server_keep_alive: Option<u16>,
     pub mqtt_max_offline_messages: u64,
+    /// MQTT retained messages per vhost at most (`BrokerConfig::max_retained_messages`).
+    pub mqtt_max_retained: usize,
+    /// MQTT retained payload bytes per vhost at most.
+    pub mqtt_max_retained_bytes: u64,
     /// Seconds between publications of the `$SYS/broker/...` topics; 0 disables them.
     pub sys_interval: u64,
     pub data_dir: PathBuf,
@@ -82,6 +86,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Settings {
         let mqtt = warren_mqtt::MqttConfig::default();
+        let core = warren_core::BrokerConfig::default();
         Settings {
             amqp: vec!["127.0.0.1:5672".into()],
             amqps: Vec::new(),
@@ -100,6 +105,8 @@ impl Default for Settings {
             mqtt_max_inflight: mqtt.max_inflight,
             mqtt_server_keep_alive: mqtt.server_keep_alive,
             mqtt_max_offline_messages: mqtt.max_offline_messages,
+            mqtt_max_retained: core.max_retained_messages,
+            mqtt_max_retained_bytes: core.max_retained_bytes,
             sys_interval: mqtt.sys_interval.map_or(0, |d| d.as_secs()),
             data_dir: "./warren-data".into(),
             memory_high_watermark: "0.4".into(),
@@ -223,6 +230,8 @@ impl Settings {
         env!(mqtt_max_inflight, |n, v| parse(&n, v)?);
         env!(mqtt_server_keep_alive, |n, v| Some(parse(&n, v)?));
         env!(mqtt_max_offline_messages, |n, v| parse(&n, v)?);
+        env!(mqtt_max_retained, |n, v| parse(&n, v)?);
+        env!(mqtt_max_retained_bytes, |n, v| parse(&n, v)?);
         env!(sys_interval, |n, v| parse(&n, v)?);
         env!(data_dir, |n, v| v.into());
         env!(memory_high_watermark, |n, v| v.to_string());

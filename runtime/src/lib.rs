@@ -330,6 +330,7 @@ impl BrokerHandle {
             exchanges = definitions.exchanges.len(),
             queues = definitions.queues.len(),
             bindings = definitions.bindings.len(),
+            mqtt_retained = definitions.retained.len(),
             shards,
             elapsed_ms = started.elapsed().as_millis() as u64,
             dir = %data_dir.display(),

@@ -279,7 +279,10 @@ fn retained_ops_and_replies_round_trip() {
         filter: "a/#".into(),
         max: 3,
     };
-    assert_eq!(op_bytes(&get), [0x1e, 3, 0, 0, 0, b'a', b'/', b'#', 3, 0, 0, 0]);
+    assert_eq!(
+        op_bytes(&get),
+        [0x1e, 3, 0, 0, 0, b'a', b'/', b'#', 3, 0, 0, 0]
+    );
     assert_eq!(decode_op(&op_bytes(&get)).expect("decodes"), get);
     let ch = ChannelRef::new(ConnId(1), 1);
     let effects = vec![
@@ -290,7 +293,13 @@ fn retained_ops_and_replies_round_trip() {
         Effect::Reply {
             ch,
             reply: Reply::Retained {
-                messages: vec![m.clone(), RetainedMessage { expiry_ms: None, ..m }],
+                messages: vec![
+                    m.clone(),
+                    RetainedMessage {
+                        expiry_ms: None,
+                        ..m
+                    },
+                ],
             },
         },
     ];
