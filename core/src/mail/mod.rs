@@ -268,7 +268,7 @@ pub(crate) enum TopologyRequest {
     },
     /// MQTT: a retained message for the vhost's topic (`Op::Retain`), its time set.
     Retain {
-        message: crate::mqtt::RetainedMessage,
+        message: Box<crate::mqtt::RetainedMessage>,
         durable: bool,
     },
     /// MQTT: the retained messages a new subscription gets (`Op::RetainedGet`).

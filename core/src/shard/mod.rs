@@ -558,8 +558,10 @@ impl Broker {
             Op::TxSelect => self.tx_select(ch),
             Op::TxCommit => self.tx_commit(ch),
             Op::TxRollback => self.tx_rollback(ch),
-            Op::Retain { message, durable } => {
-                let mut message = *message;
+            Op::Retain {
+                mut message,
+                durable,
+            } => {
                 message.stored_at = self.now;
                 self.retained_op(ch, mail::TopologyRequest::Retain { message, durable })
             }

@@ -432,7 +432,8 @@ impl Broker {
                 ref message,
                 durable,
             } => {
-                let stored = self.retain(vhost, message.clone(), durable);
+                let stored =
+                    self.retain(vhost, crate::mqtt::RetainedMessage::clone(message), durable);
                 (Ok(()), Reply::RetainOk { stored }, false)
             }
             TopologyRequest::RetainedGet { ref filter, max } => {
