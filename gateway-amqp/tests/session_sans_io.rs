@@ -571,7 +571,11 @@ fn every_waiting_effect_batch_is_encoded_and_its_deliveries_counted() {
             }
         }
     }
-    assert_eq!(tags, (1..=200).collect::<Vec<u64>>(), "every delivery, once, in order");
+    assert_eq!(
+        tags,
+        (1..=200).collect::<Vec<u64>>(),
+        "every delivery, once, in order"
+    );
     let written: u32 = d
         .ops
         .iter()
