@@ -39,8 +39,15 @@ for i in $(seq 1 "$runs"); do
   fi
   java -cp "$lib/*" com.rabbitmq.perf.PerfTest --uri "$uri" -x 1 -y 1 -s 12 -a -z "$secs" >"$log" 2>&1 || true
   [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null || true
+  # The consumer connection's in_flight in each sample: a leaked write window shows as a
+  # floor that never returns to 0 (the issue's stall: in_flight stuck just under 2048).
+  floor=-
+  if [ -n "$sampler" ]; then
+    floor=$(grep -A8 '"client_name": "perf-test-consumer' "$out/run-$i.ctl" | awk '/in_flight/ { gsub(",", "", $2); v[n++] = $2 }
+      END { if (n == 0) { print "-"; exit } m = v[n - 1]; for (k = n - 3; k < n; k++) if (k >= 0 && v[k] < m) m = v[k]; print m }')
+  fi
   # Per-second lines: "time 3.000 s, sent: N msg/s, received: M msg/s, ..."
-  awk -v run="$i" '
+  awk -v run="$i" -v floor="$floor" '
     BEGIN { n = 0 }
     /time [0-9.]+ s, sent:/ {
       for (f = 1; f <= NF; f++) {
@@ -66,14 +73,25 @@ for i in $(seq 1 "$runs"); do
           if (r[k] < med / 2 || s[k] < med / 2) low2++
         }
       }
-      printf "run %2d: median recv %7d  first second sent/recv %7d/%7d  lowest later second sent %7d recv %7d  seconds < median/2: %d (after the first: %d)\n", run, med, s[0], r[0], mins2, minr2, low, low2
+      stall = 0
+      for (k = 1; k < n; k++) if (s[k] < med / 10 && r[k] > 0) stall++
+      printf "run %2d: median recv %7d  first second sent/recv %7d/%7d  lowest later second sent %7d recv %7d  publisher-stalled seconds %d  in_flight floor %s  seconds < median/2: %d (after the first: %d)\n", run, med, s[0], r[0], mins2, minr2, stall, floor, low, low2
     }' "$log" | tee -a "$summary"
 done
 echo "all runs:"
 awk '
-  { med[NR] = $5; ms = $15; mr = $17; if (NR == 1 || ms < ws) ws = ms; if (NR == 1 || mr < wr) wr = mr; low += $NF + 0; gsub(/[()]/, "", $NF) }
-  /after the first: [1-9]/ { bad++ }
+  function after(word,   k) { for (k = 1; k < NF; k++) if ($k == word) return $(k + 1) + 0; return -1 }
+  {
+    med[NR] = after("recv")
+    ms = after("sent"); mr = $0; sub(/.*lowest later second sent +[0-9]+ recv +/, "", mr); mr += 0
+    if (NR == 1 || ms < ws) ws = ms
+    if (NR == 1 || mr < wr) wr = mr
+    stalls += after("seconds")
+    if ($0 ~ /after the first: [1-9]/) bad++
+    f = $0; sub(/.*in_flight floor /, "", f); sub(/ .*/, "", f); if (f != "-" && f + 0 > 0) leaked++
+  }
   END {
     n = NR; for (a = 1; a <= n; a++) for (b = a + 1; b <= n; b++) if (med[b] < med[a]) { t = med[a]; med[a] = med[b]; med[b] = t }
-    printf "runs %d, run medians min %d / median %d, lowest second after the first: sent %d recv %d, runs with a second (after the first) below half their median: %d\n", n, med[1], med[int((n + 1) / 2)], ws, wr, bad + 0
+    printf "runs %d; run medians (recv msg/s) min %d, median %d; lowest second after the first: sent %d, recv %d\n", n, med[1], med[int((n + 1) / 2)], ws, wr
+    printf "runs with a second after the first below half their median: %d; publisher-stalled seconds (sent < median/10, recv > 0): %d; runs ending with in_flight > 0: %d\n", bad + 0, stalls + 0, leaked + 0
   }' "$summary"
