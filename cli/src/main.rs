@@ -82,6 +82,33 @@ struct ServeArgs {
     /// PEM CA bundle client certificates are verified against (with --tls-verify-peer).
     #[arg(long)]
     tls_ca: Option<PathBuf>,
+    /// The --amqps listeners' own certificate chain (default: --tls-cert).
+    #[arg(long)]
+    amqps_tls_cert: Option<PathBuf>,
+    /// The --amqps listeners' own key (default: --tls-key).
+    #[arg(long)]
+    amqps_tls_key: Option<PathBuf>,
+    /// The --amqps listeners' own client CA bundle (default: --tls-ca).
+    #[arg(long)]
+    amqps_tls_ca: Option<PathBuf>,
+    /// The --mqtts listeners' own certificate chain (default: --tls-cert).
+    #[arg(long)]
+    mqtts_tls_cert: Option<PathBuf>,
+    /// The --mqtts listeners' own key (default: --tls-key).
+    #[arg(long)]
+    mqtts_tls_key: Option<PathBuf>,
+    /// The --mqtts listeners' own client CA bundle (default: --tls-ca).
+    #[arg(long)]
+    mqtts_tls_ca: Option<PathBuf>,
+    /// The --mqtt-wss listeners' own certificate chain (default: --tls-cert).
+    #[arg(long)]
+    mqtt_wss_tls_cert: Option<PathBuf>,
+    /// The --mqtt-wss listeners' own key (default: --tls-key).
+    #[arg(long)]
+    mqtt_wss_tls_key: Option<PathBuf>,
+    /// The --mqtt-wss listeners' own client CA bundle (default: --tls-ca).
+    #[arg(long)]
+    mqtt_wss_tls_ca: Option<PathBuf>,
     /// Ask TLS clients for a certificate and verify it against --tls-ca (RabbitMQ's
     /// verify_peer); a verified certificate's subject CN can log in (AMQP EXTERNAL, MQTT
     /// --mqtt-use-identity-as-username).
@@ -247,6 +274,15 @@ impl ServeArgs {
             tls_cert,
             tls_key,
             tls_ca,
+            amqps_tls_cert,
+            amqps_tls_key,
+            amqps_tls_ca,
+            mqtts_tls_cert,
+            mqtts_tls_key,
+            mqtts_tls_ca,
+            mqtt_wss_tls_cert,
+            mqtt_wss_tls_key,
+            mqtt_wss_tls_ca,
             mqtt_server_keep_alive,
             log_level,
             log_file,
@@ -630,29 +666,37 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         settings::watermark_bytes(&s.memory_high_watermark).map_err(ConfigError::from)?;
     let disk_free_limit =
         settings::disk_free_limit(&s.disk_free_limit).map_err(ConfigError::from)?;
-    let needs_tls = wanted.iter().any(|(kind, _)| kind.tls());
-    let tls = match (&s.tls_cert, &s.tls_key) {
-        (Some(cert), Some(key)) => {
-            let files = tls::TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                ca: s.tls_ca.clone(),
-                verify_peer: s.tls_verify_peer,
-                fail_if_no_peer_cert: s.tls_fail_if_no_peer_cert,
-            };
-            Some(Arc::new(
-                tls::Reloadable::new(files).map_err(|e| ConfigError(e.to_string()))?,
+    // One TLS configuration per TLS listener kind in use, each from its own files or the
+    // shared --tls-cert/--tls-key/--tls-ca.
+    let mut tls_listeners = Vec::new();
+    for kind in Listener::ALL.into_iter().filter(|k| k.tls()) {
+        if !wanted.iter().any(|(k, _)| *k == kind) {
+            continue;
+        }
+        let flag = kind.flag();
+        let (cert, key, ca) = s.tls_files_of(flag);
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Err(ConfigError(format!(
+                "the TLS listener --{flag} needs a certificate and key: --tls-cert PEM and \
+                 --tls-key PEM (or --{flag}-tls-cert and --{flag}-tls-key)"
             ))
-        }
-        _ if needs_tls => {
-            return Err(ConfigError(
-                "the TLS listeners (--amqps, --mqtts, --mqtt-wss) need --tls-cert PEM and \
-                 --tls-key PEM"
-                    .into(),
-            )
             .into());
-        }
-        _ => None,
+        };
+        let files = tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.cloned(),
+            verify_peer: s.tls_verify_peer,
+            fail_if_no_peer_cert: s.tls_fail_if_no_peer_cert,
+        };
+        tls_listeners.push((flag, files));
+    }
+    let tls = if tls_listeners.is_empty() {
+        None
+    } else {
+        Some(Arc::new(
+            tls::Reloadable::new(tls_listeners).map_err(|e| ConfigError(e.to_string()))?,
+        ))
     };
     let cluster_options = cluster::options(&s).map_err(ConfigError::from)?;
     let _lock = open_data_dir(&s.data_dir)?;

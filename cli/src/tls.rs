@@ -40,6 +40,21 @@ pub enum TlsError {
     NoCa,
     #[error("invalid TLS configuration: {0}")]
     Config(String),
+    #[error("--{listener}: {source}")]
+    Listener {
+        listener: &'static str,
+        source: Box<TlsError>,
+    },
+}
+
+impl TlsError {
+    /// The error as one listener's: which of the TLS listeners' files are wrong.
+    fn of(self, listener: &'static str) -> TlsError {
+        TlsError::Listener {
+            listener,
+            source: Box::new(self),
+        }
+    }
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -107,35 +122,46 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
-/// A server configuration that SIGHUP (or `warren ctl reload-tls`) replaces: connections
-/// accepted afterwards use the new certificate, open ones keep theirs.
+/// The server configurations of the TLS listeners, one per listener kind (`amqps`, `mqtts`,
+/// `mqtt-wss`: each may have its own files, as Mosquitto's per-listener `certfile`), which
+/// SIGHUP (or `warren ctl reload-tls`) replaces: connections accepted afterwards use the new
+/// certificates, open ones keep theirs.
 pub struct Reloadable {
-    files: TlsFiles,
-    current: RwLock<Arc<ServerConfig>>,
+    listeners: Vec<(&'static str, TlsFiles, RwLock<Arc<ServerConfig>>)>,
 }
 
 impl Reloadable {
-    pub fn new(files: TlsFiles) -> Result<Reloadable, TlsError> {
-        let current = RwLock::new(load(&files)?);
-        Ok(Reloadable { files, current })
+    /// Reads every listener's files; the first that fails names its listener.
+    pub fn new(listeners: Vec<(&'static str, TlsFiles)>) -> Result<Reloadable, TlsError> {
+        let mut loaded = Vec::with_capacity(listeners.len());
+        for (listener, files) in listeners {
+            let config = load(&files).map_err(|e| e.of(listener))?;
+            loaded.push((listener, files, RwLock::new(config)));
+        }
+        Ok(Reloadable { listeners: loaded })
     }
 
-    /// Reads the files again; on failure the previous configuration stays.
+    /// Reads all the files again; if any fails, every listener keeps its configuration (a
+    /// half-applied reload would leave the operator guessing which certificate is served).
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = load(&self.files)?;
-        // A poisoned lock only means a panic elsewhere while replacing an Arc: the value is
-        // still a whole configuration.
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        let mut fresh = Vec::with_capacity(self.listeners.len());
+        for (listener, files, _) in &self.listeners {
+            fresh.push(load(files).map_err(|e| e.of(listener))?);
+        }
+        for ((_, _, current), config) in self.listeners.iter().zip(fresh) {
+            // A poisoned lock only means a panic elsewhere while replacing an Arc: the
+            // value is still a whole configuration.
+            *current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        }
         Ok(())
     }
 
-    pub fn acceptor(&self) -> TlsAcceptor {
-        TlsAcceptor::from(
-            self.current
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        )
+    /// The acceptor of the listener kind's current configuration.
+    pub fn acceptor(&self, listener: &str) -> Option<TlsAcceptor> {
+        let (_, _, current) = self.listeners.iter().find(|(l, _, _)| *l == listener)?;
+        Some(TlsAcceptor::from(
+            current.read().unwrap_or_else(|p| p.into_inner()).clone(),
+        ))
     }
 }
 
@@ -147,7 +173,10 @@ pub async fn accept(
     peer: SocketAddr,
     listener: &str,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<String>)> {
-    let acceptor = tls.acceptor();
+    let Some(acceptor) = tls.acceptor(listener) else {
+        tracing::error!(%peer, listener, "no TLS configuration for this listener; closing");
+        return None;
+    };
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
         Ok(Ok(stream)) => {
             let identity = stream

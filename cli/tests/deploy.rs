@@ -1196,3 +1196,103 @@ async fn config_file_with_flags_and_env_over_it() {
         );
     }
 }
+
+/// Per-listener TLS files in the config file: amqps serves the shared `tls_cert` (CA "a"),
+/// mqtts its own `mqtts_tls_cert` (CA "m"), so each client verifies only with its CA; a
+/// flag overrides a listener's key; a listener's unreadable file stops the start naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_listener_tls_files_from_the_config_file() {
+    let dir = data_dir("tls-per-listener");
+    let a = Pki::new(&dir, "a");
+    let m = Pki::new(&dir, "m");
+    a.issue("shared-server", "localhost", false);
+    m.issue("mqtts-server", "localhost", false);
+    let path = |f: &str| dir.join(f).to_str().expect("utf-8").to_string();
+    let file = dir.join("warren.toml");
+    let config = format!(
+        "in_memory = true\ndata_dir = {:?}\namqp = []\nmqtt = []\nmanagement = \"none\"\n\
+         prometheus = \"none\"\nstream = \"none\"\namqps = [\"127.0.0.1:0\"]\n\
+         mqtts = [\"127.0.0.1:0\"]\ntls_cert = {:?}\ntls_key = {:?}\n\
+         mqtts_tls_cert = {:?}\nmqtts_tls_key = {:?}\n",
+        dir.join("data"),
+        path("shared-server.pem"),
+        path("shared-server.key"),
+        path("mqtts-server.pem"),
+        path("mqtts-server.key"),
+    );
+    std::fs::write(&file, &config).expect("write");
+    let file_arg = file.to_str().expect("utf-8");
+    let broker = Broker::start(&dir, &["--config", file_arg], 2);
+    let amqps = broker.addr("amqps");
+    let mqtts = broker.addr("mqtts");
+    let amqps_uri = format!("amqps://guest:guest@localhost:{}/%2f", amqps.port());
+    let amqps_with = |pki: &Pki| {
+        lapin_connect(
+            &amqps_uri,
+            lapin::tcp::OwnedTLSConfig {
+                identity: None,
+                cert_chain: Some(pki.ca_pem()),
+            },
+        )
+    };
+    let mqtts_with = |id: &str, pki: &Pki, at: SocketAddr| {
+        let mut o = mqtt_options(id, at);
+        o.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Rustls(client_config(pki.roots(), None, false)),
+        ));
+        o
+    };
+    let conn = amqps_with(&a)
+        .await
+        .expect("amqps serves the shared certificate");
+    assert!(
+        amqps_with(&m).await.is_err(),
+        "amqps does not serve mqtts's certificate"
+    );
+    let (_sub, mut events) = mqtt_subscribed(mqtts_with("m-sub", &m, mqtts), "per/#").await;
+    let (_wrong, mut wrong_events) = rumqttc::AsyncClient::new(mqtts_with("a-sub", &a, mqtts), 4);
+    let failed = tokio::time::timeout(Duration::from_secs(10), wrong_events.poll())
+        .await
+        .expect("answered");
+    assert!(
+        failed.is_err(),
+        "mqtts serves its own certificate, not CA a's"
+    );
+    amqp_publish(&conn, "per.x", b"across listeners").await;
+    assert_eq!(mqtt_next(&mut events).await, b"across listeners");
+    drop(broker);
+
+    // A flag over the file's key: --mqtts-tls-cert/--mqtts-tls-key give mqtts CA a's.
+    let broker = Broker::start(
+        &dir,
+        &[
+            "--config",
+            file_arg,
+            "--mqtts-tls-cert",
+            &path("shared-server.pem"),
+            "--mqtts-tls-key",
+            &path("shared-server.key"),
+        ],
+        2,
+    );
+    let (_sub, _events) =
+        mqtt_subscribed(mqtts_with("a-sub2", &a, broker.addr("mqtts")), "per/#").await;
+    drop(broker);
+
+    // A listener's unreadable key: exit 2, the listener and the file named.
+    std::fs::write(
+        &file,
+        config.replace(&path("mqtts-server.key"), &path("missing.key")),
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["serve", "--config", file_arg])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--mqtts") && stderr.contains("missing.key"),
+        "{stderr}"
+    );
+}
