@@ -316,8 +316,10 @@ fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
         // openraft logs every failed RPC to an unreachable member (~20 lines a second while
         // one is down, errors among them); Warren logs the cluster's changes itself, once
         // per change (cli/src/cluster.rs, warren_cluster::transport).
+        // rustls logs every warning alert a peer sends at WARN (the Java client sends
+        // user_canceled before each close); failed handshakes are Warren's own line.
         None => EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| EnvFilter::new("info,openraft=off")),
+            .unwrap_or_else(|_| EnvFilter::new("info,openraft=off,rustls=error")),
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let file = match &s.log_file {

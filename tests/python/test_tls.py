@@ -301,3 +301,29 @@ def test_mosquitto_clients_with_cafile_and_client_certificate(pki, tmp_path):
         assert any("TLS handshake failed" in line for line in b.logs), "".join(b.logs)
     finally:
         b.stop()
+
+
+def test_perftest_over_tls(pki, broker):
+    """RabbitMQ PerfTest (the Java client) over TLS to the AMQPS port, verifying the server
+    against the test CA through the JVM's trust store, with scripts/perftest.sh's checks
+    (every message confirmed and received, no error or warning). PerfTest's `amqps://`
+    scheme would trust any certificate (and warn); `--use-default-ssl-context` makes it use
+    the JVM's TLS context instead, on the port that speaks only TLS."""
+    assert shutil.which("keytool") and shutil.which("java"), "Java 17 is needed"
+    store = pki / "ca.p12"
+    if not store.exists():
+        subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "warren-test-ca",
+                        "-file", str(pki / "ca.pem"), "-keystore", str(store), "-storetype",
+                        "PKCS12", "-storepass", "changeit"], check=True, capture_output=True)
+    env = {**os.environ,
+           "PERFTEST_JAVA_OPTS": f"-Djavax.net.ssl.trustStore={store} "
+                                 "-Djavax.net.ssl.trustStorePassword=changeit "
+                                 "-Djavax.net.ssl.trustStoreType=PKCS12",
+           "PERFTEST_ARGS": "--use-default-ssl-context"}
+    out = subprocess.run([str(ROOT / "scripts" / "perftest.sh"),
+                          f"amqp://guest:guest@localhost:{broker.ports['amqps']}", "5000"],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "receiving rate avg" in out.stdout
+    c = [line for line in broker.logs if "accepted AMQP connection" in line]
+    assert len(c) >= 2, "".join(broker.logs)
