@@ -1116,3 +1116,41 @@ impl Signals {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every `serve` flag (but --config) is a config-file key, and the example warren.toml
+    /// names it: the "every flag has a key", kept true as flags are added.
+    #[test]
+    fn every_serve_flag_is_a_config_key_documented_in_the_example() {
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").expect("serve");
+        let example = include_str!("../../warren.toml");
+        let mut checked = 0;
+        for arg in serve.get_arguments() {
+            let Some(flag) = arg.get_long() else {
+                continue;
+            };
+            if flag == "config" || flag == "help" {
+                continue;
+            }
+            let key = flag.replace('-', "_");
+            // A value of the wrong type is refused as such; an unknown key as unknown.
+            let error = toml::from_str::<settings::Settings>(&format!("{key} = {{}}"))
+                .expect_err("a table is no setting's value");
+            assert!(
+                !error.message().contains("unknown field"),
+                "--{flag} has no config key {key}: {error}"
+            );
+            assert!(
+                example.contains(&format!("{key} =")),
+                "warren.toml does not document {key}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 30, "only {checked} flags seen");
+    }
+}

@@ -692,6 +692,25 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
         "{lines:?}"
     );
 
+    // 2b. The same on the plain MQTT port: refused, one line naming the peer.
+    let tcp = tokio::net::TcpStream::connect(broker.addr("(MQTT"))
+        .await
+        .expect("connect");
+    let tls_local = tcp.local_addr().expect("local").to_string();
+    let refused = connector
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").expect("name"),
+            tcp,
+        )
+        .await;
+    assert!(refused.is_err(), "no TLS on the plain MQTT port");
+    let lines = broker.wait_logs(&[&tls_local], 1);
+    assert_eq!(
+        lines.len(),
+        1,
+        "one log line for the ClientHello: {lines:?}"
+    );
+
     // 3. Certificates the server refuses: none, another CA's, expired.
     for (what, client, reason) in [
         ("no certificate", None, "certificate"),
@@ -1295,4 +1314,200 @@ async fn per_listener_tls_files_from_the_config_file() {
         stderr.contains("--mqtts") && stderr.contains("missing.key"),
         "{stderr}"
     );
+}
+
+/// A client that opens a TLS or WebSocket connection and then says nothing is dropped after
+/// the 10 s handshake bound, with one line each; a connection made meanwhile works. The
+/// WebSocket path is the one configured (`--mqtt-ws-path /ws`, RabbitMQ's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_are_dropped_after_10_s() {
+    let dir = data_dir("stalled");
+    let pki = Pki::new(&dir, "main");
+    let broker = Broker::start_tls(
+        &dir,
+        &pki,
+        &[
+            "--in-memory",
+            "--amqp",
+            "none",
+            "--mqtt",
+            "127.0.0.1:0",
+            "--mqtts",
+            "127.0.0.1:0",
+            "--mqtt-ws",
+            "127.0.0.1:0",
+            "--mqtt-ws-path",
+            "/ws",
+        ],
+        3,
+    );
+    let started = std::time::Instant::now();
+    let mut tls = tokio::net::TcpStream::connect(broker.addr("mqtts"))
+        .await
+        .expect("connect");
+    let tls_local = tls.local_addr().expect("local").to_string();
+    let ws_addr = broker.addr("mqtt-ws:");
+    let mut ws = tokio::net::TcpStream::connect(ws_addr)
+        .await
+        .expect("connect");
+    let ws_local = ws.local_addr().expect("local").to_string();
+    // Half an upgrade request, never finished.
+    ws.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    // Meanwhile the configured path serves MQTT and the default one is not found.
+    let tcp = tokio::net::TcpStream::connect(ws_addr)
+        .await
+        .expect("connect");
+    let (mut socket, _) =
+        tokio_tungstenite::client_async(ws_request(&format!("ws://{ws_addr}/ws"), "mqtt"), tcp)
+            .await
+            .expect("upgrade at /ws");
+    ws_session(&mut socket, broker.addr("(MQTT"), "at-ws", *b"w3").await;
+    let tcp = tokio::net::TcpStream::connect(ws_addr)
+        .await
+        .expect("connect");
+    match tokio_tungstenite::client_async(ws_request(&format!("ws://{ws_addr}/mqtt"), "mqtt"), tcp)
+        .await
+    {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 404)
+        }
+        other => panic!("/mqtt with --mqtt-ws-path /ws: expected 404, got {other:?}"),
+    }
+    // Both stalled sockets are closed by the broker, at the bound and not before.
+    for (what, socket) in [("TLS", &mut tls), ("WebSocket", &mut ws)] {
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(15), socket.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: still open after 15 s"));
+        assert!(matches!(read, Ok(0) | Err(_)), "{what}: closed: {read:?}");
+    }
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(9), "dropped after {waited:?}");
+    for (needles, what) in [
+        (
+            ["TLS handshake not completed within 10s", &tls_local],
+            "TLS",
+        ),
+        (
+            ["WebSocket upgrade not completed within 10s", &ws_local],
+            "WebSocket",
+        ),
+    ] {
+        let lines = broker.wait_logs(&needles, 1);
+        assert_eq!(lines.len(), 1, "{what}: {lines:?}");
+    }
+    // The session made meanwhile is still served.
+    socket
+        .send(Message::binary(WS_PINGREQ.to_vec()))
+        .await
+        .expect("send");
+    assert_eq!(ws_read(&mut socket, 2).await, [0xd0, 0]);
+}
+
+/// Logs to a file (`--log-file`), at per-module levels (`--log-level`); at `info` both
+/// protocols log each connection's open and close at INFO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_file_with_per_module_levels_and_connection_lines_for_both_protocols() {
+    let dir = data_dir("logfile");
+    for (level, amqp_logged) in [("info", true), ("info,warren_amqp=warn", false)] {
+        let log = dir.join(format!("warren-{amqp_logged}.log"));
+        let mut child = Command::new(BIN)
+            .args(["serve", "--in-memory", "--data-dir"])
+            .arg(dir.join("data"))
+            .args([
+                "--amqp",
+                "127.0.0.1:0",
+                "--mqtt",
+                "127.0.0.1:0",
+                "--management",
+                "none",
+                "--prometheus",
+                "none",
+                "--stream",
+                "none",
+                "--log-level",
+                level,
+                "--log-file",
+            ])
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start");
+        let lines = |needle: &str| -> Vec<String> {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(needle))
+                .map(str::to_string)
+                .collect()
+        };
+        let wait = |needle: &str, n: usize| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while lines(needle).len() < n && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            lines(needle)
+        };
+        let listening = wait("listening on", 2);
+        assert_eq!(listening.len(), 2, "{listening:?}");
+        let port = |label: &str| -> SocketAddr {
+            let line = listening
+                .iter()
+                .find(|l| l.contains(label))
+                .expect("listener");
+            line.split("listening on ").nth(1).expect("addr")[..]
+                .split(' ')
+                .next()
+                .expect("addr")
+                .parse()
+                .expect("addr")
+        };
+        let conn = amqp_plain(port("(AMQP")).await;
+        conn.close(200, "bye".into()).await.expect("close");
+        let (client, mut events) =
+            rumqttc::AsyncClient::new(mqtt_options("logged", port("(MQTT")), 4);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) =
+                    events.poll().await
+                {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("CONNACK");
+        client.disconnect().await.expect("disconnect");
+        let _ = tokio::time::timeout(Duration::from_secs(2), events.poll()).await;
+        // The AMQP connection closed before the MQTT one opened: once the MQTT lines are
+        // in, the AMQP ones are too, or filtered out.
+        for (needle, want) in [
+            ("accepted MQTT connection", true),
+            ("MQTT client disconnected", true),
+            ("accepted AMQP connection", amqp_logged),
+            ("connection closed by client", amqp_logged),
+        ] {
+            let found = if want { wait(needle, 1) } else { lines(needle) };
+            if want {
+                assert_eq!(found.len(), 1, "{level}: {needle}");
+                assert!(found[0].contains(" INFO "), "{level}: {found:?}");
+            } else {
+                assert!(found.is_empty(), "{level}: {needle}: {found:?}");
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let stdout = child.stdout.take().map(|mut s| {
+            let mut out = String::new();
+            let _ = std::io::Read::read_to_string(&mut s, &mut out);
+            out
+        });
+        assert_eq!(
+            stdout.as_deref(),
+            Some(""),
+            "nothing on stdout with --log-file"
+        );
+    }
 }
