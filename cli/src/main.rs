@@ -118,6 +118,11 @@ struct ServeArgs {
     /// fail_if_no_peer_cert).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     tls_fail_if_no_peer_cert: Option<bool>,
+    /// Which name of a verified client certificate is the user (RabbitMQ's
+    /// ssl_cert_login_from): its subject's common name (default) or its first subject
+    /// alternative name (DNS name, email or URI).
+    #[arg(long, value_enum)]
+    tls_login_from: Option<tls::LoginFrom>,
     /// MQTT over TLS: the client certificate's subject CN is the user name, no password
     /// checked (Mosquitto's use_identity_as_username).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
@@ -252,6 +257,7 @@ impl ServeArgs {
             mqtt_ws_path,
             tls_verify_peer,
             tls_fail_if_no_peer_cert,
+            tls_login_from,
             mqtt_use_identity_as_username,
             mqtt_max_packet_size,
             mqtt_max_inflight,
@@ -690,6 +696,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             ca: ca.cloned(),
             verify_peer: s.tls_verify_peer,
             fail_if_no_peer_cert: s.tls_fail_if_no_peer_cert,
+            login_from: s.tls_login_from,
         };
         tls_listeners.push((flag, files));
     }

@@ -50,6 +50,7 @@ pub struct Settings {
     pub mqtt_wss_tls_ca: Option<PathBuf>,
     pub tls_verify_peer: bool,
     pub tls_fail_if_no_peer_cert: bool,
+    pub tls_login_from: crate::tls::LoginFrom,
     pub mqtt_use_identity_as_username: bool,
     pub mqtt_max_packet_size: u32,
     pub mqtt_max_inflight: u16,
@@ -115,6 +116,7 @@ impl Default for Settings {
             mqtt_wss_tls_ca: None,
             tls_verify_peer: false,
             tls_fail_if_no_peer_cert: false,
+            tls_login_from: crate::tls::LoginFrom::CommonName,
             mqtt_use_identity_as_username: false,
             mqtt_max_packet_size: mqtt.max_packet_size,
             mqtt_max_inflight: mqtt.max_inflight,
@@ -247,6 +249,15 @@ impl Settings {
         env!(mqtt_wss_tls_ca, |n, v| Some(v.into()));
         env!(tls_verify_peer, |n, v| boolean(&n, v)?);
         env!(tls_fail_if_no_peer_cert, |n, v| boolean(&n, v)?);
+        env!(tls_login_from, |n, v| match v {
+            "common_name" => crate::tls::LoginFrom::CommonName,
+            "subject_alternative_name" => crate::tls::LoginFrom::SubjectAlternativeName,
+            _ => {
+                return Err(SettingsError(format!(
+                    "{n}={v:?}: expected common_name or subject_alternative_name"
+                )));
+            }
+        });
         env!(mqtt_use_identity_as_username, |n, v| boolean(&n, v)?);
         env!(mqtt_max_packet_size, |n, v| parse(&n, v)?);
         env!(mqtt_max_inflight, |n, v| parse(&n, v)?);

@@ -24,6 +24,21 @@ pub struct TlsFiles {
     pub verify_peer: bool,
     /// With `verify_peer`: refuse clients that present none.
     pub fail_if_no_peer_cert: bool,
+    /// Which name of a verified client certificate logs in.
+    pub login_from: LoginFrom,
+}
+
+/// The name of a verified client certificate that is the user (RabbitMQ's
+/// `ssl_cert_login_from`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum LoginFrom {
+    /// The subject's common name (Mosquitto's `use_identity_as_username` too).
+    CommonName,
+    /// The first subject alternative name that is a DNS name, an email address or a URI
+    /// (certificates for devices often carry no CN).
+    SubjectAlternativeName,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +171,14 @@ impl Reloadable {
         Ok(())
     }
 
+    /// Which certificate name of the listener kind's clients logs in.
+    pub fn login_from(&self, listener: &str) -> LoginFrom {
+        self.listeners
+            .iter()
+            .find(|(l, _, _)| *l == listener)
+            .map_or(LoginFrom::CommonName, |(_, files, _)| files.login_from)
+    }
+
     /// The acceptor of the listener kind's current configuration.
     pub fn acceptor(&self, listener: &str) -> Option<TlsAcceptor> {
         let (_, _, current) = self.listeners.iter().find(|(l, _, _)| *l == listener)?;
@@ -173,6 +196,7 @@ pub async fn accept(
     peer: SocketAddr,
     listener: &str,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<String>)> {
+    let login_from = tls.login_from(listener);
     let Some(acceptor) = tls.acceptor(listener) else {
         tracing::error!(%peer, listener, "no TLS configuration for this listener; closing");
         return None;
@@ -184,7 +208,10 @@ pub async fn accept(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .and_then(|cert| subject_cn(cert.as_ref()));
+                .and_then(|cert| match login_from {
+                    LoginFrom::CommonName => subject_cn(cert.as_ref()),
+                    LoginFrom::SubjectAlternativeName => subject_alt_name(cert.as_ref()),
+                });
             Some((stream, identity))
         }
         Ok(Err(e)) => {
@@ -275,6 +302,70 @@ pub fn subject_cn(cert: &[u8]) -> Option<String> {
     None
 }
 
+/// 2.5.29.17, id-ce-subjectAltName.
+const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
+
+/// The first subject alternative name of an X.509 certificate (DER) that is a DNS name, an
+/// email address (rfc822Name) or a URI, as RabbitMQ's `ssl_cert_login_from =
+/// subject_alternative_name` takes it. `None` without one or when malformed.
+pub fn subject_alt_name(cert: &[u8]) -> Option<String> {
+    let (SEQUENCE, cert, _) = der(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = der(cert)? else {
+        return None;
+    };
+    // The extensions are the [3] element after the fixed fields (any [1]/[2] unique ids
+    // are skipped on the way).
+    let mut rest = tbs;
+    let mut extensions = None;
+    while !rest.is_empty() {
+        let (tag, value, next) = der(rest)?;
+        if tag == 0xa3 {
+            extensions = Some(value);
+            break;
+        }
+        rest = next;
+    }
+    let (SEQUENCE, mut list, _) = der(extensions?)? else {
+        return None;
+    };
+    while !list.is_empty() {
+        let (SEQUENCE, extension, next) = der(list)? else {
+            return None;
+        };
+        list = next;
+        let (OID, oid, mut value) = der(extension)? else {
+            return None;
+        };
+        if oid != SUBJECT_ALT_NAME {
+            continue;
+        }
+        // An optional `critical` BOOLEAN, then the OCTET STRING holding GeneralNames.
+        let (mut tag, mut octets, after) = der(value)?;
+        if tag == 0x01 {
+            value = after;
+            (tag, octets, _) = der(value)?;
+        }
+        if tag != 0x04 {
+            return None;
+        }
+        let (SEQUENCE, mut names, _) = der(octets)? else {
+            return None;
+        };
+        while !names.is_empty() {
+            let (tag, name, next) = der(names)?;
+            names = next;
+            // [1] rfc822Name, [2] dNSName, [6] uniformResourceIdentifier: IA5Strings.
+            if matches!(tag, 0x81 | 0x82 | 0x86) {
+                return std::str::from_utf8(name).ok().map(str::to_string);
+            }
+        }
+        return None;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +388,38 @@ mod tests {
         params.distinguished_name = rcgen::DistinguishedName::new();
         let cert = params.self_signed(&key).expect("cert");
         assert_eq!(subject_cn(cert.der()), None);
+    }
+
+    #[test]
+    fn subject_alt_name_of_generated_certificates() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["sensor-7.devices".into()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "not-this");
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(
+            subject_alt_name(cert.der()).as_deref(),
+            Some("sensor-7.devices")
+        );
+        // An IP address first: skipped for the next usable name.
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        params.subject_alt_names = vec![
+            rcgen::SanType::IpAddress([127, 0, 0, 1].into()),
+            rcgen::SanType::Rfc822Name("ops@example.com".try_into().expect("email")),
+        ];
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(
+            subject_alt_name(cert.der()).as_deref(),
+            Some("ops@example.com")
+        );
+        let params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(subject_alt_name(cert.der()), None);
+        for input in [&b""[..], b"\x30", b"\x30\x03\x30\x01"] {
+            assert_eq!(subject_alt_name(input), None);
+        }
     }
 
     #[test]

@@ -230,6 +230,20 @@ impl Pki {
         )
     }
 
+    /// Issues a client certificate whose first subject alternative name is the DNS name
+    /// `san` (and whose CN is something else); writes `file.pem` and `file.key`.
+    fn issue_san(&self, file: &str, san: &str) {
+        let mut params = rcgen::CertificateParams::new(vec![san.to_string()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "not-the-user");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer).expect("sign");
+        std::fs::write(self.dir.join(format!("{file}.pem")), cert.pem()).expect("write");
+        std::fs::write(self.dir.join(format!("{file}.key")), key.serialize_pem()).expect("write");
+    }
+
     fn ca_pem(&self) -> String {
         self.ca_cert.pem()
     }
@@ -1510,4 +1524,79 @@ async fn logs_to_a_file_with_per_module_levels_and_connection_lines_for_both_pro
             "nothing on stdout with --log-file"
         );
     }
+}
+
+/// `--tls-login-from subject_alternative_name`: the certificate's first SAN is the user, for
+/// AMQP EXTERNAL and MQTT use_identity_as_username alike; its CN is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_logins_by_subject_alternative_name() {
+    let dir = data_dir("sanlogin");
+    let pki = Pki::new(&dir, "ca");
+    pki.issue_san("sensor", "sensor-7.devices");
+    let ca = dir.join("ca-ca.pem");
+    let broker = Broker::start_tls(
+        &dir,
+        &pki,
+        &[
+            "--in-memory",
+            "--amqp",
+            "none",
+            "--mqtt",
+            "none",
+            "--amqps",
+            "127.0.0.1:0",
+            "--mqtts",
+            "127.0.0.1:0",
+            "--tls-ca",
+            ca.to_str().expect("utf-8"),
+            "--tls-verify-peer",
+            "--tls-login-from",
+            "subject_alternative_name",
+            "--mqtt-use-identity-as-username",
+        ],
+        2,
+    );
+    let ctl = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["ctl", "--data-dir"])
+            .arg(&dir)
+            .args(args)
+            .output()
+            .expect("ctl");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ctl(&["add-user", "sensor-7.devices", "unused-password"]);
+    ctl(&["set-permissions", "sensor-7.devices", ".*", ".*", ".*"]);
+    let uri = format!(
+        "amqps://localhost:{}/%2f?auth_mechanism=external",
+        broker.addr("amqps").port()
+    );
+    let tls = lapin::tcp::OwnedTLSConfig {
+        identity: Some(lapin::tcp::OwnedIdentity::PKCS8 {
+            pem: std::fs::read(dir.join("sensor.pem")).expect("pem"),
+            key: std::fs::read(dir.join("sensor.key")).expect("key"),
+        }),
+        cert_chain: Some(pki.ca_pem()),
+    };
+    let _conn = lapin_connect(&uri, tls)
+        .await
+        .expect("EXTERNAL login by SAN");
+    let mut options = mqtt_options("sensor-client", broker.addr("mqtts"));
+    let pem = std::fs::read(dir.join("sensor.pem")).expect("pem");
+    let key = std::fs::read(dir.join("sensor.key")).expect("key");
+    use rustls::pki_types::pem::PemObject;
+    let cert = rustls::pki_types::CertificateDer::from_pem_slice(&pem).expect("cert");
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key).expect("key");
+    options.set_transport(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Rustls(client_config(pki.roots(), Some((cert, key)), false)),
+    ));
+    let (_client, _events) = mqtt_subscribed(options, "s/#").await;
+    let listed = ctl(&["--format", "json", "list-connections"]);
+    let users: Vec<String> = serde_json::from_str::<Vec<serde_json::Value>>(&listed)
+        .expect("json")
+        .iter()
+        .filter_map(|c| c["user"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(users, ["sensor-7.devices", "sensor-7.devices"], "{listed}");
 }
