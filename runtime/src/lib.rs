@@ -18,6 +18,7 @@ pub mod listener;
 mod mailbox;
 mod resources;
 mod task;
+pub mod ws;
 
 pub use mailbox::EffectReceiver;
 pub use resources::{ResourceWatch, disk_free, process_rss};
