@@ -14,6 +14,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod counting;
 pub mod listener;
 mod mailbox;
 mod resources;
