@@ -35,6 +35,11 @@ use warren_store::record::{decode_table, encode_table};
 /// side of a partition, which cannot commit at all, answers after it.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a passive declare waits for the read barrier before it is answered from what
+/// this node knows: short, so that a node cut off from the majority still answers reads
+/// promptly (a little stale), as a RabbitMQ node answers from its local copy.
+pub const BARRIER_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Changes the applier takes from the window per look (it applies them one by one).
 const APPLY_BATCH: usize = 64;
 
@@ -513,8 +518,12 @@ impl MetaReplicator {
 
 impl Inner {
     /// Proposes `change` (empty: a barrier) and waits for its apply on this node, within
-    /// `COMMIT_TIMEOUT`. `Ok(None)` for a barrier or a change this node could not apply.
-    async fn propose(&self, change: Vec<u8>) -> Result<Option<AdminResponse>, String> {
+    /// `bound`. `Ok(None)` for a barrier or a change this node could not apply.
+    async fn propose(
+        &self,
+        change: Vec<u8>,
+        bound: Duration,
+    ) -> Result<Option<AdminResponse>, String> {
         let seq = self
             .seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -525,7 +534,7 @@ impl Inner {
             seq,
             change,
         };
-        let result = tokio::time::timeout(COMMIT_TIMEOUT, async {
+        let result = tokio::time::timeout(bound, async {
             let mut backoff = Duration::from_millis(20);
             loop {
                 match self.node.write(&cmd).await {
@@ -548,7 +557,7 @@ impl Inner {
             Ok(r) => r,
             Err(_) => Err(format!(
                 "no quorum within {} ms (is this node cut off from most of the cluster?)",
-                COMMIT_TIMEOUT.as_millis()
+                bound.as_millis()
             )),
         };
         if result.is_err() {
@@ -566,7 +575,7 @@ impl Replicator for MetaReplicator {
         };
         let this = self.0.clone();
         Box::pin(async move {
-            match this.propose(bytes).await? {
+            match this.propose(bytes, COMMIT_TIMEOUT).await? {
                 Some(answer) => Ok(answer),
                 None => Err("this node could not apply the committed change".into()),
             }
@@ -575,7 +584,7 @@ impl Replicator for MetaReplicator {
 
     fn barrier(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
         let this = self.0.clone();
-        Box::pin(async move { this.propose(Vec::new()).await.map(|_| ()) })
+        Box::pin(async move { this.propose(Vec::new(), BARRIER_TIMEOUT).await.map(|_| ()) })
     }
 }
 
@@ -630,21 +639,16 @@ pub async fn run_applier(
     tracing::info!(node_id = me, applied, "cluster: applying metadata changes from index {}", applied + 1);
     loop {
         let _ = metrics.borrow_and_update();
-        let (first, batch) = node
+        let (evicted, batch) = node
             .definitions
             .with(|d| d.changes_after(applied, APPLY_BATCH));
-        if let Some(first) = first
-            && first > applied + 1
-            && !gap_reported
-        {
+        if evicted > applied && !gap_reported {
             // Changes this node never applied left the window (it was behind by more than
             // the window, or joined by snapshot): its broker misses them.
             tracing::error!(
                 applied,
-                first,
-                "cluster: metadata changes {}..{} are gone from the window before this node applied them; its topology may differ (docs/cluster.md)",
-                applied + 1,
-                first - 1
+                evicted,
+                "cluster: metadata changes up to index {evicted} left the window before this node applied them; its topology may differ (docs/cluster.md)",
             );
             gap_reported = true;
         }

@@ -139,6 +139,9 @@ pub struct Definitions {
     /// from its snapshot still has the ones its broker may not have applied).
     #[serde(default)]
     changes: VecDeque<Change>,
+    /// The index of the newest change that left the window (0: none did).
+    #[serde(default)]
+    evicted: u64,
 }
 
 impl Definitions {
@@ -170,13 +173,14 @@ impl Definitions {
         self.applied
     }
 
-    /// Up to `max` changes after log index `after`, in order, and the index of the oldest
-    /// change still in the window (a caller whose `after` is below it missed some).
-    pub fn changes_after(&self, after: u64, max: usize) -> (Option<u64>, Vec<Change>) {
-        let first = self.changes.front().map(|c| c.index);
+    /// Up to `max` changes after log index `after`, in order, and the index of the newest
+    /// change that left the window (a caller whose `after` is below it missed some; other
+    /// entries, such as membership changes, take indexes too, so gaps between changes'
+    /// indexes are normal).
+    pub fn changes_after(&self, after: u64, max: usize) -> (u64, Vec<Change>) {
         let start = self.changes.partition_point(|c| c.index <= after);
         let out = self.changes.range(start..).take(max).cloned().collect();
-        (first, out)
+        (self.evicted, out)
     }
 
     /// The index of the newest change (0 if none).
@@ -242,8 +246,10 @@ impl StateMachine for Definitions {
             }) if change.len() <= MAX_RECORD => {
                 // A restart re-applies the log after the snapshot: keep each index once.
                 if index > self.last_change() {
-                    if self.changes.len() == CHANGE_WINDOW {
-                        self.changes.pop_front();
+                    if self.changes.len() == CHANGE_WINDOW
+                        && let Some(old) = self.changes.pop_front()
+                    {
+                        self.evicted = old.index;
                     }
                     self.changes.push_back(Change {
                         index,
@@ -340,8 +346,8 @@ mod tests {
         }
         // A restart re-applies entries the snapshot already had: not kept twice.
         apply(&mut d, 2, &change(2));
-        let (first, got) = d.changes_after(1, 10);
-        assert_eq!(first, Some(1));
+        let (evicted, got) = d.changes_after(1, 10);
+        assert_eq!(evicted, 0);
         assert_eq!(got.iter().map(|c| c.index).collect::<Vec<_>>(), [2, 3]);
         assert_eq!((got[0].origin, got[0].seq), (2, 2));
         // Survives a snapshot.
@@ -352,8 +358,8 @@ mod tests {
         for i in 4..=(CHANGE_WINDOW as u64 + 10) {
             apply(&mut d, i, &change(i));
         }
-        let (first, got) = d.changes_after(0, 5);
-        assert_eq!(first, Some(11));
+        let (evicted, got) = d.changes_after(0, 5);
+        assert_eq!(evicted, 10);
         assert_eq!(got.len(), 5);
         assert_eq!(got[0].index, 11);
     }
