@@ -3,8 +3,8 @@
 
 mod admin;
 mod cluster;
-mod meta;
 mod ctl;
+mod meta;
 mod settings;
 mod streams;
 mod tls;

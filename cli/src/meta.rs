@@ -140,18 +140,36 @@ struct WDefinitions {
 
 #[derive(Serialize, Deserialize)]
 enum Wire {
-    Op { vhost: String, op: WOp },
+    Op {
+        vhost: String,
+        op: WOp,
+    },
     Import(WDefinitions),
     SetPolicy(WPolicy),
-    ClearPolicy { vhost: String, name: String },
-    AddVhost { name: String, description: String },
+    ClearPolicy {
+        vhost: String,
+        name: String,
+    },
+    AddVhost {
+        name: String,
+        description: String,
+    },
     DeleteVhost(String),
     AddUser(WUser),
-    ChangePassword { user: String, password_hash: Vec<u8> },
-    SetUserTags { user: String, tags: Vec<String> },
+    ChangePassword {
+        user: String,
+        password_hash: Vec<u8>,
+    },
+    SetUserTags {
+        user: String,
+        tags: Vec<String>,
+    },
     DeleteUser(String),
     SetPermissions(WPermission),
-    ClearPermissions { vhost: String, user: String },
+    ClearPermissions {
+        vhost: String,
+        user: String,
+    },
 }
 
 fn w_exchange(d: &ExchangeDeclare) -> WExchange {
@@ -524,9 +542,7 @@ impl Inner {
         change: Vec<u8>,
         bound: Duration,
     ) -> Result<Option<AdminResponse>, String> {
-        let seq = self
-            .seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(seq, tx);
         let cmd = DefCommand::Change {
@@ -549,8 +565,7 @@ impl Inner {
                     Err(e) => return Err(e.to_string()),
                 }
             }
-            rx.await
-                .map_err(|_| "the applier stopped".to_string())
+            rx.await.map_err(|_| "the applier stopped".to_string())
         })
         .await;
         let result = match result {
@@ -636,7 +651,12 @@ pub async fn run_applier(
     let mut seen: VecDeque<(u64, u64)> = VecDeque::new();
     let mut seen_set: HashSet<(u64, u64)> = HashSet::new();
     let mut gap_reported = false;
-    tracing::info!(node_id = me, applied, "cluster: applying metadata changes from index {}", applied + 1);
+    tracing::info!(
+        node_id = me,
+        applied,
+        "cluster: applying metadata changes from index {}",
+        applied + 1
+    );
     loop {
         let _ = metrics.borrow_and_update();
         let (evicted, batch) = node
@@ -693,7 +713,10 @@ pub async fn run_applier(
                         Err(_) => return,
                     },
                     Err(e) => {
-                        tracing::error!(index = change.index, "cluster: cannot read metadata change: {e}");
+                        tracing::error!(
+                            index = change.index,
+                            "cluster: cannot read metadata change: {e}"
+                        );
                         None
                     }
                 }

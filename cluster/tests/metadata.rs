@@ -207,8 +207,12 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
 
     // A user added on n2 (warren ctl) logs in on n3.
     ctl(&cluster, 2, &["add-user", "meta-u", "meta-p"]).expect("add-user on n2");
-    ctl(&cluster, 2, &["set-permissions", "meta-u", ".*", ".*", ".*"])
-        .expect("set-permissions on n2");
+    ctl(
+        &cluster,
+        2,
+        &["set-permissions", "meta-u", ".*", ".*", ".*"],
+    )
+    .expect("set-permissions on n2");
     connect(&nodes[2], "meta-u", "meta-p")
         .await
         .expect("the user added on n2 logs in on n3");
@@ -244,8 +248,12 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
         .await
         .expect("declare while a follower is down");
     ctl(&cluster, other, &["add-user", "meta-u2", "meta-p2"]).expect("add-user");
-    ctl(&cluster, other, &["set-permissions", "meta-u2", ".*", ".*", ".*"])
-        .expect("set-permissions");
+    ctl(
+        &cluster,
+        other,
+        &["set-permissions", "meta-u2", ".*", ".*", ".*"],
+    )
+    .expect("set-permissions");
     cluster.run(&["start", &format!("n{follower}")]);
     let back = &nodes[follower - 1];
     passive(back, None, Some("meta.while-down"))
@@ -305,8 +313,16 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
         passive(n, None, Some("meta.majority"))
             .await
             .expect("declare kept across a restart of every node");
-        assert!(passive(n, None, Some("meta.q")).await.is_err(), "{}: deleted queue came back", n.name);
-        assert!(passive(n, Some("meta.x"), None).await.is_err(), "{}: deleted exchange came back", n.name);
+        assert!(
+            passive(n, None, Some("meta.q")).await.is_err(),
+            "{}: deleted queue came back",
+            n.name
+        );
+        assert!(
+            passive(n, Some("meta.x"), None).await.is_err(),
+            "{}: deleted exchange came back",
+            n.name
+        );
         connect(n, "meta-u", "meta-p")
             .await
             .unwrap_or_else(|e| panic!("{}: user lost in the restart: {e}", n.name));

@@ -35,9 +35,13 @@ async fn amqp_roundtrip(node: &Node, queue: &str) {
     .await
     .unwrap_or_else(|e| panic!("{}: connect {uri}: {e}", node.name));
     let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare(queue.into(), QueueDeclareOptions::default(), FieldTable::default())
-        .await
-        .expect("queue.declare");
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("queue.declare");
     let body = format!("hello {}", node.name);
     ch.basic_publish(
         "".into(),

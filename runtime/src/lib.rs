@@ -458,9 +458,9 @@ impl BrokerHandle {
                     errors: vec![format!("metadata store unavailable: {why}")],
                     ..Default::default()
                 }),
-                Shape::Done => AdminResponse::Done(Err(format!(
-                    "metadata store unavailable: {why}"
-                ))),
+                Shape::Done => {
+                    AdminResponse::Done(Err(format!("metadata store unavailable: {why}")))
+                }
             },
         })
     }
@@ -750,9 +750,9 @@ impl CommandSender {
         }
         self.route(&mut ops);
         if let Some(replicator) = self.replicator()
-            && ops.iter().any(|(_, op)| {
-                replicate::replicated_op(op) || replicate::needs_barrier(op)
-            })
+            && ops
+                .iter()
+                .any(|(_, op)| replicate::replicated_op(op) || replicate::needs_barrier(op))
         {
             return self.send_replicated(replicator.as_ref(), ops).await;
         }

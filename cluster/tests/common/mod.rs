@@ -152,7 +152,11 @@ pub fn cluster_status(
 
 /// Polls until nodes `ids` all name the same leader, one of `ids`; returns it and how long
 /// that took.
-pub fn agreed_leader(state: &std::path::Path, bin: &std::path::Path, ids: &[usize]) -> (u64, Duration) {
+pub fn agreed_leader(
+    state: &std::path::Path,
+    bin: &std::path::Path,
+    ids: &[usize],
+) -> (u64, Duration) {
     let start = std::time::Instant::now();
     loop {
         let leaders: Vec<Option<u64>> = ids
@@ -172,4 +176,3 @@ pub fn agreed_leader(state: &std::path::Path, bin: &std::path::Path, ids: &[usiz
         std::thread::sleep(Duration::from_millis(50));
     }
 }
-
