@@ -801,6 +801,13 @@ impl CommandSender {
                 out.push((ch, op));
                 continue;
             };
+            if self.declared_here(&vhost, &op) {
+                // A redeclare (clients declare what they use on every start): the entity
+                // exists here as everywhere, so the broker's answer (ok, or 406 if it does
+                // not match) is the cluster's, without a round of consensus.
+                out.push((ch, op));
+                continue;
+            }
             if !self.may(&vhost, &user, &op).await? {
                 out.push((ch, op));
                 continue;
@@ -819,6 +826,19 @@ impl CommandSender {
             }
         }
         self.send_batch(out).await
+    }
+
+    /// Whether `op` declares an exchange or queue this node already has.
+    fn declared_here(&self, vhost: &str, op: &Op) -> bool {
+        let table = self.guard.shared.routes.load();
+        let Some(v) = table.vhost(vhost) else {
+            return false;
+        };
+        match op {
+            Op::ExchangeDeclare(d) => table.exchange(v, &d.exchange).is_some(),
+            Op::QueueDeclare(d) => table.queue(v, &d.queue).is_some(),
+            _ => false,
+        }
     }
 
     /// Whether `user` may make the metadata change `op` in `vhost` (the broker's own
