@@ -6,6 +6,7 @@ mod cluster;
 mod ctl;
 #[cfg(test)]
 mod footprint;
+mod meta;
 mod settings;
 mod streams;
 mod tls;
@@ -803,6 +804,13 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         // Freed heap goes back to the OS once RSS nears the point where the alarm clears.
         trim_above: memory_high_watermark / 10 * 8,
     });
+    // Before any client or operator can reach the broker: from here on its metadata
+    // changes go through the cluster.
+    if let Some(opts) = cluster_options {
+        cluster::start(opts, &broker)
+            .await
+            .map_err(|e| ConfigError(format!("cluster: {e:#}")))?;
+    }
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&s.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mqtt_config = warren_mqtt::MqttConfig {
@@ -818,8 +826,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     let serves_mqtt = listeners.iter().any(|(kind, _)| !kind.is_amqp());
     let registry = if serves_mqtt {
         // Bounded offline queues for persistent sessions, as a policy operators can see.
+        // Every node sets its own at start (a cluster member does not wait for a quorum).
         match broker
-            .admin(warren_runtime::AdminRequest::SetPolicy(
+            .admin_local(warren_runtime::AdminRequest::SetPolicy(
                 mqtt_config.offline_policy(),
             ))
             .await
@@ -891,11 +900,6 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         tls.clone(),
         stopped.clone(),
     ));
-    if let Some(opts) = cluster_options {
-        cluster::start(opts)
-            .await
-            .map_err(|e| ConfigError(format!("cluster: {e:#}")))?;
-    }
     if let Some(listener) = management_listener {
         let bound = listener.local_addr()?;
         servers.push((
