@@ -207,6 +207,18 @@ async fn handle(
                 .ok_or_else(|| anyhow!("missing argument 'id' (a node id)"))?;
             crate::cluster::forget(id).await?
         }
+        "join" => {
+            let id = args
+                .get("id")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| anyhow!("missing argument 'id' (a node id)"))?;
+            let addr = args
+                .get("addr")
+                .and_then(Value::as_str)
+                .ok_or_else(|| anyhow!("missing argument 'addr' (IP:PORT)"))?;
+            crate::cluster::join(id, addr).await?
+        }
+        "leave" => crate::cluster::leave().await?,
         "status" => management
             .status()
             .await

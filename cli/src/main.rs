@@ -222,6 +222,10 @@ struct ServeArgs {
     /// RabbitMQ's Erlang cookie); peers prove they know it, it never crosses the network
     #[arg(long)]
     cluster_secret_file: Option<PathBuf>,
+    /// Start as a new member of an existing cluster (its --peers may be empty): propose no
+    /// membership of its own; then run `warren ctl join ID IP:PORT` on a member
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    join: Option<bool>,
 }
 
 impl ServeArgs {
@@ -257,6 +261,7 @@ impl ServeArgs {
         }
         list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss, peers);
         flag!(
+            join,
             mqtt_ws_path,
             tls_verify_peer,
             tls_fail_if_no_peer_cert,
