@@ -530,7 +530,9 @@ impl Broker {
                 )
             })?;
         if !self.restoring {
-            self.check_queue_type(vh, d, kind)?;
+            // The channel side named a server-named queue already (`amq.gen-`).
+            let server_named = trusted_name && name.starts_with("amq.gen-");
+            self.check_queue_type(vh, d, kind, server_named)?;
         }
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
@@ -576,7 +578,13 @@ impl Broker {
     /// What a queue's type refuses in a declare, in RabbitMQ 3.10's order and words: a
     /// server-generated name, an argument RabbitMQ knows that the type does not take, then
     /// the properties (auto-delete, exclusive, non-durable) the type cannot have.
-    fn check_queue_type(&self, vh: VhostId, d: &QueueDeclare, kind: QueueType) -> OpResult {
+    fn check_queue_type(
+        &self,
+        vh: VhostId,
+        d: &QueueDeclare,
+        kind: QueueType,
+        server_named: bool,
+    ) -> OpResult {
         let caps = kind.capabilities();
         let fail = |text: String| {
             Err(ProtocolError::new(
@@ -585,7 +593,7 @@ impl Broker {
                 text,
             ))
         };
-        if d.queue.is_empty() && !caps.server_named {
+        if server_named && !caps.server_named {
             return fail(format!(
                 "Cannot declare a server-named queue for type {}",
                 kind.module()
