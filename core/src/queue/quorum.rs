@@ -8,9 +8,9 @@
 //! [`Command`], applied to the `Fifo` in order by [`Fifo::apply`]: an enqueue, a checkout
 //! (a delivery or a `basic.get`), a settle (the message left for good: acked, delivered
 //! without ack, dropped, expired, dead-lettered), a return (requeue, or its channel or
-//! consumer went), a consumer attaching or going, a purge. `apply` reads nothing but the
-//! command and the state, so replaying the same log gives the same state (the tests check
-//! it): that is what lets a Raft group carry the log to other nodes next
+//! consumer went), a consumer attaching or going, a purge, a new delivery limit. `apply`
+//! reads nothing but the command and the state, so replaying the same log gives the same
+//! state (the tests check it): that is what lets a Raft group carry the log to other nodes next
 //! (docs/cluster.md, "Quorum queues").
 //!
 //! On a single node the queue is a group of one: a command is committed when the local
@@ -53,6 +53,9 @@ pub(crate) enum Command {
     Consumer { id: ConsumerId, attached: bool },
     /// Every ready message left (the checked-out ones stay out).
     Purge,
+    /// The delivery limit is now `limit` (declared, or a policy changed): counts stay, the
+    /// limit applies from the next return.
+    Limit { limit: Option<u64> },
 }
 
 /// What applying a command decided.
@@ -83,7 +86,9 @@ pub(crate) struct Fifo {
 }
 
 impl Fifo {
-    /// A quorum queue's state with its delivery limit.
+    /// A quorum queue's state with its delivery limit (tests; a queue starts from the
+    /// default and applies `Command::Limit`).
+    #[cfg(test)]
     pub(crate) fn new(limit: Option<u64>) -> Fifo {
         Fifo {
             limit,
@@ -133,6 +138,10 @@ impl Fifo {
             Command::Purge => {
                 let out = &self.out;
                 self.counts.retain(|seq, _| out.contains_key(seq));
+                Applied::Done
+            }
+            Command::Limit { limit } => {
+                self.limit = limit;
                 Applied::Done
             }
         }
@@ -283,6 +292,9 @@ mod tests {
                     4 => Command::Consumer {
                         id: ConsumerId(rng.next(3)),
                         attached: rng.next(2) == 0,
+                    },
+                    5 if rng.next(10) == 0 => Command::Limit {
+                        limit: Some(rng.next(4)),
                     },
                     _ => Command::Purge,
                 };

@@ -247,6 +247,25 @@ impl QueueState {
         }
     }
 
+    /// Sets the parsed arguments (at creation, and when policies change). A quorum queue
+    /// takes them as RabbitMQ 3.10 does: `reject-publish-dlx` acts as drop-head, and
+    /// at-least-once dead-lettering without reject-publish falls back to at-most-once
+    /// (RabbitMQ's `dlh/5`); its delivery limit goes to its state machine.
+    pub(crate) fn set_args(&mut self, mut args: crate::queue_args::QueueArgs) {
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            if args.overflow == Overflow::RejectPublishDlx {
+                args.overflow = Overflow::DropHead;
+            }
+            if args.overflow != Overflow::RejectPublish {
+                args.dead_letter_strategy = crate::queue_args::DeadLetterStrategy::AtMostOnce;
+            }
+            fifo.apply(Command::Limit {
+                limit: args.delivery_limit,
+            });
+        }
+        self.args = args.into();
+    }
+
     pub(crate) fn set_arguments(&mut self, arguments: FieldTable) {
         self.arguments = (!arguments.is_empty()).then(|| Box::new(arguments));
     }

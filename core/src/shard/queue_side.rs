@@ -360,33 +360,21 @@ impl Broker {
             None => MessageQueue::recovered(Default::default(), c.args.max_priority),
         };
         // The queue-type seam's one match: the state of the queue's type.
-        let mut args = c.args;
         let mut queue = match c.kind {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
             QueueType::Quorum => {
-                // RabbitMQ 3.10 takes `reject-publish-dlx` for a quorum queue and acts as
-                // drop-head; at-least-once dead-lettering needs reject-publish, and falls
-                // back to at-most-once otherwise (as RabbitMQ's `dlh/5` does).
-                if args.overflow == crate::queue_args::Overflow::RejectPublishDlx {
-                    args.overflow = crate::queue_args::Overflow::DropHead;
-                }
-                if args.overflow != crate::queue_args::Overflow::RejectPublish {
-                    args.dead_letter_strategy = crate::queue_args::DeadLetterStrategy::AtMostOnce;
-                }
                 if let Some(store) = self.store.as_mut() {
                     store.keep_every_message(id);
                 }
                 let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
-                q.quorum = Some(Box::new(crate::queue::quorum::Fifo::new(
-                    args.delivery_limit,
-                )));
+                q.quorum = Some(Box::default());
                 q
             }
         };
         queue.durable = d.durable;
         queue.exclusive_owner = owner;
         queue.auto_delete = d.auto_delete;
-        queue.args = args.into();
+        queue.set_args(c.args);
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
         // Messages a durable queue's log already holds (a restore) count in declare-ok.
