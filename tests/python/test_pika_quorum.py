@@ -131,6 +131,7 @@ def test_quorum_poison_message_is_dead_lettered_after_the_delivery_limit(conn):
     assert death["reason"] == "delivery_limit"
     assert death["queue"] == q and death["count"] == 1
     assert props.headers["x-first-death-reason"] == "delivery_limit"
+    assert "x-delivery-count" not in props.headers
     assert ch.queue_declare(q, passive=True).method.message_count == 0
 
 

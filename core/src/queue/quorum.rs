@@ -188,6 +188,26 @@ pub(crate) fn with_count(m: &Arc<Message>, count: u32) -> Arc<Message> {
     Arc::new(copy)
 }
 
+/// `m` without its `x-delivery-count` header (a copy only if it has one).
+pub(crate) fn without_count(m: Arc<Message>) -> Arc<Message> {
+    let has = m
+        .properties
+        .headers
+        .as_ref()
+        .is_some_and(|h| h.contains_key(DELIVERY_COUNT));
+    if !has {
+        return m;
+    }
+    let mut copy = Message::clone(&m);
+    if let Some(h) = copy.properties.headers.as_mut() {
+        h.remove(DELIVERY_COUNT);
+        if h.is_empty() {
+            copy.properties.headers = None;
+        }
+    }
+    Arc::new(copy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,5 +356,11 @@ mod tests {
         let counted = with_count(&m, 2);
         assert_eq!(header_count(&counted), 2);
         assert_eq!(header_count(&with_count(&counted, 3)), 3);
+        let plain = without_count(counted);
+        assert_eq!(plain.properties.headers, None);
+        assert!(
+            Arc::ptr_eq(&without_count(m.clone()), &m),
+            "no copy without a count"
+        );
     }
 }
