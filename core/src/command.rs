@@ -258,73 +258,13 @@ pub enum Op {
         /// Messages at most.
         max: u32,
     },
+    /// The host refuses the channel's next request with this channel error, in request
+    /// order (after what the channel sent before it is answered): a clustered host whose
+    /// metadata change could not be committed within its bound (docs/cluster.md).
+    Refuse(crate::error::ProtocolError),
 }
 
-/// The kind of an [`Op`], carried by errors so a gateway can name the failing method
-/// (AMQP's class-id and method-id in `channel.close`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OpKind {
-    /// `connection.open`.
-    ConnectionOpen,
-    /// `connection.close`.
-    ConnectionClose,
-    /// `channel.open`.
-    ChannelOpen,
-    /// `channel.close`.
-    ChannelClose,
-    /// `channel.close-ok`.
-    ChannelCloseOk,
-    /// `exchange.declare`.
-    ExchangeDeclare,
-    /// `exchange.delete`.
-    ExchangeDelete,
-    /// `exchange.bind`.
-    ExchangeBind,
-    /// `exchange.unbind`.
-    ExchangeUnbind,
-    /// `queue.declare`.
-    QueueDeclare,
-    /// `queue.bind`.
-    QueueBind,
-    /// `queue.unbind`.
-    QueueUnbind,
-    /// `queue.purge`.
-    QueuePurge,
-    /// `queue.delete`.
-    QueueDelete,
-    /// `basic.qos`.
-    Qos,
-    /// `basic.consume`.
-    Consume,
-    /// `basic.cancel`.
-    Cancel,
-    /// `basic.get`.
-    Get,
-    /// `basic.publish`.
-    Publish,
-    /// `basic.ack`.
-    Ack,
-    /// `basic.nack`.
-    Nack,
-    /// `basic.reject`.
-    Reject,
-    /// `basic.recover`.
-    Recover,
-    /// `confirm.select`.
-    ConfirmSelect,
-    /// `tx.select`.
-    TxSelect,
-    /// `tx.commit`.
-    TxCommit,
-    /// `tx.rollback`.
-    TxRollback,
-    /// The host wrote `count` deliveries of this connection to its socket (write-window credit).
-    Written,
-    /// MQTT: set a retained message.
-    Retain,
-    /// MQTT: the retained messages a subscription gets.
-    RetainedGet,
-}
+pub use crate::op_kind::OpKind;
 
 impl Op {
     /// Its type name (`direct`, `fanout`, `topic`, `headers`, or a plugin's).
@@ -360,6 +300,7 @@ impl Op {
             Op::Written { .. } => OpKind::Written,
             Op::Retain { .. } => OpKind::Retain,
             Op::RetainedGet { .. } => OpKind::RetainedGet,
+            Op::Refuse(e) => e.op,
         }
     }
 }

@@ -58,8 +58,6 @@ pub async fn publish_sys_topics(
     let mut received = Load::default();
     let mut sent = Load::default();
     let mut last_tick = Instant::now();
-    // The core counts this task's own publishes too: they are not the clients' traffic.
-    let mut own_publishes = 0u64;
     loop {
         let connected = registry.clients();
         maximum = maximum.max(connected);
@@ -74,7 +72,8 @@ pub async fn publish_sys_topics(
         };
         let elapsed = last_tick.elapsed().as_secs_f64();
         last_tick = Instant::now();
-        let published = stats.publish.saturating_sub(own_publishes);
+        // This task's own publishes are not in it (`AdminRequest::StatusPublish`).
+        let published = stats.publish;
         received.update(published, elapsed);
         sent.update(stats.deliver_get, elapsed);
         let retained = match broker.admin(AdminRequest::RetainedStats).await {
@@ -123,7 +122,6 @@ pub async fn publish_sys_topics(
                 ));
             }
         }
-        own_publishes += topics.len() as u64;
         for (topic, value) in topics {
             publish(&broker, &config, &format!("$SYS/broker/{topic}"), value).await;
         }
@@ -141,7 +139,10 @@ pub async fn publish_sys_topics(
 
 /// Retains `value` on `topic` (not durably: the task publishes it again after a restart, as
 /// Mosquitto does) and routes it to the current subscribers, through the broker's internal
-/// admin connection (no user's permissions apply to the broker's own status).
+/// admin connection (no user's permissions apply to the broker's own status): the retain on
+/// its admin channel, the publish on its status channel, whose publishes the message stats do
+/// not count (an idle broker shows no publish rate in the HTTP API, Prometheus or
+/// `messages/received`).
 async fn publish(broker: &BrokerHandle, config: &MqttConfig, topic: &str, value: String) {
     let now = now_ms();
     let payload = Bytes::from(value);
@@ -154,22 +155,25 @@ async fn publish(broker: &BrokerHandle, config: &MqttConfig, topic: &str, value:
         now,
         None,
     );
-    let retain = Op::Retain {
-        message: Box::new(RetainedMessage {
-            topic: Arc::from(topic),
-            qos: 0,
-            payload,
-            properties: publish.properties.clone(),
-            stored_at: now,
-            expiry_ms: None,
-        }),
-        durable: false,
+    let retain = AdminRequest::Op {
+        vhost: config.vhost.clone(),
+        op: Op::Retain {
+            message: Box::new(RetainedMessage {
+                topic: Arc::from(topic),
+                qos: 0,
+                payload,
+                properties: publish.properties.clone(),
+                stored_at: now,
+                expiry_ms: None,
+            }),
+            durable: false,
+        },
     };
-    for op in [retain, Op::Publish(Box::new(publish))] {
-        let request = AdminRequest::Op {
-            vhost: config.vhost.clone(),
-            op,
-        };
+    let publish = AdminRequest::StatusPublish {
+        vhost: config.vhost.clone(),
+        publish: Box::new(publish),
+    };
+    for request in [retain, publish] {
         match broker.admin(request).await {
             Ok(AdminResponse::Op(Ok(_))) => {}
             other => tracing::debug!(topic, ?other, "cannot publish a $SYS topic"),

@@ -656,13 +656,17 @@ pub fn encode_op(op: &Op, out: &mut Vec<u8>) {
             w.u8(0x1c);
             w.u32(*count);
         }
-        Op::Retain { message, durable } => {
+        Op::Refuse(e) => {
             w.u8(0x1d);
+            put_error(w, e);
+        }
+        Op::Retain { message, durable } => {
+            w.u8(0x1e);
             put_retained(w, message);
             w.bool(*durable);
         }
         Op::RetainedGet { filter, max } => {
-            w.u8(0x1e);
+            w.u8(0x1f);
             w.str(filter);
             w.u32(*max);
         }
@@ -828,11 +832,12 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
         0x1a => Op::TxCommit,
         0x1b => Op::TxRollback,
         0x1c => Op::Written { count: r.u32()? },
-        0x1d => Op::Retain {
+        0x1d => Op::Refuse(get_error(r)?),
+        0x1e => Op::Retain {
             message: Box::new(get_retained(r)?),
             durable: r.bool()?,
         },
-        0x1e => Op::RetainedGet {
+        0x1f => Op::RetainedGet {
             filter: r.string()?,
             max: r.u32()?,
         },

@@ -281,7 +281,7 @@ fn retained_ops_and_replies_round_trip() {
     };
     assert_eq!(
         op_bytes(&get),
-        [0x1e, 3, 0, 0, 0, b'a', b'/', b'#', 3, 0, 0, 0]
+        [0x1f, 3, 0, 0, 0, b'a', b'/', b'#', 3, 0, 0, 0]
     );
     assert_eq!(decode_op(&op_bytes(&get)).expect("decodes"), get);
     let ch = ChannelRef::new(ConnId(1), 1);
