@@ -14,6 +14,7 @@
 use warren_runtime::counting as alloc;
 mod client;
 mod conns;
+mod handshakes;
 mod idle_amqp;
 mod mqtt_client;
 mod mqtt_workloads;
@@ -21,6 +22,7 @@ mod report;
 mod runner;
 mod streams;
 mod svg;
+mod transport;
 mod workloads;
 
 use anyhow::bail;
@@ -116,6 +118,9 @@ enum BenchCommand {
     /// Many idle MQTT connections: broker memory per connection, connects per second,
     /// keep-alive CPU and publish -> deliver latency while they are held.
     Conns(conns::ConnsArgs),
+    /// Connections opened and closed per second (TCP, TLS and WebSocket handshakes plus the
+    /// protocol's), per --uri and --mqtt target: plain against TLS.
+    Handshakes(handshakes::HandshakeArgs),
     /// Streams (seed 003): fill one stream per (message size, chunk size) with confirms,
     /// then consume each from `first` over the stream protocol; msg/s per cell.
     Stream(streams::StreamArgs),
@@ -123,10 +128,12 @@ enum BenchCommand {
 
 #[derive(clap::Args, Clone)]
 struct RunArgs {
-    /// The broker to load (AMQP workloads).
+    /// The broker to load (AMQP workloads): `amqp://user:pass@host:port/vhost`, or
+    /// `amqps://` over TLS (any server certificate trusted, as PerfTest).
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
     uri: String,
-    /// The broker's MQTT address, `host:port` or `mqtt://[user:pass@]host:port` (MQTT
+    /// The broker's MQTT address, `host:port` or `mqtt://[user:pass@]host:port`, `mqtts://`
+    /// (TLS), `ws://host:port/path` or `wss://` (WebSocket, path default /mqtt) (MQTT
     /// workloads; default 127.0.0.1:1883 for them; `all` runs them only when given).
     #[arg(long)]
     mqtt: Option<String>,
@@ -189,6 +196,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
     let (workload, a) = match command {
         BenchCommand::Conns(args) => return conns::run(args).await,
         BenchCommand::Stream(args) => return streams::run(args).await,
+        BenchCommand::Handshakes(args) => return handshakes::run(args).await,
         BenchCommand::OneFast(a) => ("one-fast", a),
         BenchCommand::TwoPublishers(a) => ("two-publishers", a),
         BenchCommand::Drain(a) => ("drain", a),

@@ -179,6 +179,8 @@ async fn publish_loop(
     // Messages in the write buffer not yet fully handed to the socket: counted as sent once
     // the buffer empties, so that `sent` never counts bytes the broker could not have.
     let mut unwritten = 0u64;
+    // Written but not flushed yet.
+    let mut dirty = false;
     loop {
         while let Some((h, body)) = c.rx.try_packet()? {
             let kind = h >> 4;
@@ -211,14 +213,28 @@ async fn publish_loop(
             break;
         }
         let paced = pace.room(published) == 0 && !pace.done(published);
-        tokio::select! {
-            r = c.wr.write(&c.wbuf), if !c.wbuf.is_empty() => {
-                c.wbuf.advance(r?);
-                if c.wbuf.is_empty() {
-                    counters.sent.fetch_add(unwritten, Ordering::Relaxed);
-                    unwritten = 0;
-                }
+        // A write is followed by a flush (TLS and WebSocket hold written bytes until then;
+        // for TCP it is a no-op); each step on its own is cancel safe.
+        let (wr, wbuf) = (&mut c.wr, &c.wbuf);
+        let step = async move {
+            if dirty {
+                wr.flush().await.map(|()| None)
+            } else {
+                wr.write(wbuf).await.map(Some)
             }
+        };
+        tokio::select! {
+            r = step, if dirty || !c.wbuf.is_empty() => match r? {
+                None => dirty = false,
+                Some(n) => {
+                    dirty = true;
+                    c.wbuf.advance(n);
+                    if c.wbuf.is_empty() {
+                        counters.sent.fetch_add(unwritten, Ordering::Relaxed);
+                        unwritten = 0;
+                    }
+                }
+            },
             r = c.rx.fill() => r?,
             _ = sleep_until(pace.next_due(published)), if paced => {}
             _ = sleep_until(deadline) => break,

@@ -6,6 +6,7 @@ mod cluster;
 mod ctl;
 #[cfg(test)]
 mod footprint;
+mod meta;
 mod settings;
 mod streams;
 mod tls;
@@ -84,6 +85,33 @@ struct ServeArgs {
     /// PEM CA bundle client certificates are verified against (with --tls-verify-peer).
     #[arg(long)]
     tls_ca: Option<PathBuf>,
+    /// The --amqps listeners' own certificate chain (default: --tls-cert).
+    #[arg(long)]
+    amqps_tls_cert: Option<PathBuf>,
+    /// The --amqps listeners' own key (default: --tls-key).
+    #[arg(long)]
+    amqps_tls_key: Option<PathBuf>,
+    /// The --amqps listeners' own client CA bundle (default: --tls-ca).
+    #[arg(long)]
+    amqps_tls_ca: Option<PathBuf>,
+    /// The --mqtts listeners' own certificate chain (default: --tls-cert).
+    #[arg(long)]
+    mqtts_tls_cert: Option<PathBuf>,
+    /// The --mqtts listeners' own key (default: --tls-key).
+    #[arg(long)]
+    mqtts_tls_key: Option<PathBuf>,
+    /// The --mqtts listeners' own client CA bundle (default: --tls-ca).
+    #[arg(long)]
+    mqtts_tls_ca: Option<PathBuf>,
+    /// The --mqtt-wss listeners' own certificate chain (default: --tls-cert).
+    #[arg(long)]
+    mqtt_wss_tls_cert: Option<PathBuf>,
+    /// The --mqtt-wss listeners' own key (default: --tls-key).
+    #[arg(long)]
+    mqtt_wss_tls_key: Option<PathBuf>,
+    /// The --mqtt-wss listeners' own client CA bundle (default: --tls-ca).
+    #[arg(long)]
+    mqtt_wss_tls_ca: Option<PathBuf>,
     /// Ask TLS clients for a certificate and verify it against --tls-ca (RabbitMQ's
     /// verify_peer); a verified certificate's subject CN can log in (AMQP EXTERNAL, MQTT
     /// --mqtt-use-identity-as-username).
@@ -93,6 +121,11 @@ struct ServeArgs {
     /// fail_if_no_peer_cert).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     tls_fail_if_no_peer_cert: Option<bool>,
+    /// Which name of a verified client certificate is the user (RabbitMQ's
+    /// ssl_cert_login_from): its subject's common name (default) or its first subject
+    /// alternative name (DNS name, email or URI).
+    #[arg(long, value_enum)]
+    tls_login_from: Option<tls::LoginFrom>,
     /// MQTT over TLS: the client certificate's subject CN is the user name, no password
     /// checked (Mosquitto's use_identity_as_username).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
@@ -118,6 +151,15 @@ struct ServeArgs {
     /// Where the broker keeps its data (default ./warren-data).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// The administrator a new broker starts with, with full permissions on vhost `/`
+    /// (RabbitMQ's default_user; default guest, which logs in from loopback only). Used on
+    /// the first start of a data directory only: later the stored users count.
+    #[arg(long)]
+    default_user: Option<String>,
+    /// Its password (RabbitMQ's default_pass; default guest). Prefer WARREN_DEFAULT_PASS or
+    /// the config file: a flag shows in the process list.
+    #[arg(long)]
+    default_pass: Option<String>,
     /// Memory above which publishers are blocked until consumers catch up (RabbitMQ's
     /// vm_memory_high_watermark): a fraction of this machine's RAM (`0.4`, the default) or an
     /// absolute size (`512MiB`, `2GB`). Compared with the larger of the queued message bodies
@@ -189,6 +231,10 @@ struct ServeArgs {
     /// RabbitMQ's Erlang cookie); peers prove they know it, it never crosses the network
     #[arg(long)]
     cluster_secret_file: Option<PathBuf>,
+    /// Start as a new member of an existing cluster (its --peers may be empty): propose no
+    /// membership of its own; then run `warren ctl join ID IP:PORT` on a member
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    join: Option<bool>,
 }
 
 impl ServeArgs {
@@ -224,15 +270,19 @@ impl ServeArgs {
         }
         list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss, peers);
         flag!(
+            join,
             mqtt_ws_path,
             tls_verify_peer,
             tls_fail_if_no_peer_cert,
+            tls_login_from,
             mqtt_use_identity_as_username,
             mqtt_max_packet_size,
             mqtt_max_inflight,
             mqtt_max_offline_messages,
             sys_interval,
             data_dir,
+            default_user,
+            default_pass,
             memory_high_watermark,
             disk_free_limit,
             fsync,
@@ -249,6 +299,15 @@ impl ServeArgs {
             tls_cert,
             tls_key,
             tls_ca,
+            amqps_tls_cert,
+            amqps_tls_key,
+            amqps_tls_ca,
+            mqtts_tls_cert,
+            mqtts_tls_key,
+            mqtts_tls_ca,
+            mqtt_wss_tls_cert,
+            mqtt_wss_tls_key,
+            mqtt_wss_tls_ca,
             mqtt_server_keep_alive,
             log_level,
             log_file,
@@ -282,8 +341,10 @@ fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
         // openraft logs every failed RPC to an unreachable member (~20 lines a second while
         // one is down, errors among them); Warren logs the cluster's changes itself, once
         // per change (cli/src/cluster.rs, warren_cluster::transport).
+        // rustls logs every warning alert a peer sends at WARN (the Java client sends
+        // user_canceled before each close); failed handshakes are Warren's own line.
         None => EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| EnvFilter::new("info,openraft=off")),
+            .unwrap_or_else(|_| EnvFilter::new("info,openraft=off,rustls=error")),
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let file = match &s.log_file {
@@ -653,29 +714,38 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         settings::watermark_bytes(&s.memory_high_watermark).map_err(ConfigError::from)?;
     let disk_free_limit =
         settings::disk_free_limit(&s.disk_free_limit).map_err(ConfigError::from)?;
-    let needs_tls = wanted.iter().any(|(kind, _)| kind.tls());
-    let tls = match (&s.tls_cert, &s.tls_key) {
-        (Some(cert), Some(key)) => {
-            let files = tls::TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                ca: s.tls_ca.clone(),
-                verify_peer: s.tls_verify_peer,
-                fail_if_no_peer_cert: s.tls_fail_if_no_peer_cert,
-            };
-            Some(Arc::new(
-                tls::Reloadable::new(files).map_err(|e| ConfigError(e.to_string()))?,
+    // One TLS configuration per TLS listener kind in use, each from its own files or the
+    // shared --tls-cert/--tls-key/--tls-ca.
+    let mut tls_listeners = Vec::new();
+    for kind in Listener::ALL.into_iter().filter(|k| k.tls()) {
+        if !wanted.iter().any(|(k, _)| *k == kind) {
+            continue;
+        }
+        let flag = kind.flag();
+        let (cert, key, ca) = s.tls_files_of(flag);
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Err(ConfigError(format!(
+                "the TLS listener --{flag} needs a certificate and key: --tls-cert PEM and \
+                 --tls-key PEM (or --{flag}-tls-cert and --{flag}-tls-key)"
             ))
-        }
-        _ if needs_tls => {
-            return Err(ConfigError(
-                "the TLS listeners (--amqps, --mqtts, --mqtt-wss) need --tls-cert PEM and \
-                 --tls-key PEM"
-                    .into(),
-            )
             .into());
-        }
-        _ => None,
+        };
+        let files = tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.cloned(),
+            verify_peer: s.tls_verify_peer,
+            fail_if_no_peer_cert: s.tls_fail_if_no_peer_cert,
+            login_from: s.tls_login_from,
+        };
+        tls_listeners.push((flag, files));
+    }
+    let tls = if tls_listeners.is_empty() {
+        None
+    } else {
+        Some(Arc::new(
+            tls::Reloadable::new(tls_listeners).map_err(|e| ConfigError(e.to_string()))?,
+        ))
     };
     let cluster_options = cluster::options(&s).map_err(ConfigError::from)?;
     let _lock = open_data_dir(&s.data_dir)?;
@@ -696,8 +766,19 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         None => None,
     };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
+    // guest/guest keeps the fixed hash a fresh RabbitMQ exports; another password gets a
+    // salt of its own.
+    let default_pass_hash = if s.default_pass == "guest" && s.default_user == "guest" {
+        warren_core::access::DEFAULT_GUEST_HASH.to_vec()
+    } else {
+        let salt = warren_runtime::os_seed().context("cannot read OS randomness for a salt")?;
+        let salt = (salt as u32).to_be_bytes();
+        warren_core::access::hash_password(salt, &s.default_pass)
+    };
     let config = warren_core::BrokerConfig {
         seed,
+        default_user: s.default_user.clone(),
+        default_pass_hash,
         memory_high_watermark,
         disk_free_limit: if s.in_memory { 0 } else { disk_free_limit },
         ..warren_core::BrokerConfig::default()
@@ -750,6 +831,13 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         // Freed heap goes back to the OS once RSS nears the point where the alarm clears.
         trim_above: memory_high_watermark / 10 * 8,
     });
+    // Before any client or operator can reach the broker: from here on its metadata
+    // changes go through the cluster.
+    if let Some(opts) = cluster_options {
+        cluster::start(opts, &broker)
+            .await
+            .map_err(|e| ConfigError(format!("cluster: {e:#}")))?;
+    }
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&s.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mqtt_config = warren_mqtt::MqttConfig {
@@ -765,8 +853,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     let serves_mqtt = listeners.iter().any(|(kind, _)| !kind.is_amqp());
     let registry = if serves_mqtt {
         // Bounded offline queues for persistent sessions, as a policy operators can see.
+        // Every node sets its own at start (a cluster member does not wait for a quorum).
         match broker
-            .admin(warren_runtime::AdminRequest::SetPolicy(
+            .admin_local(warren_runtime::AdminRequest::SetPolicy(
                 mqtt_config.offline_policy(),
             ))
             .await
@@ -838,11 +927,6 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         tls.clone(),
         stopped.clone(),
     ));
-    if let Some(opts) = cluster_options {
-        cluster::start(opts)
-            .await
-            .map_err(|e| ConfigError(format!("cluster: {e:#}")))?;
-    }
     if let Some(listener) = management_listener {
         let bound = listener.local_addr()?;
         servers.push((
@@ -1091,5 +1175,43 @@ impl Signals {
             _ = self.term.recv() => Signal::Stop("SIGTERM"),
             _ = self.hup.recv() => Signal::Reload,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every `serve` flag (but --config) is a config-file key, and the example warren.toml
+    /// names it: the issue's "every flag has a key", kept true as flags are added.
+    #[test]
+    fn every_serve_flag_is_a_config_key_documented_in_the_example() {
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").expect("serve");
+        let example = include_str!("../../warren.toml");
+        let mut checked = 0;
+        for arg in serve.get_arguments() {
+            let Some(flag) = arg.get_long() else {
+                continue;
+            };
+            if flag == "config" || flag == "help" {
+                continue;
+            }
+            let key = flag.replace('-', "_");
+            // A value of the wrong type is refused as such; an unknown key as unknown.
+            let error = toml::from_str::<settings::Settings>(&format!("{key} = {{}}"))
+                .expect_err("a table is no setting's value");
+            assert!(
+                !error.message().contains("unknown field"),
+                "--{flag} has no config key {key}: {error}"
+            );
+            assert!(
+                example.contains(&format!("{key} =")),
+                "warren.toml does not document {key}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 30, "only {checked} flags seen");
     }
 }
