@@ -10,6 +10,10 @@
 //! - Retention (`max-length-bytes`, `max-age`) at every segment roll (the log does it) and on
 //!   a timer.
 //! - Logins and vhost access through the broker's users.
+//! - The same logs are the core's stream queues (`x-queue-type: stream` over AMQP): the
+//!   catalog is the native store's [`warren_store::StreamHost`], opened before the broker so
+//!   the restore finds the streams; the store's sync thread syncs what the core appended and
+//!   moves the tail the stream protocol's subscribers wait on.
 
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -236,7 +240,8 @@ impl Stream {
 /// The catalog: see the module docs.
 pub struct DiskStreams {
     root: PathBuf,
-    broker: warren_runtime::BrokerHandle,
+    /// Set once the broker runs (the catalog opens before it: the restore reopens streams).
+    broker: std::sync::OnceLock<warren_runtime::BrokerHandle>,
     read_ahead: usize,
     fsync: bool,
     streams: Mutex<HashMap<(String, String), Arc<Stream>>>,
@@ -291,7 +296,6 @@ impl DiskStreams {
     /// sync tasks.
     pub fn open(
         data_dir: &Path,
-        broker: warren_runtime::BrokerHandle,
         read_ahead: usize,
         fsync: bool,
     ) -> anyhow::Result<Arc<DiskStreams>> {
@@ -299,7 +303,7 @@ impl DiskStreams {
         fs::create_dir_all(&root)?;
         let me = Arc::new(DiskStreams {
             root: root.clone(),
-            broker,
+            broker: std::sync::OnceLock::new(),
             read_ahead,
             fsync,
             streams: Mutex::new(HashMap::new()),
@@ -394,6 +398,15 @@ impl DiskStreams {
     /// Runs a broker call from the session's synchronous backend methods. The stream
     /// session is sans-IO and asks its backend inline; the broker's user table lives in its
     /// task, so the worker thread blocks for one round trip (the runtime is multi-threaded).
+    /// The broker, for logins (the catalog opened before it).
+    pub fn set_broker(&self, broker: warren_runtime::BrokerHandle) {
+        let _ = self.broker.set(broker);
+    }
+
+    fn broker(&self) -> Result<&warren_runtime::BrokerHandle, AuthError> {
+        self.broker.get().ok_or(AuthError::Refused)
+    }
+
     fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
     }
@@ -432,7 +445,7 @@ impl StreamBackend for DiskStreams {
             return Err(AuthError::Refused);
         };
         match self.block_on(
-            self.broker
+            self.broker()?
                 .authenticate(username, password, peer.is_loopback, None),
         ) {
             Ok(Ok(login)) => Ok(login.user),
@@ -444,8 +457,11 @@ impl StreamBackend for DiskStreams {
     fn vhost_access(&self, user: &str, vhost: &str) -> bool {
         // The password was checked at SASL (and the loopback rule with it): this asks only
         // whether the user may open the vhost.
+        let Ok(broker) = self.broker() else {
+            return false;
+        };
         matches!(
-            self.block_on(self.broker.authenticate_certified(user, true, Some(vhost))),
+            self.block_on(broker.authenticate_certified(user, true, Some(vhost))),
             Ok(Ok(_))
         )
     }
@@ -714,6 +730,129 @@ impl StreamBackend for DiskStreams {
     ) -> Result<u64, StreamError> {
         self.get(vhost, stream)?
             .with_writer(|w| Ok(w.log.publisher_sequence(reference).unwrap_or(0)))
+    }
+}
+
+impl std::fmt::Debug for DiskStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskStreams")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The core's stream queues over the same logs (see the module docs).
+impl warren_store::StreamHost for DiskStreams {
+    fn open(
+        &self,
+        vhost: &str,
+        name: &str,
+        settings: &warren_core::store::StreamSettings,
+    ) -> Result<(), String> {
+        if self.stream_exists(vhost, name) {
+            return Ok(());
+        }
+        let mut args = Vec::new();
+        if let Some(n) = settings.max_length_bytes {
+            args.push(("max-length-bytes".to_string(), n.to_string()));
+        }
+        if let Some(ms) = settings.max_age_ms {
+            args.push(("max-age".to_string(), format!("{}s", ms.div_ceil(1000))));
+        }
+        if let Some(n) = settings.max_segment_size_bytes {
+            args.push(("stream-max-segment-size-bytes".to_string(), n.to_string()));
+        }
+        match self.create_stream(vhost, name, &args) {
+            // Created meanwhile by the stream protocol: the same stream.
+            Ok(()) | Err(StreamError::AlreadyExists) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn append(
+        &self,
+        vhost: &str,
+        name: &str,
+        messages: &[Bytes],
+        timestamp_ms: u64,
+    ) -> Result<(), String> {
+        let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        s.with_writer(|w| {
+            let range = match w.log.append(messages, timestamp_ms, &[]) {
+                Err(log::StreamError::Backpressure { .. }) => {
+                    // Written out (not fsynced) to make room: the next sync covers both.
+                    w.log.flush().map_err(internal)?;
+                    w.log.append(messages, timestamp_ms, &[])
+                }
+                other => other,
+            }
+            .map_err(internal)?;
+            w.last_chunk = Some(range.start);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    fn bounds(&self, vhost: &str, name: &str) -> Result<log::Bounds, String> {
+        let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        s.with_writer(|w| Ok(w.log.bounds()))
+            .map_err(|e| e.to_string())
+    }
+
+    fn reader(&self, vhost: &str, name: &str, spec: LogSpec) -> Result<StreamReader, String> {
+        let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        let options = ReaderOptions {
+            read_ahead: s.read_ahead,
+            ranges: false,
+        };
+        s.with_writer(|w| w.log.reader(spec, options).map_err(internal))
+            .map_err(|e| e.to_string())
+    }
+
+    fn sync(&self, vhost: &str, name: &str) -> Result<(), String> {
+        let s = match self.get(vhost, name) {
+            Ok(s) => s,
+            // Deleted since: nothing of it to make durable.
+            Err(StreamError::DoesNotExist) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let begun = s.with_writer(|w| {
+            let last = w.last_chunk;
+            w.log.begin_sync().map(|p| (p, last)).map_err(internal)
+        });
+        let (pending, last_chunk) = match begun {
+            Ok(p) => p,
+            Err(StreamError::DoesNotExist) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        // The fsync runs without the writer's lock: the stream protocol appends meanwhile.
+        let waited = pending.wait();
+        match s.with_writer(|w| w.log.end_sync(&pending, waited).map_err(internal)) {
+            Ok(_) => {}
+            Err(StreamError::DoesNotExist) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        }
+        let committed = pending.next_offset();
+        s.tail.send_if_modified(|t| {
+            let moved = committed > t.committed;
+            if moved {
+                t.committed = committed;
+                t.last_chunk = last_chunk.filter(|&c| c < committed).or(t.last_chunk);
+            }
+            moved
+        });
+        Ok(())
+    }
+
+    fn delete(&self, vhost: &str, name: &str) {
+        match self.delete_stream(vhost, name) {
+            Ok(()) | Err(StreamError::DoesNotExist) => {}
+            Err(e) => tracing::warn!(
+                vhost,
+                stream = name,
+                "deleting a stream's files failed: {e}"
+            ),
+        }
     }
 }
 

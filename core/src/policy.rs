@@ -66,6 +66,12 @@ const QUEUE_KEYS: &[(&str, &str)] = &[
     ("overflow", "x-overflow"),
     ("dead-letter-exchange", "x-dead-letter-exchange"),
     ("dead-letter-routing-key", "x-dead-letter-routing-key"),
+    // Streams' (RabbitMQ's policy keys of the same names).
+    ("max-age", "x-max-age"),
+    (
+        "stream-max-segment-size-bytes",
+        "x-stream-max-segment-size-bytes",
+    ),
 ];
 /// Policy keys for exchanges.
 const EXCHANGE_KEYS: &[(&str, &str)] = &[("alternate-exchange", "alternate-exchange")];

@@ -13,6 +13,9 @@ pub enum QueueType {
     /// reads, messages paged to the store past a window.
     #[default]
     Classic,
+    /// RabbitMQ's stream: an append-only log that consumers read from any offset without
+    /// removing anything (`queue::stream`); durable only, read with a prefetch.
+    Stream,
 }
 
 /// What the rest of the broker may rely on for a queue type.
@@ -40,7 +43,7 @@ impl QueueType {
     const NAMED: &'static [(&'static str, Option<QueueType>)] = &[
         ("classic", Some(QueueType::Classic)),
         ("quorum", None),
-        ("stream", None),
+        ("stream", Some(QueueType::Stream)),
     ];
 
     /// The type `x-queue-type` in `arguments` asks for (classic when absent). A type Warren
@@ -70,6 +73,7 @@ impl QueueType {
     pub fn name(self) -> &'static str {
         match self {
             QueueType::Classic => "classic",
+            QueueType::Stream => "stream",
         }
     }
 
@@ -77,6 +81,7 @@ impl QueueType {
     pub fn capabilities(self) -> &'static Capabilities {
         match self {
             QueueType::Classic => &CLASSIC,
+            QueueType::Stream => &STREAM,
         }
     }
 }
@@ -90,13 +95,22 @@ const CLASSIC: Capabilities = Capabilities {
     needs_prefetch: false,
 };
 
+const STREAM: Capabilities = Capabilities {
+    basic_get: false,
+    ack_removes: false,
+    requeue: false,
+    durable_only: true,
+    exclusive: false,
+    needs_prefetch: true,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::message::FieldValue;
 
     #[test]
-    fn only_classic_queues_are_served() {
+    fn classic_and_stream_queues_are_served() {
         let with = |v: FieldValue| {
             let mut t = FieldTable::default();
             t.insert("x-queue-type".into(), v);
@@ -107,7 +121,12 @@ mod tests {
             Ok(QueueType::Classic)
         );
         assert_eq!(with(FieldValue::string("classic")), Ok(QueueType::Classic));
-        for kind in ["quorum", "stream"] {
+        assert_eq!(with(FieldValue::string("stream")), Ok(QueueType::Stream));
+        let stream = QueueType::Stream.capabilities();
+        assert!(!stream.basic_get && !stream.ack_removes && stream.durable_only);
+        assert!(stream.needs_prefetch && !stream.exclusive);
+        assert_eq!(QueueType::Stream.name(), "stream");
+        for kind in ["quorum"] {
             let (arg, reason) = with(FieldValue::string(kind)).unwrap_err();
             assert_eq!(arg, "x-queue-type");
             assert!(

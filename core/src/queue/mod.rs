@@ -9,3 +9,4 @@ pub mod classic;
 pub mod kind;
 pub(crate) mod side;
 pub(crate) mod state;
+pub(crate) mod stream;

@@ -512,8 +512,12 @@ impl Broker {
         let effective = crate::policy::queue_arguments(&d.arguments, policy);
         // A restore keeps a queue an older Warren stored with another type: it always was
         // a classic queue, and its messages are on disk.
+        // Streams never were classic queues (Warren refused them until it had them).
         let kind = if self.restoring {
-            Ok(QueueType::Classic)
+            Ok(QueueType::from_arguments(&d.arguments)
+                .ok()
+                .filter(|k| *k == QueueType::Stream)
+                .unwrap_or(QueueType::Classic))
         } else {
             QueueType::from_arguments(&d.arguments)
         };
@@ -529,6 +533,34 @@ impl Broker {
                     ),
                 )
             })?;
+        let stream = if kind == QueueType::Stream {
+            use crate::queue::stream::{Refused, check_declare};
+            let checked = check_declare(
+                d.durable,
+                d.exclusive,
+                d.auto_delete,
+                &d.arguments,
+                &effective,
+            );
+            let vhost = self.vhost_name(vh);
+            Some(checked.map_err(|r| {
+                let text = match r {
+                    Refused::Property(p) => {
+                        format!("invalid property '{p}' for queue '{name}' in vhost '{vhost}'")
+                    }
+                    Refused::OtherTypes(arg) => format!(
+                        "invalid arg '{arg}' for queue '{name}' in vhost '{vhost}' of queue \
+                         type rabbit_stream_queue"
+                    ),
+                    Refused::Arg((arg, reason)) => format!(
+                        "invalid arg '{arg}' for queue '{name}' in vhost '{vhost}': {reason}"
+                    ),
+                };
+                ProtocolError::new(ErrorCode::PreconditionFailed, op, text)
+            })?)
+        } else {
+            None
+        };
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
         // so they are not stored as durable.
@@ -565,6 +597,7 @@ impl Broker {
                 declare: d.clone(),
                 kind,
                 args,
+                stream,
             }),
         });
         Ok(())
