@@ -386,7 +386,7 @@ impl Reader<'_> {
     }
 
     fn pairs(items: Vec<Value>) -> Result<Vec<(Value, Value)>, DecodeError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(DecodeError("odd map"));
         }
         let mut it = items.into_iter();
@@ -532,11 +532,8 @@ pub fn decode(data: &Bytes) -> Result<Message, DecodeError> {
         match (code, value) {
             (HEADER, Value::List(items)) => {
                 let mut items = items.into_iter();
-                match items.next() {
-                    Some(Value::Bool(durable)) => {
-                        p.delivery_mode = Some(if durable { 2 } else { 1 })
-                    }
-                    _ => {}
+                if let Some(Value::Bool(durable)) = items.next() {
+                    p.delivery_mode = Some(if durable { 2 } else { 1 });
                 }
                 if let Some(Value::UByte(prio)) = items.next() {
                     p.priority = Some(prio);

@@ -369,8 +369,8 @@ async fn priority_queues_deliver_the_highest_priority_first() {
     assert_eq!(drain(&ch, "prio").await, vec!["p9", "p5", "p1", "p0"]);
 }
 
-/// Every Warren queue is classic: `x-queue-type` other than `classic` is refused with 406
-/// (RabbitMQ's text for a type it does not know; for quorum and stream, not yet supported)
+/// `x-queue-type` other than `classic` and `stream` is refused with 406 (RabbitMQ's text
+/// for a type it does not know; for quorum, not yet supported)
 /// instead of silently giving a classic queue to a client that counts on a delivery limit
 /// or a stream's replays. The channel error leaves the connection open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,10 +385,6 @@ async fn queue_types_other_than_classic_are_refused() {
         (
             "quorum",
             "\"queue type 'quorum' is not supported yet by Warren; use 'classic'\"",
-        ),
-        (
-            "stream",
-            "\"queue type 'stream' is not supported yet by Warren; use 'classic'\"",
         ),
         ("bogus", "\"unsupported queue type 'bogus'\""),
     ] {
