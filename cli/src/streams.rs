@@ -398,6 +398,106 @@ impl DiskStreams {
     /// Runs a broker call from the session's synchronous backend methods. The stream
     /// session is sans-IO and asks its backend inline; the broker's user table lives in its
     /// task, so the worker thread blocks for one round trip (the runtime is multi-threaded).
+    /// Creates a stream's log (not its AMQP queue).
+    fn create_log(
+        &self,
+        vhost: &str,
+        stream: &str,
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        let args = parse_arguments(arguments)?;
+        let dir = self.dir(vhost, stream)?;
+        // Held across the creation so two creates of one name cannot both succeed.
+        let mut streams = lock(&self.streams);
+        if streams.contains_key(&(vhost.to_string(), stream.to_string())) {
+            return Err(StreamError::AlreadyExists);
+        }
+        if streams.len() >= MAX_STREAMS {
+            return Err(StreamError::Precondition(format!(
+                "this node holds {MAX_STREAMS} streams, its limit"
+            )));
+        }
+        // Arguments first, durably: a directory without them is a create that never
+        // finished (removed at start).
+        let created = (|| -> std::io::Result<()> {
+            fs::create_dir_all(&dir)?;
+            let mut f = fs::File::create(dir.join(ARGUMENTS))?;
+            for (k, v) in &args {
+                writeln!(f, "{k}={v}")?;
+            }
+            f.sync_all()?;
+            if let Some(parent) = dir.parent() {
+                fs::File::open(parent)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        created.map_err(internal)?;
+        let log = StreamLog::open(&dir, stream_config(&args, self.fsync)).map_err(internal)?;
+        self.insert(&mut streams, vhost.to_string(), stream.to_string(), log);
+        Ok(())
+    }
+
+    /// Removes a stream's log and files (not its AMQP queue).
+    fn remove_log(&self, vhost: &str, stream: &str) -> Result<(), StreamError> {
+        let s = lock(&self.streams)
+            .remove(&(vhost.to_string(), stream.to_string()))
+            .ok_or(StreamError::DoesNotExist)?;
+        let writer = lock(&s.writer).take();
+        s.tail.send_modify(|t| t.deleted = true);
+        s.dirty.notify_one();
+        if let Some(w) = writer {
+            // Renamed first (atomic), then removed: a crash in between leaves a `.deleted`
+            // directory that the next start removes, never half a stream.
+            let dir = w.log.dir().to_path_buf();
+            drop(w);
+            let tomb = self.root.join(format!(
+                ".deleted-{}-{}",
+                std::process::id(),
+                warren_runtime::unix_ms()
+            ));
+            fs::rename(&dir, &tomb).map_err(internal)?;
+            fs::remove_dir_all(&tomb).map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    /// Declares stream `stream` of `vhost` as a queue through the broker's admin channel.
+    fn declare_queue(&self, vhost: &str, stream: &str, arguments: &[(String, String)]) {
+        use warren_core::message::{FieldTable, FieldValue};
+        let Some(broker) = self.broker.get() else {
+            return;
+        };
+        let mut table = FieldTable::new();
+        table.insert("x-queue-type".into(), FieldValue::string("stream"));
+        for (k, v) in parse_arguments(arguments).unwrap_or_default() {
+            let value = match v.parse::<i64>() {
+                Ok(n) if k != "max-age" => FieldValue::I64(n),
+                _ => FieldValue::string(&v),
+            };
+            table.insert(format!("x-{k}"), value);
+        }
+        let op = warren_core::command::Op::QueueDeclare(warren_core::command::QueueDeclare {
+            queue: stream.into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: table,
+        });
+        let asked = warren_core::admin::AdminRequest::Op {
+            vhost: vhost.into(),
+            op,
+        };
+        match self.block_on(broker.admin(asked)) {
+            Ok(warren_core::admin::AdminResponse::Op(Ok(_))) => {}
+            Ok(warren_core::admin::AdminResponse::Op(Err(e))) => {
+                tracing::warn!(vhost, stream, "the stream is not an AMQP queue too: {e}")
+            }
+            _ => {}
+        }
+    }
+
     /// The broker, for logins (the catalog opened before it).
     pub fn set_broker(&self, broker: warren_runtime::BrokerHandle) {
         let _ = self.broker.set(broker);
@@ -472,59 +572,35 @@ impl StreamBackend for DiskStreams {
         stream: &str,
         arguments: &[(String, String)],
     ) -> Result<(), StreamError> {
-        let args = parse_arguments(arguments)?;
-        let dir = self.dir(vhost, stream)?;
-        // Held across the creation so two creates of one name cannot both succeed.
-        let mut streams = lock(&self.streams);
-        if streams.contains_key(&(vhost.to_string(), stream.to_string())) {
-            return Err(StreamError::AlreadyExists);
-        }
-        if streams.len() >= MAX_STREAMS {
-            return Err(StreamError::Precondition(format!(
-                "this node holds {MAX_STREAMS} streams, its limit"
-            )));
-        }
-        // Arguments first, durably: a directory without them is a create that never
-        // finished (removed at start).
-        let created = (|| -> std::io::Result<()> {
-            fs::create_dir_all(&dir)?;
-            let mut f = fs::File::create(dir.join(ARGUMENTS))?;
-            for (k, v) in &args {
-                writeln!(f, "{k}={v}")?;
-            }
-            f.sync_all()?;
-            if let Some(parent) = dir.parent() {
-                fs::File::open(parent)?.sync_all()?;
-            }
-            Ok(())
-        })();
-        created.map_err(internal)?;
-        let log = StreamLog::open(&dir, stream_config(&args, self.fsync)).map_err(internal)?;
-        self.insert(&mut streams, vhost.to_string(), stream.to_string(), log);
+        self.create_log(vhost, stream, arguments)?;
+        // A stream is a queue of its vhost for AMQP clients too, as in RabbitMQ: declared
+        // through the broker's admin channel (its queue opens this log, which exists now).
+        self.declare_queue(vhost, stream, arguments);
         Ok(())
     }
 
     fn delete_stream(&self, vhost: &str, stream: &str) -> Result<(), StreamError> {
-        let s = lock(&self.streams)
-            .remove(&(vhost.to_string(), stream.to_string()))
-            .ok_or(StreamError::DoesNotExist)?;
-        let writer = lock(&s.writer).take();
-        s.tail.send_modify(|t| t.deleted = true);
-        s.dirty.notify_one();
-        if let Some(w) = writer {
-            // Renamed first (atomic), then removed: a crash in between leaves a `.deleted`
-            // directory that the next start removes, never half a stream.
-            let dir = w.log.dir().to_path_buf();
-            drop(w);
-            let tomb = self.root.join(format!(
-                ".deleted-{}-{}",
-                std::process::id(),
-                warren_runtime::unix_ms()
-            ));
-            fs::rename(&dir, &tomb).map_err(internal)?;
-            fs::remove_dir_all(&tomb).map_err(internal)?;
+        if !self.stream_exists(vhost, stream) {
+            return Err(StreamError::DoesNotExist);
         }
-        Ok(())
+        // Through the broker first: its queue goes, and the store deletes the log.
+        if let Some(broker) = self.broker.get() {
+            let op = warren_core::command::Op::QueueDelete {
+                queue: stream.into(),
+                if_unused: false,
+                if_empty: false,
+                nowait: false,
+            };
+            let asked = warren_core::admin::AdminRequest::Op {
+                vhost: vhost.into(),
+                op,
+            };
+            let _ = self.block_on(broker.admin(asked));
+        }
+        match self.remove_log(vhost, stream) {
+            Ok(()) | Err(StreamError::DoesNotExist) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn stream_exists(&self, vhost: &str, stream: &str) -> bool {
@@ -762,7 +838,7 @@ impl warren_store::StreamHost for DiskStreams {
         if let Some(n) = settings.max_segment_size_bytes {
             args.push(("stream-max-segment-size-bytes".to_string(), n.to_string()));
         }
-        match self.create_stream(vhost, name, &args) {
+        match self.create_log(vhost, name, &args) {
             // Created meanwhile by the stream protocol: the same stream.
             Ok(()) | Err(StreamError::AlreadyExists) => Ok(()),
             Err(e) => Err(e.to_string()),
@@ -845,7 +921,7 @@ impl warren_store::StreamHost for DiskStreams {
     }
 
     fn delete(&self, vhost: &str, name: &str) {
-        match self.delete_stream(vhost, name) {
+        match self.remove_log(vhost, name) {
             Ok(()) | Err(StreamError::DoesNotExist) => {}
             Err(e) => tracing::warn!(
                 vhost,

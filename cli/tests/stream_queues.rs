@@ -417,9 +417,80 @@ async fn one_stream_two_protocols() {
             .unwrap();
     }
     producer.close().await.unwrap();
-    declare_stream(&ch, "fromstream").await;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = bounded(ch.queue_declare("fromstream".into(), passive, FieldTable::default()))
+        .await
+        .expect("the stream protocol's stream is an AMQP queue");
+    assert_eq!(q.message_count(), 10);
     let mut c = consume_from(&conn, "fromstream", Some(text("first"))).await;
     expect_bodies(&take(&mut c, 10).await, 0, "s");
+    // Deleted over the stream protocol: gone for AMQP too.
+    env.delete_stream("fromstream").await.expect("delete");
+    let probe = bounded(conn.create_channel()).await.unwrap();
+    let err = bounded(probe.queue_declare("fromstream".into(), passive, FieldTable::default()))
+        .await
+        .expect_err("gone");
+    assert_eq!(reply(&err).0, 404);
+    // Deleted over AMQP: gone for the stream protocol too.
+    bounded(ch.queue_delete("both".into(), QueueDeleteOptions::default()))
+        .await
+        .expect("delete over AMQP");
+    assert!(
+        env.consumer().build("both").await.is_err(),
+        "no stream 'both' left to subscribe to"
+    );
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_publishers_reach_a_stream_through_a_binding() {
+    let dir = data_dir("mqtt");
+    let b = Broker(common::serve(&dir, true, &[]));
+    let conn = connect(b.0.amqp).await;
+    let ch = bounded(conn.create_channel()).await.unwrap();
+    declare_stream(&ch, "readings").await;
+    bounded(ch.queue_bind(
+        "readings".into(),
+        "amq.topic".into(),
+        "sensors.#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    ))
+    .await
+    .unwrap();
+    let port = b.0.mqtt.expect("MQTT port");
+    let mut o = rumqttc::MqttOptions::new("sensor-1", "127.0.0.1", port);
+    o.set_keep_alive(Duration::from_secs(30));
+    let (client, mut events) = rumqttc::AsyncClient::new(o, 16);
+    for i in 0..3 {
+        client
+            .publish(
+                format!("sensors/t{i}"),
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                format!("r{i}"),
+            )
+            .await
+            .unwrap();
+    }
+    // Drive the client until the three PUBACKs (sent once the stream holds them durably).
+    bounded(async {
+        let mut acked = 0;
+        while acked < 3 {
+            if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) =
+                events.poll().await.expect("MQTT client")
+            {
+                acked += 1;
+            }
+        }
+    })
+    .await;
+    let mut c = consume_from(&conn, "readings", Some(text("first"))).await;
+    expect_bodies(&take(&mut c, 3).await, 0, "r");
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
