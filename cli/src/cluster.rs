@@ -1,7 +1,8 @@
 //! `warren serve --node-id N --cluster ADDR --peers ID=ADDR,... --cluster-secret-file FILE`:
 //! the cluster node (warren-cluster's metadata group) beside the broker, and what
-//! `warren ctl cluster-status` shows. The group replicates the definitions map; wiring it
-//! into the broker's topology comes with the core's queue-type seam (docs/cluster.md).
+//! `warren ctl cluster-status` shows. The group carries the broker's metadata changes
+//! (`meta.rs`): the broker proposes them there and applies the committed ones
+//! (docs/cluster.md).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -100,11 +101,14 @@ fn read_secret(path: &Path) -> Result<Vec<u8>, SettingsError> {
     Ok(trimmed.to_vec())
 }
 
-/// Starts the node; its status is served on the admin socket from then on.
-pub async fn start(opts: NodeOptions) -> anyhow::Result<()> {
+/// Starts the node and makes `broker` a member: its metadata changes go through the
+/// group, and it applies the committed ones (`meta.rs`). Call before clients and
+/// operators can reach the broker. Its status is served on the admin socket from then on.
+pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> anyhow::Result<()> {
     let listen = opts.listen;
     let id = opts.id;
     let members = opts.members.len();
+    let data_dir = opts.data_dir.clone();
     let node = ClusterNode::start(opts).await?;
     tracing::info!(node_id = id, members, "listening on {listen} (cluster)");
     // One line per change of leader or of this node's role, for operators (openraft's own
@@ -134,7 +138,21 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<()> {
             }
         }
     });
-    let _ = NODE.set(node);
+    if NODE.set(node).is_err() {
+        anyhow::bail!("cluster node started twice");
+    }
+    let node = NODE
+        .get()
+        .ok_or_else(|| anyhow::anyhow!("cluster node not set"))?;
+    let (replicator, pending) = crate::meta::MetaReplicator::new(node, id);
+    tokio::spawn(crate::meta::run_applier(
+        node,
+        broker.clone(),
+        id,
+        pending,
+        data_dir,
+    ));
+    broker.set_replicator(std::sync::Arc::new(replicator));
     Ok(())
 }
 
