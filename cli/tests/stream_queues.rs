@@ -447,6 +447,66 @@ async fn one_stream_two_protocols() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_truncates_whole_segments() {
+    let dir = data_dir("retention");
+    let b = serve(&dir);
+    let conn = connect(b.0.amqp).await;
+    let ch = bounded(conn.create_channel()).await.unwrap();
+    bounded(ch.queue_declare(
+        "r".into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        table(&[
+            ("x-queue-type", text("stream")),
+            ("x-max-length-bytes", AMQPValue::LongLongInt(20_000)),
+            (
+                "x-stream-max-segment-size-bytes",
+                AMQPValue::LongLongInt(4_000),
+            ),
+            ("x-max-age", text("7D")),
+        ]),
+    ))
+    .await
+    .expect("declare");
+    bounded(ch.confirm_select(ConfirmSelectOptions::default()))
+        .await
+        .unwrap();
+    // 1000 messages of ~100 bytes in batches of 10: ~100 KB, five times the limit.
+    for batch in 0..100 {
+        let pad = "x".repeat(90);
+        publish(
+            &ch,
+            "r",
+            (batch * 10..batch * 10 + 10).map(|i| format!("{i:04}{pad}")),
+        )
+        .await;
+    }
+    let stream_dir = dir.join("streams").join("%2F").join("r");
+    let mut firsts: Vec<u64> = std::fs::read_dir(&stream_dir)
+        .expect("the stream's directory")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            u64::from_str_radix(name.strip_suffix(".sd")?, 16).ok()
+        })
+        .collect();
+    firsts.sort_unstable();
+    let oldest = *firsts.first().expect("segments");
+    assert!(oldest > 0, "the oldest segments were deleted: {firsts:?}");
+    let mut c = consume_from(&conn, "r", Some(text("first"))).await;
+    let got = take(&mut c, 1000 - oldest as usize).await;
+    assert_eq!(
+        got.first().map(|g| g.0),
+        Some(oldest as i64),
+        "reads start at the first retained segment, a whole one"
+    );
+    assert_eq!(got.last().map(|g| g.0), Some(999));
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_publishers_reach_a_stream_through_a_binding() {
     let dir = data_dir("mqtt");
     let b = Broker(common::serve(&dir, true, &[]));
