@@ -825,7 +825,23 @@ impl warren_store::StreamHost for DiskStreams {
         name: &str,
         settings: &warren_core::store::StreamSettings,
     ) -> Result<(), String> {
-        if self.stream_exists(vhost, name) {
+        if let Ok(s) = self.get(vhost, name) {
+            // Opened again with the queue's settings (at start, or a policy changed): the
+            // queue's effective arguments win over what the stream was created with.
+            let has_any = settings.max_length_bytes.is_some()
+                || settings.max_age_ms.is_some()
+                || settings.max_segment_size_bytes.is_some();
+            if has_any {
+                s.with_writer(|w| {
+                    w.log.set_limits(
+                        settings.max_length_bytes,
+                        settings.max_age_ms,
+                        settings.max_segment_size_bytes,
+                    );
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())?;
+            }
             return Ok(());
         }
         let mut args = Vec::new();

@@ -285,17 +285,47 @@ fn retention_from_a_policy_truncates_whole_segments() {
     }
     let r = h.connect(2);
     let got = stream_deliveries(&consume_from(&mut h, r, "capped", "r", 1000, first()));
-    let first = got.first().map(|d| d.2).expect("something retained");
-    assert!(first > 0, "retention dropped the oldest segments");
+    let oldest = got.first().map(|d| d.2).expect("something retained");
+    assert!(oldest > 0, "retention dropped the oldest segments");
     assert_eq!(got.last().map(|d| d.2), Some(99));
     assert_eq!(
         got.len() as i64,
-        100 - first,
+        100 - oldest,
         "dense from the first retained"
     );
     // Whole segments only: what is left is at most the limit plus one segment.
     let bytes: usize = got.len() * 60;
     assert!(bytes <= 1000 + 300 + 60 * 5, "{bytes}");
+    // A policy set after the declare applies to the stream at once.
+    declare_stream(
+        &mut h,
+        c,
+        "later",
+        FieldTable::from([(
+            "x-stream-max-segment-size-bytes".into(),
+            FieldValue::I64(300),
+        )]),
+    );
+    for i in 0..100 {
+        h.publish(c, "", "later", &format!("{i:03}"));
+    }
+    let policy = warren_core::policy::PolicyDef {
+        vhost: "/".into(),
+        name: "later".into(),
+        pattern: "^later$".into(),
+        apply_to: warren_core::policy::ApplyTo::Queues,
+        priority: 0,
+        definition: FieldTable::from([("max-length-bytes".into(), FieldValue::I64(1000))]),
+    };
+    h.shards.admin(h.now, AdminRequest::SetPolicy(policy));
+    h.settle();
+    let r = h.connect(3);
+    let got = stream_deliveries(&consume_from(&mut h, r, "later", "r", 1000, first()));
+    assert!(
+        got.first().is_some_and(|d| d.2 > 0),
+        "the new policy's retention dropped the oldest segments"
+    );
+    assert_eq!(got.last().map(|d| d.2), Some(99));
 }
 
 #[test]

@@ -672,6 +672,12 @@ impl Store for DiskStore {
             .streams
             .clone()
             .ok_or_else(|| self.fail("stream open", "this node has no stream storage"))?;
+        if let Some(s) = self.streams.get(&queue) {
+            // Open already: new settings (a policy changed).
+            s.reopen(host.as_ref(), settings)
+                .map_err(|e| self.fail("stream open", e))?;
+            return s.bounds(host.as_ref());
+        }
         let s = stream_host::OpenStream::open(host.as_ref(), vhost, name, settings)
             .map_err(|e| self.fail("stream open", e))?;
         let bounds = s.bounds(host.as_ref())?;

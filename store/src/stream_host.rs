@@ -77,6 +77,15 @@ impl OpenStream {
         })
     }
 
+    /// Applies new settings to the open stream.
+    pub(crate) fn reopen(
+        &self,
+        host: &dyn StreamHost,
+        settings: &StreamSettings,
+    ) -> Result<(), StoreError> {
+        host.open(&self.vhost, &self.name, settings).map_err(err)
+    }
+
     pub(crate) fn append(
         &mut self,
         host: &dyn StreamHost,

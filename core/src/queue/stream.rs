@@ -167,6 +167,8 @@ struct Cursor {
 
 /// A stream queue's state (see the module docs).
 pub(crate) struct StreamQueue {
+    /// Its settings (arguments over policy), as the log applies them.
+    pub(crate) settings: StreamSettings,
     /// The log, when the broker has no store.
     local: Option<MemLog>,
     /// By consumer id (ids only grow: pushed in order).
@@ -180,7 +182,8 @@ impl StreamQueue {
     /// `local`.
     pub(crate) fn new(settings: StreamSettings, local: bool) -> StreamQueue {
         StreamQueue {
-            local: local.then(|| MemLog::new(settings)),
+            local: local.then(|| MemLog::new(settings.clone())),
+            settings,
             cursors: Vec::new(),
             rr: 0,
         }
@@ -228,6 +231,33 @@ impl StreamQueue {
         }
         io.out.durable_write = true;
         Enqueued::Durable
+    }
+
+    /// A policy changed its settings: the log applies them from now on.
+    pub(crate) fn set_settings(
+        &mut self,
+        id: crate::ids::QueueId,
+        io: &mut QueueIo<'_>,
+        vhost: &str,
+        name: &str,
+        settings: StreamSettings,
+    ) {
+        match &mut self.local {
+            Some(log) => {
+                log.set_settings(settings.clone());
+                log.retain(io.now);
+            }
+            None => {
+                let reopened = io
+                    .store
+                    .as_deref_mut()
+                    .map(|s| s.stream_open(id, vhost, name, &settings));
+                if !matches!(reopened, Some(Ok(_))) {
+                    io.out.store_failed = true;
+                }
+            }
+        }
+        self.settings = settings;
     }
 
     /// A consumer starts at `start`.
