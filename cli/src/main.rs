@@ -151,6 +151,15 @@ struct ServeArgs {
     /// Where the broker keeps its data (default ./warren-data).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// The administrator a new broker starts with, with full permissions on vhost `/`
+    /// (RabbitMQ's default_user; default guest, which logs in from loopback only). Used on
+    /// the first start of a data directory only: later the stored users count.
+    #[arg(long)]
+    default_user: Option<String>,
+    /// Its password (RabbitMQ's default_pass; default guest). Prefer WARREN_DEFAULT_PASS or
+    /// the config file: a flag shows in the process list.
+    #[arg(long)]
+    default_pass: Option<String>,
     /// Memory above which publishers are blocked until consumers catch up (RabbitMQ's
     /// vm_memory_high_watermark): a fraction of this machine's RAM (`0.4`, the default) or an
     /// absolute size (`512MiB`, `2GB`). Compared with the larger of the queued message bodies
@@ -222,6 +231,10 @@ struct ServeArgs {
     /// RabbitMQ's Erlang cookie); peers prove they know it, it never crosses the network
     #[arg(long)]
     cluster_secret_file: Option<PathBuf>,
+    /// Start as a new member of an existing cluster (its --peers may be empty): propose no
+    /// membership of its own; then run `warren ctl join ID IP:PORT` on a member
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    join: Option<bool>,
 }
 
 impl ServeArgs {
@@ -257,6 +270,7 @@ impl ServeArgs {
         }
         list!(amqp, amqps, mqtt, mqtts, mqtt_ws, mqtt_wss, peers);
         flag!(
+            join,
             mqtt_ws_path,
             tls_verify_peer,
             tls_fail_if_no_peer_cert,
@@ -267,6 +281,8 @@ impl ServeArgs {
             mqtt_max_offline_messages,
             sys_interval,
             data_dir,
+            default_user,
+            default_pass,
             memory_high_watermark,
             disk_free_limit,
             fsync,
@@ -750,8 +766,19 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         None => None,
     };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
+    // guest/guest keeps the fixed hash a fresh RabbitMQ exports; another password gets a
+    // salt of its own.
+    let default_pass_hash = if s.default_pass == "guest" && s.default_user == "guest" {
+        warren_core::access::DEFAULT_GUEST_HASH.to_vec()
+    } else {
+        let salt = warren_runtime::os_seed().context("cannot read OS randomness for a salt")?;
+        let salt = (salt as u32).to_be_bytes();
+        warren_core::access::hash_password(salt, &s.default_pass)
+    };
     let config = warren_core::BrokerConfig {
         seed,
+        default_user: s.default_user.clone(),
+        default_pass_hash,
         memory_high_watermark,
         disk_free_limit: if s.in_memory { 0 } else { disk_free_limit },
         ..warren_core::BrokerConfig::default()

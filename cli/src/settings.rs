@@ -59,6 +59,10 @@ pub struct Settings {
     /// Seconds between publications of the `$SYS/broker/...` topics; 0 disables them.
     pub sys_interval: u64,
     pub data_dir: PathBuf,
+    /// The user a new broker starts with (RabbitMQ's default_user; first start only).
+    pub default_user: String,
+    /// Its password (RabbitMQ's default_pass).
+    pub default_pass: String,
     /// A fraction of RAM (`0.4`) or a size (`"512MiB"`); see [`parse_watermark`].
     #[serde(deserialize_with = "number_or_string")]
     pub memory_high_watermark: String,
@@ -89,6 +93,9 @@ pub struct Settings {
     pub peers: Vec<String>,
     /// A file holding the shared cluster secret.
     pub cluster_secret_file: Option<PathBuf>,
+    /// Start as a new member of an existing cluster: propose no first membership; a
+    /// member adds this node with `warren ctl join`.
+    pub join: bool,
 }
 
 impl Default for Settings {
@@ -124,6 +131,8 @@ impl Default for Settings {
             mqtt_max_offline_messages: mqtt.max_offline_messages,
             sys_interval: mqtt.sys_interval.map_or(0, |d| d.as_secs()),
             data_dir: "./warren-data".into(),
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
             memory_high_watermark: "0.4".into(),
             disk_free_limit: "50MB".into(),
             fsync: Fsync::On,
@@ -141,6 +150,7 @@ impl Default for Settings {
             cluster: None,
             peers: Vec::new(),
             cluster_secret_file: None,
+            join: false,
         }
     }
 }
@@ -265,6 +275,8 @@ impl Settings {
         env!(mqtt_max_offline_messages, |n, v| parse(&n, v)?);
         env!(sys_interval, |n, v| parse(&n, v)?);
         env!(data_dir, |n, v| v.into());
+        env!(default_user, |n, v| v.to_string());
+        env!(default_pass, |n, v| v.to_string());
         env!(memory_high_watermark, |n, v| v.to_string());
         env!(disk_free_limit, |n, v| v.to_string());
         env!(fsync, |n, v| match v {
@@ -290,6 +302,7 @@ impl Settings {
         env!(cluster, |n, v| Some(v.to_string()));
         env!(peers, |n, v| list(v));
         env!(cluster_secret_file, |n, v| Some(v.into()));
+        env!(join, |n, v| boolean(&n, v)?);
         Ok(())
     }
 
@@ -320,6 +333,12 @@ impl Settings {
         }
         if let Err(e) = self.stream_addr() {
             return Err(SettingsError(format!("{}{}", at("stream"), e.0)));
+        }
+        if self.default_user.is_empty() {
+            return Err(SettingsError(format!(
+                "{}default_user must not be empty",
+                at("default_user")
+            )));
         }
         if !(1..=256).contains(&self.shards) {
             return Err(SettingsError(format!(

@@ -1600,3 +1600,58 @@ async fn certificate_logins_by_subject_alternative_name() {
         .collect();
     assert_eq!(users, ["sensor-7.devices", "sensor-7.devices"], "{listed}");
 }
+
+/// `--default-user` and `WARREN_DEFAULT_PASS` (RabbitMQ's default_user/default_pass): a new
+/// data directory starts with that administrator instead of guest; later starts keep the
+/// stored users whatever the flags say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_user_is_configurable_on_the_first_start() {
+    let dir = data_dir("defaultuser");
+    let login = |addr: SocketAddr, user: &str, pass: &str| {
+        let uri = format!("amqp://{user}:{pass}@{addr}/%2f");
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+            )
+            .await
+            .expect("answered within 10 s")
+        }
+    };
+    // Broker::start passes --data-dir `dir`: a store, not --in-memory.
+    let args = ["--amqp", "127.0.0.1:0", "--mqtt", "none"];
+    let broker = Broker::start_env(
+        &dir,
+        &[&args[..], &["--default-user", "admin"]].concat(),
+        1,
+        &[("WARREN_DEFAULT_PASS", "s3cret")],
+    );
+    let addr = broker.addr("(AMQP");
+    login(addr, "admin", "s3cret")
+        .await
+        .expect("the default user");
+    assert!(login(addr, "guest", "guest").await.is_err(), "no guest");
+    // A clean stop (SIGTERM), as an operator restarts.
+    let mut broker = broker;
+    broker.signal(libc::SIGTERM);
+    let status = broker.child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+    drop(broker);
+    let broker = Broker::start(
+        &dir,
+        &[
+            &args[..],
+            &["--default-user", "admin", "--default-pass", "other"],
+        ]
+        .concat(),
+        1,
+    );
+    let addr = broker.addr("(AMQP");
+    login(addr, "admin", "s3cret")
+        .await
+        .expect("the stored user and password");
+    assert!(
+        login(addr, "admin", "other").await.is_err(),
+        "first start only"
+    );
+}

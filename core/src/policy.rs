@@ -72,6 +72,9 @@ const QUEUE_KEYS: &[(&str, &str)] = &[
         "stream-max-segment-size-bytes",
         "x-stream-max-segment-size-bytes",
     ),
+    // Quorum queues' (a classic queue ignores them, as RabbitMQ's do).
+    ("delivery-limit", "x-delivery-limit"),
+    ("dead-letter-strategy", "x-dead-letter-strategy"),
 ];
 /// Policy keys for exchanges.
 const EXCHANGE_KEYS: &[(&str, &str)] = &[("alternate-exchange", "alternate-exchange")];

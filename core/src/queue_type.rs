@@ -16,6 +16,11 @@ pub enum QueueType {
     /// RabbitMQ's stream: an append-only log that consumers read from any offset without
     /// removing anything (`queue::stream`); durable only, read with a prefetch.
     Stream,
+    /// RabbitMQ's quorum queue: durable only, every message stored and confirmed after
+    /// the sync, delivery counts with `x-delivery-limit`; its state moves by the commands
+    /// of `queue::quorum` (a Raft log's entries once it is replicated; a group of one on a
+    /// single node).
+    Quorum,
 }
 
 /// What the rest of the broker may rely on for a queue type.
@@ -35,6 +40,13 @@ pub struct Capabilities {
     pub exclusive: bool,
     /// A consumer must set a prefetch (`basic.qos`) first (streams).
     pub needs_prefetch: bool,
+    /// The queue may be auto-delete (406 otherwise: quorum queues).
+    pub auto_delete: bool,
+    /// The server may name the queue (`queue.declare` with an empty name).
+    pub server_named: bool,
+    /// Queue arguments RabbitMQ knows that this type refuses (406 "invalid arg ... of queue
+    /// type ..."); arguments nobody knows are ignored, as RabbitMQ ignores them.
+    pub refused_arguments: &'static [&'static str],
 }
 
 impl QueueType {
@@ -42,7 +54,7 @@ impl QueueType {
     /// listed but not served is refused with a message that says so.
     const NAMED: &'static [(&'static str, Option<QueueType>)] = &[
         ("classic", Some(QueueType::Classic)),
-        ("quorum", None),
+        ("quorum", Some(QueueType::Quorum)),
         ("stream", Some(QueueType::Stream)),
     ];
 
@@ -74,6 +86,17 @@ impl QueueType {
         match self {
             QueueType::Classic => "classic",
             QueueType::Stream => "stream",
+            QueueType::Quorum => "quorum",
+        }
+    }
+
+    /// RabbitMQ's module for the type, as its errors name it ("... of queue type
+    /// rabbit_quorum_queue").
+    pub fn module(self) -> &'static str {
+        match self {
+            QueueType::Classic => "rabbit_classic_queue",
+            QueueType::Stream => "rabbit_stream_queue",
+            QueueType::Quorum => "rabbit_quorum_queue",
         }
     }
 
@@ -82,6 +105,7 @@ impl QueueType {
         match self {
             QueueType::Classic => &CLASSIC,
             QueueType::Stream => &STREAM,
+            QueueType::Quorum => &QUORUM,
         }
     }
 }
@@ -93,8 +117,37 @@ const CLASSIC: Capabilities = Capabilities {
     durable_only: false,
     exclusive: true,
     needs_prefetch: false,
+    auto_delete: true,
+    server_named: true,
+    refused_arguments: &[],
 };
 
+/// RabbitMQ 3.10's quorum queue (`rabbit_quorum_queue:capabilities/0`, checked against
+/// 3.10.8): the arguments RabbitMQ knows that a quorum queue refuses. `x-message-ttl` is
+/// allowed since 3.10; `x-overflow: reject-publish-dlx` is taken and acts as drop-head.
+const QUORUM: Capabilities = Capabilities {
+    basic_get: true,
+    ack_removes: true,
+    requeue: true,
+    durable_only: true,
+    exclusive: false,
+    needs_prefetch: false,
+    auto_delete: false,
+    server_named: false,
+    refused_arguments: &[
+        "x-max-priority",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-queue-master-locator",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-initial-cluster-size",
+    ],
+};
+
+/// RabbitMQ 3.10's stream (`rabbit_stream_queue:capabilities/0`, checked against 3.10.8):
+/// the arguments of other types it refuses; its own (`x-max-length-bytes`, `x-max-age`,
+/// `x-stream-max-segment-size-bytes`) are read by `queue::stream::settings`.
 const STREAM: Capabilities = Capabilities {
     basic_get: false,
     ack_removes: false,
@@ -102,6 +155,25 @@ const STREAM: Capabilities = Capabilities {
     durable_only: true,
     exclusive: false,
     needs_prefetch: true,
+    auto_delete: false,
+    server_named: false,
+    refused_arguments: &[
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-max-priority",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-delivery-limit",
+        "x-dead-letter-strategy",
+        "x-queue-master-locator",
+    ],
 };
 
 #[cfg(test)]
@@ -110,7 +182,7 @@ mod tests {
     use crate::message::FieldValue;
 
     #[test]
-    fn classic_and_stream_queues_are_served() {
+    fn classic_quorum_and_stream_queues_are_served() {
         let with = |v: FieldValue| {
             let mut t = FieldTable::default();
             t.insert("x-queue-type".into(), v);
@@ -121,14 +193,14 @@ mod tests {
             Ok(QueueType::Classic)
         );
         assert_eq!(with(FieldValue::string("classic")), Ok(QueueType::Classic));
+        assert_eq!(with(FieldValue::string("quorum")), Ok(QueueType::Quorum));
         assert_eq!(with(FieldValue::string("stream")), Ok(QueueType::Stream));
         let stream = QueueType::Stream.capabilities();
         assert!(!stream.basic_get && !stream.ack_removes && stream.durable_only);
-        assert!(stream.needs_prefetch && !stream.exclusive);
+        assert!(stream.needs_prefetch && !stream.exclusive && !stream.auto_delete);
+        assert!(stream.refused_arguments.contains(&"x-max-length"));
         assert_eq!(QueueType::Stream.name(), "stream");
-        let (arg, reason) = with(FieldValue::string("quorum")).unwrap_err();
-        assert_eq!(arg, "x-queue-type");
-        assert!(reason.contains("'quorum' is not supported yet"), "{reason}");
+        assert_eq!(QueueType::Stream.module(), "rabbit_stream_queue");
         assert_eq!(
             with(FieldValue::string("bogus")),
             Err(("x-queue-type", "\"unsupported queue type 'bogus'\"".into()))
@@ -139,5 +211,9 @@ mod tests {
         );
         assert_eq!(QueueType::Classic.name(), "classic");
         assert!(QueueType::Classic.capabilities().basic_get);
+        let quorum = QueueType::Quorum.capabilities();
+        assert_eq!(QueueType::Quorum.name(), "quorum");
+        assert!(quorum.durable_only && !quorum.exclusive && !quorum.auto_delete);
+        assert!(quorum.refused_arguments.contains(&"x-max-priority"));
     }
 }

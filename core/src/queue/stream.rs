@@ -24,60 +24,6 @@ use std::sync::Arc;
 /// more), so a consumer holds at most about this many besides its unacked deliveries.
 const READ_BATCH: usize = 128;
 
-/// Queue arguments a stream refuses (RabbitMQ 3.10's list: they are other types'); others
-/// not listed are ignored, as RabbitMQ ignores arguments it does not know.
-const REFUSED_ARGS: &[&str] = &[
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-in-memory-length",
-    "x-max-in-memory-bytes",
-    "x-overflow",
-    "x-max-priority",
-    "x-queue-mode",
-    "x-queue-version",
-    "x-single-active-consumer",
-    "x-delivery-limit",
-    "x-dead-letter-strategy",
-    "x-queue-master-locator",
-];
-
-/// Why a stream declare is refused, with RabbitMQ's words: `property` (a queue flag a
-/// stream cannot have: "non-durable", "exclusive-owner", "auto-delete"), or an argument.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
-    Property(&'static str),
-    /// An argument of another queue type.
-    OtherTypes(String),
-    Arg(ArgError),
-}
-
-/// Checks a stream declare (its flags and its own arguments) and reads its settings from
-/// `effective` (its arguments over its policy's).
-pub(crate) fn check_declare(
-    durable: bool,
-    exclusive: bool,
-    auto_delete: bool,
-    own: &FieldTable,
-    effective: &FieldTable,
-) -> Result<StreamSettings, Refused> {
-    if !durable {
-        return Err(Refused::Property("non-durable"));
-    }
-    if exclusive {
-        return Err(Refused::Property("exclusive-owner"));
-    }
-    if auto_delete {
-        return Err(Refused::Property("auto-delete"));
-    }
-    if let Some(arg) = REFUSED_ARGS.iter().find(|a| own.contains_key(**a)) {
-        return Err(Refused::OtherTypes((*arg).to_string()));
-    }
-    settings(effective).map_err(Refused::Arg)
-}
-
 /// A stream's settings from its effective arguments.
 pub(crate) fn settings(args: &FieldTable) -> Result<StreamSettings, ArgError> {
     let mut s = StreamSettings::default();
@@ -448,33 +394,13 @@ mod tests {
     }
 
     #[test]
-    fn declares_are_checked_with_rabbitmqs_words() {
-        let none = FieldTable::new();
-        let check = |d, e, a, own: &FieldTable| check_declare(d, e, a, own, own);
-        assert_eq!(
-            check(false, false, false, &none),
-            Err(Refused::Property("non-durable"))
-        );
-        assert_eq!(
-            check(true, true, false, &none),
-            Err(Refused::Property("exclusive-owner"))
-        );
-        assert_eq!(
-            check(true, false, true, &none),
-            Err(Refused::Property("auto-delete"))
-        );
-        let mut t = FieldTable::new();
-        t.insert("x-max-length".into(), FieldValue::I64(10));
-        assert_eq!(
-            check(true, false, false, &t),
-            Err(Refused::OtherTypes("x-max-length".into()))
-        );
+    fn settings_are_read_with_rabbitmqs_words() {
         let mut t = FieldTable::new();
         t.insert("x-max-age".into(), FieldValue::string("7x"));
-        assert_eq!(
-            check(true, false, false, &t),
-            Err(Refused::Arg(("x-max-age", "invalid_max_age".into())))
-        );
+        assert_eq!(settings(&t), Err(("x-max-age", "invalid_max_age".into())));
+        let mut t = FieldTable::new();
+        t.insert("x-stream-max-segment-size-bytes".into(), FieldValue::I64(0));
+        assert!(settings(&t).is_err());
         let mut t = FieldTable::new();
         t.insert("x-max-age".into(), FieldValue::string("1h"));
         t.insert("x-max-length-bytes".into(), FieldValue::I64(1000));
@@ -483,7 +409,7 @@ mod tests {
             FieldValue::I32(100),
         );
         assert_eq!(
-            check(true, false, false, &t),
+            settings(&t),
             Ok(StreamSettings {
                 max_length_bytes: Some(1000),
                 max_age_ms: Some(3_600_000),

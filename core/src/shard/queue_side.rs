@@ -28,6 +28,9 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-single-active-consumer",
     "x-max-age",
     "x-stream-max-segment-size-bytes",
+    "x-delivery-limit",
+    "x-dead-letter-strategy",
+    "x-quorum-initial-group-size",
 ];
 
 fn describe(v: Option<&FieldValue>) -> String {
@@ -441,6 +444,14 @@ impl Broker {
                 self.qs.streams.insert(id);
                 q
             }
+            QueueType::Quorum => {
+                if let Some(store) = self.store.as_mut() {
+                    store.keep_every_message(id);
+                }
+                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                q.quorum = Some(Box::default());
+                q
+            }
         };
         let is_stream = c.kind == QueueType::Stream;
         queue.durable = d.durable;
@@ -449,7 +460,7 @@ impl Broker {
         // A stream's settings are its own; a policy's classic keys (TTL, expiry) do not
         // apply to it.
         if !is_stream {
-            queue.args = c.args.into();
+            queue.set_args(c.args);
         }
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();

@@ -510,14 +510,10 @@ impl Broker {
         }
         let policy = self.topo.policy(vh, name, true);
         let effective = crate::policy::queue_arguments(&d.arguments, policy);
-        // A restore keeps a queue an older Warren stored with another type: it always was
-        // a classic queue, and its messages are on disk.
-        // Streams never were classic queues (Warren refused them until it had them).
+        // A restore keeps the type a queue was stored with; one an older Warren stored with
+        // a type it did not serve always was a classic queue, and its messages are on disk.
         let kind = if self.restoring {
-            Ok(QueueType::from_arguments(&d.arguments)
-                .ok()
-                .filter(|k| *k == QueueType::Stream)
-                .unwrap_or(QueueType::Classic))
+            Ok(QueueType::from_arguments(&d.arguments).unwrap_or(QueueType::Classic))
         } else {
             QueueType::from_arguments(&d.arguments)
         };
@@ -533,33 +529,25 @@ impl Broker {
                     ),
                 )
             })?;
-        let stream = if kind == QueueType::Stream {
-            use crate::queue::stream::{Refused, check_declare};
-            let checked = check_declare(
-                d.durable,
-                d.exclusive,
-                d.auto_delete,
-                &d.arguments,
-                &effective,
-            );
-            let vhost = self.vhost_name(vh);
-            Some(checked.map_err(|r| {
-                let text = match r {
-                    Refused::Property(p) => {
-                        format!("invalid property '{p}' for queue '{name}' in vhost '{vhost}'")
-                    }
-                    Refused::OtherTypes(arg) => format!(
-                        "invalid arg '{arg}' for queue '{name}' in vhost '{vhost}' of queue \
-                         type rabbit_stream_queue"
-                    ),
-                    Refused::Arg((arg, reason)) => format!(
-                        "invalid arg '{arg}' for queue '{name}' in vhost '{vhost}': {reason}"
-                    ),
-                };
-                ProtocolError::new(ErrorCode::PreconditionFailed, op, text)
-            })?)
-        } else {
-            None
+        if !self.restoring {
+            // The channel side named a server-named queue already (`amq.gen-`).
+            let server_named = trusted_name && name.starts_with("amq.gen-");
+            self.check_queue_type(vh, d, kind, server_named)?;
+        }
+        let stream = match kind {
+            QueueType::Stream => Some(crate::queue::stream::settings(&effective).map_err(
+                |(arg, reason)| {
+                    ProtocolError::new(
+                        ErrorCode::PreconditionFailed,
+                        op,
+                        format!(
+                            "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
+                            self.vhost_name(vh)
+                        ),
+                    )
+                },
+            )?),
+            _ => None,
         };
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
@@ -601,6 +589,53 @@ impl Broker {
             }),
         });
         Ok(())
+    }
+
+    /// What a queue's type refuses in a declare, in RabbitMQ 3.10's order and words: a
+    /// server-generated name, an argument RabbitMQ knows that the type does not take, then
+    /// the properties (auto-delete, exclusive, non-durable) the type cannot have.
+    fn check_queue_type(
+        &self,
+        vh: VhostId,
+        d: &QueueDeclare,
+        kind: QueueType,
+        server_named: bool,
+    ) -> OpResult {
+        let caps = kind.capabilities();
+        let fail = |text: String| {
+            Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                OpKind::QueueDeclare,
+                text,
+            ))
+        };
+        if server_named && !caps.server_named {
+            return fail(format!(
+                "Cannot declare a server-named queue for type {}",
+                kind.module()
+            ));
+        }
+        let rs = format!("queue '{}' in vhost '{}'", d.queue, self.vhost_name(vh));
+        if let Some(arg) = caps
+            .refused_arguments
+            .iter()
+            .find(|a| d.arguments.contains_key(**a))
+        {
+            return fail(format!(
+                "invalid arg '{arg}' for {rs} of queue type {}",
+                kind.module()
+            ));
+        }
+        let property = if d.auto_delete && !caps.auto_delete {
+            "auto-delete"
+        } else if d.exclusive && !caps.exclusive {
+            "exclusive-owner"
+        } else if !d.durable && caps.durable_only {
+            "non-durable"
+        } else {
+            return Ok(());
+        };
+        fail(format!("invalid property '{property}' for {rs}"))
     }
 
     /// Topology learns that queue `id` exists: it becomes routable, and its declarer gets
