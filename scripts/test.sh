@@ -343,6 +343,12 @@ cluster_script() {
     WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test script
 }
 
+cluster_metadata() {
+  # The same needs as cluster_script (which installs iproute2 when missing).
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
+}
+
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto, mosquitto-clients, openssl (Debian)" setup_mosquitto_clients
@@ -368,6 +374,7 @@ step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.p
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
+step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt; over TLS with mosquitto_pub/sub too)" python_tests

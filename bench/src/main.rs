@@ -7,11 +7,11 @@
 //! `mqtt_workloads` (the same for MQTT 3.1.1), `runner` (what every workload shares:
 //! timestamps, counters, timeline, progress and /proc sampling), `report` (latency
 //! histogram, table/JSON/CSV output), `svg` (plots over time); `conns` (idle MQTT or AMQP
-//! connections; the AMQP side in `idle_amqp`); `alloc` (the counting allocator
-//! `conns --socketless` reads); `streams` (seed 003's stream table over the stream
+//! connections; the AMQP side in `idle_amqp`); `alloc` (warren-runtime's counting
+//! allocator, which `conns --socketless` reads); `streams` (seed 003's stream table over the stream
 //! protocol). Each kind of bench is one `BenchCommand` variant.
 
-mod alloc;
+use warren_runtime::counting as alloc;
 mod client;
 mod conns;
 mod handshakes;
@@ -107,9 +107,9 @@ enum BenchCommand {
     MqttQos1(RunArgs),
     /// MQTT QoS 2 one-to-one (PUBREC/PUBREL/PUBCOMP both ways).
     MqttQos2(RunArgs),
-    /// MQTT: 10 publishers -> 1 subscriber at --qos.
+    /// MQTT: --fan publishers (10) -> 1 subscriber at --qos.
     MqttFanIn(RunArgs),
-    /// MQTT: 1 publisher -> 10 subscribers at --qos.
+    /// MQTT: 1 publisher -> --fan subscribers (10) at --qos.
     MqttFanOut(RunArgs),
     /// Every MQTT workload above.
     MqttAll(RunArgs),
@@ -140,6 +140,9 @@ struct RunArgs {
     /// QoS of mqtt-fan-in and mqtt-fan-out.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
     qos: u8,
+    /// Publishers of mqtt-fan-in, subscribers of mqtt-fan-out.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    fan: u32,
     /// MQTT QoS 1/2 messages in flight per publisher (as a Receive Maximum would allow).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=32768))]
     window: u32,
@@ -246,6 +249,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
             seconds: a.seconds,
             size: a.size as usize,
             qos: a.qos,
+            fan: a.fan as usize,
             window: a.window,
             rate: a.rate,
             count: a.count,

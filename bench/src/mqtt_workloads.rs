@@ -19,8 +19,6 @@ use tokio::time::{Instant, sleep_until};
 
 /// Packet ids are 16-bit: a window above half of them could collide with slow acks.
 pub const MAX_WINDOW: u32 = 32_768;
-/// Publishers and subscribers of fan-in and fan-out.
-const FAN: usize = 10;
 
 #[derive(Clone)]
 pub struct MqttOptions {
@@ -29,6 +27,8 @@ pub struct MqttOptions {
     pub size: usize,
     /// QoS of fan-in and fan-out (the one-to-one workloads name theirs).
     pub qos: u8,
+    /// Publishers of fan-in, subscribers of fan-out.
+    pub fan: usize,
     /// QoS 1/2 messages in flight per publisher.
     pub window: u32,
     pub rate: u64,
@@ -55,8 +55,8 @@ pub async fn run(workload: &str, o: &MqttOptions) -> anyhow::Result<Vec<Row>> {
             "mqtt-qos0" => (0, 1, 1),
             "mqtt-qos1" => (1, 1, 1),
             "mqtt-qos2" => (2, 1, 1),
-            "mqtt-fan-in" => (o.qos, FAN, 1),
-            _ => (o.qos, 1, FAN),
+            "mqtt-fan-in" => (o.qos, o.fan, 1),
+            _ => (o.qos, 1, o.fan),
         };
         let label = if name.starts_with("mqtt-fan") {
             format!("{name} qos{qos}")

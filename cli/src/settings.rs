@@ -93,6 +93,9 @@ pub struct Settings {
     pub peers: Vec<String>,
     /// A file holding the shared cluster secret.
     pub cluster_secret_file: Option<PathBuf>,
+    /// Start as a new member of an existing cluster: propose no first membership; a
+    /// member adds this node with `warren ctl join`.
+    pub join: bool,
 }
 
 impl Default for Settings {
@@ -147,6 +150,7 @@ impl Default for Settings {
             cluster: None,
             peers: Vec::new(),
             cluster_secret_file: None,
+            join: false,
         }
     }
 }
@@ -298,6 +302,7 @@ impl Settings {
         env!(cluster, |n, v| Some(v.to_string()));
         env!(peers, |n, v| list(v));
         env!(cluster_secret_file, |n, v| Some(v.into()));
+        env!(join, |n, v| boolean(&n, v)?);
         Ok(())
     }
 

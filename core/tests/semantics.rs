@@ -434,6 +434,29 @@ fn unknown_delivery_tag_is_a_channel_error_that_leaves_other_channels_alone() {
 }
 
 #[test]
+fn a_host_refusal_is_that_channels_error_and_changes_nothing() {
+    // A cluster host whose metadata change could not commit refuses the request (Op::Refuse).
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let other = h.open(1, 2);
+    let refused = warren_core::error::ProtocolError::new(
+        warren_core::error::ErrorCode::PreconditionFailed,
+        warren_core::command::OpKind::QueueDeclare,
+        "cluster metadata store unavailable",
+    );
+    match h.op(c, Op::Refuse(refused.clone())).as_slice() {
+        [Effect::ChannelError { ch, error }] => {
+            assert_eq!(*ch, c);
+            assert_eq!(*error, refused);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h.publish(c, "", "x", "y").is_empty());
+    h.op(c, Op::ChannelCloseOk);
+    assert_eq!(h.declare(other, "still-works"), "still-works");
+}
+
+#[test]
 fn passive_declare_of_a_missing_queue_is_404() {
     let mut h = Harness::new();
     let c = h.connect(1);
@@ -821,6 +844,49 @@ fn flow_control_paces_pure_publishers_to_their_consumers() {
     }
     assert!(resumed);
     assert!(h.shards[0].queue_len("q").is_some_and(|n| n <= 2));
+}
+
+/// A queue drained by basic.get while its consumers wait for credit resumes the publishers
+/// it paused: before, only a dispatch checked for the drain, and a consumer without credit
+/// never dispatches, so the publisher stayed paused at an empty queue until that consumer
+/// wrote something.
+#[test]
+fn a_queue_drained_by_basic_get_resumes_its_paused_publisher() {
+    let mut h = Harness::with_config(BrokerConfig {
+        flow_ready_high: 4,
+        write_window: 1,
+        ..BrokerConfig::default()
+    });
+    let publisher = h.connect(1);
+    let consumer = h.connect(2);
+    let getter = h.connect(3);
+    h.declare(publisher, "q");
+    for i in 0..6 {
+        h.publish(publisher, "", "q", &i.to_string());
+    }
+    // The consumer's window holds one delivery, and it never reports it written.
+    assert_eq!(bodies(&h.consume(consumer, "q", "t", true)), ["0"]);
+    assert_eq!(
+        h.publish(publisher, "", "q", "6"),
+        vec![Effect::FlowPaused {
+            conn: publisher.conn
+        }]
+    );
+    let mut resumed = false;
+    for _ in 0..6 {
+        let fx = h.op(
+            getter,
+            Op::Get {
+                queue: "q".into(),
+                no_ack: true,
+            },
+        );
+        resumed |= fx.contains(&Effect::FlowResumed {
+            conn: publisher.conn,
+        });
+    }
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
+    assert!(resumed, "the publisher stays paused at an empty queue");
 }
 
 /// Flow control, the write window and paging together (issue 21, one_fast stalls): a

@@ -26,6 +26,9 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-max-priority",
     "x-queue-type",
     "x-single-active-consumer",
+    "x-delivery-limit",
+    "x-dead-letter-strategy",
+    "x-quorum-initial-group-size",
 ];
 
 fn describe(v: Option<&FieldValue>) -> String {
@@ -158,6 +161,13 @@ impl Broker {
     /// then resumes the publishers it paused once it has drained to half the flow mark.
     pub(super) fn dispatch(&mut self, id: QueueId) {
         self.dispatch_ready(id);
+        self.resume_if_drained(id);
+    }
+
+    /// Resumes the publishers queue `id` paused once it has drained to half the flow mark.
+    /// Checked after a dispatch and after a basic.get (expiry is followed by a dispatch): a
+    /// queue drained by basic.get while its consumers wait for credit never dispatches.
+    fn resume_if_drained(&mut self, id: QueueId) {
         let low = self.config.flow_ready_high / 2;
         if self
             .qs
@@ -274,6 +284,7 @@ impl Broker {
         let got = self
             .with_queue(queue, |q, io| q.get(io, no_ack, may_expire))
             .flatten();
+        self.resume_if_drained(queue);
         self.mail.push_back(Mail::Got {
             queue,
             to,
@@ -359,11 +370,19 @@ impl Broker {
         // The queue-type seam's one match: the state of the queue's type.
         let mut queue = match c.kind {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
+            QueueType::Quorum => {
+                if let Some(store) = self.store.as_mut() {
+                    store.keep_every_message(id);
+                }
+                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                q.quorum = Some(Box::default());
+                q
+            }
         };
         queue.durable = d.durable;
         queue.exclusive_owner = owner;
         queue.auto_delete = d.auto_delete;
-        queue.args = c.args.into();
+        queue.set_args(c.args);
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
         // Messages a durable queue's log already holds (a restore) count in declare-ok.
