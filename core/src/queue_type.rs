@@ -44,6 +44,10 @@ pub struct Capabilities {
     pub auto_delete: bool,
     /// The server may name the queue (`queue.declare` with an empty name).
     pub server_named: bool,
+    /// A consumer may share its channel's global prefetch (`basic.qos` global) with it;
+    /// otherwise consuming on such a channel closes the connection with 540, as in
+    /// RabbitMQ.
+    pub global_qos: bool,
     /// Queue arguments RabbitMQ knows that this type refuses (406 "invalid arg ... of queue
     /// type ..."); arguments nobody knows are ignored, as RabbitMQ ignores them.
     pub refused_arguments: &'static [&'static str],
@@ -119,6 +123,7 @@ const CLASSIC: Capabilities = Capabilities {
     needs_prefetch: false,
     auto_delete: true,
     server_named: true,
+    global_qos: true,
     refused_arguments: &[],
 };
 
@@ -134,6 +139,7 @@ const QUORUM: Capabilities = Capabilities {
     needs_prefetch: false,
     auto_delete: false,
     server_named: false,
+    global_qos: false,
     refused_arguments: &[
         "x-max-priority",
         "x-queue-mode",

@@ -252,6 +252,19 @@ impl Broker {
                 OpKind::Consume,
                 "the queue was deleted",
             )),
+            // RabbitMQ 3.10 closes the connection (540) rather than share a channel's
+            // global prefetch with a quorum queue.
+            Some(q) if consumer.global_qos && !q.kind().capabilities().global_qos => {
+                let (name, vhost) = (q.name.clone(), q.vhost);
+                Some(ProtocolError::new(
+                    ErrorCode::NotImplemented,
+                    OpKind::Consume,
+                    format!(
+                        "queue '{name}' in vhost '{}' does not support global qos",
+                        self.vhost_name(vhost)
+                    ),
+                ))
+            }
             Some(q) if q.in_exclusive_use(consumer.exclusive) => {
                 let (name, vhost) = (q.name.clone(), q.vhost);
                 Some(ProtocolError::new(
