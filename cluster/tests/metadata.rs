@@ -192,6 +192,32 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
             n.name
         );
     }
+    // Throughput of sequential declares through consensus, from a follower and the leader.
+    for (i, n) in nodes.iter().enumerate() {
+        let (c, ch) = channel(n).await;
+        let t = Instant::now();
+        const N: usize = 50;
+        for k in 0..N {
+            ch.queue_declare(
+                format!("meta.bulk.{i}.{k}").as_str().into(),
+                durable_q(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue.declare");
+        }
+        let took = t.elapsed();
+        eprintln!(
+            "metadata: {N} sequential durable queue.declare on {}: {:.0}/s, {:.1} ms each",
+            n.name,
+            N as f64 / took.as_secs_f64(),
+            took.as_secs_f64() * 1000.0 / N as f64
+        );
+        let _ = c.close(200, "bye".into()).await;
+    }
+    passive(&nodes[0], None, Some("meta.bulk.2.49"))
+        .await
+        .expect("the last declare on n3 is known on n1");
     // A declare that does not match what the cluster has fails alike on another node.
     let (_c2, ch2) = channel(&nodes[1]).await;
     let e = ch2
