@@ -655,9 +655,11 @@ pub fn encode_op(op: &Op, out: &mut Vec<u8>) {
             w.u8(0x1c);
             w.u32(*count);
         }
-        Op::Refuse(e) => {
+        Op::Refuse { code, op, text } => {
             w.u8(0x1d);
-            put_error(w, e);
+            w.u16(*code);
+            w.u8(op_kind_number(*op));
+            w.str(text);
         }
     }
 }
@@ -794,7 +796,14 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
         0x1a => Op::TxCommit,
         0x1b => Op::TxRollback,
         0x1c => Op::Written { count: r.u32()? },
-        0x1d => Op::Refuse(get_error(r)?),
+        0x1d => {
+            let e = get_error(r)?;
+            Op::Refuse {
+                code: e.code.code(),
+                op: e.op,
+                text: e.text,
+            }
+        }
         t => return Err(r.bad("op", t)),
     };
     r.finish()?;
