@@ -279,7 +279,8 @@ async fn handle(
                 .filter(|q| in_vhost(&args, &q.vhost))
                 .map(|q| {
                     json!({
-                        "vhost": q.vhost, "name": q.name, "messages": q.messages_ready + q.messages_unacked,
+                        "vhost": q.vhost, "name": q.name, "type": q.queue_type.name(),
+                        "messages": q.messages_ready + q.messages_unacked,
                         "messages_ready": q.messages_ready,
                         "messages_unacknowledged": q.messages_unacked,
                         "consumers": q.consumers, "memory": q.memory, "paged_out": q.paged_out,

@@ -37,8 +37,20 @@ pub struct Settings {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_ca: Option<PathBuf>,
+    /// Per TLS listener, over `tls_cert`, `tls_key` and `tls_ca` (e.g. a device CA on
+    /// mqtts only, or another certificate for the browsers' wss).
+    pub amqps_tls_cert: Option<PathBuf>,
+    pub amqps_tls_key: Option<PathBuf>,
+    pub amqps_tls_ca: Option<PathBuf>,
+    pub mqtts_tls_cert: Option<PathBuf>,
+    pub mqtts_tls_key: Option<PathBuf>,
+    pub mqtts_tls_ca: Option<PathBuf>,
+    pub mqtt_wss_tls_cert: Option<PathBuf>,
+    pub mqtt_wss_tls_key: Option<PathBuf>,
+    pub mqtt_wss_tls_ca: Option<PathBuf>,
     pub tls_verify_peer: bool,
     pub tls_fail_if_no_peer_cert: bool,
+    pub tls_login_from: crate::tls::LoginFrom,
     pub mqtt_use_identity_as_username: bool,
     pub mqtt_max_packet_size: u32,
     pub mqtt_max_inflight: u16,
@@ -47,6 +59,10 @@ pub struct Settings {
     /// Seconds between publications of the `$SYS/broker/...` topics; 0 disables them.
     pub sys_interval: u64,
     pub data_dir: PathBuf,
+    /// The user a new broker starts with (RabbitMQ's default_user; first start only).
+    pub default_user: String,
+    /// Its password (RabbitMQ's default_pass).
+    pub default_pass: String,
     /// A fraction of RAM (`0.4`) or a size (`"512MiB"`); see [`parse_watermark`].
     #[serde(deserialize_with = "number_or_string")]
     pub memory_high_watermark: String,
@@ -96,8 +112,18 @@ impl Default for Settings {
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
+            amqps_tls_cert: None,
+            amqps_tls_key: None,
+            amqps_tls_ca: None,
+            mqtts_tls_cert: None,
+            mqtts_tls_key: None,
+            mqtts_tls_ca: None,
+            mqtt_wss_tls_cert: None,
+            mqtt_wss_tls_key: None,
+            mqtt_wss_tls_ca: None,
             tls_verify_peer: false,
             tls_fail_if_no_peer_cert: false,
+            tls_login_from: crate::tls::LoginFrom::CommonName,
             mqtt_use_identity_as_username: false,
             mqtt_max_packet_size: mqtt.max_packet_size,
             mqtt_max_inflight: mqtt.max_inflight,
@@ -105,6 +131,8 @@ impl Default for Settings {
             mqtt_max_offline_messages: mqtt.max_offline_messages,
             sys_interval: mqtt.sys_interval.map_or(0, |d| d.as_secs()),
             data_dir: "./warren-data".into(),
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
             memory_high_watermark: "0.4".into(),
             disk_free_limit: "50MB".into(),
             fsync: Fsync::On,
@@ -220,8 +248,26 @@ impl Settings {
         env!(tls_cert, |n, v| Some(v.into()));
         env!(tls_key, |n, v| Some(v.into()));
         env!(tls_ca, |n, v| Some(v.into()));
+        env!(amqps_tls_cert, |n, v| Some(v.into()));
+        env!(amqps_tls_key, |n, v| Some(v.into()));
+        env!(amqps_tls_ca, |n, v| Some(v.into()));
+        env!(mqtts_tls_cert, |n, v| Some(v.into()));
+        env!(mqtts_tls_key, |n, v| Some(v.into()));
+        env!(mqtts_tls_ca, |n, v| Some(v.into()));
+        env!(mqtt_wss_tls_cert, |n, v| Some(v.into()));
+        env!(mqtt_wss_tls_key, |n, v| Some(v.into()));
+        env!(mqtt_wss_tls_ca, |n, v| Some(v.into()));
         env!(tls_verify_peer, |n, v| boolean(&n, v)?);
         env!(tls_fail_if_no_peer_cert, |n, v| boolean(&n, v)?);
+        env!(tls_login_from, |n, v| match v {
+            "common_name" => crate::tls::LoginFrom::CommonName,
+            "subject_alternative_name" => crate::tls::LoginFrom::SubjectAlternativeName,
+            _ => {
+                return Err(SettingsError(format!(
+                    "{n}={v:?}: expected common_name or subject_alternative_name"
+                )));
+            }
+        });
         env!(mqtt_use_identity_as_username, |n, v| boolean(&n, v)?);
         env!(mqtt_max_packet_size, |n, v| parse(&n, v)?);
         env!(mqtt_max_inflight, |n, v| parse(&n, v)?);
@@ -229,6 +275,8 @@ impl Settings {
         env!(mqtt_max_offline_messages, |n, v| parse(&n, v)?);
         env!(sys_interval, |n, v| parse(&n, v)?);
         env!(data_dir, |n, v| v.into());
+        env!(default_user, |n, v| v.to_string());
+        env!(default_pass, |n, v| v.to_string());
         env!(memory_high_watermark, |n, v| v.to_string());
         env!(disk_free_limit, |n, v| v.to_string());
         env!(fsync, |n, v| match v {
@@ -286,6 +334,12 @@ impl Settings {
         if let Err(e) = self.stream_addr() {
             return Err(SettingsError(format!("{}{}", at("stream"), e.0)));
         }
+        if self.default_user.is_empty() {
+            return Err(SettingsError(format!(
+                "{}default_user must not be empty",
+                at("default_user")
+            )));
+        }
         if !(1..=256).contains(&self.shards) {
             return Err(SettingsError(format!(
                 "{}shards {} must be in 1..=256",
@@ -329,6 +383,37 @@ impl Settings {
     /// The stream protocol's address (port 5552 when none is given), `None` for `none`.
     pub fn stream_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
         single_addr("stream", &self.stream, 5552)
+    }
+
+    /// The certificate chain, key and CA bundle of one TLS listener (`amqps`, `mqtts` or
+    /// `mqtt_wss`): its own keys where set, else the shared `tls_cert`, `tls_key`, `tls_ca`.
+    pub fn tls_files_of(
+        &self,
+        listener: &str,
+    ) -> (Option<&PathBuf>, Option<&PathBuf>, Option<&PathBuf>) {
+        let (cert, key, ca) = match listener {
+            "amqps" => (
+                &self.amqps_tls_cert,
+                &self.amqps_tls_key,
+                &self.amqps_tls_ca,
+            ),
+            "mqtts" => (
+                &self.mqtts_tls_cert,
+                &self.mqtts_tls_key,
+                &self.mqtts_tls_ca,
+            ),
+            "mqtt_wss" | "mqtt-wss" => (
+                &self.mqtt_wss_tls_cert,
+                &self.mqtt_wss_tls_key,
+                &self.mqtt_wss_tls_ca,
+            ),
+            _ => (&None, &None, &None),
+        };
+        (
+            cert.as_ref().or(self.tls_cert.as_ref()),
+            key.as_ref().or(self.tls_key.as_ref()),
+            ca.as_ref().or(self.tls_ca.as_ref()),
+        )
     }
 
     fn listeners_raw(&self) -> [(&'static str, &Vec<String>); 6] {

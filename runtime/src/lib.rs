@@ -14,11 +14,13 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod counting;
 pub mod listener;
 mod mailbox;
 pub mod replicate;
 mod resources;
 mod task;
+pub mod ws;
 
 pub use mailbox::EffectReceiver;
 pub use replicate::Replicator;
