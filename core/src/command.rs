@@ -237,19 +237,10 @@ pub enum Op {
         /// How many deliveries the host wrote to the socket.
         count: u32,
     },
-    /// The host refuses the channel's next request with this error, in request order
-    /// (after what the channel sent before it is answered): a clustered host whose metadata
-    /// change could not be committed within its bound (docs/cluster.md). Plain fields (the
-    /// error module refers to this one): an AMQP reply `code` (an unknown one is 541), the
-    /// refused request's kind and the reply text.
-    Refuse {
-        /// The AMQP reply code.
-        code: u16,
-        /// What was refused.
-        op: OpKind,
-        /// RabbitMQ-style text.
-        text: String,
-    },
+    /// The host refuses the channel's next request with this channel error, in request
+    /// order (after what the channel sent before it is answered): a clustered host whose
+    /// metadata change could not be committed within its bound (docs/cluster.md).
+    Refuse(crate::error::ProtocolError),
 }
 
 /// The kind of an [`Op`], carried by errors so a gateway can name the failing method
@@ -346,7 +337,7 @@ impl Op {
             Op::TxCommit => OpKind::TxCommit,
             Op::TxRollback => OpKind::TxRollback,
             Op::Written { .. } => OpKind::Written,
-            Op::Refuse { op, .. } => *op,
+            Op::Refuse(e) => e.op,
         }
     }
 }

@@ -52,33 +52,6 @@ impl ErrorCode {
         self as u16
     }
 
-    /// The code of a numeric reply code, if it is one of these.
-    pub fn from_code(code: u16) -> Option<ErrorCode> {
-        use ErrorCode::*;
-        [
-            ContentTooLarge,
-            NoRoute,
-            NoConsumers,
-            ConnectionForced,
-            InvalidPath,
-            AccessRefused,
-            NotFound,
-            ResourceLocked,
-            PreconditionFailed,
-            FrameError,
-            SyntaxError,
-            CommandInvalid,
-            ChannelError,
-            UnexpectedFrame,
-            ResourceError,
-            NotAllowed,
-            NotImplemented,
-            InternalError,
-        ]
-        .into_iter()
-        .find(|c| c.code() == code)
-    }
-
     /// The reply-text prefix RabbitMQ uses, e.g. `NOT_FOUND`.
     pub fn name(self) -> &'static str {
         match self {

@@ -444,12 +444,7 @@ fn a_host_refusal_is_that_channels_error_and_changes_nothing() {
         warren_core::command::OpKind::QueueDeclare,
         "cluster metadata store unavailable",
     );
-    let op = Op::Refuse {
-        code: refused.code.code(),
-        op: refused.op,
-        text: refused.text.clone(),
-    };
-    match h.op(c, op).as_slice() {
+    match h.op(c, Op::Refuse(refused.clone())).as_slice() {
         [Effect::ChannelError { ch, error }] => {
             assert_eq!(*ch, c);
             assert_eq!(*error, refused);

@@ -822,15 +822,8 @@ impl CommandSender {
                 Ok(_) => out.push((ch, op)),
                 Err(why) => {
                     tracing::warn!(conn = self.guard.conn.0, op = ?op.kind(), %why, "metadata change not committed");
-                    let e = replicate::unavailable(&op, &why);
-                    out.push((
-                        ch,
-                        Op::Refuse {
-                            code: e.code.code(),
-                            op: e.op,
-                            text: e.text,
-                        },
-                    ));
+                    let refused = replicate::unavailable(&op, &why);
+                    out.push((ch, Op::Refuse(refused)));
                 }
             }
         }

@@ -491,11 +491,7 @@ impl Broker {
                 self.reply(ch, crate::effect::Reply::ChannelCloseOk);
                 Ok(())
             }
-            Op::Refuse { code, op, text } => Err(ProtocolError {
-                code: ErrorCode::from_code(code).unwrap_or(ErrorCode::InternalError),
-                op,
-                text,
-            }),
+            Op::Refuse(e) => Err(e),
             Op::ExchangeDeclare(d) => self.exchange_declare(ch, d),
             Op::ExchangeDelete {
                 exchange,

@@ -655,11 +655,9 @@ pub fn encode_op(op: &Op, out: &mut Vec<u8>) {
             w.u8(0x1c);
             w.u32(*count);
         }
-        Op::Refuse { code, op, text } => {
+        Op::Refuse(e) => {
             w.u8(0x1d);
-            w.u16(*code);
-            w.u8(op_kind_number(*op));
-            w.str(text);
+            put_error(w, e);
         }
     }
 }
@@ -796,14 +794,7 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
         0x1a => Op::TxCommit,
         0x1b => Op::TxRollback,
         0x1c => Op::Written { count: r.u32()? },
-        0x1d => {
-            let e = get_error(r)?;
-            Op::Refuse {
-                code: e.code.code(),
-                op: e.op,
-                text: e.text,
-            }
-        }
+        0x1d => Op::Refuse(get_error(r)?),
         t => return Err(r.bad("op", t)),
     };
     r.finish()?;
