@@ -23,6 +23,7 @@ pub(crate) mod mail;
 pub mod message;
 pub mod mqtt;
 pub mod naming;
+pub mod op_kind;
 pub mod pmap;
 pub mod policy;
 pub mod queue;

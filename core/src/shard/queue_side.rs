@@ -161,6 +161,13 @@ impl Broker {
     /// then resumes the publishers it paused once it has drained to half the flow mark.
     pub(super) fn dispatch(&mut self, id: QueueId) {
         self.dispatch_ready(id);
+        self.resume_if_drained(id);
+    }
+
+    /// Resumes the publishers queue `id` paused once it has drained to half the flow mark.
+    /// Checked after a dispatch and after a basic.get (expiry is followed by a dispatch): a
+    /// queue drained by basic.get while its consumers wait for credit never dispatches.
+    fn resume_if_drained(&mut self, id: QueueId) {
         let low = self.config.flow_ready_high / 2;
         if self
             .qs
@@ -277,6 +284,7 @@ impl Broker {
         let got = self
             .with_queue(queue, |q, io| q.get(io, no_ack, may_expire))
             .flatten();
+        self.resume_if_drained(queue);
         self.mail.push_back(Mail::Got {
             queue,
             to,
