@@ -163,6 +163,8 @@ const STREAM: Capabilities = Capabilities {
     needs_prefetch: true,
     auto_delete: false,
     server_named: false,
+    // RabbitMQ refuses a stream consumer on a channel with a global prefetch as well.
+    global_qos: false,
     refused_arguments: &[
         "x-expires",
         "x-message-ttl",
