@@ -191,6 +191,9 @@ pub async fn leave() -> anyhow::Result<serde_json::Value> {
         anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
     })?;
     node.leave().await?;
+    // Its group stops here too: a metadata change on this node now fails at once instead of
+    // reaching the others through a leader it no longer follows.
+    node.shutdown().await;
     tracing::warn!(
         "warren ctl leave: this node left the cluster; stop it and clear its data dir before reusing it"
     );

@@ -294,6 +294,15 @@ impl ClusterNode {
     /// the leader, forwarded there from a follower. The removed node, if it runs, stops
     /// receiving entries.
     pub async fn forget(&self, id: NodeId) -> Result<(), NodeError> {
+        // A follower's view of the membership may lag (a member just added): only the
+        // leader's decides, so a follower forwards at once.
+        if let Some((l, addr)) = self.leader_elsewhere()? {
+            return self
+                .peers
+                .forward_forget(META_GROUP, l, &addr, id, FORWARD_TIMEOUT)
+                .await
+                .map_err(|e| NodeError::Forward(l, e));
+        }
         match forget_here(&self.raft, id).await {
             Ok(()) => Ok(()),
             Err(ForgetError::Raft(e))
@@ -322,6 +331,13 @@ impl ClusterNode {
     /// (rabbitmqctl's join_cluster, seen from the cluster). Runs on the leader, forwarded
     /// there from a follower; answered once the new member has caught up and votes.
     pub async fn join(&self, id: NodeId, addr: &str) -> Result<(), NodeError> {
+        if let Some((l, leader_addr)) = self.leader_elsewhere()? {
+            return self
+                .peers
+                .forward_join(META_GROUP, l, &leader_addr, id, addr, JOIN_TIMEOUT)
+                .await
+                .map_err(|e| NodeError::Forward(l, e));
+        }
         let not_leader = |e: &JoinError| {
             matches!(
                 e,
@@ -352,6 +368,20 @@ impl ClusterNode {
                 }
             }
             Err(e) => Err(NodeError::Raft(e.to_string())),
+        }
+    }
+
+    /// `None` when this node leads; else the leader and its address, or `NotLeader` when
+    /// no leader is known (an election) or its address is not (this node's view lags).
+    fn leader_elsewhere(&self) -> Result<Option<(NodeId, String)>, NodeError> {
+        let m = self.raft.metrics().borrow().clone();
+        match m.current_leader {
+            Some(l) if l == self.id => Ok(None),
+            Some(l) => match m.membership_config.membership().get_node(&l) {
+                Some(node) => Ok(Some((l, node.addr.clone()))),
+                None => Err(NodeError::NotLeader(Some(l))),
+            },
+            None => Err(NodeError::NotLeader(None)),
         }
     }
 

@@ -10,6 +10,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod amqp10;
 pub(crate) mod channel;
 pub mod command;
 pub mod config;

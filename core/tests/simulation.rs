@@ -6,7 +6,7 @@
 //! or rejected messages) to `dlq`, so dead letters are part of the flow. Queues bind and
 //! unbind themselves to `amq.direct` (queue `qN` with key `kN`), and mandatory publishes
 //! there either reach the queue or come back (basic.return), whichever the bindings say
-//! when topology routes them. Queue `t` is deleted and declared again while mandatory
+//! when topology routes them. Queue `q1` is a quorum queue. Queue `t` is deleted and declared again while mandatory
 //! publishes, consumers and gets use it: each message reaches the queue (and is consumed,
 //! counted by its delete-ok or drained at the end), comes back, reaches a `t` deleted on
 //! its way (`Broker::routed_to_deleted`), or is requeued to a deleted `t`
@@ -51,8 +51,14 @@ fn queue_name(i: u8) -> String {
     }
 }
 
-/// `q0` dead-letters to `dlq` through the default exchange; the others have no arguments.
+/// `q0` dead-letters to `dlq` through the default exchange; `q1` is a quorum queue (its
+/// returns go to the tail, counted); the others have no arguments.
 fn queue_args(i: u8) -> FieldTable {
+    if i == 1 {
+        return [("x-queue-type".to_string(), FieldValue::string("quorum"))]
+            .into_iter()
+            .collect();
+    }
     if i != 0 {
         return FieldTable::new();
     }
@@ -207,12 +213,12 @@ fn declare_t() -> Op {
     declare(T.into(), false, FieldTable::new())
 }
 
-/// queue.declare of a transient, shared queue.
+/// queue.declare of a shared queue, transient unless a quorum queue (durable only).
 fn declare(queue: String, passive: bool, arguments: FieldTable) -> Op {
     Op::QueueDeclare(QueueDeclare {
         queue,
         passive,
-        durable: false,
+        durable: arguments.contains_key("x-queue-type"),
         exclusive: false,
         auto_delete: false,
         nowait: false,
@@ -318,6 +324,9 @@ struct Ledger {
     /// Channels whose last request is a consume or get on `t` (also `doomed` until its
     /// answer: a 404 if `t` is gone).
     risky: BTreeSet<ChannelRef>,
+    /// Channels with a global prefetch (this opening): they do not consume from the quorum
+    /// queue `q1`, which would close their connection with 540, as RabbitMQ does.
+    global_qos: BTreeSet<ChannelRef>,
     /// Channels in confirm mode (this opening): (publishes sent, confirmed up to).
     confirms: BTreeMap<ChannelRef, (u64, u64)>,
     /// Channels in tx mode (this opening), with the ids published since the last commit.
@@ -688,6 +697,7 @@ impl Sim {
         self.l.outstanding.remove(&c);
         self.l.consumers.remove(&c);
         self.l.open.remove(&c);
+        self.l.global_qos.remove(&c);
     }
 
     fn step(&mut self, op: SimOp) {
@@ -741,6 +751,11 @@ impl Sim {
             } => {
                 let c = channel_of(i);
                 self.ensure(c);
+                let queue = if queue == 1 && self.l.global_qos.contains(&c) {
+                    2
+                } else {
+                    queue
+                };
                 self.l.next_tag += 1;
                 let tag = format!("c{}{}", self.l.next_tag, if no_ack { "-noack" } else { "" });
                 self.risk(c, queue);
@@ -822,6 +837,11 @@ impl Sim {
             } => {
                 let c = channel_of(i);
                 self.ensure(c);
+                if global && count > 0 {
+                    self.l.global_qos.insert(c);
+                } else if global {
+                    self.l.global_qos.remove(&c);
+                }
                 self.send(
                     c,
                     Op::Qos {

@@ -187,3 +187,20 @@ def test_quorum_length_limit_consumer_priorities_and_purge(conn):
     while len(low) + len(high) < 2 and time.monotonic() < deadline:
         conn.process_data_events(time_limit=0.05)
     assert (high, low) == ([b"x", b"y"], [])
+
+
+def test_quorum_refuses_a_consumer_under_global_qos(conn):
+    ch = conn.channel()
+    q = unique("qq")
+    ch.queue_declare(q, durable=True, arguments=QUORUM)
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        ch.basic_consume(q, lambda *a: None)
+    # RabbitMQ 3.10 closes the connection: a quorum queue keeps no channel-wide prefetch.
+    assert closed.value.reply_code == 540
+    assert closed.value.reply_text == (
+        f"NOT_IMPLEMENTED - queue '{q}' in vhost '/' does not support global qos"
+    )
+    params = pika.ConnectionParameters(host=HOST, port=int(PORT), socket_timeout=10)
+    with pika.BlockingConnection(params) as other:
+        other.channel().queue_delete(q)

@@ -23,6 +23,9 @@ pub(crate) struct QueueConsumer {
     pub(crate) serial: u32,
     pub(crate) no_ack: bool,
     pub(crate) exclusive: bool,
+    /// Its channel had a global prefetch (basic.qos global) when it consumed: a quorum
+    /// queue refuses such a consumer, as RabbitMQ's do.
+    pub(crate) global_qos: bool,
     /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
     pub(crate) prefetch: u16,
     pub(crate) unacked: u32,

@@ -14,5 +14,5 @@ pub use retained::{RetainOutcome, RetainedMessage, RetainedTopics};
 pub use session::{StoredSession, StoredSub, StoredWill};
 pub use topic::{
     FilterError, TopicError, amqp_key_to_topic, filter_to_amqp_pattern, matches, topic_to_amqp_key,
-    validate_filter, validate_topic,
+    validate_filter, validate_topic, with_swapped,
 };

@@ -168,6 +168,7 @@ proptest! {
                         serial: 0,
                         no_ack: false,
                         exclusive: false,
+                        global_qos: false,
                         prefetch: u16::from(prefetch),
                         unacked: 0,
                         priority: 0,

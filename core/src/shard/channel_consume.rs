@@ -110,6 +110,7 @@ impl Broker {
             ));
         }
         let (prefetch, serial) = (channel.prefetch_count, channel.serial);
+        let global_qos = channel.global_prefetch > 0;
         let priority = c
             .arguments
             .get("x-priority")
@@ -123,6 +124,7 @@ impl Broker {
             serial,
             no_ack: c.no_ack,
             exclusive: c.exclusive,
+            global_qos,
             prefetch,
             unacked: 0,
             priority: i32::try_from(priority).unwrap_or(if priority < 0 {
@@ -141,6 +143,7 @@ impl Broker {
             queue,
             consumer: Box::new(consumer),
             nowait: c.nowait,
+            stream_offset: c.arguments.get("x-stream-offset").cloned().map(Box::new),
         });
         self.await_answer(ch);
         Ok(())
