@@ -19,7 +19,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use warren_store::stream::{
     self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
 };
@@ -29,6 +29,8 @@ use warren_stream::backend::{
 };
 use warren_stream::chunk::Chunk;
 use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
+use warren_stream::sac::ConsumerGroups;
+use warren_stream::tail::{self, Tail, TailWatch};
 
 /// Streams one node holds (each has a task and open files).
 pub const MAX_STREAMS: usize = 1000;
@@ -81,16 +83,6 @@ pub fn unescape(s: &str) -> Option<String> {
     (escape(&name) == s).then_some(name)
 }
 
-/// The durable tail, as waiters see it.
-#[derive(Clone, Copy, Debug)]
-struct Tail {
-    /// Offsets below this are durable and readable.
-    committed: u64,
-    /// First offset of the last durable chunk.
-    last_chunk: Option<u64>,
-    deleted: bool,
-}
-
 /// A subscription's reader: the log's reader (its read-ahead buffer kept between reads) and
 /// the chunk it read but could not hand out within the byte limit.
 pub struct DiskReader {
@@ -101,7 +93,7 @@ pub struct DiskReader {
 
 impl ChunkReader for DiskReader {
     fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError> {
-        let tail = *self.stream.tail.borrow();
+        let tail = self.stream.tail.get();
         if tail.deleted {
             return Err(StreamError::DoesNotExist);
         }
@@ -144,7 +136,8 @@ struct Writer {
 
 struct Stream {
     writer: Mutex<Option<Writer>>,
-    tail: watch::Sender<Tail>,
+    /// The durable tail (what `wait_durable` and `wait_data` wait on).
+    tail: TailWatch,
     dirty: Notify,
     read_ahead: usize,
 }
@@ -214,15 +207,7 @@ impl Stream {
             let ended = self.with_writer(|w| w.log.end_sync(&pending, waited).map_err(internal));
             match ended {
                 Ok(_) => {
-                    let committed = pending.next_offset();
-                    self.tail.send_if_modified(|t| {
-                        let moved = committed > t.committed;
-                        if moved {
-                            t.committed = committed;
-                            t.last_chunk = last_chunk.filter(|&c| c < committed).or(t.last_chunk);
-                        }
-                        moved
-                    });
+                    self.tail.advance(pending.next_offset(), last_chunk);
                 }
                 Err(StreamError::DoesNotExist) => return,
                 // Confirms stop: the publishers' unconfirmed ids time out on the client side,
@@ -240,6 +225,7 @@ pub struct DiskStreams {
     read_ahead: usize,
     fsync: bool,
     streams: Mutex<HashMap<(String, String), Arc<Stream>>>,
+    groups: ConsumerGroups,
 }
 
 /// A stream's settings from its protocol arguments (unknown ones ignored, as RabbitMQ).
@@ -303,6 +289,7 @@ impl DiskStreams {
             read_ahead,
             fsync,
             streams: Mutex::new(HashMap::new()),
+            groups: ConsumerGroups::new(),
         });
         for vdir in fs::read_dir(&root)? {
             let vdir = vdir?;
@@ -354,7 +341,7 @@ impl DiskStreams {
         log: StreamLog,
     ) {
         let b = log.bounds();
-        let (tail, _) = watch::channel(Tail {
+        let tail = TailWatch::new(Tail {
             committed: b.committed,
             // Not known after a restart until the next append; the first retained chunk is
             // a lower bound good enough for Deliver v2's hint.
@@ -493,7 +480,7 @@ impl StreamBackend for DiskStreams {
             .remove(&(vhost.to_string(), stream.to_string()))
             .ok_or(StreamError::DoesNotExist)?;
         let writer = lock(&s.writer).take();
-        s.tail.send_modify(|t| t.deleted = true);
+        s.tail.delete();
         s.dirty.notify_one();
         if let Some(w) = writer {
             // Renamed first (atomic), then removed: a crash in between leaves a `.deleted`
@@ -518,7 +505,7 @@ impl StreamBackend for DiskStreams {
     fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError> {
         let s = self.get(vhost, stream)?;
         let first = s.with_writer(|w| Ok(w.log.bounds()))?;
-        let tail = *s.tail.borrow();
+        let tail = s.tail.get();
         Ok(StreamStats {
             first_chunk_id: if tail.committed > first.first {
                 first.first as i64
@@ -609,14 +596,7 @@ impl StreamBackend for DiskStreams {
         stream: &str,
         offset: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
-        let rx = self.get(vhost, stream).map(|s| s.tail.subscribe());
-        async move {
-            let mut rx = rx?;
-            match rx.wait_for(|t| t.deleted || t.committed > offset).await {
-                Ok(t) if !t.deleted => Ok(()),
-                _ => Err(StreamError::DoesNotExist),
-            }
-        }
+        tail::wait_past(self.get(vhost, stream).map(|s| s.tail.waiter()), offset)
     }
 
     fn resolve_offset(
@@ -673,6 +653,10 @@ impl StreamBackend for DiskStreams {
         from: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
         self.wait_durable(vhost, stream, from)
+    }
+
+    fn consumer_groups(&self) -> &ConsumerGroups {
+        &self.groups
     }
 
     fn store_offset(

@@ -102,6 +102,7 @@ pub async fn serve_connection<S, B>(
     let (tx, mut rx) = mpsc::channel::<Done>(cap);
     let mut tasks = JoinSet::new();
     let mut session = Session::new(backend.clone(), config, peer, now_ms());
+    let mailbox = session.mailbox();
     let mut rbuf = BytesMut::with_capacity(4096);
     let mut shutting_down = false;
     loop {
@@ -154,6 +155,7 @@ pub async fn serve_connection<S, B>(
                     session.data_ready(subscription_id, generation, result)
                 }
             },
+            _ = mailbox.notified() => session.consumer_updates(),
             _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))), if sleep.is_some() => {
                 session.on_timer(now_ms());
             }
