@@ -27,7 +27,7 @@ use warren_stream::backend::{
     Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, ReaderFilter, StreamBackend,
     StreamError, StreamStats,
 };
-use warren_stream::chunk::Chunk;
+use warren_stream::chunk::{Chunk, ChunkData, FileRange};
 use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
 use warren_stream::sac::ConsumerGroups;
 use warren_stream::tail::{self, Tail, TailWatch};
@@ -40,6 +40,11 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(30);
 const WRITE_BUFFER: usize = 1 << 20;
 /// The file in a stream's directory holding its arguments (`key=value` lines, validated).
 const ARGUMENTS: &str = "arguments";
+/// Chunks whose data is at least this big (and past the read-ahead bytes) are handed to the
+/// session as file ranges, which its shell sends with sendfile(2). Below it the extra system
+/// call per chunk (a write of the frame header, then the sendfile) costs more than the copy
+/// it saves, and the read-ahead path reads them with the chunks after them.
+pub const SENDFILE_MIN: u32 = 16 * 1024;
 /// Escaped names longer than this are refused (file names are at most 255 bytes).
 const MAX_ESCAPED: usize = 240;
 
@@ -106,7 +111,7 @@ impl ChunkReader for DiskReader {
             let chunk = match self.pending.take() {
                 Some(c) => c,
                 None => match self.reader.next_chunk().map_err(internal)? {
-                    Some(c) => to_chunk(&c)?,
+                    Some(c) => to_chunk(&c),
                     None => break,
                 },
             };
@@ -139,7 +144,8 @@ struct Stream {
     /// The durable tail (what `wait_durable` and `wait_data` wait on).
     tail: TailWatch,
     dirty: Notify,
-    read_ahead: usize,
+    /// How its subscriptions read (read-ahead; file ranges for sendfile).
+    reader_options: ReaderOptions,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -223,6 +229,7 @@ pub struct DiskStreams {
     root: PathBuf,
     broker: warren_runtime::BrokerHandle,
     read_ahead: usize,
+    sendfile: bool,
     fsync: bool,
     streams: Mutex<HashMap<(String, String), Arc<Stream>>>,
     groups: ConsumerGroups,
@@ -279,6 +286,7 @@ impl DiskStreams {
         data_dir: &Path,
         broker: warren_runtime::BrokerHandle,
         read_ahead: usize,
+        sendfile: bool,
         fsync: bool,
     ) -> anyhow::Result<Arc<DiskStreams>> {
         let root = data_dir.join("streams");
@@ -287,6 +295,7 @@ impl DiskStreams {
             root: root.clone(),
             broker,
             read_ahead,
+            sendfile,
             fsync,
             streams: Mutex::new(HashMap::new()),
             groups: ConsumerGroups::new(),
@@ -355,7 +364,10 @@ impl DiskStreams {
             })),
             tail,
             dirty: Notify::new(),
-            read_ahead: self.read_ahead,
+            reader_options: ReaderOptions {
+                read_ahead: self.read_ahead,
+                ranges_from: self.sendfile.then_some(SENDFILE_MIN),
+            },
         });
         tokio::spawn(stream.clone().sync_task(format!("{vhost}/{name}")));
         streams.insert((vhost, name), stream);
@@ -399,16 +411,24 @@ fn spec(spec: OffsetSpec) -> LogSpec {
 
 /// A stored chunk as the session sends it: the log's data section is the stream protocol's
 /// simple-entry layout, so data and CRC go out as stored.
-fn to_chunk(c: &log::ReadChunk) -> Result<Chunk, StreamError> {
-    Ok(Chunk {
+fn to_chunk(c: &log::ReadChunk) -> Chunk {
+    Chunk {
         first_offset: c.first_offset,
         // One entry per message (the log holds no sub-batches).
         num_entries: c.count.min(u16::MAX as u32) as u16,
         num_records: c.count,
         timestamp: c.timestamp as i64,
         crc: c.data_crc,
-        data: c.bytes().map_err(internal)?,
-    })
+        data: match &c.data {
+            log::ChunkData::Bytes(b) => ChunkData::Bytes(b.clone()),
+            // Sent as it is on disk: clients check it against the CRC above.
+            log::ChunkData::File { file, offset, len } => ChunkData::File(FileRange {
+                file: file.clone(),
+                offset: *offset,
+                len: *len,
+            }),
+        },
+    }
 }
 
 impl StreamBackend for DiskStreams {
@@ -634,10 +654,7 @@ impl StreamBackend for DiskStreams {
         _filter: Option<ReaderFilter>,
     ) -> Result<DiskReader, StreamError> {
         let s = self.get(vhost, stream)?;
-        let options = ReaderOptions {
-            read_ahead: s.read_ahead,
-            ranges: false,
-        };
+        let options = s.reader_options;
         let reader = s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
         Ok(DiskReader {
             stream: s,
@@ -704,6 +721,58 @@ impl StreamBackend for DiskStreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Data chunks as a session gets them from a fresh stream holding one large chunk (a
+    /// 100 kB message) between two small ones.
+    async fn chunks(sendfile: bool) -> Vec<Chunk> {
+        let dir = std::env::temp_dir().join(format!(
+            "warren-sendfile-unit-{}-{sendfile}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        let broker = warren_runtime::BrokerHandle::start(warren_runtime::BrokerConfig::default());
+        let streams = DiskStreams::open(&dir, broker, 4096, sendfile, false).unwrap();
+        streams.create_stream("/", "s", &[]).unwrap();
+        let msg = |id: u64, len: usize| PublishedMessage {
+            publishing_id: id,
+            filter_value: None,
+            entry: Entry::Simple(Bytes::from(vec![id as u8; len])),
+        };
+        for (id, len) in [(1, 10), (2, 100_000), (3, 10)] {
+            let a = streams.append("/", "s", None, &[msg(id, len)], 1).unwrap();
+            let at = a.confirm_at.unwrap();
+            streams.wait_durable("/", "s", at).await.unwrap();
+        }
+        let mut r = streams
+            .open_reader("/", "s", OffsetSpec::First, None)
+            .unwrap();
+        let got = r.read(10, 10 << 20).unwrap().chunks;
+        let _ = fs::remove_dir_all(&dir);
+        got
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_chunks_come_as_file_ranges_for_sendfile_only_when_it_is_on() {
+        let on = chunks(true).await;
+        assert_eq!(on.len(), 3);
+        assert!(
+            matches!(on[0].data, ChunkData::Bytes(_)),
+            "small: in memory"
+        );
+        let ChunkData::File(r) = &on[1].data else {
+            panic!("a 100 kB chunk as a file range, got {:?}", on[1].data);
+        };
+        // The range is the chunk's data section on disk: the message with its size.
+        let mut on_disk = vec![0u8; r.len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&*r.file, &mut on_disk, r.offset).unwrap();
+        let mut want = 100_000u32.to_be_bytes().to_vec();
+        want.extend(vec![2u8; 100_000]);
+        assert!(on_disk == want, "the data section as stored");
+        assert!(matches!(on[2].data, ChunkData::Bytes(_)));
+        let off = chunks(false).await;
+        assert!(off.iter().all(|c| matches!(c.data, ChunkData::Bytes(_))));
+        assert_eq!(off[1].crc, on[1].crc);
+    }
 
     #[test]
     fn escaped_names_are_plain_file_names_and_round_trip() {

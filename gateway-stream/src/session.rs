@@ -10,6 +10,7 @@
 use crate::backend::{
     AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
 };
+use crate::chunk::FileRange;
 use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use crate::sac::Mailbox;
@@ -46,6 +47,10 @@ pub struct StreamConfig {
     pub handshake_timeout_ms: u64,
     /// Time to wait for the client's answer to our Close.
     pub close_timeout_ms: u64,
+    /// Chunk data that a backend hands out as a file range goes to the socket with
+    /// `sendfile` (no copy through user space) where the transport is a plain TCP socket;
+    /// false: always read and written (for comparison, or a kernel without it).
+    pub zero_copy: bool,
 }
 
 impl Default for StreamConfig {
@@ -61,7 +66,30 @@ impl Default for StreamConfig {
             out_high_water: 1 << 20,
             handshake_timeout_ms: 10_000,
             close_timeout_ms: 5_000,
+            zero_copy: true,
         }
+    }
+}
+
+/// Output for the socket, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutPart {
+    Bytes(Bytes),
+    /// A file range to send as it is (the data of a Deliver frame whose bytes before it are
+    /// the previous part): with `sendfile` where the shell can, else read and written.
+    File(FileRange),
+}
+
+impl OutPart {
+    pub fn len(&self) -> usize {
+        match self {
+            OutPart::Bytes(b) => b.len(),
+            OutPart::File(r) => r.len as usize,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -157,7 +185,11 @@ pub struct Session<B: StreamBackend> {
     heartbeat_ms: u64,
     deliver_v2: bool,
     next_corr: u32,
+    /// Frames being encoded; `parts` holds what came before it (file ranges cut it).
     out: BytesMut,
+    parts: Vec<OutPart>,
+    /// Bytes in `parts`.
+    parts_len: usize,
     waits: Vec<Wait>,
     publishers: BTreeMap<u8, Publisher>,
     subscriptions: BTreeMap<u8, Subscription<B::Reader>>,
@@ -209,6 +241,8 @@ impl<B: StreamBackend> Session<B> {
             deliver_v2: false,
             next_corr: 1,
             out: BytesMut::new(),
+            parts: Vec::new(),
+            parts_len: 0,
             waits: Vec::new(),
             publishers: BTreeMap::new(),
             subscriptions: BTreeMap::new(),
@@ -333,17 +367,34 @@ impl<B: StreamBackend> Session<B> {
     /// many unconfirmed messages.
     pub fn wants_read(&self) -> bool {
         self.phase != Phase::Closing
-            && self.out.len() < self.config.out_high_water
+            && self.out_len() < self.config.out_high_water
             && self.unconfirmed < self.config.max_unconfirmed
     }
 
-    /// Bytes to write. The shell writes them and then calls [`Session::flushed`].
-    pub fn take_output(&mut self) -> BytesMut {
-        std::mem::take(&mut self.out)
+    /// What to write, in order. The shell writes it all and then calls
+    /// [`Session::flushed`].
+    pub fn take_output(&mut self) -> Vec<OutPart> {
+        self.cut();
+        self.parts_len = 0;
+        std::mem::take(&mut self.parts)
     }
 
     pub fn has_output(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || !self.parts.is_empty()
+    }
+
+    /// Bytes waiting to be written.
+    fn out_len(&self) -> usize {
+        self.parts_len + self.out.len()
+    }
+
+    /// Ends the bytes part being encoded.
+    fn cut(&mut self) {
+        if !self.out.is_empty() {
+            let b = self.out.split().freeze();
+            self.parts_len += b.len();
+            self.parts.push(OutPart::Bytes(b));
+        }
     }
 
     pub fn take_waits(&mut self) -> Vec<Wait> {
@@ -387,7 +438,7 @@ impl<B: StreamBackend> Session<B> {
                 if now_ms >= self.last_recv_ms + 2 * self.heartbeat_ms {
                     tracing::info!(peer = %self.peer.addr, "stream connection: heartbeat timeout");
                     self.phase = Phase::Closing;
-                } else if now_ms >= self.last_sent_ms + self.heartbeat_ms && self.out.is_empty() {
+                } else if now_ms >= self.last_sent_ms + self.heartbeat_ms && !self.has_output() {
                     self.send(&Frame::Heartbeat);
                 }
             }
@@ -1274,7 +1325,7 @@ impl<B: StreamBackend> Session<B> {
         let mut gone = Vec::new();
         for id in ids {
             loop {
-                let room = self.config.out_high_water.saturating_sub(self.out.len());
+                let room = self.config.out_high_water.saturating_sub(self.out_len());
                 let Some(s) = self.subscriptions.get_mut(&id) else {
                     break;
                 };
@@ -1298,7 +1349,13 @@ impl<B: StreamBackend> Session<B> {
                         s.credit -= batch.chunks.len().min(s.credit as usize) as u32;
                         let committed = self.deliver_v2.then_some(batch.committed_chunk_id);
                         for chunk in &batch.chunks {
-                            codec::encode_deliver(id, committed, chunk, &mut self.out);
+                            if let Some(r) =
+                                codec::encode_deliver(id, committed, chunk, &mut self.out)
+                            {
+                                self.cut();
+                                self.parts_len += r.len as usize;
+                                self.parts.push(OutPart::File(r.clone()));
+                            }
                         }
                     }
                     Err(e) => {

@@ -17,6 +17,7 @@
 pub mod listener;
 mod mailbox;
 mod resources;
+pub mod sendfile;
 mod task;
 
 pub use mailbox::EffectReceiver;
