@@ -823,3 +823,26 @@ async fn super_stream_partitions_spread_over_the_group_after_a_step_down() {
     assert_eq!(delivered_chunk(&mut b, 1).await, 0, "orders-1 went to b");
     assert!(a.quiet(200).await && b.quiet(200).await);
 }
+
+#[tokio::test]
+async fn frames_longer_or_shorter_than_their_command_are_unknown_frames() {
+    let (port, _stop) = start().await;
+    let mut other = Raw::open(port).await;
+    // A Heartbeat (key, version) followed by 3 bytes its length counts but the command has
+    // not; then a frame too short to hold a key and version.
+    let bad: [&[u8]; 2] = [
+        &[0, 0, 0, 7, 0, 0x17, 0, 1, 9, 9, 9],
+        &[0, 0, 0, 1, 0x17],
+    ];
+    for frame in bad {
+        let mut c = Raw::open(port).await;
+        c.send_raw(frame).await;
+        let Some(Frame::Close { corr, code: cc, .. }) = c.recv().await else {
+            panic!("expected close for {frame:?}")
+        };
+        assert_eq!(cc, code::UNKNOWN_FRAME, "{frame:?}");
+        c.send(&ok(key::CLOSE, corr)).await;
+        assert_eq!(c.recv().await, None);
+    }
+    alive(&mut other).await;
+}
