@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Seed 003's stream table on this machine, in one run: fill streams of MESSAGES messages at each
-# message size and chunk size (warren-bench stream fill: publish with confirms, the producer's
-# batch being the chunk), then consume each from `first` with two clients:
-#   - warren-bench stream consume (the Rust rabbitmq-stream-client, credit 1 per chunk), and
+# message size and chunk size (bench/java/StreamFill.java: RabbitMQ's Java stream client,
+# publish with confirms, the producer's batch being the chunk), then consume each from `first`:
 #   - bench/java/StreamConsume.java: Stream PerfTest's consumer settings (offset first,
 #     --initial-credits 50, no tracking, no latency) on RabbitMQ's Java stream client (Stream
 #     PerfTest itself is not on Maven Central; the client is, see scripts/test.sh for its jars),
+#   - warren-bench stream consume (the Rust rabbitmq-stream-client 0.11, credit 1 per chunk;
+#     Warren only: it cannot talk to RabbitMQ 3.10, which lacks ExchangeCommandVersions),
 # against Warren with read-ahead off and on (two starts on the same data dir), and with
 # RABBITMQ=1 against Debian's RabbitMQ (rabbitmq_stream enabled) under a private node name,
 # state directory and ports. SENDFILE=1 adds the sendfile on/off measurement on the largest
@@ -53,14 +54,18 @@ IFS=, read -ra size_list <<< "$sizes"
 IFS=, read -ra chunk_list <<< "$chunks"
 names=()
 for s in "${size_list[@]}"; do for c in "${chunk_list[@]}"; do names+=("bench-$s-$c"); done; done
+[ -d "$lib" ] || { echo "$lib missing: mvn -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies -DoutputDirectory=$PWD/$lib" >&2; exit 1; }
+java=(java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$lib/*")
+java_fill() {  # PORT LABEL
+  "${java[@]}" bench/java/StreamFill.java 127.0.0.1 "$1" "$n" "$2" "$sizes" "$chunks"
+}
 java_consume() {  # PORT LABEL
-  [ -d "$lib" ] || { echo "java: $lib missing (mvn -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies -DoutputDirectory=$PWD/$lib)" >&2; return 0; }
-  java -cp "$lib/*" bench/java/StreamConsume.java 127.0.0.1 "$1" "$n" "$2" "${names[@]}"
+  "${java[@]}" bench/java/StreamConsume.java 127.0.0.1 "$1" "$n" "$2" "${names[@]}"
 }
 common=(--messages "$n" --sizes "$sizes" --chunks "$chunks")
 echo "# $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $n messages per cell"
 start 0
-"$bench" stream fill --port "$base" "${common[@]}" --label "warren"
+java_fill "$base" "warren"
 "$bench" stream consume --port "$base" "${common[@]}" --label "warren read-ahead off"
 java_consume "$base" "warren read-ahead off"
 stop
@@ -80,13 +85,13 @@ if [ "${SENDFILE:-0}" = 1 ]; then
     "$bench" stream consume --port "$base" $big --label "sendfile=$sf"
     kill -INT "$perfpid"; wait "$perfpid" 2>/dev/null || true
     echo "sendfile=$sf broker $(grep -E 'task-clock' "$data.perf" | awk '{print $1, $2}')"
-    strace -c -f -p "$pid" -o "$data.strace" &
+    strace -c -f -p "$pid" -o "$data.strace" 2>/dev/null &
     spid=$!
     sleep 0.5
     # shellcheck disable=SC2086
     "$bench" stream consume --port "$base" $big --label "sendfile=$sf (under strace)" >/dev/null
     kill -INT "$spid"; wait "$spid" 2>/dev/null || true
-    echo "sendfile=$sf syscalls: $(awk '$NF ~ /^(sendfile|write|writev|pread64|sendto)$/ {printf "%s %s calls; ", $NF, $4}' "$data.strace") total $(awk '/total/ {print $3}' "$data.strace")"
+    echo "sendfile=$sf syscalls: $(awk '$NF ~ /^(sendfile|write|writev|pread64|sendto)$/ {printf "%s %s; ", $NF, $4}' "$data.strace")all $(awk '$NF == "total" {print $4}' "$data.strace")"
     stop
   done
 fi
@@ -105,12 +110,11 @@ if [ "${RABBITMQ:-0}" = 1 ]; then
   /usr/lib/rabbitmq/bin/rabbitmq-plugins --offline enable rabbitmq_stream >/dev/null
   /usr/lib/rabbitmq/bin/rabbitmq-server > "$rmq/out.log" 2>&1 &
   for _ in $(seq 1 300); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$rport") 2>/dev/null && break
+    (exec 3<>"/dev/tcp/127.0.0.1/$rport") 2>/dev/null && { sleep 2; break; }
     sleep 0.5
   done
   v="RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null)"
-  "$bench" stream fill --port "$rport" "${common[@]}" --label "$v"
-  "$bench" stream consume --port "$rport" "${common[@]}" --label "$v"
+  java_fill "$rport" "$v"
   java_consume "$rport" "$v"
   stop_rmq
 fi
