@@ -146,7 +146,9 @@ ensure_user() { # i: the administrator exists on node i (once per data dir)
   local d; d=$(dir_of "$1")
   [ -f "$d/user-added" ] && return 0
   local ctl=("$WARREN" ctl --data-dir "$d/data")
-  "${ctl[@]}" add-user "$USER_NAME" "$USER_PASS" >>"$d/log" 2>&1 &&
+  # In a cluster the user is replicated: on the second node it exists already.
+  { "${ctl[@]}" add-user "$USER_NAME" "$USER_PASS" >>"$d/log" 2>&1 ||
+    "${ctl[@]}" list-users 2>>"$d/log" | grep -qw -- "$USER_NAME"; } &&
     "${ctl[@]}" set-user-tags "$USER_NAME" administrator >>"$d/log" 2>&1 &&
     "${ctl[@]}" set-permissions "$USER_NAME" '.*' '.*' '.*' >>"$d/log" 2>&1 ||
     die "cannot create user $USER_NAME on n$1; log: $d/log"

@@ -6,6 +6,10 @@
 # message was confirmed (none nacked, none outstanding) and the consumer received exactly as
 # many messages as were confirmed. Prints the rates.
 #   scripts/perftest.sh [URI] [MESSAGES]
+# PERFTEST_JAVA_OPTS and PERFTEST_ARGS add JVM options and PerfTest flags, e.g. for amqps://
+# with a CA the JVM trusts: PERFTEST_JAVA_OPTS="-Djavax.net.ssl.trustStore=ca.p12
+# -Djavax.net.ssl.trustStorePassword=..." PERFTEST_ARGS=--use-default-ssl-context (without
+# it PerfTest trusts any certificate and warns, which fails this script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uri=${1:-amqp://guest:guest@127.0.0.1:5672}
@@ -21,7 +25,7 @@ log=target/perftest/ci-run.log
 # -C/-D bound the run by count, -z by time (a stuck broker fails instead of hanging). The
 # producer's debug log says how many confirms were still outstanding when it stopped.
 RABBITMQ_PERF_TEST_LOGGERS=com.rabbitmq.perf.Producer=debug \
-  java -cp "$lib/*" com.rabbitmq.perf.PerfTest --uri "$uri" \
+  java ${PERFTEST_JAVA_OPTS:-} -cp "$lib/*" com.rabbitmq.perf.PerfTest --uri "$uri" ${PERFTEST_ARGS:-} \
   -x 1 -y 1 -s 100 -c 100 -q 0 -C "$count" -D "$count" -z 120 --confirm-timeout 20 --id ci \
   2>&1 | tee "$log"
 

@@ -56,13 +56,15 @@ setup_python() {
 
 setup_mosquitto_clients() {
   command -v mosquitto_pub >/dev/null && command -v mosquitto_sub >/dev/null &&
-    command -v mosquitto >/dev/null && return 0
+    command -v mosquitto >/dev/null && command -v openssl >/dev/null && return 0
   # Debian's mosquitto-clients (the reference MQTT command-line clients) and mosquitto (the
-  # broker bench/compare.sh measures against); we run as root in CI.
+  # broker bench/compare.sh measures against); openssl makes tests/python/test_tls.py's
+  # certificates. We run as root in CI.
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo=sudo
   $sudo apt-get update -q &&
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q mosquitto mosquitto-clients || return 1
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q mosquitto mosquitto-clients openssl ||
+    return 1
   # The package may start its own daemon on 1883; compare.sh runs its own on a side port.
   $sudo service mosquitto stop >/dev/null 2>&1 || true
 }
@@ -249,8 +251,11 @@ print("warren-bench: %d received, no errors" % sum(r["received"] for r in rows))
 }
 
 python_tests() {
+  # test_tls.py starts brokers of its own (WARREN_BIN) with AMQPS/MQTTS and certificates it
+  # makes: pika ssl_options, EXTERNAL, paho-mqtt and mosquitto_pub/sub with client certificates.
   WARREN_AMQP="127.0.0.1:$port" WARREN_MQTT="127.0.0.1:$mqtt_port" \
     WARREN_CTL="$root/target/debug/warren ctl --data-dir $root/target/ci-data" \
+    WARREN_BIN="$root/target/debug/warren" \
     timeout 300 "$python" -m pytest -q tests/python
 }
 
@@ -338,9 +343,15 @@ cluster_script() {
     WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test script
 }
 
+cluster_metadata() {
+  # The same needs as cluster_script (which installs iproute2 when missing).
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
+}
+
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
-step "install: mosquitto and mosquitto-clients (Debian)" setup_mosquitto_clients
+step "install: mosquitto, mosquitto-clients, openssl (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "install: RabbitMQ Java stream client (Maven Central)" setup_stream_java
 step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
@@ -363,9 +374,10 @@ step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.p
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
+step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
-step "Python tests (pika, paho-mqtt)" python_tests
+step "Python tests (pika, paho-mqtt; over TLS with mosquitto_pub/sub too)" python_tests
 step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
 step "RabbitMQ PerfTest: the 14-workload suite (scaled down)" perftest_suite

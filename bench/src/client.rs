@@ -4,14 +4,13 @@
 //! acks once per socket read (`multiple`). Framing and method decoding reuse warren-amqp's
 //! codec (amq-protocol underneath); the few hot frames are encoded by hand.
 
+use crate::transport::{self, ReadHalf, Transport, WriteHalf};
 use amq_protocol::protocol::{AMQPClass, basic, channel, confirm, connection, queue};
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use anyhow::{Context, anyhow, bail};
 use bytes::{BufMut, BytesMut};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use warren_amqp::codec::{self, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD, Frame};
 
 /// The largest frame we accept or send; the broker may lower it in tune.
@@ -21,20 +20,25 @@ const READ_CHUNK: usize = 256 * 1024;
 /// Every request/reply exchange (handshake, declare, close) must finish within this.
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where to connect, parsed from `amqp://user:pass@host:port/vhost`.
+/// Where to connect, parsed from `amqp://user:pass@host:port/vhost` (or `amqps://`: TLS).
 #[derive(Clone, Debug)]
 pub struct Uri {
     pub user: String,
     pub pass: String,
     pub addr: String,
     pub vhost: String,
+    pub transport: Transport,
 }
 
 impl Uri {
     pub fn parse(uri: &str) -> anyhow::Result<Uri> {
-        let rest = uri.strip_prefix("amqp://").ok_or_else(|| {
-            anyhow!("--uri {uri:?} must start with amqp:// (amqps is not supported)")
-        })?;
+        let (rest, transport, port) = if let Some(rest) = uri.strip_prefix("amqp://") {
+            (rest, Transport::Tcp, 5672)
+        } else if let Some(rest) = uri.strip_prefix("amqps://") {
+            (rest, Transport::Tls, 5671)
+        } else {
+            bail!("--uri {uri:?} must start with amqp:// or amqps://")
+        };
         let (auth, hostpart) = match rest.rsplit_once('@') {
             Some((a, h)) => (Some(a), h),
             None => (None, rest),
@@ -61,13 +65,14 @@ impl Uri {
         {
             hostport.to_string()
         } else {
-            format!("{hostport}:5672")
+            format!("{hostport}:{port}")
         };
         Ok(Uri {
             user,
             pass,
             addr,
             vhost,
+            transport,
         })
     }
 }
@@ -95,14 +100,14 @@ fn percent_decode(s: &str) -> anyhow::Result<String> {
 
 /// The reading half: a bounded buffer (one frame at most `frame_max`, enforced by the codec).
 pub struct Reader {
-    rd: OwnedReadHalf,
+    rd: ReadHalf,
     buf: BytesMut,
     frame_max: u32,
 }
 
 /// The writing half: frames accumulate in `buf` and go out in one write on `flush`.
 pub struct Writer {
-    wr: OwnedWriteHalf,
+    wr: WriteHalf,
     pub buf: BytesMut,
 }
 
@@ -175,6 +180,8 @@ impl Writer {
     pub async fn flush(&mut self) -> anyhow::Result<()> {
         if !self.buf.is_empty() {
             self.wr.write_all(&self.buf).await?;
+            // TLS and WebSocket buffer what was written until flushed (TCP: a no-op).
+            self.wr.flush().await?;
             self.buf.clear();
         }
         Ok(())
@@ -211,11 +218,7 @@ impl Conn {
     }
 
     async fn open_inner(uri: &Uri, name: &str) -> anyhow::Result<Conn> {
-        let stream = TcpStream::connect(&uri.addr)
-            .await
-            .with_context(|| format!("cannot connect to {}", uri.addr))?;
-        stream.set_nodelay(true)?;
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = transport::connect(&uri.addr, &uri.transport).await?;
         let mut rd = Reader {
             rd,
             buf: BytesMut::with_capacity(READ_CHUNK),
@@ -519,6 +522,11 @@ mod tests {
         assert_eq!(
             (u.pass.as_str(), u.addr.as_str(), u.vhost.as_str()),
             ("b@c", "host:5672", "/v")
+        );
+        let u = Uri::parse("amqps://localhost").unwrap();
+        assert_eq!(
+            (u.addr.as_str(), &u.transport),
+            ("localhost:5671", &Transport::Tls)
         );
         assert!(Uri::parse("http://x").is_err());
         assert!(Uri::parse("amqp://u:p@h/%zz").is_err());

@@ -7,13 +7,14 @@
 //! `mqtt_workloads` (the same for MQTT 3.1.1), `runner` (what every workload shares:
 //! timestamps, counters, timeline, progress and /proc sampling), `report` (latency
 //! histogram, table/JSON/CSV output), `svg` (plots over time); `conns` (idle MQTT or AMQP
-//! connections; the AMQP side in `idle_amqp`); `alloc` (the counting allocator
-//! `conns --socketless` reads); `streams` (seed 003's stream table over the stream
+//! connections; the AMQP side in `idle_amqp`); `alloc` (warren-runtime's counting
+//! allocator, which `conns --socketless` reads); `streams` (seed 003's stream table over the stream
 //! protocol). Each kind of bench is one `BenchCommand` variant.
 
-mod alloc;
+use warren_runtime::counting as alloc;
 mod client;
 mod conns;
+mod handshakes;
 mod idle_amqp;
 mod mqtt_client;
 mod mqtt_workloads;
@@ -21,6 +22,7 @@ mod report;
 mod runner;
 mod streams;
 mod svg;
+mod transport;
 mod workloads;
 
 use anyhow::bail;
@@ -105,9 +107,9 @@ enum BenchCommand {
     MqttQos1(RunArgs),
     /// MQTT QoS 2 one-to-one (PUBREC/PUBREL/PUBCOMP both ways).
     MqttQos2(RunArgs),
-    /// MQTT: 10 publishers -> 1 subscriber at --qos.
+    /// MQTT: --fan publishers (10) -> 1 subscriber at --qos.
     MqttFanIn(RunArgs),
-    /// MQTT: 1 publisher -> 10 subscribers at --qos.
+    /// MQTT: 1 publisher -> --fan subscribers (10) at --qos.
     MqttFanOut(RunArgs),
     /// Every MQTT workload above.
     MqttAll(RunArgs),
@@ -116,6 +118,9 @@ enum BenchCommand {
     /// Many idle MQTT connections: broker memory per connection, connects per second,
     /// keep-alive CPU and publish -> deliver latency while they are held.
     Conns(conns::ConnsArgs),
+    /// Connections opened and closed per second (TCP, TLS and WebSocket handshakes plus the
+    /// protocol's), per --uri and --mqtt target: plain against TLS.
+    Handshakes(handshakes::HandshakeArgs),
     /// Streams (seed 003): fill one stream per (message size, chunk size) with confirms,
     /// then consume each from `first` over the stream protocol; msg/s per cell.
     Stream(streams::StreamArgs),
@@ -123,16 +128,21 @@ enum BenchCommand {
 
 #[derive(clap::Args, Clone)]
 struct RunArgs {
-    /// The broker to load (AMQP workloads).
+    /// The broker to load (AMQP workloads): `amqp://user:pass@host:port/vhost`, or
+    /// `amqps://` over TLS (any server certificate trusted, as PerfTest).
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
     uri: String,
-    /// The broker's MQTT address, `host:port` or `mqtt://[user:pass@]host:port` (MQTT
+    /// The broker's MQTT address, `host:port` or `mqtt://[user:pass@]host:port`, `mqtts://`
+    /// (TLS), `ws://host:port/path` or `wss://` (WebSocket, path default /mqtt) (MQTT
     /// workloads; default 127.0.0.1:1883 for them; `all` runs them only when given).
     #[arg(long)]
     mqtt: Option<String>,
     /// QoS of mqtt-fan-in and mqtt-fan-out.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
     qos: u8,
+    /// Publishers of mqtt-fan-in, subscribers of mqtt-fan-out.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    fan: u32,
     /// MQTT QoS 1/2 messages in flight per publisher (as a Receive Maximum would allow).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=32768))]
     window: u32,
@@ -186,6 +196,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
     let (workload, a) = match command {
         BenchCommand::Conns(args) => return conns::run(args).await,
         BenchCommand::Stream(args) => return streams::run(args).await,
+        BenchCommand::Handshakes(args) => return handshakes::run(args).await,
         BenchCommand::OneFast(a) => ("one-fast", a),
         BenchCommand::TwoPublishers(a) => ("two-publishers", a),
         BenchCommand::Drain(a) => ("drain", a),
@@ -238,6 +249,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
             seconds: a.seconds,
             size: a.size as usize,
             qos: a.qos,
+            fan: a.fan as usize,
             window: a.window,
             rate: a.rate,
             count: a.count,

@@ -3,12 +3,11 @@
 //! decoded from one bounded read buffer without copying. A general client library would
 //! cost more CPU per message than the brokers under test.
 
+use crate::transport::{self, ReadHalf, Transport, WriteHalf};
 use anyhow::{Context, anyhow, bail, ensure};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 /// Packets larger than this are refused: bounds the read buffer (bench payloads are small).
 pub const MAX_PACKET: usize = 1 << 20;
@@ -23,17 +22,31 @@ pub const PUBREC: u8 = 5;
 pub const PUBREL: u8 = 6;
 pub const PUBCOMP: u8 = 7;
 
-/// Where to connect: `host:port` or `mqtt://[user[:pass]@]host[:port]`.
+/// Where to connect: `host:port` or `SCHEME://[user[:pass]@]host[:port][/path]` with the
+/// scheme `mqtt` (port 1883), `mqtts` (TLS, 8883), `ws` (WebSocket, 8083) or `wss`
+/// (WebSocket over TLS, 8084); the WebSocket path defaults to `/mqtt`.
 #[derive(Clone, Debug)]
 pub struct Target {
     pub addr: String,
     pub login: Option<(String, String)>,
+    pub transport: Transport,
 }
 
 impl Target {
     pub fn parse(s: &str) -> anyhow::Result<Target> {
-        let rest = s.strip_prefix("mqtt://").unwrap_or(s);
-        let rest = rest.trim_end_matches('/');
+        let (scheme, rest) = s.split_once("://").unwrap_or(("mqtt", s));
+        let (rest, path) = match rest.find('/') {
+            Some(i) if i + 1 < rest.len() => (&rest[..i], rest[i..].to_string()),
+            Some(i) => (&rest[..i], "/mqtt".to_string()),
+            None => (rest, "/mqtt".to_string()),
+        };
+        let (transport, port) = match scheme {
+            "mqtt" | "tcp" => (Transport::Tcp, 1883),
+            "mqtts" | "ssl" => (Transport::Tls, 8883),
+            "ws" => (Transport::Ws(path), 8083),
+            "wss" => (Transport::Wss(path), 8084),
+            other => bail!("--mqtt {s:?}: unknown scheme {other:?} (mqtt, mqtts, ws, wss)"),
+        };
         let (login, hostport) = match rest.rsplit_once('@') {
             Some((auth, h)) => {
                 let (u, p) = auth.split_once(':').unwrap_or((auth, ""));
@@ -48,9 +61,13 @@ impl Target {
         {
             hostport.to_string()
         } else {
-            format!("{hostport}:1883")
+            format!("{hostport}:{port}")
         };
-        Ok(Target { addr, login })
+        Ok(Target {
+            addr,
+            login,
+            transport,
+        })
     }
 }
 
@@ -196,7 +213,7 @@ impl PublishTemplate {
 
 /// The reading half: a read buffer holding at most one packet beyond what was read.
 pub struct Reader {
-    rd: OwnedReadHalf,
+    rd: ReadHalf,
     rbuf: BytesMut,
 }
 
@@ -206,7 +223,7 @@ const BENCH_KEEP_ALIVE_S: u16 = 3600;
 /// One connected client, split so reads and writes can be awaited together.
 pub struct MqttConn {
     pub rx: Reader,
-    pub wr: OwnedWriteHalf,
+    pub wr: WriteHalf,
     pub wbuf: BytesMut,
 }
 
@@ -219,12 +236,7 @@ impl MqttConn {
         client_id: &str,
         subscribe: Option<(&str, u8)>,
     ) -> anyhow::Result<MqttConn> {
-        let stream = tokio::time::timeout(RPC_TIMEOUT, TcpStream::connect(&target.addr))
-            .await
-            .map_err(|_| anyhow!("connecting to {} timed out", target.addr))?
-            .with_context(|| format!("cannot connect to {}", target.addr))?;
-        stream.set_nodelay(true)?;
-        let (rd, mut wr) = stream.into_split();
+        let (rd, mut wr) = transport::connect(&target.addr, &target.transport).await?;
         let hello = handshake_bytes(
             client_id,
             BENCH_KEEP_ALIVE_S,
@@ -232,6 +244,7 @@ impl MqttConn {
             subscribe,
         );
         wr.write_all(&hello).await?;
+        wr.flush().await?;
         let mut c = MqttConn {
             rx: Reader {
                 rd,
@@ -271,6 +284,8 @@ impl MqttConn {
     pub async fn flush(&mut self) -> anyhow::Result<()> {
         if !self.wbuf.is_empty() {
             self.wr.write_all(&self.wbuf).await?;
+            // TLS and WebSocket buffer what was written until flushed (TCP: a no-op).
+            self.wr.flush().await?;
             self.wbuf.clear();
         }
         Ok(())
@@ -327,6 +342,19 @@ mod tests {
         assert_eq!(t.addr, "host:1883");
         assert_eq!(t.login, Some(("u".into(), "p".into())));
         assert!(Target::parse("mqtt://").is_err());
+        let t = Target::parse("wss://u:p@localhost").unwrap();
+        assert_eq!(
+            (t.addr.as_str(), t.transport),
+            ("localhost:8084", Transport::Wss("/mqtt".into()))
+        );
+        let t = Target::parse("ws://127.0.0.1:9/ws").unwrap();
+        assert_eq!(
+            (t.addr.as_str(), t.transport),
+            ("127.0.0.1:9", Transport::Ws("/ws".into()))
+        );
+        let t = Target::parse("mqtts://h").unwrap();
+        assert_eq!((t.addr.as_str(), t.transport), ("h:8883", Transport::Tls));
+        assert!(Target::parse("http://h").is_err());
     }
 
     #[test]

@@ -19,8 +19,6 @@ use tokio::time::{Instant, sleep_until};
 
 /// Packet ids are 16-bit: a window above half of them could collide with slow acks.
 pub const MAX_WINDOW: u32 = 32_768;
-/// Publishers and subscribers of fan-in and fan-out.
-const FAN: usize = 10;
 
 #[derive(Clone)]
 pub struct MqttOptions {
@@ -29,6 +27,8 @@ pub struct MqttOptions {
     pub size: usize,
     /// QoS of fan-in and fan-out (the one-to-one workloads name theirs).
     pub qos: u8,
+    /// Publishers of fan-in, subscribers of fan-out.
+    pub fan: usize,
     /// QoS 1/2 messages in flight per publisher.
     pub window: u32,
     pub rate: u64,
@@ -55,8 +55,8 @@ pub async fn run(workload: &str, o: &MqttOptions) -> anyhow::Result<Vec<Row>> {
             "mqtt-qos0" => (0, 1, 1),
             "mqtt-qos1" => (1, 1, 1),
             "mqtt-qos2" => (2, 1, 1),
-            "mqtt-fan-in" => (o.qos, FAN, 1),
-            _ => (o.qos, 1, FAN),
+            "mqtt-fan-in" => (o.qos, o.fan, 1),
+            _ => (o.qos, 1, o.fan),
         };
         let label = if name.starts_with("mqtt-fan") {
             format!("{name} qos{qos}")
@@ -179,6 +179,8 @@ async fn publish_loop(
     // Messages in the write buffer not yet fully handed to the socket: counted as sent once
     // the buffer empties, so that `sent` never counts bytes the broker could not have.
     let mut unwritten = 0u64;
+    // Written but not flushed yet.
+    let mut dirty = false;
     loop {
         while let Some((h, body)) = c.rx.try_packet()? {
             let kind = h >> 4;
@@ -211,14 +213,28 @@ async fn publish_loop(
             break;
         }
         let paced = pace.room(published) == 0 && !pace.done(published);
-        tokio::select! {
-            r = c.wr.write(&c.wbuf), if !c.wbuf.is_empty() => {
-                c.wbuf.advance(r?);
-                if c.wbuf.is_empty() {
-                    counters.sent.fetch_add(unwritten, Ordering::Relaxed);
-                    unwritten = 0;
-                }
+        // A write is followed by a flush (TLS and WebSocket hold written bytes until then;
+        // for TCP it is a no-op); each step on its own is cancel safe.
+        let (wr, wbuf) = (&mut c.wr, &c.wbuf);
+        let step = async move {
+            if dirty {
+                wr.flush().await.map(|()| None)
+            } else {
+                wr.write(wbuf).await.map(Some)
             }
+        };
+        tokio::select! {
+            r = step, if dirty || !c.wbuf.is_empty() => match r? {
+                None => dirty = false,
+                Some(n) => {
+                    dirty = true;
+                    c.wbuf.advance(n);
+                    if c.wbuf.is_empty() {
+                        counters.sent.fetch_add(unwritten, Ordering::Relaxed);
+                        unwritten = 0;
+                    }
+                }
+            },
             r = c.rx.fill() => r?,
             _ = sleep_until(pace.next_due(published)), if paced => {}
             _ = sleep_until(deadline) => break,

@@ -207,6 +207,18 @@ async fn handle(
                 .ok_or_else(|| anyhow!("missing argument 'id' (a node id)"))?;
             crate::cluster::forget(id).await?
         }
+        "join" => {
+            let id = args
+                .get("id")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| anyhow!("missing argument 'id' (a node id)"))?;
+            let addr = args
+                .get("addr")
+                .and_then(Value::as_str)
+                .ok_or_else(|| anyhow!("missing argument 'addr' (IP:PORT)"))?;
+            crate::cluster::join(id, addr).await?
+        }
+        "leave" => crate::cluster::leave().await?,
         "status" => management
             .status()
             .await
@@ -267,7 +279,8 @@ async fn handle(
                 .filter(|q| in_vhost(&args, &q.vhost))
                 .map(|q| {
                     json!({
-                        "vhost": q.vhost, "name": q.name, "messages": q.messages_ready + q.messages_unacked,
+                        "vhost": q.vhost, "name": q.name, "type": q.queue_type.name(),
+                        "messages": q.messages_ready + q.messages_unacked,
                         "messages_ready": q.messages_ready,
                         "messages_unacknowledged": q.messages_unacked,
                         "consumers": q.consumers, "memory": q.memory, "paged_out": q.paged_out,

@@ -1,7 +1,8 @@
 //! `warren serve --node-id N --cluster ADDR --peers ID=ADDR,... --cluster-secret-file FILE`:
 //! the cluster node (warren-cluster's metadata group) beside the broker, and what
-//! `warren ctl cluster-status` shows. The group replicates the definitions map; wiring it
-//! into the broker's topology comes with the core's queue-type seam (docs/cluster.md).
+//! `warren ctl cluster-status` shows. The group carries the broker's metadata changes
+//! (`meta.rs`): the broker proposes them there and applies the committed ones
+//! (docs/cluster.md).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,9 +20,9 @@ static NODE: OnceLock<ClusterNode> = OnceLock::new();
 /// The cluster settings, checked; `None` when `--node-id` is not given (a single node).
 pub fn options(s: &Settings) -> Result<Option<NodeOptions>, SettingsError> {
     let Some(id) = s.node_id else {
-        if s.cluster.is_some() || !s.peers.is_empty() || s.cluster_secret_file.is_some() {
+        if s.cluster.is_some() || !s.peers.is_empty() || s.cluster_secret_file.is_some() || s.join {
             return Err(SettingsError(
-                "--cluster, --peers and --cluster-secret-file need --node-id".into(),
+                "--cluster, --peers, --cluster-secret-file and --join need --node-id".into(),
             ));
         }
         return Ok(None);
@@ -76,13 +77,9 @@ pub fn options(s: &Settings) -> Result<Option<NodeOptions>, SettingsError> {
         )
     })?;
     let secret = read_secret(file)?;
-    Ok(Some(NodeOptions::new(
-        id,
-        listen,
-        members,
-        Secret::new(secret),
-        s.data_dir.clone(),
-    )))
+    let mut opts = NodeOptions::new(id, listen, members, Secret::new(secret), s.data_dir.clone());
+    opts.join = s.join;
+    Ok(Some(opts))
 }
 
 /// The secret file's contents without surrounding whitespace (a trailing newline from an
@@ -100,11 +97,14 @@ fn read_secret(path: &Path) -> Result<Vec<u8>, SettingsError> {
     Ok(trimmed.to_vec())
 }
 
-/// Starts the node; its status is served on the admin socket from then on.
-pub async fn start(opts: NodeOptions) -> anyhow::Result<()> {
+/// Starts the node and makes `broker` a member: its metadata changes go through the
+/// group, and it applies the committed ones (`meta.rs`). Call before clients and
+/// operators can reach the broker. Its status is served on the admin socket from then on.
+pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> anyhow::Result<()> {
     let listen = opts.listen;
     let id = opts.id;
     let members = opts.members.len();
+    let data_dir = opts.data_dir.clone();
     let node = ClusterNode::start(opts).await?;
     tracing::info!(node_id = id, members, "listening on {listen} (cluster)");
     // One line per change of leader or of this node's role, for operators (openraft's own
@@ -134,7 +134,21 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<()> {
             }
         }
     });
-    let _ = NODE.set(node);
+    if NODE.set(node).is_err() {
+        anyhow::bail!("cluster node started twice");
+    }
+    let node = NODE
+        .get()
+        .ok_or_else(|| anyhow::anyhow!("cluster node not set"))?;
+    let (replicator, pending) = crate::meta::MetaReplicator::new(node, id);
+    tokio::spawn(crate::meta::run_applier(
+        node,
+        broker.clone(),
+        id,
+        pending,
+        data_dir,
+    ));
+    broker.set_replicator(std::sync::Arc::new(replicator));
     Ok(())
 }
 
@@ -154,6 +168,31 @@ pub async fn forget(id: u64) -> anyhow::Result<serde_json::Value> {
     tracing::info!(
         node_id = id,
         "warren ctl forget-node: node removed from the cluster"
+    );
+    Ok(serde_json::json!({}))
+}
+
+/// `warren ctl join ID ADDR`: adds node ID (started with --join, listening at ADDR).
+pub async fn join(id: u64, addr: &str) -> anyhow::Result<serde_json::Value> {
+    let node = NODE.get().ok_or_else(|| {
+        anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
+    })?;
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{addr}: {e}; expected the new node's --cluster IP:PORT"))?;
+    node.join(id, &addr.to_string()).await?;
+    tracing::info!(node_id = id, %addr, "warren ctl join: node added to the cluster");
+    Ok(serde_json::json!({}))
+}
+
+/// `warren ctl leave`: this node leaves the cluster.
+pub async fn leave() -> anyhow::Result<serde_json::Value> {
+    let node = NODE.get().ok_or_else(|| {
+        anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
+    })?;
+    node.leave().await?;
+    tracing::warn!(
+        "warren ctl leave: this node left the cluster; stop it and clear its data dir before reusing it"
     );
     Ok(serde_json::json!({}))
 }
@@ -213,6 +252,11 @@ mod tests {
         let mut bad = s.clone();
         bad.node_id = None;
         assert!(options(&bad).unwrap_err().0.contains("need --node-id"));
+        // --join is passed to the node (it then proposes no membership of its own).
+        let mut joining = s.clone();
+        joining.join = true;
+        assert!(options(&joining).expect("valid").expect("a node").join);
+        assert!(!o.join);
         let short = settings(&dir, "short\n");
         assert!(options(&short).unwrap_err().0.contains("at least 16 bytes"));
         let _ = std::fs::remove_dir_all(&dir);

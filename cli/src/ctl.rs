@@ -62,6 +62,14 @@ enum Verb {
     /// the others stop counting it for a majority
     #[command(alias = "forget_node")]
     ForgetNode { id: u64 },
+    /// Adds node ID, started with --join and listening at ADDR (its --cluster), to the
+    /// cluster this node is in (rabbitmqctl's join_cluster, run on a member): answered once it
+    /// caught up and votes
+    #[command(alias = "join_cluster")]
+    Join { id: u64, addr: String },
+    /// This node leaves the cluster (the others stop counting it); stop it and clear its
+    /// data dir afterwards (rabbitmqctl's reset)
+    Leave,
     /// Sets the memory alarm threshold now: a FRACTION of RAM (0.4), or `absolute BYTES`.
     #[command(alias = "set_vm_memory_high_watermark")]
     SetVmMemoryHighWatermark { value: String, bytes: Option<u64> },
@@ -302,6 +310,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::Ping => ("ping", json!({})),
         Verb::ClusterStatus => ("cluster_status", json!({})),
         Verb::ForgetNode { id } => ("forget_node", json!({"id": id})),
+        Verb::Join { id, addr } => ("join", json!({"id": id, "addr": addr})),
+        Verb::Leave => ("leave", json!({})),
         Verb::SetVmMemoryHighWatermark { value, bytes } => match (value.as_str(), bytes) {
             ("absolute", Some(bytes)) => {
                 ("set_vm_memory_high_watermark", json!({"absolute": bytes}))
@@ -405,6 +415,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::Status => print!("{}", status_text(&result)),
         Verb::ClusterStatus => print!("{}", cluster_status_text(&result)),
         Verb::ForgetNode { id } => println!("Removed node {id} from the cluster"),
+        Verb::Join { id, addr } => println!("Added node {id} ({addr}) to the cluster"),
+        Verb::Leave => println!("This node left the cluster; stop it and clear its data dir"),
         Verb::SetVmMemoryHighWatermark { .. } => println!(
             "Set the memory high watermark to {} bytes",
             cell(result.get("bytes"))

@@ -37,8 +37,20 @@ pub struct Settings {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_ca: Option<PathBuf>,
+    /// Per TLS listener, over `tls_cert`, `tls_key` and `tls_ca` (e.g. a device CA on
+    /// mqtts only, or another certificate for the browsers' wss).
+    pub amqps_tls_cert: Option<PathBuf>,
+    pub amqps_tls_key: Option<PathBuf>,
+    pub amqps_tls_ca: Option<PathBuf>,
+    pub mqtts_tls_cert: Option<PathBuf>,
+    pub mqtts_tls_key: Option<PathBuf>,
+    pub mqtts_tls_ca: Option<PathBuf>,
+    pub mqtt_wss_tls_cert: Option<PathBuf>,
+    pub mqtt_wss_tls_key: Option<PathBuf>,
+    pub mqtt_wss_tls_ca: Option<PathBuf>,
     pub tls_verify_peer: bool,
     pub tls_fail_if_no_peer_cert: bool,
+    pub tls_login_from: crate::tls::LoginFrom,
     pub mqtt_use_identity_as_username: bool,
     pub mqtt_max_packet_size: u32,
     pub mqtt_max_inflight: u16,
@@ -47,6 +59,10 @@ pub struct Settings {
     /// Seconds between publications of the `$SYS/broker/...` topics; 0 disables them.
     pub sys_interval: u64,
     pub data_dir: PathBuf,
+    /// The user a new broker starts with (RabbitMQ's default_user; first start only).
+    pub default_user: String,
+    /// Its password (RabbitMQ's default_pass).
+    pub default_pass: String,
     /// A fraction of RAM (`0.4`) or a size (`"512MiB"`); see [`parse_watermark`].
     #[serde(deserialize_with = "number_or_string")]
     pub memory_high_watermark: String,
@@ -79,6 +95,9 @@ pub struct Settings {
     pub peers: Vec<String>,
     /// A file holding the shared cluster secret.
     pub cluster_secret_file: Option<PathBuf>,
+    /// Start as a new member of an existing cluster: propose no first membership; a
+    /// member adds this node with `warren ctl join`.
+    pub join: bool,
 }
 
 impl Default for Settings {
@@ -95,8 +114,18 @@ impl Default for Settings {
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
+            amqps_tls_cert: None,
+            amqps_tls_key: None,
+            amqps_tls_ca: None,
+            mqtts_tls_cert: None,
+            mqtts_tls_key: None,
+            mqtts_tls_ca: None,
+            mqtt_wss_tls_cert: None,
+            mqtt_wss_tls_key: None,
+            mqtt_wss_tls_ca: None,
             tls_verify_peer: false,
             tls_fail_if_no_peer_cert: false,
+            tls_login_from: crate::tls::LoginFrom::CommonName,
             mqtt_use_identity_as_username: false,
             mqtt_max_packet_size: mqtt.max_packet_size,
             mqtt_max_inflight: mqtt.max_inflight,
@@ -104,6 +133,8 @@ impl Default for Settings {
             mqtt_max_offline_messages: mqtt.max_offline_messages,
             sys_interval: mqtt.sys_interval.map_or(0, |d| d.as_secs()),
             data_dir: "./warren-data".into(),
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
             memory_high_watermark: "0.4".into(),
             disk_free_limit: "50MB".into(),
             fsync: Fsync::On,
@@ -122,6 +153,7 @@ impl Default for Settings {
             cluster: None,
             peers: Vec::new(),
             cluster_secret_file: None,
+            join: false,
         }
     }
 }
@@ -219,8 +251,26 @@ impl Settings {
         env!(tls_cert, |n, v| Some(v.into()));
         env!(tls_key, |n, v| Some(v.into()));
         env!(tls_ca, |n, v| Some(v.into()));
+        env!(amqps_tls_cert, |n, v| Some(v.into()));
+        env!(amqps_tls_key, |n, v| Some(v.into()));
+        env!(amqps_tls_ca, |n, v| Some(v.into()));
+        env!(mqtts_tls_cert, |n, v| Some(v.into()));
+        env!(mqtts_tls_key, |n, v| Some(v.into()));
+        env!(mqtts_tls_ca, |n, v| Some(v.into()));
+        env!(mqtt_wss_tls_cert, |n, v| Some(v.into()));
+        env!(mqtt_wss_tls_key, |n, v| Some(v.into()));
+        env!(mqtt_wss_tls_ca, |n, v| Some(v.into()));
         env!(tls_verify_peer, |n, v| boolean(&n, v)?);
         env!(tls_fail_if_no_peer_cert, |n, v| boolean(&n, v)?);
+        env!(tls_login_from, |n, v| match v {
+            "common_name" => crate::tls::LoginFrom::CommonName,
+            "subject_alternative_name" => crate::tls::LoginFrom::SubjectAlternativeName,
+            _ => {
+                return Err(SettingsError(format!(
+                    "{n}={v:?}: expected common_name or subject_alternative_name"
+                )));
+            }
+        });
         env!(mqtt_use_identity_as_username, |n, v| boolean(&n, v)?);
         env!(mqtt_max_packet_size, |n, v| parse(&n, v)?);
         env!(mqtt_max_inflight, |n, v| parse(&n, v)?);
@@ -228,6 +278,8 @@ impl Settings {
         env!(mqtt_max_offline_messages, |n, v| parse(&n, v)?);
         env!(sys_interval, |n, v| parse(&n, v)?);
         env!(data_dir, |n, v| v.into());
+        env!(default_user, |n, v| v.to_string());
+        env!(default_pass, |n, v| v.to_string());
         env!(memory_high_watermark, |n, v| v.to_string());
         env!(disk_free_limit, |n, v| v.to_string());
         env!(fsync, |n, v| match v {
@@ -254,6 +306,7 @@ impl Settings {
         env!(cluster, |n, v| Some(v.to_string()));
         env!(peers, |n, v| list(v));
         env!(cluster_secret_file, |n, v| Some(v.into()));
+        env!(join, |n, v| boolean(&n, v)?);
         Ok(())
     }
 
@@ -284,6 +337,12 @@ impl Settings {
         }
         if let Err(e) = self.stream_addr() {
             return Err(SettingsError(format!("{}{}", at("stream"), e.0)));
+        }
+        if self.default_user.is_empty() {
+            return Err(SettingsError(format!(
+                "{}default_user must not be empty",
+                at("default_user")
+            )));
         }
         if !(1..=256).contains(&self.shards) {
             return Err(SettingsError(format!(
@@ -328,6 +387,37 @@ impl Settings {
     /// The stream protocol's address (port 5552 when none is given), `None` for `none`.
     pub fn stream_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
         single_addr("stream", &self.stream, 5552)
+    }
+
+    /// The certificate chain, key and CA bundle of one TLS listener (`amqps`, `mqtts` or
+    /// `mqtt_wss`): its own keys where set, else the shared `tls_cert`, `tls_key`, `tls_ca`.
+    pub fn tls_files_of(
+        &self,
+        listener: &str,
+    ) -> (Option<&PathBuf>, Option<&PathBuf>, Option<&PathBuf>) {
+        let (cert, key, ca) = match listener {
+            "amqps" => (
+                &self.amqps_tls_cert,
+                &self.amqps_tls_key,
+                &self.amqps_tls_ca,
+            ),
+            "mqtts" => (
+                &self.mqtts_tls_cert,
+                &self.mqtts_tls_key,
+                &self.mqtts_tls_ca,
+            ),
+            "mqtt_wss" | "mqtt-wss" => (
+                &self.mqtt_wss_tls_cert,
+                &self.mqtt_wss_tls_key,
+                &self.mqtt_wss_tls_ca,
+            ),
+            _ => (&None, &None, &None),
+        };
+        (
+            cert.as_ref().or(self.tls_cert.as_ref()),
+            key.as_ref().or(self.tls_key.as_ref()),
+            ca.as_ref().or(self.tls_ca.as_ref()),
+        )
     }
 
     fn listeners_raw(&self) -> [(&'static str, &Vec<String>); 6] {

@@ -24,6 +24,21 @@ pub struct TlsFiles {
     pub verify_peer: bool,
     /// With `verify_peer`: refuse clients that present none.
     pub fail_if_no_peer_cert: bool,
+    /// Which name of a verified client certificate logs in.
+    pub login_from: LoginFrom,
+}
+
+/// The name of a verified client certificate that is the user (RabbitMQ's
+/// `ssl_cert_login_from`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum LoginFrom {
+    /// The subject's common name (Mosquitto's `use_identity_as_username` too).
+    CommonName,
+    /// The first subject alternative name that is a DNS name, an email address or a URI
+    /// (certificates for devices often carry no CN).
+    SubjectAlternativeName,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +55,21 @@ pub enum TlsError {
     NoCa,
     #[error("invalid TLS configuration: {0}")]
     Config(String),
+    #[error("--{listener}: {source}")]
+    Listener {
+        listener: &'static str,
+        source: Box<TlsError>,
+    },
+}
+
+impl TlsError {
+    /// The error as one listener's: which of the TLS listeners' files are wrong.
+    fn of(self, listener: &'static str) -> TlsError {
+        TlsError::Listener {
+            listener,
+            source: Box::new(self),
+        }
+    }
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -107,35 +137,54 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
-/// A server configuration that SIGHUP (or `warren ctl reload-tls`) replaces: connections
-/// accepted afterwards use the new certificate, open ones keep theirs.
+/// The server configurations of the TLS listeners, one per listener kind (`amqps`, `mqtts`,
+/// `mqtt-wss`: each may have its own files, as Mosquitto's per-listener `certfile`), which
+/// SIGHUP (or `warren ctl reload-tls`) replaces: connections accepted afterwards use the new
+/// certificates, open ones keep theirs.
 pub struct Reloadable {
-    files: TlsFiles,
-    current: RwLock<Arc<ServerConfig>>,
+    listeners: Vec<(&'static str, TlsFiles, RwLock<Arc<ServerConfig>>)>,
 }
 
 impl Reloadable {
-    pub fn new(files: TlsFiles) -> Result<Reloadable, TlsError> {
-        let current = RwLock::new(load(&files)?);
-        Ok(Reloadable { files, current })
+    /// Reads every listener's files; the first that fails names its listener.
+    pub fn new(listeners: Vec<(&'static str, TlsFiles)>) -> Result<Reloadable, TlsError> {
+        let mut loaded = Vec::with_capacity(listeners.len());
+        for (listener, files) in listeners {
+            let config = load(&files).map_err(|e| e.of(listener))?;
+            loaded.push((listener, files, RwLock::new(config)));
+        }
+        Ok(Reloadable { listeners: loaded })
     }
 
-    /// Reads the files again; on failure the previous configuration stays.
+    /// Reads all the files again; if any fails, every listener keeps its configuration (a
+    /// half-applied reload would leave the operator guessing which certificate is served).
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = load(&self.files)?;
-        // A poisoned lock only means a panic elsewhere while replacing an Arc: the value is
-        // still a whole configuration.
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        let mut fresh = Vec::with_capacity(self.listeners.len());
+        for (listener, files, _) in &self.listeners {
+            fresh.push(load(files).map_err(|e| e.of(listener))?);
+        }
+        for ((_, _, current), config) in self.listeners.iter().zip(fresh) {
+            // A poisoned lock only means a panic elsewhere while replacing an Arc: the
+            // value is still a whole configuration.
+            *current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        }
         Ok(())
     }
 
-    pub fn acceptor(&self) -> TlsAcceptor {
-        TlsAcceptor::from(
-            self.current
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        )
+    /// Which certificate name of the listener kind's clients logs in.
+    pub fn login_from(&self, listener: &str) -> LoginFrom {
+        self.listeners
+            .iter()
+            .find(|(l, _, _)| *l == listener)
+            .map_or(LoginFrom::CommonName, |(_, files, _)| files.login_from)
+    }
+
+    /// The acceptor of the listener kind's current configuration.
+    pub fn acceptor(&self, listener: &str) -> Option<TlsAcceptor> {
+        let (_, _, current) = self.listeners.iter().find(|(l, _, _)| *l == listener)?;
+        Some(TlsAcceptor::from(
+            current.read().unwrap_or_else(|p| p.into_inner()).clone(),
+        ))
     }
 }
 
@@ -147,7 +196,11 @@ pub async fn accept(
     peer: SocketAddr,
     listener: &str,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<String>)> {
-    let acceptor = tls.acceptor();
+    let login_from = tls.login_from(listener);
+    let Some(acceptor) = tls.acceptor(listener) else {
+        tracing::error!(%peer, listener, "no TLS configuration for this listener; closing");
+        return None;
+    };
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
         Ok(Ok(stream)) => {
             let identity = stream
@@ -155,7 +208,10 @@ pub async fn accept(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .and_then(|cert| subject_cn(cert.as_ref()));
+                .and_then(|cert| match login_from {
+                    LoginFrom::CommonName => subject_cn(cert.as_ref()),
+                    LoginFrom::SubjectAlternativeName => subject_alt_name(cert.as_ref()),
+                });
             Some((stream, identity))
         }
         Ok(Err(e)) => {
@@ -246,6 +302,70 @@ pub fn subject_cn(cert: &[u8]) -> Option<String> {
     None
 }
 
+/// 2.5.29.17, id-ce-subjectAltName.
+const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
+
+/// The first subject alternative name of an X.509 certificate (DER) that is a DNS name, an
+/// email address (rfc822Name) or a URI, as RabbitMQ's `ssl_cert_login_from =
+/// subject_alternative_name` takes it. `None` without one or when malformed.
+pub fn subject_alt_name(cert: &[u8]) -> Option<String> {
+    let (SEQUENCE, cert, _) = der(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = der(cert)? else {
+        return None;
+    };
+    // The extensions are the [3] element after the fixed fields (any [1]/[2] unique ids
+    // are skipped on the way).
+    let mut rest = tbs;
+    let mut extensions = None;
+    while !rest.is_empty() {
+        let (tag, value, next) = der(rest)?;
+        if tag == 0xa3 {
+            extensions = Some(value);
+            break;
+        }
+        rest = next;
+    }
+    let (SEQUENCE, mut list, _) = der(extensions?)? else {
+        return None;
+    };
+    while !list.is_empty() {
+        let (SEQUENCE, extension, next) = der(list)? else {
+            return None;
+        };
+        list = next;
+        let (OID, oid, mut value) = der(extension)? else {
+            return None;
+        };
+        if oid != SUBJECT_ALT_NAME {
+            continue;
+        }
+        // An optional `critical` BOOLEAN, then the OCTET STRING holding GeneralNames.
+        let (mut tag, mut octets, after) = der(value)?;
+        if tag == 0x01 {
+            value = after;
+            (tag, octets, _) = der(value)?;
+        }
+        if tag != 0x04 {
+            return None;
+        }
+        let (SEQUENCE, mut names, _) = der(octets)? else {
+            return None;
+        };
+        while !names.is_empty() {
+            let (tag, name, next) = der(names)?;
+            names = next;
+            // [1] rfc822Name, [2] dNSName, [6] uniformResourceIdentifier: IA5Strings.
+            if matches!(tag, 0x81 | 0x82 | 0x86) {
+                return std::str::from_utf8(name).ok().map(str::to_string);
+            }
+        }
+        return None;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,6 +388,38 @@ mod tests {
         params.distinguished_name = rcgen::DistinguishedName::new();
         let cert = params.self_signed(&key).expect("cert");
         assert_eq!(subject_cn(cert.der()), None);
+    }
+
+    #[test]
+    fn subject_alt_name_of_generated_certificates() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["sensor-7.devices".into()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "not-this");
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(
+            subject_alt_name(cert.der()).as_deref(),
+            Some("sensor-7.devices")
+        );
+        // An IP address first: skipped for the next usable name.
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        params.subject_alt_names = vec![
+            rcgen::SanType::IpAddress([127, 0, 0, 1].into()),
+            rcgen::SanType::Rfc822Name("ops@example.com".try_into().expect("email")),
+        ];
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(
+            subject_alt_name(cert.der()).as_deref(),
+            Some("ops@example.com")
+        );
+        let params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        let cert = params.self_signed(&key).expect("cert");
+        assert_eq!(subject_alt_name(cert.der()), None);
+        for input in [&b""[..], b"\x30", b"\x30\x03\x30\x01"] {
+            assert_eq!(subject_alt_name(input), None);
+        }
     }
 
     #[test]

@@ -230,6 +230,20 @@ impl Pki {
         )
     }
 
+    /// Issues a client certificate whose first subject alternative name is the DNS name
+    /// `san` (and whose CN is something else); writes `file.pem` and `file.key`.
+    fn issue_san(&self, file: &str, san: &str) {
+        let mut params = rcgen::CertificateParams::new(vec![san.to_string()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "not-the-user");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer).expect("sign");
+        std::fs::write(self.dir.join(format!("{file}.pem")), cert.pem()).expect("write");
+        std::fs::write(self.dir.join(format!("{file}.key")), key.serialize_pem()).expect("write");
+    }
+
     fn ca_pem(&self) -> String {
         self.ca_cert.pem()
     }
@@ -690,6 +704,25 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
     assert!(
         lines[0].contains("unsupported protocol header"),
         "{lines:?}"
+    );
+
+    // 2b. The same on the plain MQTT port: refused, one line naming the peer.
+    let tcp = tokio::net::TcpStream::connect(broker.addr("(MQTT"))
+        .await
+        .expect("connect");
+    let tls_local = tcp.local_addr().expect("local").to_string();
+    let refused = connector
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").expect("name"),
+            tcp,
+        )
+        .await;
+    assert!(refused.is_err(), "no TLS on the plain MQTT port");
+    let lines = broker.wait_logs(&[&tls_local], 1);
+    assert_eq!(
+        lines.len(),
+        1,
+        "one log line for the ClientHello: {lines:?}"
     );
 
     // 3. Certificates the server refuses: none, another CA's, expired.
@@ -1195,4 +1228,430 @@ async fn config_file_with_flags_and_env_over_it() {
             "{text}: {stderr}"
         );
     }
+}
+
+/// Per-listener TLS files in the config file: amqps serves the shared `tls_cert` (CA "a"),
+/// mqtts its own `mqtts_tls_cert` (CA "m"), so each client verifies only with its CA; a
+/// flag overrides a listener's key; a listener's unreadable file stops the start naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_listener_tls_files_from_the_config_file() {
+    let dir = data_dir("tls-per-listener");
+    let a = Pki::new(&dir, "a");
+    let m = Pki::new(&dir, "m");
+    a.issue("shared-server", "localhost", false);
+    m.issue("mqtts-server", "localhost", false);
+    let path = |f: &str| dir.join(f).to_str().expect("utf-8").to_string();
+    let file = dir.join("warren.toml");
+    let config = format!(
+        "in_memory = true\ndata_dir = {:?}\namqp = []\nmqtt = []\nmanagement = \"none\"\n\
+         prometheus = \"none\"\nstream = \"none\"\namqps = [\"127.0.0.1:0\"]\n\
+         mqtts = [\"127.0.0.1:0\"]\ntls_cert = {:?}\ntls_key = {:?}\n\
+         mqtts_tls_cert = {:?}\nmqtts_tls_key = {:?}\n",
+        dir.join("data"),
+        path("shared-server.pem"),
+        path("shared-server.key"),
+        path("mqtts-server.pem"),
+        path("mqtts-server.key"),
+    );
+    std::fs::write(&file, &config).expect("write");
+    let file_arg = file.to_str().expect("utf-8");
+    let broker = Broker::start(&dir, &["--config", file_arg], 2);
+    let amqps = broker.addr("amqps");
+    let mqtts = broker.addr("mqtts");
+    let amqps_uri = format!("amqps://guest:guest@localhost:{}/%2f", amqps.port());
+    let amqps_with = |pki: &Pki| {
+        lapin_connect(
+            &amqps_uri,
+            lapin::tcp::OwnedTLSConfig {
+                identity: None,
+                cert_chain: Some(pki.ca_pem()),
+            },
+        )
+    };
+    let mqtts_with = |id: &str, pki: &Pki, at: SocketAddr| {
+        let mut o = mqtt_options(id, at);
+        o.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Rustls(client_config(pki.roots(), None, false)),
+        ));
+        o
+    };
+    let conn = amqps_with(&a)
+        .await
+        .expect("amqps serves the shared certificate");
+    assert!(
+        amqps_with(&m).await.is_err(),
+        "amqps does not serve mqtts's certificate"
+    );
+    let (_sub, mut events) = mqtt_subscribed(mqtts_with("m-sub", &m, mqtts), "per/#").await;
+    let (_wrong, mut wrong_events) = rumqttc::AsyncClient::new(mqtts_with("a-sub", &a, mqtts), 4);
+    let failed = tokio::time::timeout(Duration::from_secs(10), wrong_events.poll())
+        .await
+        .expect("answered");
+    assert!(
+        failed.is_err(),
+        "mqtts serves its own certificate, not CA a's"
+    );
+    amqp_publish(&conn, "per.x", b"across listeners").await;
+    assert_eq!(mqtt_next(&mut events).await, b"across listeners");
+    drop(broker);
+
+    // A flag over the file's key: --mqtts-tls-cert/--mqtts-tls-key give mqtts CA a's.
+    let broker = Broker::start(
+        &dir,
+        &[
+            "--config",
+            file_arg,
+            "--mqtts-tls-cert",
+            &path("shared-server.pem"),
+            "--mqtts-tls-key",
+            &path("shared-server.key"),
+        ],
+        2,
+    );
+    let (_sub, _events) =
+        mqtt_subscribed(mqtts_with("a-sub2", &a, broker.addr("mqtts")), "per/#").await;
+    drop(broker);
+
+    // A listener's unreadable key: exit 2, the listener and the file named.
+    std::fs::write(
+        &file,
+        config.replace(&path("mqtts-server.key"), &path("missing.key")),
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["serve", "--config", file_arg])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--mqtts") && stderr.contains("missing.key"),
+        "{stderr}"
+    );
+}
+
+/// A client that opens a TLS or WebSocket connection and then says nothing is dropped after
+/// the 10 s handshake bound, with one line each; a connection made meanwhile works. The
+/// WebSocket path is the one configured (`--mqtt-ws-path /ws`, RabbitMQ's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_are_dropped_after_10_s() {
+    let dir = data_dir("stalled");
+    let pki = Pki::new(&dir, "main");
+    let broker = Broker::start_tls(
+        &dir,
+        &pki,
+        &[
+            "--in-memory",
+            "--amqp",
+            "none",
+            "--mqtt",
+            "127.0.0.1:0",
+            "--mqtts",
+            "127.0.0.1:0",
+            "--mqtt-ws",
+            "127.0.0.1:0",
+            "--mqtt-ws-path",
+            "/ws",
+        ],
+        3,
+    );
+    let started = std::time::Instant::now();
+    let mut tls = tokio::net::TcpStream::connect(broker.addr("mqtts"))
+        .await
+        .expect("connect");
+    let tls_local = tls.local_addr().expect("local").to_string();
+    let ws_addr = broker.addr("mqtt-ws:");
+    let mut ws = tokio::net::TcpStream::connect(ws_addr)
+        .await
+        .expect("connect");
+    let ws_local = ws.local_addr().expect("local").to_string();
+    // Half an upgrade request, never finished.
+    ws.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    // Meanwhile the configured path serves MQTT and the default one is not found.
+    let tcp = tokio::net::TcpStream::connect(ws_addr)
+        .await
+        .expect("connect");
+    let (mut socket, _) =
+        tokio_tungstenite::client_async(ws_request(&format!("ws://{ws_addr}/ws"), "mqtt"), tcp)
+            .await
+            .expect("upgrade at /ws");
+    ws_session(&mut socket, broker.addr("(MQTT"), "at-ws", *b"w3").await;
+    let tcp = tokio::net::TcpStream::connect(ws_addr)
+        .await
+        .expect("connect");
+    match tokio_tungstenite::client_async(ws_request(&format!("ws://{ws_addr}/mqtt"), "mqtt"), tcp)
+        .await
+    {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 404)
+        }
+        other => panic!("/mqtt with --mqtt-ws-path /ws: expected 404, got {other:?}"),
+    }
+    // Both stalled sockets are closed by the broker, at the bound and not before.
+    for (what, socket) in [("TLS", &mut tls), ("WebSocket", &mut ws)] {
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(15), socket.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: still open after 15 s"));
+        assert!(matches!(read, Ok(0) | Err(_)), "{what}: closed: {read:?}");
+    }
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(9), "dropped after {waited:?}");
+    for (needles, what) in [
+        (
+            ["TLS handshake not completed within 10s", &tls_local],
+            "TLS",
+        ),
+        (
+            ["WebSocket upgrade not completed within 10s", &ws_local],
+            "WebSocket",
+        ),
+    ] {
+        let lines = broker.wait_logs(&needles, 1);
+        assert_eq!(lines.len(), 1, "{what}: {lines:?}");
+    }
+    // The session made meanwhile is still served.
+    socket
+        .send(Message::binary(WS_PINGREQ.to_vec()))
+        .await
+        .expect("send");
+    assert_eq!(ws_read(&mut socket, 2).await, [0xd0, 0]);
+}
+
+/// Logs to a file (`--log-file`), at per-module levels (`--log-level`); at `info` both
+/// protocols log each connection's open and close at INFO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_file_with_per_module_levels_and_connection_lines_for_both_protocols() {
+    let dir = data_dir("logfile");
+    for (level, amqp_logged) in [("info", true), ("info,warren_amqp=warn", false)] {
+        let log = dir.join(format!("warren-{amqp_logged}.log"));
+        let mut child = Command::new(BIN)
+            .args(["serve", "--in-memory", "--data-dir"])
+            .arg(dir.join("data"))
+            .args([
+                "--amqp",
+                "127.0.0.1:0",
+                "--mqtt",
+                "127.0.0.1:0",
+                "--management",
+                "none",
+                "--prometheus",
+                "none",
+                "--stream",
+                "none",
+                "--log-level",
+                level,
+                "--log-file",
+            ])
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start");
+        let lines = |needle: &str| -> Vec<String> {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(needle))
+                .map(str::to_string)
+                .collect()
+        };
+        let wait = |needle: &str, n: usize| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while lines(needle).len() < n && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            lines(needle)
+        };
+        let listening = wait("listening on", 2);
+        assert_eq!(listening.len(), 2, "{listening:?}");
+        let port = |label: &str| -> SocketAddr {
+            let line = listening
+                .iter()
+                .find(|l| l.contains(label))
+                .expect("listener");
+            line.split("listening on ").nth(1).expect("addr")[..]
+                .split(' ')
+                .next()
+                .expect("addr")
+                .parse()
+                .expect("addr")
+        };
+        let conn = amqp_plain(port("(AMQP")).await;
+        conn.close(200, "bye".into()).await.expect("close");
+        let (client, mut events) =
+            rumqttc::AsyncClient::new(mqtt_options("logged", port("(MQTT")), 4);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) =
+                    events.poll().await
+                {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("CONNACK");
+        client.disconnect().await.expect("disconnect");
+        let _ = tokio::time::timeout(Duration::from_secs(2), events.poll()).await;
+        // The AMQP connection closed before the MQTT one opened: once the MQTT lines are
+        // in, the AMQP ones are too, or filtered out.
+        for (needle, want) in [
+            ("accepted MQTT connection", true),
+            ("MQTT client disconnected", true),
+            ("accepted AMQP connection", amqp_logged),
+            ("connection closed by client", amqp_logged),
+        ] {
+            let found = if want { wait(needle, 1) } else { lines(needle) };
+            if want {
+                assert_eq!(found.len(), 1, "{level}: {needle}");
+                assert!(found[0].contains(" INFO "), "{level}: {found:?}");
+            } else {
+                assert!(found.is_empty(), "{level}: {needle}: {found:?}");
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let stdout = child.stdout.take().map(|mut s| {
+            let mut out = String::new();
+            let _ = std::io::Read::read_to_string(&mut s, &mut out);
+            out
+        });
+        assert_eq!(
+            stdout.as_deref(),
+            Some(""),
+            "nothing on stdout with --log-file"
+        );
+    }
+}
+
+/// `--tls-login-from subject_alternative_name`: the certificate's first SAN is the user, for
+/// AMQP EXTERNAL and MQTT use_identity_as_username alike; its CN is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_logins_by_subject_alternative_name() {
+    let dir = data_dir("sanlogin");
+    let pki = Pki::new(&dir, "ca");
+    pki.issue_san("sensor", "sensor-7.devices");
+    let ca = dir.join("ca-ca.pem");
+    let broker = Broker::start_tls(
+        &dir,
+        &pki,
+        &[
+            "--in-memory",
+            "--amqp",
+            "none",
+            "--mqtt",
+            "none",
+            "--amqps",
+            "127.0.0.1:0",
+            "--mqtts",
+            "127.0.0.1:0",
+            "--tls-ca",
+            ca.to_str().expect("utf-8"),
+            "--tls-verify-peer",
+            "--tls-login-from",
+            "subject_alternative_name",
+            "--mqtt-use-identity-as-username",
+        ],
+        2,
+    );
+    let ctl = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["ctl", "--data-dir"])
+            .arg(&dir)
+            .args(args)
+            .output()
+            .expect("ctl");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ctl(&["add-user", "sensor-7.devices", "unused-password"]);
+    ctl(&["set-permissions", "sensor-7.devices", ".*", ".*", ".*"]);
+    let uri = format!(
+        "amqps://localhost:{}/%2f?auth_mechanism=external",
+        broker.addr("amqps").port()
+    );
+    let tls = lapin::tcp::OwnedTLSConfig {
+        identity: Some(lapin::tcp::OwnedIdentity::PKCS8 {
+            pem: std::fs::read(dir.join("sensor.pem")).expect("pem"),
+            key: std::fs::read(dir.join("sensor.key")).expect("key"),
+        }),
+        cert_chain: Some(pki.ca_pem()),
+    };
+    let _conn = lapin_connect(&uri, tls)
+        .await
+        .expect("EXTERNAL login by SAN");
+    let mut options = mqtt_options("sensor-client", broker.addr("mqtts"));
+    let pem = std::fs::read(dir.join("sensor.pem")).expect("pem");
+    let key = std::fs::read(dir.join("sensor.key")).expect("key");
+    use rustls::pki_types::pem::PemObject;
+    let cert = rustls::pki_types::CertificateDer::from_pem_slice(&pem).expect("cert");
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key).expect("key");
+    options.set_transport(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Rustls(client_config(pki.roots(), Some((cert, key)), false)),
+    ));
+    let (_client, _events) = mqtt_subscribed(options, "s/#").await;
+    let listed = ctl(&["--format", "json", "list-connections"]);
+    let users: Vec<String> = serde_json::from_str::<Vec<serde_json::Value>>(&listed)
+        .expect("json")
+        .iter()
+        .filter_map(|c| c["user"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(users, ["sensor-7.devices", "sensor-7.devices"], "{listed}");
+}
+
+/// `--default-user` and `WARREN_DEFAULT_PASS` (RabbitMQ's default_user/default_pass): a new
+/// data directory starts with that administrator instead of guest; later starts keep the
+/// stored users whatever the flags say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_user_is_configurable_on_the_first_start() {
+    let dir = data_dir("defaultuser");
+    let login = |addr: SocketAddr, user: &str, pass: &str| {
+        let uri = format!("amqp://{user}:{pass}@{addr}/%2f");
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+            )
+            .await
+            .expect("answered within 10 s")
+        }
+    };
+    // Broker::start passes --data-dir `dir`: a store, not --in-memory.
+    let args = ["--amqp", "127.0.0.1:0", "--mqtt", "none"];
+    let broker = Broker::start_env(
+        &dir,
+        &[&args[..], &["--default-user", "admin"]].concat(),
+        1,
+        &[("WARREN_DEFAULT_PASS", "s3cret")],
+    );
+    let addr = broker.addr("(AMQP");
+    login(addr, "admin", "s3cret")
+        .await
+        .expect("the default user");
+    assert!(login(addr, "guest", "guest").await.is_err(), "no guest");
+    // A clean stop (SIGTERM), as an operator restarts.
+    let mut broker = broker;
+    broker.signal(libc::SIGTERM);
+    let status = broker.child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+    drop(broker);
+    let broker = Broker::start(
+        &dir,
+        &[
+            &args[..],
+            &["--default-user", "admin", "--default-pass", "other"],
+        ]
+        .concat(),
+        1,
+    );
+    let addr = broker.addr("(AMQP");
+    login(addr, "admin", "s3cret")
+        .await
+        .expect("the stored user and password");
+    assert!(
+        login(addr, "admin", "other").await.is_err(),
+        "first start only"
+    );
 }

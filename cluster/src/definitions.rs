@@ -1,14 +1,18 @@
 //! The metadata group's state machine: a replicated map from keys to opaque records, one per
 //! definition (vhost, user, permission, policy, exchange, binding, queue definition and its
 //! location). The records are the serialized forms the broker already stores; this map does
-//! not interpret them. Feeding it into the core's topology (declare on one node, visible on
-//! all) comes with the core's queue-type seam.
+//! not interpret them.
+//!
+//! It also carries the broker's metadata changes ([`DefCommand::Change`]): opaque to this
+//! crate, kept in a bounded window in log order ([`Definitions::changes_after`]) from which
+//! every node's broker applies them to its own core, in the same order everywhere
+//! (docs/cluster.md, "What is replicated").
 //!
 //! Every applied command also advances a hash chain over (index, command): two nodes that
 //! applied up to the same index in the same order have the same digest, which is how the
 //! tests check "same commands, same order" on every node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -68,7 +72,30 @@ pub enum DefCommand {
         expected: Option<Vec<u8>>,
         record: Vec<u8>,
     },
+    /// A broker metadata change (a declare, a delete, a user...), opaque here: kept in the
+    /// window every node's broker applies from. `origin` and `seq` let the proposing node
+    /// match the entry to its waiting client.
+    Change {
+        origin: u64,
+        seq: u64,
+        change: Vec<u8>,
+    },
 }
+
+/// A committed [`DefCommand::Change`], as [`Definitions::changes_after`] returns it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// Its log index: changes are applied in this order.
+    pub index: u64,
+    pub origin: u64,
+    pub seq: u64,
+    pub change: Vec<u8>,
+}
+
+/// How many changes the window keeps: a broker applies them within milliseconds of the
+/// commit; one that falls further behind (or a member that came in by snapshot) sees a
+/// gap and says so (docs/cluster.md, "Failure modes").
+pub const CHANGE_WINDOW: usize = 4096;
 
 /// The reply to a [`DefCommand`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +106,8 @@ pub enum DefReply {
     Conflict { current: Option<Vec<u8>> },
     /// The command could not be decoded (a node of another version?): nothing changed.
     Invalid { reason: String },
+    /// A [`DefCommand::Change`] was committed at log `index`.
+    Logged { index: u64 },
 }
 
 impl DefCommand {
@@ -106,6 +135,13 @@ pub struct Definitions {
     records: BTreeMap<String, Vec<u8>>,
     digest: [u8; 32],
     applied: u64,
+    /// The last [`CHANGE_WINDOW`] changes, by index (in the snapshot too, so a node restarted
+    /// from its snapshot still has the ones its broker may not have applied).
+    #[serde(default)]
+    changes: VecDeque<Change>,
+    /// The index of the newest change that left the window (0: none did).
+    #[serde(default)]
+    evicted: u64,
 }
 
 impl Definitions {
@@ -137,6 +173,21 @@ impl Definitions {
         self.applied
     }
 
+    /// Up to `max` changes after log index `after`, in order, and the index of the newest
+    /// change that left the window (a caller whose `after` is below it missed some; other
+    /// entries, such as membership changes, take indexes too, so gaps between changes'
+    /// indexes are normal).
+    pub fn changes_after(&self, after: u64, max: usize) -> (u64, Vec<Change>) {
+        let start = self.changes.partition_point(|c| c.index <= after);
+        let out = self.changes.range(start..).take(max).cloned().collect();
+        (self.evicted, out)
+    }
+
+    /// The index of the newest change (0 if none).
+    pub fn last_change(&self) -> u64 {
+        self.changes.back().map_or(0, |c| c.index)
+    }
+
     fn run(&mut self, cmd: DefCommand) -> DefReply {
         let too_big = |r: &Vec<u8>| r.len() > MAX_RECORD;
         match cmd {
@@ -147,6 +198,13 @@ impl Definitions {
                     reason: format!("record over {MAX_RECORD} bytes"),
                 }
             }
+            DefCommand::Change { change, .. } if change.len() > MAX_RECORD => DefReply::Invalid {
+                reason: format!("change over {MAX_RECORD} bytes"),
+            },
+            // Handled in `apply`, which knows the index.
+            DefCommand::Change { .. } => DefReply::Invalid {
+                reason: "change without an index".into(),
+            },
             DefCommand::Put { key, record } => DefReply::Done {
                 previous: self.records.insert(key, record),
             },
@@ -181,6 +239,27 @@ impl StateMachine for Definitions {
         self.digest = h.finalize().into();
         self.applied += 1;
         let reply = match serde_json::from_slice::<DefCommand>(command) {
+            Ok(DefCommand::Change {
+                origin,
+                seq,
+                change,
+            }) if change.len() <= MAX_RECORD => {
+                // A restart re-applies the log after the snapshot: keep each index once.
+                if index > self.last_change() {
+                    if self.changes.len() == CHANGE_WINDOW
+                        && let Some(old) = self.changes.pop_front()
+                    {
+                        self.evicted = old.index;
+                    }
+                    self.changes.push_back(Change {
+                        index,
+                        origin,
+                        seq,
+                        change,
+                    });
+                }
+                DefReply::Logged { index }
+            }
             Ok(cmd) => self.run(cmd),
             Err(e) => DefReply::Invalid {
                 reason: e.to_string(),
@@ -252,6 +331,37 @@ mod tests {
         let mut c = Definitions::new();
         c.restore(&a.snapshot()).unwrap();
         assert_eq!((c.get(&k), c.digest()), (a.get(&k), a.digest()));
+    }
+
+    #[test]
+    fn changes_are_kept_in_log_order_once_and_bounded() {
+        let mut d = Definitions::new();
+        let change = |seq: u64| DefCommand::Change {
+            origin: 2,
+            seq,
+            change: seq.to_be_bytes().to_vec(),
+        };
+        for i in 1..=3 {
+            assert_eq!(apply(&mut d, i, &change(i)), DefReply::Logged { index: i });
+        }
+        // A restart re-applies entries the snapshot already had: not kept twice.
+        apply(&mut d, 2, &change(2));
+        let (evicted, got) = d.changes_after(1, 10);
+        assert_eq!(evicted, 0);
+        assert_eq!(got.iter().map(|c| c.index).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!((got[0].origin, got[0].seq), (2, 2));
+        // Survives a snapshot.
+        let mut e = Definitions::new();
+        e.restore(&d.snapshot()).unwrap();
+        assert_eq!(e.changes_after(0, 10), d.changes_after(0, 10));
+        // Bounded: the oldest go, and a reader behind them can tell.
+        for i in 4..=(CHANGE_WINDOW as u64 + 10) {
+            apply(&mut d, i, &change(i));
+        }
+        let (evicted, got) = d.changes_after(0, 5);
+        assert_eq!(evicted, 10);
+        assert_eq!(got.len(), 5);
+        assert_eq!(got[0].index, 11);
     }
 
     #[test]

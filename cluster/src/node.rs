@@ -29,6 +29,9 @@ pub struct NodeOptions {
     pub election_timeout_ms: u64,
     /// A snapshot after this many applied entries.
     pub snapshot_every: u64,
+    /// A new member of an existing cluster (`--join`): it does not propose a first
+    /// membership; a member adds it (`ClusterNode::join`).
+    pub join: bool,
 }
 
 impl NodeOptions {
@@ -50,6 +53,7 @@ impl NodeOptions {
             heartbeat_ms: 100,
             election_timeout_ms: 500,
             snapshot_every: 1000,
+            join: false,
         }
     }
 }
@@ -110,6 +114,44 @@ pub(crate) async fn forget_here(raft: &Raft, id: NodeId) -> Result<(), ForgetErr
     Ok(())
 }
 
+/// Why a member could not be added here.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("node {0} is a voter already")]
+    Member(NodeId),
+    #[error("node {0}: {1}")]
+    AddLearner(
+        NodeId,
+        Box<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>,
+    ),
+    #[error(transparent)]
+    Raft(#[from] Box<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>),
+}
+
+/// Adds `id` at `addr` to the group `raft` leads: a learner first, which the leader brings
+/// up to date (log or snapshot), then a voter (joint consensus, as for `forget_here`).
+pub(crate) async fn join_here(raft: &Raft, id: NodeId, addr: &str) -> Result<(), JoinError> {
+    let membership = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .clone();
+    if membership.voter_ids().any(|v| v == id) {
+        return Err(JoinError::Member(id));
+    }
+    // blocking = true: answered once the learner has caught up with the leader's log.
+    raft.add_learner(id, BasicNode::new(addr), true)
+        .await
+        .map_err(|e| JoinError::AddLearner(id, Box::new(e)))?;
+    let mut voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+    voters.insert(id);
+    raft.change_membership(voters, false)
+        .await
+        .map_err(Box::new)?;
+    Ok(())
+}
+
 /// One member's view in [`Status`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MemberStatus {
@@ -146,6 +188,9 @@ pub struct ClusterNode {
 /// How long a write forwarded to the leader may take (a commit is a few milliseconds; an
 /// election in between is under a second with the default timings).
 pub const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long adding a member may take: it catches up first (a snapshot and the log since).
+pub const JOIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ClusterNode {
     /// Opens the node's files, binds the cluster listener and starts the metadata group.
@@ -199,7 +244,7 @@ impl ClusterNode {
             .is_initialized()
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-        if !initialized {
+        if !initialized && !opts.join {
             let members: BTreeMap<NodeId, BasicNode> = opts
                 .members
                 .iter()
@@ -271,6 +316,49 @@ impl ClusterNode {
             }
             Err(e) => Err(NodeError::Raft(e.to_string())),
         }
+    }
+
+    /// Adds node `id`, started with `join` at cluster address `addr`, as a voter
+    /// (rabbitmqctl's join_cluster, seen from the cluster). Runs on the leader, forwarded
+    /// there from a follower; answered once the new member has caught up and votes.
+    pub async fn join(&self, id: NodeId, addr: &str) -> Result<(), NodeError> {
+        let not_leader = |e: &JoinError| {
+            matches!(
+                e,
+                JoinError::AddLearner(_, e) | JoinError::Raft(e)
+                    if matches!(**e, RaftError::APIError(ClientWriteError::ForwardToLeader(_)))
+            )
+        };
+        match join_here(&self.raft, id, addr).await {
+            Ok(()) => Ok(()),
+            Err(e) if not_leader(&e) => {
+                let leader = self.raft.metrics().borrow().current_leader;
+                let node = leader.and_then(|l| {
+                    self.raft
+                        .metrics()
+                        .borrow()
+                        .membership_config
+                        .membership()
+                        .get_node(&l)
+                        .cloned()
+                });
+                match (leader, node) {
+                    (Some(l), Some(node)) if l != self.id => self
+                        .peers
+                        .forward_join(META_GROUP, l, &node.addr, id, addr, JOIN_TIMEOUT)
+                        .await
+                        .map_err(|e| NodeError::Forward(l, e)),
+                    (leader, _) => Err(NodeError::NotLeader(leader)),
+                }
+            }
+            Err(e) => Err(NodeError::Raft(e.to_string())),
+        }
+    }
+
+    /// Removes this node from the group (rabbitmqctl's reset, first half): the others stop
+    /// counting it; it gets no more entries. Stop it and clear its data dir afterwards.
+    pub async fn leave(&self) -> Result<(), NodeError> {
+        self.forget(self.id).await
     }
 
     /// Members, leader, log indexes and each member's lag.

@@ -156,6 +156,9 @@ enum Rpc {
     Write(crate::Command),
     /// Remove a member from the group (forwarded to the leader, as a write).
     Forget(NodeId),
+    /// Add a member (id, cluster address): a learner first, a voter once caught up
+    /// (forwarded to the leader).
+    Join(NodeId, String),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -388,6 +391,12 @@ async fn serve_peer(
                         .map(|()| crate::Reply::default())
                         .map_err(|e| e.to_string()),
                 ),
+                Rpc::Join(id, addr) => RpcReply::Write(
+                    crate::node::join_here(&raft, id, &addr)
+                        .await
+                        .map(|()| crate::Reply::default())
+                        .map_err(|e| e.to_string()),
+                ),
                 Rpc::Write(c) => RpcReply::Write(
                     raft.client_write(c)
                         .await
@@ -474,6 +483,27 @@ impl Peers {
         self.forward_rpc(group, target, addr, Rpc::Forget(id), timeout)
             .await
             .map(|_| ())
+    }
+
+    /// Asks `target` (the group's leader) to add member `id` at `member_addr`.
+    pub async fn forward_join(
+        &self,
+        group: u64,
+        target: NodeId,
+        addr: &str,
+        id: NodeId,
+        member_addr: &str,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        self.forward_rpc(
+            group,
+            target,
+            addr,
+            Rpc::Join(id, member_addr.to_string()),
+            timeout,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn forward_rpc(

@@ -8,7 +8,9 @@
 //! WARREN_BIN). Without them the test says why and passes, unless WARREN_CLUSTER_REQUIRE=1
 //! (CI sets it) turns the skip into a failure.
 
-use std::path::PathBuf;
+mod common;
+
+use common::{Cluster, Node, WAIT, agreed_leader, bounded, cluster_status, parse, unavailable};
 use std::process::Command;
 use std::time::Duration;
 
@@ -20,121 +22,10 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 /// with the defaults is not touched.
 const BRIDGE: &str = "wtest0";
 const NET: &str = "10.78.0";
-const WAIT: Duration = Duration::from_secs(20);
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-struct Cluster {
-    state: tempfile::TempDir,
-    bin: PathBuf,
-}
-
-impl Cluster {
-    /// Runs `scripts/cluster.sh ARGS`; returns stdout, panics with stderr on failure.
-    fn run(&self, args: &[&str]) -> String {
-        let out = self.command(args).output().expect("run scripts/cluster.sh");
-        assert!(
-            out.status.success(),
-            "cluster.sh {args:?} failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(repo().join("scripts/cluster.sh"));
-        c.args(args)
-            .env("WARREN_BIN", &self.bin)
-            .env("WARREN_CLUSTER_DIR", self.state.path().join("cluster"))
-            .env("WARREN_CLUSTER_NET", NET)
-            .env("WARREN_CLUSTER_BRIDGE", BRIDGE)
-            .env("WARREN_CLUSTER_WAIT", "20");
-        c
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        // A failed assertion must not leave namespaces or brokers behind; the nodes' logs
-        // are kept for the post-mortem (the state dir goes with `down`).
-        if std::thread::panicking() {
-            let keep = std::env::temp_dir().join("warren-cluster-test-logs");
-            let _ = std::fs::create_dir_all(&keep);
-            for i in 1..=3 {
-                let log = self.state.path().join(format!("cluster/n{i}/log"));
-                let _ = std::fs::copy(&log, keep.join(format!("n{i}.log")));
-            }
-            eprintln!("node logs kept in {}", keep.display());
-        }
-        let _ = self.command(&["down"]).output();
-    }
-}
-
-/// Why this machine cannot run the test, if it cannot.
-fn unavailable(bin: &std::path::Path) -> Option<String> {
-    let ok = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        return Some("`ip netns` is unavailable (needs iproute2 and root)".into());
-    }
-    if !bin.exists() {
-        return Some(format!(
-            "broker binary {} not found: cargo build -p warren-cli, or set WARREN_BIN",
-            bin.display()
-        ));
-    }
-    None
-}
-
-struct Node {
-    name: String,
-    amqp: String,
-    mqtt: String,
-    http: String,
-}
-
-/// Parses the `NODE amqp=HOST:PORT mqtt=HOST:PORT http=HOST:PORT` lines.
-fn parse(out: &str) -> Vec<Node> {
-    out.lines()
-        .map(|line| {
-            let mut words = line.split_whitespace();
-            let name = words.next().expect("node name").to_string();
-            let mut field = |key: &str| {
-                let w = words
-                    .next()
-                    .unwrap_or_else(|| panic!("no {key} in {line:?}"));
-                let v = w
-                    .strip_prefix(key)
-                    .and_then(|w| w.strip_prefix('='))
-                    .unwrap_or_else(|| panic!("expected {key}= in {line:?}"));
-                v.parse::<std::net::SocketAddr>()
-                    .unwrap_or_else(|_| panic!("{key} is not HOST:PORT in {line:?}"));
-                v.to_string()
-            };
-            let (amqp, mqtt, http) = (field("amqp"), field("mqtt"), field("http"));
-            Node {
-                name,
-                amqp,
-                mqtt,
-                http,
-            }
-        })
-        .collect()
-}
-
-async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no answer in {WAIT:?}"))
-}
-
-/// Declares a durable queue on the node, publishes to it and gets the message back.
+/// Declares a queue on the node, publishes to it and gets the message back. The queue is
+/// transient: the node's own, so this works on the minority side of a partition too (a
+/// durable declare is cluster metadata, which a minority cannot change: tests/metadata.rs).
 async fn amqp_roundtrip(node: &Node, queue: &str) {
     let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
     let conn = bounded(
@@ -144,13 +35,13 @@ async fn amqp_roundtrip(node: &Node, queue: &str) {
     .await
     .unwrap_or_else(|e| panic!("{}: connect {uri}: {e}", node.name));
     let ch = conn.create_channel().await.expect("channel");
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    ch.queue_declare(queue.into(), durable, FieldTable::default())
-        .await
-        .expect("queue.declare");
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("queue.declare");
     let body = format!("hello {}", node.name);
     ch.basic_publish(
         "".into(),
@@ -237,47 +128,6 @@ fn reaches(from: usize, to: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Node `i`'s `warren ctl cluster-status`, if it answers.
-fn cluster_status(
-    state: &std::path::Path,
-    bin: &std::path::Path,
-    i: usize,
-) -> Option<serde_json::Value> {
-    let out = Command::new(bin)
-        .args(["ctl", "--format", "json", "--data-dir"])
-        .arg(state.join(format!("n{i}/data")))
-        .arg("cluster-status")
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
-}
-
-/// Polls until nodes `ids` all name the same leader, one of `ids`; returns it and how long
-/// that took.
-fn agreed_leader(state: &std::path::Path, bin: &std::path::Path, ids: &[usize]) -> (u64, Duration) {
-    let start = std::time::Instant::now();
-    loop {
-        let leaders: Vec<Option<u64>> = ids
-            .iter()
-            .map(|i| cluster_status(state, bin, *i).and_then(|s| s["leader"].as_u64()))
-            .collect();
-        if let Some(Some(l)) = leaders.first()
-            && leaders.iter().all(|x| *x == Some(*l))
-            && ids.contains(&(*l as usize))
-        {
-            return (*l, start.elapsed());
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "nodes {ids:?} agree on no leader among them: {leaders:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn leftovers() -> Vec<String> {
     let mut left = Vec::new();
     let ns = Command::new("ip")
@@ -303,9 +153,7 @@ fn leftovers() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_kill_start_partition_heal_down() {
-    let bin = std::env::var_os("WARREN_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target/debug/warren"));
+    let bin = common::bin();
     if let Some(why) = unavailable(&bin) {
         assert!(
             std::env::var_os("WARREN_CLUSTER_REQUIRE").is_none(),
@@ -317,6 +165,8 @@ async fn up_kill_start_partition_heal_down() {
     let cluster = Cluster {
         state: tempfile::tempdir().expect("tempdir"),
         bin,
+        bridge: BRIDGE,
+        net: NET,
     };
     let state = cluster.state.path().join("cluster");
 

@@ -291,6 +291,72 @@ async fn a_node_with_the_wrong_secret_gets_nothing() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_through_a_follower_catches_up_votes_and_leaves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret: &[u8] = b"right";
+    let (mut nodes, members) = cluster(&[secret, secret, secret], dir.path()).await;
+    let l = leader(&nodes).await;
+    for i in 0..30 {
+        write(&nodes[&l], i).await.expect("write");
+    }
+    // Node 4 starts in join mode: it proposes no membership of its own, so it stays out
+    // (and elects nobody) until a member adds it.
+    let listener = bind(4).await;
+    let addr = listener.local_addr().expect("addr");
+    let mut o = options(4, addr, &members, secret, dir.path());
+    o.members = [(4, addr.to_string())].into();
+    o.join = true;
+    let newcomer = ClusterNode::start_on(o, listener)
+        .await
+        .expect("start node 4");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(newcomer.raft.metrics().borrow().current_leader, None);
+    // Added through a follower (forwarded to the leader): it catches up and votes.
+    let follower = (1..=3).find(|i| *i != l).expect("a follower");
+    nodes[&follower]
+        .join(4, &addr.to_string())
+        .await
+        .expect("join node 4");
+    let voters: Vec<NodeId> = nodes[&l]
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, [1, 2, 3, 4]);
+    assert!(matches!(
+        nodes[&l].join(4, &addr.to_string()).await,
+        Err(NodeError::Raft(e)) if e.contains("voter already")
+    ));
+    nodes.insert(4, newcomer);
+    write(&nodes[&leader(&nodes).await], 30)
+        .await
+        .expect("write");
+    converged(&nodes, &(0..=30).collect::<Vec<_>>()).await;
+    // It leaves (forwarded to the leader): three voters again, and writes go on.
+    nodes[&4].leave().await.expect("leave");
+    let gone = nodes.remove(&4).expect("node 4");
+    let l = leader(&nodes).await;
+    let voters: Vec<NodeId> = nodes[&l]
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, [1, 2, 3]);
+    write(&nodes[&l], 31).await.expect("write after leave");
+    converged(&nodes, &(0..=31).collect::<Vec<_>>()).await;
+    gone.shutdown().await;
+    for n in nodes.into_values() {
+        n.shutdown().await;
+    }
+}
+
 /// Runs the futures concurrently to completion (no extra dependency for a join).
 async fn futures_join_all<F: std::future::Future<Output = ()>>(futs: Vec<F>) {
     let mut futs: Vec<_> = futs.into_iter().map(Box::pin).map(Some).collect();

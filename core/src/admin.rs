@@ -207,6 +207,17 @@ pub enum AdminRequest {
         /// The operation.
         op: Op,
     },
+    /// A message the broker publishes about itself (the MQTT gateway's `$SYS` topics) in a
+    /// vhost: routed and delivered as an [`AdminRequest::Op`] publish, but on a channel of
+    /// its own whose publishes the message stats leave out, since those count what clients
+    /// publish (RabbitMQ's `message_stats`, Mosquitto's `messages/received`). Answered with
+    /// `Op`.
+    StatusPublish {
+        /// The vhost.
+        vhost: String,
+        /// The message.
+        publish: Box<crate::command::Publish>,
+    },
     /// Declares everything in the definitions; answers with the errors.
     Import(crate::store::Definitions),
     /// Sets a policy.

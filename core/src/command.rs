@@ -237,6 +237,10 @@ pub enum Op {
         /// How many deliveries the host wrote to the socket.
         count: u32,
     },
+    /// The host refuses the channel's next request with this channel error, in request
+    /// order (after what the channel sent before it is answered): a clustered host whose
+    /// metadata change could not be committed within its bound (docs/cluster.md).
+    Refuse(crate::error::ProtocolError),
 }
 
 /// The kind of an [`Op`], carried by errors so a gateway can name the failing method
@@ -333,6 +337,7 @@ impl Op {
             Op::TxCommit => OpKind::TxCommit,
             Op::TxRollback => OpKind::TxRollback,
             Op::Written { .. } => OpKind::Written,
+            Op::Refuse(e) => e.op,
         }
     }
 }

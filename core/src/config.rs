@@ -12,6 +12,12 @@ pub struct BrokerConfig {
     pub write_window: u32,
     /// The virtual host every connection gets for now.
     pub default_vhost: String,
+    /// The user a new broker starts with (RabbitMQ's `default_user`), an administrator with
+    /// full permissions on `default_vhost`; created on the first start only (a store keeps
+    /// the users it holds). Only `guest` is limited to loopback.
+    pub default_user: String,
+    /// Its password hash ([`crate::access::hash_password`]; RabbitMQ's `default_pass`).
+    pub default_pass_hash: Vec<u8>,
     /// Message bytes (bodies held ready or unacked, counted per queue) above which the broker
     /// raises its memory alarm and publishing connections are blocked, as RabbitMQ's
     /// `vm_memory_high_watermark` does. The host sizes it (the CLI: a fraction of RAM);
@@ -51,6 +57,8 @@ impl Default for BrokerConfig {
             seed: 0x5741_5252_454e_0001,
             write_window: 2048,
             default_vhost: "/".to_string(),
+            default_user: "guest".to_string(),
+            default_pass_hash: crate::access::DEFAULT_GUEST_HASH.to_vec(),
             memory_high_watermark: u64::MAX,
             disk_free_limit: 0,
             flow_ready_high: 4096,

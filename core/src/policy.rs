@@ -66,6 +66,9 @@ const QUEUE_KEYS: &[(&str, &str)] = &[
     ("overflow", "x-overflow"),
     ("dead-letter-exchange", "x-dead-letter-exchange"),
     ("dead-letter-routing-key", "x-dead-letter-routing-key"),
+    // Quorum queues' (a classic queue ignores them, as RabbitMQ's do).
+    ("delivery-limit", "x-delivery-limit"),
+    ("dead-letter-strategy", "x-dead-letter-strategy"),
 ];
 /// Policy keys for exchanges.
 const EXCHANGE_KEYS: &[(&str, &str)] = &[("alternate-exchange", "alternate-exchange")];

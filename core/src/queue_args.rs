@@ -36,6 +36,27 @@ pub struct QueueArgs {
     pub single_active_consumer: bool,
     /// `x-max-priority`: a priority queue with levels 0..=max.
     pub max_priority: Option<u8>,
+    /// `x-delivery-limit` (quorum queues): a message returned more often than this is
+    /// dropped or dead-lettered. Only a non-negative integer sets it: RabbitMQ 3.10 accepts
+    /// any value and ignores what is not a limit.
+    pub delivery_limit: Option<u64>,
+    /// `x-dead-letter-strategy` (quorum queues).
+    pub dead_letter_strategy: DeadLetterStrategy,
+    /// `x-quorum-initial-group-size`: members of a quorum queue's group (validated for any
+    /// queue, as RabbitMQ does; a single node has groups of one).
+    pub initial_group_size: Option<u64>,
+}
+
+/// `x-dead-letter-strategy`: how a quorum queue hands a message to its dead-letter exchange.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeadLetterStrategy {
+    /// Fire and forget (RabbitMQ's default): a dead letter lost on the way is lost.
+    #[default]
+    AtMostOnce,
+    /// The message stays in its queue until its dead-letter queues have it (RabbitMQ only
+    /// honours it with `x-overflow: reject-publish`; otherwise it falls back to
+    /// at-most-once).
+    AtLeastOnce,
 }
 
 /// No arguments: what nearly every queue has (an idle MQTT subscriber's included).
@@ -49,6 +70,9 @@ static NO_ARGS: QueueArgs = QueueArgs {
     dead_letter_routing_key: None,
     single_active_consumer: false,
     max_priority: None,
+    delivery_limit: None,
+    dead_letter_strategy: DeadLetterStrategy::AtMostOnce,
+    initial_group_size: None,
 };
 
 /// A queue's parsed arguments as it holds them: a pointer, null for the defaults. Inline they
@@ -152,6 +176,32 @@ impl QueueArgs {
                 .map_err(|_| ("x-max-priority", format!("{{value_out_of_range,{n}}}")))?;
             a.max_priority = Some(max);
         }
+        if let Some(n) = arguments
+            .get("x-delivery-limit")
+            .and_then(FieldValue::as_i64)
+        {
+            a.delivery_limit = u64::try_from(n).ok();
+        }
+        if let Some(v) = arguments.get("x-dead-letter-strategy") {
+            a.dead_letter_strategy = match v.as_str() {
+                Some("at-most-once") => DeadLetterStrategy::AtMostOnce,
+                Some("at-least-once") => DeadLetterStrategy::AtLeastOnce,
+                _ => return Err(("x-dead-letter-strategy", "invalid_dlx_strategy".into())),
+            };
+        }
+        if let Some(v) = arguments.get("x-quorum-initial-group-size") {
+            let n = v.as_i64().ok_or_else(|| {
+                (
+                    "x-quorum-initial-group-size",
+                    format!("\"expected integer, got {}\"", type_name(v)),
+                )
+            })?;
+            let size = non_negative("x-quorum-initial-group-size", v)?;
+            if size == 0 {
+                return Err(("x-quorum-initial-group-size", format!("{{value_zero,{n}}}")));
+            }
+            a.initial_group_size = Some(size);
+        }
         if let Some(v) = arguments.get("x-single-active-consumer") {
             a.single_active_consumer = v.as_bool().ok_or_else(|| {
                 (
@@ -202,6 +252,43 @@ mod tests {
             QueueArgs::parse(&t).map_err(|e| e.1),
             Err("{missing_dead_letter_exchange}".to_string())
         );
+        // Quorum-queue arguments, with RabbitMQ 3.10's terms (checked against it).
+        for (arg, v, term) in [
+            (
+                "x-dead-letter-strategy",
+                FieldValue::string("bogus"),
+                "invalid_dlx_strategy",
+            ),
+            (
+                "x-quorum-initial-group-size",
+                FieldValue::I32(0),
+                "{value_zero,0}",
+            ),
+            (
+                "x-quorum-initial-group-size",
+                FieldValue::string("x"),
+                "\"expected integer, got longstr\"",
+            ),
+        ] {
+            let mut t = FieldTable::new();
+            t.insert(arg.into(), v);
+            assert_eq!(QueueArgs::parse(&t), Err((arg, term.to_string())));
+        }
+        let mut t = FieldTable::new();
+        t.insert("x-delivery-limit".into(), FieldValue::I32(2));
+        t.insert(
+            "x-dead-letter-strategy".into(),
+            FieldValue::string("at-least-once"),
+        );
+        t.insert("x-quorum-initial-group-size".into(), FieldValue::I32(3));
+        let a = QueueArgs::parse(&t).expect("valid");
+        assert_eq!(a.delivery_limit, Some(2));
+        assert_eq!(a.dead_letter_strategy, DeadLetterStrategy::AtLeastOnce);
+        assert_eq!(a.initial_group_size, Some(3));
+        // RabbitMQ 3.10 takes a delivery limit that is no limit and ignores it.
+        let mut t = FieldTable::new();
+        t.insert("x-delivery-limit".into(), FieldValue::string("a"));
+        assert_eq!(QueueArgs::parse(&t).map(|a| a.delivery_limit), Ok(None));
         let mut t = FieldTable::new();
         t.insert("x-expires".into(), FieldValue::string("soon"));
         assert_eq!(

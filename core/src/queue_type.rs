@@ -13,6 +13,11 @@ pub enum QueueType {
     /// reads, messages paged to the store past a window.
     #[default]
     Classic,
+    /// RabbitMQ's quorum queue: durable only, every message stored and confirmed after
+    /// the sync, delivery counts with `x-delivery-limit`; its state moves by the commands
+    /// of `queue::quorum` (a Raft log's entries once it is replicated; a group of one on a
+    /// single node).
+    Quorum,
 }
 
 /// What the rest of the broker may rely on for a queue type.
@@ -32,6 +37,13 @@ pub struct Capabilities {
     pub exclusive: bool,
     /// A consumer must set a prefetch (`basic.qos`) first (streams).
     pub needs_prefetch: bool,
+    /// The queue may be auto-delete (406 otherwise: quorum queues).
+    pub auto_delete: bool,
+    /// The server may name the queue (`queue.declare` with an empty name).
+    pub server_named: bool,
+    /// Queue arguments RabbitMQ knows that this type refuses (406 "invalid arg ... of queue
+    /// type ..."); arguments nobody knows are ignored, as RabbitMQ ignores them.
+    pub refused_arguments: &'static [&'static str],
 }
 
 impl QueueType {
@@ -39,7 +51,7 @@ impl QueueType {
     /// listed but not served is refused with a message that says so.
     const NAMED: &'static [(&'static str, Option<QueueType>)] = &[
         ("classic", Some(QueueType::Classic)),
-        ("quorum", None),
+        ("quorum", Some(QueueType::Quorum)),
         ("stream", None),
     ];
 
@@ -70,6 +82,16 @@ impl QueueType {
     pub fn name(self) -> &'static str {
         match self {
             QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        }
+    }
+
+    /// RabbitMQ's module for the type, as its errors name it ("... of queue type
+    /// rabbit_quorum_queue").
+    pub fn module(self) -> &'static str {
+        match self {
+            QueueType::Classic => "rabbit_classic_queue",
+            QueueType::Quorum => "rabbit_quorum_queue",
         }
     }
 
@@ -77,6 +99,7 @@ impl QueueType {
     pub fn capabilities(self) -> &'static Capabilities {
         match self {
             QueueType::Classic => &CLASSIC,
+            QueueType::Quorum => &QUORUM,
         }
     }
 }
@@ -88,6 +111,32 @@ const CLASSIC: Capabilities = Capabilities {
     durable_only: false,
     exclusive: true,
     needs_prefetch: false,
+    auto_delete: true,
+    server_named: true,
+    refused_arguments: &[],
+};
+
+/// RabbitMQ 3.10's quorum queue (`rabbit_quorum_queue:capabilities/0`, checked against
+/// 3.10.8): the arguments RabbitMQ knows that a quorum queue refuses. `x-message-ttl` is
+/// allowed since 3.10; `x-overflow: reject-publish-dlx` is taken and acts as drop-head.
+const QUORUM: Capabilities = Capabilities {
+    basic_get: true,
+    ack_removes: true,
+    requeue: true,
+    durable_only: true,
+    exclusive: false,
+    needs_prefetch: false,
+    auto_delete: false,
+    server_named: false,
+    refused_arguments: &[
+        "x-max-priority",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-queue-master-locator",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-initial-cluster-size",
+    ],
 };
 
 #[cfg(test)]
@@ -96,7 +145,7 @@ mod tests {
     use crate::message::FieldValue;
 
     #[test]
-    fn only_classic_queues_are_served() {
+    fn classic_and_quorum_queues_are_served() {
         let with = |v: FieldValue| {
             let mut t = FieldTable::default();
             t.insert("x-queue-type".into(), v);
@@ -107,14 +156,10 @@ mod tests {
             Ok(QueueType::Classic)
         );
         assert_eq!(with(FieldValue::string("classic")), Ok(QueueType::Classic));
-        for kind in ["quorum", "stream"] {
-            let (arg, reason) = with(FieldValue::string(kind)).unwrap_err();
-            assert_eq!(arg, "x-queue-type");
-            assert!(
-                reason.contains(&format!("'{kind}' is not supported yet")),
-                "{reason}"
-            );
-        }
+        assert_eq!(with(FieldValue::string("quorum")), Ok(QueueType::Quorum));
+        let (arg, reason) = with(FieldValue::string("stream")).unwrap_err();
+        assert_eq!(arg, "x-queue-type");
+        assert!(reason.contains("'stream' is not supported yet"), "{reason}");
         assert_eq!(
             with(FieldValue::string("bogus")),
             Err(("x-queue-type", "\"unsupported queue type 'bogus'\"".into()))
@@ -125,5 +170,9 @@ mod tests {
         );
         assert_eq!(QueueType::Classic.name(), "classic");
         assert!(QueueType::Classic.capabilities().basic_get);
+        let quorum = QueueType::Quorum.capabilities();
+        assert_eq!(QueueType::Quorum.name(), "quorum");
+        assert!(quorum.durable_only && !quorum.exclusive && !quorum.auto_delete);
+        assert!(quorum.refused_arguments.contains(&"x-max-priority"));
     }
 }

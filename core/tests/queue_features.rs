@@ -900,3 +900,84 @@ fn a_server_named_durable_queue_is_restored_with_its_messages() {
     );
     assert_eq!(error_code(&fx), Some(403), "{fx:?}");
 }
+
+/// The `x-delivery-count` header of each delivery in `fx`, with its tag and redelivered flag.
+fn counted(fx: &[Effect]) -> Vec<(u64, bool, Option<FieldValue>)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Deliver { delivery, .. } => Some((
+                delivery.delivery_tag,
+                delivery.redelivered,
+                delivery
+                    .message
+                    .properties
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("x-delivery-count").cloned()),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_quorum_queue_counts_returns_and_dead_letters_past_its_delivery_limit() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.exchange(c, "dlx", "fanout", FieldTable::new());
+    h.declare(c, "dlq");
+    h.bind(c, "dlq", "dlx", "");
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "qq".into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: args(&[
+                ("x-queue-type", FieldValue::string("quorum")),
+                ("x-delivery-limit", FieldValue::I32(1)),
+                ("x-dead-letter-exchange", FieldValue::string("dlx")),
+            ]),
+        }),
+    );
+    assert!(
+        matches!(
+            fx.as_slice(),
+            [Effect::Reply {
+                reply: Reply::QueueDeclareOk { .. },
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
+    h.consume(c, "qq", "c", false);
+    let mut fx = publish_with(&mut h, c, "qq", "poison", Properties::default());
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let Some((tag, redelivered, count)) = counted(&fx).pop() else {
+            break;
+        };
+        seen.push((redelivered, count));
+        fx = h.op(
+            c,
+            Op::Nack {
+                delivery_tag: tag,
+                multiple: false,
+                requeue: true,
+            },
+        );
+    }
+    // Two deliveries; the second return took it past the limit of 1.
+    assert_eq!(seen, [(false, None), (true, Some(FieldValue::I64(1)))]);
+    let (body, props, _, _) = get(&mut h, c, "dlq").expect("dead-lettered");
+    assert_eq!(body, "poison");
+    let d = death(&props);
+    assert_eq!(d.get("reason"), Some(&FieldValue::string("delivery_limit")));
+    assert_eq!(d.get("queue"), Some(&FieldValue::string("qq")));
+    let headers = props.headers.as_ref().expect("x-death");
+    assert!(!headers.contains_key("x-delivery-count"), "{headers:?}");
+    assert_eq!(get(&mut h, c, "qq"), None, "gone from the quorum queue");
+}

@@ -434,6 +434,29 @@ fn unknown_delivery_tag_is_a_channel_error_that_leaves_other_channels_alone() {
 }
 
 #[test]
+fn a_host_refusal_is_that_channels_error_and_changes_nothing() {
+    // A cluster host whose metadata change could not commit refuses the request (Op::Refuse).
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let other = h.open(1, 2);
+    let refused = warren_core::error::ProtocolError::new(
+        warren_core::error::ErrorCode::PreconditionFailed,
+        warren_core::command::OpKind::QueueDeclare,
+        "cluster metadata store unavailable",
+    );
+    match h.op(c, Op::Refuse(refused.clone())).as_slice() {
+        [Effect::ChannelError { ch, error }] => {
+            assert_eq!(*ch, c);
+            assert_eq!(*error, refused);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h.publish(c, "", "x", "y").is_empty());
+    h.op(c, Op::ChannelCloseOk);
+    assert_eq!(h.declare(other, "still-works"), "still-works");
+}
+
+#[test]
 fn passive_declare_of_a_missing_queue_is_404() {
     let mut h = Harness::new();
     let c = h.connect(1);

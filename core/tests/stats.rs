@@ -161,3 +161,52 @@ fn the_memory_watermark_changes_at_run_time() {
     h.shards[0].poll_effects(&mut fx);
     assert!(fx.contains(&Effect::Unblocked { conn: c.conn }), "{fx:?}");
 }
+
+/// The broker's own status messages (the MQTT `$SYS` topics) reach their subscribers but
+/// are not counted as publishes: the vhost's stats show what clients publish, so an idle
+/// broker has no publish rate. An operator's publish through the admin channel counts.
+#[test]
+fn status_publishes_are_delivered_but_not_counted() {
+    use warren_core::admin::{AdminRequest, AdminResponse};
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    h.declare(c, "q");
+    let message = |body: &'static str| {
+        Box::new(warren_core::command::Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            mandatory: false,
+            immediate: false,
+            properties: Default::default(),
+            body: bytes::Bytes::from_static(body.as_bytes()),
+            routed: None,
+        })
+    };
+    let now = h.now;
+    for body in ["status 1", "status 2"] {
+        let answer = h.shards.admin(
+            now,
+            AdminRequest::StatusPublish {
+                vhost: "/".into(),
+                publish: message(body),
+            },
+        );
+        assert!(matches!(answer, AdminResponse::Op(Ok(_))), "{answer:?}");
+    }
+    let answer = h.shards.admin(
+        now,
+        AdminRequest::Op {
+            vhost: "/".into(),
+            op: Op::Publish(message("operator")),
+        },
+    );
+    assert!(matches!(answer, AdminResponse::Op(Ok(_))), "{answer:?}");
+    let fx = h.consume(c, "q", "t", true);
+    assert_eq!(bodies(&fx), ["status 1", "status 2", "operator"]);
+    assert_eq!(
+        h.shards[0].vhost_stats(),
+        vec![("/".to_string(), stats(1, 3, 0, 0))],
+        "only the operator's publish counts; the deliveries all do"
+    );
+    h.shards[0].check_invariants().expect("invariants");
+}

@@ -5,7 +5,9 @@
 //! - nothing is invented, nothing is delivered twice without `redelivered`;
 //! - messages never redelivered arrive in publish order per queue;
 //! - after any number of crashes, every confirmed persistent message on a durable queue that
-//!   was not acked is still delivered; without crashes every message is.
+//!   was not acked is still delivered; without crashes every message is;
+//! - a quorum queue (`qq`) keeps every confirmed message, transient ones too, and confirms
+//!   each only by `synced`.
 
 mod common;
 
@@ -15,12 +17,29 @@ use std::collections::{BTreeMap, BTreeSet};
 use warren_core::command::{Consume, Op, Publish, QueueDeclare};
 use warren_core::effect::{Effect, Reply};
 use warren_core::ids::ChannelRef;
-use warren_core::message::{FieldTable, Properties};
+use warren_core::message::{FieldTable, FieldValue, Properties};
 use warren_core::store::MemoryStore;
 use warren_core::{Broker, BrokerConfig};
 
-/// Queues: d0, d1 durable; t0 transient.
-const QUEUES: [(&str, bool); 3] = [("d0", true), ("d1", true), ("t0", false)];
+/// Queues: d0, d1 durable; t0 transient; qq a quorum queue (durable).
+const QUEUES: [(&str, bool); 4] = [("d0", true), ("d1", true), ("t0", false), ("qq", true)];
+
+/// The quorum queue's index in `QUEUES`.
+const QUORUM: usize = 3;
+
+/// Whether a message published to queue `queue` must be on disk before its confirm: a
+/// persistent one on a durable queue, and every one on the quorum queue.
+fn stored(queue: usize, persistent: bool) -> bool {
+    QUEUES[queue].1 && (persistent || queue == QUORUM)
+}
+
+fn declare_args(queue: usize) -> FieldTable {
+    let mut t = FieldTable::new();
+    if queue == QUORUM {
+        t.insert("x-queue-type".into(), FieldValue::string("quorum"));
+    }
+    t
+}
 
 #[derive(Clone, Debug)]
 enum SimOp {
@@ -36,10 +55,10 @@ enum SimOp {
 
 fn sim_op() -> impl Strategy<Value = SimOp> {
     prop_oneof![
-        8 => (0u8..3, any::<bool>()).prop_map(|(queue, persistent)| SimOp::Publish { queue, persistent }),
+        8 => (0u8..4, any::<bool>()).prop_map(|(queue, persistent)| SimOp::Publish { queue, persistent }),
         4 => (any::<u8>(), any::<bool>()).prop_map(|(which, multiple)| SimOp::Ack { which, multiple }),
         1 => any::<u8>().prop_map(|which| SimOp::Requeue { which }),
-        1 => (0u8..3).prop_map(|queue| SimOp::Get { queue }),
+        1 => (0u8..4).prop_map(|queue| SimOp::Get { queue }),
         3 => Just(SimOp::StartSync),
         3 => Just(SimOp::CompleteSync),
         1 => Just(SimOp::Crash),
@@ -75,7 +94,7 @@ struct Sim {
     /// Outstanding deliveries: tag -> id.
     outstanding: BTreeMap<u64, u64>,
     /// Per queue: the last id delivered with redelivered = false.
-    last_fresh: [Option<u64>; 3],
+    last_fresh: [Option<u64>; 4],
     unwritten: u32,
     crashed: bool,
 }
@@ -108,12 +127,12 @@ impl Sim {
             acked: BTreeSet::new(),
             delivered: BTreeSet::new(),
             outstanding: BTreeMap::new(),
-            last_fresh: [None; 3],
+            last_fresh: [None; 4],
             unwritten: 0,
             crashed: false,
         };
         sim.connect();
-        for (name, durable) in QUEUES {
+        for (i, (name, durable)) in QUEUES.into_iter().enumerate() {
             sim.exec(
                 PUB,
                 Op::QueueDeclare(QueueDeclare {
@@ -123,7 +142,7 @@ impl Sim {
                     exclusive: false,
                     auto_delete: false,
                     nowait: false,
-                    arguments: FieldTable::new(),
+                    arguments: declare_args(i),
                 }),
                 false,
             );
@@ -239,7 +258,7 @@ impl Sim {
                 assert!(!multiple);
                 let id = self.confirm_seq[&seq];
                 let (queue, persistent) = self.published[id as usize];
-                if persistent && QUEUES[queue].1 {
+                if stored(queue, persistent) {
                     assert!(from_sync, "message {id} confirmed before a sync");
                 }
                 assert!(ack, "message {id} nacked");
@@ -389,7 +408,7 @@ impl Sim {
         self.unwritten = 0;
         self.crashed = true;
         // Recovered messages are all flagged redelivered; fresh ones start a new order.
-        self.last_fresh = [None; 3];
+        self.last_fresh = [None; 4];
         self.connect();
         self.exec(
             PUB,
@@ -446,7 +465,7 @@ impl Sim {
         for (id, &(queue, persistent)) in self.published.iter().enumerate() {
             let id = id as u64;
             let must_survive =
-                !self.crashed || (persistent && QUEUES[queue].1 && self.confirmed.contains(&id));
+                !self.crashed || (stored(queue, persistent) && self.confirmed.contains(&id));
             if must_survive {
                 assert!(
                     self.delivered.contains(&id),

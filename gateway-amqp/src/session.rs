@@ -272,7 +272,8 @@ impl Session {
     }
 
     /// A batch of the core's effects, and (bounded) the batches `next` yields while the
-    /// output stays small: encoded together, so runs of acks collapse.
+    /// output stays small: encoded together, so runs of acks collapse. `next` is called only
+    /// for a batch that will be encoded: what it yields leaves the mailbox.
     pub fn handle_effects(
         &mut self,
         now: u64,
@@ -285,11 +286,16 @@ impl Session {
         }
         let mut delivered: u32 = 0;
         let mut batch = first;
-        for _ in 0..MAX_BATCHES_PER_WRITE {
+        let mut encoded = 0;
+        loop {
             for effect in batch.drain(..) {
                 self.encode_effect(now, effect, &mut delivered);
             }
-            if self.out.len() >= MAX_WRITE_BYTES {
+            encoded += 1;
+            // Checked before taking the next batch, never after: a batch taken from the
+            // mailbox is encoded. One taken and dropped here lost its messages and, never
+            // counted in `Op::Written`, held their write-window credit for good.
+            if encoded >= MAX_BATCHES_PER_WRITE || self.out.len() >= MAX_WRITE_BYTES {
                 break;
             }
             match next() {

@@ -528,6 +528,65 @@ fn in_order_confirms_collapse_into_one_multiple_ack() {
     insta::assert_snapshot!("acks_collapsed", transcript(&d.out()));
 }
 
+/// The shell hands `handle_effects` the first waiting batch of effects and a source of the
+/// rest (the mailbox's `try_recv`), then writes and sends the ops. However many batches wait,
+/// each is encoded once and every delivery in it counted in `Op::Written`: a batch taken and
+/// then dropped (the 65th, when 64 are encoded per write) lost its messages, and their
+/// write-window credit, never returned, stayed taken for good. Under a loaded machine
+/// PerfTest's consumer connection leaked most of its window that way: it then got a few
+/// deliveries per round trip while its publisher sat paused (issue 21, item 7).
+#[test]
+fn every_waiting_effect_batch_is_encoded_and_its_deliveries_counted() {
+    let mut d = Driver::opened(0);
+    let ch = ChannelRef {
+        conn: ConnId(1),
+        channel: 1,
+    };
+    let message = Arc::new(warren_core::message::Message {
+        exchange: "".into(),
+        routing_key: "q".into(),
+        properties: Default::default(),
+        body: Bytes::from_static(b"m"),
+    });
+    let deliver = |delivery_tag| Effect::Deliver {
+        ch,
+        consumer_tag: "c".into(),
+        delivery: warren_core::effect::Delivery {
+            delivery_tag,
+            redelivered: false,
+            message: message.clone(),
+        },
+    };
+    // 200 one-delivery batches wait, as after 200 broker turns (one per publish) while
+    // this connection's task waited for its socket or for a CPU.
+    let mut waiting: std::collections::VecDeque<Vec<Effect>> =
+        (1..=200).map(|tag| vec![deliver(tag)]).collect();
+    let mut tags = Vec::new();
+    // The shell's loop: one batch received, the session takes more, the output is written.
+    while let Some(first) = waiting.pop_front() {
+        d.s.handle_effects(0, first, || waiting.pop_front());
+        for f in frames(&d.out()) {
+            if let Frame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(m))) = f {
+                tags.push(m.delivery_tag);
+            }
+        }
+    }
+    assert_eq!(
+        tags,
+        (1..=200).collect::<Vec<u64>>(),
+        "every delivery, once, in order"
+    );
+    let written: u32 = d
+        .ops
+        .iter()
+        .map(|(_, op)| match op {
+            Op::Written { count } => *count,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(written, 200, "the write window gets back every delivery");
+}
+
 /// One session transcript: handshake, a channel, a publish split over bodies, a heartbeat,
 /// errors on a second channel, the close.
 fn transcript_input() -> Vec<u8> {

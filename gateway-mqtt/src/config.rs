@@ -71,9 +71,9 @@ impl Default for MqttConfig {
             max_retained_per_subscribe: 10_000,
             max_offline_messages: 100_000,
             use_identity_as_username: false,
-            // Off by default: the broker's own publishes would count in the vhost's message
-            // stats (HTTP API, Prometheus) as if a client had sent them.
-            sys_interval: None,
+            // Mosquitto's default. The broker's own publishes are not counted in the message
+            // stats (`AdminRequest::StatusPublish`).
+            sys_interval: Some(Duration::from_secs(10)),
         }
     }
 }

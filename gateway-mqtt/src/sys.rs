@@ -16,7 +16,6 @@ use mqtt_proto::v5::PublishProperties;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use warren_core::command::Op;
 use warren_core::mqtt::RetainedMessage;
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 
@@ -58,8 +57,6 @@ pub async fn publish_sys_topics(
     let mut received = Load::default();
     let mut sent = Load::default();
     let mut last_tick = Instant::now();
-    // The core counts this task's own publishes too: they are not the clients' traffic.
-    let mut own_publishes = 0u64;
     loop {
         let connected = registry.clients();
         maximum = maximum.max(connected);
@@ -74,7 +71,8 @@ pub async fn publish_sys_topics(
         };
         let elapsed = last_tick.elapsed().as_secs_f64();
         last_tick = Instant::now();
-        let published = stats.publish.saturating_sub(own_publishes);
+        // This task's own publishes are not in it (`AdminRequest::StatusPublish`).
+        let published = stats.publish;
         received.update(published, elapsed);
         sent.update(stats.deliver_get, elapsed);
         let retained = registry.retained().len();
@@ -117,7 +115,6 @@ pub async fn publish_sys_topics(
                 ));
             }
         }
-        own_publishes += topics.len() as u64;
         for (topic, value) in topics {
             publish(
                 &broker,
@@ -142,7 +139,8 @@ pub async fn publish_sys_topics(
 
 /// Retains `value` on `topic` and routes it to the current subscribers, through the
 /// broker's internal admin connection (no user's permissions apply to the broker's own
-/// status).
+/// status) on its status channel, whose publishes the message stats do not count: an idle
+/// broker shows no publish rate in the HTTP API, Prometheus or `messages/received`.
 async fn publish(
     broker: &BrokerHandle,
     registry: &Registry,
@@ -172,9 +170,9 @@ async fn publish(
             expiry_ms: None,
         },
     );
-    let request = AdminRequest::Op {
+    let request = AdminRequest::StatusPublish {
         vhost: config.vhost.clone(),
-        op: Op::Publish(Box::new(publish)),
+        publish: Box::new(publish),
     };
     match broker.admin(request).await {
         Ok(AdminResponse::Op(Ok(_))) => {}

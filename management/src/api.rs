@@ -671,7 +671,7 @@ impl Management {
             (ready, unacked),
         );
         json!({
-            "name": q.name, "vhost": q.vhost, "type": "classic", "node": self.node.name,
+            "name": q.name, "vhost": q.vhost, "type": q.queue_type.name(), "node": self.node.name,
             "state": "running", "durable": q.durable, "auto_delete": q.auto_delete,
             "exclusive": q.exclusive, "arguments": defs::table(&q.arguments),
             "consumers": q.consumers, "memory": q.memory,

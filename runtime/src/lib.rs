@@ -14,13 +14,17 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod counting;
 pub mod listener;
 mod mailbox;
+pub mod replicate;
 mod resources;
 pub mod sendfile;
 mod task;
+pub mod ws;
 
 pub use mailbox::EffectReceiver;
+pub use replicate::Replicator;
 pub use resources::{ResourceWatch, disk_free, process_rss};
 /// The store's sync latency histograms (Prometheus reads them).
 pub use warren_store::metrics as storage_metrics;
@@ -226,6 +230,9 @@ struct Shared {
     /// The routing table as of the broker's last turn: connection tasks route publishes on
     /// it (lock-free reads), so routing runs on their threads, not the broker's.
     routes: Routes,
+    /// A clustered host's metadata group (`BrokerHandle::set_replicator`): durable
+    /// metadata changes are committed there before this broker applies them.
+    replicator: std::sync::OnceLock<Arc<dyn Replicator>>,
 }
 
 /// Where a shard's task reads what connections and the host send it.
@@ -413,14 +420,59 @@ impl BrokerHandle {
                 meta: std::sync::Mutex::new(std::collections::HashMap::new()),
                 next_conn: AtomicU64::new(1),
                 routes,
+                replicator: std::sync::OnceLock::new(),
             }),
         }
     }
 
-    /// Runs an operator's request on the broker task (shard 0's). Changes to users,
+    /// Makes this broker a cluster member: from now on durable metadata changes, from
+    /// clients and operators alike, are committed by `replicator` first (module
+    /// `replicate`). Set once, before clients connect; a second call is ignored.
+    pub fn set_replicator(&self, replicator: Arc<dyn Replicator>) {
+        let _ = self.shared.replicator.set(replicator);
+    }
+
+    /// Runs an operator's request. A metadata change on a cluster member is committed by
+    /// the cluster first and answered with this node's result of applying it
+    /// (`set_replicator`); anything else as `admin_local`.
+    pub async fn admin(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
+        let Some(replicator) = self.shared.replicator.get() else {
+            return self.admin_local(request).await;
+        };
+        if !replicate::replicated_admin(&request) {
+            return self.admin_local(request).await;
+        }
+        // How a refusal is answered depends on the request, which goes to the cluster.
+        enum Shape {
+            Op(Op),
+            Import,
+            Done,
+        }
+        let shape = match &request {
+            AdminRequest::Op { op, .. } => Shape::Op(op.clone()),
+            AdminRequest::Import(_) => Shape::Import,
+            _ => Shape::Done,
+        };
+        Ok(match replicator.replicate(request).await {
+            Ok(answer) => answer,
+            Err(why) => match shape {
+                Shape::Op(op) => AdminResponse::Op(Err(replicate::unavailable(&op, &why))),
+                Shape::Import => AdminResponse::Imported(warren_core::admin::ImportReport {
+                    errors: vec![format!("metadata store unavailable: {why}")],
+                    ..Default::default()
+                }),
+                Shape::Done => {
+                    AdminResponse::Done(Err(format!("metadata store unavailable: {why}")))
+                }
+            },
+        })
+    }
+
+    /// Runs an operator's request on the broker task (shard 0's), on this node only: a
+    /// cluster host applies committed metadata changes with it. Changes to users,
     /// permissions, vhosts and policies go to every shard, in the same order on each;
     /// shard 0 answers.
-    pub async fn admin(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
+    pub async fn admin_local(&self, request: AdminRequest) -> Result<AdminResponse, BrokerGone> {
         if self.shared.shards.len() > 1 && request.gathered().is_some() {
             return self.gather(request).await;
         }
@@ -624,6 +676,8 @@ impl BrokerHandle {
                     sent: AtomicU64::new(0),
                     credit,
                     vhost: std::sync::OnceLock::new(),
+                    login: std::sync::OnceLock::new(),
+                    amqp: std::sync::atomic::AtomicBool::new(false),
                 }),
             },
             rx,
@@ -654,6 +708,12 @@ struct ConnGuard {
     credit: mailbox::Credit,
     /// The connection's vhost, once it opened (publishes are routed in its table).
     vhost: std::sync::OnceLock<warren_core::ids::VhostId>,
+    /// Its vhost and user by name, once it opened (a cluster member checks permissions
+    /// before it proposes a client's metadata change).
+    login: std::sync::OnceLock<(String, String)>,
+    /// An AMQP connection (`describe`): its durable declares are cluster metadata; an
+    /// MQTT session's queues are the node's own.
+    amqp: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ConnGuard {
@@ -692,6 +752,121 @@ impl CommandSender {
             return Ok(());
         }
         self.route(&mut ops);
+        if let Some(replicator) = self.replicator()
+            && ops
+                .iter()
+                .any(|(_, op)| replicate::replicated_op(op) || replicate::needs_barrier(op))
+        {
+            return self.send_replicated(replicator.as_ref(), ops).await;
+        }
+        self.send_batch(ops).await
+    }
+
+    /// The cluster's replicator, if this is an AMQP connection of a cluster member.
+    fn replicator(&self) -> Option<Arc<dyn Replicator>> {
+        if !self.guard.amqp.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.guard.shared.replicator.get().cloned()
+    }
+
+    /// Sends a batch with metadata changes: each is committed by the cluster (and applied
+    /// by this node) before it goes to the broker with what follows it, which then answers
+    /// the client as for any declare (the entity now exists, so declare-ok). What comes
+    /// before it is sent first. A change the user may not make is not proposed (the broker
+    /// refuses it as usual); one the cluster could not commit becomes the channel error of
+    /// `replicate::unavailable`, in request order. Passive declares wait for a read barrier
+    /// first (if the barrier fails they are answered from what this node knows).
+    async fn send_replicated(
+        &self,
+        replicator: &dyn Replicator,
+        ops: Vec<(u16, Op)>,
+    ) -> Result<(), BrokerGone> {
+        let mut out = Vec::with_capacity(ops.len());
+        for (ch, op) in ops {
+            let change = replicate::replicated_op(&op);
+            if !change && !replicate::needs_barrier(&op) {
+                out.push((ch, op));
+                continue;
+            }
+            if !out.is_empty() {
+                self.send_batch(std::mem::take(&mut out)).await?;
+            }
+            if !change {
+                if let Err(why) = replicator.barrier().await {
+                    tracing::debug!(%why, "cluster read barrier failed; answering locally");
+                }
+                out.push((ch, op));
+                continue;
+            }
+            let Some((vhost, user)) = self.guard.login.get().cloned() else {
+                // Not open yet: the broker refuses it.
+                out.push((ch, op));
+                continue;
+            };
+            if self.declared_here(&vhost, &op) {
+                // A redeclare (clients declare what they use on every start): the entity
+                // exists here as everywhere, so the broker's answer (ok, or 406 if it does
+                // not match) is the cluster's, without a round of consensus.
+                out.push((ch, op));
+                continue;
+            }
+            if !self.may(&vhost, &user, &op).await? {
+                out.push((ch, op));
+                continue;
+            }
+            let request = AdminRequest::Op {
+                vhost,
+                op: op.clone(),
+            };
+            match replicator.replicate(request).await {
+                Ok(_) => out.push((ch, op)),
+                Err(why) => {
+                    tracing::warn!(conn = self.guard.conn.0, op = ?op.kind(), %why, "metadata change not committed");
+                    let refused = replicate::unavailable(&op, &why);
+                    out.push((ch, Op::Refuse(refused)));
+                }
+            }
+        }
+        self.send_batch(out).await
+    }
+
+    /// Whether `op` declares an exchange or queue this node already has.
+    fn declared_here(&self, vhost: &str, op: &Op) -> bool {
+        let table = self.guard.shared.routes.load();
+        let Some(v) = table.vhost(vhost) else {
+            return false;
+        };
+        match op {
+            Op::ExchangeDeclare(d) => table.exchange(v, &d.exchange).is_some(),
+            Op::QueueDeclare(d) => table.queue(v, &d.queue).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Whether `user` may make the metadata change `op` in `vhost` (the broker's own
+    /// permissions, read on the admin path).
+    async fn may(&self, vhost: &str, user: &str, op: &Op) -> Result<bool, BrokerGone> {
+        let broker = BrokerHandle {
+            shared: self.guard.shared.clone(),
+        };
+        let AdminResponse::Permissions(all) =
+            broker.admin_local(AdminRequest::ListPermissions).await?
+        else {
+            return Ok(false);
+        };
+        let perms = all
+            .into_iter()
+            .find(|p| p.vhost == vhost && p.user == user)
+            .and_then(|p| warren_core::access::Permissions::compile(p).ok());
+        Ok(replicate::permitted(perms.as_ref(), op))
+    }
+
+    /// Sends one batch to the connection's shard.
+    async fn send_batch(&self, ops: Vec<(u16, Op)>) -> Result<(), BrokerGone> {
+        if ops.is_empty() {
+            return Ok(());
+        }
         let sent = self.guard.sent.load(Ordering::Acquire);
         self.guard.credit.wait(sent, MAX_IN_FLIGHT).await;
         self.guard
@@ -715,6 +890,9 @@ impl CommandSender {
 
     /// Describes the connection for operators' listings (replaces an earlier description).
     pub fn describe(&self, meta: ConnMeta) {
+        if meta.protocol.starts_with("AMQP") {
+            self.guard.amqp.store(true, Ordering::Relaxed);
+        }
         self.guard
             .shared
             .meta
@@ -731,7 +909,8 @@ impl CommandSender {
         let mut table = None;
         for (_, op) in ops.iter_mut() {
             match op {
-                Op::ConnectionOpen { vhost, .. } => {
+                Op::ConnectionOpen { vhost, user, .. } => {
+                    let _ = self.guard.login.set((vhost.clone(), user.clone()));
                     // The vhost's id: looked up once, when the connection opens.
                     let table = table.get_or_insert_with(|| self.guard.shared.routes.load());
                     if let Some(id) = table.vhost(vhost) {

@@ -510,6 +510,12 @@ impl Store for DiskStore {
         result.map_err(|e| self.fail("message write", e))
     }
 
+    fn keep_every_message(&mut self, queue: QueueId) {
+        if let Some(q) = self.queues.get_mut(&queue) {
+            q.log.keep_all();
+        }
+    }
+
     fn remove(&mut self, queue: QueueId, seq: u64) {
         if let Some(q) = self.queues.get_mut(&queue) {
             match q.log.remove(seq) {

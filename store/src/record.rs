@@ -7,6 +7,26 @@ use bytes::Bytes;
 use std::sync::Arc;
 use warren_core::message::{FieldTable, FieldValue, Message, Properties};
 
+/// A field table alone, in the encoding messages and definitions use (docs/storage.md,
+/// "Message encoding"): lossless, unlike JSON (an `I8` stays an `I8`), so a definition
+/// carried elsewhere (the cluster's metadata log) compares equal where it is applied.
+pub fn encode_table(t: &FieldTable) -> Vec<u8> {
+    let mut out = Vec::new();
+    Writer(&mut out).table(t);
+    out
+}
+
+/// Decodes [`encode_table`]'s bytes; trailing bytes are an error.
+pub fn decode_table(v: &[u8]) -> Result<FieldTable, DecodeError> {
+    let b = Bytes::copy_from_slice(v);
+    let mut r = Reader::new(&b);
+    let t = r.table(0)?;
+    if r.pos != b.len() {
+        return Err(DecodeError::Truncated);
+    }
+    Ok(t)
+}
+
 /// Version byte at the start of every encoded message.
 pub const MESSAGE_VERSION: u8 = 1;
 

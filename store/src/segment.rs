@@ -209,6 +209,9 @@ pub struct QueueLog {
     /// Durable queues write through the journal (every write recorded there first, so a
     /// sync is one fdatasync of the journal); transient queues' pages do not.
     journal: Option<SharedJournal>,
+    /// Every entry is written persistent, whatever the message's delivery mode (a quorum
+    /// queue's log: `Store::keep_every_message`).
+    keep_all: bool,
 }
 
 fn seg_path(dir: &Path, seg: u64, ext: &str) -> PathBuf {
@@ -236,6 +239,7 @@ impl QueueLog {
             dir_dirty: false,
             scratch: Vec::new(),
             journal,
+            keep_all: false,
         };
         let recovered = log.recover()?;
         Ok((log, recovered))
@@ -441,7 +445,7 @@ impl QueueLog {
         }
         let entry = Entry {
             shared,
-            persistent: m.properties.is_persistent(),
+            persistent: self.keep_all || m.properties.is_persistent(),
             record_len,
             record_offset: offset,
             body_len: u32::try_from(m.body_len()).unwrap_or(u32::MAX),
@@ -451,6 +455,11 @@ impl QueueLog {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// From now on every entry is written persistent (see `keep_all`).
+    pub fn keep_all(&mut self) {
+        self.keep_all = true;
     }
 
     /// Whether bodies of this size go to the shared store.

@@ -369,10 +369,10 @@ async fn priority_queues_deliver_the_highest_priority_first() {
     assert_eq!(drain(&ch, "prio").await, vec!["p9", "p5", "p1", "p0"]);
 }
 
-/// Every Warren queue is classic: `x-queue-type` other than `classic` is refused with 406
-/// (RabbitMQ's text for a type it does not know; for quorum and stream, not yet supported)
-/// instead of silently giving a classic queue to a client that counts on a delivery limit
-/// or a stream's replays. The channel error leaves the connection open.
+/// Types Warren does not serve are refused with 406 (RabbitMQ's text for a type it does not
+/// know; for stream, not yet supported) instead of silently giving a classic queue to a
+/// client that counts on a stream's replays; a quorum queue is served, durable only, as in
+/// RabbitMQ. The channel error leaves the connection open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_types_other_than_classic_are_refused() {
     let b = start().await;
@@ -381,11 +381,27 @@ async fn queue_types_other_than_classic_are_refused() {
     declare_with(&ch, "classic-q", kind("classic"))
         .await
         .expect("classic is what every queue is");
-    for (k, detail) in [
+    let err = declare_with(&ch, "quorum-q", kind("quorum"))
+        .await
+        .expect_err("a quorum queue is durable only");
+    assert_eq!(
+        reply(&err),
         (
-            "quorum",
-            "\"queue type 'quorum' is not supported yet by Warren; use 'classic'\"",
-        ),
+            406,
+            "PRECONDITION_FAILED - invalid property 'non-durable' for queue 'quorum-q' in vhost '/'"
+                .into(),
+            false
+        )
+    );
+    let ch = bounded(c.create_channel()).await.expect("channel");
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    bounded(ch.queue_declare("quorum-ok".into(), durable, kind("quorum")))
+        .await
+        .expect("a durable quorum queue is served");
+    for (k, detail) in [
         (
             "stream",
             "\"queue type 'stream' is not supported yet by Warren; use 'classic'\"",

@@ -717,3 +717,134 @@ async fn update_secret_rechecks_the_user_and_capabilities_are_advertised() {
         other => panic!("expected connection.close, got {other:?}"),
     }
 }
+
+/// A consumer whose connection task waits on a full socket while the broker hands it one
+/// delivery per turn gets every delivery once it reads again, and its write window comes
+/// back whole (issue 21, item 7). The connection used to take a 65th batch of effects from
+/// its mailbox after encoding 64 and drop it: its deliveries were lost and the write-window
+/// credit they held was never returned, so under load PerfTest's consumer leaked its window
+/// (`in_flight` stuck at 600+ between bursts) until it crawled at a few deliveries per round
+/// trip while its publisher sat paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_behind_a_full_socket_gets_every_delivery_and_its_window_back() {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    const BIG: usize = 16;
+    const SMALL: usize = 200;
+    let b = warren_tests::start().await;
+    let (_pc, publisher) = b.channel().await;
+    warren_tests::declare(&publisher, "window").await;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    // The consumer's socket reads nothing until told: a small receive buffer, so the
+    // broker's side fills quickly.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(16 * 1024).expect("rcvbuf");
+    let mut consumer = Raw::open_on(socket.connect(b.addr).await.expect("connect")).await;
+    consumer.open_channel(1).await;
+    consumer
+        .method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+                queue: "window".into(),
+                consumer_tag: "c".into(),
+                no_local: false,
+                no_ack: true,
+                exclusive: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        )
+        .await;
+    assert!(matches!(
+        consumer.recv().await,
+        Some(Frame::Method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))
+        ))
+    ));
+    let publish = |body: Vec<u8>| {
+        let publisher = publisher.clone();
+        async move {
+            let confirm = warren_tests::bounded(publisher.basic_publish(
+                "".into(),
+                "window".into(),
+                BasicPublishOptions::default(),
+                &body,
+                lapin::BasicProperties::default(),
+            ))
+            .await
+            .expect("publish");
+            assert!(
+                warren_tests::bounded(confirm)
+                    .await
+                    .expect("confirm")
+                    .is_ack()
+            );
+        }
+    };
+    // 16 MiB of deliveries: more than the socket buffers of both ends hold (Linux's
+    // default send buffer tops out at 4 MiB), so the consumer's connection task ends up
+    // waiting in its write.
+    for _ in 0..BIG {
+        publish(vec![b'x'; 1 << 20]).await;
+    }
+    // Then one delivery per broker turn (each publish waits for its confirm): each is an
+    // effect batch of its own, waiting in the connection's mailbox behind the big ones.
+    for i in 0..SMALL {
+        publish(format!("{i}").into_bytes()).await;
+    }
+    // The premise: the connection task waits in its write, the small deliveries unwritten.
+    let waiting = consumer_in_flight(&b.broker).await;
+    assert!(
+        waiting >= Some(SMALL as u32),
+        "the consumer's socket should be full: {waiting:?} deliveries in flight"
+    );
+    let mut deliveries = 0;
+    let mut small = Vec::new();
+    // Read until the last small body, or until nothing more comes (a lost delivery).
+    while small.len() < SMALL {
+        let Ok(frame) = tokio::time::timeout(Duration::from_secs(2), consumer.recv()).await else {
+            break;
+        };
+        match frame {
+            Some(Frame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(_)))) => {
+                deliveries += 1
+            }
+            Some(Frame::Body(1, body)) if body.len() < 16 => {
+                small.push(String::from_utf8(body.to_vec()).expect("utf-8"))
+            }
+            Some(_) => {}
+            None => panic!("the consumer's connection closed"),
+        }
+    }
+    // Every delivery was written: the consumer's write window is whole again.
+    let mut in_flight = None;
+    for _ in 0..100 {
+        in_flight = consumer_in_flight(&b.broker).await;
+        if in_flight == Some(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        (deliveries, in_flight),
+        (BIG + SMALL, Some(0)),
+        "(deliveries received, deliveries the broker still counts in flight)"
+    );
+    let expected: Vec<String> = (0..SMALL).map(|i| i.to_string()).collect();
+    assert_eq!(small, expected, "every small message, once, in order");
+}
+
+/// The broker's count of deliveries handed to the (one) consuming connection and not yet
+/// written to its socket.
+async fn consumer_in_flight(broker: &warren_runtime::BrokerHandle) -> Option<u32> {
+    use warren_runtime::{AdminRequest, AdminResponse};
+    match broker.admin(AdminRequest::ListConnections).await {
+        Ok(AdminResponse::Connections(conns)) => {
+            conns.iter().find(|c| c.consumers == 1).map(|c| c.in_flight)
+        }
+        other => panic!("connections expected, got {other:?}"),
+    }
+}

@@ -7,5 +7,6 @@
 pub use crate::queue_args as args;
 pub mod classic;
 pub mod kind;
+pub(crate) mod quorum;
 pub(crate) mod side;
 pub(crate) mod state;

@@ -19,6 +19,7 @@ pub(crate) use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle
 use crate::message::{FieldTable, Message};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
 use crate::queue::kind::{QueueBehaviour, QueueType};
+use crate::queue::quorum::{self, Applied, Command, Fifo};
 use crate::queue_args::{HeldArgs, Overflow};
 use crate::store::Store;
 use std::sync::Arc;
@@ -51,6 +52,8 @@ pub(crate) enum DeathReason {
     Rejected,
     Expired,
     MaxLen,
+    /// Returned more often than the quorum queue's `x-delivery-limit`.
+    DeliveryLimit,
 }
 
 impl DeathReason {
@@ -59,6 +62,7 @@ impl DeathReason {
             DeathReason::Rejected => "rejected",
             DeathReason::Expired => "expired",
             DeathReason::MaxLen => "maxlen",
+            DeathReason::DeliveryLimit => "delivery_limit",
         }
     }
 }
@@ -151,6 +155,8 @@ pub(crate) struct QueueState {
     pub(crate) last_used: u64,
     /// Enqueued, delivered, redelivered and acked messages, for operators' rates.
     pub(crate) stats: crate::stats::MessageStats,
+    /// A quorum queue's own state (`queue::quorum`); `None` for a classic queue.
+    pub(crate) quorum: Option<Box<Fifo>>,
 }
 
 /// Publishing connections a queue has paused (flow control), in pause order: boxed, since
@@ -237,7 +243,27 @@ impl QueueState {
             mixed_priorities: false,
             last_used: now,
             stats: crate::stats::MessageStats::default(),
+            quorum: None,
         }
+    }
+
+    /// Sets the parsed arguments (at creation, and when policies change). A quorum queue
+    /// takes them as RabbitMQ 3.10 does: `reject-publish-dlx` acts as drop-head, and
+    /// at-least-once dead-lettering without reject-publish falls back to at-most-once
+    /// (RabbitMQ's `dlh/5`); its delivery limit goes to its state machine.
+    pub(crate) fn set_args(&mut self, mut args: crate::queue_args::QueueArgs) {
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            if args.overflow == Overflow::RejectPublishDlx {
+                args.overflow = Overflow::DropHead;
+            }
+            if args.overflow != Overflow::RejectPublish {
+                args.dead_letter_strategy = crate::queue_args::DeadLetterStrategy::AtMostOnce;
+            }
+            fifo.apply(Command::Limit {
+                limit: args.delivery_limit,
+            });
+        }
+        self.args = args.into();
     }
 
     pub(crate) fn set_arguments(&mut self, arguments: FieldTable) {
@@ -333,6 +359,9 @@ impl QueueState {
 
     /// A message left the queue for good (acked, dropped, delivered without ack).
     fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            fifo.apply(Command::Settle { seq });
+        }
         io.out.released += body_len as u64;
         if stored && let Some(store) = io.store.as_deref_mut() {
             store.remove(self.id, seq);
@@ -369,6 +398,104 @@ impl QueueState {
         best.map(|(_, idx)| idx)
     }
 
+    /// A quorum queue's checkout of message `m` (classic queues hand it on as it is): the
+    /// delivery count goes in the `x-delivery-count` header, on every `basic.get` and on a
+    /// consumer's delivery once it is above 0 (RabbitMQ 3.10's rule), and a counted
+    /// message is a redelivery. A message recovered after a restart carries its count in
+    /// its header.
+    fn checkout(
+        &mut self,
+        mut m: QueuedMessage,
+        consumer: Option<ConsumerId>,
+        get: bool,
+    ) -> QueuedMessage {
+        let Some(fifo) = self.quorum.as_deref_mut() else {
+            return m;
+        };
+        if m.redelivered && fifo.count(m.seq) == 0 {
+            let carried = quorum::header_count(&m.message);
+            if carried > 0 {
+                fifo.apply(Command::Enqueue {
+                    seq: m.seq,
+                    delivery_count: carried,
+                });
+            }
+        }
+        let checkout = Command::Checkout {
+            seq: m.seq,
+            consumer,
+        };
+        let count = match fifo.apply(checkout) {
+            Applied::Count(n) => n,
+            Applied::Done | Applied::OverLimit(_) => 0,
+        };
+        if count > 0 || get {
+            m.message = quorum::with_count(&m.message, count);
+        }
+        m.redelivered |= count > 0;
+        m
+    }
+
+    /// A quorum queue's return of delivery `u` (nack or reject with requeue, or its
+    /// consumer or channel went): over `x-delivery-limit` it is dead-lettered (or dropped);
+    /// otherwise it goes to the tail, as RabbitMQ 3.10 puts returns, re-appended to the
+    /// store with its count in its header (so a restart keeps the count) and the old copy
+    /// removed. Returns whether a message became ready.
+    fn quorum_return(&mut self, io: &mut QueueIo<'_>, u: Unacked) -> bool {
+        let to_seq = self.messages.next_seq();
+        let returned = Command::Return { seq: u.seq, to_seq };
+        let applied = match self.quorum.as_deref_mut() {
+            Some(fifo) => fifo.apply(returned),
+            None => Applied::Done,
+        };
+        let count = match applied {
+            Applied::Count(n) => n,
+            Applied::OverLimit(_) | Applied::Done => {
+                self.forget(io, u.seq, u.stored, u.message.body_len());
+                io.out.dead.push((u.message, DeathReason::DeliveryLimit));
+                return false;
+            }
+        };
+        let message = quorum::with_count(&u.message, count);
+        let len = message.body_len();
+        let stored = match io.store.as_deref_mut() {
+            Some(store) => {
+                if store
+                    .append(self.id, to_seq, &message, u.expires_at)
+                    .is_err()
+                {
+                    // Back where it was, under its old number and with its count: the old
+                    // copy stays stored, so a restart still has it.
+                    io.out.store_failed = true;
+                    if let Some(fifo) = self.quorum.as_deref_mut() {
+                        fifo.apply(Command::Enqueue {
+                            seq: u.seq,
+                            delivery_count: count,
+                        });
+                    }
+                    self.messages
+                        .requeue(u.seq, message, u.stored, u.expires_at);
+                    return true;
+                }
+                if u.stored {
+                    store.remove(self.id, u.seq);
+                    io.out.removed = true;
+                }
+                io.out.durable_write = true;
+                true
+            }
+            None => false,
+        };
+        if self.messages.paged().count > 0 {
+            // Behind paged-out messages, it waits on disk too (order).
+            self.messages.push_paged(to_seq, len as u64);
+            io.out.released += len as u64;
+        } else {
+            self.messages.push(to_seq, message, stored, u.expires_at);
+        }
+        true
+    }
+
     fn consumer_index(&self, id: ConsumerId) -> Option<usize> {
         self.consumers.binary_search_by_key(&id, |c| c.id).ok()
     }
@@ -391,7 +518,11 @@ impl QueueState {
 /// contract, is in the comments.
 impl QueueBehaviour for QueueState {
     fn kind(&self) -> QueueType {
-        QueueType::Classic
+        if self.quorum.is_some() {
+            QueueType::Quorum
+        } else {
+            QueueType::Classic
+        }
     }
 
     // Appends a routed message: into the window while it has room and nothing is paged
@@ -418,7 +549,9 @@ impl QueueBehaviour for QueueState {
             return Enqueued::Memory;
         };
         let window = io.config.queue_window;
-        let persist = self.durable && message.properties.is_persistent();
+        // A quorum queue stores every message, whatever its delivery mode (RabbitMQ's
+        // quorum queues have no transient messages).
+        let persist = self.durable && (message.properties.is_persistent() || self.quorum.is_some());
         // A persistent message is written anyway, so keeping it out of memory costs only the
         // read back. A transient one would cost a write too: it pages out only at a larger
         // window (a burst above the flow-control mark stays in memory) or when message
@@ -452,6 +585,12 @@ impl QueueBehaviour for QueueState {
             // publishers are blocked for a while.
             io.out.store_failed = true;
             return Enqueued::Failed;
+        }
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            fifo.apply(Command::Enqueue {
+                seq,
+                delivery_count: 0,
+            });
         }
         if page {
             self.messages.push_paged(seq, len);
@@ -493,6 +632,9 @@ impl QueueBehaviour for QueueState {
 
     // Empties the ready messages (in memory and paged out); returns how many there were.
     fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            fifo.apply(Command::Purge);
+        }
         let (window, paged) = self.messages.purge();
         let purged = window.len() as u64 + paged.count;
         for m in window {
@@ -537,6 +679,7 @@ impl QueueBehaviour for QueueState {
         };
         let n = self.consumers.len();
         self.rr_next = (idx + 1) % n;
+        let m = self.checkout(m, Some(self.consumers[idx].id), false);
         self.stats.delivered(m.redelivered);
         let c = &mut self.consumers[idx];
         let picked = Picked {
@@ -569,6 +712,7 @@ impl QueueBehaviour for QueueState {
             self.expire_head(io);
         }
         let m = self.pop_ready(io)?;
+        let m = self.checkout(m, None, true);
         self.stats.delivered(m.redelivered);
         let ready = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
         if no_ack {
@@ -594,6 +738,12 @@ impl QueueBehaviour for QueueState {
             // Most queues have one consumer (an idle MQTT subscriber's): size it exactly.
             self.consumers.reserve_exact(1);
         }
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            fifo.apply(Command::Consumer {
+                id: c.id,
+                attached: true,
+            });
+        }
         self.consumers.push(c);
         self.had_consumer = true;
         self.last_used = now;
@@ -604,6 +754,12 @@ impl QueueBehaviour for QueueState {
     fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
         let pos = self.consumer_index(id)?;
         let c = self.consumers.remove(pos);
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            fifo.apply(Command::Consumer {
+                id,
+                attached: false,
+            });
+        }
         if pos < self.rr_next {
             self.rr_next -= 1;
         }
@@ -621,6 +777,9 @@ impl QueueBehaviour for QueueState {
             c.unacked = c.unacked.saturating_sub(1);
         }
         self.unacked = self.unacked.saturating_sub(1);
+        if settle == Settle::Requeue && self.quorum.is_some() {
+            return self.quorum_return(io, u);
+        }
         if settle == Settle::Requeue {
             self.messages
                 .requeue(u.seq, u.message, u.stored, u.expires_at);

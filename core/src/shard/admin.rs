@@ -18,6 +18,9 @@ use crate::store::Definitions;
 
 /// The channel admin operations run on (the restore connection, never a host's).
 const ADMIN_CHANNEL: u16 = 2;
+/// The channel the broker's messages about itself are published on
+/// ([`AdminRequest::StatusPublish`]); its publishes are not counted (`route_and_enqueue`).
+pub(crate) const STATUS_CHANNEL: u16 = 3;
 
 impl Broker {
     /// Every queue, by vhost and name.
@@ -389,7 +392,28 @@ impl Broker {
     /// returns its reply, or the error a client would have got (the admin channel reopens
     /// after it).
     pub fn admin(&mut self, now: u64, vhost: &str, op: Op) -> Result<Option<Reply>, ProtocolError> {
-        let ch = ChannelRef::new(RESTORE_CONN, ADMIN_CHANNEL);
+        self.admin_on(now, vhost, ADMIN_CHANNEL, op)
+    }
+
+    /// Publishes a message the broker makes about itself (see
+    /// [`AdminRequest::StatusPublish`]): as [`Broker::admin`], on the status channel.
+    pub fn publish_status(
+        &mut self,
+        now: u64,
+        vhost: &str,
+        publish: Box<crate::command::Publish>,
+    ) -> Result<Option<Reply>, ProtocolError> {
+        self.admin_on(now, vhost, STATUS_CHANNEL, Op::Publish(publish))
+    }
+
+    fn admin_on(
+        &mut self,
+        now: u64,
+        vhost: &str,
+        channel: u16,
+        op: Op,
+    ) -> Result<Option<Reply>, ProtocolError> {
+        let ch = ChannelRef::new(RESTORE_CONN, channel);
         let mark = self.effects.len();
         let Some(vh) = self.vhost_id(vhost) else {
             return Err(ProtocolError::new(
@@ -463,6 +487,9 @@ impl Broker {
             AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
             AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
             AdminRequest::Op { vhost, op } => AdminResponse::Op(broker.admin(now, &vhost, op)),
+            AdminRequest::StatusPublish { vhost, publish } => {
+                AdminResponse::Op(broker.publish_status(now, &vhost, publish))
+            }
             AdminRequest::SetPolicy(p) => Done(broker.set_policy(now, p)),
             AdminRequest::ClearPolicy { vhost, name } => {
                 Done(broker.clear_policy(now, &vhost, &name))

@@ -28,12 +28,17 @@ impl Broker {
             Some(channel) if channel.is_open_as(p.to.serial) => channel,
             _ => {
                 let ack_required = !p.no_ack;
-                let mut credit = super::ChannelCredit {
-                    conns: &mut self.chans.conns,
-                    channels: &mut self.chans.channels,
-                    write_window: self.config.write_window,
-                };
-                credit.give_back_to(p.to, ack_required);
+                if ack_required
+                    && let Some(c) = self.chans.channels.get_mut(&p.to.ch)
+                    && c.serial == p.to.serial
+                {
+                    c.consumer_unacked.sub(1);
+                }
+                // Its write-window credit comes back as a written delivery's does: the
+                // window may have been full when it was picked, and the connection's other
+                // queues, stopped by it, wait for this to reopen it (no `Op::Written` will
+                // ever count this delivery).
+                self.written(p.to.ch.conn, 1);
                 if ack_required {
                     let u = Unacked::of(queue, &m, Some(p.consumer));
                     self.send_settles(vec![u], Settle::Requeue);

@@ -16,6 +16,9 @@ use crate::message::Message;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// The channel of the broker's own status messages (`AdminRequest::StatusPublish`).
+const STATUS: ChannelRef = ChannelRef::new(super::RESTORE_CONN, super::admin::STATUS_CHANNEL);
+
 impl Broker {
     pub(super) fn publish(&mut self, ch: ChannelRef, mut p: Box<Publish>) -> OpResult {
         if let Some(rt) = p.properties.reply_to.as_deref()
@@ -84,7 +87,11 @@ impl Broker {
         let answers = u32::try_from(queues.len()).unwrap_or(u32::MAX);
         let (seq, serial) = match self.chans.channels.get_mut(&ch) {
             Some(c) => {
-                c.stats.publish += 1;
+                // The broker's own status messages are not traffic: counted nowhere, so the
+                // stats (and the `$SYS` topics made from them) show what clients publish.
+                if ch != STATUS {
+                    c.stats.publish += 1;
+                }
                 let seq = c.next_publish_seq();
                 if let Some(seq) = seq {
                     c.expect_answers(seq, answers);

@@ -188,7 +188,8 @@ impl Broker {
         Some(channel.share_credit(in_flight, write_window))
     }
 
-    /// The host wrote `count` deliveries: reopen the window and resume blocked consumers.
+    /// The host wrote `count` deliveries (or they bounced off a closed channel): reopen
+    /// the window and resume the consumers it stopped.
     pub(super) fn written(&mut self, conn: ConnId, count: u32) {
         let window = self.config.write_window;
         let Some(c) = self.chans.conns.get_mut(&conn) else {

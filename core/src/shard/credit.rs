@@ -27,8 +27,9 @@ impl ChannelCredit<'_> {
             .filter(|c| c.is_open_as(to.serial))
     }
 
-    /// Gives back the credit of a delivery to `to` that did not happen.
-    pub(crate) fn give_back_to(&mut self, to: ChannelAddr, ack_required: bool) {
+    /// Gives back the credit of a delivery to `to` that did not happen (taken in this
+    /// dispatch, so the queues it could have stopped are not waiting yet).
+    fn give_back_to(&mut self, to: ChannelAddr, ack_required: bool) {
         if ack_required
             && let Some(c) = self.channels.get_mut(&to.ch)
             && c.serial == to.serial

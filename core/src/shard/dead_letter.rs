@@ -136,6 +136,13 @@ impl Broker {
         let Some(exchange) = q.args.dead_letter_exchange.clone() else {
             return;
         };
+        // A quorum queue's count is its own business (its stored copy of a returned message
+        // carries it): RabbitMQ's dead letters do not carry `x-delivery-count`.
+        let message = if q.quorum.is_some() {
+            crate::queue::quorum::without_count(message)
+        } else {
+            message
+        };
         self.dead_letters.push_back(DeadLetter {
             vhost: q.vhost,
             exchange,

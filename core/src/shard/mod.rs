@@ -491,6 +491,7 @@ impl Broker {
                 self.reply(ch, crate::effect::Reply::ChannelCloseOk);
                 Ok(())
             }
+            Op::Refuse(e) => Err(e),
             Op::ExchangeDeclare(d) => self.exchange_declare(ch, d),
             Op::ExchangeDelete {
                 exchange,

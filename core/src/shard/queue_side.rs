@@ -26,6 +26,9 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-max-priority",
     "x-queue-type",
     "x-single-active-consumer",
+    "x-delivery-limit",
+    "x-dead-letter-strategy",
+    "x-quorum-initial-group-size",
 ];
 
 fn describe(v: Option<&FieldValue>) -> String {
@@ -359,11 +362,19 @@ impl Broker {
         // The queue-type seam's one match: the state of the queue's type.
         let mut queue = match c.kind {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
+            QueueType::Quorum => {
+                if let Some(store) = self.store.as_mut() {
+                    store.keep_every_message(id);
+                }
+                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                q.quorum = Some(Box::default());
+                q
+            }
         };
         queue.durable = d.durable;
         queue.exclusive_owner = owner;
         queue.auto_delete = d.auto_delete;
-        queue.args = c.args.into();
+        queue.set_args(c.args);
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
         // Messages a durable queue's log already holds (a restore) count in declare-ok.

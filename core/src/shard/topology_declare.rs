@@ -510,10 +510,10 @@ impl Broker {
         }
         let policy = self.topo.policy(vh, name, true);
         let effective = crate::policy::queue_arguments(&d.arguments, policy);
-        // A restore keeps a queue an older Warren stored with another type: it always was
-        // a classic queue, and its messages are on disk.
+        // A restore keeps the type a queue was stored with; one an older Warren stored with
+        // a type it did not serve always was a classic queue, and its messages are on disk.
         let kind = if self.restoring {
-            Ok(QueueType::Classic)
+            Ok(QueueType::from_arguments(&d.arguments).unwrap_or(QueueType::Classic))
         } else {
             QueueType::from_arguments(&d.arguments)
         };
@@ -529,6 +529,11 @@ impl Broker {
                     ),
                 )
             })?;
+        if !self.restoring {
+            // The channel side named a server-named queue already (`amq.gen-`).
+            let server_named = trusted_name && name.starts_with("amq.gen-");
+            self.check_queue_type(vh, d, kind, server_named)?;
+        }
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
         // so they are not stored as durable.
@@ -568,6 +573,53 @@ impl Broker {
             }),
         });
         Ok(())
+    }
+
+    /// What a queue's type refuses in a declare, in RabbitMQ 3.10's order and words: a
+    /// server-generated name, an argument RabbitMQ knows that the type does not take, then
+    /// the properties (auto-delete, exclusive, non-durable) the type cannot have.
+    fn check_queue_type(
+        &self,
+        vh: VhostId,
+        d: &QueueDeclare,
+        kind: QueueType,
+        server_named: bool,
+    ) -> OpResult {
+        let caps = kind.capabilities();
+        let fail = |text: String| {
+            Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                OpKind::QueueDeclare,
+                text,
+            ))
+        };
+        if server_named && !caps.server_named {
+            return fail(format!(
+                "Cannot declare a server-named queue for type {}",
+                kind.module()
+            ));
+        }
+        let rs = format!("queue '{}' in vhost '{}'", d.queue, self.vhost_name(vh));
+        if let Some(arg) = caps
+            .refused_arguments
+            .iter()
+            .find(|a| d.arguments.contains_key(**a))
+        {
+            return fail(format!(
+                "invalid arg '{arg}' for {rs} of queue type {}",
+                kind.module()
+            ));
+        }
+        let property = if d.auto_delete && !caps.auto_delete {
+            "auto-delete"
+        } else if d.exclusive && !caps.exclusive {
+            "exclusive-owner"
+        } else if !d.durable && caps.durable_only {
+            "non-durable"
+        } else {
+            return Ok(());
+        };
+        fail(format!("invalid property '{property}' for {rs}"))
     }
 
     /// Topology learns that queue `id` exists: it becomes routable, and its declarer gets

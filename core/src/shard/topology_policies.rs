@@ -75,7 +75,7 @@ impl Broker {
                 self.qs.expiring.insert(id);
             }
             if let Some(q) = self.qs.queues.get_mut(&id) {
-                q.args = args.into();
+                q.set_args(args);
             }
             touched.push(id);
         }

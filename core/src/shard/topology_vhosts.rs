@@ -1,6 +1,7 @@
 //! Vhosts: creating one (with its predeclared exchanges), deleting one (closing its
 //! connections and deleting everything in it), and the defaults a new broker starts with
-//! (vhost `/`, user `guest` with full permissions there, as a fresh RabbitMQ node).
+//! (vhost `/`, user `guest` or the configured default user with full permissions there, as
+//! a fresh RabbitMQ node).
 
 use super::Broker;
 use crate::access::{PermissionDef, UserDef, VhostDef};
@@ -19,14 +20,15 @@ impl Broker {
             name: name.clone(),
             description: "Default virtual host".into(),
         });
+        let user = self.config.default_user.clone();
         self.topo.users.put(UserDef {
-            name: "guest".into(),
-            password_hash: crate::access::DEFAULT_GUEST_HASH.to_vec(),
+            name: user.clone(),
+            password_hash: self.config.default_pass_hash.clone(),
             tags: vec!["administrator".into()],
         });
         self.topo
             .users
-            .set_permissions(crate::access::Permissions::full(&name, "guest"));
+            .set_permissions(crate::access::Permissions::full(&name, &user));
     }
 
     /// Writes the in-memory defaults to the store (a fresh data directory).

@@ -24,6 +24,8 @@ struct State {
     /// Queues opened as durable here: with shards, a shard's store keeps the messages of
     /// its durable queues while their definitions are shard 0's (in another store).
     durable_queues: std::collections::BTreeSet<QueueKey>,
+    /// Queues whose transient messages survive a crash too (`Store::keep_every_message`).
+    keep_all: std::collections::BTreeSet<QueueKey>,
 }
 
 #[derive(Debug, Default)]
@@ -84,12 +86,14 @@ impl MemoryStore {
             .collect();
         // Transient queues and what they paged out do not survive.
         state.queues.retain(|name, _| durable.contains(name));
-        for q in state.queues.values_mut() {
+        for (name, q) in state.queues.iter_mut() {
             for (_, recovered, _) in q.values_mut() {
                 *recovered = true;
             }
-            // Transient messages paged out by a durable queue do not survive.
-            q.retain(|_, (m, _, _)| m.properties.is_persistent());
+            // Transient messages paged out by a durable queue do not survive (a quorum
+            // queue's do).
+            let keep_all = state.keep_all.contains(name);
+            q.retain(|_, (m, _, _)| keep_all || m.properties.is_persistent());
         }
         inner.live = state.clone();
         inner.durable = state;
@@ -264,6 +268,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn keep_every_message(&mut self, queue: QueueId) {
+        let mut inner = self.lock();
+        if let Some((key, _)) = inner.open.get(&queue).cloned() {
+            inner.live.keep_all.insert(key);
+        }
+    }
+
     fn remove(&mut self, queue: QueueId, seq: u64) {
         let mut inner = self.lock();
         if let Some((name, _)) = inner.open.get(&queue).cloned()
@@ -313,6 +324,7 @@ impl Store for MemoryStore {
         if let Some((name, _)) = inner.open.remove(&queue) {
             inner.live.queues.remove(&name);
             inner.live.durable_queues.remove(&name);
+            inner.live.keep_all.remove(&name);
         }
     }
 

@@ -183,6 +183,13 @@ pub trait Store: Send {
         expires_at: Option<u64>,
     ) -> Result<(), StoreError>;
 
+    /// Every message appended to `queue` from now on survives a restart whatever its
+    /// delivery mode (a quorum queue keeps transient messages too); otherwise only
+    /// persistent messages of a durable queue do.
+    fn keep_every_message(&mut self, queue: QueueId) {
+        let _ = queue;
+    }
+
     /// The message left the queue (acked, dropped, purged).
     fn remove(&mut self, queue: QueueId, seq: u64);
 

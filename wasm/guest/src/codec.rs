@@ -655,6 +655,10 @@ pub fn encode_op(op: &Op, out: &mut Vec<u8>) {
             w.u8(0x1c);
             w.u32(*count);
         }
+        Op::Refuse(e) => {
+            w.u8(0x1d);
+            put_error(w, e);
+        }
     }
 }
 
@@ -790,6 +794,7 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
         0x1a => Op::TxCommit,
         0x1b => Op::TxRollback,
         0x1c => Op::Written { count: r.u32()? },
+        0x1d => Op::Refuse(get_error(r)?),
         t => return Err(r.bad("op", t)),
     };
     r.finish()?;

@@ -1,25 +1,29 @@
-//! A counting global allocator: exact live heap bytes for `warren-bench conns --socketless`.
+//! A counting global allocator: exact live heap bytes, for measurements (`warren-bench conns
+//! --socketless`, the `warren` binary's test of the heap per idle connection over sockets).
+//! Only those binaries install it (`#[global_allocator]`): `warren serve` uses the system
+//! allocator.
 //!
 //! Counting is off until [`enable`] is called, so the load generators pay one relaxed load
-//! per allocation and no shared-counter traffic on their hot path. Only this binary has it:
-//! the `warren` server uses the system allocator.
+//! per allocation and no shared-counter traffic on their hot path.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 
-pub(crate) struct Counting;
+/// The allocator: `System`'s, counted.
+#[derive(Debug)]
+pub struct Counting;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static LIVE: AtomicI64 = AtomicI64::new(0);
 
 /// Starts counting. Blocks freed later that were allocated before this call are subtracted
 /// too, so only differences between two [`live`] readings after it are meaningful.
-pub(crate) fn enable() {
+pub fn enable() {
     ENABLED.store(true, Relaxed);
 }
 
 /// Live heap bytes allocated since [`enable`] (may be negative, see there).
-pub(crate) fn live() -> i64 {
+pub fn live() -> i64 {
     LIVE.load(Relaxed)
 }
 

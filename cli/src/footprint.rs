@@ -1,0 +1,122 @@
+//! The heap an idle MQTT connection costs over real sockets, through the listener code
+//! `warren serve` runs (`run_listener`): counted exactly by a counting allocator, which this
+//! test binary installs and `warren` does not, so the figure does not depend on how loaded
+//! the machine is (RSS would).
+
+use super::{Listener, Shared, run_listener};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+use warren_runtime::counting;
+
+#[global_allocator]
+static ALLOC: counting::Counting = counting::Counting;
+
+/// Connections opened before the first reading: they pay for one-time allocations (maps,
+/// the runtime's slabs).
+const WARM_UP: usize = 64;
+/// Connections measured (both ends of each in this process: 2 file descriptors each).
+const MEASURED: usize = 400;
+/// Heap bytes per idle connection with one subscription: 3,373 in this (debug) test when set,
+/// 12,979 when every connection task was sized for the largest listener's (a TLS handshake
+/// under a WebSocket upgrade, an AMQP connection). Room for some growth of the session
+/// state, not for a per-connection buffer or a larger task held while idle.
+const BOUND: i64 = 5_000;
+
+/// MQTT 3.1.1 CONNECT (clean session, keep-alive 600 s) and SUBSCRIBE to one topic at QoS 1.
+fn handshake(i: usize) -> Vec<u8> {
+    let id = format!("fp-{i}");
+    let topic = format!("fp/{i}");
+    let mut out = Vec::new();
+    let mut connect = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0x02, 0x58];
+    connect.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    connect.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(&[0x10, connect.len() as u8]);
+    out.extend_from_slice(&connect);
+    let mut subscribe = vec![0, 1];
+    subscribe.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    subscribe.extend_from_slice(topic.as_bytes());
+    subscribe.push(1);
+    out.extend_from_slice(&[0x82, subscribe.len() as u8]);
+    out.extend_from_slice(&subscribe);
+    out
+}
+
+/// Opens connection `i`, waits for its CONNACK and SUBACK, and keeps it open.
+fn open(addr: std::net::SocketAddr, i: usize) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&handshake(i))
+        .expect("write CONNECT and SUBSCRIBE");
+    let mut answer = [0u8; 9];
+    s.read_exact(&mut answer).expect("CONNACK and SUBACK");
+    assert_eq!(answer, [0x20, 2, 0, 0, 0x90, 3, 0, 1, 1], "connection {i}");
+    s
+}
+
+/// Live heap once it has stopped moving (the broker applies the last SUBSCRIBEs' bindings
+/// and the connection tasks go idle after the answers the client saw).
+fn settled() -> i64 {
+    let mut last = counting::live();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = counting::live();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+#[test]
+fn idle_mqtt_connections_stay_small_over_sockets() {
+    counting::enable();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = runtime.spawn(async move {
+        let shared = Shared {
+            broker: warren_runtime::BrokerHandle::start(Default::default()),
+            amqp: Arc::default(),
+            mqtt: Arc::default(),
+            registry: Arc::new(warren_mqtt::Registry::new()),
+            tls: None,
+            ws_path: "/mqtt".into(),
+            stopped,
+        };
+        run_listener(Listener::Mqtt, listener, shared).await
+    });
+    // The client is this thread, with blocking std sockets: it allocates nothing per
+    // connection that outlives the handshake, so the count is the server's.
+    let mut clients = Vec::with_capacity(WARM_UP + MEASURED);
+    for i in 0..WARM_UP {
+        clients.push(open(addr, i));
+    }
+    let before = settled();
+    for i in WARM_UP..WARM_UP + MEASURED {
+        clients.push(open(addr, i));
+    }
+    let after = settled();
+    let per_connection = (after - before) / MEASURED as i64;
+    println!("heap per idle MQTT connection with one subscription: {per_connection} bytes");
+    assert!(
+        per_connection <= BOUND,
+        "{per_connection} heap bytes per idle MQTT connection (bound {BOUND})"
+    );
+    drop(clients);
+    stop.send(true).unwrap();
+    runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), served).await })
+        .expect("the listener stops")
+        .expect("no panic")
+        .expect("no error");
+}
