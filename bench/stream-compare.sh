@@ -14,7 +14,7 @@
 #
 # Usage: bench/stream-compare.sh [MESSAGES] [SIZES] [CHUNKS]
 #   defaults: 300000 12,48,256,512,1024 1,2,4,8,16,64,128,384
-# Env: RABBITMQ=1, SENDFILE=1, JAVA_LIB (default target/stream-java/lib), SKIP_BUILD=1,
+# Env: RABBITMQ=1, EXACT=1 (RabbitMQ filled one batch at a time), SENDFILE=1, JAVA_LIB (default target/stream-java/lib), SKIP_BUILD=1,
 #   PORT_BASE (default 22500: Warren's stream port; RabbitMQ uses PORT_BASE+52 for streams,
 #   +172 AMQP, +173 distribution, +369 epmd).
 set -euo pipefail
@@ -35,6 +35,8 @@ rmq=
 stop_rmq() {
   [ -n "$rmq" ] || return 0
   /usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBITMQ_NODENAME" stop >/dev/null 2>&1 || true
+  # The node started its own epmd on ERL_EPMD_PORT: it outlives the node.
+  "$(ls /usr/lib/erlang/erts-*/bin/epmd | head -1)" -kill >/dev/null 2>&1 || true
   rm -rf "$rmq"; rmq=
 }
 trap 'stop; stop_rmq; rm -rf "$data" "$data.log"' EXIT
@@ -57,7 +59,7 @@ for s in "${size_list[@]}"; do for c in "${chunk_list[@]}"; do names+=("bench-$s
 [ -d "$lib" ] || { echo "$lib missing: mvn -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies -DoutputDirectory=$PWD/$lib" >&2; exit 1; }
 java=(java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$lib/*")
 java_fill() {  # PORT LABEL
-  "${java[@]}" bench/java/StreamFill.java 127.0.0.1 "$1" "$n" "$2" "$sizes" "$chunks"
+  "${java[@]}" bench/java/StreamFill.java 127.0.0.1 "$1" "$n" "$2" "$sizes" "$chunks" ${3:-}
 }
 java_consume() {  # PORT LABEL
   "${java[@]}" bench/java/StreamConsume.java 127.0.0.1 "$1" "$n" "$2" "${names[@]}"
@@ -114,7 +116,16 @@ if [ "${RABBITMQ:-0}" = 1 ]; then
     sleep 0.5
   done
   v="RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null)"
-  java_fill "$rport" "$v"
+  # EXACT=1: one batch in flight, so that RabbitMQ's chunks are the batches (slow: a round
+  # trip per chunk); otherwise its writer merges what is queued into larger chunks.
+  java_fill "$rport" "$v" "$([ "${EXACT:-0}" = 1 ] && echo exact)"
+  # osiris forms chunks from what its writer has queued, not from Publish frames: count the
+  # chunks each stream really got from its index files (8-byte header, 29 bytes per chunk).
+  for d in "$RABBITMQ_MNESIA_BASE"/*/stream/*/; do
+    s=$(basename "$d" | sed 's/^__//; s/_[0-9]*$//')
+    bytes=$(cat "$d"*.index | wc -c); files=$(ls "$d"*.index | wc -l)
+    echo "rmq-chunks $s $(( (bytes - 8 * files) / 29 ))"
+  done
   java_consume "$rport" "$v"
   stop_rmq
 fi

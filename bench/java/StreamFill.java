@@ -2,8 +2,11 @@
 // 3.10, which the Rust client 0.11 cannot talk to): for each size and chunk size, stream
 // `bench-SIZE-CHUNK` (deleted first if it exists) gets COUNT messages of SIZE bytes from a
 // producer whose batch size is the chunk size (a full batch is one Publish frame, one chunk),
-// at most 20,000 unconfirmed; prints the rate until the last confirm.
-// Usage: java -cp 'LIB/*' StreamFill.java HOST PORT COUNT LABEL SIZES CHUNKS  (lists: 12,1024)
+// at most 20,000 unconfirmed; prints the rate until the last confirm. With EXACT (a 7th
+// argument `exact`) at most one batch is unconfirmed: a broker that forms chunks from what its
+// writer has queued (RabbitMQ's osiris) then also writes one chunk per batch (Warren writes one
+// per Publish frame either way).
+// Usage: java -cp 'LIB/*' StreamFill.java HOST PORT COUNT LABEL SIZES CHUNKS [exact]
 import com.rabbitmq.stream.Environment;
 import com.rabbitmq.stream.Producer;
 import java.util.concurrent.CountDownLatch;
@@ -16,6 +19,7 @@ public class StreamFill {
     int port = Integer.parseInt(args[1]);
     int count = Integer.parseInt(args[2]);
     String label = args[3];
+    boolean exact = args.length > 6 && args[6].equals("exact");
     try (Environment env = Environment.builder().host(host).port(port).build()) {
       for (String size : args[4].split(",")) {
         for (String chunk : args[5].split(",")) {
@@ -30,7 +34,7 @@ public class StreamFill {
               env.producerBuilder()
                   .stream(stream)
                   .batchSize(Integer.parseInt(chunk))
-                  .maxUnconfirmedMessages(20_000)
+                  .maxUnconfirmedMessages(exact ? Integer.parseInt(chunk) : 20_000)
                   .build();
           byte[] body = new byte[Integer.parseInt(size)];
           CountDownLatch confirmed = new CountDownLatch(count);

@@ -287,7 +287,11 @@ async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_co
 
 /// Message `i` of the large-chunk test: its size and bytes vary with `i`.
 fn large_body(i: u64) -> Vec<u8> {
-    let len = if i % 3 == 0 { 20 } else { 60_000 + i as usize };
+    let len = if i.is_multiple_of(3) {
+        20
+    } else {
+        60_000 + i as usize
+    };
     (0..len)
         .map(|j| ((i as usize * 31 + j) % 251) as u8)
         .collect()

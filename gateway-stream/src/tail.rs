@@ -5,7 +5,6 @@
 //! backend shares this one implementation.
 
 use crate::backend::StreamError;
-use std::future::Future;
 use tokio::sync::watch;
 
 /// What waiters see of a stream's end.
@@ -60,17 +59,15 @@ impl TailWatch {
 /// Resolves once an offset >= `offset` is committed, or with `DoesNotExist` when the stream
 /// is deleted (or was not found: `Err` in). Owns its receiver, so the future is `'static`
 /// and may be awaited by the connection shell after the backend call returned.
-pub fn wait_past(
+pub async fn wait_past(
     tail: Result<watch::Receiver<Tail>, StreamError>,
     offset: u64,
-) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
-    async move {
-        let mut rx = tail?;
-        match rx.wait_for(|t| t.deleted || t.committed > offset).await {
-            Ok(t) if !t.deleted => Ok(()),
-            // Deleted, or the writer's side dropped with the stream.
-            _ => Err(StreamError::DoesNotExist),
-        }
+) -> Result<(), StreamError> {
+    let mut rx = tail?;
+    match rx.wait_for(|t| t.deleted || t.committed > offset).await {
+        Ok(t) if !t.deleted => Ok(()),
+        // Deleted, or the writer's side dropped with the stream.
+        _ => Err(StreamError::DoesNotExist),
     }
 }
 

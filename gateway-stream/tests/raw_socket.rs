@@ -830,10 +830,7 @@ async fn frames_longer_or_shorter_than_their_command_are_unknown_frames() {
     let mut other = Raw::open(port).await;
     // A Heartbeat (key, version) followed by 3 bytes its length counts but the command has
     // not; then a frame too short to hold a key and version.
-    let bad: [&[u8]; 2] = [
-        &[0, 0, 0, 7, 0, 0x17, 0, 1, 9, 9, 9],
-        &[0, 0, 0, 1, 0x17],
-    ];
+    let bad: [&[u8]; 2] = [&[0, 0, 0, 7, 0, 0x17, 0, 1, 9, 9, 9], &[0, 0, 0, 1, 0x17]];
     for frame in bad {
         let mut c = Raw::open(port).await;
         c.send_raw(frame).await;
