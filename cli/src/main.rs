@@ -788,6 +788,21 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         disk_free_limit: if s.in_memory { 0 } else { disk_free_limit },
         ..warren_core::BrokerConfig::default()
     };
+    // The stream logs, before the broker: its restore reopens the stream queues on them, and
+    // the stream protocol serves the same logs.
+    let disk_streams = if s.in_memory {
+        None
+    } else {
+        Some(
+            streams::DiskStreams::open(
+                &s.data_dir,
+                s.stream_read_ahead,
+                s.stream_sendfile,
+                s.fsync == settings::Fsync::On,
+            )
+            .map_err(|e| ConfigError(format!("cannot open the streams: {e:#}")))?,
+        )
+    };
     let (broker, definitions_db) = if s.in_memory {
         tracing::warn!(
             shards = s.shards,
@@ -806,6 +821,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             warren_store::DiskConfig {
                 embed_msgs_below: s.embed_msgs_below,
                 fsync: s.fsync == settings::Fsync::On,
+                streams: disk_streams
+                    .clone()
+                    .map(|d| d as Arc<dyn warren_store::StreamHost>),
                 ..warren_store::DiskConfig::default()
             },
             s.shards,
@@ -819,6 +837,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         })?;
         (broker, Some(definitions_db))
     };
+    if let Some(d) = &disk_streams {
+        d.set_broker(broker.clone());
+    }
     tracing::info!(
         "memory alarm at {} MiB (queued message bodies or the process's RSS), free disk limit {} MB",
         memory_high_watermark >> 20,
@@ -953,14 +974,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
                 stopped.clone(),
             ))
         } else {
-            let backend = streams::DiskStreams::open(
-                &s.data_dir,
-                broker.clone(),
-                s.stream_read_ahead,
-                s.stream_sendfile,
-                s.fsync == settings::Fsync::On,
-            )
-            .map_err(|e| ConfigError(format!("cannot open the streams: {e:#}")))?;
+            let Some(backend) = disk_streams.clone() else {
+                unreachable!("opened unless --in-memory");
+            };
             tokio::spawn(warren_stream::serve(listener, backend, stopped.clone()))
         };
         servers.push(("stream", task));

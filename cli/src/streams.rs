@@ -10,6 +10,10 @@
 //! - Retention (`max-length-bytes`, `max-age`) at every segment roll (the log does it) and on
 //!   a timer.
 //! - Logins and vhost access through the broker's users.
+//! - The same logs are the core's stream queues (`x-queue-type: stream` over AMQP): the
+//!   catalog is the native store's [`warren_store::StreamHost`], opened before the broker so
+//!   the restore finds the streams; the store's sync thread syncs what the core appended and
+//!   moves the tail the stream protocol's subscribers wait on.
 
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -227,7 +231,8 @@ impl Stream {
 /// The catalog: see the module docs.
 pub struct DiskStreams {
     root: PathBuf,
-    broker: warren_runtime::BrokerHandle,
+    /// Set once the broker runs (the catalog opens before it: the restore reopens streams).
+    broker: std::sync::OnceLock<warren_runtime::BrokerHandle>,
     read_ahead: usize,
     sendfile: bool,
     fsync: bool,
@@ -284,7 +289,6 @@ impl DiskStreams {
     /// sync tasks.
     pub fn open(
         data_dir: &Path,
-        broker: warren_runtime::BrokerHandle,
         read_ahead: usize,
         sendfile: bool,
         fsync: bool,
@@ -293,7 +297,7 @@ impl DiskStreams {
         fs::create_dir_all(&root)?;
         let me = Arc::new(DiskStreams {
             root: root.clone(),
-            broker,
+            broker: std::sync::OnceLock::new(),
             read_ahead,
             sendfile,
             fsync,
@@ -393,6 +397,115 @@ impl DiskStreams {
     /// Runs a broker call from the session's synchronous backend methods. The stream
     /// session is sans-IO and asks its backend inline; the broker's user table lives in its
     /// task, so the worker thread blocks for one round trip (the runtime is multi-threaded).
+    /// Creates a stream's log (not its AMQP queue).
+    fn create_log(
+        &self,
+        vhost: &str,
+        stream: &str,
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        let args = parse_arguments(arguments)?;
+        let dir = self.dir(vhost, stream)?;
+        // Held across the creation so two creates of one name cannot both succeed.
+        let mut streams = lock(&self.streams);
+        if streams.contains_key(&(vhost.to_string(), stream.to_string())) {
+            return Err(StreamError::AlreadyExists);
+        }
+        if streams.len() >= MAX_STREAMS {
+            return Err(StreamError::Precondition(format!(
+                "this node holds {MAX_STREAMS} streams, its limit"
+            )));
+        }
+        // Arguments first, durably: a directory without them is a create that never
+        // finished (removed at start).
+        let created = (|| -> std::io::Result<()> {
+            fs::create_dir_all(&dir)?;
+            let mut f = fs::File::create(dir.join(ARGUMENTS))?;
+            for (k, v) in &args {
+                writeln!(f, "{k}={v}")?;
+            }
+            f.sync_all()?;
+            if let Some(parent) = dir.parent() {
+                fs::File::open(parent)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        created.map_err(internal)?;
+        let log = StreamLog::open(&dir, stream_config(&args, self.fsync)).map_err(internal)?;
+        self.insert(&mut streams, vhost.to_string(), stream.to_string(), log);
+        Ok(())
+    }
+
+    /// Removes a stream's log and files (not its AMQP queue).
+    fn remove_log(&self, vhost: &str, stream: &str) -> Result<(), StreamError> {
+        let s = lock(&self.streams)
+            .remove(&(vhost.to_string(), stream.to_string()))
+            .ok_or(StreamError::DoesNotExist)?;
+        let writer = lock(&s.writer).take();
+        s.tail.delete();
+        s.dirty.notify_one();
+        if let Some(w) = writer {
+            // Renamed first (atomic), then removed: a crash in between leaves a `.deleted`
+            // directory that the next start removes, never half a stream.
+            let dir = w.log.dir().to_path_buf();
+            drop(w);
+            let tomb = self.root.join(format!(
+                ".deleted-{}-{}",
+                std::process::id(),
+                warren_runtime::unix_ms()
+            ));
+            fs::rename(&dir, &tomb).map_err(internal)?;
+            fs::remove_dir_all(&tomb).map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    /// Declares stream `stream` of `vhost` as a queue through the broker's admin channel.
+    fn declare_queue(&self, vhost: &str, stream: &str, arguments: &[(String, String)]) {
+        use warren_core::message::{FieldTable, FieldValue};
+        let Some(broker) = self.broker.get() else {
+            return;
+        };
+        let mut table = FieldTable::new();
+        table.insert("x-queue-type".into(), FieldValue::string("stream"));
+        for (k, v) in parse_arguments(arguments).unwrap_or_default() {
+            let value = match v.parse::<i64>() {
+                Ok(n) if k != "max-age" => FieldValue::I64(n),
+                _ => FieldValue::string(&v),
+            };
+            table.insert(format!("x-{k}"), value);
+        }
+        let op = warren_core::command::Op::QueueDeclare(warren_core::command::QueueDeclare {
+            queue: stream.into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: table,
+        });
+        let asked = warren_core::admin::AdminRequest::Op {
+            vhost: vhost.into(),
+            op,
+        };
+        match self.block_on(broker.admin(asked)) {
+            Ok(warren_core::admin::AdminResponse::Op(Ok(_))) => {}
+            Ok(warren_core::admin::AdminResponse::Op(Err(e))) => {
+                tracing::warn!(vhost, stream, "the stream is not an AMQP queue too: {e}")
+            }
+            _ => {}
+        }
+    }
+
+    /// The broker, for logins (the catalog opened before it).
+    pub fn set_broker(&self, broker: warren_runtime::BrokerHandle) {
+        let _ = self.broker.set(broker);
+    }
+
+    fn broker(&self) -> Result<&warren_runtime::BrokerHandle, AuthError> {
+        self.broker.get().ok_or(AuthError::Refused)
+    }
+
     fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
     }
@@ -439,7 +552,7 @@ impl StreamBackend for DiskStreams {
             return Err(AuthError::Refused);
         };
         match self.block_on(
-            self.broker
+            self.broker()?
                 .authenticate(username, password, peer.is_loopback, None),
         ) {
             Ok(Ok(login)) => Ok(login.user),
@@ -451,8 +564,11 @@ impl StreamBackend for DiskStreams {
     fn vhost_access(&self, user: &str, vhost: &str) -> bool {
         // The password was checked at SASL (and the loopback rule with it): this asks only
         // whether the user may open the vhost.
+        let Ok(broker) = self.broker() else {
+            return false;
+        };
         matches!(
-            self.block_on(self.broker.authenticate_certified(user, true, Some(vhost))),
+            self.block_on(broker.authenticate_certified(user, true, Some(vhost))),
             Ok(Ok(_))
         )
     }
@@ -463,59 +579,35 @@ impl StreamBackend for DiskStreams {
         stream: &str,
         arguments: &[(String, String)],
     ) -> Result<(), StreamError> {
-        let args = parse_arguments(arguments)?;
-        let dir = self.dir(vhost, stream)?;
-        // Held across the creation so two creates of one name cannot both succeed.
-        let mut streams = lock(&self.streams);
-        if streams.contains_key(&(vhost.to_string(), stream.to_string())) {
-            return Err(StreamError::AlreadyExists);
-        }
-        if streams.len() >= MAX_STREAMS {
-            return Err(StreamError::Precondition(format!(
-                "this node holds {MAX_STREAMS} streams, its limit"
-            )));
-        }
-        // Arguments first, durably: a directory without them is a create that never
-        // finished (removed at start).
-        let created = (|| -> std::io::Result<()> {
-            fs::create_dir_all(&dir)?;
-            let mut f = fs::File::create(dir.join(ARGUMENTS))?;
-            for (k, v) in &args {
-                writeln!(f, "{k}={v}")?;
-            }
-            f.sync_all()?;
-            if let Some(parent) = dir.parent() {
-                fs::File::open(parent)?.sync_all()?;
-            }
-            Ok(())
-        })();
-        created.map_err(internal)?;
-        let log = StreamLog::open(&dir, stream_config(&args, self.fsync)).map_err(internal)?;
-        self.insert(&mut streams, vhost.to_string(), stream.to_string(), log);
+        self.create_log(vhost, stream, arguments)?;
+        // A stream is a queue of its vhost for AMQP clients too, as in RabbitMQ: declared
+        // through the broker's admin channel (its queue opens this log, which exists now).
+        self.declare_queue(vhost, stream, arguments);
         Ok(())
     }
 
     fn delete_stream(&self, vhost: &str, stream: &str) -> Result<(), StreamError> {
-        let s = lock(&self.streams)
-            .remove(&(vhost.to_string(), stream.to_string()))
-            .ok_or(StreamError::DoesNotExist)?;
-        let writer = lock(&s.writer).take();
-        s.tail.delete();
-        s.dirty.notify_one();
-        if let Some(w) = writer {
-            // Renamed first (atomic), then removed: a crash in between leaves a `.deleted`
-            // directory that the next start removes, never half a stream.
-            let dir = w.log.dir().to_path_buf();
-            drop(w);
-            let tomb = self.root.join(format!(
-                ".deleted-{}-{}",
-                std::process::id(),
-                warren_runtime::unix_ms()
-            ));
-            fs::rename(&dir, &tomb).map_err(internal)?;
-            fs::remove_dir_all(&tomb).map_err(internal)?;
+        if !self.stream_exists(vhost, stream) {
+            return Err(StreamError::DoesNotExist);
         }
-        Ok(())
+        // Through the broker first: its queue goes, and the store deletes the log.
+        if let Some(broker) = self.broker.get() {
+            let op = warren_core::command::Op::QueueDelete {
+                queue: stream.into(),
+                if_unused: false,
+                if_empty: false,
+                nowait: false,
+            };
+            let asked = warren_core::admin::AdminRequest::Op {
+                vhost: vhost.into(),
+                op,
+            };
+            let _ = self.block_on(broker.admin(asked));
+        }
+        match self.remove_log(vhost, stream) {
+            Ok(()) | Err(StreamError::DoesNotExist) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn stream_exists(&self, vhost: &str, stream: &str) -> bool {
@@ -718,6 +810,138 @@ impl StreamBackend for DiskStreams {
     }
 }
 
+impl std::fmt::Debug for DiskStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskStreams")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The core's stream queues over the same logs (see the module docs).
+impl warren_store::StreamHost for DiskStreams {
+    fn open(
+        &self,
+        vhost: &str,
+        name: &str,
+        settings: &warren_core::store::StreamSettings,
+    ) -> Result<(), String> {
+        if let Ok(s) = self.get(vhost, name) {
+            // Opened again with the queue's settings (at start, or a policy changed): the
+            // queue's effective arguments win over what the stream was created with.
+            let has_any = settings.max_length_bytes.is_some()
+                || settings.max_age_ms.is_some()
+                || settings.max_segment_size_bytes.is_some();
+            if has_any {
+                s.with_writer(|w| {
+                    w.log.set_limits(
+                        settings.max_length_bytes,
+                        settings.max_age_ms,
+                        settings.max_segment_size_bytes,
+                    );
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())?;
+            }
+            return Ok(());
+        }
+        let mut args = Vec::new();
+        if let Some(n) = settings.max_length_bytes {
+            args.push(("max-length-bytes".to_string(), n.to_string()));
+        }
+        if let Some(ms) = settings.max_age_ms {
+            args.push(("max-age".to_string(), format!("{}s", ms.div_ceil(1000))));
+        }
+        if let Some(n) = settings.max_segment_size_bytes {
+            args.push(("stream-max-segment-size-bytes".to_string(), n.to_string()));
+        }
+        match self.create_log(vhost, name, &args) {
+            // Created meanwhile by the stream protocol: the same stream.
+            Ok(()) | Err(StreamError::AlreadyExists) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn append(
+        &self,
+        vhost: &str,
+        name: &str,
+        messages: &[Bytes],
+        timestamp_ms: u64,
+    ) -> Result<(), String> {
+        let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        s.with_writer(|w| {
+            let range = match w.log.append(messages, timestamp_ms, &[]) {
+                Err(log::StreamError::Backpressure { .. }) => {
+                    // Written out (not fsynced) to make room: the next sync covers both.
+                    w.log.flush().map_err(internal)?;
+                    w.log.append(messages, timestamp_ms, &[])
+                }
+                other => other,
+            }
+            .map_err(internal)?;
+            w.last_chunk = Some(range.start);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    fn bounds(&self, vhost: &str, name: &str) -> Result<log::Bounds, String> {
+        let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        s.with_writer(|w| Ok(w.log.bounds()))
+            .map_err(|e| e.to_string())
+    }
+
+    fn reader(&self, vhost: &str, name: &str, spec: LogSpec) -> Result<StreamReader, String> {
+        let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        // The AMQP side copies messages out of the chunk: no file ranges.
+        let options = ReaderOptions {
+            read_ahead: s.reader_options.read_ahead,
+            ranges_from: None,
+        };
+        s.with_writer(|w| w.log.reader(spec, options).map_err(internal))
+            .map_err(|e| e.to_string())
+    }
+
+    fn sync(&self, vhost: &str, name: &str) -> Result<(), String> {
+        let s = match self.get(vhost, name) {
+            Ok(s) => s,
+            // Deleted since: nothing of it to make durable.
+            Err(StreamError::DoesNotExist) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let begun = s.with_writer(|w| {
+            let last = w.last_chunk;
+            w.log.begin_sync().map(|p| (p, last)).map_err(internal)
+        });
+        let (pending, last_chunk) = match begun {
+            Ok(p) => p,
+            Err(StreamError::DoesNotExist) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        // The fsync runs without the writer's lock: the stream protocol appends meanwhile.
+        let waited = pending.wait();
+        match s.with_writer(|w| w.log.end_sync(&pending, waited).map_err(internal)) {
+            Ok(_) => {}
+            Err(StreamError::DoesNotExist) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        }
+        s.tail.advance(pending.next_offset(), last_chunk);
+        Ok(())
+    }
+
+    fn delete(&self, vhost: &str, name: &str) {
+        match self.remove_log(vhost, name) {
+            Ok(()) | Err(StreamError::DoesNotExist) => {}
+            Err(e) => tracing::warn!(
+                vhost,
+                stream = name,
+                "deleting a stream's files failed: {e}"
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -730,8 +954,7 @@ mod tests {
             std::process::id()
         ));
         let _ = fs::remove_dir_all(&dir);
-        let broker = warren_runtime::BrokerHandle::start(warren_runtime::BrokerConfig::default());
-        let streams = DiskStreams::open(&dir, broker, 4096, sendfile, false).unwrap();
+        let streams = DiskStreams::open(&dir, 4096, sendfile, false).unwrap();
         streams.create_stream("/", "s", &[]).unwrap();
         let msg = |id: u64, len: usize| PublishedMessage {
             publishing_id: id,

@@ -1,7 +1,7 @@
 //! Errors the core reports to clients, with AMQP 0.9.1 reply codes (the richest vocabulary of the
 //! protocols Warren speaks; the MQTT gateway maps them to its reason codes).
 
-use crate::command::OpKind;
+use crate::op_kind::OpKind;
 
 /// Reply codes, as AMQP 0.9.1 and RabbitMQ define them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

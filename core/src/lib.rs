@@ -10,6 +10,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod amqp10;
 pub(crate) mod channel;
 pub mod command;
 pub mod config;
@@ -23,6 +24,7 @@ pub(crate) mod mail;
 pub mod message;
 pub mod mqtt;
 pub mod naming;
+pub mod op_kind;
 pub mod pmap;
 pub mod policy;
 pub mod queue;

@@ -66,6 +66,12 @@ const QUEUE_KEYS: &[(&str, &str)] = &[
     ("overflow", "x-overflow"),
     ("dead-letter-exchange", "x-dead-letter-exchange"),
     ("dead-letter-routing-key", "x-dead-letter-routing-key"),
+    // Streams' (RabbitMQ's policy keys of the same names).
+    ("max-age", "x-max-age"),
+    (
+        "stream-max-segment-size-bytes",
+        "x-stream-max-segment-size-bytes",
+    ),
     // Quorum queues' (a classic queue ignores them, as RabbitMQ's do).
     ("delivery-limit", "x-delivery-limit"),
     ("dead-letter-strategy", "x-dead-letter-strategy"),

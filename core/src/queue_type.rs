@@ -13,6 +13,9 @@ pub enum QueueType {
     /// reads, messages paged to the store past a window.
     #[default]
     Classic,
+    /// RabbitMQ's stream: an append-only log that consumers read from any offset without
+    /// removing anything (`queue::stream`); durable only, read with a prefetch.
+    Stream,
     /// RabbitMQ's quorum queue: durable only, every message stored and confirmed after
     /// the sync, delivery counts with `x-delivery-limit`; its state moves by the commands
     /// of `queue::quorum` (a Raft log's entries once it is replicated; a group of one on a
@@ -52,7 +55,7 @@ impl QueueType {
     const NAMED: &'static [(&'static str, Option<QueueType>)] = &[
         ("classic", Some(QueueType::Classic)),
         ("quorum", Some(QueueType::Quorum)),
-        ("stream", None),
+        ("stream", Some(QueueType::Stream)),
     ];
 
     /// The type `x-queue-type` in `arguments` asks for (classic when absent). A type Warren
@@ -82,6 +85,7 @@ impl QueueType {
     pub fn name(self) -> &'static str {
         match self {
             QueueType::Classic => "classic",
+            QueueType::Stream => "stream",
             QueueType::Quorum => "quorum",
         }
     }
@@ -91,6 +95,7 @@ impl QueueType {
     pub fn module(self) -> &'static str {
         match self {
             QueueType::Classic => "rabbit_classic_queue",
+            QueueType::Stream => "rabbit_stream_queue",
             QueueType::Quorum => "rabbit_quorum_queue",
         }
     }
@@ -99,6 +104,7 @@ impl QueueType {
     pub fn capabilities(self) -> &'static Capabilities {
         match self {
             QueueType::Classic => &CLASSIC,
+            QueueType::Stream => &STREAM,
             QueueType::Quorum => &QUORUM,
         }
     }
@@ -139,13 +145,44 @@ const QUORUM: Capabilities = Capabilities {
     ],
 };
 
+/// RabbitMQ 3.10's stream (`rabbit_stream_queue:capabilities/0`, checked against 3.10.8):
+/// the arguments of other types it refuses; its own (`x-max-length-bytes`, `x-max-age`,
+/// `x-stream-max-segment-size-bytes`) are read by `queue::stream::settings`.
+const STREAM: Capabilities = Capabilities {
+    basic_get: false,
+    ack_removes: false,
+    requeue: false,
+    durable_only: true,
+    exclusive: false,
+    needs_prefetch: true,
+    auto_delete: false,
+    server_named: false,
+    refused_arguments: &[
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-max-priority",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-delivery-limit",
+        "x-dead-letter-strategy",
+        "x-queue-master-locator",
+    ],
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::message::FieldValue;
 
     #[test]
-    fn classic_and_quorum_queues_are_served() {
+    fn classic_quorum_and_stream_queues_are_served() {
         let with = |v: FieldValue| {
             let mut t = FieldTable::default();
             t.insert("x-queue-type".into(), v);
@@ -157,9 +194,13 @@ mod tests {
         );
         assert_eq!(with(FieldValue::string("classic")), Ok(QueueType::Classic));
         assert_eq!(with(FieldValue::string("quorum")), Ok(QueueType::Quorum));
-        let (arg, reason) = with(FieldValue::string("stream")).unwrap_err();
-        assert_eq!(arg, "x-queue-type");
-        assert!(reason.contains("'stream' is not supported yet"), "{reason}");
+        assert_eq!(with(FieldValue::string("stream")), Ok(QueueType::Stream));
+        let stream = QueueType::Stream.capabilities();
+        assert!(!stream.basic_get && !stream.ack_removes && stream.durable_only);
+        assert!(stream.needs_prefetch && !stream.exclusive && !stream.auto_delete);
+        assert!(stream.refused_arguments.contains(&"x-max-length"));
+        assert_eq!(QueueType::Stream.name(), "stream");
+        assert_eq!(QueueType::Stream.module(), "rabbit_stream_queue");
         assert_eq!(
             with(FieldValue::string("bogus")),
             Err(("x-queue-type", "\"unsupported queue type 'bogus'\"".into()))

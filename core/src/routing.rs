@@ -133,10 +133,14 @@ impl RouteTable {
         headers: Option<&FieldTable>,
     ) -> Vec<QueueId> {
         let mut queues = Vec::new();
-        let mut visited = vec![exchange];
-        let mut work = vec![exchange];
+        // The exchanges reached through bindings or as alternates, and those left to route
+        // through: empty (no allocation) in the usual case of one exchange, on every
+        // publish's path.
+        let mut visited: Vec<ExchangeId> = Vec::new();
+        let mut work = Vec::new();
         let mut matched = Vec::new();
-        while let Some(id) = work.pop() {
+        let mut first = Some(exchange);
+        while let Some(id) = first.take().or_else(|| work.pop()) {
             let Some(x) = self.exchanges.get(&id) else {
                 continue;
             };
@@ -161,7 +165,10 @@ impl RouteTable {
                 match *d {
                     Destination::Queue(q) => queues.push(q),
                     Destination::Exchange(next) => {
-                        if !visited.contains(&next) && visited.len() < MAX_ROUTE_EXCHANGES {
+                        if next != exchange
+                            && !visited.contains(&next)
+                            && visited.len() + 1 < MAX_ROUTE_EXCHANGES
+                        {
                             visited.push(next);
                             work.push(next);
                         }

@@ -846,6 +846,49 @@ fn flow_control_paces_pure_publishers_to_their_consumers() {
     assert!(h.shards[0].queue_len("q").is_some_and(|n| n <= 2));
 }
 
+/// A queue drained by basic.get while its consumers wait for credit resumes the publishers
+/// it paused: before, only a dispatch checked for the drain, and a consumer without credit
+/// never dispatches, so the publisher stayed paused at an empty queue until that consumer
+/// wrote something.
+#[test]
+fn a_queue_drained_by_basic_get_resumes_its_paused_publisher() {
+    let mut h = Harness::with_config(BrokerConfig {
+        flow_ready_high: 4,
+        write_window: 1,
+        ..BrokerConfig::default()
+    });
+    let publisher = h.connect(1);
+    let consumer = h.connect(2);
+    let getter = h.connect(3);
+    h.declare(publisher, "q");
+    for i in 0..6 {
+        h.publish(publisher, "", "q", &i.to_string());
+    }
+    // The consumer's window holds one delivery, and it never reports it written.
+    assert_eq!(bodies(&h.consume(consumer, "q", "t", true)), ["0"]);
+    assert_eq!(
+        h.publish(publisher, "", "q", "6"),
+        vec![Effect::FlowPaused {
+            conn: publisher.conn
+        }]
+    );
+    let mut resumed = false;
+    for _ in 0..6 {
+        let fx = h.op(
+            getter,
+            Op::Get {
+                queue: "q".into(),
+                no_ack: true,
+            },
+        );
+        resumed |= fx.contains(&Effect::FlowResumed {
+            conn: publisher.conn,
+        });
+    }
+    assert_eq!(h.shards[0].queue_len("q"), Some(0));
+    assert!(resumed, "the publisher stays paused at an empty queue");
+}
+
 /// Flow control, the write window and paging together (issue 21, one_fast stalls): a
 /// publisher that obeys `FlowPaused` (with a few publishes already on their way, as the
 /// runtime's in-flight batches allow), an autoack consumer whose host reports writes in

@@ -20,7 +20,7 @@ use mqtt_proto::{QoS, TopicName};
 use std::sync::Arc;
 use warren_core::command::Publish;
 use warren_core::message::{FieldTable, FieldValue, Message, Properties};
-use warren_core::mqtt::{amqp_key_to_topic, topic_to_amqp_key};
+use warren_core::mqtt::{amqp_key_to_topic, topic_to_amqp_key, with_swapped};
 
 pub const EXCHANGE: &str = "amq.topic";
 pub const H_QOS: &str = "x-mqtt-publish-qos";
@@ -30,6 +30,13 @@ pub const H_CORRELATION: &str = "x-correlation-data";
 pub const H_FORMAT: &str = "x-mqtt-payload-format";
 /// The publishing client id, set only by sessions that have a no-local subscription.
 pub const H_PUBLISHER: &str = "x-mqtt-publisher";
+
+/// The exchange MQTT publishes go to, shared by every publish (a reference count, not an
+/// allocation per message).
+fn exchange() -> Arc<str> {
+    static NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(EXCHANGE));
+    NAME.clone()
+}
 
 /// The core publish for an MQTT PUBLISH. `now_ms` is unix time (for expiry).
 pub fn to_core(
@@ -75,8 +82,9 @@ pub fn to_core(
     }
     properties.headers = Some(headers);
     Publish {
-        exchange: Arc::from(EXCHANGE),
-        routing_key: Arc::from(topic_to_amqp_key(topic)),
+        exchange: exchange(),
+        // One allocation per publish for the key, none for the exchange's name.
+        routing_key: with_swapped(topic, |key| Arc::from(key)),
         mandatory: false,
         immediate: false,
         properties,
@@ -106,8 +114,7 @@ pub fn publisher(m: &Message) -> Option<&str> {
 
 /// The MQTT view of a core message; `None` when its routing key is no valid MQTT topic.
 pub fn from_core(m: &Message, now_ms: u64) -> Option<Outgoing> {
-    let topic = amqp_key_to_topic(&m.routing_key);
-    let topic = TopicName::try_from(topic.as_str()).ok()?;
+    let topic = with_swapped(&m.routing_key, |t| TopicName::try_from(t).ok())?;
     if topic.is_empty() {
         return None;
     }

@@ -282,6 +282,10 @@ pub struct Session {
     stamp_publisher: bool,
     /// Deliveries received from the core since the last flush (write-window credit).
     delivered: u32,
+    /// The highest delivery tag acknowledged but not yet told to the core (0: none): acks
+    /// in delivery order while no earlier delivery is held go to the core as one multiple
+    /// ack per batch of ops (`ack_core`), not one op per QoS 0 message.
+    ack_upto: u64,
     disconnected: bool,
     paused: bool,
     blocked: bool,
@@ -335,6 +339,7 @@ impl Session {
             stamp_publisher: false,
             permissions: info.permissions.clone(),
             delivered: 0,
+            ack_upto: 0,
             disconnected: false,
             paused: false,
             blocked: false,
@@ -502,6 +507,7 @@ impl Session {
 
     /// Core ops to send, in order, before the packets (a SUBACK waits for its bindings).
     pub fn take_ops(&mut self) -> Vec<(u16, Op)> {
+        self.flush_acks();
         std::mem::take(&mut self.ops)
     }
 
@@ -1099,13 +1105,45 @@ impl Session {
         }
     }
 
+    /// Acknowledges a delivery to the core. While no earlier delivery of the channel is held
+    /// (a QoS 1/2 message in flight or waiting for a packet id), every delivery up to this
+    /// one has been acknowledged, so the ack is deferred and merged with the following ones
+    /// into one multiple ack (sent by `take_ops`); otherwise it goes alone, after the merged
+    /// one, so that a multiple ack never covers a held delivery.
     fn ack_core(&mut self, tag: Option<u64>) {
-        if let Some(delivery_tag) = tag {
+        let Some(delivery_tag) = tag else {
+            return;
+        };
+        if delivery_tag <= self.ack_upto {
+            // Covered by the pending multiple ack.
+            return;
+        }
+        let held = self
+            .rare
+            .as_deref()
+            .is_some_and(|r| !r.outbound.is_empty() || !r.waiting.is_empty());
+        if !held {
+            self.ack_upto = delivery_tag;
+            return;
+        }
+        self.flush_acks();
+        self.ops.push((
+            CHANNEL,
+            Op::Ack {
+                delivery_tag,
+                multiple: false,
+            },
+        ));
+    }
+
+    /// Sends the deferred multiple ack, if any.
+    fn flush_acks(&mut self) {
+        if self.ack_upto > 0 {
             self.ops.push((
                 CHANNEL,
                 Op::Ack {
-                    delivery_tag,
-                    multiple: false,
+                    delivery_tag: std::mem::take(&mut self.ack_upto),
+                    multiple: true,
                 },
             ));
         }

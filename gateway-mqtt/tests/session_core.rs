@@ -495,3 +495,97 @@ fn suback_waits_for_its_bindings_and_what_follows_waits_with_it() {
         ["Suback"]
     );
 }
+
+/// Acks of QoS 0 deliveries reach the core as one multiple ack per batch of ops, and never
+/// cover a QoS 1 delivery still in flight (a multiple ack would have acknowledged it before
+/// its PUBACK: lost if the connection then dropped).
+#[test]
+fn qos0_acks_merge_but_never_cover_a_held_delivery() {
+    use warren_core::command::Op;
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut sub = Session::new(w.info("merging", 4, true), None, w.now, cfg.clone());
+    w.pump(1, &mut sub);
+    sub.handle_packet(w.now, subscribe(1, "m/#", QoS::Level1), &w.registry)
+        .expect("subscribe");
+    w.pump(1, &mut sub);
+    let mut publisher = Session::new(w.info("pub", 4, true), None, w.now, cfg.clone());
+    w.pump(2, &mut publisher);
+    let unacked = |w: &World| -> u64 {
+        w.broker
+            .list_queues()
+            .iter()
+            .map(|q| q.messages_unacked)
+            .sum()
+    };
+    // Three QoS 0 messages, nothing held: one multiple ack for the three.
+    for body in ["a", "b", "c"] {
+        publisher
+            .handle_packet(w.now, publish("m/x", QosPid::Level0, body), &w.registry)
+            .expect("publish");
+    }
+    for (ch, op) in publisher.take_ops() {
+        w.broker.handle(w.now, ChannelRef::new(ConnId(2), ch), op);
+    }
+    let mut effects = Vec::new();
+    w.broker.poll_effects(&mut effects);
+    for e in effects {
+        let to = if e.conn() == ConnId(1) {
+            &mut sub
+        } else {
+            &mut publisher
+        };
+        to.handle_effect(w.now, e).expect("no error");
+    }
+    let acks: Vec<Op> = sub
+        .take_ops()
+        .into_iter()
+        .map(|(_, op)| op)
+        .filter(|op| matches!(op, Op::Ack { .. }))
+        .collect();
+    assert!(
+        matches!(acks[..], [Op::Ack { multiple: true, .. }]),
+        "{acks:?}"
+    );
+    for (ch, op) in acks.into_iter().map(|op| (1u16, op)) {
+        w.broker.handle(w.now, ChannelRef::new(ConnId(1), ch), op);
+    }
+    w.pump2((1, &mut sub), (2, &mut publisher));
+    assert_eq!(unacked(&w), 0);
+
+    // A QoS 1 message in flight, then QoS 0 ones: those are acked, it is not.
+    publisher
+        .handle_packet(
+            w.now,
+            publish("m/x", QosPid::Level1(pid(1)), "held"),
+            &w.registry,
+        )
+        .expect("publish");
+    for body in ["d", "e"] {
+        publisher
+            .handle_packet(w.now, publish("m/x", QosPid::Level0, body), &w.registry)
+            .expect("publish");
+    }
+    let (got, _) = w.pump2((1, &mut sub), (2, &mut publisher));
+    assert_eq!(
+        payloads(&got),
+        [
+            ("held".to_string(), false),
+            ("d".to_string(), false),
+            ("e".to_string(), false)
+        ]
+    );
+    assert_eq!(unacked(&w), 1, "the QoS 1 message waits for its PUBACK");
+    let Packet::Publish(p) = &got[0] else {
+        panic!("{got:?}")
+    };
+    let out_pid = p.qos_pid.pid().expect("QoS 1 has a packet id");
+    sub.handle_packet(
+        w.now,
+        Packet::Puback(v5::Puback::new_success(out_pid)),
+        &w.registry,
+    )
+    .expect("puback");
+    w.pump2((1, &mut sub), (2, &mut publisher));
+    assert_eq!(unacked(&w), 0);
+}

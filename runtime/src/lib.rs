@@ -757,7 +757,10 @@ impl CommandSender {
                 .iter()
                 .any(|(_, op)| replicate::replicated_op(op) || replicate::needs_barrier(op))
         {
-            return self.send_replicated(replicator.as_ref(), ops).await;
+            // Boxed: every connection task awaits `send` inline, so an inline replicated path
+            // (waiting on the metadata group) would grow every idle connection's future
+            // (the MQTT one from 680 to 1,832 bytes: gateway-mqtt's footprint test).
+            return Box::pin(self.send_replicated(replicator.as_ref(), ops)).await;
         }
         self.send_batch(ops).await
     }

@@ -21,6 +21,9 @@ pub mod segment;
 pub mod sessions;
 pub mod shared;
 pub mod stream;
+pub mod stream_host;
+
+pub use stream_host::StreamHost;
 
 use definitions::{DefinitionStore, DefinitionsError};
 use segment::{Body, QueueLog};
@@ -74,6 +77,8 @@ struct SyncJob {
     /// With the journal: the one file whose fdatasync covers every queue write of the epoch,
     /// and a finished generation to checkpoint after.
     journal: Option<journal::JournalSync>,
+    /// Streams appended to in the epoch.
+    streams: Vec<stream_host::StreamSync>,
 }
 
 /// Storage settings.
@@ -89,6 +94,8 @@ pub struct DiskConfig {
     pub fsync: bool,
     /// A journal generation this large is checkpointed (its files fsynced, then deleted).
     pub journal_checkpoint_bytes: u64,
+    /// Where stream queues' logs are (`None`: stream declares are refused).
+    pub streams: Option<Arc<dyn StreamHost>>,
 }
 
 impl Default for DiskConfig {
@@ -97,6 +104,7 @@ impl Default for DiskConfig {
             embed_msgs_below: 4096,
             fsync: true,
             journal_checkpoint_bytes: journal::CHECKPOINT_BYTES,
+            streams: None,
         }
     }
 }
@@ -130,6 +138,8 @@ pub struct DiskStore {
     /// New queue `name` files.
     dirty_names: Vec<PathBuf>,
     sync_tx: mpsc::SyncSender<Job>,
+    /// Stream queues the core opened (their logs are `config.streams`').
+    streams: HashMap<QueueId, stream_host::OpenStream>,
     /// The write-ahead journal durable queues write through (`None` with `--fsync off`:
     /// nothing is fsynced then, so recording writes twice would buy nothing).
     journal: Option<journal::SharedJournal>,
@@ -212,6 +222,7 @@ impl DiskStore {
                 with_files: BTreeSet::new(),
                 dirty_dirs: Vec::new(),
                 dirty_names: Vec::new(),
+                streams: HashMap::new(),
                 sync_tx,
                 journal,
                 sync_thread: Some(sync_thread),
@@ -320,6 +331,10 @@ fn sync_thread(
             }
             if let Some(e) = poisoned.take() {
                 return Err(format!("a journal checkpoint failed before this sync: {e}"));
+            }
+            // Each stream's log fsyncs itself (as its own `fsync` setting says).
+            for s in &job.streams {
+                s.run()?;
             }
             if !fsync {
                 // Written to the OS already (the broker task wrote the buffers out); the
@@ -602,6 +617,12 @@ impl Store for DiskStore {
     }
 
     fn delete_queue(&mut self, queue: QueueId) {
+        if let Some(s) = self.streams.remove(&queue) {
+            if let Some(host) = &self.config.streams {
+                s.delete(host.as_ref());
+            }
+            return;
+        }
         self.dirty.remove(&queue);
         self.unflushed.remove(&queue);
         self.with_files.remove(&queue);
@@ -623,6 +644,7 @@ impl Store for DiskStore {
 
     fn flush(&mut self) {
         self.flush_queues();
+        self.flush_streams();
         self.shared.end_window();
         // Writes no sync asks for (acks, transient page-outs in durable queues) still go
         // through the journal: cut it here too, or it would grow without bound.
@@ -644,11 +666,84 @@ impl Store for DiskStore {
         }
     }
 
+    fn stream_open(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        settings: &warren_core::store::StreamSettings,
+    ) -> Result<warren_core::store::StreamBounds, StoreError> {
+        let host = self
+            .config
+            .streams
+            .clone()
+            .ok_or_else(|| self.fail("stream open", "this node has no stream storage"))?;
+        if let Some(s) = self.streams.get(&queue) {
+            // Open already: new settings (a policy changed).
+            s.reopen(host.as_ref(), settings)
+                .map_err(|e| self.fail("stream open", e))?;
+            return s.bounds(host.as_ref());
+        }
+        let s = stream_host::OpenStream::open(host.as_ref(), vhost, name, settings)
+            .map_err(|e| self.fail("stream open", e))?;
+        let bounds = s.bounds(host.as_ref())?;
+        self.streams.insert(queue, s);
+        Ok(bounds)
+    }
+
+    fn stream_append(
+        &mut self,
+        queue: QueueId,
+        data: bytes::Bytes,
+        timestamp_ms: u64,
+    ) -> Result<(), StoreError> {
+        let (host, s) = self.stream(queue)?;
+        let r = s.append(host, data, timestamp_ms);
+        r.map_err(|e| self.fail("stream append", e))
+    }
+
+    fn stream_bounds(
+        &mut self,
+        queue: QueueId,
+    ) -> Result<warren_core::store::StreamBounds, StoreError> {
+        let (host, s) = self.stream(queue)?;
+        s.bounds(host)
+    }
+
+    fn stream_start(
+        &mut self,
+        queue: QueueId,
+        start: warren_core::store::StreamStart,
+    ) -> Result<u64, StoreError> {
+        let (host, s) = self.stream(queue)?;
+        s.start(host, start)
+    }
+
+    fn stream_read(
+        &mut self,
+        queue: QueueId,
+        from: u64,
+        max: usize,
+        out: &mut Vec<warren_core::store::StreamEntry>,
+    ) -> Result<(), StoreError> {
+        let (host, s) = self.stream(queue)?;
+        let r = s.read(host, from, max, out);
+        r.map_err(|e| self.fail("stream read", e))
+    }
+
     fn sync(&mut self, epoch: u64) {
         self.flush_queues();
+        self.flush_streams();
         let mut files = std::mem::take(&mut self.dirty_names);
         let mut dirs = std::mem::take(&mut self.dirty_dirs);
         let mut failed = self.write_failed.take();
+        let mut streams = Vec::new();
+        if let Some(host) = &self.config.streams {
+            for s in self.streams.values_mut().filter(|s| s.dirty) {
+                s.dirty = false;
+                streams.push(s.sync_job(host));
+            }
+        }
         for id in std::mem::take(&mut self.dirty) {
             if let Some(q) = self.queues.get_mut(&id) {
                 match q.log.take_dirty() {
@@ -711,6 +806,7 @@ impl Store for DiskStore {
             dirs,
             definitions,
             journal,
+            streams,
         };
         if self.sync_tx.send(Job::Sync(job)).is_err() {
             tracing::error!("store: the sync thread is gone");
@@ -719,6 +815,35 @@ impl Store for DiskStore {
 }
 
 impl DiskStore {
+    /// Writes the streams' pending messages out, one chunk per stream.
+    fn flush_streams(&mut self) {
+        let Some(host) = &self.config.streams else {
+            return;
+        };
+        for s in self.streams.values_mut() {
+            if let Err(e) = s.write_out(host.as_ref()) {
+                tracing::error!(error = %e, "store: a stream write failed: this sync's confirms become nacks");
+                self.write_failed.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+
+    fn stream(
+        &mut self,
+        queue: QueueId,
+    ) -> Result<(&dyn StreamHost, &mut stream_host::OpenStream), StoreError> {
+        let host = self
+            .config
+            .streams
+            .as_deref()
+            .ok_or_else(|| StoreError("this node has no stream storage".into()))?;
+        let s = self
+            .streams
+            .get_mut(&queue)
+            .ok_or_else(|| StoreError(format!("stream {} is not open", queue.0)))?;
+        Ok((host, s))
+    }
+
     fn flush_queues(&mut self) {
         let touched = std::mem::take(&mut self.unflushed);
         for id in &touched {

@@ -370,9 +370,8 @@ async fn priority_queues_deliver_the_highest_priority_first() {
 }
 
 /// Types Warren does not serve are refused with 406 (RabbitMQ's text for a type it does not
-/// know; for stream, not yet supported) instead of silently giving a classic queue to a
-/// client that counts on a stream's replays; a quorum queue is served, durable only, as in
-/// RabbitMQ. The channel error leaves the connection open.
+/// know) instead of silently giving a classic queue; quorum queues and streams are served,
+/// durable only, as in RabbitMQ. The channel error leaves the connection open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_types_other_than_classic_are_refused() {
     let b = start().await;
@@ -401,13 +400,7 @@ async fn queue_types_other_than_classic_are_refused() {
     bounded(ch.queue_declare("quorum-ok".into(), durable, kind("quorum")))
         .await
         .expect("a durable quorum queue is served");
-    for (k, detail) in [
-        (
-            "stream",
-            "\"queue type 'stream' is not supported yet by Warren; use 'classic'\"",
-        ),
-        ("bogus", "\"unsupported queue type 'bogus'\""),
-    ] {
+    for (k, detail) in [("bogus", "\"unsupported queue type 'bogus'\"")] {
         let ch = bounded(c.create_channel()).await.expect("channel");
         let err = declare_with(&ch, &format!("{k}-q"), kind(k))
             .await

@@ -72,6 +72,8 @@ pub(crate) enum Mail {
         queue: QueueId,
         consumer: Box<QueueConsumer>,
         nowait: bool,
+        /// Its `x-stream-offset` argument (read by stream queues only).
+        stream_offset: Option<Box<crate::message::FieldValue>>,
     },
     /// Queue -> channel: the queue took the consumer.
     ConsumeOk {
@@ -242,6 +244,8 @@ pub(crate) struct CreateQueue {
     pub(crate) kind: crate::queue_type::QueueType,
     /// Its arguments with the policy applied, parsed.
     pub(crate) args: crate::queue_args::QueueArgs,
+    /// A stream's settings (its arguments with the policy applied).
+    pub(crate) stream: Option<crate::store::StreamSettings>,
 }
 
 /// What a channel asks of topology.

@@ -10,5 +10,5 @@ pub use retained::{RetainedMessage, RetainedStore};
 pub use session::{StoredSession, StoredSub, StoredWill};
 pub use topic::{
     FilterError, TopicError, amqp_key_to_topic, filter_to_amqp_pattern, matches, topic_to_amqp_key,
-    validate_filter, validate_topic,
+    validate_filter, validate_topic, with_swapped,
 };

@@ -119,13 +119,41 @@ pub fn validate_filter(filter: &str) -> Result<(Option<&str>, &str), FilterError
 }
 
 fn swap_separators(s: &str) -> String {
-    s.chars()
-        .map(|c| match c {
-            '/' => '.',
-            '.' => '/',
-            c => c,
-        })
-        .collect()
+    // One allocation of the final size (collecting chars grows the string several times).
+    let mut out = String::with_capacity(s.len());
+    out.extend(s.chars().map(|c| match c {
+        '/' => '.',
+        '.' => '/',
+        c => c,
+    }));
+    out
+}
+
+/// Topics and keys up to this many bytes are converted on the stack ([`with_swapped`]).
+const SWAP_ON_STACK: usize = 256;
+
+/// Calls `f` with `s`'s `/` and `.` swapped (the conversion both ways between MQTT topics
+/// and AMQP routing keys), without a heap allocation of its own for usual lengths: for the
+/// message path, where the result is copied into an `Arc<str>` or a topic name anyway.
+pub fn with_swapped<R>(s: &str, f: impl FnOnce(&str) -> R) -> R {
+    if s.len() <= SWAP_ON_STACK {
+        let mut buf = [0u8; SWAP_ON_STACK];
+        let bytes = &mut buf[..s.len()];
+        bytes.copy_from_slice(s.as_bytes());
+        for b in bytes.iter_mut() {
+            *b = match *b {
+                b'/' => b'.',
+                b'.' => b'/',
+                other => other,
+            };
+        }
+        // Swapping ASCII bytes keeps UTF-8 valid (they never occur inside a multi-byte
+        // sequence), so this always succeeds; the fallback only avoids an unwrap.
+        if let Ok(swapped) = std::str::from_utf8(bytes) {
+            return f(swapped);
+        }
+    }
+    f(&swap_separators(s))
 }
 
 /// The AMQP routing key for an MQTT topic name (`a/b` -> `a.b`, `a.b` -> `a/b`).
@@ -209,6 +237,11 @@ mod tests {
         assert_eq!(amqp_key_to_topic(&topic_to_amqp_key("x.y/z")), "x.y/z");
         assert_eq!(filter_to_amqp_pattern("a/+/#"), "a.*.#");
         assert_eq!(filter_to_amqp_pattern("a.b/+"), "a/b.*");
+        // On the stack and past it, multi-byte characters kept.
+        let long = format!("{}é/ü.", "x/".repeat(200));
+        for s in ["", "a/b.c", "é/ü.日本/x", long.as_str()] {
+            assert_eq!(with_swapped(s, str::to_string), topic_to_amqp_key(s), "{s}");
+        }
     }
 
     #[test]

@@ -10,3 +10,4 @@ pub mod kind;
 pub(crate) mod quorum;
 pub(crate) mod side;
 pub(crate) mod state;
+pub(crate) mod stream;

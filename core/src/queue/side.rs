@@ -15,4 +15,7 @@ pub(crate) struct QueueSide {
     /// Queues that may hold messages with a TTL or have `x-expires`: `tick` looks at their
     /// heads and deadlines (not at every queue).
     pub(crate) expiring: std::collections::BTreeSet<QueueId>,
+    /// Stream queues: dispatched after each sync (their consumers see synced messages
+    /// only) and on `tick` (the stream protocol appends to their logs too).
+    pub(crate) streams: std::collections::BTreeSet<QueueId>,
 }

@@ -155,6 +155,9 @@ pub(crate) struct QueueState {
     pub(crate) last_used: u64,
     /// Enqueued, delivered, redelivered and acked messages, for operators' rates.
     pub(crate) stats: crate::stats::MessageStats,
+    /// A stream's state (`x-queue-type: stream`): its log is the store's, and `messages`
+    /// stays empty; the behaviour below hands every operation to it.
+    pub(crate) stream: Option<Box<crate::queue::stream::StreamQueue>>,
     /// A quorum queue's own state (`queue::quorum`); `None` for a classic queue.
     pub(crate) quorum: Option<Box<Fifo>>,
 }
@@ -243,6 +246,7 @@ impl QueueState {
             mixed_priorities: false,
             last_used: now,
             stats: crate::stats::MessageStats::default(),
+            stream: None,
             quorum: None,
         }
     }
@@ -518,6 +522,9 @@ impl QueueState {
 /// contract, is in the comments.
 impl QueueBehaviour for QueueState {
     fn kind(&self) -> QueueType {
+        if self.stream.is_some() {
+            return QueueType::Stream;
+        }
         if self.quorum.is_some() {
             QueueType::Quorum
         } else {
@@ -529,6 +536,10 @@ impl QueueBehaviour for QueueState {
     // out, otherwise (with a store) into the store only. Persistent messages on durable
     // queues are stored either way. Applies the queue's length limit and TTL.
     fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
+        if let Some(stream) = self.stream.as_deref_mut() {
+            self.stats.publish += 1;
+            return stream.enqueue(self.id, io, message);
+        }
         let len = message.body_len() as u64;
         if self.args.overflow != Overflow::DropHead && self.would_overflow(len) {
             if self.args.overflow == Overflow::RejectPublishDlx {
@@ -613,7 +624,8 @@ impl QueueBehaviour for QueueState {
     // only, O(1) per message, as RabbitMQ does. A message expires once `now` passes its
     // deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
     fn expire_head(&mut self, io: &mut QueueIo<'_>) {
-        while self.fill_window(io) {
+        // A stream's messages have no TTL: retention removes them.
+        while self.stream.is_none() && self.fill_window(io) {
             let expired = self
                 .messages
                 .head()
@@ -659,6 +671,14 @@ impl QueueBehaviour for QueueState {
         credit: &mut impl Credit,
         may_expire: bool,
     ) -> Option<Picked> {
+        if let Some(stream) = self.stream.as_deref_mut() {
+            let picked =
+                stream.next_delivery(self.id, io, &mut self.consumers, &mut self.unacked, credit);
+            if picked.is_some() {
+                self.stats.delivered(false);
+            }
+            return picked;
+        }
         if self.messages.is_empty() || self.consumers.is_empty() {
             return None;
         }
@@ -754,6 +774,9 @@ impl QueueBehaviour for QueueState {
     fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
         let pos = self.consumer_index(id)?;
         let c = self.consumers.remove(pos);
+        if let Some(stream) = self.stream.as_deref_mut() {
+            stream.remove_cursor(id);
+        }
         if let Some(fifo) = self.quorum.as_deref_mut() {
             fifo.apply(Command::Consumer {
                 id,
@@ -777,6 +800,13 @@ impl QueueBehaviour for QueueState {
             c.unacked = c.unacked.saturating_sub(1);
         }
         self.unacked = self.unacked.saturating_sub(1);
+        if self.stream.is_some() {
+            // A stream's settle only returns credit (nack and reject too, as RabbitMQ
+            // 3.10 takes them): the message stays in the log for every consumer.
+            self.stats.ack += u64::from(settle == Settle::Ack);
+            io.out.released += u.message.body_len() as u64;
+            return false;
+        }
         if settle == Settle::Requeue && self.quorum.is_some() {
             return self.quorum_return(io, u);
         }

@@ -141,6 +141,7 @@ impl Broker {
             queue,
             consumer: Box::new(consumer),
             nowait: c.nowait,
+            stream_offset: c.arguments.get("x-stream-offset").cloned().map(Box::new),
         });
         self.await_answer(ch);
         Ok(())

@@ -51,6 +51,10 @@ use crate::mail;
 pub use crate::mail::ShardMail;
 pub use alarm::{ALARM_HOLD_MS, Alarms, Resources};
 use alarm::{ALARM_RECHECK_MS, STORE_RETRY_MS};
+
+/// How often (ms) stream queues with consumers look at their logs again: the stream
+/// protocol's publishers append to them without telling the core.
+const STREAM_POLL_MS: u64 = 20;
 use credit::ChannelCredit;
 
 use crate::channel::Phase;
@@ -293,6 +297,8 @@ impl Broker {
             self.expire_head(id);
             self.dispatch(id);
         }
+        // The stream protocol appends to streams' logs without telling the core.
+        self.dispatch_streams();
         self.after_op();
     }
 
@@ -330,6 +336,17 @@ impl Broker {
             // Other shards' consumers may drain the sum below the watermark while this
             // shard's publishers, blocked, send nothing: look again soon.
             earliest(self.now.saturating_add(ALARM_RECHECK_MS));
+        }
+        if self.store.is_some()
+            && self.qs.streams.iter().any(|id| {
+                self.qs
+                    .queues
+                    .get(id)
+                    .is_some_and(|q| q.stream.as_deref().is_some_and(|s| s.has_cursors()))
+            })
+        {
+            // Look at the streams' logs again soon (see `tick`).
+            earliest(self.now.saturating_add(STREAM_POLL_MS));
         }
         for id in &self.qs.expiring {
             let Some(q) = self.qs.queues.get(id) else {

@@ -55,7 +55,8 @@ impl Broker {
                 queue,
                 consumer,
                 nowait,
-            } => self.consume_in_queue(queue, *consumer, nowait),
+                stream_offset,
+            } => self.consume_in_queue(queue, *consumer, nowait, stream_offset),
             Mail::ConsumeOk {
                 to,
                 queue,

@@ -26,6 +26,8 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-max-priority",
     "x-queue-type",
     "x-single-active-consumer",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
     "x-delivery-limit",
     "x-dead-letter-strategy",
     "x-quorum-initial-group-size",
@@ -161,6 +163,13 @@ impl Broker {
     /// then resumes the publishers it paused once it has drained to half the flow mark.
     pub(super) fn dispatch(&mut self, id: QueueId) {
         self.dispatch_ready(id);
+        self.resume_if_drained(id);
+    }
+
+    /// Resumes the publishers queue `id` paused once it has drained to half the flow mark.
+    /// Checked after a dispatch and after a basic.get (expiry is followed by a dispatch): a
+    /// queue drained by basic.get while its consumers wait for credit never dispatches.
+    fn resume_if_drained(&mut self, id: QueueId) {
         let low = self.config.flow_ready_high / 2;
         if self
             .qs
@@ -195,6 +204,7 @@ impl Broker {
         queue: QueueId,
         mut consumer: QueueConsumer,
         nowait: bool,
+        stream_offset: Option<Box<FieldValue>>,
     ) {
         consumer.id = ConsumerId(self.id_on(self.shard));
         let (to, cid, tag) = (consumer.addr(), consumer.id, consumer.tag.clone());
@@ -203,6 +213,39 @@ impl Broker {
             return;
         }
         let now = self.now;
+        // A stream's consumers need a prefetch and manual acks, and start at an offset.
+        let mut stream_start = None;
+        if self.qs.streams.contains(&queue) {
+            let start = crate::queue::stream::parse_offset(stream_offset.as_deref(), now);
+            let refused = if consumer.prefetch == 0 {
+                Some((
+                    ErrorCode::PreconditionFailed,
+                    "consumer prefetch count is not set for '{rs}'".to_string(),
+                ))
+            } else if consumer.no_ack {
+                Some((
+                    ErrorCode::NotImplemented,
+                    "automatic acknowledgement not supported by stream queues {rs}".to_string(),
+                ))
+            } else if start.is_none() {
+                Some((
+                    ErrorCode::PreconditionFailed,
+                    format!(
+                        "invalid x-stream-offset {} for {{rs}}: 'first', 'last', 'next', an \
+                         offset, a timestamp or an interval such as '1h'",
+                        describe(stream_offset.as_deref())
+                    ),
+                ))
+            } else {
+                None
+            };
+            if let Some((code, text)) = refused {
+                let error = self.stream_refusal(queue, code, OpKind::Consume, &text);
+                self.mail.push_back(Mail::Refused { to, error });
+                return;
+            }
+            stream_start = start;
+        }
         let refused = match self.qs.queues.get_mut(&queue) {
             None => Some(ProtocolError::new(
                 ErrorCode::NotFound,
@@ -225,6 +268,16 @@ impl Broker {
                 None
             }
         };
+        if refused.is_none()
+            && let Some(start) = stream_start
+        {
+            self.with_queue(queue, |q, io| {
+                let id = q.id;
+                if let Some(s) = q.stream.as_deref_mut() {
+                    s.add_cursor(id, io, cid, start);
+                }
+            });
+        }
         match refused {
             Some(error) => self.mail.push_back(Mail::Refused { to, error }),
             None => {
@@ -273,10 +326,21 @@ impl Broker {
             self.mail.push_back(Mail::Refused { to, error });
             return;
         }
+        if self.qs.streams.contains(&queue) {
+            let error = self.stream_refusal(
+                queue,
+                ErrorCode::NotImplemented,
+                OpKind::Get,
+                "basic.get not supported by stream queues {rs}",
+            );
+            self.mail.push_back(Mail::Refused { to, error });
+            return;
+        }
         let may_expire = self.qs.expiring.contains(&queue);
         let got = self
             .with_queue(queue, |q, io| q.get(io, no_ack, may_expire))
             .flatten();
+        self.resume_if_drained(queue);
         self.mail.push_back(Mail::Got {
             queue,
             to,
@@ -353,6 +417,10 @@ impl Broker {
         // One allocation of the name for the queue, topology and the routing table.
         let name = c.name;
         let messages = match self.store.as_mut() {
+            // A stream's messages are in its log, opened below.
+            _ if c.kind == QueueType::Stream => {
+                MessageQueue::recovered(Default::default(), c.args.max_priority)
+            }
             Some(store) => MessageQueue::recovered(
                 store.open_queue(id, &c.vhost_name, &name, stored),
                 c.args.max_priority,
@@ -362,6 +430,28 @@ impl Broker {
         // The queue-type seam's one match: the state of the queue's type.
         let mut queue = match c.kind {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
+            QueueType::Stream => {
+                let settings = c.stream.clone().unwrap_or_default();
+                let local = match self.store.as_mut() {
+                    Some(store) => {
+                        if store
+                            .stream_open(id, &c.vhost_name, &name, &settings)
+                            .is_err()
+                        {
+                            // The host logged why; its publishes are nacked until it works.
+                            self.store_failed_at = Some(self.now);
+                        }
+                        false
+                    }
+                    None => true,
+                };
+                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                q.stream = Some(Box::new(crate::queue::stream::StreamQueue::new(
+                    settings, local,
+                )));
+                self.qs.streams.insert(id);
+                q
+            }
             QueueType::Quorum => {
                 if let Some(store) = self.store.as_mut() {
                     store.keep_every_message(id);
@@ -371,10 +461,15 @@ impl Broker {
                 q
             }
         };
+        let is_stream = c.kind == QueueType::Stream;
         queue.durable = d.durable;
         queue.exclusive_owner = owner;
         queue.auto_delete = d.auto_delete;
-        queue.set_args(c.args);
+        // A stream's settings are its own; a policy's classic keys (TTL, expiry) do not
+        // apply to it.
+        if !is_stream {
+            queue.set_args(c.args);
+        }
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
         // Messages a durable queue's log already holds (a restore) count in declare-ok.
@@ -440,14 +535,71 @@ impl Broker {
         if !d.passive {
             q.last_used = now;
         }
+        let (name, consumers) = (q.name.clone(), q.consumers.len());
+        let message_count = self.message_count(queue);
         self.mail.push_back(super::mail::Mail::Declared {
             to,
-            queue: q.name.clone(),
-            message_count: u32::try_from(q.messages.len()).unwrap_or(u32::MAX),
-            consumer_count: u32::try_from(q.consumers.len()).unwrap_or(u32::MAX),
+            queue: name,
+            message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
+            consumer_count: u32::try_from(consumers).unwrap_or(u32::MAX),
             nowait: d.nowait,
             version: 0,
         });
+    }
+
+    /// Messages in queue `id`: ready ones, or those a stream holds.
+    pub(super) fn message_count(&mut self, id: QueueId) -> u64 {
+        if self.qs.streams.contains(&id) {
+            return self
+                .with_queue(id, |q, io| {
+                    let id = q.id;
+                    q.stream
+                        .as_deref_mut()
+                        .map_or(0, |s| s.message_count(io, id))
+                })
+                .unwrap_or(0);
+        }
+        self.qs
+            .queues
+            .get(&id)
+            .map_or(0, |q| q.messages.len() as u64)
+    }
+
+    /// Dispatches every stream queue with consumers: its log may have grown (a sync made
+    /// appends visible, or the stream protocol appended).
+    pub(super) fn dispatch_streams(&mut self) {
+        let streams: Vec<QueueId> = self
+            .qs
+            .streams
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.qs
+                    .queues
+                    .get(id)
+                    .is_some_and(|q| q.stream.as_deref().is_some_and(|s| s.has_cursors()))
+            })
+            .collect();
+        for id in streams {
+            self.mail.from(super::mail::Dest::Queue(id));
+            self.dispatch(id);
+        }
+    }
+
+    /// A stream operation refused, in RabbitMQ's words (`{rs}` in `text` is the queue's
+    /// `queue 'name' in vhost 'v'`).
+    fn stream_refusal(
+        &self,
+        queue: QueueId,
+        code: ErrorCode,
+        op: OpKind,
+        text: &str,
+    ) -> ProtocolError {
+        let rs = match self.qs.queues.get(&queue) {
+            Some(q) => format!("queue '{}' in vhost '{}'", q.name, self.vhost_name(q.vhost)),
+            None => "the queue".to_string(),
+        };
+        ProtocolError::new(code, op, text.replace("{rs}", &rs))
     }
 
     pub(super) fn check_queue_equivalence(&self, id: QueueId, d: &QueueDeclare) -> OpResult {
@@ -504,6 +656,17 @@ impl Broker {
                 .push_back(super::mail::Mail::Refused { to, error });
             return;
         }
+        if self.qs.streams.contains(&queue) {
+            let error = self.stream_refusal(
+                queue,
+                ErrorCode::NotImplemented,
+                OpKind::QueuePurge,
+                "queue.purge not supported by stream queues {rs}",
+            );
+            self.mail
+                .push_back(super::mail::Mail::Refused { to, error });
+            return;
+        }
         let purged = self.with_queue(queue, |q, io| q.purge(io)).unwrap_or(0);
         self.resume_paused(queue);
         self.mail.push_back(super::mail::Mail::Purged {
@@ -548,7 +711,7 @@ impl Broker {
                 .push_back(super::mail::Mail::Refused { to, error });
             return;
         }
-        let count = self.qs.queues.get(&queue).map_or(0, |q| q.messages.len());
+        let count = self.message_count(queue);
         let answer = super::mail::DeleteAnswer {
             to,
             message_count: u32::try_from(count).unwrap_or(u32::MAX),
@@ -573,6 +736,7 @@ impl Broker {
         answer: Option<super::mail::DeleteAnswer>,
     ) {
         self.resume_paused(id);
+        self.qs.streams.remove(&id);
         let Some(q) = self.qs.queues.remove(&id) else {
             // Deleted by an earlier op while this delete travelled: topology heard of that
             // on this link already, and answers after it.

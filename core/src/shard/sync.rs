@@ -51,6 +51,8 @@ impl Broker {
         debug_assert!(epoch < self.epoch, "synced an epoch never started");
         self.sync_in_flight = false;
         self.release_confirms(epoch, true);
+        // Stream consumers see synced messages only: the sync made more visible.
+        self.dispatch_streams();
         self.after_op();
     }
 

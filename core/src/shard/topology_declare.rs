@@ -534,6 +534,21 @@ impl Broker {
             let server_named = trusted_name && name.starts_with("amq.gen-");
             self.check_queue_type(vh, d, kind, server_named)?;
         }
+        let stream = match kind {
+            QueueType::Stream => Some(crate::queue::stream::settings(&effective).map_err(
+                |(arg, reason)| {
+                    ProtocolError::new(
+                        ErrorCode::PreconditionFailed,
+                        op,
+                        format!(
+                            "invalid arg '{arg}' for queue '{name}' in vhost '{}': {reason}",
+                            self.vhost_name(vh)
+                        ),
+                    )
+                },
+            )?),
+            _ => None,
+        };
         let owner = d.exclusive.then_some(to.ch.conn);
         // Exclusive queues die with their connection: nothing of them outlives a restart,
         // so they are not stored as durable.
@@ -570,6 +585,7 @@ impl Broker {
                 declare: d.clone(),
                 kind,
                 args,
+                stream,
             }),
         });
         Ok(())

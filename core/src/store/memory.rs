@@ -24,6 +24,8 @@ struct State {
     /// Queues opened as durable here: with shards, a shard's store keeps the messages of
     /// its durable queues while their definitions are shard 0's (in another store).
     durable_queues: std::collections::BTreeSet<QueueKey>,
+    /// Streams by (vhost, name): durable, synced like everything else.
+    streams: BTreeMap<QueueKey, super::MemLog>,
     /// Queues whose transient messages survive a crash too (`Store::keep_every_message`).
     keep_all: std::collections::BTreeSet<QueueKey>,
 }
@@ -36,6 +38,8 @@ struct Inner {
     /// The state as of the last completed sync: what survives a crash.
     durable: State,
     open: IdMap<QueueId, (QueueKey, bool)>,
+    /// Streams opened, by the core's id.
+    open_streams: IdMap<QueueId, QueueKey>,
     /// When set, appends fail (disk-full simulation).
     fail_appends: bool,
 }
@@ -99,6 +103,7 @@ impl MemoryStore {
         inner.durable = state;
         inner.syncing = None;
         inner.open = IdMap::default();
+        inner.open_streams = IdMap::default();
     }
 
     /// The durable definitions, as a host loads them at start-up.
@@ -179,10 +184,9 @@ impl Store for MemoryStore {
                     .retain(|(v, q)| !(v == vhost && q.queue == name));
                 defs.bindings
                     .retain(|(v, b, to_x)| v != vhost || *to_x || b.destination != name);
-                inner
-                    .live
-                    .queues
-                    .remove(&(vhost.to_string(), name.to_string()));
+                let key = (vhost.to_string(), name.to_string());
+                inner.live.queues.remove(&key);
+                inner.live.streams.remove(&key);
             }
             DefinitionChange::Bound {
                 vhost,
@@ -321,6 +325,9 @@ impl Store for MemoryStore {
 
     fn delete_queue(&mut self, queue: QueueId) {
         let mut inner = self.lock();
+        if let Some(key) = inner.open_streams.remove(&queue) {
+            inner.live.streams.remove(&key);
+        }
         if let Some((name, _)) = inner.open.remove(&queue) {
             inner.live.queues.remove(&name);
             inner.live.durable_queues.remove(&name);
@@ -332,5 +339,129 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         let snapshot = inner.live.clone();
         inner.syncing = Some((epoch, snapshot));
+    }
+
+    fn stream_open(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        settings: &super::StreamSettings,
+    ) -> Result<super::StreamBounds, StoreError> {
+        let mut inner = self.lock();
+        let key = (vhost.to_string(), name.to_string());
+        inner.open_streams.insert(queue, key.clone());
+        let log = inner
+            .live
+            .streams
+            .entry(key.clone())
+            .or_insert_with(|| super::MemLog::new(settings.clone()));
+        log.set_settings(settings.clone());
+        let bounds = log.bounds();
+        Ok(super::StreamBounds {
+            committed: Self::committed(&inner, &key),
+            ..bounds
+        })
+    }
+
+    fn stream_append(
+        &mut self,
+        queue: QueueId,
+        data: bytes::Bytes,
+        timestamp_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if inner.fail_appends {
+            return Err(StoreError("simulated full disk".into()));
+        }
+        let key = Self::stream_key(&inner, queue)?;
+        match inner.live.streams.get_mut(&key) {
+            Some(log) => {
+                log.append([data], timestamp_ms);
+                Ok(())
+            }
+            None => Err(StoreError(format!("stream {} is gone", queue.0))),
+        }
+    }
+
+    fn stream_bounds(&mut self, queue: QueueId) -> Result<super::StreamBounds, StoreError> {
+        let inner = self.lock();
+        let key = Self::stream_key(&inner, queue)?;
+        let bounds = inner
+            .live
+            .streams
+            .get(&key)
+            .map(super::MemLog::bounds)
+            .unwrap_or_default();
+        Ok(super::StreamBounds {
+            committed: Self::committed(&inner, &key).max(bounds.first),
+            ..bounds
+        })
+    }
+
+    fn stream_start(
+        &mut self,
+        queue: QueueId,
+        start: super::StreamStart,
+    ) -> Result<u64, StoreError> {
+        let inner = self.lock();
+        let key = Self::stream_key(&inner, queue)?;
+        Ok(inner
+            .live
+            .streams
+            .get(&key)
+            .map_or(0, |log| log.start(start)))
+    }
+
+    fn stream_read(
+        &mut self,
+        queue: QueueId,
+        from: u64,
+        max: usize,
+        out: &mut Vec<super::StreamEntry>,
+    ) -> Result<(), StoreError> {
+        let inner = self.lock();
+        let key = Self::stream_key(&inner, queue)?;
+        let committed = Self::committed(&inner, &key);
+        if let Some(log) = inner.live.streams.get(&key) {
+            let start = out.len();
+            log.read(from, max, out);
+            // Only what a completed sync covers: an offset a consumer saw survives a crash.
+            let keep = out[start..]
+                .iter()
+                .position(|e| e.offset >= committed)
+                .map_or(out.len(), |i| start + i);
+            out.truncate(keep);
+        }
+        Ok(())
+    }
+}
+
+impl MemoryStore {
+    fn stream_key(inner: &Inner, queue: QueueId) -> Result<QueueKey, StoreError> {
+        inner
+            .open_streams
+            .get(&queue)
+            .cloned()
+            .ok_or_else(|| StoreError(format!("stream {} is not open", queue.0)))
+    }
+
+    /// Offsets below this are covered by a completed sync.
+    fn committed(inner: &Inner, key: &QueueKey) -> u64 {
+        inner
+            .durable
+            .streams
+            .get(key)
+            .map_or(0, |l| l.bounds().next)
+    }
+
+    /// The offsets stream `name` of vhost `/` holds (tests).
+    pub fn stream_bounds_of(&self, name: &str) -> Option<super::StreamBounds> {
+        let inner = self.lock();
+        let key = ("/".to_string(), name.to_string());
+        inner.live.streams.get(&key).map(|l| super::StreamBounds {
+            committed: Self::committed(&inner, &key),
+            ..l.bounds()
+        })
     }
 }

@@ -15,8 +15,10 @@
 //!   confirming it, and the message stays in memory.
 
 mod memory;
+mod stream;
 
 pub use memory::MemoryStore;
+pub use stream::{MemLog, StreamBounds, StreamEntry, StreamSettings, StreamStart};
 
 use crate::access::{PermissionDef, UserDef, VhostDef};
 use crate::command::{Bind, ExchangeDeclare, QueueDeclare};
@@ -217,4 +219,60 @@ pub trait Store: Send {
     /// calls it after each batch that needs no sync), so acks and pages survive a crash of
     /// the process, if not of the machine.
     fn flush(&mut self) {}
+
+    // Streams (`x-queue-type: stream`): an append-only log per stream, read from any offset
+    // by any number of consumers. A store that has no streams refuses them (the declare
+    // fails). See `stream.rs` for the vocabulary.
+
+    /// Opens (creating it if new) the log of stream `queue`, named `name` in `vhost`: the
+    /// same log the stream protocol serves under that name. Streams are always durable.
+    fn stream_open(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        settings: &StreamSettings,
+    ) -> Result<StreamBounds, StoreError> {
+        let _ = (queue, vhost, name, settings);
+        Err(StoreError("this store has no streams".into()))
+    }
+
+    /// Appends one message (AMQP 1.0 bytes) stamped `timestamp_ms`; the messages appended
+    /// between two syncs (or flushes) may form one chunk. Durable, and readable, once the next
+    /// [`Store::sync`] completes.
+    fn stream_append(
+        &mut self,
+        queue: QueueId,
+        data: bytes::Bytes,
+        timestamp_ms: u64,
+    ) -> Result<(), StoreError> {
+        let _ = (queue, data, timestamp_ms);
+        Err(StoreError("this store has no streams".into()))
+    }
+
+    /// The offsets stream `queue` holds (`next` counts appends not yet synced).
+    fn stream_bounds(&mut self, queue: QueueId) -> Result<StreamBounds, StoreError> {
+        let _ = queue;
+        Err(StoreError("this store has no streams".into()))
+    }
+
+    /// Resolves where a consumer of stream `queue` starts.
+    fn stream_start(&mut self, queue: QueueId, start: StreamStart) -> Result<u64, StoreError> {
+        let _ = (queue, start);
+        Err(StoreError("this store has no streams".into()))
+    }
+
+    /// Reads committed messages of stream `queue` from offset `from` (from the first
+    /// retained one if `from` was dropped), in order, into `out`: about `max`, whole chunks
+    /// (a store may return the rest of a chunk it had to read anyway).
+    fn stream_read(
+        &mut self,
+        queue: QueueId,
+        from: u64,
+        max: usize,
+        out: &mut Vec<StreamEntry>,
+    ) -> Result<(), StoreError> {
+        let _ = (queue, from, max, out);
+        Err(StoreError("this store has no streams".into()))
+    }
 }

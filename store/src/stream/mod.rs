@@ -409,6 +409,21 @@ impl StreamLog {
         &self.shared.dir
     }
 
+    /// Changes the retention and segment size (a policy changed); retention applies at the
+    /// next roll or `retain`.
+    pub fn set_limits(
+        &mut self,
+        max_length_bytes: Option<u64>,
+        max_age_ms: Option<u64>,
+        max_segment_size_bytes: Option<u64>,
+    ) {
+        self.config.max_length_bytes = max_length_bytes;
+        self.config.max_age_ms = max_age_ms;
+        if let Some(n) = max_segment_size_bytes {
+            self.config.max_segment_size_bytes = n.max(1);
+        }
+    }
+
     pub fn bounds(&self) -> Bounds {
         Bounds {
             first: self.segments.first().map_or(0, |s| s.first_offset),

@@ -1,0 +1,734 @@
+//! Messages in AMQP 1.0's format, as streams store them: the stream protocol carries AMQP 1.0
+//! messages, and a stream is one log whichever protocol writes or reads it (RabbitMQ's
+//! `rabbit_msg_record`). An AMQP 0.9.1 publish is encoded here on its way into a stream, and
+//! whatever a stream holds is decoded back for an AMQP 0.9.1 consumer.
+//!
+//! The mapping, both ways:
+//! - `header`: `durable` (delivery mode 2 / 1), `priority`;
+//! - `message-annotations`: `x-exchange`, `x-routing-key`, and the 0.9.1 properties AMQP 1.0
+//!   has no field for (`x-basic-type`, `x-basic-app-id`, `x-basic-expiration`,
+//!   `x-basic-cluster-id`); other `x-` annotations a stream client set become headers;
+//! - `properties`: `message-id`, `user-id`, `reply-to`, `correlation-id`, `content-type`,
+//!   `content-encoding`, `creation-time` (the 0.9.1 timestamp, seconds, as milliseconds);
+//! - `application-properties`: the headers;
+//! - the body: one `data` section (decoding also takes several, `amqp-value` and
+//!   `amqp-sequence`: a string or binary value is the body, another value its encoding).
+//!
+//! Pure functions: the core's stream queues call them, the stores only see bytes.
+
+use crate::message::{FieldTable, FieldValue, Message, Properties};
+use bytes::{BufMut, Bytes, BytesMut};
+use std::sync::Arc;
+
+const HEADER: u64 = 0x70;
+const DELIVERY_ANNOTATIONS: u64 = 0x71;
+const MESSAGE_ANNOTATIONS: u64 = 0x72;
+const PROPERTIES: u64 = 0x73;
+const APPLICATION_PROPERTIES: u64 = 0x74;
+const DATA: u64 = 0x75;
+const AMQP_SEQUENCE: u64 = 0x76;
+const AMQP_VALUE: u64 = 0x77;
+const FOOTER: u64 = 0x78;
+
+/// Nesting a decoded value may have (lists in maps in lists...): bounds the recursion on
+/// input from stream clients.
+const MAX_DEPTH: usize = 32;
+
+/// Why bytes are not an AMQP 1.0 message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not an AMQP 1.0 message: {0}")]
+pub struct DecodeError(&'static str);
+
+/// A decoded AMQP 1.0 value (what the mapping needs of it).
+#[derive(Clone, Debug, PartialEq)]
+enum Value {
+    Null,
+    Bool(bool),
+    UByte(u8),
+    UShort(u16),
+    UInt(u32),
+    ULong(u64),
+    Byte(i8),
+    Short(i16),
+    Int(i32),
+    Long(i64),
+    Float(f32),
+    Double(f64),
+    /// Milliseconds since the epoch.
+    Timestamp(i64),
+    Uuid([u8; 16]),
+    Binary(Bytes),
+    String(String),
+    Symbol(String),
+    List(Vec<Value>),
+    Map(Vec<(Value, Value)>),
+    /// A described value other than a section (its descriptor dropped).
+    Described(Box<Value>),
+    /// A type the mapping has no use for (decimal, char, array of an odd type).
+    Other,
+}
+
+impl Value {
+    fn text(&self) -> Option<&str> {
+        match self {
+            Value::String(s) | Value::Symbol(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn field(self) -> FieldValue {
+        match self {
+            Value::Null | Value::Other => FieldValue::Void,
+            Value::Bool(b) => FieldValue::Bool(b),
+            Value::UByte(v) => FieldValue::U8(v),
+            Value::UShort(v) => FieldValue::U16(v),
+            Value::UInt(v) => FieldValue::U32(v),
+            Value::ULong(v) => i64::try_from(v).map_or(FieldValue::Void, FieldValue::I64),
+            Value::Byte(v) => FieldValue::I8(v),
+            Value::Short(v) => FieldValue::I16(v),
+            Value::Int(v) => FieldValue::I32(v),
+            Value::Long(v) => FieldValue::I64(v),
+            Value::Float(v) => FieldValue::F32(v),
+            Value::Double(v) => FieldValue::F64(v),
+            Value::Timestamp(ms) => FieldValue::Timestamp(u64::try_from(ms / 1000).unwrap_or(0)),
+            Value::Uuid(u) => FieldValue::ByteArray(Bytes::copy_from_slice(&u)),
+            Value::Binary(b) => FieldValue::LongString(b),
+            Value::String(s) | Value::Symbol(s) => FieldValue::LongString(Bytes::from(s)),
+            Value::List(items) => FieldValue::Array(items.into_iter().map(Value::field).collect()),
+            Value::Map(entries) => FieldValue::Table(table(entries)),
+            Value::Described(v) => v.field(),
+        }
+    }
+}
+
+fn table(entries: Vec<(Value, Value)>) -> FieldTable {
+    entries
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.text()?.to_string(), v.field())))
+        .collect()
+}
+
+// ---- encoding ----
+
+fn descriptor(out: &mut BytesMut, code: u64) {
+    out.put_u8(0x00);
+    out.put_u8(0x53);
+    out.put_u8(code as u8);
+}
+
+fn variable(out: &mut BytesMut, short: u8, long: u8, b: &[u8]) {
+    match u8::try_from(b.len()) {
+        Ok(n) => {
+            out.put_u8(short);
+            out.put_u8(n);
+        }
+        Err(_) => {
+            out.put_u8(long);
+            out.put_u32(b.len() as u32);
+        }
+    }
+    out.put_slice(b);
+}
+
+fn string(out: &mut BytesMut, s: &str) {
+    variable(out, 0xa1, 0xb1, s.as_bytes());
+}
+
+fn symbol(out: &mut BytesMut, s: &str) {
+    variable(out, 0xa3, 0xb3, s.as_bytes());
+}
+
+fn binary(out: &mut BytesMut, b: &[u8]) {
+    variable(out, 0xa0, 0xb0, b);
+}
+
+/// A compound (list 0xd0, map 0xd1) of `count` items already encoded in `items`.
+fn compound(out: &mut BytesMut, code: u8, count: usize, items: &[u8]) {
+    out.put_u8(code);
+    out.put_u32(items.len() as u32 + 4);
+    out.put_u32(count as u32);
+    out.put_slice(items);
+}
+
+fn field(out: &mut BytesMut, v: &FieldValue) {
+    match v {
+        FieldValue::Bool(true) => out.put_u8(0x41),
+        FieldValue::Bool(false) => out.put_u8(0x42),
+        FieldValue::I8(v) => {
+            out.put_u8(0x51);
+            out.put_i8(*v);
+        }
+        FieldValue::U8(v) => {
+            out.put_u8(0x50);
+            out.put_u8(*v);
+        }
+        FieldValue::I16(v) => {
+            out.put_u8(0x61);
+            out.put_i16(*v);
+        }
+        FieldValue::U16(v) => {
+            out.put_u8(0x60);
+            out.put_u16(*v);
+        }
+        FieldValue::I32(v) => {
+            out.put_u8(0x71);
+            out.put_i32(*v);
+        }
+        FieldValue::U32(v) => {
+            out.put_u8(0x70);
+            out.put_u32(*v);
+        }
+        FieldValue::I64(v) => {
+            out.put_u8(0x81);
+            out.put_i64(*v);
+        }
+        FieldValue::F32(v) => {
+            out.put_u8(0x72);
+            out.put_f32(*v);
+        }
+        FieldValue::F64(v) => {
+            out.put_u8(0x82);
+            out.put_f64(*v);
+        }
+        // AMQP 1.0's decimals are IEEE 754 decimals, not scaled integers: the text keeps
+        // the value.
+        FieldValue::Decimal { scale, value } => {
+            let text = if *scale == 0 {
+                value.to_string()
+            } else {
+                let digits = format!("{value:0>width$}", width = usize::from(*scale) + 1);
+                let (int, frac) = digits.split_at(digits.len() - usize::from(*scale));
+                format!("{int}.{frac}")
+            };
+            string(out, &text);
+        }
+        FieldValue::ShortString(s) => string(out, s),
+        FieldValue::LongString(b) => match std::str::from_utf8(b) {
+            Ok(s) => string(out, s),
+            Err(_) => binary(out, b),
+        },
+        FieldValue::Array(items) => {
+            let mut inner = BytesMut::new();
+            for item in items {
+                field(&mut inner, item);
+            }
+            compound(out, 0xd0, items.len(), &inner);
+        }
+        FieldValue::Timestamp(secs) => {
+            out.put_u8(0x83);
+            out.put_i64(i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX));
+        }
+        FieldValue::Table(t) => map(out, t, string),
+        FieldValue::ByteArray(b) => binary(out, b),
+        FieldValue::Void => out.put_u8(0x40),
+    }
+}
+
+fn map(out: &mut BytesMut, t: &FieldTable, key: fn(&mut BytesMut, &str)) {
+    let mut inner = BytesMut::new();
+    for (k, v) in t {
+        key(&mut inner, k);
+        field(&mut inner, v);
+    }
+    compound(out, 0xd1, t.len() * 2, &inner);
+}
+
+/// A `properties` field to encode.
+enum Prop<'a> {
+    Str(&'a str),
+    Bin(&'a str),
+    Sym(&'a str),
+    /// Seconds (0.9.1), written as milliseconds.
+    Ts(u64),
+}
+
+/// `m` as an AMQP 1.0 message (see the module docs for the mapping).
+pub fn encode(m: &Message) -> Bytes {
+    let p = &m.properties;
+    let mut out = BytesMut::with_capacity(m.body.len() + 96);
+    if p.delivery_mode.is_some() || p.priority.is_some() {
+        descriptor(&mut out, HEADER);
+        let mut items = BytesMut::new();
+        match p.delivery_mode {
+            Some(2) => items.put_u8(0x41),
+            Some(_) => items.put_u8(0x42),
+            None => items.put_u8(0x40),
+        }
+        let mut count = 1;
+        if let Some(prio) = p.priority {
+            items.put_u8(0x50);
+            items.put_u8(prio);
+            count = 2;
+        }
+        compound(&mut out, 0xd0, count, &items);
+    }
+    let mut annotations = FieldTable::new();
+    annotations.insert("x-exchange".into(), FieldValue::string(&m.exchange));
+    annotations.insert("x-routing-key".into(), FieldValue::string(&m.routing_key));
+    for (name, v) in [
+        ("x-basic-type", &p.kind),
+        ("x-basic-app-id", &p.app_id),
+        ("x-basic-expiration", &p.expiration),
+        ("x-basic-cluster-id", &p.cluster_id),
+    ] {
+        if let Some(v) = v {
+            annotations.insert(name.into(), FieldValue::string(v));
+        }
+    }
+    descriptor(&mut out, MESSAGE_ANNOTATIONS);
+    map(&mut out, &annotations, symbol);
+    let fields: [Option<Prop<'_>>; 10] = [
+        p.message_id.as_deref().map(Prop::Str),
+        p.user_id.as_deref().map(Prop::Bin),
+        None,
+        None,
+        p.reply_to.as_deref().map(Prop::Str),
+        p.correlation_id.as_deref().map(Prop::Str),
+        p.content_type.as_deref().map(Prop::Sym),
+        p.content_encoding.as_deref().map(Prop::Sym),
+        None,
+        p.timestamp.map(Prop::Ts),
+    ];
+    if let Some(last) = fields.iter().rposition(Option::is_some) {
+        let mut items = BytesMut::new();
+        for f in &fields[..=last] {
+            match f {
+                Some(Prop::Str(s)) => string(&mut items, s),
+                Some(Prop::Bin(s)) => binary(&mut items, s.as_bytes()),
+                Some(Prop::Sym(s)) => symbol(&mut items, s),
+                Some(Prop::Ts(secs)) => {
+                    items.put_u8(0x83);
+                    items.put_i64(i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX));
+                }
+                None => items.put_u8(0x40),
+            }
+        }
+        descriptor(&mut out, PROPERTIES);
+        compound(&mut out, 0xd0, last + 1, &items);
+    }
+    if let Some(headers) = p.headers.as_ref().filter(|h| !h.is_empty()) {
+        descriptor(&mut out, APPLICATION_PROPERTIES);
+        map(&mut out, headers, string);
+    }
+    descriptor(&mut out, DATA);
+    binary(&mut out, &m.body);
+    out.freeze()
+}
+
+// ---- decoding ----
+
+struct Reader<'a> {
+    data: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or(DecodeError("truncated"))?;
+        let s = &self.data[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn bytes(&mut self, n: usize) -> Result<Bytes, DecodeError> {
+        let start = self.pos;
+        self.take(n)?;
+        Ok(self.data.slice(start..self.pos))
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn len(&mut self, wide: bool) -> Result<usize, DecodeError> {
+        Ok(if wide {
+            u32::from_be_bytes(self.array()?) as usize
+        } else {
+            usize::from(self.u8()?)
+        })
+    }
+
+    fn text(&mut self, wide: bool) -> Result<String, DecodeError> {
+        let n = self.len(wide)?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| DecodeError("string not UTF-8"))
+    }
+
+    /// A list's or map's items (`size` and `count` first, 1 or 4 bytes each).
+    fn items(&mut self, wide: bool, depth: usize) -> Result<Vec<Value>, DecodeError> {
+        let size = self.len(wide)?;
+        let end = self.pos.checked_add(size).ok_or(DecodeError("truncated"))?;
+        if end > self.data.len() {
+            return Err(DecodeError("truncated"));
+        }
+        let count = self.len(wide)?;
+        // Every item takes at least one byte: a count beyond the size is a lie.
+        if count > size {
+            return Err(DecodeError("bad compound count"));
+        }
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            items.push(self.value(depth + 1)?);
+        }
+        if self.pos != end {
+            return Err(DecodeError("compound size mismatch"));
+        }
+        Ok(items)
+    }
+
+    fn pairs(items: Vec<Value>) -> Result<Vec<(Value, Value)>, DecodeError> {
+        if !items.len().is_multiple_of(2) {
+            return Err(DecodeError("odd map"));
+        }
+        let mut it = items.into_iter();
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+
+    /// An array (one constructor for all its elements).
+    fn array_items(&mut self, wide: bool, depth: usize) -> Result<Vec<Value>, DecodeError> {
+        let size = self.len(wide)?;
+        let end = self.pos.checked_add(size).ok_or(DecodeError("truncated"))?;
+        if end > self.data.len() {
+            return Err(DecodeError("truncated"));
+        }
+        let count = self.len(wide)?;
+        if count > size {
+            return Err(DecodeError("bad array count"));
+        }
+        let code = self.u8()?;
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            items.push(self.typed(code, depth + 1)?);
+        }
+        self.pos = end;
+        Ok(items)
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Value, DecodeError> {
+        let code = self.u8()?;
+        self.typed(code, depth)
+    }
+
+    fn typed(&mut self, code: u8, depth: usize) -> Result<Value, DecodeError> {
+        if depth > MAX_DEPTH {
+            return Err(DecodeError("nested too deep"));
+        }
+        Ok(match code {
+            0x00 => {
+                let _descriptor = self.value(depth + 1)?;
+                Value::Described(Box::new(self.value(depth + 1)?))
+            }
+            0x40 => Value::Null,
+            0x41 => Value::Bool(true),
+            0x42 => Value::Bool(false),
+            0x56 => Value::Bool(self.u8()? != 0),
+            0x50 => Value::UByte(self.u8()?),
+            0x51 => Value::Byte(self.u8()? as i8),
+            0x60 => Value::UShort(u16::from_be_bytes(self.array()?)),
+            0x61 => Value::Short(i16::from_be_bytes(self.array()?)),
+            0x70 => Value::UInt(u32::from_be_bytes(self.array()?)),
+            0x52 => Value::UInt(u32::from(self.u8()?)),
+            0x43 => Value::UInt(0),
+            0x80 => Value::ULong(u64::from_be_bytes(self.array()?)),
+            0x53 => Value::ULong(u64::from(self.u8()?)),
+            0x44 => Value::ULong(0),
+            0x71 => Value::Int(i32::from_be_bytes(self.array()?)),
+            0x54 => Value::Int(i32::from(self.u8()? as i8)),
+            0x81 => Value::Long(i64::from_be_bytes(self.array()?)),
+            0x55 => Value::Long(i64::from(self.u8()? as i8)),
+            0x72 => Value::Float(f32::from_be_bytes(self.array()?)),
+            0x82 => Value::Double(f64::from_be_bytes(self.array()?)),
+            0x83 => Value::Timestamp(i64::from_be_bytes(self.array()?)),
+            0x98 => Value::Uuid(self.array()?),
+            0x73 | 0x74 => {
+                self.take(4)?;
+                Value::Other
+            }
+            0x84 => {
+                self.take(8)?;
+                Value::Other
+            }
+            0x94 => {
+                self.take(16)?;
+                Value::Other
+            }
+            0xa0 | 0xb0 => {
+                let n = self.len(code == 0xb0)?;
+                Value::Binary(self.bytes(n)?)
+            }
+            0xa1 | 0xb1 => Value::String(self.text(code == 0xb1)?),
+            0xa3 | 0xb3 => Value::Symbol(self.text(code == 0xb3)?),
+            0x45 => Value::List(Vec::new()),
+            0xc0 | 0xd0 => Value::List(self.items(code == 0xd0, depth)?),
+            0xc1 | 0xd1 => Value::Map(Self::pairs(self.items(code == 0xd1, depth)?)?),
+            0xe0 | 0xf0 => Value::List(self.array_items(code == 0xf0, depth)?),
+            _ => return Err(DecodeError("unknown type code")),
+        })
+    }
+
+    /// The next section: its descriptor code and value.
+    fn section(&mut self) -> Result<(u64, Value, usize), DecodeError> {
+        let start = self.pos;
+        if self.u8()? != 0x00 {
+            return Err(DecodeError("a section without a descriptor"));
+        }
+        let code = match self.value(1)? {
+            Value::ULong(c) => c,
+            // Symbolic descriptors (`amqp:data:binary`): rare; named by their code.
+            Value::Symbol(s) => match s.as_str() {
+                "amqp:header:list" => HEADER,
+                "amqp:delivery-annotations:map" => DELIVERY_ANNOTATIONS,
+                "amqp:message-annotations:map" => MESSAGE_ANNOTATIONS,
+                "amqp:properties:list" => PROPERTIES,
+                "amqp:application-properties:map" => APPLICATION_PROPERTIES,
+                "amqp:data:binary" => DATA,
+                "amqp:amqp-sequence:list" => AMQP_SEQUENCE,
+                "amqp:amqp-value:*" => AMQP_VALUE,
+                "amqp:footer:map" => FOOTER,
+                _ => return Err(DecodeError("unknown section")),
+            },
+            _ => return Err(DecodeError("bad section descriptor")),
+        };
+        let value_at = self.pos;
+        let value = self.value(1)?;
+        let _ = start;
+        Ok((code, value, value_at))
+    }
+}
+
+fn text(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) | Value::Symbol(s) => Some(s),
+        Value::Binary(b) => String::from_utf8(b.to_vec()).ok(),
+        Value::ULong(n) => Some(n.to_string()),
+        Value::Uuid(u) => Some(u.iter().map(|b| format!("{b:02x}")).collect()),
+        _ => None,
+    }
+}
+
+/// An AMQP 1.0 message as AMQP 0.9.1 sees it (see the module docs for the mapping).
+pub fn decode(data: &Bytes) -> Result<Message, DecodeError> {
+    let mut r = Reader { data, pos: 0 };
+    let mut p = Properties::default();
+    let mut headers = FieldTable::new();
+    let (mut exchange, mut routing_key) = (String::new(), String::new());
+    let mut body: Option<Bytes> = None;
+    let mut extra = BytesMut::new();
+    while r.pos < data.len() {
+        let (code, value, value_at) = r.section()?;
+        match (code, value) {
+            (HEADER, Value::List(items)) => {
+                let mut items = items.into_iter();
+                if let Some(Value::Bool(durable)) = items.next() {
+                    p.delivery_mode = Some(if durable { 2 } else { 1 });
+                }
+                if let Some(Value::UByte(prio)) = items.next() {
+                    p.priority = Some(prio);
+                }
+            }
+            (MESSAGE_ANNOTATIONS, Value::Map(entries)) => {
+                for (k, v) in entries {
+                    let Some(k) = k.text().map(str::to_string) else {
+                        continue;
+                    };
+                    match k.as_str() {
+                        "x-exchange" => {
+                            exchange = text(v).unwrap_or_default();
+                            continue;
+                        }
+                        "x-routing-key" => {
+                            routing_key = text(v).unwrap_or_default();
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    let prop = match k.as_str() {
+                        "x-basic-type" => Some(&mut p.kind),
+                        "x-basic-app-id" => Some(&mut p.app_id),
+                        "x-basic-expiration" => Some(&mut p.expiration),
+                        "x-basic-cluster-id" => Some(&mut p.cluster_id),
+                        _ => None,
+                    };
+                    match prop {
+                        Some(prop) => *prop = text(v),
+                        None => {
+                            headers.insert(k, v.field());
+                        }
+                    }
+                }
+            }
+            (PROPERTIES, Value::List(items)) => {
+                for (i, v) in items.into_iter().enumerate() {
+                    match (i, v) {
+                        (_, Value::Null) => {}
+                        (0, v) => p.message_id = text(v),
+                        (1, v) => p.user_id = text(v),
+                        (4, v) => p.reply_to = text(v),
+                        (5, v) => p.correlation_id = text(v),
+                        (6, v) => p.content_type = text(v),
+                        (7, v) => p.content_encoding = text(v),
+                        (9, Value::Timestamp(ms)) => p.timestamp = u64::try_from(ms / 1000).ok(),
+                        _ => {}
+                    }
+                }
+            }
+            (APPLICATION_PROPERTIES, Value::Map(entries)) => {
+                for (k, v) in entries {
+                    if let Some(k) = k.text() {
+                        headers.insert(k.to_string(), v.field());
+                    }
+                }
+            }
+            (DATA, Value::Binary(b)) => match body.take() {
+                None => body = Some(b),
+                Some(first) => {
+                    if extra.is_empty() {
+                        extra.put_slice(&first);
+                    }
+                    extra.put_slice(&b);
+                    body = Some(Bytes::new());
+                }
+            },
+            (AMQP_VALUE, Value::Binary(b)) => body = Some(b),
+            (AMQP_VALUE, Value::String(s)) => body = Some(Bytes::from(s)),
+            (AMQP_VALUE | AMQP_SEQUENCE, _) => body = Some(data.slice(value_at..r.pos)),
+            (DELIVERY_ANNOTATIONS | FOOTER, _) => {}
+            _ => return Err(DecodeError("a section of the wrong type")),
+        }
+    }
+    let body = if extra.is_empty() {
+        body.unwrap_or_default()
+    } else {
+        extra.freeze()
+    };
+    if !headers.is_empty() {
+        p.headers = Some(headers);
+    }
+    Ok(Message {
+        exchange: Arc::from(exchange),
+        routing_key: Arc::from(routing_key),
+        properties: p,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> Message {
+        let mut headers = FieldTable::new();
+        headers.insert("i".into(), FieldValue::I32(-7));
+        headers.insert("l".into(), FieldValue::I64(1 << 40));
+        headers.insert("s".into(), FieldValue::string("text"));
+        headers.insert("b".into(), FieldValue::Bool(true));
+        headers.insert("f".into(), FieldValue::F64(1.5));
+        headers.insert("t".into(), FieldValue::Timestamp(1_700_000_000));
+        headers.insert(
+            "a".into(),
+            FieldValue::Array(vec![FieldValue::I64(1), FieldValue::string("x")]),
+        );
+        let mut nested = FieldTable::new();
+        nested.insert("k".into(), FieldValue::U8(3));
+        headers.insert("n".into(), FieldValue::Table(nested));
+        headers.insert("v".into(), FieldValue::Void);
+        Message {
+            exchange: Arc::from("ex"),
+            routing_key: Arc::from("rk"),
+            properties: Properties {
+                content_type: Some("text/plain".into()),
+                content_encoding: Some("gzip".into()),
+                headers: Some(headers),
+                delivery_mode: Some(2),
+                priority: Some(3),
+                correlation_id: Some("c".into()),
+                reply_to: Some("r".into()),
+                expiration: Some("60000".into()),
+                message_id: Some("id0".into()),
+                timestamp: Some(1_700_000_000),
+                kind: Some("t".into()),
+                user_id: Some("guest".into()),
+                app_id: Some("a".into()),
+                cluster_id: None,
+            },
+            body: Bytes::from_static(b"hello"),
+        }
+    }
+
+    #[test]
+    fn an_amqp_091_message_comes_back_as_it_went_in() {
+        let m = full();
+        assert_eq!(decode(&encode(&m)).expect("decodes"), m);
+        let bare = Message {
+            exchange: Arc::from(""),
+            routing_key: Arc::from("q"),
+            properties: Properties::default(),
+            body: Bytes::from(vec![7u8; 300]),
+        };
+        assert_eq!(decode(&encode(&bare)).expect("decodes"), bare);
+    }
+
+    #[test]
+    fn a_stream_clients_message_decodes() {
+        // properties (message-id "m1"), application-properties {"k": "v"}, two data
+        // sections, as a stream client may write them.
+        let mut out = BytesMut::new();
+        descriptor(&mut out, PROPERTIES);
+        let mut items = BytesMut::new();
+        string(&mut items, "m1");
+        compound(&mut out, 0xd0, 1, &items);
+        descriptor(&mut out, APPLICATION_PROPERTIES);
+        let mut kv = BytesMut::new();
+        string(&mut kv, "k");
+        string(&mut kv, "v");
+        compound(&mut out, 0xd1, 2, &kv);
+        descriptor(&mut out, DATA);
+        binary(&mut out, b"ab");
+        descriptor(&mut out, DATA);
+        binary(&mut out, b"cd");
+        let m = decode(&out.freeze()).expect("decodes");
+        assert_eq!(&m.body[..], b"abcd");
+        assert_eq!(m.properties.message_id.as_deref(), Some("m1"));
+        assert_eq!(
+            m.properties.headers.and_then(|h| h.get("k").cloned()),
+            Some(FieldValue::string("v"))
+        );
+        // amqp-value string body.
+        let mut out = BytesMut::new();
+        descriptor(&mut out, AMQP_VALUE);
+        string(&mut out, "plain");
+        assert_eq!(&decode(&out.freeze()).expect("decodes").body[..], b"plain");
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for bad in [
+            &b"\x00"[..],
+            b"\x00\x53\x75\xb0\xff\xff\xff\xff",
+            b"\x00\x53\x74\xd1\x00\x00\x00\x10\x00\x00\x00\x09",
+            b"hello",
+            b"\x00\x53\x73\xc0\x05\xff",
+        ] {
+            assert!(decode(&Bytes::copy_from_slice(bad)).is_err(), "{bad:?}");
+        }
+        // Deep nesting is refused, not recursed into.
+        let mut deep = vec![0x00, 0x53, 0x77];
+        for _ in 0..100 {
+            deep.extend_from_slice(&[0xc0, 0xff, 0x01]);
+        }
+        assert!(decode(&Bytes::from(deep)).is_err());
+    }
+}

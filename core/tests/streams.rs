@@ -1,0 +1,370 @@
+//! Stream queues in the core: the log held by the broker itself (no store) or by the host's
+//! `Store` (`MemoryStore` with its crash model), consumers reading independently from their
+//! offsets, deliveries only of synced messages, confirms after the sync, a crash keeping
+//! every synced message at its offset, retention set by a policy.
+
+mod common;
+
+use common::*;
+use warren_core::admin::AdminRequest;
+use warren_core::command::{Consume, Op, QueueDeclare};
+use warren_core::effect::Effect;
+use warren_core::ids::ChannelRef;
+use warren_core::message::{FieldTable, FieldValue};
+use warren_core::shards::Shards;
+use warren_core::store::MemoryStore;
+use warren_core::{Broker, BrokerConfig};
+
+fn stream_args() -> FieldTable {
+    FieldTable::from([("x-queue-type".into(), FieldValue::string("stream"))])
+}
+
+fn declare_stream(h: &mut Harness, c: ChannelRef, name: &str, mut args: FieldTable) {
+    args.extend(stream_args());
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: name.into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: args,
+        }),
+    );
+    assert_eq!(error_code(&fx), None, "declare {name}: {fx:?}");
+}
+
+/// Consumes `queue` on channel `c` with prefetch `prefetch` from `offset`.
+fn consume_from(
+    h: &mut Harness,
+    c: ChannelRef,
+    queue: &str,
+    tag: &str,
+    prefetch: u16,
+    offset: Option<FieldValue>,
+) -> Vec<Effect> {
+    h.op(
+        c,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: prefetch,
+            global: false,
+        },
+    );
+    let arguments = offset
+        .map(|v| FieldTable::from([("x-stream-offset".into(), v)]))
+        .unwrap_or_default();
+    h.op(
+        c,
+        Op::Consume(Consume {
+            queue: queue.into(),
+            consumer_tag: tag.into(),
+            no_local: false,
+            no_ack: false,
+            exclusive: false,
+            nowait: false,
+            arguments,
+        }),
+    )
+}
+
+/// (consumer tag, delivery tag, x-stream-offset, body) of every delivery in `fx`.
+fn stream_deliveries(fx: &[Effect]) -> Vec<(String, u64, i64, String)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Deliver {
+                consumer_tag,
+                delivery,
+                ..
+            } => {
+                let offset = delivery
+                    .message
+                    .properties
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("x-stream-offset"))
+                    .and_then(FieldValue::as_i64)
+                    .expect("x-stream-offset header");
+                Some((
+                    consumer_tag.to_string(),
+                    delivery.delivery_tag,
+                    offset,
+                    String::from_utf8_lossy(&delivery.message.body).into_owned(),
+                ))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A broker over `store`.
+fn over(store: &MemoryStore) -> Shards {
+    Shards::new(vec![Broker::with_store(
+        BrokerConfig::default(),
+        Box::new(store.clone()),
+    )])
+}
+
+/// A sync that completes: the store makes it durable, then the broker hears of it.
+fn sync(h: &mut Harness, store: &MemoryStore) -> Vec<Effect> {
+    let now = h.now;
+    if let Some(epoch) = h.shard(0).start_sync() {
+        assert_eq!(store.complete_sync(), Some(epoch));
+        h.shard(0).synced(now, epoch);
+    }
+    h.settle()
+}
+
+fn first() -> Option<FieldValue> {
+    Some(FieldValue::string("first"))
+}
+
+#[test]
+fn without_a_store_the_broker_holds_the_log_and_consumers_read_it_independently() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    for i in 0..5 {
+        h.publish(c, "", "s", &format!("m{i}"));
+    }
+    let a = h.connect(2);
+    let b = h.open(2, 2);
+    let fa = stream_deliveries(&consume_from(&mut h, a, "s", "a", 2, first()));
+    // Prefetch 2: two deliveries, the rest after acks (which only return credit).
+    assert_eq!(
+        fa.iter().map(|d| (d.2, d.3.as_str())).collect::<Vec<_>>(),
+        [(0, "m0"), (1, "m1")]
+    );
+    let fb = stream_deliveries(&consume_from(&mut h, b, "s", "b", 10, first()));
+    assert_eq!(fb.len(), 5, "the second consumer reads everything too");
+    let more = stream_deliveries(&h.op(
+        a,
+        Op::Ack {
+            delivery_tag: 2,
+            multiple: true,
+        },
+    ));
+    assert_eq!(
+        more.iter().map(|d| d.2).collect::<Vec<_>>(),
+        [2, 3],
+        "acks return credit"
+    );
+    // Nack with requeue only returns credit too (RabbitMQ 3.10): no redelivery.
+    let after_nack = stream_deliveries(&h.op(
+        a,
+        Op::Nack {
+            delivery_tag: 4,
+            multiple: true,
+            requeue: true,
+        },
+    ));
+    assert_eq!(after_nack.iter().map(|d| d.2).collect::<Vec<_>>(), [4]);
+    // A new publish reaches both consumers that have credit.
+    let fx = stream_deliveries(&h.publish(c, "", "s", "m5"));
+    assert_eq!(fx.len(), 2, "{fx:?}");
+    // basic.get is refused: 540 closes the connection.
+    let g = h.connect(3);
+    let fx = h.op(
+        g,
+        Op::Get {
+            queue: "s".into(),
+            no_ack: false,
+        },
+    );
+    assert_eq!(error_code(&fx), Some(540));
+}
+
+#[test]
+fn with_a_store_confirms_and_deliveries_wait_for_the_sync() {
+    let store = MemoryStore::new();
+    let mut h = Harness {
+        shards: over(&store),
+        now: 0,
+    };
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    h.op(c, Op::ConfirmSelect { nowait: false });
+    let r = h.connect(2);
+    let fx = consume_from(&mut h, r, "s", "r", 100, first());
+    assert!(stream_deliveries(&fx).is_empty());
+    let mut fx = Vec::new();
+    for i in 0..3 {
+        fx.extend(h.publish(c, "", "s", &format!("m{i}")));
+    }
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::Confirm { .. })),
+        "no confirm before the sync"
+    );
+    assert!(
+        stream_deliveries(&fx).is_empty(),
+        "no delivery of unsynced messages"
+    );
+    let fx = sync(&mut h, &store);
+    let confirms = fx
+        .iter()
+        .filter(|e| matches!(e, Effect::Confirm { ack: true, .. }))
+        .count();
+    assert_eq!(confirms, 3);
+    assert_eq!(
+        stream_deliveries(&fx)
+            .iter()
+            .map(|d| (d.2, d.3.as_str()))
+            .collect::<Vec<_>>(),
+        [(0, "m0"), (1, "m1"), (2, "m2")]
+    );
+}
+
+#[test]
+fn a_crash_keeps_every_synced_message_at_its_offset() {
+    let store = MemoryStore::new();
+    let mut h = Harness {
+        shards: over(&store),
+        now: 0,
+    };
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    for i in 0..4 {
+        h.publish(c, "", "s", &format!("m{i}"));
+    }
+    sync(&mut h, &store);
+    // Written but never synced: lost in the crash, and never delivered before it.
+    h.publish(c, "", "s", "lost");
+    let r = h.connect(2);
+    let seen = stream_deliveries(&consume_from(&mut h, r, "s", "r", 100, first()));
+    assert_eq!(
+        seen.len(),
+        4,
+        "only synced messages are delivered: {seen:?}"
+    );
+    store.crash();
+    h.shards = over(&store);
+    let definitions = store.definitions();
+    assert!(h.shards.restore(h.now, &definitions).is_empty());
+    let c = h.connect(1);
+    let r = h.connect(2);
+    let got = stream_deliveries(&consume_from(&mut h, r, "s", "r", 100, first()));
+    assert_eq!(
+        got.iter().map(|d| (d.2, d.3.as_str())).collect::<Vec<_>>(),
+        [(0, "m0"), (1, "m1"), (2, "m2"), (3, "m3")]
+    );
+    // The lost message's offset goes to the next one: no consumer saw it before.
+    h.publish(c, "", "s", "m4");
+    let fx = sync(&mut h, &store);
+    assert_eq!(
+        stream_deliveries(&fx)
+            .iter()
+            .map(|d| (d.2, d.3.as_str()))
+            .collect::<Vec<_>>(),
+        [(4, "m4")]
+    );
+}
+
+#[test]
+fn retention_from_a_policy_truncates_whole_segments() {
+    let mut h = Harness::new();
+    let policy = warren_core::policy::PolicyDef {
+        vhost: "/".into(),
+        name: "retain".into(),
+        pattern: "^capped$".into(),
+        apply_to: warren_core::policy::ApplyTo::Queues,
+        priority: 0,
+        definition: FieldTable::from([
+            ("max-length-bytes".into(), FieldValue::I64(1000)),
+            ("stream-max-segment-size-bytes".into(), FieldValue::I64(300)),
+        ]),
+    };
+    h.shards.admin(h.now, AdminRequest::SetPolicy(policy));
+    h.settle();
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "capped", FieldTable::new());
+    // 100 messages; each encodes to about 60 bytes: several per 300-byte segment.
+    for i in 0..100 {
+        h.publish(c, "", "capped", &format!("{i:03}"));
+    }
+    let r = h.connect(2);
+    let got = stream_deliveries(&consume_from(&mut h, r, "capped", "r", 1000, first()));
+    let oldest = got.first().map(|d| d.2).expect("something retained");
+    assert!(oldest > 0, "retention dropped the oldest segments");
+    assert_eq!(got.last().map(|d| d.2), Some(99));
+    assert_eq!(
+        got.len() as i64,
+        100 - oldest,
+        "dense from the first retained"
+    );
+    // Whole segments only: what is left is at most the limit plus one segment.
+    let bytes: usize = got.len() * 60;
+    assert!(bytes <= 1000 + 300 + 60 * 5, "{bytes}");
+    // A policy set after the declare applies to the stream at once.
+    declare_stream(
+        &mut h,
+        c,
+        "later",
+        FieldTable::from([(
+            "x-stream-max-segment-size-bytes".into(),
+            FieldValue::I64(300),
+        )]),
+    );
+    for i in 0..100 {
+        h.publish(c, "", "later", &format!("{i:03}"));
+    }
+    let policy = warren_core::policy::PolicyDef {
+        vhost: "/".into(),
+        name: "later".into(),
+        pattern: "^later$".into(),
+        apply_to: warren_core::policy::ApplyTo::Queues,
+        priority: 0,
+        definition: FieldTable::from([("max-length-bytes".into(), FieldValue::I64(1000))]),
+    };
+    h.shards.admin(h.now, AdminRequest::SetPolicy(policy));
+    h.settle();
+    let r = h.connect(3);
+    let got = stream_deliveries(&consume_from(&mut h, r, "later", "r", 1000, first()));
+    assert!(
+        got.first().is_some_and(|d| d.2 > 0),
+        "the new policy's retention dropped the oldest segments"
+    );
+    assert_eq!(got.last().map(|d| d.2), Some(99));
+}
+
+#[test]
+fn stream_declares_and_consumes_are_checked_as_rabbitmq_checks_them() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "t".into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: stream_args(),
+        }),
+    );
+    assert_eq!(error_code(&fx), Some(406), "non-durable refused");
+    let c = h.open(1, 2);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    // No prefetch: 406; no-ack: 540; an offset it cannot read: 406.
+    let fx = h.op(
+        c,
+        Op::Consume(Consume {
+            queue: "s".into(),
+            consumer_tag: "x".into(),
+            no_local: false,
+            no_ack: false,
+            exclusive: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    assert_eq!(error_code(&fx), Some(406));
+    let c = h.open(1, 3);
+    let fx = consume_from(&mut h, c, "s", "x", 1, Some(FieldValue::string("bogus")));
+    assert_eq!(error_code(&fx), Some(406));
+    let c = h.open(1, 4);
+    let fx = consume_from(&mut h, c, "s", "x", 1, Some(FieldValue::Bool(true)));
+    assert_eq!(error_code(&fx), Some(406));
+}
