@@ -14,7 +14,10 @@
 #
 # Usage: bench/stream-compare.sh [MESSAGES] [SIZES] [CHUNKS]
 #   defaults: 300000 12,48,256,512,1024 1,2,4,8,16,64,128,384
-# Env: RABBITMQ=1, EXACT=1 (RabbitMQ filled one batch at a time), SENDFILE=1, JAVA_LIB (default target/stream-java/lib), SKIP_BUILD=1,
+# Env: RABBITMQ=1, EXACT=1 (RabbitMQ filled one batch at a time), SENDFILE=1, PERFTEST=1 (also
+#   consume each stream over AMQP 0.9.1 with PerfTest as seed 003: --producers 0 --consumers 1
+#   --predeclared --qos 200 --stream-consumer-offset first; jars in PERFTEST_LIB, default
+#   target/perftest/lib; Warren's AMQP port PORT_BASE+72), JAVA_LIB (default target/stream-java/lib), SKIP_BUILD=1,
 #   PORT_BASE (default 22500: Warren's stream port; RabbitMQ uses PORT_BASE+52 for streams,
 #   +172 AMQP, +173 distribution, +369 epmd).
 set -euo pipefail
@@ -43,7 +46,9 @@ trap 'stop; stop_rmq; rm -rf "$data" "$data.log"' EXIT
 start() {  # start READ_AHEAD [extra serve flags]
   : > "$data.log"
   local ra=$1; shift
-  RUST_LOG=info "$warren" serve --amqp none --mqtt none --management none --prometheus none \
+  local amqp=none
+  [ "${PERFTEST:-0}" = 1 ] && amqp=127.0.0.1:$((base + 72))
+  RUST_LOG=info "$warren" serve --amqp "$amqp" --mqtt none --management none --prometheus none \
     --stream "127.0.0.1:$base" --stream-read-ahead "$ra" --data-dir "$data" "$@" >> "$data.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
@@ -65,15 +70,27 @@ java_consume() {  # PORT LABEL
   "${java[@]}" bench/java/StreamConsume.java 127.0.0.1 "$1" "$n" "$2" "${names[@]}"
 }
 common=(--messages "$n" --sizes "$sizes" --chunks "$chunks")
+perftest() {  # AMQP_PORT LABEL
+  [ "${PERFTEST:-0}" = 1 ] || return 0
+  for q in "${names[@]}"; do
+    rate=$(java -cp "${PERFTEST_LIB:-target/perftest/lib}/*" com.rabbitmq.perf.PerfTest \
+      --uri "amqp://guest:guest@127.0.0.1:$1" --producers 0 --consumers 1 --predeclared \
+      --qos 200 --stream-consumer-offset first --cmessages "$n" --queue "$q" 2>&1 \
+      | grep -o 'receiving rate avg: [0-9]*' | grep -o '[0-9]*$')
+    echo "perftest $q ${rate:-?} msg/s $2"
+  done
+}
 echo "# $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $n messages per cell"
 start 0
 java_fill "$base" "warren"
 "$bench" stream consume --port "$base" "${common[@]}" --label "warren read-ahead off"
 java_consume "$base" "warren read-ahead off"
+perftest $((base + 72)) "warren read-ahead off"
 stop
 start 4096
 "$bench" stream consume --port "$base" "${common[@]}" --label "warren read-ahead 4096"
 java_consume "$base" "warren read-ahead 4096"
+perftest $((base + 72)) "warren read-ahead 4096"
 stop
 if [ "${SENDFILE:-0}" = 1 ]; then
   # The largest cell, read-ahead on, sendfile on then off: broker CPU (perf stat) and its
@@ -127,5 +144,6 @@ if [ "${RABBITMQ:-0}" = 1 ]; then
     echo "rmq-chunks $s $(( (bytes - 8 * files) / 29 ))"
   done
   java_consume "$rport" "$v"
+  perftest "$RABBITMQ_NODE_PORT" "$v"
   stop_rmq
 fi
