@@ -213,6 +213,10 @@ struct ServeArgs {
     /// system call (RabbitMQ 4.2's read-ahead); 0 turns it off. Default 4096.
     #[arg(long)]
     stream_read_ahead: Option<usize>,
+    /// Stream chunks of 16 KiB and more go from the segment file to the socket with
+    /// sendfile(2), not copied through the broker (`false`: read and written). Default true.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    stream_sendfile: Option<bool>,
     /// Log filter: a level, or per module (`info,warren_mqtt=debug`). Default info, or
     /// RUST_LOG when set and no level is configured.
     #[arg(long)]
@@ -302,6 +306,7 @@ impl ServeArgs {
             prometheus,
             stream,
             stream_read_ahead,
+            stream_sendfile,
             log_format
         );
         optional!(
@@ -803,6 +808,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             streams::DiskStreams::open(
                 &s.data_dir,
                 s.stream_read_ahead,
+                s.stream_sendfile,
                 s.fsync == settings::Fsync::On,
             )
             .map_err(|e| ConfigError(format!("cannot open the streams: {e:#}")))?,

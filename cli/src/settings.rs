@@ -85,6 +85,8 @@ pub struct Settings {
     pub stream: String,
     /// Bytes a stream reader reads ahead past a small chunk (0: off).
     pub stream_read_ahead: usize,
+    /// Large stream chunks go to the socket with sendfile(2).
+    pub stream_sendfile: bool,
     /// `None`: RUST_LOG when set, else `info`.
     pub log_level: Option<String>,
     pub log_format: LogFormat,
@@ -150,6 +152,7 @@ impl Default for Settings {
             prometheus: "127.0.0.1:15692".into(),
             stream: "127.0.0.1:5552".into(),
             stream_read_ahead: 4096,
+            stream_sendfile: true,
             log_level: None,
             log_format: LogFormat::Text,
             log_file: None,
@@ -300,6 +303,7 @@ impl Settings {
         env!(prometheus, |n, v| v.to_string());
         env!(stream, |n, v| v.to_string());
         env!(stream_read_ahead, |n, v| parse(&n, v)?);
+        env!(stream_sendfile, |n, v| boolean(&n, v)?);
         env!(log_level, |n, v| Some(v.to_string()));
         env!(log_format, |n, v| match v {
             "text" => LogFormat::Text,

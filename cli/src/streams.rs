@@ -23,7 +23,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use warren_store::stream::{
     self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
 };
@@ -31,8 +31,10 @@ use warren_stream::backend::{
     Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, ReaderFilter, StreamBackend,
     StreamError, StreamStats,
 };
-use warren_stream::chunk::Chunk;
+use warren_stream::chunk::{Chunk, ChunkData, FileRange};
 use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
+use warren_stream::sac::ConsumerGroups;
+use warren_stream::tail::{self, Tail, TailWatch};
 
 /// Streams one node holds (each has a task and open files).
 pub const MAX_STREAMS: usize = 1000;
@@ -42,6 +44,11 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(30);
 const WRITE_BUFFER: usize = 1 << 20;
 /// The file in a stream's directory holding its arguments (`key=value` lines, validated).
 const ARGUMENTS: &str = "arguments";
+/// Chunks whose data is at least this big (and past the read-ahead bytes) are handed to the
+/// session as file ranges, which its shell sends with sendfile(2). Below it the extra system
+/// call per chunk (a write of the frame header, then the sendfile) costs more than the copy
+/// it saves, and the read-ahead path reads them with the chunks after them.
+pub const SENDFILE_MIN: u32 = 16 * 1024;
 /// Escaped names longer than this are refused (file names are at most 255 bytes).
 const MAX_ESCAPED: usize = 240;
 
@@ -85,16 +92,6 @@ pub fn unescape(s: &str) -> Option<String> {
     (escape(&name) == s).then_some(name)
 }
 
-/// The durable tail, as waiters see it.
-#[derive(Clone, Copy, Debug)]
-struct Tail {
-    /// Offsets below this are durable and readable.
-    committed: u64,
-    /// First offset of the last durable chunk.
-    last_chunk: Option<u64>,
-    deleted: bool,
-}
-
 /// A subscription's reader: the log's reader (its read-ahead buffer kept between reads) and
 /// the chunk it read but could not hand out within the byte limit.
 pub struct DiskReader {
@@ -105,7 +102,7 @@ pub struct DiskReader {
 
 impl ChunkReader for DiskReader {
     fn read(&mut self, max_chunks: usize, max_bytes: usize) -> Result<ReadBatch, StreamError> {
-        let tail = *self.stream.tail.borrow();
+        let tail = self.stream.tail.get();
         if tail.deleted {
             return Err(StreamError::DoesNotExist);
         }
@@ -118,7 +115,7 @@ impl ChunkReader for DiskReader {
             let chunk = match self.pending.take() {
                 Some(c) => c,
                 None => match self.reader.next_chunk().map_err(internal)? {
-                    Some(c) => to_chunk(&c)?,
+                    Some(c) => to_chunk(&c),
                     None => break,
                 },
             };
@@ -148,9 +145,11 @@ struct Writer {
 
 struct Stream {
     writer: Mutex<Option<Writer>>,
-    tail: watch::Sender<Tail>,
+    /// The durable tail (what `wait_durable` and `wait_data` wait on).
+    tail: TailWatch,
     dirty: Notify,
-    read_ahead: usize,
+    /// How its subscriptions read (read-ahead; file ranges for sendfile).
+    reader_options: ReaderOptions,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -218,15 +217,7 @@ impl Stream {
             let ended = self.with_writer(|w| w.log.end_sync(&pending, waited).map_err(internal));
             match ended {
                 Ok(_) => {
-                    let committed = pending.next_offset();
-                    self.tail.send_if_modified(|t| {
-                        let moved = committed > t.committed;
-                        if moved {
-                            t.committed = committed;
-                            t.last_chunk = last_chunk.filter(|&c| c < committed).or(t.last_chunk);
-                        }
-                        moved
-                    });
+                    self.tail.advance(pending.next_offset(), last_chunk);
                 }
                 Err(StreamError::DoesNotExist) => return,
                 // Confirms stop: the publishers' unconfirmed ids time out on the client side,
@@ -243,8 +234,10 @@ pub struct DiskStreams {
     /// Set once the broker runs (the catalog opens before it: the restore reopens streams).
     broker: std::sync::OnceLock<warren_runtime::BrokerHandle>,
     read_ahead: usize,
+    sendfile: bool,
     fsync: bool,
     streams: Mutex<HashMap<(String, String), Arc<Stream>>>,
+    groups: ConsumerGroups,
 }
 
 /// A stream's settings from its protocol arguments (unknown ones ignored, as RabbitMQ).
@@ -297,6 +290,7 @@ impl DiskStreams {
     pub fn open(
         data_dir: &Path,
         read_ahead: usize,
+        sendfile: bool,
         fsync: bool,
     ) -> anyhow::Result<Arc<DiskStreams>> {
         let root = data_dir.join("streams");
@@ -305,8 +299,10 @@ impl DiskStreams {
             root: root.clone(),
             broker: std::sync::OnceLock::new(),
             read_ahead,
+            sendfile,
             fsync,
             streams: Mutex::new(HashMap::new()),
+            groups: ConsumerGroups::new(),
         });
         for vdir in fs::read_dir(&root)? {
             let vdir = vdir?;
@@ -358,7 +354,7 @@ impl DiskStreams {
         log: StreamLog,
     ) {
         let b = log.bounds();
-        let (tail, _) = watch::channel(Tail {
+        let tail = TailWatch::new(Tail {
             committed: b.committed,
             // Not known after a restart until the next append; the first retained chunk is
             // a lower bound good enough for Deliver v2's hint.
@@ -372,7 +368,10 @@ impl DiskStreams {
             })),
             tail,
             dirty: Notify::new(),
-            read_ahead: self.read_ahead,
+            reader_options: ReaderOptions {
+                read_ahead: self.read_ahead,
+                ranges_from: self.sendfile.then_some(SENDFILE_MIN),
+            },
         });
         tokio::spawn(stream.clone().sync_task(format!("{vhost}/{name}")));
         streams.insert((vhost, name), stream);
@@ -443,7 +442,7 @@ impl DiskStreams {
             .remove(&(vhost.to_string(), stream.to_string()))
             .ok_or(StreamError::DoesNotExist)?;
         let writer = lock(&s.writer).take();
-        s.tail.send_modify(|t| t.deleted = true);
+        s.tail.delete();
         s.dirty.notify_one();
         if let Some(w) = writer {
             // Renamed first (atomic), then removed: a crash in between leaves a `.deleted`
@@ -525,16 +524,24 @@ fn spec(spec: OffsetSpec) -> LogSpec {
 
 /// A stored chunk as the session sends it: the log's data section is the stream protocol's
 /// simple-entry layout, so data and CRC go out as stored.
-fn to_chunk(c: &log::ReadChunk) -> Result<Chunk, StreamError> {
-    Ok(Chunk {
+fn to_chunk(c: &log::ReadChunk) -> Chunk {
+    Chunk {
         first_offset: c.first_offset,
         // One entry per message (the log holds no sub-batches).
         num_entries: c.count.min(u16::MAX as u32) as u16,
         num_records: c.count,
         timestamp: c.timestamp as i64,
         crc: c.data_crc,
-        data: c.bytes().map_err(internal)?,
-    })
+        data: match &c.data {
+            log::ChunkData::Bytes(b) => ChunkData::Bytes(b.clone()),
+            // Sent as it is on disk: clients check it against the CRC above.
+            log::ChunkData::File { file, offset, len } => ChunkData::File(FileRange {
+                file: file.clone(),
+                offset: *offset,
+                len: *len,
+            }),
+        },
+    }
 }
 
 impl StreamBackend for DiskStreams {
@@ -610,7 +617,7 @@ impl StreamBackend for DiskStreams {
     fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError> {
         let s = self.get(vhost, stream)?;
         let first = s.with_writer(|w| Ok(w.log.bounds()))?;
-        let tail = *s.tail.borrow();
+        let tail = s.tail.get();
         Ok(StreamStats {
             first_chunk_id: if tail.committed > first.first {
                 first.first as i64
@@ -701,14 +708,7 @@ impl StreamBackend for DiskStreams {
         stream: &str,
         offset: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
-        let rx = self.get(vhost, stream).map(|s| s.tail.subscribe());
-        async move {
-            let mut rx = rx?;
-            match rx.wait_for(|t| t.deleted || t.committed > offset).await {
-                Ok(t) if !t.deleted => Ok(()),
-                _ => Err(StreamError::DoesNotExist),
-            }
-        }
+        tail::wait_past(self.get(vhost, stream).map(|s| s.tail.waiter()), offset)
     }
 
     fn resolve_offset(
@@ -746,10 +746,7 @@ impl StreamBackend for DiskStreams {
         _filter: Option<ReaderFilter>,
     ) -> Result<DiskReader, StreamError> {
         let s = self.get(vhost, stream)?;
-        let options = ReaderOptions {
-            read_ahead: s.read_ahead,
-            ranges: false,
-        };
+        let options = s.reader_options;
         let reader = s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
         Ok(DiskReader {
             stream: s,
@@ -765,6 +762,10 @@ impl StreamBackend for DiskStreams {
         from: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
         self.wait_durable(vhost, stream, from)
+    }
+
+    fn consumer_groups(&self) -> &ConsumerGroups {
+        &self.groups
     }
 
     fn store_offset(
@@ -893,9 +894,10 @@ impl warren_store::StreamHost for DiskStreams {
 
     fn reader(&self, vhost: &str, name: &str, spec: LogSpec) -> Result<StreamReader, String> {
         let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        // The AMQP side copies messages out of the chunk: no file ranges.
         let options = ReaderOptions {
-            read_ahead: s.read_ahead,
-            ranges: false,
+            read_ahead: s.reader_options.read_ahead,
+            ranges_from: None,
         };
         s.with_writer(|w| w.log.reader(spec, options).map_err(internal))
             .map_err(|e| e.to_string())
@@ -924,15 +926,7 @@ impl warren_store::StreamHost for DiskStreams {
             Err(StreamError::DoesNotExist) => return Ok(()),
             Err(e) => return Err(e.to_string()),
         }
-        let committed = pending.next_offset();
-        s.tail.send_if_modified(|t| {
-            let moved = committed > t.committed;
-            if moved {
-                t.committed = committed;
-                t.last_chunk = last_chunk.filter(|&c| c < committed).or(t.last_chunk);
-            }
-            moved
-        });
+        s.tail.advance(pending.next_offset(), last_chunk);
         Ok(())
     }
 
@@ -951,6 +945,57 @@ impl warren_store::StreamHost for DiskStreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Data chunks as a session gets them from a fresh stream holding one large chunk (a
+    /// 100 kB message) between two small ones.
+    async fn chunks(sendfile: bool) -> Vec<Chunk> {
+        let dir = std::env::temp_dir().join(format!(
+            "warren-sendfile-unit-{}-{sendfile}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        let streams = DiskStreams::open(&dir, 4096, sendfile, false).unwrap();
+        streams.create_stream("/", "s", &[]).unwrap();
+        let msg = |id: u64, len: usize| PublishedMessage {
+            publishing_id: id,
+            filter_value: None,
+            entry: Entry::Simple(Bytes::from(vec![id as u8; len])),
+        };
+        for (id, len) in [(1, 10), (2, 100_000), (3, 10)] {
+            let a = streams.append("/", "s", None, &[msg(id, len)], 1).unwrap();
+            let at = a.confirm_at.unwrap();
+            streams.wait_durable("/", "s", at).await.unwrap();
+        }
+        let mut r = streams
+            .open_reader("/", "s", OffsetSpec::First, None)
+            .unwrap();
+        let got = r.read(10, 10 << 20).unwrap().chunks;
+        let _ = fs::remove_dir_all(&dir);
+        got
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_chunks_come_as_file_ranges_for_sendfile_only_when_it_is_on() {
+        let on = chunks(true).await;
+        assert_eq!(on.len(), 3);
+        assert!(
+            matches!(on[0].data, ChunkData::Bytes(_)),
+            "small: in memory"
+        );
+        let ChunkData::File(r) = &on[1].data else {
+            panic!("a 100 kB chunk as a file range, got {:?}", on[1].data);
+        };
+        // The range is the chunk's data section on disk: the message with its size.
+        let mut on_disk = vec![0u8; r.len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&*r.file, &mut on_disk, r.offset).unwrap();
+        let mut want = 100_000u32.to_be_bytes().to_vec();
+        want.extend(vec![2u8; 100_000]);
+        assert!(on_disk == want, "the data section as stored");
+        assert!(matches!(on[2].data, ChunkData::Bytes(_)));
+        let off = chunks(false).await;
+        assert!(off.iter().all(|c| matches!(c.data, ChunkData::Bytes(_))));
+        assert_eq!(off[1].crc, on[1].crc);
+    }
 
     #[test]
     fn escaped_names_are_plain_file_names_and_round_trip() {

@@ -284,3 +284,65 @@ async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_co
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Message `i` of the large-chunk test: its size and bytes vary with `i`.
+fn large_body(i: u64) -> Vec<u8> {
+    let len = if i.is_multiple_of(3) {
+        20
+    } else {
+        60_000 + i as usize
+    };
+    (0..len)
+        .map(|j| ((i as usize * 31 + j) % 251) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_chunks_sent_with_sendfile_or_copied_arrive_intact() {
+    for sendfile in ["true", "false"] {
+        let dir = data_dir(&format!("sendfile-{sendfile}"));
+        let served = common::serve(
+            &dir,
+            false,
+            &[
+                "--stream",
+                "127.0.0.1:0",
+                &format!("--stream-sendfile={sendfile}"),
+            ],
+        );
+        let port = served.stream.expect("stream port logged");
+        let served = Broker(served);
+        let env = env(port).await;
+        env.stream_creator().create("large").await.expect("create");
+        let producer = env.producer().batch_size(8).build("large").await.unwrap();
+        // Chunks of one to eight messages: small ones (read ahead, copied) between large
+        // ones (file ranges when sendfile is on).
+        const N: u64 = 60;
+        let mut i = 0;
+        while i < N {
+            let n = (i % 8 + 1).min(N - i);
+            let msgs: Vec<Message> = (i..i + n)
+                .map(|k| Message::builder().body(large_body(k)).build())
+                .collect();
+            let statuses = producer.batch_send_with_confirm(msgs).await.expect("send");
+            assert!(statuses.iter().all(|s| s.confirmed()));
+            i += n;
+        }
+        producer.close().await.unwrap();
+        let mut consumer = env
+            .consumer()
+            .offset(OffsetSpecification::First)
+            .build("large")
+            .await
+            .unwrap();
+        for (offset, data) in take(&mut consumer, N as usize).await {
+            assert!(
+                data == large_body(offset),
+                "message {offset} intact (sendfile={sendfile})"
+            );
+        }
+        consumer.handle().close().await.unwrap();
+        drop(served);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

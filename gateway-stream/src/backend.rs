@@ -239,6 +239,9 @@ pub trait StreamBackend: Send + Sync + 'static {
         Err(StreamError::DoesNotExist)
     }
 
+    /// The single-active-consumer groups of this broker (shared by all its connections).
+    fn consumer_groups(&self) -> &crate::sac::ConsumerGroups;
+
     /// Server-side offset tracking.
     fn store_offset(
         &self,

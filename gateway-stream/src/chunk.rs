@@ -20,6 +20,8 @@
 
 use crate::frame::{DecodeError, Reader};
 use bytes::{BufMut, Bytes, BytesMut};
+use std::fs::File;
+use std::sync::Arc;
 
 pub const HEADER_LEN: usize = 48;
 pub const MAGIC_VERSION: u8 = 0x50;
@@ -101,9 +103,54 @@ impl ChunkHeader {
     }
 }
 
+/// Bytes in a file: a chunk's data section as it lies in a segment file. The session only
+/// passes it on; its shell sends it to the socket (`sendfile`, no copy through user space)
+/// or reads and writes it (TLS, or no `sendfile`).
+#[derive(Clone, Debug)]
+pub struct FileRange {
+    pub file: Arc<File>,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl PartialEq for FileRange {
+    fn eq(&self, other: &FileRange) -> bool {
+        Arc::ptr_eq(&self.file, &other.file) && self.offset == other.offset && self.len == other.len
+    }
+}
+
+impl Eq for FileRange {}
+
+/// A chunk's data entries: in memory, or a range of a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChunkData {
+    Bytes(Bytes),
+    File(FileRange),
+}
+
+impl ChunkData {
+    pub fn len(&self) -> usize {
+        match self {
+            ChunkData::Bytes(b) => b.len(),
+            ChunkData::File(r) => r.len as usize,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Bytes> for ChunkData {
+    fn from(b: Bytes) -> ChunkData {
+        ChunkData::Bytes(b)
+    }
+}
+
 /// A user chunk as a backend hands it to a session: what its header needs, and its data
 /// entries (the session writes the 48-byte header, without bloom filter or trailer, then the
-/// data). A log whose data section is osiris's entries serves it without re-encoding.
+/// data). A log whose data section is osiris's entries serves it without re-encoding, from
+/// memory or as a file range.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunk {
     /// Offset of its first record (the chunk id).
@@ -115,7 +162,7 @@ pub struct Chunk {
     /// CRC-32 (IEEE) of `data`.
     pub crc: u32,
     /// The data entries.
-    pub data: Bytes,
+    pub data: ChunkData,
 }
 
 impl Chunk {
@@ -139,15 +186,24 @@ impl Chunk {
         HEADER_LEN + self.data.len()
     }
 
-    /// Header then data, as a Deliver frame carries it.
-    pub fn put(&self, out: &mut BytesMut) {
+    /// Header then data, as a Deliver frame carries it; for data in a file, the header
+    /// only, and the range to send after it.
+    pub fn put(&self, out: &mut BytesMut) -> Option<&FileRange> {
         self.header().put(out);
-        out.put_slice(&self.data);
+        match &self.data {
+            ChunkData::Bytes(b) => {
+                out.put_slice(b);
+                None
+            }
+            ChunkData::File(r) => Some(r),
+        }
     }
 
+    /// Header and data in memory (a chunk whose data is in memory).
     pub fn to_bytes(&self) -> Bytes {
         let mut out = BytesMut::with_capacity(self.wire_len());
-        self.put(&mut out);
+        let file = self.put(&mut out);
+        debug_assert!(file.is_none(), "to_bytes of a file-backed chunk");
         out.freeze()
     }
 }
@@ -166,7 +222,7 @@ pub fn build(first_offset: u64, timestamp: i64, entries: &[&Entry]) -> Chunk {
         num_records: entries.iter().map(|e| e.records()).sum(),
         timestamp,
         crc: crc32fast::hash(&data),
-        data: data.freeze(),
+        data: ChunkData::Bytes(data.freeze()),
     }
 }
 

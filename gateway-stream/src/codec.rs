@@ -419,12 +419,14 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
 /// Appends a Deliver frame for `chunk` (v2 when `committed_chunk_id` is given), writing the
 /// chunk header and data straight into `out` (the same bytes as [`Frame::Deliver`] with
 /// `chunk.to_bytes()`).
-pub fn encode_deliver(
+/// A Deliver frame for `chunk`; when its data is a file range, the frame's bytes up to the
+/// data, and the range that completes the frame (see [`crate::chunk::Chunk::put`]).
+pub fn encode_deliver<'c>(
     subscription_id: u8,
     committed_chunk_id: Option<u64>,
-    chunk: &crate::chunk::Chunk,
+    chunk: &'c crate::chunk::Chunk,
     out: &mut BytesMut,
-) {
+) -> Option<&'c crate::chunk::FileRange> {
     let size = 4 + 1 + committed_chunk_id.map_or(0, |_| 8) + chunk.wire_len();
     out.reserve(4 + size);
     out.put_u32(size as u32);
@@ -434,7 +436,7 @@ pub fn encode_deliver(
     if let Some(c) = committed_chunk_id {
         out.put_u64(c);
     }
-    chunk.put(out);
+    chunk.put(out)
 }
 
 /// The encoding of one frame, as a buffer of its own.

@@ -4,13 +4,16 @@
 //! timer. Stops reading while the session says so (back-pressure).
 
 use crate::backend::{PeerInfo, StreamBackend, StreamError};
-use crate::session::{Session, StreamConfig, Wait};
+use crate::session::{OutPart, Session, StreamConfig, Wait};
 use bytes::BytesMut;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use warren_runtime::sendfile;
 
 /// Unix time in ms: the session's clock (chunk timestamps, heartbeats).
 pub fn now_ms() -> u64 {
@@ -84,6 +87,48 @@ fn spawn_wait<B: StreamBackend>(
     }
 }
 
+/// A connection's byte stream. A plain TCP socket also takes file ranges with `sendfile`;
+/// any other (TLS, in-process pipes) gets them read and written.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The socket whose bytes reach the peer as written, for `sendfile`.
+    fn plain_tcp(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+impl Transport for TcpStream {
+    fn plain_tcp(&self) -> Option<&TcpStream> {
+        Some(self)
+    }
+}
+
+impl Transport for tokio::io::DuplexStream {}
+
+/// Writes the session's output in order: bytes as they are, file ranges with `sendfile`
+/// where allowed, else read (one `pread`) and written.
+async fn write_parts<S: Transport>(
+    stream: &mut S,
+    parts: Vec<OutPart>,
+    zero_copy: bool,
+) -> std::io::Result<()> {
+    for part in parts {
+        match part {
+            OutPart::Bytes(b) => stream.write_all(&b).await?,
+            OutPart::File(r) => match stream.plain_tcp() {
+                Some(tcp) if zero_copy && sendfile::SENDFILE => {
+                    sendfile::send_file(tcp, &r.file, r.offset, u64::from(r.len)).await?
+                }
+                _ => {
+                    let mut b = vec![0u8; r.len as usize];
+                    r.file.read_exact_at(&mut b, r.offset)?;
+                    stream.write_all(&b).await?
+                }
+            },
+        }
+    }
+    Ok(())
+}
+
 /// Serves one connection until it closes.
 pub async fn serve_connection<S, B>(
     mut stream: S,
@@ -92,16 +137,18 @@ pub async fn serve_connection<S, B>(
     config: Arc<StreamConfig>,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Transport,
     B: StreamBackend,
 {
     let addr = peer.addr.clone();
+    let zero_copy = config.zero_copy;
     // Outstanding waits are bounded by the session (one per stream with unconfirmed
     // messages, one per subscription), so this channel never holds more than that.
     let cap = config.max_subscriptions + config.max_publishers + 16;
     let (tx, mut rx) = mpsc::channel::<Done>(cap);
     let mut tasks = JoinSet::new();
     let mut session = Session::new(backend.clone(), config, peer, now_ms());
+    let mailbox = session.mailbox();
     let mut rbuf = BytesMut::with_capacity(4096);
     let mut shutting_down = false;
     loop {
@@ -111,11 +158,14 @@ pub async fn serve_connection<S, B>(
         if session.has_output() {
             let out = session.take_output();
             let written = if session.is_closing() {
-                tokio::time::timeout(CLOSE_WRITE_TIMEOUT, stream.write_all(&out))
-                    .await
-                    .unwrap_or(Ok(()))
+                tokio::time::timeout(
+                    CLOSE_WRITE_TIMEOUT,
+                    write_parts(&mut stream, out, zero_copy),
+                )
+                .await
+                .unwrap_or(Ok(()))
             } else {
-                stream.write_all(&out).await
+                write_parts(&mut stream, out, zero_copy).await
             };
             if let Err(e) = written {
                 tracing::debug!(peer = %addr, "stream connection write: {e}");
@@ -154,6 +204,7 @@ pub async fn serve_connection<S, B>(
                     session.data_ready(subscription_id, generation, result)
                 }
             },
+            _ = mailbox.notified() => session.consumer_updates(),
             _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))), if sleep.is_some() => {
                 session.on_timer(now_ms());
             }

@@ -6,7 +6,7 @@
 //! Deliver carries), `backend` (the [`StreamBackend`] trait: what a session needs from the
 //! broker), `memory` ([`MemoryBackend`], an in-memory log behind it), `session` (the sans-IO
 //! state machine of one connection), `connection` (its tokio shell), `server` (TCP accept
-//! loop).
+//! loop), `sac` (single-active-consumer groups across connections), `tail` (a stream's committed tail and the one wait on it both backends use).
 
 pub mod backend;
 pub mod chunk;
@@ -14,8 +14,10 @@ pub mod codec;
 pub mod connection;
 pub mod frame;
 pub mod memory;
+pub mod sac;
 pub mod server;
 pub mod session;
+pub mod tail;
 
 pub use backend::{PeerInfo, StreamBackend};
 pub use memory::MemoryBackend;

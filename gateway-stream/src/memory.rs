@@ -10,6 +10,8 @@ use crate::backend::{
 };
 use crate::chunk::{self, Chunk};
 use crate::codec::{Entry, OffsetSpec, PublishedMessage};
+use crate::sac::ConsumerGroups;
+use crate::tail::{self, Tail, TailWatch};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,14 +41,6 @@ impl MemChunk {
     }
 }
 
-/// The log's tail as waiters see it.
-#[derive(Clone, Copy, Debug)]
-struct Tail {
-    /// Offset after the last committed record.
-    next: u64,
-    deleted: bool,
-}
-
 struct MemStream {
     chunks: VecDeque<MemChunk>,
     bytes: usize,
@@ -55,7 +49,7 @@ struct MemStream {
     max_age_ms: Option<u64>,
     writers: HashMap<String, u64>,
     offsets: HashMap<String, u64>,
-    tail: watch::Sender<Tail>,
+    tail: TailWatch,
 }
 
 impl MemStream {
@@ -104,6 +98,7 @@ pub struct MemoryBackend {
     /// Users that may log in from loopback only (RabbitMQ's `guest`).
     loopback_only: Arc<Vec<String>>,
     anonymous_as: Option<String>,
+    groups: Arc<ConsumerGroups>,
 }
 
 impl Default for MemoryBackend {
@@ -121,6 +116,7 @@ impl MemoryBackend {
             vhosts: Arc::new(vec!["/".into()]),
             loopback_only: Arc::new(vec!["guest".into()]),
             anonymous_as: None,
+            groups: Arc::default(),
         }
     }
 
@@ -163,12 +159,8 @@ impl MemoryBackend {
         }
     }
 
-    fn tail(&self, vhost: &str, stream: &str) -> Option<watch::Receiver<Tail>> {
-        let inner = self.lock();
-        inner
-            .streams
-            .get(&(vhost.to_string(), stream.to_string()))
-            .map(|s| s.tail.subscribe())
+    fn tail(&self, vhost: &str, stream: &str) -> Result<watch::Receiver<Tail>, StreamError> {
+        self.with_stream(vhost, stream, |s| Ok(s.tail.waiter()))
     }
 }
 
@@ -303,10 +295,7 @@ impl StreamBackend for MemoryBackend {
         if inner.streams.contains_key(&key) {
             return Err(StreamError::AlreadyExists);
         }
-        let (tail, _) = watch::channel(Tail {
-            next: 0,
-            deleted: false,
-        });
+        let tail = TailWatch::new(Tail::default());
         inner.streams.insert(
             key,
             MemStream {
@@ -330,7 +319,7 @@ impl StreamBackend for MemoryBackend {
             .remove(&(vhost.to_string(), stream.to_string()))
         {
             Some(s) => {
-                s.tail.send_modify(|t| t.deleted = true);
+                s.tail.delete();
                 Ok(())
             }
             None => Err(StreamError::DoesNotExist),
@@ -391,7 +380,8 @@ impl StreamBackend for MemoryBackend {
             s.retain(now_ms);
             let next = s.next;
             if stored > 0 {
-                s.tail.send_modify(|t| t.next = next);
+                s.tail
+                    .advance(next, s.chunks.back().map(|c| c.chunk.first_offset));
             }
             Ok(Appended {
                 stored,
@@ -464,16 +454,7 @@ impl StreamBackend for MemoryBackend {
         stream: &str,
         from: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
-        let tail = self.tail(vhost, stream);
-        async move {
-            let Some(mut rx) = tail else {
-                return Err(StreamError::DoesNotExist);
-            };
-            match rx.wait_for(|t| t.deleted || t.next > from).await {
-                Ok(t) if !t.deleted => Ok(()),
-                _ => Err(StreamError::DoesNotExist),
-            }
-        }
+        tail::wait_past(self.tail(vhost, stream), from)
     }
 
     fn create_super_stream(
@@ -560,6 +541,10 @@ impl StreamBackend for MemoryBackend {
                     .collect()
             })
             .ok_or(StreamError::DoesNotExist)
+    }
+
+    fn consumer_groups(&self) -> &ConsumerGroups {
+        &self.groups
     }
 
     fn store_offset(

@@ -10,8 +10,10 @@
 use crate::backend::{
     AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
 };
+use crate::chunk::FileRange;
 use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
+use crate::sac::Mailbox;
 use bytes::{Bytes, BytesMut};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -45,6 +47,10 @@ pub struct StreamConfig {
     pub handshake_timeout_ms: u64,
     /// Time to wait for the client's answer to our Close.
     pub close_timeout_ms: u64,
+    /// Chunk data that a backend hands out as a file range goes to the socket with
+    /// `sendfile` (no copy through user space) where the transport is a plain TCP socket;
+    /// false: always read and written (for comparison, or a kernel without it).
+    pub zero_copy: bool,
 }
 
 impl Default for StreamConfig {
@@ -60,7 +66,30 @@ impl Default for StreamConfig {
             out_high_water: 1 << 20,
             handshake_timeout_ms: 10_000,
             close_timeout_ms: 5_000,
+            zero_copy: true,
         }
+    }
+}
+
+/// Output for the socket, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutPart {
+    Bytes(Bytes),
+    /// A file range to send as it is (the data of a Deliver frame whose bytes before it are
+    /// the previous part): with `sendfile` where the shell can, else read and written.
+    File(FileRange),
+}
+
+impl OutPart {
+    pub fn len(&self) -> usize {
+        match self {
+            OutPart::Bytes(b) => b.len(),
+            OutPart::File(r) => r.len as usize,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -111,6 +140,18 @@ struct Subscription<R> {
     /// A `Wait::Data` is outstanding.
     waiting: bool,
     generation: u64,
+    /// Single active consumer: its membership; `None` for a plain subscription.
+    sac: Option<SacMember>,
+}
+
+struct SacMember {
+    /// Its id in the broker's groups (unique within this connection).
+    token: u64,
+    /// Chunks go out only while active: from the client's answer to the ConsumerUpdate
+    /// that activated it until the group tells it otherwise.
+    active: bool,
+    /// To reopen the reader at the offset the client answers with.
+    filter: Option<ReaderFilter>,
 }
 
 struct Pending {
@@ -144,13 +185,33 @@ pub struct Session<B: StreamBackend> {
     heartbeat_ms: u64,
     deliver_v2: bool,
     next_corr: u32,
+    /// Frames being encoded; `parts` holds what came before it (file ranges cut it).
     out: BytesMut,
+    parts: Vec<OutPart>,
+    /// Bytes in `parts`.
+    parts_len: usize,
     waits: Vec<Wait>,
     publishers: BTreeMap<u8, Publisher>,
     subscriptions: BTreeMap<u8, Subscription<B::Reader>>,
     pending: HashMap<(String, String), StreamPending>,
     unconfirmed: usize,
     generation: u64,
+    /// This connection in the broker's single-active-consumer groups.
+    conn_id: u64,
+    mailbox: Arc<Mailbox>,
+    next_token: u64,
+    /// ConsumerUpdates sent and not answered: correlation id -> (subscription, token,
+    /// active). At most two per subscription (a deactivation's answer precedes the next
+    /// activation), removed with it.
+    updates_sent: HashMap<u32, (u8, u64, bool)>,
+}
+
+impl<B: StreamBackend> Drop for Session<B> {
+    /// However the connection ends, its consumers leave their groups (the next ones of each
+    /// group take over).
+    fn drop(&mut self) {
+        self.backend.consumer_groups().disconnect(self.conn_id);
+    }
 }
 
 fn response(k: u16, corr: u32, c: u16) -> Frame {
@@ -163,6 +224,7 @@ fn response(k: u16, corr: u32, c: u16) -> Frame {
 
 impl<B: StreamBackend> Session<B> {
     pub fn new(backend: Arc<B>, config: Arc<StreamConfig>, peer: PeerInfo, now_ms: u64) -> Self {
+        let (conn_id, mailbox) = backend.consumer_groups().connect();
         Session {
             backend,
             config,
@@ -179,13 +241,117 @@ impl<B: StreamBackend> Session<B> {
             deliver_v2: false,
             next_corr: 1,
             out: BytesMut::new(),
+            parts: Vec::new(),
+            parts_len: 0,
             waits: Vec::new(),
             publishers: BTreeMap::new(),
             subscriptions: BTreeMap::new(),
             pending: HashMap::new(),
             unconfirmed: 0,
             generation: 0,
+            conn_id,
+            mailbox,
+            next_token: 0,
+            updates_sent: HashMap::new(),
         }
+    }
+
+    /// Where the broker's single-active-consumer groups leave this connection's updates:
+    /// the shell awaits [`Mailbox::notified`] and then calls [`Session::consumer_updates`].
+    pub fn mailbox(&self) -> Arc<Mailbox> {
+        self.mailbox.clone()
+    }
+
+    /// Acts on the group updates waiting in the mailbox: each becomes a ConsumerUpdate to
+    /// the client (a deactivated subscription stops getting chunks at once; an activated
+    /// one starts with the client's answer).
+    pub fn consumer_updates(&mut self) {
+        let updates = self.mailbox.take();
+        if self.phase != Phase::Opened {
+            return;
+        }
+        for u in updates {
+            let Some((&id, s)) = self
+                .subscriptions
+                .iter_mut()
+                .find(|(_, s)| s.sac.as_ref().is_some_and(|m| m.token == u.token))
+            else {
+                // Unsubscribed meanwhile: it left its group already.
+                continue;
+            };
+            if let Some(m) = s.sac.as_mut()
+                && !u.active
+            {
+                m.active = false;
+            }
+            let corr = self.corr();
+            self.updates_sent.insert(corr, (id, u.token, u.active));
+            self.send(&Frame::ConsumerUpdate {
+                corr,
+                subscription_id: id,
+                active: u.active,
+            });
+        }
+    }
+
+    /// The client answered a ConsumerUpdate: an activated subscription starts delivering
+    /// from the offset it gives (none: where the subscription was); a deactivated one lets
+    /// its group activate the next.
+    fn consumer_update_answered(&mut self, corr: u32, c: u16, offset: Option<OffsetSpec>) {
+        let Some((id, token, active)) = self.updates_sent.remove(&corr) else {
+            tracing::warn!(peer = %self.peer.addr, corr, "stream connection: answer to no consumer update");
+            return;
+        };
+        if !active {
+            self.backend
+                .consumer_groups()
+                .stepped_down(self.conn_id, token);
+            self.consumer_updates();
+            return;
+        }
+        let Some(s) = self.subscriptions.get_mut(&id) else {
+            return;
+        };
+        let Some(m) = s.sac.as_mut().filter(|m| m.token == token) else {
+            return;
+        };
+        if c != code::OK {
+            tracing::warn!(peer = %self.peer.addr, subscription_id = id, code = c, "stream connection: consumer update answered with an error; delivering from the subscription's offset");
+        }
+        if let (code::OK, Some(spec)) = (c, offset) {
+            match self
+                .backend
+                .open_reader(&self.vhost, &s.stream, spec, m.filter.clone())
+            {
+                Ok(reader) => {
+                    // A new generation: a wait on the old reader's position is stale.
+                    self.generation += 1;
+                    s.reader = reader;
+                    s.generation = self.generation;
+                    s.waiting = false;
+                }
+                Err(e) => {
+                    tracing::warn!(peer = %self.peer.addr, stream = %s.stream, "stream connection: consumer update offset: {e}");
+                    let stream = s.stream.clone();
+                    self.stream_gone(&stream);
+                    return;
+                }
+            }
+        }
+        m.active = true;
+        self.pump();
+    }
+
+    /// Subscriptions leave their groups.
+    fn leave_groups(&mut self, tokens: Vec<u64>) {
+        if tokens.is_empty() {
+            return;
+        }
+        for t in &tokens {
+            self.backend.consumer_groups().leave(self.conn_id, *t);
+        }
+        self.updates_sent.retain(|_, (_, t, _)| !tokens.contains(t));
+        self.consumer_updates();
     }
 
     /// True once the connection is to end (after its buffered output is written).
@@ -201,17 +367,34 @@ impl<B: StreamBackend> Session<B> {
     /// many unconfirmed messages.
     pub fn wants_read(&self) -> bool {
         self.phase != Phase::Closing
-            && self.out.len() < self.config.out_high_water
+            && self.out_len() < self.config.out_high_water
             && self.unconfirmed < self.config.max_unconfirmed
     }
 
-    /// Bytes to write. The shell writes them and then calls [`Session::flushed`].
-    pub fn take_output(&mut self) -> BytesMut {
-        std::mem::take(&mut self.out)
+    /// What to write, in order. The shell writes it all and then calls
+    /// [`Session::flushed`].
+    pub fn take_output(&mut self) -> Vec<OutPart> {
+        self.cut();
+        self.parts_len = 0;
+        std::mem::take(&mut self.parts)
     }
 
     pub fn has_output(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || !self.parts.is_empty()
+    }
+
+    /// Bytes waiting to be written.
+    fn out_len(&self) -> usize {
+        self.parts_len + self.out.len()
+    }
+
+    /// Ends the bytes part being encoded.
+    fn cut(&mut self) {
+        if !self.out.is_empty() {
+            let b = self.out.split().freeze();
+            self.parts_len += b.len();
+            self.parts.push(OutPart::Bytes(b));
+        }
     }
 
     pub fn take_waits(&mut self) -> Vec<Wait> {
@@ -255,7 +438,7 @@ impl<B: StreamBackend> Session<B> {
                 if now_ms >= self.last_recv_ms + 2 * self.heartbeat_ms {
                     tracing::info!(peer = %self.peer.addr, "stream connection: heartbeat timeout");
                     self.phase = Phase::Closing;
-                } else if now_ms >= self.last_sent_ms + self.heartbeat_ms && self.out.is_empty() {
+                } else if now_ms >= self.last_sent_ms + self.heartbeat_ms && !self.has_output() {
                     self.send(&Frame::Heartbeat);
                 }
             }
@@ -673,13 +856,17 @@ impl<B: StreamBackend> Session<B> {
             Frame::Unsubscribe {
                 corr,
                 subscription_id,
-            } => {
-                let c = match self.subscriptions.remove(&subscription_id) {
-                    Some(_) => code::OK,
-                    None => code::SUBSCRIPTION_ID_DOES_NOT_EXIST,
-                };
-                self.send(&response(key::UNSUBSCRIBE, corr, c));
-            }
+            } => match self.subscriptions.remove(&subscription_id) {
+                Some(s) => {
+                    self.send(&response(key::UNSUBSCRIBE, corr, code::OK));
+                    self.leave_groups(s.sac.map(|m| m.token).into_iter().collect());
+                }
+                None => self.send(&response(
+                    key::UNSUBSCRIBE,
+                    corr,
+                    code::SUBSCRIPTION_ID_DOES_NOT_EXIST,
+                )),
+            },
             Frame::Create {
                 corr,
                 stream,
@@ -855,8 +1042,11 @@ impl<B: StreamBackend> Session<B> {
                     Err(e) => self.send(&response(key::DELETE_SUPER_STREAM, corr, e.code())),
                 }
             }
-            // We never send ConsumerUpdate (no single active consumer yet).
-            Frame::ConsumerUpdateResponse { .. } => {}
+            Frame::ConsumerUpdateResponse {
+                corr,
+                code: c,
+                offset,
+            } => self.consumer_update_answered(corr, c, offset),
             other => {
                 tracing::warn!(peer = %self.peer.addr, key = other.key(), "stream connection: command not expected from a client");
                 self.close_with(code::UNKNOWN_FRAME, "unknown frame", now_ms);
@@ -996,31 +1186,78 @@ impl<B: StreamBackend> Session<B> {
         let sac = properties
             .iter()
             .any(|(k, v)| k == "single-active-consumer" && v == "true");
+        let property = |name: &str| {
+            properties
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        // A single active consumer needs its group's name (RabbitMQ refuses one without).
+        let sac_name = property("name").filter(|n| !n.is_empty() && sac);
         let c = if self.subscriptions.len() >= self.config.max_subscriptions {
             code::PRECONDITION_FAILED
         } else if !self.backend.stream_exists(&vhost, &stream) {
             code::STREAM_DOES_NOT_EXIST
         } else if self.subscriptions.contains_key(&subscription_id) {
             code::SUBSCRIPTION_ID_ALREADY_EXISTS
-        } else if sac {
-            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: single active consumer is not supported");
+        } else if sac && sac_name.is_none() {
+            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: single active consumer without a name");
             code::PRECONDITION_FAILED
         } else {
             let filter = ReaderFilter::from_properties(properties);
-            match self.backend.open_reader(&vhost, &stream, offset, filter) {
+            match self
+                .backend
+                .open_reader(&vhost, &stream, offset, filter.clone())
+            {
                 Ok(reader) => {
                     self.generation += 1;
-                    self.subscriptions.insert(
-                        subscription_id,
-                        Subscription {
-                            stream: stream.clone(),
-                            reader,
-                            credit: credit as u32,
-                            waiting: false,
-                            generation: self.generation,
-                        },
-                    );
-                    code::OK
+                    let member = sac_name.map(|name| {
+                        self.next_token += 1;
+                        // A super stream's consumers pass it: the group of a partition
+                        // spreads over them by the partition's index.
+                        let partition = property("super-stream").and_then(|ss| {
+                            self.backend
+                                .partitions(&vhost, ss)
+                                .ok()?
+                                .iter()
+                                .position(|p| *p == stream)
+                        });
+                        (self.next_token, name, partition)
+                    });
+                    let joined = match member {
+                        Some((token, name, partition)) => self
+                            .backend
+                            .consumer_groups()
+                            .join(self.conn_id, token, &vhost, &stream, name, partition)
+                            .map(|()| {
+                                Some(SacMember {
+                                    token,
+                                    active: false,
+                                    filter,
+                                })
+                            }),
+                        None => Ok(None),
+                    };
+                    match joined {
+                        Ok(sac) => {
+                            self.subscriptions.insert(
+                                subscription_id,
+                                Subscription {
+                                    stream: stream.clone(),
+                                    reader,
+                                    credit: credit as u32,
+                                    waiting: false,
+                                    generation: self.generation,
+                                    sac,
+                                },
+                            );
+                            code::OK
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: {e}");
+                            code::PRECONDITION_FAILED
+                        }
+                    }
                 }
                 Err(e) => e.code(),
             }
@@ -1030,6 +1267,8 @@ impl<B: StreamBackend> Session<B> {
         }
         self.send(&response(key::SUBSCRIBE, corr, c));
         if c == code::OK {
+            // A single active consumer's activation, if it is the first of its group.
+            self.consumer_updates();
             self.pump();
         }
     }
@@ -1062,13 +1301,21 @@ impl<B: StreamBackend> Session<B> {
     pub fn stream_gone(&mut self, stream: &str) {
         let before = self.publishers.len() + self.subscriptions.len();
         self.publishers.retain(|_, p| p.stream != stream);
-        self.subscriptions.retain(|_, s| s.stream != stream);
+        let mut left = Vec::new();
+        self.subscriptions.retain(|_, s| {
+            let keep = s.stream != stream;
+            if !keep && let Some(m) = &s.sac {
+                left.push(m.token);
+            }
+            keep
+        });
         if self.publishers.len() + self.subscriptions.len() != before {
             self.send(&Frame::MetadataUpdate {
                 code: code::STREAM_NOT_AVAILABLE,
                 stream: stream.to_string(),
             });
         }
+        self.leave_groups(left);
     }
 
     /// Sends chunks to subscriptions with credit, while the outgoing buffer has room; a
@@ -1078,11 +1325,12 @@ impl<B: StreamBackend> Session<B> {
         let mut gone = Vec::new();
         for id in ids {
             loop {
-                let room = self.config.out_high_water.saturating_sub(self.out.len());
+                let room = self.config.out_high_water.saturating_sub(self.out_len());
                 let Some(s) = self.subscriptions.get_mut(&id) else {
                     break;
                 };
-                if s.credit == 0 || s.waiting || room == 0 {
+                let inactive = s.sac.as_ref().is_some_and(|m| !m.active);
+                if s.credit == 0 || s.waiting || room == 0 || inactive {
                     break;
                 }
                 match s.reader.read(s.credit as usize, room) {
@@ -1101,7 +1349,13 @@ impl<B: StreamBackend> Session<B> {
                         s.credit -= batch.chunks.len().min(s.credit as usize) as u32;
                         let committed = self.deliver_v2.then_some(batch.committed_chunk_id);
                         for chunk in &batch.chunks {
-                            codec::encode_deliver(id, committed, chunk, &mut self.out);
+                            if let Some(r) =
+                                codec::encode_deliver(id, committed, chunk, &mut self.out)
+                            {
+                                self.cut();
+                                self.parts_len += r.len as usize;
+                                self.parts.push(OutPart::File(r.clone()));
+                            }
                         }
                     }
                     Err(e) => {

@@ -576,3 +576,270 @@ async fn shutdown_sends_close_and_ends_the_connection() {
     }
     assert_eq!(c.recv().await, None);
 }
+
+fn sac_subscribe(corr: u32, id: u8, stream: &str, name: &str, super_stream: Option<&str>) -> Frame {
+    let mut properties = vec![
+        ("single-active-consumer".into(), "true".into()),
+        ("name".into(), name.into()),
+    ];
+    if let Some(ss) = super_stream {
+        properties.push(("super-stream".into(), ss.into()));
+    }
+    Frame::Subscribe {
+        corr,
+        subscription_id: id,
+        stream: stream.into(),
+        offset: OffsetSpec::First,
+        credit: 10,
+        properties,
+    }
+}
+
+/// The next frame is a ConsumerUpdate for `id` with `active`; its correlation id.
+async fn consumer_update(c: &mut Raw, id: u8, active: bool) -> u32 {
+    match c.recv().await {
+        Some(Frame::ConsumerUpdate {
+            corr,
+            subscription_id,
+            active: a,
+        }) if subscription_id == id && a == active => corr,
+        other => panic!("expected ConsumerUpdate({id}, active={active}), got {other:?}"),
+    }
+}
+
+/// The next frame is a Deliver for `id`; its chunk id.
+async fn delivered_chunk(c: &mut Raw, id: u8) -> u64 {
+    match c.recv().await {
+        Some(Frame::Deliver {
+            subscription_id,
+            chunk,
+            ..
+        }) if subscription_id == id => warren_stream::chunk::verify(&chunk).unwrap().chunk_id,
+        other => panic!("expected a delivery to {id}, got {other:?}"),
+    }
+}
+
+/// Three chunks (one per Publish frame), offsets 0, 1, 2.
+async fn three_chunks(c: &mut Raw, stream: &str) {
+    let r = c
+        .request(Frame::DeclarePublisher {
+            corr: 12,
+            publisher_id: 0,
+            reference: String::new(),
+            stream: stream.into(),
+        })
+        .await;
+    assert_eq!(r, ok(key::DECLARE_PUBLISHER, 12));
+    for id in 0..3 {
+        c.send(&Frame::Publish {
+            v2: false,
+            publisher_id: 0,
+            messages: vec![msg(id, b"m")],
+        })
+        .await;
+        assert!(matches!(c.recv().await, Some(Frame::PublishConfirm { .. })));
+    }
+}
+
+#[tokio::test]
+async fn single_active_consumer_gets_chunks_alone_from_its_answer_and_fails_over() {
+    let (port, _stop) = start().await;
+    let mut admin = Raw::open(port).await;
+    create(&mut admin, "sac").await;
+    three_chunks(&mut admin, "sac").await;
+
+    // Without a name: refused, as RabbitMQ.
+    let mut a = Raw::open(port).await;
+    let r = a
+        .request(Frame::Subscribe {
+            corr: 19,
+            subscription_id: 1,
+            stream: "sac".into(),
+            offset: OffsetSpec::First,
+            credit: 10,
+            properties: vec![("single-active-consumer".into(), "true".into())],
+        })
+        .await;
+    assert_eq!(
+        r,
+        Frame::Response {
+            key: key::SUBSCRIBE,
+            corr: 19,
+            code: code::PRECONDITION_FAILED
+        }
+    );
+
+    // The first of the group is activated; the server asks it where to start, and
+    // delivers nothing before the answer.
+    assert_eq!(
+        a.request(sac_subscribe(20, 1, "sac", "app", None)).await,
+        ok(key::SUBSCRIBE, 20)
+    );
+    let corr = consumer_update(&mut a, 1, true).await;
+    assert!(a.quiet(200).await, "no chunk before the answer");
+    a.send(&Frame::ConsumerUpdateResponse {
+        corr,
+        code: code::OK,
+        offset: Some(OffsetSpec::Offset(1)),
+    })
+    .await;
+    assert_eq!(
+        delivered_chunk(&mut a, 1).await,
+        1,
+        "from the answered offset"
+    );
+    assert_eq!(delivered_chunk(&mut a, 1).await, 2);
+
+    // A second member waits: no update, no chunk.
+    let mut b = Raw::open(port).await;
+    assert_eq!(
+        b.request(sac_subscribe(21, 4, "sac", "app", None)).await,
+        ok(key::SUBSCRIBE, 21)
+    );
+    assert!(b.quiet(300).await, "a waiting member gets nothing");
+
+    // The active one unsubscribes: the next takes over from its own answer.
+    assert_eq!(
+        a.request(Frame::Unsubscribe {
+            corr: 22,
+            subscription_id: 1
+        })
+        .await,
+        ok(key::UNSUBSCRIBE, 22)
+    );
+    let corr = consumer_update(&mut b, 4, true).await;
+    b.send(&Frame::ConsumerUpdateResponse {
+        corr,
+        code: code::OK,
+        offset: Some(OffsetSpec::Offset(2)),
+    })
+    .await;
+    assert_eq!(delivered_chunk(&mut b, 4).await, 2);
+
+    // The active one's connection dies: the next member takes over.
+    let mut c = Raw::open(port).await;
+    assert_eq!(
+        c.request(sac_subscribe(23, 0, "sac", "app", None)).await,
+        ok(key::SUBSCRIBE, 23)
+    );
+    assert!(c.quiet(200).await);
+    drop(b);
+    let corr = consumer_update(&mut c, 0, true).await;
+    // "none": where the subscription was (its own `first`).
+    c.send(&Frame::ConsumerUpdateResponse {
+        corr,
+        code: code::OK,
+        offset: None,
+    })
+    .await;
+    assert_eq!(delivered_chunk(&mut c, 0).await, 0);
+    alive(&mut admin).await;
+}
+
+#[tokio::test]
+async fn super_stream_partitions_spread_over_the_group_after_a_step_down() {
+    let (port, _stop) = start().await;
+    let mut admin = Raw::open(port).await;
+    let r = admin
+        .request(Frame::CreateSuperStream {
+            corr: 30,
+            name: "orders".into(),
+            partitions: vec!["orders-0".into(), "orders-1".into()],
+            binding_keys: vec!["0".into(), "1".into()],
+            arguments: vec![],
+        })
+        .await;
+    assert_eq!(r, ok(key::CREATE_SUPER_STREAM, 30));
+
+    // The first consumer is alone: active on both partitions.
+    let mut a = Raw::open(port).await;
+    for (corr, id, p) in [(31, 0, "orders-0"), (32, 1, "orders-1")] {
+        let sub = sac_subscribe(corr, id, p, "g", Some("orders"));
+        assert_eq!(a.request(sub).await, ok(key::SUBSCRIBE, corr));
+        let u = consumer_update(&mut a, id, true).await;
+        a.send(&Frame::ConsumerUpdateResponse {
+            corr: u,
+            code: code::OK,
+            offset: None,
+        })
+        .await;
+    }
+    // A second one: partition 1 (index 1 of 2 members) moves to it, partition 0 stays. The
+    // first is told to step down, and only its answer activates the second.
+    let mut b = Raw::open(port).await;
+    let sub = sac_subscribe(33, 0, "orders-0", "g", Some("orders"));
+    assert_eq!(b.request(sub).await, ok(key::SUBSCRIBE, 33));
+    let sub = sac_subscribe(34, 1, "orders-1", "g", Some("orders"));
+    assert_eq!(b.request(sub).await, ok(key::SUBSCRIBE, 34));
+    let down = consumer_update(&mut a, 1, false).await;
+    assert!(
+        b.quiet(300).await,
+        "not active before the step-down is answered"
+    );
+    a.send(&Frame::ConsumerUpdateResponse {
+        corr: down,
+        code: code::OK,
+        offset: None,
+    })
+    .await;
+    let up = consumer_update(&mut b, 1, true).await;
+    b.send(&Frame::ConsumerUpdateResponse {
+        corr: up,
+        code: code::OK,
+        offset: None,
+    })
+    .await;
+    // Publishing to each partition reaches its active consumer only.
+    for (p, _) in [("orders-0", 0), ("orders-1", 1)] {
+        let r = admin
+            .request(Frame::DeclarePublisher {
+                corr: 40,
+                publisher_id: 0,
+                reference: String::new(),
+                stream: p.into(),
+            })
+            .await;
+        assert_eq!(r, ok(key::DECLARE_PUBLISHER, 40));
+        admin
+            .send(&Frame::Publish {
+                v2: false,
+                publisher_id: 0,
+                messages: vec![msg(1, b"x")],
+            })
+            .await;
+        assert!(matches!(
+            admin.recv().await,
+            Some(Frame::PublishConfirm { .. })
+        ));
+        let r = admin
+            .request(Frame::DeletePublisher {
+                corr: 41,
+                publisher_id: 0,
+            })
+            .await;
+        assert_eq!(r, ok(key::DELETE_PUBLISHER, 41));
+    }
+    assert_eq!(delivered_chunk(&mut a, 0).await, 0, "orders-0 stays with a");
+    assert_eq!(delivered_chunk(&mut b, 1).await, 0, "orders-1 went to b");
+    assert!(a.quiet(200).await && b.quiet(200).await);
+}
+
+#[tokio::test]
+async fn frames_longer_or_shorter_than_their_command_are_unknown_frames() {
+    let (port, _stop) = start().await;
+    let mut other = Raw::open(port).await;
+    // A Heartbeat (key, version) followed by 3 bytes its length counts but the command has
+    // not; then a frame too short to hold a key and version.
+    let bad: [&[u8]; 2] = [&[0, 0, 0, 7, 0, 0x17, 0, 1, 9, 9, 9], &[0, 0, 0, 1, 0x17]];
+    for frame in bad {
+        let mut c = Raw::open(port).await;
+        c.send_raw(frame).await;
+        let Some(Frame::Close { corr, code: cc, .. }) = c.recv().await else {
+            panic!("expected close for {frame:?}")
+        };
+        assert_eq!(cc, code::UNKNOWN_FRAME, "{frame:?}");
+        c.send(&ok(key::CLOSE, corr)).await;
+        assert_eq!(c.recv().await, None);
+    }
+    alive(&mut other).await;
+}

@@ -6,10 +6,17 @@ use warren_stream::MemoryBackend;
 use warren_stream::backend::PeerInfo;
 use warren_stream::codec::{self, Entry, Frame, PublishedMessage};
 use warren_stream::frame::{code, key, split_frame};
-use warren_stream::session::{Session, StreamConfig, Wait};
+use warren_stream::session::{OutPart, Session, StreamConfig, Wait};
 
 fn frames(s: &mut Session<MemoryBackend>) -> Vec<Frame> {
-    let mut out = s.take_output();
+    // The in-memory backend hands out chunks in memory: bytes only.
+    let mut out = BytesMut::new();
+    for part in s.take_output() {
+        match part {
+            OutPart::Bytes(b) => out.extend_from_slice(&b),
+            OutPart::File(r) => panic!("a file range from memory: {r:?}"),
+        }
+    }
     let mut v = Vec::new();
     while let Some(b) = split_frame(&mut out, 0).unwrap() {
         v.push(codec::decode(b).unwrap());

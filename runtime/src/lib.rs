@@ -19,6 +19,7 @@ pub mod listener;
 mod mailbox;
 pub mod replicate;
 mod resources;
+pub mod sendfile;
 mod task;
 pub mod ws;
 

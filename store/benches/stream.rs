@@ -54,7 +54,7 @@ fn main() {
                 for _ in 0..3 {
                     let options = ReaderOptions {
                         read_ahead,
-                        ranges: false,
+                        ranges_from: None,
                     };
                     let mut r = log.reader(OffsetSpec::First, options).expect("reader");
                     let started = Instant::now();

@@ -35,7 +35,7 @@ fn msg(offset: u64, len: usize) -> Vec<u8> {
 fn opts(read_ahead: usize) -> ReaderOptions {
     ReaderOptions {
         read_ahead,
-        ranges: false,
+        ranges_from: None,
     }
 }
 
@@ -290,7 +290,7 @@ fn large_chunks_come_as_file_ranges_small_ones_in_memory() {
             OffsetSpec::First,
             ReaderOptions {
                 read_ahead: 4096,
-                ranges: true,
+                ranges_from: Some(0),
             },
         )
         .unwrap();
@@ -313,6 +313,19 @@ fn large_chunks_come_as_file_ranges_small_ones_in_memory() {
     let c = r.next_chunk().unwrap().unwrap();
     assert_eq!(c.first_offset, 3);
     assert!(r.next_chunk().unwrap().is_none());
+    // Below `ranges_from` a chunk comes in memory, read-ahead or not.
+    let mut r = log
+        .reader(
+            OffsetSpec::Offset(1),
+            ReaderOptions {
+                read_ahead: 0,
+                ranges_from: Some(20_000),
+            },
+        )
+        .unwrap();
+    let b = r.next_chunk().unwrap().unwrap();
+    assert_eq!(b.first_offset, 1);
+    assert!(matches!(b.data, ChunkData::Bytes(_)));
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -580,7 +593,7 @@ proptest! {
         let n = model.len() as u64;
         for (i, s) in starts.iter().enumerate() {
             let start = if n == 0 { 0 } else { s % (n + 1) };
-            let o = ReaderOptions { read_ahead: [0, 64, 4096, 100_000][i], ranges: i % 2 == 1 };
+            let o = ReaderOptions { read_ahead: [0, 64, 4096, 100_000][i], ranges_from: (i % 2 == 1).then_some(0) };
             let mut r = log.reader(OffsetSpec::Offset(start), o).unwrap();
             let mut got = Vec::new();
             let mut first = true;

@@ -5,7 +5,7 @@
 //! header read asks for `read_ahead` bytes (4096 by default), and every following chunk that
 //! lies whole inside those bytes is served from them: a stream of small chunks costs one
 //! system call per `read_ahead` bytes instead of two per chunk. A chunk that does not fit is
-//! large; with `ranges` it is handed out as a (file, offset, length) range so a socket shell
+//! large; with `ranges_from` (and at least that big) it is handed out as a (file, offset, length) range so a socket shell
 //! can `sendfile`/`splice` it without copying it through user space; without, it is read
 //! together with the next `read_ahead` bytes in one call.
 
@@ -24,16 +24,18 @@ use std::sync::atomic::Ordering;
 pub struct ReaderOptions {
     /// Bytes read ahead at each header read (RabbitMQ: 4096); 0 = off.
     pub read_ahead: usize,
-    /// Chunks not within the read-ahead bytes come as [`ChunkData::File`] ranges instead of
-    /// being read into memory (for a shell that can send file ranges to its socket).
-    pub ranges: bool,
+    /// `Some(min)`: chunks whose messages section is at least `min` bytes and not within
+    /// the read-ahead bytes come as [`ChunkData::File`] ranges instead of being read into
+    /// memory (for a shell that can send file ranges to its socket: below a few pages the
+    /// extra system call per chunk costs more than the copy it saves). `None`: never.
+    pub ranges_from: Option<u32>,
 }
 
 impl Default for ReaderOptions {
     fn default() -> ReaderOptions {
         ReaderOptions {
             read_ahead: 4096,
-            ranges: false,
+            ranges_from: None,
         }
     }
 }
@@ -273,7 +275,11 @@ impl StreamReader {
         let len = u64::from(h.data_len);
         let data = match self.buffered(at, len) {
             Some(d) => d,
-            None if self.options.ranges => {
+            None if self
+                .options
+                .ranges_from
+                .is_some_and(|min| h.data_len >= min) =>
+            {
                 return Ok(ChunkData::File {
                     file: file.clone(),
                     offset: at,

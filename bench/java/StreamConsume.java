@@ -1,0 +1,51 @@
+// Stream PerfTest's consumer, as seed 003 runs it (`--producers 0 --consumers 1 --offset first
+// --initial-credits 50 --no-latency --cmessages N`), for the streams `warren-bench stream fill`
+// made: Stream PerfTest itself is not on Maven Central, its client is. Same client (RabbitMQ's
+// Java stream client), same settings: offset first, 50 initial credits, no offset tracking,
+// messages counted, nothing parsed. One JVM for all streams (the JIT warms up on the first).
+// Usage: java -cp 'LIB/*' StreamConsume.java HOST PORT COUNT LABEL STREAM...
+import com.rabbitmq.stream.Consumer;
+import com.rabbitmq.stream.Environment;
+import com.rabbitmq.stream.OffsetSpecification;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+
+public class StreamConsume {
+  public static void main(String[] args) throws Exception {
+    String host = args[0];
+    int port = Integer.parseInt(args[1]);
+    long count = Long.parseLong(args[2]);
+    String label = args[3];
+    try (Environment env = Environment.builder().host(host).port(port).build()) {
+      for (int i = 4; i < args.length; i++) {
+        String stream = args[i];
+        CountDownLatch done = new CountDownLatch(1);
+        AtomicLong got = new AtomicLong();
+        long start = System.nanoTime();
+        Consumer consumer =
+            env.consumerBuilder()
+                .stream(stream)
+                .offset(OffsetSpecification.first())
+                .noTrackingStrategy()
+                .flow()
+                .initialCredits(50)
+                .builder()
+                .messageHandler(
+                    (ctx, msg) -> {
+                      if (got.incrementAndGet() == count) done.countDown();
+                    })
+                .build();
+        boolean all = done.await(300, TimeUnit.SECONDS);
+        double secs = (System.nanoTime() - start) / 1e9;
+        consumer.close();
+        if (!all) {
+          System.err.printf("%s: %d of %d within 300 s%n", stream, got.get(), count);
+          System.exit(1);
+        }
+        System.out.printf(
+            "java    %-20s %10.0f msg/s %s%n", stream, count / secs, label);
+      }
+    }
+  }
+}
