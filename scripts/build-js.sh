@@ -2,7 +2,9 @@
 # Builds the npm package in wasm/js: the warren-wasm crate for wasm32 (size-optimised
 # profile), then the JS glue and TypeScript types with wasm-bindgen-cli (whose version must
 # equal the wasm-bindgen crate's, pinned in wasm/Cargo.toml). Fails if the .wasm exceeds
-# 400 KB. wasm-opt is used when it is on PATH (optional).
+# 460 KB (400 KB until stream and quorum queues and the AMQP 1.0 codec of stream messages
+# came into the core on 2026-11-24: docs/status.md). wasm-opt is used when it is on PATH
+# (optional).
 #   scripts/build-js.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,7 @@ if command -v wasm-opt >/dev/null; then
   # Before wasm-bindgen, not after: Debian's binaryen 108 breaks the table of the glue's
   # output (Node: "WebAssembly.Table.set(): Argument 1 is invalid for table").
   mkdir -p "$target_dir/wasm-opt"
-  wasm-opt -Os --enable-reference-types --enable-bulk-memory --enable-nontrapping-float-to-int \
+  wasm-opt -Oz --enable-reference-types --enable-bulk-memory --enable-nontrapping-float-to-int \
     --enable-sign-ext --enable-mutable-globals -o "$target_dir/wasm-opt/warren_wasm.wasm" "$module"
   module="$target_dir/wasm-opt/warren_wasm.wasm"
 fi
@@ -30,7 +32,7 @@ wasm=wasm/js/dist/warren_wasm_bg.wasm
 raw=$(wc -c < "$wasm")
 gz=$(gzip -9c "$wasm" | wc -c)
 echo "warren_wasm_bg.wasm: $raw bytes raw, $gz bytes gzipped"
-if [ "$raw" -gt 409600 ]; then
-  echo "the .wasm exceeds 400 KB" >&2
+if [ "$raw" -gt 471040 ]; then
+  echo "the .wasm exceeds 460 KB" >&2
   exit 1
 fi
