@@ -75,7 +75,10 @@ class Broker:
              "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
              "--tls-ca", str(pki / "ca.pem"), "--tls-verify-peer", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "RUST_LOG": "info"})
+            # The broker reads WARREN_* as its configuration; the CI
+            # step sets WARREN_AMQP etc. for the tests' shared broker, not for this one.
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("WARREN_")},
+                 "RUST_LOG": "info"})
         self.logs = []
         self.ports = {}
         ready = threading.Event()
