@@ -12,22 +12,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod common;
+use common::Killed as Broker;
 
 fn data_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("warren-streams-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
-
-/// A started broker, SIGKILLed when dropped (also when a test fails midway).
-struct Broker(common::Served);
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.child.kill();
-        let _ = self.0.child.wait();
-    }
+    common::scratch_dir("streams", tag)
 }
 
 /// `warren serve` with the stream listener on a free port; returns it and that port.

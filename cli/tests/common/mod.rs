@@ -124,6 +124,26 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
     }
 }
 
+/// An empty data directory `$TMP/warren-{suite}-{tag}-{pid}` that outlives the brokers
+/// started on it (restart tests start a second one there).
+pub fn scratch_dir(suite: &str, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("warren-{suite}-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the data dir");
+    dir
+}
+
+/// A started broker, SIGKILLed when dropped (also when a test fails midway); its data
+/// directory stays for the next start.
+pub struct Killed(pub Served);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
 /// A `warren serve` (AMQP and MQTT on free ports, plus `args`) on a scratch data directory,
 /// killed and removed when dropped.
 pub struct Broker {
