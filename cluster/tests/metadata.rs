@@ -14,7 +14,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Cluster, Node, agreed_leader, bounded, parse, unavailable};
+use common::{Cluster, Node, agreed_leader, bounded, parse};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -147,20 +147,8 @@ async fn routed_here(node: &Node, x: &str, key: &str, q: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_restart() {
-    let bin = common::bin();
-    if let Some(why) = unavailable(&bin) {
-        assert!(
-            std::env::var_os("WARREN_CLUSTER_REQUIRE").is_none(),
-            "WARREN_CLUSTER_REQUIRE is set but {why}"
-        );
-        eprintln!("SKIPPED cluster metadata test: {why}");
+    let Some(cluster) = Cluster::prepare("cluster metadata test", BRIDGE, NET) else {
         return;
-    }
-    let cluster = Cluster {
-        state: tempfile::tempdir().expect("tempdir"),
-        bin,
-        bridge: BRIDGE,
-        net: NET,
     };
     let state = cluster.state.path().join("cluster");
     let nodes = parse(&cluster.run(&["up", "3"]));

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Cluster, Node, WAIT, agreed_leader, bounded, cluster_status, parse, unavailable};
+use common::{Cluster, Node, WAIT, agreed_leader, bounded, cluster_status, parse};
 use std::process::Command;
 use std::time::Duration;
 
@@ -153,20 +153,8 @@ fn leftovers() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_kill_start_partition_heal_down() {
-    let bin = common::bin();
-    if let Some(why) = unavailable(&bin) {
-        assert!(
-            std::env::var_os("WARREN_CLUSTER_REQUIRE").is_none(),
-            "WARREN_CLUSTER_REQUIRE is set but {why}"
-        );
-        eprintln!("SKIPPED cluster.sh test: {why}");
+    let Some(cluster) = Cluster::prepare("cluster.sh test", BRIDGE, NET) else {
         return;
-    }
-    let cluster = Cluster {
-        state: tempfile::tempdir().expect("tempdir"),
-        bin,
-        bridge: BRIDGE,
-        net: NET,
     };
     let state = cluster.state.path().join("cluster");
 

@@ -30,6 +30,27 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster handle on this test's own bridge and subnet, or `None` (with a SKIPPED
+    /// line naming `what`) when this machine cannot run it; with `WARREN_CLUSTER_REQUIRE`
+    /// set (CI), a machine that cannot is a failure instead.
+    pub fn prepare(what: &str, bridge: &'static str, net: &'static str) -> Option<Cluster> {
+        let bin = bin();
+        if let Some(why) = unavailable(&bin) {
+            assert!(
+                std::env::var_os("WARREN_CLUSTER_REQUIRE").is_none(),
+                "WARREN_CLUSTER_REQUIRE is set but {why}"
+            );
+            eprintln!("SKIPPED {what}: {why}");
+            return None;
+        }
+        Some(Cluster {
+            state: tempfile::tempdir().expect("tempdir"),
+            bin,
+            bridge,
+            net,
+        })
+    }
+
     /// Runs `scripts/cluster.sh ARGS`; returns stdout, panics with stderr on failure.
     pub fn run(&self, args: &[&str]) -> String {
         let out = self.command(args).output().expect("run scripts/cluster.sh");
