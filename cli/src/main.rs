@@ -7,6 +7,7 @@ mod ctl;
 #[cfg(test)]
 mod footprint;
 mod meta;
+mod nodes;
 mod settings;
 mod streams;
 mod tls;

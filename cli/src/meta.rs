@@ -603,6 +603,175 @@ impl Replicator for MetaReplicator {
     }
 }
 
+// ----- queue locations -----
+
+/// Where each classic queue lives (docs/cluster.md, "Queues live on one node"): the node
+/// that proposed the declare that created it (the change's origin), so every node, applying
+/// the same log in the same order, agrees. Kept in `<data-dir>/cluster/queue-homes.json`
+/// (written, synced and renamed before the applied index passes the change), told to the
+/// broker at start and on every change (`AdminRequest::QueueHome`).
+#[derive(Default, Serialize, Deserialize)]
+pub struct Homes {
+    /// (vhost, queue) -> node.
+    homes: Vec<(String, String, u64)>,
+    #[serde(skip)]
+    map: HashMap<(String, String), u64>,
+}
+
+fn homes_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("cluster").join("queue-homes.json")
+}
+
+impl Homes {
+    /// The recorded homes (none if the file is missing; an unreadable file is an error:
+    /// guessing would put messages on the wrong node).
+    pub fn load(data_dir: &Path) -> Result<Homes, String> {
+        let path = homes_path(data_dir);
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Homes::default()),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let mut h: Homes =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        h.map = h
+            .homes
+            .drain(..)
+            .map(|(v, q, n)| ((v, q), n))
+            .collect();
+        Ok(h)
+    }
+
+    fn save(&mut self, data_dir: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let path = homes_path(data_dir);
+        let mut list: Vec<(String, String, u64)> = self
+            .map
+            .iter()
+            .map(|((v, q), n)| (v.clone(), q.clone(), *n))
+            .collect();
+        list.sort();
+        let body = serde_json::to_vec(&serde_json::json!({ "homes": list }))
+            .map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("json.tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &path)
+    }
+
+    /// The broker's requests that place every recorded queue (`me`: this node).
+    pub fn requests(&self, me: u64) -> Vec<AdminRequest> {
+        self.map
+            .iter()
+            .filter(|(_, n)| **n != me)
+            .map(|((vhost, queue), n)| AdminRequest::QueueHome {
+                vhost: vhost.clone(),
+                queue: queue.clone(),
+                node: Some(*n as u32),
+            })
+            .collect()
+    }
+
+    /// The placements `change` (from `origin`) makes before it is applied: a declare of a
+    /// classic queue with no home yet puts it on `origin`. Returns the broker's requests,
+    /// and whether anything changed.
+    fn before(&mut self, change: &AdminRequest, origin: u64, me: u64) -> Vec<AdminRequest> {
+        let mut placed = Vec::new();
+        let mut place = |map: &mut HashMap<(String, String), u64>, vhost: &str, d: &QueueDeclare| {
+            if d.passive || !is_classic(d) {
+                return;
+            }
+            let key = (vhost.to_string(), d.queue.clone());
+            if map.contains_key(&key) {
+                return;
+            }
+            map.insert(key, origin);
+            placed.push(AdminRequest::QueueHome {
+                vhost: vhost.to_string(),
+                queue: d.queue.clone(),
+                node: (origin != me).then_some(origin as u32),
+            });
+        };
+        match change {
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDeclare(d),
+            } => place(&mut self.map, vhost, d),
+            AdminRequest::Import(defs) => {
+                for (vhost, d) in &defs.queues {
+                    place(&mut self.map, vhost, d);
+                }
+            }
+            _ => {}
+        }
+        placed
+    }
+
+    /// What `change` may remove once applied, noted before it is applied.
+    fn watch(change: &AdminRequest) -> Watch {
+        match change {
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDelete { queue, .. },
+            } => Watch::Delete(vhost.clone(), queue.clone()),
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDeclare(d),
+            } => Watch::Declare(vhost.clone(), d.queue.clone()),
+            AdminRequest::DeleteVhost(v) => Watch::Vhost(v.clone()),
+            _ => Watch::Nothing,
+        }
+    }
+
+    /// The homes `watch`'s change removed (`failed`: it changed nothing, so a home its
+    /// declare placed goes too).
+    fn after(&mut self, watch: Watch, failed: bool) -> Vec<AdminRequest> {
+        let gone: Vec<(String, String)> = match watch {
+            Watch::Delete(v, q) if !failed => vec![(v, q)],
+            Watch::Declare(v, q) if failed => vec![(v, q)],
+            Watch::Vhost(v) if !failed => self.map.keys().filter(|(hv, _)| *hv == v).cloned().collect(),
+            _ => Vec::new(),
+        };
+        gone.into_iter()
+            .filter(|k| self.map.remove(k).is_some())
+            .map(|(vhost, queue)| AdminRequest::QueueHome {
+                vhost,
+                queue,
+                node: None,
+            })
+            .collect()
+    }
+}
+
+/// What a change may remove from the homes, once applied.
+enum Watch {
+    Delete(String, String),
+    Declare(String, String),
+    Vhost(String),
+    Nothing,
+}
+
+/// Classic queues live on one node; quorum queues and streams are placed by their own
+/// mechanisms (their groups), not here.
+fn is_classic(d: &QueueDeclare) -> bool {
+    d.arguments
+        .get("x-queue-type")
+        .and_then(|v| v.as_str())
+        .is_none_or(|t| t == "classic")
+}
+
+/// Whether the broker's answer to a change says it changed nothing.
+fn failed(answer: &AdminResponse) -> bool {
+    match answer {
+        AdminResponse::Op(r) => r.is_err(),
+        AdminResponse::Done(r) => r.is_err(),
+        _ => false,
+    }
+}
+
 // ----- applying -----
 
 fn applied_path(data_dir: &Path) -> PathBuf {
@@ -640,6 +809,7 @@ pub async fn run_applier(
     me: u64,
     pending: Pending,
     data_dir: PathBuf,
+    mut homes: Homes,
 ) {
     let path = applied_path(&data_dir);
     let mut applied = read_applied(&path);
@@ -708,10 +878,40 @@ pub async fn run_applier(
                 None
             } else {
                 match decode(&change.change) {
-                    Ok(request) => match broker.admin_local(request).await {
-                        Ok(answer) => Some(answer),
-                        Err(_) => return,
-                    },
+                    Ok(request) => {
+                        let placed = homes.before(&request, change.origin, me);
+                        let moved = !placed.is_empty();
+                        for p in placed {
+                            if broker.admin_local(p).await.is_err() {
+                                return;
+                            }
+                        }
+                        let watch = match Homes::watch(&request) {
+                            // A declare that placed nothing (the queue had its home)
+                            // removes nothing if it fails (an inequivalent redeclare).
+                            Watch::Declare(..) if !moved => Watch::Nothing,
+                            w => w,
+                        };
+                        let answer = match broker.admin_local(request).await {
+                            Ok(answer) => answer,
+                            Err(_) => return,
+                        };
+                        let gone = homes.after(watch, failed(&answer));
+                        let moved = moved || !gone.is_empty();
+                        for g in gone {
+                            if broker.admin_local(g).await.is_err() {
+                                return;
+                            }
+                        }
+                        // Durable before the applied index can pass this change.
+                        if moved && let Err(e) = homes.save(&data_dir) {
+                            tracing::error!(
+                                "cluster: cannot record queue locations in {}: {e}",
+                                homes_path(&data_dir).display()
+                            );
+                        }
+                        Some(answer)
+                    }
                     Err(e) => {
                         tracing::error!(
                             index = change.index,

@@ -278,6 +278,17 @@ pub enum AdminRequest {
     SetMemoryWatermark(u64),
     /// MQTT retained messages per vhost (topology's: shard 0 answers).
     RetainedStats,
+    /// Queue `queue` of `vhost` lives on cluster node `node` (`None`: on this node): this
+    /// node keeps a stub of it and sends what it routes there to that node
+    /// (`NodeMail`). Every shard applies it.
+    QueueHome {
+        /// The queue's vhost.
+        vhost: String,
+        /// Its name.
+        queue: String,
+        /// The node it lives on; `None`: this one.
+        node: Option<u32>,
+    },
     /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
     CloseConnection {
         /// The connection.
@@ -342,6 +353,11 @@ impl AdminRequest {
                 name: name.clone(),
             },
             AdminRequest::SetMemoryWatermark(bytes) => AdminRequest::SetMemoryWatermark(*bytes),
+            AdminRequest::QueueHome { vhost, queue, node } => AdminRequest::QueueHome {
+                vhost: vhost.clone(),
+                queue: queue.clone(),
+                node: *node,
+            },
             _ => return None,
         })
     }

@@ -17,6 +17,7 @@
 pub mod counting;
 pub mod listener;
 mod mailbox;
+pub mod nodes;
 pub mod replicate;
 mod resources;
 pub mod sendfile;
@@ -24,6 +25,7 @@ mod task;
 pub mod ws;
 
 pub use mailbox::EffectReceiver;
+pub use nodes::NodeLink;
 pub use replicate::Replicator;
 pub use resources::{ResourceWatch, disk_free, process_rss};
 /// The store's sync latency histograms (Prometheus reads them).
@@ -182,6 +184,16 @@ pub(crate) enum Control {
     },
     /// The host's latest measurements of the machine (`ResourceWatch`).
     Resources(warren_core::Resources),
+    /// A clustered host's link to the other nodes (`BrokerHandle::set_node_link`).
+    NodeLink(Arc<dyn NodeLink>),
+    /// Mail another node sent (`BrokerHandle::receive_node_mail`); `done` once applied.
+    NodeMail {
+        from: u32,
+        mails: Vec<warren_core::NodeMail>,
+        done: tokio::sync::oneshot::Sender<()>,
+    },
+    /// The host could not reach `node` (`BrokerHandle::node_unreachable`).
+    NodeUnreachable(u32),
     /// A client logs in (AMQP start-ok, MQTT CONNECT).
     Authenticate {
         user: String,
@@ -467,6 +479,58 @@ impl BrokerHandle {
                 }
             },
         })
+    }
+
+    /// Makes `link` carry this node's mail for other cluster nodes (module `nodes`). Set
+    /// once, before clients connect.
+    pub fn set_node_link(&self, link: Arc<dyn NodeLink>) {
+        for shard in &self.shared.shards {
+            let _ = shard.control.send(Control::NodeLink(link.clone()));
+        }
+    }
+
+    /// Applies mail node `from` sent, in order; returns once every shard it concerns
+    /// applied it. A forwarded message goes to shard 0 (its queue's shard gets it from
+    /// there), an answer to the shard its token names.
+    pub async fn receive_node_mail(
+        &self,
+        from: u32,
+        mails: Vec<warren_core::NodeMail>,
+    ) -> Result<(), BrokerGone> {
+        let k = self.shared.shards.len() as u64;
+        let mut per_shard: Vec<Vec<warren_core::NodeMail>> =
+            self.shared.shards.iter().map(|_| Vec::new()).collect();
+        for m in mails {
+            let shard = match &m {
+                warren_core::NodeMail::Answered { token, .. } => (token % k) as usize,
+                warren_core::NodeMail::Enqueue { .. } => 0,
+            };
+            per_shard[shard].push(m);
+        }
+        let mut waits = Vec::new();
+        for (shard, mails) in self.shared.shards.iter().zip(per_shard) {
+            if mails.is_empty() {
+                continue;
+            }
+            let (done, wait) = tokio::sync::oneshot::channel();
+            shard
+                .control
+                .send(Control::NodeMail { from, mails, done })
+                .map_err(|_| BrokerGone)?;
+            waits.push(wait);
+        }
+        for w in waits {
+            w.await.map_err(|_| BrokerGone)?;
+        }
+        Ok(())
+    }
+
+    /// The host could not hand mail to node `node`: the publishes forwarded to it that
+    /// wait for an answer are nacked.
+    pub fn node_unreachable(&self, node: u32) {
+        for shard in &self.shared.shards {
+            let _ = shard.control.send(Control::NodeUnreachable(node));
+        }
     }
 
     /// Runs an operator's request on the broker task (shard 0's), on this node only: a

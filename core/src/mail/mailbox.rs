@@ -69,6 +69,9 @@ impl Mailbox {
         let k = u64::from(self.shards);
         match dest {
             Dest::Queue(q) => (q.0 % k) as u32,
+            // A cluster node's address: the shard that answers it hands the answer to the
+            // host (`shard/nodes.rs`).
+            Dest::Conn(c) if crate::shard::is_node_conn(c) => self.shard,
             Dest::Conn(c) if c != RESTORE_CONN => (c.0 % k) as u32,
             Dest::Topology | Dest::Conn(_) => 0,
             Dest::Host => self.shard,
