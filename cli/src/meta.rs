@@ -685,7 +685,9 @@ impl Homes {
                 return;
             }
             let key = (vhost.to_string(), d.queue.clone());
-            if map.contains_key(&key) {
+            // A durable queue stays where it was first declared; an MQTT clean session's
+            // (exclusive) queue moves to the node of the newest session of its client id.
+            if map.get(&key).is_some_and(|n| !d.exclusive || *n == origin) {
                 return;
             }
             map.insert(key, origin);
@@ -710,6 +712,21 @@ impl Homes {
         placed
     }
 
+    /// Whether the queue `change` declares lives on another node now (this node has a
+    /// stub of it).
+    fn remote(&self, change: &AdminRequest, me: u64) -> bool {
+        match change {
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDeclare(d),
+            } => self
+                .map
+                .get(&(vhost.clone(), d.queue.clone()))
+                .is_some_and(|n| *n != me),
+            _ => false,
+        }
+    }
+
     /// What `change` may remove once applied, noted before it is applied.
     fn watch(change: &AdminRequest) -> Watch {
         match change {
@@ -717,20 +734,22 @@ impl Homes {
                 vhost,
                 op: Op::QueueDelete { queue, .. },
             } => Watch::Delete(vhost.clone(), queue.clone()),
+            // A stub's declare may fail where the session's old queue still is (405): the
+            // queue still lives on the newest session's node.
             AdminRequest::Op {
                 vhost,
                 op: Op::QueueDeclare(d),
-            } => Watch::Declare(vhost.clone(), d.queue.clone()),
+            } if !d.exclusive => Watch::Declare(vhost.clone(), d.queue.clone()),
             AdminRequest::DeleteVhost(v) => Watch::Vhost(v.clone()),
             _ => Watch::Nothing,
         }
     }
 
     /// The homes `watch`'s change removed (`failed`: it changed nothing, so a home its
-    /// declare placed goes too).
-    fn after(&mut self, watch: Watch, failed: bool) -> Vec<AdminRequest> {
+    /// declare placed goes too; `missing`: it failed because the queue is not there).
+    fn after(&mut self, watch: Watch, failed: bool, missing: bool) -> Vec<AdminRequest> {
         let gone: Vec<(String, String)> = match watch {
-            Watch::Delete(v, q) if !failed => vec![(v, q)],
+            Watch::Delete(v, q) if !failed || missing => vec![(v, q)],
             Watch::Declare(v, q) if failed => vec![(v, q)],
             Watch::Vhost(v) if !failed => self.map.keys().filter(|(hv, _)| *hv == v).cloned().collect(),
             _ => Vec::new(),
@@ -770,6 +789,40 @@ fn failed(answer: &AdminResponse) -> bool {
         AdminResponse::Done(r) => r.is_err(),
         _ => false,
     }
+}
+
+/// Whether the broker's answer says the entity was not there.
+fn missing(answer: &AdminResponse) -> bool {
+    matches!(answer, AdminResponse::Op(Err(e)) if e.code == warren_core::error::ErrorCode::NotFound)
+}
+
+/// How this node applies an MQTT clean session's (exclusive) queue declare: the session's
+/// node leaves it to the session's own declare, which follows the commit (the queue is
+/// the session connection's), after removing a stub of it left from an earlier session
+/// elsewhere; every other node keeps a stub (transient, owned by no connection) that
+/// forwards to it. `None`: not such a declare.
+fn session_declare(request: &AdminRequest, origin: u64, me: u64) -> Option<Option<AdminRequest>> {
+    let AdminRequest::Op {
+        vhost,
+        op: Op::QueueDeclare(d),
+    } = request
+    else {
+        return None;
+    };
+    if !d.exclusive {
+        return None;
+    }
+    if origin == me {
+        return Some(None);
+    }
+    let mut stub = d.clone();
+    stub.exclusive = false;
+    stub.durable = false;
+    stub.auto_delete = false;
+    Some(Some(AdminRequest::Op {
+        vhost: vhost.clone(),
+        op: Op::QueueDeclare(stub),
+    }))
 }
 
 // ----- applying -----
@@ -879,6 +932,7 @@ pub async fn run_applier(
             } else {
                 match decode(&change.change) {
                     Ok(request) => {
+                        let had_stub = homes.remote(&request, me);
                         let placed = homes.before(&request, change.origin, me);
                         let moved = !placed.is_empty();
                         for p in placed {
@@ -886,6 +940,38 @@ pub async fn run_applier(
                                 return;
                             }
                         }
+                        let request = match session_declare(&request, change.origin, me) {
+                            None => request,
+                            Some(Some(stub)) => stub,
+                            Some(None) => {
+                                // The session's own declare creates it here.
+                                if let (true, AdminRequest::Op { vhost, op: Op::QueueDeclare(d) }) =
+                                    (had_stub, &request)
+                                {
+                                    let delete = AdminRequest::Op {
+                                        vhost: vhost.clone(),
+                                        op: Op::QueueDelete {
+                                            queue: d.queue.clone(),
+                                            if_unused: false,
+                                            if_empty: false,
+                                            nowait: true,
+                                        },
+                                    };
+                                    if broker.admin_local(delete).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                if moved && let Err(e) = homes.save(&data_dir) {
+                                    tracing::error!("cluster: cannot record queue locations: {e}");
+                                }
+                                if change.origin == me
+                                    && let Some(tx) = lock(&pending).remove(&change.seq)
+                                {
+                                    let _ = tx.send(Some(AdminResponse::Op(Ok(None))));
+                                }
+                                continue;
+                            }
+                        };
                         let watch = match Homes::watch(&request) {
                             // A declare that placed nothing (the queue had its home)
                             // removes nothing if it fails (an inequivalent redeclare).
@@ -896,7 +982,7 @@ pub async fn run_applier(
                             Ok(answer) => answer,
                             Err(_) => return,
                         };
-                        let gone = homes.after(watch, failed(&answer));
+                        let gone = homes.after(watch, failed(&answer), missing(&answer));
                         let moved = moved || !gone.is_empty();
                         for g in gone {
                             if broker.admin_local(g).await.is_err() {

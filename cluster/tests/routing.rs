@@ -2,7 +2,8 @@
 //! lives on the node that declared it; a publish on another node reaches it there, and its
 //! confirm comes after the home node took it (and synced it, for a persistent message);
 //! the other nodes hold no messages for it; the locations survive a SIGKILL and restart;
-//! a publish with confirms to a queue whose node is down is nacked.
+//! a publish with confirms to a queue whose node is down is nacked. MQTT: a subscriber on
+//! one node gets what is published on the others, and after reconnecting to another node.
 //!
 //! Needs root and `ip netns`, and the broker binary (`cargo build -p warren-cli`, or
 //! WARREN_BIN). Without them the test says why and passes, unless WARREN_CLUSTER_REQUIRE=1
@@ -103,6 +104,77 @@ async fn drain(node: &Node, q: &str) -> Vec<String> {
     out
 }
 
+/// An MQTT client of `node` (clean session) subscribed to `topic` at QoS 1, its SUBACK in.
+async fn mqtt_subscriber(
+    node: &Node,
+    id: &str,
+    topic: &str,
+) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
+    let (host, port) = node.mqtt.rsplit_once(':').expect("HOST:PORT");
+    let mut opts = rumqttc::MqttOptions::new(id, host, port.parse().expect("port"));
+    opts.set_credentials("warren", "warren");
+    let (client, mut events) = rumqttc::AsyncClient::new(opts, 100);
+    client
+        .subscribe(topic, rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    bounded("suback", async {
+        loop {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => return,
+                Ok(_) => {}
+                Err(e) => panic!("{}: mqtt: {e}", node.name),
+            }
+        }
+    })
+    .await;
+    (client, events)
+}
+
+/// Publishes `payloads` at QoS 1 on `node` and waits for every PUBACK.
+async fn mqtt_publish(node: &Node, id: &str, topic: &str, payloads: &[String]) {
+    let (host, port) = node.mqtt.rsplit_once(':').expect("HOST:PORT");
+    let mut opts = rumqttc::MqttOptions::new(id, host, port.parse().expect("port"));
+    opts.set_credentials("warren", "warren");
+    let (client, mut events) = rumqttc::AsyncClient::new(opts, 100);
+    for p in payloads {
+        client
+            .publish(topic, rumqttc::QoS::AtLeastOnce, false, p.clone())
+            .await
+            .expect("publish");
+    }
+    let mut acked = 0;
+    bounded("pubacks", async {
+        while acked < payloads.len() {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => acked += 1,
+                Ok(_) => {}
+                Err(e) => panic!("{}: mqtt publish: {e}", node.name),
+            }
+        }
+    })
+    .await;
+    let _ = client.disconnect().await;
+}
+
+/// The next `n` payloads `events` receives.
+async fn mqtt_receive(events: &mut rumqttc::EventLoop, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    bounded("mqtt receive", async {
+        while got.len() < n {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                    got.push(String::from_utf8_lossy(&p.payload).into_owned())
+                }
+                Ok(_) => {}
+                Err(e) => panic!("mqtt receive: {e}"),
+            }
+        }
+    })
+    .await;
+    got
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirms() {
     let Some(cluster) = Cluster::prepare("cluster routing test", BRIDGE, NET) else {
@@ -159,6 +231,28 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     assert_eq!(got.len(), 250);
     let from1: Vec<&String> = got.iter().filter(|b| b.starts_with("n1-")).collect();
     assert_eq!(from1, first.iter().collect::<Vec<_>>(), "n1's order holds");
+
+    // MQTT: a subscriber on n2 gets, in order, what is published on n1 and n3 (its
+    // session queue lives on n2; n1 and n3 route to it through amq.topic).
+    let (sub, mut sub_events) = mqtt_subscriber(n2, "sub-x", "sensors/+/t").await;
+    let from_n1: Vec<String> = (0..20).map(|i| format!("m1-{i}")).collect();
+    mqtt_publish(n1, "pub-1", "sensors/a/t", &from_n1).await;
+    assert_eq!(mqtt_receive(&mut sub_events, 20).await, from_n1);
+    let from_n3: Vec<String> = (0..5).map(|i| format!("m3-{i}")).collect();
+    mqtt_publish(n3, "pub-3", "sensors/b/t", &from_n3).await;
+    assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n3);
+    let _ = sub.disconnect().await;
+    drop(sub_events);
+    // The same client id reconnects on n3 (clean session): its queue moves to n3, and a
+    // publish on n2, where the old session was, reaches it there.
+    let (sub, mut sub_events) = mqtt_subscriber(n3, "sub-x", "sensors/+/t").await;
+    let from_n2: Vec<String> = (0..5).map(|i| format!("m2-{i}")).collect();
+    mqtt_publish(n2, "pub-2", "sensors/c/t", &from_n2).await;
+    assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n2);
+    mqtt_publish(n1, "pub-1", "sensors/d/t", &from_n1[..3]).await;
+    assert_eq!(mqtt_receive(&mut sub_events, 3).await, from_n1[..3]);
+    let _ = sub.disconnect().await;
+    drop(sub_events);
 
     // Both nodes SIGKILLed and restarted: the locations hold (n1 still forwards to n2), and
     // a confirmed message survived n2's kill -9.

@@ -743,6 +743,7 @@ impl BrokerHandle {
                     vhost: std::sync::OnceLock::new(),
                     login: std::sync::OnceLock::new(),
                     amqp: std::sync::atomic::AtomicBool::new(false),
+                    mqtt: std::sync::atomic::AtomicBool::new(false),
                 }),
             },
             rx,
@@ -776,9 +777,11 @@ struct ConnGuard {
     /// Its vhost and user by name, once it opened (a cluster member checks permissions
     /// before it proposes a client's metadata change).
     login: std::sync::OnceLock<(String, String)>,
-    /// An AMQP connection (`describe`): its durable declares are cluster metadata; an
-    /// MQTT session's queues are the node's own.
+    /// An AMQP connection (`describe`): its durable declares are cluster metadata.
     amqp: std::sync::atomic::AtomicBool,
+    /// An MQTT connection (`describe`): its session queue and bindings are cluster
+    /// metadata (`replicate::replicated_session_op`).
+    mqtt: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ConnGuard {
@@ -820,7 +823,7 @@ impl CommandSender {
         if let Some(replicator) = self.replicator()
             && ops
                 .iter()
-                .any(|(_, op)| replicate::replicated_op(op) || replicate::needs_barrier(op))
+                .any(|(_, op)| self.replicated(op) || replicate::needs_barrier(op))
         {
             // Boxed: every connection task awaits `send` inline, so an inline replicated path
             // (waiting on the metadata group) would grow every idle connection's future
@@ -830,12 +833,22 @@ impl CommandSender {
         self.send_batch(ops).await
     }
 
-    /// The cluster's replicator, if this is an AMQP connection of a cluster member.
+    /// The cluster's replicator, if this is an AMQP or MQTT connection of a cluster member.
     fn replicator(&self) -> Option<Arc<dyn Replicator>> {
-        if !self.guard.amqp.load(Ordering::Relaxed) {
+        if !self.guard.amqp.load(Ordering::Relaxed) && !self.guard.mqtt.load(Ordering::Relaxed) {
             return None;
         }
         self.guard.shared.replicator.get().cloned()
+    }
+
+    /// Whether `op` of this connection is cluster metadata: an AMQP client's durable
+    /// changes, an MQTT session's queue and bindings.
+    fn replicated(&self, op: &Op) -> bool {
+        if self.guard.amqp.load(Ordering::Relaxed) {
+            replicate::replicated_op(op)
+        } else {
+            replicate::replicated_session_op(op)
+        }
     }
 
     /// Sends a batch with metadata changes: each is committed by the cluster (and applied
@@ -852,7 +865,7 @@ impl CommandSender {
     ) -> Result<(), BrokerGone> {
         let mut out = Vec::with_capacity(ops.len());
         for (ch, op) in ops {
-            let change = replicate::replicated_op(&op);
+            let change = self.replicated(&op);
             if !change && !replicate::needs_barrier(&op) {
                 out.push((ch, op));
                 continue;
@@ -907,7 +920,9 @@ impl CommandSender {
         };
         match op {
             Op::ExchangeDeclare(d) => table.exchange(v, &d.exchange).is_some(),
-            Op::QueueDeclare(d) => table.queue(v, &d.queue).is_some(),
+            // An MQTT clean session's queue may exist here as the stub of an earlier
+            // session on another node: its declare always moves it here.
+            Op::QueueDeclare(d) => !d.exclusive && table.queue(v, &d.queue).is_some(),
             _ => false,
         }
     }
@@ -960,6 +975,8 @@ impl CommandSender {
     pub fn describe(&self, meta: ConnMeta) {
         if meta.protocol.starts_with("AMQP") {
             self.guard.amqp.store(true, Ordering::Relaxed);
+        } else if meta.protocol.starts_with("MQTT") {
+            self.guard.mqtt.store(true, Ordering::Relaxed);
         }
         self.guard
             .shared

@@ -75,6 +75,20 @@ pub fn replicated_op(op: &Op) -> bool {
     }
 }
 
+/// Whether an MQTT session's op is cluster metadata: its queue and the queue's bindings,
+/// so a publish on any node reaches a subscriber on any other (docs/cluster.md, "MQTT
+/// across nodes"). A clean session's queue is exclusive: the other nodes keep a stub of
+/// it, placed on the session's node by each declare (the newest session of a client id
+/// owns it).
+pub fn replicated_session_op(op: &Op) -> bool {
+    match op {
+        Op::QueueDeclare(d) => !d.passive && !d.queue.is_empty(),
+        Op::QueueDelete { queue, .. } => !queue.is_empty(),
+        Op::QueueBind(b) | Op::QueueUnbind(b) => !b.source.is_empty() && !b.destination.is_empty(),
+        _ => false,
+    }
+}
+
 /// Whether an operator's request changes cluster metadata.
 pub fn replicated_admin(request: &AdminRequest) -> bool {
     match request {

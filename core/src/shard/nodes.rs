@@ -192,9 +192,13 @@ impl Broker {
                             }),
                         }),
                         None => {
-                            // Not here (deleted, or this node missed its declare): nacked.
+                            // Deleted here after the other node routed to it (or an MQTT
+                            // session's queue that went with its connection): the deletion
+                            // took it, as for a queue deleted on this node after routing
+                            // (`routed_to_deleted`), so it is confirmed.
+                            self.routed_to_deleted += 1;
                             if let Some(token) = token {
-                                self.answer_node(to, token, false);
+                                self.answer_node(to, token, true);
                             }
                         }
                     }
