@@ -145,6 +145,12 @@ impl Broker {
         out.append(&mut self.nodes.outbox);
     }
 
+    /// The publishes (channel, seq) whose answer another node owes.
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn node_pending(&self) -> impl Iterator<Item = (ChannelAddr, u64)> + '_ {
+        self.nodes.pending.values().map(|(_, to, seq)| (*to, *seq))
+    }
+
     /// Whether forwarded publishes wait for an answer from other nodes.
     pub fn node_answers_pending(&self) -> usize {
         self.nodes.pending.len()
