@@ -350,6 +350,9 @@ struct Clients {
     stop: watch::Receiver<bool>,
     /// Messages per second per publisher.
     rate: u64,
+    /// Deliveries per second per consumer: slower than the publishers, so the queue holds a
+    /// backlog at every fault, which only storage (or another node) can bring back.
+    consume_rate: u64,
 }
 
 async fn within<T>(what: &str, f: impl Future<Output = lapin::Result<T>>) -> Result<T, String> {
@@ -564,6 +567,9 @@ impl Clients {
             .await?;
             let session = self.hist.lock().unwrap().session();
             let since = Instant::now();
+            let mut tick =
+                tokio::time::interval(Duration::from_micros(1_000_000 / self.consume_rate.max(1)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !self.stopped() && (!away || since.elapsed() <= AWAY) {
                 let d = match timeout(Duration::from_millis(500), deliveries.next()).await {
                     Err(_) => continue, // idle: look at stop again
@@ -576,6 +582,7 @@ impl Clients {
                     .unwrap()
                     .deliver(session, &d.data, d.redelivered);
                 within("basic.ack", d.acker.ack(BasicAckOptions::default())).await?;
+                tick.tick().await;
             }
             Ok(())
         }
@@ -724,8 +731,9 @@ enum Fault {
 }
 
 impl Fault {
-    fn name(self) -> &'static str {
+    fn name(self, nodes: usize) -> &'static str {
         match self {
+            Fault::KillLeader if nodes == 1 => "kill -9 + restart",
             Fault::KillLeader => "kill -9 leader",
             Fault::KillFollower => "kill -9 follower",
             Fault::PartitionLeader => "partition leader",
@@ -742,6 +750,7 @@ struct Spec {
     publishers: usize,
     consumers: usize,
     rate: u64,
+    consume_rate: u64,
     schedule: Vec<Fault>,
 }
 
@@ -788,11 +797,11 @@ fn inject(target: &mut Target, fault: Fault, queue: &str, rng: &mut Rng, hist: &
             }
         }
     }
-    hist.lock().unwrap().fault(fault.name());
+    hist.lock().unwrap().fault(fault.name(n));
     let agreed = target.leader(&all);
     eprintln!(
         "jepsen: {} (node {leader} led) held {hold:?}; back with leader {agreed:?} after {:?}",
-        fault.name(),
+        fault.name(n),
         t.elapsed()
     );
 }
@@ -819,6 +828,7 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         hist: hist.clone(),
         stop,
         rate: spec.rate,
+        consume_rate: spec.consume_rate,
     };
     let mut tasks = Vec::new();
     for p in 0..spec.publishers {
@@ -911,13 +921,14 @@ fn single_node(name: &'static str, queue: &'static str, args: FieldTable) {
             publishers: 3,
             consumers: 2,
             rate: 200,
+            consume_rate: 220,
             schedule: vec![Fault::KillLeader, Fault::Pause, Fault::KillLeader],
         },
     );
     let problems = report.problems();
     assert!(problems.is_empty(), "{name}: {problems:#?}\n{report}");
     assert!(
-        report.faults.get("kill -9 leader").copied().unwrap_or(0) >= 1,
+        report.faults.get("kill -9 + restart").copied().unwrap_or(0) >= 1,
         "{name}: no kill was injected: {report}"
     );
 }
@@ -958,6 +969,7 @@ fn three_nodes_quorum_queue_under_faults() {
             publishers: 3,
             consumers: 3,
             rate: 100,
+            consume_rate: 70,
             schedule: vec![
                 Fault::KillLeader,
                 Fault::Pause,
