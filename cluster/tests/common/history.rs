@@ -52,12 +52,16 @@ pub struct History {
     /// Client-side errors that ended a session (counted; first few kept for the report).
     pub session_errors: u64,
     pub first_errors: Vec<String>,
+    /// Per publisher: when its last confirm came, and the longest time between two of its
+    /// confirms (how long a fault kept it from publishing: the failover time it saw).
+    pub confirm_gaps: Vec<(Option<std::time::Instant>, std::time::Duration)>,
 }
 
 impl History {
     pub fn new(publishers: usize, max_ops: u64) -> History {
         History {
             publishes: vec![Vec::new(); publishers],
+            confirm_gaps: vec![(None, std::time::Duration::ZERO); publishers],
             max_ops,
             ..History::default()
         }
@@ -81,6 +85,15 @@ impl History {
     pub fn settle(&mut self, p: usize, seq: u64, outcome: Outcome) {
         if let Some(o) = self.publishes[p].get_mut(seq as usize) {
             *o = outcome;
+        }
+        if outcome == Outcome::Confirmed
+            && let Some((last, longest)) = self.confirm_gaps.get_mut(p)
+        {
+            let now = std::time::Instant::now();
+            if let Some(last) = last {
+                *longest = (*longest).max(now - *last);
+            }
+            *last = Some(now);
         }
     }
 
@@ -132,6 +145,11 @@ impl History {
             sessions: self.sessions,
             invented: self.malformed_count,
             session_errors: self.session_errors,
+            longest_confirm_gap_ms: self
+                .confirm_gaps
+                .iter()
+                .map(|(_, g)| g.as_millis() as u64)
+                .collect(),
             ..Report::default()
         };
         for log in &self.publishes {
@@ -222,6 +240,8 @@ pub struct Report {
     pub sessions: u32,
     pub session_errors: u64,
     pub first_errors: Vec<String>,
+    /// Per publisher, the longest time between two of its confirms, in ms.
+    pub longest_confirm_gap_ms: Vec<u64>,
 }
 
 impl Report {
@@ -268,7 +288,8 @@ impl fmt::Display for Report {
             f,
             "faults {} ({}); published {} confirmed {} (nacked {}, returned {}, unknown {}); \
              delivered {} ({} distinct, {} duplicates); lost {}, invented {}, out of order {}; \
-             consumer sessions {}, client sessions ended by errors {}",
+             consumer sessions {}, client sessions ended by errors {}; longest wait between \
+             two confirms per publisher {:?} ms",
             self.faults_total(),
             if faults.is_empty() {
                 "none".to_string()
@@ -288,6 +309,7 @@ impl fmt::Display for Report {
             self.out_of_order,
             self.sessions,
             self.session_errors,
+            self.longest_confirm_gap_ms,
         )
     }
 }
