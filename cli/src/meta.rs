@@ -773,13 +773,13 @@ enum Watch {
     Nothing,
 }
 
-/// Classic queues live on one node; quorum queues and streams are placed by their own
-/// mechanisms (their groups), not here.
+/// Classic queues (and MQTT QoS 0 sessions' `mqtt-qos0` queues) live on one node; quorum
+/// queues and streams are placed by their own mechanisms (their groups), not here.
 fn is_classic(d: &QueueDeclare) -> bool {
     d.arguments
         .get("x-queue-type")
         .and_then(|v| v.as_str())
-        .is_none_or(|t| t == "classic")
+        .is_none_or(|t| t == "classic" || t == "mqtt-qos0")
 }
 
 /// Whether the broker's answer to a change says it changed nothing.

@@ -110,14 +110,21 @@ async fn mqtt_subscriber(
     id: &str,
     topic: &str,
 ) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
+    mqtt_subscriber_at(node, id, topic, rumqttc::QoS::AtLeastOnce).await
+}
+
+/// `mqtt_subscriber` at `qos` (QoS 0 only: the session's queue is an `mqtt-qos0` one).
+async fn mqtt_subscriber_at(
+    node: &Node,
+    id: &str,
+    topic: &str,
+    qos: rumqttc::QoS,
+) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
     let (host, port) = node.mqtt.rsplit_once(':').expect("HOST:PORT");
     let mut opts = rumqttc::MqttOptions::new(id, host, port.parse().expect("port"));
     opts.set_credentials("warren", "warren");
     let (client, mut events) = rumqttc::AsyncClient::new(opts, 100);
-    client
-        .subscribe(topic, rumqttc::QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
+    client.subscribe(topic, qos).await.expect("subscribe");
     bounded("suback", async {
         loop {
             match events.poll().await {
@@ -251,6 +258,14 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n2);
     mqtt_publish(n1, "pub-1", "sensors/d/t", &from_n1[..3]).await;
     assert_eq!(mqtt_receive(&mut sub_events, 3).await, from_n1[..3]);
+    let _ = sub.disconnect().await;
+    drop(sub_events);
+    // A QoS 0 subscriber (its session's queue is an `mqtt-qos0` one) on n1 gets what n2
+    // publishes.
+    let (sub, mut sub_events) =
+        mqtt_subscriber_at(n1, "sub-0", "q0/#", rumqttc::QoS::AtMostOnce).await;
+    mqtt_publish(n2, "pub-2", "q0/x", &from_n2).await;
+    assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n2);
     let _ = sub.disconnect().await;
     drop(sub_events);
 

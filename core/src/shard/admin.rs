@@ -543,6 +543,7 @@ impl Broker {
                 broker.set_queue_home(&vhost, &queue, node);
                 Done(Ok(()))
             }
+            AdminRequest::Qos0Dropped => AdminResponse::Dropped(broker.qos0_dropped()),
         }
     }
 }
