@@ -634,11 +634,7 @@ impl Homes {
         };
         let mut h: Homes =
             serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        h.map = h
-            .homes
-            .drain(..)
-            .map(|(v, q, n)| ((v, q), n))
-            .collect();
+        h.map = h.homes.drain(..).map(|(v, q, n)| ((v, q), n)).collect();
         Ok(h)
     }
 
@@ -680,23 +676,24 @@ impl Homes {
     /// and whether anything changed.
     fn before(&mut self, change: &AdminRequest, origin: u64, me: u64) -> Vec<AdminRequest> {
         let mut placed = Vec::new();
-        let mut place = |map: &mut HashMap<(String, String), u64>, vhost: &str, d: &QueueDeclare| {
-            if d.passive || !is_classic(d) {
-                return;
-            }
-            let key = (vhost.to_string(), d.queue.clone());
-            // A durable queue stays where it was first declared; an MQTT clean session's
-            // (exclusive) queue moves to the node of the newest session of its client id.
-            if map.get(&key).is_some_and(|n| !d.exclusive || *n == origin) {
-                return;
-            }
-            map.insert(key, origin);
-            placed.push(AdminRequest::QueueHome {
-                vhost: vhost.to_string(),
-                queue: d.queue.clone(),
-                node: (origin != me).then_some(origin as u32),
-            });
-        };
+        let mut place =
+            |map: &mut HashMap<(String, String), u64>, vhost: &str, d: &QueueDeclare| {
+                if d.passive || !is_classic(d) {
+                    return;
+                }
+                let key = (vhost.to_string(), d.queue.clone());
+                // A durable queue stays where it was first declared; an MQTT clean session's
+                // (exclusive) queue moves to the node of the newest session of its client id.
+                if map.get(&key).is_some_and(|n| !d.exclusive || *n == origin) {
+                    return;
+                }
+                map.insert(key, origin);
+                placed.push(AdminRequest::QueueHome {
+                    vhost: vhost.to_string(),
+                    queue: d.queue.clone(),
+                    node: (origin != me).then_some(origin as u32),
+                });
+            };
         match change {
             AdminRequest::Op {
                 vhost,
@@ -751,7 +748,12 @@ impl Homes {
         let gone: Vec<(String, String)> = match watch {
             Watch::Delete(v, q) if !failed || missing => vec![(v, q)],
             Watch::Declare(v, q) if failed => vec![(v, q)],
-            Watch::Vhost(v) if !failed => self.map.keys().filter(|(hv, _)| *hv == v).cloned().collect(),
+            Watch::Vhost(v) if !failed => self
+                .map
+                .keys()
+                .filter(|(hv, _)| *hv == v)
+                .cloned()
+                .collect(),
             _ => Vec::new(),
         };
         gone.into_iter()
@@ -945,8 +947,13 @@ pub async fn run_applier(
                             Some(Some(stub)) => stub,
                             Some(None) => {
                                 // The session's own declare creates it here.
-                                if let (true, AdminRequest::Op { vhost, op: Op::QueueDeclare(d) }) =
-                                    (had_stub, &request)
+                                if let (
+                                    true,
+                                    AdminRequest::Op {
+                                        vhost,
+                                        op: Op::QueueDeclare(d),
+                                    },
+                                ) = (had_stub, &request)
                                 {
                                     let delete = AdminRequest::Op {
                                         vhost: vhost.clone(),

@@ -255,7 +255,10 @@ pub fn serve_mail(node: &'static ClusterNode, broker: BrokerHandle) {
         let broker = broker.clone();
         Box::pin(async move {
             let mails = decode(&bytes).inspect_err(|e| {
-                tracing::warn!(node = from, "cluster: unreadable mail from node {from}: {e}");
+                tracing::warn!(
+                    node = from,
+                    "cluster: unreadable mail from node {from}: {e}"
+                );
             })?;
             broker
                 .receive_node_mail(from as u32, mails)

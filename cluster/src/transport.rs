@@ -301,14 +301,21 @@ async fn server_handshake(
 /// the batch; answers once the broker took it (which paces the sender: one batch at a time
 /// per peer connection).
 pub type MailHandler = Arc<
-    dyn Fn(NodeId, Vec<u8>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+    dyn Fn(
+            NodeId,
+            Vec<u8>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
         + Send
         + Sync,
 >;
 
 /// The groups this node serves, by group id, and the handler of the brokers' mail.
 #[derive(Clone, Default)]
-pub struct Groups(Arc<Mutex<HashMap<u64, Raft>>>, Arc<Mutex<Option<MailHandler>>>);
+pub struct Groups(
+    Arc<Mutex<HashMap<u64, Raft>>>,
+    Arc<Mutex<Option<MailHandler>>>,
+);
 
 impl Groups {
     /// Serves the brokers' mail from peers with `handler` (until then it is refused).

@@ -89,12 +89,7 @@ async fn drain(node: &Node, q: &str) -> Vec<String> {
     let mut out = Vec::new();
     while let Some(m) = bounded(
         "basic.get",
-        ch.basic_get(
-            q.into(),
-            BasicGetOptions {
-                no_ack: true,
-            },
-        ),
+        ch.basic_get(q.into(), BasicGetOptions { no_ack: true }),
     )
     .await
     .expect("basic.get")
@@ -279,7 +274,11 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     cluster.run(&["start", "n2"]);
     cluster.run(&["start", "n1"]);
     agreed_leader(&state, &bin, &[1, 2, 3]);
-    assert_eq!(count(n2, "homed").await, 20, "confirmed messages survive kill -9");
+    assert_eq!(
+        count(n2, "homed").await,
+        20,
+        "confirmed messages survive kill -9"
+    );
     let (_c1, ch1) = channel(n1).await;
     ch1.confirm_select(ConfirmSelectOptions::default())
         .await
@@ -292,11 +291,18 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
         if acked == 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "n1 never reached n2 after the restart");
+        assert!(
+            Instant::now() < deadline,
+            "n1 never reached n2 after the restart"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(publish_confirmed(&ch1, "homed", &after[1..]).await, 19);
-    assert_eq!(count(n1, "homed").await, 0, "n1 still holds none after its restart");
+    assert_eq!(
+        count(n1, "homed").await,
+        0,
+        "n1 still holds none after its restart"
+    );
     assert_eq!(count(n2, "homed").await, 40);
 
     // n2 down: its queue is unavailable, and a confirmed publish to it from n1 is nacked

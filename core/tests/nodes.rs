@@ -82,14 +82,20 @@ fn a_publish_to_a_queue_of_another_node_goes_there_and_is_confirmed_after_its_sy
     n1.op(c1, Op::ConfirmSelect { nowait: false });
 
     let fx = n1.op(c1, persistent("q", "one"));
-    assert!(confirms(&fx).is_empty(), "not confirmed before node 2 answered");
+    assert!(
+        confirms(&fx).is_empty(),
+        "not confirmed before node 2 answered"
+    );
     // Node 1's sync covers nothing of it: still no confirm.
     let fx = n1.sync(0, true);
     assert!(confirms(&fx).is_empty(), "{fx:?}");
     assert_eq!(n1.shard(0).node_answers_pending(), 1);
     assert_eq!(carry(&mut n1, 1, &mut n2, 2), 1);
     // Node 2 has it, and answers only after its own sync.
-    assert!(node_mail(&mut n2).is_empty(), "answered before node 2's sync");
+    assert!(
+        node_mail(&mut n2).is_empty(),
+        "answered before node 2's sync"
+    );
     n2.sync(0, true);
     assert_eq!(carry(&mut n2, 2, &mut n1, 1), 1);
     let fx = n1.settle();

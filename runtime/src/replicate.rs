@@ -8,8 +8,9 @@
 //! Which changes go through it is decided here, once, for client ops
 //! ([`replicated_op`]) and operators' requests ([`replicated_admin`]); what stays local:
 //! passive declares, exclusive, transient and server-named queues, transient exchanges,
-//! `amq.*` names (refused to clients anyway), and everything of MQTT connections (their
-//! session queues are the node's own).
+//! `amq.*` names (refused to clients anyway). MQTT connections' session queues and their
+//! bindings are replicated ([`replicated_session_op`]): a subscriber on one node gets what
+//! is published on any other.
 
 use std::future::Future;
 use std::pin::Pin;
