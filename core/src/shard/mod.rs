@@ -38,7 +38,6 @@ mod credit;
 mod dead_letter;
 mod nodes;
 pub use nodes::NodeMail;
-pub(crate) use nodes::is_node_conn;
 mod post;
 #[cfg(test)]
 mod post_tests;

@@ -16,15 +16,7 @@ use crate::message::Message;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Connection ids from here up (below the restore connection's) stand for cluster nodes:
-/// `NODE_CONN_BASE + node` is the address a forwarded publish's answer goes to. Hosts
-/// number their connections from 1 and never reach them.
-pub(crate) const NODE_CONN_BASE: u64 = u64::MAX - (1 << 32) - 1;
-
-/// Whether `conn` stands for a cluster node (see [`NODE_CONN_BASE`]).
-pub(crate) fn is_node_conn(conn: ConnId) -> bool {
-    conn.0 >= NODE_CONN_BASE && conn != crate::mail::mailbox::RESTORE_CONN
-}
+pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, is_node_conn};
 
 /// Mail between cluster nodes, carried by the host.
 #[derive(Clone, Debug)]
