@@ -6,8 +6,10 @@ mod cluster;
 mod ctl;
 #[cfg(test)]
 mod footprint;
+mod mem_streams;
 mod meta;
 mod settings;
+mod stream_broker;
 mod streams;
 mod tls;
 mod ws;
@@ -814,13 +816,21 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             .map_err(|e| ConfigError(format!("cannot open the streams: {e:#}")))?,
         )
     };
+    // In memory, one log per stream for AMQP stream queues and the stream protocol too.
+    let mem_streams = s.in_memory.then(mem_streams::MemStreams::new);
     let (broker, definitions_db) = if s.in_memory {
         tracing::warn!(
             shards = s.shards,
             "--in-memory: nothing survives a restart, and a confirm does not mean on disk"
         );
         (
-            warren_runtime::BrokerHandle::start_sharded(config, s.shards),
+            warren_runtime::BrokerHandle::start_sharded_with_streams(
+                config,
+                s.shards,
+                mem_streams
+                    .clone()
+                    .map(|m| m as Arc<dyn warren_core::store::SharedStreams>),
+            ),
             None,
         )
     } else {
@@ -850,6 +860,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     };
     if let Some(d) = &disk_streams {
         d.set_broker(broker.clone());
+    }
+    if let Some(m) = &mem_streams {
+        m.set_broker(broker.clone());
     }
     tracing::info!(
         "memory alarm at {} MiB (queued message bodies or the process's RSS), free disk limit {} MB",
@@ -978,12 +991,8 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     }
     if let Some(listener) = stream_listener {
         let bound = listener.local_addr()?;
-        let task = if s.in_memory {
-            tokio::spawn(warren_stream::serve(
-                listener,
-                Arc::new(warren_stream::MemoryBackend::new()),
-                stopped.clone(),
-            ))
+        let task = if let Some(m) = mem_streams.clone() {
+            tokio::spawn(warren_stream::serve(listener, m, stopped.clone()))
         } else {
             let Some(backend) = disk_streams.clone() else {
                 unreachable!("opened unless --in-memory");

@@ -363,6 +363,7 @@ fn apply_control(
             let _ = reply.send(login);
         }
         Control::Resources(resources) => broker.report_resources(now, resources),
+        Control::StreamsGrew(wakes) => broker.streams_grew(now, &wakes.take()),
         Control::Synced { epoch, result } => {
             match result {
                 Ok(()) => broker.synced(now, epoch),
