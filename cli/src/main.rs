@@ -11,6 +11,7 @@ mod meta;
 mod settings;
 mod stream_broker;
 mod streams;
+mod super_streams;
 mod tls;
 mod ws;
 

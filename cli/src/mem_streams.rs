@@ -280,6 +280,42 @@ impl StreamBackend for MemStreams {
         self.logs.wait_data(vhost, stream, from)
     }
 
+    fn create_super_stream(
+        &self,
+        vhost: &str,
+        name: &str,
+        partitions: &[String],
+        binding_keys: &[String],
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        crate::super_streams::create(
+            &self.broker,
+            self,
+            vhost,
+            name,
+            partitions,
+            binding_keys,
+            arguments,
+        )
+    }
+
+    fn delete_super_stream(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        crate::super_streams::delete_super(&self.broker, self, vhost, name)
+    }
+
+    fn partitions(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        crate::super_streams::partitions(&self.broker, vhost, name)
+    }
+
+    fn route(
+        &self,
+        vhost: &str,
+        name: &str,
+        routing_key: &str,
+    ) -> Result<Vec<String>, StreamError> {
+        crate::super_streams::route(&self.broker, vhost, name, routing_key)
+    }
+
     fn consumer_groups(&self) -> &ConsumerGroups {
         self.logs.consumer_groups()
     }

@@ -687,3 +687,137 @@ async fn kill_9_after_confirms_keeps_every_message_at_its_offset() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The partition a message of the super stream test goes to: the key is `i % 3`.
+fn partition_key(m: &Message) -> String {
+    let body = m.data().unwrap_or_default();
+    let n: u64 = std::str::from_utf8(body)
+        .ok()
+        .and_then(|s| s.trim_start_matches('k').parse().ok())
+        .unwrap_or(0);
+    (n % 3).to_string()
+}
+
+/// A super stream made over the stream protocol is RabbitMQ's: a direct exchange bound to
+/// its partition streams (queues for AMQP too), kept across a restart; the Rust client's
+/// producer routes by key (Route) and by hash (Partitions); AMQP publishes to the exchange
+/// reach the partition of their key; deleting it deletes exchange and partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn super_streams_are_an_exchange_over_partition_streams() {
+    use rabbitmq_stream_client::types::{
+        HashRoutingMurmurStrategy, RoutingKeyRoutingStrategy, RoutingStrategy,
+    };
+    for in_memory in [false, true] {
+        let dir = data_dir(if in_memory { "super-mem" } else { "super" });
+        let mut args = vec!["--stream", "127.0.0.1:0"];
+        if in_memory {
+            args.push("--in-memory");
+        }
+        let mut b = Broker(common::serve(&dir, false, &args));
+        let env = stream_env(b.0.stream.expect("stream port")).await;
+        env.stream_creator()
+            .create_super_stream("orders", 3, None)
+            .await
+            .expect("create the super stream");
+        if !in_memory {
+            // Definitions are durable: the super stream routes after a restart.
+            drop(env);
+            drop(b);
+            b = Broker(common::serve(&dir, false, &args));
+        }
+        let env = stream_env(b.0.stream.expect("stream port")).await;
+        let mut producer = env
+            .super_stream_producer(RoutingStrategy::RoutingKeyStrategy(
+                RoutingKeyRoutingStrategy {
+                    routing_extractor: &partition_key,
+                },
+            ))
+            .build("orders")
+            .await
+            .expect("a producer routing by key");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..30u64 {
+            let tx = tx.clone();
+            producer
+                .send(Message::builder().body(format!("k{i}")).build(), move |r| {
+                    let tx = tx.clone();
+                    async move {
+                        let _ = tx.send(r.map(|s| s.confirmed()).unwrap_or(false));
+                    }
+                })
+                .await
+                .unwrap();
+        }
+        for _ in 0..30 {
+            assert!(bounded(rx.recv()).await.unwrap(), "confirmed");
+        }
+        producer.close().await.unwrap();
+        let mut hashed = env
+            .super_stream_producer(RoutingStrategy::HashRoutingStrategy(
+                HashRoutingMurmurStrategy {
+                    routing_extractor: &partition_key,
+                },
+            ))
+            .build("orders")
+            .await
+            .expect("Partitions lists the three");
+        hashed
+            .send(Message::builder().body("k99").build(), |_| async {})
+            .await
+            .unwrap();
+        hashed.close().await.unwrap();
+        // AMQP: the exchange routes by key to the partition queue.
+        let conn = connect(b.0.amqp).await;
+        let ch = bounded(conn.create_channel()).await.unwrap();
+        bounded(ch.basic_publish(
+            "orders".into(),
+            "2".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            b"k32",
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("publish to the super stream's exchange");
+        for p in 0..3u64 {
+            let mut c = consume_from(&conn, &format!("orders-{p}"), Some(text("first"))).await;
+            let want: Vec<String> = (0..30)
+                .filter(|i| i % 3 == p)
+                .map(|i| format!("k{i}"))
+                .collect();
+            let got: Vec<String> = take(&mut c, 10).await.into_iter().map(|(_, b)| b).collect();
+            assert_eq!(got, want, "partition orders-{p} (in_memory={in_memory})");
+            if p == 2 {
+                // After the hashed k99 if it hashed here.
+                let mut rest = take(&mut c, 1).await;
+                if rest[0].1 == "k99" {
+                    rest = take(&mut c, 1).await;
+                }
+                assert_eq!(rest[0].1, "k32", "the AMQP publish by key 2");
+            }
+        }
+        env.delete_super_stream("orders").await.expect("delete");
+        let probe = bounded(conn.create_channel()).await.unwrap();
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let err = bounded(probe.exchange_declare(
+            "orders".into(),
+            lapin::ExchangeKind::Direct,
+            passive,
+            FieldTable::default(),
+        ))
+        .await
+        .expect_err("the exchange went with it");
+        assert_eq!(reply(&err).0, 404);
+        assert!(
+            env.consumer().build("orders-0").await.is_err(),
+            "partitions deleted with the super stream"
+        );
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
