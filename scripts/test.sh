@@ -349,6 +349,20 @@ cluster_metadata() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
 }
 
+cluster_jepsen() {
+  # cluster/tests/jepsen.rs (docs/cluster.md, "How we test"): confirmed publishers and acking
+  # consumers while brokers are killed (-9), paused (SIGSTOP), partitioned and restarted; a
+  # checker over the clients' histories (every confirmed message delivered, none invented,
+  # per-publisher order). One node with a durable classic and a quorum queue, three nodes
+  # with a quorum queue, and metadata changed on both sides of a partition. Each run injects
+  # faults for WARREN_JEPSEN_SECS (15 here); the minutes-of-faults run is
+  # WARREN_JEPSEN_SECS=300 scripts/test.sh (the bound grows with it).
+  local secs=${WARREN_JEPSEN_SECS:-15}
+  cargo build -p warren-cli &&
+    WARREN_JEPSEN_SECS=$secs WARREN_CLUSTER_REQUIRE=1 timeout $((240 + 6 * secs)) \
+      cargo test -p warren-cluster --test jepsen -- --nocapture
+}
+
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto, mosquitto-clients, openssl (Debian)" setup_mosquitto_clients
@@ -375,6 +389,7 @@ step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
+step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt; over TLS with mosquitto_pub/sub too)" python_tests

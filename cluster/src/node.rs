@@ -275,11 +275,32 @@ impl ClusterNode {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 match (f.leader_id, f.leader_node) {
                     (Some(id), Some(node)) if id != self.id => {
-                        let reply = self
-                            .peers
-                            .forward(META_GROUP, id, &node.addr, cmd.encode(), FORWARD_TIMEOUT)
-                            .await
-                            .map_err(|e| NodeError::Forward(id, e))?;
+                        // A leader cut off by a partition does not reset the connection:
+                        // the forward would stall for its whole timeout while the others
+                        // elect a new leader in about a second. Once this node knows the
+                        // leader is no longer `id`, give up so the caller retries there
+                        // (as after any failed forward, the change may have reached `id`
+                        // and commit later).
+                        let mut metrics = self.raft.metrics();
+                        let moved = async move {
+                            while metrics.changed().await.is_ok() {
+                                if metrics.borrow().current_leader != Some(id) {
+                                    return;
+                                }
+                            }
+                            std::future::pending::<()>().await
+                        };
+                        let forward = self.peers.forward(
+                            META_GROUP,
+                            id,
+                            &node.addr,
+                            cmd.encode(),
+                            FORWARD_TIMEOUT,
+                        );
+                        let reply = tokio::select! {
+                            r = forward => r.map_err(|e| NodeError::Forward(id, e))?,
+                            () = moved => return Err(NodeError::NotLeader(None)),
+                        };
                         Ok(DefReply::decode(&reply)?)
                     }
                     (leader, _) => Err(NodeError::NotLeader(leader)),
