@@ -586,13 +586,13 @@ impl StreamBackend for DiskStreams {
         let s = self.get(vhost, stream)?;
         let appended = s.with_writer(|w| {
             let last = writer.and_then(|r| w.log.publisher_sequence(r));
-            let mut keep: Vec<(u64, &Bytes)> = Vec::with_capacity(messages.len());
+            let mut keep: Vec<(u64, &Bytes, Option<&str>)> = Vec::with_capacity(messages.len());
             for m in messages {
                 if last.is_some_and(|l| m.publishing_id <= l) {
                     continue;
                 }
                 match &m.entry {
-                    Entry::Simple(b) => keep.push((m.publishing_id, b)),
+                    Entry::Simple(b) => keep.push((m.publishing_id, b, m.filter_value.as_deref())),
                     Entry::SubBatch { .. } => {
                         return Err(StreamError::Precondition(
                             "sub-batch entries are not supported by this node's streams".into(),
@@ -615,19 +615,24 @@ impl StreamBackend for DiskStreams {
                 }
                 let (part, tail) = rest.split_at(n);
                 rest = tail;
-                let bodies: Vec<&[u8]> = part.iter().map(|(_, b)| &b[..]).collect();
-                let max_id = part.iter().map(|(id, _)| *id).max().unwrap_or(0);
+                let bodies: Vec<&[u8]> = part.iter().map(|(_, b, _)| &b[..]).collect();
+                let filters: Vec<Option<&str>> = part.iter().map(|(_, _, f)| *f).collect();
+                let max_id = part.iter().map(|(id, _, _)| *id).max().unwrap_or(0);
                 let publishers: Vec<(&str, u64)> = writer
                     .filter(|r| !r.is_empty())
                     .map(|r| (r, max_id.max(last.unwrap_or(0))))
                     .into_iter()
                     .collect();
-                let range = match w.log.append(&bodies, now_ms, &publishers) {
+                let range = match w
+                    .log
+                    .append_filtered(&bodies, &filters, now_ms, &publishers)
+                {
                     Err(log::StreamError::Backpressure { .. }) => {
                         // The buffer is full: write it out (to the OS, not fsynced) and
                         // append again; the sync task fsyncs both.
                         w.log.flush().map_err(internal)?;
-                        w.log.append(&bodies, now_ms, &publishers)
+                        w.log
+                            .append_filtered(&bodies, &filters, now_ms, &publishers)
                     }
                     other => other,
                 }
@@ -688,13 +693,18 @@ impl StreamBackend for DiskStreams {
         vhost: &str,
         stream: &str,
         offset: OffsetSpec,
-        // The log keeps no Bloom filter per chunk, so every chunk is sent and clients filter
-        // (the protocol allows skipping chunks, never requires it).
-        _filter: Option<ReaderFilter>,
+        filter: Option<ReaderFilter>,
     ) -> Result<DiskReader, StreamError> {
         let s = self.get(vhost, stream)?;
         let options = s.reader_options;
-        let reader = s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
+        let mut reader =
+            s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
+        // Chunks whose Bloom filter rules the values out are skipped; the rest (false
+        // positives included) go out and clients filter their messages, as with RabbitMQ.
+        reader.set_filter(filter.map(|f| log::bloom::ChunkFilter {
+            values: f.values,
+            match_unfiltered: f.match_unfiltered,
+        }));
         Ok(DiskReader {
             stream: s,
             reader,

@@ -452,3 +452,84 @@ async fn tls_listener_serves_the_same_streams() {
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Stream filtering (RabbitMQ 3.13) on `warren serve`, with a data directory (Bloom filters
+/// in the chunk trailers, also after a restart) and in memory: a filtered subscription
+/// without a client-side predicate gets only the chunks holding its values (and the
+/// unfiltered ones with match-unfiltered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filtered_subscriptions_get_only_chunks_with_their_values() {
+    use rabbitmq_stream_client::FilterConfiguration;
+    for in_memory in [false, true] {
+        let dir = data_dir(if in_memory { "filter-mem" } else { "filter" });
+        let mut args = vec!["--stream", "127.0.0.1:0"];
+        if in_memory {
+            args.push("--in-memory");
+        }
+        let mut b = Broker(common::serve(&dir, false, &args));
+        let e = env(b.0.stream.expect("stream port")).await;
+        e.stream_creator().create("colours").await.unwrap();
+        let producer = e
+            .producer()
+            .filter_value_extractor(|m: &Message| {
+                let b = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
+                match b.split('-').next().unwrap_or_default() {
+                    "plain" => String::new(),
+                    colour => colour.to_string(),
+                }
+            })
+            .build("colours")
+            .await
+            .unwrap();
+        // One batch (one chunk) per colour, unfiltered last.
+        for colour in ["red", "blue", "red", "plain"] {
+            let batch: Vec<Message> = (0..5)
+                .map(|i| Message::builder().body(format!("{colour}-{i}")).build())
+                .collect();
+            producer.batch_send_with_confirm(batch).await.unwrap();
+        }
+        producer.close().await.unwrap();
+        if !in_memory {
+            drop(e);
+            drop(b);
+            b = Broker(common::serve(&dir, false, &args));
+        }
+        let e = env(b.0.stream.expect("stream port")).await;
+        let read = |values: Vec<String>, unfiltered: bool| {
+            let e = e.clone();
+            async move {
+                let mut c = e
+                    .consumer()
+                    .offset(OffsetSpecification::First)
+                    .filter_input(Some(FilterConfiguration::new(values, unfiltered)))
+                    .build("colours")
+                    .await
+                    .unwrap();
+                let mut got = Vec::new();
+                while let Ok(Some(Ok(d))) =
+                    tokio::time::timeout(Duration::from_millis(500), c.next()).await
+                {
+                    got.push(
+                        String::from_utf8_lossy(d.message().data().unwrap_or_default())
+                            .into_owned(),
+                    );
+                }
+                c.handle().close().await.unwrap();
+                got
+            }
+        };
+        let blue = read(vec!["blue".into()], false).await;
+        assert_eq!(
+            blue,
+            (0..5).map(|i| format!("blue-{i}")).collect::<Vec<_>>(),
+            "in_memory={in_memory}"
+        );
+        let blue_and_plain = read(vec!["blue".into()], true).await;
+        assert_eq!(blue_and_plain.len(), 10, "{blue_and_plain:?}");
+        assert!(blue_and_plain[5..].iter().all(|b| b.starts_with("plain-")));
+        assert_eq!(read(vec!["red".into()], false).await.len(), 10);
+        assert!(read(vec!["green".into()], false).await.is_empty());
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
