@@ -90,6 +90,14 @@ stream_java() {
     cargo test -p warren-stream --test java_client -- --ignored --nocapture
 }
 
+stream_java_features() {
+  # The Java stream client against `warren serve --stream-tls` (cli/tests/java/
+  # StreamFeatures.java): TLS with a verified certificate, a super stream routed by key and
+  # by hash and read by a super stream consumer, a filtered consumer.
+  timeout 300 cargo test -p warren-cli --test streams -- --ignored --nocapture \
+    java_client_over_tls_super_streams_and_filtering
+}
+
 wasm_build() {
   cargo build -p warren-core --target wasm32-unknown-unknown &&
     cargo build -p warren-guest --target wasm32-unknown-unknown --release
@@ -379,6 +387,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D war
 step "core and guest module build for wasm32-unknown-unknown" wasm_build
 step "cargo test --workspace" cargo test --workspace
 step "stream protocol: RabbitMQ Java stream client, 1M messages" stream_java
+step "stream protocol: Java client over TLS, super streams, filtering" stream_java_features
 step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential
 step "wasmtime: host example" wasmtime_demo
 step "JS package: wasm-bindgen build, size <= 460 KB" scripts/build-js.sh

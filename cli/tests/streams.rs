@@ -533,3 +533,64 @@ async fn filtered_subscriptions_get_only_chunks_with_their_values() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// RabbitMQ's Java stream client (`cli/tests/java/StreamFeatures.java`) against the stream
+/// TLS listener: TLS with a verified certificate, super streams routed by key and by hash and
+/// read by a super stream consumer, a filtered consumer. Ignored by default: it needs Java 17
+/// and the client's jars in `target/stream-java/lib`, which scripts/test.sh fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Java 17 and target/stream-java/lib (scripts/test.sh)"]
+async fn java_client_over_tls_super_streams_and_filtering() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lib = root.join("../target/stream-java/lib");
+    assert!(
+        lib.is_dir(),
+        "{} missing: fetch the jars first",
+        lib.display()
+    );
+    let dir = data_dir("java");
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    server_pki(&pki);
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let tls_port = free_port();
+    let tls_addr = format!("127.0.0.1:{tls_port}");
+    let (cert, key) = (pki.join("server.pem"), pki.join("server.key"));
+    let served = Broker(common::serve(
+        &data,
+        false,
+        &[
+            "--stream-tls",
+            &tls_addr,
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    ));
+    assert!(served.0.logged(&["for stream-tls"]), "TLS listener started");
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        tokio::process::Command::new("java")
+            .arg("-cp")
+            .arg(format!("{}/*", lib.display()))
+            .arg(root.join("tests/java/StreamFeatures.java"))
+            .args(["localhost", &tls_port.to_string()])
+            .arg(pki.join("ca.pem"))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("java finished within 300 s")
+    .expect("java runs");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "StreamFeatures failed: {:?}",
+        out.status
+    );
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
