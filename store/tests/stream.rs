@@ -824,7 +824,8 @@ fn filtered_readers_skip_chunks_without_their_values() {
     let mut log = StreamLog::open(&dir, config()).unwrap();
     // Chunk 0: red x2; chunk 1: blue + unfiltered; chunk 2: unfiltered only; chunk 3: green,
     // with a publisher sequence in the same trailer.
-    let chunks: [(&[Option<&str>], &[(&str, u64)]); 4] = [
+    type Chunk<'a> = (&'a [Option<&'a str>], &'a [(&'a str, u64)]);
+    let chunks: [Chunk; 4] = [
         (&[Some("red"), Some("red")], &[]),
         (&[Some("blue"), None], &[]),
         (&[None], &[]),
