@@ -357,6 +357,14 @@ cluster_metadata() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
 }
 
+cluster_routing() {
+  # cluster/tests/routing.rs (docs/cluster.md, "Queues live on one node"): a queue on n2 gets
+  # n1's and n3's confirmed publishes, MQTT subscribers get publishes from other nodes,
+  # locations survive kill -9, a publish to a down node's queue is nacked.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test routing
+}
+
 cluster_jepsen() {
   # cluster/tests/jepsen.rs (docs/cluster.md, "How we test"): confirmed publishers and acking
   # consumers while brokers are killed (-9), paused (SIGSTOP), partitioned and restarted; a
@@ -398,6 +406,7 @@ step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
+step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench

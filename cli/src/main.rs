@@ -8,6 +8,7 @@ mod ctl;
 mod footprint;
 mod mem_streams;
 mod meta;
+mod nodes;
 mod settings;
 mod stream_broker;
 mod streams;

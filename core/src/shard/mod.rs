@@ -36,6 +36,8 @@ mod channel_session;
 mod check;
 mod credit;
 mod dead_letter;
+mod nodes;
+pub use nodes::NodeMail;
 mod post;
 #[cfg(test)]
 mod post_tests;
@@ -154,6 +156,8 @@ pub struct Broker {
     /// This broker's shard and the number of shards (`set_shard`).
     shard: u32,
     shards: u32,
+    /// Queues on other cluster nodes and publishes forwarded to them (`nodes.rs`).
+    nodes: nodes::Nodes,
 }
 
 type OpResult = Result<(), ProtocolError>;
@@ -209,6 +213,7 @@ impl Broker {
             requeued_to_deleted: 0,
             shard: 0,
             shards: 1,
+            nodes: nodes::Nodes::default(),
         };
         broker.create_defaults();
         broker

@@ -109,6 +109,9 @@ impl Broker {
         message: &Arc<Message>,
         publisher: Option<Publisher>,
     ) {
+        if self.forward_to_home(queue, message, publisher) {
+            return;
+        }
         if !self.qs.queues.contains_key(&queue) {
             // Deleted since the publish was routed: the deletion took it (confirmed, as
             // the publish came before the deletion).
@@ -135,7 +138,10 @@ impl Broker {
                 taken,
                 durable,
             };
-            if durable && self.conn_shard(to.ch.conn) != self.shard {
+            if durable
+                && (self.conn_shard(to.ch.conn) != self.shard
+                    || super::nodes::is_node_conn(to.ch.conn))
+            {
                 // Durable once this shard's sync covers it, which the publisher's shard
                 // cannot see: the answer waits here for that sync (`release_confirms`),
                 // then goes as a plain one.
