@@ -24,7 +24,8 @@
 #   are consumed, so that its chunks are the batches), SENDFILE=1, PERFTEST=1 (also
 #   consume each stream over AMQP 0.9.1 with PerfTest as seed 003: --producers 0 --consumers 1
 #   --predeclared --qos 200 --stream-consumer-offset first; jars in PERFTEST_LIB, default
-#   target/perftest/lib), JAVA_LIB (default target/stream-java/lib), SKIP_BUILD=1,
+#   target/perftest/lib), JAVA_LIB (default target/stream-java/lib), SKIP_BUILD=1, WARREN and
+#   BENCH (the binaries; default target/release/warren and warren-bench),
 #   PORT_BASE (default 22500): Warren's stream port; Warren's AMQP PORT_BASE+1; RabbitMQ's
 #   stream +2, AMQP +3, distribution +4, epmd +5.
 set -euo pipefail
@@ -44,8 +45,8 @@ sizes=${2:-12,48,256,512,1024}
 chunks=${3:-1,2,4,8,16,64,128,384}
 base=${PORT_BASE:-22500}
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -p warren-cli -p warren-bench >/dev/null
-warren=target/release/warren
-bench=target/release/warren-bench
+warren=${WARREN:-target/release/warren}
+bench=${BENCH:-target/release/warren-bench}
 lib=${JAVA_LIB:-target/stream-java/lib}
 export RUST_LOG=${RUST_LOG:-error}  # the client warns at every close
 data=$(mktemp -d /tmp/warren-stream-bench.XXXXXX)
@@ -59,7 +60,7 @@ stop_rmq() {
   "$(ls /usr/lib/erlang/erts-*/bin/epmd | head -1)" -kill >/dev/null 2>&1 || true
   rm -rf "$rmq"; rmq=
 }
-trap 'stop; stop_rmq; rm -rf "$data" "$data.log" "$data.classes"' EXIT
+trap 'stop; stop_rmq; rm -rf "$data" "$data".*' EXIT
 start() {  # start READ_AHEAD [extra serve flags]
   : > "$data.log"
   local ra=$1; shift
@@ -89,20 +90,37 @@ java_fill() {  # PORT LABEL [exact]
 java_consume() {  # PORT LABEL
   "${java[@]}" -Dbroker.pid="$bpid" StreamConsume 127.0.0.1 "$1" "$n" "$2" "${names[@]}"
 }
-# The broker's CPU time in ns, summed over its threads (as BrokerCpu.java reads it).
-cpu_ns() { cat /proc/"$bpid"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f", s}'; }
+# A reading of the broker's CPU time, as BrokerCpu.java takes it: "TID NS" per thread
+# (schedstat) and "ticks N" (user + system, 10 ms each, for when a thread ended meanwhile).
+cpu_read() {
+  local f tid ns
+  for f in /proc/"$bpid"/task/*/schedstat; do
+    tid=${f%/schedstat}; tid=${tid##*/}
+    read -r ns _ < "$f" 2>/dev/null && echo "$tid $ns"
+  done
+  sed 's/.*) //' /proc/"$bpid"/stat | awk '{print "ticks", $12 + $13}'
+}
+cpu_between() {  # READING_FILE_BEFORE READING_FILE_AFTER: CPU ns
+  awk 'NR == FNR {a[$1] = $2; next} {b[$1] = $2}
+    END {for (t in a) if (t != "ticks" && !(t in b)) {printf "%.0f", (b["ticks"] - a["ticks"]) * 1e7; exit}
+         for (t in b) if (t != "ticks") s += b[t] - a[t]; printf "%.0f", s}' "$1" "$2"
+}
 common=(--messages "$n" --sizes "$sizes" --chunks "$chunks")
 perftest() {  # AMQP_PORT LABEL
   [ "${PERFTEST:-0}" = 1 ] || return 0
+  # The same reads with warren-bench's client, which costs less CPU than PerfTest's: on a
+  # small machine PerfTest, not the broker, bounds the rate.
+  "$bench" stream amqp-consume --uri "amqp://guest:guest@127.0.0.1:$1" "${common[@]}" \
+    --label "$2" --broker-pid "$bpid"
   for q in "${names[@]}"; do
-    t0=$(cpu_ns)
+    cpu_read > "$data.cpu0"
     rate=$(java -cp "${PERFTEST_LIB:-target/perftest/lib}/*" com.rabbitmq.perf.PerfTest \
       --uri "amqp://guest:guest@127.0.0.1:$1" --producers 0 --consumers 1 --predeclared \
       --qos 200 --stream-consumer-offset first --cmessages "$n" --queue "$q" 2>&1 \
       | grep -o 'receiving rate avg: [0-9]*' | grep -o '[0-9]*$')
-    t1=$(cpu_ns)
+    cpu_read > "$data.cpu1"
     echo "perftest $q ${rate:-?} msg/s $2"
-    awk -v d=$((t1 - t0)) -v n="$n" -v q="$q" -v l="$2" \
+    awk -v d="$(cpu_between "$data.cpu0" "$data.cpu1")" -v n="$n" -v q="$q" -v l="$2" \
       'BEGIN {printf "cpu     perftest %-20s %8.3f us/msg broker %s\n", q, d / 1000 / n, l}' 
   done
 }

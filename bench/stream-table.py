@@ -9,7 +9,10 @@ also writes seed 003's plots, one per protocol and message size (amqp091-12.svg,
 ...): msg/s per chunk size for Warren with read-ahead off, on, and RabbitMQ, and below it the
 broker's CPU microseconds per message. Hand-written SVG: no plotting dependency.
 
-Usage: bench/stream-table.py [--svg DIR] LOG...
+`--check` (CI): exits 1 unless every cell has every figure that any cell has (a client that
+failed in one cell leaves a hole there).
+
+Usage: bench/stream-table.py [--check] [--svg DIR] LOG...
 """
 
 import math
@@ -41,6 +44,7 @@ PATTERNS = [
     ("fill", re.compile(r"^fill\s+" + CELL + r"\s+([\d.]+) msg/s published with confirms (.*)$")),
     ("java", re.compile(r"^java\s+" + CELL + r"\s+([\d.]+) msg/s (.*)$")),
     ("perftest", re.compile(r"^perftest " + CELL + r" ([\d.]+) msg/s (.*)$")),
+    ("amqp", re.compile(r"^amqp\s+" + CELL + r"\s+([\d.]+) msg/s (.*)$")),
     ("rust", re.compile(r"^consume\s+" + CELL + r"\s+size\s+\d+ chunk\s+\d+:\s+([\d.]+) msg/s (.*)$")),
     ("cpu-", re.compile(r"^cpu\s+(\w+)\s+" + CELL + r"\s+([\d.]+) us/msg broker (.*)$")),
 ]
@@ -68,7 +72,7 @@ def parse(paths):
                         metric = "cpu-" + g.pop(0)
                     size, chunk, value, label = int(g[0]), int(g[1]), float(g[2]), g[3]
                     w = who(label)
-                    if w is not None and value > 0:
+                    if w is not None:
                         values[(metric, w)][(size, chunk)].append(value)
                     break
     return values, chunks
@@ -136,6 +140,20 @@ def render_tables(values, chunks, runs, messages):
          "CPU off", "CPU RA", "CPU RabbitMQ"], rows))
     rows = []
     for k in keys:
+        off, ra, rmq = (cell(values, "amqp", w, k) for w in ("off", "ra", "rmq"))
+        if off is None and ra is None and rmq is None:
+            continue
+        rows.append([f"{k[0]} B", str(k[1]), fmt_rate(off), fmt_rate(ra), fmt_ratio(ra, off),
+                     fmt_rate(rmq), fmt_ratio(ra, rmq)]
+                    + [fmt_us(cell(values, "cpu-amqp", w, k)) for w in ("off", "ra", "rmq")])
+    if rows:
+        out.append(table(
+            "Consume over AMQP 0.9.1, warren-bench's client (PerfTest's settings: qos 200, offset "
+            "first, an ack per message; msg/s; broker CPU us per message)",
+            ["message", "chunk", "Warren off", "Warren RA", "RA/off", "RabbitMQ",
+             "Warren RA / RabbitMQ", "CPU off", "CPU RA", "CPU RabbitMQ"], rows))
+    rows = []
+    for k in keys:
         off, ra, rmq = (cell(values, "java", w, k) for w in ("off", "ra", "rmq"))
         got = chunks.get(k)
         rows.append([f"{k[0]} B", str(k[1]), fmt_rate(off), fmt_rate(ra), fmt_ratio(ra, off),
@@ -168,6 +186,9 @@ def render_tables(values, chunks, runs, messages):
         ("AMQP Warren RA / RabbitMQ", "perftest", "ra", "rmq"),
         ("AMQP broker CPU off/RA", "cpu-perftest", "off", "ra"),
         ("AMQP broker CPU RabbitMQ / Warren RA", "cpu-perftest", "rmq", "ra"),
+        ("AMQP (warren-bench client) RA/off", "amqp", "ra", "off"),
+        ("AMQP (warren-bench client) Warren RA / RabbitMQ", "amqp", "ra", "rmq"),
+        ("AMQP (warren-bench client) broker CPU off/RA", "cpu-amqp", "off", "ra"),
         ("stream RA/off", "java", "ra", "off"),
         ("stream Warren RA / RabbitMQ", "java", "ra", "rmq"),
         ("stream broker CPU off/RA", "cpu-java", "off", "ra"),
@@ -263,10 +284,21 @@ def write_svgs(values, out_dir):
     return written
 
 
+def holes(values):
+    """The (metric, who, cell) missing where other cells have that metric and who."""
+    keys = sorted({k for per in values.values() for k in per})
+    return [(m, w, k) for (m, w), per in sorted(values.items()) for k in keys if k not in per]
+
+
 def main(argv):
-    svg = None
-    if len(argv) >= 2 and argv[0] == "--svg":
-        svg, argv = argv[1], argv[2:]
+    svg, check = None, False
+    while argv and argv[0] in ("--svg", "--check"):
+        if argv[0] == "--check":
+            check, argv = True, argv[1:]
+        elif len(argv) >= 2:
+            svg, argv = argv[1], argv[2:]
+        else:
+            break
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -275,6 +307,11 @@ def main(argv):
         print("no results in " + ", ".join(argv), file=sys.stderr)
         return 1
     print(render_tables(values, chunks, len(argv), messages_per_cell(argv)))
+    missing = holes(values)
+    for m, w, k in missing:
+        print(f"missing: {m} of {w} for {k[0]} B x {k[1]}", file=sys.stderr)
+    if check and missing:
+        return 1
     if svg:
         for p in write_svgs(values, svg):
             print(f"wrote {p}")

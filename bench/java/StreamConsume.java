@@ -24,7 +24,7 @@ public class StreamConsume {
         String stream = args[i];
         CountDownLatch done = new CountDownLatch(1);
         AtomicLong got = new AtomicLong();
-        long cpu0 = BrokerCpu.nanos();
+        BrokerCpu cpu0 = BrokerCpu.read();
         long start = System.nanoTime();
         Consumer consumer =
             env.consumerBuilder()
@@ -41,7 +41,7 @@ public class StreamConsume {
                 .build();
         boolean all = done.await(300, TimeUnit.SECONDS);
         double secs = (System.nanoTime() - start) / 1e9;
-        long cpu1 = BrokerCpu.nanos();
+        BrokerCpu cpu1 = BrokerCpu.read();
         consumer.close();
         if (!all) {
           System.err.printf("%s: %d of %d within 300 s%n", stream, got.get(), count);

@@ -41,7 +41,7 @@ public class StreamFill {
           byte[] body = new byte[Integer.parseInt(size)];
           CountDownLatch confirmed = new CountDownLatch(count);
           AtomicLong failed = new AtomicLong();
-          long cpu0 = BrokerCpu.nanos();
+          BrokerCpu cpu0 = BrokerCpu.read();
           long start = System.nanoTime();
           for (int i = 0; i < count; i++) {
             producer.send(
@@ -56,7 +56,7 @@ public class StreamFill {
             System.exit(1);
           }
           double secs = (System.nanoTime() - start) / 1e9;
-          long cpu1 = BrokerCpu.nanos();
+          BrokerCpu cpu1 = BrokerCpu.read();
           producer.close();
           System.out.printf(
               "fill    %-20s %10.0f msg/s published with confirms %s%n", stream, count / secs, label);
