@@ -203,6 +203,38 @@ pub(crate) enum Control {
         vhost: Option<String>,
         reply: tokio::sync::oneshot::Sender<Result<Login, LoginError>>,
     },
+    /// Streams in the shard's `StreamWakes` grew (`BrokerHandle::streams_grew`).
+    StreamsGrew(Arc<StreamWakes>),
+}
+
+/// Streams that grew by the stream protocol's appends, which a shard has not looked at yet:
+/// a set (so a stream appended to many times is looked at once), and at most one
+/// `Control::StreamsGrew` on its way per shard (sent when the set stops being empty).
+#[derive(Default)]
+pub(crate) struct StreamWakes(std::sync::Mutex<std::collections::HashSet<(String, String)>>);
+
+impl StreamWakes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(String, String)>> {
+        // A set of names stays consistent whatever panicked while holding it.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds a stream; true when the set was empty (the shard must be told).
+    fn add(&self, vhost: &str, name: &str) -> bool {
+        let mut set = self.lock();
+        let was_empty = set.is_empty();
+        if !set.iter().any(|(v, n)| v == vhost && n == name) {
+            set.insert((vhost.to_string(), name.to_string()));
+        }
+        was_empty
+    }
+
+    /// Everything added so far (the set is empty again).
+    pub(crate) fn take(&self) -> Vec<(String, String)> {
+        self.lock().drain().collect()
+    }
 }
 
 /// What a gateway knows of a connection and the core does not (peer, protocol, client
@@ -251,6 +283,7 @@ struct Shared {
 struct ShardLink {
     requests: mpsc::Sender<Request>,
     control: mpsc::UnboundedSender<Control>,
+    stream_wakes: Arc<StreamWakes>,
 }
 
 impl Shared {
@@ -370,11 +403,25 @@ impl BrokerHandle {
     /// cores. Users, permissions, vhosts and policies an operator changes reach every
     /// shard.
     pub fn start_sharded(config: BrokerConfig, shards: u32) -> BrokerHandle {
+        BrokerHandle::start_sharded_with_streams(config, shards, None)
+    }
+
+    /// `start_sharded`, with stream queues' logs in `streams` when given: the host shares
+    /// them with its stream protocol listener (`warren serve --in-memory --stream`), and
+    /// calls [`BrokerHandle::streams_grew`] when that appends.
+    pub fn start_sharded_with_streams(
+        config: BrokerConfig,
+        shards: u32,
+        streams: Option<Arc<dyn warren_core::store::SharedStreams>>,
+    ) -> BrokerHandle {
         let shards = shards.max(1);
         let mut brokers: Vec<_> = (0..shards)
             .map(|i| {
                 let mut broker = warren_core::Broker::new(config.clone());
                 broker.set_shard(i, shards);
+                if let Some(s) = &streams {
+                    broker.set_shared_streams(Arc::clone(s));
+                }
                 let (control, control_rx) = mpsc::unbounded_channel();
                 (broker, control, control_rx)
             })
@@ -410,6 +457,7 @@ impl BrokerHandle {
         let mut shards = Vec::new();
         for (shard, (broker, control, control_rx)) in brokers.into_iter().enumerate().rev() {
             let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+            let stream_wakes = Arc::new(StreamWakes::default());
             let io = task::ShardIo {
                 mail: mail_rxs.pop().expect("one inbox per shard"),
                 peers: inboxes.clone(),
@@ -423,7 +471,11 @@ impl BrokerHandle {
                 Arc::clone(&routes),
                 io,
             ));
-            shards.push(ShardLink { requests, control });
+            shards.push(ShardLink {
+                requests,
+                control,
+                stream_wakes,
+            });
         }
         shards.reverse();
         BrokerHandle {
@@ -435,6 +487,22 @@ impl BrokerHandle {
                 routes,
                 replicator: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Stream `name` of `vhost` grew by appends the broker did not make (the stream
+    /// protocol's publishers): the shard owning its queue delivers to the queue's waiting
+    /// consumers now. Cheap to call per append: a stream is looked at once however often it
+    /// is named before its shard gets to it.
+    pub fn streams_grew(&self, vhost: &str, name: &str) {
+        // The queue may be on any shard: each looks among its own.
+        for shard in &self.shared.shards {
+            if shard.stream_wakes.add(vhost, name) {
+                // Fails only when the task is gone (shutdown).
+                let _ = shard
+                    .control
+                    .send(Control::StreamsGrew(Arc::clone(&shard.stream_wakes)));
+            }
         }
     }
 

@@ -376,6 +376,7 @@ fn apply_control(
             let _ = reply.send(login);
         }
         Control::Resources(resources) => broker.report_resources(now, resources),
+        Control::StreamsGrew(wakes) => broker.streams_grew(now, &wakes.take()),
         // Taken by the task loop itself.
         Control::NodeLink(_) => {}
         Control::NodeMail { from, mails, done } => {
