@@ -539,6 +539,7 @@ impl Broker {
                 AdminResponse::Closed(broker.close_connection(conn, &reason))
             }
             AdminRequest::RetainedStats => AdminResponse::Retained(broker.retained_stats()),
+            AdminRequest::Qos0Dropped => AdminResponse::Dropped(broker.qos0_dropped()),
         }
     }
 }

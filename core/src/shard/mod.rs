@@ -144,6 +144,8 @@ pub struct Broker {
     lost_in_flight: u64,
     /// Messages routed to a queue that was deleted before they reached it.
     routed_to_deleted: u64,
+    /// Messages `mqtt-qos0` queues dropped: none of their consumers had credit.
+    qos0_dropped: u64,
     /// The message counts of closed connections, per vhost (operators' totals never fall).
     closed_stats: std::collections::BTreeMap<VhostId, crate::stats::MessageStats>,
     /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
@@ -202,6 +204,7 @@ impl Broker {
             closed_stats: std::collections::BTreeMap::new(),
             lost_in_flight: 0,
             routed_to_deleted: 0,
+            qos0_dropped: 0,
             requeued_to_deleted: 0,
             shard: 0,
             shards: 1,

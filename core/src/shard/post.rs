@@ -304,6 +304,12 @@ impl Broker {
         self.routed_to_deleted
     }
 
+    /// Messages dropped by `mqtt-qos0` queues since the start: at their arrival no consumer
+    /// of the queue had write-window credit (a subscriber slower than its publishers).
+    pub fn qos0_dropped(&self) -> u64 {
+        self.qos0_dropped
+    }
+
     /// Deliveries requeued (rejected with requeue, recovered, or left by a closed channel)
     /// after their queue was deleted: the deletion took them.
     pub fn requeued_to_deleted(&self) -> u64 {

@@ -114,6 +114,10 @@ impl Broker {
             // the publish came before the deletion).
             self.routed_to_deleted += 1;
         }
+        if self.qs.queues.get(&queue).is_some_and(|q| q.direct) {
+            self.direct_mail(queue, message, publisher);
+            return;
+        }
         // A message the store failed to take is nacked: nothing is confirmed that was not
         // stored. A persistent message on a durable queue is confirmed once it is durable.
         let (taken, durable) = match self.enqueue(queue, message) {
@@ -145,6 +149,37 @@ impl Broker {
             && !p.consumes
         {
             self.pace(p.to.ch.conn, queue);
+        }
+    }
+
+    /// A routed message for an `mqtt-qos0` queue: delivered at once or dropped
+    /// (`QueueState::direct_delivery`), never held, so it never paces its publisher; taken
+    /// either way (a publisher's confirm says the broker has it, not that every subscriber
+    /// got it, as MQTT's PUBACK).
+    fn direct_mail(
+        &mut self,
+        queue: QueueId,
+        message: &Arc<Message>,
+        publisher: Option<Publisher>,
+    ) {
+        let picked =
+            self.with_queue_and_credit(queue, |q, _, credit| q.direct_delivery(credit, message));
+        match picked {
+            Some(Some(picked)) => self.mail.push_back(Mail::Deliver { queue, picked }),
+            Some(None) => self.qos0_dropped += 1,
+            // Checked by the caller: the queue exists.
+            None => {}
+        }
+        if let Some(Publisher {
+            to, seq: Some(seq), ..
+        }) = publisher
+        {
+            self.mail.push_back(Mail::Answered {
+                to,
+                seq,
+                taken: true,
+                durable: false,
+            });
         }
     }
 
@@ -262,6 +297,19 @@ impl Broker {
                     format!(
                         "queue '{name}' in vhost '{}' does not support global qos",
                         self.vhost_name(vhost)
+                    ),
+                ))
+            }
+            Some(q) if !consumer.no_ack && q.kind().capabilities().no_ack_only => {
+                let (name, vhost, kind) = (q.name.clone(), q.vhost, q.kind());
+                Some(ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    OpKind::Consume,
+                    format!(
+                        "queue '{name}' in vhost '{}' of type {} takes consumers without \
+                         acknowledgements only (no_ack)",
+                        self.vhost_name(vhost),
+                        kind.name()
                     ),
                 ))
             }
@@ -463,6 +511,11 @@ impl Broker {
                     settings, local,
                 )));
                 self.qs.streams.insert(id);
+                q
+            }
+            QueueType::MqttQos0 => {
+                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                q.direct = true;
                 q
             }
             QueueType::Quorum => {
