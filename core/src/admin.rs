@@ -278,6 +278,17 @@ pub enum AdminRequest {
     SetMemoryWatermark(u64),
     /// MQTT retained messages per vhost (topology's: shard 0 answers).
     RetainedStats,
+    /// Queue `queue` of `vhost` lives on cluster node `node` (`None`: on this node): this
+    /// node keeps a stub of it and sends what it routes there to that node
+    /// (`NodeMail`). Every shard applies it.
+    QueueHome {
+        /// The queue's vhost.
+        vhost: String,
+        /// Its name.
+        queue: String,
+        /// The node it lives on; `None`: this one.
+        node: Option<u32>,
+    },
     /// Messages `mqtt-qos0` queues dropped since the start, their subscribers being too
     /// slow (summed over the shards).
     Qos0Dropped,
@@ -346,6 +357,11 @@ impl AdminRequest {
                 name: name.clone(),
             },
             AdminRequest::SetMemoryWatermark(bytes) => AdminRequest::SetMemoryWatermark(*bytes),
+            AdminRequest::QueueHome { vhost, queue, node } => AdminRequest::QueueHome {
+                vhost: vhost.clone(),
+                queue: queue.clone(),
+                node: *node,
+            },
             _ => return None,
         })
     }

@@ -39,7 +39,9 @@ impl Broker {
                 taken,
                 durable,
             } => {
-                if self.chans.is_live(to) {
+                if super::nodes::is_node_conn(to.ch.conn) {
+                    self.answer_node(to, seq, taken);
+                } else if self.chans.is_live(to) {
                     self.answer(to.ch, seq, taken, durable);
                     self.send_confirms(to.ch);
                 }

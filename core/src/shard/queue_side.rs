@@ -109,6 +109,9 @@ impl Broker {
         message: &Arc<Message>,
         publisher: Option<Publisher>,
     ) {
+        if self.forward_to_home(queue, message, publisher) {
+            return;
+        }
         if !self.qs.queues.contains_key(&queue) {
             // Deleted since the publish was routed: the deletion took it (confirmed, as
             // the publish came before the deletion).
@@ -135,7 +138,10 @@ impl Broker {
                 taken,
                 durable,
             };
-            if durable && self.conn_shard(to.ch.conn) != self.shard {
+            if durable
+                && (self.conn_shard(to.ch.conn) != self.shard
+                    || super::nodes::is_node_conn(to.ch.conn))
+            {
                 // Durable once this shard's sync covers it, which the publisher's shard
                 // cannot see: the answer waits here for that sync (`release_confirms`),
                 // then goes as a plain one.
@@ -511,8 +517,9 @@ impl Broker {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
             QueueType::Stream => {
                 let settings = c.stream.clone().unwrap_or_default();
-                let local = match self.store.as_mut() {
-                    Some(store) => {
+                use crate::queue::stream::Log;
+                let log = match (self.store.as_mut(), &self.shared_streams) {
+                    (Some(store), _) => {
                         if store
                             .stream_open(id, &c.vhost_name, &name, &settings)
                             .is_err()
@@ -520,13 +527,22 @@ impl Broker {
                             // The host logged why; its publishes are nacked until it works.
                             self.store_failed_at = Some(self.now);
                         }
-                        false
+                        Log::Store
                     }
-                    None => true,
+                    (None, Some(host)) => {
+                        // The host logged a failure; publishes to it are nacked.
+                        let _ = host.open(&c.vhost_name, &name, &settings);
+                        Log::Shared {
+                            host: Arc::clone(host),
+                            vhost: Arc::clone(&c.vhost_name),
+                            name: Arc::clone(&name),
+                        }
+                    }
+                    (None, None) => Log::Own(Default::default()),
                 };
-                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                let mut q = QueueState::new(id, c.vhost, Arc::clone(&name), messages, self.now);
                 q.stream = Some(Box::new(crate::queue::stream::StreamQueue::new(
-                    settings, local,
+                    settings, log,
                 )));
                 self.qs.streams.insert(id);
                 q
@@ -831,6 +847,9 @@ impl Broker {
             return;
         };
         self.release(q.messages.bytes());
+        if let Some(s) = q.stream.as_deref() {
+            s.delete_log();
+        }
         // Topology removes its name and bindings (from this queue's link, so a declare the
         // queue sends back to topology arrives after it).
         let gone = super::mail::Mail::QueueGone { queue: id, answer };
