@@ -17,10 +17,14 @@ pub mod definitions;
 pub mod log_store;
 pub mod mem;
 pub mod node;
+pub mod queue;
 pub mod state_machine;
 pub mod transport;
 
 use std::io::Cursor;
+
+/// openraft, for hosts that drive a group's handle (its metrics, its write responders).
+pub use openraft;
 
 use serde::{Deserialize, Serialize};
 
