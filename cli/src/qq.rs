@@ -597,6 +597,13 @@ impl Store for QuorumStore {
         Ok(())
     }
 
+    fn serves(&self, queue: QueueId) -> bool {
+        match self.quorum.get(&queue) {
+            Some(local) => local.serving,
+            None => self.inner.serves(queue),
+        }
+    }
+
     fn remove(&mut self, queue: QueueId, seq: u64) {
         let Some(local) = self.quorum.get_mut(&queue) else {
             return self.inner.remove(queue, seq);

@@ -613,8 +613,9 @@ impl QueueBehaviour for QueueState {
         }
         if store.append(self.id, seq, message, expires_at).is_err() {
             // The host logged why. The message is not taken (its publisher gets a nack), and
-            // publishers are blocked for a while.
-            io.out.store_failed = true;
+            // publishers are blocked for a while, unless the store only refused a queue
+            // this node does not serve now (a quorum queue led elsewhere).
+            io.out.store_failed = store.serves(self.id);
             return Enqueued::Failed;
         }
         if let Some(fifo) = self.quorum.as_deref_mut() {
