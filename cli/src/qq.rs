@@ -237,7 +237,13 @@ impl Replication {
         let this = self.clone();
         self.0.runtime.spawn(async move {
             match node
-                .start_group(g.id, &g.file(), &members, QueueReplica::new())
+                .start_group(
+                    g.id,
+                    &g.file(),
+                    &members,
+                    QueueReplica::new(),
+                    warren_cluster::queue::MAX_ENTRIES,
+                )
                 .await
             {
                 Ok((raft, sm)) => {
@@ -357,12 +363,8 @@ impl warren_runtime::StoreLayer for Replication {
 /// A batch of writes for one group.
 type Batch = (Arc<Group>, Vec<QueueOp>);
 
-enum Job {
-    /// The broker's sync `epoch`: these writes committed, and the disk's own sync, complete it.
-    Sync(u64, Vec<Batch>),
-    /// Removals the broker flushed between syncs (no confirm waits for them).
-    Flush(Vec<Batch>),
-}
+/// The broker's sync `epoch`: these writes committed, and the disk's own sync, complete it.
+struct Job(u64, Vec<Batch>);
 
 type Responder = tokio::sync::oneshot::Receiver<
     Result<
@@ -375,13 +377,10 @@ type Responder = tokio::sync::oneshot::Receiver<
 /// pipelines them); [`complete`] waits for them in the same order.
 async fn propose(
     mut jobs: mpsc::UnboundedReceiver<Job>,
-    wait: mpsc::UnboundedSender<(Option<u64>, Vec<Result<Responder, String>>)>,
+    wait: mpsc::UnboundedSender<(u64, Vec<Result<Responder, String>>)>,
 ) {
     while let Some(job) = jobs.recv().await {
-        let (epoch, batches) = match job {
-            Job::Sync(e, b) => (Some(e), b),
-            Job::Flush(b) => (None, b),
-        };
+        let Job(epoch, batches) = job;
         let mut waits = Vec::with_capacity(batches.len());
         for (g, ops) in batches {
             let w = match g.raft.get() {
@@ -405,7 +404,7 @@ async fn propose(
 /// Completes the broker's syncs in order: once its group writes are committed and the disk
 /// reported the same epoch synced.
 async fn complete(
-    mut waits: mpsc::UnboundedReceiver<(Option<u64>, Vec<Result<Responder, String>>)>,
+    mut waits: mpsc::UnboundedReceiver<(u64, Vec<Result<Responder, String>>)>,
     mut inner: mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
     synced: SyncCallback,
 ) {
@@ -427,9 +426,6 @@ async fn complete(
                 result = result.and(Err(e));
             }
         }
-        let Some(epoch) = epoch else {
-            continue;
-        };
         let disk = loop {
             if let Some(r) = early.remove(&epoch) {
                 break r;
@@ -466,15 +462,30 @@ struct QuorumStore {
 }
 
 impl QuorumStore {
+    /// The writes since the last sync as log entries: per group, in order, each entry at
+    /// most `MAX_ENTRY_BYTES` of messages (or one larger message).
     fn take_batches(&mut self) -> Vec<Batch> {
-        let mut batches: Vec<Batch> = Vec::new();
+        let mut batches: Vec<(Batch, usize)> = Vec::new();
         for (g, op) in self.pending.drain(..) {
-            match batches.iter_mut().find(|(b, _)| b.id == g.id) {
-                Some((_, ops)) => ops.push(op),
-                None => batches.push((g, vec![op])),
+            let size = match &op {
+                QueueOp::Append { message, .. } => message.len() + 32,
+                _ => 16,
+            };
+            // The last entry of this group, if it has room; else a new one.
+            match batches
+                .iter_mut()
+                .rev()
+                .find(|((b, _), _)| b.id == g.id)
+                .filter(|(_, bytes)| *bytes + size <= warren_cluster::queue::MAX_ENTRY_BYTES)
+            {
+                Some(((_, ops), bytes)) => {
+                    ops.push(op);
+                    *bytes += size;
+                }
+                None => batches.push(((g, vec![op]), size)),
             }
         }
-        batches
+        batches.into_iter().map(|(b, _)| b).collect()
     }
 
     /// The queue's messages from its group's copy (this node leads it now).
@@ -583,6 +594,14 @@ impl Store for QuorumStore {
         }
         let mut record = Vec::new();
         warren_store::record::encode_message(message, true, &mut record);
+        if record.len() > warren_cluster::queue::MAX_MESSAGE {
+            return Err(StoreError(format!(
+                "quorum queue '{}': a message of {} bytes is over the replicated limit ({} bytes)",
+                local.group.name,
+                record.len(),
+                warren_cluster::queue::MAX_MESSAGE
+            )));
+        }
         local
             .messages
             .insert(seq, (message.clone(), expires_at, false));
@@ -658,15 +677,13 @@ impl Store for QuorumStore {
     fn sync(&mut self, epoch: u64) {
         let batches = self.take_batches();
         // Fails only when the runtime is shutting down: nothing to confirm then.
-        let _ = self.jobs.send(Job::Sync(epoch, batches));
+        let _ = self.jobs.send(Job(epoch, batches));
         self.inner.sync(epoch);
     }
 
     fn flush(&mut self) {
-        if !self.pending.is_empty() {
-            let batches = self.take_batches();
-            let _ = self.jobs.send(Job::Flush(batches));
-        }
+        // A quorum queue's removals wait for the next sync (the core starts one within
+        // `removal_sync_ms` of a removal): one log entry for many acks, not one each.
         self.inner.flush();
     }
 

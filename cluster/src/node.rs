@@ -287,13 +287,15 @@ impl ClusterNode {
     /// `sm`, over the same transport and timings as the metadata group, its log in
     /// `<data-dir>/cluster/<file>.redb` and snapshot in `<file>.snapshot`. A group with an
     /// empty log proposes `members` (id -> cluster address) as its first membership: every
-    /// member proposes the same one, and openraft accepts that.
+    /// member proposes the same one, and openraft accepts that. `max_entries`: entries per
+    /// append request (their total must stay under the transport's frame limit).
     pub async fn start_group<S: crate::state_machine::StateMachine>(
         &self,
         group: u64,
         file: &str,
         members: &BTreeMap<NodeId, String>,
         sm: S,
+        max_entries: u64,
     ) -> Result<(Raft, StateMachineStore<S>), NodeError> {
         let dir = self.data_dir.join("cluster");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -307,11 +309,16 @@ impl ClusterNode {
             }
         };
         let sm = StateMachineStore::open(Some(&dir.join(format!("{file}.snapshot"))), sm)?;
-        let config = crate::raft_config(
+        let mut config = (*crate::raft_config(
             self.heartbeat_ms,
             self.election_timeout_ms,
             self.snapshot_every,
-        )?;
+        )?)
+        .clone();
+        // One append request must fit a frame (transport::MAX_FRAME): a group whose entries
+        // are large sends fewer at a time.
+        config.max_payload_entries = max_entries.max(1);
+        let config = std::sync::Arc::new(config.validate()?);
         let raft = Raft::new(self.id, config, self.peers.network(group), log, sm.clone())
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;

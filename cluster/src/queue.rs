@@ -34,11 +34,112 @@ pub enum QueueOp {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueCommand(pub Vec<QueueOp>);
 
+/// The most message bytes one log entry carries: a broker sync with more becomes several
+/// entries. With [`MAX_ENTRIES`] per append request and base64 in the JSON frame, a request
+/// stays under the transport's 16 MiB frame limit.
+pub const MAX_ENTRY_BYTES: usize = 1024 * 1024;
+/// Entries per append request for a queue group.
+pub const MAX_ENTRIES: u64 = 8;
+/// The largest message a replicated quorum queue takes (one entry on its own, still under
+/// the frame limit once base64'd).
+pub const MAX_MESSAGE: usize = 8 * 1024 * 1024;
+
+/// The first byte of an encoded [`QueueCommand`] (its format's version).
+const FORMAT: u8 = 1;
+
 impl QueueCommand {
-    /// The bytes to propose to the group.
+    /// The bytes to propose to the group: binary, since a message is most of it. Byte by
+    /// byte: the format (1), then per op a tag (1 append, 2 remove, 3 remove-from) and the
+    /// sequence number (u64 big-endian); an append then has 0, or 1 and `expires_at` (u64),
+    /// and the message's length (u32) and bytes.
     pub fn encode(&self) -> crate::Command {
-        // A vector of integers and byte strings always serializes.
-        crate::Command(serde_json::to_vec(self).unwrap_or_default())
+        let size: usize = self
+            .0
+            .iter()
+            .map(|op| match op {
+                QueueOp::Append { message, .. } => 22 + message.len(),
+                _ => 9,
+            })
+            .sum();
+        let mut out = Vec::with_capacity(1 + size);
+        out.push(FORMAT);
+        for op in &self.0 {
+            match op {
+                QueueOp::Append {
+                    seq,
+                    expires_at,
+                    message,
+                } => {
+                    out.push(1);
+                    out.extend_from_slice(&seq.to_be_bytes());
+                    match expires_at {
+                        Some(t) => {
+                            out.push(1);
+                            out.extend_from_slice(&t.to_be_bytes());
+                        }
+                        None => out.push(0),
+                    }
+                    // A message is at most the broker's frame limit, far below 4 GiB.
+                    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+                    out.extend_from_slice(message);
+                }
+                QueueOp::Remove { seq } => {
+                    out.push(2);
+                    out.extend_from_slice(&seq.to_be_bytes());
+                }
+                QueueOp::RemoveFrom { seq } => {
+                    out.push(3);
+                    out.extend_from_slice(&seq.to_be_bytes());
+                }
+            }
+        }
+        crate::Command(out)
+    }
+
+    /// Reads [`QueueCommand::encode`]'s bytes.
+    pub fn decode(mut b: &[u8]) -> Result<QueueCommand, String> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+            if b.len() < n {
+                return Err("truncated queue command".into());
+            }
+            let (head, rest) = b.split_at(n);
+            *b = rest;
+            Ok(head)
+        }
+        fn u64_of(b: &mut &[u8]) -> Result<u64, String> {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(take(b, 8)?);
+            Ok(u64::from_be_bytes(a))
+        }
+        match take(&mut b, 1)?[0] {
+            FORMAT => {}
+            v => return Err(format!("queue command format {v} unknown")),
+        }
+        let mut ops = Vec::new();
+        while !b.is_empty() {
+            let tag = take(&mut b, 1)?[0];
+            let seq = u64_of(&mut b)?;
+            ops.push(match tag {
+                1 => {
+                    let expires_at = match take(&mut b, 1)?[0] {
+                        0 => None,
+                        _ => Some(u64_of(&mut b)?),
+                    };
+                    let mut l = [0u8; 4];
+                    l.copy_from_slice(take(&mut b, 4)?);
+                    let len = u32::from_be_bytes(l) as usize;
+                    QueueOp::Append {
+                        seq,
+                        expires_at,
+                        message: take(&mut b, len)?.to_vec(),
+                    }
+                }
+                2 => QueueOp::Remove { seq },
+                3 => QueueOp::RemoveFrom { seq },
+                t => return Err(format!("queue op {t} unknown")),
+            });
+        }
+        Ok(QueueCommand(ops))
     }
 }
 
@@ -46,6 +147,7 @@ impl QueueCommand {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
     pub expires_at: Option<u64>,
+    #[serde(with = "crate::b64")]
     pub message: Vec<u8>,
 }
 
@@ -93,7 +195,7 @@ impl QueueReplica {
 impl StateMachine for QueueReplica {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         self.applied += 1;
-        match serde_json::from_slice::<QueueCommand>(command) {
+        match QueueCommand::decode(command) {
             Ok(QueueCommand(ops)) => {
                 for op in ops {
                     self.apply_op(op);
@@ -147,6 +249,16 @@ mod tests {
         // Bytes that are no command change nothing and answer why.
         let before = a.clone();
         assert!(!a.apply(4, b"junk").is_empty());
+        assert!(!a.apply(5, &[1, 1, 0]).is_empty(), "truncated");
         assert_eq!(a.messages, before.messages);
+        let with_expiry = QueueCommand(vec![QueueOp::Append {
+            seq: 9,
+            expires_at: Some(77),
+            message: b"body".to_vec(),
+        }]);
+        assert_eq!(
+            QueueCommand::decode(&with_expiry.encode().0).expect("decode"),
+            with_expiry
+        );
     }
 }
