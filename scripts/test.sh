@@ -349,6 +349,13 @@ cluster_metadata() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
 }
 
+cluster_quorum() {
+  # The same needs as cluster_script. Quorum queues replicated over 3 nodes: kill -9 of the
+  # leader loses no confirmed message, a member that was down catches up.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
+}
+
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto, mosquitto-clients, openssl (Debian)" setup_mosquitto_clients
@@ -375,6 +382,7 @@ step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
+step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
 step "Python tests (pika, paho-mqtt; over TLS with mosquitto_pub/sub too)" python_tests

@@ -272,7 +272,8 @@ impl Replication {
         loop {
             let leads = {
                 let m = metrics.borrow_and_update();
-                m.state == warren_cluster::openraft::ServerState::Leader && m.current_leader == Some(m.id)
+                m.state == warren_cluster::openraft::ServerState::Leader
+                    && m.current_leader == Some(m.id)
             };
             if g.deleted.load(Ordering::Acquire) {
                 return;
@@ -369,7 +370,10 @@ struct Job(u64, Vec<Batch>);
 type Responder = tokio::sync::oneshot::Receiver<
     Result<
         warren_cluster::openraft::raft::ClientWriteResponse<warren_cluster::TypeConfig>,
-        warren_cluster::openraft::error::ClientWriteError<NodeId, warren_cluster::openraft::BasicNode>,
+        warren_cluster::openraft::error::ClientWriteError<
+            NodeId,
+            warren_cluster::openraft::BasicNode,
+        >,
     >,
 >;
 

@@ -208,7 +208,10 @@ async fn scenario(seed: u64) {
             )
         });
         assert_eq!(held, model, "seed {seed}: node {id}'s messages");
-        assert_eq!(next, next_seq, "seed {seed}: node {id}'s next sequence number");
+        assert_eq!(
+            next, next_seq,
+            "seed {seed}: node {id}'s next sequence number"
+        );
     }
     for id in ids {
         sim.kill(id).await;

@@ -48,7 +48,10 @@ async fn channel(node: &Node) -> Option<(Connection, Channel)> {
 
 fn quorum_args() -> FieldTable {
     let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     args
 }
 
@@ -326,7 +329,10 @@ async fn confirmed_messages_survive_leader_kill_and_a_member_catches_up() {
     );
     let got = drain(&ch3).await;
     let bodies: BTreeSet<String> = got.iter().map(|(b, _)| b.clone()).collect();
-    let missing: Vec<_> = later.union(&probes).filter(|b| !bodies.contains(*b)).collect();
+    let missing: Vec<_> = later
+        .union(&probes)
+        .filter(|b| !bodies.contains(*b))
+        .collect();
     assert!(
         missing.is_empty(),
         "messages confirmed while {} was down are missing after it caught up: {missing:?}",

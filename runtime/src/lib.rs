@@ -269,7 +269,10 @@ pub trait StoreLayer: Send + Sync {
         synced: warren_store::SyncCallback,
     ) -> (
         warren_store::SyncCallback,
-        Box<dyn FnOnce(Box<dyn warren_core::store::Store>) -> Box<dyn warren_core::store::Store> + Send>,
+        Box<
+            dyn FnOnce(Box<dyn warren_core::store::Store>) -> Box<dyn warren_core::store::Store>
+                + Send,
+        >,
     );
 }
 
@@ -346,7 +349,8 @@ impl BrokerHandle {
                 }
                 None => (on_synced, None),
             };
-            let (store, definitions) = warren_store::DiskStore::open(&dir, storage.clone(), on_synced)?;
+            let (store, definitions) =
+                warren_store::DiskStore::open(&dir, storage.clone(), on_synced)?;
             if i == 0 {
                 first_definitions = Some((definitions, store.definitions()));
             }

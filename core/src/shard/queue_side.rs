@@ -163,7 +163,10 @@ impl Broker {
     /// ([`crate::admin::AdminRequest::ReloadQueue`]): it takes what the store recovers for it
     /// now and serves its consumers from that. `false` when this shard has no such queue.
     pub(crate) fn reload_queue(&mut self, vhost: &str, name: &str) -> bool {
-        let Some(id) = self.vhost_id(vhost).and_then(|vh| self.find_queue(vh, name)) else {
+        let Some(id) = self
+            .vhost_id(vhost)
+            .and_then(|vh| self.find_queue(vh, name))
+        else {
             return false;
         };
         let vhost = vhost.to_string();
