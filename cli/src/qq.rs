@@ -206,15 +206,17 @@ impl Replication {
         let Some(node) = self.0.node.get().copied() else {
             return;
         };
-        let members = {
-            let mut records = lock(&self.0.records);
-            match records.get(&g.id) {
-                Some(r) => r.members.clone(),
+        let recorded = lock(&self.0.records).get(&g.id).map(|r| r.members.clone());
+        let size = lock(&self.0.sizes)
+            .remove(&(g.vhost.clone(), g.name.clone()))
+            .unwrap_or(DEFAULT_GROUP_SIZE);
+        let this = self.clone();
+        self.0.runtime.spawn(async move {
+            let members = match recorded {
+                Some(m) => m,
                 None => {
-                    let size = lock(&self.0.sizes)
-                        .remove(&(g.vhost.clone(), g.name.clone()))
-                        .unwrap_or(DEFAULT_GROUP_SIZE);
-                    let members = choose_members(g.id, &node.members(), size);
+                    let members = this.agree_members(node, &g, size).await;
+                    let mut records = lock(&this.0.records);
                     records.insert(
                         g.id,
                         Record {
@@ -224,18 +226,15 @@ impl Replication {
                             members: members.clone(),
                         },
                     );
-                    self.save_records(&records);
+                    this.save_records(&records);
                     members
                 }
+            };
+            if !members.contains_key(&node.id()) {
+                // Not a member: the queue is served by its members only.
+                tracing::info!(vhost = %g.vhost, queue = %g.name, ?members, "quorum queue: this node is not a member of its group");
+                return;
             }
-        };
-        if !members.contains_key(&node.id()) {
-            // Not a member: the queue is served by its members only.
-            tracing::info!(vhost = %g.vhost, queue = %g.name, ?members, "quorum queue: this node is not a member of its group");
-            return;
-        }
-        let this = self.clone();
-        self.0.runtime.spawn(async move {
             match node
                 .start_group(
                     g.id,
@@ -261,6 +260,52 @@ impl Replication {
                 }
             }
         });
+    }
+
+    /// The members of new group `g`, agreed through the metadata group: this node proposes
+    /// the set it computes (every node computes the same one from the same membership) with
+    /// a compare-and-set on the queue's members key; if another node's proposal came first,
+    /// that one. Without a metadata quorum within the bound, the computed set.
+    async fn agree_members(
+        &self,
+        node: &'static ClusterNode,
+        g: &Group,
+        size: usize,
+    ) -> BTreeMap<NodeId, String> {
+        use warren_cluster::definitions::{DefCommand, DefReply, Kind, key};
+        let mine = choose_members(g.id, &node.members(), size);
+        let cmd = DefCommand::PutIf {
+            key: key(Kind::Queue, &["quorum-members", &g.vhost, &g.name]),
+            expected: None,
+            record: serde_json::to_vec(&mine).unwrap_or_default(),
+        };
+        let deadline = std::time::Instant::now() + warren_cluster::node::FORWARD_TIMEOUT;
+        loop {
+            match node.write(&cmd).await {
+                Ok(DefReply::Done { .. }) => return mine,
+                Ok(DefReply::Conflict {
+                    current: Some(bytes),
+                }) => match serde_json::from_slice::<BTreeMap<NodeId, String>>(&bytes) {
+                    Ok(theirs) => return theirs,
+                    Err(e) => {
+                        tracing::error!(queue = %g.name, error = %e, "unreadable quorum queue members record; using this node's choice");
+                        return mine;
+                    }
+                },
+                Ok(other) => {
+                    tracing::warn!(queue = %g.name, reply = ?other, "quorum queue members not recorded; using this node's choice");
+                    return mine;
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    tracing::debug!(queue = %g.name, error = %e, "recording quorum queue members: retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %g.name, error = %e, "quorum queue members not recorded in the metadata group; using this node's choice");
+                    return mine;
+                }
+            }
+        }
     }
 
     /// Follows group `g`'s leadership: when this node becomes its leader, waits until its copy
@@ -321,11 +366,21 @@ impl Replication {
         let Some(node) = self.0.node.get().copied() else {
             return;
         };
-        if let Some(raft) = g.raft.get().cloned() {
-            self.0.runtime.spawn(async move {
+        let raft = g.raft.get().cloned();
+        self.0.runtime.spawn(async move {
+            if let Some(raft) = raft {
                 node.remove_group(g.id, &raft, &g.file()).await;
-            });
-        }
+            }
+            // Every member drops the record; the deletes are idempotent. A failure leaves
+            // a stale record a redeclare of the name then reuses.
+            use warren_cluster::definitions::{DefCommand, Kind, key};
+            let del = DefCommand::Delete {
+                key: key(Kind::Queue, &["quorum-members", &g.vhost, &g.name]),
+            };
+            if let Err(e) = node.write(&del).await {
+                tracing::debug!(queue = %g.name, error = %e, "quorum queue members record not deleted");
+            }
+        });
     }
 }
 
