@@ -500,13 +500,16 @@ async fn complete(
     }
 }
 
+/// A served queue's messages by sequence number: (message, expires_at, redelivered).
+type Held = BTreeMap<u64, (Arc<Message>, Option<u64>, bool)>;
+
 /// What the layer keeps of a quorum queue on this node.
 struct Local {
     group: Arc<Group>,
     /// The broker serves the queue here (this node led its group at the last reload).
     serving: bool,
-    /// Its messages, for the core to page in: (message, expires_at, redelivered).
-    messages: BTreeMap<u64, (Arc<Message>, Option<u64>, bool)>,
+    /// Its messages, for the core to page in.
+    messages: Held,
 }
 
 /// One shard's store with the quorum-queue layer over it.
@@ -548,7 +551,7 @@ impl QuorumStore {
     }
 
     /// The queue's messages from its group's copy (this node leads it now).
-    fn load_replica(g: &Group) -> (BTreeMap<u64, (Arc<Message>, Option<u64>, bool)>, u64) {
+    fn load_replica(g: &Group) -> (Held, u64) {
         let Some(sm) = g.replica.get() else {
             return (BTreeMap::new(), 0);
         };
