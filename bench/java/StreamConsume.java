@@ -3,7 +3,9 @@
 // made: Stream PerfTest itself is not on Maven Central, its client is. Same client (RabbitMQ's
 // Java stream client), same settings: offset first, 50 initial credits, no offset tracking,
 // messages counted, nothing parsed. One JVM for all streams (the JIT warms up on the first).
-// Usage: java -cp 'LIB/*' StreamConsume.java HOST PORT COUNT LABEL STREAM...
+// With -Dbroker.pid=PID it also prints the broker's CPU time per message over each consume
+// (BrokerCpu.java).
+// Usage (compiled with BrokerCpu.java): java -cp "LIB/*:CLASSES" StreamConsume HOST PORT COUNT LABEL STREAM...
 import com.rabbitmq.stream.Consumer;
 import com.rabbitmq.stream.Environment;
 import com.rabbitmq.stream.OffsetSpecification;
@@ -22,6 +24,7 @@ public class StreamConsume {
         String stream = args[i];
         CountDownLatch done = new CountDownLatch(1);
         AtomicLong got = new AtomicLong();
+        BrokerCpu cpu0 = BrokerCpu.read();
         long start = System.nanoTime();
         Consumer consumer =
             env.consumerBuilder()
@@ -38,6 +41,7 @@ public class StreamConsume {
                 .build();
         boolean all = done.await(300, TimeUnit.SECONDS);
         double secs = (System.nanoTime() - start) / 1e9;
+        BrokerCpu cpu1 = BrokerCpu.read();
         consumer.close();
         if (!all) {
           System.err.printf("%s: %d of %d within 300 s%n", stream, got.get(), count);
@@ -45,6 +49,7 @@ public class StreamConsume {
         }
         System.out.printf(
             "java    %-20s %10.0f msg/s %s%n", stream, count / secs, label);
+        BrokerCpu.print("java", stream, cpu0, cpu1, count, label);
       }
     }
   }

@@ -6,7 +6,9 @@
 // argument `exact`) at most one batch is unconfirmed: a broker that forms chunks from what its
 // writer has queued (RabbitMQ's osiris) then also writes one chunk per batch (Warren writes one
 // per Publish frame either way).
-// Usage: java -cp 'LIB/*' StreamFill.java HOST PORT COUNT LABEL SIZES CHUNKS [exact]
+// With -Dbroker.pid=PID it also prints the broker's CPU time per message over each fill (user +
+// system from /proc/PID/stat: the clients, not the broker, bound the rates on a small machine).
+// Usage (compiled with BrokerCpu.java): java -cp "LIB/*:CLASSES" StreamFill HOST PORT COUNT LABEL SIZES CHUNKS [exact]
 import com.rabbitmq.stream.Environment;
 import com.rabbitmq.stream.Producer;
 import java.util.concurrent.CountDownLatch;
@@ -39,6 +41,7 @@ public class StreamFill {
           byte[] body = new byte[Integer.parseInt(size)];
           CountDownLatch confirmed = new CountDownLatch(count);
           AtomicLong failed = new AtomicLong();
+          BrokerCpu cpu0 = BrokerCpu.read();
           long start = System.nanoTime();
           for (int i = 0; i < count; i++) {
             producer.send(
@@ -53,11 +56,14 @@ public class StreamFill {
             System.exit(1);
           }
           double secs = (System.nanoTime() - start) / 1e9;
+          BrokerCpu cpu1 = BrokerCpu.read();
           producer.close();
           System.out.printf(
               "fill    %-20s %10.0f msg/s published with confirms %s%n", stream, count / secs, label);
+          BrokerCpu.print("fill", stream, cpu0, cpu1, count, label);
         }
       }
     }
   }
 }
+

@@ -373,6 +373,18 @@ impl Conn {
         prefetch: u16,
         no_ack: bool,
     ) -> anyhow::Result<()> {
+        self.consume_with(queue, prefetch, no_ack, FieldTable::default())
+            .await
+    }
+
+    /// [`Conn::consume`] with basic.consume arguments (a stream's `x-stream-offset`).
+    pub async fn consume_with(
+        &mut self,
+        queue: &str,
+        prefetch: u16,
+        no_ack: bool,
+        arguments: FieldTable,
+    ) -> anyhow::Result<()> {
         if prefetch > 0 {
             self.rpc(AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
                 prefetch_count: prefetch,
@@ -389,7 +401,7 @@ impl Conn {
                     no_ack,
                     exclusive: false,
                     nowait: false,
-                    arguments: FieldTable::default(),
+                    arguments,
                 },
             )))
             .await?

@@ -4,7 +4,11 @@
 //! and publishes `--messages` with confirms, the producer's batch size being the chunk size
 //! (one Publish frame becomes one chunk); `consume` reads every cell from `first` and
 //! reports messages per second. Run `consume` against a broker started with and without
-//! read-ahead to compare (bench/stream-compare.sh does both).
+//! read-ahead to compare (bench/stream-compare.sh does both). `amqp-consume` reads every cell
+//! over AMQP 0.9.1 instead (`--uri`), as PerfTest does in seed 003 (`--qos 200`, offset
+//! `first`, one ack per message) but with warren-bench's lean client, so that the broker, not
+//! the client, bounds the rate; with `--broker-pid` it also prints the broker's CPU time per
+//! message.
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
@@ -16,9 +20,19 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone)]
 pub struct StreamArgs {
-    /// `fill` (create and publish), `consume` (read all from first), or `both`.
-    #[arg(value_parser = ["fill", "consume", "both"])]
+    /// `fill` (create and publish), `consume` (read all from first), or `both`;
+    /// `amqp-consume`: read all from first over AMQP 0.9.1 (`--uri`).
+    #[arg(value_parser = ["fill", "consume", "both", "amqp-consume"])]
     phase: String,
+    /// The AMQP broker for `amqp-consume`.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
+    uri: String,
+    /// basic.qos prefetch for `amqp-consume` (seed 003's PerfTest: 200).
+    #[arg(long, default_value_t = 200)]
+    qos: u16,
+    /// The broker's process id: `amqp-consume` prints its CPU time per message.
+    #[arg(long)]
+    broker_pid: Option<u32>,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 5552)]
@@ -48,6 +62,9 @@ pub struct StreamArgs {
 }
 
 pub async fn run(a: StreamArgs) -> anyhow::Result<()> {
+    if a.phase == "amqp-consume" {
+        return amqp_consume_all(&a).await;
+    }
     let env = Environment::builder()
         .host(&a.host)
         .port(a.port)
@@ -157,5 +174,116 @@ async fn consume(env: &Environment, name: &str, n: u64) -> anyhow::Result<f64> {
     }
     let rate = n as f64 / start.elapsed().as_secs_f64();
     consumer.handle().close().await?;
+    Ok(rate)
+}
+
+/// A reading of the broker's CPU time, as bench/java/BrokerCpu.java takes it: per thread
+/// from /proc/PID/task/T/schedstat (ns; /proc/PID/stat counts 10 ms ticks, too coarse for
+/// 50k messages of 1 us each), and those ticks for when a thread ended between two readings
+/// (its time left with it: tokio ends idle blocking threads after 10 s).
+struct BrokerCpu {
+    threads: std::collections::HashMap<String, u64>,
+    ticks: u64,
+}
+
+impl BrokerCpu {
+    fn read(pid: u32) -> Option<BrokerCpu> {
+        let mut threads = std::collections::HashMap::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+            let Ok(t) = t else { continue };
+            // A thread that ended meanwhile has no file any more.
+            let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
+                continue;
+            };
+            if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
+                threads.insert(t.file_name().to_string_lossy().into_owned(), ns);
+            }
+        }
+        let ticks = crate::report::sample_proc(pid)?.cpu_ticks;
+        Some(BrokerCpu { threads, ticks })
+    }
+
+    /// CPU ns from `self` to `later`.
+    fn until(&self, later: &BrokerCpu) -> u64 {
+        if self.threads.keys().any(|t| !later.threads.contains_key(t)) {
+            return later.ticks.saturating_sub(self.ticks) * 10_000_000;
+        }
+        later
+            .threads
+            .iter()
+            .map(|(t, ns)| ns.saturating_sub(self.threads.get(t).copied().unwrap_or(0)))
+            .sum()
+    }
+}
+
+async fn amqp_consume_all(a: &StreamArgs) -> anyhow::Result<()> {
+    let uri = crate::client::Uri::parse(&a.uri)?;
+    let deadline = Duration::from_secs(a.timeout);
+    for &size in &a.sizes {
+        for &chunk in &a.chunks {
+            let name = format!("{}-{size}-{chunk}", a.prefix);
+            let before = a.broker_pid.and_then(BrokerCpu::read);
+            let rate = tokio::time::timeout(deadline, amqp_consume(&uri, &name, a.qos, a.messages))
+                .await
+                .with_context(|| format!("amqp-consume {name}: over {} s", a.timeout))??;
+            let after = a.broker_pid.and_then(BrokerCpu::read);
+            println!("amqp    {name:<20} {rate:>10.0} msg/s {}", a.label);
+            if let (Some(b), Some(e)) = (before, after) {
+                let us = b.until(&e) as f64 / 1000.0 / a.messages as f64;
+                println!("cpu     amqp     {name:<20} {us:>8.3} us/msg broker {}", a.label);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads `n` messages of stream queue `name` from `first`: prefetch `qos`, one ack per
+/// delivery (PerfTest's default), the acks of one socket read sent in one write.
+async fn amqp_consume(
+    uri: &crate::client::Uri,
+    name: &str,
+    qos: u16,
+    n: u64,
+) -> anyhow::Result<f64> {
+    use crate::client::{CH, Conn};
+    use amq_protocol::protocol::{AMQPClass, basic};
+    use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
+    use warren_amqp::codec::Frame;
+    let mut c = Conn::open(uri, "warren-bench stream amqp-consume").await?;
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-stream-offset"),
+        AMQPValue::LongString(LongString::from("first")),
+    );
+    let start = Instant::now();
+    c.consume_with(name, qos, false, args)
+        .await
+        .with_context(|| format!("consume {name}"))?;
+    let (mut got, mut remaining) = (0u64, 0u64);
+    while got < n {
+        while let Some(f) = c.rd.try_frame()? {
+            match f {
+                Frame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                    c.wr.ack(CH, d.delivery_tag, false);
+                }
+                Frame::Method(_, m) => crate::client::check_close(&m)?,
+                Frame::Header(_, h) => {
+                    remaining = h.body_size;
+                    got += u64::from(remaining == 0);
+                }
+                Frame::Body(_, b) => {
+                    remaining = remaining.saturating_sub(b.len() as u64);
+                    got += u64::from(remaining == 0);
+                }
+                Frame::Heartbeat(_) => {}
+            }
+        }
+        c.wr.flush().await?;
+        if got < n {
+            c.rd.fill().await?;
+        }
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    c.close().await.ok();
     Ok(rate)
 }

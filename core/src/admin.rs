@@ -288,6 +288,20 @@ pub enum AdminRequest {
         /// The queue.
         name: String,
     },
+    /// Queue `queue` of `vhost` lives on cluster node `node` (`None`: on this node): this
+    /// node keeps a stub of it and sends what it routes there to that node
+    /// (`NodeMail`). Every shard applies it.
+    QueueHome {
+        /// The queue's vhost.
+        vhost: String,
+        /// Its name.
+        queue: String,
+        /// The node it lives on; `None`: this one.
+        node: Option<u32>,
+    },
+    /// Messages `mqtt-qos0` queues dropped since the start, their subscribers being too
+    /// slow (summed over the shards).
+    Qos0Dropped,
     /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
     CloseConnection {
         /// The connection.
@@ -307,6 +321,7 @@ impl AdminRequest {
             AdminRequest::ListConnections => Some(AdminRequest::ListConnections),
             AdminRequest::ListChannels => Some(AdminRequest::ListChannels),
             AdminRequest::VhostStats => Some(AdminRequest::VhostStats),
+            AdminRequest::Qos0Dropped => Some(AdminRequest::Qos0Dropped),
             _ => None,
         }
     }
@@ -352,6 +367,11 @@ impl AdminRequest {
                 name: name.clone(),
             },
             AdminRequest::SetMemoryWatermark(bytes) => AdminRequest::SetMemoryWatermark(*bytes),
+            AdminRequest::QueueHome { vhost, queue, node } => AdminRequest::QueueHome {
+                vhost: vhost.clone(),
+                queue: queue.clone(),
+                node: *node,
+            },
             _ => return None,
         })
     }
@@ -364,12 +384,14 @@ impl AdminRequest {
         let (mut queues, mut consumers, mut connections) = (Vec::new(), Vec::new(), Vec::new());
         let mut channels = Vec::new();
         let mut stats = std::collections::BTreeMap::<String, MessageStats>::new();
+        let mut dropped = 0u64;
         for answer in answers {
             match answer {
                 AdminResponse::Queues(q) => queues.extend(q),
                 AdminResponse::Consumers(c) => consumers.extend(c),
                 AdminResponse::Connections(c) => connections.extend(c),
                 AdminResponse::Channels(c) => channels.extend(c),
+                AdminResponse::Dropped(n) => dropped += n,
                 AdminResponse::VhostStats(s) => {
                     for (vhost, s) in s {
                         stats.entry(vhost).or_default().add(&s);
@@ -384,6 +406,7 @@ impl AdminRequest {
                 AdminResponse::Channels(channels)
             }
             AdminRequest::VhostStats => AdminResponse::VhostStats(stats.into_iter().collect()),
+            AdminRequest::Qos0Dropped => AdminResponse::Dropped(dropped),
             AdminRequest::ListQueues => {
                 queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
                 AdminResponse::Queues(queues)
@@ -442,4 +465,6 @@ pub enum AdminResponse {
     Closed(bool),
     /// MQTT retained messages per vhost: (vhost, messages, payload bytes), by vhost name.
     Retained(Vec<(String, u64, u64)>),
+    /// Messages dropped by `mqtt-qos0` queues.
+    Dropped(u64),
 }

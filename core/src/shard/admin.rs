@@ -548,6 +548,11 @@ impl Broker {
                     ))
                 })
             }
+            AdminRequest::QueueHome { vhost, queue, node } => {
+                broker.set_queue_home(&vhost, &queue, node);
+                Done(Ok(()))
+            }
+            AdminRequest::Qos0Dropped => AdminResponse::Dropped(broker.qos0_dropped()),
         }
     }
 }
