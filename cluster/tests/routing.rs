@@ -159,13 +159,45 @@ async fn mqtt_publish(node: &Node, id: &str, topic: &str, payloads: &[String]) {
     let _ = client.disconnect().await;
 }
 
-/// The next `n` payloads `events` receives.
+/// Waits until a publish on `node` to `topic` reaches the subscriber of `events`: the
+/// subscription's binding is committed before its SUBACK, but other nodes apply it a
+/// moment later (docs/cluster.md: publishes do not wait for a read barrier). Probes are
+/// left out of `mqtt_receive`'s payloads.
+async fn mqtt_wait_routed(events: &mut rumqttc::EventLoop, node: &Node, topic: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        mqtt_publish(node, "probe", topic, &["probe".to_string()]).await;
+        let got = tokio::time::timeout(Duration::from_millis(300), async {
+            loop {
+                if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) =
+                    events.poll().await
+                    && &p.payload[..] == b"probe"
+                {
+                    return;
+                }
+            }
+        })
+        .await;
+        if got.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: publishes to {topic} never reached the subscriber",
+            node.name
+        );
+    }
+}
+
+/// The next `n` payloads `events` receives (probes left out).
 async fn mqtt_receive(events: &mut rumqttc::EventLoop, n: usize) -> Vec<String> {
     let mut got = Vec::new();
     bounded("mqtt receive", async {
         while got.len() < n {
             match events.poll().await {
-                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))
+                    if &p.payload[..] != b"probe" =>
+                {
                     got.push(String::from_utf8_lossy(&p.payload).into_owned())
                 }
                 Ok(_) => {}
@@ -238,9 +270,11 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     // session queue lives on n2; n1 and n3 route to it through amq.topic).
     let (sub, mut sub_events) = mqtt_subscriber(n2, "sub-x", "sensors/+/t").await;
     let from_n1: Vec<String> = (0..20).map(|i| format!("m1-{i}")).collect();
+    mqtt_wait_routed(&mut sub_events, n1, "sensors/a/t").await;
     mqtt_publish(n1, "pub-1", "sensors/a/t", &from_n1).await;
     assert_eq!(mqtt_receive(&mut sub_events, 20).await, from_n1);
     let from_n3: Vec<String> = (0..5).map(|i| format!("m3-{i}")).collect();
+    mqtt_wait_routed(&mut sub_events, n3, "sensors/b/t").await;
     mqtt_publish(n3, "pub-3", "sensors/b/t", &from_n3).await;
     assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n3);
     let _ = sub.disconnect().await;
@@ -249,8 +283,10 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     // publish on n2, where the old session was, reaches it there.
     let (sub, mut sub_events) = mqtt_subscriber(n3, "sub-x", "sensors/+/t").await;
     let from_n2: Vec<String> = (0..5).map(|i| format!("m2-{i}")).collect();
+    mqtt_wait_routed(&mut sub_events, n2, "sensors/c/t").await;
     mqtt_publish(n2, "pub-2", "sensors/c/t", &from_n2).await;
     assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n2);
+    mqtt_wait_routed(&mut sub_events, n1, "sensors/d/t").await;
     mqtt_publish(n1, "pub-1", "sensors/d/t", &from_n1[..3]).await;
     assert_eq!(mqtt_receive(&mut sub_events, 3).await, from_n1[..3]);
     let _ = sub.disconnect().await;
@@ -259,6 +295,7 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     // publishes.
     let (sub, mut sub_events) =
         mqtt_subscriber_at(n1, "sub-0", "q0/#", rumqttc::QoS::AtMostOnce).await;
+    mqtt_wait_routed(&mut sub_events, n2, "q0/x").await;
     mqtt_publish(n2, "pub-2", "q0/x", &from_n2).await;
     assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n2);
     let _ = sub.disconnect().await;
