@@ -668,9 +668,11 @@ async fn declare_once(uri: &str, queue: &str, args: &FieldTable) {
 }
 
 /// The feature check: is a quorum queue one queue across the nodes? A confirmed publish on
-/// node 1 must be counted by a passive declare on node 2. False today (each node has its
-/// own group of one); true once quorum queues are replicated (or reached across nodes).
-async fn one_queue_across_nodes(uris: &[String]) -> bool {
+/// node 1 is counted by a passive declare on node 2, or the nodes name a leader of the
+/// queue's group (`leader_known`: `warren ctl list-queues`' `leader`; replicated quorum
+/// queues count their messages on the leader's node only). False for groups of one per
+/// node.
+async fn one_queue_across_nodes(uris: &[String], leader_known: &dyn Fn() -> bool) -> bool {
     let probe = "jepsen.probe";
     let args = quorum_args();
     declare_once(&uris[0], probe, &args).await;
@@ -681,24 +683,33 @@ async fn one_queue_across_nodes(uris: &[String]) -> bool {
     )
     .await
     .expect("probe: confirm.select");
-    let confirm = within(
-        "basic.publish",
-        ch.basic_publish(
-            "".into(),
-            probe.into(),
-            BasicPublishOptions::default(),
-            b"probe",
-            BasicProperties::default().with_delivery_mode(2),
-        ),
-    )
-    .await
-    .expect("probe: publish");
-    let confirmed = timeout(OP_TIMEOUT, confirm).await;
-    assert!(
-        matches!(confirmed, Ok(Ok(Confirmation::Ack(None)))),
-        "probe: the publish on n1 was not confirmed: {confirmed:?}"
-    );
-    let mut seen = false;
+    // A replicated quorum queue's group elects its leader just after the declare-ok: a
+    // publish before that is nacked, so the probe is retried (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let confirm = within(
+            "basic.publish",
+            ch.basic_publish(
+                "".into(),
+                probe.into(),
+                BasicPublishOptions::default(),
+                b"probe",
+                BasicProperties::default().with_delivery_mode(2),
+            ),
+        )
+        .await
+        .expect("probe: publish");
+        let confirmed = timeout(OP_TIMEOUT, confirm).await;
+        if matches!(confirmed, Ok(Ok(Confirmation::Ack(None)))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "probe: the publish on n1 was not confirmed: {confirmed:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    let mut seen = leader_known();
     let deadline = Instant::now() + Duration::from_secs(3);
     while !seen && Instant::now() < deadline {
         if let Ok((c2, ch2)) = open(&uris[1]).await {
@@ -817,7 +828,20 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         .build()
         .expect("tokio runtime");
     let uris = Arc::new(target.uris());
-    let one_queue = uris.len() > 1 && rt.block_on(one_queue_across_nodes(&uris));
+    let leader_known = || {
+        (1..=target.size()).any(|i| {
+            target
+                .ctl(i, &["list-queues"])
+                .and_then(|qs| {
+                    qs.as_array()?
+                        .iter()
+                        .find(|q| q["name"] == "jepsen.probe")
+                        .map(|q| q["leader"].is_u64())
+                })
+                .unwrap_or(false)
+        })
+    };
+    let one_queue = uris.len() > 1 && rt.block_on(one_queue_across_nodes(&uris, &leader_known));
     rt.block_on(declare_once(&uris[0], spec.queue, &spec.args));
     let hist: Shared = Arc::new(Mutex::new(History::new(spec.publishers, MAX_OPS)));
     let (stop_tx, stop) = watch::channel(false);
@@ -866,7 +890,23 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         hist.lock()
             .unwrap()
             .fault("kill -9 leader before the drain");
-        let other = leader % target.size();
+        // Drained where the queue is served now: the new leader of its group, once a
+        // survivor names one (replicated quorum queues are served by their leader only).
+        let survivors: Vec<usize> = all.iter().copied().filter(|i| *i != leader).collect();
+        let until = Instant::now() + common::WAIT;
+        let other = loop {
+            let named = survivors.iter().find_map(|&i| {
+                let qs = target.ctl(i, &["list-queues"])?;
+                let l = qs.as_array()?.iter().find(|q| q["name"] == spec.queue)?["leader"]
+                    .as_u64()? as usize;
+                survivors.contains(&l).then_some(l - 1)
+            });
+            match named {
+                Some(i) => break i,
+                None if Instant::now() > until => break leader % target.size(),
+                None => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
         let got = rt
             .block_on(drain(&uris[other], spec.queue, &spec.args, &hist))
             .unwrap_or_else(|e| panic!("{e}"));
