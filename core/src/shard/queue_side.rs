@@ -232,7 +232,10 @@ impl Broker {
         if self.with_queue(id, |q, io| q.reload(io, &vhost)).is_none() {
             return false;
         }
+        // Its consumers get the reloaded messages now; their deliveries are mail, delivered
+        // before this entry point returns (as every entry point's).
         self.dispatch(id);
+        self.after_op();
         true
     }
 
