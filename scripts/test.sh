@@ -90,6 +90,14 @@ stream_java() {
     cargo test -p warren-stream --test java_client -- --ignored --nocapture
 }
 
+stream_java_features() {
+  # The Java stream client against `warren serve --stream-tls` (cli/tests/java/
+  # StreamFeatures.java): TLS with a verified certificate, a super stream routed by key and
+  # by hash and read by a super stream consumer, a filtered consumer.
+  timeout 300 cargo test -p warren-cli --test streams -- --ignored --nocapture \
+    java_client_over_tls_super_streams_and_filtering
+}
+
 stream_compare_short() {
   # bench/stream-compare.sh in short mode, Warren only (debug build): streams filled by the
   # Java stream client, consumed from `first` over the stream protocol (Java and Rust clients)
@@ -363,6 +371,28 @@ cluster_metadata() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
 }
 
+cluster_routing() {
+  # cluster/tests/routing.rs (docs/cluster.md, "Queues live on one node"): a queue on n2 gets
+  # n1's and n3's confirmed publishes, MQTT subscribers get publishes from other nodes,
+  # locations survive kill -9, a publish to a down node's queue is nacked.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test routing
+}
+
+cluster_jepsen() {
+  # cluster/tests/jepsen.rs (docs/cluster.md, "How we test"): confirmed publishers and acking
+  # consumers while brokers are killed (-9), paused (SIGSTOP), partitioned and restarted; a
+  # checker over the clients' histories (every confirmed message delivered, none invented,
+  # per-publisher order). One node with a durable classic and a quorum queue, three nodes
+  # with a quorum queue, and metadata changed on both sides of a partition. Each run injects
+  # faults for WARREN_JEPSEN_SECS (15 here); the minutes-of-faults run is
+  # WARREN_JEPSEN_SECS=300 scripts/test.sh (the bound grows with it).
+  local secs=${WARREN_JEPSEN_SECS:-15}
+  cargo build -p warren-cli &&
+    WARREN_JEPSEN_SECS=$secs WARREN_CLUSTER_REQUIRE=1 timeout $((240 + 6 * secs)) \
+      cargo test -p warren-cluster --test jepsen -- --nocapture
+}
+
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
 step "install: mosquitto, mosquitto-clients, openssl (Debian)" setup_mosquitto_clients
@@ -379,6 +409,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D war
 step "core and guest module build for wasm32-unknown-unknown" wasm_build
 step "cargo test --workspace" cargo test --workspace
 step "stream protocol: RabbitMQ Java stream client, 1M messages" stream_java
+step "stream protocol: Java client over TLS, super streams, filtering" stream_java_features
 step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential
 step "wasmtime: host example" wasmtime_demo
 step "JS package: wasm-bindgen build, size <= 460 KB" scripts/build-js.sh
@@ -389,6 +420,8 @@ step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
+step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
+step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench

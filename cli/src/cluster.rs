@@ -141,12 +141,24 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
         .get()
         .ok_or_else(|| anyhow::anyhow!("cluster node not set"))?;
     let (replicator, pending) = crate::meta::MetaReplicator::new(node, id);
+    // Where queues live, as recorded, before the broker serves anyone: a publish to a
+    // queue of another node is forwarded there from the first one on.
+    let homes = crate::meta::Homes::load(&data_dir).map_err(|e| anyhow::anyhow!(e))?;
+    for request in homes.requests(id) {
+        broker.admin_local(request).await?;
+    }
+    broker.set_node_link(std::sync::Arc::new(crate::nodes::ClusterLink::new(
+        node,
+        broker.clone(),
+    )));
+    crate::nodes::serve_mail(node, broker.clone());
     tokio::spawn(crate::meta::run_applier(
         node,
         broker.clone(),
         id,
         pending,
         data_dir,
+        homes,
     ));
     broker.set_replicator(std::sync::Arc::new(replicator));
     Ok(())

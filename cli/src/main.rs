@@ -6,9 +6,13 @@ mod cluster;
 mod ctl;
 #[cfg(test)]
 mod footprint;
+mod mem_streams;
 mod meta;
+mod nodes;
 mod settings;
+mod stream_broker;
 mod streams;
+mod super_streams;
 mod tls;
 mod ws;
 
@@ -206,9 +210,23 @@ struct ServeArgs {
     #[arg(long)]
     prometheus: Option<String>,
     /// RabbitMQ's stream protocol listen address, or `none`. Default 127.0.0.1:5552. Streams
-    /// live under <data-dir>/streams (with --in-memory: in memory, user guest only). No TLS.
+    /// live under <data-dir>/streams (with --in-memory: in memory, one log per stream for
+    /// AMQP stream queues and this protocol as with a data directory).
     #[arg(long)]
     stream: Option<String>,
+    /// The stream protocol over TLS (RabbitMQ's port 5551), or `none` (the default): the
+    /// same streams as --stream, with --tls-cert/--tls-key (or --stream-tls-cert/-key/-ca).
+    #[arg(long)]
+    stream_tls: Option<String>,
+    /// The --stream-tls listener's own certificate chain (default: --tls-cert).
+    #[arg(long)]
+    stream_tls_cert: Option<PathBuf>,
+    /// The --stream-tls listener's own key (default: --tls-key).
+    #[arg(long)]
+    stream_tls_key: Option<PathBuf>,
+    /// The --stream-tls listener's own client CA bundle (default: --tls-ca).
+    #[arg(long)]
+    stream_tls_ca: Option<PathBuf>,
     /// Bytes a stream reader reads ahead past a small chunk, to serve several chunks per
     /// system call (RabbitMQ 4.2's read-ahead); 0 turns it off. Default 4096.
     #[arg(long)]
@@ -305,6 +323,7 @@ impl ServeArgs {
             management,
             prometheus,
             stream,
+            stream_tls,
             stream_read_ahead,
             stream_sendfile,
             log_format
@@ -322,6 +341,9 @@ impl ServeArgs {
             mqtt_wss_tls_cert,
             mqtt_wss_tls_key,
             mqtt_wss_tls_ca,
+            stream_tls_cert,
+            stream_tls_key,
+            stream_tls_ca,
             mqtt_server_keep_alive,
             log_level,
             log_file,
@@ -634,6 +656,52 @@ async fn run_listener(
     }
 }
 
+/// The stream TLS listener's flag (and, with `_`, its config key and TLS files' prefix).
+const STREAM_TLS: &str = "stream-tls";
+
+type Servers = Vec<(&'static str, tokio::task::JoinHandle<std::io::Result<()>>)>;
+
+/// The stream protocol's listeners over `backend`: plain, and TLS (the handshake in each
+/// connection's task, as amqps).
+fn spawn_streams<B: warren_stream::StreamBackend>(
+    backend: Arc<B>,
+    plain: Option<tokio::net::TcpListener>,
+    tls: Option<(tokio::net::TcpListener, Arc<tls::Reloadable>)>,
+    stopped: &watch::Receiver<bool>,
+    servers: &mut Servers,
+) -> std::io::Result<()> {
+    if let Some(listener) = plain {
+        let bound = listener.local_addr()?;
+        let task = tokio::spawn(warren_stream::serve(
+            listener,
+            backend.clone(),
+            stopped.clone(),
+        ));
+        servers.push(("stream", task));
+        tracing::info!("listening on {bound} (stream)");
+    }
+    if let Some((listener, tls)) = tls {
+        let bound = listener.local_addr()?;
+        let handshake = move |socket, addr| {
+            let tls = tls.clone();
+            async move {
+                tls::accept(&tls, socket, addr, STREAM_TLS)
+                    .await
+                    .map(|(stream, _identity)| stream)
+            }
+        };
+        let task = tokio::spawn(warren_stream::serve_layered(
+            listener,
+            backend,
+            stopped.clone(),
+            handshake,
+        ));
+        servers.push((STREAM_TLS, task));
+        tracing::info!("listening on {bound} for stream-tls: the stream protocol over TLS");
+    }
+    Ok(())
+}
+
 /// The WebSocket upgrade of an MQTT-over-WebSocket connection.
 async fn ws_accept<S>(
     shared: &Shared,
@@ -715,7 +783,8 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         }
     }
     let stream = s.stream_addr().map_err(ConfigError::from)?;
-    if wanted.is_empty() && stream.is_none() {
+    let stream_tls = s.stream_tls_addr().map_err(ConfigError::from)?;
+    if wanted.is_empty() && stream.is_none() && stream_tls.is_none() {
         return Err(ConfigError(
             "nothing to serve: every listener is `none` (--amqp none --mqtt none --stream none)"
                 .into(),
@@ -731,16 +800,18 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     // One TLS configuration per TLS listener kind in use, each from its own files or the
     // shared --tls-cert/--tls-key/--tls-ca.
     let mut tls_listeners = Vec::new();
-    for kind in Listener::ALL.into_iter().filter(|k| k.tls()) {
-        if !wanted.iter().any(|(k, _)| *k == kind) {
-            continue;
-        }
-        let flag = kind.flag();
+    let tls_kinds = Listener::ALL
+        .into_iter()
+        .filter(|k| k.tls() && wanted.iter().any(|(w, _)| w == k))
+        .map(Listener::flag)
+        .chain(stream_tls.map(|_| STREAM_TLS));
+    for flag in tls_kinds {
         let (cert, key, ca) = s.tls_files_of(flag);
         let (Some(cert), Some(key)) = (cert, key) else {
             return Err(ConfigError(format!(
                 "the TLS listener --{flag} needs a certificate and key: --tls-cert PEM and \
-                 --tls-key PEM (or --{flag}-tls-cert and --{flag}-tls-key)"
+                 --tls-key PEM (or --{own}-tls-cert and --{own}-tls-key)",
+                own = flag.strip_suffix("-tls").unwrap_or(flag)
             ))
             .into());
         };
@@ -779,6 +850,10 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         Some(addr) => Some(bind(addr, "stream").await?),
         None => None,
     };
+    let stream_tls_listener = match stream_tls {
+        Some(addr) => Some(bind(addr, STREAM_TLS).await?),
+        None => None,
+    };
     let seed = warren_runtime::os_seed().context("cannot read OS randomness for names")?;
     // guest/guest keeps the fixed hash a fresh RabbitMQ exports; another password gets a
     // salt of its own.
@@ -814,13 +889,21 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             .map_err(|e| ConfigError(format!("cannot open the streams: {e:#}")))?,
         )
     };
+    // In memory, one log per stream for AMQP stream queues and the stream protocol too.
+    let mem_streams = s.in_memory.then(mem_streams::MemStreams::new);
     let (broker, definitions_db) = if s.in_memory {
         tracing::warn!(
             shards = s.shards,
             "--in-memory: nothing survives a restart, and a confirm does not mean on disk"
         );
         (
-            warren_runtime::BrokerHandle::start_sharded(config, s.shards),
+            warren_runtime::BrokerHandle::start_sharded_with_streams(
+                config,
+                s.shards,
+                mem_streams
+                    .clone()
+                    .map(|m| m as Arc<dyn warren_core::store::SharedStreams>),
+            ),
             None,
         )
     } else {
@@ -850,6 +933,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     };
     if let Some(d) = &disk_streams {
         d.set_broker(broker.clone());
+    }
+    if let Some(m) = &mem_streams {
+        m.set_broker(broker.clone());
     }
     tracing::info!(
         "memory alarm at {} MiB (queued message bodies or the process's RSS), free disk limit {} MB",
@@ -949,6 +1035,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         ("http", &management_listener),
         ("http/prometheus", &prometheus_listener),
         ("stream", &stream_listener),
+        ("stream/ssl", &stream_tls_listener),
     ] {
         if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
             node_listeners.push(warren_management::Listener { protocol, addr });
@@ -976,22 +1063,23 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         ));
         tracing::info!("listening on {bound} (HTTP management API)");
     }
-    if let Some(listener) = stream_listener {
-        let bound = listener.local_addr()?;
-        let task = if s.in_memory {
-            tokio::spawn(warren_stream::serve(
-                listener,
-                Arc::new(warren_stream::MemoryBackend::new()),
-                stopped.clone(),
-            ))
-        } else {
-            let Some(backend) = disk_streams.clone() else {
-                unreachable!("opened unless --in-memory");
-            };
-            tokio::spawn(warren_stream::serve(listener, backend, stopped.clone()))
-        };
-        servers.push(("stream", task));
-        tracing::info!("listening on {bound} (stream)");
+    let stream_tls_listener = stream_tls_listener.zip(tls.clone());
+    if let Some(m) = mem_streams.clone() {
+        spawn_streams(
+            m,
+            stream_listener,
+            stream_tls_listener,
+            &stopped,
+            &mut servers,
+        )?;
+    } else if let Some(d) = disk_streams.clone() {
+        spawn_streams(
+            d,
+            stream_listener,
+            stream_tls_listener,
+            &stopped,
+            &mut servers,
+        )?;
     }
     if let Some(listener) = prometheus_listener {
         let bound = listener.local_addr()?;

@@ -603,6 +603,230 @@ impl Replicator for MetaReplicator {
     }
 }
 
+// ----- queue locations -----
+
+/// Where each classic queue lives (docs/cluster.md, "Queues live on one node"): the node
+/// that proposed the declare that created it (the change's origin), so every node, applying
+/// the same log in the same order, agrees. Kept in `<data-dir>/cluster/queue-homes.json`
+/// (written, synced and renamed before the applied index passes the change), told to the
+/// broker at start and on every change (`AdminRequest::QueueHome`).
+#[derive(Default, Serialize, Deserialize)]
+pub struct Homes {
+    /// (vhost, queue) -> node.
+    homes: Vec<(String, String, u64)>,
+    #[serde(skip)]
+    map: HashMap<(String, String), u64>,
+}
+
+fn homes_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("cluster").join("queue-homes.json")
+}
+
+impl Homes {
+    /// The recorded homes (none if the file is missing; an unreadable file is an error:
+    /// guessing would put messages on the wrong node).
+    pub fn load(data_dir: &Path) -> Result<Homes, String> {
+        let path = homes_path(data_dir);
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Homes::default()),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let mut h: Homes =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        h.map = h.homes.drain(..).map(|(v, q, n)| ((v, q), n)).collect();
+        Ok(h)
+    }
+
+    fn save(&mut self, data_dir: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let path = homes_path(data_dir);
+        let mut list: Vec<(String, String, u64)> = self
+            .map
+            .iter()
+            .map(|((v, q), n)| (v.clone(), q.clone(), *n))
+            .collect();
+        list.sort();
+        let body = serde_json::to_vec(&serde_json::json!({ "homes": list }))
+            .map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("json.tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &path)
+    }
+
+    /// The broker's requests that place every recorded queue (`me`: this node).
+    pub fn requests(&self, me: u64) -> Vec<AdminRequest> {
+        self.map
+            .iter()
+            .filter(|(_, n)| **n != me)
+            .map(|((vhost, queue), n)| AdminRequest::QueueHome {
+                vhost: vhost.clone(),
+                queue: queue.clone(),
+                node: Some(*n as u32),
+            })
+            .collect()
+    }
+
+    /// The placements `change` (from `origin`) makes before it is applied: a declare of a
+    /// classic queue with no home yet puts it on `origin`. Returns the broker's requests,
+    /// and whether anything changed.
+    fn before(&mut self, change: &AdminRequest, origin: u64, me: u64) -> Vec<AdminRequest> {
+        let mut placed = Vec::new();
+        let mut place =
+            |map: &mut HashMap<(String, String), u64>, vhost: &str, d: &QueueDeclare| {
+                if d.passive || !is_classic(d) {
+                    return;
+                }
+                let key = (vhost.to_string(), d.queue.clone());
+                // A durable queue stays where it was first declared; an MQTT clean session's
+                // (exclusive) queue moves to the node of the newest session of its client id.
+                if map.get(&key).is_some_and(|n| !d.exclusive || *n == origin) {
+                    return;
+                }
+                map.insert(key, origin);
+                placed.push(AdminRequest::QueueHome {
+                    vhost: vhost.to_string(),
+                    queue: d.queue.clone(),
+                    node: (origin != me).then_some(origin as u32),
+                });
+            };
+        match change {
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDeclare(d),
+            } => place(&mut self.map, vhost, d),
+            AdminRequest::Import(defs) => {
+                for (vhost, d) in &defs.queues {
+                    place(&mut self.map, vhost, d);
+                }
+            }
+            _ => {}
+        }
+        placed
+    }
+
+    /// Whether the queue `change` declares lives on another node now (this node has a
+    /// stub of it).
+    fn remote(&self, change: &AdminRequest, me: u64) -> bool {
+        match change {
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDeclare(d),
+            } => self
+                .map
+                .get(&(vhost.clone(), d.queue.clone()))
+                .is_some_and(|n| *n != me),
+            _ => false,
+        }
+    }
+
+    /// What `change` may remove once applied, noted before it is applied.
+    fn watch(change: &AdminRequest) -> Watch {
+        match change {
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDelete { queue, .. },
+            } => Watch::Delete(vhost.clone(), queue.clone()),
+            // A stub's declare may fail where the session's old queue still is (405): the
+            // queue still lives on the newest session's node.
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDeclare(d),
+            } if !d.exclusive => Watch::Declare(vhost.clone(), d.queue.clone()),
+            AdminRequest::DeleteVhost(v) => Watch::Vhost(v.clone()),
+            _ => Watch::Nothing,
+        }
+    }
+
+    /// The homes `watch`'s change removed (`failed`: it changed nothing, so a home its
+    /// declare placed goes too; `missing`: it failed because the queue is not there).
+    fn after(&mut self, watch: Watch, failed: bool, missing: bool) -> Vec<AdminRequest> {
+        let gone: Vec<(String, String)> = match watch {
+            Watch::Delete(v, q) if !failed || missing => vec![(v, q)],
+            Watch::Declare(v, q) if failed => vec![(v, q)],
+            Watch::Vhost(v) if !failed => self
+                .map
+                .keys()
+                .filter(|(hv, _)| *hv == v)
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        gone.into_iter()
+            .filter(|k| self.map.remove(k).is_some())
+            .map(|(vhost, queue)| AdminRequest::QueueHome {
+                vhost,
+                queue,
+                node: None,
+            })
+            .collect()
+    }
+}
+
+/// What a change may remove from the homes, once applied.
+enum Watch {
+    Delete(String, String),
+    Declare(String, String),
+    Vhost(String),
+    Nothing,
+}
+
+/// Classic queues (and MQTT QoS 0 sessions' `mqtt-qos0` queues) live on one node; quorum
+/// queues and streams are placed by their own mechanisms (their groups), not here.
+fn is_classic(d: &QueueDeclare) -> bool {
+    d.arguments
+        .get("x-queue-type")
+        .and_then(|v| v.as_str())
+        .is_none_or(|t| t == "classic" || t == "mqtt-qos0")
+}
+
+/// Whether the broker's answer to a change says it changed nothing.
+fn failed(answer: &AdminResponse) -> bool {
+    match answer {
+        AdminResponse::Op(r) => r.is_err(),
+        AdminResponse::Done(r) => r.is_err(),
+        _ => false,
+    }
+}
+
+/// Whether the broker's answer says the entity was not there.
+fn missing(answer: &AdminResponse) -> bool {
+    matches!(answer, AdminResponse::Op(Err(e)) if e.code == warren_core::error::ErrorCode::NotFound)
+}
+
+/// How this node applies an MQTT clean session's (exclusive) queue declare: the session's
+/// node leaves it to the session's own declare, which follows the commit (the queue is
+/// the session connection's), after removing a stub of it left from an earlier session
+/// elsewhere; every other node keeps a stub (transient, owned by no connection) that
+/// forwards to it. `None`: not such a declare.
+fn session_declare(request: &AdminRequest, origin: u64, me: u64) -> Option<Option<AdminRequest>> {
+    let AdminRequest::Op {
+        vhost,
+        op: Op::QueueDeclare(d),
+    } = request
+    else {
+        return None;
+    };
+    if !d.exclusive {
+        return None;
+    }
+    if origin == me {
+        return Some(None);
+    }
+    let mut stub = d.clone();
+    stub.exclusive = false;
+    stub.durable = false;
+    stub.auto_delete = false;
+    Some(Some(AdminRequest::Op {
+        vhost: vhost.clone(),
+        op: Op::QueueDeclare(stub),
+    }))
+}
+
 // ----- applying -----
 
 fn applied_path(data_dir: &Path) -> PathBuf {
@@ -640,6 +864,7 @@ pub async fn run_applier(
     me: u64,
     pending: Pending,
     data_dir: PathBuf,
+    mut homes: Homes,
 ) {
     let path = applied_path(&data_dir);
     let mut applied = read_applied(&path);
@@ -708,10 +933,78 @@ pub async fn run_applier(
                 None
             } else {
                 match decode(&change.change) {
-                    Ok(request) => match broker.admin_local(request).await {
-                        Ok(answer) => Some(answer),
-                        Err(_) => return,
-                    },
+                    Ok(request) => {
+                        let had_stub = homes.remote(&request, me);
+                        let placed = homes.before(&request, change.origin, me);
+                        let moved = !placed.is_empty();
+                        for p in placed {
+                            if broker.admin_local(p).await.is_err() {
+                                return;
+                            }
+                        }
+                        let request = match session_declare(&request, change.origin, me) {
+                            None => request,
+                            Some(Some(stub)) => stub,
+                            Some(None) => {
+                                // The session's own declare creates it here.
+                                if let (
+                                    true,
+                                    AdminRequest::Op {
+                                        vhost,
+                                        op: Op::QueueDeclare(d),
+                                    },
+                                ) = (had_stub, &request)
+                                {
+                                    let delete = AdminRequest::Op {
+                                        vhost: vhost.clone(),
+                                        op: Op::QueueDelete {
+                                            queue: d.queue.clone(),
+                                            if_unused: false,
+                                            if_empty: false,
+                                            nowait: true,
+                                        },
+                                    };
+                                    if broker.admin_local(delete).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                if moved && let Err(e) = homes.save(&data_dir) {
+                                    tracing::error!("cluster: cannot record queue locations: {e}");
+                                }
+                                if change.origin == me
+                                    && let Some(tx) = lock(&pending).remove(&change.seq)
+                                {
+                                    let _ = tx.send(Some(AdminResponse::Op(Ok(None))));
+                                }
+                                continue;
+                            }
+                        };
+                        let watch = match Homes::watch(&request) {
+                            // A declare that placed nothing (the queue had its home)
+                            // removes nothing if it fails (an inequivalent redeclare).
+                            Watch::Declare(..) if !moved => Watch::Nothing,
+                            w => w,
+                        };
+                        let answer = match broker.admin_local(request).await {
+                            Ok(answer) => answer,
+                            Err(_) => return,
+                        };
+                        let gone = homes.after(watch, failed(&answer), missing(&answer));
+                        let moved = moved || !gone.is_empty();
+                        for g in gone {
+                            if broker.admin_local(g).await.is_err() {
+                                return;
+                            }
+                        }
+                        // Durable before the applied index can pass this change.
+                        if moved && let Err(e) = homes.save(&data_dir) {
+                            tracing::error!(
+                                "cluster: cannot record queue locations in {}: {e}",
+                                homes_path(&data_dir).display()
+                            );
+                        }
+                        Some(answer)
+                    }
                     Err(e) => {
                         tracing::error!(
                             index = change.index,

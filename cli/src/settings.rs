@@ -87,6 +87,13 @@ pub struct Settings {
     pub stream_read_ahead: usize,
     /// Large stream chunks go to the socket with sendfile(2).
     pub stream_sendfile: bool,
+    /// The stream protocol over TLS (RabbitMQ's 5551), or `none` (the default).
+    pub stream_tls: String,
+    /// The stream TLS listener's own certificate chain, key and client CA bundle (default:
+    /// `tls_cert`, `tls_key`, `tls_ca`).
+    pub stream_tls_cert: Option<PathBuf>,
+    pub stream_tls_key: Option<PathBuf>,
+    pub stream_tls_ca: Option<PathBuf>,
     /// `None`: RUST_LOG when set, else `info`.
     pub log_level: Option<String>,
     pub log_format: LogFormat,
@@ -153,6 +160,10 @@ impl Default for Settings {
             stream: "127.0.0.1:5552".into(),
             stream_read_ahead: 4096,
             stream_sendfile: true,
+            stream_tls: "none".into(),
+            stream_tls_cert: None,
+            stream_tls_key: None,
+            stream_tls_ca: None,
             log_level: None,
             log_format: LogFormat::Text,
             log_file: None,
@@ -304,6 +315,10 @@ impl Settings {
         env!(stream, |n, v| v.to_string());
         env!(stream_read_ahead, |n, v| parse(&n, v)?);
         env!(stream_sendfile, |n, v| boolean(&n, v)?);
+        env!(stream_tls, |n, v| v.to_string());
+        env!(stream_tls_cert, |n, v| Some(v.into()));
+        env!(stream_tls_key, |n, v| Some(v.into()));
+        env!(stream_tls_ca, |n, v| Some(v.into()));
         env!(log_level, |n, v| Some(v.to_string()));
         env!(log_format, |n, v| match v {
             "text" => LogFormat::Text,
@@ -346,6 +361,9 @@ impl Settings {
         }
         if let Err(e) = self.stream_addr() {
             return Err(SettingsError(format!("{}{}", at("stream"), e.0)));
+        }
+        if let Err(e) = self.stream_tls_addr() {
+            return Err(SettingsError(format!("{}{}", at("stream_tls"), e.0)));
         }
         if self.default_user.is_empty() {
             return Err(SettingsError(format!(
@@ -398,6 +416,11 @@ impl Settings {
         single_addr("stream", &self.stream, 5552)
     }
 
+    /// The stream protocol's TLS address (port 5551 when none is given), `None` for `none`.
+    pub fn stream_tls_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        single_addr("stream_tls", &self.stream_tls, 5551)
+    }
+
     /// The certificate chain, key and CA bundle of one TLS listener (`amqps`, `mqtts` or
     /// `mqtt_wss`): its own keys where set, else the shared `tls_cert`, `tls_key`, `tls_ca`.
     pub fn tls_files_of(
@@ -419,6 +442,11 @@ impl Settings {
                 &self.mqtt_wss_tls_cert,
                 &self.mqtt_wss_tls_key,
                 &self.mqtt_wss_tls_ca,
+            ),
+            "stream_tls" | "stream-tls" => (
+                &self.stream_tls_cert,
+                &self.stream_tls_key,
+                &self.stream_tls_ca,
             ),
             _ => (&None, &None, &None),
         };

@@ -173,8 +173,16 @@ impl Stream {
     }
 
     /// Group commit: waits for appends, writes them out, fsyncs off the executor without
-    /// the lock, publishes the durable offset. Also runs retention by age on a timer.
-    async fn sync_task(self: Arc<Stream>, name: String) {
+    /// the lock, publishes the durable offset (which wakes the stream protocol's waiting
+    /// subscribers) and tells the broker (its stream queue's waiting consumers). Also runs
+    /// retention by age on a timer.
+    async fn sync_task(
+        self: Arc<Stream>,
+        vhost: String,
+        stream: String,
+        broker: Arc<crate::stream_broker::BrokerLink>,
+    ) {
+        let name = format!("{vhost}/{stream}");
         let mut retention = tokio::time::interval(RETENTION_INTERVAL);
         loop {
             tokio::select! {
@@ -217,7 +225,11 @@ impl Stream {
             let ended = self.with_writer(|w| w.log.end_sync(&pending, waited).map_err(internal));
             match ended {
                 Ok(_) => {
+                    let before = self.tail.get().committed;
                     self.tail.advance(pending.next_offset(), last_chunk);
+                    if self.tail.get().committed > before {
+                        broker.streams_grew(&vhost, &stream);
+                    }
                 }
                 Err(StreamError::DoesNotExist) => return,
                 // Confirms stop: the publishers' unconfirmed ids time out on the client side,
@@ -232,7 +244,7 @@ impl Stream {
 pub struct DiskStreams {
     root: PathBuf,
     /// Set once the broker runs (the catalog opens before it: the restore reopens streams).
-    broker: std::sync::OnceLock<warren_runtime::BrokerHandle>,
+    broker: Arc<crate::stream_broker::BrokerLink>,
     read_ahead: usize,
     sendfile: bool,
     fsync: bool,
@@ -241,7 +253,9 @@ pub struct DiskStreams {
 }
 
 /// A stream's settings from its protocol arguments (unknown ones ignored, as RabbitMQ).
-fn parse_arguments(args: &[(String, String)]) -> Result<Vec<(String, String)>, StreamError> {
+pub(crate) fn parse_arguments(
+    args: &[(String, String)],
+) -> Result<Vec<(String, String)>, StreamError> {
     let bad = |k: &str, v: &str| StreamError::Precondition(format!("invalid {k}: {v}"));
     let mut kept = Vec::new();
     for (k, v) in args {
@@ -297,7 +311,7 @@ impl DiskStreams {
         fs::create_dir_all(&root)?;
         let me = Arc::new(DiskStreams {
             root: root.clone(),
-            broker: std::sync::OnceLock::new(),
+            broker: Default::default(),
             read_ahead,
             sendfile,
             fsync,
@@ -373,7 +387,11 @@ impl DiskStreams {
                 ranges_from: self.sendfile.then_some(SENDFILE_MIN),
             },
         });
-        tokio::spawn(stream.clone().sync_task(format!("{vhost}/{name}")));
+        tokio::spawn(
+            stream
+                .clone()
+                .sync_task(vhost.clone(), name.clone(), self.broker.clone()),
+        );
         streams.insert((vhost, name), stream);
     }
 
@@ -460,54 +478,9 @@ impl DiskStreams {
         Ok(())
     }
 
-    /// Declares stream `stream` of `vhost` as a queue through the broker's admin channel.
-    fn declare_queue(&self, vhost: &str, stream: &str, arguments: &[(String, String)]) {
-        use warren_core::message::{FieldTable, FieldValue};
-        let Some(broker) = self.broker.get() else {
-            return;
-        };
-        let mut table = FieldTable::new();
-        table.insert("x-queue-type".into(), FieldValue::string("stream"));
-        for (k, v) in parse_arguments(arguments).unwrap_or_default() {
-            let value = match v.parse::<i64>() {
-                Ok(n) if k != "max-age" => FieldValue::I64(n),
-                _ => FieldValue::string(&v),
-            };
-            table.insert(format!("x-{k}"), value);
-        }
-        let op = warren_core::command::Op::QueueDeclare(warren_core::command::QueueDeclare {
-            queue: stream.into(),
-            passive: false,
-            durable: true,
-            exclusive: false,
-            auto_delete: false,
-            nowait: false,
-            arguments: table,
-        });
-        let asked = warren_core::admin::AdminRequest::Op {
-            vhost: vhost.into(),
-            op,
-        };
-        match self.block_on(broker.admin(asked)) {
-            Ok(warren_core::admin::AdminResponse::Op(Ok(_))) => {}
-            Ok(warren_core::admin::AdminResponse::Op(Err(e))) => {
-                tracing::warn!(vhost, stream, "the stream is not an AMQP queue too: {e}")
-            }
-            _ => {}
-        }
-    }
-
-    /// The broker, for logins (the catalog opened before it).
+    /// The broker, for logins and the streams' AMQP queues (the catalog opened before it).
     pub fn set_broker(&self, broker: warren_runtime::BrokerHandle) {
-        let _ = self.broker.set(broker);
-    }
-
-    fn broker(&self) -> Result<&warren_runtime::BrokerHandle, AuthError> {
-        self.broker.get().ok_or(AuthError::Refused)
-    }
-
-    fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
-        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+        self.broker.set(broker);
     }
 }
 
@@ -548,29 +521,11 @@ impl StreamBackend for DiskStreams {
     type Reader = DiskReader;
 
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
-        let Login::Plain { username, password } = login else {
-            return Err(AuthError::Refused);
-        };
-        match self.block_on(
-            self.broker()?
-                .authenticate(username, password, peer.is_loopback, None),
-        ) {
-            Ok(Ok(login)) => Ok(login.user),
-            Ok(Err(warren_runtime::LoginError::LoopbackOnly(_))) => Err(AuthError::Loopback),
-            Ok(Err(_)) | Err(_) => Err(AuthError::Refused),
-        }
+        self.broker.authenticate(login, peer)
     }
 
     fn vhost_access(&self, user: &str, vhost: &str) -> bool {
-        // The password was checked at SASL (and the loopback rule with it): this asks only
-        // whether the user may open the vhost.
-        let Ok(broker) = self.broker() else {
-            return false;
-        };
-        matches!(
-            self.block_on(broker.authenticate_certified(user, true, Some(vhost))),
-            Ok(Ok(_))
-        )
+        self.broker.vhost_access(user, vhost)
     }
 
     fn create_stream(
@@ -582,7 +537,11 @@ impl StreamBackend for DiskStreams {
         self.create_log(vhost, stream, arguments)?;
         // A stream is a queue of its vhost for AMQP clients too, as in RabbitMQ: declared
         // through the broker's admin channel (its queue opens this log, which exists now).
-        self.declare_queue(vhost, stream, arguments);
+        self.broker.declare_queue(
+            vhost,
+            stream,
+            &parse_arguments(arguments).unwrap_or_default(),
+        );
         Ok(())
     }
 
@@ -591,19 +550,7 @@ impl StreamBackend for DiskStreams {
             return Err(StreamError::DoesNotExist);
         }
         // Through the broker first: its queue goes, and the store deletes the log.
-        if let Some(broker) = self.broker.get() {
-            let op = warren_core::command::Op::QueueDelete {
-                queue: stream.into(),
-                if_unused: false,
-                if_empty: false,
-                nowait: false,
-            };
-            let asked = warren_core::admin::AdminRequest::Op {
-                vhost: vhost.into(),
-                op,
-            };
-            let _ = self.block_on(broker.admin(asked));
-        }
+        self.broker.delete_queue(vhost, stream);
         match self.remove_log(vhost, stream) {
             Ok(()) | Err(StreamError::DoesNotExist) => Ok(()),
             Err(e) => Err(e),
@@ -639,13 +586,13 @@ impl StreamBackend for DiskStreams {
         let s = self.get(vhost, stream)?;
         let appended = s.with_writer(|w| {
             let last = writer.and_then(|r| w.log.publisher_sequence(r));
-            let mut keep: Vec<(u64, &Bytes)> = Vec::with_capacity(messages.len());
+            let mut keep: Vec<(u64, &Bytes, Option<&str>)> = Vec::with_capacity(messages.len());
             for m in messages {
                 if last.is_some_and(|l| m.publishing_id <= l) {
                     continue;
                 }
                 match &m.entry {
-                    Entry::Simple(b) => keep.push((m.publishing_id, b)),
+                    Entry::Simple(b) => keep.push((m.publishing_id, b, m.filter_value.as_deref())),
                     Entry::SubBatch { .. } => {
                         return Err(StreamError::Precondition(
                             "sub-batch entries are not supported by this node's streams".into(),
@@ -668,19 +615,24 @@ impl StreamBackend for DiskStreams {
                 }
                 let (part, tail) = rest.split_at(n);
                 rest = tail;
-                let bodies: Vec<&[u8]> = part.iter().map(|(_, b)| &b[..]).collect();
-                let max_id = part.iter().map(|(id, _)| *id).max().unwrap_or(0);
+                let bodies: Vec<&[u8]> = part.iter().map(|(_, b, _)| &b[..]).collect();
+                let filters: Vec<Option<&str>> = part.iter().map(|(_, _, f)| *f).collect();
+                let max_id = part.iter().map(|(id, _, _)| *id).max().unwrap_or(0);
                 let publishers: Vec<(&str, u64)> = writer
                     .filter(|r| !r.is_empty())
                     .map(|r| (r, max_id.max(last.unwrap_or(0))))
                     .into_iter()
                     .collect();
-                let range = match w.log.append(&bodies, now_ms, &publishers) {
+                let range = match w
+                    .log
+                    .append_filtered(&bodies, &filters, now_ms, &publishers)
+                {
                     Err(log::StreamError::Backpressure { .. }) => {
                         // The buffer is full: write it out (to the OS, not fsynced) and
                         // append again; the sync task fsyncs both.
                         w.log.flush().map_err(internal)?;
-                        w.log.append(&bodies, now_ms, &publishers)
+                        w.log
+                            .append_filtered(&bodies, &filters, now_ms, &publishers)
                     }
                     other => other,
                 }
@@ -741,13 +693,18 @@ impl StreamBackend for DiskStreams {
         vhost: &str,
         stream: &str,
         offset: OffsetSpec,
-        // The log keeps no Bloom filter per chunk, so every chunk is sent and clients filter
-        // (the protocol allows skipping chunks, never requires it).
-        _filter: Option<ReaderFilter>,
+        filter: Option<ReaderFilter>,
     ) -> Result<DiskReader, StreamError> {
         let s = self.get(vhost, stream)?;
         let options = s.reader_options;
-        let reader = s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
+        let mut reader =
+            s.with_writer(|w| w.log.reader(spec(offset), options).map_err(internal))?;
+        // Chunks whose Bloom filter rules the values out are skipped; the rest (false
+        // positives included) go out and clients filter their messages, as with RabbitMQ.
+        reader.set_filter(filter.map(|f| log::bloom::ChunkFilter {
+            values: f.values,
+            match_unfiltered: f.match_unfiltered,
+        }));
         Ok(DiskReader {
             stream: s,
             reader,
@@ -762,6 +719,42 @@ impl StreamBackend for DiskStreams {
         from: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static {
         self.wait_durable(vhost, stream, from)
+    }
+
+    fn create_super_stream(
+        &self,
+        vhost: &str,
+        name: &str,
+        partitions: &[String],
+        binding_keys: &[String],
+        arguments: &[(String, String)],
+    ) -> Result<(), StreamError> {
+        crate::super_streams::create(
+            &self.broker,
+            self,
+            vhost,
+            name,
+            partitions,
+            binding_keys,
+            arguments,
+        )
+    }
+
+    fn delete_super_stream(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        crate::super_streams::delete_super(&self.broker, self, vhost, name)
+    }
+
+    fn partitions(&self, vhost: &str, name: &str) -> Result<Vec<String>, StreamError> {
+        crate::super_streams::partitions(&self.broker, vhost, name)
+    }
+
+    fn route(
+        &self,
+        vhost: &str,
+        name: &str,
+        routing_key: &str,
+    ) -> Result<Vec<String>, StreamError> {
+        crate::super_streams::route(&self.broker, vhost, name, routing_key)
     }
 
     fn consumer_groups(&self) -> &ConsumerGroups {

@@ -317,7 +317,24 @@ async fn offsets_next_last_numeric_timestamp_and_interval() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_stream_two_protocols() {
     let dir = data_dir("interop");
-    let b = serve(&dir);
+    one_stream_two_protocols_on(serve(&dir)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `--in-memory` too: the logs are in memory, and still one per stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stream_two_protocols_in_memory() {
+    let dir = data_dir("interop-mem");
+    let b = Broker(common::serve(
+        &dir,
+        false,
+        &["--in-memory", "--stream", "127.0.0.1:0"],
+    ));
+    one_stream_two_protocols_on(b).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn one_stream_two_protocols_on(b: Broker) {
     let port = b.0.stream.expect("stream port");
     let conn = connect(b.0.amqp).await;
     let ch = bounded(conn.create_channel()).await.unwrap();
@@ -431,7 +448,103 @@ async fn one_stream_two_protocols() {
         "no stream 'both' left to subscribe to"
     );
     drop(b);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The median of `rounds` one-message trips, each from `send` until `received` has it.
+async fn median_trip<S, R>(rounds: usize, mut send: S, mut received: R) -> Duration
+where
+    S: AsyncFnMut(usize),
+    R: AsyncFnMut(usize),
+{
+    let mut trips = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let at = std::time::Instant::now();
+        send(i).await;
+        received(i).await;
+        trips.push(at.elapsed());
+    }
+    trips.sort();
+    trips[rounds / 2]
+}
+
+/// A message published on the stream port reaches an AMQP consumer waiting at the end of
+/// the stream in about the time the broker takes, and the other way round: the stream
+/// protocol's appends are pushed to the core, not found by a timer (a 20 ms poll gave a
+/// median of ~10 ms). With and without a data directory (fsync off: the disk is not what
+/// this measures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_port_publishes_reach_amqp_consumers_at_once_and_back() {
+    for in_memory in [false, true] {
+        let dir = data_dir(if in_memory { "push-mem" } else { "push" });
+        let mut args = vec!["--stream", "127.0.0.1:0", "--fsync", "off"];
+        if in_memory {
+            args.push("--in-memory");
+        }
+        let b = Broker(common::serve(&dir, false, &args));
+        let conn = connect(b.0.amqp).await;
+        let ch = bounded(conn.create_channel()).await.unwrap();
+        declare_stream(&ch, "push").await;
+        let mut amqp = consume_from(&conn, "push", Some(text("next"))).await;
+        let env = stream_env(b.0.stream.expect("stream port")).await;
+        let producer = env.producer().build("push").await.unwrap();
+        let to_amqp = median_trip(
+            50,
+            async |i| {
+                producer
+                    .send_with_confirm(Message::builder().body(format!("p{i}")).build())
+                    .await
+                    .expect("confirmed");
+            },
+            async |i| {
+                let got = take(&mut amqp, 1).await;
+                assert_eq!(got[0].1, format!("p{i}"));
+            },
+        )
+        .await;
+        let mut reader = env
+            .consumer()
+            .offset(OffsetSpecification::Next)
+            .build("push")
+            .await
+            .unwrap();
+        let to_stream = median_trip(
+            50,
+            async |i| {
+                bounded(ch.basic_publish(
+                    "".into(),
+                    "push".into(),
+                    BasicPublishOptions::default(),
+                    format!("q{i}").as_bytes(),
+                    BasicProperties::default(),
+                ))
+                .await
+                .expect("publish");
+            },
+            async |i| {
+                let d = bounded(reader.next())
+                    .await
+                    .expect("open")
+                    .expect("delivery");
+                assert_eq!(d.message().data(), Some(format!("q{i}").as_bytes()));
+            },
+        )
+        .await;
+        eprintln!(
+            "in_memory={in_memory}: stream port -> AMQP {to_amqp:?}, AMQP -> stream port {to_stream:?}"
+        );
+        for (what, median) in [
+            ("stream port -> AMQP", to_amqp),
+            ("AMQP -> stream port", to_stream),
+        ] {
+            assert!(
+                median < Duration::from_millis(5),
+                "{what}: median {median:?} over 50 one-message trips (in_memory={in_memory})"
+            );
+        }
+        producer.close().await.unwrap();
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -573,4 +686,138 @@ async fn kill_9_after_confirms_keeps_every_message_at_its_offset() {
     assert_eq!(take(&mut c, 1).await, vec![(N as i64, format!("k{N}"))]);
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The partition a message of the super stream test goes to: the key is `i % 3`.
+fn partition_key(m: &Message) -> String {
+    let body = m.data().unwrap_or_default();
+    let n: u64 = std::str::from_utf8(body)
+        .ok()
+        .and_then(|s| s.trim_start_matches('k').parse().ok())
+        .unwrap_or(0);
+    (n % 3).to_string()
+}
+
+/// A super stream made over the stream protocol is RabbitMQ's: a direct exchange bound to
+/// its partition streams (queues for AMQP too), kept across a restart; the Rust client's
+/// producer routes by key (Route) and by hash (Partitions); AMQP publishes to the exchange
+/// reach the partition of their key; deleting it deletes exchange and partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn super_streams_are_an_exchange_over_partition_streams() {
+    use rabbitmq_stream_client::types::{
+        HashRoutingMurmurStrategy, RoutingKeyRoutingStrategy, RoutingStrategy,
+    };
+    for in_memory in [false, true] {
+        let dir = data_dir(if in_memory { "super-mem" } else { "super" });
+        let mut args = vec!["--stream", "127.0.0.1:0"];
+        if in_memory {
+            args.push("--in-memory");
+        }
+        let mut b = Broker(common::serve(&dir, false, &args));
+        let env = stream_env(b.0.stream.expect("stream port")).await;
+        env.stream_creator()
+            .create_super_stream("orders", 3, None)
+            .await
+            .expect("create the super stream");
+        if !in_memory {
+            // Definitions are durable: the super stream routes after a restart.
+            drop(env);
+            drop(b);
+            b = Broker(common::serve(&dir, false, &args));
+        }
+        let env = stream_env(b.0.stream.expect("stream port")).await;
+        let mut producer = env
+            .super_stream_producer(RoutingStrategy::RoutingKeyStrategy(
+                RoutingKeyRoutingStrategy {
+                    routing_extractor: &partition_key,
+                },
+            ))
+            .build("orders")
+            .await
+            .expect("a producer routing by key");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..30u64 {
+            let tx = tx.clone();
+            producer
+                .send(Message::builder().body(format!("k{i}")).build(), move |r| {
+                    let tx = tx.clone();
+                    async move {
+                        let _ = tx.send(r.map(|s| s.confirmed()).unwrap_or(false));
+                    }
+                })
+                .await
+                .unwrap();
+        }
+        for _ in 0..30 {
+            assert!(bounded(rx.recv()).await.unwrap(), "confirmed");
+        }
+        producer.close().await.unwrap();
+        let mut hashed = env
+            .super_stream_producer(RoutingStrategy::HashRoutingStrategy(
+                HashRoutingMurmurStrategy {
+                    routing_extractor: &partition_key,
+                },
+            ))
+            .build("orders")
+            .await
+            .expect("Partitions lists the three");
+        hashed
+            .send(Message::builder().body("k99").build(), |_| async {})
+            .await
+            .unwrap();
+        hashed.close().await.unwrap();
+        // AMQP: the exchange routes by key to the partition queue.
+        let conn = connect(b.0.amqp).await;
+        let ch = bounded(conn.create_channel()).await.unwrap();
+        bounded(ch.basic_publish(
+            "orders".into(),
+            "2".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            b"k32",
+            BasicProperties::default(),
+        ))
+        .await
+        .expect("publish to the super stream's exchange");
+        for p in 0..3u64 {
+            let mut c = consume_from(&conn, &format!("orders-{p}"), Some(text("first"))).await;
+            let want: Vec<String> = (0..30)
+                .filter(|i| i % 3 == p)
+                .map(|i| format!("k{i}"))
+                .collect();
+            let got: Vec<String> = take(&mut c, 10).await.into_iter().map(|(_, b)| b).collect();
+            assert_eq!(got, want, "partition orders-{p} (in_memory={in_memory})");
+            if p == 2 {
+                // After the hashed k99 if it hashed here.
+                let mut rest = take(&mut c, 1).await;
+                if rest[0].1 == "k99" {
+                    rest = take(&mut c, 1).await;
+                }
+                assert_eq!(rest[0].1, "k32", "the AMQP publish by key 2");
+            }
+        }
+        env.delete_super_stream("orders").await.expect("delete");
+        let probe = bounded(conn.create_channel()).await.unwrap();
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let err = bounded(probe.exchange_declare(
+            "orders".into(),
+            lapin::ExchangeKind::Direct,
+            passive,
+            FieldTable::default(),
+        ))
+        .await
+        .expect_err("the exchange went with it");
+        assert_eq!(reply(&err).0, 404);
+        assert!(
+            env.consumer().build("orders-0").await.is_err(),
+            "partitions deleted with the super stream"
+        );
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -334,3 +334,263 @@ async fn large_chunks_sent_with_sendfile_or_copied_arrive_intact() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A CA and a server certificate it signs (SANs localhost and 127.0.0.1), as `ca.pem`,
+/// `server.pem` and `server.key` in `dir`.
+fn server_pki(dir: &std::path::Path) {
+    let mut ca = rcgen::CertificateParams::new(Vec::new()).expect("params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "stream test CA");
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "localhost");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &issuer).expect("sign");
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+}
+
+/// A free loopback port (bound, then released for the broker to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `--stream-tls` (RabbitMQ's 5551): the stream protocol over TLS with the shared TLS files,
+/// serving the same streams as the plain port; a plain client on the TLS port gets nothing
+/// but a logged failed handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listener_serves_the_same_streams() {
+    // The Rust client builds its TLS configuration on the process's default provider.
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    let dir = data_dir("tls");
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    server_pki(&pki);
+    let tls_port = free_port();
+    let tls_addr = format!("127.0.0.1:{tls_port}");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let (cert, key) = (pki.join("server.pem"), pki.join("server.key"));
+    let served = Broker(common::serve(
+        &data,
+        false,
+        &[
+            "--stream",
+            "127.0.0.1:0",
+            "--stream-tls",
+            &tls_addr,
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    ));
+    assert!(served.0.logged(&["for stream-tls"]), "TLS listener started");
+    let tls = rabbitmq_stream_client::TlsConfiguration::builder()
+        .add_root_certificates(pki.join("ca.pem"))
+        .build()
+        .unwrap();
+    let secure = tokio::time::timeout(
+        Duration::from_secs(10),
+        Environment::builder()
+            .host("localhost")
+            .port(tls_port)
+            .tls(tls)
+            .build(),
+    )
+    .await
+    .expect("TLS connect in time")
+    .expect("TLS connect");
+    secure.stream_creator().create("tls").await.unwrap();
+    let producer = secure.producer().build("tls").await.unwrap();
+    assert_eq!(publish(&producer, 0..1000, 100).await, 1000);
+    producer.close().await.unwrap();
+    let mut c = secure
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build("tls")
+        .await
+        .unwrap();
+    let got = take(&mut c, 1000).await;
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, (o, b))| *o == i as u64 && *b == body(i as u64))
+    );
+    c.handle().close().await.unwrap();
+    // The plain port serves the same stream.
+    let plain = env(served.0.stream.expect("stream port")).await;
+    let mut c = plain
+        .consumer()
+        .offset(OffsetSpecification::Offset(990))
+        .build("tls")
+        .await
+        .unwrap();
+    assert_eq!(take(&mut c, 10).await[9], (999, body(999)));
+    // A plain-text client on the TLS port: no session, one log line.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(15),
+        Environment::builder()
+            .host("127.0.0.1")
+            .port(tls_port)
+            .build(),
+    )
+    .await
+    .expect("refused in time");
+    assert!(refused.is_err(), "plain text on the TLS port");
+    assert!(served.0.logged(&["TLS handshake failed", "stream-tls"]));
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Stream filtering (RabbitMQ 3.13) on `warren serve`, with a data directory (Bloom filters
+/// in the chunk trailers, also after a restart) and in memory: a filtered subscription
+/// without a client-side predicate gets only the chunks holding its values (and the
+/// unfiltered ones with match-unfiltered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filtered_subscriptions_get_only_chunks_with_their_values() {
+    use rabbitmq_stream_client::FilterConfiguration;
+    for in_memory in [false, true] {
+        let dir = data_dir(if in_memory { "filter-mem" } else { "filter" });
+        let mut args = vec!["--stream", "127.0.0.1:0"];
+        if in_memory {
+            args.push("--in-memory");
+        }
+        let mut b = Broker(common::serve(&dir, false, &args));
+        let e = env(b.0.stream.expect("stream port")).await;
+        e.stream_creator().create("colours").await.unwrap();
+        let producer = e
+            .producer()
+            .filter_value_extractor(|m: &Message| {
+                let b = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
+                match b.split('-').next().unwrap_or_default() {
+                    "plain" => String::new(),
+                    colour => colour.to_string(),
+                }
+            })
+            .build("colours")
+            .await
+            .unwrap();
+        // One batch (one chunk) per colour, unfiltered last.
+        for colour in ["red", "blue", "red", "plain"] {
+            let batch: Vec<Message> = (0..5)
+                .map(|i| Message::builder().body(format!("{colour}-{i}")).build())
+                .collect();
+            producer.batch_send_with_confirm(batch).await.unwrap();
+        }
+        producer.close().await.unwrap();
+        if !in_memory {
+            drop(e);
+            drop(b);
+            b = Broker(common::serve(&dir, false, &args));
+        }
+        let e = env(b.0.stream.expect("stream port")).await;
+        let read = |values: Vec<String>, unfiltered: bool| {
+            let e = e.clone();
+            async move {
+                let mut c = e
+                    .consumer()
+                    .offset(OffsetSpecification::First)
+                    .filter_input(Some(FilterConfiguration::new(values, unfiltered)))
+                    .build("colours")
+                    .await
+                    .unwrap();
+                let mut got = Vec::new();
+                while let Ok(Some(Ok(d))) =
+                    tokio::time::timeout(Duration::from_millis(500), c.next()).await
+                {
+                    got.push(
+                        String::from_utf8_lossy(d.message().data().unwrap_or_default())
+                            .into_owned(),
+                    );
+                }
+                c.handle().close().await.unwrap();
+                got
+            }
+        };
+        let blue = read(vec!["blue".into()], false).await;
+        assert_eq!(
+            blue,
+            (0..5).map(|i| format!("blue-{i}")).collect::<Vec<_>>(),
+            "in_memory={in_memory}"
+        );
+        let blue_and_plain = read(vec!["blue".into()], true).await;
+        assert_eq!(blue_and_plain.len(), 10, "{blue_and_plain:?}");
+        assert!(blue_and_plain[5..].iter().all(|b| b.starts_with("plain-")));
+        assert_eq!(read(vec!["red".into()], false).await.len(), 10);
+        assert!(read(vec!["green".into()], false).await.is_empty());
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// RabbitMQ's Java stream client (`cli/tests/java/StreamFeatures.java`) against the stream
+/// TLS listener: TLS with a verified certificate, super streams routed by key and by hash and
+/// read by a super stream consumer, a filtered consumer. Ignored by default: it needs Java 17
+/// and the client's jars in `target/stream-java/lib`, which scripts/test.sh fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Java 17 and target/stream-java/lib (scripts/test.sh)"]
+async fn java_client_over_tls_super_streams_and_filtering() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lib = root.join("../target/stream-java/lib");
+    assert!(
+        lib.is_dir(),
+        "{} missing: fetch the jars first",
+        lib.display()
+    );
+    let dir = data_dir("java");
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    server_pki(&pki);
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let tls_port = free_port();
+    let tls_addr = format!("127.0.0.1:{tls_port}");
+    let (cert, key) = (pki.join("server.pem"), pki.join("server.key"));
+    let served = Broker(common::serve(
+        &data,
+        false,
+        &[
+            "--stream-tls",
+            &tls_addr,
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    ));
+    assert!(served.0.logged(&["for stream-tls"]), "TLS listener started");
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        tokio::process::Command::new("java")
+            .arg("-cp")
+            .arg(format!("{}/*", lib.display()))
+            .arg(root.join("tests/java/StreamFeatures.java"))
+            .args(["localhost", &tls_port.to_string()])
+            .arg(pki.join("ca.pem"))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("java finished within 300 s")
+    .expect("java runs");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "StreamFeatures failed: {:?}",
+        out.status
+    );
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -183,6 +183,7 @@ pub struct ClusterNode {
     id: NodeId,
     server: tokio::task::JoinHandle<()>,
     peers: Peers,
+    groups: Groups,
 }
 
 /// How long a write forwarded to the leader may take (a commit is a few milliseconds; an
@@ -193,6 +194,34 @@ pub const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 pub const JOIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ClusterNode {
+    /// Serves the brokers' mail from peers (`transport::Rpc::Mail`) with `handler`.
+    pub fn set_mail_handler(&self, handler: transport::MailHandler) {
+        self.groups.set_mail_handler(handler);
+    }
+
+    /// Sends the brokers' mail `batch` to member `target` (at its address in the metadata
+    /// group's membership) and waits until its broker took it, within `timeout`.
+    pub async fn send_mail(
+        &self,
+        target: NodeId,
+        batch: Vec<u8>,
+        timeout: std::time::Duration,
+    ) -> Result<(), NodeError> {
+        let addr = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            m.membership_config
+                .membership()
+                .get_node(&target)
+                .map(|n| n.addr.clone())
+        };
+        let addr = addr.ok_or_else(|| NodeError::Raft(format!("node {target} is not a member")))?;
+        self.peers
+            .send_mail(target, &addr, batch, timeout)
+            .await
+            .map_err(|e| NodeError::Raft(format!("mail to node {target}: {e}")))
+    }
+
     /// Opens the node's files, binds the cluster listener and starts the metadata group.
     /// A node with an empty log proposes the configured members as the first membership
     /// (every fresh node proposes the same one; openraft accepts that).
@@ -238,7 +267,7 @@ impl ClusterNode {
             listener,
             opts.id,
             opts.secret.clone(),
-            groups,
+            groups.clone(),
         ));
         let initialized = raft
             .is_initialized()
@@ -263,6 +292,7 @@ impl ClusterNode {
             id: opts.id,
             server,
             peers,
+            groups,
         })
     }
 
@@ -275,11 +305,32 @@ impl ClusterNode {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 match (f.leader_id, f.leader_node) {
                     (Some(id), Some(node)) if id != self.id => {
-                        let reply = self
-                            .peers
-                            .forward(META_GROUP, id, &node.addr, cmd.encode(), FORWARD_TIMEOUT)
-                            .await
-                            .map_err(|e| NodeError::Forward(id, e))?;
+                        // A leader cut off by a partition does not reset the connection:
+                        // the forward would stall for its whole timeout while the others
+                        // elect a new leader in about a second. Once this node knows the
+                        // leader is no longer `id`, give up so the caller retries there
+                        // (as after any failed forward, the change may have reached `id`
+                        // and commit later).
+                        let mut metrics = self.raft.metrics();
+                        let moved = async move {
+                            while metrics.changed().await.is_ok() {
+                                if metrics.borrow().current_leader != Some(id) {
+                                    return;
+                                }
+                            }
+                            std::future::pending::<()>().await
+                        };
+                        let forward = self.peers.forward(
+                            META_GROUP,
+                            id,
+                            &node.addr,
+                            cmd.encode(),
+                            FORWARD_TIMEOUT,
+                        );
+                        let reply = tokio::select! {
+                            r = forward => r.map_err(|e| NodeError::Forward(id, e))?,
+                            () = moved => return Err(NodeError::NotLeader(None)),
+                        };
                         Ok(DefReply::decode(&reply)?)
                     }
                     (leader, _) => Err(NodeError::NotLeader(leader)),

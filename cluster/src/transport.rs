@@ -159,6 +159,11 @@ enum Rpc {
     /// Add a member (id, cluster address): a learner first, a voter once caught up
     /// (forwarded to the leader).
     Join(NodeId, String),
+    /// The brokers' mail between nodes (a batch, encoded by the host): publishes
+    /// forwarded to a queue's home node and its answers (docs/cluster.md, "Queues live on
+    /// one node"). Not a group's: the envelope's group is ignored. Sent on a connection of
+    /// its own (`MAIL_LANE`), so a big batch never delays the Raft heartbeats.
+    Mail(Vec<u8>),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -170,6 +175,8 @@ enum RpcReply {
     Write(Result<crate::Reply, String>),
     /// The envelope named a group this node does not run.
     NoGroup(u64),
+    /// The mail was handed to this node's broker (or why not).
+    Mail(Result<(), String>),
 }
 
 async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
@@ -290,11 +297,34 @@ async fn server_handshake(
     Ok(from)
 }
 
-/// The groups this node serves, by group id.
+/// What a node does with the brokers' mail a peer sent ([`Rpc::Mail`]): the peer's id and
+/// the batch; answers once the broker took it (which paces the sender: one batch at a time
+/// per peer connection).
+pub type MailHandler = Arc<
+    dyn Fn(
+            NodeId,
+            Vec<u8>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The groups this node serves, by group id, and the handler of the brokers' mail.
 #[derive(Clone, Default)]
-pub struct Groups(Arc<Mutex<HashMap<u64, Raft>>>);
+pub struct Groups(
+    Arc<Mutex<HashMap<u64, Raft>>>,
+    Arc<Mutex<Option<MailHandler>>>,
+);
 
 impl Groups {
+    /// Serves the brokers' mail from peers with `handler` (until then it is refused).
+    pub fn set_mail_handler(&self, handler: MailHandler) {
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(handler);
+    }
+    fn mail_handler(&self) -> Option<MailHandler> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
     pub fn insert(&self, group: u64, raft: Raft) {
         self.0
             .lock()
@@ -379,6 +409,14 @@ async fn serve_peer(
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(TransportError::Timeout),
         };
+        if let Rpc::Mail(bytes) = env.rpc {
+            let reply = match groups.mail_handler() {
+                Some(h) => RpcReply::Mail(h(peer, bytes).await),
+                None => RpcReply::Mail(Err("this node takes no mail yet".into())),
+            };
+            write_frame(&mut sock, &reply).await?;
+            continue;
+        }
         let reply = match groups.get(env.group) {
             None => RpcReply::NoGroup(env.group),
             Some(raft) => match env.rpc {
@@ -397,6 +435,8 @@ async fn serve_peer(
                         .map(|()| crate::Reply::default())
                         .map_err(|e| e.to_string()),
                 ),
+                // Taken above.
+                Rpc::Mail(_) => RpcReply::Mail(Err("mail".into())),
                 Rpc::Write(c) => RpcReply::Write(
                     raft.client_write(c)
                         .await
@@ -416,8 +456,12 @@ struct Request {
     reply: oneshot::Sender<Result<RpcReply, TransportError>>,
 }
 
-/// Peer id -> (its address, the sender to its connection task).
-type PeerMap = HashMap<NodeId, (String, mpsc::Sender<Request>)>;
+/// (Peer id, lane) -> (its address, the sender to its connection task). Lane 0 carries the
+/// Raft groups' requests, `MAIL_LANE` the brokers' mail.
+type PeerMap = HashMap<(NodeId, u8), (String, mpsc::Sender<Request>)>;
+
+/// The lane (a connection of its own per peer) of the brokers' mail.
+const MAIL_LANE: u8 = 1;
 
 /// Outgoing connections of this node: one task and one connection per peer.
 #[derive(Clone)]
@@ -438,8 +482,12 @@ impl Peers {
 
     /// The sender to `target`'s task, started (or restarted for a new address) as needed.
     fn sender(&self, target: NodeId, addr: &str) -> mpsc::Sender<Request> {
+        self.lane_sender(target, addr, 0)
+    }
+
+    fn lane_sender(&self, target: NodeId, addr: &str, lane: u8) -> mpsc::Sender<Request> {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((a, tx)) = peers.get(&target)
+        if let Some((a, tx)) = peers.get(&(target, lane))
             && a == addr
             && !tx.is_closed()
         {
@@ -453,8 +501,36 @@ impl Peers {
             self.secret.clone(),
             rx,
         ));
-        peers.insert(target, (addr.to_string(), tx.clone()));
+        peers.insert((target, lane), (addr.to_string(), tx.clone()));
         tx
+    }
+
+    /// Sends the brokers' mail `batch` to `target` at `addr` on its own connection, and
+    /// waits until that node's broker took it (bounded by `timeout`).
+    pub async fn send_mail(
+        &self,
+        target: NodeId,
+        addr: &str,
+        batch: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        let (tx, rx) = oneshot::channel();
+        let req = Request {
+            group: 0,
+            rpc: Rpc::Mail(batch),
+            deadline: Instant::now() + timeout,
+            reply: tx,
+        };
+        let sender = self.lane_sender(target, addr, MAIL_LANE);
+        match tokio::time::timeout(timeout, sender.send(req)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(TransportError::Closed),
+            Err(_) => return Err(TransportError::Timeout),
+        }
+        match rx.await.map_err(|_| TransportError::Closed)?? {
+            RpcReply::Mail(r) => r.map_err(TransportError::Remote),
+            _ => Err(TransportError::Protocol),
+        }
     }
 
     /// Sends `command` to `target` (the group's leader) to propose; its reply once committed

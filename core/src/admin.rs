@@ -278,6 +278,20 @@ pub enum AdminRequest {
     SetMemoryWatermark(u64),
     /// MQTT retained messages per vhost (topology's: shard 0 answers).
     RetainedStats,
+    /// Queue `queue` of `vhost` lives on cluster node `node` (`None`: on this node): this
+    /// node keeps a stub of it and sends what it routes there to that node
+    /// (`NodeMail`). Every shard applies it.
+    QueueHome {
+        /// The queue's vhost.
+        vhost: String,
+        /// Its name.
+        queue: String,
+        /// The node it lives on; `None`: this one.
+        node: Option<u32>,
+    },
+    /// Messages `mqtt-qos0` queues dropped since the start, their subscribers being too
+    /// slow (summed over the shards).
+    Qos0Dropped,
     /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
     CloseConnection {
         /// The connection.
@@ -297,6 +311,7 @@ impl AdminRequest {
             AdminRequest::ListConnections => Some(AdminRequest::ListConnections),
             AdminRequest::ListChannels => Some(AdminRequest::ListChannels),
             AdminRequest::VhostStats => Some(AdminRequest::VhostStats),
+            AdminRequest::Qos0Dropped => Some(AdminRequest::Qos0Dropped),
             _ => None,
         }
     }
@@ -342,6 +357,11 @@ impl AdminRequest {
                 name: name.clone(),
             },
             AdminRequest::SetMemoryWatermark(bytes) => AdminRequest::SetMemoryWatermark(*bytes),
+            AdminRequest::QueueHome { vhost, queue, node } => AdminRequest::QueueHome {
+                vhost: vhost.clone(),
+                queue: queue.clone(),
+                node: *node,
+            },
             _ => return None,
         })
     }
@@ -354,12 +374,14 @@ impl AdminRequest {
         let (mut queues, mut consumers, mut connections) = (Vec::new(), Vec::new(), Vec::new());
         let mut channels = Vec::new();
         let mut stats = std::collections::BTreeMap::<String, MessageStats>::new();
+        let mut dropped = 0u64;
         for answer in answers {
             match answer {
                 AdminResponse::Queues(q) => queues.extend(q),
                 AdminResponse::Consumers(c) => consumers.extend(c),
                 AdminResponse::Connections(c) => connections.extend(c),
                 AdminResponse::Channels(c) => channels.extend(c),
+                AdminResponse::Dropped(n) => dropped += n,
                 AdminResponse::VhostStats(s) => {
                     for (vhost, s) in s {
                         stats.entry(vhost).or_default().add(&s);
@@ -374,6 +396,7 @@ impl AdminRequest {
                 AdminResponse::Channels(channels)
             }
             AdminRequest::VhostStats => AdminResponse::VhostStats(stats.into_iter().collect()),
+            AdminRequest::Qos0Dropped => AdminResponse::Dropped(dropped),
             AdminRequest::ListQueues => {
                 queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
                 AdminResponse::Queues(queues)
@@ -432,4 +455,6 @@ pub enum AdminResponse {
     Closed(bool),
     /// MQTT retained messages per vhost: (vhost, messages, payload bytes), by vhost name.
     Retained(Vec<(String, u64, u64)>),
+    /// Messages dropped by `mqtt-qos0` queues.
+    Dropped(u64),
 }

@@ -21,6 +21,12 @@ pub enum QueueType {
     /// of `queue::quorum` (a Raft log's entries once it is replicated; a group of one on a
     /// single node).
     Quorum,
+    /// A queue that holds nothing (RabbitMQ's `rabbit_mqtt_qos0_queue`, for the QoS 0
+    /// subscribers of MQTT clean sessions): a routed message goes at once to a consumer
+    /// with write-window credit, or is dropped and counted (at most once delivery, as MQTT
+    /// allows for QoS 0), so a slow subscriber costs neither memory nor its publishers'
+    /// pace. Transient and no-ack only: no enqueue, no settle, no confirm wait per message.
+    MqttQos0,
 }
 
 /// What the rest of the broker may rely on for a queue type.
@@ -48,6 +54,11 @@ pub struct Capabilities {
     /// otherwise consuming on such a channel closes the connection with 540, as in
     /// RabbitMQ.
     pub global_qos: bool,
+    /// The queue may not be durable (406 otherwise: `mqtt-qos0` queues keep nothing).
+    pub transient_only: bool,
+    /// Its consumers must not ask for acks (406 otherwise: a `mqtt-qos0` queue keeps no
+    /// message to redeliver).
+    pub no_ack_only: bool,
     /// Queue arguments RabbitMQ knows that this type refuses (406 "invalid arg ... of queue
     /// type ..."); arguments nobody knows are ignored, as RabbitMQ ignores them.
     pub refused_arguments: &'static [&'static str],
@@ -60,6 +71,7 @@ impl QueueType {
         ("classic", Some(QueueType::Classic)),
         ("quorum", Some(QueueType::Quorum)),
         ("stream", Some(QueueType::Stream)),
+        ("mqtt-qos0", Some(QueueType::MqttQos0)),
     ];
 
     /// The type `x-queue-type` in `arguments` asks for (classic when absent). A type Warren
@@ -91,6 +103,7 @@ impl QueueType {
             QueueType::Classic => "classic",
             QueueType::Stream => "stream",
             QueueType::Quorum => "quorum",
+            QueueType::MqttQos0 => "mqtt-qos0",
         }
     }
 
@@ -101,6 +114,7 @@ impl QueueType {
             QueueType::Classic => "rabbit_classic_queue",
             QueueType::Stream => "rabbit_stream_queue",
             QueueType::Quorum => "rabbit_quorum_queue",
+            QueueType::MqttQos0 => "rabbit_mqtt_qos0_queue",
         }
     }
 
@@ -110,6 +124,7 @@ impl QueueType {
             QueueType::Classic => &CLASSIC,
             QueueType::Stream => &STREAM,
             QueueType::Quorum => &QUORUM,
+            QueueType::MqttQos0 => &MQTT_QOS0,
         }
     }
 }
@@ -124,7 +139,37 @@ const CLASSIC: Capabilities = Capabilities {
     auto_delete: true,
     server_named: true,
     global_qos: true,
+    transient_only: false,
+    no_ack_only: false,
     refused_arguments: &[],
+};
+
+/// A queue that holds nothing: a message goes to a consumer at once or is dropped.
+/// Arguments about what a queue holds (length, TTL, dead letters, priorities) refused.
+const MQTT_QOS0: Capabilities = Capabilities {
+    basic_get: false,
+    ack_removes: true,
+    requeue: false,
+    durable_only: false,
+    exclusive: true,
+    needs_prefetch: false,
+    auto_delete: true,
+    server_named: true,
+    global_qos: true,
+    transient_only: true,
+    no_ack_only: true,
+    refused_arguments: &[
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-overflow",
+        "x-max-priority",
+        "x-queue-mode",
+        "x-single-active-consumer",
+        "x-delivery-limit",
+    ],
 };
 
 /// RabbitMQ 3.10's quorum queue (`rabbit_quorum_queue:capabilities/0`, checked against
@@ -140,6 +185,8 @@ const QUORUM: Capabilities = Capabilities {
     auto_delete: false,
     server_named: false,
     global_qos: false,
+    transient_only: false,
+    no_ack_only: false,
     refused_arguments: &[
         "x-max-priority",
         "x-queue-mode",
@@ -165,6 +212,8 @@ const STREAM: Capabilities = Capabilities {
     server_named: false,
     // RabbitMQ refuses a stream consumer on a channel with a global prefetch as well.
     global_qos: false,
+    transient_only: false,
+    no_ack_only: false,
     refused_arguments: &[
         "x-expires",
         "x-message-ttl",

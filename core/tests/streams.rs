@@ -12,7 +12,9 @@ use warren_core::effect::Effect;
 use warren_core::ids::ChannelRef;
 use warren_core::message::{FieldTable, FieldValue};
 use warren_core::shards::Shards;
-use warren_core::store::MemoryStore;
+use warren_core::store::{
+    MemLog, MemoryStore, SharedStreams, StreamBounds, StreamEntry, StreamSettings, StreamStart,
+};
 use warren_core::{Broker, BrokerConfig};
 
 fn stream_args() -> FieldTable {
@@ -367,4 +369,114 @@ fn stream_declares_and_consumes_are_checked_as_rabbitmq_checks_them() {
     let c = h.open(1, 4);
     let fx = consume_from(&mut h, c, "s", "x", 1, Some(FieldValue::Bool(true)));
     assert_eq!(error_code(&fx), Some(406));
+}
+
+/// A host's shared logs for the test: `MemLog`s by name, which "another protocol" appends
+/// to directly.
+#[derive(Default)]
+struct HostLogs(std::sync::Mutex<std::collections::HashMap<(String, String), MemLog>>);
+
+impl HostLogs {
+    fn with<T>(
+        &self,
+        vhost: &str,
+        name: &str,
+        f: impl FnOnce(&mut MemLog) -> T,
+    ) -> Result<T, String> {
+        let mut logs = self.0.lock().unwrap();
+        logs.get_mut(&(vhost.to_string(), name.to_string()))
+            .map(f)
+            .ok_or_else(|| format!("no stream {name}"))
+    }
+}
+
+impl SharedStreams for HostLogs {
+    fn open(&self, vhost: &str, name: &str, settings: &StreamSettings) -> Result<(), String> {
+        let mut logs = self.0.lock().unwrap();
+        logs.entry((vhost.to_string(), name.to_string()))
+            .or_insert_with(|| MemLog::new(settings.clone()));
+        Ok(())
+    }
+    fn append(&self, vhost: &str, name: &str, data: bytes::Bytes, ts: u64) -> Result<(), String> {
+        self.with(vhost, name, |l| l.append([data], ts))
+    }
+    fn bounds(&self, vhost: &str, name: &str) -> Result<StreamBounds, String> {
+        self.with(vhost, name, |l| l.bounds())
+    }
+    fn start(&self, vhost: &str, name: &str, start: StreamStart) -> Result<u64, String> {
+        self.with(vhost, name, |l| l.start(start))
+    }
+    fn read(
+        &self,
+        vhost: &str,
+        name: &str,
+        from: u64,
+        max: usize,
+        out: &mut Vec<StreamEntry>,
+    ) -> Result<(), String> {
+        self.with(vhost, name, |l| l.read(from, max, out))
+    }
+    fn delete(&self, vhost: &str, name: &str) {
+        self.0
+            .lock()
+            .unwrap()
+            .remove(&(vhost.to_string(), name.to_string()));
+    }
+}
+
+#[test]
+fn shared_logs_take_the_hosts_appends_and_consumers_get_them_when_told() {
+    let logs = std::sync::Arc::new(HostLogs::default());
+    let mut broker = Broker::new(BrokerConfig::default());
+    broker.set_shared_streams(logs.clone());
+    let mut h = Harness {
+        shards: Shards::new(vec![broker]),
+        now: 0,
+    };
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    h.publish(c, "", "s", "amqp0");
+    assert_eq!(
+        logs.with("/", "s", |l| l.bounds().next),
+        Ok(1),
+        "the core appends to the host's log"
+    );
+    let r = h.connect(2);
+    let fx = stream_deliveries(&consume_from(&mut h, r, "s", "r", 10, first()));
+    assert_eq!(
+        fx.iter().map(|d| d.3.as_str()).collect::<Vec<_>>(),
+        ["amqp0"]
+    );
+    // Another protocol appends: nothing moves until the host says so (no timer polls)...
+    logs.with("/", "s", |l| {
+        l.append([bytes::Bytes::from_static(b"other1")], 5)
+    })
+    .unwrap();
+    assert!(stream_deliveries(&h.tick(1000)).is_empty());
+    // ... a stream of another name growing wakes nobody here ...
+    let now = h.now;
+    h.shard(0).streams_grew(now, &[("/".into(), "t".into())]);
+    assert!(stream_deliveries(&h.settle()).is_empty());
+    // ... and its own name delivers, at the next offset.
+    h.shard(0).streams_grew(now, &[("/".into(), "s".into())]);
+    let fx = stream_deliveries(&h.settle());
+    assert_eq!(
+        fx.iter().map(|d| (d.2, d.3.as_str())).collect::<Vec<_>>(),
+        [(1, "other1")]
+    );
+    // Deleting the queue deletes the host's log.
+    let fx = h.op(
+        c,
+        Op::QueueDelete {
+            queue: "s".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    assert_eq!(error_code(&fx), None);
+    assert!(
+        logs.with("/", "s", |_| ()).is_err(),
+        "log deleted with its queue"
+    );
 }

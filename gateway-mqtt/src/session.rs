@@ -27,7 +27,7 @@ use std::sync::Arc;
 use warren_core::access::{Perm, Permissions};
 use warren_core::command::{Bind, Consume, Op, QueueDeclare};
 use warren_core::effect::{Delivery, Effect, Reply};
-use warren_core::message::{FieldTable, Message};
+use warren_core::message::{FieldTable, FieldValue, Message};
 use warren_core::mqtt::{
     RetainedMessage, StoredSession, StoredWill, filter_to_amqp_pattern, matches, validate_filter,
     validate_topic,
@@ -46,7 +46,15 @@ impl PushPacket for Vec<codec::Out> {
 
 /// The core channel every MQTT session uses.
 pub const CHANNEL: u16 = 1;
+/// The core channel of QoS 0 publishes, opened at the first one: not in confirm mode, so a
+/// QoS 0 publish costs no confirm (no answer from its queues, no `Effect::Confirm` back to
+/// the publisher's task per op batch), which MQTT never acknowledges anyway. Channel 1
+/// stays in confirm mode for the PUBACKs and PUBRECs of QoS 1/2.
+pub const QOS0_CHANNEL: u16 = 3;
 const CONSUMER_TAG: &str = "mqtt";
+/// The consumer tag of a clean session's `mqtt-qos0` queue (see `Session::direct`): its
+/// deliveries come without acks, so they are never acked back.
+const QOS0_TAG: &str = "mqtt-qos0";
 
 /// An accepted CONNECT, as the session needs it.
 #[derive(Clone, Debug)]
@@ -138,6 +146,12 @@ pub fn credentials(c: &v5::Connect) -> Result<(&str, &str), ConnectReasonCode> {
 /// The core queue of the session of `client_id`.
 pub fn session_queue(client_id: &str) -> String {
     format!("{}{client_id}qos1", crate::config::SESSION_QUEUE_PREFIX)
+}
+
+/// The `mqtt-qos0` queue of the clean session of `client_id` while all its subscriptions
+/// are QoS 0 (RabbitMQ's MQTT plugin names its QoS 0 queue the same way).
+pub fn session_qos0_queue(client_id: &str) -> String {
+    format!("{}{client_id}qos0", crate::config::SESSION_QUEUE_PREFIX)
 }
 
 /// The queue of share group `group` for `filter` (one per group and filter, per vhost).
@@ -269,6 +283,12 @@ pub struct Session {
     session_expiry_s: u32,
     subs: SubMap,
     queue_ready: bool,
+    /// The session's queue is its `mqtt-qos0` queue (`session_qos0_queue`): a clean
+    /// session whose subscriptions are all QoS 0 is served without a queue that holds
+    /// messages, acks or confirms; a slow subscriber loses messages beyond its write
+    /// window, as MQTT allows for QoS 0. Its first subscription of QoS 1 or 2 moves it to
+    /// the classic queue for good (`leave_direct`).
+    direct: bool,
     keep_alive_ms: u64,
     last_rx: u64,
     client_receive_max: u16,
@@ -293,6 +313,8 @@ pub struct Session {
     paused: bool,
     blocked: bool,
     published: bool,
+    /// `QOS0_CHANNEL` is open.
+    qos0_open: bool,
     out: Vec<codec::Out>,
     /// Positions in `out` of SUBACKs waiting for their bindings to be applied, oldest first
     /// (see [`Session::on_subscribe`]); `None` when none waits, so an idle subscriber holds
@@ -323,6 +345,7 @@ impl Session {
             session_expiry_s: info.session_expiry_s,
             subs: SubMap::default(),
             queue_ready: false,
+            direct: false,
             keep_alive_ms: u64::from(info.keep_alive_s) * 1000,
             last_rx: now,
             client_receive_max: info.client_receive_max,
@@ -347,6 +370,7 @@ impl Session {
             paused: false,
             blocked: false,
             published: false,
+            qos0_open: false,
             out: Vec::new(),
             held: None,
             ops: Vec::new(),
@@ -397,7 +421,7 @@ impl Session {
                 if r.has_queue {
                     // A stored session's queue is durable, whatever this connection's expiry.
                     s.queue_durable = true;
-                    s.ensure_queue();
+                    s.ensure_queue(false);
                 }
                 let shared: Vec<(Arc<str>, String)> = s
                     .subs
@@ -454,7 +478,11 @@ impl Session {
     /// The session's core queue. Built when an op needs it (CONNECT, SUBSCRIBE, UNSUBSCRIBE)
     /// rather than held: kept, it cost every idle connection a ~50-byte allocation.
     fn queue(&self) -> String {
-        session_queue(&self.client_id)
+        if self.direct {
+            session_qos0_queue(&self.client_id)
+        } else {
+            session_queue(&self.client_id)
+        }
     }
 
     /// The rarely used state, allocated on first use.
@@ -751,6 +779,15 @@ impl Session {
             now,
             publisher,
         );
+        let channel = if qos == QoS::Level0 {
+            if !self.qos0_open {
+                self.qos0_open = true;
+                self.ops.push((QOS0_CHANNEL, Op::ChannelOpen));
+            }
+            QOS0_CHANNEL
+        } else {
+            CHANNEL
+        };
         if p.retain {
             // Before the publish: the core answers it first, so the PUBACK (after the
             // publish's confirm) means new subscribers get the message.
@@ -760,31 +797,45 @@ impl Session {
                 &publish,
                 p.properties.message_expiry_interval,
             );
-            self.ops.push((CHANNEL, retain));
+            self.ops.push((channel, retain));
         }
-        self.ops.push((CHANNEL, Op::Publish(Box::new(publish))));
+        self.ops.push((channel, Op::Publish(Box::new(publish))));
         self.published = true;
-        self.rare().push_confirm(ack);
+        if channel == CHANNEL {
+            self.rare().push_confirm(ack);
+        }
         Ok(())
     }
 
-    fn ensure_queue(&mut self) {
+    /// Declares and consumes the session's queue if it has none yet: the `mqtt-qos0` one
+    /// when `qos0_only` (the subscription that asks for it is QoS 0) and the session is
+    /// clean, else the classic one.
+    fn ensure_queue(&mut self, qos0_only: bool) {
         if self.queue_ready {
             return;
         }
         self.queue_ready = true;
         self.dirty = true;
         if std::mem::take(&mut self.purge_queue) {
+            // What a crash or an earlier persistent session left under the classic name.
             self.ops.push((
                 CHANNEL,
                 Op::QueueDelete {
-                    queue: self.queue(),
+                    queue: session_queue(&self.client_id),
                     if_unused: false,
                     if_empty: false,
                     nowait: true,
                 },
             ));
         }
+        self.direct = qos0_only && !self.queue_durable && !self.persistent;
+        let (arguments, tag) = if self.direct {
+            let mut t = FieldTable::new();
+            t.insert("x-queue-type".into(), FieldValue::string("mqtt-qos0"));
+            (t, QOS0_TAG)
+        } else {
+            (FieldTable::new(), CONSUMER_TAG)
+        };
         self.ops.push((
             CHANNEL,
             Op::QueueDeclare(QueueDeclare {
@@ -794,21 +845,61 @@ impl Session {
                 exclusive: !self.queue_durable,
                 auto_delete: false,
                 nowait: true,
-                arguments: FieldTable::new(),
+                arguments,
             }),
         ));
         self.ops.push((
             CHANNEL,
             Op::Consume(Consume {
                 queue: self.queue(),
-                consumer_tag: CONSUMER_TAG.to_string(),
+                consumer_tag: tag.to_string(),
                 no_local: false,
-                no_ack: false,
+                no_ack: self.direct,
                 exclusive: false,
                 nowait: true,
                 arguments: FieldTable::new(),
             }),
         ));
+    }
+
+    /// A QoS 1 or 2 subscription on a session served by its `mqtt-qos0` queue: the
+    /// session moves to the classic queue, with every filter bound again there. The
+    /// `mqtt-qos0` queue goes (its consumer cancelled first, so its deletion does not
+    /// read as an operator's); its deliveries still on the way are sent as they come.
+    /// Applied in one turn of the broker, so a publish reaches one of the two queues.
+    fn leave_direct(&mut self) {
+        if !self.direct {
+            return;
+        }
+        self.ops.push((
+            CHANNEL,
+            Op::Cancel {
+                consumer_tag: QOS0_TAG.to_string(),
+                nowait: true,
+            },
+        ));
+        self.ops.push((
+            CHANNEL,
+            Op::QueueDelete {
+                queue: self.queue(),
+                if_unused: false,
+                if_empty: false,
+                nowait: true,
+            },
+        ));
+        self.direct = false;
+        self.queue_ready = false;
+        self.ensure_queue(false);
+        let plain: Vec<Arc<str>> = self
+            .subs
+            .keys()
+            .filter(|f| !f.starts_with("$share/"))
+            .cloned()
+            .collect();
+        for filter in plain {
+            let bind = self.bind_op(&filter);
+            self.ops.push((CHANNEL, Op::QueueBind(bind)));
+        }
     }
 
     fn bind_op(&self, filter: &str) -> Bind {
@@ -877,11 +968,28 @@ impl Session {
                     continue;
                 }
             };
-            if !self.may_subscribe(&self.queue()) {
+            // The queue this subscription will be served by.
+            let direct = opts.max_qos == QoS::Level0
+                && if self.queue_ready {
+                    self.direct
+                } else {
+                    !self.queue_durable && !self.persistent
+                };
+            let queue = if direct {
+                session_qos0_queue(&self.client_id)
+            } else {
+                session_queue(&self.client_id)
+            };
+            if !self.may_subscribe(&queue) {
                 codes.push(SubscribeReasonCode::NotAuthorized);
                 continue;
             }
-            self.ensure_queue();
+            if opts.max_qos == QoS::Level0 {
+                self.ensure_queue(true);
+            } else {
+                self.ensure_queue(false);
+                self.leave_direct();
+            }
             let key: Arc<str> = Arc::from(plain);
             let existed = self
                 .subs
@@ -1025,7 +1133,10 @@ impl Session {
             } => {
                 self.delivered += 1;
                 if &*consumer_tag == CONSUMER_TAG {
-                    self.on_deliver(now, delivery);
+                    let tag = delivery.delivery_tag;
+                    self.on_deliver(now, delivery, Some(tag));
+                } else if &*consumer_tag == QOS0_TAG {
+                    self.on_deliver(now, delivery, None);
                 } else {
                     self.on_shared_deliver(now, &consumer_tag, delivery);
                 }
@@ -1165,10 +1276,11 @@ impl Session {
         }
     }
 
-    fn on_deliver(&mut self, now: u64, d: Delivery) {
-        let tag = d.delivery_tag;
+    /// A delivery from the session's queue; `tag`: the delivery tag to ack (`None` for
+    /// the `mqtt-qos0` queue's, which come without acks).
+    fn on_deliver(&mut self, now: u64, d: Delivery, tag: Option<u64>) {
         let Some(o) = convert::from_core(&d.message, now) else {
-            self.ack_core(Some(tag));
+            self.ack_core(tag);
             return;
         };
         let own = self.stamp_publisher && convert::publisher(&d.message) == Some(&*self.client_id);
@@ -1195,11 +1307,11 @@ impl Session {
         }
         let Some(granted) = granted else {
             // Unsubscribed meanwhile, or only no-local subscriptions match its own message.
-            self.ack_core(Some(tag));
+            self.ack_core(tag);
             return;
         };
         if o.expired {
-            self.ack_core(Some(tag));
+            self.ack_core(tag);
             return;
         }
         let mut props = o.properties;
@@ -1212,7 +1324,7 @@ impl Session {
             payload: d.message.body.clone(),
             properties: props,
         };
-        self.send_publish(publish, more_sub_ids, o.qos.min(granted), Some(tag));
+        self.send_publish(publish, more_sub_ids, o.qos.min(granted), tag);
     }
 
     /// Joins a share group: its queue (auto-delete, shared by the group's members, who get its

@@ -58,6 +58,7 @@ pub async fn publish_sys_topics(
     let mut received = Load::default();
     let mut sent = Load::default();
     let mut last_tick = Instant::now();
+    let mut dropped_before = 0u64;
     loop {
         let connected = registry.clients();
         maximum = maximum.max(connected);
@@ -83,6 +84,21 @@ pub async fn publish_sys_topics(
                 .map_or(0, |(_, n, _)| n),
             _ => 0,
         };
+        let dropped = match broker.admin(AdminRequest::Qos0Dropped).await {
+            Ok(AdminResponse::Dropped(n)) => n,
+            _ => dropped_before,
+        };
+        if dropped > dropped_before {
+            // Once per interval, as Mosquitto counts them: what a QoS 0 subscriber slower
+            // than its publishers lost (MQTT allows it; the broker holds nothing for it).
+            tracing::warn!(
+                "{} QoS 0 messages dropped in the last {:.0} s: subscribers slower than their \
+                 publishers (their write window was full)",
+                dropped - dropped_before,
+                elapsed
+            );
+        }
+        dropped_before = dropped;
         let mut topics: Vec<(String, String)> = vec![
             (
                 "version".into(),
@@ -109,6 +125,8 @@ pub async fn publish_sys_topics(
                 stats.deliver_get.to_string(),
             ),
             ("retained messages/count".into(), retained.to_string()),
+            // Mosquitto's name; all vhosts' (the drops are counted per broker).
+            ("publish/messages/dropped".into(), dropped.to_string()),
         ];
         for (i, w) in ["1min", "5min", "15min"].iter().enumerate() {
             for (dir, load) in [("received", &received), ("sent", &sent)] {

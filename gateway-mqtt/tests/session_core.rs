@@ -642,3 +642,140 @@ fn qos0_acks_merge_but_never_cover_a_held_delivery() {
     w.pump2((1, &mut sub), (2, &mut publisher));
     assert_eq!(unacked(&w), 0);
 }
+
+/// Applies `publisher`'s ops (connection 2) and hands every effect to its session, without
+/// ever telling the core that `sub`'s deliveries (connection 1) were written: a subscriber
+/// whose socket does not drain. Returns the packets `sub` and `publisher` got.
+fn publish_to_stalled(
+    w: &mut World,
+    publisher: &mut Session,
+    sub: &mut Session,
+) -> (Vec<Packet>, Vec<Packet>) {
+    let mut to_publisher = Vec::new();
+    loop {
+        let ops = publisher.take_ops();
+        to_publisher.extend(publisher.take_packets().into_iter().map(|o| o.packet));
+        if ops.is_empty() {
+            let to_sub = sub.take_packets().into_iter().map(|o| o.packet).collect();
+            return (to_sub, to_publisher);
+        }
+        for (ch, op) in ops {
+            w.broker.handle(w.now, ChannelRef::new(ConnId(2), ch), op);
+        }
+        let mut effects = Vec::new();
+        w.broker.poll_effects(&mut effects);
+        for e in effects {
+            let s = if e.conn() == ConnId(1) {
+                &mut *sub
+            } else {
+                &mut *publisher
+            };
+            s.handle_effect(w.now, e).expect("no error");
+        }
+        publisher.flushed();
+    }
+}
+
+#[test]
+fn a_clean_qos0_subscriber_is_served_without_a_queue_and_loses_what_it_cannot_take() {
+    let mut w = World::new();
+    w.broker = Broker::new(warren_core::BrokerConfig {
+        write_window: 4,
+        flow_ready_high: 2,
+        ..Default::default()
+    });
+    let cfg = w.config.clone();
+    let mut sub = Session::new(w.info("zero", 4, true), None, w.now, cfg.clone());
+    sub.handle_packet(w.now, subscribe(1, "t/#", QoS::Level0))
+        .expect("subscribe");
+    w.pump(1, &mut sub);
+    assert_eq!(w.broker.queue_len("mqtt-subscription-zeroqos0"), Some(0));
+    assert_eq!(w.broker.queue_len("mqtt-subscription-zeroqos1"), None);
+    let mut publisher = Session::new(w.info("pub", 4, true), None, w.now, cfg);
+    w.pump(2, &mut publisher);
+    for i in 0..10 {
+        // QoS 1 publishes too: a QoS 0 subscription gets them at QoS 0.
+        let qos = if i % 2 == 0 {
+            QosPid::Level0
+        } else {
+            QosPid::Level1(pid(i))
+        };
+        publisher
+            .handle_packet(w.now, publish("t/x", qos, &format!("m{i}")))
+            .expect("publish");
+    }
+    let (got, acks) = publish_to_stalled(&mut w, &mut publisher, &mut sub);
+    // The write window (4) went out; the rest was dropped, not kept for later.
+    assert_eq!(
+        payloads(&got),
+        ["m0", "m1", "m2", "m3"].map(|m| (m.to_string(), false))
+    );
+    assert_eq!(w.broker.qos0_dropped(), 6);
+    assert_eq!(w.broker.queue_len("mqtt-subscription-zeroqos0"), Some(0));
+    assert!(
+        !publisher.read_paused(),
+        "a slow QoS 0 subscriber paused a publisher"
+    );
+    // The QoS 1 publishes were confirmed all the same.
+    let pubacks = acks
+        .iter()
+        .filter(|p| matches!(p, Packet::Puback(_)))
+        .count();
+    assert_eq!(pubacks, 5, "{acks:?}");
+    // Once written, the window opens again.
+    sub.flushed();
+    w.pump(1, &mut sub);
+    publisher
+        .handle_packet(w.now, publish("t/y", QosPid::Level0, "later"))
+        .expect("publish");
+    let (got, _) = publish_to_stalled(&mut w, &mut publisher, &mut sub);
+    assert_eq!(payloads(&got), [("later".to_string(), false)]);
+}
+
+#[test]
+fn a_qos1_subscription_moves_a_clean_session_to_a_classic_queue_keeping_its_filters() {
+    let mut w = World::new();
+    let cfg = w.config.clone();
+    let mut sub = Session::new(w.info("mover", 5, true), None, w.now, cfg.clone());
+    sub.handle_packet(w.now, subscribe(1, "a/#", QoS::Level0))
+        .expect("subscribe");
+    w.pump(1, &mut sub);
+    assert_eq!(w.broker.queue_len("mqtt-subscription-moverqos0"), Some(0));
+    sub.handle_packet(w.now, subscribe(2, "b/#", QoS::Level1))
+        .expect("subscribe");
+    let got = w.pump(1, &mut sub);
+    assert!(
+        got.iter().any(|p| matches!(p, Packet::Suback(_))),
+        "{got:?}"
+    );
+    assert_eq!(w.broker.queue_len("mqtt-subscription-moverqos0"), None);
+    assert_eq!(w.broker.queue_len("mqtt-subscription-moverqos1"), Some(0));
+    let mut publisher = Session::new(w.info("pub2", 5, true), None, w.now, cfg);
+    w.pump(2, &mut publisher);
+    publisher
+        .handle_packet(w.now, publish("a/x", QosPid::Level1(pid(1)), "to-a"))
+        .expect("publish");
+    publisher
+        .handle_packet(w.now, publish("b/y", QosPid::Level1(pid(2)), "to-b"))
+        .expect("publish");
+    let (got, acks) = w.pump2((1, &mut sub), (2, &mut publisher));
+    let qos: Vec<(String, QoS)> = got
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some((
+                String::from_utf8_lossy(&p.payload).into_owned(),
+                p.qos_pid.qos(),
+            )),
+            _ => None,
+        })
+        .collect();
+    // The QoS 0 filter still matches, now through the classic queue, once per message.
+    assert_eq!(
+        qos,
+        [
+            ("to-a".to_string(), QoS::Level0),
+            ("to-b".to_string(), QoS::Level1)
+        ]
+    );
+    assert_eq!(acks.len(), 2, "{acks:?}");
+}

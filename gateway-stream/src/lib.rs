@@ -21,5 +21,5 @@ pub mod tail;
 
 pub use backend::{PeerInfo, StreamBackend};
 pub use memory::MemoryBackend;
-pub use server::{serve, serve_with};
+pub use server::{serve, serve_layered, serve_with};
 pub use session::{Session, StreamConfig};

@@ -159,6 +159,25 @@ impl MemoryBackend {
         }
     }
 
+    /// Sets a stream's retention from protocol arguments (`max-length-bytes`, `max-age`;
+    /// the others are checked and ignored), as creating it with them would have, and
+    /// applies it now.
+    pub fn set_retention(
+        &self,
+        vhost: &str,
+        stream: &str,
+        arguments: &[(String, String)],
+        now_ms: u64,
+    ) -> Result<(), StreamError> {
+        let (max_bytes, max_age_ms) = parse_arguments(arguments)?;
+        self.with_stream(vhost, stream, |s| {
+            s.max_bytes = max_bytes;
+            s.max_age_ms = max_age_ms;
+            s.retain(now_ms);
+            Ok(())
+        })
+    }
+
     fn tail(&self, vhost: &str, stream: &str) -> Result<watch::Receiver<Tail>, StreamError> {
         self.with_stream(vhost, stream, |s| Ok(s.tail.waiter()))
     }

@@ -1,10 +1,14 @@
-//! The TCP listener: one [`serve_connection`] task per socket.
+//! The TCP listener: one [`serve_connection`] task per socket; [`serve_layered`] for a
+//! listener whose connections run a handshake of their own first (TLS).
 
 use crate::backend::{PeerInfo, StreamBackend};
-use crate::connection::serve_connection;
+use crate::connection::{Layered, serve_connection};
 use crate::session::StreamConfig;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use warren_runtime::listener::{accept_loop, is_loopback};
 
@@ -39,6 +43,53 @@ pub async fn serve_with<B: StreamBackend>(
             is_loopback: is_loopback(&addr),
         };
         serve_connection(socket, peer, backend.clone(), config.clone(), stop.clone())
+    })
+    .await
+}
+
+/// As [`serve`], for connections that run `handshake` on their socket first, in their own
+/// task (a TLS server handshake: bounded in time, logged by the caller when it fails, which
+/// then returns `None`). Clients are told this listener's port (Metadata).
+pub async fn serve_layered<B, H, Fut, S>(
+    listener: TcpListener,
+    backend: Arc<B>,
+    shutdown: watch::Receiver<bool>,
+    handshake: H,
+) -> std::io::Result<()>
+where
+    B: StreamBackend,
+    H: Fn(TcpStream, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Option<S>> + Send + 'static,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let addr = listener.local_addr()?;
+    let config = Arc::new(StreamConfig {
+        advertised_host: addr.ip().to_string(),
+        advertised_port: addr.port(),
+        ..StreamConfig::default()
+    });
+    let stop = shutdown.clone();
+    accept_loop(listener, shutdown, move |socket, addr| {
+        let peer = PeerInfo {
+            addr: addr.to_string(),
+            is_loopback: is_loopback(&addr),
+        };
+        let (backend, config, stop) = (backend.clone(), config.clone(), stop.clone());
+        let handshake = handshake.clone();
+        async move {
+            let Some(stream) = handshake(socket, addr).await else {
+                return;
+            };
+            // Boxed: the serving future is not laid out over the handshake's.
+            Box::pin(serve_connection(
+                Layered(stream),
+                peer,
+                backend,
+                config,
+                stop,
+            ))
+            .await
+        }
     })
     .await
 }

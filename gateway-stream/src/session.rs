@@ -27,6 +27,10 @@ pub const MAX_CREDIT: u32 = u16::MAX as u32;
 /// Publishing ids per PublishConfirm frame (fits the smallest frame-max).
 const CONFIRMS_PER_FRAME: usize = 1000;
 
+/// The RabbitMQ release whose stream protocol this gateway speaks (super stream
+/// management and filtering are 3.13's), as peer properties' `version`.
+pub const RABBITMQ_VERSION: &str = "3.13.7";
+
 /// What a listener offers; shared by its connections.
 #[derive(Clone, Debug)]
 pub struct StreamConfig {
@@ -561,7 +565,12 @@ impl<B: StreamBackend> Session<B> {
             (Phase::PeerProperties, Frame::PeerProperties { corr, .. }) => {
                 let properties = vec![
                     ("product".into(), "Warren".into()),
-                    ("version".into(), env!("CARGO_PKG_VERSION").into()),
+                    // Clients gate features on RabbitMQ's version: the Java client exchanges
+                    // command versions (Deliver v2, filtering, super stream management) only
+                    // with 3.11 and later, so the version is the RabbitMQ release whose
+                    // stream protocol this gateway speaks; Warren's own is beside it.
+                    ("version".into(), RABBITMQ_VERSION.into()),
+                    ("warren_version".into(), env!("CARGO_PKG_VERSION").into()),
                     ("platform".into(), "Rust".into()),
                     ("cluster_name".into(), "warren".into()),
                     ("copyright".into(), "Warren contributors".into()),

@@ -17,6 +17,7 @@
 pub mod counting;
 pub mod listener;
 mod mailbox;
+pub mod nodes;
 pub mod replicate;
 mod resources;
 pub mod sendfile;
@@ -24,6 +25,7 @@ mod task;
 pub mod ws;
 
 pub use mailbox::EffectReceiver;
+pub use nodes::NodeLink;
 pub use replicate::Replicator;
 pub use resources::{ResourceWatch, disk_free, process_rss};
 /// The store's sync latency histograms (Prometheus reads them).
@@ -182,6 +184,16 @@ pub(crate) enum Control {
     },
     /// The host's latest measurements of the machine (`ResourceWatch`).
     Resources(warren_core::Resources),
+    /// A clustered host's link to the other nodes (`BrokerHandle::set_node_link`).
+    NodeLink(Arc<dyn NodeLink>),
+    /// Mail another node sent (`BrokerHandle::receive_node_mail`); `done` once applied.
+    NodeMail {
+        from: u32,
+        mails: Vec<warren_core::NodeMail>,
+        done: tokio::sync::oneshot::Sender<()>,
+    },
+    /// The host could not reach `node` (`BrokerHandle::node_unreachable`).
+    NodeUnreachable(u32),
     /// A client logs in (AMQP start-ok, MQTT CONNECT).
     Authenticate {
         user: String,
@@ -191,6 +203,38 @@ pub(crate) enum Control {
         vhost: Option<String>,
         reply: tokio::sync::oneshot::Sender<Result<Login, LoginError>>,
     },
+    /// Streams in the shard's `StreamWakes` grew (`BrokerHandle::streams_grew`).
+    StreamsGrew(Arc<StreamWakes>),
+}
+
+/// Streams that grew by the stream protocol's appends, which a shard has not looked at yet:
+/// a set (so a stream appended to many times is looked at once), and at most one
+/// `Control::StreamsGrew` on its way per shard (sent when the set stops being empty).
+#[derive(Default)]
+pub(crate) struct StreamWakes(std::sync::Mutex<std::collections::HashSet<(String, String)>>);
+
+impl StreamWakes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(String, String)>> {
+        // A set of names stays consistent whatever panicked while holding it.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds a stream; true when the set was empty (the shard must be told).
+    fn add(&self, vhost: &str, name: &str) -> bool {
+        let mut set = self.lock();
+        let was_empty = set.is_empty();
+        if !set.iter().any(|(v, n)| v == vhost && n == name) {
+            set.insert((vhost.to_string(), name.to_string()));
+        }
+        was_empty
+    }
+
+    /// Everything added so far (the set is empty again).
+    pub(crate) fn take(&self) -> Vec<(String, String)> {
+        self.lock().drain().collect()
+    }
 }
 
 /// What a gateway knows of a connection and the core does not (peer, protocol, client
@@ -239,6 +283,7 @@ struct Shared {
 struct ShardLink {
     requests: mpsc::Sender<Request>,
     control: mpsc::UnboundedSender<Control>,
+    stream_wakes: Arc<StreamWakes>,
 }
 
 impl Shared {
@@ -358,11 +403,25 @@ impl BrokerHandle {
     /// cores. Users, permissions, vhosts and policies an operator changes reach every
     /// shard.
     pub fn start_sharded(config: BrokerConfig, shards: u32) -> BrokerHandle {
+        BrokerHandle::start_sharded_with_streams(config, shards, None)
+    }
+
+    /// `start_sharded`, with stream queues' logs in `streams` when given: the host shares
+    /// them with its stream protocol listener (`warren serve --in-memory --stream`), and
+    /// calls [`BrokerHandle::streams_grew`] when that appends.
+    pub fn start_sharded_with_streams(
+        config: BrokerConfig,
+        shards: u32,
+        streams: Option<Arc<dyn warren_core::store::SharedStreams>>,
+    ) -> BrokerHandle {
         let shards = shards.max(1);
         let mut brokers: Vec<_> = (0..shards)
             .map(|i| {
                 let mut broker = warren_core::Broker::new(config.clone());
                 broker.set_shard(i, shards);
+                if let Some(s) = &streams {
+                    broker.set_shared_streams(Arc::clone(s));
+                }
                 let (control, control_rx) = mpsc::unbounded_channel();
                 (broker, control, control_rx)
             })
@@ -398,6 +457,7 @@ impl BrokerHandle {
         let mut shards = Vec::new();
         for (shard, (broker, control, control_rx)) in brokers.into_iter().enumerate().rev() {
             let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+            let stream_wakes = Arc::new(StreamWakes::default());
             let io = task::ShardIo {
                 mail: mail_rxs.pop().expect("one inbox per shard"),
                 peers: inboxes.clone(),
@@ -411,7 +471,11 @@ impl BrokerHandle {
                 Arc::clone(&routes),
                 io,
             ));
-            shards.push(ShardLink { requests, control });
+            shards.push(ShardLink {
+                requests,
+                control,
+                stream_wakes,
+            });
         }
         shards.reverse();
         BrokerHandle {
@@ -423,6 +487,22 @@ impl BrokerHandle {
                 routes,
                 replicator: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Stream `name` of `vhost` grew by appends the broker did not make (the stream
+    /// protocol's publishers): the shard owning its queue delivers to the queue's waiting
+    /// consumers now. Cheap to call per append: a stream is looked at once however often it
+    /// is named before its shard gets to it.
+    pub fn streams_grew(&self, vhost: &str, name: &str) {
+        // The queue may be on any shard: each looks among its own.
+        for shard in &self.shared.shards {
+            if shard.stream_wakes.add(vhost, name) {
+                // Fails only when the task is gone (shutdown).
+                let _ = shard
+                    .control
+                    .send(Control::StreamsGrew(Arc::clone(&shard.stream_wakes)));
+            }
         }
     }
 
@@ -467,6 +547,58 @@ impl BrokerHandle {
                 }
             },
         })
+    }
+
+    /// Makes `link` carry this node's mail for other cluster nodes (module `nodes`). Set
+    /// once, before clients connect.
+    pub fn set_node_link(&self, link: Arc<dyn NodeLink>) {
+        for shard in &self.shared.shards {
+            let _ = shard.control.send(Control::NodeLink(link.clone()));
+        }
+    }
+
+    /// Applies mail node `from` sent, in order; returns once every shard it concerns
+    /// applied it. A forwarded message goes to shard 0 (its queue's shard gets it from
+    /// there), an answer to the shard its token names.
+    pub async fn receive_node_mail(
+        &self,
+        from: u32,
+        mails: Vec<warren_core::NodeMail>,
+    ) -> Result<(), BrokerGone> {
+        let k = self.shared.shards.len() as u64;
+        let mut per_shard: Vec<Vec<warren_core::NodeMail>> =
+            self.shared.shards.iter().map(|_| Vec::new()).collect();
+        for m in mails {
+            let shard = match &m {
+                warren_core::NodeMail::Answered { token, .. } => (token % k) as usize,
+                warren_core::NodeMail::Enqueue { .. } => 0,
+            };
+            per_shard[shard].push(m);
+        }
+        let mut waits = Vec::new();
+        for (shard, mails) in self.shared.shards.iter().zip(per_shard) {
+            if mails.is_empty() {
+                continue;
+            }
+            let (done, wait) = tokio::sync::oneshot::channel();
+            shard
+                .control
+                .send(Control::NodeMail { from, mails, done })
+                .map_err(|_| BrokerGone)?;
+            waits.push(wait);
+        }
+        for w in waits {
+            w.await.map_err(|_| BrokerGone)?;
+        }
+        Ok(())
+    }
+
+    /// The host could not hand mail to node `node`: the publishes forwarded to it that
+    /// wait for an answer are nacked.
+    pub fn node_unreachable(&self, node: u32) {
+        for shard in &self.shared.shards {
+            let _ = shard.control.send(Control::NodeUnreachable(node));
+        }
     }
 
     /// Runs an operator's request on the broker task (shard 0's), on this node only: a
@@ -679,6 +811,7 @@ impl BrokerHandle {
                     vhost: std::sync::OnceLock::new(),
                     login: std::sync::OnceLock::new(),
                     amqp: std::sync::atomic::AtomicBool::new(false),
+                    mqtt: std::sync::atomic::AtomicBool::new(false),
                 }),
             },
             rx,
@@ -712,9 +845,11 @@ struct ConnGuard {
     /// Its vhost and user by name, once it opened (a cluster member checks permissions
     /// before it proposes a client's metadata change).
     login: std::sync::OnceLock<(String, String)>,
-    /// An AMQP connection (`describe`): its durable declares are cluster metadata; an
-    /// MQTT session's queues are the node's own.
+    /// An AMQP connection (`describe`): its durable declares are cluster metadata.
     amqp: std::sync::atomic::AtomicBool,
+    /// An MQTT connection (`describe`): its session queue and bindings are cluster
+    /// metadata (`replicate::replicated_session_op`).
+    mqtt: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ConnGuard {
@@ -756,7 +891,7 @@ impl CommandSender {
         if let Some(replicator) = self.replicator()
             && ops
                 .iter()
-                .any(|(_, op)| replicate::replicated_op(op) || replicate::needs_barrier(op))
+                .any(|(_, op)| self.replicated(op) || replicate::needs_barrier(op))
         {
             // Boxed: every connection task awaits `send` inline, so an inline replicated path
             // (waiting on the metadata group) would grow every idle connection's future
@@ -766,12 +901,22 @@ impl CommandSender {
         self.send_batch(ops).await
     }
 
-    /// The cluster's replicator, if this is an AMQP connection of a cluster member.
+    /// The cluster's replicator, if this is an AMQP or MQTT connection of a cluster member.
     fn replicator(&self) -> Option<Arc<dyn Replicator>> {
-        if !self.guard.amqp.load(Ordering::Relaxed) {
+        if !self.guard.amqp.load(Ordering::Relaxed) && !self.guard.mqtt.load(Ordering::Relaxed) {
             return None;
         }
         self.guard.shared.replicator.get().cloned()
+    }
+
+    /// Whether `op` of this connection is cluster metadata: an AMQP client's durable
+    /// changes, an MQTT session's queue and bindings.
+    fn replicated(&self, op: &Op) -> bool {
+        if self.guard.amqp.load(Ordering::Relaxed) {
+            replicate::replicated_op(op)
+        } else {
+            replicate::replicated_session_op(op)
+        }
     }
 
     /// Sends a batch with metadata changes: each is committed by the cluster (and applied
@@ -788,7 +933,7 @@ impl CommandSender {
     ) -> Result<(), BrokerGone> {
         let mut out = Vec::with_capacity(ops.len());
         for (ch, op) in ops {
-            let change = replicate::replicated_op(&op);
+            let change = self.replicated(&op);
             if !change && !replicate::needs_barrier(&op) {
                 out.push((ch, op));
                 continue;
@@ -843,7 +988,9 @@ impl CommandSender {
         };
         match op {
             Op::ExchangeDeclare(d) => table.exchange(v, &d.exchange).is_some(),
-            Op::QueueDeclare(d) => table.queue(v, &d.queue).is_some(),
+            // An MQTT clean session's queue may exist here as the stub of an earlier
+            // session on another node: its declare always moves it here.
+            Op::QueueDeclare(d) => !d.exclusive && table.queue(v, &d.queue).is_some(),
             _ => false,
         }
     }
@@ -896,6 +1043,8 @@ impl CommandSender {
     pub fn describe(&self, meta: ConnMeta) {
         if meta.protocol.starts_with("AMQP") {
             self.guard.amqp.store(true, Ordering::Relaxed);
+        } else if meta.protocol.starts_with("MQTT") {
+            self.guard.mqtt.store(true, Ordering::Relaxed);
         }
         self.guard
             .shared

@@ -8,8 +8,9 @@
 //! Which changes go through it is decided here, once, for client ops
 //! ([`replicated_op`]) and operators' requests ([`replicated_admin`]); what stays local:
 //! passive declares, exclusive, transient and server-named queues, transient exchanges,
-//! `amq.*` names (refused to clients anyway), and everything of MQTT connections (their
-//! session queues are the node's own).
+//! `amq.*` names (refused to clients anyway). MQTT connections' session queues and their
+//! bindings are replicated ([`replicated_session_op`]): a subscriber on one node gets what
+//! is published on any other.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -71,6 +72,20 @@ pub fn replicated_op(op: &Op) -> bool {
         Op::QueueBind(b) | Op::QueueUnbind(b) | Op::ExchangeBind(b) | Op::ExchangeUnbind(b) => {
             !b.source.is_empty() && !b.destination.is_empty()
         }
+        _ => false,
+    }
+}
+
+/// Whether an MQTT session's op is cluster metadata: its queue and the queue's bindings,
+/// so a publish on any node reaches a subscriber on any other (docs/cluster.md, "MQTT
+/// across nodes"). A clean session's queue is exclusive: the other nodes keep a stub of
+/// it, placed on the session's node by each declare (the newest session of a client id
+/// owns it).
+pub fn replicated_session_op(op: &Op) -> bool {
+    match op {
+        Op::QueueDeclare(d) => !d.passive && !d.queue.is_empty(),
+        Op::QueueDelete { queue, .. } => !queue.is_empty(),
+        Op::QueueBind(b) | Op::QueueUnbind(b) => !b.source.is_empty() && !b.destination.is_empty(),
         _ => false,
     }
 }

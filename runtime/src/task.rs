@@ -78,6 +78,10 @@ pub(crate) async fn run(
     let mut stopping = Stopping::default();
     // Mail pieces sent to other shards so far (a clean stop waits until this settles).
     let mut mail_sent = 0u64;
+    // A clustered host's link to the other nodes (`Control::NodeLink`) and this turn's mail
+    // for them.
+    let mut node_link: Option<std::sync::Arc<dyn crate::NodeLink>> = None;
+    let mut node_out = Vec::new();
     // A sync right after the restore: it ends the store's recovery (dead space found
     // there is reclaimed) whether or not a client writes anything.
     broker.request_sync();
@@ -89,6 +93,7 @@ pub(crate) async fn run(
         tokio::select! {
             biased;
             msg = control.recv() => match msg {
+                Some(Control::NodeLink(link)) => node_link = Some(link),
                 Some(msg) => apply_control(
                     &mut broker,
                     &mut conns,
@@ -115,8 +120,10 @@ pub(crate) async fn run(
             }
             // Another shard is behind with this one's mail: its connections wait (their
             // request channel fills, their sockets stop being read) until it catches up.
-            _ = tokio::time::sleep(std::time::Duration::from_millis(1)), if io.backlogged() => {}
-            req = requests.recv(), if !io.backlogged() => {
+            // The same for mail waiting for other nodes (the cluster transport is slow or
+            // a peer is down and its mail is being failed).
+            _ = tokio::time::sleep(std::time::Duration::from_millis(1)), if io.backlogged() || node_link.as_ref().is_some_and(|l| l.backlogged()) => {}
+            req = requests.recv(), if !io.backlogged() && !node_link.as_ref().is_some_and(|l| l.backlogged()) => {
                 let Some(req) = req else { return };
                 adopt_routes(&mut broker, &routes);
                 // Registrations sent before these ops must be applied first.
@@ -162,6 +169,12 @@ pub(crate) async fn run(
         // After the table: a shard adopts the published table before it reads mail that
         // shard 0 sent after publishing it.
         mail_sent += send_mail(&mut broker, &mut outbox, &io);
+        broker.take_node_mail(&mut node_out);
+        match &node_link {
+            Some(link) => crate::nodes::send_all(link.as_ref(), &mut node_out),
+            // Only a cluster member places queues on other nodes: never without a link.
+            None => node_out.clear(),
+        }
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
         let now_alarms = (broker.publishers_blocked(), broker.alarms());
@@ -363,6 +376,14 @@ fn apply_control(
             let _ = reply.send(login);
         }
         Control::Resources(resources) => broker.report_resources(now, resources),
+        Control::StreamsGrew(wakes) => broker.streams_grew(now, &wakes.take()),
+        // Taken by the task loop itself.
+        Control::NodeLink(_) => {}
+        Control::NodeMail { from, mails, done } => {
+            broker.receive_node_mail(now, from, mails);
+            let _ = done.send(());
+        }
+        Control::NodeUnreachable(node) => broker.node_unreachable(now, node),
         Control::Synced { epoch, result } => {
             match result {
                 Ok(()) => broker.synced(now, epoch),

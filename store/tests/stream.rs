@@ -863,3 +863,61 @@ fn an_older_segments_missing_or_short_index_is_rebuilt() {
     }
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Stream filtering: chunks appended with filter values carry a Bloom filter in their
+/// trailer; a filtered reader gets the chunks that may hold its values (or, with
+/// match-unfiltered, messages without one), an unfiltered reader everything, with and without
+/// read-ahead, and after a reopen (replay skips the filter entries; publisher sequences in
+/// the same trailer survive).
+#[test]
+fn filtered_readers_skip_chunks_without_their_values() {
+    use warren_store::stream::bloom::ChunkFilter;
+    let dir = temp_dir("filter");
+    let mut log = StreamLog::open(&dir, config()).unwrap();
+    // Chunk 0: red x2; chunk 1: blue + unfiltered; chunk 2: unfiltered only; chunk 3: green,
+    // with a publisher sequence in the same trailer.
+    type Chunk<'a> = (&'a [Option<&'a str>], &'a [(&'a str, u64)]);
+    let chunks: [Chunk; 4] = [
+        (&[Some("red"), Some("red")], &[]),
+        (&[Some("blue"), None], &[]),
+        (&[None], &[]),
+        (&[Some("green")], &[("p", 7)]),
+    ];
+    let mut next = 0;
+    for (values, publishers) in chunks {
+        let ms: Vec<Vec<u8>> = (0..values.len())
+            .map(|i| msg(next + i as u64, 10))
+            .collect();
+        log.append_filtered(&ms, values, 1, publishers).unwrap();
+        next += values.len() as u64;
+    }
+    log.sync().unwrap();
+    let firsts = |log: &mut StreamLog, f: Option<ChunkFilter>, read_ahead: usize| {
+        let mut r = log.reader(OffsetSpec::First, opts(read_ahead)).unwrap();
+        r.set_filter(f);
+        let mut out = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            out.push(c.first_offset);
+        }
+        out
+    };
+    let f = |v: &[&str], u: bool| {
+        Some(ChunkFilter {
+            values: v.iter().map(|s| s.to_string()).collect(),
+            match_unfiltered: u,
+        })
+    };
+    for round in 0..2 {
+        for ra in [0, 4096] {
+            assert_eq!(firsts(&mut log, None, ra), [0, 2, 4, 5], "round {round}");
+            assert_eq!(firsts(&mut log, f(&["red"], false), ra), [0]);
+            assert_eq!(firsts(&mut log, f(&["blue", "green"], false), ra), [2, 5]);
+            assert_eq!(firsts(&mut log, f(&["nope"], true), ra), [2, 4]);
+            assert_eq!(firsts(&mut log, f(&["nope"], false), ra), Vec::<u64>::new());
+        }
+        assert_eq!(log.publisher_sequence("p"), Some(7));
+        drop(log);
+        log = StreamLog::open(&dir, config()).unwrap();
+    }
+    let _ = fs::remove_dir_all(&dir);
+}

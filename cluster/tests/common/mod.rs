@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod history;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;

@@ -9,6 +9,16 @@ use std::collections::VecDeque;
 /// never issue it. It is every shard's own (shard 0's mail).
 pub(crate) const RESTORE_CONN: ConnId = ConnId(u64::MAX);
 
+/// Connection ids from here up (below the restore connection's) stand for cluster nodes:
+/// `NODE_CONN_BASE + node` is the address a publish forwarded from that node is answered
+/// to (`shard/nodes.rs`). Hosts number their connections from 1 and never reach them.
+pub(crate) const NODE_CONN_BASE: u64 = u64::MAX - (1 << 32) - 1;
+
+/// Whether `conn` stands for a cluster node (see [`NODE_CONN_BASE`]).
+pub(crate) fn is_node_conn(conn: ConnId) -> bool {
+    conn.0 >= NODE_CONN_BASE && conn != RESTORE_CONN
+}
+
 /// Mail sent and not delivered yet. With scheduled mail it also keeps where each piece
 /// came from, so `deliver_mail` keeps the order of each (source, destination) pair only,
 /// as FIFO links between shards do (they keep more order than that: a link carries the
@@ -69,6 +79,9 @@ impl Mailbox {
         let k = u64::from(self.shards);
         match dest {
             Dest::Queue(q) => (q.0 % k) as u32,
+            // A cluster node's address: the shard that answers it hands the answer to the
+            // host (`shard/nodes.rs`).
+            Dest::Conn(c) if is_node_conn(c) => self.shard,
             Dest::Conn(c) if c != RESTORE_CONN => (c.0 % k) as u32,
             Dest::Topology | Dest::Conn(_) => 0,
             Dest::Host => self.shard,

@@ -160,6 +160,8 @@ pub(crate) struct QueueState {
     pub(crate) stream: Option<Box<crate::queue::stream::StreamQueue>>,
     /// A quorum queue's own state (`queue::quorum`); `None` for a classic queue.
     pub(crate) quorum: Option<Box<Fifo>>,
+    /// An `mqtt-qos0` queue: it holds nothing (`direct_delivery`), `messages` stays empty.
+    pub(crate) direct: bool,
 }
 
 /// Publishing connections a queue has paused (flow control), in pause order: boxed, since
@@ -248,6 +250,7 @@ impl QueueState {
             stats: crate::stats::MessageStats::default(),
             stream: None,
             quorum: None,
+            direct: false,
         }
     }
 
@@ -402,6 +405,41 @@ impl QueueState {
         best.map(|(_, idx)| idx)
     }
 
+    /// An `mqtt-qos0` queue's whole handling of a routed message, in place of enqueue and
+    /// dispatch: the next consumer (round-robin) whose channel and connection have credit
+    /// gets it now, without an ack; if none has, it is dropped (`None`; the shard counts it). Its
+    /// consumers are no-ack (`Capabilities::no_ack_only`), so nothing stays behind: the
+    /// bound is the connections' write windows, and a slow subscriber loses QoS 0 messages
+    /// as MQTT allows rather than holding memory or pausing its publishers.
+    pub(crate) fn direct_delivery(
+        &mut self,
+        credit: &mut impl Credit,
+        message: &Arc<Message>,
+    ) -> Option<Picked> {
+        self.stats.publish += 1;
+        let picked = self.pick_consumer(credit).and_then(|idx| {
+            let c = &self.consumers[idx];
+            credit.take(c).then_some(idx)
+        });
+        let idx = picked?;
+        self.rr_next = (idx + 1) % self.consumers.len();
+        self.stats.delivered(false);
+        let c = &self.consumers[idx];
+        Some(Picked {
+            consumer: c.id,
+            to: c.addr(),
+            tag: c.tag.clone(),
+            no_ack: true,
+            message: QueuedMessage {
+                seq: 0,
+                message: message.clone(),
+                redelivered: false,
+                stored: false,
+                expires_at: None,
+            },
+        })
+    }
+
     /// A quorum queue's checkout of message `m` (classic queues hand it on as it is): the
     /// delivery count goes in the `x-delivery-count` header, on every `basic.get` and on a
     /// consumer's delivery once it is above 0 (RabbitMQ 3.10's rule), and a counted
@@ -524,6 +562,9 @@ impl QueueBehaviour for QueueState {
     fn kind(&self) -> QueueType {
         if self.stream.is_some() {
             return QueueType::Stream;
+        }
+        if self.direct {
+            return QueueType::MqttQos0;
         }
         if self.quorum.is_some() {
             QueueType::Quorum

@@ -16,7 +16,7 @@ use crate::amqp10;
 use crate::message::{FieldTable, FieldValue, Message, QueuedMessage};
 use crate::queue::state::{ConsumerId, Credit, Enqueued, Picked, QueueConsumer, QueueIo};
 use crate::queue_args::ArgError;
-use crate::store::{MemLog, StreamBounds, StreamEntry, StreamSettings, StreamStart};
+use crate::store::{MemLog, SharedStreams, StreamBounds, StreamEntry, StreamSettings, StreamStart};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -111,12 +111,25 @@ struct Cursor {
     buffer: VecDeque<StreamEntry>,
 }
 
+/// Where a stream queue's log is.
+pub(crate) enum Log {
+    /// The store's (`Store::stream_*`).
+    Store,
+    /// Its own, in memory (a broker without a store).
+    Own(MemLog),
+    /// The host's, shared with its stream protocol listener (a broker without a store).
+    Shared {
+        host: Arc<dyn SharedStreams>,
+        vhost: Arc<str>,
+        name: Arc<str>,
+    },
+}
+
 /// A stream queue's state (see the module docs).
 pub(crate) struct StreamQueue {
     /// Its settings (arguments over policy), as the log applies them.
     pub(crate) settings: StreamSettings,
-    /// The log, when the broker has no store.
-    local: Option<MemLog>,
+    log: Log,
     /// By consumer id (ids only grow: pushed in order).
     cursors: Vec<Cursor>,
     /// Round-robin start among the consumers, so one with a backlog does not starve others.
@@ -124,20 +137,33 @@ pub(crate) struct StreamQueue {
 }
 
 impl StreamQueue {
-    /// A stream over the store's log (opened by the caller), or over a log of its own when
-    /// `local`.
-    pub(crate) fn new(settings: StreamSettings, local: bool) -> StreamQueue {
+    /// A stream over `log`: the store's (opened by the caller), a [`MemLog`] of its own
+    /// (`Log::Own` made here with the settings) or the host's (opened by the caller).
+    pub(crate) fn new(settings: StreamSettings, log: Log) -> StreamQueue {
         StreamQueue {
-            local: local.then(|| MemLog::new(settings.clone())),
+            log: match log {
+                Log::Own(_) => Log::Own(MemLog::new(settings.clone())),
+                other => other,
+            },
             settings,
             cursors: Vec::new(),
             rr: 0,
         }
     }
 
+    /// The queue was deleted: a shared log goes with it (the store deletes its own, and an
+    /// own log is dropped with the queue).
+    pub(crate) fn delete_log(&self) {
+        if let Log::Shared { host, vhost, name } = &self.log {
+            host.delete(vhost, name);
+        }
+    }
+
     fn bounds(&mut self, io: &mut QueueIo<'_>, id: crate::ids::QueueId) -> Option<StreamBounds> {
-        if let Some(log) = &self.local {
-            return Some(log.bounds());
+        match &self.log {
+            Log::Own(log) => return Some(log.bounds()),
+            Log::Shared { host, vhost, name } => return host.bounds(vhost, name).ok(),
+            Log::Store => {}
         }
         let store = io.store.as_deref_mut()?;
         match store.stream_bounds(id) {
@@ -164,9 +190,19 @@ impl StreamQueue {
         message: &Arc<Message>,
     ) -> Enqueued {
         let data = amqp10::encode(message);
-        if let Some(log) = &mut self.local {
-            log.append([data], io.now);
-            return Enqueued::Memory;
+        match &mut self.log {
+            Log::Own(log) => {
+                log.append([data], io.now);
+                return Enqueued::Memory;
+            }
+            Log::Shared { host, vhost, name } => {
+                return match host.append(vhost, name, data, io.now) {
+                    Ok(()) => Enqueued::Memory,
+                    // The host logged why: the publish is nacked.
+                    Err(_) => Enqueued::Failed,
+                };
+            }
+            Log::Store => {}
         }
         let Some(store) = io.store.as_deref_mut() else {
             return Enqueued::Failed;
@@ -188,12 +224,16 @@ impl StreamQueue {
         name: &str,
         settings: StreamSettings,
     ) {
-        match &mut self.local {
-            Some(log) => {
+        match &mut self.log {
+            Log::Own(log) => {
                 log.set_settings(settings.clone());
                 log.retain(io.now);
             }
-            None => {
+            Log::Shared { host, vhost, name } => {
+                // The host logged a failure; the old settings stay.
+                let _ = host.open(vhost, name, &settings);
+            }
+            Log::Store => {
                 let reopened = io
                     .store
                     .as_deref_mut()
@@ -214,9 +254,10 @@ impl StreamQueue {
         consumer: ConsumerId,
         start: StreamStart,
     ) {
-        let next = match &self.local {
-            Some(log) => log.start(start),
-            None => match io.store.as_deref_mut().map(|s| s.stream_start(id, start)) {
+        let next = match &self.log {
+            Log::Own(log) => log.start(start),
+            Log::Shared { host, vhost, name } => host.start(vhost, name, start).unwrap_or(0),
+            Log::Store => match io.store.as_deref_mut().map(|s| s.stream_start(id, start)) {
                 Some(Ok(o)) => o,
                 _ => {
                     io.out.store_failed = true;
@@ -263,9 +304,17 @@ impl StreamQueue {
             return;
         }
         let mut read = Vec::new();
-        match &self.local {
-            Some(log) => log.read(c.next, READ_BATCH, &mut read),
-            None => {
+        match &self.log {
+            Log::Own(log) => log.read(c.next, READ_BATCH, &mut read),
+            Log::Shared { host, vhost, name } => {
+                if host
+                    .read(vhost, name, c.next, READ_BATCH, &mut read)
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Log::Store => {
                 let Some(store) = io.store.as_deref_mut() else {
                     return;
                 };

@@ -539,6 +539,11 @@ impl Broker {
                 AdminResponse::Closed(broker.close_connection(conn, &reason))
             }
             AdminRequest::RetainedStats => AdminResponse::Retained(broker.retained_stats()),
+            AdminRequest::QueueHome { vhost, queue, node } => {
+                broker.set_queue_home(&vhost, &queue, node);
+                Done(Ok(()))
+            }
+            AdminRequest::Qos0Dropped => AdminResponse::Dropped(broker.qos0_dropped()),
         }
     }
 }

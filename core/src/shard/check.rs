@@ -128,6 +128,10 @@ impl Broker {
                     _ => return Err("a held answer that is not one".into()),
                 }
             }
+            // Answers another cluster node owes (`nodes.rs`): the host carries them.
+            for (to, seq) in b.node_pending() {
+                *held_answers.entry((to.ch, seq)).or_default() += 1;
+            }
         }
         for b in shards {
             let awaiting = b.chans.channels.values().filter(|c| c.awaiting).count();

@@ -36,6 +36,8 @@ mod channel_session;
 mod check;
 mod credit;
 mod dead_letter;
+mod nodes;
+pub use nodes::NodeMail;
 mod post;
 #[cfg(test)]
 mod post_tests;
@@ -53,9 +55,6 @@ pub use crate::mail::ShardMail;
 pub use alarm::{ALARM_HOLD_MS, Alarms, Resources};
 use alarm::{ALARM_RECHECK_MS, STORE_RETRY_MS};
 
-/// How often (ms) stream queues with consumers look at their logs again: the stream
-/// protocol's publishers append to them without telling the core.
-const STREAM_POLL_MS: u64 = 20;
 use credit::ChannelCredit;
 
 use crate::channel::Phase;
@@ -106,6 +105,9 @@ pub struct Broker {
     resources: Resources,
     /// Where durable definitions and messages go; `None`: everything stays in memory.
     store: Option<Box<dyn Store>>,
+    /// Without a store: the host's stream logs, shared with its stream protocol listener
+    /// (`set_shared_streams`); `None`: each stream queue keeps its own log.
+    shared_streams: Option<Arc<dyn crate::store::SharedStreams>>,
     /// The epoch the next sync will carry; writes made now are covered by it.
     epoch: u64,
     /// A sync has started and not yet completed.
@@ -144,6 +146,8 @@ pub struct Broker {
     lost_in_flight: u64,
     /// Messages routed to a queue that was deleted before they reached it.
     routed_to_deleted: u64,
+    /// Messages `mqtt-qos0` queues dropped: none of their consumers had credit.
+    qos0_dropped: u64,
     /// The message counts of closed connections, per vhost (operators' totals never fall).
     closed_stats: std::collections::BTreeMap<VhostId, crate::stats::MessageStats>,
     /// Deliveries requeued (rejected, recovered, or left by a closed channel) after their
@@ -152,6 +156,8 @@ pub struct Broker {
     /// This broker's shard and the number of shards (`set_shard`).
     shard: u32,
     shards: u32,
+    /// Queues on other cluster nodes and publishes forwarded to them (`nodes.rs`).
+    nodes: nodes::Nodes,
 }
 
 type OpResult = Result<(), ProtocolError>;
@@ -186,6 +192,7 @@ impl Broker {
             alarms: Alarms::default(),
             resources: Resources::default(),
             store: None,
+            shared_streams: None,
             epoch: 1,
             sync_in_flight: false,
             sync_dirty: false,
@@ -202,9 +209,11 @@ impl Broker {
             closed_stats: std::collections::BTreeMap::new(),
             lost_in_flight: 0,
             routed_to_deleted: 0,
+            qos0_dropped: 0,
             requeued_to_deleted: 0,
             shard: 0,
             shards: 1,
+            nodes: nodes::Nodes::default(),
         };
         broker.create_defaults();
         broker
@@ -216,6 +225,38 @@ impl Broker {
         let mut broker = Broker::new(config);
         broker.store = Some(store);
         broker
+    }
+
+    /// Without a store, stream queues declared from now on keep their logs in `streams`,
+    /// which the host shares with its stream protocol listener (one stream for both
+    /// protocols); the host calls [`Broker::streams_grew`] when the listener appends.
+    pub fn set_shared_streams(&mut self, streams: Arc<dyn crate::store::SharedStreams>) {
+        self.shared_streams = Some(streams);
+    }
+
+    /// Streams `(vhost, name)` grew by appends the broker did not make (the stream
+    /// protocol's publishers): their queues' consumers that wait for messages get them now.
+    pub fn streams_grew(&mut self, now: u64, streams: &[(String, String)]) {
+        self.now = self.now.max(now);
+        let grew: Vec<QueueId> = self
+            .qs
+            .streams
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.qs.queues.get(id).is_some_and(|q| {
+                    q.stream.as_deref().is_some_and(|s| s.has_cursors())
+                        && streams
+                            .iter()
+                            .any(|(v, n)| *n == *q.name && v == self.vhost_name(q.vhost))
+                })
+            })
+            .collect();
+        for id in grew {
+            self.mail.from(mail::Dest::Queue(id));
+            self.dispatch(id);
+        }
+        self.after_op();
     }
 
     /// Applies one operation of channel `ch` at time `now` (milliseconds, host-defined epoch).
@@ -298,8 +339,6 @@ impl Broker {
             self.expire_head(id);
             self.dispatch(id);
         }
-        // The stream protocol appends to streams' logs without telling the core.
-        self.dispatch_streams();
         self.after_op();
     }
 
@@ -337,17 +376,6 @@ impl Broker {
             // Other shards' consumers may drain the sum below the watermark while this
             // shard's publishers, blocked, send nothing: look again soon.
             earliest(self.now.saturating_add(ALARM_RECHECK_MS));
-        }
-        if self.store.is_some()
-            && self.qs.streams.iter().any(|id| {
-                self.qs
-                    .queues
-                    .get(id)
-                    .is_some_and(|q| q.stream.as_deref().is_some_and(|s| s.has_cursors()))
-            })
-        {
-            // Look at the streams' logs again soon (see `tick`).
-            earliest(self.now.saturating_add(STREAM_POLL_MS));
         }
         for id in &self.qs.expiring {
             let Some(q) = self.qs.queues.get(id) else {

@@ -39,7 +39,9 @@ impl Broker {
                 taken,
                 durable,
             } => {
-                if self.chans.is_live(to) {
+                if super::nodes::is_node_conn(to.ch.conn) {
+                    self.answer_node(to, seq, taken);
+                } else if self.chans.is_live(to) {
                     self.answer(to.ch, seq, taken, durable);
                     self.send_confirms(to.ch);
                 }
@@ -302,6 +304,12 @@ impl Broker {
     /// operation, only a queue deleted by the operation that routed to it does this.
     pub fn routed_to_deleted(&self) -> u64 {
         self.routed_to_deleted
+    }
+
+    /// Messages dropped by `mqtt-qos0` queues since the start: at their arrival no consumer
+    /// of the queue had write-window credit (a subscriber slower than its publishers).
+    pub fn qos0_dropped(&self) -> u64 {
+        self.qos0_dropped
     }
 
     /// Deliveries requeued (rejected with requeue, recovered, or left by a closed channel)

@@ -109,10 +109,17 @@ impl Broker {
         message: &Arc<Message>,
         publisher: Option<Publisher>,
     ) {
+        if self.forward_to_home(queue, message, publisher) {
+            return;
+        }
         if !self.qs.queues.contains_key(&queue) {
             // Deleted since the publish was routed: the deletion took it (confirmed, as
             // the publish came before the deletion).
             self.routed_to_deleted += 1;
+        }
+        if self.qs.queues.get(&queue).is_some_and(|q| q.direct) {
+            self.direct_mail(queue, message, publisher);
+            return;
         }
         // A message the store failed to take is nacked: nothing is confirmed that was not
         // stored. A persistent message on a durable queue is confirmed once it is durable.
@@ -131,7 +138,10 @@ impl Broker {
                 taken,
                 durable,
             };
-            if durable && self.conn_shard(to.ch.conn) != self.shard {
+            if durable
+                && (self.conn_shard(to.ch.conn) != self.shard
+                    || super::nodes::is_node_conn(to.ch.conn))
+            {
                 // Durable once this shard's sync covers it, which the publisher's shard
                 // cannot see: the answer waits here for that sync (`release_confirms`),
                 // then goes as a plain one.
@@ -145,6 +155,37 @@ impl Broker {
             && !p.consumes
         {
             self.pace(p.to.ch.conn, queue);
+        }
+    }
+
+    /// A routed message for an `mqtt-qos0` queue: delivered at once or dropped
+    /// (`QueueState::direct_delivery`), never held, so it never paces its publisher; taken
+    /// either way (a publisher's confirm says the broker has it, not that every subscriber
+    /// got it, as MQTT's PUBACK).
+    fn direct_mail(
+        &mut self,
+        queue: QueueId,
+        message: &Arc<Message>,
+        publisher: Option<Publisher>,
+    ) {
+        let picked =
+            self.with_queue_and_credit(queue, |q, _, credit| q.direct_delivery(credit, message));
+        match picked {
+            Some(Some(picked)) => self.mail.push_back(Mail::Deliver { queue, picked }),
+            Some(None) => self.qos0_dropped += 1,
+            // Checked by the caller: the queue exists.
+            None => {}
+        }
+        if let Some(Publisher {
+            to, seq: Some(seq), ..
+        }) = publisher
+        {
+            self.mail.push_back(Mail::Answered {
+                to,
+                seq,
+                taken: true,
+                durable: false,
+            });
         }
     }
 
@@ -262,6 +303,19 @@ impl Broker {
                     format!(
                         "queue '{name}' in vhost '{}' does not support global qos",
                         self.vhost_name(vhost)
+                    ),
+                ))
+            }
+            Some(q) if !consumer.no_ack && q.kind().capabilities().no_ack_only => {
+                let (name, vhost, kind) = (q.name.clone(), q.vhost, q.kind());
+                Some(ProtocolError::new(
+                    ErrorCode::PreconditionFailed,
+                    OpKind::Consume,
+                    format!(
+                        "queue '{name}' in vhost '{}' of type {} takes consumers without \
+                         acknowledgements only (no_ack)",
+                        self.vhost_name(vhost),
+                        kind.name()
                     ),
                 ))
             }
@@ -445,8 +499,9 @@ impl Broker {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
             QueueType::Stream => {
                 let settings = c.stream.clone().unwrap_or_default();
-                let local = match self.store.as_mut() {
-                    Some(store) => {
+                use crate::queue::stream::Log;
+                let log = match (self.store.as_mut(), &self.shared_streams) {
+                    (Some(store), _) => {
                         if store
                             .stream_open(id, &c.vhost_name, &name, &settings)
                             .is_err()
@@ -454,15 +509,29 @@ impl Broker {
                             // The host logged why; its publishes are nacked until it works.
                             self.store_failed_at = Some(self.now);
                         }
-                        false
+                        Log::Store
                     }
-                    None => true,
+                    (None, Some(host)) => {
+                        // The host logged a failure; publishes to it are nacked.
+                        let _ = host.open(&c.vhost_name, &name, &settings);
+                        Log::Shared {
+                            host: Arc::clone(host),
+                            vhost: Arc::clone(&c.vhost_name),
+                            name: Arc::clone(&name),
+                        }
+                    }
+                    (None, None) => Log::Own(Default::default()),
                 };
-                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                let mut q = QueueState::new(id, c.vhost, Arc::clone(&name), messages, self.now);
                 q.stream = Some(Box::new(crate::queue::stream::StreamQueue::new(
-                    settings, local,
+                    settings, log,
                 )));
                 self.qs.streams.insert(id);
+                q
+            }
+            QueueType::MqttQos0 => {
+                let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
+                q.direct = true;
                 q
             }
             QueueType::Quorum => {
@@ -760,6 +829,9 @@ impl Broker {
             return;
         };
         self.release(q.messages.bytes());
+        if let Some(s) = q.stream.as_deref() {
+            s.delete_log();
+        }
         // Topology removes its name and bindings (from this queue's link, so a declare the
         // queue sends back to topology arrives after it).
         let gone = super::mail::Mail::QueueGone { queue: id, answer };

@@ -644,6 +644,8 @@ impl Broker {
             "exclusive-owner"
         } else if !d.durable && caps.durable_only {
             "non-durable"
+        } else if d.durable && caps.transient_only {
+            "durable"
         } else {
             return Ok(());
         };

@@ -18,7 +18,7 @@ mod memory;
 mod stream;
 
 pub use memory::MemoryStore;
-pub use stream::{MemLog, StreamBounds, StreamEntry, StreamSettings, StreamStart};
+pub use stream::{MemLog, SharedStreams, StreamBounds, StreamEntry, StreamSettings, StreamStart};
 
 use crate::access::{PermissionDef, UserDef, VhostDef};
 use crate::command::{Bind, ExchangeDeclare, QueueDeclare};

@@ -59,6 +59,36 @@ pub struct StreamEntry {
     pub data: Bytes,
 }
 
+/// Stream logs a host shares between a broker without a store and its other users of them
+/// (`warren serve --in-memory`: the stream protocol's listener), so that one stream is one log
+/// whichever protocol writes or reads it, as with a store's logs. Appends are committed
+/// (readable) at once: nothing is durable. A host whose other users append tells the broker
+/// (`Broker::streams_grew`). Errors are text for the host's log.
+pub trait SharedStreams: Send + Sync {
+    /// Opens stream `name` of `vhost`, creating it with `settings` if it does not exist; an
+    /// existing one takes the settings that are set (a policy changed).
+    fn open(&self, vhost: &str, name: &str, settings: &StreamSettings) -> Result<(), String>;
+    /// Appends one message (AMQP 1.0 bytes) stamped `timestamp_ms`.
+    fn append(&self, vhost: &str, name: &str, data: Bytes, timestamp_ms: u64)
+    -> Result<(), String>;
+    /// The offsets it holds.
+    fn bounds(&self, vhost: &str, name: &str) -> Result<StreamBounds, String>;
+    /// Resolves where a consumer starts.
+    fn start(&self, vhost: &str, name: &str, start: StreamStart) -> Result<u64, String>;
+    /// Up to about `max` messages from offset `from` (from the first retained one if `from`
+    /// was dropped), whole chunks, in order, into `out`.
+    fn read(
+        &self,
+        vhost: &str,
+        name: &str,
+        from: u64,
+        max: usize,
+        out: &mut Vec<StreamEntry>,
+    ) -> Result<(), String>;
+    /// The stream's queue was deleted: the log goes too.
+    fn delete(&self, vhost: &str, name: &str);
+}
+
 /// The default segment size of an in-memory log.
 const MEM_SEGMENT_BYTES: u64 = 64 << 20;
 

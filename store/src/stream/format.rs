@@ -27,7 +27,7 @@ pub const MAX_MESSAGE: usize = 0x7FFF_FFFF;
 /// Tracking names (publisher and consumer references; RabbitMQ allows 256 characters).
 pub const MAX_NAME: usize = 1024;
 
-/// Index entry flag: the chunk carries a trailer (publisher sequences).
+/// Index entry flag: the chunk carries a trailer (publisher sequences, a filter).
 pub const FLAG_TRAILER: u8 = 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +60,9 @@ pub enum TrackingKind {
     Publisher = 1,
     /// Consumer reference -> its stored offset (server-side offset tracking).
     Consumer = 2,
+    /// In a user chunk's trailer only: the Bloom filter of its messages' filter values (the
+    /// "name") and flags (the value; `bloom.rs`). Not tracking state: replay skips it.
+    Filter = 3,
 }
 
 impl TrackingKind {
@@ -67,6 +70,7 @@ impl TrackingKind {
         match b {
             1 => Some(TrackingKind::Publisher),
             2 => Some(TrackingKind::Consumer),
+            3 => Some(TrackingKind::Filter),
             _ => None,
         }
     }

@@ -14,6 +14,7 @@
 //!   are to be lifted into the core's `Store` (whose in-memory and wasm hosts hold the log
 //!   themselves).
 
+pub mod bloom;
 pub mod format;
 mod reader;
 
@@ -264,6 +265,10 @@ impl Tracking {
                 pos,
                 reason: e.to_string(),
             })?;
+            if kind == TrackingKind::Filter {
+                // A chunk's filter, not state.
+                continue;
+            }
             self.set(kind, name, value, max);
         }
         Ok(())
@@ -475,6 +480,19 @@ impl StreamLog {
         timestamp_ms: u64,
         publishers: &[(&str, u64)],
     ) -> Result<Range<u64>, StreamError> {
+        self.append_filtered(messages, &[], timestamp_ms, publishers)
+    }
+
+    /// [`StreamLog::append`], with the messages' filter values (stream filtering; empty or
+    /// all `None`: none): when one is set, the chunk's trailer carries their Bloom filter
+    /// (`bloom.rs`), which filtered readers check before reading the chunk.
+    pub fn append_filtered<M: AsRef<[u8]>>(
+        &mut self,
+        messages: &[M],
+        filter_values: &[Option<&str>],
+        timestamp_ms: u64,
+        publishers: &[(&str, u64)],
+    ) -> Result<Range<u64>, StreamError> {
         self.check_ok()?;
         if messages.is_empty() || messages.len() > MAX_CHUNK_MESSAGES {
             return Err(StreamError::Invalid(format!(
@@ -498,6 +516,10 @@ impl StreamLog {
             check_name(name)?;
             trailer_len += format::tracking_entry_len(name.as_bytes()) as u64;
         }
+        let filter = bloom::build(filter_values);
+        if let Some((bits, _)) = &filter {
+            trailer_len += format::tracking_entry_len(bits) as u64;
+        }
         if data_len + trailer_len > MAX_CHUNK_BODY {
             return Err(StreamError::Invalid(format!(
                 "a chunk of {} bytes (limit {MAX_CHUNK_BODY})",
@@ -518,6 +540,9 @@ impl StreamLog {
         let data_end = buf.len();
         for (name, seq) in publishers {
             format::put_tracking(buf, TrackingKind::Publisher, name.as_bytes(), *seq);
+        }
+        if let Some((bits, flags)) = &filter {
+            format::put_tracking(buf, TrackingKind::Filter, bits, *flags);
         }
         let header = ChunkHeader {
             kind: ChunkType::User,

@@ -12,7 +12,10 @@
 //! every large chunk cost ~35% more broker CPU per message for 16 KiB chunks over AMQP
 //! (docs/benchmarks.md), the bytes past the next header being read again with the next chunk.
 
-use super::format::{self, CHUNK_HEADER, ChunkHeader, ChunkType, FILE_HEADER, FormatError};
+use super::bloom::ChunkFilter;
+use super::format::{
+    self, CHUNK_HEADER, ChunkHeader, ChunkType, FILE_HEADER, FormatError, TrackingKind,
+};
 use super::{Shared, StreamError, StreamRead, data_path};
 use bytes::{Bytes, BytesMut};
 use std::fs::File;
@@ -21,6 +24,10 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+/// Chunks a filtered reader passes over in one `next_chunk` call before it returns `None`
+/// as if caught up (its position moved; the caller reads again), so one call is bounded.
+const MAX_SKIPPED: usize = 10_000;
 
 /// How a reader reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,6 +130,8 @@ pub struct StreamReader {
     buf_at: u64,
     syscalls: u64,
     bytes_read: u64,
+    /// Stream filtering: only chunks that may hold a wanted message (`set_filter`).
+    filter: Option<ChunkFilter>,
 }
 
 impl StreamReader {
@@ -147,7 +156,51 @@ impl StreamReader {
             buf_at: 0,
             syscalls: 0,
             bytes_read: 0,
+            filter: None,
         }
+    }
+
+    /// From now on, skips chunks whose stored Bloom filter says they hold none of the
+    /// filter's values (and, unless it matches unfiltered messages, chunks without one).
+    pub fn set_filter(&mut self, filter: Option<ChunkFilter>) {
+        self.filter = filter;
+    }
+
+    /// Whether the user chunk `h` at `self.pos` may hold a message `filter` wants: its
+    /// trailer's filter entry (read from the read-ahead bytes, or with one `pread`, and
+    /// checked against the trailer CRC).
+    fn wanted(&mut self, file: &File, h: &ChunkHeader) -> Result<bool, StreamError> {
+        let stored = if h.trailer_len == 0 {
+            None
+        } else {
+            let at = self.pos + CHUNK_HEADER as u64 + u64::from(h.data_len);
+            let len = u64::from(h.trailer_len);
+            let trailer = match self.buffered(at, len) {
+                Some(t) => t,
+                None => {
+                    let t = self.pread(file, at, len as usize)?;
+                    if t.len() as u64 != len {
+                        return Err(self.corrupt(self.pos, "short chunk trailer"));
+                    }
+                    t
+                }
+            };
+            if crc32fast::hash(&trailer) != h.trailer_crc {
+                return Err(self.corrupt(self.pos, FormatError::TrailerCrc));
+            }
+            let mut found = None;
+            for e in format::tracking_entries(&trailer) {
+                let (kind, bits, flags) = e.map_err(|e| self.corrupt(self.pos, e))?;
+                if kind == TrackingKind::Filter {
+                    found = Some((bits.to_vec(), flags));
+                }
+            }
+            found
+        };
+        Ok(self
+            .filter
+            .as_ref()
+            .is_none_or(|f| f.matches(stored.as_ref().map(|(b, flags)| (&b[..], *flags)))))
     }
 
     /// The offset the reader was asked for (after clamping): chunks are whole, so the first
@@ -345,6 +398,7 @@ impl StreamReader {
 
     /// The next committed user chunk; `None` once the reader has caught up with `sync`.
     pub fn next_chunk(&mut self) -> Result<Option<ReadChunk>, StreamError> {
+        let mut skipped = 0;
         loop {
             if self.next_offset >= self.committed {
                 // Only then look at the writer's progress (one shared cache line less per
@@ -370,6 +424,15 @@ impl StreamReader {
             }
             if h.kind != ChunkType::User {
                 self.pos += h.total_len();
+                continue;
+            }
+            if self.filter.is_some() && !self.wanted(&file, &h)? {
+                self.pos += h.total_len();
+                self.next_offset = h.next_offset();
+                skipped += 1;
+                if skipped >= MAX_SKIPPED {
+                    return Ok(None);
+                }
                 continue;
             }
             let data = self.data(&file, &h)?;

@@ -1,0 +1,241 @@
+//! Queues on other cluster nodes (docs/cluster.md, "Queues live on one node"): a classic
+//! queue lives on the node that declared it (its home); every other node knows its
+//! definition (replicated metadata) and keeps a stub of it that holds no messages. What
+//! this node routes to a stub goes to the home node as [`NodeMail`], which the host carries
+//! over the cluster transport, as it carries `ShardMail` between shards; the home node
+//! enqueues it as any publish (`Mail::Enqueue`, its publisher a node's address) and the
+//! queue's `Mail::Answered` (after the home's sync, for a persistent message on a durable
+//! queue) goes back as [`NodeMail::Answered`], which becomes the publishing channel's own
+//! `Mail::Answered` here. The core stays sans-IO: the host takes [`Broker::take_node_mail`]
+//! and hands in [`Broker::receive_node_mail`].
+
+use super::Broker;
+use super::mail::{Mail, Publisher};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
+use crate::message::Message;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, is_node_conn};
+
+/// Mail between cluster nodes, carried by the host.
+#[derive(Clone, Debug)]
+pub enum NodeMail {
+    /// A message this node routed to `queue` of `vhost`, which lives on the node it goes
+    /// to. `token`: answer it (the publisher wants a confirm).
+    Enqueue {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// The message, as routed.
+        message: Arc<Message>,
+        /// The sender's token for the answer, if the publisher wants a confirm.
+        token: Option<u64>,
+    },
+    /// The home node's answer to a forwarded message with `token`: `taken` false is a nack
+    /// (the queue refused it, its store failed, or it is not there).
+    Answered {
+        /// The forwarded message's token.
+        token: u64,
+        /// Taken (a confirm) or not (a nack).
+        taken: bool,
+    },
+}
+
+/// What a shard knows of other nodes: where queues live, and the forwarded publishes
+/// waiting for an answer.
+#[derive(Default)]
+pub(crate) struct Nodes {
+    /// Queues of another node, by vhost and name (set before their declare is applied, so
+    /// no message lands in the stub meanwhile).
+    homes: HashMap<(Arc<str>, Arc<str>), u32>,
+    /// Forwarded publishes with a confirm to give: token -> (node, channel, seq).
+    pending: HashMap<u64, (u32, ChannelAddr, u64)>,
+    /// The next token's counter (a token is `counter * shards + shard`, so the host finds
+    /// the shard an answer is for).
+    next: u64,
+    outbox: Vec<(u32, NodeMail)>,
+}
+
+impl Broker {
+    /// `AdminRequest::QueueHome`: queue `queue` of `vhost` lives on `node` (`None`: here).
+    pub(super) fn set_queue_home(&mut self, vhost: &str, queue: &str, node: Option<u32>) {
+        let key: (Arc<str>, Arc<str>) = (vhost.into(), queue.into());
+        match node {
+            Some(n) => {
+                self.nodes.homes.insert(key, n);
+            }
+            None => {
+                self.nodes.homes.remove(&key);
+            }
+        }
+    }
+
+    /// The node queue `id` lives on, if not this one.
+    fn queue_home(&self, id: QueueId) -> Option<u32> {
+        if self.nodes.homes.is_empty() {
+            return None;
+        }
+        let q = self.qs.queues.get(&id)?;
+        let vhost: Arc<str> = self.vhost_name(q.vhost).into();
+        self.nodes.homes.get(&(vhost, q.name.clone())).copied()
+    }
+
+    /// Sends a message routed to queue `id` to its home node, if it lives on another one;
+    /// false if it lives here. A message forwarded here is never forwarded again.
+    pub(super) fn forward_to_home(
+        &mut self,
+        id: QueueId,
+        message: &Arc<Message>,
+        publisher: Option<Publisher>,
+    ) -> bool {
+        if publisher.is_some_and(|p| is_node_conn(p.to.ch.conn)) {
+            return false;
+        }
+        let Some(node) = self.queue_home(id) else {
+            return false;
+        };
+        let Some(q) = self.qs.queues.get(&id) else {
+            return false;
+        };
+        let (vhost, queue) = (Arc::<str>::from(self.vhost_name(q.vhost)), q.name.clone());
+        let token = match publisher {
+            Some(Publisher {
+                to, seq: Some(seq), ..
+            }) => {
+                let token = self.nodes.next * u64::from(self.shards) + u64::from(self.shard);
+                self.nodes.next += 1;
+                self.nodes.pending.insert(token, (node, to, seq));
+                Some(token)
+            }
+            _ => None,
+        };
+        self.nodes.outbox.push((
+            node,
+            NodeMail::Enqueue {
+                vhost,
+                queue,
+                message: message.clone(),
+                token,
+            },
+        ));
+        true
+    }
+
+    /// A queue's answer to a publish forwarded from another node: back to that node.
+    pub(super) fn answer_node(&mut self, to: ChannelAddr, seq: u64, taken: bool) {
+        let node = (to.ch.conn.0 - NODE_CONN_BASE) as u32;
+        self.nodes
+            .outbox
+            .push((node, NodeMail::Answered { token: seq, taken }));
+    }
+
+    /// Mail for other nodes sent since the last call, in the order sent (the host keeps that
+    /// order per node).
+    pub fn take_node_mail(&mut self, out: &mut Vec<(u32, NodeMail)>) {
+        out.append(&mut self.nodes.outbox);
+    }
+
+    /// The publishes (channel, seq) whose answer another node owes.
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn node_pending(&self) -> impl Iterator<Item = (ChannelAddr, u64)> + '_ {
+        self.nodes.pending.values().map(|(_, to, seq)| (*to, *seq))
+    }
+
+    /// Whether forwarded publishes wait for an answer from other nodes.
+    pub fn node_answers_pending(&self) -> usize {
+        self.nodes.pending.len()
+    }
+
+    /// Mail node `from` sent here, in the order sent, at time `now`. An answer goes to the
+    /// shard its token names (`token % shards`); a forwarded message to any shard (its
+    /// queue is found by name on the routing table every shard has).
+    pub fn receive_node_mail(
+        &mut self,
+        now: u64,
+        from: u32,
+        mails: impl IntoIterator<Item = NodeMail>,
+    ) {
+        self.now = self.now.max(now);
+        for mail in mails {
+            match mail {
+                NodeMail::Enqueue {
+                    vhost,
+                    queue,
+                    message,
+                    token,
+                } => {
+                    let to = ChannelAddr {
+                        ch: ChannelRef {
+                            conn: ConnId(NODE_CONN_BASE + u64::from(from)),
+                            channel: 0,
+                        },
+                        serial: 0,
+                    };
+                    let routes = self.topo.routes();
+                    let id: Option<QueueId> = routes
+                        .vhost(&vhost)
+                        .and_then(|v: VhostId| routes.queue(v, &queue));
+                    match id {
+                        Some(queue) => self.mail.push_back(Mail::Enqueue {
+                            queue,
+                            message,
+                            publisher: Some(Publisher {
+                                to,
+                                seq: token,
+                                // Not paced by flow control: the forwarding node's
+                                // transport is bounded and back-pressured instead.
+                                consumes: true,
+                            }),
+                        }),
+                        None => {
+                            // Deleted here after the other node routed to it (or an MQTT
+                            // session's queue that went with its connection): the deletion
+                            // took it, as for a queue deleted on this node after routing
+                            // (`routed_to_deleted`), so it is confirmed.
+                            self.routed_to_deleted += 1;
+                            if let Some(token) = token {
+                                self.answer_node(to, token, true);
+                            }
+                        }
+                    }
+                }
+                NodeMail::Answered { token, taken } => self.node_answered(token, taken),
+            }
+        }
+        self.after_op();
+    }
+
+    fn node_answered(&mut self, token: u64, taken: bool) {
+        if let Some((_, to, seq)) = self.nodes.pending.remove(&token) {
+            // The home node synced it before answering: nothing left to wait for here.
+            self.mail.push_back(Mail::Answered {
+                to,
+                seq,
+                taken,
+                durable: false,
+            });
+        }
+    }
+
+    /// The host could not hand mail to `node` (it is down or cut off): the publishes
+    /// forwarded to it that wait for an answer are nacked (a classic queue on a node that
+    /// is down is unavailable, as in RabbitMQ; a message that did reach it before may
+    /// still be there: at least once, as a nack always means).
+    pub fn node_unreachable(&mut self, now: u64, node: u32) {
+        self.now = self.now.max(now);
+        let mut tokens: Vec<u64> = self
+            .nodes
+            .pending
+            .iter()
+            .filter(|(_, (n, _, _))| *n == node)
+            .map(|(t, _)| *t)
+            .collect();
+        tokens.sort_unstable();
+        for t in tokens {
+            self.node_answered(t, false);
+        }
+        self.after_op();
+    }
+}

@@ -1,0 +1,186 @@
+//! The `mqtt-qos0` queue type: a queue that holds nothing. A routed message goes at once to
+//! a consumer whose connection has write-window credit, or is dropped and counted; it never
+//! pauses its publishers, and it takes only transient declares and no-ack consumers.
+
+mod common;
+
+use common::*;
+use warren_core::BrokerConfig;
+use warren_core::command::{Consume, Op, QueueDeclare};
+use warren_core::effect::{Effect, Reply};
+use warren_core::ids::ChannelRef;
+use warren_core::message::{FieldTable, FieldValue};
+
+fn qos0_args() -> FieldTable {
+    let mut t = FieldTable::new();
+    t.insert("x-queue-type".into(), FieldValue::string("mqtt-qos0"));
+    t
+}
+
+fn declare(h: &mut Harness, c: ChannelRef, name: &str, durable: bool) -> Vec<Effect> {
+    h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: name.into(),
+            passive: false,
+            durable,
+            exclusive: true,
+            auto_delete: false,
+            nowait: false,
+            arguments: qos0_args(),
+        }),
+    )
+}
+
+fn message_count(h: &mut Harness, c: ChannelRef, name: &str) -> u32 {
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: name.into(),
+            passive: true,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    match fx.as_slice() {
+        [
+            Effect::Reply {
+                reply: Reply::QueueDeclareOk { message_count, .. },
+                ..
+            },
+        ] => *message_count,
+        other => panic!("passive declare: {other:?}"),
+    }
+}
+
+fn confirms(fx: &[Effect]) -> Vec<(u64, bool, bool)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Confirm {
+                seq, multiple, ack, ..
+            } => Some((*seq, *multiple, *ack)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn delivers_within_the_write_window_drops_beyond_it_and_never_pauses_publishers() {
+    let mut h = Harness::with_config(BrokerConfig {
+        write_window: 3,
+        // A classic queue would pause its publisher past 2 ready messages.
+        flow_ready_high: 2,
+        ..BrokerConfig::default()
+    });
+    let sub = h.connect(1);
+    assert!(error_code(&declare(&mut h, sub, "q0", false)).is_none());
+    h.bind(sub, "q0", "amq.topic", "a.#");
+    let fx = h.consume(sub, "q0", "t", true);
+    assert!(matches!(
+        fx.as_slice(),
+        [Effect::Reply {
+            reply: Reply::ConsumeOk { .. },
+            ..
+        }]
+    ));
+    let publisher = h.connect(2);
+    h.op(publisher, Op::ConfirmSelect { nowait: true });
+    let mut got = Vec::new();
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        let fx = h.publish(publisher, "amq.topic", "a.b", &format!("m{i}"));
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::FlowPaused { .. })),
+            "a queue that holds nothing paused its publisher: {fx:?}"
+        );
+        got.extend(bodies(&fx));
+        acked.extend(confirms(&fx));
+    }
+    // Three fit the window; the other two found no credit and were dropped, not kept.
+    assert_eq!(got, ["m0", "m1", "m2"]);
+    assert_eq!(h.sum(|b| b.qos0_dropped()), 2);
+    assert_eq!(message_count(&mut h, sub, "q0"), 0);
+    // Every publish is taken (a confirm says the broker has it, as MQTT's PUBACK).
+    assert_eq!(acked.len(), 5);
+    assert!(acked.iter().all(|&(_, _, ack)| ack));
+    // Written deliveries give their credit back: the next ones go out.
+    assert!(h.op(sub, Op::Written { count: 3 }).is_empty());
+    let mut later = Vec::new();
+    for i in 5..8 {
+        later.extend(bodies(&h.publish(
+            publisher,
+            "amq.topic",
+            "a.b",
+            &format!("m{i}"),
+        )));
+    }
+    assert_eq!(later, ["m5", "m6", "m7"]);
+    assert_eq!(h.sum(|b| b.qos0_dropped()), 2);
+    // Nothing waits to be settled: the consumer's connection closes without requeues.
+    assert_eq!(message_count(&mut h, sub, "q0"), 0);
+}
+
+#[test]
+fn consumers_share_it_round_robin_and_each_connection_window_counts_apart() {
+    let mut h = Harness::with_config(BrokerConfig {
+        write_window: 1,
+        ..BrokerConfig::default()
+    });
+    let c = h.connect(1);
+    declare(&mut h, c, "q0", false);
+    h.bind(c, "q0", "amq.topic", "k");
+    let c2 = h.open(1, 2);
+    h.consume(c, "q0", "one", true);
+    h.consume(c2, "q0", "two", true);
+    let publisher = h.connect(2);
+    let fx = h.publish(publisher, "amq.topic", "k", "x");
+    assert_eq!(deliveries(&fx)[0].0, "one");
+    // Both consumers share connection 1's window of one: the second message is dropped.
+    let fx = h.publish(publisher, "amq.topic", "k", "y");
+    assert!(deliveries(&fx).is_empty());
+    assert_eq!(h.sum(|b| b.qos0_dropped()), 1);
+    h.op(c, Op::Written { count: 1 });
+    let fx = h.publish(publisher, "amq.topic", "k", "z");
+    assert_eq!(deliveries(&fx)[0].0, "two");
+}
+
+#[test]
+fn refuses_durable_declares_acked_consumers_and_holding_arguments() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    assert_eq!(error_code(&declare(&mut h, c, "d", true)), Some(406));
+    let c = h.open(1, 2);
+    declare(&mut h, c, "q0", false);
+    let fx = h.op(
+        c,
+        Op::Consume(Consume {
+            queue: "q0".into(),
+            consumer_tag: "acked".into(),
+            no_local: false,
+            no_ack: false,
+            exclusive: false,
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    assert_eq!(error_code(&fx), Some(406));
+    let c = h.open(1, 3);
+    let mut args = qos0_args();
+    args.insert("x-max-length".into(), FieldValue::I32(10));
+    let fx = h.op(
+        c,
+        Op::QueueDeclare(QueueDeclare {
+            queue: "limited".into(),
+            passive: false,
+            durable: false,
+            exclusive: true,
+            auto_delete: false,
+            nowait: false,
+            arguments: args,
+        }),
+    );
+    assert_eq!(error_code(&fx), Some(406));
+}
