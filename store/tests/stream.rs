@@ -325,7 +325,11 @@ fn large_chunks_are_read_in_one_call_each_without_reading_ahead_past_them() {
         got += u64::from(c.first_offset >= n);
     }
     assert_eq!(got, 100);
-    assert!(r.syscalls() <= 5, "{} calls for 100 small chunks", r.syscalls());
+    assert!(
+        r.syscalls() <= 5,
+        "{} calls for 100 small chunks",
+        r.syscalls()
+    );
     fs::remove_dir_all(&dir).unwrap();
 }
 
