@@ -222,6 +222,27 @@ impl Broker {
         self.with_queue(id, |q, io| q.expire_head(io));
     }
 
+    /// A replicated quorum queue `name` in `vhost` changed hands on this node
+    /// ([`crate::admin::AdminRequest::ReloadQueue`]): it takes what the store recovers for it
+    /// now and serves its consumers from that. `false` when this shard has no such queue.
+    pub(crate) fn reload_queue(&mut self, vhost: &str, name: &str) -> bool {
+        let Some(id) = self
+            .vhost_id(vhost)
+            .and_then(|vh| self.find_queue(vh, name))
+        else {
+            return false;
+        };
+        let vhost = vhost.to_string();
+        if self.with_queue(id, |q, io| q.reload(io, &vhost)).is_none() {
+            return false;
+        }
+        // Its consumers get the reloaded messages now; their deliveries are mail, delivered
+        // before this entry point returns (as every entry point's).
+        self.dispatch(id);
+        self.after_op();
+        true
+    }
+
     /// Hands ready messages of queue `id` to its consumers, round-robin, while any has credit;
     /// then resumes the publishers it paused once it has drained to half the flow mark.
     pub(super) fn dispatch(&mut self, id: QueueId) {
