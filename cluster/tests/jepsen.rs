@@ -839,6 +839,10 @@ struct Spec {
     rate: u64,
     consume_rate: u64,
     schedule: Vec<Fault>,
+    /// A quorum queue: with one queue across the nodes, it must survive its leader's loss.
+    /// A classic queue lives on one node (RabbitMQ 4's rule): only a restart brings its
+    /// messages back, so every node is restarted and drained whatever the layout.
+    replicated: bool,
 }
 
 /// Applies one fault, holds it, undoes it, and waits until the cluster has a leader again.
@@ -904,7 +908,7 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         .build()
         .expect("tokio runtime");
     let uris = Arc::new(target.uris());
-    let one_queue = uris.len() > 1 && rt.block_on(one_queue_across_nodes(&uris));
+    let one_queue = spec.replicated && uris.len() > 1 && rt.block_on(one_queue_across_nodes(&uris));
     rt.block_on(declare_once(&uris[0], spec.queue, &spec.args));
     let hist: Shared = Arc::new(Mutex::new(History::new(spec.publishers, MAX_OPS)));
     let (stop_tx, stop) = watch::channel(false);
@@ -998,8 +1002,10 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         spec.consumers,
         if one_queue {
             "one queue across nodes, drained from a survivor of its leader's kill"
-        } else if uris.len() > 1 {
+        } else if uris.len() > 1 && spec.replicated {
             "a queue per node (replication not detected), every node restarted and drained"
+        } else if uris.len() > 1 {
+            "a classic queue (not replicated), every node restarted and drained"
         } else {
             "one node, restarted and drained"
         }
@@ -1028,6 +1034,7 @@ fn single_node(name: &'static str, queue: &'static str, args: FieldTable) {
             rate: 200,
             consume_rate: 220,
             schedule: vec![Fault::KillLeader, Fault::Pause, Fault::KillLeader],
+            replicated: false,
         },
     );
     let problems = report.problems();
@@ -1054,8 +1061,22 @@ fn single_node_quorum_queue_survives_kill_and_pause() {
 
 #[test]
 fn three_nodes_quorum_queue_under_faults() {
+    three_nodes("3 nodes, quorum queue", "jepsen.qq", quorum_args(), true);
+}
+
+#[test]
+fn three_nodes_durable_classic_queue_under_faults() {
+    three_nodes(
+        "3 nodes, durable classic queue",
+        "jepsen.classic",
+        FieldTable::default(),
+        false,
+    );
+}
+
+fn three_nodes(name: &'static str, queue: &'static str, args: FieldTable, replicated: bool) {
     let _serial = serial();
-    let Some(cluster) = Cluster::prepare("jepsen 3-node quorum queue", BRIDGE, NET) else {
+    let Some(cluster) = Cluster::prepare(name, BRIDGE, NET) else {
         return;
     };
     let nodes = parse(&cluster.run(&["up", "3"]));
@@ -1068,9 +1089,9 @@ fn three_nodes_quorum_queue_under_faults() {
     let (report, one_queue) = run(
         &mut target,
         Spec {
-            name: "3 nodes, quorum queue",
-            queue: "jepsen.qq",
-            args: quorum_args(),
+            name,
+            queue,
+            args,
             publishers: 3,
             consumers: 3,
             rate: 100,
@@ -1082,12 +1103,13 @@ fn three_nodes_quorum_queue_under_faults() {
                 Fault::KillFollower,
                 Fault::RestartAll,
             ],
+            replicated,
         },
     );
     let problems = report.problems();
     assert!(
         problems.is_empty(),
-        "3 nodes (one queue across nodes: {one_queue}): {problems:#?}\n{report}"
+        "{name} (one queue across nodes: {one_queue}): {problems:#?}\n{report}"
     );
     assert!(
         report.faults.len() >= 5,
