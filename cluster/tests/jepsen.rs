@@ -16,6 +16,8 @@
 //!   leader killed (failover: nothing confirmed may be lost); without it (each node's own
 //!   group of one, as today), every node is restarted and drained, since each holds its
 //!   own messages. The report says which expectation ran.
+//! - `three_nodes_durable_classic_queue_under_faults`: the same faults; a classic queue is
+//!   not replicated (it lives on one node), so every node is restarted and drained.
 //! - `metadata_*`: bridge `wbj1`, 10.86.0.0/24.
 //!
 //! The cluster tests need root and `ip netns`, and the broker binary (`cargo build -p
