@@ -62,8 +62,8 @@ for round in $(seq 1 "$rounds"); do
     log="$out/$b-$round.log"
     case $b in
       warren)
-        "$warren" serve --in-memory --amqp none --mqtt "127.0.0.1:$wm" --management none \
-          --prometheus none --stream none > "$log" 2>&1 &
+        "$warren" serve --in-memory --data-dir "$scratch/warren-data" --amqp none --mqtt "127.0.0.1:$wm" \
+          --management none --prometheus none --stream none > "$log" 2>&1 &
         pid=$!; port=$wm ;;
       mosquitto)
         printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 1000\nmax_queued_messages 100000\n' \

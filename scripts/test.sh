@@ -371,6 +371,13 @@ cluster_metadata() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
 }
 
+cluster_quorum() {
+  # The same needs as cluster_script. Quorum queues replicated over 3 nodes: kill -9 of the
+  # leader loses no confirmed message, a member that was down catches up.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
+}
+
 cluster_routing() {
   # cluster/tests/routing.rs (docs/cluster.md, "Queues live on one node"): a queue on n2 gets
   # n1's and n3's confirmed publishes, MQTT subscribers get publishes from other nodes,
@@ -420,6 +427,7 @@ step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
+step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short

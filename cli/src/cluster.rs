@@ -17,6 +17,14 @@ use warren_cluster::transport::Secret;
 /// static keeps the admin module's signature, shared with other work, unchanged).
 static NODE: OnceLock<ClusterNode> = OnceLock::new();
 
+/// The quorum-queue replication (`qq.rs`), attached to the node once it runs.
+static REPLICATION: OnceLock<crate::qq::Replication> = OnceLock::new();
+
+/// Sets the quorum-queue replication the node drives once started (before `start`).
+pub fn set_replication(repl: crate::qq::Replication) {
+    let _ = REPLICATION.set(repl);
+}
+
 /// The cluster settings, checked; `None` when `--node-id` is not given (a single node).
 pub fn options(s: &Settings) -> Result<Option<NodeOptions>, SettingsError> {
     let Some(id) = s.node_id else {
@@ -161,6 +169,9 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
         homes,
     ));
     broker.set_replicator(std::sync::Arc::new(replicator));
+    if let Some(repl) = REPLICATION.get() {
+        repl.attach(node, broker.clone());
+    }
     Ok(())
 }
 

@@ -9,6 +9,7 @@ mod footprint;
 mod mem_streams;
 mod meta;
 mod nodes;
+mod qq;
 mod settings;
 mod stream_broker;
 mod streams;
@@ -909,7 +910,13 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     } else {
         // Restore before listening: clients see the stored queues from their first
         // connection.
-        let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store_sharded(
+        // A cluster node replicates its quorum queues' writes through their groups.
+        let layer = cluster_options.as_ref().map(|_| {
+            let repl = qq::Replication::new(&s.data_dir);
+            cluster::set_replication(repl.clone());
+            Arc::new(repl) as Arc<dyn warren_runtime::StoreLayer>
+        });
+        let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store_layered(
             config,
             &s.data_dir,
             warren_store::DiskConfig {
@@ -921,6 +928,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
                 ..warren_store::DiskConfig::default()
             },
             s.shards,
+            layer,
         )
         .map_err(|e| match e {
             warren_runtime::StartError::Open(e) => ConfigError(format!(

@@ -17,10 +17,14 @@ pub mod definitions;
 pub mod log_store;
 pub mod mem;
 pub mod node;
+pub mod queue;
 pub mod state_machine;
 pub mod transport;
 
 use std::io::Cursor;
+
+/// openraft, for hosts that drive a group's handle (its metrics, its write responders).
+pub use openraft;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,11 +34,63 @@ pub type NodeId = u64;
 /// A command in a group's log: opaque bytes the group's state machine decodes. One
 /// [`TypeConfig`] (and so one log store and one transport) serves every kind of group.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Command(pub Vec<u8>);
+pub struct Command(#[serde(with = "b64")] pub Vec<u8>);
 
 /// What the state machine answered to a [`Command`] (opaque bytes, as the command).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reply(pub Vec<u8>);
+pub struct Reply(#[serde(with = "b64")] pub Vec<u8>);
+
+/// Bytes as one base64 string in JSON (the log's entries and the wire's frames are JSON;
+/// serde's default, an array of numbers, costs about four bytes per byte). Reads the old
+/// array form too, so logs written before stay readable.
+pub(crate) mod b64 {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::de::{self, SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a base64 string or an array of bytes")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Vec<u8>, E> {
+                STANDARD.decode(v).map_err(E::custom)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::Command;
+
+        #[test]
+        fn commands_are_base64_and_the_old_array_form_still_reads() {
+            let c = Command(vec![0, 1, 2, 255]);
+            let json = serde_json::to_string(&c).expect("encode");
+            assert_eq!(json, "\"AAEC/w==\"");
+            assert_eq!(serde_json::from_str::<Command>(&json).expect("decode"), c);
+            assert_eq!(
+                serde_json::from_str::<Command>("[0,1,2,255]").expect("old form"),
+                c
+            );
+        }
+    }
+}
 
 openraft::declare_raft_types!(
     /// The Raft types of every Warren group.

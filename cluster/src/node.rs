@@ -183,7 +183,13 @@ pub struct ClusterNode {
     id: NodeId,
     server: tokio::task::JoinHandle<()>,
     peers: Peers,
+    /// Every group this node serves (the metadata group and quorum queues' groups), for the
+    /// listener to route each envelope by its group id.
     groups: Groups,
+    data_dir: PathBuf,
+    heartbeat_ms: u64,
+    election_timeout_ms: u64,
+    snapshot_every: u64,
 }
 
 /// How long a write forwarded to the leader may take (a commit is a few milliseconds; an
@@ -293,7 +299,101 @@ impl ClusterNode {
             server,
             peers,
             groups,
+            data_dir: opts.data_dir.clone(),
+            heartbeat_ms: opts.heartbeat_ms,
+            election_timeout_ms: opts.election_timeout_ms,
+            snapshot_every: opts.snapshot_every,
         })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Starts (or restarts, on its files) group `group` on this node with state machine
+    /// `sm`, over the same transport and timings as the metadata group, its log in
+    /// `<data-dir>/cluster/<file>.redb` and snapshot in `<file>.snapshot`. A group with an
+    /// empty log proposes `members` (id -> cluster address) as its first membership: every
+    /// member proposes the same one, and openraft accepts that. `max_entries`: entries per
+    /// append request (their total must stay under the transport's frame limit).
+    pub async fn start_group<S: crate::state_machine::StateMachine>(
+        &self,
+        group: u64,
+        file: &str,
+        members: &BTreeMap<NodeId, String>,
+        sm: S,
+        max_entries: u64,
+    ) -> Result<(Raft, StateMachineStore<S>), NodeError> {
+        let dir = self.data_dir.join("cluster");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let log = loop {
+            match LogStore::open(&dir.join(format!("{file}.redb"))) {
+                Ok(log) => break log,
+                Err(redb::Error::DatabaseAlreadyOpen) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let sm = StateMachineStore::open(Some(&dir.join(format!("{file}.snapshot"))), sm)?;
+        let mut config = (*crate::raft_config(
+            self.heartbeat_ms,
+            self.election_timeout_ms,
+            self.snapshot_every,
+        )?)
+        .clone();
+        // One append request must fit a frame (transport::MAX_FRAME): a group whose entries
+        // are large sends fewer at a time.
+        config.max_payload_entries = max_entries.max(1);
+        let config = std::sync::Arc::new(config.validate()?);
+        let raft = Raft::new(self.id, config, self.peers.network(group), log, sm.clone())
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        self.groups.insert(group, raft.clone());
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        if !initialized && members.contains_key(&self.id) {
+            let members: BTreeMap<NodeId, BasicNode> = members
+                .iter()
+                .map(|(id, a)| (*id, BasicNode::new(a)))
+                .collect();
+            match raft.initialize(members).await {
+                Ok(())
+                | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(NodeError::Raft(e.to_string())),
+            }
+        }
+        Ok((raft, sm))
+    }
+
+    /// Stops group `group` on this node and deletes its files (its queue was deleted).
+    pub async fn remove_group(&self, group: u64, raft: &Raft, file: &str) {
+        self.groups.remove(group);
+        let _ = raft.shutdown().await;
+        let dir = self.data_dir.join("cluster");
+        for ext in ["redb", "snapshot"] {
+            let path = dir.join(format!("{file}.{ext}"));
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a deleted group's file");
+            }
+        }
+    }
+
+    /// The metadata group's members (id -> cluster address), as this node knows them.
+    pub fn members(&self) -> BTreeMap<NodeId, String> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect()
     }
 
     /// Proposes a change to the definitions on any node: the leader proposes it, a follower

@@ -119,8 +119,12 @@ fn ctl(cluster: &Cluster, i: usize, args: &[&str]) -> Result<String, String> {
 
 /// Publishes on `node` to exchange `x` with `key`, then gets it from `q` on the same node:
 /// the binding is there.
-async fn routed_here(node: &Node, x: &str, key: &str, q: &str) -> bool {
+/// Whether a publish on `node` to `x` with `key` reaches queue `q` on its home node `home`
+/// (docs/cluster.md, "Queues live on one node": `node` routes on its replicated bindings and
+/// forwards the message there).
+async fn routed_here(node: &Node, home: &Node, x: &str, key: &str, q: &str) -> bool {
     let (conn, ch) = channel(node).await;
+    let (home_conn, home_ch) = channel(home).await;
     ch.basic_publish(
         x.into(),
         key.into(),
@@ -132,7 +136,7 @@ async fn routed_here(node: &Node, x: &str, key: &str, q: &str) -> bool {
     .expect("publish");
     let mut got = None;
     for _ in 0..50 {
-        got = ch
+        got = home_ch
             .basic_get(q.into(), BasicGetOptions { no_ack: true })
             .await
             .expect("basic.get");
@@ -142,6 +146,7 @@ async fn routed_here(node: &Node, x: &str, key: &str, q: &str) -> bool {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = conn.close(200, "bye".into()).await;
+    let _ = home_conn.close(200, "bye".into()).await;
     got.is_some()
 }
 
@@ -189,8 +194,8 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
             .await
             .expect("declared on n1, known at once on every node");
         assert!(
-            routed_here(n, "meta.x", "k.1", "meta.q").await,
-            "{}: the binding made on n1 does not route here",
+            routed_here(n, &nodes[0], "meta.x", "k.1", "meta.q").await,
+            "{}: the binding made on n1 does not route from here to the queue on n1",
             n.name
         );
     }

@@ -278,6 +278,16 @@ pub enum AdminRequest {
     SetMemoryWatermark(u64),
     /// MQTT retained messages per vhost (topology's: shard 0 answers).
     RetainedStats,
+    /// A replicated quorum queue changed hands on this node (it now leads the queue's group,
+    /// or no longer does): the queue drops the ready messages it holds and takes what the
+    /// store recovers for it (docs/cluster.md, "Quorum queues"). Answered `Done(Err)` when
+    /// the queue is not on this broker (shard 0's).
+    ReloadQueue {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        name: String,
+    },
     /// Queue `queue` of `vhost` lives on cluster node `node` (`None`: on this node): this
     /// node keeps a stub of it and sends what it routes there to that node
     /// (`NodeMail`). Every shard applies it.

@@ -300,6 +300,27 @@ impl Shared {
 /// The published routing snapshot (see `warren_core::routing`).
 pub(crate) type Routes = Arc<arc_swap::ArcSwap<RouteTable>>;
 
+/// A layer over each shard's disk store, given at start
+/// ([`BrokerHandle::start_with_store_layered`]): a cluster node replicates its quorum
+/// queues' writes through their Raft groups this way (cli/src/qq.rs, docs/cluster.md).
+pub trait StoreLayer: Send + Sync {
+    /// For shard `shard`, whose broker is told of completed syncs by `synced`: the callback
+    /// the disk store reports its syncs to, and what wraps that disk store. The layer calls
+    /// `synced` itself once a sync is complete on both sides.
+    #[allow(clippy::type_complexity)]
+    fn layer(
+        &self,
+        shard: u32,
+        synced: warren_store::SyncCallback,
+    ) -> (
+        warren_store::SyncCallback,
+        Box<
+            dyn FnOnce(Box<dyn warren_core::store::Store>) -> Box<dyn warren_core::store::Store>
+                + Send,
+        >,
+    );
+}
+
 /// A cheap, clonable handle to the running broker.
 #[derive(Clone)]
 pub struct BrokerHandle {
@@ -338,6 +359,18 @@ impl BrokerHandle {
         storage: warren_store::DiskConfig,
         shards: u32,
     ) -> Result<(BrokerHandle, warren_store::definitions::DefinitionStore), StartError> {
+        BrokerHandle::start_with_store_layered(config, data_dir, storage, shards, None)
+    }
+
+    /// `start_with_store_sharded` with `layer` over each shard's disk store (a cluster
+    /// node's quorum-queue replication: [`StoreLayer`]).
+    pub fn start_with_store_layered(
+        config: BrokerConfig,
+        data_dir: &std::path::Path,
+        storage: warren_store::DiskConfig,
+        shards: u32,
+        layer: Option<Arc<dyn StoreLayer>>,
+    ) -> Result<(BrokerHandle, warren_store::definitions::DefinitionStore), StartError> {
         let shards = shards.max(1);
         let mut brokers = Vec::new();
         let mut controls = Vec::new();
@@ -349,19 +382,28 @@ impl BrokerHandle {
                 0 => data_dir.to_path_buf(),
                 i => data_dir.join("shards").join(i.to_string()),
             };
-            let (store, definitions) = warren_store::DiskStore::open(
-                &dir,
-                storage.clone(),
-                Box::new(move |epoch, result| {
-                    // Fails only when the broker task is gone (shutdown): nothing to
-                    // confirm then.
-                    let _ = synced.send(Control::Synced { epoch, result });
-                }),
-            )?;
+            let on_synced: warren_store::SyncCallback = Box::new(move |epoch, result| {
+                // Fails only when the broker task is gone (shutdown): nothing to confirm
+                // then.
+                let _ = synced.send(Control::Synced { epoch, result });
+            });
+            let (on_synced, wrap) = match &layer {
+                Some(layer) => {
+                    let (cb, wrap) = layer.layer(i, on_synced);
+                    (cb, Some(wrap))
+                }
+                None => (on_synced, None),
+            };
+            let (store, definitions) =
+                warren_store::DiskStore::open(&dir, storage.clone(), on_synced)?;
             if i == 0 {
                 first_definitions = Some((definitions, store.definitions()));
             }
-            let mut broker = warren_core::Broker::with_store(config.clone(), Box::new(store));
+            let store: Box<dyn warren_core::store::Store> = match wrap {
+                Some(wrap) => wrap(Box::new(store)),
+                None => Box::new(store),
+            };
+            let mut broker = warren_core::Broker::with_store(config.clone(), store);
             broker.set_shard(i, shards);
             brokers.push(broker);
             controls.push((control, control_rx));

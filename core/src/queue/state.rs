@@ -357,6 +357,26 @@ impl QueueState {
         true
     }
 
+    /// A replicated quorum queue changed hands on this node (docs/cluster.md, "Quorum
+    /// queues"): the ready messages it held in memory are dropped without touching the store
+    /// (the group's log, not this node, decides what the queue holds), and the queue takes
+    /// what the store now recovers for it: the group's committed messages when this node
+    /// leads the group, nothing when it does not. Its consumers stay.
+    pub(crate) fn reload(&mut self, io: &mut QueueIo<'_>, vhost: &str) {
+        while let Some(m) = self.messages.pop() {
+            io.out.released += m.message.body_len() as u64;
+        }
+        let Some(store) = io.store.as_deref_mut() else {
+            return;
+        };
+        let recovery = store.open_queue(self.id, vhost, &self.name, self.durable);
+        // Quorum queues have no priorities (`x-max-priority` is refused at declare).
+        self.messages = MessageQueue::recovered(recovery, None);
+        if self.quorum.is_some() {
+            store.keep_every_message(self.id);
+        }
+    }
+
     /// Takes the next ready message, reading paged-out messages back first when the window
     /// is empty.
     pub(crate) fn pop_ready(&mut self, io: &mut QueueIo<'_>) -> Option<QueuedMessage> {
@@ -634,8 +654,9 @@ impl QueueBehaviour for QueueState {
         }
         if store.append(self.id, seq, message, expires_at).is_err() {
             // The host logged why. The message is not taken (its publisher gets a nack), and
-            // publishers are blocked for a while.
-            io.out.store_failed = true;
+            // publishers are blocked for a while, unless the store only refused a queue
+            // this node does not serve now (a quorum queue led elsewhere).
+            io.out.store_failed = store.serves(self.id);
             return Enqueued::Failed;
         }
         if let Some(fifo) = self.quorum.as_deref_mut() {

@@ -539,6 +539,15 @@ impl Broker {
                 AdminResponse::Closed(broker.close_connection(conn, &reason))
             }
             AdminRequest::RetainedStats => AdminResponse::Retained(broker.retained_stats()),
+            AdminRequest::ReloadQueue { vhost, name } => {
+                Done(if broker.reload_queue(&vhost, &name) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "no queue '{name}' in vhost '{vhost}' on this shard"
+                    ))
+                })
+            }
             AdminRequest::QueueHome { vhost, queue, node } => {
                 broker.set_queue_home(&vhost, &queue, node);
                 Done(Ok(()))

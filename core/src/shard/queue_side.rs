@@ -159,7 +159,7 @@ impl Broker {
     }
 
     /// A routed message for an `mqtt-qos0` queue: delivered at once or dropped
-    /// (`QueueState::direct_delivery`), never held, so it never paces its publisher; taken
+    /// (`QueueState::direct_delivery`), never held; taken
     /// either way (a publisher's confirm says the broker has it, not that every subscriber
     /// got it, as MQTT's PUBACK).
     fn direct_mail(
@@ -172,7 +172,25 @@ impl Broker {
             self.with_queue_and_credit(queue, |q, _, credit| q.direct_delivery(credit, message));
         match picked {
             Some(Some(picked)) => self.mail.push_back(Mail::Deliver { queue, picked }),
-            Some(None) => self.qos0_dropped += 1,
+            Some(None) => {
+                self.qos0_dropped += 1;
+                // Its consumers' write windows are full: the publisher is paused until one
+                // reopens (`written` then dispatches the queue, which resumes it), so the
+                // broker does not spend itself routing messages only to drop them. A
+                // publisher that also consumes is never paused (as for any queue).
+                if let Some(p) = publisher
+                    && !p.consumes
+                    && let Some(q) = self.qs.queues.get_mut(&queue)
+                    && !q.consumers.is_empty()
+                    && !q.pausing.contains(&p.to.ch.conn)
+                {
+                    q.pausing.push(p.to.ch.conn);
+                    self.mail.push_back(Mail::Paused {
+                        conn: p.to.ch.conn,
+                        queue,
+                    });
+                }
+            }
             // Checked by the caller: the queue exists.
             None => {}
         }
@@ -198,6 +216,24 @@ impl Broker {
     /// Dead-letters (or drops) expired messages at the head of queue `id`.
     pub(super) fn expire_head(&mut self, id: QueueId) {
         self.with_queue(id, |q, io| q.expire_head(io));
+    }
+
+    /// A replicated quorum queue `name` in `vhost` changed hands on this node
+    /// ([`crate::admin::AdminRequest::ReloadQueue`]): it takes what the store recovers for it
+    /// now and serves its consumers from that. `false` when this shard has no such queue.
+    pub(crate) fn reload_queue(&mut self, vhost: &str, name: &str) -> bool {
+        let Some(id) = self
+            .vhost_id(vhost)
+            .and_then(|vh| self.find_queue(vh, name))
+        else {
+            return false;
+        };
+        let vhost = vhost.to_string();
+        if self.with_queue(id, |q, io| q.reload(io, &vhost)).is_none() {
+            return false;
+        }
+        self.dispatch(id);
+        true
     }
 
     /// Hands ready messages of queue `id` to its consumers, round-robin, while any has credit;

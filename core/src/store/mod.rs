@@ -208,6 +208,15 @@ pub trait Store: Send {
         let _ = queue;
     }
 
+    /// Whether this node serves `queue` now. A replicated quorum queue is served by the
+    /// node that leads its group only; elsewhere [`Store::append`] refuses its messages, and
+    /// that refusal (the publisher gets a nack) is no failure of the store: it raises no
+    /// alarm.
+    fn serves(&self, queue: QueueId) -> bool {
+        let _ = queue;
+        true
+    }
+
     /// The message left the queue (acked, dropped, purged).
     fn remove(&mut self, queue: QueueId, seq: u64);
 

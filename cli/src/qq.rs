@@ -1,0 +1,806 @@
+//! Quorum-queue replication on a cluster node (docs/cluster.md, "Quorum queues").
+//!
+//! Each quorum queue is a Raft group of its own (`warren_cluster::queue::QueueReplica`, the
+//! metadata group's log store, transport and timings; its group id in every RPC). The core
+//! already treats a quorum queue's store writes as its commands (every message stored, its
+//! confirm after the sync): this layer over each shard's disk store ([`Replication`], a
+//! `warren_runtime::StoreLayer`) sends a quorum queue's writes (a message appended, one
+//! removed, a purge) to its group instead of the disk, one log entry per broker sync, and
+//! reports the sync done once the entry is committed (on a majority's disks). So a publish
+//! is confirmed after a majority has it, and an ack, a return or a purge reaches every
+//! member. The broker serves the queue on the node that leads its group; there the layer
+//! keeps the queue's messages for the core to page in. When a node becomes the leader it
+//! waits until its copy has applied everything committed, then has its broker reload the
+//! queue from that copy (`AdminRequest::ReloadQueue`): every confirmed, unsettled message,
+//! flagged redelivered. A node that stops leading reloads to nothing, and refuses writes
+//! (a publish there is nacked) until it leads again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use warren_cluster::node::ClusterNode;
+use warren_cluster::queue::{QueueCommand, QueueOp, QueueReplica};
+use warren_cluster::state_machine::StateMachineStore;
+use warren_cluster::{NodeId, Raft};
+use warren_core::admin::AdminRequest;
+use warren_core::ids::QueueId;
+use warren_core::message::Message;
+use warren_core::store::{
+    DefinitionChange, QueueRecovery, Store, StoreError, StoredMessage, StreamBounds, StreamEntry,
+    StreamSettings, StreamStart,
+};
+use warren_store::SyncCallback;
+
+/// Members of a quorum queue's group when the declare names none (RabbitMQ's default),
+/// capped at the cluster's size.
+const DEFAULT_GROUP_SIZE: usize = 3;
+
+/// A quorum queue's group as recorded on this node (`<data-dir>/cluster/quorum-queues.json`):
+/// the members chosen at its declare, so a restart (or a later change of the cluster's
+/// membership) keeps them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Record {
+    vhost: String,
+    name: String,
+    group: u64,
+    members: BTreeMap<NodeId, String>,
+}
+
+/// One quorum queue's group on this node.
+struct Group {
+    vhost: String,
+    name: String,
+    id: u64,
+    raft: OnceLock<Raft>,
+    replica: OnceLock<StateMachineStore<QueueReplica>>,
+    /// This node leads the group and its copy has applied everything committed: the broker
+    /// serves the queue from it (set before the reload that makes the broker do so).
+    leading: AtomicBool,
+    /// Deleted: a group still starting stops once started.
+    deleted: AtomicBool,
+}
+
+impl Group {
+    fn file(&self) -> String {
+        format!("q-{:016x}", self.id)
+    }
+}
+
+struct Shared {
+    registry_path: PathBuf,
+    node: OnceLock<&'static ClusterNode>,
+    broker: OnceLock<warren_runtime::BrokerHandle>,
+    runtime: tokio::runtime::Handle,
+    groups: Mutex<HashMap<(String, String), Arc<Group>>>,
+    records: Mutex<BTreeMap<u64, Record>>,
+    /// `x-quorum-initial-group-size` of queues declared here, until their group is made.
+    sizes: Mutex<HashMap<(String, String), usize>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The quorum-queue replication of a cluster node: the store layer, and (once the cluster
+/// node runs: [`Replication::attach`]) the groups.
+#[derive(Clone)]
+pub struct Replication(Arc<Shared>);
+
+/// The group id of queue `name` in `vhost`: FNV-1a of both, top bit set (never the metadata
+/// group's 0).
+fn group_id(vhost: &str, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in vhost.bytes().chain([0]).chain(name.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h | (1 << 63)
+}
+
+/// `size` members out of `nodes`, starting at a place the group id picks, so queues spread
+/// their members (and first leaders) over the cluster.
+fn choose_members(
+    group: u64,
+    nodes: &BTreeMap<NodeId, String>,
+    size: usize,
+) -> BTreeMap<NodeId, String> {
+    let all: Vec<_> = nodes.iter().collect();
+    if all.is_empty() {
+        return BTreeMap::new();
+    }
+    let size = size.clamp(1, all.len());
+    let start = (group % all.len() as u64) as usize;
+    (0..size)
+        .map(|i| all[(start + i) % all.len()])
+        .map(|(id, a)| (*id, a.clone()))
+        .collect()
+}
+
+impl Replication {
+    /// Replication for the node whose data dir is `data_dir`. Call inside the runtime.
+    pub fn new(data_dir: &Path) -> Replication {
+        let registry_path = data_dir.join("cluster").join("quorum-queues.json");
+        let records: BTreeMap<u64, Record> = match std::fs::read(&registry_path) {
+            Ok(bytes) => match serde_json::from_slice::<Vec<Record>>(&bytes) {
+                Ok(v) => v.into_iter().map(|r| (r.group, r)).collect(),
+                Err(e) => {
+                    tracing::error!(path = %registry_path.display(), error = %e, "unreadable quorum queue records; their groups start when redeclared");
+                    BTreeMap::new()
+                }
+            },
+            Err(_) => BTreeMap::new(),
+        };
+        Replication(Arc::new(Shared {
+            registry_path,
+            node: OnceLock::new(),
+            broker: OnceLock::new(),
+            runtime: tokio::runtime::Handle::current(),
+            groups: Mutex::new(HashMap::new()),
+            records: Mutex::new(records),
+            sizes: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The cluster node runs: start the groups of the queues the broker restored.
+    pub fn attach(&self, node: &'static ClusterNode, broker: warren_runtime::BrokerHandle) {
+        let _ = self.0.broker.set(broker);
+        if self.0.node.set(node).is_err() {
+            return;
+        }
+        let groups: Vec<_> = lock(&self.0.groups).values().cloned().collect();
+        for g in groups {
+            self.start(g);
+        }
+    }
+
+    /// The group of queue `name` in `vhost`, made (and started, once the node runs) if new.
+    fn ensure(&self, vhost: &str, name: &str) -> Arc<Group> {
+        let key = (vhost.to_string(), name.to_string());
+        let mut groups = lock(&self.0.groups);
+        if let Some(g) = groups.get(&key) {
+            return g.clone();
+        }
+        let g = Arc::new(Group {
+            vhost: key.0.clone(),
+            name: key.1.clone(),
+            id: group_id(vhost, name),
+            raft: OnceLock::new(),
+            replica: OnceLock::new(),
+            leading: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+        });
+        groups.insert(key, g.clone());
+        drop(groups);
+        if self.0.node.get().is_some() {
+            self.start(g.clone());
+        }
+        g
+    }
+
+    fn save_records(&self, records: &BTreeMap<u64, Record>) {
+        let list: Vec<_> = records.values().collect();
+        let write = serde_json::to_vec(&list)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                if let Some(dir) = self.0.registry_path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                let tmp = self.0.registry_path.with_extension("tmp");
+                std::fs::write(&tmp, bytes)?;
+                std::fs::File::open(&tmp)?.sync_all()?;
+                std::fs::rename(&tmp, &self.0.registry_path)
+            });
+        if let Err(e) = write {
+            tracing::error!(path = %self.0.registry_path.display(), error = %e, "could not record quorum queue groups");
+        }
+    }
+
+    /// Starts group `g` on this node (its members: recorded, or chosen now from the
+    /// cluster's members), and its leader watch.
+    fn start(&self, g: Arc<Group>) {
+        let Some(node) = self.0.node.get().copied() else {
+            return;
+        };
+        let recorded = lock(&self.0.records).get(&g.id).map(|r| r.members.clone());
+        let size = lock(&self.0.sizes)
+            .remove(&(g.vhost.clone(), g.name.clone()))
+            .unwrap_or(DEFAULT_GROUP_SIZE);
+        let this = self.clone();
+        self.0.runtime.spawn(async move {
+            let members = match recorded {
+                Some(m) => m,
+                None => {
+                    let members = this.agree_members(node, &g, size).await;
+                    let mut records = lock(&this.0.records);
+                    records.insert(
+                        g.id,
+                        Record {
+                            vhost: g.vhost.clone(),
+                            name: g.name.clone(),
+                            group: g.id,
+                            members: members.clone(),
+                        },
+                    );
+                    this.save_records(&records);
+                    members
+                }
+            };
+            if !members.contains_key(&node.id()) {
+                // Not a member: the queue is served by its members only.
+                tracing::info!(vhost = %g.vhost, queue = %g.name, ?members, "quorum queue: this node is not a member of its group");
+                return;
+            }
+            match node
+                .start_group(
+                    g.id,
+                    &g.file(),
+                    &members,
+                    QueueReplica::new(),
+                    warren_cluster::queue::MAX_ENTRIES,
+                )
+                .await
+            {
+                Ok((raft, sm)) => {
+                    let _ = g.replica.set(sm);
+                    let _ = g.raft.set(raft.clone());
+                    if g.deleted.load(Ordering::Acquire) {
+                        node.remove_group(g.id, &raft, &g.file()).await;
+                        return;
+                    }
+                    tracing::info!(vhost = %g.vhost, queue = %g.name, group = g.id, members = ?members.keys().collect::<Vec<_>>(), "quorum queue group started");
+                    this.watch(g, raft).await;
+                }
+                Err(e) => {
+                    tracing::error!(vhost = %g.vhost, queue = %g.name, error = %e, "quorum queue group could not start");
+                }
+            }
+        });
+    }
+
+    /// The members of new group `g`, agreed through the metadata group: this node proposes
+    /// the set it computes (every node computes the same one from the same membership) with
+    /// a compare-and-set on the queue's members key; if another node's proposal came first,
+    /// that one. Without a metadata quorum within the bound, the computed set.
+    async fn agree_members(
+        &self,
+        node: &'static ClusterNode,
+        g: &Group,
+        size: usize,
+    ) -> BTreeMap<NodeId, String> {
+        use warren_cluster::definitions::{DefCommand, DefReply, Kind, key};
+        let mine = choose_members(g.id, &node.members(), size);
+        let cmd = DefCommand::PutIf {
+            key: key(Kind::Queue, &["quorum-members", &g.vhost, &g.name]),
+            expected: None,
+            record: serde_json::to_vec(&mine).unwrap_or_default(),
+        };
+        let deadline = std::time::Instant::now() + warren_cluster::node::FORWARD_TIMEOUT;
+        loop {
+            match node.write(&cmd).await {
+                Ok(DefReply::Done { .. }) => return mine,
+                Ok(DefReply::Conflict {
+                    current: Some(bytes),
+                }) => match serde_json::from_slice::<BTreeMap<NodeId, String>>(&bytes) {
+                    Ok(theirs) => return theirs,
+                    Err(e) => {
+                        tracing::error!(queue = %g.name, error = %e, "unreadable quorum queue members record; using this node's choice");
+                        return mine;
+                    }
+                },
+                Ok(other) => {
+                    tracing::warn!(queue = %g.name, reply = ?other, "quorum queue members not recorded; using this node's choice");
+                    return mine;
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    tracing::debug!(queue = %g.name, error = %e, "recording quorum queue members: retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %g.name, error = %e, "quorum queue members not recorded in the metadata group; using this node's choice");
+                    return mine;
+                }
+            }
+        }
+    }
+
+    /// Follows group `g`'s leadership: when this node becomes its leader, waits until its copy
+    /// has applied everything committed, then has the broker serve the queue from it; when
+    /// it stops leading, has the broker drop the queue's messages.
+    async fn watch(&self, g: Arc<Group>, raft: Raft) {
+        let mut metrics = raft.metrics();
+        let mut serving = false;
+        loop {
+            let leads = {
+                let m = metrics.borrow_and_update();
+                m.state == warren_cluster::openraft::ServerState::Leader
+                    && m.current_leader == Some(m.id)
+            };
+            if g.deleted.load(Ordering::Acquire) {
+                return;
+            }
+            if leads != serving {
+                // A leader's copy holds everything committed once its own term's first
+                // entry is applied.
+                let ready = !leads || raft.ensure_linearizable().await.is_ok();
+                if ready {
+                    g.leading.store(leads, Ordering::Release);
+                    let reload = AdminRequest::ReloadQueue {
+                        vhost: g.vhost.clone(),
+                        name: g.name.clone(),
+                    };
+                    if let Some(broker) = self.0.broker.get() {
+                        let _ = broker.admin_local(reload).await;
+                    }
+                    serving = leads;
+                    tracing::info!(vhost = %g.vhost, queue = %g.name, leader = leads, "quorum queue: {}", if leads { "this node leads and serves it" } else { "this node no longer leads it" });
+                    continue;
+                }
+            }
+            // Ends when the group shuts down (its metrics sender is dropped).
+            if tokio::time::timeout(std::time::Duration::from_millis(500), metrics.changed())
+                .await
+                .is_ok_and(|r| r.is_err())
+            {
+                return;
+            }
+        }
+    }
+
+    /// Queue `name` in `vhost` was deleted: its group stops and its files go.
+    fn delete(&self, vhost: &str, name: &str) {
+        let Some(g) = lock(&self.0.groups).remove(&(vhost.to_string(), name.to_string())) else {
+            return;
+        };
+        g.deleted.store(true, Ordering::Release);
+        {
+            let mut records = lock(&self.0.records);
+            if records.remove(&g.id).is_some() {
+                self.save_records(&records);
+            }
+        }
+        let Some(node) = self.0.node.get().copied() else {
+            return;
+        };
+        let raft = g.raft.get().cloned();
+        self.0.runtime.spawn(async move {
+            if let Some(raft) = raft {
+                node.remove_group(g.id, &raft, &g.file()).await;
+            }
+            // Every member drops the record; the deletes are idempotent. A failure leaves
+            // a stale record a redeclare of the name then reuses.
+            use warren_cluster::definitions::{DefCommand, Kind, key};
+            let del = DefCommand::Delete {
+                key: key(Kind::Queue, &["quorum-members", &g.vhost, &g.name]),
+            };
+            if let Err(e) = node.write(&del).await {
+                tracing::debug!(queue = %g.name, error = %e, "quorum queue members record not deleted");
+            }
+        });
+    }
+}
+
+impl warren_runtime::StoreLayer for Replication {
+    fn layer(
+        &self,
+        _shard: u32,
+        synced: SyncCallback,
+    ) -> (
+        SyncCallback,
+        Box<dyn FnOnce(Box<dyn Store>) -> Box<dyn Store> + Send>,
+    ) {
+        let (inner_tx, inner_rx) = mpsc::unbounded_channel();
+        let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
+        let (wait_tx, wait_rx) = mpsc::unbounded_channel();
+        self.0.runtime.spawn(propose(jobs_rx, wait_tx));
+        self.0.runtime.spawn(complete(wait_rx, inner_rx, synced));
+        let on_inner: SyncCallback = Box::new(move |epoch, result| {
+            let _ = inner_tx.send((epoch, result));
+        });
+        let this = self.clone();
+        let wrap = Box::new(move |inner: Box<dyn Store>| -> Box<dyn Store> {
+            Box::new(QuorumStore {
+                inner,
+                repl: this,
+                names: HashMap::new(),
+                quorum: HashMap::new(),
+                pending: Vec::new(),
+                jobs: jobs_tx,
+            })
+        });
+        (on_inner, wrap)
+    }
+}
+
+/// A batch of writes for one group.
+type Batch = (Arc<Group>, Vec<QueueOp>);
+
+/// The broker's sync `epoch`: these writes committed, and the disk's own sync, complete it.
+struct Job(u64, Vec<Batch>);
+
+type Responder = tokio::sync::oneshot::Receiver<
+    Result<
+        warren_cluster::openraft::raft::ClientWriteResponse<warren_cluster::TypeConfig>,
+        warren_cluster::openraft::error::ClientWriteError<
+            NodeId,
+            warren_cluster::openraft::BasicNode,
+        >,
+    >,
+>;
+
+/// Proposes each job's writes in order without waiting for their commit (openraft
+/// pipelines them); [`complete`] waits for them in the same order.
+async fn propose(
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    wait: mpsc::UnboundedSender<(u64, Vec<Result<Responder, String>>)>,
+) {
+    while let Some(job) = jobs.recv().await {
+        let Job(epoch, batches) = job;
+        let mut waits = Vec::with_capacity(batches.len());
+        for (g, ops) in batches {
+            let w = match g.raft.get() {
+                Some(raft) if g.leading.load(Ordering::Acquire) => raft
+                    .client_write_ff(QueueCommand(ops).encode())
+                    .await
+                    .map_err(|e| e.to_string()),
+                _ => Err(format!(
+                    "quorum queue '{}': this node does not lead its group",
+                    g.name
+                )),
+            };
+            waits.push(w);
+        }
+        if wait.send((epoch, waits)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Completes the broker's syncs in order: once its group writes are committed and the disk
+/// reported the same epoch synced.
+async fn complete(
+    mut waits: mpsc::UnboundedReceiver<(u64, Vec<Result<Responder, String>>)>,
+    mut inner: mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
+    synced: SyncCallback,
+) {
+    // Disk syncs reported before their group writes committed (at most the syncs in flight).
+    let mut early: HashMap<u64, Result<(), String>> = HashMap::new();
+    while let Some((epoch, rxs)) = waits.recv().await {
+        let mut result = Ok(());
+        for rx in rxs {
+            let r = match rx {
+                Ok(rx) => match rx.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("the group stopped".to_string()),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "quorum queue write not committed");
+                result = result.and(Err(e));
+            }
+        }
+        let disk = loop {
+            if let Some(r) = early.remove(&epoch) {
+                break r;
+            }
+            match inner.recv().await {
+                Some((e, r)) => {
+                    early.insert(e, r);
+                }
+                None => return,
+            }
+        };
+        synced(epoch, result.and(disk));
+    }
+}
+
+/// A served queue's messages by sequence number: (message, expires_at, redelivered).
+type Held = BTreeMap<u64, (Arc<Message>, Option<u64>, bool)>;
+
+/// What the layer keeps of a quorum queue on this node.
+struct Local {
+    group: Arc<Group>,
+    /// The broker serves the queue here (this node led its group at the last reload).
+    serving: bool,
+    /// Its messages, for the core to page in.
+    messages: Held,
+}
+
+/// One shard's store with the quorum-queue layer over it.
+struct QuorumStore {
+    inner: Box<dyn Store>,
+    repl: Replication,
+    names: HashMap<QueueId, (String, String)>,
+    quorum: HashMap<QueueId, Local>,
+    /// Writes since the last sync or flush, in order.
+    pending: Vec<(Arc<Group>, QueueOp)>,
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+impl QuorumStore {
+    /// The writes since the last sync as log entries: per group, in order, each entry at
+    /// most `MAX_ENTRY_BYTES` of messages (or one larger message).
+    fn take_batches(&mut self) -> Vec<Batch> {
+        let mut batches: Vec<(Batch, usize)> = Vec::new();
+        for (g, op) in self.pending.drain(..) {
+            let size = match &op {
+                QueueOp::Append { message, .. } => message.len() + 32,
+                _ => 16,
+            };
+            // The last entry of this group, if it has room; else a new one.
+            match batches
+                .iter_mut()
+                .rev()
+                .find(|((b, _), _)| b.id == g.id)
+                .filter(|(_, bytes)| *bytes + size <= warren_cluster::queue::MAX_ENTRY_BYTES)
+            {
+                Some(((_, ops), bytes)) => {
+                    ops.push(op);
+                    *bytes += size;
+                }
+                None => batches.push(((g, vec![op]), size)),
+            }
+        }
+        batches.into_iter().map(|(b, _)| b).collect()
+    }
+
+    /// The queue's messages from its group's copy (this node leads it now).
+    fn load_replica(g: &Group) -> (Held, u64) {
+        let Some(sm) = g.replica.get() else {
+            return (BTreeMap::new(), 0);
+        };
+        sm.with(|r| {
+            let mut out = BTreeMap::new();
+            for (seq, held) in &r.messages {
+                match warren_store::record::decode_message(&Bytes::from(held.message.clone()), None)
+                {
+                    Ok(m) => {
+                        out.insert(*seq, (Arc::new(m), held.expires_at, true));
+                    }
+                    Err(e) => {
+                        tracing::error!(queue = %g.name, seq, error = %e, "undecodable message in a quorum queue's log; skipped");
+                    }
+                }
+            }
+            (out, r.next_seq)
+        })
+    }
+}
+
+impl Store for QuorumStore {
+    fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError> {
+        if let DefinitionChange::QueueDeclared { vhost, def } = change
+            && let Some(size) = def
+                .arguments
+                .get("x-quorum-initial-group-size")
+                .and_then(|v| v.as_i64())
+        {
+            let size = usize::try_from(size).unwrap_or(DEFAULT_GROUP_SIZE).max(1);
+            lock(&self.repl.0.sizes).insert((vhost.to_string(), def.queue.clone()), size);
+        }
+        self.inner.define(change)
+    }
+
+    fn open_queue(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        durable: bool,
+    ) -> QueueRecovery {
+        self.names
+            .insert(queue, (vhost.to_string(), name.to_string()));
+        let Some(local) = self.quorum.get_mut(&queue) else {
+            return self.inner.open_queue(queue, vhost, name, durable);
+        };
+        // A reload: the queue changed hands here.
+        local.serving = local.group.leading.load(Ordering::Acquire);
+        let (messages, next_seq) = if local.serving {
+            QuorumStore::load_replica(&local.group)
+        } else {
+            (BTreeMap::new(), 0)
+        };
+        local.messages = messages;
+        let next_seq = next_seq.max(local.messages.keys().last().map_or(0, |s| s + 1));
+        QueueRecovery {
+            count: local.messages.len() as u64,
+            bytes: local
+                .messages
+                .values()
+                .map(|(m, _, _)| m.body_len() as u64)
+                .sum(),
+            first_seq: local.messages.keys().next().copied().unwrap_or(0),
+            next_seq,
+        }
+    }
+
+    fn keep_every_message(&mut self, queue: QueueId) {
+        if self.quorum.contains_key(&queue) {
+            return;
+        }
+        let Some((vhost, name)) = self.names.get(&queue).cloned() else {
+            return self.inner.keep_every_message(queue);
+        };
+        let group = self.repl.ensure(&vhost, &name);
+        self.quorum.insert(
+            queue,
+            Local {
+                group,
+                serving: false,
+                messages: BTreeMap::new(),
+            },
+        );
+    }
+
+    fn append(
+        &mut self,
+        queue: QueueId,
+        seq: u64,
+        message: &Arc<Message>,
+        expires_at: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let Some(local) = self.quorum.get_mut(&queue) else {
+            return self.inner.append(queue, seq, message, expires_at);
+        };
+        if !local.serving {
+            return Err(StoreError(format!(
+                "quorum queue '{}': this node does not lead its group",
+                local.group.name
+            )));
+        }
+        let mut record = Vec::new();
+        warren_store::record::encode_message(message, true, &mut record);
+        if record.len() > warren_cluster::queue::MAX_MESSAGE {
+            return Err(StoreError(format!(
+                "quorum queue '{}': a message of {} bytes is over the replicated limit ({} bytes)",
+                local.group.name,
+                record.len(),
+                warren_cluster::queue::MAX_MESSAGE
+            )));
+        }
+        local
+            .messages
+            .insert(seq, (message.clone(), expires_at, false));
+        self.pending.push((
+            local.group.clone(),
+            QueueOp::Append {
+                seq,
+                expires_at,
+                message: record,
+            },
+        ));
+        Ok(())
+    }
+
+    fn serves(&self, queue: QueueId) -> bool {
+        match self.quorum.get(&queue) {
+            Some(local) => local.serving,
+            None => self.inner.serves(queue),
+        }
+    }
+
+    fn remove(&mut self, queue: QueueId, seq: u64) {
+        let Some(local) = self.quorum.get_mut(&queue) else {
+            return self.inner.remove(queue, seq);
+        };
+        if local.messages.remove(&seq).is_some() && local.serving {
+            self.pending
+                .push((local.group.clone(), QueueOp::Remove { seq }));
+        }
+    }
+
+    fn remove_from(&mut self, queue: QueueId, from_seq: u64) {
+        let Some(local) = self.quorum.get_mut(&queue) else {
+            return self.inner.remove_from(queue, from_seq);
+        };
+        local.messages.split_off(&from_seq);
+        if local.serving {
+            self.pending
+                .push((local.group.clone(), QueueOp::RemoveFrom { seq: from_seq }));
+        }
+    }
+
+    fn read(
+        &mut self,
+        queue: QueueId,
+        from_seq: u64,
+        max: usize,
+        out: &mut Vec<StoredMessage>,
+    ) -> Result<(), StoreError> {
+        let Some(local) = self.quorum.get(&queue) else {
+            return self.inner.read(queue, from_seq, max, out);
+        };
+        out.extend(local.messages.range(from_seq..).take(max).map(
+            |(seq, (message, expires_at, redelivered))| StoredMessage {
+                seq: *seq,
+                message: message.clone(),
+                redelivered: *redelivered,
+                expires_at: *expires_at,
+            },
+        ));
+        Ok(())
+    }
+
+    fn delete_queue(&mut self, queue: QueueId) {
+        if let Some(local) = self.quorum.remove(&queue) {
+            self.pending.retain(|(g, _)| g.id != local.group.id);
+            self.repl.delete(&local.group.vhost, &local.group.name);
+        }
+        self.names.remove(&queue);
+        self.inner.delete_queue(queue);
+    }
+
+    fn sync(&mut self, epoch: u64) {
+        let batches = self.take_batches();
+        // Fails only when the runtime is shutting down: nothing to confirm then.
+        let _ = self.jobs.send(Job(epoch, batches));
+        self.inner.sync(epoch);
+    }
+
+    fn flush(&mut self) {
+        // A quorum queue's removals wait for the next sync (the core starts one within
+        // `removal_sync_ms` of a removal): one log entry for many acks, not one each.
+        self.inner.flush();
+    }
+
+    fn stream_open(
+        &mut self,
+        queue: QueueId,
+        vhost: &str,
+        name: &str,
+        settings: &StreamSettings,
+    ) -> Result<StreamBounds, StoreError> {
+        self.inner.stream_open(queue, vhost, name, settings)
+    }
+
+    fn stream_append(
+        &mut self,
+        queue: QueueId,
+        data: Bytes,
+        timestamp_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.inner.stream_append(queue, data, timestamp_ms)
+    }
+
+    fn stream_bounds(&mut self, queue: QueueId) -> Result<StreamBounds, StoreError> {
+        self.inner.stream_bounds(queue)
+    }
+
+    fn stream_start(&mut self, queue: QueueId, start: StreamStart) -> Result<u64, StoreError> {
+        self.inner.stream_start(queue, start)
+    }
+
+    fn stream_read(
+        &mut self,
+        queue: QueueId,
+        from: u64,
+        max: usize,
+        out: &mut Vec<StreamEntry>,
+    ) -> Result<(), StoreError> {
+        self.inner.stream_read(queue, from, max, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_spread_and_are_capped_at_the_cluster() {
+        let nodes: BTreeMap<NodeId, String> =
+            (1..=5).map(|i| (i, format!("10.0.0.{i}:25672"))).collect();
+        let m = choose_members(7, &nodes, 3);
+        assert_eq!(m.keys().copied().collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(choose_members(7, &nodes, 9).len(), 5);
+        assert_eq!(choose_members(7, &nodes, 0).len(), 1);
+        assert_ne!(group_id("/", "a"), group_id("/", "b"));
+        assert_ne!(group_id("/a", ""), group_id("/", "a"));
+        assert!(group_id("/", "a") >> 63 == 1);
+    }
+}

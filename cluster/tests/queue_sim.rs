@@ -1,0 +1,232 @@
+//! A quorum queue's group (`warren_cluster::queue::QueueReplica`) on the in-process network:
+//! 3 members with real redb logs and snapshot files, a snapshot every 8 entries (so a member
+//! down for a while catches up by snapshot), seeded sequences of batches (appends, removes,
+//! purges) through the leader while members, the leader included, are killed and restarted.
+//! Checked at the end: every member holds exactly the messages the acknowledged batches
+//! leave (a model applied in acknowledgement order), and the same next sequence number.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ServerState};
+use warren_cluster::log_store::LogStore;
+use warren_cluster::mem::Router;
+use warren_cluster::queue::{QueueCommand, QueueOp, QueueReplica};
+use warren_cluster::state_machine::StateMachineStore;
+use warren_cluster::{NodeId, Raft};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+struct Sim {
+    router: Router,
+    dir: tempfile::TempDir,
+    live: BTreeMap<NodeId, (Raft, StateMachineStore<QueueReplica>)>,
+    seed: u64,
+}
+
+impl Sim {
+    async fn start(&mut self, id: NodeId) {
+        let dir = self.dir.path().join(format!("n{id}"));
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let log = loop {
+            match LogStore::open(&dir.join("q.redb")) {
+                Ok(log) => break log,
+                Err(redb::Error::DatabaseAlreadyOpen) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => panic!("seed {}: node {id}'s log: {e}", self.seed),
+            }
+        };
+        let sm = StateMachineStore::open(Some(&dir.join("q.snapshot")), QueueReplica::new())
+            .expect("snapshot");
+        let config = warren_cluster::raft_config(10, 40, 8).expect("config");
+        let raft = Raft::new(id, config, self.router.network(id), log, sm.clone())
+            .await
+            .expect("raft");
+        self.router.add(id, raft.clone());
+        self.live.insert(id, (raft, sm));
+    }
+
+    async fn kill(&mut self, id: NodeId) {
+        self.router.remove(id);
+        if let Some((raft, _)) = self.live.remove(&id) {
+            let _ = raft.shutdown().await;
+        }
+    }
+
+    async fn leader(&self) -> NodeId {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let best = self
+                .live
+                .iter()
+                .map(|(id, (r, _))| (r.metrics().borrow().clone(), *id))
+                .filter(|(m, _)| m.state == ServerState::Leader)
+                .max_by_key(|(m, _)| m.current_term);
+            if let Some((_, id)) = best {
+                return id;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "seed {}: no leader",
+                self.seed
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Commits `ops` through the leader, retrying until acknowledged: every op is
+    /// idempotent (an append of the same sequence number and bytes, a remove), as the
+    /// broker's writes are.
+    async fn commit(&self, ops: Vec<QueueOp>) {
+        let cmd = QueueCommand(ops).encode();
+        for _ in 0..100 {
+            let leader = self.leader().await;
+            let raft = self.live[&leader].0.clone();
+            match tokio::time::timeout(Duration::from_secs(2), raft.client_write(cmd.clone())).await
+            {
+                Ok(Ok(r)) => {
+                    assert!(r.data.0.is_empty(), "seed {}: refused", self.seed);
+                    return;
+                }
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) | Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok(Err(e)) => panic!("seed {}: write failed: {e}", self.seed),
+            }
+        }
+        panic!("seed {}: a batch was never committed", self.seed);
+    }
+}
+
+async fn scenario(seed: u64) {
+    let mut sim = Sim {
+        router: Router::new(),
+        dir: tempfile::tempdir().expect("tempdir"),
+        live: BTreeMap::new(),
+        seed,
+    };
+    let ids: Vec<NodeId> = vec![1, 2, 3];
+    for id in &ids {
+        sim.start(*id).await;
+    }
+    let members: BTreeMap<NodeId, BasicNode> = ids
+        .iter()
+        .map(|id| (*id, BasicNode::new(format!("mem-{id}"))))
+        .collect();
+    for (raft, _) in sim.live.values() {
+        match raft.initialize(members.clone()).await {
+            Ok(()) | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+            Err(e) => panic!("initialize: {e}"),
+        }
+    }
+    let mut rng = Rng(seed | 1);
+    let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut next_seq = 0u64;
+    for _round in 0..40 {
+        // A fault now and then: one member down at most (the group keeps its majority).
+        match rng.below(6) {
+            0 if sim.live.len() == 3 => {
+                let victim = if rng.below(2) == 0 {
+                    sim.leader().await
+                } else {
+                    ids[rng.below(3) as usize]
+                };
+                sim.kill(victim).await;
+            }
+            1 if sim.live.len() < 3 => {
+                let down = ids
+                    .iter()
+                    .copied()
+                    .find(|id| !sim.live.contains_key(id))
+                    .expect("a member is down");
+                sim.start(down).await;
+            }
+            _ => {}
+        }
+        let mut ops = Vec::new();
+        for _ in 0..1 + rng.below(5) {
+            match rng.below(10) {
+                0..=5 => {
+                    let message = format!("m{seed}-{next_seq}").into_bytes();
+                    ops.push(QueueOp::Append {
+                        seq: next_seq,
+                        expires_at: None,
+                        message: message.clone(),
+                    });
+                    model.insert(next_seq, message);
+                    next_seq += 1;
+                }
+                6..=8 if !model.is_empty() => {
+                    let keys: Vec<u64> = model.keys().copied().collect();
+                    let seq = keys[rng.below(keys.len() as u64) as usize];
+                    ops.push(QueueOp::Remove { seq });
+                    model.remove(&seq);
+                }
+                9 if next_seq > 4 => {
+                    let seq = next_seq - 1 - rng.below(4);
+                    ops.push(QueueOp::RemoveFrom { seq });
+                    model.split_off(&seq);
+                }
+                _ => {}
+            }
+        }
+        sim.commit(ops).await;
+    }
+    for id in &ids {
+        if !sim.live.contains_key(id) {
+            sim.start(*id).await;
+        }
+    }
+    // One more entry in the current term: everything before it is committed with it.
+    sim.commit(Vec::new()).await;
+    let leader = sim.leader().await;
+    let last = sim.live[&leader].0.metrics().borrow().last_log_index;
+    for (id, (raft, sm)) in &sim.live {
+        raft.wait(Some(WAIT))
+            .applied_index_at_least(last, "catch up")
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: node {id} did not catch up: {e}"));
+        let (held, next) = sm.with(|r| {
+            (
+                r.messages
+                    .iter()
+                    .map(|(s, h)| (*s, h.message.clone()))
+                    .collect::<BTreeMap<_, _>>(),
+                r.next_seq,
+            )
+        });
+        assert_eq!(held, model, "seed {seed}: node {id}'s messages");
+        assert_eq!(
+            next, next_seq,
+            "seed {seed}: node {id}'s next sequence number"
+        );
+    }
+    for id in ids {
+        sim.kill(id).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_groups_converge_through_crashes_and_snapshots() {
+    let seeds: Vec<u64> = match std::env::var("WARREN_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("WARREN_SIM_SEED is a number")],
+        Err(_) => vec![1, 2, 3],
+    };
+    for seed in seeds {
+        tokio::time::timeout(Duration::from_secs(120), scenario(seed))
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed}: scenario did not finish"));
+    }
+}
