@@ -339,6 +339,27 @@ impl Target {
             .or_else(|| self.leader(live))
     }
 
+    /// The first line of each panic in the brokers' logs: a broker that panicked failed,
+    /// whatever its clients saw.
+    fn panics(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for i in 1..=self.size() {
+            let log = match self {
+                Target::Local(l) => l.log(),
+                Target::Cluster { c, .. } => c.state.path().join(format!("cluster/n{i}/log")),
+            };
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let mut lines = text.lines();
+            while let Some(l) = lines.next() {
+                if l.contains("panicked at") {
+                    let why = lines.next().unwrap_or("");
+                    found.push(format!("n{i}: {l} {why}"));
+                }
+            }
+        }
+        found
+    }
+
     /// Copies the brokers' logs to `$TMPDIR/warren-jepsen-logs` for a post-mortem (the
     /// cluster's state dir goes with `down`).
     fn keep_logs(&self) {
@@ -994,7 +1015,8 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
     drop(rt);
     target.keep_logs();
     let h = hist.lock().unwrap();
-    let report = h.check();
+    let mut report = h.check();
+    report.broker_panics = target.panics();
     eprintln!(
         "jepsen: {} ({} nodes, {} publishers, {} consumers, {secs} s of faults; expectation: {}): \
          {report}; drained (node, messages) {drained:?}",
