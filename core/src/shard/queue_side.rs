@@ -233,6 +233,9 @@ impl Broker {
             return false;
         }
         self.dispatch(id);
+        // An entry point: the dispatch's deliveries travel as mail, which must be delivered
+        // before returning (a debug build asserted, a release build left them undelivered).
+        self.after_op();
         true
     }
 
