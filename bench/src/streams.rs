@@ -230,7 +230,10 @@ async fn amqp_consume_all(a: &StreamArgs) -> anyhow::Result<()> {
             println!("amqp    {name:<20} {rate:>10.0} msg/s {}", a.label);
             if let (Some(b), Some(e)) = (before, after) {
                 let us = b.until(&e) as f64 / 1000.0 / a.messages as f64;
-                println!("cpu     amqp     {name:<20} {us:>8.3} us/msg broker {}", a.label);
+                println!(
+                    "cpu     amqp     {name:<20} {us:>8.3} us/msg broker {}",
+                    a.label
+                );
             }
         }
     }

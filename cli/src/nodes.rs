@@ -31,6 +31,11 @@ const MAX_BATCH_BYTES: usize = 2 << 20;
 /// unreachable.
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often an idle peer task checks its peer with an empty batch: a peer that died or
+/// restarted (a new incarnation) lost the answers this node waits for, which are then
+/// nacked instead of waited for forever.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
 const ENQUEUE: u8 = 1;
 const ANSWERED: u8 = 2;
 
@@ -197,14 +202,13 @@ async fn peer_task(
     queued: Arc<AtomicUsize>,
 ) {
     let mut reachable = true;
-    let mut next: Option<Vec<NodeMail>> = None;
+    let mut incarnation: Option<u64> = None;
     loop {
-        let mut batch = match next.take() {
-            Some(b) => b,
-            None => match rx.recv().await {
-                Some(b) => b,
-                None => return,
-            },
+        let mut batch = match tokio::time::timeout(PROBE_EVERY, rx.recv()).await {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            // Idle: an empty batch checks the peer is the one that took what came before.
+            Err(_) => Vec::new(),
         };
         let mut bytes = 0usize;
         while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
@@ -228,7 +232,16 @@ async fn peer_task(
             .await;
         queued.fetch_sub(n, Ordering::AcqRel);
         match result {
-            Ok(()) => {
+            Ok(now) => {
+                if incarnation.is_some_and(|i| i != now) {
+                    // It restarted: what it took before and had not answered is gone.
+                    tracing::warn!(
+                        node = target,
+                        "cluster: node {target} restarted; publishes forwarded to it and not yet confirmed are nacked"
+                    );
+                    broker.node_unreachable(target);
+                }
+                incarnation = Some(now);
                 if !reachable {
                     tracing::info!(node = target, "cluster: forwarding to node {target} again");
                     reachable = true;
@@ -251,6 +264,11 @@ async fn peer_task(
 
 /// Serves the mail peers send with this node's broker.
 pub fn serve_mail(node: &'static ClusterNode, broker: BrokerHandle) {
+    // This broker's incarnation: the clock at start, in nanoseconds (a restart draws
+    // another).
+    let incarnation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
     node.set_mail_handler(Arc::new(move |from, bytes| {
         let broker = broker.clone();
         Box::pin(async move {
@@ -260,10 +278,13 @@ pub fn serve_mail(node: &'static ClusterNode, broker: BrokerHandle) {
                     "cluster: unreadable mail from node {from}: {e}"
                 );
             })?;
-            broker
-                .receive_node_mail(from as u32, mails)
-                .await
-                .map_err(|_| "broker stopped".to_string())
+            if !mails.is_empty() {
+                broker
+                    .receive_node_mail(from as u32, mails)
+                    .await
+                    .map_err(|_| "broker stopped".to_string())?;
+            }
+            Ok(incarnation)
         })
     }));
 }

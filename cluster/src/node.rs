@@ -206,13 +206,14 @@ impl ClusterNode {
     }
 
     /// Sends the brokers' mail `batch` to member `target` (at its address in the metadata
-    /// group's membership) and waits until its broker took it, within `timeout`.
+    /// group's membership) and waits until its broker took it, within `timeout`; the
+    /// incarnation of its broker.
     pub async fn send_mail(
         &self,
         target: NodeId,
         batch: Vec<u8>,
         timeout: std::time::Duration,
-    ) -> Result<(), NodeError> {
+    ) -> Result<u64, NodeError> {
         let addr = {
             let m = self.raft.metrics();
             let m = m.borrow();

@@ -175,8 +175,8 @@ enum RpcReply {
     Write(Result<crate::Reply, String>),
     /// The envelope named a group this node does not run.
     NoGroup(u64),
-    /// The mail was handed to this node's broker (or why not).
-    Mail(Result<(), String>),
+    /// The mail was handed to this node's broker, whose incarnation it gives (or why not).
+    Mail(Result<u64, String>),
 }
 
 async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
@@ -299,13 +299,14 @@ async fn server_handshake(
 
 /// What a node does with the brokers' mail a peer sent ([`Rpc::Mail`]): the peer's id and
 /// the batch; answers once the broker took it (which paces the sender: one batch at a time
-/// per peer connection).
+/// per peer connection), with the receiving broker's incarnation (a number drawn at its
+/// start: a sender that sees it change knows answers it waited for were lost).
 pub type MailHandler = Arc<
     dyn Fn(
             NodeId,
             Vec<u8>,
         )
-            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, String>> + Send>>
         + Send
         + Sync,
 >;
@@ -506,14 +507,14 @@ impl Peers {
     }
 
     /// Sends the brokers' mail `batch` to `target` at `addr` on its own connection, and
-    /// waits until that node's broker took it (bounded by `timeout`).
+    /// waits until that node's broker took it (bounded by `timeout`); its incarnation.
     pub async fn send_mail(
         &self,
         target: NodeId,
         addr: &str,
         batch: Vec<u8>,
         timeout: Duration,
-    ) -> Result<(), TransportError> {
+    ) -> Result<u64, TransportError> {
         let (tx, rx) = oneshot::channel();
         let req = Request {
             group: 0,

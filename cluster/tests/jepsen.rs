@@ -733,8 +733,10 @@ async fn declare_once(uri: &str, queue: &str, args: &FieldTable) {
 /// one node must be counted by a passive declare on another. False today (each node has its
 /// own group of one); true once quorum queues are replicated (or reached across nodes). A
 /// node that does not lead the queue's group may refuse the publish (nack): the probe tries
-/// each node in turn.
-async fn one_queue_across_nodes(uris: &[String]) -> bool {
+/// each node in turn. `leader_known`: the nodes name a leader of the probe queue's group
+/// (`warren ctl list-queues`' `leader`), which also says it is one queue (a replicated
+/// quorum queue counts its messages on its leader's node only).
+async fn one_queue_across_nodes(uris: &[String], leader_known: &dyn Fn() -> bool) -> bool {
     let probe = "jepsen.probe";
     let args = quorum_args();
     declare_once(&uris[0], probe, &args).await;
@@ -759,7 +761,7 @@ async fn one_queue_across_nodes(uris: &[String]) -> bool {
         panic!("probe: no node confirmed a publish to a fresh quorum queue");
     };
     let other = &uris[(on + 1) % uris.len()];
-    let mut seen = false;
+    let mut seen = leader_known();
     let deadline = Instant::now() + Duration::from_secs(3);
     while !seen && Instant::now() < deadline {
         if let Ok((c2, ch2)) = open(other).await {
@@ -931,7 +933,22 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         .build()
         .expect("tokio runtime");
     let uris = Arc::new(target.uris());
-    let one_queue = spec.replicated && uris.len() > 1 && rt.block_on(one_queue_across_nodes(&uris));
+    let leader_known = || {
+        (1..=target.size()).any(|i| {
+            target
+                .ctl(i, &["list-queues"])
+                .and_then(|qs| {
+                    qs.as_array()?
+                        .iter()
+                        .find(|q| q["name"] == "jepsen.probe")
+                        .map(|q| q["leader"].is_u64())
+                })
+                .unwrap_or(false)
+        })
+    };
+    let one_queue = spec.replicated
+        && uris.len() > 1
+        && rt.block_on(one_queue_across_nodes(&uris, &leader_known));
     rt.block_on(declare_once(&uris[0], spec.queue, &spec.args));
     let hist: Shared = Arc::new(Mutex::new(History::new(spec.publishers, MAX_OPS)));
     let (stop_tx, stop) = watch::channel(false);
