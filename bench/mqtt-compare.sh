@@ -79,7 +79,8 @@ for round in $(seq 1 "$rounds"); do
     wait_port "$port" "$log"
     for w in mqtt-qos0 mqtt-qos1 mqtt-fan-in; do
       echo "== round $round, $b: $w (${secs}s)"
-      "$bench" "$w" --mqtt "127.0.0.1:$port" --seconds "$secs" --size "$size" --qos 0 \
+      # Serialised with other engineers' measurements (as conns-compare.sh).
+      flock /tmp/warren-measure.lock "$bench" "$w" --mqtt "127.0.0.1:$port" --seconds "$secs" --size "$size" --qos 0 \
         --fan "$fan" --broker-pid "$pid" --format json > "$out/$b-$round-$w.json"
     done
     stop

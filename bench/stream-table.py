@@ -202,6 +202,16 @@ def render_tables(values, chunks, runs, messages):
             g1, n1 = ratio_means(values, one, metric, a, b)
             extra = f"; 1-message chunks {g1:.2f} ({n1})" if g1 is not None else ""
             lines.append(f"- {name}: {g:.2f} ({n} cells){extra}")
+    for name, metric, a in [("AMQP, PerfTest", "perftest", "ra"),
+                            ("AMQP, warren-bench client", "amqp", "ra"),
+                            ("stream protocol, Java client", "java", "ra"),
+                            ("publish with confirms", "fill", "warren")]:
+        both = [k for k in keys if cell(values, metric, a, k) and cell(values, metric, "rmq", k)]
+        behind = [f"{k[0]} B x {k[1]}" for k in both
+                  if cell(values, metric, a, k) < cell(values, metric, "rmq", k)]
+        if both:
+            lines.append(f"- {name}: Warren behind RabbitMQ in {len(behind)} of {len(both)} cells"
+                         + (f" ({', '.join(behind)})" if behind else ""))
     out.append("\n".join(lines) + "\n")
     return "\n".join(out)
 

@@ -390,8 +390,8 @@ cluster_jepsen() {
   # cluster/tests/jepsen.rs (docs/cluster.md, "How we test"): confirmed publishers and acking
   # consumers while brokers are killed (-9), paused (SIGSTOP), partitioned and restarted; a
   # checker over the clients' histories (every confirmed message delivered, none invented,
-  # per-publisher order). One node with a durable classic and a quorum queue, three nodes
-  # with a quorum queue, and metadata changed on both sides of a partition. Each run injects
+  # per-publisher order). One node and three nodes, each with a durable classic and a quorum
+  # queue, and metadata changed on both sides of a partition (about 2.5 min). Each run injects
   # faults for WARREN_JEPSEN_SECS (15 here); the minutes-of-faults run is
   # WARREN_JEPSEN_SECS=300 scripts/test.sh (the bound grows with it).
   local secs=${WARREN_JEPSEN_SECS:-15}

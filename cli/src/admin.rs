@@ -286,6 +286,8 @@ async fn handle(
                         "consumers": q.consumers, "memory": q.memory, "paged_out": q.paged_out,
                         "durable": q.durable, "auto_delete": q.auto_delete,
                         "exclusive": q.exclusive, "arguments": json::table(&q.arguments),
+                        // A replicated quorum queue's group leader (the node serving it).
+                        "leader": crate::cluster::quorum_leader(&q.vhost, &q.name),
                     })
                 })
                 .collect(),

@@ -20,6 +20,12 @@ static NODE: OnceLock<ClusterNode> = OnceLock::new();
 /// The quorum-queue replication (`qq.rs`), attached to the node once it runs.
 static REPLICATION: OnceLock<crate::qq::Replication> = OnceLock::new();
 
+/// The leader of quorum queue `name`'s group as this node knows it (`None`: not a replicated
+/// quorum queue here, or no leader now).
+pub fn quorum_leader(vhost: &str, name: &str) -> Option<u64> {
+    REPLICATION.get()?.leader(vhost, name)
+}
+
 /// Sets the quorum-queue replication the node drives once started (before `start`).
 pub fn set_replication(repl: crate::qq::Replication) {
     let _ = REPLICATION.set(repl);

@@ -158,6 +158,15 @@ impl Replication {
         }
     }
 
+    /// The leader of queue `name`'s group, as this node knows it.
+    pub fn leader(&self, vhost: &str, name: &str) -> Option<NodeId> {
+        let g = lock(&self.0.groups)
+            .get(&(vhost.to_string(), name.to_string()))
+            .cloned()?;
+        let raft = g.raft.get()?;
+        raft.metrics().borrow().current_leader
+    }
+
     /// The group of queue `name` in `vhost`, made (and started, once the node runs) if new.
     fn ensure(&self, vhost: &str, name: &str) -> Arc<Group> {
         let key = (vhost.to_string(), name.to_string());
@@ -314,14 +323,36 @@ impl Replication {
     async fn watch(&self, g: Arc<Group>, raft: Raft) {
         let mut metrics = raft.metrics();
         let mut serving = false;
+        // The node this node's broker forwards the queue's publishes to (h-xnode's homes):
+        // the group's leader when it is another node; none when it is this one or unknown
+        // (then a publish here is refused: nacked).
+        let mut home: Option<Option<u32>> = None;
         loop {
-            let leads = {
+            let (leads, leader, me) = {
                 let m = metrics.borrow_and_update();
-                m.state == warren_cluster::openraft::ServerState::Leader
-                    && m.current_leader == Some(m.id)
+                (
+                    m.state == warren_cluster::openraft::ServerState::Leader
+                        && m.current_leader == Some(m.id),
+                    m.current_leader,
+                    m.id,
+                )
             };
             if g.deleted.load(Ordering::Acquire) {
                 return;
+            }
+            let want = leader
+                .filter(|l| *l != me)
+                .and_then(|l| u32::try_from(l).ok());
+            if home != Some(want) {
+                home = Some(want);
+                if let Some(broker) = self.0.broker.get() {
+                    let at = AdminRequest::QueueHome {
+                        vhost: g.vhost.clone(),
+                        queue: g.name.clone(),
+                        node: want,
+                    };
+                    let _ = broker.admin_local(at).await;
+                }
             }
             if leads != serving {
                 // A leader's copy holds everything committed once its own term's first
@@ -796,7 +827,8 @@ mod tests {
         let nodes: BTreeMap<NodeId, String> =
             (1..=5).map(|i| (i, format!("10.0.0.{i}:25672"))).collect();
         let m = choose_members(7, &nodes, 3);
-        assert_eq!(m.keys().copied().collect::<Vec<_>>(), vec![2, 3, 4]);
+        // 7 % 5 = 2: the members start at the third node, in id order.
+        assert_eq!(m.keys().copied().collect::<Vec<_>>(), vec![3, 4, 5]);
         assert_eq!(choose_members(7, &nodes, 9).len(), 5);
         assert_eq!(choose_members(7, &nodes, 0).len(), 1);
         assert_ne!(group_id("/", "a"), group_id("/", "b"));

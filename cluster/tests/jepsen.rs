@@ -16,6 +16,8 @@
 //!   leader killed (failover: nothing confirmed may be lost); without it (each node's own
 //!   group of one, as today), every node is restarted and drained, since each holds its
 //!   own messages. The report says which expectation ran.
+//! - `three_nodes_durable_classic_queue_under_faults`: the same faults; a classic queue is
+//!   not replicated (it lives on one node), so every node is restarted and drained.
 //! - `metadata_*`: bridge `wbj1`, 10.86.0.0/24.
 //!
 //! The cluster tests need root and `ip netns`, and the broker binary (`cargo build -p
@@ -335,6 +337,27 @@ impl Target {
         }
         self.queue_leader_from_logs(queue, live)
             .or_else(|| self.leader(live))
+    }
+
+    /// The first line of each panic in the brokers' logs: a broker that panicked failed,
+    /// whatever its clients saw.
+    fn panics(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for i in 1..=self.size() {
+            let log = match self {
+                Target::Local(l) => l.log(),
+                Target::Cluster { c, .. } => c.state.path().join(format!("cluster/n{i}/log")),
+            };
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let mut lines = text.lines();
+            while let Some(l) = lines.next() {
+                if l.contains("panicked at") {
+                    let why = lines.next().unwrap_or("");
+                    found.push(format!("n{i}: {l} {why}"));
+                }
+            }
+        }
+        found
     }
 
     /// Copies the brokers' logs to `$TMPDIR/warren-jepsen-logs` for a post-mortem (the
@@ -710,8 +733,10 @@ async fn declare_once(uri: &str, queue: &str, args: &FieldTable) {
 /// one node must be counted by a passive declare on another. False today (each node has its
 /// own group of one); true once quorum queues are replicated (or reached across nodes). A
 /// node that does not lead the queue's group may refuse the publish (nack): the probe tries
-/// each node in turn.
-async fn one_queue_across_nodes(uris: &[String]) -> bool {
+/// each node in turn. `leader_known`: the nodes name a leader of the probe queue's group
+/// (`warren ctl list-queues`' `leader`), which also says it is one queue (a replicated
+/// quorum queue counts its messages on its leader's node only).
+async fn one_queue_across_nodes(uris: &[String], leader_known: &dyn Fn() -> bool) -> bool {
     let probe = "jepsen.probe";
     let args = quorum_args();
     declare_once(&uris[0], probe, &args).await;
@@ -736,7 +761,7 @@ async fn one_queue_across_nodes(uris: &[String]) -> bool {
         panic!("probe: no node confirmed a publish to a fresh quorum queue");
     };
     let other = &uris[(on + 1) % uris.len()];
-    let mut seen = false;
+    let mut seen = leader_known();
     let deadline = Instant::now() + Duration::from_secs(3);
     while !seen && Instant::now() < deadline {
         if let Ok((c2, ch2)) = open(other).await {
@@ -839,6 +864,10 @@ struct Spec {
     rate: u64,
     consume_rate: u64,
     schedule: Vec<Fault>,
+    /// A quorum queue: with one queue across the nodes, it must survive its leader's loss.
+    /// A classic queue lives on one node (RabbitMQ 4's rule): only a restart brings its
+    /// messages back, so every node is restarted and drained whatever the layout.
+    replicated: bool,
 }
 
 /// Applies one fault, holds it, undoes it, and waits until the cluster has a leader again.
@@ -904,7 +933,22 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         .build()
         .expect("tokio runtime");
     let uris = Arc::new(target.uris());
-    let one_queue = uris.len() > 1 && rt.block_on(one_queue_across_nodes(&uris));
+    let leader_known = || {
+        (1..=target.size()).any(|i| {
+            target
+                .ctl(i, &["list-queues"])
+                .and_then(|qs| {
+                    qs.as_array()?
+                        .iter()
+                        .find(|q| q["name"] == "jepsen.probe")
+                        .map(|q| q["leader"].is_u64())
+                })
+                .unwrap_or(false)
+        })
+    };
+    let one_queue = spec.replicated
+        && uris.len() > 1
+        && rt.block_on(one_queue_across_nodes(&uris, &leader_known));
     rt.block_on(declare_once(&uris[0], spec.queue, &spec.args));
     let hist: Shared = Arc::new(Mutex::new(History::new(spec.publishers, MAX_OPS)));
     let (stop_tx, stop) = watch::channel(false);
@@ -988,7 +1032,8 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
     drop(rt);
     target.keep_logs();
     let h = hist.lock().unwrap();
-    let report = h.check();
+    let mut report = h.check();
+    report.broker_panics = target.panics();
     eprintln!(
         "jepsen: {} ({} nodes, {} publishers, {} consumers, {secs} s of faults; expectation: {}): \
          {report}; drained (node, messages) {drained:?}",
@@ -998,8 +1043,10 @@ fn run(target: &mut Target, spec: Spec) -> (Report, bool) {
         spec.consumers,
         if one_queue {
             "one queue across nodes, drained from a survivor of its leader's kill"
-        } else if uris.len() > 1 {
+        } else if uris.len() > 1 && spec.replicated {
             "a queue per node (replication not detected), every node restarted and drained"
+        } else if uris.len() > 1 {
+            "a classic queue (not replicated), every node restarted and drained"
         } else {
             "one node, restarted and drained"
         }
@@ -1028,6 +1075,7 @@ fn single_node(name: &'static str, queue: &'static str, args: FieldTable) {
             rate: 200,
             consume_rate: 220,
             schedule: vec![Fault::KillLeader, Fault::Pause, Fault::KillLeader],
+            replicated: false,
         },
     );
     let problems = report.problems();
@@ -1054,8 +1102,22 @@ fn single_node_quorum_queue_survives_kill_and_pause() {
 
 #[test]
 fn three_nodes_quorum_queue_under_faults() {
+    three_nodes("3 nodes, quorum queue", "jepsen.qq", quorum_args(), true);
+}
+
+#[test]
+fn three_nodes_durable_classic_queue_under_faults() {
+    three_nodes(
+        "3 nodes, durable classic queue",
+        "jepsen.classic",
+        FieldTable::default(),
+        false,
+    );
+}
+
+fn three_nodes(name: &'static str, queue: &'static str, args: FieldTable, replicated: bool) {
     let _serial = serial();
-    let Some(cluster) = Cluster::prepare("jepsen 3-node quorum queue", BRIDGE, NET) else {
+    let Some(cluster) = Cluster::prepare(name, BRIDGE, NET) else {
         return;
     };
     let nodes = parse(&cluster.run(&["up", "3"]));
@@ -1068,9 +1130,9 @@ fn three_nodes_quorum_queue_under_faults() {
     let (report, one_queue) = run(
         &mut target,
         Spec {
-            name: "3 nodes, quorum queue",
-            queue: "jepsen.qq",
-            args: quorum_args(),
+            name,
+            queue,
+            args,
             publishers: 3,
             consumers: 3,
             rate: 100,
@@ -1082,12 +1144,13 @@ fn three_nodes_quorum_queue_under_faults() {
                 Fault::KillFollower,
                 Fault::RestartAll,
             ],
+            replicated,
         },
     );
     let problems = report.problems();
     assert!(
         problems.is_empty(),
-        "3 nodes (one queue across nodes: {one_queue}): {problems:#?}\n{report}"
+        "{name} (one queue across nodes: {one_queue}): {problems:#?}\n{report}"
     );
     assert!(
         report.faults.len() >= 5,

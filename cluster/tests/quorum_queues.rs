@@ -95,10 +95,31 @@ async fn publish(ch: &Channel, body: &[u8]) -> bool {
     )
 }
 
-/// Polls nodes `among` with confirmed probe publishes until one confirms: the queue's
-/// serving node (index into `nodes`), its channel, and how long that took. The probes that
-/// were confirmed are added to `confirmed`.
+/// The queue's group leader as node `i` (index into `nodes`) reports it (`warren ctl
+/// list-queues`), as an index into `nodes`.
+fn reported_leader(cluster: &Cluster, i: usize) -> Option<usize> {
+    let out = std::process::Command::new(&cluster.bin)
+        .args(["ctl", "--format", "json", "--data-dir"])
+        .arg(
+            cluster
+                .state
+                .path()
+                .join(format!("cluster/n{}/data", i + 1)),
+        )
+        .arg("list-queues")
+        .output()
+        .ok()?;
+    let qs: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let q = qs.as_array()?.iter().find(|q| q["name"] == QUEUE)?;
+    let l = q["leader"].as_u64()?;
+    usize::try_from(l).ok()?.checked_sub(1)
+}
+
+/// Polls nodes `among` until they name a leader of the queue's group among them and it
+/// confirms a probe publish: its index, its channel, and how long that took. The probes
+/// that were confirmed are added to `confirmed`.
 async fn find_leader(
+    cluster: &Cluster,
     nodes: &[Node],
     among: &[usize],
     confirmed: &mut BTreeSet<String>,
@@ -107,14 +128,17 @@ async fn find_leader(
     let start = Instant::now();
     loop {
         for &i in among {
-            let Some((conn, ch)) = channel(&nodes[i]).await else {
+            let Some(l) = reported_leader(cluster, i).filter(|l| among.contains(l)) else {
+                continue;
+            };
+            let Some((conn, ch)) = channel(&nodes[l]).await else {
                 continue;
             };
             *probe += 1;
             let body = format!("probe-{probe}");
             if publish(&ch, body.as_bytes()).await {
                 confirmed.insert(body);
-                return (i, conn, ch, start.elapsed());
+                return (l, conn, ch, start.elapsed());
             }
             let _ = conn.close(200, "not the leader".into()).await;
         }
@@ -240,11 +264,28 @@ async fn confirmed_messages_survive_leader_kill_and_a_member_catches_up() {
     let mut confirmed = BTreeSet::new();
     let mut probe = 0;
     let (leader, _conn, ch, took) =
-        find_leader(&nodes, &[0, 1, 2], &mut confirmed, &mut probe).await;
+        find_leader(&cluster, &nodes, &[0, 1, 2], &mut confirmed, &mut probe).await;
     eprintln!(
         "quorum queue served by {} {took:?} after its declare",
         nodes[leader].name
     );
+    // A follower takes publishes too: it forwards them to the leader, and confirms once the
+    // leader committed them.
+    let follower = (leader + 1) % 3;
+    {
+        let (_fc, fch) = channel(&nodes[follower])
+            .await
+            .expect("connect to a follower");
+        for i in 0..20 {
+            let body = format!("f{i}");
+            assert!(
+                publish(&fch, body.as_bytes()).await,
+                "{body} published on follower {} confirmed",
+                nodes[follower].name
+            );
+            confirmed.insert(body);
+        }
+    }
     // Confirmed publishes, then 50 of them acked (those must not come back).
     for i in 0..300 {
         let body = format!("m{i}");
@@ -286,7 +327,7 @@ async fn confirmed_messages_survive_leader_kill_and_a_member_catches_up() {
     let at = kill9(&cluster, &nodes[killed].name);
     let survivors: Vec<usize> = (0..3).filter(|i| *i != killed).collect();
     let (leader2, _conn2, ch2, _) =
-        find_leader(&nodes, &survivors, &mut confirmed, &mut probe).await;
+        find_leader(&cluster, &nodes, &survivors, &mut confirmed, &mut probe).await;
     eprintln!(
         "leader {} killed: {} confirms publishes {:?} after the kill",
         nodes[killed].name,
@@ -309,7 +350,7 @@ async fn confirmed_messages_survive_leader_kill_and_a_member_catches_up() {
     );
     assert!(
         got.iter()
-            .filter(|(b, _)| b.starts_with('m'))
+            .filter(|(b, _)| b.starts_with('m') || b.starts_with('f'))
             .all(|(_, redelivered)| *redelivered),
         "messages taken over from the old leader are flagged redelivered"
     );
@@ -331,10 +372,12 @@ async fn confirmed_messages_survive_leader_kill_and_a_member_catches_up() {
     // the returned node leads, it was elected, so it had every committed entry; else it is
     // half of the last majority and must have caught up for a commit to happen.
     let mut probes = BTreeSet::new();
-    let (leader2, _c, _ch, _) = find_leader(&nodes, &[0, 1, 2], &mut probes, &mut probe).await;
+    let (leader2, _c, _ch, _) =
+        find_leader(&cluster, &nodes, &[0, 1, 2], &mut probes, &mut probe).await;
     let at = kill9(&cluster, &nodes[leader2].name);
     let last: Vec<usize> = (0..3).filter(|i| *i != leader2).collect();
-    let (leader3, _conn3, ch3, _) = find_leader(&nodes, &last, &mut probes, &mut probe).await;
+    let (leader3, _conn3, ch3, _) =
+        find_leader(&cluster, &nodes, &last, &mut probes, &mut probe).await;
     eprintln!(
         "leader {} killed: {} confirms publishes {:?} after the kill ({} had been down)",
         nodes[leader2].name,

@@ -21,11 +21,12 @@ pub enum QueueType {
     /// of `queue::quorum` (a Raft log's entries once it is replicated; a group of one on a
     /// single node).
     Quorum,
-    /// A queue that holds nothing (RabbitMQ's `rabbit_mqtt_qos0_queue`, for the QoS 0
-    /// subscribers of MQTT clean sessions): a routed message goes at once to a consumer
-    /// with write-window credit, or is dropped and counted (at most once delivery, as MQTT
-    /// allows for QoS 0), so a slow subscriber costs neither memory nor its publishers'
-    /// pace. Transient and no-ack only: no enqueue, no settle, no confirm wait per message.
+    /// The queue of the QoS 0 subscribers of MQTT clean sessions (RabbitMQ's
+    /// `rabbit_mqtt_qos0_queue`): while none waits in it, a routed message goes at once to
+    /// a no-ack consumer with write-window credit (no enqueue, no settle); otherwise it
+    /// waits as in a classic queue (publishers paused past `flow_ready_high`) up to twice
+    /// that, and beyond is dropped and counted (at most once, as MQTT allows for QoS 0).
+    /// Transient and no-ack only.
     MqttQos0,
 }
 
@@ -144,8 +145,8 @@ const CLASSIC: Capabilities = Capabilities {
     refused_arguments: &[],
 };
 
-/// A queue that holds nothing: a message goes to a consumer at once or is dropped.
-/// Arguments about what a queue holds (length, TTL, dead letters, priorities) refused.
+/// A queue that delivers at once, holds a bounded backlog and drops beyond it: arguments
+/// about what a queue holds (length, TTL, dead letters, priorities) are refused.
 const MQTT_QOS0: Capabilities = Capabilities {
     basic_get: false,
     ack_removes: true,

@@ -278,6 +278,62 @@ fn read_ahead_serves_many_small_chunks_per_syscall() {
 }
 
 #[test]
+fn large_chunks_are_read_in_one_call_each_without_reading_ahead_past_them() {
+    // RabbitMQ 4.2 reads ahead after a small chunk only: reading `read_ahead` bytes past every
+    // 16 KiB chunk read each chunk's first 4 KiB twice.
+    let dir = temp_dir("large");
+    let mut log = StreamLog::open(&dir, config()).unwrap();
+    let (n, size) = (50u64, 16 * 1024);
+    for o in 0..n {
+        log.append(&[msg(o, size)], o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    let file_len: u64 = segment_files(&dir, "sd")
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().len())
+        .sum();
+    let read = |log: &mut StreamLog, read_ahead| {
+        let mut r = log.reader(OffsetSpec::First, opts(read_ahead)).unwrap();
+        let mut o = 0;
+        while let Some(c) = r.next_chunk().unwrap() {
+            assert_eq!(chunk_messages(&c), vec![(o, msg(o, size))]);
+            o += 1;
+        }
+        assert_eq!(o, n);
+        (r.syscalls(), r.bytes_read())
+    };
+    let (off_calls, off_bytes) = read(&mut log, 0);
+    let (on_calls, on_bytes) = read(&mut log, 4096);
+    // Off: a header read and a data read per chunk. On: one read per chunk (the chunk and
+    // the next header), and the file's bytes about once (the first header read's 4096
+    // bytes aside).
+    assert!(off_calls >= 2 * n, "off {off_calls}");
+    assert!(on_calls <= n + 2, "on {on_calls} for {n} chunks");
+    assert!(off_bytes <= file_len, "off read {off_bytes} of {file_len}");
+    assert!(
+        on_bytes <= file_len + 4096 + n * 64,
+        "on read {on_bytes} of {file_len}"
+    );
+    // A small chunk after the large ones is read ahead again.
+    for o in n..n + 100 {
+        log.append(&[msg(o, 12)], o, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    let mut r = log.reader(OffsetSpec::Offset(n), opts(4096)).unwrap();
+    let mut got = 0;
+    while let Some(c) = r.next_chunk().unwrap() {
+        got += u64::from(c.first_offset >= n);
+    }
+    assert_eq!(got, 100);
+    assert!(
+        r.syscalls() <= 5,
+        "{} calls for 100 small chunks",
+        r.syscalls()
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn large_chunks_come_as_file_ranges_small_ones_in_memory() {
     let dir = temp_dir("ranges");
     let mut log = StreamLog::open(&dir, config()).unwrap();

@@ -534,8 +534,13 @@ async fn a_vhost_lives_and_dies_on_every_shard() {
         declare(&ch, &format!("dev-{i}")).await;
         conns.push((conn, ch));
     }
-    // Published on one shard, to the other's queue.
-    bounded(conns[1].1.basic_publish(
+    // Published on one shard, to the other's queue, and confirmed before the get: without
+    // the confirm the get on the other shard can overtake the enqueue (no order holds
+    // between two connections).
+    bounded(conns[1].1.confirm_select(ConfirmSelectOptions::default()))
+        .await
+        .expect("confirm.select");
+    let confirm = bounded(conns[1].1.basic_publish(
         "".into(),
         "dev-0".into(),
         BasicPublishOptions::default(),
@@ -544,6 +549,7 @@ async fn a_vhost_lives_and_dies_on_every_shard() {
     ))
     .await
     .expect("publish");
+    assert!(bounded(confirm).await.expect("confirm").is_ack());
     let got = bounded(
         conns[0]
             .1

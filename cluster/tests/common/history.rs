@@ -242,6 +242,8 @@ pub struct Report {
     pub first_errors: Vec<String>,
     /// Per publisher, the longest time between two of its confirms, in ms.
     pub longest_confirm_gap_ms: Vec<u64>,
+    /// Panics in the brokers' logs (filled in by the run, not from the history).
+    pub broker_panics: Vec<String>,
 }
 
 impl Report {
@@ -268,6 +270,13 @@ impl Report {
             p.push(format!(
                 "{} first deliveries out of publish order, e.g. (publisher, seq) {:?}",
                 self.out_of_order, self.out_of_order_examples
+            ));
+        }
+        if !self.broker_panics.is_empty() {
+            p.push(format!(
+                "{} broker panics, e.g. {:?}",
+                self.broker_panics.len(),
+                &self.broker_panics[..self.broker_panics.len().min(3)]
             ));
         }
         if self.confirmed == 0 {

@@ -425,23 +425,22 @@ impl QueueState {
         best.map(|(_, idx)| idx)
     }
 
-    /// An `mqtt-qos0` queue's whole handling of a routed message, in place of enqueue and
-    /// dispatch: the next consumer (round-robin) whose channel and connection have credit
-    /// gets it now, without an ack; if none has, it is dropped (`None`; the shard counts it). Its
-    /// consumers are no-ack (`Capabilities::no_ack_only`), so nothing stays behind: the
-    /// bound is the connections' write windows, and a slow subscriber loses QoS 0 messages
-    /// as MQTT allows rather than holding memory or pausing its publishers.
+    /// An `mqtt-qos0` queue's handling of a routed message while none waits in it, in
+    /// place of enqueue and dispatch: the next consumer (round-robin) whose channel and
+    /// connection have credit gets it now, without an ack (its consumers are no-ack,
+    /// `Capabilities::no_ack_only`, so nothing stays behind); `None` if none has credit
+    /// (the queue side then holds or drops it).
     pub(crate) fn direct_delivery(
         &mut self,
         credit: &mut impl Credit,
         message: &Arc<Message>,
     ) -> Option<Picked> {
-        self.stats.publish += 1;
         let picked = self.pick_consumer(credit).and_then(|idx| {
             let c = &self.consumers[idx];
             credit.take(c).then_some(idx)
         });
         let idx = picked?;
+        self.stats.publish += 1;
         self.rr_next = (idx + 1) % self.consumers.len();
         self.stats.delivered(false);
         let c = &self.consumers[idx];
