@@ -34,18 +34,7 @@ fn declare(h: &mut Harness, c: ChannelRef, name: &str, durable: bool) -> Vec<Eff
 }
 
 fn message_count(h: &mut Harness, c: ChannelRef, name: &str) -> u32 {
-    let fx = h.op(
-        c,
-        Op::QueueDeclare(QueueDeclare {
-            queue: name.into(),
-            passive: true,
-            durable: false,
-            exclusive: false,
-            auto_delete: false,
-            nowait: false,
-            arguments: FieldTable::new(),
-        }),
-    );
+    let fx = h.passive_declare(c, name);
     match fx.as_slice() {
         [
             Effect::Reply {

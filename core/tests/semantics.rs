@@ -460,18 +460,7 @@ fn a_host_refusal_is_that_channels_error_and_changes_nothing() {
 fn passive_declare_of_a_missing_queue_is_404() {
     let mut h = Harness::new();
     let c = h.connect(1);
-    let fx = h.op(
-        c,
-        Op::QueueDeclare(QueueDeclare {
-            queue: "missing".into(),
-            passive: true,
-            durable: false,
-            exclusive: false,
-            auto_delete: false,
-            nowait: false,
-            arguments: FieldTable::new(),
-        }),
-    );
+    let fx = h.passive_declare(c, "missing");
     match fx.as_slice() {
         [Effect::ChannelError { error, .. }] => {
             assert_eq!(error.text, "NOT_FOUND - no queue 'missing' in vhost '/'")

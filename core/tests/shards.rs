@@ -245,18 +245,7 @@ fn admin_ops_on_a_queue_of_another_shard_do_not_wedge_the_admin_channel() {
     );
     h.settle();
     let again = h.open(1, 2);
-    let fx = h.op(
-        again,
-        Op::QueueDeclare(warren_core::command::QueueDeclare {
-            queue: "fresh".into(),
-            passive: true,
-            durable: false,
-            exclusive: false,
-            auto_delete: false,
-            nowait: false,
-            arguments: Default::default(),
-        }),
-    );
+    let fx = h.passive_declare(again, "fresh");
     assert!(
         matches!(
             fx.as_slice(),

@@ -201,6 +201,23 @@ impl Harness {
         }
     }
 
+    /// A passive `queue.declare` of `queue`: its effects (a declare-ok with the counts, or
+    /// the channel error).
+    pub fn passive_declare(&mut self, c: ChannelRef, queue: &str) -> Vec<Effect> {
+        self.op(
+            c,
+            Op::QueueDeclare(QueueDeclare {
+                queue: queue.into(),
+                passive: true,
+                durable: false,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments: FieldTable::new(),
+            }),
+        )
+    }
+
     pub fn exchange(&mut self, c: ChannelRef, name: &str, kind: &str, args: FieldTable) {
         let fx = self.op(
             c,
