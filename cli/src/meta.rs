@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use warren_cluster::definitions::{DefCommand, DefReply};
 use warren_cluster::node::{ClusterNode, NodeError};
+use warren_cluster::state_machine::write_atomic;
 use warren_core::access::{PermissionDef, UserDef, VhostDef};
 use warren_core::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
 use warren_core::policy::{ApplyTo, PolicyDef};
@@ -639,7 +640,6 @@ impl Homes {
     }
 
     fn save(&mut self, data_dir: &Path) -> std::io::Result<()> {
-        use std::io::Write;
         let path = homes_path(data_dir);
         let mut list: Vec<(String, String, u64)> = self
             .map
@@ -649,13 +649,7 @@ impl Homes {
         list.sort();
         let body = serde_json::to_vec(&serde_json::json!({ "homes": list }))
             .map_err(std::io::Error::other)?;
-        let tmp = path.with_extension("json.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &path)
+        write_atomic(&path, &body)
     }
 
     /// The broker's requests that place every recorded queue (`me`: this node).
@@ -843,14 +837,7 @@ fn read_applied(path: &Path) -> u64 {
 
 /// Records `index` durably (temporary file, fsync, rename).
 fn write_applied(path: &Path, index: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("applied.tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        writeln!(f, "{index}")?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
+    write_atomic(path, format!("{index}\n").as_bytes())
 }
 
 /// Applies the committed changes to this node's broker, in log order, until the broker

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use warren_cluster::node::ClusterNode;
 use warren_cluster::queue::{QueueCommand, QueueOp, QueueReplica};
-use warren_cluster::state_machine::StateMachineStore;
+use warren_cluster::state_machine::{StateMachineStore, write_atomic};
 use warren_cluster::{NodeId, Raft};
 use warren_core::admin::AdminRequest;
 use warren_core::ids::QueueId;
@@ -195,15 +195,7 @@ impl Replication {
         let list: Vec<_> = records.values().collect();
         let write = serde_json::to_vec(&list)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| {
-                if let Some(dir) = self.0.registry_path.parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-                let tmp = self.0.registry_path.with_extension("tmp");
-                std::fs::write(&tmp, bytes)?;
-                std::fs::File::open(&tmp)?.sync_all()?;
-                std::fs::rename(&tmp, &self.0.registry_path)
-            });
+            .and_then(|bytes| write_atomic(&self.0.registry_path, &bytes));
         if let Err(e) = write {
             tracing::error!(path = %self.0.registry_path.display(), error = %e, "could not record quorum queue groups");
         }

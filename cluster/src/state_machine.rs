@@ -127,11 +127,14 @@ impl<S: StateMachine> StateMachineStore<S> {
 }
 
 /// Writes `bytes` to `path` atomically and durably: a temporary file, fsync, rename, fsync
-/// of the directory.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// of the directory. The temporary file is `path` with `.tmp` appended, so two files of one
+/// directory that differ only in their extension never share it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
