@@ -139,8 +139,6 @@ impl ChunkReader for DiskReader {
 
 struct Writer {
     log: StreamLog,
-    /// First offset of the last chunk appended.
-    last_chunk: Option<u64>,
 }
 
 struct Stream {
@@ -199,8 +197,8 @@ impl Stream {
                 }
             }
             let begun = self.with_writer(|w| {
-                let last = w.last_chunk;
-                w.log.begin_sync().map(|p| (p, last)).map_err(internal)
+                let p = w.log.begin_sync().map_err(internal)?;
+                Ok((p, w.log.last_chunk()))
             });
             let (pending, last_chunk) = match begun {
                 Ok(p) => p,
@@ -376,10 +374,7 @@ impl DiskStreams {
             deleted: false,
         });
         let stream = Arc::new(Stream {
-            writer: Mutex::new(Some(Writer {
-                log,
-                last_chunk: None,
-            })),
+            writer: Mutex::new(Some(Writer { log })),
             tail,
             dirty: Notify::new(),
             reader_options: ReaderOptions {
@@ -603,7 +598,10 @@ impl StreamBackend for DiskStreams {
             let stored = keep.len();
             let mut rest = &keep[..];
             while !rest.is_empty() {
-                // A chunk: at most the log's message count and about the write buffer.
+                // A batch: at most the log's message count and about the write buffer. The
+                // log merges it with the batches queued before the sync task's next write
+                // (one chunk per group commit, as osiris), so one batch in flight is one
+                // chunk and many in flight share chunks.
                 let mut n = 0;
                 let mut bytes = 0;
                 while n < rest.len()
@@ -623,16 +621,12 @@ impl StreamBackend for DiskStreams {
                     .map(|r| (r, max_id.max(last.unwrap_or(0))))
                     .into_iter()
                     .collect();
-                let range = match w
-                    .log
-                    .append_filtered(&bodies, &filters, now_ms, &publishers)
-                {
+                match w.log.append_merged(&bodies, &filters, now_ms, &publishers) {
                     Err(log::StreamError::Backpressure { .. }) => {
                         // The buffer is full: write it out (to the OS, not fsynced) and
                         // append again; the sync task fsyncs both.
                         w.log.flush().map_err(internal)?;
-                        w.log
-                            .append_filtered(&bodies, &filters, now_ms, &publishers)
+                        w.log.append_merged(&bodies, &filters, now_ms, &publishers)
                     }
                     other => other,
                 }
@@ -640,7 +634,6 @@ impl StreamBackend for DiskStreams {
                     log::StreamError::Invalid(m) => StreamError::Precondition(m),
                     other => internal(other),
                 })?;
-                w.last_chunk = Some(range.start);
             }
             Ok(Appended {
                 stored,
@@ -864,7 +857,7 @@ impl warren_store::StreamHost for DiskStreams {
     ) -> Result<(), String> {
         let s = self.get(vhost, name).map_err(|e| e.to_string())?;
         s.with_writer(|w| {
-            let range = match w.log.append(messages, timestamp_ms, &[]) {
+            match w.log.append(messages, timestamp_ms, &[]) {
                 Err(log::StreamError::Backpressure { .. }) => {
                     // Written out (not fsynced) to make room: the next sync covers both.
                     w.log.flush().map_err(internal)?;
@@ -873,7 +866,6 @@ impl warren_store::StreamHost for DiskStreams {
                 other => other,
             }
             .map_err(internal)?;
-            w.last_chunk = Some(range.start);
             Ok(())
         })
         .map_err(|e| e.to_string())
@@ -904,8 +896,8 @@ impl warren_store::StreamHost for DiskStreams {
             Err(e) => return Err(e.to_string()),
         };
         let begun = s.with_writer(|w| {
-            let last = w.last_chunk;
-            w.log.begin_sync().map(|p| (p, last)).map_err(internal)
+            let p = w.log.begin_sync().map_err(internal)?;
+            Ok((p, w.log.last_chunk()))
         });
         let (pending, last_chunk) = match begun {
             Ok(p) => p,
