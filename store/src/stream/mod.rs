@@ -601,7 +601,7 @@ impl StreamLog {
         if self.open.count == 0 {
             return Ok(());
         }
-        let o = std::mem::take(&mut self.open);
+        let mut o = std::mem::take(&mut self.open);
         let publishers: Vec<(&[u8], u64)> = o
             .publishers
             .iter()
@@ -622,6 +622,11 @@ impl StreamLog {
             // Offsets were handed out for these messages: the log cannot go on without them.
             self.failed = Some(e.to_string());
         }
+        // The staging buffer keeps its capacity (at most about the write buffer's limit): a
+        // fresh one per chunk would grow by doubling and fault its pages in at every write.
+        drop(publishers);
+        o.data.clear();
+        self.open.data = o.data;
         sealed.map(|_| ())
     }
 
