@@ -246,9 +246,13 @@ pub struct DiskStreams {
     read_ahead: usize,
     sendfile: bool,
     fsync: bool,
-    streams: Mutex<HashMap<(String, String), Arc<Stream>>>,
+    /// vhost -> stream name -> stream: looked up by `&str` on every Publish frame, so
+    /// without building a key (two `String`s per frame were ~10% of a 1-message publish).
+    streams: Mutex<Catalog>,
     groups: ConsumerGroups,
 }
+
+type Catalog = HashMap<String, HashMap<String, Arc<Stream>>>;
 
 /// A stream's settings from its protocol arguments (unknown ones ignored, as RabbitMQ).
 pub(crate) fn parse_arguments(
@@ -358,13 +362,7 @@ impl DiskStreams {
         Ok(me)
     }
 
-    fn insert(
-        &self,
-        streams: &mut HashMap<(String, String), Arc<Stream>>,
-        vhost: String,
-        name: String,
-        log: StreamLog,
-    ) {
+    fn insert(&self, streams: &mut Catalog, vhost: String, name: String, log: StreamLog) {
         let b = log.bounds();
         let tail = TailWatch::new(Tail {
             committed: b.committed,
@@ -387,12 +385,13 @@ impl DiskStreams {
                 .clone()
                 .sync_task(vhost.clone(), name.clone(), self.broker.clone()),
         );
-        streams.insert((vhost, name), stream);
+        streams.entry(vhost).or_default().insert(name, stream);
     }
 
     fn get(&self, vhost: &str, stream: &str) -> Result<Arc<Stream>, StreamError> {
         lock(&self.streams)
-            .get(&(vhost.to_string(), stream.to_string()))
+            .get(vhost)
+            .and_then(|v| v.get(stream))
             .cloned()
             .ok_or(StreamError::DoesNotExist)
     }
@@ -421,10 +420,10 @@ impl DiskStreams {
         let dir = self.dir(vhost, stream)?;
         // Held across the creation so two creates of one name cannot both succeed.
         let mut streams = lock(&self.streams);
-        if streams.contains_key(&(vhost.to_string(), stream.to_string())) {
+        if streams.get(vhost).is_some_and(|v| v.contains_key(stream)) {
             return Err(StreamError::AlreadyExists);
         }
-        if streams.len() >= MAX_STREAMS {
+        if streams.values().map(HashMap::len).sum::<usize>() >= MAX_STREAMS {
             return Err(StreamError::Precondition(format!(
                 "this node holds {MAX_STREAMS} streams, its limit"
             )));
@@ -451,9 +450,15 @@ impl DiskStreams {
 
     /// Removes a stream's log and files (not its AMQP queue).
     fn remove_log(&self, vhost: &str, stream: &str) -> Result<(), StreamError> {
-        let s = lock(&self.streams)
-            .remove(&(vhost.to_string(), stream.to_string()))
-            .ok_or(StreamError::DoesNotExist)?;
+        let s = {
+            let mut streams = lock(&self.streams);
+            let v = streams.get_mut(vhost).ok_or(StreamError::DoesNotExist)?;
+            let s = v.remove(stream).ok_or(StreamError::DoesNotExist)?;
+            if v.is_empty() {
+                streams.remove(vhost);
+            }
+            s
+        };
         let writer = lock(&s.writer).take();
         s.tail.delete();
         s.dirty.notify_one();
