@@ -199,7 +199,13 @@ async fn handle(
             AdminResponse::Memory(_) => json!("pong"),
             other => bail!("unexpected answer {other:?}"),
         },
-        "cluster_status" => crate::cluster::status()?,
+        "cluster_status" => {
+            let alarms = match ask(broker, AdminRequest::MemoryStatus).await? {
+                AdminResponse::Memory(m) if m.alarm => vec!["memory"],
+                _ => Vec::new(),
+            };
+            crate::cluster::status(alarms)?
+        }
         "forget_node" => {
             let id = args
                 .get("id")

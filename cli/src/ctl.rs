@@ -552,6 +552,68 @@ fn cluster_status_text(s: &Value) -> String {
             cell(m.get("lag")),
         ));
     }
+    let alarms: Vec<String> = s["alarms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| cell(Some(a)))
+        .collect();
+    out.push_str(&format!(
+        "Alarms: {}\n",
+        if alarms.is_empty() {
+            "none".to_string()
+        } else {
+            alarms.join(", ")
+        }
+    ));
+    let queues: Vec<&Value> = s["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["type"] == "quorum")
+        .collect();
+    if !queues.is_empty() {
+        out.push_str(&format!(
+            "\n{:<28}{:<12}{:<8}{:<10}{:<6}{}\n",
+            "quorum queue", "members", "leader", "this node", "term", "member matched/lag"
+        ));
+    }
+    for g in queues {
+        let st = &g["status"];
+        let members: Vec<String> = g["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| cell(Some(m)))
+            .collect();
+        let lags: Vec<String> = st["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                format!(
+                    "{}{}:{}/{}",
+                    cell(m.get("id")),
+                    if m["voter"] == false { "(learner)" } else { "" },
+                    cell(m.get("matched")),
+                    cell(m.get("lag"))
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "{:<28}{:<12}{:<8}{:<10}{:<6}{}\n",
+            format!("{} {}", cell(g.get("vhost")), cell(g.get("queue"))),
+            members.join(","),
+            cell(st.get("leader")),
+            if st.is_null() {
+                "-".to_string()
+            } else {
+                cell(st.get("state"))
+            },
+            cell(st.get("term")),
+            lags.join(" "),
+        ));
+    }
     out
 }
 

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -39,6 +39,14 @@ use warren_store::SyncCallback;
 /// Members of a quorum queue's group when the declare names none (RabbitMQ's default),
 /// capped at the cluster's size.
 const DEFAULT_GROUP_SIZE: usize = 3;
+
+/// `Group::told` when no leader is known.
+const NO_LEADER: u64 = u64::MAX;
+
+/// How long a declare-ok waits for a new quorum queue's group to have a leader serving it
+/// (RabbitMQ's declare waits for its Ra cluster to start): its members' agreement, the
+/// group's start and one election take well under a second on a healthy cluster.
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A quorum queue's group as recorded on this node (`<data-dir>/cluster/quorum-queues.json`):
 /// the members chosen at its declare, so a restart (or a later change of the cluster's
@@ -63,6 +71,9 @@ struct Group {
     leading: AtomicBool,
     /// Deleted: a group still starting stops once started.
     deleted: AtomicBool,
+    /// The leader this node's broker was last told of (`QueueHome`), `NO_LEADER` for none: a publish
+    /// here goes to that node from then on.
+    told: AtomicU64,
 }
 
 impl Group {
@@ -121,6 +132,16 @@ fn choose_members(
         .collect()
 }
 
+/// The member of a new group that calls its first election: the one at the place the group
+/// id picks among them.
+fn first_candidate(group: u64, members: &BTreeMap<NodeId, String>) -> Option<NodeId> {
+    let ids: Vec<NodeId> = members.keys().copied().collect();
+    if ids.is_empty() {
+        return None;
+    }
+    ids.get((group % ids.len() as u64) as usize).copied()
+}
+
 impl Replication {
     /// Replication for the node whose data dir is `data_dir`. Call inside the runtime.
     pub fn new(data_dir: &Path) -> Replication {
@@ -167,6 +188,128 @@ impl Replication {
         raft.metrics().borrow().current_leader
     }
 
+    /// Whether a publish on this node to queue `name` would be taken now: this node leads
+    /// its group and serves it, or its broker forwards to the leader and this node's copy
+    /// has applied a command of a serving leader (the empty one each new leader writes once
+    /// it serves). False while the group starts or elects; true for a node that is not a
+    /// member (nothing here to wait for).
+    fn ready(&self, vhost: &str, name: &str) -> bool {
+        let Some(g) = lock(&self.0.groups)
+            .get(&(vhost.to_string(), name.to_string()))
+            .cloned()
+        else {
+            return false;
+        };
+        let Some(node) = self.0.node.get() else {
+            return false;
+        };
+        if lock(&self.0.records)
+            .get(&g.id)
+            .is_some_and(|r| !r.members.contains_key(&node.id()))
+        {
+            return true;
+        }
+        let (Some(raft), Some(replica)) = (g.raft.get(), g.replica.get()) else {
+            return false;
+        };
+        let leader = raft.metrics().borrow().current_leader;
+        let told = g.told.load(Ordering::Acquire);
+        match leader {
+            Some(l) if l == node.id() => g.leading.load(Ordering::Acquire) && told == l,
+            Some(l) => told == l && replica.with(|r| r.applied > 0),
+            None => false,
+        }
+    }
+
+    /// Waits (at most `bound`) until a publish on this node to quorum queue `name` would be
+    /// taken ([`Replication::ready`]): a declare-ok comes after it, so a client publishing
+    /// right after its declare-ok is not nacked for want of a leader. Whether it got there.
+    pub async fn wait_ready(&self, vhost: &str, name: &str, bound: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if self.ready(vhost, name) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    vhost,
+                    queue = name,
+                    "quorum queue has no leader serving it {} ms after its declare; answering anyway",
+                    bound.as_millis()
+                );
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Queue `name`'s group for the management API (RabbitMQ's fields): `leader` (its node
+    /// id, as this node knows it; null during an election), `members` (node ids) and
+    /// `online` (the members this node reaches now). `None` for a queue without a group here.
+    pub fn placement(
+        &self,
+        vhost: &str,
+        name: &str,
+    ) -> Option<serde_json::Map<String, serde_json::Value>> {
+        let g = lock(&self.0.groups)
+            .get(&(vhost.to_string(), name.to_string()))
+            .cloned()?;
+        let members: Vec<NodeId> = lock(&self.0.records)
+            .get(&g.id)
+            .map(|r| r.members.keys().copied().collect())
+            .unwrap_or_default();
+        let node = self.0.node.get()?;
+        let leader = g
+            .raft
+            .get()
+            .and_then(|r| r.metrics().borrow().current_leader);
+        let online: Vec<NodeId> = members
+            .iter()
+            .copied()
+            .filter(|m| node.reachable(*m))
+            .collect();
+        let mut out = serde_json::Map::new();
+        out.insert("leader".into(), serde_json::json!(leader));
+        out.insert("members".into(), serde_json::json!(members));
+        out.insert("online".into(), serde_json::json!(online));
+        Some(out)
+    }
+
+    /// Every quorum queue group this node knows: its queue, group id, recorded members and,
+    /// where this node is a member, its group's status as this node sees it (role, term,
+    /// leader, log indexes, each member's matched index and lag on the leader).
+    pub fn groups_status(&self) -> Vec<serde_json::Value> {
+        let groups: Vec<Arc<Group>> = lock(&self.0.groups).values().cloned().collect();
+        let records = lock(&self.0.records).clone();
+        let mut out: Vec<serde_json::Value> = groups
+            .iter()
+            .map(|g| {
+                let members: Vec<NodeId> = records
+                    .get(&g.id)
+                    .map(|r| r.members.keys().copied().collect())
+                    .unwrap_or_default();
+                let mut v = serde_json::json!({
+                    "type": "quorum",
+                    "vhost": g.vhost,
+                    "queue": g.name,
+                    "group": format!("{:016x}", g.id),
+                    "members": members,
+                    "serving": g.leading.load(Ordering::Acquire),
+                });
+                if let (Some(raft), Some(node)) = (g.raft.get(), self.0.node.get()) {
+                    let st = node.group_status(raft);
+                    v["status"] = serde_json::to_value(st).unwrap_or_default();
+                }
+                v
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (a["vhost"].as_str(), a["queue"].as_str())
+                .cmp(&(b["vhost"].as_str(), b["queue"].as_str()))
+        });
+        out
+    }
+
     /// The group of queue `name` in `vhost`, made (and started, once the node runs) if new.
     fn ensure(&self, vhost: &str, name: &str) -> Arc<Group> {
         let key = (vhost.to_string(), name.to_string());
@@ -182,6 +325,7 @@ impl Replication {
             replica: OnceLock::new(),
             leading: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
+            told: AtomicU64::new(NO_LEADER),
         });
         groups.insert(key, g.clone());
         drop(groups);
@@ -213,7 +357,7 @@ impl Replication {
             .unwrap_or(DEFAULT_GROUP_SIZE);
         let this = self.clone();
         self.0.runtime.spawn(async move {
-            let members = match recorded {
+            let members = match recorded.clone() {
                 Some(m) => m,
                 None => {
                     let members = this.agree_members(node, &g, size).await;
@@ -254,6 +398,12 @@ impl Replication {
                         return;
                     }
                     tracing::info!(vhost = %g.vhost, queue = %g.name, group = g.id, members = ?members.keys().collect::<Vec<_>>(), "quorum queue group started");
+                    // A new group: one member, the one its id picks (so first leaders spread
+                    // over the cluster), calls the election at once instead of after an
+                    // election timeout; the declare-ok waits for it (`wait_ready`).
+                    if recorded.is_none() && first_candidate(g.id, &members) == Some(node.id()) {
+                        let _ = raft.trigger().elect().await;
+                    }
                     this.watch(g, raft).await;
                 }
                 Err(e) => {
@@ -346,6 +496,7 @@ impl Replication {
                     let _ = broker.admin_local(at).await;
                 }
             }
+            g.told.store(leader.unwrap_or(NO_LEADER), Ordering::Release);
             if leads != serving {
                 // A leader's copy holds everything committed once its own term's first
                 // entry is applied.
@@ -361,6 +512,14 @@ impl Replication {
                     }
                     serving = leads;
                     tracing::info!(vhost = %g.vhost, queue = %g.name, leader = leads, "quorum queue: {}", if leads { "this node leads and serves it" } else { "this node no longer leads it" });
+                    if leads {
+                        // An empty command: once a member applies it, it knows a leader
+                        // served the group (`wait_ready` on the other members).
+                        let marker = raft.clone();
+                        self.0.runtime.spawn(async move {
+                            let _ = marker.client_write(QueueCommand(Vec::new()).encode()).await;
+                        });
+                    }
                     continue;
                 }
             }

@@ -157,6 +157,10 @@ pub(crate) async fn join_here(raft: &Raft, id: NodeId, addr: &str) -> Result<(),
 pub struct MemberStatus {
     pub id: NodeId,
     pub addr: String,
+    /// A voter (counts for a majority); false for a learner still catching up.
+    pub voter: bool,
+    /// This node reaches it now (its cluster connection worked at the last request).
+    pub online: bool,
     /// The last log index the leader knows this member has (leader only).
     pub matched: Option<u64>,
     /// Entries it is behind the leader's last log index (leader only).
@@ -173,6 +177,49 @@ pub struct Status {
     pub last_log_index: Option<u64>,
     pub last_applied: Option<u64>,
     pub members: Vec<MemberStatus>,
+}
+
+/// Group `raft`'s status as this node sees it: its role, term, leader, log indexes, and
+/// each member (voters and learners) with the last index the leader knows it has and its
+/// lag (known on the leader only). The metadata group's and every quorum queue's.
+pub fn raft_status(raft: &Raft, online: &dyn Fn(NodeId) -> bool) -> Status {
+    let m = raft.metrics().borrow().clone();
+    let last = m.last_log_index;
+    let replication = m.replication.clone();
+    let membership = m.membership_config.membership();
+    let members = membership
+        .nodes()
+        .map(|(id, n)| {
+            let matched = replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned())
+                .map(|l| l.map(|l| l.index).unwrap_or(0));
+            MemberStatus {
+                id: *id,
+                addr: n.addr.clone(),
+                voter: membership.voter_ids().any(|v| v == *id),
+                online: online(*id),
+                matched,
+                lag: matched.map(|x| last.unwrap_or(0).saturating_sub(x)),
+            }
+        })
+        .collect();
+    Status {
+        id: m.id,
+        state: match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        }
+        .into(),
+        term: m.current_term,
+        leader: m.current_leader,
+        last_log_index: last,
+        last_applied: m.last_applied.map(|l| l.index),
+        members,
+    }
 }
 
 /// A running cluster node.
@@ -545,42 +592,17 @@ impl ClusterNode {
 
     /// Members, leader, log indexes and each member's lag.
     pub fn status(&self) -> Status {
-        let m = self.raft.metrics().borrow().clone();
-        let last = m.last_log_index;
-        let replication = m.replication.clone();
-        let members = m
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, n)| {
-                let matched = replication
-                    .as_ref()
-                    .and_then(|r| r.get(id).cloned())
-                    .map(|l| l.map(|l| l.index).unwrap_or(0));
-                MemberStatus {
-                    id: *id,
-                    addr: n.addr.clone(),
-                    matched,
-                    lag: matched.map(|x| last.unwrap_or(0).saturating_sub(x)),
-                }
-            })
-            .collect();
-        Status {
-            id: self.id,
-            state: match m.state {
-                ServerState::Leader => "leader",
-                ServerState::Follower => "follower",
-                ServerState::Candidate => "candidate",
-                ServerState::Learner => "learner",
-                ServerState::Shutdown => "shutdown",
-            }
-            .into(),
-            term: m.current_term,
-            leader: m.current_leader,
-            last_log_index: last,
-            last_applied: m.last_applied.map(|l| l.index),
-            members,
-        }
+        self.group_status(&self.raft)
+    }
+
+    /// Group `raft`'s status (one of this node's groups), with which members it reaches.
+    pub fn group_status(&self, raft: &Raft) -> Status {
+        raft_status(raft, &|id| self.peers.reachable(id))
+    }
+
+    /// Whether this node reaches node `id` now (itself: always).
+    pub fn reachable(&self, id: NodeId) -> bool {
+        self.peers.reachable(id)
     }
 
     /// Stops the group and the listener (the files stay).

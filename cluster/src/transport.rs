@@ -470,6 +470,9 @@ pub struct Peers {
     me: NodeId,
     secret: Secret,
     peers: Arc<Mutex<PeerMap>>,
+    /// Whether the Raft lane's connection to each peer worked at its last attempt (what
+    /// `cluster-status` and the management API's `online` show).
+    reachable: Arc<Mutex<HashMap<NodeId, bool>>>,
 }
 
 impl Peers {
@@ -478,7 +481,21 @@ impl Peers {
             me,
             secret,
             peers: Arc::default(),
+            reachable: Arc::default(),
         }
+    }
+
+    /// Whether this node reaches `peer` now (itself: always): its Raft connection worked at
+    /// the last request. A peer never dialled yet reads as unreachable.
+    pub fn reachable(&self, peer: NodeId) -> bool {
+        peer == self.me
+            || self
+                .reachable
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&peer)
+                .copied()
+                .unwrap_or(false)
     }
 
     /// The sender to `target`'s task, started (or restarted for a new address) as needed.
@@ -501,6 +518,7 @@ impl Peers {
             addr.to_string(),
             self.secret.clone(),
             rx,
+            (lane == 0).then(|| self.reachable.clone()),
         ));
         peers.insert((target, lane), (addr.to_string(), tx.clone()));
         tx
@@ -629,6 +647,7 @@ async fn peer_task(
     addr: String,
     secret: Secret,
     mut rx: mpsc::Receiver<Request>,
+    shown: Option<Arc<Mutex<HashMap<NodeId, bool>>>>,
 ) {
     let mut conn: Option<TcpStream> = None;
     let mut backoff = BACKOFF_MIN;
@@ -643,6 +662,12 @@ async fn peer_task(
                 tracing::warn!(node = target, %addr, error = %why, "cluster peer unreachable");
             }
             reachable = Some(now_up);
+            if let Some(shown) = &shown {
+                shown
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(target, now_up);
+            }
         }
     };
     while let Some(req) = rx.recv().await {
