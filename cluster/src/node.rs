@@ -152,6 +152,12 @@ pub(crate) async fn join_here(raft: &Raft, id: NodeId, addr: &str) -> Result<(),
     Ok(())
 }
 
+/// A membership change forwarded to a group's leader.
+enum GroupChange {
+    Join(NodeId, String),
+    Forget(NodeId),
+}
+
 /// One member's view in [`Status`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MemberStatus {
@@ -567,6 +573,109 @@ impl ClusterNode {
                 }
             }
             Err(e) => Err(NodeError::Raft(e.to_string())),
+        }
+    }
+
+    /// Adds node `id` (cluster address `addr`, running the group already: it starts it
+    /// uninitialized when it learns it is a member) to group `group` as a voter, on the
+    /// group's leader: a learner first, brought up to date from the log or a snapshot, then a
+    /// voter (joint consensus). `raft`: this node's copy of the group, if it is a member;
+    /// `members`: the group's members, tried in turn (the leader this node knows first) when
+    /// this node does not lead it. Answered once the new member votes (bounded by
+    /// `JOIN_TIMEOUT`).
+    pub async fn group_join(
+        &self,
+        group: u64,
+        raft: Option<&Raft>,
+        members: &BTreeMap<NodeId, String>,
+        id: NodeId,
+        addr: &str,
+    ) -> Result<(), NodeError> {
+        let join = GroupChange::Join(id, addr.to_string());
+        self.on_group_leader(group, raft, members, join).await
+    }
+
+    /// Removes node `id` from group `group`'s voters (joint consensus), on its leader (as
+    /// [`ClusterNode::group_join`] finds it).
+    pub async fn group_forget(
+        &self,
+        group: u64,
+        raft: Option<&Raft>,
+        members: &BTreeMap<NodeId, String>,
+        id: NodeId,
+    ) -> Result<(), NodeError> {
+        self.on_group_leader(group, raft, members, GroupChange::Forget(id))
+            .await
+    }
+
+    /// Forwards a membership change of group `group` to its leader: the one this node knows
+    /// first, then every other member until one takes it. A member that does not lead
+    /// refuses it at once (openraft's forward-to-leader error); while every member does (an
+    /// election: a leader that removed itself stepped down), it asks again, for up to
+    /// `FORWARD_TIMEOUT`.
+    async fn on_group_leader(
+        &self,
+        group: u64,
+        raft: Option<&Raft>,
+        members: &BTreeMap<NodeId, String>,
+        change: GroupChange,
+    ) -> Result<(), NodeError> {
+        let deadline = tokio::time::Instant::now() + FORWARD_TIMEOUT;
+        loop {
+            let hint = raft.and_then(|r| r.metrics().borrow().current_leader);
+            if let Some(raft) = raft.filter(|_| hint == Some(self.id)) {
+                return match &change {
+                    GroupChange::Join(id, addr) => {
+                        match tokio::time::timeout(JOIN_TIMEOUT, join_here(raft, *id, addr)).await {
+                            Ok(r) => r.map_err(|e| NodeError::Raft(e.to_string())),
+                            Err(_) => Err(NodeError::Raft(format!(
+                                "node {id} did not catch up within {} s",
+                                JOIN_TIMEOUT.as_secs()
+                            ))),
+                        }
+                    }
+                    GroupChange::Forget(id) => forget_here(raft, *id)
+                        .await
+                        .map_err(|e| NodeError::Raft(e.to_string())),
+                };
+            }
+            let mut order: Vec<(NodeId, &String)> = members
+                .iter()
+                .filter(|(id, _)| **id != self.id)
+                .map(|(id, a)| (*id, a))
+                .collect();
+            order.sort_by_key(|(id, _)| Some(*id) != hint);
+            let mut error = NodeError::NotLeader(hint);
+            for (target, addr) in order {
+                let r = match &change {
+                    GroupChange::Join(id, member_addr) => {
+                        self.peers
+                            .forward_join(group, target, addr, *id, member_addr, JOIN_TIMEOUT)
+                            .await
+                    }
+                    GroupChange::Forget(id) => {
+                        self.peers
+                            .forward_forget(group, target, addr, *id, FORWARD_TIMEOUT)
+                            .await
+                    }
+                };
+                match r {
+                    Ok(()) => return Ok(()),
+                    // Not the leader: try the next.
+                    Err(transport::TransportError::Remote(why))
+                        if why.contains("forward request to") => {}
+                    // The leader's answer: final.
+                    Err(e @ transport::TransportError::Remote(_)) => {
+                        return Err(NodeError::Forward(target, e));
+                    }
+                    // Unreachable: another may lead.
+                    Err(e) => error = NodeError::Forward(target, e),
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(error);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }
 
