@@ -277,13 +277,12 @@ async fn membership_scenario(seed: u64) {
                 sim.start(id).await;
                 let leader = sim.leader().await;
                 let raft = sim.live[&leader].0.clone();
-                tokio::time::timeout(
-                    WAIT,
-                    raft.add_learner(id, BasicNode::new(format!("mem-{id}")), true),
-                )
-                .await
-                .unwrap_or_else(|_| panic!("seed {seed}: learner {id} never caught up"))
-                .unwrap_or_else(|e| panic!("seed {seed}: add learner {id}: {e}"));
+                let learner = raft.add_learner(id, BasicNode::new(format!("mem-{id}")), true);
+                match tokio::time::timeout(WAIT, learner).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => panic!("seed {seed}: add learner {id}: {e}"),
+                    Err(_) => panic!("seed {seed}: learner {id} never caught up"),
+                }
                 let mut next = voters.clone();
                 next.insert(id);
                 raft.change_membership(next.clone(), false)
