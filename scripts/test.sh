@@ -383,7 +383,7 @@ cluster_quorum_ops() {
   # the group has a leader (publishes right after it acked), cluster-status and the HTTP API
   # show every group, add-member (snapshot catch-up) / delete-member / grow / shrink.
   cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 240 cargo test -p warren-cluster --test quorum_ops -- --nocapture
+    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test quorum_ops -- --nocapture
 }
 
 cluster_routing() {

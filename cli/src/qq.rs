@@ -105,6 +105,9 @@ struct Shared {
     records: Mutex<BTreeMap<u64, Record>>,
     /// `x-quorum-initial-group-size` of queues declared here, until their group is made.
     sizes: Mutex<HashMap<(String, String), usize>>,
+    /// A group's members were decided since `reconcile` last looked (it compares them with
+    /// the metadata group's record then, as after any metadata change).
+    changed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -178,6 +181,7 @@ impl Replication {
             groups: Mutex::new(HashMap::new()),
             records: Mutex::new(records),
             sizes: Mutex::new(HashMap::new()),
+            changed: AtomicBool::new(true),
         }))
     }
 
@@ -195,9 +199,16 @@ impl Replication {
         self.0.runtime.spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Each pass reads every group's record: only after a metadata change or a group
+            // decided, not every tick.
+            let mut seen = None;
             loop {
                 tick.tick().await;
-                this.reconcile(node).await;
+                let applied = node.definitions.with(|d| d.applied());
+                if this.0.changed.swap(false, Ordering::AcqRel) || seen != Some(applied) {
+                    seen = Some(applied);
+                    this.reconcile(node).await;
+                }
             }
         });
     }
@@ -260,6 +271,10 @@ impl Replication {
                     let _ = broker.admin_local(reload).await;
                 }
                 g.running.store(false, Ordering::Release);
+            } else if !member && g.running.load(Ordering::Acquire) {
+                // Still starting (a restart on a record from before its removal): look
+                // again next tick, once it runs.
+                self.0.changed.store(true, Ordering::Release);
             }
         }
     }
@@ -622,9 +637,13 @@ impl Replication {
                 tracing::info!(vhost = %g.vhost, queue = %g.name, ?members, "quorum queue: this node is not a member of its group");
                 return;
             }
+            this.0.changed.store(true, Ordering::Release);
             if claimed {
-                this.run_group(node, g, members, true, recorded.is_none())
-                    .await;
+                // Only a new group's members propose its first membership: a member
+                // restarting on an empty log (it never got an entry, or it was added later)
+                // waits for the leader instead of proposing one of its own.
+                let new = recorded.is_none();
+                this.run_group(node, g, members, new, new).await;
             }
         });
     }
