@@ -378,6 +378,14 @@ cluster_quorum() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
 }
 
+cluster_quorum_ops() {
+  # The same needs as cluster_script. Quorum queues' operations on 3 nodes: declare-ok once
+  # the group has a leader (publishes right after it acked), cluster-status and the HTTP API
+  # show every group, add-member (snapshot catch-up) / delete-member / grow / shrink.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test quorum_ops -- --nocapture
+}
+
 cluster_routing() {
   # cluster/tests/routing.rs (docs/cluster.md, "Queues live on one node"): a queue on n2 gets
   # n1's and n3's confirmed publishes, MQTT subscribers get publishes from other nodes,
@@ -428,6 +436,7 @@ step "browser: the management web UI in headless Chromium (screenshots: target/u
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
 step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
+step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
