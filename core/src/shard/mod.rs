@@ -37,7 +37,8 @@ mod check;
 mod credit;
 mod dead_letter;
 mod nodes;
-pub use nodes::NodeMail;
+mod nodes_consume;
+pub use nodes::{NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle};
 mod post;
 #[cfg(test)]
 mod post_tests;
