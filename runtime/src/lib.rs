@@ -613,7 +613,9 @@ impl BrokerHandle {
         for m in mails {
             let shard = match &m {
                 warren_core::NodeMail::Answered { token, .. } => (token % k) as usize,
-                warren_core::NodeMail::Enqueue { .. } => 0,
+                // Consumers across nodes are served by shard 0 (docs/cluster.md: with one
+                // shard, the default).
+                _ => 0,
             };
             per_shard[shard].push(m);
         }
