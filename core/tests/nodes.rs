@@ -398,3 +398,63 @@ fn a_remote_consumer_gets_at_most_its_window_until_its_connection_writes() {
 fn ch_of(c: warren_core::ids::ChannelRef) -> warren_core::ids::ChannelRef {
     warren_core::ids::ChannelRef::new(c.conn, 0)
 }
+
+#[test]
+fn a_consumer_follows_its_queue_when_the_queue_moves_between_nodes() {
+    // A quorum queue's home follows its group's leader: the client's consumer stays, and is
+    // attached wherever the queue is served, without a consume-ok or a cancel.
+    let (mut home, mut far, c1, c2) = two_nodes();
+    far.consume(c2, "q", "c", true);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("q", "on node 1"));
+    assert_eq!(bodies(&exchange(&mut home, &mut far)), vec!["on node 1"]);
+
+    // Node 2 now serves the queue (its leader moved there); node 1 stops (its consumers
+    // from node 2 go when node 2 says so).
+    let now = far.now;
+    let fx = far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "q".into(),
+            node: None,
+        },
+    );
+    drop(fx);
+    let fx = far.settle();
+    assert!(replies(&fx).is_empty(), "nothing for the client: {fx:?}");
+    exchange(&mut home, &mut far);
+    let fx = far.op(c2, persistent("q", "on node 2"));
+    assert_eq!(bodies(&fx), vec!["on node 2"]);
+    let fx = home.passive_declare(c1, "q");
+    assert!(
+        replies(&fx).iter().any(|r| matches!(
+            r,
+            warren_core::effect::Reply::QueueDeclareOk {
+                consumer_count: 0,
+                ..
+            }
+        )),
+        "node 1 dropped node 2's consumer: {fx:?}"
+    );
+
+    // And back to node 1: the consumer attaches there again.
+    let now = far.now;
+    far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "q".into(),
+            node: Some(1),
+        },
+    );
+    let fx = exchange(&mut home, &mut far);
+    assert!(replies(&fx).is_empty(), "nothing for the client: {fx:?}");
+    home.op(c1, persistent("q", "on node 1 again"));
+    let fx = exchange(&mut home, &mut far);
+    assert_eq!(bodies(&fx), vec!["on node 1 again"]);
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
+        "{fx:?}"
+    );
+}

@@ -330,13 +330,14 @@ impl Broker {
     /// `AdminRequest::QueueHome`: queue `queue` of `vhost` lives on `node` (`None`: here).
     pub(super) fn set_queue_home(&mut self, vhost: &str, queue: &str, node: Option<u32>) {
         let key: (Arc<str>, Arc<str>) = (vhost.into(), queue.into());
-        match node {
-            Some(n) => {
-                self.nodes.homes.insert(key, n);
-            }
-            None => {
-                self.nodes.homes.remove(&key);
-            }
+        let old = match node {
+            Some(n) => self.nodes.homes.insert(key, n),
+            None => self.nodes.homes.remove(&key),
+        };
+        let routes = self.topo.routes();
+        let id = routes.vhost(vhost).and_then(|v| routes.queue(v, queue));
+        if let Some(id) = id {
+            self.queue_moved(id, old, node);
         }
     }
 

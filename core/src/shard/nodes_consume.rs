@@ -33,6 +33,7 @@ use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
 use crate::mail::credit::SharedCredit;
 use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
 use crate::mail::mailbox::RESTORE_CONN;
+use crate::queue::kind::QueueBehaviour;
 use crate::message::{Message, QueuedMessage};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +68,10 @@ pub(crate) struct Remote {
 struct AttachedConsumer {
     node: u32,
     ch: ChannelRef,
+    serial: u32,
     tag: Arc<str>,
+    /// Its settings, to attach it again where the queue moves (a quorum queue's leader).
+    settings: Option<NodeConsumer>,
 }
 
 /// A request of this node's channel waiting for another node's answer.
@@ -85,6 +89,8 @@ pub(crate) struct Attached {
     /// By the stub's id and the home's consumer id.
     consumers: HashMap<(QueueId, ConsumerId), AttachedConsumer>,
     requests: HashMap<(ChannelRef, u32), Request>,
+    /// The settings of consumes in flight to another node, by channel opening and tag.
+    settings: HashMap<(ChannelRef, u32, Arc<str>), NodeConsumer>,
     /// Credit to give back once the connection has written: conn -> (node, window, count).
     owed: HashMap<ConnId, Vec<(u32, u32, u32)>>,
 }
@@ -219,29 +225,38 @@ impl Broker {
                     .channels
                     .get(&from.ch)
                     .map_or(0, |c| c.global_prefetch);
-                self.nodes.attached.requests.insert(
-                    (from.ch, from.serial),
-                    Request {
-                        node,
-                        op: OpKind::Consume,
-                        queue: name.clone(),
-                        cancel: None,
-                    },
-                );
+                // A consumer attached again (its queue moved) is no request of the
+                // channel's: the client asked nothing.
+                if !self.reattaching(from, &consumer.tag, queue) {
+                    self.nodes.attached.requests.insert(
+                        (from.ch, from.serial),
+                        Request {
+                            node,
+                            op: OpKind::Consume,
+                            queue: name.clone(),
+                            cancel: None,
+                        },
+                    );
+                }
+                let settings = NodeConsumer {
+                    tag: consumer.tag.clone(),
+                    no_ack: consumer.no_ack,
+                    exclusive: consumer.exclusive,
+                    prefetch: consumer.prefetch,
+                    global_prefetch,
+                    priority: consumer.priority,
+                };
+                self.nodes
+                    .attached
+                    .settings
+                    .insert((from.ch, from.serial, consumer.tag.clone()), settings.clone());
                 self.nodes.outbox.push((
                     node,
                     NodeMail::Consume {
                         vhost,
                         queue: name,
                         from: NodeChannel::of(from),
-                        consumer: NodeConsumer {
-                            tag: consumer.tag.clone(),
-                            no_ack: consumer.no_ack,
-                            exclusive: consumer.exclusive,
-                            prefetch: consumer.prefetch,
-                            global_prefetch,
-                            priority: consumer.priority,
-                        },
+                        consumer: settings,
                         nowait,
                     },
                 ));
@@ -908,8 +923,16 @@ impl Broker {
                 nowait,
             } => {
                 let addr = to.addr();
-                self.node_answered_request(addr);
                 let cid = ConsumerId(consumer);
+                let stub = self.named_queue(&vhost, &queue).map(|(_, q)| q);
+                if !stub.is_some_and(|stub| self.reattaching(addr, &tag, stub)) {
+                    self.node_answered_request(addr);
+                }
+                let settings = self
+                    .nodes
+                    .attached
+                    .settings
+                    .remove(&(addr.ch, addr.serial, tag.clone()));
                 match self.stub_or_refuse(addr, OpKind::Consume, &vhost, &queue) {
                     Some(stub) => {
                         self.nodes.attached.consumers.insert(
@@ -917,7 +940,9 @@ impl Broker {
                             AttachedConsumer {
                                 node: from,
                                 ch: addr.ch,
+                                serial: addr.serial,
                                 tag: tag.clone(),
+                                settings,
                             },
                         );
                         self.mail.push_back(Mail::ConsumeOk {
@@ -945,9 +970,15 @@ impl Broker {
             }
             NodeMail::Refused { to, code, text } => {
                 let addr = to.addr();
-                let op = self
-                    .node_answered_request(addr)
-                    .map_or(OpKind::Consume, |r| r.op);
+                self.nodes
+                    .attached
+                    .settings
+                    .retain(|k, _| (k.0, k.1) != (addr.ch, addr.serial));
+                // No request waits: a consumer attached again was refused where its queue
+                // moved; it stays, and gets nothing there.
+                let Some(op) = self.node_answered_request(addr).map(|r| r.op) else {
+                    return;
+                };
                 let code = ErrorCode::from_code(code).unwrap_or(ErrorCode::InternalError);
                 self.mail.push_back(Mail::Refused {
                     to: addr,
@@ -1224,5 +1255,165 @@ impl Broker {
             owed.retain(|(n, _, _)| *n != node);
         }
         self.nodes.attached.owed.retain(|_, v| !v.is_empty());
+    }
+
+    /// Whether a consume of channel `to` under `tag` on `queue` attaches a consumer the
+    /// channel already has there again (its queue moved), rather than a client's request.
+    pub(super) fn reattaching(&self, to: ChannelAddr, tag: &str, queue: QueueId) -> bool {
+        self.chans
+            .channels
+            .get(&to.ch)
+            .filter(|c| c.serial == to.serial)
+            .and_then(|c| c.consumers.get(tag))
+            .is_some_and(|(_, q)| q == queue)
+    }
+
+    /// Queue `id` moved from `old` to `new` (`None`: this node), as a quorum queue's home
+    /// follows its group's leader: this node's clients' consumers of it attach where it is
+    /// now (RabbitMQ keeps a quorum queue's consumers across a leader change), and other
+    /// nodes' consumers of it here go (their nodes attach them again).
+    pub(super) fn queue_moved(&mut self, id: QueueId, old: Option<u32>, new: Option<u32>) {
+        if old == new {
+            return;
+        }
+        let (vhost, name) = self.queue_names(id);
+        let mut moving: Vec<(ChannelAddr, NodeConsumer)> = Vec::new();
+        // Attached to another node.
+        let mut keys: Vec<(QueueId, ConsumerId)> = self
+            .nodes
+            .attached
+            .consumers
+            .keys()
+            .filter(|k| k.0 == id)
+            .copied()
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            let Some(c) = self.nodes.attached.consumers.remove(&key) else {
+                continue;
+            };
+            self.nodes.outbox.push((
+                c.node,
+                NodeMail::Cancel {
+                    vhost: vhost.clone(),
+                    queue: name.clone(),
+                    consumer: key.1 .0,
+                    reply: None,
+                },
+            ));
+            let to = ChannelAddr {
+                ch: c.ch,
+                serial: c.serial,
+            };
+            match c.settings {
+                Some(settings) => moving.push((to, settings)),
+                None => self.mail.push_back(Mail::ConsumerGone {
+                    ch: c.ch,
+                    consumer: key.1,
+                    consumer_tag: c.tag,
+                }),
+            }
+        }
+        // Served here until now.
+        if old.is_none() {
+            let now = self.now;
+            let consumers: Vec<(ConsumerId, ChannelAddr, NodeConsumer)> = self
+                .qs
+                .queues
+                .get(&id)
+                .map(|q| {
+                    q.consumers
+                        .iter()
+                        .map(|c| {
+                            let settings = NodeConsumer {
+                                tag: c.tag.clone(),
+                                no_ack: c.no_ack,
+                                exclusive: c.exclusive,
+                                prefetch: c.prefetch,
+                                global_prefetch: 0,
+                                priority: c.priority,
+                            };
+                            (c.id, c.addr(), settings)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (cid, to, mut settings) in consumers {
+                if let Some(q) = self.qs.queues.get_mut(&id) {
+                    q.remove_consumer(now, cid);
+                }
+                if is_node_conn(to.ch.conn) {
+                    // Another node's: it goes quietly (that node attaches it again).
+                    if let Some(w) = self.nodes.remote.by_consumer.remove(&cid)
+                        && let Some(x) = self.nodes.remote.windows.get_mut(&w)
+                    {
+                        x.consumers.retain(|(c, _)| *c != cid);
+                    }
+                } else {
+                    settings.global_prefetch = self
+                        .chans
+                        .channels
+                        .get(&to.ch)
+                        .map_or(0, |c| c.global_prefetch);
+                    moving.push((to, settings));
+                }
+            }
+            // What other nodes hold of it is settled there no more (the queue here is
+            // reloaded from the new leader's copy when this node leads again).
+            let mut held: Vec<(u32, QueueId, u64)> = self
+                .nodes
+                .remote
+                .unacked
+                .keys()
+                .filter(|k| k.1 == id)
+                .copied()
+                .collect();
+            held.sort_unstable();
+            let mut windows = Vec::new();
+            for k in held {
+                if let Some((w, _)) = self.nodes.remote.unacked.remove(&k) {
+                    if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
+                        x.unacked = x.unacked.saturating_sub(1);
+                    }
+                    windows.push(w);
+                }
+            }
+            let mut all: Vec<u32> = self.nodes.remote.windows.keys().copied().collect();
+            all.extend(windows);
+            all.sort_unstable();
+            all.dedup();
+            for w in all {
+                self.window_done(w);
+            }
+        }
+        for (to, c) in moving {
+            if !self.reattaching(to, &c.tag, id)
+                || !self
+                    .chans
+                    .channels
+                    .get(&to.ch)
+                    .is_some_and(|ch| ch.is_open_as(to.serial))
+            {
+                continue;
+            }
+            self.mail.push_back(Mail::Consume {
+                queue: id,
+                consumer: Box::new(QueueConsumer {
+                    id: ConsumerId(0),
+                    tag: c.tag,
+                    ch: to.ch,
+                    serial: to.serial,
+                    no_ack: c.no_ack,
+                    exclusive: c.exclusive,
+                    global_qos: c.global_prefetch > 0,
+                    prefetch: c.prefetch,
+                    unacked: 0,
+                    priority: c.priority,
+                    shared: None,
+                }),
+                nowait: true,
+                stream_offset: None,
+            });
+        }
     }
 }

@@ -82,6 +82,15 @@ impl Broker {
                 tag,
                 nowait,
             } => {
+                if self.reattaching(to, &tag, queue) {
+                    // Its queue moved (a quorum queue's leader): the same consumer, attached
+                    // where the queue is now; the client asked nothing.
+                    if let Some(c) = self.chans.channels.get_mut(&to.ch) {
+                        c.consumers.remove(&tag);
+                        c.consumers.insert(tag, consumer, queue);
+                    }
+                    return;
+                }
                 let live = self.take_answer(to);
                 self.consume_ok(live, to.ch, queue, consumer, tag, nowait);
                 self.run_held(to.ch);
