@@ -3,7 +3,9 @@
 //! message within its prefetch (10: never more unacked at the client), its requeue comes
 //! back redelivered, its acks settle on n2; a passive declare and a purge on another node
 //! act on n2's queue, basic.get on n1 takes n2's messages; n3 killed with deliveries
-//! unacked: they are back on n2.
+//! unacked: they are back on n2. Then a quorum queue: a consumer on a node that does not
+//! lead it gets every confirmed message, and keeps getting them (no basic.cancel) after
+//! the leader is SIGKILLed and another elected.
 //!
 //! Needs root and `ip netns`, and the broker binary (`cargo build -p warren-cli`, or
 //! WARREN_BIN). Without them the test says why and passes, unless WARREN_CLUSTER_REQUIRE=1
@@ -20,7 +22,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
     BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 /// Its own bridge and subnet: runs beside the other cluster tests.
@@ -278,5 +280,162 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
         back.iter().filter(|(_, r)| *r).count(),
         10,
         "the 10 n3 held come back redelivered: {back:?}"
+    );
+
+    cluster.run(&["start", "n3"]);
+    quorum_consumer_on_a_follower(&cluster, &nodes).await;
+}
+
+/// The leader of quorum queue `q` as node `i` (index) reports it (`warren ctl list-queues`),
+/// as an index.
+fn reported_leader(cluster: &Cluster, i: usize, q: &str) -> Option<usize> {
+    let out = std::process::Command::new(&cluster.bin)
+        .args(["ctl", "--format", "json", "--data-dir"])
+        .arg(
+            cluster
+                .state
+                .path()
+                .join(format!("cluster/n{}/data", i + 1)),
+        )
+        .arg("list-queues")
+        .output()
+        .ok()?;
+    let qs: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let found = qs.as_array()?.iter().find(|x| x["name"] == q)?;
+    usize::try_from(found["leader"].as_u64()?).ok()?.checked_sub(1)
+}
+
+/// Publishes `body` to `q` with a confirm, retrying (a new connection to `node` each time)
+/// until it is confirmed: a quorum queue nacks while its group has no leader.
+async fn publish_until_confirmed(node: &Node, q: &str, body: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempt = async {
+            let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
+            let conn = Connection::connect(&uri, ConnectionProperties::default())
+                .await
+                .ok()?;
+            let ch = conn.create_channel().await.ok()?;
+            ch.confirm_select(ConfirmSelectOptions::default())
+                .await
+                .ok()?;
+            let c = ch
+                .basic_publish(
+                    "".into(),
+                    q.into(),
+                    BasicPublishOptions::default(),
+                    body.as_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .ok()?;
+            let ok = c.await.ok()?.is_ack();
+            let _ = conn.close(200, "done".into()).await;
+            Some(ok)
+        };
+        if let Ok(Some(true)) = tokio::time::timeout(Duration::from_secs(5), attempt).await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: {body} never confirmed",
+            node.name
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A quorum queue with its consumer on a node that does not lead it.
+async fn quorum_consumer_on_a_follower(cluster: &Cluster, nodes: &[Node]) {
+    let q = "qq-far";
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    {
+        let (_c, ch) = channel(&nodes[0]).await;
+        bounded(
+            "declare",
+            ch.queue_declare(
+                q.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                args,
+            ),
+        )
+        .await
+        .expect("declare the quorum queue");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        if let Some(l) = (0..3).find_map(|i| reported_leader(cluster, i, q)) {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no leader for {q}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let far = (leader + 1) % 3;
+    println!(
+        "quorum queue led by {}; consumer on {}",
+        nodes[leader].name, nodes[far].name
+    );
+    let (_cc, consumer_ch) = channel(&nodes[far]).await;
+    consumer_ch
+        .basic_qos(50, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut consumer = bounded(
+        "consume",
+        consumer_ch.basic_consume(
+            q.into(),
+            "qc".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("consume on a follower");
+
+    let first: Vec<String> = (0..50).map(|i| format!("a{i}")).collect();
+    for b in &first {
+        publish_until_confirmed(&nodes[far], q, b).await;
+    }
+    let mut got: BTreeSet<String> = BTreeSet::new();
+    while !first.iter().all(|b| got.contains(b)) {
+        let d = bounded("delivery from the leader", consumer.next())
+            .await
+            .expect("consumer open")
+            .expect("delivery");
+        got.insert(String::from_utf8_lossy(&d.data).into_owned());
+        d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+
+    // The leader dies; the consumer stays and gets what is published after.
+    cluster.run(&["kill", &nodes[leader].name]);
+    let killed = Instant::now();
+    let second: Vec<String> = (0..50).map(|i| format!("b{i}")).collect();
+    for b in &second {
+        publish_until_confirmed(&nodes[far], q, b).await;
+    }
+    println!(
+        "leader {} killed: 50 more confirmed {:?} after",
+        nodes[leader].name,
+        killed.elapsed()
+    );
+    while !second.iter().all(|b| got.contains(b)) {
+        let d = bounded("delivery after the leader's kill", consumer.next())
+            .await
+            .expect("the consumer was not cancelled")
+            .expect("delivery");
+        got.insert(String::from_utf8_lossy(&d.data).into_owned());
+        d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    println!(
+        "the consumer on {} got all 50 from the new leader {:?} after the kill",
+        nodes[far].name,
+        killed.elapsed()
     );
 }

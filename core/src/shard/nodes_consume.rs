@@ -1180,13 +1180,22 @@ impl Broker {
                 });
             }
         }
-        // The consuming side: consumers on its queues are cancelled, requests fail.
+        // The consuming side: consumers on its queues are cancelled, requests fail. A
+        // quorum queue's consumers stay (RabbitMQ keeps them): its group elects another
+        // leader, and they attach there when the queue's home moves (`queue_moved`).
         let mut gone: Vec<(QueueId, ConsumerId)> = self
             .nodes
             .attached
             .consumers
             .iter()
-            .filter(|(_, c)| c.node == node)
+            .filter(|(k, c)| {
+                c.node == node
+                    && !self
+                        .qs
+                        .queues
+                        .get(&k.0)
+                        .is_some_and(|q| q.kind() == crate::queue_type::QueueType::Quorum)
+            })
             .map(|(k, _)| *k)
             .collect();
         gone.sort_unstable();
