@@ -5,7 +5,9 @@
 //! act on n2's queue, basic.get on n1 takes n2's messages; n3 killed with deliveries
 //! unacked: they are back on n2. Then a quorum queue: a consumer on a node that does not
 //! lead it gets every confirmed message, and keeps getting them (no basic.cancel) after
-//! the leader is SIGKILLed and another elected.
+//! the leader is SIGKILLed and another elected. MQTT: a persistent session that
+//! reconnects on another node gets what was queued for it while it was away, and what
+//! comes after (its queue stays on its first node; the session consumes it from there).
 //!
 //! Needs root and `ip netns`, and the broker binary (`cargo build -p warren-cli`, or
 //! WARREN_BIN). Without them the test says why and passes, unless WARREN_CLUSTER_REQUIRE=1
@@ -283,6 +285,7 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
     );
 
     cluster.run(&["start", "n3"]);
+    mqtt_session_moves_node(&nodes).await;
     quorum_consumer_on_a_follower(&cluster, &nodes).await;
 }
 
@@ -438,4 +441,101 @@ async fn quorum_consumer_on_a_follower(cluster: &Cluster, nodes: &[Node]) {
         nodes[far].name,
         killed.elapsed()
     );
+}
+
+fn mqtt_options(node: &Node, id: &str, clean: bool) -> rumqttc::MqttOptions {
+    let (host, port) = node.mqtt.rsplit_once(':').expect("HOST:PORT");
+    let mut opts = rumqttc::MqttOptions::new(id, host, port.parse().expect("port"));
+    opts.set_credentials("warren", "warren");
+    opts.set_clean_session(clean);
+    opts
+}
+
+/// Runs `events` until `n` publishes (other than probes) came in; their payloads.
+async fn mqtt_receive(events: &mut rumqttc::EventLoop, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    bounded("mqtt receive", async {
+        while got.len() < n {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                    got.push(String::from_utf8_lossy(&p.payload).into_owned());
+                }
+                Ok(_) => {}
+                Err(e) => panic!("mqtt receive: {e}"),
+            }
+        }
+    })
+    .await;
+    got
+}
+
+/// Publishes `payloads` at QoS 1 on `node`, each PUBACK in before the next.
+async fn mqtt_publish(node: &Node, topic: &str, payloads: &[String]) {
+    let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(node, "pub", true), 100);
+    for p in payloads {
+        client
+            .publish(topic, rumqttc::QoS::AtLeastOnce, false, p.as_bytes().to_vec())
+            .await
+            .expect("publish");
+        bounded("puback", async {
+            loop {
+                match events.poll().await {
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => return,
+                    Ok(_) => {}
+                    Err(e) => panic!("{}: mqtt publish: {e}", node.name),
+                }
+            }
+        })
+        .await;
+    }
+    let _ = client.disconnect().await;
+}
+
+/// A persistent MQTT session subscribed on n2 reconnects on n3.
+async fn mqtt_session_moves_node(nodes: &[Node]) {
+    let (n1, n2, n3) = (&nodes[0], &nodes[1], &nodes[2]);
+    let topic = "moving/t";
+    {
+        let (client, mut events) =
+            rumqttc::AsyncClient::new(mqtt_options(n2, "mover", false), 100);
+        client
+            .subscribe(topic, rumqttc::QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        bounded("suback", async {
+            loop {
+                match events.poll().await {
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => return,
+                    Ok(_) => {}
+                    Err(e) => panic!("n2: mqtt: {e}"),
+                }
+            }
+        })
+        .await;
+        client.disconnect().await.expect("disconnect");
+        let _ = tokio::time::timeout(Duration::from_millis(500), events.poll()).await;
+    }
+    // Queued for the session on n2 while it is away (published there: n2 applied the
+    // binding before its SUBACK).
+    let away: Vec<String> = (0..10).map(|i| format!("away-{i}")).collect();
+    mqtt_publish(n2, topic, &away).await;
+    // The session's state (subscriptions, packet ids) is kept by the node it was on: on
+    // n3 the CONNACK says no session, and the client subscribes again (as clients do);
+    // its queue, with what it holds, is still the one on n2, consumed from n3.
+    let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(n3, "mover", false), 100);
+    client
+        .subscribe(topic, rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe on n3");
+    assert_eq!(
+        mqtt_receive(&mut events, 10).await,
+        away,
+        "the session on n3 gets what its queue on n2 holds, in order"
+    );
+    // And what is published later, on any node.
+    let after: Vec<String> = (0..5).map(|i| format!("after-{i}")).collect();
+    mqtt_publish(n1, topic, &after).await;
+    assert_eq!(mqtt_receive(&mut events, 5).await, after);
+    let _ = client.disconnect().await;
+    println!("a persistent MQTT session moved from n2 to n3 got its queued messages");
 }
