@@ -743,4 +743,131 @@ mod tests {
         assert_eq!(decode(&bytes[..first]).expect("one piece").len(), 1);
         assert!(decode(&[9]).is_err());
     }
+
+    #[test]
+    fn consumer_mail_round_trips_and_cut_batches_are_errors() {
+        let message = Arc::new(Message {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            properties: Properties::default(),
+            body: Bytes::from_static(b"body"),
+        });
+        let ch = NodeChannel {
+            conn: 7,
+            channel: 3,
+            serial: 2,
+        };
+        let mails = vec![
+            NodeMail::Consume {
+                vhost: "/".into(),
+                queue: "q".into(),
+                from: ch,
+                consumer: NodeConsumer {
+                    tag: "c".into(),
+                    no_ack: false,
+                    exclusive: true,
+                    prefetch: 10,
+                    global_prefetch: 20,
+                    priority: -5,
+                },
+                nowait: false,
+            },
+            NodeMail::ConsumeOk {
+                to: ch,
+                vhost: "/".into(),
+                queue: "q".into(),
+                consumer: 99,
+                tag: "c".into(),
+                nowait: true,
+            },
+            NodeMail::Refused {
+                to: ch,
+                code: 404,
+                text: "NOT_FOUND - no queue".into(),
+            },
+            NodeMail::Deliver {
+                to: ch,
+                vhost: "/".into(),
+                queue: "q".into(),
+                consumer: 99,
+                tag: "c".into(),
+                no_ack: false,
+                seq: 12,
+                redelivered: true,
+                message: message.clone(),
+                window: 4,
+            },
+            NodeMail::Credit {
+                window: 4,
+                count: 3,
+            },
+            NodeMail::Settle {
+                vhost: "/".into(),
+                queue: "q".into(),
+                seqs: vec![12, 13],
+                how: NodeSettle::Requeue,
+            },
+            NodeMail::Cancel {
+                vhost: "/".into(),
+                queue: "q".into(),
+                consumer: 99,
+                reply: Some((ch, "c".into(), false)),
+            },
+            NodeMail::Cancelled {
+                to: ch,
+                tag: "c".into(),
+                nowait: false,
+            },
+            NodeMail::ConsumerGone {
+                to: ch,
+                consumer: 99,
+                tag: "c".into(),
+            },
+            NodeMail::Request {
+                vhost: "/".into(),
+                queue: "q".into(),
+                from: ch,
+                request: NodeRequest::Purge { nowait: false },
+            },
+            NodeMail::Got {
+                to: ch,
+                vhost: "/".into(),
+                queue: "q".into(),
+                no_ack: false,
+                got: Some(NodeGot {
+                    seq: 5,
+                    redelivered: false,
+                    message,
+                    remaining: 8,
+                }),
+            },
+            NodeMail::Purged {
+                to: ch,
+                count: 30,
+                nowait: false,
+            },
+            NodeMail::Declared {
+                to: ch,
+                queue: "q".into(),
+                messages: 1,
+                consumers: 2,
+                nowait: false,
+            },
+        ];
+        let bytes = encode(&mails);
+        let back = decode(&bytes).expect("decodes");
+        // Each piece comes back as it went (compared by its debug form: messages carry no
+        // PartialEq).
+        assert_eq!(format!("{mails:?}"), format!("{back:?}"));
+        let ends: Vec<usize> = (1..=mails.len())
+            .map(|n| encode(&mails[..n]).len())
+            .collect();
+        for cut in (1..bytes.len()).filter(|c| !ends.contains(c)) {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // A settle that claims more seqs than the batch holds is an error, not an allocation.
+        let mut huge = vec![SETTLE, 0, 1, b'/', 0, 1, b'q'];
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode(&huge).is_err());
+    }
 }

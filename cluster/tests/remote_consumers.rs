@@ -162,9 +162,12 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
     assert_eq!(counts(n1, q).await, (30, 0), "n1 reports n2's queue");
     {
         let (_c, ch) = channel(n3).await;
-        let purged = bounded("purge", ch.queue_purge(q.into(), QueuePurgeOptions::default()))
-            .await
-            .expect("purge on n3");
+        let purged = bounded(
+            "purge",
+            ch.queue_purge(q.into(), QueuePurgeOptions::default()),
+        )
+        .await
+        .expect("purge on n3");
         assert_eq!(purged, 30, "purge-ok counts n2's messages");
     }
     assert_eq!(counts(n2, q).await, (0, 0), "purged on the home");
@@ -193,7 +196,11 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
     )
     .await
     .expect("consume on n3");
-    assert_eq!(counts(n1, q).await, (0, 1), "the consumer counts on the home");
+    assert_eq!(
+        counts(n1, q).await,
+        (0, 1),
+        "the consumer counts on the home"
+    );
 
     let bodies: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
     let started = Instant::now();
@@ -305,7 +312,9 @@ fn reported_leader(cluster: &Cluster, i: usize, q: &str) -> Option<usize> {
         .ok()?;
     let qs: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     let found = qs.as_array()?.iter().find(|x| x["name"] == q)?;
-    usize::try_from(found["leader"].as_u64()?).ok()?.checked_sub(1)
+    usize::try_from(found["leader"].as_u64()?)
+        .ok()?
+        .checked_sub(1)
 }
 
 /// Publishes `body` to `q` with a confirm, retrying (a new connection to `node` each time)
@@ -474,7 +483,12 @@ async fn mqtt_publish(node: &Node, topic: &str, payloads: &[String]) {
     let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(node, "pub", true), 100);
     for p in payloads {
         client
-            .publish(topic, rumqttc::QoS::AtLeastOnce, false, p.as_bytes().to_vec())
+            .publish(
+                topic,
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                p.as_bytes().to_vec(),
+            )
             .await
             .expect("publish");
         bounded("puback", async {
@@ -496,8 +510,7 @@ async fn mqtt_session_moves_node(nodes: &[Node]) {
     let (n1, n2, n3) = (&nodes[0], &nodes[1], &nodes[2]);
     let topic = "moving/t";
     {
-        let (client, mut events) =
-            rumqttc::AsyncClient::new(mqtt_options(n2, "mover", false), 100);
+        let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(n2, "mover", false), 100);
         client
             .subscribe(topic, rumqttc::QoS::AtLeastOnce)
             .await

@@ -233,7 +233,10 @@ fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch_and_se
         },
     );
     let fx = far.consume(c2, "q", "c", false);
-    assert!(replies(&fx).is_empty(), "consume-ok waits for the home: {fx:?}");
+    assert!(
+        replies(&fx).is_empty(),
+        "consume-ok waits for the home: {fx:?}"
+    );
     let fx = exchange(&mut home, &mut far);
     assert!(
         replies(&fx)
@@ -245,7 +248,10 @@ fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch_and_se
     let got = deliveries(&fx);
     assert_eq!(got.len(), 10, "{got:?}");
     assert_eq!(got[0].3, "m0");
-    assert!(got.iter().all(|d| !d.2), "first deliveries are not redelivered");
+    assert!(
+        got.iter().all(|d| !d.2),
+        "first deliveries are not redelivered"
+    );
     let fx = home.passive_declare(c1, "q");
     assert!(
         replies(&fx).iter().any(|r| matches!(
@@ -454,7 +460,8 @@ fn a_consumer_follows_its_queue_when_the_queue_moves_between_nodes() {
     let fx = exchange(&mut home, &mut far);
     assert_eq!(bodies(&fx), vec!["on node 1 again"]);
     assert!(
-        !fx.iter().any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
+        !fx.iter()
+            .any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
         "{fx:?}"
     );
 }

@@ -33,8 +33,8 @@ use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
 use crate::mail::credit::SharedCredit;
 use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
 use crate::mail::mailbox::RESTORE_CONN;
-use crate::queue::kind::QueueBehaviour;
 use crate::message::{Message, QueuedMessage};
+use crate::queue::kind::QueueBehaviour;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -246,10 +246,10 @@ impl Broker {
                     global_prefetch,
                     priority: consumer.priority,
                 };
-                self.nodes
-                    .attached
-                    .settings
-                    .insert((from.ch, from.serial, consumer.tag.clone()), settings.clone());
+                self.nodes.attached.settings.insert(
+                    (from.ch, from.serial, consumer.tag.clone()),
+                    settings.clone(),
+                );
                 self.nodes.outbox.push((
                     node,
                     NodeMail::Consume {
@@ -435,7 +435,13 @@ impl Broker {
         }
     }
 
-    fn stub_or_refuse(&mut self, to: ChannelAddr, op: OpKind, vhost: &str, queue: &str) -> Option<QueueId> {
+    fn stub_or_refuse(
+        &mut self,
+        to: ChannelAddr,
+        op: OpKind,
+        vhost: &str,
+        queue: &str,
+    ) -> Option<QueueId> {
         let stub = self.named_queue(vhost, queue).map(|(_, q)| q);
         if stub.is_none() {
             let error = ProtocolError::new(
@@ -579,7 +585,10 @@ impl Broker {
                 if !picked.no_ack {
                     x.unacked += 1;
                     let u = Unacked::of(queue, &m, Some(picked.consumer));
-                    self.nodes.remote.unacked.insert((node, queue, m.seq), (w, u));
+                    self.nodes
+                        .remote
+                        .unacked
+                        .insert((node, queue, m.seq), (w, u));
                 }
                 let (vhost, name) = self.queue_names(queue);
                 self.nodes.outbox.push((
@@ -653,7 +662,10 @@ impl Broker {
                 if let Some((m, _)) = got.as_ref().filter(|_| !no_ack) {
                     x.unacked += 1;
                     let u = Unacked::of(queue, m, None);
-                    self.nodes.remote.unacked.insert((node, queue, m.seq), (w, u));
+                    self.nodes
+                        .remote
+                        .unacked
+                        .insert((node, queue, m.seq), (w, u));
                 }
                 let (vhost, name) = self.queue_names(queue);
                 self.nodes.outbox.push((
@@ -928,11 +940,11 @@ impl Broker {
                 if !stub.is_some_and(|stub| self.reattaching(addr, &tag, stub)) {
                     self.node_answered_request(addr);
                 }
-                let settings = self
-                    .nodes
-                    .attached
-                    .settings
-                    .remove(&(addr.ch, addr.serial, tag.clone()));
+                let settings =
+                    self.nodes
+                        .attached
+                        .settings
+                        .remove(&(addr.ch, addr.serial, tag.clone()));
                 match self.stub_or_refuse(addr, OpKind::Consume, &vhost, &queue) {
                     Some(stub) => {
                         self.nodes.attached.consumers.insert(
@@ -1208,7 +1220,7 @@ impl Broker {
                     NodeMail::Cancel {
                         vhost,
                         queue,
-                        consumer: key.1 .0,
+                        consumer: key.1.0,
                         reply: None,
                     },
                 ));
@@ -1306,7 +1318,7 @@ impl Broker {
                 NodeMail::Cancel {
                     vhost: vhost.clone(),
                     queue: name.clone(),
-                    consumer: key.1 .0,
+                    consumer: key.1.0,
                     reply: None,
                 },
             ));
