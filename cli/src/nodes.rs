@@ -635,11 +635,13 @@ async fn peer_task(
                         "cluster: node {target} restarted; publishes forwarded to it and not yet confirmed are nacked"
                     );
                     broker.node_unreachable(target);
+                    broker.node_reachable(target);
                 }
                 incarnation = Some(now);
                 if !reachable {
                     tracing::info!(node = target, "cluster: forwarding to node {target} again");
                     reachable = true;
+                    broker.node_reachable(target);
                 }
             }
             Err(e) => {

@@ -465,3 +465,71 @@ fn a_consumer_follows_its_queue_when_the_queue_moves_between_nodes() {
         "{fx:?}"
     );
 }
+
+#[test]
+fn a_quorum_queues_consumer_stays_while_its_node_is_unreachable_and_attaches_again() {
+    let quorum = |h: &mut Harness, c| {
+        let mut arguments = warren_core::message::FieldTable::new();
+        arguments.insert(
+            "x-queue-type".into(),
+            warren_core::message::FieldValue::string("quorum"),
+        );
+        h.op(
+            c,
+            Op::QueueDeclare(warren_core::command::QueueDeclare {
+                queue: "qq".into(),
+                passive: false,
+                durable: true,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments,
+            }),
+        );
+    };
+    let mut home = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c1 = home.connect(1);
+    let c2 = far.connect(1);
+    quorum(&mut home, c1);
+    quorum(&mut far, c2);
+    let now = far.now;
+    far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "qq".into(),
+            node: Some(1),
+        },
+    );
+    far.consume(c2, "qq", "c", false);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("qq", "before"));
+    home.sync(0, true);
+    assert_eq!(bodies(&exchange(&mut home, &mut far)), vec!["before"]);
+
+    // Cut both ways: the home drops the far consumer; the far node keeps it (no cancel).
+    let now = home.now;
+    home.shard(0).node_unreachable(now, 2);
+    home.settle();
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    let fx = far.settle();
+    assert!(
+        !fx.iter()
+            .any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
+        "a quorum queue's consumer is kept: {fx:?}"
+    );
+    // What crossed while cut is lost (the host's failed batches).
+    node_mail(&mut home);
+    node_mail(&mut far);
+
+    // Back: it attaches again and gets what comes.
+    let now = far.now;
+    far.shard(0).node_reachable(now, 1);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("qq", "after"));
+    home.sync(0, true);
+    let got = bodies(&exchange(&mut home, &mut far));
+    assert!(got.contains(&"after".to_string()), "{got:?}");
+}

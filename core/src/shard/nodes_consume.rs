@@ -72,6 +72,9 @@ struct AttachedConsumer {
     tag: Arc<str>,
     /// Its settings, to attach it again where the queue moves (a quorum queue's leader).
     settings: Option<NodeConsumer>,
+    /// Its node became unreachable (or restarted) and dropped it: it attaches again when
+    /// the node is reachable (`node_reachable`) or the queue moves.
+    orphan: bool,
 }
 
 /// A request of this node's channel waiting for another node's answer.
@@ -955,6 +958,7 @@ impl Broker {
                                 serial: addr.serial,
                                 tag: tag.clone(),
                                 settings,
+                                orphan: false,
                             },
                         );
                         self.mail.push_back(Mail::ConsumeOk {
@@ -1193,23 +1197,30 @@ impl Broker {
             }
         }
         // The consuming side: consumers on its queues are cancelled, requests fail. A
-        // quorum queue's consumers stay (RabbitMQ keeps them): its group elects another
-        // leader, and they attach there when the queue's home moves (`queue_moved`).
-        let mut gone: Vec<(QueueId, ConsumerId)> = self
-            .nodes
-            .attached
-            .consumers
-            .iter()
-            .filter(|(k, c)| {
-                c.node == node
-                    && !self
-                        .qs
-                        .queues
-                        .get(&k.0)
-                        .is_some_and(|q| q.kind() == crate::queue_type::QueueType::Quorum)
-            })
-            .map(|(k, _)| *k)
-            .collect();
+        // quorum queue's consumers stay (RabbitMQ keeps them), orphaned: its group elects
+        // another leader, and they attach there when the queue's home moves
+        // (`queue_moved`), or there again when the node is back (`node_reachable`).
+        let quorum = |b: &Broker, q: QueueId| {
+            b.qs.queues
+                .get(&q)
+                .is_some_and(|q| q.kind() == crate::queue_type::QueueType::Quorum)
+        };
+        let mut gone: Vec<(QueueId, ConsumerId)> = Vec::new();
+        let mut orphans: Vec<(QueueId, ConsumerId)> = Vec::new();
+        for (k, c) in &self.nodes.attached.consumers {
+            if c.node == node {
+                if quorum(self, k.0) {
+                    orphans.push(*k);
+                } else {
+                    gone.push(*k);
+                }
+            }
+        }
+        for k in orphans {
+            if let Some(c) = self.nodes.attached.consumers.get_mut(&k) {
+                c.orphan = true;
+            }
+        }
         gone.sort_unstable();
         for key in gone {
             if let Some(c) = self.nodes.attached.consumers.remove(&key) {
@@ -1408,33 +1419,79 @@ impl Broker {
             }
         }
         for (to, c) in moving {
-            if !self.reattaching(to, &c.tag, id)
-                || !self
-                    .chans
-                    .channels
-                    .get(&to.ch)
-                    .is_some_and(|ch| ch.is_open_as(to.serial))
-            {
-                continue;
-            }
-            self.mail.push_back(Mail::Consume {
-                queue: id,
-                consumer: Box::new(QueueConsumer {
-                    id: ConsumerId(0),
-                    tag: c.tag,
-                    ch: to.ch,
-                    serial: to.serial,
-                    no_ack: c.no_ack,
-                    exclusive: c.exclusive,
-                    global_qos: c.global_prefetch > 0,
-                    prefetch: c.prefetch,
-                    unacked: 0,
-                    priority: c.priority,
-                    shared: None,
-                }),
-                nowait: true,
-                stream_offset: None,
-            });
+            self.attach_again(id, to, c);
         }
+    }
+
+    /// The host reaches node `node` again (`BrokerHandle::node_reachable`): the consumers
+    /// it dropped while it was unreachable (quorum queues' consumers, kept) attach again
+    /// where their queue is served now (there, if it still leads).
+    pub fn node_reachable(&mut self, now: u64, node: u32) {
+        self.now = self.now.max(now);
+        let mut keys: Vec<(QueueId, ConsumerId)> = self
+            .nodes
+            .attached
+            .consumers
+            .iter()
+            .filter(|(_, c)| c.node == node && c.orphan)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            let Some(c) = self.nodes.attached.consumers.remove(&key) else {
+                continue;
+            };
+            let (vhost, name) = self.queue_names(key.0);
+            // In case it only looked gone and still has it.
+            self.nodes.outbox.push((
+                node,
+                NodeMail::Cancel {
+                    vhost,
+                    queue: name,
+                    consumer: key.1.0,
+                    reply: None,
+                },
+            ));
+            if let Some(settings) = c.settings {
+                let to = ChannelAddr {
+                    ch: c.ch,
+                    serial: c.serial,
+                };
+                self.attach_again(key.0, to, settings);
+            }
+        }
+        self.after_op();
+    }
+
+    /// Attaches consumer `c` of channel `to` (registered there on queue `id`) to the queue
+    /// where it is served now: the same consumer for the client, no consume-ok.
+    fn attach_again(&mut self, id: QueueId, to: ChannelAddr, c: NodeConsumer) {
+        if !self.reattaching(to, &c.tag, id)
+            || !self
+                .chans
+                .channels
+                .get(&to.ch)
+                .is_some_and(|ch| ch.is_open_as(to.serial))
+        {
+            return;
+        }
+        self.mail.push_back(Mail::Consume {
+            queue: id,
+            consumer: Box::new(QueueConsumer {
+                id: ConsumerId(0),
+                tag: c.tag,
+                ch: to.ch,
+                serial: to.serial,
+                no_ack: c.no_ack,
+                exclusive: c.exclusive,
+                global_qos: c.global_prefetch > 0,
+                prefetch: c.prefetch,
+                unacked: 0,
+                priority: c.priority,
+                shared: None,
+            }),
+            nowait: true,
+            stream_offset: None,
+        });
     }
 }
