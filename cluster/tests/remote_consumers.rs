@@ -267,7 +267,76 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // basic.cancel crosses too: cancel-ok, and the home counts no consumer.
+    bounded(
+        "cancel",
+        consumer_ch.basic_cancel("c3".into(), Default::default()),
+    )
+    .await
+    .expect("cancel on n3");
+    assert_eq!(counts(n2, q).await, (0, 0), "cancelled on the home");
+
+    // Throughput: 1000 messages consumed on n3 (from n2) and on n2 itself, prefetch 200.
+    for node in [n3, n2] {
+        let batch: Vec<String> = (0..1000).map(|i| format!("t{i}")).collect();
+        publish_confirmed(&publisher, q, &batch).await;
+        let (_c, ch) = channel(node).await;
+        ch.basic_qos(200, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let mut fast = bounded(
+            "consume",
+            ch.basic_consume(
+                q.into(),
+                "fast".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .expect("consume");
+        let started = Instant::now();
+        for i in 1..=batch.len() {
+            let d = bounded("delivery", fast.next())
+                .await
+                .expect("consumer open")
+                .expect("delivery");
+            if i % 50 == 0 {
+                d.acker
+                    .ack(BasicAckOptions { multiple: true })
+                    .await
+                    .expect("ack");
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "1000 messages of a queue on n2 consumed on {} (prefetch 200, acks every 50): \
+             {:.0} msg/s",
+            node.name,
+            1000.0 / secs
+        );
+        bounded("cancel", ch.basic_cancel("fast".into(), Default::default()))
+            .await
+            .expect("cancel");
+    }
+
     // n3 killed with 10 deliveries unacked: all 20 messages are back on n2.
+    let (_cc, consumer_ch) = channel(n3).await;
+    consumer_ch
+        .basic_qos(10, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut consumer = bounded(
+        "consume",
+        consumer_ch.basic_consume(
+            q.into(),
+            "c3b".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("consume on n3");
     let more: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
     publish_confirmed(&publisher, q, &more).await;
     for _ in 0..10 {

@@ -777,6 +777,10 @@ impl Broker {
                     return;
                 };
                 x.requests += 1;
+                // The channel's global prefetch as it is now (the window may be older).
+                x.credit
+                    .global_prefetch
+                    .store(u32::from(consumer.global_prefetch), Ordering::Release);
                 let qc = QueueConsumer {
                     id: ConsumerId(0),
                     tag: consumer.tag,
