@@ -533,3 +533,50 @@ fn a_quorum_queues_consumer_stays_while_its_node_is_unreachable_and_attaches_aga
     let got = bodies(&exchange(&mut home, &mut far));
     assert!(got.contains(&"after".to_string()), "{got:?}");
 }
+
+#[test]
+fn deleting_the_queue_on_its_home_cancels_its_consumers_on_other_nodes() {
+    let (mut home, mut far, c1, c2) = two_nodes();
+    far.consume(c2, "q", "c", false);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("q", "m"));
+    assert_eq!(bodies(&exchange(&mut home, &mut far)), vec!["m"]);
+    home.op(
+        c1,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    let fx = exchange(&mut home, &mut far);
+    assert!(
+        fx.iter().any(
+            |e| matches!(e, Effect::ConsumerCancelled { consumer_tag, .. } if &**consumer_tag == "c")
+        ),
+        "basic.cancel from the server on the far node: {fx:?}"
+    );
+    // The far node applies the delete too (replicated): its stub goes.
+    far.op(
+        c2,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    // The delivery it holds is still the client's to ack (a no-op now, as on one node),
+    // and the bytes it held are released once.
+    assert_eq!(far.shard(0).stored_bytes(), 1);
+    let fx = far.op(
+        c2,
+        Op::Ack {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
+    assert!(common::error_code(&fx).is_none(), "{fx:?}");
+    assert_eq!(far.shard(0).stored_bytes(), 0);
+}

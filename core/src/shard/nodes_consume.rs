@@ -266,6 +266,8 @@ impl Broker {
                 None
             }
             Mail::Settle { entries, how, .. } => {
+                let held: u64 = entries.iter().map(|u| u.message.body_len() as u64).sum();
+                self.release(held);
                 self.nodes.outbox.push((
                     node,
                     NodeMail::Settle {
@@ -378,8 +380,13 @@ impl Broker {
             give_now(credit_now);
             return;
         };
-        if !no_ack && let Some(c) = self.chans.channels.get_mut(&addr.ch) {
-            c.consumer_unacked.add(1);
+        if !no_ack {
+            if let Some(c) = self.chans.channels.get_mut(&addr.ch) {
+                c.consumer_unacked.add(1);
+            }
+            // The channel keeps it until it is settled: this node holds its body meanwhile
+            // (released when the settle goes to the home, `mail_to_home`).
+            self.hold(message.body_len() as u64);
         }
         let window_full = match self.chans.conns.get_mut(&addr.ch.conn) {
             Some(c) => {
@@ -1065,23 +1072,29 @@ impl Broker {
                 let addr = to.addr();
                 self.node_answered_request(addr);
                 match self.stub_or_refuse(addr, OpKind::Get, &vhost, &queue) {
-                    Some(stub) => self.mail.push_back(Mail::Got {
-                        queue: stub,
-                        to: addr,
-                        no_ack,
-                        got: got.map(|g| {
-                            (
-                                QueuedMessage {
-                                    seq: g.seq,
-                                    message: g.message,
-                                    redelivered: g.redelivered,
-                                    stored: false,
-                                    expires_at: None,
-                                },
-                                g.remaining,
-                            )
-                        }),
-                    }),
+                    Some(stub) => {
+                        if let Some(g) = got.as_ref().filter(|_| !no_ack) {
+                            // Held until settled, as a consumer's delivery (`node_deliver`).
+                            self.hold(g.message.body_len() as u64);
+                        }
+                        self.mail.push_back(Mail::Got {
+                            queue: stub,
+                            to: addr,
+                            no_ack,
+                            got: got.map(|g| {
+                                (
+                                    QueuedMessage {
+                                        seq: g.seq,
+                                        message: g.message,
+                                        redelivered: g.redelivered,
+                                        stored: false,
+                                        expires_at: None,
+                                    },
+                                    g.remaining,
+                                )
+                            }),
+                        });
+                    }
                     None => {
                         if let Some(g) = got.filter(|_| !no_ack) {
                             self.nodes.outbox.push((
