@@ -580,3 +580,35 @@ fn deleting_the_queue_on_its_home_cancels_its_consumers_on_other_nodes() {
     assert!(common::error_code(&fx).is_none(), "{fx:?}");
     assert_eq!(far.shard(0).stored_bytes(), 0);
 }
+
+#[test]
+fn a_request_whose_answer_is_lost_fails_in_time_and_a_late_answer_is_dropped() {
+    let (mut home, mut far, c1, c2) = two_nodes();
+    home.op(c1, persistent("q", "m"));
+    far.op(
+        c2,
+        Op::QueuePurge {
+            queue: "q".into(),
+            nowait: false,
+        },
+    );
+    // The home took it and answered, but its answer is lost on the way.
+    carry(&mut far, 2, &mut home, 1);
+    home.settle();
+    let late = node_mail(&mut home);
+    assert_eq!(late.len(), 1);
+    assert!(
+        far.shard(0).next_deadline().is_some(),
+        "the request has a deadline"
+    );
+    let fx = far.tick(9_000);
+    assert!(common::error_code(&fx).is_none(), "not yet: {fx:?}");
+    let fx = far.tick(2_000);
+    assert_eq!(common::error_code(&fx), Some(404), "{fx:?}");
+    // The late answer finds no request: dropped.
+    let now = far.now;
+    far.shard(0)
+        .receive_node_mail(now, 1, late.into_iter().map(|(_, m)| m));
+    let fx = far.settle();
+    assert!(replies(&fx).is_empty(), "{fx:?}");
+}

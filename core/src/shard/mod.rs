@@ -340,6 +340,7 @@ impl Broker {
             self.expire_head(id);
             self.dispatch(id);
         }
+        self.expire_node_requests();
         self.after_op();
     }
 
@@ -372,6 +373,9 @@ impl Broker {
         }
         if let Some(at) = self.removed_since {
             earliest(at.saturating_add(self.config.removal_sync_ms));
+        }
+        if let Some(at) = self.node_request_deadline() {
+            earliest(at);
         }
         if self.alarm && self.shared_bytes.is_some() {
             // Other shards' consumers may drain the sum below the watermark while this

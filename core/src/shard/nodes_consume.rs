@@ -77,9 +77,16 @@ struct AttachedConsumer {
     orphan: bool,
 }
 
+/// How long a request of this node's channel waits for another node's answer before it
+/// fails: an answer lost on the way (the answering node's batch failed while this node's
+/// reached it) would leave the channel waiting for ever.
+const REQUEST_TIMEOUT_MS: u64 = 10_000;
+
 /// A request of this node's channel waiting for another node's answer.
 struct Request {
     node: u32,
+    /// When it was sent (the broker's clock).
+    sent_at: u64,
     op: OpKind,
     queue: Arc<str>,
     /// A basic.cancel: its tag and `nowait`.
@@ -202,6 +209,7 @@ impl Broker {
                 (to.ch, to.serial),
                 Request {
                     node,
+                    sent_at: b.now,
                     op,
                     queue: name.clone(),
                     cancel: None,
@@ -235,6 +243,7 @@ impl Broker {
                         (from.ch, from.serial),
                         Request {
                             node,
+                            sent_at: self.now,
                             op: OpKind::Consume,
                             queue: name.clone(),
                             cancel: None,
@@ -287,6 +296,7 @@ impl Broker {
                         (r.to.ch, r.to.serial),
                         Request {
                             node,
+                            sent_at: self.now,
                             op: OpKind::Cancel,
                             queue: name.clone(),
                             cancel: Some((r.consumer_tag.clone(), r.nowait)),
@@ -951,8 +961,20 @@ impl Broker {
                 let addr = to.addr();
                 let cid = ConsumerId(consumer);
                 let stub = self.named_queue(&vhost, &queue).map(|(_, q)| q);
-                if !stub.is_some_and(|stub| self.reattaching(addr, &tag, stub)) {
-                    self.node_answered_request(addr);
+                if !stub.is_some_and(|stub| self.reattaching(addr, &tag, stub))
+                    && self.node_answered_request(addr).is_none()
+                {
+                    // Too late (the request timed out): the home lets it go.
+                    self.nodes.outbox.push((
+                        from,
+                        NodeMail::Cancel {
+                            vhost,
+                            queue,
+                            consumer,
+                            reply: None,
+                        },
+                    ));
+                    return;
                 }
                 let settings =
                     self.nodes
@@ -1034,7 +1056,9 @@ impl Broker {
             ),
             NodeMail::Cancelled { to, tag, nowait } => {
                 let addr = to.addr();
-                self.node_answered_request(addr);
+                if self.node_answered_request(addr).is_none() {
+                    return;
+                }
                 self.mail.push_back(Mail::Cancelled {
                     reply: CancelReply {
                         to: addr,
@@ -1070,7 +1094,21 @@ impl Broker {
                 got,
             } => {
                 let addr = to.addr();
-                self.node_answered_request(addr);
+                if self.node_answered_request(addr).is_none() {
+                    // Too late: what it took goes back.
+                    if let Some(g) = got.filter(|_| !no_ack) {
+                        self.nodes.outbox.push((
+                            from,
+                            NodeMail::Settle {
+                                vhost,
+                                queue,
+                                seqs: vec![g.seq],
+                                how: NodeSettle::Requeue,
+                            },
+                        ));
+                    }
+                    return;
+                }
                 match self.stub_or_refuse(addr, OpKind::Get, &vhost, &queue) {
                     Some(stub) => {
                         if let Some(g) = got.as_ref().filter(|_| !no_ack) {
@@ -1112,7 +1150,9 @@ impl Broker {
             }
             NodeMail::Purged { to, count, nowait } => {
                 let addr = to.addr();
-                self.node_answered_request(addr);
+                if self.node_answered_request(addr).is_none() {
+                    return;
+                }
                 self.mail.push_back(Mail::Purged {
                     to: addr,
                     message_count: count,
@@ -1127,7 +1167,9 @@ impl Broker {
                 nowait,
             } => {
                 let addr = to.addr();
-                self.node_answered_request(addr);
+                if self.node_answered_request(addr).is_none() {
+                    return;
+                }
                 self.mail.push_back(Mail::Declared {
                     to: addr,
                     queue,
@@ -1269,36 +1311,7 @@ impl Broker {
             .collect();
         waiting.sort_unstable_by_key(|(ch, s)| (ch.conn, ch.channel, *s));
         for (ch, serial) in waiting {
-            let Some(r) = self.nodes.attached.requests.remove(&(ch, serial)) else {
-                continue;
-            };
-            let to = ChannelAddr { ch, serial };
-            match r.cancel {
-                Some((consumer_tag, nowait)) => self.mail.push_back(Mail::Cancelled {
-                    reply: CancelReply {
-                        to,
-                        consumer_tag,
-                        nowait,
-                    },
-                }),
-                None => {
-                    let vhost = self
-                        .chans
-                        .conns
-                        .get(&ch.conn)
-                        .map(|c| self.topo.vhost_name_arc(c.vhost))
-                        .unwrap_or_else(|| Arc::from(""));
-                    let error = ProtocolError::new(
-                        ErrorCode::NotFound,
-                        r.op,
-                        format!(
-                            "home node {node} of queue '{}' in vhost '{vhost}' is down or inaccessible",
-                            r.queue
-                        ),
-                    );
-                    self.mail.push_back(Mail::Refused { to, error });
-                }
-            }
+            self.fail_request(ch, serial, "is down or inaccessible");
         }
         for owed in self.nodes.attached.owed.values_mut() {
             owed.retain(|(n, _, _)| *n != node);
@@ -1510,5 +1523,71 @@ impl Broker {
             nowait: true,
             stream_offset: None,
         });
+    }
+
+    /// Fails request `(ch, serial)` waiting for another node: a cancel is answered
+    /// (cancel-ok: the consumer is gone from this node's view), anything else is refused
+    /// with RabbitMQ's 404 for a queue whose home node is unavailable.
+    fn fail_request(&mut self, ch: ChannelRef, serial: u32, why: &str) {
+        let Some(r) = self.nodes.attached.requests.remove(&(ch, serial)) else {
+            return;
+        };
+        let to = ChannelAddr { ch, serial };
+        match r.cancel {
+            Some((consumer_tag, nowait)) => self.mail.push_back(Mail::Cancelled {
+                reply: CancelReply {
+                    to,
+                    consumer_tag,
+                    nowait,
+                },
+            }),
+            None => {
+                let vhost = self
+                    .chans
+                    .conns
+                    .get(&ch.conn)
+                    .map(|c| self.topo.vhost_name_arc(c.vhost))
+                    .unwrap_or_else(|| Arc::from(""));
+                let error = ProtocolError::new(
+                    ErrorCode::NotFound,
+                    r.op,
+                    format!(
+                        "home node {} of queue '{}' in vhost '{vhost}' {why}",
+                        r.node, r.queue
+                    ),
+                );
+                self.mail.push_back(Mail::Refused { to, error });
+            }
+        }
+    }
+
+    /// When the oldest request waiting for another node times out, if any waits.
+    pub(super) fn node_request_deadline(&self) -> Option<u64> {
+        self.nodes
+            .attached
+            .requests
+            .values()
+            .map(|r| r.sent_at.saturating_add(REQUEST_TIMEOUT_MS))
+            .min()
+    }
+
+    /// Fails the requests that waited for another node's answer too long (`tick`).
+    pub(super) fn expire_node_requests(&mut self) {
+        if self.nodes.attached.requests.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let mut late: Vec<(ChannelRef, u32)> = self
+            .nodes
+            .attached
+            .requests
+            .iter()
+            .filter(|(_, r)| now >= r.sent_at.saturating_add(REQUEST_TIMEOUT_MS))
+            .map(|(k, _)| *k)
+            .collect();
+        late.sort_unstable_by_key(|(ch, s)| (ch.conn, ch.channel, *s));
+        for (ch, serial) in late {
+            self.fail_request(ch, serial, "did not answer in time");
+        }
     }
 }
