@@ -361,6 +361,30 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
     );
 
     cluster.run(&["start", "n3"]);
+    // Its link to n2 comes up within the transport's backoff: until then what it asks n2
+    // fails (404, as for a home that is down).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_c, ch) = channel(n3).await;
+        let probe = ch
+            .queue_declare(
+                q.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        if probe.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n3 never reached n2 after its restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     mqtt_session_moves_node(&nodes).await;
     quorum_consumer_on_a_follower(&cluster, &nodes).await;
 }

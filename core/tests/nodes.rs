@@ -612,3 +612,38 @@ fn a_request_whose_answer_is_lost_fails_in_time_and_a_late_answer_is_dropped() {
     let fx = far.settle();
     assert!(replies(&fx).is_empty(), "{fx:?}");
 }
+
+#[test]
+fn a_declare_while_the_home_is_unreachable_is_answered_here_and_a_passive_one_refused() {
+    let (_home, mut far, _c1, c2) = two_nodes();
+    let declare = |passive| {
+        Op::QueueDeclare(warren_core::command::QueueDeclare {
+            queue: "q".into(),
+            passive,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: Default::default(),
+        })
+    };
+    let fx = far.op(c2, declare(false));
+    assert!(replies(&fx).is_empty(), "asked the home: {fx:?}");
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    let fx = far.settle();
+    assert!(
+        replies(&fx).iter().any(|r| matches!(
+            r,
+            warren_core::effect::Reply::QueueDeclareOk {
+                message_count: 0,
+                ..
+            }
+        )),
+        "a client's declare of what it uses is answered by the stub: {fx:?}"
+    );
+    far.op(c2, declare(true));
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    assert_eq!(common::error_code(&far.settle()), Some(404));
+}

@@ -91,6 +91,10 @@ struct Request {
     queue: Arc<str>,
     /// A basic.cancel: its tag and `nowait`.
     cancel: Option<(Arc<str>, bool)>,
+    /// A declare (not passive) of the queue: if the home cannot answer, this node does,
+    /// from its stub (clients declare what they use on every start; a passive declare is
+    /// refused instead, as RabbitMQ refuses it): `nowait`.
+    declare: Option<bool>,
 }
 
 /// The consuming side: this node's channels on other nodes' queues.
@@ -213,6 +217,7 @@ impl Broker {
                     op,
                     queue: name.clone(),
                     cancel: None,
+                    declare: None,
                 },
             );
             b.nodes.outbox.push((
@@ -247,6 +252,7 @@ impl Broker {
                             op: OpKind::Consume,
                             queue: name.clone(),
                             cancel: None,
+                            declare: None,
                         },
                     );
                 }
@@ -300,6 +306,7 @@ impl Broker {
                             op: OpKind::Cancel,
                             queue: name.clone(),
                             cancel: Some((r.consumer_tag.clone(), r.nowait)),
+                            declare: None,
                         },
                     );
                     (NodeChannel::of(r.to), r.consumer_tag, r.nowait)
@@ -330,13 +337,19 @@ impl Broker {
                     self.mail.push_back(Mail::Refused { to, error });
                     return None;
                 }
-                let nowait = declare.nowait;
+                let (nowait, passive) = (declare.nowait, declare.passive);
                 request(
                     self,
                     to,
                     OpKind::QueueDeclare,
                     NodeRequest::Declare { nowait },
-                )
+                );
+                if !passive
+                    && let Some(r) = self.nodes.attached.requests.get_mut(&(to.ch, to.serial))
+                {
+                    r.declare = Some(nowait);
+                }
+                None
             }
             other => Some(other),
         }
@@ -1533,6 +1546,17 @@ impl Broker {
             return;
         };
         let to = ChannelAddr { ch, serial };
+        if let Some(nowait) = r.declare {
+            self.mail.push_back(Mail::Declared {
+                to,
+                queue: r.queue,
+                message_count: 0,
+                consumer_count: 0,
+                nowait,
+                version: 0,
+            });
+            return;
+        }
         match r.cancel {
             Some((consumer_tag, nowait)) => self.mail.push_back(Mail::Cancelled {
                 reply: CancelReply {
