@@ -557,7 +557,36 @@ fn deleting_the_queue_on_its_home_cancels_its_consumers_on_other_nodes() {
         ),
         "basic.cancel from the server on the far node: {fx:?}"
     );
-    // The far node applies the delete too (replicated): its stub goes.
+    // The far node applies the delete too (replicated): its stub goes, and with it the
+    // consumer, even when the home's word is lost.
+    let mut lost = two_nodes();
+    let (h2, f2, c1b, c2b) = (&mut lost.0, &mut lost.1, lost.2, lost.3);
+    f2.consume(c2b, "q", "c", false);
+    exchange(h2, f2);
+    h2.op(
+        c1b,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    node_mail(h2);
+    let fx = f2.op(
+        c2b,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
+        "{fx:?}"
+    );
     far.op(
         c2,
         Op::QueueDelete {

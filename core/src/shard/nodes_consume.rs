@@ -1614,4 +1614,30 @@ impl Broker {
             self.fail_request(ch, serial, "did not answer in time");
         }
     }
+
+    /// Queue `id` (a stub) is deleted here: this node's consumers attached to it on its
+    /// home are cancelled (basic.cancel for clients that take it).
+    pub(super) fn cancel_attached(&mut self, id: QueueId) {
+        if self.nodes.attached.consumers.is_empty() {
+            return;
+        }
+        let mut keys: Vec<(QueueId, ConsumerId)> = self
+            .nodes
+            .attached
+            .consumers
+            .keys()
+            .filter(|k| k.0 == id)
+            .copied()
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            if let Some(c) = self.nodes.attached.consumers.remove(&key) {
+                self.mail.push_back(Mail::ConsumerGone {
+                    ch: c.ch,
+                    consumer: key.1,
+                    consumer_tag: c.tag,
+                });
+            }
+        }
+    }
 }
