@@ -250,18 +250,20 @@ impl Broker {
         self.resume_if_drained(id);
     }
 
-    /// Resumes the publishers queue `id` paused once it has drained to half the flow mark.
-    /// Checked after a dispatch and after a basic.get (expiry is followed by a dispatch): a
-    /// queue drained by basic.get while its consumers wait for credit never dispatches.
+    /// Resumes publishers queue `id` paused, a wave at a time, once it has drained to half
+    /// the flow mark (`Pausing::take_wave`). Checked after a dispatch and after a basic.get
+    /// (expiry is followed by a dispatch): a queue drained by basic.get while its consumers
+    /// wait for credit never dispatches.
     fn resume_if_drained(&mut self, id: QueueId) {
-        let low = self.config.flow_ready_high / 2;
-        if self
-            .qs
-            .queues
-            .get(&id)
-            .is_some_and(|q| !q.pausing.is_empty() && q.messages.len() <= low)
-        {
-            self.resume_paused(id);
+        let Some(q) = self.qs.queues.get_mut(&id) else {
+            return;
+        };
+        if q.pausing.is_empty() {
+            return;
+        }
+        let (ready, delivered) = (q.messages.len(), q.stats.deliver_get);
+        for conn in q.pausing.take_wave(ready, delivered, self.config.flow_ready_high) {
+            self.mail.push_back(Mail::Resumed { conn, queue: id });
         }
     }
 
@@ -491,7 +493,7 @@ impl Broker {
         if q.consumers.is_empty() || q.messages.len() <= high || q.pausing.contains(&conn) {
             return;
         }
-        q.pausing.push(conn);
+        q.pausing.push(conn, high / 2, q.stats.deliver_get);
         self.mail.push_back(Mail::Paused { conn, queue: id });
     }
 
