@@ -303,3 +303,70 @@ fn paused_publishers_resume_a_wave_at_a_time_so_fan_in_drops_nothing() {
     assert_eq!(message_count(&mut h, sub, "q0"), 0);
     assert_eq!(f.delivered, sent);
 }
+
+fn paused_conns(fx: &[Effect]) -> Vec<u64> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::FlowPaused { conn } => Some(conn.0),
+            _ => None,
+        })
+        .collect()
+}
+
+fn resumed_conns(fx: &[Effect]) -> Vec<u64> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::FlowResumed { conn } => Some(conn.0),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A publisher whose message lands past the bound is paused too (before, only a kept
+/// message paced its publisher: one that only ever landed past the bound went on sending
+/// what was dropped). A queue that runs empty with publishers still paused resumes them a
+/// wave at a time, on each dispatch and else each millisecond (`tick`), never all at once.
+#[test]
+fn dropping_publishers_are_paused_and_an_empty_queue_resumes_a_wave_per_millisecond() {
+    let mut h = Harness::with_config(BrokerConfig {
+        write_window: 1,
+        // Paused past 2 waiting; at most 4 wait.
+        flow_ready_high: 2,
+        ..BrokerConfig::default()
+    });
+    let sub = h.connect(1);
+    declare(&mut h, sub, "q0", false);
+    h.bind(sub, "q0", "amq.topic", "k");
+    h.consume(sub, "q0", "t", true);
+    // One publisher fills the window and the backlog (paused at its fourth).
+    let first = h.connect(10);
+    for i in 0..5 {
+        h.publish(first, "amq.topic", "k", &format!("f{i}"));
+    }
+    assert_eq!(message_count(&mut h, sub, "q0"), 4);
+    // Nine more land only past the bound: each dropped message pauses its publisher.
+    let mut paused = Vec::new();
+    for c in 11..20 {
+        let p = h.connect(c);
+        let fx = h.publish(p, "amq.topic", "k", "x");
+        paused.extend(paused_conns(&fx));
+    }
+    assert_eq!(paused, (11..20).collect::<Vec<_>>());
+    assert_eq!(h.sum(|b| b.qos0_dropped()), 9);
+    // Draining to half the mark resumes the four paused first, in pause order.
+    let mut resumed = Vec::new();
+    for _ in 0..3 {
+        let fx = h.op(sub, Op::Written { count: 1 });
+        resumed.extend(resumed_conns(&fx));
+    }
+    assert_eq!(resumed, [10, 11, 12, 13]);
+    // Empty now: the dispatch that emptied it resumes the next four.
+    let fx = h.op(sub, Op::Written { count: 1 });
+    assert_eq!(message_count(&mut h, sub, "q0"), 0);
+    assert_eq!(resumed_conns(&fx), [14, 15, 16, 17]);
+    // Nobody publishes: the rest a millisecond later.
+    assert!(h.all()[0].next_deadline().is_some());
+    let fx = h.tick(1);
+    assert_eq!(resumed_conns(&fx), [18, 19]);
+    assert_eq!(h.all()[0].next_deadline(), None);
+}

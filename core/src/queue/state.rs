@@ -231,8 +231,10 @@ impl Pausing {
     /// that does not refill the queue is followed by another before it runs dry; one also
     /// goes whenever twice the flow mark was delivered since the last pause or wave and the
     /// queue is not above the mark (publishers that keep it just fed, never paused again,
-    /// would otherwise keep the paused ones waiting forever); everyone goes once it is empty
-    /// (nothing refills it, so nothing is left to pace).
+    /// would otherwise keep the paused ones waiting forever); and one each time it is asked
+    /// while the queue is empty. Never everyone at once: under load resumed publishers take
+    /// milliseconds to answer, and a queue that ran dry meanwhile then got every paused
+    /// publisher's reads at once, far past its bound.
     pub(crate) fn take_wave(
         &mut self,
         ready: usize,
@@ -242,11 +244,8 @@ impl Pausing {
         let Some(p) = self.0.as_mut() else {
             return Vec::new();
         };
-        if ready == 0 {
-            return self.take();
-        }
         let turn = ready <= high && delivered.saturating_sub(p.since) >= 2 * high as u64;
-        if ready > p.wave_at && !turn {
+        if ready > p.wave_at && ready > 0 && !turn {
             return Vec::new();
         }
         if ready <= p.wave_at {

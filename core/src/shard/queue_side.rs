@@ -199,6 +199,13 @@ impl Broker {
         if backlog >= self.config.flow_ready_high.saturating_mul(2) {
             self.qos0_dropped += 1;
             answer(self);
+            // Paced as for what is kept: a publisher that only ever landed here past the
+            // bound was never paused, and went on sending what was then dropped.
+            if let Some(p) = publisher
+                && !p.consumes
+            {
+                self.pace(p.to.ch.conn, queue);
+            }
             return;
         }
         self.enqueue(queue, message);
@@ -264,6 +271,16 @@ impl Broker {
         let (ready, delivered) = (q.messages.len(), q.stats.deliver_get);
         for conn in q.pausing.take_wave(ready, delivered, self.config.flow_ready_high) {
             self.mail.push_back(Mail::Resumed { conn, queue: id });
+        }
+        if ready == 0 && !q.pausing.is_empty() {
+            self.qs.starving.insert(id);
+        }
+    }
+
+    /// The `tick` of queues that ran empty with publishers still paused: another wave each.
+    pub(super) fn feed_starving(&mut self) {
+        for id in std::mem::take(&mut self.qs.starving) {
+            self.resume_if_drained(id);
         }
     }
 
