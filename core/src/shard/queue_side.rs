@@ -162,8 +162,9 @@ impl Broker {
     /// straight to a consumer with write-window credit (`QueueState::direct_delivery`: no
     /// enqueue, no ack, no settle). Otherwise it waits as in a classic queue, whose flow
     /// control pauses its publishers past `flow_ready_high`, up to twice that: beyond, it
-    /// is dropped and counted (QoS 0 is at most once), so the queue stays bounded whatever
-    /// its publishers do (those that also consume are never paused). Dropping at once,
+    /// is dropped and counted (QoS 0 is at most once) and its publisher paused as well, so
+    /// the queue stays bounded whatever its publishers do (those that also consume are
+    /// never paused). Dropping at once,
     /// without the backlog, wasted the broker: a subscriber's task, one among a hundred
     /// publishers', had its window full most of the time, and nine in ten messages routed
     /// were dropped (docs/benchmarks.md). Taken either way (a confirm says the broker has
@@ -269,7 +270,10 @@ impl Broker {
             return;
         }
         let (ready, delivered) = (q.messages.len(), q.stats.deliver_get);
-        for conn in q.pausing.take_wave(ready, delivered, self.config.flow_ready_high) {
+        for conn in q
+            .pausing
+            .take_wave(ready, delivered, self.config.flow_ready_high)
+        {
             self.mail.push_back(Mail::Resumed { conn, queue: id });
         }
         if ready == 0 && !q.pausing.is_empty() {
