@@ -10,7 +10,8 @@
 //! - `warren ctl quorum add-member` / `delete-member` / `grow` / `shrink` change a queue's
 //!   group through openraft's membership change: a node added after the leader purged its
 //!   log catches up from a snapshot (learner, then voter), and serves every message once
-//!   the original members are removed; a member stopped while the others commit past a
+//!   the original members are removed; a node that is not a member forwards publishes to
+//!   the leader; a member stopped while the others commit past a
 //!   snapshot, returning after the leader died, catches up from the new leader's snapshot.
 //!
 //! Needs root and `ip netns`, and the broker binary (`cargo build -p warren-cli`, or
@@ -430,6 +431,31 @@ async fn members_added_by_snapshot_and_removed_through_openraft() {
             .unwrap_or_default()
     };
     assert!(snapshot(outsider).is_empty(), "no copy on the outsider yet");
+    // A node that is not a member takes publishes too: it forwards them to the leader the
+    // metadata group names (before: nacked, it followed no group).
+    {
+        let (_xc, xch) = channel(&nodes[(outsider - 1) as usize]).await;
+        for i in 0..10 {
+            let body = format!("x{i}");
+            let c = bounded(
+                "publish",
+                xch.basic_publish(
+                    "".into(),
+                    Q.into(),
+                    BasicPublishOptions::default(),
+                    body.as_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                ),
+            )
+            .await
+            .expect("publish");
+            assert!(
+                bounded("confirm", c).await.expect("confirm").is_ack(),
+                "{body} published on non-member node {outsider} confirmed"
+            );
+            want.insert(body);
+        }
+    }
 
     // Added from the outsider itself (not a member: forwarded to the group's leader).
     let t = Instant::now();
