@@ -83,6 +83,15 @@ struct Group {
 }
 
 impl Group {
+    /// The group's leader as this node knows it: from its copy of the group, or, on a node
+    /// that is not a member, the one the metadata group names (its broker forwards there).
+    fn leader(&self) -> Option<NodeId> {
+        match self.raft() {
+            Some(raft) => raft.metrics().borrow().current_leader,
+            None => Some(self.told.load(Ordering::Acquire)).filter(|l| *l != NO_LEADER),
+        }
+    }
+
     fn raft(&self) -> Option<Raft> {
         lock(&self.raft).clone()
     }
@@ -467,8 +476,7 @@ impl Replication {
         let g = lock(&self.0.groups)
             .get(&(vhost.to_string(), name.to_string()))
             .cloned()?;
-        let raft = g.raft()?;
-        raft.metrics().borrow().current_leader
+        g.leader()
     }
 
     /// Whether a publish on this node to queue `name` would be taken now: this node leads
@@ -543,7 +551,7 @@ impl Replication {
             .map(|r| r.members.keys().copied().collect())
             .unwrap_or_default();
         let node = self.0.node.get()?;
-        let leader = g.raft().and_then(|r| r.metrics().borrow().current_leader);
+        let leader = g.leader();
         let online: Vec<NodeId> = members
             .iter()
             .copied()

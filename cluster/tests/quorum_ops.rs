@@ -455,6 +455,12 @@ async fn members_added_by_snapshot_and_removed_through_openraft() {
             );
             want.insert(body);
         }
+        // Its queue listing names the leader it forwards to.
+        let qs = http_get(
+            &nodes[(outsider - 1) as usize],
+            &format!("/api/queues/%2f/{Q}"),
+        );
+        assert_eq!(qs["leader"].as_u64(), Some(leader_node), "{qs}");
     }
 
     // Added from the outsider itself (not a member: forwarded to the group's leader).
