@@ -236,6 +236,44 @@ async fn declare_ok_waits_for_a_leader_and_cluster_status_shows_every_group() {
         let one = http_get(node, &format!("/api/queues/%2f/{}", names[0]));
         assert!(one["leader"].as_u64().is_some(), "{one}");
     }
+    // Every node's alarms, on every node: a memory alarm on n2 (a 1-byte watermark) shows
+    // in n1's cluster-status, and goes when it clears.
+    let alarms_on_n1 = || {
+        cluster_status(&state, &cluster.bin, 1)
+            .map(|s| s["alarms"].clone())
+            .unwrap_or_default()
+    };
+    ctl(
+        &cluster,
+        2,
+        &["set-vm-memory-high-watermark", "absolute", "1"],
+    )
+    .expect("watermark");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = alarms_on_n1();
+        if a.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["node"] == 2 && x["resource"] == "memory")
+        }) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n2's alarm not shown on n1: {a}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ctl(&cluster, 2, &["set-vm-memory-high-watermark", "0.4"]).expect("watermark");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = alarms_on_n1();
+        if a.as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n2's alarm still shown on n1: {a}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // A member down: the others no longer count it online.
     cluster.run(&["kill", "n3"]);
     let deadline = Instant::now() + Duration::from_secs(20);
