@@ -18,4 +18,6 @@ pub(crate) struct QueueSide {
     /// Stream queues: dispatched after each sync (their consumers see synced messages
     /// only) and on `tick` (the stream protocol appends to their logs too).
     pub(crate) streams: std::collections::BTreeSet<QueueId>,
+    /// The arguments last set on a queue (`HeldArgs::shared`).
+    pub(crate) last_args: Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
 }
