@@ -20,8 +20,8 @@
 #   defaults: 300000 12,48,256,512,1024 1,2,4,8,16,64,128,384
 #   --log FILE: also write the output there (bench/stream-table.py reads it); --svg DIR: at the
 #   end, the tables of this run (bench/stream-table.py) and seed 003's plots as SVG in DIR.
-# Env: RABBITMQ=1, EXACT=1 (RabbitMQ's streams filled again one batch at a time before they
-#   are consumed, so that its chunks are the batches), SENDFILE=1, PERFTEST=1 (also
+# Env: RABBITMQ=1, EXACT=1 (both brokers' streams filled again one batch at a time before they
+#   are consumed, so that their chunks are the batches: both merge what is queued), SENDFILE=1, PERFTEST=1 (also
 #   consume each stream over AMQP 0.9.1 with PerfTest as seed 003: --producers 0 --consumers 1
 #   --predeclared --qos 200 --stream-consumer-offset first; jars in PERFTEST_LIB, default
 #   target/perftest/lib), JAVA_LIB (default target/stream-java/lib), SKIP_BUILD=1, WARREN and
@@ -127,7 +127,17 @@ perftest() {  # AMQP_PORT LABEL
 echo "# $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $n messages per cell"
 start 0
 bpid=$pid
+# Publish with confirms, 20,000 in flight: since 2026-11-24 Warren's writer merges what is
+# queued into one chunk per write, as osiris does, so these streams hold merged chunks. With
+# EXACT=1 they are filled again one batch at a time (the batch is the chunk, as in seed 003)
+# before they are read; without it the read-ahead grid reads merged chunks on both brokers.
 java_fill "$base" "warren"
+[ "${EXACT:-0}" = 1 ] && java_fill "$base" "warren (exact fill)" exact
+for s in "${names[@]}"; do
+  # Chunks each stream got (index: 24-byte header, 32 bytes per chunk; less its snapshot).
+  bytes=$(cat "$data/streams/%2F/$s/"*.si | wc -c); files=$(ls "$data/streams/%2F/$s/"*.si | wc -l)
+  echo "warren-chunks $s $(( (bytes - 24 * files) / 32 - files ))"
+done
 "$bench" stream consume --port "$base" "${common[@]}" --label "warren read-ahead off"
 java_consume "$base" "warren read-ahead off"
 perftest $((base + 1)) "warren read-ahead off"

@@ -25,7 +25,7 @@ from collections import defaultdict
 def who(label):
     label = label.strip()
     if "exact fill" in label:
-        # RabbitMQ refilled one batch in flight (EXACT=1): not a publish rate to compare.
+        # A broker refilled one batch in flight (EXACT=1): not a publish rate to compare.
         return None
     if label.startswith("RabbitMQ"):
         return "rmq"

@@ -378,12 +378,28 @@ cluster_quorum() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
 }
 
+cluster_quorum_ops() {
+  # The same needs as cluster_script. Quorum queues' operations on 3 nodes: declare-ok once
+  # the group has a leader (publishes right after it acked), cluster-status and the HTTP API
+  # show every group, add-member (snapshot catch-up) / delete-member / grow / shrink.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test quorum_ops -- --nocapture
+}
+
 cluster_routing() {
   # cluster/tests/routing.rs (docs/cluster.md, "Queues live on one node"): a queue on n2 gets
   # n1's and n3's confirmed publishes, MQTT subscribers get publishes from other nodes,
   # locations survive kill -9, a publish to a down node's queue is nacked.
   cargo build -p warren-cli &&
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test routing
+}
+
+cluster_remote_consumers() {
+  # cluster/tests/remote_consumers.rs (docs/cluster.md, "Consumers on any node"): a consumer on
+  # n3 of a queue on n2 gets n1's confirmed publishes within its prefetch, requeue, acks,
+  # purge/get/passive declare on other nodes act on n2's queue, n3 killed: messages back on n2.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test remote_consumers
 }
 
 cluster_jepsen() {
@@ -428,7 +444,9 @@ step "browser: the management web UI in headless Chromium (screenshots: target/u
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
 step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
+step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
+step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
 step "start warren serve" start_broker

@@ -20,6 +20,7 @@ mod mqtt_client;
 mod mqtt_workloads;
 mod report;
 mod runner;
+mod stream_publish;
 mod streams;
 mod svg;
 mod transport;

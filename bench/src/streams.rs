@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args, Clone)]
 pub struct StreamArgs {
     /// `fill` (create and publish), `consume` (read all from first), or `both`;
-    /// `amqp-consume`: read all from first over AMQP 0.9.1 (`--uri`).
-    #[arg(value_parser = ["fill", "consume", "both", "amqp-consume"])]
+    /// `amqp-consume`: read all from first over AMQP 0.9.1 (`--uri`); `publish`: the lean
+    /// raw-frame producer (`stream_publish.rs`; RabbitMQ 3.10 too), rate and broker CPU.
+    #[arg(value_parser = ["fill", "consume", "both", "amqp-consume", "publish"])]
     phase: String,
     /// The AMQP broker for `amqp-consume`.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
@@ -56,6 +57,12 @@ pub struct StreamArgs {
     /// A label for the consume lines (e.g. `read-ahead 4096`).
     #[arg(long, default_value = "")]
     label: String,
+    /// `publish`: connections publishing to the stream at once.
+    #[arg(long, default_value_t = 1)]
+    publishers: usize,
+    /// `publish`: unconfirmed messages each connection may have.
+    #[arg(long, default_value_t = 20_000)]
+    in_flight: u64,
     /// Give up on a cell after this many seconds.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
@@ -64,6 +71,9 @@ pub struct StreamArgs {
 pub async fn run(a: StreamArgs) -> anyhow::Result<()> {
     if a.phase == "amqp-consume" {
         return amqp_consume_all(&a).await;
+    }
+    if a.phase == "publish" {
+        return publish_all(&a).await;
     }
     let env = Environment::builder()
         .host(&a.host)
@@ -181,13 +191,13 @@ async fn consume(env: &Environment, name: &str, n: u64) -> anyhow::Result<f64> {
 /// from /proc/PID/task/T/schedstat (ns; /proc/PID/stat counts 10 ms ticks, too coarse for
 /// 50k messages of 1 us each), and those ticks for when a thread ended between two readings
 /// (its time left with it: tokio ends idle blocking threads after 10 s).
-struct BrokerCpu {
+pub(crate) struct BrokerCpu {
     threads: std::collections::HashMap<String, u64>,
     ticks: u64,
 }
 
 impl BrokerCpu {
-    fn read(pid: u32) -> Option<BrokerCpu> {
+    pub(crate) fn read(pid: u32) -> Option<BrokerCpu> {
         let mut threads = std::collections::HashMap::new();
         for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
             let Ok(t) = t else { continue };
@@ -204,7 +214,7 @@ impl BrokerCpu {
     }
 
     /// CPU ns from `self` to `later`.
-    fn until(&self, later: &BrokerCpu) -> u64 {
+    pub(crate) fn until(&self, later: &BrokerCpu) -> u64 {
         if self.threads.keys().any(|t| !later.threads.contains_key(t)) {
             return later.ticks.saturating_sub(self.ticks) * 10_000_000;
         }
@@ -214,6 +224,42 @@ impl BrokerCpu {
             .map(|(t, ns)| ns.saturating_sub(self.threads.get(t).copied().unwrap_or(0)))
             .sum()
     }
+}
+
+/// `publish`: every (size, chunk) cell with the lean producer.
+async fn publish_all(a: &StreamArgs) -> anyhow::Result<()> {
+    if a.publishers == 0 {
+        bail!("--publishers must be at least 1");
+    }
+    let p = crate::stream_publish::Publish {
+        host: &a.host,
+        port: a.port,
+        user: &a.user,
+        password: &a.password,
+        publishers: a.publishers,
+        in_flight: a.in_flight,
+        broker_pid: a.broker_pid,
+    };
+    let deadline = Duration::from_secs(a.timeout);
+    for &size in &a.sizes {
+        for &chunk in &a.chunks {
+            let name = format!("{}-{size}-{chunk}", a.prefix);
+            let (rate, cpu) = tokio::time::timeout(
+                deadline,
+                crate::stream_publish::run(&p, &name, size, chunk, a.messages),
+            )
+            .await
+            .with_context(|| format!("publish {name}: over {} s", a.timeout))??;
+            let cpu = cpu.map_or(String::new(), |ns| {
+                format!(", broker {:.2} us/msg", ns / 1000.0)
+            });
+            println!(
+                "publish {name:<20} size {size:>5} batch {chunk:>4} publishers {}: {rate:>10.0} msg/s with confirms{cpu} {}",
+                a.publishers, a.label
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn amqp_consume_all(a: &StreamArgs) -> anyhow::Result<()> {

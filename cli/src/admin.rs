@@ -199,7 +199,13 @@ async fn handle(
             AdminResponse::Memory(_) => json!("pong"),
             other => bail!("unexpected answer {other:?}"),
         },
-        "cluster_status" => crate::cluster::status()?,
+        "cluster_status" => {
+            let alarms = match ask(broker, AdminRequest::MemoryStatus).await? {
+                AdminResponse::Memory(m) if m.alarm => vec!["memory"],
+                _ => Vec::new(),
+            };
+            crate::cluster::status(alarms)?
+        }
         "forget_node" => {
             let id = args
                 .get("id")
@@ -219,6 +225,35 @@ async fn handle(
             crate::cluster::join(id, addr).await?
         }
         "leave" => crate::cluster::leave().await?,
+        "quorum_grow" | "quorum_shrink" => {
+            let node = args
+                .get("node")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| anyhow!("missing argument 'node' (a node id)"))?;
+            let repl = crate::cluster::replication()
+                .ok_or_else(|| anyhow!("this node is not in a cluster (start it with --node-id)"))?;
+            json!(repl.grow_or_shrink(node, verb == "quorum_grow").await)
+        }
+        "quorum_add_member" | "quorum_delete_member" => {
+            let node = args
+                .get("node")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| anyhow!("missing argument 'node' (a node id)"))?;
+            let queue = args
+                .get("queue")
+                .and_then(Value::as_str)
+                .ok_or_else(|| anyhow!("missing argument 'queue'"))?;
+            let repl = crate::cluster::replication()
+                .ok_or_else(|| anyhow!("this node is not in a cluster (start it with --node-id)"))?;
+            let vh = vhost(&args);
+            if verb == "quorum_add_member" {
+                repl.add_member(&vh, queue, node).await
+            } else {
+                repl.delete_member(&vh, queue, node).await
+            }
+            .map_err(|e| anyhow!(e))?;
+            json!({})
+        }
         "status" => management
             .status()
             .await

@@ -26,6 +26,11 @@ pub fn quorum_leader(vhost: &str, name: &str) -> Option<u64> {
     REPLICATION.get()?.leader(vhost, name)
 }
 
+/// The quorum-queue replication, on a cluster node.
+pub fn replication() -> Option<&'static crate::qq::Replication> {
+    REPLICATION.get()
+}
+
 /// Sets the quorum-queue replication the node drives once started (before `start`).
 pub fn set_replication(repl: crate::qq::Replication) {
     let _ = REPLICATION.set(repl);
@@ -229,12 +234,28 @@ pub async fn leave() -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::json!({}))
 }
 
-/// `warren ctl cluster-status`'s data.
-pub fn status() -> anyhow::Result<serde_json::Value> {
+/// `warren ctl cluster-status`'s data: the metadata group as this node sees it (its role,
+/// term, leader, indexes and members, at the top level as before), `groups`: every group
+/// (the metadata group first, then each quorum queue's, with its members and, where this
+/// node is a member, its status), and `alarms`: this node's resource alarms.
+pub fn status(alarms: Vec<&'static str>) -> anyhow::Result<serde_json::Value> {
     let node = NODE.get().ok_or_else(|| {
         anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
     })?;
-    Ok(serde_json::to_value(node.status())?)
+    let meta = node.status();
+    let mut out = serde_json::to_value(&meta)?;
+    let mut groups = vec![serde_json::json!({
+        "type": "metadata",
+        "group": format!("{:016x}", warren_cluster::META_GROUP),
+        "members": meta.members.iter().map(|m| m.id).collect::<Vec<_>>(),
+        "status": meta,
+    })];
+    if let Some(repl) = REPLICATION.get() {
+        groups.extend(repl.groups_status());
+    }
+    out["groups"] = serde_json::Value::Array(groups);
+    out["alarms"] = serde_json::json!(alarms);
+    Ok(out)
 }
 
 #[cfg(test)]

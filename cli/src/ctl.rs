@@ -25,6 +25,23 @@ pub struct CtlArgs {
     verb: Verb,
 }
 
+/// `warren ctl quorum ...`: membership changes of quorum queues' groups, through openraft's
+/// membership change (a new member is a learner until it caught up, then a voter).
+#[derive(clap::Subcommand)]
+enum QuorumVerb {
+    /// Adds node NODE to every quorum queue's group it is not a member of (after a `join`)
+    Grow { node: u64 },
+    /// Removes node NODE from every quorum queue's group it is a member of (before a
+    /// `forget-node`), except where it is the last member
+    Shrink { node: u64 },
+    /// Adds node NODE to queue QUEUE's group (in the vhost of -p)
+    #[command(alias = "add_member")]
+    AddMember { queue: String, node: u64 },
+    /// Removes node NODE from queue QUEUE's group (in the vhost of -p)
+    #[command(alias = "delete_member")]
+    DeleteMember { queue: String, node: u64 },
+}
+
 #[derive(clap::Subcommand)]
 enum Verb {
     /// Queues: name, messages, consumers, memory; or the COLUMNS given (e.g. name
@@ -70,6 +87,9 @@ enum Verb {
     /// This node leaves the cluster (the others stop counting it); stop it and clear its
     /// data dir afterwards (rabbitmqctl's reset)
     Leave,
+    /// Quorum queues' members (rabbitmq-queues): grow, shrink, add-member, delete-member
+    #[command(subcommand)]
+    Quorum(QuorumVerb),
     /// Sets the memory alarm threshold now: a FRACTION of RAM (0.4), or `absolute BYTES`.
     #[command(alias = "set_vm_memory_high_watermark")]
     SetVmMemoryHighWatermark { value: String, bytes: Option<u64> },
@@ -216,7 +236,10 @@ fn request(args: &CtlArgs, verb: &str, params: Value) -> anyhow::Result<Value> {
             args.data_dir.display()
         )
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    // A membership change waits for the new member to catch up (bounded by 60 s a queue
+    // on the node).
+    let wait = if verb.starts_with("quorum_") { 600 } else { 30 };
+    stream.set_read_timeout(Some(Duration::from_secs(wait)))?;
     let mut line = serde_json::to_vec(&json!({"verb": verb, "args": params}))?;
     line.push(b'\n');
     stream.write_all(&line)?;
@@ -312,6 +335,15 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ForgetNode { id } => ("forget_node", json!({"id": id})),
         Verb::Join { id, addr } => ("join", json!({"id": id, "addr": addr})),
         Verb::Leave => ("leave", json!({})),
+        Verb::Quorum(QuorumVerb::Grow { node }) => ("quorum_grow", json!({"node": node})),
+        Verb::Quorum(QuorumVerb::Shrink { node }) => ("quorum_shrink", json!({"node": node})),
+        Verb::Quorum(QuorumVerb::AddMember { queue, node }) => {
+            ("quorum_add_member", json!({"queue": queue, "node": node}))
+        }
+        Verb::Quorum(QuorumVerb::DeleteMember { queue, node }) => (
+            "quorum_delete_member",
+            json!({"queue": queue, "node": node}),
+        ),
         Verb::SetVmMemoryHighWatermark { value, bytes } => match (value.as_str(), bytes) {
             ("absolute", Some(bytes)) => {
                 ("set_vm_memory_high_watermark", json!({"absolute": bytes}))
@@ -417,6 +449,22 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ForgetNode { id } => println!("Removed node {id} from the cluster"),
         Verb::Join { id, addr } => println!("Added node {id} ({addr}) to the cluster"),
         Verb::Leave => println!("This node left the cluster; stop it and clear its data dir"),
+        Verb::Quorum(QuorumVerb::Grow { .. } | QuorumVerb::Shrink { .. }) => {
+            for q in result.as_array().into_iter().flatten() {
+                println!(
+                    "{}\t{}\t{}",
+                    cell(q.get("vhost")),
+                    cell(q.get("queue")),
+                    cell(q.get("result"))
+                );
+            }
+        }
+        Verb::Quorum(QuorumVerb::AddMember { queue, node }) => {
+            println!("Added node {node} to quorum queue '{queue}'")
+        }
+        Verb::Quorum(QuorumVerb::DeleteMember { queue, node }) => {
+            println!("Removed node {node} from quorum queue '{queue}'")
+        }
         Verb::SetVmMemoryHighWatermark { .. } => println!(
             "Set the memory high watermark to {} bytes",
             cell(result.get("bytes"))
@@ -550,6 +598,68 @@ fn cluster_status_text(s: &Value) -> String {
             cell(m.get("addr")),
             cell(m.get("matched")),
             cell(m.get("lag")),
+        ));
+    }
+    let alarms: Vec<String> = s["alarms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| cell(Some(a)))
+        .collect();
+    out.push_str(&format!(
+        "Alarms: {}\n",
+        if alarms.is_empty() {
+            "none".to_string()
+        } else {
+            alarms.join(", ")
+        }
+    ));
+    let queues: Vec<&Value> = s["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["type"] == "quorum")
+        .collect();
+    if !queues.is_empty() {
+        out.push_str(&format!(
+            "\n{:<28}{:<12}{:<8}{:<10}{:<6}{}\n",
+            "quorum queue", "members", "leader", "this node", "term", "member matched/lag"
+        ));
+    }
+    for g in queues {
+        let st = &g["status"];
+        let members: Vec<String> = g["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| cell(Some(m)))
+            .collect();
+        let lags: Vec<String> = st["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                format!(
+                    "{}{}:{}/{}",
+                    cell(m.get("id")),
+                    if m["voter"] == false { "(learner)" } else { "" },
+                    cell(m.get("matched")),
+                    cell(m.get("lag"))
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "{:<28}{:<12}{:<8}{:<10}{:<6}{}\n",
+            format!("{} {}", cell(g.get("vhost")), cell(g.get("queue"))),
+            members.join(","),
+            cell(st.get("leader")),
+            if st.is_null() {
+                "-".to_string()
+            } else {
+                cell(st.get("state"))
+            },
+            cell(st.get("term")),
+            lags.join(" "),
         ));
     }
     out

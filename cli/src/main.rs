@@ -1052,6 +1052,10 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     let data_dir = (!s.in_memory).then(|| s.data_dir.clone());
     let node = warren_management::NodeInfo::local(node_listeners, data_dir);
     let management = warren_management::Management::new(broker.clone(), node, gauges);
+    if let Some(repl) = cluster::replication() {
+        let repl = repl.clone();
+        management.set_placement(Box::new(move |vhost, name| repl.placement(vhost, name)));
+    }
     tokio::spawn(admin::serve(
         admin,
         broker.clone(),

@@ -590,9 +590,28 @@ impl Replicator for MetaReplicator {
             return Box::pin(async move { Err(why) });
         };
         let this = self.0.clone();
+        // A new quorum queue's declare-ok waits for its group to have a leader serving it
+        // (bounded), as RabbitMQ's waits for its Ra cluster: a publish right after it is
+        // taken rather than nacked.
+        let quorum = match &change {
+            AdminRequest::Op {
+                vhost,
+                op: Op::QueueDeclare(d),
+            } if !d.passive && is_quorum(d) => Some((vhost.clone(), d.queue.clone())),
+            _ => None,
+        };
         Box::pin(async move {
             match this.propose(bytes, COMMIT_TIMEOUT).await? {
-                Some(answer) => Ok(answer),
+                Some(answer) => {
+                    if let Some((vhost, queue)) = quorum
+                        && !failed(&answer)
+                        && let Some(repl) = crate::cluster::replication()
+                    {
+                        repl.wait_ready(&vhost, &queue, crate::qq::READY_TIMEOUT)
+                            .await;
+                    }
+                    Ok(answer)
+                }
                 None => Err("this node could not apply the committed change".into()),
             }
         })
@@ -776,6 +795,13 @@ fn is_classic(d: &QueueDeclare) -> bool {
         .get("x-queue-type")
         .and_then(|v| v.as_str())
         .is_none_or(|t| t == "classic" || t == "mqtt-qos0")
+}
+
+fn is_quorum(d: &QueueDeclare) -> bool {
+    d.arguments
+        .get("x-queue-type")
+        .and_then(|v| v.as_str())
+        .is_some_and(|t| t == "quorum")
 }
 
 /// Whether the broker's answer to a change says it changed nothing.

@@ -12,7 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use warren_cluster::node::ClusterNode;
-use warren_core::NodeMail;
+use warren_core::message::Message;
+use warren_core::{NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle};
 use warren_runtime::{BrokerHandle, NodeLink};
 use warren_store::record::{decode_message, encode_message};
 
@@ -38,14 +39,72 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 const ENQUEUE: u8 = 1;
 const ANSWERED: u8 = 2;
+const CONSUME: u8 = 3;
+const CONSUME_OK: u8 = 4;
+const REFUSED: u8 = 5;
+const DELIVER: u8 = 6;
+const CREDIT: u8 = 7;
+const SETTLE: u8 = 8;
+const CANCEL: u8 = 9;
+const CANCELLED: u8 = 10;
+const CONSUMER_GONE: u8 = 11;
+const REQUEST: u8 = 12;
+const GOT: u8 = 13;
+const PURGED: u8 = 14;
+const DECLARED: u8 = 15;
 
-/// The bytes of a batch: per piece a tag, then for `Enqueue` the vhost and queue (u16
-/// length + UTF-8 each), a token flag (u8) and token (u64 BE, if flagged), the message
-/// record (u32 length + `warren_store::record::encode_message` with its body); for
-/// `Answered` the token (u64 BE) and taken (u8).
+/// Writes a batch's pieces (docs/storage.md, "Cluster mail").
+struct W {
+    out: Vec<u8>,
+    record: Vec<u8>,
+}
+
+impl W {
+    fn u8(&mut self, v: u8) {
+        self.out.push(v);
+    }
+    fn bool(&mut self, v: bool) {
+        self.out.push(u8::from(v));
+    }
+    fn u16(&mut self, v: u16) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+    /// A u16 length and UTF-8 (names are short strings; longer is cut, never wrapped).
+    fn str(&mut self, s: &str) {
+        let b = s.as_bytes();
+        let n = b.len().min(u16::MAX as usize);
+        self.u16(n as u16);
+        self.out.extend_from_slice(&b[..n]);
+    }
+    fn channel(&mut self, c: &NodeChannel) {
+        self.u64(c.conn);
+        self.u16(c.channel);
+        self.u32(c.serial);
+    }
+    fn message(&mut self, m: &Message) {
+        self.record.clear();
+        encode_message(m, true, &mut self.record);
+        self.u32(self.record.len() as u32);
+        self.out.extend_from_slice(&self.record);
+    }
+}
+
+/// The bytes of a batch: per piece a tag byte, then its fields in declaration order:
+/// names and texts as u16 length + UTF-8, integers big-endian, flags one byte, a channel
+/// as conn (u64), channel (u16), serial (u32), a message as u32 length +
+/// `warren_store::record::encode_message` with its body, an option as a flag byte and the
+/// value if set, a list as u32 count and the items.
 pub fn encode(mails: &[NodeMail]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut record = Vec::new();
+    let mut w = W {
+        out: Vec::new(),
+        record: Vec::new(),
+    };
     for m in mails {
         match m {
             NodeMail::Enqueue {
@@ -54,66 +113,271 @@ pub fn encode(mails: &[NodeMail]) -> Vec<u8> {
                 message,
                 token,
             } => {
-                out.push(ENQUEUE);
-                for s in [vhost, queue] {
-                    let b = s.as_bytes();
-                    // Names are at most 255 bytes (AMQP short strings).
-                    out.extend_from_slice(&(b.len().min(u16::MAX as usize) as u16).to_be_bytes());
-                    out.extend_from_slice(&b[..b.len().min(u16::MAX as usize)]);
-                }
+                w.u8(ENQUEUE);
+                w.str(vhost);
+                w.str(queue);
                 match token {
                     Some(t) => {
-                        out.push(1);
-                        out.extend_from_slice(&t.to_be_bytes());
+                        w.u8(1);
+                        w.u64(*t);
                     }
-                    None => out.push(0),
+                    None => w.u8(0),
                 }
-                record.clear();
-                encode_message(message, true, &mut record);
-                out.extend_from_slice(&(record.len() as u32).to_be_bytes());
-                out.extend_from_slice(&record);
+                w.message(message);
             }
             NodeMail::Answered { token, taken } => {
-                out.push(ANSWERED);
-                out.extend_from_slice(&token.to_be_bytes());
-                out.push(u8::from(*taken));
+                w.u8(ANSWERED);
+                w.u64(*token);
+                w.bool(*taken);
+            }
+            NodeMail::Consume {
+                vhost,
+                queue,
+                from,
+                consumer,
+                nowait,
+            } => {
+                w.u8(CONSUME);
+                w.str(vhost);
+                w.str(queue);
+                w.channel(from);
+                w.str(&consumer.tag);
+                w.bool(consumer.no_ack);
+                w.bool(consumer.exclusive);
+                w.u16(consumer.prefetch);
+                w.u16(consumer.global_prefetch);
+                w.u32(consumer.priority as u32);
+                w.bool(*nowait);
+            }
+            NodeMail::ConsumeOk {
+                to,
+                vhost,
+                queue,
+                consumer,
+                tag,
+                nowait,
+            } => {
+                w.u8(CONSUME_OK);
+                w.channel(to);
+                w.str(vhost);
+                w.str(queue);
+                w.u64(*consumer);
+                w.str(tag);
+                w.bool(*nowait);
+            }
+            NodeMail::Refused { to, code, text } => {
+                w.u8(REFUSED);
+                w.channel(to);
+                w.u16(*code);
+                w.str(text);
+            }
+            NodeMail::Deliver {
+                to,
+                vhost,
+                queue,
+                consumer,
+                tag,
+                no_ack,
+                seq,
+                redelivered,
+                message,
+                window,
+            } => {
+                w.u8(DELIVER);
+                w.channel(to);
+                w.str(vhost);
+                w.str(queue);
+                w.u64(*consumer);
+                w.str(tag);
+                w.bool(*no_ack);
+                w.u64(*seq);
+                w.bool(*redelivered);
+                w.message(message);
+                w.u32(*window);
+            }
+            NodeMail::Credit { window, count } => {
+                w.u8(CREDIT);
+                w.u32(*window);
+                w.u32(*count);
+            }
+            NodeMail::Settle {
+                vhost,
+                queue,
+                seqs,
+                how,
+            } => {
+                w.u8(SETTLE);
+                w.str(vhost);
+                w.str(queue);
+                w.u32(seqs.len() as u32);
+                for s in seqs {
+                    w.u64(*s);
+                }
+                w.u8(match how {
+                    NodeSettle::Ack => 0,
+                    NodeSettle::Requeue => 1,
+                    NodeSettle::Discard => 2,
+                });
+            }
+            NodeMail::Cancel {
+                vhost,
+                queue,
+                consumer,
+                reply,
+            } => {
+                w.u8(CANCEL);
+                w.str(vhost);
+                w.str(queue);
+                w.u64(*consumer);
+                match reply {
+                    Some((to, tag, nowait)) => {
+                        w.u8(1);
+                        w.channel(to);
+                        w.str(tag);
+                        w.bool(*nowait);
+                    }
+                    None => w.u8(0),
+                }
+            }
+            NodeMail::Cancelled { to, tag, nowait } => {
+                w.u8(CANCELLED);
+                w.channel(to);
+                w.str(tag);
+                w.bool(*nowait);
+            }
+            NodeMail::ConsumerGone { to, consumer, tag } => {
+                w.u8(CONSUMER_GONE);
+                w.channel(to);
+                w.u64(*consumer);
+                w.str(tag);
+            }
+            NodeMail::Request {
+                vhost,
+                queue,
+                from,
+                request,
+            } => {
+                w.u8(REQUEST);
+                w.str(vhost);
+                w.str(queue);
+                w.channel(from);
+                let (kind, flag) = match request {
+                    NodeRequest::Get { no_ack } => (0, *no_ack),
+                    NodeRequest::Purge { nowait } => (1, *nowait),
+                    NodeRequest::Declare { nowait } => (2, *nowait),
+                };
+                w.u8(kind);
+                w.bool(flag);
+            }
+            NodeMail::Got {
+                to,
+                vhost,
+                queue,
+                no_ack,
+                got,
+            } => {
+                w.u8(GOT);
+                w.channel(to);
+                w.str(vhost);
+                w.str(queue);
+                w.bool(*no_ack);
+                match got {
+                    Some(g) => {
+                        w.u8(1);
+                        w.u64(g.seq);
+                        w.bool(g.redelivered);
+                        w.message(&g.message);
+                        w.u32(g.remaining);
+                    }
+                    None => w.u8(0),
+                }
+            }
+            NodeMail::Purged { to, count, nowait } => {
+                w.u8(PURGED);
+                w.channel(to);
+                w.u32(*count);
+                w.bool(*nowait);
+            }
+            NodeMail::Declared {
+                to,
+                queue,
+                messages,
+                consumers,
+                nowait,
+            } => {
+                w.u8(DECLARED);
+                w.channel(to);
+                w.str(queue);
+                w.u32(*messages);
+                w.u32(*consumers);
+                w.bool(*nowait);
             }
         }
     }
-    out
+    w.out
+}
+
+/// Reads a batch's pieces; every read checks the length (the bytes come from the
+/// network, if from an authenticated peer).
+struct R<'a>(&'a [u8]);
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("batch cut short".into());
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn bool(&mut self) -> Result<bool, String> {
+        Ok(self.u8()? != 0)
+    }
+    fn u16(&mut self) -> Result<u16, String> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        Ok(u64::from_be_bytes(b.try_into().map_err(|_| "u64")?))
+    }
+    fn string(&mut self) -> Result<String, String> {
+        let n = self.u16()? as usize;
+        let s = std::str::from_utf8(self.take(n)?).map_err(|e| e.to_string())?;
+        Ok(s.to_string())
+    }
+    fn name(&mut self) -> Result<Arc<str>, String> {
+        Ok(self.string()?.into())
+    }
+    fn channel(&mut self) -> Result<NodeChannel, String> {
+        Ok(NodeChannel {
+            conn: self.u64()?,
+            channel: self.u16()?,
+            serial: self.u32()?,
+        })
+    }
+    fn message(&mut self) -> Result<Arc<Message>, String> {
+        let n = self.u32()? as usize;
+        let record = Bytes::copy_from_slice(self.take(n)?);
+        let message = decode_message(&record, None).map_err(|e| e.to_string())?;
+        Ok(Arc::new(message))
+    }
 }
 
 /// The mail of a batch's bytes; an error for bytes this version cannot read (never a
 /// panic: they come from the network, if from an authenticated peer).
 pub fn decode(bytes: &[u8]) -> Result<Vec<NodeMail>, String> {
-    struct R<'a>(&'a [u8]);
-    impl<'a> R<'a> {
-        fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-            if self.0.len() < n {
-                return Err("batch cut short".into());
-            }
-            let (a, b) = self.0.split_at(n);
-            self.0 = b;
-            Ok(a)
-        }
-        fn u8(&mut self) -> Result<u8, String> {
-            Ok(self.take(1)?[0])
-        }
-        fn u64(&mut self) -> Result<u64, String> {
-            let b = self.take(8)?;
-            Ok(u64::from_be_bytes(b.try_into().map_err(|_| "u64")?))
-        }
-        fn name(&mut self) -> Result<Arc<str>, String> {
-            let n = self.take(2)?;
-            let n = u16::from_be_bytes([n[0], n[1]]) as usize;
-            let s = std::str::from_utf8(self.take(n)?).map_err(|e| e.to_string())?;
-            Ok(s.into())
-        }
-    }
     let mut r = R(bytes);
     let mut out = Vec::new();
     while !r.0.is_empty() {
-        match r.u8()? {
+        let mail = match r.u8()? {
             ENQUEUE => {
                 let vhost = r.name()?;
                 let queue = r.name()?;
@@ -121,24 +385,152 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<NodeMail>, String> {
                     0 => None,
                     _ => Some(r.u64()?),
                 };
-                let n = r.take(4)?;
-                let n = u32::from_be_bytes([n[0], n[1], n[2], n[3]]) as usize;
-                let record = Bytes::copy_from_slice(r.take(n)?);
-                let message = decode_message(&record, None).map_err(|e| e.to_string())?;
-                out.push(NodeMail::Enqueue {
+                let message = r.message()?;
+                NodeMail::Enqueue {
                     vhost,
                     queue,
-                    message: Arc::new(message),
+                    message,
                     token,
-                });
+                }
             }
-            ANSWERED => {
-                let token = r.u64()?;
-                let taken = r.u8()? != 0;
-                out.push(NodeMail::Answered { token, taken });
+            ANSWERED => NodeMail::Answered {
+                token: r.u64()?,
+                taken: r.bool()?,
+            },
+            CONSUME => NodeMail::Consume {
+                vhost: r.name()?,
+                queue: r.name()?,
+                from: r.channel()?,
+                consumer: NodeConsumer {
+                    tag: r.name()?,
+                    no_ack: r.bool()?,
+                    exclusive: r.bool()?,
+                    prefetch: r.u16()?,
+                    global_prefetch: r.u16()?,
+                    priority: r.u32()? as i32,
+                },
+                nowait: r.bool()?,
+            },
+            CONSUME_OK => NodeMail::ConsumeOk {
+                to: r.channel()?,
+                vhost: r.name()?,
+                queue: r.name()?,
+                consumer: r.u64()?,
+                tag: r.name()?,
+                nowait: r.bool()?,
+            },
+            REFUSED => NodeMail::Refused {
+                to: r.channel()?,
+                code: r.u16()?,
+                text: r.string()?,
+            },
+            DELIVER => NodeMail::Deliver {
+                to: r.channel()?,
+                vhost: r.name()?,
+                queue: r.name()?,
+                consumer: r.u64()?,
+                tag: r.name()?,
+                no_ack: r.bool()?,
+                seq: r.u64()?,
+                redelivered: r.bool()?,
+                message: r.message()?,
+                window: r.u32()?,
+            },
+            CREDIT => NodeMail::Credit {
+                window: r.u32()?,
+                count: r.u32()?,
+            },
+            SETTLE => {
+                let vhost = r.name()?;
+                let queue = r.name()?;
+                let n = r.u32()? as usize;
+                // Each seq is 8 bytes: a count beyond what is left is a bad batch, not
+                // an allocation.
+                if n > r.0.len() / 8 {
+                    return Err("settle count beyond the batch".into());
+                }
+                let seqs = (0..n).map(|_| r.u64()).collect::<Result<Vec<u64>, _>>()?;
+                let how = match r.u8()? {
+                    0 => NodeSettle::Ack,
+                    1 => NodeSettle::Requeue,
+                    2 => NodeSettle::Discard,
+                    h => return Err(format!("unknown settle {h}")),
+                };
+                NodeMail::Settle {
+                    vhost,
+                    queue,
+                    seqs,
+                    how,
+                }
             }
+            CANCEL => NodeMail::Cancel {
+                vhost: r.name()?,
+                queue: r.name()?,
+                consumer: r.u64()?,
+                reply: match r.u8()? {
+                    0 => None,
+                    _ => Some((r.channel()?, r.name()?, r.bool()?)),
+                },
+            },
+            CANCELLED => NodeMail::Cancelled {
+                to: r.channel()?,
+                tag: r.name()?,
+                nowait: r.bool()?,
+            },
+            CONSUMER_GONE => NodeMail::ConsumerGone {
+                to: r.channel()?,
+                consumer: r.u64()?,
+                tag: r.name()?,
+            },
+            REQUEST => {
+                let vhost = r.name()?;
+                let queue = r.name()?;
+                let from = r.channel()?;
+                let kind = r.u8()?;
+                let flag = r.bool()?;
+                let request = match kind {
+                    0 => NodeRequest::Get { no_ack: flag },
+                    1 => NodeRequest::Purge { nowait: flag },
+                    2 => NodeRequest::Declare { nowait: flag },
+                    k => return Err(format!("unknown request {k}")),
+                };
+                NodeMail::Request {
+                    vhost,
+                    queue,
+                    from,
+                    request,
+                }
+            }
+            GOT => NodeMail::Got {
+                to: r.channel()?,
+                vhost: r.name()?,
+                queue: r.name()?,
+                no_ack: r.bool()?,
+                got: match r.u8()? {
+                    0 => None,
+                    _ => Some(NodeGot {
+                        seq: r.u64()?,
+                        redelivered: r.bool()?,
+                        message: r.message()?,
+                        remaining: r.u32()?,
+                    }),
+                },
+            },
+            PURGED => NodeMail::Purged {
+                to: r.channel()?,
+                count: r.u32()?,
+                nowait: r.bool()?,
+            },
+            DECLARED => NodeMail::Declared {
+                to: r.channel()?,
+                queue: r.name()?,
+                messages: r.u32()?,
+                consumers: r.u32()?,
+                nowait: r.bool()?,
+            },
             t => return Err(format!("unknown mail tag {t}")),
-        }
+        };
+        out.push(mail);
     }
     Ok(out)
 }
@@ -217,8 +609,11 @@ async fn peer_task(
                     bytes += more
                         .iter()
                         .map(|m| match m {
-                            NodeMail::Enqueue { message, .. } => message.body.len() + 64,
-                            NodeMail::Answered { .. } => 9,
+                            NodeMail::Enqueue { message, .. }
+                            | NodeMail::Deliver { message, .. } => message.body.len() + 64,
+                            NodeMail::Got { got: Some(g), .. } => g.message.body.len() + 64,
+                            NodeMail::Settle { seqs, .. } => seqs.len() * 8 + 16,
+                            _ => 32,
                         })
                         .sum::<usize>();
                     batch.extend(more);
@@ -240,11 +635,13 @@ async fn peer_task(
                         "cluster: node {target} restarted; publishes forwarded to it and not yet confirmed are nacked"
                     );
                     broker.node_unreachable(target);
+                    broker.node_reachable(target);
                 }
                 incarnation = Some(now);
                 if !reachable {
                     tracing::info!(node = target, "cluster: forwarding to node {target} again");
                     reachable = true;
+                    broker.node_reachable(target);
                 }
             }
             Err(e) => {
@@ -347,5 +744,132 @@ mod tests {
         }
         assert_eq!(decode(&bytes[..first]).expect("one piece").len(), 1);
         assert!(decode(&[9]).is_err());
+    }
+
+    #[test]
+    fn consumer_mail_round_trips_and_cut_batches_are_errors() {
+        let message = Arc::new(Message {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            properties: Properties::default(),
+            body: Bytes::from_static(b"body"),
+        });
+        let ch = NodeChannel {
+            conn: 7,
+            channel: 3,
+            serial: 2,
+        };
+        let mails = vec![
+            NodeMail::Consume {
+                vhost: "/".into(),
+                queue: "q".into(),
+                from: ch,
+                consumer: NodeConsumer {
+                    tag: "c".into(),
+                    no_ack: false,
+                    exclusive: true,
+                    prefetch: 10,
+                    global_prefetch: 20,
+                    priority: -5,
+                },
+                nowait: false,
+            },
+            NodeMail::ConsumeOk {
+                to: ch,
+                vhost: "/".into(),
+                queue: "q".into(),
+                consumer: 99,
+                tag: "c".into(),
+                nowait: true,
+            },
+            NodeMail::Refused {
+                to: ch,
+                code: 404,
+                text: "NOT_FOUND - no queue".into(),
+            },
+            NodeMail::Deliver {
+                to: ch,
+                vhost: "/".into(),
+                queue: "q".into(),
+                consumer: 99,
+                tag: "c".into(),
+                no_ack: false,
+                seq: 12,
+                redelivered: true,
+                message: message.clone(),
+                window: 4,
+            },
+            NodeMail::Credit {
+                window: 4,
+                count: 3,
+            },
+            NodeMail::Settle {
+                vhost: "/".into(),
+                queue: "q".into(),
+                seqs: vec![12, 13],
+                how: NodeSettle::Requeue,
+            },
+            NodeMail::Cancel {
+                vhost: "/".into(),
+                queue: "q".into(),
+                consumer: 99,
+                reply: Some((ch, "c".into(), false)),
+            },
+            NodeMail::Cancelled {
+                to: ch,
+                tag: "c".into(),
+                nowait: false,
+            },
+            NodeMail::ConsumerGone {
+                to: ch,
+                consumer: 99,
+                tag: "c".into(),
+            },
+            NodeMail::Request {
+                vhost: "/".into(),
+                queue: "q".into(),
+                from: ch,
+                request: NodeRequest::Purge { nowait: false },
+            },
+            NodeMail::Got {
+                to: ch,
+                vhost: "/".into(),
+                queue: "q".into(),
+                no_ack: false,
+                got: Some(NodeGot {
+                    seq: 5,
+                    redelivered: false,
+                    message,
+                    remaining: 8,
+                }),
+            },
+            NodeMail::Purged {
+                to: ch,
+                count: 30,
+                nowait: false,
+            },
+            NodeMail::Declared {
+                to: ch,
+                queue: "q".into(),
+                messages: 1,
+                consumers: 2,
+                nowait: false,
+            },
+        ];
+        let bytes = encode(&mails);
+        let back = decode(&bytes).expect("decodes");
+        // Each piece comes back as it went (compared by its debug form: messages carry no
+        // PartialEq).
+        assert_eq!(format!("{mails:?}"), format!("{back:?}"));
+        let ends: Vec<usize> = (1..=mails.len())
+            .map(|n| encode(&mails[..n]).len())
+            .collect();
+        for cut in (1..bytes.len()).filter(|c| !ends.contains(c)) {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // A settle that claims more seqs than the batch holds is an error, not an allocation.
+        let mut huge = vec![SETTLE, 0, 1, b'/', 0, 1, b'q'];
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode(&huge).is_err());
     }
 }

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -40,6 +40,14 @@ use warren_store::SyncCallback;
 /// capped at the cluster's size.
 const DEFAULT_GROUP_SIZE: usize = 3;
 
+/// `Group::told` when no leader is known.
+const NO_LEADER: u64 = u64::MAX;
+
+/// How long a declare-ok waits for a new quorum queue's group to have a leader serving it
+/// (RabbitMQ's declare waits for its Ra cluster to start): its members' agreement, the
+/// group's start and one election take well under a second on a healthy cluster.
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A quorum queue's group as recorded on this node (`<data-dir>/cluster/quorum-queues.json`):
 /// the members chosen at its declare, so a restart (or a later change of the cluster's
 /// membership) keeps them.
@@ -56,16 +64,33 @@ struct Group {
     vhost: String,
     name: String,
     id: u64,
-    raft: OnceLock<Raft>,
-    replica: OnceLock<StateMachineStore<QueueReplica>>,
+    /// This node's copy of the group while it runs here (a member, or a node being added).
+    raft: Mutex<Option<Raft>>,
+    replica: Mutex<Option<StateMachineStore<QueueReplica>>>,
+    /// The group is starting or runs here (set by whoever starts it, so it starts once).
+    running: AtomicBool,
     /// This node leads the group and its copy has applied everything committed: the broker
     /// serves the queue from it (set before the reload that makes the broker do so).
     leading: AtomicBool,
     /// Deleted: a group still starting stops once started.
     deleted: AtomicBool,
+    /// Its members were decided at start (recorded, or agreed for a new group): from then
+    /// on `reconcile` follows membership changes.
+    decided: AtomicBool,
+    /// The leader this node's broker was last told of (`QueueHome`), `NO_LEADER` for none: a publish
+    /// here goes to that node from then on.
+    told: AtomicU64,
 }
 
 impl Group {
+    fn raft(&self) -> Option<Raft> {
+        lock(&self.raft).clone()
+    }
+
+    fn replica(&self) -> Option<StateMachineStore<QueueReplica>> {
+        lock(&self.replica).clone()
+    }
+
     fn file(&self) -> String {
         format!("q-{:016x}", self.id)
     }
@@ -80,6 +105,9 @@ struct Shared {
     records: Mutex<BTreeMap<u64, Record>>,
     /// `x-quorum-initial-group-size` of queues declared here, until their group is made.
     sizes: Mutex<HashMap<(String, String), usize>>,
+    /// A group's members were decided since `reconcile` last looked (it compares them with
+    /// the metadata group's record then, as after any metadata change).
+    changed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -121,6 +149,16 @@ fn choose_members(
         .collect()
 }
 
+/// The member of a new group that calls its first election: the one at the place the group
+/// id picks among them.
+fn first_candidate(group: u64, members: &BTreeMap<NodeId, String>) -> Option<NodeId> {
+    let ids: Vec<NodeId> = members.keys().copied().collect();
+    if ids.is_empty() {
+        return None;
+    }
+    ids.get((group % ids.len() as u64) as usize).copied()
+}
+
 impl Replication {
     /// Replication for the node whose data dir is `data_dir`. Call inside the runtime.
     pub fn new(data_dir: &Path) -> Replication {
@@ -143,6 +181,7 @@ impl Replication {
             groups: Mutex::new(HashMap::new()),
             records: Mutex::new(records),
             sizes: Mutex::new(HashMap::new()),
+            changed: AtomicBool::new(true),
         }))
     }
 
@@ -156,6 +195,241 @@ impl Replication {
         for g in groups {
             self.start(g);
         }
+        let this = self.clone();
+        self.0.runtime.spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Each pass reads every group's record: only after a metadata change or a group
+            // decided, not every tick.
+            let mut seen = None;
+            loop {
+                tick.tick().await;
+                let applied = node.definitions.with(|d| d.applied());
+                if this.0.changed.swap(false, Ordering::AcqRel) || seen != Some(applied) {
+                    seen = Some(applied);
+                    this.reconcile(node).await;
+                }
+            }
+        });
+    }
+
+    /// Follows membership changes (`add_member`, `delete_member`, `grow`, `shrink`): each
+    /// queue's members are a record of the metadata group, changed around the group's own
+    /// membership change, so every node sees them in the same order. A node newly named
+    /// starts the group uninitialized (its leader then brings it up to date, as a learner,
+    /// and makes it a voter); a node no longer named stops it and deletes its files (the
+    /// record changes only after the group committed the removal); every node keeps its
+    /// `quorum-queues.json` in step.
+    async fn reconcile(&self, node: &'static ClusterNode) {
+        use warren_cluster::definitions::{Kind, key};
+        let groups: Vec<Arc<Group>> = lock(&self.0.groups).values().cloned().collect();
+        for g in groups {
+            if !g.decided.load(Ordering::Acquire) || g.deleted.load(Ordering::Acquire) {
+                continue;
+            }
+            let k = key(Kind::Queue, &["quorum-members", &g.vhost, &g.name]);
+            let Some(members) = node.definitions.with(|d| {
+                d.get(&k)
+                    .and_then(|b| serde_json::from_slice::<BTreeMap<NodeId, String>>(b).ok())
+            }) else {
+                continue;
+            };
+            {
+                let mut records = lock(&self.0.records);
+                if records.get(&g.id).map(|r| &r.members) != Some(&members) {
+                    records.insert(
+                        g.id,
+                        Record {
+                            vhost: g.vhost.clone(),
+                            name: g.name.clone(),
+                            group: g.id,
+                            members: members.clone(),
+                        },
+                    );
+                    self.save_records(&records);
+                }
+            }
+            let member = members.contains_key(&node.id());
+            if member && !g.running.swap(true, Ordering::AcqRel) {
+                tracing::info!(vhost = %g.vhost, queue = %g.name, "quorum queue: this node was added to its group; catching up");
+                let this = self.clone();
+                self.0.runtime.spawn(async move {
+                    this.run_group(node, g, members, false, false).await;
+                });
+            } else if !member && let Some(raft) = g.raft() {
+                tracing::info!(vhost = %g.vhost, queue = %g.name, "quorum queue: this node was removed from its group; its copy is deleted");
+                *lock(&g.raft) = None;
+                *lock(&g.replica) = None;
+                node.remove_group(g.id, &raft, &g.file()).await;
+                if g.leading.swap(false, Ordering::AcqRel)
+                    && let Some(broker) = self.0.broker.get()
+                {
+                    let reload = AdminRequest::ReloadQueue {
+                        vhost: g.vhost.clone(),
+                        name: g.name.clone(),
+                    };
+                    let _ = broker.admin_local(reload).await;
+                }
+                g.running.store(false, Ordering::Release);
+            } else if !member && g.running.load(Ordering::Acquire) {
+                // Still starting (a restart on a record from before its removal): look
+                // again next tick, once it runs.
+                self.0.changed.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Queue `name`'s members as the metadata group records them: the raw record (for a
+    /// compare-and-set) and the map.
+    fn recorded_members(
+        &self,
+        node: &ClusterNode,
+        vhost: &str,
+        name: &str,
+    ) -> Result<(Vec<u8>, BTreeMap<NodeId, String>), String> {
+        use warren_cluster::definitions::{Kind, key};
+        let k = key(Kind::Queue, &["quorum-members", vhost, name]);
+        let raw = node
+            .definitions
+            .with(|d| d.get(&k).map(<[u8]>::to_vec))
+            .ok_or_else(|| {
+                format!("no quorum queue '{name}' in vhost '{vhost}' in this cluster")
+            })?;
+        let members = serde_json::from_slice(&raw)
+            .map_err(|e| format!("quorum queue '{name}': unreadable members record: {e}"))?;
+        Ok((raw, members))
+    }
+
+    /// Sets queue `name`'s members record from `expected` to `members` (compare-and-set).
+    async fn record_members(
+        node: &ClusterNode,
+        vhost: &str,
+        name: &str,
+        expected: Vec<u8>,
+        members: &BTreeMap<NodeId, String>,
+    ) -> Result<(), String> {
+        use warren_cluster::definitions::{DefCommand, DefReply, Kind, key};
+        let cmd = DefCommand::PutIf {
+            key: key(Kind::Queue, &["quorum-members", vhost, name]),
+            expected: Some(expected),
+            record: serde_json::to_vec(members).map_err(|e| e.to_string())?,
+        };
+        match node.write(&cmd).await {
+            Ok(DefReply::Done { .. }) => Ok(()),
+            Ok(DefReply::Conflict { .. }) => Err(format!(
+                "quorum queue '{name}': its members changed meanwhile (another membership change); try again"
+            )),
+            Ok(other) => Err(format!("quorum queue '{name}': {other:?}")),
+            Err(e) => Err(format!(
+                "quorum queue '{name}': metadata store unavailable: {e}"
+            )),
+        }
+    }
+
+    /// `warren ctl quorum add-member QUEUE NODE` (rabbitmq-queues add_member): node `id`
+    /// becomes a member of queue `name`'s group: recorded (so it starts the group), then
+    /// added by the group's leader as a learner, brought up to date (log or snapshot), and
+    /// made a voter. Answered once it votes; on failure the record is set back.
+    pub async fn add_member(&self, vhost: &str, name: &str, id: NodeId) -> Result<(), String> {
+        let node = *self.0.node.get().ok_or("this node is not in a cluster")?;
+        let g = self.group(vhost, name)?;
+        let addr = node
+            .members()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| format!("node {id} is not a member of the cluster"))?;
+        let (raw, old) = self.recorded_members(node, vhost, name)?;
+        if old.contains_key(&id) {
+            return Err(format!(
+                "node {id} is a member of quorum queue '{name}' already"
+            ));
+        }
+        let mut new = old.clone();
+        new.insert(id, addr.clone());
+        Self::record_members(node, vhost, name, raw, &new).await?;
+        let raft = g.raft();
+        match node.group_join(g.id, raft.as_ref(), &old, id, &addr).await {
+            Ok(()) => {
+                tracing::info!(vhost, queue = name, node = id, "quorum queue: member added");
+                Ok(())
+            }
+            Err(e) => {
+                if let Ok((raw, _)) = self.recorded_members(node, vhost, name) {
+                    let _ = Self::record_members(node, vhost, name, raw, &old).await;
+                }
+                Err(format!("quorum queue '{name}': adding node {id}: {e}"))
+            }
+        }
+    }
+
+    /// `warren ctl quorum delete-member QUEUE NODE` (rabbitmq-queues delete_member): node
+    /// `id` leaves queue `name`'s group (joint consensus, on its leader), then the record
+    /// changes and that node deletes its copy. The last member cannot leave.
+    pub async fn delete_member(&self, vhost: &str, name: &str, id: NodeId) -> Result<(), String> {
+        let node = *self.0.node.get().ok_or("this node is not in a cluster")?;
+        let g = self.group(vhost, name)?;
+        let (_, old) = self.recorded_members(node, vhost, name)?;
+        if !old.contains_key(&id) {
+            return Err(format!(
+                "node {id} is not a member of quorum queue '{name}'"
+            ));
+        }
+        if old.len() == 1 {
+            return Err(format!(
+                "node {id} is the last member of quorum queue '{name}'; delete the queue instead"
+            ));
+        }
+        let raft = g.raft();
+        node.group_forget(g.id, raft.as_ref(), &old, id)
+            .await
+            .map_err(|e| format!("quorum queue '{name}': removing node {id}: {e}"))?;
+        let mut new = old.clone();
+        new.remove(&id);
+        let (raw, _) = self.recorded_members(node, vhost, name)?;
+        Self::record_members(node, vhost, name, raw, &new).await?;
+        tracing::info!(
+            vhost,
+            queue = name,
+            node = id,
+            "quorum queue: member removed"
+        );
+        Ok(())
+    }
+
+    /// `warren ctl quorum grow NODE` (rabbitmq-queues grow): node `id` joins every quorum
+    /// queue's group it is not a member of, one queue at a time; `shrink` (`grow` false):
+    /// leaves every group it is a member of (except a group it is the last member of). Each
+    /// queue's outcome.
+    pub async fn grow_or_shrink(&self, id: NodeId, grow: bool) -> Vec<serde_json::Value> {
+        let Some(node) = self.0.node.get().copied() else {
+            return Vec::new();
+        };
+        let mut queues: Vec<(String, String)> = lock(&self.0.groups).keys().cloned().collect();
+        queues.sort();
+        let mut out = Vec::new();
+        for (vhost, name) in queues {
+            let Ok((_, members)) = self.recorded_members(node, &vhost, &name) else {
+                continue;
+            };
+            let r = match (grow, members.contains_key(&id)) {
+                (true, false) => self.add_member(&vhost, &name, id).await,
+                (false, true) if members.len() > 1 => self.delete_member(&vhost, &name, id).await,
+                _ => continue,
+            };
+            out.push(serde_json::json!({
+                "vhost": vhost,
+                "queue": name,
+                "result": match &r { Ok(()) => "ok".to_string(), Err(e) => e.clone() },
+            }));
+        }
+        out
+    }
+
+    fn group(&self, vhost: &str, name: &str) -> Result<Arc<Group>, String> {
+        lock(&self.0.groups)
+            .get(&(vhost.to_string(), name.to_string()))
+            .cloned()
+            .ok_or_else(|| format!("no quorum queue '{name}' in vhost '{vhost}' on this node"))
     }
 
     /// The leader of queue `name`'s group, as this node knows it.
@@ -163,8 +437,127 @@ impl Replication {
         let g = lock(&self.0.groups)
             .get(&(vhost.to_string(), name.to_string()))
             .cloned()?;
-        let raft = g.raft.get()?;
+        let raft = g.raft()?;
         raft.metrics().borrow().current_leader
+    }
+
+    /// Whether a publish on this node to queue `name` would be taken now: this node leads
+    /// its group and serves it, or its broker forwards to the leader and this node's copy
+    /// has applied a command of a serving leader (the empty one each new leader writes once
+    /// it serves). False while the group starts or elects; true for a node that is not a
+    /// member (nothing here to wait for).
+    fn ready(&self, vhost: &str, name: &str) -> bool {
+        let Some(g) = lock(&self.0.groups)
+            .get(&(vhost.to_string(), name.to_string()))
+            .cloned()
+        else {
+            return false;
+        };
+        let Some(node) = self.0.node.get() else {
+            return false;
+        };
+        if lock(&self.0.records)
+            .get(&g.id)
+            .is_some_and(|r| !r.members.contains_key(&node.id()))
+        {
+            return true;
+        }
+        let (Some(raft), Some(replica)) = (g.raft(), g.replica()) else {
+            return false;
+        };
+        let leader = raft.metrics().borrow().current_leader;
+        let told = g.told.load(Ordering::Acquire);
+        match leader {
+            Some(l) if l == node.id() => g.leading.load(Ordering::Acquire) && told == l,
+            Some(l) => told == l && replica.with(|r| r.applied > 0),
+            None => false,
+        }
+    }
+
+    /// Waits (at most `bound`) until a publish on this node to quorum queue `name` would be
+    /// taken ([`Replication::ready`]): a declare-ok comes after it, so a client publishing
+    /// right after its declare-ok is not nacked for want of a leader. Whether it got there.
+    pub async fn wait_ready(&self, vhost: &str, name: &str, bound: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if self.ready(vhost, name) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    vhost,
+                    queue = name,
+                    "quorum queue has no leader serving it {} ms after its declare; answering anyway",
+                    bound.as_millis()
+                );
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Queue `name`'s group for the management API (RabbitMQ's fields): `leader` (its node
+    /// id, as this node knows it; null during an election), `members` (node ids) and
+    /// `online` (the members this node reaches now). `None` for a queue without a group here.
+    pub fn placement(
+        &self,
+        vhost: &str,
+        name: &str,
+    ) -> Option<serde_json::Map<String, serde_json::Value>> {
+        let g = lock(&self.0.groups)
+            .get(&(vhost.to_string(), name.to_string()))
+            .cloned()?;
+        let members: Vec<NodeId> = lock(&self.0.records)
+            .get(&g.id)
+            .map(|r| r.members.keys().copied().collect())
+            .unwrap_or_default();
+        let node = self.0.node.get()?;
+        let leader = g.raft().and_then(|r| r.metrics().borrow().current_leader);
+        let online: Vec<NodeId> = members
+            .iter()
+            .copied()
+            .filter(|m| node.reachable(*m))
+            .collect();
+        let mut out = serde_json::Map::new();
+        out.insert("leader".into(), serde_json::json!(leader));
+        out.insert("members".into(), serde_json::json!(members));
+        out.insert("online".into(), serde_json::json!(online));
+        Some(out)
+    }
+
+    /// Every quorum queue group this node knows: its queue, group id, recorded members and,
+    /// where this node is a member, its group's status as this node sees it (role, term,
+    /// leader, log indexes, each member's matched index and lag on the leader).
+    pub fn groups_status(&self) -> Vec<serde_json::Value> {
+        let groups: Vec<Arc<Group>> = lock(&self.0.groups).values().cloned().collect();
+        let records = lock(&self.0.records).clone();
+        let mut out: Vec<serde_json::Value> = groups
+            .iter()
+            .map(|g| {
+                let members: Vec<NodeId> = records
+                    .get(&g.id)
+                    .map(|r| r.members.keys().copied().collect())
+                    .unwrap_or_default();
+                let mut v = serde_json::json!({
+                    "type": "quorum",
+                    "vhost": g.vhost,
+                    "queue": g.name,
+                    "group": format!("{:016x}", g.id),
+                    "members": members,
+                    "serving": g.leading.load(Ordering::Acquire),
+                });
+                if let (Some(raft), Some(node)) = (g.raft(), self.0.node.get()) {
+                    let st = node.group_status(&raft);
+                    v["status"] = serde_json::to_value(st).unwrap_or_default();
+                }
+                v
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (a["vhost"].as_str(), a["queue"].as_str())
+                .cmp(&(b["vhost"].as_str(), b["queue"].as_str()))
+        });
+        out
     }
 
     /// The group of queue `name` in `vhost`, made (and started, once the node runs) if new.
@@ -178,10 +571,13 @@ impl Replication {
             vhost: key.0.clone(),
             name: key.1.clone(),
             id: group_id(vhost, name),
-            raft: OnceLock::new(),
-            replica: OnceLock::new(),
+            raft: Mutex::new(None),
+            replica: Mutex::new(None),
+            running: AtomicBool::new(false),
+            decided: AtomicBool::new(false),
             leading: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
+            told: AtomicU64::new(NO_LEADER),
         });
         groups.insert(key, g.clone());
         drop(groups);
@@ -213,7 +609,7 @@ impl Replication {
             .unwrap_or(DEFAULT_GROUP_SIZE);
         let this = self.clone();
         self.0.runtime.spawn(async move {
-            let members = match recorded {
+            let members = match recorded.clone() {
                 Some(m) => m,
                 None => {
                     let members = this.agree_members(node, &g, size).await;
@@ -231,36 +627,76 @@ impl Replication {
                     members
                 }
             };
-            if !members.contains_key(&node.id()) {
-                // Not a member: the queue is served by its members only.
+            let member = members.contains_key(&node.id());
+            // Claimed before `decided` is set, so `reconcile` never starts it uninitialized.
+            let claimed = member && !g.running.swap(true, Ordering::AcqRel);
+            g.decided.store(true, Ordering::Release);
+            if !member {
+                // Not a member: the queue is served by its members only (until an
+                // add-member makes it one: `reconcile`).
                 tracing::info!(vhost = %g.vhost, queue = %g.name, ?members, "quorum queue: this node is not a member of its group");
                 return;
             }
-            match node
-                .start_group(
-                    g.id,
-                    &g.file(),
-                    &members,
-                    QueueReplica::new(),
-                    warren_cluster::queue::MAX_ENTRIES,
-                )
-                .await
-            {
-                Ok((raft, sm)) => {
-                    let _ = g.replica.set(sm);
-                    let _ = g.raft.set(raft.clone());
-                    if g.deleted.load(Ordering::Acquire) {
-                        node.remove_group(g.id, &raft, &g.file()).await;
-                        return;
-                    }
-                    tracing::info!(vhost = %g.vhost, queue = %g.name, group = g.id, members = ?members.keys().collect::<Vec<_>>(), "quorum queue group started");
-                    this.watch(g, raft).await;
-                }
-                Err(e) => {
-                    tracing::error!(vhost = %g.vhost, queue = %g.name, error = %e, "quorum queue group could not start");
-                }
+            this.0.changed.store(true, Ordering::Release);
+            if claimed {
+                // Only a new group's members propose its first membership: a member
+                // restarting on an empty log (it never got an entry, or it was added later)
+                // waits for the leader instead of proposing one of its own.
+                let new = recorded.is_none();
+                this.run_group(node, g, members, new, new).await;
             }
         });
+    }
+
+    /// Runs group `g` here until it stops (the caller claimed `Group::running`). `initialize`: as one of
+    /// the members it was declared with (`members`, every one of them proposing the same
+    /// first membership); otherwise as a member being added, which waits, uninitialized,
+    /// for the leader to bring it up to date. `new`: the group was just declared.
+    async fn run_group(
+        &self,
+        node: &'static ClusterNode,
+        g: Arc<Group>,
+        members: BTreeMap<NodeId, String>,
+        initialize: bool,
+        new: bool,
+    ) {
+        // The caller claimed `g.running`.
+        let first = if initialize {
+            members.clone()
+        } else {
+            BTreeMap::new()
+        };
+        match node
+            .start_group(
+                g.id,
+                &g.file(),
+                &first,
+                QueueReplica::new(),
+                warren_cluster::queue::MAX_ENTRIES,
+            )
+            .await
+        {
+            Ok((raft, sm)) => {
+                *lock(&g.replica) = Some(sm);
+                *lock(&g.raft) = Some(raft.clone());
+                if g.deleted.load(Ordering::Acquire) {
+                    node.remove_group(g.id, &raft, &g.file()).await;
+                    return;
+                }
+                tracing::info!(vhost = %g.vhost, queue = %g.name, group = g.id, members = ?members.keys().collect::<Vec<_>>(), added = !initialize, "quorum queue group started");
+                // A new group: one member, the one its id picks (so first leaders spread
+                // over the cluster), calls the election at once instead of after an
+                // election timeout; the declare-ok waits for it (`wait_ready`).
+                if new && first_candidate(g.id, &members) == Some(node.id()) {
+                    let _ = raft.trigger().elect().await;
+                }
+                self.watch(g, raft).await;
+            }
+            Err(e) => {
+                g.running.store(false, Ordering::Release);
+                tracing::error!(vhost = %g.vhost, queue = %g.name, error = %e, "quorum queue group could not start");
+            }
+        }
     }
 
     /// The members of new group `g`, agreed through the metadata group: this node proposes
@@ -346,6 +782,7 @@ impl Replication {
                     let _ = broker.admin_local(at).await;
                 }
             }
+            g.told.store(leader.unwrap_or(NO_LEADER), Ordering::Release);
             if leads != serving {
                 // A leader's copy holds everything committed once its own term's first
                 // entry is applied.
@@ -361,6 +798,14 @@ impl Replication {
                     }
                     serving = leads;
                     tracing::info!(vhost = %g.vhost, queue = %g.name, leader = leads, "quorum queue: {}", if leads { "this node leads and serves it" } else { "this node no longer leads it" });
+                    if leads {
+                        // An empty command: once a member applies it, it knows a leader
+                        // served the group (`wait_ready` on the other members).
+                        let marker = raft.clone();
+                        self.0.runtime.spawn(async move {
+                            let _ = marker.client_write(QueueCommand(Vec::new()).encode()).await;
+                        });
+                    }
                     continue;
                 }
             }
@@ -389,7 +834,7 @@ impl Replication {
         let Some(node) = self.0.node.get().copied() else {
             return;
         };
-        let raft = g.raft.get().cloned();
+        let raft = g.raft();
         self.0.runtime.spawn(async move {
             if let Some(raft) = raft {
                 node.remove_group(g.id, &raft, &g.file()).await;
@@ -465,7 +910,7 @@ async fn propose(
         let Job(epoch, batches) = job;
         let mut waits = Vec::with_capacity(batches.len());
         for (g, ops) in batches {
-            let w = match g.raft.get() {
+            let w = match g.raft() {
                 Some(raft) if g.leading.load(Ordering::Acquire) => raft
                     .client_write_ff(QueueCommand(ops).encode())
                     .await
@@ -575,7 +1020,7 @@ impl QuorumStore {
 
     /// The queue's messages from its group's copy (this node leads it now).
     fn load_replica(g: &Group) -> (Held, u64) {
-        let Some(sm) = g.replica.get() else {
+        let Some(sm) = g.replica() else {
             return (BTreeMap::new(), 0);
         };
         sm.with(|r| {

@@ -196,6 +196,153 @@ async fn kill_9_keeps_confirmed_messages_offsets_stored_offsets_and_deduplicatio
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// User and tracking chunks a stream's segments hold, from their index files (a 24-byte
+/// header, then 32 bytes per chunk: docs/storage.md).
+fn chunks_on_disk(dir: &std::path::Path, stream: &str) -> u64 {
+    let sdir = dir.join("streams").join("%2F").join(stream);
+    std::fs::read_dir(&sdir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "si"))
+        .map(|p| (std::fs::metadata(p).unwrap().len() - 24) / 32)
+        .sum()
+}
+
+/// Publish frames of one message each, many in flight, from a named (deduplicating)
+/// producer and a filtering one: the stream's writer merges what is queued into one chunk
+/// per write (as osiris), so the streams hold far fewer chunks than frames; after kill -9
+/// every confirmed message is read back in order, re-sent publishing ids are confirmed and
+/// not stored again, and a filtered consumer still gets every message with its value (the
+/// merged chunks' Bloom filters hold all their batches' values). (That one batch in flight
+/// keeps its chunk is store/tests/stream.rs's: this client may split a batch into frames.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_in_flight_merge_into_chunks_dedup_filters_and_kill_9_hold() {
+    use rabbitmq_stream_client::FilterConfiguration;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = data_dir("merged");
+    let (served, port) = serve(&dir);
+    let e = env(port).await;
+    for s in ["merged", "colours"] {
+        e.stream_creator().create(s).await.unwrap();
+    }
+    const N: u64 = 20_000;
+    let mut producer = e
+        .producer()
+        .name("writer-m")
+        .batch_size(1)
+        .build("merged")
+        .await
+        .unwrap();
+    let colours = e
+        .producer()
+        .batch_size(1)
+        .filter_value_extractor(|m: &Message| {
+            let b = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
+            b.split('-').next().unwrap_or_default().to_string()
+        })
+        .build("colours")
+        .await
+        .unwrap();
+    let confirmed = Arc::new(AtomicU64::new(0));
+    for i in 1..=N {
+        let c = confirmed.clone();
+        let count = move |r: Result<rabbitmq_stream_client::ConfirmationStatus, _>| {
+            let c = c.clone();
+            async move {
+                if r.is_ok_and(|s| s.confirmed()) {
+                    c.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        };
+        let m = Message::builder().body(body(i)).publishing_id(i).build();
+        producer.send(m, count.clone()).await.unwrap();
+        let colour = ["red", "blue", "green"][(i % 3) as usize];
+        let m = Message::builder().body(format!("{colour}-{i}")).build();
+        colours.send(m, count).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while confirmed.load(Ordering::Acquire) < 2 * N {
+        assert!(std::time::Instant::now() < deadline, "confirms within 60 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let merged = chunks_on_disk(&dir, "merged");
+    assert!(
+        merged < N / 10,
+        "{merged} chunks for {N} frames in flight: merged"
+    );
+    assert!(chunks_on_disk(&dir, "colours") < N / 10);
+    // SIGKILL (the drop): no shutdown, no flush.
+    drop(served);
+    drop((producer, colours, e));
+
+    let (served, port) = serve(&dir);
+    let e = env(port).await;
+    let mut c = e
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build("merged")
+        .await
+        .unwrap();
+    let got = take(&mut c, N as usize).await;
+    for (i, (offset, data)) in got.iter().enumerate() {
+        assert_eq!(*offset, i as u64, "offsets dense");
+        assert_eq!(
+            data,
+            &body(i as u64 + 1),
+            "every confirmed message, in order"
+        );
+    }
+    let mut producer = e
+        .producer()
+        .name("writer-m")
+        .batch_size(1)
+        .build("merged")
+        .await
+        .unwrap();
+    for i in N - 99..=N + 50 {
+        let m = Message::builder().body(body(i)).publishing_id(i).build();
+        let s = producer.send_with_confirm(m).await.unwrap();
+        assert!(s.confirmed(), "id {i} confirmed (re-sent or new)");
+    }
+    let fresh = take(&mut c, 50).await;
+    assert_eq!(
+        fresh,
+        (N + 1..=N + 50)
+            .map(|i| (i - 1, body(i)))
+            .collect::<Vec<_>>(),
+        "only ids past the stored sequence appended"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), c.next())
+            .await
+            .is_err(),
+        "nothing stored twice"
+    );
+    let mut blue = e
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .filter_input(Some(FilterConfiguration::new(vec!["blue".into()], false)))
+        .build("colours")
+        .await
+        .unwrap();
+    let mut blues = 0;
+    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_millis(1000), blue.next()).await
+    {
+        let b = String::from_utf8_lossy(d.message().data().unwrap_or_default()).into_owned();
+        if b.starts_with("blue-") {
+            blues += 1;
+        }
+    }
+    let want = (1..=N).filter(|i| i % 3 == 1).count();
+    assert_eq!(blues, want, "every blue message (no false negatives)");
+    producer.close().await.unwrap();
+    c.handle().close().await.unwrap();
+    blue.handle().close().await.unwrap();
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_codes() {
     let dir = data_dir("delete");

@@ -152,11 +152,21 @@ pub(crate) async fn join_here(raft: &Raft, id: NodeId, addr: &str) -> Result<(),
     Ok(())
 }
 
+/// A membership change forwarded to a group's leader.
+enum GroupChange {
+    Join(NodeId, String),
+    Forget(NodeId),
+}
+
 /// One member's view in [`Status`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MemberStatus {
     pub id: NodeId,
     pub addr: String,
+    /// A voter (counts for a majority); false for a learner still catching up.
+    pub voter: bool,
+    /// This node reaches it now (its cluster connection worked at the last request).
+    pub online: bool,
     /// The last log index the leader knows this member has (leader only).
     pub matched: Option<u64>,
     /// Entries it is behind the leader's last log index (leader only).
@@ -173,6 +183,49 @@ pub struct Status {
     pub last_log_index: Option<u64>,
     pub last_applied: Option<u64>,
     pub members: Vec<MemberStatus>,
+}
+
+/// Group `raft`'s status as this node sees it: its role, term, leader, log indexes, and
+/// each member (voters and learners) with the last index the leader knows it has and its
+/// lag (known on the leader only). The metadata group's and every quorum queue's.
+pub fn raft_status(raft: &Raft, online: &dyn Fn(NodeId) -> bool) -> Status {
+    let m = raft.metrics().borrow().clone();
+    let last = m.last_log_index;
+    let replication = m.replication.clone();
+    let membership = m.membership_config.membership();
+    let members = membership
+        .nodes()
+        .map(|(id, n)| {
+            let matched = replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned())
+                .map(|l| l.map(|l| l.index).unwrap_or(0));
+            MemberStatus {
+                id: *id,
+                addr: n.addr.clone(),
+                voter: membership.voter_ids().any(|v| v == *id),
+                online: online(*id),
+                matched,
+                lag: matched.map(|x| last.unwrap_or(0).saturating_sub(x)),
+            }
+        })
+        .collect();
+    Status {
+        id: m.id,
+        state: match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        }
+        .into(),
+        term: m.current_term,
+        leader: m.current_leader,
+        last_log_index: last,
+        last_applied: m.last_applied.map(|l| l.index),
+        members,
+    }
 }
 
 /// A running cluster node.
@@ -523,6 +576,109 @@ impl ClusterNode {
         }
     }
 
+    /// Adds node `id` (cluster address `addr`, running the group already: it starts it
+    /// uninitialized when it learns it is a member) to group `group` as a voter, on the
+    /// group's leader: a learner first, brought up to date from the log or a snapshot, then a
+    /// voter (joint consensus). `raft`: this node's copy of the group, if it is a member;
+    /// `members`: the group's members, tried in turn (the leader this node knows first) when
+    /// this node does not lead it. Answered once the new member votes (bounded by
+    /// `JOIN_TIMEOUT`).
+    pub async fn group_join(
+        &self,
+        group: u64,
+        raft: Option<&Raft>,
+        members: &BTreeMap<NodeId, String>,
+        id: NodeId,
+        addr: &str,
+    ) -> Result<(), NodeError> {
+        let join = GroupChange::Join(id, addr.to_string());
+        self.on_group_leader(group, raft, members, join).await
+    }
+
+    /// Removes node `id` from group `group`'s voters (joint consensus), on its leader (as
+    /// [`ClusterNode::group_join`] finds it).
+    pub async fn group_forget(
+        &self,
+        group: u64,
+        raft: Option<&Raft>,
+        members: &BTreeMap<NodeId, String>,
+        id: NodeId,
+    ) -> Result<(), NodeError> {
+        self.on_group_leader(group, raft, members, GroupChange::Forget(id))
+            .await
+    }
+
+    /// Forwards a membership change of group `group` to its leader: the one this node knows
+    /// first, then every other member until one takes it. A member that does not lead
+    /// refuses it at once (openraft's forward-to-leader error); while every member does (an
+    /// election: a leader that removed itself stepped down), it asks again, for up to
+    /// `FORWARD_TIMEOUT`.
+    async fn on_group_leader(
+        &self,
+        group: u64,
+        raft: Option<&Raft>,
+        members: &BTreeMap<NodeId, String>,
+        change: GroupChange,
+    ) -> Result<(), NodeError> {
+        let deadline = tokio::time::Instant::now() + FORWARD_TIMEOUT;
+        loop {
+            let hint = raft.and_then(|r| r.metrics().borrow().current_leader);
+            if let Some(raft) = raft.filter(|_| hint == Some(self.id)) {
+                return match &change {
+                    GroupChange::Join(id, addr) => {
+                        match tokio::time::timeout(JOIN_TIMEOUT, join_here(raft, *id, addr)).await {
+                            Ok(r) => r.map_err(|e| NodeError::Raft(e.to_string())),
+                            Err(_) => Err(NodeError::Raft(format!(
+                                "node {id} did not catch up within {} s",
+                                JOIN_TIMEOUT.as_secs()
+                            ))),
+                        }
+                    }
+                    GroupChange::Forget(id) => forget_here(raft, *id)
+                        .await
+                        .map_err(|e| NodeError::Raft(e.to_string())),
+                };
+            }
+            let mut order: Vec<(NodeId, &String)> = members
+                .iter()
+                .filter(|(id, _)| **id != self.id)
+                .map(|(id, a)| (*id, a))
+                .collect();
+            order.sort_by_key(|(id, _)| Some(*id) != hint);
+            let mut error = NodeError::NotLeader(hint);
+            for (target, addr) in order {
+                let r = match &change {
+                    GroupChange::Join(id, member_addr) => {
+                        self.peers
+                            .forward_join(group, target, addr, *id, member_addr, JOIN_TIMEOUT)
+                            .await
+                    }
+                    GroupChange::Forget(id) => {
+                        self.peers
+                            .forward_forget(group, target, addr, *id, FORWARD_TIMEOUT)
+                            .await
+                    }
+                };
+                match r {
+                    Ok(()) => return Ok(()),
+                    // Not the leader: try the next.
+                    Err(transport::TransportError::Remote(why))
+                        if why.contains("forward request to") => {}
+                    // The leader's answer: final.
+                    Err(e @ transport::TransportError::Remote(_)) => {
+                        return Err(NodeError::Forward(target, e));
+                    }
+                    // Unreachable: another may lead.
+                    Err(e) => error = NodeError::Forward(target, e),
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(error);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// `None` when this node leads; else the leader and its address, or `NotLeader` when
     /// no leader is known (an election) or its address is not (this node's view lags).
     fn leader_elsewhere(&self) -> Result<Option<(NodeId, String)>, NodeError> {
@@ -545,42 +701,17 @@ impl ClusterNode {
 
     /// Members, leader, log indexes and each member's lag.
     pub fn status(&self) -> Status {
-        let m = self.raft.metrics().borrow().clone();
-        let last = m.last_log_index;
-        let replication = m.replication.clone();
-        let members = m
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, n)| {
-                let matched = replication
-                    .as_ref()
-                    .and_then(|r| r.get(id).cloned())
-                    .map(|l| l.map(|l| l.index).unwrap_or(0));
-                MemberStatus {
-                    id: *id,
-                    addr: n.addr.clone(),
-                    matched,
-                    lag: matched.map(|x| last.unwrap_or(0).saturating_sub(x)),
-                }
-            })
-            .collect();
-        Status {
-            id: self.id,
-            state: match m.state {
-                ServerState::Leader => "leader",
-                ServerState::Follower => "follower",
-                ServerState::Candidate => "candidate",
-                ServerState::Learner => "learner",
-                ServerState::Shutdown => "shutdown",
-            }
-            .into(),
-            term: m.current_term,
-            leader: m.current_leader,
-            last_log_index: last,
-            last_applied: m.last_applied.map(|l| l.index),
-            members,
-        }
+        self.group_status(&self.raft)
+    }
+
+    /// Group `raft`'s status (one of this node's groups), with which members it reaches.
+    pub fn group_status(&self, raft: &Raft) -> Status {
+        raft_status(raft, &|id| self.peers.reachable(id))
+    }
+
+    /// Whether this node reaches node `id` now (itself: always).
+    pub fn reachable(&self, id: NodeId) -> bool {
+        self.peers.reachable(id)
     }
 
     /// Stops the group and the listener (the files stay).

@@ -251,6 +251,11 @@ mod tests {
         assert!(!a.apply(4, b"junk").is_empty());
         assert!(!a.apply(5, &[1, 1, 0]).is_empty(), "truncated");
         assert_eq!(a.messages, before.messages);
+        // The empty command a new leader writes once it serves: counted, changes nothing.
+        let applied = a.applied;
+        assert!(a.apply(6, &QueueCommand(Vec::new()).encode().0).is_empty());
+        assert_eq!(a.applied, applied + 1);
+        assert_eq!(a.messages, before.messages);
         let with_expiry = QueueCommand(vec![QueueOp::Append {
             seq: 9,
             expires_at: Some(77),

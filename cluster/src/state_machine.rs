@@ -246,6 +246,13 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         let mut g = self.lock();
         g.sm.restore(&stored.data)
             .map_err(|e| StorageIOError::write_state_machine(AnyError::error(e)))?;
+        // A member that was behind the leader's purged log (or just added) catches up this
+        // way: one line, for operators and the tests.
+        tracing::info!(
+            index = meta.last_log_id.map_or(0, |l| l.index),
+            bytes = stored.data.len(),
+            "cluster: installed a snapshot from the leader"
+        );
         g.last_applied = meta.last_log_id;
         g.membership = meta.last_membership.clone();
         g.snapshot = Some(stored);

@@ -10,7 +10,11 @@
 //! 4. server checks `proof_c` (constant time): the connection then carries RPCs.
 //!
 //! After that the client sends `Envelope { group, rpc }` frames and reads one reply frame per
-//! request, in order. Each peer has one outgoing connection owned by one task that takes
+//! request, in order. The brokers' mail (`Rpc::Mail`) goes as a binary frame instead when the
+//! server's `Challenge` says `binary_mail` (every node of this version does): the same 4-byte
+//! length, then the byte 0x00 (a JSON frame's body starts with `{`), then the batch's bytes
+//! as they are; a server reads both forms, and a client of an older server (no
+//! `binary_mail`) sends the JSON one. Each peer has one outgoing connection owned by one task that takes
 //! requests from a bounded channel (openraft's replication waits when it is full: back-pressure)
 //! and reconnects with exponential backoff after a failure.
 
@@ -133,6 +137,10 @@ enum Handshake {
         from: NodeId,
         nonce: [u8; 32],
         proof: [u8; 32],
+        /// The server reads binary mail frames ([`MAIL_FRAME`]). Absent from an older
+        /// server's challenge (false); an older client ignores it.
+        #[serde(default)]
+        binary_mail: bool,
     },
     Proof {
         proof: [u8; 32],
@@ -196,6 +204,54 @@ async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
     Ok(())
 }
 
+/// The first body byte of a binary mail frame (a JSON envelope's is `{`).
+const MAIL_FRAME: u8 = 0;
+
+/// Writes `env`: a binary frame for mail when the peer reads them (`binary`), else JSON.
+async fn write_envelope<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    env: &Envelope,
+    binary: bool,
+) -> Result<(), TransportError> {
+    let Rpc::Mail(batch) = &env.rpc else {
+        return write_frame(w, env).await;
+    };
+    if !binary {
+        return write_frame(w, env).await;
+    }
+    let len = 1 + batch.len();
+    if len > MAX_FRAME {
+        return Err(TransportError::FrameTooBig(len));
+    }
+    let mut buf = Vec::with_capacity(4 + len);
+    buf.extend_from_slice(&(len as u32).to_be_bytes());
+    buf.push(MAIL_FRAME);
+    buf.extend_from_slice(batch);
+    w.write_all(&buf).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads an envelope: a binary mail frame or JSON.
+async fn read_envelope<R: AsyncRead + Unpin>(r: &mut R) -> Result<Envelope, TransportError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(TransportError::FrameTooBig(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    if body.first() == Some(&MAIL_FRAME) {
+        body.remove(0);
+        return Ok(Envelope {
+            group: 0,
+            rpc: Rpc::Mail(body),
+        });
+    }
+    Ok(serde_json::from_slice(&body)?)
+}
+
 async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
     r: &mut R,
 ) -> Result<T, TransportError> {
@@ -222,12 +278,13 @@ async fn read_frame_max<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
     Ok(serde_json::from_slice(&body)?)
 }
 
-/// Client side of the handshake; returns the server's node id.
+/// Client side of the handshake; returns the server's node id, and whether it reads binary
+/// mail frames.
 async fn client_handshake(
     s: &mut TcpStream,
     me: NodeId,
     secret: &Secret,
-) -> Result<NodeId, TransportError> {
+) -> Result<(NodeId, bool), TransportError> {
     let nonce_c = nonce()?;
     write_frame(
         s,
@@ -242,6 +299,7 @@ async fn client_handshake(
         from,
         nonce: nonce_s,
         proof,
+        binary_mail,
     } = read_hello(s).await?
     else {
         return Err(TransportError::Protocol);
@@ -253,7 +311,7 @@ async fn client_handshake(
     let proof = secret.proof(b"client", &nonce_s, &nonce_c, me);
     write_frame(s, &Handshake::Proof { proof }).await?;
     match read_hello(s).await? {
-        Handshake::Welcome => Ok(from),
+        Handshake::Welcome => Ok((from, binary_mail)),
         _ => Err(TransportError::Protocol),
     }
 }
@@ -283,6 +341,7 @@ async fn server_handshake(
             from: me,
             nonce: nonce_s,
             proof,
+            binary_mail: true,
         },
     )
     .await?;
@@ -402,7 +461,8 @@ async fn serve_peer(
     };
     tracing::debug!(peer = %addr, node = peer, "cluster peer authenticated");
     loop {
-        let env: Envelope = match tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut sock)).await {
+        let env: Envelope = match tokio::time::timeout(IDLE_TIMEOUT, read_envelope(&mut sock)).await
+        {
             Ok(Ok(e)) => e,
             Ok(Err(TransportError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Ok(());
@@ -470,6 +530,9 @@ pub struct Peers {
     me: NodeId,
     secret: Secret,
     peers: Arc<Mutex<PeerMap>>,
+    /// Whether the Raft lane's connection to each peer worked at its last attempt (what
+    /// `cluster-status` and the management API's `online` show).
+    reachable: Arc<Mutex<HashMap<NodeId, bool>>>,
 }
 
 impl Peers {
@@ -478,7 +541,21 @@ impl Peers {
             me,
             secret,
             peers: Arc::default(),
+            reachable: Arc::default(),
         }
+    }
+
+    /// Whether this node reaches `peer` now (itself: always): its Raft connection worked at
+    /// the last request. A peer never dialled yet reads as unreachable.
+    pub fn reachable(&self, peer: NodeId) -> bool {
+        peer == self.me
+            || self
+                .reachable
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&peer)
+                .copied()
+                .unwrap_or(false)
     }
 
     /// The sender to `target`'s task, started (or restarted for a new address) as needed.
@@ -501,6 +578,7 @@ impl Peers {
             addr.to_string(),
             self.secret.clone(),
             rx,
+            (lane == 0).then(|| self.reachable.clone()),
         ));
         peers.insert((target, lane), (addr.to_string(), tx.clone()));
         tx
@@ -629,8 +707,10 @@ async fn peer_task(
     addr: String,
     secret: Secret,
     mut rx: mpsc::Receiver<Request>,
+    shown: Option<Arc<Mutex<HashMap<NodeId, bool>>>>,
 ) {
-    let mut conn: Option<TcpStream> = None;
+    // The connection, and whether its server reads binary mail frames.
+    let mut conn: Option<(TcpStream, bool)> = None;
     let mut backoff = BACKOFF_MIN;
     let mut retry_at = Instant::now();
     // Logged on changes only: a peer that is down for an hour is one line, not thousands.
@@ -643,6 +723,12 @@ async fn peer_task(
                 tracing::warn!(node = target, %addr, error = %why, "cluster peer unreachable");
             }
             reachable = Some(now_up);
+            if let Some(shown) = &shown {
+                shown
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(target, now_up);
+            }
         }
     };
     while let Some(req) = rx.recv().await {
@@ -654,7 +740,7 @@ async fn peer_task(
         // A connection the peer closed meanwhile (it restarted, or closed us as idle) reads
         // as end-of-file now; sending on it would fail only after the request was written.
         // Replace it before sending, so no request goes out on a dead connection.
-        if let Some(s) = &conn {
+        if let Some((s, _)) = &conn {
             let mut probe = [0u8; 1];
             match s.try_read(&mut probe) {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -670,12 +756,12 @@ async fn peer_task(
             let connect = async {
                 let mut s = TcpStream::connect(&addr).await?;
                 let _ = s.set_nodelay(true);
-                let peer = client_handshake(&mut s, me, &secret).await?;
+                let (peer, binary) = client_handshake(&mut s, me, &secret).await?;
                 if peer != target {
                     tracing::warn!(%addr, expected = target, got = peer, "cluster peer has another node id");
                     return Err(TransportError::Protocol);
                 }
-                Ok::<_, TransportError>(s)
+                Ok::<_, TransportError>((s, binary))
             };
             match tokio::time::timeout(HANDSHAKE_TIMEOUT.min(req.deadline - now), connect).await {
                 Ok(Ok(s)) => {
@@ -702,14 +788,18 @@ async fn peer_task(
                 }
             }
         }
-        let Some(s) = conn.as_mut() else { continue };
+        let Some((s, binary)) = conn.as_mut() else {
+            continue;
+        };
+        let binary = *binary;
         let exchange = async {
-            write_frame(
+            write_envelope(
                 s,
                 &Envelope {
                     group: req.group,
                     rpc: req.rpc,
                 },
+                binary,
             )
             .await?;
             read_frame::<_, RpcReply>(s).await
@@ -855,7 +945,10 @@ mod tests {
             server_handshake(&mut s, 1, &a).await
         });
         let mut c = TcpStream::connect(addr).await.unwrap();
-        let client = client_handshake(&mut c, 2, &b).await;
+        let client = client_handshake(&mut c, 2, &b).await.map(|(id, binary)| {
+            assert!(binary, "a server of this version reads binary mail");
+            id
+        });
         // A refused client hangs up; the server must see that rather than wait for a proof.
         drop(c);
         (server.await.unwrap(), client)
@@ -926,6 +1019,67 @@ mod tests {
             server.await.unwrap(),
             Err(TransportError::FrameTooBig(n)) if n == 1 << 20
         ));
+    }
+
+    #[tokio::test]
+    async fn mail_goes_binary_to_a_server_that_reads_it_and_json_otherwise() {
+        let batch: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+        let mail = Envelope {
+            group: 0,
+            rpc: Rpc::Mail(batch.clone()),
+        };
+        // Binary: the length, 0x00, the bytes as they are.
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        write_envelope(&mut a, &mail, true).await.unwrap();
+        drop(a);
+        let mut wire = Vec::new();
+        b.read_to_end(&mut wire).await.unwrap();
+        assert_eq!(wire.len(), 4 + 1 + batch.len());
+        assert_eq!(wire[..4], ((1 + batch.len()) as u32).to_be_bytes());
+        assert_eq!(wire[4], MAIL_FRAME);
+        assert_eq!(wire[5..], batch[..]);
+        let env = read_envelope(&mut &wire[..]).await.unwrap();
+        assert!(matches!(env.rpc, Rpc::Mail(m) if m == batch));
+        // JSON (for an older server): a number array, ~3.6 bytes a byte here; still read.
+        let (mut a, mut b) = tokio::io::duplex(1 << 17);
+        write_envelope(&mut a, &mail, false).await.unwrap();
+        drop(a);
+        let mut json = Vec::new();
+        b.read_to_end(&mut json).await.unwrap();
+        assert_eq!(json[4], b'{');
+        assert!(json.len() > 3 * batch.len(), "{}", json.len());
+        let env = read_envelope(&mut &json[..]).await.unwrap();
+        assert!(matches!(env.rpc, Rpc::Mail(m) if m == batch));
+        // Other envelopes stay JSON, whatever the flag.
+        let (mut a, mut b) = tokio::io::duplex(1 << 10);
+        let forget = Envelope {
+            group: 7,
+            rpc: Rpc::Forget(3),
+        };
+        write_envelope(&mut a, &forget, true).await.unwrap();
+        drop(a);
+        let mut out = Vec::new();
+        b.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out[4], b'{');
+        let env = read_envelope(&mut &out[..]).await.unwrap();
+        assert!(env.group == 7 && matches!(env.rpc, Rpc::Forget(3)));
+        // An empty batch is a frame of one byte.
+        let empty = Envelope {
+            group: 0,
+            rpc: Rpc::Mail(Vec::new()),
+        };
+        let mut buf = Vec::new();
+        write_envelope(&mut buf, &empty, true).await.unwrap();
+        assert_eq!(buf, [0, 0, 0, 1, MAIL_FRAME]);
+    }
+
+    #[test]
+    fn an_older_servers_challenge_reads_as_no_binary_mail() {
+        let old = r#"{"Challenge":{"from":1,"nonce":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],"proof":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}}"#;
+        let Ok(Handshake::Challenge { binary_mail, .. }) = serde_json::from_str(old) else {
+            panic!("an older challenge parses");
+        };
+        assert!(!binary_mail);
     }
 
     #[tokio::test]

@@ -4,6 +4,11 @@
 //! purges) through the leader while members, the leader included, are killed and restarted.
 //! Checked at the end: every member holds exactly the messages the acknowledged batches
 //! leave (a model applied in acknowledgement order), and the same next sequence number.
+//!
+//! A second scenario changes the group's members as `warren ctl quorum add-member` /
+//! `delete-member` do (a fresh node added as a learner, then a voter; a voter removed and its
+//! files deleted; the leader itself sometimes), between batches, over a pool of five nodes:
+//! every member at the end, however it joined (log or snapshot), holds the model.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -226,6 +231,154 @@ async fn queue_groups_converge_through_crashes_and_snapshots() {
     };
     for seed in seeds {
         tokio::time::timeout(Duration::from_secs(120), scenario(seed))
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed}: scenario did not finish"));
+    }
+}
+
+async fn membership_scenario(seed: u64) {
+    let mut sim = Sim {
+        router: Router::new(),
+        dir: tempfile::tempdir().expect("tempdir"),
+        live: BTreeMap::new(),
+        seed,
+    };
+    let pool: Vec<NodeId> = vec![1, 2, 3, 4, 5];
+    let mut voters: std::collections::BTreeSet<NodeId> = [1, 2, 3].into();
+    for id in &voters {
+        sim.start(*id).await;
+    }
+    let members: BTreeMap<NodeId, BasicNode> = voters
+        .iter()
+        .map(|id| (*id, BasicNode::new(format!("mem-{id}"))))
+        .collect();
+    for (raft, _) in sim.live.values() {
+        match raft.initialize(members.clone()).await {
+            Ok(()) | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+            Err(e) => panic!("initialize: {e}"),
+        }
+    }
+    // The first membership committed (a change before it is refused as one in progress).
+    sim.commit(Vec::new()).await;
+    let mut rng = Rng(seed | 1);
+    let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut next_seq = 0u64;
+    let (mut added, mut removed) = (0, 0);
+    for _round in 0..40 {
+        match rng.below(5) {
+            // add-member: a node of the pool that is not a member, from a fresh data dir.
+            0 if voters.len() < 4 => {
+                let outside: Vec<NodeId> = pool
+                    .iter()
+                    .copied()
+                    .filter(|id| !voters.contains(id))
+                    .collect();
+                let id = outside[rng.below(outside.len() as u64) as usize];
+                sim.start(id).await;
+                let leader = sim.leader().await;
+                let raft = sim.live[&leader].0.clone();
+                let learner = raft.add_learner(id, BasicNode::new(format!("mem-{id}")), true);
+                match tokio::time::timeout(WAIT, learner).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => panic!("seed {seed}: add learner {id}: {e}"),
+                    Err(_) => panic!("seed {seed}: learner {id} never caught up"),
+                }
+                let mut next = voters.clone();
+                next.insert(id);
+                raft.change_membership(next.clone(), false)
+                    .await
+                    .unwrap_or_else(|e| panic!("seed {seed}: add voter {id}: {e}"));
+                voters = next;
+                added += 1;
+            }
+            // delete-member: any voter (the leader too), then its copy goes.
+            1 if voters.len() > 2 => {
+                let list: Vec<NodeId> = voters.iter().copied().collect();
+                let id = list[rng.below(list.len() as u64) as usize];
+                let leader = sim.leader().await;
+                let raft = sim.live[&leader].0.clone();
+                let mut next = voters.clone();
+                next.remove(&id);
+                raft.change_membership(next.clone(), false)
+                    .await
+                    .unwrap_or_else(|e| panic!("seed {seed}: remove voter {id}: {e}"));
+                voters = next;
+                sim.kill(id).await;
+                let _ = std::fs::remove_dir_all(sim.dir.path().join(format!("n{id}")));
+                removed += 1;
+            }
+            _ => {}
+        }
+        let mut ops = Vec::new();
+        for _ in 0..1 + rng.below(5) {
+            if rng.below(10) < 7 || model.is_empty() {
+                let message = format!("m{seed}-{next_seq}").into_bytes();
+                ops.push(QueueOp::Append {
+                    seq: next_seq,
+                    expires_at: None,
+                    message: message.clone(),
+                });
+                model.insert(next_seq, message);
+                next_seq += 1;
+            } else {
+                let keys: Vec<NodeId> = model.keys().copied().collect();
+                let seq = keys[rng.below(keys.len() as u64) as usize];
+                ops.push(QueueOp::Remove { seq });
+                model.remove(&seq);
+            }
+        }
+        sim.commit(ops).await;
+    }
+    sim.commit(Vec::new()).await;
+    let leader = sim.leader().await;
+    let last = sim.live[&leader].0.metrics().borrow().last_log_index;
+    let live: Vec<NodeId> = sim.live.keys().copied().collect();
+    assert_eq!(
+        live,
+        voters.iter().copied().collect::<Vec<_>>(),
+        "seed {seed}: the live nodes are the members"
+    );
+    for (id, (raft, sm)) in &sim.live {
+        raft.wait(Some(WAIT))
+            .applied_index_at_least(last, "catch up")
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: node {id} did not catch up: {e}"));
+        let (held, next) = sm.with(|r| {
+            (
+                r.messages
+                    .iter()
+                    .map(|(s, h)| (*s, h.message.clone()))
+                    .collect::<BTreeMap<_, _>>(),
+                r.next_seq,
+            )
+        });
+        assert_eq!(held, model, "seed {seed}: node {id}'s messages");
+        assert_eq!(
+            next, next_seq,
+            "seed {seed}: node {id}'s next sequence number"
+        );
+    }
+    eprintln!(
+        "seed {seed}: {added} members added, {removed} removed, {} messages held",
+        model.len()
+    );
+    assert!(
+        added > 0 && removed > 0,
+        "seed {seed}: the scenario changed no membership"
+    );
+    for id in voters {
+        sim.kill(id).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_groups_converge_through_membership_changes() {
+    let seeds: Vec<u64> = match std::env::var("WARREN_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("WARREN_SIM_SEED is a number")],
+        Err(_) => vec![1, 2, 3],
+    };
+    for seed in seeds {
+        tokio::time::timeout(Duration::from_secs(120), membership_scenario(seed))
             .await
             .unwrap_or_else(|_| panic!("seed {seed}: scenario did not finish"));
     }

@@ -52,6 +52,33 @@ impl ErrorCode {
         self as u16
     }
 
+    /// The code numbered `code`, if it is one.
+    pub fn from_code(code: u16) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        [
+            ContentTooLarge,
+            NoRoute,
+            NoConsumers,
+            ConnectionForced,
+            InvalidPath,
+            AccessRefused,
+            NotFound,
+            ResourceLocked,
+            PreconditionFailed,
+            FrameError,
+            SyntaxError,
+            CommandInvalid,
+            ChannelError,
+            UnexpectedFrame,
+            ResourceError,
+            NotAllowed,
+            NotImplemented,
+            InternalError,
+        ]
+        .into_iter()
+        .find(|c| c.code() == code)
+    }
+
     /// The reply-text prefix RabbitMQ uses, e.g. `NOT_FOUND`.
     pub fn name(self) -> &'static str {
         match self {

@@ -41,4 +41,7 @@ pub(crate) mod topology;
 pub use config::BrokerConfig;
 /// The old path of the shard composition (`shard`), kept for hosts.
 pub use shard as broker;
-pub use shard::{Alarms, Broker, NodeMail, Resources, ShardMail};
+pub use shard::{
+    Alarms, Broker, NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle,
+    Resources, ShardMail,
+};

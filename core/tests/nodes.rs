@@ -8,7 +8,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{Harness, bodies};
+use common::{Harness, bodies, deliveries};
 use std::sync::Arc;
 use warren_core::admin::AdminRequest;
 use warren_core::command::{Op, Publish};
@@ -102,11 +102,9 @@ fn a_publish_to_a_queue_of_another_node_goes_there_and_is_confirmed_after_its_sy
     assert_eq!(confirms(&fx), vec![(1, true)]);
     assert_eq!(n1.shard(0).node_answers_pending(), 0);
 
-    // Node 2's consumer gets it; node 1's gets nothing (its stub holds no messages).
+    // Node 2's consumer gets it (node 1's stub holds no messages).
     let fx = n2.consume(c2, "q", "c", true);
     assert_eq!(bodies(&fx), vec!["one"]);
-    let fx = n1.consume(c1, "q", "c", true);
-    assert!(bodies(&fx).is_empty(), "{fx:?}");
 
     // Node 2 unreachable: what waits for it is nacked.
     let fx = n1.op(c1, persistent("q", "two"));
@@ -157,6 +155,524 @@ fn a_message_forwarded_here_is_never_forwarded_again() {
     n1.publish(c1, "", "q", "x");
     assert_eq!(carry(&mut n1, 1, &mut n2, 2), 1);
     assert!(node_mail(&mut n2).is_empty(), "sent back");
+    // It is here: a consumer of this node's queue gets it.
+    let now = n2.now;
+    n2.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "q".into(),
+            node: None,
+        },
+    );
     let fx = n2.consume(c2, "q", "c", true);
     assert_eq!(bodies(&fx), vec!["x"]);
+}
+
+fn replies(fx: &[Effect]) -> Vec<&warren_core::effect::Reply> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Reply { reply, .. } => Some(reply),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Two nodes: "q" lives on node 1 (`home`), node 2 (`far`) holds its stub.
+fn two_nodes() -> (
+    Harness,
+    Harness,
+    warren_core::ids::ChannelRef,
+    warren_core::ids::ChannelRef,
+) {
+    let mut home = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c1 = home.connect(1);
+    let c2 = far.connect(1);
+    home.declare_with(c1, "q", true, false, false);
+    far.declare_with(c2, "q", true, false, false);
+    let now = far.now;
+    far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "q".into(),
+            node: Some(1),
+        },
+    );
+    (home, far, c1, c2)
+}
+
+/// Carries mail both ways until neither node sends any; the far node's effects.
+fn exchange(home: &mut Harness, far: &mut Harness) -> Vec<Effect> {
+    let mut fx = Vec::new();
+    for _ in 0..16 {
+        let a = carry(far, 2, home, 1);
+        home.settle();
+        let b = carry(home, 1, far, 2);
+        fx.extend(far.settle());
+        if a + b == 0 {
+            return fx;
+        }
+    }
+    panic!("the nodes never stopped sending");
+}
+
+#[test]
+fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch_and_settles_there() {
+    let (mut home, mut far, c1, c2) = two_nodes();
+    for i in 0..30 {
+        home.op(c1, persistent("q", &format!("m{i}")));
+    }
+    far.op(
+        c2,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: 10,
+            global: false,
+        },
+    );
+    let fx = far.consume(c2, "q", "c", false);
+    assert!(
+        replies(&fx).is_empty(),
+        "consume-ok waits for the home: {fx:?}"
+    );
+    let fx = exchange(&mut home, &mut far);
+    assert!(
+        replies(&fx)
+            .iter()
+            .any(|r| matches!(r, warren_core::effect::Reply::ConsumeOk { .. })),
+        "{fx:?}"
+    );
+    // The prefetch holds on the home: 10 out, 20 ready there, none more sent.
+    let got = deliveries(&fx);
+    assert_eq!(got.len(), 10, "{got:?}");
+    assert_eq!(got[0].3, "m0");
+    assert!(
+        got.iter().all(|d| !d.2),
+        "first deliveries are not redelivered"
+    );
+    let fx = home.passive_declare(c1, "q");
+    assert!(
+        replies(&fx).iter().any(|r| matches!(
+            r,
+            warren_core::effect::Reply::QueueDeclareOk {
+                message_count: 20,
+                consumer_count: 1,
+                ..
+            }
+        )),
+        "{fx:?}"
+    );
+
+    // Acks go to the home and free the prefetch: 5 acked, 5 more come.
+    far.op(
+        c2,
+        Op::Ack {
+            delivery_tag: 5,
+            multiple: true,
+        },
+    );
+    let got = deliveries(&exchange(&mut home, &mut far));
+    assert_eq!(
+        got.iter().map(|d| d.3.as_str()).collect::<Vec<_>>(),
+        vec!["m10", "m11", "m12", "m13", "m14"]
+    );
+    // A requeue comes back redelivered (the next free slot of the prefetch).
+    far.op(
+        c2,
+        Op::Nack {
+            delivery_tag: 6,
+            multiple: false,
+            requeue: true,
+        },
+    );
+    let got = deliveries(&exchange(&mut home, &mut far));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].3, "m5");
+    assert!(got[0].2, "a requeued message is redelivered");
+
+    // The far node's passive declare and purge act on the home's queue, not the stub.
+    far.op(
+        c2,
+        Op::QueueDeclare(warren_core::command::QueueDeclare {
+            queue: "q".into(),
+            passive: true,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: Default::default(),
+        }),
+    );
+    let fx = exchange(&mut home, &mut far);
+    assert!(
+        replies(&fx).iter().any(|r| matches!(
+            r,
+            warren_core::effect::Reply::QueueDeclareOk {
+                message_count: 15,
+                consumer_count: 1,
+                ..
+            }
+        )),
+        "{fx:?}"
+    );
+    far.op(
+        c2,
+        Op::QueuePurge {
+            queue: "q".into(),
+            nowait: false,
+        },
+    );
+    let fx = exchange(&mut home, &mut far);
+    assert!(
+        replies(&fx).iter().any(|r| matches!(
+            r,
+            warren_core::effect::Reply::QueuePurgeOk { message_count: 15 }
+        )),
+        "{fx:?}"
+    );
+
+    // The far node goes away: what it held unacked (10) is back on the home, for a
+    // consumer there; the far node cancels its consumer (basic.cancel to the client).
+    let now = home.now;
+    home.shard(0).node_unreachable(now, 2);
+    home.settle();
+    let fx = home.consume(c1, "q", "local", true);
+    let back = deliveries(&fx);
+    assert_eq!(back.len(), 10, "{back:?}");
+    assert!(back.iter().all(|d| d.2), "they come back redelivered");
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    let fx = far.settle();
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::ConsumerCancelled { consumer_tag, .. } if &**consumer_tag == "c")),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_remote_consumer_gets_at_most_its_window_until_its_connection_writes() {
+    // No prefetch, no acks: only the write window bounds what the home sends.
+    let config = BrokerConfig {
+        write_window: 8,
+        ..BrokerConfig::default()
+    };
+    let mut home = Harness::sharded_with_stores(config.clone(), 1);
+    let mut far = Harness::sharded_with_stores(config, 1);
+    let c1 = home.connect(1);
+    let c2 = far.connect(1);
+    home.declare_with(c1, "q", true, false, false);
+    far.declare_with(c2, "q", true, false, false);
+    let now = far.now;
+    far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "q".into(),
+            node: Some(1),
+        },
+    );
+    for i in 0..100 {
+        home.op(c1, persistent("q", &format!("m{i}")));
+    }
+    far.consume(c2, "q", "c", true);
+    let got = deliveries(&exchange(&mut home, &mut far));
+    // The far connection wrote nothing yet: the home's window (8) and the far
+    // connection's (8) hold what crossed; the rest waits on the home.
+    assert!(got.len() <= 16, "{}", got.len());
+    assert!(got.len() >= 8, "{}", got.len());
+    let (mut total, mut unwritten) = (got.len(), got.len());
+    while total < 100 {
+        let fx = far.op(
+            ch_of(c2),
+            Op::Written {
+                count: unwritten as u32,
+            },
+        );
+        let mut more = deliveries(&fx).len();
+        more += deliveries(&exchange(&mut home, &mut far)).len();
+        assert!(more > 0, "writes let more come");
+        assert!(more <= 16, "{more}");
+        total += more;
+        unwritten = more;
+    }
+    assert_eq!(total, 100);
+}
+
+fn ch_of(c: warren_core::ids::ChannelRef) -> warren_core::ids::ChannelRef {
+    warren_core::ids::ChannelRef::new(c.conn, 0)
+}
+
+#[test]
+fn a_consumer_follows_its_queue_when_the_queue_moves_between_nodes() {
+    // A quorum queue's home follows its group's leader: the client's consumer stays, and is
+    // attached wherever the queue is served, without a consume-ok or a cancel.
+    let (mut home, mut far, c1, c2) = two_nodes();
+    far.consume(c2, "q", "c", true);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("q", "on node 1"));
+    assert_eq!(bodies(&exchange(&mut home, &mut far)), vec!["on node 1"]);
+
+    // Node 2 now serves the queue (its leader moved there); node 1 stops (its consumers
+    // from node 2 go when node 2 says so).
+    let now = far.now;
+    let fx = far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "q".into(),
+            node: None,
+        },
+    );
+    drop(fx);
+    let fx = far.settle();
+    assert!(replies(&fx).is_empty(), "nothing for the client: {fx:?}");
+    exchange(&mut home, &mut far);
+    let fx = far.op(c2, persistent("q", "on node 2"));
+    assert_eq!(bodies(&fx), vec!["on node 2"]);
+    let fx = home.passive_declare(c1, "q");
+    assert!(
+        replies(&fx).iter().any(|r| matches!(
+            r,
+            warren_core::effect::Reply::QueueDeclareOk {
+                consumer_count: 0,
+                ..
+            }
+        )),
+        "node 1 dropped node 2's consumer: {fx:?}"
+    );
+
+    // And back to node 1: the consumer attaches there again.
+    let now = far.now;
+    far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "q".into(),
+            node: Some(1),
+        },
+    );
+    let fx = exchange(&mut home, &mut far);
+    assert!(replies(&fx).is_empty(), "nothing for the client: {fx:?}");
+    home.op(c1, persistent("q", "on node 1 again"));
+    let fx = exchange(&mut home, &mut far);
+    assert_eq!(bodies(&fx), vec!["on node 1 again"]);
+    assert!(
+        !fx.iter()
+            .any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_quorum_queues_consumer_stays_while_its_node_is_unreachable_and_attaches_again() {
+    let quorum = |h: &mut Harness, c| {
+        let mut arguments = warren_core::message::FieldTable::new();
+        arguments.insert(
+            "x-queue-type".into(),
+            warren_core::message::FieldValue::string("quorum"),
+        );
+        h.op(
+            c,
+            Op::QueueDeclare(warren_core::command::QueueDeclare {
+                queue: "qq".into(),
+                passive: false,
+                durable: true,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments,
+            }),
+        );
+    };
+    let mut home = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c1 = home.connect(1);
+    let c2 = far.connect(1);
+    quorum(&mut home, c1);
+    quorum(&mut far, c2);
+    let now = far.now;
+    far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "qq".into(),
+            node: Some(1),
+        },
+    );
+    far.consume(c2, "qq", "c", false);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("qq", "before"));
+    home.sync(0, true);
+    assert_eq!(bodies(&exchange(&mut home, &mut far)), vec!["before"]);
+
+    // Cut both ways: the home drops the far consumer; the far node keeps it (no cancel).
+    let now = home.now;
+    home.shard(0).node_unreachable(now, 2);
+    home.settle();
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    let fx = far.settle();
+    assert!(
+        !fx.iter()
+            .any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
+        "a quorum queue's consumer is kept: {fx:?}"
+    );
+    // What crossed while cut is lost (the host's failed batches).
+    node_mail(&mut home);
+    node_mail(&mut far);
+
+    // Back: it attaches again and gets what comes.
+    let now = far.now;
+    far.shard(0).node_reachable(now, 1);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("qq", "after"));
+    home.sync(0, true);
+    let got = bodies(&exchange(&mut home, &mut far));
+    assert!(got.contains(&"after".to_string()), "{got:?}");
+}
+
+#[test]
+fn deleting_the_queue_on_its_home_cancels_its_consumers_on_other_nodes() {
+    let (mut home, mut far, c1, c2) = two_nodes();
+    far.consume(c2, "q", "c", false);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("q", "m"));
+    assert_eq!(bodies(&exchange(&mut home, &mut far)), vec!["m"]);
+    home.op(
+        c1,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    let fx = exchange(&mut home, &mut far);
+    assert!(
+        fx.iter().any(
+            |e| matches!(e, Effect::ConsumerCancelled { consumer_tag, .. } if &**consumer_tag == "c")
+        ),
+        "basic.cancel from the server on the far node: {fx:?}"
+    );
+    // The far node applies the delete too (replicated): its stub goes, and with it the
+    // consumer, even when the home's word is lost.
+    let mut lost = two_nodes();
+    let (h2, f2, c1b, c2b) = (&mut lost.0, &mut lost.1, lost.2, lost.3);
+    f2.consume(c2b, "q", "c", false);
+    exchange(h2, f2);
+    h2.op(
+        c1b,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    node_mail(h2);
+    let fx = f2.op(
+        c2b,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::ConsumerCancelled { .. })),
+        "{fx:?}"
+    );
+    far.op(
+        c2,
+        Op::QueueDelete {
+            queue: "q".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    // The delivery it holds is still the client's to ack (a no-op now, as on one node),
+    // and the bytes it held are released once.
+    assert_eq!(far.shard(0).stored_bytes(), 1);
+    let fx = far.op(
+        c2,
+        Op::Ack {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
+    assert!(common::error_code(&fx).is_none(), "{fx:?}");
+    assert_eq!(far.shard(0).stored_bytes(), 0);
+}
+
+#[test]
+fn a_request_whose_answer_is_lost_fails_in_time_and_a_late_answer_is_dropped() {
+    let (mut home, mut far, c1, c2) = two_nodes();
+    home.op(c1, persistent("q", "m"));
+    far.op(
+        c2,
+        Op::QueuePurge {
+            queue: "q".into(),
+            nowait: false,
+        },
+    );
+    // The home took it and answered, but its answer is lost on the way.
+    carry(&mut far, 2, &mut home, 1);
+    home.settle();
+    let late = node_mail(&mut home);
+    assert_eq!(late.len(), 1);
+    assert!(
+        far.shard(0).next_deadline().is_some(),
+        "the request has a deadline"
+    );
+    let fx = far.tick(9_000);
+    assert!(common::error_code(&fx).is_none(), "not yet: {fx:?}");
+    let fx = far.tick(2_000);
+    assert_eq!(common::error_code(&fx), Some(404), "{fx:?}");
+    // The late answer finds no request: dropped.
+    let now = far.now;
+    far.shard(0)
+        .receive_node_mail(now, 1, late.into_iter().map(|(_, m)| m));
+    let fx = far.settle();
+    assert!(replies(&fx).is_empty(), "{fx:?}");
+}
+
+#[test]
+fn a_declare_while_the_home_is_unreachable_is_answered_here_and_a_passive_one_refused() {
+    let (_home, mut far, _c1, c2) = two_nodes();
+    let declare = |passive| {
+        Op::QueueDeclare(warren_core::command::QueueDeclare {
+            queue: "q".into(),
+            passive,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: Default::default(),
+        })
+    };
+    let fx = far.op(c2, declare(false));
+    assert!(replies(&fx).is_empty(), "asked the home: {fx:?}");
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    let fx = far.settle();
+    assert!(
+        replies(&fx).iter().any(|r| matches!(
+            r,
+            warren_core::effect::Reply::QueueDeclareOk {
+                message_count: 0,
+                ..
+            }
+        )),
+        "a client's declare of what it uses is answered by the stub: {fx:?}"
+    );
+    far.op(c2, declare(true));
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    assert_eq!(common::error_code(&far.settle()), Some(404));
 }

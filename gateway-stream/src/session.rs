@@ -1166,10 +1166,22 @@ impl<B: StreamBackend> Session<B> {
         } else {
             self.pending.remove(&k);
         }
+        // Confirms of consecutive Publish frames of one publisher go out in one frame (as
+        // RabbitMQ's): with one-message frames in flight, a frame per Publish would cost the
+        // broker and the client as much as the publish itself.
+        let mut merged: Option<(u8, Vec<u64>)> = None;
         for p in ready {
             self.unconfirmed = self.unconfirmed.saturating_sub(p.ids.len());
             match &result {
-                Ok(()) => self.confirm(p.publisher_id, p.ids),
+                Ok(()) => match &mut merged {
+                    Some((id, ids)) if *id == p.publisher_id => ids.extend_from_slice(&p.ids),
+                    _ => {
+                        if let Some((id, ids)) = merged.take() {
+                            self.confirm(id, ids);
+                        }
+                        merged = Some((p.publisher_id, p.ids));
+                    }
+                },
                 Err(e) => {
                     for part in p.ids.chunks(CONFIRMS_PER_FRAME) {
                         self.send(&Frame::PublishError {
@@ -1179,6 +1191,9 @@ impl<B: StreamBackend> Session<B> {
                     }
                 }
             }
+        }
+        if let Some((id, ids)) = merged {
+            self.confirm(id, ids);
         }
     }
 

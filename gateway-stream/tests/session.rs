@@ -238,6 +238,70 @@ fn confirms_wait_for_durability_and_duplicates_wait_with_them() {
     );
 }
 
+/// Publish frames made durable by one group commit are confirmed in one PublishConfirm per
+/// run of one publisher (as RabbitMQ does), in publish order, not one frame per Publish.
+#[test]
+fn frames_durable_together_are_confirmed_in_one_frame_per_publisher_run() {
+    let mut s = opened(0);
+    feed(
+        &mut s,
+        &Frame::Create {
+            corr: 5,
+            stream: "d".into(),
+            arguments: vec![],
+        },
+        0,
+    );
+    for (corr, id) in [(6, 1u8), (7, 2)] {
+        feed(
+            &mut s,
+            &Frame::DeclarePublisher {
+                corr,
+                publisher_id: id,
+                reference: String::new(),
+                stream: "d".into(),
+            },
+            0,
+        );
+    }
+    let msg = |id| PublishedMessage {
+        publishing_id: id,
+        filter_value: None,
+        entry: Entry::Simple(Bytes::from_static(b"m")),
+    };
+    // Publisher 1: ids 1, 2, 3 in three frames; publisher 2: id 10; publisher 1: id 4.
+    for (p, id) in [(1u8, 1u64), (1, 2), (1, 3), (2, 10), (1, 4)] {
+        let f = feed(
+            &mut s,
+            &Frame::Publish {
+                v2: false,
+                publisher_id: p,
+                messages: vec![msg(id)],
+            },
+            0,
+        );
+        assert!(f.is_empty());
+    }
+    s.durable("/", "d", 4, Ok(()));
+    assert_eq!(
+        frames(&mut s),
+        vec![
+            Frame::PublishConfirm {
+                publisher_id: 1,
+                publishing_ids: vec![1, 2, 3]
+            },
+            Frame::PublishConfirm {
+                publisher_id: 2,
+                publishing_ids: vec![10]
+            },
+            Frame::PublishConfirm {
+                publisher_id: 1,
+                publishing_ids: vec![4]
+            },
+        ]
+    );
+}
+
 #[test]
 fn credit_is_per_chunk_and_an_empty_stream_waits() {
     let mut s = opened(0);

@@ -670,7 +670,7 @@ impl Management {
             q.stats,
             (ready, unacked),
         );
-        json!({
+        let mut v = json!({
             "name": q.name, "vhost": q.vhost, "type": q.queue_type.name(), "node": self.node.name,
             "state": "running", "durable": q.durable, "auto_delete": q.auto_delete,
             "exclusive": q.exclusive, "arguments": defs::table(&q.arguments),
@@ -689,7 +689,13 @@ impl Management {
             "messages_ready_ram": ready - q.paged_out.min(ready),
             "messages_unacknowledged_ram": unacked,
             "message_stats": message_stats(&q.stats, &r),
-        })
+        });
+        if let Some(extra) = self.placement.get().and_then(|p| p(&q.vhost, &q.name))
+            && let Some(obj) = v.as_object_mut()
+        {
+            obj.extend(extra);
+        }
+        v
     }
 
     /// Queues as JSON, with each policy's definition (`effective_policy_definition`).

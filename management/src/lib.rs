@@ -74,7 +74,14 @@ pub struct Management {
     started_at_ms: u64,
     rates: Mutex<rates::Rates>,
     gauges: Vec<Gauge>,
+    placement: std::sync::OnceLock<Placement>,
 }
+
+/// Where a replicated queue is served, as the host knows it (a cluster node's quorum
+/// queues): the fields it adds to the queue's object (RabbitMQ's `leader`, `members`,
+/// `online`), or `None` for a queue it does not replicate.
+pub type Placement =
+    Box<dyn Fn(&str, &str) -> Option<serde_json::Map<String, serde_json::Value>> + Send + Sync>;
 
 /// The broker went away while a request was answered.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +98,13 @@ impl Management {
             started_at_ms: warren_runtime::unix_ms(),
             rates: Mutex::new(rates::Rates::default()),
             gauges,
+            placement: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the host's [`Placement`] (once; a later call changes nothing).
+    pub fn set_placement(&self, placement: Placement) {
+        let _ = self.placement.set(placement);
     }
 
     async fn ask(&self, request: AdminRequest) -> Result<AdminResponse, Stopped> {

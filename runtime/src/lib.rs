@@ -194,6 +194,8 @@ pub(crate) enum Control {
     },
     /// The host could not reach `node` (`BrokerHandle::node_unreachable`).
     NodeUnreachable(u32),
+    /// The host reaches `node` again (`BrokerHandle::node_reachable`).
+    NodeReachable(u32),
     /// A client logs in (AMQP start-ok, MQTT CONNECT).
     Authenticate {
         user: String,
@@ -613,7 +615,9 @@ impl BrokerHandle {
         for m in mails {
             let shard = match &m {
                 warren_core::NodeMail::Answered { token, .. } => (token % k) as usize,
-                warren_core::NodeMail::Enqueue { .. } => 0,
+                // Consumers across nodes are served by shard 0 (docs/cluster.md: with one
+                // shard, the default).
+                _ => 0,
             };
             per_shard[shard].push(m);
         }
@@ -640,6 +644,14 @@ impl BrokerHandle {
     pub fn node_unreachable(&self, node: u32) {
         for shard in &self.shared.shards {
             let _ = shard.control.send(Control::NodeUnreachable(node));
+        }
+    }
+
+    /// The host hands mail to node `node` again after it was unreachable (or restarted):
+    /// consumers that wait for it attach there again.
+    pub fn node_reachable(&self, node: u32) {
+        for shard in &self.shared.shards {
+            let _ = shard.control.send(Control::NodeReachable(node));
         }
     }
 

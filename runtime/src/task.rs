@@ -384,6 +384,7 @@ fn apply_control(
             let _ = done.send(());
         }
         Control::NodeUnreachable(node) => broker.node_unreachable(now, node),
+        Control::NodeReachable(node) => broker.node_reachable(now, node),
         Control::Synced { epoch, result } => {
             match result {
                 Ok(()) => broker.synced(now, epoch),

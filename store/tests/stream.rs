@@ -925,3 +925,219 @@ fn filtered_readers_skip_chunks_without_their_values() {
     }
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// First offset and message count of every committed chunk.
+fn chunk_shapes(log: &mut StreamLog) -> Vec<(u64, u32)> {
+    let mut r = log.reader(OffsetSpec::First, opts(4096)).unwrap();
+    let mut out = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        out.push((c.first_offset, c.count));
+    }
+    out
+}
+
+#[test]
+fn merged_batches_become_one_chunk_per_write_and_one_batch_per_write_keeps_its_chunk() {
+    let dir = temp_dir("merged");
+    let mut log = StreamLog::open(&dir, config()).unwrap();
+    // Three batches staged between two writes: one chunk, dense offsets per batch.
+    assert_eq!(log.append_merged(&[msg(0, 9)], &[], 5, &[]).unwrap(), 0..1);
+    assert_eq!(
+        log.append_merged(&[msg(1, 9), msg(2, 9)], &[], 7, &[])
+            .unwrap(),
+        1..3
+    );
+    assert_eq!(log.append_merged(&[msg(3, 9)], &[], 6, &[]).unwrap(), 3..4);
+    assert_eq!(log.bounds().next, 4, "staged offsets are taken");
+    assert_eq!(log.bounds().committed, 0);
+    assert!(
+        chunk_shapes(&mut log).is_empty(),
+        "nothing visible before the sync"
+    );
+    assert_eq!(log.sync().unwrap(), Some(3));
+    assert_eq!(chunk_shapes(&mut log), [(0, 4)]);
+    assert_eq!(log.last_chunk(), Some(0));
+    // One batch per write (one batch in flight): the batch is the chunk, as seed 003 fills.
+    for (first, n) in [(4u64, 64usize), (68, 1), (69, 8)] {
+        let ms: Vec<_> = (first..first + n as u64).map(|o| msg(o, 9)).collect();
+        log.append_merged(&ms, &[], 8, &[]).unwrap();
+        log.sync().unwrap();
+    }
+    // An unmerged append and a tracking chunk seal what is staged first (offset order).
+    log.append_merged(&[msg(77, 9)], &[], 9, &[]).unwrap();
+    log.append(&[msg(78, 9), msg(79, 9)], 9, &[]).unwrap();
+    log.append_merged(&[msg(80, 9)], &[], 9, &[]).unwrap();
+    log.store_offsets(&[("c", 3)], 9).unwrap();
+    log.append_merged(&[msg(81, 9)], &[], 9, &[]).unwrap();
+    log.sync().unwrap();
+    let want_shapes = [
+        (0, 4),
+        (4, 64),
+        (68, 1),
+        (69, 8),
+        (77, 1),
+        (78, 2),
+        (80, 1),
+        (81, 1),
+    ];
+    assert_eq!(chunk_shapes(&mut log), want_shapes);
+    let want: Vec<_> = (0..82).map(|o| (o, msg(o, 9))).collect();
+    assert_eq!(read_all(&mut log, OffsetSpec::First, opts(4096)), want);
+    // The merged chunk's timestamp is its newest batch's; seeks by time still work.
+    let mut r = log.reader(OffsetSpec::Timestamp(7), opts(0)).unwrap();
+    assert_eq!(r.next_chunk().unwrap().unwrap().timestamp, 7);
+    drop(log);
+    let mut log = StreamLog::open(&dir, config()).unwrap();
+    assert_eq!(chunk_shapes(&mut log), want_shapes);
+    assert_eq!(log.consumer_offset("c"), Some(3));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_merged_chunk_is_bounded_by_messages_and_bytes_and_a_batch_is_never_split() {
+    let dir = temp_dir("merged-bounds");
+    let mut log = StreamLog::open(
+        &dir,
+        StreamConfig {
+            buffer_limit_bytes: 1000,
+            ..config()
+        },
+    )
+    .unwrap();
+    // 100-byte messages (104 bytes each in the chunk): a chunk stops below 1000 bytes.
+    let mut next = 0u64;
+    for n in [3usize, 3, 3, 3] {
+        let ms: Vec<_> = (next..next + n as u64).map(|o| msg(o, 100)).collect();
+        match log.append_merged(&ms, &[], 1, &[]) {
+            Err(StreamError::Backpressure { .. }) => {
+                log.flush().unwrap();
+                log.append_merged(&ms, &[], 1, &[]).unwrap();
+            }
+            r => assert_eq!(r.unwrap(), next..next + n as u64),
+        }
+        next += n as u64;
+    }
+    log.sync().unwrap();
+    let shapes = chunk_shapes(&mut log);
+    assert_eq!(shapes.iter().map(|s| s.1).sum::<u32>(), 12);
+    assert!(shapes.len() >= 2, "{shapes:?}");
+    assert!(
+        shapes.iter().all(|s| s.1 % 3 == 0),
+        "batches whole: {shapes:?}"
+    );
+    let want: Vec<_> = (0..12).map(|o| (o, msg(o, 100))).collect();
+    assert_eq!(read_all(&mut log, OffsetSpec::First, opts(4096)), want);
+    drop(log);
+    // By messages: MAX_CHUNK_MESSAGES per chunk.
+    let dir2 = temp_dir("merged-count");
+    let mut log = StreamLog::open(
+        &dir2,
+        StreamConfig {
+            buffer_limit_bytes: 64 << 20,
+            ..config()
+        },
+    )
+    .unwrap();
+    let max = warren_store::stream::format::MAX_CHUNK_MESSAGES;
+    let batch: Vec<Vec<u8>> = vec![vec![1u8]; 1000];
+    let batches = max / 1000 + 2;
+    for _ in 0..batches {
+        log.append_merged(&batch, &[], 1, &[]).unwrap();
+    }
+    log.sync().unwrap();
+    let shapes = chunk_shapes(&mut log);
+    assert_eq!(
+        shapes.iter().map(|s| s.1 as usize).collect::<Vec<_>>(),
+        [max / 1000 * 1000, (batches - max / 1000) * 1000]
+    );
+    fs::remove_dir_all(&dir).unwrap();
+    fs::remove_dir_all(&dir2).unwrap();
+}
+
+#[test]
+fn deduplication_sees_staged_batches_and_a_merged_chunk_keeps_each_publishers_highest_id() {
+    let dir = temp_dir("merged-dedup");
+    let mut log = StreamLog::open(&dir, StreamConfig::default()).unwrap();
+    log.append_merged(&[msg(0, 9)], &[], 1, &[("a", 5)])
+        .unwrap();
+    log.append_merged(&[msg(1, 9)], &[], 1, &[("b", 2)])
+        .unwrap();
+    // Staged, not yet a chunk: a re-sent id must already be known.
+    assert_eq!(log.publisher_sequence("a"), Some(5));
+    log.append_merged(&[msg(2, 9)], &[], 1, &[("a", 9)])
+        .unwrap();
+    assert_eq!(log.publisher_sequence("a"), Some(9));
+    assert_eq!(log.sync().unwrap(), Some(2));
+    assert_eq!(chunk_shapes(&mut log), [(0, 3)]);
+    // Staged but never synced (a crash): its ids are not kept, so re-sent they are stored.
+    log.append_merged(&[msg(3, 9)], &[], 1, &[("a", 10), ("b", 3)])
+        .unwrap();
+    assert_eq!(log.publisher_sequence("a"), Some(10));
+    std::mem::forget(log);
+    let mut log = StreamLog::open(&dir, StreamConfig::default()).unwrap();
+    assert_eq!(log.publisher_sequence("a"), Some(9));
+    assert_eq!(log.publisher_sequence("b"), Some(2));
+    assert_eq!(log.bounds().next, 3);
+    assert_eq!(
+        read_all(&mut log, OffsetSpec::First, opts(4096)),
+        (0..3).map(|o| (o, msg(o, 9))).collect::<Vec<_>>()
+    );
+    // A segment roll while a chunk is staged: the snapshot (first chunk of the new segment)
+    // must not claim the staged ids before their chunk.
+    log.set_limits(None, None, Some(1));
+    log.append_merged(&[msg(3, 9)], &[], 1, &[("a", 11)])
+        .unwrap();
+    log.sync().unwrap();
+    log.append_merged(&[msg(4, 9)], &[], 1, &[("a", 12)])
+        .unwrap();
+    assert_eq!(log.segment_count(), 2, "rolled at the seal of chunk 3");
+    std::mem::forget(log);
+    let log = StreamLog::open(&dir, StreamConfig::default()).unwrap();
+    assert_eq!(log.publisher_sequence("a"), Some(11));
+    assert_eq!(log.bounds().next, 4);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_merged_chunks_bloom_filter_holds_every_batchs_values() {
+    use warren_store::stream::bloom::ChunkFilter;
+    let dir = temp_dir("merged-filter");
+    let mut log = StreamLog::open(&dir, config()).unwrap();
+    // Chunk 0: red, then blue + unfiltered, merged; chunk 1: unfiltered only; chunk 2: green.
+    log.append_merged(&[msg(0, 9)], &[Some("red")], 1, &[])
+        .unwrap();
+    log.append_merged(&[msg(1, 9), msg(2, 9)], &[Some("blue"), None], 1, &[])
+        .unwrap();
+    log.sync().unwrap();
+    log.append_merged(&[msg(3, 9)], &[], 1, &[]).unwrap();
+    log.sync().unwrap();
+    log.append_merged(&[msg(4, 9)], &[Some("green")], 1, &[])
+        .unwrap();
+    log.sync().unwrap();
+    let firsts = |log: &mut StreamLog, values: &[&str], u: bool| {
+        let mut r = log.reader(OffsetSpec::First, opts(4096)).unwrap();
+        r.set_filter(Some(ChunkFilter {
+            values: values.iter().map(|s| s.to_string()).collect(),
+            match_unfiltered: u,
+        }));
+        let mut out = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            out.push(c.first_offset);
+        }
+        out
+    };
+    assert_eq!(firsts(&mut log, &["red"], false), [0]);
+    assert_eq!(
+        firsts(&mut log, &["blue"], false),
+        [0],
+        "the second batch's value"
+    );
+    assert_eq!(
+        firsts(&mut log, &["nope"], true),
+        [0, 3],
+        "its unfiltered message"
+    );
+    assert_eq!(firsts(&mut log, &["green"], false), [4]);
+    assert!(firsts(&mut log, &["nope"], false).is_empty());
+    fs::remove_dir_all(&dir).unwrap();
+}

@@ -550,6 +550,8 @@ impl Broker {
             }
             AdminRequest::QueueHome { vhost, queue, node } => {
                 broker.set_queue_home(&vhost, &queue, node);
+                // Its consumers attach where it is now (`nodes_consume.rs`).
+                broker.after_op();
                 Done(Ok(()))
             }
             AdminRequest::Qos0Dropped => AdminResponse::Dropped(broker.qos0_dropped()),

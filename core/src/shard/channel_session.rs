@@ -162,6 +162,7 @@ impl Broker {
         for q in exclusive {
             self.delete_queue(q);
         }
+        self.give_owed_credit(conn, true);
         if let Some(c) = self.chans.conns.remove(&conn) {
             // Its vhost's counts keep what it did.
             self.closed_stats
@@ -208,5 +209,6 @@ impl Broker {
                 self.mail.push_back(super::mail::Mail::Dispatch { queue });
             }
         }
+        self.give_owed_credit(conn, false);
     }
 }

@@ -30,6 +30,11 @@ impl Broker {
         let syncing = |ch: &ChannelRef| {
             let serial = self.chans.channels.get(ch).map(|c| c.serial);
             synced_elsewhere(ch)
+                || serial.is_some_and(|serial| {
+                    self.nodes
+                        .attached
+                        .awaits(crate::ids::ChannelAddr { ch: *ch, serial })
+                })
                 || self
                     .tx_sync_waiters
                     .iter()
@@ -79,6 +84,11 @@ impl Broker {
             .iter()
             .any(|b| !b.mail.is_empty() || b.mail.outbox_len() > 0)
         {
+            return Ok(());
+        }
+        // Consumers across nodes split a consumer between two brokers (`nodes_consume.rs`):
+        // what follows sees one; tests/nodes.rs checks those by what the clients see.
+        if shards.iter().any(|b| b.crosses_nodes()) {
             return Ok(());
         }
         let owner = |id: QueueId| &shards[(id.0 % shards.len() as u64) as usize];

@@ -37,7 +37,8 @@ mod check;
 mod credit;
 mod dead_letter;
 mod nodes;
-pub use nodes::NodeMail;
+mod nodes_consume;
+pub use nodes::{NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle};
 mod post;
 #[cfg(test)]
 mod post_tests;
@@ -339,6 +340,7 @@ impl Broker {
             self.expire_head(id);
             self.dispatch(id);
         }
+        self.expire_node_requests();
         self.after_op();
     }
 
@@ -371,6 +373,9 @@ impl Broker {
         }
         if let Some(at) = self.removed_since {
             earliest(at.saturating_add(self.config.removal_sync_ms));
+        }
+        if let Some(at) = self.node_request_deadline() {
+            earliest(at);
         }
         if self.alarm && self.shared_bytes.is_some() {
             // Other shards' consumers may drain the sum below the watermark while this

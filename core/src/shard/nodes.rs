@@ -41,6 +41,261 @@ pub enum NodeMail {
         /// Taken (a confirm) or not (a nack).
         taken: bool,
     },
+    /// Consuming node -> home: basic.consume from channel `from` of the sender on the
+    /// home's queue (`Mail::Consume`). Answered by `ConsumeOk` or `Refused`.
+    Consume {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// The consuming channel, as its node names it.
+        from: NodeChannel,
+        /// The consumer's settings.
+        consumer: NodeConsumer,
+        /// No consume-ok for the client (the answer comes all the same).
+        nowait: bool,
+    },
+    /// Home -> consuming node: the queue took the consumer, numbered `consumer`.
+    ConsumeOk {
+        /// The consuming channel.
+        to: NodeChannel,
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// The consumer's id on the home node.
+        consumer: u64,
+        /// Its tag.
+        tag: Arc<str>,
+        /// No consume-ok for the client.
+        nowait: bool,
+    },
+    /// Home -> requesting node: a request of channel `to` was refused (a channel or
+    /// connection error of `code`, as the home's queue would answer it locally).
+    Refused {
+        /// The requesting channel.
+        to: NodeChannel,
+        /// The AMQP reply code.
+        code: u16,
+        /// The reply text.
+        text: String,
+    },
+    /// Home -> consuming node: a delivery to consumer `consumer` (`Mail::Deliver`), with
+    /// the credit it took from the channel's window on the home (`window`), which the
+    /// consuming node gives back with `Credit` once its connection wrote it.
+    Deliver {
+        /// The consuming channel.
+        to: NodeChannel,
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// The consumer's id on the home node.
+        consumer: u64,
+        /// Its tag.
+        tag: Arc<str>,
+        /// No ack expected.
+        no_ack: bool,
+        /// The message's position in the home's queue (what a settle names).
+        seq: u64,
+        /// Delivered before.
+        redelivered: bool,
+        /// The message.
+        message: Arc<Message>,
+        /// The home's record of the channel's window.
+        window: u32,
+    },
+    /// Consuming node -> home: `count` deliveries of window `window` were written (or
+    /// went back): the home may send as many more.
+    Credit {
+        /// The window (`Deliver::window`).
+        window: u32,
+        /// How many.
+        count: u32,
+    },
+    /// Consuming node -> home: deliveries of the queue settled (`Mail::Settle`), by their
+    /// `seq`, in delivery order.
+    Settle {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// The deliveries' `seq`.
+        seqs: Vec<u64>,
+        /// Acked, requeued or discarded.
+        how: NodeSettle,
+    },
+    /// Consuming node -> home: consumer `consumer` goes (`Mail::Cancel`); with `reply`, a
+    /// basic.cancel of channel `reply.0` that waits for `Cancelled`.
+    Cancel {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// The consumer's id on the home node.
+        consumer: u64,
+        /// The cancelling channel, the tag and `nowait`.
+        reply: Option<(NodeChannel, Arc<str>, bool)>,
+    },
+    /// Home -> consuming node: the consumer is gone (after every delivery sent to it).
+    Cancelled {
+        /// The cancelling channel.
+        to: NodeChannel,
+        /// The consumer's tag.
+        tag: Arc<str>,
+        /// No cancel-ok for the client.
+        nowait: bool,
+    },
+    /// Home -> consuming node: the queue went from under consumer `consumer` (deleted, or
+    /// the home dropped the consuming node): basic.cancel for a client that takes one.
+    ConsumerGone {
+        /// The consuming channel.
+        to: NodeChannel,
+        /// The consumer's id on the home node.
+        consumer: u64,
+        /// Its tag.
+        tag: Arc<str>,
+    },
+    /// Requesting node -> home: basic.get, queue.purge or a passive queue.declare of
+    /// channel `from` on the home's queue.
+    Request {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// The requesting channel.
+        from: NodeChannel,
+        /// What it asks.
+        request: NodeRequest,
+    },
+    /// Home -> requesting node: what basic.get found (`None`: empty).
+    Got {
+        /// The requesting channel.
+        to: NodeChannel,
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// No ack expected.
+        no_ack: bool,
+        /// The message, and how many stay ready.
+        got: Option<NodeGot>,
+    },
+    /// Home -> requesting node: purge-ok with the purged count.
+    Purged {
+        /// The requesting channel.
+        to: NodeChannel,
+        /// Messages purged.
+        count: u32,
+        /// No purge-ok for the client.
+        nowait: bool,
+    },
+    /// Home -> requesting node: declare-ok with the home queue's counts.
+    Declared {
+        /// The requesting channel.
+        to: NodeChannel,
+        /// The queue.
+        queue: Arc<str>,
+        /// Ready messages.
+        messages: u32,
+        /// Consumers (on every node).
+        consumers: u32,
+        /// No declare-ok for the client.
+        nowait: bool,
+    },
+}
+
+/// A channel of another node, as that node addresses it (`ChannelAddr`: connection,
+/// channel number, opening).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NodeChannel {
+    /// The connection, numbered by that node's host.
+    pub conn: u64,
+    /// The channel number.
+    pub channel: u16,
+    /// Which opening of the channel number.
+    pub serial: u32,
+}
+
+impl NodeChannel {
+    pub(crate) fn of(a: ChannelAddr) -> NodeChannel {
+        NodeChannel {
+            conn: a.ch.conn.0,
+            channel: a.ch.channel,
+            serial: a.serial,
+        }
+    }
+
+    pub(crate) fn addr(self) -> ChannelAddr {
+        ChannelAddr {
+            ch: ChannelRef {
+                conn: ConnId(self.conn),
+                channel: self.channel,
+            },
+            serial: self.serial,
+        }
+    }
+}
+
+/// A consumer's settings as the consuming node's channel gives them with basic.consume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConsumer {
+    /// Its tag.
+    pub tag: Arc<str>,
+    /// No acks.
+    pub no_ack: bool,
+    /// basic.consume's `exclusive`.
+    pub exclusive: bool,
+    /// Its prefetch (basic.qos global=false), 0 for none.
+    pub prefetch: u16,
+    /// Its channel's prefetch (basic.qos global=true) when it consumed, 0 for none.
+    pub global_prefetch: u16,
+    /// `x-priority`.
+    pub priority: i32,
+}
+
+/// How deliveries are settled (`Settle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeSettle {
+    /// Acked.
+    Ack,
+    /// Back to the queue.
+    Requeue,
+    /// Rejected without requeue (dropped or dead-lettered).
+    Discard,
+}
+
+/// A request a node sends the home of a queue (`NodeMail::Request`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeRequest {
+    /// basic.get.
+    Get {
+        /// No ack expected.
+        no_ack: bool,
+    },
+    /// queue.purge.
+    Purge {
+        /// No purge-ok for the client.
+        nowait: bool,
+    },
+    /// A queue.declare of the existing queue (checked on the requesting node): its counts.
+    Declare {
+        /// No declare-ok for the client.
+        nowait: bool,
+    },
+}
+
+/// What basic.get found on the home (`NodeMail::Got`).
+#[derive(Clone, Debug)]
+pub struct NodeGot {
+    /// Its position in the queue.
+    pub seq: u64,
+    /// Delivered before.
+    pub redelivered: bool,
+    /// The message.
+    pub message: Arc<Message>,
+    /// Messages left ready.
+    pub remaining: u32,
 }
 
 /// What a shard knows of other nodes: where queues live, and the forwarded publishes
@@ -55,25 +310,39 @@ pub(crate) struct Nodes {
     /// The next token's counter (a token is `counter * shards + shard`, so the host finds
     /// the shard an answer is for).
     next: u64,
-    outbox: Vec<(u32, NodeMail)>,
+    pub(super) outbox: Vec<(u32, NodeMail)>,
+    /// Consumers and requests of other nodes' channels on this node's queues
+    /// (`nodes_consume.rs`).
+    pub(super) remote: super::nodes_consume::Remote,
+    /// This node's channels' consumers and requests on other nodes' queues.
+    pub(super) attached: super::nodes_consume::Attached,
+}
+
+impl Nodes {
+    /// Whether mail may have to cross to another node: queues live elsewhere, or this
+    /// node's channels consume there.
+    pub(super) fn crosses(&self) -> bool {
+        !self.homes.is_empty() || self.attached.has_consumers()
+    }
 }
 
 impl Broker {
     /// `AdminRequest::QueueHome`: queue `queue` of `vhost` lives on `node` (`None`: here).
     pub(super) fn set_queue_home(&mut self, vhost: &str, queue: &str, node: Option<u32>) {
         let key: (Arc<str>, Arc<str>) = (vhost.into(), queue.into());
-        match node {
-            Some(n) => {
-                self.nodes.homes.insert(key, n);
-            }
-            None => {
-                self.nodes.homes.remove(&key);
-            }
+        let old = match node {
+            Some(n) => self.nodes.homes.insert(key, n),
+            None => self.nodes.homes.remove(&key),
+        };
+        let routes = self.topo.routes();
+        let id = routes.vhost(vhost).and_then(|v| routes.queue(v, queue));
+        if let Some(id) = id {
+            self.queue_moved(id, old, node);
         }
     }
 
     /// The node queue `id` lives on, if not this one.
-    fn queue_home(&self, id: QueueId) -> Option<u32> {
+    pub(super) fn queue_home(&self, id: QueueId) -> Option<u32> {
         if self.nodes.homes.is_empty() {
             return None;
         }
@@ -158,6 +427,8 @@ impl Broker {
         mails: impl IntoIterator<Item = NodeMail>,
     ) {
         self.now = self.now.max(now);
+        // Deliveries handed on at once give their window's credit back with this batch.
+        let mut credit_now: Vec<(u32, u32)> = Vec::new();
         for mail in mails {
             match mail {
                 NodeMail::Enqueue {
@@ -202,7 +473,13 @@ impl Broker {
                     }
                 }
                 NodeMail::Answered { token, taken } => self.node_answered(token, taken),
+                other => self.receive_consumer_mail(from, other, &mut credit_now),
             }
+        }
+        for (window, count) in credit_now {
+            self.nodes
+                .outbox
+                .push((from, NodeMail::Credit { window, count }));
         }
         self.after_op();
     }
@@ -236,6 +513,7 @@ impl Broker {
         for t in tokens {
             self.node_answered(t, false);
         }
+        self.drop_node_consumers(node);
         self.after_op();
     }
 }

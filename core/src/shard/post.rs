@@ -27,6 +27,22 @@ impl Broker {
     /// what the channel held run (`hold.rs`).
     pub(super) fn deliver_one(&mut self, mail: Mail) {
         self.mail.from(mail.dest());
+        // A queue of another node, or a channel of another node (`nodes_consume.rs`).
+        let mail = if self.nodes.crosses() {
+            match self.mail_to_home(mail) {
+                Some(mail) => mail,
+                None => return,
+            }
+        } else {
+            mail
+        };
+        if let super::mail::Dest::Conn(c) = mail.dest()
+            && super::nodes::is_node_conn(c)
+            && !matches!(mail, Mail::Answered { .. })
+        {
+            self.mail_to_node((c.0 - super::nodes::NODE_CONN_BASE) as u32, mail);
+            return;
+        }
         match mail {
             Mail::Enqueue {
                 queue,
@@ -66,6 +82,15 @@ impl Broker {
                 tag,
                 nowait,
             } => {
+                if self.reattaching(to, &tag, queue) {
+                    // Its queue moved (a quorum queue's leader): the same consumer, attached
+                    // where the queue is now; the client asked nothing.
+                    if let Some(c) = self.chans.channels.get_mut(&to.ch) {
+                        c.consumers.remove(&tag);
+                        c.consumers.insert(tag, consumer, queue);
+                    }
+                    return;
+                }
                 let live = self.take_answer(to);
                 self.consume_ok(live, to.ch, queue, consumer, tag, nowait);
                 self.run_held(to.ch);

@@ -907,5 +907,8 @@ impl Broker {
                 consumer_tag: consumer.tag,
             });
         }
+        // This node's consumers of it on another node (a stub's) go too, whether or not
+        // the home's word of it arrives.
+        self.cancel_attached(id);
     }
 }

@@ -33,25 +33,39 @@ fn positions(v: &[u8], bits: u32) -> impl Iterator<Item = u32> {
 /// one, as clients send it), and the entry value's flags; `None` when no message has a
 /// value (nothing to store: the chunk is unfiltered).
 pub fn build(values: &[Option<&str>]) -> Option<(Vec<u8>, u64)> {
-    fn value<'a>(v: &Option<&'a str>) -> Option<&'a str> {
-        v.filter(|v| !v.is_empty())
-    }
-    if values.iter().all(|v| value(v).is_none()) {
-        return None;
-    }
-    let mut bits = vec![0u8; FILTER_BYTES];
-    let mut flags = 0;
+    let mut b = Builder::default();
     for v in values {
-        match value(v) {
+        b.add(*v);
+    }
+    b.finish()
+}
+
+/// [`build`] one message at a time: a chunk the writer merges from several Publish frames
+/// gets the filter of all its messages without keeping their values.
+#[derive(Clone, Debug, Default)]
+pub struct Builder {
+    bits: [u8; FILTER_BYTES],
+    any_value: bool,
+    flags: u64,
+}
+
+impl Builder {
+    pub fn add(&mut self, value: Option<&str>) {
+        match value.filter(|v| !v.is_empty()) {
             Some(v) => {
+                self.any_value = true;
                 for p in positions(v.as_bytes(), (FILTER_BYTES * 8) as u32) {
-                    bits[(p / 8) as usize] |= 1 << (p % 8);
+                    self.bits[(p / 8) as usize] |= 1 << (p % 8);
                 }
             }
-            None => flags |= HAS_UNFILTERED,
+            None => self.flags |= HAS_UNFILTERED,
         }
     }
-    Some((bits, flags))
+
+    /// The filter and flags, as [`build`] returns them.
+    pub fn finish(&self) -> Option<(Vec<u8>, u64)> {
+        self.any_value.then(|| (self.bits.to_vec(), self.flags))
+    }
 }
 
 /// What a filtered reader wants: chunks that may hold one of `values`, and, with

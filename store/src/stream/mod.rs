@@ -315,6 +315,29 @@ pub struct StreamLog {
     /// Segment files were created or deleted since the last directory fsync.
     dir_dirty: bool,
     failed: Option<String>,
+    /// Messages [`StreamLog::append_merged`] staged, not yet a chunk (empty: none).
+    open: OpenChunk,
+    /// First offset of the newest user chunk written (Deliver v2's committed chunk id).
+    last_chunk: Option<u64>,
+}
+
+/// The chunk [`StreamLog::append_merged`] is filling: the stream protocol's Publish frames
+/// queued for one stream between two writes become one chunk, as osiris's writer merges
+/// what its mailbox holds. It becomes a chunk ("sealed") before anything else is written
+/// (a flush, a sync, a tracking chunk, an unmerged append) and when the next batch would not
+/// fit. Its offsets are taken (`bounds().next` counts them) but it has no place in a segment
+/// yet, so a roll before the seal starts the new segment at its first offset.
+#[derive(Default)]
+struct OpenChunk {
+    /// The messages as the chunk's data section holds them (`format::put_message`).
+    data: Vec<u8>,
+    count: usize,
+    filter: bloom::Builder,
+    /// Publisher reference -> highest publishing id in the chunk (stored in its trailer;
+    /// the tracking state takes them when the chunk is written).
+    publishers: Vec<(String, u64)>,
+    /// The newest timestamp of the merged batches.
+    ts: u64,
 }
 
 impl StreamLog {
@@ -395,6 +418,8 @@ impl StreamLog {
             tracking: Tracking::default(),
             dir_dirty: true,
             failed: None,
+            open: OpenChunk::default(),
+            last_chunk: None,
         };
         if !log.replay_tracking()? {
             // A new stream, or a roll whose snapshot was torn: the newest segment must hold
@@ -432,7 +457,7 @@ impl StreamLog {
     pub fn bounds(&self) -> Bounds {
         Bounds {
             first: self.segments.first().map_or(0, |s| s.first_offset),
-            next: self.next_offset,
+            next: self.next_offset + self.open.count as u64,
             committed: self.shared.committed.load(Ordering::Acquire),
         }
     }
@@ -446,9 +471,14 @@ impl StreamLog {
         self.segments.len()
     }
 
-    /// Bytes `append` has buffered.
+    /// Bytes `append` has buffered (staged messages included).
     pub fn buffered_bytes(&self) -> usize {
-        self.active.buf.len() + self.active.ibuf.len()
+        self.active.buf.len() + self.active.ibuf.len() + self.open.data.len()
+    }
+
+    /// First offset of the newest user chunk written since the log was opened.
+    pub fn last_chunk(&self) -> Option<u64> {
+        self.last_chunk
     }
 
     fn check_ok(&self) -> Result<(), StreamError> {
@@ -493,30 +523,131 @@ impl StreamLog {
         timestamp_ms: u64,
         publishers: &[(&str, u64)],
     ) -> Result<Range<u64>, StreamError> {
-        self.check_ok()?;
-        if messages.is_empty() || messages.len() > MAX_CHUNK_MESSAGES {
-            return Err(StreamError::Invalid(format!(
-                "a chunk holds 1 to {MAX_CHUNK_MESSAGES} messages, not {}",
-                messages.len()
-            )));
-        }
-        let mut data_len = 0u64;
-        for m in messages {
-            let m = m.as_ref();
-            if m.len() > MAX_MESSAGE {
-                return Err(StreamError::Invalid(format!(
-                    "a message of {} bytes",
-                    m.len()
-                )));
-            }
-            data_len += 4 + m.len() as u64;
-        }
-        let mut trailer_len = 0u64;
+        let data_len = check_batch(messages)?;
         for (name, _) in publishers {
             check_name(name)?;
-            trailer_len += format::tracking_entry_len(name.as_bytes()) as u64;
         }
-        let filter = bloom::build(filter_values);
+        self.seal()?;
+        let publishers: Vec<(&[u8], u64)> =
+            publishers.iter().map(|(n, v)| (n.as_bytes(), *v)).collect();
+        self.put_user_chunk(
+            messages.len(),
+            data_len,
+            |buf| {
+                for m in messages {
+                    format::put_message(buf, m.as_ref());
+                }
+            },
+            bloom::build(filter_values),
+            &publishers,
+            timestamp_ms,
+            true,
+        )
+    }
+
+    /// [`StreamLog::append_filtered`], except that the batch joins the messages staged since
+    /// the last write into one chunk (see `OpenChunk`) instead of making its own: the
+    /// stream protocol's path, where a chunk per Publish frame would cost a header, an index
+    /// entry and CRCs per frame. A batch is never split; it starts a new chunk when the
+    /// staged one would pass `MAX_CHUNK_MESSAGES` or the write buffer's limit. The offsets
+    /// are the batch's; nothing is durable or visible before the next sync, as for
+    /// [`StreamLog::append`].
+    pub fn append_merged<M: AsRef<[u8]>>(
+        &mut self,
+        messages: &[M],
+        filter_values: &[Option<&str>],
+        timestamp_ms: u64,
+        publishers: &[(&str, u64)],
+    ) -> Result<Range<u64>, StreamError> {
+        self.check_ok()?;
+        let data_len = check_batch(messages)?;
+        for (name, _) in publishers {
+            check_name(name)?;
+        }
+        let staged = self.open.count;
+        if staged > 0
+            && (staged + messages.len() > MAX_CHUNK_MESSAGES
+                || self.open.data.len() as u64 + data_len
+                    > (self.config.buffer_limit_bytes as u64).min(MAX_CHUNK_BODY / 2))
+        {
+            self.seal()?;
+        }
+        // Room for the batch and its share of a chunk's header and trailer.
+        let trailer: usize = publishers
+            .iter()
+            .map(|(n, _)| format::tracking_entry_len(n.as_bytes()))
+            .sum::<usize>()
+            + format::tracking_entry_len(&[0u8; bloom::FILTER_BYTES]);
+        self.reserve(CHUNK_HEADER + data_len as usize + trailer)?;
+        let o = &mut self.open;
+        let first = self.next_offset + o.count as u64;
+        for (i, m) in messages.iter().enumerate() {
+            format::put_message(&mut o.data, m.as_ref());
+            o.filter.add(filter_values.get(i).copied().flatten());
+        }
+        o.count += messages.len();
+        o.ts = o.ts.max(timestamp_ms);
+        for (name, seq) in publishers {
+            match o.publishers.iter_mut().find(|(n, _)| n == name) {
+                Some((_, v)) => *v = (*v).max(*seq),
+                None => o.publishers.push((name.to_string(), *seq)),
+            }
+        }
+        Ok(first..first + messages.len() as u64)
+    }
+
+    /// Writes the staged messages (`append_merged`) into the buffer as one chunk.
+    fn seal(&mut self) -> Result<(), StreamError> {
+        if self.open.count == 0 {
+            return Ok(());
+        }
+        let mut o = std::mem::take(&mut self.open);
+        let publishers: Vec<(&[u8], u64)> = o
+            .publishers
+            .iter()
+            .map(|(n, v)| (n.as_bytes(), *v))
+            .collect();
+        // Its bytes were admitted at staging (`reserve`): no backpressure now, which would
+        // lose them.
+        let sealed = self.put_user_chunk(
+            o.count,
+            o.data.len() as u64,
+            |buf| buf.extend_from_slice(&o.data),
+            o.filter.finish(),
+            &publishers,
+            o.ts,
+            false,
+        );
+        if let Err(e) = &sealed {
+            // Offsets were handed out for these messages: the log cannot go on without them.
+            self.failed = Some(e.to_string());
+        }
+        // The staging buffer keeps its capacity (at most about the write buffer's limit): a
+        // fresh one per chunk would grow by doubling and fault its pages in at every write.
+        drop(publishers);
+        o.data.clear();
+        self.open.data = o.data;
+        sealed.map(|_| ())
+    }
+
+    /// Puts one user chunk in the buffer: `data_len` bytes of messages (`count` of them)
+    /// written by `write_data`, then the trailer (publishers, Bloom filter).
+    #[allow(clippy::too_many_arguments)]
+    fn put_user_chunk(
+        &mut self,
+        count: usize,
+        data_len: u64,
+        write_data: impl FnOnce(&mut Vec<u8>),
+        filter: Option<(Vec<u8>, u64)>,
+        publishers: &[(&[u8], u64)],
+        timestamp_ms: u64,
+        check_room: bool,
+    ) -> Result<Range<u64>, StreamError> {
+        self.check_ok()?;
+        let mut trailer_len = 0u64;
+        for (name, _) in publishers {
+            trailer_len += format::tracking_entry_len(name) as u64;
+        }
         if let Some((bits, _)) = &filter {
             trailer_len += format::tracking_entry_len(bits) as u64;
         }
@@ -527,28 +658,29 @@ impl StreamLog {
             )));
         }
         let total = CHUNK_HEADER as u64 + data_len + trailer_len;
-        self.reserve(total as usize)?;
+        if check_room {
+            self.reserve(total as usize)?;
+        }
         let ts = timestamp_ms.max(self.last_ts);
         self.maybe_roll(total, ts)?;
         let first = self.next_offset;
         let buf = &mut self.active.buf;
         let start = buf.len();
         buf.extend_from_slice(&[0u8; CHUNK_HEADER]);
-        for m in messages {
-            format::put_message(buf, m.as_ref());
-        }
+        write_data(buf);
         let data_end = buf.len();
+        debug_assert_eq!((data_end - start - CHUNK_HEADER) as u64, data_len);
         for (name, seq) in publishers {
-            format::put_tracking(buf, TrackingKind::Publisher, name.as_bytes(), *seq);
+            format::put_tracking(buf, TrackingKind::Publisher, name, *seq);
         }
         if let Some((bits, flags)) = &filter {
             format::put_tracking(buf, TrackingKind::Filter, bits, *flags);
         }
         let header = ChunkHeader {
             kind: ChunkType::User,
-            entries: messages.len() as u16,
+            entries: count as u16,
             first_offset: first,
-            count: messages.len() as u32,
+            count: count as u32,
             data_len: data_len as u32,
             trailer_len: trailer_len as u32,
             timestamp: ts,
@@ -557,13 +689,10 @@ impl StreamLog {
         };
         buf[start..start + CHUNK_HEADER].copy_from_slice(&header.encode());
         self.indexed(&header);
+        self.last_chunk = Some(first);
         for (name, seq) in publishers {
-            self.tracking.set(
-                TrackingKind::Publisher,
-                name.as_bytes(),
-                *seq,
-                self.config.max_tracked,
-            );
+            self.tracking
+                .set(TrackingKind::Publisher, name, *seq, self.config.max_tracked);
         }
         Ok(first..self.next_offset)
     }
@@ -594,9 +723,19 @@ impl StreamLog {
         Ok(())
     }
 
+    /// The highest publishing id stored for `publisher`, staged messages included (so a
+    /// batch re-sent before the staged chunk is written is deduplicated too).
     pub fn publisher_sequence(&self, publisher: &str) -> Option<u64> {
-        self.tracking
-            .get(TrackingKind::Publisher, publisher.as_bytes())
+        let staged = self
+            .open
+            .publishers
+            .iter()
+            .find(|(n, _)| n == publisher)
+            .map(|(_, v)| *v);
+        let stored = self
+            .tracking
+            .get(TrackingKind::Publisher, publisher.as_bytes());
+        staged.max(stored)
     }
 
     pub fn consumer_offset(&self, consumer: &str) -> Option<u64> {
@@ -611,6 +750,8 @@ impl StreamLog {
         timestamp_ms: u64,
         may_roll: bool,
     ) -> Result<(), StreamError> {
+        // Chunks stay in offset order: staged messages come first.
+        self.seal()?;
         let data_len: usize = entries
             .iter()
             .map(|(_, n, _)| format::tracking_entry_len(n))
@@ -709,6 +850,7 @@ impl StreamLog {
     /// Writes the buffers out (data, then index) to the OS; no fsync.
     pub fn flush(&mut self) -> Result<(), StreamError> {
         self.check_ok()?;
+        self.seal()?;
         let first = self.segments.last().map_or(0, |s| s.first_offset);
         let a = &mut self.active;
         if !a.buf.is_empty() {
@@ -1042,6 +1184,33 @@ impl Drop for StreamLog {
             tracing::warn!(error = %e, "stream: writing buffers out at close failed");
         }
     }
+}
+
+/// A batch's data section length, if it can be one chunk's messages.
+fn check_batch<M: AsRef<[u8]>>(messages: &[M]) -> Result<u64, StreamError> {
+    if messages.is_empty() || messages.len() > MAX_CHUNK_MESSAGES {
+        return Err(StreamError::Invalid(format!(
+            "a chunk holds 1 to {MAX_CHUNK_MESSAGES} messages, not {}",
+            messages.len()
+        )));
+    }
+    let mut data_len = 0u64;
+    for m in messages {
+        let m = m.as_ref();
+        if m.len() > MAX_MESSAGE {
+            return Err(StreamError::Invalid(format!(
+                "a message of {} bytes",
+                m.len()
+            )));
+        }
+        data_len += 4 + m.len() as u64;
+    }
+    if data_len > MAX_CHUNK_BODY {
+        return Err(StreamError::Invalid(format!(
+            "a chunk of {data_len} bytes (limit {MAX_CHUNK_BODY})"
+        )));
+    }
+    Ok(data_len)
 }
 
 fn check_name(name: &str) -> Result<(), StreamError> {

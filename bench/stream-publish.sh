@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Stream publish rate with confirms (issue 26's "3x RabbitMQ" goal), in one run: Warren with
+# fsync on, Warren with --fsync off, and Debian's RabbitMQ 3.10.8 (rabbitmq_stream, one node:
+# osiris confirms once its writer wrote, without fsync), each published to by
+# `warren-bench stream publish` (bench/src/stream_publish.rs: raw frames, so the client costs
+# little and RabbitMQ 3.10 can be measured; the Rust client 0.11 cannot talk to it). Every cell
+# prints msg/s until the last confirm and the broker's CPU us per message.
+#
+# Usage: bench/stream-publish.sh [MESSAGES] [SIZES] [BATCHES] [PUBLISHERS]
+#   defaults: 300000 12,1024 1,64,384 2
+# Env: WARREN, BENCH (default target/release/warren and warren-bench), IN_FLIGHT (per
+#   publisher, default 20000), PORT_BASE (default 22600): Warren's stream port; RabbitMQ's
+#   stream +2, AMQP +3, distribution +4, epmd +5. SKIP_RABBITMQ=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-300000}
+sizes=${2:-12,1024}
+batches=${3:-1,64,384}
+publishers=${4:-2}
+base=${PORT_BASE:-22600}
+warren=${WARREN:-target/release/warren}
+bench=${BENCH:-target/release/warren-bench}
+data=$(mktemp -d /tmp/warren-stream-publish.XXXXXX)
+pid=
+rmq=
+stop() {
+  [ -n "$pid" ] && { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
+  pid=
+}
+stop_rmq() {
+  [ -n "$rmq" ] || return 0
+  /usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBITMQ_NODENAME" stop >/dev/null 2>&1 || true
+  ERL_EPMD_PORT=$((base + 5)) "$(ls /usr/lib/erlang/erts-*/bin/epmd | head -1)" -kill >/dev/null 2>&1 || true
+  rm -rf "$rmq"; rmq=
+}
+trap 'stop; stop_rmq; rm -rf "$data" "$data".*' EXIT
+publish() {  # PORT BROKER_PID LABEL
+  "$bench" stream publish --port "$1" --broker-pid "$2" --messages "$n" --sizes "$sizes" \
+    --chunks "$batches" --publishers "$publishers" --in-flight "${IN_FLIGHT:-20000}" --label "$3"
+}
+warren_run() {  # LABEL [extra serve flags]
+  local label=$1; shift
+  rm -rf "$data"; mkdir -p "$data"
+  RUST_LOG=info "$warren" serve --amqp none --mqtt none --management none --prometheus none \
+    --stream "127.0.0.1:$base" --data-dir "$data" "$@" > "$data.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do
+    grep -q 'listening on .* (stream)' "$data.log" && break
+    sleep 0.1
+  done
+  publish "$base" "$pid" "$label"
+  stop
+}
+echo "# $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $n messages per cell, $publishers publishers"
+warren_run "warren fsync on"
+warren_run "warren fsync off" --fsync off
+if [ "${SKIP_RABBITMQ:-0}" != 1 ]; then
+  rmq=$(mktemp -d /tmp/rmq-stream-publish.XXXXXX)
+  export HOME=$rmq RABBITMQ_MNESIA_BASE=$rmq/mnesia RABBITMQ_LOG_BASE=$rmq/log \
+    RABBITMQ_NODE_PORT=$((base + 3)) RABBITMQ_DIST_PORT=$((base + 4)) \
+    RABBITMQ_NODENAME=streampublish$$@localhost \
+    RABBITMQ_ENABLED_PLUGINS_FILE=$rmq/enabled_plugins RABBITMQ_CONFIG_FILE=$rmq/rabbitmq \
+    ERL_EPMD_PORT=$((base + 5))
+  rport=$((base + 2))
+  printf 'stream.listeners.tcp.1 = 127.0.0.1:%s\nstream.advertised_host = localhost\nstream.advertised_port = %s\nlisteners.tcp.1 = 127.0.0.1:%s\nloopback_users = none\n' \
+    "$rport" "$rport" "$RABBITMQ_NODE_PORT" > "$rmq/rabbitmq.conf"
+  /usr/lib/rabbitmq/bin/rabbitmq-plugins --offline enable rabbitmq_stream >/dev/null
+  /usr/lib/rabbitmq/bin/rabbitmq-server > "$rmq/out.log" 2>&1 &
+  for _ in $(seq 1 300); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$rport") 2>/dev/null && { sleep 2; break; }
+    sleep 0.5
+  done
+  bpid=$(/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBITMQ_NODENAME" eval 'os:getpid().' | tr -dc 0-9)
+  publish "$rport" "$bpid" "RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null)"
+fi

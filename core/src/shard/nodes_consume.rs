@@ -1,0 +1,1643 @@
+//! Consumers on any node (docs/cluster.md, "Consumers on any node"): a channel of this node
+//! consumes from, gets from, purges or declares a queue whose home is another node. The
+//! channel side is unchanged: it sends its `Mail::Consume`, `Settle`, `Cancel`, `Get`,
+//! `Purge` and `Redeclare` to the queue as always; a queue that lives on another node (a
+//! stub here) is reached over the network, as a queue on another shard is reached over the
+//! host's links, so that mail goes to the home as [`NodeMail`] ([`Broker::mail_to_home`]).
+//! On the home the same mail is made again, from an address that stands for the consuming
+//! node's channel (a *window*: the node's connection address, the window's number as the
+//! opening), and the queue's answers to that address (`ConsumeOk`, `Deliver`, `Got`, ...)
+//! go back as `NodeMail` ([`Broker::mail_to_node`]), which the consuming node turns into
+//! the mail its channel always gets.
+//!
+//! Credit: a window holds the consuming channel's limits as `SharedCredit` holds a channel's
+//! for a queue on another shard: the consumer's prefetch (the queue counts its unacked), the
+//! channel's global prefetch when it consumed, and a write window of deliveries in flight,
+//! which the consuming node gives back (`NodeMail::Credit`) once its connection wrote them.
+//! So the home sends a slow consumer at most its window, and holds the rest in its queue.
+//!
+//! A node that becomes unreachable (or restarts) ends what crossed to it: the home cancels
+//! its consumers and requeues what they held unacked; the consuming node cancels its
+//! consumers on that node's queues (basic.cancel for clients that take it) and fails the
+//! requests waiting there (404, as RabbitMQ answers for a queue whose home is down).
+
+use super::Broker;
+use super::mail::{CancelReply, Mail};
+use super::nodes::{
+    NODE_CONN_BASE, NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle,
+    is_node_conn,
+};
+use crate::command::{OpKind, QueueDeclare};
+use crate::error::{ErrorCode, ProtocolError};
+use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
+use crate::mail::credit::SharedCredit;
+use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
+use crate::mail::mailbox::RESTORE_CONN;
+use crate::message::{Message, QueuedMessage};
+use crate::queue::kind::QueueBehaviour;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// The home's record of a channel of another node that consumes or asks here.
+struct Window {
+    node: u32,
+    remote: NodeChannel,
+    credit: Arc<SharedCredit>,
+    /// Its consumers here, with their queues.
+    consumers: Vec<(ConsumerId, QueueId)>,
+    /// Its requests sent to a queue and not answered yet.
+    requests: u32,
+    /// Deliveries it holds unacked.
+    unacked: u32,
+}
+
+/// The home's side: other nodes' channels on this node's queues.
+#[derive(Default)]
+pub(crate) struct Remote {
+    windows: HashMap<u32, Window>,
+    by_channel: HashMap<(u32, NodeChannel), u32>,
+    by_consumer: HashMap<ConsumerId, u32>,
+    next: u32,
+    /// Deliveries other nodes' channels hold unacked: (node, queue, seq) -> (window, entry),
+    /// so a settle names them by `seq` and a node that goes away gives them back.
+    unacked: HashMap<(u32, QueueId, u64), (u32, Unacked)>,
+}
+
+/// A consumer of this node's channel on another node's queue.
+struct AttachedConsumer {
+    node: u32,
+    ch: ChannelRef,
+    serial: u32,
+    tag: Arc<str>,
+    /// Its settings, to attach it again where the queue moves (a quorum queue's leader).
+    settings: Option<NodeConsumer>,
+    /// Its node became unreachable (or restarted) and dropped it: it attaches again when
+    /// the node is reachable (`node_reachable`) or the queue moves.
+    orphan: bool,
+}
+
+/// How long a request of this node's channel waits for another node's answer before it
+/// fails: an answer lost on the way (the answering node's batch failed while this node's
+/// reached it) would leave the channel waiting for ever.
+const REQUEST_TIMEOUT_MS: u64 = 10_000;
+
+/// A request of this node's channel waiting for another node's answer.
+struct Request {
+    node: u32,
+    /// When it was sent (the broker's clock).
+    sent_at: u64,
+    op: OpKind,
+    queue: Arc<str>,
+    /// A basic.cancel: its tag and `nowait`.
+    cancel: Option<(Arc<str>, bool)>,
+    /// A declare (not passive) of the queue: if the home cannot answer, this node does,
+    /// from its stub (clients declare what they use on every start; a passive declare is
+    /// refused instead, as RabbitMQ refuses it): `nowait`.
+    declare: Option<bool>,
+}
+
+/// The consuming side: this node's channels on other nodes' queues.
+#[derive(Default)]
+pub(crate) struct Attached {
+    /// By the stub's id and the home's consumer id.
+    consumers: HashMap<(QueueId, ConsumerId), AttachedConsumer>,
+    requests: HashMap<(ChannelRef, u32), Request>,
+    /// The settings of consumes in flight to another node, by channel opening and tag.
+    settings: HashMap<(ChannelRef, u32, Arc<str>), NodeConsumer>,
+    /// Credit to give back once the connection has written: conn -> (node, window, count).
+    owed: HashMap<ConnId, Vec<(u32, u32, u32)>>,
+}
+
+impl Attached {
+    pub(super) fn has_consumers(&self) -> bool {
+        !self.consumers.is_empty()
+    }
+
+    /// Whether channel `to` waits for another node's answer.
+    pub(super) fn awaits(&self, to: ChannelAddr) -> bool {
+        self.requests.contains_key(&(to.ch, to.serial))
+    }
+}
+
+impl NodeSettle {
+    fn of(how: Settle) -> NodeSettle {
+        match how {
+            Settle::Ack => NodeSettle::Ack,
+            Settle::Requeue => NodeSettle::Requeue,
+            Settle::Discard => NodeSettle::Discard,
+        }
+    }
+
+    fn settle(self) -> Settle {
+        match self {
+            NodeSettle::Ack => Settle::Ack,
+            NodeSettle::Requeue => Settle::Requeue,
+            NodeSettle::Discard => Settle::Discard,
+        }
+    }
+}
+
+/// A channel of a client of this node (not a node's window, not the internal connection).
+fn client(a: ChannelAddr) -> bool {
+    !is_node_conn(a.ch.conn) && a.ch.conn != RESTORE_CONN
+}
+
+fn node_addr(node: u32, window: u32) -> ChannelAddr {
+    ChannelAddr {
+        ch: ChannelRef {
+            conn: ConnId(NODE_CONN_BASE + u64::from(node)),
+            channel: 0,
+        },
+        serial: window,
+    }
+}
+
+impl Broker {
+    /// Whether any consumer or request crosses between this node and another.
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn crosses_nodes(&self) -> bool {
+        // A channel may keep deliveries of another node's queue after its consumer went.
+        self.nodes.crosses()
+            || !self.nodes.remote.windows.is_empty()
+            || !self.nodes.attached.consumers.is_empty()
+            || !self.nodes.attached.requests.is_empty()
+    }
+
+    /// Queue `id`'s vhost and name.
+    fn queue_names(&self, id: QueueId) -> (Arc<str>, Arc<str>) {
+        match self.qs.queues.get(&id) {
+            Some(q) => (self.topo.vhost_name_arc(q.vhost), q.name.clone()),
+            None => (Arc::from(""), Arc::from("")),
+        }
+    }
+
+    /// The queue named `queue` in `vhost` here (the home's queue, or this node's stub).
+    fn named_queue(&self, vhost: &str, queue: &str) -> Option<(VhostId, QueueId)> {
+        let routes = self.topo.routes();
+        let v = routes.vhost(vhost)?;
+        Some((v, routes.queue(v, queue)?))
+    }
+
+    // ---- the consuming node ----
+
+    /// Mail from this node's channel side to a queue that lives on another node goes there;
+    /// anything else comes back, for this node.
+    pub(super) fn mail_to_home(&mut self, mail: Mail) -> Option<Mail> {
+        let queue = match &mail {
+            Mail::Consume { queue, .. }
+            | Mail::Settle { queue, .. }
+            | Mail::Cancel { queue, .. }
+            | Mail::Get { queue, .. }
+            | Mail::Purge { queue, .. }
+            | Mail::Redeclare { queue, .. } => *queue,
+            _ => return Some(mail),
+        };
+        // A consumer that attached to another node stays with it (a quorum queue's leader
+        // may have moved since): its cancel goes there.
+        let attached = match &mail {
+            Mail::Cancel { consumer, .. } => self
+                .nodes
+                .attached
+                .consumers
+                .remove(&(queue, *consumer))
+                .map(|c| c.node),
+            _ => None,
+        };
+        let Some(node) = attached.or_else(|| self.queue_home(queue)) else {
+            return Some(mail);
+        };
+        let (vhost, name) = self.queue_names(queue);
+        let request = |b: &mut Broker, to: ChannelAddr, op: OpKind, r: NodeRequest| {
+            b.nodes.attached.requests.insert(
+                (to.ch, to.serial),
+                Request {
+                    node,
+                    sent_at: b.now,
+                    op,
+                    queue: name.clone(),
+                    cancel: None,
+                    declare: None,
+                },
+            );
+            b.nodes.outbox.push((
+                node,
+                NodeMail::Request {
+                    vhost: vhost.clone(),
+                    queue: name.clone(),
+                    from: NodeChannel::of(to),
+                    request: r,
+                },
+            ));
+            None
+        };
+        match mail {
+            Mail::Consume {
+                consumer, nowait, ..
+            } if client(consumer.addr()) => {
+                let from = consumer.addr();
+                let global_prefetch = self
+                    .chans
+                    .channels
+                    .get(&from.ch)
+                    .map_or(0, |c| c.global_prefetch);
+                // A consumer attached again (its queue moved) is no request of the
+                // channel's: the client asked nothing.
+                if !self.reattaching(from, &consumer.tag, queue) {
+                    self.nodes.attached.requests.insert(
+                        (from.ch, from.serial),
+                        Request {
+                            node,
+                            sent_at: self.now,
+                            op: OpKind::Consume,
+                            queue: name.clone(),
+                            cancel: None,
+                            declare: None,
+                        },
+                    );
+                }
+                let settings = NodeConsumer {
+                    tag: consumer.tag.clone(),
+                    no_ack: consumer.no_ack,
+                    exclusive: consumer.exclusive,
+                    prefetch: consumer.prefetch,
+                    global_prefetch,
+                    priority: consumer.priority,
+                };
+                self.nodes.attached.settings.insert(
+                    (from.ch, from.serial, consumer.tag.clone()),
+                    settings.clone(),
+                );
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::Consume {
+                        vhost,
+                        queue: name,
+                        from: NodeChannel::of(from),
+                        consumer: settings,
+                        nowait,
+                    },
+                ));
+                None
+            }
+            Mail::Settle { entries, how, .. } => {
+                let held: u64 = entries.iter().map(|u| u.message.body_len() as u64).sum();
+                self.release(held);
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::Settle {
+                        vhost,
+                        queue: name,
+                        seqs: entries.iter().map(|u| u.seq).collect(),
+                        how: NodeSettle::of(how),
+                    },
+                ));
+                None
+            }
+            Mail::Cancel {
+                consumer, reply, ..
+            } => {
+                let reply = reply.map(|r| {
+                    self.nodes.attached.requests.insert(
+                        (r.to.ch, r.to.serial),
+                        Request {
+                            node,
+                            sent_at: self.now,
+                            op: OpKind::Cancel,
+                            queue: name.clone(),
+                            cancel: Some((r.consumer_tag.clone(), r.nowait)),
+                            declare: None,
+                        },
+                    );
+                    (NodeChannel::of(r.to), r.consumer_tag, r.nowait)
+                });
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::Cancel {
+                        vhost,
+                        queue: name,
+                        consumer: consumer.0,
+                        reply,
+                    },
+                ));
+                None
+            }
+            Mail::Get { to, no_ack, .. } if client(to) => {
+                request(self, to, OpKind::Get, NodeRequest::Get { no_ack })
+            }
+            Mail::Purge { to, nowait, .. } if client(to) => {
+                request(self, to, OpKind::QueuePurge, NodeRequest::Purge { nowait })
+            }
+            Mail::Redeclare { to, declare, .. } if client(to) => {
+                // The definition is the same on every node: the stub checks it, the home
+                // counts.
+                if !declare.passive
+                    && let Err(error) = self.check_queue_equivalence(queue, &declare)
+                {
+                    self.mail.push_back(Mail::Refused { to, error });
+                    return None;
+                }
+                let (nowait, passive) = (declare.nowait, declare.passive);
+                request(
+                    self,
+                    to,
+                    OpKind::QueueDeclare,
+                    NodeRequest::Declare { nowait },
+                );
+                if !passive
+                    && let Some(r) = self.nodes.attached.requests.get_mut(&(to.ch, to.serial))
+                {
+                    r.declare = Some(nowait);
+                }
+                None
+            }
+            other => Some(other),
+        }
+    }
+
+    /// The answer to a request of channel `to` arrived from another node.
+    fn node_answered_request(&mut self, to: ChannelAddr) -> Option<Request> {
+        self.nodes.attached.requests.remove(&(to.ch, to.serial))
+    }
+
+    /// A delivery from the home of `queue` to consumer `consumer` of channel `to`.
+    #[allow(clippy::too_many_arguments)]
+    fn node_deliver(
+        &mut self,
+        from: u32,
+        to: NodeChannel,
+        (vhost, queue): (Arc<str>, Arc<str>),
+        (consumer, tag, no_ack): (u64, Arc<str>, bool),
+        (seq, redelivered, message): (u64, bool, Arc<Message>),
+        window: u32,
+        credit_now: &mut Vec<(u32, u32)>,
+    ) {
+        let addr = to.addr();
+        let cid = ConsumerId(consumer);
+        let stub = self.named_queue(&vhost, &queue).map(|(_, q)| q);
+        let give_now = |credit_now: &mut Vec<(u32, u32)>| match credit_now.last_mut() {
+            Some((w, n)) if *w == window => *n += 1,
+            _ => credit_now.push((window, 1)),
+        };
+        // Only to a consumer still registered on that opening (one cancelled meanwhile,
+        // or a channel closed, gives it back at once).
+        let live = stub.filter(|&stub| {
+            self.chans.channels.get(&addr.ch).is_some_and(|c| {
+                c.is_open_as(addr.serial) && c.consumers.get(&tag) == Some((cid, stub))
+            })
+        });
+        let Some(stub) = live else {
+            if no_ack {
+                self.lost_in_flight += 1;
+            } else {
+                self.nodes.outbox.push((
+                    from,
+                    NodeMail::Settle {
+                        vhost,
+                        queue,
+                        seqs: vec![seq],
+                        how: NodeSettle::Requeue,
+                    },
+                ));
+            }
+            give_now(credit_now);
+            return;
+        };
+        if !no_ack {
+            if let Some(c) = self.chans.channels.get_mut(&addr.ch) {
+                c.consumer_unacked.add(1);
+            }
+            // The channel keeps it until it is settled: this node holds its body meanwhile
+            // (released when the settle goes to the home, `mail_to_home`).
+            self.hold(message.body_len() as u64);
+        }
+        let window_full = match self.chans.conns.get_mut(&addr.ch.conn) {
+            Some(c) => {
+                // The host counts it written as any delivery.
+                c.in_flight.add(1);
+                c.in_flight.get() > self.config.write_window
+            }
+            None => false,
+        };
+        self.deliver_picked(
+            stub,
+            Picked {
+                consumer: cid,
+                to: addr,
+                tag,
+                no_ack,
+                message: QueuedMessage {
+                    seq,
+                    message,
+                    redelivered,
+                    stored: false,
+                    expires_at: None,
+                },
+            },
+        );
+        if window_full {
+            // Given back once the connection wrote enough (`give_owed_credit`).
+            let owed = self.nodes.attached.owed.entry(addr.ch.conn).or_default();
+            match owed.last_mut() {
+                Some((n, w, k)) if *n == from && *w == window => *k += 1,
+                _ => owed.push((from, window, 1)),
+            }
+        } else {
+            give_now(credit_now);
+        }
+    }
+
+    /// Connection `conn` wrote (or went): the credit it owes homes goes back once its own
+    /// window has room again (`all`: at once).
+    pub(super) fn give_owed_credit(&mut self, conn: ConnId, all: bool) {
+        if self.nodes.attached.owed.is_empty() {
+            return;
+        }
+        let room = self
+            .chans
+            .conns
+            .get(&conn)
+            .is_none_or(|c| c.in_flight.get() <= self.config.write_window);
+        if !(all || room) {
+            return;
+        }
+        for (node, window, count) in self.nodes.attached.owed.remove(&conn).unwrap_or_default() {
+            self.nodes
+                .outbox
+                .push((node, NodeMail::Credit { window, count }));
+        }
+    }
+
+    fn stub_or_refuse(
+        &mut self,
+        to: ChannelAddr,
+        op: OpKind,
+        vhost: &str,
+        queue: &str,
+    ) -> Option<QueueId> {
+        let stub = self.named_queue(vhost, queue).map(|(_, q)| q);
+        if stub.is_none() {
+            let error = ProtocolError::new(
+                ErrorCode::NotFound,
+                op,
+                format!("no queue '{queue}' in vhost '{vhost}'"),
+            );
+            self.mail.push_back(Mail::Refused { to, error });
+        }
+        stub
+    }
+
+    // ---- the home ----
+
+    /// The window of channel `remote` of node `node` (made now if new).
+    fn window(&mut self, node: u32, remote: NodeChannel, global_prefetch: u16) -> u32 {
+        if let Some(&w) = self.nodes.remote.by_channel.get(&(node, remote)) {
+            return w;
+        }
+        let w = self.nodes.remote.next;
+        self.nodes.remote.next = w.wrapping_add(1);
+        let credit = Arc::new(SharedCredit {
+            open: AtomicBool::new(true),
+            global_prefetch: AtomicU32::new(u32::from(global_prefetch)),
+            consumer_unacked: Arc::default(),
+            in_flight: Arc::default(),
+            write_window: self.config.write_window,
+        });
+        self.nodes.remote.by_channel.insert((node, remote), w);
+        self.nodes.remote.windows.insert(
+            w,
+            Window {
+                node,
+                remote,
+                credit,
+                consumers: Vec::new(),
+                requests: 0,
+                unacked: 0,
+            },
+        );
+        w
+    }
+
+    /// Forgets window `w` once nothing refers to it.
+    fn window_done(&mut self, w: u32) {
+        let done = self
+            .nodes
+            .remote
+            .windows
+            .get(&w)
+            .is_some_and(|x| x.consumers.is_empty() && x.requests == 0 && x.unacked == 0);
+        if done && let Some(x) = self.nodes.remote.windows.remove(&w) {
+            x.credit.open.store(false, Ordering::Release);
+            self.nodes.remote.by_channel.remove(&(x.node, x.remote));
+        }
+    }
+
+    /// Dispatches the queues window `w`'s consumers consume from (it has credit again).
+    fn dispatch_window(&mut self, w: u32) {
+        let mut queues: Vec<QueueId> = self
+            .nodes
+            .remote
+            .windows
+            .get(&w)
+            .map(|x| x.consumers.iter().map(|(_, q)| *q).collect())
+            .unwrap_or_default();
+        queues.sort_unstable();
+        queues.dedup();
+        for queue in queues {
+            self.mail.push_back(Mail::Dispatch { queue });
+        }
+    }
+
+    /// The queue's answer to a window of node `node` goes back to that node's channel.
+    pub(super) fn mail_to_node(&mut self, node: u32, mail: Mail) {
+        let remote = |b: &Broker, w: u32| b.nodes.remote.windows.get(&w).map(|x| x.remote);
+        let answered = |b: &mut Broker, w: u32| {
+            if let Some(x) = b.nodes.remote.windows.get_mut(&w) {
+                x.requests = x.requests.saturating_sub(1);
+            }
+        };
+        match mail {
+            Mail::ConsumeOk {
+                to,
+                queue,
+                consumer,
+                tag,
+                nowait,
+            } => {
+                answered(self, to.serial);
+                let Some(x) = self.nodes.remote.windows.get_mut(&to.serial) else {
+                    // The node went meanwhile.
+                    self.mail.push_back(Mail::Cancel {
+                        queue,
+                        consumer,
+                        reply: None,
+                    });
+                    return;
+                };
+                x.consumers.push((consumer, queue));
+                let remote = x.remote;
+                self.nodes.remote.by_consumer.insert(consumer, to.serial);
+                let (vhost, name) = self.queue_names(queue);
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::ConsumeOk {
+                        to: remote,
+                        vhost,
+                        queue: name,
+                        consumer: consumer.0,
+                        tag,
+                        nowait,
+                    },
+                ));
+            }
+            Mail::Refused { to, error } => {
+                answered(self, to.serial);
+                if let Some(remote) = remote(self, to.serial) {
+                    self.nodes.outbox.push((
+                        node,
+                        NodeMail::Refused {
+                            to: remote,
+                            code: error.code.code(),
+                            text: error.text,
+                        },
+                    ));
+                }
+                self.window_done(to.serial);
+            }
+            Mail::Deliver { queue, picked } => {
+                let w = picked.to.serial;
+                let m = picked.message;
+                let Some(x) = self.nodes.remote.windows.get_mut(&w) else {
+                    if !picked.no_ack {
+                        let u = Unacked::of(queue, &m, Some(picked.consumer));
+                        self.send_settles(vec![u], Settle::Requeue);
+                    }
+                    return;
+                };
+                let remote = x.remote;
+                if !picked.no_ack {
+                    x.unacked += 1;
+                    let u = Unacked::of(queue, &m, Some(picked.consumer));
+                    self.nodes
+                        .remote
+                        .unacked
+                        .insert((node, queue, m.seq), (w, u));
+                }
+                let (vhost, name) = self.queue_names(queue);
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::Deliver {
+                        to: remote,
+                        vhost,
+                        queue: name,
+                        consumer: picked.consumer.0,
+                        tag: picked.tag,
+                        no_ack: picked.no_ack,
+                        seq: m.seq,
+                        redelivered: m.redelivered,
+                        message: m.message,
+                        window: w,
+                    },
+                ));
+            }
+            Mail::Cancelled { reply } => {
+                let w = reply.to.serial;
+                answered(self, w);
+                if let Some(remote) = remote(self, w) {
+                    self.nodes.outbox.push((
+                        node,
+                        NodeMail::Cancelled {
+                            to: remote,
+                            tag: reply.consumer_tag,
+                            nowait: reply.nowait,
+                        },
+                    ));
+                }
+                self.window_done(w);
+            }
+            Mail::ConsumerGone {
+                consumer,
+                consumer_tag,
+                ..
+            } => {
+                let Some(w) = self.nodes.remote.by_consumer.remove(&consumer) else {
+                    return;
+                };
+                if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
+                    x.consumers.retain(|(c, _)| *c != consumer);
+                    let remote = x.remote;
+                    self.nodes.outbox.push((
+                        node,
+                        NodeMail::ConsumerGone {
+                            to: remote,
+                            consumer: consumer.0,
+                            tag: consumer_tag,
+                        },
+                    ));
+                }
+                self.window_done(w);
+            }
+            Mail::Got {
+                queue,
+                to,
+                no_ack,
+                got,
+            } => {
+                let w = to.serial;
+                answered(self, w);
+                let Some(x) = self.nodes.remote.windows.get_mut(&w) else {
+                    if let Some((m, _)) = got.filter(|_| !no_ack) {
+                        self.send_settles(vec![Unacked::of(queue, &m, None)], Settle::Requeue);
+                    }
+                    return;
+                };
+                let remote = x.remote;
+                if let Some((m, _)) = got.as_ref().filter(|_| !no_ack) {
+                    x.unacked += 1;
+                    let u = Unacked::of(queue, m, None);
+                    self.nodes
+                        .remote
+                        .unacked
+                        .insert((node, queue, m.seq), (w, u));
+                }
+                let (vhost, name) = self.queue_names(queue);
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::Got {
+                        to: remote,
+                        vhost,
+                        queue: name,
+                        no_ack,
+                        got: got.map(|(m, remaining)| NodeGot {
+                            seq: m.seq,
+                            redelivered: m.redelivered,
+                            message: m.message,
+                            remaining,
+                        }),
+                    },
+                ));
+                self.window_done(w);
+            }
+            Mail::Purged {
+                to,
+                message_count,
+                nowait,
+            } => {
+                answered(self, to.serial);
+                if let Some(remote) = remote(self, to.serial) {
+                    self.nodes.outbox.push((
+                        node,
+                        NodeMail::Purged {
+                            to: remote,
+                            count: message_count,
+                            nowait,
+                        },
+                    ));
+                }
+                self.window_done(to.serial);
+            }
+            Mail::Declared {
+                to,
+                queue,
+                message_count,
+                consumer_count,
+                nowait,
+                ..
+            } => {
+                answered(self, to.serial);
+                if let Some(remote) = remote(self, to.serial) {
+                    self.nodes.outbox.push((
+                        node,
+                        NodeMail::Declared {
+                            to: remote,
+                            queue,
+                            messages: message_count,
+                            consumers: consumer_count,
+                            nowait,
+                        },
+                    ));
+                }
+                self.window_done(to.serial);
+            }
+            // A declare of a queue deleted while it travelled (topology answers it).
+            Mail::TopologyDone { to, .. } => {
+                answered(self, to.serial);
+                if let Some(remote) = remote(self, to.serial) {
+                    self.nodes.outbox.push((
+                        node,
+                        NodeMail::Refused {
+                            to: remote,
+                            code: ErrorCode::NotFound.code(),
+                            text: "NOT_FOUND - the queue was deleted".into(),
+                        },
+                    ));
+                }
+                self.window_done(to.serial);
+            }
+            // Nothing else is addressed to a node's window.
+            _ => {}
+        }
+    }
+
+    /// Mail from node `from` about consumers and requests (either side), in the order sent.
+    pub(super) fn receive_consumer_mail(
+        &mut self,
+        from: u32,
+        mail: NodeMail,
+        credit_now: &mut Vec<(u32, u32)>,
+    ) {
+        match mail {
+            NodeMail::Enqueue { .. } | NodeMail::Answered { .. } => {}
+            // ---- at the home ----
+            NodeMail::Consume {
+                vhost,
+                queue,
+                from: remote,
+                consumer,
+                nowait,
+            } => {
+                let w = self.window(from, remote, consumer.global_prefetch);
+                let to = node_addr(from, w);
+                let Some((_, id)) = self.named_queue(&vhost, &queue) else {
+                    self.refuse_remote(from, remote, &vhost, &queue);
+                    self.window_done(w);
+                    return;
+                };
+                let Some(x) = self.nodes.remote.windows.get_mut(&w) else {
+                    return;
+                };
+                x.requests += 1;
+                // The channel's global prefetch as it is now (the window may be older).
+                x.credit
+                    .global_prefetch
+                    .store(u32::from(consumer.global_prefetch), Ordering::Release);
+                let qc = QueueConsumer {
+                    id: ConsumerId(0),
+                    tag: consumer.tag,
+                    ch: to.ch,
+                    serial: to.serial,
+                    no_ack: consumer.no_ack,
+                    exclusive: consumer.exclusive,
+                    global_qos: consumer.global_prefetch > 0,
+                    prefetch: consumer.prefetch,
+                    unacked: 0,
+                    priority: consumer.priority,
+                    shared: Some(x.credit.clone()),
+                };
+                self.mail.push_back(Mail::Consume {
+                    queue: id,
+                    consumer: Box::new(qc),
+                    nowait,
+                    stream_offset: None,
+                });
+            }
+            NodeMail::Settle {
+                vhost,
+                queue,
+                seqs,
+                how,
+            } => {
+                let Some((_, id)) = self.named_queue(&vhost, &queue) else {
+                    return;
+                };
+                let mut entries = Vec::with_capacity(seqs.len());
+                let mut windows: Vec<u32> = Vec::new();
+                for seq in seqs {
+                    let Some((w, u)) = self.nodes.remote.unacked.remove(&(from, id, seq)) else {
+                        continue;
+                    };
+                    if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
+                        x.unacked = x.unacked.saturating_sub(1);
+                        if u.consumer.is_some() {
+                            let before = x.credit.consumer_unacked.load(Ordering::Acquire);
+                            x.credit
+                                .consumer_unacked
+                                .store(before.saturating_sub(1), Ordering::Release);
+                        }
+                    }
+                    if windows.last() != Some(&w) {
+                        windows.push(w);
+                    }
+                    entries.push(u);
+                }
+                if !entries.is_empty() {
+                    self.mail.push_back(Mail::Settle {
+                        queue: id,
+                        entries,
+                        how: how.settle(),
+                    });
+                }
+                windows.sort_unstable();
+                windows.dedup();
+                for w in windows {
+                    self.dispatch_window(w);
+                    self.window_done(w);
+                }
+            }
+            NodeMail::Credit { window, count } => {
+                if let Some(x) = self.nodes.remote.windows.get(&window) {
+                    let f = &x.credit.in_flight;
+                    let before = f.load(Ordering::Acquire);
+                    f.store(before.saturating_sub(count), Ordering::Release);
+                    self.dispatch_window(window);
+                }
+            }
+            NodeMail::Cancel {
+                vhost,
+                queue,
+                consumer,
+                reply,
+            } => {
+                let cid = ConsumerId(consumer);
+                if let Some(w) = self.nodes.remote.by_consumer.remove(&cid)
+                    && let Some(x) = self.nodes.remote.windows.get_mut(&w)
+                {
+                    x.consumers.retain(|(c, _)| *c != cid);
+                }
+                let id = self.named_queue(&vhost, &queue).map(|(_, q)| q);
+                let reply = reply.map(|(remote, tag, nowait)| {
+                    let w = self.window(from, remote, 0);
+                    if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
+                        x.requests += 1;
+                    }
+                    CancelReply {
+                        to: node_addr(from, w),
+                        consumer_tag: tag,
+                        nowait,
+                    }
+                });
+                match id {
+                    Some(queue) => self.mail.push_back(Mail::Cancel {
+                        queue,
+                        consumer: cid,
+                        reply,
+                    }),
+                    // The queue went: its consumers went with it.
+                    None => {
+                        if let Some(reply) = reply {
+                            self.mail.push_back(Mail::Cancelled { reply });
+                        }
+                    }
+                }
+            }
+            NodeMail::Request {
+                vhost,
+                queue,
+                from: remote,
+                request,
+            } => {
+                let Some((vid, id)) = self.named_queue(&vhost, &queue) else {
+                    self.refuse_remote(from, remote, &vhost, &queue);
+                    return;
+                };
+                let w = self.window(from, remote, 0);
+                if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
+                    x.requests += 1;
+                }
+                let to = node_addr(from, w);
+                self.mail.push_back(match request {
+                    NodeRequest::Get { no_ack } => Mail::Get {
+                        queue: id,
+                        to,
+                        no_ack,
+                    },
+                    NodeRequest::Purge { nowait } => Mail::Purge {
+                        queue: id,
+                        to,
+                        nowait,
+                    },
+                    NodeRequest::Declare { nowait } => Mail::Redeclare {
+                        queue: id,
+                        to,
+                        vhost: vid,
+                        declare: Box::new(QueueDeclare {
+                            queue: queue.to_string(),
+                            passive: true,
+                            durable: false,
+                            exclusive: false,
+                            auto_delete: false,
+                            nowait,
+                            arguments: Default::default(),
+                        }),
+                    },
+                });
+            }
+            // ---- at the consuming node ----
+            NodeMail::ConsumeOk {
+                to,
+                vhost,
+                queue,
+                consumer,
+                tag,
+                nowait,
+            } => {
+                let addr = to.addr();
+                let cid = ConsumerId(consumer);
+                let stub = self.named_queue(&vhost, &queue).map(|(_, q)| q);
+                if !stub.is_some_and(|stub| self.reattaching(addr, &tag, stub))
+                    && self.node_answered_request(addr).is_none()
+                {
+                    // Too late (the request timed out): the home lets it go.
+                    self.nodes.outbox.push((
+                        from,
+                        NodeMail::Cancel {
+                            vhost,
+                            queue,
+                            consumer,
+                            reply: None,
+                        },
+                    ));
+                    return;
+                }
+                let settings =
+                    self.nodes
+                        .attached
+                        .settings
+                        .remove(&(addr.ch, addr.serial, tag.clone()));
+                match self.stub_or_refuse(addr, OpKind::Consume, &vhost, &queue) {
+                    Some(stub) => {
+                        self.nodes.attached.consumers.insert(
+                            (stub, cid),
+                            AttachedConsumer {
+                                node: from,
+                                ch: addr.ch,
+                                serial: addr.serial,
+                                tag: tag.clone(),
+                                settings,
+                                orphan: false,
+                            },
+                        );
+                        self.mail.push_back(Mail::ConsumeOk {
+                            to: addr,
+                            queue: stub,
+                            consumer: cid,
+                            tag,
+                            nowait,
+                        });
+                        // Registered before the deliveries that follow in this batch.
+                        if !self.mail_scheduled {
+                            self.pump();
+                        }
+                    }
+                    None => self.nodes.outbox.push((
+                        from,
+                        NodeMail::Cancel {
+                            vhost,
+                            queue,
+                            consumer,
+                            reply: None,
+                        },
+                    )),
+                }
+            }
+            NodeMail::Refused { to, code, text } => {
+                let addr = to.addr();
+                self.nodes
+                    .attached
+                    .settings
+                    .retain(|k, _| (k.0, k.1) != (addr.ch, addr.serial));
+                // No request waits: a consumer attached again was refused where its queue
+                // moved; it stays, and gets nothing there.
+                let Some(op) = self.node_answered_request(addr).map(|r| r.op) else {
+                    return;
+                };
+                let code = ErrorCode::from_code(code).unwrap_or(ErrorCode::InternalError);
+                self.mail.push_back(Mail::Refused {
+                    to: addr,
+                    error: ProtocolError { code, text, op },
+                });
+            }
+            NodeMail::Deliver {
+                to,
+                vhost,
+                queue,
+                consumer,
+                tag,
+                no_ack,
+                seq,
+                redelivered,
+                message,
+                window,
+            } => self.node_deliver(
+                from,
+                to,
+                (vhost, queue),
+                (consumer, tag, no_ack),
+                (seq, redelivered, message),
+                window,
+                credit_now,
+            ),
+            NodeMail::Cancelled { to, tag, nowait } => {
+                let addr = to.addr();
+                if self.node_answered_request(addr).is_none() {
+                    return;
+                }
+                self.mail.push_back(Mail::Cancelled {
+                    reply: CancelReply {
+                        to: addr,
+                        consumer_tag: tag,
+                        nowait,
+                    },
+                });
+            }
+            NodeMail::ConsumerGone { to, consumer, tag } => {
+                let ch = to.addr().ch;
+                let cid = ConsumerId(consumer);
+                let current = self
+                    .chans
+                    .channels
+                    .get(&ch)
+                    .and_then(|c| c.consumers.get(&tag));
+                if let Some((c, stub)) = current
+                    && c == cid
+                {
+                    self.nodes.attached.consumers.remove(&(stub, cid));
+                    self.mail.push_back(Mail::ConsumerGone {
+                        ch,
+                        consumer: cid,
+                        consumer_tag: tag,
+                    });
+                }
+            }
+            NodeMail::Got {
+                to,
+                vhost,
+                queue,
+                no_ack,
+                got,
+            } => {
+                let addr = to.addr();
+                if self.node_answered_request(addr).is_none() {
+                    // Too late: what it took goes back.
+                    if let Some(g) = got.filter(|_| !no_ack) {
+                        self.nodes.outbox.push((
+                            from,
+                            NodeMail::Settle {
+                                vhost,
+                                queue,
+                                seqs: vec![g.seq],
+                                how: NodeSettle::Requeue,
+                            },
+                        ));
+                    }
+                    return;
+                }
+                match self.stub_or_refuse(addr, OpKind::Get, &vhost, &queue) {
+                    Some(stub) => {
+                        if let Some(g) = got.as_ref().filter(|_| !no_ack) {
+                            // Held until settled, as a consumer's delivery (`node_deliver`).
+                            self.hold(g.message.body_len() as u64);
+                        }
+                        self.mail.push_back(Mail::Got {
+                            queue: stub,
+                            to: addr,
+                            no_ack,
+                            got: got.map(|g| {
+                                (
+                                    QueuedMessage {
+                                        seq: g.seq,
+                                        message: g.message,
+                                        redelivered: g.redelivered,
+                                        stored: false,
+                                        expires_at: None,
+                                    },
+                                    g.remaining,
+                                )
+                            }),
+                        });
+                    }
+                    None => {
+                        if let Some(g) = got.filter(|_| !no_ack) {
+                            self.nodes.outbox.push((
+                                from,
+                                NodeMail::Settle {
+                                    vhost,
+                                    queue,
+                                    seqs: vec![g.seq],
+                                    how: NodeSettle::Requeue,
+                                },
+                            ));
+                        }
+                    }
+                }
+            }
+            NodeMail::Purged { to, count, nowait } => {
+                let addr = to.addr();
+                if self.node_answered_request(addr).is_none() {
+                    return;
+                }
+                self.mail.push_back(Mail::Purged {
+                    to: addr,
+                    message_count: count,
+                    nowait,
+                });
+            }
+            NodeMail::Declared {
+                to,
+                queue,
+                messages,
+                consumers,
+                nowait,
+            } => {
+                let addr = to.addr();
+                if self.node_answered_request(addr).is_none() {
+                    return;
+                }
+                self.mail.push_back(Mail::Declared {
+                    to: addr,
+                    queue,
+                    message_count: messages,
+                    consumer_count: consumers,
+                    nowait,
+                    version: 0,
+                });
+            }
+        }
+    }
+
+    /// A request of another node's channel for a queue this node does not have: 404.
+    fn refuse_remote(&mut self, node: u32, to: NodeChannel, vhost: &str, queue: &str) {
+        self.nodes.outbox.push((
+            node,
+            NodeMail::Refused {
+                to,
+                code: ErrorCode::NotFound.code(),
+                text: format!("NOT_FOUND - no queue '{queue}' in vhost '{vhost}'"),
+            },
+        ));
+    }
+
+    /// Node `node` is unreachable or restarted: what crossed between it and this node ends
+    /// (see the module's docs).
+    pub(super) fn drop_node_consumers(&mut self, node: u32) {
+        // The home's side: its windows' consumers go, what they held comes back.
+        let mut windows: Vec<u32> = self
+            .nodes
+            .remote
+            .windows
+            .iter()
+            .filter(|(_, x)| x.node == node)
+            .map(|(w, _)| *w)
+            .collect();
+        windows.sort_unstable();
+        for w in &windows {
+            let Some(x) = self.nodes.remote.windows.remove(w) else {
+                continue;
+            };
+            x.credit.open.store(false, Ordering::Release);
+            self.nodes.remote.by_channel.remove(&(x.node, x.remote));
+            for (cid, queue) in x.consumers {
+                self.nodes.remote.by_consumer.remove(&cid);
+                self.mail.push_back(Mail::Cancel {
+                    queue,
+                    consumer: cid,
+                    reply: None,
+                });
+                // If it only looked gone (a stall), it hears of it when it answers again.
+                let tag = self
+                    .qs
+                    .queues
+                    .get(&queue)
+                    .and_then(|q| q.consumers.iter().find(|c| c.id == cid))
+                    .map_or_else(|| Arc::from(""), |c| c.tag.clone());
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::ConsumerGone {
+                        to: x.remote,
+                        consumer: cid.0,
+                        tag,
+                    },
+                ));
+            }
+        }
+        let mut held: Vec<(QueueId, u64)> = self
+            .nodes
+            .remote
+            .unacked
+            .keys()
+            .filter(|(n, _, _)| *n == node)
+            .map(|(_, q, s)| (*q, *s))
+            .collect();
+        held.sort_unstable();
+        for (queue, seq) in held {
+            if let Some((_, u)) = self.nodes.remote.unacked.remove(&(node, queue, seq)) {
+                self.mail.push_back(Mail::Settle {
+                    queue,
+                    entries: vec![u],
+                    how: Settle::Requeue,
+                });
+            }
+        }
+        // The consuming side: consumers on its queues are cancelled, requests fail. A
+        // quorum queue's consumers stay (RabbitMQ keeps them), orphaned: its group elects
+        // another leader, and they attach there when the queue's home moves
+        // (`queue_moved`), or there again when the node is back (`node_reachable`).
+        let quorum = |b: &Broker, q: QueueId| {
+            b.qs.queues
+                .get(&q)
+                .is_some_and(|q| q.kind() == crate::queue_type::QueueType::Quorum)
+        };
+        let mut gone: Vec<(QueueId, ConsumerId)> = Vec::new();
+        let mut orphans: Vec<(QueueId, ConsumerId)> = Vec::new();
+        for (k, c) in &self.nodes.attached.consumers {
+            if c.node == node {
+                if quorum(self, k.0) {
+                    orphans.push(*k);
+                } else {
+                    gone.push(*k);
+                }
+            }
+        }
+        for k in orphans {
+            if let Some(c) = self.nodes.attached.consumers.get_mut(&k) {
+                c.orphan = true;
+            }
+        }
+        gone.sort_unstable();
+        for key in gone {
+            if let Some(c) = self.nodes.attached.consumers.remove(&key) {
+                // If it only looked gone, the home drops the consumer when this arrives.
+                let (vhost, queue) = self.queue_names(key.0);
+                self.nodes.outbox.push((
+                    node,
+                    NodeMail::Cancel {
+                        vhost,
+                        queue,
+                        consumer: key.1.0,
+                        reply: None,
+                    },
+                ));
+                self.mail.push_back(Mail::ConsumerGone {
+                    ch: c.ch,
+                    consumer: key.1,
+                    consumer_tag: c.tag,
+                });
+            }
+        }
+        let mut waiting: Vec<(ChannelRef, u32)> = self
+            .nodes
+            .attached
+            .requests
+            .iter()
+            .filter(|(_, r)| r.node == node)
+            .map(|(k, _)| *k)
+            .collect();
+        waiting.sort_unstable_by_key(|(ch, s)| (ch.conn, ch.channel, *s));
+        for (ch, serial) in waiting {
+            self.fail_request(ch, serial, "is down or inaccessible");
+        }
+        for owed in self.nodes.attached.owed.values_mut() {
+            owed.retain(|(n, _, _)| *n != node);
+        }
+        self.nodes.attached.owed.retain(|_, v| !v.is_empty());
+    }
+
+    /// Whether a consume of channel `to` under `tag` on `queue` attaches a consumer the
+    /// channel already has there again (its queue moved), rather than a client's request.
+    pub(super) fn reattaching(&self, to: ChannelAddr, tag: &str, queue: QueueId) -> bool {
+        self.chans
+            .channels
+            .get(&to.ch)
+            .filter(|c| c.serial == to.serial)
+            .and_then(|c| c.consumers.get(tag))
+            .is_some_and(|(_, q)| q == queue)
+    }
+
+    /// Queue `id` moved from `old` to `new` (`None`: this node), as a quorum queue's home
+    /// follows its group's leader: this node's clients' consumers of it attach where it is
+    /// now (RabbitMQ keeps a quorum queue's consumers across a leader change), and other
+    /// nodes' consumers of it here go (their nodes attach them again).
+    pub(super) fn queue_moved(&mut self, id: QueueId, old: Option<u32>, new: Option<u32>) {
+        if old == new {
+            return;
+        }
+        let (vhost, name) = self.queue_names(id);
+        let mut moving: Vec<(ChannelAddr, NodeConsumer)> = Vec::new();
+        // Attached to another node.
+        let mut keys: Vec<(QueueId, ConsumerId)> = self
+            .nodes
+            .attached
+            .consumers
+            .keys()
+            .filter(|k| k.0 == id)
+            .copied()
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            let Some(c) = self.nodes.attached.consumers.remove(&key) else {
+                continue;
+            };
+            self.nodes.outbox.push((
+                c.node,
+                NodeMail::Cancel {
+                    vhost: vhost.clone(),
+                    queue: name.clone(),
+                    consumer: key.1.0,
+                    reply: None,
+                },
+            ));
+            let to = ChannelAddr {
+                ch: c.ch,
+                serial: c.serial,
+            };
+            match c.settings {
+                Some(settings) => moving.push((to, settings)),
+                None => self.mail.push_back(Mail::ConsumerGone {
+                    ch: c.ch,
+                    consumer: key.1,
+                    consumer_tag: c.tag,
+                }),
+            }
+        }
+        // Served here until now.
+        if old.is_none() {
+            let now = self.now;
+            let consumers: Vec<(ConsumerId, ChannelAddr, NodeConsumer)> = self
+                .qs
+                .queues
+                .get(&id)
+                .map(|q| {
+                    q.consumers
+                        .iter()
+                        .map(|c| {
+                            let settings = NodeConsumer {
+                                tag: c.tag.clone(),
+                                no_ack: c.no_ack,
+                                exclusive: c.exclusive,
+                                prefetch: c.prefetch,
+                                global_prefetch: 0,
+                                priority: c.priority,
+                            };
+                            (c.id, c.addr(), settings)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (cid, to, mut settings) in consumers {
+                if let Some(q) = self.qs.queues.get_mut(&id) {
+                    q.remove_consumer(now, cid);
+                }
+                if is_node_conn(to.ch.conn) {
+                    // Another node's: it goes quietly (that node attaches it again).
+                    if let Some(w) = self.nodes.remote.by_consumer.remove(&cid)
+                        && let Some(x) = self.nodes.remote.windows.get_mut(&w)
+                    {
+                        x.consumers.retain(|(c, _)| *c != cid);
+                    }
+                } else {
+                    settings.global_prefetch = self
+                        .chans
+                        .channels
+                        .get(&to.ch)
+                        .map_or(0, |c| c.global_prefetch);
+                    moving.push((to, settings));
+                }
+            }
+            // What other nodes hold of it is settled there no more (the queue here is
+            // reloaded from the new leader's copy when this node leads again).
+            let mut held: Vec<(u32, QueueId, u64)> = self
+                .nodes
+                .remote
+                .unacked
+                .keys()
+                .filter(|k| k.1 == id)
+                .copied()
+                .collect();
+            held.sort_unstable();
+            let mut windows = Vec::new();
+            for k in held {
+                if let Some((w, _)) = self.nodes.remote.unacked.remove(&k) {
+                    if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
+                        x.unacked = x.unacked.saturating_sub(1);
+                    }
+                    windows.push(w);
+                }
+            }
+            let mut all: Vec<u32> = self.nodes.remote.windows.keys().copied().collect();
+            all.extend(windows);
+            all.sort_unstable();
+            all.dedup();
+            for w in all {
+                self.window_done(w);
+            }
+        }
+        for (to, c) in moving {
+            self.attach_again(id, to, c);
+        }
+    }
+
+    /// The host reaches node `node` again (`BrokerHandle::node_reachable`): the consumers
+    /// it dropped while it was unreachable (quorum queues' consumers, kept) attach again
+    /// where their queue is served now (there, if it still leads).
+    pub fn node_reachable(&mut self, now: u64, node: u32) {
+        self.now = self.now.max(now);
+        let mut keys: Vec<(QueueId, ConsumerId)> = self
+            .nodes
+            .attached
+            .consumers
+            .iter()
+            .filter(|(_, c)| c.node == node && c.orphan)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            let Some(c) = self.nodes.attached.consumers.remove(&key) else {
+                continue;
+            };
+            let (vhost, name) = self.queue_names(key.0);
+            // In case it only looked gone and still has it.
+            self.nodes.outbox.push((
+                node,
+                NodeMail::Cancel {
+                    vhost,
+                    queue: name,
+                    consumer: key.1.0,
+                    reply: None,
+                },
+            ));
+            if let Some(settings) = c.settings {
+                let to = ChannelAddr {
+                    ch: c.ch,
+                    serial: c.serial,
+                };
+                self.attach_again(key.0, to, settings);
+            }
+        }
+        self.after_op();
+    }
+
+    /// Attaches consumer `c` of channel `to` (registered there on queue `id`) to the queue
+    /// where it is served now: the same consumer for the client, no consume-ok.
+    fn attach_again(&mut self, id: QueueId, to: ChannelAddr, c: NodeConsumer) {
+        if !self.reattaching(to, &c.tag, id)
+            || !self
+                .chans
+                .channels
+                .get(&to.ch)
+                .is_some_and(|ch| ch.is_open_as(to.serial))
+        {
+            return;
+        }
+        self.mail.push_back(Mail::Consume {
+            queue: id,
+            consumer: Box::new(QueueConsumer {
+                id: ConsumerId(0),
+                tag: c.tag,
+                ch: to.ch,
+                serial: to.serial,
+                no_ack: c.no_ack,
+                exclusive: c.exclusive,
+                global_qos: c.global_prefetch > 0,
+                prefetch: c.prefetch,
+                unacked: 0,
+                priority: c.priority,
+                shared: None,
+            }),
+            nowait: true,
+            stream_offset: None,
+        });
+    }
+
+    /// Fails request `(ch, serial)` waiting for another node: a cancel is answered
+    /// (cancel-ok: the consumer is gone from this node's view), anything else is refused
+    /// with RabbitMQ's 404 for a queue whose home node is unavailable.
+    fn fail_request(&mut self, ch: ChannelRef, serial: u32, why: &str) {
+        let Some(r) = self.nodes.attached.requests.remove(&(ch, serial)) else {
+            return;
+        };
+        let to = ChannelAddr { ch, serial };
+        if let Some(nowait) = r.declare {
+            self.mail.push_back(Mail::Declared {
+                to,
+                queue: r.queue,
+                message_count: 0,
+                consumer_count: 0,
+                nowait,
+                version: 0,
+            });
+            return;
+        }
+        match r.cancel {
+            Some((consumer_tag, nowait)) => self.mail.push_back(Mail::Cancelled {
+                reply: CancelReply {
+                    to,
+                    consumer_tag,
+                    nowait,
+                },
+            }),
+            None => {
+                let vhost = self
+                    .chans
+                    .conns
+                    .get(&ch.conn)
+                    .map(|c| self.topo.vhost_name_arc(c.vhost))
+                    .unwrap_or_else(|| Arc::from(""));
+                let error = ProtocolError::new(
+                    ErrorCode::NotFound,
+                    r.op,
+                    format!(
+                        "home node {} of queue '{}' in vhost '{vhost}' {why}",
+                        r.node, r.queue
+                    ),
+                );
+                self.mail.push_back(Mail::Refused { to, error });
+            }
+        }
+    }
+
+    /// When the oldest request waiting for another node times out, if any waits.
+    pub(super) fn node_request_deadline(&self) -> Option<u64> {
+        self.nodes
+            .attached
+            .requests
+            .values()
+            .map(|r| r.sent_at.saturating_add(REQUEST_TIMEOUT_MS))
+            .min()
+    }
+
+    /// Fails the requests that waited for another node's answer too long (`tick`).
+    pub(super) fn expire_node_requests(&mut self) {
+        if self.nodes.attached.requests.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let mut late: Vec<(ChannelRef, u32)> = self
+            .nodes
+            .attached
+            .requests
+            .iter()
+            .filter(|(_, r)| now >= r.sent_at.saturating_add(REQUEST_TIMEOUT_MS))
+            .map(|(k, _)| *k)
+            .collect();
+        late.sort_unstable_by_key(|(ch, s)| (ch.conn, ch.channel, *s));
+        for (ch, serial) in late {
+            self.fail_request(ch, serial, "did not answer in time");
+        }
+    }
+
+    /// Queue `id` (a stub) is deleted here: this node's consumers attached to it on its
+    /// home are cancelled (basic.cancel for clients that take it).
+    pub(super) fn cancel_attached(&mut self, id: QueueId) {
+        if self.nodes.attached.consumers.is_empty() {
+            return;
+        }
+        let mut keys: Vec<(QueueId, ConsumerId)> = self
+            .nodes
+            .attached
+            .consumers
+            .keys()
+            .filter(|k| k.0 == id)
+            .copied()
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            if let Some(c) = self.nodes.attached.consumers.remove(&key) {
+                self.mail.push_back(Mail::ConsumerGone {
+                    ch: c.ch,
+                    consumer: key.1,
+                    consumer_tag: c.tag,
+                });
+            }
+        }
+    }
+}
