@@ -111,7 +111,9 @@ fn idle_mqtt_connections_stay_small_over_sockets() {
         // The offline-queue bound `warren serve` sets: every session's queue is governed
         // by it (and must not hold a copy of its arguments each).
         let policy = broker
-            .admin_local(warren_runtime::AdminRequest::SetPolicy(mqtt.offline_policy()))
+            .admin_local(warren_runtime::AdminRequest::SetPolicy(
+                mqtt.offline_policy(),
+            ))
             .await;
         assert!(
             matches!(policy, Ok(warren_runtime::AdminResponse::Done(Ok(())))),
