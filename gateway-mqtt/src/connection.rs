@@ -226,7 +226,7 @@ where
                 if tx.send(session.take_ops()).await.is_err() {
                     break 'run (End::BrokerGone, None);
                 }
-                if rbuf.is_empty() && rbuf.capacity() > 0 {
+                if rbuf.is_empty() {
                     rbuf = BytesMut::new();
                 }
                 if session.disconnected() {

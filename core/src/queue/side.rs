@@ -22,4 +22,6 @@ pub(crate) struct QueueSide {
     /// each millisecond until one refills the queue or none is left (resumed publishers
     /// may have nothing more to send, and nothing else would wake the rest).
     pub(crate) starving: std::collections::BTreeSet<QueueId>,
+    /// The arguments last set on a queue (`HeldArgs::shared`).
+    pub(crate) last_args: Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
 }

@@ -314,7 +314,12 @@ impl QueueState {
     /// takes them as RabbitMQ 3.10 does: `reject-publish-dlx` acts as drop-head, and
     /// at-least-once dead-lettering without reject-publish falls back to at-most-once
     /// (RabbitMQ's `dlh/5`); its delivery limit goes to its state machine.
-    pub(crate) fn set_args(&mut self, mut args: crate::queue_args::QueueArgs) {
+    /// `last`: the arguments last set on a queue of the shard, shared when equal.
+    pub(crate) fn set_args(
+        &mut self,
+        mut args: crate::queue_args::QueueArgs,
+        last: &mut Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
+    ) {
         if let Some(fifo) = self.quorum.as_deref_mut() {
             if args.overflow == Overflow::RejectPublishDlx {
                 args.overflow = Overflow::DropHead;
@@ -326,7 +331,7 @@ impl QueueState {
                 limit: args.delivery_limit,
             });
         }
-        self.args = args.into();
+        self.args = HeldArgs::shared(args, last);
     }
 
     pub(crate) fn set_arguments(&mut self, arguments: FieldTable) {

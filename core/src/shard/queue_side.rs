@@ -616,7 +616,7 @@ impl Broker {
         // A stream's settings are its own; a policy's classic keys (TTL, expiry) do not
         // apply to it.
         if !is_stream {
-            queue.set_args(c.args);
+            queue.set_args(c.args, &mut self.qs.last_args);
         }
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
