@@ -180,6 +180,7 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
         homes,
     ));
     broker.set_replicator(std::sync::Arc::new(replicator));
+    tokio::spawn(publish_alarms(node, broker.clone()));
     if let Some(repl) = REPLICATION.get() {
         repl.attach(node, broker.clone());
     }
@@ -234,10 +235,89 @@ pub async fn leave() -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::json!({}))
 }
 
+/// The metadata group's key of node `id`'s resource alarms (a JSON list of names).
+fn alarms_key(id: u64) -> String {
+    use warren_cluster::definitions::{Kind, key};
+    key(Kind::Node, &["alarms", &id.to_string()])
+}
+
+/// Keeps this node's resource alarms in the metadata group (checked every second, written
+/// when they change), so `cluster-status` on any node shows every node's, as rabbitmqctl's
+/// does. A write that fails (no quorum) is tried again at the next change or tick.
+async fn publish_alarms(node: &'static ClusterNode, broker: warren_runtime::BrokerHandle) {
+    use warren_cluster::definitions::DefCommand;
+    use warren_runtime::{AdminRequest, AdminResponse};
+    let key = alarms_key(node.id());
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now: Vec<&str> = match broker.admin(AdminRequest::MemoryStatus).await {
+            Ok(AdminResponse::Memory(m)) if m.alarm => vec!["memory"],
+            Ok(_) => Vec::new(),
+            // The broker stopped.
+            Err(_) => return,
+        };
+        let recorded: Vec<String> = node.definitions.with(|d| {
+            d.get(&key)
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or_default()
+        });
+        if recorded == now {
+            continue;
+        }
+        let put = DefCommand::Put {
+            key: key.clone(),
+            record: serde_json::to_vec(&now).unwrap_or_default(),
+        };
+        if let Err(e) = node.write(&put).await {
+            tracing::debug!(error = %e, "cluster: this node's alarms not recorded");
+        }
+    }
+}
+
+/// Every node's alarms as `[{"node": ID, "resource": NAME}]`: the metadata group's records,
+/// this node's from `local` (what its broker says now).
+fn all_alarms(node: &ClusterNode, local: &[&'static str]) -> Vec<serde_json::Value> {
+    let me = node.id();
+    let prefix = format!(
+        "{}/",
+        warren_cluster::definitions::key(warren_cluster::definitions::Kind::Node, &["alarms"])
+    );
+    let mut out: Vec<serde_json::Value> = node.definitions.with(|d| {
+        d.scan(&prefix)
+            .filter_map(|(k, v)| {
+                let id: u64 = k.rsplit(':').next()?.parse().ok()?;
+                let names: Vec<String> = serde_json::from_slice(v).ok()?;
+                Some((id, names))
+            })
+            .filter(|(id, _)| *id != me)
+            .flat_map(|(id, names)| {
+                names
+                    .into_iter()
+                    .map(move |n| serde_json::json!({"node": id, "resource": n}))
+            })
+            .collect()
+    });
+    out.extend(
+        local
+            .iter()
+            .map(|n| serde_json::json!({"node": me, "resource": n})),
+    );
+    out.sort_by_key(|a| {
+        (
+            a["node"].as_u64(),
+            a["resource"].as_str().map(str::to_string),
+        )
+    });
+    out
+}
+
 /// `warren ctl cluster-status`'s data: the metadata group as this node sees it (its role,
 /// term, leader, indexes and members, at the top level as before), `groups`: every group
 /// (the metadata group first, then each quorum queue's, with its members and, where this
-/// node is a member, its status), and `alarms`: this node's resource alarms.
+/// node is a member, its status), and `alarms`: every node's resource alarms (`alarms`:
+/// this node's, as its broker says now).
 pub fn status(alarms: Vec<&'static str>) -> anyhow::Result<serde_json::Value> {
     let node = NODE.get().ok_or_else(|| {
         anyhow::anyhow!("this node is not in a cluster (start it with --node-id)")
@@ -254,7 +334,7 @@ pub fn status(alarms: Vec<&'static str>) -> anyhow::Result<serde_json::Value> {
         groups.extend(repl.groups_status());
     }
     out["groups"] = serde_json::Value::Array(groups);
-    out["alarms"] = serde_json::json!(alarms);
+    out["alarms"] = serde_json::Value::Array(all_alarms(node, &alarms));
     Ok(out)
 }
 

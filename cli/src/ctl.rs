@@ -604,7 +604,7 @@ fn cluster_status_text(s: &Value) -> String {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|a| cell(Some(a)))
+        .map(|a| format!("node {} {}", cell(a.get("node")), cell(a.get("resource"))))
         .collect();
     out.push_str(&format!(
         "Alarms: {}\n",

@@ -83,6 +83,15 @@ struct Group {
 }
 
 impl Group {
+    /// The group's leader as this node knows it: from its copy of the group, or, on a node
+    /// that is not a member, the one the metadata group names (its broker forwards there).
+    fn leader(&self) -> Option<NodeId> {
+        match self.raft() {
+            Some(raft) => raft.metrics().borrow().current_leader,
+            None => Some(self.told.load(Ordering::Acquire)).filter(|l| *l != NO_LEADER),
+        }
+    }
+
     fn raft(&self) -> Option<Raft> {
         lock(&self.raft).clone()
     }
@@ -147,6 +156,13 @@ fn choose_members(
         .map(|i| all[(start + i) % all.len()])
         .map(|(id, a)| (*id, a.clone()))
         .collect()
+}
+
+/// The metadata group's key naming queue `name`'s leader (its node id in decimal), written
+/// by each new leader once it serves: nodes that are not members forward publishes there.
+fn leader_key(vhost: &str, name: &str) -> String {
+    use warren_cluster::definitions::{Kind, key};
+    key(Kind::Queue, &["quorum-leader", vhost, name])
 }
 
 /// The member of a new group that calls its first election: the one at the place the group
@@ -250,6 +266,26 @@ impl Replication {
                 }
             }
             let member = members.contains_key(&node.id());
+            if !member && g.raft().is_none() {
+                // Not a member: this node's broker forwards to the leader the metadata group
+                // names (each new leader records itself there).
+                let leader = node.definitions.with(|d| {
+                    d.get(&leader_key(&g.vhost, &g.name))
+                        .and_then(|b| std::str::from_utf8(b).ok()?.parse::<NodeId>().ok())
+                });
+                if let Some(l) = leader
+                    && g.told.load(Ordering::Acquire) != l
+                    && let Some(broker) = self.0.broker.get()
+                {
+                    let home = AdminRequest::QueueHome {
+                        vhost: g.vhost.clone(),
+                        queue: g.name.clone(),
+                        node: u32::try_from(l).ok(),
+                    };
+                    let _ = broker.admin_local(home).await;
+                    g.told.store(l, Ordering::Release);
+                }
+            }
             if member && !g.running.swap(true, Ordering::AcqRel) {
                 tracing::info!(vhost = %g.vhost, queue = %g.name, "quorum queue: this node was added to its group; catching up");
                 let this = self.clone();
@@ -271,6 +307,9 @@ impl Replication {
                     let _ = broker.admin_local(reload).await;
                 }
                 g.running.store(false, Ordering::Release);
+                // Forward to the recorded leader from now on (next pass).
+                g.told.store(NO_LEADER, Ordering::Release);
+                self.0.changed.store(true, Ordering::Release);
             } else if !member && g.running.load(Ordering::Acquire) {
                 // Still starting (a restart on a record from before its removal): look
                 // again next tick, once it runs.
@@ -437,15 +476,14 @@ impl Replication {
         let g = lock(&self.0.groups)
             .get(&(vhost.to_string(), name.to_string()))
             .cloned()?;
-        let raft = g.raft()?;
-        raft.metrics().borrow().current_leader
+        g.leader()
     }
 
     /// Whether a publish on this node to queue `name` would be taken now: this node leads
     /// its group and serves it, or its broker forwards to the leader and this node's copy
     /// has applied a command of a serving leader (the empty one each new leader writes once
-    /// it serves). False while the group starts or elects; true for a node that is not a
-    /// member (nothing here to wait for).
+    /// it serves). False while the group starts or elects. A node that is not a member: once
+    /// its broker forwards to the leader the metadata group names.
     fn ready(&self, vhost: &str, name: &str) -> bool {
         let Some(g) = lock(&self.0.groups)
             .get(&(vhost.to_string(), name.to_string()))
@@ -460,7 +498,8 @@ impl Replication {
             .get(&g.id)
             .is_some_and(|r| !r.members.contains_key(&node.id()))
         {
-            return true;
+            // Not a member: its broker forwards to the leader the metadata group names.
+            return g.told.load(Ordering::Acquire) != NO_LEADER;
         }
         let (Some(raft), Some(replica)) = (g.raft(), g.replica()) else {
             return false;
@@ -512,7 +551,7 @@ impl Replication {
             .map(|r| r.members.keys().copied().collect())
             .unwrap_or_default();
         let node = self.0.node.get()?;
-        let leader = g.raft().and_then(|r| r.metrics().borrow().current_leader);
+        let leader = g.leader();
         let online: Vec<NodeId> = members
             .iter()
             .copied()
@@ -802,8 +841,21 @@ impl Replication {
                         // An empty command: once a member applies it, it knows a leader
                         // served the group (`wait_ready` on the other members).
                         let marker = raft.clone();
+                        // And the leader in the metadata group (as RabbitMQ's queue record
+                        // names its leader): nodes that are not members forward there.
+                        let node = self.0.node.get().copied();
+                        let k = leader_key(&g.vhost, &g.name);
                         self.0.runtime.spawn(async move {
                             let _ = marker.client_write(QueueCommand(Vec::new()).encode()).await;
+                            if let Some(node) = node {
+                                let put = warren_cluster::definitions::DefCommand::Put {
+                                    key: k,
+                                    record: me.to_string().into_bytes(),
+                                };
+                                if let Err(e) = node.write(&put).await {
+                                    tracing::debug!(error = %e, "quorum queue leader not recorded");
+                                }
+                            }
                         });
                     }
                     continue;
@@ -842,11 +894,13 @@ impl Replication {
             // Every member drops the record; the deletes are idempotent. A failure leaves
             // a stale record a redeclare of the name then reuses.
             use warren_cluster::definitions::{DefCommand, Kind, key};
-            let del = DefCommand::Delete {
-                key: key(Kind::Queue, &["quorum-members", &g.vhost, &g.name]),
-            };
-            if let Err(e) = node.write(&del).await {
-                tracing::debug!(queue = %g.name, error = %e, "quorum queue members record not deleted");
+            for k in [
+                key(Kind::Queue, &["quorum-members", &g.vhost, &g.name]),
+                leader_key(&g.vhost, &g.name),
+            ] {
+                if let Err(e) = node.write(&DefCommand::Delete { key: k }).await {
+                    tracing::debug!(queue = %g.name, error = %e, "quorum queue record not deleted");
+                }
             }
         });
     }

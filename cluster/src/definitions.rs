@@ -29,6 +29,8 @@ pub enum Kind {
     Exchange,
     Binding,
     Queue,
+    /// Per-node facts other nodes show (a node's resource alarms).
+    Node,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
             Kind::Exchange => "exchange",
             Kind::Binding => "binding",
             Kind::Queue => "queue",
+            Kind::Node => "node",
         }
     }
 }

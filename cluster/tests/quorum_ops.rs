@@ -10,7 +10,8 @@
 //! - `warren ctl quorum add-member` / `delete-member` / `grow` / `shrink` change a queue's
 //!   group through openraft's membership change: a node added after the leader purged its
 //!   log catches up from a snapshot (learner, then voter), and serves every message once
-//!   the original members are removed; a member stopped while the others commit past a
+//!   the original members are removed; a node that is not a member forwards publishes to
+//!   the leader; a member stopped while the others commit past a
 //!   snapshot, returning after the leader died, catches up from the new leader's snapshot.
 //!
 //! Needs root and `ip netns`, and the broker binary (`cargo build -p warren-cli`, or
@@ -235,6 +236,44 @@ async fn declare_ok_waits_for_a_leader_and_cluster_status_shows_every_group() {
         let one = http_get(node, &format!("/api/queues/%2f/{}", names[0]));
         assert!(one["leader"].as_u64().is_some(), "{one}");
     }
+    // Every node's alarms, on every node: a memory alarm on n2 (a 1-byte watermark) shows
+    // in n1's cluster-status, and goes when it clears.
+    let alarms_on_n1 = || {
+        cluster_status(&state, &cluster.bin, 1)
+            .map(|s| s["alarms"].clone())
+            .unwrap_or_default()
+    };
+    ctl(
+        &cluster,
+        2,
+        &["set-vm-memory-high-watermark", "absolute", "1"],
+    )
+    .expect("watermark");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = alarms_on_n1();
+        if a.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["node"] == 2 && x["resource"] == "memory")
+        }) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n2's alarm not shown on n1: {a}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ctl(&cluster, 2, &["set-vm-memory-high-watermark", "0.4"]).expect("watermark");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = alarms_on_n1();
+        if a.as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n2's alarm still shown on n1: {a}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // A member down: the others no longer count it online.
     cluster.run(&["kill", "n3"]);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -430,6 +469,37 @@ async fn members_added_by_snapshot_and_removed_through_openraft() {
             .unwrap_or_default()
     };
     assert!(snapshot(outsider).is_empty(), "no copy on the outsider yet");
+    // A node that is not a member takes publishes too: it forwards them to the leader the
+    // metadata group names (before: nacked, it followed no group).
+    {
+        let (_xc, xch) = channel(&nodes[(outsider - 1) as usize]).await;
+        for i in 0..10 {
+            let body = format!("x{i}");
+            let c = bounded(
+                "publish",
+                xch.basic_publish(
+                    "".into(),
+                    Q.into(),
+                    BasicPublishOptions::default(),
+                    body.as_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                ),
+            )
+            .await
+            .expect("publish");
+            assert!(
+                bounded("confirm", c).await.expect("confirm").is_ack(),
+                "{body} published on non-member node {outsider} confirmed"
+            );
+            want.insert(body);
+        }
+        // Its queue listing names the leader it forwards to.
+        let qs = http_get(
+            &nodes[(outsider - 1) as usize],
+            &format!("/api/queues/%2f/{Q}"),
+        );
+        assert_eq!(qs["leader"].as_u64(), Some(leader_node), "{qs}");
+    }
 
     // Added from the outsider itself (not a member: forwarded to the group's leader).
     let t = Instant::now();

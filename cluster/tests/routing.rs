@@ -260,6 +260,13 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
 
     // Published on n1 and n3 with confirms: every one acked, and all of them on n2, in
     // each publisher's order; n1 and n3 hold none.
+    // A publish on a node that has not applied the declare yet is unroutable (acked and
+    // dropped: "declare before use", docs/cluster.md); a passive declare there waits for
+    // the read barrier, so each publishing node knows the queue first (n3's publishes
+    // once raced a reconnecting Raft connection: 44 of 50 went nowhere).
+    for node in [n1, n3] {
+        count(node, "homed").await;
+    }
     let (_c1, ch1) = channel(n1).await;
     ch1.confirm_select(ConfirmSelectOptions::default())
         .await
