@@ -161,12 +161,17 @@ struct SacMember {
 struct Pending {
     offset: u64,
     publisher_id: u8,
-    ids: Vec<u64>,
+    /// How many of the stream's `ids` (from the front) are this frame's.
+    count: usize,
 }
 
 #[derive(Default)]
 struct StreamPending {
     queue: VecDeque<Pending>,
+    /// The publishing ids of the frames in `queue`, in order: one deque per stream instead of a
+    /// `Vec` per Publish frame (an allocation per 1-message frame). Bounded with `queue` by
+    /// `max_unconfirmed` (no reads past it).
+    ids: VecDeque<u64>,
     /// The offset an outstanding `Wait::Durable` was asked for.
     waiting_for: Option<u64>,
 }
@@ -1084,12 +1089,12 @@ impl<B: StreamBackend> Session<B> {
         );
         match result {
             Ok(a) => {
-                let ids: Vec<u64> = messages.iter().map(|m| m.publishing_id).collect();
                 let Some(offset) = a.confirm_at else {
+                    let ids = messages.iter().map(|m| m.publishing_id).collect();
                     self.confirm(publisher_id, ids);
                     return;
                 };
-                self.unconfirmed += ids.len();
+                self.unconfirmed += messages.len();
                 if !self.pending.contains_key(p.stream.as_str()) {
                     self.pending
                         .insert(p.stream.clone(), StreamPending::default());
@@ -1097,10 +1102,11 @@ impl<B: StreamBackend> Session<B> {
                 let Some(sp) = self.pending.get_mut(p.stream.as_str()) else {
                     return;
                 };
+                sp.ids.extend(messages.iter().map(|m| m.publishing_id));
                 sp.queue.push_back(Pending {
                     offset,
                     publisher_id,
-                    ids,
+                    count: messages.len(),
                 });
                 if sp.waiting_for.is_none() {
                     sp.waiting_for = Some(offset);
@@ -1157,14 +1163,23 @@ impl<B: StreamBackend> Session<B> {
             return;
         };
         sp.waiting_for = None;
-        let mut ready = Vec::new();
+        // The frames now durable (or failed), as runs of one publisher's consecutive frames:
+        // their confirms go out in one frame per run (as RabbitMQ's): with one-message frames
+        // in flight, a frame per Publish would cost the broker and the client as much as the
+        // publish itself.
+        let mut runs: Vec<(u8, Vec<u64>)> = Vec::new();
         let failed = result.is_err();
         while let Some(p) = sp.queue.front() {
             if !failed && p.offset > offset {
                 break;
             }
-            if let Some(p) = sp.queue.pop_front() {
-                ready.push(p);
+            let Some(p) = sp.queue.pop_front() else {
+                break;
+            };
+            let ids = sp.ids.drain(..p.count.min(sp.ids.len()));
+            match runs.last_mut() {
+                Some((id, run)) if *id == p.publisher_id => run.extend(ids),
+                _ => runs.push((p.publisher_id, ids.collect())),
             }
         }
         let next_wait = sp.queue.back().map(|p| p.offset);
@@ -1178,34 +1193,19 @@ impl<B: StreamBackend> Session<B> {
         } else {
             self.pending.remove(stream);
         }
-        // Confirms of consecutive Publish frames of one publisher go out in one frame (as
-        // RabbitMQ's): with one-message frames in flight, a frame per Publish would cost the
-        // broker and the client as much as the publish itself.
-        let mut merged: Option<(u8, Vec<u64>)> = None;
-        for p in ready {
-            self.unconfirmed = self.unconfirmed.saturating_sub(p.ids.len());
+        for (publisher_id, ids) in runs {
+            self.unconfirmed = self.unconfirmed.saturating_sub(ids.len());
             match &result {
-                Ok(()) => match &mut merged {
-                    Some((id, ids)) if *id == p.publisher_id => ids.extend_from_slice(&p.ids),
-                    _ => {
-                        if let Some((id, ids)) = merged.take() {
-                            self.confirm(id, ids);
-                        }
-                        merged = Some((p.publisher_id, p.ids));
-                    }
-                },
+                Ok(()) => self.confirm(publisher_id, ids),
                 Err(e) => {
-                    for part in p.ids.chunks(CONFIRMS_PER_FRAME) {
+                    for part in ids.chunks(CONFIRMS_PER_FRAME) {
                         self.send(&Frame::PublishError {
-                            publisher_id: p.publisher_id,
+                            publisher_id,
                             errors: part.iter().map(|id| (*id, e.code())).collect(),
                         });
                     }
                 }
             }
-        }
-        if let Some((id, ids)) = merged {
-            self.confirm(id, ids);
         }
     }
 
