@@ -7,7 +7,10 @@
 # Defaults: 18000 connections (Warren, Mosquitto), 5000 for RabbitMQ (~240 KiB each; its
 # handshakes time out with 256 in flight, so it gets 32), 30 s idle hold, keep-alive 30 s.
 # Ports: Warren MQTT 1992 / AMQP 5882, Mosquitto 1993, RabbitMQ MQTT 1994 / AMQP 5883 (node
-# rabbit-i7@localhost, dist port 25883). Needs target/release/warren and warren-bench (cargo
+# rabbit-i7@localhost, dist port 25883); with PORT_BASE=P: Warren MQTT P / AMQP P+1, Mosquitto
+# P+2, RabbitMQ MQTT P+3 / AMQP P+4 / dist P+5. LATENCY_SECS (default 10): the live pair's
+# run. BROKERS (default "warren mosquitto"): which of warren, mosquitto run. WARREN: the
+# broker binary (default target/release/warren). Needs target/release/warren and warren-bench (cargo
 # build --release -p warren-cli -p warren-bench), mosquitto, rabbitmq-server 3.10; set
 # SKIP_RABBITMQ=1 to leave it out.
 # Measurements are serialised with other engineers' through /tmp/warren-measure.lock.
@@ -16,7 +19,15 @@ cd "$(dirname "$0")/.."
 n=${1:-18000}
 rn=${2:-5000}
 hold=${3:-30}
-warren=target/release/warren
+latency=${LATENCY_SECS:-10}
+brokers=" ${BROKERS:-warren mosquitto} "
+if [ -n "${PORT_BASE:-}" ]; then
+  p=$PORT_BASE
+  w_mqtt=$p w_amqp=$((p + 1)) m_mqtt=$((p + 2)) r_mqtt=$((p + 3)) r_amqp=$((p + 4)) r_dist=$((p + 5))
+else
+  w_mqtt=1992 w_amqp=5882 m_mqtt=1993 r_mqtt=1994 r_amqp=5883 r_dist=25883
+fi
+warren=${WARREN:-target/release/warren}
 bench=target/release/warren-bench
 [ -x "$warren" ] && [ -x "$bench" ] ||
   { echo "build first: cargo build --release -p warren-cli -p warren-bench" >&2; exit 2; }
@@ -46,7 +57,7 @@ measure() { # name port pid count concurrency
   echo "== $1: $4 connections" >&2
   RUST_LOG=warn flock /tmp/warren-measure.lock "$bench" conns --mqtt "127.0.0.1:$2" \
     --pid "$3" -n "$4" --concurrency "$5" --keep-alive 30 --hold "$hold" \
-    --latency-secs 10 --rate 1000 --prefix "cmp-$1-" 2>&1 | tee "$tmp/$1.out" >&2 ||
+    --latency-secs "$latency" --rate 1000 --prefix "cmp-$1-" 2>&1 | tee "$tmp/$1.out" >&2 ||
     echo "  ($1: the run failed; its row shows what was measured)" >&2
 }
 
@@ -54,17 +65,18 @@ field() { # name label: the value column of that row of the bench's table
   sed -n "s#^  $2  *##p" "$tmp/$1.out" | head -1
 }
 
-# Warren
-RUST_LOG=warn "$warren" serve --amqp 127.0.0.1:5882 --mqtt 127.0.0.1:1992 --management none --prometheus none --stream none \
+if [[ $brokers == *" warren "* ]]; then
+RUST_LOG=warn "$warren" serve --amqp "127.0.0.1:$w_amqp" --mqtt "127.0.0.1:$w_mqtt" --management none --prometheus none --stream none \
   --data-dir "$tmp/warren-data" >"$tmp/warren.log" 2>&1 &
 pids+=($!)
-wait_port 1992 30
-measure warren 1992 "${pids[-1]}" "$n" 256
+wait_port "$w_mqtt" 30
+measure warren "$w_mqtt" "${pids[-1]}" "$n" 256
 kill "${pids[-1]}"
+fi
 
-# Mosquitto
+if [[ $brokers == *" mosquitto "* ]]; then
 cat >"$tmp/mosquitto.conf" <<EOF
-listener 1993 127.0.0.1
+listener $m_mqtt 127.0.0.1
 allow_anonymous true
 max_connections -1
 persistence false
@@ -72,9 +84,10 @@ log_dest none
 EOF
 mosquitto -c "$tmp/mosquitto.conf" >"$tmp/mosquitto.log" 2>&1 &
 pids+=($!)
-wait_port 1993 10
-measure mosquitto 1993 "${pids[-1]}" "$n" 256
+wait_port "$m_mqtt" 10
+measure mosquitto "$m_mqtt" "${pids[-1]}" "$n" 256
 kill "${pids[-1]}"
+fi
 
 # RabbitMQ with its MQTT plugin, a node of its own under $tmp. Debian's wrapper resets the
 # descriptor limit to 1024 and runs the CLI as the rabbitmq user (another Erlang cookie), so
@@ -83,17 +96,17 @@ if [ -z "${SKIP_RABBITMQ:-}" ]; then
   rmq_node=rabbit-i7@localhost
   echo '[rabbitmq_mqtt].' >"$tmp/enabled_plugins"
   cat >"$tmp/rabbitmq.conf" <<EOF
-listeners.tcp.default = 5883
-mqtt.listeners.tcp.default = 1994
+listeners.tcp.default = $r_amqp
+mqtt.listeners.tcp.default = $r_mqtt
 mqtt.allow_anonymous = true
 EOF
-  RABBITMQ_NODENAME=$rmq_node RABBITMQ_DIST_PORT=25883 RABBITMQ_NODE_PORT=5883 \
+  RABBITMQ_NODENAME=$rmq_node RABBITMQ_DIST_PORT=$r_dist RABBITMQ_NODE_PORT=$r_amqp \
     RABBITMQ_MNESIA_BASE=$tmp/rmq RABBITMQ_LOG_BASE=$tmp/rmq-log \
     RABBITMQ_ENABLED_PLUGINS_FILE=$tmp/enabled_plugins RABBITMQ_CONFIG_FILE=$tmp/rabbitmq.conf \
     /usr/lib/rabbitmq/bin/rabbitmq-server >"$tmp/rabbitmq.log" 2>&1 &
-  wait_port 1994 120
+  wait_port "$r_mqtt" 120
   rmq_pid=$(/usr/lib/rabbitmq/bin/rabbitmqctl -n "$rmq_node" eval 'list_to_integer(os:getpid()).')
-  measure rabbitmq 1994 "$rmq_pid" "$rn" 32
+  measure rabbitmq "$r_mqtt" "$rmq_pid" "$rn" 32
   /usr/lib/rabbitmq/bin/rabbitmqctl -n "$rmq_node" stop >/dev/null 2>&1 || true
   rmq_node=
 fi

@@ -28,7 +28,8 @@ pub struct BrokerConfig {
     /// space and reports it (`Broker::report_resources`); the core cannot look at a disk.
     pub disk_free_limit: u64,
     /// Ready messages in a queue with consumers above which connections publishing into it
-    /// (and consuming nothing themselves) are paused until it drains to half: paces
+    /// (and consuming nothing themselves) are paused until it drains to half, where they
+    /// resume a few at a time (`queue::state::RESUME_WAVE`, in pause order): paces
     /// publishers to their consumers, as RabbitMQ's credit flow does, so latency stays
     /// bounded. Connections that consume are never paused: pausing their reads would hold
     /// back the acks that drain queues.

@@ -76,13 +76,30 @@ static NO_ARGS: QueueArgs = QueueArgs {
 };
 
 /// A queue's parsed arguments as it holds them: a pointer, null for the defaults. Inline they
-/// were ~120 of a queue record's ~410 bytes, paid by every queue, used by few.
+/// were ~120 of a queue record's ~410 bytes, paid by every queue, used by few. Shared
+/// (`HeldArgs::shared`): every queue one policy governs holds the same arguments (each MQTT
+/// session's queue: the offline-queue bound), one copy of them for all.
 #[derive(Debug, Default)]
-pub struct HeldArgs(Option<Box<QueueArgs>>);
+pub struct HeldArgs(Option<std::sync::Arc<QueueArgs>>);
 
-impl From<QueueArgs> for HeldArgs {
-    fn from(args: QueueArgs) -> HeldArgs {
-        HeldArgs((args != NO_ARGS).then(|| Box::new(args)))
+impl HeldArgs {
+    /// `args`, held in `last`'s allocation when they are equal to it; else in a new one,
+    /// which becomes `last`.
+    pub(crate) fn shared(
+        args: QueueArgs,
+        last: &mut Option<std::sync::Arc<QueueArgs>>,
+    ) -> HeldArgs {
+        if args == NO_ARGS {
+            return HeldArgs(None);
+        }
+        match last {
+            Some(held) if **held == args => HeldArgs(Some(std::sync::Arc::clone(held))),
+            _ => {
+                let held = std::sync::Arc::new(args);
+                *last = Some(std::sync::Arc::clone(&held));
+                HeldArgs(Some(held))
+            }
+        }
     }
 }
 
@@ -223,6 +240,33 @@ pub fn parse_expiration(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn equal_arguments_are_held_once() {
+        let bounded = QueueArgs {
+            max_length: Some(1000),
+            ..QueueArgs::default()
+        };
+        let mut last = None;
+        let a = HeldArgs::shared(bounded.clone(), &mut last);
+        let b = HeldArgs::shared(bounded.clone(), &mut last);
+        let (Some(a), Some(b)) = (&a.0, &b.0) else {
+            panic!("non-default arguments are held");
+        };
+        assert!(std::sync::Arc::ptr_eq(a, b), "one allocation for both");
+        let other = QueueArgs {
+            max_length: Some(5),
+            ..QueueArgs::default()
+        };
+        let c = HeldArgs::shared(other, &mut last);
+        assert_eq!(c.max_length, Some(5));
+        assert_eq!(b.max_length, Some(1000), "the first queue's are unchanged");
+        assert!(
+            HeldArgs::shared(QueueArgs::default(), &mut last)
+                .0
+                .is_none()
+        );
+    }
 
     #[test]
     fn parses_rabbitmq_arguments() {

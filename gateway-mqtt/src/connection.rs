@@ -42,6 +42,12 @@ pub struct PeerInfo {
 
 /// Bytes read per call when no packet is in progress (from a stack chunk).
 const STACK_READ: usize = 4096;
+/// Bytes read per call at most (the read buffer's capacity grows past it when the payloads
+/// it shares keep it from being reused). A read is one op batch, and a publisher has up to
+/// four in flight when its flow-control pause reaches it: unbounded, 64 KiB reads made that
+/// ~2,500 small publishes per publisher, so a hundred publishers overshot their queue's
+/// mark tenfold (docs/benchmarks.md, 2026-11-24 fan-in).
+const MAX_READ: usize = 16 * 1024;
 /// Effect batches handled before writing.
 const MAX_BATCHES: usize = 64;
 /// How long a new connection waits for the previous owner of its client id to close.
@@ -85,7 +91,7 @@ impl From<CodecError> for End {
 /// heap buffer is held while waiting for an idle client.
 async fn read_some<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> std::io::Result<usize> {
     if buf.capacity() - buf.len() >= STACK_READ {
-        return s.read_buf(buf).await;
+        return s.read_buf(&mut (&mut *buf).limit(MAX_READ)).await;
     }
     poll_fn(|cx| {
         let mut chunk = [0u8; STACK_READ];
@@ -220,7 +226,7 @@ where
                 if tx.send(session.take_ops()).await.is_err() {
                     break 'run (End::BrokerGone, None);
                 }
-                if rbuf.is_empty() && rbuf.capacity() > 0 {
+                if rbuf.is_empty() {
                     rbuf = BytesMut::new();
                 }
                 if session.disconnected() {

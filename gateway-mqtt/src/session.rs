@@ -202,9 +202,17 @@ struct Will {
     user: Box<str>,
 }
 
-/// Positions in `Session::out` of the SUBACKs waiting for a bind-ok, oldest first.
+/// What SUBSCRIBEs leave waiting on the core, oldest first. Allocated while anything waits
+/// and dropped once nothing does: kept in `Rare`, the retained-message request every
+/// subscription makes allocated `Rare` (~300 bytes) in every idle subscriber, for good.
 #[derive(Default)]
-struct Held(VecDeque<usize>);
+struct Pending {
+    /// Positions in `Session::out` of the SUBACKs waiting for a bind-ok.
+    subacks: VecDeque<usize>,
+    /// `Op::RetainedGet`s sent and not answered (the core answers a channel's requests in
+    /// order): the subscription identifier and granted QoS of each.
+    retained_gets: VecDeque<(Option<u32>, QoS)>,
+}
 
 /// The protocol state an idle subscriber never touches: confirms of its publishes, QoS 2
 /// packet ids, outbound messages in flight or waiting for a packet id, topic aliases, a
@@ -229,9 +237,6 @@ struct Rare {
     /// Packet ids of the previous connection's unacknowledged outbound messages, oldest
     /// first: the core redelivers those messages first, and they get these ids again.
     resume_pids: VecDeque<u16>,
-    /// `Op::RetainedGet`s sent and not answered, oldest first (the core answers a channel's
-    /// requests in order): the subscription identifier and granted QoS of each.
-    retained_gets: VecDeque<(Option<u32>, QoS)>,
 }
 
 impl Rare {
@@ -257,7 +262,6 @@ impl Default for Rare {
             out_aliases: HashMap::new(),
             delayed_will: None,
             resume_pids: VecDeque::new(),
-            retained_gets: VecDeque::new(),
         }
     }
 }
@@ -316,10 +320,10 @@ pub struct Session {
     /// `QOS0_CHANNEL` is open.
     qos0_open: bool,
     out: Vec<codec::Out>,
-    /// Positions in `out` of SUBACKs waiting for their bindings to be applied, oldest first
-    /// (see [`Session::on_subscribe`]); `None` when none waits, so an idle subscriber holds
-    /// no allocation for it.
-    held: Option<Box<Held>>,
+    /// SUBACKs waiting for their bindings to be applied and retained-message requests not
+    /// yet answered (see [`Session::on_subscribe`]); `None` when none waits, so an idle
+    /// subscriber holds no allocation for them.
+    pending: Option<Box<Pending>>,
     ops: Vec<(u16, Op)>,
 }
 
@@ -372,7 +376,7 @@ impl Session {
             published: false,
             qos0_open: false,
             out: Vec::new(),
-            held: None,
+            pending: None,
             ops: Vec::new(),
             config: config.clone(),
         };
@@ -506,7 +510,7 @@ impl Session {
     /// bindings (everything after it waits too, so the client sees packets in the order
     /// they were queued, topic alias assignments included).
     pub fn take_packets(&mut self) -> Vec<codec::Out> {
-        let Some(Held(held)) = self.held.as_deref_mut() else {
+        let Some(held) = self.pending.as_deref_mut().map(|p| &mut p.subacks) else {
             return std::mem::take(&mut self.out);
         };
         let n = held
@@ -521,18 +525,30 @@ impl Session {
     /// Every queued packet, held SUBACKs included: for the close sequence, which writes them
     /// only after its barrier, i.e. once the bindings were applied.
     pub fn take_all_packets(&mut self) -> Vec<codec::Out> {
-        self.held = None;
+        if let Some(p) = self.pending.as_deref_mut() {
+            p.subacks.clear();
+        }
+        self.drop_pending_if_done();
         std::mem::take(&mut self.out)
     }
 
     /// A bind-ok: the oldest held SUBACK's bindings are applied, and the routing table holding
     /// them was published before this reply left the broker.
     fn release_suback(&mut self) {
-        if let Some(Held(held)) = self.held.as_deref_mut() {
-            held.pop_front();
-            if held.is_empty() {
-                self.held = None;
-            }
+        if let Some(p) = self.pending.as_deref_mut() {
+            p.subacks.pop_front();
+        }
+        self.drop_pending_if_done();
+    }
+
+    /// Frees `pending` once nothing waits in it.
+    fn drop_pending_if_done(&mut self) {
+        if self
+            .pending
+            .as_deref()
+            .is_some_and(|p| p.subacks.is_empty() && p.retained_gets.is_empty())
+        {
+            self.pending = None;
         }
     }
 
@@ -748,8 +764,11 @@ impl Session {
         // to PUBREL): counting its pending PUBREC too halved the window (a publisher with
         // 1000 in flight, under the 1024 announced, was disconnected).
         let max_inflight = usize::from(self.config.max_inflight);
-        let rare = self.rare();
-        let in_flight = rare.inbound_qos2.len() + rare.pending_pubacks as usize;
+        // Read without allocating `Rare`: a QoS 0 publisher never needs it.
+        let in_flight = self
+            .rare
+            .as_deref()
+            .map_or(0, |r| r.inbound_qos2.len() + r.pending_pubacks as usize);
         if qos != QoS::Level0 && in_flight >= max_inflight {
             return Err(CloseError::new(
                 DisconnectReasonCode::ReceiveMaximumExceeded,
@@ -760,7 +779,7 @@ impl Session {
             QosPid::Level0 => PendingAck::None,
             QosPid::Level1(pid) => PendingAck::Puback(pid),
             QosPid::Level2(pid) => {
-                if !rare.inbound_qos2.insert(pid.value()) {
+                if !self.rare().inbound_qos2.insert(pid.value()) {
                     // A resend of a message already routed: exactly once means not again.
                     self.out
                         .push_packet(v5::Packet::Pubrec(v5::Pubrec::new_success(pid)));
@@ -1027,7 +1046,10 @@ impl Session {
                         max,
                     },
                 ));
-                self.rare().retained_gets.push_back((sub_id, opts.max_qos));
+                self.pending
+                    .get_or_insert_with(Box::default)
+                    .retained_gets
+                    .push_back((sub_id, opts.max_qos));
             }
         }
         // The SUBACK promises that what others publish from now on reaches the subscription.
@@ -1045,7 +1067,10 @@ impl Session {
         if let Some(bind) = last_bind {
             bind.nowait = false;
             let at = self.out.len();
-            self.held.get_or_insert_with(Box::default).0.push_back(at);
+            self.pending
+                .get_or_insert_with(Box::default)
+                .subacks
+                .push_back(at);
         }
         self.dirty = true;
         self.out
@@ -1057,12 +1082,13 @@ impl Session {
     /// of their QoS and the subscription's.
     fn on_retained(&mut self, now: u64, messages: Vec<RetainedMessage>) {
         let Some((sub_id, granted)) = self
-            .rare
+            .pending
             .as_deref_mut()
-            .and_then(|r| r.retained_gets.pop_front())
+            .and_then(|p| p.retained_gets.pop_front())
         else {
             return;
         };
+        self.drop_pending_if_done();
         for m in messages {
             let message = Message {
                 exchange: Arc::from(EXCHANGE),
@@ -1701,4 +1727,80 @@ pub fn will_ops(w: &v5::LastWill, now: u64) -> Vec<Op> {
     }
     ops.push(Op::Publish(Box::new(publish)));
     ops
+}
+
+#[cfg(test)]
+mod tests {
+    //! What a session keeps allocated once idle: the rarely used state and the per-SUBSCRIBE
+    //! waits must not outlive their use (every idle connection would pay for them).
+    use super::*;
+    use bytes::Bytes;
+    use mqtt_proto::{Protocol, TopicFilter};
+    use warren_core::Broker;
+    use warren_core::ids::{ChannelRef, ConnId};
+
+    /// Feeds the session's ops to the core and the core's effects back until quiet.
+    fn pump(broker: &mut Broker, s: &mut Session) {
+        loop {
+            let ops = s.take_ops();
+            s.take_packets();
+            if ops.is_empty() {
+                return;
+            }
+            for (ch, op) in ops {
+                broker.handle(1_000, ChannelRef::new(ConnId(1), ch), op);
+            }
+            let mut effects = Vec::new();
+            broker.poll_effects(&mut effects);
+            for e in effects {
+                s.handle_effect(1_000, e).expect("no error");
+            }
+            s.flushed();
+        }
+    }
+
+    fn session(config: &Arc<MqttConfig>) -> Session {
+        let mut c = v5::Connect::new(Arc::from("idle"), 30);
+        c.protocol = Protocol::V311;
+        let info = check_connect(&c, true, config, || "gen".into()).expect("accepted");
+        Session::new(info, None, 1_000, config.clone())
+    }
+
+    #[test]
+    fn an_idle_subscriber_and_a_qos0_publisher_keep_no_rare_or_pending_state() {
+        let config: Arc<MqttConfig> = Arc::new(Default::default());
+        let mut broker = Broker::new(Default::default());
+        let mut s = session(&config);
+        pump(&mut broker, &mut s);
+        let subscribe = v5::Packet::Subscribe(v5::Subscribe::new(
+            Pid::try_from(1).expect("pid"),
+            vec![(
+                TopicFilter::try_from("idle/cmd").expect("filter"),
+                v5::SubscriptionOptions {
+                    max_qos: QoS::Level1,
+                    no_local: false,
+                    retain_as_published: false,
+                    // Asks the core for retained messages: answered after the SUBACK.
+                    retain_handling: v5::RetainHandling::SendAtSubscribe,
+                },
+            )],
+        ));
+        s.handle(1_000, codec::Decoded::Packet(subscribe))
+            .expect("subscribe");
+        assert!(s.pending.is_some(), "the SUBACK waits for its bind-ok");
+        pump(&mut broker, &mut s);
+        assert!(
+            s.pending.is_none(),
+            "bind-ok and retained answer freed the wait"
+        );
+        let publish = v5::Packet::Publish(v5::Publish::new(
+            QosPid::Level0,
+            TopicName::try_from("elsewhere").expect("topic"),
+            Bytes::from_static(b"x"),
+        ));
+        s.handle(1_000, codec::Decoded::Packet(publish))
+            .expect("publish");
+        pump(&mut broker, &mut s);
+        assert!(s.rare.is_none(), "no rarely used state allocated");
+    }
 }

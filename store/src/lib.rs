@@ -110,7 +110,10 @@ impl Default for DiskConfig {
 }
 
 struct OpenQueue {
-    log: QueueLog,
+    /// `None`: a transient queue nothing was written to yet. Its log (a directory and a
+    /// ~210-byte record) is made at its first write: most transient queues (every clean
+    /// MQTT session's) never page a message out, and each idle connection paid for one.
+    log: Option<Box<QueueLog>>,
     durable: bool,
     /// Sequence numbers below this were recovered from an earlier run.
     recovered_below: u64,
@@ -123,6 +126,9 @@ pub struct DiskStore {
     shared: SharedStore,
     definitions: DefinitionStore,
     definitions_dirty: bool,
+    /// Small records (the log boxed): a hash table keeps up to half its slots empty after
+    /// growing, and with one queue per MQTT session inline logs cost ~380 bytes per idle
+    /// connection at 10k sessions.
     queues: HashMap<QueueId, OpenQueue>,
     /// Queues written since the last sync started.
     dirty: BTreeSet<QueueId>,
@@ -270,6 +276,20 @@ impl DiskStore {
         )))
     }
 
+    /// The log of open queue `queue` (`None`: not open), made now if it is a transient
+    /// queue's first write.
+    fn log_for_write(&mut self, queue: QueueId) -> std::io::Result<Option<&mut QueueLog>> {
+        let Some(q) = self.queues.get_mut(&queue) else {
+            return Ok(None);
+        };
+        if q.log.is_none() {
+            let dir = self.root.join("transient").join(queue.0.to_string());
+            let (log, _) = QueueLog::open(&dir, self.config.embed_msgs_below, None)?;
+            q.log = Some(Box::new(log));
+        }
+        Ok(q.log.as_deref_mut())
+    }
+
     /// Notes that `queue` may open segment files now; closes another queue's files when more
     /// than `OPEN_QUEUES` queues have some, so the descriptor count stays bounded even when
     /// one batch touches thousands of queues.
@@ -281,8 +301,8 @@ impl DiskStore {
         let victim = self.with_files.iter().copied().find(|&id| id != queue);
         if let Some(id) = victim {
             self.with_files.remove(&id);
-            if let Some(q) = self.queues.get_mut(&id)
-                && let Err(e) = q.log.close_files()
+            if let Some(log) = self.queues.get_mut(&id).and_then(|q| q.log.as_mut())
+                && let Err(e) = log.close_files()
             {
                 tracing::warn!(error = %e, "store: writing buffers out failed");
             }
@@ -440,18 +460,27 @@ impl Store for DiskStore {
         name: &str,
         durable: bool,
     ) -> QueueRecovery {
-        let dir = if durable {
-            match self.durable_dir(vhost, name) {
-                Ok(dir) => dir,
-                Err(e) => {
-                    self.fail("opening a queue directory", e);
-                    return QueueRecovery::default();
-                }
+        if !durable {
+            // The transient directory is emptied at start: nothing to recover, and the log
+            // is made when the queue first writes (`transient_log`).
+            self.queues.insert(
+                queue,
+                OpenQueue {
+                    log: None,
+                    durable,
+                    recovered_below: 0,
+                },
+            );
+            return QueueRecovery::default();
+        }
+        let dir = match self.durable_dir(vhost, name) {
+            Ok(dir) => dir,
+            Err(e) => {
+                self.fail("opening a queue directory", e);
+                return QueueRecovery::default();
             }
-        } else {
-            self.root.join("transient").join(queue.0.to_string())
         };
-        let journal = if durable { self.journal.clone() } else { None };
+        let journal = self.journal.clone();
         match QueueLog::open(&dir, self.config.embed_msgs_below, journal) {
             Ok((log, r)) => {
                 let missing = r
@@ -477,7 +506,7 @@ impl Store for DiskStore {
                 self.queues.insert(
                     queue,
                     OpenQueue {
-                        log,
+                        log: Some(Box::new(log)),
                         durable,
                         recovered_below: r.next_seq,
                     },
@@ -503,10 +532,14 @@ impl Store for DiskStore {
         message: &Arc<Message>,
         expires_at: Option<u64>,
     ) -> Result<(), StoreError> {
-        let Some(q) = self.queues.get_mut(&queue) else {
+        let log = match self.log_for_write(queue) {
+            Ok(log) => log,
+            Err(e) => return Err(self.fail("opening a queue log", e)),
+        };
+        let Some(log) = log else {
             return Err(StoreError(format!("queue {} is not open", queue.0)));
         };
-        let shared = if q.log.shares(message.body_len()) {
+        let shared = if log.shares(message.body_len()) {
             match self.shared.put(message) {
                 Ok(id) => Some(id),
                 Err(e) => return Err(self.fail("shared body write", e)),
@@ -517,7 +550,10 @@ impl Store for DiskStore {
         let Some(q) = self.queues.get_mut(&queue) else {
             return Err(StoreError(format!("queue {} is not open", queue.0)));
         };
-        let result = q.log.append(seq, message, shared, expires_at);
+        let Some(log) = q.log.as_mut() else {
+            return Err(StoreError(format!("queue {} has no log", queue.0)));
+        };
+        let result = log.append(seq, message, shared, expires_at);
         if q.durable {
             self.dirty.insert(queue);
         }
@@ -526,14 +562,20 @@ impl Store for DiskStore {
     }
 
     fn keep_every_message(&mut self, queue: QueueId) {
-        if let Some(q) = self.queues.get_mut(&queue) {
-            q.log.keep_all();
+        match self.log_for_write(queue) {
+            Ok(Some(log)) => log.keep_all(),
+            Ok(None) => {}
+            Err(e) => {
+                self.fail("opening a queue log", e);
+            }
         }
     }
 
     fn remove(&mut self, queue: QueueId, seq: u64) {
-        if let Some(q) = self.queues.get_mut(&queue) {
-            match q.log.remove(seq) {
+        if let Some(q) = self.queues.get_mut(&queue)
+            && let Some(log) = q.log.as_mut()
+        {
+            match log.remove(seq) {
                 Ok(Some(id)) => self.shared.release(id),
                 Ok(None) => {}
                 Err(e) => {
@@ -548,8 +590,10 @@ impl Store for DiskStore {
     }
 
     fn remove_from(&mut self, queue: QueueId, from_seq: u64) {
-        if let Some(q) = self.queues.get_mut(&queue) {
-            match q.log.remove_from(from_seq) {
+        if let Some(q) = self.queues.get_mut(&queue)
+            && let Some(log) = q.log.as_mut()
+        {
+            match log.remove_from(from_seq) {
                 Ok(ids) => {
                     for id in ids {
                         self.shared.release(id);
@@ -573,17 +617,22 @@ impl Store for DiskStore {
         max: usize,
         out: &mut Vec<StoredMessage>,
     ) -> Result<(), StoreError> {
-        self.touch(queue);
         let Some(q) = self.queues.get_mut(&queue) else {
             return Err(StoreError(format!("queue {} is not open", queue.0)));
         };
+        let Some(log) = q.log.as_mut() else {
+            // A transient queue that never wrote: nothing to read.
+            return Ok(());
+        };
         let mut back = Vec::new();
-        if let Err(e) = q.log.read(from_seq, max, &mut back) {
+        let read = log.read(from_seq, max, &mut back);
+        let recovered_below = q.recovered_below;
+        self.touch(queue);
+        if let Err(e) = read {
             return Err(self.fail("message read", e));
         }
         // Delivery is not recorded on disk: a message from an earlier run may have been
         // delivered before, so it is flagged (as RabbitMQ's CQv2 does).
-        let recovered_below = q.recovered_below;
         for b in back {
             let (seq, expires_at) = (b.seq, b.expires_at);
             let message = match b.body {
@@ -626,12 +675,14 @@ impl Store for DiskStore {
         self.dirty.remove(&queue);
         self.unflushed.remove(&queue);
         self.with_files.remove(&queue);
-        if let Some(q) = self.queues.remove(&queue) {
-            for id in q.log.live_shared() {
+        if let Some(q) = self.queues.remove(&queue)
+            && let Some(log) = q.log
+        {
+            for id in log.live_shared() {
                 self.shared.release(id);
             }
             let durable = q.durable;
-            if let Err(e) = q.log.destroy(&self.root.join("trash")) {
+            if let Err(e) = log.destroy(&self.root.join("trash")) {
                 tracing::warn!(error = %e, "store: deleting a queue's files failed");
             }
             if durable {
@@ -745,8 +796,8 @@ impl Store for DiskStore {
             }
         }
         for id in std::mem::take(&mut self.dirty) {
-            if let Some(q) = self.queues.get_mut(&id) {
-                match q.log.take_dirty() {
+            if let Some(log) = self.queues.get_mut(&id).and_then(|q| q.log.as_mut()) {
+                match log.take_dirty() {
                     Ok((f, dir)) => {
                         // With the journal, the journal's fsync covers the segment files
                         // (they are fsynced at checkpoints).
@@ -847,8 +898,8 @@ impl DiskStore {
     fn flush_queues(&mut self) {
         let touched = std::mem::take(&mut self.unflushed);
         for id in &touched {
-            if let Some(q) = self.queues.get_mut(id)
-                && let Err(e) = q.log.flush()
+            if let Some(log) = self.queues.get_mut(id).and_then(|q| q.log.as_mut())
+                && let Err(e) = log.flush()
             {
                 tracing::warn!(error = %e, "store: writing buffers out failed; retried at the next flush, confirms waiting for the next sync become nacks");
                 self.write_failed.get_or_insert_with(|| e.to_string());

@@ -454,3 +454,33 @@ proptest::proptest! {
         let _ = std::fs::remove_dir_all(&top);
     }
 }
+
+#[test]
+fn a_transient_queue_gets_its_log_at_its_first_write() {
+    let dir = temp_dir("transient-lazy");
+    let mut s = open(&dir, 64 << 20);
+    let q = QueueId(11);
+    let log_dir = dir.join("transient").join("11");
+    s.store.open_queue(q, "/", "idle", false);
+    // An idle transient queue (every clean MQTT session's) holds no log: no directory, no
+    // record.
+    assert!(!log_dir.exists(), "no log before the first write");
+    assert!(s.ids(q).is_empty(), "nothing to read");
+    s.store.remove(q, 0);
+    s.store.remove_from(q, 0);
+    s.sync(1);
+    assert!(!log_dir.exists(), "reads, removals and syncs make none");
+    s.append(q, 0..3, 100);
+    assert!(log_dir.exists(), "the first write makes it");
+    s.store.remove(q, 0);
+    assert_eq!(s.ids(q), vec![1, 2]);
+    s.store.delete_queue(q);
+    s.sync(2);
+    assert!(!log_dir.exists(), "deleted with the queue");
+    // A transient queue deleted before it ever wrote leaves nothing behind either.
+    s.store.open_queue(QueueId(12), "/", "never", false);
+    s.store.delete_queue(QueueId(12));
+    assert!(!dir.join("transient").join("12").exists());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

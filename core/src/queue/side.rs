@@ -18,4 +18,10 @@ pub(crate) struct QueueSide {
     /// Stream queues: dispatched after each sync (their consumers see synced messages
     /// only) and on `tick` (the stream protocol appends to their logs too).
     pub(crate) streams: std::collections::BTreeSet<QueueId>,
+    /// Queues that ran empty with publishers still paused: `tick` resumes a wave of them
+    /// each millisecond until one refills the queue or none is left (resumed publishers
+    /// may have nothing more to send, and nothing else would wake the rest).
+    pub(crate) starving: std::collections::BTreeSet<QueueId>,
+    /// The arguments last set on a queue (`HeldArgs::shared`).
+    pub(crate) last_args: Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
 }

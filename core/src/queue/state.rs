@@ -164,16 +164,27 @@ pub(crate) struct QueueState {
     pub(crate) direct: bool,
 }
 
-/// Publishing connections a queue has paused (flow control), in pause order: boxed, since
-/// few queues ever pause anyone.
+/// Publishing connections a queue has paused (flow control), in pause order, and when the
+/// next of them resume: boxed, since few queues ever pause anyone.
 #[derive(Default)]
-pub(crate) struct Pausing(
-    #[expect(
-        clippy::box_collection,
-        reason = "one word inline instead of three in every queue"
-    )]
-    Option<Box<Vec<crate::ids::ConnId>>>,
-);
+pub(crate) struct Pausing(Option<Box<Paused>>);
+
+pub(crate) struct Paused {
+    conns: Vec<crate::ids::ConnId>,
+    /// The next wave resumes once the queue is down to this many ready messages.
+    wave_at: usize,
+    /// The queue's deliveries (`MessageStats::deliver_get`) at the last pause or wave.
+    since: u64,
+}
+
+/// Paused publishers resumed together as their queue drains (`Pausing::take_wave`). Each
+/// resumed publisher brings what it had read and routed before its next pause arrives (up
+/// to four op batches of one socket read each, a few hundred small messages), so resuming
+/// all of a hundred at once overshot the mark by tens of thousands of messages, which an
+/// `mqtt-qos0` queue then dropped (docs/benchmarks.md, 2026-11-24). Four publishers of one
+/// wave keep a consumer fed (one alone delivers 465k msg/s over MQTT) and overshoot by far
+/// less than the flow mark.
+pub(crate) const RESUME_WAVE: usize = 4;
 
 impl Pausing {
     pub(crate) fn is_empty(&self) -> bool {
@@ -181,17 +192,28 @@ impl Pausing {
     }
 
     pub(crate) fn contains(&self, conn: &crate::ids::ConnId) -> bool {
-        self.0.as_ref().is_some_and(|v| v.contains(conn))
+        self.0.as_ref().is_some_and(|p| p.conns.contains(conn))
     }
 
-    pub(crate) fn push(&mut self, conn: crate::ids::ConnId) {
-        self.0.get_or_insert_with(Box::default).push(conn);
+    /// Pauses `conn` (it goes last in line); the next wave waits until the queue is down to
+    /// `low` ready messages again. `delivered`: the queue's deliveries so far.
+    pub(crate) fn push(&mut self, conn: crate::ids::ConnId, low: usize, delivered: u64) {
+        let p = self.0.get_or_insert_with(|| {
+            Box::new(Paused {
+                conns: Vec::new(),
+                wave_at: low,
+                since: delivered,
+            })
+        });
+        p.conns.push(conn);
+        p.wave_at = low;
+        p.since = delivered;
     }
 
     pub(crate) fn remove(&mut self, conn: crate::ids::ConnId) {
-        if let Some(v) = self.0.as_mut() {
-            v.retain(|&c| c != conn);
-            if v.is_empty() {
+        if let Some(p) = self.0.as_mut() {
+            p.conns.retain(|&c| c != conn);
+            if p.conns.is_empty() {
                 self.0 = None;
             }
         }
@@ -199,7 +221,41 @@ impl Pausing {
 
     /// Every paused connection, in pause order, leaving none.
     pub(crate) fn take(&mut self) -> Vec<crate::ids::ConnId> {
-        self.0.take().map(|v| *v).unwrap_or_default()
+        self.0.take().map(|p| p.conns).unwrap_or_default()
+    }
+
+    /// The publishers to resume now that the queue holds `ready` messages and has made
+    /// `delivered` deliveries, with flow mark `high`. A wave is the `RESUME_WAVE` paused
+    /// longest (fair: a publisher paused again goes last). One goes once the queue is down
+    /// to the wave mark (half the flow mark after a pause), and the mark halves, so a wave
+    /// that does not refill the queue is followed by another before it runs dry; one also
+    /// goes whenever twice the flow mark was delivered since the last pause or wave and the
+    /// queue is not above the mark (publishers that keep it just fed, never paused again,
+    /// would otherwise keep the paused ones waiting forever); and one each time it is asked
+    /// while the queue is empty. Never everyone at once: under load resumed publishers take
+    /// milliseconds to answer, and a queue that ran dry meanwhile then got every paused
+    /// publisher's reads at once, far past its bound.
+    pub(crate) fn take_wave(
+        &mut self,
+        ready: usize,
+        delivered: u64,
+        high: usize,
+    ) -> Vec<crate::ids::ConnId> {
+        let Some(p) = self.0.as_mut() else {
+            return Vec::new();
+        };
+        let turn = ready <= high && delivered.saturating_sub(p.since) >= 2 * high as u64;
+        if ready > p.wave_at && ready > 0 && !turn {
+            return Vec::new();
+        }
+        if ready <= p.wave_at {
+            p.wave_at = ready / 2;
+        }
+        p.since = delivered;
+        if p.conns.len() <= RESUME_WAVE {
+            return self.take();
+        }
+        p.conns.drain(..RESUME_WAVE).collect()
     }
 }
 
@@ -258,7 +314,12 @@ impl QueueState {
     /// takes them as RabbitMQ 3.10 does: `reject-publish-dlx` acts as drop-head, and
     /// at-least-once dead-lettering without reject-publish falls back to at-most-once
     /// (RabbitMQ's `dlh/5`); its delivery limit goes to its state machine.
-    pub(crate) fn set_args(&mut self, mut args: crate::queue_args::QueueArgs) {
+    /// `last`: the arguments last set on a queue of the shard, shared when equal.
+    pub(crate) fn set_args(
+        &mut self,
+        mut args: crate::queue_args::QueueArgs,
+        last: &mut Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
+    ) {
         if let Some(fifo) = self.quorum.as_deref_mut() {
             if args.overflow == Overflow::RejectPublishDlx {
                 args.overflow = Overflow::DropHead;
@@ -270,7 +331,7 @@ impl QueueState {
                 limit: args.delivery_limit,
             });
         }
-        self.args = args.into();
+        self.args = HeldArgs::shared(args, last);
     }
 
     pub(crate) fn set_arguments(&mut self, arguments: FieldTable) {

@@ -321,6 +321,7 @@ impl Broker {
             self.removed_since = None;
             self.sync_dirty = true;
         }
+        self.feed_starving();
         let expiring: Vec<QueueId> = self.qs.expiring.iter().copied().collect();
         for id in expiring {
             self.mail.from(mail::Dest::Queue(id));
@@ -381,6 +382,10 @@ impl Broker {
             // Other shards' consumers may drain the sum below the watermark while this
             // shard's publishers, blocked, send nothing: look again soon.
             earliest(self.now.saturating_add(ALARM_RECHECK_MS));
+        }
+        if !self.qs.starving.is_empty() {
+            // Paused publishers of an empty queue: the next wave (`feed_starving`).
+            earliest(self.now.saturating_add(1));
         }
         for id in &self.qs.expiring {
             let Some(q) = self.qs.queues.get(id) else {

@@ -162,8 +162,9 @@ impl Broker {
     /// straight to a consumer with write-window credit (`QueueState::direct_delivery`: no
     /// enqueue, no ack, no settle). Otherwise it waits as in a classic queue, whose flow
     /// control pauses its publishers past `flow_ready_high`, up to twice that: beyond, it
-    /// is dropped and counted (QoS 0 is at most once), so the queue stays bounded whatever
-    /// its publishers do (those that also consume are never paused). Dropping at once,
+    /// is dropped and counted (QoS 0 is at most once) and its publisher paused as well, so
+    /// the queue stays bounded whatever its publishers do (those that also consume are
+    /// never paused). Dropping at once,
     /// without the backlog, wasted the broker: a subscriber's task, one among a hundred
     /// publishers', had its window full most of the time, and nine in ten messages routed
     /// were dropped (docs/benchmarks.md). Taken either way (a confirm says the broker has
@@ -199,6 +200,13 @@ impl Broker {
         if backlog >= self.config.flow_ready_high.saturating_mul(2) {
             self.qos0_dropped += 1;
             answer(self);
+            // Paced as for what is kept: a publisher that only ever landed here past the
+            // bound was never paused, and went on sending what was then dropped.
+            if let Some(p) = publisher
+                && !p.consumes
+            {
+                self.pace(p.to.ch.conn, queue);
+            }
             return;
         }
         self.enqueue(queue, message);
@@ -250,18 +258,33 @@ impl Broker {
         self.resume_if_drained(id);
     }
 
-    /// Resumes the publishers queue `id` paused once it has drained to half the flow mark.
-    /// Checked after a dispatch and after a basic.get (expiry is followed by a dispatch): a
-    /// queue drained by basic.get while its consumers wait for credit never dispatches.
+    /// Resumes publishers queue `id` paused, a wave at a time, once it has drained to half
+    /// the flow mark (`Pausing::take_wave`). Checked after a dispatch and after a basic.get
+    /// (expiry is followed by a dispatch): a queue drained by basic.get while its consumers
+    /// wait for credit never dispatches.
     fn resume_if_drained(&mut self, id: QueueId) {
-        let low = self.config.flow_ready_high / 2;
-        if self
-            .qs
-            .queues
-            .get(&id)
-            .is_some_and(|q| !q.pausing.is_empty() && q.messages.len() <= low)
+        let Some(q) = self.qs.queues.get_mut(&id) else {
+            return;
+        };
+        if q.pausing.is_empty() {
+            return;
+        }
+        let (ready, delivered) = (q.messages.len(), q.stats.deliver_get);
+        for conn in q
+            .pausing
+            .take_wave(ready, delivered, self.config.flow_ready_high)
         {
-            self.resume_paused(id);
+            self.mail.push_back(Mail::Resumed { conn, queue: id });
+        }
+        if ready == 0 && !q.pausing.is_empty() {
+            self.qs.starving.insert(id);
+        }
+    }
+
+    /// The `tick` of queues that ran empty with publishers still paused: another wave each.
+    pub(super) fn feed_starving(&mut self) {
+        for id in std::mem::take(&mut self.qs.starving) {
+            self.resume_if_drained(id);
         }
     }
 
@@ -491,7 +514,7 @@ impl Broker {
         if q.consumers.is_empty() || q.messages.len() <= high || q.pausing.contains(&conn) {
             return;
         }
-        q.pausing.push(conn);
+        q.pausing.push(conn, high / 2, q.stats.deliver_get);
         self.mail.push_back(Mail::Paused { conn, queue: id });
     }
 
@@ -593,7 +616,7 @@ impl Broker {
         // A stream's settings are its own; a policy's classic keys (TTL, expiry) do not
         // apply to it.
         if !is_stream {
-            queue.set_args(c.args);
+            queue.set_args(c.args, &mut self.qs.last_args);
         }
         queue.set_arguments(d.arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();

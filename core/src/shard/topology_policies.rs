@@ -90,7 +90,7 @@ impl Broker {
                 self.qs.expiring.insert(id);
             }
             if let Some(q) = self.qs.queues.get_mut(&id) {
-                q.set_args(args);
+                q.set_args(args, &mut self.qs.last_args);
             }
             touched.push(id);
         }
