@@ -375,10 +375,15 @@ async fn three_tls_nodes_replicate_and_converge() {
     let secret: &[u8] = b"a shared cluster secret";
     let (nodes, _) = cluster_tls(&[secret, secret, secret], &tls, dir.path()).await;
     let l = settle(&nodes, 1_000_000).await;
-    for i in 0..50 {
+    let t = Instant::now();
+    for i in 0..200 {
         write(&nodes[&l], i).await.expect("write");
     }
-    let mut acked: Vec<u64> = (0..50).collect();
+    eprintln!(
+        "3-node metadata group over TLS on loopback: sequential 200 writes {:.0}/s",
+        200.0 / t.elapsed().as_secs_f64()
+    );
+    let mut acked: Vec<u64> = (0..200).collect();
     acked.push(1_000_000);
     converged(&nodes, &acked).await;
     for id in 1..=3 {
