@@ -25,6 +25,9 @@
 #                         node i is .(10+i))
 #   WARREN_CLUSTER_BRIDGE the bridge's name, also the prefix of namespaces/veths (default wbr0)
 #   WARREN_CLUSTER_WAIT   seconds to wait for a node to accept clients (default 30)
+#   WARREN_CLUSTER_TLS_DIR  if set: TLS on the cluster port, node i with
+#                         --cluster-tls-cert DIR/ni.pem --cluster-tls-key DIR/ni.key
+#                         --cluster-tls-ca DIR/ca.pem (its certificate names its IP)
 #   WARREN_CLUSTER_USER, WARREN_CLUSTER_PASSWORD  an administrator created on every node
 #                         (default warren/warren): `guest` may log in from loopback only, and
 #                         the host is not loopback to a node
@@ -117,6 +120,10 @@ cluster_flags() { # i: prints the cluster flags of node i, one per line, if the 
   done
   printf '%s\n' --node-id "$i" --cluster "$(ip_of "$i"):$CLUSTER_PORT" \
     --cluster-secret-file "$STATE/secret"
+  if [ -n "${WARREN_CLUSTER_TLS_DIR:-}" ]; then
+    printf '%s\n' --cluster-tls-cert "$WARREN_CLUSTER_TLS_DIR/n$i.pem" \
+      --cluster-tls-key "$WARREN_CLUSTER_TLS_DIR/n$i.key" --cluster-tls-ca "$WARREN_CLUSTER_TLS_DIR/ca.pem"
+  fi
   [ -n "$peers" ] && printf '%s\n' --peers "$peers"
 }
 

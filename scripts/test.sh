@@ -378,6 +378,13 @@ cluster_quorum() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
 }
 
+cluster_tls() {
+  # The same needs as cluster_script. Mutual TLS on the cluster port (WARREN_CLUSTER_TLS_DIR):
+  # a quorum queue over 3 nodes works, a plaintext peer is refused and logged.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_tls -- --nocapture
+}
+
 cluster_quorum_ops() {
   # The same needs as cluster_script. Quorum queues' operations on 3 nodes: declare-ok once
   # the group has a leader (publishes right after it acked), cluster-status and the HTTP API
@@ -444,6 +451,7 @@ step "browser: the management web UI in headless Chromium (screenshots: target/u
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
 step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
+step "cluster TLS: a quorum queue over a mutual-TLS cluster port; a plaintext peer refused" cluster_tls
 step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers

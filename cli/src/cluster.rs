@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use crate::settings::{Settings, SettingsError};
 use warren_cluster::node::{ClusterNode, NodeOptions};
-use warren_cluster::transport::Secret;
+use warren_cluster::transport::{ClusterTls, Secret};
 
 /// The running node, for the admin socket's `cluster_status` (set once by `serve`; a
 /// static keeps the admin module's signature, shared with other work, unchanged).
@@ -39,9 +39,16 @@ pub fn set_replication(repl: crate::qq::Replication) {
 /// The cluster settings, checked; `None` when `--node-id` is not given (a single node).
 pub fn options(s: &Settings) -> Result<Option<NodeOptions>, SettingsError> {
     let Some(id) = s.node_id else {
-        if s.cluster.is_some() || !s.peers.is_empty() || s.cluster_secret_file.is_some() || s.join {
+        if s.cluster.is_some()
+            || !s.peers.is_empty()
+            || s.cluster_secret_file.is_some()
+            || s.join
+            || s.cluster_tls_cert.is_some()
+            || s.cluster_tls_key.is_some()
+            || s.cluster_tls_ca.is_some()
+        {
             return Err(SettingsError(
-                "--cluster, --peers, --cluster-secret-file and --join need --node-id".into(),
+                "--cluster, --peers, --cluster-secret-file, --cluster-tls-* and --join need --node-id".into(),
             ));
         }
         return Ok(None);
@@ -98,6 +105,18 @@ pub fn options(s: &Settings) -> Result<Option<NodeOptions>, SettingsError> {
     let secret = read_secret(file)?;
     let mut opts = NodeOptions::new(id, listen, members, Secret::new(secret), s.data_dir.clone());
     opts.join = s.join;
+    opts.tls = match (&s.cluster_tls_cert, &s.cluster_tls_key, &s.cluster_tls_ca) {
+        (None, None, None) => None,
+        (Some(cert), Some(key), Some(ca)) => Some(
+            ClusterTls::from_pem_files(cert, key, ca)
+                .map_err(|e| SettingsError(format!("--cluster-tls-*: {e}")))?,
+        ),
+        _ => {
+            return Err(SettingsError(
+                "--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca go together (TLS on the cluster port is mutual: every node has a certificate of the CA)".into(),
+            ));
+        }
+    };
     Ok(Some(opts))
 }
 
@@ -124,8 +143,14 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
     let id = opts.id;
     let members = opts.members.len();
     let data_dir = opts.data_dir.clone();
+    let tls = opts.tls.is_some();
     let node = ClusterNode::start(opts).await?;
-    tracing::info!(node_id = id, members, "listening on {listen} (cluster)");
+    tracing::info!(
+        node_id = id,
+        members,
+        tls,
+        "listening on {listen} (cluster)"
+    );
     // One line per change of leader or of this node's role, for operators (openraft's own
     // logs are filtered to errors by default).
     let mut metrics = node.raft.metrics();
@@ -392,6 +417,68 @@ mod tests {
         assert!(!o.join);
         let short = settings(&dir, "short\n");
         assert!(options(&short).unwrap_err().0.contains("at least 16 bytes"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cluster_tls_keys_from_the_config_file() {
+        let dir =
+            std::env::temp_dir().join(format!("warren-cluster-tls-opts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut ca = rcgen::CertificateParams::new(vec!["10.0.0.1".into()]).expect("params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = ca.self_signed(&key).expect("cert");
+        let (c, k) = (dir.join("node.pem"), dir.join("node.key"));
+        std::fs::write(&c, cert.pem()).expect("write");
+        std::fs::write(&k, key.serialize_pem()).expect("write");
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "0123456789abcdef0123").expect("write");
+        let toml = format!(
+            "node_id = 1\ncluster = \"10.0.0.1:25672\"\ncluster_secret_file = {secret:?}\ndata_dir = {dir:?}\ncluster_tls_cert = {c:?}\ncluster_tls_key = {k:?}\ncluster_tls_ca = {c:?}\n",
+        );
+        let path = dir.join("warren.toml");
+        std::fs::write(&path, toml).expect("write config");
+        let s = Settings::from_file(&path).expect("config parses").0;
+        assert!(options(&s).expect("valid").expect("a node").tls.is_some());
+        let mut plain = s.clone();
+        (
+            plain.cluster_tls_cert,
+            plain.cluster_tls_key,
+            plain.cluster_tls_ca,
+        ) = (None, None, None);
+        assert!(
+            options(&plain)
+                .expect("valid")
+                .expect("a node")
+                .tls
+                .is_none()
+        );
+        // All three or none: a node half-configured for TLS is refused, not run in plain TCP.
+        let mut bad = s.clone();
+        bad.cluster_tls_ca = None;
+        assert!(options(&bad).unwrap_err().0.contains("go together"));
+        // Unreadable files are named.
+        let mut bad = s.clone();
+        bad.cluster_tls_key = Some(dir.join("missing.key"));
+        let e = options(&bad).unwrap_err().0;
+        assert!(
+            e.contains("--cluster-tls-*") && e.contains("missing.key"),
+            "{e}"
+        );
+        // A key that is not the certificate's.
+        let mut bad = s.clone();
+        let other = dir.join("other.key");
+        std::fs::write(
+            &other,
+            rcgen::KeyPair::generate().expect("key").serialize_pem(),
+        )
+        .expect("write");
+        bad.cluster_tls_key = Some(other);
+        assert!(options(&bad).unwrap_err().0.contains("certificate and key"));
+        let mut bad = s.clone();
+        bad.node_id = None;
+        assert!(options(&bad).unwrap_err().0.contains("need --node-id"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

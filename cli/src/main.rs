@@ -261,6 +261,17 @@ struct ServeArgs {
     /// RabbitMQ's Erlang cookie); peers prove they know it, it never crosses the network
     #[arg(long)]
     cluster_secret_file: Option<PathBuf>,
+    /// TLS on the cluster port, mutual (as RabbitMQ's inter-node TLS): this node's
+    /// certificate chain (PEM; its subject alternative names must include its --cluster IP);
+    /// with --cluster-tls-key and --cluster-tls-ca, on every node
+    #[arg(long)]
+    cluster_tls_cert: Option<PathBuf>,
+    /// The private key of --cluster-tls-cert (PEM)
+    #[arg(long)]
+    cluster_tls_key: Option<PathBuf>,
+    /// The CA bundle (PEM) every peer's certificate must chain to, both ways
+    #[arg(long)]
+    cluster_tls_ca: Option<PathBuf>,
     /// Start as a new member of an existing cluster (its --peers may be empty): propose no
     /// membership of its own; then run `warren ctl join ID IP:PORT` on a member
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
@@ -350,7 +361,10 @@ impl ServeArgs {
             log_file,
             node_id,
             cluster,
-            cluster_secret_file
+            cluster_secret_file,
+            cluster_tls_cert,
+            cluster_tls_key,
+            cluster_tls_ca
         );
         s.apply_env(|k| std::env::var(k).ok())?;
         s.validate(source.as_ref().map(|(p, t)| (p.as_path(), t.as_str())))?;

@@ -106,6 +106,11 @@ pub struct Settings {
     pub peers: Vec<String>,
     /// A file holding the shared cluster secret.
     pub cluster_secret_file: Option<PathBuf>,
+    /// TLS on the cluster port (all three or none): this node's certificate chain, its key,
+    /// and the CA every peer's certificate must chain to.
+    pub cluster_tls_cert: Option<PathBuf>,
+    pub cluster_tls_key: Option<PathBuf>,
+    pub cluster_tls_ca: Option<PathBuf>,
     /// Start as a new member of an existing cluster: propose no first membership; a
     /// member adds this node with `warren ctl join`.
     pub join: bool,
@@ -171,6 +176,9 @@ impl Default for Settings {
             cluster: None,
             peers: Vec::new(),
             cluster_secret_file: None,
+            cluster_tls_cert: None,
+            cluster_tls_key: None,
+            cluster_tls_ca: None,
             join: false,
         }
     }
@@ -330,6 +338,9 @@ impl Settings {
         env!(cluster, |n, v| Some(v.to_string()));
         env!(peers, |n, v| list(v));
         env!(cluster_secret_file, |n, v| Some(v.into()));
+        env!(cluster_tls_cert, |n, v| Some(v.into()));
+        env!(cluster_tls_key, |n, v| Some(v.into()));
+        env!(cluster_tls_ca, |n, v| Some(v.into()));
         env!(join, |n, v| boolean(&n, v)?);
         Ok(())
     }

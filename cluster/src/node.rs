@@ -24,6 +24,9 @@ pub struct NodeOptions {
     /// Every member's cluster address by id, this node's included (`--peers` plus itself).
     pub members: BTreeMap<NodeId, String>,
     pub secret: Secret,
+    /// TLS on the cluster port (`--cluster-tls-cert/-key/-ca`): every connection in and
+    /// out; `None`: plain TCP.
+    pub tls: Option<transport::ClusterTls>,
     pub data_dir: PathBuf,
     pub heartbeat_ms: u64,
     pub election_timeout_ms: u64,
@@ -49,6 +52,7 @@ impl NodeOptions {
             listen,
             members,
             secret,
+            tls: None,
             data_dir,
             heartbeat_ms: 100,
             election_timeout_ms: 500,
@@ -317,7 +321,7 @@ impl ClusterNode {
         let addr = listener
             .local_addr()
             .map_err(|e| NodeError::Listen(opts.listen, e))?;
-        let peers = Peers::new(opts.id, opts.secret.clone());
+        let peers = Peers::new(opts.id, opts.secret.clone()).with_tls(opts.tls.clone());
         let raft = Raft::new(opts.id, config, peers.network(META_GROUP), log, sm.clone())
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -327,6 +331,7 @@ impl ClusterNode {
             listener,
             opts.id,
             opts.secret.clone(),
+            opts.tls.clone(),
             groups.clone(),
         ));
         let initialized = raft

@@ -17,6 +17,11 @@
 //! `binary_mail`) sends the JSON one. Each peer has one outgoing connection owned by one task that takes
 //! requests from a bounded channel (openraft's replication waits when it is full: back-pressure)
 //! and reconnects with exponential backoff after a failure.
+//!
+//! With [`ClusterTls`] (`--cluster-tls-cert/-key/-ca`) every connection is TLS 1.2/1.3 with
+//! certificates checked both ways against the operator's CA, and the handshake above then
+//! runs inside it (the secret still has to be known: defense in depth). The same code serves
+//! both: connections are a boxed `AsyncRead + AsyncWrite` ([`Conn`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -89,6 +94,184 @@ pub enum TransportError {
     Closed,
     #[error("the peer refused: {0}")]
     Remote(String),
+    #[error("TLS: {0}")]
+    Tls(std::io::Error),
+    #[error("peer does not speak TLS (a node without --cluster-tls-*?); this node requires it")]
+    NotTls,
+    #[error("peer speaks TLS; this node has no --cluster-tls-* configured")]
+    PeerTls,
+}
+
+/// Why the cluster TLS files could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    #[error("cannot read {what} {path}: {reason}")]
+    File {
+        what: &'static str,
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("cluster TLS: {0}")]
+    Invalid(String),
+}
+
+/// TLS of the cluster port: this node's certificate and key, and the CA every peer's
+/// certificate must chain to (as a server it requires a client certificate; as a client it
+/// checks the server's against the IP address it dials, so each node's certificate carries
+/// its cluster IP as a subject alternative name).
+#[derive(Clone)]
+pub struct ClusterTls {
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for ClusterTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterTls(..)")
+    }
+}
+
+impl ClusterTls {
+    /// Reads the PEM files: the certificate chain, its private key and the CA bundle.
+    pub fn from_pem_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+    ) -> Result<Self, TlsConfigError> {
+        let read = |what: &'static str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| TlsConfigError::File {
+                what,
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })
+        };
+        Self::from_pem(
+            &read("certificate chain", cert)?,
+            &read("private key", key)?,
+            &read("CA bundle", ca)?,
+        )
+    }
+
+    /// As [`ClusterTls::from_pem_files`] from the files' contents.
+    pub fn from_pem(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<Self, TlsConfigError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let invalid =
+            |what: &str, e: &dyn std::fmt::Display| TlsConfigError::Invalid(format!("{what}: {e}"));
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid("certificate chain", &e))?;
+        if chain.is_empty() {
+            return Err(invalid("certificate chain", &"no CERTIFICATE block"));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| invalid("private key", &e))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(ca) {
+            let c = c.map_err(|e| invalid("CA bundle", &e))?;
+            roots.add(c).map_err(|e| invalid("CA bundle", &e))?;
+        }
+        if roots.is_empty() {
+            return Err(invalid("CA bundle", &"no CERTIFICATE block"));
+        }
+        let roots = Arc::new(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let versions: &[&rustls::SupportedProtocolVersion] =
+            &[&rustls::version::TLS13, &rustls::version::TLS12];
+        // Mutual: a peer without a certificate of the CA gets no connection.
+        let client_verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| invalid("CA bundle", &e))?;
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(versions)
+            .map_err(|e| invalid("protocol versions", &e))?
+            .with_client_cert_verifier(client_verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| invalid("certificate and key", &e))?;
+        // Connections live long and reconnect rarely: no resumption tickets (which would
+        // also be bytes after the handshake that nobody asked for).
+        server.send_tls13_tickets = 0;
+        let server_verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                .build()
+                .map_err(|e| invalid("CA bundle", &e))?;
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)
+            .map_err(|e| invalid("protocol versions", &e))?
+            .with_webpki_verifier(server_verifier)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| invalid("certificate and key", &e))?;
+        Ok(Self {
+            server: Arc::new(server),
+            client: Arc::new(client),
+        })
+    }
+}
+
+/// A connection between nodes: plain TCP or TLS over it.
+pub trait Conn: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Conn for T {}
+
+/// The first byte of a TLS connection (a handshake record). A plain one starts with the
+/// top byte of a handshake frame's length (at most 1 KiB): 0.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Dials `addr` (IP:PORT), with TLS when `tls` is set (the server's certificate must name
+/// the IP dialled).
+async fn dial(addr: &str, tls: Option<&ClusterTls>) -> Result<Box<dyn Conn>, TransportError> {
+    let s = TcpStream::connect(addr).await?;
+    let _ = s.set_nodelay(true);
+    let Some(tls) = tls else {
+        return Ok(Box::new(s));
+    };
+    let name = rustls::pki_types::ServerName::IpAddress(s.peer_addr()?.ip().into());
+    let s = tokio_rustls::TlsConnector::from(tls.client.clone())
+        .connect(name, s)
+        .await
+        .map_err(TransportError::Tls)?;
+    Ok(Box::new(s))
+}
+
+/// The server side of a new connection: with `tls`, refuses a peer that does not start a
+/// TLS handshake or has no certificate of the CA; without, one that does (each with its
+/// own log line, so a misconfigured node is found quickly).
+async fn accept(
+    sock: TcpStream,
+    tls: Option<&ClusterTls>,
+) -> Result<Box<dyn Conn>, TransportError> {
+    let _ = sock.set_nodelay(true);
+    let mut first = [0u8; 1];
+    if sock.peek(&mut first).await? == 0 {
+        return Err(TransportError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    match tls {
+        None if first[0] == TLS_HANDSHAKE_RECORD => Err(TransportError::PeerTls),
+        None => Ok(Box::new(sock)),
+        Some(_) if first[0] != TLS_HANDSHAKE_RECORD => Err(TransportError::NotTls),
+        Some(tls) => Ok(Box::new(
+            tokio_rustls::TlsAcceptor::from(tls.server.clone())
+                .accept(sock)
+                .await
+                .map_err(TransportError::Tls)?,
+        )),
+    }
+}
+
+/// Whether a connection idle between requests is still usable: no end-of-file, error or
+/// stray bytes waiting (polled once, never waits).
+async fn still_open(s: &mut Box<dyn Conn>) -> bool {
+    let mut probe = [0u8; 1];
+    std::future::poll_fn(|cx| {
+        let mut buf = tokio::io::ReadBuf::new(&mut probe);
+        match std::pin::Pin::new(&mut *s).poll_read(cx, &mut buf) {
+            std::task::Poll::Pending => std::task::Poll::Ready(true),
+            // End-of-file, an error, or bytes nobody asked for (out of step).
+            std::task::Poll::Ready(_) => std::task::Poll::Ready(false),
+        }
+    })
+    .await
 }
 
 /// The shared cluster secret (as RabbitMQ's Erlang cookie). Never logged, never sent.
@@ -280,8 +463,8 @@ async fn read_frame_max<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
 
 /// Client side of the handshake; returns the server's node id, and whether it reads binary
 /// mail frames.
-async fn client_handshake(
-    s: &mut TcpStream,
+async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
     me: NodeId,
     secret: &Secret,
 ) -> Result<(NodeId, bool), TransportError> {
@@ -317,8 +500,8 @@ async fn client_handshake(
 }
 
 /// Server side of the handshake; returns the client's node id.
-async fn server_handshake(
-    s: &mut TcpStream,
+async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
     me: NodeId,
     secret: &Secret,
 ) -> Result<NodeId, TransportError> {
@@ -409,7 +592,13 @@ impl Groups {
 /// Accepts peer connections on `listener` until the task is aborted; aborting it also ends
 /// every connection it accepted (they live in its JoinSet), so a stopped node's address no
 /// longer answers for it.
-pub async fn serve(listener: TcpListener, me: NodeId, secret: Secret, groups: Groups) {
+pub async fn serve(
+    listener: TcpListener,
+    me: NodeId,
+    secret: Secret,
+    tls: Option<ClusterTls>,
+    groups: Groups,
+) {
     let slots = Arc::new(Semaphore::new(MAX_INCOMING));
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -428,9 +617,9 @@ pub async fn serve(listener: TcpListener, me: NodeId, secret: Secret, groups: Gr
                 continue;
             }
         };
-        let (secret, groups) = (secret.clone(), groups.clone());
+        let (secret, groups, tls) = (secret.clone(), groups.clone(), tls.clone());
         conns.spawn(async move {
-            if let Err(e) = serve_peer(sock, addr, me, &secret, &groups).await {
+            if let Err(e) = serve_peer(sock, addr, me, &secret, tls.as_ref(), &groups).await {
                 tracing::info!(peer = %addr, error = %e, "cluster connection closed");
             }
             drop(permit);
@@ -439,19 +628,20 @@ pub async fn serve(listener: TcpListener, me: NodeId, secret: Secret, groups: Gr
 }
 
 async fn serve_peer(
-    mut sock: TcpStream,
+    sock: TcpStream,
     addr: SocketAddr,
     me: NodeId,
     secret: &Secret,
+    tls: Option<&ClusterTls>,
     groups: &Groups,
 ) -> Result<(), TransportError> {
-    let _ = sock.set_nodelay(true);
-    let peer = match tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        server_handshake(&mut sock, me, secret),
-    )
-    .await
-    {
+    // TLS (when configured) and the secret's handshake, within one deadline.
+    let handshake = async {
+        let mut sock = accept(sock, tls).await?;
+        let peer = server_handshake(&mut sock, me, secret).await?;
+        Ok::<_, TransportError>((sock, peer))
+    };
+    let (mut sock, peer) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => {
             tracing::warn!(peer = %addr, error = %e, "cluster peer refused");
@@ -529,6 +719,7 @@ const MAIL_LANE: u8 = 1;
 pub struct Peers {
     me: NodeId,
     secret: Secret,
+    tls: Option<ClusterTls>,
     peers: Arc<Mutex<PeerMap>>,
     /// Whether the Raft lane's connection to each peer worked at its last attempt (what
     /// `cluster-status` and the management API's `online` show).
@@ -540,9 +731,16 @@ impl Peers {
         Self {
             me,
             secret,
+            tls: None,
             peers: Arc::default(),
             reachable: Arc::default(),
         }
+    }
+
+    /// Dials every peer over TLS with `tls` (its certificate, the CA the peers' chain to).
+    pub fn with_tls(mut self, tls: Option<ClusterTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Whether this node reaches `peer` now (itself: always): its Raft connection worked at
@@ -577,6 +775,7 @@ impl Peers {
             target,
             addr.to_string(),
             self.secret.clone(),
+            self.tls.clone(),
             rx,
             (lane == 0).then(|| self.reachable.clone()),
         ));
@@ -706,11 +905,12 @@ async fn peer_task(
     target: NodeId,
     addr: String,
     secret: Secret,
+    tls: Option<ClusterTls>,
     mut rx: mpsc::Receiver<Request>,
     shown: Option<Arc<Mutex<HashMap<NodeId, bool>>>>,
 ) {
     // The connection, and whether its server reads binary mail frames.
-    let mut conn: Option<(TcpStream, bool)> = None;
+    let mut conn: Option<(Box<dyn Conn>, bool)> = None;
     let mut backoff = BACKOFF_MIN;
     let mut retry_at = Instant::now();
     // Logged on changes only: a peer that is down for an hour is one line, not thousands.
@@ -740,13 +940,10 @@ async fn peer_task(
         // A connection the peer closed meanwhile (it restarted, or closed us as idle) reads
         // as end-of-file now; sending on it would fail only after the request was written.
         // Replace it before sending, so no request goes out on a dead connection.
-        if let Some((s, _)) = &conn {
-            let mut probe = [0u8; 1];
-            match s.try_read(&mut probe) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                // EOF, an error, or bytes nobody asked for (out of step): start afresh.
-                _ => conn = None,
-            }
+        if let Some((s, _)) = &mut conn
+            && !still_open(s).await
+        {
+            conn = None;
         }
         if conn.is_none() {
             if now < retry_at {
@@ -754,8 +951,7 @@ async fn peer_task(
                 continue;
             }
             let connect = async {
-                let mut s = TcpStream::connect(&addr).await?;
-                let _ = s.set_nodelay(true);
+                let mut s = dial(&addr, tls.as_ref()).await?;
                 let (peer, binary) = client_handshake(&mut s, me, &secret).await?;
                 if peer != target {
                     tracing::warn!(%addr, expected = target, got = peer, "cluster peer has another node id");
@@ -1080,6 +1276,165 @@ mod tests {
             panic!("an older challenge parses");
         };
         assert!(!binary_mail);
+    }
+
+    /// A CA (PEM) that signs node certificates for 127.0.0.1.
+    pub(crate) struct TestCa {
+        params: rcgen::CertificateParams,
+        key: rcgen::KeyPair,
+        pub(crate) pem: String,
+    }
+
+    impl TestCa {
+        pub(crate) fn new(name: &str) -> Self {
+            let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, format!("{name} CA"));
+            let key = rcgen::KeyPair::generate().unwrap();
+            let pem = params.self_signed(&key).unwrap().pem();
+            Self { params, key, pem }
+        }
+
+        /// A node's TLS: a certificate of this CA for `ip`, trusting `trusted`'s CA.
+        pub(crate) fn node(&self, ip: &str, trusted: &TestCa) -> ClusterTls {
+            let params = rcgen::CertificateParams::new(vec![ip.to_string()]).unwrap();
+            let key = rcgen::KeyPair::generate().unwrap();
+            let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
+            let cert = params.signed_by(&key, &issuer).unwrap();
+            ClusterTls::from_pem(
+                cert.pem().as_bytes(),
+                key.serialize_pem().as_bytes(),
+                trusted.pem.as_bytes(),
+            )
+            .unwrap()
+        }
+    }
+
+    /// A server (node 1) and a client (node 2) over loopback, each with or without TLS,
+    /// through the same connection setup and handshakes as `serve` and `peer_task`.
+    async fn tls_pair(
+        server_tls: Option<ClusterTls>,
+        client_tls: Option<ClusterTls>,
+    ) -> (
+        Result<NodeId, TransportError>,
+        Result<NodeId, TransportError>,
+    ) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let secret = Secret::new(b"cookie".to_vec());
+        let s2 = secret.clone();
+        let server = tokio::spawn(async move {
+            let (sock, _) = l.accept().await.unwrap();
+            let mut c = accept(sock, server_tls.as_ref()).await?;
+            let id = server_handshake(&mut c, 1, &s2).await?;
+            // Then an envelope each way, as a connection carries after the handshake.
+            let env = read_envelope(&mut c).await?;
+            assert!(matches!(env.rpc, Rpc::Mail(ref m) if m == b"over tls"));
+            write_frame(&mut c, &RpcReply::Mail(Ok(42))).await?;
+            Ok(id)
+        });
+        let client = async {
+            let mut c = dial(&addr.to_string(), client_tls.as_ref()).await?;
+            let (id, binary) = client_handshake(&mut c, 2, &secret).await?;
+            let mail = Envelope {
+                group: 0,
+                rpc: Rpc::Mail(b"over tls".to_vec()),
+            };
+            write_envelope(&mut c, &mail, binary).await?;
+            match read_frame::<_, RpcReply>(&mut c).await? {
+                RpcReply::Mail(Ok(42)) => Ok(id),
+                _ => Err(TransportError::Protocol),
+            }
+        };
+        let client = tokio::time::timeout(Duration::from_secs(10), client)
+            .await
+            .expect("client done in time");
+        let server = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("server done in time")
+            .unwrap();
+        (server, client)
+    }
+
+    #[tokio::test]
+    async fn tls_peers_of_one_ca_authenticate_both_ways_and_talk() {
+        let ca = TestCa::new("cluster");
+        let (server, client) = tls_pair(
+            Some(ca.node("127.0.0.1", &ca)),
+            Some(ca.node("127.0.0.1", &ca)),
+        )
+        .await;
+        assert_eq!((server.unwrap(), client.unwrap()), (2, 1));
+        // Plain TCP still works between nodes without TLS.
+        let (server, client) = tls_pair(None, None).await;
+        assert_eq!((server.unwrap(), client.unwrap()), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_of_another_ca_is_refused() {
+        let ca = TestCa::new("cluster");
+        let rogue = TestCa::new("rogue");
+        // The client trusts the cluster's CA, but its own certificate is the rogue CA's.
+        let (server, client) = tls_pair(
+            Some(ca.node("127.0.0.1", &ca)),
+            Some(rogue.node("127.0.0.1", &ca)),
+        )
+        .await;
+        assert!(matches!(server, Err(TransportError::Tls(_))), "{server:?}");
+        assert!(client.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_server_certificate_of_another_ca_or_ip_is_refused() {
+        let ca = TestCa::new("cluster");
+        let rogue = TestCa::new("rogue");
+        let (server, client) = tls_pair(
+            Some(rogue.node("127.0.0.1", &ca)),
+            Some(ca.node("127.0.0.1", &ca)),
+        )
+        .await;
+        assert!(matches!(client, Err(TransportError::Tls(_))), "{client:?}");
+        assert!(server.is_err());
+        // The CA's certificate for another node's address does not pass for this one.
+        let (server, client) = tls_pair(
+            Some(ca.node("10.87.0.9", &ca)),
+            Some(ca.node("127.0.0.1", &ca)),
+        )
+        .await;
+        assert!(matches!(client, Err(TransportError::Tls(_))), "{client:?}");
+        assert!(server.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_plaintext_peer_and_a_tls_node_refuse_each_other() {
+        let ca = TestCa::new("cluster");
+        let (server, client) = tls_pair(Some(ca.node("127.0.0.1", &ca)), None).await;
+        assert!(matches!(server, Err(TransportError::NotTls)), "{server:?}");
+        assert!(client.is_err());
+        let (server, client) = tls_pair(None, Some(ca.node("127.0.0.1", &ca))).await;
+        assert!(matches!(server, Err(TransportError::PeerTls)), "{server:?}");
+        assert!(client.is_err());
+    }
+
+    #[tokio::test]
+    async fn cluster_tls_files_are_checked() {
+        let ca = TestCa::new("cluster");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        assert!(matches!(
+            ClusterTls::from_pem_files(&missing, &missing, &missing),
+            Err(TlsConfigError::File { .. })
+        ));
+        assert!(matches!(
+            ClusterTls::from_pem(ca.pem.as_bytes(), b"", ca.pem.as_bytes()),
+            Err(TlsConfigError::Invalid(_))
+        ));
+        assert!(matches!(
+            ClusterTls::from_pem(b"", b"", ca.pem.as_bytes()),
+            Err(TlsConfigError::Invalid(_))
+        ));
     }
 
     #[tokio::test]

@@ -29,6 +29,8 @@ pub struct Cluster {
     /// The bridge and subnet (first three octets) of this test's own.
     pub bridge: &'static str,
     pub net: &'static str,
+    /// More environment for `scripts/cluster.sh` (e.g. `WARREN_CLUSTER_TLS_DIR`).
+    pub env: Vec<(&'static str, std::path::PathBuf)>,
 }
 
 impl Cluster {
@@ -50,6 +52,7 @@ impl Cluster {
             bin,
             bridge,
             net,
+            env: Vec::new(),
         })
     }
 
@@ -72,7 +75,8 @@ impl Cluster {
             .env("WARREN_CLUSTER_DIR", self.state.path().join("cluster"))
             .env("WARREN_CLUSTER_NET", self.net)
             .env("WARREN_CLUSTER_BRIDGE", self.bridge)
-            .env("WARREN_CLUSTER_WAIT", "20");
+            .env("WARREN_CLUSTER_WAIT", "20")
+            .envs(self.env.iter().map(|(k, v)| (*k, v)));
         c
     }
 }
