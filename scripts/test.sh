@@ -152,7 +152,7 @@ setup_prometheus() {
 
 setup_binaryen() {
   # wasm-opt (Debian's binaryen): scripts/build-js.sh runs it on the JS package's .wasm
-  # (412,947 -> 379,022 bytes on 2026-11-24), as wasm-pack does; the 460 KB gate counts the
+  # (412,947 -> 379,022 bytes on 2026-11-24), as wasm-pack does; the 480 KB gate counts the
   # optimised module, the one the package ships.
   command -v wasm-opt >/dev/null && { wasm-opt --version; return 0; }
   local sudo=""
@@ -442,7 +442,7 @@ step "stream protocol: RabbitMQ Java stream client, 1M messages" stream_java
 step "stream protocol: Java client over TLS, super streams, filtering" stream_java_features
 step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential
 step "wasmtime: host example" wasmtime_demo
-step "JS package: wasm-bindgen build, size <= 460 KB" scripts/build-js.sh
+step "JS package: wasm-bindgen build, size <= 480 KB" scripts/build-js.sh
 step "JS package: Node tests" node_tests
 step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
