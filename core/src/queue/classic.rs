@@ -145,7 +145,14 @@ impl MessageQueue {
         stored: bool,
         expires_at: Option<u64>,
     ) {
-        debug_assert!(seq < self.next_seq, "requeue of a sequence never issued");
+        if seq >= self.next_seq {
+            // A delivery made before the queue was reloaded (a quorum queue's leader moved
+            // here and took the group's messages, renumbered; its consumers, some on other
+            // nodes, stayed with their unacked deliveries): settled back now, it keeps its
+            // number and later numbers start after it, so none is issued twice. It may also
+            // be among the reloaded messages: a duplicate, which at-least-once allows.
+            self.next_seq = seq + 1;
+        }
         debug_assert!(
             self.paged.count == 0 || seq < self.paged.from_seq,
             "requeue into the paged-out suffix"
