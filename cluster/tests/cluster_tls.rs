@@ -18,7 +18,7 @@ use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 
 const BRIDGE: &str = "wbt0";
 const NET: &str = "10.87.0";
@@ -45,14 +45,7 @@ fn pki(dir: &std::path::Path) {
 }
 
 async fn channel(node: &Node) -> (Connection, Channel) {
-    let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
-    let conn = bounded(
-        "connect",
-        Connection::connect(&uri, ConnectionProperties::default()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("connect {}: {e}", node.name));
-    let ch = conn.create_channel().await.expect("channel");
+    let (conn, ch) = common::amqp_channel(node).await;
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");

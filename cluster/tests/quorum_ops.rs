@@ -27,7 +27,7 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 
 const BRIDGE: &str = "wbq0";
 const NET: &str = "10.85.0";
@@ -38,14 +38,7 @@ const NET2: &str = "10.86.0";
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn channel(node: &Node) -> (Connection, Channel) {
-    let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
-    let conn = bounded(
-        "connect",
-        Connection::connect(&uri, ConnectionProperties::default()),
-    )
-    .await
-    .expect("connect");
-    let ch = conn.create_channel().await.expect("channel");
+    let (conn, ch) = common::amqp_channel(node).await;
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");

@@ -32,15 +32,7 @@ const BRIDGE: &str = "wbr0";
 const NET: &str = "10.84.0";
 
 async fn channel(node: &Node) -> (Connection, Channel) {
-    let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
-    let conn = bounded(
-        "amqp connect",
-        Connection::connect(&uri, ConnectionProperties::default()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{}: connect: {e}", node.name));
-    let ch = conn.create_channel().await.expect("channel");
-    (conn, ch)
+    common::amqp_channel(node).await
 }
 
 /// Publishes `bodies` persistent to `q` with confirms; every one must be acked.

@@ -18,22 +18,14 @@ use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 
 /// Its own bridge and subnet: runs beside the other cluster tests.
 const BRIDGE: &str = "wbx0";
 const NET: &str = "10.83.0";
 
 async fn channel(node: &Node) -> (Connection, Channel) {
-    let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
-    let conn = bounded(
-        "amqp connect",
-        Connection::connect(&uri, ConnectionProperties::default()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{}: connect: {e}", node.name));
-    let ch = conn.create_channel().await.expect("channel");
-    (conn, ch)
+    common::amqp_channel(node).await
 }
 
 /// Publishes `bodies` persistent to queue `q` on `ch` (in confirm mode) and returns how

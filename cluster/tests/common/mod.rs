@@ -153,6 +153,19 @@ pub fn parse(out: &str) -> Vec<Node> {
         .collect()
 }
 
+/// An AMQP connection to `node` as the test user, and a channel on it.
+pub async fn amqp_channel(node: &Node) -> (lapin::Connection, lapin::Channel) {
+    let uri = format!("amqp://warren:warren@{}/%2f", node.amqp);
+    let conn = bounded(
+        "amqp connect",
+        lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: connect: {e}", node.name));
+    let ch = conn.create_channel().await.expect("channel");
+    (conn, ch)
+}
+
 pub async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(WAIT, f)
         .await
