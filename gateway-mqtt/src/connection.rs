@@ -559,10 +559,32 @@ where
     if !matches!(end, End::Eof | End::Io(_)) {
         let _ = timeout(CLOSE_TIMEOUT, async {
             write_packets(&mut stream, &last, level).await?;
-            stream.shutdown().await
+            stream.shutdown().await?;
+            linger(&mut stream).await
         })
         .await;
     }
+}
+
+/// Bytes a closing connection reads and discards after its DISCONNECT at most.
+const LINGER_MAX_BYTES: usize = 256 * 1024;
+
+/// Reads and discards what the client still sends after the server's DISCONNECT (its write
+/// side already shut), until the client closes, [`LINGER_MAX_BYTES`] or the caller's timeout.
+/// Closing a socket with bytes arriving makes the kernel answer with a reset, and a reset
+/// makes the client's kernel drop what it had received but not read yet: the DISCONNECT with
+/// its reason code. A client that pipelines (a PUBREL for every PUBREC, as paho's test client
+/// does when it exceeds Receive Maximum) would see a reset instead of reason 0x93.
+async fn linger<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<()> {
+    let mut buf = [0u8; 4096];
+    let mut read = 0;
+    while read < LINGER_MAX_BYTES {
+        match stream.read(&mut buf).await? {
+            0 => break,
+            n => read += n,
+        }
+    }
+    Ok(())
 }
 
 /// A will left for later by a closed session.
