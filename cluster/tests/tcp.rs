@@ -473,6 +473,52 @@ async fn a_node_joins_through_a_follower_catches_up_votes_and_leaves() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_joining_at_once_both_become_voters() {
+    // openraft takes one membership change at a time ("already undergoing a configuration
+    // change"): a change that meets another one in progress waits for it (bounded) instead
+    // of failing, and adds to the membership as it is then (neither join undoes the other).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret: &[u8] = b"right";
+    let (mut nodes, members) = cluster(&[secret, secret, secret], dir.path()).await;
+    settle(&nodes, 0).await;
+    let mut newcomers = Vec::new();
+    for id in [4, 5] {
+        let listener = bind(id).await;
+        let addr = listener.local_addr().expect("addr");
+        let mut o = options(id, addr, &members, secret, dir.path());
+        o.members = [(id, addr.to_string())].into();
+        o.join = true;
+        let node = ClusterNode::start_on(o, listener)
+            .await
+            .expect("start a newcomer");
+        newcomers.push((id, addr.to_string(), node));
+    }
+    let l = leader(&nodes).await;
+    let ((i4, a4, _), (i5, a5, _)) = (&newcomers[0], &newcomers[1]);
+    let (a, b) = tokio::join!(
+        tokio::time::timeout(WAIT, nodes[&l].join(*i4, a4)),
+        tokio::time::timeout(WAIT, nodes[&l].join(*i5, a5))
+    );
+    a.expect("join 4 in time").expect("join node 4");
+    b.expect("join 5 in time").expect("join node 5");
+    let voters: Vec<NodeId> = nodes[&l]
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, [1, 2, 3, 4, 5]);
+    for (id, _, node) in newcomers {
+        nodes.insert(id, node);
+    }
+    for n in nodes.into_values() {
+        n.shutdown().await;
+    }
+}
+
 /// Runs the futures concurrently to completion (no extra dependency for a join).
 async fn futures_join_all<F: std::future::Future<Output = ()>>(futs: Vec<F>) {
     let mut futs: Vec<_> = futs.into_iter().map(Box::pin).map(Some).collect();
