@@ -571,6 +571,9 @@ impl Broker {
     /// hold of it are returned, so a settle naming one finds nothing (their windows' credit
     /// comes back now). Their bodies are let go by the queue (stale settles).
     pub(super) fn returned_remote_deliveries(&mut self, id: QueueId) {
+        if !NODES || self.nodes.remote.unacked.is_empty() {
+            return;
+        }
         let mut keys: Vec<(u32, QueueId, u64)> = self
             .nodes
             .remote
