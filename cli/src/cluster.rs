@@ -184,7 +184,7 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
     let node = NODE
         .get()
         .ok_or_else(|| anyhow::anyhow!("cluster node not set"))?;
-    let (replicator, pending) = crate::meta::MetaReplicator::new(node, id);
+    let (replicator, pending) = crate::meta::MetaReplicator::new(node, id, broker.clone());
     // Where queues live, as recorded, before the broker serves anyone: a publish to a
     // queue of another node is forwarded there from the first one on.
     let homes = crate::meta::Homes::load(&data_dir).map_err(|e| anyhow::anyhow!(e))?;
@@ -196,6 +196,7 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
         broker.clone(),
     )));
     crate::nodes::serve_mail(node, broker.clone());
+    crate::queue_use::serve(node, broker.clone());
     tokio::spawn(crate::meta::run_applier(
         node,
         broker.clone(),

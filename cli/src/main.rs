@@ -10,6 +10,7 @@ mod mem_streams;
 mod meta;
 mod nodes;
 mod qq;
+mod queue_use;
 mod settings;
 mod stream_broker;
 mod streams;

@@ -295,6 +295,29 @@ impl ClusterNode {
         self.groups.set_mail_handler(handler);
     }
 
+    /// Answers peers' questions ([`ClusterNode::ask`]) with `handler`.
+    pub fn set_ask_handler(&self, handler: transport::AskHandler) {
+        self.groups.set_ask_handler(handler);
+    }
+
+    /// Asks member `target` the hosts' question `question` and waits for its answer,
+    /// within `timeout`.
+    pub async fn ask(
+        &self,
+        target: NodeId,
+        question: Vec<u8>,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<u8>, NodeError> {
+        let addr = self
+            .members()
+            .remove(&target)
+            .ok_or_else(|| NodeError::Raft(format!("node {target} is not a member")))?;
+        self.peers
+            .ask(target, &addr, question, timeout)
+            .await
+            .map_err(|e| NodeError::Raft(format!("question to node {target}: {e}")))
+    }
+
     /// Sends the brokers' mail `batch` to member `target` (at its address in the metadata
     /// group's membership) and waits until its broker took it, within `timeout`; the
     /// incarnation of its broker.

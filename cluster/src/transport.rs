@@ -355,6 +355,11 @@ enum Rpc {
     /// one node"). Not a group's: the envelope's group is ignored. Sent on a connection of
     /// its own (`MAIL_LANE`), so a big batch never delays the Raft heartbeats.
     Mail(Vec<u8>),
+    /// A question of the hosts' (its bytes are theirs), answered by the peer's
+    /// [`AskHandler`]: what a node must know of another's broker before it proposes a change
+    /// (a queue's consumers and messages there, for a conditional `queue.delete`). Not a
+    /// group's, as `Mail`; sent on the mail connection.
+    Ask(Vec<u8>),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -368,6 +373,8 @@ enum RpcReply {
     NoGroup(u64),
     /// The mail was handed to this node's broker, whose incarnation it gives (or why not).
     Mail(Result<u64, String>),
+    /// The answer to an `Ask` (bytes of the hosts'), or why there is none.
+    Ask(Result<Vec<u8>, String>),
 }
 
 async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
@@ -553,14 +560,35 @@ pub type MailHandler = Arc<
         + Sync,
 >;
 
-/// The groups this node serves, by group id, and the handler of the brokers' mail.
+/// What a node answers to a peer's question ([`Rpc::Ask`]): the peer's id and the
+/// question's bytes; the answer's bytes, or why there is none.
+pub type AskHandler = Arc<
+    dyn Fn(
+            NodeId,
+            Vec<u8>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The groups this node serves, by group id, and the handlers of the brokers' mail and of
+/// the hosts' questions.
 #[derive(Clone, Default)]
 pub struct Groups(
     Arc<Mutex<HashMap<u64, Raft>>>,
     Arc<Mutex<Option<MailHandler>>>,
+    Arc<Mutex<Option<AskHandler>>>,
 );
 
 impl Groups {
+    /// Answers peers' questions with `handler` (until then they are refused).
+    pub fn set_ask_handler(&self, handler: AskHandler) {
+        *self.2.lock().unwrap_or_else(|p| p.into_inner()) = Some(handler);
+    }
+    fn ask_handler(&self) -> Option<AskHandler> {
+        self.2.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
     /// Serves the brokers' mail from peers with `handler` (until then it is refused).
     pub fn set_mail_handler(&self, handler: MailHandler) {
         *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(handler);
@@ -668,6 +696,14 @@ async fn serve_peer(
             write_frame(&mut sock, &reply).await?;
             continue;
         }
+        if let Rpc::Ask(bytes) = env.rpc {
+            let reply = match groups.ask_handler() {
+                Some(h) => RpcReply::Ask(h(peer, bytes).await),
+                None => RpcReply::Ask(Err("this node answers no questions yet".into())),
+            };
+            write_frame(&mut sock, &reply).await?;
+            continue;
+        }
         let reply = match groups.get(env.group) {
             None => RpcReply::NoGroup(env.group),
             Some(raft) => match env.rpc {
@@ -688,6 +724,7 @@ async fn serve_peer(
                 ),
                 // Taken above.
                 Rpc::Mail(_) => RpcReply::Mail(Err("mail".into())),
+                Rpc::Ask(_) => RpcReply::Ask(Err("ask".into())),
                 Rpc::Write(c) => RpcReply::Write(
                     raft.client_write(c)
                         .await
@@ -808,6 +845,37 @@ impl Peers {
         match rx.await.map_err(|_| TransportError::Closed)?? {
             RpcReply::Mail(r) => r.map_err(TransportError::Remote),
             _ => Err(TransportError::Protocol),
+        }
+    }
+
+    /// Asks `target` at `addr` the hosts' question `question` (on the mail connection) and
+    /// waits for its answer, within `timeout`.
+    pub async fn ask(
+        &self,
+        target: NodeId,
+        addr: &str,
+        question: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        let (tx, rx) = oneshot::channel();
+        let req = Request {
+            group: 0,
+            rpc: Rpc::Ask(question),
+            deadline: Instant::now() + timeout,
+            reply: tx,
+        };
+        let sender = self.lane_sender(target, addr, MAIL_LANE);
+        match tokio::time::timeout(timeout, sender.send(req)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(TransportError::Closed),
+            Err(_) => return Err(TransportError::Timeout),
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(r) => match r.map_err(|_| TransportError::Closed)?? {
+                RpcReply::Ask(r) => r.map_err(TransportError::Remote),
+                _ => Err(TransportError::Protocol),
+            },
+            Err(_) => Err(TransportError::Timeout),
         }
     }
 

@@ -1019,6 +1019,10 @@ impl CommandSender {
                 out.push((ch, op));
                 continue;
             }
+            if let Some(refused) = replicator.precheck(&vhost, &op).await {
+                out.push((ch, Op::Refuse(refused)));
+                continue;
+            }
             let request = AdminRequest::Op {
                 vhost,
                 op: op.clone(),
