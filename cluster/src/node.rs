@@ -280,6 +280,9 @@ pub struct ClusterNode {
     heartbeat_ms: u64,
     election_timeout_ms: u64,
     snapshot_every: u64,
+    /// The cluster port's TLS, shared with the listener and every peer connection
+    /// (`reload_tls` replaces it for the connections made afterwards).
+    tls: Option<transport::ClusterTls>,
 }
 
 /// How long a write forwarded to the leader may take (a commit is a few milliseconds; an
@@ -418,7 +421,21 @@ impl ClusterNode {
             heartbeat_ms: opts.heartbeat_ms,
             election_timeout_ms: opts.election_timeout_ms,
             snapshot_every: opts.snapshot_every,
+            tls: opts.tls.clone(),
         })
+    }
+
+    /// Uses `fresh` (the TLS files read again: SIGHUP) for the cluster connections made and
+    /// accepted from now on; open ones keep their certificate. An error if this node was
+    /// started without TLS (a plain node cannot turn TLS on while it runs).
+    pub fn reload_tls(&self, fresh: &transport::ClusterTls) -> Result<(), String> {
+        match &self.tls {
+            Some(tls) => {
+                tls.reload_from(fresh);
+                Ok(())
+            }
+            None => Err("this node was started without --cluster-tls-*".into()),
+        }
     }
 
     /// This node's id.

@@ -118,9 +118,13 @@ pub enum TlsConfigError {
 /// TLS of the cluster port: this node's certificate and key, and the CA every peer's
 /// certificate must chain to (as a server it requires a client certificate; as a client it
 /// checks the server's against the IP address it dials, so each node's certificate carries
-/// its cluster IP as a subject alternative name).
+/// its cluster IP as a subject alternative name). Clones share one configuration, which
+/// [`ClusterTls::reload_from`] replaces for every clone: connections made afterwards (in
+/// and out) use the new certificate and CA, open ones keep theirs.
 #[derive(Clone)]
-pub struct ClusterTls {
+pub struct ClusterTls(Arc<std::sync::RwLock<TlsConfigs>>);
+
+struct TlsConfigs {
     server: Arc<rustls::ServerConfig>,
     client: Arc<rustls::ClientConfig>,
 }
@@ -132,6 +136,34 @@ impl std::fmt::Debug for ClusterTls {
 }
 
 impl ClusterTls {
+    fn server(&self) -> Arc<rustls::ServerConfig> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .server
+            .clone()
+    }
+
+    fn client(&self) -> Arc<rustls::ClientConfig> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .client
+            .clone()
+    }
+
+    /// Takes `fresh`'s certificate, key and CA (files read again, on SIGHUP): every clone of
+    /// this one uses them for the connections it makes or accepts from now on.
+    pub fn reload_from(&self, fresh: &ClusterTls) {
+        if Arc::ptr_eq(&self.0, &fresh.0) {
+            return;
+        }
+        let (server, client) = (fresh.server(), fresh.client());
+        let mut me = self.0.write().unwrap_or_else(|p| p.into_inner());
+        me.server = server;
+        me.client = client;
+    }
+
     /// Reads the PEM files: the certificate chain, its private key and the CA bundle.
     pub fn from_pem_files(
         cert: &std::path::Path,
@@ -203,10 +235,10 @@ impl ClusterTls {
             .with_webpki_verifier(server_verifier)
             .with_client_auth_cert(chain, key)
             .map_err(|e| invalid("certificate and key", &e))?;
-        Ok(Self {
+        Ok(Self(Arc::new(std::sync::RwLock::new(TlsConfigs {
             server: Arc::new(server),
             client: Arc::new(client),
-        })
+        }))))
     }
 }
 
@@ -227,7 +259,7 @@ async fn dial(addr: &str, tls: Option<&ClusterTls>) -> Result<Box<dyn Conn>, Tra
         return Ok(Box::new(s));
     };
     let name = rustls::pki_types::ServerName::IpAddress(s.peer_addr()?.ip().into());
-    let s = tokio_rustls::TlsConnector::from(tls.client.clone())
+    let s = tokio_rustls::TlsConnector::from(tls.client())
         .connect(name, s)
         .await
         .map_err(TransportError::Tls)?;
@@ -251,7 +283,7 @@ async fn accept(
         None => Ok(Box::new(sock)),
         Some(_) if first[0] != TLS_HANDSHAKE_RECORD => Err(TransportError::NotTls),
         Some(tls) => Ok(Box::new(
-            tokio_rustls::TlsAcceptor::from(tls.server.clone())
+            tokio_rustls::TlsAcceptor::from(tls.server())
                 .accept(sock)
                 .await
                 .map_err(TransportError::Tls)?,
