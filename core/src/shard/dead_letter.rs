@@ -154,7 +154,7 @@ impl Broker {
         // At least once: the queue holds it, in the form it is forwarded in, until its
         // targets confirm it (`shard/dlx.rs`). Length-limit drops are at most once, as in
         // RabbitMQ (and a queue with at-least-once refuses publishes at its limit instead).
-        if false && q.at_least_once() && reason != DeathReason::MaxLen {
+        if q.at_least_once() && reason != DeathReason::MaxLen {
             let form = Arc::new(dead_lettered(&d, self.now));
             self.hold_dead_letter(from, form);
             return;
