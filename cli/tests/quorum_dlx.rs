@@ -151,7 +151,12 @@ async fn dead_letters_survive_kill_9_and_arrive_exactly_once_when_routable() {
         .await
         .expect("publish");
     }
-    assert!(bounded(ch.wait_for_confirms()).await.expect("confirms").is_empty());
+    assert!(
+        bounded(ch.wait_for_confirms())
+            .await
+            .expect("confirms")
+            .is_empty()
+    );
     // r0..r9 rejected without requeue; e0..e9 then expire at the head.
     for _ in 0..10 {
         let m = bounded(ch.basic_get("src".into(), BasicGetOptions { no_ack: false }))
@@ -199,7 +204,11 @@ async fn dead_letters_survive_kill_9_and_arrive_exactly_once_when_routable() {
     ))
     .await
     .expect("bind");
-    assert_eq!(wait_for(&ch, "dlq", 20).await, 20, "every dead letter arrived");
+    assert_eq!(
+        wait_for(&ch, "dlq", 20).await,
+        20,
+        "every dead letter arrived"
+    );
     // Settled at the source: no second copy comes, not even after another kill -9.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(count(&ch, "dlq").await, 20, "none twice");

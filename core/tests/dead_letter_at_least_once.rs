@@ -96,7 +96,10 @@ fn source(h: &mut Harness, c: ChannelRef, strategy_args: &[(&str, FieldValue)], 
     let mut a = args(&[
         ("x-queue-type", FieldValue::string("quorum")),
         ("x-dead-letter-exchange", FieldValue::string("dlx")),
-        ("x-dead-letter-strategy", FieldValue::string("at-least-once")),
+        (
+            "x-dead-letter-strategy",
+            FieldValue::string("at-least-once"),
+        ),
         ("x-max-length", FieldValue::I32(max)),
     ]);
     a.extend(args(strategy_args));
@@ -215,7 +218,10 @@ fn drain(h: &mut Harness, c: ChannelRef, queue: &str) -> Vec<(String, Option<Fie
             },
             _ => None,
         };
-        out.push((String::from_utf8_lossy(&d.message.body).into_owned(), reason));
+        out.push((
+            String::from_utf8_lossy(&d.message.body).into_owned(),
+            reason,
+        ));
     }
 }
 
@@ -261,7 +267,10 @@ fn dead_letters_wait_in_their_queue_through_a_crash_until_a_target_takes_them() 
     let rejected = Some(FieldValue::string("rejected"));
     assert_eq!(
         got,
-        vec![("a".to_string(), rejected.clone()), ("b".to_string(), rejected)]
+        vec![
+            ("a".to_string(), rejected.clone()),
+            ("b".to_string(), rejected)
+        ]
     );
     // Confirmed, they left `src`: two publishes fit again, and a crash brings none back.
     assert!(publish(&mut h, &store, c, "src", "e"));
@@ -335,7 +344,11 @@ fn without_reject_publish_at_least_once_falls_back_to_at_most_once() {
     declare(&mut h, c, "dlq", FieldTable::new());
     h.bind(c, "dlq", "dlx", "src");
     tick(&mut h, 5_000);
-    assert_eq!(drain(&mut h, c, "dlq"), vec![], "dropped when it died unroutable");
+    assert_eq!(
+        drain(&mut h, c, "dlq"),
+        vec![],
+        "dropped when it died unroutable"
+    );
 }
 
 #[test]
@@ -375,4 +388,93 @@ fn a_purge_takes_the_held_dead_letters_too() {
     let c = h.connect(1);
     tick(&mut h, 5_000);
     assert_eq!(drain(&mut h, c, "dlq"), vec![]);
+}
+
+/// Publishes `body` (persistent) on `c` of a sharded harness, syncing `sync_shards` until
+/// the confirm comes; true if acked.
+fn publish_sharded(h: &mut Harness, c: ChannelRef, queue: &str, body: &str) -> bool {
+    let mut fx = h.op(
+        c,
+        Op::Publish(Box::new(Publish {
+            exchange: Arc::from(""),
+            routing_key: Arc::from(queue),
+            mandatory: false,
+            immediate: false,
+            properties: Properties {
+                delivery_mode: Some(2),
+                ..Default::default()
+            },
+            body: Bytes::copy_from_slice(body.as_bytes()),
+            routed: None,
+        })),
+    );
+    for _ in 0..3 {
+        for i in 0..h.k() {
+            fx.extend(h.sync(i, true));
+        }
+    }
+    fx.iter()
+        .find_map(|e| match e {
+            Effect::Confirm { ack, .. } => Some(*ack),
+            _ => None,
+        })
+        .expect("a confirm")
+}
+
+#[test]
+fn a_target_on_another_shard_confirms_after_its_own_sync() {
+    let mut h = Harness::sharded_with_stores(Default::default(), 2);
+    // Connection n is on shard n % 2, and a queue lives on its declarer's shard.
+    let c0 = h.connect(2);
+    let c1 = h.connect(1);
+    confirm_mode(&mut h, c0);
+    direct_exchange(&mut h, c0, "dlx");
+    declare(&mut h, c1, "dlq", FieldTable::new());
+    h.bind(c1, "dlq", "dlx", "src");
+    source(&mut h, c0, &reject_publish(), 2);
+    assert!(publish_sharded(&mut h, c0, "src", "a"));
+    assert_eq!(get_and_reject(&mut h, c0, "src"), "a");
+    // Forwarded to shard 1, which has not synced it yet: `src` still holds it, and it
+    // counts against the limit of 2.
+    let fx = h.op(
+        c0,
+        Op::Publish(Box::new(Publish {
+            exchange: Arc::from(""),
+            routing_key: Arc::from("src"),
+            mandatory: false,
+            immediate: false,
+            properties: Properties::default(),
+            body: Bytes::from_static(b"x"),
+            routed: None,
+        })),
+    );
+    assert!(fx.is_empty(), "{fx:?}");
+    let mut refused = h.op(
+        c0,
+        Op::Publish(Box::new(Publish {
+            exchange: Arc::from(""),
+            routing_key: Arc::from("src"),
+            mandatory: false,
+            immediate: false,
+            properties: Properties::default(),
+            body: Bytes::from_static(b"y"),
+            routed: None,
+        })),
+    );
+    // Confirms go in publish order: `x`'s waits for shard 0's sync.
+    refused.extend(h.sync(0, true));
+    assert!(
+        refused
+            .iter()
+            .any(|e| matches!(e, Effect::Confirm { ack: false, .. })),
+        "held until shard 1 syncs: {refused:?}"
+    );
+    // Shard 1's sync releases its answer; the dead letter leaves `src`.
+    let _ = h.sync(1, true);
+    let _ = h.sync(0, true);
+    assert!(publish_sharded(&mut h, c0, "src", "z"), "room again");
+    let got: Vec<String> = drain(&mut h, c1, "dlq").into_iter().map(|m| m.0).collect();
+    assert_eq!(got, ["a"]);
+    let left: Vec<String> = drain(&mut h, c0, "src").into_iter().map(|m| m.0).collect();
+    assert_eq!(left, ["x", "z"]);
 }

@@ -159,7 +159,10 @@ impl crate::queue::state::QueueState {
         // Bounded by what the log holds: each batch moves `from` past what it read.
         loop {
             let mut batch = Vec::new();
-            if store.read(store_id(id), from, READ_BATCH, &mut batch).is_err() {
+            if store
+                .read(store_id(id), from, READ_BATCH, &mut batch)
+                .is_err()
+            {
                 io.out.store_failed = true;
                 return;
             }
@@ -169,7 +172,9 @@ impl crate::queue::state::QueueState {
             for m in batch {
                 io.out.held += m.message.body_len() as u64;
                 fifo.dead.bytes += m.message.body_len() as u64;
-                fifo.dead.held.insert(m.seq, DeadLetter::new(m.message, true));
+                fifo.dead
+                    .held
+                    .insert(m.seq, DeadLetter::new(m.message, true));
             }
             fifo.dead.next_seq = fifo.dead.next_seq.max(last + 1);
             from = last + 1;

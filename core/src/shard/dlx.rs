@@ -286,12 +286,7 @@ impl Broker {
     pub(super) fn dead_letters_reloaded(&mut self, id: QueueId) {
         self.dlx.pending.retain(|_, s| s.queue != id);
         self.dlx.syncing.retain(|w| w.1 != id);
-        if self
-            .qs
-            .queues
-            .get(&id)
-            .is_some_and(|q| q.dead_held().0 > 0)
-        {
+        if self.qs.queues.get(&id).is_some_and(|q| q.dead_held().0 > 0) {
             self.dlx.due.insert(id);
         }
     }
