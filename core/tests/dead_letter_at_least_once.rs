@@ -142,14 +142,12 @@ fn publish(h: &mut Harness, store: &MemoryStore, c: ChannelRef, queue: &str, bod
         h.shards[0].synced(h.now, epoch);
         h.shards[0].poll_effects(&mut fx);
     }
-    let confirm = fx
-        .iter()
+    fx.iter()
         .find_map(|e| match e {
             Effect::Confirm { ack, .. } => Some(*ack),
             _ => None,
         })
-        .expect("a confirm");
-    confirm
+        .expect("a confirm")
 }
 
 /// Gets the next message of `queue` with an ack and rejects it without requeue.

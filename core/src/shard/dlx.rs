@@ -123,40 +123,37 @@ impl Broker {
             let targets = self.dead_letter_targets(vhost, &message);
             let mut sent = 0u32;
             let mut done = false;
-            match targets {
-                Some(mut targets) => {
-                    targets.retain(|t| !settled.contains(t));
-                    // The routes changed so that no target still owes a confirm, and one
-                    // confirmed before: it arrived (RabbitMQ's rule, as `mandatory`).
-                    done = targets.is_empty() && !settled.is_empty();
-                    self.mail.from(super::mail::Dest::Queue(id));
-                    for target in targets {
-                        let token = self.dlx.next_token;
-                        self.dlx.next_token += 1;
-                        self.dlx.pending.insert(
-                            token,
-                            Sent {
-                                queue: id,
-                                seq,
-                                attempt,
-                                target,
-                            },
-                        );
-                        self.mail.push_back(Mail::Enqueue {
-                            queue: target,
-                            message: message.clone(),
-                            publisher: Some(Publisher {
-                                to: self.dlx_addr(),
-                                seq: Some(token),
-                                // Not paced: the forwarder is bounded by what its queue holds.
-                                consumes: true,
-                            }),
-                        });
-                        sent += 1;
-                    }
+            // `None`: the dead-letter exchange does not exist (yet): it waits, as in RabbitMQ.
+            if let Some(mut targets) = targets {
+                targets.retain(|t| !settled.contains(t));
+                // The routes changed so that no target still owes a confirm, and one
+                // confirmed before: it arrived (RabbitMQ's rule, as `mandatory`).
+                done = targets.is_empty() && !settled.is_empty();
+                self.mail.from(super::mail::Dest::Queue(id));
+                for target in targets {
+                    let token = self.dlx.next_token;
+                    self.dlx.next_token += 1;
+                    self.dlx.pending.insert(
+                        token,
+                        Sent {
+                            queue: id,
+                            seq,
+                            attempt,
+                            target,
+                        },
+                    );
+                    self.mail.push_back(Mail::Enqueue {
+                        queue: target,
+                        message: message.clone(),
+                        publisher: Some(Publisher {
+                            to: self.dlx_addr(),
+                            seq: Some(token),
+                            // Not paced: the forwarder is bounded by what its queue holds.
+                            consumes: true,
+                        }),
+                    });
+                    sent += 1;
                 }
-                // The dead-letter exchange does not exist (yet): it waits, as in RabbitMQ.
-                None => {}
             }
             let Some(d) = self.dead_letter_mut(id, seq) else {
                 continue;
