@@ -105,8 +105,28 @@ async fn dead_letters_survive_kill_9_and_arrive_exactly_once_when_routable() {
     let dir = std::env::temp_dir().join(format!("warren-quorum-dlx-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let served = common::serve(&dir, false, &[]);
+    let log = served.log.clone();
     let running = Running(served.child);
     let (c, ch) = channel(served.amqp).await;
+    // Without reject-publish, RabbitMQ 3.10 falls back to at-most-once and says so.
+    let mut fallback = source_args();
+    fallback.insert(
+        ShortString::from("x-overflow"),
+        AMQPValue::LongString("drop-head".into()),
+    );
+    bounded(ch.queue_declare("fallback".into(), durable(), fallback))
+        .await
+        .expect("declared, at most once");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !log.lock().expect("log").iter().any(|l| {
+        l.contains("Falling back to dead-letter-strategy at-most-once") && l.contains("fallback")
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning for the fallback"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     bounded(ch.exchange_declare(
         "dlx".into(),
         lapin::ExchangeKind::Direct,
