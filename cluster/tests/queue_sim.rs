@@ -215,7 +215,10 @@ async fn scenario(seed: u64) {
         }
         sim.commit(ops).await;
     }
-    assert!(next_dead > 0, "seed {seed}: the dead-letter log was written");
+    assert!(
+        next_dead > 0,
+        "seed {seed}: the dead-letter log was written"
+    );
     for id in &ids {
         if !sim.live.contains_key(id) {
             sim.start(*id).await;
