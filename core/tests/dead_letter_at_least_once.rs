@@ -476,3 +476,62 @@ fn a_target_on_another_shard_confirms_after_its_own_sync() {
     let left: Vec<String> = drain(&mut h, c0, "src").into_iter().map(|m| m.0).collect();
     assert_eq!(left, ["x", "z"]);
 }
+
+#[test]
+fn a_message_over_its_delivery_limit_is_held_like_a_rejected_one() {
+    let store = MemoryStore::new();
+    let mut h = on_store(&store, 0);
+    let c = h.connect(1);
+    confirm_mode(&mut h, c);
+    direct_exchange(&mut h, c, "dlx");
+    source(
+        &mut h,
+        c,
+        &[
+            ("x-overflow", FieldValue::string("reject-publish")),
+            ("x-delivery-limit", FieldValue::I32(0)),
+        ],
+        10,
+    );
+    assert!(publish(&mut h, &store, c, "src", "poison"));
+    // Returned once: over a limit of 0, so it dies (with no queue bound yet).
+    let fx = h.op(
+        c,
+        Op::Get {
+            queue: "src".into(),
+            no_ack: false,
+        },
+    );
+    let tag = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Reply {
+                reply: Reply::GetOk { delivery, .. },
+                ..
+            } => Some(delivery.delivery_tag),
+            _ => None,
+        })
+        .expect("a message");
+    h.op(
+        c,
+        Op::Nack {
+            delivery_tag: tag,
+            multiple: false,
+            requeue: true,
+        },
+    );
+    sync(&mut h, &store);
+    assert_eq!(drain(&mut h, c, "src"), vec![], "not ready any more");
+    let mut h = restarted(&store, h.now + 1);
+    let c = h.connect(1);
+    declare(&mut h, c, "dlq", FieldTable::new());
+    h.bind(c, "dlq", "dlx", "src");
+    tick(&mut h, 1_000);
+    assert_eq!(
+        drain(&mut h, c, "dlq"),
+        vec![(
+            "poison".to_string(),
+            Some(FieldValue::string("delivery_limit"))
+        )]
+    );
+}
