@@ -240,6 +240,13 @@ fn dead_letters_wait_in_their_queue_through_a_crash_until_a_target_takes_them() 
     assert_eq!(get_and_reject(&mut h, c, "src"), "a");
     assert_eq!(get_and_reject(&mut h, c, "src"), "b");
     sync(&mut h, &store);
+    // The broker asks for a tick when the unroutable dead letters are to be tried again.
+    let due = h.shards[0].next_deadline().expect("a retry deadline");
+    assert!(
+        due > h.now && due <= h.now + 1_000,
+        "due {due} at {}",
+        h.now
+    );
     // Nothing is bound to `dlx`: both dead letters stay in `src`, and count against its
     // limit of 3 (RabbitMQ counts its "dlx" messages): one more fits, not two.
     assert!(publish(&mut h, &store, c, "src", "c"));

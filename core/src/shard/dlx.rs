@@ -13,7 +13,7 @@ use super::Broker;
 use super::mail::{Mail, Publisher};
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId};
 use crate::message::Message;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 /// How long a dead letter that reached no queue, or that a target refused, waits before it
@@ -48,8 +48,9 @@ pub(crate) struct DlxWorker {
     next_token: u64,
     /// Answers awaited, by the token the publish carried.
     pending: HashMap<u64, Sent>,
-    /// Queues with dead letters to forward now or later (the next tick looks).
-    due: BTreeSet<QueueId>,
+    /// Queues with dead letters to forward, and when to look at each next (so an operation
+    /// does not scan dead letters that wait for a retry or for answers).
+    due: BTreeMap<QueueId, u64>,
     /// Dead letters every target took, durable once the epoch syncs: (epoch, queue, seq).
     syncing: VecDeque<(u64, QueueId, u64)>,
 }
@@ -77,47 +78,65 @@ impl Broker {
             q.hold_dead_letter(io, message)
         });
         if held.flatten().is_some() {
-            self.dlx.due.insert(from);
+            let now = self.now;
+            self.dead_letters_due_at(from, now);
         }
+    }
+
+    /// Queue `id` has dead letters to forward at `at` (or earlier).
+    fn dead_letters_due_at(&mut self, id: QueueId, at: u64) {
+        self.dlx
+            .due
+            .entry(id)
+            .and_modify(|t| *t = (*t).min(at))
+            .or_insert(at);
     }
 
     /// Forwards the dead letters of queue `id` that are due (a bounded number).
     pub(super) fn forward_dead_letters(&mut self, id: QueueId, budget: &mut usize) {
         let now = self.now;
+        self.dlx.due.remove(&id);
         let Some(q) = self.qs.queues.get_mut(&id) else {
-            self.dlx.due.remove(&id);
             return;
         };
         let vhost = q.vhost;
         let Some(fifo) = q.quorum.as_deref_mut() else {
-            self.dlx.due.remove(&id);
             return;
         };
         let mut due = Vec::new();
-        let mut waiting = false;
+        let mut timed_out = Vec::new();
+        // When the dead letters that wait look again (`now`: the budget ran out).
+        let mut next: Option<u64> = None;
         for (&seq, d) in fifo.dead.held.iter_mut() {
             if d.confirmed {
                 continue;
             }
-            if d.at.is_some_and(|at| at > now) {
-                waiting = true;
+            if let Some(at) = d.at.filter(|at| *at > now) {
+                next = Some(next.map_or(at, |n| n.min(at)));
                 continue;
+            }
+            if due.len() >= *budget {
+                next = Some(now);
+                break;
             }
             if d.in_flight > 0 {
                 // No answer within the timeout: a new attempt (late answers are ignored).
                 d.in_flight = 0;
-            }
-            if due.len() >= *budget {
-                waiting = true;
-                break;
+                timed_out.push(seq);
             }
             d.attempt = d.attempt.wrapping_add(1);
             d.failed = false;
             due.push((seq, d.attempt, d.message.clone(), d.settled.clone()));
         }
         *budget -= due.len();
-        if !waiting && due.is_empty() {
-            self.dlx.due.remove(&id);
+        if let Some(at) = next {
+            self.dead_letters_due_at(id, at);
+        }
+        if !timed_out.is_empty() {
+            // Rare (answers always come): the tokens of the old attempts go.
+            self.dlx
+                .pending
+                .retain(|_, s| s.queue != id || !timed_out.contains(&s.seq));
         }
         for (seq, attempt, message, settled) in due {
             let targets = self.dead_letter_targets(vhost, &message);
@@ -162,12 +181,14 @@ impl Broker {
                 d.confirmed = true;
                 self.settle_dead_letter_now(id, seq);
             } else if sent == 0 {
-                d.at = Some(now.saturating_add(RETRY_MS));
-                self.dlx.due.insert(id);
+                let at = now.saturating_add(RETRY_MS);
+                d.at = Some(at);
+                self.dead_letters_due_at(id, at);
             } else {
+                let at = now.saturating_add(ANSWER_TIMEOUT_MS);
                 d.in_flight = sent;
-                d.at = Some(now.saturating_add(ANSWER_TIMEOUT_MS));
-                self.dlx.due.insert(id);
+                d.at = Some(at);
+                self.dead_letters_due_at(id, at);
             }
         }
     }
@@ -217,8 +238,9 @@ impl Broker {
             return;
         }
         if d.failed {
-            d.at = Some(now.saturating_add(RETRY_MS));
-            self.dlx.due.insert(sent.queue);
+            let at = now.saturating_add(RETRY_MS);
+            d.at = Some(at);
+            self.dead_letters_due_at(sent.queue, at);
             return;
         }
         d.confirmed = true;
@@ -253,19 +275,27 @@ impl Broker {
                 d.confirmed = false;
                 d.settled.clear();
                 d.epoch = None;
-                d.at = Some(now.saturating_add(RETRY_MS));
-                self.dlx.due.insert(queue);
+                let at = now.saturating_add(RETRY_MS);
+                d.at = Some(at);
+                self.dead_letters_due_at(queue, at);
             }
         }
     }
 
     /// Forwards what is due (after each operation and at each tick).
     pub(super) fn forward_due_dead_letters(&mut self) {
-        if self.dlx.due.is_empty() {
+        let now = self.now;
+        if !self.dlx.due.values().any(|at| *at <= now) {
             return;
         }
         let mut budget = MAX_FORWARDS_PER_CALL;
-        let due: Vec<QueueId> = self.dlx.due.iter().copied().collect();
+        let due: Vec<QueueId> = self
+            .dlx
+            .due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(id, _)| *id)
+            .collect();
         for id in due {
             if budget == 0 {
                 break;
@@ -274,9 +304,9 @@ impl Broker {
         }
     }
 
-    /// Whether the forwarder has something to look at again later (the host's next tick).
-    pub(super) fn dead_letters_due(&self) -> bool {
-        !self.dlx.due.is_empty()
+    /// When the forwarder has something to look at again (the host's next tick).
+    pub(super) fn dead_letters_due(&self) -> Option<u64> {
+        self.dlx.due.values().min().copied()
     }
 
     /// Queue `id` was reloaded (its dead letters read again) or opened: they are forwarded.
@@ -284,7 +314,10 @@ impl Broker {
         self.dlx.pending.retain(|_, s| s.queue != id);
         self.dlx.syncing.retain(|w| w.1 != id);
         if self.qs.queues.get(&id).is_some_and(|q| q.dead_held().0 > 0) {
-            self.dlx.due.insert(id);
+            let now = self.now;
+            self.dead_letters_due_at(id, now);
+        } else {
+            self.dlx.due.remove(&id);
         }
     }
 }

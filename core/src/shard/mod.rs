@@ -374,9 +374,9 @@ impl Broker {
         if !self.dead_letters.is_empty() {
             earliest(self.now);
         }
-        if self.dead_letters_due() {
+        if let Some(at) = self.dead_letters_due() {
             // Dead letters waiting to be forwarded again (`dlx.rs`).
-            earliest(self.now.saturating_add(dlx::RETRY_MS));
+            earliest(at.max(self.now));
         }
         if self.alarm && !self.alarms.any() {
             // Every alarm cleared during the hold: unblock when it ends.
