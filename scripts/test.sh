@@ -378,6 +378,14 @@ cluster_quorum() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
 }
 
+cluster_quorum_dlx() {
+  # The same needs as cluster_script. At-least-once dead-lettering of a quorum queue over 3
+  # nodes (bridge wbd0, 10.90.0.x): dead letters held while unroutable survive a kill -9 of
+  # the source's leader; messages expiring while the leader is killed all reach the target.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_dlx -- --nocapture
+}
+
 cluster_tls() {
   # The same needs as cluster_script. Mutual TLS on the cluster port (WARREN_CLUSTER_TLS_DIR):
   # a quorum queue over 3 nodes works, a plaintext peer is refused and logged.
@@ -460,6 +468,7 @@ step "browser: the management web UI in headless Chromium (screenshots: target/u
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
 step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
+step "cluster quorum queues: at-least-once dead letters survive kill -9 of the source's leader" cluster_quorum_dlx
 step "cluster TLS: a quorum queue over a mutual-TLS cluster port; a plaintext peer refused" cluster_tls
 step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing

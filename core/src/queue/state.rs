@@ -350,14 +350,18 @@ impl QueueState {
     }
 
     /// Whether adding a message of `len` body bytes takes the queue over a length limit.
+    /// A quorum queue's dead letters still owed to their targets count too, as RabbitMQ
+    /// counts its "dlx" messages (so at-least-once dead-lettering cannot grow a queue past
+    /// its limits).
     fn would_overflow(&self, len: u64) -> bool {
+        let (dead, dead_bytes) = self.dead_held();
         self.args
             .max_length
-            .is_some_and(|max| self.messages.len() as u64 >= max)
+            .is_some_and(|max| self.messages.len() as u64 + dead >= max)
             || self
                 .args
                 .max_length_bytes
-                .is_some_and(|max| self.messages.total_bytes() + len > max)
+                .is_some_and(|max| self.messages.total_bytes() + dead_bytes + len > max)
     }
 
     /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
@@ -447,6 +451,7 @@ impl QueueState {
             // The reloaded messages carry their delivery counts in their headers.
             fifo.returned_all();
         }
+        self.forget_dead_letters(io);
         let Some(store) = io.store.as_deref_mut() else {
             return;
         };
@@ -455,6 +460,10 @@ impl QueueState {
         self.messages = MessageQueue::recovered(recovery, None);
         if self.quorum.is_some() {
             store.keep_every_message(self.id);
+        }
+        // The dead letters the group's log still owes: forwarded again from here.
+        if self.at_least_once() {
+            self.open_dead_letters(io, vhost);
         }
     }
 
@@ -793,7 +802,7 @@ impl QueueBehaviour for QueueState {
             fifo.apply(Command::Purge);
         }
         let (window, paged) = self.messages.purge();
-        let purged = window.len() as u64 + paged.count;
+        let purged = window.len() as u64 + paged.count + self.purge_dead_letters(io);
         for m in window {
             self.forget(io, m.seq, m.stored, m.message.body_len());
         }

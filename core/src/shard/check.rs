@@ -166,7 +166,7 @@ impl Broker {
             }
         }
         let held: u64 = queues()
-            .map(|(_, q)| q.messages.bytes())
+            .map(|(_, q)| q.messages.bytes() + q.dead_held().1)
             .chain(
                 channels()
                     .flat_map(|(_, c)| c.unacked.values())
