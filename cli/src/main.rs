@@ -8,6 +8,7 @@ mod ctl;
 mod footprint;
 mod mem_streams;
 mod meta;
+mod mqtt_cluster;
 mod nodes;
 mod qq;
 mod settings;
@@ -1028,6 +1029,22 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         ws_path: s.mqtt_ws_path.as_str().into(),
         stopped: stopped.clone(),
     };
+    // On a cluster node, one MQTT session per client id across the nodes (docs/cluster.md,
+    // "MQTT sessions across nodes").
+    if serves_mqtt && let Some(sessions) = cluster::mqtt_sessions(&shared.mqtt.vhost) {
+        shared.registry.set_cluster(Arc::new(sessions.clone()));
+        let registry = Arc::downgrade(&shared.registry);
+        let vhost = shared.mqtt.vhost.clone();
+        meta::set_takeover_hook(Box::new(move |v, client_id| {
+            if v == vhost
+                && !sessions.owned_here(client_id)
+                && let Some(r) = registry.upgrade()
+                && r.taken_elsewhere(client_id)
+            {
+                tracing::info!(client_id = %warren_core::escape::Escaped(client_id), "MQTT session taken over by a connection on another node");
+            }
+        }));
+    }
     let mut gauges = Vec::new();
     // Restored delayed wills and the expiry of offline sessions: once for all MQTT listeners.
     let mqtt_sessions = serves_mqtt.then(|| {
