@@ -1031,7 +1031,10 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     };
     // On a cluster node, one MQTT session per client id across the nodes (docs/cluster.md,
     // "MQTT sessions across nodes").
-    if serves_mqtt && let Some(sessions) = cluster::mqtt_sessions(&shared.mqtt.vhost) {
+    let mqtt_cluster = serves_mqtt
+        .then(|| cluster::mqtt_sessions(&shared.mqtt.vhost))
+        .flatten();
+    if let Some(sessions) = mqtt_cluster.clone() {
         shared.registry.set_cluster(Arc::new(sessions.clone()));
         let registry = Arc::downgrade(&shared.registry);
         let vhost = shared.mqtt.vhost.clone();
@@ -1155,12 +1158,18 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
-    cluster::stop().await;
     for (flag, server) in servers {
         server
             .await
             .with_context(|| format!("{flag} listener task failed"))??;
     }
+    // The cluster stops once the connections closed: their last MQTT session states (the
+    // offline sessions the shutdown made) reach the cluster's records first, so a client
+    // resuming on another node while this one is down waits for no handover.
+    if let Some(sessions) = &mqtt_cluster {
+        sessions.flush(std::time::Duration::from_secs(5)).await;
+    }
+    cluster::stop().await;
     if let Some(sessions) = mqtt_sessions {
         sessions.abort();
     }

@@ -127,6 +127,8 @@ struct Inner {
     me: u64,
     vhost: String,
     lanes: Vec<mpsc::Sender<(Arc<str>, Job)>>,
+    /// Changes enqueued and not yet written (or given up).
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// The cluster's MQTT session registry for one vhost, on this node.
@@ -148,6 +150,7 @@ impl MqttCluster {
             me,
             vhost: vhost.to_string(),
             lanes,
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         }));
         for mut rx in receivers {
             // Weak: the lanes end with the registry, not keep it alive.
@@ -158,6 +161,9 @@ impl MqttCluster {
                     if let Err(e) = inner.write_job(&client_id, job).await {
                         tracing::warn!(client_id = %Escaped(&client_id), "MQTT session not recorded in the cluster: {}", Escaped(&e));
                     }
+                    inner
+                        .waiting
+                        .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                 }
             });
         }
@@ -166,6 +172,19 @@ impl MqttCluster {
 }
 
 impl MqttCluster {
+    /// Waits (at most `bound`) until every session change enqueued so far was written: at
+    /// shutdown, before the cluster node stops.
+    pub async fn flush(&self, bound: Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        while self.0.waiting.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("MQTT session changes not all recorded in the cluster at shutdown");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Whether the cluster's record says this node has `client_id` now: a takeover change
     /// applied again after a restart (or older than this node's own later claim) is then
     /// stale and lets nothing go.
@@ -191,10 +210,14 @@ impl Inner {
 
     fn enqueue(&self, client_id: &str, job: Job) {
         let lane = fnv(client_id.as_bytes()) as usize % self.lanes.len();
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if self.lanes[lane]
             .try_send((Arc::from(client_id), job))
             .is_err()
         {
+            self.waiting
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             tracing::warn!(client_id = %Escaped(client_id), "MQTT session change not recorded in the cluster: too many waiting");
         }
     }
@@ -297,9 +320,11 @@ impl Inner {
         let key = self.key(client_id);
         let me = self.me;
         let mut before: Option<Record> = None;
+        let mut before_bytes: Option<Vec<u8>> = None;
         let mut mine = Record::default();
         self.update(&key, |bytes, record| {
             before = record.clone();
+            before_bytes = bytes.map(<[u8]>::to_vec);
             let r = record.unwrap_or_default();
             mine = Record {
                 owner: me,
@@ -315,6 +340,14 @@ impl Inner {
             })
         })
         .await?;
+        // The write is committed; this node's copy of the map may apply it a moment later
+        // (a follower): what this node reads from here on includes it.
+        if before_bytes.as_deref() != Some(mine.encode().as_slice()) {
+            let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+            while self.read(&key) == before_bytes && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
         if let Some(b) = &before
             && b.owner != me
         {
@@ -390,6 +423,10 @@ impl ClusterSessions for MqttCluster {
 
     fn release(&self, client_id: &str) {
         self.0.enqueue(client_id, Job::Release);
+    }
+
+    fn owns(&self, client_id: &str) -> bool {
+        self.owned_here(client_id)
     }
 
     fn expire(&self, client_id: &str) -> ClusterFuture<bool> {

@@ -441,9 +441,14 @@ where
     if let Some(cluster) = registry.cluster() {
         // One session per client id across the cluster: the cluster's state of it wins
         // over this node's copy, which may be older (it was resumed elsewhere since).
+        registry.begin_claim(&client_id);
         match cluster.claim(&client_id).await {
-            Ok(stored) => record = stored.map(|s| SessionRecord::from_stored(s, now_ms())),
+            Ok(stored) => {
+                record = stored.map(|s| SessionRecord::from_stored(s, now_ms()));
+                registry.end_claim(&client_id, cluster.owns(&client_id));
+            }
             Err(why) => {
+                registry.end_claim(&client_id, true);
                 tracing::warn!(client_id = %Escaped(&client_id), "MQTT session not claimed in the cluster, going on with this node's state: {}", Escaped(&why))
             }
         }
@@ -620,6 +625,18 @@ pub(crate) async fn publish_will(
     config: &MqttConfig,
 ) {
     let link = broker.connect();
+    // An MQTT connection to the runtime: in a cluster a retained will is replicated as a
+    // client's retained publish is.
+    link.tx.describe(warren_runtime::ConnMeta {
+        protocol: "MQTT 5-0",
+        peer: "will".into(),
+        tls: false,
+        client_properties: None,
+        client_id: Some(client_id.into()),
+        heartbeat: 0,
+        frame_max: 0,
+        connected_at: warren_runtime::unix_ms(),
+    });
     let mut rx = link.rx;
     let mut ops = vec![
         (

@@ -68,6 +68,9 @@ pub trait ClusterSessions: Send + Sync + 'static {
     /// Ends the offline session of `client_id` in the cluster if this node still owns it,
     /// unchanged (no other node resumed it meanwhile); whether it did.
     fn expire(&self, client_id: &str) -> ClusterFuture<bool>;
+    /// Whether the cluster says this node has `client_id` now (a connection that finished
+    /// its claim and finds it false was taken over during the claim).
+    fn owns(&self, client_id: &str) -> bool;
 }
 
 /// Asks a connection to close for a takeover; it answers on the enclosed sender once its
@@ -98,6 +101,10 @@ pub struct Registry {
     /// Client ids whose connection here another node took over: its close hands the
     /// session over instead of keeping it (bounded by the connections of this node).
     handed_over: Mutex<HashSet<Arc<str>>>,
+    /// Client ids whose connection here is claiming them in the cluster: a takeover
+    /// applied meanwhile may be older than that claim, so the connection checks for itself
+    /// once its claim is done ([`Registry::end_claim`]). Empty while no connection claims.
+    claiming: Mutex<HashSet<Arc<str>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -180,6 +187,9 @@ impl Registry {
     /// copy here (and its expiry, and a delayed will) is dropped, the other node owns the
     /// session now. Whether a connection here had it.
     pub fn taken_elsewhere(&self, client_id: &str) -> bool {
+        if lock(&self.claiming).contains(client_id) {
+            return false;
+        }
         lock(&self.wills).remove(client_id);
         let had_offline = lock(&self.sessions).remove(client_id).is_some();
         if had_offline && let Some(hook) = &self.session_hook {
@@ -209,6 +219,21 @@ impl Registry {
         let (done, _) = oneshot::channel();
         let _ = owner.kick.send(done);
         true
+    }
+
+    /// A connection here starts claiming `client_id` in the cluster.
+    pub fn begin_claim(&self, client_id: &Arc<str>) {
+        lock(&self.claiming).insert(client_id.clone());
+    }
+
+    /// The claim of `client_id` is done; `owned`: the cluster still says this node has it.
+    /// If not, another node's connection claimed it meanwhile (a takeover applied during
+    /// the claim left it alone): the connection here is closed as taken over now.
+    pub fn end_claim(&self, client_id: &str, owned: bool) {
+        lock(&self.claiming).remove(client_id);
+        if !owned {
+            self.taken_elsewhere(client_id);
+        }
     }
 
     /// Keeps (and stores) the session of a client that went away.
