@@ -27,8 +27,9 @@ use warren_mqtt::registry::{ClusterFuture, ClusterSessions};
 
 /// How long a claim waits for the node whose connection had the session to hand it over
 /// (that node is down or cut off beyond it: the claim goes on with the last state the
-/// record holds).
-pub const HANDOVER_WAIT: Duration = Duration::from_secs(5);
+/// record holds). A handover takes tens of ms; the bound stays under the 5 s CONNACK
+/// timeout of common clients (rumqttc's default), so the client's first try succeeds.
+pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 /// How long one write to the metadata group may take (an election fits).
 const WRITE_BOUND: Duration = Duration::from_secs(5);
 /// Compare-and-set attempts per change (each conflict means another node changed the
@@ -64,9 +65,10 @@ impl Record {
         let mut out = Vec::with_capacity(32);
         out.push(VERSION);
         out.extend_from_slice(&self.owner.to_be_bytes());
-        let flags = u8::from(self.connected) * CONNECTED
-            | u8::from(self.handover.is_some()) * HANDOVER
-            | u8::from(self.session.is_some()) * SESSION;
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        let flags = flag(self.connected, CONNECTED)
+            | flag(self.handover.is_some(), HANDOVER)
+            | flag(self.session.is_some(), SESSION);
         out.push(flags);
         if let Some(h) = self.handover {
             out.extend_from_slice(&h.to_be_bytes());
