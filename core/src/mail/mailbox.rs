@@ -16,7 +16,7 @@ pub(crate) const NODE_CONN_BASE: u64 = u64::MAX - (1 << 32) - 1;
 
 /// Whether `conn` stands for a cluster node (see [`NODE_CONN_BASE`]).
 pub(crate) fn is_node_conn(conn: ConnId) -> bool {
-    conn.0 >= NODE_CONN_BASE && conn != RESTORE_CONN
+    crate::shard::NODES && conn.0 >= NODE_CONN_BASE && conn != RESTORE_CONN
 }
 
 /// Mail sent and not delivered yet. With scheduled mail it also keeps where each piece

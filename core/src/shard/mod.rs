@@ -38,6 +38,7 @@ mod credit;
 mod dead_letter;
 mod nodes;
 mod nodes_consume;
+pub(crate) use nodes::NODES;
 pub use nodes::{NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle};
 mod post;
 #[cfg(test)]

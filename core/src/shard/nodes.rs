@@ -18,6 +18,12 @@ use std::sync::Arc;
 
 pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, is_node_conn};
 
+/// Whether this build serves other nodes (cargo feature `nodes`, on by default). Off, as in
+/// the wasm builds, no queue lives elsewhere and no channel consumes there: every path into
+/// this module and `nodes_consume.rs` is then a constant branch the compiler removes
+/// (about 20 KB of the JS module).
+pub(crate) const NODES: bool = cfg!(feature = "nodes");
+
 /// Mail between cluster nodes, carried by the host.
 #[derive(Clone, Debug)]
 pub enum NodeMail {
@@ -322,7 +328,7 @@ impl Nodes {
     /// Whether mail may have to cross to another node: queues live elsewhere, or this
     /// node's channels consume there.
     pub(super) fn crosses(&self) -> bool {
-        !self.homes.is_empty() || self.attached.has_consumers()
+        NODES && (!self.homes.is_empty() || self.attached.has_consumers())
     }
 }
 
@@ -343,7 +349,7 @@ impl Broker {
 
     /// The node queue `id` lives on, if not this one.
     pub(super) fn queue_home(&self, id: QueueId) -> Option<u32> {
-        if self.nodes.homes.is_empty() {
+        if !NODES || self.nodes.homes.is_empty() {
             return None;
         }
         let q = self.qs.queues.get(&id)?;

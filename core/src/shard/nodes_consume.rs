@@ -24,7 +24,7 @@
 use super::Broker;
 use super::mail::{CancelReply, Mail};
 use super::nodes::{
-    NODE_CONN_BASE, NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle,
+    NODE_CONN_BASE, NODES, NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle,
     is_node_conn,
 };
 use crate::command::{OpKind, QueueDeclare};
@@ -450,7 +450,7 @@ impl Broker {
     /// Connection `conn` wrote (or went): the credit it owes homes goes back once its own
     /// window has room again (`all`: at once).
     pub(super) fn give_owed_credit(&mut self, conn: ConnId, all: bool) {
-        if self.nodes.attached.owed.is_empty() {
+        if !NODES || self.nodes.attached.owed.is_empty() {
             return;
         }
         let room = self
@@ -1335,6 +1335,9 @@ impl Broker {
     /// Whether a consume of channel `to` under `tag` on `queue` attaches a consumer the
     /// channel already has there again (its queue moved), rather than a client's request.
     pub(super) fn reattaching(&self, to: ChannelAddr, tag: &str, queue: QueueId) -> bool {
+        if !NODES {
+            return false;
+        }
         self.chans
             .channels
             .get(&to.ch)
@@ -1587,6 +1590,9 @@ impl Broker {
 
     /// When the oldest request waiting for another node times out, if any waits.
     pub(super) fn node_request_deadline(&self) -> Option<u64> {
+        if !NODES {
+            return None;
+        }
         self.nodes
             .attached
             .requests
@@ -1597,7 +1603,7 @@ impl Broker {
 
     /// Fails the requests that waited for another node's answer too long (`tick`).
     pub(super) fn expire_node_requests(&mut self) {
-        if self.nodes.attached.requests.is_empty() {
+        if !NODES || self.nodes.attached.requests.is_empty() {
             return;
         }
         let now = self.now;
@@ -1618,7 +1624,7 @@ impl Broker {
     /// Queue `id` (a stub) is deleted here: this node's consumers attached to it on its
     /// home are cancelled (basic.cancel for clients that take it).
     pub(super) fn cancel_attached(&mut self, id: QueueId) {
-        if self.nodes.attached.consumers.is_empty() {
+        if !NODES || self.nodes.attached.consumers.is_empty() {
             return;
         }
         let mut keys: Vec<(QueueId, ConsumerId)> = self
