@@ -426,6 +426,14 @@ cluster_edges() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_edges
 }
 
+cluster_mqtt_sessions() {
+  # cluster/tests/mqtt_sessions.rs (docs/cluster.md, "MQTT sessions across nodes"): a persistent
+  # session resumes on another node (session present, subscriptions, queued messages in order),
+  # takeover across nodes (0x8E), SIGTERM and kill -9 restarts, expiry, retained messages.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test mqtt_sessions
+}
+
 cluster_jepsen() {
   # cluster/tests/jepsen.rs (docs/cluster.md, "How we test"): confirmed publishers and acking
   # consumers while brokers are killed (-9), paused (SIGSTOP), partitioned and restarted; a
@@ -474,6 +482,9 @@ step "cluster quorum queue operations: declare-ok after a leader, every group in
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers
 step "cluster edges: conditional queue.delete decided by the home node; declare while the home is down" cluster_edges
+}
+
+step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
 step "start warren serve" start_broker

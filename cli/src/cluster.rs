@@ -17,6 +17,25 @@ use warren_cluster::transport::{ClusterTls, Secret};
 /// static keeps the admin module's signature, shared with other work, unchanged).
 static NODE: OnceLock<ClusterNode> = OnceLock::new();
 
+/// The metadata group's proposer and this node's id, once the node runs.
+static REPLICATOR: OnceLock<(crate::meta::MetaReplicator, u64)> = OnceLock::new();
+
+/// Proposes a change that is no `AdminRequest` (`meta::takeover_change`) and waits for its
+/// apply here.
+pub async fn propose_change(change: Vec<u8>) -> Result<(), String> {
+    let (r, _) = REPLICATOR
+        .get()
+        .ok_or_else(|| "this node is not in a cluster".to_string())?;
+    r.propose_change(change).await
+}
+
+/// The cluster's MQTT session registry for `vhost`, on a cluster node (after `start`).
+pub fn mqtt_sessions(vhost: &str) -> Option<crate::mqtt_cluster::MqttCluster> {
+    let node = NODE.get()?;
+    let (_, me) = REPLICATOR.get()?;
+    Some(crate::mqtt_cluster::MqttCluster::new(node, *me, vhost))
+}
+
 /// The quorum-queue replication (`qq.rs`), attached to the node once it runs.
 static REPLICATION: OnceLock<crate::qq::Replication> = OnceLock::new();
 
@@ -210,6 +229,7 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
         data_dir,
         homes,
     ));
+    let _ = REPLICATOR.set((replicator.clone(), id));
     broker.set_replicator(std::sync::Arc::new(replicator));
     tokio::spawn(publish_alarms(node, broker.clone()));
     if let Some(repl) = REPLICATION.get() {

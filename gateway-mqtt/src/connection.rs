@@ -10,6 +10,7 @@
 use crate::codec::{self, CodecError, Level};
 use crate::config::MqttConfig;
 use crate::error::CloseError;
+use crate::record::SessionRecord;
 use crate::registry::Registry;
 use crate::session::{Session, check_connect, credentials, refusal};
 use bytes::{BufMut, BytesMut};
@@ -209,7 +210,7 @@ where
             }
             loop {
                 if let Some(stored) = session.take_stored() {
-                    registry.persist_session(session.client_id(), stored);
+                    registry.persist_live(session.client_id(), stored);
                 }
                 // Ops first (a SUBACK waits for its bindings' bind-ok), then packets, then the
                 // write-window credit of what was written.
@@ -436,7 +437,22 @@ where
             let _ = timeout(TAKEOVER_TIMEOUT, done_rx).await;
         }
     }
-    let record = registry.take_session(&client_id);
+    let mut record = registry.take_session(&client_id);
+    if let Some(cluster) = registry.cluster() {
+        // One session per client id across the cluster: the cluster's state of it wins
+        // over this node's copy, which may be older (it was resumed elsewhere since).
+        registry.begin_claim(&client_id);
+        match cluster.claim(&client_id).await {
+            Ok(stored) => {
+                record = stored.map(|s| SessionRecord::from_stored(s, now_ms()));
+                registry.end_claim(&client_id, cluster.owns(&client_id));
+            }
+            Err(why) => {
+                registry.end_claim(&client_id, true);
+                tracing::warn!(client_id = %Escaped(&client_id), "MQTT session not claimed in the cluster, going on with this node's state: {}", Escaped(&why))
+            }
+        }
+    }
     let session = Session::new(info, record, now_ms(), config);
     tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), level, "accepted MQTT connection");
     Some(Live {
@@ -499,9 +515,13 @@ where
         last.extend(session.disconnect_packet(e.reason).map(codec::Out::from));
     }
     let record = session.close(now);
-    if record.is_none() && session.is_stored() {
-        // The session ended with its connection (expiry 0, maybe set by DISCONNECT).
-        registry.persist_session(&client_id, None);
+    if record.is_none() {
+        if session.is_stored() {
+            // The session ended with its connection (expiry 0, maybe set by DISCONNECT).
+            registry.persist_session(&client_id, None);
+        } else {
+            registry.closed_without_session(&client_id);
+        }
     }
     // The runtime applies a dropped connection's disconnect ahead of requests still queued
     // (it drains control messages first), which would lose the will and even earlier
@@ -627,6 +647,18 @@ pub(crate) async fn publish_will(
     config: &MqttConfig,
 ) {
     let link = broker.connect();
+    // An MQTT connection to the runtime: in a cluster a retained will is replicated as a
+    // client's retained publish is.
+    link.tx.describe(warren_runtime::ConnMeta {
+        protocol: "MQTT 5-0",
+        peer: "will".into(),
+        tls: false,
+        client_properties: None,
+        client_id: Some(client_id.into()),
+        heartbeat: 0,
+        frame_max: 0,
+        connected_at: warren_runtime::unix_ms(),
+    });
     let mut rx = link.rx;
     let mut ops = vec![
         (
