@@ -78,6 +78,8 @@ pub enum TransportError {
     FrameTooBig(usize),
     #[error("bad frame: {0}")]
     Decode(#[from] serde_json::Error),
+    #[error("bad binary frame: {0}")]
+    Encode(String),
     #[error("peer failed authentication (wrong cluster secret?)")]
     BadProof,
     #[error("peer speaks protocol version {0}, this node {VERSION}")]
@@ -356,6 +358,10 @@ enum Handshake {
         /// server's challenge (false); an older client ignores it.
         #[serde(default)]
         binary_mail: bool,
+        /// The server reads binary append frames ([`APPEND_FRAME`]); absent (false) from an
+        /// older server.
+        #[serde(default)]
+        binary_append: bool,
     },
     Proof {
         proof: [u8; 32],
@@ -428,27 +434,61 @@ async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
 
 /// The first body byte of a binary mail frame (a JSON envelope's is `{`).
 const MAIL_FRAME: u8 = 0;
+/// The first body byte of a binary append request (`crate::codec::encode_append`): a
+/// quorum queue's entries are mostly message bytes, which JSON would carry as base64.
+const APPEND_FRAME: u8 = 1;
 
-/// Writes `env`: a binary frame for mail when the peer reads them (`binary`), else JSON.
+/// Which binary frames the server of a connection reads (its `Challenge` says so).
+#[derive(Clone, Copy, Debug, Default)]
+struct Frames {
+    mail: bool,
+    append: bool,
+}
+
+impl Frames {
+    #[cfg(test)]
+    const ALL: Frames = Frames {
+        mail: true,
+        append: true,
+    };
+}
+
+/// Writes `env`: a binary frame for mail and append requests when the peer reads them,
+/// else JSON.
 async fn write_envelope<W: AsyncWrite + Unpin>(
     w: &mut W,
     env: &Envelope,
-    binary: bool,
+    frames: Frames,
 ) -> Result<(), TransportError> {
-    let Rpc::Mail(batch) = &env.rpc else {
-        return write_frame(w, env).await;
-    };
-    if !binary {
-        return write_frame(w, env).await;
+    let mut buf = Vec::new();
+    buf.extend_from_slice(&[0; 4]);
+    match &env.rpc {
+        Rpc::Mail(batch) if frames.mail => {
+            buf.reserve(1 + batch.len());
+            buf.push(MAIL_FRAME);
+            buf.extend_from_slice(batch);
+        }
+        Rpc::Append(r) if frames.append => {
+            let size: usize = r
+                .entries
+                .iter()
+                .map(|e| match &e.payload {
+                    openraft::EntryPayload::Normal(c) => c.0.len() + 34,
+                    _ => 64,
+                })
+                .sum();
+            buf.reserve(80 + size);
+            buf.push(APPEND_FRAME);
+            crate::codec::encode_append(env.group, r, &mut buf)
+                .map_err(|e| TransportError::Encode(e.to_string()))?;
+        }
+        _ => return write_frame(w, env).await,
     }
-    let len = 1 + batch.len();
+    let len = buf.len() - 4;
     if len > MAX_FRAME {
         return Err(TransportError::FrameTooBig(len));
     }
-    let mut buf = Vec::with_capacity(4 + len);
-    buf.extend_from_slice(&(len as u32).to_be_bytes());
-    buf.push(MAIL_FRAME);
-    buf.extend_from_slice(batch);
+    buf[..4].copy_from_slice(&(len as u32).to_be_bytes());
     w.write_all(&buf).await?;
     w.flush().await?;
     Ok(())
@@ -464,12 +504,23 @@ async fn read_envelope<R: AsyncRead + Unpin>(r: &mut R) -> Result<Envelope, Tran
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
-    if body.first() == Some(&MAIL_FRAME) {
-        body.remove(0);
-        return Ok(Envelope {
-            group: 0,
-            rpc: Rpc::Mail(body),
-        });
+    match body.first() {
+        Some(&MAIL_FRAME) => {
+            body.remove(0);
+            return Ok(Envelope {
+                group: 0,
+                rpc: Rpc::Mail(body),
+            });
+        }
+        Some(&APPEND_FRAME) => {
+            let (group, r) = crate::codec::decode_append(&body[1..])
+                .map_err(|e| TransportError::Encode(e.to_string()))?;
+            return Ok(Envelope {
+                group,
+                rpc: Rpc::Append(r),
+            });
+        }
+        _ => {}
     }
     Ok(serde_json::from_slice(&body)?)
 }
@@ -500,13 +551,13 @@ async fn read_frame_max<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
     Ok(serde_json::from_slice(&body)?)
 }
 
-/// Client side of the handshake; returns the server's node id, and whether it reads binary
-/// mail frames.
+/// Client side of the handshake; returns the server's node id, and the binary frames it
+/// reads.
 async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     me: NodeId,
     secret: &Secret,
-) -> Result<(NodeId, bool), TransportError> {
+) -> Result<(NodeId, Frames), TransportError> {
     let nonce_c = nonce()?;
     write_frame(
         s,
@@ -522,6 +573,7 @@ async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         nonce: nonce_s,
         proof,
         binary_mail,
+        binary_append,
     } = read_hello(s).await?
     else {
         return Err(TransportError::Protocol);
@@ -533,7 +585,13 @@ async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     let proof = secret.proof(b"client", &nonce_s, &nonce_c, me);
     write_frame(s, &Handshake::Proof { proof }).await?;
     match read_hello(s).await? {
-        Handshake::Welcome => Ok((from, binary_mail)),
+        Handshake::Welcome => Ok((
+            from,
+            Frames {
+                mail: binary_mail,
+                append: binary_append,
+            },
+        )),
         _ => Err(TransportError::Protocol),
     }
 }
@@ -564,6 +622,7 @@ async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             nonce: nonce_s,
             proof,
             binary_mail: true,
+            binary_append: true,
         },
     )
     .await?;
@@ -1009,8 +1068,8 @@ async fn peer_task(
     mut rx: mpsc::Receiver<Request>,
     shown: Option<Arc<Mutex<HashMap<NodeId, bool>>>>,
 ) {
-    // The connection, and whether its server reads binary mail frames.
-    let mut conn: Option<(Box<dyn Conn>, bool)> = None;
+    // The connection, and the binary frames its server reads.
+    let mut conn: Option<(Box<dyn Conn>, Frames)> = None;
     let mut backoff = BACKOFF_MIN;
     let mut retry_at = Instant::now();
     // Logged on changes only: a peer that is down for an hour is one line, not thousands.
@@ -1241,8 +1300,11 @@ mod tests {
             server_handshake(&mut s, 1, &a).await
         });
         let mut c = TcpStream::connect(addr).await.unwrap();
-        let client = client_handshake(&mut c, 2, &b).await.map(|(id, binary)| {
-            assert!(binary, "a server of this version reads binary mail");
+        let client = client_handshake(&mut c, 2, &b).await.map(|(id, frames)| {
+            assert!(
+                frames.mail && frames.append,
+                "a server of this version reads binary mail and appends"
+            );
             id
         });
         // A refused client hangs up; the server must see that rather than wait for a proof.
@@ -1326,7 +1388,7 @@ mod tests {
         };
         // Binary: the length, 0x00, the bytes as they are.
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        write_envelope(&mut a, &mail, true).await.unwrap();
+        write_envelope(&mut a, &mail, Frames::ALL).await.unwrap();
         drop(a);
         let mut wire = Vec::new();
         b.read_to_end(&mut wire).await.unwrap();
@@ -1338,7 +1400,9 @@ mod tests {
         assert!(matches!(env.rpc, Rpc::Mail(m) if m == batch));
         // JSON (for an older server): a number array, ~3.6 bytes a byte here; still read.
         let (mut a, mut b) = tokio::io::duplex(1 << 17);
-        write_envelope(&mut a, &mail, false).await.unwrap();
+        write_envelope(&mut a, &mail, Frames::default())
+            .await
+            .unwrap();
         drop(a);
         let mut json = Vec::new();
         b.read_to_end(&mut json).await.unwrap();
@@ -1352,7 +1416,7 @@ mod tests {
             group: 7,
             rpc: Rpc::Forget(3),
         };
-        write_envelope(&mut a, &forget, true).await.unwrap();
+        write_envelope(&mut a, &forget, Frames::ALL).await.unwrap();
         drop(a);
         let mut out = Vec::new();
         b.read_to_end(&mut out).await.unwrap();
@@ -1365,17 +1429,73 @@ mod tests {
             rpc: Rpc::Mail(Vec::new()),
         };
         let mut buf = Vec::new();
-        write_envelope(&mut buf, &empty, true).await.unwrap();
+        write_envelope(&mut buf, &empty, Frames::ALL).await.unwrap();
         assert_eq!(buf, [0, 0, 0, 1, MAIL_FRAME]);
+    }
+
+    #[tokio::test]
+    async fn appends_go_binary_to_a_server_that_reads_them_and_json_otherwise() {
+        use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+        let message: Vec<u8> = (0..=255u8).cycle().take(1024).collect();
+        let req = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(4, 1),
+            prev_log_id: Some(LogId::new(CommittedLeaderId::new(4, 1), 10)),
+            leader_commit: Some(LogId::new(CommittedLeaderId::new(4, 1), 9)),
+            entries: vec![Entry {
+                log_id: LogId::new(CommittedLeaderId::new(4, 1), 11),
+                payload: EntryPayload::Normal(crate::Command(message.clone())),
+            }],
+        };
+        let env = Envelope {
+            group: 9,
+            rpc: Rpc::Append(req.clone()),
+        };
+        let same = |got: Envelope| {
+            let Rpc::Append(r) = got.rpc else {
+                panic!("an append");
+            };
+            assert_eq!(got.group, 9);
+            assert_eq!(
+                serde_json::to_value(&r).unwrap(),
+                serde_json::to_value(&req).unwrap()
+            );
+        };
+        // Binary: the message's bytes as they are, plus ~100 bytes of ids and lengths.
+        let mut wire = Vec::new();
+        write_envelope(&mut wire, &env, Frames::ALL).await.unwrap();
+        assert_eq!(wire[4], APPEND_FRAME);
+        assert!(wire.len() < 4 + message.len() + 120, "{}", wire.len());
+        same(read_envelope(&mut &wire[..]).await.unwrap());
+        // An older server reads JSON: base64, a third bigger.
+        let mut json = Vec::new();
+        let old = Frames {
+            mail: true,
+            append: false,
+        };
+        write_envelope(&mut json, &env, old).await.unwrap();
+        assert_eq!(json[4], b'{');
+        assert!(json.len() > message.len() * 4 / 3, "{}", json.len());
+        same(read_envelope(&mut &json[..]).await.unwrap());
+        // A damaged binary frame is an error, not a panic.
+        let mut bad = wire.clone();
+        bad.truncate(bad.len() - 1);
+        let len = (bad.len() - 4) as u32;
+        bad[..4].copy_from_slice(&len.to_be_bytes());
+        assert!(read_envelope(&mut &bad[..]).await.is_err());
     }
 
     #[test]
     fn an_older_servers_challenge_reads_as_no_binary_mail() {
         let old = r#"{"Challenge":{"from":1,"nonce":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],"proof":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}}"#;
-        let Ok(Handshake::Challenge { binary_mail, .. }) = serde_json::from_str(old) else {
+        let Ok(Handshake::Challenge {
+            binary_mail,
+            binary_append,
+            ..
+        }) = serde_json::from_str(old)
+        else {
             panic!("an older challenge parses");
         };
-        assert!(!binary_mail);
+        assert!(!binary_mail && !binary_append);
     }
 
     /// A CA (PEM) that signs node certificates for 127.0.0.1.
