@@ -13,7 +13,7 @@ use warren_stream::backend::{
     Appended, AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
     StreamStats,
 };
-use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
+use warren_stream::codec::{Entry, EntryRef, OffsetSpec, PublishedBatch, PublishedMessage};
 use warren_stream::frame::Reader;
 use warren_stream::memory::{MemoryBackend, MemoryReader};
 use warren_stream::sac::ConsumerGroups;
@@ -98,7 +98,13 @@ impl SharedStreams for MemStreams {
             entry: Entry::Simple(data),
         };
         self.logs
-            .append(vhost, name, None, &[message], timestamp_ms)
+            .append(
+                vhost,
+                name,
+                None,
+                PublishedBatch::Messages(&[message]),
+                timestamp_ms,
+            )
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
@@ -224,13 +230,13 @@ impl StreamBackend for MemStreams {
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
-        messages: &[PublishedMessage],
+        messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError> {
         // As the data directory's streams: AMQP consumers read every record.
         if messages
             .iter()
-            .any(|m| matches!(m.entry, Entry::SubBatch { .. }))
+            .any(|m| matches!(m.entry, EntryRef::SubBatch { .. }))
         {
             return Err(StreamError::Precondition(
                 "sub-batch entries are not supported by this node's streams".into(),

@@ -32,7 +32,7 @@ use warren_stream::backend::{
     StreamError, StreamStats,
 };
 use warren_stream::chunk::{Chunk, ChunkData, FileRange};
-use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
+use warren_stream::codec::{EntryRef, OffsetSpec, PublishedBatch, PublishedRef};
 use warren_stream::sac::ConsumerGroups;
 use warren_stream::tail::{self, Tail, TailWatch};
 
@@ -495,6 +495,14 @@ fn spec(spec: OffsetSpec) -> LogSpec {
     }
 }
 
+/// A simple entry's bytes (sub-batches are refused before anything is staged).
+fn simple<'a>(m: &PublishedRef<'a>) -> &'a [u8] {
+    match m.entry {
+        EntryRef::Simple(b) => b,
+        EntryRef::SubBatch { data, .. } => data,
+    }
+}
+
 /// A stored chunk as the session sends it: the log's data section is the stream protocol's
 /// simple-entry layout, so data and CRC go out as stored.
 fn to_chunk(c: &log::ReadChunk) -> Chunk {
@@ -580,58 +588,60 @@ impl StreamBackend for DiskStreams {
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
-        messages: &[PublishedMessage],
+        messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError> {
         let s = self.get(vhost, stream)?;
         let appended = s.with_writer(|w| {
             let last = writer.and_then(|r| w.log.publisher_sequence(r));
-            let mut keep: Vec<(u64, &Bytes, Option<&str>)> = Vec::with_capacity(messages.len());
-            for m in messages {
-                if last.is_some_and(|l| m.publishing_id <= l) {
-                    continue;
+            let fresh = move |m: &PublishedRef<'_>| !last.is_some_and(|l| m.publishing_id <= l);
+            let mut stored = 0;
+            for m in messages.iter() {
+                if matches!(m.entry, EntryRef::SubBatch { .. }) {
+                    return Err(StreamError::Precondition(
+                        "sub-batch entries are not supported by this node's streams".into(),
+                    ));
                 }
-                match &m.entry {
-                    Entry::Simple(b) => keep.push((m.publishing_id, b, m.filter_value.as_deref())),
-                    Entry::SubBatch { .. } => {
-                        return Err(StreamError::Precondition(
-                            "sub-batch entries are not supported by this node's streams".into(),
-                        ));
-                    }
-                }
+                stored += usize::from(fresh(&m));
             }
-            let stored = keep.len();
-            let mut rest = &keep[..];
-            while !rest.is_empty() {
-                // A batch: at most the log's message count and about the write buffer. The
-                // log merges it with the batches queued before the sync task's next write
-                // (one chunk per group commit, as osiris), so one batch in flight is one
-                // chunk and many in flight share chunks.
-                let mut n = 0;
-                let mut bytes = 0;
-                while n < rest.len()
-                    && n < log::format::MAX_CHUNK_MESSAGES
-                    && (n == 0 || bytes + rest[n].1.len() <= WRITE_BUFFER)
-                {
-                    bytes += rest[n].1.len() + 4;
+            // The messages go from the frame's bytes to the log's staging buffer, in
+            // batches of at most the log's message count and about the write buffer (one
+            // batch for any frame under 1 MiB). The log merges a batch with those queued
+            // before the sync task's next write (one chunk per group commit, as osiris), so
+            // one frame in flight is one chunk and many in flight share chunks.
+            let mut rest = messages.iter().filter(fresh);
+            let mut left = stored;
+            while left > 0 {
+                let (mut n, mut bytes, mut max_id) = (0, 0, 0);
+                for m in rest.clone() {
+                    let len = simple(&m).len();
+                    if n == left
+                        || n == log::format::MAX_CHUNK_MESSAGES
+                        || (n > 0 && bytes + len > WRITE_BUFFER)
+                    {
+                        break;
+                    }
+                    bytes += len + 4;
+                    max_id = max_id.max(m.publishing_id);
                     n += 1;
                 }
-                let (part, tail) = rest.split_at(n);
-                rest = tail;
-                let bodies: Vec<&[u8]> = part.iter().map(|(_, b, _)| &b[..]).collect();
-                let filters: Vec<Option<&str>> = part.iter().map(|(_, _, f)| *f).collect();
-                let max_id = part.iter().map(|(id, _, _)| *id).max().unwrap_or(0);
-                let publishers: Vec<(&str, u64)> = writer
-                    .filter(|r| !r.is_empty())
-                    .map(|r| (r, max_id.max(last.unwrap_or(0))))
-                    .into_iter()
-                    .collect();
-                match w.log.append_merged(&bodies, &filters, now_ms, &publishers) {
+                let part = rest.clone().take(n).map(|m| (simple(&m), m.filter_value));
+                // Each batch records the highest id it holds: a crash between two batches
+                // of one frame must not deduplicate the second's ids when they are re-sent.
+                let tracked;
+                let publishers: &[(&str, u64)] = match writer.filter(|r| !r.is_empty()) {
+                    Some(r) => {
+                        tracked = [(r, max_id.max(last.unwrap_or(0)))];
+                        &tracked
+                    }
+                    None => &[],
+                };
+                match w.log.append_merged_iter(part.clone(), now_ms, publishers) {
                     Err(log::StreamError::Backpressure { .. }) => {
                         // The buffer is full: write it out (to the OS, not fsynced) and
                         // append again; the sync task fsyncs both.
                         w.log.flush().map_err(internal)?;
-                        w.log.append_merged(&bodies, &filters, now_ms, &publishers)
+                        w.log.append_merged_iter(part, now_ms, publishers)
                     }
                     other => other,
                 }
@@ -639,6 +649,10 @@ impl StreamBackend for DiskStreams {
                     log::StreamError::Invalid(m) => StreamError::Precondition(m),
                     other => internal(other),
                 })?;
+                for _ in 0..n {
+                    rest.next();
+                }
+                left -= n;
             }
             Ok(Appended {
                 stored,
@@ -861,12 +875,15 @@ impl warren_store::StreamHost for DiskStreams {
         timestamp_ms: u64,
     ) -> Result<(), String> {
         let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        // Merged with what is staged since the log's last write, as the stream protocol's
+        // appends are: the broker task's batches that arrive while a sync runs become one
+        // chunk at the next write, not a chunk each.
         s.with_writer(|w| {
-            match w.log.append(messages, timestamp_ms, &[]) {
+            match w.log.append_merged(messages, &[], timestamp_ms, &[]) {
                 Err(log::StreamError::Backpressure { .. }) => {
                     // Written out (not fsynced) to make room: the next sync covers both.
                     w.log.flush().map_err(internal)?;
-                    w.log.append(messages, timestamp_ms, &[])
+                    w.log.append_merged(messages, &[], timestamp_ms, &[])
                 }
                 other => other,
             }
@@ -946,13 +963,16 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let streams = DiskStreams::open(&dir, 4096, sendfile, false).unwrap();
         streams.create_stream("/", "s", &[]).unwrap();
+        use warren_stream::codec::{Entry, PublishedMessage};
         let msg = |id: u64, len: usize| PublishedMessage {
             publishing_id: id,
             filter_value: None,
             entry: Entry::Simple(Bytes::from(vec![id as u8; len])),
         };
         for (id, len) in [(1, 10), (2, 100_000), (3, 10)] {
-            let a = streams.append("/", "s", None, &[msg(id, len)], 1).unwrap();
+            let a = streams
+                .append("/", "s", None, PublishedBatch::Messages(&[msg(id, len)]), 1)
+                .unwrap();
             let at = a.confirm_at.unwrap();
             streams.wait_durable("/", "s", at).await.unwrap();
         }
@@ -985,6 +1005,41 @@ mod tests {
         let off = chunks(false).await;
         assert!(off.iter().all(|c| matches!(c.data, ChunkData::Bytes(_))));
         assert_eq!(off[1].crc, on[1].crc);
+    }
+
+    /// The core's stream queues hand the log one batch per broker-task sync: the batches
+    /// that arrive before the log's next write become one chunk, in order, as the stream
+    /// protocol's frames do (a chunk per batch before).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stream_queue_batches_between_two_writes_become_one_chunk() {
+        use warren_store::StreamHost;
+        let dir = std::env::temp_dir().join(format!("warren-merge-unit-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let streams = DiskStreams::open(&dir, 4096, false, true).unwrap();
+        let host: &dyn StreamHost = &*streams;
+        host.open("/", "q", &Default::default()).unwrap();
+        let body = |i: usize| Bytes::from(format!("m{i}"));
+        for batch in 0..5 {
+            host.append("/", "q", &[body(2 * batch), body(2 * batch + 1)], 1)
+                .unwrap();
+        }
+        host.sync("/", "q").unwrap();
+        host.append("/", "q", &[body(10)], 2).unwrap();
+        host.sync("/", "q").unwrap();
+        assert_eq!(host.bounds("/", "q").unwrap().committed, 11);
+        let mut r = host.reader("/", "q", LogSpec::First).unwrap();
+        let mut chunks = Vec::new();
+        let mut got = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            chunks.push((c.first_offset, c.count));
+            let log::ChunkData::Bytes(data) = &c.data else {
+                panic!("small chunks are read into memory");
+            };
+            got.extend(log::ReadChunk::messages(data).map(|m| m.unwrap()));
+        }
+        assert_eq!(chunks, vec![(0, 10), (10, 1)], "one chunk per write");
+        assert_eq!(got, (0..11).map(body).collect::<Vec<_>>());
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! directly; a core that owns stream queues can implement it by forwarding.
 
 use crate::chunk::Chunk;
-use crate::codec::{OffsetSpec, PublishedMessage};
+use crate::codec::{OffsetSpec, PublishedBatch};
 use std::future::Future;
 
 /// How the client authenticates (SASL).
@@ -161,7 +161,7 @@ pub trait StreamBackend: Send + Sync + 'static {
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
-        messages: &[PublishedMessage],
+        messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError>;
     /// Resolves once `offset` is durable (fsync'd, group commit), or with an error if the

@@ -11,7 +11,7 @@ use crate::backend::{
     AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
 };
 use crate::chunk::FileRange;
-use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
+use crate::codec::{self, Broker, Frame, OffsetSpec, PublishedBatch, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use crate::sac::Mailbox;
 use bytes::{Bytes, BytesMut};
@@ -527,6 +527,24 @@ impl<B: StreamBackend> Session<B> {
                     return;
                 }
             };
+            // Publish frames, once open, go to the backend from the frame's own bytes: no
+            // `Frame`, no `Vec` of messages (the 1-message-frame path is all per-frame cost).
+            if matches!(self.phase, Phase::Opened)
+                && let Some(parsed) = codec::parse_publish(&body)
+            {
+                match parsed {
+                    Ok((publisher_id, count, v2, bytes)) => {
+                        let batch = PublishedBatch::Wire {
+                            bytes: &bytes,
+                            count,
+                            v2,
+                        };
+                        self.publish(publisher_id, batch, now_ms);
+                    }
+                    Err(e) => self.bad_frame(e, now_ms),
+                }
+                continue;
+            }
             match codec::decode(body) {
                 Ok(frame) => self.handle_frame(frame, now_ms),
                 Err(e) => self.bad_frame(e, now_ms),
@@ -779,7 +797,7 @@ impl<B: StreamBackend> Session<B> {
                 publisher_id,
                 messages,
                 ..
-            } => self.publish(publisher_id, messages, now_ms),
+            } => self.publish(publisher_id, PublishedBatch::Messages(&messages), now_ms),
             Frame::QueryPublisherSequence {
                 corr,
                 reference,
@@ -1069,10 +1087,10 @@ impl<B: StreamBackend> Session<B> {
         }
     }
 
-    fn publish(&mut self, publisher_id: u8, messages: Vec<codec::PublishedMessage>, now_ms: u64) {
+    fn publish(&mut self, publisher_id: u8, messages: PublishedBatch<'_>, now_ms: u64) {
         let Some(p) = self.publishers.get(&publisher_id) else {
             tracing::warn!(peer = %self.peer.addr, publisher_id, "stream connection: publish to an undeclared publisher");
-            self.publish_error(publisher_id, &messages, code::PUBLISHER_DOES_NOT_EXIST);
+            self.publish_error(publisher_id, messages, code::PUBLISHER_DOES_NOT_EXIST);
             return;
         };
         if messages.is_empty() {
@@ -1084,7 +1102,7 @@ impl<B: StreamBackend> Session<B> {
             &self.vhost,
             &p.stream,
             p.reference.as_deref(),
-            &messages,
+            messages,
             now_ms,
         );
         match result {
@@ -1120,7 +1138,7 @@ impl<B: StreamBackend> Session<B> {
             Err(e) => {
                 let stream = p.stream.clone();
                 tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: publish: {e}");
-                self.publish_error(publisher_id, &messages, e.code());
+                self.publish_error(publisher_id, messages, e.code());
                 if e == StreamError::DoesNotExist {
                     self.stream_gone(&stream);
                 }
@@ -1128,11 +1146,18 @@ impl<B: StreamBackend> Session<B> {
         }
     }
 
-    fn publish_error(&mut self, publisher_id: u8, messages: &[codec::PublishedMessage], c: u16) {
-        for part in messages.chunks(CONFIRMS_PER_FRAME) {
+    /// A PublishError for every message of a frame, each with code `c` (as RabbitMQ).
+    fn publish_error(&mut self, publisher_id: u8, messages: PublishedBatch<'_>, c: u16) {
+        let mut it = messages.iter().peekable();
+        while it.peek().is_some() {
+            let errors = it
+                .by_ref()
+                .take(CONFIRMS_PER_FRAME)
+                .map(|m| (m.publishing_id, c))
+                .collect();
             self.send(&Frame::PublishError {
                 publisher_id,
-                errors: part.iter().map(|m| (m.publishing_id, c)).collect(),
+                errors,
             });
         }
     }
