@@ -295,6 +295,12 @@ impl PendingSync {
         self.next
     }
 
+    /// Whether [`PendingSync::wait`] fsyncs the data file (not when a completed sync
+    /// already covered every byte written).
+    pub fn fsyncs_data(&self) -> bool {
+        self.data.is_some()
+    }
+
     /// Runs the fsyncs (blocking: call it off the async executor).
     pub fn wait(&self) -> Result<(), StreamError> {
         if let Some(data) = &self.data {
@@ -335,7 +341,8 @@ pub struct StreamLog {
 /// yet, so a roll before the seal starts the new segment at its first offset.
 #[derive(Default)]
 struct OpenChunk {
-    /// The messages as the chunk's data section holds them (`format::put_message`).
+    /// Room for the chunk's header, then the messages as its data section holds them
+    /// (`format::put_message`); empty while nothing is staged.
     data: Vec<u8>,
     count: usize,
     filter: bloom::Builder,
@@ -540,6 +547,7 @@ impl StreamLog {
             messages.len(),
             data_len,
             |buf| {
+                buf.extend_from_slice(&[0u8; CHUNK_HEADER]);
                 for m in messages {
                     format::put_message(buf, m.as_ref());
                 }
@@ -609,6 +617,11 @@ impl StreamLog {
         self.reserve(CHUNK_HEADER + data_len as usize + trailer)?;
         let o = &mut self.open;
         let first = self.next_offset + o.count as u64;
+        if o.data.is_empty() {
+            // Room for the chunk's header: sealed into an empty write buffer, the staged
+            // bytes become that buffer as they are (no copy).
+            o.data.extend_from_slice(&[0u8; CHUNK_HEADER]);
+        }
         o.data.reserve(data_len as usize);
         for (m, filter) in messages {
             format::put_message(&mut o.data, m);
@@ -638,10 +651,20 @@ impl StreamLog {
             .collect();
         // Its bytes were admitted at staging (`reserve`): no backpressure now, which would
         // lose them.
+        let data = &mut o.data;
         let sealed = self.put_user_chunk(
             o.count,
-            o.data.len() as u64,
-            |buf| buf.extend_from_slice(&o.data),
+            (data.len() - CHUNK_HEADER) as u64,
+            |buf| {
+                if buf.is_empty() {
+                    // The usual case (the buffer was written out at the last flush): the
+                    // staged chunk, its header's room included, becomes the buffer; the
+                    // emptied buffer, with its capacity, stages the next one.
+                    std::mem::swap(buf, data);
+                } else {
+                    buf.extend_from_slice(data);
+                }
+            },
             o.filter.finish(),
             &publishers,
             o.ts,
@@ -659,8 +682,9 @@ impl StreamLog {
         sealed.map(|_| ())
     }
 
-    /// Puts one user chunk in the buffer: `data_len` bytes of messages (`count` of them)
-    /// written by `write_data`, then the trailer (publishers, Bloom filter).
+    /// Puts one user chunk in the buffer: room for its header and `data_len` bytes of
+    /// messages (`count` of them) written by `write_data`, then the trailer (publishers,
+    /// Bloom filter).
     #[allow(clippy::too_many_arguments)]
     fn put_user_chunk(
         &mut self,
@@ -695,7 +719,6 @@ impl StreamLog {
         let first = self.next_offset;
         let buf = &mut self.active.buf;
         let start = buf.len();
-        buf.extend_from_slice(&[0u8; CHUNK_HEADER]);
         write_data(buf);
         let data_end = buf.len();
         debug_assert_eq!((data_end - start - CHUNK_HEADER) as u64, data_len);
