@@ -99,6 +99,7 @@ impl SharedStreams for MemStreams {
         };
         self.logs
             .append(
+                None,
                 vhost,
                 name,
                 None,
@@ -184,6 +185,7 @@ impl SharedStreams for MemStreams {
 /// The stream protocol's side: the logs, with logins, queues and pushes through the broker.
 impl StreamBackend for MemStreams {
     type Reader = MemoryReader;
+    type Target = ();
 
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         self.broker.authenticate(login, peer)
@@ -225,8 +227,13 @@ impl StreamBackend for MemStreams {
         self.logs.stream_stats(vhost, stream)
     }
 
+    fn target(&self, _vhost: &str, _stream: &str) -> Option<()> {
+        None
+    }
+
     fn append(
         &self,
+        _target: Option<&()>,
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
@@ -242,7 +249,9 @@ impl StreamBackend for MemStreams {
                 "sub-batch entries are not supported by this node's streams".into(),
             ));
         }
-        let appended = self.logs.append(vhost, stream, writer, messages, now_ms)?;
+        let appended = self
+            .logs
+            .append(None, vhost, stream, writer, messages, now_ms)?;
         if appended.stored > 0 {
             self.broker.streams_grew(vhost, stream);
         }

@@ -141,7 +141,8 @@ struct Writer {
     log: StreamLog,
 }
 
-struct Stream {
+/// One stream of the catalog (a publisher's [`StreamBackend::Target`]).
+pub struct Stream {
     writer: Mutex<Option<Writer>>,
     /// The durable tail (what `wait_durable` and `wait_data` wait on).
     tail: TailWatch,
@@ -495,6 +496,34 @@ fn spec(spec: OffsetSpec) -> LogSpec {
     }
 }
 
+/// Stages one batch in the log (`append_merged_iter`), writing the buffer out first when it
+/// is full.
+fn stage<'m>(
+    w: &mut Writer,
+    part: impl Iterator<Item = (&'m [u8], Option<&'m str>)> + Clone,
+    sized: Option<(usize, u64)>,
+    publishers: &[(&str, u64)],
+    now_ms: u64,
+) -> Result<(), StreamError> {
+    match w
+        .log
+        .append_merged_iter(part.clone(), sized, now_ms, publishers)
+    {
+        Err(log::StreamError::Backpressure { .. }) => {
+            // The buffer is full: write it out (to the OS, not fsynced) and append again;
+            // the sync task fsyncs both.
+            w.log.flush().map_err(internal)?;
+            w.log.append_merged_iter(part, sized, now_ms, publishers)
+        }
+        other => other,
+    }
+    .map(|_| ())
+    .map_err(|e| match e {
+        log::StreamError::Invalid(m) => StreamError::Precondition(m),
+        other => internal(other),
+    })
+}
+
 /// A simple entry's bytes (sub-batches are refused before anything is staged).
 fn simple<'a>(m: &PublishedRef<'a>) -> &'a [u8] {
     match m.entry {
@@ -527,6 +556,7 @@ fn to_chunk(c: &log::ReadChunk) -> Chunk {
 
 impl StreamBackend for DiskStreams {
     type Reader = DiskReader;
+    type Target = Arc<Stream>;
 
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         self.broker.authenticate(login, peer)
@@ -583,32 +613,65 @@ impl StreamBackend for DiskStreams {
         })
     }
 
+    fn target(&self, vhost: &str, stream: &str) -> Option<Arc<Stream>> {
+        self.get(vhost, stream).ok()
+    }
+
     fn append(
         &self,
+        target: Option<&Arc<Stream>>,
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
         messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError> {
-        let s = self.get(vhost, stream)?;
+        // A publisher's stream as it was declared: a deleted one has no writer any more
+        // (`DoesNotExist`), even when one of the same name was created since.
+        let looked_up;
+        let s = match target {
+            Some(s) => s,
+            None => {
+                looked_up = self.get(vhost, stream)?;
+                &looked_up
+            }
+        };
+        let summary = messages.summary();
+        if summary.sub_batches {
+            return Err(StreamError::Precondition(
+                "sub-batch entries are not supported by this node's streams".into(),
+            ));
+        }
         let appended = s.with_writer(|w| {
             let last = writer.and_then(|r| w.log.publisher_sequence(r));
-            let fresh = move |m: &PublishedRef<'_>| !last.is_some_and(|l| m.publishing_id <= l);
-            let mut stored = 0;
-            for m in messages.iter() {
-                if matches!(m.entry, EntryRef::SubBatch { .. }) {
-                    return Err(StreamError::Precondition(
-                        "sub-batch entries are not supported by this node's streams".into(),
-                    ));
-                }
-                stored += usize::from(fresh(&m));
+            let named = writer.filter(|r| !r.is_empty());
+            let count = messages.len();
+            if last.is_none_or(|l| summary.min_id > l)
+                && count <= log::format::MAX_CHUNK_MESSAGES
+                && (count == 1 || summary.simple_bytes <= WRITE_BUFFER as u64)
+            {
+                // The usual frame: every id new, one batch: its messages go from the frame's
+                // bytes to the log's staging buffer in one walk, sized by the parse.
+                let publishers = named.map(|r| [(r, summary.max_id.max(last.unwrap_or(0)))]);
+                stage(
+                    w,
+                    messages.iter().map(|m| (simple(&m), m.filter_value)),
+                    Some((count, summary.simple_bytes)),
+                    publishers.as_ref().map_or(&[][..], |p| &p[..]),
+                    now_ms,
+                )?;
+                return Ok(Appended {
+                    stored: count,
+                    duplicates: 0,
+                    confirm_at: w.log.bounds().next.checked_sub(1),
+                });
             }
-            // The messages go from the frame's bytes to the log's staging buffer, in
-            // batches of at most the log's message count and about the write buffer (one
-            // batch for any frame under 1 MiB). The log merges a batch with those queued
-            // before the sync task's next write (one chunk per group commit, as osiris), so
-            // one frame in flight is one chunk and many in flight share chunks.
+            let fresh = move |m: &PublishedRef<'_>| !last.is_some_and(|l| m.publishing_id <= l);
+            let stored = messages.iter().filter(fresh).count();
+            // Re-sent ids among them, or a frame past the log's message count or about the
+            // write buffer: batches of the new messages within those bounds. The log merges
+            // each with those queued before the sync task's next write (one chunk per group
+            // commit, as osiris), so many frames in flight share chunks.
             let mut rest = messages.iter().filter(fresh);
             let mut left = stored;
             while left > 0 {
@@ -625,30 +688,16 @@ impl StreamBackend for DiskStreams {
                     max_id = max_id.max(m.publishing_id);
                     n += 1;
                 }
-                let part = rest.clone().take(n).map(|m| (simple(&m), m.filter_value));
                 // Each batch records the highest id it holds: a crash between two batches
                 // of one frame must not deduplicate the second's ids when they are re-sent.
-                let tracked;
-                let publishers: &[(&str, u64)] = match writer.filter(|r| !r.is_empty()) {
-                    Some(r) => {
-                        tracked = [(r, max_id.max(last.unwrap_or(0)))];
-                        &tracked
-                    }
-                    None => &[],
-                };
-                match w.log.append_merged_iter(part.clone(), now_ms, publishers) {
-                    Err(log::StreamError::Backpressure { .. }) => {
-                        // The buffer is full: write it out (to the OS, not fsynced) and
-                        // append again; the sync task fsyncs both.
-                        w.log.flush().map_err(internal)?;
-                        w.log.append_merged_iter(part, now_ms, publishers)
-                    }
-                    other => other,
-                }
-                .map_err(|e| match e {
-                    log::StreamError::Invalid(m) => StreamError::Precondition(m),
-                    other => internal(other),
-                })?;
+                let publishers = named.map(|r| [(r, max_id.max(last.unwrap_or(0)))]);
+                stage(
+                    w,
+                    rest.clone().take(n).map(|m| (simple(&m), m.filter_value)),
+                    None,
+                    publishers.as_ref().map_or(&[][..], |p| &p[..]),
+                    now_ms,
+                )?;
                 for _ in 0..n {
                     rest.next();
                 }
@@ -971,7 +1020,14 @@ mod tests {
         };
         for (id, len) in [(1, 10), (2, 100_000), (3, 10)] {
             let a = streams
-                .append("/", "s", None, PublishedBatch::Messages(&[msg(id, len)]), 1)
+                .append(
+                    None,
+                    "/",
+                    "s",
+                    None,
+                    PublishedBatch::Messages(&[msg(id, len)]),
+                    1,
+                )
                 .unwrap();
             let at = a.confirm_at.unwrap();
             streams.wait_durable("/", "s", at).await.unwrap();

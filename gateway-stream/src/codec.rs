@@ -65,19 +65,46 @@ pub struct PublishedMessage {
 pub use crate::chunk::Entry;
 
 /// A Publish frame's messages, or decoded ones: what a backend appends. The session reads
-/// Publish frames straight into [`PublishedBatch::Wire`] (validated once, then iterated over
-/// the frame's own bytes), so a 1-message frame costs no allocation on its way to the log.
+/// Publish frames straight from its read buffer into [`PublishedBatch::Wire`] (checked once
+/// by [`parse_publish`], then iterated over the frame's own bytes), so a 1-message frame
+/// costs no allocation and no reference count on its way to the log.
 #[derive(Clone, Copy, Debug)]
 pub enum PublishedBatch<'a> {
     /// The message section of a Publish frame (after the count), checked by
     /// [`parse_publish`]: `count` messages, each a publishing id, a filter value (`v2`) and
     /// an entry, filling `bytes` exactly.
     Wire {
-        bytes: &'a Bytes,
+        bytes: &'a [u8],
         count: usize,
         v2: bool,
+        summary: BatchSummary,
     },
     Messages(&'a [PublishedMessage]),
+}
+
+/// What a backend checks before it appends, known from the parse (no pass of its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchSummary {
+    pub min_id: u64,
+    pub max_id: u64,
+    /// Bytes of the simple entries as a chunk's data section holds them (4-byte size each).
+    pub simple_bytes: u64,
+    pub sub_batches: bool,
+}
+
+impl BatchSummary {
+    fn add(&mut self, first: bool, m: &PublishedRef<'_>) {
+        if first {
+            self.min_id = m.publishing_id;
+            self.max_id = m.publishing_id;
+        }
+        self.min_id = self.min_id.min(m.publishing_id);
+        self.max_id = self.max_id.max(m.publishing_id);
+        match m.entry {
+            EntryRef::Simple(b) => self.simple_bytes += 4 + b.len() as u64,
+            EntryRef::SubBatch { .. } => self.sub_batches = true,
+        }
+    }
 }
 
 /// One message of a [`PublishedBatch`], borrowed.
@@ -114,9 +141,10 @@ impl<'a> PublishedBatch<'a> {
 
     pub fn iter(&self) -> PublishedIter<'a> {
         match *self {
-            PublishedBatch::Wire { bytes, count, v2 } => PublishedIter::Wire {
+            PublishedBatch::Wire {
+                bytes, count, v2, ..
+            } => PublishedIter::Wire {
                 bytes,
-                at: 0,
                 left: count,
                 v2,
             },
@@ -124,37 +152,46 @@ impl<'a> PublishedBatch<'a> {
         }
     }
 
-    /// An owned entry sharing the frame's buffer (no copy), for backends that keep entries.
-    pub fn owned_entry(&self, e: &EntryRef<'_>) -> Entry {
-        let bytes = |d: &[u8]| match self {
-            PublishedBatch::Wire { bytes, .. } if !d.is_empty() => bytes.slice_ref(d),
-            _ => Bytes::copy_from_slice(d),
-        };
-        match *e {
-            EntryRef::Simple(d) => Entry::Simple(bytes(d)),
-            EntryRef::SubBatch {
-                compression,
-                count,
-                uncompressed_size,
-                data,
-            } => Entry::SubBatch {
-                compression,
-                count,
-                uncompressed_size,
-                data: bytes(data),
-            },
+    /// Ids, sizes and sub-batches (from the parse for a frame).
+    pub fn summary(&self) -> BatchSummary {
+        match self {
+            PublishedBatch::Wire { summary, .. } => *summary,
+            PublishedBatch::Messages(_) => {
+                let mut s = BatchSummary::default();
+                for (i, m) in self.iter().enumerate() {
+                    s.add(i == 0, &m);
+                }
+                s
+            }
         }
     }
 
-    /// The messages as owned values (sharing the frame's buffer).
+    /// The messages as owned values (a frame's bytes copied), for backends that keep them.
     pub fn to_messages(&self) -> Vec<PublishedMessage> {
-        self.iter()
-            .map(|m| PublishedMessage {
-                publishing_id: m.publishing_id,
-                filter_value: m.filter_value.map(str::to_string),
-                entry: self.owned_entry(&m.entry),
-            })
-            .collect()
+        match self {
+            PublishedBatch::Messages(m) => m.to_vec(),
+            PublishedBatch::Wire { .. } => self
+                .iter()
+                .map(|m| PublishedMessage {
+                    publishing_id: m.publishing_id,
+                    filter_value: m.filter_value.map(str::to_string),
+                    entry: match m.entry {
+                        EntryRef::Simple(d) => Entry::Simple(Bytes::copy_from_slice(d)),
+                        EntryRef::SubBatch {
+                            compression,
+                            count,
+                            uncompressed_size,
+                            data,
+                        } => Entry::SubBatch {
+                            compression,
+                            count,
+                            uncompressed_size,
+                            data: Bytes::copy_from_slice(data),
+                        },
+                    },
+                })
+                .collect(),
+        }
     }
 }
 
@@ -162,8 +199,8 @@ impl<'a> PublishedBatch<'a> {
 #[derive(Clone, Debug)]
 pub enum PublishedIter<'a> {
     Wire {
-        bytes: &'a Bytes,
-        at: usize,
+        /// What is left of the section.
+        bytes: &'a [u8],
         left: usize,
         v2: bool,
     },
@@ -193,19 +230,13 @@ impl<'a> Iterator for PublishedIter<'a> {
                     },
                 },
             }),
-            PublishedIter::Wire {
-                bytes,
-                at,
-                left,
-                v2,
-            } => {
+            PublishedIter::Wire { bytes, left, v2 } => {
                 if *left == 0 {
                     return None;
                 }
                 // Checked by `parse_publish`; a short read ends the iteration, never panics.
-                let b: &'a [u8] = bytes;
-                let (m, used) = read_published(b.get(*at..)?, *v2).ok()?;
-                *at += used;
+                let (m, used) = read_published(bytes, *v2).ok()?;
+                *bytes = bytes.get(used..)?;
                 *left -= 1;
                 Some(m)
             }
@@ -280,13 +311,10 @@ fn read_published(b: &[u8], v2: bool) -> Result<(PublishedRef<'_>, usize), Decod
     ))
 }
 
-/// A Publish frame's body (key and version included) read without building a [`Frame`]:
-/// the version-2 flag, the publisher id, and the message section checked whole (the same
-/// checks and errors as [`decode`]) for [`PublishedBatch::Wire`]; `None` when the body is
-/// not a Publish command. Returns the publisher id, the message count, the v2 flag and the
-/// message section (sharing `body`'s buffer).
-pub fn parse_publish(body: &Bytes) -> Option<Result<(u8, usize, bool, Bytes), DecodeError>> {
-    let b: &[u8] = body;
+/// A Publish frame's body (key and version included) read in place, without a [`Frame`]:
+/// the publisher id and its messages as a [`PublishedBatch::Wire`], the section checked whole
+/// (the same checks and errors as [`decode`]); `None` when the body is not a Publish command.
+pub fn parse_publish(b: &[u8]) -> Option<Result<(u8, PublishedBatch<'_>), DecodeError>> {
     if b.len() < 4 || u16::from_be_bytes([b[0], b[1]]) != key::PUBLISH {
         return None;
     }
@@ -305,20 +333,30 @@ pub fn parse_publish(body: &Bytes) -> Option<Result<(u8, usize, bool, Bytes), De
             return Err(DecodeError::BadValue("published messages"));
         }
         let n = n as usize;
-        let rest = &b[9..];
+        let section = &b[9..];
         // id + smallest entry (4-byte size) [+ null filter string], as `decode`.
-        if n.saturating_mul(if v2 { 14 } else { 12 }) > rest.len() {
+        if n.saturating_mul(if v2 { 14 } else { 12 }) > section.len() {
             return Err(DecodeError::Truncated("published messages"));
         }
+        let mut summary = BatchSummary::default();
         let mut at = 0;
-        for _ in 0..n {
-            let (_, used) = read_published(&rest[at..], v2)?;
+        for i in 0..n {
+            let (m, used) = read_published(&section[at..], v2)?;
+            summary.add(i == 0, &m);
             at += used;
         }
-        if at != rest.len() {
-            return Err(DecodeError::Trailing(rest.len() - at));
+        if at != section.len() {
+            return Err(DecodeError::Trailing(section.len() - at));
         }
-        Ok((publisher_id, n, v2, body.slice(9..)))
+        Ok((
+            publisher_id,
+            PublishedBatch::Wire {
+                bytes: section,
+                count: n,
+                v2,
+                summary,
+            },
+        ))
     })())
 }
 

@@ -280,6 +280,8 @@ impl ChunkReader for MemoryReader {
 
 impl StreamBackend for MemoryBackend {
     type Reader = MemoryReader;
+    /// Looked up by name at each append (the in-memory map is cheap to search).
+    type Target = ();
 
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         let user = match login {
@@ -360,8 +362,13 @@ impl StreamBackend for MemoryBackend {
         })
     }
 
+    fn target(&self, _vhost: &str, _stream: &str) -> Option<()> {
+        None
+    }
+
     fn append(
         &self,
+        _target: Option<&()>,
         vhost: &str,
         stream: &str,
         writer: Option<&str>,

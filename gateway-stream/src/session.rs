@@ -14,9 +14,21 @@ use crate::chunk::FileRange;
 use crate::codec::{self, Broker, Frame, OffsetSpec, PublishedBatch, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use crate::sac::Mailbox;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+
+/// The length (size field included) of the whole Publish frame at the front of `buf`, if
+/// there is one within `max` (0: no limit); anything else is for [`split_frame`].
+fn whole_publish(buf: &BytesMut, max: u32) -> Option<usize> {
+    let h = buf.get(..8)?;
+    let size = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    let total = 4 + size as usize;
+    // Versions 1 and 2 (others are the decoder's unknown command).
+    let publish = u16::from_be_bytes([h[4], h[5]]) == key::PUBLISH
+        && matches!(u16::from_be_bytes([h[6], h[7]]), 1 | 2);
+    (publish && (max == 0 || size <= max) && buf.len() >= total && size >= 4).then_some(total)
+}
 
 /// Frame-max until Open succeeds.
 pub const INITIAL_FRAME_MAX: u32 = 8192;
@@ -132,9 +144,11 @@ enum Phase {
     Closing,
 }
 
-struct Publisher {
+struct Publisher<T> {
     stream: String,
     reference: Option<String>,
+    /// The backend's handle on the stream, taken at declaration.
+    target: Option<T>,
 }
 
 struct Subscription<R> {
@@ -200,7 +214,7 @@ pub struct Session<B: StreamBackend> {
     /// Bytes in `parts`.
     parts_len: usize,
     waits: Vec<Wait>,
-    publishers: BTreeMap<u8, Publisher>,
+    publishers: BTreeMap<u8, Publisher<B::Target>>,
     subscriptions: BTreeMap<u8, Subscription<B::Reader>>,
     /// Unconfirmed Publish frames per stream (of this connection's vhost).
     pending: HashMap<String, StreamPending>,
@@ -511,6 +525,21 @@ impl<B: StreamBackend> Session<B> {
             if !self.wants_read() {
                 return;
             }
+            // Publish frames, once open, are read where they lie in the buffer and go to the
+            // backend from there: no `Frame`, no `Vec` of messages, no reference-counted
+            // slice (a 1-message frame's path is all per-frame cost).
+            if matches!(self.phase, Phase::Opened)
+                && let Some(total) = whole_publish(buf, self.frame_max_in)
+            {
+                match codec::parse_publish(&buf[4..total]) {
+                    Some(Ok((publisher_id, batch))) => self.publish(publisher_id, batch, now_ms),
+                    Some(Err(e)) => self.bad_frame(e, now_ms),
+                    // Not reached: `whole_publish` checked the key and version.
+                    None => self.bad_frame(DecodeError::BadValue("publish"), now_ms),
+                }
+                buf.advance(total);
+                continue;
+            }
             let body = match split_frame(buf, self.frame_max_in) {
                 Ok(Some(b)) => b,
                 Ok(None) => return,
@@ -527,24 +556,6 @@ impl<B: StreamBackend> Session<B> {
                     return;
                 }
             };
-            // Publish frames, once open, go to the backend from the frame's own bytes: no
-            // `Frame`, no `Vec` of messages (the 1-message-frame path is all per-frame cost).
-            if matches!(self.phase, Phase::Opened)
-                && let Some(parsed) = codec::parse_publish(&body)
-            {
-                match parsed {
-                    Ok((publisher_id, count, v2, bytes)) => {
-                        let batch = PublishedBatch::Wire {
-                            bytes: &bytes,
-                            count,
-                            v2,
-                        };
-                        self.publish(publisher_id, batch, now_ms);
-                    }
-                    Err(e) => self.bad_frame(e, now_ms),
-                }
-                continue;
-            }
             match codec::decode(body) {
                 Ok(frame) => self.handle_frame(frame, now_ms),
                 Err(e) => self.bad_frame(e, now_ms),
@@ -785,6 +796,7 @@ impl<B: StreamBackend> Session<B> {
                     self.publishers.insert(
                         publisher_id,
                         Publisher {
+                            target: self.backend.target(&vhost, &stream),
                             stream,
                             reference: (!reference.is_empty()).then_some(reference),
                         },
@@ -1099,6 +1111,7 @@ impl<B: StreamBackend> Session<B> {
         // No per-frame clone of the stream's name (or a (vhost, stream) key): with 1-message
         // frames these allocations were a measurable part of the broker's time (perf).
         let result = self.backend.append(
+            p.target.as_ref(),
             &self.vhost,
             &p.stream,
             p.reference.as_deref(),
@@ -1113,12 +1126,10 @@ impl<B: StreamBackend> Session<B> {
                     return;
                 };
                 self.unconfirmed += messages.len();
-                if !self.pending.contains_key(p.stream.as_str()) {
-                    self.pending
-                        .insert(p.stream.clone(), StreamPending::default());
-                }
-                let Some(sp) = self.pending.get_mut(p.stream.as_str()) else {
-                    return;
+                // One lookup per frame (the entry is made once per run of unconfirmed ones).
+                let sp = match self.pending.get_mut(p.stream.as_str()) {
+                    Some(sp) => sp,
+                    None => self.pending.entry(p.stream.clone()).or_default(),
                 };
                 sp.ids.extend(messages.iter().map(|m| m.publishing_id));
                 sp.queue.push_back(Pending {

@@ -578,17 +578,21 @@ impl StreamLog {
                 .iter()
                 .enumerate()
                 .map(|(i, m)| (m.as_ref(), filter_values.get(i).copied().flatten())),
+            None,
             timestamp_ms,
             publishers,
         )
     }
 
-    /// [`StreamLog::append_merged`] over an iterator of (message, filter value), walked
-    /// twice (checked, then staged): callers hand borrowed slices of what they received
-    /// (a Publish frame) without collecting them first.
+    /// [`StreamLog::append_merged`] over an iterator of (message, filter value): callers hand
+    /// borrowed slices of what they received (a Publish frame) without collecting them
+    /// first. `sized`: the message count and data-section bytes when the caller knows them
+    /// (its parse counted them), so the messages are walked once, as they are staged (a
+    /// batch that turns out to differ is unstaged and refused); `None`: walked twice.
     pub fn append_merged_iter<'m, I>(
         &mut self,
         messages: I,
+        sized: Option<(usize, u64)>,
         timestamp_ms: u64,
         publishers: &[(&str, u64)],
     ) -> Result<Range<u64>, StreamError>
@@ -596,7 +600,10 @@ impl StreamLog {
         I: Iterator<Item = (&'m [u8], Option<&'m str>)> + Clone,
     {
         self.check_ok()?;
-        let (count, data_len) = check_batch_iter(messages.clone().map(|(m, _)| m))?;
+        let (count, data_len) = match sized {
+            Some((count, data_len)) => check_sizes(count, data_len)?,
+            None => check_batch_iter(messages.clone().map(|(m, _)| m))?,
+        };
         for (name, _) in publishers {
             check_name(name)?;
         }
@@ -623,9 +630,22 @@ impl StreamLog {
             o.data.extend_from_slice(&[0u8; CHUNK_HEADER]);
         }
         o.data.reserve(data_len as usize);
+        let mark = o.data.len();
+        let (mut n, mut len, mut too_big) = (0usize, 0u64, false);
         for (m, filter) in messages {
+            too_big |= m.len() > MAX_MESSAGE;
             format::put_message(&mut o.data, m);
             o.filter.add(filter);
+            n += 1;
+            len += 4 + m.len() as u64;
+        }
+        if (n, len) != (count, data_len) || too_big {
+            // Only a caller's wrong `sized` gets here. (Filter bits it added stay: at worst a
+            // false positive for a filtered reader.)
+            o.data.truncate(if o.count == 0 { 0 } else { mark });
+            return Err(StreamError::Invalid(format!(
+                "a batch said to hold {count} messages of {data_len} bytes holds {n} of {len}"
+            )));
         }
         o.count += count;
         o.ts = o.ts.max(timestamp_ms);
@@ -1251,6 +1271,21 @@ impl Drop for StreamLog {
 /// A batch's data section length, if it can be one chunk's messages.
 fn check_batch<M: AsRef<[u8]>>(messages: &[M]) -> Result<u64, StreamError> {
     check_batch_iter(messages.iter().map(|m| m.as_ref())).map(|(_, len)| len)
+}
+
+/// `check_batch_iter`'s bounds on a batch's known count and data-section bytes.
+fn check_sizes(count: usize, data_len: u64) -> Result<(usize, u64), StreamError> {
+    if count == 0 || count > MAX_CHUNK_MESSAGES {
+        return Err(StreamError::Invalid(format!(
+            "a chunk holds 1 to {MAX_CHUNK_MESSAGES} messages, not {count}"
+        )));
+    }
+    if data_len > MAX_CHUNK_BODY {
+        return Err(StreamError::Invalid(format!(
+            "a chunk of {data_len} bytes (limit {MAX_CHUNK_BODY})"
+        )));
+    }
+    Ok((count, data_len))
 }
 
 /// The message count and data-section bytes of a batch, or why it cannot be one chunk.
