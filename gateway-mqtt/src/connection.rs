@@ -116,7 +116,7 @@ async fn write_packets<S: AsyncWrite + Unpin>(
     if packets.is_empty() {
         return Ok(());
     }
-    let mut w = BytesMut::new();
+    let mut w = BytesMut::with_capacity(packets.iter().map(codec::size_hint).sum());
     for p in packets {
         codec::encode_out(p, level, &mut w);
     }
