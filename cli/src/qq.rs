@@ -24,7 +24,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use warren_cluster::node::ClusterNode;
-use warren_cluster::queue::{QueueCommand, QueueOp, QueueReplica};
+use warren_cluster::queue::{DEAD_LETTER_BIT, QueueCommand, QueueOp, QueueReplica};
 use warren_cluster::state_machine::{StateMachineStore, write_atomic};
 use warren_cluster::{NodeId, Raft};
 use warren_core::admin::AdminRequest;
@@ -1032,6 +1032,21 @@ struct Local {
     serving: bool,
     /// Its messages, for the core to page in.
     messages: Held,
+    /// This is the queue's dead-letter log (at-least-once dead-lettering,
+    /// `warren_core::queue::dlx`), carried in the queue's own group under sequence numbers
+    /// with `DEAD_LETTER_BIT` set.
+    dead_letters: bool,
+}
+
+impl Local {
+    /// The group's sequence number of this log's `seq`.
+    fn key(&self, seq: u64) -> u64 {
+        if self.dead_letters {
+            seq | DEAD_LETTER_BIT
+        } else {
+            seq
+        }
+    }
 }
 
 /// One shard's store with the quorum-queue layer over it.
@@ -1072,14 +1087,21 @@ impl QuorumStore {
         batches.into_iter().map(|(b, _)| b).collect()
     }
 
-    /// The queue's messages from its group's copy (this node leads it now).
-    fn load_replica(g: &Group) -> (Held, u64) {
+    /// The queue's messages (or, for `dead_letters`, its dead-letter log) from its group's
+    /// copy (this node leads it now).
+    fn load_replica(g: &Group, dead_letters: bool) -> (Held, u64) {
         let Some(sm) = g.replica() else {
             return (BTreeMap::new(), 0);
         };
         sm.with(|r| {
             let mut out = BTreeMap::new();
-            for (seq, held) in &r.messages {
+            let range = if dead_letters {
+                r.messages.range(DEAD_LETTER_BIT..)
+            } else {
+                r.messages.range(..DEAD_LETTER_BIT)
+            };
+            for (seq, held) in range {
+                let seq = &(seq & !DEAD_LETTER_BIT);
                 match warren_store::record::decode_message(&Bytes::from(held.message.clone()), None)
                 {
                     Ok(m) => {
@@ -1090,7 +1112,12 @@ impl QuorumStore {
                     }
                 }
             }
-            (out, r.next_seq)
+            let next = if dead_letters {
+                out.keys().next_back().map_or(0, |s| s + 1)
+            } else {
+                r.next_seq
+            };
+            (out, next)
         })
     }
 }
@@ -1124,7 +1151,7 @@ impl Store for QuorumStore {
         // A reload: the queue changed hands here.
         local.serving = local.group.leading.load(Ordering::Acquire);
         let (messages, next_seq) = if local.serving {
-            QuorumStore::load_replica(&local.group)
+            QuorumStore::load_replica(&local.group, local.dead_letters)
         } else {
             (BTreeMap::new(), 0)
         };
@@ -1149,13 +1176,27 @@ impl Store for QuorumStore {
         let Some((vhost, name)) = self.names.get(&queue).cloned() else {
             return self.inner.keep_every_message(queue);
         };
+        // A quorum queue's dead-letter log goes in the queue's own group.
+        let (name, dead_letters) = match name.strip_prefix(warren_core::queue::dlx::STORE_PREFIX) {
+            Some(queue_name) => (queue_name.to_string(), true),
+            None => (name, false),
+        };
         let group = self.repl.ensure(&vhost, &name);
+        // The log opens while the queue is served (its first dead letter, or a reload):
+        // it is served as the queue is, with what the group's copy holds of it.
+        let serving = dead_letters && group.leading.load(Ordering::Acquire);
+        let messages = if serving {
+            QuorumStore::load_replica(&group, true).0
+        } else {
+            BTreeMap::new()
+        };
         self.quorum.insert(
             queue,
             Local {
                 group,
-                serving: false,
-                messages: BTreeMap::new(),
+                serving,
+                messages,
+                dead_letters,
             },
         );
     }
@@ -1192,7 +1233,7 @@ impl Store for QuorumStore {
         self.pending.push((
             local.group.clone(),
             QueueOp::Append {
-                seq,
+                seq: local.key(seq),
                 expires_at,
                 message: record,
             },
@@ -1212,6 +1253,7 @@ impl Store for QuorumStore {
             return self.inner.remove(queue, seq);
         };
         if local.messages.remove(&seq).is_some() && local.serving {
+            let seq = local.key(seq);
             self.pending
                 .push((local.group.clone(), QueueOp::Remove { seq }));
         }
@@ -1223,8 +1265,9 @@ impl Store for QuorumStore {
         };
         local.messages.split_off(&from_seq);
         if local.serving {
+            let seq = local.key(from_seq);
             self.pending
-                .push((local.group.clone(), QueueOp::RemoveFrom { seq: from_seq }));
+                .push((local.group.clone(), QueueOp::RemoveFrom { seq }));
         }
     }
 
@@ -1250,7 +1293,10 @@ impl Store for QuorumStore {
     }
 
     fn delete_queue(&mut self, queue: QueueId) {
-        if let Some(local) = self.quorum.remove(&queue) {
+        if let Some(local) = self.quorum.remove(&queue)
+            && !local.dead_letters
+        {
+            // (The dead-letter log goes with its queue's group.)
             self.pending.retain(|(g, _)| g.id != local.group.id);
             self.repl.delete(&local.group.vhost, &local.group.name);
         }

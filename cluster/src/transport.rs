@@ -120,9 +120,13 @@ pub enum TlsConfigError {
 /// TLS of the cluster port: this node's certificate and key, and the CA every peer's
 /// certificate must chain to (as a server it requires a client certificate; as a client it
 /// checks the server's against the IP address it dials, so each node's certificate carries
-/// its cluster IP as a subject alternative name).
+/// its cluster IP as a subject alternative name). Clones share one configuration, which
+/// [`ClusterTls::reload_from`] replaces for every clone: connections made afterwards (in
+/// and out) use the new certificate and CA, open ones keep theirs.
 #[derive(Clone)]
-pub struct ClusterTls {
+pub struct ClusterTls(Arc<std::sync::RwLock<TlsConfigs>>);
+
+struct TlsConfigs {
     server: Arc<rustls::ServerConfig>,
     client: Arc<rustls::ClientConfig>,
 }
@@ -134,6 +138,34 @@ impl std::fmt::Debug for ClusterTls {
 }
 
 impl ClusterTls {
+    fn server(&self) -> Arc<rustls::ServerConfig> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .server
+            .clone()
+    }
+
+    fn client(&self) -> Arc<rustls::ClientConfig> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .client
+            .clone()
+    }
+
+    /// Takes `fresh`'s certificate, key and CA (files read again, on SIGHUP): every clone of
+    /// this one uses them for the connections it makes or accepts from now on.
+    pub fn reload_from(&self, fresh: &ClusterTls) {
+        if Arc::ptr_eq(&self.0, &fresh.0) {
+            return;
+        }
+        let (server, client) = (fresh.server(), fresh.client());
+        let mut me = self.0.write().unwrap_or_else(|p| p.into_inner());
+        me.server = server;
+        me.client = client;
+    }
+
     /// Reads the PEM files: the certificate chain, its private key and the CA bundle.
     pub fn from_pem_files(
         cert: &std::path::Path,
@@ -205,10 +237,10 @@ impl ClusterTls {
             .with_webpki_verifier(server_verifier)
             .with_client_auth_cert(chain, key)
             .map_err(|e| invalid("certificate and key", &e))?;
-        Ok(Self {
+        Ok(Self(Arc::new(std::sync::RwLock::new(TlsConfigs {
             server: Arc::new(server),
             client: Arc::new(client),
-        })
+        }))))
     }
 }
 
@@ -229,7 +261,7 @@ async fn dial(addr: &str, tls: Option<&ClusterTls>) -> Result<Box<dyn Conn>, Tra
         return Ok(Box::new(s));
     };
     let name = rustls::pki_types::ServerName::IpAddress(s.peer_addr()?.ip().into());
-    let s = tokio_rustls::TlsConnector::from(tls.client.clone())
+    let s = tokio_rustls::TlsConnector::from(tls.client())
         .connect(name, s)
         .await
         .map_err(TransportError::Tls)?;
@@ -253,7 +285,7 @@ async fn accept(
         None => Ok(Box::new(sock)),
         Some(_) if first[0] != TLS_HANDSHAKE_RECORD => Err(TransportError::NotTls),
         Some(tls) => Ok(Box::new(
-            tokio_rustls::TlsAcceptor::from(tls.server.clone())
+            tokio_rustls::TlsAcceptor::from(tls.server())
                 .accept(sock)
                 .await
                 .map_err(TransportError::Tls)?,
@@ -361,6 +393,11 @@ enum Rpc {
     /// one node"). Not a group's: the envelope's group is ignored. Sent on a connection of
     /// its own (`MAIL_LANE`), so a big batch never delays the Raft heartbeats.
     Mail(Vec<u8>),
+    /// A question of the hosts' (its bytes are theirs), answered by the peer's
+    /// [`AskHandler`]: what a node must know of another's broker before it proposes a change
+    /// (a queue's consumers and messages there, for a conditional `queue.delete`). Not a
+    /// group's, as `Mail`; sent on the mail connection.
+    Ask(Vec<u8>),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -374,6 +411,8 @@ enum RpcReply {
     NoGroup(u64),
     /// The mail was handed to this node's broker, whose incarnation it gives (or why not).
     Mail(Result<u64, String>),
+    /// The answer to an `Ask` (bytes of the hosts'), or why there is none.
+    Ask(Result<Vec<u8>, String>),
 }
 
 async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
@@ -612,14 +651,35 @@ pub type MailHandler = Arc<
         + Sync,
 >;
 
-/// The groups this node serves, by group id, and the handler of the brokers' mail.
+/// What a node answers to a peer's question ([`Rpc::Ask`]): the peer's id and the
+/// question's bytes; the answer's bytes, or why there is none.
+pub type AskHandler = Arc<
+    dyn Fn(
+            NodeId,
+            Vec<u8>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The groups this node serves, by group id, and the handlers of the brokers' mail and of
+/// the hosts' questions.
 #[derive(Clone, Default)]
 pub struct Groups(
     Arc<Mutex<HashMap<u64, Raft>>>,
     Arc<Mutex<Option<MailHandler>>>,
+    Arc<Mutex<Option<AskHandler>>>,
 );
 
 impl Groups {
+    /// Answers peers' questions with `handler` (until then they are refused).
+    pub fn set_ask_handler(&self, handler: AskHandler) {
+        *self.2.lock().unwrap_or_else(|p| p.into_inner()) = Some(handler);
+    }
+    fn ask_handler(&self) -> Option<AskHandler> {
+        self.2.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
     /// Serves the brokers' mail from peers with `handler` (until then it is refused).
     pub fn set_mail_handler(&self, handler: MailHandler) {
         *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(handler);
@@ -727,6 +787,14 @@ async fn serve_peer(
             write_frame(&mut sock, &reply).await?;
             continue;
         }
+        if let Rpc::Ask(bytes) = env.rpc {
+            let reply = match groups.ask_handler() {
+                Some(h) => RpcReply::Ask(h(peer, bytes).await),
+                None => RpcReply::Ask(Err("this node answers no questions yet".into())),
+            };
+            write_frame(&mut sock, &reply).await?;
+            continue;
+        }
         let reply = match groups.get(env.group) {
             None => RpcReply::NoGroup(env.group),
             Some(raft) => match env.rpc {
@@ -747,6 +815,7 @@ async fn serve_peer(
                 ),
                 // Taken above.
                 Rpc::Mail(_) => RpcReply::Mail(Err("mail".into())),
+                Rpc::Ask(_) => RpcReply::Ask(Err("ask".into())),
                 Rpc::Write(c) => RpcReply::Write(
                     raft.client_write(c)
                         .await
@@ -867,6 +936,37 @@ impl Peers {
         match rx.await.map_err(|_| TransportError::Closed)?? {
             RpcReply::Mail(r) => r.map_err(TransportError::Remote),
             _ => Err(TransportError::Protocol),
+        }
+    }
+
+    /// Asks `target` at `addr` the hosts' question `question` (on the mail connection) and
+    /// waits for its answer, within `timeout`.
+    pub async fn ask(
+        &self,
+        target: NodeId,
+        addr: &str,
+        question: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        let (tx, rx) = oneshot::channel();
+        let req = Request {
+            group: 0,
+            rpc: Rpc::Ask(question),
+            deadline: Instant::now() + timeout,
+            reply: tx,
+        };
+        let sender = self.lane_sender(target, addr, MAIL_LANE);
+        match tokio::time::timeout(timeout, sender.send(req)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(TransportError::Closed),
+            Err(_) => return Err(TransportError::Timeout),
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(r) => match r.map_err(|_| TransportError::Closed)?? {
+                RpcReply::Ask(r) => r.map_err(TransportError::Remote),
+                _ => Err(TransportError::Protocol),
+            },
+            Err(_) => Err(TransportError::Timeout),
         }
     }
 
