@@ -330,6 +330,7 @@ async fn over_receive_maximum_the_disconnect_arrives_while_the_client_still_send
         [0xE0, 0x01, 0x93],
         "DISCONNECT Receive Maximum exceeded"
     );
+}
 
 /// A QoS 0 PUBLISH of `payload` bytes on `topic` (v3.1.1 framing).
 fn publish_packet(topic: &str, payload: usize) -> Vec<u8> {
