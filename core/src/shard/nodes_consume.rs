@@ -411,17 +411,13 @@ impl Broker {
             return None;
         }
         let (to, op, channel_too, what) = match mail {
-            Mail::Consume { consumer, .. } => {
-                (consumer.addr(), OpKind::Consume, true, "consuming")
-            }
+            Mail::Consume { consumer, .. } => (consumer.addr(), OpKind::Consume, true, "consuming"),
             Mail::Get { to, .. } => (*to, OpKind::Get, true, "getting from"),
             Mail::Purge { to, .. } => (*to, OpKind::QueuePurge, false, "purging"),
             Mail::Redeclare { to, .. } => (*to, OpKind::QueueDeclare, false, "declaring"),
             _ => return None,
         };
-        if !client(to)
-            || (self.shard == 0 && (!channel_too || self.conn_shard(to.ch.conn) == 0))
-        {
+        if !client(to) || (self.shard == 0 && (!channel_too || self.conn_shard(to.ch.conn) == 0)) {
             return None;
         }
         Some((
@@ -445,13 +441,7 @@ impl Broker {
     /// only if the queue is shard 0's, where the host hands that node's mail and where the
     /// windows its answers go back through are (`unsupported_across_shards`); otherwise it
     /// is refused (540) rather than answered nowhere. True if refused.
-    fn refuse_on_shard(
-        &mut self,
-        node: u32,
-        to: NodeChannel,
-        queue: &str,
-        id: QueueId,
-    ) -> bool {
+    fn refuse_on_shard(&mut self, node: u32, to: NodeChannel, queue: &str, id: QueueId) -> bool {
         let shard = self.queue_shard(id);
         if shard == 0 {
             return false;
