@@ -257,6 +257,81 @@ async fn packets_pipelined_behind_connect_are_handled() {
     assert_eq!(got, want);
 }
 
+/// A v5 QoS 2 PUBLISH of `topic` with packet id `id` and a one-byte payload.
+fn publish_qos2(topic: &str, id: u16) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    body.extend_from_slice(topic.as_bytes());
+    body.extend_from_slice(&id.to_be_bytes());
+    body.push(0); // no properties
+    body.push(b'x');
+    let mut p = vec![0x34, body.len() as u8];
+    p.extend(body);
+    p
+}
+
+/// MQTT 5 §3.3.4: a client over Receive Maximum gets DISCONNECT 0x93, also when it keeps
+/// answering the server's PUBRECs with PUBRELs meanwhile (paho's interoperability test
+/// `test_flow_control2`). The server reads and drops what arrives after its DISCONNECT before
+/// it closes: a closed socket answers arriving bytes with a reset, and the client's next
+/// write failed ("broken pipe") before it had read the reason code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_receive_maximum_the_disconnect_arrives_while_the_client_still_sends() {
+    let receive_max: u16 = 10;
+    let b = warren_tests::mqtt::start_with(warren_mqtt::MqttConfig {
+        max_inflight: receive_max,
+        ..Default::default()
+    })
+    .await;
+    let mut s = open(&b, 5, "over-receive-max", 60).await;
+    let mut burst = Vec::new();
+    for id in 1..=receive_max {
+        burst.extend(publish_qos2("linger/t", id));
+    }
+    s.write_all(&burst).await.expect("write");
+    // The server answers those with PUBRECs before the one over the maximum arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(&publish_qos2("linger/t", receive_max + 1))
+        .await
+        .expect("write");
+    // Read packet by packet, answering each PUBREC with its PUBREL at once, as a client does
+    // that has not read far enough to see the DISCONNECT yet.
+    let mut buf = Vec::new();
+    // Small reads: the client has unread packets when its first PUBREL goes out.
+    let mut chunk = [0u8; 4];
+    let disconnect = tokio::time::timeout(WAIT, async {
+        loop {
+            while buf.len() >= 2 && buf.len() >= 2 + buf[1] as usize {
+                let packet: Vec<u8> = buf.drain(..2 + buf[1] as usize).collect();
+                match packet[0] {
+                    0x50 => {
+                        // Slow enough that the server has closed before the later PUBRELs.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        s.write_all(&[0x62, 0x02, packet[2], packet[3]])
+                            .await
+                            .expect("a PUBREL before the DISCONNECT was read is not refused");
+                    }
+                    0xE0 => return packet,
+                    other => panic!("unexpected packet type {other:#x}"),
+                }
+            }
+            let n = s
+                .read(&mut chunk)
+                .await
+                .expect("the server's packets, not a reset, before its DISCONNECT");
+            assert!(n > 0, "closed before a DISCONNECT");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("DISCONNECT in time");
+    assert_eq!(
+        disconnect,
+        [0xE0, 0x01, 0x93],
+        "DISCONNECT Receive Maximum exceeded"
+    );
+}
+
 /// A QoS 0 PUBLISH of `payload` bytes on `topic` (v3.1.1 framing).
 fn publish_packet(topic: &str, payload: usize) -> Vec<u8> {
     let body = 2 + topic.len() + payload;
