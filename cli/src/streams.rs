@@ -666,7 +666,7 @@ impl StreamBackend for DiskStreams {
                     confirm_at: w.log.bounds().next.checked_sub(1),
                 });
             }
-            let fresh = move |m: &PublishedRef<'_>| !last.is_some_and(|l| m.publishing_id <= l);
+            let fresh = move |m: &PublishedRef<'_>| last.is_none_or(|l| m.publishing_id > l);
             let stored = messages.iter().filter(fresh).count();
             // Re-sent ids among them, or a frame past the log's message count or about the
             // write buffer: batches of the new messages within those bounds. The log merges
