@@ -548,6 +548,9 @@ impl Broker {
                     ))
                 })
             }
+            AdminRequest::QueueHome { .. } if !super::nodes::NODES => Done(Err(
+                "this build of the core has no cluster nodes (feature `nodes` off)".into(),
+            )),
             AdminRequest::QueueHome { vhost, queue, node } => {
                 broker.set_queue_home(&vhost, &queue, node);
                 // Its consumers attach where it is now (`nodes_consume.rs`).

@@ -16,7 +16,7 @@ use crate::message::Message;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, is_node_conn};
+pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, NODES, is_node_conn};
 
 /// Mail between cluster nodes, carried by the host.
 #[derive(Clone, Debug)]
@@ -96,7 +96,8 @@ pub enum NodeMail {
         tag: Arc<str>,
         /// No ack expected.
         no_ack: bool,
-        /// The message's position in the home's queue (what a settle names).
+        /// The home's number for this delivery (what a settle names; not the queue's
+        /// sequence number, which a reloaded queue issues again); 0 with `no_ack`.
         seq: u64,
         /// Delivered before.
         redelivered: bool,
@@ -120,7 +121,7 @@ pub enum NodeMail {
         vhost: Arc<str>,
         /// The queue.
         queue: Arc<str>,
-        /// The deliveries' `seq`.
+        /// The deliveries' numbers (`Deliver::seq`).
         seqs: Vec<u64>,
         /// Acked, requeued or discarded.
         how: NodeSettle,
@@ -288,7 +289,7 @@ pub enum NodeRequest {
 /// What basic.get found on the home (`NodeMail::Got`).
 #[derive(Clone, Debug)]
 pub struct NodeGot {
-    /// Its position in the queue.
+    /// The home's number for this delivery (what a settle names, as `NodeMail::Deliver`'s).
     pub seq: u64,
     /// Delivered before.
     pub redelivered: bool,
@@ -322,7 +323,7 @@ impl Nodes {
     /// Whether mail may have to cross to another node: queues live elsewhere, or this
     /// node's channels consume there.
     pub(super) fn crosses(&self) -> bool {
-        !self.homes.is_empty() || self.attached.has_consumers()
+        NODES && (!self.homes.is_empty() || self.attached.has_consumers())
     }
 }
 
@@ -343,7 +344,7 @@ impl Broker {
 
     /// The node queue `id` lives on, if not this one.
     pub(super) fn queue_home(&self, id: QueueId) -> Option<u32> {
-        if self.nodes.homes.is_empty() {
+        if !NODES || self.nodes.homes.is_empty() {
             return None;
         }
         let q = self.qs.queues.get(&id)?;
