@@ -378,6 +378,14 @@ cluster_quorum() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
 }
 
+cluster_quorum_dlx() {
+  # The same needs as cluster_script. At-least-once dead-lettering of a quorum queue over 3
+  # nodes (bridge wbd0, 10.90.0.x): dead letters held while unroutable survive a kill -9 of
+  # the source's leader; messages expiring while the leader is killed all reach the target.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_dlx -- --nocapture
+}
+
 cluster_tls() {
   # The same needs as cluster_script. Mutual TLS on the cluster port (WARREN_CLUSTER_TLS_DIR):
   # a quorum queue over 3 nodes works, a plaintext peer is refused and logged.
@@ -407,6 +415,15 @@ cluster_remote_consumers() {
   # purge/get/passive declare on other nodes act on n2's queue, n3 killed: messages back on n2.
   cargo build -p warren-cli &&
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test remote_consumers
+}
+
+cluster_edges() {
+  # cluster/tests/cluster_edges.rs (docs/cluster.md, "Failure modes users must know"): a
+  # queue.delete with if-unused / if-empty on a stub's node is decided by the queue's home
+  # (406 as in RabbitMQ, the queue stays everywhere); a classic queue's declare while its home
+  # is down fails with 404.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_edges
 }
 
 cluster_mqtt_sessions() {
@@ -459,10 +476,14 @@ step "browser: the management web UI in headless Chromium (screenshots: target/u
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
 step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
+step "cluster quorum queues: at-least-once dead letters survive kill -9 of the source's leader" cluster_quorum_dlx
 step "cluster TLS: a quorum queue over a mutual-TLS cluster port; a plaintext peer refused" cluster_tls
 step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers
+step "cluster edges: conditional queue.delete decided by the home node; declare while the home is down" cluster_edges
+}
+
 step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short

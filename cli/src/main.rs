@@ -11,6 +11,7 @@ mod meta;
 mod mqtt_cluster;
 mod nodes;
 mod qq;
+mod queue_use;
 mod settings;
 mod stream_broker;
 mod streams;
@@ -1145,15 +1146,24 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
                 tracing::info!("{name} received");
                 break;
             }
-            Signal::Reload => match &tls {
-                Some(tls) => match tls.reload() {
-                    Ok(()) => tracing::info!("SIGHUP: TLS certificate files reloaded"),
-                    Err(e) => {
-                        tracing::warn!("SIGHUP: TLS files not reloaded, keeping the old: {e}")
-                    }
-                },
-                None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
-            },
+            Signal::Reload => {
+                match &tls {
+                    Some(tls) => match tls.reload() {
+                        Ok(()) => tracing::info!("SIGHUP: TLS certificate files reloaded"),
+                        Err(e) => {
+                            tracing::warn!("SIGHUP: TLS files not reloaded, keeping the old: {e}")
+                        }
+                    },
+                    None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
+                }
+                match cluster::reload_tls() {
+                    Ok(true) => tracing::info!("SIGHUP: cluster TLS files reloaded"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(
+                        "SIGHUP: cluster TLS files not reloaded, keeping the old: {e}"
+                    ),
+                }
+            }
         }
     }
     tracing::info!("shutting down: closing connections");

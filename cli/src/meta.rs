@@ -566,6 +566,8 @@ pub struct MetaReplicator(Arc<Inner>);
 struct Inner {
     node: &'static ClusterNode,
     me: u64,
+    /// This node's broker (a conditional delete's check reads its instance of the queue).
+    broker: BrokerHandle,
     /// Unique per proposal across restarts (it starts at the clock in microseconds), so
     /// the applier's duplicate filter never mistakes a new proposal for an old one.
     seq: std::sync::atomic::AtomicU64,
@@ -573,7 +575,7 @@ struct Inner {
 }
 
 impl MetaReplicator {
-    pub fn new(node: &'static ClusterNode, me: u64) -> (Self, Pending) {
+    pub fn new(node: &'static ClusterNode, me: u64, broker: BrokerHandle) -> (Self, Pending) {
         let start = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_micros() as u64);
@@ -581,6 +583,7 @@ impl MetaReplicator {
         let this = Self(Arc::new(Inner {
             node,
             me,
+            broker,
             seq: std::sync::atomic::AtomicU64::new(start),
             pending: pending.clone(),
         }));
@@ -681,6 +684,14 @@ impl Replicator for MetaReplicator {
     fn barrier(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
         let this = self.0.clone();
         Box::pin(async move { this.propose(Vec::new(), BARRIER_TIMEOUT).await.map(|_| ()) })
+    }
+
+    fn precheck(
+        &self,
+        vhost: &str,
+        op: &Op,
+    ) -> Pin<Box<dyn Future<Output = Option<warren_core::error::ProtocolError>> + Send>> {
+        crate::queue_use::precheck(self.0.node, self.0.me, self.0.broker.clone(), vhost, op)
     }
 }
 

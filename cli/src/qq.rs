@@ -17,14 +17,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use warren_cluster::node::ClusterNode;
-use warren_cluster::queue::{QueueCommand, QueueOp, QueueReplica};
+use warren_cluster::queue::{DEAD_LETTER_BIT, QueueCommand, QueueOp, QueueReplica};
 use warren_cluster::state_machine::{StateMachineStore, write_atomic};
 use warren_cluster::{NodeId, Raft};
 use warren_core::admin::AdminRequest;
@@ -919,11 +919,15 @@ impl warren_runtime::StoreLayer for Replication {
         let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
         let (wait_tx, wait_rx) = mpsc::unbounded_channel();
         self.0.runtime.spawn(propose(jobs_rx, wait_tx));
-        self.0.runtime.spawn(complete(wait_rx, inner_rx, synced));
         let on_inner: SyncCallback = Box::new(move |epoch, result| {
             let _ = inner_tx.send((epoch, result));
         });
         let this = self.clone();
+        let outstanding = Arc::new(AtomicUsize::new(0));
+        let counted = outstanding.clone();
+        self.0
+            .runtime
+            .spawn(complete(wait_rx, inner_rx, synced, counted));
         let wrap = Box::new(move |inner: Box<dyn Store>| -> Box<dyn Store> {
             Box::new(QuorumStore {
                 inner,
@@ -932,6 +936,7 @@ impl warren_runtime::StoreLayer for Replication {
                 quorum: HashMap::new(),
                 pending: Vec::new(),
                 jobs: jobs_tx,
+                outstanding,
             })
         });
         (on_inner, wrap)
@@ -941,8 +946,13 @@ impl warren_runtime::StoreLayer for Replication {
 /// A batch of writes for one group.
 type Batch = (Arc<Group>, Vec<QueueOp>);
 
-/// The broker's sync `epoch`: these writes committed, and the disk's own sync, complete it.
-struct Job(u64, Vec<Batch>);
+/// The broker's sync `epoch`: these writes committed (and those proposed ahead of it), and
+/// the disk's own sync, complete it. `None`: writes proposed ahead of the next sync
+/// ([`QuorumStore::flush`]), which that sync's completion waits for as well.
+struct Job(Option<u64>, Vec<Batch>);
+
+/// What [`complete`] waits for: a job's epoch and its writes' commits.
+type Waits = (Option<u64>, Vec<Result<Responder, String>>);
 
 type Responder = tokio::sync::oneshot::Receiver<
     Result<
@@ -956,10 +966,7 @@ type Responder = tokio::sync::oneshot::Receiver<
 
 /// Proposes each job's writes in order without waiting for their commit (openraft
 /// pipelines them); [`complete`] waits for them in the same order.
-async fn propose(
-    mut jobs: mpsc::UnboundedReceiver<Job>,
-    wait: mpsc::UnboundedSender<(u64, Vec<Result<Responder, String>>)>,
-) {
+async fn propose(mut jobs: mpsc::UnboundedReceiver<Job>, wait: mpsc::UnboundedSender<Waits>) {
     while let Some(job) = jobs.recv().await {
         let Job(epoch, batches) = job;
         let mut waits = Vec::with_capacity(batches.len());
@@ -982,17 +989,21 @@ async fn propose(
     }
 }
 
-/// Completes the broker's syncs in order: once its group writes are committed and the disk
-/// reported the same epoch synced.
+/// Completes the broker's syncs in order: once its group writes (and those proposed ahead
+/// of it) are committed and the disk reported the same epoch synced. Counts down
+/// `outstanding` as each write is committed (or failed).
 async fn complete(
-    mut waits: mpsc::UnboundedReceiver<(u64, Vec<Result<Responder, String>>)>,
+    mut waits: mpsc::UnboundedReceiver<Waits>,
     mut inner: mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
     synced: SyncCallback,
+    outstanding: Arc<AtomicUsize>,
 ) {
     // Disk syncs reported before their group writes committed (at most the syncs in flight).
     let mut early: HashMap<u64, Result<(), String>> = HashMap::new();
+    // The outcome of writes proposed ahead of the next sync.
+    let mut ahead: Result<(), String> = Ok(());
     while let Some((epoch, rxs)) = waits.recv().await {
-        let mut result = Ok(());
+        let mut result = std::mem::replace(&mut ahead, Ok(()));
         for rx in rxs {
             let r = match rx {
                 Ok(rx) => match rx.await {
@@ -1002,11 +1013,17 @@ async fn complete(
                 },
                 Err(e) => Err(e),
             };
+            outstanding.fetch_sub(1, Ordering::AcqRel);
             if let Err(e) = r {
                 tracing::debug!(error = %e, "quorum queue write not committed");
                 result = result.and(Err(e));
             }
         }
+        let Some(epoch) = epoch else {
+            // Proposed ahead: the next sync's completion carries the outcome.
+            ahead = result;
+            continue;
+        };
         let disk = loop {
             if let Some(r) = early.remove(&epoch) {
                 break r;
@@ -1032,6 +1049,21 @@ struct Local {
     serving: bool,
     /// Its messages, for the core to page in.
     messages: Held,
+    /// This is the queue's dead-letter log (at-least-once dead-lettering,
+    /// `warren_core::queue::dlx`), carried in the queue's own group under sequence numbers
+    /// with `DEAD_LETTER_BIT` set.
+    dead_letters: bool,
+}
+
+impl Local {
+    /// The group's sequence number of this log's `seq`.
+    fn key(&self, seq: u64) -> u64 {
+        if self.dead_letters {
+            seq | DEAD_LETTER_BIT
+        } else {
+            seq
+        }
+    }
 }
 
 /// One shard's store with the quorum-queue layer over it.
@@ -1043,6 +1075,8 @@ struct QuorumStore {
     /// Writes since the last sync or flush, in order.
     pending: Vec<(Arc<Group>, QueueOp)>,
     jobs: mpsc::UnboundedSender<Job>,
+    /// Log entries proposed and not yet committed (or failed), counted down by [`complete`].
+    outstanding: Arc<AtomicUsize>,
 }
 
 impl QuorumStore {
@@ -1072,14 +1106,21 @@ impl QuorumStore {
         batches.into_iter().map(|(b, _)| b).collect()
     }
 
-    /// The queue's messages from its group's copy (this node leads it now).
-    fn load_replica(g: &Group) -> (Held, u64) {
+    /// The queue's messages (or, for `dead_letters`, its dead-letter log) from its group's
+    /// copy (this node leads it now).
+    fn load_replica(g: &Group, dead_letters: bool) -> (Held, u64) {
         let Some(sm) = g.replica() else {
             return (BTreeMap::new(), 0);
         };
         sm.with(|r| {
             let mut out = BTreeMap::new();
-            for (seq, held) in &r.messages {
+            let range = if dead_letters {
+                r.messages.range(DEAD_LETTER_BIT..)
+            } else {
+                r.messages.range(..DEAD_LETTER_BIT)
+            };
+            for (seq, held) in range {
+                let seq = &(seq & !DEAD_LETTER_BIT);
                 match warren_store::record::decode_message(&Bytes::from(held.message.clone()), None)
                 {
                     Ok(m) => {
@@ -1090,7 +1131,12 @@ impl QuorumStore {
                     }
                 }
             }
-            (out, r.next_seq)
+            let next = if dead_letters {
+                out.keys().next_back().map_or(0, |s| s + 1)
+            } else {
+                r.next_seq
+            };
+            (out, next)
         })
     }
 }
@@ -1124,7 +1170,7 @@ impl Store for QuorumStore {
         // A reload: the queue changed hands here.
         local.serving = local.group.leading.load(Ordering::Acquire);
         let (messages, next_seq) = if local.serving {
-            QuorumStore::load_replica(&local.group)
+            QuorumStore::load_replica(&local.group, local.dead_letters)
         } else {
             (BTreeMap::new(), 0)
         };
@@ -1149,13 +1195,27 @@ impl Store for QuorumStore {
         let Some((vhost, name)) = self.names.get(&queue).cloned() else {
             return self.inner.keep_every_message(queue);
         };
+        // A quorum queue's dead-letter log goes in the queue's own group.
+        let (name, dead_letters) = match name.strip_prefix(warren_core::queue::dlx::STORE_PREFIX) {
+            Some(queue_name) => (queue_name.to_string(), true),
+            None => (name, false),
+        };
         let group = self.repl.ensure(&vhost, &name);
+        // The log opens while the queue is served (its first dead letter, or a reload):
+        // it is served as the queue is, with what the group's copy holds of it.
+        let serving = dead_letters && group.leading.load(Ordering::Acquire);
+        let messages = if serving {
+            QuorumStore::load_replica(&group, true).0
+        } else {
+            BTreeMap::new()
+        };
         self.quorum.insert(
             queue,
             Local {
                 group,
-                serving: false,
-                messages: BTreeMap::new(),
+                serving,
+                messages,
+                dead_letters,
             },
         );
     }
@@ -1192,7 +1252,7 @@ impl Store for QuorumStore {
         self.pending.push((
             local.group.clone(),
             QueueOp::Append {
-                seq,
+                seq: local.key(seq),
                 expires_at,
                 message: record,
             },
@@ -1212,6 +1272,7 @@ impl Store for QuorumStore {
             return self.inner.remove(queue, seq);
         };
         if local.messages.remove(&seq).is_some() && local.serving {
+            let seq = local.key(seq);
             self.pending
                 .push((local.group.clone(), QueueOp::Remove { seq }));
         }
@@ -1223,8 +1284,9 @@ impl Store for QuorumStore {
         };
         local.messages.split_off(&from_seq);
         if local.serving {
+            let seq = local.key(from_seq);
             self.pending
-                .push((local.group.clone(), QueueOp::RemoveFrom { seq: from_seq }));
+                .push((local.group.clone(), QueueOp::RemoveFrom { seq }));
         }
     }
 
@@ -1250,7 +1312,10 @@ impl Store for QuorumStore {
     }
 
     fn delete_queue(&mut self, queue: QueueId) {
-        if let Some(local) = self.quorum.remove(&queue) {
+        if let Some(local) = self.quorum.remove(&queue)
+            && !local.dead_letters
+        {
+            // (The dead-letter log goes with its queue's group.)
             self.pending.retain(|(g, _)| g.id != local.group.id);
             self.repl.delete(&local.group.vhost, &local.group.name);
         }
@@ -1260,14 +1325,32 @@ impl Store for QuorumStore {
 
     fn sync(&mut self, epoch: u64) {
         let batches = self.take_batches();
+        self.outstanding.fetch_add(batches.len(), Ordering::AcqRel);
         // Fails only when the runtime is shutting down: nothing to confirm then.
-        let _ = self.jobs.send(Job(epoch, batches));
+        let _ = self.jobs.send(Job(Some(epoch), batches));
         self.inner.sync(epoch);
     }
 
     fn flush(&mut self) {
-        // A quorum queue's removals wait for the next sync (the core starts one within
+        // The broker syncs one epoch at a time, and a sync of a replicated queue waits for
+        // the leader's fsync and then a follower's, one after the other (openraft appends
+        // to the leader's log before it replicates). Messages published meanwhile are
+        // proposed now, ahead of the next sync, when at most one entry is in flight: the
+        // leader writes them while the entry before is on its way to the followers, and
+        // the next sync finds them (nearly) committed. Not more than that: every entry is
+        // an fsync of the leader's own (openraft appends one client write at a time).
+        // Removals alone wait for the next sync (the core starts one within
         // `removal_sync_ms` of a removal): one log entry for many acks, not one each.
+        if self.outstanding.load(Ordering::Acquire) <= 1
+            && self
+                .pending
+                .iter()
+                .any(|(_, op)| matches!(op, QueueOp::Append { .. }))
+        {
+            let batches = self.take_batches();
+            self.outstanding.fetch_add(batches.len(), Ordering::AcqRel);
+            let _ = self.jobs.send(Job(None, batches));
+        }
         self.inner.flush();
     }
 

@@ -44,6 +44,12 @@ pub const MAX_ENTRIES: u64 = 8;
 /// the frame limit once base64'd).
 pub const MAX_MESSAGE: usize = 8 * 1024 * 1024;
 
+/// The bit that marks a sequence number of the queue's dead-letter log (at-least-once
+/// dead-lettering: dead letters owed to their targets, `warren_core::queue::dlx`): that log
+/// is carried in the queue's own group, so a new leader finds them with its messages. The
+/// queue's own sequence numbers stay below it.
+pub const DEAD_LETTER_BIT: u64 = 1 << 63;
+
 /// The first byte of an encoded [`QueueCommand`] (its format's version).
 const FORMAT: u8 = 1;
 
@@ -173,7 +179,9 @@ impl QueueReplica {
                 expires_at,
                 message,
             } => {
-                self.next_seq = self.next_seq.max(seq.saturating_add(1));
+                if seq & DEAD_LETTER_BIT == 0 {
+                    self.next_seq = self.next_seq.max(seq.saturating_add(1));
+                }
                 self.messages.insert(
                     seq,
                     Held {
@@ -186,7 +194,13 @@ impl QueueReplica {
                 self.messages.remove(&seq);
             }
             QueueOp::RemoveFrom { seq } => {
-                self.messages.split_off(&seq);
+                // A purge of the queue's messages keeps the dead-letter log, and one of the
+                // dead-letter log keeps the messages.
+                let mut from = self.messages.split_off(&seq);
+                if seq & DEAD_LETTER_BIT == 0 {
+                    let mut dead = from.split_off(&DEAD_LETTER_BIT);
+                    self.messages.append(&mut dead);
+                }
             }
         }
     }
@@ -256,6 +270,27 @@ mod tests {
         assert!(a.apply(6, &QueueCommand(Vec::new()).encode().0).is_empty());
         assert_eq!(a.applied, applied + 1);
         assert_eq!(a.messages, before.messages);
+        // The dead-letter log shares the map: a purge of either leaves the other, and its
+        // numbers do not move the queue's next one.
+        let mut d = QueueReplica::new();
+        let log = QueueCommand(vec![
+            append(0),
+            append(1),
+            append(DEAD_LETTER_BIT),
+            append(DEAD_LETTER_BIT | 1),
+            QueueOp::RemoveFrom { seq: 1 },
+        ]);
+        d.apply(1, &log.encode().0);
+        assert_eq!(
+            d.messages.keys().copied().collect::<Vec<_>>(),
+            vec![0, DEAD_LETTER_BIT, DEAD_LETTER_BIT | 1]
+        );
+        assert_eq!(d.next_seq, 2);
+        let purge_dead = QueueCommand(vec![QueueOp::RemoveFrom {
+            seq: DEAD_LETTER_BIT,
+        }]);
+        d.apply(2, &purge_dead.encode().0);
+        assert_eq!(d.messages.keys().copied().collect::<Vec<_>>(), vec![0]);
         let with_expiry = QueueCommand(vec![QueueOp::Append {
             seq: 9,
             expires_at: Some(77),

@@ -17,7 +17,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
 use warren_cluster::log_store::LogStore;
 use warren_cluster::mem::Router;
-use warren_cluster::queue::{QueueCommand, QueueOp, QueueReplica};
+use warren_cluster::queue::{DEAD_LETTER_BIT, QueueCommand, QueueOp, QueueReplica};
 use warren_cluster::state_machine::StateMachineStore;
 use warren_cluster::{NodeId, Raft};
 
@@ -139,6 +139,9 @@ async fn scenario(seed: u64) {
     let mut rng = Rng(seed | 1);
     let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
     let mut next_seq = 0u64;
+    // The queue's dead-letter log rides in the same group (at-least-once dead-lettering):
+    // its numbers carry DEAD_LETTER_BIT, and a purge of either leaves the other.
+    let mut next_dead = 0u64;
     for _round in 0..40 {
         // A fault now and then: one member down at most (the group keeps its majority).
         match rng.below(6) {
@@ -162,7 +165,7 @@ async fn scenario(seed: u64) {
         }
         let mut ops = Vec::new();
         for _ in 0..1 + rng.below(5) {
-            match rng.below(10) {
+            match rng.below(14) {
                 0..=5 => {
                     let message = format!("m{seed}-{next_seq}").into_bytes();
                     ops.push(QueueOp::Append {
@@ -182,6 +185,29 @@ async fn scenario(seed: u64) {
                 9 if next_seq > 4 => {
                     let seq = next_seq - 1 - rng.below(4);
                     ops.push(QueueOp::RemoveFrom { seq });
+                    let mut from = model.split_off(&seq);
+                    model.append(&mut from.split_off(&DEAD_LETTER_BIT));
+                }
+                10 | 11 => {
+                    let seq = DEAD_LETTER_BIT | next_dead;
+                    let message = format!("d{seed}-{next_dead}").into_bytes();
+                    ops.push(QueueOp::Append {
+                        seq,
+                        expires_at: None,
+                        message: message.clone(),
+                    });
+                    model.insert(seq, message);
+                    next_dead += 1;
+                }
+                12 if model.keys().any(|s| s & DEAD_LETTER_BIT != 0) => {
+                    let dead: Vec<u64> = model.range(DEAD_LETTER_BIT..).map(|(s, _)| *s).collect();
+                    let seq = dead[rng.below(dead.len() as u64) as usize];
+                    ops.push(QueueOp::Remove { seq });
+                    model.remove(&seq);
+                }
+                13 if next_dead > 2 => {
+                    let seq = DEAD_LETTER_BIT | (next_dead - 1 - rng.below(3));
+                    ops.push(QueueOp::RemoveFrom { seq });
                     model.split_off(&seq);
                 }
                 _ => {}
@@ -189,6 +215,10 @@ async fn scenario(seed: u64) {
         }
         sim.commit(ops).await;
     }
+    assert!(
+        next_dead > 0,
+        "seed {seed}: the dead-letter log was written"
+    );
     for id in &ids {
         if !sim.live.contains_key(id) {
             sim.start(*id).await;

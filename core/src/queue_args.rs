@@ -231,6 +231,31 @@ impl QueueArgs {
     }
 }
 
+/// RabbitMQ 3.10's warning (its `rabbit_quorum_queue:dlh/5`, worded as it logs it) for a
+/// quorum queue declared with `x-dead-letter-strategy: at-least-once` that will not
+/// dead-letter at least once: without a dead-letter exchange it does not dead-letter at all,
+/// and without `x-overflow: reject-publish` it falls back to at-most-once. `None` when there
+/// is nothing to warn about. Hosts log it when a client declares such a queue.
+pub fn dead_letter_warning(arguments: &FieldTable) -> Option<&'static str> {
+    let text = |k: &str| arguments.get(k).and_then(FieldValue::as_str);
+    if text("x-queue-type") != Some("quorum")
+        || text("x-dead-letter-strategy") != Some("at-least-once")
+    {
+        return None;
+    }
+    if arguments.get("x-dead-letter-exchange").is_none() {
+        return Some(
+            "Disabling dead-lettering despite configured dead-letter-strategy 'at-least-once' because dead-letter-exchange is not configured.",
+        );
+    }
+    if text("x-overflow") != Some("reject-publish") {
+        return Some(
+            "Falling back to dead-letter-strategy at-most-once because configured dead-letter-strategy at-least-once is incompatible with effective overflow strategy drop-head. To enable dead-letter-strategy at-least-once, set overflow strategy to reject-publish.",
+        );
+    }
+    None
+}
+
 /// Parses a per-message `expiration` property (milliseconds as decimal text, as AMQP has it).
 pub fn parse_expiration(text: &str) -> Result<u64, String> {
     text.parse::<u64>()
@@ -266,6 +291,33 @@ mod tests {
                 .0
                 .is_none()
         );
+    }
+
+    #[test]
+    fn at_least_once_without_reject_publish_is_warned_about() {
+        let t = |pairs: &[(&str, &str)]| -> FieldTable {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), FieldValue::string(v)))
+                .collect()
+        };
+        let q = ("x-queue-type", "quorum");
+        let s = ("x-dead-letter-strategy", "at-least-once");
+        let x = ("x-dead-letter-exchange", "dlx");
+        let o = ("x-overflow", "reject-publish");
+        assert_eq!(dead_letter_warning(&t(&[q, s, x, o])), None);
+        assert!(dead_letter_warning(&t(&[q, s, x])).is_some_and(|w| w.starts_with("Falling back")));
+        assert!(
+            dead_letter_warning(&t(&[q, s, x, ("x-overflow", "reject-publish-dlx")]))
+                .is_some_and(|w| w.starts_with("Falling back"))
+        );
+        assert!(dead_letter_warning(&t(&[q, s, o])).is_some_and(|w| w.starts_with("Disabling")));
+        assert_eq!(
+            dead_letter_warning(&t(&[s, x])),
+            None,
+            "classic queues ignore it"
+        );
+        assert_eq!(dead_letter_warning(&t(&[q, x])), None);
     }
 
     #[test]

@@ -65,15 +65,23 @@ pub fn incoming(method: AMQPClass) -> Result<Incoming, GatewayError> {
             other => return Err(invalid(&other)),
         },
         AMQPClass::Queue(m) => match m {
-            queue::AMQPMethod::Declare(d) => Op::QueueDeclare(QueueDeclare {
-                queue: d.queue.to_string(),
-                passive: d.passive,
-                durable: d.durable,
-                exclusive: d.exclusive,
-                auto_delete: d.auto_delete,
-                nowait: d.nowait,
-                arguments: table_from_amqp(&d.arguments),
-            }),
+            queue::AMQPMethod::Declare(d) => {
+                let arguments = table_from_amqp(&d.arguments);
+                if !d.passive
+                    && let Some(warning) = warren_core::queue_args::dead_letter_warning(&arguments)
+                {
+                    tracing::warn!(queue = %d.queue, "{warning}");
+                }
+                Op::QueueDeclare(QueueDeclare {
+                    queue: d.queue.to_string(),
+                    passive: d.passive,
+                    durable: d.durable,
+                    exclusive: d.exclusive,
+                    auto_delete: d.auto_delete,
+                    nowait: d.nowait,
+                    arguments,
+                })
+            }
             queue::AMQPMethod::Bind(b) => Op::QueueBind(Bind {
                 destination: b.queue.to_string(),
                 source: b.exchange.to_string(),

@@ -117,7 +117,7 @@ async fn write_packets<S: AsyncWrite + Unpin>(
     if packets.is_empty() {
         return Ok(());
     }
-    let mut w = BytesMut::new();
+    let mut w = BytesMut::with_capacity(packets.iter().map(codec::size_hint).sum());
     for p in packets {
         codec::encode_out(p, level, &mut w);
     }
@@ -579,10 +579,32 @@ where
     if !matches!(end, End::Eof | End::Io(_)) {
         let _ = timeout(CLOSE_TIMEOUT, async {
             write_packets(&mut stream, &last, level).await?;
-            stream.shutdown().await
+            stream.shutdown().await?;
+            linger(&mut stream).await
         })
         .await;
     }
+}
+
+/// Bytes a closing connection reads and discards after its DISCONNECT at most.
+const LINGER_MAX_BYTES: usize = 256 * 1024;
+
+/// Reads and discards what the client still sends after the server's DISCONNECT (its write
+/// side already shut), until the client closes, [`LINGER_MAX_BYTES`] or the caller's timeout.
+/// Closing a socket with bytes arriving makes the kernel answer with a reset, and a reset
+/// makes the client's kernel drop what it had received but not read yet: the DISCONNECT with
+/// its reason code. A client that pipelines (a PUBREL for every PUBREC, as paho's test client
+/// does when it exceeds Receive Maximum) would see a reset instead of reason 0x93.
+async fn linger<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<()> {
+    let mut buf = [0u8; 4096];
+    let mut read = 0;
+    while read < LINGER_MAX_BYTES {
+        match stream.read(&mut buf).await? {
+            0 => break,
+            n => read += n,
+        }
+    }
+    Ok(())
 }
 
 /// A will left for later by a closed session.
@@ -687,4 +709,33 @@ fn process_input(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// One read takes at most `MAX_READ` bytes however much is waiting and however much room
+    /// the buffer has (a buffer grown by one large packet keeps its capacity while packets
+    /// behind it remain): a read is one op batch, and the batches in flight when a
+    /// flow-control pause reaches the publisher are what it routes past the pause.
+    #[tokio::test]
+    async fn a_read_takes_at_most_max_read_whatever_the_buffer_capacity() {
+        let (mut client, mut server) = tokio::io::duplex(1 << 20);
+        client.write_all(&vec![0x30; 256 * 1024]).await.unwrap();
+        let mut buf = BytesMut::with_capacity(1 << 20);
+        buf.put_u8(0x30);
+        let mut total = 0;
+        for _ in 0..4 {
+            let n = read_some(&mut server, &mut buf).await.unwrap();
+            assert!(n <= MAX_READ, "one read took {n} bytes");
+            total += n;
+        }
+        assert_eq!(buf.len(), 1 + total);
+        // An empty buffer reads through the stack chunk, holding no heap.
+        let mut empty = BytesMut::new();
+        let n = read_some(&mut server, &mut empty).await.unwrap();
+        assert!(n > 0 && n <= STACK_READ);
+    }
 }

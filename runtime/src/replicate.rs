@@ -35,6 +35,19 @@ pub trait Replicator: Send + Sync + 'static {
     /// barrier: a passive declare on one node right after a declare-ok from another finds
     /// what was declared), or `Err(why)` when the cluster cannot tell within its bound.
     fn barrier(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+    /// Checks client op `op` in `vhost` against what the other nodes hold before it is
+    /// proposed: a `queue.delete` with `if-unused` or `if-empty` is decided by the node that
+    /// serves the queue, not by this node's stub of it (docs/cluster.md, "Failure modes").
+    /// `Some(error)` refuses it (the client's channel error); `None` lets it be proposed.
+    fn precheck(
+        &self,
+        vhost: &str,
+        op: &Op,
+    ) -> Pin<Box<dyn Future<Output = Option<ProtocolError>> + Send>> {
+        let _ = (vhost, op);
+        Box::pin(async { None })
+    }
 }
 
 /// Whether a client op reads cluster metadata and so waits for [`Replicator::barrier`]

@@ -14,9 +14,25 @@ pub(crate) const RESTORE_CONN: ConnId = ConnId(u64::MAX);
 /// to (`shard/nodes.rs`). Hosts number their connections from 1 and never reach them.
 pub(crate) const NODE_CONN_BASE: u64 = u64::MAX - (1 << 32) - 1;
 
+/// Connection ids from here up to the cluster nodes' are the shards' dead-letter forwarders:
+/// `DLX_CONN_BASE + shard` is where the targets of a dead letter that shard forwards
+/// answer (`shard/dlx.rs`).
+pub(crate) const DLX_CONN_BASE: u64 = NODE_CONN_BASE - (1 << 16);
+
+/// Whether `conn` is a shard's dead-letter forwarder (see [`DLX_CONN_BASE`]).
+pub(crate) fn is_dlx_conn(conn: ConnId) -> bool {
+    conn.0 >= DLX_CONN_BASE && conn.0 < NODE_CONN_BASE
+}
+
+/// Whether this build serves other nodes (cargo feature `nodes`, on by default). Off, as in
+/// the wasm builds, no queue lives elsewhere and no channel consumes there: every path into
+/// `shard/nodes.rs` and `shard/nodes_consume.rs` is then a constant branch the compiler
+/// removes (about 30 KB of the JS module). Here, beside the node connections' numbering.
+pub(crate) const NODES: bool = cfg!(feature = "nodes");
+
 /// Whether `conn` stands for a cluster node (see [`NODE_CONN_BASE`]).
 pub(crate) fn is_node_conn(conn: ConnId) -> bool {
-    crate::shard::NODES && conn.0 >= NODE_CONN_BASE && conn != RESTORE_CONN
+    NODES && conn.0 >= NODE_CONN_BASE && conn != RESTORE_CONN
 }
 
 /// Mail sent and not delivered yet. With scheduled mail it also keeps where each piece
@@ -82,6 +98,8 @@ impl Mailbox {
             // A cluster node's address: the shard that answers it hands the answer to the
             // host (`shard/nodes.rs`).
             Dest::Conn(c) if is_node_conn(c) => self.shard,
+            // A shard's dead-letter forwarder (`shard/dlx.rs`): that shard.
+            Dest::Conn(c) if is_dlx_conn(c) => (c.0 - DLX_CONN_BASE) as u32,
             Dest::Conn(c) if c != RESTORE_CONN => (c.0 % k) as u32,
             Dest::Topology | Dest::Conn(_) => 0,
             Dest::Host => self.shard,

@@ -6,6 +6,7 @@
 /// The queue arguments (parsed where declares are decided, held by the queue).
 pub use crate::queue_args as args;
 pub mod classic;
+pub mod dlx;
 pub mod kind;
 pub(crate) mod quorum;
 pub(crate) mod side;

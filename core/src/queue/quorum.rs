@@ -72,7 +72,7 @@ pub(crate) enum Applied {
 /// The quorum-only state of a quorum queue (the part of `rabbit_fifo` a classic queue does
 /// not have): delivery counts, which messages are checked out and by whom, the consumers,
 /// and how far the log has been applied. Bounded by the queue's messages and consumers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Fifo {
     /// `x-delivery-limit`.
     limit: Option<u64>,
@@ -83,6 +83,8 @@ pub(crate) struct Fifo {
     consumers: BTreeSet<ConsumerId>,
     /// Index of the last command applied (a Raft log index once replicated).
     applied: u64,
+    /// Dead letters owed to their targets (`x-dead-letter-strategy: at-least-once`).
+    pub(crate) dead: crate::queue::dlx::DeadLetters,
 }
 
 impl Fifo {
@@ -94,6 +96,14 @@ impl Fifo {
             limit,
             ..Fifo::default()
         }
+    }
+
+    /// The queue was reloaded (`QueueState::reload`): nothing is checked out any more, and
+    /// the reloaded messages carry their delivery counts in their `x-delivery-count` headers
+    /// (taken again at their next checkout).
+    pub(crate) fn returned_all(&mut self) {
+        self.out.clear();
+        self.counts.clear();
     }
 
     /// Applies the next command of the log.

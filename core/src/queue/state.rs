@@ -162,6 +162,11 @@ pub(crate) struct QueueState {
     pub(crate) quorum: Option<Box<Fifo>>,
     /// An `mqtt-qos0` queue: it holds nothing (`direct_delivery`), `messages` stays empty.
     pub(crate) direct: bool,
+    /// Which serving of the queue this is: it grows when the queue is reloaded (a quorum
+    /// queue's leader moved, `reload`), below `FROM_NODE`. Each delivery carries it
+    /// (`QueuedMessage::epoch`); a settle of a delivery of another epoch is stale and
+    /// ignored (`settle`).
+    pub(crate) epoch: u32,
 }
 
 /// Publishing connections a queue has paused (flow control), in pause order, and when the
@@ -307,6 +312,7 @@ impl QueueState {
             stream: None,
             quorum: None,
             direct: false,
+            epoch: 0,
         }
     }
 
@@ -344,14 +350,18 @@ impl QueueState {
     }
 
     /// Whether adding a message of `len` body bytes takes the queue over a length limit.
+    /// A quorum queue's dead letters still owed to their targets count too, as RabbitMQ
+    /// counts its "dlx" messages (so at-least-once dead-lettering cannot grow a queue past
+    /// its limits).
     fn would_overflow(&self, len: u64) -> bool {
+        let (dead, dead_bytes) = self.dead_held();
         self.args
             .max_length
-            .is_some_and(|max| self.messages.len() as u64 >= max)
+            .is_some_and(|max| self.messages.len() as u64 + dead >= max)
             || self
                 .args
                 .max_length_bytes
-                .is_some_and(|max| self.messages.total_bytes() + len > max)
+                .is_some_and(|max| self.messages.total_bytes() + dead_bytes + len > max)
     }
 
     /// Over its length limit with `drop-head`: drops (dead-letters) from the head until the
@@ -422,11 +432,26 @@ impl QueueState {
     /// queues"): the ready messages it held in memory are dropped without touching the store
     /// (the group's log, not this node, decides what the queue holds), and the queue takes
     /// what the store now recovers for it: the group's committed messages when this node
-    /// leads the group, nothing when it does not. Its consumers stay.
+    /// leads the group, nothing when it does not. Its consumers stay; what they hold unacked
+    /// is returned (as RabbitMQ returns a quorum queue's checked-out messages to the queue):
+    /// the group still has every message not settled there, so the reloaded queue delivers
+    /// them again, flagged redelivered, and each consumer's prefetch counts from 0. A settle
+    /// of a delivery made before (its epoch is older) is stale and ignored (`settle`), as
+    /// RabbitMQ ignores a settle of a message its consumer no longer has checked out.
     pub(crate) fn reload(&mut self, io: &mut QueueIo<'_>, vhost: &str) {
         while let Some(m) = self.messages.pop() {
             io.out.released += m.message.body_len() as u64;
         }
+        self.epoch = self.epoch.wrapping_add(1) % crate::mail::delivery::FROM_NODE;
+        for c in &mut self.consumers {
+            c.unacked = 0;
+        }
+        self.unacked = 0;
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            // The reloaded messages carry their delivery counts in their headers.
+            fifo.returned_all();
+        }
+        self.forget_dead_letters(io);
         let Some(store) = io.store.as_deref_mut() else {
             return;
         };
@@ -436,13 +461,19 @@ impl QueueState {
         if self.quorum.is_some() {
             store.keep_every_message(self.id);
         }
+        // The dead letters the group's log still owes: forwarded again from here.
+        if self.at_least_once() {
+            self.open_dead_letters(io, vhost);
+        }
     }
 
     /// Takes the next ready message, reading paged-out messages back first when the window
     /// is empty.
     pub(crate) fn pop_ready(&mut self, io: &mut QueueIo<'_>) -> Option<QueuedMessage> {
         self.fill_window(io);
-        self.messages.pop()
+        let mut m = self.messages.pop()?;
+        m.epoch = self.epoch;
+        Some(m)
     }
 
     /// A message left the queue for good (acked, dropped, delivered without ack).
@@ -516,6 +547,7 @@ impl QueueState {
                 redelivered: false,
                 stored: false,
                 expires_at: None,
+                epoch: 0,
             },
         })
     }
@@ -770,7 +802,7 @@ impl QueueBehaviour for QueueState {
             fifo.apply(Command::Purge);
         }
         let (window, paged) = self.messages.purge();
-        let purged = window.len() as u64 + paged.count;
+        let purged = window.len() as u64 + paged.count + self.purge_dead_letters(io);
         for m in window {
             self.forget(io, m.seq, m.stored, m.message.body_len());
         }
@@ -917,6 +949,13 @@ impl QueueBehaviour for QueueState {
     // A delivery of this queue was acked, requeued or rejected. Returns whether a message
     // went back to the ready list (dispatch may be due).
     fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
+        if u.epoch != self.epoch {
+            // Delivered before the queue was reloaded or moved: the message went back to the
+            // queue then (or was never committed), and its consumer's prefetch was reset.
+            // Only the body the channel held is let go.
+            io.out.released += u.message.body_len() as u64;
+            return false;
+        }
         if let Some(i) = u.consumer.and_then(|id| self.consumer_index(id)) {
             let c = &mut self.consumers[i];
             c.unacked = c.unacked.saturating_sub(1);

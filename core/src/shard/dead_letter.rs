@@ -143,14 +143,55 @@ impl Broker {
         } else {
             message
         };
-        self.dead_letters.push_back(DeadLetter {
+        let d = DeadLetter {
             vhost: q.vhost,
             exchange,
             routing_key: q.args.dead_letter_routing_key.clone(),
             queue: q.name.clone(),
             message,
             reason,
-        });
+        };
+        // At least once: the queue holds it, in the form it is forwarded in, until its
+        // targets confirm it (`shard/dlx.rs`). Length-limit drops are at most once, as in
+        // RabbitMQ (and a queue with at-least-once refuses publishes at its limit instead).
+        if q.at_least_once() && reason != DeathReason::MaxLen {
+            let form = Arc::new(dead_lettered(&d, self.now));
+            self.hold_dead_letter(from, form);
+            return;
+        }
+        self.dead_letters.push_back(d);
+    }
+
+    /// The queues dead letter `message` (already in its dead-letter form) goes to from
+    /// vhost `vhost`: routed through its exchange (`None` when that exchange does not
+    /// exist), less the queues of a cycle it may not go round again.
+    pub(super) fn dead_letter_targets(
+        &self,
+        vhost: crate::ids::VhostId,
+        message: &Message,
+    ) -> Option<Vec<QueueId>> {
+        let exchange = self.find_exchange(vhost, &message.exchange)?;
+        let (seen, rejected) = history(message);
+        let probe = Publish {
+            exchange: message.exchange.clone(),
+            routing_key: message.routing_key.clone(),
+            mandatory: false,
+            immediate: false,
+            properties: message.properties.clone(),
+            body: message.body.clone(),
+            routed: None,
+        };
+        let mut queues = self.route(exchange, &probe);
+        if !rejected {
+            // Back to a queue it already died in, with no client decision in between:
+            // a cycle, dropped. (Names are unique in the vhost, where routing stays.)
+            let died_in: Vec<QueueId> = seen
+                .iter()
+                .filter_map(|name| self.find_queue(vhost, name))
+                .collect();
+            queues.retain(|q| !died_in.contains(q));
+        }
+        Some(queues)
     }
 
     /// Routes queued dead letters (a bounded number per call).
@@ -159,31 +200,11 @@ impl Broker {
             let Some(d) = self.dead_letters.pop_front() else {
                 return;
             };
+            let message = Arc::new(dead_lettered(&d, self.now));
             // A missing dead-letter exchange drops the message (RabbitMQ logs nothing either).
-            let Some(exchange) = self.find_exchange(d.vhost, &d.exchange) else {
+            let Some(queues) = self.dead_letter_targets(d.vhost, &message) else {
                 continue;
             };
-            let message = Arc::new(dead_lettered(&d, self.now));
-            let (seen, rejected) = history(&message);
-            let probe = Publish {
-                exchange: message.exchange.clone(),
-                routing_key: message.routing_key.clone(),
-                mandatory: false,
-                immediate: false,
-                properties: message.properties.clone(),
-                body: message.body.clone(),
-                routed: None,
-            };
-            let mut queues = self.route(exchange, &probe);
-            if !rejected {
-                // Back to a queue it already died in, with no client decision in between:
-                // a cycle, dropped. (Names are unique in the vhost, where routing stays.)
-                let died_in: Vec<QueueId> = seen
-                    .iter()
-                    .filter_map(|name| self.find_queue(d.vhost, name))
-                    .collect();
-                queues.retain(|q| !died_in.contains(q));
-            }
             for queue in queues {
                 self.mail.push_back(Mail::Enqueue {
                     queue,

@@ -36,9 +36,9 @@ mod channel_session;
 mod check;
 mod credit;
 mod dead_letter;
+mod dlx;
 mod nodes;
 mod nodes_consume;
-pub(crate) use nodes::NODES;
 pub use nodes::{NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle};
 mod post;
 #[cfg(test)]
@@ -136,6 +136,8 @@ pub struct Broker {
     restoring: bool,
     /// Messages on their way to a dead-letter exchange.
     dead_letters: VecDeque<dead_letter::DeadLetter>,
+    /// At-least-once dead letters being forwarded (`dlx.rs`).
+    dlx: dlx::DlxWorker,
     /// Mail between the queue and channel sides, delivered at the end of each operation
     /// (`mail.rs`).
     mail: mail::Mailbox,
@@ -205,6 +207,7 @@ impl Broker {
             store_failed_at: None,
             restoring: false,
             dead_letters: VecDeque::new(),
+            dlx: dlx::DlxWorker::default(),
             mail: mail::Mailbox::default(),
             mail_scheduled: false,
             tx_sync_waiters: VecDeque::new(),
@@ -354,6 +357,7 @@ impl Broker {
         }
         self.mail.from(mail::Dest::Host);
         self.route_dead_letters();
+        self.forward_due_dead_letters();
         if !self.mail_scheduled {
             self.pump();
         }
@@ -368,6 +372,10 @@ impl Broker {
         let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
         if !self.dead_letters.is_empty() {
             earliest(self.now);
+        }
+        if let Some(at) = self.dead_letters_due() {
+            // Dead letters waiting to be forwarded again (`dlx.rs`).
+            earliest(at.max(self.now));
         }
         if self.alarm && !self.alarms.any() {
             // Every alarm cleared during the hold: unblock when it ends.

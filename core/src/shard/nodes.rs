@@ -16,13 +16,7 @@ use crate::message::Message;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, is_node_conn};
-
-/// Whether this build serves other nodes (cargo feature `nodes`, on by default). Off, as in
-/// the wasm builds, no queue lives elsewhere and no channel consumes there: every path into
-/// this module and `nodes_consume.rs` is then a constant branch the compiler removes
-/// (about 20 KB of the JS module).
-pub(crate) const NODES: bool = cfg!(feature = "nodes");
+pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, NODES, is_node_conn};
 
 /// Mail between cluster nodes, carried by the host.
 #[derive(Clone, Debug)]
@@ -102,7 +96,8 @@ pub enum NodeMail {
         tag: Arc<str>,
         /// No ack expected.
         no_ack: bool,
-        /// The message's position in the home's queue (what a settle names).
+        /// The home's number for this delivery (what a settle names; not the queue's
+        /// sequence number, which a reloaded queue issues again); 0 with `no_ack`.
         seq: u64,
         /// Delivered before.
         redelivered: bool,
@@ -126,7 +121,7 @@ pub enum NodeMail {
         vhost: Arc<str>,
         /// The queue.
         queue: Arc<str>,
-        /// The deliveries' `seq`.
+        /// The deliveries' numbers (`Deliver::seq`).
         seqs: Vec<u64>,
         /// Acked, requeued or discarded.
         how: NodeSettle,
@@ -294,7 +289,7 @@ pub enum NodeRequest {
 /// What basic.get found on the home (`NodeMail::Got`).
 #[derive(Clone, Debug)]
 pub struct NodeGot {
-    /// Its position in the queue.
+    /// The home's number for this delivery (what a settle names, as `NodeMail::Deliver`'s).
     pub seq: u64,
     /// Delivered before.
     pub redelivered: bool,

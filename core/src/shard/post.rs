@@ -55,7 +55,9 @@ impl Broker {
                 taken,
                 durable,
             } => {
-                if super::nodes::is_node_conn(to.ch.conn) {
+                if super::dlx::is_dlx_conn(to.ch.conn) {
+                    self.dead_letter_answered(seq, taken, durable);
+                } else if super::nodes::is_node_conn(to.ch.conn) {
                     self.answer_node(to, seq, taken);
                 } else if self.chans.is_live(to) {
                     self.answer(to.ch, seq, taken, durable);

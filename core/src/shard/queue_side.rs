@@ -244,6 +244,9 @@ impl Broker {
         if self.with_queue(id, |q, io| q.reload(io, &vhost)).is_none() {
             return false;
         }
+        // What other nodes' channels held of it went back with the reload.
+        self.returned_remote_deliveries(id);
+        self.dead_letters_reloaded(id);
         // Its consumers get the reloaded messages now; their deliveries are mail, delivered
         // before this entry point returns (as every entry point's).
         self.dispatch(id);
@@ -622,7 +625,14 @@ impl Broker {
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
         // Messages a durable queue's log already holds (a restore) count in declare-ok.
         let message_count = u32::try_from(queue.messages.len()).unwrap_or(u32::MAX);
+        let at_least_once = queue.at_least_once();
         self.qs.queues.insert(id, Box::new(queue));
+        if at_least_once {
+            // Dead letters a restart recovers are forwarded again (`dlx.rs`).
+            let vhost = Arc::clone(&c.vhost_name);
+            self.with_queue(id, |q, io| q.open_dead_letters(io, &vhost));
+            self.dead_letters_reloaded(id);
+        }
         if expiring {
             self.qs.expiring.insert(id);
         }
@@ -894,7 +904,8 @@ impl Broker {
             }
             return;
         };
-        self.release(q.messages.bytes());
+        self.release(q.messages.bytes() + q.dead_held().1);
+        self.dead_letters_reloaded(id);
         if let Some(s) = q.stream.as_deref() {
             s.delete_log();
         }
@@ -917,6 +928,9 @@ impl Broker {
                 self.sync_dirty = true;
             }
             store.delete_queue(id);
+            if q.quorum.as_deref().is_some_and(|f| f.dead.open) {
+                store.delete_queue(crate::queue::dlx::store_id(id));
+            }
             // What it held is dead space for the store to reclaim at the next sync.
             self.note_removal();
         }

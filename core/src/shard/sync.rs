@@ -101,6 +101,7 @@ impl Broker {
             };
             self.mail.push_back(answer);
         }
+        self.dead_letters_synced(epoch, durable);
         while self.tx_sync_waiters.front().is_some_and(|w| w.0 <= epoch) {
             if let Some((_, to)) = self.tx_sync_waiters.pop_front() {
                 self.tx_synced(to, durable);
