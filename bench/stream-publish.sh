@@ -8,7 +8,8 @@
 #
 # Usage: bench/stream-publish.sh [MESSAGES] [SIZES] [BATCHES] [PUBLISHERS]
 #   defaults: 300000 12,1024 1,64,384 2
-# Env: WARREN, BENCH (default target/release/warren and warren-bench), IN_FLIGHT (per
+# Env: WARREN, BENCH (default target/release/warren and warren-bench), WARREN_BASE (another
+#   warren binary, e.g. main's build, measured first in the same run: "base" cells), IN_FLIGHT (per
 #   publisher, default 20000), PORT_BASE (default 22600): Warren's stream port; RabbitMQ's
 #   stream +2, AMQP +3, distribution +4, epmd +5. SKIP_RABBITMQ=1.
 set -euo pipefail
@@ -41,7 +42,7 @@ publish() {  # PORT BROKER_PID LABEL
 warren_run() {  # LABEL [extra serve flags]
   local label=$1; shift
   rm -rf "$data"; mkdir -p "$data"
-  RUST_LOG=info "$warren" serve --amqp none --mqtt none --management none --prometheus none \
+  RUST_LOG=info "${bin:-$warren}" serve --amqp none --mqtt none --management none --prometheus none \
     --stream "127.0.0.1:$base" --data-dir "$data" "$@" > "$data.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
@@ -52,6 +53,10 @@ warren_run() {  # LABEL [extra serve flags]
   stop
 }
 echo "# $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $n messages per cell, $publishers publishers"
+if [ -n "${WARREN_BASE:-}" ]; then
+  bin=$WARREN_BASE warren_run "base fsync on"
+  bin=$WARREN_BASE warren_run "base fsync off" --fsync off
+fi
 warren_run "warren fsync on"
 warren_run "warren fsync off" --fsync off
 if [ "${SKIP_RABBITMQ:-0}" != 1 ]; then

@@ -417,6 +417,23 @@ cluster_remote_consumers() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test remote_consumers
 }
 
+cluster_edges() {
+  # cluster/tests/cluster_edges.rs (docs/cluster.md, "Failure modes users must know"): a
+  # queue.delete with if-unused / if-empty on a stub's node is decided by the queue's home
+  # (406 as in RabbitMQ, the queue stays everywhere); a classic queue's declare while its home
+  # is down fails with 404.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_edges
+}
+
+cluster_mqtt_sessions() {
+  # cluster/tests/mqtt_sessions.rs (docs/cluster.md, "MQTT sessions across nodes"): a persistent
+  # session resumes on another node (session present, subscriptions, queued messages in order),
+  # takeover across nodes (0x8E), SIGTERM and kill -9 restarts, expiry, retained messages.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test mqtt_sessions
+}
+
 cluster_jepsen() {
   # cluster/tests/jepsen.rs (docs/cluster.md, "How we test"): confirmed publishers and acking
   # consumers while brokers are killed (-9), paused (SIGSTOP), partitioned and restarted; a
@@ -464,6 +481,10 @@ step "cluster TLS: a quorum queue over a mutual-TLS cluster port; a plaintext pe
 step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers
+step "cluster edges: conditional queue.delete decided by the home node; declare while the home is down" cluster_edges
+}
+
+step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
 step "start warren serve" start_broker

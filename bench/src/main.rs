@@ -150,6 +150,11 @@ struct RunArgs {
     /// Messages per second per producer (PerfTest -r); 0: as fast as possible.
     #[arg(long, default_value_t = 0)]
     rate: u64,
+    /// MQTT: publishers stop while they are this many messages ahead of what the
+    /// subscribers received (0: no limit). Measures the rate a broker sustains without a
+    /// backlog, whatever it acknowledges (`bench/README.md`, "MQTT: a fair harness").
+    #[arg(long, default_value_t = 0)]
+    lead: u64,
     /// Messages per producer (PerfTest -C); 0: until --seconds. A run ends at whichever
     /// comes first.
     #[arg(long, default_value_t = 0)]
@@ -253,6 +258,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
             fan: a.fan as usize,
             window: a.window,
             rate: a.rate,
+            lead: a.lead,
             count: a.count,
             broker_pid: a.broker_pid,
         };

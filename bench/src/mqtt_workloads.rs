@@ -11,10 +11,12 @@ use super::runner::{self, Counters, Pace, Recorder, Task, Timeline, now_nanos};
 use super::workloads::BATCH_BYTES;
 use anyhow::{Context, bail};
 use bytes::Buf;
+use futures::future::OptionFuture;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
 /// Packet ids are 16-bit: a window above half of them could collide with slow acks.
@@ -32,6 +34,8 @@ pub struct MqttOptions {
     /// QoS 1/2 messages in flight per publisher.
     pub window: u32,
     pub rate: u64,
+    /// `--lead`: at most this many messages published and not yet received (0: no bound).
+    pub lead: u64,
     pub count: u64,
     pub broker_pid: Option<u32>,
 }
@@ -92,22 +96,32 @@ async fn execute(
     let tpl = Arc::new(PublishTemplate::new(&topic, qos, o.size)?);
     let until = (o.count > 0).then_some(o.count * publishers as u64);
     let window = o.window.clamp(1, MAX_WINDOW);
+    let lead = (o.lead > 0).then(|| {
+        Arc::new(Lead {
+            limit: o.lead,
+            publishers: publishers as u64,
+            subscribers: subscribers as u64,
+            published: AtomicU64::new(0),
+            progress: Notify::new(),
+        })
+    });
     let start = Instant::now();
     let deadline = start + Duration::from_secs(o.seconds);
     let mut tasks: Vec<Task> = Vec::new();
     for c in subs {
         let (counters, rec) = (counters.clone(), Recorder::new(timeline.clone()));
+        let lead = lead.clone();
         tasks.push(tokio::spawn(async move {
-            subscribe_loop(c, counters, rec, deadline, until)
+            subscribe_loop(c, counters, lead, rec, deadline, until)
                 .await
                 .map(Some)
         }));
     }
     for c in pubs {
-        let (counters, tpl) = (counters.clone(), tpl.clone());
+        let (counters, tpl, lead) = (counters.clone(), tpl.clone(), lead.clone());
         let pace = Pace::new(o.rate, o.count);
         tasks.push(tokio::spawn(async move {
-            publish_loop(c, &tpl, qos, window, pace, counters, deadline)
+            publish_loop(c, &tpl, qos, window, pace, counters, lead, deadline)
                 .await
                 .map(|()| None)
         }));
@@ -121,6 +135,36 @@ async fn execute(
         tasks,
     )
     .await)
+}
+
+/// `--lead`: publishers stay at most `limit` messages ahead of the subscribers' receipts
+/// (a copy to each of N subscribers counts 1/N). A broker that acknowledges faster than it
+/// delivers (QoS 0 has no acknowledgement at all; rumqttd answers PUBACK once a message is
+/// in its log) otherwise builds a backlog without bound, and the run measures that
+/// backlog's growth, not a rate the broker sustains.
+struct Lead {
+    limit: u64,
+    publishers: u64,
+    subscribers: u64,
+    /// Messages put in the publishers' write buffers.
+    published: AtomicU64,
+    /// Woken when subscribers receive.
+    progress: Notify,
+}
+
+impl Lead {
+    /// Messages one publisher may add now: its share of the room, so that publishers
+    /// that look at once overshoot the limit by at most one message each.
+    fn room(&self, counters: &Counters) -> u64 {
+        let received = counters.received.load(Ordering::Relaxed) / self.subscribers.max(1);
+        let ahead = self
+            .published
+            .load(Ordering::Relaxed)
+            .saturating_sub(received);
+        self.limit
+            .saturating_sub(ahead)
+            .div_ceil(self.publishers.max(1))
+    }
 }
 
 /// Packet ids in use: a bitset over all 65,536 (8 KiB), so an id is never reused while its
@@ -165,6 +209,7 @@ impl PacketIds {
 
 /// Publishes until the deadline (or `--count`), writing and reading acks concurrently in one
 /// task: QoS 1 frees an id on PUBACK, QoS 2 answers PUBREC with PUBREL and frees on PUBCOMP.
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
 async fn publish_loop(
     mut c: MqttConn,
     tpl: &PublishTemplate,
@@ -172,6 +217,7 @@ async fn publish_loop(
     window: u32,
     pace: Pace,
     counters: Arc<Counters>,
+    lead: Option<Arc<Lead>>,
     deadline: Instant,
 ) -> anyhow::Result<()> {
     let mut ids = PacketIds::new();
@@ -198,16 +244,32 @@ async fn publish_loop(
                 _ => bail!("unexpected packet {h:#04x} for a QoS {qos} publish"),
             }
         }
+        // Registered before the room is read, so a receipt in between still wakes us.
+        let progress = lead.as_ref().map(|l| l.progress.notified());
+        tokio::pin!(progress);
+        if let Some(p) = progress.as_mut().as_pin_mut() {
+            p.enable();
+        }
         let mut room = pace.room(published);
         if qos > 0 {
             room = room.min(u64::from(window.saturating_sub(ids.in_flight)));
         }
+        let mut led = false;
+        if let Some(l) = &lead {
+            let r = l.room(&counters);
+            led = r == 0;
+            room = room.min(r);
+        }
+        let before = published;
         while room > 0 && c.wbuf.len() < BATCH_BYTES {
             let id = if qos > 0 { ids.take() } else { 0 };
             tpl.put(&mut c.wbuf, id, now_nanos());
             published += 1;
             unwritten += 1;
             room -= 1;
+        }
+        if let Some(l) = &lead {
+            l.published.fetch_add(published - before, Ordering::Relaxed);
         }
         if pace.done(published) && c.wbuf.is_empty() {
             break;
@@ -237,6 +299,7 @@ async fn publish_loop(
             },
             r = c.rx.fill() => r?,
             _ = sleep_until(pace.next_due(published)), if paced => {}
+            Some(()) = OptionFuture::from(progress.as_pin_mut()), if led => {}
             _ = sleep_until(deadline) => break,
         }
     }
@@ -250,6 +313,7 @@ async fn publish_loop(
 async fn subscribe_loop(
     mut c: MqttConn,
     counters: Arc<Counters>,
+    lead: Option<Arc<Lead>>,
     mut rec: Recorder,
     deadline: Instant,
     until: Option<u64>,
@@ -286,6 +350,9 @@ async fn subscribe_loop(
         if batch > 0 {
             received += batch;
             counters.received.fetch_add(batch, Ordering::Relaxed);
+            if let Some(l) = &lead {
+                l.progress.notify_waiters();
+            }
             rec.received(now_nanos(), batch);
         }
         tokio::select! {

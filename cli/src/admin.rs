@@ -187,14 +187,23 @@ async fn handle(
     }
     Ok(match verb {
         // As SIGHUP: new connections get the files' certificate, open ones keep theirs.
-        "reload_tls" => match tls {
-            Some(tls) => {
-                tls.reload()?;
-                tracing::info!("warren ctl reload-tls: TLS certificate files reloaded");
-                json!({})
+        "reload_tls" => {
+            let cluster = crate::cluster::reload_tls().map_err(anyhow::Error::msg)?;
+            if cluster {
+                tracing::info!("warren ctl reload-tls: cluster TLS files reloaded");
             }
-            None => bail!("no TLS listener is configured (--tls-cert, --tls-key)"),
-        },
+            match tls {
+                Some(tls) => {
+                    tls.reload()?;
+                    tracing::info!("warren ctl reload-tls: TLS certificate files reloaded");
+                    json!({})
+                }
+                None if cluster => json!({}),
+                None => bail!(
+                    "no TLS listener is configured (--tls-cert, --tls-key, or --cluster-tls-*)"
+                ),
+            }
+        }
         "ping" => match ask(broker, AdminRequest::MemoryStatus).await? {
             AdminResponse::Memory(_) => json!("pong"),
             other => bail!("unexpected answer {other:?}"),

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::settings::{Settings, SettingsError};
@@ -17,8 +17,30 @@ use warren_cluster::transport::{ClusterTls, Secret};
 /// static keeps the admin module's signature, shared with other work, unchanged).
 static NODE: OnceLock<ClusterNode> = OnceLock::new();
 
+/// The metadata group's proposer and this node's id, once the node runs.
+static REPLICATOR: OnceLock<(crate::meta::MetaReplicator, u64)> = OnceLock::new();
+
+/// Proposes a change that is no `AdminRequest` (`meta::takeover_change`) and waits for its
+/// apply here.
+pub async fn propose_change(change: Vec<u8>) -> Result<(), String> {
+    let (r, _) = REPLICATOR
+        .get()
+        .ok_or_else(|| "this node is not in a cluster".to_string())?;
+    r.propose_change(change).await
+}
+
+/// The cluster's MQTT session registry for `vhost`, on a cluster node (after `start`).
+pub fn mqtt_sessions(vhost: &str) -> Option<crate::mqtt_cluster::MqttCluster> {
+    let node = NODE.get()?;
+    let (_, me) = REPLICATOR.get()?;
+    Some(crate::mqtt_cluster::MqttCluster::new(node, *me, vhost))
+}
+
 /// The quorum-queue replication (`qq.rs`), attached to the node once it runs.
 static REPLICATION: OnceLock<crate::qq::Replication> = OnceLock::new();
+
+/// The cluster port's TLS files (certificate, key, CA bundle), read again on SIGHUP.
+static TLS_FILES: OnceLock<(PathBuf, PathBuf, PathBuf)> = OnceLock::new();
 
 /// The leader of quorum queue `name`'s group as this node knows it (`None`: not a replicated
 /// quorum queue here, or no leader now).
@@ -107,10 +129,12 @@ pub fn options(s: &Settings) -> Result<Option<NodeOptions>, SettingsError> {
     opts.join = s.join;
     opts.tls = match (&s.cluster_tls_cert, &s.cluster_tls_key, &s.cluster_tls_ca) {
         (None, None, None) => None,
-        (Some(cert), Some(key), Some(ca)) => Some(
-            ClusterTls::from_pem_files(cert, key, ca)
-                .map_err(|e| SettingsError(format!("--cluster-tls-*: {e}")))?,
-        ),
+        (Some(cert), Some(key), Some(ca)) => {
+            let tls = ClusterTls::from_pem_files(cert, key, ca)
+                .map_err(|e| SettingsError(format!("--cluster-tls-*: {e}")))?;
+            let _ = TLS_FILES.set((cert.clone(), key.clone(), ca.clone()));
+            Some(tls)
+        }
         _ => {
             return Err(SettingsError(
                 "--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca go together (TLS on the cluster port is mutual: every node has a certificate of the CA)".into(),
@@ -184,7 +208,7 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
     let node = NODE
         .get()
         .ok_or_else(|| anyhow::anyhow!("cluster node not set"))?;
-    let (replicator, pending) = crate::meta::MetaReplicator::new(node, id);
+    let (replicator, pending) = crate::meta::MetaReplicator::new(node, id, broker.clone());
     // Where queues live, as recorded, before the broker serves anyone: a publish to a
     // queue of another node is forwarded there from the first one on.
     let homes = crate::meta::Homes::load(&data_dir).map_err(|e| anyhow::anyhow!(e))?;
@@ -196,6 +220,7 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
         broker.clone(),
     )));
     crate::nodes::serve_mail(node, broker.clone());
+    crate::queue_use::serve(node, broker.clone());
     tokio::spawn(crate::meta::run_applier(
         node,
         broker.clone(),
@@ -204,12 +229,25 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
         data_dir,
         homes,
     ));
+    let _ = REPLICATOR.set((replicator.clone(), id));
     broker.set_replicator(std::sync::Arc::new(replicator));
     tokio::spawn(publish_alarms(node, broker.clone()));
     if let Some(repl) = REPLICATION.get() {
         repl.attach(node, broker.clone());
     }
     Ok(())
+}
+
+/// SIGHUP: reads the cluster port's TLS files again; the cluster connections made and
+/// accepted from then on use them (open ones keep theirs). `Ok(false)`: no cluster TLS. A
+/// file that does not read or parse leaves the old certificate in use.
+pub fn reload_tls() -> Result<bool, String> {
+    let (Some(node), Some((cert, key, ca))) = (NODE.get(), TLS_FILES.get()) else {
+        return Ok(false);
+    };
+    let fresh = ClusterTls::from_pem_files(cert, key, ca).map_err(|e| e.to_string())?;
+    node.reload_tls(&fresh)?;
+    Ok(true)
 }
 
 /// Stops the node (before the process exits).

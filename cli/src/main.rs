@@ -8,8 +8,10 @@ mod ctl;
 mod footprint;
 mod mem_streams;
 mod meta;
+mod mqtt_cluster;
 mod nodes;
 mod qq;
+mod queue_use;
 mod settings;
 mod stream_broker;
 mod streams;
@@ -1028,6 +1030,25 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         ws_path: s.mqtt_ws_path.as_str().into(),
         stopped: stopped.clone(),
     };
+    // On a cluster node, one MQTT session per client id across the nodes (docs/cluster.md,
+    // "MQTT sessions across nodes").
+    let mqtt_cluster = serves_mqtt
+        .then(|| cluster::mqtt_sessions(&shared.mqtt.vhost))
+        .flatten();
+    if let Some(sessions) = mqtt_cluster.clone() {
+        shared.registry.set_cluster(Arc::new(sessions.clone()));
+        let registry = Arc::downgrade(&shared.registry);
+        let vhost = shared.mqtt.vhost.clone();
+        meta::set_takeover_hook(Box::new(move |v, client_id| {
+            if v == vhost
+                && !sessions.owned_here(client_id)
+                && let Some(r) = registry.upgrade()
+                && r.taken_elsewhere(client_id)
+            {
+                tracing::info!(client_id = %warren_core::escape::Escaped(client_id), "MQTT session taken over by a connection on another node");
+            }
+        }));
+    }
     let mut gauges = Vec::new();
     // Restored delayed wills and the expiry of offline sessions: once for all MQTT listeners.
     let mqtt_sessions = serves_mqtt.then(|| {
@@ -1125,25 +1146,40 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
                 tracing::info!("{name} received");
                 break;
             }
-            Signal::Reload => match &tls {
-                Some(tls) => match tls.reload() {
-                    Ok(()) => tracing::info!("SIGHUP: TLS certificate files reloaded"),
-                    Err(e) => {
-                        tracing::warn!("SIGHUP: TLS files not reloaded, keeping the old: {e}")
-                    }
-                },
-                None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
-            },
+            Signal::Reload => {
+                match &tls {
+                    Some(tls) => match tls.reload() {
+                        Ok(()) => tracing::info!("SIGHUP: TLS certificate files reloaded"),
+                        Err(e) => {
+                            tracing::warn!("SIGHUP: TLS files not reloaded, keeping the old: {e}")
+                        }
+                    },
+                    None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
+                }
+                match cluster::reload_tls() {
+                    Ok(true) => tracing::info!("SIGHUP: cluster TLS files reloaded"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(
+                        "SIGHUP: cluster TLS files not reloaded, keeping the old: {e}"
+                    ),
+                }
+            }
         }
     }
     tracing::info!("shutting down: closing connections");
     let _ = stop.send(true);
-    cluster::stop().await;
     for (flag, server) in servers {
         server
             .await
             .with_context(|| format!("{flag} listener task failed"))??;
     }
+    // The cluster stops once the connections closed: their last MQTT session states (the
+    // offline sessions the shutdown made) reach the cluster's records first, so a client
+    // resuming on another node while this one is down waits for no handover.
+    if let Some(sessions) = &mqtt_cluster {
+        sessions.flush(std::time::Duration::from_secs(5)).await;
+    }
+    cluster::stop().await;
     if let Some(sessions) = mqtt_sessions {
         sessions.abort();
     }

@@ -13,7 +13,7 @@ use warren_stream::backend::{
     Appended, AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
     StreamStats,
 };
-use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
+use warren_stream::codec::{Entry, EntryRef, OffsetSpec, PublishedBatch, PublishedMessage};
 use warren_stream::frame::Reader;
 use warren_stream::memory::{MemoryBackend, MemoryReader};
 use warren_stream::sac::ConsumerGroups;
@@ -98,7 +98,14 @@ impl SharedStreams for MemStreams {
             entry: Entry::Simple(data),
         };
         self.logs
-            .append(vhost, name, None, &[message], timestamp_ms)
+            .append(
+                None,
+                vhost,
+                name,
+                None,
+                PublishedBatch::Messages(&[message]),
+                timestamp_ms,
+            )
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
@@ -178,6 +185,7 @@ impl SharedStreams for MemStreams {
 /// The stream protocol's side: the logs, with logins, queues and pushes through the broker.
 impl StreamBackend for MemStreams {
     type Reader = MemoryReader;
+    type Target = ();
 
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         self.broker.authenticate(login, peer)
@@ -219,24 +227,31 @@ impl StreamBackend for MemStreams {
         self.logs.stream_stats(vhost, stream)
     }
 
+    fn target(&self, _vhost: &str, _stream: &str) -> Option<()> {
+        None
+    }
+
     fn append(
         &self,
+        _target: Option<&()>,
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
-        messages: &[PublishedMessage],
+        messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError> {
         // As the data directory's streams: AMQP consumers read every record.
         if messages
             .iter()
-            .any(|m| matches!(m.entry, Entry::SubBatch { .. }))
+            .any(|m| matches!(m.entry, EntryRef::SubBatch { .. }))
         {
             return Err(StreamError::Precondition(
                 "sub-batch entries are not supported by this node's streams".into(),
             ));
         }
-        let appended = self.logs.append(vhost, stream, writer, messages, now_ms)?;
+        let appended = self
+            .logs
+            .append(None, vhost, stream, writer, messages, now_ms)?;
         if appended.stored > 0 {
             self.broker.streams_grew(vhost, stream);
         }

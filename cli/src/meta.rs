@@ -100,6 +100,11 @@ enum WOp {
     QueueUnbind(WBind),
     ExchangeBind(WBind),
     ExchangeUnbind(WBind),
+    /// An MQTT retained message (its record as the store keeps it, docs/storage.md).
+    Retain {
+        message: Vec<u8>,
+        durable: bool,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -267,6 +272,10 @@ fn w_op(op: &Op) -> Option<WOp> {
         Op::QueueUnbind(b) => WOp::QueueUnbind(w_bind(b)),
         Op::ExchangeBind(b) => WOp::ExchangeBind(w_bind(b)),
         Op::ExchangeUnbind(b) => WOp::ExchangeUnbind(w_bind(b)),
+        Op::Retain { message, durable } => WOp::Retain {
+            message: warren_store::retained::encode(message),
+            durable: *durable,
+        },
         _ => return None,
     })
 }
@@ -438,7 +447,51 @@ fn r_op(op: WOp) -> Decoded<Op> {
         WOp::QueueUnbind(b) => Op::QueueUnbind(r_bind(b)?),
         WOp::ExchangeBind(b) => Op::ExchangeBind(r_bind(b)?),
         WOp::ExchangeUnbind(b) => Op::ExchangeUnbind(r_bind(b)?),
+        WOp::Retain { message, durable } => Op::Retain {
+            message: Box::new(
+                warren_store::retained::decode(&message)
+                    .map_err(|e| format!("retained message: {e}"))?,
+            ),
+            durable,
+        },
     })
+}
+
+// ----- MQTT sessions (cli/src/mqtt_cluster.rs) -----
+
+/// A change that tells every node that a connection on the proposing node took an MQTT
+/// client id: a node whose connection (or offline copy) had it lets it go. Not an
+/// `AdminRequest`: no broker applies it. Its own type, so a node reads it apart from
+/// [`Wire`].
+#[derive(Serialize, Deserialize)]
+enum MqttWire {
+    MqttTakeover { vhost: String, client_id: String },
+}
+
+/// The bytes of an MQTT takeover change.
+pub fn takeover_change(vhost: &str, client_id: &str) -> Vec<u8> {
+    serde_json::to_vec(&MqttWire::MqttTakeover {
+        vhost: vhost.to_string(),
+        client_id: client_id.to_string(),
+    })
+    .unwrap_or_default()
+}
+
+/// The (vhost, client id) of an MQTT takeover change, if `bytes` is one.
+fn decode_takeover(bytes: &[u8]) -> Option<(String, String)> {
+    match serde_json::from_slice(bytes).ok()? {
+        MqttWire::MqttTakeover { vhost, client_id } => Some((vhost, client_id)),
+    }
+}
+
+/// Told of every MQTT takeover another node made: (vhost, client id).
+pub type TakeoverHook = Box<dyn Fn(&str, &str) + Send + Sync>;
+
+static TAKEOVER_HOOK: std::sync::OnceLock<TakeoverHook> = std::sync::OnceLock::new();
+
+/// Sets what this node does when another node takes an MQTT client id (once).
+pub fn set_takeover_hook(hook: TakeoverHook) {
+    let _ = TAKEOVER_HOOK.set(hook);
 }
 
 /// The request a change's bytes stand for. Bytes this version cannot read are an error
@@ -513,6 +566,8 @@ pub struct MetaReplicator(Arc<Inner>);
 struct Inner {
     node: &'static ClusterNode,
     me: u64,
+    /// This node's broker (a conditional delete's check reads its instance of the queue).
+    broker: BrokerHandle,
     /// Unique per proposal across restarts (it starts at the clock in microseconds), so
     /// the applier's duplicate filter never mistakes a new proposal for an old one.
     seq: std::sync::atomic::AtomicU64,
@@ -520,7 +575,7 @@ struct Inner {
 }
 
 impl MetaReplicator {
-    pub fn new(node: &'static ClusterNode, me: u64) -> (Self, Pending) {
+    pub fn new(node: &'static ClusterNode, me: u64, broker: BrokerHandle) -> (Self, Pending) {
         let start = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_micros() as u64);
@@ -528,6 +583,7 @@ impl MetaReplicator {
         let this = Self(Arc::new(Inner {
             node,
             me,
+            broker,
             seq: std::sync::atomic::AtomicU64::new(start),
             pending: pending.clone(),
         }));
@@ -583,6 +639,14 @@ impl Inner {
     }
 }
 
+impl MetaReplicator {
+    /// Proposes a change that is no `AdminRequest` (an MQTT takeover) and waits until this
+    /// node applied it, within [`COMMIT_TIMEOUT`].
+    pub async fn propose_change(&self, change: Vec<u8>) -> Result<(), String> {
+        self.0.propose(change, COMMIT_TIMEOUT).await.map(|_| ())
+    }
+}
+
 impl Replicator for MetaReplicator {
     fn replicate(&self, change: AdminRequest) -> ReplicateFuture {
         let Some(bytes) = encode(&change) else {
@@ -620,6 +684,14 @@ impl Replicator for MetaReplicator {
     fn barrier(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
         let this = self.0.clone();
         Box::pin(async move { this.propose(Vec::new(), BARRIER_TIMEOUT).await.map(|_| ()) })
+    }
+
+    fn precheck(
+        &self,
+        vhost: &str,
+        op: &Op,
+    ) -> Pin<Box<dyn Future<Output = Option<warren_core::error::ProtocolError>> + Send>> {
+        crate::queue_use::precheck(self.0.node, self.0.me, self.0.broker.clone(), vhost, op)
     }
 }
 
@@ -944,6 +1016,13 @@ pub async fn run_applier(
             let answer = if change.change.is_empty() {
                 // A barrier: nothing to apply.
                 None
+            } else if let Some((vhost, client_id)) = decode_takeover(&change.change) {
+                if change.origin != me
+                    && let Some(hook) = TAKEOVER_HOOK.get()
+                {
+                    hook(&vhost, &client_id);
+                }
+                Some(AdminResponse::Done(Ok(())))
             } else {
                 match decode(&change.change) {
                     Ok(request) => {

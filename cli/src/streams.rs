@@ -32,7 +32,7 @@ use warren_stream::backend::{
     StreamError, StreamStats,
 };
 use warren_stream::chunk::{Chunk, ChunkData, FileRange};
-use warren_stream::codec::{Entry, OffsetSpec, PublishedMessage};
+use warren_stream::codec::{EntryRef, OffsetSpec, PublishedBatch, PublishedRef};
 use warren_stream::sac::ConsumerGroups;
 use warren_stream::tail::{self, Tail, TailWatch};
 
@@ -141,7 +141,8 @@ struct Writer {
     log: StreamLog,
 }
 
-struct Stream {
+/// One stream of the catalog (a publisher's [`StreamBackend::Target`]).
+pub struct Stream {
     writer: Mutex<Option<Writer>>,
     /// The durable tail (what `wait_durable` and `wait_data` wait on).
     tail: TailWatch,
@@ -495,6 +496,42 @@ fn spec(spec: OffsetSpec) -> LogSpec {
     }
 }
 
+/// Stages one batch in the log (`append_merged_iter`), writing the buffer out first when it
+/// is full.
+fn stage<'m>(
+    w: &mut Writer,
+    part: impl Iterator<Item = (&'m [u8], Option<&'m str>)> + Clone,
+    sized: Option<(usize, u64)>,
+    publishers: &[(&str, u64)],
+    now_ms: u64,
+) -> Result<(), StreamError> {
+    match w
+        .log
+        .append_merged_iter(part.clone(), sized, now_ms, publishers)
+    {
+        Err(log::StreamError::Backpressure { .. }) => {
+            // The buffer is full: write it out (to the OS, not fsynced) and append again;
+            // the sync task fsyncs both.
+            w.log.flush().map_err(internal)?;
+            w.log.append_merged_iter(part, sized, now_ms, publishers)
+        }
+        other => other,
+    }
+    .map(|_| ())
+    .map_err(|e| match e {
+        log::StreamError::Invalid(m) => StreamError::Precondition(m),
+        other => internal(other),
+    })
+}
+
+/// A simple entry's bytes (sub-batches are refused before anything is staged).
+fn simple<'a>(m: &PublishedRef<'a>) -> &'a [u8] {
+    match m.entry {
+        EntryRef::Simple(b) => b,
+        EntryRef::SubBatch { data, .. } => data,
+    }
+}
+
 /// A stored chunk as the session sends it: the log's data section is the stream protocol's
 /// simple-entry layout, so data and CRC go out as stored.
 fn to_chunk(c: &log::ReadChunk) -> Chunk {
@@ -519,6 +556,7 @@ fn to_chunk(c: &log::ReadChunk) -> Chunk {
 
 impl StreamBackend for DiskStreams {
     type Reader = DiskReader;
+    type Target = Arc<Stream>;
 
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         self.broker.authenticate(login, peer)
@@ -575,70 +613,95 @@ impl StreamBackend for DiskStreams {
         })
     }
 
+    fn target(&self, vhost: &str, stream: &str) -> Option<Arc<Stream>> {
+        self.get(vhost, stream).ok()
+    }
+
     fn append(
         &self,
+        target: Option<&Arc<Stream>>,
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
-        messages: &[PublishedMessage],
+        messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError> {
-        let s = self.get(vhost, stream)?;
+        // A publisher's stream as it was declared: a deleted one has no writer any more
+        // (`DoesNotExist`), even when one of the same name was created since.
+        let looked_up;
+        let s = match target {
+            Some(s) => s,
+            None => {
+                looked_up = self.get(vhost, stream)?;
+                &looked_up
+            }
+        };
+        let summary = messages.summary();
+        if summary.sub_batches {
+            return Err(StreamError::Precondition(
+                "sub-batch entries are not supported by this node's streams".into(),
+            ));
+        }
         let appended = s.with_writer(|w| {
             let last = writer.and_then(|r| w.log.publisher_sequence(r));
-            let mut keep: Vec<(u64, &Bytes, Option<&str>)> = Vec::with_capacity(messages.len());
-            for m in messages {
-                if last.is_some_and(|l| m.publishing_id <= l) {
-                    continue;
-                }
-                match &m.entry {
-                    Entry::Simple(b) => keep.push((m.publishing_id, b, m.filter_value.as_deref())),
-                    Entry::SubBatch { .. } => {
-                        return Err(StreamError::Precondition(
-                            "sub-batch entries are not supported by this node's streams".into(),
-                        ));
-                    }
-                }
+            let named = writer.filter(|r| !r.is_empty());
+            let count = messages.len();
+            if last.is_none_or(|l| summary.min_id > l)
+                && count <= log::format::MAX_CHUNK_MESSAGES
+                && (count == 1 || summary.simple_bytes <= WRITE_BUFFER as u64)
+            {
+                // The usual frame: every id new, one batch: its messages go from the frame's
+                // bytes to the log's staging buffer in one walk, sized by the parse.
+                let publishers = named.map(|r| [(r, summary.max_id.max(last.unwrap_or(0)))]);
+                stage(
+                    w,
+                    messages.iter().map(|m| (simple(&m), m.filter_value)),
+                    Some((count, summary.simple_bytes)),
+                    publishers.as_ref().map_or(&[][..], |p| &p[..]),
+                    now_ms,
+                )?;
+                return Ok(Appended {
+                    stored: count,
+                    duplicates: 0,
+                    confirm_at: w.log.bounds().next.checked_sub(1),
+                });
             }
-            let stored = keep.len();
-            let mut rest = &keep[..];
-            while !rest.is_empty() {
-                // A batch: at most the log's message count and about the write buffer. The
-                // log merges it with the batches queued before the sync task's next write
-                // (one chunk per group commit, as osiris), so one batch in flight is one
-                // chunk and many in flight share chunks.
-                let mut n = 0;
-                let mut bytes = 0;
-                while n < rest.len()
-                    && n < log::format::MAX_CHUNK_MESSAGES
-                    && (n == 0 || bytes + rest[n].1.len() <= WRITE_BUFFER)
-                {
-                    bytes += rest[n].1.len() + 4;
+            let fresh = move |m: &PublishedRef<'_>| last.is_none_or(|l| m.publishing_id > l);
+            let stored = messages.iter().filter(fresh).count();
+            // Re-sent ids among them, or a frame past the log's message count or about the
+            // write buffer: batches of the new messages within those bounds. The log merges
+            // each with those queued before the sync task's next write (one chunk per group
+            // commit, as osiris), so many frames in flight share chunks.
+            let mut rest = messages.iter().filter(fresh);
+            let mut left = stored;
+            while left > 0 {
+                let (mut n, mut bytes, mut max_id) = (0, 0, 0);
+                for m in rest.clone() {
+                    let len = simple(&m).len();
+                    if n == left
+                        || n == log::format::MAX_CHUNK_MESSAGES
+                        || (n > 0 && bytes + len > WRITE_BUFFER)
+                    {
+                        break;
+                    }
+                    bytes += len + 4;
+                    max_id = max_id.max(m.publishing_id);
                     n += 1;
                 }
-                let (part, tail) = rest.split_at(n);
-                rest = tail;
-                let bodies: Vec<&[u8]> = part.iter().map(|(_, b, _)| &b[..]).collect();
-                let filters: Vec<Option<&str>> = part.iter().map(|(_, _, f)| *f).collect();
-                let max_id = part.iter().map(|(id, _, _)| *id).max().unwrap_or(0);
-                let publishers: Vec<(&str, u64)> = writer
-                    .filter(|r| !r.is_empty())
-                    .map(|r| (r, max_id.max(last.unwrap_or(0))))
-                    .into_iter()
-                    .collect();
-                match w.log.append_merged(&bodies, &filters, now_ms, &publishers) {
-                    Err(log::StreamError::Backpressure { .. }) => {
-                        // The buffer is full: write it out (to the OS, not fsynced) and
-                        // append again; the sync task fsyncs both.
-                        w.log.flush().map_err(internal)?;
-                        w.log.append_merged(&bodies, &filters, now_ms, &publishers)
-                    }
-                    other => other,
+                // Each batch records the highest id it holds: a crash between two batches
+                // of one frame must not deduplicate the second's ids when they are re-sent.
+                let publishers = named.map(|r| [(r, max_id.max(last.unwrap_or(0)))]);
+                stage(
+                    w,
+                    rest.clone().take(n).map(|m| (simple(&m), m.filter_value)),
+                    None,
+                    publishers.as_ref().map_or(&[][..], |p| &p[..]),
+                    now_ms,
+                )?;
+                for _ in 0..n {
+                    rest.next();
                 }
-                .map_err(|e| match e {
-                    log::StreamError::Invalid(m) => StreamError::Precondition(m),
-                    other => internal(other),
-                })?;
+                left -= n;
             }
             Ok(Appended {
                 stored,
@@ -861,12 +924,15 @@ impl warren_store::StreamHost for DiskStreams {
         timestamp_ms: u64,
     ) -> Result<(), String> {
         let s = self.get(vhost, name).map_err(|e| e.to_string())?;
+        // Merged with what is staged since the log's last write, as the stream protocol's
+        // appends are: the broker task's batches that arrive while a sync runs become one
+        // chunk at the next write, not a chunk each.
         s.with_writer(|w| {
-            match w.log.append(messages, timestamp_ms, &[]) {
+            match w.log.append_merged(messages, &[], timestamp_ms, &[]) {
                 Err(log::StreamError::Backpressure { .. }) => {
                     // Written out (not fsynced) to make room: the next sync covers both.
                     w.log.flush().map_err(internal)?;
-                    w.log.append(messages, timestamp_ms, &[])
+                    w.log.append_merged(messages, &[], timestamp_ms, &[])
                 }
                 other => other,
             }
@@ -946,13 +1012,23 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let streams = DiskStreams::open(&dir, 4096, sendfile, false).unwrap();
         streams.create_stream("/", "s", &[]).unwrap();
+        use warren_stream::codec::{Entry, PublishedMessage};
         let msg = |id: u64, len: usize| PublishedMessage {
             publishing_id: id,
             filter_value: None,
             entry: Entry::Simple(Bytes::from(vec![id as u8; len])),
         };
         for (id, len) in [(1, 10), (2, 100_000), (3, 10)] {
-            let a = streams.append("/", "s", None, &[msg(id, len)], 1).unwrap();
+            let a = streams
+                .append(
+                    None,
+                    "/",
+                    "s",
+                    None,
+                    PublishedBatch::Messages(&[msg(id, len)]),
+                    1,
+                )
+                .unwrap();
             let at = a.confirm_at.unwrap();
             streams.wait_durable("/", "s", at).await.unwrap();
         }
@@ -985,6 +1061,41 @@ mod tests {
         let off = chunks(false).await;
         assert!(off.iter().all(|c| matches!(c.data, ChunkData::Bytes(_))));
         assert_eq!(off[1].crc, on[1].crc);
+    }
+
+    /// The core's stream queues hand the log one batch per broker-task sync: the batches
+    /// that arrive before the log's next write become one chunk, in order, as the stream
+    /// protocol's frames do (a chunk per batch before).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stream_queue_batches_between_two_writes_become_one_chunk() {
+        use warren_store::StreamHost;
+        let dir = std::env::temp_dir().join(format!("warren-merge-unit-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let streams = DiskStreams::open(&dir, 4096, false, true).unwrap();
+        let host: &dyn StreamHost = &*streams;
+        host.open("/", "q", &Default::default()).unwrap();
+        let body = |i: usize| Bytes::from(format!("m{i}"));
+        for batch in 0..5 {
+            host.append("/", "q", &[body(2 * batch), body(2 * batch + 1)], 1)
+                .unwrap();
+        }
+        host.sync("/", "q").unwrap();
+        host.append("/", "q", &[body(10)], 2).unwrap();
+        host.sync("/", "q").unwrap();
+        assert_eq!(host.bounds("/", "q").unwrap().committed, 11);
+        let mut r = host.reader("/", "q", LogSpec::First).unwrap();
+        let mut chunks = Vec::new();
+        let mut got = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            chunks.push((c.first_offset, c.count));
+            let log::ChunkData::Bytes(data) = &c.data else {
+                panic!("small chunks are read into memory");
+            };
+            got.extend(log::ReadChunk::messages(data).map(|m| m.unwrap()));
+        }
+        assert_eq!(chunks, vec![(0, 10), (10, 1)], "one chunk per write");
+        assert_eq!(got, (0..11).map(body).collect::<Vec<_>>());
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -741,3 +741,300 @@ async fn java_client_over_tls_super_streams_and_filtering() {
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A raw stream-protocol connection (frames of `warren_stream::codec`), for the answers the
+/// Rust client hides: PublishError frames with their codes, Close codes.
+struct Raw {
+    s: tokio::net::TcpStream,
+    buf: bytes::BytesMut,
+}
+
+impl Raw {
+    async fn open(port: u16) -> Raw {
+        use bytes::Bytes;
+        use warren_stream::codec::Frame;
+        let mut c = Raw {
+            s: tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap(),
+            buf: bytes::BytesMut::new(),
+        };
+        c.send(&Frame::PeerProperties {
+            corr: 1,
+            properties: vec![],
+        })
+        .await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::PeerPropertiesResponse { code: 1, .. })
+        ));
+        c.send(&Frame::SaslHandshake { corr: 2 }).await;
+        c.recv().await;
+        c.send(&Frame::SaslAuthenticate {
+            corr: 3,
+            mechanism: "PLAIN".into(),
+            data: Bytes::from_static(b"\0guest\0guest"),
+        })
+        .await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::SaslAuthenticateResponse { code: 1, .. })
+        ));
+        let Some(Frame::Tune { frame_max, .. }) = c.recv().await else {
+            panic!("no tune")
+        };
+        c.send(&Frame::TuneResponse {
+            frame_max,
+            heartbeat: 0,
+        })
+        .await;
+        c.send(&Frame::Open {
+            corr: 4,
+            vhost: "/".into(),
+        })
+        .await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::OpenResponse { code: 1, .. })
+        ));
+        c
+    }
+
+    async fn send(&mut self, f: &warren_stream::codec::Frame) {
+        use tokio::io::AsyncWriteExt;
+        self.s
+            .write_all(&warren_stream::codec::to_bytes(f))
+            .await
+            .unwrap();
+    }
+
+    /// The next frame (None at EOF), within 10 s.
+    async fn recv(&mut self) -> Option<warren_stream::codec::Frame> {
+        use tokio::io::AsyncReadExt;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(body) = warren_stream::frame::split_frame(&mut self.buf, 0).unwrap() {
+                    return Some(warren_stream::codec::decode(body).expect("server frames decode"));
+                }
+                if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
+                    return None;
+                }
+            }
+        })
+        .await
+        .expect("a frame within 10 s")
+    }
+
+    async fn request(&mut self, f: warren_stream::codec::Frame) -> u16 {
+        use warren_stream::codec::Frame;
+        self.send(&f).await;
+        match self.recv().await {
+            Some(Frame::Response { code, .. }) => code,
+            other => panic!("a response to {f:?}, got {other:?}"),
+        }
+    }
+}
+
+fn published(ids: std::ops::Range<u64>) -> Vec<warren_stream::codec::PublishedMessage> {
+    ids.map(|i| warren_stream::codec::PublishedMessage {
+        publishing_id: i,
+        filter_value: None,
+        entry: warren_stream::codec::Entry::Simple(body(i).into()),
+    })
+    .collect()
+}
+
+/// The PublishError path over the data directory's streams, as raw frames: every message of
+/// a refused Publish frame gets a PublishError with the protocol's code (an undeclared
+/// publisher id: 0x12; a sub-batch entry, which this node's streams refuse: 0x11; a stream
+/// deleted under its publisher: 0x02, then 0x12 once the publisher went with it and a
+/// MetadataUpdate said so); a frame over the frame-max (a message too large) closes that
+/// connection with FRAME_TOO_LARGE (0x0e); another connection's publisher is unaffected
+/// throughout, and nothing refused is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_errors_carry_the_protocols_code_for_every_message() {
+    use warren_stream::codec::{Entry, Frame, PublishedMessage};
+    use warren_stream::frame::code;
+    let dir = data_dir("publish-errors");
+    let (served, port) = serve(&dir);
+    let mut a = Raw::open(port).await;
+    let mut b = Raw::open(port).await;
+    for (c, stream) in [(&mut a, "doomed"), (&mut b, "kept")] {
+        let r = c
+            .request(Frame::Create {
+                corr: 10,
+                stream: stream.into(),
+                arguments: vec![],
+            })
+            .await;
+        assert_eq!(r, code::OK);
+        let r = c
+            .request(Frame::DeclarePublisher {
+                corr: 11,
+                publisher_id: 1,
+                reference: String::new(),
+                stream: stream.into(),
+            })
+            .await;
+        assert_eq!(r, code::OK);
+    }
+    let publish = |publisher_id, messages| Frame::Publish {
+        v2: false,
+        publisher_id,
+        messages,
+    };
+    // Still confirmed on the other connection after each refusal.
+    async fn b_confirms(b: &mut Raw, id: u64) {
+        b.send(&Frame::Publish {
+            v2: false,
+            publisher_id: 1,
+            messages: published(id..id + 1),
+        })
+        .await;
+        assert_eq!(
+            b.recv().await,
+            Some(Frame::PublishConfirm {
+                publisher_id: 1,
+                publishing_ids: vec![id]
+            })
+        );
+    }
+
+    a.send(&publish(9, published(1..4))).await;
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::PublishError {
+            publisher_id: 9,
+            errors: vec![
+                (1, code::PUBLISHER_DOES_NOT_EXIST),
+                (2, code::PUBLISHER_DOES_NOT_EXIST),
+                (3, code::PUBLISHER_DOES_NOT_EXIST)
+            ]
+        }),
+        "an undeclared publisher id"
+    );
+    b_confirms(&mut b, 1).await;
+
+    let mut with_sub_batch = published(4..5);
+    with_sub_batch.push(PublishedMessage {
+        publishing_id: 5,
+        filter_value: None,
+        entry: Entry::SubBatch {
+            compression: 0,
+            count: 2,
+            uncompressed_size: 4,
+            data: bytes::Bytes::from_static(b"\0\0\0\0"),
+        },
+    });
+    a.send(&publish(1, with_sub_batch)).await;
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::PublishError {
+            publisher_id: 1,
+            errors: vec![
+                (4, code::PRECONDITION_FAILED),
+                (5, code::PRECONDITION_FAILED)
+            ]
+        }),
+        "a sub-batch entry refuses its frame"
+    );
+    a.send(&publish(1, published(6..8))).await;
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::PublishConfirm {
+            publisher_id: 1,
+            publishing_ids: vec![6, 7]
+        }),
+        "the publisher goes on"
+    );
+
+    let r = b
+        .request(Frame::Delete {
+            corr: 12,
+            stream: "doomed".into(),
+        })
+        .await;
+    assert_eq!(r, code::OK);
+    a.send(&publish(1, published(8..10))).await;
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::PublishError {
+            publisher_id: 1,
+            errors: vec![
+                (8, code::STREAM_DOES_NOT_EXIST),
+                (9, code::STREAM_DOES_NOT_EXIST)
+            ]
+        }),
+        "the stream was deleted under its publisher"
+    );
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::MetadataUpdate {
+            code: code::STREAM_NOT_AVAILABLE,
+            stream: "doomed".into()
+        })
+    );
+    a.send(&publish(1, published(10..11))).await;
+    assert_eq!(
+        a.recv().await,
+        Some(Frame::PublishError {
+            publisher_id: 1,
+            errors: vec![(10, code::PUBLISHER_DOES_NOT_EXIST)]
+        }),
+        "its publisher went with it"
+    );
+    b_confirms(&mut b, 2).await;
+
+    // A message larger than the frame-max (1 MiB): the frame is refused as a whole.
+    let big = vec![PublishedMessage {
+        publishing_id: 11,
+        filter_value: None,
+        entry: Entry::Simple(vec![7u8; 1 << 20].into()),
+    }];
+    a.send(&publish(1, big)).await;
+    match a.recv().await {
+        Some(Frame::Close { code: c, .. }) => assert_eq!(c, code::FRAME_TOO_LARGE),
+        other => panic!("a close for a frame over the frame-max, got {other:?}"),
+    }
+    b_confirms(&mut b, 3).await;
+
+    // Only what was confirmed is stored on the surviving stream (raw bodies: read as raw
+    // chunks, not through a client that decodes AMQP 1.0 messages).
+    let r = b
+        .request(Frame::Subscribe {
+            corr: 13,
+            subscription_id: 1,
+            stream: "kept".into(),
+            offset: warren_stream::codec::OffsetSpec::First,
+            credit: 10,
+            properties: vec![],
+        })
+        .await;
+    assert_eq!(r, code::OK);
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let Some(Frame::Deliver { chunk, .. }) = b.recv().await else {
+            panic!("a delivery");
+        };
+        let h = warren_stream::chunk::verify(&chunk).expect("a whole chunk");
+        let mut r = warren_stream::frame::Reader::new(chunk.slice(
+            warren_stream::chunk::HEADER_LEN + h.bloom_size as usize
+                ..warren_stream::chunk::HEADER_LEN + h.bloom_size as usize + h.data_len as usize,
+        ));
+        for i in 0..h.num_entries as u64 {
+            let Entry::Simple(m) = Entry::read(&mut r).expect("an entry") else {
+                panic!("simple entries");
+            };
+            got.push((h.chunk_id + i, m.to_vec()));
+        }
+    }
+    assert_eq!(got, vec![(0, body(1)), (1, body(2)), (2, body(3))]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), b.recv())
+            .await
+            .is_err(),
+        "nothing else stored"
+    );
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}

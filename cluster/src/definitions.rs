@@ -31,6 +31,9 @@ pub enum Kind {
     Queue,
     /// Per-node facts other nodes show (a node's resource alarms).
     Node,
+    /// MQTT sessions, one record per vhost and client id (docs/storage.md, "MQTT sessions
+    /// in a cluster").
+    Mqtt,
 }
 
 impl Kind {
@@ -44,6 +47,7 @@ impl Kind {
             Kind::Binding => "binding",
             Kind::Queue => "queue",
             Kind::Node => "node",
+            Kind::Mqtt => "mqtt-session",
         }
     }
 }
@@ -75,6 +79,9 @@ pub enum DefCommand {
         expected: Option<Vec<u8>>,
         record: Vec<u8>,
     },
+    /// Removes `key` only if its current record is `expected`: a node ends an MQTT session
+    /// it owns only if no other node took it meanwhile.
+    DeleteIf { key: String, expected: Vec<u8> },
     /// A broker metadata change (a declare, a delete, a user...), opaque here: kept in the
     /// window every node's broker applies from. `origin` and `seq` let the proposing node
     /// match the entry to its waiting client.
@@ -214,6 +221,17 @@ impl Definitions {
             DefCommand::Delete { key } => DefReply::Done {
                 previous: self.records.remove(&key),
             },
+            DefCommand::DeleteIf { key, expected } => {
+                let current = self.records.get(&key);
+                if current != Some(&expected) {
+                    return DefReply::Conflict {
+                        current: current.cloned(),
+                    };
+                }
+                DefReply::Done {
+                    previous: self.records.remove(&key),
+                }
+            }
             DefCommand::PutIf {
                 key,
                 expected,
@@ -327,8 +345,23 @@ mod tests {
                 current: Some(b"x".to_vec())
             }
         );
+        // DeleteIf: only the record it expects.
+        let del_if = |r: &[u8]| DefCommand::DeleteIf {
+            key: k.clone(),
+            expected: r.to_vec(),
+        };
+        assert!(matches!(
+            apply(&mut a, 5, &del_if(b"y")),
+            DefReply::Conflict { .. }
+        ));
+        assert_eq!(a.get(&k), Some(&b"x"[..]));
+        assert!(matches!(
+            apply(&mut a, 6, &del_if(b"x")),
+            DefReply::Done { .. }
+        ));
+        assert_eq!(a.get(&k), None);
         // Garbage is refused the same way everywhere, never a panic.
-        let r: DefReply = serde_json::from_slice(&a.apply(5, b"\xff not json")).unwrap();
+        let r: DefReply = serde_json::from_slice(&a.apply(7, b"\xff not json")).unwrap();
         assert!(matches!(r, DefReply::Invalid { .. }));
         // Snapshot round trip keeps records and digest.
         let mut c = Definitions::new();

@@ -13,6 +13,7 @@
 // bytes); boxing them in our helpers would only add unboxing at every trait boundary.
 #![allow(clippy::result_large_err)]
 
+pub mod codec;
 pub mod definitions;
 pub mod log_store;
 pub mod mem;

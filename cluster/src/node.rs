@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
 use tokio::net::TcpListener;
 
@@ -94,6 +94,36 @@ pub enum ForgetError {
     Raft(#[from] Box<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>),
 }
 
+/// How long a membership change waits for one already in progress before it fails.
+/// openraft refuses a change while the group's last one is not committed ("already
+/// undergoing a configuration change"): a new quorum queue's first membership right after
+/// its declare, or another operator's change of the same group; each commits within an
+/// election or two.
+const IN_PROGRESS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+type WriteError = RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>;
+
+/// Runs the membership change `change` again (every 50 ms, for up to `IN_PROGRESS_WAIT`)
+/// while openraft refuses it because another one is still being committed.
+async fn once_settled<T, F, Fut>(mut change: F) -> Result<T, WriteError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, WriteError>>,
+{
+    let deadline = tokio::time::Instant::now() + IN_PROGRESS_WAIT;
+    loop {
+        match change().await {
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                ChangeMembershipError::InProgress(p),
+            ))) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(in_progress = %p, "membership change waits for the one in progress");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Removes `id` from the voters of the group `raft` leads (the membership change is joint
 /// consensus: the old and new majorities both agree).
 pub(crate) async fn forget_here(raft: &Raft, id: NodeId) -> Result<(), ForgetError> {
@@ -111,8 +141,10 @@ pub(crate) async fn forget_here(raft: &Raft, id: NodeId) -> Result<(), ForgetErr
     if voters.is_empty() {
         return Err(ForgetError::LastMember(id));
     }
-    // retain = false: it does not stay on as a learner either.
-    raft.change_membership(voters, false)
+    // Relative to the membership when it runs (another change may commit first while this
+    // one waits); retain = false: it does not stay on as a learner either.
+    let remove = openraft::ChangeMembers::RemoveVoters([id].into());
+    once_settled(|| raft.change_membership(remove.clone(), false))
         .await
         .map_err(Box::new)?;
     Ok(())
@@ -145,12 +177,13 @@ pub(crate) async fn join_here(raft: &Raft, id: NodeId, addr: &str) -> Result<(),
         return Err(JoinError::Member(id));
     }
     // blocking = true: answered once the learner has caught up with the leader's log.
-    raft.add_learner(id, BasicNode::new(addr), true)
+    once_settled(|| raft.add_learner(id, BasicNode::new(addr), true))
         .await
         .map_err(|e| JoinError::AddLearner(id, Box::new(e)))?;
-    let mut voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
-    voters.insert(id);
-    raft.change_membership(voters, false)
+    // Relative to the membership when it runs: another change may commit first while this
+    // one waits (a concurrent join's), and must not be undone.
+    let add = openraft::ChangeMembers::AddVoterIds([id].into());
+    once_settled(|| raft.change_membership(add.clone(), false))
         .await
         .map_err(Box::new)?;
     Ok(())
@@ -247,6 +280,9 @@ pub struct ClusterNode {
     heartbeat_ms: u64,
     election_timeout_ms: u64,
     snapshot_every: u64,
+    /// The cluster port's TLS, shared with the listener and every peer connection
+    /// (`reload_tls` replaces it for the connections made afterwards).
+    tls: Option<transport::ClusterTls>,
 }
 
 /// How long a write forwarded to the leader may take (a commit is a few milliseconds; an
@@ -260,6 +296,29 @@ impl ClusterNode {
     /// Serves the brokers' mail from peers (`transport::Rpc::Mail`) with `handler`.
     pub fn set_mail_handler(&self, handler: transport::MailHandler) {
         self.groups.set_mail_handler(handler);
+    }
+
+    /// Answers peers' questions ([`ClusterNode::ask`]) with `handler`.
+    pub fn set_ask_handler(&self, handler: transport::AskHandler) {
+        self.groups.set_ask_handler(handler);
+    }
+
+    /// Asks member `target` the hosts' question `question` and waits for its answer,
+    /// within `timeout`.
+    pub async fn ask(
+        &self,
+        target: NodeId,
+        question: Vec<u8>,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<u8>, NodeError> {
+        let addr = self
+            .members()
+            .remove(&target)
+            .ok_or_else(|| NodeError::Raft(format!("node {target} is not a member")))?;
+        self.peers
+            .ask(target, &addr, question, timeout)
+            .await
+            .map_err(|e| NodeError::Raft(format!("question to node {target}: {e}")))
     }
 
     /// Sends the brokers' mail `batch` to member `target` (at its address in the metadata
@@ -362,7 +421,21 @@ impl ClusterNode {
             heartbeat_ms: opts.heartbeat_ms,
             election_timeout_ms: opts.election_timeout_ms,
             snapshot_every: opts.snapshot_every,
+            tls: opts.tls.clone(),
         })
+    }
+
+    /// Uses `fresh` (the TLS files read again: SIGHUP) for the cluster connections made and
+    /// accepted from now on; open ones keep their certificate. An error if this node was
+    /// started without TLS (a plain node cannot turn TLS on while it runs).
+    pub fn reload_tls(&self, fresh: &transport::ClusterTls) -> Result<(), String> {
+        match &self.tls {
+            Some(tls) => {
+                tls.reload_from(fresh);
+                Ok(())
+            }
+            None => Err("this node was started without --cluster-tls-*".into()),
+        }
     }
 
     /// This node's id.

@@ -78,6 +78,8 @@ pub enum TransportError {
     FrameTooBig(usize),
     #[error("bad frame: {0}")]
     Decode(#[from] serde_json::Error),
+    #[error("bad binary frame: {0}")]
+    Encode(String),
     #[error("peer failed authentication (wrong cluster secret?)")]
     BadProof,
     #[error("peer speaks protocol version {0}, this node {VERSION}")]
@@ -118,9 +120,13 @@ pub enum TlsConfigError {
 /// TLS of the cluster port: this node's certificate and key, and the CA every peer's
 /// certificate must chain to (as a server it requires a client certificate; as a client it
 /// checks the server's against the IP address it dials, so each node's certificate carries
-/// its cluster IP as a subject alternative name).
+/// its cluster IP as a subject alternative name). Clones share one configuration, which
+/// [`ClusterTls::reload_from`] replaces for every clone: connections made afterwards (in
+/// and out) use the new certificate and CA, open ones keep theirs.
 #[derive(Clone)]
-pub struct ClusterTls {
+pub struct ClusterTls(Arc<std::sync::RwLock<TlsConfigs>>);
+
+struct TlsConfigs {
     server: Arc<rustls::ServerConfig>,
     client: Arc<rustls::ClientConfig>,
 }
@@ -132,6 +138,34 @@ impl std::fmt::Debug for ClusterTls {
 }
 
 impl ClusterTls {
+    fn server(&self) -> Arc<rustls::ServerConfig> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .server
+            .clone()
+    }
+
+    fn client(&self) -> Arc<rustls::ClientConfig> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .client
+            .clone()
+    }
+
+    /// Takes `fresh`'s certificate, key and CA (files read again, on SIGHUP): every clone of
+    /// this one uses them for the connections it makes or accepts from now on.
+    pub fn reload_from(&self, fresh: &ClusterTls) {
+        if Arc::ptr_eq(&self.0, &fresh.0) {
+            return;
+        }
+        let (server, client) = (fresh.server(), fresh.client());
+        let mut me = self.0.write().unwrap_or_else(|p| p.into_inner());
+        me.server = server;
+        me.client = client;
+    }
+
     /// Reads the PEM files: the certificate chain, its private key and the CA bundle.
     pub fn from_pem_files(
         cert: &std::path::Path,
@@ -203,10 +237,10 @@ impl ClusterTls {
             .with_webpki_verifier(server_verifier)
             .with_client_auth_cert(chain, key)
             .map_err(|e| invalid("certificate and key", &e))?;
-        Ok(Self {
+        Ok(Self(Arc::new(std::sync::RwLock::new(TlsConfigs {
             server: Arc::new(server),
             client: Arc::new(client),
-        })
+        }))))
     }
 }
 
@@ -227,7 +261,7 @@ async fn dial(addr: &str, tls: Option<&ClusterTls>) -> Result<Box<dyn Conn>, Tra
         return Ok(Box::new(s));
     };
     let name = rustls::pki_types::ServerName::IpAddress(s.peer_addr()?.ip().into());
-    let s = tokio_rustls::TlsConnector::from(tls.client.clone())
+    let s = tokio_rustls::TlsConnector::from(tls.client())
         .connect(name, s)
         .await
         .map_err(TransportError::Tls)?;
@@ -251,7 +285,7 @@ async fn accept(
         None => Ok(Box::new(sock)),
         Some(_) if first[0] != TLS_HANDSHAKE_RECORD => Err(TransportError::NotTls),
         Some(tls) => Ok(Box::new(
-            tokio_rustls::TlsAcceptor::from(tls.server.clone())
+            tokio_rustls::TlsAcceptor::from(tls.server())
                 .accept(sock)
                 .await
                 .map_err(TransportError::Tls)?,
@@ -324,6 +358,10 @@ enum Handshake {
         /// server's challenge (false); an older client ignores it.
         #[serde(default)]
         binary_mail: bool,
+        /// The server reads binary append frames ([`APPEND_FRAME`]); absent (false) from an
+        /// older server.
+        #[serde(default)]
+        binary_append: bool,
     },
     Proof {
         proof: [u8; 32],
@@ -355,6 +393,11 @@ enum Rpc {
     /// one node"). Not a group's: the envelope's group is ignored. Sent on a connection of
     /// its own (`MAIL_LANE`), so a big batch never delays the Raft heartbeats.
     Mail(Vec<u8>),
+    /// A question of the hosts' (its bytes are theirs), answered by the peer's
+    /// [`AskHandler`]: what a node must know of another's broker before it proposes a change
+    /// (a queue's consumers and messages there, for a conditional `queue.delete`). Not a
+    /// group's, as `Mail`; sent on the mail connection.
+    Ask(Vec<u8>),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -368,6 +411,8 @@ enum RpcReply {
     NoGroup(u64),
     /// The mail was handed to this node's broker, whose incarnation it gives (or why not).
     Mail(Result<u64, String>),
+    /// The answer to an `Ask` (bytes of the hosts'), or why there is none.
+    Ask(Result<Vec<u8>, String>),
 }
 
 async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
@@ -389,27 +434,61 @@ async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
 
 /// The first body byte of a binary mail frame (a JSON envelope's is `{`).
 const MAIL_FRAME: u8 = 0;
+/// The first body byte of a binary append request (`crate::codec::encode_append`): a
+/// quorum queue's entries are mostly message bytes, which JSON would carry as base64.
+const APPEND_FRAME: u8 = 1;
 
-/// Writes `env`: a binary frame for mail when the peer reads them (`binary`), else JSON.
+/// Which binary frames the server of a connection reads (its `Challenge` says so).
+#[derive(Clone, Copy, Debug, Default)]
+struct Frames {
+    mail: bool,
+    append: bool,
+}
+
+impl Frames {
+    #[cfg(test)]
+    const ALL: Frames = Frames {
+        mail: true,
+        append: true,
+    };
+}
+
+/// Writes `env`: a binary frame for mail and append requests when the peer reads them,
+/// else JSON.
 async fn write_envelope<W: AsyncWrite + Unpin>(
     w: &mut W,
     env: &Envelope,
-    binary: bool,
+    frames: Frames,
 ) -> Result<(), TransportError> {
-    let Rpc::Mail(batch) = &env.rpc else {
-        return write_frame(w, env).await;
-    };
-    if !binary {
-        return write_frame(w, env).await;
+    let mut buf = Vec::new();
+    buf.extend_from_slice(&[0; 4]);
+    match &env.rpc {
+        Rpc::Mail(batch) if frames.mail => {
+            buf.reserve(1 + batch.len());
+            buf.push(MAIL_FRAME);
+            buf.extend_from_slice(batch);
+        }
+        Rpc::Append(r) if frames.append => {
+            let size: usize = r
+                .entries
+                .iter()
+                .map(|e| match &e.payload {
+                    openraft::EntryPayload::Normal(c) => c.0.len() + 34,
+                    _ => 64,
+                })
+                .sum();
+            buf.reserve(80 + size);
+            buf.push(APPEND_FRAME);
+            crate::codec::encode_append(env.group, r, &mut buf)
+                .map_err(|e| TransportError::Encode(e.to_string()))?;
+        }
+        _ => return write_frame(w, env).await,
     }
-    let len = 1 + batch.len();
+    let len = buf.len() - 4;
     if len > MAX_FRAME {
         return Err(TransportError::FrameTooBig(len));
     }
-    let mut buf = Vec::with_capacity(4 + len);
-    buf.extend_from_slice(&(len as u32).to_be_bytes());
-    buf.push(MAIL_FRAME);
-    buf.extend_from_slice(batch);
+    buf[..4].copy_from_slice(&(len as u32).to_be_bytes());
     w.write_all(&buf).await?;
     w.flush().await?;
     Ok(())
@@ -425,12 +504,23 @@ async fn read_envelope<R: AsyncRead + Unpin>(r: &mut R) -> Result<Envelope, Tran
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
-    if body.first() == Some(&MAIL_FRAME) {
-        body.remove(0);
-        return Ok(Envelope {
-            group: 0,
-            rpc: Rpc::Mail(body),
-        });
+    match body.first() {
+        Some(&MAIL_FRAME) => {
+            body.remove(0);
+            return Ok(Envelope {
+                group: 0,
+                rpc: Rpc::Mail(body),
+            });
+        }
+        Some(&APPEND_FRAME) => {
+            let (group, r) = crate::codec::decode_append(&body[1..])
+                .map_err(|e| TransportError::Encode(e.to_string()))?;
+            return Ok(Envelope {
+                group,
+                rpc: Rpc::Append(r),
+            });
+        }
+        _ => {}
     }
     Ok(serde_json::from_slice(&body)?)
 }
@@ -461,13 +551,13 @@ async fn read_frame_max<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
     Ok(serde_json::from_slice(&body)?)
 }
 
-/// Client side of the handshake; returns the server's node id, and whether it reads binary
-/// mail frames.
+/// Client side of the handshake; returns the server's node id, and the binary frames it
+/// reads.
 async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     me: NodeId,
     secret: &Secret,
-) -> Result<(NodeId, bool), TransportError> {
+) -> Result<(NodeId, Frames), TransportError> {
     let nonce_c = nonce()?;
     write_frame(
         s,
@@ -483,6 +573,7 @@ async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         nonce: nonce_s,
         proof,
         binary_mail,
+        binary_append,
     } = read_hello(s).await?
     else {
         return Err(TransportError::Protocol);
@@ -494,7 +585,13 @@ async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     let proof = secret.proof(b"client", &nonce_s, &nonce_c, me);
     write_frame(s, &Handshake::Proof { proof }).await?;
     match read_hello(s).await? {
-        Handshake::Welcome => Ok((from, binary_mail)),
+        Handshake::Welcome => Ok((
+            from,
+            Frames {
+                mail: binary_mail,
+                append: binary_append,
+            },
+        )),
         _ => Err(TransportError::Protocol),
     }
 }
@@ -525,6 +622,7 @@ async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             nonce: nonce_s,
             proof,
             binary_mail: true,
+            binary_append: true,
         },
     )
     .await?;
@@ -553,14 +651,35 @@ pub type MailHandler = Arc<
         + Sync,
 >;
 
-/// The groups this node serves, by group id, and the handler of the brokers' mail.
+/// What a node answers to a peer's question ([`Rpc::Ask`]): the peer's id and the
+/// question's bytes; the answer's bytes, or why there is none.
+pub type AskHandler = Arc<
+    dyn Fn(
+            NodeId,
+            Vec<u8>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The groups this node serves, by group id, and the handlers of the brokers' mail and of
+/// the hosts' questions.
 #[derive(Clone, Default)]
 pub struct Groups(
     Arc<Mutex<HashMap<u64, Raft>>>,
     Arc<Mutex<Option<MailHandler>>>,
+    Arc<Mutex<Option<AskHandler>>>,
 );
 
 impl Groups {
+    /// Answers peers' questions with `handler` (until then they are refused).
+    pub fn set_ask_handler(&self, handler: AskHandler) {
+        *self.2.lock().unwrap_or_else(|p| p.into_inner()) = Some(handler);
+    }
+    fn ask_handler(&self) -> Option<AskHandler> {
+        self.2.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
     /// Serves the brokers' mail from peers with `handler` (until then it is refused).
     pub fn set_mail_handler(&self, handler: MailHandler) {
         *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(handler);
@@ -668,6 +787,14 @@ async fn serve_peer(
             write_frame(&mut sock, &reply).await?;
             continue;
         }
+        if let Rpc::Ask(bytes) = env.rpc {
+            let reply = match groups.ask_handler() {
+                Some(h) => RpcReply::Ask(h(peer, bytes).await),
+                None => RpcReply::Ask(Err("this node answers no questions yet".into())),
+            };
+            write_frame(&mut sock, &reply).await?;
+            continue;
+        }
         let reply = match groups.get(env.group) {
             None => RpcReply::NoGroup(env.group),
             Some(raft) => match env.rpc {
@@ -688,6 +815,7 @@ async fn serve_peer(
                 ),
                 // Taken above.
                 Rpc::Mail(_) => RpcReply::Mail(Err("mail".into())),
+                Rpc::Ask(_) => RpcReply::Ask(Err("ask".into())),
                 Rpc::Write(c) => RpcReply::Write(
                     raft.client_write(c)
                         .await
@@ -811,6 +939,37 @@ impl Peers {
         }
     }
 
+    /// Asks `target` at `addr` the hosts' question `question` (on the mail connection) and
+    /// waits for its answer, within `timeout`.
+    pub async fn ask(
+        &self,
+        target: NodeId,
+        addr: &str,
+        question: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        let (tx, rx) = oneshot::channel();
+        let req = Request {
+            group: 0,
+            rpc: Rpc::Ask(question),
+            deadline: Instant::now() + timeout,
+            reply: tx,
+        };
+        let sender = self.lane_sender(target, addr, MAIL_LANE);
+        match tokio::time::timeout(timeout, sender.send(req)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(TransportError::Closed),
+            Err(_) => return Err(TransportError::Timeout),
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(r) => match r.map_err(|_| TransportError::Closed)?? {
+                RpcReply::Ask(r) => r.map_err(TransportError::Remote),
+                _ => Err(TransportError::Protocol),
+            },
+            Err(_) => Err(TransportError::Timeout),
+        }
+    }
+
     /// Sends `command` to `target` (the group's leader) to propose; its reply once committed
     /// and applied there. Bounded by `timeout`.
     pub async fn forward(
@@ -909,8 +1068,8 @@ async fn peer_task(
     mut rx: mpsc::Receiver<Request>,
     shown: Option<Arc<Mutex<HashMap<NodeId, bool>>>>,
 ) {
-    // The connection, and whether its server reads binary mail frames.
-    let mut conn: Option<(Box<dyn Conn>, bool)> = None;
+    // The connection, and the binary frames its server reads.
+    let mut conn: Option<(Box<dyn Conn>, Frames)> = None;
     let mut backoff = BACKOFF_MIN;
     let mut retry_at = Instant::now();
     // Logged on changes only: a peer that is down for an hour is one line, not thousands.
@@ -1141,8 +1300,11 @@ mod tests {
             server_handshake(&mut s, 1, &a).await
         });
         let mut c = TcpStream::connect(addr).await.unwrap();
-        let client = client_handshake(&mut c, 2, &b).await.map(|(id, binary)| {
-            assert!(binary, "a server of this version reads binary mail");
+        let client = client_handshake(&mut c, 2, &b).await.map(|(id, frames)| {
+            assert!(
+                frames.mail && frames.append,
+                "a server of this version reads binary mail and appends"
+            );
             id
         });
         // A refused client hangs up; the server must see that rather than wait for a proof.
@@ -1226,7 +1388,7 @@ mod tests {
         };
         // Binary: the length, 0x00, the bytes as they are.
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        write_envelope(&mut a, &mail, true).await.unwrap();
+        write_envelope(&mut a, &mail, Frames::ALL).await.unwrap();
         drop(a);
         let mut wire = Vec::new();
         b.read_to_end(&mut wire).await.unwrap();
@@ -1238,7 +1400,9 @@ mod tests {
         assert!(matches!(env.rpc, Rpc::Mail(m) if m == batch));
         // JSON (for an older server): a number array, ~3.6 bytes a byte here; still read.
         let (mut a, mut b) = tokio::io::duplex(1 << 17);
-        write_envelope(&mut a, &mail, false).await.unwrap();
+        write_envelope(&mut a, &mail, Frames::default())
+            .await
+            .unwrap();
         drop(a);
         let mut json = Vec::new();
         b.read_to_end(&mut json).await.unwrap();
@@ -1252,7 +1416,7 @@ mod tests {
             group: 7,
             rpc: Rpc::Forget(3),
         };
-        write_envelope(&mut a, &forget, true).await.unwrap();
+        write_envelope(&mut a, &forget, Frames::ALL).await.unwrap();
         drop(a);
         let mut out = Vec::new();
         b.read_to_end(&mut out).await.unwrap();
@@ -1265,17 +1429,73 @@ mod tests {
             rpc: Rpc::Mail(Vec::new()),
         };
         let mut buf = Vec::new();
-        write_envelope(&mut buf, &empty, true).await.unwrap();
+        write_envelope(&mut buf, &empty, Frames::ALL).await.unwrap();
         assert_eq!(buf, [0, 0, 0, 1, MAIL_FRAME]);
+    }
+
+    #[tokio::test]
+    async fn appends_go_binary_to_a_server_that_reads_them_and_json_otherwise() {
+        use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+        let message: Vec<u8> = (0..=255u8).cycle().take(1024).collect();
+        let req = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(4, 1),
+            prev_log_id: Some(LogId::new(CommittedLeaderId::new(4, 1), 10)),
+            leader_commit: Some(LogId::new(CommittedLeaderId::new(4, 1), 9)),
+            entries: vec![Entry {
+                log_id: LogId::new(CommittedLeaderId::new(4, 1), 11),
+                payload: EntryPayload::Normal(crate::Command(message.clone())),
+            }],
+        };
+        let env = Envelope {
+            group: 9,
+            rpc: Rpc::Append(req.clone()),
+        };
+        let same = |got: Envelope| {
+            let Rpc::Append(r) = got.rpc else {
+                panic!("an append");
+            };
+            assert_eq!(got.group, 9);
+            assert_eq!(
+                serde_json::to_value(&r).unwrap(),
+                serde_json::to_value(&req).unwrap()
+            );
+        };
+        // Binary: the message's bytes as they are, plus ~100 bytes of ids and lengths.
+        let mut wire = Vec::new();
+        write_envelope(&mut wire, &env, Frames::ALL).await.unwrap();
+        assert_eq!(wire[4], APPEND_FRAME);
+        assert!(wire.len() < 4 + message.len() + 120, "{}", wire.len());
+        same(read_envelope(&mut &wire[..]).await.unwrap());
+        // An older server reads JSON: base64, a third bigger.
+        let mut json = Vec::new();
+        let old = Frames {
+            mail: true,
+            append: false,
+        };
+        write_envelope(&mut json, &env, old).await.unwrap();
+        assert_eq!(json[4], b'{');
+        assert!(json.len() > message.len() * 4 / 3, "{}", json.len());
+        same(read_envelope(&mut &json[..]).await.unwrap());
+        // A damaged binary frame is an error, not a panic.
+        let mut bad = wire.clone();
+        bad.truncate(bad.len() - 1);
+        let len = (bad.len() - 4) as u32;
+        bad[..4].copy_from_slice(&len.to_be_bytes());
+        assert!(read_envelope(&mut &bad[..]).await.is_err());
     }
 
     #[test]
     fn an_older_servers_challenge_reads_as_no_binary_mail() {
         let old = r#"{"Challenge":{"from":1,"nonce":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],"proof":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}}"#;
-        let Ok(Handshake::Challenge { binary_mail, .. }) = serde_json::from_str(old) else {
+        let Ok(Handshake::Challenge {
+            binary_mail,
+            binary_append,
+            ..
+        }) = serde_json::from_str(old)
+        else {
             panic!("an older challenge parses");
         };
-        assert!(!binary_mail);
+        assert!(!binary_mail && !binary_append);
     }
 
     /// A CA (PEM) that signs node certificates for 127.0.0.1.

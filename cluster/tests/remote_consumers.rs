@@ -617,9 +617,9 @@ async fn mqtt_session_moves_node(nodes: &[Node]) {
     // binding before its SUBACK).
     let away: Vec<String> = (0..10).map(|i| format!("away-{i}")).collect();
     mqtt_publish(n2, topic, &away).await;
-    // The session's state (subscriptions, packet ids) is kept by the node it was on: on
-    // n3 the CONNACK says no session, and the client subscribes again (as clients do);
-    // its queue, with what it holds, is still the one on n2, consumed from n3.
+    // The client subscribes again on n3 (as clients do; the session is present there
+    // too since sessions are cluster-wide, cluster/tests/mqtt_sessions.rs); its queue,
+    // with what it holds, is still the one on n2, consumed from n3.
     let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(n3, "mover", false), 100);
     client
         .subscribe(topic, rumqttc::QoS::AtLeastOnce)

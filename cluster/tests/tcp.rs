@@ -405,6 +405,46 @@ async fn a_node_without_tls_gets_nothing_from_a_tls_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloaded_tls_files_let_in_a_node_of_a_newly_trusted_ca() {
+    // Node 3's certificate is of another CA: nodes 1 and 2 refuse it. They read their files
+    // again (SIGHUP: `ClusterNode::reload_tls`), now with a CA bundle that trusts both, and
+    // the connections made from then on let node 3 in: it catches up.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, other) = (Ca::new("cluster"), Ca::new("second"));
+    let tls = [
+        ca.node(1, &ca, dir.path()),
+        ca.node(2, &ca, dir.path()),
+        other.node(3, &ca, dir.path()),
+    ];
+    let secret: &[u8] = b"a shared cluster secret";
+    let (mut nodes, _) = cluster_tls(&[secret, secret, secret], &tls, dir.path()).await;
+    let third = nodes.remove(&3).expect("node 3");
+    let l = leader(&nodes).await;
+    for i in 0..10 {
+        write(&nodes[&l], i).await.expect("write");
+    }
+    converged(&nodes, &(0..10).collect::<Vec<_>>()).await;
+    assert_eq!(third.raft.metrics().borrow().last_applied, None);
+    for id in [1, 2] {
+        let bundle = dir.path().join(format!("n{id}-ca.pem"));
+        std::fs::write(&bundle, format!("{}{}", ca.pem, other.pem)).expect("write");
+        let fresh = ClusterTls::from_pem_files(
+            &dir.path().join(format!("n{id}.pem")),
+            &dir.path().join(format!("n{id}.key")),
+            &bundle,
+        )
+        .expect("tls files");
+        nodes[&id].reload_tls(&fresh).expect("reload");
+    }
+    nodes.insert(3, third);
+    settle(&nodes, 10).await;
+    converged(&nodes, &(0..=10).collect::<Vec<_>>()).await;
+    for n in nodes.into_values() {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_joins_through_a_follower_catches_up_votes_and_leaves() {
     let dir = tempfile::tempdir().expect("tempdir");
     let secret: &[u8] = b"right";
@@ -468,6 +508,52 @@ async fn a_node_joins_through_a_follower_catches_up_votes_and_leaves() {
     settle(&nodes, 31).await;
     converged(&nodes, &(0..=31).collect::<Vec<_>>()).await;
     gone.shutdown().await;
+    for n in nodes.into_values() {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_joining_at_once_both_become_voters() {
+    // openraft takes one membership change at a time ("already undergoing a configuration
+    // change"): a change that meets another one in progress waits for it (bounded) instead
+    // of failing, and adds to the membership as it is then (neither join undoes the other).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret: &[u8] = b"right";
+    let (mut nodes, members) = cluster(&[secret, secret, secret], dir.path()).await;
+    settle(&nodes, 0).await;
+    let mut newcomers = Vec::new();
+    for id in [4, 5] {
+        let listener = bind(id).await;
+        let addr = listener.local_addr().expect("addr");
+        let mut o = options(id, addr, &members, secret, dir.path());
+        o.members = [(id, addr.to_string())].into();
+        o.join = true;
+        let node = ClusterNode::start_on(o, listener)
+            .await
+            .expect("start a newcomer");
+        newcomers.push((id, addr.to_string(), node));
+    }
+    let l = leader(&nodes).await;
+    let ((i4, a4, _), (i5, a5, _)) = (&newcomers[0], &newcomers[1]);
+    let (a, b) = tokio::join!(
+        tokio::time::timeout(WAIT, nodes[&l].join(*i4, a4)),
+        tokio::time::timeout(WAIT, nodes[&l].join(*i5, a5))
+    );
+    a.expect("join 4 in time").expect("join node 4");
+    b.expect("join 5 in time").expect("join node 5");
+    let voters: Vec<NodeId> = nodes[&l]
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, [1, 2, 3, 4, 5]);
+    for (id, _, node) in newcomers {
+        nodes.insert(id, node);
+    }
     for n in nodes.into_values() {
         n.shutdown().await;
     }

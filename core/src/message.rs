@@ -172,4 +172,9 @@ pub struct QueuedMessage {
     pub stored: bool,
     /// When it expires (queue or message TTL), in the host's clock.
     pub expires_at: Option<u64>,
+    /// Which serving of its queue handed it out (`QueueState::epoch` when it was delivered,
+    /// 0 while it waits; for a delivery from another node's queue, `FROM_NODE` with that
+    /// node's id): a settle of a delivery made before its queue was reloaded (a quorum
+    /// queue's leader moved) or before the queue moved to another node is stale.
+    pub epoch: u32,
 }

@@ -7,7 +7,7 @@
 //! state machine has one vocabulary; what v3 cannot express (properties, reason codes other
 //! than the v3 return codes, server DISCONNECT) is dropped at the edge.
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mqtt_proto::v5::{self, DisconnectReasonCode};
 use mqtt_proto::{Pid, QoS, QosPid, TopicFilter, v3};
 
@@ -94,7 +94,7 @@ pub fn decode(
     level: Option<Level>,
     max_packet: usize,
 ) -> Result<Option<Decoded>, CodecError> {
-    let Some((_, total)) = frame_len(buf)? else {
+    let Some((header_len, total)) = frame_len(buf)? else {
         return Ok(None);
     };
     if total > max_packet {
@@ -123,6 +123,16 @@ pub fn decode(
     };
     if level != 5 && packet_type == 15 {
         return Err(CodecError::Malformed("AUTH before MQTT 5".into()));
+    }
+    if level != 5 && packet_type == 3 {
+        let p = decode_v3_publish(frame, header_len).map_err(|e| match e {
+            mqtt_proto::Error::IoError(mqtt_proto::IoErrorKind::UnexpectedEof) => {
+                CodecError::Malformed("truncated packet body".into())
+            }
+            e => CodecError::Malformed(e.to_string()),
+        })?;
+        buf.advance(total);
+        return Ok(Some(Decoded::Packet(v5::Packet::Publish(p))));
     }
     let bad_filter = |e: &mqtt_proto::Error| matches!(e, mqtt_proto::Error::InvalidTopicFilter(_));
     let packet = if level == 5 {
@@ -153,6 +163,46 @@ pub fn decode(
         v5::Packet::Subscribe(s) => Decoded::Subscribe(s.into()),
         p => Decoded::Packet(p),
     }))
+}
+
+/// A v3 PUBLISH straight from its frame (`header_len` bytes of fixed header, then the body),
+/// with `mqtt-proto`'s checks and errors: its own decoder reads through an async reader on a
+/// thread-local executor per packet, copies the topic twice and zero-fills the payload
+/// before copying it, and PUBLISH is nearly every packet a busy broker reads. The topic name
+/// comes from [`convert::topic_name`]'s one-entry cache (a publisher repeats its topic).
+fn decode_v3_publish(frame: &[u8], header_len: usize) -> Result<v5::Publish, mqtt_proto::Error> {
+    let eof = || mqtt_proto::Error::IoError(mqtt_proto::IoErrorKind::UnexpectedEof);
+    let first = frame.first().copied().ok_or_else(eof)?;
+    let qos = QoS::from_u8((first & 0b110) >> 1)?;
+    let body = frame.get(header_len..).ok_or_else(eof)?;
+    let (len, rest) = body.split_first_chunk::<2>().ok_or_else(eof)?;
+    let topic_len = usize::from(u16::from_be_bytes(*len));
+    let topic = rest.get(..topic_len).ok_or_else(eof)?;
+    let topic = std::str::from_utf8(topic).map_err(|_| mqtt_proto::Error::InvalidString)?;
+    let mut payload = &rest[topic_len..];
+    let qos_pid = match qos {
+        QoS::Level0 => QosPid::Level0,
+        qos => {
+            let (pid, rest) = payload.split_first_chunk::<2>().ok_or_else(eof)?;
+            payload = rest;
+            let pid = Pid::try_from(u16::from_be_bytes(*pid))?;
+            if qos == QoS::Level1 {
+                QosPid::Level1(pid)
+            } else {
+                QosPid::Level2(pid)
+            }
+        }
+    };
+    Ok(v5::Publish {
+        dup: first & 0b1000 != 0,
+        retain: first & 1 == 1,
+        qos_pid,
+        topic_name: crate::convert::topic_name(topic)?,
+        // A copy: sharing the read buffer would keep a whole read alive for a small
+        // message that waits in a queue.
+        payload: Bytes::copy_from_slice(payload),
+        properties: Default::default(),
+    })
 }
 
 fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], CodecError> {
@@ -399,6 +449,15 @@ pub fn encode(p: &v5::Packet, level: Level, out: &mut BytesMut) -> bool {
         encode_v3_suback(s, out);
         return true;
     }
+    if let v5::Packet::Publish(p) = p {
+        return match encode_publish(p, level, out) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("cannot encode PUBLISH: {e}");
+                false
+            }
+        };
+    }
     let bytes = if level == 5 {
         p.encode()
     } else {
@@ -416,6 +475,65 @@ pub fn encode(p: &v5::Packet, level: Level, out: &mut BytesMut) -> bool {
             tracing::warn!("cannot encode {:?}: {e}", p.get_type());
             false
         }
+    }
+}
+
+/// The largest remaining length MQTT can express (four bytes of variable byte integer).
+const MAX_REMAINING: usize = 268_435_455;
+
+/// A PUBLISH appended to `out` as the client's level frames it, with no intermediate buffer
+/// (`mqtt-proto`'s `Packet::encode` builds each packet in a `Vec` of its own, and at v3
+/// first clones the packet into its v3 form): most packets a broker writes are these.
+fn encode_publish(
+    p: &v5::Publish,
+    level: Level,
+    out: &mut BytesMut,
+) -> Result<(), mqtt_proto::Error> {
+    use mqtt_proto::Encodable;
+    let topic = p.topic_name.as_bytes();
+    let topic_len = u16::try_from(topic.len()).map_err(|_| mqtt_proto::Error::InvalidString)?;
+    let (qos, pid) = match p.qos_pid {
+        QosPid::Level0 => (0u8, None),
+        QosPid::Level1(pid) => (1, Some(pid)),
+        QosPid::Level2(pid) => (2, Some(pid)),
+    };
+    let remaining = if level == 5 {
+        p.encode_len()
+    } else {
+        2 + topic.len() + if pid.is_some() { 2 } else { 0 } + p.payload.len()
+    };
+    if remaining > MAX_REMAINING {
+        return Err(mqtt_proto::Error::InvalidRemainingLength);
+    }
+    out.reserve(5 + remaining);
+    out.put_u8(0x30 | (u8::from(p.dup) << 3) | (qos << 1) | u8::from(p.retain));
+    let mut n = remaining;
+    loop {
+        let byte = (n % 128) as u8;
+        n /= 128;
+        out.put_u8(if n > 0 { byte | 0x80 } else { byte });
+        if n == 0 {
+            break;
+        }
+    }
+    if level == 5 {
+        return p.encode(&mut (&mut *out).writer());
+    }
+    out.put_u16(topic_len);
+    out.put_slice(topic);
+    if let Some(pid) = pid {
+        out.put_u16(pid.value());
+    }
+    out.put_slice(&p.payload);
+    Ok(())
+}
+
+/// Bytes `o` will likely take on the wire: what a write buffer reserves for it, so a flush of
+/// many packets grows its buffer once instead of by repeated doubling (each a copy).
+pub fn size_hint(o: &Out) -> usize {
+    match &o.packet {
+        v5::Packet::Publish(p) => 8 + p.topic_name.len() + p.payload.len(),
+        _ => 8,
     }
 }
 

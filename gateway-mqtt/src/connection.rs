@@ -10,6 +10,7 @@
 use crate::codec::{self, CodecError, Level};
 use crate::config::MqttConfig;
 use crate::error::CloseError;
+use crate::record::SessionRecord;
 use crate::registry::Registry;
 use crate::session::{Session, check_connect, credentials, refusal};
 use bytes::{BufMut, BytesMut};
@@ -116,7 +117,7 @@ async fn write_packets<S: AsyncWrite + Unpin>(
     if packets.is_empty() {
         return Ok(());
     }
-    let mut w = BytesMut::new();
+    let mut w = BytesMut::with_capacity(packets.iter().map(codec::size_hint).sum());
     for p in packets {
         codec::encode_out(p, level, &mut w);
     }
@@ -209,7 +210,7 @@ where
             }
             loop {
                 if let Some(stored) = session.take_stored() {
-                    registry.persist_session(session.client_id(), stored);
+                    registry.persist_live(session.client_id(), stored);
                 }
                 // Ops first (a SUBACK waits for its bindings' bind-ok), then packets, then the
                 // write-window credit of what was written.
@@ -436,7 +437,22 @@ where
             let _ = timeout(TAKEOVER_TIMEOUT, done_rx).await;
         }
     }
-    let record = registry.take_session(&client_id);
+    let mut record = registry.take_session(&client_id);
+    if let Some(cluster) = registry.cluster() {
+        // One session per client id across the cluster: the cluster's state of it wins
+        // over this node's copy, which may be older (it was resumed elsewhere since).
+        registry.begin_claim(&client_id);
+        match cluster.claim(&client_id).await {
+            Ok(stored) => {
+                record = stored.map(|s| SessionRecord::from_stored(s, now_ms()));
+                registry.end_claim(&client_id, cluster.owns(&client_id));
+            }
+            Err(why) => {
+                registry.end_claim(&client_id, true);
+                tracing::warn!(client_id = %Escaped(&client_id), "MQTT session not claimed in the cluster, going on with this node's state: {}", Escaped(&why))
+            }
+        }
+    }
     let session = Session::new(info, record, now_ms(), config);
     tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), level, "accepted MQTT connection");
     Some(Live {
@@ -499,9 +515,13 @@ where
         last.extend(session.disconnect_packet(e.reason).map(codec::Out::from));
     }
     let record = session.close(now);
-    if record.is_none() && session.is_stored() {
-        // The session ended with its connection (expiry 0, maybe set by DISCONNECT).
-        registry.persist_session(&client_id, None);
+    if record.is_none() {
+        if session.is_stored() {
+            // The session ended with its connection (expiry 0, maybe set by DISCONNECT).
+            registry.persist_session(&client_id, None);
+        } else {
+            registry.closed_without_session(&client_id);
+        }
     }
     // The runtime applies a dropped connection's disconnect ahead of requests still queued
     // (it drains control messages first), which would lose the will and even earlier
@@ -559,10 +579,32 @@ where
     if !matches!(end, End::Eof | End::Io(_)) {
         let _ = timeout(CLOSE_TIMEOUT, async {
             write_packets(&mut stream, &last, level).await?;
-            stream.shutdown().await
+            stream.shutdown().await?;
+            linger(&mut stream).await
         })
         .await;
     }
+}
+
+/// Bytes a closing connection reads and discards after its DISCONNECT at most.
+const LINGER_MAX_BYTES: usize = 256 * 1024;
+
+/// Reads and discards what the client still sends after the server's DISCONNECT (its write
+/// side already shut), until the client closes, [`LINGER_MAX_BYTES`] or the caller's timeout.
+/// Closing a socket with bytes arriving makes the kernel answer with a reset, and a reset
+/// makes the client's kernel drop what it had received but not read yet: the DISCONNECT with
+/// its reason code. A client that pipelines (a PUBREL for every PUBREC, as paho's test client
+/// does when it exceeds Receive Maximum) would see a reset instead of reason 0x93.
+async fn linger<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<()> {
+    let mut buf = [0u8; 4096];
+    let mut read = 0;
+    while read < LINGER_MAX_BYTES {
+        match stream.read(&mut buf).await? {
+            0 => break,
+            n => read += n,
+        }
+    }
+    Ok(())
 }
 
 /// A will left for later by a closed session.
@@ -605,6 +647,18 @@ pub(crate) async fn publish_will(
     config: &MqttConfig,
 ) {
     let link = broker.connect();
+    // An MQTT connection to the runtime: in a cluster a retained will is replicated as a
+    // client's retained publish is.
+    link.tx.describe(warren_runtime::ConnMeta {
+        protocol: "MQTT 5-0",
+        peer: "will".into(),
+        tls: false,
+        client_properties: None,
+        client_id: Some(client_id.into()),
+        heartbeat: 0,
+        frame_max: 0,
+        connected_at: warren_runtime::unix_ms(),
+    });
     let mut rx = link.rx;
     let mut ops = vec![
         (
@@ -655,4 +709,33 @@ fn process_input(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// One read takes at most `MAX_READ` bytes however much is waiting and however much room
+    /// the buffer has (a buffer grown by one large packet keeps its capacity while packets
+    /// behind it remain): a read is one op batch, and the batches in flight when a
+    /// flow-control pause reaches the publisher are what it routes past the pause.
+    #[tokio::test]
+    async fn a_read_takes_at_most_max_read_whatever_the_buffer_capacity() {
+        let (mut client, mut server) = tokio::io::duplex(1 << 20);
+        client.write_all(&vec![0x30; 256 * 1024]).await.unwrap();
+        let mut buf = BytesMut::with_capacity(1 << 20);
+        buf.put_u8(0x30);
+        let mut total = 0;
+        for _ in 0..4 {
+            let n = read_some(&mut server, &mut buf).await.unwrap();
+            assert!(n <= MAX_READ, "one read took {n} bytes");
+            total += n;
+        }
+        assert_eq!(buf.len(), 1 + total);
+        // An empty buffer reads through the stack chunk, holding no heap.
+        let mut empty = BytesMut::new();
+        let n = read_some(&mut server, &mut empty).await.unwrap();
+        assert!(n > 0 && n <= STACK_READ);
+    }
 }

@@ -17,6 +17,7 @@
 use bytes::Bytes;
 use mqtt_proto::v5::{PublishProperties, UserProperty};
 use mqtt_proto::{QoS, TopicName};
+use std::cell::RefCell;
 use std::sync::Arc;
 use warren_core::command::Publish;
 use warren_core::message::{FieldTable, FieldValue, Message, Properties};
@@ -38,9 +39,82 @@ fn exchange() -> Arc<str> {
     NAME.clone()
 }
 
+/// The last topic this thread converted, and its routing key once asked for. A publisher
+/// repeats its topic, and so do the messages a subscriber receives, so nearly every PUBLISH
+/// read, routed and delivered finds its topic name and key here instead of allocating them
+/// (three allocations per message otherwise). One entry per thread: nothing per connection.
+struct LastTopic {
+    topic: Option<TopicName>,
+    /// `topic`'s routing key, when `topic` is set and its key was asked for.
+    key: Option<Arc<str>>,
+}
+
+thread_local! {
+    static LAST: RefCell<LastTopic> = const { RefCell::new(LastTopic { topic: None, key: None }) };
+}
+
+fn same(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
+/// A validated topic name for `s` (a PUBLISH's), shared with the previous one when equal.
+pub fn topic_name(s: &str) -> Result<TopicName, mqtt_proto::Error> {
+    LAST.with_borrow_mut(|last| {
+        if let Some(t) = &last.topic
+            && same(t, s)
+        {
+            return Ok(t.clone());
+        }
+        let t = TopicName::try_from(s)?;
+        *last = LastTopic {
+            topic: Some(t.clone()),
+            key: None,
+        };
+        Ok(t)
+    })
+}
+
+/// The routing key of `topic` (`a/b` -> `a.b`), shared with the previous one when equal.
+fn routing_key(topic: &TopicName) -> Arc<str> {
+    LAST.with_borrow_mut(|last| {
+        if let Some(t) = &last.topic
+            && same(t, topic)
+        {
+            return last
+                .key
+                .get_or_insert_with(|| with_swapped(topic, |k| Arc::from(k)))
+                .clone();
+        }
+        let key: Arc<str> = with_swapped(topic, |k| Arc::from(k));
+        *last = LastTopic {
+            topic: Some(topic.clone()),
+            key: Some(key.clone()),
+        };
+        key
+    })
+}
+
+/// The MQTT topic of routing key `key` (`a.b` -> `a/b`), shared with the previous one when
+/// equal; `None` when it is no valid topic name.
+fn topic_of_key(key: &Arc<str>) -> Option<TopicName> {
+    LAST.with_borrow_mut(|last| {
+        if let (Some(t), Some(k)) = (&last.topic, &last.key)
+            && (Arc::ptr_eq(k, key) || **k == **key)
+        {
+            return Some(t.clone());
+        }
+        let t = with_swapped(key, |t| TopicName::try_from(t).ok())?;
+        *last = LastTopic {
+            topic: Some(t.clone()),
+            key: Some(key.clone()),
+        };
+        Some(t)
+    })
+}
+
 /// The core publish for an MQTT PUBLISH. `now_ms` is unix time (for expiry).
 pub fn to_core(
-    topic: &str,
+    topic: &TopicName,
     qos: QoS,
     retain: bool,
     payload: Bytes,
@@ -83,8 +157,8 @@ pub fn to_core(
     properties.headers = Some(headers);
     Publish {
         exchange: exchange(),
-        // One allocation per publish for the key, none for the exchange's name.
-        routing_key: with_swapped(topic, |key| Arc::from(key)),
+        // Shared with the previous publish's on the same topic; the exchange's name always.
+        routing_key: routing_key(topic),
         mandatory: false,
         immediate: false,
         properties,
@@ -114,7 +188,7 @@ pub fn publisher(m: &Message) -> Option<&str> {
 
 /// The MQTT view of a core message; `None` when its routing key is no valid MQTT topic.
 pub fn from_core(m: &Message, now_ms: u64) -> Option<Outgoing> {
-    let topic = with_swapped(&m.routing_key, |t| TopicName::try_from(t).ok())?;
+    let topic = topic_of_key(&m.routing_key)?;
     if topic.is_empty() {
         return None;
     }

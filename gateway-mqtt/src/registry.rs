@@ -4,7 +4,9 @@
 //! (`Op::Retain`, `Op::RetainedGet`).
 
 use crate::record::SessionRecord;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
@@ -42,6 +44,35 @@ impl Sessions {
 /// Receives session changes: (client id, the session; `None` when it ended).
 pub type SessionHook = Box<dyn Fn(&str, Option<StoredSession>) + Send + Sync>;
 
+/// What [`ClusterSessions`]' futures return.
+pub type ClusterFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A cluster's registry of MQTT sessions (docs/cluster.md, "MQTT sessions across nodes"):
+/// one session per client id across the nodes. The host implements it over its metadata
+/// group; the gateway knows no cluster.
+pub trait ClusterSessions: Send + Sync + 'static {
+    /// Makes this node the owner of `client_id` cluster-wide: a connection of it on
+    /// another node is closed (session taken over) and hands its session over, bounded in
+    /// time. Answers the session to resume (the cluster's latest state of it; `None`: it
+    /// has none), or `Err(why)` when the cluster could not be asked (no quorum): the node
+    /// then goes on with what it knows.
+    fn claim(&self, client_id: &str) -> ClusterFuture<Result<Option<StoredSession>, String>>;
+    /// A change of a session this node owns (`None`: it ended, or, `live`, its connected
+    /// client keeps none); a change that is not `live` is its connection's last state,
+    /// which goes to the node that took it over if one did. Ordered per client id, without
+    /// waiting.
+    fn store(&self, client_id: &str, session: Option<StoredSession>, live: bool);
+    /// Another node claimed `client_id` while no connection here had it: hand over what
+    /// the cluster holds of it (the claimer waits for no connection here).
+    fn release(&self, client_id: &str);
+    /// Ends the offline session of `client_id` in the cluster if this node still owns it,
+    /// unchanged (no other node resumed it meanwhile); whether it did.
+    fn expire(&self, client_id: &str) -> ClusterFuture<bool>;
+    /// Whether the cluster says this node has `client_id` now (a connection that finished
+    /// its claim and finds it false was taken over during the claim).
+    fn owns(&self, client_id: &str) -> bool;
+}
+
 /// Asks a connection to close for a takeover; it answers on the enclosed sender once its
 /// session is released in the core and stored here.
 pub type Kick = oneshot::Sender<oneshot::Sender<()>>;
@@ -65,6 +96,15 @@ pub struct Registry {
     next_id: AtomicU64,
     /// Delayed wills by client id, with the token of the connection that left them.
     wills: Mutex<HashMap<Arc<str>, u64>>,
+    /// The cluster's session registry, on a cluster node.
+    cluster: std::sync::OnceLock<Arc<dyn ClusterSessions>>,
+    /// Client ids whose connection here another node took over: its close hands the
+    /// session over instead of keeping it (bounded by the connections of this node).
+    handed_over: Mutex<HashSet<Arc<str>>>,
+    /// Client ids whose connection here is claiming them in the cluster: a takeover
+    /// applied meanwhile may be older than that claim, so the connection checks for itself
+    /// once its claim is done ([`Registry::end_claim`]). Empty while no connection claims.
+    claiming: Mutex<HashSet<Arc<str>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,6 +133,13 @@ impl Registry {
         if owners.get(client_id).is_some_and(|o| o.conn == conn) {
             owners.remove(client_id);
         }
+    }
+
+    /// Whether `conn` owns `client_id` (a takeover, here or from another node, ends that).
+    pub fn owns(&self, client_id: &str, conn: ConnId) -> bool {
+        lock(&self.owners)
+            .get(client_id)
+            .is_some_and(|o| o.conn == conn)
     }
 
     /// Adds the sessions read back from storage, stored through `hook` from now on: sessions
@@ -124,8 +171,84 @@ impl Registry {
         lock(&self.sessions).remove(client_id).map(|(_, r)| r)
     }
 
+    /// Makes this registry a cluster node's: sessions are claimed, stored and expired
+    /// through `cluster` too (once; later calls are ignored).
+    pub fn set_cluster(&self, cluster: Arc<dyn ClusterSessions>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// The cluster's session registry, on a cluster node.
+    pub fn cluster(&self) -> Option<&Arc<dyn ClusterSessions>> {
+        self.cluster.get()
+    }
+
+    /// Another node took `client_id` (a connection there claimed it): a connection of it
+    /// here is closed with "session taken over" and hands its session over; an offline
+    /// copy here (and its expiry, and a delayed will) is dropped, the other node owns the
+    /// session now. Whether a connection here had it.
+    pub fn taken_elsewhere(&self, client_id: &str) -> bool {
+        if lock(&self.claiming).contains(client_id) {
+            return false;
+        }
+        lock(&self.wills).remove(client_id);
+        let had_offline = lock(&self.sessions).remove(client_id).is_some();
+        if had_offline && let Some(hook) = &self.session_hook {
+            // Only this node's own store: the cluster's record is the new owner's.
+            hook(client_id, None);
+        }
+        let mut owners = lock(&self.owners);
+        let Some((id, owner)) = owners.remove_entry(client_id) else {
+            drop(owners);
+            if let Some(c) = self.cluster() {
+                c.release(client_id);
+            }
+            return false;
+        };
+        if owner.conn == EXPIRY_TASK {
+            // The expiry task ends it only if the cluster still says this node owns it.
+            owners.insert(id, owner);
+            drop(owners);
+            if let Some(c) = self.cluster() {
+                c.release(client_id);
+            }
+            return false;
+        }
+        drop(owners);
+        lock(&self.handed_over).insert(id);
+        // The connection answers on the sender once closed; nobody waits for it here.
+        let (done, _) = oneshot::channel();
+        let _ = owner.kick.send(done);
+        true
+    }
+
+    /// A connection here starts claiming `client_id` in the cluster.
+    pub fn begin_claim(&self, client_id: &Arc<str>) {
+        lock(&self.claiming).insert(client_id.clone());
+    }
+
+    /// The claim of `client_id` is done; `owned`: the cluster still says this node has it.
+    /// If not, another node's connection claimed it meanwhile (a takeover applied during
+    /// the claim left it alone): the connection here is closed as taken over now.
+    pub fn end_claim(&self, client_id: &str, owned: bool) {
+        lock(&self.claiming).remove(client_id);
+        if !owned {
+            self.taken_elsewhere(client_id);
+        }
+    }
+
     /// Keeps (and stores) the session of a client that went away.
     pub fn store_session(&self, client_id: Arc<str>, record: SessionRecord) {
+        if lock(&self.handed_over).remove(&client_id) {
+            // Another node took the session over: its last state goes to that node, and
+            // this node keeps no copy (nor an expiry for it).
+            if let Some(c) = self.cluster() {
+                c.store(&client_id, Some(record.to_stored(false)), false);
+            }
+            if let Some(hook) = &self.session_hook {
+                hook(&client_id, None);
+            }
+            return;
+        }
         self.persist_session(&client_id, Some(record.to_stored(false)));
         let expires = record.expires_at().is_some();
         lock(&self.sessions).insert(client_id, record);
@@ -136,8 +259,42 @@ impl Registry {
 
     /// Stores the state of a connected client's session (`None`: it has none to keep).
     pub fn persist_session(&self, client_id: &str, session: Option<StoredSession>) {
+        if session.is_none() {
+            lock(&self.handed_over).remove(client_id);
+        }
+        if let Some(c) = self.cluster() {
+            c.store(client_id, session.clone(), false);
+        }
         if let Some(hook) = &self.session_hook {
             hook(client_id, session);
+        }
+    }
+
+    /// Stores the state of the session of a connected client (`None`: it keeps none).
+    pub fn persist_live(&self, client_id: &str, session: Option<StoredSession>) {
+        if let Some(c) = self.cluster() {
+            c.store(client_id, session.clone(), true);
+        }
+        if let Some(hook) = &self.session_hook {
+            hook(client_id, session);
+        }
+    }
+
+    /// A connection of `client_id` without a session to keep closed: on a cluster node,
+    /// its claim on the client id ends (another node's connection waits for no handover).
+    pub fn closed_without_session(&self, client_id: &str) {
+        lock(&self.handed_over).remove(client_id);
+        if let Some(c) = self.cluster() {
+            c.store(client_id, None, false);
+        }
+    }
+
+    /// Forgets this node's copy of a session (offline map and own store) without telling
+    /// the cluster: the cluster ended or moved it.
+    pub fn forget_local(&self, client_id: &str) {
+        lock(&self.sessions).remove(client_id);
+        if let Some(hook) = &self.session_hook {
+            hook(client_id, None);
         }
     }
 

@@ -175,7 +175,18 @@ async fn expire_sessions(
             let Some((client_id, record)) = registry.claim_expired(now, kick) else {
                 break;
             };
-            end_session(&broker, &registry, &config, &client_id, record).await;
+            let owned = match registry.cluster() {
+                // Ended only if this node still owns it in the cluster (no other node
+                // resumed it meanwhile).
+                Some(c) => c.expire(&client_id).await,
+                None => true,
+            };
+            if owned {
+                end_session(&broker, &registry, &config, &client_id, record).await;
+            } else {
+                tracing::info!(client_id = %Escaped(&client_id), "MQTT session moved to another node; not expired here");
+                registry.forget_local(&client_id);
+            }
             registry.release(&client_id, EXPIRY_TASK);
             // A client that connected meanwhile waits for this answer (as for a takeover).
             if let Ok(done) = kicked.try_recv() {

@@ -164,8 +164,12 @@ pub async fn publish_sys_topics(
 async fn publish(broker: &BrokerHandle, config: &MqttConfig, topic: &str, value: String) {
     let now = now_ms();
     let payload = Bytes::from(value);
+    // The `$SYS/...` names here are constants, all valid topic names.
+    let Ok(name) = mqtt_proto::TopicName::try_from(topic) else {
+        return;
+    };
     let publish = convert::to_core(
-        topic,
+        &name,
         QoS::Level0,
         true,
         payload.clone(),

@@ -73,4 +73,35 @@ proptest! {
             s.take_ops();
         }
     }
+
+    /// The gateway decodes v3 PUBLISH itself (the hot path): whatever the flags, topic, packet
+    /// id and payload, it accepts what `mqtt-proto`'s v3 decoder accepts, as the same packet,
+    /// and refuses what it refuses.
+    #[test]
+    fn v3_publish_decodes_as_mqtt_proto_does(
+        flags in 0u8..16,
+        topic in prop::collection::vec(prop_oneof![Just(b'a'), Just(b'/'), Just(b'+'), Just(b'#'), Just(0u8), Just(0xC3), Just(0xA9), Just(0xFF)], 0..6),
+        topic_len_delta in -2i32..3,
+        body in prop::collection::vec(any::<u8>(), 0..8),
+    ) {
+        let mut rest = Vec::new();
+        let declared = (topic.len() as i32 + topic_len_delta).max(0) as u16;
+        rest.extend_from_slice(&declared.to_be_bytes());
+        rest.extend_from_slice(&topic);
+        rest.extend_from_slice(&body);
+        let mut frame = vec![0x30 | flags, rest.len() as u8];
+        frame.extend_from_slice(&rest);
+        let mut buf = BytesMut::from(&frame[..]);
+        let ours = codec::decode(&mut buf, Some(4), 1 << 20);
+        let theirs = mqtt_proto::v3::Packet::decode(&frame);
+        match (ours, theirs) {
+            (Ok(Some(codec::Decoded::Packet(mqtt_proto::v5::Packet::Publish(a)))), Ok(Some(mqtt_proto::v3::Packet::Publish(b)))) => {
+                prop_assert_eq!((a.dup, a.retain, a.qos_pid, &*a.topic_name, &a.payload), (b.dup, b.retain, b.qos_pid, &*b.topic_name, &b.payload));
+                prop_assert_eq!(a.properties, Default::default());
+                prop_assert!(buf.is_empty());
+            }
+            (Err(_), Err(_) | Ok(None)) => {}
+            (a, b) => prop_assert!(false, "gateway {a:?}, mqtt-proto {b:?}"),
+        }
+    }
 }

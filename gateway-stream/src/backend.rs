@@ -6,7 +6,7 @@
 //! directly; a core that owns stream queues can implement it by forwarding.
 
 use crate::chunk::Chunk;
-use crate::codec::{OffsetSpec, PublishedMessage};
+use crate::codec::{OffsetSpec, PublishedBatch};
 use std::future::Future;
 
 /// How the client authenticates (SASL).
@@ -134,6 +134,11 @@ pub struct StreamStats {
 /// The broker side of the stream protocol. Names are `(vhost, stream)`.
 pub trait StreamBackend: Send + Sync + 'static {
     type Reader: ChunkReader;
+    /// A stream as a publisher holds it from its declaration (RabbitMQ's publishers hold
+    /// their stream's writer): appends through it skip the lookup by name. It must fail
+    /// with `DoesNotExist` once its stream is deleted, even if one of that name is created
+    /// again (the publisher went with the first).
+    type Target: Send + Sync + 'static;
 
     /// SASL: checks a login; returns the user name.
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError>;
@@ -153,15 +158,21 @@ pub trait StreamBackend: Send + Sync + 'static {
     fn stream_exists(&self, vhost: &str, stream: &str) -> bool;
     fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError>;
 
-    /// Appends one batch (one or more chunks) stamped `now_ms`. With a `writer` reference,
+    /// The stream `(vhost, stream)` as a publisher holds it (`None`: appends go by name).
+    fn target(&self, vhost: &str, stream: &str) -> Option<Self::Target>;
+
+    /// Appends one batch (one or more chunks) stamped `now_ms`, to `target` when given (the
+    /// stream of that name when it was taken), else by name. With a `writer` reference,
     /// messages whose publishing id is at most the last one stored for that reference are
     /// skipped (deduplication) and the reference's sequence advances.
+    #[allow(clippy::too_many_arguments)]
     fn append(
         &self,
+        target: Option<&Self::Target>,
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
-        messages: &[PublishedMessage],
+        messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError>;
     /// Resolves once `offset` is durable (fsync'd, group commit), or with an error if the

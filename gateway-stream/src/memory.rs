@@ -9,7 +9,7 @@ use crate::backend::{
     StreamError, StreamStats,
 };
 use crate::chunk::{self, Chunk};
-use crate::codec::{Entry, OffsetSpec, PublishedMessage};
+use crate::codec::{Entry, OffsetSpec, PublishedBatch, PublishedMessage};
 use crate::sac::ConsumerGroups;
 use crate::tail::{self, Tail, TailWatch};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -280,6 +280,8 @@ impl ChunkReader for MemoryReader {
 
 impl StreamBackend for MemoryBackend {
     type Reader = MemoryReader;
+    /// Looked up by name at each append (the in-memory map is cheap to search).
+    type Target = ();
 
     fn authenticate(&self, login: &Login, peer: &PeerInfo) -> Result<String, AuthError> {
         let user = match login {
@@ -360,14 +362,21 @@ impl StreamBackend for MemoryBackend {
         })
     }
 
+    fn target(&self, _vhost: &str, _stream: &str) -> Option<()> {
+        None
+    }
+
     fn append(
         &self,
+        _target: Option<&()>,
         vhost: &str,
         stream: &str,
         writer: Option<&str>,
-        messages: &[PublishedMessage],
+        messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError> {
+        // Kept as entries sharing the frame's buffer.
+        let messages = &messages.to_messages();
         self.with_stream(vhost, stream, |s| {
             let last = writer.and_then(|w| s.writers.get(w).copied());
             let mut keep: Vec<&PublishedMessage> = Vec::with_capacity(messages.len());

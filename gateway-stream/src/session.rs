@@ -11,12 +11,24 @@ use crate::backend::{
     AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
 };
 use crate::chunk::FileRange;
-use crate::codec::{self, Broker, Frame, OffsetSpec, StreamMetadata};
+use crate::codec::{self, Broker, Frame, OffsetSpec, PublishedBatch, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use crate::sac::Mailbox;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+
+/// The length (size field included) of the whole Publish frame at the front of `buf`, if
+/// there is one within `max` (0: no limit); anything else is for [`split_frame`].
+fn whole_publish(buf: &BytesMut, max: u32) -> Option<usize> {
+    let h = buf.get(..8)?;
+    let size = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    let total = 4 + size as usize;
+    // Versions 1 and 2 (others are the decoder's unknown command).
+    let publish = u16::from_be_bytes([h[4], h[5]]) == key::PUBLISH
+        && matches!(u16::from_be_bytes([h[6], h[7]]), 1 | 2);
+    (publish && (max == 0 || size <= max) && buf.len() >= total && size >= 4).then_some(total)
+}
 
 /// Frame-max until Open succeeds.
 pub const INITIAL_FRAME_MAX: u32 = 8192;
@@ -132,9 +144,11 @@ enum Phase {
     Closing,
 }
 
-struct Publisher {
+struct Publisher<T> {
     stream: String,
     reference: Option<String>,
+    /// The backend's handle on the stream, taken at declaration.
+    target: Option<T>,
 }
 
 struct Subscription<R> {
@@ -200,7 +214,7 @@ pub struct Session<B: StreamBackend> {
     /// Bytes in `parts`.
     parts_len: usize,
     waits: Vec<Wait>,
-    publishers: BTreeMap<u8, Publisher>,
+    publishers: BTreeMap<u8, Publisher<B::Target>>,
     subscriptions: BTreeMap<u8, Subscription<B::Reader>>,
     /// Unconfirmed Publish frames per stream (of this connection's vhost).
     pending: HashMap<String, StreamPending>,
@@ -511,6 +525,21 @@ impl<B: StreamBackend> Session<B> {
             if !self.wants_read() {
                 return;
             }
+            // Publish frames, once open, are read where they lie in the buffer and go to the
+            // backend from there: no `Frame`, no `Vec` of messages, no reference-counted
+            // slice (a 1-message frame's path is all per-frame cost).
+            if matches!(self.phase, Phase::Opened)
+                && let Some(total) = whole_publish(buf, self.frame_max_in)
+            {
+                match codec::parse_publish(&buf[4..total]) {
+                    Some(Ok((publisher_id, batch))) => self.publish(publisher_id, batch, now_ms),
+                    Some(Err(e)) => self.bad_frame(e, now_ms),
+                    // Not reached: `whole_publish` checked the key and version.
+                    None => self.bad_frame(DecodeError::BadValue("publish"), now_ms),
+                }
+                buf.advance(total);
+                continue;
+            }
             let body = match split_frame(buf, self.frame_max_in) {
                 Ok(Some(b)) => b,
                 Ok(None) => return,
@@ -767,6 +796,7 @@ impl<B: StreamBackend> Session<B> {
                     self.publishers.insert(
                         publisher_id,
                         Publisher {
+                            target: self.backend.target(&vhost, &stream),
                             stream,
                             reference: (!reference.is_empty()).then_some(reference),
                         },
@@ -779,7 +809,7 @@ impl<B: StreamBackend> Session<B> {
                 publisher_id,
                 messages,
                 ..
-            } => self.publish(publisher_id, messages, now_ms),
+            } => self.publish(publisher_id, PublishedBatch::Messages(&messages), now_ms),
             Frame::QueryPublisherSequence {
                 corr,
                 reference,
@@ -1069,10 +1099,10 @@ impl<B: StreamBackend> Session<B> {
         }
     }
 
-    fn publish(&mut self, publisher_id: u8, messages: Vec<codec::PublishedMessage>, now_ms: u64) {
+    fn publish(&mut self, publisher_id: u8, messages: PublishedBatch<'_>, now_ms: u64) {
         let Some(p) = self.publishers.get(&publisher_id) else {
             tracing::warn!(peer = %self.peer.addr, publisher_id, "stream connection: publish to an undeclared publisher");
-            self.publish_error(publisher_id, &messages, code::PUBLISHER_DOES_NOT_EXIST);
+            self.publish_error(publisher_id, messages, code::PUBLISHER_DOES_NOT_EXIST);
             return;
         };
         if messages.is_empty() {
@@ -1081,10 +1111,11 @@ impl<B: StreamBackend> Session<B> {
         // No per-frame clone of the stream's name (or a (vhost, stream) key): with 1-message
         // frames these allocations were a measurable part of the broker's time (perf).
         let result = self.backend.append(
+            p.target.as_ref(),
             &self.vhost,
             &p.stream,
             p.reference.as_deref(),
-            &messages,
+            messages,
             now_ms,
         );
         match result {
@@ -1095,12 +1126,10 @@ impl<B: StreamBackend> Session<B> {
                     return;
                 };
                 self.unconfirmed += messages.len();
-                if !self.pending.contains_key(p.stream.as_str()) {
-                    self.pending
-                        .insert(p.stream.clone(), StreamPending::default());
-                }
-                let Some(sp) = self.pending.get_mut(p.stream.as_str()) else {
-                    return;
+                // One lookup per frame (the entry is made once per run of unconfirmed ones).
+                let sp = match self.pending.get_mut(p.stream.as_str()) {
+                    Some(sp) => sp,
+                    None => self.pending.entry(p.stream.clone()).or_default(),
                 };
                 sp.ids.extend(messages.iter().map(|m| m.publishing_id));
                 sp.queue.push_back(Pending {
@@ -1120,7 +1149,7 @@ impl<B: StreamBackend> Session<B> {
             Err(e) => {
                 let stream = p.stream.clone();
                 tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: publish: {e}");
-                self.publish_error(publisher_id, &messages, e.code());
+                self.publish_error(publisher_id, messages, e.code());
                 if e == StreamError::DoesNotExist {
                     self.stream_gone(&stream);
                 }
@@ -1128,11 +1157,18 @@ impl<B: StreamBackend> Session<B> {
         }
     }
 
-    fn publish_error(&mut self, publisher_id: u8, messages: &[codec::PublishedMessage], c: u16) {
-        for part in messages.chunks(CONFIRMS_PER_FRAME) {
+    /// A PublishError for every message of a frame, each with code `c` (as RabbitMQ).
+    fn publish_error(&mut self, publisher_id: u8, messages: PublishedBatch<'_>, c: u16) {
+        let mut it = messages.iter().peekable();
+        while it.peek().is_some() {
+            let errors = it
+                .by_ref()
+                .take(CONFIRMS_PER_FRAME)
+                .map(|m| (m.publishing_id, c))
+                .collect();
             self.send(&Frame::PublishError {
                 publisher_id,
-                errors: part.iter().map(|m| (m.publishing_id, c)).collect(),
+                errors,
             });
         }
     }

@@ -381,6 +381,43 @@ proptest! {
         let _ = codec::decode(b.freeze());
     }
 
+    /// The session reads Publish frames in place (`parse_publish`, no `Frame`): the same
+    /// messages as the decoder, and an error exactly where the decoder has one (cut or
+    /// padded bodies, arbitrary bytes after a Publish header).
+    #[test]
+    fn publish_frames_read_in_place_agree_with_the_decoder(
+        f in publish(),
+        cut in any::<prop::sample::Index>(),
+        junk in prop::collection::vec(any::<u8>(), 0..40),
+    ) {
+        let body = codec::to_bytes(&f).slice(4..);
+        let (publisher_id, batch) = codec::parse_publish(&body)
+            .expect("a publish")
+            .expect("valid");
+        let Frame::Publish { v2, messages, .. } = &f else { unreachable!() };
+        prop_assert_eq!(
+            Frame::Publish { v2: *v2, publisher_id, messages: batch.to_messages() },
+            f.clone()
+        );
+        prop_assert_eq!(batch.iter().count(), messages.len());
+        // The parse's summary is what a walk over the decoded messages finds.
+        prop_assert_eq!(batch.summary(), codec::PublishedBatch::Messages(messages).summary());
+        let n = cut.index(body.len() + 1);
+        let mut padded = BytesMut::from(&body[..]);
+        padded.extend_from_slice(&junk);
+        let mut random = BytesMut::from(&body[..body.len().min(9)]);
+        random.extend_from_slice(&junk);
+        for b in [body.slice(..n), padded.freeze(), random.freeze()] {
+            let fast = codec::parse_publish(&b).map(|r| r.map(|(_, batch)| batch.to_messages()));
+            let slow = codec::decode(b.clone());
+            match (fast, slow) {
+                (Some(Ok(m)), Ok(Frame::Publish { messages, .. })) => prop_assert_eq!(m, messages),
+                (Some(Err(_)), Err(_)) | (None, _) => {}
+                (fast, slow) => prop_assert!(false, "{:?} vs {:?} for {:?}", fast, slow, b),
+            }
+        }
+    }
+
     #[test]
     fn truncating_any_frame_is_an_error_not_a_panic(f in frame(), cut in any::<prop::sample::Index>()) {
         let full = codec::to_bytes(&f);

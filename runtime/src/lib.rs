@@ -578,6 +578,12 @@ impl BrokerHandle {
             AdminRequest::Import(_) => Shape::Import,
             _ => Shape::Done,
         };
+        // An operator's conditional delete is checked where the queue is served too.
+        if let AdminRequest::Op { vhost, op } = &request
+            && let Some(refused) = replicator.precheck(vhost, op).await
+        {
+            return Ok(AdminResponse::Op(Err(refused)));
+        }
         Ok(match replicator.replicate(request).await {
             Ok(answer) => answer,
             Err(why) => match shape {
@@ -1017,6 +1023,10 @@ impl CommandSender {
             }
             if !self.may(&vhost, &user, &op).await? {
                 out.push((ch, op));
+                continue;
+            }
+            if let Some(refused) = replicator.precheck(&vhost, &op).await {
+                out.push((ch, Op::Refuse(refused)));
                 continue;
             }
             let request = AdminRequest::Op {

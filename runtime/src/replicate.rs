@@ -35,6 +35,19 @@ pub trait Replicator: Send + Sync + 'static {
     /// barrier: a passive declare on one node right after a declare-ok from another finds
     /// what was declared), or `Err(why)` when the cluster cannot tell within its bound.
     fn barrier(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+    /// Checks client op `op` in `vhost` against what the other nodes hold before it is
+    /// proposed: a `queue.delete` with `if-unused` or `if-empty` is decided by the node that
+    /// serves the queue, not by this node's stub of it (docs/cluster.md, "Failure modes").
+    /// `Some(error)` refuses it (the client's channel error); `None` lets it be proposed.
+    fn precheck(
+        &self,
+        vhost: &str,
+        op: &Op,
+    ) -> Pin<Box<dyn Future<Output = Option<ProtocolError>> + Send>> {
+        let _ = (vhost, op);
+        Box::pin(async { None })
+    }
 }
 
 /// Whether a client op reads cluster metadata and so waits for [`Replicator::barrier`]
@@ -77,12 +90,15 @@ pub fn replicated_op(op: &Op) -> bool {
 }
 
 /// Whether an MQTT session's op is cluster metadata: its queue and the queue's bindings,
-/// so a publish on any node reaches a subscriber on any other (docs/cluster.md, "MQTT
+/// so a publish on any node reaches a subscriber on any other, and retained messages (docs/cluster.md, "MQTT
 /// across nodes"). A clean session's queue is exclusive: the other nodes keep a stub of
 /// it, placed on the session's node by each declare (the newest session of a client id
 /// owns it).
 pub fn replicated_session_op(op: &Op) -> bool {
     match op {
+        // A retained message is kept by every node, so a subscriber on any node gets it
+        // (the broker's own `$SYS` topics, not durable, stay per node).
+        Op::Retain { durable, .. } => *durable,
         Op::QueueDeclare(d) => !d.passive && !d.queue.is_empty(),
         Op::QueueDelete { queue, .. } => !queue.is_empty(),
         Op::QueueBind(b) | Op::QueueUnbind(b) => !b.source.is_empty() && !b.destination.is_empty(),
@@ -134,6 +150,8 @@ pub(crate) fn needed(op: &Op) -> Vec<(Perm, &str)> {
                 (Perm::Read, b.source.as_str()),
             ]
         }
+        // As the core checks a retain (`shard/channel_declare.rs`).
+        Op::Retain { .. } => vec![(Perm::Write, "amq.topic")],
         _ => Vec::new(),
     }
 }

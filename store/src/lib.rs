@@ -866,7 +866,7 @@ impl Store for DiskStore {
 }
 
 impl DiskStore {
-    /// Writes the streams' pending messages out, one chunk per stream.
+    /// Hands the streams' pending messages to their logs (merged there until the next write).
     fn flush_streams(&mut self) {
         let Some(host) = &self.config.streams else {
             return;

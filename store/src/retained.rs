@@ -38,7 +38,7 @@ pub(crate) fn split_key(k: &[u8]) -> Option<(String, String)> {
 
 /// Value: qos u8, stored_at u64, expiry u64 (`u64::MAX`: none), then the payload and
 /// properties as a message record.
-pub(crate) fn encode(m: &RetainedMessage) -> Vec<u8> {
+pub fn encode(m: &RetainedMessage) -> Vec<u8> {
     let mut out = Vec::new();
     let mut w = Writer(&mut out);
     w.u8(m.qos);
@@ -57,7 +57,7 @@ pub(crate) fn encode(m: &RetainedMessage) -> Vec<u8> {
     out
 }
 
-pub(crate) fn decode(v: &[u8]) -> Result<RetainedMessage, DecodeError> {
+pub fn decode(v: &[u8]) -> Result<RetainedMessage, DecodeError> {
     let b = Bytes::copy_from_slice(v);
     let mut r = Reader::new(&b);
     let qos = r.u8()?;

@@ -1,8 +1,9 @@
 //! Streams for the core (`Store::stream_*`) over the native stream logs: the logs belong to a
 //! [`StreamHost`] (the binary's catalog, which also serves them to the stream protocol), so
 //! one stream is one log whichever protocol writes or reads it. [`DiskStore`] keeps, per
-//! stream the core opened, the messages appended since the last flush (one chunk per batch
-//! of the broker task, not per message) and a few readers positioned where the stream's
+//! stream the core opened, the messages appended since the last flush (handed to the log
+//! per batch of the broker task, where the batches staged since its last write become one
+//! chunk) and a few readers positioned where the stream's
 //! consumers read next (each keeps its read-ahead buffer between reads).
 //!
 //! [`DiskStore`]: crate::DiskStore
@@ -23,7 +24,9 @@ pub trait StreamHost: Send + Sync + std::fmt::Debug {
     /// Opens stream `name` of `vhost`, creating it with `settings` if it does not exist
     /// (an existing stream keeps its own).
     fn open(&self, vhost: &str, name: &str, settings: &StreamSettings) -> Result<(), String>;
-    /// Appends `messages` as one chunk; durable after [`StreamHost::sync`].
+    /// Appends `messages`, merged into one chunk with what was appended since the log's
+    /// last write (osiris's shape: one chunk per write, not per batch); durable after
+    /// [`StreamHost::sync`].
     fn append(
         &self,
         vhost: &str,
@@ -104,7 +107,7 @@ impl OpenStream {
         Ok(())
     }
 
-    /// Writes the pending messages to the log as one chunk.
+    /// Hands the pending messages to the log (one batch, merged there with what is staged).
     pub(crate) fn write_out(&mut self, host: &dyn StreamHost) -> Result<(), StoreError> {
         if self.pending.is_empty() {
             return Ok(());

@@ -789,6 +789,48 @@ fn a_split_sync_commits_only_what_was_flushed_at_its_begin_while_appends_go_on()
     fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Group commit pacing: a sync that begins while another one's fsync is still running
+/// fsyncs too, even with nothing new written (the bytes are not durable until one
+/// completes), and one that begins after a completed sync with nothing new written runs no
+/// fsync at all (queued sync requests after a merged write cost no disk flush).
+#[test]
+fn a_sync_with_nothing_written_since_a_completed_one_runs_no_fsync() {
+    let dir = temp_dir("no-empty-fsync");
+    let mut log = StreamLog::open(
+        &dir,
+        StreamConfig {
+            fsync: true,
+            ..StreamConfig::default()
+        },
+    )
+    .unwrap();
+    log.append_merged(&[msg(0, 10)], &[], 100, &[]).unwrap();
+    let first = log.begin_sync().unwrap();
+    assert!(first.fsyncs_data());
+    let overlapping = log.begin_sync().unwrap();
+    assert!(
+        overlapping.fsyncs_data(),
+        "the first fsync has not completed: its bytes are not durable yet"
+    );
+    first.wait().unwrap();
+    log.end_sync(&first, Ok(())).unwrap();
+    overlapping.wait().unwrap();
+    log.end_sync(&overlapping, Ok(())).unwrap();
+    let idle = log.begin_sync().unwrap();
+    assert!(
+        !idle.fsyncs_data(),
+        "nothing written since a completed sync"
+    );
+    assert_eq!(log.end_sync(&idle, Ok(())).unwrap(), Some(0));
+    log.append_merged(&[msg(1, 10)], &[], 101, &[]).unwrap();
+    let next = log.begin_sync().unwrap();
+    assert!(next.fsyncs_data(), "new bytes written");
+    next.wait().unwrap();
+    assert_eq!(log.end_sync(&next, Ok(())).unwrap(), Some(1));
+    drop(log);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Retention deletes the segments a lagging reader is in or heading for: it goes on from the
 /// oldest segment left (the messages in between are gone), whole chunks, in order.
 #[test]

@@ -256,3 +256,186 @@ async fn packets_pipelined_behind_connect_are_handled() {
         .expect("read");
     assert_eq!(got, want);
 }
+
+/// A v5 QoS 2 PUBLISH of `topic` with packet id `id` and a one-byte payload.
+fn publish_qos2(topic: &str, id: u16) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    body.extend_from_slice(topic.as_bytes());
+    body.extend_from_slice(&id.to_be_bytes());
+    body.push(0); // no properties
+    body.push(b'x');
+    let mut p = vec![0x34, body.len() as u8];
+    p.extend(body);
+    p
+}
+
+/// MQTT 5 §3.3.4: a client over Receive Maximum gets DISCONNECT 0x93, also when it keeps
+/// answering the server's PUBRECs with PUBRELs meanwhile (paho's interoperability test
+/// `test_flow_control2`). The server reads and drops what arrives after its DISCONNECT before
+/// it closes: a closed socket answers arriving bytes with a reset, and the client's next
+/// write failed ("broken pipe") before it had read the reason code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_receive_maximum_the_disconnect_arrives_while_the_client_still_sends() {
+    let receive_max: u16 = 10;
+    let b = warren_tests::mqtt::start_with(warren_mqtt::MqttConfig {
+        max_inflight: receive_max,
+        ..Default::default()
+    })
+    .await;
+    let mut s = open(&b, 5, "over-receive-max", 60).await;
+    let mut burst = Vec::new();
+    for id in 1..=receive_max {
+        burst.extend(publish_qos2("linger/t", id));
+    }
+    s.write_all(&burst).await.expect("write");
+    // The server answers those with PUBRECs before the one over the maximum arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(&publish_qos2("linger/t", receive_max + 1))
+        .await
+        .expect("write");
+    // Read packet by packet, answering each PUBREC with its PUBREL at once, as a client does
+    // that has not read far enough to see the DISCONNECT yet.
+    let mut buf = Vec::new();
+    // Small reads: the client has unread packets when its first PUBREL goes out.
+    let mut chunk = [0u8; 4];
+    let disconnect = tokio::time::timeout(WAIT, async {
+        loop {
+            while buf.len() >= 2 && buf.len() >= 2 + buf[1] as usize {
+                let packet: Vec<u8> = buf.drain(..2 + buf[1] as usize).collect();
+                match packet[0] {
+                    0x50 => {
+                        // Slow enough that the server has closed before the later PUBRELs.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        s.write_all(&[0x62, 0x02, packet[2], packet[3]])
+                            .await
+                            .expect("a PUBREL before the DISCONNECT was read is not refused");
+                    }
+                    0xE0 => return packet,
+                    other => panic!("unexpected packet type {other:#x}"),
+                }
+            }
+            let n = s
+                .read(&mut chunk)
+                .await
+                .expect("the server's packets, not a reset, before its DISCONNECT");
+            assert!(n > 0, "closed before a DISCONNECT");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("DISCONNECT in time");
+    assert_eq!(
+        disconnect,
+        [0xE0, 0x01, 0x93],
+        "DISCONNECT Receive Maximum exceeded"
+    );
+}
+
+/// A QoS 0 PUBLISH of `payload` bytes on `topic` (v3.1.1 framing).
+fn publish_packet(topic: &str, payload: usize) -> Vec<u8> {
+    let body = 2 + topic.len() + payload;
+    let mut p = vec![0x30];
+    let mut n = body;
+    loop {
+        let b = (n % 128) as u8;
+        n /= 128;
+        p.push(if n > 0 { b | 0x80 } else { b });
+        if n == 0 {
+            break;
+        }
+    }
+    p.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    p.extend_from_slice(topic.as_bytes());
+    p.resize(p.len() + payload, b'x');
+    p
+}
+
+/// A flow-control pause stops a publisher within a few reads' worth of messages: the broker
+/// has up to four of its read batches (each at most 16 KiB, `connection::tests`) in flight
+/// when the pause reaches it, and reads no more until resumed. Small publishes flood a QoS 0
+/// subscriber that reads nothing: once its socket and write window are full, its queue
+/// holds what comes, pauses the publisher at `flow_ready_high` (4,096) and would drop beyond
+/// twice that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_publisher_stops_within_a_few_bounded_reads() {
+    use warren_core::admin::{AdminRequest, AdminResponse};
+    let b = start().await;
+    // The subscriber takes little from its socket and then nothing at all.
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut sub = sock.connect(b.mqtt).await.expect("connect");
+    sub.write_all(&connect_packet(4, "stalled-sub", 60))
+        .await
+        .expect("write");
+    sub.write_all(&subscribe_packet(4, &[("flood", 0)]))
+        .await
+        .expect("write");
+    let mut acks = [0u8; 4 + 5];
+    tokio::time::timeout(WAIT, sub.read_exact(&mut acks))
+        .await
+        .expect("CONNACK and SUBACK in time")
+        .expect("read");
+    assert_eq!((acks[0], acks[4]), (0x20, 0x90));
+    let mut publisher = open(&b, 4, "flooder", 60).await;
+    // 100-byte packets: ~160 per 16 KiB read.
+    let small = publish_packet("flood", 100 - 2 - 2 - 5);
+    // More than the subscriber's socket buffers take (the broker's send buffer grows to
+    // 4 MiB on Linux whether or not the peer reads) plus the queue's bound.
+    let count = 120_000;
+    let mut bytes = Vec::with_capacity(count * small.len());
+    for _ in 0..count {
+        bytes.extend_from_slice(&small);
+    }
+    // Written by a task: once paused, the broker stops reading and this write blocks.
+    let writer = tokio::spawn(async move {
+        let _ = publisher.write_all(&bytes).await;
+        publisher
+    });
+    let broker = &b.amqp.broker;
+    // Messages taken past the subscriber's socket: held in its queue or dropped.
+    let held = || async {
+        let dropped = match broker.admin(AdminRequest::Qos0Dropped).await {
+            Ok(AdminResponse::Dropped(n)) => n,
+            other => panic!("Qos0Dropped: {other:?}"),
+        };
+        let queued = match broker.admin(AdminRequest::ListQueues).await {
+            Ok(AdminResponse::Queues(qs)) => qs
+                .iter()
+                .filter(|q| q.name.contains("stalled-sub"))
+                .map(|q| q.messages_ready)
+                .sum::<u64>(),
+            other => panic!("ListQueues: {other:?}"),
+        };
+        (queued, dropped)
+    };
+    // Until the count stops growing: the publisher is paused.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut last = held().await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = held().await;
+        if now.0 > 0 && now == last {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never settled: {now:?} (queued, dropped)"
+        );
+        last = now;
+    }
+    let (queued, dropped) = last;
+    assert!(!writer.is_finished(), "the paused publisher is not read");
+    assert!(
+        queued >= 4096,
+        "the queue's mark paused the publisher: {queued} queued"
+    );
+    // Four 16 KiB reads are ~650 of these messages.
+    let past = queued + dropped - 4096;
+    assert!(
+        past <= 1_500,
+        "{past} messages routed past the publisher's pause ({queued} queued, {dropped} dropped)"
+    );
+    writer.abort();
+    drop(sub);
+}

@@ -64,6 +64,12 @@ impl Settle {
     }
 }
 
+/// The epoch (`QueuedMessage::epoch`) of a delivery that came from another node's queue is
+/// this flag with that node's id (`nodes_consume.rs`): its settle goes to that node only while
+/// the queue still lives there, and never matches a queue of this node, whose epochs stay
+/// below it (`QueueState::reload`).
+pub(crate) const FROM_NODE: u32 = 1 << 31;
+
 /// A delivery awaiting its ack (held by the channel it went to).
 pub(crate) struct Unacked {
     pub(crate) queue: QueueId,
@@ -75,6 +81,8 @@ pub(crate) struct Unacked {
     pub(crate) stored: bool,
     /// Its expiry, kept across a requeue (as RabbitMQ does).
     pub(crate) expires_at: Option<u64>,
+    /// Which serving of the queue delivered it (`QueuedMessage::epoch`).
+    pub(crate) epoch: u32,
 }
 
 impl Unacked {
@@ -87,6 +95,7 @@ impl Unacked {
             consumer,
             stored: m.stored,
             expires_at: m.expires_at,
+            epoch: m.epoch,
         }
     }
 }

@@ -124,6 +124,7 @@ impl MessageQueue {
             redelivered: false,
             stored,
             expires_at,
+            epoch: 0,
         });
     }
 
@@ -145,14 +146,9 @@ impl MessageQueue {
         stored: bool,
         expires_at: Option<u64>,
     ) {
-        if seq >= self.next_seq {
-            // A delivery made before the queue was reloaded (a quorum queue's leader moved
-            // here and took the group's messages, renumbered; its consumers, some on other
-            // nodes, stayed with their unacked deliveries): settled back now, it keeps its
-            // number and later numbers start after it, so none is issued twice. It may also
-            // be among the reloaded messages: a duplicate, which at-least-once allows.
-            self.next_seq = seq + 1;
-        }
+        // A delivery made before its queue was reloaded never comes back here: its settle is
+        // stale (`QueueState::settle`), so every requeue is of a number this queue issued.
+        debug_assert!(seq < self.next_seq, "requeue of a sequence never issued");
         debug_assert!(
             self.paged.count == 0 || seq < self.paged.from_seq,
             "requeue into the paged-out suffix"
@@ -166,6 +162,7 @@ impl MessageQueue {
             redelivered: true,
             stored,
             expires_at,
+            epoch: 0,
         };
         insert_by_seq(deque, entry);
     }
@@ -219,6 +216,7 @@ impl MessageQueue {
                     redelivered: m.redelivered,
                     stored: true,
                     expires_at: m.expires_at,
+                    epoch: 0,
                 },
             );
         }

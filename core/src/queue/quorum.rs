@@ -98,6 +98,14 @@ impl Fifo {
         }
     }
 
+    /// The queue was reloaded (`QueueState::reload`): nothing is checked out any more, and
+    /// the reloaded messages carry their delivery counts in their `x-delivery-count` headers
+    /// (taken again at their next checkout).
+    pub(crate) fn returned_all(&mut self) {
+        self.out.clear();
+        self.counts.clear();
+    }
+
     /// Applies the next command of the log.
     pub(crate) fn apply(&mut self, command: Command) -> Applied {
         self.applied += 1;

@@ -162,6 +162,11 @@ pub(crate) struct QueueState {
     pub(crate) quorum: Option<Box<Fifo>>,
     /// An `mqtt-qos0` queue: it holds nothing (`direct_delivery`), `messages` stays empty.
     pub(crate) direct: bool,
+    /// Which serving of the queue this is: it grows when the queue is reloaded (a quorum
+    /// queue's leader moved, `reload`), below `FROM_NODE`. Each delivery carries it
+    /// (`QueuedMessage::epoch`); a settle of a delivery of another epoch is stale and
+    /// ignored (`settle`).
+    pub(crate) epoch: u32,
 }
 
 /// Publishing connections a queue has paused (flow control), in pause order, and when the
@@ -307,6 +312,7 @@ impl QueueState {
             stream: None,
             quorum: None,
             direct: false,
+            epoch: 0,
         }
     }
 
@@ -426,10 +432,24 @@ impl QueueState {
     /// queues"): the ready messages it held in memory are dropped without touching the store
     /// (the group's log, not this node, decides what the queue holds), and the queue takes
     /// what the store now recovers for it: the group's committed messages when this node
-    /// leads the group, nothing when it does not. Its consumers stay.
+    /// leads the group, nothing when it does not. Its consumers stay; what they hold unacked
+    /// is returned (as RabbitMQ returns a quorum queue's checked-out messages to the queue):
+    /// the group still has every message not settled there, so the reloaded queue delivers
+    /// them again, flagged redelivered, and each consumer's prefetch counts from 0. A settle
+    /// of a delivery made before (its epoch is older) is stale and ignored (`settle`), as
+    /// RabbitMQ ignores a settle of a message its consumer no longer has checked out.
     pub(crate) fn reload(&mut self, io: &mut QueueIo<'_>, vhost: &str) {
         while let Some(m) = self.messages.pop() {
             io.out.released += m.message.body_len() as u64;
+        }
+        self.epoch = self.epoch.wrapping_add(1) % crate::mail::delivery::FROM_NODE;
+        for c in &mut self.consumers {
+            c.unacked = 0;
+        }
+        self.unacked = 0;
+        if let Some(fifo) = self.quorum.as_deref_mut() {
+            // The reloaded messages carry their delivery counts in their headers.
+            fifo.returned_all();
         }
         self.forget_dead_letters(io);
         let Some(store) = io.store.as_deref_mut() else {
@@ -451,7 +471,9 @@ impl QueueState {
     /// is empty.
     pub(crate) fn pop_ready(&mut self, io: &mut QueueIo<'_>) -> Option<QueuedMessage> {
         self.fill_window(io);
-        self.messages.pop()
+        let mut m = self.messages.pop()?;
+        m.epoch = self.epoch;
+        Some(m)
     }
 
     /// A message left the queue for good (acked, dropped, delivered without ack).
@@ -525,6 +547,7 @@ impl QueueState {
                 redelivered: false,
                 stored: false,
                 expires_at: None,
+                epoch: 0,
             },
         })
     }
@@ -926,6 +949,13 @@ impl QueueBehaviour for QueueState {
     // A delivery of this queue was acked, requeued or rejected. Returns whether a message
     // went back to the ready list (dispatch may be due).
     fn settle(&mut self, io: &mut QueueIo<'_>, u: Unacked, settle: Settle) -> bool {
+        if u.epoch != self.epoch {
+            // Delivered before the queue was reloaded or moved: the message went back to the
+            // queue then (or was never committed), and its consumer's prefetch was reset.
+            // Only the body the channel held is let go.
+            io.out.released += u.message.body_len() as u64;
+            return false;
+        }
         if let Some(i) = u.consumer.and_then(|id| self.consumer_index(id)) {
             let c = &mut self.consumers[i];
             c.unacked = c.unacked.saturating_sub(1);

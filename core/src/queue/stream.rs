@@ -379,6 +379,7 @@ impl StreamQueue {
                     redelivered: false,
                     stored: false,
                     expires_at: None,
+                    epoch: 0,
                 },
             });
         }

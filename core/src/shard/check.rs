@@ -184,10 +184,17 @@ impl Broker {
         for (ch, channel) in channels() {
             let mut from_consumers = 0u32;
             for u in channel.unacked.values() {
-                *queue_unacked.entry(u.queue).or_default() += 1;
+                // A delivery made before its queue was reloaded counts on its channel only
+                // (the queue took it back: `QueueState::reload`).
+                let current = queue(u.queue).is_none_or(|q| q.epoch == u.epoch);
+                if current {
+                    *queue_unacked.entry(u.queue).or_default() += 1;
+                }
                 if let Some(cid) = u.consumer {
                     from_consumers += 1;
-                    *consumer_unacked.entry(cid).or_default() += 1;
+                    if current {
+                        *consumer_unacked.entry(cid).or_default() += 1;
+                    }
                 }
             }
             if channel.phase == Phase::Open && from_consumers != channel.consumer_unacked.get() {

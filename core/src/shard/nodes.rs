@@ -102,7 +102,8 @@ pub enum NodeMail {
         tag: Arc<str>,
         /// No ack expected.
         no_ack: bool,
-        /// The message's position in the home's queue (what a settle names).
+        /// The home's number for this delivery (what a settle names; not the queue's
+        /// sequence number, which a reloaded queue issues again); 0 with `no_ack`.
         seq: u64,
         /// Delivered before.
         redelivered: bool,
@@ -126,7 +127,7 @@ pub enum NodeMail {
         vhost: Arc<str>,
         /// The queue.
         queue: Arc<str>,
-        /// The deliveries' `seq`.
+        /// The deliveries' numbers (`Deliver::seq`).
         seqs: Vec<u64>,
         /// Acked, requeued or discarded.
         how: NodeSettle,
@@ -294,7 +295,7 @@ pub enum NodeRequest {
 /// What basic.get found on the home (`NodeMail::Got`).
 #[derive(Clone, Debug)]
 pub struct NodeGot {
-    /// Its position in the queue.
+    /// The home's number for this delivery (what a settle names, as `NodeMail::Deliver`'s).
     pub seq: u64,
     /// Delivered before.
     pub redelivered: bool,

@@ -31,7 +31,7 @@ use crate::command::{OpKind, QueueDeclare};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId, VhostId};
 use crate::mail::credit::SharedCredit;
-use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
+use crate::mail::delivery::{ConsumerId, FROM_NODE, Picked, QueueConsumer, Settle, Unacked};
 use crate::mail::mailbox::RESTORE_CONN;
 use crate::message::{Message, QueuedMessage};
 use crate::queue::kind::QueueBehaviour;
@@ -59,9 +59,22 @@ pub(crate) struct Remote {
     by_channel: HashMap<(u32, NodeChannel), u32>,
     by_consumer: HashMap<ConsumerId, u32>,
     next: u32,
-    /// Deliveries other nodes' channels hold unacked: (node, queue, seq) -> (window, entry),
-    /// so a settle names them by `seq` and a node that goes away gives them back.
+    /// Deliveries other nodes' channels hold unacked: (node, queue, delivery) -> (window,
+    /// entry), so a settle names them by delivery number and a node that goes away gives
+    /// them back.
     unacked: HashMap<(u32, QueueId, u64), (u32, Unacked)>,
+    /// The number of the next delivery to another node (what it names in its settle). Not
+    /// the queue's sequence number: a queue reloaded (a quorum queue's leader moved away and
+    /// back) delivers the same sequence numbers again, and a settle of an earlier delivery
+    /// must not settle the new one.
+    next_delivery: u64,
+}
+
+impl Remote {
+    fn delivery(&mut self) -> u64 {
+        self.next_delivery += 1;
+        self.next_delivery
+    }
 }
 
 /// A consumer of this node's channel on another node's queue.
@@ -91,9 +104,11 @@ struct Request {
     queue: Arc<str>,
     /// A basic.cancel: its tag and `nowait`.
     cancel: Option<(Arc<str>, bool)>,
-    /// A declare (not passive) of the queue: if the home cannot answer, this node does,
-    /// from its stub (clients declare what they use on every start; a passive declare is
-    /// refused instead, as RabbitMQ refuses it): `nowait`.
+    /// A declare (not passive) of a quorum queue: if the leader cannot answer, this node
+    /// does, from its copy of the queue's record (RabbitMQ answers a quorum queue's declare
+    /// with 0 messages and 0 consumers when its leader does not answer): `nowait`. A
+    /// classic queue's declare, like any passive one, fails instead, with RabbitMQ's 404
+    /// for a queue whose home node is down.
     declare: Option<bool>,
 }
 
@@ -280,9 +295,19 @@ impl Broker {
                 ));
                 None
             }
-            Mail::Settle { entries, how, .. } => {
+            Mail::Settle {
+                mut entries, how, ..
+            } => {
                 let held: u64 = entries.iter().map(|u| u.message.body_len() as u64).sum();
                 self.release(held);
+                // Only deliveries of the node the queue lives on now: one made by another
+                // node (before the queue moved: a quorum queue's leader changed), or by this
+                // node's own queue before it moved away, is stale. Its message went back to
+                // the queue, which delivers it again (`QueueState::reload`).
+                entries.retain(|u| u.epoch == FROM_NODE | node);
+                if entries.is_empty() {
+                    return None;
+                }
                 self.nodes.outbox.push((
                     node,
                     NodeMail::Settle {
@@ -344,7 +369,13 @@ impl Broker {
                     OpKind::QueueDeclare,
                     NodeRequest::Declare { nowait },
                 );
+                let quorum = self
+                    .qs
+                    .queues
+                    .get(&queue)
+                    .is_some_and(|q| q.kind() == crate::queue_type::QueueType::Quorum);
                 if !passive
+                    && quorum
                     && let Some(r) = self.nodes.attached.requests.get_mut(&(to.ch, to.serial))
                 {
                     r.declare = Some(nowait);
@@ -381,10 +412,13 @@ impl Broker {
         };
         // Only to a consumer still registered on that opening (one cancelled meanwhile,
         // or a channel closed, gives it back at once).
+        // ... and only from the queue's home (a delivery the old home sent before the
+        // queue moved would be settled nowhere: it goes back at once).
         let live = stub.filter(|&stub| {
-            self.chans.channels.get(&addr.ch).is_some_and(|c| {
-                c.is_open_as(addr.serial) && c.consumers.get(&tag) == Some((cid, stub))
-            })
+            self.queue_home(stub) == Some(from)
+                && self.chans.channels.get(&addr.ch).is_some_and(|c| {
+                    c.is_open_as(addr.serial) && c.consumers.get(&tag) == Some((cid, stub))
+                })
         });
         let Some(stub) = live else {
             if no_ack {
@@ -432,6 +466,7 @@ impl Broker {
                     redelivered,
                     stored: false,
                     expires_at: None,
+                    epoch: FROM_NODE | from,
                 },
             },
         );
@@ -532,6 +567,55 @@ impl Broker {
         }
     }
 
+    /// Queue `id` was reloaded (`QueueState::reload`): the deliveries other nodes' channels
+    /// hold of it are returned, so a settle naming one finds nothing (their windows' credit
+    /// comes back now). Their bodies are let go by the queue (stale settles).
+    pub(super) fn returned_remote_deliveries(&mut self, id: QueueId) {
+        if !NODES || self.nodes.remote.unacked.is_empty() {
+            return;
+        }
+        let mut keys: Vec<(u32, QueueId, u64)> = self
+            .nodes
+            .remote
+            .unacked
+            .keys()
+            .filter(|k| k.1 == id)
+            .copied()
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        keys.sort_unstable();
+        let mut entries = Vec::with_capacity(keys.len());
+        let mut windows: Vec<u32> = Vec::new();
+        for key in keys {
+            let Some((w, u)) = self.nodes.remote.unacked.remove(&key) else {
+                continue;
+            };
+            if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
+                x.unacked = x.unacked.saturating_sub(1);
+                if u.consumer.is_some() {
+                    let before = x.credit.consumer_unacked.load(Ordering::Acquire);
+                    x.credit
+                        .consumer_unacked
+                        .store(before.saturating_sub(1), Ordering::Release);
+                }
+            }
+            windows.push(w);
+            entries.push(u);
+        }
+        self.mail.push_back(Mail::Settle {
+            queue: id,
+            entries,
+            how: Settle::Requeue,
+        });
+        windows.sort_unstable();
+        windows.dedup();
+        for w in windows {
+            self.window_done(w);
+        }
+    }
+
     /// Dispatches the queues window `w`'s consumers consume from (it has credit again).
     fn dispatch_window(&mut self, w: u32) {
         let mut queues: Vec<QueueId> = self
@@ -615,13 +699,15 @@ impl Broker {
                     return;
                 };
                 let remote = x.remote;
+                let mut delivery = 0;
                 if !picked.no_ack {
                     x.unacked += 1;
                     let u = Unacked::of(queue, &m, Some(picked.consumer));
+                    delivery = self.nodes.remote.delivery();
                     self.nodes
                         .remote
                         .unacked
-                        .insert((node, queue, m.seq), (w, u));
+                        .insert((node, queue, delivery), (w, u));
                 }
                 let (vhost, name) = self.queue_names(queue);
                 self.nodes.outbox.push((
@@ -633,7 +719,7 @@ impl Broker {
                         consumer: picked.consumer.0,
                         tag: picked.tag,
                         no_ack: picked.no_ack,
-                        seq: m.seq,
+                        seq: delivery,
                         redelivered: m.redelivered,
                         message: m.message,
                         window: w,
@@ -692,13 +778,15 @@ impl Broker {
                     return;
                 };
                 let remote = x.remote;
+                let mut delivery = 0;
                 if let Some((m, _)) = got.as_ref().filter(|_| !no_ack) {
                     x.unacked += 1;
                     let u = Unacked::of(queue, m, None);
+                    delivery = self.nodes.remote.delivery();
                     self.nodes
                         .remote
                         .unacked
-                        .insert((node, queue, m.seq), (w, u));
+                        .insert((node, queue, delivery), (w, u));
                 }
                 let (vhost, name) = self.queue_names(queue);
                 self.nodes.outbox.push((
@@ -709,7 +797,7 @@ impl Broker {
                         queue: name,
                         no_ack,
                         got: got.map(|(m, remaining)| NodeGot {
-                            seq: m.seq,
+                            seq: delivery,
                             redelivered: m.redelivered,
                             message: m.message,
                             remaining,
@@ -889,12 +977,21 @@ impl Broker {
                 reply,
             } => {
                 let cid = ConsumerId(consumer);
+                let mut owned = false;
                 if let Some(w) = self.nodes.remote.by_consumer.remove(&cid)
                     && let Some(x) = self.nodes.remote.windows.get_mut(&w)
                 {
+                    owned = x.node == from;
                     x.consumers.retain(|(c, _)| *c != cid);
                 }
-                let id = self.named_queue(&vhost, &queue).map(|(_, q)| q);
+                // Only a consumer of that node's here: one this node dropped already (its
+                // queue moved away, `queue_moved`) is gone, and the number may be another
+                // consumer's by now (a cancel made here for it would even be forwarded to
+                // the queue's new home, which numbers its own consumers).
+                let id = self
+                    .named_queue(&vhost, &queue)
+                    .map(|(_, q)| q)
+                    .filter(|_| owned);
                 let reply = reply.map(|(remote, tag, nowait)| {
                     let w = self.window(from, remote, 0);
                     if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
@@ -912,7 +1009,7 @@ impl Broker {
                         consumer: cid,
                         reply,
                     }),
-                    // The queue went: its consumers went with it.
+                    // The queue (or the consumer) went: its consumers went with it.
                     None => {
                         if let Some(reply) = reply {
                             self.mail.push_back(Mail::Cancelled { reply });
@@ -1088,8 +1185,17 @@ impl Broker {
                     .channels
                     .get(&ch)
                     .and_then(|c| c.consumers.get(&tag));
+                // Consumer ids are each node's own: the channel's consumer by that tag may
+                // now be another one with the same number (attached here or elsewhere since
+                // its queue moved), which this does not end.
                 if let Some((c, stub)) = current
                     && c == cid
+                    && self
+                        .nodes
+                        .attached
+                        .consumers
+                        .get(&(stub, cid))
+                        .is_some_and(|a| a.node == from)
                 {
                     self.nodes.attached.consumers.remove(&(stub, cid));
                     self.mail.push_back(Mail::ConsumerGone {
@@ -1140,6 +1246,7 @@ impl Broker {
                                         redelivered: g.redelivered,
                                         stored: false,
                                         expires_at: None,
+                                        epoch: FROM_NODE | from,
                                     },
                                     g.remaining,
                                 )

@@ -244,6 +244,8 @@ impl Broker {
         if self.with_queue(id, |q, io| q.reload(io, &vhost)).is_none() {
             return false;
         }
+        // What other nodes' channels held of it went back with the reload.
+        self.returned_remote_deliveries(id);
         self.dead_letters_reloaded(id);
         // Its consumers get the reloaded messages now; their deliveries are mail, delivered
         // before this entry point returns (as every entry point's).

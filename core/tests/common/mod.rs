@@ -30,7 +30,8 @@ impl Harness {
         Harness::of(vec![Broker::new(config)])
     }
 
-    fn of(brokers: Vec<Broker>) -> Harness {
+    /// A broker of these shards (each with the store it was made with).
+    pub fn of(brokers: Vec<Broker>) -> Harness {
         Harness {
             shards: Shards::new(brokers),
             now: 0,

@@ -221,6 +221,9 @@ struct Active {
     data: Arc<File>,
     index: File,
     data_written: u64,
+    /// Bytes of the data file a completed fsync covered: a group commit with nothing
+    /// written past them needs no fsync of its own.
+    data_durable: u64,
     index_written: u64,
     buf: Vec<u8>,
     ibuf: Vec<u8>,
@@ -281,12 +284,21 @@ pub struct PendingSync {
     path: PathBuf,
     dir: Option<PathBuf>,
     next: u64,
+    /// The segment (its first offset) and its bytes written when the sync began.
+    segment: u64,
+    written: u64,
 }
 
 impl PendingSync {
     /// Offsets below this are durable once [`PendingSync::wait`] returns.
     pub fn next_offset(&self) -> u64 {
         self.next
+    }
+
+    /// Whether [`PendingSync::wait`] fsyncs the data file (not when a completed sync
+    /// already covered every byte written).
+    pub fn fsyncs_data(&self) -> bool {
+        self.data.is_some()
     }
 
     /// Runs the fsyncs (blocking: call it off the async executor).
@@ -329,7 +341,8 @@ pub struct StreamLog {
 /// yet, so a roll before the seal starts the new segment at its first offset.
 #[derive(Default)]
 struct OpenChunk {
-    /// The messages as the chunk's data section holds them (`format::put_message`).
+    /// Room for the chunk's header, then the messages as its data section holds them
+    /// (`format::put_message`); empty while nothing is staged.
     data: Vec<u8>,
     count: usize,
     filter: bloom::Builder,
@@ -534,6 +547,7 @@ impl StreamLog {
             messages.len(),
             data_len,
             |buf| {
+                buf.extend_from_slice(&[0u8; CHUNK_HEADER]);
                 for m in messages {
                     format::put_message(buf, m.as_ref());
                 }
@@ -559,14 +573,43 @@ impl StreamLog {
         timestamp_ms: u64,
         publishers: &[(&str, u64)],
     ) -> Result<Range<u64>, StreamError> {
+        self.append_merged_iter(
+            messages
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.as_ref(), filter_values.get(i).copied().flatten())),
+            None,
+            timestamp_ms,
+            publishers,
+        )
+    }
+
+    /// [`StreamLog::append_merged`] over an iterator of (message, filter value): callers hand
+    /// borrowed slices of what they received (a Publish frame) without collecting them
+    /// first. `sized`: the message count and data-section bytes when the caller knows them
+    /// (its parse counted them), so the messages are walked once, as they are staged (a
+    /// batch that turns out to differ is unstaged and refused); `None`: walked twice.
+    pub fn append_merged_iter<'m, I>(
+        &mut self,
+        messages: I,
+        sized: Option<(usize, u64)>,
+        timestamp_ms: u64,
+        publishers: &[(&str, u64)],
+    ) -> Result<Range<u64>, StreamError>
+    where
+        I: Iterator<Item = (&'m [u8], Option<&'m str>)> + Clone,
+    {
         self.check_ok()?;
-        let data_len = check_batch(messages)?;
+        let (count, data_len) = match sized {
+            Some((count, data_len)) => check_sizes(count, data_len)?,
+            None => check_batch_iter(messages.clone().map(|(m, _)| m))?,
+        };
         for (name, _) in publishers {
             check_name(name)?;
         }
         let staged = self.open.count;
         if staged > 0
-            && (staged + messages.len() > MAX_CHUNK_MESSAGES
+            && (staged + count > MAX_CHUNK_MESSAGES
                 || self.open.data.len() as u64 + data_len
                     > (self.config.buffer_limit_bytes as u64).min(MAX_CHUNK_BODY / 2))
         {
@@ -581,11 +624,30 @@ impl StreamLog {
         self.reserve(CHUNK_HEADER + data_len as usize + trailer)?;
         let o = &mut self.open;
         let first = self.next_offset + o.count as u64;
-        for (i, m) in messages.iter().enumerate() {
-            format::put_message(&mut o.data, m.as_ref());
-            o.filter.add(filter_values.get(i).copied().flatten());
+        if o.data.is_empty() {
+            // Room for the chunk's header: sealed into an empty write buffer, the staged
+            // bytes become that buffer as they are (no copy).
+            o.data.extend_from_slice(&[0u8; CHUNK_HEADER]);
         }
-        o.count += messages.len();
+        o.data.reserve(data_len as usize);
+        let mark = o.data.len();
+        let (mut n, mut len, mut too_big) = (0usize, 0u64, false);
+        for (m, filter) in messages {
+            too_big |= m.len() > MAX_MESSAGE;
+            format::put_message(&mut o.data, m);
+            o.filter.add(filter);
+            n += 1;
+            len += 4 + m.len() as u64;
+        }
+        if (n, len) != (count, data_len) || too_big {
+            // Only a caller's wrong `sized` gets here. (Filter bits it added stay: at worst a
+            // false positive for a filtered reader.)
+            o.data.truncate(if o.count == 0 { 0 } else { mark });
+            return Err(StreamError::Invalid(format!(
+                "a batch said to hold {count} messages of {data_len} bytes holds {n} of {len}"
+            )));
+        }
+        o.count += count;
         o.ts = o.ts.max(timestamp_ms);
         for (name, seq) in publishers {
             match o.publishers.iter_mut().find(|(n, _)| n == name) {
@@ -593,7 +655,7 @@ impl StreamLog {
                 None => o.publishers.push((name.to_string(), *seq)),
             }
         }
-        Ok(first..first + messages.len() as u64)
+        Ok(first..first + count as u64)
     }
 
     /// Writes the staged messages (`append_merged`) into the buffer as one chunk.
@@ -609,10 +671,20 @@ impl StreamLog {
             .collect();
         // Its bytes were admitted at staging (`reserve`): no backpressure now, which would
         // lose them.
+        let data = &mut o.data;
         let sealed = self.put_user_chunk(
             o.count,
-            o.data.len() as u64,
-            |buf| buf.extend_from_slice(&o.data),
+            (data.len() - CHUNK_HEADER) as u64,
+            |buf| {
+                if buf.is_empty() {
+                    // The usual case (the buffer was written out at the last flush): the
+                    // staged chunk, its header's room included, becomes the buffer; the
+                    // emptied buffer, with its capacity, stages the next one.
+                    std::mem::swap(buf, data);
+                } else {
+                    buf.extend_from_slice(data);
+                }
+            },
             o.filter.finish(),
             &publishers,
             o.ts,
@@ -630,8 +702,9 @@ impl StreamLog {
         sealed.map(|_| ())
     }
 
-    /// Puts one user chunk in the buffer: `data_len` bytes of messages (`count` of them)
-    /// written by `write_data`, then the trailer (publishers, Bloom filter).
+    /// Puts one user chunk in the buffer: room for its header and `data_len` bytes of
+    /// messages (`count` of them) written by `write_data`, then the trailer (publishers,
+    /// Bloom filter).
     #[allow(clippy::too_many_arguments)]
     fn put_user_chunk(
         &mut self,
@@ -666,7 +739,6 @@ impl StreamLog {
         let first = self.next_offset;
         let buf = &mut self.active.buf;
         let start = buf.len();
-        buf.extend_from_slice(&[0u8; CHUNK_HEADER]);
         write_data(buf);
         let data_end = buf.len();
         debug_assert_eq!((data_end - start - CHUNK_HEADER) as u64, data_len);
@@ -888,6 +960,7 @@ impl StreamLog {
                 self.failed = Some(e.to_string());
                 return Err(io_err(&data_path(&self.shared.dir, first))(e));
             }
+            self.active.data_durable = self.active.data_written;
             if self.dir_dirty {
                 let dir = &self.shared.dir;
                 File::open(dir)
@@ -911,11 +984,17 @@ impl StreamLog {
         let first = self.segments.last().map_or(0, |s| s.first_offset);
         let dir = (self.config.fsync && std::mem::take(&mut self.dir_dirty))
             .then(|| self.shared.dir.clone());
+        // Nothing written since a completed fsync (another sync made it durable, or only
+        // tracking state that is already out): no fsync. A sync still in flight does not
+        // count: its bytes are not durable until it completes.
+        let needed = self.active.data_written > self.active.data_durable;
         Ok(PendingSync {
-            data: self.config.fsync.then(|| self.active.data.clone()),
+            data: (self.config.fsync && needed).then(|| self.active.data.clone()),
             path: data_path(&self.shared.dir, first),
             dir,
             next: self.next_offset,
+            segment: first,
+            written: self.active.data_written,
         })
     }
 
@@ -931,6 +1010,9 @@ impl StreamLog {
             return Err(e);
         }
         self.check_ok()?;
+        if self.segments.last().map_or(0, |s| s.first_offset) == pending.segment {
+            self.active.data_durable = self.active.data_durable.max(pending.written);
+        }
         self.shared
             .committed
             .fetch_max(pending.next, Ordering::AcqRel);
@@ -1188,29 +1270,51 @@ impl Drop for StreamLog {
 
 /// A batch's data section length, if it can be one chunk's messages.
 fn check_batch<M: AsRef<[u8]>>(messages: &[M]) -> Result<u64, StreamError> {
-    if messages.is_empty() || messages.len() > MAX_CHUNK_MESSAGES {
+    check_batch_iter(messages.iter().map(|m| m.as_ref())).map(|(_, len)| len)
+}
+
+/// `check_batch_iter`'s bounds on a batch's known count and data-section bytes.
+fn check_sizes(count: usize, data_len: u64) -> Result<(usize, u64), StreamError> {
+    if count == 0 || count > MAX_CHUNK_MESSAGES {
         return Err(StreamError::Invalid(format!(
-            "a chunk holds 1 to {MAX_CHUNK_MESSAGES} messages, not {}",
-            messages.len()
+            "a chunk holds 1 to {MAX_CHUNK_MESSAGES} messages, not {count}"
         )));
-    }
-    let mut data_len = 0u64;
-    for m in messages {
-        let m = m.as_ref();
-        if m.len() > MAX_MESSAGE {
-            return Err(StreamError::Invalid(format!(
-                "a message of {} bytes",
-                m.len()
-            )));
-        }
-        data_len += 4 + m.len() as u64;
     }
     if data_len > MAX_CHUNK_BODY {
         return Err(StreamError::Invalid(format!(
             "a chunk of {data_len} bytes (limit {MAX_CHUNK_BODY})"
         )));
     }
-    Ok(data_len)
+    Ok((count, data_len))
+}
+
+/// The message count and data-section bytes of a batch, or why it cannot be one chunk.
+fn check_batch_iter<'m>(
+    messages: impl Iterator<Item = &'m [u8]>,
+) -> Result<(usize, u64), StreamError> {
+    let mut count = 0usize;
+    let mut data_len = 0u64;
+    for m in messages {
+        if m.len() > MAX_MESSAGE {
+            return Err(StreamError::Invalid(format!(
+                "a message of {} bytes",
+                m.len()
+            )));
+        }
+        count += 1;
+        data_len += 4 + m.len() as u64;
+    }
+    if count == 0 || count > MAX_CHUNK_MESSAGES {
+        return Err(StreamError::Invalid(format!(
+            "a chunk holds 1 to {MAX_CHUNK_MESSAGES} messages, not {count}"
+        )));
+    }
+    if data_len > MAX_CHUNK_BODY {
+        return Err(StreamError::Invalid(format!(
+            "a chunk of {data_len} bytes (limit {MAX_CHUNK_BODY})"
+        )));
+    }
+    Ok((count, data_len))
 }
 
 fn check_name(name: &str) -> Result<(), StreamError> {
@@ -1247,6 +1351,7 @@ fn create_segment(dir: &Path, first: u64) -> Result<(Active, Segment), StreamErr
         data: Arc::new(data),
         index,
         data_written: 0,
+        data_durable: 0,
         index_written: 0,
         buf: format::file_header(SEGMENT_MAGIC, first).to_vec(),
         ibuf: format::file_header(INDEX_MAGIC, first).to_vec(),
@@ -1266,6 +1371,8 @@ fn open_active(dir: &Path, seg: &Segment) -> Result<Active, StreamError> {
         data: Arc::new(open_rw(&data_path(dir, seg.first_offset))?),
         index: open_rw(&index_path(dir, seg.first_offset))?,
         data_written: seg.size,
+        // Made durable by `open`'s sync before anything is read as committed.
+        data_durable: 0,
         index_written: seg.index_len,
         buf: Vec::new(),
         ibuf: Vec::new(),
