@@ -24,9 +24,15 @@ pub(crate) fn is_dlx_conn(conn: ConnId) -> bool {
     conn.0 >= DLX_CONN_BASE && conn.0 < NODE_CONN_BASE
 }
 
+/// Whether this build serves other nodes (cargo feature `nodes`, on by default). Off, as in
+/// the wasm builds, no queue lives elsewhere and no channel consumes there: every path into
+/// `shard/nodes.rs` and `shard/nodes_consume.rs` is then a constant branch the compiler
+/// removes (about 30 KB of the JS module). Here, beside the node connections' numbering.
+pub(crate) const NODES: bool = cfg!(feature = "nodes");
+
 /// Whether `conn` stands for a cluster node (see [`NODE_CONN_BASE`]).
 pub(crate) fn is_node_conn(conn: ConnId) -> bool {
-    crate::shard::NODES && conn.0 >= NODE_CONN_BASE && conn != RESTORE_CONN
+    NODES && conn.0 >= NODE_CONN_BASE && conn != RESTORE_CONN
 }
 
 /// Mail sent and not delivered yet. With scheduled mail it also keeps where each piece

@@ -39,7 +39,6 @@ mod dead_letter;
 mod dlx;
 mod nodes;
 mod nodes_consume;
-pub(crate) use nodes::NODES;
 pub use nodes::{NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle};
 mod post;
 #[cfg(test)]

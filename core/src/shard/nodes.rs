@@ -16,13 +16,7 @@ use crate::message::Message;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, is_node_conn};
-
-/// Whether this build serves other nodes (cargo feature `nodes`, on by default). Off, as in
-/// the wasm builds, no queue lives elsewhere and no channel consumes there: every path into
-/// this module and `nodes_consume.rs` is then a constant branch the compiler removes
-/// (about 20 KB of the JS module).
-pub(crate) const NODES: bool = cfg!(feature = "nodes");
+pub(crate) use crate::mail::mailbox::{NODE_CONN_BASE, NODES, is_node_conn};
 
 /// Mail between cluster nodes, carried by the host.
 #[derive(Clone, Debug)]
