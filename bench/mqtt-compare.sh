@@ -12,6 +12,10 @@
 #   BROKERS  default "warren rumqttd mosquitto" (rumqttd: `cargo install rumqttd --version
 #            0.20.0`; `--locked` fails to build its pinned `metrics` on this rustc)
 #   ROUNDS   default 2;  FAN publishers of fan-in, default 100;  SIZE default 64
+#   LEAD     publishers stay at most this many messages ahead of what the subscriber
+#            received (default 10000; 0: unbounded, which measures a backlog's growth in a
+#            broker that takes faster than it delivers: bench/README.md, "MQTT: a fair
+#            harness")
 #   WARREN, BENCH  binaries (default target/release/warren, target/release/warren-bench)
 #   OUT      JSON results and logs (default target/bench/mqtt-compare)
 #   WARREN_MQTT_PORT 1892, MOSQUITTO_PORT 1893, RUMQTTD_PORT 1894
@@ -28,6 +32,7 @@ brokers=${BROKERS:-warren rumqttd mosquitto}
 rounds=${ROUNDS:-2}
 fan=${FAN:-100}
 size=${SIZE:-64}
+lead=${LEAD:-10000}
 out=${OUT:-target/bench/mqtt-compare}
 wm=${WARREN_MQTT_PORT:-1892}; mp=${MOSQUITTO_PORT:-1893}; qp=${RUMQTTD_PORT:-1894}
 [ -x "$warren" ] || { echo "$warren not found: cargo build --release -p warren-cli"; exit 2; }
@@ -78,10 +83,11 @@ for round in $(seq 1 "$rounds"); do
     esac
     wait_port "$port" "$log"
     for w in mqtt-qos0 mqtt-qos1 mqtt-fan-in; do
-      echo "== round $round, $b: $w (${secs}s)"
+      echo "== round $round, $b: $w (${secs}s), load $(cut -d' ' -f1-3 /proc/loadavg)"
+      cut -d' ' -f1 /proc/loadavg > "$out/$b-$round-$w.load"
       # Serialised with other engineers' measurements (as conns-compare.sh).
       flock /tmp/warren-measure.lock "$bench" "$w" --mqtt "127.0.0.1:$port" --seconds "$secs" --size "$size" --qos 0 \
-        --fan "$fan" --broker-pid "$pid" --format json > "$out/$b-$round-$w.json"
+        --fan "$fan" --lead "$lead" --broker-pid "$pid" --format json > "$out/$b-$round-$w.json"
     done
     stop
   done
@@ -93,6 +99,11 @@ out, rounds, brokers = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def load(b, r, w):
     rows = json.load(open(os.path.join(out, "%s-%d-%s.json" % (b, r, w))))
     return rows[0]
+def loadavg(b, r, w):
+    try:
+        return open(os.path.join(out, "%s-%d-%s.load" % (b, r, w))).read().strip()
+    except OSError:
+        return "-"
 def cpu_us(r):
     if r.get("broker_cpu_pct") is None or not r["received"]:
         return "-"
@@ -101,7 +112,7 @@ def rss(r):
     v = r.get("broker_rss_bytes")
     return "-" if v is None else "%.0f" % (v / 1048576)
 bad = []
-print("\nreceived msg/s | broker RSS peak MB | broker CPU us per delivered message")
+print("\nreceived msg/s | broker RSS peak MB | broker CPU us per delivered message | 1-min load average at the start")
 print("| workload | round | " + " | ".join(brokers) + " | "
       + " | ".join("warren / %s" % b for b in brokers if b != "warren") + " |")
 print("|---" * (2 + len(brokers) + len([b for b in brokers if b != "warren"])) + "|")
@@ -111,7 +122,8 @@ for w in ("mqtt-qos0", "mqtt-qos1", "mqtt-fan-in"):
         for b, x in res.items():
             if x["errors"] or not x["received"]:
                 bad.append("%s round %d %s: %s" % (b, r, w, x["errors"] or "nothing received"))
-        cells = ["%.0f / %s / %s" % (x["received_per_sec"], rss(x), cpu_us(x)) for x in res.values()]
+        cells = ["%.0f / %s / %s / %s" % (x["received_per_sec"], rss(x), cpu_us(x), loadavg(b, r, w))
+                 for b, x in res.items()]
         ratios = []
         for b in brokers:
             if b == "warren":

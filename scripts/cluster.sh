@@ -28,6 +28,7 @@
 #   WARREN_CLUSTER_TLS_DIR  if set: TLS on the cluster port, node i with
 #                         --cluster-tls-cert DIR/ni.pem --cluster-tls-key DIR/ni.key
 #                         --cluster-tls-ca DIR/ca.pem (its certificate names its IP)
+#   WARREN_CLUSTER_SHARDS   if set: every node runs `warren serve --shards N`
 #   WARREN_CLUSTER_USER, WARREN_CLUSTER_PASSWORD  an administrator created on every node
 #                         (default warren/warren): `guest` may log in from loopback only, and
 #                         the host is not loopback to a node
@@ -169,6 +170,7 @@ start_node() { # i: start node i unless running; no output
   mkdir -p "$d/data"
   local a; a=$(ip_of "$i")
   local flags; mapfile -t flags < <(cluster_flags "$i")
+  [ -n "${WARREN_CLUSTER_SHARDS:-}" ] && flags+=(--shards "$WARREN_CLUSTER_SHARDS")
   # The shell inside the namespace writes its own pid, then execs the broker: the pid file
   # is the broker's pid (ip netns exec and sh both exec, no fork).
   ip netns exec "$(ns "$i")" sh -c 'echo $$ >"$1"; shift; exec "$@"' sh "$d/pid" \

@@ -426,6 +426,14 @@ cluster_edges() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_edges
 }
 
+cluster_shards() {
+  # cluster/tests/shards_across_nodes.rs (docs/cluster.md, "Not yet"): two nodes with --shards
+  # 2: basic.get across nodes served when the queue, its copy and the connection are on shard
+  # 0, refused at once with 540 NOT_IMPLEMENTED otherwise (never a silent wait).
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test shards_across_nodes
+}
+
 cluster_mqtt_sessions() {
   # cluster/tests/mqtt_sessions.rs (docs/cluster.md, "MQTT sessions across nodes"): a persistent
   # session resumes on another node (session present, subscriptions, queued messages in order),
@@ -482,7 +490,7 @@ step "cluster quorum queue operations: declare-ok after a leader, every group in
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers
 step "cluster edges: conditional queue.delete decided by the home node; declare while the home is down" cluster_edges
-}
+step "cluster with --shards 2: consumers across nodes served on shard 0, refused (540) elsewhere" cluster_shards
 
 step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen

@@ -646,7 +646,8 @@ impl StreamBackend for DiskStreams {
             let last = writer.and_then(|r| w.log.publisher_sequence(r));
             let named = writer.filter(|r| !r.is_empty());
             let count = messages.len();
-            if last.is_none_or(|l| summary.min_id > l)
+            if count > 0
+                && last.is_none_or(|l| summary.min_id > l)
                 && count <= log::format::MAX_CHUNK_MESSAGES
                 && (count == 1 || summary.simple_bytes <= WRITE_BUFFER as u64)
             {

@@ -847,8 +847,8 @@ fn published(ids: std::ops::Range<u64>) -> Vec<warren_stream::codec::PublishedMe
 /// The PublishError path over the data directory's streams, as raw frames: every message of
 /// a refused Publish frame gets a PublishError with the protocol's code (an undeclared
 /// publisher id: 0x12; a sub-batch entry, which this node's streams refuse: 0x11; a stream
-/// deleted under its publisher: 0x02, then 0x12 once the publisher went with it and a
-/// MetadataUpdate said so); a frame over the frame-max (a message too large) closes that
+/// deleted under its publisher, even if created again since: 0x02, then 0x12 once the
+/// publisher went with it and a MetadataUpdate said so); a frame over the frame-max (a message too large) closes that
 /// connection with FRAME_TOO_LARGE (0x0e); another connection's publisher is unaffected
 /// throughout, and nothing refused is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -955,6 +955,15 @@ async fn publish_errors_carry_the_protocols_code_for_every_message() {
         })
         .await;
     assert_eq!(r, code::OK);
+    // Created again under the name: a new stream, not the one the publisher was declared on.
+    let r = b
+        .request(Frame::Create {
+            corr: 14,
+            stream: "doomed".into(),
+            arguments: vec![],
+        })
+        .await;
+    assert_eq!(r, code::OK);
     a.send(&publish(1, published(8..10))).await;
     assert_eq!(
         a.recv().await,
@@ -998,6 +1007,24 @@ async fn publish_errors_carry_the_protocols_code_for_every_message() {
     }
     b_confirms(&mut b, 3).await;
 
+    // Nothing reached the stream created again.
+    let r = b
+        .request(Frame::Subscribe {
+            corr: 15,
+            subscription_id: 2,
+            stream: "doomed".into(),
+            offset: warren_stream::codec::OffsetSpec::First,
+            credit: 10,
+            properties: vec![],
+        })
+        .await;
+    assert_eq!(r, code::OK);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), b.recv())
+            .await
+            .is_err(),
+        "the new stream is empty"
+    );
     // Only what was confirmed is stored on the surviving stream (raw bodies: read as raw
     // chunks, not through a client that decodes AMQP 1.0 messages).
     let r = b

@@ -146,24 +146,50 @@ async fn find_leader(
     }
 }
 
-/// Takes what the target holds (no-ack gets through any node: they go to its leader),
-/// into `got`, until `want` are all in or `within` passes.
-async fn collect(ch: &Channel, want: &BTreeSet<String>, got: &mut Vec<String>, within: Duration) {
+/// Takes what the target holds (no-ack gets through the nodes `among`: a get goes to the
+/// target's leader), into `got`, until `want` are all in or `within` passes. A get that
+/// fails (the target's leader was on the killed node: 404 until it moves, which closes the
+/// channel) is tried again on a new channel, on the next node.
+async fn collect(
+    nodes: &[Node],
+    among: &[usize],
+    want: &BTreeSet<String>,
+    got: &mut Vec<String>,
+    within: Duration,
+) {
     let start = Instant::now();
+    let mut turn = 0usize;
+    let mut open: Option<(Connection, Channel)> = None;
+    let mut failures = 0u32;
     loop {
-        // Empty, or the target's leader is moving: look again after a pause.
-        if let Ok(Ok(Some(m))) = tokio::time::timeout(
-            Duration::from_secs(5),
-            ch.basic_get(TARGET.into(), BasicGetOptions { no_ack: true }),
-        )
-        .await
-        {
-            got.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
-            assert!(got.len() < 100_000, "far more than were dead-lettered");
-            continue;
+        if open.is_none() {
+            turn += 1;
+            open = channel(&nodes[among[turn % among.len()]]).await;
+        }
+        if let Some((_, ch)) = &open {
+            match tokio::time::timeout(
+                Duration::from_secs(5),
+                ch.basic_get(TARGET.into(), BasicGetOptions { no_ack: true }),
+            )
+            .await
+            {
+                Ok(Ok(Some(m))) => {
+                    got.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
+                    assert!(got.len() < 100_000, "far more than were dead-lettered");
+                    continue;
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(_)) | Err(_) => {
+                    failures += 1;
+                    open = None;
+                }
+            }
         }
         let seen: BTreeSet<&String> = got.iter().collect();
         if want.iter().all(|w| seen.contains(w)) || start.elapsed() > within {
+            if failures > 0 {
+                eprintln!("{failures} gets from the target failed and were tried again");
+            }
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -270,7 +296,7 @@ async fn dead_letters_reach_their_target_across_leader_kills() {
     .await
     .expect("bind the target");
     let mut got = Vec::new();
-    collect(&ch2, &want, &mut got, Duration::from_secs(20)).await;
+    collect(&nodes, &survivors, &want, &mut got, Duration::from_secs(20)).await;
     let seen: BTreeSet<String> = got.iter().cloned().collect();
     let missing: Vec<_> = want.difference(&seen).collect();
     assert!(missing.is_empty(), "dead letters lost: {missing:?}");
@@ -299,10 +325,10 @@ async fn dead_letters_reach_their_target_across_leader_kills() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     kill9(&cluster, &nodes[leader3].name);
     let survivors: Vec<usize> = (0..3).filter(|i| *i != leader3).collect();
-    let (leader4, _conn4, ch4) = find_leader(&cluster, &nodes, &survivors).await;
+    let (leader4, _conn4, _ch4) = find_leader(&cluster, &nodes, &survivors).await;
     cluster.run(&["kill", &nodes[leader3].name]);
     let mut got = Vec::new();
-    collect(&ch4, &want, &mut got, Duration::from_secs(30)).await;
+    collect(&nodes, &survivors, &want, &mut got, Duration::from_secs(30)).await;
     let seen: BTreeSet<String> = got.iter().cloned().collect();
     let missing: Vec<_> = want.difference(&seen).collect();
     assert!(missing.is_empty(), "dead letters lost: {missing:?}");

@@ -542,3 +542,83 @@ fn a_message_over_its_delivery_limit_is_held_like_a_rejected_one() {
         )]
     );
 }
+
+fn strategy_policy(h: &mut Harness, on: bool) {
+    use warren_core::admin::AdminRequest;
+    let request = if on {
+        AdminRequest::SetPolicy(warren_core::policy::PolicyDef {
+            vhost: "/".into(),
+            name: "alo".into(),
+            pattern: "^src$".into(),
+            apply_to: warren_core::policy::ApplyTo::Queues,
+            priority: 0,
+            definition: FieldTable::from([(
+                "dead-letter-strategy".into(),
+                FieldValue::string("at-least-once"),
+            )]),
+        })
+    } else {
+        AdminRequest::ClearPolicy {
+            vhost: "/".into(),
+            name: "alo".into(),
+        }
+    };
+    let now = h.now;
+    h.shards.admin(now, request);
+    h.settle();
+}
+
+#[test]
+fn a_policy_switches_the_strategy_and_switching_away_deletes_what_is_held() {
+    let store = MemoryStore::new();
+    let mut h = on_store(&store, 0);
+    let c = h.connect(1);
+    confirm_mode(&mut h, c);
+    direct_exchange(&mut h, c, "dlx");
+    let fx = declare(
+        &mut h,
+        c,
+        "src",
+        args(&[
+            ("x-queue-type", FieldValue::string("quorum")),
+            ("x-dead-letter-exchange", FieldValue::string("dlx")),
+            ("x-overflow", FieldValue::string("reject-publish")),
+        ]),
+    );
+    assert_eq!(fx.len(), 1, "{fx:?}");
+    // At least once by policy: held while unroutable; the policy going deletes it
+    // (RabbitMQ's switch_from).
+    strategy_policy(&mut h, true);
+    assert!(publish(&mut h, &store, c, "src", "a"));
+    assert_eq!(get_and_reject(&mut h, c, "src"), "a");
+    sync(&mut h, &store);
+    strategy_policy(&mut h, false);
+    sync(&mut h, &store);
+    declare(&mut h, c, "dlq", FieldTable::new());
+    h.bind(c, "dlq", "dlx", "src");
+    tick(&mut h, 5_000);
+    assert_eq!(drain(&mut h, c, "dlq"), vec![], "deleted with the policy");
+    // Back on, through a restart: the policy is restored and the dead letter still owed
+    // is forwarded.
+    strategy_policy(&mut h, true);
+    let fx = h.op(
+        c,
+        Op::QueueUnbind(warren_core::command::Bind {
+            destination: "dlq".into(),
+            source: "dlx".into(),
+            routing_key: "src".into(),
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    );
+    assert_eq!(fx.len(), 1, "{fx:?}");
+    assert!(publish(&mut h, &store, c, "src", "b"));
+    assert_eq!(get_and_reject(&mut h, c, "src"), "b");
+    sync(&mut h, &store);
+    let mut h = restarted(&store, h.now + 1);
+    let c = h.connect(1);
+    h.bind(c, "dlq", "dlx", "src");
+    tick(&mut h, 1_000);
+    let got: Vec<String> = drain(&mut h, c, "dlq").into_iter().map(|m| m.0).collect();
+    assert_eq!(got, ["b"]);
+}

@@ -743,3 +743,145 @@ fn a_quorum_queue_declare_while_its_leader_is_unreachable_is_answered_here() {
     far.shard(0).node_unreachable(now, 1);
     assert_eq!(common::error_code(&far.settle()), Some(404));
 }
+
+/// What every shard of `from` (node `id`) sent, handed to `to`'s shard 0, as the host
+/// hands it (consumer mail goes to shard 0, `BrokerHandle::receive_node_mail`).
+fn carry_sharded(from: &mut Harness, id: u32, to: &mut Harness) -> usize {
+    let mut out = Vec::new();
+    for i in 0..from.k() {
+        from.shard(i).take_node_mail(&mut out);
+    }
+    let mail: Vec<NodeMail> = out.into_iter().map(|(_, m)| m).collect();
+    let n = mail.len();
+    let now = to.now;
+    to.shard(0).receive_node_mail(now, id, mail);
+    n
+}
+
+/// Carries mail both ways (every shard) until neither node sends any; the far node's effects.
+fn exchange_sharded(home: &mut Harness, far: &mut Harness) -> Vec<Effect> {
+    let mut fx = Vec::new();
+    for _ in 0..16 {
+        let a = carry_sharded(far, 2, home);
+        home.settle();
+        let b = carry_sharded(home, 1, far);
+        fx.extend(far.settle());
+        if a + b == 0 {
+            return fx;
+        }
+    }
+    panic!("the nodes never stopped sending");
+}
+
+/// The shard of `h` that owns queue `name`.
+fn queue_shard(h: &mut Harness, name: &str) -> u32 {
+    (0..h.k())
+        .find(|&i| h.shard(i).queue_len(name).is_some())
+        .expect("a shard owns it")
+}
+
+#[test]
+fn with_shards_consuming_another_nodes_queue_is_refused_where_it_cannot_be_served() {
+    // docs/cluster.md, "Not yet": with --shards 2 on both nodes, only the queue on the
+    // home's shard 0, its stub on the far node's shard 0 and the far connection on shard 0
+    // are served; every other case is refused at once (540), not left unanswered.
+    let mut home = Harness::sharded_with_stores(BrokerConfig::default(), 2);
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 2);
+    let h = home.connect(2); // shard 0
+    let h1 = home.connect(1); // shard 1
+    let f0 = far.connect(2); // shard 0
+    let f1 = far.connect(1); // shard 1
+    // A transient queue lives on its declaring connection's shard (a durable one on its
+    // name's): (home's queue, far node's stub).
+    let (ok, stub_on_1, home_on_1) = ("ok", "stub-on-1", "home-on-1");
+    for (name, at_home, stub) in [(ok, h, f0), (stub_on_1, h, f1), (home_on_1, h1, f0)] {
+        home.declare_with(at_home, name, false, false, false);
+        far.declare_with(stub, name, false, false, false);
+        for i in 0..far.k() {
+            let now = far.now;
+            far.shard(i).apply_admin(
+                now,
+                AdminRequest::QueueHome {
+                    vhost: "/".into(),
+                    queue: name.into(),
+                    node: Some(1),
+                },
+            );
+        }
+        far.settle();
+        home.op(h, persistent(name, "m"));
+    }
+    assert_eq!(queue_shard(&mut home, ok), 0);
+    assert_eq!(queue_shard(&mut far, ok), 0);
+    assert_eq!(queue_shard(&mut home, stub_on_1), 0);
+    assert_eq!(queue_shard(&mut far, stub_on_1), 1);
+    assert_eq!(queue_shard(&mut home, home_on_1), 1);
+    assert_eq!(queue_shard(&mut far, home_on_1), 0);
+
+    // All on shard 0: served (consume-ok and the home's message).
+    let fx = far.consume(f0, ok, "c", false);
+    assert!(replies(&fx).is_empty(), "{fx:?}");
+    let fx = exchange_sharded(&mut home, &mut far);
+    assert!(
+        replies(&fx)
+            .iter()
+            .any(|r| matches!(r, warren_core::effect::Reply::ConsumeOk { .. })),
+        "{fx:?}"
+    );
+    assert_eq!(bodies(&fx), vec!["m"]);
+
+    let refused = |fx: &[Effect], what: &str| {
+        assert_eq!(common::error_code(fx), Some(540), "{what}: {fx:?}");
+        let text = fx
+            .iter()
+            .find_map(|e| match e {
+                Effect::ChannelError { error, .. } | Effect::ConnectionError { error, .. } => {
+                    Some(error.text.clone())
+                }
+                _ => None,
+            })
+            .unwrap_or_default();
+        assert!(
+            text.starts_with("NOT_IMPLEMENTED - ") && text.contains("--shards 1"),
+            "{what}: {text}"
+        );
+    };
+    // The far connection on shard 1: refused at once, by the far node.
+    let mut fx = far.consume(f1, ok, "c1", false);
+    fx.extend(exchange_sharded(&mut home, &mut far));
+    refused(&fx, "consumer on shard 1");
+    let f1 = far.connect(3); // shard 1
+    let mut fx = far.op(
+        f1,
+        Op::Get {
+            queue: ok.into(),
+            no_ack: false,
+        },
+    );
+    fx.extend(exchange_sharded(&mut home, &mut far));
+    refused(&fx, "get on shard 1");
+
+    // The far node's copy of the queue on shard 1.
+    let f0b = far.connect(4); // shard 0
+    let mut fx = far.consume(f0b, stub_on_1, "c2", false);
+    fx.extend(exchange_sharded(&mut home, &mut far));
+    refused(&fx, "stub on shard 1");
+    let f0c = far.connect(6); // shard 0
+    let mut fx = far.passive_declare(f0c, stub_on_1);
+    fx.extend(exchange_sharded(&mut home, &mut far));
+    refused(&fx, "declare of a stub on shard 1");
+
+    // The home's queue on shard 1: the home refuses.
+    let f0d = far.connect(8); // shard 0
+    let fx = far.consume(f0d, home_on_1, "c3", false);
+    assert!(replies(&fx).is_empty(), "{fx:?}");
+    let fx = exchange_sharded(&mut home, &mut far);
+    refused(&fx, "queue on the home's shard 1");
+    // Its message stays there, for a consumer on the home.
+    assert_eq!(home.shard(1).queue_len(home_on_1), Some(1));
+
+    // The served consumer is unaffected.
+    home.op(h, persistent(ok, "m2"));
+    let fx = exchange_sharded(&mut home, &mut far);
+    assert_eq!(bodies(&fx), vec!["m2"]);
+}

@@ -399,3 +399,68 @@ impl Registry {
         lock(&self.sessions).map.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records what the registry asks of the cluster.
+    #[derive(Default)]
+    struct Fake {
+        stores: Mutex<Vec<(String, bool, bool)>>,
+        released: Mutex<Vec<String>>,
+    }
+
+    impl ClusterSessions for Fake {
+        fn claim(&self, _: &str) -> ClusterFuture<Result<Option<StoredSession>, String>> {
+            Box::pin(async { Ok(None) })
+        }
+        fn store(&self, client_id: &str, session: Option<StoredSession>, live: bool) {
+            lock(&self.stores).push((client_id.into(), session.is_some(), live));
+        }
+        fn release(&self, client_id: &str) {
+            lock(&self.released).push(client_id.into());
+        }
+        fn expire(&self, _: &str) -> ClusterFuture<bool> {
+            Box::pin(async { true })
+        }
+        fn owns(&self, _: &str) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn another_nodes_claim_closes_the_connection_here_once_its_own_claim_is_done() {
+        let r = Registry::new();
+        let fake = Arc::new(Fake::default());
+        r.set_cluster(fake.clone());
+        let id: Arc<str> = "c".into();
+        let (kick, mut kicked) = oneshot::channel();
+        assert!(r.claim(&id, ConnId(1), kick).is_none());
+        // A takeover applied while this connection still claims may be older than its
+        // claim: left alone...
+        r.begin_claim(&id);
+        assert!(!r.taken_elsewhere("c"));
+        assert!(kicked.try_recv().is_err());
+        // ...until the claim is done and the cluster no longer names this node.
+        r.end_claim("c", false);
+        assert!(kicked.try_recv().is_ok(), "closed as taken over");
+        // Its close hands the session over and keeps no copy (nor an expiry) here.
+        r.store_session(id.clone(), SessionRecord::default());
+        assert_eq!(r.stored_sessions(), 0);
+        assert_eq!(*lock(&fake.stores), [("c".to_string(), true, false)]);
+        // Not connected here but held offline: the copy goes and the claimer is answered.
+        r.store_session("d".into(), SessionRecord::default());
+        assert_eq!(r.stored_sessions(), 1);
+        assert!(!r.taken_elsewhere("d"));
+        assert_eq!(r.stored_sessions(), 0);
+        assert_eq!(*lock(&fake.released), ["d".to_string()]);
+        // A claim that is done and still this node's: nothing happens.
+        let (kick, mut kept) = oneshot::channel();
+        assert!(r.claim(&Arc::from("e"), ConnId(2), kick).is_none());
+        r.begin_claim(&Arc::from("e"));
+        r.end_claim("e", true);
+        assert!(kept.try_recv().is_err());
+        assert!(r.owns("e", ConnId(2)));
+    }
+}

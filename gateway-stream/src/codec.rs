@@ -166,32 +166,41 @@ impl<'a> PublishedBatch<'a> {
         }
     }
 
-    /// The messages as owned values (a frame's bytes copied), for backends that keep them.
+    /// The messages as owned values, for backends that keep them: a frame's section is
+    /// copied once and its messages share that copy.
     pub fn to_messages(&self) -> Vec<PublishedMessage> {
-        match self {
-            PublishedBatch::Messages(m) => m.to_vec(),
-            PublishedBatch::Wire { .. } => self
-                .iter()
-                .map(|m| PublishedMessage {
-                    publishing_id: m.publishing_id,
-                    filter_value: m.filter_value.map(str::to_string),
-                    entry: match m.entry {
-                        EntryRef::Simple(d) => Entry::Simple(Bytes::copy_from_slice(d)),
-                        EntryRef::SubBatch {
-                            compression,
-                            count,
-                            uncompressed_size,
-                            data,
-                        } => Entry::SubBatch {
-                            compression,
-                            count,
-                            uncompressed_size,
-                            data: Bytes::copy_from_slice(data),
-                        },
+        let PublishedBatch::Wire { bytes, .. } = *self else {
+            return match self {
+                PublishedBatch::Messages(m) => m.to_vec(),
+                PublishedBatch::Wire { .. } => Vec::new(),
+            };
+        };
+        let owned = Bytes::copy_from_slice(bytes);
+        // Each entry is a subslice of `bytes`: the same range of the copy.
+        let share = |d: &[u8]| {
+            let at = (d.as_ptr() as usize).saturating_sub(bytes.as_ptr() as usize);
+            owned.slice(at.min(owned.len())..(at + d.len()).min(owned.len()))
+        };
+        self.iter()
+            .map(|m| PublishedMessage {
+                publishing_id: m.publishing_id,
+                filter_value: m.filter_value.map(str::to_string),
+                entry: match m.entry {
+                    EntryRef::Simple(d) => Entry::Simple(share(d)),
+                    EntryRef::SubBatch {
+                        compression,
+                        count,
+                        uncompressed_size,
+                        data,
+                    } => Entry::SubBatch {
+                        compression,
+                        count,
+                        uncompressed_size,
+                        data: share(data),
                     },
-                })
-                .collect(),
-        }
+                },
+            })
+            .collect()
     }
 }
 

@@ -309,6 +309,26 @@ impl Broker {
         self.dlx.due.values().min().copied()
     }
 
+    /// A policy switched queue `id`'s dead-letter strategy. To at-least-once: the dead letters
+    /// its log holds (from an earlier spell, or a restart before the policy applied) are
+    /// forwarded. Away from it: they are deleted, as RabbitMQ's `rabbit_fifo_dlx`
+    /// `switch_from` deletes them.
+    pub(super) fn switch_dead_letter_strategy(&mut self, id: QueueId) {
+        let Some(q) = self.qs.queues.get(&id) else {
+            return;
+        };
+        let vhost = self.topo.vhost_name_arc(q.vhost);
+        if q.at_least_once() {
+            self.with_queue(id, |q, io| q.open_dead_letters(io, &vhost));
+        } else {
+            self.with_queue(id, |q, io| {
+                q.open_dead_letters(io, &vhost);
+                q.purge_dead_letters(io)
+            });
+        }
+        self.dead_letters_reloaded(id);
+    }
+
     /// Queue `id` was reloaded (its dead letters read again) or opened: they are forwarded.
     pub(super) fn dead_letters_reloaded(&mut self, id: QueueId) {
         self.dlx.pending.retain(|_, s| s.queue != id);

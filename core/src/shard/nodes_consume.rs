@@ -223,6 +223,10 @@ impl Broker {
             return Some(mail);
         };
         let (vhost, name) = self.queue_names(queue);
+        if let Some((to, error)) = self.unsupported_across_shards(&mail, node, &name) {
+            self.mail.push_back(Mail::Refused { to, error });
+            return None;
+        }
         let request = |b: &mut Broker, to: ChannelAddr, op: OpKind, r: NodeRequest| {
             b.nodes.attached.requests.insert(
                 (to.ch, to.serial),
@@ -384,6 +388,78 @@ impl Broker {
             }
             other => Some(other),
         }
+    }
+
+    /// With `--shards` > 1, a client's request to another node's queue is served only where
+    /// the answers find what they need (docs/cluster.md, "Not yet"): the host hands every
+    /// piece of consumer mail from other nodes to shard 0, so the request must be recorded
+    /// there (the stub is shard 0's, as `mail_to_home` runs on the stub's shard), and a
+    /// consumer's deliveries and a get's message are taken in by shard 0, so its channel
+    /// must be shard 0's too. Anything else would wait 10 s for an answer that never
+    /// comes, then fail as if the home were down, or (a consumer on another shard's
+    /// channel) get no delivery while the home sends its messages back and forth: it is
+    /// refused now instead, 540 NOT_IMPLEMENTED (a connection error in AMQP 0-9-1, which
+    /// the gateway logs). The home refuses the same way for a queue of its own that is not
+    /// on its shard 0 (`refuse_on_shard`).
+    fn unsupported_across_shards(
+        &self,
+        mail: &Mail,
+        node: u32,
+        queue: &str,
+    ) -> Option<(ChannelAddr, ProtocolError)> {
+        if self.shards <= 1 {
+            return None;
+        }
+        let (to, op, channel_too, what) = match mail {
+            Mail::Consume { consumer, .. } => (consumer.addr(), OpKind::Consume, true, "consuming"),
+            Mail::Get { to, .. } => (*to, OpKind::Get, true, "getting from"),
+            Mail::Purge { to, .. } => (*to, OpKind::QueuePurge, false, "purging"),
+            Mail::Redeclare { to, .. } => (*to, OpKind::QueueDeclare, false, "declaring"),
+            _ => return None,
+        };
+        if !client(to) || (self.shard == 0 && (!channel_too || self.conn_shard(to.ch.conn) == 0)) {
+            return None;
+        }
+        Some((
+            to,
+            ProtocolError::new(
+                ErrorCode::NotImplemented,
+                op,
+                format!(
+                    "{what} queue '{queue}' of node {node} from another node needs --shards 1 \
+                     (or the queue, its copy here and this connection on shard 0; here the \
+                     copy is on shard {}, the connection on shard {} of {})",
+                    self.shard,
+                    self.conn_shard(to.ch.conn),
+                    self.shards
+                ),
+            ),
+        ))
+    }
+
+    /// At the home, with `--shards` > 1: another node's request for queue `id` is served
+    /// only if the queue is shard 0's, where the host hands that node's mail and where the
+    /// windows its answers go back through are (`unsupported_across_shards`); otherwise it
+    /// is refused (540) rather than answered nowhere. True if refused.
+    fn refuse_on_shard(&mut self, node: u32, to: NodeChannel, queue: &str, id: QueueId) -> bool {
+        let shard = self.queue_shard(id);
+        if shard == 0 {
+            return false;
+        }
+        self.nodes.outbox.push((
+            node,
+            NodeMail::Refused {
+                to,
+                code: ErrorCode::NotImplemented.code(),
+                text: format!(
+                    "NOT_IMPLEMENTED - queue '{queue}' is on shard {shard} of {} of its home \
+                     node: consuming it from another node needs --shards 1 there (or the \
+                     queue on shard 0)",
+                    self.shards
+                ),
+            },
+        ));
+        true
     }
 
     /// The answer to a request of channel `to` arrived from another node.
@@ -891,6 +967,10 @@ impl Broker {
                     self.window_done(w);
                     return;
                 };
+                if self.refuse_on_shard(from, remote, &queue, id) {
+                    self.window_done(w);
+                    return;
+                }
                 let Some(x) = self.nodes.remote.windows.get_mut(&w) else {
                     return;
                 };
@@ -1027,6 +1107,9 @@ impl Broker {
                     self.refuse_remote(from, remote, &vhost, &queue);
                     return;
                 };
+                if self.refuse_on_shard(from, remote, &queue, id) {
+                    return;
+                }
                 let w = self.window(from, remote, 0);
                 if let Some(x) = self.nodes.remote.windows.get_mut(&w) {
                     x.requests += 1;

@@ -56,6 +56,7 @@ impl Broker {
         // and wasm hash differently).
         ids.sort_unstable();
         let mut touched = Vec::new();
+        let mut switched = Vec::new();
         for id in ids {
             let Some(q) = self.qs.queues.get(&id) else {
                 continue;
@@ -90,9 +91,16 @@ impl Broker {
                 self.qs.expiring.insert(id);
             }
             if let Some(q) = self.qs.queues.get_mut(&id) {
+                let was = q.at_least_once();
                 q.set_args(args, &mut self.qs.last_args);
+                if was != q.at_least_once() {
+                    switched.push(id);
+                }
             }
             touched.push(id);
+        }
+        for id in switched {
+            self.switch_dead_letter_strategy(id);
         }
         for id in touched {
             self.with_queue(id, |q, io| q.drop_overflow(io));
