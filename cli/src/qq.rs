@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -919,15 +919,11 @@ impl warren_runtime::StoreLayer for Replication {
         let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
         let (wait_tx, wait_rx) = mpsc::unbounded_channel();
         self.0.runtime.spawn(propose(jobs_rx, wait_tx));
+        self.0.runtime.spawn(complete(wait_rx, inner_rx, synced));
         let on_inner: SyncCallback = Box::new(move |epoch, result| {
             let _ = inner_tx.send((epoch, result));
         });
         let this = self.clone();
-        let outstanding = Arc::new(AtomicUsize::new(0));
-        let counted = outstanding.clone();
-        self.0
-            .runtime
-            .spawn(complete(wait_rx, inner_rx, synced, counted));
         let wrap = Box::new(move |inner: Box<dyn Store>| -> Box<dyn Store> {
             Box::new(QuorumStore {
                 inner,
@@ -936,7 +932,6 @@ impl warren_runtime::StoreLayer for Replication {
                 quorum: HashMap::new(),
                 pending: Vec::new(),
                 jobs: jobs_tx,
-                outstanding,
             })
         });
         (on_inner, wrap)
@@ -946,13 +941,8 @@ impl warren_runtime::StoreLayer for Replication {
 /// A batch of writes for one group.
 type Batch = (Arc<Group>, Vec<QueueOp>);
 
-/// The broker's sync `epoch`: these writes committed (and those proposed ahead of it), and
-/// the disk's own sync, complete it. `None`: writes proposed ahead of the next sync
-/// ([`QuorumStore::flush`]), which that sync's completion waits for as well.
-struct Job(Option<u64>, Vec<Batch>);
-
-/// What [`complete`] waits for: a job's epoch and its writes' commits.
-type Waits = (Option<u64>, Vec<Result<Responder, String>>);
+/// The broker's sync `epoch`: these writes committed, and the disk's own sync, complete it.
+struct Job(u64, Vec<Batch>);
 
 type Responder = tokio::sync::oneshot::Receiver<
     Result<
@@ -966,7 +956,10 @@ type Responder = tokio::sync::oneshot::Receiver<
 
 /// Proposes each job's writes in order without waiting for their commit (openraft
 /// pipelines them); [`complete`] waits for them in the same order.
-async fn propose(mut jobs: mpsc::UnboundedReceiver<Job>, wait: mpsc::UnboundedSender<Waits>) {
+async fn propose(
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    wait: mpsc::UnboundedSender<(u64, Vec<Result<Responder, String>>)>,
+) {
     while let Some(job) = jobs.recv().await {
         let Job(epoch, batches) = job;
         let mut waits = Vec::with_capacity(batches.len());
@@ -989,21 +982,17 @@ async fn propose(mut jobs: mpsc::UnboundedReceiver<Job>, wait: mpsc::UnboundedSe
     }
 }
 
-/// Completes the broker's syncs in order: once its group writes (and those proposed ahead
-/// of it) are committed and the disk reported the same epoch synced. Counts down
-/// `outstanding` as each write is committed (or failed).
+/// Completes the broker's syncs in order: once its group writes are committed and the disk
+/// reported the same epoch synced.
 async fn complete(
-    mut waits: mpsc::UnboundedReceiver<Waits>,
+    mut waits: mpsc::UnboundedReceiver<(u64, Vec<Result<Responder, String>>)>,
     mut inner: mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
     synced: SyncCallback,
-    outstanding: Arc<AtomicUsize>,
 ) {
     // Disk syncs reported before their group writes committed (at most the syncs in flight).
     let mut early: HashMap<u64, Result<(), String>> = HashMap::new();
-    // The outcome of writes proposed ahead of the next sync.
-    let mut ahead: Result<(), String> = Ok(());
     while let Some((epoch, rxs)) = waits.recv().await {
-        let mut result = std::mem::replace(&mut ahead, Ok(()));
+        let mut result = Ok(());
         for rx in rxs {
             let r = match rx {
                 Ok(rx) => match rx.await {
@@ -1013,17 +1002,11 @@ async fn complete(
                 },
                 Err(e) => Err(e),
             };
-            outstanding.fetch_sub(1, Ordering::AcqRel);
             if let Err(e) = r {
                 tracing::debug!(error = %e, "quorum queue write not committed");
                 result = result.and(Err(e));
             }
         }
-        let Some(epoch) = epoch else {
-            // Proposed ahead: the next sync's completion carries the outcome.
-            ahead = result;
-            continue;
-        };
         let disk = loop {
             if let Some(r) = early.remove(&epoch) {
                 break r;
@@ -1075,8 +1058,6 @@ struct QuorumStore {
     /// Writes since the last sync or flush, in order.
     pending: Vec<(Arc<Group>, QueueOp)>,
     jobs: mpsc::UnboundedSender<Job>,
-    /// Log entries proposed and not yet committed (or failed), counted down by [`complete`].
-    outstanding: Arc<AtomicUsize>,
 }
 
 impl QuorumStore {
@@ -1325,32 +1306,14 @@ impl Store for QuorumStore {
 
     fn sync(&mut self, epoch: u64) {
         let batches = self.take_batches();
-        self.outstanding.fetch_add(batches.len(), Ordering::AcqRel);
         // Fails only when the runtime is shutting down: nothing to confirm then.
-        let _ = self.jobs.send(Job(Some(epoch), batches));
+        let _ = self.jobs.send(Job(epoch, batches));
         self.inner.sync(epoch);
     }
 
     fn flush(&mut self) {
-        // The broker syncs one epoch at a time, and a sync of a replicated queue waits for
-        // the leader's fsync and then a follower's, one after the other (openraft appends
-        // to the leader's log before it replicates). Messages published meanwhile are
-        // proposed now, ahead of the next sync, when at most one entry is in flight: the
-        // leader writes them while the entry before is on its way to the followers, and
-        // the next sync finds them (nearly) committed. Not more than that: every entry is
-        // an fsync of the leader's own (openraft appends one client write at a time).
-        // Removals alone wait for the next sync (the core starts one within
+        // A quorum queue's removals wait for the next sync (the core starts one within
         // `removal_sync_ms` of a removal): one log entry for many acks, not one each.
-        if self.outstanding.load(Ordering::Acquire) <= 1
-            && self
-                .pending
-                .iter()
-                .any(|(_, op)| matches!(op, QueueOp::Append { .. }))
-        {
-            let batches = self.take_batches();
-            self.outstanding.fetch_add(batches.len(), Ordering::AcqRel);
-            let _ = self.jobs.send(Job(None, batches));
-        }
         self.inner.flush();
     }
 
