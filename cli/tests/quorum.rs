@@ -8,6 +8,7 @@ use std::process::Child;
 use std::time::Duration;
 
 mod common;
+use common::{bounded, channel};
 
 /// Kills the broker when dropped, also when the test fails midway.
 struct Running(Child);
@@ -45,24 +46,6 @@ fn stop(mut running: Running, how: Stop) {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("warren serve did not stop within 30 s after {how:?}");
-}
-
-async fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(10), f)
-        .await
-        .expect("in time")
-}
-
-async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
-    let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let c = bounded(lapin::Connection::connect(
-        &uri,
-        lapin::ConnectionProperties::default(),
-    ))
-    .await
-    .expect("connect");
-    let ch = bounded(c.create_channel()).await.expect("channel");
-    (c, ch)
 }
 
 fn quorum_args() -> FieldTable {

@@ -10,6 +10,7 @@ use std::process::Child;
 use std::time::Duration;
 
 mod common;
+use common::{bounded, channel};
 
 /// Kills the broker when dropped, also when the test fails midway.
 struct Running(Child);
@@ -19,24 +20,6 @@ impl Drop for Running {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-async fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(10), f)
-        .await
-        .expect("in time")
-}
-
-async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
-    let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let c = bounded(lapin::Connection::connect(
-        &uri,
-        lapin::ConnectionProperties::default(),
-    ))
-    .await
-    .expect("connect");
-    let ch = bounded(c.create_channel()).await.expect("channel");
-    (c, ch)
 }
 
 fn durable() -> QueueDeclareOptions {

@@ -203,3 +203,23 @@ pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `f` within 10 s (the AMQP tests' bound on each client step).
+pub async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .expect("in time")
+}
+
+/// A lapin connection to the broker's AMQP `port` as guest, with one channel.
+pub async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
+    let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+    let c = bounded(lapin::Connection::connect(
+        &uri,
+        lapin::ConnectionProperties::default(),
+    ))
+    .await
+    .expect("connect");
+    let ch = bounded(c.create_channel()).await.expect("channel");
+    (c, ch)
+}
