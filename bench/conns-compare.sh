@@ -12,7 +12,8 @@
 # run. BROKERS (default "warren mosquitto"): which of warren, mosquitto run. WARREN: the
 # broker binary (default target/release/warren). Needs target/release/warren and warren-bench (cargo
 # build --release -p warren-cli -p warren-bench), mosquitto, rabbitmq-server 3.10; set
-# SKIP_RABBITMQ=1 to leave it out.
+# SKIP_RABBITMQ=1 to leave it out. CONNS_ARGS: more `warren-bench conns` options for every
+# broker, e.g. "--qos 0", "--no-subscribe", "--mqtt-version 5".
 # Measurements are serialised with other engineers' through /tmp/warren-measure.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,7 @@ measure() { # name port pid count concurrency
   echo "== $1: $4 connections" >&2
   RUST_LOG=warn flock /tmp/warren-measure.lock "$bench" conns --mqtt "127.0.0.1:$2" \
     --pid "$3" -n "$4" --concurrency "$5" --keep-alive 30 --hold "$hold" \
-    --latency-secs "$latency" --rate 1000 --prefix "cmp-$1-" 2>&1 | tee "$tmp/$1.out" >&2 ||
+    --latency-secs "$latency" --rate 1000 --prefix "cmp-$1-" ${CONNS_ARGS:-} 2>&1 | tee "$tmp/$1.out" >&2 ||
     echo "  ($1: the run failed; its row shows what was measured)" >&2
 }
 
@@ -112,7 +113,7 @@ EOF
 fi
 
 echo
-echo "Idle MQTT connections, one QoS 1 subscription each, keep-alive 30 s, hold ${hold} s ($(date -u +%Y-%m-%dT%H:%MZ))"
+echo "Idle MQTT connections, one QoS 1 subscription each unless ${CONNS_ARGS:-(nothing)} says otherwise, keep-alive 30 s, hold ${hold} s ($(date -u +%Y-%m-%dT%H:%MZ))"
 echo
 echo "| broker | connections | RSS per connection | connects/s | idle CPU | publish -> deliver | alive |"
 echo "|---|---:|---:|---:|---:|---|---|"

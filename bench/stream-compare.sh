@@ -20,7 +20,10 @@
 #   defaults: 300000 12,48,256,512,1024 1,2,4,8,16,64,128,384
 #   --log FILE: also write the output there (bench/stream-table.py reads it); --svg DIR: at the
 #   end, the tables of this run (bench/stream-table.py) and seed 003's plots as SVG in DIR.
-# Env: RABBITMQ=1, EXACT=1 (both brokers' streams filled again one batch at a time before they
+# Env: RABBITMQ=1, SKIP_WARREN=1 (RabbitMQ only), RAW=1 (also consume each stream with `warren-bench stream raw-consume`, a
+#   raw-frame consumer that counts records from chunk headers and parses nothing else, on
+#   every broker, RabbitMQ 3.10 included: rate and the broker's CPU per message with a client
+#   too lean to bound it), EXACT=1 (both brokers' streams filled again one batch at a time before they
 #   are consumed, so that their chunks are the batches: both merge what is queued), SENDFILE=1, PERFTEST=1 (also
 #   consume each stream over AMQP 0.9.1 with PerfTest as seed 003: --producers 0 --consumers 1
 #   --predeclared --qos 200 --stream-consumer-offset first; jars in PERFTEST_LIB, default
@@ -106,6 +109,10 @@ cpu_between() {  # READING_FILE_BEFORE READING_FILE_AFTER: CPU ns
          for (t in b) if (t != "ticks") s += b[t] - a[t]; printf "%.0f", s}' "$1" "$2"
 }
 common=(--messages "$n" --sizes "$sizes" --chunks "$chunks")
+raw_consume() {  # PORT LABEL
+  [ "${RAW:-0}" = 1 ] || return 0
+  "$bench" stream raw-consume --port "$1" "${common[@]}" --label "$2" --broker-pid "$bpid"
+}
 perftest() {  # AMQP_PORT LABEL
   [ "${PERFTEST:-0}" = 1 ] || return 0
   # The same reads with warren-bench's client, which costs less CPU than PerfTest's: on a
@@ -125,6 +132,7 @@ perftest() {  # AMQP_PORT LABEL
   done
 }
 echo "# $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $n messages per cell"
+if [ "${SKIP_WARREN:-0}" != 1 ]; then
 start 0
 bpid=$pid
 # Publish with confirms, 20,000 in flight: since 2026-11-24 Warren's writer merges what is
@@ -140,12 +148,14 @@ for s in "${names[@]}"; do
 done
 "$bench" stream consume --port "$base" "${common[@]}" --label "warren read-ahead off"
 java_consume "$base" "warren read-ahead off"
+raw_consume "$base" "warren read-ahead off"
 perftest $((base + 1)) "warren read-ahead off"
 stop
 start 4096
 bpid=$pid
 "$bench" stream consume --port "$base" "${common[@]}" --label "warren read-ahead 4096"
 java_consume "$base" "warren read-ahead 4096"
+raw_consume "$base" "warren read-ahead 4096"
 perftest $((base + 1)) "warren read-ahead 4096"
 stop
 if [ "${SENDFILE:-0}" = 1 ]; then
@@ -170,6 +180,7 @@ if [ "${SENDFILE:-0}" = 1 ]; then
     stop
   done
 fi
+fi  # SKIP_WARREN
 if [ "${RABBITMQ:-0}" = 1 ]; then
   # Debian's RabbitMQ, run directly (not through the service wrapper that switches user), with
   # its own cookie, state, node name, epmd and ports.
@@ -204,6 +215,7 @@ if [ "${RABBITMQ:-0}" = 1 ]; then
     echo "rmq-chunks $s $(( (bytes - 8 * files) / 29 ))"
   done
   java_consume "$rport" "$v"
+  raw_consume "$rport" "$v"
   perftest "$RABBITMQ_NODE_PORT" "$v"
   stop_rmq
 fi

@@ -44,6 +44,7 @@ PATTERNS = [
     ("fill", re.compile(r"^fill\s+" + CELL + r"\s+([\d.]+) msg/s published with confirms (.*)$")),
     ("java", re.compile(r"^java\s+" + CELL + r"\s+([\d.]+) msg/s (.*)$")),
     ("perftest", re.compile(r"^perftest " + CELL + r" ([\d.]+) msg/s (.*)$")),
+    ("raw", re.compile(r"^raw\s+" + CELL + r"\s+([\d.]+) msg/s (.*)$")),
     ("amqp", re.compile(r"^amqp\s+" + CELL + r"\s+([\d.]+) msg/s (.*)$")),
     ("rust", re.compile(r"^consume\s+" + CELL + r"\s+size\s+\d+ chunk\s+\d+:\s+([\d.]+) msg/s (.*)$")),
     ("cpu-", re.compile(r"^cpu\s+(\w+)\s+" + CELL + r"\s+([\d.]+) us/msg broker (.*)$")),
@@ -171,6 +172,22 @@ def render_tables(values, chunks, runs, messages):
          "Rust client RA"], rows))
     rows = []
     for k in keys:
+        off, ra, rmq = (cell(values, "raw", w, k) for w in ("off", "ra", "rmq"))
+        if off is None and ra is None and rmq is None:
+            continue
+        coff, cra, crmq = (cell(values, "cpu-raw", w, k) for w in ("off", "ra", "rmq"))
+        rows.append([f"{k[0]} B", str(k[1]), fmt_rate(off), fmt_rate(ra), fmt_ratio(ra, off),
+                     fmt_rate(rmq), fmt_ratio(ra, rmq), fmt_us(coff), fmt_us(cra), fmt_us(crmq),
+                     fmt_ratio(coff, cra), fmt_ratio(crmq, cra)])
+    if rows:
+        out.append(table(
+            "Consume over the stream protocol, warren-bench's raw-frame consumer (records counted "
+            "from chunk headers, a credit per chunk; msg/s; broker CPU us per message)",
+            ["message", "chunk", "Warren off", "Warren RA", "RA/off", "RabbitMQ",
+             "Warren RA / RabbitMQ", "CPU off", "CPU RA", "CPU RabbitMQ", "CPU off/RA",
+             "CPU RabbitMQ / Warren RA"], rows))
+    rows = []
+    for k in keys:
         w, r = cell(values, "fill", "warren", k), cell(values, "fill", "rmq", k)
         rows.append([f"{k[0]} B", str(k[1]), fmt_rate(w), fmt_rate(r), fmt_ratio(w, r),
                      fmt_us(cell(values, "cpu-fill", "warren", k)),
@@ -189,6 +206,10 @@ def render_tables(values, chunks, runs, messages):
         ("AMQP (warren-bench client) RA/off", "amqp", "ra", "off"),
         ("AMQP (warren-bench client) Warren RA / RabbitMQ", "amqp", "ra", "rmq"),
         ("AMQP (warren-bench client) broker CPU off/RA", "cpu-amqp", "off", "ra"),
+        ("stream (raw consumer) RA/off", "raw", "ra", "off"),
+        ("stream (raw consumer) Warren RA / RabbitMQ", "raw", "ra", "rmq"),
+        ("stream (raw consumer) broker CPU off/RA", "cpu-raw", "off", "ra"),
+        ("stream (raw consumer) broker CPU RabbitMQ / Warren RA", "cpu-raw", "rmq", "ra"),
         ("stream RA/off", "java", "ra", "off"),
         ("stream Warren RA / RabbitMQ", "java", "ra", "rmq"),
         ("stream broker CPU off/RA", "cpu-java", "off", "ra"),

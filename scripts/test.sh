@@ -371,6 +371,13 @@ cluster_metadata() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
 }
 
+cluster_topic_permissions() {
+  # The same needs as cluster_script. Topic permissions set on one node reach every node;
+  # a refused bind is refused before it is proposed (cluster/tests/topic_permissions.rs).
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test topic_permissions
+}
+
 cluster_quorum() {
   # The same needs as cluster_script. Quorum queues replicated over 3 nodes: kill -9 of the
   # leader loses no confirmed message, a member that was down catches up.
@@ -426,6 +433,23 @@ cluster_edges() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_edges
 }
 
+cluster_quorum_reattach() {
+  # cluster/tests/quorum_reattach.rs (bridge wbe1, 10.93.0.x; docs/cluster.md, "Consumers on
+  # any node"): a quorum queue's consumer attached again after a partition heals, refused
+  # where the queue is served (another exclusive consumer took it), gets basic.cancel.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_reattach
+}
+
+cluster_conditional_delete() {
+  # cluster/tests/conditional_delete.rs (bridge wbe1, 10.93.0.x; docs/cluster.md, "Failure
+  # modes"): a consumer attaching on the home between a conditional delete's check and its
+  # commit (window widened by WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS) does not split the
+  # cluster: the queue goes on every node and the consumer gets basic.cancel.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test conditional_delete
+}
+
 cluster_shards() {
   # cluster/tests/shards_across_nodes.rs (docs/cluster.md, "Not yet"): two nodes with --shards
   # 2: basic.get across nodes served when the queue, its copy and the connection are on shard
@@ -440,6 +464,15 @@ cluster_mqtt_sessions() {
   # takeover across nodes (0x8E), SIGTERM and kill -9 restarts, expiry, retained messages.
   cargo build -p warren-cli &&
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test mqtt_sessions
+}
+
+cluster_mqtt_gone_node() {
+  # cluster/tests/mqtt_gone_node.rs (bridge wbe1, 10.93.0.x; docs/cluster.md, "MQTT sessions
+  # across nodes"): after a kill -9 of a node never restarted, a client that was connected
+  # there resumes elsewhere without the 3 s handover wait, and the sessions it owned still
+  # expire (the metadata leader ends them; their queues go).
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test mqtt_gone_node
 }
 
 cluster_jepsen() {
@@ -483,6 +516,7 @@ step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
 step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
+step "cluster topic permissions: replicated, a refused bind never proposed" cluster_topic_permissions
 step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
 step "cluster quorum queues: at-least-once dead letters survive kill -9 of the source's leader" cluster_quorum_dlx
 step "cluster TLS: a quorum queue over a mutual-TLS cluster port; a plaintext peer refused" cluster_tls
@@ -490,9 +524,12 @@ step "cluster quorum queue operations: declare-ok after a leader, every group in
 step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
 step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers
 step "cluster edges: conditional queue.delete decided by the home node; declare while the home is down" cluster_edges
+step "cluster quorum consumer attached again after a partition: refused there, cancelled (never silent)" cluster_quorum_reattach
+step "cluster conditional delete: committed as decided, no split when a consumer attaches meanwhile" cluster_conditional_delete
 step "cluster with --shards 2: consumers across nodes served on shard 0, refused (540) elsewhere" cluster_shards
 
 step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions
+step "cluster MQTT sessions of a dead node: resumed elsewhere at once, expired on time by the metadata leader" cluster_mqtt_gone_node
 step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
 step "start warren serve" start_broker

@@ -76,6 +76,10 @@ pub struct ConnsArgs {
     /// Connect without subscribing.
     #[arg(long)]
     no_subscribe: bool,
+    /// MQTT protocol version of the idle connections: 4 (3.1.1) or 5 (clean start, no
+    /// session expiry, no properties).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(4..=5))]
+    mqtt_version: u8,
     /// Keep-alive announced in CONNECT (AMQP: the heartbeat in tune-ok), seconds; each
     /// client pings (sends a heartbeat) at this interval (over sockets; socketless clients
     /// ping once at the end, so give them a keep-alive longer than the whole run, e.g. 600,
@@ -122,25 +126,67 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     client_id: &str,
     keep_alive: u16,
     subscribe: Option<(&str, u8)>,
+    version: u8,
 ) -> anyhow::Result<(usize, usize)> {
-    let hello = handshake_bytes(client_id, keep_alive, None, subscribe);
+    let hello = if version == 5 {
+        handshake_bytes_v5(client_id, keep_alive, subscribe)
+    } else {
+        handshake_bytes(client_id, keep_alive, None, subscribe)
+    };
     s.write_all(&hello).await?;
-    let mut connack = [0u8; 4];
-    s.read_exact(&mut connack).await.context("CONNACK")?;
+    // CONNACK: session-present flag, then the return (v5: reason) code; v5 adds properties.
+    let (first, connack, mut read) = read_packet(s).await.context("CONNACK")?;
     ensure!(
-        connack == [0x20, 2, 0, 0],
-        "{client_id}: CONNACK {connack:02x?}"
+        first == 0x20 && connack.get(..2) == Some(&[0, 0][..]),
+        "{client_id}: CONNACK {first:02x} {connack:02x?}"
     );
     if subscribe.is_some() {
-        let mut suback = [0u8; 5];
-        s.read_exact(&mut suback).await.context("SUBACK")?;
+        // SUBACK: packet id, (v5: properties,) one granted QoS per filter.
+        let (first, suback, n) = read_packet(s).await.context("SUBACK")?;
         ensure!(
-            suback[0] == 0x90 && suback[4] <= 2,
+            first == 0x90 && suback.last().is_some_and(|&q| q <= 2),
             "{client_id}: SUBACK {suback:02x?}"
         );
-        return Ok((hello.len(), connack.len() + suback.len()));
+        read += n;
     }
-    Ok((hello.len(), connack.len()))
+    Ok((hello.len(), read))
+}
+
+/// CONNECT (MQTT 5, clean start, no properties) followed by an optional SUBSCRIBE.
+fn handshake_bytes_v5(client_id: &str, keep_alive: u16, subscribe: Option<(&str, u8)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + client_id.len());
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x02];
+    body.extend_from_slice(&keep_alive.to_be_bytes());
+    body.push(0); // no properties
+    put_str(&mut body, client_id);
+    packet(&mut out, 0x10, &body);
+    if let Some((filter, qos)) = subscribe {
+        let mut body = vec![0, 1, 0];
+        put_str(&mut body, filter);
+        body.push(qos);
+        packet(&mut out, 0x82, &body);
+    }
+    out
+}
+
+/// Reads one whole packet: (first byte, body, bytes read).
+async fn read_packet<S: AsyncRead + Unpin>(s: &mut S) -> anyhow::Result<(u8, Vec<u8>, usize)> {
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head[..2]).await?;
+    let mut have = 2;
+    let (first, header, len) = loop {
+        if let Some(h) = parse_header(&head[..have])? {
+            break h;
+        }
+        ensure!(have < head.len(), "bad remaining length");
+        s.read_exact(&mut head[have..have + 1]).await?;
+        have += 1;
+    };
+    // Handshake answers are small; a large one is not what this bench sent for.
+    ensure!(len <= 4096, "a {len}-byte answer to a handshake");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await?;
+    Ok((first, body, header + len))
 }
 
 /// One connection's greeting: MQTT CONNECT (+ SUBSCRIBE to `<id>/cmd`), or the AMQP
@@ -152,12 +198,19 @@ async fn greet<S: AsyncRead + AsyncWrite + Unpin>(
     id: &str,
     keep_alive: u16,
     subscribe: Option<u8>,
+    version: u8,
 ) -> anyhow::Result<idle_amqp::Exchange> {
     match protocol {
         Protocol::Mqtt => {
             let filter = format!("{id}/cmd");
-            let sizes =
-                handshake(s, id, keep_alive, subscribe.map(|q| (filter.as_str(), q))).await?;
+            let sizes = handshake(
+                s,
+                id,
+                keep_alive,
+                subscribe.map(|q| (filter.as_str(), q)),
+                version,
+            )
+            .await?;
             Ok(vec![sizes])
         }
         Protocol::Amqp => {
@@ -266,9 +319,11 @@ fn per_conn(delta: i64, n: usize) -> f64 {
 
 /// What each connection holds, for the report.
 fn what_each(args: &ConnsArgs) -> String {
+    let version = if args.mqtt_version == 5 { "5" } else { "3.1.1" };
     match (args.protocol, subscription(args)) {
-        (_, None) => "no subscription".to_string(),
-        (Protocol::Mqtt, Some(q)) => format!("one QoS {q} subscription each"),
+        (Protocol::Mqtt, None) => format!("no subscription (MQTT {version})"),
+        (Protocol::Amqp, None) => "no subscription".to_string(),
+        (Protocol::Mqtt, Some(q)) => format!("one QoS {q} subscription each (MQTT {version})"),
         (Protocol::Amqp, Some(_)) => {
             "AMQP: a channel, an exclusive queue bound to amq.topic and a consumer each".to_string()
         }
@@ -357,14 +412,14 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         let source = source_of(i, args.sources);
         let id = format!("{}{i}", args.prefix);
         let sub = subscription(args);
-        let (keep_alive, protocol) = (args.keep_alive, args.protocol);
+        let (keep_alive, protocol, version) = (args.keep_alive, args.protocol, args.mqtt_version);
         async move {
             let mut s = open_tcp(addr, source)
                 .await
                 .with_context(|| format!("connecting from {source}"))?;
             tokio::time::timeout(
                 EXCHANGE_TIMEOUT,
-                greet(&mut s, protocol, &id, keep_alive, sub),
+                greet(&mut s, protocol, &id, keep_alive, sub, version),
             )
             .await
             .context("handshake timed out")??;
@@ -529,9 +584,9 @@ async fn live_pair(args: &ConnsArgs) -> anyhow::Result<String> {
     let sub_id = format!("{}live-sub", args.prefix);
     let pub_id = format!("{}live-pub", args.prefix);
     let mut sub = open_tcp(args.mqtt, source).await?;
-    handshake(&mut sub, &sub_id, 0, Some((LIVE_TOPIC, 0))).await?;
+    handshake(&mut sub, &sub_id, 0, Some((LIVE_TOPIC, 0)), 4).await?;
     let mut publ = open_tcp(args.mqtt, source).await?;
-    handshake(&mut publ, &pub_id, 0, None).await?;
+    handshake(&mut publ, &pub_id, 0, None, 4).await?;
     let origin = Instant::now();
     let count = args.rate.max(1) as u64 * args.latency_secs;
     let interval = Duration::from_nanos(1_000_000_000 / u64::from(args.rate.max(1)));
@@ -733,8 +788,9 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
         };
         let id = format!("{}{i}", args.prefix);
         let (protocol, sub, keep_alive) = (args.protocol, subscription(args), args.keep_alive);
+        let version = args.mqtt_version;
         async move {
-            let steps = greet(&mut client, protocol, &id, keep_alive, sub).await?;
+            let steps = greet(&mut client, protocol, &id, keep_alive, sub, version).await?;
             anyhow::Ok((client, steps))
         }
     };

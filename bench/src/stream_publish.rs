@@ -155,6 +155,8 @@ pub struct Publish<'a> {
     pub publishers: usize,
     pub in_flight: u64,
     pub broker_pid: Option<u32>,
+    /// Leave the stream in place after the run (a fill for `raw-consume`).
+    pub keep: bool,
 }
 
 /// (Re)creates `stream`, publishes `n` messages of `size` bytes in Publish frames of `batch`
@@ -222,13 +224,15 @@ pub async fn run(
         (Some(a), Some(b)) => Some(a.until(&b) as f64 / n as f64),
         _ => None,
     };
-    let corr = admin.next_corr();
-    let _ = admin
-        .call(Frame::Delete {
-            corr,
-            stream: stream.into(),
-        })
-        .await;
+    if !p.keep {
+        let corr = admin.next_corr();
+        let _ = admin
+            .call(Frame::Delete {
+                corr,
+                stream: stream.into(),
+            })
+            .await;
+    }
     Ok((n as f64 / secs, cpu))
 }
 
@@ -330,4 +334,88 @@ async fn confirms(
     }
     wake.notify_one();
     Ok(())
+}
+
+/// Chunks of credit a consumer starts with (Stream PerfTest's `--initial-credits`, 50 in
+/// bench/java/StreamConsume.java).
+const INITIAL_CREDIT: u16 = 50;
+/// The largest Deliver frame a consumer takes: RabbitMQ 3.10 sends a chunk whole even when
+/// it passes the negotiated frame-max (a 1,060,917-byte frame against 1 MiB at 1 KB x 3M).
+const DELIVER_MAX: u32 = 64 << 20;
+
+/// `raw-consume`: reads `n` messages of `stream` from `first` with raw frames (version 1
+/// Deliver, so RabbitMQ 3.10 too), counting each chunk's records from its header without
+/// parsing its messages and returning one credit per chunk, all the chunks of one read in
+/// one Credit frame: a consumer leaner than any client, so that the broker's CPU per
+/// message is what the run shows. Returns msg/s and the broker's CPU ns per message.
+pub async fn consume(p: &Publish<'_>, stream: &str, n: u64) -> anyhow::Result<(f64, Option<f64>)> {
+    let mut c = Conn::open(p.host, p.port, p.user, p.password).await?;
+    let cpu0 = p.broker_pid.and_then(crate::streams::BrokerCpu::read);
+    let start = Instant::now();
+    let corr = c.next_corr();
+    c.send(&Frame::Subscribe {
+        corr,
+        subscription_id: 0,
+        stream: stream.into(),
+        offset: codec::OffsetSpec::First,
+        credit: INITIAL_CREDIT,
+        properties: vec![],
+    })
+    .await?;
+    let mut got = 0u64;
+    let mut subscribed = false;
+    let mut credit = BytesMut::new();
+    while got < n {
+        let mut chunks = 0u16;
+        while let Some(body) = split_frame(&mut c.buf, DELIVER_MAX)? {
+            if body.len() >= 5 && u16::from_be_bytes([body[0], body[1]]) == key::DELIVER {
+                // key, version, subscription id, (v2: committed chunk id), then the chunk:
+                // magic and version, type, entries (u16), records (u32).
+                let at = if u16::from_be_bytes([body[2], body[3]]) >= 2 {
+                    13
+                } else {
+                    5
+                };
+                let Some(h) = body.get(at..at + 8) else {
+                    bail!("{stream}: a Deliver frame shorter than a chunk header");
+                };
+                if h[1] == 0 {
+                    got += u64::from(u32::from_be_bytes([h[4], h[5], h[6], h[7]]));
+                }
+                chunks = chunks.saturating_add(1);
+                continue;
+            }
+            match codec::decode(body)? {
+                Frame::Response { code, .. } if !subscribed => {
+                    check(code, "subscribe")?;
+                    subscribed = true;
+                }
+                Frame::Close { code, reason, .. } => bail!("closed by the broker: {code} {reason}"),
+                _ => {}
+            }
+        }
+        if chunks > 0 && got < n {
+            credit.clear();
+            codec::encode(
+                &Frame::Credit {
+                    subscription_id: 0,
+                    credit: chunks,
+                },
+                &mut credit,
+            );
+            c.sock.write_all(&credit).await?;
+        }
+        if got >= n {
+            break;
+        }
+        if c.sock.read_buf(&mut c.buf).await? == 0 {
+            bail!("{stream}: the broker closed the connection after {got} messages");
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = match (cpu0, p.broker_pid.and_then(crate::streams::BrokerCpu::read)) {
+        (Some(a), Some(b)) => Some(a.until(&b) as f64 / n as f64),
+        _ => None,
+    };
+    Ok((n as f64 / secs, cpu))
 }

@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 pub struct StreamArgs {
     /// `fill` (create and publish), `consume` (read all from first), or `both`;
     /// `amqp-consume`: read all from first over AMQP 0.9.1 (`--uri`); `publish`: the lean
-    /// raw-frame producer (`stream_publish.rs`; RabbitMQ 3.10 too), rate and broker CPU.
-    #[arg(value_parser = ["fill", "consume", "both", "amqp-consume", "publish"])]
+    /// raw-frame producer (`stream_publish.rs`; RabbitMQ 3.10 too), rate and broker CPU;
+    /// `raw-consume`: the lean raw-frame consumer of the streams `publish --keep` filled
+    /// (RabbitMQ 3.10 too), rate and broker CPU.
+    #[arg(value_parser = ["fill", "consume", "both", "amqp-consume", "publish", "raw-consume"])]
     phase: String,
     /// The AMQP broker for `amqp-consume`.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
@@ -63,6 +65,10 @@ pub struct StreamArgs {
     /// `publish`: unconfirmed messages each connection may have.
     #[arg(long, default_value_t = 20_000)]
     in_flight: u64,
+    /// `publish`: leave each stream filled (for `raw-consume`). With `--in-flight` equal to
+    /// the chunk size every Publish frame is a chunk of its own (none waits to be merged).
+    #[arg(long)]
+    keep: bool,
     /// Give up on a cell after this many seconds.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
@@ -72,7 +78,7 @@ pub async fn run(a: StreamArgs) -> anyhow::Result<()> {
     if a.phase == "amqp-consume" {
         return amqp_consume_all(&a).await;
     }
-    if a.phase == "publish" {
+    if a.phase == "publish" || a.phase == "raw-consume" {
         return publish_all(&a).await;
     }
     let env = Environment::builder()
@@ -239,8 +245,32 @@ async fn publish_all(a: &StreamArgs) -> anyhow::Result<()> {
         publishers: a.publishers,
         in_flight: a.in_flight,
         broker_pid: a.broker_pid,
+        keep: a.keep,
     };
     let deadline = Duration::from_secs(a.timeout);
+    if a.phase == "raw-consume" {
+        for &size in &a.sizes {
+            for &chunk in &a.chunks {
+                let name = format!("{}-{size}-{chunk}", a.prefix);
+                let (rate, cpu) = tokio::time::timeout(
+                    deadline,
+                    crate::stream_publish::consume(&p, &name, a.messages),
+                )
+                .await
+                .with_context(|| format!("raw-consume {name}: over {} s", a.timeout))??;
+                // The lines bench/stream-table.py reads (as the Java tools print them).
+                println!("raw     {name:<20} {rate:>10.0} msg/s {}", a.label);
+                if let Some(ns) = cpu {
+                    println!(
+                        "cpu     raw      {name:<20} {:>8.3} us/msg broker {}",
+                        ns / 1000.0,
+                        a.label
+                    );
+                }
+            }
+        }
+        return Ok(());
+    }
     for &size in &a.sizes {
         for &chunk in &a.chunks {
             let name = format!("{}-{size}-{chunk}", a.prefix);

@@ -154,13 +154,14 @@ async fn op(broker: &BrokerHandle, vhost: String, op: Op) -> anyhow::Result<Opti
 
 /// Verbs whose listing is scoped to a vhost: an unknown vhost is an error, not an empty
 /// table (as rabbitmqctl).
-const VHOST_SCOPED: [&str; 6] = [
+const VHOST_SCOPED: [&str; 7] = [
     "list_queues",
     "list_exchanges",
     "list_bindings",
     "list_consumers",
     "list_policies",
     "list_permissions",
+    "list_topic_permissions",
 ];
 
 async fn handle(
@@ -328,6 +329,7 @@ async fn handle(
                         "messages_ready": q.messages_ready,
                         "messages_unacknowledged": q.messages_unacked,
                         "consumers": q.consumers, "memory": q.memory, "paged_out": q.paged_out,
+                        "messages_dlx": q.messages_dlx,
                         "durable": q.durable, "auto_delete": q.auto_delete,
                         "exclusive": q.exclusive, "arguments": json::table(&q.arguments),
                         // A replicated quorum queue's group leader (the node serving it).
@@ -498,8 +500,8 @@ async fn handle(
                 AdminResponse::Imported(r) => json!({
                     "imported": {
                         "vhosts": r.vhosts, "users": r.users, "permissions": r.permissions,
-                        "policies": r.policies, "exchanges": r.exchanges, "queues": r.queues,
-                        "bindings": r.bindings,
+                        "topic_permissions": r.topic_permissions, "policies": r.policies,
+                        "exchanges": r.exchanges, "queues": r.queues, "bindings": r.bindings,
                     },
                     "errors": r.errors,
                     "skipped": imported.skipped,
@@ -594,13 +596,54 @@ async fn handle(
                 other => bail!("unexpected answer {other:?}"),
             }
         }
+        "set_topic_permissions" => {
+            let p = warren_core::access::TopicPermissionDef {
+                vhost: vhost(&args),
+                user: arg(&args, "user")?.to_string(),
+                exchange: arg(&args, "exchange")?.to_string(),
+                write: arg(&args, "write")?.to_string(),
+                read: arg(&args, "read")?.to_string(),
+            };
+            done(broker, AdminRequest::SetTopicPermissions(p)).await?
+        }
+        "clear_topic_permissions" => {
+            let request = AdminRequest::ClearTopicPermissions {
+                vhost: vhost(&args),
+                user: arg(&args, "user")?.to_string(),
+                exchange: args
+                    .get("exchange")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            };
+            done(broker, request).await?
+        }
+        "list_topic_permissions" | "list_user_topic_permissions" => {
+            let user = args.get("user").and_then(Value::as_str);
+            match ask(broker, AdminRequest::ListTopicPermissions).await? {
+                AdminResponse::TopicPermissions(ps) => ps
+                    .iter()
+                    .filter(|p| match user {
+                        Some(u) => p.user == u,
+                        None => in_vhost(&args, &p.vhost),
+                    })
+                    .map(|p| {
+                        json!({
+                            "vhost": p.vhost, "user": p.user, "exchange": p.exchange,
+                            "write": p.write, "read": p.read,
+                        })
+                    })
+                    .collect(),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
         other => bail!(
             "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
              list_channels, close_connection, status, ping, set_vm_memory_high_watermark, \
              list_consumers, purge_queue, delete_queue, set_policy, clear_policy, list_policies, \
              export_definitions, import_definitions, add_vhost, delete_vhost, list_vhosts, \
              add_user, delete_user, change_password, set_user_tags, list_users, set_permissions, \
-             clear_permissions, list_permissions, list_user_permissions)"
+             clear_permissions, list_permissions, list_user_permissions, set_topic_permissions, \
+             clear_topic_permissions, list_topic_permissions, list_user_topic_permissions)"
         ),
     })
 }

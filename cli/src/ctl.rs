@@ -175,6 +175,28 @@ enum Verb {
     /// A user's permissions in every vhost.
     #[command(alias = "list_user_permissions")]
     ListUserPermissions { user: String },
+    /// Sets a user's topic permissions on a topic exchange in the vhost (`-p`): regexes over
+    /// the routing keys it may publish with (write) and bind or subscribe with (read);
+    /// `{username}`, `{vhost}` and (MQTT) `{client_id}` expand to the connection's own.
+    #[command(alias = "set_topic_permissions")]
+    SetTopicPermissions {
+        user: String,
+        exchange: String,
+        write: String,
+        read: String,
+    },
+    /// Removes a user's topic permissions in the vhost (`-p`): on one exchange, or all.
+    #[command(alias = "clear_topic_permissions")]
+    ClearTopicPermissions {
+        user: String,
+        exchange: Option<String>,
+    },
+    /// Topic permissions in the vhost (`-p`).
+    #[command(alias = "list_topic_permissions")]
+    ListTopicPermissions,
+    /// A user's topic permissions in every vhost.
+    #[command(alias = "list_user_topic_permissions")]
+    ListUserTopicPermissions { user: String },
     /// Reads the TLS certificate, key and CA files again (as SIGHUP); open connections stay.
     #[command(alias = "reload_tls")]
     ReloadTls,
@@ -223,6 +245,8 @@ fn columns(verb: &str) -> &'static [&'static str] {
         "list_users" => &["user", "tags"],
         "list_permissions" => &["user", "configure", "write", "read"],
         "list_user_permissions" => &["vhost", "configure", "write", "read"],
+        "list_topic_permissions" => &["user", "exchange", "write", "read"],
+        "list_user_topic_permissions" => &["vhost", "exchange", "write", "read"],
         _ => &[],
     }
 }
@@ -385,6 +409,23 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ClearPermissions { user } => ("clear_permissions", json!({"user": user})),
         Verb::ListPermissions => ("list_permissions", json!({})),
         Verb::ListUserPermissions { user } => ("list_user_permissions", json!({"user": user})),
+        Verb::SetTopicPermissions {
+            user,
+            exchange,
+            write,
+            read,
+        } => (
+            "set_topic_permissions",
+            json!({"user": user, "exchange": exchange, "write": write, "read": read}),
+        ),
+        Verb::ClearTopicPermissions { user, exchange } => (
+            "clear_topic_permissions",
+            json!({"user": user, "exchange": exchange}),
+        ),
+        Verb::ListTopicPermissions => ("list_topic_permissions", json!({})),
+        Verb::ListUserTopicPermissions { user } => {
+            ("list_user_topic_permissions", json!({"user": user}))
+        }
         Verb::ReloadTls => ("reload_tls", json!({})),
         Verb::DeleteQueue {
             name,
@@ -487,6 +528,18 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ClearPermissions { user } => {
             println!("Cleared permissions of user '{user}' in vhost '{vhost}'");
         }
+        Verb::SetTopicPermissions { user, exchange, .. } => {
+            println!(
+                "Set topic permissions of user '{user}' on exchange '{exchange}' in vhost \
+                 '{vhost}'"
+            );
+        }
+        Verb::ClearTopicPermissions { user, exchange } => match exchange {
+            Some(x) => println!(
+                "Cleared topic permissions of user '{user}' on exchange '{x}' in vhost '{vhost}'"
+            ),
+            None => println!("Cleared topic permissions of user '{user}' in vhost '{vhost}'"),
+        },
         Verb::DeleteQueue { name, .. } => {
             println!(
                 "Deleted queue '{name}' ({} messages)",
@@ -496,12 +549,13 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         Verb::ImportDefinitions { file } => {
             let d = &result["imported"];
             println!(
-                "Imported {}: {} vhosts, {} users, {} permissions, {} policies, {} exchanges, \
-                 {} queues, {} bindings",
+                "Imported {}: {} vhosts, {} users, {} permissions, {} topic permissions, {} \
+                 policies, {} exchanges, {} queues, {} bindings",
                 file.display(),
                 cell(d.get("vhosts")),
                 cell(d.get("users")),
                 cell(d.get("permissions")),
+                cell(d.get("topic_permissions")),
                 cell(d.get("policies")),
                 cell(d.get("exchanges")),
                 cell(d.get("queues")),

@@ -1037,6 +1037,8 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         .flatten();
     if let Some(sessions) = mqtt_cluster.clone() {
         shared.registry.set_cluster(Arc::new(sessions.clone()));
+        // A gone member's sessions still expire: the metadata leader ends them.
+        sessions.adopt_gone(Arc::downgrade(&shared.registry));
         let registry = Arc::downgrade(&shared.registry);
         let vhost = shared.mqtt.vhost.clone();
         meta::set_takeover_hook(Box::new(move |v, client_id| {

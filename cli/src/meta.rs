@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use warren_cluster::definitions::{DefCommand, DefReply};
 use warren_cluster::node::{ClusterNode, NodeError};
 use warren_cluster::state_machine::write_atomic;
-use warren_core::access::{PermissionDef, UserDef, VhostDef};
+use warren_core::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
 use warren_core::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
 use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_runtime::replicate::ReplicateFuture;
@@ -133,11 +133,23 @@ struct WPermission {
     read: String,
 }
 
+#[derive(Serialize, Deserialize)]
+struct WTopicPermission {
+    vhost: String,
+    user: String,
+    exchange: String,
+    write: String,
+    read: String,
+}
+
 #[derive(Serialize, Deserialize, Default)]
 struct WDefinitions {
     vhosts: Vec<(String, String)>,
     users: Vec<WUser>,
     permissions: Vec<WPermission>,
+    /// Absent from entries written before topic permissions.
+    #[serde(default)]
+    topic_permissions: Vec<WTopicPermission>,
     policies: Vec<WPolicy>,
     exchanges: Vec<(String, WExchange)>,
     queues: Vec<(String, WQueue)>,
@@ -175,6 +187,12 @@ enum Wire {
     ClearPermissions {
         vhost: String,
         user: String,
+    },
+    SetTopicPermissions(WTopicPermission),
+    ClearTopicPermissions {
+        vhost: String,
+        user: String,
+        exchange: Option<String>,
     },
 }
 
@@ -244,6 +262,26 @@ fn w_permission(p: &PermissionDef) -> WPermission {
     }
 }
 
+fn w_topic_permission(p: &TopicPermissionDef) -> WTopicPermission {
+    WTopicPermission {
+        vhost: p.vhost.clone(),
+        user: p.user.clone(),
+        exchange: p.exchange.clone(),
+        write: p.write.clone(),
+        read: p.read.clone(),
+    }
+}
+
+fn r_topic_permission(p: WTopicPermission) -> TopicPermissionDef {
+    TopicPermissionDef {
+        vhost: p.vhost,
+        user: p.user,
+        exchange: p.exchange,
+        write: p.write,
+        read: p.read,
+    }
+}
+
 fn w_op(op: &Op) -> Option<WOp> {
     Some(match op {
         Op::ExchangeDeclare(d) => WOp::ExchangeDeclare(w_exchange(d)),
@@ -295,6 +333,7 @@ pub fn encode(request: &AdminRequest) -> Option<Vec<u8>> {
                 .collect(),
             users: d.users.iter().map(w_user).collect(),
             permissions: d.permissions.iter().map(w_permission).collect(),
+            topic_permissions: d.topic_permissions.iter().map(w_topic_permission).collect(),
             policies: d.policies.iter().map(w_policy).collect(),
             exchanges: d
                 .exchanges
@@ -339,6 +378,16 @@ pub fn encode(request: &AdminRequest) -> Option<Vec<u8>> {
         AdminRequest::ClearPermissions { vhost, user } => Wire::ClearPermissions {
             vhost: vhost.clone(),
             user: user.clone(),
+        },
+        AdminRequest::SetTopicPermissions(p) => Wire::SetTopicPermissions(w_topic_permission(p)),
+        AdminRequest::ClearTopicPermissions {
+            vhost,
+            user,
+            exchange,
+        } => Wire::ClearTopicPermissions {
+            vhost: vhost.clone(),
+            user: user.clone(),
+            exchange: exchange.clone(),
         },
         _ => return None,
     };
@@ -512,6 +561,11 @@ pub fn decode(bytes: &[u8]) -> Decoded<AdminRequest> {
                     .collect(),
                 users: d.users.into_iter().map(r_user).collect(),
                 permissions: d.permissions.into_iter().map(r_permission).collect(),
+                topic_permissions: d
+                    .topic_permissions
+                    .into_iter()
+                    .map(r_topic_permission)
+                    .collect(),
                 ..Default::default()
             };
             for p in d.policies {
@@ -546,6 +600,16 @@ pub fn decode(bytes: &[u8]) -> Decoded<AdminRequest> {
         Wire::DeleteUser(name) => AdminRequest::DeleteUser(name),
         Wire::SetPermissions(p) => AdminRequest::SetPermissions(r_permission(p)),
         Wire::ClearPermissions { vhost, user } => AdminRequest::ClearPermissions { vhost, user },
+        Wire::SetTopicPermissions(p) => AdminRequest::SetTopicPermissions(r_topic_permission(p)),
+        Wire::ClearTopicPermissions {
+            vhost,
+            user,
+            exchange,
+        } => AdminRequest::ClearTopicPermissions {
+            vhost,
+            user,
+            exchange,
+        },
     })
 }
 

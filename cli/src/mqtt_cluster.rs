@@ -14,7 +14,15 @@
 //! - Expiry: the node that owns an offline session runs its timer; at the deadline it ends
 //!   the session only if the record is still its own and unchanged (`DeleteIf`), so a
 //!   client that resumed on another node meanwhile keeps it.
+//! - A member gone (unreachable from the metadata leader for [`TAKEOVER_WAIT`], or no
+//!   longer a member): its sessions' timers went with it, so the leader adopts each of its
+//!   sessions once its deadline passed (`adopt_gone`: compare-and-set to itself, then its
+//!   own expiry ends it, will and queue included). A session its connection had when the
+//!   member went counts as disconnected from when the leader saw the member go.
+//! - A claim waits for no handover from a node that does not answer the cluster port
+//!   (a probe, [`PROBE_TIMEOUT`]): a node killed cannot hand over.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +38,19 @@ use warren_mqtt::registry::{ClusterFuture, ClusterSessions};
 /// record holds). A handover takes tens of ms; the bound stays under the 5 s CONNACK
 /// timeout of common clients (rumqttc's default), so the client's first try succeeds.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+/// How long a claim's probe of the node it waits a handover from may take: a node killed
+/// answers at once with a refused connection, one cut off not at all (its handover could
+/// not reach the claimer's side in time either).
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a member must be unreachable from the metadata leader before the leader ends
+/// its sessions whose expiry passed (a node restarting within it runs its own timers).
+pub const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
+/// How often the metadata leader looks for gone members' sessions to end.
+const ADOPT_EVERY: Duration = Duration::from_secs(1);
+/// Sessions adopted per look (the rest on the next one).
+const ADOPT_BATCH: usize = 256;
+/// Every how many looks the leader scans for sessions of nodes no longer members.
+const FORGOTTEN_EVERY: u64 = 30;
 /// How long one write to the metadata group may take (an election fits).
 const WRITE_BOUND: Duration = Duration::from_secs(5);
 /// Compare-and-set attempts per change (each conflict means another node changed the
@@ -199,7 +220,138 @@ impl MqttCluster {
     }
 }
 
+impl MqttCluster {
+    /// Ends the sessions of gone members whose expiry passed, on this node while it leads
+    /// the metadata group (see the module's docs). Runs until `registry` is dropped.
+    pub fn adopt_gone(&self, registry: std::sync::Weak<warren_mqtt::Registry>) {
+        let inner = Arc::downgrade(&self.0);
+        tokio::spawn(async move {
+            let mut down_since: HashMap<u64, u64> = HashMap::new();
+            let mut looks = 0u64;
+            loop {
+                tokio::time::sleep(ADOPT_EVERY).await;
+                let (Some(inner), Some(registry)) = (inner.upgrade(), registry.upgrade()) else {
+                    return;
+                };
+                inner
+                    .adopt_gone(&registry, &mut down_since, &mut looks)
+                    .await;
+            }
+        });
+    }
+}
+
 impl Inner {
+    /// One look for gone members' expired sessions (`MqttCluster::adopt_gone`);
+    /// `down_since` keeps when this node first saw each member unreachable (ms).
+    async fn adopt_gone(
+        &self,
+        registry: &warren_mqtt::Registry,
+        down_since: &mut HashMap<u64, u64>,
+        looks: &mut u64,
+    ) {
+        let status = self.node.status();
+        if status.state != "leader" || status.leader != Some(self.me) {
+            // Only the leader's view counts: its heartbeats reach every member.
+            down_since.clear();
+            return;
+        }
+        let now = warren_mqtt::connection::now_ms();
+        let members = self.node.members();
+        down_since.retain(|id, _| !members.contains_key(id) || !self.node.reachable(*id));
+        for id in members.keys() {
+            if *id != self.me && !self.node.reachable(*id) {
+                down_since.entry(*id).or_insert(now);
+            }
+        }
+        let wait = TAKEOVER_WAIT.as_millis() as u64;
+        let gone = |owner: u64, down: &mut HashMap<u64, u64>| -> Option<u64> {
+            if owner == self.me {
+                return None;
+            }
+            if !members.contains_key(&owner) {
+                // Forgotten (`warren ctl forget-node`): gone from the first look.
+                return Some(*down.entry(owner).or_insert(now));
+            }
+            down.get(&owner)
+                .copied()
+                .filter(|t| now.saturating_sub(*t) >= wait)
+        };
+        // The scan reads every session record: only when a member is gone, or now and
+        // then for sessions of nodes no longer members.
+        *looks = looks.wrapping_add(1);
+        let member_gone = members.keys().any(|id| gone(*id, down_since).is_some());
+        if !member_gone && !(*looks).is_multiple_of(FORGOTTEN_EVERY) {
+            return;
+        }
+        let prefix = format!("{}/", key(Kind::Mqtt, &[&self.vhost]));
+        let records: Vec<(String, Vec<u8>)> = self.node.definitions.with(|d| {
+            d.scan(&prefix)
+                .map(|(k, b)| (k.to_string(), b.to_vec()))
+                .collect()
+        });
+        let mut adopted = 0;
+        for (k, bytes) in records {
+            if adopted >= ADOPT_BATCH {
+                break;
+            }
+            let Ok(r) = Record::decode(&bytes) else {
+                continue;
+            };
+            let Some(since) = gone(r.owner, down_since) else {
+                continue;
+            };
+            let Some(mut session) = r.session.clone() else {
+                continue;
+            };
+            // A connection there had it when the member went: disconnected since then.
+            let disconnected = match (r.connected, session.disconnected_at) {
+                (false, Some(at)) => at,
+                _ => since,
+            };
+            if session.expiry_s == u32::MAX
+                || now < disconnected.saturating_add(u64::from(session.expiry_s) * 1000)
+            {
+                continue;
+            }
+            let Some(client_id) = k
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, id)| id.to_string())
+            else {
+                continue;
+            };
+            session.disconnected_at = Some(disconnected);
+            let mine = Record {
+                owner: self.me,
+                connected: false,
+                handover: None,
+                session: Some(session.clone()),
+            };
+            let cmd = DefCommand::PutIf {
+                key: k.clone(),
+                expected: Some(bytes),
+                record: mine.encode(),
+            };
+            match self.write(&cmd).await {
+                Ok(DefReply::Done { .. }) => {}
+                // Changed meanwhile (its client came back somewhere): not gone.
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(client_id = %Escaped(&client_id), "MQTT session of a gone node not taken over: {}", Escaped(&e));
+                    return;
+                }
+            }
+            tracing::info!(client_id = %Escaped(&client_id), node = r.owner, "MQTT session of gone node {} expired; ending it here", r.owner);
+            // Its expiry passed: the expiry task ends it at once (will, queue, record).
+            registry.store_session(
+                Arc::from(client_id.as_str()),
+                warren_mqtt::record::SessionRecord::from_stored(session, now),
+            );
+            adopted += 1;
+        }
+    }
+
     fn key(&self, client_id: &str) -> String {
         key(Kind::Mqtt, &[&self.vhost, client_id])
     }
@@ -364,7 +516,29 @@ impl Inner {
             return Ok(mine.session);
         };
         let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+        // Meanwhile, whether that node is there at all: a node killed (kill -9 with the
+        // client connected) never hands over, and the claim need not wait for it.
+        let node = self.node;
+        let mut probe = tokio::spawn(async move {
+            let empty = crate::nodes::encode(&[]);
+            node.send_mail(from, empty, PROBE_TIMEOUT).await.is_ok()
+        });
+        let mut gone = false;
         loop {
+            if !gone
+                && probe.is_finished()
+                && let Ok(answered) = (&mut probe).await
+            {
+                gone = !answered;
+            }
+            if gone {
+                tracing::info!(client_id = %Escaped(client_id), node = from, "MQTT session's last node does not answer; resuming its last recorded state without a handover");
+                return Ok(self
+                    .read(&key)
+                    .and_then(|b| Record::decode(&b).ok())
+                    .and_then(|r| r.session)
+                    .or(mine.session));
+            }
             let now = self
                 .read(&key)
                 .and_then(|b| Record::decode(&b).ok())

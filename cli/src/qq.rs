@@ -72,6 +72,11 @@ struct Group {
     /// This node leads the group and its copy has applied everything committed: the broker
     /// serves the queue from it (set before the reload that makes the broker do so).
     leading: AtomicBool,
+    /// The serving session this node's broker serves the queue in (valid while `leading`):
+    /// the log index of the session start it committed before the broker loaded the queue
+    /// (`QueueCommand::encode_session_start`). The broker's writes carry it, and every
+    /// member applies them only while it is the group's latest session.
+    session: AtomicU64,
     /// Deleted: a group still starting stops once started.
     deleted: AtomicBool,
     /// Its members were decided at start (recorded, or agreed for a new group): from then
@@ -615,6 +620,7 @@ impl Replication {
             running: AtomicBool::new(false),
             decided: AtomicBool::new(false),
             leading: AtomicBool::new(false),
+            session: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             told: AtomicU64::new(NO_LEADER),
         });
@@ -789,21 +795,26 @@ impl Replication {
     /// it stops leading, has the broker drop the queue's messages.
     async fn watch(&self, g: Arc<Group>, raft: Raft) {
         let mut metrics = raft.metrics();
-        let mut serving = false;
+        // The term this node's broker serves the queue in (`None`: it does not serve it).
+        // Compared by term, not as a flag: a node that lost the leadership and won it back
+        // between two looks must still reload (another leader may have served meanwhile).
+        let mut serving: Option<u64> = None;
         // The node this node's broker forwards the queue's publishes to (h-xnode's homes):
         // the group's leader when it is another node; none when it is this one or unknown
         // (then a publish here is refused: nacked).
         let mut home: Option<Option<u32>> = None;
         loop {
-            let (leads, leader, me) = {
+            let (leads, leader, me, term) = {
                 let m = metrics.borrow_and_update();
                 (
                     m.state == warren_cluster::openraft::ServerState::Leader
                         && m.current_leader == Some(m.id),
                     m.current_leader,
                     m.id,
+                    m.current_term,
                 )
             };
+            let want_serving = leads.then_some(term);
             if g.deleted.load(Ordering::Acquire) {
                 return;
             }
@@ -822,11 +833,30 @@ impl Replication {
                 }
             }
             g.told.store(leader.unwrap_or(NO_LEADER), Ordering::Release);
-            if leads != serving {
-                // A leader's copy holds everything committed once its own term's first
-                // entry is applied.
-                let ready = !leads || raft.ensure_linearizable().await.is_ok();
-                if ready {
+            if want_serving != serving {
+                // A new serving session: committed (and so applied here, with everything
+                // before it) before the broker loads the queue, so the copy it loads holds
+                // every write of earlier sessions that will ever apply, and every one that
+                // reaches the log after it is refused (a write the old session's broker made
+                // whose proposal was still on its way: its sequence numbers could name
+                // other messages by now).
+                let session = if leads {
+                    g.leading.store(false, Ordering::Release);
+                    match raft
+                        .client_write(QueueCommand::encode_session_start())
+                        .await
+                    {
+                        Ok(resp) if resp.data.0.is_empty() => Some(resp.log_id.index),
+                        _ => None,
+                    }
+                } else {
+                    Some(0)
+                };
+                if let Some(session) = session {
+                    if serving.is_some() && leads {
+                        tracing::info!(vhost = %g.vhost, queue = %g.name, term, session, "quorum queue: this node leads it in a new session; reloading");
+                    }
+                    g.session.store(session, Ordering::Release);
                     g.leading.store(leads, Ordering::Release);
                     let reload = AdminRequest::ReloadQueue {
                         vhost: g.vhost.clone(),
@@ -835,8 +865,13 @@ impl Replication {
                     if let Some(broker) = self.0.broker.get() {
                         let _ = broker.admin_local(reload).await;
                     }
-                    serving = leads;
-                    tracing::info!(vhost = %g.vhost, queue = %g.name, leader = leads, "quorum queue: {}", if leads { "this node leads and serves it" } else { "this node no longer leads it" });
+                    serving = want_serving;
+                    tracing::info!(vhost = %g.vhost, queue = %g.name, leader = leads, term, session, "quorum queue: {}", if leads { "this node leads and serves it" } else { "this node no longer leads it" });
+                    if let Some(sm) = g.replica() {
+                        let (held, next_seq, applied) =
+                            sm.with(|r| (r.messages.len(), r.next_seq, r.applied));
+                        tracing::debug!(target: "warren::qq::trace", queue = %g.name, leads, term, session, held, next_seq, applied, "quorum queue: reloaded");
+                    }
                     if leads {
                         // An empty command: once a member applies it, it knows a leader
                         // served the group (`wait_ready` on the other members).
@@ -938,8 +973,8 @@ impl warren_runtime::StoreLayer for Replication {
     }
 }
 
-/// A batch of writes for one group.
-type Batch = (Arc<Group>, Vec<QueueOp>);
+/// A batch of writes for one group, made while this node served it in a session.
+type Batch = (Arc<Group>, u64, Vec<QueueOp>);
 
 /// The broker's sync `epoch`: these writes committed, and the disk's own sync, complete it.
 struct Job(u64, Vec<Batch>);
@@ -963,16 +998,40 @@ async fn propose(
     while let Some(job) = jobs.recv().await {
         let Job(epoch, batches) = job;
         let mut waits = Vec::with_capacity(batches.len());
-        for (g, ops) in batches {
+        for (g, session, ops) in batches {
             let w = match g.raft() {
-                Some(raft) if g.leading.load(Ordering::Acquire) => raft
-                    .client_write_ff(QueueCommand(ops).encode())
-                    .await
-                    .map_err(|e| e.to_string()),
-                _ => Err(format!(
-                    "quorum queue '{}': this node does not lead its group",
-                    g.name
-                )),
+                // Writes of the queue as served in an older session are refused here (the
+                // broker reloads it for the new one), and by every member at apply if a
+                // new session starts after this look.
+                Some(raft)
+                    if g.leading.load(Ordering::Acquire)
+                        && g.session.load(Ordering::Acquire) == session =>
+                {
+                    if tracing::enabled!(target: "warren::qq::trace", tracing::Level::DEBUG) {
+                        trace_ops(&g, session, epoch, &ops);
+                    }
+                    raft.client_write_ff(QueueCommand(ops).encode_in(session))
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                _ => {
+                    // A write of an older session while this node serves a newer one: what
+                    // the session check is for (before it, such a write was proposed).
+                    tracing::debug!(
+                        target: "warren::qq::trace",
+                        queue = %g.name,
+                        session,
+                        current = g.session.load(Ordering::Acquire),
+                        leading = g.leading.load(Ordering::Acquire),
+                        epoch,
+                        ops = ops.len(),
+                        "quorum queue: write refused: not made in this node's serving session"
+                    );
+                    Err(format!(
+                        "quorum queue '{}': this node does not lead its group (in the session its writes were made in)",
+                        g.name
+                    ))
+                }
             };
             waits.push(w);
         }
@@ -980,6 +1039,27 @@ async fn propose(
             return;
         }
     }
+}
+
+/// The `warren::qq::trace` debug target (`RUST_LOG=warren::qq::trace=debug`): each write a
+/// leader proposes, by sequence number, with the serving session it was made in and the broker's sync
+/// epoch (whose "committed" line gives its log index), to follow one message through
+/// leader changes. Costs nothing unless enabled.
+fn trace_ops(g: &Group, session: u64, epoch: u64, ops: &[QueueOp]) {
+    let mut appended = Vec::new();
+    let mut removed = Vec::new();
+    for op in ops {
+        match op {
+            QueueOp::Append { seq, message, .. } => {
+                // The body is the record's tail: enough of it to name a test's message.
+                let tail = &message[message.len().saturating_sub(12)..];
+                appended.push(format!("{seq}={}", String::from_utf8_lossy(tail)));
+            }
+            QueueOp::Remove { seq } => removed.push(seq.to_string()),
+            QueueOp::RemoveFrom { seq } => removed.push(format!("{seq}..")),
+        }
+    }
+    tracing::debug!(target: "warren::qq::trace", queue = %g.name, session, epoch, appended = ?appended, removed = ?removed, "quorum queue: proposing");
 }
 
 /// Completes the broker's syncs in order: once its group writes are committed and the disk
@@ -996,7 +1076,15 @@ async fn complete(
         for rx in rxs {
             let r = match rx {
                 Ok(rx) => match rx.await {
-                    Ok(Ok(_)) => Ok(()),
+                    // A reply is an error the group's state machine gave (a stale or
+                    // undecodable command: not applied).
+                    Ok(Ok(resp)) if !resp.data.0.is_empty() => {
+                        Err(String::from_utf8_lossy(&resp.data.0).into_owned())
+                    }
+                    Ok(Ok(resp)) => {
+                        tracing::debug!(target: "warren::qq::trace", epoch, index = resp.log_id.index, term = resp.log_id.leader_id.term, "quorum queue: committed");
+                        Ok(())
+                    }
                     Ok(Err(e)) => Err(e.to_string()),
                     Err(_) => Err("the group stopped".to_string()),
                 },
@@ -1030,6 +1118,8 @@ struct Local {
     group: Arc<Group>,
     /// The broker serves the queue here (this node led its group at the last reload).
     serving: bool,
+    /// The serving session the queue was loaded in (valid while `serving`).
+    session: u64,
     /// Its messages, for the core to page in.
     messages: Held,
     /// This is the queue's dead-letter log (at-least-once dead-lettering,
@@ -1055,8 +1145,9 @@ struct QuorumStore {
     repl: Replication,
     names: HashMap<QueueId, (String, String)>,
     quorum: HashMap<QueueId, Local>,
-    /// Writes since the last sync or flush, in order.
-    pending: Vec<(Arc<Group>, QueueOp)>,
+    /// Writes since the last sync or flush, in order, with the serving session they were
+    /// made in.
+    pending: Vec<(Arc<Group>, u64, QueueOp)>,
     jobs: mpsc::UnboundedSender<Job>,
 }
 
@@ -1065,7 +1156,7 @@ impl QuorumStore {
     /// most `MAX_ENTRY_BYTES` of messages (or one larger message).
     fn take_batches(&mut self) -> Vec<Batch> {
         let mut batches: Vec<(Batch, usize)> = Vec::new();
-        for (g, op) in self.pending.drain(..) {
+        for (g, session, op) in self.pending.drain(..) {
             let size = match &op {
                 QueueOp::Append { message, .. } => message.len() + 32,
                 _ => 16,
@@ -1074,14 +1165,15 @@ impl QuorumStore {
             match batches
                 .iter_mut()
                 .rev()
-                .find(|((b, _), _)| b.id == g.id)
-                .filter(|(_, bytes)| *bytes + size <= warren_cluster::queue::MAX_ENTRY_BYTES)
-            {
-                Some(((_, ops), bytes)) => {
+                .find(|((b, _, _), _)| b.id == g.id)
+                .filter(|((_, t, _), bytes)| {
+                    *t == session && *bytes + size <= warren_cluster::queue::MAX_ENTRY_BYTES
+                }) {
+                Some(((_, _, ops), bytes)) => {
                     ops.push(op);
                     *bytes += size;
                 }
-                None => batches.push(((g, vec![op]), size)),
+                None => batches.push(((g, session, vec![op]), size)),
             }
         }
         batches.into_iter().map(|(b, _)| b).collect()
@@ -1150,6 +1242,7 @@ impl Store for QuorumStore {
         };
         // A reload: the queue changed hands here.
         local.serving = local.group.leading.load(Ordering::Acquire);
+        local.session = local.group.session.load(Ordering::Acquire);
         let (messages, next_seq) = if local.serving {
             QuorumStore::load_replica(&local.group, local.dead_letters)
         } else {
@@ -1185,6 +1278,7 @@ impl Store for QuorumStore {
         // The log opens while the queue is served (its first dead letter, or a reload):
         // it is served as the queue is, with what the group's copy holds of it.
         let serving = dead_letters && group.leading.load(Ordering::Acquire);
+        let session = group.session.load(Ordering::Acquire);
         let messages = if serving {
             QuorumStore::load_replica(&group, true).0
         } else {
@@ -1195,6 +1289,7 @@ impl Store for QuorumStore {
             Local {
                 group,
                 serving,
+                session,
                 messages,
                 dead_letters,
             },
@@ -1232,6 +1327,7 @@ impl Store for QuorumStore {
             .insert(seq, (message.clone(), expires_at, false));
         self.pending.push((
             local.group.clone(),
+            local.session,
             QueueOp::Append {
                 seq: local.key(seq),
                 expires_at,
@@ -1255,7 +1351,7 @@ impl Store for QuorumStore {
         if local.messages.remove(&seq).is_some() && local.serving {
             let seq = local.key(seq);
             self.pending
-                .push((local.group.clone(), QueueOp::Remove { seq }));
+                .push((local.group.clone(), local.session, QueueOp::Remove { seq }));
         }
     }
 
@@ -1266,8 +1362,11 @@ impl Store for QuorumStore {
         local.messages.split_off(&from_seq);
         if local.serving {
             let seq = local.key(from_seq);
-            self.pending
-                .push((local.group.clone(), QueueOp::RemoveFrom { seq }));
+            self.pending.push((
+                local.group.clone(),
+                local.session,
+                QueueOp::RemoveFrom { seq },
+            ));
         }
     }
 
@@ -1297,7 +1396,7 @@ impl Store for QuorumStore {
             && !local.dead_letters
         {
             // (The dead-letter log goes with its queue's group.)
-            self.pending.retain(|(g, _)| g.id != local.group.id);
+            self.pending.retain(|(g, _, _)| g.id != local.group.id);
             self.repl.delete(&local.group.vhost, &local.group.name);
         }
         self.names.remove(&queue);
@@ -1358,6 +1457,49 @@ impl Store for QuorumStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Writes of two serving sessions (an old session's, left in `pending` by a sync that
+    /// waited for a commit across a leader change, then the new session's) never share a
+    /// log entry: each entry names one session, so the old ones are refused as a whole.
+    #[tokio::test]
+    async fn a_sync_keeps_the_writes_of_each_serving_session_apart() {
+        // Nothing is read or written there: no cluster node is attached.
+        let repl = Replication::new(Path::new("/nonexistent/warren-qq-test"));
+        let g = repl.ensure("/", "q");
+        let (jobs, _rx) = mpsc::unbounded_channel();
+        let mut store = QuorumStore {
+            inner: Box::new(warren_core::store::MemoryStore::new()),
+            repl,
+            names: HashMap::new(),
+            quorum: HashMap::new(),
+            pending: Vec::new(),
+            jobs,
+        };
+        let append = |seq: u64| QueueOp::Append {
+            seq,
+            expires_at: None,
+            message: vec![seq as u8],
+        };
+        store.pending = vec![
+            (g.clone(), 5, append(7)),
+            (g.clone(), 5, QueueOp::Remove { seq: 3 }),
+            (g.clone(), 9, append(7)),
+            (g.clone(), 9, append(8)),
+        ];
+        let batches: Vec<(u64, Vec<QueueOp>)> = store
+            .take_batches()
+            .into_iter()
+            .map(|(_, session, ops)| (session, ops))
+            .collect();
+        assert_eq!(
+            batches,
+            vec![
+                (5, vec![append(7), QueueOp::Remove { seq: 3 }]),
+                (9, vec![append(7), append(8)]),
+            ]
+        );
+        assert!(store.pending.is_empty());
+    }
 
     #[test]
     fn members_spread_and_are_capped_at_the_cluster() {

@@ -137,11 +137,28 @@ pub fn precheck(
         } else if if_empty && uses.iter().any(|u| u.ready > 0) {
             "is not empty"
         } else {
+            // Tests widen the window between this check and the commit (a few ms) to
+            // show what happens in it (`cluster/tests/conditional_delete.rs`).
+            if let Some(ms) = test_delay() {
+                tokio::time::sleep(ms).await;
+            }
             return None;
         };
         refuse(
             ErrorCode::PreconditionFailed,
             format!("queue '{queue}' in vhost '{vhost}' {why}"),
         )
+    })
+}
+
+/// `WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS`: a pause after a conditional delete's check
+/// passed, before it is proposed (tests only; unset, none).
+fn test_delay() -> Option<Duration> {
+    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var("WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis)
     })
 }

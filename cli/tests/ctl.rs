@@ -635,7 +635,9 @@ async fn import_keeps_the_supported_policy_keys_and_warns_once_per_dropped_key()
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("1 vhosts, 0 users, 0 permissions, 2 policies, 0 exchanges, 1 queues"),
+        stdout.contains(
+            "1 vhosts, 0 users, 0 permissions, 0 topic permissions, 2 policies, 0 exchanges, 1 queues"
+        ),
         "{stdout}"
     );
     let warnings: Vec<&str> = stdout
@@ -680,4 +682,169 @@ async fn import_keeps_the_supported_policy_keys_and_warns_once_per_dropped_key()
     publish(b.port, "", "orders.new", 120).await;
     let queues = json(&b, &["list-queues"]);
     assert_eq!(find(&queues, "name", "orders.new")["messages"], 100);
+}
+
+/// Publishes one message to `amq.topic` with `key` as guest and waits for its confirm; the
+/// reply code when the broker closes the channel instead.
+async fn topic_publish(port: u16, key: &str) -> Result<(), u16> {
+    let conn = amqp_login(port, "guest", "guest", "/")
+        .await
+        .expect("guest logs in");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(Default::default())
+        .await
+        .expect("confirms");
+    let sent = async {
+        ch.basic_publish(
+            "amq.topic".into(),
+            key.into(),
+            Default::default(),
+            b"m",
+            lapin::BasicProperties::default(),
+        )
+        .await?
+        .await
+    };
+    match tokio::time::timeout(Duration::from_secs(10), sent).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => match e.kind() {
+            lapin::ErrorKind::ProtocolError(p) => Err(p.get_id()),
+            other => panic!("unexpected error {other:?}"),
+        },
+        Err(_) => panic!("no confirm or close within 10 s"),
+    }
+}
+
+/// Topic permissions through `warren ctl` and the HTTP API, enforced on the wire, kept in the
+/// definitions store across SIGTERM and kill -9, and carried by definitions export/import.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_permissions_through_ctl_and_http_survive_restarts_and_export() {
+    use common::http::call;
+    use serde_json::json;
+    let dir = common::scratch_dir("ctl", "topic-perms");
+    let api = ["--management", "127.0.0.1:0"];
+    let served = common::serve(&dir, true, &api);
+    let b = Broker {
+        child: served.child,
+        dir: dir.clone(),
+        port: served.amqp,
+        mqtt_port: served.mqtt.expect("MQTT port"),
+    };
+    let port = served.management.expect("HTTP API port");
+    ok(
+        &b,
+        &[
+            "set-topic-permissions",
+            "guest",
+            "amq.topic",
+            "^{username}\\.",
+            "^news\\.",
+        ],
+    );
+    let rows = json(&b, &["list-topic-permissions"]);
+    let row = find(&rows, "exchange", "amq.topic");
+    assert_eq!(
+        (&row["user"], &row["write"]),
+        (&json!("guest"), &json!("^{username}\\."))
+    );
+    assert!(ok(&b, &["list-user-topic-permissions", "guest"]).contains("amq.topic"));
+    assert_eq!(topic_publish(b.port, "guest.status").await, Ok(()));
+    assert_eq!(topic_publish(b.port, "other.status").await, Err(403));
+
+    // The HTTP API: one per exchange, listed three ways, deleted by exchange.
+    let put = call(
+        port,
+        "PUT",
+        "/api/topic-permissions/%2F/guest",
+        Some(json!({"exchange": "events", "write": "^a", "read": ".*"})),
+    );
+    assert_eq!(put.status, 201, "{}", put.text());
+    let all = call(port, "GET", "/api/topic-permissions", None).json();
+    assert_eq!(all.as_array().map(Vec::len), Some(2), "{all}");
+    let mine = call(port, "GET", "/api/topic-permissions/%2F/guest", None).json();
+    find(&mine, "exchange", "events");
+    let by_user = call(port, "GET", "/api/users/guest/topic-permissions", None).json();
+    assert_eq!(by_user.as_array().map(Vec::len), Some(2), "{by_user}");
+    let by_vhost = call(port, "GET", "/api/vhosts/%2F/topic-permissions", None).json();
+    assert_eq!(by_vhost.as_array().map(Vec::len), Some(2), "{by_vhost}");
+    let bad = call(
+        port,
+        "PUT",
+        "/api/topic-permissions/%2F/guest",
+        Some(json!({"exchange": "events", "write": "(", "read": ".*"})),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    let gone = call(
+        port,
+        "DELETE",
+        "/api/topic-permissions/%2F/guest",
+        Some(json!({"exchange": "events"})),
+    );
+    assert_eq!(gone.status, 204, "{}", gone.text());
+    let left = call(port, "GET", "/api/topic-permissions/%2F/guest", None).json();
+    assert_eq!(left.as_array().map(Vec::len), Some(1), "{left}");
+    let exported = json(&b, &["export-definitions", "-"]);
+    assert_eq!(
+        exported["topic_permissions"],
+        json!([{"user": "guest", "vhost": "/", "exchange": "amq.topic",
+                "write": "^{username}\\.", "read": "^news\\."}])
+    );
+
+    // SIGTERM: kept and enforced after the restart.
+    let mut b = b;
+    unsafe { libc::kill(b.child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(
+        b.child.wait().expect("wait").code(),
+        Some(0),
+        "a clean stop"
+    );
+    std::mem::forget(b);
+    let b = start_in(dir.clone());
+    assert_eq!(topic_publish(b.port, "other.status").await, Err(403));
+    assert_eq!(topic_publish(b.port, "guest.status").await, Ok(()));
+
+    // kill -9 right after a change (answered after the sync that covers it).
+    ok(
+        &b,
+        &[
+            "set-topic-permissions",
+            "guest",
+            "amq.topic",
+            "^other\\.",
+            "",
+        ],
+    );
+    let mut b = b;
+    b.child.kill().expect("SIGKILL");
+    let _ = b.child.wait();
+    std::mem::forget(b);
+    let b = start_in(dir.clone());
+    assert_eq!(topic_publish(b.port, "other.status").await, Ok(()));
+    assert_eq!(topic_publish(b.port, "guest.status").await, Err(403));
+    ok(&b, &["clear-topic-permissions", "guest"]);
+    let mut b = b;
+    b.child.kill().expect("SIGKILL");
+    let _ = b.child.wait();
+    std::mem::forget(b);
+    let b = start_in(dir.clone());
+    assert_eq!(json(&b, &["list-topic-permissions"]), json!([]));
+    assert_eq!(topic_publish(b.port, "guest.status").await, Ok(()));
+
+    // The export imports into a fresh broker, which then enforces it.
+    let file = dir.join("exported.json");
+    std::fs::write(&file, exported.to_string()).expect("write the export");
+    let fresh = start("topic-perms-import");
+    let out = ok(
+        &fresh,
+        &["import-definitions", file.to_str().expect("UTF-8 path")],
+    );
+    assert!(out.contains("1 topic permissions"), "{out}");
+    assert_eq!(topic_publish(fresh.port, "other.status").await, Err(403));
+    assert_eq!(
+        json(&fresh, &["list-user-topic-permissions", "guest"]),
+        json!([{"vhost": "/", "user": "guest", "exchange": "amq.topic",
+                "write": "^{username}\\.", "read": "^news\\."}])
+    );
+    drop(fresh);
+    drop(b);
 }

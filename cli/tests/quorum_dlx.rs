@@ -193,11 +193,41 @@ async fn dead_letters_survive_kill_9_and_arrive_exactly_once_when_routable() {
     // kill -9 while 20 dead letters wait for a route.
     drop(running);
 
-    let served = common::serve(&dir, false, &[]);
+    let served = common::serve(&dir, false, &["--management", "127.0.0.1:0"]);
+    let api = served.management.expect("the HTTP API");
+    let log = served.log.clone();
     let running = Running(served.child);
     let (_c, ch) = channel(served.amqp).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(count(&ch, "dlq").await, 0, "still nothing routes to dlq");
+    // The held dead letters are in the listings (RabbitMQ's messages_dlx) and logged.
+    let q = common::http::call(api, "GET", "/api/queues/%2f/src", None).json();
+    assert_eq!(q["messages_dlx"], 20, "{q}");
+    let listed = std::process::Command::new(common::BIN)
+        .args(["ctl", "--data-dir"])
+        .arg(&dir)
+        .args(["list-queues", "name", "messages_dlx"])
+        .output()
+        .expect("warren ctl");
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().eq(["src", "20"])),
+        "{table}"
+    );
+    let logged = |what: &str| {
+        log.lock()
+            .expect("log")
+            .iter()
+            .filter(|l| l.contains("at-least-once dead letters of queue 'src'") && l.contains(what))
+            .count()
+    };
+    assert_eq!(
+        logged("held: a dead letter reached no queue"),
+        1,
+        "logged once, not per retry"
+    );
     bounded(ch.queue_bind(
         "dlq".into(),
         "dlx".into(),
@@ -212,6 +242,16 @@ async fn dead_letters_survive_kill_9_and_arrive_exactly_once_when_routable() {
         20,
         "every dead letter arrived"
     );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while logged("taken again") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no log line for the release"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let q = common::http::call(api, "GET", "/api/queues/%2f/src", None).json();
+    assert_eq!(q["messages_dlx"], 0, "{q}");
     // Settled at the source: no second copy comes, not even after another kill -9.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(count(&ch, "dlq").await, 20, "none twice");

@@ -852,7 +852,8 @@ fn published(ids: std::ops::Range<u64>) -> Vec<warren_stream::codec::PublishedMe
 /// publisher id: 0x12; a sub-batch entry, which this node's streams refuse: 0x11; a stream
 /// deleted under its publisher, even if created again since: 0x02, then 0x12 once the
 /// publisher went with it and a MetadataUpdate said so); a frame over the frame-max (a message too large) closes that
-/// connection with FRAME_TOO_LARGE (0x0e); another connection's publisher is unaffected
+/// connection with FRAME_TOO_LARGE (0x0e), read by a client still writing that frame (the
+/// server drains its input before closing: no reset); another connection's publisher is unaffected
 /// throughout, and nothing refused is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_errors_carry_the_protocols_code_for_every_message() {
@@ -1003,17 +1004,43 @@ async fn publish_errors_carry_the_protocols_code_for_every_message() {
         filter_value: None,
         entry: Entry::Simple(vec![7u8; 1 << 20].into()),
     }];
-    // The server refuses the frame from its header and closes: the rest of this write may
-    // meet a closed socket (broken pipe), and the Close is read all the same.
+    // The server refuses the frame from its header and sends its Close: the client, still
+    // writing the frame when it arrives, writes the rest, answers and closes. The server
+    // drains its input until then, so the rest's write meets no reset (a socket closed with
+    // unread input is reset: the write failed with a broken pipe, and the Close could be
+    // lost), and the connection ends at a clean EOF.
     {
         use tokio::io::AsyncWriteExt;
-        let _ =
-            a.s.write_all(&warren_stream::codec::to_bytes(&publish(1, big)))
-                .await;
-    }
-    match a.recv().await {
-        Some(Frame::Close { code: c, .. }) => assert_eq!(c, code::FRAME_TOO_LARGE),
-        other => panic!("a close for a frame over the frame-max, got {other:?}"),
+        let frame = warren_stream::codec::to_bytes(&publish(1, big));
+        a.s.write_all(&frame[..4096]).await.unwrap();
+        match a.recv().await {
+            Some(Frame::Close { code: c, .. }) => assert_eq!(c, code::FRAME_TOO_LARGE),
+            other => panic!("a close for a frame over the frame-max, got {other:?}"),
+        }
+        // Time for a server that closes at once to have done so.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.s.write_all(&frame[4096..])
+            .await
+            .expect("the rest of the frame written while the server drains, not reset");
+        a.send(&Frame::Response {
+            key: warren_stream::frame::key::CLOSE,
+            corr: 0,
+            code: code::OK,
+        })
+        .await;
+        a.s.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::AsyncReadExt::read_to_end(&mut a.s, &mut rest),
+        )
+        .await
+        .expect("the server closes within 10 s");
+        assert_eq!(
+            read.expect("a clean EOF, not a reset"),
+            0,
+            "nothing after the Close"
+        );
     }
     b_confirms(&mut b, 3).await;
 

@@ -50,8 +50,15 @@ pub const MAX_MESSAGE: usize = 8 * 1024 * 1024;
 /// queue's own sequence numbers stay below it.
 pub const DEAD_LETTER_BIT: u64 = 1 << 63;
 
-/// The first byte of an encoded [`QueueCommand`] (its format's version).
+/// The first byte of an encoded [`QueueCommand`] (its format's version): 1 without a
+/// session, 2 with one ([`QueueCommand::encode_in`], [`QueueCommand::encode_session_start`]).
 const FORMAT: u8 = 1;
+const FORMAT_SESSION: u8 = 2;
+
+/// The reply of a command whose writes a leader's broker made in another serving session
+/// than the group's current one ([`QueueCommand::encode_in`]): not applied, and its proposer
+/// fails the sync (its publishes are nacked).
+pub const STALE: &[u8] = b"stale queue command: made in an earlier serving session";
 
 impl QueueCommand {
     /// The bytes to propose to the group: binary, since a message is most of it. Byte by
@@ -59,6 +66,30 @@ impl QueueCommand {
     /// sequence number (u64 big-endian); an append then has 0, or 1 and `expires_at` (u64),
     /// and the message's length (u32) and bytes.
     pub fn encode(&self) -> crate::Command {
+        self.encode_with(None)
+    }
+
+    /// The bytes to propose for writes a leader's broker made while it served the queue in
+    /// serving session `session` (the log index of the session's start,
+    /// [`QueueCommand::encode_session_start`]; format 2: the format byte, the session as u64
+    /// big-endian, then the ops as in format 1). Every member applies them only while that
+    /// session is the group's latest ([`STALE`] otherwise): writes the broker made from the
+    /// queue as loaded in one session (its sequence numbers, which messages it holds) are
+    /// meaningless against the group's state once another session started (another leader,
+    /// or this node again after losing the leadership), even when the proposal reaches the
+    /// log only after it (docs/cluster.md, "Quorum queues").
+    pub fn encode_in(&self, session: u64) -> crate::Command {
+        self.encode_with(Some(session))
+    }
+
+    /// The command a leader commits before its broker loads the queue: applied, it starts a
+    /// new serving session numbered by its own log index (format 2, session 0, no ops), and
+    /// every write of an earlier session that comes after it in the log is refused.
+    pub fn encode_session_start() -> crate::Command {
+        QueueCommand(Vec::new()).encode_with(Some(0))
+    }
+
+    fn encode_with(&self, session: Option<u64>) -> crate::Command {
         let size: usize = self
             .0
             .iter()
@@ -67,8 +98,14 @@ impl QueueCommand {
                 _ => 9,
             })
             .sum();
-        let mut out = Vec::with_capacity(1 + size);
-        out.push(FORMAT);
+        let mut out = Vec::with_capacity(9 + size);
+        match session {
+            None => out.push(FORMAT),
+            Some(t) => {
+                out.push(FORMAT_SESSION);
+                out.extend_from_slice(&t.to_be_bytes());
+            }
+        }
         for op in &self.0 {
             match op {
                 QueueOp::Append {
@@ -103,7 +140,13 @@ impl QueueCommand {
     }
 
     /// Reads [`QueueCommand::encode`]'s bytes.
-    pub fn decode(mut b: &[u8]) -> Result<QueueCommand, String> {
+    pub fn decode(b: &[u8]) -> Result<QueueCommand, String> {
+        Self::decode_with_session(b).map(|(_, c)| c)
+    }
+
+    /// Reads [`QueueCommand::encode`]'s or [`QueueCommand::encode_in`]'s bytes: the session
+    /// (format 2) and the command.
+    pub fn decode_with_session(mut b: &[u8]) -> Result<(Option<u64>, QueueCommand), String> {
         fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
             if b.len() < n {
                 return Err("truncated queue command".into());
@@ -117,10 +160,11 @@ impl QueueCommand {
             a.copy_from_slice(take(b, 8)?);
             Ok(u64::from_be_bytes(a))
         }
-        match take(&mut b, 1)?[0] {
-            FORMAT => {}
+        let session = match take(&mut b, 1)?[0] {
+            FORMAT => None,
+            FORMAT_SESSION => Some(u64_of(&mut b)?),
             v => return Err(format!("queue command format {v} unknown")),
-        }
+        };
         let mut ops = Vec::new();
         while !b.is_empty() {
             let tag = take(&mut b, 1)?[0];
@@ -145,7 +189,7 @@ impl QueueCommand {
                 t => return Err(format!("queue op {t} unknown")),
             });
         }
-        Ok(QueueCommand(ops))
+        Ok((session, QueueCommand(ops)))
     }
 }
 
@@ -163,8 +207,14 @@ pub struct Held {
 pub struct QueueReplica {
     pub messages: BTreeMap<u64, Held>,
     pub next_seq: u64,
-    /// Commands applied (tests compare members with it).
+    /// Commands applied, session starts not counted (tests compare members with it; a
+    /// member's broker takes a count above 0 as a leader serving the group: the empty
+    /// command each new leader writes once its broker serves, after its session start).
     pub applied: u64,
+    /// The current serving session: the log index of the last session start applied
+    /// ([`QueueCommand::encode_session_start`]); 0 before any.
+    #[serde(default)]
+    pub session: u64,
 }
 
 impl QueueReplica {
@@ -207,10 +257,26 @@ impl QueueReplica {
 }
 
 impl StateMachine for QueueReplica {
-    fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
+    fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8> {
+        let decoded = QueueCommand::decode_with_session(command);
+        if let Ok((Some(0), _)) = decoded {
+            self.session = index;
+            return Vec::new();
+        }
         self.applied += 1;
-        match QueueCommand::decode(command) {
-            Ok(QueueCommand(ops)) => {
+        match decoded {
+            Ok((Some(made), _)) if made != self.session => {
+                // Every member has the same session at this entry: every member skips it.
+                tracing::debug!(
+                    target: "warren::qq::trace",
+                    made,
+                    session = self.session,
+                    index,
+                    "quorum queue: command of an earlier session skipped"
+                );
+                STALE.to_vec()
+            }
+            Ok((_, QueueCommand(ops))) => {
                 for op in ops {
                     self.apply_op(op);
                 }
@@ -300,5 +366,43 @@ mod tests {
             QueueCommand::decode(&with_expiry.encode().0).expect("decode"),
             with_expiry
         );
+        // Serving sessions: a session start at index 7 makes writes of session 7 apply and
+        // refuses those of another; the snapshot keeps the session.
+        let mut e = QueueReplica::new();
+        assert_eq!(
+            QueueCommand::decode_with_session(&with_expiry.encode_in(7).0).expect("decode"),
+            (Some(7), with_expiry.clone())
+        );
+        assert!(
+            e.apply(7, &QueueCommand::encode_session_start().0)
+                .is_empty()
+        );
+        assert_eq!(
+            (e.session, e.applied),
+            (7, 0),
+            "a session start is not counted"
+        );
+        assert!(e.apply(8, &with_expiry.encode_in(7).0).is_empty());
+        assert_eq!(
+            e.apply(9, &QueueCommand(vec![append(9)]).encode_in(3).0),
+            STALE
+        );
+        assert_eq!(e.messages.keys().copied().collect::<Vec<_>>(), vec![9]);
+        assert!(
+            e.apply(10, &QueueCommand::encode_session_start().0)
+                .is_empty()
+        );
+        assert_eq!(
+            e.apply(
+                11,
+                &QueueCommand(vec![QueueOp::Remove { seq: 9 }])
+                    .encode_in(7)
+                    .0
+            ),
+            STALE
+        );
+        let mut f = QueueReplica::new();
+        f.restore(&e.snapshot()).expect("snapshot");
+        assert_eq!((f.session, f.messages.len()), (10, 1));
     }
 }

@@ -17,7 +17,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
 use warren_cluster::log_store::LogStore;
 use warren_cluster::mem::Router;
-use warren_cluster::queue::{DEAD_LETTER_BIT, QueueCommand, QueueOp, QueueReplica};
+use warren_cluster::queue::{DEAD_LETTER_BIT, QueueCommand, QueueOp, QueueReplica, STALE};
 use warren_cluster::state_machine::StateMachineStore;
 use warren_cluster::{NodeId, Raft};
 
@@ -411,5 +411,147 @@ async fn queue_groups_converge_through_membership_changes() {
         tokio::time::timeout(Duration::from_secs(120), membership_scenario(seed))
             .await
             .unwrap_or_else(|_| panic!("seed {seed}: scenario did not finish"));
+    }
+}
+
+impl Sim {
+    /// Writes `cmd` through the leader (retried while leadership moves): the state
+    /// machine's reply.
+    async fn write(&self, cmd: warren_cluster::Command) -> Vec<u8> {
+        for _ in 0..100 {
+            let leader = self.leader().await;
+            let raft = self.live[&leader].0.clone();
+            match tokio::time::timeout(Duration::from_secs(2), raft.client_write(cmd.clone())).await
+            {
+                Ok(Ok(r)) => return r.data.0,
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) | Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok(Err(e)) => panic!("write failed: {e}"),
+            }
+        }
+        panic!("a write was never committed");
+    }
+
+    /// What a leader does before its broker loads the queue: commits a session start, whose
+    /// log index names the session.
+    async fn start_session(&self) -> u64 {
+        let cmd = QueueCommand::encode_session_start();
+        for _ in 0..100 {
+            let leader = self.leader().await;
+            let raft = self.live[&leader].0.clone();
+            if let Ok(Ok(r)) =
+                tokio::time::timeout(Duration::from_secs(2), raft.client_write(cmd.clone())).await
+            {
+                assert!(r.data.0.is_empty(), "a session start is never refused");
+                return r.log_id.index;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("no session start was committed");
+    }
+}
+
+fn append(seq: u64, body: &str) -> QueueOp {
+    QueueOp::Append {
+        seq,
+        expires_at: None,
+        message: body.as_bytes().to_vec(),
+    }
+}
+
+/// The loss `jepsen::three_nodes_quorum_queue_under_faults` found (docs/status.md, "Open
+/// safety finding"): a leader's broker made writes from the queue as it had loaded it (a
+/// publish under the next sequence number, an ack of another), and their proposal reached
+/// the log only after a leader change (here: another leader; in the Jepsen runs the same
+/// node, which lost the leadership and took it back within a millisecond) whose broker had
+/// loaded the queue again and numbered new publishes from the group's copy. Applied, the
+/// late write put another message under a sequence number a confirmed message had (and
+/// removed one still owed): that confirmed message was gone from every member. A write
+/// names the serving session it was made in, and every member refuses one of an earlier
+/// session, the same way on every replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_an_earlier_serving_session_never_apply() {
+    let mut sim = Sim {
+        router: Router::new(),
+        dir: tempfile::tempdir().expect("tempdir"),
+        live: BTreeMap::new(),
+        seed: 0,
+    };
+    let ids: Vec<NodeId> = vec![1, 2, 3];
+    for id in &ids {
+        sim.start(*id).await;
+    }
+    let members: BTreeMap<NodeId, BasicNode> = ids
+        .iter()
+        .map(|id| (*id, BasicNode::new(format!("mem-{id}"))))
+        .collect();
+    for (raft, _) in sim.live.values() {
+        match raft.initialize(members.clone()).await {
+            Ok(()) | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+            Err(e) => panic!("initialize: {e}"),
+        }
+    }
+    let s1 = sim.start_session().await;
+    for (seq, body) in [(0, "a"), (1, "b")] {
+        let cmd = QueueCommand(vec![append(seq, body)]).encode_in(s1);
+        assert!(
+            sim.write(cmd).await.is_empty(),
+            "a write of the session applies"
+        );
+    }
+    // The leader dies; the next one starts its session and numbers its publishes from its
+    // copy (next 2), and one is confirmed.
+    let old = sim.leader().await;
+    sim.kill(old).await;
+    let s2 = sim.start_session().await;
+    assert!(s2 > s1);
+    let new = QueueCommand(vec![append(2, "confirmed")]).encode_in(s2);
+    assert!(sim.write(new).await.is_empty());
+    // The old session's last sync, proposed late: another message under 2, an ack of 1.
+    let late = QueueCommand(vec![append(2, "late"), QueueOp::Remove { seq: 1 }]).encode_in(s1);
+    assert_eq!(sim.write(late.clone()).await, STALE.to_vec());
+    // The old leader comes back and replays the log: the same decision.
+    sim.start(old).await;
+    // The same node starting a new session (it lost the leadership and won it back): the
+    // writes made before it are refused too.
+    let s3 = sim.start_session().await;
+    assert!(s3 > s2);
+    let before = QueueCommand(vec![append(3, "before")]).encode_in(s2);
+    assert_eq!(sim.write(before).await, STALE.to_vec());
+    assert_eq!(sim.write(late).await, STALE.to_vec());
+    let after = QueueCommand(vec![append(3, "after")]).encode_in(s3);
+    assert!(sim.write(after).await.is_empty());
+    // Unfenced writes (format 1, from a log written before sessions) still apply.
+    assert!(
+        sim.write(QueueCommand(Vec::new()).encode())
+            .await
+            .is_empty()
+    );
+    let leader = sim.leader().await;
+    let last = sim.live[&leader].0.metrics().borrow().last_log_index;
+    let want: BTreeMap<u64, Vec<u8>> = [(0, "a"), (1, "b"), (2, "confirmed"), (3, "after")]
+        .into_iter()
+        .map(|(s, b)| (s, b.as_bytes().to_vec()))
+        .collect();
+    for (id, (raft, sm)) in &sim.live {
+        raft.wait(Some(WAIT))
+            .applied_index_at_least(last, "catch up")
+            .await
+            .unwrap_or_else(|e| panic!("node {id} did not catch up: {e}"));
+        let (held, session) = sm.with(|r| {
+            (
+                r.messages
+                    .iter()
+                    .map(|(s, h)| (*s, h.message.clone()))
+                    .collect::<BTreeMap<_, _>>(),
+                r.session,
+            )
+        });
+        assert_eq!(held, want, "node {id}'s messages");
+        assert_eq!(session, s3, "node {id}'s session");
+    }
+    for id in ids {
+        sim.kill(id).await;
     }
 }

@@ -51,6 +51,26 @@ pub struct PermissionDef {
     pub read: String,
 }
 
+/// A user's topic permissions on one topic exchange of a vhost (RabbitMQ's
+/// `set_topic_permissions`): regular expressions over routing keys, `write` checked against
+/// the routing key of a publish, `read` against the binding key of a bind from the exchange
+/// (and an MQTT subscription's filter). `{username}`, `{vhost}` and, for MQTT connections,
+/// `{client_id}` in them are replaced by the connection's own (regex-escaped), as RabbitMQ's
+/// `expand_topic_permission`. No topic permission for an exchange: everything is allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicPermissionDef {
+    /// The user they apply to.
+    pub user: String,
+    /// The vhost they apply in.
+    pub vhost: String,
+    /// The topic exchange they apply to.
+    pub exchange: String,
+    /// Regex of the routing keys the user may publish with (`""`: only the empty key).
+    pub write: String,
+    /// Regex of the binding keys the user may bind (subscribe) with.
+    pub read: String,
+}
+
 /// A vhost as operators define it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VhostDef {
@@ -148,6 +168,112 @@ impl Pattern {
     }
 }
 
+/// One topic permission regex: compiled once with `{username}` and `{vhost}` expanded;
+/// one that names `{client_id}` is kept as text too and compiled once per connection that
+/// names its client (MQTT: [`Permissions::for_client`]); RabbitMQ expands it per check.
+#[derive(Clone, Debug)]
+struct TopicPattern {
+    /// With `{client_id}` left as literal text (no client id: an AMQP connection, for which
+    /// RabbitMQ leaves the placeholder in the regex, where PCRE reads it literally).
+    fixed: Pattern,
+    /// The expanded text still holding `{client_id}`, when it does.
+    per_client: Option<String>,
+}
+
+const CLIENT_ID: &str = "{client_id}";
+
+/// Topic permissions are checked (cargo feature `topic-permissions`, on by default, off in the
+/// wasm builds, whose hosts set no permissions: the checks were ~3 KB of a JS module at its
+/// size gate). Without it they are kept and listed but never attached to a connection.
+pub(crate) const TOPIC_PERMISSIONS: bool = cfg!(feature = "topic-permissions");
+
+impl TopicPattern {
+    fn compile(s: &str, user: &str, vhost: &str) -> Result<TopicPattern, String> {
+        // RabbitMQ: an empty topic permission is `^$` (only the empty routing key).
+        let s = if s.is_empty() { "^$" } else { s };
+        let expanded = s
+            .replace("{username}", &regex_lite::escape(user))
+            .replace("{vhost}", &regex_lite::escape(vhost));
+        let per_client = expanded.contains(CLIENT_ID).then(|| expanded.clone());
+        let fixed = Pattern::compile(&expanded.replace(CLIENT_ID, "\\{client_id\\}"))?;
+        Ok(TopicPattern { fixed, per_client })
+    }
+
+    /// This pattern with `{client_id}` expanded to `id`, compiled once (for a connection's
+    /// life, rather than per check).
+    fn for_client(&self, id: &str) -> TopicPattern {
+        match &self.per_client {
+            None => self.clone(),
+            Some(text) => TopicPattern {
+                // Compiled before with a placeholder in the same place: a failure here is
+                // not expected, and refuses everything.
+                fixed: Pattern::compile(&text.replace(CLIENT_ID, &regex_lite::escape(id)))
+                    .unwrap_or(Pattern::Nothing),
+                per_client: None,
+            },
+        }
+    }
+
+    /// `{client_id}`, if the pattern names it, is matched literally unless the pattern was
+    /// made for one client ([`TopicPattern::for_client`]).
+    fn is_match(&self, key: &str) -> bool {
+        self.fixed.is_match(key)
+    }
+}
+
+/// The compiled topic permissions of one user in one vhost, by exchange.
+#[derive(Clone, Debug)]
+pub struct TopicPermissions {
+    rules: Vec<(TopicPermissionDef, TopicPattern, TopicPattern)>,
+}
+
+impl TopicPermissions {
+    /// Compiles `defs` (one user's in one vhost); an error names the regex that does not
+    /// compile.
+    pub fn compile(defs: Vec<TopicPermissionDef>) -> Result<TopicPermissions, String> {
+        let mut rules = Vec::with_capacity(defs.len());
+        for d in defs {
+            let write = TopicPattern::compile(&d.write, &d.user, &d.vhost)?;
+            let read = TopicPattern::compile(&d.read, &d.user, &d.vhost)?;
+            rules.push((d, write, read));
+        }
+        Ok(TopicPermissions { rules })
+    }
+
+    /// Whether some pattern names `{client_id}`.
+    fn per_client(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|(_, w, r)| w.per_client.is_some() || r.per_client.is_some())
+    }
+
+    /// These permissions for the connection of client `id`: the patterns that name
+    /// `{client_id}` compiled with it (escaped).
+    pub fn for_client(&self, id: &str) -> TopicPermissions {
+        TopicPermissions {
+            rules: self
+                .rules
+                .iter()
+                .map(|(d, w, r)| (d.clone(), w.for_client(id), r.for_client(id)))
+                .collect(),
+        }
+    }
+
+    /// Whether `perm` (write: publish, read: bind or subscribe) is allowed with `key` on
+    /// `exchange` (a topic exchange).
+    pub fn allows(&self, perm: Perm, exchange: &str, key: &str) -> bool {
+        let Some((_, write, read)) = self.rules.iter().find(|(d, _, _)| d.exchange == exchange)
+        else {
+            return true;
+        };
+        match perm {
+            Perm::Write => write.is_match(key),
+            Perm::Read => read.is_match(key),
+            Perm::Configure => true,
+        }
+    }
+}
+
 /// A user's compiled permissions in one vhost (equal when their definitions are).
 #[derive(Clone, Debug)]
 pub struct Permissions {
@@ -156,11 +282,22 @@ pub struct Permissions {
     configure: Pattern,
     write: Pattern,
     read: Pattern,
+    /// The user's topic permissions in the vhost, if any (kept here so a connection's
+    /// permissions, refreshed on every change, carry them).
+    topics: Option<Arc<TopicPermissions>>,
 }
 
 impl PartialEq for Permissions {
     fn eq(&self, other: &Permissions) -> bool {
         self.def == other.def
+            && self
+                .topics
+                .as_ref()
+                .map(|t| t.rules.iter().map(|r| &r.0).collect::<Vec<_>>())
+                == other
+                    .topics
+                    .as_ref()
+                    .map(|t| t.rules.iter().map(|r| &r.0).collect())
     }
 }
 
@@ -174,7 +311,35 @@ impl Permissions {
             write: Pattern::compile(&def.write)?,
             read: Pattern::compile(&def.read)?,
             def,
+            topics: None,
         })
+    }
+
+    /// Whether the user may publish with (`Perm::Write`) or bind from (`Perm::Read`) routing
+    /// key `key` on the topic exchange `exchange` (true when no topic permission names it).
+    pub fn topic_allows(&self, perm: Perm, exchange: &str, key: &str) -> bool {
+        self.topics
+            .as_ref()
+            .is_none_or(|t| t.allows(perm, exchange, key))
+    }
+
+    /// These permissions for the connection of client `id` (MQTT's client identifier): the
+    /// topic patterns that name `{client_id}` compiled with it once, so a check compiles
+    /// nothing. The same `Arc` when none does.
+    pub fn for_client(self: &Arc<Self>, id: &str) -> Arc<Permissions> {
+        match &self.topics {
+            Some(t) if t.per_client() => {
+                let mut p = Permissions::clone(self);
+                p.topics = Some(Arc::new(t.for_client(id)));
+                Arc::new(p)
+            }
+            _ => self.clone(),
+        }
+    }
+
+    /// Whether any topic permission applies (so the exchange's type must be looked at).
+    pub fn has_topic_permissions(&self) -> bool {
+        self.topics.is_some()
     }
 
     /// Everything (`.*` for configure, write and read), as the default user has on the
@@ -192,6 +357,7 @@ impl Permissions {
             configure: Pattern::All,
             write: Pattern::All,
             read: Pattern::All,
+            topics: None,
         }
     }
 
@@ -208,6 +374,7 @@ impl Permissions {
             configure: Pattern::Nothing,
             write: Pattern::Nothing,
             read: Pattern::Nothing,
+            topics: None,
         }
     }
 
@@ -264,12 +431,23 @@ pub struct Login {
     pub permissions: Option<Arc<Permissions>>,
 }
 
+/// Makes a user's permissions for one client id ([`Permissions::for_client`]).
+type ClientExpander = fn(&Arc<Permissions>, &str) -> Arc<Permissions>;
+
 /// The user database: users and, per (vhost, user), permissions.
 #[derive(Default)]
 pub struct Users {
     users: BTreeMap<String, UserDef>,
     /// Keyed by (vhost, user).
     permissions: BTreeMap<(String, String), Arc<Permissions>>,
+    /// Topic permissions, compiled, keyed by (vhost, user), one rule per exchange: what
+    /// [`Users::set_permissions`] attaches.
+    topics: BTreeMap<(String, String), Arc<TopicPermissions>>,
+    /// Specialises permissions for a client id ([`Permissions::for_client`]), installed by
+    /// hosts that serve MQTT (`Broker::expand_client_ids`): it compiles regexes, which hosts
+    /// that never set permissions (the JS package) then leave out of their binary. Without
+    /// it `{client_id}` is matched literally, as for an AMQP connection.
+    client_expander: Option<ClientExpander>,
     /// Users that may only log in from loopback (RabbitMQ's `loopback_users`, default guest).
     loopback_only: Vec<String>,
 }
@@ -343,6 +521,7 @@ impl Users {
     /// Removes the user and its permissions; whether it existed.
     pub fn remove(&mut self, user: &str) -> bool {
         self.permissions.retain(|(_, u), _| u != user);
+        self.topics.retain(|(_, u), _| u != user);
         self.users.remove(user).is_some()
     }
 
@@ -357,9 +536,102 @@ impl Users {
     }
 
     /// Sets a user's permissions in a vhost (replacing any).
-    pub fn set_permissions(&mut self, p: Permissions) {
-        self.permissions
-            .insert((p.def.vhost.clone(), p.def.user.clone()), Arc::new(p));
+    pub fn set_permissions(&mut self, mut p: Permissions) {
+        let key = (p.def.vhost.clone(), p.def.user.clone());
+        if TOPIC_PERMISSIONS {
+            p.topics = self.topics.get(&key).cloned();
+        }
+        self.permissions.insert(key, Arc::new(p));
+    }
+
+    /// Expands `{client_id}` in topic permissions from now on ([`Users::for_client`]).
+    pub fn expand_client_ids(&mut self) {
+        self.client_expander = Some(Permissions::for_client);
+    }
+
+    /// `p` for the connection of client `id` (the same when `{client_id}` is not expanded
+    /// or not used).
+    pub fn for_client(&self, p: &Arc<Permissions>, id: &str) -> Arc<Permissions> {
+        match self.client_expander {
+            Some(f) => f(p, id),
+            None => p.clone(),
+        }
+    }
+
+    /// Sets a user's topic permissions on one exchange of a vhost (replacing any); an error
+    /// names a regex that does not compile.
+    pub fn set_topic_permissions(&mut self, def: TopicPermissionDef) -> Result<(), String> {
+        // Checked with a client id too: the text compiled per connection must compile.
+        let probe = TopicPermissions::compile(vec![def.clone()])?;
+        for (_, w, r) in &probe.rules {
+            for p in [w, r] {
+                if let Some(text) = &p.per_client {
+                    regex_lite::Regex::new(&text.replace(CLIENT_ID, "x"))
+                        .map_err(|e| format!("invalid regular expression '{text}': {e}"))?;
+                }
+            }
+        }
+        let (vhost, user) = (def.vhost.clone(), def.user.clone());
+        let mut defs = self.topic_defs(&vhost, &user);
+        defs.retain(|d| d.exchange != def.exchange);
+        defs.push(def);
+        defs.sort_by(|a, b| a.exchange.cmp(&b.exchange));
+        self.rebuild_topics(&vhost, &user, defs);
+        Ok(())
+    }
+
+    /// Clears a user's topic permissions in a vhost, on one exchange or (`None`) all;
+    /// whether there were any.
+    pub fn clear_topic_permissions(
+        &mut self,
+        vhost: &str,
+        user: &str,
+        exchange: Option<&str>,
+    ) -> bool {
+        let mut defs = self.topic_defs(vhost, user);
+        let before = defs.len();
+        defs.retain(|d| exchange.is_some_and(|e| e != d.exchange));
+        let cleared = defs.len() != before;
+        if cleared {
+            self.rebuild_topics(vhost, user, defs);
+        }
+        cleared
+    }
+
+    /// The (vhost, user) topic permissions as defined.
+    fn topic_defs(&self, vhost: &str, user: &str) -> Vec<TopicPermissionDef> {
+        self.topics
+            .get(&(vhost.to_string(), user.to_string()))
+            .map(|t| t.rules.iter().map(|r| r.0.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every topic permission, by vhost, user, then exchange.
+    pub fn list_topic_permissions(&self) -> impl Iterator<Item = &TopicPermissionDef> {
+        self.topics
+            .values()
+            .flat_map(|t| t.rules.iter().map(|r| &r.0))
+    }
+
+    /// Compiles `defs` (the (vhost, user) topic permissions) and attaches them to the user's
+    /// permissions there.
+    fn rebuild_topics(&mut self, vhost: &str, user: &str, defs: Vec<TopicPermissionDef>) {
+        let key = (vhost.to_string(), user.to_string());
+        // Each was compiled when set.
+        let compiled = if defs.is_empty() {
+            None
+        } else {
+            TopicPermissions::compile(defs).ok().map(Arc::new)
+        };
+        match &compiled {
+            Some(t) => self.topics.insert(key.clone(), t.clone()),
+            None => self.topics.remove(&key),
+        };
+        if TOPIC_PERMISSIONS && let Some(p) = self.permissions.get_mut(&key) {
+            let mut p2 = Permissions::clone(p);
+            p2.topics = compiled;
+            *p = Arc::new(p2);
+        }
     }
 
     /// Whether there were permissions to clear.
@@ -372,6 +644,7 @@ impl Users {
     /// Drops every permission in a deleted vhost.
     pub fn forget_vhost(&mut self, vhost: &str) {
         self.permissions.retain(|(v, _), _| v != vhost);
+        self.topics.retain(|(v, _), _| v != vhost);
     }
 
     /// Every permission definition, by vhost then user.
@@ -383,6 +656,7 @@ impl Users {
     pub fn clear(&mut self) {
         self.users.clear();
         self.permissions.clear();
+        self.topics.clear();
     }
 }
 
@@ -436,6 +710,86 @@ mod tests {
             users.authenticate("eve", "x", true),
             Err(LoginError::NoSuchUser("eve".into()))
         );
+    }
+
+    #[test]
+    fn topic_permissions_expand_variables_and_read_empty_as_only_the_empty_key() {
+        let mut users = Users::new();
+        users.put(UserDef {
+            name: "a.b".into(),
+            password_hash: vec![],
+            tags: vec![],
+        });
+        users.set_permissions(Permissions::full("/", "a.b"));
+        let tp = |exchange: &str, write: &str, read: &str| TopicPermissionDef {
+            user: "a.b".into(),
+            vhost: "/".into(),
+            exchange: exchange.into(),
+            write: write.into(),
+            read: read.into(),
+        };
+        users
+            .set_topic_permissions(tp("amq.topic", "^{username}\\.{client_id}$", ""))
+            .expect("valid");
+        // Set after the permissions, seen through them (what connections hold).
+        let p = users.permissions("/", "a.b").expect("set").clone();
+        assert!(p.has_topic_permissions());
+        // `{username}` is escaped: its dot is no wildcard.
+        assert!(
+            p.for_client("dev1")
+                .topic_allows(Perm::Write, "amq.topic", "a.b.dev1")
+        );
+        assert!(
+            !p.for_client("dev1")
+                .topic_allows(Perm::Write, "amq.topic", "aXb.dev1")
+        );
+        assert!(
+            !p.for_client("dev1")
+                .topic_allows(Perm::Write, "amq.topic", "a.b.dev2")
+        );
+        // No client id (AMQP): the placeholder stays, literal, as PCRE reads it in RabbitMQ.
+        assert!(!p.topic_allows(Perm::Write, "amq.topic", "a.b.dev1"));
+        assert!(p.topic_allows(Perm::Write, "amq.topic", "a.b.{client_id}"));
+        // An empty pattern allows only the empty key.
+        assert!(!p.topic_allows(Perm::Read, "amq.topic", "x"));
+        assert!(p.topic_allows(Perm::Read, "amq.topic", ""));
+        // Another exchange has none: anything goes.
+        assert!(p.topic_allows(Perm::Write, "other", "x"));
+        // A client id with regex characters is matched literally.
+        users
+            .set_topic_permissions(tp("amq.topic", "^{client_id}$", ".*"))
+            .expect("valid");
+        let p = users.permissions("/", "a.b").expect("set").clone();
+        let mine = p.for_client("c+1");
+        assert!(mine.topic_allows(Perm::Write, "amq.topic", "c+1"));
+        assert!(!mine.topic_allows(Perm::Write, "amq.topic", "cc1"));
+        // Without the expander installed, Users leaves the placeholder literal.
+        assert!(Arc::ptr_eq(&users.for_client(&p, "c+1"), &p));
+        users.expand_client_ids();
+        let mine = users.for_client(&p, "c+1");
+        assert!(mine.topic_allows(Perm::Write, "amq.topic", "c+1"));
+        assert!(users.set_topic_permissions(tp("x", "(", "")).is_err());
+        assert!(
+            users
+                .set_topic_permissions(tp("x", "{client_id}(", ""))
+                .is_err()
+        );
+        // Permissions set again keep the topic permissions; clearing drops them.
+        users.set_permissions(Permissions::full("/", "a.b"));
+        assert!(
+            users
+                .permissions("/", "a.b")
+                .expect("set")
+                .has_topic_permissions()
+        );
+        assert!(users.clear_topic_permissions("/", "a.b", None));
+        assert!(
+            !users
+                .permissions("/", "a.b")
+                .expect("set")
+                .has_topic_permissions()
+        );
+        assert!(!users.clear_topic_permissions("/", "a.b", None));
     }
 
     #[test]

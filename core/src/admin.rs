@@ -3,7 +3,7 @@
 //! `AdminRequest::replica`), so the multi-shard composition (`crate::shards`) and the
 //! runtime apply one rule, exercised by the deterministic tests.
 
-use crate::access::{PermissionDef, UserDef, VhostDef};
+use crate::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
 use crate::command::Op;
 use crate::ids::ConnId;
 use crate::message::FieldTable;
@@ -19,6 +19,8 @@ pub struct ImportReport {
     pub users: usize,
     /// Permissions imported.
     pub permissions: usize,
+    /// Topic permissions imported.
+    pub topic_permissions: usize,
     /// Policies imported.
     pub policies: usize,
     /// Exchanges imported.
@@ -58,6 +60,9 @@ pub struct QueueInfo {
     pub memory: u64,
     /// Ready messages only on disk.
     pub paged_out: u64,
+    /// Dead letters a quorum queue holds until their targets confirm them (at-least-once
+    /// dead-lettering; RabbitMQ's `messages_dlx`).
+    pub messages_dlx: u64,
     /// Enqueued, delivered, acked (counts since the queue was created).
     pub stats: MessageStats,
     /// The policy that applies to it, if any.
@@ -268,6 +273,19 @@ pub enum AdminRequest {
     },
     /// Every permission.
     ListPermissions,
+    /// Sets a user's topic permissions on an exchange of a vhost.
+    SetTopicPermissions(TopicPermissionDef),
+    /// Clears a user's topic permissions in a vhost (on one exchange, or all).
+    ClearTopicPermissions {
+        /// The vhost.
+        vhost: String,
+        /// The user.
+        user: String,
+        /// The exchange; `None`: every exchange.
+        exchange: Option<String>,
+    },
+    /// Every topic permission.
+    ListTopicPermissions,
     /// Every client channel (gathered from every shard).
     ListChannels,
     /// Message counts per vhost (summed over the shards).
@@ -346,6 +364,16 @@ impl AdminRequest {
             },
             AdminRequest::DeleteUser(name) => AdminRequest::DeleteUser(name.clone()),
             AdminRequest::SetPermissions(p) => AdminRequest::SetPermissions(p.clone()),
+            AdminRequest::SetTopicPermissions(p) => AdminRequest::SetTopicPermissions(p.clone()),
+            AdminRequest::ClearTopicPermissions {
+                vhost,
+                user,
+                exchange,
+            } => AdminRequest::ClearTopicPermissions {
+                vhost: vhost.clone(),
+                user: user.clone(),
+                exchange: exchange.clone(),
+            },
             AdminRequest::ClearPermissions { vhost, user } => AdminRequest::ClearPermissions {
                 vhost: vhost.clone(),
                 user: user.clone(),
@@ -356,6 +384,7 @@ impl AdminRequest {
                 vhosts: d.vhosts.clone(),
                 users: d.users.clone(),
                 permissions: d.permissions.clone(),
+                topic_permissions: d.topic_permissions.clone(),
                 policies: d.policies.clone(),
                 ..Default::default()
             }),
@@ -455,6 +484,8 @@ pub enum AdminResponse {
     Users(Vec<UserDef>),
     /// The permissions.
     Permissions(Vec<PermissionDef>),
+    /// The topic permissions.
+    TopicPermissions(Vec<TopicPermissionDef>),
     /// The channels.
     Channels(Vec<ChannelInfo>),
     /// Message counts per vhost.

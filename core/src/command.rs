@@ -116,6 +116,9 @@ pub enum Op {
         /// The client understands a server's `basic.cancel` (`consumer_cancel_notify`).
         cancel_notify: bool,
     },
+    /// The connection's client identifier (MQTT's), sent after `ConnectionOpen`: it expands
+    /// `{client_id}` in the user's topic permissions, as RabbitMQ's MQTT plugin does.
+    ClientId(String),
     /// The connection is gone: its channels close, exclusive queues are deleted.
     ConnectionClose,
     /// `channel.open`.
@@ -271,6 +274,7 @@ impl Op {
     pub fn kind(&self) -> OpKind {
         match self {
             Op::ConnectionOpen { .. } => OpKind::ConnectionOpen,
+            Op::ClientId(_) => OpKind::ConnectionOpen,
             Op::ConnectionClose => OpKind::ConnectionClose,
             Op::ChannelOpen => OpKind::ChannelOpen,
             Op::ChannelClose => OpKind::ChannelClose,

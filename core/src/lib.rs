@@ -42,6 +42,6 @@ pub use config::BrokerConfig;
 /// The old path of the shard composition (`shard`), kept for hosts.
 pub use shard as broker;
 pub use shard::{
-    Alarms, Broker, NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle,
+    Alarms, Broker, NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle, Notice,
     Resources, ShardMail,
 };

@@ -103,6 +103,14 @@ impl RouteTable {
         self.exchanges.get(&id).map(|x| (x.vhost, x.internal))
     }
 
+    /// Whether exchange `id` is a topic exchange (topic permissions apply to those only).
+    pub fn is_topic(&self, id: ExchangeId) -> bool {
+        self.exchanges
+            .get(&id)
+            .and_then(|x| x.router.as_ref())
+            .is_some_and(crate::exchange::Router::is_topic)
+    }
+
     /// Routes a publish to exchange `name` of `vhost` as the broker would, for a host that
     /// routes outside it. `None` when the broker must see the publish unrouted (no such
     /// exchange, or an internal one: the broker reports the error).

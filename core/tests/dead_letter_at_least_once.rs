@@ -622,3 +622,94 @@ fn a_policy_switches_the_strategy_and_switching_away_deletes_what_is_held() {
     let got: Vec<String> = drain(&mut h, c, "dlq").into_iter().map(|m| m.0).collect();
     assert_eq!(got, ["b"]);
 }
+
+fn notices(h: &mut Harness) -> Vec<warren_core::Notice> {
+    let mut out = Vec::new();
+    assert_eq!(h.shard(0).take_notices(&mut out), 0, "none dropped");
+    out
+}
+
+fn held_in_listing(h: &mut Harness, queue: &str) -> u64 {
+    h.shard(0)
+        .list_queues()
+        .into_iter()
+        .find(|q| q.name == queue)
+        .map(|q| q.messages_dlx)
+        .expect("listed")
+}
+
+#[test]
+fn held_dead_letters_are_counted_in_listings_and_noted_once_when_held_and_released() {
+    use warren_core::Notice;
+    let store = MemoryStore::new();
+    let mut h = on_store(&store, 0);
+    let c = h.connect(1);
+    confirm_mode(&mut h, c);
+    direct_exchange(&mut h, c, "dlx");
+    source(&mut h, c, &reject_publish(), 10);
+    notices(&mut h);
+    assert!(publish(&mut h, &store, c, "src", "a"));
+    assert!(publish(&mut h, &store, c, "src", "b"));
+    assert_eq!(get_and_reject(&mut h, c, "src"), "a");
+    assert_eq!(held_in_listing(&mut h, "src"), 1, "RabbitMQ's messages_dlx");
+    assert_eq!(get_and_reject(&mut h, c, "src"), "b");
+    sync(&mut h, &store);
+    assert_eq!(held_in_listing(&mut h, "src"), 2);
+    // Unroutable (nothing bound to `dlx`): one notice for the wait, not one per retry.
+    tick(&mut h, 3_000);
+    let got = notices(&mut h);
+    assert_eq!(
+        got,
+        vec![Notice::DeadLettersHeld {
+            vhost: "/".into(),
+            queue: "src".into(),
+            held: 1,
+            unroutable: true,
+        }],
+        "the first dead letter's wait, noted once over several retries"
+    );
+    declare(&mut h, c, "dlq", FieldTable::new());
+    h.bind(c, "dlq", "dlx", "src");
+    tick(&mut h, 1_000);
+    sync(&mut h, &store);
+    tick(&mut h, 1_000);
+    sync(&mut h, &store);
+    let got = notices(&mut h);
+    assert!(
+        matches!(got.first(), Some(Notice::DeadLettersReleased { queue, .. }) if &**queue == "src"),
+        "{got:?}"
+    );
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(held_in_listing(&mut h, "src"), 0);
+    assert_eq!(drain(&mut h, c, "dlq").len(), 2);
+}
+
+#[test]
+fn a_policy_asking_for_at_least_once_without_reject_publish_is_warned_about() {
+    let store = MemoryStore::new();
+    let mut h = on_store(&store, 0);
+    let c = h.connect(1);
+    direct_exchange(&mut h, c, "dlx");
+    declare(
+        &mut h,
+        c,
+        "src",
+        args(&[
+            ("x-queue-type", FieldValue::string("quorum")),
+            ("x-dead-letter-exchange", FieldValue::string("dlx")),
+        ]),
+    );
+    notices(&mut h);
+    // drop-head (the default overflow): RabbitMQ 3.10 falls back to at-most-once, and
+    // says so.
+    strategy_policy(&mut h, true);
+    let got = notices(&mut h);
+    assert!(
+        matches!(
+            got.as_slice(),
+            [warren_core::Notice::DeadLetterFallback { queue, text, .. }]
+                if &**queue == "src" && text.starts_with("Falling back to dead-letter-strategy at-most-once")
+        ),
+        "{got:?}"
+    );
+}

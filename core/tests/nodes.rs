@@ -885,3 +885,136 @@ fn with_shards_consuming_another_nodes_queue_is_refused_where_it_cannot_be_serve
     let fx = exchange_sharded(&mut home, &mut far);
     assert_eq!(bodies(&fx), vec!["m2"]);
 }
+
+/// A quorum queue "qq" served by node 1 (`home`) with a consumer "c" of node 2 (`far`)
+/// attached there, then both nodes cut from each other (the far node keeps its consumer,
+/// orphaned) and what crossed meanwhile lost.
+fn quorum_consumer_cut_off() -> (
+    Harness,
+    Harness,
+    warren_core::ids::ChannelRef,
+    warren_core::ids::ChannelRef,
+) {
+    let quorum = |h: &mut Harness, c| {
+        let mut arguments = warren_core::message::FieldTable::new();
+        arguments.insert(
+            "x-queue-type".into(),
+            warren_core::message::FieldValue::string("quorum"),
+        );
+        h.op(
+            c,
+            Op::QueueDeclare(warren_core::command::QueueDeclare {
+                queue: "qq".into(),
+                passive: false,
+                durable: true,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments,
+            }),
+        );
+    };
+    let mut home = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c1 = home.connect(1);
+    let c2 = far.connect(1);
+    quorum(&mut home, c1);
+    quorum(&mut far, c2);
+    let now = far.now;
+    far.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "qq".into(),
+            node: Some(1),
+        },
+    );
+    far.consume(c2, "qq", "c", false);
+    exchange(&mut home, &mut far);
+    let now = home.now;
+    home.shard(0).node_unreachable(now, 2);
+    home.settle();
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    far.settle();
+    node_mail(&mut home);
+    node_mail(&mut far);
+    (home, far, c1, c2)
+}
+
+fn cancelled(fx: &[Effect], tag: &str) -> bool {
+    fx.iter().any(
+        |e| matches!(e, Effect::ConsumerCancelled { consumer_tag, .. } if &**consumer_tag == tag),
+    )
+}
+
+fn delete(h: &mut Harness, c: warren_core::ids::ChannelRef, queue: &str) -> Vec<Effect> {
+    h.op(
+        c,
+        Op::QueueDelete {
+            queue: queue.into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    )
+}
+
+#[test]
+fn a_quorum_consumer_refused_where_it_attaches_again_is_cancelled_not_left_waiting() {
+    // While the nodes were cut off the queue was deleted on the majority's side; the far
+    // node has not applied the delete yet when it reaches the home again, and attaches
+    // its consumer there: the home refuses (404, no such queue). RabbitMQ's client then
+    // gets basic.cancel (consumer_cancel_notify); before, it got nothing, and the
+    // consumer stayed on its channel for ever, even after the delete was applied.
+    let (mut home, mut far, c1, c2) = quorum_consumer_cut_off();
+    delete(&mut home, c1, "qq");
+    node_mail(&mut home);
+    let now = far.now;
+    far.shard(0).node_reachable(now, 1);
+    let fx = exchange(&mut home, &mut far);
+    assert!(cancelled(&fx, "c"), "basic.cancel for the client: {fx:?}");
+    // The tag is free again (the channel forgot the consumer).
+    let fx = far.consume(c2, "qq", "c", false);
+    assert_ne!(common::error_code(&fx), Some(530), "{fx:?}");
+}
+
+#[test]
+fn a_quorum_consumer_whose_attach_is_lost_attaches_when_its_leader_is_back() {
+    // The consume that attaches it again is lost with the batch (the leader's node went
+    // again before answering): the consumer is kept, and attached when the node is back,
+    // not left on its channel attached nowhere.
+    let (mut home, mut far, c1, _c2) = quorum_consumer_cut_off();
+    let now = far.now;
+    far.shard(0).node_reachable(now, 1);
+    far.settle();
+    let lost = node_mail(&mut far);
+    assert!(!lost.is_empty(), "the consume went");
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    let fx = far.settle();
+    assert!(!cancelled(&fx, "c"), "kept: {fx:?}");
+    node_mail(&mut far);
+    let now = far.now;
+    far.shard(0).node_reachable(now, 1);
+    exchange(&mut home, &mut far);
+    home.op(c1, persistent("qq", "after"));
+    home.sync(0, true);
+    let got = bodies(&exchange(&mut home, &mut far));
+    assert_eq!(got, vec!["after"]);
+}
+
+#[test]
+fn a_quorum_consumer_attaching_again_when_its_queue_is_deleted_is_cancelled() {
+    // Its consume to the leader in flight (or lost), the delete is applied here: the
+    // consumer ends with basic.cancel like the attached ones.
+    let (_home, mut far, _c1, c2) = quorum_consumer_cut_off();
+    let now = far.now;
+    far.shard(0).node_reachable(now, 1);
+    far.settle();
+    node_mail(&mut far);
+    let fx = delete(&mut far, c2, "qq");
+    let mut fx = fx;
+    fx.extend(far.settle());
+    assert!(cancelled(&fx, "c"), "basic.cancel for the client: {fx:?}");
+}

@@ -229,6 +229,12 @@ struct Rare {
     inbound_qos2: BTreeSet<u16>,
     outbound: BTreeMap<u16, Inflight>,
     waiting: VecDeque<Waiting>,
+    /// The core delivery tags of the QoS 1/2 messages in `outbound` or `waiting` not yet
+    /// acked to the core, ascending (the core numbers a channel's deliveries in order, so
+    /// this is nearly always a push at the back and a pop at the front). An ack of a tag
+    /// below all of them covers every tag up to it, so it is merged into one multiple ack
+    /// (`Session::ack_core`) instead of one op per PUBACK.
+    held_tags: VecDeque<u64>,
     aliases: HashMap<u16, TopicName>,
     /// Topic aliases towards the client (MQTT 5 3.3.2.3.4), first come first served up to
     /// `out_alias_max`.
@@ -240,6 +246,32 @@ struct Rare {
 }
 
 impl Rare {
+    /// A delivery now held by the session until the client acknowledges it.
+    fn hold(&mut self, tag: u64) {
+        match self.held_tags.back() {
+            Some(&last) if last >= tag => {
+                if let Err(i) = self.held_tags.binary_search(&tag) {
+                    self.held_tags.insert(i, tag);
+                }
+            }
+            _ => self.held_tags.push_back(tag),
+        }
+    }
+
+    /// A delivery no longer held (acked to the core now).
+    fn release(&mut self, tag: u64) {
+        if self.held_tags.front() == Some(&tag) {
+            self.held_tags.pop_front();
+        } else if let Ok(i) = self.held_tags.binary_search(&tag) {
+            self.held_tags.remove(i);
+        }
+        // A burst's capacity is not kept by a session that goes idle (at most one
+        // allocation per burst otherwise: the list empties only when nothing is in flight).
+        if self.held_tags.is_empty() && self.held_tags.capacity() > 16 {
+            self.held_tags = VecDeque::new();
+        }
+    }
+
     fn push_confirm(&mut self, ack: PendingAck) {
         self.pending_pubacks += u32::from(matches!(ack, PendingAck::Puback(_)));
         self.confirms.push_back((self.confirm_next, ack));
@@ -258,6 +290,7 @@ impl Default for Rare {
             inbound_qos2: BTreeSet::new(),
             outbound: BTreeMap::new(),
             waiting: VecDeque::new(),
+            held_tags: VecDeque::new(),
             aliases: HashMap::new(),
             out_aliases: HashMap::new(),
             delayed_will: None,
@@ -325,6 +358,21 @@ pub struct Session {
     /// subscriber holds no allocation for them.
     pending: Option<Box<Pending>>,
     ops: Vec<(u16, Op)>,
+    /// How many packets and ops the last flush took (at most `HINT_MAX`): the next batch
+    /// reserves that much at its first packet or op, instead of growing by doubling (a
+    /// reallocation and copy at 4, 8, 16... entries of every busy read or effect batch).
+    /// Lazily, so an idle session holds no buffer.
+    out_hint: u16,
+    ops_hint: u16,
+}
+
+/// The largest reservation a hint makes (entries).
+const HINT_MAX: usize = 1024;
+
+/// The next reservation after a batch of `len`: a small batch (the write-window credit
+/// after a large one) halves it rather than resetting it.
+fn hint(len: usize, last: u16) -> u16 {
+    len.max(usize::from(last) / 2).min(HINT_MAX) as u16
 }
 
 impl Session {
@@ -367,7 +415,11 @@ impl Session {
                 })
             }),
             stamp_publisher: false,
-            permissions: info.permissions.clone(),
+            // `{client_id}` in topic permissions compiled once, for this connection.
+            permissions: info
+                .permissions
+                .as_ref()
+                .map(|p| p.for_client(&info.client_id)),
             delivered: 0,
             ack_upto: 0,
             disconnected: false,
@@ -376,6 +428,8 @@ impl Session {
             published: false,
             qos0_open: false,
             out: Vec::new(),
+            out_hint: 0,
+            ops_hint: 0,
             pending: None,
             ops: Vec::new(),
             config: config.clone(),
@@ -388,6 +442,14 @@ impl Session {
                 cancel_notify: true,
             },
         ));
+        if s.permissions
+            .as_ref()
+            .is_some_and(|p| p.has_topic_permissions())
+        {
+            // The core checks topic permissions too, and expands `{client_id}` with this
+            // (only sent when some apply: a connection without them keeps no copy).
+            s.ops.push((0, Op::ClientId(info.client_id.to_string())));
+        }
         s.ops.push((CHANNEL, Op::ChannelOpen));
         s.ops.push((CHANNEL, Op::ConfirmSelect { nowait: true }));
         s.ops.push((
@@ -510,6 +572,7 @@ impl Session {
     /// bindings (everything after it waits too, so the client sees packets in the order
     /// they were queued, topic alias assignments included).
     pub fn take_packets(&mut self) -> Vec<codec::Out> {
+        self.out_hint = hint(self.out.len(), self.out_hint);
         let Some(held) = self.pending.as_deref_mut().map(|p| &mut p.subacks) else {
             return std::mem::take(&mut self.out);
         };
@@ -555,7 +618,20 @@ impl Session {
     /// Core ops to send, in order, before the packets (a SUBACK waits for its bindings).
     pub fn take_ops(&mut self) -> Vec<(u16, Op)> {
         self.flush_acks();
+        if !self.ops.is_empty() {
+            self.ops_hint = hint(self.ops.len(), self.ops_hint);
+        }
         std::mem::take(&mut self.ops)
+    }
+
+    /// Reserves the last batch's sizes in the empty packet and op lists (see `out_hint`).
+    fn reserve_hinted(&mut self) {
+        if self.out.capacity() == 0 && self.out_hint > 0 {
+            self.out.reserve(usize::from(self.out_hint));
+        }
+        if self.ops.capacity() == 0 && self.ops_hint > 0 {
+            self.ops.reserve(usize::from(self.ops_hint));
+        }
     }
 
     /// Deliveries now written to the socket: returns their write-window credit to the core.
@@ -599,6 +675,7 @@ impl Session {
 
     /// Handles one decoded packet from the client.
     pub fn handle(&mut self, now: u64, decoded: codec::Decoded) -> Result<(), CloseError> {
+        self.reserve_hinted();
         match decoded {
             codec::Decoded::Packet(p) => self.handle_packet(now, p),
             codec::Decoded::Subscribe(s) => {
@@ -757,6 +834,36 @@ impl Session {
                     pid,
                     PubrecReasonCode::PayloadFormatInvalid,
                 ))),
+            }
+            return Ok(());
+        }
+        if !self.may_publish(&p.topic_name) {
+            // As RabbitMQ's MQTT plugin with `mqtt.disconnect_on_unauthorized = false`: the
+            // connection stays, the message is dropped, and only an MQTT 5 client is told
+            // (0x87); a 3.1.1 client gets the normal acknowledgement, the one answer 3.1.1
+            // allows besides closing (MQTT-3.3.5-2).
+            tracing::warn!(
+                client_id = %self.client_id,
+                topic = %p.topic_name,
+                "MQTT publish refused: not authorized"
+            );
+            match (p.qos_pid, self.level == 5) {
+                (QosPid::Level0, _) => {}
+                (QosPid::Level1(pid), true) => self.out.push_packet(v5::Packet::Puback(
+                    v5::Puback::new(pid, PubackReasonCode::NotAuthorized),
+                )),
+                (QosPid::Level1(pid), false) => self
+                    .out
+                    .push_packet(v5::Packet::Puback(v5::Puback::new_success(pid))),
+                (QosPid::Level2(pid), true) => self.out.push_packet(v5::Packet::Pubrec(
+                    v5::Pubrec::new(pid, PubrecReasonCode::NotAuthorized),
+                )),
+                (QosPid::Level2(pid), false) => {
+                    // Its PUBREL then finds it and gets PUBCOMP, as for a delivered one.
+                    self.rare().inbound_qos2.insert(pid.value());
+                    self.out
+                        .push_packet(v5::Packet::Pubrec(v5::Pubrec::new_success(pid)));
+                }
             }
             return Ok(());
         }
@@ -936,11 +1043,39 @@ impl Session {
     /// 0x87 in MQTT 5) rather than by the core's 403, which would close the connection after
     /// a granted SUBACK. Permissions are those of the login (RabbitMQ's MQTT plugin caches
     /// them per connection too); the core still checks every operation.
-    fn may_subscribe(&self, queue: &str) -> bool {
+    ///
+    /// The filter's topic permission (read, on its AMQP binding key: `a/+/#` is checked as
+    /// `a.*.#`, as RabbitMQ's MQTT plugin checks it) is answered the same way, filter by
+    /// filter, as RabbitMQ with `mqtt.disconnect_on_unauthorized = false`.
+    fn may_subscribe(&self, queue: &str, filter: &str) -> bool {
         self.permissions.as_ref().is_none_or(|p| {
             p.allows(Perm::Read, EXCHANGE)
                 && p.allows(Perm::Configure, queue)
                 && p.allows(Perm::Write, queue)
+                && (!p.has_topic_permissions()
+                    || p.topic_allows(Perm::Read, EXCHANGE, &filter_to_amqp_pattern(filter)))
+        })
+    }
+
+    /// Whether the user's topic permission lets it unbind `filter` (read, as a bind).
+    fn may_unbind(&self, filter: &str) -> bool {
+        self.permissions.as_ref().is_none_or(|p| {
+            !p.has_topic_permissions()
+                || p.topic_allows(Perm::Read, EXCHANGE, &filter_to_amqp_pattern(filter))
+        })
+    }
+
+    /// Whether the user may publish to `topic`: write on the exchange and the topic's
+    /// permission (write, on its AMQP routing key), as RabbitMQ's `check_publish_permitted`.
+    fn may_publish(&self, topic: &str) -> bool {
+        self.permissions.as_ref().is_none_or(|p| {
+            p.allows(Perm::Write, EXCHANGE)
+                && (!p.has_topic_permissions()
+                    || p.topic_allows(
+                        Perm::Write,
+                        EXCHANGE,
+                        &warren_core::mqtt::topic_to_amqp_key(topic),
+                    ))
         })
     }
 
@@ -962,7 +1097,7 @@ impl Session {
                         codes.push(SubscribeReasonCode::QuotaExceeded);
                         continue;
                     }
-                    if !self.may_subscribe(&queue) {
+                    if !self.may_subscribe(&queue, plain) {
                         codes.push(SubscribeReasonCode::NotAuthorized);
                         continue;
                     }
@@ -999,7 +1134,7 @@ impl Session {
             } else {
                 session_queue(&self.client_id)
             };
-            if !self.may_subscribe(&queue) {
+            if !self.may_subscribe(&queue, plain) {
                 codes.push(SubscribeReasonCode::NotAuthorized);
                 continue;
             }
@@ -1125,6 +1260,14 @@ impl Session {
     fn on_unsubscribe(&mut self, u: v5::Unsubscribe) {
         let mut codes = Vec::with_capacity(u.topics.len());
         for filter in u.topics {
+            if !filter.is_shared() && self.subs.get(&filter).is_some() && !self.may_unbind(&filter)
+            {
+                // A subscription of an earlier connection that its topic permission now
+                // refuses: the core would refuse the unbind (403, closing the connection).
+                // RabbitMQ answers 0x87 and keeps it (3.1.1 has no code to carry).
+                codes.push(UnsubscribeReasonCode::NotAuthorized);
+                continue;
+            }
             if self.subs.remove(&filter).is_some() {
                 if filter.is_shared() {
                     // The group's queue is auto-delete: it goes with its last member.
@@ -1151,6 +1294,7 @@ impl Session {
 
     /// Handles one effect the core addressed to this connection.
     pub fn handle_effect(&mut self, now: u64, effect: Effect) -> Result<(), CloseError> {
+        self.reserve_hinted();
         match effect {
             Effect::Deliver {
                 delivery,
@@ -1219,19 +1363,24 @@ impl Session {
             return;
         };
         let confirms = &mut rare.confirms;
-        let mut done = Vec::new();
-        if multiple {
-            while confirms.front().is_some_and(|(s, _)| *s <= seq) {
-                if let Some(c) = confirms.pop_front() {
-                    done.push(c.1);
+        // Settled one at a time, in order: no list per confirm (one allocation per QoS 1
+        // publish when this collected them first).
+        loop {
+            let a = if multiple {
+                match confirms.front() {
+                    Some((s, _)) if *s <= seq => confirms.pop_front(),
+                    _ => None,
                 }
-            }
-        } else if let Some(i) = confirms.iter().position(|(s, _)| *s == seq)
-            && let Some(c) = confirms.remove(i)
-        {
-            done.push(c.1);
-        }
-        for a in done {
+            } else if confirms.front().is_some_and(|(s, _)| *s == seq) {
+                // The core confirms in publish order: the front, nearly always.
+                confirms.pop_front()
+            } else {
+                confirms
+                    .iter()
+                    .position(|(s, _)| *s == seq)
+                    .and_then(|i| confirms.remove(i))
+            };
+            let Some((_, a)) = a else { break };
             match a {
                 PendingAck::None => {}
                 PendingAck::Puback(pid) => {
@@ -1255,14 +1404,18 @@ impl Session {
                         .push_packet(v5::Packet::Pubrec(v5::Pubrec::new(pid, code)));
                 }
             }
+            if !multiple {
+                break;
+            }
         }
     }
 
     /// Acknowledges a delivery to the core. While no earlier delivery of the channel is held
-    /// (a QoS 1/2 message in flight or waiting for a packet id), every delivery up to this
-    /// one has been acknowledged, so the ack is deferred and merged with the following ones
-    /// into one multiple ack (sent by `take_ops`); otherwise it goes alone, after the merged
-    /// one, so that a multiple ack never covers a held delivery.
+    /// (a QoS 1/2 message in flight or waiting for a packet id: `Rare::held_tags`), every
+    /// delivery up to this one has been acknowledged, so the ack is deferred and merged with
+    /// the following ones into one multiple ack (sent by `take_ops`): a subscriber's PUBACKs
+    /// in order cost the core one settle per read, not one per message. Otherwise it goes
+    /// alone, after the merged one, so that a multiple ack never covers a held delivery.
     fn ack_core(&mut self, tag: Option<u64>) {
         let Some(delivery_tag) = tag else {
             return;
@@ -1271,10 +1424,15 @@ impl Session {
             // Covered by the pending multiple ack.
             return;
         }
-        let held = self
-            .rare
-            .as_deref()
-            .is_some_and(|r| !r.outbound.is_empty() || !r.waiting.is_empty());
+        let held = match self.rare.as_deref_mut() {
+            Some(r) => {
+                r.release(delivery_tag);
+                r.held_tags
+                    .front()
+                    .is_some_and(|&oldest| oldest < delivery_tag)
+            }
+            None => false,
+        };
         if !held {
             self.ack_upto = delivery_tag;
             return;
@@ -1456,6 +1614,9 @@ impl Session {
             QoS::Level1 => QosPid::Level1(Pid::default()),
             _ => QosPid::Level2(Pid::default()),
         };
+        if let Some(tag) = tag {
+            self.rare().hold(tag);
+        }
         if self.rare().waiting.is_empty()
             && let Some(pid) = self.alloc_pid()
         {
@@ -1568,6 +1729,9 @@ impl Session {
             let delay = delay.min(ends);
             if delay > 0 {
                 self.rare().delayed_will = Some((delay, w));
+            } else if !self.may_publish(&w.will.topic_name) {
+                // Checked as any publish (RabbitMQ too): the core would refuse it.
+                tracing::warn!(client_id = %self.client_id, "MQTT will refused: not authorized");
             } else {
                 for op in will_ops(&w.will, now) {
                     self.ops.push((CHANNEL, op));
@@ -1802,5 +1966,117 @@ mod tests {
             .expect("publish");
         pump(&mut broker, &mut s);
         assert!(s.rare.is_none(), "no rarely used state allocated");
+    }
+
+    /// Feeds the ops to the core and its effects back, once; returns the packets.
+    fn step(broker: &mut Broker, s: &mut Session, ops: Vec<(u16, Op)>) -> Vec<codec::Out> {
+        for (ch, op) in ops {
+            broker.handle(1_000, ChannelRef::new(ConnId(1), ch), op);
+        }
+        let mut effects = Vec::new();
+        broker.poll_effects(&mut effects);
+        for e in effects {
+            s.handle_effect(1_000, e).expect("no error");
+        }
+        s.flushed();
+        s.take_packets()
+    }
+
+    fn acks(ops: &[(u16, Op)]) -> Vec<(u64, bool)> {
+        ops.iter()
+            .filter_map(|(_, op)| match op {
+                Op::Ack {
+                    delivery_tag,
+                    multiple,
+                } => Some((*delivery_tag, *multiple)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A subscriber's PUBACKs in delivery order reach the core as one multiple ack per read,
+    /// though later deliveries are still in flight; one out of order goes alone, and the
+    /// multiple ack that follows never covers a delivery still held.
+    #[test]
+    fn in_order_pubacks_settle_in_the_core_as_one_multiple_ack() {
+        let config: Arc<MqttConfig> = Arc::new(Default::default());
+        let mut broker = Broker::new(Default::default());
+        let mut s = session(&config);
+        pump(&mut broker, &mut s);
+        let subscribe = v5::Packet::Subscribe(v5::Subscribe::new(
+            Pid::try_from(1).expect("pid"),
+            vec![(
+                TopicFilter::try_from("t").expect("filter"),
+                v5::SubscriptionOptions {
+                    max_qos: QoS::Level1,
+                    no_local: false,
+                    retain_as_published: false,
+                    retain_handling: v5::RetainHandling::DoNotSend,
+                },
+            )],
+        ));
+        s.handle(1_000, codec::Decoded::Packet(subscribe))
+            .expect("subscribe");
+        pump(&mut broker, &mut s);
+        let mut delivered = Vec::new();
+        for round in 0..2 {
+            for i in 1..=10u16 {
+                let publish = v5::Packet::Publish(v5::Publish::new(
+                    QosPid::Level1(Pid::try_from(round * 10 + i).expect("pid")),
+                    TopicName::try_from("t").expect("topic"),
+                    Bytes::from_static(b"x"),
+                ));
+                s.handle(1_000, codec::Decoded::Packet(publish))
+                    .expect("publish");
+            }
+            let mut ops = s.take_ops();
+            // Until the deliveries and every confirm are back.
+            for _ in 0..8 {
+                for o in step(&mut broker, &mut s, ops) {
+                    if let v5::Packet::Publish(p) = &o.packet
+                        && let QosPid::Level1(pid) = p.qos_pid
+                    {
+                        delivered.push(pid);
+                    }
+                }
+                ops = s.take_ops();
+            }
+            assert!(acks(&ops).is_empty());
+            step(&mut broker, &mut s, ops);
+        }
+        assert_eq!(delivered.len(), 20, "every publish delivered back at QoS 1");
+        // The first ten acked in order, the other ten in flight: one multiple ack.
+        for pid in &delivered[..10] {
+            s.handle(
+                1_000,
+                codec::Decoded::Packet(v5::Packet::Puback(v5::Puback::new_success(*pid))),
+            )
+            .expect("puback");
+        }
+        let ops = s.take_ops();
+        let first = acks(&ops);
+        assert_eq!(first.len(), 1, "one ack for ten PUBACKs: {first:?}");
+        assert!(first[0].1, "a multiple ack");
+        step(&mut broker, &mut s, ops);
+        // The 12th before the 11th: it goes alone; then the rest merge again.
+        let rest: Vec<Pid> = std::iter::once(delivered[11])
+            .chain(std::iter::once(delivered[10]))
+            .chain(delivered[12..].iter().copied())
+            .collect();
+        for pid in rest {
+            s.handle(
+                1_000,
+                codec::Decoded::Packet(v5::Packet::Puback(v5::Puback::new_success(pid))),
+            )
+            .expect("puback");
+        }
+        let ops = s.take_ops();
+        let second = acks(&ops);
+        assert_eq!(second.len(), 2, "{second:?}");
+        assert!(!second[0].1, "the out-of-order ack alone");
+        assert!(second[1].1 && second[1].0 > second[0].0, "{second:?}");
+        // The core took every ack (an unknown tag would be a channel error).
+        step(&mut broker, &mut s, ops);
+        assert!(s.rare.as_deref().is_some_and(|r| r.held_tags.is_empty()));
     }
 }

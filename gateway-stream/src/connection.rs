@@ -24,6 +24,13 @@ pub fn now_ms() -> u64 {
 
 /// How long closing writes may take.
 const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a closing connection reads (and drops) what its client still sends, after our
+/// last frame and our FIN: a socket closed with unread input is reset, and a reset can reach
+/// the client before it reads our Close (a client in the middle of a frame over the
+/// frame-max met a broken pipe and never saw the Close). Ends at the client's EOF.
+const CLOSE_DRAIN: Duration = Duration::from_secs(1);
+/// The same while the server shuts down: short, since some clients never close their side.
+const SHUTDOWN_DRAIN: Duration = Duration::from_millis(200);
 /// Read chunk of a connection that sends little (most: consumers, idle publishers).
 const SMALL_READ: usize = 4 * 1024;
 /// Read chunk once a read filled what it had: a publisher streaming 1 KB messages got four
@@ -209,6 +216,9 @@ pub async fn serve_connection<S, B>(
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
     let mut read_chunk = SMALL_READ;
     let mut shutting_down = false;
+    // Whether the loop ends with the session closing (its last frames written), rather than
+    // at the client's EOF or a socket error.
+    let mut closed_by_session = false;
     loop {
         for w in session.take_waits() {
             spawn_wait(&mut tasks, &backend, w, &tx);
@@ -237,6 +247,7 @@ pub async fn serve_connection<S, B>(
             continue;
         }
         if session.is_closing() {
+            closed_by_session = true;
             break;
         }
         while tasks.try_join_next().is_some() {}
@@ -287,4 +298,31 @@ pub async fn serve_connection<S, B>(
     }
     tasks.abort_all();
     let _ = tokio::time::timeout(CLOSE_WRITE_TIMEOUT, stream.shutdown()).await;
+    if closed_by_session {
+        let bound = if shutting_down {
+            SHUTDOWN_DRAIN
+        } else {
+            CLOSE_DRAIN
+        };
+        rbuf.clear();
+        drain_input(&mut stream, rbuf, bound).await;
+    }
+}
+
+/// Reads and drops input until EOF, an error or `bound` has passed (see [`CLOSE_DRAIN`]).
+/// The buffer is reused, so memory stays at its capacity whatever the client sends.
+async fn drain_input<S: Transport>(stream: &mut S, mut buf: BytesMut, bound: Duration) {
+    if buf.capacity() < SMALL_READ {
+        buf.reserve(SMALL_READ);
+    }
+    let _ = tokio::time::timeout(bound, async {
+        loop {
+            buf.clear();
+            match stream.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
 }

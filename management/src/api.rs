@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use warren_core::access::{Perm, PermissionDef, Permissions};
+use warren_core::access::{Perm, PermissionDef, Permissions, TopicPermissionDef};
 use warren_core::broker::admin::{ChannelInfo, ConnectionInfo, QueueInfo};
 use warren_core::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
 use warren_core::effect::Reply;
@@ -60,6 +60,21 @@ pub(crate) fn router(m: Shared) -> Router {
             get(permission)
                 .put(put_permission)
                 .delete(delete_permission),
+        )
+        .route("/api/topic-permissions", get(topic_permissions))
+        .route(
+            "/api/topic-permissions/{vhost}/{user}",
+            get(topic_permission)
+                .put(put_topic_permission)
+                .delete(delete_topic_permission),
+        )
+        .route(
+            "/api/users/{user}/topic-permissions",
+            get(user_topic_permissions),
+        )
+        .route(
+            "/api/vhosts/{vhost}/topic-permissions",
+            get(vhost_topic_permissions),
         )
         .route("/api/policies", get(policies))
         .route("/api/policies/{vhost}", get(policies_in))
@@ -680,6 +695,8 @@ impl Management {
             "messages_unacknowledged": unacked,
             "messages_unacknowledged_details": details(r.unacked),
             "messages_paged_out": q.paged_out, "messages_ram": ready - q.paged_out.min(ready),
+            // Dead letters held until their targets confirm them (at-least-once).
+            "messages_dlx": q.messages_dlx,
             "message_bytes_ram": q.memory,
             "exclusive_consumer_tag": Value::Null, "policy": q.policy,
             "effective_policy_definition": Value::Null, "operator_policy": Value::Null,
@@ -883,6 +900,16 @@ fn protocol_error(e: &warren_core::error::ProtocolError) -> ApiError {
 
 fn no_content() -> StatusCode {
     StatusCode::NO_CONTENT
+}
+
+/// A PUT's answer, as RabbitMQ's HTTP API gives it: 201 Created for a new object, 204 No
+/// Content for one that existed (and was replaced).
+fn put_status(existed: bool) -> StatusCode {
+    if existed {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::CREATED
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1407,11 +1434,7 @@ async fn put_permission(
         read: text("read")?,
     }))
     .await?;
-    Ok(if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    Ok(put_status(existed))
 }
 
 async fn delete_permission(
@@ -1429,6 +1452,152 @@ async fn delete_permission(
     }
     m.done(AdminRequest::ClearPermissions { vhost, user })
         .await?;
+    Ok(no_content())
+}
+
+fn topic_permission_json(p: &TopicPermissionDef) -> Value {
+    json!({
+        "user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write,
+        "read": p.read,
+    })
+}
+
+async fn topic_permission_list(m: &Management) -> ApiResult<Vec<TopicPermissionDef>> {
+    match m.ask(AdminRequest::ListTopicPermissions).await? {
+        AdminResponse::TopicPermissions(p) => Ok(p),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// The topic permissions `keep` picks, as a listing.
+async fn topic_permissions_where(
+    m: &Management,
+    caller: &Caller,
+    q: &HashMap<String, String>,
+    keep: impl Fn(&TopicPermissionDef) -> bool,
+) -> ApiResult<Json<Value>> {
+    caller.require_admin()?;
+    listing(
+        topic_permission_list(m)
+            .await?
+            .iter()
+            .filter(|p| keep(p))
+            .map(topic_permission_json)
+            .collect(),
+        q,
+    )
+}
+
+async fn topic_permissions(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    topic_permissions_where(&m, &caller, &q, |_| true).await
+}
+
+async fn user_topic_permissions(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(user): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    topic_permissions_where(&m, &caller, &q, |p| p.user == user).await
+}
+
+async fn vhost_topic_permissions(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    m.vhost_exists(&vhost).await?;
+    topic_permissions_where(&m, &caller, &q, |p| p.vhost == vhost).await
+}
+
+/// A user's topic permissions in a vhost, one per exchange (404 when it has none), as
+/// RabbitMQ's `/api/topic-permissions/{vhost}/{user}`.
+async fn topic_permission(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, user)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    caller.require_admin()?;
+    let found: Vec<Value> = topic_permission_list(&m)
+        .await?
+        .iter()
+        .filter(|p| p.vhost == vhost && p.user == user)
+        .map(topic_permission_json)
+        .collect();
+    if found.is_empty() {
+        return Err(ApiError::not_found());
+    }
+    Ok(Json(Value::Array(found)))
+}
+
+/// Sets the topic permissions of a user on the exchange the body names (`exchange`,
+/// `write`, `read`), as RabbitMQ's PUT.
+async fn put_topic_permission(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, user)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    caller.require_admin()?;
+    let o = json_body(&headers, &body)?;
+    m.vhost_exists(&vhost).await?;
+    let text = |k: &str, what: &str| -> ApiResult<String> {
+        o.get(k)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| ApiError::bad_request(format!("'{k}' is required ({what})")))
+    };
+    let exchange = text("exchange", "a topic exchange's name")?;
+    let existed = topic_permission_list(&m)
+        .await?
+        .iter()
+        .any(|p| p.vhost == vhost && p.user == user && p.exchange == exchange);
+    m.done(AdminRequest::SetTopicPermissions(TopicPermissionDef {
+        user,
+        vhost,
+        exchange,
+        write: text("write", "a regex")?,
+        read: text("read", "a regex")?,
+    }))
+    .await?;
+    Ok(put_status(existed))
+}
+
+/// Clears a user's topic permissions in a vhost (every exchange's, or only the one named
+/// by an `exchange` in a JSON body).
+async fn delete_topic_permission(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, user)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    caller.require_admin()?;
+    let exchange = if body.is_empty() {
+        None
+    } else {
+        json_body(&headers, &body)?
+            .get("exchange")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    if !topic_permission_list(&m).await?.iter().any(|p| {
+        p.vhost == vhost && p.user == user && exchange.as_ref().is_none_or(|x| *x == p.exchange)
+    }) {
+        return Err(ApiError::not_found());
+    }
+    m.done(AdminRequest::ClearTopicPermissions {
+        vhost,
+        user,
+        exchange,
+    })
+    .await?;
     Ok(no_content())
 }
 
@@ -1510,11 +1679,7 @@ async fn put_policy(
         .iter()
         .any(|p| p["vhost"] == vhost.as_str() && p["name"] == name.as_str());
     m.done(AdminRequest::SetPolicy(def)).await?;
-    Ok(if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    Ok(put_status(existed))
 }
 
 async fn delete_policy(
@@ -1621,11 +1786,7 @@ async fn put_exchange(
         }),
     )
     .await?;
-    Ok(if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    Ok(put_status(existed))
 }
 
 async fn delete_exchange(
@@ -1860,11 +2021,7 @@ async fn put_queue(
         }),
     )
     .await?;
-    Ok(if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    Ok(put_status(existed))
 }
 
 async fn delete_queue(

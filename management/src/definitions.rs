@@ -172,6 +172,16 @@ pub fn export(defs: &Definitions) -> Value {
             })
         })
         .collect();
+    let topic_permissions: Vec<Value> = defs
+        .topic_permissions
+        .iter()
+        .map(|p| {
+            json!({
+                "user": p.user, "vhost": p.vhost, "exchange": p.exchange,
+                "write": p.write, "read": p.read,
+            })
+        })
+        .collect();
     let exchanges: Vec<Value> = defs
         .exchanges
         .iter()
@@ -219,7 +229,8 @@ pub fn export(defs: &Definitions) -> Value {
         "product_name": "Warren",
         "product_version": env!("CARGO_PKG_VERSION"),
         "rabbit_version": "3.10.8",
-        "users": users, "vhosts": vhosts, "permissions": permissions, "topic_permissions": [],
+        "users": users, "vhosts": vhosts, "permissions": permissions,
+        "topic_permissions": topic_permissions,
         "parameters": [], "global_parameters": [], "policies": policies,
         "queues": queues, "exchanges": exchanges, "bindings": bindings,
     })
@@ -233,8 +244,7 @@ pub struct Imported {
     pub skipped: Vec<String>,
 }
 
-/// Reads RabbitMQ's definitions format. What Warren does not have (topic permissions,
-/// runtime parameters such as shovels and federation, users hashed with another algorithm)
+/// Reads RabbitMQ's definitions format. What Warren does not have (runtime parameters such as shovels and federation, users hashed with another algorithm)
 /// is listed as skipped rather than failing the import.
 pub fn import(doc: &Value) -> Result<Imported> {
     use base64::Engine;
@@ -293,6 +303,16 @@ pub fn import(doc: &Value) -> Result<Imported> {
             write: text(p, "write")?.to_string(),
             read: text(p, "read")?.to_string(),
         });
+    }
+    for p in list("topic_permissions") {
+        defs.topic_permissions
+            .push(warren_core::access::TopicPermissionDef {
+                user: text(p, "user")?.to_string(),
+                vhost: vhost_of(p).to_string(),
+                exchange: text(p, "exchange")?.to_string(),
+                write: text(p, "write")?.to_string(),
+                read: text(p, "read")?.to_string(),
+            });
     }
     for x in list("exchanges") {
         let name = text(x, "name")?;
@@ -392,7 +412,7 @@ pub fn import(doc: &Value) -> Result<Imported> {
             policies.join(", ")
         ));
     }
-    for key in ["topic_permissions", "parameters", "global_parameters"] {
+    for key in ["parameters", "global_parameters"] {
         let n = list(key).len();
         if n > 0 {
             skipped.push(format!("{n} {key} (not supported)"));
@@ -433,6 +453,7 @@ mod tests {
                 {"name": "md5", "password_hash": "", "hashing_algorithm": "rabbit_password_hashing_md5"}
             ],
             "permissions": [{"user": "guest", "vhost": "other", "configure": "", "write": ".*", "read": "^q$"}],
+            "topic_permissions": [{"user": "guest", "vhost": "other", "exchange": "amq.topic", "write": "^{username}\\.", "read": ""}],
             "exchanges": [
                 {"name": "x", "vhost": "/", "type": "topic", "durable": true, "auto_delete": false, "internal": false, "arguments": {}},
                 {"name": "amq.direct", "vhost": "/", "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}
@@ -464,6 +485,8 @@ mod tests {
         ));
         assert_eq!(d.users[1].tags, vec!["monitoring", "management"]);
         assert_eq!(d.permissions[0].read, "^q$");
+        assert_eq!(d.topic_permissions[0].write, "^{username}\\.");
+        assert_eq!(d.topic_permissions[0].exchange, "amq.topic");
         assert_eq!(imported.skipped.len(), 2, "{:?}", imported.skipped);
         let again = import(&export(d)).expect("our export imports");
         assert_eq!(&again.definitions, d);

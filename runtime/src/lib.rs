@@ -483,12 +483,16 @@ impl BrokerHandle {
     }
 
     fn spawn_shards(
-        brokers: Vec<(
+        mut brokers: Vec<(
             warren_core::Broker,
             mpsc::UnboundedSender<Control>,
             mpsc::UnboundedReceiver<Control>,
         )>,
     ) -> BrokerHandle {
+        for (b, _, _) in &mut brokers {
+            // MQTT connections send their client id: `{client_id}` in topic permissions.
+            b.expand_client_ids();
+        }
         let first = brokers.first().map(|(b, _, _)| Arc::clone(b.routes()));
         let routes: Routes = Arc::new(arc_swap::ArcSwap::new(first.unwrap_or_default()));
         // Mail between shards: unbounded channels, so two shards never wait on each other;
@@ -584,6 +588,13 @@ impl BrokerHandle {
         {
             return Ok(AdminResponse::Op(Err(refused)));
         }
+        let request = match request {
+            AdminRequest::Op { vhost, op } => AdminRequest::Op {
+                vhost,
+                op: replicate::decided(op),
+            },
+            other => other,
+        };
         Ok(match replicator.replicate(request).await {
             Ok(answer) => answer,
             Err(why) => match shape {
@@ -1029,6 +1040,8 @@ impl CommandSender {
                 out.push((ch, Op::Refuse(refused)));
                 continue;
             }
+            // Here too: this node applies what the cluster committed.
+            let op = replicate::decided(op);
             let request = AdminRequest::Op {
                 vhost,
                 op: op.clone(),
@@ -1075,7 +1088,56 @@ impl CommandSender {
             .into_iter()
             .find(|p| p.vhost == vhost && p.user == user)
             .and_then(|p| warren_core::access::Permissions::compile(p).ok());
-        Ok(replicate::permitted(perms.as_ref(), op))
+        if !replicate::permitted(perms.as_ref(), op) {
+            return Ok(false);
+        }
+        // A bind from a topic exchange also needs the binding key's topic permission, as
+        // the core checks it (`check_topic_access`), with the connection's MQTT client id.
+        let (Op::QueueBind(b) | Op::QueueUnbind(b) | Op::ExchangeBind(b) | Op::ExchangeUnbind(b)) =
+            op
+        else {
+            return Ok(true);
+        };
+        let topic = {
+            let table = self.guard.shared.routes.load();
+            table
+                .vhost(vhost)
+                .and_then(|v| table.exchange(v, &b.source))
+                .is_some_and(|x| table.is_topic(x))
+        };
+        if !topic {
+            return Ok(true);
+        }
+        let AdminResponse::TopicPermissions(all) = broker
+            .admin_local(AdminRequest::ListTopicPermissions)
+            .await?
+        else {
+            return Ok(false);
+        };
+        let mine: Vec<_> = all
+            .into_iter()
+            .filter(|p| p.vhost == vhost && p.user == user)
+            .collect();
+        if mine.is_empty() {
+            return Ok(true);
+        }
+        let client_id = self
+            .guard
+            .shared
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&self.guard.conn)
+            .and_then(|m| m.client_id.clone());
+        Ok(
+            warren_core::access::TopicPermissions::compile(mine).is_ok_and(|t| {
+                let t = match &client_id {
+                    Some(id) => t.for_client(id),
+                    None => t,
+                };
+                t.allows(warren_core::access::Perm::Read, &b.source, &b.routing_key)
+            }),
+        )
     }
 
     /// Sends one batch to the connection's shard.

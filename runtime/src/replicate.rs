@@ -50,6 +50,37 @@ pub trait Replicator: Send + Sync + 'static {
     }
 }
 
+/// `op` as it is proposed once [`Replicator::precheck`] let it through: a `queue.delete`
+/// with `if-unused` or `if-empty` was decided by that check, where the queue is served, so
+/// it is committed without its conditions. Otherwise each node would decide again on its
+/// own instance when it applies it: a consumer attaching (or a message arriving) on the
+/// home between the check and the commit made the home keep its queue while every other
+/// node dropped its copy (docs/cluster.md, "Failure modes"). Now every node deletes it,
+/// that consumer is cancelled and that message goes with the queue, as for an
+/// unconditional delete committed at that moment.
+pub fn decided(op: Op) -> Op {
+    match op {
+        Op::QueueDelete {
+            queue,
+            nowait,
+            if_unused: true,
+            ..
+        }
+        | Op::QueueDelete {
+            queue,
+            nowait,
+            if_empty: true,
+            ..
+        } => Op::QueueDelete {
+            queue,
+            if_unused: false,
+            if_empty: false,
+            nowait,
+        },
+        other => other,
+    }
+}
+
 /// Whether a client op reads cluster metadata and so waits for [`Replicator::barrier`]
 /// first: passive declares, a client's way to ask whether something exists.
 pub fn needs_barrier(op: &Op) -> bool {
@@ -120,7 +151,9 @@ pub fn replicated_admin(request: &AdminRequest) -> bool {
         | AdminRequest::SetUserTags { .. }
         | AdminRequest::DeleteUser(_)
         | AdminRequest::SetPermissions(_)
-        | AdminRequest::ClearPermissions { .. } => true,
+        | AdminRequest::ClearPermissions { .. }
+        | AdminRequest::SetTopicPermissions(_)
+        | AdminRequest::ClearTopicPermissions { .. } => true,
         _ => false,
     }
 }

@@ -82,6 +82,7 @@ pub(crate) async fn run(
     // for them.
     let mut node_link: Option<std::sync::Arc<dyn crate::NodeLink>> = None;
     let mut node_out = Vec::new();
+    let mut notices = Vec::new();
     // A sync right after the restore: it ends the store's recovery (dead space found
     // there is reclaimed) whether or not a client writes anything.
     broker.request_sync();
@@ -177,6 +178,8 @@ pub(crate) async fn run(
         }
         broker.poll_effects(&mut effects);
         flush(&mut effects, &mut outboxes, &conns);
+        let dropped = broker.take_notices(&mut notices);
+        log_notices(&mut notices, dropped, broker.shard());
         let now_alarms = (broker.publishers_blocked(), broker.alarms());
         if now_alarms != alarms {
             log_alarms(alarms, now_alarms, broker.shard());
@@ -204,6 +207,38 @@ pub(crate) async fn run(
 /// One log line per change of the resource alarms or of whether publishers are blocked
 /// (not one per connection told): each changes at most about once a second
 /// (`warren_core::broker::ALARM_HOLD_MS`).
+/// Logs what the broker noted this turn (`warren_core::Notice`).
+fn log_notices(notices: &mut Vec<warren_core::Notice>, dropped: u64, shard: u32) {
+    use warren_core::Notice;
+    use warren_core::escape::Escaped;
+    for n in notices.drain(..) {
+        match n {
+            Notice::DeadLettersHeld {
+                vhost,
+                queue,
+                held,
+                unroutable,
+            } => {
+                let why = if unroutable {
+                    "a dead letter reached no queue (its dead-letter exchange is missing or routes it nowhere)"
+                } else {
+                    "a target refused a dead letter (its length limit, its store, or a quorum queue without a leader)"
+                };
+                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue '{}' held: {why}; retried every second until taken", Escaped(&queue));
+            }
+            Notice::DeadLettersReleased { vhost, queue, held } => {
+                tracing::info!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue '{}' taken again by their targets", Escaped(&queue));
+            }
+            Notice::DeadLetterFallback { vhost, queue, text } => {
+                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), "policy on queue '{}': {text}", Escaped(&queue));
+            }
+        }
+    }
+    if dropped > 0 {
+        tracing::warn!(shard, dropped, "broker notices dropped (too many at once)");
+    }
+}
+
 fn log_alarms(before: (bool, warren_core::Alarms), now: (bool, warren_core::Alarms), shard: u32) {
     let (blocked, alarms) = now;
     let (memory, disk, store) = (alarms.memory, alarms.disk, alarms.store);
@@ -421,8 +456,30 @@ fn flush(
     if effects.is_empty() {
         return;
     }
+    // The effects of the turn's first few connections (a turn nearly always has few) are
+    // counted first, so their batches are allocated once at their size rather than grown by
+    // doubling (a reallocation and a copy of every effect so far at 4, 8, 16...).
+    const COUNTED: usize = 8;
+    let mut counts = [(ConnId(0), 0usize); COUNTED];
+    let mut counted = 0;
+    for e in effects.iter() {
+        let conn = e.conn();
+        if let Some(c) = counts[..counted].iter_mut().find(|c| c.0 == conn) {
+            c.1 += 1;
+        } else if counted < COUNTED {
+            counts[counted] = (conn, 1);
+            counted += 1;
+        }
+    }
     for effect in effects.drain(..) {
-        outboxes.entry(effect.conn()).or_default().push(effect);
+        let conn = effect.conn();
+        let batch = outboxes.entry(conn).or_default();
+        if batch.capacity() == 0
+            && let Some(c) = counts[..counted].iter().find(|c| c.0 == conn)
+        {
+            batch.reserve_exact(c.1);
+        }
+        batch.push(effect);
     }
     for (conn, batch) in outboxes.iter_mut() {
         if batch.is_empty() {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
-use warren_core::access::{PermissionDef, UserDef, VhostDef};
+use warren_core::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
 use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_core::store::{DefinitionChange, Definitions};
@@ -26,6 +26,10 @@ const VHOSTS: TableDefinition<&str, &[u8]> = TableDefinition::new("vhosts");
 const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 /// Key: vhost NUL user; value: the configure, write and read patterns.
 const PERMISSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("permissions");
+/// Key: vhost NUL user NUL exchange; value: the write and read patterns (topic permissions;
+/// a table added without a format version change: an older database has none, an older
+/// Warren never opens it).
+const TOPIC_PERMISSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("topic_permissions");
 /// MQTT retained messages (the core's `DefinitionChange::RetainedSet`/`RetainedCleared`):
 /// key vhost NUL topic, value in `retained.rs`.
 const RETAINED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("retained");
@@ -219,6 +223,53 @@ fn decode_permission(key: &str, v: &[u8]) -> Result<PermissionDef, DecodeError> 
     })
 }
 
+fn topic_key(vhost: &str, user: &str, exchange: &str) -> String {
+    format!("{vhost}\0{user}\0{exchange}")
+}
+
+fn encode_topic_permission(p: &TopicPermissionDef) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = Writer(&mut out);
+    w.bytes(p.write.as_bytes());
+    w.bytes(p.read.as_bytes());
+    out
+}
+
+fn decode_topic_permission(key: &str, v: &[u8]) -> Result<TopicPermissionDef, DecodeError> {
+    let mut parts = key.splitn(3, '\0');
+    let (Some(vhost), Some(user), Some(exchange)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(DecodeError::Truncated);
+    };
+    let b = Bytes::copy_from_slice(v);
+    let mut r = Reader::new(&b);
+    Ok(TopicPermissionDef {
+        vhost: vhost.to_string(),
+        user: user.to_string(),
+        exchange: exchange.to_string(),
+        write: r.string()?,
+        read: r.string()?,
+    })
+}
+
+/// Removes the topic permissions `pred` picks.
+fn drop_topic_permissions(
+    table: &mut redb::Table<'_, &'static str, &'static [u8]>,
+    pred: &dyn Fn(&TopicPermissionDef) -> bool,
+) -> Result<(), DefinitionsError> {
+    let mut doomed = Vec::new();
+    for row in table.iter().map_err(dberr)? {
+        let (k, v) = row.map_err(dberr)?;
+        if pred(&decode_topic_permission(k.value(), v.value())?) {
+            doomed.push(k.value().to_string());
+        }
+    }
+    for k in doomed {
+        table.remove(k.as_str()).map_err(dberr)?;
+    }
+    Ok(())
+}
+
 /// Rewrites a version-1 database (one vhost, bare-name keys) into version 2: every
 /// exchange, queue, policy and binding moves into vhost `/`.
 fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), DefinitionsError> {
@@ -278,6 +329,7 @@ impl DefinitionStore {
             tx.open_table(VHOSTS).map_err(dberr)?;
             tx.open_table(USERS).map_err(dberr)?;
             tx.open_table(PERMISSIONS).map_err(dberr)?;
+            tx.open_table(TOPIC_PERMISSIONS).map_err(dberr)?;
             tx.open_table(EXCHANGES).map_err(dberr)?;
             tx.open_table(QUEUES).map_err(dberr)?;
             tx.open_table(BINDINGS).map_err(dberr)?;
@@ -318,6 +370,16 @@ impl DefinitionStore {
             let (k, v) = row.map_err(dberr)?;
             defs.permissions
                 .push(decode_permission(k.value(), v.value())?);
+        }
+        for row in tx
+            .open_table(TOPIC_PERMISSIONS)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            defs.topic_permissions
+                .push(decode_topic_permission(k.value(), v.value())?);
         }
         for row in tx
             .open_table(EXCHANGES)
@@ -389,6 +451,7 @@ impl DefinitionStore {
             let mut vhosts = tx.open_table(VHOSTS).map_err(dberr)?;
             let mut users = tx.open_table(USERS).map_err(dberr)?;
             let mut permissions = tx.open_table(PERMISSIONS).map_err(dberr)?;
+            let mut topic_permissions = tx.open_table(TOPIC_PERMISSIONS).map_err(dberr)?;
             let mut retained = tx.open_table(RETAINED).map_err(dberr)?;
             let mut drop_bindings =
                 |pred: &dyn Fn(&str, &Bind, bool) -> bool| -> Result<(), DefinitionsError> {
@@ -413,6 +476,7 @@ impl DefinitionStore {
                 }
                 DefinitionChange::VhostDeleted(name) => {
                     vhosts.remove(name).map_err(dberr)?;
+                    drop_topic_permissions(&mut topic_permissions, &|p| p.vhost == name)?;
                 }
                 DefinitionChange::UserPut(u) => {
                     users
@@ -431,6 +495,26 @@ impl DefinitionStore {
                     for k in doomed {
                         permissions.remove(k.as_str()).map_err(dberr)?;
                     }
+                    drop_topic_permissions(&mut topic_permissions, &|p| p.user == name)?;
+                }
+                DefinitionChange::TopicPermissionSet(p) => {
+                    topic_permissions
+                        .insert(
+                            topic_key(&p.vhost, &p.user, &p.exchange).as_str(),
+                            encode_topic_permission(p).as_slice(),
+                        )
+                        .map_err(dberr)?;
+                }
+                DefinitionChange::TopicPermissionCleared {
+                    vhost,
+                    user,
+                    exchange,
+                } => {
+                    drop_topic_permissions(&mut topic_permissions, &|x| {
+                        x.vhost == vhost
+                            && x.user == user
+                            && exchange.is_none_or(|e| e == x.exchange)
+                    })?;
                 }
                 DefinitionChange::PermissionSet(p) => {
                     permissions
@@ -752,6 +836,66 @@ mod tests {
             .load()
             .expect("load");
         assert_eq!(again, defs);
+    }
+
+    #[test]
+    fn topic_permissions_round_trip_and_go_with_their_user_and_vhost() {
+        let path = temp_db("topic-perms");
+        let store = DefinitionStore::open(&path).expect("open");
+        let tp = |user: &str, vhost: &str, exchange: &str| TopicPermissionDef {
+            user: user.into(),
+            vhost: vhost.into(),
+            exchange: exchange.into(),
+            write: "^{username}\\.".into(),
+            read: "".into(),
+        };
+        for p in [
+            tp("bob", "dev", "amq.topic"),
+            tp("bob", "dev", "events"),
+            tp("bob", "prod", "amq.topic"),
+            tp("amy", "dev", "amq.topic"),
+        ] {
+            store
+                .apply(DefinitionChange::TopicPermissionSet(&p))
+                .expect("set");
+        }
+        // Replacing one keeps one record.
+        let mut changed = tp("bob", "dev", "events");
+        changed.read = "^x$".into();
+        store
+            .apply(DefinitionChange::TopicPermissionSet(&changed))
+            .expect("set");
+        drop(store);
+        let store = DefinitionStore::open(&path).expect("reopen");
+        let defs = store.load().expect("load");
+        assert_eq!(defs.topic_permissions.len(), 4);
+        assert!(defs.topic_permissions.contains(&changed));
+        store
+            .apply(DefinitionChange::TopicPermissionCleared {
+                vhost: "dev",
+                user: "bob",
+                exchange: Some("events"),
+            })
+            .expect("clear one");
+        assert_eq!(store.load().expect("load").topic_permissions.len(), 3);
+        store
+            .apply(DefinitionChange::VhostDeleted("prod"))
+            .expect("vhost");
+        store
+            .apply(DefinitionChange::UserDeleted("amy"))
+            .expect("user");
+        assert_eq!(
+            store.load().expect("load").topic_permissions,
+            vec![tp("bob", "dev", "amq.topic")]
+        );
+        store
+            .apply(DefinitionChange::TopicPermissionCleared {
+                vhost: "dev",
+                user: "bob",
+                exchange: None,
+            })
+            .expect("clear all");
+        assert!(store.load().expect("load").topic_permissions.is_empty());
     }
 
     #[test]

@@ -117,6 +117,7 @@ pub fn unavailable(bin: &std::path::Path) -> Option<String> {
     None
 }
 
+#[derive(Clone)]
 pub struct Node {
     pub name: String,
     pub amqp: String,

@@ -21,6 +21,9 @@ pub(crate) struct Conn {
     /// What the user may do in the vhost (it names the user too); `None` for the broker's
     /// internal connection (restore, admin), which may do anything.
     pub(crate) perms: Option<Arc<crate::access::Permissions>>,
+    /// The client identifier the host gave (`Op::ClientId`: MQTT's), which expands
+    /// `{client_id}` in topic permissions.
+    pub(crate) client_id: Option<Arc<str>>,
     /// The routing table's version after this connection's last routing change: its
     /// pre-routed publishes must come from a snapshot at least this new (`Publish::routed`).
     pub(crate) routes_seen: u64,

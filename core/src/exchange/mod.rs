@@ -246,6 +246,11 @@ enum RouterKind {
 }
 
 impl Router {
+    /// A topic exchange's (topic permissions apply to those only).
+    pub fn is_topic(&self) -> bool {
+        matches!(self.0, RouterKind::Topic(_))
+    }
+
     /// As [`Bindings::route`].
     pub fn route(
         &self,

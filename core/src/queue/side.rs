@@ -24,4 +24,6 @@ pub(crate) struct QueueSide {
     pub(crate) starving: std::collections::BTreeSet<QueueId>,
     /// The arguments last set on a queue (`HeldArgs::shared`).
     pub(crate) last_args: Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
+    /// The declared arguments last set on a queue (`QueueState::set_arguments`).
+    pub(crate) last_arguments: Option<std::sync::Arc<crate::message::FieldTable>>,
 }

@@ -133,9 +133,11 @@ pub(crate) struct QueueState {
     pub(crate) durable: bool,
     pub(crate) exclusive_owner: Option<crate::ids::ConnId>,
     pub(crate) auto_delete: bool,
-    /// The arguments as declared (for equivalence checks and export); boxed and `None` when
-    /// empty, as for most queues.
-    pub(crate) arguments: Option<Box<FieldTable>>,
+    /// The arguments as declared (for equivalence checks and export); `None` when empty, as
+    /// for most queues, and one allocation for the queues of a shard declared with equal
+    /// ones (`set_arguments`): every MQTT QoS 0 session's queue is declared with
+    /// `x-queue-type: mqtt-qos0`, and a table of one entry is a ~700-byte B-tree node.
+    pub(crate) arguments: Option<Arc<FieldTable>>,
     pub(crate) messages: MessageQueue,
     /// In arrival order, which is round-robin order (and id order).
     pub(crate) consumers: Vec<QueueConsumer>,
@@ -340,8 +342,25 @@ impl QueueState {
         self.args = HeldArgs::shared(args, last);
     }
 
-    pub(crate) fn set_arguments(&mut self, arguments: FieldTable) {
-        self.arguments = (!arguments.is_empty()).then(|| Box::new(arguments));
+    /// `last`: the arguments last set on a queue of the shard, shared when equal (as
+    /// `set_args` shares the parsed ones).
+    pub(crate) fn set_arguments(
+        &mut self,
+        arguments: FieldTable,
+        last: &mut Option<Arc<FieldTable>>,
+    ) {
+        self.arguments = if arguments.is_empty() {
+            None
+        } else {
+            match last {
+                Some(held) if **held == arguments => Some(Arc::clone(held)),
+                _ => {
+                    let held = Arc::new(arguments);
+                    *last = Some(Arc::clone(&held));
+                    Some(held)
+                }
+            }
+        };
     }
 
     /// The arguments as declared.

@@ -207,3 +207,43 @@ proptest! {
         }
     }
 }
+
+/// The declared arguments of queues declared alike (every MQTT QoS 0 session's
+/// `x-queue-type: mqtt-qos0`) are one allocation, not a ~700-byte B-tree node per queue.
+#[test]
+fn equal_declared_arguments_are_held_once() {
+    let table = |kind: &str| {
+        let mut t = FieldTable::new();
+        t.insert(
+            "x-queue-type".into(),
+            crate::message::FieldValue::string(kind),
+        );
+        t
+    };
+    let queue = |n: u64| {
+        QueueState::new(
+            QueueId(n),
+            VhostId(0),
+            Arc::from(format!("q{n}")),
+            MessageQueue::new(),
+            0,
+        )
+    };
+    let mut last = None;
+    let (mut a, mut b, mut c, mut d) = (queue(1), queue(2), queue(3), queue(4));
+    a.set_arguments(table("mqtt-qos0"), &mut last);
+    b.set_arguments(table("mqtt-qos0"), &mut last);
+    let (Some(x), Some(y)) = (&a.arguments, &b.arguments) else {
+        panic!("non-empty arguments are held");
+    };
+    assert!(Arc::ptr_eq(x, y), "one allocation for both");
+    c.set_arguments(table("classic"), &mut last);
+    assert_eq!(c.arguments(), &table("classic"));
+    assert_eq!(
+        a.arguments(),
+        &table("mqtt-qos0"),
+        "the first queue's are unchanged"
+    );
+    d.set_arguments(FieldTable::new(), &mut last);
+    assert!(d.arguments.is_none(), "no allocation for none");
+}

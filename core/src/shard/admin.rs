@@ -42,6 +42,7 @@ impl Broker {
                 consumers: q.consumers.len(),
                 memory: q.messages.bytes(),
                 paged_out: q.messages.paged().count,
+                messages_dlx: q.dead_held().0,
                 stats: q.stats,
                 policy: self
                     .topo
@@ -248,6 +249,7 @@ impl Broker {
             vhosts: self.list_vhosts(),
             users: self.list_users(),
             permissions: self.list_permissions(),
+            topic_permissions: self.list_topic_permissions(),
             policies: self.list_policies(),
             ..Definitions::default()
         };
@@ -348,6 +350,15 @@ impl Broker {
                 Err(e) => errors.push(format!(
                     "permissions of '{}' in vhost '{}': {e}",
                     p.user, p.vhost
+                )),
+            }
+        }
+        for p in &defs.topic_permissions {
+            match self.set_topic_permissions(now, p.clone()) {
+                Ok(()) => report.topic_permissions += 1,
+                Err(e) => errors.push(format!(
+                    "topic permissions of '{}' in vhost '{}' on exchange '{}': {e}",
+                    p.user, p.vhost, p.exchange
                 )),
             }
         }
@@ -528,6 +539,15 @@ impl Broker {
                 Done(broker.clear_permissions(now, &vhost, &user))
             }
             AdminRequest::ListPermissions => AdminResponse::Permissions(broker.list_permissions()),
+            AdminRequest::SetTopicPermissions(p) => Done(broker.set_topic_permissions(now, p)),
+            AdminRequest::ClearTopicPermissions {
+                vhost,
+                user,
+                exchange,
+            } => Done(broker.clear_topic_permissions(now, &vhost, &user, exchange.as_deref())),
+            AdminRequest::ListTopicPermissions => {
+                AdminResponse::TopicPermissions(broker.list_topic_permissions())
+            }
             AdminRequest::ListChannels => AdminResponse::Channels(broker.list_channels()),
             AdminRequest::VhostStats => AdminResponse::VhostStats(broker.vhost_stats()),
             AdminRequest::MemoryStatus => AdminResponse::Memory(broker.memory_status()),

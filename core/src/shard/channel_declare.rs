@@ -84,6 +84,7 @@ impl Broker {
             return Err(Self::default_exchange_refused(op));
         }
         self.check_access(ch, op, Perm::Read, Resource::Exchange, &b.source)?;
+        self.check_topic_access(ch, op, Perm::Read, &b.source, &b.routing_key)?;
         self.send_to_topology(ch, TopologyRequest::Bind { op, bind: b });
         Ok(())
     }
@@ -106,6 +107,7 @@ impl Broker {
         if b.destination.is_empty() && b.routing_key.is_empty() {
             b.routing_key = queue_name.to_string();
         }
+        self.check_topic_access(ch, op, Perm::Read, &b.source, &b.routing_key)?;
         b.destination = queue_name.to_string();
         self.send_to_topology(ch, TopologyRequest::Bind { op, bind: b });
         Ok(())

@@ -36,6 +36,7 @@ impl Broker {
         }
         let exchange = self.exchange_id(ch, op, &p.exchange)?;
         self.check_access(ch, op, Perm::Write, Resource::Exchange, &p.exchange)?;
+        self.check_topic_access(ch, op, Perm::Write, &p.exchange, &p.routing_key)?;
         if let Some(e) = p.properties.expiration.as_deref()
             && let Err(text) = crate::queue_args::parse_expiration(e)
         {

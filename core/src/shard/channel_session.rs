@@ -44,6 +44,7 @@ impl Broker {
             Box::new(Conn {
                 vhost,
                 perms,
+                client_id: None,
                 cancel_notify,
                 channels: SortedSet::default(),
                 exclusive_queues: SortedSet::default(),

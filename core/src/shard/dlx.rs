@@ -13,7 +13,7 @@ use super::Broker;
 use super::mail::{Mail, Publisher};
 use crate::ids::{ChannelAddr, ChannelRef, ConnId, QueueId};
 use crate::message::Message;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 /// How long a dead letter that reached no queue, or that a target refused, waits before it
@@ -53,9 +53,95 @@ pub(crate) struct DlxWorker {
     due: BTreeMap<QueueId, u64>,
     /// Dead letters every target took, durable once the epoch syncs: (epoch, queue, seq).
     syncing: VecDeque<(u64, QueueId, u64)>,
+    /// Queues whose dead letters wait (one reached no queue or was refused) since the last
+    /// notice: one [`Notice::DeadLettersHeld`] when they start waiting, one
+    /// [`Notice::DeadLettersReleased`] when one is taken again, not one per retry.
+    stuck: HashSet<QueueId>,
+    /// What the host logs (`Broker::take_notices`), oldest first; at most [`MAX_NOTICES`].
+    notices: Vec<Notice>,
+    /// Notices dropped because the host did not take them in time.
+    notices_dropped: u64,
+}
+
+/// Whether notices are made at all (cargo feature `notices`; off in the wasm builds, whose
+/// hosts keep no log): a constant, so the compiler drops their code where it is off.
+pub(crate) const NOTICES: bool = cfg!(feature = "notices");
+
+/// Notices kept for the host at most (it takes them after every turn).
+const MAX_NOTICES: usize = 1024;
+
+/// What the broker has to say for the host's log (the core has no log of its own): the
+/// waits of at-least-once dead-lettering, as RabbitMQ's dead-letter worker logs them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// Queue `queue`'s dead letters wait in it: one reached no queue (`unroutable`: its
+    /// dead-letter exchange is missing or routes it nowhere) or a target refused it (its
+    /// length limit, its store, a quorum queue without a leader). `held`: dead letters
+    /// it holds now. Tried again every second until taken.
+    DeadLettersHeld {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// Dead letters it holds now.
+        held: u64,
+        /// Reached no queue (else refused by a target).
+        unroutable: bool,
+    },
+    /// Queue `queue`'s dead letters are taken again after a wait; `held`: still held.
+    DeadLettersReleased {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// Dead letters it holds now.
+        held: u64,
+    },
+    /// A policy made quorum queue `queue`'s dead-letter strategy at-least-once, which it
+    /// cannot honour: `text` is RabbitMQ's warning (`queue_args::dead_letter_warning`).
+    DeadLetterFallback {
+        /// The queue's vhost.
+        vhost: Arc<str>,
+        /// The queue.
+        queue: Arc<str>,
+        /// RabbitMQ's warning.
+        text: &'static str,
+    },
 }
 
 impl Broker {
+    /// Hands the host what it should log (see [`Notice`]), oldest first, and how many were
+    /// dropped since the last call because more than the bound waited.
+    pub fn take_notices(&mut self, out: &mut Vec<Notice>) -> u64 {
+        out.append(&mut self.dlx.notices);
+        std::mem::take(&mut self.dlx.notices_dropped)
+    }
+
+    pub(super) fn notice(&mut self, n: Notice) {
+        if self.dlx.notices.len() >= MAX_NOTICES {
+            self.dlx.notices_dropped += 1;
+        } else {
+            self.dlx.notices.push(n);
+        }
+    }
+
+    /// Queue `id`'s dead letters started waiting (once per wait).
+    fn dead_letters_stuck(&mut self, id: QueueId, unroutable: bool) {
+        if !NOTICES || !self.dlx.stuck.insert(id) {
+            return;
+        }
+        let Some(q) = self.qs.queues.get(&id) else {
+            return;
+        };
+        let n = Notice::DeadLettersHeld {
+            vhost: self.topo.vhost_name_arc(q.vhost),
+            queue: q.name.clone(),
+            held: q.dead_held().0,
+            unroutable,
+        };
+        self.notice(n);
+    }
+
     /// This shard's dead-letter address.
     fn dlx_addr(&self) -> ChannelAddr {
         ChannelAddr {
@@ -97,6 +183,7 @@ impl Broker {
         let now = self.now;
         self.dlx.due.remove(&id);
         let Some(q) = self.qs.queues.get_mut(&id) else {
+            self.dlx.stuck.remove(&id);
             return;
         };
         let vhost = q.vhost;
@@ -184,6 +271,7 @@ impl Broker {
                 let at = now.saturating_add(RETRY_MS);
                 d.at = Some(at);
                 self.dead_letters_due_at(id, at);
+                self.dead_letters_stuck(id, true);
             } else {
                 let at = now.saturating_add(ANSWER_TIMEOUT_MS);
                 d.in_flight = sent;
@@ -241,6 +329,7 @@ impl Broker {
             let at = now.saturating_add(RETRY_MS);
             d.at = Some(at);
             self.dead_letters_due_at(sent.queue, at);
+            self.dead_letters_stuck(sent.queue, false);
             return;
         }
         d.confirmed = true;
@@ -255,6 +344,17 @@ impl Broker {
 
     fn settle_dead_letter_now(&mut self, id: QueueId, seq: u64) {
         self.with_queue(id, |q, io| q.settle_dead_letter(io, seq));
+        if NOTICES
+            && self.dlx.stuck.remove(&id)
+            && let Some(q) = self.qs.queues.get(&id)
+        {
+            let n = Notice::DeadLettersReleased {
+                vhost: self.topo.vhost_name_arc(q.vhost),
+                queue: q.name.clone(),
+                held: q.dead_held().0,
+            };
+            self.notice(n);
+        }
     }
 
     /// The sync of `epoch` completed: dead letters whose targets' copies it covers leave.
@@ -338,6 +438,7 @@ impl Broker {
             self.dead_letters_due_at(id, now);
         } else {
             self.dlx.due.remove(&id);
+            self.dlx.stuck.remove(&id);
         }
     }
 }

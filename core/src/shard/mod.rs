@@ -37,6 +37,7 @@ mod check;
 mod credit;
 mod dead_letter;
 mod dlx;
+pub use dlx::Notice;
 mod nodes;
 mod nodes_consume;
 pub use nodes::{NodeChannel, NodeConsumer, NodeGot, NodeMail, NodeRequest, NodeSettle};
@@ -511,6 +512,16 @@ impl Broker {
         }
         match op {
             Op::ConnectionOpen { .. } => Ok(()),
+            Op::ClientId(id) => {
+                if crate::access::TOPIC_PERMISSIONS
+                    && let Some(conn) = self.chans.conns.get_mut(&ch.conn)
+                {
+                    let users = &self.topo.users;
+                    conn.perms = conn.perms.as_ref().map(|p| users.for_client(p, &id));
+                    conn.client_id = Some(std::sync::Arc::from(id));
+                }
+                Ok(())
+            }
             Op::ConnectionClose => {
                 self.flush_holds(ch.conn);
                 self.release_connection(ch.conn);
@@ -634,6 +645,7 @@ impl Broker {
                 self.retained_op(ch, mail::TopologyRequest::RetainedGet { filter, max })
             }
             Op::ConnectionOpen { .. }
+            | Op::ClientId(_)
             | Op::ConnectionClose
             | Op::ChannelOpen
             | Op::ChannelCloseOk

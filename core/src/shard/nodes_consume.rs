@@ -122,11 +122,32 @@ pub(crate) struct Attached {
     settings: HashMap<(ChannelRef, u32, Arc<str>), NodeConsumer>,
     /// Credit to give back once the connection has written: conn -> (node, window, count).
     owed: HashMap<ConnId, Vec<(u32, u32, u32)>>,
+    /// Consumers attached again (their queue moved) whose consume has not been answered
+    /// yet, by channel opening and tag: until it is, the consumer is nowhere in
+    /// `consumers`, so a refusal, the queue's deletion, the target node going away or the
+    /// queue moving again must find it here, or the client would wait for ever on a
+    /// consumer no queue serves (it gets basic.cancel instead, or is attached again).
+    /// One entry per consumer of this node's channels at most.
+    moving: HashMap<MovingKey, Moving>,
+}
+
+/// A consumer by its channel's opening and its tag.
+type MovingKey = (ChannelRef, u32, Arc<str>);
+
+/// A consumer attached again, its consume in flight (`Attached::moving`).
+pub(super) struct Moving {
+    queue: QueueId,
+    /// Where the consume went (`None`: this node's own queue).
+    node: Option<u32>,
+    settings: NodeConsumer,
+    /// The node it went to became unreachable before it answered: it is attached again
+    /// when that node is back (`node_reachable`) or the queue moves.
+    lost: bool,
 }
 
 impl Attached {
     pub(super) fn has_consumers(&self) -> bool {
-        !self.consumers.is_empty()
+        !self.consumers.is_empty() || !self.moving.is_empty()
     }
 
     /// Whether channel `to` waits for another node's answer.
@@ -224,7 +245,12 @@ impl Broker {
         };
         let (vhost, name) = self.queue_names(queue);
         if let Some((to, error)) = self.unsupported_across_shards(&mail, node, &name) {
-            self.mail.push_back(Mail::Refused { to, error });
+            match &mail {
+                Mail::Consume { consumer, .. } if self.reattaching(to, &consumer.tag, queue) => {
+                    self.reattach_failed(to, consumer.tag.clone(), queue);
+                }
+                _ => self.mail.push_back(Mail::Refused { to, error }),
+            }
             return None;
         }
         let request = |b: &mut Broker, to: ChannelAddr, op: OpKind, r: NodeRequest| {
@@ -1154,9 +1180,26 @@ impl Broker {
                 let addr = to.addr();
                 let cid = ConsumerId(consumer);
                 let stub = self.named_queue(&vhost, &queue).map(|(_, q)| q);
-                if !stub.is_some_and(|stub| self.reattaching(addr, &tag, stub))
-                    && self.node_answered_request(addr).is_none()
+                let moving = self.reattached(addr, &tag);
+                let reattach = stub.is_some_and(|stub| self.reattaching(addr, &tag, stub));
+                if let (Some(m), Some(stub), true) = (moving, stub, reattach)
+                    && self.queue_home(stub) != Some(from)
                 {
+                    // The queue moved again while this consume travelled: it goes there
+                    // (the moves it saw meanwhile found it in flight, nowhere attached).
+                    self.nodes.outbox.push((
+                        from,
+                        NodeMail::Cancel {
+                            vhost,
+                            queue,
+                            consumer,
+                            reply: None,
+                        },
+                    ));
+                    self.attach_again(stub, addr, m.settings);
+                    return;
+                }
+                if !reattach && self.node_answered_request(addr).is_none() {
                     // Too late (the request timed out): the home lets it go.
                     self.nodes.outbox.push((
                         from,
@@ -1217,8 +1260,9 @@ impl Broker {
                     .settings
                     .retain(|k, _| (k.0, k.1) != (addr.ch, addr.serial));
                 // No request waits: a consumer attached again was refused where its queue
-                // moved; it stays, and gets nothing there.
+                // moved (gone there, or in exclusive use): it ends, and the client hears.
                 let Some(op) = self.node_answered_request(addr).map(|r| r.op) else {
+                    self.reattach_refused(addr, from);
                     return;
                 };
                 let code = ErrorCode::from_code(code).unwrap_or(ErrorCode::InternalError);
@@ -1483,6 +1527,7 @@ impl Broker {
                 c.orphan = true;
             }
         }
+        self.reattach_lost(node);
         gone.sort_unstable();
         for key in gone {
             if let Some(c) = self.nodes.attached.consumers.remove(&key) {
@@ -1657,6 +1702,8 @@ impl Broker {
         for (to, c) in moving {
             self.attach_again(id, to, c);
         }
+        // Those whose consume was lost with an unreachable node go where it is now.
+        self.reattach_again(|m| m.queue == id);
     }
 
     /// The host reaches node `node` again (`BrokerHandle::node_reachable`): the consumers
@@ -1696,6 +1743,7 @@ impl Broker {
                 self.attach_again(key.0, to, settings);
             }
         }
+        self.reattach_again(|m| m.node == Some(node));
         self.after_op();
     }
 
@@ -1711,6 +1759,16 @@ impl Broker {
         {
             return;
         }
+        let node = self.queue_home(id);
+        self.nodes.attached.moving.insert(
+            (to.ch, to.serial, c.tag.clone()),
+            Moving {
+                queue: id,
+                node,
+                settings: c.clone(),
+                lost: false,
+            },
+        );
         self.mail.push_back(Mail::Consume {
             queue: id,
             consumer: Box::new(QueueConsumer {
@@ -1729,6 +1787,103 @@ impl Broker {
             nowait: true,
             stream_offset: None,
         });
+    }
+
+    /// The consume of consumer `tag` of channel `to`, attached again, was answered with a
+    /// consume-ok: it is attached (`None` if it was not moving).
+    pub(super) fn reattached(&mut self, to: ChannelAddr, tag: &Arc<str>) -> Option<Moving> {
+        if !NODES || self.nodes.attached.moving.is_empty() {
+            return None;
+        }
+        self.nodes
+            .attached
+            .moving
+            .remove(&(to.ch, to.serial, tag.clone()))
+    }
+
+    /// Consumer `tag` of channel `to` on queue `queue` cannot be attached again (its
+    /// queue refused it where it is now, or is gone): the client learns it as from a
+    /// deleted queue, basic.cancel if it takes one (RabbitMQ's consumer_cancel_notify),
+    /// never a consumer left waiting on nothing.
+    pub(super) fn reattach_failed(&mut self, to: ChannelAddr, tag: Arc<str>, queue: QueueId) {
+        self.nodes
+            .attached
+            .moving
+            .remove(&(to.ch, to.serial, tag.clone()));
+        let current = self
+            .chans
+            .channels
+            .get(&to.ch)
+            .filter(|c| c.serial == to.serial)
+            .and_then(|c| c.consumers.get(&tag));
+        if let Some((cid, q)) = current
+            && q == queue
+        {
+            self.mail.push_back(Mail::ConsumerGone {
+                ch: to.ch,
+                consumer: cid,
+                consumer_tag: tag,
+            });
+        }
+    }
+
+    /// Node `node` refused a request of channel `to` that no client request waits for:
+    /// the consumes of that channel attached again there (at most one in flight per
+    /// consumer; the refusal names no tag, so every one of them in flight there goes,
+    /// and a consume-ok that still comes for one is cancelled on arrival).
+    fn reattach_refused(&mut self, to: ChannelAddr, node: u32) {
+        let mut refused: Vec<(Arc<str>, QueueId)> = self
+            .nodes
+            .attached
+            .moving
+            .iter()
+            .filter(|(k, m)| (k.0, k.1) == (to.ch, to.serial) && m.node == Some(node))
+            .map(|(k, m)| (k.2.clone(), m.queue))
+            .collect();
+        refused.sort_unstable();
+        for (tag, queue) in refused {
+            self.reattach_failed(to, tag, queue);
+        }
+    }
+
+    /// Consumers attached again whose consume went to `node` now unreachable: kept, to
+    /// attach again when it is back or the queue moves (as `orphan` attached consumers).
+    fn reattach_lost(&mut self, node: u32) {
+        for m in self.nodes.attached.moving.values_mut() {
+            if m.node == Some(node) {
+                m.lost = true;
+            }
+        }
+    }
+
+    /// Attaches again the consumers whose consume was lost, those of `node` back or of
+    /// queue `queue` moved.
+    fn reattach_again(&mut self, which: impl Fn(&Moving) -> bool) {
+        let mut again: Vec<(MovingKey, QueueId)> = self
+            .nodes
+            .attached
+            .moving
+            .iter()
+            .filter(|(_, m)| m.lost && which(m))
+            .map(|(k, m)| (k.clone(), m.queue))
+            .collect();
+        again.sort_unstable_by(|a, b| {
+            (a.0.0.conn, a.0.0.channel, a.0.1, &a.0.2).cmp(&(
+                b.0.0.conn,
+                b.0.0.channel,
+                b.0.1,
+                &b.0.2,
+            ))
+        });
+        for (key, queue) in again {
+            if let Some(m) = self.nodes.attached.moving.remove(&key) {
+                let to = ChannelAddr {
+                    ch: key.0,
+                    serial: key.1,
+                };
+                self.attach_again(queue, to, m.settings);
+            }
+        }
     }
 
     /// Fails request `(ch, serial)` waiting for another node: a cancel is answered
@@ -1814,7 +1969,7 @@ impl Broker {
     /// Queue `id` (a stub) is deleted here: this node's consumers attached to it on its
     /// home are cancelled (basic.cancel for clients that take it).
     pub(super) fn cancel_attached(&mut self, id: QueueId) {
-        if !NODES || self.nodes.attached.consumers.is_empty() {
+        if !NODES || !self.nodes.attached.has_consumers() {
             return;
         }
         let mut keys: Vec<(QueueId, ConsumerId)> = self
@@ -1834,6 +1989,21 @@ impl Broker {
                     consumer_tag: c.tag,
                 });
             }
+        }
+        // Those attaching again, their consume in flight (or lost with a node).
+        let mut moving: Vec<MovingKey> = self
+            .nodes
+            .attached
+            .moving
+            .iter()
+            .filter(|(_, m)| m.queue == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        moving.sort_unstable_by(|a, b| {
+            (a.0.conn, a.0.channel, a.1, &a.2).cmp(&(b.0.conn, b.0.channel, b.1, &b.2))
+        });
+        for (ch, serial, tag) in moving {
+            self.reattach_failed(ChannelAddr { ch, serial }, tag, id);
         }
     }
 }

@@ -87,6 +87,7 @@ impl Broker {
                 if self.reattaching(to, &tag, queue) {
                     // Its queue moved (a quorum queue's leader): the same consumer, attached
                     // where the queue is now; the client asked nothing.
+                    self.reattached(to, &tag);
                     if let Some(c) = self.chans.channels.get_mut(&to.ch) {
                         c.consumers.remove(&tag);
                         c.consumers.insert(tag, consumer, queue);

@@ -318,8 +318,11 @@ impl Broker {
     ) {
         consumer.id = ConsumerId(self.id_on(self.shard));
         let (to, cid, tag) = (consumer.addr(), consumer.id, consumer.tag.clone());
+        // A consumer of this node's channel attached here again (its quorum queue's leader
+        // moved here): no client request waits for a refusal, which ends it instead.
+        let reattach = self.reattaching(to, &tag, queue);
         if let Err(error) = self.check_exclusive(to.ch, OpKind::Consume, queue) {
-            self.mail.push_back(Mail::Refused { to, error });
+            self.refuse_consume(to, tag, queue, reattach, error);
             return;
         }
         let now = self.now;
@@ -351,7 +354,7 @@ impl Broker {
             };
             if let Some((code, text)) = refused {
                 let error = self.stream_refusal(queue, code, OpKind::Consume, &text);
-                self.mail.push_back(Mail::Refused { to, error });
+                self.refuse_consume(to, tag, queue, reattach, error);
                 return;
             }
             stream_start = start;
@@ -415,7 +418,7 @@ impl Broker {
             });
         }
         match refused {
-            Some(error) => self.mail.push_back(Mail::Refused { to, error }),
+            Some(error) => self.refuse_consume(to, tag, queue, reattach, error),
             None => {
                 self.mail.push_back(Mail::ConsumeOk {
                     to,
@@ -426,6 +429,23 @@ impl Broker {
                 });
                 self.dispatch(queue);
             }
+        }
+    }
+
+    /// A consume refused: the client's request fails, or a consumer attached again ends
+    /// with basic.cancel (`reattach_failed`).
+    fn refuse_consume(
+        &mut self,
+        to: ChannelAddr,
+        tag: Arc<str>,
+        queue: QueueId,
+        reattach: bool,
+        error: ProtocolError,
+    ) {
+        if reattach {
+            self.reattach_failed(to, tag, queue);
+        } else {
+            self.mail.push_back(Mail::Refused { to, error });
         }
     }
 
@@ -621,7 +641,7 @@ impl Broker {
         if !is_stream {
             queue.set_args(c.args, &mut self.qs.last_args);
         }
-        queue.set_arguments(d.arguments);
+        queue.set_arguments(d.arguments, &mut self.qs.last_arguments);
         let expiring = queue.args.message_ttl.is_some() || queue.args.expires.is_some();
         // Messages a durable queue's log already holds (a restore) count in declare-ok.
         let message_count = u32::try_from(queue.messages.len()).unwrap_or(u32::MAX);

@@ -136,6 +136,14 @@ impl Broker {
                     errors.push(format!("permissions of '{}' in '{}': {e}", p.user, p.vhost));
                 }
             }
+            for p in &definitions.topic_permissions {
+                if let Err(e) = self.set_topic_permissions(now, p.clone()) {
+                    errors.push(format!(
+                        "topic permissions of '{}' in '{}' on '{}': {e}",
+                        p.user, p.vhost, p.exchange
+                    ));
+                }
+            }
         }
         for p in &definitions.policies {
             if let Err(e) = self.set_policy(now, p.clone()) {

@@ -90,6 +90,19 @@ impl Broker {
             if args.message_ttl.is_some() || args.expires.is_some() {
                 self.qs.expiring.insert(id);
             }
+            // A policy asks for at-least-once dead-lettering the queue cannot do: RabbitMQ's
+            // warning, as a declare with those arguments gets it (the gateway logs that one).
+            if super::dlx::NOTICES
+                && let Some(text) = crate::queue_args::dead_letter_warning(&merged)
+                && crate::queue_args::dead_letter_warning(q.arguments()) != Some(text)
+            {
+                let n = super::Notice::DeadLetterFallback {
+                    vhost: self.topo.vhost_name_arc(q.vhost),
+                    queue: q.name.clone(),
+                    text,
+                };
+                self.notice(n);
+            }
             if let Some(q) = self.qs.queues.get_mut(&id) {
                 let was = q.at_least_once();
                 q.set_args(args, &mut self.qs.last_args);

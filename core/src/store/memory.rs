@@ -144,6 +144,7 @@ impl Store for MemoryStore {
             }
             DefinitionChange::VhostDeleted(name) => {
                 defs.vhosts.retain(|x| x.name != name);
+                defs.topic_permissions.retain(|x| x.vhost != name);
             }
             DefinitionChange::UserPut(u) => {
                 defs.users.retain(|x| x.name != u.name);
@@ -152,6 +153,7 @@ impl Store for MemoryStore {
             DefinitionChange::UserDeleted(name) => {
                 defs.users.retain(|x| x.name != name);
                 defs.permissions.retain(|p| p.user != name);
+                defs.topic_permissions.retain(|p| p.user != name);
             }
             DefinitionChange::PermissionSet(p) => {
                 defs.permissions
@@ -161,6 +163,23 @@ impl Store for MemoryStore {
             DefinitionChange::PermissionCleared { vhost, user } => {
                 defs.permissions
                     .retain(|x| !(x.vhost == vhost && x.user == user));
+            }
+            DefinitionChange::TopicPermissionSet(p) => {
+                defs.topic_permissions.retain(|x| {
+                    !(x.vhost == p.vhost && x.user == p.user && x.exchange == p.exchange)
+                });
+                defs.topic_permissions.push(p.clone());
+            }
+            DefinitionChange::TopicPermissionCleared {
+                vhost,
+                user,
+                exchange,
+            } => {
+                defs.topic_permissions.retain(|x| {
+                    !(x.vhost == vhost
+                        && x.user == user
+                        && exchange.is_none_or(|e| e == x.exchange))
+                });
             }
             DefinitionChange::ExchangeDeclared { vhost, def } => {
                 defs.exchanges

@@ -20,7 +20,7 @@ mod stream;
 pub use memory::MemoryStore;
 pub use stream::{MemLog, SharedStreams, StreamBounds, StreamEntry, StreamSettings, StreamStart};
 
-use crate::access::{PermissionDef, UserDef, VhostDef};
+use crate::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
 use crate::command::{Bind, ExchangeDeclare, QueueDeclare};
 use crate::ids::QueueId;
 use crate::message::Message;
@@ -47,6 +47,18 @@ pub enum DefinitionChange<'a> {
         vhost: &'a str,
         /// The user.
         user: &'a str,
+    },
+    /// A user's topic permissions on an exchange of a vhost were set.
+    TopicPermissionSet(&'a TopicPermissionDef),
+    /// A user's topic permissions in a vhost were cleared: on one exchange, or (`None`) on
+    /// every exchange.
+    TopicPermissionCleared {
+        /// The vhost.
+        vhost: &'a str,
+        /// The user.
+        user: &'a str,
+        /// The exchange; `None`: all.
+        exchange: Option<&'a str>,
     },
     /// A durable exchange was declared.
     ExchangeDeclared {
@@ -130,6 +142,8 @@ pub struct Definitions {
     pub users: Vec<UserDef>,
     /// Permissions.
     pub permissions: Vec<PermissionDef>,
+    /// Topic permissions (replayed after permissions).
+    pub topic_permissions: Vec<TopicPermissionDef>,
     /// Policies.
     pub policies: Vec<crate::policy::PolicyDef>,
     /// Durable exchanges, with their vhost.

@@ -670,6 +670,10 @@ pub fn encode_op(op: &Op, out: &mut Vec<u8>) {
             w.str(filter);
             w.u32(*max);
         }
+        Op::ClientId(id) => {
+            w.u8(0x20);
+            w.str(id);
+        }
     }
 }
 
@@ -841,6 +845,7 @@ pub fn decode_op(buf: &[u8]) -> Result<Op> {
             filter: r.string()?,
             max: r.u32()?,
         },
+        0x20 => Op::ClientId(r.string()?),
         t => return Err(r.bad("op", t)),
     };
     r.finish()?;
