@@ -20,15 +20,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Free space where the build and the tests' data dirs live: below a broker's 50 MB
+# disk_free_limit its alarm blocks publishers, so a nearly full disk shows up here.
+free_disk() {
+  df -h --output=avail "$root/target" "${TMPDIR:-/tmp}" 2>/dev/null | tail -n +2 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'
+}
+
 step() { # name command...
   local name=$1; shift
   printf '\n=== %s ===\n' "$name"
   local start=$SECONDS
   if "$@"; then
     passed=$((passed + 1))
-    printf -- '--- ok: %s (%ss)\n' "$name" $((SECONDS - start))
+    printf -- '--- ok: %s (%ss, %s free on disk)\n' "$name" $((SECONDS - start)) "$(free_disk)"
   else
-    printf -- '--- FAILED: %s\n' "$name"
+    printf -- '--- FAILED: %s (%ss, %s free on disk)\n' "$name" $((SECONDS - start)) "$(free_disk)"
     echo "steps: $passed passed, 1 failed"
     exit 1
   fi
@@ -110,6 +116,19 @@ stream_compare_short() {
     timeout 300 bench/stream-compare.sh --log "$out/run.log" --svg "$out" 2000 12 1,8 >/dev/null &&
     python3 bench/stream-table.py --check "$out/run.log" >/dev/null &&
     ls "$out/amqp091-12.svg" "$out/stream-12.svg"
+}
+
+# Every unit and integration test, bounded: a test that waits forever (a broker whose disk
+# alarm blocks its publishers, say) ends here with what was running and the free disk,
+# well inside CI's 90 minutes, instead of using them up silently.
+workspace_tests() {
+  local rc=0
+  timeout -k 30 50m cargo test --workspace || rc=$?
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "cargo test --workspace did not finish within 50 minutes; still running:"
+    ps -eo pid,etime,args | grep -E 'warren|target/debug/deps' | grep -v grep | head -40
+  fi
+  return "$rc"
 }
 
 wasm_build() {
@@ -503,7 +522,7 @@ step "install: playwright-core, typescript (npm ci)" setup_npm
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "core and guest module build for wasm32-unknown-unknown" wasm_build
-step "cargo test --workspace" cargo test --workspace
+step "cargo test --workspace" workspace_tests
 step "stream protocol: RabbitMQ Java stream client, 1M messages" stream_java
 step "stream protocol: Java client over TLS, super streams, filtering" stream_java_features
 step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential

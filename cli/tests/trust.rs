@@ -98,8 +98,30 @@ async fn count(ch: &lapin::Channel, queue: &str) -> u32 {
         .message_count()
 }
 
-/// Publishes `n` messages of `size` bytes (persistent or not) and waits for every confirm.
+/// Publishes `n` messages of `size` bytes (persistent or not) and waits for every confirm,
+/// bounded: a broker that stops taking publishes (a resource alarm blocks its publishers, as
+/// RabbitMQ's does, when the disk is nearly full) fails the test with the reason instead of
+/// hanging it.
 async fn publish(ch: &lapin::Channel, queue: &str, n: usize, size: usize, persistent: bool) {
+    const BOUND: Duration = Duration::from_secs(120);
+    let all = publish_confirmed(ch, queue, n, size, persistent);
+    if tokio::time::timeout(BOUND, all).await.is_err() {
+        let free = free_disk(&std::env::temp_dir());
+        panic!(
+            "{n} publishes of {size} bytes not confirmed within {BOUND:?}; {free} bytes free \
+             in the temp dir (below the broker's 50 MB disk_free_limit its alarm blocks \
+             publishers)"
+        );
+    }
+}
+
+async fn publish_confirmed(
+    ch: &lapin::Channel,
+    queue: &str,
+    n: usize,
+    size: usize,
+    persistent: bool,
+) {
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirms");
@@ -123,12 +145,32 @@ async fn publish(ch: &lapin::Channel, queue: &str, n: usize, size: usize, persis
         // Bounded in flight, so a debug build keeps up.
         if pending.len() >= 512 {
             for c in pending.drain(..) {
-                assert!(c.await.expect("confirm").is_ack(), "every publish is acked");
+                confirmed(c).await;
             }
         }
     }
     for c in pending {
-        assert!(c.await.expect("confirm").is_ack(), "every publish is acked");
+        confirmed(c).await;
+    }
+}
+
+async fn confirmed(c: lapin::PublisherConfirm) {
+    assert!(c.await.expect("confirm").is_ack(), "every publish is acked");
+}
+
+/// Free bytes on the file system holding `dir` (statvfs), for failure messages.
+fn free_disk(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    // SAFETY: statvfs(3) writes into a zeroed struct we own; `path` is NUL-terminated.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(path.as_ptr(), &mut st) != 0 {
+            return 0;
+        }
+        st.f_bavail as u64 * st.f_frsize as u64
     }
 }
 
@@ -345,7 +387,7 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         before.iter().any(|f| f.starts_with(dir.join("transient"))),
         "paged out: {before:?}"
     );
-    let second = Command::new(BIN)
+    let mut second = Command::new(BIN)
         .args([
             "serve",
             "--amqp",
@@ -357,9 +399,28 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         ])
         .arg("--data-dir")
         .arg(&dir)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run a second warren serve");
-    let err = String::from_utf8_lossy(&second.stderr).into_owned();
+    // Bounded: a second broker that does not exit (it would wedge the first) fails here.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("the second warren serve did not exit within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut pipe) = second.stderr.take() {
+        use std::io::Read;
+        let _ = pipe.read_to_string(&mut err);
+    }
     let after = files(&dir);
     // A still confirms publishes (these cross into a new page file) and serves every
     // message.
@@ -367,11 +428,7 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
     let got = consume_and_ack(&ch, "backlog", BACKLOG + MORE).await;
     kill9(child);
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(
-        second.status.code(),
-        Some(2),
-        "a configuration error: {err}"
-    );
+    assert_eq!(status.code(), Some(2), "a configuration error: {err}");
     assert!(err.contains("in use"), "says why: {err}");
     assert_eq!(before, after, "the second broker touched nothing");
     let want: Vec<String> = (0..BACKLOG)
