@@ -11,7 +11,15 @@
 # Env: WARREN, BENCH (default target/release/warren and warren-bench), WARREN_BASE (another
 #   warren binary, e.g. main's build, measured first in the same run: "base" cells), IN_FLIGHT (per
 #   publisher, default 20000), PORT_BASE (default 22600): Warren's stream port; RabbitMQ's
-#   stream +2, AMQP +3, distribution +4, epmd +5. SKIP_RABBITMQ=1.
+#   stream +2, AMQP +3, distribution +4, epmd +5. SKIP_RABBITMQ=1. RABBITMQ_FIRST=1: RabbitMQ
+#   before Warren (run a round each way). WARM (default 1): before each broker's run, write and
+#   delete a file as large as its largest cell, so that every broker writes its streams into
+#   page-cache pages freed a moment before; WARM=0 leaves them as the machine has them.
+#   Why: on this VM (virtio_balloon with free page reporting) memory freed for ~15 s goes back
+#   to the host, and the first write to such a page costs ~10x (dd into a new file: 0.37-0.49
+#   GB/s; into pages freed just before: 3.5-5.6 GB/s, 2026-11-25). Without the warm-up the
+#   broker that runs after another's deleted streams gets the cheap pages and the other the
+#   dear ones: at 1 KB that alone moves a broker's rate by 2x or more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-300000}
@@ -39,9 +47,16 @@ publish() {  # PORT BROKER_PID LABEL
   "$bench" stream publish --port "$1" --broker-pid "$2" --messages "$n" --sizes "$sizes" \
     --chunks "$batches" --publishers "$publishers" --in-flight "${IN_FLIGHT:-20000}" --label "$3"
 }
+warm() {  # pages freed just before the run (see WARM above)
+  [ "${WARM:-1}" = 1 ] || return 0
+  local mib=$(( n * $(tr , '\n' <<< "$sizes" | sort -n | tail -1) / 1048576 + 64 ))
+  dd if=/dev/zero of="$data.warm" bs=1M count="$mib" status=none
+  rm -f "$data.warm"
+}
 warren_run() {  # LABEL [extra serve flags]
   local label=$1; shift
   rm -rf "$data"; mkdir -p "$data"
+  warm
   RUST_LOG=info "${bin:-$warren}" serve --amqp none --mqtt none --management none --prometheus none \
     --stream "127.0.0.1:$base" --data-dir "$data" "$@" > "$data.log" 2>&1 &
   pid=$!
@@ -57,9 +72,8 @@ if [ -n "${WARREN_BASE:-}" ]; then
   bin=$WARREN_BASE warren_run "base fsync on"
   bin=$WARREN_BASE warren_run "base fsync off" --fsync off
 fi
-warren_run "warren fsync on"
-warren_run "warren fsync off" --fsync off
-if [ "${SKIP_RABBITMQ:-0}" != 1 ]; then
+rabbitmq_run() {
+  [ "${SKIP_RABBITMQ:-0}" != 1 ] || return 0
   rmq=$(mktemp -d /tmp/rmq-stream-publish.XXXXXX)
   export HOME=$rmq RABBITMQ_MNESIA_BASE=$rmq/mnesia RABBITMQ_LOG_BASE=$rmq/log \
     RABBITMQ_NODE_PORT=$((base + 3)) RABBITMQ_DIST_PORT=$((base + 4)) \
@@ -76,5 +90,11 @@ if [ "${SKIP_RABBITMQ:-0}" != 1 ]; then
     sleep 0.5
   done
   bpid=$(/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBITMQ_NODENAME" eval 'os:getpid().' | tr -dc 0-9)
+  warm
   publish "$rport" "$bpid" "RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null)"
-fi
+  stop_rmq
+}
+[ "${RABBITMQ_FIRST:-0}" = 1 ] && rabbitmq_run
+warren_run "warren fsync on"
+warren_run "warren fsync off" --fsync off
+[ "${RABBITMQ_FIRST:-0}" = 1 ] || rabbitmq_run
