@@ -121,15 +121,34 @@ impl RouteTable {
         routing_key: &str,
         headers: Option<&FieldTable>,
     ) -> Option<Routed> {
+        self.route_publish_keyed(vhost, name, routing_key, headers)
+            .map(|(routed, _)| routed)
+    }
+
+    /// As [`RouteTable::route_publish`], and whether the result depended on `headers` (a
+    /// headers exchange on the way). One that did not holds for every publish to the same
+    /// exchange name and routing key on this table (same version): a host may reuse it.
+    pub fn route_publish_keyed(
+        &self,
+        vhost: VhostId,
+        name: &str,
+        routing_key: &str,
+        headers: Option<&FieldTable>,
+    ) -> Option<(Routed, bool)> {
         let exchange = self.exchange(vhost, name)?;
         if self.exchanges.get(&exchange)?.internal {
             return None;
         }
-        Some(Routed {
-            version: self.version,
-            exchange,
-            queues: self.route(exchange, routing_key, headers),
-        })
+        let mut read_headers = false;
+        let queues = self.route_reading(exchange, routing_key, headers, &mut read_headers);
+        Some((
+            Routed {
+                version: self.version,
+                exchange,
+                queues,
+            },
+            read_headers,
+        ))
     }
 
     /// Every queue a message published to `exchange` reaches, each once, in id order:
@@ -139,6 +158,17 @@ impl RouteTable {
         exchange: ExchangeId,
         routing_key: &str,
         headers: Option<&FieldTable>,
+    ) -> Vec<QueueId> {
+        self.route_reading(exchange, routing_key, headers, &mut false)
+    }
+
+    /// [`RouteTable::route`], setting `read_headers` when a headers exchange was on the way.
+    fn route_reading(
+        &self,
+        exchange: ExchangeId,
+        routing_key: &str,
+        headers: Option<&FieldTable>,
+        read_headers: &mut bool,
     ) -> Vec<QueueId> {
         let mut queues = Vec::new();
         // The exchanges reached through bindings or as alternates, and those left to route
@@ -154,7 +184,10 @@ impl RouteTable {
             };
             matched.clear();
             match &x.router {
-                Some(router) => router.route(routing_key, headers, &mut matched),
+                Some(router) => {
+                    *read_headers |= router.reads_headers();
+                    router.route(routing_key, headers, &mut matched);
+                }
                 None => {
                     if let Some(q) = self.queue(x.vhost, routing_key) {
                         matched.push(Destination::Queue(q));

@@ -950,6 +950,66 @@ pub struct CommandSender {
     guard: Arc<ConnGuard>,
 }
 
+/// The last publish this thread routed without reading headers, and where it went: a
+/// publisher repeats its exchange and routing key (an MQTT client its topic, a hundred of
+/// them in fan-in the same one), and routing it again (two name lookups and the topic trie)
+/// was a tenth of an MQTT broker's samples (docs/benchmarks.md). One entry per thread,
+/// nothing per connection.
+struct LastRoute {
+    /// The table it was routed on, as its identity: tables are immutable snapshots, and the
+    /// `Weak` keeps the address from being reused by another table (of this broker or of
+    /// another one in the process) without keeping the old table's contents alive.
+    table: std::sync::Weak<RouteTable>,
+    vhost: warren_core::ids::VhostId,
+    exchange: Arc<str>,
+    routing_key: Arc<str>,
+    routed: warren_core::routing::Routed,
+}
+
+thread_local! {
+    static LAST_ROUTE: std::cell::RefCell<Option<LastRoute>> = const { std::cell::RefCell::new(None) };
+}
+
+fn same_str(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+/// `table.route_publish` for `p`, reusing this thread's last result for the same table,
+/// vhost, exchange and routing key when that one read no headers.
+fn route_repeated(
+    table: &Arc<RouteTable>,
+    vhost: warren_core::ids::VhostId,
+    p: &warren_core::command::Publish,
+) -> Option<warren_core::routing::Routed> {
+    let hit = LAST_ROUTE.with_borrow(|last| {
+        let l = last.as_ref()?;
+        (std::ptr::eq(l.table.as_ptr(), Arc::as_ptr(table))
+            && l.vhost == vhost
+            && same_str(&l.exchange, &p.exchange)
+            && same_str(&l.routing_key, &p.routing_key))
+        .then(|| l.routed.clone())
+    });
+    if hit.is_some() {
+        return hit;
+    }
+    let (routed, read_headers) = table.route_publish_keyed(
+        vhost,
+        &p.exchange,
+        &p.routing_key,
+        p.properties.headers.as_ref(),
+    )?;
+    if !read_headers {
+        LAST_ROUTE.set(Some(LastRoute {
+            table: Arc::downgrade(table),
+            vhost,
+            exchange: p.exchange.clone(),
+            routing_key: p.routing_key.clone(),
+            routed: routed.clone(),
+        }));
+    }
+    Some(routed)
+}
+
 impl CommandSender {
     /// Sends a batch of `(channel, op)` pairs. Waits while the broker is saturated.
     ///
@@ -1209,12 +1269,7 @@ impl CommandSender {
                         continue;
                     };
                     let table = table.get_or_insert_with(|| self.guard.shared.routes.load());
-                    p.routed = table.route_publish(
-                        vhost,
-                        &p.exchange,
-                        &p.routing_key,
-                        p.properties.headers.as_ref(),
-                    );
+                    p.routed = route_repeated(table, vhost, p);
                 }
                 _ => {}
             }

@@ -171,8 +171,8 @@ impl Bindings {
     }
 
     /// Appends every matching destination to `out`, each once, in ascending order. `headers`
-    /// is the message's headers table (`None` = empty). Direct and fanout never allocate beyond
-    /// `out`'s growth; topic allocates two small state vectors per call.
+    /// is the message's headers table (`None` = empty). Direct, fanout and, natively, topic
+    /// (up to 16 live trie nodes; wasm32: two small `Vec`s) never allocate beyond `out`'s growth.
     pub fn route(
         &self,
         routing_key: &str,
@@ -249,6 +249,11 @@ impl Router {
     /// A topic exchange's (topic permissions apply to those only).
     pub fn is_topic(&self) -> bool {
         matches!(self.0, RouterKind::Topic(_))
+    }
+
+    /// A headers exchange's: the only kind whose routing reads a message's headers.
+    pub fn reads_headers(&self) -> bool {
+        matches!(self.0, RouterKind::Headers(_))
     }
 
     /// As [`Bindings::route`].

@@ -261,43 +261,135 @@ impl TopicRouter {
     }
 }
 
+/// Nodes of the live and next sets routed in a stack array, before the heap is tried.
+/// An MQTT publish against per-client filters keeps one or two live nodes per word.
+#[cfg(not(target_arch = "wasm32"))]
+const STACK_NODES: usize = 16;
+
+#[cfg(not(target_arch = "wasm32"))]
 fn route(root: &Node, key: &str, out: &mut Vec<Destination>) {
-    {
-        let mut live: Vec<&Node> = vec![root];
-        close(&mut live);
-        let mut next: Vec<&Node> = Vec::new();
-        for w in words(key) {
-            next.clear();
-            for &n in &live {
-                if n.is_hash {
-                    next.push(n);
-                }
-                if let Some(c) = n.words.get(w).map(|c| &**c) {
-                    next.push(c);
-                }
-                if let Some(c) = n.star.as_deref() {
-                    next.push(c);
-                }
-            }
-            close(&mut next);
-            std::mem::swap(&mut live, &mut next);
-            if live.is_empty() {
-                return;
-            }
-        }
-        let start = out.len();
-        for n in &live {
-            n.dests.push_all(out);
-        }
-        // Several end nodes may hold the same destination.
-        sort_dedup_tail(out, start);
+    // No allocation per routed publish in the usual case (two `Vec`s per publish were ~5 %
+    // of an MQTT broker's samples, docs/benchmarks.md); a larger set routes again on the
+    // heap, twice as large each time. Bounded: a set never holds more than the trie's nodes
+    // three times over (one per edge kind), so some size fits.
+    if route_in(root, key, out, &mut [root; STACK_NODES]) {
+        return;
+    }
+    let mut cap = STACK_NODES * 4;
+    while !route_in(root, key, out, &mut vec![root; cap]) {
+        cap *= 2;
     }
 }
 
-/// Adds every node reachable through `#` edges (a `#` may match zero words), then removes
-/// duplicates so each trie node is processed once per word. Node identity is the address,
-/// which only orders this internal set; outputs are sorted by destination afterwards.
-fn close(set: &mut Vec<&Node>) {
+/// Routes `key` with `buf` holding the live set and, behind it, the next one; false, with
+/// nothing added to `out`, when they do not fit in `buf` (never empty).
+#[cfg(not(target_arch = "wasm32"))]
+fn route_in<'a>(
+    root: &'a Node,
+    key: &str,
+    out: &mut Vec<Destination>,
+    buf: &mut [&'a Node],
+) -> bool {
+    buf[0] = root;
+    let Some(mut len) = close(buf, 1) else {
+        return false;
+    };
+    for w in words(key) {
+        let live = len;
+        for i in 0..live {
+            let n = buf[i];
+            let hash = n.is_hash.then_some(n);
+            let word = n.words.get(w).map(|c| &**c);
+            for c in [hash, word, n.star.as_deref()].into_iter().flatten() {
+                let Some(slot) = buf.get_mut(len) else {
+                    return false;
+                };
+                *slot = c;
+                len += 1;
+            }
+        }
+        buf.copy_within(live..len, 0);
+        let Some(next) = close(buf, len - live) else {
+            return false;
+        };
+        if next == 0 {
+            return true;
+        }
+        len = next;
+    }
+    let start = out.len();
+    for n in &buf[..len] {
+        n.dests.push_all(out);
+    }
+    // Several end nodes may hold the same destination.
+    sort_dedup_tail(out, start);
+    true
+}
+
+/// Adds to the set `buf[..len]` every node reachable through `#` edges (a `#` may match zero
+/// words), then removes duplicates so each trie node is processed once per word; the set's
+/// new length, `None` when it outgrows `buf`. Node identity is the address, which only
+/// orders this internal set; outputs are sorted by destination afterwards.
+#[cfg(not(target_arch = "wasm32"))]
+fn close(buf: &mut [&Node], mut len: usize) -> Option<usize> {
+    let mut i = 0;
+    // Bounded: each push is a strictly deeper node, and trie depth is finite.
+    while i < len {
+        if let Some(h) = buf[i].hash.as_deref() {
+            *buf.get_mut(len)? = h;
+            len += 1;
+        }
+        i += 1;
+    }
+    let set = &mut buf[..len];
+    set.sort_unstable_by_key(|n| std::ptr::from_ref::<Node>(n) as usize);
+    let mut kept = 0;
+    for i in 0..len {
+        if kept == 0 || !std::ptr::eq(set[kept - 1], set[i]) {
+            set[kept] = set[i];
+            kept += 1;
+        }
+    }
+    Some(kept)
+}
+
+/// The wasm32 builds route as before the stack pass (two `Vec`s per call): the JS `.wasm`
+/// has a size budget, which the stack pass grew by ~700 bytes, and a browser tab is not
+/// CPU-bound. The same automaton and the same output as the native `route`.
+#[cfg(target_arch = "wasm32")]
+fn route(root: &Node, key: &str, out: &mut Vec<Destination>) {
+    let mut live: Vec<&Node> = vec![root];
+    close_vec(&mut live);
+    let mut next: Vec<&Node> = Vec::new();
+    for w in words(key) {
+        next.clear();
+        for &n in &live {
+            if n.is_hash {
+                next.push(n);
+            }
+            if let Some(c) = n.words.get(w).map(|c| &**c) {
+                next.push(c);
+            }
+            if let Some(c) = n.star.as_deref() {
+                next.push(c);
+            }
+        }
+        close_vec(&mut next);
+        std::mem::swap(&mut live, &mut next);
+        if live.is_empty() {
+            return;
+        }
+    }
+    let start = out.len();
+    for n in &live {
+        n.dests.push_all(out);
+    }
+    sort_dedup_tail(out, start);
+}
+
+/// `close` over a `Vec` (wasm32 builds).
+#[cfg(target_arch = "wasm32")]
+fn close_vec(set: &mut Vec<&Node>) {
     let mut i = 0;
     // Bounded: each push is a strictly deeper node, and trie depth is finite.
     while let Some(&n) = set.get(i) {
