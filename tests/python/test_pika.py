@@ -91,6 +91,25 @@ def test_passive_declare_of_missing_queue_closes_only_that_channel(conn):
     assert body == b"alive"
 
 
+def test_closes_that_cross_leave_the_connection_open(conn):
+    # The client closes a channel while the broker's channel.close for an error on it is on
+    # the wire, so each side gets the other's close and answers it. The broker must still
+    # take the client's close-ok after answering its close (RabbitMQ does); it used to forget
+    # the channel and close the connection with 504 at that close-ok. Found by amqp091-go's
+    # TestChannelExceptionWithCloseIssue43; the rounds make the crossing near certain.
+    other = conn.channel()
+    for round in range(20):
+        bad = conn.channel()
+        bad.basic_publish(unique("no-such-exchange"), "", b"lost")
+        try:
+            bad.close()
+        except pika.exceptions.ChannelClosed:
+            pass
+        assert conn.is_open, f"round {round}"
+        other.exchange_declare("amq.direct", passive=True)
+    assert conn.is_open
+
+
 def test_basic_get_and_reject_requeue_marks_redelivered(conn):
     ch = conn.channel()
     q = unique("get")
