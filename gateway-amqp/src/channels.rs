@@ -118,9 +118,11 @@ impl Channels {
                     out.ops.push((ch, Op::ChannelCloseOk));
                 }
                 Incoming::Op(Op::ChannelClose) => {
+                    // The closes crossed: the client's close-ok to ours is still to come
+                    // (amqp091-go, pika and the Java client send it), so the channel stays
+                    // until then, as in RabbitMQ; forgetting it now made that close-ok a
+                    // frame on a channel that is not open, a connection error.
                     codec::encode_method(out.bytes, ch, methods::channel_close_ok());
-                    self.map.remove(&ch);
-                    out.ops.push((ch, Op::ChannelCloseOk));
                 }
                 _ => {}
             }

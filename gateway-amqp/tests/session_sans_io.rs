@@ -383,6 +383,47 @@ fn a_channel_closed_for_an_error_drops_all_but_its_close_handshake() {
 }
 
 #[test]
+fn closes_that_cross_wait_for_the_close_ok_to_ours() {
+    let mut d = Driver::opened(0);
+    let ch = ChannelRef {
+        conn: ConnId(1),
+        channel: 1,
+    };
+    let error = ProtocolError::new(ErrorCode::NotFound, OpKind::Publish, "no exchange 'x'");
+    d.s.handle_effects(0, vec![Effect::ChannelError { ch, error }], || None);
+    let _ = d.out();
+    // The client's close crossed ours: it gets its close-ok, and the channel waits on.
+    d.feed(&method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        })),
+    ));
+    let out = frames(&d.out());
+    assert!(
+        matches!(
+            out.as_slice(),
+            [codec::Frame::Method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))
+            )]
+        ),
+        "{out:?}"
+    );
+    assert!(d.ops.is_empty());
+    // The client's close-ok to ours ends the channel, and is no connection error.
+    d.feed(&method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    ));
+    assert_eq!(d.op_names(), ["1:ChannelCloseOk"]);
+    assert!(d.out().is_empty());
+}
+
+#[test]
 fn a_body_without_its_header_is_an_unexpected_frame() {
     let mut d = Driver::opened(0);
     let mut bad = publish(1);

@@ -138,12 +138,45 @@ pub async fn serve_api(
 ) -> std::io::Result<()> {
     let api = api::router(management).layer(axum::middleware::from_fn(ui::no_browser_prompt));
     let app = ui::router().merge(api);
+    // Around the router, not in it: a Router's own layers run after routing.
+    let app = tower_layer::Layer::layer(&axum::middleware::from_fn(trim_trailing_slash), app);
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+            SocketAddr,
+        >(app),
     )
     .with_graceful_shutdown(until(stopped))
     .await
+}
+
+/// `/api/queues/` is `/api/queues`: RabbitMQ's router takes both spellings of every path and
+/// clients write both (amqp091-go's recovery tests list `/api/connections/`); axum's router
+/// matches paths exactly, so the slash goes before routing. `/` itself stays.
+async fn trim_trailing_slash(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let uri = request.uri();
+    let path = uri.path();
+    if path.len() > 1 && path.ends_with('/') {
+        let trimmed = path.trim_end_matches('/');
+        let trimmed = if trimmed.is_empty() { "/" } else { trimmed };
+        let path_and_query = match uri.query() {
+            Some(q) => format!("{trimmed}?{q}"),
+            None => trimmed.to_string(),
+        };
+        let mut parts = uri.clone().into_parts();
+        // Cannot fail: a prefix of a valid path and the same query; if it did, the request
+        // goes on as it came and gets its 404.
+        if let Ok(pq) = path_and_query.parse() {
+            parts.path_and_query = Some(pq);
+            if let Ok(new) = axum::http::Uri::from_parts(parts) {
+                *request.uri_mut() = new;
+            }
+        }
+    }
+    next.run(request).await
 }
 
 /// Serves Prometheus metrics (`/metrics`) on `listener` until `stopped` turns true.

@@ -91,6 +91,25 @@ def test_passive_declare_of_missing_queue_closes_only_that_channel(conn):
     assert body == b"alive"
 
 
+def test_closes_that_cross_leave_the_connection_open(conn):
+    # The client closes a channel while the broker's channel.close for an error on it is on
+    # the wire, so each side gets the other's close and answers it. The broker must still
+    # take the client's close-ok after answering its close (RabbitMQ does); it used to forget
+    # the channel and close the connection with 504 at that close-ok. Found by amqp091-go's
+    # TestChannelExceptionWithCloseIssue43; the rounds make the crossing near certain.
+    other = conn.channel()
+    for round in range(20):
+        bad = conn.channel()
+        bad.basic_publish(unique("no-such-exchange"), "", b"lost")
+        try:
+            bad.close()
+        except pika.exceptions.ChannelClosed:
+            pass
+        assert conn.is_open, f"round {round}"
+        other.exchange_declare("amq.direct", passive=True)
+    assert conn.is_open
+
+
 def test_basic_get_and_reject_requeue_marks_redelivered(conn):
     ch = conn.channel()
     q = unique("get")
@@ -296,6 +315,9 @@ def test_update_secret_keeps_the_connection_and_queue_types_are_checked(conn):
     # connection.update-secret (RabbitMQ 3.8+): the new secret is guest's password, so the
     # broker answers update-secret-ok and the connection carries on.
     conn.update_secret("guest", "token refresh")
+    # Nor is any other secret checked as guest's password: RabbitMQ 3.10's internal users'
+    # credentials do not expire and it takes whatever comes (pika's own TestUpdateSecret).
+    conn.update_secret("new_secret", "token refresh")
     ch = conn.channel()
     q = unique("q")
     ch.queue_declare(q, arguments={"x-queue-type": "classic"})

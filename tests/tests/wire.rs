@@ -651,13 +651,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
 }
 
 /// `connection.update-secret` (RabbitMQ 3.8+; OAuth 2 clients refresh their token with it)
-/// is answered with update-secret-ok when the new secret is the user's password (it closed
-/// the connection with 503), and the connection carries on; a secret that no longer
-/// authenticates closes it with 530, as RabbitMQ does. The server properties advertise
-/// every capability Warren has, RabbitMQ 3.10's list.
+/// is answered with update-secret-ok (it closed the connection with 503), and the connection
+/// carries on. A password user's secret is not checked, as RabbitMQ 3.10's internal users'
+/// is not (pika's TestUpdateSecret sends `new_secret` for guest; checking it as the password
+/// closed the connection with 530); a user who may no longer use the vhost gets 530, as
+/// RabbitMQ's refusal. The server properties advertise every capability Warren has, RabbitMQ
+/// 3.10's list.
 #[tokio::test]
 async fn update_secret_rechecks_the_user_and_capabilities_are_advertised() {
-    let (addr, _stop) = start(Default::default()).await;
+    let broker = warren_runtime::BrokerHandle::start(Default::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(warren_amqp::serve(
+        listener,
+        broker.clone(),
+        Arc::new(Default::default()),
+        stopped,
+    ));
     let mut r = Raw::connect(addr).await;
     r.s.write_all(codec::PROTOCOL_HEADER).await.expect("header");
     match r.recv().await {
@@ -701,7 +714,30 @@ async fn update_secret_rechecks_the_user_and_capabilities_are_advertised() {
         "update-secret-ok"
     );
     still_serves(&mut r).await;
-    r.update_secret("not the password").await;
+    r.update_secret("an OAuth 2 token, not guest's password")
+        .await;
+    assert!(
+        matches!(
+            r.recv().await,
+            Some(Frame::Method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(_))
+            ))
+        ),
+        "update-secret-ok for a secret that is not the password, as RabbitMQ 3.10"
+    );
+    still_serves(&mut r).await;
+    match broker
+        .admin(warren_runtime::AdminRequest::ClearPermissions {
+            vhost: "/".into(),
+            user: "guest".into(),
+        })
+        .await
+    {
+        Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
+        other => panic!("{other:?}"),
+    }
+    r.update_secret("guest").await;
     match r.recv().await {
         Some(Frame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(c)))) => {
             assert_eq!(
