@@ -118,6 +118,15 @@ fn in_vhost(args: &Value, row_vhost: &str) -> bool {
     args.get("vhost").and_then(Value::as_str).unwrap_or("/") == row_vhost
 }
 
+/// A permission row's listing filter, as rabbitmqctl's: a user's rows in every vhost
+/// (`list_user_permissions`), else the rows of the asked vhost.
+fn for_user_or_vhost(args: &Value, user: Option<&str>, row_user: &str, row_vhost: &str) -> bool {
+    match user {
+        Some(u) => row_user == u,
+        None => in_vhost(args, row_vhost),
+    }
+}
+
 async fn done(broker: &BrokerHandle, request: AdminRequest) -> anyhow::Result<Value> {
     match ask(broker, request).await? {
         AdminResponse::Done(Ok(())) => Ok(json!({})),
@@ -582,10 +591,7 @@ async fn handle(
             match ask(broker, AdminRequest::ListPermissions).await? {
                 AdminResponse::Permissions(ps) => ps
                     .iter()
-                    .filter(|p| match user {
-                        Some(u) => p.user == u,
-                        None => in_vhost(&args, &p.vhost),
-                    })
+                    .filter(|p| for_user_or_vhost(&args, user, &p.user, &p.vhost))
                     .map(|p| {
                         json!({
                             "vhost": p.vhost, "user": p.user, "configure": p.configure,
@@ -622,10 +628,7 @@ async fn handle(
             match ask(broker, AdminRequest::ListTopicPermissions).await? {
                 AdminResponse::TopicPermissions(ps) => ps
                     .iter()
-                    .filter(|p| match user {
-                        Some(u) => p.user == u,
-                        None => in_vhost(&args, &p.vhost),
-                    })
+                    .filter(|p| for_user_or_vhost(&args, user, &p.user, &p.vhost))
                     .map(|p| {
                         json!({
                             "vhost": p.vhost, "user": p.user, "exchange": p.exchange,

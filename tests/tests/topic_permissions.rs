@@ -290,17 +290,10 @@ async fn mqtt_5_refusals_carry_0x87() {
         .publish("other/a", Q::AtMostOnce, false, "no 0")
         .await
         .expect("queue");
-    dev.client
-        .publish("other/a", Q::AtLeastOnce, false, "no 1")
-        .await
-        .expect("queue");
-    let reason = dev
-        .wait(|p| match p {
-            Packet::PubAck(a) => Some(a.reason),
-            _ => None,
-        })
-        .await;
-    assert_eq!(reason, PubAckReason::NotAuthorized);
+    assert_eq!(
+        puback_reason(&mut dev, "other/a", "no 1").await,
+        PubAckReason::NotAuthorized
+    );
     dev.client
         .publish("other/a", Q::ExactlyOnce, false, "no 2")
         .await
@@ -313,17 +306,10 @@ async fn mqtt_5_refusals_carry_0x87() {
         .await;
     assert_eq!(reason, PubRecReason::NotAuthorized);
     // Still connected; an allowed topic (`guest/...` is `guest.` in AMQP) goes through.
-    dev.client
-        .publish("guest/a", Q::AtLeastOnce, false, "yes")
-        .await
-        .expect("queue");
-    let reason = dev
-        .wait(|p| match p {
-            Packet::PubAck(a) => Some(a.reason),
-            _ => None,
-        })
-        .await;
-    assert_eq!(reason, PubAckReason::Success);
+    assert_eq!(
+        puback_reason(&mut dev, "guest/a", "yes").await,
+        PubAckReason::Success
+    );
     assert_eq!(&watcher.next_publish().await.payload[..], b"yes");
     watcher.no_publish(Duration::from_millis(200)).await;
 }
@@ -375,4 +361,26 @@ async fn mqtt_5_unsubscribe_of_a_now_refused_filter_gets_0x87() {
         .await;
     assert_eq!(reason, PubAckReason::Success);
     assert_eq!(&c.next_publish().await.payload[..], b"kept");
+}
+
+/// Publishes `payload` to `topic` at QoS 1 from `dev` and returns its PUBACK's reason.
+async fn puback_reason(
+    dev: &mut warren_tests::mqtt::Client5,
+    topic: &str,
+    payload: &'static str,
+) -> rumqttc::v5::mqttbytes::v5::PubAckReason {
+    dev.client
+        .publish(
+            topic,
+            rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+            false,
+            payload,
+        )
+        .await
+        .expect("queue");
+    dev.wait(|p| match p {
+        rumqttc::v5::mqttbytes::v5::Packet::PubAck(a) => Some(a.reason),
+        _ => None,
+    })
+    .await
 }
