@@ -466,8 +466,15 @@ fn a_consumer_follows_its_queue_when_the_queue_moves_between_nodes() {
     );
 }
 
-#[test]
-fn a_quorum_queues_consumer_stays_while_its_node_is_unreachable_and_attaches_again() {
+/// Two nodes that both know quorum queue "qq", served on node 1 (`home`), with a consumer
+/// "c" (manual acks) attached from node 2 (`far`) and its attach delivered; the connections
+/// on each.
+fn quorum_queue_consumed_far() -> (
+    Harness,
+    Harness,
+    warren_core::ids::ChannelRef,
+    warren_core::ids::ChannelRef,
+) {
     let quorum = |h: &mut Harness, c| {
         let mut arguments = warren_core::message::FieldTable::new();
         arguments.insert(
@@ -504,6 +511,12 @@ fn a_quorum_queues_consumer_stays_while_its_node_is_unreachable_and_attaches_aga
     );
     far.consume(c2, "qq", "c", false);
     exchange(&mut home, &mut far);
+    (home, far, c1, c2)
+}
+
+#[test]
+fn a_quorum_queues_consumer_stays_while_its_node_is_unreachable_and_attaches_again() {
+    let (mut home, mut far, c1, _) = quorum_queue_consumed_far();
     home.op(c1, persistent("qq", "before"));
     home.sync(0, true);
     assert_eq!(bodies(&exchange(&mut home, &mut far)), vec!["before"]);
@@ -895,42 +908,7 @@ fn quorum_consumer_cut_off() -> (
     warren_core::ids::ChannelRef,
     warren_core::ids::ChannelRef,
 ) {
-    let quorum = |h: &mut Harness, c| {
-        let mut arguments = warren_core::message::FieldTable::new();
-        arguments.insert(
-            "x-queue-type".into(),
-            warren_core::message::FieldValue::string("quorum"),
-        );
-        h.op(
-            c,
-            Op::QueueDeclare(warren_core::command::QueueDeclare {
-                queue: "qq".into(),
-                passive: false,
-                durable: true,
-                exclusive: false,
-                auto_delete: false,
-                nowait: false,
-                arguments,
-            }),
-        );
-    };
-    let mut home = Harness::sharded_with_stores(BrokerConfig::default(), 1);
-    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
-    let c1 = home.connect(1);
-    let c2 = far.connect(1);
-    quorum(&mut home, c1);
-    quorum(&mut far, c2);
-    let now = far.now;
-    far.shard(0).apply_admin(
-        now,
-        AdminRequest::QueueHome {
-            vhost: "/".into(),
-            queue: "qq".into(),
-            node: Some(1),
-        },
-    );
-    far.consume(c2, "qq", "c", false);
-    exchange(&mut home, &mut far);
+    let (mut home, mut far, c1, c2) = quorum_queue_consumed_far();
     let now = home.now;
     home.shard(0).node_unreachable(now, 2);
     home.settle();
