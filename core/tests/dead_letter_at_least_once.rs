@@ -227,13 +227,20 @@ fn confirm_mode(h: &mut Harness, c: ChannelRef) {
     h.op(c, Op::ConfirmSelect { nowait: false });
 }
 
-#[test]
-fn dead_letters_wait_in_their_queue_through_a_crash_until_a_target_takes_them() {
-    let store = MemoryStore::new();
-    let mut h = on_store(&store, 0);
+/// A broker on `store` at time 0 with one connection in confirm mode and the direct
+/// exchange "dlx" declared: where most tests here start.
+fn confirming_with_dlx(store: &MemoryStore) -> (Harness, ChannelRef) {
+    let mut h = on_store(store, 0);
     let c = h.connect(1);
     confirm_mode(&mut h, c);
     direct_exchange(&mut h, c, "dlx");
+    (h, c)
+}
+
+#[test]
+fn dead_letters_wait_in_their_queue_through_a_crash_until_a_target_takes_them() {
+    let store = MemoryStore::new();
+    let (mut h, c) = confirming_with_dlx(&store);
     source(&mut h, c, &reject_publish(), 3);
     assert!(publish(&mut h, &store, c, "src", "a"));
     assert!(publish(&mut h, &store, c, "src", "b"));
@@ -292,10 +299,7 @@ fn dead_letters_wait_in_their_queue_through_a_crash_until_a_target_takes_them() 
 #[test]
 fn a_target_that_refuses_gets_the_dead_letter_again_once_it_has_room() {
     let store = MemoryStore::new();
-    let mut h = on_store(&store, 0);
-    let c = h.connect(1);
-    confirm_mode(&mut h, c);
-    direct_exchange(&mut h, c, "dlx");
+    let (mut h, c) = confirming_with_dlx(&store);
     // The target takes one message at a time.
     declare(
         &mut h,
@@ -337,10 +341,7 @@ fn a_target_that_refuses_gets_the_dead_letter_again_once_it_has_room() {
 #[test]
 fn without_reject_publish_at_least_once_falls_back_to_at_most_once() {
     let store = MemoryStore::new();
-    let mut h = on_store(&store, 0);
-    let c = h.connect(1);
-    confirm_mode(&mut h, c);
-    direct_exchange(&mut h, c, "dlx");
+    let (mut h, c) = confirming_with_dlx(&store);
     // drop-head (the default overflow): RabbitMQ 3.10 falls back to at-most-once.
     source(&mut h, c, &[], 3);
     assert!(publish(&mut h, &store, c, "src", "a"));
@@ -359,10 +360,7 @@ fn without_reject_publish_at_least_once_falls_back_to_at_most_once() {
 #[test]
 fn a_purge_takes_the_held_dead_letters_too() {
     let store = MemoryStore::new();
-    let mut h = on_store(&store, 0);
-    let c = h.connect(1);
-    confirm_mode(&mut h, c);
-    direct_exchange(&mut h, c, "dlx");
+    let (mut h, c) = confirming_with_dlx(&store);
     source(&mut h, c, &reject_publish(), 10);
     assert!(publish(&mut h, &store, c, "src", "a"));
     assert!(publish(&mut h, &store, c, "src", "b"));
@@ -487,10 +485,7 @@ fn a_target_on_another_shard_confirms_after_its_own_sync() {
 #[test]
 fn a_message_over_its_delivery_limit_is_held_like_a_rejected_one() {
     let store = MemoryStore::new();
-    let mut h = on_store(&store, 0);
-    let c = h.connect(1);
-    confirm_mode(&mut h, c);
-    direct_exchange(&mut h, c, "dlx");
+    let (mut h, c) = confirming_with_dlx(&store);
     source(
         &mut h,
         c,
@@ -571,10 +566,7 @@ fn strategy_policy(h: &mut Harness, on: bool) {
 #[test]
 fn a_policy_switches_the_strategy_and_switching_away_deletes_what_is_held() {
     let store = MemoryStore::new();
-    let mut h = on_store(&store, 0);
-    let c = h.connect(1);
-    confirm_mode(&mut h, c);
-    direct_exchange(&mut h, c, "dlx");
+    let (mut h, c) = confirming_with_dlx(&store);
     let fx = declare(
         &mut h,
         c,
@@ -642,10 +634,7 @@ fn held_in_listing(h: &mut Harness, queue: &str) -> u64 {
 fn held_dead_letters_are_counted_in_listings_and_noted_once_when_held_and_released() {
     use warren_core::Notice;
     let store = MemoryStore::new();
-    let mut h = on_store(&store, 0);
-    let c = h.connect(1);
-    confirm_mode(&mut h, c);
-    direct_exchange(&mut h, c, "dlx");
+    let (mut h, c) = confirming_with_dlx(&store);
     source(&mut h, c, &reject_publish(), 10);
     notices(&mut h);
     assert!(publish(&mut h, &store, c, "src", "a"));
