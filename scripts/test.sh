@@ -45,7 +45,7 @@ setup_toolchain() {
 }
 
 setup_python() {
-  local pkgs=('pika==1.3.2' 'pytest==8.3.4' 'paho-mqtt==2.1.0')
+  local pkgs=('pika==1.3.2' 'pytest==8.3.4' 'pytest-timeout==2.4.0' 'paho-mqtt==2.1.0')
   if [ -x target/venv/bin/python ] || python3 -m venv target/venv; then
     target/venv/bin/python -m pip install -q --disable-pip-version-check "${pkgs[@]}"
   else
@@ -294,10 +294,11 @@ print("warren-bench: %d received, no errors" % sum(r["received"] for r in rows))
 python_tests() {
   # test_tls.py starts brokers of its own (WARREN_BIN) with AMQPS/MQTTS and certificates it
   # makes: pika ssl_options, EXTERNAL, paho-mqtt and mosquitto_pub/sub with client certificates.
+  # -v and a 60 s bound per test: a test that hangs is named, and the others still run.
   WARREN_AMQP="127.0.0.1:$port" WARREN_MQTT="127.0.0.1:$mqtt_port" \
     WARREN_CTL="$root/target/debug/warren ctl --data-dir $root/target/ci-data" \
     WARREN_BIN="$root/target/debug/warren" \
-    timeout 300 "$python" -m pytest -q tests/python
+    timeout 300 "$python" -m pytest -v --timeout 60 tests/python
 }
 
 mosquitto_smoke() {

@@ -306,6 +306,62 @@ async fn a_client_close_crossing_ours_gets_close_ok() {
 }
 
 #[tokio::test]
+async fn a_channel_close_sent_before_the_client_saw_our_error_gets_close_ok() {
+    // pika's and amqp091-go's race: a publish to a missing exchange and the client's
+    // channel.close in one write reach the core together, so the close arrives after the
+    // core closed the channel for the 404. The client waits for its close-ok (it used to
+    // wait forever), then sends the close-ok to ours.
+    let (_stop, stopped) = watch::channel(false);
+    let mut c = Client::open(AmqpConfig::default(), stopped).await;
+    for round in 0..3 {
+        c.open_channel(1).await;
+        c.method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "no-such-exchange".into(),
+                routing_key: "k".into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        );
+        codec::encode_content(&mut c.out, 1, &Default::default(), &Bytes::new(), 131_072);
+        c.method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                reply_code: 200,
+                reply_text: "bye".into(),
+                class_id: 0,
+                method_id: 0,
+            })),
+        );
+        c.flush().await;
+        match c.recv().await {
+            Some(Frame::Method(1, AMQPClass::Channel(channel::AMQPMethod::Close(close)))) => {
+                assert_eq!(close.reply_code, 404, "round {round}")
+            }
+            other => panic!("round {round}: expected channel.close 404, got {other:?}"),
+        }
+        let got = c.recv().await;
+        assert!(
+            matches!(
+                got,
+                Some(Frame::Method(
+                    1,
+                    AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))
+                ))
+            ),
+            "round {round}: expected channel.close-ok, got {got:?}"
+        );
+        c.method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+        );
+    }
+    // The connection is open, and channel 1 could be opened again each round.
+    c.open_channel(2).await;
+}
+
+#[tokio::test]
 async fn oversized_message_closes_its_channel_with_406_and_the_channel_can_reopen() {
     let (_stop, stopped) = watch::channel(false);
     let config = AmqpConfig {

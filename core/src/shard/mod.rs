@@ -545,7 +545,16 @@ impl Broker {
                 match self.chans.channels.get(&ch).map(|c| c.phase) {
                     Some(Phase::Open) => {}
                     // After a channel error everything but the close handshake is dropped.
-                    Some(Phase::Closing) => return Ok(()),
+                    Some(Phase::Closing) => {
+                        if matches!(op, Op::ChannelClose) {
+                            // The client's close crossed our channel.close (it was sent
+                            // before the client saw the error): it is answered, as
+                            // RabbitMQ does, and the channel stays until the client's
+                            // close-ok to ours. Unanswered, the client waits forever.
+                            self.reply(ch, crate::effect::Reply::ChannelCloseOk);
+                        }
+                        return Ok(());
+                    }
                     None => {
                         return Err(ProtocolError::new(
                             ErrorCode::ChannelError,

@@ -76,6 +76,14 @@ impl Session {
                     self.blocked_sent = false;
                 }
             }
+            // The client's close crossed our channel.close and reached the core after the
+            // error: it gets its close-ok, and the channel waits for the close-ok to ours.
+            Effect::Reply {
+                reply: Reply::ChannelCloseOk,
+                ..
+            } if closing && self.channels.get(ch).is_some() => {
+                codec::encode_method(out, ch, methods::channel_close_ok());
+            }
             // A channel we are closing gets nothing but the close handshake.
             _ if closing && ch != 0 => {}
             Effect::Reply { reply, .. } => match reply {
