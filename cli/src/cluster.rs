@@ -215,11 +215,13 @@ pub async fn start(opts: NodeOptions, broker: &warren_runtime::BrokerHandle) -> 
     for request in homes.requests(id) {
         broker.admin_local(request).await?;
     }
+    let incarnations = std::sync::Arc::new(crate::nodes::Incarnations::new());
     broker.set_node_link(std::sync::Arc::new(crate::nodes::ClusterLink::new(
         node,
         broker.clone(),
+        incarnations.clone(),
     )));
-    crate::nodes::serve_mail(node, broker.clone());
+    crate::nodes::serve_mail(node, broker.clone(), incarnations);
     crate::queue_use::serve(node, broker.clone());
     tokio::spawn(crate::meta::run_applier(
         node,

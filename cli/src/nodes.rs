@@ -52,6 +52,8 @@ const REQUEST: u8 = 12;
 const GOT: u8 = 13;
 const PURGED: u8 = 14;
 const DECLARED: u8 = 15;
+/// The sending broker's incarnation; first in a batch, or absent (a bare probe).
+const FROM: u8 = 16;
 
 /// Writes a batch's pieces (docs/storage.md, "Cluster mail").
 struct W {
@@ -373,6 +375,28 @@ impl<'a> R<'a> {
 
 /// The mail of a batch's bytes; an error for bytes this version cannot read (never a
 /// panic: they come from the network, if from an authenticated peer).
+/// A batch as a peer task sends it: the sender's incarnation first (a `FROM` piece), so
+/// that the receiver learns of this broker's restart from its first mail, then the pieces.
+pub fn encode_batch(from: u64, mails: &[NodeMail]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9);
+    out.push(FROM);
+    out.extend_from_slice(&from.to_be_bytes());
+    out.extend_from_slice(&encode(mails));
+    out
+}
+
+/// A batch's sender incarnation (if it names one) and its pieces.
+pub fn decode_batch(bytes: &[u8]) -> Result<(Option<u64>, Vec<NodeMail>), String> {
+    match bytes.split_first() {
+        Some((&FROM, rest)) => {
+            let mut r = R(rest);
+            let from = r.u64()?;
+            Ok((Some(from), decode(r.0)?))
+        }
+        _ => Ok((None, decode(bytes)?)),
+    }
+}
+
 pub fn decode(bytes: &[u8]) -> Result<Vec<NodeMail>, String> {
     let mut r = R(bytes);
     let mut out = Vec::new();
@@ -543,16 +567,67 @@ pub struct ClusterLink {
     peers: Mutex<HashMap<u32, mpsc::UnboundedSender<Vec<NodeMail>>>>,
     /// Pieces handed to `send` and not yet sent (or failed).
     queued: Arc<AtomicUsize>,
+    incarnations: Arc<Incarnations>,
 }
 
 impl ClusterLink {
-    pub fn new(node: &'static ClusterNode, broker: BrokerHandle) -> Self {
+    pub fn new(
+        node: &'static ClusterNode,
+        broker: BrokerHandle,
+        incarnations: Arc<Incarnations>,
+    ) -> Self {
         Self {
             node,
             broker,
             peers: Mutex::default(),
             queued: Arc::default(),
+            incarnations,
         }
+    }
+}
+
+/// This broker's incarnation and the last one each peer's broker showed, learnt from mail
+/// in either direction: the answer to a batch sent, and the `FROM` piece of a batch taken.
+/// A peer that restarted lost the answers this node waits for and the consumers it had
+/// here; whichever direction shows the new incarnation first clears them, before any mail
+/// of the new incarnation is handed to the broker. (Learning it only from answers let a
+/// restarted peer's first consume be taken here, then cleared with the old ones when the
+/// next answer came back: its new MQTT session lost its queue, 0x98.)
+pub struct Incarnations {
+    own: u64,
+    peers: Mutex<HashMap<u32, u64>>,
+}
+
+impl Incarnations {
+    /// A new broker's: the clock at start in nanoseconds (a restart draws another).
+    pub fn new() -> Self {
+        let own = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        Self {
+            own,
+            peers: Mutex::default(),
+        }
+    }
+
+    /// Peer `node` showed incarnation `now`. If it showed another before, it restarted:
+    /// the broker clears what it held for the old one (answers it waited for are nacked,
+    /// consumers it had are gone) and deals with the node afresh. The broker's controls are
+    /// sent under the lock, so mail of the new incarnation taken in the other direction
+    /// meanwhile reaches the broker after them. True if it restarted.
+    fn seen(&self, broker: &BrokerHandle, node: u32, now: u64) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let before = peers.insert(node, now);
+        let restarted = before.is_some_and(|b| b != now);
+        if restarted {
+            tracing::warn!(
+                node,
+                "cluster: node {node} restarted; publishes forwarded to it and not yet confirmed are nacked"
+            );
+            broker.node_unreachable(node);
+            broker.node_reachable(node);
+        }
+        restarted
     }
 }
 
@@ -568,6 +643,7 @@ impl NodeLink for ClusterLink {
                 node,
                 rx,
                 self.queued.clone(),
+                self.incarnations.clone(),
             ));
             tx
         });
@@ -592,9 +668,9 @@ async fn peer_task(
     target: u32,
     mut rx: mpsc::UnboundedReceiver<Vec<NodeMail>>,
     queued: Arc<AtomicUsize>,
+    incarnations: Arc<Incarnations>,
 ) {
     let mut reachable = true;
-    let mut incarnation: Option<u64> = None;
     loop {
         let mut batch = match tokio::time::timeout(PROBE_EVERY, rx.recv()).await {
             Ok(Some(b)) => b,
@@ -623,21 +699,17 @@ async fn peer_task(
         }
         let n = batch.len();
         let result = node
-            .send_mail(u64::from(target), encode(&batch), SEND_TIMEOUT)
+            .send_mail(
+                u64::from(target),
+                encode_batch(incarnations.own, &batch),
+                SEND_TIMEOUT,
+            )
             .await;
         queued.fetch_sub(n, Ordering::AcqRel);
         match result {
             Ok(now) => {
-                if incarnation.is_some_and(|i| i != now) {
-                    // It restarted: what it took before and had not answered is gone.
-                    tracing::warn!(
-                        node = target,
-                        "cluster: node {target} restarted; publishes forwarded to it and not yet confirmed are nacked"
-                    );
-                    broker.node_unreachable(target);
-                    broker.node_reachable(target);
-                }
-                incarnation = Some(now);
+                // A restart: what it took before and had not answered is gone.
+                incarnations.seen(&broker, target, now);
                 if !reachable {
                     tracing::info!(node = target, "cluster: forwarding to node {target} again");
                     reachable = true;
@@ -660,21 +732,27 @@ async fn peer_task(
 }
 
 /// Serves the mail peers send with this node's broker.
-pub fn serve_mail(node: &'static ClusterNode, broker: BrokerHandle) {
-    // This broker's incarnation: the clock at start, in nanoseconds (a restart draws
-    // another).
-    let incarnation = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
+pub fn serve_mail(
+    node: &'static ClusterNode,
+    broker: BrokerHandle,
+    incarnations: Arc<Incarnations>,
+) {
+    let incarnation = incarnations.own;
     node.set_mail_handler(Arc::new(move |from, bytes| {
         let broker = broker.clone();
+        let incarnations = incarnations.clone();
         Box::pin(async move {
-            let mails = decode(&bytes).inspect_err(|e| {
+            let (sender, mails) = decode_batch(&bytes).inspect_err(|e| {
                 tracing::warn!(
                     node = from,
                     "cluster: unreadable mail from node {from}: {e}"
                 );
             })?;
+            if let (Some(sender), Ok(peer)) = (sender, u32::try_from(from)) {
+                // Before its mail: a restarted sender's old consumers and answers are
+                // cleared first, never the ones this mail brings.
+                incarnations.seen(&broker, peer, sender);
+            }
             if !mails.is_empty() {
                 broker
                     .receive_node_mail(from as u32, mails)
@@ -690,6 +768,33 @@ pub fn serve_mail(node: &'static ClusterNode, broker: BrokerHandle) {
 mod tests {
     use super::*;
     use warren_core::message::{Message, Properties};
+
+    #[test]
+    fn a_batch_names_its_senders_incarnation_and_a_bare_one_is_still_read() {
+        let mails = vec![NodeMail::Answered {
+            token: 9,
+            taken: true,
+        }];
+        let (from, back) = decode_batch(&encode_batch(42, &mails)).expect("decodes");
+        assert_eq!(from, Some(42));
+        assert_eq!(format!("{back:?}"), format!("{mails:?}"));
+        // A probe (mqtt_cluster's handover check) sends a bare empty batch.
+        let (from, back) = decode_batch(&encode(&[])).expect("decodes");
+        assert_eq!((from, back.len()), (None, 0));
+        assert!(decode_batch(&[FROM, 0, 0, 1]).is_err(), "a cut incarnation");
+    }
+
+    #[tokio::test]
+    async fn a_peer_showing_another_incarnation_restarted_once() {
+        let broker = BrokerHandle::start(Default::default());
+        let known = Incarnations::new();
+        assert!(!known.seen(&broker, 2, 10), "first sight");
+        assert!(!known.seen(&broker, 2, 10), "the same broker");
+        // The answer to a batch and the batch of the peer show the new one: one restart.
+        assert!(known.seen(&broker, 2, 11), "restarted");
+        assert!(!known.seen(&broker, 2, 11), "already cleared");
+        assert!(!known.seen(&broker, 3, 11), "another node's own count");
+    }
 
     #[test]
     fn batches_round_trip_and_bad_bytes_are_errors() {
