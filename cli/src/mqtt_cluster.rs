@@ -519,19 +519,12 @@ impl Inner {
         // Meanwhile, whether that node is there at all: a node killed (kill -9 with the
         // client connected) never hands over, and the claim need not wait for it.
         let node = self.node;
-        let mut probe = tokio::spawn(async move {
+        let mut probe = Some(tokio::spawn(async move {
             let empty = crate::nodes::encode(&[]);
             node.send_mail(from, empty, PROBE_TIMEOUT).await.is_ok()
-        });
-        let mut gone = false;
+        }));
         loop {
-            if !gone
-                && probe.is_finished()
-                && let Ok(answered) = (&mut probe).await
-            {
-                gone = !answered;
-            }
-            if gone {
+            if finished(&mut probe).await == Some(false) {
                 tracing::info!(client_id = %Escaped(client_id), node = from, "MQTT session's last node does not answer; resuming its last recorded state without a handover");
                 return Ok(self
                     .read(&key)
@@ -621,10 +614,43 @@ fn fnv(b: &[u8]) -> u64 {
     h
 }
 
+/// The answer of `probe` once it finished, taken once: a finished `JoinHandle` polled a
+/// second time panics (it did, in the loop of `claim`, when the probe answered before the
+/// handover came: the connection's task died and the client saw its socket reset). `None`
+/// while it runs, after it was taken, and if it panicked (the claim then waits for the
+/// handover, as without a probe).
+async fn finished(probe: &mut Option<tokio::task::JoinHandle<bool>>) -> Option<bool> {
+    let handle = probe.take_if(|p| p.is_finished())?;
+    handle.await.ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use warren_core::mqtt::StoredSub;
+
+    #[tokio::test]
+    async fn a_finished_probe_is_read_once_and_never_polled_again() {
+        let mut probe = Some(tokio::spawn(async { true }));
+        let mut answers = Vec::new();
+        // The claim's loop asks every 10 ms, before and after the probe finished.
+        for _ in 0..50 {
+            if let Some(a) = finished(&mut probe).await {
+                answers.push(a);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(answers, [true]);
+        assert!(probe.is_none());
+        let mut failed = Some(tokio::spawn(async { panic!("probe failed") }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            finished(&mut failed).await,
+            None,
+            "a failed probe is no answer"
+        );
+        assert_eq!(finished(&mut failed).await, None);
+    }
 
     #[test]
     fn records_round_trip_and_bad_bytes_are_errors() {
