@@ -49,14 +49,21 @@ async fn an_operator_sees_and_closes_connections_and_channels() {
     use lapin::options::*;
     let b = start("conns");
     let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", b.served.amqp);
-    let c = lapin::Connection::connect(
-        &uri,
-        lapin::ConnectionProperties::default().with_connection_name("orders-api".into()),
+    let c = common::bounded_as(
+        "connection.open-ok",
+        lapin::Connection::connect(
+            &uri,
+            lapin::ConnectionProperties::default().with_connection_name("orders-api".into()),
+        ),
     )
     .await
     .expect("connect");
-    let ch = c.create_channel().await.unwrap();
-    ch.basic_qos(10, BasicQosOptions::default()).await.unwrap();
+    let ch = common::bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .unwrap();
+    common::bounded_as("basic.qos-ok", ch.basic_qos(10, BasicQosOptions::default()))
+        .await
+        .unwrap();
     let _mqtt = mqtt_connect(b.served.mqtt.expect("MQTT port"), "thermostat-3");
 
     let conns = eventually("two connections listed", || {
