@@ -172,6 +172,9 @@ fn status_ping_columns_unknown_vhosts_and_the_watermark() {
     let api = b.served.management.expect("HTTP API port");
     let put = |path: &str| {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", api)).unwrap();
+        // Bounded: an answer that never ends leaves `out` short and the assert names it.
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
         let req = format!(
             "PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\
              Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
@@ -201,6 +204,8 @@ fn status_ping_columns_unknown_vhosts_and_the_watermark() {
     assert!(err.contains("Virtual host 'nope' does not exist"), "{err}");
     // The watermark at run time: below what is held raises the alarm, then clears.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", api)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
     let body = r#"{"routing_key":"jobs","payload":"0123456789","payload_encoding":"string","properties":{}}"#;
     let req = format!(
         "POST /api/exchanges/%2F/amq.default/publish HTTP/1.1\r\nHost: x\r\n\
