@@ -65,7 +65,7 @@ impl Broker {
                 off.extend([flag, "none"]);
             }
         }
-        let mut child = Command::new(BIN)
+        let mut child = common::dies_with_test(&mut Command::new(BIN))
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)
@@ -1511,7 +1511,7 @@ async fn logs_to_a_file_with_per_module_levels_and_connection_lines_for_both_pro
     let dir = data_dir("logfile");
     for (level, amqp_logged) in [("info", true), ("info,warren_amqp=warn", false)] {
         let log = dir.join(format!("warren-{amqp_logged}.log"));
-        let mut child = Command::new(BIN)
+        let mut child = common::dies_with_test(&mut Command::new(BIN))
             .args(["serve", "--in-memory", "--data-dir"])
             .arg(dir.join("data"))
             .args([

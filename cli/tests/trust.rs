@@ -413,7 +413,7 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         before.iter().any(|f| f.starts_with(dir.join("transient"))),
         "paged out: {before:?}"
     );
-    let mut second = Command::new(BIN)
+    let mut second = common::dies_with_test(&mut Command::new(BIN))
         .args([
             "serve",
             "--amqp",

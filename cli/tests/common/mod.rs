@@ -47,6 +47,24 @@ impl Served {
     }
 }
 
+/// Makes the started process die with the thread that starts it (Linux's
+/// `PR_SET_PDEATHSIG`): a test that fails (a bounded wait that panics, say) before it kills
+/// its broker ends that broker with its own thread instead of leaving it running for the
+/// rest of the run. Tests start their brokers on the test's own thread, which lives as long
+/// as the test.
+pub fn dies_with_test(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl(2) is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Starts `warren serve` on `dir` with AMQP (and, if `mqtt`, MQTT) on free loopback
 /// ports, plus `args`; waits until it logs them. The HTTP API and Prometheus listeners
 /// and stream listeners are off unless `args` name them (their default ports would collide between tests).
@@ -63,7 +81,7 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
             off.extend([flag, "none"]);
         }
     }
-    let mut child = Command::new(BIN)
+    let mut child = dies_with_test(&mut Command::new(BIN))
         .args([
             "serve",
             "--amqp",
