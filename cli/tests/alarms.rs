@@ -29,13 +29,18 @@ async fn connect(port: u16) -> lapin::Connection {
 /// (as RabbitMQ, only a connection that publishes is blocked and told).
 async fn blocked_within(conn: &lapin::Connection, within: Duration) -> bool {
     let mut events = conn.events_listener();
-    let ch = conn.create_channel().await.expect("channel");
-    ch.basic_publish(
-        "".into(),
-        "nowhere".into(),
-        Default::default(),
-        b"one",
-        Default::default(),
+    let ch = common::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as(
+        "basic.publish sent (held while the connection is blocked)",
+        ch.basic_publish(
+            "".into(),
+            "nowhere".into(),
+            Default::default(),
+            b"one",
+            Default::default(),
+        ),
     )
     .await
     .expect("publish");

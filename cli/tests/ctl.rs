@@ -88,20 +88,28 @@ async fn publish(port: u16, exchange: &str, key: &str, n: usize) {
     .await
     .expect("connect in time")
     .expect("connect");
-    let ch = conn.create_channel().await.expect("channel");
-    ch.confirm_select(Default::default())
+    let ch = common::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
         .await
         .expect("confirms");
     for i in 0..n {
-        ch.basic_publish(
-            exchange.into(),
-            key.into(),
-            Default::default(),
-            format!("m{i}").as_bytes(),
-            lapin::BasicProperties::default().with_delivery_mode(2),
+        common::bounded_as(
+            "publisher confirm",
+            common::bounded_as(
+                "basic.publish sent (held while the connection is blocked)",
+                ch.basic_publish(
+                    exchange.into(),
+                    key.into(),
+                    Default::default(),
+                    format!("m{i}").as_bytes(),
+                    lapin::BasicProperties::default().with_delivery_mode(2),
+                ),
+            )
+            .await
+            .expect("publish"),
         )
-        .await
-        .expect("publish")
         .await
         .expect("confirm");
     }
@@ -287,14 +295,19 @@ async fn amqp_login(
 }
 
 async fn declare(conn: &lapin::Connection, queue: &str) -> Result<(), u16> {
-    let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare(
-        queue.into(),
-        lapin::options::QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        lapin::types::FieldTable::default(),
+    let ch = common::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        ),
     )
     .await
     .map(|_| ())
@@ -545,7 +558,7 @@ fn retained_mqtt_messages_survive_sigkill_and_sigterm() {
     );
     mqtt_retain(b2.mqtt_port, "pub2", &[("home/garage/temp", "7")]);
     unsafe { libc::kill(b2.child.id() as libc::pid_t, libc::SIGTERM) };
-    let status = b2.child.wait().expect("wait");
+    let status = common::exited(&mut b2.child, Duration::from_secs(30), "SIGTERM");
     assert_eq!(status.code(), Some(0), "a clean stop");
     let b3 = start_in(dir);
     assert_eq!(
@@ -690,19 +703,27 @@ async fn topic_publish(port: u16, key: &str) -> Result<(), u16> {
     let conn = amqp_login(port, "guest", "guest", "/")
         .await
         .expect("guest logs in");
-    let ch = conn.create_channel().await.expect("channel");
-    ch.confirm_select(Default::default())
+    let ch = common::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
         .await
         .expect("confirms");
     let sent = async {
-        ch.basic_publish(
-            "amq.topic".into(),
-            key.into(),
-            Default::default(),
-            b"m",
-            lapin::BasicProperties::default(),
+        common::bounded_as(
+            "publisher confirm",
+            common::bounded_as(
+                "basic.publish sent (held while the connection is blocked)",
+                ch.basic_publish(
+                    "amq.topic".into(),
+                    key.into(),
+                    Default::default(),
+                    b"m",
+                    lapin::BasicProperties::default(),
+                ),
+            )
+            .await?,
         )
-        .await?
         .await
     };
     match tokio::time::timeout(Duration::from_secs(10), sent).await {
@@ -794,7 +815,7 @@ async fn topic_permissions_through_ctl_and_http_survive_restarts_and_export() {
     let mut b = b;
     unsafe { libc::kill(b.child.id() as libc::pid_t, libc::SIGTERM) };
     assert_eq!(
-        b.child.wait().expect("wait").code(),
+        common::exited(&mut b.child, Duration::from_secs(30), "SIGTERM").code(),
         Some(0),
         "a clean stop"
     );

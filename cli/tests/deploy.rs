@@ -65,7 +65,7 @@ impl Broker {
                 off.extend([flag, "none"]);
             }
         }
-        let mut child = Command::new(BIN)
+        let mut child = common::dies_with_test(&mut Command::new(BIN))
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)
@@ -289,15 +289,23 @@ async fn tls_connect(
     addr: SocketAddr,
     config: Arc<rustls::ClientConfig>,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let connector = tokio_rustls::TlsConnector::from(config);
-    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-    let mut stream = connector.connect(name, tcp).await?;
-    // With TLS 1.3 a refused client certificate shows on the first read, not the handshake.
-    stream.write_all(b"AMQP\x00\x00\x09\x01").await?;
-    let mut first = [0u8; 1];
-    stream.read_exact(&mut first).await?;
-    Ok(stream)
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let connector = tokio_rustls::TlsConnector::from(config);
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut stream = connector.connect(name, tcp).await?;
+        // With TLS 1.3 a refused client certificate shows on the first read, not the
+        // handshake.
+        stream.write_all(b"AMQP\x00\x00\x09\x01").await?;
+        let mut first = [0u8; 1];
+        stream.read_exact(&mut first).await?;
+        Ok(stream)
+    };
+    common::bounded_as(
+        format!("TLS handshake and first AMQP byte from {addr}"),
+        handshake,
+    )
+    .await
 }
 
 async fn lapin_connect(
@@ -366,22 +374,30 @@ async fn mqtt_next(events: &mut rumqttc::EventLoop) -> Vec<u8> {
 
 /// Publishes `payload` to amq.topic with `key` over an AMQP connection.
 async fn amqp_publish(conn: &lapin::Connection, key: &str, payload: &[u8]) {
-    let ch = conn.create_channel().await.expect("channel");
-    ch.basic_publish(
-        "amq.topic".into(),
-        key.into(),
-        BasicPublishOptions::default(),
-        payload,
-        lapin::BasicProperties::default(),
+    let ch = common::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as(
+        "basic.publish sent (held while the connection is blocked)",
+        ch.basic_publish(
+            "amq.topic".into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            payload,
+            lapin::BasicProperties::default(),
+        ),
     )
     .await
     .expect("publish");
 }
 
 async fn amqp_plain(addr: SocketAddr) -> lapin::Connection {
-    lapin::Connection::connect(
-        &format!("amqp://guest:guest@{addr}/%2f"),
-        lapin::ConnectionProperties::default(),
+    common::bounded_as(
+        "connection.open-ok",
+        lapin::Connection::connect(
+            &format!("amqp://guest:guest@{addr}/%2f"),
+            lapin::ConnectionProperties::default(),
+        ),
     )
     .await
     .unwrap_or_else(|e| panic!("plain AMQP connects to {addr}: {e}"))
@@ -421,20 +437,24 @@ async fn several_listeners_per_protocol_over_ipv4_and_ipv6() {
     // lapin cannot parse an IPv6 literal in its URI: the IPv6 AMQP listener answers the
     // protocol header with connection.start (frame type 1, class 10, method 10).
     let amqp6 = amqp.iter().find(|a| a.is_ipv6()).expect("v6");
-    let mut raw = tokio::net::TcpStream::connect(amqp6)
+    let mut raw = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(amqp6))
         .await
         .expect("connect [::1]");
     raw.write_all(b"AMQP\x00\x00\x09\x01")
         .await
         .expect("header");
     let mut head = [0u8; 11];
-    raw.read_exact(&mut head).await.expect("connection.start");
+    common::bounded_as("bytes from the broker", raw.read_exact(&mut head))
+        .await
+        .expect("connection.start");
     assert_eq!((head[0], &head[7..11]), (1, &[0, 10, 0, 10][..]));
     let (publisher, mut pub_events) = rumqttc::AsyncClient::new(mqtt_options("pub4", *v4), 16);
-    publisher
-        .publish("dev/x/t", rumqttc::QoS::AtLeastOnce, false, "over mqtt v4")
-        .await
-        .expect("publish");
+    common::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher.publish("dev/x/t", rumqttc::QoS::AtLeastOnce, false, "over mqtt v4"),
+    )
+    .await
+    .expect("publish");
     tokio::spawn(async move { while pub_events.poll().await.is_ok() {} });
     assert_eq!(mqtt_next(&mut events).await, b"over mqtt v4");
 }
@@ -495,30 +515,40 @@ async fn amqps_and_mqtts_with_lapin_and_rumqttc() {
     amqp_publish(&plain, "secure.b", b"from plain").await;
     assert_eq!(mqtt_next(&mut events).await, b"from plain");
     // And the TLS AMQP connection consumes what an MQTT client publishes.
-    let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare(
-        "tlsq".into(),
-        QueueDeclareOptions::default(),
-        Default::default(),
+    let ch = common::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(
+            "tlsq".into(),
+            QueueDeclareOptions::default(),
+            Default::default(),
+        ),
     )
     .await
     .expect("declare");
-    ch.queue_bind(
-        "tlsq".into(),
-        "amq.topic".into(),
-        "secure.c".into(),
-        QueueBindOptions::default(),
-        Default::default(),
+    common::bounded_as(
+        "queue.bind answer",
+        ch.queue_bind(
+            "tlsq".into(),
+            "amq.topic".into(),
+            "secure.c".into(),
+            QueueBindOptions::default(),
+            Default::default(),
+        ),
     )
     .await
     .expect("bind");
     let mut plain_mqtt = mqtt_options("plain-pub", broker.addr("(MQTT"));
     plain_mqtt.set_clean_session(true);
     let (publisher, mut pub_events) = rumqttc::AsyncClient::new(plain_mqtt, 16);
-    publisher
-        .publish("secure/c", rumqttc::QoS::AtLeastOnce, false, "from mqtt")
-        .await
-        .expect("publish");
+    common::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher.publish("secure/c", rumqttc::QoS::AtLeastOnce, false, "from mqtt"),
+    )
+    .await
+    .expect("publish");
     tokio::spawn(async move { while pub_events.poll().await.is_ok() {} });
     let got = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -657,18 +687,22 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
     )
     .await
     .expect("client with a good certificate");
-    let steady_ch = steady.create_channel().await.expect("channel");
-    steady_ch
-        .queue_declare(
+    let steady_ch = common::bounded_as("channel.open-ok", steady.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as(
+        "queue.declare answer",
+        steady_ch.queue_declare(
             "steady".into(),
             QueueDeclareOptions::default(),
             Default::default(),
-        )
-        .await
-        .expect("declare");
+        ),
+    )
+    .await
+    .expect("declare");
 
     // 1. A plain AMQP client on the TLS port.
-    let mut plain = tokio::net::TcpStream::connect(amqps)
+    let mut plain = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(amqps))
         .await
         .expect("connect");
     plain
@@ -683,17 +717,19 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
 
     // 2. A TLS client on the plain AMQP port: AMQP's answer (its protocol header) and one line.
     let plain_port = broker.addr("(AMQP");
-    let tcp = tokio::net::TcpStream::connect(plain_port)
+    let tcp = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(plain_port))
         .await
         .expect("connect");
     let tls_local = tcp.local_addr().expect("local").to_string();
     let connector = tokio_rustls::TlsConnector::from(client_config(pki.roots(), None, false));
-    let refused = connector
-        .connect(
+    let refused = common::bounded_as(
+        "TLS handshake",
+        connector.connect(
             rustls::pki_types::ServerName::try_from("localhost").expect("name"),
             tcp,
-        )
-        .await;
+        ),
+    )
+    .await;
     assert!(refused.is_err(), "no TLS on the plain port");
     let lines = broker.wait_logs(&[&tls_local], 1);
     assert_eq!(
@@ -707,16 +743,21 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
     );
 
     // 2b. The same on the plain MQTT port: refused, one line naming the peer.
-    let tcp = tokio::net::TcpStream::connect(broker.addr("(MQTT"))
-        .await
-        .expect("connect");
+    let tcp = common::bounded_as(
+        "TCP connect",
+        tokio::net::TcpStream::connect(broker.addr("(MQTT")),
+    )
+    .await
+    .expect("connect");
     let tls_local = tcp.local_addr().expect("local").to_string();
-    let refused = connector
-        .connect(
+    let refused = common::bounded_as(
+        "TLS handshake",
+        connector.connect(
             rustls::pki_types::ServerName::try_from("localhost").expect("name"),
             tcp,
-        )
-        .await;
+        ),
+    )
+    .await;
     assert!(refused.is_err(), "no TLS on the plain MQTT port");
     let lines = broker.wait_logs(&[&tls_local], 1);
     assert_eq!(
@@ -745,7 +786,7 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
     );
 
     // 4. A client that never finishes its handshake does not hold others up.
-    let _stalled = tokio::net::TcpStream::connect(amqps)
+    let _stalled = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(amqps))
         .await
         .expect("connect");
     identity.cert_chain = Some(pki.ca_pem());
@@ -758,24 +799,28 @@ async fn tls_bad_input_is_refused_with_one_log_line_and_others_carry_on() {
     drop(second);
 
     // The first connection was never disturbed.
-    steady_ch
-        .basic_publish(
+    common::bounded_as(
+        "basic.publish sent (held while the connection is blocked)",
+        steady_ch.basic_publish(
             "".into(),
             "steady".into(),
             BasicPublishOptions::default(),
             b"still here",
             lapin::BasicProperties::default(),
-        )
-        .await
-        .expect("publish");
-    let m = steady_ch
-        .basic_get(
+        ),
+    )
+    .await
+    .expect("publish");
+    let m = common::bounded_as(
+        "basic.get answer",
+        steady_ch.basic_get(
             "steady".into(),
             lapin::options::BasicGetOptions { no_ack: true },
-        )
-        .await
-        .expect("get")
-        .expect("the message");
+        ),
+    )
+    .await
+    .expect("get")
+    .expect("the message");
     assert_eq!(m.delivery.data, b"still here");
 }
 
@@ -914,10 +959,12 @@ async fn certificates_reload_on_sighup_without_dropping_connections() {
     drop(stale);
     // The connection made before the reload still delivers.
     let (publisher, mut pub_events) = rumqttc::AsyncClient::new(tls_options("pub", &second), 4);
-    publisher
-        .publish("r/x", rumqttc::QoS::AtLeastOnce, false, "after reload")
-        .await
-        .expect("publish");
+    common::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher.publish("r/x", rumqttc::QoS::AtLeastOnce, false, "after reload"),
+    )
+    .await
+    .expect("publish");
     tokio::spawn(async move { while pub_events.poll().await.is_ok() {} });
     assert_eq!(mqtt_next(&mut old_events).await, b"after reload");
     assert_eq!(mqtt_next(&mut new_events).await, b"after reload");
@@ -989,16 +1036,24 @@ async fn ws_session<S>(
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let connect = ws_connect(id);
-    ws.send(Message::binary(connect[..5].to_vec()))
-        .await
-        .expect("send");
-    ws.send(Message::binary(connect[5..].to_vec()))
-        .await
-        .expect("send");
+    common::bounded_as(
+        "WebSocket frame sent",
+        ws.send(Message::binary(connect[..5].to_vec())),
+    )
+    .await
+    .expect("send");
+    common::bounded_as(
+        "WebSocket frame sent",
+        ws.send(Message::binary(connect[5..].to_vec())),
+    )
+    .await
+    .expect("send");
     assert_eq!(ws_read(ws, 4).await, [0x20, 2, 0, 0], "CONNACK accepted");
     let mut both = WS_SUBSCRIBE.to_vec();
     both.extend_from_slice(WS_PINGREQ);
-    ws.send(Message::binary(both)).await.expect("send");
+    common::bounded_as("WebSocket frame sent", ws.send(Message::binary(both)))
+        .await
+        .expect("send");
     assert_eq!(
         ws_read(ws, 7).await,
         [0x90, 3, 0, 1, 0, 0xd0, 0],
@@ -1006,10 +1061,12 @@ async fn ws_session<S>(
     );
     let (publisher, mut events) =
         rumqttc::AsyncClient::new(mqtt_options(&format!("p-{tag}"), mqtt), 4);
-    publisher
-        .publish("w/x", rumqttc::QoS::AtMostOnce, false, tag.to_string())
-        .await
-        .expect("publish");
+    common::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher.publish("w/x", rumqttc::QoS::AtMostOnce, false, tag.to_string()),
+    )
+    .await
+    .expect("publish");
     tokio::spawn(async move { while events.poll().await.is_ok() {} });
     let publish = ws_read(ws, 2 + 2 + 3 + tag.len()).await;
     assert_eq!(publish[0], 0x30);
@@ -1051,7 +1108,9 @@ async fn mqtt_over_websocket_plain_and_tls() {
     let ws = broker.addr("mqtt-ws:");
     let wss = broker.addr("mqtt-wss");
     // Plain ws.
-    let tcp = tokio::net::TcpStream::connect(ws).await.expect("connect");
+    let tcp = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(ws))
+        .await
+        .expect("connect");
     let (mut socket, response) =
         tokio_tungstenite::client_async(ws_request(&format!("ws://{ws}/mqtt"), "mqtt"), tcp)
             .await
@@ -1065,17 +1124,24 @@ async fn mqtt_over_websocket_plain_and_tls() {
     );
     ws_session(&mut socket, mqtt, "over-ws", *b"w1").await;
     // wss.
-    let tcp = tokio::net::TcpStream::connect(wss).await.expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(client_config(pki.roots(), None, false))
-        .connect(
+    let tcp = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(wss))
+        .await
+        .expect("connect");
+    let tls = common::bounded_as(
+        "TLS handshake",
+        tokio_rustls::TlsConnector::from(client_config(pki.roots(), None, false)).connect(
             rustls::pki_types::ServerName::try_from("localhost").expect("name"),
             tcp,
-        )
-        .await
-        .expect("TLS");
-    let (mut secure, _) = tokio_tungstenite::client_async(
-        ws_request(&format!("wss://localhost:{}/mqtt", wss.port()), "mqtt"),
-        tls,
+        ),
+    )
+    .await
+    .expect("TLS");
+    let (mut secure, _) = common::bounded_as(
+        "WebSocket handshake",
+        tokio_tungstenite::client_async(
+            ws_request(&format!("wss://localhost:{}/mqtt", wss.port()), "mqtt"),
+            tls,
+        ),
     )
     .await
     .expect("upgrade over TLS");
@@ -1090,7 +1156,9 @@ async fn mqtt_over_websocket_plain_and_tls() {
         ("/mqtt", "stomp", 400, "Sec-WebSocket-Protocol: mqtt"),
         ("/other", "mqtt", 404, "no MQTT WebSocket endpoint"),
     ] {
-        let tcp = tokio::net::TcpStream::connect(ws).await.expect("connect");
+        let tcp = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(ws))
+            .await
+            .expect("connect");
         let local = tcp.local_addr().expect("local").to_string();
         match tokio_tungstenite::client_async(
             ws_request(&format!("ws://{ws}{path}"), protocol),
@@ -1110,15 +1178,19 @@ async fn mqtt_over_websocket_plain_and_tls() {
             "{lines:?}"
         );
     }
-    socket
-        .send(Message::binary(WS_PINGREQ.to_vec()))
-        .await
-        .expect("send");
+    common::bounded_as(
+        "WebSocket frame sent",
+        socket.send(Message::binary(WS_PINGREQ.to_vec())),
+    )
+    .await
+    .expect("send");
     assert_eq!(ws_read(&mut socket, 2).await, [0xd0, 0]);
-    secure
-        .send(Message::binary(WS_PINGREQ.to_vec()))
-        .await
-        .expect("send");
+    common::bounded_as(
+        "WebSocket frame sent",
+        secure.send(Message::binary(WS_PINGREQ.to_vec())),
+    )
+    .await
+    .expect("send");
     assert_eq!(ws_read(&mut secure, 2).await, [0xd0, 0]);
 }
 
@@ -1153,9 +1225,12 @@ async fn config_file_with_flags_and_env_over_it() {
         1,
         "the file's memory_high_watermark and disk_free_limit"
     );
-    let mut http = tokio::net::TcpStream::connect(broker.addr("(HTTP management API)"))
-        .await
-        .expect("connect to the file's management listener");
+    let mut http = common::bounded_as(
+        "TCP connect",
+        tokio::net::TcpStream::connect(broker.addr("(HTTP management API)")),
+    )
+    .await
+    .expect("connect to the file's management listener");
     http.write_all(
         b"GET /api/overview HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
           Authorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\r\n",
@@ -1191,12 +1266,16 @@ async fn config_file_with_flags_and_env_over_it() {
     );
     // The packet limit from the environment: a 100-byte publish closes the connection.
     let mqtt = broker.addr("(MQTT");
-    let mut tcp = tokio::net::TcpStream::connect(mqtt).await.expect("connect");
+    let mut tcp = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(mqtt))
+        .await
+        .expect("connect");
     tcp.write_all(&[0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 4, 2, 0, 60, 0, 0])
         .await
         .expect("connect");
     let mut connack = [0u8; 4];
-    tcp.read_exact(&mut connack).await.expect("connack");
+    common::bounded_as("bytes from the broker", tcp.read_exact(&mut connack))
+        .await
+        .expect("connack");
     let mut publish = vec![0x30, 100, 0, 1, b't'];
     publish.resize(102, b'x');
     tcp.write_all(&publish).await.expect("publish");
@@ -1356,12 +1435,15 @@ async fn stalled_handshakes_are_dropped_after_10_s() {
         3,
     );
     let started = std::time::Instant::now();
-    let mut tls = tokio::net::TcpStream::connect(broker.addr("mqtts"))
-        .await
-        .expect("connect");
+    let mut tls = common::bounded_as(
+        "TCP connect",
+        tokio::net::TcpStream::connect(broker.addr("mqtts")),
+    )
+    .await
+    .expect("connect");
     let tls_local = tls.local_addr().expect("local").to_string();
     let ws_addr = broker.addr("mqtt-ws:");
-    let mut ws = tokio::net::TcpStream::connect(ws_addr)
+    let mut ws = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(ws_addr))
         .await
         .expect("connect");
     let ws_local = ws.local_addr().expect("local").to_string();
@@ -1370,7 +1452,7 @@ async fn stalled_handshakes_are_dropped_after_10_s() {
         .await
         .expect("write");
     // Meanwhile the configured path serves MQTT and the default one is not found.
-    let tcp = tokio::net::TcpStream::connect(ws_addr)
+    let tcp = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(ws_addr))
         .await
         .expect("connect");
     let (mut socket, _) =
@@ -1378,7 +1460,7 @@ async fn stalled_handshakes_are_dropped_after_10_s() {
             .await
             .expect("upgrade at /ws");
     ws_session(&mut socket, broker.addr("(MQTT"), "at-ws", *b"w3").await;
-    let tcp = tokio::net::TcpStream::connect(ws_addr)
+    let tcp = common::bounded_as("TCP connect", tokio::net::TcpStream::connect(ws_addr))
         .await
         .expect("connect");
     match tokio_tungstenite::client_async(ws_request(&format!("ws://{ws_addr}/mqtt"), "mqtt"), tcp)
@@ -1413,10 +1495,12 @@ async fn stalled_handshakes_are_dropped_after_10_s() {
         assert_eq!(lines.len(), 1, "{what}: {lines:?}");
     }
     // The session made meanwhile is still served.
-    socket
-        .send(Message::binary(WS_PINGREQ.to_vec()))
-        .await
-        .expect("send");
+    common::bounded_as(
+        "WebSocket frame sent",
+        socket.send(Message::binary(WS_PINGREQ.to_vec())),
+    )
+    .await
+    .expect("send");
     assert_eq!(ws_read(&mut socket, 2).await, [0xd0, 0]);
 }
 
@@ -1427,7 +1511,7 @@ async fn logs_to_a_file_with_per_module_levels_and_connection_lines_for_both_pro
     let dir = data_dir("logfile");
     for (level, amqp_logged) in [("info", true), ("info,warren_amqp=warn", false)] {
         let log = dir.join(format!("warren-{amqp_logged}.log"));
-        let mut child = Command::new(BIN)
+        let mut child = common::dies_with_test(&mut Command::new(BIN))
             .args(["serve", "--in-memory", "--data-dir"])
             .arg(dir.join("data"))
             .args([
@@ -1479,7 +1563,9 @@ async fn logs_to_a_file_with_per_module_levels_and_connection_lines_for_both_pro
                 .expect("addr")
         };
         let conn = amqp_plain(port("(AMQP")).await;
-        conn.close(200, "bye".into()).await.expect("close");
+        common::bounded_as("close-ok", conn.close(200, "bye".into()))
+            .await
+            .expect("close");
         let (client, mut events) =
             rumqttc::AsyncClient::new(mqtt_options("logged", port("(MQTT")), 4);
         tokio::time::timeout(Duration::from_secs(10), async {
@@ -1493,7 +1579,12 @@ async fn logs_to_a_file_with_per_module_levels_and_connection_lines_for_both_pro
         })
         .await
         .expect("CONNACK");
-        client.disconnect().await.expect("disconnect");
+        common::bounded_as(
+            "room in the client queue for DISCONNECT",
+            client.disconnect(),
+        )
+        .await
+        .expect("disconnect");
         let _ = tokio::time::timeout(Duration::from_secs(2), events.poll()).await;
         // The AMQP connection closed before the MQTT one opened: once the MQTT lines are
         // in, the AMQP ones are too, or filtered out.
@@ -1634,7 +1725,7 @@ async fn the_default_user_is_configurable_on_the_first_start() {
     // A clean stop (SIGTERM), as an operator restarts.
     let mut broker = broker;
     broker.signal(libc::SIGTERM);
-    let status = broker.child.wait().expect("wait");
+    let status = common::exited(&mut broker.child, Duration::from_secs(30), "SIGTERM");
     assert_eq!(status.code(), Some(0));
     drop(broker);
     let broker = Broker::start(

@@ -93,18 +93,25 @@ async fn client_strings_cannot_forge_log_lines() {
     amqp_login(amqp, "guest", "guest", EVIL);
     // An exchange type no broker has.
     let uri = format!("amqp://guest:guest@127.0.0.1:{amqp}/%2f");
-    let conn = lapin::Connection::connect(&uri, Default::default())
+    let conn = common::bounded_as(
+        "connection.open-ok",
+        lapin::Connection::connect(&uri, Default::default()),
+    )
+    .await
+    .expect("connect");
+    let ch = common::bounded_as("channel.open-ok", conn.create_channel())
         .await
-        .expect("connect");
-    let ch = conn.create_channel().await.expect("channel");
-    let refused = ch
-        .exchange_declare(
+        .expect("channel");
+    let refused = common::bounded_as(
+        "exchange.declare answer",
+        ch.exchange_declare(
             "x".into(),
             lapin::ExchangeKind::Custom(EVIL.into()),
             Default::default(),
             Default::default(),
-        )
-        .await;
+        ),
+    )
+    .await;
     assert!(refused.is_err(), "an unknown exchange type is refused");
     // MQTT: a client id and a user name, refused at login.
     mqtt_connect(mqtt, EVIL, EVIL);

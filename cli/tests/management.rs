@@ -34,27 +34,41 @@ async fn amqp(port: u16, name: &str) -> lapin::Connection {
 /// Declares `queue` and publishes `count` copies of `body` to it, each confirmed.
 async fn publish_confirmed(c: &lapin::Connection, queue: &str, count: usize, body: &[u8]) {
     use lapin::options::*;
-    let ch = c.create_channel().await.expect("channel");
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions::default(),
-        Default::default(),
+    let ch = common::bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .expect("channel");
+    common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(
+            queue.into(),
+            QueueDeclareOptions::default(),
+            Default::default(),
+        ),
     )
     .await
     .expect("declare");
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    common::bounded_as(
+        "confirm.select-ok",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     for _ in 0..count {
-        ch.basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            body,
-            Default::default(),
+        common::bounded_as(
+            "publisher confirm",
+            common::bounded_as(
+                "basic.publish sent (held while the connection is blocked)",
+                ch.basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    Default::default(),
+                ),
+            )
+            .await
+            .expect("publish"),
         )
-        .await
-        .expect("publish")
         .await
         .expect("confirm");
     }
@@ -66,39 +80,56 @@ async fn queues_show_counts_consumers_rates_pages_and_columns() {
     let b = start("queues");
     let port = b.api();
     let c = amqp(b.served.amqp, "counts").await;
-    let ch = c.create_channel().await.unwrap();
+    let ch = common::bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .unwrap();
     for q in ["q1", "q2", "q3"] {
-        ch.queue_declare(q.into(), QueueDeclareOptions::default(), Default::default())
-            .await
-            .unwrap();
-    }
-    for i in 0..5 {
-        ch.basic_publish(
-            "".into(),
-            "q1".into(),
-            BasicPublishOptions::default(),
-            format!("m{i}").as_bytes(),
-            Default::default(),
+        common::bounded_as(
+            "queue.declare answer",
+            ch.queue_declare(q.into(), QueueDeclareOptions::default(), Default::default()),
         )
         .await
         .unwrap();
     }
-    let consumer_ch = c.create_channel().await.unwrap();
-    consumer_ch
-        .basic_qos(2, BasicQosOptions::default())
+    for i in 0..5 {
+        common::bounded_as(
+            "basic.publish sent (held while the connection is blocked)",
+            ch.basic_publish(
+                "".into(),
+                "q1".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                Default::default(),
+            ),
+        )
         .await
         .unwrap();
-    let mut consumer = consumer_ch
-        .basic_consume(
+    }
+    let consumer_ch = common::bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .unwrap();
+    common::bounded_as(
+        "basic.qos-ok",
+        consumer_ch.basic_qos(2, BasicQosOptions::default()),
+    )
+    .await
+    .unwrap();
+    let mut consumer = common::bounded_as(
+        "basic.consume answer",
+        consumer_ch.basic_consume(
             "q1".into(),
             "watcher".into(),
             BasicConsumeOptions::default(),
             Default::default(),
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     use futures_lite::StreamExt;
-    let first = consumer.next().await.expect("a delivery").expect("ok");
+    let first = common::bounded_as("next delivery or event", consumer.next())
+        .await
+        .expect("a delivery")
+        .expect("ok");
     first.ack(BasicAckOptions::default()).await.unwrap();
     let q1 = eventually("q1's counts", || {
         let q = call(port, "GET", "/api/queues/%2F/q1", None).json();
@@ -118,12 +149,15 @@ async fn queues_show_counts_consumers_rates_pages_and_columns() {
     let before = call(port, "GET", "/api/queues/%2F/q2", None).json();
     assert_eq!(before["message_stats"]["publish"], 0);
     for _ in 0..10 {
-        ch.basic_publish(
-            "".into(),
-            "q2".into(),
-            BasicPublishOptions::default(),
-            b"x",
-            Default::default(),
+        common::bounded_as(
+            "basic.publish sent (held while the connection is blocked)",
+            ch.basic_publish(
+                "".into(),
+                "q2".into(),
+                BasicPublishOptions::default(),
+                b"x",
+                Default::default(),
+            ),
         )
         .await
         .unwrap();
@@ -189,7 +223,9 @@ async fn queues_show_counts_consumers_rates_pages_and_columns() {
         .expect("the consumer's channel");
     assert_eq!(consuming["messages_unacknowledged"], 2);
     assert_eq!(consuming["message_stats"]["ack"], 1);
-    c.close(200, "bye".into()).await.unwrap();
+    common::bounded_as("close-ok", c.close(200, "bye".into()))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -657,30 +693,44 @@ async fn prometheus_metrics_count_messages_and_pass_promtool() {
     let b = start("metrics");
     let c = amqp(b.served.amqp, "metrics").await;
     publish_confirmed(&c, "jobs", 7, b"work").await;
-    let ch = c.create_channel().await.unwrap();
-    ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+    let ch = common::bounded_as("channel.open-ok", c.create_channel())
         .await
         .unwrap();
-    // One persistent message on a durable queue: its confirm waits for a group commit.
-    ch.queue_declare(
-        "durable-jobs".into(),
-        lapin::options::QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        Default::default(),
+    common::bounded_as(
+        "confirm.select-ok",
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default()),
     )
     .await
     .unwrap();
-    ch.basic_publish(
-        "".into(),
-        "durable-jobs".into(),
-        lapin::options::BasicPublishOptions::default(),
-        b"kept",
-        lapin::BasicProperties::default().with_delivery_mode(2),
+    // One persistent message on a durable queue: its confirm waits for a group commit.
+    common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(
+            "durable-jobs".into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            Default::default(),
+        ),
     )
     .await
-    .unwrap()
+    .unwrap();
+    common::bounded_as(
+        "publisher confirm",
+        common::bounded_as(
+            "basic.publish sent (held while the connection is blocked)",
+            ch.basic_publish(
+                "".into(),
+                "durable-jobs".into(),
+                lapin::options::BasicPublishOptions::default(),
+                b"kept",
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            ),
+        )
+        .await
+        .unwrap(),
+    )
     .await
     .unwrap();
     let port = b.served.prometheus.expect("Prometheus port");

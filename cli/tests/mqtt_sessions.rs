@@ -178,21 +178,32 @@ impl Client {
         (c, present)
     }
 
-    async fn wait<T>(&mut self, mut f: impl FnMut(&Ev) -> Option<T>) -> T {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let ev = tokio::time::timeout_at(deadline, self.events.recv())
-                .await
-                .expect("the expected packet arrived in time")
-                .expect("event loop running");
-            if let Ev::Error(e) = &ev {
-                panic!("connection error: {e}");
-            }
-            if let Some(t) = f(&ev) {
-                return t;
-            }
-            if let Ev::Publish(p) = ev {
-                self.received.push_back(p);
+    /// The first event `f` accepts, within [`WAIT`]; a timeout names the line that waited (a
+    /// plain fn, not `async`, so that `#[track_caller]` holds).
+    #[track_caller]
+    fn wait<T>(
+        &mut self,
+        mut f: impl FnMut(&Ev) -> Option<T>,
+    ) -> impl std::future::Future<Output = T> {
+        let at = std::panic::Location::caller();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let ev = tokio::time::timeout_at(deadline, self.events.recv())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("no expected packet within {WAIT:?} (awaited at {at})")
+                    })
+                    .expect("event loop running");
+                if let Ev::Error(e) = &ev {
+                    panic!("connection error: {e}");
+                }
+                if let Some(t) = f(&ev) {
+                    return t;
+                }
+                if let Ev::Publish(p) = ev {
+                    self.received.push_back(p);
+                }
             }
         }
     }
@@ -211,13 +222,19 @@ impl Client {
 
     async fn subscribe(&mut self, filter: &str) {
         if let Some(c) = &self.v4 {
-            c.subscribe(filter, rumqttc::QoS::AtLeastOnce)
-                .await
-                .expect("queue subscribe");
+            common::bounded_as(
+                "room in the client queue for SUBSCRIBE",
+                c.subscribe(filter, rumqttc::QoS::AtLeastOnce),
+            )
+            .await
+            .expect("queue subscribe");
         } else if let Some(c) = &self.v5 {
-            c.subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
-                .await
-                .expect("queue subscribe");
+            common::bounded_as(
+                "room in the client queue for SUBSCRIBE",
+                c.subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce),
+            )
+            .await
+            .expect("queue subscribe");
         }
         let ok = self
             .wait(|e| match e {
@@ -231,15 +248,21 @@ impl Client {
     /// Publishes at QoS 1 and waits for the PUBACK.
     async fn publish(&mut self, topic: &str, payload: &[u8]) {
         if let Some(c) = &self.v4 {
-            c.publish(topic, rumqttc::QoS::AtLeastOnce, false, payload.to_vec())
-                .await
-                .expect("queue publish");
+            common::bounded_as(
+                "room in the client queue for PUBLISH",
+                c.publish(topic, rumqttc::QoS::AtLeastOnce, false, payload.to_vec()),
+            )
+            .await
+            .expect("queue publish");
         } else if let Some(c) = &self.v5 {
-            c.publish(
-                topic,
-                rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
-                false,
-                payload.to_vec(),
+            common::bounded_as(
+                "room in the client queue for PUBLISH",
+                c.publish(
+                    topic,
+                    rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+                    false,
+                    payload.to_vec(),
+                ),
             )
             .await
             .expect("queue publish");
@@ -262,9 +285,11 @@ impl Client {
     /// DISCONNECT (normal), then waits for the broker to close the socket.
     async fn disconnect(mut self) {
         if let Some(c) = &self.v4 {
-            let _ = c.disconnect().await;
+            let _ =
+                common::bounded_as("room in the client queue for DISCONNECT", c.disconnect()).await;
         } else if let Some(c) = &self.v5 {
-            let _ = c.disconnect().await;
+            let _ =
+                common::bounded_as("room in the client queue for DISCONNECT", c.disconnect()).await;
         }
         let _ = tokio::time::timeout(WAIT, async {
             while let Some(ev) = self.events.recv().await {

@@ -49,14 +49,21 @@ async fn an_operator_sees_and_closes_connections_and_channels() {
     use lapin::options::*;
     let b = start("conns");
     let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", b.served.amqp);
-    let c = lapin::Connection::connect(
-        &uri,
-        lapin::ConnectionProperties::default().with_connection_name("orders-api".into()),
+    let c = common::bounded_as(
+        "connection.open-ok",
+        lapin::Connection::connect(
+            &uri,
+            lapin::ConnectionProperties::default().with_connection_name("orders-api".into()),
+        ),
     )
     .await
     .expect("connect");
-    let ch = c.create_channel().await.unwrap();
-    ch.basic_qos(10, BasicQosOptions::default()).await.unwrap();
+    let ch = common::bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .unwrap();
+    common::bounded_as("basic.qos-ok", ch.basic_qos(10, BasicQosOptions::default()))
+        .await
+        .unwrap();
     let _mqtt = mqtt_connect(b.served.mqtt.expect("MQTT port"), "thermostat-3");
 
     let conns = eventually("two connections listed", || {
@@ -165,6 +172,9 @@ fn status_ping_columns_unknown_vhosts_and_the_watermark() {
     let api = b.served.management.expect("HTTP API port");
     let put = |path: &str| {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", api)).unwrap();
+        // Bounded: an answer that never ends leaves `out` short and the assert names it.
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
         let req = format!(
             "PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\
              Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
@@ -194,6 +204,8 @@ fn status_ping_columns_unknown_vhosts_and_the_watermark() {
     assert!(err.contains("Virtual host 'nope' does not exist"), "{err}");
     // The watermark at run time: below what is held raises the alarm, then clears.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", api)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
     let body = r#"{"routing_key":"jobs","payload":"0123456789","payload_encoding":"string","properties":{}}"#;
     let req = format!(
         "POST /api/exchanges/%2F/amq.default/publish HTTP/1.1\r\nHost: x\r\n\

@@ -128,9 +128,12 @@ async fn rabbitmqadmin_lists_declares_publishes_gets_closes_and_moves_definition
 
     // A client connection: listed, then closed by name.
     let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", b.served.amqp);
-    let c = lapin::Connection::connect(
-        &uri,
-        lapin::ConnectionProperties::default().with_connection_name("rmqadmin-probe".into()),
+    let c = common::bounded_as(
+        "connection.open-ok",
+        lapin::Connection::connect(
+            &uri,
+            lapin::ConnectionProperties::default().with_connection_name("rmqadmin-probe".into()),
+        ),
     )
     .await
     .expect("connect");

@@ -30,19 +30,23 @@ async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
     .await
     .expect("connect in time")
     .expect("connect");
-    let ch = c.create_channel().await.expect("channel");
+    let ch = common::bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .expect("channel");
     (c, ch)
 }
 
 async fn drain(ch: &lapin::Channel, queue: &str) -> Vec<String> {
     let mut got = Vec::new();
-    while let Some(m) = ch
-        .basic_get(
+    while let Some(m) = common::bounded_as(
+        "basic.get answer",
+        ch.basic_get(
             queue.into(),
             lapin::options::BasicGetOptions { no_ack: true },
-        )
-        .await
-        .expect("get")
+        ),
+    )
+    .await
+    .expect("get")
     {
         got.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
     }
@@ -64,30 +68,41 @@ async fn sharded_durable_queues_survive_kill_9_and_keep_their_shard_count() {
                 durable: true,
                 ..Default::default()
             };
-            a.queue_declare(q.into(), args, Default::default())
-                .await
-                .expect("declare");
+            common::bounded_as(
+                "queue.declare answer",
+                a.queue_declare(q.into(), args, Default::default()),
+            )
+            .await
+            .expect("declare");
         }
         for ch in [&a, &z] {
-            ch.confirm_select(Default::default())
+            common::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
                 .await
                 .expect("confirms");
         }
         for i in 0..60 {
             let ch = if i % 2 == 0 { &a } else { &z };
             let q = QUEUES[i % QUEUES.len()];
-            ch.basic_publish(
-                "".into(),
-                q.into(),
-                Default::default(),
-                i.to_string().as_bytes(),
-                lapin::BasicProperties::default().with_delivery_mode(2),
+            common::bounded_as(
+                "basic.publish sent (held while the connection is blocked)",
+                ch.basic_publish(
+                    "".into(),
+                    q.into(),
+                    Default::default(),
+                    i.to_string().as_bytes(),
+                    lapin::BasicProperties::default().with_delivery_mode(2),
+                ),
             )
             .await
             .expect("publish");
         }
         for ch in [&a, &z] {
-            assert!(ch.wait_for_confirms().await.expect("confirmed").is_empty());
+            assert!(
+                common::bounded_as("publisher confirms", ch.wait_for_confirms())
+                    .await
+                    .expect("confirmed")
+                    .is_empty()
+            );
         }
     }
     // Every message is confirmed: none may be lost to a kill -9 now.
@@ -142,24 +157,35 @@ async fn in_memory_shards_serve_amqp_clients() {
     // Two connections, so two shards: the queue is declared on one, used from the other.
     let (_a, a) = channel(port).await;
     let (_z, z) = channel(port).await;
-    a.queue_declare("q".into(), Default::default(), Default::default())
-        .await
-        .expect("declare");
-    z.confirm_select(Default::default())
+    common::bounded_as(
+        "queue.declare answer",
+        a.queue_declare("q".into(), Default::default(), Default::default()),
+    )
+    .await
+    .expect("declare");
+    common::bounded_as("confirm.select-ok", z.confirm_select(Default::default()))
         .await
         .expect("confirms");
     for i in 0..10 {
-        z.basic_publish(
-            "".into(),
-            "q".into(),
-            Default::default(),
-            i.to_string().as_bytes(),
-            Default::default(),
+        common::bounded_as(
+            "basic.publish sent (held while the connection is blocked)",
+            z.basic_publish(
+                "".into(),
+                "q".into(),
+                Default::default(),
+                i.to_string().as_bytes(),
+                Default::default(),
+            ),
         )
         .await
         .expect("publish");
     }
-    assert!(z.wait_for_confirms().await.expect("confirmed").is_empty());
+    assert!(
+        common::bounded_as("publisher confirms", z.wait_for_confirms())
+            .await
+            .expect("confirmed")
+            .is_empty()
+    );
     let got = drain(&z, "q").await;
     let _ = child.kill();
     let _ = child.wait();
@@ -172,26 +198,30 @@ async fn in_memory_shards_serve_amqp_clients() {
 /// connection to the broker on `port`.
 async fn generated_names(port: u16) -> (String, String) {
     let (_c, ch) = channel(port).await;
-    let q = ch
-        .queue_declare(
+    let q = common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(
             "".into(),
             lapin::options::QueueDeclareOptions {
                 exclusive: true,
                 ..Default::default()
             },
             Default::default(),
-        )
-        .await
-        .expect("declare");
-    let consumer = ch
-        .basic_consume(
+        ),
+    )
+    .await
+    .expect("declare");
+    let consumer = common::bounded_as(
+        "basic.consume answer",
+        ch.basic_consume(
             q.name().clone(),
             "".into(),
             Default::default(),
             Default::default(),
-        )
-        .await
-        .expect("consume");
+        ),
+    )
+    .await
+    .expect("consume");
     (q.name().to_string(), consumer.tag().to_string())
 }
 
@@ -209,29 +239,37 @@ async fn every_start_draws_different_server_generated_names() {
     // A durable server-named queue with a confirmed persistent message, to restore.
     let stored = {
         let (_c, ch) = channel(port_a).await;
-        let q = ch
-            .queue_declare(
+        let q = common::bounded_as(
+            "queue.declare answer",
+            ch.queue_declare(
                 "".into(),
                 lapin::options::QueueDeclareOptions {
                     durable: true,
                     ..Default::default()
                 },
                 Default::default(),
-            )
-            .await
-            .expect("declare durable");
-        ch.confirm_select(Default::default())
-            .await
-            .expect("confirms");
-        ch.basic_publish(
-            "".into(),
-            q.name().clone(),
-            Default::default(),
-            b"kept",
-            lapin::BasicProperties::default().with_delivery_mode(2),
+            ),
         )
         .await
-        .expect("publish")
+        .expect("declare durable");
+        common::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
+            .await
+            .expect("confirms");
+        common::bounded_as(
+            "publisher confirm",
+            common::bounded_as(
+                "basic.publish sent (held while the connection is blocked)",
+                ch.basic_publish(
+                    "".into(),
+                    q.name().clone(),
+                    Default::default(),
+                    b"kept",
+                    lapin::BasicProperties::default().with_delivery_mode(2),
+                ),
+            )
+            .await
+            .expect("publish"),
+        )
         .await
         .expect("confirmed");
         q.name().to_string()

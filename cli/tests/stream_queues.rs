@@ -25,10 +25,16 @@ fn serve(dir: &std::path::Path) -> Broker {
     Broker(common::serve(dir, false, &["--stream", "127.0.0.1:0"]))
 }
 
-async fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .expect("within 30 s")
+/// `f` within 30 s. A plain fn (not `async`) so that `#[track_caller]` holds: the panic
+/// names the test's line, that is what was waited for.
+#[track_caller]
+fn bounded<F: std::future::Future>(f: F) -> impl std::future::Future<Output = F::Output> {
+    let at = std::panic::Location::caller();
+    async move {
+        tokio::time::timeout(Duration::from_secs(30), f)
+            .await
+            .unwrap_or_else(|_| panic!("no answer within 30 s (awaited at {at})"))
+    }
 }
 
 async fn connect(port: u16) -> Connection {
@@ -409,7 +415,9 @@ async fn one_stream_two_protocols_on(b: Broker) {
             .await
             .expect("stream publish confirmed");
     }
-    producer.close().await.unwrap();
+    common::bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     let mut c = consume_from(&conn, "both", Some(AMQPValue::LongLongInt(101))).await;
     expect_bodies(&take(&mut c, 50).await, 101, "p");
     // A stream created over the stream protocol is the queue AMQP declares by that name.
@@ -421,7 +429,9 @@ async fn one_stream_two_protocols_on(b: Broker) {
             .await
             .unwrap();
     }
-    producer.close().await.unwrap();
+    common::bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
@@ -541,7 +551,9 @@ async fn stream_port_publishes_reach_amqp_consumers_at_once_and_back() {
                 "{what}: median {median:?} over 50 one-message trips (in_memory={in_memory})"
             );
         }
-        producer.close().await.unwrap();
+        common::bounded_as("stream producer close answer", producer.close())
+            .await
+            .unwrap();
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -628,15 +640,17 @@ async fn mqtt_publishers_reach_a_stream_through_a_binding() {
     o.set_keep_alive(Duration::from_secs(30));
     let (client, mut events) = rumqttc::AsyncClient::new(o, 16);
     for i in 0..3 {
-        client
-            .publish(
+        common::bounded_as(
+            "room in the client queue for PUBLISH",
+            client.publish(
                 format!("sensors/t{i}"),
                 rumqttc::QoS::AtLeastOnce,
                 false,
                 format!("r{i}"),
-            )
-            .await
-            .unwrap();
+            ),
+        )
+        .await
+        .unwrap();
     }
     // Drive the client until the three PUBACKs (sent once the stream holds them durably).
     bounded(async {
@@ -738,20 +752,24 @@ async fn super_streams_are_an_exchange_over_partition_streams() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for i in 0..30u64 {
             let tx = tx.clone();
-            producer
-                .send(Message::builder().body(format!("k{i}")).build(), move |r| {
+            common::bounded_as(
+                "room in the producer window",
+                producer.send(Message::builder().body(format!("k{i}")).build(), move |r| {
                     let tx = tx.clone();
                     async move {
                         let _ = tx.send(r.map(|s| s.confirmed()).unwrap_or(false));
                     }
-                })
-                .await
-                .unwrap();
+                }),
+            )
+            .await
+            .unwrap();
         }
         for _ in 0..30 {
             assert!(bounded(rx.recv()).await.unwrap(), "confirmed");
         }
-        producer.close().await.unwrap();
+        common::bounded_as("stream producer close answer", producer.close())
+            .await
+            .unwrap();
         let mut hashed = env
             .super_stream_producer(RoutingStrategy::HashRoutingStrategy(
                 HashRoutingMurmurStrategy {
@@ -761,11 +779,15 @@ async fn super_streams_are_an_exchange_over_partition_streams() {
             .build("orders")
             .await
             .expect("Partitions lists the three");
-        hashed
-            .send(Message::builder().body("k99").build(), |_| async {})
+        common::bounded_as(
+            "room in the producer window",
+            hashed.send(Message::builder().body("k99").build(), |_| async {}),
+        )
+        .await
+        .unwrap();
+        common::bounded_as("close-ok", hashed.close())
             .await
             .unwrap();
-        hashed.close().await.unwrap();
         // AMQP: the exchange routes by key to the partition queue.
         let conn = connect(b.0.amqp).await;
         let ch = bounded(conn.create_channel()).await.unwrap();

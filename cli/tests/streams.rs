@@ -83,7 +83,9 @@ async fn a_million_messages_with_confirms_come_back_from_first_in_order() {
     let producer = env.producer().batch_size(1000).build("big").await.unwrap();
     const N: u64 = 1_000_000;
     assert_eq!(publish(&producer, 0..N, 5000).await as u64, N);
-    producer.close().await.unwrap();
+    common::bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     let mut consumer = env
         .consumer()
         .offset(OffsetSpecification::First)
@@ -98,7 +100,9 @@ async fn a_million_messages_with_confirms_come_back_from_first_in_order() {
             want += 1;
         }
     }
-    consumer.handle().close().await.unwrap();
+    common::bounded_as("stream consumer close answer", consumer.handle().close())
+        .await
+        .unwrap();
     // On disk under the escaped names (vhost `/` is `%2F`).
     assert!(dir.join("streams").join("%2F").join("big").is_dir());
     drop(served);
@@ -190,8 +194,12 @@ async fn kill_9_keeps_confirmed_messages_offsets_stored_offsets_and_deduplicatio
             .is_err(),
         "nothing stored twice"
     );
-    producer.close().await.unwrap();
-    c.handle().close().await.unwrap();
+    common::bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
+    common::bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -256,10 +264,17 @@ async fn frames_in_flight_merge_into_chunks_dedup_filters_and_kill_9_hold() {
             }
         };
         let m = Message::builder().body(body(i)).publishing_id(i).build();
-        producer.send(m, count.clone()).await.unwrap();
+        common::bounded_as(
+            "room in the producer window",
+            producer.send(m, count.clone()),
+        )
+        .await
+        .unwrap();
         let colour = ["red", "blue", "green"][(i % 3) as usize];
         let m = Message::builder().body(format!("{colour}-{i}")).build();
-        colours.send(m, count).await.unwrap();
+        common::bounded_as("room in the producer window", colours.send(m, count))
+            .await
+            .unwrap();
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while confirmed.load(Ordering::Acquire) < 2 * N {
@@ -339,9 +354,15 @@ async fn frames_in_flight_merge_into_chunks_dedup_filters_and_kill_9_hold() {
     }
     let want = (1..=N).filter(|i| i % 3 == 1).count();
     assert_eq!(blues, want, "every blue message (no false negatives)");
-    producer.close().await.unwrap();
-    c.handle().close().await.unwrap();
-    blue.handle().close().await.unwrap();
+    common::bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
+    common::bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
+    common::bounded_as("stream consumer close answer", blue.handle().close())
+        .await
+        .unwrap();
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -382,7 +403,9 @@ async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_co
     env.stream_creator().create("s").await.unwrap();
     let producer = env.producer().build("s").await.unwrap();
     assert_eq!(publish(&producer, 0..10, 10).await, 10);
-    producer.close().await.unwrap();
+    common::bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     // Creating it again: STREAM_ALREADY_EXISTS.
     match env.stream_creator().create("s").await {
         Err(StreamCreateError::Create { status, .. }) => {
@@ -417,8 +440,12 @@ async fn deleted_then_recreated_starts_empty_and_bad_input_gets_the_protocols_co
             .join("%2E%2E%2F%2E%2E%2Fescape")
             .is_dir()
     );
-    c.handle().close().await.unwrap();
-    producer.close().await.unwrap();
+    common::bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
+    common::bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -466,7 +493,9 @@ async fn large_chunks_sent_with_sendfile_or_copied_arrive_intact() {
             assert!(statuses.iter().all(|s| s.confirmed()));
             i += n;
         }
-        producer.close().await.unwrap();
+        common::bounded_as("stream producer close answer", producer.close())
+            .await
+            .unwrap();
         let mut consumer = env
             .consumer()
             .offset(OffsetSpecification::First)
@@ -479,7 +508,9 @@ async fn large_chunks_sent_with_sendfile_or_copied_arrive_intact() {
                 "message {offset} intact (sendfile={sendfile})"
             );
         }
-        consumer.handle().close().await.unwrap();
+        common::bounded_as("stream consumer close answer", consumer.handle().close())
+            .await
+            .unwrap();
         drop(served);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -561,31 +592,51 @@ async fn tls_listener_serves_the_same_streams() {
     .await
     .expect("TLS connect in time")
     .expect("TLS connect");
-    secure.stream_creator().create("tls").await.unwrap();
-    let producer = secure.producer().build("tls").await.unwrap();
+    common::bounded_as(
+        "stream create answer",
+        secure.stream_creator().create("tls"),
+    )
+    .await
+    .unwrap();
+    let producer = common::bounded_as(
+        "stream client declare answer",
+        secure.producer().build("tls"),
+    )
+    .await
+    .unwrap();
     assert_eq!(publish(&producer, 0..1000, 100).await, 1000);
-    producer.close().await.unwrap();
-    let mut c = secure
-        .consumer()
-        .offset(OffsetSpecification::First)
-        .build("tls")
+    common::bounded_as("stream producer close answer", producer.close())
         .await
         .unwrap();
+    let mut c = common::bounded_as(
+        "stream client declare answer",
+        secure
+            .consumer()
+            .offset(OffsetSpecification::First)
+            .build("tls"),
+    )
+    .await
+    .unwrap();
     let got = take(&mut c, 1000).await;
     assert!(
         got.iter()
             .enumerate()
             .all(|(i, (o, b))| *o == i as u64 && *b == body(i as u64))
     );
-    c.handle().close().await.unwrap();
-    // The plain port serves the same stream.
-    let plain = env(served.0.stream.expect("stream port")).await;
-    let mut c = plain
-        .consumer()
-        .offset(OffsetSpecification::Offset(990))
-        .build("tls")
+    common::bounded_as("stream consumer close answer", c.handle().close())
         .await
         .unwrap();
+    // The plain port serves the same stream.
+    let plain = env(served.0.stream.expect("stream port")).await;
+    let mut c = common::bounded_as(
+        "stream client declare answer",
+        plain
+            .consumer()
+            .offset(OffsetSpecification::Offset(990))
+            .build("tls"),
+    )
+    .await
+    .unwrap();
     assert_eq!(take(&mut c, 10).await[9], (999, body(999)));
     // A plain-text client on the TLS port: no session, one log line.
     let refused = tokio::time::timeout(
@@ -638,7 +689,9 @@ async fn filtered_subscriptions_get_only_chunks_with_their_values() {
                 .collect();
             producer.batch_send_with_confirm(batch).await.unwrap();
         }
-        producer.close().await.unwrap();
+        common::bounded_as("stream producer close answer", producer.close())
+            .await
+            .unwrap();
         if !in_memory {
             drop(e);
             drop(b);
@@ -664,7 +717,9 @@ async fn filtered_subscriptions_get_only_chunks_with_their_values() {
                             .into_owned(),
                     );
                 }
-                c.handle().close().await.unwrap();
+                common::bounded_as("stream consumer close answer", c.handle().close())
+                    .await
+                    .unwrap();
                 got
             }
         };

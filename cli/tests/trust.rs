@@ -72,7 +72,9 @@ async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
     .await
     .expect("connect in time")
     .expect("connect");
-    let ch = c.create_channel().await.expect("channel");
+    let ch = common::bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .expect("channel");
     (c, ch)
 }
 
@@ -81,9 +83,12 @@ async fn declare(ch: &lapin::Channel, queue: &str) -> lapin::Queue {
         durable: true,
         ..Default::default()
     };
-    ch.queue_declare(queue.into(), opts, FieldTable::default())
-        .await
-        .expect("declare")
+    common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(queue.into(), opts, FieldTable::default()),
+    )
+    .await
+    .expect("declare")
 }
 
 /// Messages in `queue`, by a passive declare.
@@ -92,10 +97,13 @@ async fn count(ch: &lapin::Channel, queue: &str) -> u32 {
         passive: true,
         ..Default::default()
     };
-    ch.queue_declare(queue.into(), opts, FieldTable::default())
-        .await
-        .expect("the queue exists")
-        .message_count()
+    common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(queue.into(), opts, FieldTable::default()),
+    )
+    .await
+    .expect("the queue exists")
+    .message_count()
 }
 
 /// Publishes `n` messages of `size` bytes (persistent or not) and waits for every confirm,
@@ -176,18 +184,23 @@ fn free_disk(dir: &Path) -> u64 {
 
 /// Consumes `n` messages and acks each; returns their bodies' first 8 bytes.
 async fn consume_and_ack(ch: &lapin::Channel, queue: &str, n: usize) -> Vec<String> {
-    ch.basic_qos(500, BasicQosOptions::default())
-        .await
-        .expect("qos");
-    let mut consumer = ch
-        .basic_consume(
+    common::bounded_as(
+        "basic.qos-ok",
+        ch.basic_qos(500, BasicQosOptions::default()),
+    )
+    .await
+    .expect("qos");
+    let mut consumer = common::bounded_as(
+        "basic.consume answer",
+        ch.basic_consume(
             queue.into(),
             "".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+        ),
+    )
+    .await
+    .expect("consume");
     let mut got = Vec::with_capacity(n);
     while got.len() < n {
         let d = tokio::time::timeout(Duration::from_secs(20), consumer.next())
@@ -196,7 +209,9 @@ async fn consume_and_ack(ch: &lapin::Channel, queue: &str, n: usize) -> Vec<Stri
             .expect("consumer open")
             .expect("delivery");
         got.push(String::from_utf8_lossy(&d.data[..8.min(d.data.len())]).into_owned());
-        d.ack(BasicAckOptions::default()).await.expect("ack");
+        common::bounded_as("basic.ack sent", d.ack(BasicAckOptions::default()))
+            .await
+            .expect("ack");
     }
     got
 }
@@ -224,16 +239,22 @@ async fn nothing_acked_comes_back(tag: &str, args: &[&str], purge: bool, stop: S
         publish(&publisher, "jobs", N, 100, true).await;
         assert_eq!(count(&publisher, "jobs").await as usize, N);
         if purge {
-            let purged = consumer
-                .queue_purge("jobs".into(), QueuePurgeOptions::default())
-                .await
-                .expect("purge");
+            let purged = common::bounded_as(
+                "queue.purge answer",
+                consumer.queue_purge("jobs".into(), QueuePurgeOptions::default()),
+            )
+            .await
+            .expect("purge");
             assert_eq!(purged as usize, N);
         } else {
             let got = consume_and_ack(&consumer, "jobs", N).await;
             assert_eq!(got.len(), N);
             // The acks have reached the broker once a round trip after them is answered.
-            let _ = consumer.basic_cancel("".into(), Default::default()).await;
+            let _ = common::bounded_as(
+                "basic.cancel-ok",
+                consumer.basic_cancel("".into(), Default::default()),
+            )
+            .await;
         }
         assert_eq!(count(&publisher, "jobs").await, 0);
     }
@@ -359,9 +380,11 @@ async fn a_durable_server_named_queue_survives_a_restart() {
     kill9(child);
     let (child, port) = serve(&dir, &[]);
     let (_c, ch) = channel(port).await;
-    let got = ch
-        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
-        .await;
+    let got = common::bounded_as(
+        "basic.get answer",
+        ch.basic_get(name.as_str().into(), BasicGetOptions { no_ack: true }),
+    )
+    .await;
     kill9(child);
     let _ = std::fs::remove_dir_all(&dir);
     let got = got.expect("the queue is back").expect("with its message");
@@ -376,9 +399,12 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
     // A transient queue with more than it keeps in memory (for transient messages: 8192
     // or 32 MiB): the rest is paged out under `transient/`, which a second broker used to
     // wipe at start.
-    ch.queue_declare("backlog".into(), Default::default(), FieldTable::default())
-        .await
-        .expect("declare");
+    common::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare("backlog".into(), Default::default(), FieldTable::default()),
+    )
+    .await
+    .expect("declare");
     const BACKLOG: usize = 3_000;
     const MORE: usize = 2_000;
     publish(&ch, "backlog", BACKLOG, 16 << 10, false).await;
@@ -387,7 +413,7 @@ async fn a_second_broker_on_a_data_dir_in_use_exits_without_touching_it() {
         before.iter().any(|f| f.starts_with(dir.join("transient"))),
         "paged out: {before:?}"
     );
-    let mut second = Command::new(BIN)
+    let mut second = common::dies_with_test(&mut Command::new(BIN))
         .args([
             "serve",
             "--amqp",

@@ -121,9 +121,12 @@ async fn conditional_deletes_are_decided_by_the_home_and_declares_fail_while_it_
     )
     .await
     .expect("consume on n2");
-    ch2.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
+    common::answered(
+        "confirm.select-ok",
+        ch2.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm mode");
     let confirm = bounded(
         "publish",
         ch2.basic_publish(

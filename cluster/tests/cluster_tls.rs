@@ -46,9 +46,12 @@ fn pki(dir: &std::path::Path) {
 
 async fn channel(node: &Node) -> (Connection, Channel) {
     let (conn, ch) = common::amqp_channel(node).await;
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    common::answered(
+        "confirm.select-ok",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     (conn, ch)
 }
 

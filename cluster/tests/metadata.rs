@@ -39,7 +39,9 @@ async fn channel(node: &Node) -> (Connection, Channel) {
     let conn = connect(node, "warren", "warren")
         .await
         .unwrap_or_else(|e| panic!("{}: connect: {e}", node.name));
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = common::answered("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     (conn, ch)
 }
 
@@ -84,7 +86,7 @@ async fn passive(node: &Node, x: Option<&str>, q: Option<&str>) -> Result<(), St
         .await
         .map_err(|e| format!("{}: queue {q}: {e}", node.name))?;
     }
-    let _ = conn.close(200, "bye".into()).await;
+    let _ = common::answered("close-ok", conn.close(200, "bye".into())).await;
     Ok(())
 }
 
@@ -125,28 +127,33 @@ fn ctl(cluster: &Cluster, i: usize, args: &[&str]) -> Result<String, String> {
 async fn routed_here(node: &Node, home: &Node, x: &str, key: &str, q: &str) -> bool {
     let (conn, ch) = channel(node).await;
     let (home_conn, home_ch) = channel(home).await;
-    ch.basic_publish(
-        x.into(),
-        key.into(),
-        BasicPublishOptions::default(),
-        b"m",
-        BasicProperties::default(),
+    common::answered(
+        "basic.publish sent (held while the connection is blocked)",
+        ch.basic_publish(
+            x.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            b"m",
+            BasicProperties::default(),
+        ),
     )
     .await
     .expect("publish");
     let mut got = None;
     for _ in 0..50 {
-        got = home_ch
-            .basic_get(q.into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic.get");
+        got = common::answered(
+            "basic.get answer",
+            home_ch.basic_get(q.into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("basic.get");
         if got.is_some() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _ = conn.close(200, "bye".into()).await;
-    let _ = home_conn.close(200, "bye".into()).await;
+    let _ = common::answered("close-ok", conn.close(200, "bye".into())).await;
+    let _ = common::answered("close-ok", home_conn.close(200, "bye".into())).await;
     got.is_some()
 }
 
@@ -165,23 +172,32 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
     // know them (passive declares), and the binding routes there.
     let (c1, ch1) = channel(&nodes[0]).await;
     let started = Instant::now();
-    ch1.exchange_declare(
-        "meta.x".into(),
-        ExchangeKind::Topic,
-        durable_x(),
-        FieldTable::default(),
+    common::answered(
+        "exchange.declare answer",
+        ch1.exchange_declare(
+            "meta.x".into(),
+            ExchangeKind::Topic,
+            durable_x(),
+            FieldTable::default(),
+        ),
     )
     .await
     .expect("exchange.declare");
-    ch1.queue_declare("meta.q".into(), durable_q(), FieldTable::default())
-        .await
-        .expect("queue.declare");
-    ch1.queue_bind(
-        "meta.q".into(),
-        "meta.x".into(),
-        "k.#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
+    common::answered(
+        "queue.declare answer",
+        ch1.queue_declare("meta.q".into(), durable_q(), FieldTable::default()),
+    )
+    .await
+    .expect("queue.declare");
+    common::answered(
+        "queue.bind answer",
+        ch1.queue_bind(
+            "meta.q".into(),
+            "meta.x".into(),
+            "k.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
     )
     .await
     .expect("queue.bind");
@@ -205,10 +221,13 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
         let t = Instant::now();
         const N: usize = 50;
         for k in 0..N {
-            ch.queue_declare(
-                format!("meta.bulk.{i}.{k}").as_str().into(),
-                durable_q(),
-                FieldTable::default(),
+            common::answered(
+                "queue.declare answer",
+                ch.queue_declare(
+                    format!("meta.bulk.{i}.{k}").as_str().into(),
+                    durable_q(),
+                    FieldTable::default(),
+                ),
             )
             .await
             .expect("queue.declare");
@@ -220,22 +239,24 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
             N as f64 / took.as_secs_f64(),
             took.as_secs_f64() * 1000.0 / N as f64
         );
-        let _ = c.close(200, "bye".into()).await;
+        let _ = common::answered("close-ok", c.close(200, "bye".into())).await;
     }
     passive(&nodes[0], None, Some("meta.bulk.2.49"))
         .await
         .expect("the last declare on n3 is known on n1");
     // A declare that does not match what the cluster has fails alike on another node.
     let (_c2, ch2) = channel(&nodes[1]).await;
-    let e = ch2
-        .exchange_declare(
+    let e = common::answered(
+        "exchange.declare answer",
+        ch2.exchange_declare(
             "meta.x".into(),
             ExchangeKind::Direct,
             durable_x(),
             FieldTable::default(),
-        )
-        .await
-        .expect_err("inequivalent redeclare on n2");
+        ),
+    )
+    .await
+    .expect_err("inequivalent redeclare on n2");
     assert!(format!("{e}").contains("PRECONDITION_FAILED"), "{e}");
 
     // A user added on n2 (warren ctl) logs in on n3.
@@ -252,12 +273,18 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
 
     // Deleted on n3: gone on n1.
     let (c3, ch3) = channel(&nodes[2]).await;
-    ch3.queue_delete("meta.q".into(), QueueDeleteOptions::default())
-        .await
-        .expect("queue.delete on n3");
-    ch3.exchange_delete("meta.x".into(), ExchangeDeleteOptions::default())
-        .await
-        .expect("exchange.delete on n3");
+    common::answered(
+        "queue.delete answer",
+        ch3.queue_delete("meta.q".into(), QueueDeleteOptions::default()),
+    )
+    .await
+    .expect("queue.delete on n3");
+    common::answered(
+        "exchange.delete answer",
+        ch3.exchange_delete("meta.x".into(), ExchangeDeleteOptions::default()),
+    )
+    .await
+    .expect("exchange.delete on n3");
     let e = passive(&nodes[0], None, Some("meta.q"))
         .await
         .expect_err("queue deleted on n3 still on n1");
@@ -266,8 +293,8 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
         .await
         .expect_err("exchange deleted on n3 still on n1");
     assert!(e.contains("NOT_FOUND"), "{e}");
-    let _ = c1.close(200, "bye".into()).await;
-    let _ = c3.close(200, "bye".into()).await;
+    let _ = common::answered("close-ok", c1.close(200, "bye".into())).await;
+    let _ = common::answered("close-ok", c3.close(200, "bye".into())).await;
 
     // SIGKILL a follower; change things meanwhile; it catches up when it comes back.
     let (leader, _) = agreed_leader(&state, &bin, &[1, 2, 3]);
@@ -285,9 +312,12 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
     )
     .expect("set-permissions");
     let (_co, cho) = channel(&nodes[other - 1]).await;
-    cho.queue_declare("meta.while-down".into(), durable_q(), FieldTable::default())
-        .await
-        .expect("declare while a follower is down");
+    common::answered(
+        "queue.declare answer",
+        cho.queue_declare("meta.while-down".into(), durable_q(), FieldTable::default()),
+    )
+    .await
+    .expect("declare while a follower is down");
     cluster.run(&["start", &format!("n{follower}")]);
     let back = &nodes[follower - 1];
     caught_up(back, None, Some("meta.while-down"))
@@ -318,13 +348,16 @@ async fn declares_users_deletes_reach_every_node_and_survive_kill_partition_rest
     assert!(format!("{e}").contains("metadata store unavailable"), "{e}");
     assert!(took < Duration::from_secs(8), "took {took:?}");
     // The minority node's connection lives on: only that channel was closed.
-    cm.create_channel()
+    common::answered("channel.open-ok", cm.create_channel())
         .await
         .expect("the connection survives the channel error");
     let (_cj, chj) = channel(&nodes[majority[0] - 1]).await;
-    chj.queue_declare("meta.majority".into(), durable_q(), FieldTable::default())
-        .await
-        .expect("declare on the majority side");
+    common::answered(
+        "queue.declare answer",
+        chj.queue_declare("meta.majority".into(), durable_q(), FieldTable::default()),
+    )
+    .await
+    .expect("declare on the majority side");
     cluster.run(&["heal"]);
     agreed_leader(&state, &bin, &[1, 2, 3]);
     caught_up(&nodes[minority - 1], None, Some("meta.majority"))

@@ -51,10 +51,12 @@ async fn connect(node: &Node, id: &str, expiry: u32) -> (AsyncClient, EventLoop,
 }
 
 async fn subscribe(client: &AsyncClient, events: &mut EventLoop, filter: &str) {
-    client
-        .subscribe(filter, QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
+    common::answered(
+        "room in the client queue for SUBSCRIBE",
+        client.subscribe(filter, QoS::AtLeastOnce),
+    )
+    .await
+    .expect("subscribe");
     bounded("suback", async {
         loop {
             match events.poll().await {
@@ -68,7 +70,12 @@ async fn subscribe(client: &AsyncClient, events: &mut EventLoop, filter: &str) {
 }
 
 async fn disconnect(client: AsyncClient, mut events: EventLoop) {
-    client.disconnect().await.expect("disconnect");
+    common::answered(
+        "room in the client queue for DISCONNECT",
+        client.disconnect(),
+    )
+    .await
+    .expect("disconnect");
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while events.poll().await.is_ok() {}
     })
@@ -79,13 +86,16 @@ async fn disconnect(client: AsyncClient, mut events: EventLoop) {
 /// answers, else the server's reply text.
 async fn passive(node: &Node, queue: &str) -> Result<(), String> {
     let (_c, ch) = common::amqp_channel(node).await;
-    ch.queue_declare(
-        queue.into(),
-        lapin::options::QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        },
-        lapin::types::FieldTable::default(),
+    common::answered(
+        "queue.declare answer",
+        ch.queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        ),
     )
     .await
     .map(|_| ())

@@ -85,7 +85,9 @@ async fn raw_connect(node: &Node, id: &str, expiry: u32) -> (tokio::net::TcpStre
         .expect("read");
     assert_eq!(head[0], 0x20, "CONNACK");
     let mut rest = vec![0u8; head[1] as usize];
-    s.read_exact(&mut rest).await.expect("read");
+    common::answered("bytes from the broker", s.read_exact(&mut rest))
+        .await
+        .expect("read");
     assert_eq!(rest[1], 0, "accepted");
     (s, rest[0] & 1 == 1)
 }
@@ -96,16 +98,18 @@ async fn wait_for_home(node: &Node, queue: &str, messages: u32) -> u32 {
     let deadline = std::time::Instant::now() + common::WAIT;
     loop {
         let (_c, ch) = common::amqp_channel(node).await;
-        let ok = ch
-            .queue_declare(
+        let ok = common::answered(
+            "queue.declare answer",
+            ch.queue_declare(
                 queue.into(),
                 lapin::options::QueueDeclareOptions {
                     passive: true,
                     ..Default::default()
                 },
                 lapin::types::FieldTable::default(),
-            )
-            .await;
+            ),
+        )
+        .await;
         match ok {
             Ok(ok) if ok.message_count() >= messages => return ok.message_count(),
             other => assert!(
@@ -164,17 +168,19 @@ async fn receive_for(events: &mut EventLoop, within: Duration) -> Vec<Got> {
 }
 
 async fn subscribe(client: &AsyncClient, events: &mut EventLoop, filter: &str, id: usize) {
-    client
-        .subscribe_with_properties(
+    common::answered(
+        "room in the client queue for SUBSCRIBE",
+        client.subscribe_with_properties(
             filter,
             QoS::AtLeastOnce,
             SubscribeProperties {
                 id: Some(id),
                 user_properties: Vec::new(),
             },
-        )
-        .await
-        .expect("subscribe");
+        ),
+    )
+    .await
+    .expect("subscribe");
     bounded("suback", async {
         loop {
             match events.poll().await {
@@ -189,7 +195,12 @@ async fn subscribe(client: &AsyncClient, events: &mut EventLoop, filter: &str, i
 
 /// Disconnects cleanly (DISCONNECT sent before the socket closes).
 async fn disconnect(client: AsyncClient, mut events: EventLoop) {
-    client.disconnect().await.expect("disconnect");
+    common::answered(
+        "room in the client queue for DISCONNECT",
+        client.disconnect(),
+    )
+    .await
+    .expect("disconnect");
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while events.poll().await.is_ok() {}
     })
@@ -200,10 +211,12 @@ async fn disconnect(client: AsyncClient, mut events: EventLoop) {
 async fn publish(node: &Node, topic: &str, payloads: &[String], retain: bool) {
     let (client, mut events, _) = connect(node, &format!("pub-{}", node.name), true, 0).await;
     for p in payloads {
-        client
-            .publish(topic, QoS::AtLeastOnce, retain, p.as_bytes().to_vec())
-            .await
-            .expect("publish");
+        common::answered(
+            "room in the client queue for PUBLISH",
+            client.publish(topic, QoS::AtLeastOnce, retain, p.as_bytes().to_vec()),
+        )
+        .await
+        .expect("publish");
         bounded("puback", async {
             loop {
                 match events.poll().await {
@@ -390,9 +403,12 @@ async fn mqtt_sessions_retained_messages_and_takeover_span_the_cluster() {
             o
         };
         let (c, mut ev) = rumqttc::AsyncClient::new(v4(&nodes[2]), 100);
-        c.subscribe("v4/t", rumqttc::QoS::AtLeastOnce)
-            .await
-            .expect("subscribe");
+        common::answered(
+            "room in the client queue for SUBSCRIBE",
+            c.subscribe("v4/t", rumqttc::QoS::AtLeastOnce),
+        )
+        .await
+        .expect("subscribe");
         bounded("v4 suback", async {
             loop {
                 if let rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) =
@@ -403,7 +419,9 @@ async fn mqtt_sessions_retained_messages_and_takeover_span_the_cluster() {
             }
         })
         .await;
-        c.disconnect().await.expect("disconnect");
+        common::answered("room in the client queue for DISCONNECT", c.disconnect())
+            .await
+            .expect("disconnect");
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             while ev.poll().await.is_ok() {}
         })

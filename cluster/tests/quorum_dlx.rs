@@ -50,10 +50,15 @@ async fn channel(node: &Node) -> Option<(Connection, Channel)> {
     .await
     .ok()?
     .ok()?;
-    let ch = conn.create_channel().await.ok()?;
-    ch.confirm_select(ConfirmSelectOptions::default())
+    let ch = common::answered("channel.open-ok", conn.create_channel())
         .await
         .ok()?;
+    common::answered(
+        "confirm.select-ok",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .ok()?;
     Some((conn, ch))
 }
 
@@ -136,7 +141,7 @@ async fn find_leader(
             if publish(&ch, "probe", Some("0")).await {
                 return (l, conn, ch);
             }
-            let _ = conn.close(200, "not the leader".into()).await;
+            let _ = common::answered("close-ok", conn.close(200, "not the leader".into())).await;
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),

@@ -39,9 +39,12 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn channel(node: &Node) -> (Connection, Channel) {
     let (conn, ch) = common::amqp_channel(node).await;
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    common::answered(
+        "confirm.select-ok",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     (conn, ch)
 }
 

@@ -56,10 +56,15 @@ async fn channel(node: &Node) -> Option<(Connection, Channel)> {
     .await
     .ok()?
     .ok()?;
-    let ch = conn.create_channel().await.ok()?;
-    ch.confirm_select(ConfirmSelectOptions::default())
+    let ch = common::answered("channel.open-ok", conn.create_channel())
         .await
         .ok()?;
+    common::answered(
+        "confirm.select-ok",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .ok()?;
     Some((conn, ch))
 }
 
@@ -140,7 +145,7 @@ async fn find_leader(
                 confirmed.insert(body);
                 return (l, conn, ch, start.elapsed());
             }
-            let _ = conn.close(200, "not the leader".into()).await;
+            let _ = common::answered("close-ok", conn.close(200, "not the leader".into())).await;
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
@@ -189,19 +194,23 @@ async fn drain(ch: &Channel) -> Vec<(String, bool)> {
 async fn throughput(node: &Node, secs: u64) -> (f64, f64, u64) {
     let (_pc, pub_ch) = channel(node).await.expect("publisher");
     let (_cc, con_ch) = channel(node).await.expect("consumer");
-    con_ch
-        .basic_qos(200, BasicQosOptions::default())
-        .await
-        .expect("qos");
-    let mut consumer = con_ch
-        .basic_consume(
+    common::answered(
+        "basic.qos-ok",
+        con_ch.basic_qos(200, BasicQosOptions::default()),
+    )
+    .await
+    .expect("qos");
+    let mut consumer = common::answered(
+        "basic.consume answer",
+        con_ch.basic_consume(
             QUEUE.into(),
             "bench".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+        ),
+    )
+    .await
+    .expect("consume");
     let consumed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let counter = consumed.clone();
     let task = tokio::spawn(async move {

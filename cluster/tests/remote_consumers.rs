@@ -143,10 +143,12 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
         .expect("declare on n2");
     }
     let (_p, publisher) = channel(n1).await;
-    publisher
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    common::answered(
+        "confirm.select-ok",
+        publisher.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
 
     // A purge on n3 empties n2's queue (not n3's stub), and says how many it took.
     let junk: Vec<String> = (0..30).map(|i| format!("junk-{i}")).collect();
@@ -173,10 +175,12 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
 
     // The consumer on n3, prefetch 10, manual acks.
     let (_cc, consumer_ch) = channel(n3).await;
-    consumer_ch
-        .basic_qos(10, BasicQosOptions::default())
-        .await
-        .expect("qos");
+    common::answered(
+        "basic.qos-ok",
+        consumer_ch.basic_qos(10, BasicQosOptions::default()),
+    )
+    .await
+    .expect("qos");
     let mut consumer = bounded(
         "consume",
         consumer_ch.basic_consume(
@@ -273,9 +277,12 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
         let batch: Vec<String> = (0..1000).map(|i| format!("t{i}")).collect();
         publish_confirmed(&publisher, q, &batch).await;
         let (_c, ch) = channel(node).await;
-        ch.basic_qos(200, BasicQosOptions::default())
-            .await
-            .expect("qos");
+        common::answered(
+            "basic.qos-ok",
+            ch.basic_qos(200, BasicQosOptions::default()),
+        )
+        .await
+        .expect("qos");
         let mut fast = bounded(
             "consume",
             ch.basic_consume(
@@ -314,10 +321,12 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
 
     // n3 killed with 10 deliveries unacked: all 20 messages are back on n2.
     let (_cc, consumer_ch) = channel(n3).await;
-    consumer_ch
-        .basic_qos(10, BasicQosOptions::default())
-        .await
-        .expect("qos");
+    common::answered(
+        "basic.qos-ok",
+        consumer_ch.basic_qos(10, BasicQosOptions::default()),
+    )
+    .await
+    .expect("qos");
     let mut consumer = bounded(
         "consume",
         consumer_ch.basic_consume(
@@ -358,16 +367,18 @@ async fn a_consumer_on_another_node_gets_the_homes_messages_within_its_prefetch(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (_c, ch) = channel(n3).await;
-        let probe = ch
-            .queue_declare(
+        let probe = common::answered(
+            "queue.declare answer",
+            ch.queue_declare(
                 q.into(),
                 QueueDeclareOptions {
                     passive: true,
                     ..Default::default()
                 },
                 FieldTable::default(),
-            )
-            .await;
+            ),
+        )
+        .await;
         if probe.is_ok() {
             break;
         }
@@ -480,10 +491,12 @@ async fn quorum_consumer_on_a_follower(cluster: &Cluster, nodes: &[Node]) {
         nodes[leader].name, nodes[far].name
     );
     let (_cc, consumer_ch) = channel(&nodes[far]).await;
-    consumer_ch
-        .basic_qos(50, BasicQosOptions::default())
-        .await
-        .expect("qos");
+    common::answered(
+        "basic.qos-ok",
+        consumer_ch.basic_qos(50, BasicQosOptions::default()),
+    )
+    .await
+    .expect("qos");
     let mut consumer = bounded(
         "consume",
         consumer_ch.basic_consume(
@@ -567,15 +580,17 @@ async fn mqtt_receive(events: &mut rumqttc::EventLoop, n: usize) -> Vec<String> 
 async fn mqtt_publish(node: &Node, topic: &str, payloads: &[String]) {
     let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(node, "pub", true), 100);
     for p in payloads {
-        client
-            .publish(
+        common::answered(
+            "room in the client queue for PUBLISH",
+            client.publish(
                 topic,
                 rumqttc::QoS::AtLeastOnce,
                 false,
                 p.as_bytes().to_vec(),
-            )
-            .await
-            .expect("publish");
+            ),
+        )
+        .await
+        .expect("publish");
         bounded("puback", async {
             loop {
                 match events.poll().await {
@@ -587,7 +602,11 @@ async fn mqtt_publish(node: &Node, topic: &str, payloads: &[String]) {
         })
         .await;
     }
-    let _ = client.disconnect().await;
+    let _ = common::answered(
+        "room in the client queue for DISCONNECT",
+        client.disconnect(),
+    )
+    .await;
 }
 
 /// A persistent MQTT session subscribed on n2 reconnects on n3.
@@ -596,10 +615,12 @@ async fn mqtt_session_moves_node(nodes: &[Node]) {
     let topic = "moving/t";
     {
         let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(n2, "mover", false), 100);
-        client
-            .subscribe(topic, rumqttc::QoS::AtLeastOnce)
-            .await
-            .expect("subscribe");
+        common::answered(
+            "room in the client queue for SUBSCRIBE",
+            client.subscribe(topic, rumqttc::QoS::AtLeastOnce),
+        )
+        .await
+        .expect("subscribe");
         bounded("suback", async {
             loop {
                 match events.poll().await {
@@ -610,7 +631,12 @@ async fn mqtt_session_moves_node(nodes: &[Node]) {
             }
         })
         .await;
-        client.disconnect().await.expect("disconnect");
+        common::answered(
+            "room in the client queue for DISCONNECT",
+            client.disconnect(),
+        )
+        .await
+        .expect("disconnect");
         let _ = tokio::time::timeout(Duration::from_millis(500), events.poll()).await;
     }
     // Queued for the session on n2 while it is away (published there: n2 applied the
@@ -621,10 +647,12 @@ async fn mqtt_session_moves_node(nodes: &[Node]) {
     // too since sessions are cluster-wide, cluster/tests/mqtt_sessions.rs); its queue,
     // with what it holds, is still the one on n2, consumed from n3.
     let (client, mut events) = rumqttc::AsyncClient::new(mqtt_options(n3, "mover", false), 100);
-    client
-        .subscribe(topic, rumqttc::QoS::AtLeastOnce)
-        .await
-        .expect("subscribe on n3");
+    common::answered(
+        "room in the client queue for SUBSCRIBE",
+        client.subscribe(topic, rumqttc::QoS::AtLeastOnce),
+    )
+    .await
+    .expect("subscribe on n3");
     assert_eq!(
         mqtt_receive(&mut events, 10).await,
         away,
@@ -634,6 +662,10 @@ async fn mqtt_session_moves_node(nodes: &[Node]) {
     let after: Vec<String> = (0..5).map(|i| format!("after-{i}")).collect();
     mqtt_publish(n1, topic, &after).await;
     assert_eq!(mqtt_receive(&mut events, 5).await, after);
-    let _ = client.disconnect().await;
+    let _ = common::answered(
+        "room in the client queue for DISCONNECT",
+        client.disconnect(),
+    )
+    .await;
     println!("a persistent MQTT session moved from n2 to n3 got its queued messages");
 }

@@ -130,7 +130,12 @@ async fn mqtt_subscriber_at(
     let mut opts = rumqttc::MqttOptions::new(id, host, port.parse().expect("port"));
     opts.set_credentials("warren", "warren");
     let (client, mut events) = rumqttc::AsyncClient::new(opts, 100);
-    client.subscribe(topic, qos).await.expect("subscribe");
+    common::answered(
+        "room in the client queue for SUBSCRIBE",
+        client.subscribe(topic, qos),
+    )
+    .await
+    .expect("subscribe");
     bounded("suback", async {
         loop {
             match events.poll().await {
@@ -151,10 +156,12 @@ async fn mqtt_publish(node: &Node, id: &str, topic: &str, payloads: &[String]) {
     opts.set_credentials("warren", "warren");
     let (client, mut events) = rumqttc::AsyncClient::new(opts, 100);
     for p in payloads {
-        client
-            .publish(topic, rumqttc::QoS::AtLeastOnce, false, p.clone())
-            .await
-            .expect("publish");
+        common::answered(
+            "room in the client queue for PUBLISH",
+            client.publish(topic, rumqttc::QoS::AtLeastOnce, false, p.clone()),
+        )
+        .await
+        .expect("publish");
     }
     let mut acked = 0;
     bounded("pubacks", async {
@@ -167,7 +174,11 @@ async fn mqtt_publish(node: &Node, id: &str, topic: &str, payloads: &[String]) {
         }
     })
     .await;
-    let _ = client.disconnect().await;
+    let _ = common::answered(
+        "room in the client queue for DISCONNECT",
+        client.disconnect(),
+    )
+    .await;
 }
 
 /// Waits until a publish on `node` to `topic` reaches the subscriber of `events`: the
@@ -260,9 +271,12 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
         count(node, "homed").await;
     }
     let (_c1, ch1) = channel(n1).await;
-    ch1.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    common::answered(
+        "confirm.select-ok",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     let first: Vec<String> = (0..200).map(|i| format!("n1-{i}")).collect();
     let started = Instant::now();
     assert_eq!(publish_confirmed(&ch1, "homed", &first).await, first.len());
@@ -271,9 +285,12 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
         started.elapsed()
     );
     let (_c3, ch3) = channel(n3).await;
-    ch3.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    common::answered(
+        "confirm.select-ok",
+        ch3.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     let third: Vec<String> = (0..50).map(|i| format!("n3-{i}")).collect();
     assert_eq!(publish_confirmed(&ch3, "homed", &third).await, third.len());
     assert_eq!(count(n2, "homed").await, 250, "every message is on n2");
@@ -298,7 +315,7 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     mqtt_wait_routed(&mut sub_events, n3, "sensors/b/t").await;
     mqtt_publish(n3, "pub-3", "sensors/b/t", &from_n3).await;
     assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n3);
-    let _ = sub.disconnect().await;
+    let _ = common::answered("room in the client queue for DISCONNECT", sub.disconnect()).await;
     drop(sub_events);
     // The same client id reconnects on n3 (clean session): its queue moves to n3, and a
     // publish on n2, where the old session was, reaches it there.
@@ -310,7 +327,7 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     mqtt_wait_routed(&mut sub_events, n1, "sensors/d/t").await;
     mqtt_publish(n1, "pub-1", "sensors/d/t", &from_n1[..3]).await;
     assert_eq!(mqtt_receive(&mut sub_events, 3).await, from_n1[..3]);
-    let _ = sub.disconnect().await;
+    let _ = common::answered("room in the client queue for DISCONNECT", sub.disconnect()).await;
     drop(sub_events);
     // A QoS 0 subscriber (its session's queue is an `mqtt-qos0` one) on n1 gets what n2
     // publishes.
@@ -319,7 +336,7 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
     mqtt_wait_routed(&mut sub_events, n2, "q0/x").await;
     mqtt_publish(n2, "pub-2", "q0/x", &from_n2).await;
     assert_eq!(mqtt_receive(&mut sub_events, 5).await, from_n2);
-    let _ = sub.disconnect().await;
+    let _ = common::answered("room in the client queue for DISCONNECT", sub.disconnect()).await;
     drop(sub_events);
 
     // Both nodes SIGKILLed and restarted: the locations hold (n1 still forwards to n2), and
@@ -338,9 +355,12 @@ async fn a_queue_lives_on_its_node_and_publishes_on_others_reach_it_with_confirm
         "confirmed messages survive kill -9"
     );
     let (_c1, ch1) = channel(n1).await;
-    ch1.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    common::answered(
+        "confirm.select-ok",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     let after: Vec<String> = (0..20).map(|i| format!("after-{i}")).collect();
     // The peers reconnect within the transport's backoff: retry until n1 reaches n2.
     let deadline = Instant::now() + Duration::from_secs(20);

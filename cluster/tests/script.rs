@@ -34,30 +34,40 @@ async fn amqp_roundtrip(node: &Node, queue: &str) {
     )
     .await
     .unwrap_or_else(|e| panic!("{}: connect {uri}: {e}", node.name));
-    let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions::default(),
-        FieldTable::default(),
+    let ch = common::answered("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    common::answered(
+        "queue.declare answer",
+        ch.queue_declare(
+            queue.into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
     )
     .await
     .expect("queue.declare");
     let body = format!("hello {}", node.name);
-    ch.basic_publish(
-        "".into(),
-        queue.into(),
-        BasicPublishOptions::default(),
-        body.as_bytes(),
-        BasicProperties::default(),
+    common::answered(
+        "basic.publish sent (held while the connection is blocked)",
+        ch.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body.as_bytes(),
+            BasicProperties::default(),
+        ),
     )
     .await
     .expect("publish");
     let mut got = None;
     for _ in 0..100 {
-        got = ch
-            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic.get");
+        got = common::answered(
+            "basic.get answer",
+            ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("basic.get");
         if got.is_some() {
             break;
         }
@@ -65,7 +75,7 @@ async fn amqp_roundtrip(node: &Node, queue: &str) {
     }
     let got = got.unwrap_or_else(|| panic!("{}: nothing in {queue}", node.name));
     assert_eq!(got.delivery.data, body.as_bytes());
-    let _ = conn.close(200, "bye".into()).await;
+    let _ = common::answered("close-ok", conn.close(200, "bye".into())).await;
 }
 
 /// Whether an AMQP client can log in at the node now.
@@ -113,7 +123,11 @@ async fn mqtt_roundtrip(node: &Node) {
     .await;
     assert_eq!(got.topic, topic);
     assert_eq!(&got.payload[..], b"ping");
-    let _ = client.disconnect().await;
+    let _ = common::answered(
+        "room in the client queue for DISCONNECT",
+        client.disconnect(),
+    )
+    .await;
 }
 
 /// Whether a TCP connection from inside node `from`'s namespace reaches `to`.

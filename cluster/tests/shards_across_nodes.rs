@@ -69,9 +69,12 @@ async fn with_two_shards_consumers_across_nodes_are_served_or_refused_never_left
 
     // Both live on n1, one message each.
     let (_c1, ch1) = common::amqp_channel(&nodes[0]).await;
-    ch1.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
+    common::answered(
+        "confirm.select-ok",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm mode");
     for q in [&q0, &q1, &q0, &q0, &q0] {
         bounded(
             "declare on n1",

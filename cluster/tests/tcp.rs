@@ -106,7 +106,12 @@ fn put(i: u64) -> DefCommand {
 }
 
 async fn write(node: &ClusterNode, i: u64) -> Result<(), NodeError> {
-    match node.write(&put(i)).await? {
+    // Bounded: a write nobody commits (a lost leader, a forward to a stopped node) fails the
+    // test naming it instead of hanging it.
+    let Ok(reply) = tokio::time::timeout(WAIT, node.write(&put(i))).await else {
+        panic!("write {i}: not committed or refused within {WAIT:?}");
+    };
+    match reply? {
         DefReply::Done { .. } => Ok(()),
         other => panic!("write {i}: {other:?}"),
     }

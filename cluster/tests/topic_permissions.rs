@@ -33,12 +33,15 @@ fn ctl(cluster: &Cluster, i: usize, args: &[&str]) -> Result<String, String> {
 }
 
 async fn bind(ch: &lapin::Channel, key: &str) -> Result<(), u16> {
-    ch.queue_bind(
-        "tp.q".into(),
-        "amq.topic".into(),
-        key.into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
+    common::answered(
+        "queue.bind answer",
+        ch.queue_bind(
+            "tp.q".into(),
+            "amq.topic".into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
     )
     .await
     .map_err(|e| match e.kind() {

@@ -84,6 +84,15 @@ const browser = await chromium.launch({
   args: ["--no-sandbox", "--ignore-certificate-errors"],
 });
 let failed = false;
+// A client step that gets no answer fails naming it (the catch below reports it), instead of
+// running into the CI step's outer `timeout 120`.
+const within = (what, promise, ms = 10_000) => {
+  let timer;
+  const expiry = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no ${what} within ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, expiry]).finally(() => clearTimeout(timer));
+};
 try {
   const tab = await browser.newPage();
   const errors = [];
@@ -93,14 +102,14 @@ try {
   await tab.waitForFunction(() => window.subscribed === 2, null, { timeout: 10_000 });
 
   const native = mqtt.connect(`mqtt://127.0.0.1:${ports.mqtt}`, { clientId: "native" });
-  await new Promise((r, j) => { native.on("connect", r); native.on("error", j); });
-  await native.publishAsync("browser/native", "from MQTT over TCP", { qos: 1 });
-  await native.endAsync();
-  const conn = await amqp.connect(`amqp://guest:guest@127.0.0.1:${ports.amqp}`);
-  const ch = await conn.createConfirmChannel();
+  await within("MQTT CONNACK", new Promise((r, j) => { native.on("connect", r); native.on("error", j); }));
+  await within("MQTT PUBACK", native.publishAsync("browser/native", "from MQTT over TCP", { qos: 1 }));
+  await within("MQTT disconnect", native.endAsync());
+  const conn = await within("AMQP connection.open-ok", amqp.connect(`amqp://guest:guest@127.0.0.1:${ports.amqp}`));
+  const ch = await within("AMQP channel.open-ok and confirm.select-ok", conn.createConfirmChannel());
   ch.publish("amq.topic", "browser.amqp", Buffer.from("from AMQP"));
-  await ch.waitForConfirms();
-  await conn.close();
+  await within("AMQP publisher confirm", ch.waitForConfirms());
+  await within("AMQP connection.close-ok", conn.close());
 
   const want = [
     "ws browser/native: from MQTT over TCP", "wss browser/native: from MQTT over TCP",

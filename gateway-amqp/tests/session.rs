@@ -121,18 +121,27 @@ impl Client {
         self.out.clear();
     }
 
-    /// The next frame, skipping heartbeats; None once the server closed the stream.
-    async fn recv(&mut self) -> Option<Frame> {
-        loop {
-            if let Some(f) = codec::decode(&mut self.buf, 1 << 20).expect("server frames decode") {
-                return Some(f);
-            }
-            let n = tokio::time::timeout(T, self.s.read_buf(&mut self.buf))
-                .await
-                .expect("server answers in time")
-                .unwrap_or(0);
-            if n == 0 {
-                return None;
+    /// The next frame, skipping heartbeats; None once the server closed the stream. A plain
+    /// fn (not `async`) so that `#[track_caller]` holds: a timeout names the caller's line.
+    #[track_caller]
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<Frame>> + '_ {
+        let at = std::panic::Location::caller();
+        async move {
+            loop {
+                if let Some(f) =
+                    codec::decode(&mut self.buf, 1 << 20).expect("server frames decode")
+                {
+                    return Some(f);
+                }
+                let n = tokio::time::timeout(T, self.s.read_buf(&mut self.buf))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("no frame from the server within {T:?} (awaited at {at})")
+                    })
+                    .unwrap_or(0);
+                if n == 0 {
+                    return None;
+                }
             }
         }
     }

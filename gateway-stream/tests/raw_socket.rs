@@ -32,11 +32,16 @@ impl Raw {
         self.s.write_all(bytes).await.unwrap();
     }
 
-    /// The next frame, or None on EOF; panics after 5 s.
-    async fn recv(&mut self) -> Option<Frame> {
-        tokio::time::timeout(Duration::from_secs(5), self.recv_inner())
-            .await
-            .expect("a frame within 5 s")
+    /// The next frame, or None on EOF; panics after 5 s naming the caller's line (a plain fn,
+    /// not `async`, so that `#[track_caller]` holds).
+    #[track_caller]
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<Frame>> + '_ {
+        let at = std::panic::Location::caller();
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), self.recv_inner())
+                .await
+                .unwrap_or_else(|_| panic!("no frame from the broker within 5 s (awaited at {at})"))
+        }
     }
 
     async fn recv_inner(&mut self) -> Option<Frame> {

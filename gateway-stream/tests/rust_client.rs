@@ -26,17 +26,35 @@ impl Broker {
     }
 
     async fn env(&self) -> Environment {
-        Environment::builder()
-            .host("127.0.0.1")
-            .port(self.port)
-            .build()
-            .await
-            .unwrap()
+        bounded_as(
+            "stream connection (peer properties, SASL, tune, open)",
+            Environment::builder()
+                .host("127.0.0.1")
+                .port(self.port)
+                .build(),
+        )
+        .await
+        .unwrap()
     }
 
     async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
+/// `f` within 10 s; the panic names `what` and the caller's line (a plain fn, not `async`, so
+/// that `#[track_caller]` holds).
+#[track_caller]
+fn bounded_as<F: std::future::Future>(
+    what: &'static str,
+    f: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let at = std::panic::Location::caller();
+    async move {
+        tokio::time::timeout(Duration::from_secs(10), f)
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within 10 s (awaited at {at})"))
     }
 }
 
@@ -78,7 +96,9 @@ async fn publish_100k_with_confirms_and_consume_from_first_in_order() {
         confirmed += statuses.iter().filter(|s| s.confirmed()).count();
     }
     assert_eq!(confirmed as u64, N);
-    producer.close().await.unwrap();
+    bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
 
     let mut consumer = env
         .consumer()
@@ -91,7 +111,9 @@ async fn publish_100k_with_confirms_and_consume_from_first_in_order() {
         assert_eq!(*offset, i as u64);
         assert_eq!(data, &body(i as u64));
     }
-    consumer.handle().close().await.unwrap();
+    bounded_as("stream consumer close answer", consumer.handle().close())
+        .await
+        .unwrap();
     broker.stop().await;
 }
 
@@ -132,7 +154,9 @@ async fn offset_specifications_next_last_offset_timestamp() {
         .await
         .unwrap();
     assert_eq!(take(&mut c, 11).await, range(10..=20));
-    c.handle().close().await.unwrap();
+    bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
 
     // offset 15: the chunk holding it is delivered; the client skips the records before 15.
     let mut c = env
@@ -142,7 +166,9 @@ async fn offset_specifications_next_last_offset_timestamp() {
         .await
         .unwrap();
     assert_eq!(take(&mut c, 6).await, range(15..=20));
-    c.handle().close().await.unwrap();
+    bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
 
     // last: the last chunk.
     let mut c = env
@@ -152,7 +178,9 @@ async fn offset_specifications_next_last_offset_timestamp() {
         .await
         .unwrap();
     assert_eq!(take(&mut c, 1).await, range(20..=20));
-    c.handle().close().await.unwrap();
+    bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
 
     // next: nothing until new data, then exactly it. (An offset past the end is checked
     // at the protocol level in raw_socket.rs: this client drops offsets below the one it
@@ -174,8 +202,12 @@ async fn offset_specifications_next_last_offset_timestamp() {
         .await
         .unwrap();
     assert_eq!(take(&mut next, 1).await, range(21..=21));
-    next.handle().close().await.unwrap();
-    producer.close().await.unwrap();
+    bounded_as("stream consumer close answer", next.handle().close())
+        .await
+        .unwrap();
+    bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     broker.stop().await;
 }
 
@@ -201,7 +233,9 @@ async fn stored_offset_is_queried_back() {
     c.store_offset(got[3].0).await.unwrap();
     // StoreOffset has no response: QueryOffset on the same connection comes after it.
     assert_eq!(c.query_offset().await.unwrap(), 3);
-    c.handle().close().await.unwrap();
+    bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
     // Another connection sees it too (server-side tracking).
     let env2 = broker.env().await;
     let c2 = env2
@@ -212,8 +246,12 @@ async fn stored_offset_is_queried_back() {
         .await
         .unwrap();
     assert_eq!(c2.query_offset().await.unwrap(), 3);
-    c2.handle().close().await.unwrap();
-    producer.close().await.unwrap();
+    bounded_as("stream consumer close answer", c2.handle().close())
+        .await
+        .unwrap();
+    bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     broker.stop().await;
 }
 
@@ -233,11 +271,15 @@ async fn resent_publishing_ids_are_confirmed_and_not_stored_again() {
     let s = producer.batch_send_with_confirm(msgs(5..16)).await.unwrap();
     assert_eq!(s.len(), 11);
     assert!(s.iter().all(|s| s.confirmed()));
-    producer.close().await.unwrap();
+    bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
 
     // A new producer with the same reference learns where the writer is.
     let p2 = env.producer().name("writer-1").build("s4").await.unwrap();
-    p2.close().await.unwrap();
+    bounded_as("stream producer close answer", p2.close())
+        .await
+        .unwrap();
 
     let mut c = env
         .consumer()
@@ -254,7 +296,9 @@ async fn resent_publishing_ids_are_confirmed_and_not_stored_again() {
             .is_err(),
         "nothing stored twice"
     );
-    c.handle().close().await.unwrap();
+    bounded_as("stream consumer close answer", c.handle().close())
+        .await
+        .unwrap();
     broker.stop().await;
 }
 
@@ -310,7 +354,9 @@ async fn super_stream_routes_by_key_and_is_consumed_whole() {
             .unwrap();
         assert!(ok, "confirmed");
     }
-    producer.close().await.unwrap();
+    bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
     // Partitions (used by hash routing) lists orders-0..2 in binding order.
     let mut hashed = env
         .super_stream_producer(RoutingStrategy::HashRoutingStrategy(
@@ -321,11 +367,15 @@ async fn super_stream_routes_by_key_and_is_consumed_whole() {
         .build("orders")
         .await
         .unwrap();
-    hashed
-        .send(Message::builder().body(body(99)).build(), |_| async {})
+    bounded_as(
+        "room in the producer window",
+        hashed.send(Message::builder().body(body(99)).build(), |_| async {}),
+    )
+    .await
+    .unwrap();
+    bounded_as("stream producer close answer", hashed.close())
         .await
         .unwrap();
-    hashed.close().await.unwrap();
 
     for p in 0..3u64 {
         let mut c = env
@@ -338,7 +388,9 @@ async fn super_stream_routes_by_key_and_is_consumed_whole() {
         let want: Vec<Vec<u8>> = (0..30).filter(|i| i % 3 == p).map(body).collect();
         let bodies: Vec<Vec<u8>> = got.into_iter().map(|(_, b)| b).collect();
         assert_eq!(bodies, want, "partition orders-{p}");
-        c.handle().close().await.unwrap();
+        bounded_as("stream consumer close answer", c.handle().close())
+            .await
+            .unwrap();
     }
     env.delete_super_stream("orders").await.unwrap();
     assert!(
@@ -355,20 +407,22 @@ async fn filtered_subscription_gets_only_chunks_with_its_values() {
     let env = broker.env().await;
     env.stream_creator().create("colours").await.unwrap();
     // Filter values from the body: "red-N", "blue-N"; "plain-N" has none.
-    let producer = env
-        .producer()
-        .filter_value_extractor(|m: &Message| {
-            let b = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
-            let colour = b.split('-').next().unwrap_or_default();
-            if colour == "plain" {
-                String::new()
-            } else {
-                colour.to_string()
-            }
-        })
-        .build("colours")
-        .await
-        .unwrap();
+    let producer = bounded_as(
+        "stream client declare answer",
+        env.producer()
+            .filter_value_extractor(|m: &Message| {
+                let b = std::str::from_utf8(m.data().unwrap_or_default()).unwrap_or_default();
+                let colour = b.split('-').next().unwrap_or_default();
+                if colour == "plain" {
+                    String::new()
+                } else {
+                    colour.to_string()
+                }
+            })
+            .build("colours"),
+    )
+    .await
+    .unwrap();
     // One batch (one chunk) per colour, unfiltered last.
     for colour in ["red", "blue", "red", "plain"] {
         let batch: Vec<Message> = (0..5)
@@ -376,7 +430,9 @@ async fn filtered_subscription_gets_only_chunks_with_its_values() {
             .collect();
         producer.batch_send_with_confirm(batch).await.unwrap();
     }
-    producer.close().await.unwrap();
+    bounded_as("stream producer close answer", producer.close())
+        .await
+        .unwrap();
 
     let read = |values: Vec<String>, unfiltered: bool| {
         let env = env.clone();
@@ -396,7 +452,9 @@ async fn filtered_subscription_gets_only_chunks_with_its_values() {
                     String::from_utf8_lossy(d.message().data().unwrap_or_default()).into_owned(),
                 );
             }
-            c.handle().close().await.unwrap();
+            bounded_as("stream consumer close answer", c.handle().close())
+                .await
+                .unwrap();
             got
         }
     };

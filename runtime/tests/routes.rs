@@ -11,6 +11,22 @@ use warren_core::effect::{Effect, Reply};
 use warren_core::message::{FieldTable, FieldValue, Properties};
 use warren_runtime::{BrokerConfig, BrokerHandle, Connection};
 
+/// `f` within 10 s; the panic names `what` and the caller's line (a plain fn, not `async`, so
+/// that `#[track_caller]` holds). For sends into a shard's bounded mailbox, which wait while
+/// the shard task does not take them.
+#[track_caller]
+fn bounded_as<F: std::future::Future>(
+    what: &'static str,
+    f: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let at = std::panic::Location::caller();
+    async move {
+        tokio::time::timeout(std::time::Duration::from_secs(10), f)
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within 10 s (awaited at {at})"))
+    }
+}
+
 fn open() -> Vec<(u16, Op)> {
     vec![
         (
@@ -49,35 +65,42 @@ async fn a_bind_acknowledged_to_one_client_routes_the_next_publish_of_another() 
     let broker = BrokerHandle::start(BrokerConfig::default());
     let mut a = broker.connect();
     let b = broker.connect();
-    a.tx.send(open()).await.expect("broker running");
-    b.tx.send(open()).await.expect("broker running");
+    bounded_as("room in the shard's mailbox", a.tx.send(open()))
+        .await
+        .expect("broker running");
+    bounded_as("room in the shard's mailbox", b.tx.send(open()))
+        .await
+        .expect("broker running");
     const ROUNDS: usize = 300;
     for i in 0..ROUNDS {
         let (queue, key) = (format!("q{i}"), format!("k{i}"));
-        a.tx.send(vec![
-            (
-                1,
-                Op::QueueDeclare(QueueDeclare {
-                    queue: queue.clone(),
-                    passive: false,
-                    durable: false,
-                    exclusive: false,
-                    auto_delete: false,
-                    nowait: true,
-                    arguments: FieldTable::new(),
-                }),
-            ),
-            (
-                1,
-                Op::QueueBind(Bind {
-                    destination: queue.clone(),
-                    source: "amq.direct".into(),
-                    routing_key: key.clone(),
-                    nowait: false,
-                    arguments: FieldTable::new(),
-                }),
-            ),
-        ])
+        bounded_as(
+            "room in the shard's mailbox",
+            a.tx.send(vec![
+                (
+                    1,
+                    Op::QueueDeclare(QueueDeclare {
+                        queue: queue.clone(),
+                        passive: false,
+                        durable: false,
+                        exclusive: false,
+                        auto_delete: false,
+                        nowait: true,
+                        arguments: FieldTable::new(),
+                    }),
+                ),
+                (
+                    1,
+                    Op::QueueBind(Bind {
+                        destination: queue.clone(),
+                        source: "amq.direct".into(),
+                        routing_key: key.clone(),
+                        nowait: false,
+                        arguments: FieldTable::new(),
+                    }),
+                ),
+            ]),
+        )
         .await
         .expect("broker running");
         reply(&mut a, |r| matches!(r, Reply::QueueBindOk)).await;
@@ -91,16 +114,22 @@ async fn a_bind_acknowledged_to_one_client_routes_the_next_publish_of_another() 
             body: Bytes::from(format!("m{i}")),
             routed: None,
         };
-        b.tx.send(vec![(1, Op::Publish(Box::new(publish)))])
-            .await
-            .expect("broker running");
-        a.tx.send(vec![(
-            1,
-            Op::Get {
-                queue,
-                no_ack: true,
-            },
-        )])
+        bounded_as(
+            "room in the shard's mailbox",
+            b.tx.send(vec![(1, Op::Publish(Box::new(publish)))]),
+        )
+        .await
+        .expect("broker running");
+        bounded_as(
+            "room in the shard's mailbox",
+            a.tx.send(vec![(
+                1,
+                Op::Get {
+                    queue,
+                    no_ack: true,
+                },
+            )]),
+        )
         .await
         .expect("broker running");
         let got = reply(&mut a, |r| {
@@ -162,16 +191,18 @@ fn publish(exchange: &str, key: &str, headers: Option<FieldTable>, body: &str) -
 
 /// The body of the message `queue` holds next, `None` when it is empty.
 async fn get(link: &mut Connection, queue: &str) -> Option<Bytes> {
-    link.tx
-        .send(vec![(
+    bounded_as(
+        "room in the shard's mailbox",
+        link.tx.send(vec![(
             1,
             Op::Get {
                 queue: queue.into(),
                 no_ack: true,
             },
-        )])
-        .await
-        .expect("broker running");
+        )]),
+    )
+    .await
+    .expect("broker running");
     match reply(link, |r| matches!(r, Reply::GetEmpty | Reply::GetOk { .. })).await {
         Reply::GetOk { delivery, .. } => Some(delivery.message.body.clone()),
         _ => None,
@@ -187,24 +218,37 @@ async fn a_repeated_publish_sees_a_binding_made_since_the_first() {
     let broker = BrokerHandle::start(BrokerConfig::default());
     let mut a = broker.connect();
     let b = broker.connect();
-    a.tx.send(open()).await.expect("broker running");
-    b.tx.send(open()).await.expect("broker running");
+    bounded_as("room in the shard's mailbox", a.tx.send(open()))
+        .await
+        .expect("broker running");
+    bounded_as("room in the shard's mailbox", b.tx.send(open()))
+        .await
+        .expect("broker running");
     for i in 0..50 {
         let (queue, key) = (format!("rq{i}"), format!("rk{i}"));
         // Routed to nothing: no binding yet.
-        b.tx.send(vec![publish("amq.direct", &key, None, "before")])
-            .await
-            .expect("broker running");
-        a.tx.send(vec![
-            declare(&queue),
-            bind(&queue, "amq.direct", &key, FieldTable::new()),
-        ])
+        bounded_as(
+            "room in the shard's mailbox",
+            b.tx.send(vec![publish("amq.direct", &key, None, "before")]),
+        )
+        .await
+        .expect("broker running");
+        bounded_as(
+            "room in the shard's mailbox",
+            a.tx.send(vec![
+                declare(&queue),
+                bind(&queue, "amq.direct", &key, FieldTable::new()),
+            ]),
+        )
         .await
         .expect("broker running");
         reply(&mut a, |r| matches!(r, Reply::QueueBindOk)).await;
-        b.tx.send(vec![publish("amq.direct", &key, None, "after")])
-            .await
-            .expect("broker running");
+        bounded_as(
+            "room in the shard's mailbox",
+            b.tx.send(vec![publish("amq.direct", &key, None, "after")]),
+        )
+        .await
+        .expect("broker running");
         assert_eq!(
             get(&mut a, &queue).await.as_deref(),
             Some(&b"after"[..]),
@@ -220,27 +264,35 @@ async fn a_repeated_publish_sees_a_binding_made_since_the_first() {
 async fn publishes_differing_only_in_headers_route_apart() {
     let broker = BrokerHandle::start(BrokerConfig::default());
     let mut a = broker.connect();
-    a.tx.send(open()).await.expect("broker running");
+    bounded_as("room in the shard's mailbox", a.tx.send(open()))
+        .await
+        .expect("broker running");
     let table = |v: &str| {
         let mut t = FieldTable::new();
         t.insert("h".into(), FieldValue::string(v));
         t
     };
-    a.tx.send(vec![
-        declare("h1"),
-        declare("h2"),
-        bind("h1", "amq.headers", "", table("1")),
-        bind("h2", "amq.headers", "", table("2")),
-    ])
+    bounded_as(
+        "room in the shard's mailbox",
+        a.tx.send(vec![
+            declare("h1"),
+            declare("h2"),
+            bind("h1", "amq.headers", "", table("1")),
+            bind("h2", "amq.headers", "", table("2")),
+        ]),
+    )
     .await
     .expect("broker running");
     // Both bind-oks may come in one batch, which `reply` takes whole: wait for one (the
     // broker reroutes a publish routed on a table older than its own connection's binds).
     reply(&mut a, |r| matches!(r, Reply::QueueBindOk)).await;
-    a.tx.send(vec![
-        publish("amq.headers", "k", Some(table("1")), "one"),
-        publish("amq.headers", "k", Some(table("2")), "two"),
-    ])
+    bounded_as(
+        "room in the shard's mailbox",
+        a.tx.send(vec![
+            publish("amq.headers", "k", Some(table("1")), "one"),
+            publish("amq.headers", "k", Some(table("2")), "two"),
+        ]),
+    )
     .await
     .expect("broker running");
     assert_eq!(get(&mut a, "h1").await.as_deref(), Some(&b"one"[..]));

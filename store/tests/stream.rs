@@ -731,7 +731,15 @@ fn a_reader_on_another_thread_sees_only_committed_chunks_in_order() {
     let n = 3000u64;
     let reader = std::thread::spawn(move || {
         let mut got = Vec::new();
+        // Bounded: a chunk that never becomes visible (or a writer that stopped) fails the
+        // test naming how far the reader got, instead of spinning while join() waits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while (got.len() as u64) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the reader saw {} of {n} messages within 60 s",
+                got.len()
+            );
             match r.next_chunk().unwrap() {
                 Some(c) => got.extend(chunk_messages(&c)),
                 None => std::thread::yield_now(),

@@ -8,6 +8,8 @@ import uuid
 import pika
 import pytest
 
+from conftest import within
+
 HOST, PORT = os.environ.get("WARREN_AMQP", "127.0.0.1:5672").rsplit(":", 1)
 
 
@@ -16,10 +18,12 @@ def conn():
     params = pika.ConnectionParameters(
         host=HOST, port=int(PORT), blocked_connection_timeout=10, socket_timeout=10
     )
-    c = pika.BlockingConnection(params)
+    with within("connection.open-ok"):
+        c = pika.BlockingConnection(params)
     yield c
     if c.is_open:
-        c.close()
+        with within("connection.close-ok"):
+            c.close()
 
 
 def unique(prefix):
@@ -78,8 +82,9 @@ def test_publisher_confirms(conn):
 def test_passive_declare_of_missing_queue_closes_only_that_channel(conn):
     ok = conn.channel()
     bad = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-        bad.queue_declare(unique("missing"), passive=True)
+    with within("channel.close 404 for a passive declare of a missing queue"):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            bad.queue_declare(unique("missing"), passive=True)
     assert err.value.reply_code == 404
     assert "NOT_FOUND" in err.value.reply_text
     assert bad.is_closed
@@ -101,12 +106,15 @@ def test_closes_that_cross_leave_the_connection_open(conn):
     for round in range(20):
         bad = conn.channel()
         bad.basic_publish(unique("no-such-exchange"), "", b"lost")
-        try:
-            bad.close()
-        except pika.exceptions.ChannelClosed:
-            pass
+        # The wait CI once hung in: a close-ok the broker never sent (dd46470).
+        with within(f"channel.close-ok for the client's close crossing the broker's (round {round})"):
+            try:
+                bad.close()
+            except pika.exceptions.ChannelClosed:
+                pass
         assert conn.is_open, f"round {round}"
-        other.exchange_declare("amq.direct", passive=True)
+        with within(f"exchange.declare-ok on the other channel (round {round})"):
+            other.exchange_declare("amq.direct", passive=True)
     assert conn.is_open
 
 
@@ -220,7 +228,7 @@ def test_max_length_and_persistent_messages_on_durable_queues(conn):
         ch.basic_publish("", q, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
     assert ch.queue_declare(q, passive=True).method.message_count == 3
     got = []
-    while True:
+    for _ in range(10):  # bounded: a queue that never empties fails the assert below
         method, _, body = ch.basic_get(q, auto_ack=True)
         if method is None:
             break
@@ -283,19 +291,23 @@ def test_users_vhosts_and_permission_refusals():
             )
         )
 
-    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
-        connect("wrong")
+    with within("the refusal of a wrong password"):
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            connect("wrong")
     # pika reports a connection.close during connection.open as a probable access denial.
-    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
-        connect("s3cret", vh="/")
+    with within("connection.close 530 for a vhost without permissions"):
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+            connect("s3cret", vh="/")
     assert "(530)" in str(refused.value)
     assert f"access to vhost '/' refused for user '{user}'" in str(refused.value)
-    c = connect("s3cret")
+    with within("connection.open-ok"):
+        c = connect("s3cret")
     try:
         ch = c.channel()
         ch.queue_declare(f"{user}-work")
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as denied:
-            ch.queue_declare("someone-else")
+        with within("channel.close 403 for a declare without permission"):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as denied:
+                ch.queue_declare("someone-else")
         assert denied.value.reply_code == 403
         assert denied.value.reply_text == (
             f"ACCESS_REFUSED - access to queue 'someone-else' in vhost '{vhost}' "
@@ -306,7 +318,8 @@ def test_users_vhosts_and_permission_refusals():
         method, _, body = ch.basic_get(f"{user}-work", auto_ack=True)
         assert body == b"in the vhost"
     finally:
-        c.close()
+        with within("connection.close-ok"):
+            c.close()
     ctl("delete-user", user)
     ctl("delete-vhost", vhost)
 
@@ -314,15 +327,18 @@ def test_users_vhosts_and_permission_refusals():
 def test_update_secret_keeps_the_connection_and_queue_types_are_checked(conn):
     # connection.update-secret (RabbitMQ 3.8+): the new secret is guest's password, so the
     # broker answers update-secret-ok and the connection carries on.
-    conn.update_secret("guest", "token refresh")
+    with within("connection.update-secret-ok"):
+        conn.update_secret("guest", "token refresh")
     # Nor is any other secret checked as guest's password: RabbitMQ 3.10's internal users'
     # credentials do not expire and it takes whatever comes (pika's own TestUpdateSecret).
-    conn.update_secret("new_secret", "token refresh")
+    with within("connection.update-secret-ok"):
+        conn.update_secret("new_secret", "token refresh")
     ch = conn.channel()
     q = unique("q")
     ch.queue_declare(q, arguments={"x-queue-type": "classic"})
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-        ch.queue_declare(unique("q"), arguments={"x-queue-type": "bogus"})
+    with within("channel.close 406 for an unsupported queue type"):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.queue_declare(unique("q"), arguments={"x-queue-type": "bogus"})
     assert refused.value.reply_code == 406
     assert "unsupported queue type 'bogus'" in refused.value.reply_text
     assert conn.is_open

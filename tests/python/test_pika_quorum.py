@@ -10,6 +10,8 @@ import uuid
 import pika
 import pytest
 
+from conftest import within
+
 HOST, PORT = os.environ.get("WARREN_AMQP", "127.0.0.1:5672").rsplit(":", 1)
 QUORUM = {"x-queue-type": "quorum"}
 
@@ -19,10 +21,12 @@ def conn():
     params = pika.ConnectionParameters(
         host=HOST, port=int(PORT), blocked_connection_timeout=10, socket_timeout=10
     )
-    c = pika.BlockingConnection(params)
+    with within("connection.open-ok"):
+        c = pika.BlockingConnection(params)
     yield c
     if c.is_open:
-        c.close()
+        with within("connection.close-ok"):
+            c.close()
 
 
 def unique(prefix):
@@ -32,8 +36,9 @@ def unique(prefix):
 def refused(conn, name, **kw):
     """The 406 a declare gets (on a channel of its own), as (code, text)."""
     ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
-        ch.queue_declare(name, **kw)
+    with within(f"channel.close for the declare of {name} {kw}"):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch.queue_declare(name, **kw)
     assert conn.is_open, "a channel error leaves the connection open"
     return e.value.reply_code, e.value.reply_text
 
@@ -194,8 +199,9 @@ def test_quorum_refuses_a_consumer_under_global_qos(conn):
     q = unique("qq")
     ch.queue_declare(q, durable=True, arguments=QUORUM)
     ch.basic_qos(prefetch_count=10, global_qos=True)
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
-        ch.basic_consume(q, lambda *a: None)
+    with within("connection.close 540 for global qos on a quorum queue"):
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            ch.basic_consume(q, lambda *a: None)
     # RabbitMQ 3.10 closes the connection: a quorum queue keeps no channel-wide prefetch.
     assert closed.value.reply_code == 540
     assert closed.value.reply_text == (

@@ -70,59 +70,86 @@ async fn serve(broker: warren_runtime::BrokerHandle) -> TestBroker {
 
 impl TestBroker {
     pub async fn connect(&self) -> Connection {
-        bounded(Connection::connect(
-            &self.uri,
-            ConnectionProperties::default(),
-        ))
+        bounded_as(
+            format!("connection.open-ok from {}", self.uri),
+            Connection::connect(&self.uri, ConnectionProperties::default()),
+        )
         .await
         .expect("connect")
     }
 
     pub async fn channel(&self) -> (Connection, Channel) {
         let conn = self.connect().await;
-        let ch = bounded(conn.create_channel()).await.expect("open channel");
+        let ch = bounded_as("channel.open-ok", conn.create_channel())
+            .await
+            .expect("open channel");
         (conn, ch)
     }
 }
 
-/// Awaits `f` for at most [`WAIT`].
-pub async fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .expect("the broker answered within the time limit")
+/// Awaits `f` for at most [`WAIT`]. A plain fn (not `async`) so that `#[track_caller]` holds:
+/// the panic names the test's line, that is what was waited for.
+#[track_caller]
+pub fn bounded<F: Future>(f: F) -> impl Future<Output = F::Output> {
+    bounded_as("an answer", f)
+}
+
+/// Awaits `f` for at most [`WAIT`]; the panic names `what` and the caller's line.
+#[track_caller]
+pub fn bounded_as<F: Future>(
+    what: impl std::fmt::Display,
+    f: F,
+) -> impl Future<Output = F::Output> {
+    let at = std::panic::Location::caller();
+    async move {
+        match tokio::time::timeout(WAIT, f).await {
+            Ok(v) => v,
+            Err(_) => panic!("no {what} within {WAIT:?} (awaited at {at})"),
+        }
+    }
 }
 
 /// Declares a plain queue.
 pub async fn declare(ch: &Channel, name: &str) -> lapin::Queue {
-    bounded(ch.queue_declare(
-        name.into(),
-        QueueDeclareOptions::default(),
-        FieldTable::default(),
-    ))
+    bounded_as(
+        format!("queue.declare-ok for {name:?}"),
+        ch.queue_declare(
+            name.into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
     .await
     .expect("queue.declare")
 }
 
 pub async fn consume(ch: &Channel, queue: &str, no_ack: bool) -> Consumer {
-    bounded(ch.basic_consume(
-        queue.into(),
-        "".into(),
-        BasicConsumeOptions {
-            no_ack,
-            ..BasicConsumeOptions::default()
-        },
-        FieldTable::default(),
-    ))
+    bounded_as(
+        format!("basic.consume-ok on {queue:?}"),
+        ch.basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        ),
+    )
     .await
     .expect("basic.consume")
 }
 
-/// The next delivery of `consumer`.
-pub async fn next(consumer: &mut Consumer) -> Delivery {
-    bounded(consumer.next())
-        .await
-        .expect("consumer still open")
-        .expect("a delivery")
+/// The next delivery of `consumer` (the panic names the caller's line).
+#[track_caller]
+pub fn next(consumer: &mut Consumer) -> impl Future<Output = Delivery> + '_ {
+    let delivery = bounded_as("delivery", consumer.next());
+    async move {
+        delivery
+            .await
+            .expect("consumer still open")
+            .expect("a delivery")
+    }
 }
 
 /// Asserts no delivery arrives within `quiet`.
@@ -147,10 +174,13 @@ pub fn body(d: &Delivery) -> String {
 /// Takes every ready message of `queue` with basic.get (no-ack); returns the bodies in order.
 pub async fn drain(ch: &Channel, queue: &str) -> Vec<String> {
     let mut got = Vec::new();
-    while let Some(m) = bounded(ch.basic_get(
-        queue.into(),
-        lapin::options::BasicGetOptions { no_ack: true },
-    ))
+    while let Some(m) = bounded_as(
+        format!("basic.get-ok/get-empty on {queue:?}"),
+        ch.basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        ),
+    )
     .await
     .expect("basic.get")
     {
@@ -194,9 +224,15 @@ pub async fn channel_error<T, F, Fut>(
     F: FnOnce(Channel) -> Fut,
     Fut: Future<Output = lapin::Result<T>>,
 {
-    let ch = bounded(conn.create_channel()).await.expect("open channel");
+    let ch = bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("open channel");
     let mut events = Box::pin(conn.events_listener());
-    let res = bounded(op(ch.clone())).await;
+    let res = bounded_as(
+        format!("answer (expected {code} {name}) to the operation"),
+        op(ch.clone()),
+    )
+    .await;
     let err = match res {
         Ok(v) => panic!("expected {code} {name} ({mentions}), got success: {v:?}"),
         Err(e) if e.is_amqp_error() => e,
@@ -204,15 +240,18 @@ pub async fn channel_error<T, F, Fut>(
         // channel already closing, and the broker's reason comes as a connection event (the
         // first one on that connection: use a fresh connection for such cases).
         Err(_) => {
-            bounded(async {
-                loop {
-                    match events.next().await {
-                        Some(lapin::Event::Error(e)) if e.is_amqp_error() => break e,
-                        Some(_) => continue,
-                        None => panic!("no channel.close from the broker"),
+            bounded_as(
+                format!("channel.close {code} {name} from the broker"),
+                async {
+                    loop {
+                        match events.next().await {
+                            Some(lapin::Event::Error(e)) if e.is_amqp_error() => break e,
+                            Some(_) => continue,
+                            None => panic!("no channel.close from the broker"),
+                        }
                     }
-                }
-            })
+                },
+            )
             .await
         }
     };

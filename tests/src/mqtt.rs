@@ -141,38 +141,54 @@ impl MqttBroker {
 
 impl Client {
     /// Waits (bounded) for an incoming packet `f` accepts; panics on a connection error.
-    pub async fn wait<T>(&mut self, mut f: impl FnMut(&Packet) -> Option<T>) -> T {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let ev = tokio::time::timeout_at(deadline, self.events.recv())
-                .await
-                .expect("the expected packet arrived in time")
-                .expect("event loop running");
-            match ev {
-                Ok(Event::Incoming(p)) => {
-                    if let Some(t) = f(&p) {
-                        return t;
+    /// A plain fn (not `async`) so that `#[track_caller]` holds: a timeout names the line
+    /// that waited, and so which packet.
+    #[track_caller]
+    pub fn wait<T>(
+        &mut self,
+        mut f: impl FnMut(&Packet) -> Option<T>,
+    ) -> impl std::future::Future<Output = T> {
+        let at = std::panic::Location::caller();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let ev = tokio::time::timeout_at(deadline, self.events.recv())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("no expected packet within {WAIT:?}, awaited at {at}")
+                    })
+                    .expect("event loop running");
+                match ev {
+                    Ok(Event::Incoming(p)) => {
+                        if let Some(t) = f(&p) {
+                            return t;
+                        }
                     }
+                    Ok(Event::Outgoing(_)) => {}
+                    Err(e) => panic!("connection error while waiting: {e}"),
                 }
-                Ok(Event::Outgoing(_)) => {}
-                Err(e) => panic!("connection error while waiting: {e}"),
             }
         }
     }
 
-    pub async fn suback(&mut self) -> Vec<rumqttc::SubscribeReasonCode> {
+    #[track_caller]
+    pub fn suback(
+        &mut self,
+    ) -> impl std::future::Future<Output = Vec<rumqttc::SubscribeReasonCode>> + '_ {
         self.wait(|p| match p {
             Packet::SubAck(s) => Some(s.return_codes.clone()),
             _ => None,
         })
-        .await
     }
 
     pub async fn subscribe(&mut self, filter: &str, qos: QoS) {
-        self.client
-            .subscribe(filter, qos)
-            .await
-            .expect("queue subscribe");
+        // The request queue (1000) is full only while the event loop is stuck on the socket.
+        crate::bounded_as(
+            format!("room in the client's queue for SUBSCRIBE {filter}"),
+            self.client.subscribe(filter, qos),
+        )
+        .await
+        .expect("queue subscribe");
         let codes = self.suback().await;
         assert!(
             matches!(codes[..], [rumqttc::SubscribeReasonCode::Success(_)]),
@@ -181,25 +197,27 @@ impl Client {
     }
 
     pub async fn publish(&self, topic: &str, qos: QoS, retain: bool, payload: &[u8]) {
-        self.client
-            .publish(topic, qos, retain, payload.to_vec())
-            .await
-            .expect("queue publish");
+        crate::bounded_as(
+            format!("room in the client's queue for PUBLISH {topic}"),
+            self.client.publish(topic, qos, retain, payload.to_vec()),
+        )
+        .await
+        .expect("queue publish");
     }
 
     /// Waits for the next PUBACK (QoS 1 publish handled by the broker).
-    pub async fn puback(&mut self) {
+    #[track_caller]
+    pub fn puback(&mut self) -> impl std::future::Future<Output = ()> + '_ {
         self.wait(|p| matches!(p, Packet::PubAck(_)).then_some(()))
-            .await
     }
 
     /// The next PUBLISH.
-    pub async fn next_publish(&mut self) -> Publish {
+    #[track_caller]
+    pub fn next_publish(&mut self) -> impl std::future::Future<Output = Publish> + '_ {
         self.wait(|p| match p {
             Packet::Publish(p) => Some(p.clone()),
             _ => None,
         })
-        .await
     }
 
     /// Asserts no PUBLISH arrives within `quiet`.
@@ -284,40 +302,56 @@ impl MqttBroker {
 }
 
 impl Client5 {
-    pub async fn wait<T>(&mut self, mut f: impl FnMut(&Packet5) -> Option<T>) -> T {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let ev = tokio::time::timeout_at(deadline, self.events.recv())
-                .await
-                .expect("the expected packet arrived in time")
-                .expect("event loop running");
-            match ev {
-                Ok(rumqttc::v5::Event::Incoming(p)) => {
-                    if let Some(t) = f(&p) {
-                        return t;
+    /// A plain fn (not `async`) so that `#[track_caller]` holds: a timeout names the line
+    /// that waited, and so which packet.
+    #[track_caller]
+    pub fn wait<T>(
+        &mut self,
+        mut f: impl FnMut(&Packet5) -> Option<T>,
+    ) -> impl std::future::Future<Output = T> {
+        let at = std::panic::Location::caller();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let ev = tokio::time::timeout_at(deadline, self.events.recv())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("no expected packet within {WAIT:?}, awaited at {at}")
+                    })
+                    .expect("event loop running");
+                match ev {
+                    Ok(rumqttc::v5::Event::Incoming(p)) => {
+                        if let Some(t) = f(&p) {
+                            return t;
+                        }
                     }
+                    Ok(rumqttc::v5::Event::Outgoing(_)) => {}
+                    Err(e) => panic!("connection error while waiting: {e}"),
                 }
-                Ok(rumqttc::v5::Event::Outgoing(_)) => {}
-                Err(e) => panic!("connection error while waiting: {e}"),
             }
         }
     }
 
     pub async fn subscribe(&mut self, filter: &str, qos: rumqttc::v5::mqttbytes::QoS) {
-        self.client
-            .subscribe(filter, qos)
-            .await
-            .expect("queue subscribe");
+        // The request queue (1000) is full only while the event loop is stuck on the socket.
+        crate::bounded_as(
+            format!("room in the client's queue for SUBSCRIBE {filter}"),
+            self.client.subscribe(filter, qos),
+        )
+        .await
+        .expect("queue subscribe");
         self.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
             .await;
     }
 
-    pub async fn next_publish(&mut self) -> rumqttc::v5::mqttbytes::v5::Publish {
+    #[track_caller]
+    pub fn next_publish(
+        &mut self,
+    ) -> impl std::future::Future<Output = rumqttc::v5::mqttbytes::v5::Publish> + '_ {
         self.wait(|p| match p {
             Packet5::Publish(p) => Some(p.clone()),
             _ => None,
         })
-        .await
     }
 
     pub async fn no_publish(&mut self, quiet: Duration) {

@@ -53,7 +53,11 @@ async fn bob(broker: &BrokerHandle) {
 
 /// Publishes one message in confirm mode and waits for its confirm (so a refusal surfaces).
 async fn publish_confirmed(c: lapin::Channel, exchange: &str, key: &str) -> lapin::Result<()> {
-    c.confirm_select(ConfirmSelectOptions::default()).await?;
+    warren_tests::bounded_as(
+        "confirm.select-ok",
+        c.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?;
     c.basic_publish(
         exchange.into(),
         key.into(),
@@ -319,10 +323,12 @@ async fn mqtt_logins_use_the_same_users() {
     bob.publish("news/today", QoS::AtLeastOnce, false, b"hello")
         .await;
     assert_eq!(&watcher.next_publish().await.payload[..], b"hello");
-    bob.client
-        .subscribe("news/#", QoS::AtMostOnce)
-        .await
-        .expect("queue the subscribe");
+    warren_tests::bounded_as(
+        "room in the client queue for SUBSCRIBE",
+        bob.client.subscribe("news/#", QoS::AtMostOnce),
+    )
+    .await
+    .expect("queue the subscribe");
     assert_eq!(bob.suback().await, [rumqttc::SubscribeReasonCode::Failure]);
     bob.publish("news/later", QoS::AtLeastOnce, false, b"still here")
         .await;

@@ -241,14 +241,18 @@ async fn recover_redelivers_unacked_messages() {
 async fn closing_a_channel_requeues_its_unacked_messages() {
     let b = start().await;
     let conn = b.connect().await;
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     declare(&ch, "cl").await;
     publish_n(&ch, "cl", 1).await;
     let mut consumer = consume(&ch, "cl", false).await;
     let d = next(&mut consumer).await;
     assert!(!d.redelivered);
     bounded(ch.close(200, "done".into())).await.expect("close");
-    let ch2 = conn.create_channel().await.expect("channel");
+    let ch2 = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     let m = bounded(ch2.basic_get("cl".into(), BasicGetOptions { no_ack: true }))
         .await
         .expect("get")
@@ -273,6 +277,8 @@ async fn unknown_delivery_tag_closes_the_channel_with_406() {
         "the channel was closed by the broker"
     );
     assert!(conn.status().connected(), "the connection stays open");
-    let ch2 = conn.create_channel().await.expect("channel");
+    let ch2 = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     declare(&ch2, "alive").await;
 }

@@ -45,7 +45,9 @@ async fn predeclared_exchanges_exist() {
 async fn passive_declare_of_missing_exchange_is_404_and_redeclare_mismatch_is_406() {
     let b = start().await;
     let conn = b.connect().await;
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     let passive = ExchangeDeclareOptions {
         passive: true,
         ..Default::default()
@@ -59,7 +61,9 @@ async fn passive_declare_of_missing_exchange_is_404_and_redeclare_mismatch_is_40
     .await
     .expect_err("missing");
     assert_eq!(code(&err), 404);
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     bounded(ch.exchange_declare(
         "x".into(),
         ExchangeKind::Direct,
@@ -77,7 +81,9 @@ async fn passive_declare_of_missing_exchange_is_404_and_redeclare_mismatch_is_40
     .await
     .expect_err("type mismatch");
     assert_eq!(code(&err), 406);
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     let err = bounded(ch.exchange_declare(
         "amq.mine".into(),
         ExchangeKind::Direct,
@@ -145,8 +151,10 @@ async fn fanout_direct_and_internal_exchanges() {
     ))
     .await
     .expect("internal exchange");
-    let ch2 = conn.create_channel().await.expect("channel");
-    ch2.confirm_select(Default::default())
+    let ch2 = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
+    warren_tests::bounded_as("confirm.select-ok", ch2.confirm_select(Default::default()))
         .await
         .expect("confirms");
     let res = bounded(async {
@@ -393,7 +401,9 @@ async fn auto_delete_exchange_goes_with_its_last_binding_and_delete_if_unused() 
     .await
     .expect_err("in use");
     assert_eq!(code(&err), 406);
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     bounded(ch.queue_unbind(
         "aq".into(),
         "ephemeral".into(),
@@ -623,7 +633,7 @@ async fn topic_hash_in_the_middle_and_alternate_exchange_prevents_returns() {
     ))
     .await
     .expect("bind");
-    ch.confirm_select(Default::default())
+    warren_tests::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
         .await
         .expect("confirms");
     let confirm = bounded(async {

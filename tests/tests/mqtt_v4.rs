@@ -144,7 +144,12 @@ async fn will_sent_on_abrupt_close_not_after_disconnect() {
         false,
     ));
     let (mut dev, _) = b.connect_with(o).await;
-    dev.client.disconnect().await.expect("queue disconnect");
+    warren_tests::bounded_as(
+        "room in the client queue for DISCONNECT",
+        dev.client.disconnect(),
+    )
+    .await
+    .expect("queue disconnect");
     dev.closed().await;
     watcher.no_publish(QUIET).await;
 }
@@ -169,7 +174,12 @@ async fn persistent_session_keeps_subscriptions_and_queues_while_offline() {
     let (mut c, ack) = b.connect_with(o.clone()).await;
     assert!(!ack.session_present);
     c.subscribe("p/#", QoS::AtLeastOnce).await;
-    c.client.disconnect().await.expect("queue disconnect");
+    warren_tests::bounded_as(
+        "room in the client queue for DISCONNECT",
+        c.client.disconnect(),
+    )
+    .await
+    .expect("queue disconnect");
     c.closed().await;
 
     let publisher = b.connect("pub").await;
@@ -198,7 +208,12 @@ async fn persistent_session_keeps_subscriptions_and_queues_while_offline() {
     }
     assert_eq!(&c.next_publish().await.payload[..], b"q0");
     assert_eq!(&c.next_publish().await.payload[..], b"marker");
-    c.client.disconnect().await.expect("queue disconnect");
+    warren_tests::bounded_as(
+        "room in the client queue for DISCONNECT",
+        c.client.disconnect(),
+    )
+    .await
+    .expect("queue disconnect");
     c.closed().await;
 
     // A clean session drops it all.
@@ -248,10 +263,12 @@ async fn unsubscribe_stops_delivery() {
     let b = start().await;
     let mut c = b.connect("c").await;
     c.subscribe("u/1", QoS::AtLeastOnce).await;
-    c.client
-        .unsubscribe("u/1")
-        .await
-        .expect("queue unsubscribe");
+    warren_tests::bounded_as(
+        "room in the client queue for UNSUBSCRIBE",
+        c.client.unsubscribe("u/1"),
+    )
+    .await
+    .expect("queue unsubscribe");
     c.wait(|p| matches!(p, rumqttc::Packet::UnsubAck(_)).then_some(()))
         .await;
     c.publish("u/1", QoS::AtLeastOnce, false, b"x").await;
@@ -293,7 +310,12 @@ async fn suback_means_publishes_of_other_clients_reach_the_subscription() {
     o.set_clean_session(false);
     let (mut sink, _) = b.connect_with(o).await;
     sink.subscribe("load/#", QoS::AtMostOnce).await;
-    sink.client.disconnect().await.expect("queue disconnect");
+    warren_tests::bounded_as(
+        "room in the client queue for DISCONNECT",
+        sink.client.disconnect(),
+    )
+    .await
+    .expect("queue disconnect");
     sink.closed().await;
     let mut loaders = Vec::new();
     for n in 0..2 {
@@ -332,10 +354,12 @@ async fn denied_subscription_gets_0x80_in_suback_and_the_connection_lives() {
     o.set_credentials("writer", "pw");
     let (mut c, ack) = b.connect_with(o).await;
     assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success);
-    c.client
-        .subscribe("d/#", QoS::AtLeastOnce)
-        .await
-        .expect("queue subscribe");
+    warren_tests::bounded_as(
+        "room in the client queue for SUBSCRIBE",
+        c.client.subscribe("d/#", QoS::AtLeastOnce),
+    )
+    .await
+    .expect("queue subscribe");
     assert_eq!(c.suback().await, [rumqttc::SubscribeReasonCode::Failure]);
     c.publish("d/x", QoS::AtLeastOnce, false, b"still here")
         .await;

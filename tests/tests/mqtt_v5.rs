@@ -40,11 +40,14 @@ async fn publish_properties_pass_through() {
         content_type: Some("application/json".into()),
         ..Default::default()
     };
-    publisher
-        .client
-        .publish_with_properties("req/x", QoS::AtLeastOnce, false, "{}", props)
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish_with_properties("req/x", QoS::AtLeastOnce, false, "{}", props),
+    )
+    .await
+    .expect("queue publish");
     let p = sub.next_publish().await;
     let got = p.properties.expect("properties");
     assert_eq!(got.payload_format_indicator, Some(1));
@@ -85,11 +88,14 @@ async fn topic_alias_from_client() {
         )
         .await
         .expect("queue publish");
-    publisher
-        .client
-        .publish_with_properties("", QoS::AtLeastOnce, false, "2", with_alias)
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish_with_properties("", QoS::AtLeastOnce, false, "2", with_alias),
+    )
+    .await
+    .expect("queue publish");
     for want in ["1", "2"] {
         let p = sub.next_publish().await;
         assert_eq!(&p.topic[..], b"alias/long/topic");
@@ -115,16 +121,22 @@ async fn no_local_and_subscription_identifiers() {
         .expect("queue subscribe");
     c.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
         .await;
-    c.client
-        .publish("chat/room", QoS::AtLeastOnce, false, "mine")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        c.client
+            .publish("chat/room", QoS::AtLeastOnce, false, "mine"),
+    )
+    .await
+    .expect("queue publish");
     let other = b.connect5("other").await;
-    other
-        .client
-        .publish("chat/room", QoS::AtLeastOnce, false, "theirs")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        other
+            .client
+            .publish("chat/room", QoS::AtLeastOnce, false, "theirs"),
+    )
+    .await
+    .expect("queue publish");
     let p = c.next_publish().await;
     assert_eq!(
         &p.payload[..],
@@ -140,11 +152,14 @@ async fn no_local_and_subscription_identifiers() {
 async fn retain_handling_and_retain_as_published() {
     let b = start().await;
     let mut publisher = b.connect5("pub").await;
-    publisher
-        .client
-        .publish("rh/1", QoS::AtLeastOnce, true, "kept")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish("rh/1", QoS::AtLeastOnce, true, "kept"),
+    )
+    .await
+    .expect("queue publish");
     publisher
         .wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
         .await;
@@ -152,7 +167,12 @@ async fn retain_handling_and_retain_as_published() {
     let mut never = b.connect5("never").await;
     let mut f = Filter::new("rh/#", QoS::AtLeastOnce);
     f.retain_forward_rule = RetainForwardRule::Never;
-    never.client.subscribe_many([f]).await.expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for SUBSCRIBE",
+        never.client.subscribe_many([f]),
+    )
+    .await
+    .expect("queue");
     never
         .wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
         .await;
@@ -162,26 +182,36 @@ async fn retain_handling_and_retain_as_published() {
     let mut f = Filter::new("rh/#", QoS::AtLeastOnce);
     f.retain_forward_rule = RetainForwardRule::OnNewSubscribe;
     f.preserve_retain = true;
-    once.client
-        .subscribe_many([f.clone()])
-        .await
-        .expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for SUBSCRIBE",
+        once.client.subscribe_many([f.clone()]),
+    )
+    .await
+    .expect("queue");
     once.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
         .await;
     let p = once.next_publish().await;
     assert!(p.retain);
     assert_eq!(&p.payload[..], b"kept");
     // Subscribing again to the same filter sends nothing with rule 1.
-    once.client.subscribe_many([f]).await.expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for SUBSCRIBE",
+        once.client.subscribe_many([f]),
+    )
+    .await
+    .expect("queue");
     once.wait(|p| matches!(p, Packet5::SubAck(_)).then_some(()))
         .await;
     once.no_publish(QUIET).await;
     // Retain-as-published keeps the flag on live messages.
-    publisher
-        .client
-        .publish("rh/2", QoS::AtLeastOnce, true, "live")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish("rh/2", QoS::AtLeastOnce, true, "live"),
+    )
+    .await
+    .expect("queue publish");
     let p = once.next_publish().await;
     assert!(p.retain);
     let p = never.next_publish().await;
@@ -199,11 +229,14 @@ async fn takeover_closes_the_first_connection() {
     let mut second = b.connect5("dup").await;
     first.closed().await;
     second.subscribe("t", QoS::AtLeastOnce).await;
-    second
-        .client
-        .publish("t", QoS::AtLeastOnce, false, "still here")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        second
+            .client
+            .publish("t", QoS::AtLeastOnce, false, "still here"),
+    )
+    .await
+    .expect("queue publish");
     assert_eq!(&second.next_publish().await.payload[..], b"still here");
 }
 
@@ -215,23 +248,34 @@ async fn expired_messages_are_not_delivered_to_returning_sessions() {
     o.set_session_expiry_interval(Some(3600));
     let (mut c, _) = b.connect5_with(o.clone()).await;
     c.subscribe("exp/#", QoS::AtLeastOnce).await;
-    c.client.disconnect().await.expect("queue disconnect");
+    warren_tests::bounded_as(
+        "room in the client queue for DISCONNECT",
+        c.client.disconnect(),
+    )
+    .await
+    .expect("queue disconnect");
     c.closed().await;
     let mut publisher = b.connect5("pub").await;
     let short = PublishProperties {
         message_expiry_interval: Some(1),
         ..Default::default()
     };
-    publisher
-        .client
-        .publish_with_properties("exp/a", QoS::AtLeastOnce, false, "short", short)
-        .await
-        .expect("queue publish");
-    publisher
-        .client
-        .publish("exp/a", QoS::AtLeastOnce, false, "forever")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish_with_properties("exp/a", QoS::AtLeastOnce, false, "short", short),
+    )
+    .await
+    .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish("exp/a", QoS::AtLeastOnce, false, "forever"),
+    )
+    .await
+    .expect("queue publish");
     for _ in 0..2 {
         publisher
             .wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
@@ -258,11 +302,14 @@ async fn shared_subscriptions_split_messages_within_a_group() {
     plain.subscribe("jobs/#", QoS::AtLeastOnce).await;
     let publisher = b.connect5("pub").await;
     for i in 0..10u8 {
-        publisher
-            .client
-            .publish("jobs/x", QoS::AtLeastOnce, false, vec![i])
-            .await
-            .expect("queue publish");
+        warren_tests::bounded_as(
+            "room in the client queue for PUBLISH",
+            publisher
+                .client
+                .publish("jobs/x", QoS::AtLeastOnce, false, vec![i]),
+        )
+        .await
+        .expect("queue publish");
     }
     for i in 0..10u8 {
         assert_eq!(&plain.next_publish().await.payload[..], [i]);
@@ -286,18 +333,23 @@ async fn shared_subscriptions_split_messages_within_a_group() {
         "both members served: {per_member:?}"
     );
     // Leaving the group: the other member gets everything.
-    m1.client
-        .unsubscribe("$share/workers/jobs/#")
-        .await
-        .expect("queue unsubscribe");
+    warren_tests::bounded_as(
+        "room in the client queue for UNSUBSCRIBE",
+        m1.client.unsubscribe("$share/workers/jobs/#"),
+    )
+    .await
+    .expect("queue unsubscribe");
     m1.wait(|p| matches!(p, Packet5::UnsubAck(_)).then_some(()))
         .await;
     for i in 0..4u8 {
-        publisher
-            .client
-            .publish("jobs/y", QoS::AtLeastOnce, false, vec![i])
-            .await
-            .expect("queue publish");
+        warren_tests::bounded_as(
+            "room in the client queue for PUBLISH",
+            publisher
+                .client
+                .publish("jobs/y", QoS::AtLeastOnce, false, vec![i]),
+        )
+        .await
+        .expect("queue publish");
     }
     for i in 0..4u8 {
         assert_eq!(&m2.next_publish().await.payload[..], [i]);
@@ -369,11 +421,12 @@ async fn topic_aliases_towards_the_client() {
     sub.subscribe("ta/#", QoS::AtMostOnce).await;
     let publisher = b.connect5("pub").await;
     for t in ["ta/1", "ta/1", "ta/2", "ta/3", "ta/1"] {
-        publisher
-            .client
-            .publish(t, QoS::AtLeastOnce, false, t)
-            .await
-            .expect("queue publish");
+        warren_tests::bounded_as(
+            "room in the client queue for PUBLISH",
+            publisher.client.publish(t, QoS::AtLeastOnce, false, t),
+        )
+        .await
+        .expect("queue publish");
     }
     // rumqttc's events show the packets as sent: resolve the aliases here.
     let mut seen = Vec::new();
@@ -436,11 +489,14 @@ async fn client_receive_maximum_bounds_outbound_in_flight() {
     sub.subscribe("rm/#", QoS::AtLeastOnce).await;
     let publisher = b.connect5("rm-pub").await;
     for i in 0..5u8 {
-        publisher
-            .client
-            .publish("rm/x", QoS::AtLeastOnce, false, vec![i])
-            .await
-            .expect("queue publish");
+        warren_tests::bounded_as(
+            "room in the client queue for PUBLISH",
+            publisher
+                .client
+                .publish("rm/x", QoS::AtLeastOnce, false, vec![i]),
+        )
+        .await
+        .expect("queue publish");
     }
     let first = sub.next_publish().await;
     let second = sub.next_publish().await;
@@ -464,18 +520,26 @@ async fn message_expiry_forwarded_with_the_remaining_interval() {
     o.set_session_expiry_interval(Some(60));
     let (mut sub, _) = b.connect5_with(o.clone()).await;
     sub.subscribe("mx/#", QoS::AtLeastOnce).await;
-    sub.client.disconnect().await.expect("queue DISCONNECT");
+    warren_tests::bounded_as(
+        "room in the client queue for DISCONNECT",
+        sub.client.disconnect(),
+    )
+    .await
+    .expect("queue DISCONNECT");
     sub.closed().await;
     let publisher = b.connect5("mx-pub").await;
     let props = PublishProperties {
         message_expiry_interval: Some(10),
         ..Default::default()
     };
-    publisher
-        .client
-        .publish_with_properties("mx/a", QoS::AtLeastOnce, false, "x", props)
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish_with_properties("mx/a", QoS::AtLeastOnce, false, "x", props),
+    )
+    .await
+    .expect("queue publish");
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let (mut sub, ack) = b.connect5_with(o).await;
     assert!(ack.session_present);
@@ -513,10 +577,12 @@ async fn denied_subscription_gets_0x87_in_suback_and_the_connection_lives() {
     o.set_credentials("writer", "pw");
     let (mut c, ack) = b.connect5_with(o).await;
     assert_eq!(ack.code, ConnectReturnCode::Success);
-    c.client
-        .subscribe("d/#", QoS::AtLeastOnce)
-        .await
-        .expect("queue subscribe");
+    warren_tests::bounded_as(
+        "room in the client queue for SUBSCRIBE",
+        c.client.subscribe("d/#", QoS::AtLeastOnce),
+    )
+    .await
+    .expect("queue subscribe");
     let codes = c
         .wait(|p| match p {
             Packet5::SubAck(s) => Some(s.return_codes.clone()),
@@ -524,10 +590,13 @@ async fn denied_subscription_gets_0x87_in_suback_and_the_connection_lives() {
         })
         .await;
     assert_eq!(codes, [SubscribeReasonCode::NotAuthorized]);
-    c.client
-        .publish("d/x", QoS::AtLeastOnce, false, "still here")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        c.client
+            .publish("d/x", QoS::AtLeastOnce, false, "still here"),
+    )
+    .await
+    .expect("queue publish");
     c.wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))
         .await;
 }
@@ -560,11 +629,14 @@ async fn every_matching_subscription_identifier_is_delivered() {
     subscribe_with_id(&mut c, "solo/+", None).await;
     subscribe_with_id(&mut c, "$share/g/ids/a/x", Some(300)).await;
     let publisher = b.connect5("ids-pub").await;
-    publisher
-        .client
-        .publish("ids/a/x", QoS::AtLeastOnce, false, "one")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish("ids/a/x", QoS::AtLeastOnce, false, "one"),
+    )
+    .await
+    .expect("queue publish");
     let mut got = Vec::new();
     for _ in 0..2 {
         let p = c.next_publish().await;
@@ -579,11 +651,14 @@ async fn every_matching_subscription_identifier_is_delivered() {
         "the session's copy has ids 1 and 2 (not the id-less overlap), the share's 300"
     );
     c.no_publish(QUIET).await;
-    publisher
-        .client
-        .publish("solo/x", QoS::AtLeastOnce, false, "plain")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish("solo/x", QoS::AtLeastOnce, false, "plain"),
+    )
+    .await
+    .expect("queue publish");
     let p = c.next_publish().await;
     assert_eq!(&p.payload[..], b"plain");
     assert_eq!(
@@ -610,11 +685,14 @@ async fn subscription_identifiers_survive_a_resend_after_reconnect() {
     subscribe_with_id(&mut c, "rs/+/x", Some(2)).await;
     let publisher = b.connect5("ids-resend-pub").await;
     for payload in ["one", "two"] {
-        publisher
-            .client
-            .publish("rs/a/x", QoS::AtLeastOnce, false, payload)
-            .await
-            .expect("queue publish");
+        warren_tests::bounded_as(
+            "room in the client queue for PUBLISH",
+            publisher
+                .client
+                .publish("rs/a/x", QoS::AtLeastOnce, false, payload),
+        )
+        .await
+        .expect("queue publish");
     }
     let ids = |p: &rumqttc::v5::mqttbytes::v5::Publish| {
         let mut ids = p
@@ -655,16 +733,26 @@ async fn retained_messages_across_shards_with_message_expiry() {
         message_expiry_interval: Some(1),
         ..Default::default()
     };
-    publisher
-        .client
-        .publish_with_properties("rx/short", QoS::AtLeastOnce, true, "short", short)
-        .await
-        .expect("queue publish");
-    publisher
-        .client
-        .publish("rx/long", QoS::AtLeastOnce, true, "long")
-        .await
-        .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher.client.publish_with_properties(
+            "rx/short",
+            QoS::AtLeastOnce,
+            true,
+            "short",
+            short,
+        ),
+    )
+    .await
+    .expect("queue publish");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        publisher
+            .client
+            .publish("rx/long", QoS::AtLeastOnce, true, "long"),
+    )
+    .await
+    .expect("queue publish");
     for _ in 0..2 {
         publisher
             .wait(|p| matches!(p, Packet5::PubAck(_)).then_some(()))

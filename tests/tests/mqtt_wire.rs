@@ -27,7 +27,9 @@ fn connect_packet(level: u8, id: &str, keep_alive: u16) -> Vec<u8> {
 }
 
 async fn open(b: &MqttBroker, level: u8, id: &str, keep_alive: u16) -> TcpStream {
-    let mut s = TcpStream::connect(b.mqtt).await.expect("connect");
+    let mut s = warren_tests::bounded_as("TCP connect", TcpStream::connect(b.mqtt))
+        .await
+        .expect("connect");
     s.write_all(&connect_packet(level, id, keep_alive))
         .await
         .expect("write");
@@ -38,7 +40,9 @@ async fn open(b: &MqttBroker, level: u8, id: &str, keep_alive: u16) -> TcpStream
         .expect("read");
     assert_eq!(ack[0], 0x20, "CONNACK");
     let mut rest = vec![0u8; ack[1] as usize];
-    s.read_exact(&mut rest).await.expect("read");
+    warren_tests::bounded_as("bytes from the broker", s.read_exact(&mut rest))
+        .await
+        .expect("read");
     // Both versions: session-present flags, then the return / reason code.
     assert_eq!(rest[1], 0, "accepted");
     s
@@ -135,10 +139,14 @@ async fn bad_input_closes_only_that_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn packet_before_connect_and_truncated_connect() {
     let b = start().await;
-    let mut s = TcpStream::connect(b.mqtt).await.expect("connect");
+    let mut s = warren_tests::bounded_as("TCP connect", TcpStream::connect(b.mqtt))
+        .await
+        .expect("connect");
     s.write_all(&[0xC0, 0]).await.expect("write");
     assert!(until_closed(&mut s).await.is_empty());
-    let mut s = TcpStream::connect(b.mqtt).await.expect("connect");
+    let mut s = warren_tests::bounded_as("TCP connect", TcpStream::connect(b.mqtt))
+        .await
+        .expect("connect");
     let c = connect_packet(4, "cut", 60);
     s.write_all(&c[..c.len() - 3]).await.expect("write");
     s.shutdown().await.expect("half close");
@@ -151,7 +159,9 @@ async fn packet_before_connect_and_truncated_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsupported_protocol_level_gets_connack_0x01() {
     let b = start().await;
-    let mut s = TcpStream::connect(b.mqtt).await.expect("connect");
+    let mut s = warren_tests::bounded_as("TCP connect", TcpStream::connect(b.mqtt))
+        .await
+        .expect("connect");
     s.write_all(&connect_packet(6, "x", 60))
         .await
         .expect("write");
@@ -221,7 +231,9 @@ async fn invalid_filters_refused_in_suback_valid_ones_granted() {
             .expect("read");
         assert_eq!(head[0], 0x90);
         let mut rest = vec![0u8; usize::from(head[1])];
-        s.read_exact(&mut rest).await.expect("read");
+        warren_tests::bounded_as("bytes from the broker", s.read_exact(&mut rest))
+            .await
+            .expect("read");
         assert_eq!(&rest[..2], [0x00, 0x0A], "packet id");
         let codes = if level == 5 {
             assert_eq!(rest[2], 0, "no SUBACK properties");
@@ -237,7 +249,9 @@ async fn invalid_filters_refused_in_suback_valid_ones_granted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn packets_pipelined_behind_connect_are_handled() {
     let b = start().await;
-    let mut s = TcpStream::connect(b.mqtt).await.expect("connect");
+    let mut s = warren_tests::bounded_as("TCP connect", TcpStream::connect(b.mqtt))
+        .await
+        .expect("connect");
     let mut bytes = connect_packet(4, "eager", 60);
     bytes.extend(subscribe_packet(4, &[("eager/t", 0)]));
     bytes.extend([0x30, 0x0A, 0x00, 0x07]);

@@ -10,7 +10,7 @@ use warren_tests::*;
 async fn mandatory_unroutable_message_comes_back_312_no_route() {
     let b = start().await;
     let (_c, ch) = b.channel().await;
-    ch.confirm_select(Default::default())
+    warren_tests::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
         .await
         .expect("confirms");
     let confirm = bounded(async {
@@ -43,7 +43,7 @@ async fn mandatory_unroutable_message_comes_back_312_no_route() {
 async fn every_publish_is_confirmed_in_order() {
     let b = start().await;
     let (_c, ch) = b.channel().await;
-    ch.confirm_select(Default::default())
+    warren_tests::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
         .await
         .expect("confirms");
     declare(&ch, "confirmed").await;
@@ -185,7 +185,7 @@ async fn invalid_exchange_type_is_a_connection_error_503() {
 async fn publishing_to_a_missing_exchange_closes_the_channel_with_404() {
     let b = start().await;
     let (conn, ch) = b.channel().await;
-    ch.confirm_select(Default::default())
+    warren_tests::bounded_as("confirm.select-ok", ch.confirm_select(Default::default()))
         .await
         .expect("confirms");
     let res = bounded(async {

@@ -81,9 +81,13 @@ async fn purge_and_conditional_delete() {
     .await
     .expect_err("not empty");
     assert_eq!(code(&err), 406);
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     let _consumer = consume(&ch, "p", false).await;
-    let ch2 = conn.create_channel().await.expect("channel");
+    let ch2 = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     let err = bounded(ch2.queue_delete(
         "p".into(),
         QueueDeleteOptions {
@@ -94,7 +98,9 @@ async fn purge_and_conditional_delete() {
     .await
     .expect_err("in use");
     assert_eq!(code(&err), 406);
-    let ch3 = conn.create_channel().await.expect("channel");
+    let ch3 = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     let count = bounded(ch3.queue_delete("p".into(), Default::default()))
         .await
         .expect("delete");
@@ -187,7 +193,9 @@ async fn durable_redeclare_must_match() {
         .await
         .expect_err("inequivalent");
     assert_eq!(code(&err), 406);
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     let err = bounded(ch.queue_declare(
         "amq.reserved".into(),
         Default::default(),

@@ -17,47 +17,64 @@ async fn smoke() {
         Arc::new(Default::default()),
         rx,
     ));
-    let conn = Connection::connect(
-        &format!("amqp://{addr}/%2f"),
-        ConnectionProperties::default(),
+    let conn = warren_tests::bounded_as(
+        "connection.open-ok",
+        Connection::connect(
+            &format!("amqp://{addr}/%2f"),
+            ConnectionProperties::default(),
+        ),
     )
     .await
     .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
+    let ch = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
         .await
         .unwrap();
-    let q = ch
-        .queue_declare(
+    warren_tests::bounded_as(
+        "confirm.select-ok",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    let q = warren_tests::bounded_as(
+        "queue.declare answer",
+        ch.queue_declare(
             "".into(),
             QueueDeclareOptions::default(),
             FieldTable::default(),
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     println!("declared {:?}", q.name());
-    let mut consumer = ch
-        .basic_consume(
+    let mut consumer = warren_tests::bounded_as(
+        "basic.consume answer",
+        ch.basic_consume(
             q.name().clone(),
             "".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    for i in 0..1000u32 {
+        let c = warren_tests::bounded_as(
+            "publisher confirm",
+            warren_tests::bounded_as(
+                "basic.publish sent (held while the connection is blocked)",
+                ch.basic_publish(
+                    "".into(),
+                    q.name().clone(),
+                    BasicPublishOptions::default(),
+                    &i.to_be_bytes(),
+                    BasicProperties::default(),
+                ),
+            )
+            .await
+            .unwrap(),
         )
         .await
         .unwrap();
-    for i in 0..1000u32 {
-        let c = ch
-            .basic_publish(
-                "".into(),
-                q.name().clone(),
-                BasicPublishOptions::default(),
-                &i.to_be_bytes(),
-                BasicProperties::default(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
         assert!(c.is_ack());
     }
     for i in 0..1000u32 {
@@ -70,13 +87,18 @@ async fn smoke() {
         d.ack(BasicAckOptions::default()).await.unwrap();
     }
     let big = vec![7u8; 1_000_000];
-    let ch2 = conn.create_channel().await.unwrap();
-    ch2.basic_publish(
-        "".into(),
-        q.name().clone(),
-        BasicPublishOptions::default(),
-        &big,
-        BasicProperties::default().with_content_type("x/y".into()),
+    let ch2 = warren_tests::bounded_as("channel.open-ok", conn.create_channel())
+        .await
+        .unwrap();
+    warren_tests::bounded_as(
+        "basic.publish sent (held while the connection is blocked)",
+        ch2.basic_publish(
+            "".into(),
+            q.name().clone(),
+            BasicPublishOptions::default(),
+            &big,
+            BasicProperties::default().with_content_type("x/y".into()),
+        ),
     )
     .await
     .unwrap();
@@ -103,5 +125,7 @@ async fn smoke() {
         .unwrap_err();
     println!("passive error: {err}");
     assert!(conn.status().connected());
-    conn.close(200, "bye".into()).await.unwrap();
+    warren_tests::bounded_as("close-ok", conn.close(200, "bye".into()))
+        .await
+        .unwrap();
 }

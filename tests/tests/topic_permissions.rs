@@ -59,7 +59,11 @@ async fn spy(broker: &BrokerHandle) {
 }
 
 async fn publish_confirmed(c: lapin::Channel, exchange: &str, key: &str) -> lapin::Result<()> {
-    c.confirm_select(ConfirmSelectOptions::default()).await?;
+    warren_tests::bounded_as(
+        "confirm.select-ok",
+        c.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?;
     c.basic_publish(
         exchange.into(),
         key.into(),
@@ -286,18 +290,22 @@ async fn mqtt_5_refusals_carry_0x87() {
             SubscribeReasonCode::Success(Q::AtMostOnce),
         ]
     );
-    dev.client
-        .publish("other/a", Q::AtMostOnce, false, "no 0")
-        .await
-        .expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        dev.client.publish("other/a", Q::AtMostOnce, false, "no 0"),
+    )
+    .await
+    .expect("queue");
     assert_eq!(
         puback_reason(&mut dev, "other/a", "no 1").await,
         PubAckReason::NotAuthorized
     );
-    dev.client
-        .publish("other/a", Q::ExactlyOnce, false, "no 2")
-        .await
-        .expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        dev.client.publish("other/a", Q::ExactlyOnce, false, "no 2"),
+    )
+    .await
+    .expect("queue");
     let reason = dev
         .wait(|p| match p {
             Packet::PubRec(a) => Some(a.reason),
@@ -328,7 +336,12 @@ async fn mqtt_5_unsubscribe_of_a_now_refused_filter_gets_0x87() {
     let (mut c, _) = m.connect5_with(o.clone()).await;
     c.subscribe("old/#", Q::AtLeastOnce).await;
     c.subscribe("new/#", Q::AtLeastOnce).await;
-    c.client.disconnect().await.expect("queue disconnect");
+    warren_tests::bounded_as(
+        "room in the client queue for DISCONNECT",
+        c.client.disconnect(),
+    )
+    .await
+    .expect("queue disconnect");
     c.closed().await;
     admin(
         &m.amqp.broker,
@@ -337,8 +350,18 @@ async fn mqtt_5_unsubscribe_of_a_now_refused_filter_gets_0x87() {
     .await;
     let (mut c, ack) = m.connect5_with(o).await;
     assert!(ack.session_present);
-    c.client.unsubscribe("old/#").await.expect("queue");
-    c.client.unsubscribe("new/#").await.expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for UNSUBSCRIBE",
+        c.client.unsubscribe("old/#"),
+    )
+    .await
+    .expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for UNSUBSCRIBE",
+        c.client.unsubscribe("new/#"),
+    )
+    .await
+    .expect("queue");
     for want in [UnsubAckReason::NotAuthorized, UnsubAckReason::Success] {
         let got = c
             .wait(|p| match p {
@@ -349,10 +372,12 @@ async fn mqtt_5_unsubscribe_of_a_now_refused_filter_gets_0x87() {
         assert_eq!(got, [want]);
     }
     // Still connected, and the kept subscription still delivers.
-    c.client
-        .publish("old/x", Q::AtLeastOnce, false, "kept")
-        .await
-        .expect("queue");
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        c.client.publish("old/x", Q::AtLeastOnce, false, "kept"),
+    )
+    .await
+    .expect("queue");
     let reason = c
         .wait(|p| match p {
             Packet::PubAck(a) => Some(a.reason),
@@ -369,15 +394,17 @@ async fn puback_reason(
     topic: &str,
     payload: &'static str,
 ) -> rumqttc::v5::mqttbytes::v5::PubAckReason {
-    dev.client
-        .publish(
+    warren_tests::bounded_as(
+        "room in the client queue for PUBLISH",
+        dev.client.publish(
             topic,
             rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
             false,
             payload,
-        )
-        .await
-        .expect("queue");
+        ),
+    )
+    .await
+    .expect("queue");
     dev.wait(|p| match p {
         rumqttc::v5::mqttbytes::v5::Packet::PubAck(a) => Some(a.reason),
         _ => None,

@@ -46,18 +46,30 @@ struct Raw<S = TcpStream> {
 impl Raw {
     async fn connect(addr: std::net::SocketAddr) -> Raw {
         Raw {
-            s: TcpStream::connect(addr).await.expect("connect"),
+            s: warren_tests::bounded_as("TCP connect", TcpStream::connect(addr))
+                .await
+                .expect("connect"),
             buf: BytesMut::new(),
         }
     }
 
     async fn start_ok(addr: std::net::SocketAddr, password: &str) -> Raw {
-        let s = TcpStream::connect(addr).await.expect("connect");
+        let s = warren_tests::bounded_as("TCP connect", TcpStream::connect(addr))
+            .await
+            .expect("connect");
         Raw::start_ok_on(s, password).await
     }
 
     async fn open(addr: std::net::SocketAddr) -> Raw {
-        Raw::open_on(TcpStream::connect(addr).await.expect("connect")).await
+        warren_tests::bounded_as(
+            "TCP connect",
+            Raw::open_on(
+                warren_tests::bounded_as("TCP connect", TcpStream::connect(addr))
+                    .await
+                    .expect("connect"),
+            ),
+        )
+        .await
     }
 }
 
@@ -72,20 +84,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         self.send(AMQPFrame::Method(ch, m)).await;
     }
 
-    /// The next frame from the server, skipping heartbeats; None when the socket closed.
-    async fn recv(&mut self) -> Option<Frame> {
-        loop {
-            match codec::decode(&mut self.buf, 1 << 20).expect("server frames decode") {
-                Some(Frame::Heartbeat(_)) => continue,
-                Some(f) => return Some(f),
-                None => {}
-            }
-            let n = tokio::time::timeout(T, self.s.read_buf(&mut self.buf))
-                .await
-                .expect("server answers in time")
-                .unwrap_or(0);
-            if n == 0 {
-                return None;
+    /// The next frame from the server, skipping heartbeats; None when the socket closed. A
+    /// plain fn (not `async`) so that `#[track_caller]` holds: a timeout names the caller.
+    #[track_caller]
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<Frame>> + '_ {
+        let at = std::panic::Location::caller();
+        async move {
+            loop {
+                match codec::decode(&mut self.buf, 1 << 20).expect("server frames decode") {
+                    Some(Frame::Heartbeat(_)) => continue,
+                    Some(f) => return Some(f),
+                    None => {}
+                }
+                let n = tokio::time::timeout(T, self.s.read_buf(&mut self.buf))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("no frame from the server within {T:?} (awaited at {at})")
+                    })
+                    .unwrap_or(0);
+                if n == 0 {
+                    return None;
+                }
             }
         }
     }
@@ -769,10 +788,12 @@ async fn a_consumer_behind_a_full_socket_gets_every_delivery_and_its_window_back
     let b = warren_tests::start().await;
     let (_pc, publisher) = b.channel().await;
     warren_tests::declare(&publisher, "window").await;
-    publisher
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirms");
+    warren_tests::bounded_as(
+        "confirm.select-ok",
+        publisher.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirms");
     // The consumer's socket reads nothing until told: a small receive buffer, so the
     // broker's side fills quickly.
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");

@@ -47,6 +47,24 @@ impl Served {
     }
 }
 
+/// Makes the started process die with the thread that starts it (Linux's
+/// `PR_SET_PDEATHSIG`): a test that fails (a bounded wait that panics, say) before it kills
+/// its broker ends that broker with its own thread instead of leaving it running for the
+/// rest of the run. Tests start their brokers on the test's own thread, which lives as long
+/// as the test.
+pub fn dies_with_test(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl(2) is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Starts `warren serve` on `dir` with AMQP (and, if `mqtt`, MQTT) on free loopback
 /// ports, plus `args`; waits until it logs them. The HTTP API and Prometheus listeners
 /// and stream listeners are off unless `args` name them (their default ports would collide between tests).
@@ -63,7 +81,7 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
             off.extend([flag, "none"]);
         }
     }
-    let mut child = Command::new(BIN)
+    let mut child = dies_with_test(&mut Command::new(BIN))
         .args([
             "serve",
             "--amqp",
@@ -192,6 +210,28 @@ pub fn mqtt_connect(port: u16, client_id: &str) -> TcpStream {
     s
 }
 
+/// The exit status of `child`, waited for up to `within` after `what` (a signal, say): a
+/// broker that does not stop is killed and the test fails naming the wait instead of
+/// hanging in `Child::wait`.
+pub fn exited(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "warren (pid {}) did not exit within {within:?} of {what}",
+                    child.id()
+                );
+            }
+            Err(e) => panic!("waiting for warren (pid {}): {e}", child.id()),
+        }
+    }
+}
+
 /// Polls `f` until it returns `Some`, for up to 5 s.
 pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -204,22 +244,44 @@ pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// `f` within 10 s (the AMQP tests' bound on each client step).
-pub async fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(10), f)
-        .await
-        .expect("in time")
+/// The AMQP and MQTT tests' bound on each client step. It names a hang, it does not time
+/// the broker: generous, because CI machines are small and loaded (a step that pages a
+/// backlog to disk or waits on a restart can take seconds there).
+pub const STEP: Duration = Duration::from_secs(30);
+
+/// `f` within [`STEP`]. A plain fn (not `async`) so that `#[track_caller]` holds: the panic
+/// names the test's line, that is what was waited for.
+#[track_caller]
+pub fn bounded<F: std::future::Future>(f: F) -> impl std::future::Future<Output = F::Output> {
+    bounded_as("answer", f)
+}
+
+/// `f` within [`STEP`]; the panic names `what` and the caller's line.
+#[track_caller]
+pub fn bounded_as<F: std::future::Future>(
+    what: impl std::fmt::Display,
+    f: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let at = std::panic::Location::caller();
+    async move {
+        match tokio::time::timeout(STEP, f).await {
+            Ok(v) => v,
+            Err(_) => panic!("no {what} within {STEP:?} (awaited at {at})"),
+        }
+    }
 }
 
 /// A lapin connection to the broker's AMQP `port` as guest, with one channel.
 pub async fn channel(port: u16) -> (lapin::Connection, lapin::Channel) {
     let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let c = bounded(lapin::Connection::connect(
-        &uri,
-        lapin::ConnectionProperties::default(),
-    ))
+    let c = bounded_as(
+        "connection.open-ok",
+        lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+    )
     .await
     .expect("connect");
-    let ch = bounded(c.create_channel()).await.expect("channel");
+    let ch = bounded_as("channel.open-ok", c.create_channel())
+        .await
+        .expect("channel");
     (c, ch)
 }

@@ -163,14 +163,45 @@ pub async fn amqp_channel(node: &Node) -> (lapin::Connection, lapin::Channel) {
     )
     .await
     .unwrap_or_else(|e| panic!("{}: connect: {e}", node.name));
-    let ch = conn.create_channel().await.expect("channel");
+    let ch = answered("channel.open-ok", conn.create_channel())
+        .await
+        .expect("channel");
     (conn, ch)
 }
 
-pub async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no answer in {WAIT:?}"))
+/// How long a client step on a node may take: well above the nodes' own wait for the
+/// cluster (`WARREN_CLUSTER_WAIT`, [`WAIT`]), so that a slow election or a partition shows as
+/// the broker's own error, and only a step left unanswered as our timeout.
+pub const STEP: Duration = Duration::from_secs(60);
+
+/// `f` within [`STEP`]; the panic names `what` and the caller's line (a plain fn, not
+/// `async`, so that `#[track_caller]` holds).
+#[track_caller]
+pub fn answered<T>(
+    what: &str,
+    f: impl std::future::Future<Output = T>,
+) -> impl std::future::Future<Output = T> {
+    let at = std::panic::Location::caller();
+    async move {
+        tokio::time::timeout(STEP, f)
+            .await
+            .unwrap_or_else(|_| panic!("no {what} in {STEP:?} (awaited at {at})"))
+    }
+}
+
+/// `f` within [`WAIT`]; the panic names `what` and the caller's line (a plain fn, not
+/// `async`, so that `#[track_caller]` holds).
+#[track_caller]
+pub fn bounded<T>(
+    what: &str,
+    f: impl std::future::Future<Output = T>,
+) -> impl std::future::Future<Output = T> {
+    let at = std::panic::Location::caller();
+    async move {
+        tokio::time::timeout(WAIT, f)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer in {WAIT:?} (awaited at {at})"))
+    }
 }
 
 /// Node `i`'s `warren ctl cluster-status`, if it answers.
