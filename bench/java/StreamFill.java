@@ -8,6 +8,9 @@
 // per Publish frame either way).
 // With -Dbroker.pid=PID it also prints the broker's CPU time per message over each fill (user +
 // system from /proc/PID/stat: the clients, not the broker, bound the rates on a small machine).
+// With -Dfill.delete=true each stream is deleted after its cell (as `warren-bench stream
+// publish` does): the next cell writes into the page-cache pages it freed, not into pages this
+// VM may have returned to the host (bench/stream-publish.sh, WARM, says why that matters).
 // Usage (compiled with BrokerCpu.java): java -cp "LIB/*:CLASSES" StreamFill HOST PORT COUNT LABEL SIZES CHUNKS [exact]
 import com.rabbitmq.stream.Environment;
 import com.rabbitmq.stream.Producer;
@@ -61,6 +64,7 @@ public class StreamFill {
           System.out.printf(
               "fill    %-20s %10.0f msg/s published with confirms %s%n", stream, count / secs, label);
           BrokerCpu.print("fill", stream, cpu0, cpu1, count, label);
+          if (Boolean.getBoolean("fill.delete")) env.deleteStream(stream);
         }
       }
     }

@@ -1,18 +1,20 @@
 //! One stream-protocol connection: the tokio shell around [`Session`]. Reads bytes into the
-//! session, writes what it produces, awaits its [`Wait`]s on the backend (one task each; the
-//! session keeps at most one per stream and one per subscription outstanding) and runs its
-//! timer. Stops reading while the session says so (back-pressure).
+//! session, writes what it produces, awaits its [`Wait`]s on the backend (futures this task
+//! polls itself; the session keeps at most one per stream and one per subscription
+//! outstanding) and runs its timer. Stops reading while the session says so (back-pressure).
 
 use crate::backend::{PeerInfo, StreamBackend, StreamError};
 use crate::session::{OutPart, Session, StreamConfig, Wait};
 use bytes::BytesMut;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::future::Future;
 use std::os::unix::fs::FileExt;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
+use tokio::sync::watch;
 use warren_runtime::sendfile;
 
 /// Unix time in ms: the session's clock (chunk timestamps, heartbeats).
@@ -51,13 +53,10 @@ enum Done {
     },
 }
 
-fn spawn_wait<B: StreamBackend>(
-    tasks: &mut JoinSet<()>,
-    backend: &Arc<B>,
-    wait: Wait,
-    tx: &mpsc::Sender<Done>,
-) {
-    let tx = tx.clone();
+/// A wait in flight: polled by the connection's own task (see [`serve_connection`]).
+type WaitFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+fn wait_future<B: StreamBackend>(backend: &Arc<B>, wait: Wait) -> WaitFuture {
     match wait {
         Wait::Durable {
             vhost,
@@ -65,17 +64,14 @@ fn spawn_wait<B: StreamBackend>(
             offset,
         } => {
             let fut = backend.wait_durable(&vhost, &stream, offset);
-            tasks.spawn(async move {
-                let result = fut.await;
-                let _ = tx
-                    .send(Done::Durable {
-                        vhost,
-                        stream,
-                        offset,
-                        result,
-                    })
-                    .await;
-            });
+            Box::pin(async move {
+                Done::Durable {
+                    result: fut.await,
+                    vhost,
+                    stream,
+                    offset,
+                }
+            })
         }
         Wait::Data {
             vhost,
@@ -85,16 +81,13 @@ fn spawn_wait<B: StreamBackend>(
             generation,
         } => {
             let fut = backend.wait_data(&vhost, &stream, from);
-            tasks.spawn(async move {
-                let result = fut.await;
-                let _ = tx
-                    .send(Done::Data {
-                        subscription_id,
-                        generation,
-                        result,
-                    })
-                    .await;
-            });
+            Box::pin(async move {
+                Done::Data {
+                    result: fut.await,
+                    subscription_id,
+                    generation,
+                }
+            })
         }
     }
 }
@@ -206,11 +199,13 @@ pub async fn serve_connection<S, B>(
 {
     let addr = peer.addr.clone();
     let zero_copy = config.zero_copy;
-    // Outstanding waits are bounded by the session (one per stream with unconfirmed
-    // messages, one per subscription), so this channel never holds more than that.
-    let cap = config.max_subscriptions + config.max_publishers + 16;
-    let (tx, mut rx) = mpsc::channel::<Done>(cap);
-    let mut tasks = JoinSet::new();
+    // The waits are this task's own futures, not tasks of their own that report over a
+    // channel: a group commit then wakes this task once, where a waiting task woke, sent and
+    // woke this one (two scheduler hops, often a parked worker woken for each; with a
+    // publisher that leaves the broker idle between its writes, as the Java client does,
+    // those wake-ups were a large part of the broker's CPU per message). Bounded by the
+    // session: one per stream with unconfirmed messages, one per subscription.
+    let mut waits: FuturesUnordered<WaitFuture> = FuturesUnordered::new();
     let mut session = Session::new(backend.clone(), config, peer, now_ms());
     let mailbox = session.mailbox();
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
@@ -221,7 +216,7 @@ pub async fn serve_connection<S, B>(
     let mut closed_by_session = false;
     loop {
         for w in session.take_waits() {
-            spawn_wait(&mut tasks, &backend, w, &tx);
+            waits.push(wait_future(&backend, w));
         }
         if session.has_output() {
             let out = session.take_output();
@@ -250,7 +245,6 @@ pub async fn serve_connection<S, B>(
             closed_by_session = true;
             break;
         }
-        while tasks.try_join_next().is_some() {}
         if rbuf.is_empty() && rbuf.capacity() > READ_CHUNK {
             // A frame up to the frame-max made it grow: released once it is consumed.
             rbuf = BytesMut::new();
@@ -276,7 +270,7 @@ pub async fn serve_connection<S, B>(
                     }
                 }
             }
-            Some(done) = rx.recv() => match done {
+            Some(done) = waits.next(), if !waits.is_empty() => match done {
                 Done::Durable { vhost, stream, offset, result } => {
                     session.durable(&vhost, &stream, offset, result)
                 }
@@ -296,7 +290,7 @@ pub async fn serve_connection<S, B>(
             }
         }
     }
-    tasks.abort_all();
+    drop(waits);
     let _ = tokio::time::timeout(CLOSE_WRITE_TIMEOUT, stream.shutdown()).await;
     if closed_by_session {
         let bound = if shutting_down {
