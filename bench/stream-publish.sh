@@ -23,6 +23,7 @@
 #   CLIENT=java: RabbitMQ's Java stream client publishes instead (bench/java/StreamFill.java,
 #   one producer per cell, batch size = BATCHES, 20,000 unconfirmed; PUBLISHERS is ignored;
 #   jars in JAVA_LIB, default target/stream-java/lib): what users' clients cost the broker.
+#   JAVA_WARMUP (default 200000): messages published, unreported, before the first cell.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-300000}
@@ -52,7 +53,7 @@ if [ "${CLIENT:-}" = java ]; then
 fi
 publish() {  # PORT BROKER_PID LABEL
   if [ "${CLIENT:-}" = java ]; then
-    java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dbroker.pid="$2" -Dfill.delete=true -cp "$lib/*:$data.classes" \
+    java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dbroker.pid="$2" -Dfill.delete=true -Dfill.warmup="${JAVA_WARMUP:-200000}" -cp "$lib/*:$data.classes" \
       StreamFill 127.0.0.1 "$1" "$n" "$3 (java)" "$sizes" "$batches"
     return
   fi
