@@ -6,7 +6,9 @@
 use crate::backend::{PeerInfo, StreamBackend, StreamError};
 use crate::session::{OutPart, Session, StreamConfig, Wait};
 use bytes::BytesMut;
+use futures_util::future::{AbortHandle, abortable};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::HashMap;
 use std::future::Future;
 use std::os::unix::fs::FileExt;
 use std::pin::Pin;
@@ -53,41 +55,81 @@ enum Done {
     },
 }
 
-/// A wait in flight: polled by the connection's own task (see [`serve_connection`]).
-type WaitFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
+/// A wait in flight: polled by the connection's own task (see [`serve_connection`]);
+/// `None` when it was cancelled.
+type WaitFuture = Pin<Box<dyn Future<Output = Option<Done>> + Send>>;
 
-fn wait_future<B: StreamBackend>(backend: &Arc<B>, wait: Wait) -> WaitFuture {
-    match wait {
-        Wait::Durable {
-            vhost,
-            stream,
-            offset,
-        } => {
-            let fut = backend.wait_durable(&vhost, &stream, offset);
-            Box::pin(async move {
-                Done::Durable {
-                    result: fut.await,
-                    vhost,
-                    stream,
-                    offset,
-                }
-            })
+/// A connection's waits, polled by its own task. Bounded: the session keeps at most one
+/// durability wait per stream it publishes to, and one data wait per subscription; a data
+/// wait it left behind (the subscription was cancelled or replaced while waiting at the end of
+/// an idle stream: its generation is stale) is aborted when the next one for the same
+/// subscription id comes, rather than kept until data arrives that may never come.
+struct Waits {
+    futures: FuturesUnordered<WaitFuture>,
+    data: HashMap<u8, AbortHandle>,
+}
+
+impl Waits {
+    fn new() -> Waits {
+        Waits {
+            futures: FuturesUnordered::new(),
+            data: HashMap::new(),
         }
-        Wait::Data {
-            vhost,
-            stream,
-            from,
-            subscription_id,
-            generation,
-        } => {
-            let fut = backend.wait_data(&vhost, &stream, from);
-            Box::pin(async move {
-                Done::Data {
-                    result: fut.await,
-                    subscription_id,
-                    generation,
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.futures.len()
+    }
+
+    fn push<B: StreamBackend>(&mut self, backend: &Arc<B>, wait: Wait) {
+        match wait {
+            Wait::Durable {
+                vhost,
+                stream,
+                offset,
+            } => {
+                let fut = backend.wait_durable(&vhost, &stream, offset);
+                self.futures.push(Box::pin(async move {
+                    Some(Done::Durable {
+                        result: fut.await,
+                        vhost,
+                        stream,
+                        offset,
+                    })
+                }));
+            }
+            Wait::Data {
+                vhost,
+                stream,
+                from,
+                subscription_id,
+                generation,
+            } => {
+                let (fut, handle) = abortable(backend.wait_data(&vhost, &stream, from));
+                if let Some(stale) = self.data.insert(subscription_id, handle) {
+                    stale.abort();
                 }
-            })
+                self.futures.push(Box::pin(async move {
+                    let result = fut.await.ok()?;
+                    Some(Done::Data {
+                        result,
+                        subscription_id,
+                        generation,
+                    })
+                }));
+            }
+        }
+    }
+
+    /// The next wait done (cancelled ones skipped); pending while none is.
+    async fn next(&mut self) -> Done {
+        loop {
+            match self.futures.next().await {
+                Some(Some(done)) => return done,
+                Some(None) => continue,
+                None => std::future::pending().await,
+            }
         }
     }
 }
@@ -205,7 +247,7 @@ pub async fn serve_connection<S, B>(
     // publisher that leaves the broker idle between its writes, as the Java client does,
     // those wake-ups were a large part of the broker's CPU per message). Bounded by the
     // session: one per stream with unconfirmed messages, one per subscription.
-    let mut waits: FuturesUnordered<WaitFuture> = FuturesUnordered::new();
+    let mut waits = Waits::new();
     let mut session = Session::new(backend.clone(), config, peer, now_ms());
     let mailbox = session.mailbox();
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
@@ -216,7 +258,7 @@ pub async fn serve_connection<S, B>(
     let mut closed_by_session = false;
     loop {
         for w in session.take_waits() {
-            waits.push(wait_future(&backend, w));
+            waits.push(&backend, w);
         }
         if session.has_output() {
             let out = session.take_output();
@@ -270,7 +312,7 @@ pub async fn serve_connection<S, B>(
                     }
                 }
             }
-            Some(done) = waits.next(), if !waits.is_empty() => match done {
+            done = waits.next() => match done {
                 Done::Durable { vhost, stream, offset, result } => {
                     session.durable(&vhost, &stream, offset, result)
                 }
@@ -319,4 +361,58 @@ async fn drain_input<S: Transport>(stream: &mut S, mut buf: BytesMut, bound: Dur
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+
+    fn data_wait(subscription_id: u8, generation: u64) -> Wait {
+        Wait::Data {
+            vhost: "/".into(),
+            stream: "idle".into(),
+            from: 0,
+            subscription_id,
+            generation,
+        }
+    }
+
+    /// A client that subscribes and unsubscribes over and over at the end of an idle stream
+    /// leaves a data wait behind each time: only the newest per subscription id is kept.
+    #[tokio::test]
+    async fn stale_data_waits_are_dropped_not_kept_until_data_comes() {
+        let backend = Arc::new(MemoryBackend::new());
+        backend.create_stream("/", "idle", &[]).unwrap();
+        let mut waits = Waits::new();
+        for generation in 0..1000 {
+            waits.push(&backend, data_wait(7, generation));
+        }
+        waits.push(&backend, data_wait(8, 0));
+        // Polling drains the aborted ones; the two live ones wait for data.
+        let polled = tokio::time::timeout(Duration::from_millis(50), waits.next()).await;
+        assert!(polled.is_err(), "no data yet: nothing done");
+        assert_eq!(waits.len(), 2, "one wait per subscription id");
+        backend.delete_stream("/", "idle").unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            match tokio::time::timeout(Duration::from_secs(5), waits.next()).await {
+                Ok(Done::Data {
+                    subscription_id,
+                    generation,
+                    result,
+                }) => got.push((subscription_id, generation, result)),
+                Ok(Done::Durable { .. }) => panic!("no durability wait was pushed"),
+                Err(_) => panic!("the deletion ends every live wait within 5 s"),
+            }
+        }
+        got.sort_by_key(|g| g.0);
+        assert_eq!(
+            got,
+            vec![
+                (7, 999, Err(StreamError::DoesNotExist)),
+                (8, 0, Err(StreamError::DoesNotExist)),
+            ]
+        );
+    }
 }
