@@ -20,6 +20,10 @@
 #   GB/s; into pages freed just before: 3.5-5.6 GB/s, 2026-11-25). Without the warm-up the
 #   broker that runs after another's deleted streams gets the cheap pages and the other the
 #   dear ones: at 1 KB that alone moves a broker's rate by 2x or more.
+#   CLIENT=java: RabbitMQ's Java stream client publishes instead (bench/java/StreamFill.java,
+#   one producer per cell, batch size = BATCHES, 20,000 unconfirmed; PUBLISHERS is ignored;
+#   jars in JAVA_LIB, default target/stream-java/lib): what users' clients cost the broker.
+#   JAVA_WARMUP (default 200000): messages published, unreported, before the first cell.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-300000}
@@ -43,7 +47,16 @@ stop_rmq() {
   rm -rf "$rmq"; rmq=
 }
 trap 'stop; stop_rmq; rm -rf "$data" "$data".*' EXIT
+lib=${JAVA_LIB:-target/stream-java/lib}
+if [ "${CLIENT:-}" = java ]; then
+  javac -nowarn -cp "$lib/*" -d "$data.classes" bench/java/StreamFill.java bench/java/BrokerCpu.java
+fi
 publish() {  # PORT BROKER_PID LABEL
+  if [ "${CLIENT:-}" = java ]; then
+    java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dbroker.pid="$2" -Dfill.delete=true -Dfill.warmup="${JAVA_WARMUP:-200000}" -cp "$lib/*:$data.classes" \
+      StreamFill 127.0.0.1 "$1" "$n" "$3 (java)" "$sizes" "$batches"
+    return
+  fi
   "$bench" stream publish --port "$1" --broker-pid "$2" --messages "$n" --sizes "$sizes" \
     --chunks "$batches" --publishers "$publishers" --in-flight "${IN_FLIGHT:-20000}" --label "$3"
 }

@@ -204,6 +204,69 @@ async fn kill_9_keeps_confirmed_messages_offsets_stored_offsets_and_deduplicatio
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--fsync off` (the like-for-like setting against RabbitMQ, whose streams never fsync):
+/// the group commit then skips its blocking thread and the connection polls its waits
+/// itself. Confirms still come only after the bytes are written to the segment file, so a
+/// kill -9 of the broker (not of the machine: the page cache survives) keeps every confirmed
+/// message, and a subscriber waiting at the end of the stream is woken for each commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_off_confirms_after_the_write_and_wakes_waiting_subscribers() {
+    let dir = data_dir("fsync-off");
+    let args = ["--stream", "127.0.0.1:0", "--fsync", "off"];
+    let served = Broker(common::serve(&dir, false, &args));
+    let port = served.0.stream.expect("stream port logged");
+    let env1 = env(port).await;
+    env1.stream_creator().create("nosync").await.unwrap();
+    // Subscribed before anything is published: it waits at the end of the stream.
+    let mut live = env1
+        .consumer()
+        .offset(OffsetSpecification::Next)
+        .build("nosync")
+        .await
+        .unwrap();
+    let producer = env1
+        .producer()
+        .batch_size(100)
+        .build("nosync")
+        .await
+        .unwrap();
+    const N: u64 = 20_000;
+    for start in (0..N).step_by(2000) {
+        let confirmed = tokio::time::timeout(
+            Duration::from_secs(30),
+            publish(&producer, start..start + 2000, 500),
+        )
+        .await
+        .expect("confirms within 30 s");
+        assert_eq!(confirmed, 2000);
+        // Every commit reaches the waiting subscriber, not only the first.
+        let got = take(&mut live, 2000).await;
+        assert_eq!(got.first().map(|g| g.0), Some(start));
+        assert_eq!(got.last().map(|g| g.1.clone()), Some(body(start + 1999)));
+    }
+    // SIGKILL (the drop): no shutdown, no flush of anything but what was written.
+    drop(served);
+    drop((live, producer, env1));
+
+    let served = Broker(common::serve(&dir, false, &args));
+    let port = served.0.stream.expect("stream port logged");
+    let env2 = env(port).await;
+    let mut c = env2
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build("nosync")
+        .await
+        .unwrap();
+    let got = take(&mut c, N as usize).await;
+    for (i, (offset, data)) in got.iter().enumerate() {
+        assert_eq!(*offset, i as u64, "offsets unchanged");
+        assert_eq!(data, &body(i as u64), "every confirmed message kept");
+    }
+    c.handle().close().await.unwrap();
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// User and tracking chunks a stream's segments hold, from their index files (a 24-byte
 /// header, then 32 bytes per chunk: docs/storage.md).
 fn chunks_on_disk(dir: &std::path::Path, stream: &str) -> u64 {

@@ -1,18 +1,22 @@
 //! One stream-protocol connection: the tokio shell around [`Session`]. Reads bytes into the
-//! session, writes what it produces, awaits its [`Wait`]s on the backend (one task each; the
-//! session keeps at most one per stream and one per subscription outstanding) and runs its
-//! timer. Stops reading while the session says so (back-pressure).
+//! session, writes what it produces, awaits its [`Wait`]s on the backend (futures this task
+//! polls itself; the session keeps at most one per stream and one per subscription
+//! outstanding) and runs its timer. Stops reading while the session says so (back-pressure).
 
 use crate::backend::{PeerInfo, StreamBackend, StreamError};
 use crate::session::{OutPart, Session, StreamConfig, Wait};
 use bytes::BytesMut;
+use futures_util::future::{AbortHandle, abortable};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::HashMap;
+use std::future::Future;
 use std::os::unix::fs::FileExt;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
+use tokio::sync::watch;
 use warren_runtime::sendfile;
 
 /// Unix time in ms: the session's clock (chunk timestamps, heartbeats).
@@ -51,50 +55,81 @@ enum Done {
     },
 }
 
-fn spawn_wait<B: StreamBackend>(
-    tasks: &mut JoinSet<()>,
-    backend: &Arc<B>,
-    wait: Wait,
-    tx: &mpsc::Sender<Done>,
-) {
-    let tx = tx.clone();
-    match wait {
-        Wait::Durable {
-            vhost,
-            stream,
-            offset,
-        } => {
-            let fut = backend.wait_durable(&vhost, &stream, offset);
-            tasks.spawn(async move {
-                let result = fut.await;
-                let _ = tx
-                    .send(Done::Durable {
+/// A wait in flight: polled by the connection's own task (see [`serve_connection`]);
+/// `None` when it was cancelled.
+type WaitFuture = Pin<Box<dyn Future<Output = Option<Done>> + Send>>;
+
+/// A connection's waits, polled by its own task. Bounded: the session keeps at most one
+/// durability wait per stream it publishes to, and one data wait per subscription; a data
+/// wait it left behind (the subscription was cancelled or replaced while waiting at the end of
+/// an idle stream: its generation is stale) is aborted when the next one for the same
+/// subscription id comes, rather than kept until data arrives that may never come.
+struct Waits {
+    futures: FuturesUnordered<WaitFuture>,
+    data: HashMap<u8, AbortHandle>,
+}
+
+impl Waits {
+    fn new() -> Waits {
+        Waits {
+            futures: FuturesUnordered::new(),
+            data: HashMap::new(),
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.futures.len()
+    }
+
+    fn push<B: StreamBackend>(&mut self, backend: &Arc<B>, wait: Wait) {
+        match wait {
+            Wait::Durable {
+                vhost,
+                stream,
+                offset,
+            } => {
+                let fut = backend.wait_durable(&vhost, &stream, offset);
+                self.futures.push(Box::pin(async move {
+                    Some(Done::Durable {
+                        result: fut.await,
                         vhost,
                         stream,
                         offset,
-                        result,
                     })
-                    .await;
-            });
-        }
-        Wait::Data {
-            vhost,
-            stream,
-            from,
-            subscription_id,
-            generation,
-        } => {
-            let fut = backend.wait_data(&vhost, &stream, from);
-            tasks.spawn(async move {
-                let result = fut.await;
-                let _ = tx
-                    .send(Done::Data {
+                }));
+            }
+            Wait::Data {
+                vhost,
+                stream,
+                from,
+                subscription_id,
+                generation,
+            } => {
+                let (fut, handle) = abortable(backend.wait_data(&vhost, &stream, from));
+                if let Some(stale) = self.data.insert(subscription_id, handle) {
+                    stale.abort();
+                }
+                self.futures.push(Box::pin(async move {
+                    let result = fut.await.ok()?;
+                    Some(Done::Data {
+                        result,
                         subscription_id,
                         generation,
-                        result,
                     })
-                    .await;
-            });
+                }));
+            }
+        }
+    }
+
+    /// The next wait done (cancelled ones skipped); pending while none is.
+    async fn next(&mut self) -> Done {
+        loop {
+            match self.futures.next().await {
+                Some(Some(done)) => return done,
+                Some(None) => continue,
+                None => std::future::pending().await,
+            }
         }
     }
 }
@@ -206,11 +241,13 @@ pub async fn serve_connection<S, B>(
 {
     let addr = peer.addr.clone();
     let zero_copy = config.zero_copy;
-    // Outstanding waits are bounded by the session (one per stream with unconfirmed
-    // messages, one per subscription), so this channel never holds more than that.
-    let cap = config.max_subscriptions + config.max_publishers + 16;
-    let (tx, mut rx) = mpsc::channel::<Done>(cap);
-    let mut tasks = JoinSet::new();
+    // The waits are this task's own futures, not tasks of their own that report over a
+    // channel: a group commit then wakes this task once, where a waiting task woke, sent and
+    // woke this one (two scheduler hops, often a parked worker woken for each; with a
+    // publisher that leaves the broker idle between its writes, as the Java client does,
+    // those wake-ups were a large part of the broker's CPU per message). Bounded by the
+    // session: one per stream with unconfirmed messages, one per subscription.
+    let mut waits = Waits::new();
     let mut session = Session::new(backend.clone(), config, peer, now_ms());
     let mailbox = session.mailbox();
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
@@ -221,7 +258,7 @@ pub async fn serve_connection<S, B>(
     let mut closed_by_session = false;
     loop {
         for w in session.take_waits() {
-            spawn_wait(&mut tasks, &backend, w, &tx);
+            waits.push(&backend, w);
         }
         if session.has_output() {
             let out = session.take_output();
@@ -250,7 +287,6 @@ pub async fn serve_connection<S, B>(
             closed_by_session = true;
             break;
         }
-        while tasks.try_join_next().is_some() {}
         if rbuf.is_empty() && rbuf.capacity() > READ_CHUNK {
             // A frame up to the frame-max made it grow: released once it is consumed.
             rbuf = BytesMut::new();
@@ -276,7 +312,7 @@ pub async fn serve_connection<S, B>(
                     }
                 }
             }
-            Some(done) = rx.recv() => match done {
+            done = waits.next() => match done {
                 Done::Durable { vhost, stream, offset, result } => {
                     session.durable(&vhost, &stream, offset, result)
                 }
@@ -296,7 +332,7 @@ pub async fn serve_connection<S, B>(
             }
         }
     }
-    tasks.abort_all();
+    drop(waits);
     let _ = tokio::time::timeout(CLOSE_WRITE_TIMEOUT, stream.shutdown()).await;
     if closed_by_session {
         let bound = if shutting_down {
@@ -325,4 +361,58 @@ async fn drain_input<S: Transport>(stream: &mut S, mut buf: BytesMut, bound: Dur
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+
+    fn data_wait(subscription_id: u8, generation: u64) -> Wait {
+        Wait::Data {
+            vhost: "/".into(),
+            stream: "idle".into(),
+            from: 0,
+            subscription_id,
+            generation,
+        }
+    }
+
+    /// A client that subscribes and unsubscribes over and over at the end of an idle stream
+    /// leaves a data wait behind each time: only the newest per subscription id is kept.
+    #[tokio::test]
+    async fn stale_data_waits_are_dropped_not_kept_until_data_comes() {
+        let backend = Arc::new(MemoryBackend::new());
+        backend.create_stream("/", "idle", &[]).unwrap();
+        let mut waits = Waits::new();
+        for generation in 0..1000 {
+            waits.push(&backend, data_wait(7, generation));
+        }
+        waits.push(&backend, data_wait(8, 0));
+        // Polling drains the aborted ones; the two live ones wait for data.
+        let polled = tokio::time::timeout(Duration::from_millis(50), waits.next()).await;
+        assert!(polled.is_err(), "no data yet: nothing done");
+        assert_eq!(waits.len(), 2, "one wait per subscription id");
+        backend.delete_stream("/", "idle").unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            match tokio::time::timeout(Duration::from_secs(5), waits.next()).await {
+                Ok(Done::Data {
+                    subscription_id,
+                    generation,
+                    result,
+                }) => got.push((subscription_id, generation, result)),
+                Ok(Done::Durable { .. }) => panic!("no durability wait was pushed"),
+                Err(_) => panic!("the deletion ends every live wait within 5 s"),
+            }
+        }
+        got.sort_by_key(|g| g.0);
+        assert_eq!(
+            got,
+            vec![
+                (7, 999, Err(StreamError::DoesNotExist)),
+                (8, 0, Err(StreamError::DoesNotExist)),
+            ]
+        );
+    }
 }

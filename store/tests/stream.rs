@@ -839,6 +839,54 @@ fn a_sync_with_nothing_written_since_a_completed_one_runs_no_fsync() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
+/// What the catalog's group commit skips its blocking thread for: a sync with no fsync to
+/// run (`--fsync off`, or nothing new since a completed one) blocks nothing, and its
+/// `end_sync` still commits what was written at its begin (confirms and readers go on).
+#[test]
+fn a_sync_with_no_fsync_to_run_blocks_nothing_and_still_commits() {
+    let dir = temp_dir("no-blocking-sync");
+    let mut log = StreamLog::open(
+        &dir,
+        StreamConfig {
+            fsync: false,
+            ..StreamConfig::default()
+        },
+    )
+    .unwrap();
+    log.append_merged(&[msg(0, 10), msg(1, 10)], &[], 100, &[])
+        .unwrap();
+    let pending = log.begin_sync().unwrap();
+    assert!(!pending.blocks(), "fsync off: nothing to wait for");
+    assert_eq!(pending.next_offset(), 2);
+    assert_eq!(log.end_sync(&pending, Ok(())).unwrap(), Some(1));
+    assert_eq!(read_all(&mut log, OffsetSpec::First, opts(4096)).len(), 2);
+    drop(log);
+    fs::remove_dir_all(&dir).unwrap();
+
+    let dir = temp_dir("blocking-sync");
+    let mut log = StreamLog::open(
+        &dir,
+        StreamConfig {
+            fsync: true,
+            ..StreamConfig::default()
+        },
+    )
+    .unwrap();
+    log.append_merged(&[msg(0, 10)], &[], 100, &[]).unwrap();
+    let first = log.begin_sync().unwrap();
+    assert!(
+        first.blocks(),
+        "fsync on with bytes written: an fsync to run"
+    );
+    first.wait().unwrap();
+    log.end_sync(&first, Ok(())).unwrap();
+    let idle = log.begin_sync().unwrap();
+    assert!(!idle.blocks(), "nothing written since a completed sync");
+    assert_eq!(log.end_sync(&idle, Ok(())).unwrap(), Some(0));
+    drop(log);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Retention deletes the segments a lagging reader is in or heading for: it goes on from the
 /// oldest segment left (the messages in between are gone), whole chunks, in order.
 #[test]

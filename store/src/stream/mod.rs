@@ -301,6 +301,12 @@ impl PendingSync {
         self.data.is_some()
     }
 
+    /// Whether [`PendingSync::wait`] has anything to do (an fsync of the data file or of
+    /// the directory); without, it returns at once and needs no thread of its own.
+    pub fn blocks(&self) -> bool {
+        self.data.is_some() || self.dir.is_some()
+    }
+
     /// Runs the fsyncs (blocking: call it off the async executor).
     pub fn wait(&self) -> Result<(), StreamError> {
         if let Some(data) = &self.data {
