@@ -7,21 +7,8 @@ use warren_core::command::{Op, Publish, QueueDeclare};
 use warren_core::message::{FieldTable, Properties};
 use warren_runtime::{AdminRequest, AdminResponse, BrokerConfig, BrokerHandle};
 
-/// `f` within 10 s; the panic names `what` and the caller's line (a plain fn, not `async`, so
-/// that `#[track_caller]` holds). For sends into a shard's bounded mailbox, which wait while
-/// the shard task does not take them.
-#[track_caller]
-fn bounded_as<F: std::future::Future>(
-    what: &'static str,
-    f: F,
-) -> impl std::future::Future<Output = F::Output> {
-    let at = std::panic::Location::caller();
-    async move {
-        tokio::time::timeout(std::time::Duration::from_secs(10), f)
-            .await
-            .unwrap_or_else(|_| panic!("no {what} within 10 s (awaited at {at})"))
-    }
-}
+mod common;
+use common::bounded_as;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disconnect_never_overtakes_the_ops_sent_before_it() {
