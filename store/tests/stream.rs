@@ -26,6 +26,14 @@ fn config() -> StreamConfig {
     }
 }
 
+/// [`config`] with fsync on: for the tests of group commit pacing.
+fn fsynced() -> StreamConfig {
+    StreamConfig {
+        fsync: true,
+        ..config()
+    }
+}
+
 fn msg(offset: u64, len: usize) -> Vec<u8> {
     let mut m = offset.to_le_bytes().to_vec();
     m.resize(len.max(8), (offset % 251) as u8);
@@ -762,14 +770,7 @@ fn a_reader_on_another_thread_sees_only_committed_chunks_in_order() {
 #[test]
 fn a_split_sync_commits_only_what_was_flushed_at_its_begin_while_appends_go_on() {
     let dir = temp_dir("split-sync");
-    let mut log = StreamLog::open(
-        &dir,
-        StreamConfig {
-            fsync: true,
-            ..StreamConfig::default()
-        },
-    )
-    .unwrap();
+    let mut log = StreamLog::open(&dir, fsynced()).unwrap();
     log.append(&[msg(0, 10), msg(1, 10)], 100, &[]).unwrap();
     let pending = log.begin_sync().unwrap();
     assert_eq!(pending.next_offset(), 2);
@@ -804,14 +805,7 @@ fn a_split_sync_commits_only_what_was_flushed_at_its_begin_while_appends_go_on()
 #[test]
 fn a_sync_with_nothing_written_since_a_completed_one_runs_no_fsync() {
     let dir = temp_dir("no-empty-fsync");
-    let mut log = StreamLog::open(
-        &dir,
-        StreamConfig {
-            fsync: true,
-            ..StreamConfig::default()
-        },
-    )
-    .unwrap();
+    let mut log = StreamLog::open(&dir, fsynced()).unwrap();
     log.append_merged(&[msg(0, 10)], &[], 100, &[]).unwrap();
     let first = log.begin_sync().unwrap();
     assert!(first.fsyncs_data());
@@ -845,14 +839,7 @@ fn a_sync_with_nothing_written_since_a_completed_one_runs_no_fsync() {
 #[test]
 fn a_sync_with_no_fsync_to_run_blocks_nothing_and_still_commits() {
     let dir = temp_dir("no-blocking-sync");
-    let mut log = StreamLog::open(
-        &dir,
-        StreamConfig {
-            fsync: false,
-            ..StreamConfig::default()
-        },
-    )
-    .unwrap();
+    let mut log = StreamLog::open(&dir, config()).unwrap();
     log.append_merged(&[msg(0, 10), msg(1, 10)], &[], 100, &[])
         .unwrap();
     let pending = log.begin_sync().unwrap();
@@ -864,14 +851,7 @@ fn a_sync_with_no_fsync_to_run_blocks_nothing_and_still_commits() {
     fs::remove_dir_all(&dir).unwrap();
 
     let dir = temp_dir("blocking-sync");
-    let mut log = StreamLog::open(
-        &dir,
-        StreamConfig {
-            fsync: true,
-            ..StreamConfig::default()
-        },
-    )
-    .unwrap();
+    let mut log = StreamLog::open(&dir, fsynced()).unwrap();
     log.append_merged(&[msg(0, 10)], &[], 100, &[]).unwrap();
     let first = log.begin_sync().unwrap();
     assert!(
