@@ -480,3 +480,106 @@ fn shared_logs_take_the_hosts_appends_and_consumers_get_them_when_told() {
         "log deleted with its queue"
     );
 }
+
+#[test]
+fn a_shard_counts_its_stream_readers_so_hosts_wake_only_shards_someone_reads_on() {
+    let logs = std::sync::Arc::new(HostLogs::default());
+    let mut broker = Broker::new(BrokerConfig::default());
+    broker.set_shared_streams(logs.clone());
+    let readers = broker.stream_readers();
+    let mut h = Harness {
+        shards: Shards::new(vec![broker]),
+        now: 0,
+    };
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    declare_stream(&mut h, c, "t", FieldTable::new());
+    assert!(
+        !readers.any(),
+        "streams with no consumer are read by nobody"
+    );
+    let r1 = h.connect(2);
+    consume_from(&mut h, r1, "s", "a", 10, first());
+    assert!(readers.any(), "a consumer reads");
+    let r2 = h.connect(3);
+    consume_from(&mut h, r2, "t", "b", 10, first());
+    let fx = h.op(
+        r1,
+        Op::Cancel {
+            consumer_tag: "a".into(),
+            nowait: false,
+        },
+    );
+    assert_eq!(error_code(&fx), None);
+    assert!(readers.any(), "one cancelled, the other still reads");
+    // A queue deleted under its consumer takes its count along.
+    let fx = h.op(
+        c,
+        Op::QueueDelete {
+            queue: "t".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        },
+    );
+    assert_eq!(error_code(&fx), None);
+    assert!(!readers.any(), "no reader left after the delete");
+    // And a consumer that comes back counts again.
+    consume_from(&mut h, r1, "s", "a2", 10, first());
+    assert!(readers.any());
+}
+
+#[test]
+fn a_full_stream_consumer_refills_a_quarter_of_its_prefetch_at_a_time_or_after_a_moment() {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    for i in 0..40 {
+        h.publish(c, "", "s", &format!("m{i}"));
+    }
+    let r = h.connect(2);
+    let offsets = |fx: &[Effect]| {
+        stream_deliveries(fx)
+            .iter()
+            .map(|d| d.2)
+            .collect::<Vec<_>>()
+    };
+    let ack = |h: &mut Harness, tag: u64| {
+        h.op(
+            r,
+            Op::Ack {
+                delivery_tag: tag,
+                multiple: false,
+            },
+        )
+    };
+    assert_eq!(
+        offsets(&consume_from(&mut h, r, "s", "r", 16, first())),
+        (0..16).collect::<Vec<_>>()
+    );
+    // Full at 16: three acks free less than a quarter (4) and bring nothing ...
+    for tag in 1..=3 {
+        assert_eq!(offsets(&ack(&mut h, tag)), Vec::<i64>::new(), "ack {tag}");
+    }
+    // ... the fourth brings four at once.
+    assert_eq!(offsets(&ack(&mut h, 4)), [16, 17, 18, 19]);
+    // Full again: a consumer whose acks stop short gets what is free after a moment, not never.
+    assert_eq!(offsets(&ack(&mut h, 5)), Vec::<i64>::new());
+    assert_eq!(offsets(&h.tick(2)), [20]);
+    // That filled it again: held again.
+    assert_eq!(offsets(&ack(&mut h, 6)), Vec::<i64>::new());
+    // A small prefetch refills per ack, as before.
+    let s = h.connect(3);
+    assert_eq!(
+        offsets(&consume_from(&mut h, s, "s", "s", 4, first())),
+        [0, 1, 2, 3]
+    );
+    let fx = h.op(
+        s,
+        Op::Ack {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
+    assert_eq!(offsets(&fx), [4]);
+}

@@ -286,6 +286,8 @@ struct ShardLink {
     requests: mpsc::Sender<Request>,
     control: mpsc::UnboundedSender<Control>,
     stream_wakes: Arc<StreamWakes>,
+    /// Whether any consumer reads the shard's stream queues (`streams_grew` skips it if not).
+    stream_readers: warren_core::queue::StreamReaders,
 }
 
 impl Shared {
@@ -506,6 +508,7 @@ impl BrokerHandle {
         for (shard, (broker, control, control_rx)) in brokers.into_iter().enumerate().rev() {
             let (requests, requests_rx) = mpsc::channel(REQUEST_QUEUE);
             let stream_wakes = Arc::new(StreamWakes::default());
+            let stream_readers = broker.stream_readers();
             let io = task::ShardIo {
                 mail: mail_rxs.pop().expect("one inbox per shard"),
                 peers: inboxes.clone(),
@@ -523,6 +526,7 @@ impl BrokerHandle {
                 requests,
                 control,
                 stream_wakes,
+                stream_readers,
             });
         }
         shards.reverse();
@@ -541,11 +545,12 @@ impl BrokerHandle {
     /// Stream `name` of `vhost` grew by appends the broker did not make (the stream
     /// protocol's publishers): the shard owning its queue delivers to the queue's waiting
     /// consumers now. Cheap to call per append: a stream is looked at once however often it
-    /// is named before its shard gets to it.
+    /// is named before its shard gets to it, and free for shards where no consumer reads a
+    /// stream queue. Call after the appends are visible in the log (`StreamReaders::any`).
     pub fn streams_grew(&self, vhost: &str, name: &str) {
-        // The queue may be on any shard: each looks among its own.
+        // The queue may be on any shard: each with readers looks among its own.
         for shard in &self.shared.shards {
-            if shard.stream_wakes.add(vhost, name) {
+            if shard.stream_readers.any() && shard.stream_wakes.add(vhost, name) {
                 // Fails only when the task is gone (shutdown).
                 let _ = shard
                     .control

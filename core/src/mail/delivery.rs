@@ -29,6 +29,9 @@ pub(crate) struct QueueConsumer {
     /// Per-consumer prefetch (basic.qos global=false at consume time); 0 = unlimited.
     pub(crate) prefetch: u16,
     pub(crate) unacked: u32,
+    /// A stream queue's consumer that reached its prefetch, held until a quarter of it is
+    /// free again (`queue::stream::Room`); other queue types never set it.
+    pub(crate) refilling: bool,
     /// `x-priority`: consumers with a higher priority get messages first. Stored in 32
     /// bits (a wider client value is clamped) so that the serial fits in the record.
     pub(crate) priority: i32,

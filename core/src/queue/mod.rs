@@ -12,3 +12,4 @@ pub(crate) mod quorum;
 pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod stream;
+pub use stream::StreamReaders;

@@ -18,6 +18,12 @@ pub(crate) struct QueueSide {
     /// Stream queues: dispatched after each sync (their consumers see synced messages
     /// only) and on `tick` (the stream protocol appends to their logs too).
     pub(crate) streams: std::collections::BTreeSet<QueueId>,
+    /// Stream queues that held back a consumer with free prefetch (`queue::stream::Room`),
+    /// and since when the oldest of them waits: `tick` lets them go `REFILL_HOLD_MS` later.
+    pub(crate) refill_held: std::collections::BTreeSet<QueueId>,
+    pub(crate) refill_held_since: Option<u64>,
+    /// The consumers reading `streams` (`Broker::stream_readers`).
+    pub(crate) stream_readers: crate::queue::stream::StreamReaders,
     /// Queues that ran empty with publishers still paused: `tick` resumes a wave of them
     /// each millisecond until one refills the queue or none is left (resumed publishers
     /// may have nothing more to send, and nothing else would wake the rest).

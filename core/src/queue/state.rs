@@ -105,6 +105,9 @@ pub(crate) struct QueueOut {
     pub(crate) removed: bool,
     /// The queue now holds a message with a deadline: `tick` must look at it.
     pub(crate) expiring: bool,
+    /// A stream consumer with some free prefetch was held back until more is free
+    /// (`queue::stream::Room::Held`): `tick` lets it go if its acks stop short of that.
+    pub(crate) refill_held: bool,
     /// Messages to dead-letter (or drop, without a dead-letter exchange), in order.
     pub(crate) dead: Vec<(Arc<Message>, DeathReason)>,
 }

@@ -171,6 +171,7 @@ proptest! {
                         global_qos: false,
                         prefetch: u16::from(prefetch),
                         unacked: 0,
+                        refilling: false,
                         priority: 0,
                         shared: None,
                     });

@@ -127,6 +127,7 @@ impl Broker {
             global_qos,
             prefetch,
             unacked: 0,
+            refilling: false,
             priority: i32::try_from(priority).unwrap_or(if priority < 0 {
                 i32::MIN
             } else {

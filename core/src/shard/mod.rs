@@ -240,6 +240,13 @@ impl Broker {
         self.shared_streams = Some(streams);
     }
 
+    /// How many consumers read this shard's stream queues, for the host to ask after it
+    /// appended to a stream before it calls [`Broker::streams_grew`] (a shard nobody reads
+    /// streams on need not be woken; the type's docs hold the ordering contract).
+    pub fn stream_readers(&self) -> crate::queue::StreamReaders {
+        self.qs.stream_readers.clone()
+    }
+
     /// Streams `(vhost, name)` grew by appends the broker did not make (the stream
     /// protocol's publishers): their queues' consumers that wait for messages get them now.
     pub fn streams_grew(&mut self, now: u64, streams: &[(String, String)]) {
@@ -327,6 +334,7 @@ impl Broker {
             self.sync_dirty = true;
         }
         self.feed_starving();
+        self.release_held_refills();
         let expiring: Vec<QueueId> = self.qs.expiring.iter().copied().collect();
         for id in expiring {
             self.mail.from(mail::Dest::Queue(id));
@@ -392,6 +400,10 @@ impl Broker {
             // Other shards' consumers may drain the sum below the watermark while this
             // shard's publishers, blocked, send nothing: look again soon.
             earliest(self.now.saturating_add(ALARM_RECHECK_MS));
+        }
+        if let Some(since) = self.qs.refill_held_since {
+            // Stream consumers held for a fuller refill (`queue::stream::Room`).
+            earliest(since.saturating_add(crate::queue::stream::REFILL_HOLD_MS));
         }
         if !self.qs.starving.is_empty() {
             // Paused publishers of an empty queue: the next wave (`feed_starving`).

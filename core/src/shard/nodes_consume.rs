@@ -1015,6 +1015,7 @@ impl Broker {
                     global_qos: consumer.global_prefetch > 0,
                     prefetch: consumer.prefetch,
                     unacked: 0,
+                    refilling: false,
                     priority: consumer.priority,
                     shared: Some(x.credit.clone()),
                 };
@@ -1781,6 +1782,7 @@ impl Broker {
                 global_qos: c.global_prefetch > 0,
                 prefetch: c.prefetch,
                 unacked: 0,
+                refilling: false,
                 priority: c.priority,
                 shared: None,
             }),

@@ -97,6 +97,10 @@ impl Broker {
         if out.expiring {
             self.qs.expiring.insert(id);
         }
+        if out.refill_held {
+            self.qs.refill_held.insert(id);
+            self.qs.refill_held_since.get_or_insert(self.now);
+        }
         for (message, reason) in out.dead {
             self.dead_letter(id, message, reason);
         }
@@ -613,7 +617,9 @@ impl Broker {
                 };
                 let mut q = QueueState::new(id, c.vhost, Arc::clone(&name), messages, self.now);
                 q.stream = Some(Box::new(crate::queue::stream::StreamQueue::new(
-                    settings, log,
+                    settings,
+                    log,
+                    self.qs.stream_readers.clone(),
                 )));
                 self.qs.streams.insert(id);
                 q
@@ -759,6 +765,27 @@ impl Broker {
             })
             .collect();
         for id in streams {
+            self.mail.from(super::mail::Dest::Queue(id));
+            self.dispatch(id);
+        }
+    }
+
+    /// Lets the stream consumers held back for a fuller refill take what is free of their
+    /// prefetch, once they waited `REFILL_HOLD_MS` (`queue::stream::Room`).
+    pub(super) fn release_held_refills(&mut self) {
+        let due = self.qs.refill_held_since.is_some_and(|since| {
+            self.now >= since.saturating_add(crate::queue::stream::REFILL_HOLD_MS)
+        });
+        if !due {
+            return;
+        }
+        self.qs.refill_held_since = None;
+        let held = std::mem::take(&mut self.qs.refill_held);
+        for id in held {
+            let Some(q) = self.qs.queues.get_mut(&id) else {
+                continue;
+            };
+            crate::queue::stream::StreamQueue::release_held(&mut q.consumers);
             self.mail.from(super::mail::Dest::Queue(id));
             self.dispatch(id);
         }
