@@ -8,7 +8,8 @@
 //! memory in `MemoryStore`); a broker without a store keeps it here, in a [`MemLog`]. What
 //! this type keeps is the consumers' side: each consumer's next offset and a bounded
 //! read-ahead of messages from the log; their credit (prefetch, unacked count) is the queue's
-//! consumer record, as for any type. An ack only returns credit; deliveries carry their
+//! consumer record, as for any type, except that a consumer that used up its prefetch is
+//! refilled a quarter at a time (`Room`). An ack only returns credit; deliveries carry their
 //! offset in the `x-stream-offset` header; consumers see committed (synced) messages only, so
 //! an offset a consumer saw is never given to another message after a crash.
 
