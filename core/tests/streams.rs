@@ -119,18 +119,25 @@ fn sync(h: &mut Harness, store: &MemoryStore) -> Vec<Effect> {
     h.settle()
 }
 
+/// A broker without a store holding stream `s` with messages `m0`..`m{n-1}`, and the
+/// channel that published them.
+fn stream_of(n: usize) -> (Harness, ChannelRef) {
+    let mut h = Harness::new();
+    let c = h.connect(1);
+    declare_stream(&mut h, c, "s", FieldTable::new());
+    for i in 0..n {
+        h.publish(c, "", "s", &format!("m{i}"));
+    }
+    (h, c)
+}
+
 fn first() -> Option<FieldValue> {
     Some(FieldValue::string("first"))
 }
 
 #[test]
 fn without_a_store_the_broker_holds_the_log_and_consumers_read_it_independently() {
-    let mut h = Harness::new();
-    let c = h.connect(1);
-    declare_stream(&mut h, c, "s", FieldTable::new());
-    for i in 0..5 {
-        h.publish(c, "", "s", &format!("m{i}"));
-    }
+    let (mut h, c) = stream_of(5);
     let a = h.connect(2);
     let b = h.open(2, 2);
     let fa = stream_deliveries(&consume_from(&mut h, a, "s", "a", 2, first()));
@@ -531,12 +538,7 @@ fn a_shard_counts_its_stream_readers_so_hosts_wake_only_shards_someone_reads_on(
 
 #[test]
 fn a_full_stream_consumer_refills_a_quarter_of_its_prefetch_at_a_time_or_after_a_moment() {
-    let mut h = Harness::new();
-    let c = h.connect(1);
-    declare_stream(&mut h, c, "s", FieldTable::new());
-    for i in 0..40 {
-        h.publish(c, "", "s", &format!("m{i}"));
-    }
+    let (mut h, _) = stream_of(40);
     let r = h.connect(2);
     let offsets = |fx: &[Effect]| {
         stream_deliveries(fx)

@@ -785,7 +785,10 @@ impl Broker {
             let Some(q) = self.qs.queues.get_mut(&id) else {
                 continue;
             };
-            crate::queue::stream::StreamQueue::release_held(&mut q.consumers);
+            // Held consumers (`Room::Held`) take what is free of their prefetch now.
+            for c in &mut q.consumers {
+                c.refilling = false;
+            }
             self.mail.from(super::mail::Dest::Queue(id));
             self.dispatch(id);
         }
