@@ -123,12 +123,25 @@ stream_compare_short() {
 # well inside CI's 90 minutes, instead of using them up silently.
 workspace_tests() {
   local rc=0
-  timeout -k 30 50m cargo test --workspace || rc=$?
+  # The netns cluster tests run in steps of their own below, not twice.
+  WARREN_CLUSTER_OWN_STEPS=1 timeout -k 30 50m cargo test --workspace || rc=$?
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     echo "cargo test --workspace did not finish within 50 minutes; still running:"
     ps -eo pid,etime,args | grep -E 'warren|target/debug/deps' | grep -v grep | head -40
   fi
   return "$rc"
+}
+
+cluster_steps_cover_every_netns_test() {
+  # `cargo test --workspace` skips the netns cluster tests (WARREN_CLUSTER_OWN_STEPS): every
+  # cluster/tests file that starts a cluster must have a step below, or it would never run.
+  local f name missing=0
+  for f in cluster/tests/*.rs; do
+    grep -q 'Cluster::prepare' "$f" || continue
+    name=$(basename "$f" .rs)
+    grep -q -- "--test $name\b" scripts/test.sh || { echo "no scripts/test.sh step runs $f"; missing=1; }
+  done
+  return "$missing"
 }
 
 wasm_build() {
@@ -522,6 +535,7 @@ step "install: promtool (Debian's prometheus)" setup_prometheus
 step "install: wasm-opt (Debian's binaryen)" setup_binaryen
 step "install: chromium (Debian)" setup_chromium
 step "install: playwright-core, typescript (npm ci)" setup_npm
+step "every netns cluster test has a step of its own" cluster_steps_cover_every_netns_test
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "core and guest module build for wasm32-unknown-unknown" wasm_build

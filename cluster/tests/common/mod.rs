@@ -38,6 +38,13 @@ impl Cluster {
     /// line naming `what`) when this machine cannot run it; with `WARREN_CLUSTER_REQUIRE`
     /// set (CI), a machine that cannot is a failure instead.
     pub fn prepare(what: &str, bridge: &'static str, net: &'static str) -> Option<Cluster> {
+        // `cargo test --workspace` in scripts/test.sh sets this: each netns test file has a
+        // step of its own there (with WARREN_CLUSTER_REQUIRE), so running it here too would
+        // only run it twice (checked: test.sh's `cluster_steps_cover_every_netns_test`).
+        if std::env::var_os("WARREN_CLUSTER_OWN_STEPS").is_some() {
+            eprintln!("SKIPPED {what}: scripts/test.sh runs it in a step of its own");
+            return None;
+        }
         let bin = bin();
         if let Some(why) = unavailable(&bin) {
             assert!(
