@@ -138,7 +138,7 @@ bpid=$pid
 # The fill lines' broker CPU is not a publish cost: these streams are kept (the consumers
 # read them), so every cell writes into page cache pages this VM faults in afresh, ~2.5 us
 # per 1 KB message whichever client publishes (bench/stream-publish.sh, CLIENT=java for this
-# client, measures publishing; docs/status.md, h-javapub).
+# client, measures publishing; docs/benchmarks.md, "Method").
 # Publish with confirms, 20,000 in flight: since 2026-11-24 Warren's writer merges what is
 # queued into one chunk per write, as osiris does, so these streams hold merged chunks. With
 # EXACT=1 they are filled again one batch at a time (the batch is the chunk, as in seed 003)

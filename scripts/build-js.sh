@@ -4,7 +4,7 @@
 # equal the wasm-bindgen crate's, pinned in wasm/Cargo.toml). Fails if the .wasm exceeds
 # 460 KB (400 KB until stream and quorum queues and the AMQP 1.0 codec of stream messages
 # came into the core on 2026-11-24; the node link's code is left out of it by the core's
-# `nodes`, `topic-permissions` and `notices` features, off here: 470,070 bytes on 2026-11-25, docs/status.md). wasm-opt is used when it is on PATH
+# `nodes`, `topic-permissions` and `notices` features, off here: 470,994 bytes on 2026-11-25, docs/status.md). wasm-opt is used when it is on PATH
 # (optional).
 #   scripts/build-js.sh
 set -euo pipefail

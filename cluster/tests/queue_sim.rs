@@ -460,8 +460,8 @@ fn append(seq: u64, body: &str) -> QueueOp {
     }
 }
 
-/// The loss `jepsen::three_nodes_quorum_queue_under_faults` found (docs/status.md, "Open
-/// safety finding"): a leader's broker made writes from the queue as it had loaded it (a
+/// The loss `jepsen::three_nodes_quorum_queue_under_faults` found (docs/cluster.md, "Quorum
+/// queues"): a leader's broker made writes from the queue as it had loaded it (a
 /// publish under the next sequence number, an ack of another), and their proposal reached
 /// the log only after a leader change (here: another leader; in the Jepsen runs the same
 /// node, which lost the leadership and took it back within a millisecond) whose broker had
