@@ -12,11 +12,14 @@
 //! Layout and byte formats: docs/storage.md.
 
 pub mod definitions;
+mod guard;
 pub mod journal;
+mod journal_audit;
 pub mod lock;
 pub mod metrics;
 pub mod record;
 pub mod retained;
+mod scan;
 pub mod segment;
 pub mod sessions;
 pub mod shared;
@@ -54,8 +57,47 @@ pub enum OpenError {
         dir: PathBuf,
         source: std::io::Error,
     },
-    #[error(transparent)]
-    Definitions(#[from] DefinitionsError),
+    /// The definitions database cannot be opened or read (damaged, or held by another
+    /// process: [`OpenError::is_locked`]).
+    #[error("{}", definitions_advice(path, source))]
+    Definitions {
+        path: PathBuf,
+        source: DefinitionsError,
+    },
+    /// A data file this warren cannot read: damaged past what recovery repairs, or written
+    /// in another format.
+    #[error("cannot read {path}: {reason}")]
+    Unreadable { path: PathBuf, reason: String },
+}
+
+impl OpenError {
+    /// Another process holds a file of the data directory.
+    pub fn is_locked(&self) -> bool {
+        matches!(self, OpenError::Definitions { source, .. } if source.is_lock())
+    }
+
+    /// A data file is damaged or unreadable (not a problem of flags or permissions).
+    pub fn is_damaged(&self) -> bool {
+        match self {
+            OpenError::Definitions { source, .. } => !source.is_lock(),
+            OpenError::Unreadable { .. } => true,
+            OpenError::Dir { .. } => false,
+        }
+    }
+}
+
+/// One line: what failed, on which file, and how an operator recovers.
+fn definitions_advice(path: &Path, source: &DefinitionsError) -> String {
+    if source.is_lock() {
+        return format!("cannot open {}: {source}", path.display());
+    }
+    format!(
+        "cannot read {}: {source}. To recover: stop warren, move that file away (or restore \
+         it from a backup) and start again; the definitions then start empty: import an \
+         export (`warren ctl import-definitions FILE`) or declare the queues again, and each \
+         durable queue declared again gets its stored messages back",
+        path.display()
+    )
 }
 
 /// Work for the sync thread, done in order.
@@ -203,10 +245,31 @@ impl DiskStore {
         } else {
             None
         };
-        let definitions = DefinitionStore::open(&root.join("definitions.redb"))?;
+        let defs_path = root.join("definitions.redb");
+        let defs_err = |source| OpenError::Definitions {
+            path: defs_path.clone(),
+            source,
+        };
+        let definitions = DefinitionStore::open(&defs_path).map_err(defs_err)?;
         let shared_dir = root.join("shared");
-        let shared = SharedStore::open(&shared_dir).map_err(dir_err(&shared_dir))?;
-        let loaded = definitions.load()?;
+        let shared = SharedStore::open(&shared_dir).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                OpenError::Unreadable {
+                    path: shared_dir.clone(),
+                    reason: e.to_string(),
+                }
+            } else {
+                dir_err(&shared_dir)(e)
+            }
+        })?;
+        let loaded = match definitions.load() {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                // Closing a damaged database may fail the same way reading it did.
+                let _ = guard::catch_quietly(move || drop(definitions));
+                return Err(defs_err(e));
+            }
+        };
         let (sync_tx, sync_rx) = mpsc::sync_channel::<Job>(4);
         let defs = definitions.clone();
         let fsync = config.fsync;
@@ -248,6 +311,16 @@ impl DiskStore {
             let name_file = dir.join("name");
             match fs::read(&name_file) {
                 Ok(stored) if stored == name => return Ok(dir),
+                // A directory is named for its queue's hash, so a name that does not hash to
+                // it is a damaged name file (a collision's would): repaired, not skipped
+                // (skipping it would orphan the queue's messages).
+                Ok(stored) if fnv64(&stored) != fnv64(name) && n == 0 => {
+                    tracing::warn!(file = %name_file.display(), "damaged queue name file: rewritten");
+                    journal::with(self.journal.as_ref(), |j| j.write(&name_file, 0, name))?;
+                    fs::write(&name_file, name)?;
+                    self.dirty_names.push(name_file);
+                    return Ok(dir);
+                }
                 Ok(_) => continue,
                 Err(_) if dir.exists() => {
                     // A directory without its name file: an interrupted creation.
@@ -482,18 +555,29 @@ impl Store for DiskStore {
         };
         let journal = self.journal.clone();
         match QueueLog::open(&dir, self.config.embed_msgs_below, journal) {
-            Ok((log, r)) => {
-                let missing = r
-                    .shared_refs
-                    .iter()
-                    .filter(|&&id| !self.shared.add_ref(id))
-                    .count();
+            Ok((mut log, mut r)) => {
+                // Entries whose body is gone (its shared record was damaged) are removed for
+                // good: never counted, never reported again.
+                let mut missing = 0u64;
+                for (&id, &(seq, body_len)) in r.shared_refs.iter().zip(&r.shared_seqs) {
+                    if self.shared.add_ref(id) {
+                        continue;
+                    }
+                    missing += 1;
+                    r.count -= 1;
+                    r.bytes = r.bytes.saturating_sub(u64::from(body_len));
+                    if let Err(e) = log.remove(seq) {
+                        tracing::warn!(error = %e, "store: removing an unreadable message failed");
+                    }
+                }
                 if missing > 0 {
                     tracing::warn!(
-                        queue = name,
-                        missing,
-                        "entries refer to shared bodies that are gone; they will be skipped"
+                        queue = %warren_core::escape::Escaped(name),
+                        lost = missing,
+                        "messages lost: their bodies were in damaged shared-store records; their entries are removed"
                     );
+                    self.dirty.insert(queue);
+                    self.unflushed.insert(queue);
                 }
                 if r.count > 0 {
                     tracing::info!(
@@ -628,11 +712,17 @@ impl Store for DiskStore {
         let read = log.read(from_seq, max, &mut back);
         let recovered_below = q.recovered_below;
         self.touch(queue);
-        if let Err(e) = read {
-            return Err(self.fail("message read", e));
+        match read {
+            Ok(released) => {
+                for id in released {
+                    self.shared.release(id);
+                }
+            }
+            Err(e) => return Err(self.fail("message read", e)),
         }
         // Delivery is not recorded on disk: a message from an earlier run may have been
         // delivered before, so it is flagged (as RabbitMQ's CQv2 does).
+        let mut unreadable = Vec::new();
         for b in back {
             let (seq, expires_at) = (b.seq, b.expires_at);
             let message = match b.body {
@@ -649,7 +739,8 @@ impl Store for DiskStore {
                     match decoded {
                         Ok(m) => m,
                         Err(e) => {
-                            tracing::error!(seq, error = %e, "store: a message's shared body is unreadable; skipped");
+                            tracing::error!(seq, error = %e, "store: a message's shared body is unreadable: the message is lost, its entry removed");
+                            unreadable.push(seq);
                             continue;
                         }
                     }
@@ -661,6 +752,10 @@ impl Store for DiskStore {
                 expires_at,
                 message: Arc::new(message),
             });
+        }
+        // Removed for good: not counted, nor reported, at the next start.
+        for seq in unreadable {
+            self.remove(queue, seq);
         }
         Ok(())
     }
