@@ -374,8 +374,11 @@ impl ServeArgs {
     }
 }
 
-/// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration (address, data dir).
+/// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration (address, data dir),
+/// 3 a damaged data file the start cannot read past (the error line names it and says how to
+/// recover; restarting in a loop does not help).
 const EXIT_CONFIG: u8 = 2;
+const EXIT_DAMAGED: u8 = 3;
 
 /// The default logger of the subcommands other than `serve`.
 fn init_default_logs() {
@@ -464,7 +467,11 @@ fn main() -> ExitCode {
                 Err(e) => {
                     tracing::error!("{e:#}");
                     eprintln!("error: {e:#}");
-                    ExitCode::from(e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG))
+                    ExitCode::from(if e.downcast_ref::<DamagedData>().is_some() {
+                        EXIT_DAMAGED
+                    } else {
+                        e.downcast_ref::<ConfigError>().map_or(1, |_| EXIT_CONFIG)
+                    })
                 }
             }
         }
@@ -477,6 +484,18 @@ fn main() -> ExitCode {
         },
     }
 }
+
+/// A data file the start cannot read (exit code 3): damaged, or of another format.
+#[derive(Debug)]
+struct DamagedData(String);
+
+impl std::fmt::Display for DamagedData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DamagedData {}
 
 /// A problem the operator fixes by changing flags or the environment (exit code 2).
 #[derive(Debug)]
@@ -947,11 +966,17 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             layer,
         )
         .map_err(|e| match e {
-            warren_runtime::StartError::Open(e) => ConfigError(format!(
-                "{e}; is another warren using --data-dir {}? pass another --data-dir",
-                s.data_dir.display()
-            )),
-            other => ConfigError(other.to_string()),
+            // Only a lock says another process has the files.
+            warren_runtime::StartError::Open(e) if e.is_locked() => {
+                anyhow::Error::new(ConfigError(format!(
+                    "{e}; is another warren using --data-dir {}? pass another --data-dir",
+                    s.data_dir.display()
+                )))
+            }
+            warren_runtime::StartError::Open(e) if e.is_damaged() => {
+                anyhow::Error::new(DamagedData(e.to_string()))
+            }
+            other => anyhow::Error::new(ConfigError(other.to_string())),
         })?;
         (broker, Some(definitions_db))
     };
@@ -1276,7 +1301,13 @@ fn mqtt_registry(
     let now = warren_mqtt::connection::now_ms();
     let sessions: Vec<_> = defs
         .load_mqtt_sessions()
-        .context("cannot read the stored MQTT sessions")?
+        .map_err(|e| {
+            DamagedData(format!(
+                "cannot read the stored MQTT sessions in definitions.redb of the data dir: {e}; \
+                 to recover, stop warren, move that file away (or restore it from a backup) and \
+                 start again"
+            ))
+        })?
         .into_iter()
         .filter(|(v, _, _)| v == vhost)
         .map(|(_, id, s)| {

@@ -48,10 +48,28 @@ pub enum DefinitionsError {
     Version(u32),
     #[error("corrupt definition: {0}")]
     Decode(#[from] DecodeError),
+    /// Another process holds the database open.
+    #[error("definitions database: {0}")]
+    Locked(String),
+    /// redb panicked on what it read (a damaged file).
+    #[error("definitions database is damaged (the database library failed on it: {0})")]
+    Panicked(String),
+}
+
+impl DefinitionsError {
+    /// Whether the database could not be opened because another process holds it.
+    pub fn is_lock(&self) -> bool {
+        matches!(self, DefinitionsError::Locked(_))
+    }
 }
 
 fn dberr<E: std::fmt::Display>(e: E) -> DefinitionsError {
     DefinitionsError::Db(e.to_string())
+}
+
+/// Runs a call into redb on a file that may be damaged (see `guard`).
+fn guarded<T>(f: impl FnOnce() -> Result<T, DefinitionsError>) -> Result<T, DefinitionsError> {
+    crate::guard::catch_quietly(f).unwrap_or_else(|panic| Err(DefinitionsError::Panicked(panic)))
 }
 
 /// The redb database of definitions. Cheap to clone (shared with the sync thread).
@@ -304,8 +322,17 @@ fn migrate_v1(tx: &redb::WriteTransaction) -> Result<(), DefinitionsError> {
 }
 
 impl DefinitionStore {
+    /// Opens (creating if needed) the database at `path`. Never panics on a damaged file:
+    /// every failure, a panic inside redb included, is an error.
     pub fn open(path: &Path) -> Result<DefinitionStore, DefinitionsError> {
-        let database = Database::create(path).map_err(dberr)?;
+        guarded(|| DefinitionStore::open_unguarded(path))
+    }
+
+    fn open_unguarded(path: &Path) -> Result<DefinitionStore, DefinitionsError> {
+        let database = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => DefinitionsError::Locked(e.to_string()),
+            e => dberr(e),
+        })?;
         let store = DefinitionStore {
             db: Arc::new(database),
         };
@@ -341,8 +368,12 @@ impl DefinitionStore {
         Ok(store)
     }
 
-    /// Everything stored, in replay order.
+    /// Everything stored, in replay order (a panic inside redb is an error).
     pub fn load(&self) -> Result<Definitions, DefinitionsError> {
+        guarded(|| self.load_unguarded())
+    }
+
+    fn load_unguarded(&self) -> Result<Definitions, DefinitionsError> {
         let tx = self.db.begin_read().map_err(dberr)?;
         let mut defs = Definitions::default();
         for row in tx
@@ -608,6 +639,12 @@ impl DefinitionStore {
 
     /// Every stored MQTT session: (vhost, client id, session).
     pub fn load_mqtt_sessions(
+        &self,
+    ) -> Result<Vec<(String, String, warren_core::mqtt::StoredSession)>, DefinitionsError> {
+        guarded(|| self.load_mqtt_sessions_unguarded())
+    }
+
+    fn load_mqtt_sessions_unguarded(
         &self,
     ) -> Result<Vec<(String, String, warren_core::mqtt::StoredSession)>, DefinitionsError> {
         let tx = self.db.begin_read().map_err(dberr)?;

@@ -23,9 +23,10 @@
 //! `kind: u8 | path_len: u16 LE | path (UTF-8, relative to the data directory) | body`, body
 //! for a write `offset: u64 LE | bytes`, empty for the deletions.
 
+use crate::scan;
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -102,8 +103,10 @@ impl Checkpoint {
 pub struct Replayed {
     pub generations: usize,
     pub records: u64,
-    /// A torn or corrupt record ended the replay early (normal after a crash mid-write).
+    /// A generation ended in a torn write (normal after a crash mid-write).
     pub torn: bool,
+    /// A damaged record was skipped (valid records after it were replayed).
+    pub damaged: bool,
 }
 
 /// See the module docs.
@@ -160,19 +163,26 @@ impl Journal {
         let mut replayed = Replayed::default();
         let mut touched_files = BTreeSet::new();
         let mut touched_dirs = BTreeSet::new();
+        let mut plans = Vec::new();
         for &g in &generations {
-            if replayed.torn {
-                break;
-            }
             replayed.generations += 1;
             let path = generation_path(&dir, g);
-            replay_file(
-                root,
-                &path,
-                &mut replayed,
-                &mut touched_files,
-                &mut touched_dirs,
-            )?;
+            let file = File::open(&path)?;
+            let records = plan_generation(&file, &path, &mut replayed)?;
+            plans.push((file, records));
+        }
+        // Before anything is rewritten: what the journal would repair in the segment files.
+        crate::journal_audit::report(root, &plans)?;
+        let mut payload = Vec::new();
+        for (file, records) in &plans {
+            for &(at, len) in records {
+                payload.resize((len - 8) as usize, 0);
+                file.read_exact_at(&mut payload, at + 8)?;
+                if let Some(op) = decode(&payload) {
+                    apply(root, op, &mut touched_files, &mut touched_dirs)?;
+                    replayed.records += 1;
+                }
+            }
         }
         if !generations.is_empty() {
             for f in &touched_files {
@@ -194,6 +204,7 @@ impl Journal {
                     records = replayed.records,
                     generations = replayed.generations,
                     torn = replayed.torn,
+                    damaged = replayed.damaged,
                     "replayed the journal"
                 );
             }
@@ -369,55 +380,87 @@ impl Journal {
     }
 }
 
-fn replay_file(
-    root: &Path,
+/// Journal records: kind 1-3, then a path under `queues/`.
+const FRAMING: scan::Framing = scan::Framing {
+    min_payload: 11,
+    max_payload: MAX_RECORD,
+    plausible: |p| {
+        p.len() >= 10
+            && (KIND_WRITE..=KIND_DELETE_DIR).contains(&p[0])
+            && u16::from_le_bytes([p[1], p[2]]) >= 8
+            && &p[3..10] == b"queues/"
+    },
+};
+
+/// The records of one generation to replay, as (offset, framed length). A record that fails
+/// followed by valid ones is damage: skipped, reported, the rest replayed. A tail without a
+/// valid record is where writing stopped: zeros (space allocated ahead) end it silently;
+/// anything else is a torn write, never promised (records are promised in order).
+fn plan_generation(
+    file: &File,
     path: &Path,
     replayed: &mut Replayed,
-    touched_files: &mut BTreeSet<PathBuf>,
-    touched_dirs: &mut BTreeSet<PathBuf>,
-) -> io::Result<()> {
-    let mut r = io::BufReader::with_capacity(1 << 20, File::open(path)?);
+) -> io::Result<Vec<(u64, u64)>> {
+    let len = file.metadata()?.len();
     let mut head = [0u8; HEADER_SIZE as usize];
-    if r.read_exact(&mut head).is_err() || head[..12] != header()[..12] {
-        tracing::warn!(file = %path.display(), "journal generation with a bad header: replay stops here");
-        replayed.torn = true;
-        return Ok(());
+    if file.read_exact_at(&mut head, 0).is_err() || head[..12] != header()[..12] {
+        tracing::warn!(file = %path.display(), "journal generation with a damaged header: its records are replayed still");
+        replayed.damaged = true;
     }
+    let scanned = scan::scan(file, HEADER_SIZE, len, &FRAMING, true)?;
+    let mut skipped: Vec<std::ops::Range<u64>> = scanned.damaged.clone();
+    let mut records = Vec::with_capacity(scanned.records.len());
     let mut payload = Vec::new();
-    loop {
-        let mut frame = [0u8; 8];
-        match r.read_exact(&mut frame) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+    for rec in &scanned.records {
+        payload.resize((rec.len - 8) as usize, 0);
+        file.read_exact_at(&mut payload, rec.offset + 8)?;
+        if decode(&payload).is_some() {
+            records.push((rec.offset, rec.len));
+        } else {
+            // A good checksum on a record the store could not have written: never applied.
+            skipped.push(rec.offset..rec.offset + rec.len);
         }
-        let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
-        let crc = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
-        if len == 0 && crc == 0 {
-            // Zeros after the last record: the end (a file extended but never written).
-            return Ok(());
-        }
-        let ok = len <= MAX_RECORD && {
-            payload.resize(len, 0);
-            r.read_exact(&mut payload).is_ok() && crc32fast::hash(&payload) == crc
-        };
-        let Some(op) = ok.then(|| decode(&payload)).flatten() else {
-            tracing::warn!(file = %path.display(), "torn or corrupt journal record: replay stops here (what follows was never promised)");
-            replayed.torn = true;
-            return Ok(());
-        };
-        apply(root, op, touched_files, touched_dirs)?;
-        replayed.records += 1;
     }
+    for range in &skipped {
+        tracing::warn!(
+            file = %path.display(),
+            offset = range.start,
+            bytes = range.end - range.start,
+            "corrupt journal record skipped (not a torn tail: valid records follow, and are replayed)"
+        );
+    }
+    replayed.damaged |= !skipped.is_empty();
+    if let Some(tail) = scanned.tail
+        && !zeros(file, tail, len)?
+    {
+        tracing::warn!(file = %path.display(), offset = tail, bytes = len - tail, "torn journal tail: replay of this generation ends here (what follows was never promised)");
+        replayed.torn = true;
+    }
+    Ok(records)
 }
 
-enum Op<'a> {
+/// Whether `file` holds only zeros in `from..to`.
+fn zeros(file: &File, from: u64, to: u64) -> io::Result<bool> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut at = from;
+    while at < to {
+        let n = ((to - at) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], at)?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
+}
+
+pub(crate) enum Op<'a> {
     Write(&'a Path, u64, &'a [u8]),
     DeleteFile(&'a Path),
     DeleteDir(&'a Path),
 }
 
-fn decode(payload: &[u8]) -> Option<Op<'_>> {
+pub(crate) fn decode(payload: &[u8]) -> Option<Op<'_>> {
     let kind = *payload.first()?;
     let path_len = u16::from_le_bytes([*payload.get(1)?, *payload.get(2)?]) as usize;
     let path_bytes = payload.get(3..3 + path_len)?;

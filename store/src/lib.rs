@@ -12,20 +12,25 @@
 //! Layout and byte formats: docs/storage.md.
 
 pub mod definitions;
+mod guard;
 pub mod journal;
+mod journal_audit;
 pub mod lock;
 pub mod metrics;
+mod open_error;
 pub mod record;
 pub mod retained;
+mod scan;
 pub mod segment;
 pub mod sessions;
 pub mod shared;
 pub mod stream;
 pub mod stream_host;
 
+pub use open_error::OpenError;
 pub use stream_host::StreamHost;
 
-use definitions::{DefinitionStore, DefinitionsError};
+use definitions::DefinitionStore;
 use segment::{Body, QueueLog};
 use shared::SharedStore;
 use std::collections::{BTreeSet, HashMap};
@@ -46,17 +51,6 @@ const OPEN_QUEUES: usize = 256;
 
 /// Called by the sync thread when the sync of an epoch completed (or failed).
 pub type SyncCallback = Box<dyn Fn(u64, Result<(), String>) + Send>;
-
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    #[error("cannot use data directory {dir}: {source}; check that it exists and is writable")]
-    Dir {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Definitions(#[from] DefinitionsError),
-}
 
 /// Work for the sync thread, done in order.
 enum Job {
@@ -203,10 +197,31 @@ impl DiskStore {
         } else {
             None
         };
-        let definitions = DefinitionStore::open(&root.join("definitions.redb"))?;
+        let defs_path = root.join("definitions.redb");
+        let defs_err = |source| OpenError::Definitions {
+            path: defs_path.clone(),
+            source,
+        };
+        let definitions = DefinitionStore::open(&defs_path).map_err(defs_err)?;
         let shared_dir = root.join("shared");
-        let shared = SharedStore::open(&shared_dir).map_err(dir_err(&shared_dir))?;
-        let loaded = definitions.load()?;
+        let shared = SharedStore::open(&shared_dir).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                OpenError::Unreadable {
+                    path: shared_dir.clone(),
+                    reason: e.to_string(),
+                }
+            } else {
+                dir_err(&shared_dir)(e)
+            }
+        })?;
+        let loaded = match definitions.load() {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                // Closing a damaged database may fail the same way reading it did.
+                let _ = guard::catch_quietly(move || drop(definitions));
+                return Err(defs_err(e));
+            }
+        };
         let (sync_tx, sync_rx) = mpsc::sync_channel::<Job>(4);
         let defs = definitions.clone();
         let fsync = config.fsync;
@@ -248,6 +263,16 @@ impl DiskStore {
             let name_file = dir.join("name");
             match fs::read(&name_file) {
                 Ok(stored) if stored == name => return Ok(dir),
+                // A directory is named for its queue's hash, so a name that does not hash to
+                // it is a damaged name file (a collision's would): repaired, not skipped
+                // (skipping it would orphan the queue's messages).
+                Ok(stored) if fnv64(&stored) != fnv64(name) && n == 0 => {
+                    tracing::warn!(file = %name_file.display(), "damaged queue name file: rewritten");
+                    journal::with(self.journal.as_ref(), |j| j.write(&name_file, 0, name))?;
+                    fs::write(&name_file, name)?;
+                    self.dirty_names.push(name_file);
+                    return Ok(dir);
+                }
                 Ok(_) => continue,
                 Err(_) if dir.exists() => {
                     // A directory without its name file: an interrupted creation.
@@ -482,18 +507,29 @@ impl Store for DiskStore {
         };
         let journal = self.journal.clone();
         match QueueLog::open(&dir, self.config.embed_msgs_below, journal) {
-            Ok((log, r)) => {
-                let missing = r
-                    .shared_refs
-                    .iter()
-                    .filter(|&&id| !self.shared.add_ref(id))
-                    .count();
+            Ok((mut log, mut r)) => {
+                // Entries whose body is gone (its shared record was damaged) are removed for
+                // good: never counted, never reported again.
+                let mut missing = 0u64;
+                for (&id, &(seq, body_len)) in r.shared_refs.iter().zip(&r.shared_seqs) {
+                    if self.shared.add_ref(id) {
+                        continue;
+                    }
+                    missing += 1;
+                    r.count -= 1;
+                    r.bytes = r.bytes.saturating_sub(u64::from(body_len));
+                    if let Err(e) = log.remove(seq) {
+                        tracing::warn!(error = %e, "store: removing an unreadable message failed");
+                    }
+                }
                 if missing > 0 {
                     tracing::warn!(
-                        queue = name,
-                        missing,
-                        "entries refer to shared bodies that are gone; they will be skipped"
+                        queue = %warren_core::escape::Escaped(name),
+                        lost = missing,
+                        "messages lost: their bodies were in damaged shared-store records; their entries are removed"
                     );
+                    self.dirty.insert(queue);
+                    self.unflushed.insert(queue);
                 }
                 if r.count > 0 {
                     tracing::info!(
@@ -628,11 +664,17 @@ impl Store for DiskStore {
         let read = log.read(from_seq, max, &mut back);
         let recovered_below = q.recovered_below;
         self.touch(queue);
-        if let Err(e) = read {
-            return Err(self.fail("message read", e));
+        match read {
+            Ok(released) => {
+                for id in released {
+                    self.shared.release(id);
+                }
+            }
+            Err(e) => return Err(self.fail("message read", e)),
         }
         // Delivery is not recorded on disk: a message from an earlier run may have been
         // delivered before, so it is flagged (as RabbitMQ's CQv2 does).
+        let mut unreadable = Vec::new();
         for b in back {
             let (seq, expires_at) = (b.seq, b.expires_at);
             let message = match b.body {
@@ -649,7 +691,8 @@ impl Store for DiskStore {
                     match decoded {
                         Ok(m) => m,
                         Err(e) => {
-                            tracing::error!(seq, error = %e, "store: a message's shared body is unreadable; skipped");
+                            tracing::error!(seq, error = %e, "store: a message's shared body is unreadable: the message is lost, its entry removed");
+                            unreadable.push(seq);
                             continue;
                         }
                     }
@@ -661,6 +704,10 @@ impl Store for DiskStore {
                 expires_at,
                 message: Arc::new(message),
             });
+        }
+        // Removed for good: not counted, nor reported, at the next start.
+        for seq in unreadable {
+            self.remove(queue, seq);
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 
 use crate::journal::{self, SharedJournal};
 use crate::record::{DecodeError, decode_message, encode_message};
+use crate::scan;
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -31,6 +32,14 @@ const FLUSH_BYTES: usize = 1 << 20;
 /// Segments whose files stay open at once per queue (the write head and the read head are
 /// the usual two).
 const OPEN_SEGMENTS: usize = 4;
+
+/// Data records: the expiry (u64: `NO_EXPIRY` or ms in the broker's clock, far below
+/// 2^56), then an encoded message (its version byte, 1).
+const FRAMING: scan::Framing = scan::Framing {
+    min_payload: 9,
+    max_payload: u32::MAX as usize,
+    plausible: |p| p.len() >= 9 && (p[7] == 0 || p[..8] == [0xFF; 8]) && p[8] == 1,
+};
 
 const KIND_INLINE: u8 = 1;
 const KIND_SHARED: u8 = 2;
@@ -168,6 +177,13 @@ pub struct Recovered {
     pub next_seq: u64,
     /// Entries dropped: torn, corrupt, or transient (paged out before a restart).
     pub dropped: u64,
+    /// Of those, the ones lost to damage (a corrupt index entry or record, not a tear nor a
+    /// transient message): messages that were stored and cannot be read.
+    pub lost: u64,
+    /// Of those, the ones whose record was past a torn tail of the data file.
+    pub torn: u64,
+    /// The sequence number and body length of each entry of `shared_refs`.
+    pub shared_seqs: Vec<(u64, u32)>,
 }
 
 /// A message read back.
@@ -181,6 +197,16 @@ pub struct ReadBack {
 pub enum Body {
     Whole(Box<Message>),
     Shared(Bytes, u64),
+}
+
+/// Why recovery dropped an entry.
+enum Dropped {
+    /// Its entry or record is damaged.
+    Lost,
+    /// Its record was past a torn tail.
+    Torn,
+    /// A transient message (paged out before the restart).
+    Transient,
 }
 
 /// Record payloads start with the message's expiry (u64, `NO_EXPIRY` for none).
@@ -246,8 +272,9 @@ impl QueueLog {
     }
 
     /// Rebuilds the in-memory state from the files: validates every index entry by checksum,
-    /// drops entries whose record is missing or corrupt (a torn tail), and truncates the data
-    /// file after the last good record. Returns the shared-store references found.
+    /// drops entries whose record is missing or corrupt, and cuts a torn tail of the write
+    /// head's data file (only a tail: damage followed by valid records is corruption,
+    /// reported and skipped, docs/storage.md). Returns the shared-store references found.
     fn recover(&mut self) -> io::Result<Recovered> {
         let mut r = Recovered::default();
         let mut segs: Vec<u64> = Vec::new();
@@ -266,107 +293,193 @@ impl QueueLog {
         for seg in segs {
             // Only the write head can have a torn tail (appends go nowhere else); older
             // segments get bounds checks, and record checksums when they are read.
-            let verify = Some(seg) == last_seg;
-            let index = fs::read(seg_path(&self.dir, seg, "qi"))?;
-            let data_path = seg_path(&self.dir, seg, "qd");
-            let data = File::options().read(true).write(true).open(&data_path);
-            let (Ok(data), true) = (data, check_header(&index, INDEX_MAGIC)) else {
-                tracing::warn!(dir = %self.dir.display(), seg, "segment with a bad header or no data file: dropped");
-                let _ = fs::remove_file(seg_path(&self.dir, seg, "qi"));
-                let _ = fs::remove_file(&data_path);
-                continue;
-            };
-            let data_file_len = data.metadata()?.len();
-            let mut head = [0u8; HEADER_SIZE];
-            if data.read_exact_at(&mut head, 0).is_err() || !check_header(&head, DATA_MAGIC) {
-                tracing::warn!(dir = %self.dir.display(), seg, "data file with a bad header: segment dropped");
-                let _ = fs::remove_file(seg_path(&self.dir, seg, "qi"));
-                let _ = fs::remove_file(&data_path);
-                continue;
+            let head = Some(seg) == last_seg;
+            if let Some(state) = self.recover_segment(seg, head, &mut r, &mut first)? {
+                self.segments.insert(seg, state);
             }
-            let mut state = SegmentState::new(HEADER_SIZE as u64);
-            let mut good_end = HEADER_SIZE as u64;
-            let mut zero = Vec::new();
-            for i in 0..ENTRIES {
-                let at = HEADER_SIZE + i as usize * ENTRY_SIZE;
-                let Some(raw) = index.get(at..at + ENTRY_SIZE) else {
-                    break;
-                };
-                if raw.iter().all(|&b| b == 0) {
-                    continue;
-                }
-                let seq = seg * ENTRIES + i;
-                let entry = Entry::decode(raw);
-                let ok = entry.filter(|e| {
-                    e.persistent
-                        && e.record_offset >= HEADER_SIZE as u64
-                        && e.record_offset + u64::from(e.record_len) <= data_file_len
-                        && (!verify || self.check_record(&data, e))
-                });
-                match ok {
-                    Some(e) => {
-                        state.set(i, true);
-                        state.live_count += 1;
-                        good_end = good_end.max(e.record_offset + u64::from(e.record_len));
-                        if let Some(id) = e.shared {
-                            state.shared.insert(i as u16, id);
-                            r.shared_refs.push(id);
-                        }
-                        r.count += 1;
-                        r.bytes += u64::from(e.body_len);
-                        first.get_or_insert(seq);
-                        r.next_seq = r.next_seq.max(seq + 1);
-                    }
-                    None => {
-                        r.dropped += 1;
-                        zero.push(i);
-                    }
-                }
-            }
-            // Everything after the last good record is a torn or unreferenced tail.
-            if data_file_len > good_end {
-                tracing::warn!(
-                    dir = %self.dir.display(),
-                    seg,
-                    bytes = data_file_len - good_end,
-                    "truncating a torn data-file tail"
-                );
-                data.set_len(good_end)?;
-                data.sync_all()?;
-            }
-            state.data_len = good_end;
-            if !zero.is_empty() {
-                let index_file = File::options()
-                    .write(true)
-                    .open(seg_path(&self.dir, seg, "qi"))?;
-                for i in zero {
-                    index_file.write_all_at(
-                        &[0u8; ENTRY_SIZE],
-                        (HEADER_SIZE + i as usize * ENTRY_SIZE) as u64,
-                    )?;
-                }
-                index_file.sync_all()?;
-            }
-            if state.live_count == 0 {
-                fs::remove_file(seg_path(&self.dir, seg, "qi"))?;
-                fs::remove_file(&data_path)?;
-                self.dir_dirty = true;
-                continue;
-            }
-            self.segments.insert(seg, state);
         }
         r.first_seq = first.unwrap_or(0);
-        if r.dropped > 0 {
-            tracing::warn!(dir = %self.dir.display(), dropped = r.dropped, "dropped unreadable or transient entries on recovery");
+        if r.lost > 0 || r.torn > 0 {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                lost = r.lost,
+                torn = r.torn,
+                "messages lost on recovery: damaged index entries or records (lost), or \
+                 written past a torn tail (torn: never confirmed while the journal is intact); \
+                 their entries are removed"
+            );
+        }
+        let transient = r.dropped - r.lost - r.torn;
+        if transient > 0 {
+            tracing::info!(dir = %self.dir.display(), transient, "dropped transient entries on recovery");
         }
         Ok(r)
     }
 
-    /// The record an entry points to exists and matches its checksum.
-    fn check_record(&self, data: &File, e: &Entry) -> bool {
-        let mut rec = vec![0u8; e.record_len as usize];
-        data.read_exact_at(&mut rec, e.record_offset).is_ok()
-            && unframe_record(&Bytes::from(rec)).is_some()
+    /// One segment's part of [`QueueLog::recover`]; `None`: nothing live in it (its files
+    /// are deleted).
+    fn recover_segment(
+        &mut self,
+        seg: u64,
+        head: bool,
+        r: &mut Recovered,
+        first: &mut Option<u64>,
+    ) -> io::Result<Option<SegmentState>> {
+        let index_path = seg_path(&self.dir, seg, "qi");
+        let data_path = seg_path(&self.dir, seg, "qd");
+        let mut index = fs::read(&index_path)?;
+        let Ok(data) = File::options().read(true).write(true).open(&data_path) else {
+            tracing::warn!(dir = %self.dir.display(), seg, "segment index without its data file: dropped");
+            let _ = fs::remove_file(&index_path);
+            return Ok(None);
+        };
+        // The headers are constants: a damaged one is rewritten, the entries kept.
+        if !check_header(&index, INDEX_MAGIC) {
+            tracing::warn!(file = %index_path.display(), "segment index with a damaged header: header rewritten");
+            let f = File::options().write(true).open(&index_path)?;
+            f.write_all_at(&header(INDEX_MAGIC), 0)?;
+            f.sync_all()?;
+            if index.len() < HEADER_SIZE {
+                index.resize(HEADER_SIZE, 0);
+            }
+            index[..HEADER_SIZE].copy_from_slice(&header(INDEX_MAGIC));
+        }
+        let data_file_len = data.metadata()?.len();
+        let mut dhead = [0u8; HEADER_SIZE];
+        if data.read_exact_at(&mut dhead, 0).is_err() || !check_header(&dhead, DATA_MAGIC) {
+            tracing::warn!(file = %data_path.display(), "segment data file with a damaged header: header rewritten");
+            data.write_all_at(&header(DATA_MAGIC), 0)?;
+            data.sync_all()?;
+        }
+        let data_file_len = data_file_len.max(HEADER_SIZE as u64);
+        // The write head's records are walked (and their checksums verified); an entry must
+        // point at one of them.
+        let scanned = if head {
+            let s = scan::scan(&data, HEADER_SIZE as u64, data_file_len, &FRAMING, true)?;
+            for range in &s.damaged {
+                tracing::warn!(
+                    file = %data_path.display(),
+                    offset = range.start,
+                    bytes = range.end - range.start,
+                    "corrupt segment records skipped (not a torn tail: valid records follow, and are kept)"
+                );
+            }
+            Some(s)
+        } else {
+            None
+        };
+        let records: std::collections::HashMap<u64, u64> = scanned
+            .iter()
+            .flat_map(|s| s.records.iter().map(|rec| (rec.offset, rec.len)))
+            .collect();
+        let tail = scanned.as_ref().and_then(|s| s.tail);
+        let mut state = SegmentState::new(tail.unwrap_or(data_file_len));
+        let mut zero = Vec::new();
+        // The highest live slot and where its record ends.
+        let mut highest_live = None;
+        for i in 0..ENTRIES {
+            let at = HEADER_SIZE + i as usize * ENTRY_SIZE;
+            let Some(raw) = index.get(at..at + ENTRY_SIZE) else {
+                break;
+            };
+            if raw.iter().all(|&b| b == 0) {
+                continue;
+            }
+            let seq = seg * ENTRIES + i;
+            let verdict = match Entry::decode(raw) {
+                None => Err(Dropped::Lost),
+                Some(e) if !e.persistent => Err(Dropped::Transient),
+                Some(e) => {
+                    let end = e.record_offset + u64::from(e.record_len);
+                    let in_bounds = e.record_offset >= HEADER_SIZE as u64 && end <= data_file_len;
+                    let exact = records.get(&e.record_offset) == Some(&u64::from(e.record_len));
+                    match &scanned {
+                        _ if !in_bounds => Err(Dropped::Lost),
+                        None => Ok(e),
+                        Some(_) if exact => Ok(e),
+                        // Written past the tear: never promised (or not synced).
+                        Some(_) if tail.is_some_and(|t| end > t) => Err(Dropped::Torn),
+                        Some(_) => Err(Dropped::Lost),
+                    }
+                }
+            };
+            match verdict {
+                Ok(e) => {
+                    highest_live = Some((i, e.record_offset + u64::from(e.record_len)));
+                    state.set(i, true);
+                    state.live_count += 1;
+                    if let Some(id) = e.shared {
+                        state.shared.insert(i as u16, id);
+                        r.shared_refs.push(id);
+                        r.shared_seqs.push((seq, e.body_len));
+                    }
+                    r.count += 1;
+                    r.bytes += u64::from(e.body_len);
+                    first.get_or_insert(seq);
+                    r.next_seq = r.next_seq.max(seq + 1);
+                }
+                Err(why) => {
+                    r.dropped += 1;
+                    match why {
+                        Dropped::Lost => r.lost += 1,
+                        Dropped::Torn => r.torn += 1,
+                        Dropped::Transient => {}
+                    }
+                    zero.push(i);
+                }
+            }
+        }
+        if let Some(s) = &scanned {
+            // Each record after the last live one has its own slot above the last live
+            // slot, written when it was appended (acks zero a slot, they never shorten the
+            // file): an index shorter than that was cut, and those messages lost.
+            let slots = (index.len().saturating_sub(HEADER_SIZE) / ENTRY_SIZE) as u64;
+            let (live_slots, live_end) =
+                highest_live.map_or((0, HEADER_SIZE as u64), |(i, end)| (i + 1, end));
+            let after = s
+                .records
+                .iter()
+                .filter(|rec| rec.offset >= live_end)
+                .count() as u64;
+            if live_slots + after > slots {
+                let missing = live_slots + after - slots;
+                tracing::warn!(
+                    file = %index_path.display(),
+                    missing,
+                    "segment index cut short: records past its end have no entry (or a crash \
+                     cut the index writes of unconfirmed messages)"
+                );
+                r.dropped += missing;
+                r.lost += missing;
+            }
+        }
+        if let Some(tail) = tail {
+            tracing::warn!(
+                file = %data_path.display(),
+                offset = tail,
+                bytes = data_file_len - tail,
+                "truncating a torn data-file tail"
+            );
+            data.set_len(tail)?;
+            data.sync_all()?;
+        }
+        if !zero.is_empty() {
+            let index_file = File::options().write(true).open(&index_path)?;
+            for i in zero {
+                index_file.write_all_at(
+                    &[0u8; ENTRY_SIZE],
+                    (HEADER_SIZE + i as usize * ENTRY_SIZE) as u64,
+                )?;
+            }
+            index_file.sync_all()?;
+        }
+        if state.live_count == 0 {
+            fs::remove_file(&index_path)?;
+            fs::remove_file(&data_path)?;
+            self.dir_dirty = true;
+            return Ok(None);
+        }
+        Ok(Some(state))
     }
 
     fn files(&mut self, seg: u64) -> io::Result<SegmentFiles> {
@@ -546,9 +659,12 @@ impl QueueLog {
         out
     }
 
-    /// Reads up to `max` live messages with sequence numbers >= `from`, in order.
-    pub fn read(&mut self, from: u64, max: usize, out: &mut Vec<ReadBack>) -> io::Result<()> {
+    /// Reads up to `max` live messages with sequence numbers >= `from`, in order. A message
+    /// whose record turns out unreadable is removed for good (logged once, never counted
+    /// again); returns the shared-store ids those removals released.
+    pub fn read(&mut self, from: u64, max: usize, out: &mut Vec<ReadBack>) -> io::Result<Vec<u64>> {
         self.flush()?;
+        let mut unreadable = Vec::new();
         let seqs = self.live_from(from, max);
         let mut i = 0;
         while i < seqs.len() {
@@ -586,11 +702,13 @@ impl QueueLog {
                     let at = (e.record_offset - start) as usize;
                     let rec = span.slice(at..at + e.record_len as usize);
                     let Some(payload) = unframe_record(&rec) else {
-                        tracing::error!(dir = %self.dir.display(), seq, "corrupt record skipped");
+                        tracing::error!(dir = %self.dir.display(), seq, offset = e.record_offset, "corrupt record: the message is lost, its entry removed");
+                        unreadable.push(seq);
                         continue;
                     };
                     let Some(expiry) = payload.get(..8) else {
-                        tracing::error!(dir = %self.dir.display(), seq, "short record skipped");
+                        tracing::error!(dir = %self.dir.display(), seq, "short record: the message is lost, its entry removed");
+                        unreadable.push(seq);
                         continue;
                     };
                     let mut at = [0u8; 8];
@@ -602,7 +720,8 @@ impl QueueLog {
                         None => match decode_message(&payload, None) {
                             Ok(m) => Body::Whole(Box::new(m)),
                             Err(err) => {
-                                tracing::error!(dir = %self.dir.display(), seq, %err, "undecodable record skipped");
+                                tracing::error!(dir = %self.dir.display(), seq, %err, "undecodable record: the message is lost, its entry removed");
+                                unreadable.push(seq);
                                 continue;
                             }
                         },
@@ -616,7 +735,11 @@ impl QueueLog {
             }
             i = j;
         }
-        Ok(())
+        let mut released = Vec::new();
+        for seq in unreadable {
+            released.extend(self.remove(seq)?);
+        }
+        Ok(released)
     }
 
     /// Writes the buffers out (no fsync).

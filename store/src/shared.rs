@@ -10,9 +10,10 @@
 //! records are copied into the current file; the old file is deleted by the sync thread once
 //! the copies are durable), so publishers never wait for a whole-file rewrite.
 
+use crate::scan;
 use crate::segment::{HEADER_SIZE, frame_record, unframe_record};
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -29,6 +30,17 @@ const COMPACT_STEP_BYTES: u64 = 4 << 20;
 /// keeping up to `FILE_BYTES` of dead bodies until the file fills.
 const ROTATE_DEAD_BYTES: u64 = 1 << 20;
 pub const SHARED_MAGIC: &[u8; 8] = b"WARRENSB";
+/// Shared records: id u64 (1.., a counter: far below 2^48) then the body.
+const FRAMING: scan::Framing = scan::Framing {
+    min_payload: 8,
+    max_payload: u32::MAX as usize,
+    plausible: |p| {
+        p.len() >= 8 && {
+            let id = u64::from_le_bytes([p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]]);
+            id != 0 && id < 1 << 48
+        }
+    },
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Loc {
@@ -62,7 +74,9 @@ pub struct SharedStore {
     /// Bodies written since the last sync, by message address: a fanout shares one `Arc`, so
     /// its body is written once. Holding the `Arc` keeps the address from being reused.
     recent: HashMap<usize, (Arc<Message>, u64)>,
-    dirty: bool,
+    /// Files written since the last sync: the current one, and the one it replaced when a
+    /// file filled up between two syncs (its last bodies need the fsync too).
+    dirty: BTreeSet<u64>,
     dir_dirty: bool,
     /// Until the first sync, refcounts are still being rebuilt: nothing may be deleted.
     recovering: bool,
@@ -101,7 +115,7 @@ impl SharedStore {
             current: 0,
             next_id: 1,
             recent: HashMap::new(),
-            dirty: false,
+            dirty: BTreeSet::new(),
             dir_dirty: false,
             recovering: true,
             pending_delete: Vec::new(),
@@ -115,60 +129,100 @@ impl SharedStore {
         Ok(store)
     }
 
+    /// Indexes file `n`'s records. Damage followed by a valid record is skipped (the
+    /// bodies in it are lost, and reported by the queues that refer to them); a tail with
+    /// no valid record is cut (a tear); the bytes of a damaged region are left in place.
     fn index_file(&mut self, n: u64, verify: bool) -> io::Result<()> {
         let path = file_path(&self.dir, n);
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let len = file.metadata()?.len();
         let mut head = [0u8; HEADER_SIZE];
-        if file.read_exact_at(&mut head, 0).is_err() || &head[..8] != SHARED_MAGIC {
-            tracing::warn!(file = %path.display(), "shared store file with a bad header: ignored");
-            return Ok(());
+        let head_ok = file.read_exact_at(&mut head, 0).is_ok();
+        if head_ok && head[..8] == SHARED_MAGIC[..] && head[8..12] != file_header()[8..12] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} was written in shared-store format {} (this warren reads {}): \
+                     start the warren that wrote it",
+                    path.display(),
+                    u32::from_le_bytes([head[8], head[9], head[10], head[11]]),
+                    crate::segment::FORMAT_VERSION
+                ),
+            ));
         }
-        let mut at = HEADER_SIZE as u64;
-        let mut frame = [0u8; 16];
-        while at + 16 <= len {
-            file.read_exact_at(&mut frame, at)?;
-            let payload_len =
-                u64::from(u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]));
-            let rec_len = 8 + payload_len;
-            // The payload starts with the id; a shorter one is garbage.
-            if payload_len < 8 || at + rec_len > len {
-                break;
-            }
-            if verify {
-                let mut rec = vec![0u8; rec_len as usize];
-                file.read_exact_at(&mut rec, at)?;
-                if unframe_record(&Bytes::from(rec)).is_none() {
-                    break;
+        let scanned = scan::scan(&file, HEADER_SIZE as u64, len, &FRAMING, verify)?;
+        if !head_ok || head != file_header() {
+            // The header is a constant: a damaged one is rewritten, the records kept.
+            tracing::warn!(file = %path.display(), "shared store file with a damaged header: header rewritten, records kept");
+            file.write_all_at(&file_header(), 0)?;
+            file.sync_all()?;
+        }
+        for range in &scanned.damaged {
+            tracing::warn!(
+                file = %path.display(),
+                offset = range.start,
+                bytes = range.end - range.start,
+                "corrupt shared-store records skipped (not a torn tail: valid records follow, \
+                 and are kept); the bodies in them are lost, the queues that held them say how many messages"
+            );
+        }
+        for r in &scanned.records {
+            let id = u64::from_le_bytes(r.prefix[..8].try_into().unwrap_or_default());
+            // A walk of frames only cannot see a damaged id: when two records claim one id,
+            // the checksums decide (a compaction's copy in a later file wins when both hold).
+            if let Some(old) = self.locs.get(&id).copied()
+                && !scanned.verified
+            {
+                let new_ok = self.record_ok(&file, r.offset, r.len)?;
+                let old_file = match self.files.get(&old.file) {
+                    Some(f) => Some(&*f.handle),
+                    None => (old.file == n).then_some(&file),
+                };
+                let old_ok = match old_file {
+                    Some(f) => self.record_ok(f, old.offset, u64::from(old.len))?,
+                    None => false,
+                };
+                if !new_ok || !old_ok {
+                    tracing::warn!(file = %path.display(), offset = r.offset, "a corrupt shared-store record claims the id of another: skipped");
+                }
+                if !new_ok {
+                    continue;
                 }
             }
-            let id = u64::from_le_bytes(frame[8..16].try_into().unwrap_or_default());
             self.locs.insert(
                 id,
                 Loc {
                     file: n,
-                    offset: at,
-                    len: rec_len as u32,
+                    offset: r.offset,
+                    len: r.len as u32,
                     refs: 0,
                 },
             );
             self.next_id = self.next_id.max(id + 1);
-            at += rec_len;
         }
-        if at < len {
-            tracing::warn!(file = %path.display(), bytes = len - at, "truncating a torn shared-store tail");
-            file.set_len(at)?;
+        if let Some(tail) = scanned.tail {
+            tracing::warn!(file = %path.display(), offset = tail, bytes = len - tail, "truncating a torn shared-store tail");
+            file.set_len(tail)?;
             file.sync_all()?;
         }
         self.files.insert(
             n,
             FileState {
                 handle: Arc::new(file),
-                len: at,
+                len: scanned.tail.unwrap_or(len).max(HEADER_SIZE as u64),
                 live_bytes: 0,
             },
         );
         Ok(())
+    }
+
+    /// Whether the record at `offset` of `file` matches its checksum.
+    fn record_ok(&self, file: &File, offset: u64, len: u64) -> io::Result<bool> {
+        let mut rec = vec![0u8; len as usize];
+        if file.read_exact_at(&mut rec, offset).is_err() {
+            return Ok(false);
+        }
+        Ok(unframe_record(&Bytes::from(rec)).is_some())
     }
 
     fn new_file(&mut self) -> io::Result<()> {
@@ -189,7 +243,7 @@ impl SharedStore {
             },
         );
         self.dir_dirty = true;
-        self.dirty = true;
+        self.dirty.insert(self.current);
         Ok(())
     }
 
@@ -256,7 +310,7 @@ impl SharedStore {
             },
         );
         f.len += rec.len() as u64;
-        self.dirty = true;
+        self.dirty.insert(self.current);
         Ok(())
     }
 
@@ -392,10 +446,10 @@ impl SharedStore {
         self.compact_step()?;
         self.recent.clear();
         let mut out = SharedSync::default();
-        if std::mem::take(&mut self.dirty)
-            && let Some(f) = self.files.get(&self.current)
-        {
-            out.fsync.push(f.handle.clone());
+        for n in std::mem::take(&mut self.dirty) {
+            if let Some(f) = self.files.get(&n) {
+                out.fsync.push(f.handle.clone());
+            }
         }
         out.delete = std::mem::take(&mut self.pending_delete);
         if std::mem::take(&mut self.dir_dirty) || !out.delete.is_empty() {
