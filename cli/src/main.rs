@@ -221,6 +221,15 @@ struct ServeArgs {
     /// same streams as --stream, with --tls-cert/--tls-key (or --stream-tls-cert/-key/-ca).
     #[arg(long)]
     stream_tls: Option<String>,
+    /// The host stream clients are told to connect to (Open's `advertised_host`, Metadata's
+    /// brokers; RabbitMQ's stream.advertised_host), for a broker behind NAT, in a container
+    /// or behind a load balancer. Default: the listener's address.
+    #[arg(long)]
+    stream_advertised_host: Option<String>,
+    /// The port stream clients of --stream are told to connect to (RabbitMQ's
+    /// stream.advertised_port). Default: the listener's port (--stream-tls tells its own).
+    #[arg(long)]
+    stream_advertised_port: Option<u16>,
     /// The --stream-tls listener's own certificate chain (default: --tls-cert).
     #[arg(long)]
     stream_tls_cert: Option<PathBuf>,
@@ -358,6 +367,8 @@ impl ServeArgs {
             stream_tls_cert,
             stream_tls_key,
             stream_tls_ca,
+            stream_advertised_host,
+            stream_advertised_port,
             mqtt_server_keep_alive,
             log_level,
             log_file,
@@ -703,14 +714,29 @@ fn spawn_streams<B: warren_stream::StreamBackend>(
     backend: Arc<B>,
     plain: Option<tokio::net::TcpListener>,
     tls: Option<(tokio::net::TcpListener, Arc<tls::Reloadable>)>,
+    advertised: (Option<String>, Option<u16>),
     stopped: &watch::Receiver<bool>,
     servers: &mut Servers,
 ) -> std::io::Result<()> {
+    // What clients are told to connect to: the settings', else each listener's own. The
+    // advertised port is the plain listener's (RabbitMQ has a TLS one of its own): the TLS
+    // listener tells its own port.
+    let config = |bound: std::net::SocketAddr, port: Option<u16>| {
+        Arc::new(warren_stream::StreamConfig {
+            advertised_host: advertised
+                .0
+                .clone()
+                .unwrap_or_else(|| bound.ip().to_string()),
+            advertised_port: port.unwrap_or(bound.port()),
+            ..warren_stream::StreamConfig::default()
+        })
+    };
     if let Some(listener) = plain {
         let bound = listener.local_addr()?;
-        let task = tokio::spawn(warren_stream::serve(
+        let task = tokio::spawn(warren_stream::serve_with(
             listener,
             backend.clone(),
+            config(bound, advertised.1),
             stopped.clone(),
         ));
         servers.push(("stream", task));
@@ -729,6 +755,7 @@ fn spawn_streams<B: warren_stream::StreamBackend>(
         let task = tokio::spawn(warren_stream::serve_layered(
             listener,
             backend,
+            config(bound, None),
             stopped.clone(),
             handshake,
         ));
@@ -1138,11 +1165,13 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         tracing::info!("listening on {bound} (HTTP management API)");
     }
     let stream_tls_listener = stream_tls_listener.zip(tls.clone());
+    let advertised = (s.stream_advertised_host.clone(), s.stream_advertised_port);
     if let Some(m) = mem_streams.clone() {
         spawn_streams(
             m,
             stream_listener,
             stream_tls_listener,
+            advertised.clone(),
             &stopped,
             &mut servers,
         )?;
@@ -1151,6 +1180,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             d,
             stream_listener,
             stream_tls_listener,
+            advertised.clone(),
             &stopped,
             &mut servers,
         )?;

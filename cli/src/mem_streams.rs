@@ -10,11 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use warren_core::store::{SharedStreams, StreamBounds, StreamEntry, StreamSettings, StreamStart};
 use warren_stream::backend::{
-    Appended, AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
-    StreamStats,
+    Appended, AuthError, ChunkReader, Login, OpenedConnection, OperatorClose, PeerInfo,
+    ReaderFilter, StreamBackend, StreamError, StreamStats,
 };
 use warren_stream::codec::{Entry, EntryRef, OffsetSpec, PublishedBatch, PublishedMessage};
-use warren_stream::frame::Reader;
 use warren_stream::memory::{MemoryBackend, MemoryReader};
 use warren_stream::sac::ConsumerGroups;
 
@@ -75,12 +74,16 @@ impl SharedStreams for MemStreams {
         match self.logs.create_stream(vhost, name, &args) {
             Ok(()) => Ok(()),
             // Created by the stream protocol first (it then declares the queue), or opened
-            // again with a policy's settings: those that are set apply.
-            Err(StreamError::AlreadyExists) if args.is_empty() => Ok(()),
-            Err(StreamError::AlreadyExists) => self
-                .logs
-                .set_retention(vhost, name, &args, warren_runtime::unix_ms())
-                .map_err(|e| e.to_string()),
+            // again with a policy's settings (which a declaration would call different
+            // arguments): those that are set apply.
+            Err(_) if args.is_empty() && self.logs.stream_exists(vhost, name) => Ok(()),
+            Err(StreamError::AlreadyExists | StreamError::Precondition(_))
+                if self.logs.stream_exists(vhost, name) =>
+            {
+                self.logs
+                    .set_retention(vhost, name, &args, warren_runtime::unix_ms())
+                    .map_err(|e| e.to_string())
+            }
             Err(e) => Err(e.to_string()),
         }
     }
@@ -153,23 +156,20 @@ impl SharedStreams for MemStreams {
                 let warren_stream::chunk::ChunkData::Bytes(data) = chunk.data else {
                     return Err("an in-memory chunk in a file".into());
                 };
-                let mut r = Reader::new(data);
+                // The chunk is in the protocol's layout, which the native log's data section
+                // shares: its records, sub-batches expanded, one offset each.
                 let mut offset = chunk.first_offset;
-                while !r.is_empty() {
-                    let entry = Entry::read(&mut r).map_err(|e| e.to_string())?;
-                    // Only simple entries are written here (sub-batches are refused at
-                    // publish); a record the core cannot read keeps its offset.
-                    if let Entry::Simple(data) = &entry
-                        && offset >= from
-                    {
+                for record in warren_store::stream::sub_batch::Records::new(&data) {
+                    let record = record.map_err(|e| e.to_string())?;
+                    if offset >= from {
                         out.push(StreamEntry {
                             offset,
                             timestamp: u64::try_from(chunk.timestamp).unwrap_or(0),
-                            data: data.clone(),
+                            data: record,
                         });
                         n += 1;
                     }
-                    offset += u64::from(entry.records());
+                    offset += 1;
                 }
             }
         }
@@ -193,6 +193,10 @@ impl StreamBackend for MemStreams {
 
     fn vhost_access(&self, user: &str, vhost: &str) -> bool {
         self.broker.vhost_access(user, vhost)
+    }
+
+    fn register_connection(&self, connection: OpenedConnection<'_>) -> Option<OperatorClose> {
+        self.broker.register_connection(connection)
     }
 
     fn create_stream(
@@ -240,14 +244,16 @@ impl StreamBackend for MemStreams {
         messages: PublishedBatch<'_>,
         now_ms: u64,
     ) -> Result<Appended, StreamError> {
-        // As the data directory's streams: AMQP consumers read every record.
-        if messages
-            .iter()
-            .any(|m| matches!(m.entry, EntryRef::SubBatch { .. }))
-        {
-            return Err(StreamError::Precondition(
-                "sub-batch entries are not supported by this node's streams".into(),
-            ));
+        // As the data directory's streams: sub-batches of the codecs AMQP consumers can
+        // read (their records expanded for them), stored as published.
+        for m in messages.iter() {
+            if let EntryRef::SubBatch { compression, .. } = m.entry
+                && !warren_store::stream::sub_batch::served(compression)
+            {
+                return Err(StreamError::Precondition(format!(
+                    "sub-batch compression {compression} is not served (none and gzip are)"
+                )));
+            }
         }
         let appended = self
             .logs

@@ -94,6 +94,10 @@ pub struct Settings {
     pub stream_tls_cert: Option<PathBuf>,
     pub stream_tls_key: Option<PathBuf>,
     pub stream_tls_ca: Option<PathBuf>,
+    /// What stream clients are told to connect to (RabbitMQ's stream.advertised_host and
+    /// advertised_port); `None`: the listener's own address.
+    pub stream_advertised_host: Option<String>,
+    pub stream_advertised_port: Option<u16>,
     /// `None`: RUST_LOG when set, else `info`.
     pub log_level: Option<String>,
     pub log_format: LogFormat,
@@ -169,6 +173,8 @@ impl Default for Settings {
             stream_tls_cert: None,
             stream_tls_key: None,
             stream_tls_ca: None,
+            stream_advertised_host: None,
+            stream_advertised_port: None,
             log_level: None,
             log_format: LogFormat::Text,
             log_file: None,
@@ -327,6 +333,8 @@ impl Settings {
         env!(stream_tls_cert, |n, v| Some(v.into()));
         env!(stream_tls_key, |n, v| Some(v.into()));
         env!(stream_tls_ca, |n, v| Some(v.into()));
+        env!(stream_advertised_host, |n, v| Some(v.to_string()));
+        env!(stream_advertised_port, |n, v| Some(parse(&n, v)?));
         env!(log_level, |n, v| Some(v.to_string()));
         env!(log_format, |n, v| match v {
             "text" => LogFormat::Text,

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::sync::OnceLock;
 use warren_runtime::BrokerHandle;
-use warren_stream::backend::{AuthError, Login, PeerInfo};
+use warren_stream::backend::{AuthError, Login, OpenedConnection, OperatorClose, PeerInfo};
 
 /// The broker, set once it runs (a catalog opens before it: the restore reopens streams).
 #[derive(Default)]
@@ -51,6 +51,53 @@ impl BrokerLink {
             block_on(broker.authenticate_certified(user, true, Some(vhost))),
             Ok(Ok(_))
         )
+    }
+
+    /// Makes a stream connection one of the broker's (as RabbitMQ lists its stream
+    /// connections with the others): listed by `GET /api/connections` and `warren ctl
+    /// list_connections` (protocol `stream`, its PeerProperties as client properties), closed
+    /// by them and by its vhost's deletion. The future holds the broker's connection: it
+    /// resolves with the reason of a close from the broker, and leaves the listings when
+    /// dropped.
+    pub(crate) fn register_connection(&self, c: OpenedConnection<'_>) -> Option<OperatorClose> {
+        use warren_core::command::Op;
+        use warren_core::effect::Effect;
+        use warren_core::message::{FieldTable, FieldValue};
+        let broker = self.get()?;
+        let link = broker.connect();
+        let mut properties = FieldTable::new();
+        for (k, v) in c.client_properties {
+            properties.insert(k.as_str().into(), FieldValue::string(v));
+        }
+        link.tx.describe(warren_runtime::ConnMeta {
+            protocol: "stream",
+            peer: c.peer.addr.as_str().into(),
+            tls: c.peer.tls,
+            client_properties: Some(Box::new(properties)),
+            client_id: None,
+            heartbeat: u16::try_from(c.heartbeat_s).unwrap_or(u16::MAX),
+            frame_max: c.frame_max,
+            connected_at: warren_runtime::unix_ms(),
+        });
+        let open = Op::ConnectionOpen {
+            vhost: c.vhost.to_string(),
+            user: c.user.to_string(),
+            cancel_notify: false,
+        };
+        Some(Box::pin(async move {
+            let (tx, mut rx) = (link.tx, link.rx);
+            if tx.send(vec![(0, open)]).await.is_ok() {
+                while let Some(batch) = rx.recv().await {
+                    for e in batch {
+                        if let Effect::ConnectionError { error, .. } = e {
+                            return error.text;
+                        }
+                    }
+                }
+            }
+            // The broker is gone (shutting down): the connection ends with the listener.
+            std::future::pending().await
+        }))
     }
 
     /// Declares stream `stream` of `vhost` as a queue (a stream is a queue of its vhost for

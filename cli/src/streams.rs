@@ -28,10 +28,10 @@ use warren_store::stream::{
     self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
 };
 use warren_stream::backend::{
-    Appended, AuthError, ChunkReader, Login, PeerInfo, ReadBatch, ReaderFilter, StreamBackend,
-    StreamError, StreamStats,
+    Appended, AuthError, ChunkReader, Login, OpenedConnection, OperatorClose, PeerInfo, ReadBatch,
+    ReaderFilter, StreamBackend, StreamError, StreamStats,
 };
-use warren_stream::chunk::{Chunk, ChunkData, FileRange};
+use warren_stream::chunk::{CHUNK_ENTRIES, Chunk, ChunkData, FileRange};
 use warren_stream::codec::{EntryRef, OffsetSpec, PublishedBatch, PublishedRef};
 use warren_stream::sac::ConsumerGroups;
 use warren_stream::tail::{self, Tail, TailWatch};
@@ -149,6 +149,8 @@ pub struct Stream {
     dirty: Notify,
     /// How its subscriptions read (read-ahead; file ranges for sendfile).
     reader_options: ReaderOptions,
+    /// Its creation's arguments, as a declaration again compares them.
+    declared: Vec<(String, String)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -281,6 +283,18 @@ pub(crate) fn parse_arguments(
             "initial-cluster-size" => {
                 v.parse::<u64>().map_err(|_| bad(k, v))?;
             }
+            // Validated as RabbitMQ does (and so never a line break in the arguments file).
+            "stream-filter-size-bytes" if !matches!(v.parse::<u8>(), Ok(16..=255)) => {
+                return Err(bad(k, v));
+            }
+            "queue-leader-locator"
+                if !matches!(
+                    v.as_str(),
+                    "client-local" | "balanced" | "least-leaders" | "random"
+                ) =>
+            {
+                return Err(bad(k, v));
+            }
             _ => {}
         }
     }
@@ -291,6 +305,7 @@ fn stream_config(args: &[(String, String)], fsync: bool) -> StreamConfig {
     let mut c = StreamConfig {
         buffer_limit_bytes: WRITE_BUFFER,
         fsync,
+        merge_entries: CHUNK_ENTRIES,
         ..StreamConfig::default()
     };
     for (k, v) in args {
@@ -364,19 +379,26 @@ impl DiskStreams {
                 };
                 let log = StreamLog::open(&sdir.path(), stream_config(&args, fsync))?;
                 tracing::info!(vhost = %vhost, stream = %stream, next = log.bounds().next, "stream recovered");
-                me.insert(&mut lock(&me.streams), vhost.clone(), stream, log);
+                let declared = warren_stream::memory::declared_arguments(&args);
+                me.insert(&mut lock(&me.streams), vhost.clone(), stream, log, declared);
             }
         }
         Ok(me)
     }
 
-    fn insert(&self, streams: &mut Catalog, vhost: String, name: String, log: StreamLog) {
+    fn insert(
+        &self,
+        streams: &mut Catalog,
+        vhost: String,
+        name: String,
+        log: StreamLog,
+        declared: Vec<(String, String)>,
+    ) {
         let b = log.bounds();
         let tail = TailWatch::new(Tail {
             committed: b.committed,
-            // Not known after a restart until the next append; the first retained chunk is
-            // a lower bound good enough for Deliver v2's hint.
-            last_chunk: (b.committed > b.first).then_some(b.first),
+            // Found in the index at open (everything recovered is committed).
+            last_chunk: log.last_chunk().filter(|&c| c < b.committed),
             deleted: false,
         });
         let stream = Arc::new(Stream {
@@ -387,6 +409,7 @@ impl DiskStreams {
                 read_ahead: self.read_ahead,
                 ranges_from: self.sendfile.then_some(SENDFILE_MIN),
             },
+            declared,
         });
         tokio::spawn(
             stream
@@ -424,12 +447,14 @@ impl DiskStreams {
         stream: &str,
         arguments: &[(String, String)],
     ) -> Result<(), StreamError> {
-        let args = parse_arguments(arguments)?;
+        parse_arguments(arguments)?;
+        // Stored as declared: what the log applies, and what a declaration again compares.
+        let args = warren_stream::memory::declared_arguments(arguments);
         let dir = self.dir(vhost, stream)?;
         // Held across the creation so two creates of one name cannot both succeed.
         let mut streams = lock(&self.streams);
-        if streams.get(vhost).is_some_and(|v| v.contains_key(stream)) {
-            return Err(StreamError::AlreadyExists);
+        if let Some(s) = streams.get(vhost).and_then(|v| v.get(stream)) {
+            return Err(warren_stream::memory::redeclared(&s.declared, arguments));
         }
         if streams.values().map(HashMap::len).sum::<usize>() >= MAX_STREAMS {
             return Err(StreamError::Precondition(format!(
@@ -452,7 +477,13 @@ impl DiskStreams {
         })();
         created.map_err(internal)?;
         let log = StreamLog::open(&dir, stream_config(&args, self.fsync)).map_err(internal)?;
-        self.insert(&mut streams, vhost.to_string(), stream.to_string(), log);
+        self.insert(
+            &mut streams,
+            vhost.to_string(),
+            stream.to_string(),
+            log,
+            args,
+        );
         Ok(())
     }
 
@@ -531,7 +562,107 @@ fn stage<'m>(
     })
 }
 
-/// A simple entry's bytes (sub-batches are refused before anything is staged).
+/// A frame with sub-batch entries (the clients' sub-entry batching): its new entries in
+/// order, runs of simple entries as batches of at most [`CHUNK_ENTRIES`] (and the write
+/// buffer), each sub-batch as one entry of its records (`append_merged_sub_batch`: stored as
+/// published, for clients to decompress). A codec the log does not serve refuses the frame
+/// before anything is staged.
+fn append_entries(
+    w: &mut Writer,
+    writer: Option<&str>,
+    messages: PublishedBatch<'_>,
+    now_ms: u64,
+) -> Result<Appended, StreamError> {
+    let last = writer.and_then(|r| w.log.publisher_sequence(r));
+    let named = writer.filter(|r| !r.is_empty());
+    let fresh: Vec<PublishedRef<'_>> = messages
+        .iter()
+        .filter(|m| last.is_none_or(|l| m.publishing_id > l))
+        .collect();
+    for m in &fresh {
+        if let EntryRef::SubBatch { compression, .. } = m.entry
+            && !log::sub_batch::served(compression)
+        {
+            return Err(StreamError::Precondition(format!(
+                "sub-batch compression {compression} is not served (none and gzip are)"
+            )));
+        }
+    }
+    let mut i = 0;
+    while i < fresh.len() {
+        let (n, max_id) = match fresh[i].entry {
+            EntryRef::SubBatch { .. } => (1, fresh[i].publishing_id),
+            EntryRef::Simple(_) => {
+                let (mut n, mut bytes, mut max_id) = (0, 0, 0);
+                for m in &fresh[i..] {
+                    let EntryRef::Simple(b) = m.entry else {
+                        break;
+                    };
+                    if n == CHUNK_ENTRIES || (n > 0 && bytes + b.len() > WRITE_BUFFER) {
+                        break;
+                    }
+                    bytes += b.len() + 4;
+                    max_id = max_id.max(m.publishing_id);
+                    n += 1;
+                }
+                (n, max_id)
+            }
+        };
+        // As in `append`: each batch records the highest id it holds.
+        let publishers = named.map(|r| [(r, max_id.max(last.unwrap_or(0)))]);
+        let publishers = publishers.as_ref().map_or(&[][..], |p| &p[..]);
+        match fresh[i].entry {
+            EntryRef::SubBatch {
+                compression,
+                count,
+                uncompressed_size,
+                data,
+            } => {
+                let header = log::sub_batch::SubBatch {
+                    compression,
+                    count,
+                    uncompressed_size,
+                    size: u32::try_from(data.len()).map_err(internal)?,
+                };
+                let mut entry = Vec::with_capacity(log::sub_batch::HEADER + data.len());
+                entry.extend_from_slice(&header.encode());
+                entry.extend_from_slice(data);
+                let filter = fresh[i].filter_value;
+                let staged = match w
+                    .log
+                    .append_merged_sub_batch(&entry, filter, now_ms, publishers)
+                {
+                    Err(log::StreamError::Backpressure { .. }) => {
+                        w.log.flush().map_err(internal)?;
+                        w.log
+                            .append_merged_sub_batch(&entry, filter, now_ms, publishers)
+                    }
+                    other => other,
+                };
+                staged.map_err(|e| match e {
+                    log::StreamError::Invalid(m) => StreamError::Precondition(m),
+                    other => internal(other),
+                })?;
+            }
+            EntryRef::Simple(_) => stage(
+                w,
+                fresh[i..i + n].iter().map(|m| (simple(m), m.filter_value)),
+                None,
+                publishers,
+                now_ms,
+            )?,
+        }
+        i += n;
+    }
+    Ok(Appended {
+        stored: fresh.len(),
+        duplicates: messages.len() - fresh.len(),
+        confirm_at: w.log.bounds().next.checked_sub(1),
+    })
+}
+
+/// A simple entry's bytes (frames with sub-batches go through [`append_entries`], which
+/// calls this for its simple entries only).
 fn simple<'a>(m: &PublishedRef<'a>) -> &'a [u8] {
     match m.entry {
         EntryRef::Simple(b) => b,
@@ -544,8 +675,8 @@ fn simple<'a>(m: &PublishedRef<'a>) -> &'a [u8] {
 fn to_chunk(c: &log::ReadChunk) -> Chunk {
     Chunk {
         first_offset: c.first_offset,
-        // One entry per message (the log holds no sub-batches).
-        num_entries: c.count.min(u16::MAX as u32) as u16,
+        // A sub-batch is one entry of several records.
+        num_entries: c.entries,
         num_records: c.count,
         timestamp: c.timestamp as i64,
         crc: c.data_crc,
@@ -571,6 +702,10 @@ impl StreamBackend for DiskStreams {
 
     fn vhost_access(&self, user: &str, vhost: &str) -> bool {
         self.broker.vhost_access(user, vhost)
+    }
+
+    fn register_connection(&self, connection: OpenedConnection<'_>) -> Option<OperatorClose> {
+        self.broker.register_connection(connection)
     }
 
     fn create_stream(
@@ -608,7 +743,7 @@ impl StreamBackend for DiskStreams {
 
     fn stream_stats(&self, vhost: &str, stream: &str) -> Result<StreamStats, StreamError> {
         let s = self.get(vhost, stream)?;
-        let first = s.with_writer(|w| Ok(w.log.bounds()))?;
+        let (first, last) = s.with_writer(|w| Ok((w.log.bounds(), w.log.last_chunk())))?;
         let tail = s.tail.get();
         Ok(StreamStats {
             first_chunk_id: if tail.committed > first.first {
@@ -617,6 +752,8 @@ impl StreamBackend for DiskStreams {
                 -1
             },
             committed_chunk_id: tail.last_chunk.map_or(-1, |c| c as i64),
+            // Written, committed or not (a chunk still staged has no id yet).
+            last_chunk_id: last.map_or(-1, |c| c as i64),
         })
     }
 
@@ -645,9 +782,11 @@ impl StreamBackend for DiskStreams {
         };
         let summary = messages.summary();
         if summary.sub_batches {
-            return Err(StreamError::Precondition(
-                "sub-batch entries are not supported by this node's streams".into(),
-            ));
+            let appended = s.with_writer(|w| append_entries(w, writer, messages, now_ms))?;
+            if appended.stored > 0 {
+                s.dirty.notify_one();
+            }
+            return Ok(appended);
         }
         let appended = s.with_writer(|w| {
             let last = writer.and_then(|r| w.log.publisher_sequence(r));
@@ -655,7 +794,7 @@ impl StreamBackend for DiskStreams {
             let count = messages.len();
             if count > 0
                 && last.is_none_or(|l| summary.min_id > l)
-                && count <= log::format::MAX_CHUNK_MESSAGES
+                && count <= CHUNK_ENTRIES
                 && (count == 1 || summary.simple_bytes <= WRITE_BUFFER as u64)
             {
                 // The usual frame: every id new, one batch: its messages go from the frame's
@@ -686,10 +825,7 @@ impl StreamBackend for DiskStreams {
                 let (mut n, mut bytes, mut max_id) = (0, 0, 0);
                 for m in rest.clone() {
                     let len = simple(&m).len();
-                    if n == left
-                        || n == log::format::MAX_CHUNK_MESSAGES
-                        || (n > 0 && bytes + len > WRITE_BUFFER)
-                    {
+                    if n == left || n == CHUNK_ENTRIES || (n > 0 && bytes + len > WRITE_BUFFER) {
                         break;
                     }
                     bytes += len + 4;
@@ -919,7 +1055,12 @@ impl warren_store::StreamHost for DiskStreams {
         }
         match self.create_log(vhost, name, &args) {
             // Created meanwhile by the stream protocol: the same stream.
-            Ok(()) | Err(StreamError::AlreadyExists) => Ok(()),
+            Ok(()) => Ok(()),
+            Err(StreamError::AlreadyExists | StreamError::Precondition(_))
+                if self.stream_exists(vhost, name) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e.to_string()),
         }
     }

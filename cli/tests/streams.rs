@@ -13,6 +13,9 @@ use std::time::Duration;
 
 mod common;
 use common::Killed as Broker;
+#[path = "common/stream_raw.rs"]
+mod stream_raw;
+use stream_raw::Raw;
 
 fn data_dir(tag: &str) -> PathBuf {
     common::scratch_dir("streams", tag)
@@ -863,99 +866,6 @@ async fn java_client_over_tls_super_streams_and_filtering() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A raw stream-protocol connection (frames of `warren_stream::codec`), for the answers the
-/// Rust client hides: PublishError frames with their codes, Close codes.
-struct Raw {
-    s: tokio::net::TcpStream,
-    buf: bytes::BytesMut,
-}
-
-impl Raw {
-    async fn open(port: u16) -> Raw {
-        use bytes::Bytes;
-        use warren_stream::codec::Frame;
-        let mut c = Raw {
-            s: tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .unwrap(),
-            buf: bytes::BytesMut::new(),
-        };
-        c.send(&Frame::PeerProperties {
-            corr: 1,
-            properties: vec![],
-        })
-        .await;
-        assert!(matches!(
-            c.recv().await,
-            Some(Frame::PeerPropertiesResponse { code: 1, .. })
-        ));
-        c.send(&Frame::SaslHandshake { corr: 2 }).await;
-        c.recv().await;
-        c.send(&Frame::SaslAuthenticate {
-            corr: 3,
-            mechanism: "PLAIN".into(),
-            data: Bytes::from_static(b"\0guest\0guest"),
-        })
-        .await;
-        assert!(matches!(
-            c.recv().await,
-            Some(Frame::SaslAuthenticateResponse { code: 1, .. })
-        ));
-        let Some(Frame::Tune { frame_max, .. }) = c.recv().await else {
-            panic!("no tune")
-        };
-        c.send(&Frame::TuneResponse {
-            frame_max,
-            heartbeat: 0,
-        })
-        .await;
-        c.send(&Frame::Open {
-            corr: 4,
-            vhost: "/".into(),
-        })
-        .await;
-        assert!(matches!(
-            c.recv().await,
-            Some(Frame::OpenResponse { code: 1, .. })
-        ));
-        c
-    }
-
-    async fn send(&mut self, f: &warren_stream::codec::Frame) {
-        use tokio::io::AsyncWriteExt;
-        self.s
-            .write_all(&warren_stream::codec::to_bytes(f))
-            .await
-            .unwrap();
-    }
-
-    /// The next frame (None at EOF), within 10 s.
-    async fn recv(&mut self) -> Option<warren_stream::codec::Frame> {
-        use tokio::io::AsyncReadExt;
-        tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                if let Some(body) = warren_stream::frame::split_frame(&mut self.buf, 0).unwrap() {
-                    return Some(warren_stream::codec::decode(body).expect("server frames decode"));
-                }
-                if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
-                    return None;
-                }
-            }
-        })
-        .await
-        .expect("a frame within 10 s")
-    }
-
-    async fn request(&mut self, f: warren_stream::codec::Frame) -> u16 {
-        use warren_stream::codec::Frame;
-        self.send(&f).await;
-        match self.recv().await {
-            Some(Frame::Response { code, .. }) => code,
-            other => panic!("a response to {f:?}, got {other:?}"),
-        }
-    }
-}
-
 fn published(ids: std::ops::Range<u64>) -> Vec<warren_stream::codec::PublishedMessage> {
     ids.map(|i| warren_stream::codec::PublishedMessage {
         publishing_id: i,
@@ -967,7 +877,7 @@ fn published(ids: std::ops::Range<u64>) -> Vec<warren_stream::codec::PublishedMe
 
 /// The PublishError path over the data directory's streams, as raw frames: every message of
 /// a refused Publish frame gets a PublishError with the protocol's code (an undeclared
-/// publisher id: 0x12; a sub-batch entry, which this node's streams refuse: 0x11; a stream
+/// publisher id: 0x12; a sub-batch of a codec this node's streams refuse (snappy): 0x11; a stream
 /// deleted under its publisher, even if created again since: 0x02, then 0x12 once the
 /// publisher went with it and a MetadataUpdate said so); a frame over the frame-max (a message too large) closes that
 /// connection with FRAME_TOO_LARGE (0x0e), read by a client still writing that frame (the
@@ -1042,7 +952,8 @@ async fn publish_errors_carry_the_protocols_code_for_every_message() {
         publishing_id: 5,
         filter_value: None,
         entry: Entry::SubBatch {
-            compression: 0,
+            // Snappy: a codec these streams do not serve (none and gzip are).
+            compression: 2,
             count: 2,
             uncompressed_size: 4,
             data: bytes::Bytes::from_static(b"\0\0\0\0"),
@@ -1058,7 +969,7 @@ async fn publish_errors_carry_the_protocols_code_for_every_message() {
                 (5, code::PRECONDITION_FAILED)
             ]
         }),
-        "a sub-batch entry refuses its frame"
+        "a sub-batch of a codec not served refuses its frame"
     );
     a.send(&publish(1, published(6..8))).await;
     assert_eq!(

@@ -21,7 +21,27 @@ pub enum Login {
 pub struct PeerInfo {
     pub addr: String,
     pub is_loopback: bool,
+    /// It came through a TLS listener (`--stream-tls`).
+    pub tls: bool,
 }
+
+/// An open connection as operators see it (`GET /api/connections`, `warren ctl
+/// list-connections`), handed to [`StreamBackend::register_connection`] once Open succeeds.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenedConnection<'a> {
+    pub peer: &'a PeerInfo,
+    pub user: &'a str,
+    pub vhost: &'a str,
+    /// The client's PeerProperties (`connection_name`, `product`, ...).
+    pub client_properties: &'a [(String, String)],
+    pub heartbeat_s: u32,
+    pub frame_max: u32,
+}
+
+/// A registered connection's end on the operators' side: resolves with the reason when an
+/// operator closes the connection (or its vhost goes); dropped when the connection ends, which
+/// takes it out of the listings.
+pub type OperatorClose = std::pin::Pin<Box<dyn Future<Output = String> + Send>>;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum AuthError {
@@ -129,6 +149,8 @@ impl ReaderFilter {
 pub struct StreamStats {
     pub first_chunk_id: i64,
     pub committed_chunk_id: i64,
+    /// The id of the last chunk written, committed or not (osiris's `last_chunk_id`).
+    pub last_chunk_id: i64,
 }
 
 /// The broker side of the stream protocol. Names are `(vhost, stream)`.
@@ -211,6 +233,23 @@ pub trait StreamBackend: Send + Sync + 'static {
         stream: &str,
         from: u64,
     ) -> impl Future<Output = Result<(), StreamError>> + Send + 'static;
+    /// Resolves once the stream is deleted (at once if it does not exist), however that
+    /// happens (this protocol, AMQP, the HTTP API): connections with a publisher or
+    /// consumer on it are told (MetadataUpdate). The default waits for data past the last
+    /// possible offset, which only a deletion ends.
+    fn wait_deleted(&self, vhost: &str, stream: &str) -> impl Future<Output = ()> + Send + 'static {
+        let gone = self.wait_data(vhost, stream, u64::MAX);
+        async move {
+            let _ = gone.await;
+        }
+    }
+
+    /// Makes an open connection visible to operators (listings, closing); `None` (the
+    /// default) for a backend without them.
+    fn register_connection(&self, connection: OpenedConnection<'_>) -> Option<OperatorClose> {
+        let _ = connection;
+        None
+    }
 
     /// Super streams: a name over partition streams, each bound with a binding key (RabbitMQ
     /// makes it a direct exchange). Creates the partitions with `arguments`. A name or a

@@ -28,6 +28,13 @@ pub const MAGIC_VERSION: u8 = 0x50;
 pub const CHUNK_USER: u8 = 0;
 /// At most this many entries per chunk (the entry count is 16 bits).
 pub const MAX_ENTRIES: usize = u16::MAX as usize;
+/// Entries a backend puts in one chunk at most (a Publish frame of more becomes several
+/// chunks). Consumer credit counts chunks, so this is how many messages one credit may let
+/// through: RabbitMQ 3.10's writer made chunks of 32 to 512 entries of one 500- or
+/// 3000-message frame; 256 keeps credit as fine-grained while a chunk's fixed costs (a
+/// 48-byte header, an index entry, a Deliver frame, a CRC pass) stay a small share of it
+/// (docs/storage.md, "Chunk size").
+pub const CHUNK_ENTRIES: usize = 256;
 
 /// The fields of a chunk header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -53,6 +53,9 @@ enum Done {
         generation: u64,
         result: Result<(), StreamError>,
     },
+    Deleted {
+        stream: String,
+    },
 }
 
 /// A wait in flight: polled by the connection's own task (see [`serve_connection`]);
@@ -67,6 +70,9 @@ type WaitFuture = Pin<Box<dyn Future<Output = Option<Done>> + Send>>;
 struct Waits {
     futures: FuturesUnordered<WaitFuture>,
     data: HashMap<u8, AbortHandle>,
+    /// The deletion waits, one per stream the session watches (it unwatches a stream it
+    /// uses no more: bounded by its publishers and subscriptions).
+    deleted: HashMap<String, AbortHandle>,
 }
 
 impl Waits {
@@ -74,6 +80,7 @@ impl Waits {
         Waits {
             futures: FuturesUnordered::new(),
             data: HashMap::new(),
+            deleted: HashMap::new(),
         }
     }
 
@@ -118,6 +125,22 @@ impl Waits {
                         generation,
                     })
                 }));
+            }
+            Wait::Deleted { vhost, stream } => {
+                if self.deleted.contains_key(&stream) {
+                    return;
+                }
+                let (fut, handle) = abortable(backend.wait_deleted(&vhost, &stream));
+                self.deleted.insert(stream.clone(), handle);
+                self.futures.push(Box::pin(async move {
+                    fut.await.ok()?;
+                    Some(Done::Deleted { stream })
+                }));
+            }
+            Wait::Unwatch { stream } => {
+                if let Some(h) = self.deleted.remove(&stream) {
+                    h.abort();
+                }
             }
         }
     }
@@ -253,12 +276,17 @@ pub async fn serve_connection<S, B>(
     let mut rbuf = BytesMut::with_capacity(SMALL_READ);
     let mut read_chunk = SMALL_READ;
     let mut shutting_down = false;
+    // Set once the session is open, if the backend shows connections to operators.
+    let mut operator_close: Option<crate::backend::OperatorClose> = None;
     // Whether the loop ends with the session closing (its last frames written), rather than
     // at the client's EOF or a socket error.
     let mut closed_by_session = false;
     loop {
         for w in session.take_waits() {
             waits.push(&backend, w);
+        }
+        if operator_close.is_none() {
+            operator_close = session.take_operator_close();
         }
         if session.has_output() {
             let out = session.take_output();
@@ -319,7 +347,15 @@ pub async fn serve_connection<S, B>(
                 Done::Data { subscription_id, generation, result } => {
                     session.data_ready(subscription_id, generation, result)
                 }
+                Done::Deleted { stream } => {
+                    waits.deleted.remove(&stream);
+                    session.stream_gone(&stream)
+                }
             },
+            reason = operator_closed(&mut operator_close) => {
+                operator_close = None;
+                session.closed_by_operator(&reason);
+            }
             _ = mailbox.notified() => session.consumer_updates(),
             _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))), if sleep.is_some() => {
                 session.on_timer(now_ms());
@@ -342,6 +378,15 @@ pub async fn serve_connection<S, B>(
         };
         rbuf.clear();
         drain_input(&mut stream, rbuf, bound).await;
+    }
+}
+
+/// The operator's reason once the connection is closed from outside; pending without a
+/// registration.
+async fn operator_closed(close: &mut Option<crate::backend::OperatorClose>) -> String {
+    match close {
+        Some(f) => f.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -402,7 +447,9 @@ mod tests {
                     generation,
                     result,
                 }) => got.push((subscription_id, generation, result)),
-                Ok(Done::Durable { .. }) => panic!("no durability wait was pushed"),
+                Ok(Done::Durable { .. } | Done::Deleted { .. }) => {
+                    panic!("no durability or deletion wait was pushed")
+                }
                 Err(_) => panic!("the deletion ends every live wait within 5 s"),
             }
         }

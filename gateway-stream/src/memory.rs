@@ -50,6 +50,8 @@ struct MemStream {
     writers: HashMap<String, u64>,
     offsets: HashMap<String, u64>,
     tail: TailWatch,
+    /// Its creation's arguments, as a declaration again compares them.
+    declared: Vec<(String, String)>,
 }
 
 impl MemStream {
@@ -199,6 +201,47 @@ pub fn parse_max_age(v: &str) -> Option<u64> {
     n.checked_mul(s)?.checked_mul(1000)
 }
 
+/// The arguments RabbitMQ compares when an existing stream is declared again (its stream
+/// queue type's equivalence check; RabbitMQ 3.10 answers PRECONDITION_FAILED when one of
+/// them differs or is given on one declaration only, and ignores the others). Numbers compare
+/// as numbers, `max-age` as written (RabbitMQ: `1h` and `60m` differ); a later duplicate
+/// wins, as when the arguments are applied.
+pub fn declared_arguments(args: &[(String, String)]) -> Vec<(String, String)> {
+    const COMPARED: [&str; 6] = [
+        "max-length-bytes",
+        "max-age",
+        "stream-max-segment-size-bytes",
+        "stream-filter-size-bytes",
+        "initial-cluster-size",
+        "queue-leader-locator",
+    ];
+    let mut kept = std::collections::BTreeMap::new();
+    for (k, v) in args {
+        if !COMPARED.contains(&k.as_str()) {
+            continue;
+        }
+        let v = match v.parse::<u64>() {
+            Ok(n) if k != "max-age" && k != "queue-leader-locator" => n.to_string(),
+            _ => v.clone(),
+        };
+        kept.insert(k.clone(), v);
+    }
+    kept.into_iter().collect()
+}
+
+/// An existing stream declared again: `AlreadyExists` when the compared arguments are the
+/// same (clients take it for success), else `Precondition` (see [`declared_arguments`]).
+pub fn redeclared(existing: &[(String, String)], args: &[(String, String)]) -> StreamError {
+    let asked = declared_arguments(args);
+    if asked == existing {
+        StreamError::AlreadyExists
+    } else {
+        StreamError::Precondition(format!(
+            "stream exists with other arguments: {existing:?}, asked for {asked:?}"
+        ))
+    }
+}
+
 fn parse_arguments(args: &[(String, String)]) -> Result<(Option<usize>, Option<u64>), StreamError> {
     let bad = |k: &str, v: &str| StreamError::Precondition(format!("invalid {k}: {v}"));
     let mut max_bytes = None;
@@ -313,8 +356,8 @@ impl StreamBackend for MemoryBackend {
         let (max_bytes, max_age_ms) = parse_arguments(arguments)?;
         let mut inner = self.lock();
         let key = (vhost.to_string(), stream.to_string());
-        if inner.streams.contains_key(&key) {
-            return Err(StreamError::AlreadyExists);
+        if let Some(s) = inner.streams.get(&key) {
+            return Err(redeclared(&s.declared, arguments));
         }
         let tail = TailWatch::new(Tail::default());
         inner.streams.insert(
@@ -328,6 +371,7 @@ impl StreamBackend for MemoryBackend {
                 writers: HashMap::new(),
                 offsets: HashMap::new(),
                 tail,
+                declared: declared_arguments(arguments),
             },
         );
         Ok(())
@@ -358,6 +402,8 @@ impl StreamBackend for MemoryBackend {
             Ok(StreamStats {
                 first_chunk_id: s.chunks.front().map_or(-1, |c| c.chunk.first_offset as i64),
                 committed_chunk_id: s.chunks.back().map_or(-1, |c| c.chunk.first_offset as i64),
+                // Appended is committed in memory.
+                last_chunk_id: s.chunks.back().map_or(-1, |c| c.chunk.first_offset as i64),
             })
         })
     }
@@ -389,7 +435,7 @@ impl StreamBackend for MemoryBackend {
                 keep.push(m);
             }
             let stored = keep.len();
-            for part in keep.chunks(chunk::MAX_ENTRIES) {
+            for part in keep.chunks(chunk::CHUNK_ENTRIES) {
                 let entries: Vec<&Entry> = part.iter().map(|m| &m.entry).collect();
                 let c = chunk::build(s.next, now_ms as i64, &entries);
                 let filters = part

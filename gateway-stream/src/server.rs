@@ -41,18 +41,21 @@ pub async fn serve_with<B: StreamBackend>(
         let peer = PeerInfo {
             addr: addr.to_string(),
             is_loopback: is_loopback(&addr),
+            tls: false,
         };
         serve_connection(socket, peer, backend.clone(), config.clone(), stop.clone())
     })
     .await
 }
 
-/// As [`serve`], for connections that run `handshake` on their socket first, in their own
-/// task (a TLS server handshake: bounded in time, logged by the caller when it fails, which
-/// then returns `None`). Clients are told this listener's port (Metadata).
+/// As [`serve_with`], for connections that run `handshake` on their socket first, in their
+/// own task (a TLS server handshake: bounded in time, logged by the caller when it fails,
+/// which then returns `None`). `config` says what clients are told to connect to (Metadata):
+/// this listener's port, usually.
 pub async fn serve_layered<B, H, Fut, S>(
     listener: TcpListener,
     backend: Arc<B>,
+    config: Arc<StreamConfig>,
     shutdown: watch::Receiver<bool>,
     handshake: H,
 ) -> std::io::Result<()>
@@ -62,17 +65,12 @@ where
     Fut: Future<Output = Option<S>> + Send + 'static,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let addr = listener.local_addr()?;
-    let config = Arc::new(StreamConfig {
-        advertised_host: addr.ip().to_string(),
-        advertised_port: addr.port(),
-        ..StreamConfig::default()
-    });
     let stop = shutdown.clone();
     accept_loop(listener, shutdown, move |socket, addr| {
         let peer = PeerInfo {
             addr: addr.to_string(),
             is_loopback: is_loopback(&addr),
+            tls: true,
         };
         let (backend, config, stop) = (backend.clone(), config.clone(), stop.clone());
         let handshake = handshake.clone();

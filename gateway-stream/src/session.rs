@@ -8,14 +8,15 @@
 //! frames are limited to [`INITIAL_FRAME_MAX`] bytes (RabbitMQ's pre-auth ceiling).
 
 use crate::backend::{
-    AuthError, ChunkReader, Login, PeerInfo, ReaderFilter, StreamBackend, StreamError,
+    AuthError, ChunkReader, Login, OpenedConnection, OperatorClose, PeerInfo, ReaderFilter,
+    StreamBackend, StreamError,
 };
 use crate::chunk::FileRange;
 use crate::codec::{self, Broker, Frame, OffsetSpec, PublishedBatch, StreamMetadata};
 use crate::frame::{DecodeError, code, key, split_frame};
 use crate::sac::Mailbox;
 use bytes::{Buf, Bytes, BytesMut};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 /// The length (size field included) of the whole Publish frame at the front of `buf`, if
@@ -126,6 +127,12 @@ pub enum Wait {
         subscription_id: u8,
         generation: u64,
     },
+    /// `backend.wait_deleted(vhost, stream)`, then [`Session::stream_gone`]: one per stream
+    /// the connection has a publisher or subscription on, so an idle one learns of a
+    /// deletion too (RabbitMQ's MetadataUpdate to every connection using the stream).
+    Deleted { vhost: String, stream: String },
+    /// The connection uses `stream` no more: its `Deleted` wait is dropped.
+    Unwatch { stream: String },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,6 +235,13 @@ pub struct Session<B: StreamBackend> {
     /// active). At most two per subscription (a deactivation's answer precedes the next
     /// activation), removed with it.
     updates_sent: HashMap<u32, (u8, u64, bool)>,
+    /// Streams with a `Wait::Deleted` out (those of its publishers and subscriptions).
+    watched: HashSet<String>,
+    /// The client's PeerProperties, for operators' listings (bounded by the pre-Open
+    /// frame-max).
+    client_properties: Vec<(String, String)>,
+    /// From the backend at Open, for the shell to await (see [`Session::take_operator_close`]).
+    operator_close: Option<OperatorClose>,
 }
 
 impl<B: StreamBackend> Drop for Session<B> {
@@ -277,6 +291,49 @@ impl<B: StreamBackend> Session<B> {
             mailbox,
             next_token: 0,
             updates_sent: HashMap::new(),
+            watched: HashSet::new(),
+            client_properties: Vec::new(),
+            operator_close: None,
+        }
+    }
+
+    /// What resolves when an operator closes this connection (taken once, after Open, by
+    /// the shell, which then calls [`Session::closed_by_operator`]).
+    pub fn take_operator_close(&mut self) -> Option<OperatorClose> {
+        self.operator_close.take()
+    }
+
+    /// An operator closed the connection (`DELETE /api/connections/NAME`, `warren ctl
+    /// close_connection`): it ends at once, without a Close frame, as RabbitMQ 3.10's does.
+    pub fn closed_by_operator(&mut self, reason: &str) {
+        tracing::info!(peer = %self.peer.addr, reason = %reason.escape_debug(), "stream connection closed by an operator");
+        self.phase = Phase::Closing;
+    }
+
+    /// A `Wait::Deleted` for `stream` unless one is out.
+    fn watch(&mut self, stream: &str) {
+        if self.watched.insert(stream.to_string()) {
+            self.waits.push(Wait::Deleted {
+                vhost: self.vhost.clone(),
+                stream: stream.to_string(),
+            });
+        }
+    }
+
+    /// Drops the `Wait::Deleted` of streams without a publisher or subscription left.
+    fn unwatch_unused(&mut self) {
+        let unused: Vec<String> = self
+            .watched
+            .iter()
+            .filter(|w| {
+                !self.publishers.values().any(|p| &p.stream == *w)
+                    && !self.subscriptions.values().any(|s| &s.stream == *w)
+            })
+            .cloned()
+            .collect();
+        for stream in unused {
+            self.watched.remove(&stream);
+            self.waits.push(Wait::Unwatch { stream });
         }
     }
 
@@ -597,7 +654,8 @@ impl<B: StreamBackend> Session<B> {
                 self.send(&response(key::CLOSE, corr, code::OK));
                 self.phase = Phase::Closing;
             }
-            (Phase::PeerProperties, Frame::PeerProperties { corr, .. }) => {
+            (Phase::PeerProperties, Frame::PeerProperties { corr, properties }) => {
+                self.client_properties = properties;
                 let properties = vec![
                     ("product".into(), "Warren".into()),
                     // Clients gate features on RabbitMQ's version: the Java client exchanges
@@ -678,6 +736,14 @@ impl<B: StreamBackend> Session<B> {
                     self.vhost = vhost;
                     self.frame_max_in = self.frame_max;
                     self.phase = Phase::Opened;
+                    self.operator_close = self.backend.register_connection(OpenedConnection {
+                        peer: &self.peer,
+                        user: &user,
+                        vhost: &self.vhost,
+                        client_properties: &self.client_properties,
+                        heartbeat_s: (self.heartbeat_ms / 1000) as u32,
+                        frame_max: self.frame_max,
+                    });
                 } else {
                     tracing::warn!(peer = %self.peer.addr, user = %user, vhost = %vhost, "stream connection: vhost access refused");
                     self.send(&Frame::OpenResponse {
@@ -793,6 +859,7 @@ impl<B: StreamBackend> Session<B> {
                 } else if taken {
                     code::PRECONDITION_FAILED
                 } else {
+                    self.watch(&stream);
                     self.publishers.insert(
                         publisher_id,
                         Publisher {
@@ -832,6 +899,7 @@ impl<B: StreamBackend> Session<B> {
                     None => code::PUBLISHER_DOES_NOT_EXIST,
                 };
                 self.send(&response(key::DELETE_PUBLISHER, corr, c));
+                self.unwatch_unused();
             }
             Frame::Subscribe {
                 corr,
@@ -905,6 +973,7 @@ impl<B: StreamBackend> Session<B> {
                 Some(s) => {
                     self.send(&response(key::UNSUBSCRIBE, corr, code::OK));
                     self.leave_groups(s.sac.map(|m| m.token).into_iter().collect());
+                    self.unwatch_unused();
                 }
                 None => self.send(&response(
                     key::UNSUBSCRIBE,
@@ -995,6 +1064,7 @@ impl<B: StreamBackend> Session<B> {
                         vec![
                             ("first_chunk_id".into(), s.first_chunk_id),
                             ("committed_chunk_id".into(), s.committed_chunk_id),
+                            ("last_chunk_id".into(), s.last_chunk_id),
                         ],
                     ),
                     Err(e) => (e.code(), vec![]),
@@ -1312,6 +1382,7 @@ impl<B: StreamBackend> Session<B> {
                     };
                     match joined {
                         Ok(sac) => {
+                            self.watch(&stream);
                             self.subscriptions.insert(
                                 subscription_id,
                                 Subscription {
@@ -1388,6 +1459,7 @@ impl<B: StreamBackend> Session<B> {
             });
         }
         self.leave_groups(left);
+        self.unwatch_unused();
     }
 
     /// Sends chunks to subscriptions with credit, while the outgoing buffer has room; a

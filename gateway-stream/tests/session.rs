@@ -34,6 +34,7 @@ fn opened(heartbeat: u32) -> Session<MemoryBackend> {
     let peer = PeerInfo {
         addr: "test".into(),
         is_loopback: true,
+        tls: false,
     };
     let mut s = Session::new(
         Arc::new(MemoryBackend::new()),
@@ -173,11 +174,18 @@ fn confirms_wait_for_durability_and_duplicates_wait_with_them() {
     assert!(f.is_empty(), "no confirm before the data is durable");
     assert_eq!(
         s.take_waits(),
-        vec![Wait::Durable {
-            vhost: "/".into(),
-            stream: "d".into(),
-            offset: 1
-        }]
+        vec![
+            // The publisher's stream is watched for its deletion (a MetadataUpdate then).
+            Wait::Deleted {
+                vhost: "/".into(),
+                stream: "d".into(),
+            },
+            Wait::Durable {
+                vhost: "/".into(),
+                stream: "d".into(),
+                offset: 1
+            }
+        ]
     );
     // A re-sent id while the first copy is not durable yet: not stored, not confirmed yet.
     let f = feed(
@@ -386,6 +394,7 @@ fn a_full_outgoing_buffer_stops_reading_and_delivering_until_written() {
     let peer = PeerInfo {
         addr: "test".into(),
         is_loopback: true,
+        tls: false,
     };
     let config = StreamConfig {
         out_high_water: 300,

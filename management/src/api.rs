@@ -750,11 +750,7 @@ impl Management {
         let Some(m) = meta else {
             return id.to_string();
         };
-        let kind = if m.protocol.starts_with("MQTT") {
-            "mqtt"
-        } else {
-            "amqp"
-        };
+        let kind = listener_kind(m.protocol);
         match self.node.listeners.iter().find(|l| l.protocol == kind) {
             Some(l) => format!("{} -> {}", m.peer, l.addr),
             None => m.peer.to_string(),
@@ -768,11 +764,7 @@ impl Management {
             .map(|a| (a.ip().to_string(), a.port()))
             .unwrap_or_default();
         let protocol = meta.map_or("AMQP 0-9-1", |m| m.protocol);
-        let kind = if protocol.starts_with("MQTT") {
-            "mqtt"
-        } else {
-            "amqp"
-        };
+        let kind = listener_kind(protocol);
         let listener = self.node.listeners.iter().find(|l| l.protocol == kind);
         let mut client_properties = meta
             .and_then(|m| m.client_properties.as_deref())
@@ -884,6 +876,17 @@ impl Management {
             AdminResponse::Op(Err(e)) => Err(protocol_error(&e)),
             other => Err(unexpected(other)),
         }
+    }
+}
+
+/// The listener (`node.listeners`' protocol) a connection of `protocol` came through.
+fn listener_kind(protocol: &str) -> &'static str {
+    if protocol.starts_with("MQTT") {
+        "mqtt"
+    } else if protocol == "stream" {
+        "stream"
+    } else {
+        "amqp"
     }
 }
 

@@ -184,7 +184,7 @@ impl OpenStream {
                     break;
                 };
                 let data = chunk.bytes().map_err(err)?;
-                for (i, m) in ReadChunk::messages(&data).enumerate() {
+                for (i, m) in ReadChunk::records(&data).enumerate() {
                     let offset = chunk.first_offset + i as u64;
                     let m = m.map_err(err)?;
                     if offset < from {

@@ -17,6 +17,7 @@
 pub mod bloom;
 pub mod format;
 mod reader;
+pub mod sub_batch;
 
 pub use reader::{ChunkData, ReadChunk, ReaderOptions, StreamReader};
 
@@ -51,6 +52,11 @@ pub struct StreamConfig {
     /// Tracked names per kind (publishers, consumers); a new name beyond this replaces the
     /// one updated longest ago, so the state (rewritten into every segment) stays bounded.
     pub max_tracked: usize,
+    /// Messages `append_merged` gathers into one chunk at most (a batch bigger than this is
+    /// never split: it is a chunk of its own). The stream protocol's listener bounds it so
+    /// consumer credit, which counts chunks, stays fine-grained (docs/storage.md, "Chunk
+    /// size"); the format's own bound is `MAX_CHUNK_MESSAGES`.
+    pub merge_entries: usize,
 }
 
 impl Default for StreamConfig {
@@ -62,6 +68,7 @@ impl Default for StreamConfig {
             buffer_limit_bytes: 1 << 20,
             fsync: true,
             max_tracked: 4096,
+            merge_entries: MAX_CHUNK_MESSAGES,
         }
     }
 }
@@ -350,13 +357,29 @@ struct OpenChunk {
     /// Room for the chunk's header, then the messages as its data section holds them
     /// (`format::put_message`); empty while nothing is staged.
     data: Vec<u8>,
+    /// Records (offsets) staged.
     count: usize,
+    /// Entries staged: one per message, one per sub-batch (`append_merged_sub_batch`).
+    entries: usize,
     filter: bloom::Builder,
     /// Publisher reference -> highest publishing id in the chunk (stored in its trailer;
     /// the tracking state takes them when the chunk is written).
     publishers: Vec<(String, u64)>,
     /// The newest timestamp of the merged batches.
     ts: u64,
+}
+
+impl OpenChunk {
+    /// A batch was staged at `timestamp_ms` with these publishers' highest ids.
+    fn staged(&mut self, timestamp_ms: u64, publishers: &[(&str, u64)]) {
+        self.ts = self.ts.max(timestamp_ms);
+        for (name, seq) in publishers {
+            match self.publishers.iter_mut().find(|(n, _)| n == name) {
+                Some((_, v)) => *v = (*v).max(*seq),
+                None => self.publishers.push((name.to_string(), *seq)),
+            }
+        }
+    }
 }
 
 impl StreamLog {
@@ -451,7 +474,42 @@ impl StreamLog {
         // What recovery kept may have reached only the page cache before a crash of the
         // process: make it durable before readers see it as committed.
         log.sync()?;
+        // After the sync: the index entries it wrote (a new snapshot's) are in the file.
+        log.last_chunk = log.last_user_chunk()?;
         Ok(log)
+    }
+
+    /// The first offset of the newest user chunk on disk (`None`: none), from the index,
+    /// newest entry first: tracking chunks between are passed over.
+    fn last_user_chunk(&self) -> Result<Option<u64>, StreamError> {
+        for (i, seg) in self.segments.iter().enumerate().rev() {
+            let path = index_path(&self.shared.dir, seg.first_offset);
+            let opened;
+            let file = if i + 1 == self.segments.len() {
+                &self.active.index
+            } else {
+                opened = File::open(&path).map_err(io_err(&path))?;
+                &opened
+            };
+            let n = seg.index_len.saturating_sub(FILE_HEADER as u64) / INDEX_ENTRY as u64;
+            for k in (0..n).rev() {
+                let mut e = [0u8; INDEX_ENTRY];
+                let at = FILE_HEADER as u64 + k * INDEX_ENTRY as u64;
+                file.read_exact_at(&mut e, at).map_err(io_err(&path))?;
+                match IndexEntry::decode(&e) {
+                    Some(e) if e.kind == ChunkType::User => return Ok(Some(e.first_offset)),
+                    Some(_) => {}
+                    None => {
+                        return Err(StreamError::Corrupt {
+                            path,
+                            pos: at,
+                            reason: "bad index entry".into(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(None)
     }
 
     pub fn dir(&self) -> &Path {
@@ -495,7 +553,7 @@ impl StreamLog {
         self.active.buf.len() + self.active.ibuf.len() + self.open.data.len()
     }
 
-    /// First offset of the newest user chunk written since the log was opened.
+    /// First offset of the newest user chunk written (found in the index at open).
     pub fn last_chunk(&self) -> Option<u64> {
         self.last_chunk
     }
@@ -550,7 +608,7 @@ impl StreamLog {
         let publishers: Vec<(&[u8], u64)> =
             publishers.iter().map(|(n, v)| (n.as_bytes(), *v)).collect();
         self.put_user_chunk(
-            messages.len(),
+            (messages.len(), messages.len()),
             data_len,
             |buf| {
                 buf.extend_from_slice(&[0u8; CHUNK_HEADER]);
@@ -613,14 +671,7 @@ impl StreamLog {
         for (name, _) in publishers {
             check_name(name)?;
         }
-        let staged = self.open.count;
-        if staged > 0
-            && (staged + count > MAX_CHUNK_MESSAGES
-                || self.open.data.len() as u64 + data_len
-                    > (self.config.buffer_limit_bytes as u64).min(MAX_CHUNK_BODY / 2))
-        {
-            self.seal()?;
-        }
+        self.seal_unless_room(count, count, data_len)?;
         // Room for the batch and its share of a chunk's header and trailer.
         let trailer: usize = publishers
             .iter()
@@ -654,13 +705,78 @@ impl StreamLog {
             )));
         }
         o.count += count;
-        o.ts = o.ts.max(timestamp_ms);
-        for (name, seq) in publishers {
-            match o.publishers.iter_mut().find(|(n, _)| n == name) {
-                Some((_, v)) => *v = (*v).max(*seq),
-                None => o.publishers.push((name.to_string(), *seq)),
-            }
+        o.entries += count;
+        o.staged(timestamp_ms, publishers);
+        Ok(first..first + count as u64)
+    }
+
+    /// Seals the staged chunk if `entries` more entries of `records` records and `data_len`
+    /// bytes would take it past `merge_entries`, the format's record count or the write
+    /// buffer's limit.
+    fn seal_unless_room(
+        &mut self,
+        entries: usize,
+        records: usize,
+        data_len: u64,
+    ) -> Result<(), StreamError> {
+        let o = &self.open;
+        if o.count > 0
+            && (o.entries + entries > MAX_CHUNK_MESSAGES.min(self.config.merge_entries)
+                || o.count + records > MAX_CHUNK_MESSAGES
+                || o.data.len() as u64 + data_len
+                    > (self.config.buffer_limit_bytes as u64).min(MAX_CHUNK_BODY / 2))
+        {
+            self.seal()?;
         }
+        Ok(())
+    }
+
+    /// Stages one sub-batch entry of the stream protocol (`entry`: its wire layout, header
+    /// included; see `sub_batch`) as one entry of its `count` records in the staged chunk, as
+    /// osiris stores it: delivered to stream clients as written, its records counted in
+    /// offsets, expanded for the AMQP side. Merged as [`StreamLog::append_merged`] merges;
+    /// `filter` is the publisher's filter value for all of its records. A codec the log does
+    /// not serve, or bytes that are not one sub-batch, are refused (`Invalid`).
+    pub fn append_merged_sub_batch(
+        &mut self,
+        entry: &[u8],
+        filter: Option<&str>,
+        timestamp_ms: u64,
+        publishers: &[(&str, u64)],
+    ) -> Result<Range<u64>, StreamError> {
+        self.check_ok()?;
+        let h = sub_batch::SubBatch::parse(entry)
+            .filter(|h| h.count > 0 && sub_batch::HEADER + h.size as usize == entry.len())
+            .ok_or_else(|| StreamError::Invalid("not a sub-batch entry".into()))?;
+        if !sub_batch::served(h.compression) {
+            return Err(StreamError::Invalid(format!(
+                "sub-batch compression {} is not served (none and gzip are)",
+                h.compression
+            )));
+        }
+        for (name, _) in publishers {
+            check_name(name)?;
+        }
+        let count = usize::from(h.count);
+        let data_len = entry.len() as u64;
+        check_sizes(count, data_len)?;
+        self.seal_unless_room(1, count, data_len)?;
+        let trailer: usize = publishers
+            .iter()
+            .map(|(n, _)| format::tracking_entry_len(n.as_bytes()))
+            .sum::<usize>()
+            + format::tracking_entry_len(&[0u8; bloom::FILTER_BYTES]);
+        self.reserve(CHUNK_HEADER + entry.len() + trailer)?;
+        let o = &mut self.open;
+        let first = self.next_offset + o.count as u64;
+        if o.data.is_empty() {
+            o.data.extend_from_slice(&[0u8; CHUNK_HEADER]);
+        }
+        o.data.extend_from_slice(entry);
+        o.filter.add(filter);
+        o.count += count;
+        o.entries += 1;
+        o.staged(timestamp_ms, publishers);
         Ok(first..first + count as u64)
     }
 
@@ -679,7 +795,7 @@ impl StreamLog {
         // lose them.
         let data = &mut o.data;
         let sealed = self.put_user_chunk(
-            o.count,
+            (o.entries, o.count),
             (data.len() - CHUNK_HEADER) as u64,
             |buf| {
                 if buf.is_empty() {
@@ -714,7 +830,7 @@ impl StreamLog {
     #[allow(clippy::too_many_arguments)]
     fn put_user_chunk(
         &mut self,
-        count: usize,
+        (entries, count): (usize, usize),
         data_len: u64,
         write_data: impl FnOnce(&mut Vec<u8>),
         filter: Option<(Vec<u8>, u64)>,
@@ -756,7 +872,7 @@ impl StreamLog {
         }
         let header = ChunkHeader {
             kind: ChunkType::User,
-            entries: count as u16,
+            entries: entries as u16,
             first_offset: first,
             count: count as u32,
             data_len: data_len as u32,

@@ -107,8 +107,15 @@ impl ReadChunk {
     }
 
     /// The chunk's messages, in offset order, as slices of `data` (from [`ReadChunk::bytes`]).
+    /// Simple entries only: [`ReadChunk::records`] reads sub-batches too.
     pub fn messages(data: &Bytes) -> impl Iterator<Item = Result<Bytes, FormatError>> + '_ {
         format::messages(data).map(|m| m.map(|m| data.slice_ref(m)))
+    }
+
+    /// The chunk's records, in offset order: its messages, and the records of its sub-batch
+    /// entries (uncompressed: slices of `data`; gzip: inflated).
+    pub fn records(data: &Bytes) -> super::sub_batch::Records<'_> {
+        super::sub_batch::Records::new(data)
     }
 }
 
