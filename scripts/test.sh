@@ -485,6 +485,24 @@ cluster_conditional_delete() {
     WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test conditional_delete
 }
 
+cluster_quorum_partitions() {
+  # cluster/tests/quorum_partitions.rs (bridge wbf0, 10.95.0.x; docs/cluster.md, "Quorum
+  # queues", "A leader cut off"): the leader of a quorum queue partitioned away and healed, 5
+  # rounds: a publish through the cut-off leader is nacked once its lease is lost, the
+  # majority side confirms and delivers, and after the heal every node does, the old leader
+  # included, each within a bound tied to the election timeout.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test quorum_partitions -- --nocapture
+}
+
+cluster_quorum_alarm() {
+  # cluster/tests/quorum_alarm.rs (bridge wbf1, 10.96.0.x): a quorum queue's leader that
+  # loses its leadership with a publish in flight nacks it and raises no store alarm: a
+  # classic queue's publisher on that node is confirmed promptly throughout.
+  cargo build -p warren-cli &&
+    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_alarm -- --nocapture
+}
+
 cluster_shards() {
   # cluster/tests/shards_across_nodes.rs (docs/cluster.md, "Not yet"): two nodes with --shards
   # 2: basic.get across nodes served when the queue, its copy and the connection are on shard
@@ -563,6 +581,8 @@ step "cluster edges: conditional queue.delete decided by the home node; declare 
 step "cluster quorum consumer attached again after a partition: refused there, cancelled (never silent)" cluster_quorum_reattach
 step "cluster conditional delete: committed as decided, no split when a consumer attaches meanwhile" cluster_conditional_delete
 step "cluster with --shards 2: consumers across nodes served on shard 0, refused (540) elsewhere" cluster_shards
+step "cluster quorum leader partitioned and healed, 5 rounds: nacked when cut off, service back within bounds" cluster_quorum_partitions
+step "cluster quorum leadership lost with a write in flight: nacked, no store alarm, other publishers unblocked" cluster_quorum_alarm
 
 step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions
 step "cluster MQTT sessions of a dead node: resumed elsewhere at once, expired on time by the metadata leader" cluster_mqtt_gone_node

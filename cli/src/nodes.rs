@@ -705,34 +705,78 @@ async fn peer_task(
             }
         }
         let n = batch.len();
-        let result = node
-            .send_mail(
-                u64::from(target),
-                encode_batch(incarnations.own, &batch),
-                SEND_TIMEOUT,
-            )
-            .await;
+        let send = node.send_mail(
+            u64::from(target),
+            encode_batch(incarnations.own, &batch),
+            SEND_TIMEOUT,
+        );
+        let (result, early) = send_or_nack_early(node, &broker, target, reachable, send).await;
         queued.fetch_sub(n, Ordering::AcqRel);
         match result {
             Ok(now) => {
                 // A restart: what it took before and had not answered is gone.
                 incarnations.seen(&broker, target, now);
-                if !reachable {
+                // (Told early it was unreachable, the broker dropped what crossed to it.)
+                if !reachable || early {
                     tracing::info!(node = target, "cluster: forwarding to node {target} again");
                     reachable = true;
                     broker.node_reachable(target);
                 }
             }
             Err(e) => {
-                if reachable {
+                if reachable && !early {
                     tracing::warn!(
                         node = target,
                         error = %e,
                         "cluster: cannot forward to node {target}: its queues are unavailable (publishes to them are nacked)"
                     );
-                    reachable = false;
                 }
+                reachable = false;
                 broker.node_unreachable(target);
+            }
+        }
+    }
+}
+
+/// A batch slower than this to reach its peer while the cluster transport already found
+/// that peer unreachable (its Raft connection failed since) has the broker nack what it
+/// forwarded there now, rather than after the whole [`SEND_TIMEOUT`]: a partition cost a
+/// far-side publisher 5.1 s. A healthy peer takes a batch in milliseconds.
+const SLOW_SEND: Duration = Duration::from_millis(300);
+
+/// How often a slow send looks at the peer's reachability.
+const REACH_CHECK: Duration = Duration::from_millis(100);
+
+/// Awaits `send` (a batch to `target`); once it is slower than [`SLOW_SEND`] and the
+/// transport says `target` is unreachable, the broker nacks what waits for `target`
+/// (`node_unreachable`) at once, and the send is still awaited (what it carried may reach
+/// the peer after all: a nack means "maybe not", at least once as always). The send's
+/// result, and whether the broker was told early.
+async fn send_or_nack_early<
+    F: std::future::Future<Output = Result<u64, E>>,
+    E: std::fmt::Display,
+>(
+    node: &'static ClusterNode,
+    broker: &BrokerHandle,
+    target: u32,
+    reachable: bool,
+    send: F,
+) -> (Result<u64, E>, bool) {
+    tokio::pin!(send);
+    let started = tokio::time::Instant::now();
+    let mut early = false;
+    loop {
+        tokio::select! {
+            r = &mut send => return (r, early),
+            _ = tokio::time::sleep(REACH_CHECK), if !early && reachable => {
+                if started.elapsed() >= SLOW_SEND && !node.reachable(u64::from(target)) {
+                    tracing::warn!(
+                        node = target,
+                        "cluster: node {target} unreachable: its queues are unavailable (publishes to them are nacked)"
+                    );
+                    broker.node_unreachable(target);
+                    early = true;
+                }
             }
         }
     }

@@ -34,7 +34,7 @@ use warren_core::store::{
     DefinitionChange, QueueRecovery, Store, StoreError, StoredMessage, StreamBounds, StreamEntry,
     StreamSettings, StreamStart,
 };
-use warren_store::SyncCallback;
+use warren_store::{SyncCallback, SyncError};
 
 /// Members of a quorum queue's group when the declare names none (RabbitMQ's default),
 /// capped at the cluster's size.
@@ -795,6 +795,20 @@ impl Replication {
     /// it stops leading, has the broker drop the queue's messages.
     async fn watch(&self, g: Arc<Group>, raft: Raft) {
         let mut metrics = raft.metrics();
+        // openraft 0.9 keeps a leader cut off by a partition Leader (in its old term) until
+        // it hears a higher one after the heal, while the other side elects another after
+        // an election timeout: a leader that heard from no majority for that long stops
+        // serving here (the lease is lost), so its publishes are nacked and its consumers
+        // go, instead of waiting unanswered for the heal; it serves again, in a new
+        // session, once a majority answers it and it still leads.
+        let lease = self
+            .0
+            .node
+            .get()
+            .map_or(std::time::Duration::from_secs(1), |n| {
+                n.election_timeout_max()
+            });
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         // The term this node's broker serves the queue in (`None`: it does not serve it).
         // Compared by term, not as a flag: a node that lost the leadership and won it back
         // between two looks must still reload (another leader may have served meanwhile).
@@ -806,10 +820,16 @@ impl Replication {
         loop {
             let (leads, leader, me, term) = {
                 let m = metrics.borrow_and_update();
+                let leader = m.state == warren_cluster::openraft::ServerState::Leader
+                    && m.current_leader == Some(m.id);
+                let lease_held = m.millis_since_quorum_ack.is_none_or(|ms| ms <= lease_ms);
+                if leader && !lease_held && serving.is_some() {
+                    tracing::warn!(vhost = %g.vhost, queue = %g.name, term = m.current_term, since_ms = ?m.millis_since_quorum_ack, "quorum queue: no majority answers this leader; it stops serving until one does");
+                }
                 (
-                    m.state == warren_cluster::openraft::ServerState::Leader
-                        && m.current_leader == Some(m.id),
-                    m.current_leader,
+                    leader && lease_held,
+                    // Whoever another node elects meanwhile is unknown here: no home.
+                    m.current_leader.filter(|_| lease_held || !leader),
                     m.id,
                     m.current_term,
                 )
@@ -842,15 +862,26 @@ impl Replication {
                 // other messages by now).
                 let session = if leads {
                     g.leading.store(false, Ordering::Release);
-                    match raft
-                        .client_write(QueueCommand::encode_session_start())
-                        .await
-                    {
-                        Ok(resp) if resp.data.0.is_empty() => Some(resp.log_id.index),
-                        _ => None,
+                    // Bounded: a leader cut off right after its election would wait for the
+                    // heal here, blind to everything Raft does meanwhile. Given up, the
+                    // session start may still commit: a later one supersedes it.
+                    let start = raft.client_write(QueueCommand::encode_session_start());
+                    match tokio::time::timeout(lease, start).await {
+                        Ok(Ok(resp)) if resp.data.0.is_empty() => Some(resp.log_id.index),
+                        Ok(_) => None,
+                        Err(_) => {
+                            tracing::info!(vhost = %g.vhost, queue = %g.name, term, "quorum queue: a new serving session was not committed in time; trying again");
+                            None
+                        }
                     }
                 } else {
                     Some(0)
+                };
+                // No new session: the broker stops serving the old one meanwhile (its
+                // writes would be refused anyway), and this loop tries again.
+                let (session, leads, want_serving) = match session {
+                    None if serving.is_some() => (Some(0), false, None),
+                    s => (s, leads, want_serving),
                 };
                 if let Some(session) = session {
                     if serving.is_some() && leads {
@@ -979,21 +1010,18 @@ type Batch = (Arc<Group>, u64, Vec<QueueOp>);
 /// The broker's sync `epoch`: these writes committed, and the disk's own sync, complete it.
 struct Job(u64, Vec<Batch>);
 
-type Responder = tokio::sync::oneshot::Receiver<
-    Result<
-        warren_cluster::openraft::raft::ClientWriteResponse<warren_cluster::TypeConfig>,
-        warren_cluster::openraft::error::ClientWriteError<
-            NodeId,
-            warren_cluster::openraft::BasicNode,
-        >,
-    >,
+type WriteResult = Result<
+    warren_cluster::openraft::raft::ClientWriteResponse<warren_cluster::TypeConfig>,
+    warren_cluster::openraft::error::ClientWriteError<NodeId, warren_cluster::openraft::BasicNode>,
 >;
+
+type Responder = tokio::sync::oneshot::Receiver<WriteResult>;
 
 /// Proposes each job's writes in order without waiting for their commit (openraft
 /// pipelines them); [`complete`] waits for them in the same order.
 async fn propose(
     mut jobs: mpsc::UnboundedReceiver<Job>,
-    wait: mpsc::UnboundedSender<(u64, Vec<Result<Responder, String>>)>,
+    wait: mpsc::UnboundedSender<(u64, Vec<Proposed>)>,
 ) {
     while let Some(job) = jobs.recv().await {
         let Job(epoch, batches) = job;
@@ -1033,7 +1061,7 @@ async fn propose(
                     ))
                 }
             };
-            waits.push(w);
+            waits.push((g, session, w));
         }
         if wait.send((epoch, waits)).is_err() {
             return;
@@ -1062,37 +1090,72 @@ fn trace_ops(g: &Group, session: u64, epoch: u64, ops: &[QueueOp]) {
     tracing::debug!(target: "warren::qq::trace", queue = %g.name, session, epoch, appended = ?appended, removed = ?removed, "quorum queue: proposing");
 }
 
+/// A group's write as proposed: the group, the serving session it was made in, and the
+/// group's answer to come (or why it was not proposed).
+type Proposed = (Arc<Group>, u64, Result<Responder, String>);
+
+/// How often a write waiting for its commit checks that its serving session still runs.
+const SESSION_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The group's answer to a write made in serving session `session`, or `None` once that
+/// session ended here (this node's broker stopped serving the queue: its lease was lost, or
+/// another session started): a leader cut off by a partition would otherwise hold the
+/// shard's sync, and every confirm behind it, until the heal. The write is then nacked,
+/// whatever the group does with it later: refused at apply once a newer session
+/// committed, or, if it still commits, a message the publisher republished (at least once).
+async fn answer(
+    g: &Group,
+    session: u64,
+    rx: Responder,
+) -> Option<Result<WriteResult, tokio::sync::oneshot::error::RecvError>> {
+    tokio::pin!(rx);
+    loop {
+        tokio::select! {
+            r = &mut rx => return Some(r),
+            _ = tokio::time::sleep(SESSION_CHECK) => {
+                if !g.leading.load(Ordering::Acquire) || g.session.load(Ordering::Acquire) != session {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// Completes the broker's syncs in order: once its group writes are committed and the disk
 /// reported the same epoch synced.
 async fn complete(
-    mut waits: mpsc::UnboundedReceiver<(u64, Vec<Result<Responder, String>>)>,
-    mut inner: mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
+    mut waits: mpsc::UnboundedReceiver<(u64, Vec<Proposed>)>,
+    mut inner: mpsc::UnboundedReceiver<(u64, Result<(), SyncError>)>,
     synced: SyncCallback,
 ) {
     // Disk syncs reported before their group writes committed (at most the syncs in flight).
-    let mut early: HashMap<u64, Result<(), String>> = HashMap::new();
+    let mut early: HashMap<u64, Result<(), SyncError>> = HashMap::new();
     while let Some((epoch, rxs)) = waits.recv().await {
         let mut result = Ok(());
-        for rx in rxs {
+        for (g, session, rx) in rxs {
             let r = match rx {
-                Ok(rx) => match rx.await {
+                Ok(rx) => match answer(&g, session, rx).await {
                     // A reply is an error the group's state machine gave (a stale or
                     // undecodable command: not applied).
-                    Ok(Ok(resp)) if !resp.data.0.is_empty() => {
+                    Some(Ok(Ok(resp))) if !resp.data.0.is_empty() => {
                         Err(String::from_utf8_lossy(&resp.data.0).into_owned())
                     }
-                    Ok(Ok(resp)) => {
+                    Some(Ok(Ok(resp))) => {
                         tracing::debug!(target: "warren::qq::trace", epoch, index = resp.log_id.index, term = resp.log_id.leader_id.term, "quorum queue: committed");
                         Ok(())
                     }
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err("the group stopped".to_string()),
+                    Some(Ok(Err(e))) => Err(e.to_string()),
+                    Some(Err(_)) => Err("the group stopped".to_string()),
+                    None => Err(format!(
+                        "quorum queue '{}': this node stopped serving it before the write committed",
+                        g.name
+                    )),
                 },
                 Err(e) => Err(e),
             };
             if let Err(e) = r {
                 tracing::debug!(error = %e, "quorum queue write not committed");
-                result = result.and(Err(e));
+                result = result.and(Err(SyncError::NotReplicated(e)));
             }
         }
         let disk = loop {
@@ -1106,7 +1169,9 @@ async fn complete(
                 None => return,
             }
         };
-        synced(epoch, result.and(disk));
+        // A disk failure first: it is the one that blocks publishers (the store alarm); a
+        // write a quorum queue's group did not commit only nacks the epoch's confirms.
+        synced(epoch, disk.and(result));
     }
 }
 

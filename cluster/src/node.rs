@@ -443,6 +443,13 @@ impl ClusterNode {
         self.id
     }
 
+    /// The longest a follower waits without hearing its leader before it calls an
+    /// election (openraft waits between the minimum and twice it): a leader that has not
+    /// heard from a majority for that long may have been replaced.
+    pub fn election_timeout_max(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.election_timeout_ms * 2)
+    }
+
     /// Starts (or restarts, on its files) group `group` on this node with state machine
     /// `sm`, over the same transport and timings as the metadata group, its log in
     /// `<data-dir>/cluster/<file>.redb` and snapshot in `<file>.snapshot`. A group with an

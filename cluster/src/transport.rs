@@ -67,7 +67,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest a request waits for its reply when openraft gives no deadline.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// At most this between attempts to reach a peer that is down or cut off: an attempt costs a
+/// failed connect, and once a partition heals the nodes find each other within it (with 2 s
+/// here, a healed leader heard of its successor up to 3 s late).
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
 
 /// Transport failures.
 #[derive(Debug, thiserror::Error)]

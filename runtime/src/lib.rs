@@ -164,7 +164,7 @@ pub(crate) enum Control {
     /// The store's sync thread finished an epoch.
     Synced {
         epoch: u64,
-        result: Result<(), String>,
+        result: Result<(), warren_store::SyncError>,
     },
     /// A clean stop, first step: answer once this shard has nothing left to apply and
     /// everything it wrote is synced (acks included), with how many pieces of mail it has

@@ -423,7 +423,12 @@ fn apply_control(
         Control::Synced { epoch, result } => {
             match result {
                 Ok(()) => broker.synced(now, epoch),
-                Err(_) => broker.sync_failed(now, epoch),
+                // A quorum queue's leadership moved: its writes were not committed, which
+                // says nothing about this node's store (no alarm, RabbitMQ raises none).
+                Err(warren_store::SyncError::NotReplicated(_)) => {
+                    broker.sync_not_replicated(now, epoch)
+                }
+                Err(warren_store::SyncError::Store(_)) => broker.sync_failed(now, epoch),
             }
             held.release(epoch, result.is_ok());
         }

@@ -50,7 +50,22 @@ use warren_core::store::{
 const OPEN_QUEUES: usize = 256;
 
 /// Called by the sync thread when the sync of an epoch completed (or failed).
-pub type SyncCallback = Box<dyn Fn(u64, Result<(), String>) + Send>;
+pub type SyncCallback = Box<dyn Fn(u64, Result<(), SyncError>) + Send>;
+
+/// Why the sync of an epoch did not make everything it covered durable: its confirms become
+/// nacks either way; only a failure of the store itself blocks publishers for a while (the
+/// `store` resource alarm).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SyncError {
+    /// This node's disk failed the writes or their fsync.
+    #[error("{0}")]
+    Store(String),
+    /// A store layer over the disk (quorum-queue replication) could not have the writes of
+    /// one queue committed: its group's leadership moved. Nothing is wrong with the store,
+    /// and other queues' publishers must not be blocked for it.
+    #[error("not replicated: {0}")]
+    NotReplicated(String),
+}
 
 /// Work for the sync thread, done in order.
 enum Job {
@@ -444,7 +459,7 @@ fn sync_thread(
             tracing::error!(epoch = job.epoch, error = %e, "sync failed: its confirms become nacks");
         }
         let ok = result.is_ok();
-        on_synced(job.epoch, result);
+        on_synced(job.epoch, result.map_err(SyncError::Store));
         // After the report: a checkpoint's fsyncs delay the next sync, not this confirm.
         if let Some(cp) = job.journal.and_then(|j| j.checkpoint)
             && ok

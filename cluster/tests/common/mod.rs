@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 pub mod history;
+pub mod quorum;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -210,8 +210,10 @@ impl crate::queue::state::QueueState {
                 }
                 Err(_) => {
                     // The host logged why; it is held in memory, and lost only if the
-                    // broker stops before its targets have it.
-                    io.out.store_failed = true;
+                    // broker stops before its targets have it. No alarm when the store
+                    // only refused a log this node does not serve now (its quorum queue's
+                    // leadership moved).
+                    io.out.store_failed = store.serves(store_id(id));
                     false
                 }
             },

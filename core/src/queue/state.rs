@@ -641,8 +641,10 @@ impl QueueState {
                     .is_err()
                 {
                     // Back where it was, under its old number and with its count: the old
-                    // copy stays stored, so a restart still has it.
-                    io.out.store_failed = true;
+                    // copy stays stored, so a restart still has it. No alarm when the store
+                    // only refused a queue this node does not serve now (a quorum queue
+                    // whose leadership moved).
+                    io.out.store_failed = store.serves(self.id);
                     if let Some(fifo) = self.quorum.as_deref_mut() {
                         fifo.apply(Command::Enqueue {
                             seq: u.seq,

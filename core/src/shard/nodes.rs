@@ -306,8 +306,8 @@ pub(crate) struct Nodes {
     /// Queues of another node, by vhost and name (set before their declare is applied, so
     /// no message lands in the stub meanwhile).
     homes: HashMap<(Arc<str>, Arc<str>), u32>,
-    /// Forwarded publishes with a confirm to give: token -> (node, channel, seq).
-    pending: HashMap<u64, (u32, ChannelAddr, u64)>,
+    /// Forwarded publishes with a confirm to give: token -> (node, channel, seq, queue).
+    pending: HashMap<u64, (u32, ChannelAddr, u64, QueueId)>,
     /// The next token's counter (a token is `counter * shards + shard`, so the host finds
     /// the shard an answer is for).
     next: u64,
@@ -338,7 +338,29 @@ impl Broker {
         let routes = self.topo.routes();
         let id = routes.vhost(vhost).and_then(|v| routes.queue(v, queue));
         if let Some(id) = id {
+            if let Some(from) = old.filter(|o| Some(*o) != node) {
+                self.forwards_moved(id, from);
+            }
             self.queue_moved(id, old, node);
+        }
+    }
+
+    /// Queue `id` no longer lives on node `from` (a quorum queue's leader moved): the
+    /// publishes forwarded there that wait for an answer are nacked now, as a node that
+    /// became unreachable has them nacked, rather than after the forward timeout (a
+    /// partition cost a publisher on the majority side 5.1 s); the old leader commits none
+    /// of them in a session that still counts. A nack means "maybe": at least once.
+    fn forwards_moved(&mut self, id: QueueId, from: u32) {
+        let mut tokens: Vec<u64> = self
+            .nodes
+            .pending
+            .iter()
+            .filter(|(_, (n, _, _, q))| *n == from && *q == id)
+            .map(|(t, _)| *t)
+            .collect();
+        tokens.sort_unstable();
+        for t in tokens {
+            self.node_answered(t, false);
         }
     }
 
@@ -376,7 +398,7 @@ impl Broker {
             }) => {
                 let token = self.nodes.next * u64::from(self.shards) + u64::from(self.shard);
                 self.nodes.next += 1;
-                self.nodes.pending.insert(token, (node, to, seq));
+                self.nodes.pending.insert(token, (node, to, seq, id));
                 Some(token)
             }
             _ => None,
@@ -410,7 +432,10 @@ impl Broker {
     /// The publishes (channel, seq) whose answer another node owes.
     #[cfg(any(test, feature = "testing"))]
     pub(super) fn node_pending(&self) -> impl Iterator<Item = (ChannelAddr, u64)> + '_ {
-        self.nodes.pending.values().map(|(_, to, seq)| (*to, *seq))
+        self.nodes
+            .pending
+            .values()
+            .map(|(_, to, seq, _)| (*to, *seq))
     }
 
     /// Whether forwarded publishes wait for an answer from other nodes.
@@ -486,7 +511,7 @@ impl Broker {
     }
 
     fn node_answered(&mut self, token: u64, taken: bool) {
-        if let Some((_, to, seq)) = self.nodes.pending.remove(&token) {
+        if let Some((_, to, seq, _)) = self.nodes.pending.remove(&token) {
             // The home node synced it before answering: nothing left to wait for here.
             self.mail.push_back(Mail::Answered {
                 to,
@@ -507,7 +532,7 @@ impl Broker {
             .nodes
             .pending
             .iter()
-            .filter(|(_, (n, _, _))| *n == node)
+            .filter(|(_, (n, _, _, _))| *n == node)
             .map(|(t, _)| *t)
             .collect();
         tokens.sort_unstable();

@@ -56,6 +56,18 @@ impl Broker {
         self.after_op();
     }
 
+    /// A store layer reports that writes the sync of `epoch` covered were not replicated
+    /// (a quorum queue's leadership moved before they committed): the confirms waiting for
+    /// it become nacks, as after a failed sync, but publishers are not blocked: the store
+    /// is fine, and a publish to that queue is refused (nacked) until its new leader serves
+    /// it, while every other queue goes on.
+    pub fn sync_not_replicated(&mut self, now: u64, epoch: u64) {
+        self.now = self.now.max(now);
+        self.sync_in_flight = false;
+        self.release_confirms(epoch, false);
+        self.after_op();
+    }
+
     /// The store reports that the sync of `epoch` failed: nothing it covered can be called
     /// durable, so the confirms waiting for it become nacks, and publishers are blocked for a
     /// while (as after a failed write).
