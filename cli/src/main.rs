@@ -29,6 +29,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
+use warren_core::escape::Escaped;
 
 #[derive(Parser)]
 #[command(
@@ -1008,7 +1009,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             .await
         {
             Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
-            other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
+            other => {
+                tracing::warn!(answer = %Escaped(&format!("{other:?}")), "cannot bound MQTT offline queues")
+            }
         }
         match definitions_db {
             Some(db) => {
@@ -1047,7 +1050,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
                 && let Some(r) = registry.upgrade()
                 && r.taken_elsewhere(client_id)
             {
-                tracing::info!(client_id = %warren_core::escape::Escaped(client_id), "MQTT session taken over by a connection on another node");
+                tracing::info!(client_id = %Escaped(client_id), "MQTT session taken over by a connection on another node");
             }
         }));
     }

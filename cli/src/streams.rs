@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
+use warren_core::escape::Escaped;
 use warren_store::stream::{
     self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
 };
@@ -192,7 +193,7 @@ impl Stream {
                         if e == StreamError::DoesNotExist {
                             return;
                         }
-                        tracing::warn!(stream = %name, "stream retention: {e}");
+                        tracing::warn!(stream = %Escaped(&name), "stream retention: {e}");
                     }
                     continue;
                 }
@@ -205,7 +206,7 @@ impl Stream {
                 Ok(p) => p,
                 Err(StreamError::DoesNotExist) => return,
                 Err(e) => {
-                    tracing::error!(stream = %name, "stream write failed: {e}");
+                    tracing::error!(stream = %Escaped(&name), "stream write failed: {e}");
                     continue;
                 }
             };
@@ -223,7 +224,7 @@ impl Stream {
                 {
                     Ok(r) => r,
                     Err(e) => {
-                        tracing::error!(stream = %name, "stream fsync task failed: {e}");
+                        tracing::error!(stream = %Escaped(&name), "stream fsync task failed: {e}");
                         continue;
                     }
                 }
@@ -240,7 +241,7 @@ impl Stream {
                 Err(StreamError::DoesNotExist) => return,
                 // Confirms stop: the publishers' unconfirmed ids time out on the client side,
                 // which is what a failed disk must look like.
-                Err(e) => tracing::error!(stream = %name, "stream fsync failed: {e}"),
+                Err(e) => tracing::error!(stream = %Escaped(&name), "stream fsync failed: {e}"),
             }
         }
     }
@@ -363,7 +364,7 @@ impl DiskStreams {
                     Err(e) => return Err(e.into()),
                 };
                 let log = StreamLog::open(&sdir.path(), stream_config(&args, fsync))?;
-                tracing::info!(vhost = %vhost, stream = %stream, next = log.bounds().next, "stream recovered");
+                tracing::info!(vhost = %Escaped(&vhost), stream = %Escaped(&stream), next = log.bounds().next, "stream recovered");
                 me.insert(&mut lock(&me.streams), vhost.clone(), stream, log);
             }
         }
@@ -998,8 +999,8 @@ impl warren_store::StreamHost for DiskStreams {
         match self.remove_log(vhost, name) {
             Ok(()) | Err(StreamError::DoesNotExist) => {}
             Err(e) => tracing::warn!(
-                vhost,
-                stream = name,
+                vhost = %Escaped(vhost),
+                stream = %Escaped(name),
                 "deleting a stream's files failed: {e}"
             ),
         }

@@ -846,8 +846,8 @@ impl Session {
             // (0x87); a 3.1.1 client gets the normal acknowledgement, the one answer 3.1.1
             // allows besides closing (MQTT-3.3.5-2).
             tracing::warn!(
-                client_id = %self.client_id,
-                topic = %p.topic_name,
+                client_id = %warren_core::escape::Escaped(&self.client_id),
+                topic = %warren_core::escape::Escaped(&p.topic_name),
                 "MQTT publish refused: not authorized"
             );
             match (p.qos_pid, self.level == 5) {
@@ -1734,7 +1734,7 @@ impl Session {
                 self.rare().delayed_will = Some((delay, w));
             } else if !self.may_publish(&w.will.topic_name) {
                 // Checked as any publish (RabbitMQ too): the core would refuse it.
-                tracing::warn!(client_id = %self.client_id, "MQTT will refused: not authorized");
+                tracing::warn!(client_id = %warren_core::escape::Escaped(&self.client_id), "MQTT will refused: not authorized");
             } else {
                 for op in will_ops(&w.will, now) {
                     self.ops.push((CHANNEL, op));

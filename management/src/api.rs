@@ -221,7 +221,7 @@ async fn log_refusals(request: Request, next: Next) -> Response {
             .unwrap_or_else(|| status.canonical_reason().unwrap_or("").to_string());
         tracing::warn!(
             %peer,
-            %method,
+            method = %Escaped(method.as_str()),
             path = %Escaped(&path),
             status = status.as_u16(),
             "HTTP API request refused: {}",

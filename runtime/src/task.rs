@@ -225,13 +225,13 @@ fn log_notices(notices: &mut Vec<warren_core::Notice>, dropped: u64, shard: u32)
                 } else {
                     "a target refused a dead letter (its length limit, its store, or a quorum queue without a leader)"
                 };
-                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue '{}' held: {why}; retried every second until taken", Escaped(&queue));
+                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue {} held: {why}; retried every second until taken", Escaped(&queue));
             }
             Notice::DeadLettersReleased { vhost, queue, held } => {
-                tracing::info!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue '{}' taken again by their targets", Escaped(&queue));
+                tracing::info!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue {} taken again by their targets", Escaped(&queue));
             }
             Notice::DeadLetterFallback { vhost, queue, text } => {
-                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), "policy on queue '{}': {text}", Escaped(&queue));
+                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), "policy on queue {}: {}", Escaped(&queue), Escaped(&text));
             }
         }
     }
