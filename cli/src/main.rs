@@ -1094,7 +1094,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     let management = warren_management::Management::new(broker.clone(), node, gauges);
     if let Some(repl) = cluster::replication() {
         let repl = repl.clone();
+        let critical = repl.clone();
         management.set_placement(Box::new(move |vhost, name| repl.placement(vhost, name)));
+        management.set_quorum_critical(Box::new(move || critical.quorum_critical()));
     }
     tokio::spawn(admin::serve(
         admin,

@@ -570,6 +570,31 @@ impl Replication {
         Some(out)
     }
 
+    /// The quorum queues that would lose their majority if this node stopped (RabbitMQ's
+    /// `node-is-quorum-critical`): those with this node a member where the members online
+    /// besides it are fewer than a majority of all.
+    pub fn quorum_critical(&self) -> Vec<(String, String)> {
+        let Some(node) = self.0.node.get() else {
+            return Vec::new();
+        };
+        let me = node.id();
+        let groups: Vec<Arc<Group>> = lock(&self.0.groups).values().cloned().collect();
+        let records = lock(&self.0.records);
+        let mut out: Vec<(String, String)> = groups
+            .iter()
+            .filter(|g| {
+                records.get(&g.id).is_some_and(|r| {
+                    let others = r.members.keys().filter(|m| **m != me);
+                    r.members.contains_key(&me)
+                        && others.filter(|m| node.reachable(**m)).count() < r.members.len() / 2 + 1
+                })
+            })
+            .map(|g| (g.vhost.clone(), g.name.clone()))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Every quorum queue group this node knows: its queue, group id, recorded members and,
     /// where this node is a member, its group's status as this node sees it (role, term,
     /// leader, log indexes, each member's matched index and lag on the leader).
