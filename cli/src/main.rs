@@ -29,6 +29,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
+use warren_core::escape::Escaped;
 
 #[derive(Parser)]
 #[command(
@@ -1060,7 +1061,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             .await
         {
             Ok(warren_runtime::AdminResponse::Done(Ok(()))) => {}
-            other => tracing::warn!(?other, "cannot bound MQTT offline queues"),
+            other => {
+                tracing::warn!(answer = %Escaped(&format!("{other:?}")), "cannot bound MQTT offline queues")
+            }
         }
         match definitions_db {
             Some(db) => {
@@ -1099,7 +1102,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
                 && let Some(r) = registry.upgrade()
                 && r.taken_elsewhere(client_id)
             {
-                tracing::info!(client_id = %warren_core::escape::Escaped(client_id), "MQTT session taken over by a connection on another node");
+                tracing::info!(client_id = %Escaped(client_id), "MQTT session taken over by a connection on another node");
             }
         }));
     }
@@ -1143,7 +1146,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     let management = warren_management::Management::new(broker.clone(), node, gauges);
     if let Some(repl) = cluster::replication() {
         let repl = repl.clone();
+        let critical = repl.clone();
         management.set_placement(Box::new(move |vhost, name| repl.placement(vhost, name)));
+        management.set_quorum_critical(Box::new(move || critical.quorum_critical()));
     }
     tokio::spawn(admin::serve(
         admin,

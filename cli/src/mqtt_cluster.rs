@@ -407,7 +407,7 @@ impl Inner {
             let record = match current.as_deref().map(Record::decode) {
                 Some(Ok(r)) => Some(r),
                 Some(Err(e)) => {
-                    tracing::warn!(key, "unreadable MQTT session record, replaced: {e}");
+                    tracing::warn!(key = %Escaped(key), "unreadable MQTT session record, replaced: {e}");
                     None
                 }
                 None => None,

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use warren_core::escape::Escaped;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -292,13 +293,13 @@ impl Replication {
                 }
             }
             if member && !g.running.swap(true, Ordering::AcqRel) {
-                tracing::info!(vhost = %g.vhost, queue = %g.name, "quorum queue: this node was added to its group; catching up");
+                tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), "quorum queue: this node was added to its group; catching up");
                 let this = self.clone();
                 self.0.runtime.spawn(async move {
                     this.run_group(node, g, members, false, false).await;
                 });
             } else if !member && let Some(raft) = g.raft() {
-                tracing::info!(vhost = %g.vhost, queue = %g.name, "quorum queue: this node was removed from its group; its copy is deleted");
+                tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), "quorum queue: this node was removed from its group; its copy is deleted");
                 *lock(&g.raft) = None;
                 *lock(&g.replica) = None;
                 node.remove_group(g.id, &raft, &g.file()).await;
@@ -529,8 +530,8 @@ impl Replication {
             }
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
-                    vhost,
-                    queue = name,
+                    vhost = %Escaped(vhost),
+                    queue = %Escaped(name),
                     "quorum queue has no leader serving it {} ms after its declare; answering anyway",
                     bound.as_millis()
                 );
@@ -567,6 +568,31 @@ impl Replication {
         out.insert("members".into(), serde_json::json!(members));
         out.insert("online".into(), serde_json::json!(online));
         Some(out)
+    }
+
+    /// The quorum queues that would lose their majority if this node stopped (RabbitMQ's
+    /// `node-is-quorum-critical`): those with this node a member where the members online
+    /// besides it are fewer than a majority of all.
+    pub fn quorum_critical(&self) -> Vec<(String, String)> {
+        let Some(node) = self.0.node.get() else {
+            return Vec::new();
+        };
+        let me = node.id();
+        let groups: Vec<Arc<Group>> = lock(&self.0.groups).values().cloned().collect();
+        let records = lock(&self.0.records);
+        let mut out: Vec<(String, String)> = groups
+            .iter()
+            .filter(|g| {
+                records.get(&g.id).is_some_and(|r| {
+                    let others = r.members.keys().filter(|m| **m != me);
+                    r.members.contains_key(&me)
+                        && others.filter(|m| node.reachable(**m)).count() < r.members.len() / 2 + 1
+                })
+            })
+            .map(|g| (g.vhost.clone(), g.name.clone()))
+            .collect();
+        out.sort();
+        out
     }
 
     /// Every quorum queue group this node knows: its queue, group id, recorded members and,
@@ -679,7 +705,7 @@ impl Replication {
             if !member {
                 // Not a member: the queue is served by its members only (until an
                 // add-member makes it one: `reconcile`).
-                tracing::info!(vhost = %g.vhost, queue = %g.name, ?members, "quorum queue: this node is not a member of its group");
+                tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), ?members, "quorum queue: this node is not a member of its group");
                 return;
             }
             this.0.changed.store(true, Ordering::Release);
@@ -728,7 +754,7 @@ impl Replication {
                     node.remove_group(g.id, &raft, &g.file()).await;
                     return;
                 }
-                tracing::info!(vhost = %g.vhost, queue = %g.name, group = g.id, members = ?members.keys().collect::<Vec<_>>(), added = !initialize, "quorum queue group started");
+                tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), group = g.id, members = ?members.keys().collect::<Vec<_>>(), added = !initialize, "quorum queue group started");
                 // A new group: one member, the one its id picks (so first leaders spread
                 // over the cluster), calls the election at once instead of after an
                 // election timeout; the declare-ok waits for it (`wait_ready`).
@@ -739,7 +765,7 @@ impl Replication {
             }
             Err(e) => {
                 g.running.store(false, Ordering::Release);
-                tracing::error!(vhost = %g.vhost, queue = %g.name, error = %e, "quorum queue group could not start");
+                tracing::error!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), error = %e, "quorum queue group could not start");
             }
         }
     }
@@ -770,20 +796,20 @@ impl Replication {
                 }) => match serde_json::from_slice::<BTreeMap<NodeId, String>>(&bytes) {
                     Ok(theirs) => return theirs,
                     Err(e) => {
-                        tracing::error!(queue = %g.name, error = %e, "unreadable quorum queue members record; using this node's choice");
+                        tracing::error!(queue = %Escaped(&g.name), error = %e, "unreadable quorum queue members record; using this node's choice");
                         return mine;
                     }
                 },
                 Ok(other) => {
-                    tracing::warn!(queue = %g.name, reply = ?other, "quorum queue members not recorded; using this node's choice");
+                    tracing::warn!(queue = %Escaped(&g.name), reply = ?other, "quorum queue members not recorded; using this node's choice");
                     return mine;
                 }
                 Err(e) if std::time::Instant::now() < deadline => {
-                    tracing::debug!(queue = %g.name, error = %e, "recording quorum queue members: retrying");
+                    tracing::debug!(queue = %Escaped(&g.name), error = %e, "recording quorum queue members: retrying");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
                 Err(e) => {
-                    tracing::warn!(queue = %g.name, error = %e, "quorum queue members not recorded in the metadata group; using this node's choice");
+                    tracing::warn!(queue = %Escaped(&g.name), error = %e, "quorum queue members not recorded in the metadata group; using this node's choice");
                     return mine;
                 }
             }
@@ -885,7 +911,7 @@ impl Replication {
                 };
                 if let Some(session) = session {
                     if serving.is_some() && leads {
-                        tracing::info!(vhost = %g.vhost, queue = %g.name, term, session, "quorum queue: this node leads it in a new session; reloading");
+                        tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), term, session, "quorum queue: this node leads it in a new session; reloading");
                     }
                     g.session.store(session, Ordering::Release);
                     g.leading.store(leads, Ordering::Release);
@@ -897,11 +923,11 @@ impl Replication {
                         let _ = broker.admin_local(reload).await;
                     }
                     serving = want_serving;
-                    tracing::info!(vhost = %g.vhost, queue = %g.name, leader = leads, term, session, "quorum queue: {}", if leads { "this node leads and serves it" } else { "this node no longer leads it" });
+                    tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), leader = leads, term, session, "quorum queue: {}", if leads { "this node leads and serves it" } else { "this node no longer leads it" });
                     if let Some(sm) = g.replica() {
                         let (held, next_seq, applied) =
                             sm.with(|r| (r.messages.len(), r.next_seq, r.applied));
-                        tracing::debug!(target: "warren::qq::trace", queue = %g.name, leads, term, session, held, next_seq, applied, "quorum queue: reloaded");
+                        tracing::debug!(target: "warren::qq::trace", queue = %Escaped(&g.name), leads, term, session, held, next_seq, applied, "quorum queue: reloaded");
                     }
                     if leads {
                         // An empty command: once a member applies it, it knows a leader
@@ -965,7 +991,7 @@ impl Replication {
                 leader_key(&g.vhost, &g.name),
             ] {
                 if let Err(e) = node.write(&DefCommand::Delete { key: k }).await {
-                    tracing::debug!(queue = %g.name, error = %e, "quorum queue record not deleted");
+                    tracing::debug!(queue = %Escaped(&g.name), error = %e, "quorum queue record not deleted");
                 }
             }
         });
@@ -1047,7 +1073,7 @@ async fn propose(
                     // the session check is for (before it, such a write was proposed).
                     tracing::debug!(
                         target: "warren::qq::trace",
-                        queue = %g.name,
+                        queue = %Escaped(&g.name),
                         session,
                         current = g.session.load(Ordering::Acquire),
                         leading = g.leading.load(Ordering::Acquire),
@@ -1087,7 +1113,7 @@ fn trace_ops(g: &Group, session: u64, epoch: u64, ops: &[QueueOp]) {
             QueueOp::RemoveFrom { seq } => removed.push(format!("{seq}..")),
         }
     }
-    tracing::debug!(target: "warren::qq::trace", queue = %g.name, session, epoch, appended = ?appended, removed = ?removed, "quorum queue: proposing");
+    tracing::debug!(target: "warren::qq::trace", queue = %Escaped(&g.name), session, epoch, appended = ?appended, removed = ?removed, "quorum queue: proposing");
 }
 
 /// A group's write as proposed: the group, the serving session it was made in, and the
@@ -1265,7 +1291,7 @@ impl QuorumStore {
                         out.insert(*seq, (Arc::new(m), held.expires_at, true));
                     }
                     Err(e) => {
-                        tracing::error!(queue = %g.name, seq, error = %e, "undecodable message in a quorum queue's log; skipped");
+                        tracing::error!(queue = %Escaped(&g.name), seq, error = %e, "undecodable message in a quorum queue's log; skipped");
                     }
                 }
             }

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use warren_core::escape::Escaped;
 
 use serde::{Deserialize, Serialize};
 use warren_cluster::node::ClusterNode;
@@ -122,7 +123,7 @@ pub fn precheck(
             match answer {
                 Ok(u) => uses.push(u),
                 Err(e) => {
-                    tracing::warn!(node = id, queue = %queue, "cluster: conditional queue.delete not checked on node {id}: {e}");
+                    tracing::warn!(node = id, queue = %Escaped(&queue), "cluster: conditional queue.delete not checked on node {id}: {e}");
                     return refuse(
                         ErrorCode::NotFound,
                         format!(

@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::sync::OnceLock;
+use warren_core::escape::Escaped;
 use warren_runtime::BrokerHandle;
 use warren_stream::backend::{AuthError, Login, OpenedConnection, OperatorClose, PeerInfo};
 
@@ -132,7 +133,7 @@ impl BrokerLink {
         match block_on(broker.admin(asked)) {
             Ok(warren_core::admin::AdminResponse::Op(Ok(_))) => {}
             Ok(warren_core::admin::AdminResponse::Op(Err(e))) => {
-                tracing::warn!(vhost, stream, "the stream is not an AMQP queue too: {e}")
+                tracing::warn!(vhost = %Escaped(vhost), stream = %Escaped(stream), "the stream is not an AMQP queue too: {}", Escaped(&e.to_string()))
             }
             _ => {}
         }

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
+use warren_core::escape::Escaped;
 use warren_store::stream::{
     self as log, OffsetSpec as LogSpec, ReaderOptions, StreamConfig, StreamLog, StreamReader,
 };
@@ -194,7 +195,7 @@ impl Stream {
                         if e == StreamError::DoesNotExist {
                             return;
                         }
-                        tracing::warn!(stream = %name, "stream retention: {e}");
+                        tracing::warn!(stream = %Escaped(&name), "stream retention: {e}");
                     }
                     continue;
                 }
@@ -207,7 +208,7 @@ impl Stream {
                 Ok(p) => p,
                 Err(StreamError::DoesNotExist) => return,
                 Err(e) => {
-                    tracing::error!(stream = %name, "stream write failed: {e}");
+                    tracing::error!(stream = %Escaped(&name), "stream write failed: {e}");
                     continue;
                 }
             };
@@ -225,7 +226,7 @@ impl Stream {
                 {
                     Ok(r) => r,
                     Err(e) => {
-                        tracing::error!(stream = %name, "stream fsync task failed: {e}");
+                        tracing::error!(stream = %Escaped(&name), "stream fsync task failed: {e}");
                         continue;
                     }
                 }
@@ -242,7 +243,7 @@ impl Stream {
                 Err(StreamError::DoesNotExist) => return,
                 // Confirms stop: the publishers' unconfirmed ids time out on the client side,
                 // which is what a failed disk must look like.
-                Err(e) => tracing::error!(stream = %name, "stream fsync failed: {e}"),
+                Err(e) => tracing::error!(stream = %Escaped(&name), "stream fsync failed: {e}"),
             }
         }
     }
@@ -378,7 +379,7 @@ impl DiskStreams {
                     Err(e) => return Err(e.into()),
                 };
                 let log = StreamLog::open(&sdir.path(), stream_config(&args, fsync))?;
-                tracing::info!(vhost = %vhost, stream = %stream, next = log.bounds().next, "stream recovered");
+                tracing::info!(vhost = %Escaped(&vhost), stream = %Escaped(&stream), next = log.bounds().next, "stream recovered");
                 let declared = warren_stream::memory::declared_arguments(&args);
                 me.insert(&mut lock(&me.streams), vhost.clone(), stream, log, declared);
             }
@@ -1139,8 +1140,8 @@ impl warren_store::StreamHost for DiskStreams {
         match self.remove_log(vhost, name) {
             Ok(()) | Err(StreamError::DoesNotExist) => {}
             Err(e) => tracing::warn!(
-                vhost,
-                stream = name,
+                vhost = %Escaped(vhost),
+                stream = %Escaped(name),
                 "deleting a stream's files failed: {e}"
             ),
         }

@@ -215,7 +215,7 @@ pub async fn accept(
             Some((stream, identity))
         }
         Ok(Err(e)) => {
-            tracing::warn!(%peer, listener, "TLS handshake failed: {e}");
+            tracing::warn!(%peer, listener, "TLS handshake failed: {}", warren_core::escape::Escaped(&e.to_string()));
             None
         }
         Err(_) => {

@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use warren_core::escape::Escaped;
 pub use warren_runtime::ws::WsStream;
 
 /// A WebSocket message may be this much larger than the largest MQTT packet: a client may
@@ -102,7 +103,7 @@ where
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
                 .unwrap_or_else(|| e.to_string());
-            tracing::warn!(%peer, listener, "WebSocket upgrade refused: {reason}");
+            tracing::warn!(%peer, listener, "WebSocket upgrade refused: {}", Escaped(&reason));
             None
         }
     }

@@ -869,3 +869,60 @@ async fn topic_permissions_through_ctl_and_http_survive_restarts_and_export() {
     drop(fresh);
     drop(b);
 }
+
+/// With `--shards 2` a queue lives on one of two shards; `purge-queue` and `delete-queue`
+/// run on shard 0's admin channel and a queue of shard 1 answers by mail, after the op
+/// returned: ctl must still get that answer (it printed `error: unexpected reply None` and
+/// exited 1), with the count, for every queue wherever it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_purge_and_delete_report_counts_for_queues_on_every_shard() {
+    let dir = common::scratch_dir("ctl", "shards");
+    let served = common::serve(&dir, false, &["--shards", "2"]);
+    let b = Broker {
+        child: served.child,
+        dir,
+        port: served.amqp,
+        mqtt_port: 0,
+    };
+    // Stored queues are placed by a hash of their name: six names span both shards.
+    let names: Vec<String> = (0..6).map(|i| format!("sharded-{i}")).collect();
+    {
+        let (_conn, ch) = common::channel(b.port).await;
+        for name in &names {
+            common::bounded_as(
+                "queue.declare-ok",
+                ch.queue_declare(
+                    name.as_str().into(),
+                    lapin::options::QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    Default::default(),
+                ),
+            )
+            .await
+            .expect("declare");
+        }
+    }
+    for name in &names {
+        publish(b.port, "", name, 3).await;
+    }
+    for name in &names {
+        assert_eq!(
+            ok(&b, &["purge-queue", name]).trim(),
+            format!("Purged 3 messages from queue '{name}'")
+        );
+    }
+    for name in &names {
+        publish(b.port, "", name, 2).await;
+        assert_eq!(
+            ok(&b, &["delete-queue", name]).trim(),
+            format!("Deleted queue '{name}' (2 messages)")
+        );
+    }
+    let left = json(&b, &["list-queues"]);
+    assert!(
+        !left.to_string().contains("sharded-"),
+        "every queue deleted: {left}"
+    );
+}

@@ -887,3 +887,163 @@ async fn a_prometheus_server_scrapes_the_metrics() {
         "the target is up: {up}"
     );
 }
+
+/// A vhost created through the API gives its creator full permissions, as RabbitMQ 3.10's
+/// API does (checked: PUT /api/vhosts/v as guest is 201, then GET
+/// /api/permissions/v/guest is configure/write/read ".*"); tools that create a vhost and
+/// then use it need that. A PUT of an existing vhost leaves its permissions as they are
+/// (RabbitMQ: 204, narrowed permissions stay narrowed). Both survive a SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vhost_created_through_the_api_gives_its_creator_full_permissions() {
+    let args = ["--management", "127.0.0.1:0"];
+    let mut b = Broker::start("mgmt", "vhost-creator", &args);
+    let port = b.api();
+    assert_eq!(
+        call(port, "PUT", "/api/vhosts/made", Some(json!({}))).status,
+        201
+    );
+    let full =
+        json!({"user": "guest", "vhost": "made", "configure": ".*", "write": ".*", "read": ".*"});
+    let got = call(port, "GET", "/api/permissions/made/guest", None);
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(got.json(), full);
+    let amqp_in = |port: u16| async move {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            lapin::Connection::connect(
+                &format!("amqp://guest:guest@127.0.0.1:{port}/made"),
+                Default::default(),
+            ),
+        )
+        .await
+        .expect("connect in time")
+    };
+    let c = amqp_in(b.served.amqp)
+        .await
+        .expect("guest may open the new vhost");
+    let ch = c.create_channel().await.expect("channel");
+    ch.queue_declare("in-made".into(), Default::default(), Default::default())
+        .await
+        .expect("guest may configure in it");
+    drop(c);
+    // A second PUT changes nothing (its permissions included).
+    let narrow = json!({"configure": "^x", "write": ".*", "read": ".*"});
+    assert_eq!(
+        call(port, "PUT", "/api/permissions/made/guest", Some(narrow)).status,
+        204
+    );
+    assert_eq!(
+        call(port, "PUT", "/api/vhosts/made", Some(json!({}))).status,
+        204
+    );
+    let narrowed = call(port, "GET", "/api/permissions/made/guest", None).json();
+    assert_eq!(narrowed["configure"], "^x", "{narrowed}");
+    // Another user who is an administrator gets them too, and guest does not.
+    assert_eq!(
+        call(
+            port,
+            "PUT",
+            "/api/users/boss",
+            Some(json!({"password": "pw", "tags": "administrator"}))
+        )
+        .status,
+        201
+    );
+    assert_eq!(
+        call_as(
+            port,
+            ("boss", "pw"),
+            "PUT",
+            "/api/vhosts/bosses",
+            Some(json!({}))
+        )
+        .status,
+        201
+    );
+    let boss = call(port, "GET", "/api/permissions/bosses/boss", None).json();
+    assert_eq!(boss["configure"], ".*", "{boss}");
+    assert_eq!(
+        call(port, "GET", "/api/permissions/bosses/guest", None).status,
+        404
+    );
+    // Durable: a SIGKILL and a restart keep the grant.
+    let _ = b.served.child.kill();
+    let _ = b.served.child.wait();
+    b.served = common::serve(&b.dir, true, &args);
+    let port = b.api();
+    let boss = call(port, "GET", "/api/permissions/bosses/boss", None).json();
+    assert_eq!(boss["configure"], ".*", "after the restart: {boss}");
+    amqp_in(b.served.amqp)
+        .await
+        .expect("guest still opens the vhost after the restart");
+}
+
+/// RabbitMQ's health checks with RabbitMQ 3.10.8's answers (each asked of it with the same
+/// paths): 200 `{"status":"ok",...}`, or 503 `{"status":"failed","reason":...}` naming what
+/// is missing; 400 for a port that is no number. `/api/nodes` has `being_drained`.
+#[test]
+fn health_checks_answer_as_rabbitmqs() {
+    let b = start("health");
+    let port = b.api();
+    let amqp = b.served.amqp;
+    let check = |path: &str| {
+        let a = call(port, "GET", &format!("/api/health/checks/{path}"), None);
+        (a.status, a.json())
+    };
+    assert_eq!(
+        check(&format!("port-listener/{amqp}")),
+        (200, json!({"status": "ok", "port": amqp}))
+    );
+    let (status, missing) = check("port-listener/1");
+    assert_eq!(status, 503, "{missing}");
+    assert_eq!(missing["status"], "failed");
+    assert_eq!(missing["reason"], "No active listener");
+    assert_eq!(missing["missing"], 1);
+    let ports = missing["ports"].as_array().expect("ports").clone();
+    assert!(
+        ports.contains(&json!(amqp)) && ports.contains(&json!(port)),
+        "{missing}"
+    );
+    let (status, invalid) = check("port-listener/abc");
+    assert_eq!(
+        (status, invalid),
+        (
+            400,
+            json!({"error": "bad_request", "reason": "Invalid port"})
+        )
+    );
+    for (asked, protocol) in [
+        ("amqp", "amqp"),
+        ("AMQP0.9.1", "amqp"),
+        ("mqtt311", "mqtt"),
+        ("management", "http"),
+    ] {
+        assert_eq!(
+            check(&format!("protocol-listener/{asked}")),
+            (200, json!({"status": "ok", "protocol": protocol})),
+            "{asked}"
+        );
+    }
+    let (status, stomp) = check("protocol-listener/stomp");
+    assert_eq!(status, 503, "{stomp}");
+    assert_eq!(stomp["reason"], "No active listener");
+    assert_eq!(stomp["missing"], "stomp");
+    let protocols = stomp["protocols"].as_array().expect("protocols").clone();
+    assert!(
+        protocols.contains(&json!("amqp")) && protocols.contains(&json!("http")),
+        "{stomp}"
+    );
+    assert_eq!(check("virtual-hosts"), (200, json!({"status": "ok"})));
+    assert_eq!(
+        check("node-is-quorum-critical"),
+        (
+            200,
+            json!({"status": "ok", "reason": "single node cluster"})
+        )
+    );
+    // Without credentials: 401, as every other endpoint.
+    let anonymous = raw(port, "GET", "/api/health/checks/virtual-hosts", &[], b"");
+    assert_eq!(anonymous.status, 401);
+    let nodes = call(port, "GET", "/api/nodes", None).json();
+    assert_eq!(nodes[0]["being_drained"], false, "{nodes}");
+}

@@ -221,10 +221,32 @@ fn admin_ops_on_a_queue_of_another_shard_do_not_wedge_the_admin_channel() {
         queue: "q".into(),
         nowait: false,
     };
-    // Answered later, by mail from shard 1.
-    assert_eq!(h.shards[0].admin(now, "/", purge), Ok(None));
+    // Answered later, by mail from shard 1: the answer is kept for the host under the
+    // op's token, with the count (`warren ctl purge-queue` prints it).
+    let request = warren_core::admin::AdminRequest::Op {
+        vhost: "/".into(),
+        op: purge,
+    };
+    assert!(matches!(
+        h.shards[0].apply_admin(now, request),
+        warren_core::admin::AdminResponse::Op(Ok(None))
+    ));
+    let token = h.shards[0]
+        .take_admin_deferral()
+        .expect("the purge waits for shard 1");
     h.settle();
     assert_eq!(h.shard(1).queue_len("q"), Some(0), "purged on shard 1");
+    let mut answers = Vec::new();
+    h.shards[0].take_admin_answers(&mut answers);
+    assert_eq!(
+        answers,
+        [(
+            token,
+            Ok(Some(warren_core::effect::Reply::QueuePurgeOk {
+                message_count: 3
+            }))
+        )]
+    );
     h.publish(c, "", "q", "x");
     let declare = Op::QueueDeclare(warren_core::command::QueueDeclare {
         queue: "fresh".into(),

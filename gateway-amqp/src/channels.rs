@@ -266,7 +266,7 @@ impl Channels {
         }
         state.closing = true;
         let text = format!("PRECONDITION_FAILED - {text}");
-        tracing::warn!(peer = %out.peer, channel = ch, "{text}");
+        tracing::warn!(peer = %out.peer, channel = ch, "{}", warren_core::escape::Escaped(&text));
         codec::encode_method(
             out.bytes,
             ch,

@@ -203,7 +203,9 @@ pub async fn serve_connection<S>(
         End::Session(Ended::Eof) => {
             tracing::info!(peer = %addr, "client went away without closing")
         }
-        End::Io(e) => tracing::warn!(peer = %addr, "connection I/O error: {e}"),
+        End::Io(e) => {
+            tracing::warn!(peer = %addr, "connection I/O error: {}", Escaped(&e.to_string()))
+        }
         End::Session(Ended::Closed(code, text)) => tracing::warn!(
             peer = %addr,
             code,
@@ -230,7 +232,7 @@ fn log_refused(peer: &PeerInfo, end: End) {
             tracing::warn!(peer = %peer.addr, "handshake not completed in time; closing")
         }
         End::Io(e) => {
-            tracing::debug!(peer = %peer.addr, "connection closed during handshake: {e}")
+            tracing::debug!(peer = %peer.addr, "connection closed during handshake: {}", Escaped(&e.to_string()))
         }
         End::BrokerGone => {
             tracing::debug!(peer = %peer.addr, "connection closed during handshake: broker stopped")

@@ -232,7 +232,7 @@ async fn end_session(
             other => {
                 tracing::warn!(
                     client_id = %Escaped(client_id),
-                    ?other,
+                    other = %Escaped(&format!("{other:?}")),
                     "cannot delete the queue of an expired MQTT session"
                 )
             }

@@ -846,8 +846,8 @@ impl Session {
             // (0x87); a 3.1.1 client gets the normal acknowledgement, the one answer 3.1.1
             // allows besides closing (MQTT-3.3.5-2).
             tracing::warn!(
-                client_id = %self.client_id,
-                topic = %p.topic_name,
+                client_id = %warren_core::escape::Escaped(&self.client_id),
+                topic = %warren_core::escape::Escaped(&p.topic_name),
                 "MQTT publish refused: not authorized"
             );
             match (p.qos_pid, self.level == 5) {
@@ -1316,7 +1316,7 @@ impl Session {
             }
             Effect::Confirm {
                 seq, multiple, ack, ..
-            } => self.on_confirm(seq, multiple, ack),
+            } => self.on_confirm(seq, multiple, ack)?,
             Effect::ChannelError { error, .. } | Effect::ConnectionError { error, .. } => {
                 // A permission refusal (403) closes the connection as "not authorized", as
                 // RabbitMQ's MQTT plugin does on a denied publish or subscribe.
@@ -1361,9 +1361,19 @@ impl Session {
         Ok(())
     }
 
-    fn on_confirm(&mut self, seq: u64, multiple: bool, ack: bool) {
+    /// The core's answer to QoS 1/2 publishes up to (or at) `seq`: their PUBACKs and
+    /// PUBRECs, with a reason code in MQTT 5. MQTT 3.1.1 has no negative acknowledgement,
+    /// and a positive one for a message the broker did not take would lose it (the client
+    /// drops its copy): the connection is closed instead, without the ack, as RabbitMQ 3.10's
+    /// MQTT plugin does on a nack (checked: a QoS 1 publish to a full `reject-publish`
+    /// queue gets no PUBACK and the connection ends). The client resends the publish
+    /// after it reconnects (MQTT-4.4.0-1, when its session is kept) and in any case learns
+    /// that it was not acknowledged. Withholding the ack while staying connected would
+    /// hold the client's in-flight slot until a reconnect that nothing prompts.
+    fn on_confirm(&mut self, seq: u64, multiple: bool, ack: bool) -> Result<(), CloseError> {
+        let v5 = self.level == 5;
         let Some(rare) = self.rare.as_deref_mut() else {
-            return;
+            return Ok(());
         };
         let confirms = &mut rare.confirms;
         // Settled one at a time, in order: no list per confirm (one allocation per QoS 1
@@ -1384,6 +1394,14 @@ impl Session {
                     .and_then(|i| confirms.remove(i))
             };
             let Some((_, a)) = a else { break };
+            if !ack && !v5 && !matches!(a, PendingAck::None) {
+                return Err(CloseError::new(
+                    DisconnectReasonCode::ImplementationSpecificError,
+                    "a QoS 1/2 publish was not taken by its queues (refused or unavailable); \
+                     MQTT 3.1.1 has no negative acknowledgement, so the connection is closed \
+                     without acknowledging it",
+                ));
+            }
             match a {
                 PendingAck::None => {}
                 PendingAck::Puback(pid) => {
@@ -1411,6 +1429,7 @@ impl Session {
                 break;
             }
         }
+        Ok(())
     }
 
     /// Acknowledges a delivery to the core. While no earlier delivery of the channel is held
@@ -1734,7 +1753,7 @@ impl Session {
                 self.rare().delayed_will = Some((delay, w));
             } else if !self.may_publish(&w.will.topic_name) {
                 // Checked as any publish (RabbitMQ too): the core would refuse it.
-                tracing::warn!(client_id = %self.client_id, "MQTT will refused: not authorized");
+                tracing::warn!(client_id = %warren_core::escape::Escaped(&self.client_id), "MQTT will refused: not authorized");
             } else {
                 for op in will_ops(&w.will, now) {
                     self.ops.push((CHANNEL, op));

@@ -301,7 +301,7 @@ pub async fn serve_connection<S, B>(
                 write_parts(&mut stream, out, zero_copy).await
             };
             if let Err(e) = written {
-                tracing::debug!(peer = %addr, "stream connection write: {e}");
+                tracing::debug!(peer = %addr, "stream connection write: {}", warren_core::escape::Escaped(&e.to_string()));
                 break;
             }
             session.flushed(now_ms());
@@ -335,7 +335,7 @@ pub async fn serve_connection<S, B>(
                         session.handle_input(&mut rbuf, now_ms())
                     }
                     Err(e) => {
-                        tracing::debug!(peer = %addr, "stream connection read: {e}");
+                        tracing::debug!(peer = %addr, "stream connection read: {}", warren_core::escape::Escaped(&e.to_string()));
                         break;
                     }
                 }

@@ -18,6 +18,7 @@ use crate::sac::Mailbox;
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use warren_core::escape::Escaped;
 
 /// The length (size field included) of the whole Publish frame at the front of `buf`, if
 /// there is one within `max` (0: no limit); anything else is for [`split_frame`].
@@ -412,7 +413,7 @@ impl<B: StreamBackend> Session<B> {
                     s.waiting = false;
                 }
                 Err(e) => {
-                    tracing::warn!(peer = %self.peer.addr, stream = %s.stream, "stream connection: consumer update offset: {e}");
+                    tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&s.stream), "stream connection: consumer update offset: {}", Escaped(&e.to_string()));
                     let stream = s.stream.clone();
                     self.stream_gone(&stream);
                     return;
@@ -601,7 +602,7 @@ impl<B: StreamBackend> Session<B> {
                 Ok(Some(b)) => b,
                 Ok(None) => return,
                 Err(e) => {
-                    tracing::warn!(peer = %self.peer.addr, "stream connection: {e}");
+                    tracing::warn!(peer = %self.peer.addr, "stream connection: {}", Escaped(&e.to_string()));
                     // The framing is lost: nothing after this can be read.
                     buf.clear();
                     if matches!(self.phase, Phase::CloseSent { .. }) {
@@ -624,7 +625,7 @@ impl<B: StreamBackend> Session<B> {
         match self.phase {
             Phase::CloseSent { .. } | Phase::Closing => {}
             _ => {
-                tracing::warn!(peer = %self.peer.addr, "stream connection: unknown frame: {e}");
+                tracing::warn!(peer = %self.peer.addr, "stream connection: unknown frame: {}", Escaped(&e.to_string()));
                 self.close_with(code::UNKNOWN_FRAME, "unknown frame", now_ms);
             }
         }
@@ -650,7 +651,7 @@ impl<B: StreamBackend> Session<B> {
                     reason,
                 },
             ) => {
-                tracing::debug!(peer = %self.peer.addr, code = c, %reason, "client closes");
+                tracing::debug!(peer = %self.peer.addr, code = c, reason = %Escaped(&reason), "client closes");
                 self.send(&response(key::CLOSE, corr, code::OK));
                 self.phase = Phase::Closing;
             }
@@ -745,7 +746,7 @@ impl<B: StreamBackend> Session<B> {
                         frame_max: self.frame_max,
                     });
                 } else {
-                    tracing::warn!(peer = %self.peer.addr, user = %user, vhost = %vhost, "stream connection: vhost access refused");
+                    tracing::warn!(peer = %self.peer.addr, user = %Escaped(&user), vhost = %Escaped(&vhost), "stream connection: vhost access refused");
                     self.send(&Frame::OpenResponse {
                         corr,
                         code: code::VIRTUAL_HOST_ACCESS_FAILURE,
@@ -797,7 +798,7 @@ impl<B: StreamBackend> Session<B> {
             }
             "ANONYMOUS" => Login::Anonymous,
             other => {
-                tracing::warn!(peer = %self.peer.addr, mechanism = %other, "stream connection: SASL mechanism not supported");
+                tracing::warn!(peer = %self.peer.addr, mechanism = %Escaped(&other), "stream connection: SASL mechanism not supported");
                 self.refuse_login(corr, code::SASL_MECHANISM_NOT_SUPPORTED);
                 return;
             }
@@ -817,7 +818,7 @@ impl<B: StreamBackend> Session<B> {
                 self.phase = Phase::Tune;
             }
             Err(e) => {
-                tracing::warn!(peer = %self.peer.addr, "stream connection: {e}");
+                tracing::warn!(peer = %self.peer.addr, "stream connection: {}", Escaped(&e.to_string()));
                 let c = match e {
                     AuthError::Refused => code::AUTHENTICATION_FAILURE,
                     AuthError::Loopback => code::SASL_AUTHENTICATION_FAILURE_LOOPBACK,
@@ -947,7 +948,7 @@ impl<B: StreamBackend> Session<B> {
                         .store_offset(&vhost, &stream, &reference, offset)
                 };
                 if let Err(e) = r {
-                    tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: store offset: {e}");
+                    tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&stream), "stream connection: store offset: {}", Escaped(&e.to_string()));
                 }
             }
             Frame::QueryOffset {
@@ -995,7 +996,7 @@ impl<B: StreamBackend> Session<B> {
                     match self.backend.create_stream(&vhost, &stream, &arguments) {
                         Ok(()) => code::OK,
                         Err(e) => {
-                            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: create: {e}");
+                            tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&stream), "stream connection: create: {}", Escaped(&e.to_string()));
                             e.code()
                         }
                     }
@@ -1139,7 +1140,7 @@ impl<B: StreamBackend> Session<B> {
                     ) {
                         Ok(()) => code::OK,
                         Err(e) => {
-                            tracing::warn!(peer = %self.peer.addr, %name, "stream connection: create super stream: {e}");
+                            tracing::warn!(peer = %self.peer.addr, name = %Escaped(&name), "stream connection: create super stream: {}", Escaped(&e.to_string()));
                             e.code()
                         }
                     }
@@ -1218,7 +1219,7 @@ impl<B: StreamBackend> Session<B> {
             }
             Err(e) => {
                 let stream = p.stream.clone();
-                tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: publish: {e}");
+                tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&stream), "stream connection: publish: {}", Escaped(&e.to_string()));
                 self.publish_error(publisher_id, messages, e.code());
                 if e == StreamError::DoesNotExist {
                     self.stream_gone(&stream);
@@ -1343,7 +1344,7 @@ impl<B: StreamBackend> Session<B> {
         } else if self.subscriptions.contains_key(&subscription_id) {
             code::SUBSCRIPTION_ID_ALREADY_EXISTS
         } else if sac && sac_name.is_none() {
-            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: single active consumer without a name");
+            tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&stream), "stream connection: single active consumer without a name");
             code::PRECONDITION_FAILED
         } else {
             let filter = ReaderFilter::from_properties(properties);
@@ -1397,7 +1398,7 @@ impl<B: StreamBackend> Session<B> {
                             code::OK
                         }
                         Err(e) => {
-                            tracing::warn!(peer = %self.peer.addr, %stream, "stream connection: {e}");
+                            tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&stream), "stream connection: {}", Escaped(&e.to_string()));
                             code::PRECONDITION_FAILED
                         }
                     }
@@ -1406,7 +1407,7 @@ impl<B: StreamBackend> Session<B> {
             }
         };
         if c != code::OK {
-            tracing::warn!(peer = %self.peer.addr, %stream, subscription_id, code = c, "stream connection: subscribe refused");
+            tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&stream), subscription_id, code = c, "stream connection: subscribe refused");
         }
         self.send(&response(key::SUBSCRIBE, corr, c));
         if c == code::OK {
@@ -1503,7 +1504,7 @@ impl<B: StreamBackend> Session<B> {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(peer = %self.peer.addr, stream = %s.stream, "stream connection: read: {e}");
+                        tracing::warn!(peer = %self.peer.addr, stream = %Escaped(&s.stream), "stream connection: read: {}", Escaped(&e.to_string()));
                         gone.push(s.stream.clone());
                         break;
                     }

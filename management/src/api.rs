@@ -122,6 +122,22 @@ pub(crate) fn router(m: Shared) -> Router {
         .route("/api/definitions", get(definitions).post(import))
         .route("/api/health/checks/alarms", get(alarms))
         .route("/api/health/checks/local-alarms", get(alarms))
+        .route(
+            "/api/health/checks/port-listener/{port}",
+            get(health_port_listener),
+        )
+        .route(
+            "/api/health/checks/protocol-listener/{protocol}",
+            get(health_protocol_listener),
+        )
+        .route(
+            "/api/health/checks/virtual-hosts",
+            get(health_virtual_hosts),
+        )
+        .route(
+            "/api/health/checks/node-is-quorum-critical",
+            get(health_quorum_critical),
+        )
         .route("/api/aliveness-test/{vhost}", get(aliveness))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(m.clone(), authenticate))
@@ -221,7 +237,7 @@ async fn log_refusals(request: Request, next: Next) -> Response {
             .unwrap_or_else(|| status.canonical_reason().unwrap_or("").to_string());
         tracing::warn!(
             %peer,
-            %method,
+            method = %Escaped(method.as_str()),
             path = %Escaped(&path),
             status = status.as_u16(),
             "HTTP API request refused: {}",
@@ -1028,6 +1044,9 @@ impl Management {
         };
         Ok(json!({
             "name": self.node.name, "type": "disc", "running": true,
+            // RabbitMQ's maintenance mode (rabbitmqadmin 2.x's `list nodes` needs the
+            // field): Warren has no drain, so a node is never being drained.
+            "being_drained": false,
             "uptime": self.uptime_ms(),
             "mem_used": rss(), "mem_limit": memory.watermark, "mem_alarm": memory.alarm,
             "message_bytes_held": memory.held,
@@ -1093,6 +1112,29 @@ async fn alarms(
     } else {
         Json(json!({"status": "ok"})).into_response()
     })
+}
+
+// RabbitMQ's health checks (`crate::health`): any management user may ask, as there.
+async fn health_port_listener(
+    State(m): State<Shared>,
+    Path(port): Path<String>,
+) -> ApiResult<Response> {
+    crate::health::port_listener(&m, &port).ok_or_else(|| ApiError::bad_request("Invalid port"))
+}
+
+async fn health_protocol_listener(
+    State(m): State<Shared>,
+    Path(protocol): Path<String>,
+) -> Response {
+    crate::health::protocol_listener(&m, &protocol)
+}
+
+async fn health_virtual_hosts() -> Response {
+    crate::health::virtual_hosts()
+}
+
+async fn health_quorum_critical(State(m): State<Shared>) -> Response {
+    crate::health::quorum_critical(&m)
 }
 
 /// Declares `aliveness-test` in the vhost, publishes to it and reads the message back,
@@ -1232,8 +1274,20 @@ async fn put_vhost(
         .unwrap_or("")
         .to_string();
     m.done(AdminRequest::AddVhost(warren_core::access::VhostDef {
-        name,
+        name: name.clone(),
         description,
+    }))
+    .await?;
+    // As RabbitMQ's API (rabbit_mgmt_wm_vhost): the user who created the vhost may use it
+    // at once, with full permissions (checked against 3.10.8: 201, then GET
+    // /api/permissions/v/guest is configure/write/read ".*"). An existing vhost's
+    // permissions are left as they are.
+    m.done(AdminRequest::SetPermissions(PermissionDef {
+        user: caller.user,
+        vhost: name,
+        configure: ".*".into(),
+        write: ".*".into(),
+        read: ".*".into(),
     }))
     .await?;
     Ok(StatusCode::CREATED)

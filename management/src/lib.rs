@@ -11,10 +11,12 @@
 
 mod api;
 pub mod definitions;
+mod health;
 mod metrics;
 mod rates;
 mod ui;
 
+pub use health::QuorumCritical;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
@@ -75,6 +77,7 @@ pub struct Management {
     rates: Mutex<rates::Rates>,
     gauges: Vec<Gauge>,
     placement: std::sync::OnceLock<Placement>,
+    quorum_critical: std::sync::OnceLock<QuorumCritical>,
 }
 
 /// Where a replicated queue is served, as the host knows it (a cluster node's quorum
@@ -99,12 +102,18 @@ impl Management {
             rates: Mutex::new(rates::Rates::default()),
             gauges,
             placement: std::sync::OnceLock::new(),
+            quorum_critical: std::sync::OnceLock::new(),
         })
     }
 
     /// Sets the host's [`Placement`] (once; a later call changes nothing).
     pub fn set_placement(&self, placement: Placement) {
         let _ = self.placement.set(placement);
+    }
+
+    /// Sets the host's [`QuorumCritical`] (a cluster member's; once).
+    pub fn set_quorum_critical(&self, critical: QuorumCritical) {
+        let _ = self.quorum_critical.set(critical);
     }
 
     async fn ask(&self, request: AdminRequest) -> Result<AdminResponse, Stopped> {

@@ -1080,7 +1080,7 @@ impl CommandSender {
             }
             if !change {
                 if let Err(why) = replicator.barrier().await {
-                    tracing::debug!(%why, "cluster read barrier failed; answering locally");
+                    tracing::debug!(why = %warren_core::escape::Escaped(&why.to_string()), "cluster read barrier failed; answering locally");
                 }
                 out.push((ch, op));
                 continue;
@@ -1114,7 +1114,7 @@ impl CommandSender {
             match replicator.replicate(request).await {
                 Ok(_) => out.push((ch, op)),
                 Err(why) => {
-                    tracing::warn!(conn = self.guard.conn.0, op = ?op.kind(), %why, "metadata change not committed");
+                    tracing::warn!(conn = self.guard.conn.0, op = ?op.kind(), why = %warren_core::escape::Escaped(&why.to_string()), "metadata change not committed");
                     let refused = replicate::unavailable(&op, &why);
                     out.push((ch, Op::Refuse(refused)));
                 }

@@ -177,6 +177,7 @@ pub(crate) async fn run(
             None => node_out.clear(),
         }
         broker.poll_effects(&mut effects);
+        held.answer_late(&mut broker);
         flush(&mut effects, &mut outboxes, &conns);
         let dropped = broker.take_notices(&mut notices);
         log_notices(&mut notices, dropped, broker.shard());
@@ -224,13 +225,13 @@ fn log_notices(notices: &mut Vec<warren_core::Notice>, dropped: u64, shard: u32)
                 } else {
                     "a target refused a dead letter (its length limit, its store, or a quorum queue without a leader)"
                 };
-                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue '{}' held: {why}; retried every second until taken", Escaped(&queue));
+                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue {} held: {why}; retried every second until taken", Escaped(&queue));
             }
             Notice::DeadLettersReleased { vhost, queue, held } => {
-                tracing::info!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue '{}' taken again by their targets", Escaped(&queue));
+                tracing::info!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue {} taken again by their targets", Escaped(&queue));
             }
             Notice::DeadLetterFallback { vhost, queue, text } => {
-                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), "policy on queue '{}': {text}", Escaped(&queue));
+                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), "policy on queue {}: {}", Escaped(&queue), Escaped(&text));
             }
         }
     }
@@ -299,22 +300,42 @@ fn send_mail(broker: &mut Broker, outbox: &mut Vec<ShardMail>, io: &ShardIo) -> 
     sent
 }
 
-/// Answers to operators held until the sync that makes their change durable completes.
+/// Answers to operators held until the sync that makes their change durable completes,
+/// and operators whose op another shard answers (`Broker::take_admin_deferral`).
 #[derive(Default)]
-struct HeldAnswers(
-    Vec<(
+struct HeldAnswers {
+    durable: Vec<(
         u64,
         tokio::sync::oneshot::Sender<AdminResponse>,
         AdminResponse,
     )>,
-);
+    /// By the core's token. Bounded by the core, which refuses admin ops beyond its
+    /// bound of deferred ones.
+    late: Vec<(u16, tokio::sync::oneshot::Sender<AdminResponse>)>,
+}
 
 impl HeldAnswers {
+    /// Hands the late answers the broker has to the operators who wait for them.
+    fn answer_late(&mut self, broker: &mut Broker) {
+        if self.late.is_empty() {
+            return;
+        }
+        let mut answers = Vec::new();
+        broker.take_admin_answers(&mut answers);
+        for (token, answer) in answers {
+            if let Some(at) = self.late.iter().position(|(t, _)| *t == token) {
+                let (_, reply) = self.late.swap_remove(at);
+                // The requester may have given up (ctl timed out).
+                let _ = reply.send(AdminResponse::Op(answer));
+            }
+        }
+    }
+
     fn release(&mut self, epoch: u64, durable: bool) {
-        let (due, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.0)
+        let (due, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.durable)
             .into_iter()
             .partition(|(e, _, _)| *e <= epoch);
-        self.0 = rest;
+        self.durable = rest;
         for (_, reply, answer) in due {
             let answer = match answer {
                 AdminResponse::Done(Ok(())) if !durable => AdminResponse::Done(Err(
@@ -386,9 +407,14 @@ fn apply_control(
         }
         Control::Admin { request, reply } => {
             let answer = broker.apply_admin(now, request);
+            // An op on a queue of another shard is answered by that shard, later.
+            if let Some(token) = broker.take_admin_deferral() {
+                held.late.push((token, reply));
+                return;
+            }
             // A change answers once it is durable (the sync starts at the end of this turn).
             match broker.unsynced_epoch() {
-                Some(epoch) => held.0.push((epoch, reply, answer)),
+                Some(epoch) => held.durable.push((epoch, reply, answer)),
                 // The requester may have given up (ctl timed out): nothing to do then.
                 None => {
                     let _ = reply.send(answer);

@@ -1,8 +1,7 @@
 //! Durable definitions (vhosts, users, permissions, policies, exchanges, queues, bindings)
-//! in redb. Changes are committed with
-//! `Durability::None` as they happen and made durable by the next sync's
-//! `Durability::Immediate` commit (group commit, as for messages): a declare costs no fsync
-//! of its own. Value encodings: docs/storage.md ("Definitions").
+//! in redb. The broker's changes are written by the sync thread in the next sync's
+//! `Durability::Immediate` commit (`crate::pending`; group commit, as for messages): a
+//! declare costs no fsync of its own, and no wait on the broker task. Value encodings: docs/storage.md ("Definitions").
 
 use crate::record::{DecodeError, Reader, Writer};
 use bytes::Bytes;
@@ -472,8 +471,28 @@ impl DefinitionStore {
 
     /// Applies a change (durable at the next [`DefinitionStore::commit_durable`]).
     pub fn apply(&self, change: DefinitionChange<'_>) -> Result<(), DefinitionsError> {
+        self.apply_all([change], Durability::None)
+    }
+
+    /// Applies the broker's changes of a sync, in order, in the one commit that makes them
+    /// (and every change before them) durable (`crate::pending`).
+    pub(crate) fn commit_changes(
+        &self,
+        changes: &[crate::pending::PendingChange],
+    ) -> Result<(), DefinitionsError> {
+        self.apply_all(
+            changes.iter().map(crate::pending::PendingChange::as_change),
+            Durability::Immediate,
+        )
+    }
+
+    fn apply_all<'a>(
+        &self,
+        changes: impl IntoIterator<Item = DefinitionChange<'a>>,
+        durability: Durability,
+    ) -> Result<(), DefinitionsError> {
         let mut tx = self.db.begin_write().map_err(dberr)?;
-        tx.set_durability(Durability::None).map_err(dberr)?;
+        tx.set_durability(durability).map_err(dberr)?;
         {
             let mut exchanges = tx.open_table(EXCHANGES).map_err(dberr)?;
             let mut queues = tx.open_table(QUEUES).map_err(dberr)?;
@@ -484,153 +503,155 @@ impl DefinitionStore {
             let mut permissions = tx.open_table(PERMISSIONS).map_err(dberr)?;
             let mut topic_permissions = tx.open_table(TOPIC_PERMISSIONS).map_err(dberr)?;
             let mut retained = tx.open_table(RETAINED).map_err(dberr)?;
-            let mut drop_bindings =
-                |pred: &dyn Fn(&str, &Bind, bool) -> bool| -> Result<(), DefinitionsError> {
-                    let mut doomed = Vec::new();
-                    for row in bindings.iter().map_err(dberr)? {
-                        let (k, _) = row.map_err(dberr)?;
-                        let (v, b, to_x) = decode_binding(k.value())?;
-                        if pred(&v, &b, to_x) {
-                            doomed.push(k.value().to_vec());
+            for change in changes {
+                let mut drop_bindings =
+                    |pred: &dyn Fn(&str, &Bind, bool) -> bool| -> Result<(), DefinitionsError> {
+                        let mut doomed = Vec::new();
+                        for row in bindings.iter().map_err(dberr)? {
+                            let (k, _) = row.map_err(dberr)?;
+                            let (v, b, to_x) = decode_binding(k.value())?;
+                            if pred(&v, &b, to_x) {
+                                doomed.push(k.value().to_vec());
+                            }
                         }
-                    }
-                    for k in doomed {
-                        bindings.remove(k.as_slice()).map_err(dberr)?;
-                    }
-                    Ok(())
-                };
-            match change {
-                DefinitionChange::VhostAdded(v) => {
-                    vhosts
-                        .insert(v.name.as_str(), v.description.as_bytes())
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::VhostDeleted(name) => {
-                    vhosts.remove(name).map_err(dberr)?;
-                    drop_topic_permissions(&mut topic_permissions, &|p| p.vhost == name)?;
-                }
-                DefinitionChange::UserPut(u) => {
-                    users
-                        .insert(u.name.as_str(), encode_user(u).as_slice())
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::UserDeleted(name) => {
-                    users.remove(name).map_err(dberr)?;
-                    let mut doomed = Vec::new();
-                    for row in permissions.iter().map_err(dberr)? {
-                        let (k, _) = row.map_err(dberr)?;
-                        if split_scoped(k.value()).is_ok_and(|(_, u)| u == name) {
-                            doomed.push(k.value().to_string());
+                        for k in doomed {
+                            bindings.remove(k.as_slice()).map_err(dberr)?;
                         }
+                        Ok(())
+                    };
+                match change {
+                    DefinitionChange::VhostAdded(v) => {
+                        vhosts
+                            .insert(v.name.as_str(), v.description.as_bytes())
+                            .map_err(dberr)?;
                     }
-                    for k in doomed {
-                        permissions.remove(k.as_str()).map_err(dberr)?;
+                    DefinitionChange::VhostDeleted(name) => {
+                        vhosts.remove(name).map_err(dberr)?;
+                        drop_topic_permissions(&mut topic_permissions, &|p| p.vhost == name)?;
                     }
-                    drop_topic_permissions(&mut topic_permissions, &|p| p.user == name)?;
-                }
-                DefinitionChange::TopicPermissionSet(p) => {
-                    topic_permissions
-                        .insert(
-                            topic_key(&p.vhost, &p.user, &p.exchange).as_str(),
-                            encode_topic_permission(p).as_slice(),
-                        )
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::TopicPermissionCleared {
-                    vhost,
-                    user,
-                    exchange,
-                } => {
-                    drop_topic_permissions(&mut topic_permissions, &|x| {
-                        x.vhost == vhost
-                            && x.user == user
-                            && exchange.is_none_or(|e| e == x.exchange)
-                    })?;
-                }
-                DefinitionChange::PermissionSet(p) => {
-                    permissions
-                        .insert(
-                            scoped(&p.vhost, &p.user).as_str(),
-                            encode_permission(p).as_slice(),
-                        )
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::PermissionCleared { vhost, user } => {
-                    permissions
-                        .remove(scoped(vhost, user).as_str())
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::ExchangeDeclared { vhost, def } => {
-                    exchanges
-                        .insert(
-                            scoped(vhost, &def.exchange).as_str(),
-                            encode_exchange(def).as_slice(),
-                        )
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::ExchangeDeleted { vhost, name } => {
-                    exchanges
-                        .remove(scoped(vhost, name).as_str())
-                        .map_err(dberr)?;
-                    drop_bindings(&|v, b, to_x| {
-                        v == vhost && (b.source == name || (to_x && b.destination == name))
-                    })?;
-                }
-                DefinitionChange::QueueDeclared { vhost, def } => {
-                    queues
-                        .insert(
-                            scoped(vhost, &def.queue).as_str(),
-                            encode_queue(def).as_slice(),
-                        )
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::QueueDeleted { vhost, name } => {
-                    queues.remove(scoped(vhost, name).as_str()).map_err(dberr)?;
-                    drop_bindings(&|v, b, to_x| v == vhost && !to_x && b.destination == name)?;
-                }
-                DefinitionChange::Bound {
-                    vhost,
-                    bind,
-                    to_exchange,
-                } => {
-                    bindings
-                        .insert(encode_binding(vhost, bind, to_exchange).as_slice(), 1)
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::PolicySet(p) => {
-                    policies
-                        .insert(
-                            scoped(&p.vhost, &p.name).as_str(),
-                            encode_policy(p).as_slice(),
-                        )
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::PolicyCleared { vhost, name } => {
-                    policies
-                        .remove(scoped(vhost, name).as_str())
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::Unbound {
-                    vhost,
-                    bind,
-                    to_exchange,
-                } => {
-                    bindings
-                        .remove(encode_binding(vhost, bind, to_exchange).as_slice())
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::RetainedSet { vhost, message } => {
-                    retained
-                        .insert(
-                            crate::retained::key(vhost, &message.topic).as_slice(),
-                            crate::retained::encode(message).as_slice(),
-                        )
-                        .map_err(dberr)?;
-                }
-                DefinitionChange::RetainedCleared { vhost, topic } => {
-                    retained
-                        .remove(crate::retained::key(vhost, topic).as_slice())
-                        .map_err(dberr)?;
+                    DefinitionChange::UserPut(u) => {
+                        users
+                            .insert(u.name.as_str(), encode_user(u).as_slice())
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::UserDeleted(name) => {
+                        users.remove(name).map_err(dberr)?;
+                        let mut doomed = Vec::new();
+                        for row in permissions.iter().map_err(dberr)? {
+                            let (k, _) = row.map_err(dberr)?;
+                            if split_scoped(k.value()).is_ok_and(|(_, u)| u == name) {
+                                doomed.push(k.value().to_string());
+                            }
+                        }
+                        for k in doomed {
+                            permissions.remove(k.as_str()).map_err(dberr)?;
+                        }
+                        drop_topic_permissions(&mut topic_permissions, &|p| p.user == name)?;
+                    }
+                    DefinitionChange::TopicPermissionSet(p) => {
+                        topic_permissions
+                            .insert(
+                                topic_key(&p.vhost, &p.user, &p.exchange).as_str(),
+                                encode_topic_permission(p).as_slice(),
+                            )
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::TopicPermissionCleared {
+                        vhost,
+                        user,
+                        exchange,
+                    } => {
+                        drop_topic_permissions(&mut topic_permissions, &|x| {
+                            x.vhost == vhost
+                                && x.user == user
+                                && exchange.is_none_or(|e| e == x.exchange)
+                        })?;
+                    }
+                    DefinitionChange::PermissionSet(p) => {
+                        permissions
+                            .insert(
+                                scoped(&p.vhost, &p.user).as_str(),
+                                encode_permission(p).as_slice(),
+                            )
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::PermissionCleared { vhost, user } => {
+                        permissions
+                            .remove(scoped(vhost, user).as_str())
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::ExchangeDeclared { vhost, def } => {
+                        exchanges
+                            .insert(
+                                scoped(vhost, &def.exchange).as_str(),
+                                encode_exchange(def).as_slice(),
+                            )
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::ExchangeDeleted { vhost, name } => {
+                        exchanges
+                            .remove(scoped(vhost, name).as_str())
+                            .map_err(dberr)?;
+                        drop_bindings(&|v, b, to_x| {
+                            v == vhost && (b.source == name || (to_x && b.destination == name))
+                        })?;
+                    }
+                    DefinitionChange::QueueDeclared { vhost, def } => {
+                        queues
+                            .insert(
+                                scoped(vhost, &def.queue).as_str(),
+                                encode_queue(def).as_slice(),
+                            )
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::QueueDeleted { vhost, name } => {
+                        queues.remove(scoped(vhost, name).as_str()).map_err(dberr)?;
+                        drop_bindings(&|v, b, to_x| v == vhost && !to_x && b.destination == name)?;
+                    }
+                    DefinitionChange::Bound {
+                        vhost,
+                        bind,
+                        to_exchange,
+                    } => {
+                        bindings
+                            .insert(encode_binding(vhost, bind, to_exchange).as_slice(), 1)
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::PolicySet(p) => {
+                        policies
+                            .insert(
+                                scoped(&p.vhost, &p.name).as_str(),
+                                encode_policy(p).as_slice(),
+                            )
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::PolicyCleared { vhost, name } => {
+                        policies
+                            .remove(scoped(vhost, name).as_str())
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::Unbound {
+                        vhost,
+                        bind,
+                        to_exchange,
+                    } => {
+                        bindings
+                            .remove(encode_binding(vhost, bind, to_exchange).as_slice())
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::RetainedSet { vhost, message } => {
+                        retained
+                            .insert(
+                                crate::retained::key(vhost, &message.topic).as_slice(),
+                                crate::retained::encode(message).as_slice(),
+                            )
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::RetainedCleared { vhost, topic } => {
+                        retained
+                            .remove(crate::retained::key(vhost, topic).as_slice())
+                            .map_err(dberr)?;
+                    }
                 }
             }
         }
@@ -693,6 +714,12 @@ impl DefinitionStore {
             }
         }
         tx.commit().map_err(dberr)
+    }
+
+    /// A write transaction held by a test (another writer, as the sync thread's commit).
+    #[cfg(test)]
+    pub(crate) fn begin_write_for_test(&self) -> redb::WriteTransaction {
+        self.db.begin_write().expect("begin a write transaction")
     }
 
     /// Makes every change so far durable (one fsync'd commit).

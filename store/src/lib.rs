@@ -18,6 +18,7 @@ mod journal_audit;
 pub mod lock;
 pub mod metrics;
 mod open_error;
+mod pending;
 pub mod record;
 pub mod retained;
 mod scan;
@@ -83,6 +84,8 @@ struct SyncJob {
     shared: shared::SharedSync,
     dirs: Vec<PathBuf>,
     definitions: bool,
+    /// The definition changes of the epoch, written in its durable commit (`pending`).
+    changes: Vec<pending::PendingChange>,
     /// With the journal: the one file whose fdatasync covers every queue write of the epoch,
     /// and a finished generation to checkpoint after.
     journal: Option<journal::JournalSync>,
@@ -135,6 +138,8 @@ pub struct DiskStore {
     shared: SharedStore,
     definitions: DefinitionStore,
     definitions_dirty: bool,
+    /// Definition changes for the next sync's commit (`pending`).
+    pending_definitions: Vec<pending::PendingChange>,
     /// Small records (the log boxed): a hash table keeps up to half its slots empty after
     /// growing, and with one queue per MQTT session inline logs cost ~380 bytes per idle
     /// connection at 10k sessions.
@@ -251,6 +256,7 @@ impl DiskStore {
                 shared,
                 definitions,
                 definitions_dirty: false,
+                pending_definitions: Vec::new(),
                 queues: HashMap::new(),
                 dirty: BTreeSet::new(),
                 unflushed: BTreeSet::new(),
@@ -400,7 +406,8 @@ fn sync_thread(
                 // Written to the OS already (the broker task wrote the buffers out); the
                 // definitions still get their durable commit, which is rare.
                 if job.definitions {
-                    defs.commit_durable().map_err(|e| e.to_string())?;
+                    defs.commit_changes(&job.changes)
+                        .map_err(|e| e.to_string())?;
                 }
                 for path in &job.shared.delete {
                     let _ = fs::remove_file(path);
@@ -415,7 +422,8 @@ fn sync_thread(
                 metrics::JOURNAL_FSYNC.observe(t.elapsed());
             }
             if job.definitions {
-                defs.commit_durable().map_err(|e| e.to_string())?;
+                defs.commit_changes(&job.changes)
+                    .map_err(|e| e.to_string())?;
             }
             for f in &job.shared.fsync {
                 f.sync_data()
@@ -487,10 +495,12 @@ fn queue_identity(vhost: &str, name: &str) -> Vec<u8> {
 
 impl Store for DiskStore {
     fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError> {
+        // Written by the sync thread in the sync's durable commit: never a redb write
+        // transaction here, which would wait for one in progress there (`pending`).
         self.definitions_dirty = true;
-        self.definitions
-            .apply(change)
-            .map_err(|e| self.fail("definition write", e))
+        self.pending_definitions
+            .push(pending::PendingChange::new(&change));
+        Ok(())
     }
 
     fn open_queue(
@@ -891,10 +901,14 @@ impl Store for DiskStore {
             self.dirty_names.append(&mut files);
             self.dirty_dirs.append(&mut dirs);
         }
-        let definitions = if failed.is_some() {
-            false
+        let (definitions, changes) = if failed.is_some() {
+            // Kept for the next sync's commit, as the dirty files are.
+            (false, Vec::new())
         } else {
-            std::mem::take(&mut self.definitions_dirty)
+            (
+                std::mem::take(&mut self.definitions_dirty),
+                std::mem::take(&mut self.pending_definitions),
+            )
         };
         let journal = match (&failed, &self.journal) {
             (None, Some(j)) => match j
@@ -918,6 +932,7 @@ impl Store for DiskStore {
             shared,
             dirs,
             definitions,
+            changes,
             journal,
             streams,
         };

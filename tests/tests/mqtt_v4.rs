@@ -405,3 +405,91 @@ async fn sys_topics_published_like_mosquitto() {
     );
     all.no_publish(Duration::from_millis(1500)).await;
 }
+
+/// Declares `queue` (at most one message, `reject-publish` beyond) bound to `amq.topic`
+/// with `key`: a publish routed there once it holds one is nacked by the core.
+async fn full_queue(b: &warren_tests::mqtt::MqttBroker, queue: &str, key: &str) {
+    use warren_core::command::{Bind, Op, QueueDeclare};
+    use warren_core::message::{FieldTable, FieldValue};
+    use warren_runtime::{AdminRequest, AdminResponse};
+    let mut arguments = FieldTable::new();
+    arguments.insert("x-max-length".into(), FieldValue::I64(1));
+    arguments.insert("x-overflow".into(), FieldValue::string("reject-publish"));
+    for op in [
+        Op::QueueDeclare(QueueDeclare {
+            queue: queue.into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments,
+        }),
+        Op::QueueBind(Bind {
+            destination: queue.into(),
+            source: "amq.topic".into(),
+            routing_key: key.into(),
+            nowait: false,
+            arguments: FieldTable::new(),
+        }),
+    ] {
+        let vhost = "/".to_string();
+        let answer = b.amqp.broker.admin(AdminRequest::Op { vhost, op }).await;
+        assert!(matches!(answer, Ok(AdminResponse::Op(Ok(_)))), "{answer:?}");
+    }
+}
+
+/// Events until the connection ends: the packet ids the broker acknowledged meanwhile.
+async fn acks_until_closed(c: &mut warren_tests::mqtt::Client) -> Vec<u16> {
+    use rumqttc::{Event, Packet};
+    let mut acked = Vec::new();
+    let deadline = tokio::time::Instant::now() + warren_tests::WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, c.events.recv())
+            .await
+            .expect("the connection closed in time")
+        {
+            Some(Ok(Event::Incoming(Packet::PubAck(a)))) => acked.push(a.pkid),
+            Some(Ok(Event::Incoming(Packet::PubRec(a)))) => acked.push(a.pkid),
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return acked,
+        }
+    }
+}
+
+/// A 3.1.1 QoS 1 or 2 publish the broker did not take (its queue is full and refuses
+/// more, a nack from the core as from a queue on a node that is down) is never
+/// acknowledged: 3.1.1 has no negative PUBACK/PUBREC, so the connection is closed without
+/// one, as RabbitMQ 3.10's MQTT plugin does (a positive ack would make the client drop a
+/// message nobody stored). What the queue took before is acknowledged as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nacked_qos1_or_qos2_publish_is_never_acknowledged_in_3_1_1() {
+    let b = start().await;
+    full_queue(&b, "full", "t").await;
+    let mut c = b.connect("pub1").await;
+    c.publish("t", QoS::AtLeastOnce, false, b"taken").await;
+    c.puback().await;
+    c.publish("t", QoS::AtLeastOnce, false, b"refused").await;
+    let acked = acks_until_closed(&mut c).await;
+    assert_eq!(
+        acked,
+        Vec::<u16>::new(),
+        "no PUBACK for the refused publish"
+    );
+    // QoS 2: no PUBREC either.
+    let mut c = b.connect("pub2").await;
+    c.publish("t", QoS::ExactlyOnce, false, b"refused too")
+        .await;
+    let acked = acks_until_closed(&mut c).await;
+    assert_eq!(
+        acked,
+        Vec::<u16>::new(),
+        "no PUBREC for the refused publish"
+    );
+    // Other connections go on: a publish routed elsewhere is acknowledged.
+    let mut other = b.connect("pub3").await;
+    other
+        .publish("elsewhere", QoS::AtLeastOnce, false, b"ok")
+        .await;
+    other.puback().await;
+}

@@ -424,6 +424,16 @@ impl Broker {
         channel: u16,
         op: Op,
     ) -> Result<Option<Reply>, ProtocolError> {
+        let Some(channel) = self.admin_channel_for(now, channel) else {
+            return Err(ProtocolError::new(
+                crate::error::ErrorCode::ResourceError,
+                op.kind(),
+                format!(
+                    "{} operator ops wait for their queues' answers",
+                    super::admin_late::MAX_PENDING
+                ),
+            ));
+        };
         let ch = ChannelRef::new(RESTORE_CONN, channel);
         let mark = self.effects.len();
         let Some(vh) = self.vhost_id(vhost) else {
@@ -439,6 +449,7 @@ impl Broker {
             .get(&RESTORE_CONN)
             .is_some_and(|c| c.vhost != vh)
         {
+            self.admin_released();
             self.release_connection(RESTORE_CONN);
         }
         if !self.chans.conns.contains_key(&RESTORE_CONN) {
@@ -455,6 +466,7 @@ impl Broker {
         if !self.chans.channels.contains_key(&ch) {
             self.handle(now, ch, Op::ChannelOpen);
         }
+        let kind = op.kind();
         self.handle(now, ch, op);
         let mut reply = None;
         let mut error = None;
@@ -480,7 +492,12 @@ impl Broker {
                 }
                 Err(e)
             }
-            None => Ok(reply),
+            None => {
+                if reply.is_none() {
+                    self.admin_maybe_deferred(ch, kind);
+                }
+                Ok(reply)
+            }
         }
     }
 
@@ -489,6 +506,7 @@ impl Broker {
     /// sharded broker sends it to every shard, `crate::shards::Shards::admin`).
     pub fn apply_admin(&mut self, now: u64, request: AdminRequest) -> AdminResponse {
         let broker = self;
+        broker.admin_late_reset();
         use AdminResponse::Done;
         match request {
             AdminRequest::ListQueues => AdminResponse::Queues(broker.list_queues()),
@@ -497,7 +515,9 @@ impl Broker {
             AdminRequest::ListConnections => AdminResponse::Connections(broker.list_connections()),
             AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
             AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
-            AdminRequest::Op { vhost, op } => AdminResponse::Op(broker.admin(now, &vhost, op)),
+            AdminRequest::Op { vhost, op } => {
+                AdminResponse::Op(broker.admin_deferrable(now, &vhost, op))
+            }
             AdminRequest::StatusPublish { vhost, publish } => {
                 AdminResponse::Op(broker.publish_status(now, &vhost, publish))
             }

@@ -26,6 +26,7 @@
 //!   `topology_policies.rs`, `topology_retained.rs`.
 
 pub mod admin;
+mod admin_late;
 mod alarm;
 mod channel_consume;
 mod channel_declare;
@@ -92,6 +93,8 @@ pub struct Broker {
     /// (`crate::channel::side`).
     chans: ChannelSide,
     effects: Vec<Effect>,
+    /// Operators' ops answered by another shard, and their answers (`admin_late`).
+    admin_late: admin_late::LateAdmin,
     /// Body bytes in the broker's custody, counted once per queue holding the message
     /// (ready or unacked). Drives the memory alarm.
     stored_bytes: u64,
@@ -190,6 +193,7 @@ impl Broker {
             next_id: 1,
             next_vhost: 0,
             effects: Vec::new(),
+            admin_late: admin_late::LateAdmin::default(),
             stored_bytes: 0,
             shared_bytes: None,
             alarm: false,
@@ -441,6 +445,9 @@ impl Broker {
             "{:?}",
             self.stuck_channel()
         );
+        if self.admin_late.waiting() {
+            self.take_late_admin_effects();
+        }
         out.append(&mut self.effects);
     }
 
