@@ -72,6 +72,19 @@ pub async fn serve(
     }
 }
 
+/// A request refused for its content (a parameter RabbitMQ's rules refuse): `warren ctl`
+/// exits 2 on it, as on any input the operator must fix.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 async fn client(
     stream: UnixStream,
     broker: &BrokerHandle,
@@ -84,7 +97,10 @@ async fn client(
     reader.read_line(&mut line).await?;
     let response = match handle(&line, broker, management, tls).await {
         Ok(result) => json!({"ok": true, "result": result}),
-        Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+        Err(e) => json!({
+            "ok": false, "error": format!("{e:#}"),
+            "refused": e.downcast_ref::<Refused>().is_some(),
+        }),
     };
     let mut out = serde_json::to_vec(&response)?;
     out.push(b'\n');
@@ -163,12 +179,13 @@ async fn op(broker: &BrokerHandle, vhost: String, op: Op) -> anyhow::Result<Opti
 
 /// Verbs whose listing is scoped to a vhost: an unknown vhost is an error, not an empty
 /// table (as rabbitmqctl).
-const VHOST_SCOPED: [&str; 7] = [
+const VHOST_SCOPED: [&str; 8] = [
     "list_queues",
     "list_exchanges",
     "list_bindings",
     "list_consumers",
     "list_policies",
+    "list_parameters",
     "list_permissions",
     "list_topic_permissions",
 ];
@@ -494,6 +511,48 @@ async fn handle(
                 .collect(),
             other => bail!("unexpected answer {other:?}"),
         },
+        "set_parameter" => {
+            let component = arg(&args, "component")?.to_string();
+            let name = arg(&args, "name")?.to_string();
+            let value = args
+                .get("value")
+                .ok_or_else(|| anyhow!("missing argument 'value'"))?;
+            management
+                .validate_parameter(&component, &name, value)
+                .map_err(|e| Refused(e.trim_end().to_string()))?;
+            let def = warren_core::parameter::ParameterDef {
+                component,
+                vhost: vhost(&args),
+                name,
+                value: value.to_string(),
+            };
+            let answer = done(broker, AdminRequest::SetParameter(def)).await?;
+            management.parameters_changed();
+            answer
+        }
+        "clear_parameter" => {
+            let request = AdminRequest::ClearParameter {
+                vhost: vhost(&args),
+                component: arg(&args, "component")?.to_string(),
+                name: arg(&args, "name")?.to_string(),
+            };
+            let answer = done(broker, request).await?;
+            management.parameters_changed();
+            answer
+        }
+        "list_parameters" => match ask(broker, AdminRequest::ListParameters).await? {
+            AdminResponse::Parameters(ps) => ps
+                .iter()
+                .filter(|p| in_vhost(&args, &p.vhost))
+                .map(|p| {
+                    let value: Value = serde_json::from_str(&p.value).unwrap_or(Value::Null);
+                    json!({"vhost": p.vhost, "component": p.component, "name": p.name,
+                           "value": value})
+                })
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "shovel_status" => Value::Array(management.shovel_status()),
         "export_definitions" => match ask(broker, AdminRequest::Definitions).await? {
             AdminResponse::Definitions(defs) => json::export(&defs),
             other => bail!("unexpected answer {other:?}"),
@@ -502,14 +561,20 @@ async fn handle(
             let doc = args
                 .get("definitions")
                 .ok_or_else(|| anyhow!("missing argument 'definitions'"))?;
-            let imported = json::import(doc)?;
-            match ask(broker, AdminRequest::Import(imported.definitions)).await? {
+            let mut imported = json::import(doc)?;
+            json::check_parameters(&mut imported, |c, n, v| {
+                management.validate_parameter(c, n, v)
+            });
+            let answer = ask(broker, AdminRequest::Import(imported.definitions)).await?;
+            management.parameters_changed();
+            match answer {
                 // What the broker imported, not what the file held: a refused definition
                 // is an error, not a count.
                 AdminResponse::Imported(r) => json!({
                     "imported": {
                         "vhosts": r.vhosts, "users": r.users, "permissions": r.permissions,
                         "topic_permissions": r.topic_permissions, "policies": r.policies,
+                        "parameters": r.parameters,
                         "exchanges": r.exchanges, "queues": r.queues, "bindings": r.bindings,
                     },
                     "errors": r.errors,
@@ -643,6 +708,7 @@ async fn handle(
             "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
              list_channels, close_connection, status, ping, set_vm_memory_high_watermark, \
              list_consumers, purge_queue, delete_queue, set_policy, clear_policy, list_policies, \
+             set_parameter, clear_parameter, list_parameters, shovel_status, \
              export_definitions, import_definitions, add_vhost, delete_vhost, list_vhosts, \
              add_user, delete_user, change_password, set_user_tags, list_users, set_permissions, \
              clear_permissions, list_permissions, list_user_permissions, set_topic_permissions, \

@@ -9,6 +9,19 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// A request the broker refused for its content (a parameter RabbitMQ's rules refuse):
+/// exit code 2, as any input the operator must fix.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 #[derive(clap::Args)]
 pub struct CtlArgs {
     /// The data directory of the broker to talk to (its admin socket lives there).
@@ -123,6 +136,25 @@ enum Verb {
     /// Policies in the vhost (`-p`).
     #[command(alias = "list_policies")]
     ListPolicies,
+    /// Sets a runtime parameter, as rabbitmqctl set_parameter: COMPONENT (shovel), NAME and
+    /// VALUE (JSON), e.g. shovel s1 '{"src-uri": "amqp://", "src-queue": "a",
+    /// "dest-uri": "amqp://", "dest-queue": "b"}'. A value RabbitMQ's rules refuse exits 2.
+    #[command(alias = "set_parameter")]
+    SetParameter {
+        component: String,
+        name: String,
+        value: String,
+    },
+    /// Removes a runtime parameter (a shovel's stops it).
+    #[command(alias = "clear_parameter")]
+    ClearParameter { component: String, name: String },
+    /// Runtime parameters in the vhost (`-p`).
+    #[command(alias = "list_parameters")]
+    ListParameters,
+    /// The shovels running on this broker: state (starting, running, terminated with the
+    /// reason), ends, messages moved.
+    #[command(alias = "shovel_status")]
+    ShovelStatus,
     /// Writes the durable definitions in RabbitMQ's format to FILE (`-`: standard output).
     #[command(alias = "export_definitions")]
     ExportDefinitions { file: String },
@@ -241,6 +273,17 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "prefetch_count",
         ],
         "list_policies" => &["name", "pattern", "apply-to", "definition", "priority"],
+        "list_parameters" => &["component", "name", "value"],
+        "shovel_status" => &[
+            "name",
+            "vhost",
+            "type",
+            "state",
+            "src_uri",
+            "dest_uri",
+            "messages_moved",
+            "reason",
+        ],
         "list_vhosts" => &["name", "description"],
         "list_users" => &["user", "tags"],
         "list_permissions" => &["user", "configure", "write", "read"],
@@ -272,6 +315,10 @@ fn request(args: &CtlArgs, verb: &str, params: Value) -> anyhow::Result<Value> {
         .read_line(&mut answer)
         .context("no answer from the broker")?;
     let answer: Value = serde_json::from_str(&answer).context("the broker's answer is not JSON")?;
+    if answer.get("refused").and_then(Value::as_bool) == Some(true) {
+        let why = answer.get("error").and_then(Value::as_str).unwrap_or("");
+        return Err(Refused(why.to_string()).into());
+    }
     if answer.get("ok").and_then(Value::as_bool) != Some(true) {
         bail!(
             "{}",
@@ -452,6 +499,24 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         }
         Verb::ClearPolicy { name } => ("clear_policy", json!({"name": name})),
         Verb::ListPolicies => ("list_policies", json!({})),
+        Verb::SetParameter {
+            component,
+            name,
+            value,
+        } => {
+            let value: Value = serde_json::from_str(value)
+                .map_err(|e| Refused(format!("the parameter value is not JSON ({e}): {value}")))?;
+            (
+                "set_parameter",
+                json!({"component": component, "name": name, "value": value}),
+            )
+        }
+        Verb::ClearParameter { component, name } => (
+            "clear_parameter",
+            json!({"component": component, "name": name}),
+        ),
+        Verb::ListParameters => ("list_parameters", json!({})),
+        Verb::ShovelStatus => ("shovel_status", json!({})),
         Verb::ExportDefinitions { .. } => ("export_definitions", json!({})),
         Verb::ImportDefinitions { file } => {
             let text = std::fs::read_to_string(file)
@@ -514,6 +579,14 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             println!("Set policy '{name}' for pattern '{pattern}'");
         }
         Verb::ClearPolicy { name } => println!("Cleared policy '{name}'"),
+        Verb::SetParameter {
+            component, name, ..
+        } => println!(
+            "Set runtime parameter \"{name}\" for component \"{component}\" in vhost \"{vhost}\""
+        ),
+        Verb::ClearParameter { component, name } => println!(
+            "Cleared runtime parameter \"{name}\" for component \"{component}\" in vhost \"{vhost}\""
+        ),
         Verb::AddVhost { name, .. } => println!("Added vhost '{name}'"),
         Verb::DeleteVhost { name } => println!("Deleted vhost '{name}'"),
         Verb::AddUser { name, .. } => println!("Added user '{name}'"),

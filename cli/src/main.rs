@@ -6,6 +6,7 @@ mod cluster;
 mod ctl;
 #[cfg(test)]
 mod footprint;
+mod links;
 mod mem_streams;
 mod meta;
 mod mqtt_cluster;
@@ -491,7 +492,11 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
-                ExitCode::FAILURE
+                if e.downcast_ref::<ctl::Refused>().is_some() {
+                    ExitCode::from(EXIT_CONFIG)
+                } else {
+                    ExitCode::FAILURE
+                }
             }
         },
     }
@@ -1142,8 +1147,17 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         }
     }
     let data_dir = (!s.in_memory).then(|| s.data_dir.clone());
+    let local_amqp = links::local_amqp(&node_listeners);
     let node = warren_management::NodeInfo::local(node_listeners, data_dir);
+    let node_name = node.name.clone();
     let management = warren_management::Management::new(broker.clone(), node, gauges);
+    links::start(
+        broker.clone(),
+        &management,
+        local_amqp,
+        node_name,
+        stopped.clone(),
+    );
     if let Some(repl) = cluster::replication() {
         let repl = repl.clone();
         let critical = repl.clone();

@@ -26,6 +26,7 @@ use warren_cluster::node::{ClusterNode, NodeError};
 use warren_cluster::state_machine::write_atomic;
 use warren_core::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
 use warren_core::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
+use warren_core::parameter::ParameterDef;
 use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_runtime::replicate::ReplicateFuture;
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle, Replicator};
@@ -117,6 +118,15 @@ struct WPolicy {
     definition: Vec<u8>,
 }
 
+/// A runtime parameter (its value JSON text, as the core keeps it).
+#[derive(Serialize, Deserialize)]
+struct WParameter {
+    component: String,
+    vhost: String,
+    name: String,
+    value: String,
+}
+
 #[derive(Serialize, Deserialize)]
 struct WUser {
     name: String,
@@ -151,6 +161,9 @@ struct WDefinitions {
     #[serde(default)]
     topic_permissions: Vec<WTopicPermission>,
     policies: Vec<WPolicy>,
+    /// Absent from entries written before runtime parameters.
+    #[serde(default)]
+    parameters: Vec<WParameter>,
     exchanges: Vec<(String, WExchange)>,
     queues: Vec<(String, WQueue)>,
     bindings: Vec<(String, WBind, bool)>,
@@ -166,6 +179,12 @@ enum Wire {
     SetPolicy(WPolicy),
     ClearPolicy {
         vhost: String,
+        name: String,
+    },
+    SetParameter(WParameter),
+    ClearParameter {
+        vhost: String,
+        component: String,
         name: String,
     },
     AddVhost {
@@ -226,6 +245,24 @@ fn w_bind(b: &Bind) -> WBind {
         routing_key: b.routing_key.clone(),
         nowait: b.nowait,
         arguments: encode_table(&b.arguments),
+    }
+}
+
+fn w_parameter(p: &ParameterDef) -> WParameter {
+    WParameter {
+        component: p.component.clone(),
+        vhost: p.vhost.clone(),
+        name: p.name.clone(),
+        value: p.value.clone(),
+    }
+}
+
+fn r_parameter(p: WParameter) -> ParameterDef {
+    ParameterDef {
+        component: p.component,
+        vhost: p.vhost,
+        name: p.name,
+        value: p.value,
     }
 }
 
@@ -335,6 +372,7 @@ pub fn encode(request: &AdminRequest) -> Option<Vec<u8>> {
             permissions: d.permissions.iter().map(w_permission).collect(),
             topic_permissions: d.topic_permissions.iter().map(w_topic_permission).collect(),
             policies: d.policies.iter().map(w_policy).collect(),
+            parameters: d.parameters.iter().map(w_parameter).collect(),
             exchanges: d
                 .exchanges
                 .iter()
@@ -354,6 +392,16 @@ pub fn encode(request: &AdminRequest) -> Option<Vec<u8>> {
         AdminRequest::SetPolicy(p) => Wire::SetPolicy(w_policy(p)),
         AdminRequest::ClearPolicy { vhost, name } => Wire::ClearPolicy {
             vhost: vhost.clone(),
+            name: name.clone(),
+        },
+        AdminRequest::SetParameter(p) => Wire::SetParameter(w_parameter(p)),
+        AdminRequest::ClearParameter {
+            vhost,
+            component,
+            name,
+        } => Wire::ClearParameter {
+            vhost: vhost.clone(),
+            component: component.clone(),
             name: name.clone(),
         },
         AdminRequest::AddVhost(v) => Wire::AddVhost {
@@ -566,6 +614,7 @@ pub fn decode(bytes: &[u8]) -> Decoded<AdminRequest> {
                     .into_iter()
                     .map(r_topic_permission)
                     .collect(),
+                parameters: d.parameters.into_iter().map(r_parameter).collect(),
                 ..Default::default()
             };
             for p in d.policies {
@@ -584,6 +633,16 @@ pub fn decode(bytes: &[u8]) -> Decoded<AdminRequest> {
         }
         Wire::SetPolicy(p) => AdminRequest::SetPolicy(r_policy(p)?),
         Wire::ClearPolicy { vhost, name } => AdminRequest::ClearPolicy { vhost, name },
+        Wire::SetParameter(p) => AdminRequest::SetParameter(r_parameter(p)),
+        Wire::ClearParameter {
+            vhost,
+            component,
+            name,
+        } => AdminRequest::ClearParameter {
+            vhost,
+            component,
+            name,
+        },
         Wire::AddVhost { name, description } => {
             AdminRequest::AddVhost(VhostDef { name, description })
         }

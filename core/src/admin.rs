@@ -23,6 +23,8 @@ pub struct ImportReport {
     pub topic_permissions: usize,
     /// Policies imported.
     pub policies: usize,
+    /// Runtime parameters imported.
+    pub parameters: usize,
     /// Exchanges imported.
     pub exchanges: usize,
     /// Queues imported.
@@ -236,6 +238,19 @@ pub enum AdminRequest {
     },
     /// Every policy.
     ListPolicies,
+    /// Sets a runtime parameter (its value validated by the host first).
+    SetParameter(crate::parameter::ParameterDef),
+    /// Clears a runtime parameter.
+    ClearParameter {
+        /// The vhost.
+        vhost: String,
+        /// Its component.
+        component: String,
+        /// Its name.
+        name: String,
+    },
+    /// Every runtime parameter.
+    ListParameters,
     /// Adds a vhost.
     AddVhost(VhostDef),
     /// Deletes a vhost and everything in it.
@@ -478,6 +493,8 @@ pub enum AdminResponse {
     Done(Result<(), String>),
     /// The policies.
     Policies(Vec<crate::policy::PolicyDef>),
+    /// The runtime parameters.
+    Parameters(Vec<crate::parameter::ParameterDef>),
     /// The vhosts.
     Vhosts(Vec<VhostDef>),
     /// The users.

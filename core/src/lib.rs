@@ -25,6 +25,7 @@ pub mod message;
 pub mod mqtt;
 pub mod naming;
 pub mod op_kind;
+pub mod parameter;
 pub mod pmap;
 pub mod policy;
 pub mod queue;

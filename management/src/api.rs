@@ -28,6 +28,8 @@ use warren_core::escape::Escaped;
 use warren_core::stats::MessageStats;
 use warren_runtime::{AdminRequest, AdminResponse, ConnMeta};
 
+mod parameters;
+
 /// Largest request body (a definitions import is the largest; RabbitMQ's default
 /// `management.http.max_body_size` is 20 MB).
 pub(crate) const MAX_BODY: usize = 20 << 20;
@@ -82,6 +84,20 @@ pub(crate) fn router(m: Shared) -> Router {
             "/api/policies/{vhost}/{name}",
             get(policy).put(put_policy).delete(delete_policy),
         )
+        .route("/api/parameters", get(parameters::all))
+        .route("/api/parameters/{component}", get(parameters::of_component))
+        .route(
+            "/api/parameters/{component}/{vhost}",
+            get(parameters::in_vhost),
+        )
+        .route(
+            "/api/parameters/{component}/{vhost}/{name}",
+            get(parameters::one)
+                .put(parameters::put)
+                .delete(parameters::delete),
+        )
+        .route("/api/shovels", get(parameters::shovels))
+        .route("/api/shovels/{vhost}", get(parameters::shovels_in))
         .route("/api/exchanges", get(exchanges))
         .route("/api/exchanges/{vhost}", get(exchanges_in))
         .route(
@@ -2615,11 +2631,14 @@ async fn import(
     caller.require_admin()?;
     // RabbitMQ's UI posts the file as a form; tools post JSON.
     let doc = Value::Object(json_body(&headers, &body)?);
-    let imported = defs::import(&doc).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut imported = defs::import(&doc).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    defs::check_parameters(&mut imported, |c, n, v| m.validate_parameter(c, n, v));
     for s in &imported.skipped {
         tracing::warn!("definitions import: skipped {}", Escaped(s));
     }
-    match m.ask(AdminRequest::Import(imported.definitions)).await? {
+    let answer = m.ask(AdminRequest::Import(imported.definitions)).await?;
+    m.parameters_changed();
+    match answer {
         AdminResponse::Imported(report) if report.errors.is_empty() => Ok(no_content()),
         AdminResponse::Imported(report) => Err(ApiError::bad_request(report.errors.join("; "))),
         other => Err(unexpected(other)),

@@ -5,6 +5,7 @@
 use serde_json::{Map, Value, json};
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
 use warren_core::message::{FieldTable, FieldValue};
+use warren_core::parameter::ParameterDef;
 use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_core::store::Definitions;
 
@@ -225,15 +226,48 @@ pub fn export(defs: &Definitions) -> Value {
             })
         })
         .collect();
+    let parameters: Vec<Value> = defs
+        .parameters
+        .iter()
+        .map(|p| {
+            let value = serde_json::from_str::<Value>(&p.value).unwrap_or(Value::Null);
+            json!({"value": value, "vhost": p.vhost, "component": p.component, "name": p.name})
+        })
+        .collect();
     json!({
         "product_name": "Warren",
         "product_version": env!("CARGO_PKG_VERSION"),
         "rabbit_version": "3.10.8",
         "users": users, "vhosts": vhosts, "permissions": permissions,
         "topic_permissions": topic_permissions,
-        "parameters": [], "global_parameters": [], "policies": policies,
+        "parameters": parameters, "global_parameters": [], "policies": policies,
         "queues": queues, "exchanges": exchanges, "bindings": bindings,
     })
+}
+
+/// Leaves out of an import the parameters `validate` refuses (component, name, value ->
+/// RabbitMQ's text), listing each as skipped with the reason.
+pub fn check_parameters(
+    imported: &mut Imported,
+    validate: impl Fn(&str, &str, &Value) -> std::result::Result<(), String>,
+) {
+    let skipped = &mut imported.skipped;
+    imported.definitions.parameters.retain(|p| {
+        let value = serde_json::from_str::<Value>(&p.value).unwrap_or(Value::Null);
+        match validate(&p.component, &p.name, &value) {
+            Ok(()) => true,
+            Err(e) => {
+                skipped.push(format!(
+                    "parameter '{}' of component '{}' in vhost '{}': {}",
+                    p.name,
+                    p.component,
+                    p.vhost,
+                    e.trim_end()
+                ));
+                false
+            }
+        }
+    });
 }
 
 /// What an import takes and what it leaves out (and why).
@@ -412,11 +446,33 @@ pub fn import(doc: &Value) -> Result<Imported> {
             policies.join(", ")
         ));
     }
-    for key in ["parameters", "global_parameters"] {
-        let n = list(key).len();
-        if n > 0 {
-            skipped.push(format!("{n} {key} (not supported)"));
+    // Runtime parameters as RabbitMQ exports them; their values are the host's to check
+    // (`check_parameters`).
+    for p in list("parameters") {
+        let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
+        match (
+            text("component"),
+            text("vhost"),
+            text("name"),
+            p.get("value"),
+        ) {
+            (Some(component), Some(vhost), Some(name), Some(value)) => {
+                defs.parameters.push(ParameterDef {
+                    component,
+                    vhost,
+                    name,
+                    value: value.to_string(),
+                })
+            }
+            _ => skipped.push(format!(
+                "parameter {} (it needs component, vhost, name and value)",
+                Value::Object(p.clone())
+            )),
         }
+    }
+    let n = list("global_parameters").len();
+    if n > 0 {
+        skipped.push(format!("{n} global_parameters (not supported)"));
     }
     Ok(Imported {
         definitions: defs,

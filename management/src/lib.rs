@@ -78,6 +78,27 @@ pub struct Management {
     gauges: Vec<Gauge>,
     placement: std::sync::OnceLock<Placement>,
     quorum_critical: std::sync::OnceLock<QuorumCritical>,
+    links: std::sync::OnceLock<Arc<dyn Links>>,
+}
+
+/// The host's links to other brokers (warren-links' supervisor, in `warren serve`): the
+/// parameters of their components are checked by it, it hears when they change, and it
+/// has their status and metrics. Without one, every component is unknown.
+pub trait Links: Send + Sync {
+    /// Checks a parameter's value for its component: `Err` is RabbitMQ's text
+    /// ("Validation failed ...", or "component X not found").
+    fn validate(
+        &self,
+        component: &str,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), String>;
+    /// The parameters changed.
+    fn changed(&self);
+    /// `GET /api/shovels`' rows (RabbitMQ's shape).
+    fn shovels(&self) -> Vec<serde_json::Value>;
+    /// Metrics to append, Prometheus text.
+    fn metrics(&self, out: &mut String);
 }
 
 /// Where a replicated queue is served, as the host knows it (a cluster node's quorum
@@ -103,7 +124,40 @@ impl Management {
             gauges,
             placement: std::sync::OnceLock::new(),
             quorum_critical: std::sync::OnceLock::new(),
+            links: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the host's [`Links`] (once; a later call changes nothing).
+    pub fn set_links(&self, links: Arc<dyn Links>) {
+        let _ = self.links.set(links);
+    }
+
+    /// Checks a parameter as the host's links do (every component is unknown without).
+    pub fn validate_parameter(
+        &self,
+        component: &str,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), String> {
+        match self.links.get() {
+            Some(l) => l.validate(component, name, value),
+            None => Err(format!(
+                "Validation failed\n\ncomponent {component} not found\n"
+            )),
+        }
+    }
+
+    /// The shovels' status rows (empty without links).
+    pub fn shovel_status(&self) -> Vec<serde_json::Value> {
+        self.links.get().map(|l| l.shovels()).unwrap_or_default()
+    }
+
+    /// Tells the host's links that the parameters changed.
+    pub fn parameters_changed(&self) {
+        if let Some(l) = self.links.get() {
+            l.changed();
+        }
     }
 
     /// Sets the host's [`Placement`] (once; a later call changes nothing).

@@ -371,6 +371,9 @@ async fn render(m: &Management) -> Option<String> {
     for g in &m.gauges {
         gauge(o, g.name, g.help, (g.value)());
     }
+    if let Some(links) = m.links.get() {
+        links.metrics(o);
+    }
     if let Ok(AdminResponse::Retained(retained)) = m.ask(AdminRequest::RetainedStats).await {
         gauge(
             o,

@@ -144,6 +144,8 @@ pub fn replicated_admin(request: &AdminRequest) -> bool {
         AdminRequest::Import(_)
         | AdminRequest::SetPolicy(_)
         | AdminRequest::ClearPolicy { .. }
+        | AdminRequest::SetParameter(_)
+        | AdminRequest::ClearParameter { .. }
         | AdminRequest::AddVhost(_)
         | AdminRequest::DeleteVhost(_)
         | AdminRequest::AddUser(_)

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use warren_core::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
+use warren_core::parameter::ParameterDef;
 use warren_core::policy::{ApplyTo, PolicyDef};
 use warren_core::store::{DefinitionChange, Definitions};
 
@@ -19,6 +20,9 @@ const QUEUES: TableDefinition<&str, &[u8]> = TableDefinition::new("queues");
 /// Key: the encoded binding, vhost first; value: unused (1).
 const BINDINGS: TableDefinition<&[u8], u8> = TableDefinition::new("bindings");
 const POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("policies");
+/// Runtime parameters: key vhost NUL component NUL name; value the JSON text (UTF-8). A
+/// table added without a format version change (as topic permissions).
+const PARAMETERS: TableDefinition<&str, &[u8]> = TableDefinition::new("parameters");
 /// Key: vhost name; value: its description (UTF-8).
 const VHOSTS: TableDefinition<&str, &[u8]> = TableDefinition::new("vhosts");
 /// Key: user name; value: password hash and tags.
@@ -155,6 +159,11 @@ fn decode_policy(vhost: &str, name: &str, v: &[u8]) -> Result<PolicyDef, DecodeE
 /// that came through `warren ctl` or AMQP's connection.open as a usable name).
 fn scoped(vhost: &str, name: &str) -> String {
     format!("{vhost}\0{name}")
+}
+
+/// The key of a runtime parameter: vhost NUL component NUL name.
+fn parameter_key(vhost: &str, component: &str, name: &str) -> String {
+    format!("{vhost}\0{component}\0{name}")
 }
 
 fn split_scoped(key: &str) -> Result<(&str, &str), DecodeError> {
@@ -360,6 +369,7 @@ impl DefinitionStore {
             tx.open_table(QUEUES).map_err(dberr)?;
             tx.open_table(BINDINGS).map_err(dberr)?;
             tx.open_table(POLICIES).map_err(dberr)?;
+            tx.open_table(PARAMETERS).map_err(dberr)?;
             tx.open_table(RETAINED).map_err(dberr)?;
             tx.open_table(MQTT_SESSIONS).map_err(dberr)?;
         }
@@ -444,6 +454,22 @@ impl DefinitionStore {
             defs.policies.push(decode_policy(vhost, name, v.value())?);
         }
         for row in tx
+            .open_table(PARAMETERS)
+            .map_err(dberr)?
+            .iter()
+            .map_err(dberr)?
+        {
+            let (k, v) = row.map_err(dberr)?;
+            let (vhost, rest) = split_scoped(k.value())?;
+            let (component, name) = split_scoped(rest)?;
+            defs.parameters.push(ParameterDef {
+                component: component.to_string(),
+                vhost: vhost.to_string(),
+                name: name.to_string(),
+                value: String::from_utf8(v.value().to_vec()).map_err(|_| DecodeError::Utf8)?,
+            });
+        }
+        for row in tx
             .open_table(BINDINGS)
             .map_err(dberr)?
             .iter()
@@ -498,6 +524,7 @@ impl DefinitionStore {
             let mut queues = tx.open_table(QUEUES).map_err(dberr)?;
             let mut bindings = tx.open_table(BINDINGS).map_err(dberr)?;
             let mut policies = tx.open_table(POLICIES).map_err(dberr)?;
+            let mut parameters = tx.open_table(PARAMETERS).map_err(dberr)?;
             let mut vhosts = tx.open_table(VHOSTS).map_err(dberr)?;
             let mut users = tx.open_table(USERS).map_err(dberr)?;
             let mut permissions = tx.open_table(PERMISSIONS).map_err(dberr)?;
@@ -628,6 +655,23 @@ impl DefinitionStore {
                     DefinitionChange::PolicyCleared { vhost, name } => {
                         policies
                             .remove(scoped(vhost, name).as_str())
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::ParameterSet(p) => {
+                        parameters
+                            .insert(
+                                parameter_key(&p.vhost, &p.component, &p.name).as_str(),
+                                p.value.as_bytes(),
+                            )
+                            .map_err(dberr)?;
+                    }
+                    DefinitionChange::ParameterCleared {
+                        vhost,
+                        component,
+                        name,
+                    } => {
+                        parameters
+                            .remove(parameter_key(vhost, component, name).as_str())
                             .map_err(dberr)?;
                     }
                     DefinitionChange::Unbound {

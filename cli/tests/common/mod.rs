@@ -74,6 +74,11 @@ pub fn serve(dir: &Path, mqtt: bool, args: &[&str]) -> Served {
 
 /// `serve`, logging at `level` (`RUST_LOG`).
 pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Served {
+    serve_amqp_at(dir, "127.0.0.1:0", mqtt, args, level)
+}
+
+/// `serve_logging` with AMQP on `amqp` (a restart on the port a client knows).
+pub fn serve_amqp_at(dir: &Path, amqp: &str, mqtt: bool, args: &[&str], level: &str) -> Served {
     let mqtt_addr = if mqtt { "127.0.0.1:0" } else { "none" };
     let mut off = Vec::new();
     for flag in ["--management", "--prometheus", "--stream"] {
@@ -82,14 +87,7 @@ pub fn serve_logging(dir: &Path, mqtt: bool, args: &[&str], level: &str) -> Serv
         }
     }
     let mut child = dies_with_test(&mut Command::new(BIN))
-        .args([
-            "serve",
-            "--amqp",
-            "127.0.0.1:0",
-            "--mqtt",
-            mqtt_addr,
-            "--data-dir",
-        ])
+        .args(["serve", "--amqp", amqp, "--mqtt", mqtt_addr, "--data-dir"])
         .arg(dir)
         .args(&off)
         .args(args)

@@ -251,6 +251,7 @@ impl Broker {
             permissions: self.list_permissions(),
             topic_permissions: self.list_topic_permissions(),
             policies: self.list_policies(),
+            parameters: self.list_parameters(),
             ..Definitions::default()
         };
         for x in self.list_exchanges() {
@@ -366,6 +367,16 @@ impl Broker {
             match self.set_policy(now, p.clone()) {
                 Ok(()) => report.policies += 1,
                 Err(e) => errors.push(format!("policy '{}' in vhost '{}': {e}", p.name, p.vhost)),
+            }
+        }
+        // Only shard 0 keeps parameters (the replica of an import carries none).
+        for p in &defs.parameters {
+            match self.set_parameter(now, p.clone()) {
+                Ok(()) => report.parameters += 1,
+                Err(e) => errors.push(format!(
+                    "parameter '{}' of component '{}' in vhost '{}': {e}",
+                    p.name, p.component, p.vhost
+                )),
             }
         }
         let ops = defs
@@ -526,6 +537,13 @@ impl Broker {
                 Done(broker.clear_policy(now, &vhost, &name))
             }
             AdminRequest::ListPolicies => AdminResponse::Policies(broker.list_policies()),
+            AdminRequest::SetParameter(p) => Done(broker.set_parameter(now, p)),
+            AdminRequest::ClearParameter {
+                vhost,
+                component,
+                name,
+            } => Done(broker.clear_parameter(now, &vhost, &component, &name)),
+            AdminRequest::ListParameters => AdminResponse::Parameters(broker.list_parameters()),
             AdminRequest::Import(defs) => AdminResponse::Imported(broker.import(now, &defs)),
             AdminRequest::AddVhost(v) => Done(broker.add_vhost(now, v)),
             AdminRequest::DeleteVhost(name) => Done(broker.delete_vhost(now, &name)),

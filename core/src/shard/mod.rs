@@ -50,6 +50,7 @@ mod restore;
 mod sync;
 mod topology_access;
 mod topology_declare;
+mod topology_parameters;
 mod topology_policies;
 mod topology_retained;
 mod topology_vhosts;

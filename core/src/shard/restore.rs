@@ -42,6 +42,12 @@ impl Broker {
         self.now = self.now.max(now);
         let mut errors = Vec::new();
         self.restore_access(now, definitions, &mut errors);
+        // Parameters are topology's, shard 0's alone (the others never get them).
+        for p in &definitions.parameters {
+            if let Err(e) = self.set_parameter(now, p.clone()) {
+                errors.push(format!("parameter '{}' of '{}': {e}", p.name, p.component));
+            }
+        }
         let vhosts: Vec<String> = self
             .topo
             .list_vhosts()

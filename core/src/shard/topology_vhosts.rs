@@ -135,9 +135,17 @@ impl Broker {
             .map(|r| r.topics().map(|(t, d)| (t.clone(), d)).collect())
             .unwrap_or_default();
         self.forget_retained(name, &retained);
-        for p in self.topo.remove_vhost(id) {
+        let (policies, parameters) = self.topo.remove_vhost(id);
+        for p in policies {
             self.define(DefinitionChange::PolicyCleared {
                 vhost: name,
+                name: &p,
+            });
+        }
+        for (component, p) in parameters {
+            self.define(DefinitionChange::ParameterCleared {
+                vhost: name,
+                component: &component,
                 name: &p,
             });
         }

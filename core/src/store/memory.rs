@@ -230,6 +230,20 @@ impl Store for MemoryStore {
                 defs.policies
                     .retain(|x| !(x.vhost == vhost && x.name == name));
             }
+            DefinitionChange::ParameterSet(p) => {
+                defs.parameters.retain(|x| {
+                    !(x.vhost == p.vhost && x.component == p.component && x.name == p.name)
+                });
+                defs.parameters.push(p.clone());
+            }
+            DefinitionChange::ParameterCleared {
+                vhost,
+                component,
+                name,
+            } => {
+                defs.parameters
+                    .retain(|x| !(x.vhost == vhost && x.component == component && x.name == name));
+            }
             DefinitionChange::Unbound {
                 vhost,
                 bind,

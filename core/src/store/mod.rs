@@ -115,6 +115,17 @@ pub enum DefinitionChange<'a> {
         /// Its name.
         name: &'a str,
     },
+    /// A runtime parameter was set.
+    ParameterSet(&'a crate::parameter::ParameterDef),
+    /// A runtime parameter was cleared.
+    ParameterCleared {
+        /// The vhost it is in.
+        vhost: &'a str,
+        /// Its component.
+        component: &'a str,
+        /// Its name.
+        name: &'a str,
+    },
     /// An MQTT retained message was set (replacing its topic's previous one).
     RetainedSet {
         /// The vhost it is in.
@@ -146,6 +157,8 @@ pub struct Definitions {
     pub topic_permissions: Vec<TopicPermissionDef>,
     /// Policies.
     pub policies: Vec<crate::policy::PolicyDef>,
+    /// Runtime parameters (restored after the policies, on shard 0 only).
+    pub parameters: Vec<crate::parameter::ParameterDef>,
     /// Durable exchanges, with their vhost.
     pub exchanges: Vec<(String, ExchangeDeclare)>,
     /// Durable queues, with their vhost.

@@ -77,6 +77,8 @@ pub(crate) struct Vhost {
     pub(crate) description: String,
     /// Policies by name.
     pub(crate) policies: BTreeMap<String, Policy>,
+    /// Runtime parameters by (component, name).
+    pub(crate) parameters: BTreeMap<(String, String), crate::parameter::ParameterDef>,
     /// MQTT retained messages by topic (`Op::Retain`): the vhost's, so they go with it.
     pub(crate) retained: crate::mqtt::RetainedTopics,
 }
@@ -222,6 +224,7 @@ impl Topology {
                 name: name.clone(),
                 description: def.description,
                 policies: BTreeMap::new(),
+                parameters: BTreeMap::new(),
                 retained: crate::mqtt::RetainedTopics::new(),
             },
         );
@@ -251,19 +254,22 @@ impl Topology {
     }
 
     /// Forgets vhost `id`, which must hold no exchanges any more; returns its policies'
-    /// names (for the store).
-    pub(crate) fn remove_vhost(&mut self, id: VhostId) -> Vec<String> {
+    /// names and its parameters' (component, name) (for the store).
+    pub(crate) fn remove_vhost(&mut self, id: VhostId) -> (Vec<String>, Vec<(String, String)>) {
         debug_assert!(
             self.exchanges.values().all(|x| x.vhost != id),
             "vhost removed with exchanges"
         );
         let Some(v) = self.vhosts.remove(&id) else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         self.vhost_ids.remove(&v.name);
         self.users.forget_vhost(&v.name);
         self.routes_mut().remove_vhost(id, &v.name);
-        v.policies.into_keys().collect()
+        (
+            v.policies.into_keys().collect(),
+            v.parameters.into_keys().collect(),
+        )
     }
 
     /// The MQTT retained messages of vhost `id` (`None` if it is gone).
@@ -277,6 +283,25 @@ impl Topology {
             .iter()
             .filter_map(|(name, id)| Some((name, &self.vhosts.get(id)?.retained)))
             .map(|(name, r)| (name.to_string(), r.len() as u64, r.bytes()))
+            .collect()
+    }
+
+    // ----- runtime parameters -----
+
+    /// Vhost `vh`'s parameters (`None` if it is gone).
+    pub(crate) fn parameters_mut(
+        &mut self,
+        vh: VhostId,
+    ) -> Option<&mut BTreeMap<(String, String), crate::parameter::ParameterDef>> {
+        self.vhosts.get_mut(&vh).map(|v| &mut v.parameters)
+    }
+
+    /// Every parameter, by vhost, component and name.
+    pub(crate) fn list_parameters(&self) -> Vec<crate::parameter::ParameterDef> {
+        self.vhost_ids
+            .values()
+            .filter_map(|id| self.vhosts.get(id))
+            .flat_map(|v| v.parameters.values().cloned())
             .collect()
     }
 

@@ -1,0 +1,59 @@
+//! `warren serve`'s links to other brokers: warren-links' supervisor, started beside the
+//! listeners, plugged into the management side (parameter checks, `/api/shovels`,
+//! `warren_shovel_*` metrics).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use tokio::sync::watch;
+use warren_links::Supervisor;
+use warren_runtime::BrokerHandle;
+
+struct Hook(Arc<Supervisor>);
+
+impl warren_management::Links for Hook {
+    fn validate(
+        &self,
+        component: &str,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), String> {
+        warren_links::validate(component, name, value)
+    }
+
+    fn changed(&self) {
+        self.0.changed();
+    }
+
+    fn shovels(&self) -> Vec<serde_json::Value> {
+        self.0.shovels()
+    }
+
+    fn metrics(&self, out: &mut String) {
+        self.0.metrics(out);
+    }
+}
+
+/// Where a local shovel end connects: the first plain AMQP listener (a wildcard address
+/// as loopback).
+pub fn local_amqp(listeners: &[warren_management::Listener]) -> Option<SocketAddr> {
+    let l = listeners.iter().find(|l| l.protocol == "amqp")?;
+    let ip = match l.addr.ip() {
+        IpAddr::V4(v) if v.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v) if v.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    Some(SocketAddr::new(ip, l.addr.port()))
+}
+
+/// Starts the links and plugs them into `management`.
+pub fn start(
+    broker: BrokerHandle,
+    management: &warren_management::Management,
+    amqp: Option<SocketAddr>,
+    node: String,
+    stopped: watch::Receiver<bool>,
+) {
+    let local = warren_links::LocalBroker { amqp, node };
+    let supervisor = Supervisor::start(broker, local, stopped);
+    management.set_links(Arc::new(Hook(supervisor)));
+}

@@ -1,0 +1,237 @@
+//! The supervisor: follows the broker's runtime parameters (polled, and at once when told
+//! they changed), runs one task per shovel, restarts a failed one after a backoff, deletes
+//! a shovel's parameter once `src-delete-after` is reached, and keeps the status.
+//!
+//! One log line per state change: a shovel that keeps failing the same way logs once, not
+//! once per retry.
+
+use crate::backoff::{self, Backoff};
+use crate::shovel::amqp::{self, Ended};
+use crate::shovel::config::ShovelConfig;
+use crate::shovel::link::{Identity, Link};
+use crate::shovel::uri;
+use crate::status::{Entry, Registry, State};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use warren_core::escape::Escaped;
+use warren_core::parameter::ParameterDef;
+use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
+
+/// How often the parameters are read when nobody said they changed (a cluster peer's
+/// change arrives this way).
+const POLL: Duration = Duration::from_secs(1);
+
+/// The broker the links run in: where "the local broker" of a URI is.
+#[derive(Clone, Debug)]
+pub struct LocalBroker {
+    /// Its plain AMQP listener, if it has one.
+    pub amqp: Option<SocketAddr>,
+    /// Its node name (`shovelled-by`, the status's `node`).
+    pub node: String,
+}
+
+/// The running links.
+pub struct Supervisor {
+    broker: BrokerHandle,
+    local: LocalBroker,
+    status: Registry,
+    changed: Notify,
+}
+
+struct Running {
+    value: String,
+    stop: watch::Sender<bool>,
+}
+
+/// Logs a shovel's state change.
+pub(crate) fn log_state(name: &str, state: State, reason: Option<&str>) {
+    match (state, reason) {
+        (State::Terminated, Some(r)) => {
+            tracing::warn!(shovel = %Escaped(name), "shovel terminated: {}", Escaped(r))
+        }
+        (s, _) => tracing::info!(shovel = %Escaped(name), "shovel {}", s.as_str()),
+    }
+}
+
+fn unix_ms() -> u64 {
+    warren_runtime::unix_ms()
+}
+
+impl Supervisor {
+    /// Starts following `broker`'s parameters until `stopped` turns true.
+    pub fn start(
+        broker: BrokerHandle,
+        local: LocalBroker,
+        stopped: watch::Receiver<bool>,
+    ) -> Arc<Supervisor> {
+        let s = Arc::new(Supervisor {
+            broker,
+            local,
+            status: Registry::default(),
+            changed: Notify::new(),
+        });
+        tokio::spawn(s.clone().follow(stopped));
+        s
+    }
+
+    /// The parameters changed: read them now.
+    pub fn changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// `GET /api/shovels`' rows.
+    pub fn shovels(&self) -> Vec<serde_json::Value> {
+        self.status.rows(&self.local.node)
+    }
+
+    /// The `warren_shovel_*` metrics.
+    pub fn metrics(&self, out: &mut String) {
+        self.status.metrics(out);
+    }
+
+    async fn follow(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
+        let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
+        loop {
+            if let Ok(AdminResponse::Parameters(ps)) =
+                self.broker.admin(AdminRequest::ListParameters).await
+            {
+                self.reconcile(&mut running, ps);
+            }
+            tokio::select! {
+                _ = stopped.changed() => break,
+                _ = self.changed.notified() => {}
+                _ = tokio::time::sleep(POLL) => {}
+            }
+            if *stopped.borrow() {
+                break;
+            }
+        }
+        for (_, r) in running {
+            let _ = r.stop.send(true);
+        }
+    }
+
+    /// Starts the shovels that are new or changed, stops those that are gone.
+    fn reconcile(
+        self: &Arc<Self>,
+        running: &mut BTreeMap<(String, String), Running>,
+        ps: Vec<ParameterDef>,
+    ) {
+        let wanted: BTreeMap<(String, String), String> = ps
+            .into_iter()
+            .filter(|p| p.component == crate::shovel::COMPONENT)
+            .map(|p| ((p.vhost, p.name), p.value))
+            .collect();
+        running.retain(|key, r| {
+            let keep = wanted.get(key) == Some(&r.value);
+            if !keep {
+                let _ = r.stop.send(true);
+            }
+            keep
+        });
+        for (key, value) in wanted {
+            if running.contains_key(&key) {
+                continue;
+            }
+            let cfg = serde_json::from_str(&value)
+                .map_err(|e| e.to_string())
+                .and_then(|v| ShovelConfig::parse(&key.1, &v));
+            let cfg = match cfg {
+                Ok(c) => Arc::new(c),
+                Err(e) => {
+                    // Validated when set: only a definitions file written elsewhere gets
+                    // here. It stays, not run, as RabbitMQ's would fail to start.
+                    tracing::warn!(shovel = %Escaped(&key.1), "shovel not started: {}", Escaped(&e));
+                    continue;
+                }
+            };
+            let (stop, stop_rx) = watch::channel(false);
+            let entry = self.status.add(&key.0, &key.1, cfg.clone(), unix_ms());
+            tokio::spawn(self.clone().run(key.clone(), cfg, entry, stop_rx));
+            running.insert(key, Running { value, stop });
+        }
+    }
+
+    /// One shovel's life: sessions, backoff between failures, the end.
+    async fn run(
+        self: Arc<Self>,
+        (vhost, name): (String, String),
+        cfg: Arc<ShovelConfig>,
+        entry: Arc<Entry>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let id = Identity {
+            name: name.clone(),
+            vhost: vhost.clone(),
+            node: self.local.node.clone(),
+        };
+        let label = format!("{vhost}/{name}");
+        log_state(&label, State::Starting, None);
+        // The last failure logged: the same one again, without a run between, is a retry.
+        let mut logged: Option<String> = None;
+        let mut link = Link::new(cfg.clone(), id);
+        let mut backoff = Backoff::new(cfg.reconnect_delay);
+        let mut attempt = 0usize;
+        loop {
+            let started = tokio::time::Instant::now();
+            let src = pick(&cfg.src_uris, attempt);
+            let dest = pick(&cfg.dest_uris, attempt);
+            attempt = attempt.wrapping_add(1);
+            let dial = |u: &str| uri::parse(u).and_then(|t| t.dial(self.local.amqp, &vhost));
+            let outcome = match (dial(src), dial(dest)) {
+                (Ok(s), Ok(d)) => {
+                    amqp::session(&mut link, &s, &d, &label, &entry, unix_ms, &mut stop).await
+                }
+                (Err(e), _) | (_, Err(e)) => Err(amqp::SessionError::Uri(e)),
+            };
+            match outcome {
+                Ok(Ended::Stopped) => break,
+                Ok(Ended::Done) => {
+                    tracing::info!(shovel = %Escaped(&label), moved = link.moved(), "shovel moved what src-delete-after asked; deleting it");
+                    entry.set(State::Terminated, None, unix_ms());
+                    let clear = AdminRequest::ClearParameter {
+                        vhost: vhost.clone(),
+                        component: crate::shovel::COMPONENT.to_string(),
+                        name: name.clone(),
+                    };
+                    let _ = self.broker.admin(clear).await;
+                    self.changed();
+                    break;
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    let was_running = entry.state() == State::Running;
+                    entry.set(State::Terminated, Some(reason.clone()), unix_ms());
+                    if was_running || logged.as_ref() != Some(&reason) {
+                        log_state(&label, State::Terminated, Some(&reason));
+                        logged = Some(reason.clone());
+                    }
+                    // A session that ran a while was not part of a storm.
+                    if started.elapsed() > cfg.reconnect_delay.max(Duration::from_secs(1)) * 2 {
+                        backoff.reset();
+                    }
+                    let wait = backoff.next(backoff::draw());
+                    tokio::select! {
+                        _ = stop.changed() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    entry.reconnects.fetch_add(1, Ordering::Relaxed);
+                    entry.set(State::Starting, Some(reason), unix_ms());
+                }
+            }
+        }
+        self.status.remove(&vhost, &name, &entry);
+    }
+}
+
+/// The URI of attempt `n` (a list is tried in turn, as RabbitMQ picks among them).
+fn pick(uris: &[String], n: usize) -> &str {
+    if uris.is_empty() {
+        return "";
+    }
+    &uris[n % uris.len()]
+}
