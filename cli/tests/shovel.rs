@@ -152,6 +152,12 @@ async fn shovel_moves_a_queue_to_another_broker_exactly_once() {
         count(a.0.amqp, "src").await == 0
     })
     .await;
+    // The confirms (after the destination's fsync) settle the count a little after the
+    // messages are in the destination queue.
+    until("every move counted", 10, async || {
+        shovel_row(api(&a.0), "move").is_some_and(|r| r["messages_moved"] == N)
+    })
+    .await;
     let row = shovel_row(api(&a.0), "move").expect("listed");
     assert_eq!(row["state"], "running", "{row}");
     assert_eq!(row["type"], "dynamic");
@@ -205,14 +211,14 @@ async fn every_confirmed_message_arrives_when_the_destination_is_killed_mid_move
         .port();
     let at = format!("127.0.0.1:{port}");
     let mut b = Killed(serve_amqp_at(&db, &at, false, &[], "info"));
-    const N: u32 = 20_000;
+    const N: u32 = 5_000;
     publish(a.0.amqp, "src", 0, N).await;
     put_shovel(
         api(&a.0),
         "move",
         json!({"src-uri": "amqp://", "src-queue": "src",
                "dest-uri": format!("amqp://127.0.0.1:{port}"), "dest-queue": "dst",
-               "src-prefetch-count": 20, "reconnect-delay": 0.2}),
+               "src-prefetch-count": 5, "reconnect-delay": 0.2}),
     );
     until("the move under way", 30, async || {
         count(port, "dst").await > 0
