@@ -158,8 +158,8 @@ impl SharedStreams for MemStreams {
                 };
                 // The chunk is in the protocol's layout, which the native log's data section
                 // shares: its records, sub-batches expanded, one offset each.
-                let mut offset = chunk.first_offset;
-                for record in warren_store::stream::sub_batch::Records::new(&data) {
+                let records = warren_store::stream::sub_batch::Records::new(&data);
+                for (offset, record) in (chunk.first_offset..).zip(records) {
                     let record = record.map_err(|e| e.to_string())?;
                     if offset >= from {
                         out.push(StreamEntry {
@@ -169,7 +169,6 @@ impl SharedStreams for MemStreams {
                         });
                         n += 1;
                     }
-                    offset += 1;
                 }
             }
         }
