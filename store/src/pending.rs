@@ -10,6 +10,7 @@
 use warren_core::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
 use warren_core::command::{Bind, ExchangeDeclare, QueueDeclare};
 use warren_core::mqtt::RetainedMessage;
+use warren_core::parameter::ParameterDef;
 use warren_core::policy::PolicyDef;
 use warren_core::store::DefinitionChange;
 
@@ -60,6 +61,12 @@ pub(crate) enum PendingChange {
     PolicySet(PolicyDef),
     PolicyCleared {
         vhost: String,
+        name: String,
+    },
+    ParameterSet(ParameterDef),
+    ParameterCleared {
+        vhost: String,
+        component: String,
         name: String,
     },
     RetainedSet {
@@ -136,6 +143,16 @@ impl PendingChange {
                 vhost: s(vhost),
                 name: s(name),
             },
+            C::ParameterSet(p) => P::ParameterSet(p.clone()),
+            C::ParameterCleared {
+                vhost,
+                component,
+                name,
+            } => P::ParameterCleared {
+                vhost: s(vhost),
+                component: s(component),
+                name: s(name),
+            },
             C::RetainedSet { vhost, message } => P::RetainedSet {
                 vhost: s(vhost),
                 message: message.clone(),
@@ -191,6 +208,16 @@ impl PendingChange {
             },
             P::PolicySet(p) => C::PolicySet(p),
             P::PolicyCleared { vhost, name } => C::PolicyCleared { vhost, name },
+            P::ParameterSet(p) => C::ParameterSet(p),
+            P::ParameterCleared {
+                vhost,
+                component,
+                name,
+            } => C::ParameterCleared {
+                vhost,
+                component,
+                name,
+            },
             P::RetainedSet { vhost, message } => C::RetainedSet { vhost, message },
             P::RetainedCleared { vhost, topic } => C::RetainedCleared { vhost, topic },
         }
