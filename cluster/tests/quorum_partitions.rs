@@ -31,6 +31,11 @@ const ROUNDS: usize = 5;
 /// twice that).
 const ELECTION: Duration = Duration::from_millis(1000);
 
+/// How long the majority side may take to confirm through each of its nodes after the
+/// cut: an election (openraft's followers wait a leader lease and an election timeout,
+/// 1.5-2 s) and room; the forward timeout (5 s) made it 5.1 s or more before.
+const FAILOVER: Duration = Duration::from_millis(4500);
+
 /// How long a publish through a leader cut off by a partition may wait for its answer:
 /// its lease (an election timeout without a majority's answer) and room.
 const CUT_OFF_ANSWER: Duration = Duration::from_secs(6 * ELECTION.as_secs());
@@ -69,13 +74,31 @@ async fn a_quorum_leader_partitioned_and_healed_serves_again_each_round() {
             let r = publish(&cut_ch, Q, "cut-off").await;
             (r, cut.elapsed())
         });
+        // Through both nodes of the majority at once: one of them forwards to the leader, at
+        // first the cut-off one (its waiting publishes are nacked when the leadership moves).
+        let (a, b) = (&nodes[others[0]], &nodes[others[1]]);
+        let (body_a, body_b) = (
+            format!("r{round}-majority-a"),
+            format!("r{round}-majority-b"),
+        );
+        let (took_a, took_b) = tokio::join!(
+            confirmed_within(a, Q, &body_a, cut, RESUME, "partitioned"),
+            confirmed_within(b, Q, &body_b, cut, RESUME, "partitioned"),
+        );
+        let confirmed = took_a.max(took_b);
+        assert!(
+            confirmed < FAILOVER,
+            "round {round}: the majority side confirmed through {} after {took_a:?} and through {} after {took_b:?} (bound {FAILOVER:?})",
+            a.name,
+            b.name
+        );
         let near = &nodes[others[round % 2]];
         let body = format!("r{round}-majority");
-        let confirmed = confirmed_within(near, Q, &body, cut, RESUME, "partitioned").await;
+        confirmed_within(near, Q, &body, cut, RESUME, "partitioned").await;
         let delivered = delivered_within(near, Q, &body, cut, RESUME, "partitioned").await;
         let new_leader = leader_among(&cluster, &others, Q).await;
         println!(
-            "round {round}: {} partitioned; {} leads; through {}: confirmed after {confirmed:?}, delivered after {delivered:?}",
+            "round {round}: {} partitioned; {} leads; majority confirmed after {confirmed:?} (both nodes), delivered through {} after {delivered:?}",
             nodes[leader].name, nodes[new_leader].name, near.name
         );
         let (answer, after) = tokio::time::timeout(CUT_OFF_ANSWER.saturating_sub(cut.elapsed()), cut_off)

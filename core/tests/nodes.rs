@@ -132,6 +132,42 @@ fn a_publish_to_a_queue_of_another_node_goes_there_and_is_confirmed_after_its_sy
 }
 
 #[test]
+fn publishes_waiting_for_a_queues_old_home_are_nacked_when_it_moves() {
+    // A quorum queue's leader moves from node 2 to node 3 (its group elected another):
+    // what node 1 forwarded to node 2 and waits for is nacked at once, not after the
+    // forward timeout; a publish to another queue still waiting for node 2 is not.
+    let mut n1 = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c1 = n1.connect(1);
+    n1.declare_with(c1, "q", true, false, false);
+    n1.declare_with(c1, "other", true, false, false);
+    let home = |n1: &mut Harness, queue: &str, node: Option<u32>| {
+        let now = n1.now;
+        n1.shard(0).apply_admin(
+            now,
+            AdminRequest::QueueHome {
+                vhost: "/".into(),
+                queue: queue.into(),
+                node,
+            },
+        );
+    };
+    home(&mut n1, "q", Some(2));
+    home(&mut n1, "other", Some(2));
+    n1.op(c1, Op::ConfirmSelect { nowait: false });
+    n1.op(c1, persistent("q", "one"));
+    n1.op(c1, persistent("other", "two"));
+    assert_eq!(n1.shard(0).node_answers_pending(), 2);
+    assert!(confirms(&n1.settle()).is_empty());
+    home(&mut n1, "q", Some(3));
+    assert_eq!(confirms(&n1.settle()), vec![(1, false)]);
+    assert_eq!(n1.shard(0).node_answers_pending(), 1);
+    // The same home told again changes nothing.
+    home(&mut n1, "other", Some(2));
+    assert!(confirms(&n1.settle()).is_empty());
+    assert_eq!(n1.shard(0).node_answers_pending(), 1);
+}
+
+#[test]
 fn a_message_forwarded_here_is_never_forwarded_again() {
     // Both nodes think the other is the home (they never do when they apply one log): the
     // message stays at the first node it is forwarded to.

@@ -35,7 +35,7 @@ fn message(id: u64, len: usize) -> Arc<Message> {
 
 struct Opened {
     store: DiskStore,
-    synced: mpsc::Receiver<(u64, Result<(), String>)>,
+    synced: mpsc::Receiver<(u64, Result<(), warren_store::SyncError>)>,
 }
 
 fn open(dir: &Path, checkpoint_bytes: u64) -> Opened {

@@ -134,13 +134,12 @@ pub async fn confirmed_within(
     bound: Duration,
     what: &str,
 ) -> Duration {
-    let mut last = String::new();
     loop {
-        match publish_once(node, queue, body, Duration::from_secs(2)).await {
+        let last = match publish_once(node, queue, body, Duration::from_secs(2)).await {
             Ok(true) => return since.elapsed(),
-            Ok(false) => last = "nacked".into(),
-            Err(e) => last = e,
-        }
+            Ok(false) => "nacked".to_string(),
+            Err(e) => e,
+        };
         assert!(
             since.elapsed() < bound,
             "{what}: {body} through {} not confirmed {:?} after it (bound {bound:?}; last: {last})",
