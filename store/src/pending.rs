@@ -64,7 +64,8 @@ pub(crate) enum PendingChange {
     },
     RetainedSet {
         vhost: String,
-        message: RetainedMessage,
+        // Boxed: a retained message is the largest change by far.
+        message: Box<RetainedMessage>,
     },
     RetainedCleared {
         vhost: String,
@@ -138,7 +139,7 @@ impl PendingChange {
             },
             C::RetainedSet { vhost, message } => P::RetainedSet {
                 vhost: s(vhost),
-                message: message.clone(),
+                message: Box::new(message.clone()),
             },
             C::RetainedCleared { vhost, topic } => P::RetainedCleared {
                 vhost: s(vhost),
