@@ -220,7 +220,7 @@ async fn dead_letters_survive_kill_9_and_arrive_exactly_once_when_routable() {
         log.lock()
             .expect("log")
             .iter()
-            .filter(|l| l.contains("at-least-once dead letters of queue 'src'") && l.contains(what))
+            .filter(|l| l.contains("at-least-once dead letters of queue src ") && l.contains(what))
             .count()
     };
     assert_eq!(

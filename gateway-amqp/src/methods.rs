@@ -70,7 +70,7 @@ pub fn incoming(method: AMQPClass) -> Result<Incoming, GatewayError> {
                 if !d.passive
                     && let Some(warning) = warren_core::queue_args::dead_letter_warning(&arguments)
                 {
-                    tracing::warn!(queue = %warren_core::escape::Escaped(d.queue.as_str()), "{}", warren_core::escape::Escaped(&warning));
+                    tracing::warn!(queue = %warren_core::escape::Escaped(d.queue.as_str()), "{}", warren_core::escape::Escaped(warning));
                 }
                 Op::QueueDeclare(QueueDeclare {
                     queue: d.queue.to_string(),

@@ -798,7 +798,7 @@ impl<B: StreamBackend> Session<B> {
             }
             "ANONYMOUS" => Login::Anonymous,
             other => {
-                tracing::warn!(peer = %self.peer.addr, mechanism = %Escaped(&other), "stream connection: SASL mechanism not supported");
+                tracing::warn!(peer = %self.peer.addr, mechanism = %Escaped(other), "stream connection: SASL mechanism not supported");
                 self.refuse_login(corr, code::SASL_MECHANISM_NOT_SUPPORTED);
                 return;
             }

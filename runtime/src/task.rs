@@ -231,7 +231,7 @@ fn log_notices(notices: &mut Vec<warren_core::Notice>, dropped: u64, shard: u32)
                 tracing::info!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), held, "at-least-once dead letters of queue {} taken again by their targets", Escaped(&queue));
             }
             Notice::DeadLetterFallback { vhost, queue, text } => {
-                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), "policy on queue {}: {}", Escaped(&queue), Escaped(&text));
+                tracing::warn!(shard, vhost = %Escaped(&vhost), queue = %Escaped(&queue), "policy on queue {}: {}", Escaped(&queue), Escaped(text));
             }
         }
     }

@@ -70,7 +70,7 @@ pub enum SyncError {
 
 /// Work for the sync thread, done in order.
 enum Job {
-    Sync(SyncJob),
+    Sync(Box<SyncJob>),
     /// A journal generation cut between syncs (it grew past its bound while nothing asked
     /// for a sync: acks, transient page-outs): fsync it and its files, then delete it.
     Checkpoint(journal::Checkpoint, Arc<File>),
@@ -377,7 +377,7 @@ fn sync_thread(
     let mut poisoned: Option<String> = None;
     while let Ok(job) = rx.recv() {
         let job = match job {
-            Job::Sync(job) => job,
+            Job::Sync(job) => *job,
             Job::Checkpoint(cp, file) => {
                 let done = file
                     .sync_data()
@@ -936,7 +936,7 @@ impl Store for DiskStore {
             journal,
             streams,
         };
-        if self.sync_tx.send(Job::Sync(job)).is_err() {
+        if self.sync_tx.send(Job::Sync(Box::new(job))).is_err() {
             tracing::error!("store: the sync thread is gone");
         }
     }

@@ -71,7 +71,8 @@ pub(crate) enum PendingChange {
     },
     RetainedSet {
         vhost: String,
-        message: RetainedMessage,
+        // Boxed: a retained message is the largest change by far.
+        message: Box<RetainedMessage>,
     },
     RetainedCleared {
         vhost: String,
@@ -155,7 +156,7 @@ impl PendingChange {
             },
             C::RetainedSet { vhost, message } => P::RetainedSet {
                 vhost: s(vhost),
-                message: message.clone(),
+                message: Box::new(message.clone()),
             },
             C::RetainedCleared { vhost, topic } => P::RetainedCleared {
                 vhost: s(vhost),
