@@ -2,7 +2,8 @@
 # Builds the npm package in wasm/js: the warren-wasm crate for wasm32 (size-optimised
 # profile), then the JS glue and TypeScript types with wasm-bindgen-cli (whose version must
 # equal the wasm-bindgen crate's, pinned in wasm/Cargo.toml). Fails if the .wasm exceeds
-# 460 KB (400 KB until stream and quorum queues and the AMQP 1.0 codec of stream messages
+# 480 KB, issue 39's budget (473,531 bytes on 2026-12-01 with runtime parameters and
+# sub-batch-aware streams in the core; 460 KB until then, 400 KB until stream and quorum queues and the AMQP 1.0 codec of stream messages
 # came into the core on 2026-11-24; the node link's code is left out of it by the core's
 # `nodes`, `topic-permissions` and `notices` features, off here: 470,994 bytes on 2026-11-25, docs/status.md). wasm-opt is used when it is on PATH
 # (optional).
@@ -33,7 +34,7 @@ wasm=wasm/js/dist/warren_wasm_bg.wasm
 raw=$(wc -c < "$wasm")
 gz=$(gzip -9c "$wasm" | wc -c)
 echo "warren_wasm_bg.wasm: $raw bytes raw, $gz bytes gzipped"
-if [ "$raw" -gt 471040 ]; then
-  echo "the .wasm exceeds 460 KB" >&2
+if [ "$raw" -gt 491520 ]; then
+  echo "the .wasm exceeds 480 KB" >&2
   exit 1
 fi
