@@ -113,9 +113,10 @@ mod tests {
     #[test]
     fn control_characters_never_reach_the_log_raw() {
         assert_eq!(Escaped("plain.name").to_string(), "plain.name");
+        // A newline is whitespace too, so the value is also quoted.
         assert_eq!(
             Escaped("evil\nFAKE_LOG_LINE").to_string(),
-            "evil\\nFAKE_LOG_LINE"
+            "\"evil\\nFAKE_LOG_LINE\""
         );
         assert_eq!(
             Escaped("a\r\tb\u{1b}[31m\u{7f}\u{85}\u{2028}c\\n").to_string(),
@@ -125,7 +126,7 @@ mod tests {
         assert_eq!(Escaped("héllo").to_string(), "héllo");
         assert_eq!(
             EscapedBytes(b"id\n\xff\xfeok").to_string(),
-            "id\\n\\xff\\xfeok"
+            "\"id\\n\\xff\\xfeok\""
         );
         assert_eq!(format!("{:?}", Escaped("x\ny")), "\"x\\ny\"");
     }
