@@ -12,10 +12,16 @@ port=${WARREN_TEST_PORT:-0} # 0: the broker picks a free port and logs it
 mqtt_port=${WARREN_TEST_MQTT_PORT:-0}
 python=target/venv/bin/python
 
+lane_pid=""
+
 cleanup() {
   if [ -n "$broker_pid" ] && kill -0 "$broker_pid" 2>/dev/null; then
     kill -TERM "$broker_pid" 2>/dev/null
     wait "$broker_pid" 2>/dev/null
+  fi
+  # A lane still running when a step in front failed: its process group goes with us.
+  if [ -n "$lane_pid" ] && kill -0 "$lane_pid" 2>/dev/null; then
+    kill -TERM -- "-$lane_pid" 2>/dev/null
   fi
 }
 trap cleanup EXIT
@@ -38,6 +44,40 @@ step() { # name command...
     echo "steps: $passed passed, 1 failed"
     exit 1
   fi
+}
+
+# A lane: steps run in order in the background, into a log of their own, while the steps in
+# front go on. Mostly-waiting steps (the netns clusters: elections, timeouts, restarts) then
+# overlap CPU-bound ones (clippy, the Java and wasm checks) on this 2-core machine. A lane
+# stops at its first failure; `lane_join` prints the log and fails if the lane did.
+lane_step() { # name command...
+  local name=$1; shift
+  printf '\n=== %s ===\n' "$name"
+  local start=$SECONDS
+  if "$@"; then
+    printf -- '--- ok: %s (%ss, %s free on disk)\n' "$name" $((SECONDS - start)) "$(free_disk)"
+  else
+    printf -- '--- FAILED: %s (%ss, %s free on disk)\n' "$name" $((SECONDS - start)) "$(free_disk)"
+    return 1
+  fi
+}
+
+lane_start() { # log function
+  set -m # the lane gets a process group of its own, so cleanup can end all of it
+  "$2" >"$1" 2>&1 &
+  lane_pid=$!
+  set +m
+  lane_log=$1
+  echo "started in the background (pid $lane_pid), log: $1"
+}
+
+lane_join() {
+  local rc=0
+  wait "$lane_pid" || rc=$?
+  lane_pid=""
+  cat "$lane_log"
+  passed=$((passed + $(grep -c '^--- ok: ' "$lane_log")))
+  return "$rc"
 }
 
 setup_toolchain() {
@@ -81,7 +121,38 @@ setup_perftest() {
     -DoutputDirectory="$root/target/perftest/lib"
 }
 
-setup_stream_java() {
+setup_# One build of every target, with dependency features unified over the whole workspace. A
+# later `cargo build -p X` or `cargo test -p X --test Y` would resolve features for X's graph
+# alone and recompile 30-60 dependencies each time (measured 2026-12-02: six steps, about 6
+# minutes of a fresh run), so the steps below run what this built and never build again.
+build_all() {
+  cargo build --workspace --all-targets &&
+    cargo test --workspace --no-run --message-format=json >target/test-executables.jsonl
+}
+
+# run_test SECS DIR NAME [ARGS...]: the test executable of DIR/tests/NAME.rs as build_all made
+# it (its list: target/test-executables.jsonl), run the way `cargo test` runs it (from the
+# package's folder), bounded by SECS. No cargo here: no feature re-resolution, and no wait
+# for the build lock a step in front (clippy) holds. Two packages may have a test of the
+# same name, so the folder picks one.
+run_test() {
+  local secs=$1 dir=$2 name=$3 exe
+  shift 3
+  exe=$(python3 -c '
+import json, os, sys
+want = os.path.realpath(sys.argv[1])
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and m["target"]["name"] == sys.argv[2] and "test" in m["target"]["kind"] \
+            and os.path.dirname(os.path.realpath(m["manifest_path"])) == want:
+        print(m["executable"])' "$root/$dir" "$name" <"$root/target/test-executables.jsonl") ||
+    return 1
+  [ -n "$exe" ] || { echo "no test executable for $dir/tests/$name.rs"; return 1; }
+  (cd "$root/$dir" && timeout -k 10 "$secs" "$exe" "$@")
+}
+
+stream_java() {
   # RabbitMQ's Java stream client 0.20.0 and its dependencies, for the stream-protocol check.
   ls target/stream-java/lib/stream-client-*.jar >/dev/null 2>&1 && return 0
   mvn -q -B -Dstyle.color=never -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies \
@@ -92,16 +163,14 @@ stream_java() {
   # The Java stream client against warren_stream::serve: 1M messages with confirms, re-sent
   # publishing ids deduplicated, all consumed from `first` in order (Deliver v2), an offset
   # stored and read back.
-  STREAM_JAVA_COUNT=1000000 timeout 400 \
-    cargo test -p warren-stream --test java_client -- --ignored --nocapture
+  STREAM_JAVA_COUNT=1000000 run_test 400 gateway-stream java_client --ignored --nocapture
 }
 
 stream_java_features() {
   # The Java stream client against `warren serve --stream-tls` (cli/tests/java/
   # StreamFeatures.java): TLS with a verified certificate, a super stream routed by key and
   # by hash and read by a super stream consumer, a filtered consumer.
-  timeout 300 cargo test -p warren-cli --test streams -- --ignored --nocapture \
-    java_client_over_tls_super_streams_and_filtering
+  run_test 300 cli streams --ignored --nocapture java_client_over_tls_super_streams_and_filtering
 }
 
 stream_compare_short() {
@@ -109,7 +178,6 @@ stream_compare_short() {
   # Java stream client, consumed from `first` over the stream protocol (Java and Rust clients)
   # and over AMQP (PerfTest and warren-bench), read-ahead off and on; every cell must have its
   # rate and the broker's CPU per message, and the tables and SVG plots must come out.
-  cargo build -p warren-cli -p warren-bench || return 1
   local out=target/bench/stream-short
   rm -rf "$out" && mkdir -p "$out" || return 1
   SKIP_BUILD=1 PERFTEST=1 WARREN=target/debug/warren BENCH=target/debug/warren-bench \
@@ -139,7 +207,8 @@ cluster_steps_cover_every_netns_test() {
   for f in cluster/tests/*.rs; do
     grep -q 'Cluster::prepare' "$f" || continue
     name=$(basename "$f" .rs)
-    grep -q -- "--test $name\b" scripts/test.sh || { echo "no scripts/test.sh step runs $f"; missing=1; }
+    grep -qE -- "run_test [^ ]+ cluster $name\b" scripts/test.sh ||
+      { echo "no scripts/test.sh step runs $f"; missing=1; }
   done
   return "$missing"
 }
@@ -147,6 +216,15 @@ cluster_steps_cover_every_netns_test() {
 wasm_build() {
   cargo build -p warren-core --target wasm32-unknown-unknown &&
     cargo build -p warren-guest --target wasm32-unknown-unknown --release
+}
+
+# `cargo install` of a tool the tests run, built for a short build rather than a fast binary:
+# rabbitmqadmin's own release profile asks for fat LTO and one codegen unit (308 s here, and
+# 185 s for wasm-bindgen-cli at opt-level 3); config overrides the package's profile.
+install_tool() { # crate version
+  CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=false \
+    cargo install "$1" --version "$2"
 }
 
 setup_wasm_bindgen() {
@@ -157,18 +235,18 @@ setup_wasm_bindgen() {
     echo "wasm-bindgen $want already installed"
     return 0
   fi
-  cargo install wasm-bindgen-cli --version "$want"
+  install_tool wasm-bindgen-cli "$want"
 }
 
 setup_rabbitmqadmin() {
-  # RabbitMQ's HTTP API client, for cli/tests/rabbitmqadmin.rs: ~5 min to build here, so
+  # RabbitMQ's HTTP API client, for cli/tests/rabbitmqadmin.rs: minutes to build here, so
   # installed once and kept (like wasm-bindgen-cli); pinned so its checks do not drift.
   local want=2.35.0
   if [ "$(rabbitmqadmin --version 2>/dev/null)" = "rabbitmqadmin $want" ]; then
     echo "rabbitmqadmin $want already installed"
     return 0
   fi
-  cargo install rabbitmqadmin --version "$want"
+  install_tool rabbitmqadmin "$want"
 }
 
 setup_prometheus() {
@@ -225,11 +303,11 @@ guest_wasm() {
 wasm_differential() {
   # Fails loudly (does not skip) when the guest .wasm is missing.
   WARREN_GUEST_WASM=$(guest_wasm) WARREN_DIFF_SEEDS=${WARREN_DIFF_SEEDS:-1000} \
-    cargo test -p warren-wasmtime-host --test differential -- --ignored --nocapture
+    run_test 600 examples/wasmtime-host differential --ignored --nocapture
 }
 
 wasmtime_demo() {
-  cargo run -p warren-wasmtime-host -- "$(guest_wasm)"
+  target/debug/warren-wasmtime-host "$(guest_wasm)"
 }
 
 node_tests() {
@@ -249,7 +327,6 @@ browser_e2e() {
 browser_ws_e2e() {
   # MQTT.js in headless Chromium over warren serve's ws and wss listeners.
   local dir
-  cargo build -p warren-cli || return 1
   dir=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
   (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ws-e2e.mjs "$root/target/browser-ws-e2e.png")
@@ -259,14 +336,12 @@ browser_ui_e2e() {
   # The management web UI in headless Chromium: log in, declare, publish, get, rate chart,
   # close a connection; screenshots target/ui-e2e-*.png.
   local dir
-  cargo build -p warren-cli || return 1
   dir=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
   (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ui-e2e.mjs "$root/target/ui-e2e")
 }
 
 start_broker() {
-  cargo build -p warren-cli || return 1
   rm -rf target/ci-data
   target/debug/warren serve --amqp "127.0.0.1:$port" --mqtt "127.0.0.1:$mqtt_port" \
     --stream none --data-dir target/ci-data > target/ci-broker.log 2>&1 &
@@ -292,7 +367,6 @@ warren_bench() {
   # warren-bench's own AMQP client against the CI broker, with confirms and acks: messages
   # flow and no client reports an error (no timing thresholds).
   local out
-  cargo build -p warren-bench || return 1
   out=$(timeout 60 target/debug/warren-bench one-fast --seconds 2 --confirm 100 --format json \
     --uri "amqp://guest:guest@127.0.0.1:$port" --broker-pid "$broker_pid") || { echo "$out"; return 1; }
   echo "$out"
@@ -344,7 +418,6 @@ perftest_suite() {
 crash_test() {
   # The crash test starts, SIGKILLs and restarts its own broker (fresh data dir, free port);
   # `timeout` is the outer bound, the test's own deadline (CRASH_DEADLINE_SECS) the inner one.
-  cargo build -p warren-cli && cargo build -p warren-tests --bin crash-test || return 1
   WARREN_BIN=target/debug/warren CRASH_CYCLES=${CRASH_CYCLES:-20} \
     timeout 180 target/debug/crash-test
 }
@@ -361,7 +434,6 @@ idle_conns() {
   # sockets through two keep-alive intervals while a live pair measures latency, then 10k
   # in-process connections through the real gateway; every connection must stay alive. No
   # memory or timing thresholds: the debug build on a shared CI machine is no measurement.
-  cargo build -p warren-bench || return 1
   timeout 120 target/debug/warren-bench conns --mqtt "127.0.0.1:$mqtt_port" --pid "$broker_pid" \
     -n 300 --keep-alive 2 --hold 5 --latency-secs 2 --rate 200 --prefix ci-idle- || return 1
   timeout 180 target/debug/warren-bench conns --socketless -n 10000 --keep-alive 600
@@ -375,7 +447,6 @@ bench_compare() {
   # error or a workload that moved nothing; no rate thresholds. RabbitMQ is left out here:
   # with it the run took 91 s (its boot alone 13-30 s), too close to the 2-minute budget to
   # be reliable; `BROKERS="warren rabbitmq mosquitto"` runs it too.
-  cargo build -p warren-cli -p warren-bench || return 1
   BROKERS="warren mosquitto" WARREN=target/debug/warren BENCH=target/debug/warren-bench OUT=target/bench/ci-compare \
     timeout 180 bench/compare.sh 1 -- --rate 1000
 }
@@ -396,67 +467,58 @@ cluster_script() {
   command -v ip >/dev/null || {
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2
   } || return 1
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test script
+  WARREN_CLUSTER_REQUIRE=1 run_test 300 cluster script
 }
 
 cluster_metadata() {
   # The same needs as cluster_script (which installs iproute2 when missing).
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test metadata
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster metadata
 }
 
 cluster_topic_permissions() {
   # The same needs as cluster_script. Topic permissions set on one node reach every node;
   # a refused bind is refused before it is proposed (cluster/tests/topic_permissions.rs).
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test topic_permissions
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster topic_permissions
 }
 
 cluster_quorum() {
   # The same needs as cluster_script. Quorum queues replicated over 3 nodes: kill -9 of the
   # leader loses no confirmed message, a member that was down catches up.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_queues -- --nocapture
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster quorum_queues --nocapture
 }
 
 cluster_quorum_dlx() {
   # The same needs as cluster_script. At-least-once dead-lettering of a quorum queue over 3
   # nodes (bridge wbd0, 10.90.0.x): dead letters held while unroutable survive a kill -9 of
   # the source's leader; messages expiring while the leader is killed all reach the target.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_dlx -- --nocapture
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster quorum_dlx --nocapture
 }
 
 cluster_tls() {
   # The same needs as cluster_script. Mutual TLS on the cluster port (WARREN_CLUSTER_TLS_DIR):
   # a quorum queue over 3 nodes works, a plaintext peer is refused and logged.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_tls -- --nocapture
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster cluster_tls --nocapture
 }
 
 cluster_quorum_ops() {
   # The same needs as cluster_script. Quorum queues' operations on 3 nodes: declare-ok once
   # the group has a leader (publishes right after it acked), cluster-status and the HTTP API
   # show every group, add-member (snapshot catch-up) / delete-member / grow / shrink.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test quorum_ops -- --nocapture
+  WARREN_CLUSTER_REQUIRE=1 run_test 300 cluster quorum_ops --nocapture
 }
 
 cluster_routing() {
   # cluster/tests/routing.rs (docs/cluster.md, "Queues live on one node"): a queue on n2 gets
   # n1's and n3's confirmed publishes, MQTT subscribers get publishes from other nodes,
   # locations survive kill -9, a publish to a down node's queue is nacked.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test routing
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster routing
 }
 
 cluster_remote_consumers() {
   # cluster/tests/remote_consumers.rs (docs/cluster.md, "Consumers on any node"): a consumer on
   # n3 of a queue on n2 gets n1's confirmed publishes within its prefetch, requeue, acks,
   # purge/get/passive declare on other nodes act on n2's queue, n3 killed: messages back on n2.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test remote_consumers
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster remote_consumers
 }
 
 cluster_edges() {
@@ -464,16 +526,14 @@ cluster_edges() {
   # queue.delete with if-unused / if-empty on a stub's node is decided by the queue's home
   # (406 as in RabbitMQ, the queue stays everywhere); a classic queue's declare while its home
   # is down fails with 404.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test cluster_edges
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster cluster_edges
 }
 
 cluster_quorum_reattach() {
   # cluster/tests/quorum_reattach.rs (bridge wbe1, 10.93.0.x; docs/cluster.md, "Consumers on
   # any node"): a quorum queue's consumer attached again after a partition heals, refused
   # where the queue is served (another exclusive consumer took it), gets basic.cancel.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_reattach
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster quorum_reattach
 }
 
 cluster_conditional_delete() {
@@ -481,8 +541,7 @@ cluster_conditional_delete() {
   # modes"): a consumer attaching on the home between a conditional delete's check and its
   # commit (window widened by WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS) does not split the
   # cluster: the queue goes on every node and the consumer gets basic.cancel.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test conditional_delete
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster conditional_delete
 }
 
 cluster_quorum_partitions() {
@@ -491,32 +550,28 @@ cluster_quorum_partitions() {
   # rounds: a publish through the cut-off leader is nacked once its lease is lost, the
   # majority side confirms and delivers, and after the heal every node does, the old leader
   # included, each within a bound tied to the election timeout.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 300 cargo test -p warren-cluster --test quorum_partitions -- --nocapture
+  WARREN_CLUSTER_REQUIRE=1 run_test 300 cluster quorum_partitions --nocapture
 }
 
 cluster_quorum_alarm() {
   # cluster/tests/quorum_alarm.rs (bridge wbf1, 10.96.0.x): a quorum queue's leader that
   # loses its leadership with a publish in flight nacks it and raises no store alarm: a
   # classic queue's publisher on that node is confirmed promptly throughout.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test quorum_alarm -- --nocapture
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster quorum_alarm --nocapture
 }
 
 cluster_shards() {
   # cluster/tests/shards_across_nodes.rs (docs/cluster.md, "Not yet"): two nodes with --shards
   # 2: basic.get across nodes served when the queue, its copy and the connection are on shard
   # 0, refused at once with 540 NOT_IMPLEMENTED otherwise (never a silent wait).
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test shards_across_nodes
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster shards_across_nodes
 }
 
 cluster_mqtt_sessions() {
   # cluster/tests/mqtt_sessions.rs (docs/cluster.md, "MQTT sessions across nodes"): a persistent
   # session resumes on another node (session present, subscriptions, queued messages in order),
   # takeover across nodes (0x8E), SIGTERM and kill -9 restarts, expiry, retained messages.
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test mqtt_sessions
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster mqtt_sessions
 }
 
 cluster_mqtt_gone_node() {
@@ -524,8 +579,7 @@ cluster_mqtt_gone_node() {
   # across nodes"): after a kill -9 of a node never restarted, a client that was connected
   # there resumes elsewhere without the 3 s handover wait, and the sessions it owned still
   # expire (the metadata leader ends them; their queues go).
-  cargo build -p warren-cli &&
-    WARREN_CLUSTER_REQUIRE=1 timeout 180 cargo test -p warren-cluster --test mqtt_gone_node
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster mqtt_gone_node
 }
 
 cluster_jepsen() {
@@ -537,9 +591,29 @@ cluster_jepsen() {
   # faults for WARREN_JEPSEN_SECS (15 here); the minutes-of-faults run is
   # WARREN_JEPSEN_SECS=300 scripts/test.sh (the bound grows with it).
   local secs=${WARREN_JEPSEN_SECS:-15}
-  cargo build -p warren-cli &&
-    WARREN_JEPSEN_SECS=$secs WARREN_CLUSTER_REQUIRE=1 timeout $((240 + 6 * secs)) \
-      cargo test -p warren-cluster --test jepsen -- --nocapture
+  WARREN_JEPSEN_SECS=$secs WARREN_CLUSTER_REQUIRE=1 run_test $((240 + 6 * secs)) cluster jepsen --nocapture
+}
+
+cluster_lane() {
+  # Every netns cluster test, one after another (several share a bridge).
+  lane_step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script || return 1
+  lane_step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata || return 1
+  lane_step "cluster topic permissions: replicated, a refused bind never proposed" cluster_topic_permissions || return 1
+  lane_step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum || return 1
+  lane_step "cluster quorum queues: at-least-once dead letters survive kill -9 of the source's leader" cluster_quorum_dlx || return 1
+  lane_step "cluster TLS: a quorum queue over a mutual-TLS cluster port; a plaintext peer refused" cluster_tls || return 1
+  lane_step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops || return 1
+  lane_step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing || return 1
+  lane_step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers || return 1
+  lane_step "cluster edges: conditional queue.delete decided by the home node; declare while the home is down" cluster_edges || return 1
+  lane_step "cluster quorum consumer attached again after a partition: refused there, cancelled (never silent)" cluster_quorum_reattach || return 1
+  lane_step "cluster conditional delete: committed as decided, no split when a consumer attaches meanwhile" cluster_conditional_delete || return 1
+  lane_step "cluster with --shards 2: consumers across nodes served on shard 0, refused (540) elsewhere" cluster_shards || return 1
+  lane_step "cluster quorum leader partitioned and healed, 5 rounds: nacked when cut off, service back within bounds" cluster_quorum_partitions || return 1
+  lane_step "cluster quorum leadership lost with a write in flight: nacked, no store alarm, other publishers unblocked" cluster_quorum_alarm || return 1
+  lane_step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions || return 1
+  lane_step "cluster MQTT sessions of a dead node: resumed elsewhere at once, expired on time by the metadata leader" cluster_mqtt_gone_node || return 1
+  lane_step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen || return 1
 }
 
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
@@ -555,9 +629,11 @@ step "install: chromium (Debian)" setup_chromium
 step "install: playwright-core, typescript (npm ci)" setup_npm
 step "every netns cluster test has a step of its own" cluster_steps_cover_every_netns_test
 step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo build --workspace --all-targets (every later step runs what it built)" build_all
+step "cargo test --workspace" workspace_tests
+step "cluster tests over network namespaces: started beside the next steps" lane_start target/cluster-lane.log cluster_lane
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "core and guest module build for wasm32-unknown-unknown" wasm_build
-step "cargo test --workspace" workspace_tests
 step "stream protocol: RabbitMQ Java stream client, 1M messages" stream_java
 step "stream protocol: Java client over TLS, super streams, filtering" stream_java_features
 step "wasmtime: native vs wasm differential (seeded scenarios)" wasm_differential
@@ -568,25 +644,7 @@ step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
-step "scripts/cluster.sh: 3 nodes in network namespaces, clients on each, kill/start/partition/heal/down" cluster_script
-step "cluster metadata: declares, users, deletes on any node seen by all; kill -9, partition, restart all" cluster_metadata
-step "cluster topic permissions: replicated, a refused bind never proposed" cluster_topic_permissions
-step "cluster quorum queues: confirmed messages survive kill -9 of the leader; a returning member catches up" cluster_quorum
-step "cluster quorum queues: at-least-once dead letters survive kill -9 of the source's leader" cluster_quorum_dlx
-step "cluster TLS: a quorum queue over a mutual-TLS cluster port; a plaintext peer refused" cluster_tls
-step "cluster quorum queue operations: declare-ok after a leader, every group in cluster-status, add/delete member, grow/shrink" cluster_quorum_ops
-step "cluster routing: classic queues on one node, publishes and MQTT subscriptions across nodes, kill -9, node down" cluster_routing
-step "cluster consumers on any node: deliveries, prefetch, acks, requeue, purge and get across nodes; consumer's node killed" cluster_remote_consumers
-step "cluster edges: conditional queue.delete decided by the home node; declare while the home is down" cluster_edges
-step "cluster quorum consumer attached again after a partition: refused there, cancelled (never silent)" cluster_quorum_reattach
-step "cluster conditional delete: committed as decided, no split when a consumer attaches meanwhile" cluster_conditional_delete
-step "cluster with --shards 2: consumers across nodes served on shard 0, refused (540) elsewhere" cluster_shards
-step "cluster quorum leader partitioned and healed, 5 rounds: nacked when cut off, service back within bounds" cluster_quorum_partitions
-step "cluster quorum leadership lost with a write in flight: nacked, no store alarm, other publishers unblocked" cluster_quorum_alarm
-
-step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions
-step "cluster MQTT sessions of a dead node: resumed elsewhere at once, expired on time by the metadata leader" cluster_mqtt_gone_node
-step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen
+step "cluster tests over network namespaces (run beside the steps above; log: target/cluster-lane.log)" lane_join
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench

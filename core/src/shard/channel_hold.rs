@@ -30,16 +30,22 @@ impl Broker {
         self.chans.set_awaiting(ch, true);
     }
 
-    /// The answer to a request of `to` arrived. Whether `to` is still live: if so its
-    /// request is answered, and the caller runs what waited (`run_held`) once the answer
-    /// is handled. An answer for a closed opening releases nothing.
+    /// The answer to a request of `to` arrived. Whether it answers a request of a live
+    /// opening: if so the request is answered, and the caller runs what waited
+    /// (`run_held`) once the answer is handled. An answer for a closed opening releases
+    /// nothing, and neither does one no request waits for: across nodes an answer can
+    /// outlive its request (a quorum queue's consumer attached again where its new leader
+    /// is, answered after the client cancelled that consumer; a node's answer after the
+    /// request failed when the node looked down). The caller treats it as for a closed
+    /// opening, so the client hears nothing it did not ask for, and a consumer the answer
+    /// attached is cancelled again. (The jepsen run found this as a debug assertion on
+    /// 2026-12-02.)
     pub(super) fn take_answer(&mut self, to: ChannelAddr) -> bool {
-        let live = self.chans.is_live(to);
-        if live {
-            debug_assert!(self.chans.awaiting(to.ch), "an answer without a request");
-            self.chans.set_awaiting(to.ch, false);
+        if !self.chans.is_live(to) || !self.chans.awaiting(to.ch) {
+            return false;
         }
-        live
+        self.chans.set_awaiting(to.ch, false);
+        true
     }
 
     /// Whether an op of channel `ch` must wait: the channel waits for an answer, or
