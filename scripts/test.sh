@@ -121,7 +121,14 @@ setup_perftest() {
     -DoutputDirectory="$root/target/perftest/lib"
 }
 
-setup_# One build of every target, with dependency features unified over the whole workspace. A
+setup_stream_java() {
+  # RabbitMQ's Java stream client 0.20.0 and its dependencies, for the stream-protocol check.
+  ls target/stream-java/lib/stream-client-*.jar >/dev/null 2>&1 && return 0
+  mvn -q -B -Dstyle.color=never -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory="$root/target/stream-java/lib"
+}
+
+# One build of every target, with dependency features unified over the whole workspace. A
 # later `cargo build -p X` or `cargo test -p X --test Y` would resolve features for X's graph
 # alone and recompile 30-60 dependencies each time (measured 2026-12-02: six steps, about 6
 # minutes of a fresh run), so the steps below run what this built and never build again.
@@ -150,13 +157,6 @@ for line in sys.stdin:
     return 1
   [ -n "$exe" ] || { echo "no test executable for $dir/tests/$name.rs"; return 1; }
   (cd "$root/$dir" && timeout -k 10 "$secs" "$exe" "$@")
-}
-
-stream_java() {
-  # RabbitMQ's Java stream client 0.20.0 and its dependencies, for the stream-protocol check.
-  ls target/stream-java/lib/stream-client-*.jar >/dev/null 2>&1 && return 0
-  mvn -q -B -Dstyle.color=never -f gateway-stream/tests/java/pom.xml dependency:copy-dependencies \
-    -DoutputDirectory="$root/target/stream-java/lib"
 }
 
 stream_java() {
