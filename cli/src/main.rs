@@ -7,16 +7,12 @@ mod ctl;
 #[cfg(test)]
 mod footprint;
 mod links;
-mod mem_streams;
 mod meta;
 mod mqtt_cluster;
 mod nodes;
 mod qq;
 mod queue_use;
 mod settings;
-mod stream_broker;
-mod streams;
-mod super_streams;
 mod tls;
 mod ws;
 
@@ -949,7 +945,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         None
     } else {
         Some(
-            streams::DiskStreams::open(
+            warren_stream_backends::DiskStreams::open(
                 &s.data_dir,
                 s.stream_read_ahead,
                 s.stream_sendfile,
@@ -959,7 +955,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         )
     };
     // In memory, one log per stream for AMQP stream queues and the stream protocol too.
-    let mem_streams = s.in_memory.then(mem_streams::MemStreams::new);
+    let mem_streams = s.in_memory.then(warren_stream_backends::MemStreams::new);
     let (broker, definitions_db) = if s.in_memory {
         tracing::warn!(
             shards = s.shards,
