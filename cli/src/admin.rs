@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use warren_core::command::Op;
 use warren_core::effect::Reply;
 use warren_management::definitions as json;
+use warren_member::Cluster;
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 
 /// Longest request accepted (an imported definitions file travels in one line).
@@ -38,8 +39,11 @@ pub fn bind(data_dir: &Path) -> anyhow::Result<UnixListener> {
         .with_context(|| format!("cannot create the admin socket {}", path.display()))
 }
 
+/// Serves `warren ctl` until `stopped`. `cluster`: the node's cluster, on a cluster node
+/// (its verbs answer that this node is not in one otherwise).
 pub async fn serve(
     listener: UnixListener,
+    cluster: Option<Cluster>,
     broker: BrokerHandle,
     management: Arc<warren_management::Management>,
     tls: Option<Arc<Reloadable>>,
@@ -60,8 +64,10 @@ pub async fn serve(
         let broker = broker.clone();
         let management = management.clone();
         let tls = tls.clone();
+        let cluster = cluster.clone();
         tokio::spawn(async move {
-            if let Err(e) = client(stream, &broker, &management, tls.as_deref()).await {
+            let tls = tls.as_deref();
+            if let Err(e) = client(stream, cluster.as_ref(), &broker, &management, tls).await {
                 tracing::warn!(
                     error = %warren_core::escape::Escaped(&format!("{e:#}")),
                     "admin request failed"
@@ -85,8 +91,14 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// The cluster, or the answer of a node that is in none.
+fn member(cluster: Option<&Cluster>) -> anyhow::Result<&Cluster> {
+    cluster.ok_or_else(|| anyhow!("this node is not in a cluster (start it with --node-id)"))
+}
+
 async fn client(
     stream: UnixStream,
+    cluster: Option<&Cluster>,
     broker: &BrokerHandle,
     management: &warren_management::Management,
     tls: Option<&Reloadable>,
@@ -95,7 +107,7 @@ async fn client(
     let mut line = String::new();
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
     reader.read_line(&mut line).await?;
-    let response = match handle(&line, broker, management, tls).await {
+    let response = match handle(&line, cluster, broker, management, tls).await {
         Ok(result) => json!({"ok": true, "result": result}),
         Err(e) => json!({
             "ok": false, "error": format!("{e:#}"),
@@ -192,6 +204,7 @@ const VHOST_SCOPED: [&str; 8] = [
 
 async fn handle(
     line: &str,
+    cluster: Option<&Cluster>,
     broker: &BrokerHandle,
     management: &warren_management::Management,
     tls: Option<&Reloadable>,
@@ -215,7 +228,7 @@ async fn handle(
     Ok(match verb {
         // As SIGHUP: new connections get the files' certificate, open ones keep theirs.
         "reload_tls" => {
-            let cluster = crate::cluster::reload_tls().map_err(anyhow::Error::msg)?;
+            let cluster = cluster.map_or(Ok(false), Cluster::reload_tls)?;
             if cluster {
                 tracing::info!("warren ctl reload-tls: cluster TLS files reloaded");
             }
@@ -240,14 +253,15 @@ async fn handle(
                 AdminResponse::Memory(m) if m.alarm => vec!["memory"],
                 _ => Vec::new(),
             };
-            crate::cluster::status(alarms)?
+            member(cluster)?.status(&alarms)?
         }
         "forget_node" => {
             let id = args
                 .get("id")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| anyhow!("missing argument 'id' (a node id)"))?;
-            crate::cluster::forget(id).await?
+            member(cluster)?.forget(id).await?;
+            json!({})
         }
         "join" => {
             let id = args
@@ -258,16 +272,19 @@ async fn handle(
                 .get("addr")
                 .and_then(Value::as_str)
                 .ok_or_else(|| anyhow!("missing argument 'addr' (IP:PORT)"))?;
-            crate::cluster::join(id, addr).await?
+            member(cluster)?.join(id, addr).await?;
+            json!({})
         }
-        "leave" => crate::cluster::leave().await?,
+        "leave" => {
+            member(cluster)?.leave().await?;
+            json!({})
+        }
         "quorum_grow" | "quorum_shrink" => {
             let node = args
                 .get("node")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| anyhow!("missing argument 'node' (a node id)"))?;
-            let repl = crate::cluster::replication()
-                .ok_or_else(|| anyhow!("this node is not in a cluster (start it with --node-id)"))?;
+            let repl = member(cluster)?.replication();
             json!(repl.grow_or_shrink(node, verb == "quorum_grow").await)
         }
         "quorum_add_member" | "quorum_delete_member" => {
@@ -279,8 +296,7 @@ async fn handle(
                 .get("queue")
                 .and_then(Value::as_str)
                 .ok_or_else(|| anyhow!("missing argument 'queue'"))?;
-            let repl = crate::cluster::replication()
-                .ok_or_else(|| anyhow!("this node is not in a cluster (start it with --node-id)"))?;
+            let repl = member(cluster)?.replication();
             let vh = vhost(&args);
             if verb == "quorum_add_member" {
                 repl.add_member(&vh, queue, node).await
@@ -359,7 +375,7 @@ async fn handle(
                         "durable": q.durable, "auto_delete": q.auto_delete,
                         "exclusive": q.exclusive, "arguments": json::table(&q.arguments),
                         // A replicated quorum queue's group leader (the node serving it).
-                        "leader": crate::cluster::quorum_leader(&q.vhost, &q.name),
+                        "leader": cluster.and_then(|c| c.quorum_leader(&q.vhost, &q.name)),
                     })
                 })
                 .collect(),

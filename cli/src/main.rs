@@ -2,21 +2,11 @@
 //! one. The load generator is a binary of its own (`warren-bench`, in bench/).
 
 mod admin;
-mod cluster;
 mod ctl;
 #[cfg(test)]
 mod footprint;
 mod links;
-mod mem_streams;
-mod meta;
-mod mqtt_cluster;
-mod nodes;
-mod qq;
-mod queue_use;
 mod settings;
-mod stream_broker;
-mod streams;
-mod super_streams;
 mod tls;
 mod ws;
 
@@ -409,7 +399,7 @@ fn init_serve_logs(s: &settings::Settings) -> Result<(), ConfigError> {
         Some(level) => EnvFilter::try_new(level).map_err(|e| ConfigError(e.to_string()))?,
         // openraft logs every failed RPC to an unreachable member (~20 lines a second while
         // one is down, errors among them); Warren logs the cluster's changes itself, once
-        // per change (cli/src/cluster.rs, warren_cluster::transport).
+        // per change (warren-member, warren_cluster::transport).
         // rustls logs every warning alert a peer sends at WARN (the Java client sends
         // user_canceled before each close); failed handshakes are Warren's own line.
         None => EnvFilter::try_from_default_env()
@@ -901,7 +891,8 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
             tls::Reloadable::new(tls_listeners).map_err(|e| ConfigError(e.to_string()))?,
         ))
     };
-    let cluster_options = cluster::options(&s).map_err(ConfigError::from)?;
+    let cluster_options =
+        warren_member::options(&s.cluster_args()).map_err(|e| ConfigError(e.to_string()))?;
     let _lock = open_data_dir(&s.data_dir)?;
     let mut listeners = Vec::new();
     for (kind, addr) in wanted {
@@ -949,7 +940,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         None
     } else {
         Some(
-            streams::DiskStreams::open(
+            warren_stream_backends::DiskStreams::open(
                 &s.data_dir,
                 s.stream_read_ahead,
                 s.stream_sendfile,
@@ -959,7 +950,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         )
     };
     // In memory, one log per stream for AMQP stream queues and the stream protocol too.
-    let mem_streams = s.in_memory.then(mem_streams::MemStreams::new);
+    let mem_streams = s.in_memory.then(warren_stream_backends::MemStreams::new);
+    // A cluster node's quorum-queue replication: the store layer, then the cluster's.
+    let mut replication = None;
     let (broker, definitions_db) = if s.in_memory {
         tracing::warn!(
             shards = s.shards,
@@ -979,11 +972,12 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         // Restore before listening: clients see the stored queues from their first
         // connection.
         // A cluster node replicates its quorum queues' writes through their groups.
-        let layer = cluster_options.as_ref().map(|_| {
-            let repl = qq::Replication::new(&s.data_dir);
-            cluster::set_replication(repl.clone());
-            Arc::new(repl) as Arc<dyn warren_runtime::StoreLayer>
-        });
+        replication = cluster_options
+            .as_ref()
+            .map(|_| warren_member::Replication::new(&s.data_dir));
+        let layer = replication
+            .clone()
+            .map(|repl| Arc::new(repl) as Arc<dyn warren_runtime::StoreLayer>);
         let (broker, definitions_db) = warren_runtime::BrokerHandle::start_with_store_layered(
             config,
             &s.data_dir,
@@ -1038,11 +1032,14 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     });
     // Before any client or operator can reach the broker: from here on its metadata
     // changes go through the cluster.
-    if let Some(opts) = cluster_options {
-        cluster::start(opts, &broker)
-            .await
-            .map_err(|e| ConfigError(format!("cluster: {e:#}")))?;
-    }
+    let cluster = match cluster_options.zip(replication) {
+        Some((opts, repl)) => Some(
+            warren_member::Cluster::start(opts, &broker, repl)
+                .await
+                .map_err(|e| ConfigError(format!("cluster: {:#}", anyhow::Error::new(e))))?,
+        ),
+        None => None,
+    };
     let (stop, stopped) = watch::channel(false);
     let admin = admin::bind(&s.data_dir).map_err(|e| ConfigError(format!("{e:#}")))?;
     let mqtt_config = warren_mqtt::MqttConfig {
@@ -1092,25 +1089,10 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     };
     // On a cluster node, one MQTT session per client id across the nodes (docs/cluster.md,
     // "MQTT sessions across nodes").
-    let mqtt_cluster = serves_mqtt
-        .then(|| cluster::mqtt_sessions(&shared.mqtt.vhost))
-        .flatten();
-    if let Some(sessions) = mqtt_cluster.clone() {
-        shared.registry.set_cluster(Arc::new(sessions.clone()));
-        // A gone member's sessions still expire: the metadata leader ends them.
-        sessions.adopt_gone(Arc::downgrade(&shared.registry));
-        let registry = Arc::downgrade(&shared.registry);
-        let vhost = shared.mqtt.vhost.clone();
-        meta::set_takeover_hook(Box::new(move |v, client_id| {
-            if v == vhost
-                && !sessions.owned_here(client_id)
-                && let Some(r) = registry.upgrade()
-                && r.taken_elsewhere(client_id)
-            {
-                tracing::info!(client_id = %Escaped(client_id), "MQTT session taken over by a connection on another node");
-            }
-        }));
-    }
+    let mqtt_cluster = cluster
+        .as_ref()
+        .filter(|_| serves_mqtt)
+        .map(|c| c.serve_mqtt(&shared.registry, &shared.mqtt.vhost));
     let mut gauges = Vec::new();
     // Restored delayed wills and the expiry of offline sessions: once for all MQTT listeners.
     let mqtt_sessions = serves_mqtt.then(|| {
@@ -1158,7 +1140,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         node_name,
         stopped.clone(),
     );
-    if let Some(repl) = cluster::replication() {
+    if let Some(repl) = cluster.as_ref().map(|c| c.replication()) {
         let repl = repl.clone();
         let critical = repl.clone();
         management.set_placement(Box::new(move |vhost, name| repl.placement(vhost, name)));
@@ -1166,6 +1148,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     }
     tokio::spawn(admin::serve(
         admin,
+        cluster.clone(),
         broker.clone(),
         management.clone(),
         tls.clone(),
@@ -1232,7 +1215,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
                     },
                     None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
                 }
-                match cluster::reload_tls() {
+                match cluster.as_ref().map_or(Ok(false), |c| c.reload_tls()) {
                     Ok(true) => tracing::info!("SIGHUP: cluster TLS files reloaded"),
                     Ok(false) => {}
                     Err(e) => tracing::warn!(
@@ -1255,7 +1238,9 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
     if let Some(sessions) = &mqtt_cluster {
         sessions.flush(std::time::Duration::from_secs(5)).await;
     }
-    cluster::stop().await;
+    if let Some(cluster) = &cluster {
+        cluster.stop().await;
+    }
     if let Some(sessions) = mqtt_sessions {
         sessions.abort();
     }

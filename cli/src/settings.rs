@@ -207,6 +207,29 @@ fn line_of(text: &str, key: &str) -> Option<usize> {
 }
 
 impl Settings {
+    /// The cluster settings, for `warren_member::options` to check. The test hook
+    /// `WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS` (a pause after a conditional delete's check,
+    /// `cluster/tests/conditional_delete.rs`) is read here, so the library reads no
+    /// environment.
+    pub fn cluster_args(&self) -> warren_member::ClusterArgs {
+        warren_member::ClusterArgs {
+            node_id: self.node_id,
+            cluster: self.cluster.clone(),
+            peers: self.peers.clone(),
+            secret_file: self.cluster_secret_file.clone(),
+            join: self.join,
+            tls_cert: self.cluster_tls_cert.clone(),
+            tls_key: self.cluster_tls_key.clone(),
+            tls_ca: self.cluster_tls_ca.clone(),
+            in_memory: self.in_memory,
+            data_dir: self.data_dir.clone(),
+            delete_delay: std::env::var("WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(std::time::Duration::from_millis),
+        }
+    }
+
     /// Reads a config file; every key is optional, unknown ones are refused.
     pub fn from_file(path: &Path) -> Result<(Settings, String), SettingsError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -813,6 +836,31 @@ mod tests {
             Some(Some("[::1]:0".parse().expect("addr")))
         );
         assert_eq!(s.stream_addr().ok(), Some(None));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The cluster keys of the file reach the cluster's checks (`warren_member::options`
+    /// has the tests of the checks themselves).
+    #[test]
+    fn cluster_keys_from_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("warren-cluster-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("warren.toml");
+        let text = "node_id = 1\ncluster = \"10.0.0.1:1\"\npeers = [\"2=10.0.0.2:1\"]\njoin = true\n\
+             cluster_secret_file = \"/s\"\ncluster_tls_cert = \"/c\"\ncluster_tls_key = \"/k\"\n\
+             cluster_tls_ca = \"/a\"\n";
+        std::fs::write(&path, text).expect("write");
+        let a = Settings::from_file(&path).expect("parses").0.cluster_args();
+        let files = [a.secret_file, a.tls_cert, a.tls_key, a.tls_ca].map(Option::unwrap_or_default);
+        assert_eq!(
+            files.map(|f| f.display().to_string()),
+            ["/s", "/c", "/k", "/a"]
+        );
+        assert_eq!(
+            (a.node_id, a.cluster.as_deref(), a.join),
+            (Some(1), Some("10.0.0.1:1"), true)
+        );
+        assert_eq!(a.peers, ["2=10.0.0.2:1"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -9,7 +9,7 @@
 //!
 //! Two brokers stand for two nodes (the test carries their `NodeMail`), and they share one
 //! in-memory store that stands for the group's replicated state: the node that leads serves
-//! it, the other reads and writes nothing, as `cli/src/qq.rs`'s layer does.
+//! it, the other reads and writes nothing, as `member/src/qq.rs`'s layer does.
 
 mod common;
 
@@ -84,7 +84,7 @@ impl Store for Member {
         out: &mut Vec<StoredMessage>,
     ) -> Result<(), StoreError> {
         // A node reads the group's copy only after a reload here: every message it holds
-        // then may have been delivered before (`cli/src/qq.rs` flags them so too).
+        // then may have been delivered before (`member/src/qq.rs` flags them so too).
         let from = out.len();
         self.group.read(q, from_seq, max, out)?;
         for m in &mut out[from..] {

@@ -23,6 +23,7 @@ mod resources;
 pub mod sendfile;
 mod task;
 pub mod ws;
+pub mod x509;
 
 pub use mailbox::EffectReceiver;
 pub use nodes::NodeLink;
@@ -306,7 +307,7 @@ pub(crate) type Routes = Arc<arc_swap::ArcSwap<RouteTable>>;
 
 /// A layer over each shard's disk store, given at start
 /// ([`BrokerHandle::start_with_store_layered`]): a cluster node replicates its quorum
-/// queues' writes through their Raft groups this way (cli/src/qq.rs, docs/cluster.md).
+/// queues' writes through their Raft groups this way (member/src/qq.rs, docs/cluster.md).
 pub trait StoreLayer: Send + Sync {
     /// For shard `shard`, whose broker is told of completed syncs by `synced`: the callback
     /// the disk store reports its syncs to, and what wraps that disk store. The layer calls

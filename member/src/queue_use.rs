@@ -54,7 +54,7 @@ async fn local_use(broker: &BrokerHandle, vhost: &str, queue: &str) -> Result<Us
 }
 
 /// Answers other nodes' questions from `broker`.
-pub fn serve(node: &'static ClusterNode, broker: BrokerHandle) {
+pub fn serve(node: &ClusterNode, broker: BrokerHandle) {
     node.set_ask_handler(Arc::new(move |from, bytes| {
         let broker = broker.clone();
         Box::pin(async move {
@@ -76,12 +76,15 @@ pub fn serve(node: &'static ClusterNode, broker: BrokerHandle) {
 }
 
 /// The check before client op `op` of `vhost` is proposed (`Replicator::precheck`).
+/// `delay`: tests widen the window between a passed check and the commit
+/// (`WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS`, read by the binary; `None` in production).
 pub fn precheck(
-    node: &'static ClusterNode,
+    node: Arc<ClusterNode>,
     me: u64,
     broker: BrokerHandle,
     vhost: &str,
     op: &Op,
+    delay: Option<Duration>,
 ) -> Pin<Box<dyn Future<Output = Option<ProtocolError>> + Send>> {
     let (queue, if_unused, if_empty) = match op {
         Op::QueueDelete {
@@ -110,6 +113,7 @@ pub fn precheck(
         let mut asks = Vec::with_capacity(others.len());
         for &id in &others {
             let question = question.clone();
+            let node = node.clone();
             asks.push(tokio::spawn(async move {
                 node.ask(id, question, ASK_TIMEOUT).await
             }));
@@ -140,7 +144,7 @@ pub fn precheck(
         } else {
             // Tests widen the window between this check and the commit (a few ms) to
             // show what happens in it (`cluster/tests/conditional_delete.rs`).
-            if let Some(ms) = test_delay() {
+            if let Some(ms) = delay {
                 tokio::time::sleep(ms).await;
             }
             return None;
@@ -149,17 +153,5 @@ pub fn precheck(
             ErrorCode::PreconditionFailed,
             format!("queue '{queue}' in vhost '{vhost}' {why}"),
         )
-    })
-}
-
-/// `WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS`: a pause after a conditional delete's check
-/// passed, before it is proposed (tests only; unset, none).
-fn test_delay() -> Option<Duration> {
-    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *DELAY.get_or_init(|| {
-        std::env::var("WARREN_TEST_CONDITIONAL_DELETE_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis)
     })
 }

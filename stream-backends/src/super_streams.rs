@@ -5,7 +5,7 @@
 //! store keeps it across restarts, AMQP clients see the exchange, and a publish to it over
 //! AMQP is routed to a partition by key.
 
-use crate::stream_broker::{BrokerLink, block_on};
+use crate::broker::{BrokerLink, block_on};
 use warren_core::admin::{AdminRequest, AdminResponse};
 use warren_core::command::{Bind, ExchangeDeclare, Op};
 use warren_core::message::{FieldTable, FieldValue};

@@ -113,7 +113,7 @@ impl Group {
 
 struct Shared {
     registry_path: PathBuf,
-    node: OnceLock<&'static ClusterNode>,
+    node: OnceLock<Arc<ClusterNode>>,
     broker: OnceLock<warren_runtime::BrokerHandle>,
     runtime: tokio::runtime::Handle,
     groups: Mutex<HashMap<(String, String), Arc<Group>>>,
@@ -208,9 +208,9 @@ impl Replication {
     }
 
     /// The cluster node runs: start the groups of the queues the broker restored.
-    pub fn attach(&self, node: &'static ClusterNode, broker: warren_runtime::BrokerHandle) {
+    pub fn attach(&self, node: Arc<ClusterNode>, broker: warren_runtime::BrokerHandle) {
         let _ = self.0.broker.set(broker);
-        if self.0.node.set(node).is_err() {
+        if self.0.node.set(node.clone()).is_err() {
             return;
         }
         let groups: Vec<_> = lock(&self.0.groups).values().cloned().collect();
@@ -229,7 +229,7 @@ impl Replication {
                 let applied = node.definitions.with(|d| d.applied());
                 if this.0.changed.swap(false, Ordering::AcqRel) || seen != Some(applied) {
                     seen = Some(applied);
-                    this.reconcile(node).await;
+                    this.reconcile(&node).await;
                 }
             }
         });
@@ -242,7 +242,7 @@ impl Replication {
     /// and makes it a voter); a node no longer named stops it and deletes its files (the
     /// record changes only after the group committed the removal); every node keeps its
     /// `quorum-queues.json` in step.
-    async fn reconcile(&self, node: &'static ClusterNode) {
+    async fn reconcile(&self, node: &Arc<ClusterNode>) {
         use warren_cluster::definitions::{Kind, key};
         let groups: Vec<Arc<Group>> = lock(&self.0.groups).values().cloned().collect();
         for g in groups {
@@ -295,8 +295,9 @@ impl Replication {
             if member && !g.running.swap(true, Ordering::AcqRel) {
                 tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), "quorum queue: this node was added to its group; catching up");
                 let this = self.clone();
+                let node = node.clone();
                 self.0.runtime.spawn(async move {
-                    this.run_group(node, g, members, false, false).await;
+                    this.run_group(&node, g, members, false, false).await;
                 });
             } else if !member && let Some(raft) = g.raft() {
                 tracing::info!(vhost = %Escaped(&g.vhost), queue = %Escaped(&g.name), "quorum queue: this node was removed from its group; its copy is deleted");
@@ -376,7 +377,7 @@ impl Replication {
     /// added by the group's leader as a learner, brought up to date (log or snapshot), and
     /// made a voter. Answered once it votes; on failure the record is set back.
     pub async fn add_member(&self, vhost: &str, name: &str, id: NodeId) -> Result<(), String> {
-        let node = *self.0.node.get().ok_or("this node is not in a cluster")?;
+        let node: &ClusterNode = self.0.node.get().ok_or("this node is not in a cluster")?;
         let g = self.group(vhost, name)?;
         let addr = node
             .members()
@@ -411,7 +412,7 @@ impl Replication {
     /// `id` leaves queue `name`'s group (joint consensus, on its leader), then the record
     /// changes and that node deletes its copy. The last member cannot leave.
     pub async fn delete_member(&self, vhost: &str, name: &str, id: NodeId) -> Result<(), String> {
-        let node = *self.0.node.get().ok_or("this node is not in a cluster")?;
+        let node: &ClusterNode = self.0.node.get().ok_or("this node is not in a cluster")?;
         let g = self.group(vhost, name)?;
         let (_, old) = self.recorded_members(node, vhost, name)?;
         if !old.contains_key(&id) {
@@ -446,7 +447,7 @@ impl Replication {
     /// leaves every group it is a member of (except a group it is the last member of). Each
     /// queue's outcome.
     pub async fn grow_or_shrink(&self, id: NodeId, grow: bool) -> Vec<serde_json::Value> {
-        let Some(node) = self.0.node.get().copied() else {
+        let Some(node) = self.0.node.get() else {
             return Vec::new();
         };
         let mut queues: Vec<(String, String)> = lock(&self.0.groups).keys().cloned().collect();
@@ -483,6 +484,17 @@ impl Replication {
             .get(&(vhost.to_string(), name.to_string()))
             .cloned()?;
         g.leader()
+    }
+
+    /// Stops every quorum queue's group on this node (their files stay), as the process's
+    /// exit does: [`crate::Cluster::halt`].
+    pub(crate) async fn shutdown_groups(&self) {
+        let groups: Vec<Arc<Group>> = lock(&self.0.groups).values().cloned().collect();
+        for g in groups {
+            if let Some(raft) = g.raft() {
+                let _ = raft.shutdown().await;
+            }
+        }
     }
 
     /// Whether a publish on this node to queue `name` would be taken now: this node leads
@@ -671,7 +683,7 @@ impl Replication {
     /// Starts group `g` on this node (its members: recorded, or chosen now from the
     /// cluster's members), and its leader watch.
     fn start(&self, g: Arc<Group>) {
-        let Some(node) = self.0.node.get().copied() else {
+        let Some(node) = self.0.node.get().cloned() else {
             return;
         };
         let recorded = lock(&self.0.records).get(&g.id).map(|r| r.members.clone());
@@ -683,7 +695,7 @@ impl Replication {
             let members = match recorded.clone() {
                 Some(m) => m,
                 None => {
-                    let members = this.agree_members(node, &g, size).await;
+                    let members = this.agree_members(&node, &g, size).await;
                     let mut records = lock(&this.0.records);
                     records.insert(
                         g.id,
@@ -714,7 +726,7 @@ impl Replication {
                 // restarting on an empty log (it never got an entry, or it was added later)
                 // waits for the leader instead of proposing one of its own.
                 let new = recorded.is_none();
-                this.run_group(node, g, members, new, new).await;
+                this.run_group(&node, g, members, new, new).await;
             }
         });
     }
@@ -725,7 +737,7 @@ impl Replication {
     /// for the leader to bring it up to date. `new`: the group was just declared.
     async fn run_group(
         &self,
-        node: &'static ClusterNode,
+        node: &ClusterNode,
         g: Arc<Group>,
         members: BTreeMap<NodeId, String>,
         initialize: bool,
@@ -776,7 +788,7 @@ impl Replication {
     /// that one. Without a metadata quorum within the bound, the computed set.
     async fn agree_members(
         &self,
-        node: &'static ClusterNode,
+        node: &ClusterNode,
         g: &Group,
         size: usize,
     ) -> BTreeMap<NodeId, String> {
@@ -935,7 +947,7 @@ impl Replication {
                         let marker = raft.clone();
                         // And the leader in the metadata group (as RabbitMQ's queue record
                         // names its leader): nodes that are not members forward there.
-                        let node = self.0.node.get().copied();
+                        let node = self.0.node.get().cloned();
                         let k = leader_key(&g.vhost, &g.name);
                         self.0.runtime.spawn(async move {
                             let _ = marker.client_write(QueueCommand(Vec::new()).encode()).await;
@@ -975,7 +987,7 @@ impl Replication {
                 self.save_records(&records);
             }
         }
-        let Some(node) = self.0.node.get().copied() else {
+        let Some(node) = self.0.node.get().cloned() else {
             return;
         };
         let raft = g.raft();

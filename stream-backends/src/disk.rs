@@ -1,5 +1,5 @@
 //! The stream protocol's backend over the native stream log (`warren_store::stream`): the
-//! gateway (`warren-stream`) must not depend on the store, so the binary joins them, as
+//! gateway (`warren-stream`) must not depend on the store, so this crate joins them, as
 //! RabbitMQ's stream plugin talks to osiris directly.
 //!
 //! - A catalog of streams under `<data-dir>/streams/<vhost>/<stream>/` (names escaped, see
@@ -182,7 +182,7 @@ impl Stream {
         self: Arc<Stream>,
         vhost: String,
         stream: String,
-        broker: Arc<crate::stream_broker::BrokerLink>,
+        broker: Arc<crate::broker::BrokerLink>,
     ) {
         let name = format!("{vhost}/{stream}");
         let mut retention = tokio::time::interval(RETENTION_INTERVAL);
@@ -253,7 +253,7 @@ impl Stream {
 pub struct DiskStreams {
     root: PathBuf,
     /// Set once the broker runs (the catalog opens before it: the restore reopens streams).
-    broker: Arc<crate::stream_broker::BrokerLink>,
+    broker: Arc<crate::broker::BrokerLink>,
     read_ahead: usize,
     sendfile: bool,
     fsync: bool,
@@ -324,6 +324,17 @@ fn stream_config(args: &[(String, String)], fsync: bool) -> StreamConfig {
     c
 }
 
+/// Why the streams of a data directory did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The catalog's directories or a stream's arguments file.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A stream's log.
+    #[error(transparent)]
+    Log(#[from] log::StreamError),
+}
+
 impl DiskStreams {
     /// Opens every stream under `<data_dir>/streams` (recovering each), and starts their
     /// sync tasks.
@@ -332,7 +343,7 @@ impl DiskStreams {
         read_ahead: usize,
         sendfile: bool,
         fsync: bool,
-    ) -> anyhow::Result<Arc<DiskStreams>> {
+    ) -> Result<Arc<DiskStreams>, OpenError> {
         let root = data_dir.join("streams");
         fs::create_dir_all(&root)?;
         let me = Arc::new(DiskStreams {

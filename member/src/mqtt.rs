@@ -146,7 +146,9 @@ enum Job {
 }
 
 struct Inner {
-    node: &'static ClusterNode,
+    node: Arc<ClusterNode>,
+    /// Proposes the takeover changes (through the metadata group's change log).
+    replicator: crate::meta::MetaReplicator,
     me: u64,
     vhost: String,
     lanes: Vec<mpsc::Sender<(Arc<str>, Job)>>,
@@ -160,7 +162,12 @@ pub struct MqttCluster(Arc<Inner>);
 
 impl MqttCluster {
     /// Starts the lanes (tokio tasks, ending when the registry is dropped).
-    pub fn new(node: &'static ClusterNode, me: u64, vhost: &str) -> MqttCluster {
+    pub fn new(
+        node: Arc<ClusterNode>,
+        replicator: crate::meta::MetaReplicator,
+        me: u64,
+        vhost: &str,
+    ) -> MqttCluster {
         let mut lanes = Vec::with_capacity(LANES);
         let mut receivers = Vec::with_capacity(LANES);
         for _ in 0..LANES {
@@ -170,6 +177,7 @@ impl MqttCluster {
         }
         let this = MqttCluster(Arc::new(Inner {
             node,
+            replicator,
             me,
             vhost: vhost.to_string(),
             lanes,
@@ -508,7 +516,7 @@ impl Inner {
             // The node that had it (connected or holding it offline, with its expiry)
             // learns through the change log, in order with the metadata it applies.
             let change = crate::meta::takeover_change(&self.vhost, client_id);
-            if let Err(e) = crate::cluster::propose_change(change).await {
+            if let Err(e) = self.replicator.propose_change(change).await {
                 tracing::warn!(client_id = %Escaped(client_id), "cluster not told of the MQTT session's takeover: {}", Escaped(&e));
             }
         }
@@ -518,7 +526,7 @@ impl Inner {
         let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
         // Meanwhile, whether that node is there at all: a node killed (kill -9 with the
         // client connected) never hands over, and the claim need not wait for it.
-        let node = self.node;
+        let node = self.node.clone();
         let mut probe = Some(tokio::spawn(async move {
             let empty = crate::nodes::encode(&[]);
             node.send_mail(from, empty, PROBE_TIMEOUT).await.is_ok()

@@ -561,7 +561,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<NodeMail>, String> {
 
 /// The runtime's `NodeLink` over the cluster transport.
 pub struct ClusterLink {
-    node: &'static ClusterNode,
+    node: Arc<ClusterNode>,
     broker: BrokerHandle,
     /// One task per peer, fed in order.
     peers: Mutex<HashMap<u32, mpsc::UnboundedSender<Vec<NodeMail>>>>,
@@ -572,7 +572,7 @@ pub struct ClusterLink {
 
 impl ClusterLink {
     pub fn new(
-        node: &'static ClusterNode,
+        node: Arc<ClusterNode>,
         broker: BrokerHandle,
         incarnations: Arc<Incarnations>,
     ) -> Self {
@@ -645,7 +645,7 @@ impl NodeLink for ClusterLink {
         let tx = peers.entry(node).or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(peer_task(
-                self.node,
+                self.node.clone(),
                 self.broker.clone(),
                 node,
                 rx,
@@ -670,7 +670,7 @@ impl NodeLink for ClusterLink {
 /// forwarded to `target` and waits an answer for (RabbitMQ: a classic queue on a node that
 /// is down is unavailable); the next batch tries again.
 async fn peer_task(
-    node: &'static ClusterNode,
+    node: Arc<ClusterNode>,
     broker: BrokerHandle,
     target: u32,
     mut rx: mpsc::UnboundedReceiver<Vec<NodeMail>>,
@@ -710,7 +710,7 @@ async fn peer_task(
             encode_batch(incarnations.own, &batch),
             SEND_TIMEOUT,
         );
-        let (result, early) = send_or_nack_early(node, &broker, target, reachable, send).await;
+        let (result, early) = send_or_nack_early(&node, &broker, target, reachable, send).await;
         queued.fetch_sub(n, Ordering::AcqRel);
         match result {
             Ok(now) => {
@@ -756,7 +756,7 @@ async fn send_or_nack_early<
     F: std::future::Future<Output = Result<u64, E>>,
     E: std::fmt::Display,
 >(
-    node: &'static ClusterNode,
+    node: &ClusterNode,
     broker: &BrokerHandle,
     target: u32,
     reachable: bool,
@@ -783,11 +783,7 @@ async fn send_or_nack_early<
 }
 
 /// Serves the mail peers send with this node's broker.
-pub fn serve_mail(
-    node: &'static ClusterNode,
-    broker: BrokerHandle,
-    incarnations: Arc<Incarnations>,
-) {
+pub fn serve_mail(node: &ClusterNode, broker: BrokerHandle, incarnations: Arc<Incarnations>) {
     let incarnation = incarnations.own;
     node.set_mail_handler(Arc::new(move |from, bytes| {
         let broker = broker.clone();
@@ -829,7 +825,7 @@ mod tests {
         let (from, back) = decode_batch(&encode_batch(42, &mails)).expect("decodes");
         assert_eq!(from, Some(42));
         assert_eq!(format!("{back:?}"), format!("{mails:?}"));
-        // A probe (mqtt_cluster's handover check) sends a bare empty batch.
+        // A probe (mqtt.rs's handover check) sends a bare empty batch.
         let (from, back) = decode_batch(&encode(&[])).expect("decodes");
         assert_eq!((from, back.len()), (None, 0));
         assert!(decode_batch(&[FROM, 0, 0, 1]).is_err(), "a cut incarnation");

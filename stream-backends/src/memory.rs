@@ -2,9 +2,9 @@
 //! ([`warren_stream::MemoryBackend`]) that both the stream protocol and the core's stream
 //! queues use (the core through [`SharedStreams`]), so a stream declared over AMQP is
 //! readable on the stream port and the other way round, as with a data directory. Logins
-//! and the streams' AMQP queues go through the broker (`stream_broker`). Nothing is durable.
+//! and the streams' AMQP queues go through the broker (`broker`). Nothing is durable.
 
-use crate::stream_broker::BrokerLink;
+use crate::broker::BrokerLink;
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
@@ -204,7 +204,7 @@ impl StreamBackend for MemStreams {
         stream: &str,
         arguments: &[(String, String)],
     ) -> Result<(), StreamError> {
-        let kept = crate::streams::parse_arguments(arguments)?;
+        let kept = crate::disk::parse_arguments(arguments)?;
         self.logs.create_stream(vhost, stream, arguments)?;
         self.broker.declare_queue(vhost, stream, &kept);
         Ok(())

@@ -554,7 +554,7 @@ fn r_op(op: WOp) -> Decoded<Op> {
     })
 }
 
-// ----- MQTT sessions (cli/src/mqtt_cluster.rs) -----
+// ----- MQTT sessions (mqtt.rs) -----
 
 /// A change that tells every node that a connection on the proposing node took an MQTT
 /// client id: a node whose connection (or offline copy) had it lets it go. Not an
@@ -584,12 +584,9 @@ fn decode_takeover(bytes: &[u8]) -> Option<(String, String)> {
 /// Told of every MQTT takeover another node made: (vhost, client id).
 pub type TakeoverHook = Box<dyn Fn(&str, &str) + Send + Sync>;
 
-static TAKEOVER_HOOK: std::sync::OnceLock<TakeoverHook> = std::sync::OnceLock::new();
-
-/// Sets what this node does when another node takes an MQTT client id (once).
-pub fn set_takeover_hook(hook: TakeoverHook) {
-    let _ = TAKEOVER_HOOK.set(hook);
-}
+/// Where the applier finds the takeover hook: set once, after the applier started (the MQTT
+/// registry it tells is made after the cluster joins), shared by the `Cluster` and its applier.
+pub type TakeoverSlot = Arc<std::sync::OnceLock<TakeoverHook>>;
 
 /// The request a change's bytes stand for. Bytes this version cannot read are an error
 /// (every node refuses them alike), never a panic.
@@ -687,10 +684,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct MetaReplicator(Arc<Inner>);
 
 struct Inner {
-    node: &'static ClusterNode,
+    node: Arc<ClusterNode>,
     me: u64,
     /// This node's broker (a conditional delete's check reads its instance of the queue).
     broker: BrokerHandle,
+    /// The quorum-queue replication: a new quorum queue's declare-ok waits for its group.
+    replication: Option<crate::qq::Replication>,
+    /// Tests' pause after a conditional delete's check (`queue_use::precheck`).
+    delete_delay: Option<Duration>,
     /// Unique per proposal across restarts (it starts at the clock in microseconds), so
     /// the applier's duplicate filter never mistakes a new proposal for an old one.
     seq: std::sync::atomic::AtomicU64,
@@ -698,7 +699,13 @@ struct Inner {
 }
 
 impl MetaReplicator {
-    pub fn new(node: &'static ClusterNode, me: u64, broker: BrokerHandle) -> (Self, Pending) {
+    pub fn new(
+        node: Arc<ClusterNode>,
+        me: u64,
+        broker: BrokerHandle,
+        replication: Option<crate::qq::Replication>,
+        delete_delay: Option<Duration>,
+    ) -> (Self, Pending) {
         let start = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_micros() as u64);
@@ -707,6 +714,8 @@ impl MetaReplicator {
             node,
             me,
             broker,
+            replication,
+            delete_delay,
             seq: std::sync::atomic::AtomicU64::new(start),
             pending: pending.clone(),
         }));
@@ -792,7 +801,7 @@ impl Replicator for MetaReplicator {
                 Some(answer) => {
                     if let Some((vhost, queue)) = quorum
                         && !failed(&answer)
-                        && let Some(repl) = crate::cluster::replication()
+                        && let Some(repl) = &this.replication
                     {
                         repl.wait_ready(&vhost, &queue, crate::qq::READY_TIMEOUT)
                             .await;
@@ -814,7 +823,14 @@ impl Replicator for MetaReplicator {
         vhost: &str,
         op: &Op,
     ) -> Pin<Box<dyn Future<Output = Option<warren_core::error::ProtocolError>> + Send>> {
-        crate::queue_use::precheck(self.0.node, self.0.me, self.0.broker.clone(), vhost, op)
+        crate::queue_use::precheck(
+            self.0.node.clone(),
+            self.0.me,
+            self.0.broker.clone(),
+            vhost,
+            op,
+            self.0.delete_delay,
+        )
     }
 }
 
@@ -1067,12 +1083,13 @@ fn write_applied(path: &Path, index: u64) -> std::io::Result<()> {
 /// applied only once the store has it; a crash re-applies at most the last tick's
 /// changes, which are idempotent declares, binds and deletes of the same state.
 pub async fn run_applier(
-    node: &'static ClusterNode,
+    node: Arc<ClusterNode>,
     broker: BrokerHandle,
     me: u64,
     pending: Pending,
     data_dir: PathBuf,
     mut homes: Homes,
+    takeover: TakeoverSlot,
 ) {
     let path = applied_path(&data_dir);
     let mut applied = read_applied(&path);
@@ -1141,7 +1158,7 @@ pub async fn run_applier(
                 None
             } else if let Some((vhost, client_id)) = decode_takeover(&change.change) {
                 if change.origin != me
-                    && let Some(hook) = TAKEOVER_HOOK.get()
+                    && let Some(hook) = takeover.get()
                 {
                     hook(&vhost, &client_id);
                 }
