@@ -591,7 +591,8 @@ cluster_jepsen() {
   # faults for WARREN_JEPSEN_SECS (15 here); the minutes-of-faults run is
   # WARREN_JEPSEN_SECS=300 scripts/test.sh (the bound grows with it).
   local secs=${WARREN_JEPSEN_SECS:-15}
-  WARREN_JEPSEN_SECS=$secs WARREN_CLUSTER_REQUIRE=1 run_test $((240 + 6 * secs)) cluster jepsen --nocapture
+  local bound=$((240 + 6 * secs))
+  WARREN_JEPSEN_SECS=$secs WARREN_CLUSTER_REQUIRE=1 run_test "$bound" cluster jepsen --nocapture
 }
 
 cluster_lane() {
