@@ -1032,3 +1032,210 @@ fn a_quorum_consumer_attaching_again_when_its_queue_is_deleted_is_cancelled() {
     fx.extend(far.settle());
     assert!(cancelled(&fx, "c"), "basic.cancel for the client: {fx:?}");
 }
+
+/// Declares quorum queue "qq" on channel `c` of `h`.
+fn declare_quorum(h: &mut Harness, c: warren_core::ids::ChannelRef) {
+    let mut arguments = warren_core::message::FieldTable::new();
+    arguments.insert(
+        "x-queue-type".into(),
+        warren_core::message::FieldValue::string("quorum"),
+    );
+    h.op(
+        c,
+        Op::QueueDeclare(warren_core::command::QueueDeclare {
+            queue: "qq".into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments,
+        }),
+    );
+}
+
+fn consume_oks(fx: &[Effect]) -> Vec<String> {
+    replies(fx)
+        .into_iter()
+        .filter_map(|r| match r {
+            warren_core::effect::Reply::ConsumeOk { consumer_tag, .. } => {
+                Some(consumer_tag.to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn set_home(h: &mut Harness, node: Option<u32>) {
+    let now = h.now;
+    h.shard(0).apply_admin(
+        now,
+        AdminRequest::QueueHome {
+            vhost: "/".into(),
+            queue: "qq".into(),
+            node,
+        },
+    );
+}
+
+/// Issue 43, item 3: node 2 consumes quorum queue "qq" whose leader, node 1, is lost before
+/// it answers. The consume waits (no 404), a consume made meanwhile is not sent to the lost
+/// node, and both attach where the group's next leader, node 3, serves the queue.
+#[test]
+fn a_quorum_consume_while_its_leader_is_lost_attaches_to_the_next_leader() {
+    let mut next = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c3 = next.connect(1);
+    let c2 = far.connect(1);
+    declare_quorum(&mut next, c3);
+    declare_quorum(&mut far, c2);
+    set_home(&mut far, Some(1));
+    let fx = far.consume(c2, "qq", "c", false);
+    assert!(replies(&fx).is_empty(), "asked the leader: {fx:?}");
+    let lost = node_mail(&mut far);
+    let Some((1, NodeMail::Consume { from: asked, .. })) = lost.first().cloned() else {
+        panic!("{lost:?}");
+    };
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    let fx = far.settle();
+    assert_eq!(common::error_code(&fx), None, "it waits: {fx:?}");
+    assert!(replies(&fx).is_empty(), "{fx:?}");
+    // Said again (the host says so on every failed batch): still waiting.
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    assert_eq!(common::error_code(&far.settle()), None);
+    // A consume made now waits too, and nothing goes to the lost node.
+    let c2b = far.open(1, 2);
+    let fx = far.consume(c2b, "qq", "d", true);
+    assert!(replies(&fx).is_empty(), "{fx:?}");
+    assert!(node_mail(&mut far).is_empty(), "nothing for the lost node");
+    let fx = far.tick(1_000);
+    assert_eq!(common::error_code(&fx), None, "{fx:?}");
+
+    // Node 3 leads now: both consumes go there and are answered.
+    set_home(&mut far, Some(3));
+    let sent = node_mail(&mut far);
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(
+        sent.iter()
+            .all(|(n, m)| *n == 3 && matches!(m, NodeMail::Consume { .. }))
+    );
+    let now = next.now;
+    next.shard(0)
+        .receive_node_mail(now, 2, sent.into_iter().map(|(_, m)| m));
+    next.settle();
+    // A late answer of the lost node (it only looked lost) is let go there.
+    let now = far.now;
+    far.shard(0).receive_node_mail(
+        now,
+        1,
+        [NodeMail::ConsumeOk {
+            to: asked,
+            vhost: "/".into(),
+            queue: "qq".into(),
+            consumer: 77,
+            tag: "c".into(),
+            nowait: false,
+        }],
+    );
+    let fx = far.settle();
+    assert!(consume_oks(&fx).is_empty(), "{fx:?}");
+    let cancel = node_mail(&mut far);
+    assert!(
+        matches!(&cancel[..], [(1, NodeMail::Cancel { consumer: 77, .. })]),
+        "{cancel:?}"
+    );
+    let now = far.now;
+    let back = node_mail(&mut next);
+    assert!(back.iter().all(|(n, _)| *n == 2), "{back:?}");
+    far.shard(0)
+        .receive_node_mail(now, 3, back.into_iter().map(|(_, m)| m));
+    let fx = far.settle();
+    let mut oks = consume_oks(&fx);
+    oks.sort();
+    assert_eq!(oks, vec!["c", "d"], "{fx:?}");
+    // And the new leader's messages reach them.
+    next.op(c3, persistent("qq", "m"));
+    next.sync(0, true);
+    let now = far.now;
+    let mail = node_mail(&mut next);
+    far.shard(0)
+        .receive_node_mail(now, 3, mail.into_iter().map(|(_, m)| m));
+    let got = bodies(&far.settle());
+    assert_eq!(got, vec!["m"]);
+}
+
+/// The lost leader comes back (the node only looked lost), or this node's own copy takes
+/// the consume while the group has no leader it knows: the consume is answered either way.
+#[test]
+fn a_quorum_consume_waiting_for_a_leader_goes_to_the_node_back_or_here() {
+    let mut old = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c1 = old.connect(1);
+    let c2 = far.connect(1);
+    declare_quorum(&mut old, c1);
+    declare_quorum(&mut far, c2);
+    set_home(&mut far, Some(1));
+    far.consume(c2, "qq", "c", false);
+    node_mail(&mut far);
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    far.settle();
+    let now = far.now;
+    far.shard(0).node_reachable(now, 1);
+    let fx = exchange(&mut old, &mut far);
+    assert_eq!(consume_oks(&fx), vec!["c"], "{fx:?}");
+
+    // No leader known (a candidate's term): this node's copy takes it, and it moves with
+    // the queue once a leader is known.
+    let c2b = far.open(1, 2);
+    far.consume(c2b, "qq", "d", false);
+    node_mail(&mut far);
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    far.settle();
+    set_home(&mut far, None);
+    let fx = far.settle();
+    assert_eq!(consume_oks(&fx), vec!["d"], "{fx:?}");
+}
+
+/// No leader within the bound: RabbitMQ's 541 "timed out consuming from quorum queue" (a
+/// connection error). A classic queue's consume fails at once with its 404 (its only copy
+/// is on the lost node).
+#[test]
+fn a_quorum_consume_with_no_leader_in_time_fails_as_in_rabbitmq() {
+    let mut far = Harness::sharded_with_stores(BrokerConfig::default(), 1);
+    let c2 = far.connect(1);
+    declare_quorum(&mut far, c2);
+    set_home(&mut far, Some(1));
+    far.consume(c2, "qq", "c", false);
+    node_mail(&mut far);
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    assert_eq!(common::error_code(&far.settle()), None);
+    let fx = far.tick(4_000);
+    assert_eq!(common::error_code(&fx), None, "not yet: {fx:?}");
+    let fx = far.tick(1_500);
+    assert_eq!(common::error_code(&fx), Some(541), "{fx:?}");
+    let text = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::ConnectionError { error, .. } | Effect::ChannelError { error, .. } => {
+                Some(error.text.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_default();
+    assert!(
+        text.contains("timed out consuming from quorum queue 'qq'"),
+        "{text}"
+    );
+
+    let (_home, mut far, _c1, c2) = two_nodes();
+    far.consume(c2, "q", "c", false);
+    let now = far.now;
+    far.shard(0).node_unreachable(now, 1);
+    assert_eq!(common::error_code(&far.settle()), Some(404));
+}

@@ -306,3 +306,119 @@ async fn a_quorum_queue_survives_the_loss_of_its_leader() {
         m.cluster.halt().await;
     }
 }
+
+/// Issue 43, item 3: a basic.consume on a surviving member right after its quorum queue's
+/// leader stops waits for the new leader (bounded) and attaches there, as RabbitMQ's does,
+/// instead of failing with 404 "home node ... is down or inaccessible"; every confirmed
+/// message is then delivered to the consumers on the survivors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consume_during_a_quorum_queues_election_waits_for_the_new_leader() {
+    use futures_lite::StreamExt;
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+
+    let members = three().await;
+    wait_for_leader(&members).await;
+    let (_c, ch) = channel(&members[0]).await;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    ch.queue_declare(
+        "q.elect".into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        quorum(),
+    )
+    .await
+    .expect("declare a quorum queue");
+    let mut confirmed = BTreeSet::new();
+    let mut i = 0;
+    while confirmed.len() < 50 {
+        let body = format!("e{i}");
+        i += 1;
+        if publish(&ch, "q.elect", body.as_bytes()).await {
+            confirmed.insert(body);
+        } else {
+            assert!(i < 1000, "publishes not confirmed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    drop(ch);
+    let leader = members[0]
+        .cluster
+        .quorum_leader("/", "q.elect")
+        .expect("the queue's group has a leader");
+    let survivors: Vec<&Member> = members.iter().filter(|m| m.id != leader).collect();
+    // Both survivors forward to the leader (their broker's home of the queue is that node).
+    eventually("the survivors know the leader", || async {
+        survivors
+            .iter()
+            .all(|m| m.cluster.quorum_leader("/", "q.elect") == Some(leader))
+    })
+    .await;
+    let mut channels = Vec::new();
+    for m in &survivors {
+        let (c, ch) = channel(m).await;
+        ch.basic_qos(10, Default::default()).await.expect("qos");
+        channels.push((c, ch, m.id));
+    }
+    let gone = members
+        .iter()
+        .find(|m| m.id == leader)
+        .expect("a member leads");
+    let _ = gone.stop.send(true);
+    gone.cluster.halt().await;
+    let _ = gone.broker.stop().await;
+    // At once, before the survivors elect another leader.
+    let started = Instant::now();
+    let mut consumers = Vec::new();
+    for (_, ch, id) in &channels {
+        let consumer = tokio::time::timeout(
+            WAIT,
+            ch.basic_consume(
+                "q.elect".into(),
+                format!("c{id}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .expect("the consume is answered in time")
+        .unwrap_or_else(|e| panic!("basic.consume on member {id} during the election: {e}"));
+        consumers.push(consumer);
+    }
+    let answered = started.elapsed();
+    // Every confirmed message reaches one of the two consumers.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    for mut consumer in consumers {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(d)) = consumer.next().await {
+                let _ = tx.send(String::from_utf8_lossy(&d.data).into_owned());
+                let _ = d.ack(BasicAckOptions::default()).await;
+            }
+        });
+    }
+    drop(tx);
+    let mut got = BTreeSet::new();
+    let deadline = Instant::now() + WAIT;
+    while got.len() < confirmed.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(body)) => {
+                got.insert(body);
+            }
+            _ => panic!(
+                "{} of {} confirmed messages delivered after the leader's loss (consumes answered in {answered:?})",
+                got.len(),
+                confirmed.len()
+            ),
+        }
+    }
+    assert_eq!(got, confirmed, "exactly the confirmed messages");
+    for m in &survivors {
+        let _ = m.stop.send(true);
+        m.cluster.halt().await;
+    }
+}

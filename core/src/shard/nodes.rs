@@ -317,6 +317,10 @@ pub(crate) struct Nodes {
     pub(super) remote: super::nodes_consume::Remote,
     /// This node's channels' consumers and requests on other nodes' queues.
     pub(super) attached: super::nodes_consume::Attached,
+    /// The nodes the host last said it cannot reach (`node_unreachable`), until it says it
+    /// reaches them again (`node_reachable`): a quorum queue's consume for one of them
+    /// waits here for a leader rather than being sent into the void. One entry per node.
+    pub(super) unreachable: std::collections::BTreeSet<u32>,
 }
 
 impl Nodes {
@@ -528,6 +532,7 @@ impl Broker {
     /// still be there: at least once, as a nack always means).
     pub fn node_unreachable(&mut self, now: u64, node: u32) {
         self.now = self.now.max(now);
+        self.nodes.unreachable.insert(node);
         let mut tokens: Vec<u64> = self
             .nodes
             .pending

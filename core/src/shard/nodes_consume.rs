@@ -19,7 +19,12 @@
 //! A node that becomes unreachable (or restarts) ends what crossed to it: the home cancels
 //! its consumers and requeues what they held unacked; the consuming node cancels its
 //! consumers on that node's queues (basic.cancel for clients that take it) and fails the
-//! requests waiting there (404, as RabbitMQ answers for a queue whose home is down).
+//! requests waiting there (404, as RabbitMQ answers for a queue whose home is down). A
+//! client's basic.consume of a quorum queue is the exception: a majority of its group may
+//! well be alive and elect another leader within an election timeout, so the consume waits
+//! for the queue to move (`queue_moved`) or the node to be back (`node_reachable`), at most
+//! [`LEADER_WAIT_MS`], and is sent where the queue is served then; only when no leader
+//! comes does it fail, with RabbitMQ's 541 "timed out consuming from quorum queue".
 
 use super::Broker;
 use super::mail::{CancelReply, Mail};
@@ -95,6 +100,32 @@ struct AttachedConsumer {
 /// reached it) would leave the channel waiting for ever.
 const REQUEST_TIMEOUT_MS: u64 = 10_000;
 
+/// How long a client's basic.consume of a quorum queue waits for a leader once the node it
+/// went to (its last known leader) is unreachable: a few election timeouts (0.5-1 s each
+/// with the default timings), so a survivor of a leader's loss attaches to the new leader.
+/// RabbitMQ's consume waits for its group's command timeout likewise, then fails.
+pub(crate) const LEADER_WAIT_MS: u64 = 5_000;
+
+/// The most one consume waits in all, however often its leader changes or its node is
+/// lost again meanwhile (RabbitMQ's quorum-queue command timeout, 30 s).
+const CONSUME_WAIT_MAX_MS: u64 = 30_000;
+
+/// A client's basic.consume of a quorum queue, kept so it can be sent again where the queue
+/// is served once the node it went to is lost (`Request::retry`).
+struct Retry {
+    /// The stub here.
+    queue: QueueId,
+    /// The consumer's settings.
+    settings: NodeConsumer,
+    /// basic.consume's `nowait`.
+    nowait: bool,
+    /// When the client asked (the broker's clock): the wait is bounded from here.
+    since: u64,
+    /// Waiting for a leader (the node it went to is unreachable) until then; `None`: sent
+    /// to `Request::node`, waiting for its answer.
+    parked: Option<u64>,
+}
+
 /// A request of this node's channel waiting for another node's answer.
 struct Request {
     node: u32,
@@ -110,6 +141,19 @@ struct Request {
     /// classic queue's declare, like any passive one, fails instead, with RabbitMQ's 404
     /// for a queue whose home node is down.
     declare: Option<bool>,
+    /// A client's consume of a quorum queue: it waits for a leader when `node` is lost.
+    retry: Option<Retry>,
+}
+
+impl Request {
+    /// When it fails if no answer comes: a consume waiting for a leader at its bound, any
+    /// other request [`REQUEST_TIMEOUT_MS`] after it was sent.
+    fn deadline(&self) -> u64 {
+        match self.retry.as_ref().and_then(|x| x.parked) {
+            Some(until) => until,
+            None => self.sent_at.saturating_add(REQUEST_TIMEOUT_MS),
+        }
+    }
 }
 
 /// The consuming side: this node's channels on other nodes' queues.
@@ -263,6 +307,7 @@ impl Broker {
                     queue: name.clone(),
                     cancel: None,
                     declare: None,
+                    retry: None,
                 },
             );
             b.nodes.outbox.push((
@@ -286,9 +331,24 @@ impl Broker {
                     .channels
                     .get(&from.ch)
                     .map_or(0, |c| c.global_prefetch);
+                let settings = NodeConsumer {
+                    tag: consumer.tag.clone(),
+                    no_ack: consumer.no_ack,
+                    exclusive: consumer.exclusive,
+                    prefetch: consumer.prefetch,
+                    global_prefetch,
+                    priority: consumer.priority,
+                };
                 // A consumer attached again (its queue moved) is no request of the
                 // channel's: the client asked nothing.
                 if !self.reattaching(from, &consumer.tag, queue) {
+                    let retry = self.is_quorum(queue).then(|| Retry {
+                        queue,
+                        settings: settings.clone(),
+                        nowait,
+                        since: self.now,
+                        parked: None,
+                    });
                     self.nodes.attached.requests.insert(
                         (from.ch, from.serial),
                         Request {
@@ -298,31 +358,16 @@ impl Broker {
                             queue: name.clone(),
                             cancel: None,
                             declare: None,
+                            retry,
                         },
                     );
+                    if self.nodes.unreachable.contains(&node) && self.is_quorum(queue) {
+                        // Its leader is known lost: it waits here for the next one.
+                        self.park((from.ch, from.serial));
+                        return None;
+                    }
                 }
-                let settings = NodeConsumer {
-                    tag: consumer.tag.clone(),
-                    no_ack: consumer.no_ack,
-                    exclusive: consumer.exclusive,
-                    prefetch: consumer.prefetch,
-                    global_prefetch,
-                    priority: consumer.priority,
-                };
-                self.nodes.attached.settings.insert(
-                    (from.ch, from.serial, consumer.tag.clone()),
-                    settings.clone(),
-                );
-                self.nodes.outbox.push((
-                    node,
-                    NodeMail::Consume {
-                        vhost,
-                        queue: name,
-                        from: NodeChannel::of(from),
-                        consumer: settings,
-                        nowait,
-                    },
-                ));
+                self.send_consume(node, from, (vhost, name), settings, nowait);
                 None
             }
             Mail::Settle {
@@ -362,6 +407,7 @@ impl Broker {
                             queue: name.clone(),
                             cancel: Some((r.consumer_tag.clone(), r.nowait)),
                             declare: None,
+                            retry: None,
                         },
                     );
                     (NodeChannel::of(r.to), r.consumer_tag, r.nowait)
@@ -488,9 +534,185 @@ impl Broker {
         true
     }
 
-    /// The answer to a request of channel `to` arrived from another node.
-    fn node_answered_request(&mut self, to: ChannelAddr) -> Option<Request> {
-        self.nodes.attached.requests.remove(&(to.ch, to.serial))
+    /// The answer to a request of channel `to` arrived from node `from`: the request, if it
+    /// still waits for that node (a consume of a quorum queue sent again elsewhere, or
+    /// waiting for a leader, does not take a late answer of the node it left).
+    fn node_answered_request(&mut self, to: ChannelAddr, from: u32) -> Option<Request> {
+        let key = (to.ch, to.serial);
+        let current =
+            self.nodes.attached.requests.get(&key).is_some_and(|r| {
+                r.node == from && r.retry.as_ref().is_none_or(|x| x.parked.is_none())
+            });
+        if current {
+            self.nodes.attached.requests.remove(&key)
+        } else {
+            None
+        }
+    }
+
+    /// Whether queue `id` here is a quorum queue (its stub, on a node it does not lead).
+    fn is_quorum(&self, id: QueueId) -> bool {
+        self.qs
+            .queues
+            .get(&id)
+            .is_some_and(|q| q.kind() == crate::queue_type::QueueType::Quorum)
+    }
+
+    /// Sends the consume of channel `from` with `settings` to the queue's home `node`.
+    fn send_consume(
+        &mut self,
+        node: u32,
+        from: ChannelAddr,
+        (vhost, queue): (Arc<str>, Arc<str>),
+        settings: NodeConsumer,
+        nowait: bool,
+    ) {
+        self.nodes.attached.settings.insert(
+            (from.ch, from.serial, settings.tag.clone()),
+            settings.clone(),
+        );
+        self.nodes.outbox.push((
+            node,
+            NodeMail::Consume {
+                vhost,
+                queue,
+                from: NodeChannel::of(from),
+                consumer: settings,
+                nowait,
+            },
+        ));
+    }
+
+    /// The node request `key` (a quorum queue's consume) went to is lost: it waits for a
+    /// leader (bounded), or goes at once where the queue moved meanwhile. A request with no
+    /// retry fails with RabbitMQ's 404.
+    fn park(&mut self, key: (ChannelRef, u32)) {
+        let now = self.now;
+        let Some(r) = self.nodes.attached.requests.get_mut(&key) else {
+            return;
+        };
+        let Some(retry) = r.retry.as_mut() else {
+            self.fail_request(key.0, key.1, "is down or inaccessible");
+            return;
+        };
+        if retry.parked.is_some() {
+            // Already waiting (the host says the node is lost on every failed batch): the
+            // bound stays the first one.
+            return;
+        }
+        let until = now
+            .saturating_add(LEADER_WAIT_MS)
+            .min(retry.since.saturating_add(CONSUME_WAIT_MAX_MS));
+        retry.parked = Some(until);
+        if now >= until {
+            // It waited its whole bound already, going from leader to leader.
+            self.fail_request(key.0, key.1, "is down or inaccessible");
+            return;
+        }
+        let (node, queue) = (r.node, retry.queue);
+        if self.queue_home(queue) != Some(node) {
+            // Its new leader was known before the old one was found lost.
+            self.consume_again(key);
+        }
+    }
+
+    /// Sends consume request `key` (a quorum queue's) where its queue is served now: another
+    /// node (it waits there, or here again if that node is unreachable too), or this node
+    /// (its copy takes the consumer, which moves with the queue as every consumer does).
+    fn consume_again(&mut self, key: (ChannelRef, u32)) {
+        let Some(mut r) = self.nodes.attached.requests.remove(&key) else {
+            return;
+        };
+        let Some(mut retry) = r.retry.take() else {
+            self.nodes.attached.requests.insert(key, r);
+            return;
+        };
+        let to = ChannelAddr {
+            ch: key.0,
+            serial: key.1,
+        };
+        let tag = retry.settings.tag.clone();
+        let open = self
+            .chans
+            .channels
+            .get(&key.0)
+            .is_some_and(|c| c.is_open_as(key.1));
+        if !open || !self.qs.queues.contains_key(&retry.queue) {
+            // The channel went (or its queue): nobody waits for the answer.
+            self.nodes
+                .attached
+                .settings
+                .remove(&(key.0, key.1, tag.clone()));
+            if open {
+                let error = ProtocolError::new(
+                    ErrorCode::NotFound,
+                    OpKind::Consume,
+                    format!("no queue '{}'", r.queue),
+                );
+                self.mail.push_back(Mail::Refused { to, error });
+            }
+            return;
+        }
+        match self.queue_home(retry.queue) {
+            Some(node) => {
+                r.node = node;
+                r.sent_at = self.now;
+                let lost = self.nodes.unreachable.contains(&node);
+                if !lost {
+                    retry.parked = None;
+                }
+                let (settings, nowait) = (retry.settings.clone(), retry.nowait);
+                let queue = retry.queue;
+                r.retry = Some(retry);
+                self.nodes.attached.requests.insert(key, r);
+                if lost {
+                    self.park(key);
+                } else {
+                    let names = self.queue_names(queue);
+                    self.send_consume(node, to, names, settings, nowait);
+                }
+            }
+            None => {
+                self.nodes
+                    .attached
+                    .settings
+                    .remove(&(key.0, key.1, tag.clone()));
+                let c = retry.settings;
+                self.mail.push_back(Mail::Consume {
+                    queue: retry.queue,
+                    consumer: Box::new(QueueConsumer {
+                        id: ConsumerId(0),
+                        tag: c.tag,
+                        ch: to.ch,
+                        serial: to.serial,
+                        no_ack: c.no_ack,
+                        exclusive: c.exclusive,
+                        global_qos: c.global_prefetch > 0,
+                        prefetch: c.prefetch,
+                        unacked: 0,
+                        refilling: false,
+                        priority: c.priority,
+                        shared: None,
+                    }),
+                    nowait: retry.nowait,
+                    stream_offset: None,
+                });
+            }
+        }
+    }
+
+    /// The quorum queues' consume requests that wait for `which` to hold, in a fixed order.
+    fn consumes_waiting(&self, which: impl Fn(&Request, &Retry) -> bool) -> Vec<(ChannelRef, u32)> {
+        let mut keys: Vec<(ChannelRef, u32)> = self
+            .nodes
+            .attached
+            .requests
+            .iter()
+            .filter(|(_, r)| r.retry.as_ref().is_some_and(|x| which(r, x)))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable_by_key(|(ch, s)| (ch.conn, ch.channel, *s));
+        keys
     }
 
     /// A delivery from the home of `queue` to consumer `consumer` of channel `to`.
@@ -1200,7 +1422,7 @@ impl Broker {
                     self.attach_again(stub, addr, m.settings);
                     return;
                 }
-                if !reattach && self.node_answered_request(addr).is_none() {
+                if !reattach && self.node_answered_request(addr, from).is_none() {
                     // Too late (the request timed out): the home lets it go.
                     self.nodes.outbox.push((
                         from,
@@ -1256,13 +1478,22 @@ impl Broker {
             }
             NodeMail::Refused { to, code, text } => {
                 let addr = to.addr();
-                self.nodes
+                // Not those of a consume that waits elsewhere now (sent again).
+                let elsewhere = self
+                    .nodes
                     .attached
-                    .settings
-                    .retain(|k, _| (k.0, k.1) != (addr.ch, addr.serial));
+                    .requests
+                    .get(&(addr.ch, addr.serial))
+                    .is_some_and(|r| r.retry.is_some() && r.node != from);
+                if !elsewhere {
+                    self.nodes
+                        .attached
+                        .settings
+                        .retain(|k, _| (k.0, k.1) != (addr.ch, addr.serial));
+                }
                 // No request waits: a consumer attached again was refused where its queue
                 // moved (gone there, or in exclusive use): it ends, and the client hears.
-                let Some(op) = self.node_answered_request(addr).map(|r| r.op) else {
+                let Some(op) = self.node_answered_request(addr, from).map(|r| r.op) else {
                     self.reattach_refused(addr, from);
                     return;
                 };
@@ -1294,7 +1525,7 @@ impl Broker {
             ),
             NodeMail::Cancelled { to, tag, nowait } => {
                 let addr = to.addr();
-                if self.node_answered_request(addr).is_none() {
+                if self.node_answered_request(addr, from).is_none() {
                     return;
                 }
                 self.mail.push_back(Mail::Cancelled {
@@ -1341,7 +1572,7 @@ impl Broker {
                 got,
             } => {
                 let addr = to.addr();
-                if self.node_answered_request(addr).is_none() {
+                if self.node_answered_request(addr, from).is_none() {
                     // Too late: what it took goes back.
                     if let Some(g) = got.filter(|_| !no_ack) {
                         self.nodes.outbox.push((
@@ -1398,7 +1629,7 @@ impl Broker {
             }
             NodeMail::Purged { to, count, nowait } => {
                 let addr = to.addr();
-                if self.node_answered_request(addr).is_none() {
+                if self.node_answered_request(addr, from).is_none() {
                     return;
                 }
                 self.mail.push_back(Mail::Purged {
@@ -1415,7 +1646,7 @@ impl Broker {
                 nowait,
             } => {
                 let addr = to.addr();
-                if self.node_answered_request(addr).is_none() {
+                if self.node_answered_request(addr, from).is_none() {
                     return;
                 }
                 self.mail.push_back(Mail::Declared {
@@ -1559,8 +1790,9 @@ impl Broker {
             .map(|(k, _)| *k)
             .collect();
         waiting.sort_unstable_by_key(|(ch, s)| (ch.conn, ch.channel, *s));
-        for (ch, serial) in waiting {
-            self.fail_request(ch, serial, "is down or inaccessible");
+        for key in waiting {
+            // A quorum queue's consume waits for a leader; anything else fails (404).
+            self.park(key);
         }
         for owed in self.nodes.attached.owed.values_mut() {
             owed.retain(|(n, _, _)| *n != node);
@@ -1705,6 +1937,11 @@ impl Broker {
         }
         // Those whose consume was lost with an unreachable node go where it is now.
         self.reattach_again(|m| m.queue == id);
+        // Clients' consumes of it waiting for a leader, or sent to where it was: where it
+        // is now (a late answer of the old home is cancelled on arrival).
+        for key in self.consumes_waiting(|r, x| x.queue == id && Some(r.node) != new) {
+            self.consume_again(key);
+        }
     }
 
     /// The host reaches node `node` again (`BrokerHandle::node_reachable`): the consumers
@@ -1712,6 +1949,7 @@ impl Broker {
     /// where their queue is served now (there, if it still leads).
     pub fn node_reachable(&mut self, now: u64, node: u32) {
         self.now = self.now.max(now);
+        self.nodes.unreachable.remove(&node);
         let mut keys: Vec<(QueueId, ConsumerId)> = self
             .nodes
             .attached
@@ -1745,6 +1983,10 @@ impl Broker {
             }
         }
         self.reattach_again(|m| m.node == Some(node));
+        // Clients' consumes of quorum queues that waited for it (it may lead still).
+        for key in self.consumes_waiting(|r, x| r.node == node && x.parked.is_some()) {
+            self.consume_again(key);
+        }
         self.after_op();
     }
 
@@ -1896,6 +2138,28 @@ impl Broker {
             return;
         };
         let to = ChannelAddr { ch, serial };
+        if let Some(retry) = &r.retry {
+            self.nodes
+                .attached
+                .settings
+                .remove(&(ch, serial, retry.settings.tag.clone()));
+            if retry.parked.is_some() {
+                // RabbitMQ's answer when a quorum queue's group gives no leader in time:
+                // 541, a connection error in AMQP 0-9-1.
+                let vhost = self.vhost_of_conn(ch.conn);
+                let error = ProtocolError::new(
+                    ErrorCode::InternalError,
+                    OpKind::Consume,
+                    format!(
+                        "timed out consuming from quorum queue '{}' in vhost '{vhost}': no \
+                         leader serves it (node {}, its last, is down or inaccessible)",
+                        r.queue, r.node
+                    ),
+                );
+                self.mail.push_back(Mail::Refused { to, error });
+                return;
+            }
+        }
         if let Some(nowait) = r.declare {
             self.mail.push_back(Mail::Declared {
                 to,
@@ -1916,12 +2180,7 @@ impl Broker {
                 },
             }),
             None => {
-                let vhost = self
-                    .chans
-                    .conns
-                    .get(&ch.conn)
-                    .map(|c| self.topo.vhost_name_arc(c.vhost))
-                    .unwrap_or_else(|| Arc::from(""));
+                let vhost = self.vhost_of_conn(ch.conn);
                 let error = ProtocolError::new(
                     ErrorCode::NotFound,
                     r.op,
@@ -1935,6 +2194,15 @@ impl Broker {
         }
     }
 
+    /// The vhost of connection `conn` (empty if it went).
+    fn vhost_of_conn(&self, conn: ConnId) -> Arc<str> {
+        self.chans
+            .conns
+            .get(&conn)
+            .map(|c| self.topo.vhost_name_arc(c.vhost))
+            .unwrap_or_else(|| Arc::from(""))
+    }
+
     /// When the oldest request waiting for another node times out, if any waits.
     pub(super) fn node_request_deadline(&self) -> Option<u64> {
         if !NODES {
@@ -1944,7 +2212,7 @@ impl Broker {
             .attached
             .requests
             .values()
-            .map(|r| r.sent_at.saturating_add(REQUEST_TIMEOUT_MS))
+            .map(Request::deadline)
             .min()
     }
 
@@ -1959,7 +2227,7 @@ impl Broker {
             .attached
             .requests
             .iter()
-            .filter(|(_, r)| now >= r.sent_at.saturating_add(REQUEST_TIMEOUT_MS))
+            .filter(|(_, r)| now >= r.deadline())
             .map(|(k, _)| *k)
             .collect();
         late.sort_unstable_by_key(|(ch, s)| (ch.conn, ch.channel, *s));
