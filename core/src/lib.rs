@@ -32,6 +32,7 @@ pub mod queue;
 pub mod queue_args;
 pub mod queue_type;
 pub mod routing;
+pub(crate) mod schedule;
 pub mod shard;
 pub mod shards;
 pub(crate) mod sorted_vec;

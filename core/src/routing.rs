@@ -52,6 +52,24 @@ struct ExchangeRoute {
     alternate: Option<Arc<str>>,
     /// `None`: the default exchange, which routes to the queue named by the routing key.
     router: Option<Router>,
+    /// An `x-delayed-message` exchange's facts (docs/delayed.md).
+    delayed: Option<Delayed>,
+}
+
+/// The exchange type of delayed exchanges (the community plugin's name).
+pub const DELAYED_TYPE: &str = "x-delayed-message";
+
+/// What a delayed exchange (type `x-delayed-message`) adds to routing: a publish with an
+/// `x-delay` is scheduled on it, and these are its limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delayed {
+    /// It survives a restart: so do its persistent scheduled messages.
+    pub durable: bool,
+    /// `x-max-scheduled`: at most this many messages scheduled on it (per shard).
+    pub max_scheduled: Option<u64>,
+    /// `x-overflow: reject-publish`: a publish over the limit is nacked (dropped without
+    /// confirms) instead of closing the channel with 406.
+    pub reject_publish: bool,
 }
 
 /// What a host may route before the broker sees a publish: the exchange it was routed
@@ -259,8 +277,21 @@ impl RouteTable {
                 internal,
                 alternate: alternate.map(Arc::from),
                 router,
+                delayed: None,
             },
         );
+    }
+
+    /// Makes exchange `id` a delayed one.
+    pub(crate) fn set_delayed(&mut self, id: ExchangeId, delayed: Delayed) {
+        if let Some(x) = self.exchanges.get_mut(&id) {
+            x.delayed = Some(delayed);
+        }
+    }
+
+    /// Exchange `id`'s facts if it is a delayed exchange (`x-delayed-message`).
+    pub fn delayed(&self, id: ExchangeId) -> Option<Delayed> {
+        self.exchanges.get(&id).and_then(|x| x.delayed)
     }
 
     pub(crate) fn remove_exchange(&mut self, id: ExchangeId, name: &str) {

@@ -1555,6 +1555,33 @@ impl Store for QuorumStore {
     ) -> Result<(), StoreError> {
         self.inner.stream_read(queue, from, max, out)
     }
+
+    // The schedule of delayed messages is this node's own (docs/delayed.md): the disk
+    // store's, not replicated.
+    fn schedule_add(&mut self, m: &warren_core::store::ScheduledMessage) -> Result<(), StoreError> {
+        self.inner.schedule_add(m)
+    }
+
+    fn schedule_remove(&mut self, key: warren_core::store::ScheduleKey) {
+        self.inner.schedule_remove(key)
+    }
+
+    fn schedule_read(
+        &mut self,
+        after: Option<warren_core::store::ScheduleKey>,
+        max: usize,
+        out: &mut Vec<warren_core::store::ScheduledMessage>,
+    ) -> Result<(), StoreError> {
+        self.inner.schedule_read(after, max, out)
+    }
+
+    fn schedule_purge(&mut self, vhost: &str, exchange: &str) -> u64 {
+        self.inner.schedule_purge(vhost, exchange)
+    }
+
+    fn schedule_recover(&mut self) -> warren_core::store::ScheduleRecovery {
+        self.inner.schedule_recover()
+    }
 }
 
 #[cfg(test)]

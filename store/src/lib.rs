@@ -22,6 +22,7 @@ mod pending;
 pub mod record;
 pub mod retained;
 mod scan;
+pub mod schedule;
 pub mod segment;
 pub mod sessions;
 pub mod shared;
@@ -91,6 +92,8 @@ struct SyncJob {
     journal: Option<journal::JournalSync>,
     /// Streams appended to in the epoch.
     streams: Vec<stream_host::StreamSync>,
+    /// The schedule's changes of the epoch, committed after the journal's fdatasync.
+    schedule: Option<schedule::ScheduleSync>,
 }
 
 /// Storage settings.
@@ -164,6 +167,9 @@ pub struct DiskStore {
     /// nothing is fsynced then, so recording writes twice would buy nothing).
     journal: Option<journal::SharedJournal>,
     sync_thread: Option<std::thread::JoinHandle<()>>,
+    /// Scheduled messages' time index (`schedule.redb`), and what it held at open.
+    schedule: schedule::ScheduleIndex,
+    schedule_recovery: Option<warren_core::store::ScheduleRecovery>,
 }
 
 impl Drop for DiskStore {
@@ -242,6 +248,11 @@ impl DiskStore {
                 return Err(defs_err(e));
             }
         };
+        let (schedule, schedule_recovery) =
+            schedule::ScheduleIndex::open(root).map_err(|reason| OpenError::Unreadable {
+                path: root.join("schedule.redb"),
+                reason,
+            })?;
         let (sync_tx, sync_rx) = mpsc::sync_channel::<Job>(4);
         let defs = definitions.clone();
         let fsync = config.fsync;
@@ -268,6 +279,8 @@ impl DiskStore {
                 sync_tx,
                 journal,
                 sync_thread: Some(sync_thread),
+                schedule,
+                schedule_recovery: Some(schedule_recovery),
             },
             loaded,
         ))
@@ -409,6 +422,9 @@ fn sync_thread(
                     defs.commit_changes(&job.changes)
                         .map_err(|e| e.to_string())?;
                 }
+                if let Some(s) = &job.schedule {
+                    s.commit()?;
+                }
                 for path in &job.shared.delete {
                     let _ = fs::remove_file(path);
                 }
@@ -424,6 +440,11 @@ fn sync_thread(
             if job.definitions {
                 defs.commit_changes(&job.changes)
                     .map_err(|e| e.to_string())?;
+            }
+            // After the journal: a removal of a delivered scheduled message must not be
+            // durable before the enqueues of its message, written before it.
+            if let Some(s) = &job.schedule {
+                s.commit()?;
             }
             for f in &job.shared.fsync {
                 f.sync_data()
@@ -494,6 +515,32 @@ fn queue_identity(vhost: &str, name: &str) -> Vec<u8> {
 }
 
 impl Store for DiskStore {
+    fn schedule_add(&mut self, m: &warren_core::store::ScheduledMessage) -> Result<(), StoreError> {
+        self.schedule.add(m);
+        Ok(())
+    }
+
+    fn schedule_remove(&mut self, key: warren_core::store::ScheduleKey) {
+        self.schedule.remove(key);
+    }
+
+    fn schedule_read(
+        &mut self,
+        after: Option<warren_core::store::ScheduleKey>,
+        max: usize,
+        out: &mut Vec<warren_core::store::ScheduledMessage>,
+    ) -> Result<(), StoreError> {
+        self.schedule.read(after, max, out)
+    }
+
+    fn schedule_purge(&mut self, vhost: &str, exchange: &str) -> u64 {
+        self.schedule.purge(vhost, exchange)
+    }
+
+    fn schedule_recover(&mut self) -> warren_core::store::ScheduleRecovery {
+        self.schedule_recovery.take().unwrap_or_default()
+    }
+
     fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError> {
         // Written by the sync thread in the sync's durable commit: never a redb write
         // transaction here, which would wait for one in progress there (`pending`).
@@ -925,6 +972,13 @@ impl Store for DiskStore {
             },
             _ => None,
         };
+        // A failed epoch promises nothing: its schedule changes are dropped with it (the
+        // publishes are nacked), which is what the core's confirms already say.
+        let schedule = match failed {
+            None => self.schedule.take_sync(self.config.fsync),
+            // Kept for the next sync, as the dirty files are.
+            Some(_) => None,
+        };
         let job = SyncJob {
             epoch,
             failed,
@@ -935,6 +989,7 @@ impl Store for DiskStore {
             changes,
             journal,
             streams,
+            schedule,
         };
         if self.sync_tx.send(Job::Sync(Box::new(job))).is_err() {
             tracing::error!("store: the sync thread is gone");

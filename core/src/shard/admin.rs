@@ -62,7 +62,10 @@ impl Broker {
             .map(|(_, x)| ExchangeInfo {
                 vhost: self.vhost_name(x.vhost).to_string(),
                 name: x.name.to_string(),
-                kind: x.kind.as_str(),
+                kind: match x.delayed {
+                    Some(_) => crate::routing::DELAYED_TYPE,
+                    None => x.kind.as_str(),
+                },
                 durable: x.durable,
                 auto_delete: x.auto_delete,
                 internal: x.internal,

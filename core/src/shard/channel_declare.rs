@@ -22,7 +22,12 @@ impl Broker {
         let kind = if d.passive {
             None
         } else {
-            let Some(kind) = ExchangeKind::parse(&d.kind) else {
+            let kind = if d.kind == crate::routing::DELAYED_TYPE {
+                Self::delayed_kind(&d)?
+            } else {
+                ExchangeKind::parse(&d.kind)
+            };
+            let Some(kind) = kind else {
                 return Err(ProtocolError::new(
                     ErrorCode::CommandInvalid,
                     op,

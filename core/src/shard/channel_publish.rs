@@ -42,6 +42,7 @@ impl Broker {
         {
             return Err(ProtocolError::new(ErrorCode::PreconditionFailed, op, text));
         }
+        self.check_delay(exchange, &p)?;
         // Through the routing table, which every shard has (topology is shard 0's).
         if let Some((vhost, true)) = self.topo.routes().exchange_facts(exchange) {
             return Err(ProtocolError::new(
@@ -74,6 +75,12 @@ impl Broker {
         exchange: ExchangeId,
         mut p: Box<Publish>,
     ) -> Vec<QueueId> {
+        // Checked by `publish` (`check_delay`); a transaction's publish is scheduled at
+        // its commit, from then on.
+        if let Ok(Some(due)) = self.due_of(exchange, &p.properties) {
+            self.schedule_publish(ch, exchange, p, due);
+            return Vec::new();
+        }
         let (queues, routed_any) = match p.routed.take() {
             Some(routed) if self.usable(ch, exchange, &routed) => {
                 let routed_any = !routed.queues.is_empty();

@@ -37,6 +37,8 @@ mod channel_session;
 mod check;
 mod credit;
 mod dead_letter;
+mod delayed;
+pub use delayed::{MAX_DELAY_MS, MEMORY_SCHEDULE_LIMIT};
 mod dlx;
 pub use dlx::Notice;
 mod nodes;
@@ -167,6 +169,12 @@ pub struct Broker {
     shards: u32,
     /// Queues on other cluster nodes and publishes forwarded to them (`nodes.rs`).
     nodes: nodes::Nodes,
+    /// Delayed messages of this shard's publishers (`delayed.rs`).
+    schedule: crate::schedule::Schedule,
+    /// Scheduled messages routed when due, and those that reached no queue (or whose
+    /// exchange was gone).
+    scheduled_routed: u64,
+    scheduled_dropped: u64,
 }
 
 type OpResult = Result<(), ProtocolError>;
@@ -225,6 +233,9 @@ impl Broker {
             shard: 0,
             shards: 1,
             nodes: nodes::Nodes::default(),
+            schedule: crate::schedule::Schedule::default(),
+            scheduled_routed: 0,
+            scheduled_dropped: 0,
         };
         broker.create_defaults();
         broker
@@ -235,6 +246,7 @@ impl Broker {
     pub fn with_store(config: BrokerConfig, store: Box<dyn Store>) -> Broker {
         let mut broker = Broker::new(config);
         broker.store = Some(store);
+        broker.open_schedule();
         broker
     }
 
@@ -360,6 +372,9 @@ impl Broker {
             self.dispatch(id);
         }
         self.expire_node_requests();
+        if self.schedule.next_due().is_some_and(|at| at <= self.now) {
+            self.route_due();
+        }
         self.after_op();
     }
 
@@ -400,6 +415,10 @@ impl Broker {
         }
         if let Some(at) = self.node_request_deadline() {
             earliest(at);
+        }
+        if let Some(at) = self.schedule_deadline() {
+            // The earliest scheduled message (`delayed.rs`): one timer per shard.
+            earliest(at.max(self.now));
         }
         if self.alarm && self.shared_bytes.is_some() {
             // Other shards' consumers may drain the sum below the watermark while this

@@ -180,7 +180,18 @@ impl Broker {
             .find_exchange(vh, &d.exchange)
             .and_then(|id| self.topo.exchange(id))
         {
-            let mismatch = if x.kind != kind {
+            let delayed = d.kind == crate::routing::DELAYED_TYPE;
+            let mismatch = if x.delayed.is_some() != delayed {
+                let name = |delayed: bool, k: ExchangeKind| match delayed {
+                    true => crate::routing::DELAYED_TYPE.to_string(),
+                    false => k.as_str().to_string(),
+                };
+                Some((
+                    "type",
+                    name(x.delayed.is_some(), x.kind),
+                    name(delayed, kind),
+                ))
+            } else if x.kind != kind {
                 Some((
                     "type",
                     x.kind.as_str().to_string(),

@@ -28,6 +28,8 @@ struct State {
     streams: BTreeMap<QueueKey, super::MemLog>,
     /// Queues whose transient messages survive a crash too (`Store::keep_every_message`).
     keep_all: std::collections::BTreeSet<QueueKey>,
+    /// Scheduled messages by key (`Store::schedule_add`).
+    schedule: BTreeMap<super::ScheduleKey, super::ScheduledMessage>,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +101,8 @@ impl MemoryStore {
             let keep_all = state.keep_all.contains(name);
             q.retain(|_, (m, _, _)| keep_all || m.properties.is_persistent());
         }
+        // Scheduled messages that do not survive a restart are gone with it.
+        state.schedule.retain(|_, m| m.durable);
         inner.live = state.clone();
         inner.durable = state;
         inner.syncing = None;
@@ -114,6 +118,11 @@ impl MemoryStore {
     /// Makes appends fail (or succeed again), as a full disk would.
     pub fn set_fail_appends(&self, fail: bool) {
         self.lock().fail_appends = fail;
+    }
+
+    /// Scheduled messages stored (tests).
+    pub fn scheduled(&self) -> usize {
+        self.lock().live.schedule.len()
     }
 
     /// Messages stored for a queue of vhost `/` (tests).
@@ -134,6 +143,69 @@ fn same_bind(a: &crate::command::Bind, b: &crate::command::Bind) -> bool {
 }
 
 impl Store for MemoryStore {
+    fn schedule_add(&mut self, m: &super::ScheduledMessage) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if inner.fail_appends {
+            return Err(StoreError("appends fail (simulated)".into()));
+        }
+        inner.live.schedule.insert(m.key, m.clone());
+        Ok(())
+    }
+
+    fn schedule_remove(&mut self, key: super::ScheduleKey) {
+        self.lock().live.schedule.remove(&key);
+    }
+
+    fn schedule_read(
+        &mut self,
+        after: Option<super::ScheduleKey>,
+        max: usize,
+        out: &mut Vec<super::ScheduledMessage>,
+    ) -> Result<(), StoreError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let inner = self.lock();
+        let from = after.map_or(Unbounded, Excluded);
+        out.extend(
+            inner
+                .live
+                .schedule
+                .range((from, Unbounded))
+                .take(max)
+                .map(|(_, m)| m.clone()),
+        );
+        Ok(())
+    }
+
+    fn schedule_purge(&mut self, vhost: &str, exchange: &str) -> u64 {
+        let mut inner = self.lock();
+        let before = inner.live.schedule.len();
+        inner
+            .live
+            .schedule
+            .retain(|_, m| &*m.vhost != vhost || &*m.exchange != exchange);
+        (before - inner.live.schedule.len()) as u64
+    }
+
+    fn schedule_recover(&mut self) -> super::ScheduleRecovery {
+        let inner = self.lock();
+        let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for m in inner.live.schedule.values() {
+            *counts
+                .entry((m.vhost.to_string(), m.exchange.to_string()))
+                .or_default() += 1;
+        }
+        super::ScheduleRecovery {
+            next_id: inner
+                .live
+                .schedule
+                .keys()
+                .map(|k| k.id + 1)
+                .max()
+                .unwrap_or(1),
+            counts: counts.into_iter().map(|((v, x), n)| (v, x, n)).collect(),
+        }
+    }
+
     fn define(&mut self, change: DefinitionChange<'_>) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let defs = &mut inner.live.definitions;

@@ -15,9 +15,11 @@
 //!   confirming it, and the message stays in memory.
 
 mod memory;
+mod schedule;
 mod stream;
 
 pub use memory::MemoryStore;
+pub use schedule::{ScheduleKey, ScheduleRecovery, ScheduledMessage};
 pub use stream::{MemLog, SharedStreams, StreamBounds, StreamEntry, StreamSettings, StreamStart};
 
 use crate::access::{PermissionDef, TopicPermissionDef, UserDef, VhostDef};
@@ -326,5 +328,45 @@ pub trait Store: Send {
     ) -> Result<(), StoreError> {
         let _ = (queue, from, max, out);
         Err(StoreError("this store has no streams".into()))
+    }
+
+    // Scheduled messages (delayed delivery, docs/delayed.md): kept in due order, read back
+    // from any key. A store without a schedule refuses them (the publish is nacked).
+
+    /// Stores scheduled message `m`; durable (when `m.durable`) once the next sync completes,
+    /// and readable at once.
+    fn schedule_add(&mut self, m: &ScheduledMessage) -> Result<(), StoreError> {
+        let _ = m;
+        Err(StoreError("this store has no schedule".into()))
+    }
+
+    /// Scheduled message `key` was routed (or dropped): it is gone. Like every removal it
+    /// needs no sync of its own, but a store must not make it durable before the writes made
+    /// before it (the enqueues of its message).
+    fn schedule_remove(&mut self, key: ScheduleKey) {
+        let _ = key;
+    }
+
+    /// Reads up to `max` stored scheduled messages with keys above `after` (all: `None`), in
+    /// key order, into `out`.
+    fn schedule_read(
+        &mut self,
+        after: Option<ScheduleKey>,
+        max: usize,
+        out: &mut Vec<ScheduledMessage>,
+    ) -> Result<(), StoreError> {
+        let _ = (after, max, out);
+        Ok(())
+    }
+
+    /// Removes every scheduled message of exchange `exchange` in `vhost`; returns how many.
+    fn schedule_purge(&mut self, vhost: &str, exchange: &str) -> u64 {
+        let _ = (vhost, exchange);
+        0
+    }
+
+    /// What the store holds of the schedule (called once, at restore).
+    fn schedule_recover(&mut self) -> ScheduleRecovery {
+        ScheduleRecovery::default()
     }
 }

@@ -46,6 +46,8 @@ pub(crate) struct Exchange {
     pub(crate) bindings: Bindings,
     /// Exchanges with bindings to this one, and how many.
     pub(crate) bound_from: Counts<ExchangeId>,
+    /// An `x-delayed-message` exchange (`kind` is its `x-delayed-type`): its limits.
+    pub(crate) delayed: Option<crate::routing::Delayed>,
 }
 
 impl Exchange {
@@ -244,6 +246,7 @@ impl Topology {
                     arguments: FieldTable::new(),
                     bindings: Bindings::new(kind),
                     bound_from: Default::default(),
+                    delayed: None,
                 },
             );
             // The default exchange routes by queue name, through the table's queue map.
@@ -392,6 +395,7 @@ impl Topology {
         let name: Arc<str> = Arc::from(d.exchange.as_str());
         let bindings = Bindings::new(kind);
         let router = bindings.router();
+        let delayed = delayed_facts(&d);
         let x = Exchange {
             vhost: vh,
             name: name.clone(),
@@ -402,6 +406,7 @@ impl Topology {
             arguments: d.arguments,
             bindings,
             bound_from: Default::default(),
+            delayed,
         };
         let policy = self.policy(vh, &name, false);
         let alternate = crate::policy::alternate_exchange(x.own_alternate(), policy);
@@ -414,6 +419,9 @@ impl Topology {
             alternate.as_deref(),
             Some(router),
         );
+        if let Some(delayed) = delayed {
+            self.routes_mut().set_delayed(id, delayed);
+        }
     }
 
     // ----- queues -----
@@ -657,4 +665,21 @@ fn counted<K: Ord>(
         .remove(&id)
         .map(|m| m.into_iter().collect())
         .unwrap_or_default()
+}
+
+/// The facts of a declare of type `x-delayed-message` (already validated), or `None`.
+fn delayed_facts(d: &ExchangeDeclare) -> Option<crate::routing::Delayed> {
+    (d.kind == crate::routing::DELAYED_TYPE).then(|| crate::routing::Delayed {
+        durable: d.durable,
+        max_scheduled: d
+            .arguments
+            .get("x-max-scheduled")
+            .and_then(|v| v.as_i64())
+            .and_then(|n| u64::try_from(n).ok()),
+        reject_publish: d
+            .arguments
+            .get("x-overflow")
+            .and_then(|v| v.as_str())
+            .is_some_and(|s| s == "reject-publish"),
+    })
 }
