@@ -284,10 +284,17 @@ where
                     read = read_some(&mut stream, &mut rbuf), if reading => match read {
                         Ok(0) => break 'run (End::Eof, None),
                         Ok(_) => {
+                            // A SUBSCRIBE at the head of what was read: publishers read from
+                            // now on wait for it before decoding it (which takes a while).
+                            if gate.is_none() && rbuf.first().is_some_and(|b| b >> 4 == 8) {
+                                gate = Some(SubscribeGate::new(&registry));
+                            }
                             if let Err(e) = process_input(&mut rbuf, level, max, &mut session) {
                                 break 'run (e, None);
                             }
-                            if session.binds_pending() {
+                            if gate.is_some() {
+                                // Held until the bindings are sent (loop top).
+                            } else if session.binds_pending() {
                                 gate = Some(SubscribeGate::new(&registry));
                             } else if session.publishes_pending() {
                                 publishes_read = true;
@@ -742,9 +749,11 @@ async fn yield_to_subscribes(registry: &Registry) {
     }
 }
 
-/// The bound on a publisher's wait for SUBSCRIBEs in flight: a SUBSCRIBE takes one turn of
-/// its task from read to send; many clients subscribing all the time never stall publishers.
-const MAX_SUBSCRIBE_YIELDS: usize = 16;
+/// The bound on a publisher's wait for SUBSCRIBEs in flight, in scheduler turns (each a few
+/// microseconds; a SUBSCRIBE takes one turn of its task from read to send, tens of
+/// microseconds in a debug build): many clients subscribing all the time never stall
+/// publishers for long.
+const MAX_SUBSCRIBE_YIELDS: usize = 256;
 
 #[cfg(test)]
 mod tests {
