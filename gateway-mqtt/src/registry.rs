@@ -105,6 +105,27 @@ pub struct Registry {
     /// applied meanwhile may be older than that claim, so the connection checks for itself
     /// once its claim is done ([`Registry::end_claim`]). Empty while no connection claims.
     claiming: Mutex<HashSet<Arc<str>>>,
+    /// Connections whose SUBSCRIBE was read and whose bindings are not sent to the broker
+    /// yet ([`SubscribeGate`]): publishers read meanwhile let them go first.
+    subscribing: std::sync::atomic::AtomicUsize,
+}
+
+/// Held by a connection from reading a SUBSCRIBE until its bindings went to the broker
+/// (`connection.rs`, issue 43 item 15): a publish read meanwhile on another connection
+/// waits (a few scheduler turns at most) so it is routed after them, as in arrival order.
+pub struct SubscribeGate(Arc<Registry>);
+
+impl SubscribeGate {
+    pub fn new(registry: &Arc<Registry>) -> SubscribeGate {
+        registry.subscribing.fetch_add(1, Ordering::AcqRel);
+        SubscribeGate(registry.clone())
+    }
+}
+
+impl Drop for SubscribeGate {
+    fn drop(&mut self) {
+        self.0.subscribing.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -116,6 +137,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Registry {
     pub fn new() -> Registry {
         Registry::default()
+    }
+
+    /// Whether a connection's SUBSCRIBE is between its read and its bindings' send.
+    pub fn subscribing(&self) -> bool {
+        self.subscribing.load(Ordering::Acquire) > 0
     }
 
     /// Makes `conn` the owner of `client_id`; returns the previous owner's kick, if any. A

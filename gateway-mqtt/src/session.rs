@@ -618,6 +618,19 @@ impl Session {
         }
     }
 
+    /// Whether the ops to send hold a publish (`connection.rs` lets other connections'
+    /// reads go first: see `yield_to_earlier_reads`).
+    pub fn publishes_pending(&self) -> bool {
+        self.ops.iter().any(|(_, op)| matches!(op, Op::Publish(_)))
+    }
+
+    /// Whether the ops to send hold a binding (a SUBSCRIBE's).
+    pub fn binds_pending(&self) -> bool {
+        self.ops
+            .iter()
+            .any(|(_, op)| matches!(op, Op::QueueBind(_)))
+    }
+
     /// Core ops to send, in order, before the packets (a SUBACK waits for its bindings).
     pub fn take_ops(&mut self) -> Vec<(u16, Op)> {
         self.flush_acks();

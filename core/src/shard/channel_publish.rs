@@ -167,7 +167,13 @@ impl Broker {
 
     /// Whether a publish routed by the host (`Publish::routed`) may be used as routed: through
     /// the same exchange (not one deleted and declared again), on a table that saw every
-    /// routing change of the publishing connection (a client sees its own binds).
+    /// routing change of the publishing connection (a client sees its own binds), and every
+    /// change this shard applied before the publish reached it: a bind applied since the
+    /// host routed it (another connection's SUBSCRIBE, sent before this publish) must see
+    /// it, as it would on a broker that routes in arrival order (Mosquitto; issue 43, item
+    /// 15). The host's table is only published after the turn that changed it, so without
+    /// this such a publish missed the new subscription in half the rounds. Re-routing
+    /// costs one lookup, and only while the table changes.
     pub(super) fn usable(
         &self,
         ch: ChannelRef,
@@ -175,6 +181,7 @@ impl Broker {
         routed: &crate::routing::Routed,
     ) -> bool {
         routed.exchange == exchange
+            && routed.version >= self.topo.routes().version()
             && self
                 .chans
                 .conns
