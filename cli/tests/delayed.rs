@@ -144,3 +144,64 @@ fn confirmed_schedules_survive_kill_9_and_fall_due_in_order() {
     drop(broker);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn operators_see_and_purge_an_exchanges_schedule() {
+    let dir = scratch_dir("delayed", "operators");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let broker = Killed(serve(
+        &dir,
+        false,
+        &["--management", "127.0.0.1:0", "--prometheus", "127.0.0.1:0"],
+    ));
+    let base = unix_ms();
+    rt.block_on(async {
+        let (_c, ch) = channel(broker.0.amqp).await;
+        bounded(ch.exchange_declare(
+            "d".into(),
+            ExchangeKind::Custom("x-delayed-message".into()),
+            ExchangeDeclareOptions::default(),
+            table(&[(
+                "x-delayed-type",
+                AMQPValue::LongString(LongString::from("fanout")),
+            )]),
+        ))
+        .await
+        .expect("declare");
+        bounded(ch.confirm_select(ConfirmSelectOptions::default()))
+            .await
+            .expect("confirms");
+        for i in 0..3 {
+            let props = BasicProperties::default()
+                .with_headers(table(&[("x-delay", AMQPValue::LongLongInt(60_000 + i))]));
+            let c = bounded(ch.basic_publish(
+                "d".into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                b"x",
+                props,
+            ))
+            .await
+            .expect("publish");
+            assert!(bounded(c).await.expect("confirm").is_ack());
+        }
+    });
+    let api = broker.0.management.expect("HTTP API port");
+    let x = http::call(api, "GET", "/api/exchanges/%2f/d", None).json();
+    assert_eq!(x["type"], "x-delayed-message", "{x}");
+    assert_eq!(x["messages_delayed"], 3, "{x}");
+    let next = x["next_due"].as_i64().expect("next_due");
+    assert!((base + 60_000..base + 70_000).contains(&next), "{next}");
+    let prom = broker.0.prometheus.expect("Prometheus port");
+    let text = http::raw(prom, "GET", "/metrics", &[], b"").text();
+    assert!(
+        text.contains("warren_scheduled_messages{vhost=\"/\",exchange=\"d\"} 3"),
+        "{text}"
+    );
+    let purged = http::call(api, "DELETE", "/api/exchanges/%2f/d/scheduled", None).json();
+    assert_eq!(purged["purged"], 3, "{purged}");
+    let x = http::call(api, "GET", "/api/exchanges/%2f/d", None).json();
+    assert_eq!(x["messages_delayed"], 0, "{x}");
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
