@@ -335,6 +335,16 @@ pub enum AdminRequest {
     /// Messages `mqtt-qos0` queues dropped since the start, their subscribers being too
     /// slow (summed over the shards).
     Qos0Dropped,
+    /// Delayed messages per exchange (docs/delayed.md; gathered from every shard, each
+    /// schedules its own connections' publishes).
+    ListScheduled,
+    /// Drops every delayed message of an exchange, on every shard; answered `Dropped(n)`.
+    PurgeScheduled {
+        /// The vhost.
+        vhost: String,
+        /// The exchange.
+        exchange: String,
+    },
     /// Closes a client connection with CONNECTION_FORCED and the reason (on its shard).
     CloseConnection {
         /// The connection.
@@ -355,6 +365,13 @@ impl AdminRequest {
             AdminRequest::ListChannels => Some(AdminRequest::ListChannels),
             AdminRequest::VhostStats => Some(AdminRequest::VhostStats),
             AdminRequest::Qos0Dropped => Some(AdminRequest::Qos0Dropped),
+            AdminRequest::ListScheduled => Some(AdminRequest::ListScheduled),
+            AdminRequest::PurgeScheduled { vhost, exchange } => {
+                Some(AdminRequest::PurgeScheduled {
+                    vhost: vhost.clone(),
+                    exchange: exchange.clone(),
+                })
+            }
             _ => None,
         }
     }
@@ -429,8 +446,20 @@ impl AdminRequest {
         let mut channels = Vec::new();
         let mut stats = std::collections::BTreeMap::<String, MessageStats>::new();
         let mut dropped = 0u64;
+        let mut scheduled =
+            std::collections::BTreeMap::<(String, String), (u64, Option<u64>)>::new();
         for answer in answers {
             match answer {
+                AdminResponse::Scheduled(list) => {
+                    for s in list {
+                        let e = scheduled.entry((s.vhost, s.exchange)).or_default();
+                        e.0 += s.messages;
+                        e.1 = match (e.1, s.next_due) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                    }
+                }
                 AdminResponse::Queues(q) => queues.extend(q),
                 AdminResponse::Consumers(c) => consumers.extend(c),
                 AdminResponse::Connections(c) => connections.extend(c),
@@ -450,7 +479,20 @@ impl AdminRequest {
                 AdminResponse::Channels(channels)
             }
             AdminRequest::VhostStats => AdminResponse::VhostStats(stats.into_iter().collect()),
-            AdminRequest::Qos0Dropped => AdminResponse::Dropped(dropped),
+            AdminRequest::Qos0Dropped | AdminRequest::PurgeScheduled { .. } => {
+                AdminResponse::Dropped(dropped)
+            }
+            AdminRequest::ListScheduled => AdminResponse::Scheduled(
+                scheduled
+                    .into_iter()
+                    .map(|((vhost, exchange), (messages, next_due))| ScheduledInfo {
+                        vhost,
+                        exchange,
+                        messages,
+                        next_due,
+                    })
+                    .collect(),
+            ),
             AdminRequest::ListQueues => {
                 queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
                 AdminResponse::Queues(queues)
@@ -515,4 +557,20 @@ pub enum AdminResponse {
     Retained(Vec<(String, u64, u64)>),
     /// Messages dropped by `mqtt-qos0` queues.
     Dropped(u64),
+    /// Delayed messages per exchange, in (vhost, exchange) order.
+    Scheduled(Vec<ScheduledInfo>),
+}
+
+/// One exchange's delayed messages (`AdminRequest::ListScheduled`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledInfo {
+    /// The vhost.
+    pub vhost: String,
+    /// The exchange they are routed through when due.
+    pub exchange: String,
+    /// How many are scheduled.
+    pub messages: u64,
+    /// The earliest due time known in memory (ms since the Unix epoch); `None` when every
+    /// one of them is paged out to the store (the operator sees the count only).
+    pub next_due: Option<u64>,
 }

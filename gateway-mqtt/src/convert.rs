@@ -29,6 +29,51 @@ pub const H_RETAIN: &str = "x-mqtt-retain";
 pub const H_PUBLISHED_AT: &str = "x-mqtt-published-at";
 pub const H_CORRELATION: &str = "x-correlation-data";
 pub const H_FORMAT: &str = "x-mqtt-payload-format";
+/// When a `$delayed/{seconds}/{topic}` publish is due (the core's scheduled delivery,
+/// docs/delayed.md); not passed on to subscribers.
+pub const H_DELIVER_AT: &str = "x-deliver-at";
+/// The longest `$delayed` delay, in seconds: the core's (2^32 - 1 ms), as EMQX's 4294967 s.
+pub const MAX_DELAYED_SECS: u64 = warren_core::broker::MAX_DELAY_MS / 1000;
+
+/// `$delayed/{seconds}/{topic}` (EMQX's delayed publish): the delay and the topic, or `Err`
+/// when the form is bad (not a whole number of seconds, too long, or no topic after it).
+/// `None`: not a delayed publish.
+pub fn delayed(topic: &str) -> Option<Result<(u64, &str), String>> {
+    let rest = topic.strip_prefix("$delayed/")?;
+    let Some((secs, topic)) = rest.split_once('/') else {
+        return Some(Err("'$delayed/{seconds}/{topic}' has no topic".into()));
+    };
+    Some(match secs.parse::<u64>() {
+        Ok(_) if topic.is_empty() || topic.starts_with('$') => Err(format!(
+            "'$delayed' topic {topic:?} is not a topic to publish to"
+        )),
+        Ok(s) if s <= MAX_DELAYED_SECS => Ok((s, topic)),
+        Ok(_) => Err(format!(
+            "'$delayed' delay {secs} is over {MAX_DELAYED_SECS} s"
+        )),
+        Err(_) => Err(format!(
+            "'$delayed' delay {secs:?} is not a whole number of seconds"
+        )),
+    })
+}
+
+/// Makes `publish` due `delay_ms` from `now_ms`: the core schedules it, and its MQTT 5
+/// message expiry counts from then (the message is published when due).
+pub fn delay(publish: &mut Publish, now_ms: u64, delay_ms: u64) {
+    let at = now_ms.saturating_add(delay_ms);
+    let headers = publish
+        .properties
+        .headers
+        .get_or_insert_with(FieldTable::new);
+    if headers.contains_key(H_PUBLISHED_AT) {
+        headers.insert(H_PUBLISHED_AT.into(), FieldValue::Timestamp(at));
+    }
+    headers.insert(
+        H_DELIVER_AT.into(),
+        FieldValue::I64(i64::try_from(at).unwrap_or(i64::MAX)),
+    );
+}
+
 /// The publishing client id, set only by sessions that have a no-local subscription.
 pub const H_PUBLISHER: &str = "x-mqtt-publisher";
 
@@ -235,7 +280,7 @@ pub fn from_core(m: &Message, now_ms: u64) -> Option<Outgoing> {
     if let Some(headers) = &m.properties.headers {
         for (k, v) in headers {
             match k.as_str() {
-                H_QOS | H_RETAIN | H_PUBLISHED_AT | H_PUBLISHER => {}
+                H_QOS | H_RETAIN | H_PUBLISHED_AT | H_PUBLISHER | H_DELIVER_AT => {}
                 H_CORRELATION => {
                     if let FieldValue::ByteArray(b) | FieldValue::LongString(b) = v {
                         props.correlation_data = Some(b.clone());

@@ -808,6 +808,36 @@ impl Session {
         Ok(())
     }
 
+    /// A `$delayed` publish of a bad form: dropped with one `warn` line; an MQTT 5 client
+    /// is told (0x90 Topic Name invalid), a 3.1.1 one gets the normal acknowledgement (the
+    /// only answer besides closing), as for a refused publish.
+    fn refuse_delayed(&mut self, p: &v5::Publish, why: String) -> Result<(), CloseError> {
+        tracing::warn!(
+            client_id = %warren_core::escape::Escaped(&self.client_id),
+            topic = %warren_core::escape::Escaped(&p.topic_name),
+            reason = %warren_core::escape::Escaped(&why),
+            "MQTT $delayed publish refused"
+        );
+        match (p.qos_pid, self.level == 5) {
+            (QosPid::Level0, _) => {}
+            (QosPid::Level1(pid), true) => self.out.push_packet(v5::Packet::Puback(
+                v5::Puback::new(pid, PubackReasonCode::TopicNameInvalid),
+            )),
+            (QosPid::Level1(pid), false) => self
+                .out
+                .push_packet(v5::Packet::Puback(v5::Puback::new_success(pid))),
+            (QosPid::Level2(pid), true) => self.out.push_packet(v5::Packet::Pubrec(
+                v5::Pubrec::new(pid, PubrecReasonCode::TopicNameInvalid),
+            )),
+            (QosPid::Level2(pid), false) => {
+                self.rare().inbound_qos2.insert(pid.value());
+                self.out
+                    .push_packet(v5::Packet::Pubrec(v5::Pubrec::new_success(pid)));
+            }
+        }
+        Ok(())
+    }
+
     fn on_publish(&mut self, now: u64, mut p: v5::Publish) -> Result<(), CloseError> {
         if let Some(alias) = p.properties.topic_alias.take() {
             if alias == 0 || alias > self.config.topic_alias_max {
@@ -831,6 +861,23 @@ impl Session {
                 DisconnectReasonCode::TopicNameInvalid,
                 format!("PUBLISH topic: {e}"),
             ));
+        }
+        // `$delayed/{seconds}/{topic}` (EMQX): published to the topic when due.
+        let mut delay_ms = None;
+        if let Some(parsed) = convert::delayed(&p.topic_name) {
+            match parsed.map(|(s, t)| (s, convert::topic_name(t))) {
+                Ok((secs, Ok(topic))) => {
+                    p.topic_name = topic;
+                    delay_ms = (secs > 0).then_some(secs * 1000);
+                }
+                Ok((_, Err(e))) => return self.refuse_delayed(&p, format!("{e}")),
+                Err(e) => return self.refuse_delayed(&p, e),
+            }
+            if p.retain {
+                // Retained when due would be EMQX's; Warren keeps retained messages at
+                // publish time, so a delayed one is not retained (docs/delayed.md).
+                p.retain = false;
+            }
         }
         let qos = p.qos_pid.qos();
         if p.properties.payload_is_utf8 == Some(true) && std::str::from_utf8(&p.payload).is_err() {
@@ -912,7 +959,7 @@ impl Session {
             }
         };
         let publisher = self.stamp_publisher.then_some(&self.client_id);
-        let publish = convert::to_core(
+        let mut publish = convert::to_core(
             &p.topic_name,
             qos,
             p.retain,
@@ -921,6 +968,9 @@ impl Session {
             now,
             publisher,
         );
+        if let Some(ms) = delay_ms {
+            convert::delay(&mut publish, now, ms);
+        }
         let channel = if qos == QoS::Level0 {
             if !self.qos0_open {
                 self.qos0_open = true;

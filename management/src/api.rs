@@ -105,6 +105,10 @@ pub(crate) fn router(m: Shared) -> Router {
             get(exchange).put(put_exchange).delete(delete_exchange),
         )
         .route("/api/exchanges/{vhost}/{name}/publish", post(publish))
+        .route(
+            "/api/exchanges/{vhost}/{name}/scheduled",
+            axum::routing::delete(purge_scheduled),
+        )
         .route("/api/queues", get(queues))
         .route("/api/queues/{vhost}", get(queues_in))
         .route(
@@ -1777,18 +1781,37 @@ async fn delete_policy(
 
 async fn exchange_list(m: &Management, caller: &Caller) -> ApiResult<Vec<Value>> {
     let visible = m.visible(caller).await?;
+    // Delayed messages per exchange (docs/delayed.md): the plugin's `messages_delayed`, and
+    // Warren's `next_due` (ms since the Unix epoch; null when all are paged out).
+    let scheduled: HashMap<(String, String), (u64, Option<u64>)> =
+        match m.ask(AdminRequest::ListScheduled).await? {
+            AdminResponse::Scheduled(s) => s
+                .into_iter()
+                .map(|s| ((s.vhost, s.exchange), (s.messages, s.next_due)))
+                .collect(),
+            _ => HashMap::new(),
+        };
     match m.ask(AdminRequest::ListExchanges).await? {
         AdminResponse::Exchanges(x) => Ok(x
             .iter()
             .filter(|x| visible.sees(&x.vhost))
             .map(|x| {
-                json!({
+                let mut row = json!({
                     "name": x.name, "vhost": x.vhost, "type": x.kind, "durable": x.durable,
                     "auto_delete": x.auto_delete, "internal": x.internal,
                     "arguments": defs::table(&x.arguments),
                     "user_who_performed_action": "",
                     "policy": Value::Null,
-                })
+                });
+                let delayed = scheduled.get(&(x.vhost.clone(), x.name.clone()));
+                if (x.kind == "x-delayed-message" || delayed.is_some())
+                    && let Some(o) = row.as_object_mut()
+                {
+                    let (n, next) = delayed.copied().unwrap_or((0, None));
+                    o.insert("messages_delayed".into(), json!(n));
+                    o.insert("next_due".into(), json!(next));
+                }
+                row
             })
             .collect()),
         other => Err(unexpected(other)),
@@ -1881,6 +1904,27 @@ async fn delete_exchange(
     )
     .await?;
     Ok(no_content())
+}
+
+/// Drops every delayed message of an exchange (a Warren extension, docs/delayed.md);
+/// configure permission on the exchange, as deleting it. 200 with the count dropped.
+async fn purge_scheduled(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    m.vhost_exists(&vhost).await?;
+    m.authorise(&caller, &vhost, Perm::Configure, &name).await?;
+    match m
+        .ask(AdminRequest::PurgeScheduled {
+            vhost,
+            exchange: name,
+        })
+        .await?
+    {
+        AdminResponse::Dropped(n) => Ok(Json(json!({ "purged": n }))),
+        other => Err(unexpected(other)),
+    }
 }
 
 async fn publish(

@@ -382,6 +382,36 @@ async fn render(m: &Management) -> Option<String> {
             retained.iter().map(|(_, n, _)| n).sum::<u64>(),
         );
     }
+    if let Ok(AdminResponse::Scheduled(scheduled)) = m.ask(AdminRequest::ListScheduled).await {
+        // Delayed messages (docs/delayed.md): the total, and per exchange with the earliest
+        // due time known in memory.
+        let mut f = Family::new(
+            o,
+            "warren_scheduled_messages",
+            "gauge",
+            "Delayed messages waiting to be routed, per exchange",
+        );
+        for s in &scheduled {
+            f.sample(
+                &[("vhost", &s.vhost), ("exchange", &s.exchange)],
+                s.messages,
+            );
+        }
+        let mut f = Family::new(
+            o,
+            "warren_scheduled_next_due_seconds",
+            "gauge",
+            "The earliest due time of an exchange's delayed messages (Unix seconds)",
+        );
+        for s in &scheduled {
+            if let Some(at) = s.next_due {
+                f.sample(
+                    &[("vhost", &s.vhost), ("exchange", &s.exchange)],
+                    format!("{:.3}", at as f64 / 1000.0),
+                );
+            }
+        }
+    }
     gauge(
         o,
         "warren_uptime_seconds",

@@ -527,6 +527,23 @@ impl Broker {
             AdminRequest::ListExchanges => AdminResponse::Exchanges(broker.list_exchanges()),
             AdminRequest::ListBindings => AdminResponse::Bindings(broker.list_bindings()),
             AdminRequest::ListConnections => AdminResponse::Connections(broker.list_connections()),
+            AdminRequest::ListScheduled => AdminResponse::Scheduled(
+                broker
+                    .list_scheduled()
+                    .into_iter()
+                    .map(
+                        |(vhost, exchange, messages, next_due)| crate::admin::ScheduledInfo {
+                            vhost,
+                            exchange,
+                            messages,
+                            next_due,
+                        },
+                    )
+                    .collect(),
+            ),
+            AdminRequest::PurgeScheduled { vhost, exchange } => {
+                AdminResponse::Dropped(broker.purge_scheduled(&vhost, &exchange))
+            }
             AdminRequest::ListConsumers => AdminResponse::Consumers(broker.list_consumers()),
             AdminRequest::Definitions => AdminResponse::Definitions(broker.durable_definitions()),
             AdminRequest::Op { vhost, op } => {
