@@ -11,6 +11,8 @@
 pub mod descriptor;
 pub mod frame;
 pub mod performatives;
+pub mod sasl;
+pub mod session;
 pub mod types;
 
 pub use frame::{Body, FrameError, RawFrame, decode_frame, encode_frame};
