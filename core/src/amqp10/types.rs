@@ -15,42 +15,65 @@ pub const MAX_DEPTH: usize = 32;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     #[error("truncated value")]
+    /// The input ends inside a value.
     Truncated,
     #[error("unknown type code 0x{0:02x}")]
+    /// A constructor byte the spec does not define.
     UnknownCode(u8),
     #[error("string not UTF-8")]
+    /// A `string` or `symbol` that is not UTF-8.
     Utf8,
     #[error("char not a Unicode scalar value")]
+    /// A `char` that is not a Unicode scalar value.
     Char,
     #[error("compound count {count} beyond its size {size}")]
-    Count { count: usize, size: usize },
+    /// A list/map/array claims more items than its bytes can hold.
+    Count {
+        /// Items claimed.
+        count: usize,
+        /// Bytes they would fit in.
+        size: usize,
+    },
     #[error("compound size does not match its items")]
+    /// A compound whose items do not fill exactly its size.
     SizeMismatch,
     #[error("map with an odd number of items")]
+    /// A map with a key and no value.
     OddMap,
     #[error("nested deeper than {MAX_DEPTH}")]
+    /// Nesting beyond [`MAX_DEPTH`].
     TooDeep,
     #[error("field {0}: wrong type")]
+    /// A value of the wrong type where the spec fixes one.
     Field(&'static str),
     #[error("field {0}: mandatory but absent")]
+    /// A mandatory field left out.
     Missing(&'static str),
     #[error("unexpected descriptor {0}")]
+    /// A described type other than the one expected.
     Descriptor(String),
+    #[error("not an AMQP 1.0 message: {0}")]
+    /// Valid values that do not form a message (sections).
+    Message(&'static str),
 }
 
 /// Why a value cannot be encoded (a bug in the caller, never peer input).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EncodeError {
     #[error("array elements of different types")]
+    /// An array whose elements are not all of one type.
     MixedArray,
     #[error("value larger than 4 GiB")]
+    /// A value or compound beyond the 4-byte length fields.
     TooLarge,
 }
 
 /// A described type's descriptor: a numeric code (domain << 32 | id) or a symbol.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Descriptor {
+    /// `0x00` then a `ulong`.
     Code(u64),
+    /// `0x00` then a `symbol` (`amqp:open:list`).
     Symbol(String),
 }
 
@@ -58,37 +81,60 @@ pub enum Descriptor {
 #[derive(Clone, Debug, PartialEq, Default)]
 pub enum Value {
     #[default]
+    /// `0x40`.
     Null,
+    /// `0x41` true, `0x42` false, `0x56` and one byte.
     Bool(bool),
+    /// `0x50`.
     UByte(u8),
+    /// `0x60`.
     UShort(u16),
+    /// `0x70`, `0x52` one byte, `0x43` zero.
     UInt(u32),
+    /// `0x80`, `0x53` one byte, `0x44` zero.
     ULong(u64),
+    /// `0x51`.
     Byte(i8),
+    /// `0x61`.
     Short(i16),
+    /// `0x71`, `0x54` one byte.
     Int(i32),
+    /// `0x81`, `0x55` one byte.
     Long(i64),
+    /// `0x72`, IEEE 754 binary32.
     Float(f32),
+    /// `0x82`, IEEE 754 binary64.
     Double(f64),
-    /// IEEE 754 decimals, kept as their bytes (nothing here computes with them).
+    /// IEEE 754 decimals (`0x74`), kept as their bytes (nothing here computes with them).
     Decimal32([u8; 4]),
+    /// `0x84`.
     Decimal64([u8; 8]),
+    /// `0x94`.
     Decimal128([u8; 16]),
+    /// `0x73`, UTF-32BE.
     Char(char),
-    /// Milliseconds since the Unix epoch.
+    /// `0x83`: milliseconds since the Unix epoch.
     Timestamp(i64),
+    /// `0x98`.
     Uuid([u8; 16]),
+    /// `0xa0` 1-byte length, `0xb0` 4-byte length.
     Binary(Bytes),
+    /// `0xa1` / `0xb1`, UTF-8.
     String(String),
+    /// `0xa3` / `0xb3`, ASCII.
     Symbol(String),
+    /// `0x45` empty, `0xc0` 1-byte size and count, `0xd0` 4-byte.
     List(Vec<Value>),
+    /// `0xc1` / `0xd1`: keys and values alternating; count counts both.
     Map(Vec<(Value, Value)>),
-    /// All elements of one type (one constructor on the wire).
+    /// `0xe0` / `0xf0`: size, count, one constructor, then the elements (one type).
     Array(Vec<Value>),
+    /// `0x00`, the descriptor, the value.
     Described(Box<Descriptor>, Box<Value>),
 }
 
 impl Value {
+    /// `v` described by the numeric `code`.
     pub fn described(code: u64, v: Value) -> Value {
         Value::Described(Box::new(Descriptor::Code(code)), Box::new(v))
     }
@@ -99,16 +145,18 @@ impl Value {
         match self {
             Value::Described(d, _) => match d.as_ref() {
                 Descriptor::Code(c) => Some(*c),
-                Descriptor::Symbol(s) => crate::descriptor::code_of(s),
+                Descriptor::Symbol(s) => super::descriptor::code_of(s),
             },
             _ => None,
         }
     }
 
+    /// Whether this is `null` (a field left at its default).
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }
 
+    /// A symbol value.
     pub fn symbol(s: &str) -> Value {
         Value::Symbol(s.to_string())
     }
@@ -279,6 +327,7 @@ impl Value {
         Ok(())
     }
 
+    /// The text of a string or symbol.
     pub fn text(&self) -> Option<&str> {
         match self {
             Value::String(s) | Value::Symbol(s) => Some(s),
@@ -345,14 +394,17 @@ fn compound(
 /// Reads values from a buffer; `pos` is where the next value starts.
 pub struct Reader<'a> {
     data: &'a Bytes,
+    /// Offset of the next byte to read.
     pub pos: usize,
 }
 
 impl<'a> Reader<'a> {
+    /// A reader at the start of `data`.
     pub fn new(data: &'a Bytes) -> Self {
         Reader { data, pos: 0 }
     }
 
+    /// Whether every byte has been read.
     pub fn at_end(&self) -> bool {
         self.pos >= self.data.len()
     }
@@ -457,6 +509,15 @@ impl<'a> Reader<'a> {
             return Err(DecodeError::UnknownCode(0x00));
         }
         Ok((Some(d), code))
+    }
+
+    /// A described value's descriptor, if one starts here (its value comes next).
+    pub fn descriptor(&mut self) -> Result<Option<Descriptor>, DecodeError> {
+        if self.data.get(self.pos) != Some(&0x00) {
+            return Ok(None);
+        }
+        self.pos += 1;
+        descriptor(self.value_at(1)?).map(Some)
     }
 
     /// The next value.
