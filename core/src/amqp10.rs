@@ -15,70 +15,38 @@
 //!   `amqp-sequence`: a string or binary value is the body, another value its encoding).
 //!
 //! Pure functions: the core's stream queues call them, the stores only see bytes.
+//!
+//! `types` is AMQP 1.0's whole type system and `descriptor` the spec's descriptor codes:
+//! the AMQP 1.0 gateway (`warren-amqp10`) builds its frames on them, so the broker has one
+//! AMQP 1.0 decoder, here where the stream code needs it too.
+
+pub mod descriptor;
+pub mod types;
+
+pub use types::DecodeError;
+use types::{Descriptor, Reader, Value};
 
 use crate::message::{FieldTable, FieldValue, Message, Properties};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 
-const HEADER: u64 = 0x70;
-const DELIVERY_ANNOTATIONS: u64 = 0x71;
-const MESSAGE_ANNOTATIONS: u64 = 0x72;
-const PROPERTIES: u64 = 0x73;
-const APPLICATION_PROPERTIES: u64 = 0x74;
-const DATA: u64 = 0x75;
-const AMQP_SEQUENCE: u64 = 0x76;
-const AMQP_VALUE: u64 = 0x77;
-const FOOTER: u64 = 0x78;
+use descriptor::{
+    AMQP_SEQUENCE, AMQP_VALUE, APPLICATION_PROPERTIES, DATA, DELIVERY_ANNOTATIONS, FOOTER, HEADER,
+    MESSAGE_ANNOTATIONS, PROPERTIES,
+};
 
-/// Nesting a decoded value may have (lists in maps in lists...): bounds the recursion on
-/// input from stream clients.
-const MAX_DEPTH: usize = 32;
-
-/// Why bytes are not an AMQP 1.0 message.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("not an AMQP 1.0 message: {0}")]
-pub struct DecodeError(&'static str);
-
-/// A decoded AMQP 1.0 value (what the mapping needs of it).
-#[derive(Clone, Debug, PartialEq)]
-enum Value {
-    Null,
-    Bool(bool),
-    UByte(u8),
-    UShort(u16),
-    UInt(u32),
-    ULong(u64),
-    Byte(i8),
-    Short(i16),
-    Int(i32),
-    Long(i64),
-    Float(f32),
-    Double(f64),
-    /// Milliseconds since the epoch.
-    Timestamp(i64),
-    Uuid([u8; 16]),
-    Binary(Bytes),
-    String(String),
-    Symbol(String),
-    List(Vec<Value>),
-    Map(Vec<(Value, Value)>),
-    /// A described value other than a section (its descriptor dropped).
-    Described(Box<Value>),
-    /// A type the mapping has no use for (decimal, char, array of an odd type).
-    Other,
+/// What the 0.9.1 mapping makes of AMQP 1.0 values.
+trait ToField {
+    fn field(self) -> FieldValue;
 }
 
-impl Value {
-    fn text(&self) -> Option<&str> {
-        match self {
-            Value::String(s) | Value::Symbol(s) => Some(s),
-            _ => None,
-        }
-    }
-
+impl ToField for Value {
     fn field(self) -> FieldValue {
         match self {
-            Value::Null | Value::Other => FieldValue::Void,
+            Value::Null | Value::Decimal32(_) | Value::Decimal64(_) | Value::Decimal128(_) => {
+                FieldValue::Void
+            }
+            Value::Char(c) => FieldValue::LongString(Bytes::from(c.to_string())),
             Value::Bool(b) => FieldValue::Bool(b),
             Value::UByte(v) => FieldValue::U8(v),
             Value::UShort(v) => FieldValue::U16(v),
@@ -94,9 +62,11 @@ impl Value {
             Value::Uuid(u) => FieldValue::ByteArray(Bytes::copy_from_slice(&u)),
             Value::Binary(b) => FieldValue::LongString(b),
             Value::String(s) | Value::Symbol(s) => FieldValue::LongString(Bytes::from(s)),
-            Value::List(items) => FieldValue::Array(items.into_iter().map(Value::field).collect()),
+            Value::List(items) | Value::Array(items) => {
+                FieldValue::Array(items.into_iter().map(ToField::field).collect())
+            }
             Value::Map(entries) => FieldValue::Table(table(entries)),
-            Value::Described(v) => v.field(),
+            Value::Described(_, v) => v.field(),
         }
     }
 }
@@ -317,196 +287,19 @@ pub fn encode(m: &Message) -> Bytes {
 
 // ---- decoding ----
 
-struct Reader<'a> {
-    data: &'a Bytes,
-    pos: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.data.len())
-            .ok_or(DecodeError("truncated"))?;
-        let s = &self.data[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn bytes(&mut self, n: usize) -> Result<Bytes, DecodeError> {
-        let start = self.pos;
-        self.take(n)?;
-        Ok(self.data.slice(start..self.pos))
-    }
-
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-
-    fn len(&mut self, wide: bool) -> Result<usize, DecodeError> {
-        Ok(if wide {
-            u32::from_be_bytes(self.array()?) as usize
-        } else {
-            usize::from(self.u8()?)
-        })
-    }
-
-    fn text(&mut self, wide: bool) -> Result<String, DecodeError> {
-        let n = self.len(wide)?;
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| DecodeError("string not UTF-8"))
-    }
-
-    /// A list's or map's items (`size` and `count` first, 1 or 4 bytes each).
-    fn items(&mut self, wide: bool, depth: usize) -> Result<Vec<Value>, DecodeError> {
-        let size = self.len(wide)?;
-        let end = self.pos.checked_add(size).ok_or(DecodeError("truncated"))?;
-        if end > self.data.len() {
-            return Err(DecodeError("truncated"));
+/// The next section: its descriptor code, its value, and where that value starts.
+fn section(r: &mut Reader<'_>) -> Result<(u64, Value, usize), DecodeError> {
+    let code = match r.descriptor()? {
+        Some(Descriptor::Code(c)) => c,
+        // Symbolic descriptors (`amqp:data:binary`): rare; named by their code.
+        Some(Descriptor::Symbol(s)) => {
+            descriptor::code_of(&s).ok_or(DecodeError::Message("unknown section"))?
         }
-        let count = self.len(wide)?;
-        // Every item takes at least one byte: a count beyond the size is a lie.
-        if count > size {
-            return Err(DecodeError("bad compound count"));
-        }
-        let mut items = Vec::with_capacity(count);
-        for _ in 0..count {
-            items.push(self.value(depth + 1)?);
-        }
-        if self.pos != end {
-            return Err(DecodeError("compound size mismatch"));
-        }
-        Ok(items)
-    }
-
-    fn pairs(items: Vec<Value>) -> Result<Vec<(Value, Value)>, DecodeError> {
-        if !items.len().is_multiple_of(2) {
-            return Err(DecodeError("odd map"));
-        }
-        let mut it = items.into_iter();
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            out.push((k, v));
-        }
-        Ok(out)
-    }
-
-    /// An array (one constructor for all its elements).
-    fn array_items(&mut self, wide: bool, depth: usize) -> Result<Vec<Value>, DecodeError> {
-        let size = self.len(wide)?;
-        let end = self.pos.checked_add(size).ok_or(DecodeError("truncated"))?;
-        if end > self.data.len() {
-            return Err(DecodeError("truncated"));
-        }
-        let count = self.len(wide)?;
-        if count > size {
-            return Err(DecodeError("bad array count"));
-        }
-        let code = self.u8()?;
-        let mut items = Vec::with_capacity(count);
-        for _ in 0..count {
-            items.push(self.typed(code, depth + 1)?);
-        }
-        self.pos = end;
-        Ok(items)
-    }
-
-    fn value(&mut self, depth: usize) -> Result<Value, DecodeError> {
-        let code = self.u8()?;
-        self.typed(code, depth)
-    }
-
-    fn typed(&mut self, code: u8, depth: usize) -> Result<Value, DecodeError> {
-        if depth > MAX_DEPTH {
-            return Err(DecodeError("nested too deep"));
-        }
-        Ok(match code {
-            0x00 => {
-                let _descriptor = self.value(depth + 1)?;
-                Value::Described(Box::new(self.value(depth + 1)?))
-            }
-            0x40 => Value::Null,
-            0x41 => Value::Bool(true),
-            0x42 => Value::Bool(false),
-            0x56 => Value::Bool(self.u8()? != 0),
-            0x50 => Value::UByte(self.u8()?),
-            0x51 => Value::Byte(self.u8()? as i8),
-            0x60 => Value::UShort(u16::from_be_bytes(self.array()?)),
-            0x61 => Value::Short(i16::from_be_bytes(self.array()?)),
-            0x70 => Value::UInt(u32::from_be_bytes(self.array()?)),
-            0x52 => Value::UInt(u32::from(self.u8()?)),
-            0x43 => Value::UInt(0),
-            0x80 => Value::ULong(u64::from_be_bytes(self.array()?)),
-            0x53 => Value::ULong(u64::from(self.u8()?)),
-            0x44 => Value::ULong(0),
-            0x71 => Value::Int(i32::from_be_bytes(self.array()?)),
-            0x54 => Value::Int(i32::from(self.u8()? as i8)),
-            0x81 => Value::Long(i64::from_be_bytes(self.array()?)),
-            0x55 => Value::Long(i64::from(self.u8()? as i8)),
-            0x72 => Value::Float(f32::from_be_bytes(self.array()?)),
-            0x82 => Value::Double(f64::from_be_bytes(self.array()?)),
-            0x83 => Value::Timestamp(i64::from_be_bytes(self.array()?)),
-            0x98 => Value::Uuid(self.array()?),
-            0x73 | 0x74 => {
-                self.take(4)?;
-                Value::Other
-            }
-            0x84 => {
-                self.take(8)?;
-                Value::Other
-            }
-            0x94 => {
-                self.take(16)?;
-                Value::Other
-            }
-            0xa0 | 0xb0 => {
-                let n = self.len(code == 0xb0)?;
-                Value::Binary(self.bytes(n)?)
-            }
-            0xa1 | 0xb1 => Value::String(self.text(code == 0xb1)?),
-            0xa3 | 0xb3 => Value::Symbol(self.text(code == 0xb3)?),
-            0x45 => Value::List(Vec::new()),
-            0xc0 | 0xd0 => Value::List(self.items(code == 0xd0, depth)?),
-            0xc1 | 0xd1 => Value::Map(Self::pairs(self.items(code == 0xd1, depth)?)?),
-            0xe0 | 0xf0 => Value::List(self.array_items(code == 0xf0, depth)?),
-            _ => return Err(DecodeError("unknown type code")),
-        })
-    }
-
-    /// The next section: its descriptor code and value.
-    fn section(&mut self) -> Result<(u64, Value, usize), DecodeError> {
-        let start = self.pos;
-        if self.u8()? != 0x00 {
-            return Err(DecodeError("a section without a descriptor"));
-        }
-        let code = match self.value(1)? {
-            Value::ULong(c) => c,
-            // Symbolic descriptors (`amqp:data:binary`): rare; named by their code.
-            Value::Symbol(s) => match s.as_str() {
-                "amqp:header:list" => HEADER,
-                "amqp:delivery-annotations:map" => DELIVERY_ANNOTATIONS,
-                "amqp:message-annotations:map" => MESSAGE_ANNOTATIONS,
-                "amqp:properties:list" => PROPERTIES,
-                "amqp:application-properties:map" => APPLICATION_PROPERTIES,
-                "amqp:data:binary" => DATA,
-                "amqp:amqp-sequence:list" => AMQP_SEQUENCE,
-                "amqp:amqp-value:*" => AMQP_VALUE,
-                "amqp:footer:map" => FOOTER,
-                _ => return Err(DecodeError("unknown section")),
-            },
-            _ => return Err(DecodeError("bad section descriptor")),
-        };
-        let value_at = self.pos;
-        let value = self.value(1)?;
-        let _ = start;
-        Ok((code, value, value_at))
-    }
+        None => return Err(DecodeError::Message("a section without a descriptor")),
+    };
+    let value_at = r.pos;
+    let value = r.value()?;
+    Ok((code, value, value_at))
 }
 
 fn text(v: Value) -> Option<String> {
@@ -521,14 +314,14 @@ fn text(v: Value) -> Option<String> {
 
 /// An AMQP 1.0 message as AMQP 0.9.1 sees it (see the module docs for the mapping).
 pub fn decode(data: &Bytes) -> Result<Message, DecodeError> {
-    let mut r = Reader { data, pos: 0 };
+    let mut r = Reader::new(data);
     let mut p = Properties::default();
     let mut headers = FieldTable::new();
     let (mut exchange, mut routing_key) = (String::new(), String::new());
     let mut body: Option<Bytes> = None;
     let mut extra = BytesMut::new();
     while r.pos < data.len() {
-        let (code, value, value_at) = r.section()?;
+        let (code, value, value_at) = section(&mut r)?;
         match (code, value) {
             (HEADER, Value::List(items)) => {
                 let mut items = items.into_iter();
@@ -606,7 +399,7 @@ pub fn decode(data: &Bytes) -> Result<Message, DecodeError> {
             (AMQP_VALUE, Value::String(s)) => body = Some(Bytes::from(s)),
             (AMQP_VALUE | AMQP_SEQUENCE, _) => body = Some(data.slice(value_at..r.pos)),
             (DELIVERY_ANNOTATIONS | FOOTER, _) => {}
-            _ => return Err(DecodeError("a section of the wrong type")),
+            _ => return Err(DecodeError::Message("a section of the wrong type")),
         }
     }
     let body = if extra.is_empty() {
