@@ -14,6 +14,7 @@
 use warren_runtime::counting as alloc;
 mod client;
 mod conns;
+mod delayed;
 mod handshakes;
 mod idle_amqp;
 mod mqtt_client;
@@ -122,6 +123,8 @@ enum BenchCommand {
     /// Connections opened and closed per second (TCP, TLS and WebSocket handshakes plus the
     /// protocol's), per --uri and --mqtt target: plain against TLS.
     Handshakes(handshakes::HandshakeArgs),
+    /// Delayed delivery: scheduling rate with confirms, due-delivery rate, lateness, RSS.
+    Delayed(delayed::DelayedArgs),
     /// Streams (seed 003): fill one stream per (message size, chunk size) with confirms,
     /// then consume each from `first` over the stream protocol; msg/s per cell.
     Stream(streams::StreamArgs),
@@ -203,6 +206,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Conns(args) => return conns::run(args).await,
         BenchCommand::Stream(args) => return streams::run(args).await,
         BenchCommand::Handshakes(args) => return handshakes::run(args).await,
+        BenchCommand::Delayed(args) => return delayed::run(args).await,
         BenchCommand::OneFast(a) => ("one-fast", a),
         BenchCommand::TwoPublishers(a) => ("two-publishers", a),
         BenchCommand::Drain(a) => ("drain", a),

@@ -370,3 +370,105 @@ impl Drop for ScheduleSync {
         lock(&self.in_flight).retain(|b| !Arc::ptr_eq(b, &self.batch));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_core::message::Message;
+
+    fn m(due: u64, id: u64, exchange: &str, durable: bool) -> ScheduledMessage {
+        ScheduledMessage {
+            key: ScheduleKey { due, id },
+            vhost: Arc::from("/"),
+            exchange: Arc::from(exchange),
+            message: Arc::new(Message {
+                exchange: Arc::from(exchange),
+                routing_key: Arc::from("k"),
+                properties: Default::default(),
+                body: Bytes::from(format!("{due}-{id}")),
+            }),
+            durable,
+        }
+    }
+
+    fn keys(idx: &ScheduleIndex, after: Option<ScheduleKey>, max: usize) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        idx.read(after, max, &mut out).expect("read");
+        out.iter().map(|m| (m.key.due, m.key.id)).collect()
+    }
+
+    fn dir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("warren-schedule-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        d
+    }
+
+    #[test]
+    fn reads_merge_pending_in_flight_and_the_table_in_key_order() {
+        let d = dir("merge");
+        let (mut idx, rec) = ScheduleIndex::open(&d).expect("open");
+        assert_eq!(rec.counts, []);
+        idx.add(&m(30, 1, "x", true));
+        idx.add(&m(10, 2, "x", true));
+        let committed = idx.take_sync(true).expect("a batch");
+        committed.commit().expect("commit");
+        drop(committed);
+        idx.add(&m(20, 3, "x", true));
+        let in_flight = idx.take_sync(true).expect("a batch");
+        idx.add(&m(5, 4, "y", false));
+        idx.remove(ScheduleKey { due: 10, id: 2 });
+        assert_eq!(keys(&idx, None, 10), [(5, 4), (20, 3), (30, 1)]);
+        assert_eq!(
+            keys(&idx, Some(ScheduleKey { due: 5, id: 4 }), 1),
+            [(20, 3)]
+        );
+        assert_eq!(idx.purge("/", "y"), 1);
+        assert_eq!(keys(&idx, None, 10), [(20, 3), (30, 1)]);
+        in_flight.commit().expect("commit");
+        drop(in_flight);
+        idx.take_sync(true)
+            .expect("a batch")
+            .commit()
+            .expect("commit");
+        assert_eq!(keys(&idx, None, 10), [(20, 3), (30, 1)]);
+        drop(idx);
+        let (idx, rec) = ScheduleIndex::open(&d).expect("reopen");
+        assert_eq!(rec.counts, [("/".to_string(), "x".to_string(), 2)]);
+        assert_eq!(rec.next_id, 4);
+        let mut out = Vec::new();
+        idx.read(None, 10, &mut out).expect("read");
+        assert_eq!(&out[0].message.body[..], b"20-3");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn transient_rows_are_dropped_at_open_and_purge_clears_the_table() {
+        let d = dir("transient");
+        let (mut idx, _) = ScheduleIndex::open(&d).expect("open");
+        idx.add(&m(1, 1, "x", false));
+        idx.add(&m(2, 2, "x", true));
+        idx.add(&m(3, 3, "z", true));
+        idx.take_sync(true)
+            .expect("a batch")
+            .commit()
+            .expect("commit");
+        drop(idx);
+        let (mut idx, rec) = ScheduleIndex::open(&d).expect("reopen");
+        assert_eq!(
+            rec.counts,
+            [
+                ("/".to_string(), "x".to_string(), 1),
+                ("/".to_string(), "z".to_string(), 1)
+            ]
+        );
+        idx.purge("/", "x");
+        assert_eq!(keys(&idx, None, 10), [(3, 3)], "hidden before the commit");
+        idx.take_sync(true)
+            .expect("a batch")
+            .commit()
+            .expect("commit");
+        assert_eq!(keys(&idx, None, 10), [(3, 3)]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
