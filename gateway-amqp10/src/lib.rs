@@ -10,6 +10,7 @@
 //! AMQP 1.0's encoding, so a transfer's payload is that same byte format.
 
 pub mod address;
+pub mod connection;
 pub mod frame;
 pub mod performatives;
 pub mod sasl;
