@@ -312,6 +312,27 @@ fn text(v: Value) -> Option<String> {
     }
 }
 
+/// A message's `to` and `subject` properties (fields 2 and 3 of `properties`): where an
+/// AMQP 1.0 publisher on a null-addressed link sends it, and the routing key for an
+/// `/exchanges/:exchange` link (RabbitMQ 4's addressing). `None` for each one absent.
+pub fn addressing(data: &Bytes) -> Result<(Option<String>, Option<String>), DecodeError> {
+    let mut r = Reader::new(data);
+    while !r.at_end() {
+        let (code, value, _) = section(&mut r)?;
+        if let (PROPERTIES, Value::List(items)) = (code, value) {
+            let mut items = items.into_iter().skip(2);
+            let to = items.next().and_then(text);
+            let subject = items.next().and_then(text);
+            return Ok((to, subject));
+        }
+        // The bare message's properties come before application-properties and the body.
+        if code > PROPERTIES {
+            break;
+        }
+    }
+    Ok((None, None))
+}
+
 /// An AMQP 1.0 message as AMQP 0.9.1 sees it (see the module docs for the mapping).
 pub fn decode(data: &Bytes) -> Result<Message, DecodeError> {
     let mut r = Reader::new(data);
@@ -330,6 +351,11 @@ pub fn decode(data: &Bytes) -> Result<Message, DecodeError> {
                 }
                 if let Some(Value::UByte(prio)) = items.next() {
                     p.priority = Some(prio);
+                }
+                // ttl (ms): 0.9.1's per-message expiration; an `x-basic-expiration`
+                // annotation (a 0.9.1 publisher's own text) comes later and wins.
+                if let Some(Value::UInt(ttl)) = items.next() {
+                    p.expiration = Some(ttl.to_string());
                 }
             }
             (MESSAGE_ANNOTATIONS, Value::Map(entries)) => {
@@ -504,6 +530,36 @@ mod tests {
         descriptor(&mut out, AMQP_VALUE);
         string(&mut out, "plain");
         assert_eq!(&decode(&out.freeze()).expect("decodes").body[..], b"plain");
+    }
+
+    #[test]
+    fn to_subject_and_ttl() {
+        // header [durable, priority 4, ttl 5000], properties [null, null, to, subject].
+        let mut out = BytesMut::new();
+        descriptor(&mut out, HEADER);
+        let mut items = BytesMut::new();
+        items.put_slice(&[0x41, 0x50, 4, 0x70, 0, 0, 0x13, 0x88]);
+        compound(&mut out, 0xd0, 3, &items);
+        descriptor(&mut out, PROPERTIES);
+        let mut items = BytesMut::new();
+        items.put_slice(&[0x40, 0x40]);
+        string(&mut items, "/queues/q1");
+        string(&mut items, "rk");
+        compound(&mut out, 0xd0, 4, &items);
+        descriptor(&mut out, DATA);
+        binary(&mut out, b"x");
+        let data = out.freeze();
+        assert_eq!(
+            addressing(&data),
+            Ok((Some("/queues/q1".into()), Some("rk".into())))
+        );
+        let m = decode(&data).expect("decodes");
+        assert_eq!(m.properties.expiration.as_deref(), Some("5000"));
+        assert_eq!(m.properties.delivery_mode, Some(2));
+        assert_eq!(m.properties.priority, Some(4));
+        // Properties without to or subject: neither.
+        assert_eq!(addressing(&encode(&full())), Ok((None, None)));
+        assert!(addressing(&Bytes::from_static(b"\x00\x53")).is_err());
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! properties, data...) are `warren_core::amqp10`'s: streams already store messages in
 //! AMQP 1.0's encoding, so a transfer's payload is that same byte format.
 
+pub mod address;
+pub mod connection;
 pub mod frame;
 pub mod performatives;
 pub mod sasl;

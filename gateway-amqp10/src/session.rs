@@ -200,6 +200,14 @@ impl Connection {
         std::mem::take(&mut self.out)
     }
 
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
     }

@@ -1,0 +1,592 @@
+//! One AMQP 1.0 connection: the tokio shell around [`Connection`], and the bridge from
+//! links to the core's channels. Each attached link is one core channel (the core speaks
+//! 0.9.1's model): a link the client sends on publishes in confirm mode, and the confirm
+//! settles the transfer with `accepted` (for a durable queue, after the store's fsync); a
+//! link the client receives on is a consumer whose prefetch is the link credit.
+//!
+//! Addresses are RabbitMQ 4's v2 form: targets `/queues/:queue`, `/exchanges/:exchange`,
+//! `/exchanges/:exchange/:routing-key`; sources `/queues/:queue` (percent-encoded names).
+
+use crate::address;
+use crate::performatives::{DeliveryState, Error, Role, condition};
+use crate::sasl::Login;
+use crate::session::{Config, Connection, Ended, Event};
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use warren_core::command::{Consume, Op, Publish};
+use warren_core::effect::Effect;
+use warren_core::escape::Escaped;
+use warren_runtime::BrokerHandle;
+
+/// Who is on the other end.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub addr: String,
+    pub is_loopback: bool,
+    /// A verified TLS client certificate's subject: EXTERNAL is offered.
+    pub identity: Option<String>,
+    pub tls: bool,
+}
+
+/// What one core channel is to the 1.0 side.
+struct LinkRef {
+    channel: u16,
+    handle: u32,
+    kind: LinkKind,
+}
+
+enum LinkKind {
+    /// Client publishes: confirm sequence -> (delivery id, settled by the client).
+    Publisher {
+        target: address::Target,
+        next_seq: u64,
+        pending: HashMap<u64, u32>,
+    },
+    /// Client consumes.
+    Consumer { settled: bool },
+}
+
+/// Link credit given to publishers, renewed when half is used.
+const PUBLISH_CREDIT: u32 = 256;
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Serves one connection whose first bytes (`prefix`, the protocol header already read by
+/// the listener's dispatch) may be given.
+pub async fn serve_connection<S>(
+    stream: S,
+    prefix: BytesMut,
+    peer: PeerInfo,
+    broker: BrokerHandle,
+    config: Arc<Config>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let epoch = Instant::now();
+    let now = || epoch.elapsed().as_millis() as u64;
+    let mut conn = Connection::new((*config).clone(), peer.identity.clone(), 0);
+    let mut rbuf = prefix;
+    conn.handle_input(0, &mut rbuf);
+    let mut link: Option<warren_runtime::Connection> = None;
+    let mut user = String::new();
+    let mut next_core_channel: u16 = 1;
+    let mut cores: HashMap<u16, LinkRef> = HashMap::new();
+    // (amqp channel, handle) -> core channel.
+    let mut by_link: HashMap<(u16, u32), u16> = HashMap::new();
+    // (amqp channel, our delivery id) -> (core channel, delivery tag).
+    let mut outgoing: HashMap<(u16, u32), (u16, u64)> = HashMap::new();
+    let mut ops: Vec<(u16, Op)> = Vec::new();
+    let mut written: u32 = 0;
+    let mut publish_used: HashMap<(u16, u32), u32> = HashMap::new();
+    let mut pending_consume: Option<String> = None;
+    loop {
+        let out = conn.take_output();
+        if !out.is_empty() {
+            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
+                break;
+            }
+            if written > 0 {
+                ops.push((0, Op::Written { count: written }));
+                written = 0;
+            }
+        }
+        for event in conn.take_events() {
+            let t = now();
+            match event {
+                Event::Login(login) => {
+                    let answer = match &login {
+                        Login::Plain { user: u, password } => {
+                            user = u.clone();
+                            broker
+                                .authenticate(u, password, peer.is_loopback, None)
+                                .await
+                        }
+                        Login::External(id) => {
+                            user = id.clone();
+                            broker
+                                .authenticate_certified(id, peer.is_loopback, None)
+                                .await
+                        }
+                        Login::Anonymous => {
+                            // RabbitMQ's default anonymous_login_user.
+                            user = "guest".into();
+                            broker
+                                .authenticate("guest", "guest", peer.is_loopback, None)
+                                .await
+                        }
+                    };
+                    let ok = matches!(answer, Ok(Ok(_)));
+                    if !ok {
+                        tracing::warn!(peer = %peer.addr, user = %Escaped(&user), "AMQP 1.0 login refused");
+                    }
+                    conn.on_login(ok);
+                    conn.handle_input(now(), &mut rbuf);
+                }
+                Event::Opened { hostname } => {
+                    let vhost = hostname
+                        .as_deref()
+                        .and_then(|h| h.strip_prefix("vhost:"))
+                        .unwrap_or("/")
+                        .to_string();
+                    tracing::info!(peer = %peer.addr, user = %Escaped(&user), vhost = %Escaped(&vhost), "accepted AMQP 1.0 connection");
+                    let l = broker.connect();
+                    l.tx.describe(warren_runtime::ConnMeta {
+                        protocol: "AMQP 1-0",
+                        peer: peer.addr.as_str().into(),
+                        tls: peer.tls,
+                        client_properties: None,
+                        client_id: None,
+                        heartbeat: (config.idle_timeout_ms / 1000) as u16,
+                        frame_max: config.max_frame_size,
+                        connected_at: warren_runtime::unix_ms(),
+                    });
+                    link = Some(l);
+                    ops.push((
+                        0,
+                        Op::ConnectionOpen {
+                            vhost,
+                            user: user.clone(),
+                            cancel_notify: true,
+                        },
+                    ));
+                }
+                Event::Attach {
+                    channel,
+                    handle,
+                    role,
+                    name,
+                    source,
+                    target,
+                    snd_settle_mode,
+                    ..
+                } => {
+                    let kind = match role {
+                        Role::Sender => address::parse_target(
+                            target.as_ref().and_then(|t| t.address.as_deref()),
+                        )
+                        .map(|target| LinkKind::Publisher {
+                            target,
+                            next_seq: 1,
+                            pending: HashMap::new(),
+                        }),
+                        Role::Receiver => address::parse_source(
+                            source.as_ref().and_then(|s| s.address.as_deref()),
+                        )
+                        .map(|address::Source::Queue(queue)| (queue, snd_settle_mode == 1))
+                        .map(|(queue, settled)| {
+                            pending_consume = Some(queue);
+                            LinkKind::Consumer { settled }
+                        }),
+                    };
+                    let core = next_core(&mut next_core_channel);
+                    let (kind, core) = match (kind, core) {
+                        (Ok(kind), Some(core)) => (kind, core),
+                        (Err(e), _) => {
+                            tracing::info!(peer = %peer.addr, link = %Escaped(&name), error = %e, "AMQP 1.0 attach refused");
+                            conn.refuse_link(
+                                t,
+                                channel,
+                                handle,
+                                name,
+                                Error::new(e.condition(), e.to_string()),
+                            );
+                            continue;
+                        }
+                        (Ok(_), None) => {
+                            conn.refuse_link(
+                                t,
+                                channel,
+                                handle,
+                                name,
+                                Error::new(
+                                    condition::RESOURCE_LIMIT_EXCEEDED,
+                                    "too many links on this connection",
+                                ),
+                            );
+                            continue;
+                        }
+                    };
+                    ops.push((core, Op::ChannelOpen));
+                    match (&kind, pending_consume.take()) {
+                        (LinkKind::Consumer { settled }, Some(queue)) => {
+                            ops.push((
+                                core,
+                                Op::Consume(Consume {
+                                    queue,
+                                    consumer_tag: format!("amqp10-{channel}-{handle}"),
+                                    no_local: false,
+                                    no_ack: *settled,
+                                    exclusive: false,
+                                    nowait: true,
+                                    arguments: Default::default(),
+                                }),
+                            ));
+                            // No deliveries until the client gives credit (prefetch 1 is
+                            // the least the core takes; credit resets it).
+                            ops.push((
+                                core,
+                                Op::Qos {
+                                    prefetch_size: 0,
+                                    prefetch_count: 1,
+                                    global: false,
+                                },
+                            ));
+                        }
+                        _ => ops.push((core, Op::ConfirmSelect { nowait: true })),
+                    }
+                    let credit = match kind {
+                        LinkKind::Publisher { .. } => PUBLISH_CREDIT,
+                        LinkKind::Consumer { .. } => 0,
+                    };
+                    cores.insert(
+                        core,
+                        LinkRef {
+                            channel,
+                            handle,
+                            kind,
+                        },
+                    );
+                    by_link.insert((channel, handle), core);
+                    conn.accept_link(t, channel, handle, name, source, target, credit);
+                }
+                Event::Message {
+                    channel,
+                    handle,
+                    delivery_id,
+                    settled,
+                    payload,
+                } => {
+                    let Some(&core) = by_link.get(&(channel, handle)) else {
+                        continue;
+                    };
+                    let Some(LinkRef {
+                        kind:
+                            LinkKind::Publisher {
+                                target: link_target,
+                                next_seq,
+                                pending,
+                            },
+                        ..
+                    }) = cores.get_mut(&core)
+                    else {
+                        continue;
+                    };
+                    let message = match warren_core::amqp10::decode(&payload) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            tracing::info!(peer = %peer.addr, error = %e, "AMQP 1.0 transfer rejected");
+                            conn.settle(
+                                t,
+                                channel,
+                                delivery_id,
+                                delivery_id,
+                                DeliveryState::Rejected {
+                                    error: Some(Error::new(condition::DECODE_ERROR, e.to_string())),
+                                },
+                            );
+                            continue;
+                        }
+                    };
+                    let route = match link_target.route(None, None) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            conn.settle(
+                                t,
+                                channel,
+                                delivery_id,
+                                delivery_id,
+                                DeliveryState::Rejected {
+                                    error: Some(Error::new(e.condition(), e.to_string())),
+                                },
+                            );
+                            continue;
+                        }
+                    };
+                    let seq = *next_seq;
+                    *next_seq += 1;
+                    if !settled {
+                        pending.insert(seq, delivery_id);
+                    }
+                    ops.push((
+                        core,
+                        Op::Publish(Box::new(Publish {
+                            exchange: route.exchange.into(),
+                            routing_key: route.routing_key.into(),
+                            routed: None,
+                            mandatory: false,
+                            immediate: false,
+                            properties: message.properties,
+                            body: message.body,
+                        })),
+                    ));
+                    let used = publish_used.entry((channel, handle)).or_insert(0);
+                    *used += 1;
+                    if *used >= PUBLISH_CREDIT / 2 {
+                        *used = 0;
+                        conn.grant_credit(t, channel, handle, PUBLISH_CREDIT);
+                    }
+                }
+                Event::Credit {
+                    channel,
+                    handle,
+                    credit,
+                    ..
+                } => {
+                    if let Some(&core) = by_link.get(&(channel, handle)) {
+                        // Credit is the consumer's prefetch: the core never has more
+                        // unsettled deliveries out than the client allowed.
+                        let prefetch = u16::try_from(credit.max(1)).unwrap_or(u16::MAX);
+                        ops.push((
+                            core,
+                            Op::Qos {
+                                prefetch_size: 0,
+                                prefetch_count: prefetch,
+                                global: false,
+                            },
+                        ));
+                    }
+                }
+                Event::Disposition {
+                    channel,
+                    first,
+                    last,
+                    state,
+                    ..
+                } => {
+                    let mut id = first;
+                    loop {
+                        if let Some((core, tag)) = outgoing.remove(&(channel, id)) {
+                            let op = match &state {
+                                Some(DeliveryState::Accepted) | None => Op::Ack {
+                                    delivery_tag: tag,
+                                    multiple: false,
+                                },
+                                Some(DeliveryState::Rejected { .. }) => Op::Reject {
+                                    delivery_tag: tag,
+                                    requeue: false,
+                                },
+                                Some(DeliveryState::Modified {
+                                    undeliverable_here: true,
+                                    ..
+                                }) => Op::Reject {
+                                    delivery_tag: tag,
+                                    requeue: false,
+                                },
+                                Some(_) => Op::Reject {
+                                    delivery_tag: tag,
+                                    requeue: true,
+                                },
+                            };
+                            ops.push((core, op));
+                        }
+                        if id == last {
+                            break;
+                        }
+                        id = id.wrapping_add(1);
+                    }
+                }
+                Event::Detached { channel, handle } => {
+                    if let Some(core) = by_link.remove(&(channel, handle)) {
+                        cores.remove(&core);
+                        ops.push((core, Op::ChannelClose));
+                    }
+                }
+                Event::Ended { channel } => {
+                    let gone: Vec<u32> = by_link
+                        .keys()
+                        .filter(|(c, _)| *c == channel)
+                        .map(|(_, h)| *h)
+                        .collect();
+                    for h in gone {
+                        if let Some(core) = by_link.remove(&(channel, h)) {
+                            cores.remove(&core);
+                            ops.push((core, Op::ChannelClose));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(l) = &link
+            && !ops.is_empty()
+            && l.tx.send(std::mem::take(&mut ops)).await.is_err()
+        {
+            break;
+        }
+        if !conn.has_output() && conn.ended().is_some() {
+            break;
+        }
+        if conn.has_output() || conn.has_events() {
+            continue;
+        }
+        if *shutdown.borrow_and_update() {
+            conn.close(
+                now(),
+                Error::new(condition::CONNECTION_FORCED, "broker shutting down"),
+            );
+            continue;
+        }
+        if rbuf.capacity() - rbuf.len() < 4096 {
+            rbuf.reserve(READ_CHUNK);
+        }
+        let deadline = conn.deadline().map(|ms| epoch + Duration::from_millis(ms));
+        tokio::select! {
+            _ = shutdown.changed() => {}
+            batch = recv(link.as_mut().map(|l| &mut l.rx)), if link.is_some() => {
+                let Some(batch) = batch else { break };
+                let t = now();
+                for effect in batch {
+                    on_effect(&mut conn, t, effect, &mut cores, &mut outgoing, &mut written, &mut ops);
+                }
+            }
+            read = rd.read_buf(&mut rbuf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => conn.handle_input(now(), &mut rbuf),
+            },
+            _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                conn.on_timeout(now());
+            }
+        }
+    }
+    if let Some(l) = link {
+        let _ = l.tx.send(vec![(0, Op::ConnectionClose)]).await;
+    }
+    match conn.ended() {
+        Some(Ended::Closed(e)) => {
+            tracing::info!(peer = %peer.addr, condition = %e.condition, "AMQP 1.0 connection closed")
+        }
+        Some(Ended::Refused(why)) => {
+            tracing::info!(peer = %peer.addr, why = %why, "AMQP 1.0 connection refused")
+        }
+        _ => tracing::info!(peer = %peer.addr, "AMQP 1.0 connection ended"),
+    }
+}
+
+fn next_core(next: &mut u16) -> Option<u16> {
+    let c = *next;
+    *next = next.checked_add(1)?;
+    Some(c)
+}
+
+async fn recv(rx: Option<&mut warren_runtime::EffectReceiver>) -> Option<Vec<Effect>> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn on_effect(
+    conn: &mut Connection,
+    now: u64,
+    effect: Effect,
+    cores: &mut HashMap<u16, LinkRef>,
+    outgoing: &mut HashMap<(u16, u32), (u16, u64)>,
+    written: &mut u32,
+    ops: &mut Vec<(u16, Op)>,
+) {
+    match effect {
+        Effect::Deliver { ch, delivery, .. } => {
+            *written += 1;
+            let Some(l) = cores.get(&ch.channel) else {
+                return;
+            };
+            let LinkKind::Consumer { settled } = l.kind else {
+                return;
+            };
+            let payload = warren_core::amqp10::encode(&delivery.message);
+            let tag = Bytes::copy_from_slice(&delivery.delivery_tag.to_be_bytes());
+            if let Some(id) = conn.send_message(now, l.channel, l.handle, tag, settled, &payload)
+                && !settled
+            {
+                outgoing.insert((l.channel, id), (ch.channel, delivery.delivery_tag));
+            }
+        }
+        Effect::Confirm {
+            ch,
+            seq,
+            multiple,
+            ack,
+        } => {
+            let Some(l) = cores.get_mut(&ch.channel) else {
+                return;
+            };
+            let (channel, _) = (l.channel, l.handle);
+            let LinkKind::Publisher { pending, .. } = &mut l.kind else {
+                return;
+            };
+            let seqs: Vec<u64> = if multiple {
+                pending.keys().copied().filter(|s| *s <= seq).collect()
+            } else {
+                vec![seq]
+            };
+            for s in seqs {
+                if let Some(id) = pending.remove(&s) {
+                    let state = if ack {
+                        DeliveryState::Accepted
+                    } else {
+                        DeliveryState::Rejected { error: None }
+                    };
+                    conn.settle(now, channel, id, id, state);
+                }
+            }
+        }
+        Effect::ChannelError { ch, error } => {
+            ops.push((ch.channel, Op::ChannelCloseOk));
+            if let Some(l) = cores.remove(&ch.channel) {
+                let cond = match error.code.code() {
+                    404 => condition::NOT_FOUND,
+                    403 => condition::UNAUTHORIZED_ACCESS,
+                    405 => condition::RESOURCE_LOCKED,
+                    406 => condition::PRECONDITION_FAILED,
+                    _ => condition::INTERNAL_ERROR,
+                };
+                conn.detach_link(
+                    now,
+                    l.channel,
+                    l.handle,
+                    Some(Error::new(cond, error.text.to_string())),
+                );
+            }
+        }
+        Effect::ConnectionError { error, .. } => {
+            conn.close(
+                now,
+                Error::new(condition::CONNECTION_FORCED, error.text.to_string()),
+            );
+        }
+        Effect::Return { .. }
+        | Effect::Reply { .. }
+        | Effect::ConsumerCancelled { .. }
+        | Effect::Blocked { .. }
+        | Effect::Unblocked { .. }
+        | Effect::FlowPaused { .. }
+        | Effect::FlowResumed { .. } => {}
+    }
+}
+
+/// The 8-byte header starts AMQP 1.0 (plain or SASL): the listener hands the connection to
+/// this gateway rather than the 0.9.1 one.
+pub fn is_amqp10_header(header: &[u8]) -> bool {
+    header.len() >= 5
+        && &header[..4] == b"AMQP"
+        && matches!(header[4], 0 | 3)
+        && header.get(5) == Some(&1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amqp10_headers_dispatch() {
+        assert!(is_amqp10_header(b"AMQP\x03\x01\x00\x00"));
+        assert!(is_amqp10_header(b"AMQP\x00\x01\x00\x00"));
+        assert!(!is_amqp10_header(b"AMQP\x00\x00\x09\x01"));
+        assert!(!is_amqp10_header(b"AMQP"));
+    }
+}
