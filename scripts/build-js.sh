@@ -5,7 +5,9 @@
 # 480 KB, issue 39's budget (473,531 bytes on 2026-12-01 with runtime parameters and
 # sub-batch-aware streams in the core; 460 KB until then, 400 KB until stream and quorum queues and the AMQP 1.0 codec of stream messages
 # came into the core on 2026-11-24; the node link's code is left out of it by the core's
-# `nodes`, `topic-permissions` and `notices` features, off here: 470,994 bytes on 2026-11-25, docs/status.md). wasm-opt is used when it is on PATH
+# `nodes`, `topic-permissions` and `notices` features, off here: 470,994 bytes on 2026-11-25,
+# docs/status.md; 502,398 with delayed delivery and the AMQP 1.0 type system in the core, and
+# 479,768 on 2026-12-03 with the core's `delayed` feature off here too). wasm-opt is used when it is on PATH
 # (optional).
 #   scripts/build-js.sh
 set -euo pipefail

@@ -22,7 +22,7 @@ impl Broker {
         let kind = if d.passive {
             None
         } else {
-            let kind = if d.kind == crate::routing::DELAYED_TYPE {
+            let kind = if super::delayed::DELAYED && d.kind == crate::routing::DELAYED_TYPE {
                 Self::delayed_kind(&d)?
             } else {
                 ExchangeKind::parse(&d.kind)

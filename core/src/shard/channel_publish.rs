@@ -77,7 +77,9 @@ impl Broker {
     ) -> Vec<QueueId> {
         // Checked by `publish` (`check_delay`); a transaction's publish is scheduled at
         // its commit, from then on.
-        if let Ok(Some(due)) = self.due_of(exchange, &p.properties) {
+        if super::delayed::DELAYED
+            && let Ok(Some(due)) = self.due_of(exchange, &p.properties)
+        {
             self.schedule_publish(ch, exchange, p, due);
             return Vec::new();
         }

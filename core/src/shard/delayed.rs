@@ -19,6 +19,10 @@ use crate::schedule::{ExchangeName, Schedule, WINDOW_BYTES, WINDOW_ENTRIES};
 use crate::store::ScheduledMessage;
 use std::sync::Arc;
 
+/// Whether this build schedules (cargo feature `delayed`, on by default, off in the wasm
+/// builds). Off, every entry point below is skipped, so the optimizer drops the schedule.
+pub(crate) const DELAYED: bool = cfg!(feature = "delayed");
+
 /// The longest delay: the plugin's (Erlang's timer limit, 2^32 - 1 ms, ~49.7 days).
 pub const MAX_DELAY_MS: u64 = u32::MAX as u64;
 
@@ -45,6 +49,9 @@ impl Broker {
     /// The schedule of a broker over `store` (what it holds already), or an empty one
     /// without a store (unbounded window: nothing to page to).
     pub(super) fn open_schedule(&mut self) {
+        if !DELAYED {
+            return;
+        }
         self.open_schedule_with(WINDOW_ENTRIES, WINDOW_BYTES);
     }
 
@@ -148,6 +155,9 @@ impl Broker {
     /// The channel side's checks of a publish that will be scheduled: its delay (406) and
     /// its exchange's `x-max-scheduled` unless it rejects publishes over it instead.
     pub(super) fn check_delay(&self, exchange: ExchangeId, p: &Publish) -> OpResult {
+        if !DELAYED {
+            return Ok(());
+        }
         let op = OpKind::Publish;
         let due = self
             .due_of(exchange, &p.properties)
@@ -366,6 +376,9 @@ impl Broker {
     /// Per (vhost, exchange): messages scheduled on this shard, and the earliest due time
     /// in memory (`None`: all paged out).
     pub fn list_scheduled(&self) -> Vec<(String, String, u64, Option<u64>)> {
+        if !DELAYED {
+            return Vec::new();
+        }
         self.schedule
             .summary()
             .into_iter()
@@ -376,6 +389,9 @@ impl Broker {
     /// Drops every message scheduled on exchange `exchange` of `vhost` on this shard;
     /// returns how many.
     pub fn purge_scheduled(&mut self, vhost: &str, exchange: &str) -> u64 {
+        if !DELAYED {
+            return 0;
+        }
         let name = (Arc::from(vhost), Arc::from(exchange));
         let n = self.schedule.purge(&name);
         if let Some(store) = self.store.as_mut() {

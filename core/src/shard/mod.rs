@@ -372,7 +372,7 @@ impl Broker {
             self.dispatch(id);
         }
         self.expire_node_requests();
-        if self.schedule.next_due().is_some_and(|at| at <= self.now) {
+        if delayed::DELAYED && self.schedule.next_due().is_some_and(|at| at <= self.now) {
             self.route_due();
         }
         self.after_op();
@@ -416,7 +416,9 @@ impl Broker {
         if let Some(at) = self.node_request_deadline() {
             earliest(at);
         }
-        if let Some(at) = self.schedule_deadline() {
+        if delayed::DELAYED
+            && let Some(at) = self.schedule_deadline()
+        {
             // The earliest scheduled message (`delayed.rs`): one timer per shard.
             earliest(at.max(self.now));
         }

@@ -133,6 +133,12 @@ test("errors are exceptions with RabbitMQ's texts, and the broker keeps working"
   b.declareExchange("x", "direct");
   assert.throws(() => b.declareExchange("x", "fanout"), /PRECONDITION_FAILED/);
   assert.throws(() => b.declareExchange("y", "bogus"), /COMMAND_INVALID|invalid/i);
+  // The JS build leaves delayed delivery out (the core's `delayed` feature, for the size
+  // gate): the type is refused as RabbitMQ refuses it without the plugin, not faked.
+  assert.throws(
+    () => b.declareExchange("later", "x-delayed-message"),
+    /COMMAND_INVALID - invalid exchange type 'x-delayed-message'/,
+  );
   assert.throws(() => b.consume("missing", () => {}), /NOT_FOUND/);
   assert.throws(() => b.publish("", "q", 42), /string or a Uint8Array/);
   b.declareQueue("ok");
