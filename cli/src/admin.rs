@@ -8,7 +8,6 @@
 //! <- {"ok": false, "error": "NOT_FOUND - no queue 'x' in vhost '/'"}
 //! ```
 
-use crate::tls::Reloadable;
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -20,6 +19,7 @@ use warren_core::command::Op;
 use warren_core::effect::Reply;
 use warren_management::definitions as json;
 use warren_member::Cluster;
+use warren_runtime::tls::Reloadable;
 use warren_runtime::{AdminRequest, AdminResponse, BrokerHandle};
 
 /// Longest request accepted (an imported definitions file travels in one line).

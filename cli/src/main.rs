@@ -7,8 +7,6 @@ mod ctl;
 mod footprint;
 mod links;
 mod settings;
-mod tls;
-mod ws;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -21,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 use warren_core::escape::Escaped;
+use warren_runtime::{tls, ws_upgrade as ws};
 
 #[derive(Parser)]
 #[command(
@@ -123,7 +122,7 @@ struct ServeArgs {
     /// Which name of a verified client certificate is the user (RabbitMQ's
     /// ssl_cert_login_from): its subject's common name (default) or its first subject
     /// alternative name (DNS name, email or URI).
-    #[arg(long, value_enum)]
+    #[arg(long)]
     tls_login_from: Option<tls::LoginFrom>,
     /// MQTT over TLS: the client certificate's subject CN is the user name, no password
     /// checked (Mosquitto's use_identity_as_username).

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Deserializer};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use warren_runtime::tls::LoginFrom;
 
 /// Whether confirms wait for fsync.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, clap::ValueEnum)]
@@ -50,7 +51,8 @@ pub struct Settings {
     pub mqtt_wss_tls_ca: Option<PathBuf>,
     pub tls_verify_peer: bool,
     pub tls_fail_if_no_peer_cert: bool,
-    pub tls_login_from: crate::tls::LoginFrom,
+    #[serde(deserialize_with = "parsed")]
+    pub tls_login_from: LoginFrom,
     pub mqtt_use_identity_as_username: bool,
     pub mqtt_max_packet_size: u32,
     pub mqtt_max_inflight: u16,
@@ -146,7 +148,7 @@ impl Default for Settings {
             mqtt_wss_tls_ca: None,
             tls_verify_peer: false,
             tls_fail_if_no_peer_cert: false,
-            tls_login_from: crate::tls::LoginFrom::CommonName,
+            tls_login_from: LoginFrom::CommonName,
             mqtt_use_identity_as_username: false,
             mqtt_max_packet_size: mqtt.max_packet_size,
             mqtt_max_inflight: mqtt.max_inflight,
@@ -317,15 +319,9 @@ impl Settings {
         env!(mqtt_wss_tls_ca, |n, v| Some(v.into()));
         env!(tls_verify_peer, |n, v| boolean(&n, v)?);
         env!(tls_fail_if_no_peer_cert, |n, v| boolean(&n, v)?);
-        env!(tls_login_from, |n, v| match v {
-            "common_name" => crate::tls::LoginFrom::CommonName,
-            "subject_alternative_name" => crate::tls::LoginFrom::SubjectAlternativeName,
-            _ => {
-                return Err(SettingsError(format!(
-                    "{n}={v:?}: expected common_name or subject_alternative_name"
-                )));
-            }
-        });
+        env!(tls_login_from, |n, v| v
+            .parse()
+            .map_err(|e| SettingsError(format!("{n}: {e}")))?);
         env!(mqtt_use_identity_as_username, |n, v| boolean(&n, v)?);
         env!(mqtt_max_packet_size, |n, v| parse(&n, v)?);
         env!(mqtt_max_inflight, |n, v| parse(&n, v)?);
@@ -675,6 +671,15 @@ fn parse_addr(value: &str, default_port: u16) -> Option<SocketAddr> {
         format!("{value}:{default_port}")
     };
     with_port.to_socket_addrs().ok()?.next()
+}
+
+/// A value the config file writes as a string its type parses (RabbitMQ's names).
+fn parsed<'de, D: Deserializer<'de>, T: std::str::FromStr<Err = String>>(
+    d: D,
+) -> Result<T, D::Error> {
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]

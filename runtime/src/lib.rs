@@ -22,7 +22,9 @@ pub mod replicate;
 mod resources;
 pub mod sendfile;
 mod task;
+pub mod tls;
 pub mod ws;
+pub mod ws_upgrade;
 pub mod x509;
 
 pub use mailbox::EffectReceiver;

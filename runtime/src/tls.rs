@@ -3,6 +3,7 @@
 //! `verify_peer` / `fail_if_no_peer_cert`), reloading on SIGHUP, and the handshake each
 //! connection task runs (bounded in time, one log line when it fails).
 
+use crate::x509;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -10,7 +11,6 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::{self, ServerConfig, pki_types};
-use warren_runtime::x509;
 
 /// How long a client has to complete the TLS handshake (as plain connections have for theirs).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -18,8 +18,11 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the operator gave: PEM files and the client-certificate policy.
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
+    /// The server's certificate chain (PEM).
     pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// The CA bundle client certificates are verified against (PEM).
     pub ca: Option<PathBuf>,
     /// Ask clients for a certificate and verify it against `ca`.
     pub verify_peer: bool,
@@ -31,9 +34,7 @@ pub struct TlsFiles {
 
 /// The name of a verified client certificate that is the user (RabbitMQ's
 /// `ssl_cert_login_from`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoginFrom {
     /// The subject's common name (Mosquitto's `use_identity_as_username` too).
     CommonName,
@@ -42,20 +43,43 @@ pub enum LoginFrom {
     SubjectAlternativeName,
 }
 
+impl std::str::FromStr for LoginFrom {
+    type Err = String;
+
+    /// RabbitMQ's names, as the flag and the config file write them.
+    fn from_str(s: &str) -> Result<LoginFrom, String> {
+        match s {
+            "common_name" => Ok(LoginFrom::CommonName),
+            "subject_alternative_name" => Ok(LoginFrom::SubjectAlternativeName),
+            other => Err(format!(
+                "'{other}': expected common_name or subject_alternative_name"
+            )),
+        }
+    }
+}
+
+/// Why a TLS listener's configuration cannot be made (each names the file or flag).
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // the fields are the file and why; each variant's text says which
 pub enum TlsError {
+    /// The certificate chain cannot be read or parsed.
     #[error("cannot read TLS certificate chain {path}: {reason}")]
     Cert { path: PathBuf, reason: String },
+    /// The private key cannot be read or parsed.
     #[error("cannot read TLS private key {path}: {reason}")]
     Key { path: PathBuf, reason: String },
+    /// The CA bundle cannot be read or parsed.
     #[error("cannot read TLS CA bundle {path}: {reason}")]
     Ca { path: PathBuf, reason: String },
+    /// Client certificates asked for without a CA to check them against.
     #[error(
         "--tls-verify-peer needs --tls-ca: the CA bundle client certificates are checked against"
     )]
     NoCa,
+    /// rustls refused the combination (key and certificate, CA, versions).
     #[error("invalid TLS configuration: {0}")]
     Config(String),
+    /// One listener's error, named by its flag.
     #[error("--{listener}: {source}")]
     Listener {
         listener: &'static str,

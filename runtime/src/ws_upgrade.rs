@@ -4,6 +4,7 @@
 //! WebSocket messages are independent (MQTT-6.0.0-2): a packet may span messages and a
 //! message may hold several packets; the byte stream makes both work.
 
+pub use crate::ws::WsStream;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -11,7 +12,6 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use warren_core::escape::Escaped;
-pub use warren_runtime::ws::WsStream;
 
 /// A WebSocket message may be this much larger than the largest MQTT packet: a client may
 /// pack several packets into one message.
