@@ -191,7 +191,7 @@ async fn op(broker: &BrokerHandle, vhost: String, op: Op) -> anyhow::Result<Opti
 
 /// Verbs whose listing is scoped to a vhost: an unknown vhost is an error, not an empty
 /// table (as rabbitmqctl).
-const VHOST_SCOPED: [&str; 8] = [
+const VHOST_SCOPED: [&str; 9] = [
     "list_queues",
     "list_exchanges",
     "list_bindings",
@@ -200,6 +200,7 @@ const VHOST_SCOPED: [&str; 8] = [
     "list_parameters",
     "list_permissions",
     "list_topic_permissions",
+    "list_scheduled",
 ];
 
 async fn handle(
@@ -453,6 +454,23 @@ async fn handle(
                 .collect(),
             other => bail!("unexpected answer {other:?}"),
         },
+        "list_scheduled" => match ask(broker, AdminRequest::ListScheduled).await? {
+            AdminResponse::Scheduled(s) => s
+                .iter()
+                .filter(|s| in_vhost(&args, &s.vhost))
+                .map(|s| json!({"vhost": s.vhost, "exchange": s.exchange,
+                                "messages": s.messages, "next_due": s.next_due}))
+                .collect(),
+            other => bail!("unexpected answer {other:?}"),
+        },
+        "purge_scheduled" => {
+            let (vhost, exchange) = (vhost(&args), arg(&args, "exchange")?);
+            let exchange = exchange.to_string();
+            match ask(broker, AdminRequest::PurgeScheduled { vhost, exchange }).await? {
+                AdminResponse::Dropped(n) => json!({ "messages": n }),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
         "purge_queue" => {
             let reply = op(
                 broker,
@@ -724,7 +742,8 @@ async fn handle(
             "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
              list_channels, close_connection, status, ping, set_vm_memory_high_watermark, \
              list_consumers, purge_queue, delete_queue, set_policy, clear_policy, list_policies, \
-             set_parameter, clear_parameter, list_parameters, shovel_status, \
+             set_parameter, clear_parameter, list_parameters, shovel_status, list_scheduled, \
+             purge_scheduled, \
              export_definitions, import_definitions, add_vhost, delete_vhost, list_vhosts, \
              add_user, delete_user, change_password, set_user_tags, list_users, set_permissions, \
              clear_permissions, list_permissions, list_user_permissions, set_topic_permissions, \

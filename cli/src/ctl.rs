@@ -155,6 +155,13 @@ enum Verb {
     /// reason), ends, messages moved.
     #[command(alias = "shovel_status")]
     ShovelStatus,
+    /// Delayed messages per exchange in the vhost (`-p`): how many, and the earliest due
+    /// (ms since the epoch; empty when all are paged out to the store). docs/delayed.md.
+    #[command(alias = "list_scheduled")]
+    ListScheduled,
+    /// Drops every delayed message of an exchange in the vhost (`-p`).
+    #[command(alias = "purge_scheduled")]
+    PurgeScheduled { exchange: String },
     /// Writes the durable definitions in RabbitMQ's format to FILE (`-`: standard output).
     #[command(alias = "export_definitions")]
     ExportDefinitions { file: String },
@@ -284,6 +291,7 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "messages_moved",
             "reason",
         ],
+        "list_scheduled" => &["exchange", "messages", "next_due"],
         "list_vhosts" => &["name", "description"],
         "list_users" => &["user", "tags"],
         "list_permissions" => &["user", "configure", "write", "read"],
@@ -517,6 +525,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         ),
         Verb::ListParameters => ("list_parameters", json!({})),
         Verb::ShovelStatus => ("shovel_status", json!({})),
+        Verb::ListScheduled => ("list_scheduled", json!({})),
+        Verb::PurgeScheduled { exchange } => ("purge_scheduled", json!({"exchange": exchange})),
         Verb::ExportDefinitions { .. } => ("export_definitions", json!({})),
         Verb::ImportDefinitions { file } => {
             let text = std::fs::read_to_string(file)
@@ -548,6 +558,10 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
                 cell(result.get("messages"))
             );
         }
+        Verb::PurgeScheduled { exchange } => println!(
+            "Purged {} scheduled messages of exchange '{exchange}'",
+            cell(result.get("messages"))
+        ),
         Verb::CloseConnection { id, .. } => println!("Closed connection {id}"),
         Verb::Ping => println!("Ping succeeded"),
         Verb::Status => print!("{}", status_text(&result)),
