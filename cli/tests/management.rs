@@ -1047,3 +1047,83 @@ fn health_checks_answer_as_rabbitmqs() {
     let nodes = call(port, "GET", "/api/nodes", None).json();
     assert_eq!(nodes[0]["being_drained"], false, "{nodes}");
 }
+
+/// Changes that name what does not exist get RabbitMQ 3.10.8's status for each (measured
+/// side by side, 2026-12-03): a delete of something missing is 404; setting permissions for
+/// a missing user or vhost is 400 `vhost_or_user_not_found`; a policy in a missing vhost is
+/// 404; a policy value refused by validation is 400. The core's `AdminError` kinds carry it.
+#[test]
+fn changes_naming_missing_things_get_rabbitmqs_statuses() {
+    let b = start("missing");
+    let port = b.api();
+    let perms = json!({"configure": ".*", "write": ".*", "read": ".*"});
+    let topic = json!({"exchange": "amq.topic", "write": ".*", "read": ".*"});
+    let checks: Vec<(&str, &str, Option<Value>, u16, Option<&str>)> = vec![
+        ("DELETE", "/api/users/nobody", None, 404, None),
+        (
+            "PUT",
+            "/api/permissions/%2F/nobody",
+            Some(perms.clone()),
+            400,
+            Some("vhost_or_user_not_found"),
+        ),
+        (
+            "PUT",
+            "/api/permissions/novhost/guest",
+            Some(perms),
+            400,
+            Some("vhost_or_user_not_found"),
+        ),
+        ("DELETE", "/api/permissions/%2F/nobody", None, 404, None),
+        (
+            "PUT",
+            "/api/users/u1",
+            Some(json!({"password": "p", "tags": ""})),
+            201,
+            None,
+        ),
+        ("DELETE", "/api/permissions/%2F/u1", None, 404, None),
+        (
+            "PUT",
+            "/api/topic-permissions/%2F/nobody",
+            Some(topic),
+            400,
+            Some("vhost_or_user_not_found"),
+        ),
+        ("DELETE", "/api/topic-permissions/%2F/u1", None, 404, None),
+        ("DELETE", "/api/policies/%2F/nopolicy", None, 404, None),
+        (
+            "PUT",
+            "/api/policies/%2F/bad",
+            Some(json!({"pattern": ".*", "definition": {"max-length": -3}})),
+            400,
+            None,
+        ),
+        (
+            "PUT",
+            "/api/policies/novhost/p",
+            Some(json!({"pattern": ".*", "definition": {"max-length": 3}})),
+            404,
+            None,
+        ),
+        ("DELETE", "/api/parameters/shovel/%2F/nope", None, 404, None),
+        ("DELETE", "/api/vhosts/novhost", None, 404, None),
+        ("DELETE", "/api/users/u1", None, 204, None),
+    ];
+    for (method, path, body, status, reason) in checks {
+        let a = call(port, method, path, body);
+        assert_eq!(
+            a.status,
+            status,
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+        if let Some(reason) = reason {
+            assert_eq!(a.json()["reason"], reason, "{method} {path}");
+        }
+    }
+    // None of them changed anything: guest's permissions on / are as they were.
+    let p = call(port, "GET", "/api/permissions/%2F/guest", None).json();
+    assert_eq!(p["configure"], ".*", "{p}");
+    assert_eq!(call(port, "GET", "/api/users/u1", None).status, 404);
+}

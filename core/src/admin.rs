@@ -532,7 +532,7 @@ pub enum AdminResponse {
     /// What was imported, and what could not be (RabbitMQ-style error texts).
     Imported(ImportReport),
     /// A change (policy, vhost, user, permissions) was made, or why not.
-    Done(Result<(), String>),
+    Done(Result<(), AdminError>),
     /// The policies.
     Policies(Vec<crate::policy::PolicyDef>),
     /// The runtime parameters.
@@ -559,6 +559,30 @@ pub enum AdminResponse {
     Dropped(u64),
     /// Delayed messages per exchange, in (vhost, exchange) order.
     Scheduled(Vec<ScheduledInfo>),
+}
+
+/// Why an admin change (a vhost, user, permission, policy, parameter) was not made. The
+/// text is RabbitMQ's where it has one; the kind is what a host answers with (HTTP 404, 400
+/// or 503; `rabbitmqctl`'s exit codes), so no host matches on the text.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdminError {
+    /// What the change names does not exist (a vhost, user, policy, parameter, permission).
+    #[error("{0}")]
+    NotFound(String),
+    /// The value is refused as it is (empty name, bad pattern, over a limit).
+    #[error("{0}")]
+    Invalid(String),
+    /// The change could not be made durable or agreed on now (the metadata store or the
+    /// cluster's metadata group is unavailable): the same change may succeed later.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<String> for AdminError {
+    /// A validator's refusal (`Policy::new`, `Permissions::compile`): the value is invalid.
+    fn from(text: String) -> AdminError {
+        AdminError::Invalid(text)
+    }
 }
 
 /// One exchange's delayed messages (`AdminRequest::ListScheduled`).

@@ -689,7 +689,9 @@ fn policies_apply_to_existing_queues_at_once_and_arguments_win() {
         .expect_err("refused");
     assert_eq!(
         err,
-        "invalid value for policy key 'max-length': {value_negative,-3}"
+        warren_core::admin::AdminError::Invalid(
+            "invalid value for policy key 'max-length': {value_negative,-3}".into()
+        )
     );
     h.shards[0].check_invariants().expect("invariants");
 }

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use warren_core::access::{Perm, PermissionDef, Permissions, TopicPermissionDef};
+use warren_core::admin::AdminError;
 use warren_core::broker::admin::{ChannelInfo, ConnectionInfo, QueueInfo};
 use warren_core::command::{Bind, ExchangeDeclare, Op, QueueDeclare};
 use warren_core::effect::Reply;
@@ -188,6 +189,20 @@ impl ApiError {
 
     fn not_found() -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "Object Not Found", "Not Found")
+    }
+
+    /// A refused admin change, by its kind: 404 for what does not exist (RabbitMQ's error
+    /// name), 503 for a change that cannot be made durable now, 400 otherwise.
+    fn refused(e: AdminError) -> ApiError {
+        match e {
+            AdminError::NotFound(text) => {
+                ApiError::new(StatusCode::NOT_FOUND, "Object Not Found", text)
+            }
+            AdminError::Unavailable(text) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", text)
+            }
+            AdminError::Invalid(text) => ApiError::bad_request(text),
+        }
     }
 
     fn bad_request(reason: impl Into<String>) -> ApiError {
@@ -894,7 +909,7 @@ impl Management {
     async fn done(&self, request: AdminRequest) -> ApiResult<()> {
         match self.ask(request).await? {
             AdminResponse::Done(Ok(())) => Ok(()),
-            AdminResponse::Done(Err(e)) => Err(ApiError::bad_request(e)),
+            AdminResponse::Done(Err(e)) => Err(ApiError::refused(e)),
             other => Err(unexpected(other)),
         }
     }
@@ -1483,6 +1498,16 @@ async fn permission(
         .ok_or_else(ApiError::not_found)
 }
 
+/// Setting permissions for a vhost or user that does not exist: RabbitMQ answers 400 with
+/// this reason (a delete of missing permissions is a 404).
+fn vhost_or_user_not_found(e: ApiError) -> ApiError {
+    if e.status == StatusCode::NOT_FOUND {
+        ApiError::bad_request("vhost_or_user_not_found")
+    } else {
+        e
+    }
+}
+
 async fn put_permission(
     State(m): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -1492,7 +1517,9 @@ async fn put_permission(
 ) -> ApiResult<StatusCode> {
     caller.require_admin()?;
     let o = json_body(&headers, &body)?;
-    m.vhost_exists(&vhost).await?;
+    m.vhost_exists(&vhost)
+        .await
+        .map_err(vhost_or_user_not_found)?;
     let text = |k: &str| -> ApiResult<String> {
         o.get(k)
             .and_then(Value::as_str)
@@ -1510,7 +1537,8 @@ async fn put_permission(
         write: text("write")?,
         read: text("read")?,
     }))
-    .await?;
+    .await
+    .map_err(vhost_or_user_not_found)?;
     Ok(put_status(existed))
 }
 
@@ -1623,7 +1651,9 @@ async fn put_topic_permission(
 ) -> ApiResult<StatusCode> {
     caller.require_admin()?;
     let o = json_body(&headers, &body)?;
-    m.vhost_exists(&vhost).await?;
+    m.vhost_exists(&vhost)
+        .await
+        .map_err(vhost_or_user_not_found)?;
     let text = |k: &str, what: &str| -> ApiResult<String> {
         o.get(k)
             .and_then(Value::as_str)
@@ -1642,7 +1672,8 @@ async fn put_topic_permission(
         write: text("write", "a regex")?,
         read: text("read", "a regex")?,
     }))
-    .await?;
+    .await
+    .map_err(vhost_or_user_not_found)?;
     Ok(put_status(existed))
 }
 

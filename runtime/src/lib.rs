@@ -612,7 +612,9 @@ impl BrokerHandle {
                     ..Default::default()
                 }),
                 Shape::Done => {
-                    AdminResponse::Done(Err(format!("metadata store unavailable: {why}")))
+                    AdminResponse::Done(Err(warren_core::admin::AdminError::Unavailable(format!(
+                        "metadata store unavailable: {why}"
+                    ))))
                 }
             },
         })

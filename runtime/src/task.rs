@@ -338,9 +338,12 @@ impl HeldAnswers {
         self.durable = rest;
         for (_, reply, answer) in due {
             let answer = match answer {
-                AdminResponse::Done(Ok(())) if !durable => AdminResponse::Done(Err(
-                    "applied, but the store could not make it durable (see the broker log)".into(),
-                )),
+                AdminResponse::Done(Ok(())) if !durable => {
+                    AdminResponse::Done(Err(warren_core::admin::AdminError::Unavailable(
+                        "applied, but the store could not make it durable (see the broker log)"
+                            .into(),
+                    )))
+                }
                 other => other,
             };
             let _ = reply.send(answer);

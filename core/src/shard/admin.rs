@@ -4,6 +4,7 @@
 //! checks as a client's.
 
 use super::{Broker, RESTORE_CONN};
+use crate::admin::AdminError;
 pub use crate::admin::{
     AdminRequest, AdminResponse, BindingInfo, ChannelInfo, ConnectionInfo, ConsumerInfo,
     ExchangeInfo, ImportReport, MemoryStatus, QueueInfo,
@@ -569,7 +570,10 @@ impl Broker {
             AdminRequest::DeleteVhost(name) => Done(broker.delete_vhost(now, &name)),
             AdminRequest::ListVhosts => AdminResponse::Vhosts(broker.list_vhosts()),
             AdminRequest::AddUser(u) => Done(if broker.user(&u.name).is_some() {
-                Err(format!("user '{}' already exists", u.name))
+                Err(AdminError::Invalid(format!(
+                    "user '{}' already exists",
+                    u.name
+                )))
             } else {
                 broker.put_user(now, u)
             }),
@@ -581,14 +585,18 @@ impl Broker {
                     u.password_hash = password_hash;
                     broker.put_user(now, u)
                 }
-                None => Err(format!("user '{user}' does not exist")),
+                None => Err(AdminError::NotFound(format!(
+                    "user '{user}' does not exist"
+                ))),
             }),
             AdminRequest::SetUserTags { user, tags } => Done(match broker.user(&user).cloned() {
                 Some(mut u) => {
                     u.tags = tags;
                     broker.put_user(now, u)
                 }
-                None => Err(format!("user '{user}' does not exist")),
+                None => Err(AdminError::NotFound(format!(
+                    "user '{user}' does not exist"
+                ))),
             }),
             AdminRequest::DeleteUser(name) => Done(broker.delete_user(now, &name)),
             AdminRequest::ListUsers => AdminResponse::Users(broker.list_users()),
@@ -621,14 +629,16 @@ impl Broker {
                 Done(if broker.reload_queue(&vhost, &name) {
                     Ok(())
                 } else {
-                    Err(format!(
+                    Err(AdminError::NotFound(format!(
                         "no queue '{name}' in vhost '{vhost}' on this shard"
-                    ))
+                    )))
                 })
             }
-            AdminRequest::QueueHome { .. } if !super::nodes::NODES => Done(Err(
-                "this build of the core has no cluster nodes (feature `nodes` off)".into(),
-            )),
+            AdminRequest::QueueHome { .. } if !super::nodes::NODES => {
+                Done(Err(AdminError::Invalid(
+                    "this build of the core has no cluster nodes (feature `nodes` off)".into(),
+                )))
+            }
             AdminRequest::QueueHome { vhost, queue, node } => {
                 broker.set_queue_home(&vhost, &queue, node);
                 // Its consumers attach where it is now (`nodes_consume.rs`).

@@ -7,6 +7,7 @@ use crate::access::TOPIC_PERMISSIONS;
 use crate::access::{
     Login, LoginError, Perm, PermissionDef, Permissions, Resource, TopicPermissionDef, UserDef,
 };
+use crate::admin::AdminError;
 use crate::command::OpKind;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::ids::{ChannelRef, ConnId};
@@ -69,10 +70,10 @@ impl Broker {
 
     /// Adds or replaces a user (the password is already hashed: see
     /// [`crate::access::hash_password`]).
-    pub fn put_user(&mut self, now: u64, user: UserDef) -> Result<(), String> {
+    pub fn put_user(&mut self, now: u64, user: UserDef) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         if user.name.is_empty() {
-            return Err("a user name must not be empty".into());
+            return Err(AdminError::Invalid("a user name must not be empty".into()));
         }
         self.define(DefinitionChange::UserPut(&user));
         self.topo.users.put(user);
@@ -80,10 +81,12 @@ impl Broker {
     }
 
     /// Deletes a user with its permissions and closes its connections (320).
-    pub fn delete_user(&mut self, now: u64, name: &str) -> Result<(), String> {
+    pub fn delete_user(&mut self, now: u64, name: &str) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         if !self.topo.users.remove(name) {
-            return Err(format!("user '{name}' does not exist"));
+            return Err(AdminError::NotFound(format!(
+                "user '{name}' does not exist"
+            )));
         }
         self.define(DefinitionChange::UserDeleted(name));
         let mut conns: Vec<ConnId> = self
@@ -112,14 +115,17 @@ impl Broker {
     }
 
     /// Sets a user's permissions in a vhost; they apply to its open connections at once.
-    pub fn set_permissions(&mut self, now: u64, def: PermissionDef) -> Result<(), String> {
+    pub fn set_permissions(&mut self, now: u64, def: PermissionDef) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         if self.topo.users.get(&def.user).is_none() {
-            return Err(format!("user '{}' does not exist", def.user));
+            return Err(AdminError::NotFound(format!(
+                "user '{}' does not exist",
+                def.user
+            )));
         }
         let vhost = self
             .vhost_id(&def.vhost)
-            .ok_or_else(|| format!("vhost '{}' does not exist", def.vhost))?;
+            .ok_or_else(|| AdminError::NotFound(format!("vhost '{}' does not exist", def.vhost)))?;
         let compiled = Permissions::compile(def)?;
         self.define(DefinitionChange::PermissionSet(&compiled.def));
         let user = compiled.def.user.clone();
@@ -130,15 +136,20 @@ impl Broker {
 
     /// Removes a user's permissions in a vhost: its open connections there may do nothing
     /// more (RabbitMQ keeps them open too, refusing each operation).
-    pub fn clear_permissions(&mut self, now: u64, vhost: &str, user: &str) -> Result<(), String> {
+    pub fn clear_permissions(
+        &mut self,
+        now: u64,
+        vhost: &str,
+        user: &str,
+    ) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         let id = self
             .vhost_id(vhost)
-            .ok_or_else(|| format!("vhost '{vhost}' does not exist"))?;
+            .ok_or_else(|| AdminError::NotFound(format!("vhost '{vhost}' does not exist")))?;
         if !self.topo.users.clear_permissions(vhost, user) {
-            return Err(format!(
+            return Err(AdminError::NotFound(format!(
                 "user '{user}' has no permissions in vhost '{vhost}'"
-            ));
+            )));
         }
         self.define(DefinitionChange::PermissionCleared { vhost, user });
         self.refresh_permissions(id, user);
@@ -156,16 +167,21 @@ impl Broker {
         &mut self,
         now: u64,
         def: TopicPermissionDef,
-    ) -> Result<(), String> {
+    ) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         if self.topo.users.get(&def.user).is_none() {
-            return Err(format!("user '{}' does not exist", def.user));
+            return Err(AdminError::NotFound(format!(
+                "user '{}' does not exist",
+                def.user
+            )));
         }
         let vhost = self
             .vhost_id(&def.vhost)
-            .ok_or_else(|| format!("vhost '{}' does not exist", def.vhost))?;
+            .ok_or_else(|| AdminError::NotFound(format!("vhost '{}' does not exist", def.vhost)))?;
         if def.exchange.is_empty() {
-            return Err("an exchange name must not be empty".into());
+            return Err(AdminError::Invalid(
+                "an exchange name must not be empty".into(),
+            ));
         }
         let user = def.user.clone();
         self.topo.users.set_topic_permissions(def.clone())?;
@@ -182,13 +198,15 @@ impl Broker {
         vhost: &str,
         user: &str,
         exchange: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         let id = self
             .vhost_id(vhost)
-            .ok_or_else(|| format!("vhost '{vhost}' does not exist"))?;
+            .ok_or_else(|| AdminError::NotFound(format!("vhost '{vhost}' does not exist")))?;
         if self.topo.users.get(user).is_none() {
-            return Err(format!("user '{user}' does not exist"));
+            return Err(AdminError::NotFound(format!(
+                "user '{user}' does not exist"
+            )));
         }
         if self
             .topo

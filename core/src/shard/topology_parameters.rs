@@ -2,31 +2,35 @@
 //! policies; their values are the host's to validate and act on (see `crate::parameter`).
 
 use super::Broker;
+use crate::admin::AdminError;
 use crate::parameter::{MAX_PER_VHOST, MAX_VALUE_BYTES, ParameterDef};
 use crate::store::DefinitionChange;
 
 impl Broker {
     /// Adds or replaces a parameter in its vhost; the error says why it is refused.
-    pub fn set_parameter(&mut self, now: u64, def: ParameterDef) -> Result<(), String> {
+    pub fn set_parameter(&mut self, now: u64, def: ParameterDef) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         let vh = self
             .vhost_id(&def.vhost)
-            .ok_or_else(|| format!("vhost '{}' does not exist", def.vhost))?;
+            .ok_or_else(|| AdminError::NotFound(format!("vhost '{}' does not exist", def.vhost)))?;
         if def.value.len() > MAX_VALUE_BYTES {
-            return Err(format!(
+            return Err(AdminError::Invalid(format!(
                 "parameter value is {} bytes, over the limit of {MAX_VALUE_BYTES}",
                 def.value.len()
-            ));
+            )));
         }
         let key = (def.component.clone(), def.name.clone());
         let Some(params) = self.topo.parameters_mut(vh) else {
-            return Err(format!("vhost '{}' does not exist", def.vhost));
+            return Err(AdminError::NotFound(format!(
+                "vhost '{}' does not exist",
+                def.vhost
+            )));
         };
         if params.len() >= MAX_PER_VHOST && !params.contains_key(&key) {
-            return Err(format!(
+            return Err(AdminError::Invalid(format!(
                 "vhost '{}' already has {MAX_PER_VHOST} parameters",
                 def.vhost
-            ));
+            )));
         }
         params.insert(key, def.clone());
         self.define(DefinitionChange::ParameterSet(&def));
@@ -40,7 +44,7 @@ impl Broker {
         vhost: &str,
         component: &str,
         name: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         let key = (component.to_string(), name.to_string());
         let removed = self
@@ -49,7 +53,7 @@ impl Broker {
             .and_then(|p| p.remove(&key))
             .is_some();
         if !removed {
-            return Err("Parameter does not exist".to_string());
+            return Err(AdminError::NotFound("Parameter does not exist".into()));
         }
         self.define(DefinitionChange::ParameterCleared {
             vhost,

@@ -2,17 +2,18 @@
 //! effective settings recomputed at once (no redeclare), and stores keep the policies.
 
 use super::Broker;
+use crate::admin::AdminError;
 use crate::ids::QueueId;
 use crate::policy::{self, Policy, PolicyDef};
 use crate::store::DefinitionChange;
 
 impl Broker {
     /// Adds or replaces a policy in its vhost; the error says why it is refused.
-    pub fn set_policy(&mut self, now: u64, def: PolicyDef) -> Result<(), String> {
+    pub fn set_policy(&mut self, now: u64, def: PolicyDef) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         let vh = self
             .vhost_id(&def.vhost)
-            .ok_or_else(|| format!("vhost '{}' does not exist", def.vhost))?;
+            .ok_or_else(|| AdminError::NotFound(format!("vhost '{}' does not exist", def.vhost)))?;
         let compiled = Policy::new(def)?;
         self.define(DefinitionChange::PolicySet(&compiled.def));
         self.topo.set_policy(vh, compiled);
@@ -21,13 +22,15 @@ impl Broker {
     }
 
     /// Removes a policy of a vhost; the error names a missing one.
-    pub fn clear_policy(&mut self, now: u64, vhost: &str, name: &str) -> Result<(), String> {
+    pub fn clear_policy(&mut self, now: u64, vhost: &str, name: &str) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         let removed = self
             .vhost_id(vhost)
             .is_some_and(|vh| self.topo.clear_policy(vh, name));
         if !removed {
-            return Err(format!("policy '{name}' not found in vhost '{vhost}'"));
+            return Err(AdminError::NotFound(format!(
+                "policy '{name}' not found in vhost '{vhost}'"
+            )));
         }
         self.define(DefinitionChange::PolicyCleared { vhost, name });
         self.apply_policies();

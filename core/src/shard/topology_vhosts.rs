@@ -5,6 +5,7 @@
 
 use super::Broker;
 use crate::access::{PermissionDef, UserDef, VhostDef};
+use crate::admin::AdminError;
 use crate::command::OpKind;
 use crate::effect::Effect;
 use crate::error::{ErrorCode, ProtocolError};
@@ -69,10 +70,10 @@ impl Broker {
 
     /// Creates a vhost; an existing one is left as it is (as `rabbitmqctl add_vhost` on an
     /// existing name, which is idempotent).
-    pub fn add_vhost(&mut self, now: u64, def: VhostDef) -> Result<(), String> {
+    pub fn add_vhost(&mut self, now: u64, def: VhostDef) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         if def.name.is_empty() {
-            return Err("a vhost name must not be empty".into());
+            return Err(AdminError::Invalid("a vhost name must not be empty".into()));
         }
         if self.topo.vhost_id(&def.name).is_some() {
             return Ok(());
@@ -84,11 +85,11 @@ impl Broker {
 
     /// Deletes a vhost: its connections are closed (320), its queues with their messages,
     /// its exchanges, policies and permissions are gone.
-    pub fn delete_vhost(&mut self, now: u64, name: &str) -> Result<(), String> {
+    pub fn delete_vhost(&mut self, now: u64, name: &str) -> Result<(), AdminError> {
         self.now = self.now.max(now);
         let id = self
             .vhost_id(name)
-            .ok_or_else(|| format!("vhost '{name}' does not exist"))?;
+            .ok_or_else(|| AdminError::NotFound(format!("vhost '{name}' does not exist")))?;
         let mut conns: Vec<ConnId> = self
             .chans
             .conns
