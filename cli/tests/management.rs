@@ -1058,7 +1058,9 @@ fn changes_naming_missing_things_get_rabbitmqs_statuses() {
     let port = b.api();
     let perms = json!({"configure": ".*", "write": ".*", "read": ".*"});
     let topic = json!({"exchange": "amq.topic", "write": ".*", "read": ".*"});
-    let checks: Vec<(&str, &str, Option<Value>, u16, Option<&str>)> = vec![
+    // (method, path, body, RabbitMQ's status, its reason where the test pins it)
+    type Check<'a> = (&'a str, &'a str, Option<Value>, u16, Option<&'a str>);
+    let checks: Vec<Check> = vec![
         ("DELETE", "/api/users/nobody", None, 404, None),
         (
             "PUT",
