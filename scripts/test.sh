@@ -344,7 +344,8 @@ browser_ui_e2e() {
 start_broker() {
   rm -rf target/ci-data
   target/debug/warren serve --amqp "127.0.0.1:$port" --mqtt "127.0.0.1:$mqtt_port" \
-    --stream none --data-dir target/ci-data > target/ci-broker.log 2>&1 &
+    --stream none --management none --prometheus none \
+    --data-dir target/ci-data > target/ci-broker.log 2>&1 &
   broker_pid=$!
   local line mline
   for _ in $(seq 1 100); do

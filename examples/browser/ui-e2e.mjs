@@ -21,7 +21,7 @@ const dir = mkdtempSync(join(tmpdir(), "warren-ui-e2e-"));
 const broker = spawn(bin, [
   "serve", "--in-memory", "--data-dir", join(dir, "data"),
   "--amqp", "127.0.0.1:0", "--mqtt", "127.0.0.1:0",
-  "--management", "127.0.0.1:0", "--prometheus", "none",
+  "--management", "127.0.0.1:0", "--prometheus", "none", "--stream", "none",
 ], { env: { ...process.env, RUST_LOG: "info" }, stdio: ["ignore", "pipe", "inherit"] });
 const ports = await new Promise((resolve, reject) => {
   const found = {};

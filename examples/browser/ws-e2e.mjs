@@ -31,6 +31,8 @@ const broker = spawn(bin, [
   "--amqp", "127.0.0.1:0", "--mqtt", "127.0.0.1:0",
   "--mqtt-ws", "127.0.0.1:0", "--mqtt-wss", "127.0.0.1:0",
   "--tls-cert", join(dir, "cert.pem"), "--tls-key", join(dir, "key.pem"),
+  // Every listener this test does not use is off: another broker may hold the defaults.
+  "--management", "none", "--prometheus", "none", "--stream", "none",
 ], { env: { ...process.env, RUST_LOG: "info" }, stdio: ["ignore", "pipe", "inherit"] });
 const ports = await new Promise((resolve, reject) => {
   const found = {};
