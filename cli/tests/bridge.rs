@@ -1,0 +1,577 @@
+//! MQTT bridges (`[[bridge]]` in warren.toml, Mosquitto's `connection` blocks) between real
+//! brokers over real sockets: `warren serve` processes and Mosquitto 2.0 (`mosquitto` must
+//! be installed: these tests fail without it, as CI installs it), rumqttc clients checking
+//! what arrived; QoS 1 out and in, loop prevention with `both` (MQTT 3.1.1's echo filter
+//! and MQTT 5's no_local), a kill -9 of the remote broker mid-stream, a restart of the
+//! bridging broker, refused configurations.
+
+mod common;
+
+use common::{BIN, Served, dies_with_test, scratch_dir};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// Waits until something accepts on `port` (at most 20 s).
+fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port} after 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Mosquitto, killed when dropped.
+struct Mosquitto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mosquitto_bin() -> PathBuf {
+    ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("mosquitto is not installed (apt-get install mosquitto): the bridge tests need it")
+}
+
+/// Starts Mosquitto on `port` (loopback, anonymous) with `extra` configuration lines.
+fn mosquitto(dir: &Path, port: u16, extra: &str) -> Mosquitto {
+    let conf = dir.join(format!("mosquitto-{port}.conf"));
+    std::fs::write(
+        &conf,
+        format!("listener {port} 127.0.0.1\nallow_anonymous true\n{extra}\n"),
+    )
+    .expect("write mosquitto.conf");
+    let child = dies_with_test(&mut Command::new(mosquitto_bin()))
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start mosquitto");
+    wait_listening(port);
+    Mosquitto { child, port }
+}
+
+/// A `warren serve` killed (SIGKILL) when dropped; its data directory stays.
+struct Warren(Served);
+
+impl Drop for Warren {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
+impl Warren {
+    fn mqtt(&self) -> u16 {
+        self.0.mqtt.expect("MQTT port")
+    }
+
+    /// The Prometheus text.
+    fn metrics(&self) -> String {
+        let port = self.0.prometheus.expect("Prometheus port");
+        common::http::raw(port, "GET", "/metrics", &[], b"").text()
+    }
+
+    /// A metric's value (the first line starting with `series`).
+    fn metric(&self, series: &str) -> Option<u64> {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+}
+
+/// Starts `warren serve` on `dir` with MQTT on `mqtt` (`127.0.0.1:0` for a free port),
+/// Prometheus on a free port, `config` as its warren.toml (if any); every other listener
+/// off but AMQP on a free port. Waits until it logs its ports.
+fn warren(dir: &Path, mqtt: &str, config: Option<&str>) -> Warren {
+    let mut cmd = Command::new(BIN);
+    dies_with_test(&mut cmd).args([
+        "serve",
+        "--amqp",
+        "127.0.0.1:0",
+        "--mqtt",
+        mqtt,
+        "--management",
+        "none",
+        "--prometheus",
+        "127.0.0.1:0",
+        "--stream",
+        "none",
+        "--data-dir",
+    ]);
+    cmd.arg(dir);
+    if let Some(c) = config {
+        let path = dir.join("warren.toml");
+        std::fs::write(&path, c).expect("write warren.toml");
+        cmd.arg("--config").arg(path);
+    }
+    let mut child = cmd
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start warren serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(mut kept) = kept.lock() {
+                kept.push(line.clone());
+            }
+            if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
+                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                let kind = ["(AMQP", "(MQTT", "(Prometheus"]
+                    .iter()
+                    .position(|k| rest.contains(k));
+                let _ = tx.send((kind, port.parse::<u16>().ok()));
+            }
+        }
+    });
+    let mut ports: [Option<u16>; 3] = [None; 3];
+    while ports.iter().any(Option::is_none) {
+        let (kind, p) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("warren serve logs its ports within 20 s");
+        if let Some(k) = kind {
+            ports[k] = p;
+        }
+    }
+    Warren(Served {
+        child,
+        amqp: ports[0].expect("AMQP"),
+        mqtt: ports[1],
+        management: None,
+        prometheus: ports[2],
+        stream: None,
+        log,
+    })
+}
+
+/// Waits (at most 20 s) until the broker logged that bridge `name` runs.
+fn bridge_running(w: &Warren, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !w.0.logged(&["bridge running", name]) {
+        assert!(Instant::now() < deadline, "bridge {name} is not running after 20 s");
+    }
+}
+
+/// What a subscriber received: payload -> times, and topics seen.
+#[derive(Default)]
+struct Got {
+    times: BTreeMap<String, u32>,
+    topics: BTreeMap<String, u32>,
+}
+
+type Seen = Arc<Mutex<Got>>;
+
+/// An MQTT 3.1.1 subscriber (QoS 1) to `filters` on `port`, kept polling (and reconnecting)
+/// in a task; `clean`: a clean session, else a persistent one named `id`.
+async fn subscriber(port: u16, id: &str, clean: bool, filters: &[&str]) -> (rumqttc::AsyncClient, Seen) {
+    let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
+    o.set_clean_session(clean).set_keep_alive(Duration::from_secs(30));
+    let (client, mut el) = rumqttc::AsyncClient::new(o, 100);
+    for f in filters {
+        client
+            .subscribe(*f, rumqttc::QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+    }
+    let seen: Seen = Arc::default();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut tx = Some(tx);
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            match el.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                    let mut g = kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let body = String::from_utf8_lossy(&p.payload).into_owned();
+                    *g.times.entry(body).or_default() += 1;
+                    *g.topics.entry(p.topic.clone()).or_default() += 1;
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(20), rx)
+        .await
+        .expect("SUBACK within 20 s")
+        .expect("SUBACK");
+    (client, seen)
+}
+
+/// Publishes `bodies` to `topic` on `port` with QoS 1 (MQTT 3.1.1) and returns those the
+/// broker acknowledged, within `within`.
+async fn publish(port: u16, topic: &str, bodies: &[String], within: Duration) -> Vec<String> {
+    let id = format!("pub-{}-{}", std::process::id(), free_port());
+    let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
+    o.set_keep_alive(Duration::from_secs(30)).set_inflight(100);
+    let (client, mut el) = rumqttc::AsyncClient::new(o, 10);
+    let all = bodies.to_vec();
+    let topic = topic.to_string();
+    tokio::spawn(async move {
+        for b in all {
+            if client
+                .publish(topic.as_str(), rumqttc::QoS::AtLeastOnce, false, b.into_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    // Packet ids are handed out in order: the nth outgoing publish is the nth body.
+    let mut numbered: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    let mut next = 0usize;
+    let mut acked = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while acked.len() < bodies.len() {
+        let ev = tokio::time::timeout_at(deadline, el.poll()).await;
+        match ev {
+            Err(_) => break,
+            Ok(Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Publish(pkid)))) => {
+                numbered.entry(pkid).or_default().push(next);
+                next += 1;
+            }
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(a)))) => {
+                if let Some(list) = numbered.get_mut(&a.pkid)
+                    && !list.is_empty()
+                {
+                    let i = list.remove(0);
+                    acked.push(bodies[i].clone());
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("publisher lost its broker: {e}"),
+        }
+    }
+    acked
+}
+
+/// Waits until `seen` holds every one of `bodies` (at most `within`).
+async fn arrives(seen: &Seen, bodies: &[String], within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let missing = {
+            let g = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            bodies.iter().filter(|b| !g.times.contains_key(*b)).count()
+        };
+        if missing == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {missing} of {} messages missing after {within:?}",
+            bodies.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn bodies(tag: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{tag}-{i}")).collect()
+}
+
+fn times(seen: &Seen, tag: &str) -> (usize, u32) {
+    let g = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mine: Vec<u32> = g
+        .times
+        .iter()
+        .filter(|(b, _)| b.starts_with(tag))
+        .map(|(_, n)| *n)
+        .collect();
+    (mine.len(), mine.iter().sum())
+}
+
+/// The issue's configuration as written, against Mosquitto 2.0: QoS 1 out (with the
+/// forwarding rate), QoS 1 in, the retained notification on both brokers, the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warren_to_mosquitto_out_and_in() {
+    let dir = scratch_dir("bridge", "mosq");
+    let m = mosquitto(&dir, free_port(), "");
+    let config = format!(
+        "[[bridge]]\nname = \"edge\"\naddress = [\"127.0.0.1:{}\"]\n\
+         topic = [\"sensors/# out 1\", \"commands/# in 1\"]\nremote_clientid = \"edge-test\"\n",
+        m.port
+    );
+    let w = warren(&dir.join("w"), "127.0.0.1:0", Some(&config));
+    bridge_running(&w, "edge");
+    let (_c, remote) = subscriber(m.port, "far", true, &["sensors/#", "$SYS/broker/connection/#"]).await;
+    let (_c2, local) = subscriber(w.mqtt(), "near", true, &["commands/#", "$SYS/broker/connection/#"]).await;
+
+    let n = 2000;
+    let out = bodies("out", n);
+    let t0 = Instant::now();
+    let acked = publish(w.mqtt(), "sensors/room1", &out, Duration::from_secs(60)).await;
+    assert_eq!(acked.len(), n, "Warren acknowledged every publish");
+    arrives(&remote, &out, Duration::from_secs(60), "Warren -> Mosquitto").await;
+    let secs = t0.elapsed().as_secs_f64();
+    println!("QoS 1 Warren -> Mosquitto: {n} messages in {secs:.2} s ({:.0}/s)", n as f64 / secs);
+
+    let inward = bodies("in", 500);
+    let acked = publish(m.port, "commands/door", &inward, Duration::from_secs(60)).await;
+    assert_eq!(acked.len(), inward.len());
+    arrives(&local, &inward, Duration::from_secs(60), "Mosquitto -> Warren").await;
+
+    // The state topic, retained "1", on both sides (Mosquitto's notifications).
+    for (seen, side) in [(&remote, "Mosquitto"), (&local, "Warren")] {
+        let g = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert!(
+            g.topics.contains_key("$SYS/broker/connection/edge-test/state") && g.times.contains_key("1"),
+            "{side} has the bridge's state topic: {:?}",
+            g.topics.keys().filter(|t| t.starts_with('$')).collect::<Vec<_>>()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = w.metric("warren_bridge_messages_total{bridge=\"edge\",direction=\"out\"}");
+        let i = w.metric("warren_bridge_messages_total{bridge=\"edge\",direction=\"in\"}");
+        if o >= Some(n as u64) && i >= Some(500) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "metrics: {}", w.metrics());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w.metric("warren_bridge_state{bridge=\"edge\",state=\"running\"}"), Some(1));
+    // Mosquitto's bridge knows the bridge is gone when Warren is: the will, retained "0".
+    drop(w);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (_c3, after) = subscriber(m.port, "far2", true, &["$SYS/broker/connection/edge-test/state"]).await;
+    loop {
+        if after.lock().unwrap_or_else(std::sync::PoisonError::into_inner).times.contains_key("0") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the remote state topic says 0 once Warren is gone");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `both` against an MQTT 3.1.1 remote (Mosquitto sends a subscriber its own publishes
+/// back): what Warren sends out is not taken back in, what comes in is not sent back out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_directions_no_loop_with_mosquitto() {
+    let dir = scratch_dir("bridge", "loop311");
+    let m = mosquitto(&dir, free_port(), "");
+    let config = format!(
+        "[[bridge]]\nname = \"loop\"\naddress = \"127.0.0.1:{}\"\ntopic = [\"chat/# both 1\"]\n\
+         restart_timeout = 1\n",
+        m.port
+    );
+    let w = warren(&dir.join("w"), "127.0.0.1:0", Some(&config));
+    bridge_running(&w, "loop");
+    let (_a, near) = subscriber(w.mqtt(), "near", true, &["chat/#"]).await;
+    let (_b, far) = subscriber(m.port, "far", true, &["chat/#"]).await;
+    let from_w = bodies("w", 300);
+    let from_m = bodies("m", 300);
+    assert_eq!(publish(w.mqtt(), "chat/w", &from_w, Duration::from_secs(30)).await.len(), 300);
+    assert_eq!(publish(m.port, "chat/m", &from_m, Duration::from_secs(30)).await.len(), 300);
+    arrives(&far, &from_w, Duration::from_secs(30), "out").await;
+    arrives(&near, &from_m, Duration::from_secs(30), "in").await;
+    // Time for any echo to go round.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (seen, side) in [(&near, "Warren"), (&far, "Mosquitto")] {
+        for tag in ["w-", "m-"] {
+            assert_eq!(times(seen, tag), (300, 300), "{side} got each {tag} message once");
+        }
+    }
+    let dropped = w.metric("warren_bridge_messages_dropped_total{bridge=\"loop\"}");
+    assert_eq!(dropped, Some(300), "Mosquitto's echoes of the 300 sent out were dropped");
+}
+
+/// Warren to Warren over MQTT 5 with prefixes, both directions, no loop (no_local on both
+/// sides); then the bridging broker is killed and started again: the bridge comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warren_to_warren_both_with_prefixes_and_restart() {
+    let dir = scratch_dir("bridge", "w2w");
+    let b = warren(&dir.join("b"), "127.0.0.1:0", None);
+    let config = format!(
+        "[[bridge]]\nname = \"w2w\"\naddress = [\"127.0.0.1:{}\"]\n\
+         topic = [\"# both 1 a/ b/\"]\nprotocol_version = \"mqttv50\"\nrestart_timeout = 1\n",
+        b.mqtt()
+    );
+    let a_dir = dir.join("a");
+    let a = warren(&a_dir, "127.0.0.1:0", Some(&config));
+    bridge_running(&a, "w2w");
+    let (_x, on_a) = subscriber(a.mqtt(), "sub-a", true, &["a/#"]).await;
+    let (_y, on_b) = subscriber(b.mqtt(), "sub-b", true, &["b/#"]).await;
+    let from_a = bodies("fa", 500);
+    let from_b = bodies("fb", 500);
+    assert_eq!(publish(a.mqtt(), "a/x", &from_a, Duration::from_secs(30)).await.len(), 500);
+    assert_eq!(publish(b.mqtt(), "b/y", &from_b, Duration::from_secs(30)).await.len(), 500);
+    arrives(&on_b, &from_a, Duration::from_secs(30), "A -> B").await;
+    arrives(&on_a, &from_b, Duration::from_secs(30), "B -> A").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (seen, side) in [(&on_a, "A"), (&on_b, "B")] {
+        for tag in ["fa-", "fb-"] {
+            assert_eq!(times(seen, tag), (500, 500), "{side} got each {tag} message once");
+        }
+    }
+    {
+        let g = on_b.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!(g.topics.get("b/x"), Some(&500), "a/x arrives on B as b/x: {:?}", g.topics);
+    }
+    assert_eq!(a.metric("warren_bridge_messages_dropped_total{bridge=\"w2w\"}"), Some(0));
+
+    // Kill -9 the broker running the bridge and start it again on its data.
+    let a_port = a.mqtt();
+    drop(a);
+    let a = warren(&a_dir, &format!("127.0.0.1:{a_port}"), Some(&config));
+    bridge_running(&a, "w2w");
+    let again = bodies("again", 200);
+    assert_eq!(publish(a.mqtt(), "a/z", &again, Duration::from_secs(30)).await.len(), 200);
+    arrives(&on_b, &again, Duration::from_secs(30), "A -> B after A's restart").await;
+}
+
+/// A kill -9 of the remote broker mid-stream: every message the local publisher got a
+/// PUBACK for reaches the far side's durable subscriber at least once after the remote
+/// restarts (persistent sessions: `cleansession = false` on the bridge, a durable
+/// subscriber with a persistent session on the remote Warren).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_remote_mid_stream_loses_nothing_acked() {
+    let dir = scratch_dir("bridge", "kill");
+    let b_dir = dir.join("b");
+    let b_port = free_port();
+    let b_addr = format!("127.0.0.1:{b_port}");
+    let b = warren(&b_dir, &b_addr, None);
+    let config = format!(
+        "[[bridge]]\nname = \"k\"\naddress = [\"{b_addr}\"]\ntopic = [\"k/# out 1\"]\n\
+         cleansession = false\nrestart_timeout = 1\n"
+    );
+    let a = warren(&dir.join("a"), "127.0.0.1:0", Some(&config));
+    bridge_running(&a, "k");
+    let (_s, far) = subscriber(b_port, "durable", false, &["k/#"]).await;
+    let all = bodies("k", 3000);
+    let a_port = a.mqtt();
+    let sent = all.clone();
+    let publisher = tokio::spawn(async move { publish(a_port, "k/t", &sent, Duration::from_secs(90)).await });
+    // Kill B once part of the stream went across.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while times(&far, "k-").0 < 500 {
+        assert!(Instant::now() < deadline, "the stream started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(b);
+    let moved_before = times(&far, "k-").0;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b = warren(&b_dir, &b_addr, None);
+    let acked = publisher.await.expect("publisher");
+    assert_eq!(acked.len(), all.len(), "Warren A acknowledged every publish");
+    arrives(&far, &acked, Duration::from_secs(90), "after B's restart").await;
+    let (distinct, total) = times(&far, "k-");
+    println!("kill -9 of the remote after {moved_before} messages: {distinct} distinct, {total} deliveries");
+    assert_eq!(distinct, all.len(), "nothing invented");
+    assert!(a.metric("warren_bridge_reconnects_total{bridge=\"k\"}") >= Some(1));
+    drop(b);
+}
+
+/// Mosquitto's own bridge into Warren (Warren as the remote broker of a Mosquitto
+/// `connection` block, try_private off as Warren does not take the bridge bit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mosquittos_bridge_into_warren() {
+    let dir = scratch_dir("bridge", "mosqbridge");
+    let w = warren(&dir.join("w"), "127.0.0.1:0", None);
+    let extra = format!(
+        "connection towarren\naddress 127.0.0.1:{}\ntopic m/# out 1\ntry_private false\n\
+         cleansession true\nrestart_timeout 1\n",
+        w.mqtt()
+    );
+    let m = mosquitto(&dir, free_port(), &extra);
+    let (_s, on_w) = subscriber(w.mqtt(), "sub", true, &["m/#"]).await;
+    // Mosquitto's bridge connects on its own schedule: publish until the first arrives.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while times(&on_w, "probe").0 == 0 {
+        assert!(Instant::now() < deadline, "Mosquitto's bridge reached Warren");
+        publish(m.port, "m/p", &["probe".to_string()], Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let all = bodies("mb", 500);
+    assert_eq!(publish(m.port, "m/x", &all, Duration::from_secs(30)).await.len(), 500);
+    arrives(&on_w, &all, Duration::from_secs(30), "Mosquitto's bridge -> Warren").await;
+}
+
+/// `warren serve --config` with `toml`: exits 2 with a message containing every `says`.
+fn refused(tag: &str, toml: &str, says: &[&str]) {
+    let dir = scratch_dir("bridge-conf", tag);
+    let path = dir.join("warren.toml");
+    std::fs::write(&path, toml).expect("write");
+    let out = Command::new(BIN)
+        .args(["serve", "--amqp", "127.0.0.1:0", "--mqtt", "127.0.0.1:0"])
+        .args(["--management", "none", "--prometheus", "none", "--stream", "none"])
+        .arg("--data-dir")
+        .arg(&dir)
+        .arg("--config")
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run warren serve");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(out.status.code(), Some(2), "{tag}: a configuration error: {text}");
+    for s in says {
+        assert!(text.contains(s), "{tag}: says {s:?}: {text}");
+    }
+}
+
+#[test]
+fn bad_bridge_configurations_are_refused() {
+    let head = "[[bridge]]\nname = \"edge\"\naddress = [\"127.0.0.1:1884\"]\n";
+    refused(
+        "unknown",
+        &format!("{head}topic = [\"a out 1\"]\nbogus_key = 1\n"),
+        &["bogus_key", "warren.toml:"],
+    );
+    refused(
+        "topic",
+        &format!("{head}topic = [\"a sideways 1\"]\n"),
+        &["a sideways 1", "direction", "warren.toml:4"],
+    );
+    refused("qos2", &format!("{head}topic = [\"a in 2\"]\n"), &["QoS"]);
+    refused(
+        "tls",
+        &format!("{head}topic = [\"a\"]\nbridge_cafile = \"/etc/ca.pem\"\n"),
+        &["bridge_cafile", "TLS"],
+    );
+    refused(
+        "twice",
+        &format!("{head}topic = [\"a\"]\n{head}topic = [\"b\"]\n"),
+        &["\"edge\"", "twice"],
+    );
+    refused(
+        "protocol",
+        &format!("{head}topic = [\"a\"]\nprotocol_version = \"mqttv31\"\n"),
+        &["protocol_version"],
+    );
+    refused("address", "[[bridge]]\nname = \"x\"\ntopic = [\"a\"]\n", &["address"]);
+}

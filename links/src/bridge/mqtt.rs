@@ -1,0 +1,541 @@
+//! One bridge session over rumqttc: the remote broker (MQTT 3.1.1 or 5) and the local one
+//! (always MQTT 5, through this broker's own MQTT listener on loopback, as a shovel's local
+//! end goes through the AMQP listener), both with manual acknowledgements; the link
+//! ([`super::link::Link`]) decides, this moves bytes. A new session makes new clients: what
+//! an old one left unacknowledged is sent again by its source (a persistent session).
+//!
+//! One task polls both event loops; every request to a client is a `try_*` on a channel
+//! sized for the link's bound ([`MAX_IN_FLIGHT`]), so a full channel is a broken bound, an
+//! error, never a wait that could block the other side's acknowledgements.
+
+use super::config::{Address, BridgeConfig, Protocol};
+use super::link::{Link, LinkError, MAX_IN_FLIGHT, RECEIVE_MAXIMUM, Side, Verdict, subscriptions};
+use super::status::Counters;
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::v5 as p5;
+use rumqttc::v5::mqttbytes::QoS as Q5;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Requests a client's channel holds at most (publishes and acknowledgements of both
+/// directions, notifications).
+const CHANNEL: usize = 4 * MAX_IN_FLIGHT + 64;
+
+/// How long a connect (TCP and CONNACK) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a session ended without a failure.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The bridge was stopped (shutdown).
+    Stopped,
+}
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("no local MQTT listener to connect to (the bridge's local end is this broker's first plain MQTT listener; --mqtt none turns it off)")]
+    NoLocalListener,
+    #[error("{side} broker {addr}: {error}")]
+    Connection {
+        side: &'static str,
+        addr: String,
+        error: String,
+    },
+    #[error("{side} broker refused the subscription to {filter:?}")]
+    Subscribe { side: &'static str, filter: String },
+    #[error("{side} broker refused a publish (PUBACK {reason})")]
+    Refused { side: &'static str, reason: String },
+    #[error("{0}")]
+    Link(#[from] LinkError),
+    #[error("the {0} client's request channel is full")]
+    Full(&'static str),
+    #[error("the primary address {0} is reachable again")]
+    PrimaryBack(String),
+}
+
+fn name(s: Side) -> &'static str {
+    match s {
+        Side::Local => "local",
+        Side::Remote => "remote",
+    }
+}
+
+/// What a client reported, whatever its version.
+enum Ev {
+    ConnAck,
+    Publish {
+        topic: String,
+        qos: u8,
+        retain: bool,
+        pkid: u16,
+        payload: Bytes,
+        props: Option<p5::PublishProperties>,
+    },
+    /// The client wrote a publish with this packet id.
+    Numbered(u16),
+    PubAck {
+        pkid: u16,
+        failure: Option<String>,
+    },
+    SubAck(Vec<bool>),
+    Disconnect,
+    Other,
+}
+
+enum Client {
+    V4(rumqttc::AsyncClient),
+    V5(rumqttc::v5::AsyncClient),
+}
+
+enum Loop {
+    V4(Box<rumqttc::EventLoop>),
+    V5(Box<rumqttc::v5::EventLoop>),
+}
+
+fn q4(qos: u8) -> rumqttc::QoS {
+    if qos == 0 {
+        rumqttc::QoS::AtMostOnce
+    } else {
+        rumqttc::QoS::AtLeastOnce
+    }
+}
+
+fn q5(qos: u8) -> Q5 {
+    if qos == 0 {
+        Q5::AtMostOnce
+    } else {
+        Q5::AtLeastOnce
+    }
+}
+
+fn qos_of4(q: rumqttc::QoS) -> u8 {
+    match q {
+        rumqttc::QoS::AtMostOnce => 0,
+        _ => 1,
+    }
+}
+
+fn qos_of5(q: Q5) -> u8 {
+    match q {
+        Q5::AtMostOnce => 0,
+        _ => 1,
+    }
+}
+
+impl Loop {
+    async fn next(&mut self) -> Result<Ev, String> {
+        match self {
+            Loop::V4(l) => {
+                use rumqttc::{Event, Outgoing, Packet};
+                Ok(match l.poll().await.map_err(|e| e.to_string())? {
+                    Event::Incoming(Packet::ConnAck(_)) => Ev::ConnAck,
+                    Event::Incoming(Packet::Publish(p)) => Ev::Publish {
+                        topic: p.topic,
+                        qos: qos_of4(p.qos),
+                        retain: p.retain,
+                        pkid: p.pkid,
+                        payload: p.payload,
+                        props: None,
+                    },
+                    Event::Incoming(Packet::PubAck(a)) => Ev::PubAck {
+                        pkid: a.pkid,
+                        failure: None,
+                    },
+                    Event::Incoming(Packet::SubAck(s)) => Ev::SubAck(
+                        s.return_codes
+                            .iter()
+                            .map(|c| !matches!(c, rumqttc::SubscribeReasonCode::Failure))
+                            .collect(),
+                    ),
+                    Event::Incoming(Packet::Disconnect) => Ev::Disconnect,
+                    Event::Outgoing(Outgoing::Publish(pkid)) => Ev::Numbered(pkid),
+                    _ => Ev::Other,
+                })
+            }
+            Loop::V5(l) => {
+                use rumqttc::v5::{Event, mqttbytes::v5::Packet};
+                use rumqttc::Outgoing;
+                Ok(match l.poll().await.map_err(|e| e.to_string())? {
+                    Event::Incoming(Packet::ConnAck(_)) => Ev::ConnAck,
+                    Event::Incoming(Packet::Publish(p)) => Ev::Publish {
+                        topic: String::from_utf8_lossy(&p.topic).into_owned(),
+                        qos: qos_of5(p.qos),
+                        retain: p.retain,
+                        pkid: p.pkid,
+                        payload: p.payload,
+                        props: p.properties,
+                    },
+                    Event::Incoming(Packet::PubAck(a)) => Ev::PubAck {
+                        pkid: a.pkid,
+                        failure: match a.reason {
+                            p5::PubAckReason::Success | p5::PubAckReason::NoMatchingSubscribers => {
+                                None
+                            }
+                            other => Some(format!("{other:?}")),
+                        },
+                    },
+                    Event::Incoming(Packet::SubAck(s)) => Ev::SubAck(
+                        s.return_codes
+                            .iter()
+                            .map(|c| matches!(c, p5::SubscribeReasonCode::Success(_)))
+                            .collect(),
+                    ),
+                    Event::Incoming(Packet::Disconnect(_)) => Ev::Disconnect,
+                    Event::Outgoing(Outgoing::Publish(pkid)) => Ev::Numbered(pkid),
+                    _ => Ev::Other,
+                })
+            }
+        }
+    }
+}
+
+impl Client {
+    fn publish(
+        &self,
+        topic: String,
+        qos: u8,
+        retain: bool,
+        payload: Bytes,
+        props: Option<p5::PublishProperties>,
+    ) -> Result<(), String> {
+        match self {
+            Client::V4(c) => c
+                .try_publish(topic, q4(qos), retain, Vec::from(payload))
+                .map_err(|e| e.to_string()),
+            Client::V5(c) => match props {
+                Some(p) => c.try_publish_with_properties(topic, q5(qos), retain, payload, p),
+                None => c.try_publish(topic, q5(qos), retain, payload),
+            }
+            .map_err(|e| e.to_string()),
+        }
+    }
+
+    fn ack(&self, pkid: u16) -> Result<(), String> {
+        match self {
+            Client::V4(c) => {
+                let mut p = rumqttc::Publish::new("", rumqttc::QoS::AtLeastOnce, Vec::new());
+                p.pkid = pkid;
+                c.try_ack(&p).map_err(|e| e.to_string())
+            }
+            Client::V5(c) => {
+                let mut p = p5::Publish::new("", Q5::AtLeastOnce, Vec::new(), None);
+                p.pkid = pkid;
+                c.try_ack(&p).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    fn subscribe(&self, filters: &[(String, u8)]) -> Result<(), String> {
+        match self {
+            Client::V4(c) => c
+                .try_subscribe_many(
+                    filters
+                        .iter()
+                        .map(|(f, q)| rumqttc::SubscribeFilter::new(f.clone(), q4(*q))),
+                )
+                .map_err(|e| e.to_string()),
+            Client::V5(c) => c
+                .try_subscribe_many(filters.iter().map(|(f, q)| p5::Filter {
+                    path: f.clone(),
+                    qos: q5(*q),
+                    // Loop prevention: what the bridge publishes on a side does not come
+                    // back to it there.
+                    nolocal: true,
+                    // Retain as published: a retained message stays retained across.
+                    preserve_retain: true,
+                    retain_forward_rule: p5::RetainForwardRule::OnEverySubscribe,
+                }))
+                .map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// One end's connection settings.
+struct End<'a> {
+    protocol: Protocol,
+    client_id: String,
+    host: String,
+    port: u16,
+    clean: bool,
+    login: Option<(&'a str, &'a str)>,
+    keepalive: Duration,
+    max_packet: u32,
+    will: Option<String>,
+}
+
+fn open(end: End<'_>) -> (Client, Loop) {
+    match end.protocol {
+        Protocol::V311 => {
+            let mut o = rumqttc::MqttOptions::new(end.client_id, end.host, end.port);
+            o.set_keep_alive(end.keepalive)
+                .set_clean_session(end.clean)
+                .set_manual_acks(true)
+                .set_inflight(RECEIVE_MAXIMUM)
+                .set_request_channel_capacity(CHANNEL)
+                .set_max_packet_size(end.max_packet as usize, end.max_packet as usize);
+            if let Some((u, p)) = end.login {
+                o.set_credentials(u, p);
+            }
+            if let Some(t) = end.will {
+                o.set_last_will(rumqttc::LastWill::new(t, "0", rumqttc::QoS::AtLeastOnce, true));
+            }
+            let (c, l) = rumqttc::AsyncClient::new(o, CHANNEL);
+            (Client::V4(c), Loop::V4(Box::new(l)))
+        }
+        Protocol::V5 => {
+            let mut o = rumqttc::v5::MqttOptions::new(end.client_id, end.host, end.port);
+            o.set_keep_alive(end.keepalive)
+                .set_clean_start(end.clean)
+                .set_manual_acks(true)
+                .set_receive_maximum(Some(RECEIVE_MAXIMUM))
+                .set_outgoing_inflight_upper_limit(RECEIVE_MAXIMUM)
+                .set_request_channel_capacity(CHANNEL)
+                .set_max_packet_size(Some(end.max_packet));
+            if !end.clean {
+                // A persistent session: kept while the bridge is away.
+                o.set_session_expiry_interval(Some(u32::MAX));
+            }
+            if let Some((u, p)) = end.login {
+                o.set_credentials(u, p);
+            }
+            if let Some(t) = end.will {
+                o.set_last_will(p5::LastWill::new(t, "0", Q5::AtLeastOnce, true, None));
+            }
+            let (c, l) = rumqttc::v5::AsyncClient::new(o, CHANNEL);
+            (Client::V5(c), Loop::V5(Box::new(l)))
+        }
+    }
+}
+
+/// Polls `l` until its CONNACK, bounded in time.
+async fn connect(l: &mut Loop, side: Side, addr: &str) -> Result<(), SessionError> {
+    let failed = |error: String| SessionError::Connection {
+        side: name(side),
+        addr: addr.to_string(),
+        error,
+    };
+    let wait = async {
+        loop {
+            match l.next().await {
+                Ok(Ev::ConnAck) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, wait).await {
+        Ok(r) => r.map_err(failed),
+        Err(_) => Err(failed("no CONNACK within 10 s".into())),
+    }
+}
+
+/// What a session needs to know beyond its configuration.
+pub struct Ctx<'a> {
+    pub cfg: &'a BridgeConfig,
+    pub hostname: &'a str,
+    pub local: Option<SocketAddr>,
+    pub counters: &'a Counters,
+    /// Called once both ends are connected and subscribed.
+    pub running: &'a (dyn Fn(&Address) + Send + Sync),
+    pub now_ms: fn() -> u64,
+}
+
+/// Properties forwarded to an MQTT 5 side: the message's own (no alias, no subscription
+/// identifiers: those belonged to the hop it came over).
+fn forwardable(props: Option<p5::PublishProperties>) -> Option<p5::PublishProperties> {
+    props.map(|mut p| {
+        p.topic_alias = None;
+        p.subscription_identifiers.clear();
+        p
+    })
+}
+
+/// Runs one session to `addr` (`index` in the list) until it fails or `stop` turns true.
+pub async fn session(
+    ctx: &Ctx<'_>,
+    addr: &Address,
+    index: usize,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Ended, SessionError> {
+    let cfg = ctx.cfg;
+    let local = ctx.local.ok_or(SessionError::NoLocalListener)?;
+    let topic = cfg.notification_topic(ctx.hostname);
+    let remote_login = cfg
+        .remote_username
+        .as_deref()
+        .map(|u| (u, cfg.remote_password.as_deref().unwrap_or("")));
+    let local_login = cfg
+        .local_username
+        .as_deref()
+        .map(|u| (u, cfg.local_password.as_deref().unwrap_or("")));
+    let (remote, mut remote_loop) = open(End {
+        protocol: cfg.protocol,
+        client_id: cfg.remote_clientid(ctx.hostname),
+        host: addr.host.clone(),
+        port: addr.port,
+        clean: cfg.cleansession,
+        login: remote_login,
+        keepalive: cfg.keepalive,
+        max_packet: cfg.max_packet_size,
+        will: (cfg.notifications && !cfg.notifications_local_only).then(|| topic.clone()),
+    });
+    let addr_text = addr.to_string();
+    connect(&mut remote_loop, Side::Remote, &addr_text).await?;
+    let (local_client, mut local_loop) = open(End {
+        protocol: Protocol::V5,
+        client_id: cfg.local_clientid(ctx.hostname),
+        host: local.ip().to_string(),
+        port: local.port(),
+        clean: cfg.local_cleansession,
+        login: local_login,
+        keepalive: cfg.keepalive,
+        max_packet: cfg.max_packet_size,
+        will: cfg.notifications.then(|| topic.clone()),
+    });
+    let local_text = local.to_string();
+    connect(&mut local_loop, Side::Local, &local_text).await?;
+
+    let mut link: Link<u16> = Link::new(cfg, cfg.protocol == Protocol::V311);
+    let clients = [local_client, remote];
+    let client = |s: Side| match s {
+        Side::Local => &clients[0],
+        Side::Remote => &clients[1],
+    };
+    let full = |s: Side| move |_| SessionError::Full(name(s));
+    let mut pending_subs: Vec<(Side, Vec<String>)> = Vec::new();
+    for side in [Side::Local, Side::Remote] {
+        let subs = subscriptions(&cfg.topics, side);
+        if !subs.is_empty() {
+            client(side).subscribe(&subs).map_err(full(side))?;
+            pending_subs.push((side, subs.into_iter().map(|(f, _)| f).collect()));
+        }
+    }
+    if cfg.notifications {
+        let sides: &[Side] = if cfg.notifications_local_only {
+            &[Side::Local]
+        } else {
+            &[Side::Local, Side::Remote]
+        };
+        for &side in sides {
+            client(side)
+                .publish(topic.clone(), 1, true, Bytes::from_static(b"1"), None)
+                .map_err(full(side))?;
+            link.sent(side, None, true);
+        }
+    }
+    if pending_subs.is_empty() {
+        (ctx.running)(addr);
+    }
+    // Whether the primary address is back (round_robin false, on a secondary).
+    let mut probe = tokio::time::interval(Duration::from_secs(30));
+    probe.tick().await;
+    let primary = (!cfg.round_robin && index != 0).then(|| cfg.addresses[0].clone());
+    loop {
+        let (side, ev) = tokio::select! {
+            _ = stop.changed() => return Ok(Ended::Stopped),
+            ev = local_loop.next() => (Side::Local, ev),
+            ev = remote_loop.next() => (Side::Remote, ev),
+            _ = probe.tick(), if primary.is_some() => {
+                if let Some(p) = &primary {
+                    let reach = tokio::time::timeout(
+                        CONNECT_TIMEOUT,
+                        tokio::net::TcpStream::connect((p.host.as_str(), p.port)),
+                    ).await;
+                    if matches!(reach, Ok(Ok(_))) {
+                        return Err(SessionError::PrimaryBack(p.to_string()));
+                    }
+                }
+                continue;
+            }
+        };
+        if *stop.borrow() {
+            return Ok(Ended::Stopped);
+        }
+        let ev = ev.map_err(|error| SessionError::Connection {
+            side: name(side),
+            addr: match side {
+                Side::Local => local_text.clone(),
+                Side::Remote => addr_text.clone(),
+            },
+            error,
+        })?;
+        match ev {
+            Ev::Publish {
+                topic,
+                qos,
+                retain,
+                pkid,
+                payload,
+                props,
+            } => {
+                let to = side.other();
+                match link.arrived(side, &topic, qos, &payload, (ctx.now_ms)())? {
+                    Verdict::Forward { topic, qos: fq } => {
+                        let props = match (to, cfg.protocol) {
+                            (Side::Remote, Protocol::V311) => None,
+                            _ => forwardable(props),
+                        };
+                        client(to)
+                            .publish(topic, fq, retain, payload, props)
+                            .map_err(full(to))?;
+                        link.sent(to, (qos > 0 && fq > 0).then_some(pkid), false);
+                        if qos > 0 && fq == 0 {
+                            client(side).ack(pkid).map_err(full(side))?;
+                        }
+                    }
+                    Verdict::Drop(_) => {
+                        ctx.counters.dropped(side);
+                        if qos > 0 {
+                            client(side).ack(pkid).map_err(full(side))?;
+                        }
+                    }
+                }
+            }
+            Ev::Numbered(pkid) => {
+                if link.numbered(side, pkid)? {
+                    ctx.counters.moved(side.other());
+                }
+            }
+            Ev::PubAck { pkid, failure } => {
+                if let Some(reason) = failure {
+                    return Err(SessionError::Refused {
+                        side: name(side),
+                        reason,
+                    });
+                }
+                if let Some(ack) = link.acked(side, pkid)? {
+                    client(side.other()).ack(ack).map_err(full(side.other()))?;
+                    ctx.counters.moved(side.other());
+                }
+            }
+            Ev::SubAck(oks) => {
+                let Some(i) = pending_subs.iter().position(|(s, _)| *s == side) else {
+                    continue;
+                };
+                let (_, filters) = pending_subs.remove(i);
+                if let Some(bad) = oks.iter().position(|ok| !ok) {
+                    return Err(SessionError::Subscribe {
+                        side: name(side),
+                        filter: filters.get(bad).cloned().unwrap_or_default(),
+                    });
+                }
+                if pending_subs.is_empty() {
+                    (ctx.running)(addr);
+                }
+            }
+            Ev::Disconnect => {
+                return Err(SessionError::Connection {
+                    side: name(side),
+                    addr: match side {
+                        Side::Local => local_text.clone(),
+                        Side::Remote => addr_text.clone(),
+                    },
+                    error: "the broker sent DISCONNECT".into(),
+                });
+            }
+            Ev::ConnAck | Ev::Other => {}
+        }
+    }
+}
