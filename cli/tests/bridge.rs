@@ -26,7 +26,10 @@ fn free_port() -> u16 {
 fn wait_listening(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port} after 20 s");
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {port} after 20 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -45,11 +48,15 @@ impl Drop for Mosquitto {
 }
 
 fn mosquitto_bin() -> PathBuf {
-    ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("mosquitto is not installed (apt-get install mosquitto): the bridge tests need it")
+    [
+        "/usr/sbin/mosquitto",
+        "/usr/bin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+    .expect("mosquitto is not installed (apt-get install mosquitto): the bridge tests need it")
 }
 
 /// Starts Mosquitto on `port` (loopback, anonymous) with `extra` configuration lines.
@@ -119,6 +126,7 @@ fn warren(dir: &Path, mqtt: &str, config: Option<&str>) -> Warren {
         "none",
         "--data-dir",
     ]);
+    std::fs::create_dir_all(dir).expect("create the data dir");
     cmd.arg(dir);
     if let Some(c) = config {
         let path = dir.join("warren.toml");
@@ -173,7 +181,10 @@ fn warren(dir: &Path, mqtt: &str, config: Option<&str>) -> Warren {
 fn bridge_running(w: &Warren, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !w.0.logged(&["bridge running", name]) {
-        assert!(Instant::now() < deadline, "bridge {name} is not running after 20 s");
+        assert!(
+            Instant::now() < deadline,
+            "bridge {name} is not running after 20 s"
+        );
     }
 }
 
@@ -188,9 +199,15 @@ type Seen = Arc<Mutex<Got>>;
 
 /// An MQTT 3.1.1 subscriber (QoS 1) to `filters` on `port`, kept polling (and reconnecting)
 /// in a task; `clean`: a clean session, else a persistent one named `id`.
-async fn subscriber(port: u16, id: &str, clean: bool, filters: &[&str]) -> (rumqttc::AsyncClient, Seen) {
+async fn subscriber(
+    port: u16,
+    id: &str,
+    clean: bool,
+    filters: &[&str],
+) -> (rumqttc::AsyncClient, Seen) {
     let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
-    o.set_clean_session(clean).set_keep_alive(Duration::from_secs(30));
+    o.set_clean_session(clean)
+        .set_keep_alive(Duration::from_secs(30));
     let (client, mut el) = rumqttc::AsyncClient::new(o, 100);
     for f in filters {
         client
@@ -211,7 +228,9 @@ async fn subscriber(port: u16, id: &str, clean: bool, filters: &[&str]) -> (rumq
                     }
                 }
                 Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
-                    let mut g = kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut g = kept
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     let body = String::from_utf8_lossy(&p.payload).into_owned();
                     *g.times.entry(body).or_default() += 1;
                     *g.topics.entry(p.topic.clone()).or_default() += 1;
@@ -240,7 +259,12 @@ async fn publish(port: u16, topic: &str, bodies: &[String], within: Duration) ->
     tokio::spawn(async move {
         for b in all {
             if client
-                .publish(topic.as_str(), rumqttc::QoS::AtLeastOnce, false, b.into_bytes())
+                .publish(
+                    topic.as_str(),
+                    rumqttc::QoS::AtLeastOnce,
+                    false,
+                    b.into_bytes(),
+                )
                 .await
                 .is_err()
             {
@@ -281,7 +305,9 @@ async fn arrives(seen: &Seen, bodies: &[String], within: Duration, what: &str) {
     let deadline = Instant::now() + within;
     loop {
         let missing = {
-            let g = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let g = seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             bodies.iter().filter(|b| !g.times.contains_key(*b)).count()
         };
         if missing == 0 {
@@ -301,7 +327,9 @@ fn bodies(tag: &str, n: usize) -> Vec<String> {
 }
 
 fn times(seen: &Seen, tag: &str) -> (usize, u32) {
-    let g = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let g = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mine: Vec<u32> = g
         .times
         .iter()
@@ -324,30 +352,64 @@ async fn warren_to_mosquitto_out_and_in() {
     );
     let w = warren(&dir.join("w"), "127.0.0.1:0", Some(&config));
     bridge_running(&w, "edge");
-    let (_c, remote) = subscriber(m.port, "far", true, &["sensors/#", "$SYS/broker/connection/#"]).await;
-    let (_c2, local) = subscriber(w.mqtt(), "near", true, &["commands/#", "$SYS/broker/connection/#"]).await;
+    let (_c, remote) = subscriber(
+        m.port,
+        "far",
+        true,
+        &["sensors/#", "$SYS/broker/connection/#"],
+    )
+    .await;
+    let (_c2, local) = subscriber(
+        w.mqtt(),
+        "near",
+        true,
+        &["commands/#", "$SYS/broker/connection/#"],
+    )
+    .await;
 
     let n = 2000;
     let out = bodies("out", n);
     let t0 = Instant::now();
     let acked = publish(w.mqtt(), "sensors/room1", &out, Duration::from_secs(60)).await;
     assert_eq!(acked.len(), n, "Warren acknowledged every publish");
-    arrives(&remote, &out, Duration::from_secs(60), "Warren -> Mosquitto").await;
+    arrives(
+        &remote,
+        &out,
+        Duration::from_secs(60),
+        "Warren -> Mosquitto",
+    )
+    .await;
     let secs = t0.elapsed().as_secs_f64();
-    println!("QoS 1 Warren -> Mosquitto: {n} messages in {secs:.2} s ({:.0}/s)", n as f64 / secs);
+    println!(
+        "QoS 1 Warren -> Mosquitto: {n} messages in {secs:.2} s ({:.0}/s)",
+        n as f64 / secs
+    );
 
     let inward = bodies("in", 500);
     let acked = publish(m.port, "commands/door", &inward, Duration::from_secs(60)).await;
     assert_eq!(acked.len(), inward.len());
-    arrives(&local, &inward, Duration::from_secs(60), "Mosquitto -> Warren").await;
+    arrives(
+        &local,
+        &inward,
+        Duration::from_secs(60),
+        "Mosquitto -> Warren",
+    )
+    .await;
 
     // The state topic, retained "1", on both sides (Mosquitto's notifications).
     for (seen, side) in [(&remote, "Mosquitto"), (&local, "Warren")] {
-        let g = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let g = seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         assert!(
-            g.topics.contains_key("$SYS/broker/connection/edge-test/state") && g.times.contains_key("1"),
+            g.topics
+                .contains_key("$SYS/broker/connection/edge-test/state")
+                && g.times.contains_key("1"),
             "{side} has the bridge's state topic: {:?}",
-            g.topics.keys().filter(|t| t.starts_with('$')).collect::<Vec<_>>()
+            g.topics
+                .keys()
+                .filter(|t| t.starts_with('$'))
+                .collect::<Vec<_>>()
         );
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -360,16 +422,33 @@ async fn warren_to_mosquitto_out_and_in() {
         assert!(Instant::now() < deadline, "metrics: {}", w.metrics());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(w.metric("warren_bridge_state{bridge=\"edge\",state=\"running\"}"), Some(1));
+    assert_eq!(
+        w.metric("warren_bridge_state{bridge=\"edge\",state=\"running\"}"),
+        Some(1)
+    );
     // Mosquitto's bridge knows the bridge is gone when Warren is: the will, retained "0".
     drop(w);
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (_c3, after) = subscriber(m.port, "far2", true, &["$SYS/broker/connection/edge-test/state"]).await;
+    let (_c3, after) = subscriber(
+        m.port,
+        "far2",
+        true,
+        &["$SYS/broker/connection/edge-test/state"],
+    )
+    .await;
     loop {
-        if after.lock().unwrap_or_else(std::sync::PoisonError::into_inner).times.contains_key("0") {
+        if after
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .times
+            .contains_key("0")
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "the remote state topic says 0 once Warren is gone");
+        assert!(
+            Instant::now() < deadline,
+            "the remote state topic says 0 once Warren is gone"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -391,19 +470,37 @@ async fn both_directions_no_loop_with_mosquitto() {
     let (_b, far) = subscriber(m.port, "far", true, &["chat/#"]).await;
     let from_w = bodies("w", 300);
     let from_m = bodies("m", 300);
-    assert_eq!(publish(w.mqtt(), "chat/w", &from_w, Duration::from_secs(30)).await.len(), 300);
-    assert_eq!(publish(m.port, "chat/m", &from_m, Duration::from_secs(30)).await.len(), 300);
+    assert_eq!(
+        publish(w.mqtt(), "chat/w", &from_w, Duration::from_secs(30))
+            .await
+            .len(),
+        300
+    );
+    assert_eq!(
+        publish(m.port, "chat/m", &from_m, Duration::from_secs(30))
+            .await
+            .len(),
+        300
+    );
     arrives(&far, &from_w, Duration::from_secs(30), "out").await;
     arrives(&near, &from_m, Duration::from_secs(30), "in").await;
     // Time for any echo to go round.
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (seen, side) in [(&near, "Warren"), (&far, "Mosquitto")] {
         for tag in ["w-", "m-"] {
-            assert_eq!(times(seen, tag), (300, 300), "{side} got each {tag} message once");
+            assert_eq!(
+                times(seen, tag),
+                (300, 300),
+                "{side} got each {tag} message once"
+            );
         }
     }
     let dropped = w.metric("warren_bridge_messages_dropped_total{bridge=\"loop\"}");
-    assert_eq!(dropped, Some(300), "Mosquitto's echoes of the 300 sent out were dropped");
+    assert_eq!(
+        dropped,
+        Some(300),
+        "Mosquitto's echoes of the 300 sent out were dropped"
+    );
 }
 
 /// Warren to Warren over MQTT 5 with prefixes, both directions, no loop (no_local on both
@@ -424,21 +521,45 @@ async fn warren_to_warren_both_with_prefixes_and_restart() {
     let (_y, on_b) = subscriber(b.mqtt(), "sub-b", true, &["b/#"]).await;
     let from_a = bodies("fa", 500);
     let from_b = bodies("fb", 500);
-    assert_eq!(publish(a.mqtt(), "a/x", &from_a, Duration::from_secs(30)).await.len(), 500);
-    assert_eq!(publish(b.mqtt(), "b/y", &from_b, Duration::from_secs(30)).await.len(), 500);
+    assert_eq!(
+        publish(a.mqtt(), "a/x", &from_a, Duration::from_secs(30))
+            .await
+            .len(),
+        500
+    );
+    assert_eq!(
+        publish(b.mqtt(), "b/y", &from_b, Duration::from_secs(30))
+            .await
+            .len(),
+        500
+    );
     arrives(&on_b, &from_a, Duration::from_secs(30), "A -> B").await;
     arrives(&on_a, &from_b, Duration::from_secs(30), "B -> A").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (seen, side) in [(&on_a, "A"), (&on_b, "B")] {
         for tag in ["fa-", "fb-"] {
-            assert_eq!(times(seen, tag), (500, 500), "{side} got each {tag} message once");
+            assert_eq!(
+                times(seen, tag),
+                (500, 500),
+                "{side} got each {tag} message once"
+            );
         }
     }
     {
-        let g = on_b.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        assert_eq!(g.topics.get("b/x"), Some(&500), "a/x arrives on B as b/x: {:?}", g.topics);
+        let g = on_b
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!(
+            g.topics.get("b/x"),
+            Some(&500),
+            "a/x arrives on B as b/x: {:?}",
+            g.topics
+        );
     }
-    assert_eq!(a.metric("warren_bridge_messages_dropped_total{bridge=\"w2w\"}"), Some(0));
+    assert_eq!(
+        a.metric("warren_bridge_messages_dropped_total{bridge=\"w2w\"}"),
+        Some(0)
+    );
 
     // Kill -9 the broker running the bridge and start it again on its data.
     let a_port = a.mqtt();
@@ -446,8 +567,19 @@ async fn warren_to_warren_both_with_prefixes_and_restart() {
     let a = warren(&a_dir, &format!("127.0.0.1:{a_port}"), Some(&config));
     bridge_running(&a, "w2w");
     let again = bodies("again", 200);
-    assert_eq!(publish(a.mqtt(), "a/z", &again, Duration::from_secs(30)).await.len(), 200);
-    arrives(&on_b, &again, Duration::from_secs(30), "A -> B after A's restart").await;
+    assert_eq!(
+        publish(a.mqtt(), "a/z", &again, Duration::from_secs(30))
+            .await
+            .len(),
+        200
+    );
+    arrives(
+        &on_b,
+        &again,
+        Duration::from_secs(30),
+        "A -> B after A's restart",
+    )
+    .await;
 }
 
 /// A kill -9 of the remote broker mid-stream: every message the local publisher got a
@@ -471,7 +603,8 @@ async fn kill_9_of_the_remote_mid_stream_loses_nothing_acked() {
     let all = bodies("k", 3000);
     let a_port = a.mqtt();
     let sent = all.clone();
-    let publisher = tokio::spawn(async move { publish(a_port, "k/t", &sent, Duration::from_secs(90)).await });
+    let publisher =
+        tokio::spawn(async move { publish(a_port, "k/t", &sent, Duration::from_secs(90)).await });
     // Kill B once part of the stream went across.
     let deadline = Instant::now() + Duration::from_secs(30);
     while times(&far, "k-").0 < 500 {
@@ -483,10 +616,16 @@ async fn kill_9_of_the_remote_mid_stream_loses_nothing_acked() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let b = warren(&b_dir, &b_addr, None);
     let acked = publisher.await.expect("publisher");
-    assert_eq!(acked.len(), all.len(), "Warren A acknowledged every publish");
+    assert_eq!(
+        acked.len(),
+        all.len(),
+        "Warren A acknowledged every publish"
+    );
     arrives(&far, &acked, Duration::from_secs(90), "after B's restart").await;
     let (distinct, total) = times(&far, "k-");
-    println!("kill -9 of the remote after {moved_before} messages: {distinct} distinct, {total} deliveries");
+    println!(
+        "kill -9 of the remote after {moved_before} messages: {distinct} distinct, {total} deliveries"
+    );
     assert_eq!(distinct, all.len(), "nothing invented");
     assert!(a.metric("warren_bridge_reconnects_total{bridge=\"k\"}") >= Some(1));
     drop(b);
@@ -508,13 +647,33 @@ async fn mosquittos_bridge_into_warren() {
     // Mosquitto's bridge connects on its own schedule: publish until the first arrives.
     let deadline = Instant::now() + Duration::from_secs(30);
     while times(&on_w, "probe").0 == 0 {
-        assert!(Instant::now() < deadline, "Mosquitto's bridge reached Warren");
-        publish(m.port, "m/p", &["probe".to_string()], Duration::from_secs(5)).await;
+        assert!(
+            Instant::now() < deadline,
+            "Mosquitto's bridge reached Warren"
+        );
+        publish(
+            m.port,
+            "m/p",
+            &["probe".to_string()],
+            Duration::from_secs(5),
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let all = bodies("mb", 500);
-    assert_eq!(publish(m.port, "m/x", &all, Duration::from_secs(30)).await.len(), 500);
-    arrives(&on_w, &all, Duration::from_secs(30), "Mosquitto's bridge -> Warren").await;
+    assert_eq!(
+        publish(m.port, "m/x", &all, Duration::from_secs(30))
+            .await
+            .len(),
+        500
+    );
+    arrives(
+        &on_w,
+        &all,
+        Duration::from_secs(30),
+        "Mosquitto's bridge -> Warren",
+    )
+    .await;
 }
 
 /// `warren serve --config` with `toml`: exits 2 with a message containing every `says`.
@@ -524,7 +683,14 @@ fn refused(tag: &str, toml: &str, says: &[&str]) {
     std::fs::write(&path, toml).expect("write");
     let out = Command::new(BIN)
         .args(["serve", "--amqp", "127.0.0.1:0", "--mqtt", "127.0.0.1:0"])
-        .args(["--management", "none", "--prometheus", "none", "--stream", "none"])
+        .args([
+            "--management",
+            "none",
+            "--prometheus",
+            "none",
+            "--stream",
+            "none",
+        ])
         .arg("--data-dir")
         .arg(&dir)
         .arg("--config")
@@ -538,7 +704,11 @@ fn refused(tag: &str, toml: &str, says: &[&str]) {
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
-    assert_eq!(out.status.code(), Some(2), "{tag}: a configuration error: {text}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{tag}: a configuration error: {text}"
+    );
     for s in says {
         assert!(text.contains(s), "{tag}: says {s:?}: {text}");
     }
@@ -573,5 +743,9 @@ fn bad_bridge_configurations_are_refused() {
         &format!("{head}topic = [\"a\"]\nprotocol_version = \"mqttv31\"\n"),
         &["protocol_version"],
     );
-    refused("address", "[[bridge]]\nname = \"x\"\ntopic = [\"a\"]\n", &["address"]);
+    refused(
+        "address",
+        "[[bridge]]\nname = \"x\"\ntopic = [\"a\"]\n",
+        &["address"],
+    );
 }

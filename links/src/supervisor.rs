@@ -81,7 +81,8 @@ impl Supervisor {
             let entry = crate::bridge::status::Entry::new(&cfg.name, unix_ms());
             entries.push(entry.clone());
             let (mqtt, host) = (local.mqtt, hostname.clone());
-            let run = crate::bridge::run(Arc::new(cfg), mqtt, host, entry, unix_ms, stopped.clone());
+            let run =
+                crate::bridge::run(Arc::new(cfg), mqtt, host, entry, unix_ms, stopped.clone());
             tokio::spawn(run);
         }
         let s = Arc::new(Supervisor {

@@ -376,7 +376,10 @@ impl Raw {
                 "bridge_attempt_unsubscribe",
                 self.bridge_attempt_unsubscribe.is_some(),
             ),
-            ("bridge_outgoing_retain", self.bridge_outgoing_retain.is_some()),
+            (
+                "bridge_outgoing_retain",
+                self.bridge_outgoing_retain.is_some(),
+            ),
             ("idle_timeout", self.idle_timeout.is_some()),
             ("threshold", self.threshold.is_some()),
         ] {
@@ -497,7 +500,10 @@ impl Raw {
             ("remote_clientid", &self.remote_clientid),
             ("local_clientid", &self.local_clientid),
         ] {
-            if id.as_ref().is_some_and(|i| i.is_empty() || i.len() > 65_535) {
+            if id
+                .as_ref()
+                .is_some_and(|i| i.is_empty() || i.len() > 65_535)
+            {
                 return Err(format!("bridge {name:?}: {key} must not be empty"));
             }
         }
@@ -586,9 +592,15 @@ mod tests {
         assert_eq!(t.local_topic(), "local/#");
         assert_eq!(t.remote_topic(), "remote/#");
         let t = TopicLine::parse("x in 1 \"\" r/").unwrap();
-        assert_eq!((t.local_topic().as_str(), t.remote_topic().as_str()), ("x", "r/x"));
+        assert_eq!(
+            (t.local_topic().as_str(), t.remote_topic().as_str()),
+            ("x", "r/x")
+        );
         let t = TopicLine::parse("\"\" out 0 a/b c/d").unwrap();
-        assert_eq!((t.local_topic().as_str(), t.remote_topic().as_str()), ("a/b", "c/d"));
+        assert_eq!(
+            (t.local_topic().as_str(), t.remote_topic().as_str()),
+            ("a/b", "c/d")
+        );
         for bad in [
             "",
             "a sideways 1",
@@ -629,11 +641,16 @@ mod tests {
             b.notification_topic("host"),
             "$SYS/broker/connection/host.edge/state"
         );
-        let bad = serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bridge_cafile": "x"});
-        let e = serde_json::from_value::<BridgeConfig>(bad).unwrap_err().to_string();
+        let bad =
+            serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bridge_cafile": "x"});
+        let e = serde_json::from_value::<BridgeConfig>(bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bridge_cafile"), "{e}");
         let bad = serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bogus": 1});
-        let e = serde_json::from_value::<BridgeConfig>(bad).unwrap_err().to_string();
+        let e = serde_json::from_value::<BridgeConfig>(bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bogus"), "{e}");
     }
 }

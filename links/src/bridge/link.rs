@@ -75,7 +75,9 @@ pub enum Dropped {
 /// A session's bookkeeping went wrong: the session ends (and the next one starts clean).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LinkError {
-    #[error("the {0} broker has more than {MAX_IN_FLIGHT} unacknowledged messages in flight to the bridge")]
+    #[error(
+        "the {0} broker has more than {MAX_IN_FLIGHT} unacknowledged messages in flight to the bridge"
+    )]
     TooManyInFlight(&'static str),
     #[error("the {0} broker acknowledged packet id {1}, which the bridge did not send")]
     UnknownAck(&'static str, u16),
@@ -241,7 +243,8 @@ impl<A> Link<A> {
             if self.recent.len() >= ECHO_MAX {
                 self.recent.pop_front();
             }
-            self.recent.push_back((fingerprint(&mapped, payload), now_ms));
+            self.recent
+                .push_back((fingerprint(&mapped, payload), now_ms));
         }
         Ok(Verdict::Forward { topic: mapped, qos })
     }
@@ -365,12 +368,30 @@ mod tests {
         let c = cfg(&["# both 1 local/ remote/", "plain in 0"]);
         let mut l: Link<u32> = Link::new(&c, false);
         let v = l.arrived(Side::Local, "local/a/b", 1, b"x", 0).unwrap();
-        assert_eq!(v, Verdict::Forward { topic: "remote/a/b".into(), qos: 1 });
+        assert_eq!(
+            v,
+            Verdict::Forward {
+                topic: "remote/a/b".into(),
+                qos: 1
+            }
+        );
         let v = l.arrived(Side::Remote, "remote/z", 1, b"x", 0).unwrap();
-        assert_eq!(v, Verdict::Forward { topic: "local/z".into(), qos: 1 });
+        assert_eq!(
+            v,
+            Verdict::Forward {
+                topic: "local/z".into(),
+                qos: 1
+            }
+        );
         // `plain` is in only, QoS 0 at most.
         let v = l.arrived(Side::Remote, "plain", 1, b"x", 0).unwrap();
-        assert_eq!(v, Verdict::Forward { topic: "plain".into(), qos: 0 });
+        assert_eq!(
+            v,
+            Verdict::Forward {
+                topic: "plain".into(),
+                qos: 0
+            }
+        );
         assert_eq!(
             l.arrived(Side::Local, "plain", 1, b"x", 0).unwrap(),
             Verdict::Drop(Dropped::NoTopic)
@@ -378,9 +399,21 @@ mod tests {
         let c = cfg(&["\"\" out 1 a/b c/d", "x in 1 \"\" r/"]);
         let mut l: Link<u32> = Link::new(&c, false);
         let v = l.arrived(Side::Local, "a/b", 1, b"", 0).unwrap();
-        assert_eq!(v, Verdict::Forward { topic: "c/d".into(), qos: 1 });
+        assert_eq!(
+            v,
+            Verdict::Forward {
+                topic: "c/d".into(),
+                qos: 1
+            }
+        );
         let v = l.arrived(Side::Remote, "r/x", 1, b"", 0).unwrap();
-        assert_eq!(v, Verdict::Forward { topic: "x".into(), qos: 1 });
+        assert_eq!(
+            v,
+            Verdict::Forward {
+                topic: "x".into(),
+                qos: 1
+            }
+        );
         assert_eq!(
             subscriptions(c.topics.as_slice(), Side::Remote),
             vec![("r/x".to_string(), 1)]

@@ -123,7 +123,10 @@ pub async fn run(
         if *stop.borrow() {
             break;
         }
-        entry.counters.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        entry
+            .counters
+            .reconnects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         entry.set(State::Starting, Some(reason), None, now_ms());
     }
 }

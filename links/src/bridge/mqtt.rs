@@ -12,8 +12,8 @@ use super::config::{Address, BridgeConfig, Protocol};
 use super::link::{Link, LinkError, MAX_IN_FLIGHT, RECEIVE_MAXIMUM, Side, Verdict, subscriptions};
 use super::status::Counters;
 use bytes::Bytes;
-use rumqttc::v5::mqttbytes::v5 as p5;
 use rumqttc::v5::mqttbytes::QoS as Q5;
+use rumqttc::v5::mqttbytes::v5 as p5;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -35,7 +35,9 @@ pub enum Ended {
 /// Why a session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    #[error("no local MQTT listener to connect to (the bridge's local end is this broker's first plain MQTT listener; --mqtt none turns it off)")]
+    #[error(
+        "no local MQTT listener to connect to (the bridge's local end is this broker's first plain MQTT listener; --mqtt none turns it off)"
+    )]
     NoLocalListener,
     #[error("{side} broker {addr}: {error}")]
     Connection {
@@ -155,8 +157,8 @@ impl Loop {
                 })
             }
             Loop::V5(l) => {
-                use rumqttc::v5::{Event, mqttbytes::v5::Packet};
                 use rumqttc::Outgoing;
+                use rumqttc::v5::{Event, mqttbytes::v5::Packet};
                 Ok(match l.poll().await.map_err(|e| e.to_string())? {
                     Event::Incoming(Packet::ConnAck(_)) => Ev::ConnAck,
                     Event::Incoming(Packet::Publish(p)) => Ev::Publish {
@@ -279,7 +281,12 @@ fn open(end: End<'_>) -> (Client, Loop) {
                 o.set_credentials(u, p);
             }
             if let Some(t) = end.will {
-                o.set_last_will(rumqttc::LastWill::new(t, "0", rumqttc::QoS::AtLeastOnce, true));
+                o.set_last_will(rumqttc::LastWill::new(
+                    t,
+                    "0",
+                    rumqttc::QoS::AtLeastOnce,
+                    true,
+                ));
             }
             let (c, l) = rumqttc::AsyncClient::new(o, CHANNEL);
             (Client::V4(c), Loop::V4(Box::new(l)))

@@ -56,7 +56,13 @@ impl Entry {
     }
 
     /// Sets the state; whether it changed.
-    pub fn set(&self, state: State, reason: Option<String>, address: Option<String>, now_ms: u64) -> bool {
+    pub fn set(
+        &self,
+        state: State,
+        reason: Option<String>,
+        address: Option<String>,
+        now_ms: u64,
+    ) -> bool {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if s.0 == state && s.1 == reason && s.3 == address {
             return false;
