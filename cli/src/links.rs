@@ -1,8 +1,8 @@
 //! `warren serve`'s links to other brokers: warren-links' supervisor, started beside the
 //! listeners, plugged into the management side (parameter checks, `/api/shovels`,
-//! `warren_shovel_*` metrics).
+//! `/api/bridges`, `warren_shovel_*` and `warren_bridge_*` metrics).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
 use warren_links::Supervisor;
@@ -28,6 +28,10 @@ impl warren_management::Links for Hook {
         self.0.shovels()
     }
 
+    fn bridges(&self) -> Vec<serde_json::Value> {
+        self.0.bridges()
+    }
+
     fn metrics(&self, out: &mut String) {
         self.0.metrics(out);
     }
@@ -36,15 +40,8 @@ impl warren_management::Links for Hook {
 /// Where a local shovel end and a bridge's local end connect: the first plain AMQP and
 /// MQTT listeners (a wildcard address as loopback).
 pub fn local(listeners: &[warren_management::Listener]) -> [Option<SocketAddr>; 2] {
-    ["amqp", "mqtt"].map(|protocol| {
-        let l = listeners.iter().find(|l| l.protocol == protocol)?;
-        let ip = match l.addr.ip() {
-            IpAddr::V4(v) if v.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpAddr::V6(v) if v.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-            ip => ip,
-        };
-        Some(SocketAddr::new(ip, l.addr.port()))
-    })
+    let first = |p| listeners.iter().find(|l| l.protocol == p).map(|l| l.addr);
+    ["amqp", "mqtt"].map(|p| first(p).map(warren_links::loopback))
 }
 
 /// Starts the links and plugs them into `management`.

@@ -108,7 +108,7 @@ impl Warren {
 }
 
 /// Starts `warren serve` on `dir` with MQTT on `mqtt` (`127.0.0.1:0` for a free port),
-/// Prometheus on a free port, `config` as its warren.toml (if any); every other listener
+/// Prometheus and the HTTP API on free ports, `config` as its warren.toml (if any); every other listener
 /// off but AMQP on a free port. Waits until it logs its ports.
 fn warren(dir: &Path, mqtt: &str, config: Option<&str>) -> Warren {
     let mut cmd = Command::new(BIN);
@@ -119,7 +119,7 @@ fn warren(dir: &Path, mqtt: &str, config: Option<&str>) -> Warren {
         "--mqtt",
         mqtt,
         "--management",
-        "none",
+        "127.0.0.1:0",
         "--prometheus",
         "127.0.0.1:0",
         "--stream",
@@ -150,14 +150,14 @@ fn warren(dir: &Path, mqtt: &str, config: Option<&str>) -> Warren {
             }
             if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                let kind = ["(AMQP", "(MQTT", "(Prometheus"]
+                let kind = ["(AMQP", "(MQTT", "(Prometheus", "(HTTP"]
                     .iter()
                     .position(|k| rest.contains(k));
                 let _ = tx.send((kind, port.parse::<u16>().ok()));
             }
         }
     });
-    let mut ports: [Option<u16>; 3] = [None; 3];
+    let mut ports: [Option<u16>; 4] = [None; 4];
     while ports.iter().any(Option::is_none) {
         let (kind, p) = rx
             .recv_timeout(Duration::from_secs(20))
@@ -170,7 +170,7 @@ fn warren(dir: &Path, mqtt: &str, config: Option<&str>) -> Warren {
         child,
         amqp: ports[0].expect("AMQP"),
         mqtt: ports[1],
-        management: None,
+        management: ports[3],
         prometheus: ports[2],
         stream: None,
         log,
@@ -595,11 +595,13 @@ async fn kill_9_of_the_remote_mid_stream_loses_nothing_acked() {
     let b = warren(&b_dir, &b_addr, None);
     let config = format!(
         "[[bridge]]\nname = \"k\"\naddress = [\"{b_addr}\"]\ntopic = [\"k/# out 1\"]\n\
-         cleansession = false\nrestart_timeout = 1\n"
+         cleansession = false\nrestart_timeout = 1\nremote_clientid = \"k-remote\"\n"
     );
     let a = warren(&dir.join("a"), "127.0.0.1:0", Some(&config));
     bridge_running(&a, "k");
     let (_s, far) = subscriber(b_port, "durable", false, &["k/#"]).await;
+    let state = format!("$SYS/broker/connection/{}/state", "k-remote");
+    let (_t, on_a) = subscriber(a.mqtt(), "state", true, &[state.as_str()]).await;
     let all = bodies("k", 3000);
     let a_port = a.mqtt();
     let sent = all.clone();
@@ -613,7 +615,18 @@ async fn kill_9_of_the_remote_mid_stream_loses_nothing_acked() {
     }
     drop(b);
     let moved_before = times(&far, "k-").0;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The local state topic says 0 while the remote is away (the local end's will).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !on_a
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .times
+        .contains_key("0")
+    {
+        assert!(Instant::now() < deadline, "the local state topic says 0");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let b = warren(&b_dir, &b_addr, None);
     let acked = publisher.await.expect("publisher");
     assert_eq!(

@@ -32,3 +32,14 @@ pub fn validate(component: &str, name: &str, value: &serde_json::Value) -> Resul
         )),
     }
 }
+
+/// Where a local end connects to a listener bound to `addr`: a wildcard address as loopback.
+pub fn loopback(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match addr.ip() {
+        IpAddr::V4(v) if v.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v) if v.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    std::net::SocketAddr::new(ip, addr.port())
+}
