@@ -70,6 +70,9 @@ pub enum Dropped {
     NoTopic,
     /// The remote broker sent back what the bridge published (MQTT 3.1.1 has no no_local).
     Echo,
+    /// The copy would be larger than the other side takes (`bridge_max_packet_size`, or
+    /// the maximum packet size an MQTT 5 broker announced), as Mosquitto drops it.
+    TooLarge,
 }
 
 /// A session's bookkeeping went wrong: the session ends (and the next one starts clean).
@@ -129,6 +132,8 @@ pub struct Link<A> {
     /// Messages sent out whose echo may come back: fingerprint, when (ms).
     recent: VecDeque<(u64, u64)>,
     lanes: [Lane<A>; 2],
+    /// The largest packet each side takes from the bridge.
+    max_packet: [usize; 2],
 }
 
 /// Whether `topic` matches `filter` (MQTT 4.7; `$` topics only under a filter naming them).
@@ -201,12 +206,20 @@ impl<A> Link<A> {
             echoes,
             recent: VecDeque::new(),
             lanes: [Lane::default(), Lane::default()],
+            max_packet: [
+                super::config::MQTT_MAX_PACKET as usize,
+                cfg.max_packet_size as usize,
+            ],
         }
     }
 
-    /// A message arrived from side `from` on `topic` with `qos` (0 or 1, as delivered),
-    /// at `now_ms`. With QoS 1 the caller holds its acknowledgement until [`Link::acked`]
-    /// gives it back (Forward) or sends it now (Drop).
+    /// Side `to` announced the largest packet it takes (an MQTT 5 CONNACK's).
+    pub fn limit(&mut self, to: Side, max: u32) {
+        let m = &mut self.max_packet[to.ix()];
+        *m = (*m).min(max as usize);
+    }
+
+    /// [`Link::arrived`] for a message whose copy's packet size does not matter.
     pub fn arrived(
         &mut self,
         from: Side,
@@ -214,6 +227,22 @@ impl<A> Link<A> {
         qos: u8,
         payload: &[u8],
         now_ms: u64,
+    ) -> Result<Verdict, LinkError> {
+        self.arrived_sized(from, topic, qos, payload, now_ms, |_, _| 0)
+    }
+
+    /// A message arrived from side `from` on `topic` with `qos` (0 or 1, as delivered),
+    /// at `now_ms`. With QoS 1 the caller holds its acknowledgement until [`Link::acked`]
+    /// gives it back (Forward) or sends it now (Drop). `size` tells the packet size of the
+    /// copy with a topic and QoS (the client's encoding).
+    pub fn arrived_sized(
+        &mut self,
+        from: Side,
+        topic: &str,
+        qos: u8,
+        payload: &[u8],
+        now_ms: u64,
+        size: impl FnOnce(&str, u8) -> usize,
     ) -> Result<Verdict, LinkError> {
         self.expire(now_ms);
         if from == Side::Remote && self.echoes {
@@ -232,6 +261,9 @@ impl<A> Link<A> {
         };
         let mapped = remap(line, from, topic);
         let qos = qos.min(line.qos);
+        if size(&mapped, qos) > self.max_packet[from.other().ix()] {
+            return Ok(Verdict::Drop(Dropped::TooLarge));
+        }
         if qos > 0 {
             let lane = &mut self.lanes[from.ix()];
             if lane.taken >= MAX_IN_FLIGHT {
@@ -462,6 +494,25 @@ mod tests {
             l.arrived(Side::Remote, "a/1", 1, b"p", 20).unwrap(),
             Verdict::Forward { .. }
         ));
+    }
+
+    #[test]
+    fn copies_larger_than_the_far_side_takes_are_dropped() {
+        let mut c = cfg(&["# both 1"]);
+        c.max_packet_size = 200;
+        let mut l: Link<u32> = Link::new(&c, false);
+        let big = |_: &str, _: u8| 300;
+        let v = l.arrived_sized(Side::Local, "t", 1, b"", 0, big).unwrap();
+        assert_eq!(v, Verdict::Drop(Dropped::TooLarge));
+        assert_eq!(l.in_flight(Side::Local), 0);
+        // Inward the local broker's limit holds, until it announces a lower one.
+        assert!(matches!(
+            l.arrived_sized(Side::Remote, "t", 1, b"", 0, big).unwrap(),
+            Verdict::Forward { .. }
+        ));
+        l.limit(Side::Local, 250);
+        let v = l.arrived_sized(Side::Remote, "t", 1, b"", 0, big).unwrap();
+        assert_eq!(v, Verdict::Drop(Dropped::TooLarge));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! sized for the link's bound ([`MAX_IN_FLIGHT`]), so a full channel is a broken bound, an
 //! error, never a wait that could block the other side's acknowledgements.
 
-use super::config::{Address, BridgeConfig, Protocol};
+use super::config::{Address, BridgeConfig, MQTT_MAX_PACKET, Protocol};
 use super::link::{Link, LinkError, MAX_IN_FLIGHT, RECEIVE_MAXIMUM, Side, Verdict, subscriptions};
 use super::status::Counters;
 use bytes::Bytes;
@@ -51,8 +51,8 @@ pub enum SessionError {
     Refused { side: &'static str, reason: String },
     #[error("{0}")]
     Link(#[from] LinkError),
-    #[error("the {0} client's request channel is full")]
-    Full(&'static str),
+    #[error("the {0} client took no more requests: {1}")]
+    Request(&'static str, String),
     #[error("the primary address {0} is reachable again")]
     PrimaryBack(String),
 }
@@ -66,7 +66,8 @@ fn name(s: Side) -> &'static str {
 
 /// What a client reported, whatever its version.
 enum Ev {
-    ConnAck,
+    /// With the largest packet the broker takes, if it said (MQTT 5).
+    ConnAck(Option<u32>),
     Publish {
         topic: String,
         qos: u8,
@@ -132,7 +133,7 @@ impl Loop {
             Loop::V4(l) => {
                 use rumqttc::{Event, Outgoing, Packet};
                 Ok(match l.poll().await.map_err(|e| e.to_string())? {
-                    Event::Incoming(Packet::ConnAck(_)) => Ev::ConnAck,
+                    Event::Incoming(Packet::ConnAck(_)) => Ev::ConnAck(None),
                     Event::Incoming(Packet::Publish(p)) => Ev::Publish {
                         topic: p.topic,
                         qos: qos_of4(p.qos),
@@ -160,7 +161,9 @@ impl Loop {
                 use rumqttc::Outgoing;
                 use rumqttc::v5::{Event, mqttbytes::v5::Packet};
                 Ok(match l.poll().await.map_err(|e| e.to_string())? {
-                    Event::Incoming(Packet::ConnAck(_)) => Ev::ConnAck,
+                    Event::Incoming(Packet::ConnAck(c)) => {
+                        Ev::ConnAck(c.properties.and_then(|p| p.max_packet_size))
+                    }
                     Event::Incoming(Packet::Publish(p)) => Ev::Publish {
                         topic: String::from_utf8_lossy(&p.topic).into_owned(),
                         qos: qos_of5(p.qos),
@@ -263,11 +266,11 @@ struct End<'a> {
     clean: bool,
     login: Option<(&'a str, &'a str)>,
     keepalive: Duration,
-    max_packet: u32,
     will: Option<String>,
 }
 
 fn open(end: End<'_>) -> (Client, Loop) {
+    const MAX: usize = MQTT_MAX_PACKET as usize;
     match end.protocol {
         Protocol::V311 => {
             let mut o = rumqttc::MqttOptions::new(end.client_id, end.host, end.port);
@@ -276,7 +279,9 @@ fn open(end: End<'_>) -> (Client, Loop) {
                 .set_manual_acks(true)
                 .set_inflight(RECEIVE_MAXIMUM)
                 .set_request_channel_capacity(CHANNEL)
-                .set_max_packet_size(end.max_packet as usize, end.max_packet as usize);
+                // Any size in; the link drops a copy too large for a side before it is
+                // sent (`bridge_max_packet_size`, Mosquitto's rule).
+                .set_max_packet_size(MAX, MAX);
             if let Some((u, p)) = end.login {
                 o.set_credentials(u, p);
             }
@@ -299,7 +304,7 @@ fn open(end: End<'_>) -> (Client, Loop) {
                 .set_receive_maximum(Some(RECEIVE_MAXIMUM))
                 .set_outgoing_inflight_upper_limit(RECEIVE_MAXIMUM)
                 .set_request_channel_capacity(CHANNEL)
-                .set_max_packet_size(Some(end.max_packet));
+                .set_max_packet_size(Some(MQTT_MAX_PACKET));
             if !end.clean {
                 // A persistent session: kept while the bridge is away.
                 o.set_session_expiry_interval(Some(u32::MAX));
@@ -316,8 +321,9 @@ fn open(end: End<'_>) -> (Client, Loop) {
     }
 }
 
-/// Polls `l` until its CONNACK, bounded in time.
-async fn connect(l: &mut Loop, side: Side, addr: &str) -> Result<(), SessionError> {
+/// Polls `l` until its CONNACK, bounded in time; the largest packet the broker takes, if it
+/// said.
+async fn connect(l: &mut Loop, side: Side, addr: &str) -> Result<Option<u32>, SessionError> {
     let failed = |error: String| SessionError::Connection {
         side: name(side),
         addr: addr.to_string(),
@@ -326,7 +332,7 @@ async fn connect(l: &mut Loop, side: Side, addr: &str) -> Result<(), SessionErro
     let wait = async {
         loop {
             match l.next().await {
-                Ok(Ev::ConnAck) => return Ok(()),
+                Ok(Ev::ConnAck(max)) => return Ok(max),
                 Ok(_) => {}
                 Err(e) => return Err(e),
             }
@@ -359,6 +365,27 @@ fn forwardable(props: Option<p5::PublishProperties>) -> Option<p5::PublishProper
     })
 }
 
+/// The size of a PUBLISH packet as the client encodes it.
+fn packet_size(
+    v5: bool,
+    topic: &str,
+    qos: u8,
+    payload: &Bytes,
+    props: &Option<p5::PublishProperties>,
+) -> usize {
+    if v5 {
+        return p5::Publish::new(topic, q5(qos), payload.clone(), props.clone()).size();
+    }
+    let len = 2 + topic.len() + payload.len() + if qos > 0 { 2 } else { 0 };
+    let varint = match len {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
+    };
+    1 + varint + len
+}
+
 /// Runs one session to `addr` (`index` in the list) until it fails or `stop` turns true.
 pub async fn session(
     ctx: &Ctx<'_>,
@@ -385,11 +412,10 @@ pub async fn session(
         clean: cfg.cleansession,
         login: remote_login,
         keepalive: cfg.keepalive,
-        max_packet: cfg.max_packet_size,
         will: (cfg.notifications && !cfg.notifications_local_only).then(|| topic.clone()),
     });
     let addr_text = addr.to_string();
-    connect(&mut remote_loop, Side::Remote, &addr_text).await?;
+    let remote_max = connect(&mut remote_loop, Side::Remote, &addr_text).await?;
     let (local_client, mut local_loop) = open(End {
         protocol: Protocol::V5,
         client_id: cfg.local_clientid(ctx.hostname),
@@ -398,19 +424,23 @@ pub async fn session(
         clean: cfg.local_cleansession,
         login: local_login,
         keepalive: cfg.keepalive,
-        max_packet: cfg.max_packet_size,
         will: cfg.notifications.then(|| topic.clone()),
     });
     let local_text = local.to_string();
-    connect(&mut local_loop, Side::Local, &local_text).await?;
+    let local_max = connect(&mut local_loop, Side::Local, &local_text).await?;
 
     let mut link: Link<u16> = Link::new(cfg, cfg.protocol == Protocol::V311);
+    for (side, max) in [(Side::Remote, remote_max), (Side::Local, local_max)] {
+        if let Some(m) = max {
+            link.limit(side, m);
+        }
+    }
     let clients = [local_client, remote];
     let client = |s: Side| match s {
         Side::Local => &clients[0],
         Side::Remote => &clients[1],
     };
-    let full = |s: Side| move |_| SessionError::Full(name(s));
+    let full = |s: Side| move |e| SessionError::Request(name(s), e);
     let mut pending_subs: Vec<(Side, Vec<String>)> = Vec::new();
     for side in [Side::Local, Side::Remote] {
         let subs = subscriptions(&cfg.topics, side);
@@ -478,12 +508,12 @@ pub async fn session(
                 props,
             } => {
                 let to = side.other();
-                match link.arrived(side, &topic, qos, &payload, (ctx.now_ms)())? {
+                let v5 = to == Side::Local || cfg.protocol == Protocol::V5;
+                let props = if v5 { forwardable(props) } else { None };
+                let size = |t: &str, q: u8| packet_size(v5, t, q, &payload, &props);
+                let now = (ctx.now_ms)();
+                match link.arrived_sized(side, &topic, qos, &payload, now, size)? {
                     Verdict::Forward { topic, qos: fq } => {
-                        let props = match (to, cfg.protocol) {
-                            (Side::Remote, Protocol::V311) => None,
-                            _ => forwardable(props),
-                        };
                         client(to)
                             .publish(topic, fq, retain, payload, props)
                             .map_err(full(to))?;
@@ -542,7 +572,7 @@ pub async fn session(
                     error: "the broker sent DISCONNECT".into(),
                 });
             }
-            Ev::ConnAck | Ev::Other => {}
+            Ev::ConnAck(_) | Ev::Other => {}
         }
     }
 }
