@@ -127,6 +127,8 @@ impl<A> Default for Lane<A> {
 /// operator sees live in the status).
 pub struct Link<A> {
     topics: Vec<TopicLine>,
+    /// Each line's (local, remote) filter, made once.
+    filters: Vec<(String, String)>,
     /// The remote side echoes what the bridge publishes (MQTT 3.1.1: no no_local).
     echoes: bool,
     /// Messages sent out whose echo may come back: fingerprint, when (ms).
@@ -203,6 +205,11 @@ impl<A> Link<A> {
     pub fn new(cfg: &BridgeConfig, echoes: bool) -> Link<A> {
         Link {
             topics: cfg.topics.clone(),
+            filters: cfg
+                .topics
+                .iter()
+                .map(|t| (t.local_topic(), t.remote_topic()))
+                .collect(),
             echoes,
             recent: VecDeque::new(),
             lanes: [Lane::default(), Lane::default()],
@@ -252,10 +259,15 @@ impl<A> Link<A> {
                 return Ok(Verdict::Drop(Dropped::Echo));
             }
         }
-        let line = self.topics.iter().find(|t| match from {
-            Side::Local => t.direction.out() && matches(&t.local_topic(), topic),
-            Side::Remote => t.direction.inward() && matches(&t.remote_topic(), topic),
-        });
+        let line = self
+            .topics
+            .iter()
+            .zip(&self.filters)
+            .find(|(t, (local, remote))| match from {
+                Side::Local => t.direction.out() && matches(local, topic),
+                Side::Remote => t.direction.inward() && matches(remote, topic),
+            })
+            .map(|(t, _)| t);
         let Some(line) = line else {
             return Ok(Verdict::Drop(Dropped::NoTopic));
         };
@@ -286,7 +298,8 @@ impl<A> Link<A> {
     fn echo_possible(&self, topic: &str) -> bool {
         self.topics
             .iter()
-            .any(|t| t.direction.inward() && matches(&t.remote_topic(), topic))
+            .zip(&self.filters)
+            .any(|(t, (_, remote))| t.direction.inward() && matches(remote, topic))
     }
 
     fn expire(&mut self, now_ms: u64) {
