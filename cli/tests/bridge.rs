@@ -742,7 +742,7 @@ async fn mosquittos_bridge_into_warren() {
     let w = warren(&dir.join("w"), "127.0.0.1:0", None);
     let extra = format!(
         "connection towarren\naddress 127.0.0.1:{}\ntopic m/# out 1\ntry_private false\n\
-         cleansession true\nrestart_timeout 1\n",
+         cleansession true\nrestart_timeout 1\nremote_clientid mosq-tw\n",
         w.mqtt()
     );
     let m = mosquitto(&dir, free_port(), &extra);
