@@ -779,6 +779,50 @@ async fn mosquittos_bridge_into_warren() {
     .await;
 }
 
+/// Two addresses, `round_robin` false: the primary is down, the bridge runs on the
+/// secondary; once the primary is up the bridge moves back to it (Mosquitto's rule).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secondary_address_then_back_to_the_primary() {
+    let dir = scratch_dir("bridge", "addrs");
+    let primary = free_port();
+    let secondary = mosquitto(&dir, free_port(), "");
+    let config = format!(
+        "[[bridge]]\nname = \"two\"\naddress = [\"127.0.0.1:{primary}\", \"127.0.0.1:{}\"]\n\
+         topic = [\"t/# out 1\"]\nrestart_timeout = 1\n",
+        secondary.port
+    );
+    let w = warren(&dir.join("w"), "127.0.0.1:0", Some(&config));
+    let on_secondary = format!("connected to 127.0.0.1:{}", secondary.port);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !w.0.logged(&["bridge running", &on_secondary]) {
+        assert!(Instant::now() < deadline, "runs on the secondary");
+    }
+    let (_s, far2) = subscriber(secondary.port, "s2", true, &["t/#"]).await;
+    let first = bodies("first", 50);
+    assert_eq!(
+        publish(w.mqtt(), "t/x", &first, Duration::from_secs(10))
+            .await
+            .len(),
+        50
+    );
+    arrives(&far2, &first, Duration::from_secs(10), "via the secondary").await;
+    let p = mosquitto(&dir, primary, "");
+    let on_primary = format!("connected to 127.0.0.1:{primary}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.0.logged(&["bridge running", &on_primary]) {
+        assert!(Instant::now() < deadline, "moves back to the primary");
+    }
+    let (_s, far1) = subscriber(p.port, "s1", true, &["t/#"]).await;
+    let second = bodies("second", 50);
+    assert_eq!(
+        publish(w.mqtt(), "t/x", &second, Duration::from_secs(10))
+            .await
+            .len(),
+        50
+    );
+    arrives(&far1, &second, Duration::from_secs(10), "via the primary").await;
+}
+
 /// `warren serve --config` with `toml`: exits 2 with a message containing every `says`.
 fn refused(tag: &str, toml: &str, says: &[&str]) {
     let dir = scratch_dir("bridge-conf", tag);

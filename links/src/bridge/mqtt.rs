@@ -22,6 +22,10 @@ use tokio::sync::watch;
 /// directions, notifications).
 const CHANNEL: usize = 4 * MAX_IN_FLIGHT + 64;
 
+/// How often a bridge on a secondary address checks whether the primary is back
+/// (`round_robin` false; Mosquitto's 5 s).
+const PRIMARY_PROBE: Duration = Duration::from_secs(5);
+
 /// How long a connect (TCP and CONNACK) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -466,7 +470,7 @@ pub async fn session(
         (ctx.running)(addr);
     }
     // Whether the primary address is back (round_robin false, on a secondary).
-    let mut probe = tokio::time::interval(Duration::from_secs(30));
+    let mut probe = tokio::time::interval(PRIMARY_PROBE);
     probe.tick().await;
     let primary = (!cfg.round_robin && index != 0).then(|| cfg.addresses[0].clone());
     loop {
