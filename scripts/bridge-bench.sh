@@ -3,11 +3,14 @@
 # broker A, a subscriber on Mosquitto B, A's bridge moving `bench/#` out with QoS 1.
 #   A = warren serve (its [[bridge]]; fsync on, then --fsync off)
 #   A = mosquitto   (its own `connection` block, no persistence)
-# Clients: mosquitto_pub (-l: one message per stdin line, -M inflight) and mosquitto_sub (-C N), so both A's
-# see the same load. Prints messages/s per setup.
+#   B alone  (the publisher on B: what the clients and B do without a bridge)
+# Clients: mosquitto_pub (-l: one message per stdin line, -M in flight) and mosquitto_sub
+# (-C N), so every A sees the same load. Prints messages/s per setup. (mosquitto_pub -l
+# drops its connection on large inputs with a large -M: N 50,000 and -M 100 work.)
 #
-#   scripts/bridge-bench.sh [WARREN_BIN] [N] [SIZE]
-# WARREN_BIN defaults to target/release/warren (cargo build --release -p warren-cli).
+#   [INFLIGHT=100] [KEEP=1] scripts/bridge-bench.sh [WARREN_BIN] [N] [SIZE]
+# WARREN_BIN defaults to target/release/warren (cargo build --release -p warren-cli); KEEP
+# keeps the work directory (the brokers' logs).
 set -euo pipefail
 bin=${1:-target/release/warren}
 n=${2:-50000}
@@ -17,10 +20,11 @@ mosq=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 [ -x "$mosq" ] || { echo "mosquitto is not installed" >&2; exit 1; }
 [ -x "$bin" ] || { echo "no warren binary at $bin" >&2; exit 1; }
 work=$(mktemp -d)
+echo "work dir $work" >&2
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
+  [ -n "${KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 
