@@ -183,7 +183,13 @@ fn bridge_running(w: &Warren, name: &str) {
     while !w.0.logged(&["bridge running", name]) {
         assert!(
             Instant::now() < deadline,
-            "bridge {name} is not running after 20 s"
+            "bridge {name} is not running after 20 s: {:?}",
+            w.0.log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .filter(|l| l.contains("bridge"))
+                .collect::<Vec<_>>()
         );
     }
 }
@@ -823,6 +829,137 @@ async fn secondary_address_then_back_to_the_primary() {
     arrives(&far1, &second, Duration::from_secs(10), "via the primary").await;
 }
 
+/// A CA (PEM in `dir/NAME-ca.pem`) that signs certificates for `names`.
+struct Ca {
+    params: rcgen::CertificateParams,
+    key: rcgen::KeyPair,
+}
+
+impl Ca {
+    fn new(dir: &Path, name: &str) -> Ca {
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{name} CA"));
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("CA");
+        std::fs::write(dir.join(format!("{name}-ca.pem")), cert.pem()).expect("write");
+        Ca { params, key }
+    }
+
+    /// Writes `dir/FILE.pem` and `dir/FILE.key`, a certificate for `names`.
+    fn issue(&self, dir: &Path, file: &str, names: &[&str]) {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, file);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
+        let cert = params.signed_by(&key, &issuer).expect("sign");
+        std::fs::write(dir.join(format!("{file}.pem")), cert.pem()).expect("write");
+        std::fs::write(dir.join(format!("{file}.key")), key.serialize_pem()).expect("write");
+    }
+}
+
+/// TLS to Mosquitto: mutual TLS with `bridge_cafile` + `bridge_certfile`/`bridge_keyfile`;
+/// a CA that did not sign the server's certificate is refused; a certificate for another
+/// name is refused unless `bridge_insecure` (which still checks the chain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_mosquitto() {
+    let dir = scratch_dir("bridge", "tls");
+    let ca = Ca::new(&dir, "good");
+    Ca::new(&dir, "other");
+    ca.issue(&dir, "server", &["localhost", "127.0.0.1"]);
+    ca.issue(&dir, "elsewhere", &["elsewhere.example"]);
+    ca.issue(&dir, "client", &["bridge-client"]);
+    let d = dir.display();
+    // Each Mosquitto: a TLS listener for the bridges, a plain one for the test's subscriber.
+    let (plain1, plain2) = (free_port(), free_port());
+    let mtls = mosquitto(
+        &dir,
+        free_port(),
+        &format!(
+            "cafile {d}/good-ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\n\
+             require_certificate true\nlistener {plain1} 127.0.0.1\n"
+        ),
+    );
+    let named = mosquitto(
+        &dir,
+        free_port(),
+        &format!(
+            "certfile {d}/elsewhere.pem\nkeyfile {d}/elsewhere.key\nlistener {plain2} 127.0.0.1\n"
+        ),
+    );
+    wait_listening(plain1);
+    wait_listening(plain2);
+    let bridge = |name: &str, port: u16, topic: &str, extra: &str| {
+        format!(
+            "[[bridge]]\nname = \"{name}\"\naddress = [\"127.0.0.1:{port}\"]\n\
+             topic = [\"{topic}/# out 1\"]\nrestart_timeout = 1\n{extra}\n"
+        )
+    };
+    let good = format!("bridge_cafile = \"{d}/good-ca.pem\"\n");
+    let client =
+        format!("bridge_certfile = \"{d}/client.pem\"\nbridge_keyfile = \"{d}/client.key\"\n");
+    let config = [
+        bridge("mtls", mtls.port, "a", &format!("{good}{client}")),
+        bridge(
+            "wrongca",
+            mtls.port,
+            "b",
+            &format!("bridge_cafile = \"{d}/other-ca.pem\"\n"),
+        ),
+        bridge("strict", named.port, "c", &good),
+        bridge(
+            "insecure",
+            named.port,
+            "d",
+            &format!("{good}bridge_insecure = true\n"),
+        ),
+    ]
+    .concat();
+    let w = warren(&dir.join("w"), "127.0.0.1:0", Some(&config));
+    bridge_running(&w, "mtls");
+    bridge_running(&w, "insecure");
+    for name in ["wrongca", "strict"] {
+        assert!(
+            w.0.logged(&["bridge terminated", name, "certificate"]),
+            "{name} is refused for its certificate: {:?}",
+            w.0.log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        );
+        let running = format!("warren_bridge_state{{bridge=\"{name}\",state=\"running\"}}");
+        assert_eq!(w.metric(&running), Some(0));
+    }
+    let (_a, on_m1) = subscriber(plain1, "s1", true, &["a/#"]).await;
+    let (_d, on_m2) = subscriber(plain2, "s2", true, &["d/#"]).await;
+    let a = bodies("tls-a", 100);
+    let d_ = bodies("tls-d", 100);
+    assert_eq!(
+        publish(w.mqtt(), "a/x", &a, Duration::from_secs(10))
+            .await
+            .len(),
+        100
+    );
+    assert_eq!(
+        publish(w.mqtt(), "d/x", &d_, Duration::from_secs(10))
+            .await
+            .len(),
+        100
+    );
+    arrives(&on_m1, &a, Duration::from_secs(20), "over mutual TLS").await;
+    arrives(
+        &on_m2,
+        &d_,
+        Duration::from_secs(20),
+        "over TLS, bridge_insecure",
+    )
+    .await;
+}
+
 /// `warren serve --config` with `toml`: exits 2 with a message containing every `says`.
 fn refused(tag: &str, toml: &str, says: &[&str]) {
     let dir = scratch_dir("bridge-conf", tag);
@@ -877,8 +1014,13 @@ fn bad_bridge_configurations_are_refused() {
     refused("qos2", &format!("{head}topic = [\"a in 2\"]\n"), &["QoS"]);
     refused(
         "tls",
-        &format!("{head}topic = [\"a\"]\nbridge_cafile = \"/etc/ca.pem\"\n"),
-        &["bridge_cafile", "TLS"],
+        &format!("{head}topic = [\"a\"]\nbridge_cafile = \"/nonexistent/ca.pem\"\n"),
+        &["bridge_cafile /nonexistent/ca.pem"],
+    );
+    refused(
+        "psk",
+        &format!("{head}topic = [\"a\"]\nbridge_psk = \"00\"\n"),
+        &["bridge_psk", "not supported"],
     );
     refused(
         "twice",

@@ -1,7 +1,7 @@
 //! A `[[bridge]]` table of `warren.toml`: Mosquitto's `connection` block (mosquitto.conf(5),
 //! "Configuring Bridges") with its key names, defaults and topic lines, checked when the file
-//! is read. A key Warren does not serve (TLS, `start_type` other than `automatic`, ...) is
-//! refused with a message naming it, never ignored: serde's `deny_unknown_fields` for
+//! is read. A key Warren does not serve (TLS-PSK, `start_type` other than `automatic`, ...)
+//! is refused with a message naming it, never ignored: serde's `deny_unknown_fields` for
 //! unknown keys, [`Raw`]'s checks for known ones.
 
 use serde::de::{self, IgnoredAny};
@@ -251,6 +251,8 @@ pub struct BridgeConfig {
     pub notification_topic: Option<String>,
     /// Largest packet either end sends or takes (`bridge_max_packet_size`, 0: MQTT's limit).
     pub max_packet_size: u32,
+    /// TLS to the remote broker (`bridge_cafile` or `bridge_capath` given).
+    pub tls: Option<super::tls::TlsSettings>,
 }
 
 /// MQTT's largest packet (a 4-byte remaining length).
@@ -331,14 +333,14 @@ struct Raw {
     bridge_max_packet_size: Option<u32>,
     start_type: Option<String>,
     try_private: Option<bool>,
+    bridge_cafile: Option<std::path::PathBuf>,
+    bridge_capath: Option<std::path::PathBuf>,
+    bridge_certfile: Option<std::path::PathBuf>,
+    bridge_keyfile: Option<std::path::PathBuf>,
+    bridge_insecure: Option<bool>,
+    bridge_tls_version: Option<String>,
+    bridge_alpn: Option<String>,
     // Known to Mosquitto, not served yet: refused by name below.
-    bridge_cafile: Option<IgnoredAny>,
-    bridge_capath: Option<IgnoredAny>,
-    bridge_certfile: Option<IgnoredAny>,
-    bridge_keyfile: Option<IgnoredAny>,
-    bridge_insecure: Option<IgnoredAny>,
-    bridge_tls_version: Option<IgnoredAny>,
-    bridge_alpn: Option<IgnoredAny>,
     bridge_identity: Option<IgnoredAny>,
     bridge_psk: Option<IgnoredAny>,
     bridge_require_ocsp: Option<IgnoredAny>,
@@ -353,23 +355,26 @@ impl Raw {
     fn check(self) -> Result<BridgeConfig, String> {
         let name = self.name;
         let unsupported = [
-            ("bridge_cafile", self.bridge_cafile.is_some()),
-            ("bridge_capath", self.bridge_capath.is_some()),
-            ("bridge_certfile", self.bridge_certfile.is_some()),
-            ("bridge_keyfile", self.bridge_keyfile.is_some()),
-            ("bridge_insecure", self.bridge_insecure.is_some()),
-            ("bridge_tls_version", self.bridge_tls_version.is_some()),
-            ("bridge_alpn", self.bridge_alpn.is_some()),
             ("bridge_identity", self.bridge_identity.is_some()),
             ("bridge_psk", self.bridge_psk.is_some()),
             ("bridge_require_ocsp", self.bridge_require_ocsp.is_some()),
         ];
         if let Some((key, _)) = unsupported.iter().find(|(_, set)| *set) {
             return Err(format!(
-                "bridge {name:?}: {key}: TLS bridges are not supported yet (docs/bridges.md); \
-                 remove the key or bridge over plain TCP"
+                "bridge {name:?}: {key}: TLS-PSK and OCSP are not supported (docs/bridges.md); \
+                 use bridge_cafile with certificates"
             ));
         }
+        let tls = tls_settings(
+            &name,
+            self.bridge_cafile,
+            self.bridge_capath,
+            self.bridge_certfile,
+            self.bridge_keyfile,
+            self.bridge_insecure,
+            self.bridge_tls_version,
+            self.bridge_alpn,
+        )?;
         for (key, set) in [
             ("bridge_bind_address", self.bridge_bind_address.is_some()),
             (
@@ -547,8 +552,66 @@ impl Raw {
             notifications_local_only: self.notifications_local_only.unwrap_or(false),
             notification_topic: self.notification_topic,
             max_packet_size,
+            tls,
         })
     }
+}
+
+/// The TLS keys, checked (files read once now: a bad one fails the config load).
+#[allow(clippy::too_many_arguments)] // the table's keys, one call site
+fn tls_settings(
+    name: &str,
+    cafile: Option<std::path::PathBuf>,
+    capath: Option<std::path::PathBuf>,
+    certfile: Option<std::path::PathBuf>,
+    keyfile: Option<std::path::PathBuf>,
+    insecure: Option<bool>,
+    version: Option<String>,
+    alpn: Option<String>,
+) -> Result<Option<super::tls::TlsSettings>, String> {
+    let err = |e: String| format!("bridge {name:?}: {e}");
+    if cafile.is_none() && capath.is_none() {
+        for (key, set) in [
+            ("bridge_certfile", certfile.is_some()),
+            ("bridge_keyfile", keyfile.is_some()),
+            ("bridge_insecure", insecure.is_some()),
+            ("bridge_tls_version", version.is_some()),
+            ("bridge_alpn", alpn.is_some()),
+        ] {
+            if set {
+                return Err(err(format!(
+                    "{key} needs bridge_cafile or bridge_capath (either turns TLS on, as in Mosquitto)"
+                )));
+            }
+        }
+        return Ok(None);
+    }
+    let client = match (certfile, keyfile) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            return Err(err(
+                "bridge_certfile and bridge_keyfile go together (a client certificate and its key)"
+                    .into(),
+            ));
+        }
+    };
+    if let Some(v) = &version {
+        super::tls::version(v).map_err(err)?;
+    }
+    if alpn.as_ref().is_some_and(|a| a.is_empty() || a.len() > 255) {
+        return Err(err("bridge_alpn must be 1 to 255 bytes".into()));
+    }
+    let s = super::tls::TlsSettings {
+        cafile,
+        capath,
+        client,
+        insecure: insecure.unwrap_or(false),
+        version,
+        alpn,
+    };
+    super::tls::client_config(&s).map_err(err)?;
+    Ok(Some(s))
 }
 
 impl<'de> Deserialize<'de> for BridgeConfig {
@@ -641,12 +704,22 @@ mod tests {
             b.notification_topic("host"),
             "$SYS/broker/connection/host.edge/state"
         );
-        let bad =
-            serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bridge_cafile": "x"});
+        let bad = serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bridge_cafile": "/nonexistent/ca.pem"});
         let e = serde_json::from_value::<BridgeConfig>(bad)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("bridge_cafile"), "{e}");
+        assert!(e.contains("bridge_cafile /nonexistent/ca.pem"), "{e}");
+        let bad = serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bridge_insecure": true});
+        let e = serde_json::from_value::<BridgeConfig>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bridge_insecure needs bridge_cafile"), "{e}");
+        let bad =
+            serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bridge_psk": "00"});
+        let e = serde_json::from_value::<BridgeConfig>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bridge_psk"), "{e}");
         let bad = serde_json::json!({"name": "e", "address": "h", "topic": ["#"], "bogus": 1});
         let e = serde_json::from_value::<BridgeConfig>(bad)
             .unwrap_err()

@@ -13,6 +13,7 @@ pub mod config;
 pub mod link;
 pub mod mqtt;
 pub mod status;
+pub mod tls;
 
 pub use config::{BridgeConfig, Bridges};
 

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS as Q5;
 use rumqttc::v5::mqttbytes::v5 as p5;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -271,6 +272,7 @@ struct End<'a> {
     login: Option<(&'a str, &'a str)>,
     keepalive: Duration,
     will: Option<String>,
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 fn open(end: End<'_>) -> (Client, Loop) {
@@ -297,6 +299,11 @@ fn open(end: End<'_>) -> (Client, Loop) {
                     true,
                 ));
             }
+            if let Some(c) = end.tls {
+                o.set_transport(rumqttc::Transport::tls_with_config(
+                    rumqttc::TlsConfiguration::Rustls(c),
+                ));
+            }
             let (c, l) = rumqttc::AsyncClient::new(o, CHANNEL);
             (Client::V4(c), Loop::V4(Box::new(l)))
         }
@@ -318,6 +325,11 @@ fn open(end: End<'_>) -> (Client, Loop) {
             }
             if let Some(t) = end.will {
                 o.set_last_will(p5::LastWill::new(t, "0", Q5::AtLeastOnce, true, None));
+            }
+            if let Some(c) = end.tls {
+                o.set_transport(rumqttc::Transport::tls_with_config(
+                    rumqttc::TlsConfiguration::Rustls(c),
+                ));
             }
             let (c, l) = rumqttc::v5::AsyncClient::new(o, CHANNEL);
             (Client::V5(c), Loop::V5(Box::new(l)))
@@ -417,6 +429,16 @@ pub async fn session(
         login: remote_login,
         keepalive: cfg.keepalive,
         will: (cfg.notifications && !cfg.notifications_local_only).then(|| topic.clone()),
+        tls: match &cfg.tls {
+            None => None,
+            Some(t) => Some(Arc::new(super::tls::client_config(t).map_err(|error| {
+                SessionError::Connection {
+                    side: "remote",
+                    addr: addr.to_string(),
+                    error,
+                }
+            })?)),
+        },
     });
     let addr_text = addr.to_string();
     let remote_max = connect(&mut remote_loop, Side::Remote, &addr_text).await?;
@@ -429,6 +451,7 @@ pub async fn session(
         login: local_login,
         keepalive: cfg.keepalive,
         will: cfg.notifications.then(|| topic.clone()),
+        tls: None,
     });
     let local_text = local.to_string();
     let local_max = connect(&mut local_loop, Side::Local, &local_text).await?;
