@@ -785,6 +785,56 @@ async fn mosquittos_bridge_into_warren() {
     .await;
 }
 
+/// The far side refuses some copies (MQTT 5 PUBACK 0x87, a topic permission on the remote
+/// Warren): they are dropped and counted, the bridge goes on, the others arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_the_remote_refuses_are_dropped_and_the_bridge_goes_on() {
+    let dir = scratch_dir("bridge", "refused");
+    let b = warren(&dir.join("b"), "127.0.0.1:0", None);
+    let put = common::http::call(
+        b.0.management.expect("API"),
+        "PUT",
+        "/api/topic-permissions/%2F/guest",
+        Some(serde_json::json!({"exchange": "amq.topic", "write": "^ok\\.", "read": ".*"})),
+    );
+    assert!(put.status < 300, "topic permission set: {}", put.status);
+    let config = format!(
+        "[[bridge]]\nname = \"r\"\naddress = [\"127.0.0.1:{}\"]\n\
+         topic = [\"ok/# out 1\", \"no/# out 1\"]\nprotocol_version = \"mqttv50\"\n\
+         restart_timeout = 1\n",
+        b.mqtt()
+    );
+    let a = warren(&dir.join("a"), "127.0.0.1:0", Some(&config));
+    bridge_running(&a, "r");
+    let (_s, far) = subscriber(b.mqtt(), "far", true, &["ok/#", "no/#"]).await;
+    let no = bodies("no", 50);
+    let ok = bodies("ok", 50);
+    assert_eq!(
+        publish(a.mqtt(), "no/x", &no, Duration::from_secs(10))
+            .await
+            .len(),
+        50
+    );
+    assert_eq!(
+        publish(a.mqtt(), "ok/x", &ok, Duration::from_secs(10))
+            .await
+            .len(),
+        50
+    );
+    arrives(&far, &ok, Duration::from_secs(20), "the allowed ones").await;
+    assert_eq!(times(&far, "no-"), (0, 0), "the refused ones are not there");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.metric("warren_bridge_messages_dropped_total{bridge=\"r\"}") != Some(50) {
+        assert!(Instant::now() < deadline, "50 dropped: {}", a.metrics());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        a.metric("warren_bridge_reconnects_total{bridge=\"r\"}"),
+        Some(0)
+    );
+    assert!(a.0.logged(&["refused", "dropped"]), "one warning says so");
+}
+
 /// Two addresses, `round_robin` false: the primary is down, the bridge runs on the
 /// secondary; once the primary is up the bridge moves back to it (Mosquitto's rule).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

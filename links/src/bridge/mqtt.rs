@@ -85,11 +85,17 @@ enum Ev {
     Numbered(u16),
     PubAck {
         pkid: u16,
-        failure: Option<String>,
+        failure: Option<Refusal>,
     },
     SubAck(Vec<bool>),
     Disconnect,
     Other,
+}
+
+/// A PUBACK's failure reason (MQTT 5).
+enum Refusal {
+    Permanent(String),
+    Transient(String),
 }
 
 enum Client {
@@ -183,7 +189,15 @@ impl Loop {
                             p5::PubAckReason::Success | p5::PubAckReason::NoMatchingSubscribers => {
                                 None
                             }
-                            other => Some(format!("{other:?}")),
+                            // What the broker will refuse again: the copy is dropped.
+                            r @ (p5::PubAckReason::NotAuthorized
+                            | p5::PubAckReason::TopicNameInvalid
+                            | p5::PubAckReason::PayloadFormatInvalid) => {
+                                Some(Refusal::Permanent(format!("{r:?}")))
+                            }
+                            // Perhaps not next time (quota, an error): the session ends and
+                            // the source sends it again.
+                            other => Some(Refusal::Transient(format!("{other:?}"))),
                         },
                     },
                     Event::Incoming(Packet::SubAck(s)) => Ev::SubAck(
@@ -496,6 +510,7 @@ pub async fn session(
     let mut probe = tokio::time::interval(PRIMARY_PROBE);
     probe.tick().await;
     let primary = (!cfg.round_robin && index != 0).then(|| cfg.addresses[0].clone());
+    let mut refused_logged = false;
     loop {
         let (side, ev) = tokio::select! {
             _ = stop.changed() => return Ok(Ended::Stopped),
@@ -563,13 +578,36 @@ pub async fn session(
                 }
             }
             Ev::PubAck { pkid, failure } => {
-                if let Some(reason) = failure {
+                if let Some(Refusal::Transient(reason)) = failure {
                     return Err(SessionError::Refused {
                         side: name(side),
                         reason,
                     });
                 }
-                if let Some(ack) = link.acked(side, pkid)? {
+                let ack = link.acked(side, pkid)?;
+                if let Some(Refusal::Permanent(reason)) = failure {
+                    // Dropped (acknowledged to its source): sending it again would be
+                    // refused again and hold up everything behind it.
+                    let what = if ack.is_some() {
+                        "a copy"
+                    } else {
+                        "the bridge's state notification"
+                    };
+                    if !refused_logged {
+                        refused_logged = true;
+                        tracing::warn!(
+                            bridge = %warren_core::escape::Escaped(&cfg.name),
+                            "the {} broker refused {what} ({reason}); refused copies are \
+                             dropped (warren_bridge_messages_dropped_total), logged once per \
+                             session",
+                            name(side)
+                        );
+                    }
+                    if let Some(ack) = ack {
+                        ctx.counters.dropped(side.other());
+                        client(side.other()).ack(ack).map_err(full(side.other()))?;
+                    }
+                } else if let Some(ack) = ack {
                     client(side.other()).ack(ack).map_err(full(side.other()))?;
                     ctx.counters.moved(side.other());
                 }
