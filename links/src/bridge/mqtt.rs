@@ -4,9 +4,11 @@
 //! ([`super::link::Link`]) decides, this moves bytes. A new session makes new clients: what
 //! an old one left unacknowledged is sent again by its source (a persistent session).
 //!
-//! One task polls both event loops; every request to a client is a `try_*` on a channel
-//! sized for the link's bound ([`MAX_IN_FLIGHT`]), so a full channel is a broken bound, an
-//! error, never a wait that could block the other side's acknowledgements.
+//! Each event loop is polled by a task of its own (a poll is never cancelled: one dropped
+//! mid-write would lose a packet) and hands its events to the session's task over a bounded
+//! channel; every request to a client is a `try_*` on a channel sized for the link's bound
+//! ([`MAX_IN_FLIGHT`]), so a full channel is a broken bound, an error, never a wait that
+//! could block the other side's acknowledgements.
 
 use super::config::{Address, BridgeConfig, MQTT_MAX_PACKET, Protocol};
 use super::link::{Link, LinkError, MAX_IN_FLIGHT, RECEIVE_MAXIMUM, Side, Verdict, subscriptions};
@@ -351,6 +353,34 @@ fn open(end: End<'_>) -> (Client, Loop) {
     }
 }
 
+/// Events an event loop's task hands the link ahead of it at most.
+const EVENTS: usize = 256;
+
+/// Aborts a task when dropped (a session's event loops end with it).
+struct Aborting(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Polls `l` in a task of its own until it fails, handing each event over a bounded
+/// channel (a full one stops the polling: the socket pushes back).
+fn drive(mut l: Loop) -> (tokio::sync::mpsc::Receiver<Result<Ev, String>>, Aborting) {
+    let (tx, rx) = tokio::sync::mpsc::channel(EVENTS);
+    let task = tokio::spawn(async move {
+        loop {
+            let ev = l.next().await;
+            let failed = ev.is_err();
+            if tx.send(ev).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    (rx, Aborting(task))
+}
+
 /// Polls `l` until its CONNACK, bounded in time; the largest packet the broker takes, if it
 /// said.
 async fn connect(l: &mut Loop, side: Side, addr: &str) -> Result<Option<u32>, SessionError> {
@@ -469,6 +499,10 @@ pub async fn session(
     });
     let local_text = local.to_string();
     let local_max = connect(&mut local_loop, Side::Local, &local_text).await?;
+    // From here each event loop is polled by a task of its own and never cancelled (a poll
+    // dropped while it writes would lose a packet); the link hears their events in order.
+    let (mut local_events, _local_task) = drive(local_loop);
+    let (mut remote_events, _remote_task) = drive(remote_loop);
 
     let mut link: Link<u16> = Link::new(cfg, cfg.protocol == Protocol::V311);
     for (side, max) in [(Side::Remote, remote_max), (Side::Local, local_max)] {
@@ -507,27 +541,47 @@ pub async fn session(
         (ctx.running)(addr);
     }
     // Whether the primary address is back (round_robin false, on a secondary).
-    let mut probe = tokio::time::interval(PRIMARY_PROBE);
-    probe.tick().await;
-    let primary = (!cfg.round_robin && index != 0).then(|| cfg.addresses[0].clone());
+    // On a secondary (round_robin false): a task checks the primary every 5 s and says
+    // when it accepts connections.
+    // (The session keeps a sender: without a probe, `recv` waits forever.)
+    let (back_tx, mut primary_back) = tokio::sync::mpsc::channel::<String>(1);
+    let _probe = (!cfg.round_robin && index != 0).then(|| {
+        let p = cfg.addresses[0].clone();
+        let back_tx = back_tx.clone();
+        Aborting(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(PRIMARY_PROBE).await;
+                let reach = tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    tokio::net::TcpStream::connect((p.host.as_str(), p.port)),
+                )
+                .await;
+                if matches!(reach, Ok(Ok(_))) {
+                    let _ = back_tx.send(p.to_string()).await;
+                    break;
+                }
+            }
+        }))
+    });
     let mut refused_logged = false;
+    let subscribed_by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     loop {
         let (side, ev) = tokio::select! {
             _ = stop.changed() => return Ok(Ended::Stopped),
-            ev = local_loop.next() => (Side::Local, ev),
-            ev = remote_loop.next() => (Side::Remote, ev),
-            _ = probe.tick(), if primary.is_some() => {
-                if let Some(p) = &primary {
-                    let reach = tokio::time::timeout(
-                        CONNECT_TIMEOUT,
-                        tokio::net::TcpStream::connect((p.host.as_str(), p.port)),
-                    ).await;
-                    if matches!(reach, Ok(Ok(_))) {
-                        return Err(SessionError::PrimaryBack(p.to_string()));
-                    }
-                }
-                continue;
+            ev = local_events.recv() => (Side::Local, ev.unwrap_or_else(|| Err("event loop ended".into()))),
+            ev = remote_events.recv() => (Side::Remote, ev.unwrap_or_else(|| Err("event loop ended".into()))),
+            _ = tokio::time::sleep_until(subscribed_by), if !pending_subs.is_empty() => {
+                let (side, filters) = &pending_subs[0];
+                return Err(SessionError::Connection {
+                    side: name(*side),
+                    addr: match side {
+                        Side::Local => local_text.clone(),
+                        Side::Remote => addr_text.clone(),
+                    },
+                    error: format!("no SUBACK for {filters:?} within 10 s"),
+                });
             }
+            Some(p) = primary_back.recv() => return Err(SessionError::PrimaryBack(p)),
         };
         if *stop.borrow() {
             return Ok(Ended::Stopped);
