@@ -213,7 +213,8 @@ async fn subscriber(
 ) -> (rumqttc::AsyncClient, Seen) {
     let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
     o.set_clean_session(clean)
-        .set_keep_alive(Duration::from_secs(30));
+        .set_keep_alive(Duration::from_secs(30))
+        .set_max_packet_size(1 << 20, 1 << 20);
     let (client, mut el) = rumqttc::AsyncClient::new(o, 100);
     for f in filters {
         client
@@ -258,7 +259,9 @@ async fn subscriber(
 async fn publish(port: u16, topic: &str, bodies: &[String], within: Duration) -> Vec<String> {
     let id = format!("pub-{}-{}", std::process::id(), free_port());
     let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
-    o.set_keep_alive(Duration::from_secs(30)).set_inflight(100);
+    o.set_keep_alive(Duration::from_secs(30))
+        .set_inflight(100)
+        .set_max_packet_size(1 << 20, 1 << 20);
     let (client, mut el) = rumqttc::AsyncClient::new(o, 10);
     let all = bodies.to_vec();
     let topic = topic.to_string();
@@ -833,6 +836,65 @@ async fn copies_the_remote_refuses_are_dropped_and_the_bridge_goes_on() {
         Some(0)
     );
     assert!(a.0.logged(&["refused", "dropped"]), "one warning says so");
+}
+
+/// A remote that stops reading (SIGSTOP) while large QoS 1 messages stream: the bridge's
+/// writes wait on the socket (back-pressure, its in-flight window full), nothing is lost or
+/// broken, everything arrives once the remote runs again (SIGCONT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_remote_pushes_back_and_nothing_is_lost() {
+    let dir = scratch_dir("bridge", "stall");
+    let m = mosquitto(
+        &dir,
+        free_port(),
+        "max_queued_messages 0\nmessage_size_limit 0\n",
+    );
+    let config = format!(
+        "[[bridge]]\nname = \"s\"\naddress = [\"127.0.0.1:{}\"]\ntopic = [\"big/# out 1\"]\n\
+         restart_timeout = 1\n",
+        m.port
+    );
+    let w = warren(&dir.join("w"), "127.0.0.1:0", Some(&config));
+    bridge_running(&w, "s");
+    let (_s, far) = subscriber(m.port, "far", true, &["big/#"]).await;
+    let pad = "p".repeat(32 * 1024);
+    let all: Vec<String> = (0..800).map(|i| format!("big-{i}-{pad}")).collect();
+    let port = w.mqtt();
+    let sent = all.clone();
+    let publisher =
+        tokio::spawn(async move { publish(port, "big/x", &sent, Duration::from_secs(60)).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while times(&far, "big-").0 < 50 {
+        assert!(Instant::now() < deadline, "the stream started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let pid = m.child.id().to_string();
+    let signal = |s: &str| {
+        let ok = Command::new("kill")
+            .args([s, pid.as_str()])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill {s} mosquitto");
+    };
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = times(&far, "big-").0;
+    signal("-CONT");
+    let acked = publisher.await.expect("publisher");
+    assert_eq!(acked.len(), all.len(), "Warren took every publish");
+    arrives(
+        &far,
+        &all,
+        Duration::from_secs(60),
+        "after the remote runs again",
+    )
+    .await;
+    println!("stalled remote: {during} of 800 across when it stopped, all 800 after");
+    assert_eq!(times(&far, "big-"), (800, 800), "each once");
+    assert_eq!(
+        w.metric("warren_bridge_reconnects_total{bridge=\"s\"}"),
+        Some(0)
+    );
 }
 
 /// Two addresses, `round_robin` false: the primary is down, the bridge runs on the
