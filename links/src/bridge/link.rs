@@ -272,6 +272,10 @@ impl<A> Link<A> {
             return Ok(Verdict::Drop(Dropped::NoTopic));
         };
         let mapped = remap(line, from, topic);
+        if mapped.is_empty() {
+            // `x/#` with prefix `x/` matches `x/`, which maps to nothing: no topic to use.
+            return Ok(Verdict::Drop(Dropped::NoTopic));
+        }
         let qos = qos.min(line.qos);
         if size(&mapped, qos) > self.max_packet[from.other().ix()] {
             return Ok(Verdict::Drop(Dropped::TooLarge));
@@ -464,6 +468,12 @@ mod tests {
             vec![("r/x".to_string(), 1)]
         );
         assert!(!matches("#", "$SYS/x") && matches("a/+/c", "a/b/c") && matches("a/#", "a"));
+        let c = cfg(&["# out 1 x/ \"\""]);
+        let mut l: Link<u32> = Link::new(&c, false);
+        assert_eq!(
+            l.arrived(Side::Local, "x/", 1, b"", 0).unwrap(),
+            Verdict::Drop(Dropped::NoTopic)
+        );
     }
 
     #[test]

@@ -540,10 +540,9 @@ pub async fn session(
     if pending_subs.is_empty() {
         (ctx.running)(addr);
     }
-    // Whether the primary address is back (round_robin false, on a secondary).
     // On a secondary (round_robin false): a task checks the primary every 5 s and says
-    // when it accepts connections.
-    // (The session keeps a sender: without a probe, `recv` waits forever.)
+    // when it accepts connections. (The session keeps a sender: without a probe, `recv`
+    // waits forever.)
     let (back_tx, mut primary_back) = tokio::sync::mpsc::channel::<String>(1);
     let _probe = (!cfg.round_robin && index != 0).then(|| {
         let p = cfg.addresses[0].clone();
