@@ -726,4 +726,71 @@ mod tests {
             .to_string();
         assert!(e.contains("bogus"), "{e}");
     }
+
+    #[test]
+    fn every_key_from_toml() {
+        #[derive(serde::Deserialize)]
+        struct File {
+            bridge: Bridges,
+        }
+        let text = r#"
+[[bridge]]
+name = "edge"
+addresses = "10.0.0.1:1884 [::1]:1885 broker"
+round_robin = true
+topic = ["sensors/# out 1", "commands/# in 1 local/ remote/", "\"\" both 0 a/b c/d"]
+clientid = "edge-1"
+username = "u"
+password = "p"
+local_clientid = "l"
+local_username = "lu"
+local_password = "lp"
+cleansession = true
+local_cleansession = false
+keepalive_interval = 30
+restart_timeout = "10 60"
+bridge_protocol_version = "mqttv50"
+notifications = false
+notifications_local_only = true
+notification_topic = "state/edge"
+bridge_max_packet_size = 4096
+start_type = "automatic"
+try_private = false
+
+[[bridge]]
+name = "two"
+address = ["h"]
+topic = ["x"]
+restart_timeout = 7
+"#;
+        let f: File = toml::from_str(text).unwrap();
+        let [a, b] = &f.bridge.0[..] else {
+            panic!("two bridges")
+        };
+        assert_eq!(a.addresses.len(), 3);
+        assert_eq!(a.addresses[1].to_string(), "[::1]:1885");
+        assert_eq!(a.addresses[2].port, 1883);
+        assert_eq!(a.topics[2].local_topic(), "a/b");
+        assert_eq!(a.remote_clientid("h"), "edge-1");
+        assert_eq!((a.cleansession, a.local_cleansession), (true, false));
+        assert_eq!(a.protocol, Protocol::V5);
+        assert_eq!(
+            a.restart,
+            Restart::Jitter {
+                base: Duration::from_secs(10),
+                cap: Duration::from_secs(60)
+            }
+        );
+        assert_eq!(a.notification_topic("h"), "state/edge");
+        assert_eq!(a.max_packet_size, 4096);
+        assert_eq!(b.restart, Restart::Constant(Duration::from_secs(7)));
+        assert!(b.tls.is_none() && b.notifications && !b.cleansession);
+        let e = toml::from_str::<File>(
+            "[[bridge]]\nname = \"x\"\naddress = \"h\"\ntopic = [\"a\"]\nkeepalive_interval = 2\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.contains("keepalive_interval 2"), "{e}");
+    }
 }
