@@ -897,6 +897,56 @@ async fn a_stalled_remote_pushes_back_and_nothing_is_lost() {
     );
 }
 
+/// The local state topic holds the `1` of a process before (killed while the bridge ran);
+/// the remote is unreachable after the restart: the bridge says `0` there anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_state_topic_says_0_when_the_remote_is_unreachable() {
+    let dir = scratch_dir("bridge", "stale");
+    let m = mosquitto(&dir, free_port(), "");
+    let config = |port: u16| {
+        format!(
+            "[[bridge]]\nname = \"st\"\naddress = [\"127.0.0.1:{port}\"]\ntopic = [\"t/# out 1\"]\n\
+             restart_timeout = 1\nnotification_topic = \"state/st\"\n"
+        )
+    };
+    let w_dir = dir.join("w");
+    let w = warren(&w_dir, "127.0.0.1:0", Some(&config(m.port)));
+    bridge_running(&w, "st");
+    let (_s, seen) = subscriber(w.mqtt(), "s", true, &["state/st"]).await;
+    arrives(
+        &seen,
+        &["1".to_string()],
+        Duration::from_secs(10),
+        "running: 1",
+    )
+    .await;
+    drop(seen);
+    let w_port = w.mqtt();
+    drop(w);
+    drop(m);
+    let w = warren(
+        &w_dir,
+        &format!("127.0.0.1:{w_port}"),
+        Some(&config(free_port())),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0.. {
+        let (_s, now) = subscriber(w.mqtt(), &format!("s2-{n}"), true, &["state/st"]).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let g = now
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if g.times.contains_key("0") && !g.times.contains_key("1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retained state is 0: {:?}",
+            g.times
+        );
+    }
+}
+
 /// Two addresses, `round_robin` false: the primary is down, the bridge runs on the
 /// secondary; once the primary is up the bridge moves back to it (Mosquitto's rule).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,6 +66,8 @@ pub async fn run(
     let mut logged: Option<String> = None;
     let mut index = 0usize;
     let mut last_wait = Duration::ZERO;
+    // The local state topic may hold the `1` of a process before this one.
+    let mut stale = cfg.notifications;
     loop {
         let addr = &cfg.addresses[index % cfg.addresses.len()];
         let started = tokio::time::Instant::now();
@@ -92,6 +94,12 @@ pub async fn run(
         };
         let reason = err.to_string();
         let was_running = entry.state() == State::Running;
+        if std::mem::take(&mut stale)
+            && !was_running
+            && let Err(e) = mqtt::notify_down(&ctx).await
+        {
+            tracing::debug!(bridge = %Escaped(&name), "state topic not set to 0: {e}");
+        }
         entry.set(State::Terminated, Some(reason.clone()), None, now_ms());
         if was_running || logged.as_ref() != Some(&reason) {
             log_state(&name, State::Terminated, Some(&reason), None);

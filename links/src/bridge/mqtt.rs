@@ -446,6 +446,45 @@ fn packet_size(
     1 + varint + len
 }
 
+/// Publishes the retained `0` on the local state topic by a short connection of its own
+/// (client id `<local_clientid>.state`, clean): the first attempt after a start failed
+/// before the local end connected, so no will said it, and the topic may still hold the
+/// `1` of the process before (Mosquitto's local notification says 0 too).
+pub async fn notify_down(ctx: &Ctx<'_>) -> Result<(), String> {
+    let local = ctx.local.ok_or("no local MQTT listener")?;
+    let cfg = ctx.cfg;
+    let (client, mut l) = open(End {
+        protocol: Protocol::V5,
+        client_id: format!("{}.state", cfg.local_clientid(ctx.hostname)),
+        host: local.ip().to_string(),
+        port: local.port(),
+        clean: true,
+        login: cfg
+            .local_username
+            .as_deref()
+            .map(|u| (u, cfg.local_password.as_deref().unwrap_or(""))),
+        keepalive: cfg.keepalive,
+        will: None,
+        tls: None,
+    });
+    let topic = cfg.notification_topic(ctx.hostname);
+    let run = async {
+        connect(&mut l, Side::Local, &local.to_string())
+            .await
+            .map_err(|e| e.to_string())?;
+        client.publish(topic, 1, true, Bytes::from_static(b"0"), None)?;
+        loop {
+            match l.next().await? {
+                Ev::PubAck { .. } => return Ok::<(), String>(()),
+                _ => continue,
+            }
+        }
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, run)
+        .await
+        .map_err(|_| "no PUBACK within 10 s".to_string())?
+}
+
 /// Runs one session to `addr` (`index` in the list) until it fails or `stop` turns true.
 pub async fn session(
     ctx: &Ctx<'_>,
