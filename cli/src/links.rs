@@ -1,8 +1,8 @@
 //! `warren serve`'s links to other brokers: warren-links' supervisor, started beside the
 //! listeners, plugged into the management side (parameter checks, `/api/shovels`,
-//! `warren_shovel_*` metrics).
+//! `/api/bridges`, `warren_shovel_*` and `warren_bridge_*` metrics).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
 use warren_links::Supervisor;
@@ -28,32 +28,32 @@ impl warren_management::Links for Hook {
         self.0.shovels()
     }
 
+    fn bridges(&self) -> Vec<serde_json::Value> {
+        self.0.bridges()
+    }
+
     fn metrics(&self, out: &mut String) {
         self.0.metrics(out);
     }
 }
 
-/// Where a local shovel end connects: the first plain AMQP listener (a wildcard address
-/// as loopback).
-pub fn local_amqp(listeners: &[warren_management::Listener]) -> Option<SocketAddr> {
-    let l = listeners.iter().find(|l| l.protocol == "amqp")?;
-    let ip = match l.addr.ip() {
-        IpAddr::V4(v) if v.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(v) if v.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        ip => ip,
-    };
-    Some(SocketAddr::new(ip, l.addr.port()))
+/// Where a local shovel end and a bridge's local end connect: the first plain AMQP and
+/// MQTT listeners (a wildcard address as loopback).
+pub fn local(listeners: &[warren_management::Listener]) -> [Option<SocketAddr>; 2] {
+    let first = |p| listeners.iter().find(|l| l.protocol == p).map(|l| l.addr);
+    ["amqp", "mqtt"].map(|p| first(p).map(warren_links::loopback))
 }
 
 /// Starts the links and plugs them into `management`.
 pub fn start(
     broker: BrokerHandle,
     management: &warren_management::Management,
-    amqp: Option<SocketAddr>,
+    [amqp, mqtt]: [Option<SocketAddr>; 2],
     node: String,
+    bridges: warren_links::Bridges,
     stopped: watch::Receiver<bool>,
 ) {
-    let local = warren_links::LocalBroker { amqp, node };
-    let supervisor = Supervisor::start(broker, local, stopped);
+    let local = warren_links::LocalBroker { amqp, mqtt, node };
+    let supervisor = Supervisor::start(broker, local, bridges, stopped);
     management.set_links(Arc::new(Hook(supervisor)));
 }

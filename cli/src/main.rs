@@ -1128,15 +1128,16 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         }
     }
     let data_dir = (!s.in_memory).then(|| s.data_dir.clone());
-    let local_amqp = links::local_amqp(&node_listeners);
+    let local_ends = links::local(&node_listeners);
     let node = warren_management::NodeInfo::local(node_listeners, data_dir);
     let node_name = node.name.clone();
     let management = warren_management::Management::new(broker.clone(), node, gauges);
     links::start(
         broker.clone(),
         &management,
-        local_amqp,
+        local_ends,
         node_name,
+        s.bridge.clone(),
         stopped.clone(),
     );
     if let Some(repl) = cluster.as_ref().map(|c| c.replication()) {

@@ -120,6 +120,8 @@ pub struct Settings {
     /// Start as a new member of an existing cluster: propose no first membership; a
     /// member adds this node with `warren ctl join`.
     pub join: bool,
+    /// MQTT bridges, Mosquitto's `connection` blocks (warren-links checks them).
+    pub bridge: warren_links::Bridges,
 }
 
 impl Default for Settings {
@@ -188,6 +190,7 @@ impl Default for Settings {
             cluster_tls_key: None,
             cluster_tls_ca: None,
             join: false,
+            bridge: Default::default(),
         }
     }
 }

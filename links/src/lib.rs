@@ -4,14 +4,18 @@
 //! it, with the same pieces: a parameter's validation (`shovel::config`), the link's own
 //! logic free of I/O (`shovel::link`), its I/O over a client library (`shovel::amqp`), and
 //! the supervisor that follows the parameters, restarts links with backoff and keeps
-//! their status (`supervisor`, `status`). docs/bridges.md is the user's side.
+//! their status (`supervisor`, `status`). MQTT bridges (`bridge`, Mosquitto's `connection`
+//! blocks) come from the config file's `[[bridge]]` tables and run beside them.
+//! docs/bridges.md is the user's side.
 
 pub mod backoff;
+pub mod bridge;
 pub mod erlang;
 pub mod shovel;
 pub mod status;
 pub mod supervisor;
 
+pub use bridge::Bridges;
 pub use supervisor::{LocalBroker, Supervisor};
 
 /// The components whose parameters Warren knows (RabbitMQ refuses any other with
@@ -27,4 +31,15 @@ pub fn validate(component: &str, name: &str, value: &serde_json::Value) -> Resul
             "Validation failed\n\ncomponent {other} not found\n"
         )),
     }
+}
+
+/// Where a local end connects to a listener bound to `addr`: a wildcard address as loopback.
+pub fn loopback(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match addr.ip() {
+        IpAddr::V4(v) if v.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v) if v.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    std::net::SocketAddr::new(ip, addr.port())
 }

@@ -6,6 +6,7 @@
 //! once per retry.
 
 use crate::backoff::{self, Backoff};
+use crate::bridge::Bridges;
 use crate::shovel::amqp::{self, Ended};
 use crate::shovel::config::ShovelConfig;
 use crate::shovel::link::{Identity, Link};
@@ -30,6 +31,8 @@ const POLL: Duration = Duration::from_secs(1);
 pub struct LocalBroker {
     /// Its plain AMQP listener, if it has one.
     pub amqp: Option<SocketAddr>,
+    /// Its plain MQTT listener, if it has one (the local end of MQTT bridges).
+    pub mqtt: Option<SocketAddr>,
     /// Its node name (`shovelled-by`, the status's `node`).
     pub node: String,
 }
@@ -40,6 +43,8 @@ pub struct Supervisor {
     local: LocalBroker,
     status: Registry,
     changed: Notify,
+    /// The MQTT bridges' status, in the order of the config file.
+    bridges: Vec<Arc<crate::bridge::status::Entry>>,
 }
 
 struct Running {
@@ -62,20 +67,38 @@ fn unix_ms() -> u64 {
 }
 
 impl Supervisor {
-    /// Starts following `broker`'s parameters until `stopped` turns true.
+    /// Starts following `broker`'s parameters, and the MQTT `bridges` of the config file,
+    /// until `stopped` turns true.
     pub fn start(
         broker: BrokerHandle,
         local: LocalBroker,
+        bridges: Bridges,
         stopped: watch::Receiver<bool>,
     ) -> Arc<Supervisor> {
+        let hostname = crate::bridge::hostname();
+        let mut entries = Vec::new();
+        for cfg in bridges.0 {
+            let entry = crate::bridge::status::Entry::new(&cfg.name, unix_ms());
+            entries.push(entry.clone());
+            let (mqtt, host) = (local.mqtt, hostname.clone());
+            let run =
+                crate::bridge::run(Arc::new(cfg), mqtt, host, entry, unix_ms, stopped.clone());
+            tokio::spawn(run);
+        }
         let s = Arc::new(Supervisor {
             broker,
             local,
             status: Registry::default(),
             changed: Notify::new(),
+            bridges: entries,
         });
         tokio::spawn(s.clone().follow(stopped));
         s
+    }
+
+    /// The MQTT bridges' status rows.
+    pub fn bridges(&self) -> Vec<serde_json::Value> {
+        self.bridges.iter().map(|e| e.row()).collect()
     }
 
     /// The parameters changed: read them now.
@@ -88,9 +111,10 @@ impl Supervisor {
         self.status.rows(&self.local.node)
     }
 
-    /// The `warren_shovel_*` metrics.
+    /// The `warren_shovel_*` and `warren_bridge_*` metrics.
     pub fn metrics(&self, out: &mut String) {
         self.status.metrics(out);
+        crate::bridge::status::metrics(&self.bridges, out);
     }
 
     async fn follow(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {

@@ -99,6 +99,7 @@ pub(crate) fn router(m: Shared) -> Router {
         )
         .route("/api/shovels", get(parameters::shovels))
         .route("/api/shovels/{vhost}", get(parameters::shovels_in))
+        .route("/api/bridges", get(parameters::bridges))
         .route("/api/exchanges", get(exchanges))
         .route("/api/exchanges/{vhost}", get(exchanges_in))
         .route(

@@ -97,6 +97,10 @@ pub trait Links: Send + Sync {
     fn changed(&self);
     /// `GET /api/shovels`' rows (RabbitMQ's shape).
     fn shovels(&self) -> Vec<serde_json::Value>;
+    /// `GET /api/bridges`' rows (the MQTT bridges of the config file).
+    fn bridges(&self) -> Vec<serde_json::Value> {
+        Vec::new()
+    }
     /// Metrics to append, Prometheus text.
     fn metrics(&self, out: &mut String);
 }

@@ -175,6 +175,16 @@ pub(super) async fn shovels(
     listing(shovel_rows(&m, &caller).await?, &q)
 }
 
+/// The MQTT bridges' status (node-wide: monitoring users and administrators).
+pub(super) async fn bridges(
+    State(m): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    caller.require_monitor()?;
+    listing(m.links.get().map(|l| l.bridges()).unwrap_or_default(), &q)
+}
+
 pub(super) async fn shovels_in(
     State(m): State<Shared>,
     Extension(caller): Extension<Caller>,
