@@ -87,6 +87,38 @@ pub fn frame_len(buf: &[u8]) -> Result<Option<(usize, usize)>, CodecError> {
     ))
 }
 
+/// The bit Mosquitto's bridges set in CONNECT's protocol level (`try_private true`, their
+/// default: 0x83 for 3.1, 0x84 for 3.1.1), asking to be treated as a bridge: no copy of its
+/// own publishes sent back, retain flags as published.
+const BRIDGE_BIT: u8 = 0x80;
+
+/// Whether the CONNECT at the front of `buf` carries the bridge bit; clears it if so, so
+/// the frame decodes as the plain 3.1 / 3.1.1 CONNECT it is. Call it before [`decode`] on
+/// the first packet, with whatever has arrived (false until the level byte is in).
+pub fn take_bridge_bit(buf: &mut BytesMut) -> bool {
+    let Ok(Some((header, _))) = frame_len(buf) else {
+        return false;
+    };
+    if buf.first().map(|b| b >> 4) != Some(1) {
+        return false;
+    }
+    let Some(name_len) = buf
+        .get(header..header + 2)
+        .map(|n| usize::from(u16::from_be_bytes([n[0], n[1]])))
+    else {
+        return false;
+    };
+    let at = header + 2 + name_len;
+    let (Some(name), Some(&level)) = (buf.get(header + 2..at), buf.get(at)) else {
+        return false;
+    };
+    let bridged = matches!((name, level), (b"MQIsdp", 0x83) | (b"MQTT", 0x84));
+    if bridged {
+        buf[at] = level & !BRIDGE_BIT;
+    }
+    bridged
+}
+
 /// Decodes the next complete packet from `buf` (consuming it), `None` when more bytes are
 /// needed. `level` is `None` until CONNECT has been decoded: the first packet must be CONNECT.
 pub fn decode(

@@ -126,16 +126,18 @@ async fn write_packets<S: AsyncWrite + Unpin>(
     s.flush().await
 }
 
-/// Reads until CONNECT.
+/// Reads until CONNECT; with whether it came from a Mosquitto bridge (`try_private`).
 async fn read_connect<S: AsyncRead + Unpin>(
     s: &mut S,
     buf: &mut BytesMut,
     max: usize,
-) -> Result<v5::Connect, End> {
+) -> Result<(v5::Connect, bool), End> {
+    let mut bridge = false;
     loop {
+        bridge |= codec::take_bridge_bit(buf);
         if let Some(p) = codec::decode(buf, None, max)? {
             return match p {
-                codec::Decoded::Packet(v5::Packet::Connect(c)) => Ok(c),
+                codec::Decoded::Packet(v5::Packet::Connect(c)) => Ok((c, bridge)),
                 _ => Err(CloseError::protocol("first packet is not CONNECT").into()),
             };
         }
@@ -338,7 +340,7 @@ where
 {
     let max = config.max_packet_size as usize;
     let mut rbuf = BytesMut::new();
-    let mut connect = match timeout(
+    let (mut connect, bridge) = match timeout(
         config.connect_timeout,
         read_connect(&mut stream, &mut rbuf, max),
     )
@@ -407,6 +409,10 @@ where
         (_, Err(_)) => Err(None),
     };
     let mut info = info;
+    info.bridge = bridge;
+    if bridge {
+        tracing::info!(peer = %peer.addr, client_id = %Escaped(&connect.client_id), "MQTT bridge connected (Mosquitto's try_private): its subscriptions are no-local");
+    }
     let e = match login {
         Ok(login) => {
             info.permissions = login.permissions;

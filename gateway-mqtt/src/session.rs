@@ -74,6 +74,9 @@ pub struct ConnectInfo {
     /// The user's permissions in the vhost as of the login (set after it): a SUBSCRIBE the
     /// user may not make is refused in the SUBACK.
     pub permissions: Option<Arc<Permissions>>,
+    /// A Mosquitto bridge (the CONNECT's bridge bit, `codec::take_bridge_bit`): every
+    /// subscription it makes is no-local and retain-as-published, as Mosquitto treats one.
+    pub bridge: bool,
 }
 
 /// Checks a CONNECT: protocol level, client id rules, the user name (no credentials means
@@ -125,6 +128,7 @@ pub fn check_connect(
         client_max_packet: c.properties.max_packet_size,
         client_topic_alias_max: c.properties.topic_alias_max.unwrap_or(0),
         permissions: None,
+        bridge: false,
     })
 }
 
@@ -304,6 +308,8 @@ pub struct Session {
     level: Level,
     client_id: Arc<str>,
     persistent: bool,
+    /// A Mosquitto bridge (`ConnectInfo::bridge`).
+    bridge: bool,
     /// Whether the session queue is (or will be declared) durable: a persistent session's,
     /// and a resumed one's whatever the new expiry (MQTT keeps the session; it ends, and the
     /// queue is deleted, when the connection closes with expiry 0).
@@ -393,6 +399,7 @@ impl Session {
             level: info.level,
             client_id: info.client_id.clone(),
             persistent,
+            bridge: info.bridge,
             queue_durable: persistent,
             purge_queue: false,
             stored: record.is_some(),
@@ -1150,7 +1157,13 @@ impl Session {
         let sub_id = s.subscription_id;
         let ops_start = self.ops.len();
         let mut codes = Vec::with_capacity(s.entries.len());
-        for (filter, opts) in s.entries {
+        for (filter, mut opts) in s.entries {
+            if self.bridge {
+                // Mosquitto's rule for a bridge: its own publishes are not sent back to it
+                // (the loop a bridge would make), and retain flags pass as published.
+                opts.no_local = true;
+                opts.retain_as_published = true;
+            }
             let Some(filter) = filter else {
                 codes.push(SubscribeReasonCode::TopicFilterInvalid);
                 continue;
