@@ -518,10 +518,16 @@ async fn a_static_shovel_moves_exactly_once_and_survives_kill_9_of_its_broker() 
         "{}",
         r.text()
     );
-    let out = ctl(&da, &["set-parameter", "shovel", "fixed", &value.to_string()]);
+    let out = ctl(
+        &da,
+        &["set-parameter", "shovel", "fixed", &value.to_string()],
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is a static shovel"));
-    assert_eq!(shovel_row(api(&a.0), "fixed").expect("still")["type"], "static");
+    assert_eq!(
+        shovel_row(api(&a.0), "fixed").expect("still")["type"],
+        "static"
+    );
 
     // kill -9 of the broker running it mid-move; it starts again from the config.
     const M: u32 = 5_000;
@@ -554,7 +560,10 @@ async fn a_static_shovel_moves_exactly_once_and_survives_kill_9_of_its_broker() 
         missing.len(),
         &missing[..missing.len().min(5)]
     );
-    assert!(seen.keys().all(|i| (N..N + M).contains(i)), "nothing invented");
+    assert!(
+        seen.keys().all(|i| (N..N + M).contains(i)),
+        "nothing invented"
+    );
 }
 
 /// A bad `[[shovel]]` table stops `warren serve` with exit code 2, the file and the shovel
@@ -579,7 +588,11 @@ fn bad_static_shovels_are_refused_at_start() {
             head.replace("src-uri = \"amqp://\"", "src-uri = \"foo://x\""),
             "\"foo://x\" not a valid URI",
         ),
-        ("twice", format!("{head}{head}"), "\"s1\" in vhost \"/\" is there twice"),
+        (
+            "twice",
+            format!("{head}{head}"),
+            "\"s1\" in vhost \"/\" is there twice",
+        ),
         (
             "no-name",
             "[[shovel]]\nsrc-uri = \"amqp://\"\n".to_string(),
@@ -591,7 +604,14 @@ fn bad_static_shovels_are_refused_at_start() {
         std::fs::write(&path, &toml).expect("write");
         let out = Command::new(BIN)
             .args(["serve", "--amqp", "127.0.0.1:0", "--mqtt", "none"])
-            .args(["--management", "none", "--prometheus", "none", "--stream", "none"])
+            .args([
+                "--management",
+                "none",
+                "--prometheus",
+                "none",
+                "--stream",
+                "none",
+            ])
             .arg("--data-dir")
             .arg(&dir)
             .arg("--config")
@@ -604,7 +624,10 @@ fn bad_static_shovels_are_refused_at_start() {
             String::from_utf8_lossy(&out.stdout)
         );
         assert_eq!(out.status.code(), Some(2), "{tag}: {text}");
-        assert!(text.contains("warren.toml:"), "{tag}: names the file: {text}");
+        assert!(
+            text.contains("warren.toml:"),
+            "{tag}: names the file: {text}"
+        );
         assert!(text.contains(says), "{tag}: says {says:?}: {text}");
     }
 }
