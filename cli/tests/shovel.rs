@@ -441,7 +441,13 @@ fn serve_with(dir: &std::path::Path, config: &str) -> Killed {
 /// again from the config: every confirmed message arrives at least once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_shovel_moves_exactly_once_and_survives_kill_9_of_its_broker() {
-    let (b, _db) = start("static-b");
+    let db = scratch_dir("shovel", "static-b");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let at = format!("127.0.0.1:{port}");
+    let mut b = Killed(serve_amqp_at(&db, &at, false, &[], "info"));
     let da = scratch_dir("shovel", "static-a");
     let config = format!(
         "[[shovel]]\nname = \"fixed\"\nsrc-uri = \"amqp://\"\nsrc-queue = \"src\"\n\
@@ -529,10 +535,14 @@ async fn a_static_shovel_moves_exactly_once_and_survives_kill_9_of_its_broker() 
         "static"
     );
 
-    // kill -9 of the broker running it mid-move; it starts again from the config.
+    // kill -9 of the broker running it mid-move; it starts again from the config. The
+    // messages wait at the source while the destination is down, so that the kill comes
+    // early in their move (moved while published, most would be gone before it).
+    drop(b);
     const M: u32 = 5_000;
     publish(a.0.amqp, "src", N, N + M).await;
-    until("the move under way", 30, async || {
+    b = Killed(serve_amqp_at(&db, &at, false, &[], "info"));
+    until("the move under way", 60, async || {
         count(b.0.amqp, "dst").await > 0
     })
     .await;
@@ -560,10 +570,9 @@ async fn a_static_shovel_moves_exactly_once_and_survives_kill_9_of_its_broker() 
         missing.len(),
         &missing[..missing.len().min(5)]
     );
-    assert!(
-        seen.keys().all(|i| (N..N + M).contains(i)),
-        "nothing invented"
-    );
+    // Ids below N may come back: the drain's acks at B were not yet synced when B was
+    // killed.
+    assert!(seen.keys().all(|i| *i < N + M), "nothing invented");
 }
 
 /// A bad `[[shovel]]` table stops `warren serve` with exit code 2, the file and the shovel
