@@ -551,12 +551,13 @@ async fn handle(
             let value = args
                 .get("value")
                 .ok_or_else(|| anyhow!("missing argument 'value'"))?;
+            let vhost = vhost(&args);
             management
-                .validate_parameter(&component, &name, value)
+                .validate_parameter(&component, &vhost, &name, value)
                 .map_err(|e| Refused(e.trim_end().to_string()))?;
             let def = warren_core::parameter::ParameterDef {
                 component,
-                vhost: vhost(&args),
+                vhost,
                 name,
                 value: value.to_string(),
             };
@@ -587,6 +588,7 @@ async fn handle(
             other => bail!("unexpected answer {other:?}"),
         },
         "shovel_status" => Value::Array(management.shovel_status()),
+        "bridge_status" => Value::Array(management.bridge_status()),
         "export_definitions" => match ask(broker, AdminRequest::Definitions).await? {
             AdminResponse::Definitions(defs) => json::export(&defs),
             other => bail!("unexpected answer {other:?}"),
@@ -596,8 +598,8 @@ async fn handle(
                 .get("definitions")
                 .ok_or_else(|| anyhow!("missing argument 'definitions'"))?;
             let mut imported = json::import(doc)?;
-            json::check_parameters(&mut imported, |c, n, v| {
-                management.validate_parameter(c, n, v)
+            json::check_parameters(&mut imported, |c, h, n, v| {
+                management.validate_parameter(c, h, n, v)
             });
             let answer = ask(broker, AdminRequest::Import(imported.definitions)).await?;
             management.parameters_changed();
@@ -742,7 +744,8 @@ async fn handle(
             "unknown verb '{other}' (list_queues, list_exchanges, list_bindings, list_connections, \
              list_channels, close_connection, status, ping, set_vm_memory_high_watermark, \
              list_consumers, purge_queue, delete_queue, set_policy, clear_policy, list_policies, \
-             set_parameter, clear_parameter, list_parameters, shovel_status, list_scheduled, \
+             set_parameter, clear_parameter, list_parameters, shovel_status, bridge_status, \
+             list_scheduled, \
              purge_scheduled, \
              export_definitions, import_definitions, add_vhost, delete_vhost, list_vhosts, \
              add_user, delete_user, change_password, set_user_tags, list_users, set_permissions, \

@@ -155,6 +155,10 @@ enum Verb {
     /// reason), ends, messages moved.
     #[command(alias = "shovel_status")]
     ShovelStatus,
+    /// The MQTT bridges of the config file ([[bridge]]): state, the address connected to,
+    /// messages out and in, drops, reconnects (as GET /api/bridges).
+    #[command(alias = "bridge_status")]
+    BridgeStatus,
     /// Delayed messages per exchange in the vhost (`-p`): how many, and the earliest due
     /// (ms since the epoch; empty when all are paged out to the store). docs/delayed.md.
     #[command(alias = "list_scheduled")]
@@ -289,6 +293,16 @@ fn columns(verb: &str) -> &'static [&'static str] {
             "src_uri",
             "dest_uri",
             "messages_moved",
+            "reason",
+        ],
+        "bridge_status" => &[
+            "name",
+            "state",
+            "address",
+            "messages_out",
+            "messages_in",
+            "messages_dropped",
+            "reconnects",
             "reason",
         ],
         "list_scheduled" => &["exchange", "messages", "next_due"],
@@ -525,6 +539,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         ),
         Verb::ListParameters => ("list_parameters", json!({})),
         Verb::ShovelStatus => ("shovel_status", json!({})),
+        Verb::BridgeStatus => ("bridge_status", json!({})),
         Verb::ListScheduled => ("list_scheduled", json!({})),
         Verb::PurgeScheduled { exchange } => ("purge_scheduled", json!({"exchange": exchange})),
         Verb::ExportDefinitions { .. } => ("export_definitions", json!({})),

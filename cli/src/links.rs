@@ -1,6 +1,7 @@
 //! `warren serve`'s links to other brokers: warren-links' supervisor, started beside the
 //! listeners, plugged into the management side (parameter checks, `/api/shovels`,
-//! `/api/bridges`, `warren_shovel_*` and `warren_bridge_*` metrics).
+//! `/api/bridges`, `warren_shovel_*` and `warren_bridge_*` metrics), with the config
+//! file's `[[bridge]]` and `[[shovel]]` tables.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,10 +15,11 @@ impl warren_management::Links for Hook {
     fn validate(
         &self,
         component: &str,
+        vhost: &str,
         name: &str,
         value: &serde_json::Value,
     ) -> Result<(), String> {
-        warren_links::validate(component, name, value)
+        self.0.validate(component, vhost, name, value)
     }
 
     fn changed(&self) {
@@ -50,10 +52,10 @@ pub fn start(
     management: &warren_management::Management,
     [amqp, mqtt]: [Option<SocketAddr>; 2],
     node: String,
-    bridges: warren_links::Bridges,
+    tables: (warren_links::Bridges, warren_links::Shovels),
     stopped: watch::Receiver<bool>,
 ) {
     let local = warren_links::LocalBroker { amqp, mqtt, node };
-    let supervisor = Supervisor::start(broker, local, bridges, stopped);
+    let supervisor = Supervisor::start(broker, local, tables, stopped);
     management.set_links(Arc::new(Hook(supervisor)));
 }

@@ -1137,7 +1137,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         &management,
         local_ends,
         node_name,
-        s.bridge.clone(),
+        (s.bridge.clone(), s.shovel.clone()),
         stopped.clone(),
     );
     if let Some(repl) = cluster.as_ref().map(|c| c.replication()) {

@@ -122,6 +122,8 @@ pub struct Settings {
     pub join: bool,
     /// MQTT bridges, Mosquitto's `connection` blocks (warren-links checks them).
     pub bridge: warren_links::Bridges,
+    /// Static shovels, RabbitMQ's shovel keys (warren-links checks them).
+    pub shovel: warren_links::Shovels,
 }
 
 impl Default for Settings {
@@ -191,6 +193,7 @@ impl Default for Settings {
             cluster_tls_ca: None,
             join: false,
             bridge: Default::default(),
+            shovel: Default::default(),
         }
     }
 }

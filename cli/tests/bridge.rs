@@ -3,7 +3,7 @@
 //! be installed: these tests fail without it, as CI installs it), rumqttc clients checking
 //! what arrived; QoS 1 out and in, loop prevention with `both` (MQTT 3.1.1's echo filter
 //! and MQTT 5's no_local), a kill -9 of the remote broker mid-stream, a restart of the
-//! bridging broker, refused configurations.
+//! bridging broker, refused configurations, `warren ctl bridge-status`.
 
 mod common;
 
@@ -590,6 +590,66 @@ async fn warren_to_warren_both_with_prefixes_and_restart() {
         "A -> B after A's restart",
     )
     .await;
+}
+
+/// `warren ctl bridge-status` lists a running Warren-to-Warren bridge as `GET
+/// /api/bridges` gives it: the table's default columns, and JSON rows.
+#[test]
+fn ctl_bridge_status_lists_a_running_bridge() {
+    let dir = scratch_dir("bridge", "ctl");
+    let b = warren(&dir.join("b"), "127.0.0.1:0", None);
+    let config = format!(
+        "[[bridge]]\nname = \"to-b\"\naddress = [\"127.0.0.1:{}\"]\ntopic = [\"t/# out 1\"]\n",
+        b.mqtt()
+    );
+    let a_dir = dir.join("a");
+    let a = warren(&a_dir, "127.0.0.1:0", Some(&config));
+    bridge_running(&a, "to-b");
+    let ctl = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["ctl", "--data-dir"])
+            .arg(&a_dir)
+            .args(args)
+            .output()
+            .expect("ctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let rows: serde_json::Value =
+        serde_json::from_str(&ctl(&["--format", "json", "bridge-status"])).expect("json");
+    let api = common::http::call(a.0.management.expect("API"), "GET", "/api/bridges", None);
+    let address = format!("127.0.0.1:{}", b.mqtt());
+    assert_eq!(rows[0]["name"], "to-b", "{rows}");
+    assert_eq!(rows[0]["type"], "mqtt-bridge", "{rows}");
+    assert_eq!(rows[0]["state"], "running", "{rows}");
+    assert_eq!(rows[0]["address"], address.as_str(), "{rows}");
+    assert_eq!(rows[0]["name"], api.json()[0]["name"], "the API's rows");
+    let text = ctl(&["bridge_status"]);
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(
+        head,
+        [
+            "name",
+            "state",
+            "address",
+            "messages_out",
+            "messages_in",
+            "messages_dropped",
+            "reconnects",
+            "reason"
+        ],
+        "{text}"
+    );
+    let row = lines.next().unwrap_or("");
+    assert!(
+        row.starts_with("to-b") && row.contains("running") && row.contains(&address),
+        "{text}"
+    );
 }
 
 /// A kill -9 of the remote broker mid-stream: every message the local publisher got a

@@ -5,7 +5,8 @@
 //! logic free of I/O (`shovel::link`), its I/O over a client library (`shovel::amqp`), and
 //! the supervisor that follows the parameters, restarts links with backoff and keeps
 //! their status (`supervisor`, `status`). MQTT bridges (`bridge`, Mosquitto's `connection`
-//! blocks) come from the config file's `[[bridge]]` tables and run beside them.
+//! blocks) come from the config file's `[[bridge]]` tables and run beside them, as do static
+//! shovels (`[[shovel]]` tables, `shovel::statics`).
 //! docs/bridges.md is the user's side.
 
 pub mod backoff;
@@ -16,6 +17,7 @@ pub mod status;
 pub mod supervisor;
 
 pub use bridge::Bridges;
+pub use shovel::Shovels;
 pub use supervisor::{LocalBroker, Supervisor};
 
 /// The components whose parameters Warren knows (RabbitMQ refuses any other with

@@ -2,6 +2,7 @@
 //! Prometheus: RabbitMQ's status shape (state `starting` / `running` / `terminated` with
 //! the reason) plus the counters Warren keeps (messages moved, reconnects).
 
+use crate::shovel::Kind;
 use crate::shovel::config::{ShovelConfig, Source};
 use crate::shovel::link::redact;
 use serde_json::{Value, json};
@@ -34,6 +35,7 @@ impl State {
 /// One shovel's status.
 pub struct Entry {
     cfg: Arc<ShovelConfig>,
+    kind: Kind,
     state: Mutex<(State, Option<String>, u64)>,
     /// Messages moved (as the ack mode counts), over the shovel's life on this node.
     pub moved: AtomicU64,
@@ -95,9 +97,16 @@ fn label(s: &str) -> String {
 
 impl Registry {
     /// The entry of a shovel that starts now (replacing an older one of the same name).
-    pub fn add(&self, vhost: &str, name: &str, cfg: Arc<ShovelConfig>, now_ms: u64) -> Arc<Entry> {
+    pub fn add(
+        &self,
+        (vhost, name): (&str, &str),
+        cfg: Arc<ShovelConfig>,
+        kind: Kind,
+        now_ms: u64,
+    ) -> Arc<Entry> {
         let e = Arc::new(Entry {
             cfg,
+            kind,
             state: Mutex::new((State::Starting, None, now_ms)),
             moved: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
@@ -139,7 +148,7 @@ impl Registry {
                     .clone();
                 let mut row = json!({
                     "node": node, "timestamp": timestamp(since), "name": name,
-                    "vhost": vhost, "type": "dynamic", "state": state.as_str(),
+                    "vhost": vhost, "type": e.kind.as_str(), "state": state.as_str(),
                     "messages_moved": e.moved.load(Ordering::Relaxed),
                     "reconnects": e.reconnects.load(Ordering::Relaxed),
                 });

@@ -1,6 +1,8 @@
 //! The supervisor: follows the broker's runtime parameters (polled, and at once when told
 //! they changed), runs one task per shovel, restarts a failed one after a backoff, deletes
-//! a shovel's parameter once `src-delete-after` is reached, and keeps the status.
+//! a shovel's parameter once `src-delete-after` is reached, and keeps the status. Static
+//! shovels (the config file's `[[shovel]]` tables) run the same way from the start, with no
+//! parameter behind them; a dynamic one of the same vhost and name is refused.
 //!
 //! One log line per state change: a shovel that keeps failing the same way logs once, not
 //! once per retry.
@@ -11,8 +13,9 @@ use crate::shovel::amqp::{self, Ended};
 use crate::shovel::config::ShovelConfig;
 use crate::shovel::link::{Identity, Link};
 use crate::shovel::uri;
+use crate::shovel::{Kind, Shovels};
 use crate::status::{Entry, Registry, State};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -45,6 +48,8 @@ pub struct Supervisor {
     changed: Notify,
     /// The MQTT bridges' status, in the order of the config file.
     bridges: Vec<Arc<crate::bridge::status::Entry>>,
+    /// The static shovels' (vhost, name): no dynamic shovel may take them.
+    statics: BTreeSet<(String, String)>,
 }
 
 struct Running {
@@ -67,12 +72,12 @@ fn unix_ms() -> u64 {
 }
 
 impl Supervisor {
-    /// Starts following `broker`'s parameters, and the MQTT `bridges` of the config file,
-    /// until `stopped` turns true.
+    /// Starts following `broker`'s parameters, and the MQTT `bridges` and static
+    /// `shovels` of the config file, until `stopped` turns true.
     pub fn start(
         broker: BrokerHandle,
         local: LocalBroker,
-        bridges: Bridges,
+        (bridges, shovels): (Bridges, Shovels),
         stopped: watch::Receiver<bool>,
     ) -> Arc<Supervisor> {
         let hostname = crate::bridge::hostname();
@@ -91,9 +96,50 @@ impl Supervisor {
             status: Registry::default(),
             changed: Notify::new(),
             bridges: entries,
+            statics: shovels
+                .0
+                .iter()
+                .map(|x| (x.vhost.clone(), x.name.clone()))
+                .collect(),
         });
+        for x in shovels.0 {
+            let key = (x.vhost.as_str(), x.name.as_str());
+            let entry = s.status.add(key, x.cfg.clone(), Kind::Static, unix_ms());
+            let run = s.clone().run(
+                (x.vhost, x.name),
+                x.cfg,
+                Kind::Static,
+                entry,
+                stopped.clone(),
+            );
+            tokio::spawn(run);
+        }
         tokio::spawn(s.clone().follow(stopped));
         s
+    }
+
+    /// Checks a parameter as [`crate::validate`] does, and refuses a shovel parameter that
+    /// would take a static shovel's vhost and name (RabbitMQ's text shape, one reason).
+    pub fn validate(
+        &self,
+        component: &str,
+        vhost: &str,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), String> {
+        crate::validate(component, name, value)?;
+        if component == crate::shovel::COMPONENT && self.is_static(vhost, name) {
+            return Err(format!(
+                "Validation failed\n\n{name} in vhost {vhost} is a static shovel of this \
+                 broker's config file ([[shovel]]); a dynamic shovel needs another name\n"
+            ));
+        }
+        Ok(())
+    }
+
+    fn is_static(&self, vhost: &str, name: &str) -> bool {
+        self.statics
+            .contains(&(vhost.to_string(), name.to_string()))
     }
 
     /// The MQTT bridges' status rows.
@@ -119,11 +165,13 @@ impl Supervisor {
 
     async fn follow(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
         let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
+        // Dynamic shovels not run because a static one has their name, warned about once.
+        let mut shadowed: BTreeSet<(String, String)> = BTreeSet::new();
         loop {
             if let Ok(AdminResponse::Parameters(ps)) =
                 self.broker.admin(AdminRequest::ListParameters).await
             {
-                self.reconcile(&mut running, ps);
+                self.reconcile(&mut running, &mut shadowed, ps);
             }
             tokio::select! {
                 _ = stopped.changed() => break,
@@ -143,13 +191,27 @@ impl Supervisor {
     fn reconcile(
         self: &Arc<Self>,
         running: &mut BTreeMap<(String, String), Running>,
+        shadowed: &mut BTreeSet<(String, String)>,
         ps: Vec<ParameterDef>,
     ) {
-        let wanted: BTreeMap<(String, String), String> = ps
+        let mut wanted: BTreeMap<(String, String), String> = ps
             .into_iter()
             .filter(|p| p.component == crate::shovel::COMPONENT)
             .map(|p| ((p.vhost, p.name), p.value))
             .collect();
+        // Refused when set here; one can still come from a cluster peer with another
+        // config file or a store written before the [[shovel]] table was added. It stays
+        // stored, not run: the static shovel owns the name (its status row, its headers).
+        shadowed.retain(|k| wanted.contains_key(k));
+        wanted.retain(|k, _| {
+            if !self.statics.contains(k) {
+                return true;
+            }
+            if shadowed.insert(k.clone()) {
+                tracing::warn!(shovel = %Escaped(&format!("{}/{}", k.0, k.1)), "dynamic shovel not started: a static shovel ([[shovel]] in the config file) has its vhost and name");
+            }
+            false
+        });
         running.retain(|key, r| {
             let keep = wanted.get(key) == Some(&r.value);
             if !keep {
@@ -174,8 +236,13 @@ impl Supervisor {
                 }
             };
             let (stop, stop_rx) = watch::channel(false);
-            let entry = self.status.add(&key.0, &key.1, cfg.clone(), unix_ms());
-            tokio::spawn(self.clone().run(key.clone(), cfg, entry, stop_rx));
+            let entry = self
+                .status
+                .add((&key.0, &key.1), cfg.clone(), Kind::Dynamic, unix_ms());
+            let run = self
+                .clone()
+                .run(key.clone(), cfg, Kind::Dynamic, entry, stop_rx);
+            tokio::spawn(run);
             running.insert(key, Running { value, stop });
         }
     }
@@ -185,6 +252,7 @@ impl Supervisor {
         self: Arc<Self>,
         (vhost, name): (String, String),
         cfg: Arc<ShovelConfig>,
+        kind: Kind,
         entry: Arc<Entry>,
         mut stop: watch::Receiver<bool>,
     ) {
@@ -192,6 +260,7 @@ impl Supervisor {
             name: name.clone(),
             vhost: vhost.clone(),
             node: self.local.node.clone(),
+            kind,
         };
         let label = format!("{vhost}/{name}");
         log_state(&label, State::Starting, None);
@@ -214,6 +283,14 @@ impl Supervisor {
             };
             match outcome {
                 Ok(Ended::Stopped) => break,
+                Ok(Ended::Done) if kind == Kind::Static => {
+                    // No parameter to delete: it stays in the status, terminated, until
+                    // the broker starts again and runs it from the config file anew.
+                    tracing::info!(shovel = %Escaped(&label), moved = link.moved(), "static shovel moved what src-delete-after asked; stopped");
+                    let why = "src-delete-after reached".to_string();
+                    entry.set(State::Terminated, Some(why), unix_ms());
+                    return;
+                }
                 Ok(Ended::Done) => {
                     tracing::info!(shovel = %Escaped(&label), moved = link.moved(), "shovel moved what src-delete-after asked; deleting it");
                     entry.set(State::Terminated, None, unix_ms());

@@ -2708,7 +2708,7 @@ async fn import(
     // RabbitMQ's UI posts the file as a form; tools post JSON.
     let doc = Value::Object(json_body(&headers, &body)?);
     let mut imported = defs::import(&doc).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    defs::check_parameters(&mut imported, |c, n, v| m.validate_parameter(c, n, v));
+    defs::check_parameters(&mut imported, |c, h, n, v| m.validate_parameter(c, h, n, v));
     for s in &imported.skipped {
         tracing::warn!("definitions import: skipped {}", Escaped(s));
     }

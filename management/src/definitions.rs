@@ -245,16 +245,16 @@ pub fn export(defs: &Definitions) -> Value {
     })
 }
 
-/// Leaves out of an import the parameters `validate` refuses (component, name, value ->
-/// RabbitMQ's text), listing each as skipped with the reason.
+/// Leaves out of an import the parameters `validate` refuses (component, vhost, name,
+/// value -> RabbitMQ's text), listing each as skipped with the reason.
 pub fn check_parameters(
     imported: &mut Imported,
-    validate: impl Fn(&str, &str, &Value) -> std::result::Result<(), String>,
+    validate: impl Fn(&str, &str, &str, &Value) -> std::result::Result<(), String>,
 ) {
     let skipped = &mut imported.skipped;
     imported.definitions.parameters.retain(|p| {
         let value = serde_json::from_str::<Value>(&p.value).unwrap_or(Value::Null);
-        match validate(&p.component, &p.name, &value) {
+        match validate(&p.component, &p.vhost, &p.name, &value) {
             Ok(()) => true,
             Err(e) => {
                 skipped.push(format!(

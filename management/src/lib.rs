@@ -85,11 +85,13 @@ pub struct Management {
 /// parameters of their components are checked by it, it hears when they change, and it
 /// has their status and metrics. Without one, every component is unknown.
 pub trait Links: Send + Sync {
-    /// Checks a parameter's value for its component: `Err` is RabbitMQ's text
-    /// ("Validation failed ...", or "component X not found").
+    /// Checks a parameter's value for its component (and its vhost and name against the
+    /// host's own links, such as static shovels): `Err` is RabbitMQ's text ("Validation
+    /// failed ...", or "component X not found").
     fn validate(
         &self,
         component: &str,
+        vhost: &str,
         name: &str,
         value: &serde_json::Value,
     ) -> Result<(), String>;
@@ -141,11 +143,12 @@ impl Management {
     pub fn validate_parameter(
         &self,
         component: &str,
+        vhost: &str,
         name: &str,
         value: &serde_json::Value,
     ) -> Result<(), String> {
         match self.links.get() {
-            Some(l) => l.validate(component, name, value),
+            Some(l) => l.validate(component, vhost, name, value),
             None => Err(format!(
                 "Validation failed\n\ncomponent {component} not found\n"
             )),
@@ -155,6 +158,11 @@ impl Management {
     /// The shovels' status rows (empty without links).
     pub fn shovel_status(&self) -> Vec<serde_json::Value> {
         self.links.get().map(|l| l.shovels()).unwrap_or_default()
+    }
+
+    /// The MQTT bridges' status rows (empty without links).
+    pub fn bridge_status(&self) -> Vec<serde_json::Value> {
+        self.links.get().map(|l| l.bridges()).unwrap_or_default()
     }
 
     /// Tells the host's links that the parameters changed.

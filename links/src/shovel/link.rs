@@ -18,6 +18,8 @@ pub struct Identity {
     pub vhost: String,
     /// The node running it (`shovelled-by`).
     pub node: String,
+    /// Dynamic or static (`shovel-type`).
+    pub kind: super::Kind,
 }
 
 /// A message from the source.
@@ -207,7 +209,7 @@ impl Link {
             let cfg = &self.cfg;
             let uri = |u: &[String]| redact(u.first().map_or("", String::as_str));
             info.insert("shovelled-by".into(), long(&self.id.node));
-            info.insert("shovel-type".into(), long("dynamic"));
+            info.insert("shovel-type".into(), long(self.id.kind.as_str()));
             info.insert("shovel-name".into(), long(&self.id.name));
             info.insert("shovel-vhost".into(), long(&self.id.vhost));
             info.insert("src-uri".into(), long(&uri(&cfg.src_uris)));
@@ -316,6 +318,7 @@ mod tests {
             name: "s".into(),
             vhost: "/".into(),
             node: "warren@h".into(),
+            kind: crate::shovel::Kind::Dynamic,
         };
         Link::new(Arc::new(cfg), id)
     }

@@ -120,7 +120,7 @@ pub(super) async fn put(
     let Some(value) = o.get("value") else {
         return Err(ApiError::bad_request("[{key_missing,value}]"));
     };
-    m.validate_parameter(&component, &name, value)
+    m.validate_parameter(&component, &vhost, &name, value)
         .map_err(|e| ApiError::bad_request(html_escaped(&e)))?;
     let existed = find(&m, &caller, &component, &vhost, &name)
         .await?
