@@ -85,7 +85,8 @@ setup_toolchain() {
 }
 
 setup_python() {
-  local pkgs=('pika==1.3.2' 'pytest==8.3.4' 'pytest-timeout==2.4.0' 'paho-mqtt==2.1.0')
+  local pkgs=('pika==1.3.2' 'pytest==8.3.4' 'pytest-timeout==2.4.0' 'paho-mqtt==2.1.0'
+    'python-qpid-proton==0.40.0' 'rabbitmq-amqp-python-client==1.0.1')
   if [ -x target/venv/bin/python ] || python3 -m venv target/venv; then
     target/venv/bin/python -m pip install -q --disable-pip-version-check "${pkgs[@]}"
   else

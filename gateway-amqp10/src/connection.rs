@@ -8,6 +8,7 @@
 //! `/exchanges/:exchange/:routing-key`; sources `/queues/:queue` (percent-encoded names).
 
 use crate::address;
+use crate::pairs::{self, Pairs};
 use crate::performatives::{DeliveryState, Error, Role, condition};
 use crate::sasl::Login;
 use crate::session::{Config, Connection, Ended, Event};
@@ -18,6 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
+use warren_core::admin::{AdminRequest, AdminResponse, QueueInfo};
 use warren_core::command::{Consume, Op, Publish};
 use warren_core::effect::Effect;
 use warren_core::escape::Escaped;
@@ -31,6 +33,17 @@ pub struct PeerInfo {
     /// A verified TLS client certificate's subject: EXTERNAL is offered.
     pub identity: Option<String>,
     pub tls: bool,
+}
+
+impl PeerInfo {
+    pub fn new(addr: std::net::SocketAddr, identity: Option<String>, tls: bool) -> PeerInfo {
+        PeerInfo {
+            addr: addr.to_string(),
+            is_loopback: warren_runtime::listener::is_loopback(&addr),
+            identity,
+            tls,
+        }
+    }
 }
 
 /// What one core channel is to the 1.0 side.
@@ -47,8 +60,13 @@ enum LinkKind {
         next_seq: u64,
         pending: HashMap<u64, u32>,
     },
-    /// Client consumes.
-    Consumer { settled: bool },
+    /// Client consumes. `pending`: the consume, held until the client's first credit (the
+    /// core's prefetch is at least 1, so consuming at once would send a delivery the
+    /// client gave no credit for).
+    Consumer {
+        settled: bool,
+        pending: Option<Consume>,
+    },
 }
 
 /// Link credit given to publishers, renewed when half is used.
@@ -85,6 +103,8 @@ pub async fn serve_connection<S>(
     let mut written: u32 = 0;
     let mut publish_used: HashMap<(u16, u32), u32> = HashMap::new();
     let mut pending_consume: Option<String> = None;
+    // The management node's link pairs (`/management`).
+    let mut mgmt = Pairs::new("/", &config.node);
     loop {
         let out = conn.take_output();
         if !out.is_empty() {
@@ -135,6 +155,7 @@ pub async fn serve_connection<S>(
                         .unwrap_or("/")
                         .to_string();
                     tracing::info!(peer = %peer.addr, user = %Escaped(&user), vhost = %Escaped(&vhost), "accepted AMQP 1.0 connection");
+                    mgmt.set_vhost(&vhost);
                     let l = broker.connect();
                     l.tx.describe(warren_runtime::ConnMeta {
                         protocol: "AMQP 1-0",
@@ -164,8 +185,17 @@ pub async fn serve_connection<S>(
                     source,
                     target,
                     snd_settle_mode,
+                    properties,
                     ..
                 } => {
+                    if let Some(half) = pairs::half(role, source.as_ref(), target.as_ref()) {
+                        let mut alloc = || next_core(&mut next_core_channel);
+                        mgmt.attach(
+                            &mut conn, t, channel, handle, name, half, source, target, properties,
+                            &mut alloc, &mut ops,
+                        );
+                        continue;
+                    }
                     let kind = match role {
                         Role::Sender => address::parse_target(
                             target.as_ref().and_then(|t| t.address.as_deref()),
@@ -181,7 +211,10 @@ pub async fn serve_connection<S>(
                         .map(|address::Source::Queue(queue)| (queue, snd_settle_mode == 1))
                         .map(|(queue, settled)| {
                             pending_consume = Some(queue);
-                            LinkKind::Consumer { settled }
+                            LinkKind::Consumer {
+                                settled,
+                                pending: None,
+                            }
                         }),
                     };
                     let core = next_core(&mut next_core_channel);
@@ -213,30 +246,32 @@ pub async fn serve_connection<S>(
                         }
                     };
                     ops.push((core, Op::ChannelOpen));
-                    match (&kind, pending_consume.take()) {
-                        (LinkKind::Consumer { settled }, Some(queue)) => {
+                    let mut kind = kind;
+                    match (&mut kind, pending_consume.take()) {
+                        (LinkKind::Consumer { settled, pending }, Some(queue)) => {
+                            // The queue must exist and be readable now (a passive declare:
+                            // its error detaches the link); the consume waits for credit.
                             ops.push((
                                 core,
-                                Op::Consume(Consume {
-                                    queue,
-                                    consumer_tag: format!("amqp10-{channel}-{handle}"),
-                                    no_local: false,
-                                    no_ack: *settled,
+                                Op::QueueDeclare(warren_core::command::QueueDeclare {
+                                    queue: queue.clone(),
+                                    passive: true,
+                                    durable: false,
                                     exclusive: false,
-                                    nowait: true,
+                                    auto_delete: false,
+                                    nowait: false,
                                     arguments: Default::default(),
                                 }),
                             ));
-                            // No deliveries until the client gives credit (prefetch 1 is
-                            // the least the core takes; credit resets it).
-                            ops.push((
-                                core,
-                                Op::Qos {
-                                    prefetch_size: 0,
-                                    prefetch_count: 1,
-                                    global: false,
-                                },
-                            ));
+                            *pending = Some(Consume {
+                                queue,
+                                consumer_tag: format!("amqp10-{channel}-{handle}"),
+                                no_local: false,
+                                no_ack: *settled,
+                                exclusive: false,
+                                nowait: true,
+                                arguments: Default::default(),
+                            });
                         }
                         _ => ops.push((core, Op::ConfirmSelect { nowait: true })),
                     }
@@ -262,6 +297,19 @@ pub async fn serve_connection<S>(
                     settled,
                     payload,
                 } => {
+                    if mgmt.owns_link(channel, handle) {
+                        mgmt.on_request(
+                            &mut conn,
+                            t,
+                            channel,
+                            handle,
+                            delivery_id,
+                            settled,
+                            &payload,
+                            &mut ops,
+                        );
+                        continue;
+                    }
                     let Some(&core) = by_link.get(&(channel, handle)) else {
                         continue;
                     };
@@ -336,9 +384,20 @@ pub async fn serve_connection<S>(
                     channel,
                     handle,
                     credit,
+                    delivery_count,
                     ..
                 } => {
-                    if let Some(&core) = by_link.get(&(channel, handle)) {
+                    if mgmt.owns_link(channel, handle) {
+                        mgmt.on_credit(
+                            &mut conn,
+                            t,
+                            channel,
+                            handle,
+                            credit,
+                            delivery_count,
+                            &mut ops,
+                        );
+                    } else if let Some(&core) = by_link.get(&(channel, handle)) {
                         // Credit is the consumer's prefetch: the core never has more
                         // unsettled deliveries out than the client allowed.
                         let prefetch = u16::try_from(credit.max(1)).unwrap_or(u16::MAX);
@@ -350,6 +409,15 @@ pub async fn serve_connection<S>(
                                 global: false,
                             },
                         ));
+                        if credit > 0
+                            && let Some(LinkRef {
+                                kind: LinkKind::Consumer { pending, .. },
+                                ..
+                            }) = cores.get_mut(&core)
+                            && let Some(consume) = pending.take()
+                        {
+                            ops.push((core, Op::Consume(consume)));
+                        }
                     }
                 }
                 Event::Disposition {
@@ -392,12 +460,14 @@ pub async fn serve_connection<S>(
                     }
                 }
                 Event::Detached { channel, handle } => {
+                    mgmt.on_detached(channel, handle, &mut ops);
                     if let Some(core) = by_link.remove(&(channel, handle)) {
                         cores.remove(&core);
                         ops.push((core, Op::ChannelClose));
                     }
                 }
                 Event::Ended { channel } => {
+                    mgmt.on_ended(channel, &mut ops);
                     let gone: Vec<u32> = by_link
                         .keys()
                         .filter(|(c, _)| *c == channel)
@@ -410,6 +480,18 @@ pub async fn serve_connection<S>(
                         }
                     }
                 }
+            }
+        }
+        // The management node's look-ups (a queue's type and flags, which no core reply
+        // carries); answering one may start the next request, which may ask again.
+        loop {
+            let lookups = mgmt.take_lookups();
+            if lookups.is_empty() {
+                break;
+            }
+            for (key, queue) in lookups {
+                let info = lookup_queue(&broker, mgmt.vhost(), &queue).await;
+                mgmt.on_lookup(&mut conn, now(), &key, info.as_ref(), &mut ops);
             }
         }
         if let Some(l) = &link
@@ -441,7 +523,11 @@ pub async fn serve_connection<S>(
                 let Some(batch) = batch else { break };
                 let t = now();
                 for effect in batch {
-                    on_effect(&mut conn, t, effect, &mut cores, &mut outgoing, &mut written, &mut ops);
+                    if effect_channel(&effect).is_some_and(|c| mgmt.owns_core(c)) {
+                        mgmt.on_effect(&mut conn, t, effect, &mut ops);
+                    } else {
+                        on_effect(&mut conn, t, effect, &mut cores, &mut outgoing, &mut written, &mut ops);
+                    }
                 }
             }
             read = rd.read_buf(&mut rbuf) => match read {
@@ -464,6 +550,24 @@ pub async fn serve_connection<S>(
             tracing::info!(peer = %peer.addr, why = %why, "AMQP 1.0 connection refused")
         }
         _ => tracing::info!(peer = %peer.addr, "AMQP 1.0 connection ended"),
+    }
+}
+
+/// The core channel an effect is for (the management pairs' replies and errors).
+fn effect_channel(e: &Effect) -> Option<u16> {
+    match e {
+        Effect::Reply { ch, .. } | Effect::ChannelError { ch, .. } => Some(ch.channel),
+        _ => None,
+    }
+}
+
+/// A queue of the vhost, from the admin listing (`None`: no such queue, or no answer).
+async fn lookup_queue(broker: &BrokerHandle, vhost: &str, name: &str) -> Option<QueueInfo> {
+    match broker.admin(AdminRequest::ListQueues).await {
+        Ok(AdminResponse::Queues(queues)) => queues
+            .into_iter()
+            .find(|q| q.vhost == vhost && q.name == name),
+        _ => None,
     }
 }
 
@@ -495,7 +599,7 @@ fn on_effect(
             let Some(l) = cores.get(&ch.channel) else {
                 return;
             };
-            let LinkKind::Consumer { settled } = l.kind else {
+            let LinkKind::Consumer { settled, .. } = l.kind else {
                 return;
             };
             let payload = warren_core::amqp10::encode(&delivery.message);

@@ -35,6 +35,8 @@ pub struct Config {
     /// The `product` and `version` connection properties (see docs/amqp10.md).
     pub product: String,
     pub version: String,
+    /// This broker's name in the management node's queue answers (`leader`, `replicas`).
+    pub node: String,
 }
 
 impl Default for Config {
@@ -52,6 +54,7 @@ impl Default for Config {
             // (rabbitmq-amqp-python-client's `_validate_server_properties`).
             product: "RabbitMQ".into(),
             version: "4.0.0".into(),
+            node: "warren".into(),
         }
     }
 }
@@ -77,6 +80,8 @@ pub enum Event {
         target: Option<Target>,
         rcv_settle_mode: u8,
         snd_settle_mode: u8,
+        /// The attach's link properties (RabbitMQ's management link pair needs `paired`).
+        properties: Option<Value>,
     },
     /// A complete message (all its transfer frames) on a link the peer sends on.
     Message {
@@ -91,6 +96,9 @@ pub enum Event {
         channel: u16,
         handle: u32,
         credit: u32,
+        /// The peer's view of our delivery-count (`None`: ours is still the initial 0):
+        /// what we may send is `delivery_count + credit - our count` (2.6.7).
+        delivery_count: Option<u32>,
         drain: bool,
     },
     /// The peer settled or gave an outcome for our deliveries `first..=last`.
@@ -140,6 +148,11 @@ struct Link {
     attached: bool,
     /// For links the peer sends on: credit we gave and not yet used.
     credit: u32,
+    /// For links the peer sends on: its delivery-count as we count it (its initial one plus
+    /// the deliveries begun since). Our flows carry it so the peer computes its credit from
+    /// ours (2.6.7); without it the peer takes 0 and a granted credit shrinks by every
+    /// message sent so far.
+    delivery_count: u32,
     /// A message whose transfers have `more` set: id, settled, bytes so far.
     partial: Option<(u32, bool, BytesMut)>,
 }
@@ -578,7 +591,7 @@ impl Connection {
     }
 
     /// Ends the session on `channel` with a session-scope error.
-    fn end_session(&mut self, now: u64, channel: u16, error: Error) {
+    pub fn end_session(&mut self, now: u64, channel: u16, error: Error) {
         if let Some(s) = self.sessions.get_mut(&channel) {
             s.ending = true;
             let handles: Vec<u32> = s.links.keys().copied().collect();
@@ -683,6 +696,7 @@ impl Connection {
                 role: a.role,
                 attached: false,
                 credit: 0,
+                delivery_count: a.initial_delivery_count.unwrap_or(0),
                 partial: None,
             },
         );
@@ -695,6 +709,7 @@ impl Connection {
             target: a.target,
             rcv_settle_mode: a.rcv_settle_mode,
             snd_settle_mode: a.snd_settle_mode,
+            properties: a.properties,
         });
     }
 
@@ -710,6 +725,49 @@ impl Connection {
         source: Option<Source>,
         target: Option<Target>,
         credit: u32,
+    ) {
+        let termini = (source, target);
+        self.accept(now, channel, handle, name, termini, credit, None);
+    }
+
+    /// Accepts one half of a link pair (RabbitMQ's management node): as
+    /// [`Connection::accept_link`], but settled (RabbitMQ's `snd-settle-mode` for the pair)
+    /// and with the link properties echoed (`paired: true`), as RabbitMQ answers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn accept_paired_link(
+        &mut self,
+        now: u64,
+        channel: u16,
+        handle: u32,
+        name: String,
+        source: Option<Source>,
+        target: Option<Target>,
+        credit: u32,
+        properties: Option<Value>,
+    ) {
+        let termini = (source, target);
+        self.accept(
+            now,
+            channel,
+            handle,
+            name,
+            termini,
+            credit,
+            Some(properties),
+        );
+    }
+
+    /// `paired`: `Some(properties)` for a half of a link pair.
+    #[allow(clippy::too_many_arguments)]
+    fn accept(
+        &mut self,
+        now: u64,
+        channel: u16,
+        handle: u32,
+        name: String,
+        (source, target): (Option<Source>, Option<Target>),
+        credit: u32,
+        paired: Option<Option<Value>>,
     ) {
         let max_message_size = self.config.max_message_size;
         let Some(s) = self.sessions.get_mut(&channel) else {
@@ -730,11 +788,12 @@ impl Connection {
         if peer_role == Role::Sender {
             link.credit = credit;
         }
+        let delivery_count = link.delivery_count;
         let reply = Attach {
             name,
             handle,
             role: our_role,
-            snd_settle_mode: 2,
+            snd_settle_mode: if paired.is_some() { 1 } else { 2 },
             rcv_settle_mode: 0,
             source,
             target,
@@ -744,7 +803,7 @@ impl Connection {
             max_message_size: Some(max_message_size),
             offered_capabilities: Vec::new(),
             desired_capabilities: Vec::new(),
-            properties: None,
+            properties: paired.flatten(),
         };
         self.send(now, channel, &Performative::Attach(Box::new(reply)), &[]);
         if peer_role == Role::Sender {
@@ -754,7 +813,7 @@ impl Connection {
                 next_outgoing_id,
                 outgoing_window: u32::MAX,
                 handle: Some(handle),
-                delivery_count: Some(0),
+                delivery_count: Some(delivery_count),
                 link_credit: Some(credit),
                 ..Flow::default()
             };
@@ -816,6 +875,7 @@ impl Connection {
             next_outgoing_id: noi,
             outgoing_window: u32::MAX,
             handle: Some(handle),
+            delivery_count: Some(link.delivery_count),
             link_credit: Some(credit),
             ..Flow::default()
         };
@@ -900,6 +960,7 @@ impl Connection {
                 channel,
                 handle,
                 credit: f.link_credit.unwrap_or(0),
+                delivery_count: f.delivery_count,
                 drain: f.drain,
             });
         }
@@ -963,6 +1024,7 @@ impl Connection {
                     return;
                 }
                 link.credit -= 1;
+                link.delivery_count = link.delivery_count.wrapping_add(1);
                 let Some(id) = t.delivery_id else {
                     self.end_session(
                         now,
