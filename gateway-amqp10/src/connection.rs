@@ -9,7 +9,7 @@
 
 use crate::address;
 use crate::pairs::{self, Pairs};
-use crate::performatives::{DeliveryState, Error, Role, condition};
+use crate::performatives::{DeliveryState, Error, Role, Source, Target, condition};
 use crate::sasl::Login;
 use crate::session::{Config, Connection, Ended, Event};
 use bytes::{Bytes, BytesMut};
@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 use warren_core::admin::{AdminRequest, AdminResponse, QueueInfo};
 use warren_core::command::{Consume, Op, Publish};
-use warren_core::effect::Effect;
+use warren_core::effect::{Effect, Reply};
 use warren_core::escape::Escaped;
 use warren_runtime::BrokerHandle;
 
@@ -51,6 +51,12 @@ struct LinkRef {
     channel: u16,
     handle: u32,
     kind: LinkKind,
+    /// A consumer's attach, answered once the core has checked its queue (as RabbitMQ
+    /// refuses the attach itself for a missing queue): name and termini. Until then no
+    /// other op goes to its core channel (one after a failed check would be a connection
+    /// error), and the client's credit waits in `early_credit`.
+    unanswered: Option<(String, Option<Source>, Option<Target>)>,
+    early_credit: u32,
 }
 
 enum LinkKind {
@@ -279,16 +285,24 @@ pub async fn serve_connection<S>(
                         LinkKind::Publisher { .. } => PUBLISH_CREDIT,
                         LinkKind::Consumer { .. } => 0,
                     };
+                    let consumer = matches!(kind, LinkKind::Consumer { .. });
+                    let mut unanswered = None;
+                    if consumer {
+                        unanswered = Some((name, source, target));
+                    } else {
+                        conn.accept_link(t, channel, handle, name, source, target, credit);
+                    }
                     cores.insert(
                         core,
                         LinkRef {
                             channel,
                             handle,
                             kind,
+                            unanswered,
+                            early_credit: 0,
                         },
                     );
                     by_link.insert((channel, handle), core);
-                    conn.accept_link(t, channel, handle, name, source, target, credit);
                 }
                 Event::Message {
                     channel,
@@ -397,26 +411,15 @@ pub async fn serve_connection<S>(
                             delivery_count,
                             &mut ops,
                         );
-                    } else if let Some(&core) = by_link.get(&(channel, handle)) {
-                        // Credit is the consumer's prefetch: the core never has more
-                        // unsettled deliveries out than the client allowed.
-                        let prefetch = u16::try_from(credit.max(1)).unwrap_or(u16::MAX);
-                        ops.push((
-                            core,
-                            Op::Qos {
-                                prefetch_size: 0,
-                                prefetch_count: prefetch,
-                                global: false,
-                            },
-                        ));
-                        if credit > 0
-                            && let Some(LinkRef {
-                                kind: LinkKind::Consumer { pending, .. },
-                                ..
-                            }) = cores.get_mut(&core)
-                            && let Some(consume) = pending.take()
-                        {
-                            ops.push((core, Op::Consume(consume)));
+                    } else if let Some(&core) = by_link.get(&(channel, handle))
+                        // Not after a channel error closed its core channel: an op there
+                        // would be a connection error.
+                        && let Some(l) = cores.get_mut(&core)
+                    {
+                        if l.unanswered.is_some() {
+                            l.early_credit = credit;
+                        } else {
+                            consumer_credit(l, core, credit, &mut ops);
                         }
                     }
                 }
@@ -461,8 +464,12 @@ pub async fn serve_connection<S>(
                 }
                 Event::Detached { channel, handle } => {
                     mgmt.on_detached(channel, handle, &mut ops);
-                    if let Some(core) = by_link.remove(&(channel, handle)) {
-                        cores.remove(&core);
+                    // A link whose core channel a channel error already closed (and
+                    // removed from `cores`) has nothing left to close: a close there
+                    // would be a connection error.
+                    if let Some(core) = by_link.remove(&(channel, handle))
+                        && cores.remove(&core).is_some()
+                    {
                         ops.push((core, Op::ChannelClose));
                     }
                 }
@@ -474,8 +481,9 @@ pub async fn serve_connection<S>(
                         .map(|(_, h)| *h)
                         .collect();
                     for h in gone {
-                        if let Some(core) = by_link.remove(&(channel, h)) {
-                            cores.remove(&core);
+                        if let Some(core) = by_link.remove(&(channel, h))
+                            && cores.remove(&core).is_some()
+                        {
                             ops.push((core, Op::ChannelClose));
                         }
                     }
@@ -550,6 +558,26 @@ pub async fn serve_connection<S>(
             tracing::info!(peer = %peer.addr, why = %why, "AMQP 1.0 connection refused")
         }
         _ => tracing::info!(peer = %peer.addr, "AMQP 1.0 connection ended"),
+    }
+}
+
+/// A consumer's credit is its prefetch: the core never has more unsettled deliveries out
+/// than the client allowed. The first credit starts the consume.
+fn consumer_credit(l: &mut LinkRef, core: u16, credit: u32, ops: &mut Vec<(u16, Op)>) {
+    let prefetch = u16::try_from(credit.max(1)).unwrap_or(u16::MAX);
+    ops.push((
+        core,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: prefetch,
+            global: false,
+        },
+    ));
+    if credit > 0
+        && let LinkKind::Consumer { pending, .. } = &mut l.kind
+        && let Some(consume) = pending.take()
+    {
+        ops.push((core, Op::Consume(consume)));
     }
 }
 
@@ -639,9 +667,28 @@ fn on_effect(
                 }
             }
         }
+        Effect::Reply {
+            ch,
+            reply: Reply::QueueDeclareOk { .. },
+        } => {
+            // A consumer's queue exists and may be read: its attach is answered (credit
+            // comes from the client).
+            if let Some(l) = cores.get_mut(&ch.channel)
+                && let Some((name, source, target)) = l.unanswered.take()
+            {
+                conn.accept_link(now, l.channel, l.handle, name, source, target, 0);
+                if l.early_credit > 0 {
+                    let credit = l.early_credit;
+                    consumer_credit(l, ch.channel, credit, ops);
+                }
+            }
+        }
         Effect::ChannelError { ch, error } => {
             ops.push((ch.channel, Op::ChannelCloseOk));
-            if let Some(l) = cores.remove(&ch.channel) {
+            // The core requeued them; a settlement on the closed channel would be an op
+            // where the core expects none.
+            outgoing.retain(|_, (core, _)| *core != ch.channel);
+            if let Some(mut l) = cores.remove(&ch.channel) {
                 let cond = match error.code.code() {
                     404 => condition::NOT_FOUND,
                     403 => condition::UNAUTHORIZED_ACCESS,
@@ -649,12 +696,14 @@ fn on_effect(
                     406 => condition::PRECONDITION_FAILED,
                     _ => condition::INTERNAL_ERROR,
                 };
-                conn.detach_link(
-                    now,
-                    l.channel,
-                    l.handle,
-                    Some(Error::new(cond, error.text.to_string())),
-                );
+                let e = Error::new(cond, error.text.to_string());
+                match l.unanswered.take() {
+                    // RabbitMQ's refusal: an attach with a null terminus, then the detach.
+                    Some((name, ..)) => {
+                        conn.refuse_link(now, l.channel, l.handle, name, e);
+                    }
+                    None => conn.detach_link(now, l.channel, l.handle, Some(e)),
+                }
             }
         }
         Effect::ConnectionError { error, .. } => {

@@ -155,6 +155,9 @@ struct Link {
     delivery_count: u32,
     /// A message whose transfers have `more` set: id, settled, bytes so far.
     partial: Option<(u32, bool, BytesMut)>,
+    /// We sent our detach (an error, or a refused attach) and wait for the peer's: its
+    /// handle stays taken until then (2.6.4), and what still comes on it is dropped.
+    detached: bool,
 }
 
 struct SessionState {
@@ -610,7 +613,11 @@ impl Connection {
         let Some(s) = self.sessions.get_mut(&channel) else {
             return;
         };
-        if s.links.remove(&handle).is_some() {
+        if let Some(link) = s.links.get_mut(&handle)
+            && !link.detached
+        {
+            link.detached = true;
+            link.partial = None;
             self.events.push(Event::Detached { channel, handle });
             let d = Detach {
                 handle,
@@ -628,7 +635,7 @@ impl Connection {
                 let Some(s) = self.sessions.get_mut(&channel) else {
                     return;
                 };
-                if s.links.remove(&d.handle).is_none() {
+                let Some(link) = s.links.remove(&d.handle) else {
                     self.end_session(
                         now,
                         channel,
@@ -637,6 +644,10 @@ impl Connection {
                             "detach of an unattached handle",
                         ),
                     );
+                    return;
+                };
+                if link.detached {
+                    // The answer to our detach: the handle is free again.
                     return;
                 }
                 self.events.push(Event::Detached {
@@ -698,6 +709,7 @@ impl Connection {
                 credit: 0,
                 delivery_count: a.initial_delivery_count.unwrap_or(0),
                 partial: None,
+                detached: false,
             },
         );
         self.events.push(Event::Attach {
@@ -827,9 +839,16 @@ impl Connection {
         let Some(s) = self.sessions.get_mut(&channel) else {
             return;
         };
-        let Some(link) = s.links.remove(&handle) else {
+        let Some(link) = s.links.get_mut(&handle) else {
             return;
         };
+        if link.detached {
+            return;
+        }
+        link.detached = true;
+        // For a shell that had already taken the link in (a consumer whose queue was
+        // being checked): it is gone.
+        self.events.push(Event::Detached { channel, handle });
         let our_role = match link.role {
             Role::Sender => Role::Receiver,
             Role::Receiver => Role::Sender,
@@ -955,6 +974,7 @@ impl Connection {
         if let Some(handle) = f.handle
             && let Some(link) = s.links.get(&handle)
             && link.role == Role::Receiver
+            && !link.detached
         {
             self.events.push(Event::Credit {
                 channel,
@@ -997,6 +1017,10 @@ impl Connection {
             );
             return;
         };
+        if link.detached {
+            // Sent before the peer saw our detach.
+            return;
+        }
         if link.role != Role::Sender || !link.attached {
             self.end_session(
                 now,

@@ -11,7 +11,7 @@ use warren_amqp10::management::{
 };
 use warren_amqp10::pairs::{self, Pairs};
 use warren_amqp10::performatives::{
-    Attach, Begin, Flow, Open, Performative, Role, Source, Target, Transfer, condition,
+    Attach, Begin, Detach, Flow, Open, Performative, Role, Source, Target, Transfer, condition,
 };
 use warren_amqp10::session::{Config, Connection, Event};
 use warren_amqp10::types::Value;
@@ -890,6 +890,25 @@ fn unpaired_attach_is_refused_on_the_link() {
         Some(condition::INVALID_FIELD.to_string())
     );
     assert!(c.ops.is_empty(), "no core channel for a refused link");
+    // The client's detach answers ours: not an unattached handle, the session goes on,
+    // and the handle is free for a paired attach.
+    c.send(
+        0,
+        Performative::Detach(Detach {
+            handle: 0,
+            closed: true,
+            error: None,
+        }),
+    );
+    assert!(c.frames().is_empty(), "nothing answers the answer");
+    c.attach(0, Role::Sender, paired());
+    let frames = c.frames();
+    assert!(
+        frames.iter().any(
+            |(_, b)| matches!(b, Body::Amqp(Performative::Attach(a), _) if a.target.is_some())
+        ),
+        "{frames:?}"
+    );
 }
 
 #[test]
