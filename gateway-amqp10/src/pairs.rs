@@ -293,6 +293,7 @@ impl Pairs {
     }
 
     /// The client gave credit on a response half.
+    #[allow(clippy::too_many_arguments)]
     pub fn on_credit(
         &mut self,
         conn: &mut Connection,
