@@ -13,7 +13,7 @@ use crate::performatives::{DeliveryState, Error, Role, Source, Target, condition
 use crate::sasl::Login;
 use crate::session::{Config, Connection, Ended, Event};
 use bytes::{Bytes, BytesMut};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -69,9 +69,19 @@ enum LinkKind {
     /// Client consumes. `pending`: the consume, held until the client's first credit (the
     /// core's prefetch is at least 1, so consuming at once would send a delivery the
     /// client gave no credit for).
+    ///
+    /// Link credit is counted here: the core's prefetch bounds the deliveries it has out
+    /// unacknowledged, not those the client allowed, so a delivery beyond the credit waits
+    /// in `held` until the client gives more. `held` is bounded by the prefetch (the core
+    /// counts held deliveries as unacknowledged; for a pre-settled link the shell
+    /// acknowledges each one as it sends it, so the core consumes with acks then too).
     Consumer {
         settled: bool,
         pending: Option<Consume>,
+        /// Transfers the client's credit still allows, and our delivery-count.
+        credit: u32,
+        sent: u32,
+        held: VecDeque<warren_core::effect::Delivery>,
     },
 }
 
@@ -220,6 +230,9 @@ pub async fn serve_connection<S>(
                             LinkKind::Consumer {
                                 settled,
                                 pending: None,
+                                credit: 0,
+                                sent: 0,
+                                held: VecDeque::new(),
                             }
                         }),
                     };
@@ -254,7 +267,7 @@ pub async fn serve_connection<S>(
                     ops.push((core, Op::ChannelOpen));
                     let mut kind = kind;
                     match (&mut kind, pending_consume.take()) {
-                        (LinkKind::Consumer { settled, pending }, Some(queue)) => {
+                        (LinkKind::Consumer { pending, .. }, Some(queue)) => {
                             // The queue must exist and be readable now (a passive declare:
                             // its error detaches the link); the consume waits for credit.
                             ops.push((
@@ -273,7 +286,8 @@ pub async fn serve_connection<S>(
                                 queue,
                                 consumer_tag: format!("amqp10-{channel}-{handle}"),
                                 no_local: false,
-                                no_ack: *settled,
+                                // Acknowledged by the shell as sent when pre-settled.
+                                no_ack: false,
                                 exclusive: false,
                                 nowait: true,
                                 arguments: Default::default(),
@@ -416,10 +430,23 @@ pub async fn serve_connection<S>(
                         // would be a connection error.
                         && let Some(l) = cores.get_mut(&core)
                     {
+                        if let LinkKind::Consumer {
+                            credit: left, sent, ..
+                        } = &mut l.kind
+                        {
+                            // 2.6.7: the receiver's count plus its credit, less ours; a flow
+                            // from before our latest transfers leaves none.
+                            let n = delivery_count
+                                .unwrap_or(0)
+                                .wrapping_add(credit)
+                                .wrapping_sub(*sent);
+                            *left = if n > credit { 0 } else { n };
+                        }
                         if l.unanswered.is_some() {
                             l.early_credit = credit;
                         } else {
                             consumer_credit(l, core, credit, &mut ops);
+                            send_held(&mut conn, t, l, core, &mut outgoing, &mut ops);
                         }
                     }
                 }
@@ -561,6 +588,48 @@ pub async fn serve_connection<S>(
     }
 }
 
+/// Sends a consumer's held deliveries as far as its credit goes.
+fn send_held(
+    conn: &mut Connection,
+    now: u64,
+    l: &mut LinkRef,
+    core: u16,
+    outgoing: &mut HashMap<(u16, u32), (u16, u64)>,
+    ops: &mut Vec<(u16, Op)>,
+) {
+    let (channel, handle) = (l.channel, l.handle);
+    let LinkKind::Consumer {
+        settled,
+        credit,
+        sent,
+        held,
+        ..
+    } = &mut l.kind
+    else {
+        return;
+    };
+    while *credit > 0
+        && let Some(delivery) = held.pop_front()
+    {
+        *credit -= 1;
+        *sent = sent.wrapping_add(1);
+        let payload = warren_core::amqp10::encode(&delivery.message);
+        let tag = Bytes::copy_from_slice(&delivery.delivery_tag.to_be_bytes());
+        let id = conn.send_message(now, channel, handle, tag, *settled, &payload);
+        if *settled {
+            ops.push((
+                core,
+                Op::Ack {
+                    delivery_tag: delivery.delivery_tag,
+                    multiple: false,
+                },
+            ));
+        } else if let Some(id) = id {
+            outgoing.insert((channel, id), (core, delivery.delivery_tag));
+        }
+    }
+}
+
 /// A consumer's credit is its prefetch: the core never has more unsettled deliveries out
 /// than the client allowed. The first credit starts the consume.
 fn consumer_credit(l: &mut LinkRef, core: u16, credit: u32, ops: &mut Vec<(u16, Op)>) {
@@ -624,19 +693,14 @@ fn on_effect(
     match effect {
         Effect::Deliver { ch, delivery, .. } => {
             *written += 1;
-            let Some(l) = cores.get(&ch.channel) else {
+            let Some(l) = cores.get_mut(&ch.channel) else {
                 return;
             };
-            let LinkKind::Consumer { settled, .. } = l.kind else {
+            let LinkKind::Consumer { held, .. } = &mut l.kind else {
                 return;
             };
-            let payload = warren_core::amqp10::encode(&delivery.message);
-            let tag = Bytes::copy_from_slice(&delivery.delivery_tag.to_be_bytes());
-            if let Some(id) = conn.send_message(now, l.channel, l.handle, tag, settled, &payload)
-                && !settled
-            {
-                outgoing.insert((l.channel, id), (ch.channel, delivery.delivery_tag));
-            }
+            held.push_back(delivery);
+            send_held(conn, now, l, ch.channel, outgoing, ops);
         }
         Effect::Confirm {
             ch,
