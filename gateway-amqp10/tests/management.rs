@@ -974,3 +974,60 @@ fn a_second_attach_of_one_half_is_refused() {
         Some(condition::PRECONDITION_FAILED.to_string())
     );
 }
+
+#[test]
+fn a_transfer_on_the_response_link_ends_the_session() {
+    let mut c = Client::new();
+    c.attach(0, Role::Sender, paired());
+    c.attach(1, Role::Receiver, paired());
+    c.frames();
+    c.request(
+        1,
+        0,
+        &request_bytes("id-1", "GET", "/queues/q", Value::Null),
+    );
+    let frames = c.frames();
+    let end = frames.iter().find_map(|(_, b)| match b {
+        Body::Amqp(Performative::End(e), _) => Some(e.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        end.flatten().map(|e| e.condition),
+        Some(condition::UNATTACHED_HANDLE.to_string())
+    );
+    assert!(c.ops.contains(&(1, Op::ChannelClose)), "{:?}", c.ops);
+}
+
+#[test]
+fn requests_beyond_the_credit_detach_the_request_link() {
+    let mut c = Client::new();
+    c.attach(0, Role::Sender, paired());
+    c.attach(1, Role::Receiver, paired());
+    c.frames();
+    c.ops.clear();
+    // No response credit: the answers are held, so the 8 credits are not renewed.
+    for id in 0..management::MAX_CREDIT {
+        c.request(
+            0,
+            id,
+            &request_bytes(&format!("id-{id}"), "GET", "/nodes", Value::Null),
+        );
+    }
+    assert!(
+        c.frames().is_empty(),
+        "answers wait for credit, no credit renewed"
+    );
+    c.request(0, 8, &request_bytes("id-8", "GET", "/nodes", Value::Null));
+    let frames = c.frames();
+    let detach = frames.iter().find_map(|(_, b)| match b {
+        Body::Amqp(Performative::Detach(d), _) => Some(d.clone()),
+        _ => None,
+    });
+    let d = detach.expect("detached");
+    assert_eq!(d.handle, 0);
+    assert_eq!(
+        d.error.map(|e| e.condition),
+        Some(condition::TRANSFER_LIMIT_EXCEEDED.to_string())
+    );
+    assert!(c.conn.ended().is_none());
+}
