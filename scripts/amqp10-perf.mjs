@@ -1,5 +1,5 @@
 // A quick AMQP 1.0 throughput run with rhea (npm, examples/browser's lockfile): 1 sender,
-// 1 receiver, one durable classic queue declared through the management node, durable
+// 1 receiver (two connections), one durable classic queue declared through the management node, durable
 // messages of SIZE bytes, at most CREDIT unsettled publishes (PerfTest's -c) and a receiver
 // credit of CREDIT (PerfTest's -q), COUNT messages. Prints one JSON line.
 //   node scripts/amqp10-perf.mjs [host:port] [count] [size] [credit]
@@ -15,10 +15,13 @@ const SIZE = Number(process.argv[4] ?? 12);
 const CREDIT = Number(process.argv[5] ?? 200);
 const queue = `perf-amqp10-${randomUUID().slice(0, 8)}`;
 
-const container = rhea.create_container({ id: `perf-${randomUUID()}` });
-const connection = container.connect({
-  host: HOST, port: Number(PORT), username: "guest", password: "guest", reconnect: false,
-});
+// Two connections, as PerfTest's producer and consumer have.
+const open = () =>
+  rhea.create_container({ id: `perf-${randomUUID()}` }).connect({
+    host: HOST, port: Number(PORT), username: "guest", password: "guest", reconnect: false,
+  });
+const connection = open();
+const consuming = open();
 const bound = setTimeout(() => {
   console.error(`perf: not done within 300 s`);
   process.exit(1);
@@ -46,7 +49,7 @@ async function management(method, path, body) {
   return Number(message.subject);
 }
 
-await event(connection, "connection_open");
+await Promise.all([event(connection, "connection_open"), event(consuming, "connection_open")]);
 const status = await management("PUT", `/queues/${queue}`, {
   durable: true, arguments: { "x-queue-type": "classic" },
 });
@@ -59,7 +62,7 @@ let sent = 0;
 const start = process.hrtime.bigint();
 let publishedAt = null;
 
-const receiver = connection.open_receiver({
+const receiver = consuming.open_receiver({
   source: { address: `/queues/${queue}` }, credit_window: CREDIT, autoaccept: true,
 });
 const done = new Promise((resolve) => {
@@ -99,4 +102,5 @@ console.log(JSON.stringify({
 clearTimeout(bound);
 await management("DELETE", `/queues/${queue}`);
 connection.close();
-await event(connection, "connection_close");
+consuming.close();
+await Promise.all([event(connection, "connection_close"), event(consuming, "connection_close")]);

@@ -369,7 +369,11 @@ pub async fn serve_connection<S>(
                             continue;
                         }
                     };
-                    let route = match link_target.route(None, None) {
+                    // A null target takes each message's `to`; `/exchanges/:x` takes its
+                    // `subject` as the routing key (RabbitMQ 4's v2 addressing).
+                    let (to, subject) =
+                        warren_core::amqp10::addressing(&payload).unwrap_or((None, None));
+                    let route = match link_target.route(to.as_deref(), subject.as_deref()) {
                         Ok(r) => r,
                         Err(e) => {
                             conn.settle(
