@@ -2,7 +2,7 @@
 //! links to the core's channels. Each attached link is one core channel (the core speaks
 //! 0.9.1's model): a link the client sends on publishes in confirm mode, and the confirm
 //! settles the transfer with `accepted` (for a durable queue, after the store's fsync); a
-//! link the client receives on is a consumer whose prefetch is the link credit.
+//! link the client receives on is a consumer whose prefetch is its first link credit.
 //!
 //! Addresses are RabbitMQ 4's v2 form: targets `/queues/:queue`, `/exchanges/:exchange`,
 //! `/exchanges/:exchange/:routing-key`; sources `/queues/:queue` (percent-encoded names).
@@ -634,24 +634,31 @@ fn send_held(
     }
 }
 
-/// A consumer's credit is its prefetch: the core never has more unsettled deliveries out
-/// than the client allowed. The first credit starts the consume.
+/// The client's first credit starts the consume, with that credit as its prefetch: 0.9.1's
+/// per-consumer prefetch is fixed when the consumer starts (a later `basic.qos` applies to
+/// later consumers), and the channel-wide one is refused by quorum queues (a connection
+/// error). So later credit only moves the shell's count: the core has at most the first
+/// credit's worth of deliveries out unsettled, and what comes beyond the link's credit
+/// waits in `held`, bounded by that.
 fn consumer_credit(l: &mut LinkRef, core: u16, credit: u32, ops: &mut Vec<(u16, Op)>) {
-    let prefetch = u16::try_from(credit.max(1)).unwrap_or(u16::MAX);
+    if credit == 0 {
+        return;
+    }
+    let LinkKind::Consumer { pending, .. } = &mut l.kind else {
+        return;
+    };
+    let Some(consume) = pending.take() else {
+        return;
+    };
     ops.push((
         core,
         Op::Qos {
             prefetch_size: 0,
-            prefetch_count: prefetch,
+            prefetch_count: u16::try_from(credit).unwrap_or(u16::MAX),
             global: false,
         },
     ));
-    if credit > 0
-        && let LinkKind::Consumer { pending, .. } = &mut l.kind
-        && let Some(consume) = pending.take()
-    {
-        ops.push((core, Op::Consume(consume)));
-    }
+    ops.push((core, Op::Consume(consume)));
 }
 
 /// The core channel an effect is for (the management pairs' replies and errors).
