@@ -109,6 +109,8 @@ pub async fn serve_connection<S>(
     conn.handle_input(0, &mut rbuf);
     let mut link: Option<warren_runtime::Connection> = None;
     let mut user = String::new();
+    // The login, kept until the peer's open names its vhost (checked then, and dropped).
+    let mut credentials: Option<Login> = None;
     let mut next_core_channel: u16 = 1;
     let mut cores: HashMap<u16, LinkRef> = HashMap::new();
     // (amqp channel, handle) -> core channel.
@@ -136,6 +138,7 @@ pub async fn serve_connection<S>(
             let t = now();
             match event {
                 Event::Login(login) => {
+                    credentials = Some(login.clone());
                     let answer = match &login {
                         Login::Plain { user: u, password } => {
                             user = u.clone();
@@ -162,6 +165,46 @@ pub async fn serve_connection<S>(
                         tracing::warn!(peer = %peer.addr, user = %Escaped(&user), "AMQP 1.0 login refused");
                     }
                     conn.on_login(ok);
+                    conn.handle_input(now(), &mut rbuf);
+                }
+                Event::OpenRequested { hostname } => {
+                    let vhost = hostname
+                        .as_deref()
+                        .and_then(|h| h.strip_prefix("vhost:"))
+                        .unwrap_or("/");
+                    let checked = match credentials.take() {
+                        Some(Login::Plain { user: u, password }) => {
+                            broker
+                                .authenticate(&u, &password, peer.is_loopback, Some(vhost))
+                                .await
+                        }
+                        Some(Login::External(id)) => {
+                            broker
+                                .authenticate_certified(&id, peer.is_loopback, Some(vhost))
+                                .await
+                        }
+                        Some(Login::Anonymous) | None => {
+                            broker
+                                .authenticate("guest", "guest", peer.is_loopback, Some(vhost))
+                                .await
+                        }
+                    };
+                    // RabbitMQ's condition for both a missing vhost and no access to it
+                    // (its `check_vhost_exists`); the handshake then ends silently.
+                    let answer = match checked {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => {
+                            Err(Error::new(condition::UNAUTHORIZED_ACCESS, e.to_string()))
+                        }
+                        Err(_) => Err(Error::new(
+                            condition::CONNECTION_FORCED,
+                            "broker shutting down",
+                        )),
+                    };
+                    if let Err(e) = &answer {
+                        tracing::warn!(peer = %peer.addr, user = %Escaped(&user), vhost = %Escaped(vhost), error = %e.description.as_deref().unwrap_or(""), "AMQP 1.0 open refused");
+                    }
+                    conn.answer_open(t, answer);
                     conn.handle_input(now(), &mut rbuf);
                 }
                 Event::Opened { hostname } => {

@@ -78,7 +78,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 
 fn default_config() -> Arc<Config> {
     static CONFIG: OnceLock<Arc<Config>> = OnceLock::new();
-    CONFIG.get_or_init(|| Arc::new(Config::default())).clone()
+    CONFIG
+        .get_or_init(|| {
+            Arc::new(Config {
+                check_open: true,
+                ..Config::default()
+            })
+        })
+        .clone()
 }
 
 /// Reads the protocol header: AMQP 1.0 (plain or SASL) is served here, anything else goes

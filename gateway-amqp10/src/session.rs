@@ -37,6 +37,10 @@ pub struct Config {
     pub version: String,
     /// This broker's name in the management node's queue answers (`leader`, `replicas`).
     pub node: String,
+    /// The peer's `open` waits for the shell's [`Connection::answer_open`] (the vhost
+    /// check) before ours is sent: a refused vhost ends the handshake before any `open`,
+    /// which a client sees as a failed connect (RabbitMQ checks first too).
+    pub check_open: bool,
 }
 
 impl Default for Config {
@@ -55,6 +59,7 @@ impl Default for Config {
             product: "RabbitMQ".into(),
             version: "4.0.0".into(),
             node: "warren".into(),
+            check_open: false,
         }
     }
 }
@@ -69,6 +74,9 @@ pub enum Event {
     Login(Login),
     /// The connection is open (after the peer's `open`), with the peer's `hostname`.
     Opened { hostname: Option<String> },
+    /// With [`Config::check_open`]: the peer's `open` named this `hostname`; answer with
+    /// [`Connection::answer_open`].
+    OpenRequested { hostname: Option<String> },
     /// A link the peer attached; answer with [`Connection::accept_link`] or
     /// [`Connection::refuse_link`]. `role` is the peer's.
     Attach {
@@ -137,6 +145,8 @@ enum Phase {
     AmqpHeader,
     /// AMQP header exchanged, waiting for open.
     Open,
+    /// The peer's open is with the shell (`check_open`); its hostname.
+    OpenChecking(Option<String>),
     Opened,
     /// We sent close; waiting for the peer's.
     Closing,
@@ -283,7 +293,7 @@ impl Connection {
                     input.clear();
                     return;
                 }
-                Phase::SaslChecking => return,
+                Phase::SaslChecking | Phase::OpenChecking(_) => return,
                 Phase::Header | Phase::AmqpHeader => {
                     if input.len() < 8 {
                         return;
@@ -354,6 +364,29 @@ impl Connection {
         }
     }
 
+    /// The shell's answer to [`Event::OpenRequested`]: our `open` and [`Event::Opened`],
+    /// or with `Err` the socket is closed with nothing sent, as RabbitMQ ends a handshake
+    /// whose vhost check failed (`rabbit_amqp_reader`'s silent close): its clients then fail
+    /// their connect, where an `open` would let it succeed and the `close` behind it start
+    /// their reconnection.
+    pub fn answer_open(&mut self, now: u64, answer: Result<(), Error>) {
+        let Phase::OpenChecking(hostname) = &mut self.phase else {
+            return;
+        };
+        let hostname = hostname.take();
+        match answer {
+            Ok(()) => {
+                self.send_open(now);
+                self.phase = Phase::Opened;
+                self.events.push(Event::Opened { hostname });
+            }
+            Err(e) => {
+                let why = e.description.unwrap_or(e.condition);
+                self.phase = Phase::Ended(Ended::Refused(why));
+            }
+        }
+    }
+
     /// The shell's answer to [`Event::Login`] (during SASL).
     pub fn on_login(&mut self, ok: bool) {
         if !matches!(self.phase, Phase::SaslChecking) {
@@ -384,9 +417,10 @@ impl Connection {
         if matches!(self.phase, Phase::Closing | Phase::Ended(_)) {
             return;
         }
-        if matches!(self.phase, Phase::Open) {
+        if matches!(self.phase, Phase::Open | Phase::OpenChecking(_)) {
             // The spec: an open must precede a close.
             self.send_open(now);
+            self.phase = Phase::Open;
         }
         if matches!(self.phase, Phase::Open | Phase::Opened) {
             self.send(now, 0, &Performative::Close(Some(error.clone())), &[]);
@@ -482,6 +516,13 @@ impl Connection {
                     .idle_time_out
                     .filter(|&t| t > 0)
                     .map(|t| u64::from(t) / 2);
+                if self.config.check_open {
+                    self.events.push(Event::OpenRequested {
+                        hostname: open.hostname.clone(),
+                    });
+                    self.phase = Phase::OpenChecking(open.hostname);
+                    return;
+                }
                 self.send_open(now);
                 self.phase = Phase::Opened;
                 self.events.push(Event::Opened {

@@ -202,3 +202,14 @@ def test_consume_from_missing_queue_is_refused(connection):
     assert not isinstance(refused.value, TimeoutError)
     assert "not-found" in str(refused.value) or "NOT_FOUND" in str(refused.value), refused.value
     # (The client then closes its own connection, as it does against RabbitMQ.)
+
+
+def test_missing_vhost_fails_the_connect():
+    # As RabbitMQ: the handshake ends before any open, so dial() itself raises (an open
+    # followed by a close would let it return and start the client's reconnection).
+    from rabbitmq_amqp_python_client.qpid.proton._exceptions import ConnectionException
+
+    environment = Environment(uri=f"amqp://guest:guest@{HOST}:{PORT}/{unique('no-such-vhost')}")
+    with pytest.raises(ConnectionException):
+        with within("refusal of a missing vhost", 10):
+            environment.connection().dial()
