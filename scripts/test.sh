@@ -85,7 +85,8 @@ setup_toolchain() {
 }
 
 setup_python() {
-  local pkgs=('pika==1.3.2' 'pytest==8.3.4' 'pytest-timeout==2.4.0' 'paho-mqtt==2.1.0')
+  local pkgs=('pika==1.3.2' 'pytest==8.3.4' 'pytest-timeout==2.4.0' 'paho-mqtt==2.1.0'
+    'python-qpid-proton==0.40.0' 'rabbitmq-amqp-python-client==1.0.1')
   if [ -x target/venv/bin/python ] || python3 -m venv target/venv; then
     target/venv/bin/python -m pip install -q --disable-pip-version-check "${pkgs[@]}"
   else
@@ -278,7 +279,8 @@ setup_chromium() {
 setup_npm() {
   # examples/browser's lockfile: playwright-core (no bundled browsers: it drives Debian's
   # chromium), typescript (checks the generated types), mqtt (MQTT.js: its browser build for
-  # the WebSocket test, and a native client) and amqplib. npm ci only when something differs.
+  # the WebSocket test, and a native client), amqplib and rhea (AMQP 1.0, tests/node). npm ci
+  # only when something differs.
   if (cd examples/browser && node -e '
     const lock = require("./package-lock.json").packages;
     for (const [path, { version }] of Object.entries(lock)) {
@@ -389,6 +391,12 @@ python_tests() {
     WARREN_CTL="$root/target/debug/warren ctl --data-dir $root/target/ci-data" \
     WARREN_BIN="$root/target/debug/warren" \
     timeout 300 "$python" -m pytest -v --timeout 60 tests/python
+}
+
+rhea_tests() {
+  # rhea (npm, from examples/browser's lockfile), an AMQP 1.0 client, against the CI broker:
+  # the management node's link pair, publish and consume within link credit.
+  WARREN_AMQP="127.0.0.1:$port" timeout 120 node --test --test-timeout=60000 tests/node/
 }
 
 mosquitto_smoke() {
@@ -619,7 +627,7 @@ cluster_lane() {
 }
 
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
-step "install: Python clients (pika, paho-mqtt, pytest)" setup_python
+step "install: Python clients (pika, paho-mqtt, rabbitmq-amqp-python-client, pytest)" setup_python
 step "install: mosquitto, mosquitto-clients, openssl (Debian)" setup_mosquitto_clients
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "install: RabbitMQ Java stream client (Maven Central)" setup_stream_java
@@ -650,7 +658,8 @@ step "cluster tests over network namespaces (run beside the steps above; log: ta
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
 step "start warren serve" start_broker
 step "warren-bench one-fast (2 s, confirms): messages flow, no errors" warren_bench
-step "Python tests (pika, paho-mqtt; over TLS with mosquitto_pub/sub too)" python_tests
+step "Python tests (pika, paho-mqtt, RabbitMQ's AMQP 1.0 client; over TLS with mosquitto_pub/sub too)" python_tests
+step "rhea (npm, AMQP 1.0) against warren serve" rhea_tests
 step "mosquitto_pub/mosquitto_sub smoke test" mosquitto_smoke
 step "RabbitMQ PerfTest: 1 producer, 1 consumer, confirms and acks" perftest
 step "RabbitMQ PerfTest: the 14-workload suite (scaled down)" perftest_suite

@@ -788,16 +788,19 @@ where
     let peer = warren_amqp::PeerInfo {
         addr: addr.to_string(),
         is_loopback: warren_runtime::listener::is_loopback(&addr),
-        identity,
+        identity: identity.clone(),
         tls: kind.tls(),
     };
-    warren_amqp::serve_connection(
-        stream,
-        peer,
+    // The header decides: AMQP 1.0 (RabbitMQ 4's) or 0.9.1, on the same listener.
+    let peer10 = warren_amqp10::PeerInfo::new(addr, identity, kind.tls());
+    let (b, c, stop) = (
         shared.broker.clone(),
         shared.amqp.clone(),
         shared.stopped.clone(),
-    )
+    );
+    warren_amqp10::dispatch(stream, peer10, b.clone(), stop.clone(), move |s| {
+        warren_amqp::serve_connection(s, peer, b, c, stop)
+    })
 }
 
 /// One MQTT connection's task, over TCP, TLS, WebSocket or both: the gateway's own future,

@@ -166,6 +166,12 @@ fn decode(segment: &str, address: &str) -> Result<String, AddressError> {
     String::from_utf8(out).map_err(|_| bad())
 }
 
+/// One percent-encoded path segment, decoded (`None`: bad encoding or not UTF-8). The
+/// management node's paths use the same encoding as addresses.
+pub fn decode_segment(segment: &str) -> Option<String> {
+    decode(segment, segment).ok()
+}
+
 /// `name` as one path segment: RFC 3986's unreserved characters stay, the rest is `%XX`
 /// (what RabbitMQ's clients send).
 pub fn encode(name: &str) -> String {

@@ -2,24 +2,26 @@
 //! links to the core's channels. Each attached link is one core channel (the core speaks
 //! 0.9.1's model): a link the client sends on publishes in confirm mode, and the confirm
 //! settles the transfer with `accepted` (for a durable queue, after the store's fsync); a
-//! link the client receives on is a consumer whose prefetch is the link credit.
+//! link the client receives on is a consumer whose prefetch is its first link credit.
 //!
 //! Addresses are RabbitMQ 4's v2 form: targets `/queues/:queue`, `/exchanges/:exchange`,
 //! `/exchanges/:exchange/:routing-key`; sources `/queues/:queue` (percent-encoded names).
 
 use crate::address;
-use crate::performatives::{DeliveryState, Error, Role, condition};
+use crate::pairs::{self, Pairs};
+use crate::performatives::{DeliveryState, Error, Role, Source, Target, condition};
 use crate::sasl::Login;
 use crate::session::{Config, Connection, Ended, Event};
 use bytes::{Bytes, BytesMut};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
+use warren_core::admin::{AdminRequest, AdminResponse, QueueInfo};
 use warren_core::command::{Consume, Op, Publish};
-use warren_core::effect::Effect;
+use warren_core::effect::{Effect, Reply};
 use warren_core::escape::Escaped;
 use warren_runtime::BrokerHandle;
 
@@ -33,11 +35,28 @@ pub struct PeerInfo {
     pub tls: bool,
 }
 
+impl PeerInfo {
+    pub fn new(addr: std::net::SocketAddr, identity: Option<String>, tls: bool) -> PeerInfo {
+        PeerInfo {
+            addr: addr.to_string(),
+            is_loopback: warren_runtime::listener::is_loopback(&addr),
+            identity,
+            tls,
+        }
+    }
+}
+
 /// What one core channel is to the 1.0 side.
 struct LinkRef {
     channel: u16,
     handle: u32,
     kind: LinkKind,
+    /// A consumer's attach, answered once the core has checked its queue (as RabbitMQ
+    /// refuses the attach itself for a missing queue): name and termini. Until then no
+    /// other op goes to its core channel (one after a failed check would be a connection
+    /// error), and the client's credit waits in `early_credit`.
+    unanswered: Option<(String, Option<Source>, Option<Target>)>,
+    early_credit: u32,
 }
 
 enum LinkKind {
@@ -47,8 +66,23 @@ enum LinkKind {
         next_seq: u64,
         pending: HashMap<u64, u32>,
     },
-    /// Client consumes.
-    Consumer { settled: bool },
+    /// Client consumes. `pending`: the consume, held until the client's first credit (the
+    /// core's prefetch is at least 1, so consuming at once would send a delivery the
+    /// client gave no credit for).
+    ///
+    /// Link credit is counted here: the core's prefetch bounds the deliveries it has out
+    /// unacknowledged, not those the client allowed, so a delivery beyond the credit waits
+    /// in `held` until the client gives more. `held` is bounded by the prefetch (the core
+    /// counts held deliveries as unacknowledged; for a pre-settled link the shell
+    /// acknowledges each one as it sends it, so the core consumes with acks then too).
+    Consumer {
+        settled: bool,
+        pending: Option<Consume>,
+        /// Transfers the client's credit still allows, and our delivery-count.
+        credit: u32,
+        sent: u32,
+        held: VecDeque<warren_core::effect::Delivery>,
+    },
 }
 
 /// Link credit given to publishers, renewed when half is used.
@@ -75,6 +109,8 @@ pub async fn serve_connection<S>(
     conn.handle_input(0, &mut rbuf);
     let mut link: Option<warren_runtime::Connection> = None;
     let mut user = String::new();
+    // The login, kept until the peer's open names its vhost (checked then, and dropped).
+    let mut credentials: Option<Login> = None;
     let mut next_core_channel: u16 = 1;
     let mut cores: HashMap<u16, LinkRef> = HashMap::new();
     // (amqp channel, handle) -> core channel.
@@ -85,6 +121,8 @@ pub async fn serve_connection<S>(
     let mut written: u32 = 0;
     let mut publish_used: HashMap<(u16, u32), u32> = HashMap::new();
     let mut pending_consume: Option<String> = None;
+    // The management node's link pairs (`/management`).
+    let mut mgmt = Pairs::new("/", &config.node);
     loop {
         let out = conn.take_output();
         if !out.is_empty() {
@@ -100,6 +138,7 @@ pub async fn serve_connection<S>(
             let t = now();
             match event {
                 Event::Login(login) => {
+                    credentials = Some(login.clone());
                     let answer = match &login {
                         Login::Plain { user: u, password } => {
                             user = u.clone();
@@ -128,6 +167,46 @@ pub async fn serve_connection<S>(
                     conn.on_login(ok);
                     conn.handle_input(now(), &mut rbuf);
                 }
+                Event::OpenRequested { hostname } => {
+                    let vhost = hostname
+                        .as_deref()
+                        .and_then(|h| h.strip_prefix("vhost:"))
+                        .unwrap_or("/");
+                    let checked = match credentials.take() {
+                        Some(Login::Plain { user: u, password }) => {
+                            broker
+                                .authenticate(&u, &password, peer.is_loopback, Some(vhost))
+                                .await
+                        }
+                        Some(Login::External(id)) => {
+                            broker
+                                .authenticate_certified(&id, peer.is_loopback, Some(vhost))
+                                .await
+                        }
+                        Some(Login::Anonymous) | None => {
+                            broker
+                                .authenticate("guest", "guest", peer.is_loopback, Some(vhost))
+                                .await
+                        }
+                    };
+                    // RabbitMQ's condition for both a missing vhost and no access to it
+                    // (its `check_vhost_exists`); the handshake then ends silently.
+                    let answer = match checked {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => {
+                            Err(Error::new(condition::UNAUTHORIZED_ACCESS, e.to_string()))
+                        }
+                        Err(_) => Err(Error::new(
+                            condition::CONNECTION_FORCED,
+                            "broker shutting down",
+                        )),
+                    };
+                    if let Err(e) = &answer {
+                        tracing::warn!(peer = %peer.addr, user = %Escaped(&user), vhost = %Escaped(vhost), error = %e.description.as_deref().unwrap_or(""), "AMQP 1.0 open refused");
+                    }
+                    conn.answer_open(t, answer);
+                    conn.handle_input(now(), &mut rbuf);
+                }
                 Event::Opened { hostname } => {
                     let vhost = hostname
                         .as_deref()
@@ -135,6 +214,7 @@ pub async fn serve_connection<S>(
                         .unwrap_or("/")
                         .to_string();
                     tracing::info!(peer = %peer.addr, user = %Escaped(&user), vhost = %Escaped(&vhost), "accepted AMQP 1.0 connection");
+                    mgmt.set_vhost(&vhost);
                     let l = broker.connect();
                     l.tx.describe(warren_runtime::ConnMeta {
                         protocol: "AMQP 1-0",
@@ -164,8 +244,17 @@ pub async fn serve_connection<S>(
                     source,
                     target,
                     snd_settle_mode,
+                    properties,
                     ..
                 } => {
+                    if let Some(half) = pairs::half(role, source.as_ref(), target.as_ref()) {
+                        let mut alloc = || next_core(&mut next_core_channel);
+                        mgmt.attach(
+                            &mut conn, t, channel, handle, name, half, source, target, properties,
+                            &mut alloc, &mut ops,
+                        );
+                        continue;
+                    }
                     let kind = match role {
                         Role::Sender => address::parse_target(
                             target.as_ref().and_then(|t| t.address.as_deref()),
@@ -181,7 +270,13 @@ pub async fn serve_connection<S>(
                         .map(|address::Source::Queue(queue)| (queue, snd_settle_mode == 1))
                         .map(|(queue, settled)| {
                             pending_consume = Some(queue);
-                            LinkKind::Consumer { settled }
+                            LinkKind::Consumer {
+                                settled,
+                                pending: None,
+                                credit: 0,
+                                sent: 0,
+                                held: VecDeque::new(),
+                            }
                         }),
                     };
                     let core = next_core(&mut next_core_channel);
@@ -213,30 +308,33 @@ pub async fn serve_connection<S>(
                         }
                     };
                     ops.push((core, Op::ChannelOpen));
-                    match (&kind, pending_consume.take()) {
-                        (LinkKind::Consumer { settled }, Some(queue)) => {
+                    let mut kind = kind;
+                    match (&mut kind, pending_consume.take()) {
+                        (LinkKind::Consumer { pending, .. }, Some(queue)) => {
+                            // The queue must exist and be readable now (a passive declare:
+                            // its error detaches the link); the consume waits for credit.
                             ops.push((
                                 core,
-                                Op::Consume(Consume {
-                                    queue,
-                                    consumer_tag: format!("amqp10-{channel}-{handle}"),
-                                    no_local: false,
-                                    no_ack: *settled,
+                                Op::QueueDeclare(warren_core::command::QueueDeclare {
+                                    queue: queue.clone(),
+                                    passive: true,
+                                    durable: false,
                                     exclusive: false,
-                                    nowait: true,
+                                    auto_delete: false,
+                                    nowait: false,
                                     arguments: Default::default(),
                                 }),
                             ));
-                            // No deliveries until the client gives credit (prefetch 1 is
-                            // the least the core takes; credit resets it).
-                            ops.push((
-                                core,
-                                Op::Qos {
-                                    prefetch_size: 0,
-                                    prefetch_count: 1,
-                                    global: false,
-                                },
-                            ));
+                            *pending = Some(Consume {
+                                queue,
+                                consumer_tag: format!("amqp10-{channel}-{handle}"),
+                                no_local: false,
+                                // Acknowledged by the shell as sent when pre-settled.
+                                no_ack: false,
+                                exclusive: false,
+                                nowait: true,
+                                arguments: Default::default(),
+                            });
                         }
                         _ => ops.push((core, Op::ConfirmSelect { nowait: true })),
                     }
@@ -244,16 +342,24 @@ pub async fn serve_connection<S>(
                         LinkKind::Publisher { .. } => PUBLISH_CREDIT,
                         LinkKind::Consumer { .. } => 0,
                     };
+                    let consumer = matches!(kind, LinkKind::Consumer { .. });
+                    let mut unanswered = None;
+                    if consumer {
+                        unanswered = Some((name, source, target));
+                    } else {
+                        conn.accept_link(t, channel, handle, name, source, target, credit);
+                    }
                     cores.insert(
                         core,
                         LinkRef {
                             channel,
                             handle,
                             kind,
+                            unanswered,
+                            early_credit: 0,
                         },
                     );
                     by_link.insert((channel, handle), core);
-                    conn.accept_link(t, channel, handle, name, source, target, credit);
                 }
                 Event::Message {
                     channel,
@@ -262,6 +368,19 @@ pub async fn serve_connection<S>(
                     settled,
                     payload,
                 } => {
+                    if mgmt.owns_link(channel, handle) {
+                        mgmt.on_request(
+                            &mut conn,
+                            t,
+                            channel,
+                            handle,
+                            delivery_id,
+                            settled,
+                            &payload,
+                            &mut ops,
+                        );
+                        continue;
+                    }
                     let Some(&core) = by_link.get(&(channel, handle)) else {
                         continue;
                     };
@@ -293,7 +412,11 @@ pub async fn serve_connection<S>(
                             continue;
                         }
                     };
-                    let route = match link_target.route(None, None) {
+                    // A null target takes each message's `to`; `/exchanges/:x` takes its
+                    // `subject` as the routing key (RabbitMQ 4's v2 addressing).
+                    let (to, subject) =
+                        warren_core::amqp10::addressing(&payload).unwrap_or((None, None));
+                    let route = match link_target.route(to.as_deref(), subject.as_deref()) {
                         Ok(r) => r,
                         Err(e) => {
                             conn.settle(
@@ -336,20 +459,42 @@ pub async fn serve_connection<S>(
                     channel,
                     handle,
                     credit,
+                    delivery_count,
                     ..
                 } => {
-                    if let Some(&core) = by_link.get(&(channel, handle)) {
-                        // Credit is the consumer's prefetch: the core never has more
-                        // unsettled deliveries out than the client allowed.
-                        let prefetch = u16::try_from(credit.max(1)).unwrap_or(u16::MAX);
-                        ops.push((
-                            core,
-                            Op::Qos {
-                                prefetch_size: 0,
-                                prefetch_count: prefetch,
-                                global: false,
-                            },
-                        ));
+                    if mgmt.owns_link(channel, handle) {
+                        mgmt.on_credit(
+                            &mut conn,
+                            t,
+                            channel,
+                            handle,
+                            credit,
+                            delivery_count,
+                            &mut ops,
+                        );
+                    } else if let Some(&core) = by_link.get(&(channel, handle))
+                        // Not after a channel error closed its core channel: an op there
+                        // would be a connection error.
+                        && let Some(l) = cores.get_mut(&core)
+                    {
+                        if let LinkKind::Consumer {
+                            credit: left, sent, ..
+                        } = &mut l.kind
+                        {
+                            // 2.6.7: the receiver's count plus its credit, less ours; a flow
+                            // from before our latest transfers leaves none.
+                            let n = delivery_count
+                                .unwrap_or(0)
+                                .wrapping_add(credit)
+                                .wrapping_sub(*sent);
+                            *left = if n > credit { 0 } else { n };
+                        }
+                        if l.unanswered.is_some() {
+                            l.early_credit = credit;
+                        } else {
+                            consumer_credit(l, core, credit, &mut ops);
+                            send_held(&mut conn, t, l, core, &mut outgoing, &mut ops);
+                        }
                     }
                 }
                 Event::Disposition {
@@ -392,24 +537,43 @@ pub async fn serve_connection<S>(
                     }
                 }
                 Event::Detached { channel, handle } => {
-                    if let Some(core) = by_link.remove(&(channel, handle)) {
-                        cores.remove(&core);
+                    mgmt.on_detached(channel, handle, &mut ops);
+                    // A link whose core channel a channel error already closed (and
+                    // removed from `cores`) has nothing left to close: a close there
+                    // would be a connection error.
+                    if let Some(core) = by_link.remove(&(channel, handle))
+                        && cores.remove(&core).is_some()
+                    {
                         ops.push((core, Op::ChannelClose));
                     }
                 }
                 Event::Ended { channel } => {
+                    mgmt.on_ended(channel, &mut ops);
                     let gone: Vec<u32> = by_link
                         .keys()
                         .filter(|(c, _)| *c == channel)
                         .map(|(_, h)| *h)
                         .collect();
                     for h in gone {
-                        if let Some(core) = by_link.remove(&(channel, h)) {
-                            cores.remove(&core);
+                        if let Some(core) = by_link.remove(&(channel, h))
+                            && cores.remove(&core).is_some()
+                        {
                             ops.push((core, Op::ChannelClose));
                         }
                     }
                 }
+            }
+        }
+        // The management node's look-ups (a queue's type and flags, which no core reply
+        // carries); answering one may start the next request, which may ask again.
+        loop {
+            let lookups = mgmt.take_lookups();
+            if lookups.is_empty() {
+                break;
+            }
+            for (key, queue) in lookups {
+                let info = lookup_queue(&broker, mgmt.vhost(), &queue).await;
+                mgmt.on_lookup(&mut conn, now(), &key, info.as_ref(), &mut ops);
             }
         }
         if let Some(l) = &link
@@ -441,7 +605,11 @@ pub async fn serve_connection<S>(
                 let Some(batch) = batch else { break };
                 let t = now();
                 for effect in batch {
-                    on_effect(&mut conn, t, effect, &mut cores, &mut outgoing, &mut written, &mut ops);
+                    if effect_channel(&effect).is_some_and(|c| mgmt.owns_core(c)) {
+                        mgmt.on_effect(&mut conn, t, effect, &mut ops);
+                    } else {
+                        on_effect(&mut conn, t, effect, &mut cores, &mut outgoing, &mut written, &mut ops);
+                    }
                 }
             }
             read = rd.read_buf(&mut rbuf) => match read {
@@ -464,6 +632,93 @@ pub async fn serve_connection<S>(
             tracing::info!(peer = %peer.addr, why = %why, "AMQP 1.0 connection refused")
         }
         _ => tracing::info!(peer = %peer.addr, "AMQP 1.0 connection ended"),
+    }
+}
+
+/// Sends a consumer's held deliveries as far as its credit goes.
+fn send_held(
+    conn: &mut Connection,
+    now: u64,
+    l: &mut LinkRef,
+    core: u16,
+    outgoing: &mut HashMap<(u16, u32), (u16, u64)>,
+    ops: &mut Vec<(u16, Op)>,
+) {
+    let (channel, handle) = (l.channel, l.handle);
+    let LinkKind::Consumer {
+        settled,
+        credit,
+        sent,
+        held,
+        ..
+    } = &mut l.kind
+    else {
+        return;
+    };
+    while *credit > 0
+        && let Some(delivery) = held.pop_front()
+    {
+        *credit -= 1;
+        *sent = sent.wrapping_add(1);
+        let payload = warren_core::amqp10::encode(&delivery.message);
+        let tag = Bytes::copy_from_slice(&delivery.delivery_tag.to_be_bytes());
+        let id = conn.send_message(now, channel, handle, tag, *settled, &payload);
+        if *settled {
+            ops.push((
+                core,
+                Op::Ack {
+                    delivery_tag: delivery.delivery_tag,
+                    multiple: false,
+                },
+            ));
+        } else if let Some(id) = id {
+            outgoing.insert((channel, id), (core, delivery.delivery_tag));
+        }
+    }
+}
+
+/// The client's first credit starts the consume, with that credit as its prefetch: 0.9.1's
+/// per-consumer prefetch is fixed when the consumer starts (a later `basic.qos` applies to
+/// later consumers), and the channel-wide one is refused by quorum queues (a connection
+/// error). So later credit only moves the shell's count: the core has at most the first
+/// credit's worth of deliveries out unsettled, and what comes beyond the link's credit
+/// waits in `held`, bounded by that.
+fn consumer_credit(l: &mut LinkRef, core: u16, credit: u32, ops: &mut Vec<(u16, Op)>) {
+    if credit == 0 {
+        return;
+    }
+    let LinkKind::Consumer { pending, .. } = &mut l.kind else {
+        return;
+    };
+    let Some(consume) = pending.take() else {
+        return;
+    };
+    ops.push((
+        core,
+        Op::Qos {
+            prefetch_size: 0,
+            prefetch_count: u16::try_from(credit).unwrap_or(u16::MAX),
+            global: false,
+        },
+    ));
+    ops.push((core, Op::Consume(consume)));
+}
+
+/// The core channel an effect is for (the management pairs' replies and errors).
+fn effect_channel(e: &Effect) -> Option<u16> {
+    match e {
+        Effect::Reply { ch, .. } | Effect::ChannelError { ch, .. } => Some(ch.channel),
+        _ => None,
+    }
+}
+
+/// A queue of the vhost, from the admin listing (`None`: no such queue, or no answer).
+async fn lookup_queue(broker: &BrokerHandle, vhost: &str, name: &str) -> Option<QueueInfo> {
+    match broker.admin(AdminRequest::ListQueues).await {
+        Ok(AdminResponse::Queues(queues)) => queues
+            .into_iter()
+            .find(|q| q.vhost == vhost && q.name == name),
+        _ => None,
     }
 }
 
@@ -492,19 +747,14 @@ fn on_effect(
     match effect {
         Effect::Deliver { ch, delivery, .. } => {
             *written += 1;
-            let Some(l) = cores.get(&ch.channel) else {
+            let Some(l) = cores.get_mut(&ch.channel) else {
                 return;
             };
-            let LinkKind::Consumer { settled } = l.kind else {
+            let LinkKind::Consumer { held, .. } = &mut l.kind else {
                 return;
             };
-            let payload = warren_core::amqp10::encode(&delivery.message);
-            let tag = Bytes::copy_from_slice(&delivery.delivery_tag.to_be_bytes());
-            if let Some(id) = conn.send_message(now, l.channel, l.handle, tag, settled, &payload)
-                && !settled
-            {
-                outgoing.insert((l.channel, id), (ch.channel, delivery.delivery_tag));
-            }
+            held.push_back(delivery);
+            send_held(conn, now, l, ch.channel, outgoing, ops);
         }
         Effect::Confirm {
             ch,
@@ -535,9 +785,28 @@ fn on_effect(
                 }
             }
         }
+        Effect::Reply {
+            ch,
+            reply: Reply::QueueDeclareOk { .. },
+        } => {
+            // A consumer's queue exists and may be read: its attach is answered (credit
+            // comes from the client).
+            if let Some(l) = cores.get_mut(&ch.channel)
+                && let Some((name, source, target)) = l.unanswered.take()
+            {
+                conn.accept_link(now, l.channel, l.handle, name, source, target, 0);
+                if l.early_credit > 0 {
+                    let credit = l.early_credit;
+                    consumer_credit(l, ch.channel, credit, ops);
+                }
+            }
+        }
         Effect::ChannelError { ch, error } => {
             ops.push((ch.channel, Op::ChannelCloseOk));
-            if let Some(l) = cores.remove(&ch.channel) {
+            // The core requeued them; a settlement on the closed channel would be an op
+            // where the core expects none.
+            outgoing.retain(|_, (core, _)| *core != ch.channel);
+            if let Some(mut l) = cores.remove(&ch.channel) {
                 let cond = match error.code.code() {
                     404 => condition::NOT_FOUND,
                     403 => condition::UNAUTHORIZED_ACCESS,
@@ -545,12 +814,14 @@ fn on_effect(
                     406 => condition::PRECONDITION_FAILED,
                     _ => condition::INTERNAL_ERROR,
                 };
-                conn.detach_link(
-                    now,
-                    l.channel,
-                    l.handle,
-                    Some(Error::new(cond, error.text.to_string())),
-                );
+                let e = Error::new(cond, error.text.to_string());
+                match l.unanswered.take() {
+                    // RabbitMQ's refusal: an attach with a null terminus, then the detach.
+                    Some((name, ..)) => {
+                        conn.refuse_link(now, l.channel, l.handle, name, e);
+                    }
+                    None => conn.detach_link(now, l.channel, l.handle, Some(e)),
+                }
             }
         }
         Effect::ConnectionError { error, .. } => {

@@ -11,7 +11,10 @@
 
 pub mod address;
 pub mod connection;
+pub mod dispatch;
 pub mod frame;
+pub mod management;
+pub mod pairs;
 pub mod performatives;
 pub mod sasl;
 pub mod session;
@@ -19,6 +22,8 @@ pub mod session;
 /// with them too: one AMQP 1.0 decoder in the broker.
 pub use warren_core::amqp10::{descriptor, types};
 
+pub use connection::PeerInfo;
+pub use dispatch::dispatch;
 pub use frame::{Body, FrameError, RawFrame, decode_frame, encode_frame};
 pub use performatives::{Performative, Sasl};
 pub use types::{DecodeError, EncodeError, Value};

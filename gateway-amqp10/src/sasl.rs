@@ -3,7 +3,7 @@
 //! user). The password check itself is the broker's, asked through the shell.
 
 /// What a client's `sasl-init` asks for.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Login {
     /// User and password to check.
     Plain { user: String, password: String },

@@ -35,6 +35,12 @@ pub struct Config {
     /// The `product` and `version` connection properties (see docs/amqp10.md).
     pub product: String,
     pub version: String,
+    /// This broker's name in the management node's queue answers (`leader`, `replicas`).
+    pub node: String,
+    /// The peer's `open` waits for the shell's [`Connection::answer_open`] (the vhost
+    /// check) before ours is sent: a refused vhost ends the handshake before any `open`,
+    /// which a client sees as a failed connect (RabbitMQ checks first too).
+    pub check_open: bool,
 }
 
 impl Default for Config {
@@ -52,6 +58,8 @@ impl Default for Config {
             // (rabbitmq-amqp-python-client's `_validate_server_properties`).
             product: "RabbitMQ".into(),
             version: "4.0.0".into(),
+            node: "warren".into(),
+            check_open: false,
         }
     }
 }
@@ -66,6 +74,9 @@ pub enum Event {
     Login(Login),
     /// The connection is open (after the peer's `open`), with the peer's `hostname`.
     Opened { hostname: Option<String> },
+    /// With [`Config::check_open`]: the peer's `open` named this `hostname`; answer with
+    /// [`Connection::answer_open`].
+    OpenRequested { hostname: Option<String> },
     /// A link the peer attached; answer with [`Connection::accept_link`] or
     /// [`Connection::refuse_link`]. `role` is the peer's.
     Attach {
@@ -77,6 +88,8 @@ pub enum Event {
         target: Option<Target>,
         rcv_settle_mode: u8,
         snd_settle_mode: u8,
+        /// The attach's link properties (RabbitMQ's management link pair needs `paired`).
+        properties: Option<Value>,
     },
     /// A complete message (all its transfer frames) on a link the peer sends on.
     Message {
@@ -91,6 +104,9 @@ pub enum Event {
         channel: u16,
         handle: u32,
         credit: u32,
+        /// The peer's view of our delivery-count (`None`: ours is still the initial 0):
+        /// what we may send is `delivery_count + credit - our count` (2.6.7).
+        delivery_count: Option<u32>,
         drain: bool,
     },
     /// The peer settled or gave an outcome for our deliveries `first..=last`.
@@ -129,6 +145,8 @@ enum Phase {
     AmqpHeader,
     /// AMQP header exchanged, waiting for open.
     Open,
+    /// The peer's open is with the shell (`check_open`); its hostname.
+    OpenChecking(Option<String>),
     Opened,
     /// We sent close; waiting for the peer's.
     Closing,
@@ -140,8 +158,16 @@ struct Link {
     attached: bool,
     /// For links the peer sends on: credit we gave and not yet used.
     credit: u32,
+    /// For links the peer sends on: its delivery-count as we count it (its initial one plus
+    /// the deliveries begun since). Our flows carry it so the peer computes its credit from
+    /// ours (2.6.7); without it the peer takes 0 and a granted credit shrinks by every
+    /// message sent so far.
+    delivery_count: u32,
     /// A message whose transfers have `more` set: id, settled, bytes so far.
     partial: Option<(u32, bool, BytesMut)>,
+    /// We sent our detach (an error, or a refused attach) and wait for the peer's: its
+    /// handle stays taken until then (2.6.4), and what still comes on it is dropped.
+    detached: bool,
 }
 
 struct SessionState {
@@ -267,7 +293,7 @@ impl Connection {
                     input.clear();
                     return;
                 }
-                Phase::SaslChecking => return,
+                Phase::SaslChecking | Phase::OpenChecking(_) => return,
                 Phase::Header | Phase::AmqpHeader => {
                     if input.len() < 8 {
                         return;
@@ -338,6 +364,29 @@ impl Connection {
         }
     }
 
+    /// The shell's answer to [`Event::OpenRequested`]: our `open` and [`Event::Opened`],
+    /// or with `Err` the socket is closed with nothing sent, as RabbitMQ ends a handshake
+    /// whose vhost check failed (`rabbit_amqp_reader`'s silent close): its clients then fail
+    /// their connect, where an `open` would let it succeed and the `close` behind it start
+    /// their reconnection.
+    pub fn answer_open(&mut self, now: u64, answer: Result<(), Error>) {
+        let Phase::OpenChecking(hostname) = &mut self.phase else {
+            return;
+        };
+        let hostname = hostname.take();
+        match answer {
+            Ok(()) => {
+                self.send_open(now);
+                self.phase = Phase::Opened;
+                self.events.push(Event::Opened { hostname });
+            }
+            Err(e) => {
+                let why = e.description.unwrap_or(e.condition);
+                self.phase = Phase::Ended(Ended::Refused(why));
+            }
+        }
+    }
+
     /// The shell's answer to [`Event::Login`] (during SASL).
     pub fn on_login(&mut self, ok: bool) {
         if !matches!(self.phase, Phase::SaslChecking) {
@@ -368,9 +417,10 @@ impl Connection {
         if matches!(self.phase, Phase::Closing | Phase::Ended(_)) {
             return;
         }
-        if matches!(self.phase, Phase::Open) {
+        if matches!(self.phase, Phase::Open | Phase::OpenChecking(_)) {
             // The spec: an open must precede a close.
             self.send_open(now);
+            self.phase = Phase::Open;
         }
         if matches!(self.phase, Phase::Open | Phase::Opened) {
             self.send(now, 0, &Performative::Close(Some(error.clone())), &[]);
@@ -466,6 +516,13 @@ impl Connection {
                     .idle_time_out
                     .filter(|&t| t > 0)
                     .map(|t| u64::from(t) / 2);
+                if self.config.check_open {
+                    self.events.push(Event::OpenRequested {
+                        hostname: open.hostname.clone(),
+                    });
+                    self.phase = Phase::OpenChecking(open.hostname);
+                    return;
+                }
                 self.send_open(now);
                 self.phase = Phase::Opened;
                 self.events.push(Event::Opened {
@@ -578,7 +635,7 @@ impl Connection {
     }
 
     /// Ends the session on `channel` with a session-scope error.
-    fn end_session(&mut self, now: u64, channel: u16, error: Error) {
+    pub fn end_session(&mut self, now: u64, channel: u16, error: Error) {
         if let Some(s) = self.sessions.get_mut(&channel) {
             s.ending = true;
             let handles: Vec<u32> = s.links.keys().copied().collect();
@@ -597,7 +654,11 @@ impl Connection {
         let Some(s) = self.sessions.get_mut(&channel) else {
             return;
         };
-        if s.links.remove(&handle).is_some() {
+        if let Some(link) = s.links.get_mut(&handle)
+            && !link.detached
+        {
+            link.detached = true;
+            link.partial = None;
             self.events.push(Event::Detached { channel, handle });
             let d = Detach {
                 handle,
@@ -615,7 +676,7 @@ impl Connection {
                 let Some(s) = self.sessions.get_mut(&channel) else {
                     return;
                 };
-                if s.links.remove(&d.handle).is_none() {
+                let Some(link) = s.links.remove(&d.handle) else {
                     self.end_session(
                         now,
                         channel,
@@ -624,6 +685,10 @@ impl Connection {
                             "detach of an unattached handle",
                         ),
                     );
+                    return;
+                };
+                if link.detached {
+                    // The answer to our detach: the handle is free again.
                     return;
                 }
                 self.events.push(Event::Detached {
@@ -683,7 +748,9 @@ impl Connection {
                 role: a.role,
                 attached: false,
                 credit: 0,
+                delivery_count: a.initial_delivery_count.unwrap_or(0),
                 partial: None,
+                detached: false,
             },
         );
         self.events.push(Event::Attach {
@@ -695,6 +762,7 @@ impl Connection {
             target: a.target,
             rcv_settle_mode: a.rcv_settle_mode,
             snd_settle_mode: a.snd_settle_mode,
+            properties: a.properties,
         });
     }
 
@@ -710,6 +778,49 @@ impl Connection {
         source: Option<Source>,
         target: Option<Target>,
         credit: u32,
+    ) {
+        let termini = (source, target);
+        self.accept(now, channel, handle, name, termini, credit, None);
+    }
+
+    /// Accepts one half of a link pair (RabbitMQ's management node): as
+    /// [`Connection::accept_link`], but settled (RabbitMQ's `snd-settle-mode` for the pair)
+    /// and with the link properties echoed (`paired: true`), as RabbitMQ answers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn accept_paired_link(
+        &mut self,
+        now: u64,
+        channel: u16,
+        handle: u32,
+        name: String,
+        source: Option<Source>,
+        target: Option<Target>,
+        credit: u32,
+        properties: Option<Value>,
+    ) {
+        let termini = (source, target);
+        self.accept(
+            now,
+            channel,
+            handle,
+            name,
+            termini,
+            credit,
+            Some(properties),
+        );
+    }
+
+    /// `paired`: `Some(properties)` for a half of a link pair.
+    #[allow(clippy::too_many_arguments)]
+    fn accept(
+        &mut self,
+        now: u64,
+        channel: u16,
+        handle: u32,
+        name: String,
+        (source, target): (Option<Source>, Option<Target>),
+        credit: u32,
+        paired: Option<Option<Value>>,
     ) {
         let max_message_size = self.config.max_message_size;
         let Some(s) = self.sessions.get_mut(&channel) else {
@@ -730,11 +841,12 @@ impl Connection {
         if peer_role == Role::Sender {
             link.credit = credit;
         }
+        let delivery_count = link.delivery_count;
         let reply = Attach {
             name,
             handle,
             role: our_role,
-            snd_settle_mode: 2,
+            snd_settle_mode: if paired.is_some() { 1 } else { 2 },
             rcv_settle_mode: 0,
             source,
             target,
@@ -744,7 +856,7 @@ impl Connection {
             max_message_size: Some(max_message_size),
             offered_capabilities: Vec::new(),
             desired_capabilities: Vec::new(),
-            properties: None,
+            properties: paired.flatten(),
         };
         self.send(now, channel, &Performative::Attach(Box::new(reply)), &[]);
         if peer_role == Role::Sender {
@@ -754,7 +866,7 @@ impl Connection {
                 next_outgoing_id,
                 outgoing_window: u32::MAX,
                 handle: Some(handle),
-                delivery_count: Some(0),
+                delivery_count: Some(delivery_count),
                 link_credit: Some(credit),
                 ..Flow::default()
             };
@@ -768,9 +880,16 @@ impl Connection {
         let Some(s) = self.sessions.get_mut(&channel) else {
             return;
         };
-        let Some(link) = s.links.remove(&handle) else {
+        let Some(link) = s.links.get_mut(&handle) else {
             return;
         };
+        if link.detached {
+            return;
+        }
+        link.detached = true;
+        // For a shell that had already taken the link in (a consumer whose queue was
+        // being checked): it is gone.
+        self.events.push(Event::Detached { channel, handle });
         let our_role = match link.role {
             Role::Sender => Role::Receiver,
             Role::Receiver => Role::Sender,
@@ -816,6 +935,7 @@ impl Connection {
             next_outgoing_id: noi,
             outgoing_window: u32::MAX,
             handle: Some(handle),
+            delivery_count: Some(link.delivery_count),
             link_credit: Some(credit),
             ..Flow::default()
         };
@@ -895,11 +1015,13 @@ impl Connection {
         if let Some(handle) = f.handle
             && let Some(link) = s.links.get(&handle)
             && link.role == Role::Receiver
+            && !link.detached
         {
             self.events.push(Event::Credit {
                 channel,
                 handle,
                 credit: f.link_credit.unwrap_or(0),
+                delivery_count: f.delivery_count,
                 drain: f.drain,
             });
         }
@@ -936,6 +1058,10 @@ impl Connection {
             );
             return;
         };
+        if link.detached {
+            // Sent before the peer saw our detach.
+            return;
+        }
         if link.role != Role::Sender || !link.attached {
             self.end_session(
                 now,
@@ -963,6 +1089,7 @@ impl Connection {
                     return;
                 }
                 link.credit -= 1;
+                link.delivery_count = link.delivery_count.wrapping_add(1);
                 let Some(id) = t.delivery_id else {
                     self.end_session(
                         now,

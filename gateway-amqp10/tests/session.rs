@@ -401,3 +401,55 @@ fn peer_close_is_answered() {
     ));
     assert_eq!(c.conn.ended(), Some(&Ended::PeerClosed(None)));
 }
+
+#[test]
+fn checked_open_waits_for_the_shell_and_a_refusal_sends_nothing() {
+    let mut c = Client::new(Config {
+        allow_anonymous: true,
+        check_open: true,
+        ..Config::default()
+    });
+    c.open();
+    assert!(c.frames().is_empty(), "our open waits for the vhost check");
+    assert_eq!(
+        c.conn.take_events(),
+        vec![
+            Event::Login(Login::Anonymous),
+            Event::OpenRequested {
+                hostname: Some("vhost:/".into())
+            }
+        ]
+    );
+    c.conn.answer_open(
+        0,
+        Err(Error::new(
+            condition::UNAUTHORIZED_ACCESS,
+            "vhost 'nope' not found",
+        )),
+    );
+    // RabbitMQ's silent close: nothing sent, the connection is over.
+    assert!(c.frames().is_empty());
+    assert_eq!(
+        c.conn.ended(),
+        Some(&Ended::Refused("vhost 'nope' not found".into()))
+    );
+
+    let mut ok = Client::new(Config {
+        allow_anonymous: true,
+        check_open: true,
+        ..Config::default()
+    });
+    ok.open();
+    ok.conn.take_events();
+    ok.conn.answer_open(0, Ok(()));
+    assert!(matches!(
+        ok.frames().as_slice(),
+        [(_, Body::Amqp(Performative::Open(_), _))]
+    ));
+    assert_eq!(
+        ok.conn.take_events(),
+        vec![Event::Opened {
+            hostname: Some("vhost:/".into())
+        }]
+    );
+}
