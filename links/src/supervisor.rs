@@ -38,6 +38,10 @@ pub struct LocalBroker {
     pub mqtt: Option<SocketAddr>,
     /// Its node name (`shovelled-by`, the status's `node`).
     pub node: String,
+    /// In a cluster, "this node leads the metadata group": dynamic shovels run only while
+    /// it is true, on one node of the cluster (their parameters are on every node). `None`:
+    /// a single node, which runs them all. Static shovels and MQTT bridges ignore it.
+    pub leads: Option<watch::Receiver<bool>>,
 }
 
 /// The running links.
@@ -114,7 +118,8 @@ impl Supervisor {
             );
             tokio::spawn(run);
         }
-        tokio::spawn(s.clone().follow(stopped));
+        let leads = s.local.leads.clone();
+        tokio::spawn(s.clone().follow(stopped, leads));
         s
     }
 
@@ -163,19 +168,52 @@ impl Supervisor {
         crate::bridge::status::metrics(&self.bridges, out);
     }
 
-    async fn follow(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
+    async fn follow(
+        self: Arc<Self>,
+        mut stopped: watch::Receiver<bool>,
+        mut leads: Option<watch::Receiver<bool>>,
+    ) {
         let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
         // Dynamic shovels not run because a static one has their name, warned about once.
         let mut shadowed: BTreeSet<(String, String)> = BTreeSet::new();
+        // Whether this node runs the dynamic shovels (a cluster's metadata leader only).
+        let mut here = true;
+        // The signal's sender went (the cluster stopped): none run here from then on.
+        let mut lead_gone = false;
         loop {
-            if let Ok(AdminResponse::Parameters(ps)) =
+            let now = !lead_gone && leads.as_mut().is_none_or(|l| *l.borrow_and_update());
+            if now != here && leads.is_some() {
+                tracing::info!(
+                    "dynamic shovels: {}",
+                    if now {
+                        "this node leads the metadata group; it runs them"
+                    } else {
+                        "this node does not lead the metadata group; it runs none"
+                    }
+                );
+            }
+            here = now;
+            if !here {
+                // Stopped at once, without waiting for the parameters.
+                self.reconcile(&mut running, &mut shadowed, Vec::new());
+            } else if let Ok(AdminResponse::Parameters(ps)) =
                 self.broker.admin(AdminRequest::ListParameters).await
             {
-                self.reconcile(&mut running, &mut shadowed, ps);
+                // Read again: it may have turned while the parameters were read.
+                let still = leads.as_mut().is_none_or(|l| *l.borrow());
+                self.reconcile(
+                    &mut running,
+                    &mut shadowed,
+                    if still { ps } else { Vec::new() },
+                );
             }
             tokio::select! {
                 _ = stopped.changed() => break,
                 _ = self.changed.notified() => {}
+                ok = lead_changed(leads.as_mut()) => if !ok {
+                    leads = None;
+                    lead_gone = true;
+                },
                 _ = tokio::time::sleep(POLL) => {}
             }
             if *stopped.borrow() {
@@ -326,6 +364,14 @@ impl Supervisor {
             }
         }
         self.status.remove(&vhost, &name, &entry);
+    }
+}
+
+/// The leadership signal changed (`false`: its sender went); never, without one.
+async fn lead_changed(leads: Option<&mut watch::Receiver<bool>>) -> bool {
+    match leads {
+        Some(l) => l.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 
