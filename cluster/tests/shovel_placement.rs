@@ -152,7 +152,12 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
     declare(&nodes[other], SRC, true).await;
     declare(&nodes[other], DEST, true).await;
     let value = serde_json::json!({"value": {
-        "src-uri": "amqp://", "src-queue": SRC, "dest-uri": "amqp://", "dest-queue": DEST,
+        // The local broker (no host) as the test user: `guest` logs in from loopback only,
+        // and a node's listener is on its own address.
+        "src-uri": "amqp://warren:warren@", "src-queue": SRC,
+        "dest-uri": "amqp://warren:warren@", "dest-queue": DEST,
+        "src-queue-args": {"x-queue-type": "quorum"},
+        "dest-queue-args": {"x-queue-type": "quorum"},
         "ack-mode": "on-confirm",
     }});
     let path = format!("/api/parameters/shovel/%2f/{SHOVEL}");
@@ -184,7 +189,11 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
             assert_eq!(rows.len(), 1, "{} lists {rows:?}", n.name);
             assert_eq!(rows[0].0, SHOVEL);
         } else {
-            assert!(rows.is_empty(), "{} (not the leader) lists {rows:?}", n.name);
+            assert!(
+                rows.is_empty(),
+                "{} (not the leader) lists {rows:?}",
+                n.name
+            );
         }
     }
 

@@ -177,7 +177,8 @@ impl Supervisor {
         // Dynamic shovels not run because a static one has their name, warned about once.
         let mut shadowed: BTreeSet<(String, String)> = BTreeSet::new();
         // Whether this node runs the dynamic shovels (a cluster's metadata leader only).
-        let mut here = true;
+        // A cluster node starts as none (logged once it leads).
+        let mut here = leads.is_none();
         // The signal's sender went (the cluster stopped): none run here from then on.
         let mut lead_gone = false;
         loop {
