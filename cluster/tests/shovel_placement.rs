@@ -16,10 +16,14 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::quorum::{confirm_channel, declare, publish};
+use common::quorum::{confirm_channel, declare};
 use common::{Cluster, Node, agreed_leader, amqp_channel, bounded, parse};
 use futures_lite::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::BasicProperties;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ExchangeDeclareOptions, QueueBindOptions,
+};
 use lapin::types::FieldTable;
 
 /// Its own bridge and subnet.
@@ -29,6 +33,11 @@ const NET: &str = "10.97.0";
 const SRC: &str = "sp-src";
 const DEST: &str = "sp-dest";
 const SHOVEL: &str = "sp";
+/// A second shovel, from an exchange: each node running it would bind a queue of its own,
+/// so each would move every message (the queue-sourced one's copies compete for messages).
+const XSHOVEL: &str = "sx";
+const XDEST: &str = "sx-dest";
+const X: &str = "sp-x";
 /// Messages per round.
 const N: usize = 200;
 
@@ -48,21 +57,21 @@ fn http(node: &Node, method: &str, path: &str, body: Option<&str>) -> Option<Str
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The shovels `GET /api/shovels` on `node` lists: (name, node).
+/// The shovels `GET /api/shovels` on `node` lists: (name, state).
 fn listed(node: &Node) -> Vec<(String, String)> {
     let body = http(node, "GET", "/api/shovels", None).unwrap_or_default();
     let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap_or_default();
     rows.iter()
         .map(|r| {
             let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-            (s("name"), s("node"))
+            (s("name"), s("state"))
         })
         .collect()
 }
 
-/// Publishes `bodies` to SRC through `node`, each until confirmed (a new connection after
+/// Publishes `bodies` to exchange `x` (routing key SRC) through `node`, each until confirmed (a new connection after
 /// a failure), within `bound`.
-async fn publish_all(node: &Node, bodies: &[String], bound: Duration) {
+async fn publish_all(node: &Node, x: &str, bodies: &[String], bound: Duration) {
     let start = Instant::now();
     let mut conn = None;
     for b in bodies {
@@ -75,7 +84,18 @@ async fn publish_all(node: &Node, bodies: &[String], bound: Duration) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             };
-            match tokio::time::timeout(Duration::from_secs(10), publish(ch, SRC, b)).await {
+            let sent = ch.basic_publish(
+                x.into(),
+                SRC.into(),
+                BasicPublishOptions::default(),
+                b.as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            );
+            let confirmed = async {
+                let c = sent.await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(c.await.map_err(|e| e.to_string())?.is_ack())
+            };
+            match tokio::time::timeout(Duration::from_secs(10), confirmed).await {
                 Ok(Ok(true)) => break,
                 _ => {
                     conn = None;
@@ -90,6 +110,7 @@ async fn publish_all(node: &Node, bodies: &[String], bound: Duration) {
 /// seen and then `quiet` passed with nothing new; fails past `bound`.
 async fn drain(
     node: &Node,
+    queue: &str,
     want: &BTreeSet<String>,
     seen: &mut BTreeMap<String, usize>,
     quiet: Duration,
@@ -102,7 +123,7 @@ async fn drain(
     let mut consumer = bounded(
         "consume",
         ch.basic_consume(
-            DEST.into(),
+            queue.into(),
             "sp-check".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
@@ -122,7 +143,7 @@ async fn drain(
         let missing = want.iter().filter(|w| !seen.contains_key(*w)).count();
         assert!(
             start.elapsed() < bound,
-            "{missing} confirmed messages never arrived at {DEST} in {bound:?}"
+            "{missing} confirmed messages never arrived at {queue} in {bound:?}"
         );
         match tokio::time::timeout(Duration::from_millis(300), consumer.next()).await {
             Ok(Some(Ok(d))) => {
@@ -160,34 +181,82 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
         "dest-queue-args": {"x-queue-type": "quorum"},
         "ack-mode": "on-confirm",
     }});
-    let path = format!("/api/parameters/shovel/%2f/{SHOVEL}");
-    http(&nodes[other], "PUT", &path, Some(&value.to_string()))
-        .unwrap_or_else(|| panic!("PUT {path} on {}", nodes[other].name));
+    // The exchange the second shovel takes from, bound to SRC too.
+    declare(&nodes[other], XDEST, true).await;
+    {
+        let (_c, ch) = amqp_channel(&nodes[other]).await;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        let kind = lapin::ExchangeKind::Direct;
+        let declared = ch.exchange_declare(X.into(), kind, durable, FieldTable::default());
+        bounded("exchange.declare", declared)
+            .await
+            .expect("exchange.declare");
+        let opts = QueueBindOptions::default();
+        let bind = ch.queue_bind(
+            SRC.into(),
+            X.into(),
+            SRC.into(),
+            opts,
+            FieldTable::default(),
+        );
+        bounded("queue.bind", bind).await.expect("queue.bind");
+    }
+    let xvalue = serde_json::json!({"value": {
+        "src-uri": "amqp://warren:warren@", "src-exchange": X, "src-exchange-key": SRC,
+        "dest-uri": "amqp://warren:warren@", "dest-queue": XDEST,
+        "dest-queue-args": {"x-queue-type": "quorum"},
+    }});
+    for (name, v) in [(SHOVEL, &value), (XSHOVEL, &xvalue)] {
+        let path = format!("/api/parameters/shovel/%2f/{name}");
+        http(&nodes[other], "PUT", &path, Some(&v.to_string()))
+            .unwrap_or_else(|| panic!("PUT {path} on {}", nodes[other].name));
+    }
+    // Both running (the exchange's shovel has bound its queue) before the publishes.
+    let start = Instant::now();
+    while !nodes.iter().any(|n| {
+        let rows = listed(n);
+        rows.len() == 2 && rows.iter().all(|r| r.1 == "running")
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the shovels never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // Round 1: each confirmed message arrives once.
+    // Round 1: each confirmed message arrives once, through either shovel.
     let first: Vec<String> = (0..N).map(|k| format!("a-{k}")).collect();
-    publish_all(&nodes[other], &first, Duration::from_secs(20)).await;
-    let mut seen = BTreeMap::new();
+    // Through the leader: the exchange shovel's own queue is on its node.
+    publish_all(&nodes[leader], X, &first, Duration::from_secs(20)).await;
     let want: BTreeSet<String> = first.iter().cloned().collect();
     let (quiet, bound) = (Duration::from_secs(3), Duration::from_secs(20));
-    drain(&nodes[other], &want, &mut seen, quiet, bound).await;
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "{} of {N} messages arrived more than once (e.g. {:?})",
-        twice.len(),
-        twice.first()
+    for queue in [DEST, XDEST] {
+        let mut seen = BTreeMap::new();
+        drain(&nodes[other], queue, &want, &mut seen, quiet, bound).await;
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "{} of {N} messages arrived at {queue} more than once (e.g. {:?})",
+            twice.len(),
+            twice.first()
+        );
+        let invented: Vec<_> = seen.keys().filter(|b| !want.contains(*b)).collect();
+        assert!(invented.is_empty(), "invented at {queue}: {invented:?}");
+    }
+    println!(
+        "round 1: {N} messages, each once through each shovel, {:?}",
+        t0.elapsed()
     );
-    let invented: Vec<_> = seen.keys().filter(|b| !want.contains(*b)).collect();
-    assert!(invented.is_empty(), "invented: {invented:?}");
-    println!("round 1: {N} messages, each once, {:?}", t0.elapsed());
 
-    // Only the leader lists it, with its node.
+    // Only the leader lists them.
     for (i, n) in nodes.iter().enumerate() {
         let rows = listed(n);
         if i == leader {
-            assert_eq!(rows.len(), 1, "{} lists {rows:?}", n.name);
-            assert_eq!(rows[0].0, SHOVEL);
+            assert_eq!(rows.len(), 2, "{} lists {rows:?}", n.name);
         } else {
             assert!(
                 rows.is_empty(),
@@ -196,6 +265,11 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
             );
         }
     }
+    // Round 2 is the queue-sourced shovel's: an exchange's shovel queue lives on its node
+    // (as RabbitMQ's), so what is published while none runs is not routed to it.
+    let path = format!("/api/parameters/shovel/%2f/{XSHOVEL}");
+    http(&nodes[other], "DELETE", &path, None)
+        .unwrap_or_else(|| panic!("DELETE {path} on {}", nodes[other].name));
 
     // Round 2: the leader killed; the shovel resumes on the new one.
     cluster.run(&["kill", &nodes[leader].name]);
@@ -203,14 +277,14 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
     let survivors: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let ids: Vec<usize> = survivors.iter().map(|i| i + 1).collect();
     let second: Vec<String> = (0..N).map(|k| format!("b-{k}")).collect();
-    publish_all(&nodes[survivors[0]], &second, Duration::from_secs(30)).await;
+    publish_all(&nodes[survivors[0]], "", &second, Duration::from_secs(30)).await;
     let (new_leader, _) = agreed_leader(&state, &cluster.bin, &ids);
     let new_leader = new_leader as usize - 1;
     let all: BTreeSet<String> = first.iter().chain(&second).cloned().collect();
     let want: BTreeSet<String> = second.iter().cloned().collect();
     let mut seen2 = BTreeMap::new();
     let quiet = Duration::from_secs(2);
-    drain(&nodes[survivors[0]], &want, &mut seen2, quiet, bound).await;
+    drain(&nodes[survivors[0]], DEST, &want, &mut seen2, quiet, bound).await;
     let invented: Vec<_> = seen2.keys().filter(|b| !all.contains(*b)).collect();
     assert!(invented.is_empty(), "invented: {invented:?}");
     let dups = seen2.values().filter(|n| **n > 1).count();
