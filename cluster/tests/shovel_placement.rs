@@ -33,8 +33,9 @@ const NET: &str = "10.97.0";
 const SRC: &str = "sp-src";
 const DEST: &str = "sp-dest";
 const SHOVEL: &str = "sp";
-/// A second shovel, from an exchange: each node running it would bind a queue of its own,
-/// so each would move every message (the queue-sourced one's copies compete for messages).
+/// A second shovel, from an exchange of one named node (as from a remote broker): each node
+/// running it binds a queue of its own there, so each moves every message (the
+/// queue-sourced one's copies compete for the messages: once each, on any number of nodes).
 const XSHOVEL: &str = "sx";
 const XDEST: &str = "sx-dest";
 const X: &str = "sp-x";
@@ -204,8 +205,11 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
         );
         bounded("queue.bind", bind).await.expect("queue.bind");
     }
+    let src_uri = format!("amqp://warren:warren@{}", nodes[other].amqp);
     let xvalue = serde_json::json!({"value": {
-        "src-uri": "amqp://warren:warren@", "src-exchange": X, "src-exchange-key": SRC,
+        // One node named, as a remote broker would be: every node running the shovel would
+        // bind a queue of its own there.
+        "src-uri": src_uri, "src-exchange": X, "src-exchange-key": SRC,
         "dest-uri": "amqp://warren:warren@", "dest-queue": XDEST,
         "dest-queue-args": {"x-queue-type": "quorum"},
     }});
@@ -230,8 +234,7 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
 
     // Round 1: each confirmed message arrives once, through either shovel.
     let first: Vec<String> = (0..N).map(|k| format!("a-{k}")).collect();
-    // Through the leader: the exchange shovel's own queue is on its node.
-    publish_all(&nodes[leader], X, &first, Duration::from_secs(20)).await;
+    publish_all(&nodes[other], X, &first, Duration::from_secs(20)).await;
     let want: BTreeSet<String> = first.iter().cloned().collect();
     let (quiet, bound) = (Duration::from_secs(3), Duration::from_secs(20));
     for queue in [DEST, XDEST] {
