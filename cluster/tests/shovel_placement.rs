@@ -39,6 +39,11 @@ const SHOVEL: &str = "sp";
 const XSHOVEL: &str = "sx";
 const XDEST: &str = "sx-dest";
 const X: &str = "sp-x";
+/// A third, from the local broker's exchange: its queue (server-named, exclusive) and its
+/// binding stay on the node that declared it (docs/cluster.md, "What stays local"), so it
+/// runs on every node, each moving what was published there.
+const LSHOVEL: &str = "sl";
+const LDEST: &str = "sl-dest";
 /// Messages per round.
 const N: usize = 200;
 
@@ -184,6 +189,7 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
     }});
     // The exchange the second shovel takes from, bound to SRC too.
     declare(&nodes[other], XDEST, true).await;
+    declare(&nodes[other], LDEST, true).await;
     {
         let (_c, ch) = amqp_channel(&nodes[other]).await;
         let durable = ExchangeDeclareOptions {
@@ -213,17 +219,23 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
         "dest-uri": "amqp://warren:warren@", "dest-queue": XDEST,
         "dest-queue-args": {"x-queue-type": "quorum"},
     }});
-    for (name, v) in [(SHOVEL, &value), (XSHOVEL, &xvalue)] {
+    let lvalue = serde_json::json!({"value": {
+        "src-uri": "amqp://warren:warren@", "src-exchange": X, "src-exchange-key": SRC,
+        "dest-uri": "amqp://warren:warren@", "dest-queue": LDEST,
+        "dest-queue-args": {"x-queue-type": "quorum"},
+    }});
+    for (name, v) in [(SHOVEL, &value), (XSHOVEL, &xvalue), (LSHOVEL, &lvalue)] {
         let path = format!("/api/parameters/shovel/%2f/{name}");
         http(&nodes[other], "PUT", &path, Some(&v.to_string()))
             .unwrap_or_else(|| panic!("PUT {path} on {}", nodes[other].name));
     }
     // Both running (the exchange's shovel has bound its queue) before the publishes.
     let start = Instant::now();
-    while !nodes.iter().any(|n| {
+    let running = |n: &Node, k: usize| {
         let rows = listed(n);
-        rows.len() == 2 && rows.iter().all(|r| r.1 == "running")
-    }) {
+        rows.len() == k && rows.iter().all(|r| r.1 == "running")
+    };
+    while !(running(&nodes[leader], 3) && running(&nodes[other], 1)) {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "the shovels never ran"
@@ -237,7 +249,7 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
     publish_all(&nodes[other], X, &first, Duration::from_secs(20)).await;
     let want: BTreeSet<String> = first.iter().cloned().collect();
     let (quiet, bound) = (Duration::from_secs(3), Duration::from_secs(20));
-    for queue in [DEST, XDEST] {
+    for queue in [DEST, XDEST, LDEST] {
         let mut seen = BTreeMap::new();
         drain(&nodes[other], queue, &want, &mut seen, quiet, bound).await;
         let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
@@ -255,14 +267,16 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
         t0.elapsed()
     );
 
-    // Only the leader lists them.
+    // Only the leader lists the first two; every node the local exchange's.
     for (i, n) in nodes.iter().enumerate() {
         let rows = listed(n);
         if i == leader {
-            assert_eq!(rows.len(), 2, "{} lists {rows:?}", n.name);
+            assert_eq!(rows.len(), 3, "{} lists {rows:?}", n.name);
         } else {
-            assert!(
-                rows.is_empty(),
+            let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+            assert_eq!(
+                names,
+                [LSHOVEL],
                 "{} (not the leader) lists {rows:?}",
                 n.name
             );
@@ -270,9 +284,11 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
     }
     // Round 2 is the queue-sourced shovel's: an exchange's shovel queue lives on its node
     // (as RabbitMQ's), so what is published while none runs is not routed to it.
-    let path = format!("/api/parameters/shovel/%2f/{XSHOVEL}");
-    http(&nodes[other], "DELETE", &path, None)
-        .unwrap_or_else(|| panic!("DELETE {path} on {}", nodes[other].name));
+    for name in [XSHOVEL, LSHOVEL] {
+        let path = format!("/api/parameters/shovel/%2f/{name}");
+        http(&nodes[other], "DELETE", &path, None)
+            .unwrap_or_else(|| panic!("DELETE {path} on {}", nodes[other].name));
+    }
 
     // Round 2: the leader killed; the shovel resumes on the new one.
     cluster.run(&["kill", &nodes[leader].name]);

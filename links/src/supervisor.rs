@@ -196,17 +196,20 @@ impl Supervisor {
             here = now;
             if !here {
                 // Stopped at once, without waiting for the parameters.
-                self.reconcile(&mut running, &mut shadowed, Vec::new());
-            } else if let Ok(AdminResponse::Parameters(ps)) =
+                running.retain(|_, r| {
+                    let keep = on_every_node(&r.value);
+                    if !keep {
+                        let _ = r.stop.send(true);
+                    }
+                    keep
+                });
+            }
+            if let Ok(AdminResponse::Parameters(ps)) =
                 self.broker.admin(AdminRequest::ListParameters).await
             {
                 // Read again: it may have turned while the parameters were read.
-                let still = leads.as_mut().is_none_or(|l| *l.borrow());
-                self.reconcile(
-                    &mut running,
-                    &mut shadowed,
-                    if still { ps } else { Vec::new() },
-                );
+                let here = here && !lead_gone && leads.as_mut().is_none_or(|l| *l.borrow());
+                self.reconcile(&mut running, &mut shadowed, ps, here);
             }
             tokio::select! {
                 _ = stopped.changed() => break,
@@ -232,10 +235,12 @@ impl Supervisor {
         running: &mut BTreeMap<(String, String), Running>,
         shadowed: &mut BTreeSet<(String, String)>,
         ps: Vec<ParameterDef>,
+        leading: bool,
     ) {
         let mut wanted: BTreeMap<(String, String), String> = ps
             .into_iter()
             .filter(|p| p.component == crate::shovel::COMPONENT)
+            .filter(|p| leading || on_every_node(&p.value))
             .map(|p| ((p.vhost, p.name), p.value))
             .collect();
         // Refused when set here; one can still come from a cluster peer with another
@@ -366,6 +371,26 @@ impl Supervisor {
         }
         self.status.remove(&vhost, &name, &entry);
     }
+}
+
+/// Whether a dynamic shovel of this value runs on every node of a cluster, not on the
+/// metadata leader only: one from an exchange of the local broker. Its queue is
+/// server-named and exclusive, which a Warren cluster keeps local with its binding
+/// (docs/cluster.md, "What stays local"), so each node's copy moves what was published on
+/// that node: once each, all of them moved. Run on one node, it would miss the others'.
+fn on_every_node(value: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(value) else {
+        return false;
+    };
+    let Ok(cfg) = ShovelConfig::parse("", &v) else {
+        return false;
+    };
+    matches!(cfg.source, crate::shovel::config::Source::Exchange { .. })
+        && !cfg.src_uris.is_empty()
+        && cfg
+            .src_uris
+            .iter()
+            .all(|u| uri::parse(u).is_ok_and(|t| t.host.is_none()))
 }
 
 /// The leadership signal changed (`false`: its sender went); never, without one.
