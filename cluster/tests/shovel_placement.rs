@@ -231,11 +231,16 @@ async fn a_dynamic_shovel_runs_on_the_metadata_leader_only() {
     }
     // Both running (the exchange's shovel has bound its queue) before the publishes.
     let start = Instant::now();
-    let running = |n: &Node, k: usize| {
+    // (Which node lists which is checked after round 1.)
+    let running = |n: &Node, names: &[&str]| {
         let rows = listed(n);
-        rows.len() == k && rows.iter().all(|r| r.1 == "running")
+        names
+            .iter()
+            .all(|x| rows.iter().any(|r| r.0 == *x && r.1 == "running"))
     };
-    while !(running(&nodes[leader], 3) && running(&nodes[other], 1)) {
+    while !(running(&nodes[leader], &[SHOVEL, XSHOVEL, LSHOVEL])
+        && running(&nodes[other], &[LSHOVEL]))
+    {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "the shovels never ran"

@@ -408,3 +408,24 @@ fn pick(uris: &[String], n: usize) -> &str {
     }
     &uris[n % uris.len()]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::on_every_node;
+
+    #[test]
+    fn only_a_local_exchange_source_runs_on_every_node() {
+        let v = |src: &str, uri: &str| {
+            serde_json::json!({"src-uri": uri, src: "x", "dest-uri": "amqp://", "dest-queue": "d"})
+                .to_string()
+        };
+        assert!(on_every_node(&v("src-exchange", "amqp://")));
+        assert!(on_every_node(&v("src-exchange", "amqp://u:p@")));
+        assert!(!on_every_node(&v("src-exchange", "amqp://10.0.0.1:5672")));
+        assert!(!on_every_node(&v("src-queue", "amqp://")));
+        let mixed = serde_json::json!({"src-uri": ["amqp://", "amqp://h"], "src-exchange": "x",
+            "dest-uri": "amqp://", "dest-queue": "d"});
+        assert!(!on_every_node(&mixed.to_string()));
+        assert!(!on_every_node("not json"));
+    }
+}
