@@ -4,6 +4,10 @@
 //! shovels (the config file's `[[shovel]]` tables) run the same way from the start, with no
 //! parameter behind them; a dynamic one of the same vhost and name is refused.
 //!
+//! In a cluster the dynamic shovels run on one node only, the metadata group's leader
+//! ([`LocalBroker::leads`], re-checked on every change; a local-exchange source excepted:
+//! [`on_every_node`]); docs/bridges.md, "Clusters".
+//!
 //! One log line per state change: a shovel that keeps failing the same way logs once, not
 //! once per retry.
 
