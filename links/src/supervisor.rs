@@ -6,7 +6,7 @@
 //!
 //! In a cluster the dynamic shovels run on one node only, the metadata group's leader
 //! ([`LocalBroker::leads`], re-checked on every change; a local-exchange source excepted:
-//! [`on_every_node`]); docs/bridges.md, "Clusters".
+//! `on_every_node`); docs/bridges.md, "Clusters".
 //!
 //! One log line per state change: a shovel that keeps failing the same way logs once, not
 //! once per retry.

@@ -168,7 +168,7 @@ impl Cluster {
     /// majority answered it within its lease (`election_timeout_max`, as a quorum queue's
     /// leader serves: `qq.rs`), false otherwise and once the group shuts down. Node-wide
     /// duties that must run on one node only follow it (dynamic shovels: docs/bridges.md).
-    /// Re-read on every change of the group's metrics and every [`LEAD_CHECK`] (a leader
+    /// Re-read on every change of the group's metrics and every `LEAD_CHECK`, 200 ms (a leader
     /// cut off by a partition sees no change: only its lease running out).
     pub fn leads_metadata(&self) -> tokio::sync::watch::Receiver<bool> {
         let (tx, rx) = tokio::sync::watch::channel(false);
