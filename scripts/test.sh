@@ -569,6 +569,14 @@ cluster_quorum_alarm() {
   WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster quorum_alarm --nocapture
 }
 
+cluster_shovel_placement() {
+  # cluster/tests/shovel_placement.rs (bridge wbp0, 10.97.0.x; docs/bridges.md, "Clusters"): a
+  # dynamic shovel runs on the metadata leader only (each message moved once, only the leader
+  # lists it); after a kill -9 of the leader it resumes on the new one, every confirmed message
+  # arriving at least once, none invented.
+  WARREN_CLUSTER_REQUIRE=1 run_test 180 cluster shovel_placement --nocapture
+}
+
 cluster_shards() {
   # cluster/tests/shards_across_nodes.rs (docs/cluster.md, "Not yet"): two nodes with --shards
   # 2: basic.get across nodes served when the queue, its copy and the connection are on shard
@@ -621,6 +629,7 @@ cluster_lane() {
   lane_step "cluster with --shards 2: consumers across nodes served on shard 0, refused (540) elsewhere" cluster_shards || return 1
   lane_step "cluster quorum leader partitioned and healed, 5 rounds: nacked when cut off, service back within bounds" cluster_quorum_partitions || return 1
   lane_step "cluster quorum leadership lost with a write in flight: nacked, no store alarm, other publishers unblocked" cluster_quorum_alarm || return 1
+  lane_step "cluster dynamic shovel on the metadata leader only: moved once; resumes on the new leader after kill -9" cluster_shovel_placement || return 1
   lane_step "cluster MQTT sessions: one session per client id across nodes, takeover 0x8E, restarts, expiry, retained messages" cluster_mqtt_sessions || return 1
   lane_step "cluster MQTT sessions of a dead node: resumed elsewhere at once, expired on time by the metadata leader" cluster_mqtt_gone_node || return 1
   lane_step "jepsen-style: confirmed messages under kill -9, SIGSTOP, partitions, restarts (1 and 3 nodes); metadata converges after a partition" cluster_jepsen || return 1

@@ -46,16 +46,22 @@ pub fn local(listeners: &[warren_management::Listener]) -> [Option<SocketAddr>; 
     ["amqp", "mqtt"].map(|p| first(p).map(warren_links::loopback))
 }
 
-/// Starts the links and plugs them into `management`.
+/// Starts the links and plugs them into `management`. On a cluster node, `leads` is "this
+/// node leads the metadata group": the dynamic shovels run there only.
 pub fn start(
     broker: BrokerHandle,
     management: &warren_management::Management,
     [amqp, mqtt]: [Option<SocketAddr>; 2],
-    node: String,
+    (node, leads): (String, Option<watch::Receiver<bool>>),
     tables: (warren_links::Bridges, warren_links::Shovels),
     stopped: watch::Receiver<bool>,
 ) {
-    let local = warren_links::LocalBroker { amqp, mqtt, node };
+    let local = warren_links::LocalBroker {
+        amqp,
+        mqtt,
+        node,
+        leads,
+    };
     let supervisor = Supervisor::start(broker, local, tables, stopped);
     management.set_links(Arc::new(Hook(supervisor)));
 }

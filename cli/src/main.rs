@@ -1139,7 +1139,7 @@ async fn serve(s: settings::Settings) -> anyhow::Result<()> {
         broker.clone(),
         &management,
         local_ends,
-        node_name,
+        (node_name, cluster.as_ref().map(|c| c.leads_metadata())),
         (s.bridge.clone(), s.shovel.clone()),
         stopped.clone(),
     );

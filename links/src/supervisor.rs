@@ -4,6 +4,10 @@
 //! shovels (the config file's `[[shovel]]` tables) run the same way from the start, with no
 //! parameter behind them; a dynamic one of the same vhost and name is refused.
 //!
+//! In a cluster the dynamic shovels run on one node only, the metadata group's leader
+//! ([`LocalBroker::leads`], re-checked on every change; a local-exchange source excepted:
+//! `on_every_node`); docs/bridges.md, "Clusters".
+//!
 //! One log line per state change: a shovel that keeps failing the same way logs once, not
 //! once per retry.
 
@@ -38,6 +42,10 @@ pub struct LocalBroker {
     pub mqtt: Option<SocketAddr>,
     /// Its node name (`shovelled-by`, the status's `node`).
     pub node: String,
+    /// In a cluster, "this node leads the metadata group": dynamic shovels run only while
+    /// it is true, on one node of the cluster (their parameters are on every node). `None`:
+    /// a single node, which runs them all. Static shovels and MQTT bridges ignore it.
+    pub leads: Option<watch::Receiver<bool>>,
 }
 
 /// The running links.
@@ -114,7 +122,8 @@ impl Supervisor {
             );
             tokio::spawn(run);
         }
-        tokio::spawn(s.clone().follow(stopped));
+        let leads = s.local.leads.clone();
+        tokio::spawn(s.clone().follow(stopped, leads));
         s
     }
 
@@ -163,19 +172,56 @@ impl Supervisor {
         crate::bridge::status::metrics(&self.bridges, out);
     }
 
-    async fn follow(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
+    async fn follow(
+        self: Arc<Self>,
+        mut stopped: watch::Receiver<bool>,
+        mut leads: Option<watch::Receiver<bool>>,
+    ) {
         let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
         // Dynamic shovels not run because a static one has their name, warned about once.
         let mut shadowed: BTreeSet<(String, String)> = BTreeSet::new();
+        // Whether this node runs the dynamic shovels (a cluster's metadata leader only).
+        // A cluster node starts as none (logged once it leads).
+        let mut here = leads.is_none();
+        // The signal's sender went (the cluster stopped): none run here from then on.
+        let mut lead_gone = false;
         loop {
+            let now = !lead_gone && leads.as_mut().is_none_or(|l| *l.borrow_and_update());
+            if now != here && leads.is_some() {
+                tracing::info!(
+                    "dynamic shovels: {}",
+                    if now {
+                        "this node leads the metadata group; it runs them"
+                    } else {
+                        "this node does not lead the metadata group; it runs none"
+                    }
+                );
+            }
+            here = now;
+            if !here {
+                // Stopped at once, without waiting for the parameters.
+                running.retain(|_, r| {
+                    let keep = on_every_node(&r.value);
+                    if !keep {
+                        let _ = r.stop.send(true);
+                    }
+                    keep
+                });
+            }
             if let Ok(AdminResponse::Parameters(ps)) =
                 self.broker.admin(AdminRequest::ListParameters).await
             {
-                self.reconcile(&mut running, &mut shadowed, ps);
+                // Read again: it may have turned while the parameters were read.
+                let here = here && !lead_gone && leads.as_mut().is_none_or(|l| *l.borrow());
+                self.reconcile(&mut running, &mut shadowed, ps, here);
             }
             tokio::select! {
                 _ = stopped.changed() => break,
                 _ = self.changed.notified() => {}
+                ok = lead_changed(leads.as_mut()) => if !ok {
+                    leads = None;
+                    lead_gone = true;
+                },
                 _ = tokio::time::sleep(POLL) => {}
             }
             if *stopped.borrow() {
@@ -193,10 +239,12 @@ impl Supervisor {
         running: &mut BTreeMap<(String, String), Running>,
         shadowed: &mut BTreeSet<(String, String)>,
         ps: Vec<ParameterDef>,
+        leading: bool,
     ) {
         let mut wanted: BTreeMap<(String, String), String> = ps
             .into_iter()
             .filter(|p| p.component == crate::shovel::COMPONENT)
+            .filter(|p| leading || on_every_node(&p.value))
             .map(|p| ((p.vhost, p.name), p.value))
             .collect();
         // Refused when set here; one can still come from a cluster peer with another
@@ -329,10 +377,59 @@ impl Supervisor {
     }
 }
 
+/// Whether a dynamic shovel of this value runs on every node of a cluster, not on the
+/// metadata leader only: one from an exchange of the local broker. Its queue is
+/// server-named and exclusive, which a Warren cluster keeps local with its binding
+/// (docs/cluster.md, "What stays local"), so each node's copy moves what was published on
+/// that node: once each, all of them moved. Run on one node, it would miss the others'.
+fn on_every_node(value: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(value) else {
+        return false;
+    };
+    let Ok(cfg) = ShovelConfig::parse("", &v) else {
+        return false;
+    };
+    matches!(cfg.source, crate::shovel::config::Source::Exchange { .. })
+        && !cfg.src_uris.is_empty()
+        && cfg
+            .src_uris
+            .iter()
+            .all(|u| uri::parse(u).is_ok_and(|t| t.host.is_none()))
+}
+
+/// The leadership signal changed (`false`: its sender went); never, without one.
+async fn lead_changed(leads: Option<&mut watch::Receiver<bool>>) -> bool {
+    match leads {
+        Some(l) => l.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
 /// The URI of attempt `n` (a list is tried in turn, as RabbitMQ picks among them).
 fn pick(uris: &[String], n: usize) -> &str {
     if uris.is_empty() {
         return "";
     }
     &uris[n % uris.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::on_every_node;
+
+    #[test]
+    fn only_a_local_exchange_source_runs_on_every_node() {
+        let v = |src: &str, uri: &str| {
+            serde_json::json!({"src-uri": uri, src: "x", "dest-uri": "amqp://", "dest-queue": "d"})
+                .to_string()
+        };
+        assert!(on_every_node(&v("src-exchange", "amqp://")));
+        assert!(on_every_node(&v("src-exchange", "amqp://u:p@")));
+        assert!(!on_every_node(&v("src-exchange", "amqp://10.0.0.1:5672")));
+        assert!(!on_every_node(&v("src-queue", "amqp://")));
+        let mixed = serde_json::json!({"src-uri": ["amqp://", "amqp://h"], "src-exchange": "x",
+            "dest-uri": "amqp://", "dest-queue": "d"});
+        assert!(!on_every_node(&mixed.to_string()));
+        assert!(!on_every_node("not json"));
+    }
 }

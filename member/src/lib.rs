@@ -164,6 +164,18 @@ impl Cluster {
         })))
     }
 
+    /// "This node leads the metadata group": true while it is the group's leader and a
+    /// majority answered it within its lease (`election_timeout_max`, as a quorum queue's
+    /// leader serves: `qq.rs`), false otherwise and once the group shuts down. Node-wide
+    /// duties that must run on one node only follow it (dynamic shovels: docs/bridges.md).
+    /// Re-read on every change of the group's metrics and every `LEAD_CHECK`, 200 ms (a leader
+    /// cut off by a partition sees no change: only its lease running out).
+    pub fn leads_metadata(&self) -> tokio::sync::watch::Receiver<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(follow_lead(self.0.node.clone(), tx));
+        rx
+    }
+
     /// This node's id.
     pub fn id(&self) -> u64 {
         self.0.node.id()
@@ -292,6 +304,31 @@ impl Cluster {
         out["alarms"] = serde_json::Value::Array(all_alarms(node, alarms));
         Ok(out)
     }
+}
+
+/// How often [`Cluster::leads_metadata`] checks the lease when nothing else changed.
+const LEAD_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
+
+async fn follow_lead(node: Arc<ClusterNode>, tx: tokio::sync::watch::Sender<bool>) {
+    let lease_ms = u64::try_from(node.election_timeout_max().as_millis()).unwrap_or(u64::MAX);
+    let mut metrics = node.raft.metrics();
+    drop(node);
+    loop {
+        let leads = {
+            let m = metrics.borrow_and_update();
+            m.state == warren_cluster::openraft::ServerState::Leader
+                && m.current_leader == Some(m.id)
+                && m.millis_since_quorum_ack.is_none_or(|ms| ms <= lease_ms)
+        };
+        tx.send_if_modified(|v| std::mem::replace(v, leads) != leads);
+        tokio::select! {
+            r = metrics.changed() => if r.is_err() { break },
+            _ = tokio::time::sleep(LEAD_CHECK) => {}
+            // Nobody follows it any more.
+            _ = tx.closed() => return,
+        }
+    }
+    tx.send_replace(false);
 }
 
 /// One line per change of leader or of this node's role, for operators (openraft's own logs
