@@ -116,6 +116,25 @@ setup_mosquitto_clients() {
   $sudo service mosquitto stop >/dev/null 2>&1 || true
 }
 
+setup_rabbitmq() {
+  # RabbitMQ itself (Debian's 3.10), the peer of tests/python/test_shovel_rabbitmq.py (the
+  # migration case of issue 38). The test starts its own node on side ports; the package's
+  # own service is kept from starting (policy-rc.d) so it holds no default port.
+  command -v rabbitmq-server >/dev/null && return 0
+  local sudo="" added=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null &&
+      $sudo chmod +x /usr/sbin/policy-rc.d && added=1
+  fi
+  $sudo apt-get update -q &&
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q rabbitmq-server
+  local rc=$?
+  [ -z "$added" ] || $sudo rm -f /usr/sbin/policy-rc.d
+  $sudo service rabbitmq-server stop >/dev/null 2>&1 || true
+  return "$rc"
+}
+
 setup_perftest() {
   ls target/perftest/lib/perf-test-*.jar >/dev/null 2>&1 && return 0
   mvn -q -B -Dstyle.color=never -f scripts/perftest/pom.xml dependency:copy-dependencies \
@@ -638,6 +657,7 @@ cluster_lane() {
 step "install: rustfmt, clippy, wasm32 target" setup_toolchain
 step "install: Python clients (pika, paho-mqtt, rabbitmq-amqp-python-client, pytest)" setup_python
 step "install: mosquitto, mosquitto-clients, openssl (Debian)" setup_mosquitto_clients
+step "install: RabbitMQ 3.10 (Debian), the shovel migration test's peer" setup_rabbitmq
 step "install: RabbitMQ PerfTest (Maven Central)" setup_perftest
 step "install: RabbitMQ Java stream client (Maven Central)" setup_stream_java
 step "install: wasm-bindgen-cli (pinned to the crate)" setup_wasm_bindgen
