@@ -71,15 +71,10 @@ fn field(s: &str) -> Option<String> {
     (s != "\"\"" && !s.is_empty()).then(|| s.to_string())
 }
 
-/// Whether `f` is a valid MQTT topic filter (`#` last and alone in its level, `+` alone).
+/// Whether `f` is a valid MQTT topic filter (`#` last and alone in its level, `+` alone),
+/// by the broker's own check.
 pub fn valid_filter(f: &str) -> bool {
-    if f.is_empty() || f.len() > 65_535 || f.contains('\0') {
-        return false;
-    }
-    let levels: Vec<&str> = f.split('/').collect();
-    levels.iter().enumerate().all(|(i, l)| {
-        (*l == "#" && i == levels.len() - 1) || *l == "+" || !(l.contains('#') || l.contains('+'))
-    })
+    warren_core::mqtt::topic::validate_filter(f).is_ok()
 }
 
 impl TopicLine {

@@ -138,23 +138,9 @@ pub struct Link<A> {
     max_packet: [usize; 2],
 }
 
-/// Whether `topic` matches `filter` (MQTT 4.7; `$` topics only under a filter naming them).
-pub fn matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && filter.starts_with(['+', '#']) {
-        return false;
-    }
-    let mut f = filter.split('/');
-    let mut t = topic.split('/');
-    loop {
-        match (f.next(), t.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
+/// MQTT's filter matching, the broker's own (MQTT 4.7; `$` topics only under a filter
+/// naming them).
+pub use warren_core::mqtt::topic::matches;
 
 fn fingerprint(topic: &str, payload: &[u8]) -> u64 {
     // SipHash with fixed keys: the same on every run and target.
