@@ -64,7 +64,12 @@ fn mosquitto(dir: &Path, port: u16, extra: &str) -> Mosquitto {
     let conf = dir.join(format!("mosquitto-{port}.conf"));
     std::fs::write(
         &conf,
-        format!("listener {port} 127.0.0.1\nallow_anonymous true\n{extra}\n"),
+        // No per-client queue limit: Mosquitto's default (1000 QoS 1 messages queued for a
+        // client) drops what a slow test subscriber has not taken yet, which is Mosquitto's
+        // choice about its own subscriber, not a loss by the bridge under test.
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\n{extra}\n"
+        ),
     )
     .expect("write mosquitto.conf");
     let child = dies_with_test(&mut Command::new(mosquitto_bin()))
