@@ -12,13 +12,19 @@
 //!   module;
 //! - its behaviour, [`QueueBehaviour`]: the operations the queue side calls on a queue's
 //!   state when queue mail arrives (enqueue, dispatch, get, settle, consume, cancel, purge,
-//!   expiry). Classic queues implement it (`queue::state::QueueState`).
+//!   expiry), implemented once for every type by `queue::state::QueueState`.
 //!
-//! Adding a type (streams, quorum queues): a variant here with its name and capabilities,
-//! a state that implements `QueueBehaviour`, and the queue side's map holding either (an
-//! enum over the states, static dispatch: no vtable on the message path). The channel
-//! side and topology do not change: they talk to queues by mail only (`crate::mail`), and
-//! what differs between types is answered by the queue or read from its capabilities.
+//! The state of a queue of any type is one `queue::state::QueueState`: what every queue has
+//! (name, consumers, arguments, limits, stats) and one `queue::variant::Variant`, the state
+//! only its type has (a quorum queue's log, a stream's cursors; nothing for classic and
+//! `mqtt-qos0` queues). A queue is of exactly one type by construction; the behaviour
+//! matches on the variant where types differ (static dispatch: no vtable on the message
+//! path).
+//!
+//! Adding a type: a [`QueueType`] with its name and capabilities, a `Variant` with its state,
+//! and the arms of `QueueBehaviour` where it differs. The channel side and topology do not
+//! change: they talk to queues by mail only (`crate::mail`), and what differs between types
+//! is answered by the queue or read from its capabilities.
 
 use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle, Unacked};
 use crate::message::{Message, QueuedMessage};

@@ -12,4 +12,5 @@ pub(crate) mod quorum;
 pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod stream;
+pub(crate) mod variant;
 pub use stream::StreamReaders;

@@ -19,7 +19,7 @@ pub(crate) use crate::mail::delivery::{ConsumerId, Picked, QueueConsumer, Settle
 use crate::message::{FieldTable, Message};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
 use crate::queue::kind::{QueueBehaviour, QueueType};
-use crate::queue::quorum::{self, Applied, Command, Fifo};
+use crate::queue::quorum::{self, Applied, Command};
 use crate::queue_args::{HeldArgs, Overflow};
 use crate::store::Store;
 use std::sync::Arc;
@@ -160,13 +160,8 @@ pub(crate) struct QueueState {
     pub(crate) last_used: u64,
     /// Enqueued, delivered, redelivered and acked messages, for operators' rates.
     pub(crate) stats: crate::stats::MessageStats,
-    /// A stream's state (`x-queue-type: stream`): its log is the store's, and `messages`
-    /// stays empty; the behaviour below hands every operation to it.
-    pub(crate) stream: Option<Box<crate::queue::stream::StreamQueue>>,
-    /// A quorum queue's own state (`queue::quorum`); `None` for a classic queue.
-    pub(crate) quorum: Option<Box<Fifo>>,
-    /// An `mqtt-qos0` queue: it holds nothing (`direct_delivery`), `messages` stays empty.
-    pub(crate) direct: bool,
+    /// Its type and what that type keeps beyond the fields above.
+    pub(crate) variant: crate::queue::variant::Variant,
     /// Which serving of the queue this is: it grows when the queue is reloaded (a quorum
     /// queue's leader moved, `reload`), below `FROM_NODE`. Each delivery carries it
     /// (`QueuedMessage::epoch`); a settle of a delivery of another epoch is stale and
@@ -314,9 +309,7 @@ impl QueueState {
             mixed_priorities: false,
             last_used: now,
             stats: crate::stats::MessageStats::default(),
-            stream: None,
-            quorum: None,
-            direct: false,
+            variant: crate::queue::variant::Variant::Classic,
             epoch: 0,
         }
     }
@@ -331,7 +324,7 @@ impl QueueState {
         mut args: crate::queue_args::QueueArgs,
         last: &mut Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
     ) {
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self.variant.quorum_mut() {
             if args.overflow == Overflow::RejectPublishDlx {
                 args.overflow = Overflow::DropHead;
             }
@@ -469,7 +462,7 @@ impl QueueState {
             c.unacked = 0;
         }
         self.unacked = 0;
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self.variant.quorum_mut() {
             // The reloaded messages carry their delivery counts in their headers.
             fifo.returned_all();
         }
@@ -480,7 +473,7 @@ impl QueueState {
         let recovery = store.open_queue(self.id, vhost, &self.name, self.durable);
         // Quorum queues have no priorities (`x-max-priority` is refused at declare).
         self.messages = MessageQueue::recovered(recovery, None);
-        if self.quorum.is_some() {
+        if self.variant.is_quorum() {
             store.keep_every_message(self.id);
         }
         // The dead letters the group's log still owes: forwarded again from here.
@@ -500,7 +493,7 @@ impl QueueState {
 
     /// A message left the queue for good (acked, dropped, delivered without ack).
     fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self.variant.quorum_mut() {
             fifo.apply(Command::Settle { seq });
         }
         io.out.released += body_len as u64;
@@ -585,7 +578,7 @@ impl QueueState {
         consumer: Option<ConsumerId>,
         get: bool,
     ) -> QueuedMessage {
-        let Some(fifo) = self.quorum.as_deref_mut() else {
+        let Some(fifo) = self.variant.quorum_mut() else {
             return m;
         };
         if m.redelivered && fifo.count(m.seq) == 0 {
@@ -620,7 +613,7 @@ impl QueueState {
     fn quorum_return(&mut self, io: &mut QueueIo<'_>, u: Unacked) -> bool {
         let to_seq = self.messages.next_seq();
         let returned = Command::Return { seq: u.seq, to_seq };
-        let applied = match self.quorum.as_deref_mut() {
+        let applied = match self.variant.quorum_mut() {
             Some(fifo) => fifo.apply(returned),
             None => Applied::Done,
         };
@@ -645,7 +638,7 @@ impl QueueState {
                     // only refused a queue this node does not serve now (a quorum queue
                     // whose leadership moved).
                     io.out.store_failed = store.serves(self.id);
-                    if let Some(fifo) = self.quorum.as_deref_mut() {
+                    if let Some(fifo) = self.variant.quorum_mut() {
                         fifo.apply(Command::Enqueue {
                             seq: u.seq,
                             delivery_count: count,
@@ -696,24 +689,14 @@ impl QueueState {
 /// contract, is in the comments.
 impl QueueBehaviour for QueueState {
     fn kind(&self) -> QueueType {
-        if self.stream.is_some() {
-            return QueueType::Stream;
-        }
-        if self.direct {
-            return QueueType::MqttQos0;
-        }
-        if self.quorum.is_some() {
-            QueueType::Quorum
-        } else {
-            QueueType::Classic
-        }
+        self.variant.kind()
     }
 
     // Appends a routed message: into the window while it has room and nothing is paged
     // out, otherwise (with a store) into the store only. Persistent messages on durable
     // queues are stored either way. Applies the queue's length limit and TTL.
     fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
-        if let Some(stream) = self.stream.as_deref_mut() {
+        if let Some(stream) = self.variant.stream_mut() {
             self.stats.publish += 1;
             return stream.enqueue(self.id, io, message);
         }
@@ -739,7 +722,8 @@ impl QueueBehaviour for QueueState {
         let window = io.config.queue_window;
         // A quorum queue stores every message, whatever its delivery mode (RabbitMQ's
         // quorum queues have no transient messages).
-        let persist = self.durable && (message.properties.is_persistent() || self.quorum.is_some());
+        let persist =
+            self.durable && (message.properties.is_persistent() || self.variant.is_quorum());
         // A persistent message is written anyway, so keeping it out of memory costs only the
         // read back. A transient one would cost a write too: it pages out only at a larger
         // window (a burst above the flow-control mark stays in memory) or when message
@@ -775,7 +759,7 @@ impl QueueBehaviour for QueueState {
             io.out.store_failed = store.serves(self.id);
             return Enqueued::Failed;
         }
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self.variant.quorum_mut() {
             fifo.apply(Command::Enqueue {
                 seq,
                 delivery_count: 0,
@@ -803,7 +787,7 @@ impl QueueBehaviour for QueueState {
     // deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
     fn expire_head(&mut self, io: &mut QueueIo<'_>) {
         // A stream's messages have no TTL: retention removes them.
-        while self.stream.is_none() && self.fill_window(io) {
+        while !self.variant.is_stream() && self.fill_window(io) {
             let expired = self
                 .messages
                 .head()
@@ -822,7 +806,7 @@ impl QueueBehaviour for QueueState {
 
     // Empties the ready messages (in memory and paged out); returns how many there were.
     fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self.variant.quorum_mut() {
             fifo.apply(Command::Purge);
         }
         let (window, paged) = self.messages.purge();
@@ -849,7 +833,7 @@ impl QueueBehaviour for QueueState {
         credit: &mut impl Credit,
         may_expire: bool,
     ) -> Option<Picked> {
-        if let Some(stream) = self.stream.as_deref_mut() {
+        if let Some(stream) = self.variant.stream_mut() {
             let picked =
                 stream.next_delivery(self.id, io, &mut self.consumers, &mut self.unacked, credit);
             if picked.is_some() {
@@ -936,7 +920,7 @@ impl QueueBehaviour for QueueState {
             // Most queues have one consumer (an idle MQTT subscriber's): size it exactly.
             self.consumers.reserve_exact(1);
         }
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self.variant.quorum_mut() {
             fifo.apply(Command::Consumer {
                 id: c.id,
                 attached: true,
@@ -952,10 +936,10 @@ impl QueueBehaviour for QueueState {
     fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
         let pos = self.consumer_index(id)?;
         let c = self.consumers.remove(pos);
-        if let Some(stream) = self.stream.as_deref_mut() {
+        if let Some(stream) = self.variant.stream_mut() {
             stream.remove_cursor(id);
         }
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self.variant.quorum_mut() {
             fifo.apply(Command::Consumer {
                 id,
                 attached: false,
@@ -985,14 +969,14 @@ impl QueueBehaviour for QueueState {
             c.unacked = c.unacked.saturating_sub(1);
         }
         self.unacked = self.unacked.saturating_sub(1);
-        if self.stream.is_some() {
+        if self.variant.is_stream() {
             // A stream's settle only returns credit (nack and reject too, as RabbitMQ
             // 3.10 takes them): the message stays in the log for every consumer.
             self.stats.ack += u64::from(settle == Settle::Ack);
             io.out.released += u.message.body_len() as u64;
             return false;
         }
-        if settle == Settle::Requeue && self.quorum.is_some() {
+        if settle == Settle::Requeue && self.variant.is_quorum() {
             return self.quorum_return(io, u);
         }
         if settle == Settle::Requeue {

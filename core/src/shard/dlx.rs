@@ -187,7 +187,7 @@ impl Broker {
             return;
         };
         let vhost = q.vhost;
-        let Some(fifo) = q.quorum.as_deref_mut() else {
+        let Some(fifo) = q.variant.quorum_mut() else {
             return;
         };
         let mut due = Vec::new();
@@ -289,8 +289,8 @@ impl Broker {
         self.qs
             .queues
             .get_mut(&id)?
-            .quorum
-            .as_deref_mut()?
+            .variant
+            .quorum_mut()?
             .dead
             .held
             .get_mut(&seq)

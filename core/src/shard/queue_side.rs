@@ -12,6 +12,7 @@ use crate::message::{FieldValue, Message};
 use crate::queue::classic::MessageQueue;
 use crate::queue::kind::{QueueBehaviour, QueueType};
 use crate::queue::state::{ConsumerId, Enqueued, QueueConsumer, QueueState, Settle, Unacked};
+use crate::queue::variant::Variant;
 use std::sync::Arc;
 
 /// Queue arguments whose values must match on redeclare (as RabbitMQ checks them).
@@ -121,7 +122,12 @@ impl Broker {
             // the publish came before the deletion).
             self.routed_to_deleted += 1;
         }
-        if self.qs.queues.get(&queue).is_some_and(|q| q.direct) {
+        if self
+            .qs
+            .queues
+            .get(&queue)
+            .is_some_and(|q| q.variant.is_direct())
+        {
             self.direct_mail(queue, message, publisher);
             return;
         }
@@ -416,7 +422,7 @@ impl Broker {
         {
             self.with_queue(queue, |q, io| {
                 let id = q.id;
-                if let Some(s) = q.stream.as_deref_mut() {
+                if let Some(s) = q.variant.stream_mut() {
                     s.add_cursor(id, io, cid, start);
                 }
             });
@@ -616,7 +622,7 @@ impl Broker {
                     (None, None) => Log::Own(Default::default()),
                 };
                 let mut q = QueueState::new(id, c.vhost, Arc::clone(&name), messages, self.now);
-                q.stream = Some(Box::new(crate::queue::stream::StreamQueue::new(
+                q.variant = Variant::Stream(Box::new(crate::queue::stream::StreamQueue::new(
                     settings,
                     log,
                     self.qs.stream_readers.clone(),
@@ -626,7 +632,7 @@ impl Broker {
             }
             QueueType::MqttQos0 => {
                 let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
-                q.direct = true;
+                q.variant = Variant::Direct;
                 q
             }
             QueueType::Quorum => {
@@ -634,7 +640,7 @@ impl Broker {
                     store.keep_every_message(id);
                 }
                 let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
-                q.quorum = Some(Box::default());
+                q.variant = Variant::Quorum(Box::default());
                 q
             }
         };
@@ -737,8 +743,8 @@ impl Broker {
             return self
                 .with_queue(id, |q, io| {
                     let id = q.id;
-                    q.stream
-                        .as_deref_mut()
+                    q.variant
+                        .stream_mut()
                         .map_or(0, |s| s.message_count(io, id))
                 })
                 .unwrap_or(0);
@@ -761,7 +767,7 @@ impl Broker {
                 self.qs
                     .queues
                     .get(id)
-                    .is_some_and(|q| q.stream.as_deref().is_some_and(|s| s.has_cursors()))
+                    .is_some_and(|q| q.variant.stream().is_some_and(|s| s.has_cursors()))
             })
             .collect();
         for id in streams {
@@ -956,7 +962,7 @@ impl Broker {
         };
         self.release(q.messages.bytes() + q.dead_held().1);
         self.dead_letters_reloaded(id);
-        if let Some(s) = q.stream.as_deref() {
+        if let Some(s) = q.variant.stream() {
             s.delete_log();
         }
         // Topology removes its name and bindings (from this queue's link, so a declare the
@@ -978,7 +984,7 @@ impl Broker {
                 self.sync_dirty = true;
             }
             store.delete_queue(id);
-            if q.quorum.as_deref().is_some_and(|f| f.dead.open) {
+            if q.variant.quorum().is_some_and(|f| f.dead.open) {
                 store.delete_queue(crate::queue::dlx::store_id(id));
             }
             // What it held is dead space for the store to reclaim at the next sync.

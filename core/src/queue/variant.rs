@@ -1,0 +1,75 @@
+//! What one queue type keeps beyond what every queue has (`queue::state::QueueState`): one
+//! value per queue, so a queue is exactly one type and no state of another type can be
+//! half-set beside it.
+
+use crate::queue::quorum::Fifo;
+use crate::queue::stream::StreamQueue;
+use crate::queue_type::QueueType;
+
+/// A queue's type-specific state. Boxed where large, so a classic queue (the common case,
+/// and every MQTT QoS 1 session's queue) pays one word for the seam.
+#[derive(Default)]
+pub(crate) enum Variant {
+    /// A classic queue: its messages are `QueueState::messages`.
+    #[default]
+    Classic,
+    /// An `mqtt-qos0` queue: it holds nothing (`direct_delivery`); `messages` stays empty.
+    Direct,
+    /// A quorum queue's own state (`queue::quorum`).
+    Quorum(Box<Fifo>),
+    /// A stream's state (`x-queue-type: stream`): its log is the store's, and `messages`
+    /// stays empty; the queue's behaviour hands every operation to it.
+    Stream(Box<StreamQueue>),
+}
+
+impl Variant {
+    /// The queue type this state is of.
+    pub(crate) fn kind(&self) -> QueueType {
+        match self {
+            Variant::Classic => QueueType::Classic,
+            Variant::Direct => QueueType::MqttQos0,
+            Variant::Quorum(_) => QueueType::Quorum,
+            Variant::Stream(_) => QueueType::Stream,
+        }
+    }
+
+    pub(crate) fn is_direct(&self) -> bool {
+        matches!(self, Variant::Direct)
+    }
+
+    pub(crate) fn is_quorum(&self) -> bool {
+        matches!(self, Variant::Quorum(_))
+    }
+
+    pub(crate) fn is_stream(&self) -> bool {
+        matches!(self, Variant::Stream(_))
+    }
+
+    pub(crate) fn quorum(&self) -> Option<&Fifo> {
+        match self {
+            Variant::Quorum(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn quorum_mut(&mut self) -> Option<&mut Fifo> {
+        match self {
+            Variant::Quorum(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn stream(&self) -> Option<&StreamQueue> {
+        match self {
+            Variant::Stream(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn stream_mut(&mut self) -> Option<&mut StreamQueue> {
+        match self {
+            Variant::Stream(s) => Some(s),
+            _ => None,
+        }
+    }
+}
