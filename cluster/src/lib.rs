@@ -17,6 +17,7 @@ pub mod codec;
 pub mod definitions;
 pub mod log_store;
 pub mod mem;
+mod membership;
 pub mod node;
 pub mod queue;
 pub mod state_machine;

@@ -805,13 +805,13 @@ async fn serve_peer(
                 Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                 Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
                 Rpc::Forget(id) => RpcReply::Write(
-                    crate::node::forget_here(&raft, id)
+                    crate::membership::forget_here(&raft, id)
                         .await
                         .map(|()| crate::Reply::default())
                         .map_err(|e| e.to_string()),
                 ),
                 Rpc::Join(id, addr) => RpcReply::Write(
-                    crate::node::join_here(&raft, id, &addr)
+                    crate::membership::join_here(&raft, id, &addr)
                         .await
                         .map(|()| crate::Reply::default())
                         .map_err(|e| e.to_string()),
