@@ -1334,7 +1334,7 @@ fn mqtt_gauges(registry: &Arc<warren_mqtt::Registry>, gauges: &mut Vec<warren_ma
 fn mqtt_registry(
     defs: warren_store::definitions::DefinitionStore,
     vhost: &str,
-) -> anyhow::Result<(warren_mqtt::Registry, warren_store::retained::MqttWriter)> {
+) -> anyhow::Result<(warren_mqtt::Registry, warren_store::mqtt_writer::MqttWriter)> {
     let now = warren_mqtt::connection::now_ms();
     let sessions: Vec<_> = defs
         .load_mqtt_sessions()
@@ -1357,7 +1357,7 @@ fn mqtt_registry(
     if !sessions.is_empty() {
         tracing::info!(count = sessions.len(), "restored MQTT sessions");
     }
-    let writer = warren_store::retained::MqttWriter::start(defs)
+    let writer = warren_store::mqtt_writer::MqttWriter::start(defs)
         .context("cannot start the MQTT state writer")?;
     let session_writer = writer.clone();
     let session_vhost = vhost.to_string();

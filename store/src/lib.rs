@@ -17,6 +17,7 @@ pub mod journal;
 mod journal_audit;
 pub mod lock;
 pub mod metrics;
+pub mod mqtt_writer;
 mod open_error;
 mod pending;
 pub mod record;

@@ -1,7 +1,7 @@
 //! MQTT sessions in redb (table `mqtt_sessions`): what a session keeps between connections
 //! (subscriptions, expiry, QoS 1/2 packet state, a delayed will), so a persistent session
 //! survives a restart. Written by the same ordered writer thread as retained messages
-//! (`retained::MqttWriter`). Byte layout: docs/storage.md ("MQTT sessions").
+//! (`mqtt_writer::MqttWriter`). Byte layout: docs/storage.md ("MQTT sessions").
 
 use crate::record::{DecodeError, Reader, Writer};
 use bytes::Bytes;
