@@ -1,4 +1,5 @@
-//! The node, the overview, alarms and health checks (`/api/overview`, `/api/nodes`, `/api/health/checks/*`, `/api/aliveness-test`).
+//! The node, the overview, alarms and health checks (`/api/overview`, `/api/nodes`,
+//! `/api/health/checks/*`, `/api/aliveness-test`).
 
 use super::*;
 
