@@ -124,7 +124,7 @@ impl crate::queue::state::QueueState {
     /// exchange whose effective strategy is at-least-once (`set_args` falls back to
     /// at-most-once without `reject-publish`, as RabbitMQ's `dlh/5` does).
     pub(crate) fn at_least_once(&self) -> bool {
-        self.quorum.is_some()
+        (crate::queue::quorum::QUORUM && self.quorum.is_some())
             && self.args.dead_letter_exchange.is_some()
             && self.args.dead_letter_strategy == crate::queue_args::DeadLetterStrategy::AtLeastOnce
     }
@@ -133,6 +133,7 @@ impl crate::queue::state::QueueState {
     pub(crate) fn dead_held(&self) -> (u64, u64) {
         self.quorum
             .as_deref()
+            .filter(|_| crate::queue::quorum::QUORUM)
             .map_or((0, 0), |f| (f.dead.len(), f.dead.bytes))
     }
 
@@ -141,7 +142,11 @@ impl crate::queue::state::QueueState {
     pub(crate) fn open_dead_letters(&mut self, io: &mut super::state::QueueIo<'_>, vhost: &str) {
         let id = self.id;
         let name = store_name(&self.name);
-        let Some(fifo) = self.quorum.as_deref_mut() else {
+        let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        else {
             return;
         };
         if fifo.dead.open {
@@ -185,7 +190,11 @@ impl crate::queue::state::QueueState {
     /// queue changed hands here: its log, not this node, says what is owed); the next
     /// `open_dead_letters` reads them again.
     pub(crate) fn forget_dead_letters(&mut self, io: &mut super::state::QueueIo<'_>) {
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             io.out.released += fifo.dead.bytes;
             fifo.dead.take_all();
             fifo.dead.open = false;
@@ -200,7 +209,10 @@ impl crate::queue::state::QueueState {
         message: Arc<Message>,
     ) -> Option<u64> {
         let id = self.id;
-        let fifo = self.quorum.as_deref_mut()?;
+        let fifo = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)?;
         let seq = fifo.dead.next_seq;
         let stored = match io.store.as_deref_mut() {
             Some(store) => match store.append(store_id(id), seq, &message, None) {
@@ -226,7 +238,12 @@ impl crate::queue::state::QueueState {
     /// Dead letter `seq` reached every target: it leaves the queue for good.
     pub(crate) fn settle_dead_letter(&mut self, io: &mut super::state::QueueIo<'_>, seq: u64) {
         let id = self.id;
-        let Some(d) = self.quorum.as_deref_mut().and_then(|f| f.dead.take(seq)) else {
+        let Some(d) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+            .and_then(|f| f.dead.take(seq))
+        else {
             return;
         };
         io.out.released += d.message.body_len() as u64;
@@ -241,7 +258,11 @@ impl crate::queue::state::QueueState {
     /// A purge takes the dead letters too (RabbitMQ's purge counts them): returns how many.
     pub(crate) fn purge_dead_letters(&mut self, io: &mut super::state::QueueIo<'_>) -> u64 {
         let id = self.id;
-        let Some(fifo) = self.quorum.as_deref_mut() else {
+        let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        else {
             return 0;
         };
         io.out.released += fifo.dead.bytes;

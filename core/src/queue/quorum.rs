@@ -29,6 +29,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The header a quorum queue's redeliveries carry: how many times the message was returned.
+/// Whether this build serves quorum queues (the `quorum` feature; the JS package's build
+/// leaves them out to fit its size budget, issue 39). Without it a quorum declare is refused
+/// (406) and every path through a queue's `Fifo` is dead code (each reads `quorum` through
+/// `.filter(|_| QUORUM)`).
+pub(crate) const QUORUM: bool = cfg!(feature = "quorum");
+
 pub(crate) const DELIVERY_COUNT: &str = "x-delivery-count";
 
 /// One entry of a quorum queue's log. Sequence numbers are the queue's own (issued by its

@@ -20,6 +20,7 @@ use crate::message::{FieldTable, Message};
 use crate::queue::classic::{MessageQueue, QueuedMessage};
 use crate::queue::kind::{QueueBehaviour, QueueType};
 use crate::queue::quorum::{self, Applied, Command, Fifo};
+use crate::queue::stream::STREAMS;
 use crate::queue_args::{HeldArgs, Overflow};
 use crate::store::Store;
 use std::sync::Arc;
@@ -321,6 +322,22 @@ impl QueueState {
         }
     }
 
+    /// A stream's state; always `None` when streams are left out of the build (`streams`
+    /// feature), which lets the compiler drop their code.
+    pub(crate) fn stream_mut(&mut self) -> Option<&mut crate::queue::stream::StreamQueue> {
+        if !STREAMS {
+            return None;
+        }
+        self.stream.as_deref_mut()
+    }
+
+    pub(crate) fn stream_ref(&self) -> Option<&crate::queue::stream::StreamQueue> {
+        if !STREAMS {
+            return None;
+        }
+        self.stream.as_deref()
+    }
+
     /// Sets the parsed arguments (at creation, and when policies change). A quorum queue
     /// takes them as RabbitMQ 3.10 does: `reject-publish-dlx` acts as drop-head, and
     /// at-least-once dead-lettering without reject-publish falls back to at-most-once
@@ -331,7 +348,11 @@ impl QueueState {
         mut args: crate::queue_args::QueueArgs,
         last: &mut Option<std::sync::Arc<crate::queue_args::QueueArgs>>,
     ) {
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             if args.overflow == Overflow::RejectPublishDlx {
                 args.overflow = Overflow::DropHead;
             }
@@ -469,7 +490,11 @@ impl QueueState {
             c.unacked = 0;
         }
         self.unacked = 0;
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             // The reloaded messages carry their delivery counts in their headers.
             fifo.returned_all();
         }
@@ -480,7 +505,7 @@ impl QueueState {
         let recovery = store.open_queue(self.id, vhost, &self.name, self.durable);
         // Quorum queues have no priorities (`x-max-priority` is refused at declare).
         self.messages = MessageQueue::recovered(recovery, None);
-        if self.quorum.is_some() {
+        if crate::queue::quorum::QUORUM && self.quorum.is_some() {
             store.keep_every_message(self.id);
         }
         // The dead letters the group's log still owes: forwarded again from here.
@@ -500,7 +525,11 @@ impl QueueState {
 
     /// A message left the queue for good (acked, dropped, delivered without ack).
     fn forget(&mut self, io: &mut QueueIo<'_>, seq: u64, stored: bool, body_len: usize) {
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             fifo.apply(Command::Settle { seq });
         }
         io.out.released += body_len as u64;
@@ -585,7 +614,11 @@ impl QueueState {
         consumer: Option<ConsumerId>,
         get: bool,
     ) -> QueuedMessage {
-        let Some(fifo) = self.quorum.as_deref_mut() else {
+        let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        else {
             return m;
         };
         if m.redelivered && fifo.count(m.seq) == 0 {
@@ -620,7 +653,11 @@ impl QueueState {
     fn quorum_return(&mut self, io: &mut QueueIo<'_>, u: Unacked) -> bool {
         let to_seq = self.messages.next_seq();
         let returned = Command::Return { seq: u.seq, to_seq };
-        let applied = match self.quorum.as_deref_mut() {
+        let applied = match self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             Some(fifo) => fifo.apply(returned),
             None => Applied::Done,
         };
@@ -645,7 +682,11 @@ impl QueueState {
                     // only refused a queue this node does not serve now (a quorum queue
                     // whose leadership moved).
                     io.out.store_failed = store.serves(self.id);
-                    if let Some(fifo) = self.quorum.as_deref_mut() {
+                    if let Some(fifo) = self
+                        .quorum
+                        .as_deref_mut()
+                        .filter(|_| crate::queue::quorum::QUORUM)
+                    {
                         fifo.apply(Command::Enqueue {
                             seq: u.seq,
                             delivery_count: count,
@@ -696,13 +737,13 @@ impl QueueState {
 /// contract, is in the comments.
 impl QueueBehaviour for QueueState {
     fn kind(&self) -> QueueType {
-        if self.stream.is_some() {
+        if self.stream_ref().is_some() {
             return QueueType::Stream;
         }
         if self.direct {
             return QueueType::MqttQos0;
         }
-        if self.quorum.is_some() {
+        if crate::queue::quorum::QUORUM && self.quorum.is_some() {
             QueueType::Quorum
         } else {
             QueueType::Classic
@@ -713,7 +754,7 @@ impl QueueBehaviour for QueueState {
     // out, otherwise (with a store) into the store only. Persistent messages on durable
     // queues are stored either way. Applies the queue's length limit and TTL.
     fn enqueue(&mut self, io: &mut QueueIo<'_>, message: &Arc<Message>) -> Enqueued {
-        if let Some(stream) = self.stream.as_deref_mut() {
+        if let Some(stream) = self.stream.as_deref_mut().filter(|_| STREAMS) {
             self.stats.publish += 1;
             return stream.enqueue(self.id, io, message);
         }
@@ -739,7 +780,9 @@ impl QueueBehaviour for QueueState {
         let window = io.config.queue_window;
         // A quorum queue stores every message, whatever its delivery mode (RabbitMQ's
         // quorum queues have no transient messages).
-        let persist = self.durable && (message.properties.is_persistent() || self.quorum.is_some());
+        let persist = self.durable
+            && (message.properties.is_persistent()
+                || (crate::queue::quorum::QUORUM && self.quorum.is_some()));
         // A persistent message is written anyway, so keeping it out of memory costs only the
         // read back. A transient one would cost a write too: it pages out only at a larger
         // window (a burst above the flow-control mark stays in memory) or when message
@@ -775,7 +818,11 @@ impl QueueBehaviour for QueueState {
             io.out.store_failed = store.serves(self.id);
             return Enqueued::Failed;
         }
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             fifo.apply(Command::Enqueue {
                 seq,
                 delivery_count: 0,
@@ -803,7 +850,7 @@ impl QueueBehaviour for QueueState {
     // deadline, so a TTL of 0 still reaches a consumer that is ready at publish time.
     fn expire_head(&mut self, io: &mut QueueIo<'_>) {
         // A stream's messages have no TTL: retention removes them.
-        while self.stream.is_none() && self.fill_window(io) {
+        while self.stream_ref().is_none() && self.fill_window(io) {
             let expired = self
                 .messages
                 .head()
@@ -822,7 +869,11 @@ impl QueueBehaviour for QueueState {
 
     // Empties the ready messages (in memory and paged out); returns how many there were.
     fn purge(&mut self, io: &mut QueueIo<'_>) -> u64 {
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             fifo.apply(Command::Purge);
         }
         let (window, paged) = self.messages.purge();
@@ -849,7 +900,7 @@ impl QueueBehaviour for QueueState {
         credit: &mut impl Credit,
         may_expire: bool,
     ) -> Option<Picked> {
-        if let Some(stream) = self.stream.as_deref_mut() {
+        if let Some(stream) = self.stream.as_deref_mut().filter(|_| STREAMS) {
             let picked =
                 stream.next_delivery(self.id, io, &mut self.consumers, &mut self.unacked, credit);
             if picked.is_some() {
@@ -936,7 +987,11 @@ impl QueueBehaviour for QueueState {
             // Most queues have one consumer (an idle MQTT subscriber's): size it exactly.
             self.consumers.reserve_exact(1);
         }
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             fifo.apply(Command::Consumer {
                 id: c.id,
                 attached: true,
@@ -952,10 +1007,14 @@ impl QueueBehaviour for QueueState {
     fn remove_consumer(&mut self, now: u64, id: ConsumerId) -> Option<QueueConsumer> {
         let pos = self.consumer_index(id)?;
         let c = self.consumers.remove(pos);
-        if let Some(stream) = self.stream.as_deref_mut() {
+        if let Some(stream) = self.stream_mut() {
             stream.remove_cursor(id);
         }
-        if let Some(fifo) = self.quorum.as_deref_mut() {
+        if let Some(fifo) = self
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        {
             fifo.apply(Command::Consumer {
                 id,
                 attached: false,
@@ -985,14 +1044,14 @@ impl QueueBehaviour for QueueState {
             c.unacked = c.unacked.saturating_sub(1);
         }
         self.unacked = self.unacked.saturating_sub(1);
-        if self.stream.is_some() {
+        if self.stream_ref().is_some() {
             // A stream's settle only returns credit (nack and reject too, as RabbitMQ
             // 3.10 takes them): the message stays in the log for every consumer.
             self.stats.ack += u64::from(settle == Settle::Ack);
             io.out.released += u.message.body_len() as u64;
             return false;
         }
-        if settle == Settle::Requeue && self.quorum.is_some() {
+        if settle == Settle::Requeue && (crate::queue::quorum::QUORUM && self.quorum.is_some()) {
             return self.quorum_return(io, u);
         }
         if settle == Settle::Requeue {

@@ -138,7 +138,7 @@ impl Broker {
         };
         // A quorum queue's count is its own business (its stored copy of a returned message
         // carries it): RabbitMQ's dead letters do not carry `x-delivery-count`.
-        let message = if q.quorum.is_some() {
+        let message = if crate::queue::quorum::QUORUM && q.quorum.is_some() {
             crate::queue::quorum::without_count(message)
         } else {
             message

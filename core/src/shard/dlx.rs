@@ -187,7 +187,11 @@ impl Broker {
             return;
         };
         let vhost = q.vhost;
-        let Some(fifo) = q.quorum.as_deref_mut() else {
+        let Some(fifo) = q
+            .quorum
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)
+        else {
             return;
         };
         let mut due = Vec::new();
@@ -290,7 +294,8 @@ impl Broker {
             .queues
             .get_mut(&id)?
             .quorum
-            .as_deref_mut()?
+            .as_deref_mut()
+            .filter(|_| crate::queue::quorum::QUORUM)?
             .dead
             .held
             .get_mut(&seq)

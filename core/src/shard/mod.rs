@@ -275,7 +275,7 @@ impl Broker {
             .copied()
             .filter(|id| {
                 self.qs.queues.get(id).is_some_and(|q| {
-                    q.stream.as_deref().is_some_and(|s| s.has_cursors())
+                    q.stream_ref().is_some_and(|s| s.has_cursors())
                         && streams
                             .iter()
                             .any(|(v, n)| *n == *q.name && v == self.vhost_name(q.vhost))

@@ -416,7 +416,7 @@ impl Broker {
         {
             self.with_queue(queue, |q, io| {
                 let id = q.id;
-                if let Some(s) = q.stream.as_deref_mut() {
+                if let Some(s) = q.stream_mut() {
                     s.add_cursor(id, io, cid, start);
                 }
             });
@@ -590,7 +590,7 @@ impl Broker {
         // The queue-type seam's one match: the state of the queue's type.
         let mut queue = match c.kind {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
-            QueueType::Stream => {
+            QueueType::Stream if crate::queue::stream::STREAMS => {
                 let settings = c.stream.clone().unwrap_or_default();
                 use crate::queue::stream::Log;
                 let log = match (self.store.as_mut(), &self.shared_streams) {
@@ -624,6 +624,8 @@ impl Broker {
                 self.qs.streams.insert(id);
                 q
             }
+            // Refused at declare when streams are left out (`streams` feature).
+            QueueType::Stream => QueueState::new(id, c.vhost, name, messages, self.now),
             QueueType::MqttQos0 => {
                 let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
                 q.direct = true;
@@ -737,9 +739,7 @@ impl Broker {
             return self
                 .with_queue(id, |q, io| {
                     let id = q.id;
-                    q.stream
-                        .as_deref_mut()
-                        .map_or(0, |s| s.message_count(io, id))
+                    q.stream_mut().map_or(0, |s| s.message_count(io, id))
                 })
                 .unwrap_or(0);
         }
@@ -761,7 +761,7 @@ impl Broker {
                 self.qs
                     .queues
                     .get(id)
-                    .is_some_and(|q| q.stream.as_deref().is_some_and(|s| s.has_cursors()))
+                    .is_some_and(|q| q.stream_ref().is_some_and(|s| s.has_cursors()))
             })
             .collect();
         for id in streams {
@@ -956,7 +956,7 @@ impl Broker {
         };
         self.release(q.messages.bytes() + q.dead_held().1);
         self.dead_letters_reloaded(id);
-        if let Some(s) = q.stream.as_deref() {
+        if let Some(s) = q.stream_ref() {
             s.delete_log();
         }
         // Topology removes its name and bindings (from this queue's link, so a declare the
@@ -978,7 +978,11 @@ impl Broker {
                 self.sync_dirty = true;
             }
             store.delete_queue(id);
-            if q.quorum.as_deref().is_some_and(|f| f.dead.open) {
+            if q.quorum
+                .as_deref()
+                .filter(|_| crate::queue::quorum::QUORUM)
+                .is_some_and(|f| f.dead.open)
+            {
                 store.delete_queue(crate::queue::dlx::store_id(id));
             }
             // What it held is dead space for the store to reclaim at the next sync.

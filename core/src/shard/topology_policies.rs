@@ -67,14 +67,14 @@ impl Broker {
             let applicable = self.topo.policy(q.vhost, &q.name, true);
             let merged = policy::queue_arguments(q.arguments(), applicable);
             // A stream takes its own keys only (retention, segment size), into its log.
-            if let Some(stream) = q.stream.as_deref() {
+            if let Some(stream) = q.stream_ref() {
                 let Ok(settings) = crate::queue::stream::settings(&merged) else {
                     continue;
                 };
                 if settings != stream.settings {
                     let (vhost, name) = (self.vhost_name(q.vhost).to_string(), q.name.clone());
                     self.with_queue(id, |q, io| {
-                        if let Some(s) = q.stream.as_deref_mut() {
+                        if let Some(s) = q.stream_mut() {
                             s.set_settings(id, io, &vhost, &name, settings);
                         }
                     });
