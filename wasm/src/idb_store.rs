@@ -50,17 +50,19 @@ pub struct Shared {
     pub paused: bool,
     /// The broker is replaying what was read back: nothing to write.
     restoring: bool,
+    /// Chunks to write or rewrite at the next sync (messages appended or removed).
+    chunks: bool,
 }
 
 impl Shared {
     /// Changes wait for a sync (the host asks the core for one).
     pub fn has_pending(&self) -> bool {
-        !self.paused && !self.pending.is_empty()
+        !self.paused && !self.is_empty()
     }
 
     /// Nothing waits to be written (paused or not).
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.pending.is_empty() && !self.chunks
     }
 
     /// The batch the last `Store::sync` sealed: (epoch, batch bytes).
@@ -108,7 +110,25 @@ struct Mirror {
     durable: bool,
     keep_all: bool,
     messages: VecDeque<StoredMessage>,
+    /// The queue's chunk records in IndexedDB, in sequence order.
+    chunks: Vec<Chunk>,
+    /// The first kept message not yet in a chunk (appended since the last sync).
+    unsealed: Option<u64>,
 }
+
+/// A chunk record: the kept messages of one queue appended between two syncs (at most
+/// [`CHUNK_MAX`]), stored under the first one's key. IndexedDB costs about as much per
+/// request as per 100 KB (6,164 puts/s of 120 B in Chromium here, 330,033 messages/s as
+/// chunks of 1,000), so a message is not a record of its own; a removal rewrites its chunk,
+/// or deletes it once its last message is gone, at the next sync.
+struct Chunk {
+    first: u64,
+    last: u64,
+    dirty: bool,
+}
+
+/// Messages in one chunk at most: bounds what a removal rewrites.
+pub const CHUNK_MAX: usize = 512;
 
 impl Mirror {
     fn at(&self, seq: u64) -> usize {
@@ -117,6 +137,78 @@ impl Mirror {
 
     fn kept(&self, m: &Message) -> bool {
         self.durable && (self.keep_all || m.properties.is_persistent())
+    }
+
+    /// A stored message left: its chunk is rewritten at the next sync (one not yet in a
+    /// chunk just goes).
+    fn removed(&mut self, seq: u64) {
+        if self.unsealed.is_some_and(|u| seq >= u) {
+            return;
+        }
+        let i = self.chunks.partition_point(|c| c.last < seq);
+        if let Some(c) = self.chunks.get_mut(i).filter(|c| c.first <= seq) {
+            c.dirty = true;
+        }
+    }
+
+    /// The kept messages from `from` on, as chunk payloads of at most `CHUNK_MAX` (each
+    /// entry: seq and expiry, u64 LE, then the AMQP 1.0 message, u32-LE-length-prefixed).
+    fn encode(&self, from: u64, to: u64) -> Vec<(u64, u64, Vec<u8>)> {
+        let mut out: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        let mut n = 0;
+        for s in self.messages.range(self.at(from)..) {
+            if s.seq > to {
+                break;
+            }
+            if !self.kept(&s.message) {
+                continue;
+            }
+            if n % CHUNK_MAX == 0 {
+                out.push((s.seq, s.seq, Vec::new()));
+            }
+            n += 1;
+            if let Some((_, last, p)) = out.last_mut() {
+                *last = s.seq;
+                p.extend_from_slice(&s.seq.to_le_bytes());
+                p.extend_from_slice(&record::message_entry(&s.message, s.expires_at));
+            }
+        }
+        out
+    }
+
+    /// The chunk ops of the batch being sealed: rewrites and deletes of the chunks that lost
+    /// messages, then the new chunks.
+    fn seal(&mut self, out: &mut Vec<u8>) {
+        let mut chunks = std::mem::take(&mut self.chunks);
+        chunks.retain_mut(|c| {
+            if !c.dirty {
+                return true;
+            }
+            c.dirty = false;
+            let key = record::message_key(&self.prefix, c.first);
+            match self.encode(c.first, c.last).pop() {
+                Some((_, _, payload)) => {
+                    op(out, PUT, &[&key, &record::seal(&key, &payload)]);
+                    true
+                }
+                None => {
+                    op(out, DEL, &[&key]);
+                    false
+                }
+            }
+        });
+        if let Some(from) = self.unsealed.take() {
+            for (first, last, payload) in self.encode(from, u64::MAX) {
+                let key = record::message_key(&self.prefix, first);
+                op(out, PUT, &[&key, &record::seal(&key, &payload)]);
+                chunks.push(Chunk {
+                    first,
+                    last,
+                    dirty: false,
+                });
+            }
+        }
+        self.chunks = chunks;
     }
 }
 
@@ -139,6 +231,9 @@ pub struct IdbStore {
     recovered: Vec<Mirror>,
     definitions: Vec<Definition>,
     shared: SharedRef,
+    /// What the messages not yet in a chunk will add to the batch (about): counts against
+    /// [`MAX_PENDING_BYTES`].
+    unsealed_bytes: usize,
 }
 
 impl IdbStore {
@@ -320,9 +415,12 @@ impl Store for IdbStore {
             .recovered
             .iter()
             .position(|m| m.vhost == vhost && m.name == name);
-        let messages = match found {
-            Some(i) => self.recovered.swap_remove(i).messages,
-            None => VecDeque::new(),
+        let (messages, chunks) = match found {
+            Some(i) => {
+                let r = self.recovered.swap_remove(i);
+                (r.messages, r.chunks)
+            }
+            None => (VecDeque::new(), Vec::new()),
         };
         let mut m = Mirror {
             id: queue,
@@ -332,6 +430,8 @@ impl Store for IdbStore {
             durable,
             keep_all: false,
             messages: if durable { messages } else { VecDeque::new() },
+            chunks: if durable { chunks } else { Vec::new() },
+            unsealed: None,
         };
         if !durable && found.is_some() {
             // A transient queue starts empty: what a durable one of that name left goes.
@@ -356,7 +456,7 @@ impl Store for IdbStore {
         message: &Arc<Message>,
         expires_at: Option<u64>,
     ) -> Result<(), StoreError> {
-        if lock(&self.shared).pending.len() > MAX_PENDING_BYTES {
+        if lock(&self.shared).pending.len() + self.unsealed_bytes > MAX_PENDING_BYTES {
             return Err(StoreError(
                 "the browser store's pending writes are full".into(),
             ));
@@ -371,9 +471,9 @@ impl Store for IdbStore {
             expires_at,
         });
         if m.kept(message) {
-            let key = record::message_key(&m.prefix, seq);
-            let value = record::message_value(&key, message, expires_at);
-            self.record(PUT, &[&key, &value]);
+            m.unsealed.get_or_insert(seq);
+            self.unsealed_bytes += message.body_len() + 64;
+            lock(&self.shared).chunks = true;
         }
         Ok(())
     }
@@ -390,12 +490,13 @@ impl Store for IdbStore {
         let Some(s) = m.messages.get(i).filter(|s| s.seq == seq) else {
             return;
         };
-        let key = m
-            .kept(&s.message)
-            .then(|| record::message_key(&m.prefix, seq));
+        let kept = m.kept(&s.message);
+        if kept {
+            m.removed(seq);
+        }
         m.messages.remove(i);
-        if let Some(key) = key {
-            self.record(DEL, &[&key]);
+        if kept {
+            lock(&self.shared).chunks = true;
         }
     }
 
@@ -403,10 +504,10 @@ impl Store for IdbStore {
         let Some(m) = self.queue(queue) else { return };
         let i = m.at(from_seq);
         m.messages.truncate(i);
-        if m.durable {
-            let prefix = m.prefix.clone();
-            self.delete_range(&prefix, from_seq);
+        for c in m.chunks.iter_mut().filter(|c| c.last >= from_seq) {
+            c.dirty = true;
         }
+        lock(&self.shared).chunks = true;
     }
 
     fn read(
@@ -435,6 +536,11 @@ impl Store for IdbStore {
 
     fn sync(&mut self, epoch: u64) {
         let mut s = lock(&self.shared);
+        for m in self.queues.iter_mut().filter(|m| m.durable) {
+            m.seal(&mut s.pending);
+        }
+        self.unsealed_bytes = 0;
+        s.chunks = false;
         let batch = std::mem::take(&mut s.pending);
         // The core starts no sync while one is in flight, so there is none to keep.
         s.inflight = Some((epoch, batch));
@@ -477,18 +583,32 @@ fn load(
         return Ok(());
     }
     let (vhost, name) = (k.name()?, k.name()?);
-    let seq = k.u64_be()?;
-    let (expires_at, m) = record::read_message(payload)?;
-    let stored = StoredMessage {
-        seq,
-        message: Arc::new(m),
-        // It may have been delivered before the restart (delivery is not stored).
-        redelivered: true,
-        expires_at,
+    let first = k.u64_be()?;
+    let mut p = Reader(payload);
+    let mut messages = VecDeque::new();
+    while !p.0.is_empty() {
+        let seq = u64::from_le_bytes(p.take(8)?.try_into().map_err(|_| "truncated")?);
+        let n = p.u32_le()?;
+        let (expires_at, m) = record::read_message(p.take(n)?)?;
+        messages.push_back(StoredMessage {
+            seq,
+            message: Arc::new(m),
+            // It may have been delivered before the restart (delivery is not stored).
+            redelivered: true,
+            expires_at,
+        });
+    }
+    let chunk = Chunk {
+        first,
+        last: messages.back().map_or(first, |m| m.seq),
+        dirty: false,
     };
-    // Keys come sorted: one queue's messages are consecutive, in order.
+    // Keys come sorted: one queue's chunks are consecutive, in order.
     match recovered.last_mut() {
-        Some(q) if q.vhost == vhost && q.name == name => q.messages.push_back(stored),
+        Some(q) if q.vhost == vhost && q.name == name => {
+            q.messages.append(&mut messages);
+            q.chunks.push(chunk);
+        }
         _ => recovered.push(Mirror {
             id: QueueId(0),
             prefix: Vec::new(),
@@ -496,7 +616,9 @@ fn load(
             name,
             durable: true,
             keep_all: false,
-            messages: VecDeque::from([stored]),
+            messages,
+            chunks: vec![chunk],
+            unsealed: None,
         }),
     }
     Ok(())
@@ -561,6 +683,7 @@ pub fn restore(records: &[u8]) -> Result<Restored, RecordError> {
             recovered,
             definitions: Vec::new(),
             shared: shared.clone(),
+            unsealed_bytes: 0,
         },
         shared,
         definitions,

@@ -115,14 +115,18 @@ pub fn message_key(prefix: &[u8], seq: u64) -> Vec<u8> {
     k
 }
 
-/// A message value: expiry (u64 LE, all ones: none), then the AMQP 1.0 message.
-pub fn message_value(key: &[u8], m: &Message, expires_at: Option<u64>) -> Vec<u8> {
-    let mut p = expires_at.unwrap_or(NONE).to_le_bytes().to_vec();
-    p.extend_from_slice(&amqp10::encode(m));
-    seal(key, &p)
+/// A chunk entry after its seq: expiry (u64 LE, all ones: none), then the AMQP 1.0
+/// message, u32-LE-length-prefixed.
+pub fn message_entry(m: &Message, expires_at: Option<u64>) -> Vec<u8> {
+    let bytes = amqp10::encode(m);
+    let mut p = Vec::with_capacity(bytes.len() + 12);
+    p.extend_from_slice(&((bytes.len() + 8) as u32).to_le_bytes());
+    p.extend_from_slice(&expires_at.unwrap_or(NONE).to_le_bytes());
+    p.extend_from_slice(&bytes);
+    p
 }
 
-/// A message payload: (expires_at, message).
+/// An entry's expiry and message (after its length).
 pub fn read_message(payload: &[u8]) -> Result<(Option<u64>, Message), RecordError> {
     let (at, m) = payload.split_at_checked(8).ok_or("truncated")?;
     let mut a = [0; 8];

@@ -9,6 +9,7 @@ import {
   indexedDB,
   IDBKeyRange,
   IDBObjectStore,
+  IDBDatabase,
 } from "../../../examples/browser/node_modules/fake-indexeddb/build/esm/index.js";
 
 const text = (m) => new TextDecoder().decode(m.body);
@@ -245,74 +246,86 @@ test("quota exceeded: unconfirmed publishes reject with 'quota', nothing confirm
   await c.close();
 });
 
-test("a crash loses nothing confirmed: random work, writes cut off at a random point", async () => {
+test("a crash loses nothing confirmed: random work, killed at a random point", async () => {
   // The crash model of the core's store contract (core/src/store/memory.rs), against this
-  // store: a broker is abandoned mid-work (its later transactions abort, as a killed tab's
-  // do), and the reopened one must hold every confirmed, unacked persistent message, in
-  // order, nothing invented, nothing whose ack a committed flush covered.
-  const put = IDBObjectStore.prototype.put;
-  const del = IDBObjectStore.prototype.delete;
+  // store: a broker is killed mid-work (its transactions in flight abort and it writes
+  // nothing more, as a killed tab), and the reopened one must hold every confirmed, unacked
+  // persistent message, in order, nothing invented, nothing whose ack a committed flush
+  // covered.
+  const begin = IDBDatabase.prototype.transaction;
   let seed = 12345;
   const rand = (n) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) % n);
-  for (let round = 0; round < 8; round++) {
-    const name = fresh("crash");
-    const b = await open(name, { retryMs: 5 });
-    b.declareQueue("q", { durable: true });
-    const confirmed = new Set();
-    const acked = new Set(); // acked and flushed: must not come back
-    const settled = new Set(); // acked: may come back (the ack was not committed yet)
-    let next = 0;
-    let dead = false;
-    IDBObjectStore.prototype.put = function (...a) {
-      if (dead) throw new DOMException("killed", "AbortError");
-      return put.apply(this, a);
-    };
-    IDBObjectStore.prototype.delete = function (...a) {
-      if (dead) throw new DOMException("killed", "AbortError");
-      return del.apply(this, a);
-    };
-    const inflight = [];
-    const steps = 20 + rand(60);
-    for (let s = 0; s < steps; s++) {
-      const op = rand(10);
-      if (op < 6) {
-        const id = next++;
-        inflight.push(
-          b.publish("", "q", String(id), { persistent: true }).then(
-            () => !dead && confirmed.add(id),
-            () => {},
-          ),
-        );
-      } else if (op < 8) {
-        const m = b.get("q");
-        if (m) {
-          b.ack(m);
-          const id = Number(text(m));
-          settled.add(id);
-          if (rand(2)) await b.flush().then(() => !dead && acked.add(id), () => {});
+  try {
+    for (let round = 0; round < 12; round++) {
+      const name = fresh("crash");
+      const b = await open(name, { retryMs: 5 });
+      b.declareQueue("q", { durable: true });
+      const confirmed = new Set();
+      const acked = new Set(); // acked and flushed: must not come back
+      const settled = new Set(); // acked: may come back (the ack was not committed yet)
+      let next = 0;
+      let dead = false;
+      const open_ = [];
+      IDBDatabase.prototype.transaction = function (...a) {
+        const tx = begin.apply(this, a);
+        if (!dead) open_.push(tx);
+        return tx;
+      };
+      const inflight = [];
+      const steps = 20 + rand(80);
+      const killAt = rand(steps);
+      for (let s = 0; s < steps && !dead; s++) {
+        if (s === killAt) {
+          // Killed: what is in flight aborts, nothing more is written.
+          dead = true;
+          for (const tx of open_) {
+            try {
+              tx.abort();
+            } catch {
+              // already committed
+            }
+          }
+          await b.close({ flush: false });
+          break;
         }
-      } else {
-        await new Promise((r) => setTimeout(r, rand(3)));
+        const op = rand(10);
+        if (op < 6) {
+          const id = next++;
+          inflight.push(
+            b.publish("", "q", String(id), { persistent: true }).then(
+              () => !dead && confirmed.add(id),
+              () => {},
+            ),
+          );
+        } else if (op < 8) {
+          const m = b.get("q");
+          if (m) {
+            b.ack(m);
+            const id = Number(text(m));
+            settled.add(id);
+            if (rand(2)) await b.flush().then(() => !dead && acked.add(id), () => {});
+          }
+        } else {
+          await new Promise((r) => setTimeout(r, rand(3)));
+        }
       }
+      if (!dead) await b.close({ flush: false });
+      await Promise.allSettled(inflight);
+      IDBDatabase.prototype.transaction = begin;
+      const c = await open(name);
+      const got = drain(c, "q").map((m) => Number(text(m)));
+      await c.close();
+      for (const id of confirmed) {
+        if (!settled.has(id)) assert.ok(got.includes(id), `round ${round}: confirmed ${id} lost`);
+      }
+      for (const id of got) {
+        assert.ok(id < next, `round ${round}: ${id} invented`);
+        assert.ok(!acked.has(id), `round ${round}: ${id} was acked and flushed`);
+      }
+      assert.deepEqual(got, [...got].sort((x, y) => x - y), `round ${round}: out of order`);
     }
-    dead = true;
-    // Killed: nothing more reaches IndexedDB from it.
-    await b.close({ flush: false });
-    await Promise.allSettled(inflight);
-    IDBObjectStore.prototype.put = put;
-    IDBObjectStore.prototype.delete = del;
-    // The new broker reads what was committed.
-    const c = await open(name);
-    const got = drain(c, "q").map((m) => Number(text(m)));
-    await c.close();
-    for (const id of confirmed) {
-      if (!settled.has(id)) assert.ok(got.includes(id), `round ${round}: confirmed ${id} lost`);
-    }
-    for (const id of got) {
-      assert.ok(id < next, `round ${round}: ${id} invented`);
-      assert.ok(!acked.has(id), `round ${round}: ${id} was acked and flushed`);
-    }
-    assert.deepEqual(got, [...got].sort((x, y) => x - y), `round ${round}: out of order`);
+  } finally {
+    IDBDatabase.prototype.transaction = begin;
   }
 });
 
