@@ -112,6 +112,7 @@ export class Broker extends Core {
   #failure = null;
   #listeners = [];
   #retry = undefined;
+  #settling = false;
   /** Records skipped at open (with `skipCorrupt`). */
   skipped = [];
 
@@ -295,12 +296,27 @@ export class Broker extends Core {
     }
   }
 
+  // The promise of the publish just made, under its confirm sequence number. Confirms that
+  // came at once are settled in a microtask, one for every publish made meanwhile (one
+  // call into the module, not one each).
   #confirmed(routed) {
+    const seq = this._publishSeq;
     const p = new Promise((resolve, reject) => {
-      this.#unconfirmed.set(this._publishSeq, { resolve, reject, routed });
+      this.#unconfirmed.set(seq, { resolve, reject, routed });
     });
-    this.#settle();
+    if (!this.#settling) {
+      this.#settling = true;
+      queueMicrotask(() => {
+        this.#settling = false;
+        if (!this.#closed) this.#settle();
+      });
+    }
     return p;
+  }
+
+  #failedPublish(e) {
+    this.#settle();
+    return Promise.reject(e);
   }
 
   /**
@@ -318,8 +334,7 @@ export class Broker extends Core {
     try {
       routed = super.publish(exchange, routingKey, body, options);
     } catch (e) {
-      this.#settle();
-      return Promise.reject(e);
+      return this.#failedPublish(e);
     }
     return this.#confirmed(routed);
   }
@@ -332,8 +347,7 @@ export class Broker extends Core {
     try {
       routed = super.mqttPublish(topic, payload, options);
     } catch (e) {
-      this.#settle();
-      return Promise.reject(e);
+      return this.#failedPublish(e);
     }
     const p = this.#confirmed(routed);
     return options?.retain ? p.then((r) => this.flush().then(() => r)) : p;
