@@ -277,15 +277,20 @@ export class Broker extends Core {
     this.#retry = setTimeout(() => this.#closed || this._resume(), this.#retryMs);
   }
 
-  // Confirms the core released: seq resolves, -seq rejects, 0 means the control channel
-  // was reset (a channel error) and the confirms of earlier publishes will not come: they
-  // resolve once what was written before now is committed.
+  // Confirms the core released: id resolves, -id rejects; `0, base` means the control
+  // channel was reset (a channel error) and the confirms of the publishes up to `base` will
+  // not come: they resolve once what was written before now is committed.
   #settle() {
-    for (const c of this._takeConfirms()) {
+    const cs = this._takeConfirms();
+    for (let i = 0; i < cs.length; i++) {
+      const c = cs[i];
       if (c === 0) {
-        const orphans = [...this.#unconfirmed.values()];
-        this.#unconfirmed.clear();
-        for (const p of orphans) this.flush().then(() => p.resolve(p.routed), p.reject);
+        const base = cs[++i];
+        for (const [id, p] of this.#unconfirmed) {
+          if (id > base) continue;
+          this.#unconfirmed.delete(id);
+          this.flush().then(() => p.resolve(p.routed), p.reject);
+        }
         continue;
       }
       const p = this.#unconfirmed.get(Math.abs(c));
@@ -296,7 +301,7 @@ export class Broker extends Core {
     }
   }
 
-  // The promise of the publish just made, under its confirm sequence number. Confirms that
+  // The promise of the publish just made, under its id (`_publishSeq`). Confirms that
   // came at once are settled in a microtask, one for every publish made meanwhile (one
   // call into the module, not one each).
   #confirmed(routed) {

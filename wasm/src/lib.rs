@@ -124,10 +124,14 @@ struct Persist {
     shared: idb_store::SharedRef,
     /// `hook([epoch, batch])` writes a sealed batch (called outside any borrow).
     hook: Function,
-    /// The confirm sequence number of the last publish on the control channel.
+    /// The confirm sequence number of the last publish on the control channel (the core's:
+    /// from 1 again after a reset).
     seq: u64,
-    /// Confirms not yet taken by JS: seq (ack), -seq (nack), 0 (the channel was reset:
-    /// confirms of earlier publishes will not come).
+    /// Publishes on the control channel before its last reset: `base + seq` numbers every
+    /// publish of the broker's life once, as JS knows them.
+    base: u64,
+    /// Confirms not yet taken by JS: id (ack), -id (nack); `0, base` means the channel was
+    /// reset and the confirms of the publishes up to `base` will not come.
     confirms: Vec<f64>,
 }
 
@@ -184,8 +188,8 @@ impl Inner {
                     Effect::Return { .. } => self.returned = true,
                     Effect::Confirm { ch, seq, ack, .. } if ch.channel == CONTROL => {
                         if let Some(p) = &mut self.persist {
-                            p.confirms
-                                .push(if ack { seq as f64 } else { -(seq as f64) });
+                            let id = (p.base + seq) as f64;
+                            p.confirms.push(if ack { id } else { -id });
                         }
                     }
                     Effect::ConsumerCancelled { consumer_tag, .. } => {
@@ -295,8 +299,9 @@ impl Inner {
     /// channel starts counting again, and the confirms of the old one will not come.
     fn confirm_mode(&mut self) {
         if let Some(p) = &mut self.persist {
+            p.base += p.seq;
             p.seq = 0;
-            p.confirms.push(0.0);
+            p.confirms.extend([0.0, p.base as f64]);
             self.core.handle(
                 self.now,
                 Self::ch(CONTROL),

@@ -55,6 +55,7 @@ impl Broker {
                 shared: r.shared,
                 hook,
                 seq: 0,
+                base: 0,
                 confirms: Vec::new(),
             });
             i.reconnect();
@@ -114,7 +115,8 @@ impl Broker {
         })
     }
 
-    /// Confirms since the last call: seq (ack), -seq (nack), 0 (channel reset).
+    /// Confirms since the last call: id (ack), -id (nack), `0, base` (the channel was
+    /// reset: no confirm will come for the ids up to `base`).
     #[wasm_bindgen(js_name = _takeConfirms, skip_typescript)]
     pub fn persist_confirms(&self) -> Vec<f64> {
         self.inner
@@ -125,14 +127,14 @@ impl Broker {
             .unwrap_or_default()
     }
 
-    /// The confirm sequence number of the last publish.
+    /// The id of the last publish (its confirm's, in `_takeConfirms`).
     #[wasm_bindgen(getter, js_name = _publishSeq, skip_typescript)]
     pub fn persist_seq(&self) -> f64 {
         self.inner
             .borrow()
             .persist
             .as_ref()
-            .map_or(0.0, |p| p.seq as f64)
+            .map_or(0.0, |p| (p.base + p.seq) as f64)
     }
 
     /// The epoch whose commit makes every change so far durable (`undefined`: all are); the

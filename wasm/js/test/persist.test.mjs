@@ -329,6 +329,22 @@ test("a crash loses nothing confirmed: random work, killed at a random point", a
   }
 });
 
+test("a channel error between a publish and its commit does not lose the publish's promise", async () => {
+  // A refused declare resets the control channel, whose confirms of earlier publishes then
+  // never come: those publishes resolve once what was written before is committed.
+  const name = fresh("reset");
+  const b = await open(name);
+  b.declareQueue("q", { durable: true, arguments: { "x-max-length": 10 } });
+  const before = b.publish("", "q", "before", { persistent: true });
+  assert.throws(() => b.declareQueue("q", { durable: true }), /inequivalent arg/);
+  const after = b.publish("", "q", "after", { persistent: true });
+  assert.deepEqual(await Promise.all([before, after]), [true, true]);
+  await b.close();
+  const c = await open(name);
+  assert.deepEqual(drain(c, "q").map(text), ["before", "after"]);
+  await c.close();
+});
+
 test("new Broker() stays in memory: publish is synchronous", () => {
   const b = new Broker(1);
   b.declareQueue("q", { durable: true });
