@@ -352,6 +352,17 @@ test("new Broker() stays in memory: publish is synchronous", () => {
   assert.equal(b.queueLength("q"), 1);
 });
 
+test("the JS build leaves stream and quorum queues out: their declares are refused", () => {
+  const b = new Broker(1);
+  for (const type of ["stream", "quorum"]) {
+    assert.throws(
+      () => b.declareQueue(type, { durable: true, arguments: { "x-queue-type": type } }),
+      new RegExp(`PRECONDITION_FAILED.*type '${type}' is left out of this build`),
+    );
+  }
+  assert.equal(b.declareQueue("classic", { durable: true, arguments: { "x-queue-type": "classic" } }), "classic");
+});
+
 test("bad options are typed errors", async () => {
   await assert.rejects(Broker.open({ persist: "opfs" }), (e) => e.code === "unsupported");
   await assert.rejects(Broker.open({ persist: "indexeddb", name: "x" }), (e) => e.code === "unsupported");
