@@ -3,7 +3,8 @@
 // 1. a page opens `Broker.open({ persist: "indexeddb" })`, publishes 10,000 persistent
 //    100-byte messages awaiting each batch (publish rate measured), is reloaded, and finds
 //    all 10,000 in order;
-// 2. a second tab opening the same store gets the "locked" error;
+// 2. a second tab opening the same store gets the "locked" error, or with lock: "share" uses
+//    the first tab's broker over BroadcastChannel, or with lock: "wait" opens it once freed;
 // 3. a page publishes in a loop and the browser process is killed (SIGKILL) mid-write; after
 //    a restart every publish whose promise resolved before the kill is there, in order.
 // `node persist-e2e.mjs`; exits non-zero on failure.
@@ -119,6 +120,28 @@ try {
     ),
   );
   check(code === "locked", `a second tab opening the same store is refused: ${code}`);
+  // ... or, with lock: "share", uses the first tab's broker over BroadcastChannel.
+  const shared = await second.evaluate(async () => {
+    const tab = await window.Broker.open({ persist: "indexeddb", name: "shared", lock: "share" });
+    await tab.declareQueue("both", { durable: true });
+    const routed = await tab.publish("", "both", "from the second tab", { persistent: true });
+    const got = [];
+    await tab.consume("both", (m) => {
+      got.push(new TextDecoder().decode(m.body));
+      tab.ack(m);
+    });
+    await new Promise((r) => setTimeout(r, 200));
+    await tab.close();
+    return { routed, got };
+  });
+  const leaderSaw = await holder.evaluate(async () => {
+    await window.held.publish("", "both", "from the first tab", { persistent: true });
+    return window.held.queueLength("both");
+  });
+  check(
+    shared.routed === true && shared.got.join() === "from the second tab" && leaderSaw === 1,
+    `a second tab shares the first one's broker (lock: "share"): ${JSON.stringify(shared)}, leader's queue ${leaderSaw}`,
+  );
   const waited = second.evaluate(() =>
     window.Broker.open({ persist: "indexeddb", name: "shared", lock: "wait" }).then(() => "opened"),
   );

@@ -3,4 +3,4 @@
 export * from "./dist/warren_wasm.js";
 export { default as init } from "./dist/warren_wasm.js";
 export { Broker, StoreError } from "./persist.js";
-export type { OpenOptions, PersistentBroker, StoreErrorCode } from "./persist.js";
+export type { OpenOptions, PersistentBroker, StoreErrorCode, TabBroker } from "./persist.js";

@@ -30,8 +30,11 @@ export interface OpenOptions {
   durability?: "strict" | "relaxed" | "default";
   /** After a failed write, when to try again (ms); default 1000. */
   retryMs?: number;
-  /** A second opener of the same store: `true` (default) fails with `locked`, "wait" waits. */
-  lock?: boolean | "wait";
+  /**
+   * A second opener of the same store: `true` (default) fails with `locked`, "wait" waits
+   * for the first to close it, "share" gets a `TabBroker` on the first one's broker.
+   */
+  lock?: boolean | "wait" | "share";
   /** An IndexedDB other than the global one (Node: fake-indexeddb). */
   indexedDB?: IDBFactory;
   IDBKeyRange?: typeof IDBKeyRange;
@@ -55,6 +58,21 @@ export interface PersistentBroker extends Omit<CoreBroker, "publish" | "mqttPubl
   readonly skipped: string[];
 }
 
+type Async<F> = F extends (...args: infer A) => infer R ? (...args: A) => Promise<Awaited<R>> : never;
+type Shared =
+  | "declareExchange" | "deleteExchange" | "declareQueue" | "deleteQueue" | "purgeQueue"
+  | "bindQueue" | "unbindQueue" | "bindExchange" | "publish" | "get" | "ack" | "nack"
+  | "reject" | "cancel" | "queueLength" | "mqttPublish" | "mqttUnsubscribe" | "flush";
+
+/** Another tab's broker (`lock: "share"`): the same methods, each answered asynchronously. */
+export type TabBroker = { [K in Shared]: Async<PersistentBroker[K]> } & {
+  consume: Async<PersistentBroker["consume"]>;
+  mqttSubscribe: Async<PersistentBroker["mqttSubscribe"]>;
+  /** Cancels its consumers on the leader tab and stops talking to it (its broker goes on). */
+  close(): Promise<void>;
+};
+
 export declare class Broker extends CoreBroker {
+  static open(options: OpenOptions & { lock: "share" }): Promise<PersistentBroker | TabBroker>;
   static open(options: OpenOptions): Promise<PersistentBroker>;
 }

@@ -9,6 +9,7 @@
 // confirms that `publish` promises wait for. On open, every record is read back and the
 // broker is rebuilt from it before the first call, as the native broker on restart.
 import { Broker as Core } from "./dist/warren_wasm.js";
+import { lead, TabBroker } from "./tabs.js";
 
 const STORE = "records";
 const PUT = 1;
@@ -72,8 +73,9 @@ async function readAll(db) {
 }
 
 // One broker per store and origin: a second opener of the same name waits for the first to
-// close (`lock: "wait"`) or gets a "locked" error at once (the default), never a second
-// writer. Web Locks span the tabs and workers of an origin.
+// close (`lock: "wait"`), uses the first one's broker (`"share"`: `null` here, tabs.js) or
+// gets a "locked" error at once (the default), never a second writer. Web Locks span the
+// tabs and workers of an origin.
 async function takeLock(name, mode) {
   const locks = globalThis.navigator?.locks;
   if (!locks || mode === false) return () => {};
@@ -88,6 +90,7 @@ async function takeLock(name, mode) {
       .catch(reject);
   });
   if (!got) {
+    if (mode === "share") return null;
     throw new StoreError("locked", `store '${name}' is open in another tab or worker`);
   }
   return release;
@@ -112,6 +115,8 @@ export class Broker extends Core {
   #failure = null;
   #listeners = [];
   #retry = undefined;
+  /** The channel other tabs reach this broker on (tabs.js). */
+  #tabs = undefined;
   #settling = false;
   /** Records skipped at open (with `skipCorrupt`). */
   skipped = [];
@@ -141,6 +146,16 @@ export class Broker extends Core {
       throw new StoreError("unsupported", "no IndexedDB here (Node: pass indexedDB and IDBKeyRange)");
     }
     const release = await takeLock(name, lock);
+    if (release === null) {
+      const tab = new TabBroker(name);
+      try {
+        await tab.ping();
+      } catch (e) {
+        tab.close();
+        throw new StoreError("locked", `store '${name}' is open elsewhere and its leader does not answer`);
+      }
+      return tab;
+    }
     let db;
     let b;
     try {
@@ -174,6 +189,7 @@ export class Broker extends Core {
       }
       b.skipped = skipped;
       await b.flush();
+      b.#tabs = lead(b, name);
       return b;
     } catch (e) {
       if (b) {
@@ -387,6 +403,7 @@ export class Broker extends Core {
       for (const w of this.#waiters) w.reject(closed);
       this.#unconfirmed.clear();
       this.#waiters = [];
+      this.#tabs?.close();
       this.#db.close();
       this.#release();
     }

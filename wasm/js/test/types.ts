@@ -50,3 +50,8 @@ try {
 const notBool: boolean = pb.publish("", "outbox", "x");
 // @ts-expect-error: only IndexedDB
 await Broker.open({ persist: "opfs" });
+// Another tab's broker: the same calls, answered asynchronously.
+const shared = await Broker.open({ persist: "indexeddb", name: "field-log", lock: "share" });
+const n: number | undefined = await shared.queueLength("outbox");
+const ok: boolean = await shared.publish("", "outbox", "from another tab", { persistent: true });
+console.log(n, ok);
