@@ -7,7 +7,9 @@
 # came into the core on 2026-11-24; the node link's code is left out of it by the core's
 # `nodes`, `topic-permissions` and `notices` features, off here: 470,994 bytes on 2026-11-25,
 # docs/status.md; 502,398 with delayed delivery and the AMQP 1.0 type system in the core, and
-# 479,768 on 2026-12-03 with the core's `delayed` feature off here too). wasm-opt is used when it is on PATH
+# 479,768 on 2026-12-03 with the core's `delayed` feature off here too; 510,057 with the
+# browser store (wasm/src/idb_store.rs), 474,997 with it and the core's `streams` and
+# `quorum` features off here as well). wasm-opt is used when it is on PATH
 # (optional).
 #   scripts/build-js.sh
 set -euo pipefail

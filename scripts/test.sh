@@ -298,7 +298,8 @@ setup_chromium() {
 setup_npm() {
   # examples/browser's lockfile: playwright-core (no bundled browsers: it drives Debian's
   # chromium), typescript (checks the generated types), mqtt (MQTT.js: its browser build for
-  # the WebSocket test, and a native client), amqplib and rhea (AMQP 1.0, tests/node). npm ci
+  # the WebSocket test, and a native client), amqplib and rhea (AMQP 1.0, tests/node),
+  # fake-indexeddb (IndexedDB for wasm/js/test/persist.test.mjs under Node). npm ci
   # only when something differs.
   if (cd examples/browser && node -e '
     const lock = require("./package-lock.json").packages;
@@ -343,6 +344,13 @@ ts_types() {
 
 browser_e2e() {
   (cd examples/browser && timeout 120 node e2e.mjs "$root/target/browser-e2e.png")
+}
+
+browser_persist_e2e() {
+  # The durable broker (Broker.open, IndexedDB) in headless Chromium with a persistent
+  # profile: 10,000 persistent messages across a reload (prints the publish rate), a second
+  # tab locked out, the browser SIGKILLed mid-write keeps every confirmed publish.
+  (cd examples/browser && timeout 300 node persist-e2e.mjs)
 }
 
 browser_ws_e2e() {
@@ -681,6 +689,7 @@ step "JS package: wasm-bindgen build, size <= 480 KB" scripts/build-js.sh
 step "JS package: Node tests" node_tests
 step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
+step "browser: the durable broker (IndexedDB) across a reload and a killed browser" browser_persist_e2e
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "cluster tests over network namespaces (run beside the steps above; log: target/cluster-lane.log)" lane_join

@@ -14,7 +14,10 @@
 //! core's (`Op::Retain`, `Op::RetainedGet`), as for the native MQTT gateway.
 
 mod convert;
+pub mod idb_store;
 mod mqtt;
+mod persist;
+pub mod record;
 
 use convert::{err, get_bool, get_uint};
 use js_sys::{Function, Object};
@@ -111,6 +114,25 @@ struct Inner {
     dispatching: bool,
     /// A mandatory publish came back unrouted during the last `exec`.
     returned: bool,
+    /// `Broker.open({ persist })`: the IndexedDB store's side (`persist.js` drives it).
+    persist: Option<Persist>,
+}
+
+/// A persistent broker's bookkeeping: the control channel is in confirm mode, and its
+/// confirms wait for the sync of the store's batch (IndexedDB's transaction).
+struct Persist {
+    shared: idb_store::SharedRef,
+    /// `hook([epoch, batch])` writes a sealed batch (called outside any borrow).
+    hook: Function,
+    /// The confirm sequence number of the last publish on the control channel (the core's:
+    /// from 1 again after a reset).
+    seq: u64,
+    /// Publishes on the control channel before its last reset: `base + seq` numbers every
+    /// publish of the broker's life once, as JS knows them.
+    base: u64,
+    /// Confirms not yet taken by JS: id (ack), -id (nack); `0, base` means the channel was
+    /// reset and the confirms of the publishes up to `base` will not come.
+    confirms: Vec<f64>,
 }
 
 type Res<T> = Result<T, JsValue>;
@@ -164,6 +186,12 @@ impl Inner {
                         }
                     }
                     Effect::Return { .. } => self.returned = true,
+                    Effect::Confirm { ch, seq, ack, .. } if ch.channel == CONTROL => {
+                        if let Some(p) = &mut self.persist {
+                            let id = (p.base + seq) as f64;
+                            p.confirms.push(if ack { id } else { -id });
+                        }
+                    }
                     Effect::ConsumerCancelled { consumer_tag, .. } => {
                         self.forget(&consumer_tag);
                     }
@@ -188,7 +216,33 @@ impl Inner {
                     .handle(self.now, Self::ch(0), Op::Written { count: delivered });
             }
         }
+        self.start_sync();
         error.map_or(Ok(replies), Err)
+    }
+
+    /// Persistent brokers: every change rides on the next sync (group commit: one
+    /// IndexedDB transaction in flight, the changes made meanwhile in the next), so acks and
+    /// deletes are kept as soon as publishes are; a sealed batch goes to the JS hook.
+    fn start_sync(&mut self) {
+        let Some(p) = &self.persist else { return };
+        let shared = idb_store::lock(&p.shared);
+        if shared.paused {
+            return;
+        }
+        if shared.has_pending() {
+            self.core.request_sync();
+        }
+        drop(shared);
+        if self.core.start_sync().is_none() {
+            return;
+        }
+        if let Some((epoch, batch)) = idb_store::lock(&p.shared).take_sealed() {
+            let args = js_sys::Array::of2(
+                &JsValue::from_f64(epoch as f64),
+                &js_sys::Uint8Array::from(&batch[..]),
+            );
+            self.pending.push_back((p.hook.clone(), args.into()));
+        }
     }
 
     fn run(&mut self, channel: u16, op: Op) -> Res<Vec<Reply>> {
@@ -212,6 +266,7 @@ impl Inner {
         if channel == CONTROL {
             self.core
                 .handle(self.now, Self::ch(CONTROL), Op::ChannelOpen);
+            self.confirm_mode();
         } else {
             self.free_channels.push(channel);
         }
@@ -237,6 +292,22 @@ impl Inner {
         );
         self.core
             .handle(self.now, Self::ch(CONTROL), Op::ChannelOpen);
+        self.confirm_mode();
+    }
+
+    /// Persistent brokers publish on the control channel in confirm mode; a (re)opened
+    /// channel starts counting again, and the confirms of the old one will not come.
+    fn confirm_mode(&mut self) {
+        if let Some(p) = &mut self.persist {
+            p.base += p.seq;
+            p.seq = 0;
+            p.confirms.extend([0.0, p.base as f64]);
+            self.core.handle(
+                self.now,
+                Self::ch(CONTROL),
+                Op::ConfirmSelect { nowait: true },
+            );
+        }
     }
 
     /// Drops a subscription and closes its channel (requeueing what it left unacked). The
@@ -341,8 +412,37 @@ impl Inner {
             body: convert::body_bytes(body)?,
             routed: None,
         }));
+        if let Some(p) = &mut self.persist {
+            p.seq += 1;
+        }
         self.run(CONTROL, op)?;
         Ok(!self.returned)
+    }
+
+    /// Makes `payload` the retained message of `topic` (empty: clears it).
+    fn retain(&mut self, topic: &str, payload: &JsValue) -> Res<()> {
+        let op = Op::Retain {
+            message: Box::new(RetainedMessage {
+                topic: Arc::from(topic),
+                qos: 0,
+                payload: convert::body_bytes(payload)?,
+                properties: Default::default(),
+                stored_at: self.now,
+                expiry_ms: None,
+            }),
+            durable: true,
+        };
+        let stored = self
+            .run(CONTROL, op)?
+            .into_iter()
+            .any(|r| matches!(r, Reply::RetainOk { stored: true }));
+        if stored {
+            Ok(())
+        } else {
+            Err(err(
+                "too many retained messages (max_retained_messages/bytes)",
+            ))
+        }
     }
 
     fn settle(&mut self, message: &JsValue, op: impl FnOnce(u64) -> Op) -> Res<()> {
@@ -427,6 +527,7 @@ impl Broker {
             pending: VecDeque::new(),
             dispatching: false,
             returned: false,
+            persist: None,
         };
         inner.open();
         let mut discard = Vec::new();
@@ -751,26 +852,7 @@ impl Broker {
         let retain = get_bool(&options, "retain");
         self.with(|i| {
             if retain {
-                let op = Op::Retain {
-                    message: Box::new(RetainedMessage {
-                        topic: Arc::from(topic),
-                        qos: 0,
-                        payload: convert::body_bytes(&payload)?,
-                        properties: Default::default(),
-                        stored_at: i.now,
-                        expiry_ms: None,
-                    }),
-                    durable: true,
-                };
-                let stored = i
-                    .run(CONTROL, op)?
-                    .into_iter()
-                    .any(|r| matches!(r, Reply::RetainOk { stored: true }));
-                if !stored {
-                    return Err(err(
-                        "too many retained messages (max_retained_messages/bytes)",
-                    ));
-                }
+                i.retain(topic, &payload)?;
             }
             i.publish("amq.topic", &key, &payload, &JsValue::UNDEFINED)
         })

@@ -28,6 +28,12 @@ use crate::message::{FieldValue, Message};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+/// Whether this build serves quorum queues (the `quorum` feature; the JS package's build
+/// leaves them out to fit its size budget, issue 39). Without it a quorum declare is refused
+/// (406) and every path through a queue's `Fifo` is dead code (each reads `quorum` through
+/// `queue::variant::Variant`'s accessors).
+pub(crate) const QUORUM: bool = cfg!(feature = "quorum");
+
 /// The header a quorum queue's redeliveries carry: how many times the message was returned.
 pub(crate) const DELIVERY_COUNT: &str = "x-delivery-count";
 

@@ -19,6 +19,11 @@ use crate::queue::state::{ConsumerId, Credit, Enqueued, Picked, QueueConsumer, Q
 use crate::queue_args::ArgError;
 use crate::store::{MemLog, SharedStreams, StreamBounds, StreamEntry, StreamSettings, StreamStart};
 use std::collections::VecDeque;
+
+/// Whether this build serves stream queues (the `streams` feature; the JS package's build
+/// leaves them out to fit its size budget, issue 39). Without it a stream declare is refused
+/// (406) and every stream path is dead code (`queue::variant::Variant`'s accessors).
+pub(crate) const STREAMS: bool = cfg!(feature = "streams");
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
 

@@ -2,8 +2,8 @@
 //! value per queue, so a queue is exactly one type and no state of another type can be
 //! half-set beside it.
 
-use crate::queue::quorum::Fifo;
-use crate::queue::stream::StreamQueue;
+use crate::queue::quorum::{Fifo, QUORUM};
+use crate::queue::stream::{STREAMS, StreamQueue};
 use crate::queue_type::QueueType;
 
 /// A queue's type-specific state. Boxed where large, so a classic queue (the common case,
@@ -37,15 +37,22 @@ impl Variant {
         matches!(self, Variant::Direct)
     }
 
+    // The quorum and stream accessors check the build's features first (`QUORUM`,
+    // `STREAMS`: constants), so without a feature every path through that type's state is
+    // dead code the compiler drops (the JS package's size budget, issue 39).
+
     pub(crate) fn is_quorum(&self) -> bool {
-        matches!(self, Variant::Quorum(_))
+        QUORUM && matches!(self, Variant::Quorum(_))
     }
 
     pub(crate) fn is_stream(&self) -> bool {
-        matches!(self, Variant::Stream(_))
+        STREAMS && matches!(self, Variant::Stream(_))
     }
 
     pub(crate) fn quorum(&self) -> Option<&Fifo> {
+        if !QUORUM {
+            return None;
+        }
         match self {
             Variant::Quorum(f) => Some(f),
             _ => None,
@@ -53,6 +60,9 @@ impl Variant {
     }
 
     pub(crate) fn quorum_mut(&mut self) -> Option<&mut Fifo> {
+        if !QUORUM {
+            return None;
+        }
         match self {
             Variant::Quorum(f) => Some(f),
             _ => None,
@@ -60,6 +70,9 @@ impl Variant {
     }
 
     pub(crate) fn stream(&self) -> Option<&StreamQueue> {
+        if !STREAMS {
+            return None;
+        }
         match self {
             Variant::Stream(s) => Some(s),
             _ => None,
@@ -67,6 +80,9 @@ impl Variant {
     }
 
     pub(crate) fn stream_mut(&mut self) -> Option<&mut StreamQueue> {
+        if !STREAMS {
+            return None;
+        }
         match self {
             Variant::Stream(s) => Some(s),
             _ => None,

@@ -596,7 +596,7 @@ impl Broker {
         // The queue-type seam's one match: the state of the queue's type.
         let mut queue = match c.kind {
             QueueType::Classic => QueueState::new(id, c.vhost, name, messages, self.now),
-            QueueType::Stream => {
+            QueueType::Stream if crate::queue::stream::STREAMS => {
                 let settings = c.stream.clone().unwrap_or_default();
                 use crate::queue::stream::Log;
                 let log = match (self.store.as_mut(), &self.shared_streams) {
@@ -630,6 +630,8 @@ impl Broker {
                 self.qs.streams.insert(id);
                 q
             }
+            // Refused at declare when streams are left out (`streams` feature).
+            QueueType::Stream => QueueState::new(id, c.vhost, name, messages, self.now),
             QueueType::MqttQos0 => {
                 let mut q = QueueState::new(id, c.vhost, name, messages, self.now);
                 q.variant = Variant::Direct;

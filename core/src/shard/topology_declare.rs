@@ -557,6 +557,22 @@ impl Broker {
             let server_named = trusted_name && name.starts_with("amq.gen-");
             self.check_queue_type(vh, d, kind, server_named)?;
         }
+        let left_out = match kind {
+            QueueType::Stream => !crate::queue::stream::STREAMS,
+            QueueType::Quorum => !crate::queue::quorum::QUORUM,
+            _ => false,
+        };
+        if left_out {
+            // As for any type this build does not serve (406, never a classic queue).
+            return Err(ProtocolError::new(
+                ErrorCode::PreconditionFailed,
+                op,
+                format!(
+                    "invalid arg 'x-queue-type' for queue '{name}': type '{}' is left out of this build",
+                    kind.name()
+                ),
+            ));
+        }
         let stream = match kind {
             QueueType::Stream => Some(crate::queue::stream::settings(&effective).map_err(
                 |(arg, reason)| {

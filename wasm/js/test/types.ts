@@ -27,3 +27,31 @@ b.setTime(b.now + 1);
 b.publish("", "q", 42);
 // @ts-expect-error: unknown consume option
 b.consume(q, () => {}, { prefetchCount: 1 });
+
+// The durable broker (persist.d.ts): publish resolves once stored; errors are typed.
+import { StoreError, type OpenOptions, type PersistentBroker, type StoreErrorCode } from "../index.js";
+const opts: OpenOptions = { persist: "indexeddb", name: "field-log", durability: "strict", lock: "wait" };
+const pb: PersistentBroker = await Broker.open(opts);
+pb.declareQueue("outbox", { durable: true });
+const stored: boolean = await pb.publish("", "outbox", "reading 1", { persistent: true });
+const retained: Promise<boolean> = pb.mqttPublish("a/b", "x", { retain: true });
+pb.on("error", (e: StoreError) => {
+  const code: StoreErrorCode = e.code;
+  console.log(code, e.skipped, e.count, stored, retained);
+});
+await pb.flush();
+await pb.close();
+try {
+  await Broker.open({ persist: "indexeddb", skipCorrupt: true });
+} catch (e) {
+  if (e instanceof StoreError && e.code === "corrupt") console.log(e.skipped?.length);
+}
+// @ts-expect-error: a persistent publish is a promise, not a boolean
+const notBool: boolean = pb.publish("", "outbox", "x");
+// @ts-expect-error: only IndexedDB
+await Broker.open({ persist: "opfs" });
+// Another tab's broker: the same calls, answered asynchronously.
+const shared = await Broker.open({ persist: "indexeddb", name: "field-log", lock: "share" });
+const n: number | undefined = await shared.queueLength("outbox");
+const ok: boolean = await shared.publish("", "outbox", "from another tab", { persistent: true });
+console.log(n, ok);
