@@ -41,8 +41,6 @@ mod commit;
 mod groups;
 mod members;
 mod store;
-use commit::*;
-use store::*;
 
 /// Members of a quorum queue's group when the declare names none (RabbitMQ's default),
 /// capped at the cluster's size.
@@ -486,40 +484,9 @@ impl Replication {
     }
 }
 
-impl warren_runtime::StoreLayer for Replication {
-    fn layer(
-        &self,
-        _shard: u32,
-        synced: SyncCallback,
-    ) -> (
-        SyncCallback,
-        Box<dyn FnOnce(Box<dyn Store>) -> Box<dyn Store> + Send>,
-    ) {
-        let (inner_tx, inner_rx) = mpsc::unbounded_channel();
-        let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
-        let (wait_tx, wait_rx) = mpsc::unbounded_channel();
-        self.0.runtime.spawn(propose(jobs_rx, wait_tx));
-        self.0.runtime.spawn(complete(wait_rx, inner_rx, synced));
-        let on_inner: SyncCallback = Box::new(move |epoch, result| {
-            let _ = inner_tx.send((epoch, result));
-        });
-        let this = self.clone();
-        let wrap = Box::new(move |inner: Box<dyn Store>| -> Box<dyn Store> {
-            Box::new(QuorumStore {
-                inner,
-                repl: this,
-                names: HashMap::new(),
-                quorum: HashMap::new(),
-                pending: Vec::new(),
-                jobs: jobs_tx,
-            })
-        });
-        (on_inner, wrap)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::store::QuorumStore;
     use super::*;
 
     /// Writes of two serving sessions (an old session's, left in `pending` by a sync that

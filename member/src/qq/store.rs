@@ -2,6 +2,7 @@
 //! its group, its messages are served from what the group committed; other queues' go to the
 //! store below.
 
+use super::commit::{Batch, Job, complete, propose};
 use super::*;
 
 /// A served queue's messages by sequence number: (message, expires_at, redelivered).
@@ -372,5 +373,37 @@ impl Store for QuorumStore {
 
     fn schedule_recover(&mut self) -> warren_core::store::ScheduleRecovery {
         self.inner.schedule_recover()
+    }
+}
+
+impl warren_runtime::StoreLayer for Replication {
+    fn layer(
+        &self,
+        _shard: u32,
+        synced: SyncCallback,
+    ) -> (
+        SyncCallback,
+        Box<dyn FnOnce(Box<dyn Store>) -> Box<dyn Store> + Send>,
+    ) {
+        let (inner_tx, inner_rx) = mpsc::unbounded_channel();
+        let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
+        let (wait_tx, wait_rx) = mpsc::unbounded_channel();
+        self.0.runtime.spawn(propose(jobs_rx, wait_tx));
+        self.0.runtime.spawn(complete(wait_rx, inner_rx, synced));
+        let on_inner: SyncCallback = Box::new(move |epoch, result| {
+            let _ = inner_tx.send((epoch, result));
+        });
+        let this = self.clone();
+        let wrap = Box::new(move |inner: Box<dyn Store>| -> Box<dyn Store> {
+            Box::new(QuorumStore {
+                inner,
+                repl: this,
+                names: HashMap::new(),
+                quorum: HashMap::new(),
+                pending: Vec::new(),
+                jobs: jobs_tx,
+            })
+        });
+        (on_inner, wrap)
     }
 }
