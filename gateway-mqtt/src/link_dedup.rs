@@ -1,17 +1,23 @@
 //! Drops the resends of tab links (the JS package's `broker.connect`, docs/javascript.md): a
 //! link forwards each local message as a QoS 1 PUBLISH carrying its message id in the user
 //! property `warren-link-id`, and sends it again after a reconnect when the PUBACK was lost.
-//! A PUBLISH whose id this client id already had accepted (its publish confirmed by the
-//! core) within the window is acknowledged with success and not routed again.
+//! A PUBLISH whose id this client id already had routed into the core within the window is
+//! acknowledged with success and not routed again.
+//!
+//! An id joins the window when its publish is handed to the core, not at its confirm: the
+//! resends that matter are of publishes whose connection died before their PUBACK, and a
+//! dead connection's session never sees the confirm. A publish the core refuses (nack) leaves
+//! the window again, so its resend goes through; one refused after its connection died stays
+//! (its resend is dropped: the one case where a link message can be lost, which needs a
+//! server queue that refuses publishes, `x-overflow: reject-publish`, and a cut connection).
 //!
 //! Bounded: the last [`WINDOW_IDS`] ids per client id, at most [`MAX_IDS`] across all
 //! client ids (past it, the least recently used client's window is dropped whole). Ids are
 //! kept as 64-bit keyed hashes (SipHash with a random key per server), so an id's length
 //! costs nothing; two ids in one window collide with odds of about 2^-48. In memory only: a
 //! server restart (or a session resumed on another cluster node) starts with empty windows,
-//! so a message confirmed just before a crash and resent after it is delivered twice
-//! (at-least-once, as without the link). An id is recorded when its publish is confirmed,
-//! so a resend that arrives before the first copy's confirm is not recognised either.
+//! so a message stored just before a stop and resent after it is delivered twice
+//! (at-least-once, as without the link).
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -123,14 +129,29 @@ impl LinkDedup {
         }
     }
 
+    /// Takes `key` out of `client_id`'s window (its publish was refused: a resend must go
+    /// through). Rare, so a linear search of the window's order is fine.
+    pub fn forget(&self, client_id: &str, key: u64) {
+        let mut w = self.lock();
+        let Some(win) = w.by_client.get_mut(client_id) else {
+            return;
+        };
+        if win.set.remove(&key) {
+            if let Some(i) = win.order.iter().rposition(|&k| k == key) {
+                win.order.remove(i);
+            }
+            w.ids = w.ids.saturating_sub(1);
+        }
+    }
+
     /// Client ids with a window (for tests and listings).
     pub fn clients(&self) -> usize {
         self.lock().by_client.len()
     }
 }
 
-/// A session's link ids waiting for their publish's confirm: (the core's confirm number,
-/// the key), in publish order.
+/// A session's link ids (already in the window) waiting for their publish's confirm: (the
+/// core's confirm number, the key), in publish order.
 #[derive(Default)]
 pub struct Unconfirmed(VecDeque<(u64, u64)>);
 
@@ -139,7 +160,7 @@ impl Unconfirmed {
         self.0.push_back((seq, key));
     }
 
-    /// The core's answer for confirms up to (or at) `seq`: accepted ids join the window.
+    /// The core's answer for confirms up to (or at) `seq`: refused ids leave the window.
     pub fn settle(
         &mut self,
         seq: u64,
@@ -154,16 +175,16 @@ impl Unconfirmed {
                     // Another publish's confirm comes first: look further (rare).
                     if let Some(i) = self.0.iter().position(|&(s, _)| s == seq)
                         && let Some((_, key)) = self.0.remove(i)
-                        && ack
+                        && !ack
                     {
-                        dedup.accept(client_id, key);
+                        dedup.forget(client_id, key);
                     }
                 }
                 return;
             }
             self.0.pop_front();
-            if ack {
-                dedup.accept(client_id, key);
+            if !ack {
+                dedup.forget(client_id, key);
             }
             if !multiple {
                 return;
@@ -193,13 +214,14 @@ mod tests {
     }
 
     #[test]
-    fn only_confirmed_publishes_join_the_window() {
+    fn a_refused_publish_leaves_the_window() {
         let d = LinkDedup::default();
         let c: Arc<str> = Arc::from("c");
         let mut u = Unconfirmed::default();
-        u.push(1, 10);
-        u.push(2, 20);
-        u.push(3, 30);
+        for (seq, key) in [(1, 10), (2, 20), (3, 30)] {
+            d.accept(&c, key);
+            u.push(seq, key);
+        }
         u.settle(2, false, false, &d, &c);
         u.settle(3, true, true, &d, &c);
         assert!(d.seen("c", 10) && d.seen("c", 30));

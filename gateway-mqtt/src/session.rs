@@ -1019,6 +1019,9 @@ impl Session {
         self.ops.push((channel, Op::Publish(Box::new(publish))));
         self.published = true;
         if channel == CHANNEL {
+            if let Some(key) = link_key {
+                self.config.link_dedup.accept(&self.client_id, key);
+            }
             let rare = self.rare();
             if let Some(key) = link_key {
                 rare.link_ids.push(rare.confirm_next, key);

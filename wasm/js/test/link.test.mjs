@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { createRequire } from "node:module";
 import { Broker } from "../node.js";
 import { LinkError, LINK_ID_PROPERTY } from "../link.js";
+import { createServer, connect as tcpConnect } from "node:net";
 import { Warren } from "./warren-server.mjs";
 
 const require = createRequire(new URL("../../../examples/browser/package.json", import.meta.url));
@@ -93,7 +94,55 @@ test("forwards 10,000 messages exactly once and in order; acked locally on PUBAC
   assert.deepEqual(l.errors, []);
 });
 
-test("server stopped and restarted mid-stream: nothing lost, nothing doubled", async () => {
+/** A TCP proxy to the server's WebSocket port whose connections the test can cut (both
+ * directions at once, whatever is in flight: PUBLISHes and PUBACKs are lost mid-window). */
+async function cuttableProxy(port) {
+  const socks = new Set();
+  const proxy = createServer((down) => {
+    const up = tcpConnect(port, "127.0.0.1");
+    for (const s of [down, up]) {
+      socks.add(s);
+      s.on("close", () => socks.delete(s));
+      s.on("error", () => {});
+    }
+    down.pipe(up);
+    up.pipe(down);
+  });
+  await new Promise((r) => proxy.listen(0, "127.0.0.1", r));
+  return {
+    url: `ws://127.0.0.1:${proxy.address().port}/mqtt`,
+    cut() { for (const s of socks) s.destroy(); },
+    close() { this.cut(); proxy.close(); },
+  };
+}
+
+test("connections cut mid-stream: resends carry the same ids and the server drops them", async () => {
+  const { conn } = await serverQueue("fwd-cut", "field.cut");
+  await conn.close();
+  const proxy = await cuttableProxy(server.ports.ws);
+  const b = new Broker(8, Date.now());
+  b.declareQueue("outbox", { durable: true });
+  const n = 10_000;
+  for (let i = 0; i < n; i++) b.publish("", "outbox", `c${i}`, { persistent: true });
+  const l = link(b, { url: proxy.url, clientId: "fwd-cut", forward: [{ queue: "outbox", topic: "field/cut" }] });
+  let cuts = 0;
+  for (const at of [n / 4, n / 2, (3 * n) / 4]) {
+    await until(`${at} forwarded`, () => l.stats.forwarded >= at);
+    const inflight = l.inflight;
+    proxy.cut();
+    cuts++;
+    assert.ok(inflight > 0, "messages were in flight at the cut");
+    await until("down", () => l.state !== "up");
+  }
+  await until("outbox drained", () => b.queueLength("outbox") === 0 && l.state === "up" && l.inflight === 0, 60_000);
+  l.close();
+  proxy.close();
+  assert.equal(cuts, 3);
+  assert.ok(l.stats.reconnects >= 3, `reconnects: ${l.stats.reconnects}`);
+  expectInOrder(await drain("fwd-cut"), n, "c");
+});
+
+test("server stopped and restarted mid-stream: nothing lost, in order", async () => {
   const { conn } = await serverQueue("fwd-restart", "field.restart");
   await conn.close();
   const b = new Broker(2, Date.now());
@@ -106,7 +155,15 @@ test("server stopped and restarted mid-stream: nothing lost, nothing doubled", a
   assert.ok(l.states.includes("down"), "the link saw the server go");
   await until("outbox drained after the restart", () => b.queueLength("outbox") === 0 && l.state === "up" && l.inflight === 0, 60_000);
   l.close();
-  expectInOrder(await drain("fwd-restart"), n, "r");
+  // The dedup window is the server's memory: messages it stored but whose PUBACK the stop
+  // cut off come again after the restart (at most the in-flight window), docs/mqtt.md.
+  const bodies = (await drain("fwd-restart")).map((m) => m.content.toString());
+  const seen = new Set();
+  const firsts = bodies.filter((b) => !seen.has(b) && seen.add(b));
+  assert.deepEqual(firsts, Array.from({ length: n }, (_, i) => `r${i}`), "nothing lost, in order");
+  const doubled = bodies.length - firsts.length;
+  console.log(`# restart: ${doubled} messages delivered twice (the in-flight window at the stop was 64)`);
+  assert.ok(doubled <= 64, `${doubled} duplicates, more than the in-flight window`);
 });
 
 test("wrong password: an auth error, state down, no tight reconnect loop", async () => {
