@@ -71,8 +71,8 @@ try {
   const page = await context.newPage();
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
-  // Any page of the origin (a 404): the package is imported by the evaluated function.
-  await page.goto(`${origin}/pkg/link-e2e-origin`);
+  // Any page of the origin (a text file): the evaluated function imports the package.
+  await page.goto(`${origin}/pkg/index.d.ts`);
   const publishMs = await page.evaluate(openBroker, { url: warren.wsUrl, n: N });
   console.log(`page: ${N} messages into the outbox in ${publishMs.toFixed(0)} ms while the server is down`);
   await page.waitForTimeout(500);

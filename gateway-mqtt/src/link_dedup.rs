@@ -225,6 +225,9 @@ mod tests {
         u.settle(2, false, false, &d, &c);
         u.settle(3, true, true, &d, &c);
         assert!(d.seen("c", 10) && d.seen("c", 30));
-        assert!(!d.seen("c", 20), "a nacked publish may be resent and must go through");
+        assert!(
+            !d.seen("c", 20),
+            "a nacked publish may be resent and must go through"
+        );
     }
 }
