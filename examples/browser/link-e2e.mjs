@@ -6,9 +6,10 @@
 // back, the message is in the tab's inbox. Reports the forwarding rate.
 // `node link-e2e.mjs [screenshot.png]`; exits non-zero on failure.
 //
-// The reload step of issue 39 (publish, reload, then forward) needs the durable store
-// (`Broker.open({ persist: "indexeddb" })`): `openBroker` below is the one place to change,
-// and `RELOAD=1` turns the reload on once the store exists.
+// The reload step of issue 39 (publish, reload, then forward) needs the durable store:
+// `RELOAD=1` opens the page's broker with `Broker.open({ persist: "indexeddb" })`, awaits each
+// publish, and reloads the page before the server starts (the reopened broker must forward
+// all 10,000). Without the store it fails (the reload loses the outbox), so it is off.
 import { chromium } from "playwright-core";
 import amqp from "amqplib";
 import { serve } from "./serve.mjs";
@@ -45,14 +46,14 @@ let failed = false;
 const fail = (...why) => { console.error("FAIL:", ...why); failed = true; };
 
 // Runs in the page: the package from /pkg/, a broker, the link (kept on window).
-async function openBroker({ url, n }) {
+async function openBroker({ url, n, persist }) {
   const { init, Broker } = await import("/pkg/index.js");
   await import("/pkg/link.js");
   await init();
-  const b = new Broker(1, Date.now());
+  const b = persist ? await Broker.open({ persist: "indexeddb", name: "field-log" }) : new Broker(1, Date.now());
   b.declareQueue("outbox", { durable: true });
   const t0 = performance.now();
-  for (let i = 0; i < n; i++) b.publish("", "outbox", `reading ${i}`, { persistent: true });
+  for (let i = 0; i < n; i++) await b.publish("", "outbox", `reading ${i}`, { persistent: true });
   const publishMs = performance.now() - t0;
   const link = b.connect({
     url, keepAlive: 2, reconnect: { min: 100, max: 1000 },
@@ -73,8 +74,14 @@ try {
   page.on("pageerror", (e) => errors.push(String(e)));
   // Any page of the origin (a text file): the evaluated function imports the package.
   await page.goto(`${origin}/pkg/index.d.ts`);
-  const publishMs = await page.evaluate(openBroker, { url: warren.wsUrl, n: N });
+  const persist = Boolean(process.env.RELOAD);
+  const publishMs = await page.evaluate(openBroker, { url: warren.wsUrl, n: N, persist });
   console.log(`page: ${N} messages into the outbox in ${publishMs.toFixed(0)} ms while the server is down`);
+  if (persist) {
+    await page.reload();
+    await page.evaluate(openBroker, { url: warren.wsUrl, n: 0, persist });
+    console.log("page reloaded: the outbox comes back from IndexedDB");
+  }
   await page.waitForTimeout(500);
   const outboxBefore = await page.evaluate(() => window.b.queueLength("outbox"));
   if (outboxBefore !== N) fail(`outbox holds ${outboxBefore} while the server is down`);
