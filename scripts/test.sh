@@ -299,7 +299,8 @@ setup_npm() {
   # examples/browser's lockfile: playwright-core (no bundled browsers: it drives Debian's
   # chromium), typescript (checks the generated types), mqtt (MQTT.js: its browser build for
   # the WebSocket test, and a native client), amqplib and rhea (AMQP 1.0, tests/node),
-  # fake-indexeddb (IndexedDB for wasm/js/test/persist.test.mjs under Node). npm ci
+  # fake-indexeddb (IndexedDB for wasm/js/test/persist.test.mjs under Node), ws (the tab
+  # link's WebSocket under Node, wasm/js/test/link.test.mjs). npm ci
   # only when something differs.
   if (cd examples/browser && node -e '
     const lock = require("./package-lock.json").packages;
@@ -334,8 +335,11 @@ wasmtime_demo() {
 
 node_tests() {
   # 60 s a test: a promise left pending behind a live handle fails that test by name, and
-  # the others still run.
-  node --test --test-timeout=60000 wasm/js/test/
+  # the others still run. link.test.mjs runs the tab link against warren serve (WARREN_BIN).
+  local dir
+  dir=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+  WARREN_BIN="$dir/debug/warren" node --test --test-timeout=60000 wasm/js/test/
 }
 
 ts_types() {
@@ -359,6 +363,15 @@ browser_ws_e2e() {
   dir=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
   (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 120 node ws-e2e.mjs "$root/target/browser-ws-e2e.png")
+}
+
+browser_link_e2e() {
+  # The tab link in headless Chromium: 10,000 messages published while the server is down,
+  # forwarded exactly once in order after it starts; an inbox message across an offline drop.
+  local dir
+  dir=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+  (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 180 node link-e2e.mjs "$root/target/browser-link-e2e.png")
 }
 
 browser_ui_e2e() {
@@ -691,6 +704,7 @@ step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "browser: the durable broker (IndexedDB) across a reload and a killed browser" browser_persist_e2e
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
+step "browser: the tab link to warren serve in headless Chromium (offline outbox, inbox across a network drop)" browser_link_e2e
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "cluster tests over network namespaces (run beside the steps above; log: target/cluster-lane.log)" lane_join
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short

@@ -1,5 +1,6 @@
 //! Gateway limits.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
@@ -30,6 +31,9 @@ pub struct MqttConfig {
     /// How often the `$SYS/broker/...` topics are published (Mosquitto's `sys_interval`);
     /// `None` disables them.
     pub sys_interval: Option<Duration>,
+    /// Not a setting: the tab links' dedup windows (`link_dedup`), shared by every listener
+    /// that clones this config.
+    pub link_dedup: Arc<crate::link_dedup::LinkDedup>,
 }
 
 /// The name of the policy bounding offline session queues.
@@ -74,6 +78,7 @@ impl Default for MqttConfig {
             // Mosquitto's default. The broker's own publishes are not counted in the message
             // stats (`AdminRequest::StatusPublish`).
             sys_interval: Some(Duration::from_secs(10)),
+            link_dedup: Arc::default(),
         }
     }
 }

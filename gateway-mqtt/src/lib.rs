@@ -4,13 +4,15 @@
 //! protocol state machine of one connection), `convert` (MQTT publish <-> core message),
 //! `connection` (the tokio shell of one connection), `record` (a persistent
 //! session while its client is away), `registry` (client ids, offline sessions, retained
-//! messages), `server` (TCP accept loop), `sys` (`$SYS/broker` topics), `config`, `error`.
+//! messages), `server` (TCP accept loop), `sys` (`$SYS/broker` topics), `link_dedup` (tab
+//! links' resends dropped), `config`, `error`.
 
 pub mod codec;
 pub mod config;
 pub mod connection;
 pub mod convert;
 pub mod error;
+pub mod link_dedup;
 pub mod record;
 pub mod registry;
 pub mod server;

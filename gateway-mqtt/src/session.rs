@@ -247,6 +247,8 @@ struct Rare {
     /// Packet ids of the previous connection's unacknowledged outbound messages, oldest
     /// first: the core redelivers those messages first, and they get these ids again.
     resume_pids: VecDeque<u16>,
+    /// Tab-link ids of QoS 1 publishes waiting for their confirm (`link_dedup`).
+    link_ids: crate::link_dedup::Unconfirmed,
 }
 
 impl Rare {
@@ -299,6 +301,7 @@ impl Default for Rare {
             out_aliases: HashMap::new(),
             delayed_will: None,
             resume_pids: VecDeque::new(),
+            link_ids: Default::default(),
         }
     }
 }
@@ -937,6 +940,21 @@ impl Session {
             }
             return Ok(());
         }
+        // A tab link's resend of a message already accepted: acknowledged, not routed again.
+        let link_key = match p.qos_pid {
+            QosPid::Level1(pid) if self.level == 5 => {
+                let key = self.config.link_dedup.key(&p.properties);
+                if let Some(k) = key
+                    && self.config.link_dedup.seen(&self.client_id, k)
+                {
+                    self.out
+                        .push_packet(v5::Packet::Puback(v5::Puback::new_success(pid)));
+                    return Ok(());
+                }
+                key
+            }
+            _ => None,
+        };
         // A QoS 2 publish awaiting its confirm is already in `inbound_qos2` (from PUBLISH
         // to PUBREL): counting its pending PUBREC too halved the window (a publisher with
         // 1000 in flight, under the 1024 announced, was disconnected).
@@ -1001,7 +1019,14 @@ impl Session {
         self.ops.push((channel, Op::Publish(Box::new(publish))));
         self.published = true;
         if channel == CHANNEL {
-            self.rare().push_confirm(ack);
+            if let Some(key) = link_key {
+                self.config.link_dedup.accept(&self.client_id, key);
+            }
+            let rare = self.rare();
+            if let Some(key) = link_key {
+                rare.link_ids.push(rare.confirm_next, key);
+            }
+            rare.push_confirm(ack);
         }
         Ok(())
     }
@@ -1451,6 +1476,8 @@ impl Session {
         let Some(rare) = self.rare.as_deref_mut() else {
             return Ok(());
         };
+        rare.link_ids
+            .settle(seq, multiple, ack, &self.config.link_dedup, &self.client_id);
         let confirms = &mut rare.confirms;
         // Settled one at a time, in order: no list per confirm (one allocation per QoS 1
         // publish when this collected them first).
