@@ -13,7 +13,9 @@
 # broker binary (default target/release/warren). Needs target/release/warren and warren-bench (cargo
 # build --release -p warren-cli -p warren-bench), mosquitto, rabbitmq-server 3.10; set
 # SKIP_RABBITMQ=1 to leave it out. CONNS_ARGS: more `warren-bench conns` options for every
-# broker, e.g. "--qos 0", "--no-subscribe", "--mqtt-version 5".
+# broker, e.g. "--qos 0", "--no-subscribe", "--mqtt-version 5", "--persistent" (clean
+# session 0: issue 42's density case). ROUNDS (default 1): Warren and Mosquitto measured
+# in turn that many times (interleaved, for a noisy machine).
 # Measurements are serialised with other engineers' through /tmp/warren-measure.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,29 +68,37 @@ field() { # name label: the value column of that row of the bench's table
   sed -n "s#^  $2  *##p" "$tmp/$1.out" | head -1
 }
 
-if [[ $brokers == *" warren "* ]]; then
-RUST_LOG=warn "$warren" serve --amqp "127.0.0.1:$w_amqp" --mqtt "127.0.0.1:$w_mqtt" --management none --prometheus none --stream none \
-  --data-dir "$tmp/warren-data" >"$tmp/warren.log" 2>&1 &
-pids+=($!)
-wait_port "$w_mqtt" 30
-measure warren "$w_mqtt" "${pids[-1]}" "$n" 256
-kill "${pids[-1]}"
-fi
+run_warren() { # round
+  RUST_LOG=warn "$warren" serve --amqp "127.0.0.1:$w_amqp" --mqtt "127.0.0.1:$w_mqtt" --management none --prometheus none --stream none \
+    --data-dir "$tmp/warren-data-$1" >"$tmp/warren.log" 2>&1 &
+  pids+=($!)
+  wait_port "$w_mqtt" 30
+  measure "warren$1" "$w_mqtt" "${pids[-1]}" "$n" 256
+  kill "${pids[-1]}"
+  wait "${pids[-1]}" 2>/dev/null || true
+}
 
-if [[ $brokers == *" mosquitto "* ]]; then
-cat >"$tmp/mosquitto.conf" <<EOF
+run_mosquitto() { # round
+  cat >"$tmp/mosquitto.conf" <<EOF
 listener $m_mqtt 127.0.0.1
 allow_anonymous true
 max_connections -1
 persistence false
 log_dest none
 EOF
-mosquitto -c "$tmp/mosquitto.conf" >"$tmp/mosquitto.log" 2>&1 &
-pids+=($!)
-wait_port "$m_mqtt" 10
-measure mosquitto "$m_mqtt" "${pids[-1]}" "$n" 256
-kill "${pids[-1]}"
-fi
+  mosquitto -c "$tmp/mosquitto.conf" >"$tmp/mosquitto.log" 2>&1 &
+  pids+=($!)
+  wait_port "$m_mqtt" 10
+  measure "mosquitto$1" "$m_mqtt" "${pids[-1]}" "$n" 256
+  kill "${pids[-1]}"
+  wait "${pids[-1]}" 2>/dev/null || true
+}
+
+rounds=${ROUNDS:-1}
+for r in $(seq 1 "$rounds"); do
+  [[ $brokers != *" warren "* ]] || run_warren "$r"
+  [[ $brokers != *" mosquitto "* ]] || run_mosquitto "$r"
+done
 
 # RabbitMQ with its MQTT plugin, a node of its own under $tmp. Debian's wrapper resets the
 # descriptor limit to 1024 and runs the CLI as the rabbitmq user (another Erlang cookie), so
@@ -107,7 +117,7 @@ EOF
     /usr/lib/rabbitmq/bin/rabbitmq-server >"$tmp/rabbitmq.log" 2>&1 &
   wait_port "$r_mqtt" 120
   rmq_pid=$(/usr/lib/rabbitmq/bin/rabbitmqctl -n "$rmq_node" eval 'list_to_integer(os:getpid()).')
-  measure rabbitmq "$r_mqtt" "$rmq_pid" "$rn" 32
+  measure rabbitmq1 "$r_mqtt" "$rmq_pid" "$rn" 32
   /usr/lib/rabbitmq/bin/rabbitmqctl -n "$rmq_node" stop >/dev/null 2>&1 || true
   rmq_node=
 fi
@@ -115,9 +125,11 @@ fi
 echo
 echo "Idle MQTT connections, one QoS 1 subscription each unless ${CONNS_ARGS:-(nothing)} says otherwise, keep-alive 30 s, hold ${hold} s ($(date -u +%Y-%m-%dT%H:%MZ))"
 echo
-echo "| broker | connections | RSS per connection | connects/s | idle CPU | publish -> deliver | alive |"
-echo "|---|---:|---:|---:|---:|---|---|"
-for b in warren mosquitto rabbitmq; do
+echo "| broker | connections | RSS per connection | kernel socket slabs per connection (both ends) | connects/s | idle CPU | publish -> deliver | alive |"
+echo "|---|---:|---:|---:|---:|---:|---|---|"
+for r in $(seq 1 "$rounds"); do
+for broker in warren mosquitto rabbitmq; do
+  b=$broker$r
   [ -f "$tmp/$b.out" ] || continue
   conns=$(field "$b" connections | cut -d' ' -f1)
   rss=$(field "$b" "broker RSS" | grep -o "[0-9]* bytes per connection" | cut -d" " -f1 || true)
@@ -125,5 +137,7 @@ for b in warren mosquitto rabbitmq; do
   cpu=$(field "$b" "idle CPU" | grep -o "^[0-9.]* %" || true)
   lat=$(field "$b" "publish->deliver" | cut -d'(' -f1)
   alive=$(field "$b" "alive at the end")
-  echo "| $b | $conns | $rss B | $rate | $cpu | $lat | $alive |"
+  slabs=$(field "$b" "kernel slabs (sockets)" | cut -d' ' -f1 || true)
+  echo "| $broker (round $r) | $conns | $rss B | $slabs B | $rate | $cpu | $lat | $alive |"
+done
 done

@@ -104,7 +104,15 @@ pub struct ConnsArgs {
     /// In-process broker and gateway over in-memory streams instead of sockets.
     #[arg(long)]
     socketless: bool,
+    /// Persistent sessions (MQTT): clean session 0 (3.1.1), or clean start 0 with a session
+    /// expiry of `SESSION_EXPIRY_S` (5). Each run should use a client id prefix of its own
+    /// (`--prefix`): a session left by an earlier run is resumed (CONNACK session present).
+    #[arg(long)]
+    persistent: bool,
 }
+
+/// The session expiry interval a `--persistent` MQTT 5 connection asks for, seconds.
+const SESSION_EXPIRY_S: u32 = 3600;
 
 pub async fn run(args: ConnsArgs) -> anyhow::Result<()> {
     ensure!(
@@ -127,17 +135,22 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     keep_alive: u16,
     subscribe: Option<(&str, u8)>,
     version: u8,
+    persistent: bool,
 ) -> anyhow::Result<(usize, usize)> {
     let hello = if version == 5 {
-        handshake_bytes_v5(client_id, keep_alive, subscribe)
+        handshake_bytes_v5(client_id, keep_alive, subscribe, persistent)
     } else {
-        handshake_bytes(client_id, keep_alive, None, subscribe)
+        handshake_bytes(client_id, keep_alive, None, subscribe, persistent)
     };
     s.write_all(&hello).await?;
-    // CONNACK: session-present flag, then the return (v5: reason) code; v5 adds properties.
+    // CONNACK: session-present flag (a persistent session left by an earlier run may be
+    // resumed), then the return (v5: reason) code; v5 adds properties.
     let (first, connack, mut read) = read_packet(s).await.context("CONNACK")?;
+    let present_ok = |p: u8| p == 0 || (persistent && p == 1);
     ensure!(
-        first == 0x20 && connack.get(..2) == Some(&[0, 0][..]),
+        first == 0x20
+            && connack.first().is_some_and(|&p| present_ok(p))
+            && connack.get(1) == Some(&0),
         "{client_id}: CONNACK {first:02x} {connack:02x?}"
     );
     if subscribe.is_some() {
@@ -152,12 +165,33 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok((hello.len(), read))
 }
 
-/// CONNECT (MQTT 5, clean start, no properties) followed by an optional SUBSCRIBE.
-fn handshake_bytes_v5(client_id: &str, keep_alive: u16, subscribe: Option<(&str, u8)>) -> Vec<u8> {
+/// CONNECT (MQTT 5; clean start and no properties, or, `persistent`, no clean start and a
+/// session expiry interval) followed by an optional SUBSCRIBE.
+fn handshake_bytes_v5(
+    client_id: &str,
+    keep_alive: u16,
+    subscribe: Option<(&str, u8)>,
+    persistent: bool,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + client_id.len());
-    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x02];
+    let mut body = vec![
+        0,
+        4,
+        b'M',
+        b'Q',
+        b'T',
+        b'T',
+        5,
+        if persistent { 0 } else { 0x02 },
+    ];
     body.extend_from_slice(&keep_alive.to_be_bytes());
-    body.push(0); // no properties
+    if persistent {
+        // Properties: 5 bytes, Session Expiry Interval (0x11, four-byte integer).
+        body.extend_from_slice(&[5, 0x11]);
+        body.extend_from_slice(&SESSION_EXPIRY_S.to_be_bytes());
+    } else {
+        body.push(0); // no properties
+    }
     put_str(&mut body, client_id);
     packet(&mut out, 0x10, &body);
     if let Some((filter, qos)) = subscribe {
@@ -199,6 +233,7 @@ async fn greet<S: AsyncRead + AsyncWrite + Unpin>(
     keep_alive: u16,
     subscribe: Option<u8>,
     version: u8,
+    persistent: bool,
 ) -> anyhow::Result<idle_amqp::Exchange> {
     match protocol {
         Protocol::Mqtt => {
@@ -209,6 +244,7 @@ async fn greet<S: AsyncRead + AsyncWrite + Unpin>(
                 keep_alive,
                 subscribe.map(|q| (filter.as_str(), q)),
                 version,
+                persistent,
             )
             .await?;
             Ok(vec![sizes])
@@ -269,6 +305,39 @@ fn rss(pid: Option<u32>) -> anyhow::Result<u64> {
     Ok(kib * 1024)
 }
 
+/// The TCP line of /proc/net/sockstat: (sockets in use, pages of socket buffers). Kernel
+/// memory is not in a broker's RSS; an idle socket holds no buffer pages, its cost is the
+/// socket's slab objects (~3.8 KB each, docs/benchmarks.md), the same for every broker.
+fn sockstat_tcp() -> Option<(i64, i64)> {
+    let s = std::fs::read_to_string("/proc/net/sockstat").ok()?;
+    let line = s.lines().find_map(|l| l.strip_prefix("TCP:"))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let field = |name: &str| -> Option<i64> {
+        let i = words.iter().position(|w| *w == name)?;
+        words.get(i + 1)?.parse().ok()
+    };
+    Some((field("inuse")?, field("mem")?))
+}
+
+/// Bytes of the kernel's slab caches a TCP socket's objects live in (`TCP`, its inode, file,
+/// dentry, epoll item), system-wide: active objects times object size, from /proc/slabinfo
+/// (readable by root only; `None` otherwise).
+fn socket_slabs() -> Option<i64> {
+    const CACHES: [&str; 5] = ["TCP", "sock_inode_cache", "filp", "dentry", "eventpoll_epi"];
+    let s = std::fs::read_to_string("/proc/slabinfo").ok()?;
+    let mut total = 0;
+    for line in s.lines() {
+        let mut w = line.split_whitespace();
+        if w.next().is_some_and(|name| CACHES.contains(&name)) {
+            let active: i64 = w.next()?.parse().ok()?;
+            let _num = w.next()?;
+            let size: i64 = w.next()?.parse().ok()?;
+            total += active * size;
+        }
+    }
+    Some(total)
+}
+
 /// User + system CPU time a process has used.
 fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     let path = format!("/proc/{pid}/stat");
@@ -319,7 +388,12 @@ fn per_conn(delta: i64, n: usize) -> f64 {
 
 /// What each connection holds, for the report.
 fn what_each(args: &ConnsArgs) -> String {
-    let version = if args.mqtt_version == 5 { "5" } else { "3.1.1" };
+    let version = match (args.mqtt_version, args.persistent) {
+        (5, false) => "5",
+        (5, true) => "5, persistent session",
+        (_, false) => "3.1.1",
+        (_, true) => "3.1.1, persistent session",
+    };
     match (args.protocol, subscription(args)) {
         (Protocol::Mqtt, None) => format!("no subscription (MQTT {version})"),
         (Protocol::Amqp, None) => "no subscription".to_string(),
@@ -413,13 +487,14 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
         let id = format!("{}{i}", args.prefix);
         let sub = subscription(args);
         let (keep_alive, protocol, version) = (args.keep_alive, args.protocol, args.mqtt_version);
+        let persistent = args.persistent;
         async move {
             let mut s = open_tcp(addr, source)
                 .await
                 .with_context(|| format!("connecting from {source}"))?;
             tokio::time::timeout(
                 EXCHANGE_TIMEOUT,
-                greet(&mut s, protocol, &id, keep_alive, sub, version),
+                greet(&mut s, protocol, &id, keep_alive, sub, version, persistent),
             )
             .await
             .context("handshake timed out")??;
@@ -446,6 +521,8 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_before = args.pid.map(|p| rss(Some(p))).transpose()?;
+    let sockstat_before = sockstat_tcp();
+    let slabs_before = socket_slabs();
 
     let bar = progress(args.connections as u64, "connecting");
     // Where the connect time goes: on 2 shared cores the client may be the bottleneck.
@@ -482,6 +559,8 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_after = args.pid.map(|p| rss(Some(p))).transpose()?;
+    let sockstat_after = sockstat_tcp();
+    let slabs_after = socket_slabs();
 
     // Idle hold: the broker's CPU while only keep-alive traffic flows.
     let cpu_before = args.pid.map(cpu_time).transpose()?;
@@ -554,6 +633,27 @@ async fn sockets(args: &ConnsArgs) -> anyhow::Result<()> {
             ),
         ));
     }
+    if let (Some((s0, m0)), Some((s1, m1))) = (sockstat_before, sockstat_after) {
+        // System-wide: both ends of each loopback connection are counted.
+        rows.push((
+            "kernel TCP (sockstat)",
+            format!(
+                "{:+} sockets in use (both ends), {:+} pages of socket buffers ({:.0} bytes per connection)",
+                s1 - s0,
+                m1 - m0,
+                per_conn((m1 - m0) * 4096, n)
+            ),
+        ));
+    }
+    if let (Some(b), Some(a)) = (slabs_before, slabs_after) {
+        rows.push((
+            "kernel slabs (sockets)",
+            format!(
+                "{:.0} bytes per connection, both ends (TCP, inode, file, dentry, epoll item)",
+                per_conn(a - b, n)
+            ),
+        ));
+    }
     if let Some(cpu) = cpu_idle {
         rows.push((
             "idle CPU",
@@ -584,9 +684,9 @@ async fn live_pair(args: &ConnsArgs) -> anyhow::Result<String> {
     let sub_id = format!("{}live-sub", args.prefix);
     let pub_id = format!("{}live-pub", args.prefix);
     let mut sub = open_tcp(args.mqtt, source).await?;
-    handshake(&mut sub, &sub_id, 0, Some((LIVE_TOPIC, 0)), 4).await?;
+    handshake(&mut sub, &sub_id, 0, Some((LIVE_TOPIC, 0)), 4, false).await?;
     let mut publ = open_tcp(args.mqtt, source).await?;
-    handshake(&mut publ, &pub_id, 0, None, 4).await?;
+    handshake(&mut publ, &pub_id, 0, None, 4, false).await?;
     let origin = Instant::now();
     let count = args.rate.max(1) as u64 * args.latency_secs;
     let interval = Duration::from_nanos(1_000_000_000 / u64::from(args.rate.max(1)));
@@ -788,9 +888,18 @@ async fn socketless(args: &ConnsArgs) -> anyhow::Result<()> {
         };
         let id = format!("{}{i}", args.prefix);
         let (protocol, sub, keep_alive) = (args.protocol, subscription(args), args.keep_alive);
-        let version = args.mqtt_version;
+        let (version, persistent) = (args.mqtt_version, args.persistent);
         async move {
-            let steps = greet(&mut client, protocol, &id, keep_alive, sub, version).await?;
+            let steps = greet(
+                &mut client,
+                protocol,
+                &id,
+                keep_alive,
+                sub,
+                version,
+                persistent,
+            )
+            .await?;
             anyhow::Ok((client, steps))
         }
     };

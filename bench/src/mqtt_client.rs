@@ -96,15 +96,18 @@ pub fn packet(out: &mut impl BufMut, header: u8, body: &[u8]) {
     out.put_slice(body);
 }
 
-/// CONNECT (MQTT 3.1.1, clean session) followed by an optional SUBSCRIBE, in one write.
+/// CONNECT (MQTT 3.1.1, clean session unless `persistent`) followed by an optional
+/// SUBSCRIBE, in one write.
 pub fn handshake_bytes(
     client_id: &str,
     keep_alive: u16,
     login: Option<&(String, String)>,
     subscribe: Option<(&str, u8)>,
+    persistent: bool,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + client_id.len());
-    let flags = 0x02 | login.map_or(0, |_| 0xC0);
+    let clean = if persistent { 0 } else { 0x02 };
+    let flags = clean | login.map_or(0, |_| 0xC0);
     let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, flags];
     body.extend_from_slice(&keep_alive.to_be_bytes());
     put_str(&mut body, client_id);
@@ -242,6 +245,7 @@ impl MqttConn {
             BENCH_KEEP_ALIVE_S,
             target.login.as_ref(),
             subscribe,
+            false,
         );
         wr.write_all(&hello).await?;
         wr.flush().await?;

@@ -159,7 +159,9 @@ struct Live<S> {
     tx: CommandSender,
     rx: EffectReceiver,
     kick_rx: oneshot::Receiver<oneshot::Sender<()>>,
-    peer: PeerInfo,
+    /// The client's address, for the close's logs (shared with the listing's `ConnMeta`;
+    /// the rest of `PeerInfo` served the login).
+    peer: Arc<str>,
     broker: BrokerHandle,
     registry: Arc<Registry>,
 }
@@ -439,6 +441,7 @@ where
         return None;
     }
     drop(connect);
+    let addr: Arc<str> = peer.addr.as_str().into();
     let link = broker.connect();
     link.tx.describe(warren_runtime::ConnMeta {
         // CONNECT's protocol level: 3 = 3.1, 4 = 3.1.1, 5 = 5.0.
@@ -447,10 +450,10 @@ where
             4 => "MQTT 3.1.1",
             _ => "MQTT 3.1",
         },
-        peer: peer.addr.as_str().into(),
+        peer: addr.clone(),
         tls: peer.tls,
         client_properties: None,
-        client_id: Some(info.client_id.as_ref().into()),
+        client_id: Some(info.client_id.clone()),
         heartbeat: info.keep_alive_s,
         frame_max: 0,
         connected_at: warren_runtime::unix_ms(),
@@ -488,7 +491,7 @@ where
         tx: link.tx,
         rx: link.rx,
         kick_rx,
-        peer,
+        peer: addr,
         broker,
         registry,
     })
@@ -515,21 +518,21 @@ where
     let level = session.level();
     match &end {
         End::Disconnected => {
-            tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client disconnected")
+            tracing::info!(peer = %peer, client_id = %Escaped(&client_id), "MQTT client disconnected")
         }
         End::Eof => {
-            tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT client went away without DISCONNECT")
+            tracing::info!(peer = %peer, client_id = %Escaped(&client_id), "MQTT client went away without DISCONNECT")
         }
         End::Io(e) => {
-            tracing::warn!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT connection I/O error: {}", Escaped(&e.to_string()))
+            tracing::warn!(peer = %peer, client_id = %Escaped(&client_id), "MQTT connection I/O error: {}", Escaped(&e.to_string()))
         }
-        End::BrokerGone => tracing::debug!(peer = %peer.addr, "broker stopped"),
+        End::BrokerGone => tracing::debug!(peer = %peer, "broker stopped"),
         End::Close(e) => match e.reason {
             DisconnectReasonCode::SessionTakenOver | DisconnectReasonCode::ServerShuttingDown => {
-                tracing::info!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT connection closed: {}", Escaped(&e.to_string()))
+                tracing::info!(peer = %peer, client_id = %Escaped(&client_id), "MQTT connection closed: {}", Escaped(&e.to_string()))
             }
             _ => {
-                tracing::warn!(peer = %peer.addr, client_id = %Escaped(&client_id), "MQTT connection closed: {}", Escaped(&e.to_string()))
+                tracing::warn!(peer = %peer, client_id = %Escaped(&client_id), "MQTT connection closed: {}", Escaped(&e.to_string()))
             }
         },
     }

@@ -249,15 +249,15 @@ impl StreamWakes {
 pub struct ConnMeta {
     /// As RabbitMQ names it: `AMQP 0-9-1`, `MQTT 3.1.1`, `MQTT 5-0`.
     pub protocol: &'static str,
-    /// The client's address, `ip:port`.
-    pub peer: Box<str>,
+    /// The client's address, `ip:port` (shared with the gateway's copy for its logs).
+    pub peer: Arc<str>,
     /// Whether it came through a TLS listener (the HTTP API's `ssl`).
     pub tls: bool,
     /// AMQP: the client properties of connection.start-ok (product, version, capabilities,
     /// connection_name); empty for MQTT.
     pub client_properties: Option<Box<warren_core::message::FieldTable>>,
-    /// MQTT: the client identifier.
-    pub client_id: Option<Box<str>>,
+    /// MQTT: the client identifier (the session's own, shared: not a copy per connection).
+    pub client_id: Option<Arc<str>>,
     /// Negotiated heartbeat or keep-alive, seconds.
     pub heartbeat: u16,
     /// AMQP frame_max (0 for MQTT).
