@@ -371,7 +371,10 @@ browser_link_e2e() {
   local dir
   dir=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
-  (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 180 node link-e2e.mjs "$root/target/browser-link-e2e.png")
+  (cd examples/browser && WARREN_BIN="$dir/debug/warren" timeout 180 node link-e2e.mjs "$root/target/browser-link-e2e.png") || return 1
+  # Again with the durable store: the outbox is published into IndexedDB, the page reloaded,
+  # then the server starts (issue 39's end-to-end check).
+  (cd examples/browser && RELOAD=1 WARREN_BIN="$dir/debug/warren" timeout 240 node link-e2e.mjs "$root/target/browser-link-reload-e2e.png")
 }
 
 browser_ui_e2e() {
@@ -704,7 +707,7 @@ step "JS package: TypeScript types check" ts_types
 step "browser: end to end in headless Chromium (screenshot: target/browser-e2e.png)" browser_e2e
 step "browser: the durable broker (IndexedDB) across a reload and a killed browser" browser_persist_e2e
 step "browser: MQTT.js over ws and wss in headless Chromium (screenshot: target/browser-ws-e2e.png)" browser_ws_e2e
-step "browser: the tab link to warren serve in headless Chromium (offline outbox, inbox across a network drop)" browser_link_e2e
+step "browser: the tab link to warren serve in headless Chromium (offline outbox, across a reload from IndexedDB; inbox across a network drop)" browser_link_e2e
 step "browser: the management web UI in headless Chromium (screenshots: target/ui-e2e-*.png)" browser_ui_e2e
 step "cluster tests over network namespaces (run beside the steps above; log: target/cluster-lane.log)" lane_join
 step "bench/stream-compare.sh short: seed 003's grid on 2 cells, Warren over both protocols, tables and plots" stream_compare_short
